@@ -1,0 +1,45 @@
+# Two commands for a fresh Linux machine: `make run` (dashboard) and `make test` (whole suite).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8501
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: run test test-fast worker browser clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true
+
+worker: $(VENV)/.installed
+	$(PY) -m backend worker
+
+# Headless Chromium for the real-browser test comes from Debian; playwright cannot download its own here.
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; the browser test will be skipped"; \
+	  else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser test will be skipped"; fi; \
+	fi
+
+test: $(VENV)/.installed-test browser
+	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

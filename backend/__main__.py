@@ -1,0 +1,5 @@
+import sys
+
+from backend.cli import main
+
+sys.exit(main())

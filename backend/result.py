@@ -1,0 +1,133 @@
+"""The result of one experiment: what the engine measured, next to what the analytic model predicted.
+
+This is the JSON written by the launcher (`result.json`), printed by `run --json`, stored by the worker
+and plotted by the dashboard. Keys named in the issues (`status`, `per_rank[].measured.params_bytes`,
+`comm.<collective>.bytes`, `bubble_measured`, ...) are a contract: keep them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend.spec import ExperimentSpec
+
+MEMORY_CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+FINISHED = (Status.OK, Status.FAILED, Status.TIMEOUT, Status.OOM, Status.CANCELLED, Status.INTERRUPTED)
+
+
+class _R(BaseModel):
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+
+class MemoryBreakdown(_R):
+    params_bytes: int = 0
+    """Parameter storage resident on this rank at the peak."""
+    grads_bytes: int = 0
+    """Gradient storage (incl. DDP buckets / FSDP unsharded grads) at the peak."""
+    optimizer_bytes: int = 0
+    """Optimizer state (Adam m and v, SGD momentum, fp32 master copies)."""
+    activations_bytes: int = 0
+    """Tensors saved for backward plus live intermediates at the peak."""
+    other_bytes: int = 0
+    """Buffers, inputs and temporaries not in the categories above."""
+    peak_bytes: int = 0
+    """Total tracked bytes at the peak of the step."""
+
+
+class CommStat(_R):
+    calls: float = 0
+    """Calls per step (mean over counted steps)."""
+    bytes: float = 0
+    """Payload bytes per step per rank: the size of the buffer handed to the collective."""
+    wire_bytes: float = 0
+    """Bytes a ring algorithm sends per rank for that payload, e.g. 2(N-1)/N * S for all-reduce."""
+    seconds: float = 0
+    """Wall time inside the collective per step (includes waiting for peers)."""
+
+
+class RankResult(_R):
+    rank: int
+    measured: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
+    predicted: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
+    error_pct: dict[str, float | None] = Field(default_factory=dict)
+    """(measured - predicted) / predicted * 100 per category; None where predicted is 0."""
+    step_s: list[float] = Field(default_factory=list)
+    """Wall time of each timed step (warm-up and the memory-tracked step excluded)."""
+    comm: dict[str, CommStat] = Field(default_factory=dict)
+    """Counted communication per collective type, per step."""
+    comm_predicted: dict[str, float] = Field(default_factory=dict)
+    """Analytic payload bytes per step per collective type for this rank."""
+    rss_bytes: int | None = None
+    """Process RSS after the run (a cross-check only: ~300 MB is torch itself)."""
+    cuda_max_allocated_bytes: int | None = None
+    cuda_max_reserved_bytes: int | None = None
+    coords: dict[str, int] = Field(default_factory=dict)
+    """This rank's coordinates on the device mesh, e.g. {"pp": 0, "dp": 1, "tp": 0}."""
+
+
+class TimelineEvent(_R):
+    rank: int
+    stage: int
+    microbatch: int
+    pass_: str = Field(alias="pass")
+    """F (forward), B (backward, input grads), W (weight grads), send, recv."""
+    start_s: float
+    end_s: float
+
+
+class RunResult(_R):
+    status: Status
+    error: str | None = None
+    """One-line cause for any status other than ok."""
+    failing_rank: int | None = None
+    traceback: str | None = None
+    log_tail: str | None = None
+    spec: ExperimentSpec
+    env: dict[str, Any] = Field(default_factory=dict)
+    """torch/python versions, backend, device name, cores/GPUs, hostnames."""
+    per_rank: list[RankResult] = Field(default_factory=list)
+    step_s_median: float | None = None
+    tokens_per_s: float | None = None
+    flops_per_step: float | None = None
+    achieved_flops: float | None = None
+    mfu: float | None = None
+    """Achieved / peak FLOP/s where the device peak is known, else None."""
+    loss: list[float] = Field(default_factory=list)
+    loss_reference: list[float] = Field(default_factory=list)
+    loss_max_abs_diff: float | None = None
+    timeline: list[TimelineEvent] = Field(default_factory=list)
+    bubble_measured: float | None = None
+    bubble_predicted: float | None = None
+    notes: list[str] = Field(default_factory=list)
+    """Explanations where a measurement misses its prediction (never hidden)."""
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_s: float | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunResult:
+        return cls.model_validate_json(text)
+
+
+def error_pct(measured: float, predicted: float) -> float | None:
+    return None if not predicted else (measured - predicted) / predicted * 100.0

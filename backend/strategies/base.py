@@ -1,0 +1,77 @@
+"""What every strategy module provides: `prepare(ctx, model) -> Prepared`.
+
+A strategy file (`backend/strategies/<name>.py`) wraps the seeded full model for this rank with torch's
+own parallel API and returns a `train_step` that runs one optimizer step on this rank's share of the
+global batch. The engine owns everything else (data, timing, memory and comm measurement, results).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from backend.spec import ExperimentSpec, Strategy
+
+
+@dataclass
+class RankContext:
+    spec: ExperimentSpec
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: Any = None
+    """DeviceMesh with dims named ("pp", "dp", "tp") of sizes > 1, in that order; None when world_size == 1."""
+
+    def coords(self) -> dict[str, int]:
+        if self.mesh is None:
+            return {}
+        return {name: int(self.mesh.get_local_rank(name)) for name in self.mesh.mesh_dim_names}
+
+    def dp_rank(self) -> int:
+        return self.coords().get("dp", 0)
+
+
+@dataclass
+class Prepared:
+    modules: list[nn.Module]
+    """The model part(s) that live on this rank (tracked for memory, counted for parameters)."""
+    optimizer: torch.optim.Optimizer
+    train_step: Callable[[torch.Tensor, torch.Tensor], float]
+    """(inputs, targets), both the FULL global batch (B, T); returns the global mean loss, same on every rank."""
+    fsdp: bool = False
+    """True when FSDP2 is used, so the engine tracks memory with FSDPMemTracker."""
+    timeline: list[dict] = field(default_factory=list)
+    """Pipeline strategies append {rank, stage, microbatch, pass, start_s, end_s} records here."""
+    notes: list[str] = field(default_factory=list)
+    """Anything the strategy knows makes measurement differ from the textbook (shown with the result)."""
+
+
+def module_name_for(spec: ExperimentSpec) -> str:
+    """Which strategy file runs this spec: the outermost model-parallel dimension owns the mix."""
+    p = spec.parallel
+    if p.pp > 1:
+        return "pp"
+    if p.tp > 1:
+        return "tp"
+    if p.ep > 1:
+        return "ep"
+    flavour = p.dp_flavour
+    return "fsdp" if flavour in (Strategy.ZERO3, Strategy.FSDP) else str(flavour)
+
+
+def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
+    mod = importlib.import_module(f"backend.strategies.{module_name_for(ctx.spec)}")
+    return mod.prepare(ctx, model)
+
+
+def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:
+    """This data-parallel rank's contiguous rows of the global batch."""
+    dp = ctx.spec.parallel.dp
+    per = batch.shape[0] // dp
+    r = ctx.dp_rank()
+    return batch[r * per:(r + 1) * per]
