@@ -165,6 +165,14 @@ class ParallelSpec(_Section):
     def zero_stage(self) -> int:
         return ZERO_STAGE.get(self.strategy, 0)
 
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a global rank. The mesh is (pp, dp, tp), row-major, tp fastest-varying;
+        expert-parallel groups are consecutive blocks of ep ranks along dp."""
+        tp, dp = self.tp, self.dp or 1
+        c = {"pp": rank // (dp * tp), "dp": (rank // tp) % dp, "tp": rank % tp}
+        c["ep"] = c["dp"] % self.ep
+        return c
+
     @property
     def dp_flavour(self) -> Strategy:
         """The data-parallel wrapper used for the dp dimension (plain DDP for the pure tp/pp/ep strategies)."""

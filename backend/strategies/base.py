@@ -25,7 +25,8 @@ class RankContext:
     local_rank: int
     device: torch.device
     mesh: Any = None
-    """DeviceMesh with dims named ("pp", "dp", "tp") of sizes > 1, in that order; None when world_size == 1."""
+    """DeviceMesh of shape (pp, dp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
+    `ParallelSpec.coords`; None when world_size == 1."""
 
     def coords(self) -> dict[str, int]:
         if self.mesh is None:
