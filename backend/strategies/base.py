@@ -29,9 +29,7 @@ class RankContext:
     `ParallelSpec.coords`; None when world_size == 1."""
 
     def coords(self) -> dict[str, int]:
-        if self.mesh is None:
-            return {}
-        return {name: int(self.mesh.get_local_rank(name)) for name in self.mesh.mesh_dim_names}
+        return self.spec.parallel.coords(self.rank)
 
     def dp_rank(self) -> int:
         return self.coords().get("dp", 0)
