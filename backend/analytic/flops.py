@@ -1,0 +1,50 @@
+"""Training FLOPs and the Megatron parameter count (pure Python).
+
+Per token, fwd+bwd: 6N (matmuls with weights) + 12·L·s·h (attention scores and weighted sum,
+no causal saving) — Narayanan et al. 2021 Sec 5.1 Eq. 3 / Chowdhery et al. 2022 (PaLM) Appendix B.
+Kaplan et al. 2020 Sec 2.1 counts the forward only (2N + 2·L·s·d_attn): a smaller attention term.
+"""
+
+from __future__ import annotations
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def narayanan_param_count(*, l: int, h: int, V: int, s: int) -> float:
+    """P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12lh)) (Narayanan 2021 Sec 5.1, Eq. 2)."""
+    return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))  # Narayanan 2021 Eq. 2
+
+
+def training_flops_per_token(*, n_params_dense: float, n_layers: int, seq_len: int, d_model: int,
+                             recompute: str = "none", active_params: float | None = None) -> float:
+    """FLOPs to train on one token (forward + backward [+ recompute]).
+
+    `active_params` (MoE: params a token actually touches, top_k experts) replaces n_params_dense.
+    Full recompute re-runs the forward of all N (8N): slightly high since the LM head is not recomputed.
+    """
+    recompute = str(recompute)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r} not in {RECOMPUTE}")
+    n = n_params_dense if active_params is None else active_params
+    weights = 6 * n  # Kaplan 2020 Sec 2.1: 2N forward, 4N backward
+    attn = 12 * n_layers * seq_len * d_model  # PaLM App. B: 12·L·H·Q·T; Narayanan Eq. 3 s/(6h) term
+    if recompute == "full":
+        weights += 2 * n  # Narayanan 2021 Eq. 3: 4 passes (96 B s l h²) instead of 3 (72 B s l h²)
+        attn += 4 * n_layers * seq_len * d_model
+    elif recompute == "selective":
+        attn += 4 * n_layers * seq_len * d_model  # Korthikanti 2022 Sec 5: only QK^T and softmax·V are recomputed
+    return weights + attn
+
+
+def training_flops_per_step(*, n_params_dense: float, tokens: float, n_layers: int, seq_len: int,
+                            d_model: int, recompute: str = "none", active_params: float | None = None) -> float:
+    """FLOPs per optimizer step = per-token FLOPs · tokens (tokens = global batch · seq_len)."""
+    return tokens * training_flops_per_token(n_params_dense=n_params_dense, n_layers=n_layers, seq_len=seq_len,
+                                             d_model=d_model, recompute=recompute, active_params=active_params)
+
+
+def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int, recompute: bool = True) -> float:
+    """96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) with full recompute (Narayanan 2021 Eq. 3); 72·... without."""
+    if recompute:
+        return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan 2021 Eq. 3
+    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))  # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
