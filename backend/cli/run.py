@@ -1,0 +1,92 @@
+"""`python -m backend run`: run one experiment as real torch.distributed processes and report it.
+
+  python -m backend run --strategy ddp --world 2 --steps 5 --layers 2 --hidden 128     # summary table
+  python -m backend run --spec S.json --json                                           # one JSON object
+
+Progress ("step k/N (phase)") goes to stderr. Exit code: 0 ok, 1 the run failed (the result is still
+printed), 2 invalid spec (nothing launched), 130 interrupted (the job is cancelled and cleaned up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+from backend.cli import fail
+from backend.cli.run_summary import summary
+from backend.cli.spec_flags import add_spec_flags, spec_from_args
+from backend.result import RunResult, Status
+
+RUNS_DIR = Path(".shardlab") / "runs"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one experiment on real ranks and compare with the prediction",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_spec_flags(p)
+    p.add_argument("--json", action="store_true", help="print RunResult JSON (one object) instead of a table")
+    p.add_argument("--workdir", type=Path, help="run directory (spec.json, log.txt, ranks.json, result.json); kept")
+    p.add_argument("--keep", action="store_true", help=f"keep the default run directory under {RUNS_DIR}/")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, problems = spec_from_args(args)
+    if spec is None:
+        print("error: invalid spec, nothing launched:", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    workdir = args.workdir or RUNS_DIR / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    if workdir.exists() and not workdir.is_dir():
+        return fail(f"--workdir {workdir} exists and is not a directory")
+    result, interrupted = _run_interruptible(spec, workdir)
+    keep = args.workdir is not None or args.keep
+    print(result.to_json() if args.json else summary(result, workdir if keep else None))
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if interrupted:
+        return 130
+    return 0 if result.status == Status.OK else 1
+
+
+def _run_interruptible(spec, workdir: Path) -> tuple[RunResult, bool]:
+    """Run on a thread so Ctrl-C or SIGTERM cancels the job (and cleans it up) instead of orphaning it.
+
+    Returns (result, whether it was interrupted)."""
+    from backend.launch.launcher import run_experiment
+
+    cancel = threading.Event()
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = run_experiment(spec, workdir=workdir, on_progress=_print_progress, cancel=cancel)
+        except BaseException as e:  # re-raised on the main thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="shardlab-run")
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: cancel.set())
+    thread.start()
+    try:
+        while thread.is_alive():
+            try:
+                thread.join(timeout=0.5)
+            except KeyboardInterrupt:
+                print("interrupted: cancelling the job...", file=sys.stderr, flush=True)
+                cancel.set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"], cancel.is_set()  # type: ignore[return-value]
+
+
+def _print_progress(event: dict) -> None:
+    step, of, phase = event.get("step"), event.get("of"), event.get("phase", "")
+    print(f"step {step}/{of} ({phase})", file=sys.stderr, flush=True)

@@ -1,0 +1,90 @@
+"""The human-readable report of one run: measured vs predicted memory per rank, speed, comm, loss parity."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from backend.result import RankResult, RunResult, Status
+
+CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.3f}"
+
+
+def _pct(measured: float, predicted: float) -> str:
+    return "-" if not predicted else f"{(measured - predicted) / predicted * 100:+.1f}%"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return out
+
+
+def _memory_rows(ranks: list[RankResult]) -> list[list[str]]:
+    rows = []
+    for r in ranks:
+        for cat in CATEGORIES:
+            m, p = getattr(r.measured, cat), getattr(r.predicted, cat)
+            rows.append([str(r.rank), cat.removesuffix("_bytes"), _mib(m), _mib(p), _pct(m, p)])
+    return rows
+
+
+def _speed_lines(res: RunResult) -> list[str]:
+    lines = []
+    for r in res.per_rank:
+        if r.step_s:
+            med = statistics.median(r.step_s)
+            lines.append(f"rank {r.rank}: step median {med * 1e3:.1f} ms over {len(r.step_s)} timed steps")
+    if res.step_s_median is not None:
+        lines.append(f"step median {res.step_s_median * 1e3:.1f} ms, tokens/s "
+                     f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else f"step median {res.step_s_median * 1e3:.1f} ms")
+    if res.mfu is not None:
+        lines.append(f"MFU {res.mfu * 100:.2f}%")
+    return lines
+
+
+def _comm_lines(res: RunResult) -> list[str]:
+    lines = []
+    for r in res.per_rank:
+        for kind, c in sorted(r.comm.items()):
+            pred = r.comm_predicted.get(kind)
+            vs = f" (predicted {_mib(pred)} MiB, {_pct(c.bytes, pred)})" if pred else ""
+            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {c.seconds * 1e3:.1f} ms / step")
+    return lines
+
+
+def _loss_lines(res: RunResult) -> list[str]:
+    if not res.loss:
+        return []
+    lines = [f"loss: {res.loss[0]:.4f} -> {res.loss[-1]:.4f} over {len(res.loss)} steps"]
+    if res.loss_max_abs_diff is not None:
+        lines.append(f"loss parity vs single-process reference: max |diff| = {res.loss_max_abs_diff:.2e}")
+    return lines
+
+
+def summary(res: RunResult, workdir: Path | None = None) -> str:
+    p = res.spec.parallel
+    head = f"run {res.status.value}: {p.strategy.value} world={p.world_size} (dp={p.dp} tp={p.tp} pp={p.pp} ep={p.ep})"
+    if res.wall_s is not None:
+        head += f", wall {res.wall_s:.1f} s"
+    lines = [head]
+    if res.status != Status.OK:
+        lines.append(f"error: {res.error}" + (f" (failing rank {res.failing_rank})" if res.failing_rank is not None else ""))
+        if res.traceback:
+            lines += ["traceback (last lines):", *res.traceback.strip().splitlines()[-8:]]
+    if res.per_rank:
+        lines += ["", "memory at the step's peak (MiB):"]
+        lines += _table(["rank", "category", "measured", "predicted", "error"], _memory_rows(res.per_rank))
+    for section in (_speed_lines(res), _comm_lines(res), _loss_lines(res)):
+        if section:
+            lines += ["", *section]
+    if res.notes:
+        lines += ["", *(f"note: {n}" for n in res.notes)]
+    if workdir is not None:
+        lines.append(f"\nrun directory: {workdir}")
+    return "\n".join(lines)

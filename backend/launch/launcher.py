@@ -1,0 +1,240 @@
+"""Run one experiment as real processes under torch's own launcher and return its `RunResult`.
+
+`run_experiment` writes `workdir/spec.json`, starts `python -m torch.distributed.run ... -m
+backend.engine.rank --spec ... --out workdir` in its own session, streams its output (progress lines to
+`on_progress`, everything to `workdir/log.txt`), and ends the whole process tree on the first failing
+rank, on `spec.runtime.timeout_s`, or on `cancel`. It always returns a result and writes it atomically
+to `workdir/result.json`: ok (assembled from `ranks.json`), or failed/oom/timeout/cancelled with the
+first failing rank, its traceback, the log tail and the predicted memory per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+from backend.launch import outcome, torchrun
+from backend.launch.outcome import Failure
+from backend.launch.procs import Job
+from backend.result import MEMORY_CATEGORIES, MemoryBreakdown, RankResult, RunResult, Status
+from backend.spec import Device, ExperimentSpec
+
+PROGRESS = re.compile(r"SHARDLAB_PROGRESS\s+(\{.*\})\s*$")
+POLL_S = 0.2
+GRACE_S = 5.0
+"""SIGTERM -> SIGKILL grace when the launcher ends a job."""
+PEER_EXIT_S = 20.0
+"""How long torchrun gets to end the job by itself after a rank reported an error."""
+
+Assembler = Callable[[ExperimentSpec, dict], RunResult]
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    *,
+    workdir: Path,
+    on_progress: Callable[[dict], None] | None = None,
+    cancel: threading.Event | None = None,
+    extra_env: dict | None = None,
+    rank_module: str = torchrun.RANK_MODULE,
+    assemble: Assembler | None = None,
+) -> RunResult:
+    """Run `spec` to completion (or failure) and return its result; never raises for a failed run.
+
+    on_progress is called on the log-reader thread with each `SHARDLAB_PROGRESS` dict.
+    rank_module / assemble replace the engine (tests use a small fixture program).
+    """
+    workdir = Path(workdir).resolve()  # the ranks run with cwd = repo root
+    workdir.mkdir(parents=True, exist_ok=True)
+    started_at, t0 = _now(), time.monotonic()
+    _clear_outputs(workdir)
+    spec_path = workdir / "spec.json"
+    write_atomic(spec_path, spec.to_json())
+    env, job_id = torchrun.build_env(extra_env)
+    cmd = torchrun.build_command(spec, spec_path, workdir, rank_module)
+    launch = {"job_id": job_id, "command": cmd, "node_rank": spec.runtime.node_rank,
+              "nproc_per_node": torchrun.nproc_per_node(spec)}
+
+    problem = preflight(spec)
+    if problem:
+        result = failed_result(spec, Failure(Status.FAILED, problem), launch)
+    else:
+        result = _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0)
+    result.started_at, result.finished_at = started_at, _now()
+    result.wall_s = time.monotonic() - t0
+    write_atomic(workdir / "result.json", result.to_json())
+    return result
+
+
+def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0) -> RunResult:
+    if cancel is not None and cancel.is_set():
+        return failed_result(spec, Failure(Status.CANCELLED, "cancelled before launch"), launch)
+    on_line = _progress_parser(on_progress) if on_progress else None
+    try:
+        job = Job(cmd, env=env, cwd=torchrun.ROOT, job_id=job_id, log_path=workdir / "log.txt", on_line=on_line)
+    except OSError as e:
+        return failed_result(spec, Failure(Status.FAILED, f"could not start torchrun: {e}"), launch)
+    launch["pgid"] = job.pgid
+    try:
+        ended = _supervise(job, spec, workdir, cancel, t0)
+    finally:
+        job.close()
+    wall_s = time.monotonic() - t0
+    if ended == "cancelled":
+        return failed_result(spec, Failure(Status.CANCELLED, f"cancelled after {wall_s:.1f} s"), launch, job.tail())
+    if ended == "timeout":
+        return failed_result(spec, outcome.timed_out(workdir, spec.runtime.timeout_s, wall_s), launch, job.tail())
+    rc = job.proc.returncode
+    ranks_path = workdir / "ranks.json"
+    if rc == 0 and ranks_path.exists():
+        return _assembled(spec, ranks_path, assemble, launch, job.tail())
+    if rc == 0 and spec.runtime.nnodes > 1:
+        return _other_node_result(spec, launch)
+    if rc == 0:
+        return failed_result(spec, Failure(Status.FAILED, "job exited 0 but wrote no ranks.json"), launch, job.tail())
+    return failed_result(spec, outcome.classify_exit(workdir, rc, job.tail()), launch, job.tail())
+
+
+def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.Event | None, t0: float) -> str:
+    """Wait for the job; end it on cancel, timeout, or a rank error torchrun does not act on. -> why it ended."""
+    deadline = t0 + spec.runtime.timeout_s
+    first_error_at: float | None = None
+    while job.poll() is None:
+        now = time.monotonic()
+        if cancel is not None and cancel.is_set():
+            job.terminate(GRACE_S)
+            return "cancelled"
+        if now >= deadline:
+            job.terminate(GRACE_S)
+            return "timeout"
+        if first_error_at is None and any(workdir.glob("rank-*.error.json")):
+            first_error_at = now
+        if first_error_at is not None and now - first_error_at > PEER_EXIT_S:
+            job.terminate(GRACE_S)
+            return "failed"
+        time.sleep(POLL_S)
+    return "exited"
+
+
+def _progress_parser(on_progress: Callable[[dict], None]) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        m = PROGRESS.search(line)
+        if m:
+            try:
+                event = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                return
+            if isinstance(event, dict):
+                on_progress(event)
+
+    return on_line
+
+
+def _assembled(spec, ranks_path: Path, assemble: Assembler | None, launch: dict, tail: str) -> RunResult:
+    try:
+        payload = json.loads(ranks_path.read_text())
+        if assemble is None:
+            from backend.engine.assemble import assemble_result as assemble
+        result = assemble(spec, payload)
+    except Exception as e:  # a broken payload is a failed run, with the reason
+        import traceback
+
+        failure = Failure(Status.FAILED, f"assembling the result failed: {type(e).__name__}: {e}",
+                          traceback=traceback.format_exc())
+        return failed_result(spec, failure, launch, tail)
+    result.env = {**result.env, "launch": launch}
+    return result
+
+
+def _other_node_result(spec: ExperimentSpec, launch: dict) -> RunResult:
+    """A node of a multi-node job that did not host global rank 0: its part succeeded, it holds no payload."""
+    launch["holds_measurements"] = False
+    note = (f"node_rank {spec.runtime.node_rank} of {spec.runtime.nnodes}: its ranks finished cleanly; "
+            "global rank 0 ran on another node, whose launcher wrote ranks.json and holds the measurements")
+    return RunResult(status=Status.OK, spec=spec, env=_base_env(launch), notes=[note])
+
+
+def failed_result(spec: ExperimentSpec, failure: Failure, launch: dict, log_tail: str | None = None) -> RunResult:
+    return RunResult(
+        status=failure.status, error=failure.error, failing_rank=failure.failing_rank,
+        traceback=failure.traceback, log_tail=log_tail, spec=spec, env=_base_env(launch),
+        per_rank=predicted_ranks(spec),
+    )
+
+
+def predicted_ranks(spec: ExperimentSpec) -> list[RankResult]:
+    """Analytic memory per rank (nothing measured); [] when the estimator fails for this spec."""
+    try:
+        from backend.analytic.estimate import estimate
+
+        rows = estimate(spec).per_rank
+        return [_predicted_rank(spec, row) for row in rows]
+    except Exception:  # the estimator may not cover every spec; a failed run still gets stored
+        return []
+
+
+def _predicted_rank(spec: ExperimentSpec, row) -> RankResult:
+    mem = {k: int(getattr(row, k, 0) or 0) for k in (*MEMORY_CATEGORIES, "other_bytes")}
+    mem["peak_bytes"] = int(getattr(row, "total_bytes", 0) or sum(mem.values()))
+    return RankResult(rank=row.rank, predicted=MemoryBreakdown(**mem), coords=spec.parallel.coords(row.rank),
+                      comm_predicted=dict(getattr(row, "comm_bytes", {}) or {}))
+
+
+def preflight(spec: ExperimentSpec) -> str | None:
+    """What only the launcher can know before spawning: is the requested device there, and enough of it."""
+    r = spec.runtime
+    wants_cuda = r.device == Device.CUDA or r.backend == "nccl"
+    if r.device == Device.CPU and not wants_cuda:
+        return None
+    if r.device == Device.CPU and r.backend == "nccl":
+        return "backend=nccl needs device=cuda (got device=cpu)"
+    import torch
+
+    available = torch.cuda.is_available()
+    if wants_cuda and not available:
+        return (f"device={r.device} backend={r.backend} needs CUDA, but torch.cuda.is_available() is False "
+                f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
+    if available:
+        per_node, gpus = torchrun.nproc_per_node(spec), torch.cuda.device_count()
+        if per_node > gpus:
+            return (f"world_size({spec.parallel.world_size}) / nnodes({r.nnodes}) = {per_node} ranks per node "
+                    f"> {gpus} visible CUDA device(s): CUDA runs one rank per GPU")
+    return None
+
+
+def _base_env(launch: dict) -> dict:
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    return {"python": platform.python_version(), "torch": torch_version, "hostname": socket.gethostname(),
+            "cpu_count": os.cpu_count(), "launch": launch}
+
+
+def _clear_outputs(workdir: Path) -> None:
+    """A reused workdir must not let a previous run's files speak for this one."""
+    for pattern in ("ranks.json", "result.json", "rank-*.error.json"):
+        for path in workdir.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

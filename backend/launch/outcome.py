@@ -1,0 +1,114 @@
+"""Why a job did not succeed: status, first failing rank, its traceback and a one-line cause.
+
+Sources, best first: the `rank-<r>.error.json` files the ranks write (ordered so that the rank that
+failed on its own comes before peers that only saw it go away), then torchrun's failure summary
+("Root Cause (first observed failure)": rank and exit code, e.g. -9 for SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend.result import Status
+
+# Errors a healthy rank raises when a peer dies: never the root cause while another rank has one.
+_PEER_ERROR = re.compile(
+    r"connection (closed|reset)|closed by peer|broken pipe|ECONNRESET|Connection refused|"
+    r"NCCL communicator was aborted|ProcessGroup.*(abort|shut)",
+    re.IGNORECASE,
+)
+_TIMEOUT_ERROR = re.compile(r"timed out|timeout", re.IGNORECASE)
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+
+
+@dataclass
+class Failure:
+    status: Status
+    error: str
+    failing_rank: int | None = None
+    traceback: str | None = None
+
+
+def rank_errors(out_dir: Path) -> list[dict]:
+    """Every rank's error record, root cause first."""
+    records = []
+    for path in out_dir.glob("rank-*.error.json"):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        rec["_mtime_ns"] = path.stat().st_mtime_ns
+        records.append(rec)
+    return sorted(records, key=lambda r: (_is_peer_error(r), r.get("time_unix") or r["_mtime_ns"] / 1e9))
+
+
+def _is_peer_error(rec: dict) -> bool:
+    return bool(_PEER_ERROR.search(f"{rec.get('error', '')}\n{rec.get('traceback', '')}"))
+
+
+def torchrun_root_cause(log_text: str) -> tuple[int, int] | None:
+    """(global rank, exit code) from torchrun's failure summary, if it printed one."""
+    matches = _ROOT_CAUSE.findall(log_text)
+    if not matches:
+        return None
+    rank, code = matches[-1]
+    return int(rank), int(code)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def from_rank_errors(out_dir: Path) -> Failure | None:
+    records = rank_errors(out_dir)
+    if not records:
+        return None
+    first = records[0]
+    rank = first.get("rank")
+    message = str(first.get("error", "unknown error")).strip().splitlines()
+    one_line = message[-1] if message else "unknown error"
+    if first.get("kind") == "oom":
+        status = Status.OOM
+    elif _TIMEOUT_ERROR.search(one_line):
+        status = Status.TIMEOUT
+    else:
+        status = Status.FAILED
+    return Failure(status, f"rank {rank}: {one_line}", rank, first.get("traceback"))
+
+
+def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
+    """A job that ended on its own with a non-zero exit code (or without a result)."""
+    records = rank_errors(out_dir)
+    own = from_rank_errors(out_dir)
+    if own is not None and not _is_peer_error(records[0]):
+        return own
+    root = torchrun_root_cause(log_text)
+    reported = {r.get("rank") for r in records}
+    if root is not None and root[0] not in reported:
+        rank, code = root
+        note = " (the kernel's OOM killer also sends SIGKILL)" if code == -signal.SIGKILL else ""
+        seen = f"; then {own.error}" if own is not None else ""
+        return Failure(Status.FAILED, f"rank {rank} {describe_exit(code)} without an error report{note}{seen}", rank)
+    if own is not None:
+        return own
+    return Failure(Status.FAILED, f"torchrun {describe_exit(returncode)}; no rank reported an error (see log tail)")
+
+
+def timed_out(out_dir: Path, timeout_s: float, wall_s: float) -> Failure:
+    base = f"job exceeded timeout_s={timeout_s:g} (ran {wall_s:.1f} s) and was killed"
+    failure = from_rank_errors(out_dir)
+    if failure is None:
+        return Failure(Status.TIMEOUT, base)
+    return Failure(Status.TIMEOUT, f"{base}; first error: {failure.error}", failure.failing_rank, failure.traceback)

@@ -1,0 +1,162 @@
+"""One torchrun job as an OS process tree: start it, stream its output, and end every process of it.
+
+torchrun starts each worker with `start_new_session=True`, so killing torchrun's process group alone
+would leave the ranks running. Every process of a job therefore carries the environment tag
+`SHARDLAB_JOB_ID`; the job is ended by signalling torchrun's group, every descendant seen while it
+ran, and every live process carrying the tag (which also finds ranks re-parented after torchrun died).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from backend.launch.torchrun import JOB_ENV
+
+TAIL_LINES = 200
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if os.name == "posix" else None
+
+
+def _die_with_launcher() -> None:
+    """In the forked child: SIGTERM torchrun if the launcher dies, so torchrun ends its ranks (Linux only)."""
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def job_processes(job_id: str, pgid: int | None = None) -> list[psutil.Process]:
+    """Live (non-zombie) processes tagged with job_id, or in process group / session pgid."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            in_group = pgid is not None and (os.getpgid(p.pid) == pgid or os.getsid(p.pid) == pgid)
+            if in_group or p.environ().get(JOB_ENV) == job_id:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+class Job:
+    """A started torchrun process tree whose merged stdout+stderr is read line by line on a thread."""
+
+    def __init__(self, cmd: list[str], *, env: dict[str, str], cwd: Path, job_id: str, log_path: Path,
+                 on_line: Callable[[str], None] | None = None):
+        self.job_id = job_id
+        self._on_line = on_line
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._lock = threading.Lock()
+        self._seen: dict[int, psutil.Process] = {}
+        self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
+        try:
+            self.proc = subprocess.Popen(
+                cmd, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+            )
+        except OSError:
+            self._log.close()
+            raise
+        self.pgid = self.proc.pid  # start_new_session: torchrun leads its own session and group
+        self._reader = threading.Thread(target=self._read, name=f"log-{job_id}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            for raw in self.proc.stdout:
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                with self._lock:
+                    self._tail.append(line)
+                    self._log.write(line + "\n")
+                    self._log.flush()
+                if self._on_line is not None:
+                    try:
+                        self._on_line(line)
+                    except Exception:  # a broken progress callback must not stop the log
+                        pass
+        finally:
+            with self._lock:
+                self._log.close()
+
+    def tail(self) -> str:
+        with self._lock:
+            return "\n".join(self._tail)
+
+    def poll(self) -> int | None:
+        self._remember_descendants()
+        return self.proc.poll()
+
+    def _remember_descendants(self) -> None:
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                self._seen.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+
+    def _members(self) -> list[psutil.Process]:
+        """Every live process of the job except torchrun itself, which only Popen may reap
+        (psutil reaping it would make Popen report exit code 0)."""
+        members = {p.pid: p for p in self._seen.values() if p.is_running()}
+        members.update({p.pid: p for p in job_processes(self.job_id, self.pgid)})
+        members.pop(self.proc.pid, None)
+        return list(members.values())
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the whole job, SIGKILL whatever is left after grace_s, and reap torchrun."""
+        self._remember_descendants()
+        members = self._members()
+        self._signal_group(signal.SIGTERM)
+        for p in members:
+            _send(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        _, alive = psutil.wait_procs(members, timeout=grace_s)
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal_group(signal.SIGKILL)
+        for p in alive + self._members():
+            _send(p, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is not None:  # reaped: its group id may belong to someone else now
+            return
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """After the job ended: make sure nothing of it survives, then drain the log reader."""
+        if self._members():
+            self.terminate(grace_s=1.0)
+        self._reader.join(timeout=timeout_s)
+
+
+def _send(p: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass

@@ -1,0 +1,70 @@
+"""A failing, killed, hung, out-of-memory or cancelled rank ends the whole job, attributed, with no orphans."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from backend.launch.launcher import run_experiment
+from backend.result import RunResult, Status
+from tests.fixtures.launch_helpers import assert_no_orphans, engine_kwargs, job_env, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 180.0  # generous: a failure must end the job long before this
+
+
+def _run(tmp_path: Path, fault: str, timeout_s: float = TIMEOUT_S) -> tuple[RunResult, str]:
+    env, job_id = job_env(fault)
+    res = run_experiment(tiny_spec(timeout_s=timeout_s), workdir=tmp_path, extra_env=env, **engine_kwargs())
+    on_disk = RunResult.from_json((tmp_path / "result.json").read_text())
+    assert on_disk.status == res.status and on_disk.error == res.error
+    assert res.spec.parallel.world_size == 2 and res.log_tail
+    assert_no_orphans(res, job_id)
+    return res, job_id
+
+
+def _predicted_memory_kept(res: RunResult) -> None:
+    assert [r.rank for r in res.per_rank] == [0, 1]
+    assert all(r.predicted.params_bytes > 0 and r.measured.peak_bytes == 0 for r in res.per_rank)
+
+
+def test_rank_raising_fails_the_job(tmp_path: Path) -> None:
+    res, _ = _run(tmp_path, "raise:rank=1:step=1")
+    assert res.status == Status.FAILED and res.failing_rank == 1, res.error
+    assert "injected fault on rank 1 at step 1" in res.traceback
+    assert "injected fault" in res.error and "\n" not in res.error
+    assert res.wall_s < TIMEOUT_S / 2
+    _predicted_memory_kept(res)
+
+
+def test_sigkilled_rank_fails_the_job(tmp_path: Path) -> None:
+    res, _ = _run(tmp_path, "kill:rank=1:step=1")
+    assert res.status == Status.FAILED and res.failing_rank == 1, res.error
+    assert "SIGKILL" in res.error
+    assert res.wall_s < TIMEOUT_S / 2
+
+
+def test_out_of_memory_is_reported_as_oom(tmp_path: Path) -> None:
+    res, _ = _run(tmp_path, "oom:rank=0:step=1")
+    assert res.status == Status.OOM and res.failing_rank == 0, res.error
+    assert "MemoryError" in res.traceback
+
+
+def test_hung_collective_times_out(tmp_path: Path) -> None:
+    res, _ = _run(tmp_path, "hang:rank=1:step=1", timeout_s=20)
+    assert res.status == Status.TIMEOUT, res.error
+    assert "timeout_s=20" in res.error
+    assert res.wall_s < 20 + 5 + 15  # timeout + SIGTERM grace + slack for a loaded machine
+
+
+def test_cancel_mid_run(tmp_path: Path) -> None:
+    env, job_id = job_env("hang:rank=0:step=2")  # never finishes on its own
+    cancel = threading.Event()
+    res = run_experiment(tiny_spec(timeout_s=TIMEOUT_S), workdir=tmp_path, extra_env=env, cancel=cancel,
+                         on_progress=lambda event: cancel.set(), **engine_kwargs())
+    assert res.status == Status.CANCELLED, res.error
+    assert res.wall_s < TIMEOUT_S / 2
+    assert_no_orphans(res, job_id)
