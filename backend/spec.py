@@ -355,7 +355,12 @@ def validate_spec(data: dict[str, Any] | str) -> tuple[ExperimentSpec | None, li
     except SpecError as e:
         return None, list(e.problems)
     except ValidationError as e:
-        return None, [_format_pydantic(err) for err in e.errors()]
+        problems: list[str] = []
+        for err in e.errors():
+            ctx_err = (err.get("ctx") or {}).get("error")
+            # pydantic wraps the model validator's SpecError: keep its problems as separate items
+            problems += ctx_err.problems if isinstance(ctx_err, SpecError) else [_format_pydantic(err)]
+        return None, problems
 
 
 def _format_pydantic(err: dict[str, Any]) -> str:

@@ -74,3 +74,41 @@ def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:
     per = batch.shape[0] // dp
     r = ctx.dp_rank()
     return batch[r * per:(r + 1) * per]
+
+
+def make_optimizer(params, spec: ExperimentSpec) -> torch.optim.Optimizer:
+    """The spec's optimizer (AdamW, or SGD with momentum 0.9) at spec.train.lr: same in every strategy and the reference."""
+    return optimizer_class(spec)(params, **optimizer_kwargs(spec))
+
+
+def optimizer_class(spec: ExperimentSpec) -> type[torch.optim.Optimizer]:
+    return torch.optim.AdamW if spec.train.optimizer == "adamw" else torch.optim.SGD
+
+
+def optimizer_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
+    kw: dict[str, Any] = {"lr": spec.train.lr}
+    if spec.train.optimizer == "sgd":
+        kw["momentum"] = 0.9
+    return kw
+
+
+def autocast(spec: ExperimentSpec, device: torch.device):
+    """torch.autocast for bf16/fp16 mixed precision of non-FSDP strategies; a no-op context for fp32."""
+    import contextlib
+
+    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(spec.train.precision))
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def report_loss(local_mean: torch.Tensor, group: Any, dp: int) -> float:
+    """Global mean loss from each dp rank's local mean: one scalar all-reduce, kept out of the comm counts."""
+    import torch.distributed as dist
+
+    from backend.bench.comm import uncounted
+
+    t = local_mean.detach().float().reshape(1).clone()
+    if dp > 1:
+        with uncounted():
+            dist.all_reduce(t, group=group)
+        t /= dp
+    return float(t.item())
