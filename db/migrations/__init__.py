@@ -1,0 +1,47 @@
+"""Alembic migrations of the experiment store, run programmatically by `db.session.init_db`.
+
+`upgrade(engine, revision)` runs inside one BEGIN IMMEDIATE transaction on the caller's engine, so two
+processes opening a fresh database at once migrate it exactly once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+HERE = Path(__file__).resolve().parent
+INI = HERE.parent / "alembic.ini"
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    cfg = Config(str(INI))
+    cfg.set_main_option("script_location", str(HERE))
+    if engine is not None:
+        cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the schema to `revision` (no-op when already there)."""
+    if revision == "head" and current_revision(engine) == head_revision():
+        return
+    from db.session import write_engine
+
+    cfg = alembic_config(engine)
+    with write_engine(engine).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

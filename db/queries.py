@@ -1,0 +1,290 @@
+"""The experiment store's API: the dashboard, CLI and worker use only these functions.
+
+Every function takes an Engine (`db.session.open_db(url)` gives a migrated one). Rows come back as
+plain dicts (ROW_KEYS + "tags"); timestamps are timezone-aware UTC datetimes. Writes that read first
+run in a BEGIN IMMEDIATE transaction (`db.session.writer`), so they are atomic across processes.
+
+Re-queueing clones: `requeue_experiment` inserts a NEW queued row with the same spec, tags and sweep
+(`requeue_of` points at the original), so a failed/interrupted run stays in the history as a result.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any, Iterable
+
+from sqlalchemy import Engine, Select, delete, exists, func, insert, or_, select, update
+
+from backend.result import FINISHED, RunResult, Status
+from backend.spec import ExperimentSpec
+from db import result_rows as rr
+from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
+                       utcnow)
+from db.session import reader, writer
+from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401
+
+ROW_KEYS = (
+    "id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "zero_stage", "schedule",
+    "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn",
+    "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
+    "recompute", "sweep_id", "requeue_of", "cancel_requested", "created_at", "started_at", "finished_at",
+    "heartbeat_at", "worker_id", "host", "progress_step", "progress_total", "progress_phase", "error",
+    "failing_rank", "step_s_median", "tokens_per_s", "loss_max_abs_diff", "bubble_measured", "bubble_predicted",
+    "peak_bytes_max", "mfu", "wall_s",
+)
+ORDER_KEYS = frozenset(ROW_KEYS)
+REQUEUEABLE = tuple(str(s) for s in FINISHED)
+
+
+class NotFound(LookupError):
+    """No experiment with that id."""
+
+
+# ---- submit and tags -------------------------------------------------------------------------------
+
+def submit_experiment(engine: Engine, spec: ExperimentSpec, *, tags: Iterable[str] = (), sweep_id: str | None = None,
+                      requeue_of: int | None = None) -> int:
+    """Queue a validated spec; returns the new experiment id."""
+    return submit_experiments(engine, [spec], tags=tags, sweep_id=sweep_id, requeue_of=requeue_of)[0]
+
+
+def submit_experiments(engine: Engine, specs: Iterable[ExperimentSpec], *, tags: Iterable[str] = (),
+                       sweep_id: str | None = None, requeue_of: int | None = None) -> list[int]:
+    """Queue several specs in one transaction (all or none); returns their ids in order."""
+    clean = _clean_tags(tags)
+    with writer(engine) as s, s.begin():
+        exps = []
+        for spec in specs:
+            exp = Experiment(**rr.spec_columns(spec), status=str(Status.QUEUED), sweep_id=sweep_id,
+                             cancel_requested=False, created_at=utcnow(), requeue_of=requeue_of)
+            exp.tags = [ExperimentTag(tag=t) for t in clean]
+            exps.append(exp)
+        s.add_all(exps)
+        s.flush()
+        return [e.id for e in exps]
+
+
+def set_tags(engine: Engine, experiment_id: int, tags: Iterable[str]) -> list[str]:
+    """Replace the experiment's tags (stored verbatim; empty strings and duplicates dropped)."""
+    clean = _clean_tags(tags)
+    with writer(engine) as s, s.begin():
+        _require(s, experiment_id)
+        s.execute(delete(ExperimentTag).where(ExperimentTag.experiment_id == experiment_id))
+        if clean:
+            s.execute(insert(ExperimentTag), [{"experiment_id": experiment_id, "tag": t} for t in clean])
+    return clean
+
+
+def _clean_tags(tags: Iterable[str]) -> list[str]:
+    if isinstance(tags, str):
+        tags = [tags]
+    return list(dict.fromkeys(t for t in tags if t))
+
+
+def _require(s, experiment_id: int) -> Experiment:
+    exp = s.get(Experiment, experiment_id)
+    if exp is None:
+        raise NotFound(f"no experiment with id {experiment_id}")
+    return exp
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+def _filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None) -> Select:
+    if status:
+        stmt = stmt.where(Experiment.status.in_(_as_list(status)))
+    if strategy:
+        stmt = stmt.where(Experiment.strategy.in_(_as_list(strategy)))
+    if tag:
+        for t in _as_list(tag):
+            stmt = stmt.where(exists().where(ExperimentTag.experiment_id == Experiment.id, ExperimentTag.tag == t))
+    if sweep_id:
+        stmt = stmt.where(Experiment.sweep_id == sweep_id)
+    if search:
+        tag_hit = exists().where(ExperimentTag.experiment_id == Experiment.id,
+                                 ExperimentTag.tag.icontains(search, autoescape=True))
+        conds = [Experiment.name.icontains(search, autoescape=True), Experiment.error.icontains(search, autoescape=True),
+                 Experiment.sweep_id.icontains(search, autoescape=True), tag_hit]
+        if str(search).strip().isdigit():
+            conds.append(Experiment.id == int(str(search).strip()))
+        stmt = stmt.where(or_(*conds))
+    return stmt
+
+
+def _as_list(value) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple, set, frozenset)) else [str(value)]
+
+
+def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
+                     limit: int | None = None, offset: int = 0, order_by: str = "created_at",
+                     descending: bool = True) -> list[dict[str, Any]]:
+    """Flat rows (ROW_KEYS + "tags": list[str]). status/strategy/tag accept one value or a list
+    (tag: every listed tag must be present); search matches name, error, sweep id, tags or the id."""
+    if order_by not in ORDER_KEYS:
+        raise ValueError(f"order_by={order_by!r} is not a column; choose one of {sorted(ORDER_KEYS)}")
+    col = getattr(Experiment, order_by)
+    stmt = _filtered(select(*[getattr(Experiment, k) for k in ROW_KEYS]), status=status, strategy=strategy, tag=tag,
+                     sweep_id=sweep_id, search=search)
+    stmt = stmt.order_by(col.desc() if descending else col.asc(), Experiment.id.desc() if descending else Experiment.id.asc())
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    if offset:
+        stmt = stmt.offset(offset)
+    with engine.connect() as conn:
+        result = conn.execute(stmt)
+        keys = list(result.keys())
+        rows = [dict(zip(keys, r)) for r in result]
+        tags = _tags_for(conn, [r["id"] for r in rows])
+    for r in rows:
+        r["tags"] = tags.get(r["id"], [])
+    return rows
+
+
+def _tags_for(conn, ids: list[int]) -> dict[int, list[str]]:
+    if not ids:
+        return {}
+    stmt = select(ExperimentTag.experiment_id, ExperimentTag.tag).order_by(ExperimentTag.experiment_id, ExperimentTag.tag)
+    if len(ids) <= 500:
+        stmt = stmt.where(ExperimentTag.experiment_id.in_(ids))
+    else:
+        stmt = stmt.where(ExperimentTag.experiment_id.between(min(ids), max(ids)))
+    wanted, out = set(ids), {}
+    for eid, tag in conn.execute(stmt):
+        if eid in wanted:
+            out.setdefault(eid, []).append(tag)
+    return out
+
+
+def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None) -> int:
+    stmt = _filtered(select(func.count(Experiment.id)), status=status, strategy=strategy, tag=tag, sweep_id=sweep_id,
+                     search=search)
+    with engine.connect() as conn:
+        return int(conn.execute(stmt).scalar_one())
+
+
+def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
+    """ROW_KEYS + tags + log_tail, traceback, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None)."""
+
+    extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json)
+    stmt = select(*[getattr(Experiment, k) for k in ROW_KEYS], *extra).where(Experiment.id == experiment_id)
+    with engine.connect() as conn:
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        out = dict(row._mapping)
+        out["tags"] = _tags_for(conn, [experiment_id]).get(experiment_id, [])
+    out["env"] = json.loads(out.pop("env_json") or "{}")
+    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"))
+    result_json = out.pop("result_json")
+    out["result"] = RunResult.model_validate_json(result_json) if result_json else None
+    return out
+
+
+def get_status(engine: Engine, experiment_id: int) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Experiment.status).where(Experiment.id == experiment_id)).scalar_one_or_none()
+
+
+# ---- lifecycle -------------------------------------------------------------------------------------
+
+def cancel_experiment(engine: Engine, experiment_id: int) -> str:
+    """queued -> "cancelled" at once; running -> "cancelling" (cancel_requested set, the worker stops the
+    job and stores it as cancelled); any finished status is returned unchanged."""
+    with writer(engine) as s, s.begin():
+        exp = _require(s, experiment_id)
+        if exp.status == Status.QUEUED:
+            exp.status, exp.finished_at, exp.error = str(Status.CANCELLED), utcnow(), "cancelled before it started"
+            exp.cancel_requested = True
+            return str(Status.CANCELLED)
+        if exp.status == Status.RUNNING:
+            exp.cancel_requested = True
+            return "cancelling"
+        return exp.status
+
+
+def requeue_experiment(engine: Engine, experiment_id: int) -> int:
+    """Queue a finished experiment again as a NEW row (same spec, tags, sweep); returns the new id."""
+    with reader(engine) as s:
+        exp = _require(s, experiment_id)
+        if exp.status not in REQUEUEABLE:
+            raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs ({', '.join(REQUEUEABLE)}) can be re-queued")
+        spec, tags, sweep = ExperimentSpec.model_validate_json(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id
+    return submit_experiment(engine, spec, tags=tags, sweep_id=sweep, requeue_of=experiment_id)
+
+
+def delete_experiment(engine: Engine, experiment_id: int) -> None:
+    """Delete an experiment and all its result rows. A running one must be cancelled first."""
+    with writer(engine) as s, s.begin():
+        exp = _require(s, experiment_id)
+        if exp.status == Status.RUNNING:
+            raise ValueError(f"experiment {experiment_id} is running: cancel it before deleting")
+        s.delete(exp)
+
+
+def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> int | None:
+    """Atomically take the oldest queued experiment (BEGIN IMMEDIATE): status -> running. None if the queue is empty."""
+    now = utcnow()
+    with writer(engine) as s, s.begin():
+        stmt = (select(Experiment.id).where(Experiment.status == Status.QUEUED)
+                .order_by(Experiment.created_at, Experiment.id).limit(1).with_for_update(skip_locked=True))
+        eid = s.execute(stmt).scalar_one_or_none()
+        if eid is None:
+            return None
+        done = s.execute(update(Experiment).where(Experiment.id == eid, Experiment.status == Status.QUEUED).values(
+            status=str(Status.RUNNING), worker_id=worker_id, host=host, started_at=now, heartbeat_at=now,
+            progress_step=None, progress_total=None, progress_phase=None))
+        return eid if done.rowcount == 1 else None
+
+
+def update_progress(engine: Engine, experiment_id: int, step: int | None, total: int | None, phase: str | None) -> bool:
+    """Record progress and a heartbeat; returns True when a cancel was requested."""
+    with writer(engine) as s, s.begin():
+        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
+            progress_step=step, progress_total=total, progress_phase=phase, heartbeat_at=utcnow()))
+        return bool(s.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
+
+
+def heartbeat(engine: Engine, experiment_id: int) -> bool:
+    """Heartbeat without progress; returns True when a cancel was requested."""
+    with writer(engine) as s, s.begin():
+        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(heartbeat_at=utcnow()))
+        return bool(s.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
+
+
+def cancel_requested(engine: Engine, experiment_id: int) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
+
+
+def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
+    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows."""
+    with writer(engine) as s, s.begin():
+        _require(s, experiment_id)
+        for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
+            s.execute(delete(model).where(model.experiment_id == experiment_id))
+        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
+            **rr.summary_columns(result), finished_at=utcnow()))
+        ranks = rr.rank_rows(experiment_id, result)
+        for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
+                            (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
+                            (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
+            if rows:
+                s.execute(insert(model), rows)
+
+
+def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:
+    """Mark running experiments whose heartbeat is older than stale_after_s as interrupted; returns their ids."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    with writer(engine) as s, s.begin():
+        stale = s.scalars(select(Experiment.id).where(
+            Experiment.status == Status.RUNNING,
+            or_(Experiment.heartbeat_at < cutoff, Experiment.heartbeat_at.is_(None)))).all()
+        if stale:
+            mark_interrupted(s, stale, f"no heartbeat for more than {stale_after_s:g} s: the worker stopped (killed or crashed)")
+    return list(stale)
+
+
+def mark_interrupted(s, ids: list[int], reason: str) -> None:
+    s.execute(update(Experiment).where(Experiment.id.in_(ids), Experiment.status == Status.RUNNING).values(
+        status=str(Status.INTERRUPTED), error=reason, finished_at=utcnow()))

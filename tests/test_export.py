@@ -1,0 +1,132 @@
+"""CSV/JSON export: exactly the stored values, formula injection neutralised, numbers kept numbers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from db import queries as q
+from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise
+from store_helpers import fake_result, file_db, spec
+
+EVIL_NAME = '=HYPERLINK("http://evil.example","click")'
+TAGS = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀", "+cmd|' /C calc'!A0", "@SUM(1)"]
+
+
+@pytest.fixture
+def stored(tmp_path):
+    engine = file_db(tmp_path)
+    ids = {}
+    for i, (name, status) in enumerate([(EVIL_NAME, "ok"), ("-negative name", "failed"), ("plain", "ok")]):
+        s = spec(name, strategy="zero1" if i == 1 else "ddp")
+        eid = q.submit_experiment(engine, s, tags=TAGS if i == 0 else ["\tTAB"])
+        q.claim_next(engine, "w")
+        res = fake_result(s, status, seed=i + 1)
+        q.store_result(engine, eid, res)
+        ids[eid] = res
+    ids[q.submit_experiment(engine, spec("\rqueued"))] = None
+    return engine, ids
+
+
+def _rows(text: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_neutralise_only_text():
+    assert neutralise("=1+1") == "'=1+1" and neutralise("-x") == "'-x" and neutralise("\tx") == "'\tx"
+    assert neutralise("\rx") == "'\rx" and neutralise("@x") == "'@x" and neutralise("+x") == "'+x"
+    assert neutralise(-1.5) == -1.5 and neutralise(-3) == -3 and neutralise("safe") == "safe" and neutralise(None) is None
+
+
+def test_wide_csv_holds_the_stored_values(stored):
+    engine, ids = stored
+    rows = _rows(export_csv(engine))
+    assert list(rows[0]) == WIDE_HEADER and len(rows) == len(ids)
+    by_id = {int(r["id"]): r for r in rows}
+    for eid, res in ids.items():
+        r = by_id[eid]
+        if res is None:
+            assert r["status"] == "queued" and r["measured_peak_bytes"] == "" and r["name"] == "'\rqueued"
+            continue
+        assert r["status"] == str(res.status) and r["strategy"] == str(res.spec.parallel.strategy)
+        assert int(r["world_size"]) == 2 and int(r["d_model"]) == 32 and int(r["zero_stage"]) == res.spec.parallel.zero_stage
+        assert int(r["predicted_peak_bytes"]) == max(x.predicted.peak_bytes for x in res.per_rank)
+        assert float(r["step_s_median"]) == res.step_s_median and float(r["tokens_per_s"]) == res.tokens_per_s
+        assert float(r["bubble_measured"]) == res.bubble_measured  # -0.015625 stays a number for seed 1
+        assert r["torch_version"] == "2.13.0+cpu" and r["python_version"] == "3.11.9"
+        comm_max = max(sum(c.bytes for c in x.comm.values()) for x in res.per_rank)
+        assert float(r["comm_bytes"]) == comm_max
+        assert float(r["comm_all_reduce_bytes"]) == max(x.comm["all_reduce"].bytes for x in res.per_rank)
+        if res.status == "ok":
+            m = max(x.measured.activations_bytes for x in res.per_rank)
+            p = max(x.predicted.activations_bytes for x in res.per_rank)
+            assert int(r["measured_activations_bytes"]) == m
+            assert float(r["error_pct_activations"]) == pytest.approx((m - p) / p * 100)
+        else:
+            assert r["measured_peak_bytes"] == "" and r["error"] == res.error and int(r["failing_rank"]) == 1
+    negative = [r for r in rows if r["bubble_measured"].startswith("-")]
+    assert negative and all(float(r["bubble_measured"]) < 0 for r in negative)
+
+
+def test_csv_neutralises_formulas_but_keeps_text_verbatim(stored):
+    engine, _ = stored
+    rows = _rows(export_csv(engine))
+    names = {r["name"] for r in rows}
+    assert "'" + EVIL_NAME in names and "'-negative name" in names and "plain" in names
+    first = next(r for r in rows if r["name"] == "'" + EVIL_NAME)
+    assert sorted(json.loads(first["tags"])) == sorted(TAGS)
+    tab = next(r for r in rows if r["name"] == "plain")
+    assert json.loads(tab["tags"]) == ["\tTAB"]
+    for r in rows:
+        for k, v in r.items():
+            assert not v.startswith(("=", "+", "@", "\t", "\r")), (k, v)
+            if v.startswith("-"):
+                float(v)  # only numbers may start with a minus
+
+
+def test_long_csv_has_one_row_per_rank(stored):
+    engine, ids = stored
+    rows = _rows(export_csv(engine, long=True))
+    assert list(rows[0]) == LONG_HEADER
+    finished = [eid for eid, res in ids.items() if res is not None]
+    assert len(rows) == 2 * len(finished) + 1  # the queued one keeps a single row without rank
+    for eid in finished:
+        res = ids[eid]
+        mine = sorted((r for r in rows if int(r["id"]) == eid), key=lambda r: int(r["rank"]))
+        assert [int(r["rank"]) for r in mine] == [0, 1]
+        for r, rank in zip(mine, res.per_rank):
+            assert int(r["predicted_optimizer_bytes"]) == rank.predicted.optimizer_bytes
+            assert float(r["comm_all_reduce_bytes"]) == rank.comm["all_reduce"].bytes
+            assert float(r["comm_seconds"]) == pytest.approx(sum(c.seconds for c in rank.comm.values()))
+            assert float(r["rank_step_s_max"]) == max(rank.step_s) and int(r["rss_bytes"]) == rank.rss_bytes
+            assert json.loads(r["coords"]) == rank.coords
+
+
+def test_export_filters_match_list_experiments(stored):
+    engine, _ = stored
+    assert {int(r["id"]) for r in _rows(export_csv(engine, strategy="zero1"))} == {
+        r["id"] for r in q.list_experiments(engine, strategy="zero1")}
+    assert {int(r["id"]) for r in _rows(export_csv(engine, status=["queued"]))} == {
+        r["id"] for r in q.list_experiments(engine, status="queued")}
+    assert [x["id"] for x in json.loads(export_json(engine, tag=TAGS[0]))] == [r["id"] for r in q.list_experiments(engine, tag=TAGS[0])]
+
+
+def test_json_export_is_the_full_stored_result(stored):
+    engine, ids = stored
+    data = json.loads(export_json(engine))
+    assert [d["id"] for d in data] == sorted(ids)
+    for d in data:
+        res = ids[d["id"]]
+        if res is None:
+            assert d["result"] is None and d["status"] == "queued" and d["name"] == "\rqueued"
+            continue
+        assert d["result"] == json.loads(res.model_dump_json(by_alias=True))
+        assert d["spec"] == json.loads(res.spec.model_dump_json())
+        assert d["env"]["torch"] == "2.13.0+cpu"
+    first = data[0]
+    assert first["name"] == EVIL_NAME and sorted(first["tags"]) == sorted(TAGS)  # JSON is verbatim: no prefix
+    buf = io.StringIO()
+    assert export_json(engine, buf) is None and json.loads(buf.getvalue()) == data

@@ -1,0 +1,113 @@
+"""`python -m backend submit|list|show|cancel|requeue|delete|tag|export` against a real SQLite file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from backend.cli import main
+from db import queries as q
+from db.session import REPO
+from store_helpers import TINY, fake_result, file_db
+
+FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
+         "--global-batch", "4", "--micro-batch", "2", "--steps", "2"]
+EVIL = "Robert'); DROP TABLE experiments;--"
+
+
+@pytest.fixture
+def db(tmp_path):
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_submit_prints_the_id_and_rejects_bad_specs_with_the_arithmetic(capsys, db, tmp_path):
+    code, out, _ = run(capsys, "submit", "--db", db, *FLAGS, "--name", "=cmd()", "--tag", EVIL, "--tag", "ünï©ødé 🚀")
+    assert code == 0
+    eid = int(out)
+    engine = file_db(tmp_path, "cli.db")
+    row = q.get_experiment(engine, eid)
+    assert row["name"] == "=cmd()" and sorted(row["tags"]) == sorted([EVIL, "ünï©ødé 🚀"]) and row["d_model"] == 32
+    code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--world", "3")
+    assert code == 2 and out == "" and "global batch 4 is not divisible by micro-batch 2 * dp 3 = 6" in err
+    spec_file = tmp_path / "s.json"
+    spec_file.write_text(json.dumps(TINY))
+    code, out, _ = run(capsys, "submit", "--db", db, "--spec", str(spec_file), "--strategy", "zero2")
+    assert code == 0 and q.get_experiment(engine, int(out))["strategy"] == "zero2"
+    assert q.count_experiments(engine) == 2
+
+
+def test_sweep_queues_valid_points_and_reports_invalid_ones(capsys, db, tmp_path):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"strategy": ["ddp", "tp"], "world": [1, 2]}))
+    code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--sweep", str(grid), "--tag", "g")
+    assert code == 0 and len(out.split()) == 3
+    assert 'invalid point {"strategy": "tp", "world": 1}' in err and "strategy tp needs tp >= 2" in err
+    engine = file_db(tmp_path, "cli.db")
+    rows = q.list_experiments(engine, tag="g")
+    assert sorted(r["id"] for r in rows) == sorted(map(int, out.split())) and len({r["sweep_id"] for r in rows}) == 1
+    code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--sweep", str(grid), "--strict")
+    assert code == 2 and out == "" and "nothing queued" in err and q.count_experiments(engine) == 3
+    grid.write_text(json.dumps({"parallel.bogus": [1]}))
+    code, _, err = run(capsys, "submit", "--db", db, *FLAGS, "--sweep", str(grid))
+    assert code == 2 and "unknown sweep key 'parallel.bogus'" in err
+
+
+def test_list_show_cancel_requeue_tag_delete(capsys, db, tmp_path):
+    ids = [int(run(capsys, "submit", "--db", db, *FLAGS, "--name", n)[1]) for n in ("one", "two")]
+    engine = file_db(tmp_path, "cli.db")
+    q.claim_next(engine, "w")
+    q.store_result(engine, ids[0], fake_result(q.get_experiment(engine, ids[0])["spec"], "timeout"))
+    code, out, _ = run(capsys, "list", "--db", db)
+    assert code == 0 and "timeout" in out and "queued" in out and "two" in out
+    code, out, _ = run(capsys, "list", "--db", db, "--status", "timeout", "--json")
+    assert [r["id"] for r in json.loads(out)] == [ids[0]]
+    code, out, _ = run(capsys, "show", str(ids[0]), "--db", db, "--json")
+    shown = json.loads(out)
+    assert shown["result"]["status"] == "timeout" and shown["spec"]["model"]["d_model"] == 32
+    assert shown["log_tail"] == "line 1\nline 2"
+    code, out, _ = run(capsys, "show", str(ids[0]), "--db", db)
+    assert code == 0 and "log tail:" in out and "rank 1 raised" in out
+    assert run(capsys, "show", "999", "--db", db)[0] == 1
+    assert run(capsys, "cancel", str(ids[1]), "--db", db)[1].strip() == "cancelled"
+    code, out, _ = run(capsys, "requeue", str(ids[0]), "--db", db)
+    new = int(out)
+    assert q.get_experiment(engine, new)["requeue_of"] == ids[0]
+    code, _, err = run(capsys, "requeue", str(new), "--db", db)
+    assert code == 1 and "is queued" in err
+    code, out, _ = run(capsys, "tag", str(new), EVIL, "x", "--db", db)
+    assert json.loads(out) == [EVIL, "x"] and sorted(q.get_experiment(engine, new)["tags"]) == sorted([EVIL, "x"])
+    assert run(capsys, "delete", str(ids[1]), "--db", db)[0] == 0
+    assert q.get_experiment(engine, ids[1]) is None and q.count_experiments(engine) == 2
+
+
+def test_export_to_file_with_filters(capsys, db, tmp_path):
+    for name in ("=1+2", "plain"):
+        run(capsys, "submit", "--db", db, *FLAGS, "--name", name, "--tag", name)
+    out_file = tmp_path / "x.csv"
+    assert run(capsys, "export", "--db", db, "--format", "csv", "-o", str(out_file))[0] == 0
+    rows = list(csv.DictReader(io.StringIO(out_file.read_text(encoding="utf-8"), newline="")))
+    assert [r["name"] for r in rows] == ["'=1+2", "plain"]
+    code, out, _ = run(capsys, "export", "--db", db, "--format", "json", "--tag", "=1+2")
+    assert [d["name"] for d in json.loads(out)] == ["=1+2"]
+
+
+def test_db_url_comes_from_the_environment(tmp_path):
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    env = {**os.environ, "SHARDLAB_DB_URL": url, "OMP_NUM_THREADS": "1"}
+    sub = subprocess.run([sys.executable, "-m", "backend", "submit", *FLAGS], cwd=REPO, env=env, capture_output=True, text=True)
+    assert sub.returncode == 0, sub.stderr
+    listed = subprocess.run([sys.executable, "-m", "backend", "list", "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert [r["id"] for r in json.loads(listed.stdout)] == [int(sub.stdout)]
+    assert (tmp_path / "env.db").exists()
