@@ -1,0 +1,284 @@
+"""Count collectives: calls, payload bytes, ring wire bytes and seconds per collective type.
+
+Two counters share one tally:
+- `KernelCommCounter` (timed steps): Python kernels at the Autograd keys of the `c10d.*` ops. Every
+  ProcessGroup call passes the dispatcher there (DDP's reducer, ZeroRedundancyOptimizer, FSDP2,
+  pipelining p2p, dist.*), so only collectives pay: negligible overhead. DTensor's functional
+  collectives call c10d below autograd and are not seen here.
+- `CommCounter` (the memory-tracked step): a TorchDispatchMode over `c10d.*` and `_c10d_functional.*`
+  that sees everything, but runs Python for every op (several-fold slower on small steps).
+
+Payload bytes follow docs/ARCHITECTURE.md: all_reduce the tensor; all_gather the gathered output;
+reduce_scatter the full input; all_to_all the input; broadcast/send/recv the tensor.
+
+Seconds: c10d ops are asynchronous (they return a Work); we time from issue until the Work's future
+completes (a done-callback, no extra waiting). Functional ops are timed from issue until their
+`wait_tensor`. Overlapping collectives each count their own span, so the sum can exceed wall time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # torch built without distributed
+    _DTensor = None
+_local = threading.local()
+
+# op name (without overload) -> (collective key, how to find the payload)
+_C10D = {
+    "allreduce_": ("all_reduce", "tensors0"),
+    "allreduce_coalesced_": ("all_reduce", "tensors0"),
+    "allgather_": ("all_gather", "out_lists0"),
+    "allgather_coalesced_": ("all_gather", "out_lists0"),
+    "_allgather_base_": ("all_gather", "arg0"),
+    "allgather_into_tensor_coalesced_": ("all_gather", "tensors0"),
+    "reduce_scatter_": ("reduce_scatter", "out_lists1"),
+    "_reduce_scatter_base_": ("reduce_scatter", "arg1"),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "tensors1"),
+    "broadcast_": ("broadcast", "tensors0"),
+    "alltoall_": ("all_to_all", "tensors1"),
+    "alltoall_base_": ("all_to_all", "arg1"),
+    "send": ("send", "tensors0"),
+    "recv_": ("recv", "tensors0"),
+    "recv_any_source_": ("recv", "tensors0"),
+    "reduce_": ("all_reduce", "tensors0"),  # the contract has no "reduce" key: a reduce-to-root counts here
+}
+_FUNCTIONAL = {
+    "all_reduce": ("all_reduce", "arg0"),
+    "all_reduce_": ("all_reduce", "arg0"),
+    "all_reduce_coalesced": ("all_reduce", "tensors0"),
+    "all_reduce_coalesced_": ("all_reduce", "tensors0"),
+    "all_gather_into_tensor": ("all_gather", "result"),
+    "all_gather_into_tensor_out": ("all_gather", "result"),
+    "all_gather_into_tensor_coalesced": ("all_gather", "result"),
+    "reduce_scatter_tensor": ("reduce_scatter", "arg0"),
+    "reduce_scatter_tensor_out": ("reduce_scatter", "arg0"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "tensors0"),
+    "all_to_all_single": ("all_to_all", "arg0"),
+    "broadcast": ("broadcast", "arg0"),
+    "broadcast_": ("broadcast", "arg0"),
+    "isend": ("send", "arg0"),
+    "irecv": ("recv", "arg0"),
+}
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+def _payload(how: str, args: tuple, result: Any) -> int:
+    if how == "result":
+        return _nbytes(result)
+    kind, idx = how[:-1], int(how[-1])
+    arg = args[idx]
+    if kind in ("arg", "tensors", "out_lists"):
+        return _nbytes(arg)
+    raise ValueError(how)
+
+
+def _group_size(args: tuple, kwargs: dict) -> int:
+    from torch.distributed.distributed_c10d import ProcessGroup
+
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith("c10d.ProcessGroup"):
+            return int(ProcessGroup.unbox(a).size())
+    return 0
+
+
+def _functional_group_size(name: str, args: tuple) -> int:
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for a in args:
+        if isinstance(a, str) and a not in ("sum", "avg", "max", "min", "product"):
+            try:
+                return dist.get_world_size(_resolve_process_group(a))
+            except Exception:  # noqa: BLE001 - not a group name
+                continue
+    return 0
+
+
+def wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
+    """Ring-model bytes sent per rank (docs/ARCHITECTURE.md); prefers backend.analytic.comm when present."""
+    try:
+        from backend.analytic.comm import ring_wire_bytes
+    except ImportError:
+        ring_wire_bytes = None
+    if ring_wire_bytes is not None:
+        return float(ring_wire_bytes(collective, payload_bytes, n))
+    if n <= 1:
+        return 0.0
+    # Patarasuk & Yuan 2009 (ring all-reduce = reduce-scatter + all-gather): 2(N-1)/N S; one phase (N-1)/N S.
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "all_to_all": (n - 1) / n, "broadcast": 1.0, "send": 1.0, "recv": 0.0}
+    return factor.get(collective, 0.0) * payload_bytes
+
+
+class _Tally:
+    """Per collective type: calls, payload bytes, ring wire bytes, seconds; plus excluded bookkeeping bytes."""
+
+    def __init__(self) -> None:
+        self.counting = True
+        self.calls: dict[str, int] = defaultdict(int)
+        self.bytes: dict[str, int] = defaultdict(int)
+        self.wire: dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.excluded: dict[str, int] = defaultdict(int)
+        """Payload bytes of collectives issued inside `uncounted()` (e.g. the loss report), by type."""
+        self.group_sizes: dict[str, set[int]] = defaultdict(set)
+        self._lock = threading.Lock()
+
+    def record(self, key: str, payload: int, n: int) -> bool:
+        """Count one collective; False when it is not training comm (counting off, or `uncounted()`)."""
+        if not self.counting:
+            return False
+        if getattr(_local, "uncounted", False):
+            self.excluded[key] += payload
+            return False
+        with self._lock:
+            self.calls[key] += 1
+            self.bytes[key] += payload
+            self.wire[key] += wire_bytes(key, payload, n) if n else 0.0
+            if n:
+                self.group_sizes[key].add(n)
+        return True
+
+    def time_work(self, key: str, t0: float, issued: float, out: Any) -> None:
+        """Seconds from issue until the c10d Work completes (a done-callback on its future: no extra waiting)."""
+        work = out[1] if isinstance(out, tuple) else out
+        try:
+            fut = work.get_future()
+        except Exception:  # noqa: BLE001 - no future on this backend: issue time is all we can honestly record
+            self.add_seconds(key, issued - t0)
+            return
+        fut.add_done_callback(lambda _f: self.add_seconds(key, time.perf_counter() - t0))
+
+    def add_seconds(self, key: str, s: float) -> None:
+        with self._lock:
+            self.seconds[key] += s
+
+    def summary(self, steps: int) -> dict[str, dict[str, float]]:
+        """Per-step means: {collective: {calls, bytes, wire_bytes, seconds}}."""
+        steps = max(steps, 1)
+        return {
+            k: {"calls": self.calls[k] / steps, "bytes": self.bytes[k] / steps,
+                "wire_bytes": self.wire[k] / steps, "seconds": self.seconds[k] / steps}
+            for k in sorted(self.calls)
+        }
+
+    def excluded_per_step(self, steps: int) -> dict[str, float]:
+        return {k: v / max(steps, 1) for k, v in self.excluded.items()}
+
+
+class CommCounter(_Tally, TorchDispatchMode):
+    """`with CommCounter() as c:` sees every collective, c10d and functional (DTensor) alike.
+
+    A dispatch mode runs Python for every op, which slows small steps down several-fold: use it on an
+    untimed step. `KernelCommCounter` is the cheap one for timed steps.
+    """
+
+    def __init__(self) -> None:
+        _Tally.__init__(self)
+        TorchDispatchMode.__init__(self)
+        self._pending: dict[int, tuple[str, float]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if _DTensor is not None and any(t is _DTensor for t in types):
+            return NotImplemented  # let DTensor desugar to local ops (and functional collectives) first, as MemTracker does
+        ns = func.namespace
+        name = func._schema.name.split("::", 1)[-1]
+        if name == "wait_tensor" and ns == "_c10d_functional":
+            out = func(*args, **kwargs)
+            entry = self._pending.pop(id(args[0]), None)
+            if entry is not None:
+                self.add_seconds(entry[0], time.perf_counter() - entry[1])
+            return out
+        table = _C10D if ns == "c10d" else _FUNCTIONAL if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
+        if table is None or name not in table:
+            return func(*args, **kwargs)
+        key, how = table[name]
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        issued = time.perf_counter()
+        n = _group_size(args, kwargs) if ns == "c10d" else _functional_group_size(name, args)
+        if not self.record(key, _payload(how, args, out), n):
+            return out
+        if ns == "c10d":
+            self.time_work(key, t0, issued, out)
+        else:
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self._pending[id(t)] = (key, t0)
+        return out
+
+
+_KERNEL_LIB: Any = None
+_KERNEL_TALLY: _Tally | None = None
+
+
+def _install_kernel_hooks() -> None:
+    """Python kernels at the Autograd keys of the c10d ops: they count, then run the op below autograd.
+
+    Only collectives pay (a few per step). DDP's reducer, ZeroRedundancyOptimizer, FSDP2, pipelining
+    p2p and dist.* calls all pass here; functional collectives (DTensor/TP) call c10d below autograd
+    and are only seen by `CommCounter`.
+    """
+    global _KERNEL_LIB
+    if _KERNEL_LIB is not None:
+        return
+    lib = torch.library.Library("c10d", "IMPL")
+    for name, (key, how) in _C10D.items():
+        op = getattr(torch.ops.c10d, name).default
+
+        def kernel(*args, _op=op, _key=key, _how=how, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            with torch._C._AutoDispatchBelowAutograd():
+                out = _op(*args, **kwargs)
+            tally = _KERNEL_TALLY
+            if tally is not None and tally.record(_key, _payload(_how, args, out), _group_size(args, kwargs)):
+                tally.time_work(_key, t0, time.perf_counter(), out)
+            return out
+
+        for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
+            lib.impl(name, kernel, dispatch_key)
+    _KERNEL_LIB = lib
+
+
+class KernelCommCounter(_Tally):
+    """`with KernelCommCounter() as c:` counts c10d collectives at negligible cost (see `_install_kernel_hooks`)."""
+
+    def __enter__(self) -> "KernelCommCounter":
+        global _KERNEL_TALLY
+        _install_kernel_hooks()
+        self._prev = _KERNEL_TALLY
+        _KERNEL_TALLY = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _KERNEL_TALLY
+        _KERNEL_TALLY = self._prev
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Collectives issued inside are bookkeeping (e.g. averaging the loss for the report), not training comm."""
+    prev = getattr(_local, "uncounted", False)
+    _local.uncounted = True
+    try:
+        yield
+    finally:
+        _local.uncounted = prev

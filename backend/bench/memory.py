@@ -1,0 +1,174 @@
+"""Per-category memory of one training step, from torch's MemTracker / FSDPMemTracker.
+
+What the numbers mean (one measured step, per rank):
+- `categories` (the measured values compared with predictions): every category at the moment the
+  Activation category peaks, i.e. the end of the (last) microbatch's forward = the start of backward,
+  the moment the textbook "model states + activations" formulas describe. params/grads/optimizer are
+  then the resident state (plus FSDP2's unsharded units alive at that moment); activations are what
+  forward keeps for backward.
+- `peak_bytes`: tracked bytes (all categories) at the step's own total peak, and `at_peak` its
+  breakdown. That peak usually falls a little later, in backward, when gradient temporaries (Temp ->
+  other) grow faster than activations are freed, or inside optimizer.step (foreach temporaries).
+- `high_water`: each category's own maximum during the step (includes transient temporaries).
+
+Category mapping:
+  MemTracker      Parameter -> params, Gradient -> grads, Optstate -> optimizer, Activation -> activations,
+                  Buffer / Temp (backward temporaries) / Other -> other.
+  FSDPMemTracker  Sharded+Unsharded Param and All Gather buffers -> params, Sharded+Unsharded Grad and
+                  Reduce Scatter buffers -> grads, OptState -> optimizer, Activation -> activations,
+                  Buffer / Temp / Inputs -> other.
+DDP's gradient buckets (MemTracker would see them as untracked or Activation): DDP runs with
+gradient_as_bucket_view=True and zero_grad(set_to_none=False), so `param.grad` stays a view of its bucket
+across steps and microbatches and the tracker tags the bucket storage as Gradient: one copy, counted once.
+(With set_to_none=True the no_sync microbatches allocate fresh grads next to the buckets: 2x gradients.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+_TOTAL = "Total"
+CATEGORY_OF = {
+    "Parameter": "params_bytes", "Sharded Param": "params_bytes", "Unsharded Param": "params_bytes",
+    "All Gather": "params_bytes",
+    "Gradient": "grads_bytes", "Sharded Grad": "grads_bytes", "Unsharded Grad": "grads_bytes",
+    "Reduce Scatter": "grads_bytes",
+    "Optstate": "optimizer_bytes", "OptState": "optimizer_bytes",
+    "Activation": "activations_bytes",
+}
+OURS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+
+
+def map_snapshot(snap: dict[str, int]) -> dict[str, int]:
+    """Tracker categories -> ours (Total dropped)."""
+    out = dict.fromkeys(OURS, 0)
+    for k, v in snap.items():
+        if k == _TOTAL:
+            continue
+        out[CATEGORY_OF.get(str(k), "other_bytes")] += int(v)
+    return out
+
+
+class _HighWater:
+    """Mixin: per-category maxima, and a snapshot of every category when activations are at their maximum."""
+
+    def _init_high_water(self) -> None:
+        self.high_water: dict[Any, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
+        self.at_act_peak: dict[Any, dict[Any, int]] = {}
+        self._act_peak: dict[Any, int] = {}
+
+    def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
+        super()._update_peak_stats(peak_state)  # type: ignore[misc]
+        for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
+            hw = self.high_water[dev]
+            act = 0
+            for k, v in snap.items():
+                if v > hw[k]:
+                    hw[k] = v
+                if getattr(k, "value", k) == "Activation":
+                    act = v
+            # >=: of equal microbatch peaks keep the last one, when earlier microbatches' gradients exist
+            if act > 0 and act >= self._act_peak.get(dev, 0):
+                self._act_peak[dev] = act
+                self.at_act_peak[dev] = dict(snap)
+
+    def new_iteration_hook(self, module: nn.Module, args: Any) -> None:
+        """Microbatches call the root module again within one step; torch's trackers reject that as a new
+        iteration, so the per-module stats are reset (the category snapshots we read are kept)."""
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:  # type: ignore[attr-defined]
+            self.reset_mod_stats()  # type: ignore[attr-defined]
+
+
+class CategoryMemTracker(_HighWater, MemTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self._init_high_water()
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        if set(self._mod_tracker.parents) - {name} == {"Global"}:
+            self.new_iteration_hook(module, inputs)
+        super()._pre_fw_hook(module, inputs)
+
+
+def _fsdp_tracker(root: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class CategoryFSDPMemTracker(_HighWater, FSDPMemTracker):
+        def __init__(self, mod: nn.Module, optm: torch.optim.Optimizer) -> None:
+            super().__init__(mod, optm)
+            self._init_high_water()
+
+    return CategoryFSDPMemTracker(root, optimizer)
+
+
+def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, fsdp: bool) -> Any:
+    """A tracker already told about the long-lived state (params, grads, optimizer) made before it."""
+    if fsdp:
+        return _fsdp_tracker(modules[0], optimizer)
+    tracker = CategoryMemTracker()
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its states in the local .optim
+    tracker.track_external(*modules, inner if isinstance(inner, torch.optim.Optimizer) else optimizer)
+    return tracker
+
+
+@contextmanager
+def tracking(tracker: Any, modules: list[nn.Module]) -> Iterator[Any]:
+    """`with tracker`, plus (FSDP) a root pre-forward hook that resets module stats between microbatches.
+    Registered after entering, so it runs before the tracker's own wrapped FSDP pre-forward."""
+    with tracker:
+        handle = None
+        if not isinstance(tracker, CategoryMemTracker):
+            handle = modules[0].register_forward_pre_hook(tracker.new_iteration_hook, prepend=True)
+        try:
+            yield tracker
+        finally:
+            if handle is not None:
+                handle.remove()
+
+
+def track_inputs(tracker: Any, tensors: Iterable[torch.Tensor]) -> None:
+    """The step's input batch (made before tracking starts) counts as other."""
+    tensors = tuple(tensors)
+    if hasattr(tracker, "track_inputs"):  # FSDPMemTracker (its track_external is a no-op)
+        tracker.track_inputs(tensors)
+    else:
+        tracker.track_external(*tensors)
+
+
+def breakdown(tracker: Any, device: torch.device) -> dict[str, Any]:
+    """Measured categories (at the activation peak), the total peak, and the other two views; bytes."""
+    peak = _for_device(tracker.get_tracker_snapshot("peak"), device)
+    at_act = _for_device(tracker.at_act_peak, device)
+    hw = _for_device(tracker.high_water, device)
+    return {"categories": map_snapshot(at_act or peak), "moment": "activation_peak" if at_act else "total_peak",
+            "peak_bytes": int(peak.get(_TOTAL, 0)), "at_peak": map_snapshot(peak), "high_water": map_snapshot(hw),
+            "tracker_at_activation_peak": at_act, "tracker_at_peak": peak, "tracker_high_water": hw}
+
+
+def _for_device(snaps: dict[Any, dict], device: torch.device) -> dict:
+    for dev, snap in snaps.items():
+        d = torch.device(dev)
+        if d.type == device.type and (device.index is None or d.index in (None, device.index)):
+            return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+    return {}
+
+
+def cuda_peaks(device: torch.device) -> tuple[int | None, int | None]:
+    if device.type != "cuda":
+        return None, None
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
+def rss_bytes() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.Process().memory_info().rss)

@@ -1,0 +1,211 @@
+"""Turn the gathered per-rank payloads (DIR/ranks.json) into a RunResult, next to the analytic predictions.
+
+A pure function of (spec, payload). ranks.json format (written by backend/engine/rank.py):
+  {"version": 1, "world_size": N, "backend": "gloo|nccl", "loss_reference": [float, ...],
+   "ranks": [{"rank", "coords", "strategy_module", "losses": [...], "step_s": [...],
+              "comm": {collective: {"calls", "bytes", "wire_bytes", "seconds"}},   # per timed step
+              "comm_excluded": {collective: bytes per step},   # bookkeeping (loss report), not training comm
+              "comm_group_sizes": {collective: [n, ...]},
+              "memory": {"categories": {params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes},
+                         "moment": "activation_peak", "peak_bytes", "at_peak": {same keys}, "high_water": {same keys},
+                         "tracker_at_activation_peak" / "tracker_at_peak" / "tracker_high_water": {tracker category: bytes},
+                         "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "rss_bytes"},   # see bench/memory.py
+              "env": {...}, "notes": [...], "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...]}]}
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from backend.bench.env import merge as merge_env
+from backend.bench.timing import step_s_median
+from backend.result import COLLECTIVES, MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
+from backend.spec import ExperimentSpec
+
+BOUNDS_PCT = {"params_bytes": 2.0, "grads_bytes": 2.0, "optimizer_bytes": 2.0, "activations_bytes": 15.0}
+COMM_BOUND_PCT = 5.0
+# Dense peak FLOP/s per device (vendor datasheets, dense, no sparsity); unknown devices give mfu None.
+PEAK_FLOPS = {
+    "fp32": {"H100": 67e12, "H200": 67e12, "A100": 19.5e12},
+    "bf16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
+    "fp16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
+}
+
+WHY = {
+    "params_bytes": "parameter storage at the peak; under FSDP2 it includes whichever unsharded units are "
+                    "resident at that moment (prefetch / reshard timing decides how many)",
+    "grads_bytes": "gradient storage at the peak; if the peak falls before the last backward finished, only the "
+                   "gradients produced so far are resident",
+    "optimizer_bytes": "optimizer state at the peak; ZeRO-1 partitions whole parameters, and a peak inside "
+                       "optimizer.step adds its foreach temporaries",
+    "activations_bytes": "the tracker counts every tensor created in forward that is still alive at the peak "
+                         "(incl. temporaries held by the caller), the formula only what autograd saves for backward",
+}
+
+
+def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
+    from backend.analytic.estimate import estimate
+
+    est = estimate(spec)
+    ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
+    notes = _dedupe(n for r in ranks for n in r.get("notes", []))
+    notes += [n for n in est.notes if n not in notes]
+    per_rank = [_rank_result(r, est.per_rank[r["rank"]]) for r in ranks]
+    notes += _memory_notes(per_rank)
+    notes += _autocast_notes(spec, per_rank)
+    notes += _recompute_notes(spec, per_rank)
+    notes += _comm_notes(ranks, per_rank, payload.get("backend", ""))
+    step_med = step_s_median([r["step_s"] for r in ranks])
+    loss = [float(x) for x in ranks[0]["losses"]] if ranks else []
+    ref = [float(x) for x in payload.get("loss_reference", [])]
+    env = merge_env([r.get("env", {}) for r in ranks])
+    achieved = est.flops_per_step / step_med if step_med else None
+    timeline = [ev for r in ranks for ev in r.get("timeline", [])]
+    return RunResult(
+        status=Status.OK, spec=spec, env=env, per_rank=per_rank, step_s_median=step_med,
+        tokens_per_s=spec.tokens_per_step / step_med if step_med else None,
+        flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=_mfu(achieved, env, spec),
+        loss=loss, loss_reference=ref,
+        loss_max_abs_diff=max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None,
+        timeline=timeline, bubble_measured=_bubble(timeline), bubble_predicted=est.bubble_fraction, notes=notes,
+    )
+
+
+def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:
+    mem = r.get("memory", {})
+    measured = MemoryBreakdown(**mem.get("categories", {}), peak_bytes=mem.get("peak_bytes", 0),
+                               moment=mem.get("moment"), at_peak=mem.get("at_peak", {}),
+                               high_water=mem.get("high_water", {}))
+    predicted = MemoryBreakdown(params_bytes=pred.params_bytes, grads_bytes=pred.grads_bytes,
+                                optimizer_bytes=pred.optimizer_bytes, activations_bytes=pred.activations_bytes,
+                                other_bytes=pred.other_bytes, peak_bytes=pred.total_bytes)
+    errs = {k: error_pct(getattr(measured, k), getattr(predicted, k)) for k in MEMORY_CATEGORIES}
+    errs["peak_bytes"] = error_pct(measured.peak_bytes, predicted.peak_bytes)
+    return RankResult(
+        rank=r["rank"], measured=measured, predicted=predicted, error_pct=errs, step_s=list(r.get("step_s", [])),
+        comm={k: CommStat(**v) for k, v in r.get("comm", {}).items()},
+        comm_predicted=dict(pred.comm_bytes), comm_excluded=r.get("comm_excluded", {}),
+        comm_wire_predicted=dict(getattr(pred, "comm_wire_bytes", {})),
+        rss_bytes=mem.get("rss_bytes"), cuda_max_allocated_bytes=mem.get("cuda_max_allocated_bytes"),
+        cuda_max_reserved_bytes=mem.get("cuda_max_reserved_bytes"), coords=dict(r.get("coords", {})),
+    )
+
+
+def comm_error_pct(rr: RankResult) -> dict[str, float | None]:
+    """Payload error per collective, over every collective measured or predicted on this rank."""
+    keys = [k for k in COLLECTIVES if k in rr.comm or k in rr.comm_predicted]
+    return {k: error_pct(rr.comm[k].bytes if k in rr.comm else 0.0, rr.comm_predicted.get(k, 0.0)) for k in keys}
+
+
+def _memory_notes(per_rank: list[RankResult]) -> list[str]:
+    notes = []
+    for cat, bound in BOUNDS_PCT.items():
+        off = [(rr.rank, rr.error_pct.get(cat), getattr(rr.measured, cat), getattr(rr.predicted, cat))
+               for rr in per_rank if rr.error_pct.get(cat) is not None and abs(rr.error_pct[cat]) > bound]
+        if off:
+            detail = ", ".join(f"rank {r}: {m:,} vs {p:,} B ({e:+.1f}%)" for r, e, m, p in off[:4])
+            notes.append(f"{cat} misses the ±{bound:g}% bound ({detail}): {WHY[cat]}.")
+    for rr in per_rank[:1]:
+        at_act = sum(getattr(rr.measured, k) for k in (*MEMORY_CATEGORIES, "other_bytes"))
+        if rr.measured.peak_bytes > 1.15 * at_act:
+            notes.append(f"rank {rr.rank}: the step's total tracked peak ({rr.measured.peak_bytes:,} B) is "
+                         f"{rr.measured.peak_bytes / at_act - 1:.0%} above the categories' sum at the activation peak "
+                         f"({at_act:,} B), where categories are measured; at the total peak: "
+                         + ", ".join(f"{k} {v:,}" for k, v in (getattr(rr.measured, "at_peak", None) or {}).items()) + ".")
+    return notes
+
+
+def _autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
+    """DDP / ZeRO-1 run mixed precision under torch.autocast, whose activation memory the 16-bit formula misses."""
+    from backend.analytic.params import param_list
+    from backend.strategies.base import module_name_for
+
+    if str(spec.train.precision) == "fp32" or module_name_for(spec) not in ("ddp", "zero1"):
+        return []
+    off = [rr for rr in per_rank if (rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"]]
+    if not off:
+        return []
+    cache = 2 * sum(q.numel for q in param_list(spec.model) if q.name.startswith(("layers.", "lm_head")) and ".ln" not in q.name)
+    return [f"mixed precision here is torch.autocast: it caches a 16-bit copy of every Linear weight and bias for the "
+            f"whole forward (≈{cache:,} B, tracked as activations) and keeps LayerNorm/softmax outputs and the residual "
+            f"stream in fp32, while the formula counts every saved activation at 2 B."]
+
+
+def _recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
+    if str(spec.train.recompute) != "full":
+        return []
+    if not any(abs(rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"] for rr in per_rank):
+        return []
+    return ["under full recompute the activations peak while the last block is recomputed in backward, after the "
+            "head's saved tensors (logits, log-softmax) are freed: L checkpointed block inputs + one block's full "
+            "activations + its recomputed output, not that plus the head term."]
+
+
+def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend: str) -> list[str]:
+    notes = []
+    for rr in per_rank:
+        errs = comm_error_pct(rr)
+        for k, e in errs.items():
+            measured = rr.comm[k].bytes if k in rr.comm else 0.0
+            if e is None and measured:
+                notes.append(f"rank {rr.rank}: {k} {measured:,.0f} B/step measured but not predicted.")
+            elif e is not None and abs(e) > COMM_BOUND_PCT:
+                notes.append(f"rank {rr.rank}: {k} payload {measured:,.0f} vs predicted {rr.comm_predicted.get(k, 0):,.0f} B/step ({e:+.1f}%).")
+    if backend == "gloo" and any("reduce_scatter" in r.get("comm", {}) for r in ranks):
+        notes.append("gloo implements reduce_scatter as an all-reduce: bytes actually sent are ≈2× the ring "
+                     "reduce-scatter wire_bytes reported (payload and wire_bytes are the algorithmic values).")
+    notes += _timed_vs_tracked_notes(ranks)
+    excl = {k: v for r in ranks[:1] for k, v in r.get("comm_excluded", {}).items()}
+    if excl:
+        notes.append("not counted as training comm: the loss report's scalar all-reduce "
+                     f"({', '.join(f'{k} {v:,.0f} B/step' for k, v in excl.items())}).")
+    return _dedupe(notes)
+
+
+def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
+    """Cross-check: c10d-level counts on the timed steps vs the complete count on the tracked step."""
+    gaps: dict[tuple[str, float, float], list[int]] = {}
+    for r in ranks:
+        timed, full = r.get("comm_timed", {}), r.get("comm", {})
+        for k in sorted(set(timed) | set(full)):
+            a, b = timed.get(k, {}).get("bytes", 0.0), full.get(k, {}).get("bytes", 0.0)
+            if abs(a - b) > 0.05 * max(a, b):
+                gaps.setdefault((k, a, b), []).append(r["rank"])
+    notes = []
+    for (k, a, b), who in gaps.items():
+        why = (" (DDP rebuilds its buckets once, broadcasting the new order, in its 2nd iteration)"
+               if k == "broadcast" and a < 4096 and not b else
+               " (functional/DTensor collectives are only seen by the dispatch counter)" if b > a else "")
+        notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
+                     f"timed steps (c10d level) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
+    return notes
+
+
+def _mfu(achieved: float | None, env: dict[str, Any], spec: ExperimentSpec) -> float | None:
+    if not achieved or env.get("device_type") != "cuda":
+        return None
+    table = PEAK_FLOPS.get(str(spec.train.precision), {})
+    name = str(env.get("device_name", ""))
+    peak = next((v for k, v in table.items() if k in name), None)
+    return achieved / (peak * spec.parallel.world_size) if peak else None
+
+
+def _bubble(timeline: list[dict[str, Any]]) -> float | None:
+    if not timeline:
+        return None
+    from backend.analytic.bubble_measure import measured_bubble_fraction
+
+    steps: dict[Any, list[dict[str, Any]]] = {}
+    for ev in timeline:
+        steps.setdefault(ev.get("step"), []).append(ev)
+    values = [v for v in (measured_bubble_fraction(evs) for evs in steps.values()) if v is not None]
+    return median(values) if values else None
+
+
+def _dedupe(items: Any) -> list[str]:
+    out: list[str] = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out

@@ -1,0 +1,97 @@
+"""The in-rank training loop: warm-up, timed steps (comm counted), one memory-tracked step.
+
+Step indices are global across phases (warm-up 0..w-1, timed w..w+n-1, memory w+n) so data and
+fault injection address the same step everywhere. Only rank 0 reports progress.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+
+from backend.bench import comm as comm_bench
+from backend.bench import memory, timing
+from backend.engine.data import global_batch
+from backend.launch.faults import maybe_inject
+from backend.strategies.base import Prepared, RankContext
+
+PROGRESS = "SHARDLAB_PROGRESS"
+
+
+def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
+    """One line on stderr from rank 0 when step `step` (1-based) of `of` in `phase` has finished."""
+    if ctx is None or ctx.rank == 0:
+        print(f"{PROGRESS} {json.dumps({'step': step, 'of': of, 'phase': phase})}", file=sys.stderr, flush=True)
+
+
+def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return global_batch(ctx.spec, step)
+
+
+def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
+    """Run every phase on this rank; return this rank's payload (see engine/assemble.py for the format).
+
+    Comm: the timed steps count c10d collectives with cheap kernel hooks (calls, bytes, seconds); the
+    memory-tracked step also runs the dispatch-mode counter, which sees every collective incl. DTensor's
+    functional ones. Reported calls/bytes come from that complete count (one steady-state step); seconds
+    from the timed steps."""
+    t = ctx.spec.train
+    losses: list[float] = []
+    for i in range(t.warmup_steps):
+        maybe_inject(ctx.rank, i)
+        losses.append(prep.train_step(*_batch(ctx, i)))
+        progress(ctx, i + 1, t.warmup_steps, "warmup")
+    step_s, timed = _timed_steps(ctx, prep, losses)
+    mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
+    comm = full.summary(1)
+    timed_summary = timed.summary(t.steps)
+    for k, v in comm.items():
+        if k in timed_summary:  # else (functional collectives): the tracked step's own timing, marked as such
+            v["seconds"] = timed_summary[k]["seconds"]
+        else:
+            v["seconds_from"] = "memory_step"
+    return {"losses": losses, "step_s": step_s, "comm": comm, "comm_timed": timed_summary,
+            "comm_excluded": full.excluded_per_step(1),
+            "comm_group_sizes": {k: sorted(v) for k, v in full.group_sizes.items()},
+            "memory": mem}
+
+
+def _timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple[list[float], comm_bench.KernelCommCounter]:
+    t = ctx.spec.train
+    step_s: list[float] = []
+    counter = comm_bench.KernelCommCounter()
+    counter.counting = False
+    with counter:
+        for k in range(t.steps):
+            i = t.warmup_steps + k
+            maybe_inject(ctx.rank, i)
+            batch = _batch(ctx, i)
+            counter.counting = True
+            loss, s = timing.timed(lambda: prep.train_step(*batch), ctx.device)
+            counter.counting = False
+            losses.append(loss)
+            step_s.append(s)
+            progress(ctx, k + 1, t.steps, "timed")
+    return step_s, counter
+
+
+def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:
+    maybe_inject(ctx.rank, step)
+    batch = _batch(ctx, step)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp)
+    memory.track_inputs(tracker, batch)
+    timing.fence(ctx.device)
+    full = comm_bench.CommCounter()
+    with memory.tracking(tracker, prep.modules), full:
+        prep.train_step(*batch)
+    timing.fence(ctx.device)  # let async collectives' completion callbacks land
+    out = memory.breakdown(tracker, ctx.device)
+    out["cuda_max_allocated_bytes"], out["cuda_max_reserved_bytes"] = memory.cuda_peaks(ctx.device)
+    out["rss_bytes"] = memory.rss_bytes()
+    progress(ctx, 1, 1, "memory")
+    return out, full

@@ -1,0 +1,53 @@
+"""Process group and the (pp, dp, tp) device mesh for one rank."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from backend.spec import Backend, Device, ExperimentSpec
+
+MESH_DIMS = ("pp", "dp", "tp")
+
+
+def pick_backend_device(spec: ExperimentSpec, local_rank: int) -> tuple[str, torch.device]:
+    """spec.runtime backend/device, with "auto" = nccl + cuda:LOCAL_RANK when CUDA is present, else gloo + cpu."""
+    rt = spec.runtime
+    cuda = torch.cuda.is_available()
+    device_type = rt.device.value if rt.device != Device.AUTO else ("cuda" if cuda else "cpu")
+    if device_type == "cuda" and not cuda:
+        raise RuntimeError("spec.runtime.device=cuda but torch.cuda.is_available() is False on this host")
+    backend = rt.backend.value if rt.backend != Backend.AUTO else ("nccl" if device_type == "cuda" else "gloo")
+    if backend == "nccl" and device_type != "cuda":
+        raise RuntimeError("backend nccl needs device cuda (nccl has no CPU tensors)")
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        return backend, torch.device("cuda", local_rank)
+    return backend, torch.device("cpu")
+
+
+def init(spec: ExperimentSpec, rank: int, world_size: int, local_rank: int) -> tuple[str, torch.device]:
+    backend, device = pick_backend_device(spec, local_rank)
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=spec.runtime.timeout_s), **kwargs)
+    return backend, device
+
+
+def build_mesh(spec: ExperimentSpec, device: torch.device):  # -> DeviceMesh | None
+    """(pp, dp, tp) mesh laid out as ParallelSpec.coords (row-major, tp fastest); None for one rank."""
+    p = spec.parallel
+    if p.world_size == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=MESH_DIMS)
+
+
+def env_ranks() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them (1 process when unset)."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
