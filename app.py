@@ -1,0 +1,50 @@
+"""ShardLab dashboard entry point: `streamlit run app.py` (see `make run`)."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from backend.ui import store, worker_ctl
+
+st.set_page_config(page_title="ShardLab", page_icon=":material/grid_view:", layout="wide")
+
+PAGES = [
+    st.Page("pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new", default=True),
+    st.Page("pages/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
+    st.Page("pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
+    st.Page("pages/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
+    st.Page("pages/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
+]
+nav = st.navigation(PAGES)
+
+WORKER_CHECK_S = 10.0
+
+
+def _worker_status() -> worker_ctl.WorkerStatus:
+    last = st.session_state.get("_worker_checked")
+    if last and time.monotonic() - last[0] < WORKER_CHECK_S:
+        return last[1]
+    try:
+        status = worker_ctl.ensure_worker(store.engine(), store.db_url())
+        if status.started_now:
+            st.toast("Started a background worker for queued runs")
+    except Exception as e:  # noqa: BLE001 - the sidebar reports it; pages still render
+        status = worker_ctl.WorkerStatus(False, f"worker check failed: {e}")
+    st.session_state["_worker_checked"] = (time.monotonic(), status)
+    return status
+
+
+with st.sidebar:
+    st.markdown("### ShardLab")
+    st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
+    ws = _worker_status()
+    if ws.alive:
+        st.success(f"Worker: {ws.detail}", icon=":material/settings:")
+    else:
+        st.warning("No worker running: queued runs wait. Start one with `make worker`.", icon=":material/settings:")
+        st.caption(ws.detail)
+    st.caption(f"Database: `{store.db_url()}`")
+
+nav.run()

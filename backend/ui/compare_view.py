@@ -1,0 +1,139 @@
+"""Compare runs side by side and plot scaling: measured points over analytic curves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from backend.result import RunResult
+from backend.spec import ExperimentSpec, Strategy, validate_spec
+from backend.ui.format import fmt_bytes, fmt_frac, fmt_seconds
+from backend.ui.theme import LAYOUT, STRATEGY_COLOR
+
+CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+
+
+def _max_rank(result: RunResult, which: str, cat: str | None = None) -> float:
+    vals = [sum(getattr(getattr(r, which), c) for c in ([cat] if cat else CATS)) for r in result.per_rank]
+    return float(max(vals, default=0))
+
+
+def _comm_total(result: RunResult) -> float:
+    return max((sum(s.bytes for s in r.comm.values()) for r in result.per_rank), default=0.0)
+
+
+def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows = properties, columns = '#id name'. `runs` are get_experiment dicts (spec, result, status)."""
+    cols: dict[str, dict[str, str]] = {}
+    for e in runs:
+        s: ExperimentSpec = e["spec"]
+        res: RunResult | None = e.get("result")
+        p, t, m = s.parallel, s.train, s.model
+        col = {
+            "status": str(e.get("status")),
+            "strategy": str(p.strategy), "world size": str(p.world_size),
+            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})",
+            "pp schedule / microbatches": f"{p.pp_schedule if p.pp > 1 else '–'} / {t.microbatches}",
+            "model h×L, heads, seq": f"{m.d_model}×{m.n_layers}, {m.n_heads}, {m.seq_len}",
+            "precision / optimizer / recompute": f"{t.precision} / {t.optimizer} / {t.recompute}",
+            "global batch / steps": f"{t.global_batch} / {t.steps}",
+        }
+        if res is not None and res.per_rank:
+            col.update({
+                "step time (median)": fmt_seconds(res.step_s_median),
+                "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
+                "model+act memory, fullest rank (measured)": fmt_bytes(_max_rank(res, "measured")),
+                "model+act memory, fullest rank (predicted)": fmt_bytes(_max_rank(res, "predicted")),
+                **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c)) for c in CATS},
+                "comm payload / step (busiest rank)": fmt_bytes(_comm_total(res)),
+                "bubble measured / predicted": f"{fmt_frac(res.bubble_measured)} / {fmt_frac(res.bubble_predicted)}",
+                "loss max |Δ| vs reference": f"{res.loss_max_abs_diff:.2e}" if res.loss_max_abs_diff is not None else "–",
+            })
+        cols[f"#{e['id']} {s.name}".strip()] = col
+    return pd.DataFrame(cols)
+
+
+def highlight_differences(df: pd.DataFrame) -> pd.DataFrame:
+    """A same-shaped frame of CSS: cells that differ from the first run's value are highlighted."""
+    styles = pd.DataFrame("", index=df.index, columns=df.columns)
+    if df.shape[1] < 2:
+        return styles
+    first = df.iloc[:, 0]
+    for c in df.columns[1:]:
+        styles.loc[df[c] != first, c] = "background-color: #fff3b0; font-weight: 600"
+    return styles
+
+
+def _with_world(spec: ExperimentSpec, world: int) -> ExperimentSpec | None:
+    d = spec.model_dump(mode="json")
+    p = d["parallel"]
+    p["world_size"], p["dp"] = world, None
+    if spec.parallel.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):
+        p[str(spec.parallel.strategy)] = 1
+    d["train"]["microbatches"] = None
+    d["train"]["global_batch"] = spec.train.micro_batch * spec.train.microbatches * max(world // (p["tp"] * p["pp"]), 1)
+    out, _ = validate_spec(d)
+    return out
+
+
+def analytic_curve(spec: ExperimentSpec, worlds: list[int]) -> tuple[list[int], list[float]]:
+    """Predicted fullest-rank bytes (params+grads+optimizer+activations) as the world grows, shape fixed."""
+    from backend.analytic.estimate import estimate
+
+    xs, ys = [], []
+    for w in worlds:
+        s = _with_world(spec, w)
+        if s is None:
+            continue
+        est = estimate(s)
+        xs.append(w)
+        ys.append(max(sum(float(getattr(r, c)) for c in CATS) for r in est.per_rank))
+    return xs, ys
+
+
+def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
+    fig = go.Figure()
+    by_strategy = _ok_by_strategy(runs)
+    max_world = max((e["spec"].parallel.world_size for es in by_strategy.values() for e in es), default=1)
+    worlds = [w for w in (1, 2, 3, 4, 6, 8, 12, 16) if w <= max(2 * max_world, 4)]
+    for st, es in by_strategy.items():
+        color = STRATEGY_COLOR.get(st, "#333")
+        xs, ys = analytic_curve(es[0]["spec"], worlds)
+        if xs:
+            fig.add_scatter(name=f"{st} formula", x=xs, y=[y / 2**20 for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
+                            marker=dict(size=5, symbol="circle-open"),
+                            hovertemplate=f"{st} formula<br>world %{{x}}: %{{y:.2f}} MiB on the fullest rank<extra></extra>")
+        pts = sorted(es, key=lambda e: e["spec"].parallel.world_size)
+        fig.add_scatter(name=f"{st} measured", x=[e["spec"].parallel.world_size for e in pts],
+                        y=[_max_rank(e["result"], "measured") / 2**20 for e in pts], mode="markers", marker=dict(color=color, size=11),
+                        customdata=[e["id"] for e in pts],
+                        hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:.2f}} MiB measured<extra></extra>")
+    fig.update_layout(title="Per-rank memory vs world size (fullest rank)",
+                      xaxis_title="world size (ranks)", yaxis_title="params+grads+optimizer+activations (MiB)", **LAYOUT)
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def throughput_fig(runs: list[dict[str, Any]]) -> go.Figure:
+    fig = go.Figure()
+    for st, es in _ok_by_strategy(runs).items():
+        pts = sorted((e for e in es if e["result"].tokens_per_s), key=lambda e: e["spec"].parallel.world_size)
+        if not pts:
+            continue
+        fig.add_scatter(name=st, x=[e["spec"].parallel.world_size for e in pts], y=[e["result"].tokens_per_s for e in pts],
+                        mode="lines+markers", line_color=STRATEGY_COLOR.get(st, "#333"), customdata=[e["id"] for e in pts],
+                        hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:,.0f}} tokens/s<extra></extra>")
+    fig.update_layout(title="Measured throughput vs world size", xaxis_title="world size (ranks)", yaxis_title="throughput (tokens/s)", **LAYOUT)
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def _ok_by_strategy(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in runs:
+        res = e.get("result")
+        if res is not None and str(res.status) == "ok" and res.per_rank:
+            out.setdefault(str(e["spec"].parallel.strategy), []).append(e)
+    return out

@@ -1,0 +1,128 @@
+"""Run-detail figures and tables: measured vs predicted memory, comm per collective, loss, step time."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from backend.result import MEMORY_CATEGORIES, RunResult, error_pct
+from backend.ui.format import fmt_bytes, fmt_pct, fmt_seconds
+from backend.ui.predict_view import byte_scale, coords_label
+from backend.ui.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
+
+CATS = MEMORY_CATEGORIES + ("other_bytes",)
+
+
+def measured_vs_predicted_fig(result: RunResult) -> go.Figure:
+    """Stacked bars per category, measured beside predicted for every rank (x = rank / source)."""
+    ranks = result.per_rank
+    peak = max([sum(getattr(r.measured, c) for c in CATS) for r in ranks] + [sum(getattr(r.predicted, c) for c in CATS) for r in ranks] + [1])
+    div, unit = byte_scale(peak)
+    x0 = [f"rank {r.rank}" for r in ranks for _ in (0, 1)]
+    x1 = ["measured", "predicted"] * len(ranks)
+    fig = go.Figure()
+    for c in CATS:
+        vals = [getattr(src, c) for r in ranks for src in (r.measured, r.predicted)]
+        if not any(vals):
+            continue
+        errs = [_err_text(r, c) for r in ranks for _ in (0, 1)]
+        fig.add_bar(
+            name=CATEGORY_LABEL[c], x=[x0, x1], y=[v / div for v in vals], marker_color=CATEGORY_COLOR[c],
+            customdata=[[fmt_bytes(v), e] for v, e in zip(vals, errs)],
+            hovertemplate=f"%{{x}}<br>{CATEGORY_LABEL[c]}: %{{y:.3f}} {unit} (%{{customdata[0]}})<br>error vs prediction: %{{customdata[1]}}<extra></extra>",
+        )
+    fig.update_layout(barmode="stack", title="Memory per rank at the step's peak: measured vs predicted",
+                      xaxis_title="rank / source", yaxis_title=f"memory ({unit})", **LAYOUT)
+    return fig
+
+
+def _err_text(r: Any, c: str) -> str:
+    e = (r.error_pct or {}).get(c)
+    if e is None:
+        e = error_pct(getattr(r.measured, c), getattr(r.predicted, c))
+    return fmt_pct(e)
+
+
+def memory_error_frame(result: RunResult) -> pd.DataFrame:
+    rows = []
+    for r in result.per_rank:
+        row: dict[str, Any] = {"rank": r.rank, "coords": coords_label(r.coords)}
+        for c in MEMORY_CATEGORIES:
+            m, p = getattr(r.measured, c), getattr(r.predicted, c)
+            row[f"{CATEGORY_LABEL[c]} measured"] = fmt_bytes(m)
+            row[f"{CATEGORY_LABEL[c]} predicted"] = fmt_bytes(p)
+            e = (r.error_pct or {}).get(c, error_pct(m, p))
+            row[f"{CATEGORY_LABEL[c]} error"] = fmt_pct(e)
+        row["peak measured"] = fmt_bytes(r.measured.peak_bytes)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comm_frame(result: RunResult) -> pd.DataFrame:
+    """Per collective, averaged over ranks: measured calls/payload/wire/time per step vs analytic payload."""
+    colls = sorted({k for r in result.per_rank for k in list(r.comm) + list(r.comm_predicted)})
+    rows = []
+    n = max(len(result.per_rank), 1)
+    for k in colls:
+        stats = [r.comm.get(k) for r in result.per_rank]
+        mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731
+        pred = sum(float(r.comm_predicted.get(k, 0) or 0) for r in result.per_rank) / n
+        meas = mean("bytes")
+        rows.append({
+            "collective": k, "calls / step": round(mean("calls"), 2),
+            "measured payload / step": fmt_bytes(meas), "predicted payload / step": fmt_bytes(pred),
+            "error": fmt_pct(error_pct(meas, pred)), "measured wire / step": fmt_bytes(mean("wire_bytes")),
+            "time in collective / step": fmt_seconds(mean("seconds")),
+        })
+    return pd.DataFrame(rows)
+
+
+def loss_fig(result: RunResult) -> go.Figure | None:
+    if not result.loss and not result.loss_reference:
+        return None
+    fig = go.Figure()
+    if result.loss:
+        fig.add_scatter(name=f"{result.spec.parallel.strategy} (world {result.spec.parallel.world_size})", y=result.loss, x=list(range(1, len(result.loss) + 1)), mode="lines+markers",
+                        hovertemplate="step %{x}: loss %{y:.6f}<extra></extra>")
+    if result.loss_reference:
+        fig.add_scatter(name="single-process reference", y=result.loss_reference, x=list(range(1, len(result.loss_reference) + 1)),
+                        mode="lines+markers", line_dash="dash", hovertemplate="step %{x}: reference loss %{y:.6f}<extra></extra>")
+    sub = f" (max |Δ| = {result.loss_max_abs_diff:.2e})" if result.loss_max_abs_diff is not None else ""
+    fig.update_layout(title="Training loss vs single-process reference" + sub, xaxis_title="step", yaxis_title="cross-entropy loss (nats)", **LAYOUT)
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def step_time_fig(result: RunResult) -> go.Figure | None:
+    if not any(r.step_s for r in result.per_rank):
+        return None
+    fig = go.Figure()
+    for r in result.per_rank:
+        if r.step_s:
+            fig.add_scatter(name=f"rank {r.rank}", x=list(range(1, len(r.step_s) + 1)), y=[s * 1e3 for s in r.step_s],
+                            mode="lines+markers", hovertemplate=f"rank {r.rank} step %{{x}}: %{{y:.1f}} ms<extra></extra>")
+    fig.update_layout(title="Wall time of each timed step", xaxis_title="timed step", yaxis_title="step time (ms)", **LAYOUT)
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def headline(result: RunResult) -> dict[str, str]:
+    steps = [s for r in result.per_rank for s in r.step_s]
+    med = result.step_s_median if result.step_s_median is not None else (statistics.median(steps) if steps else None)
+    peak = max((r.measured.peak_bytes for r in result.per_rank), default=None)
+    return {
+        "step time (median)": fmt_seconds(med),
+        "tokens / s": f"{result.tokens_per_s:,.0f}" if result.tokens_per_s else "–",
+        "peak memory (max rank)": fmt_bytes(peak),
+        "loss max |Δ| vs reference": f"{result.loss_max_abs_diff:.2e}" if result.loss_max_abs_diff is not None else "–",
+        "wall time": fmt_seconds(result.wall_s),
+        "achieved FLOP/s (MFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
+        + (f" ({result.mfu * 100:.1f} %)" if result.mfu is not None else ""),
+    }
+
+
+def env_frame(result: RunResult) -> pd.DataFrame:
+    return pd.DataFrame([{"key": k, "value": str(v)} for k, v in sorted(result.env.items())], columns=["key", "value"])

@@ -1,0 +1,126 @@
+"""Figures and tables for the analytic prediction of one spec (New-experiment page)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from backend.ui.format import fmt_bytes, fmt_count, fmt_frac
+from backend.ui.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+
+def byte_scale(max_bytes: float) -> tuple[float, str]:
+    """Divisor and unit so a chart's numbers stay readable (B, KiB, MiB or GiB)."""
+    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if max_bytes >= div:
+            return float(div), unit
+    return 1.0, "B"
+
+
+def coords_label(coords: dict[str, int] | None) -> str:
+    if not coords:
+        return ""
+    return " ".join(f"{k}{v}" for k, v in coords.items() if k in ("pp", "dp", "tp", "ep"))
+
+
+def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:
+    """Per-rank category bytes from Estimate.per_rank (objects or dicts)."""
+    rows = []
+    for r in per_rank:
+        row = {"rank": int(_get(r, "rank", 0)), "coords": coords_label(_get(r, "coords"))}
+        for c in CATEGORIES:
+            row[c] = float(_get(r, c, 0) or 0)
+        row["total_bytes"] = float(_get(r, "total_bytes", None) or sum(row[c] for c in CATEGORIES))
+        rows.append(row)
+    return rows
+
+
+def per_rank_memory_fig(rows: list[dict[str, Any]], *, device_mem_bytes: float | None = None, title: str = "Predicted memory per rank") -> go.Figure:
+    max_total = max((r["total_bytes"] for r in rows), default=0.0)
+    div, unit = byte_scale(max(max_total, 1.0))
+    x = [f"rank {r['rank']}" + (f" ({r['coords']})" if r["coords"] else "") for r in rows]
+    fig = go.Figure()
+    for c in CATEGORIES:
+        ys = [r[c] / div for r in rows]
+        if not any(ys):
+            continue
+        fig.add_bar(
+            name=CATEGORY_LABEL[c], x=x, y=ys, marker_color=CATEGORY_COLOR[c],
+            customdata=[fmt_bytes(r[c]) for r in rows],
+            hovertemplate=f"%{{x}}<br>{CATEGORY_LABEL[c]}: %{{y:.3f}} {unit} (%{{customdata}})<extra></extra>",
+        )
+    if device_mem_bytes and device_mem_bytes <= 3 * max(max_total, 1.0):
+        fig.add_hline(y=device_mem_bytes / div, line_dash="dash", line_color="black",
+                      annotation_text=f"device memory {fmt_bytes(device_mem_bytes)}")
+    fig.update_layout(barmode="stack", title=title, xaxis_title="rank (mesh coordinates)", yaxis_title=f"memory per rank ({unit})", **LAYOUT)
+    return fig
+
+
+@dataclass
+class Fit:
+    fits: bool
+    worst_rank: int
+    worst_bytes: float
+    device_bytes: float
+
+    def message(self) -> str:
+        need = f"{fmt_bytes(self.worst_bytes)} = {self.worst_bytes / 1e9:,.3g} GB"
+        dev = f"{self.device_bytes / 1e9:,.4g} GB"
+        if self.fits:
+            return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
+                    f"({self.worst_bytes / self.device_bytes * 100:.3g} %).")
+        return (f"Does not fit: rank {self.worst_rank} needs {need} > {dev} device memory "
+                f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}).")
+
+
+def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
+    worst = max(rows, key=lambda r: r["total_bytes"]) if rows else {"rank": 0, "total_bytes": 0.0}
+    return Fit(worst["total_bytes"] <= device_mem_bytes, worst["rank"], worst["total_bytes"], device_mem_bytes)
+
+
+def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
+    """Predicted payload and ring wire bytes per step per collective: rank 0 and the busiest rank."""
+    recs: dict[str, dict[str, float]] = {}
+    for r in per_rank:
+        payload, wire = _get(r, "comm_bytes", {}) or {}, _get(r, "comm_wire_bytes", {}) or {}
+        for coll in set(payload) | set(wire):
+            d = recs.setdefault(coll, {"rank0_payload": 0.0, "max_payload": 0.0, "max_wire": 0.0})
+            p, w = float(payload.get(coll, 0) or 0), float(wire.get(coll, 0) or 0)
+            if int(_get(r, "rank", 0)) == 0:
+                d["rank0_payload"] = p
+            d["max_payload"], d["max_wire"] = max(d["max_payload"], p), max(d["max_wire"], w)
+    rows = [
+        {"collective": k, "payload / step (rank 0)": fmt_bytes(v["rank0_payload"]),
+         "payload / step (busiest rank)": fmt_bytes(v["max_payload"]), "ring wire / step (busiest rank)": fmt_bytes(v["max_wire"])}
+        for k, v in sorted(recs.items()) if v["max_payload"] or v["max_wire"]
+    ]
+    return pd.DataFrame(rows, columns=["collective", "payload / step (rank 0)", "payload / step (busiest rank)", "ring wire / step (busiest rank)"])
+
+
+def headline(est: Any) -> dict[str, str]:
+    """The few numbers shown as metrics above the chart."""
+    comm = _get(est, "comm_bytes_per_step")
+    comm_total = sum(comm.values()) if isinstance(comm, dict) else comm
+    bubble = _get(est, "bubble_fraction")
+    return {
+        "parameters": fmt_count(float(_get(est, "params_total", 0) or 0)),
+        "comm / step": fmt_bytes(comm_total),
+        "pipeline bubble": fmt_frac(bubble) if bubble is not None else "–",
+        "FLOPs / step": f"{float(_get(est, 'flops_per_step', 0) or 0):.3g}".replace("e+", "e"),
+        "tokens / step": f"{int(_get(est, 'tokens_per_step', 0) or 0):,}",
+    }
+
+
+def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Run the analytic estimate for a validated spec: (Estimate, per-rank rows for the chart)."""
+    from backend.analytic.estimate import estimate
+
+    est = estimate(spec)
+    return est, rank_rows(est.per_rank)

@@ -1,0 +1,79 @@
+"""Shape experiment rows (db.queries.list_experiments dicts) into the Runs table (downloads come from db.export)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+
+ACTIVE = ("queued", "running")
+COLUMNS = ["id", "status", "progress", "name", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
+           "tokens/s", "peak (MiB)", "created"]
+
+
+def progress_text(row: dict[str, Any]) -> str:
+    st = row.get("status")
+    if st == "running":
+        k, n, ph = row.get("progress_step"), row.get("progress_total"), row.get("progress_phase")
+        if k is not None and n:
+            return f"step {k}/{n}" + (f" ({ph})" if ph else "")
+        return "starting"
+    if st == "queued":
+        return "waiting for a worker"
+    return "" if st == "ok" else (row.get("error") or "")[:80]
+
+
+def progress_fraction(row: dict[str, Any]) -> float | None:
+    k, n = row.get("progress_step"), row.get("progress_total")
+    return None if k is None or not n else max(0.0, min(1.0, k / n))
+
+
+def degrees_text(row: dict[str, Any]) -> str:
+    parts = [f"dp{row.get('dp')}"]
+    for k in ("tp", "pp", "ep"):
+        if (row.get(k) or 1) > 1:
+            parts.append(f"{k}{row[k]}")
+    if row.get("sequence_parallel"):
+        parts.append("sp")
+    return "×".join(parts)
+
+
+def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers."""
+    col = lambda k: [r.get(k) for r in rows]  # noqa: E731
+    pp = [r.get("pp") or 1 for r in rows]
+    step, peak, tps = col("step_s_median"), col("peak_bytes_max"), col("tokens_per_s")
+    data = {
+        "id": [int(r["id"]) for r in rows],
+        "status": col("status"),
+        "progress": [progress_text(r) if r.get("status") != "ok" else "" for r in rows],
+        "name": [r.get("name") or "" for r in rows],
+        "strategy": col("strategy"),
+        "world": col("world_size"),
+        "degrees": [degrees_text(r) for r in rows],
+        "schedule": [f"{r.get('schedule')} m={r.get('microbatches')}" if p > 1 else "" for r, p in zip(rows, pp)],
+        "tags": [", ".join(r.get("tags") or ()) for r in rows],
+        "step time (ms)": pd.array([None if v is None else round(v * 1e3, 2) for v in step], dtype="Float64"),
+        "tokens/s": pd.array([None if v is None else round(v, 1) for v in tps], dtype="Float64"),
+        "peak (MiB)": pd.array([None if v is None else round(v / 2**20, 3) for v in peak], dtype="Float64"),
+        "created": [_created(v) for v in col("created_at")],
+    }
+    return pd.DataFrame(data, columns=COLUMNS)
+
+
+def _created(v: Any) -> str:
+    # str(datetime) is "YYYY-MM-DD HH:MM:SS[.ffffff][+00:00]": slicing is ~5x faster than strftime on 10k rows.
+    return str(v)[:19] if isinstance(v, datetime) else str(v or "")[:19].replace("T", " ")
+
+
+def any_active(rows: list[dict[str, Any]]) -> bool:
+    return any(r.get("status") in ACTIVE for r in rows)
+
+
+def run_label(row: dict[str, Any]) -> str:
+    """'#12 name-or-strategy · world 4 · ok' for pickers."""
+    if "strategy" not in row:
+        return f"#{row.get('id')}"
+    return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {row.get('status')}"

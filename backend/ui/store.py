@@ -1,0 +1,96 @@
+"""The dashboard's access to the experiment store: one cached engine, short-TTL cached reads, and writes
+that clear the read cache so the next rerun shows them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import streamlit as st
+
+from backend.result import RunResult
+from backend.spec import ExperimentSpec
+
+LIST_TTL_S = 2.0
+DETAIL_TTL_S = 2.0
+
+
+def db_url() -> str:
+    from db.session import resolve_url
+
+    return resolve_url(None)
+
+
+@st.cache_resource(show_spinner=False)
+def _engine_for(url: str):
+    from db.session import open_db
+
+    return open_db(url)
+
+
+def engine():
+    return _engine_for(db_url())
+
+
+@st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
+def list_runs(url: str, **filters: Any) -> list[dict[str, Any]]:
+    return _list_runs(url, **filters)
+
+
+def _list_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, ...] = (), tag: str | None = None,
+               search: str | None = None, limit: int = 200, offset: int = 0, order_by: str = "created_at", descending: bool = True) -> list[dict[str, Any]]:
+    from db import queries
+
+    rows = queries.list_experiments(_engine_for(url), status=list(status) or None, strategy=list(strategy) or None, tag=tag or None,
+                                    search=search or None, limit=limit, offset=offset, order_by=order_by, descending=descending)
+    return [_plain(r) for r in rows]
+
+
+@st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
+def runs_table(url: str, **filters: Any):
+    """The Runs-page table for list_runs' filters, cached as a DataFrame (pickles ~10x faster than 10k dicts)."""
+    from backend.ui.runs_view import table_frame
+
+    return table_frame(_list_runs(url, **filters))
+
+
+@st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
+def count_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, ...] = (), tag: str | None = None, search: str | None = None) -> int:
+    from db import queries
+
+    return int(queries.count_experiments(_engine_for(url), status=list(status) or None, strategy=list(strategy) or None,
+                                         tag=tag or None, search=search or None))
+
+
+@st.cache_data(ttl=DETAIL_TTL_S, show_spinner=False)
+def get_run(url: str, experiment_id: int) -> dict[str, Any] | None:
+    from db import queries
+
+    return queries.get_experiment(_engine_for(url), int(experiment_id))
+
+
+def _plain(r: Any) -> dict[str, Any]:
+    return {k: v for k, v in dict(r).items() if not isinstance(v, (ExperimentSpec, RunResult))}
+
+
+def changed() -> None:
+    """Call after any write so cached reads are refreshed on the next rerun."""
+    list_runs.clear()
+    runs_table.clear()
+    count_runs.clear()
+    get_run.clear()
+
+
+def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | None = None) -> int:
+    from db import queries
+
+    kw: dict[str, Any] = {"tags": tags}
+    if sweep_id is not None:
+        kw["sweep_id"] = sweep_id
+    eid = queries.submit_experiment(engine(), spec, **kw)
+    changed()
+    return int(eid)
+
+
+def no_worker() -> bool:
+    return os.environ.get("SHARDLAB_NO_WORKER") == "1"

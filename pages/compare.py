@@ -1,0 +1,42 @@
+"""Compare: runs side by side, and scaling with world size (measured points over analytic curves)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.ui import compare_view as cv
+from backend.ui import runs_view as rv
+from backend.ui import store
+
+st.title("Compare runs")
+url = store.db_url()
+recent = store.list_runs(url, limit=500)
+if len(recent) < 2:
+    st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at world 2 and 4).")
+    st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.stop()
+labels = {r["id"]: rv.run_label(r) for r in recent}
+if "compare_ids" in st.session_state:
+    st.session_state["compare_pick"] = [i for i in st.session_state.pop("compare_ids") if i in labels]
+if "compare_pick" not in st.session_state:
+    st.session_state["compare_pick"] = [r["id"] for r in recent if r["status"] == "ok"][:4]
+ids = st.multiselect("Runs to compare", list(labels), key="compare_pick", format_func=labels.get)
+if len(ids) < 2:
+    st.info("Pick two or more runs.")
+    st.stop()
+runs = [e for e in (store.get_run(url, i) for i in ids) if e is not None]
+df = cv.compare_frame(runs)
+st.markdown("**Side by side** — cells that differ from the first run are highlighted")
+st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3)
+ok = [e for e in runs if e.get("result") is not None and e["status"] == "ok"]
+if not ok:
+    st.info("None of these runs has finished successfully yet: scaling plots appear once they have measurements.")
+    st.stop()
+c1, c2 = st.columns(2)
+try:
+    c1.plotly_chart(cv.memory_scaling_fig(runs), key="cmp_mem")
+except Exception as e:  # noqa: BLE001
+    c1.error(f"Memory scaling plot failed: {e}")
+c2.plotly_chart(cv.throughput_fig(runs), key="cmp_tput")
+st.caption("Dashed curves: the analytic model for the same model shape and per-rank batch at other world sizes. "
+           "Filled markers: measured memory of the fullest rank of each selected run (hover for the run id).")

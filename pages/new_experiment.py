@@ -1,0 +1,167 @@
+"""New experiment: design a spec, see the analytic prediction live, submit one run or a sweep."""
+
+from __future__ import annotations
+
+import uuid
+
+import streamlit as st
+
+from backend.spec import ExperimentSpec
+from backend.ui import predict_view as pv
+from backend.ui import spec_form as sf
+from backend.ui import store
+from backend.ui.sweep_form import expand_sweep
+
+P = "f_"  # widget key prefix
+
+
+def _init_state() -> None:
+    clone = st.session_state.pop("clone_spec", None)
+    values = sf.spec_to_form(clone) if clone is not None else None
+    for k, v in sf.default_form().items():
+        if values is not None:
+            st.session_state[P + k] = values[k]
+        else:
+            # Re-assigning keeps widget values when the user visits another page and comes back.
+            st.session_state[P + k] = st.session_state.get(P + k, v)
+    if clone is not None:
+        st.toast(f"Loaded the spec of {clone.name or 'the selected run'} into the form")
+
+
+def _apply_preset() -> None:
+    shape = sf.PRESETS.get(st.session_state[P + "preset"])
+    if shape:
+        for k, v in shape.items():
+            st.session_state[P + k] = v
+
+
+def _model_inputs() -> None:
+    st.selectbox("Model preset", list(sf.PRESETS) + ["custom"], key=P + "preset", on_change=_apply_preset,
+                 help="Pick a shape, then edit any dimension below")
+    with st.expander("Model shape", expanded=False):
+        c1, c2, c3 = st.columns(3)
+        c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
+        c2.number_input("layers L", 1, 10_000, key=P + "n_layers")
+        c3.number_input("attention heads a", 1, 100_000, key=P + "n_heads")
+        c1.number_input("KV heads (0 = a)", 0, 100_000, key=P + "n_kv_heads")
+        c2.number_input("MLP hidden (0 = 4h)", 0, 16_000_000, key=P + "ffn_hidden")
+        c3.number_input("sequence length s", 1, 10_000_000, key=P + "seq_len")
+        c1.number_input("vocabulary V", 2, 10_000_000, key=P + "vocab_size")
+        c2.number_input("MoE experts (0 = dense)", 0, 100_000, key=P + "n_experts")
+        c3.number_input("experts per token (top-k)", 1, 100_000, key=P + "top_k")
+
+
+def _parallel_inputs() -> None:
+    c1, c2 = st.columns(2)
+    c1.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
+    c2.number_input("World size (ranks)", 1, 1_000_000, key=P + "world_size")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="1 for the pure tp strategy means tp = world size")
+    c2.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="1 for the pure pp strategy means pp = world size")
+    c3.number_input("EP degree", 1, 1_000_000, key=P + "ep")
+    c4.checkbox("Sequence parallel", key=P + "sequence_parallel")
+    c1, c2 = st.columns(2)
+    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule")
+    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages")
+
+
+def _train_inputs() -> None:
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("Global batch (sequences)", 1, 100_000_000, key=P + "global_batch")
+    c2.number_input("Micro-batch (sequences)", 1, 100_000_000, key=P + "micro_batch")
+    c3.number_input("Microbatches (0 = derive)", 0, 100_000_000, key=P + "microbatches",
+                    help="global batch / (micro-batch × dp); set it to check your arithmetic")
+    c1.number_input("Timed steps", 1, 1_000_000, key=P + "steps")
+    c2.number_input("Warm-up steps", 0, 1_000_000, key=P + "warmup_steps")
+    c3.number_input("Seed", 0, 2**31 - 1, key=P + "seed")
+    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision")
+    c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
+    c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute")
+
+
+def _values() -> dict:
+    return {k: st.session_state[P + k] for k in sf.default_form()}
+
+
+@st.cache_data(max_entries=64, show_spinner="Predicting…")
+def _predict(spec_json: str):
+    return pv.predict(ExperimentSpec.from_json(spec_json))
+
+
+def _prediction(spec, device_gb: float) -> None:
+    try:
+        est, rows = _predict(spec.to_json())
+    except Exception as e:  # noqa: BLE001 - a formula gap is shown, not raised
+        st.error(f"The analytic model cannot predict this spec: {e}")
+        return
+    cols = st.columns(3) + st.columns(3)
+    for col, (k, v) in zip(cols, pv.headline(est).items()):
+        col.metric(k, v)
+    fit = pv.fit_check(rows, device_gb * 1e9)
+    (st.success if fit.fits else st.error)(fit.message())
+    st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * 1e9), key="pred_mem")
+    comm = pv.comm_frame(est.per_rank)
+    st.markdown("**Communication per step (analytic)**")
+    if comm.empty:
+        st.caption("No collectives: a single rank, or nothing to synchronise.")
+    else:
+        st.dataframe(comm, hide_index=True, width="stretch")
+    for note in getattr(est, "notes", []) or []:
+        st.caption(f":material/info: {note}")
+
+
+def _submit_one(spec) -> None:
+    c1, c2 = st.columns([2, 1])
+    tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
+    if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one"):
+        eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
+        st.session_state["run_id"] = eid
+        st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
+        st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+
+
+def _sweep(v: dict) -> None:
+    with st.expander("Sweep: submit a grid of runs"):
+        c1, c2, c3 = st.columns(3)
+        strategies = c1.multiselect("Strategies", sf.STRATEGIES, default=[v["strategy"]], key="sweep_strategies")
+        worlds = c2.multiselect("World sizes", [1, 2, 3, 4, 6, 8], default=[v["world_size"]] if v["world_size"] in (1, 2, 3, 4, 6, 8) else [2], key="sweep_worlds")
+        mbs = c3.multiselect("Microbatches (empty = from the batch)", [1, 2, 4, 8, 16], default=[], key="sweep_mbs")
+        specs, problems = expand_sweep(v, strategies=strategies, worlds=worlds, microbatches=mbs)
+        st.write(f"**{len(specs)} valid runs** in the grid" + (f", {len(problems)} combinations skipped:" if problems else "."))
+        for p in problems:
+            st.caption(f":material/block: {p}")
+        if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs, key="submit_sweep"):
+            sweep_id = uuid.uuid4().hex[:12]
+            ids = [store.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
+            st.success(f"Queued {len(ids)} runs (sweep {sweep_id}): #{ids[0]}–#{ids[-1]}.")
+
+
+_init_state()
+st.title("New experiment")
+st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the arithmetic.")
+left, right = st.columns([5, 6], gap="large")
+with left:
+    st.text_input("Name (optional)", key=P + "name", placeholder="e.g. zero2 vs ddp, tiny model")
+    _model_inputs()
+    st.subheader("Parallelism")
+    _parallel_inputs()
+    st.subheader("Training")
+    _train_inputs()
+values = _values()
+spec, problems = sf.form_to_spec(values)
+with right:
+    st.subheader("Prediction")
+    device_gb = st.number_input("Device memory to check against (GB)", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0)
+    if problems:
+        st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
+    else:
+        st.caption(sf.describe(spec))
+        _prediction(spec, device_gb)
+st.divider()
+if spec is not None:
+    st.subheader("Run it")
+    st.caption("Runs execute on CPU ranks (gloo) in the background worker; small shapes finish in seconds to a minute.")
+    _submit_one(spec)
+    _sweep(values)
+else:
+    st.info("Fix the problems above to submit.")

@@ -1,0 +1,139 @@
+"""Run detail: spec and environment, measured vs predicted by rank and category, comm, loss, PP timeline, failures."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.ui import detail_view as dv
+from backend.ui import runs_view as rv
+from backend.ui import spec_form as sf
+from backend.ui import store
+from backend.ui import timeline_view as tv
+from backend.ui.format import fmt_frac
+from backend.ui.theme import STATUS_ICON
+
+
+def _selected_id(url: str) -> int | None:
+    q = st.query_params.get("run")
+    if q and str(q).isdigit():
+        st.session_state["run_id"] = int(q)
+    recent = store.list_runs(url, limit=200)
+    if not recent and st.session_state.get("run_id") is None:
+        return None
+    options = [r["id"] for r in recent]
+    current = st.session_state.get("run_id")
+    if current is not None and current not in options:
+        options.insert(0, current)
+    labels = {r["id"]: rv.run_label(r) for r in recent}
+    idx = options.index(current) if current in options else 0
+    rid = st.selectbox("Run", options, index=idx, format_func=lambda i: labels.get(i, f"#{i}"), key=f"detail_pick_{current}")
+    if rid != current:
+        st.session_state["run_id"] = rid
+    st.query_params["run"] = str(rid)
+    return rid
+
+
+@st.fragment(run_every=2.0)
+def _live(url: str, rid: int) -> None:
+    e = store.get_run(url, rid)
+    if e is None or e["status"] not in rv.ACTIVE:
+        st.rerun(scope="app")
+    st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}: {rv.progress_text(e)}")
+
+
+def _failure(e: dict) -> None:
+    res = e.get("result")
+    st.error(f"**{e['status']}**: {e.get('error') or (res.error if res else '') or 'no error message recorded'}")
+    rank = e.get("failing_rank") if e.get("failing_rank") is not None else (res.failing_rank if res else None)
+    if rank is not None:
+        st.markdown(f"Failing rank: **{rank}**")
+    tb = e.get("traceback") or (res.traceback if res else None)
+    if tb:
+        with st.expander("Traceback of the failing rank", expanded=True):
+            st.code(tb, language="python")
+    tail = e.get("log_tail") or (res.log_tail if res else None)
+    if tail:
+        with st.expander("Log tail", expanded=not tb):
+            st.code(tail, language="text")
+
+
+def _timeline(res) -> None:
+    p = res.spec.parallel
+    if p.pp <= 1:
+        return
+    st.subheader("Pipeline timeline")
+    measured = tv.normalize(res.timeline) if res.timeline else []
+    ideal = tv.ideal_events(measured or None, schedule=str(p.pp_schedule), p=p.pp, m=res.spec.train.microbatches or 1)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("bubble measured", fmt_frac(res.bubble_measured if res.bubble_measured is not None else tv.bubble_of(measured)))
+    c2.metric("bubble predicted (formula)", fmt_frac(res.bubble_predicted))
+    c3.metric("bubble of the ideal replay", fmt_frac(tv.bubble_of(ideal)))
+    left, right = st.columns(2)
+    if measured:
+        left.plotly_chart(tv.gantt_fig(measured, title=f"Measured: {p.pp_schedule}, p={p.pp}, m={res.spec.train.microbatches}"), key="gantt_measured")
+    else:
+        left.info("This run recorded no per-microbatch timeline.")
+    right.plotly_chart(tv.gantt_fig(ideal, title="Ideal schedule (unit costs F=1, B=2; dependencies only)", time_unit="units"), key="gantt_ideal")
+
+
+def _result(res) -> None:
+    if not res.per_rank and not res.loss:
+        return  # a run that failed before measuring anything: the failure panel says it all
+    cols = st.columns(3) + st.columns(3)
+    for col, (k, v) in zip(cols, dv.headline(res).items()):
+        col.metric(k, v)
+    if res.per_rank:
+        st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
+        st.markdown("**Error per category** — (measured − predicted) / predicted")
+        st.dataframe(dv.memory_error_frame(res), hide_index=True, width="stretch")
+        st.subheader("Communication per step")
+        comm = dv.comm_frame(res)
+        if comm.empty:
+            st.caption("No collectives were counted (single rank).")
+        else:
+            st.dataframe(comm, hide_index=True, width="stretch")
+            st.caption("Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank. "
+                       "gloo implements reduce_scatter as an all-reduce, so its measured wire volume is about 2× the analytic one.")
+    c1, c2 = st.columns(2)
+    lf, sf_ = dv.loss_fig(res), dv.step_time_fig(res)
+    if lf is not None:
+        c1.plotly_chart(lf, key="loss")
+    if sf_ is not None:
+        c2.plotly_chart(sf_, key="steps")
+    _timeline(res)
+    for n in res.notes:
+        st.caption(f":material/info: {n}")
+
+
+st.title("Run detail")
+url = store.db_url()
+rid = _selected_id(url)
+if rid is None:
+    st.info("No runs yet. Submit one on the **New experiment** page; its measurements appear here.")
+    st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.stop()
+e = store.get_run(url, rid)
+if e is None:
+    st.warning(f"Run #{rid} does not exist (deleted?). Pick another run above.")
+    st.stop()
+spec, res = e["spec"], e.get("result")
+st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid} {spec.name or ''}")
+st.caption(sf.describe(spec) + (f" · tags: {', '.join(e['tags'])}" if e.get("tags") else ""))
+if e["status"] in rv.ACTIVE:
+    _live(url, rid)
+    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
+        from db import queries
+
+        st.toast(f"#{rid}: {queries.cancel_experiment(store.engine(), rid)}")
+        store.changed()
+elif e["status"] != "ok":
+    _failure(e)
+if res is not None and e["status"] not in rv.ACTIVE:
+    _result(res)
+with st.expander("Spec"):
+    st.json(spec.model_dump(mode="json"))
+with st.expander("Environment"):
+    env = res.env if res is not None and res.env else e.get("env") or {}
+    st.json(env) if env else st.caption("No environment recorded yet.")
+if res is not None:
+    st.download_button("result.json", icon=":material/download:", data=res.to_json(), file_name=f"shardlab_run_{rid}.json", mime="application/json", key="dl_result")

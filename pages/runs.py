@@ -1,0 +1,138 @@
+"""Runs: the history of experiments, live progress, and actions on the selected runs."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.result import Status
+from backend.spec import Strategy
+from backend.ui import runs_view as rv
+from backend.ui import store
+from db import export
+
+ORDER = {"created": "created_at", "id": "id", "status": "status", "strategy": "strategy", "world size": "world_size",
+         "step time": "step_s_median", "tokens/s": "tokens_per_s", "peak memory": "peak_bytes_max"}
+PAGE_SIZES = (200, 1000, 10000)
+PICKER_ROWS = 200
+
+
+def _label(by_id, i: int) -> str:
+    if i not in by_id.index:
+        return f"#{i}"
+    r = by_id.loc[i]
+    return f"#{i} {r['name'] or r['strategy']} · world {r['world']} · {r['status']}"
+
+
+def _filters() -> dict:
+    c1, c2, c3, c4 = st.columns([2, 2, 2, 2])
+    status = c1.multiselect("Status", [s.value for s in Status], key="runs_status")
+    strategy = c2.multiselect("Strategy", [s.value for s in Strategy], key="runs_strategy")
+    tag = c3.text_input("Tag", key="runs_tag", placeholder="exact tag")
+    search = c4.text_input("Search", key="runs_search", placeholder="name, error, tag or id")
+    c1, c2, c3, c4 = st.columns([2, 1, 1, 2])
+    order = c1.selectbox("Sort by", list(ORDER), key="runs_order")
+    desc = c2.toggle("Descending", value=True, key="runs_desc")
+    size = c3.selectbox("Rows", PAGE_SIZES, key="runs_page_size")
+    return dict(status=tuple(status), strategy=tuple(strategy), tag=tag.strip() or None, search=search.strip() or None,
+                order_by=ORDER[order], descending=desc, limit=size)
+
+
+@st.fragment(run_every=2.0)
+def _live_progress(url: str, active_ids: list[int]) -> None:
+    """Progress bars of queued/running runs, refreshed every 2 s; a finished run reloads the whole page."""
+    rows = store.list_runs(url, status=("queued", "running"), limit=50)
+    if {r["id"] for r in rows} != set(active_ids):
+        st.rerun(scope="app")
+    for r in rows:
+        frac = rv.progress_fraction(r)
+        label = f"#{r['id']} {r.get('name') or r['strategy']} (world {r['world_size']}): {rv.progress_text(r)}"
+        st.progress(frac or 0.0, text=label)
+
+
+def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None:
+    eng = store.engine()
+    from db import queries
+
+    c1, c2, c3, c4, c5 = st.columns(5)
+    if c1.button("Open detail", icon=":material/search:", disabled=len(selected) != 1, key="act_open"):
+        st.session_state["run_id"] = selected[0]
+        st.switch_page("pages/run_detail.py", query_params={"run": str(selected[0])})
+    if c2.button("Compare", icon=":material/bar_chart:", disabled=len(selected) < 2, key="act_compare"):
+        st.session_state["compare_ids"] = list(selected)
+        st.switch_page("pages/compare.py")
+    if c3.button("Cancel", icon=":material/cancel:", disabled=not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected), key="act_cancel"):
+        out = {i: queries.cancel_experiment(eng, i) for i in selected if rows_by_id[i]["status"] in rv.ACTIVE}
+        store.changed()
+        st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
+    if c4.button("Re-run", icon=":material/replay:", disabled=not selected, key="act_rerun", help="queue the same spec again as a new run"):
+        done, errs = [], []
+        for i in selected:
+            try:
+                done.append(queries.requeue_experiment(eng, i))
+            except ValueError as e:
+                errs.append(str(e))
+        store.changed()
+        if done:
+            st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
+        for e in errs:
+            st.warning(e)
+    if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
+        st.session_state["clone_spec"] = store.get_run(url, selected[0])["spec"]
+        st.switch_page("pages/new_experiment.py")
+    c1, c2 = st.columns([3, 2])
+    tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
+    if c1.button("Apply tags", icon=":material/sell:", disabled=not selected, key="act_tag_apply"):
+        for i in selected:
+            queries.set_tags(eng, i, [t.strip() for t in tags.split(",") if t.strip()])
+        store.changed()
+        st.rerun()
+    confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
+    if c2.button("Delete", icon=":material/delete:", disabled=not (selected and confirm), key="act_delete"):
+        for i in selected:
+            try:
+                queries.delete_experiment(eng, i)
+            except ValueError as e:
+                st.warning(str(e))
+        st.session_state.pop("runs_selected", None)
+        store.changed()
+        st.rerun()
+
+
+st.title("Runs")
+url = store.db_url()
+f = _filters()
+total = store.count_runs(url, status=f["status"], strategy=f["strategy"], tag=f["tag"], search=f["search"])
+pages = max(1, -(-total // f["limit"]))
+page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs_page") if pages > 1 else 1
+df = store.runs_table(url, **f, offset=(page - 1) * f["limit"])
+active = store.list_runs(url, status=("queued", "running"), limit=50)
+if active:
+    st.subheader("In progress")
+    _live_progress(url, [r["id"] for r in active])
+if df.empty:
+    if total == 0 and not any([f["status"], f["strategy"], f["tag"], f["search"]]):
+        st.info("No runs yet. Design one on the **New experiment** page and press *Run this experiment*.")
+        st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+    else:
+        st.info("No run matches these filters. Clear a filter to see more.")
+    st.stop()
+st.caption(f"Showing {len(df)} of {total} runs. Click rows to select them (or use the picker below), then act on them.")
+event = st.dataframe(df, hide_index=True, width="stretch", on_select="rerun", selection_mode="multi-row", key="runs_table",
+                     column_config={"id": st.column_config.NumberColumn("id", format="%d")})
+by_id = df.set_index("id", drop=False)
+picked = [int(df["id"].iat[i]) for i in event.selection.rows] if event and event.selection else []
+if picked != st.session_state.get("_runs_last_pick"):
+    st.session_state["_runs_last_pick"] = picked
+    st.session_state["runs_selected"] = picked
+st.session_state["runs_selected"] = [i for i in st.session_state.get("runs_selected", []) if i in by_id.index]
+# The picker offers the selected runs and the first rows of this view (a 10,000-option widget would be slow).
+options = list(dict.fromkeys(st.session_state["runs_selected"] + df["id"].head(PICKER_ROWS).tolist()))
+selected = st.multiselect("Selected runs", options, key="runs_selected", format_func=lambda i: _label(by_id, i))
+_actions(url, selected, {i: {"status": by_id.at[i, "status"]} for i in selected})
+c1, c2 = st.columns(2)
+filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"])
+c1.download_button("CSV of this filtered view", icon=":material/download:", data=lambda: export.export_csv(store.engine(), **filters),
+                   file_name="shardlab_runs.csv", mime="text/csv", key="dl_csv",
+                   help="one row per run: measured and predicted bytes per category, comm, timing")
+c2.download_button("JSON of this filtered view", icon=":material/download:", data=lambda: export.export_json(store.engine(), **filters),
+                   file_name="shardlab_runs.json", mime="application/json", key="dl_json", help="full spec and result of every run")
