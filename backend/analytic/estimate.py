@@ -1,0 +1,299 @@
+"""Predicted per-rank memory, communication, bubble and FLOPs of one experiment spec (pure Python).
+
+Memory is predicted for the moment the engine compares (backend/bench/memory.py): every MemTracker /
+FSDPMemTracker category when activations peak, i.e. the end of the last microbatch's forward (loss
+included) = the start of backward. Category by category:
+- params: this rank's parameter storage, fp32 (torch keeps fp32 parameters under autocast and FSDP2's
+  MixedPrecisionPolicy), incl. FSDP2 dim-0 padding. FSDP2 zero3 (reshard_after_forward=True on every
+  block AND the root) holds no unsharded copy at that moment; zero2 (reshard_after_forward=False) holds
+  every local unit unsharded (padded, compute dtype).
+- grads: resident from the previous step (zero_grad(set_to_none=False)), fp32: DDP / ZeRO-1 one copy per
+  local parameter (`.grad` are views of DDP's buckets); FSDP2 the padded sharded gradient.
+- ddp on the dp dimension of a tp/pp/ep mix is FSDP2 `replicate` (backend/strategies/mp_common.py): it keeps
+  an unsharded copy of every parameter (2x params) and, syncing only on the last microbatch, accumulates
+  unsharded gradients next to the reduced ones (2x grads when microbatches > 1) - measured on the fake PG.
+- optimizer: AdamW m and v (8 B per owned element) + one 0-dim fp32 `step` per parameter tensor
+  (torch/optim/adamw.py _init_group); SGD one momentum buffer (4 B per element). ZeRO-1: only the whole
+  parameters ZeroRedundancyOptimizer assigns to this rank; FSDP2: the unpadded local shard. The update's
+  own temporaries (only inside optimizer.step) are `optimizer_temp_bytes`, not part of the total.
+- activations: `activations.model_layer_activation_bytes` x local layers x in-flight microbatches (PP)
+  + the embedding/head term on the stages that own them (+ one recomputed block under full recompute).
+- other: the step's full-batch int64 inputs and targets (`input_batch_bytes`), which the engine tracks.
+Communication per rank and step: backend/analytic/traffic.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from backend.analytic import activations as A
+from backend.analytic import comm as C
+from backend.analytic import flops as F
+from backend.analytic import kv_cache as KV
+from backend.analytic import pipeline as PL
+from backend.analytic import zero as Z
+from backend.analytic.params import active_params, count_params, param_list
+from backend.analytic.sharding import (LocalParam, fsdp_units, layer_split, local_params, stages_of_rank,
+                                       unsharded_numel, zero1_owned)
+from backend.analytic.traffic import MASTER_BYTES, compute_bytes, fsdp_param_bytes, is_mix, rank_traffic, uses_replicate
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
+STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
+INDEX_BYTES = 8  # int64 token ids
+
+
+@dataclass
+class RankEstimate:
+    rank: int
+    coords: dict[str, int]
+    stages: list[int]
+    layers: list[int]
+    params_count: int
+    """Parameter elements this rank owns (FSDP2: its unpadded shard)."""
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    activations_bytes: int = 0
+    other_bytes: int = 0
+    total_bytes: int = 0
+    optimizer_temp_bytes: int = 0
+    """Transient bytes inside optimizer.step (not in total_bytes: the step runs after activations are freed)."""
+    comm_bytes: dict[str, float] = field(default_factory=dict)
+    """Payload bytes per step per collective (size of the buffers handed to it)."""
+    comm_wire_bytes: dict[str, float] = field(default_factory=dict)
+    """Ring-algorithm bytes sent per step per collective (comm.ring_wire_bytes, each with its group size)."""
+
+
+@dataclass
+class Estimate:
+    per_rank: list[RankEstimate]
+    params_total: int
+    tokens_per_step: int
+    flops_per_step: float
+    bubble_fraction: float | None
+    comm_bytes_per_step: dict[str, float]
+    comm_wire_bytes_per_step: dict[str, float]
+    zero_textbook: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _optimizer_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool) -> int:
+    """AdamW exp_avg + exp_avg_sq (fp32) + a 0-dim `step` per tensor; SGD one momentum_buffer."""
+    elems = sum(q.real_numel if fsdp else q.local_numel for q in params)
+    if str(optimizer) != "adamw":
+        return MASTER_BYTES * elems
+    return 2 * MASTER_BYTES * elems + STEP_TENSOR_BYTES * len(params)
+
+
+def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, foreach: bool) -> int:
+    """Peak temporaries inside optimizer.step (MemTracker tags them as optimizer state), params in the
+    local optimizer's order. Single-tensor AdamW (CPU default) computes denom = (exp_avg_sq.sqrt() / bc2)
+    .add_(eps): 2 temporaries of the current param while the previous denom is still bound; foreach
+    (CUDA default) holds a `_foreach_sqrt` copy of every exp_avg_sq. SGD momentum updates in place."""
+    if str(optimizer) != "adamw":
+        return 0
+    elems = [q.real_numel if fsdp else q.local_numel for q in params]
+    if foreach:
+        return MASTER_BYTES * sum(elems)
+    prev = [0] + elems[:-1]
+    return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elems)), default=0)
+
+
+def _unsharded_resident(spec: Any, params: list[LocalParam]) -> int:
+    """Unsharded FSDP2 elements alive at the end of forward: every unit under zero2, none under zero3."""
+    if spec.parallel.zero_stage != 2:
+        return 0
+    managed = [q for q in params if not (q.is_expert and spec.parallel.ep > 1)]  # ep experts are ignored_params
+    return sum(unsharded_numel(u) for u in fsdp_units(spec.model, managed).values())
+
+
+def _activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[int], params: list[LocalParam]) -> int:
+    m, t, p = spec.model, spec.train, spec.parallel
+    cb = compute_bytes(t.precision)
+    kw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
+              dtype_bytes=cb, t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts, top_k=m.top_k)
+    per_mb = len(layers) * A.model_layer_activation_bytes(recompute=str(t.recompute), **kw)
+    in_flight = 1.0
+    if p.pp > 1:
+        in_flight = PL.in_flight_stage_activations(str(p.pp_schedule), p=p.pp, m=t.microbatches,
+                                                   stage=p.coords(rank)["pp"], v=p.virtual_stages)
+    total = per_mb * in_flight
+    n_stages = p.pp * p.virtual_stages
+    if p.pp > 1:  # torch.distributed.pipelining keeps each in-flight chunk's output for its backward
+        units = PL.in_flight_microbatches(str(p.pp_schedule), p=p.pp, m=t.microbatches, stage=p.coords(rank)["pp"],
+                                          v=p.virtual_stages)
+        sends = sum(s != n_stages - 1 for s in stages) / len(stages)
+        total += units * sends * t.micro_batch * m.seq_len * m.d_model * cb
+        if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch (counted once below)
+            total += (in_flight - 1) * m.seq_len * INDEX_BYTES
+    if str(t.recompute) == "full" and layers:
+        total += A.model_full_recompute_peak_extra_bytes(**kw)  # one block re-run in backward
+    if 0 in stages or n_stages - 1 in stages:
+        head = A.model_embedding_head_activation_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size,
+                                                       dtype_bytes=cb, t=p.tp)
+        total += head if n_stages - 1 in stages else m.seq_len * INDEX_BYTES
+        if p.tp > 1 and n_stages - 1 in stages:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard
+            total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * cb  # stays alive next to the gathered logits
+    return int(round(total + autocast_cache_bytes(spec, params)))
+
+
+def autocast_cache_bytes(spec: Any, params: list[LocalParam]) -> int:
+    """Under torch.autocast every Linear (incl. lm_head) runs on a 16-bit copy of its fp32 weight, and the
+    matmul saves that copy for backward: 2 B per local Linear weight element on top of the layer
+    activations (embeddings and LayerNorm run in fp32). The pure FSDP strategies cast through
+    MixedPrecisionPolicy instead: the saved weight is the unsharded parameter itself (no extra copy)."""
+    p = spec.parallel
+    if str(spec.train.precision) == "fp32" or (p.zero_stage >= 2 and not is_mix(spec)):
+        return 0
+    weights = sum(q.local_numel for q in params if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
+    return compute_bytes(spec.train.precision) * weights
+
+
+def _rank_layers(spec: Any, stages: list[int]) -> list[int]:
+    split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
+    return sorted(i for s in stages for i in split[s])
+
+
+def _rank_stages(spec: Any, rank: int) -> list[int]:
+    p = spec.parallel
+    return sorted(stages_of_rank(p.coords(rank)["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)))
+
+
+def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> None:
+    p, t = spec.parallel, spec.train
+    fsdp = p.zero_stage >= 2
+    foreach = str(spec.runtime.device) == "cuda"  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
+    if fsdp:
+        storage = MASTER_BYTES * sum(q.storage_numel for q in params)
+        r.params_bytes = storage + fsdp_param_bytes(spec) * _unsharded_resident(spec, params)
+        r.grads_bytes = storage
+        owned = params
+    else:
+        r.params_bytes = r.grads_bytes = MASTER_BYTES * sum(q.local_numel for q in params)
+        owned = zero1_owned(params, p.dp, p.coords(rank)["dp"]) if p.zero_stage == 1 else params
+        if uses_replicate(spec):  # FSDP2 `replicate`: an unsharded copy of every parameter stays resident,
+            r.params_bytes *= 2  # and without sync on earlier microbatches their unsharded grads accumulate too
+            r.grads_bytes *= 2 if t.microbatches > 1 else 1
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp)
+    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
+    r.activations_bytes = _activation_bytes(spec, rank, r.layers, r.stages, params)
+    r.other_bytes = input_batch_bytes(t.global_batch, spec.model.seq_len)
+    r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
+
+
+def input_batch_bytes(batch: int, seq: int) -> int:
+    """Storage of the engine's int64 (inputs, targets) = tokens[:, :-1], tokens[:, 1:] (backend/engine/data.py):
+    two (B, s) copies, except for B = 1 where both slices are already contiguous views of one (1, s+1) tensor."""
+    return (seq + 1) * INDEX_BYTES if batch == 1 else 2 * batch * seq * INDEX_BYTES
+
+
+def _rank(spec: Any, rank: int) -> RankEstimate:
+    params = local_params(spec, rank)
+    stages = _rank_stages(spec, rank)
+    fsdp = spec.parallel.zero_stage >= 2
+    r = RankEstimate(rank=rank, coords=spec.parallel.coords(rank), stages=stages, layers=_rank_layers(spec, stages),
+                     params_count=sum(q.real_numel if fsdp else q.local_numel for q in params))
+    _memory(spec, rank, r, params)
+    for kind, payload, n in rank_traffic(spec, params, r.layers, stages):
+        r.comm_bytes[kind] = r.comm_bytes.get(kind, 0.0) + payload
+        r.comm_wire_bytes[kind] = r.comm_wire_bytes.get(kind, 0.0) + C.ring_wire_bytes(kind, payload, n)
+    return r
+
+
+def _all_ranks(spec: Any) -> list[RankEstimate]:
+    """Every rank; ranks that differ only in a coordinate that changes nothing (the dp index under plain
+    DDP) share one computation."""
+    p, done, out = spec.parallel, {}, []
+    for rank in range(p.world_size):
+        c = p.coords(rank)
+        key = (c["pp"], c["tp"], c["ep"], c["dp"] if p.zero_stage >= 1 else 0)
+        if key not in done:
+            done[key] = _rank(spec, rank)
+        d = done[key]
+        out.append(replace(d, rank=rank, coords=c, stages=list(d.stages), layers=list(d.layers),
+                           comm_bytes=dict(d.comm_bytes), comm_wire_bytes=dict(d.comm_wire_bytes)))
+    return out
+
+
+def matmul_params(m: Any, *, active: bool = False) -> int:
+    """Weights that enter a matmul (Linear weights incl. lm_head; embeddings are lookups, biases adds)."""
+    n = sum(q.numel for q in param_list(m) if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
+    if active and m.is_moe:
+        n -= m.n_layers * (m.n_experts - m.top_k) * 2 * m.d_model * m.ffn  # only top_k experts per token
+    return n
+
+
+def zero_textbook(psi: float, *, dp: int, stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:
+    """ZeRO paper model states per device (Rajbhandari 2020 Sec 5, Fig 1) for Ψ, N = dp, K."""
+    pb, gb, k = Z.precision_bytes(str(precision), str(optimizer))
+    by_stage = {s: Z.zero_model_state_bytes(psi, n=dp, stage=s, k=k, param_bytes=pb, grad_bytes=gb) for s in range(4)}
+    return {"psi": psi, "n": dp, "k": k, "param_bytes": pb, "grad_bytes": gb, "stage": stage,
+            **by_stage[stage], "by_stage": by_stage}
+
+
+def _notes(spec: Any) -> list[str]:
+    p, t, notes = spec.parallel, spec.train, []
+    if str(t.precision) != "fp32":
+        notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
+                     "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
+    if p.zero_stage >= 2:
+        notes.append(f"FSDP2 params at the end of forward: sharded storage{' + every unit unsharded (zero2)' if p.zero_stage == 2 else ''}; "
+                     "all_gather / reduce_scatter payloads include dim-0 padding to a multiple of dp")
+    if p.tp > 1:
+        notes.append("TP comm: 4 (b, s, h) collectives per layer and microbatch + embedding / lm_head collectives "
+                     "(full logits all-gathered) + SP LayerNorm gradient all-reduces")
+    if p.pp > 1 and p.zero_stage >= 2:
+        notes.append("PP x FSDP all-gather counts assume per-microbatch re-gathering (approximate)")
+    if p.ep > 1:
+        notes.append("EP all_to_all assumes uniform routing; split-size exchanges are not counted")
+    return notes
+
+
+def estimate(spec: ExperimentSpec) -> Estimate:
+    """Per-rank predicted memory and traffic of a validated ExperimentSpec."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    ranks = _all_ranks(spec)
+    psi = count_params(m)
+    kinds = sorted({k for r in ranks for k in r.comm_bytes}, key=COLLECTIVES.index)
+    flops = F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+                                      seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute),
+                                      active_params=matmul_params(m, active=True) if m.is_moe else None)
+    bubble = None if p.pp == 1 else PL.bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
+    return Estimate(
+        per_rank=ranks, params_total=psi, tokens_per_step=spec.tokens_per_step, flops_per_step=flops,
+        bubble_fraction=bubble,
+        comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in ranks) for k in kinds},
+        comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in ranks) for k in kinds},
+        zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
+        notes=_notes(spec),
+    )
+
+
+def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:
+    """Model-state bytes per device for a raw parameter count (ZeRO Sec 5): the `--params` CLI path."""
+    return zero_textbook(params, dp=dp, stage=zero_stage, precision=precision, optimizer=optimizer)
+
+
+def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int) -> dict[str, Any]:
+    """Per-rank weights (pp/tp/ep split, replicated over dp) and KV cache (Pope 2022 Sec 2.1) for serving."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    cb = compute_bytes(t.precision)
+    per_rank = []
+    for rank in range(p.world_size):
+        layers = _rank_layers(spec, _rank_stages(spec, rank))
+        weights = sum(q.local_numel for q in local_params(spec, rank, dp_shard=False))
+        kv = KV.kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
+                               head_dim=m.head_dim, dtype_bytes=cb, tp=p.tp)
+        per_rank.append({"rank": rank, "coords": p.coords(rank), "params_count": weights, "weights_bytes": weights * cb,
+                         "kv_cache_bytes": kv, "total_bytes": weights * cb + kv})
+    return {"mode": "inference", "batch": batch, "context": context, "dtype_bytes": cb, "per_rank": per_rank,
+            "params_total": count_params(m), "active_params": active_params(m),
+            "weights_bytes": max(r["weights_bytes"] for r in per_rank),
+            "kv_cache_bytes": max(r["kv_cache_bytes"] for r in per_rank)}

@@ -1,0 +1,215 @@
+"""Which parameter elements live on which rank, as torch's own parallel APIs place them (pure Python).
+
+Composition order for a mix: pipeline stage (which parameters) -> tensor/expert split (which slice)
+-> data-parallel flavour (ZeRO-1 partition or FSDP2 shard of the local tensors). Each step mirrors
+the torch source it models (torch 2.13):
+- ZeRO-1: `ZeroRedundancyOptimizer._partition_parameters` (whole params, greedy, largest first).
+- FSDP2: `_fsdp_param.FSDPParam._init_sharding_spec` + `_chunk_with_empty` (dim-0 chunks of
+  ceil(d0/N) rows; every rank stores the padded chunk; TP DTensors are chunked on their local tensor).
+- TP: DTensor `Shard(d)` = `torch.chunk` semantics on dim d (ceil split, last ranks smaller).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from math import ceil, prod
+from typing import Any
+
+from backend.analytic.params import ParamInfo, param_list
+
+COLWISE, ROWWISE, REPLICATE, VOCAB_ROWWISE = "colwise", "rowwise", "replicate", "embedding_rowwise"
+
+# Megatron layout (Shoeybi et al. 2019, Sec 3, Fig 3): the first GEMM of attention and MLP splits its
+# output features (ColwiseParallel: weight rows + bias), the second splits its input features
+# (RowwiseParallel: weight columns, bias replicated). Embeddings are RowwiseParallel (vocab / position
+# rows split), lm_head ColwiseParallel (vocab rows split), as backend/strategies/tp.py `tp_plan` does.
+# The first matching pattern wins; anything unmatched (norms, MoE router) is replicated.
+TP_PLAN: list[tuple[str, str]] = [
+    (r"layers\.\d+\.attn\.[qkv]", COLWISE),
+    (r"layers\.\d+\.attn\.o", ROWWISE),
+    (r"layers\.\d+\.mlp\.fc_in", COLWISE),
+    (r"layers\.\d+\.mlp\.fc_out", ROWWISE),
+    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_in", COLWISE),
+    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_out", ROWWISE),
+    (r"tok_emb", VOCAB_ROWWISE),
+    (r"pos_emb", VOCAB_ROWWISE),
+    (r"lm_head", COLWISE),
+]
+
+_EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class LocalParam:
+    name: str
+    shape: tuple[int, ...]
+    """Full (unsharded) shape."""
+    local_shape: tuple[int, ...]
+    """After the TP split: the tensor this rank's data-parallel wrapper sees."""
+    storage_numel: int
+    """Elements of this rank's parameter storage (FSDP2: the padded dim-0 chunk)."""
+    real_numel: int
+    """Elements this rank actually owns (FSDP2: unpadded rows; ZeRO-1: all local, see `zero1_owner`)."""
+    dp_group: int
+    """Size of the data-parallel group that replicates / shards this tensor."""
+    dp_index: int
+    """This rank's index in that group."""
+    is_expert: bool = False
+
+    @property
+    def local_numel(self) -> int:
+        return prod(self.local_shape)
+
+
+def chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
+    """(padded rows, real rows) of chunk r of `torch.chunk(x, n, dim)` as FSDP2's `_chunk_with_empty` pads it."""
+    rows = ceil(d0 / n) if d0 else 0  # torch.chunk: every chunk has ceil(d0/n) rows except the tail
+    return rows, max(0, min(rows, d0 - r * rows))
+
+
+def layer_split(n_layers: int, n_stages: int) -> list[range]:
+    """Contiguous layers per pipeline stage; when uneven, the earlier stages get one extra layer."""
+    base, extra = divmod(n_layers, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        n = base + (s < extra)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
+    """Stage indices held by pipeline rank `pp_rank`.
+
+    Looped/interleaved (Narayanan et al. 2021, Sec 2.2): rank r holds r, r+p, r+2p, ...
+    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape): rank r holds r and 2p-1-r.
+    """
+    if str(schedule) == "zbv" and pp > 1:  # the schedule is ignored without pipelining
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def stage_modules(m: Any, stage: int, n_stages: int) -> tuple[range, bool, bool]:
+    """(layers, has embeddings, has final norm + lm_head) of one stage."""
+    return layer_split(m.n_layers, n_stages)[stage], stage == 0, stage == n_stages - 1
+
+
+def pp_param_list(m: Any, pp_rank: int, pp: int, virtual_stages: int = 1, schedule: str = "1f1b") -> list[ParamInfo]:
+    """Parameters on pipeline rank `pp_rank`, in the full model's `named_parameters()` order."""
+    n_stages = pp * virtual_stages
+    layers: set[int] = set()
+    first = last = False
+    for s in stages_of_rank(pp_rank, pp, virtual_stages, schedule):
+        rng, f, la = stage_modules(m, s, n_stages)
+        layers.update(rng)
+        first, last = first or f, last or la
+    keep = []
+    for p in param_list(m):
+        top = p.name.split(".")[0]
+        if top == "layers":
+            ok = int(p.name.split(".")[1]) in layers
+        else:
+            ok = first if top in ("tok_emb", "pos_emb") else last
+        if ok:
+            keep.append(p)
+    return keep
+
+
+def tp_style(name: str) -> str:
+    module = name.rsplit(".", 1)[0]
+    for pattern, style in TP_PLAN:
+        if re.fullmatch(pattern, module):
+            return style
+    return REPLICATE
+
+
+def tp_local_shape(p: ParamInfo, tp: int, tp_rank: int) -> tuple[int, ...]:
+    """Local DTensor shape under the TP plan (Shard(d) uses torch.chunk sizes: ceil, last ranks smaller)."""
+    if tp == 1:
+        return p.shape
+    style = tp_style(p.name)
+    if style == REPLICATE or (style == ROWWISE and p.name.endswith(".bias")):
+        return p.shape
+    # Linear colwise and Embedding rowwise shard dim 0 (rows); Linear rowwise shards dim 1 (in-features)
+    dim = 1 if style == ROWWISE else 0
+    _, real = chunk_rows(p.shape[dim], tp, tp_rank)
+    return p.shape[:dim] + (real,) + p.shape[dim + 1:]
+
+
+def expert_of(name: str) -> int | None:
+    hit = _EXPERT.match(name)
+    return int(hit.group(2)) if hit else None
+
+
+def ep_keeps(name: str, n_experts: int, ep: int, ep_rank: int) -> bool:
+    """Expert parallelism (Lepikhin et al. 2020, GShard Sec 2.2): experts split evenly, the rest replicated."""
+    e = expert_of(name)
+    if e is None or ep == 1:
+        return True
+    per = n_experts // ep
+    return ep_rank * per <= e < (ep_rank + 1) * per
+
+
+def zero1_partition(numels: list[int], n: int) -> list[int]:
+    """Owner rank of each parameter: torch ZeroRedundancyOptimizer._partition_parameters (one param group).
+
+    Stable sort by numel descending, each to the rank with the smallest running total (first on ties).
+    """
+    sizes = [0] * n
+    owner = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda j: numels[j], reverse=True):
+        r = min(range(n), key=lambda k: (sizes[k], k))
+        owner[i] = r
+        sizes[r] += numels[i]
+    return owner
+
+
+def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:
+    """This rank's parameters after pp -> tp/ep -> data-parallel flavour sharding (dp_shard=False stops at tp/ep)."""
+    m, p = spec.model, spec.parallel
+    c = p.coords(rank)
+    fsdp = dp_shard and p.zero_stage >= 2
+    out = []
+    for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule):
+        if not ep_keeps(info.name, m.n_experts, p.ep, c["ep"]):
+            continue
+        expert = expert_of(info.name) is not None
+        # expert replicas: the dp ranks with the same ep coordinate (dp index // ep within them); the ep
+        # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
+        ep_expert = expert and p.ep > 1
+        group, idx = (p.dp // p.ep, c["dp"] // p.ep) if ep_expert else (p.dp, c["dp"])
+        local = tp_local_shape(info, p.tp, c["tp"])
+        if fsdp and not ep_expert:
+            rows, real = chunk_rows(local[0], group, idx)
+            rest = prod(local[1:])
+            storage, owned = rows * rest, real * rest
+        else:
+            storage = owned = prod(local)
+        out.append(LocalParam(info.name, info.shape, local, storage, owned, group, idx, expert))
+    return out
+
+
+def zero1_owned(params: list[LocalParam], dp: int, dp_rank: int) -> list[LocalParam]:
+    """The parameters whose optimizer state ZeRO-1 keeps on `dp_rank`, in the local optimizer's order
+    (largest first, as `_partition_parameters` appends them). The local list is identical on every dp
+    rank of a (pp, tp, ep) position, so the partition is too."""
+    numels = [q.local_numel for q in params]
+    owner = zero1_partition(numels, dp)
+    order = sorted(range(len(params)), key=lambda j: numels[j], reverse=True)
+    return [params[i] for i in order if owner[i] == dp_rank]
+
+
+def unsharded_numel(params: list[LocalParam]) -> int:
+    """Elements of the unsharded (all-gathered) FSDP2 tensors: group size x padded shard."""
+    return sum(q.storage_numel * q.dp_group for q in params)
+
+
+def fsdp_units(m: Any, params: list[LocalParam]) -> dict[str, list[LocalParam]]:
+    """FSDP2 units as the engine wraps them: one per transformer block, the rest in the root."""
+    units: dict[str, list[LocalParam]] = {}
+    for q in params:
+        parts = q.name.split(".")
+        key = f"layers.{parts[1]}" if parts[0] == "layers" else "root"
+        units.setdefault(key, []).append(q)
+    return units

@@ -1,0 +1,132 @@
+"""Per-rank communication per optimizer step, by collective, as ShardLab's strategies issue it (pure Python).
+
+Payload = bytes of the buffer handed to the collective (docs/ARCHITECTURE.md: all_reduce the tensor,
+all_gather the gathered output, reduce_scatter the full input, all_to_all the input, send/recv the
+tensor). Each entry is (collective, payload bytes per step, group size) so ring wire bytes can be
+derived with `comm.ring_wire_bytes`. DDP all-reduces once per step (no_sync on earlier microbatches);
+FSDP2 reduce-scatters after every microbatch (backend/strategies/fsdp.py) except under pipelining,
+which syncs on the last backward only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.analytic import comm as C
+from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
+
+MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
+
+Traffic = list[tuple[str, float, int]]
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes of activations / unsharded FSDP params / TP and PP payloads: 2 under bf16/fp16 mixed, else 4."""
+    return 4 if str(precision) == "fp32" else 2
+
+
+def uses_replicate(spec: Any) -> bool:
+    """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (mp_common.dp_wrap); ep alone uses classic DDP."""
+    p = spec.parallel
+    return p.dp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
+
+
+def is_mix(spec: Any) -> bool:
+    """tp/pp/ep > 1: the dp dimension is wrapped by backend/strategies/mp_common.dp_wrap (FSDP2 `replicate`
+    for ddp, `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
+    p = spec.parallel
+    return p.tp > 1 or p.pp > 1 or p.ep > 1
+
+
+def fsdp_param_bytes(spec: Any) -> int:
+    """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies
+    (backend/strategies/fsdp.py), fp32 in the mixes (no policy)."""
+    return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
+
+
+def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
+    """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
+    p, t = spec.parallel, spec.train
+    out: Traffic = []
+    by_group: dict[int, list[LocalParam]] = {}
+    for q in params:
+        if q.is_expert and p.ep > 1:
+            continue
+        if q.dp_group > 1:
+            by_group.setdefault(q.dp_group, []).append(q)
+    experts = [q for q in params if q.is_expert and p.ep > 1]
+    if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: one flat all-reduce + a 4 B flag per tensor
+        out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
+    for n, group in by_group.items():
+        if p.zero_stage <= 1:
+            grad = MASTER_BYTES * sum(q.local_numel for q in group)
+            out.append(("all_reduce", grad, n))  # DDP: one all-reduce of every gradient (ZeRO Sec 7.1)
+            if p.zero_stage == 1:
+                out.append(("broadcast", grad, n))  # ZeroRedundancyOptimizer._sync_params: each param from its owner
+            continue
+        cb = fsdp_param_bytes(spec)  # all-gather in the param dtype; reduce_dtype is fp32
+        gathers = (1 if p.zero_stage == 2 else 2) * t.microbatches  # zero3 re-gathers every unit for backward
+        syncs = 1 if p.pp > 1 else t.microbatches  # pipelining syncs on the last backward only
+        for unit in fsdp_units(spec.model, group).values():
+            full = unsharded_numel(unit)
+            out.append(("all_gather", gathers * full * cb, n))  # payload = gathered output (ZeRO Sec 7.2.2)
+            out.append(("reduce_scatter", syncs * full * MASTER_BYTES, n))  # payload = full padded gradient input
+    return out
+
+
+def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
+    """TP activation collectives per step, following backend/strategies/tp.py `tp_plan`."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    cb, mb, n = compute_bytes(t.precision), t.microbatches, p.tp
+    bsh, sh = t.micro_batch * m.seq_len * m.d_model * cb, m.seq_len * m.d_model * cb
+    sp, L = p.sequence_parallel, len(layers)
+    ar = ag = rs = 0.0
+    # Shoeybi 2019 Sec 3: per layer f/g operators, 2 all-reduces fwd (o, fc_out) + 2 bwd (qkv, fc_in inputs);
+    # Korthikanti 2022 Sec 4.2.2: with SP each becomes an all-gather + a reduce-scatter of the same (b, s, h)
+    if m.is_moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
+        ar += 2 * L * bsh * m.top_k
+    if sp:
+        ag, rs = ag + 4 * L * bsh, rs + 4 * L * bsh
+    else:
+        ar += (2 if m.is_moe else 4) * L * bsh
+    n_stages = p.pp * p.virtual_stages
+    if 0 in stages:  # RowwiseParallel embeddings: partial sums -> Replicate (all-reduce) or Shard (reduce-scatter)
+        if sp:
+            rs, ag = rs + bsh + sh, ag + bsh + sh  # backward all-gathers the sharded output grads
+        else:
+            ar += bsh + sh
+    if n_stages - 1 in stages:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
+        ag += t.micro_batch * m.seq_len * m.vocab_size * cb
+        if sp:
+            ag, rs = ag + bsh, rs + bsh  # Shard(1) input gathered fwd, grad reduce-scattered bwd
+        else:
+            ar += bsh  # Replicate input: grad all-reduced in backward
+    out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
+    if sp:  # SequenceParallel LayerNorm weights/biases get Partial grads: one fp32 all-reduce each per step
+        norms = 2 * L + (n_stages - 1 in stages)
+        out.append(("all_reduce", norms * 2 * m.d_model * MASTER_BYTES, n))
+    return out
+
+
+def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
+    m, t, p = spec.model, spec.train, spec.parallel
+    act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
+    mb = t.microbatches
+    out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
+    if p.ep > 1 and m.is_moe:
+        per = C.ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
+                                            dtype_bytes=compute_bytes(t.precision))
+        counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
+        out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))
+    if p.pp > 1:
+        n_stages, mine = p.pp * p.virtual_stages, set(stages)
+        for s in stages:
+            for nb in (s - 1, s + 1):  # Narayanan 2021 Sec 3.2: b*s*h per microbatch per boundary, each way
+                if 0 <= nb < n_stages and nb not in mine:
+                    out += [("send", act * mb, 2), ("recv", act * mb, 2)]
+    return out
+
+
+def rank_traffic(spec: Any, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
+    """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations."""
+    return dp_traffic(spec, params) + model_parallel_traffic(spec, layers, stages)

@@ -1,0 +1,114 @@
+"""`python -m backend estimate`: predicted per-rank memory, traffic, bubble and FLOPs without running.
+
+  python -m backend estimate --strategy zero3 --world 4 --layers 4            # table
+  python -m backend estimate --spec S.json --json                             # one JSON object
+  python -m backend estimate --params 7.5e9 --dp 64 --zero-stage 1 --precision fp16-mixed   # ZeRO paper
+  python -m backend estimate --mode inference --batch 8 --context 4096 --tp 2 # weights + KV cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from backend.analytic.estimate import estimate, estimate_inference, estimate_raw
+from backend.analytic.units import GB, MiB
+from backend.cli import fail
+from backend.cli.spec_flags import add_spec_flags, spec_from_args
+
+CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("estimate", help="predict per-rank memory and communication (no torch run)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_spec_flags(p)
+    p.add_argument("--params", type=float, help="raw model size Ψ (e.g. 7.5e9): ZeRO model states only")
+    p.add_argument("--mode", choices=("training", "inference"), default="training")
+    p.add_argument("--batch", type=int, help="inference batch (sequences)")
+    p.add_argument("--context", type=int, help="inference context length (tokens)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.params is not None:
+        return _run_raw(args)
+    spec, problems = spec_from_args(args)
+    if spec is None:
+        return fail("invalid spec: " + "; ".join(problems))
+    if args.mode == "inference":
+        batch = args.batch if args.batch is not None else spec.train.micro_batch
+        context = args.context if args.context is not None else spec.model.seq_len
+        if batch < 1 or context < 1:
+            return fail(f"--batch and --context must be >= 1 (got batch={batch}, context={context})")
+        return _emit(args, estimate_inference(spec, batch=batch, context=context), _inference_table)
+    if args.batch is not None or args.context is not None:
+        return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
+    return _emit(args, estimate(spec).to_dict(), _training_table)
+
+
+def _run_raw(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.params) or args.params <= 0:
+        return fail(f"--params must be a positive number of parameters (got {args.params})")
+    if args.mode == "inference":
+        return fail("--params estimates training model states only; use a model spec for --mode inference")
+    dp = args.spec_dp or args.spec_world_size or 1
+    if dp < 1:
+        return fail(f"--dp must be >= 1 (got {dp})")
+    stage = args.zero_stage if args.zero_stage is not None else {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(
+        args.spec_strategy or "ddp")
+    if stage is None:
+        return fail(f"--params needs a data-parallel strategy (ddp, zero1..3, fsdp) or --zero-stage, got {args.spec_strategy}")
+    out = estimate_raw(params=args.params, dp=dp, zero_stage=stage, precision=args.spec_precision or "fp16-mixed",
+                       optimizer=args.spec_optimizer or "adamw")
+    return _emit(args, out, _raw_table)
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], table) -> int:
+    if args.json:
+        print(json.dumps(data, sort_keys=False))
+    else:
+        print(table(data))
+    return 0
+
+
+def _fmt(n: float) -> str:
+    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / MiB:.2f} MiB"
+
+
+def _training_table(d: dict[str, Any]) -> str:
+    cols = ("rank", "coords") + CATEGORIES
+    rows = [[str(r["rank"]), ",".join(f"{k}{v}" for k, v in r["coords"].items())] + [_fmt(r[c]) for c in CATEGORIES]
+            for r in d["per_rank"]]
+    head = [c.replace("_bytes", "") for c in cols]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    lines.append(f"params_total {d['params_total']:,}  tokens/step {d['tokens_per_step']:,}  "
+                 f"FLOPs/step {d['flops_per_step']:.3e}  bubble {d['bubble_fraction'] if d['bubble_fraction'] is not None else '-'}")
+    for kind, payload in d["comm_bytes_per_step"].items():
+        lines.append(f"comm {kind:>14}: payload {_fmt(payload)}/step, ring wire {_fmt(d['comm_wire_bytes_per_step'][kind])}/step")
+    z = d["zero_textbook"]
+    lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
+    lines += [f"note: {n}" for n in d["notes"]]
+    return "\n".join(lines)
+
+
+def _raw_table(d: dict[str, Any]) -> str:
+    lines = [f"Ψ={d['psi']:.4g} params, N={d['n']}, K={d['k']} (params {d['param_bytes']} B, grads {d['grad_bytes']} B)"]
+    for s, v in d["by_stage"].items():
+        mark = "*" if int(s) == d["stage"] else " "
+        lines.append(f"{mark} ZeRO stage {s}: params {_fmt(v['params_bytes'])}  grads {_fmt(v['grads_bytes'])}  "
+                     f"optimizer {_fmt(v['optimizer_bytes'])}  total {v['total_bytes'] / GB:.1f} GB per device")
+    return "\n".join(lines)
+
+
+def _inference_table(d: dict[str, Any]) -> str:
+    lines = [f"inference: batch {d['batch']}, context {d['context']}, {d['dtype_bytes']} B/value"]
+    for r in d["per_rank"]:
+        lines.append(f"rank {r['rank']}: weights {_fmt(r['weights_bytes'])}  kv_cache {_fmt(r['kv_cache_bytes'])}  "
+                     f"total {_fmt(r['total_bytes'])}")
+    return "\n".join(lines)

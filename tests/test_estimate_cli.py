@@ -1,0 +1,108 @@
+"""`python -m backend estimate`: table, --json contract, ZeRO paper numbers, inference mode, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "backend", "estimate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_json_contract_subprocess():
+    p = cli("--strategy", "zero3", "--world", "4", "--layers", "2", "--global-batch", "8", "--micro-batch", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)  # exactly one JSON object on stdout
+    assert [r["rank"] for r in d["per_rank"]] == [0, 1, 2, 3]
+    for row in d["per_rank"]:
+        assert {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"} <= set(row)
+    assert set(d["comm_bytes_per_step"]) == {"all_gather", "reduce_scatter"}
+    assert d["bubble_fraction"] is None and d["flops_per_step"] > 0
+
+
+@pytest.mark.parametrize("stage,gb", [(0, "120.0"), (1, "31.4"), (2, "16.6"), (3, "1.9")])
+def test_zero_paper_table(stage, gb, capsys):
+    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", str(stage), "--precision", "fp16-mixed"]) == 0
+    out = capsys.readouterr().out
+    marked = [line for line in out.splitlines() if line.startswith("*")]
+    assert marked == [l for l in out.splitlines() if f"ZeRO stage {stage}:" in l and l.startswith("*")]
+    assert f"total {gb} GB per device" in marked[0]
+
+
+def test_zero_paper_json(capsys):
+    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", "1", "--precision", "fp16-mixed", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert round(d["total_bytes"] / 1e9, 1) == 31.4 and d["k"] == 12
+
+
+def test_table_lists_every_rank(capsys):
+    assert main(["estimate", "--strategy", "pp", "--world", "2", "--layers", "4", "--global-batch", "4", "--micro-batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer" in out and "bubble 0.2" in out and "send" in out
+    assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]) == 2
+
+
+def test_spec_file_and_flag_override(tmp_path, capsys):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"model": {"n_layers": 2}, "parallel": {"strategy": "ddp", "world_size": 2}}))
+    assert main(["estimate", "--spec", str(f), "--world", "4", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["per_rank"]) == 4
+
+
+def test_world_defaults_to_product_of_degrees(capsys):
+    assert main(["estimate", "--tp", "2", "--pp", "2", "--strategy", "zero2", "--dp", "2", "--layers", "4",
+                 "--global-batch", "8", "--micro-batch", "1", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["per_rank"]) == 8
+
+
+def test_inference_mode(capsys):
+    assert main(["estimate", "--mode", "inference", "--batch", "4", "--context", "128", "--tp", "2", "--strategy", "tp",
+                 "--precision", "bf16-mixed", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    h, heads, layers = 128, 4, 2  # spec defaults
+    assert d["kv_cache_bytes"] == 2 * 4 * 128 * layers * (heads // 2) * (h // heads) * 2
+    assert all("weights_bytes" in r for r in d["per_rank"])
+
+
+def test_invalid_spec_exits_2_with_arithmetic():
+    p = cli("--dp", "2", "--tp", "3", "--world", "4")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "dp(2) * tp(3) * pp(1) = 6 != world_size(4)" in p.stderr
+
+
+def test_invalid_spec_via_main(capsys):
+    assert main(["estimate", "--heads", "8", "--tp", "3", "--world", "3", "--hidden", "96", "--ffn", "384"]) == 2
+    assert "tp=3 does not divide n_heads=8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--params", "-5"], "--params must be a positive"),
+    (["--params", "nan"], "--params must be a positive"),
+    (["--params", "1e9", "--mode", "inference"], "training model states only"),
+    (["--params", "1e9", "--strategy", "tp"], "--params needs a data-parallel strategy"),
+    (["--batch", "2"], "--batch/--context apply to --mode inference"),
+    (["--mode", "inference", "--batch", "0"], "--batch and --context must be >= 1"),
+])
+def test_bad_flag_values(args, needle, capsys):
+    assert main(["estimate", *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_unknown_choice_is_usage_error():
+    p = cli("--strategy", "zero9")
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_unreadable_spec_file(tmp_path, capsys):
+    assert main(["estimate", "--spec", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read --spec" in capsys.readouterr().err
