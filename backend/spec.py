@@ -295,8 +295,13 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"tp={p.tp} does not divide n_kv_heads={m.kv_heads}")
         if m.ffn % p.tp:
             out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
-        if p.strategy == Strategy.ZERO1:
-            out.append("zero1 (ZeroRedundancyOptimizer) cannot shard DTensor parameters: use zero2, zero3/fsdp or ddp with tp > 1")
+    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
+    if p.strategy == Strategy.ZERO1 and mp:
+        degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
+        out.append(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
+                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix")
+    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
+        out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
     if p.sequence_parallel and p.tp < 2:
         out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
     if p.ep > 1:
