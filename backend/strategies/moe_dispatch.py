@@ -1,0 +1,66 @@
+"""Expert-parallel token dispatch/combine by all-to-all, hand-written because torch has no MoE layer.
+
+Each MoE layer's experts are split over the ep ranks of an expert-parallel group: ep rank j owns the
+contiguous experts [j·E/ep, (j+1)·E/ep). `MoE.dispatch(flat, weights, idx)` is replaced by:
+  1. sort the N·k (token, slot) pairs by expert id (stable),
+  2. exchange per-expert counts (one all_to_all of E int64 counts, not autograd),
+  3. all_to_all the token rows to the ranks owning their experts (uneven splits, autograd:
+     `_functional_collectives.all_to_all_single_autograd`),
+  4. run the local experts on the rows they received,
+  5. all_to_all the expert outputs back (the inverse splits),
+  6. combine: weight each returned row by its router probability and index_add into its token.
+Droppless (no capacity factor), so the result equals the dense `MoE.dispatch` up to float summation order.
+Comm per MoE layer and microbatch: forward 8·E bytes (counts) + 2 all_to_alls of N·k·C·4 bytes in total
+over the group, backward the same 2 all_to_alls again.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+from backend.models.gpt import MoE
+
+
+def shard_experts(moe: MoE, ep: int, ep_rank: int) -> list[int]:
+    """Keep only this ep rank's experts, as a ModuleDict keyed by the GLOBAL expert id (stable param names)."""
+    n_local = moe.n_experts // ep
+    owned = list(range(ep_rank * n_local, (ep_rank + 1) * n_local))
+    moe.experts = nn.ModuleDict({str(g): moe.experts[g] for g in owned})
+    return owned
+
+
+def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int,
+                        flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    N, C = flat.shape  # (N, C) tokens of this rank
+    k, E = idx.shape[1], moe.n_experts
+    n_local = E // ep
+    expert = idx.reshape(-1)  # (N*k,) expert of each (token, slot)
+    order = torch.argsort(expert, stable=True)
+    tok = order // k  # token of each sorted slot
+    counts = torch.bincount(expert, minlength=E)  # (E,)
+    recv_counts = torch.empty_like(counts)  # (ep * n_local,): per source rank, its rows for my experts
+    dist.all_to_all_single(recv_counts, counts, group=group)
+    send_splits = counts.view(ep, n_local).sum(1).tolist()
+    recv_splits = recv_counts.view(ep, n_local).sum(1).tolist()
+    x = all_to_all_single_autograd(flat[tok], recv_splits, send_splits, group)  # (R, C) rows for my experts
+    local_expert = torch.repeat_interleave(torch.arange(n_local).repeat(ep), recv_counts)  # (R,)
+    y = torch.zeros_like(x)
+    for j, expert_mod in enumerate(moe.experts.values()):
+        rows = (local_expert == j).nonzero(as_tuple=True)[0]
+        if rows.numel():
+            y = y.index_add(0, rows, expert_mod(x[rows]))
+    back = all_to_all_single_autograd(y, send_splits, recv_splits, group)  # (N*k, C) in sorted order
+    w = weights.reshape(-1)[order].unsqueeze(-1)  # (N*k, 1)
+    return torch.zeros_like(flat).index_add(0, tok, back * w)
+
+
+def install(moe: MoE, group: dist.ProcessGroup, ep: int, ep_rank: int) -> list[int]:
+    """Shard the experts of one MoE layer and swap in the all-to-all dispatch; returns the owned expert ids."""
+    owned = shard_experts(moe, ep, ep_rank)
+    moe.dispatch = partial(all_to_all_dispatch, moe, group, ep)
+    return owned

@@ -1,0 +1,158 @@
+"""Pipeline parallelism with torch.distributed.pipelining, and its PP×DP, PP×TP and PP×DP×TP mixes.
+
+Stage split (for the analytic model): S = pp · virtual_stages stages; L layers are cut into contiguous
+runs, stage s gets floor(L/S) + (1 if s < L mod S else 0) layers (earlier stages take the extra layer).
+Stage 0 also holds tok_emb + pos_emb, stage S−1 holds norm + lm_head.
+Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
+  gpipe, 1f1b                      : stage r
+  interleaved_1f1b, zero_bubble    : stages r, r + p, ..., r + (v−1)p   (looped placement)
+  zbv                              : stages r and 2p − 1 − r            (V shape; rank 0 holds first and last)
+
+Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
+zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. The schedule splits this dp
+rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch) runs on the last stage and
+scale_grads divides the accumulated grads by the microbatch count, so grads are the dp-share mean.
+
+PP×DP: each stage module gets the dp flavour on mesh["dp"] (`mp_common.dp_wrap`: replicate for ddp,
+fully_shard for zero2/zero3/fsdp; torchtitan's choice). The pipelining stages turn gradient sync off
+for every microbatch and run the reduction once after the last backward, so every flavour reduces
+gradients once per step under PP. PP×TP: the TP plan of tp.py is applied to each stage module first.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
+
+from backend.models.gpt import loss_fn
+from backend.spec import Schedule
+from backend.strategies import mp_common as mc
+from backend.strategies import timeline
+from backend.strategies.base import Prepared, RankContext, autocast, dp_slice
+from backend.strategies.tp import apply_tp
+
+SCHEDULES = {
+    Schedule.GPIPE: ScheduleGPipe,
+    Schedule.ONE_F_ONE_B: Schedule1F1B,
+    Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
+    Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble,
+    Schedule.ZBV: ScheduleZBVZeroBubble,
+}
+SINGLE_STAGE = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
+
+
+def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
+    """Contiguous layer indices per stage; the first L mod S stages get one extra layer."""
+    base, extra = divmod(n_layers, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        n = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def stages_of_rank(r: int, pp: int, v: int, schedule: Schedule) -> list[int]:
+    if schedule == Schedule.ZBV:
+        return [r, 2 * pp - 1 - r]
+    return [r + k * pp for k in range(v)]
+
+
+def strip_to_stage(model: nn.Module, s: int, n_stages: int, layers: list[int]) -> nn.Module:
+    """Delete everything stage s does not own (GPT.forward skips None modules)."""
+    if s != 0:
+        model.tok_emb = None
+        model.pos_emb = None
+    if s != n_stages - 1:
+        model.norm = None
+        model.lm_head = None
+    keep = {str(i) for i in layers}
+    for key in list(model.layers.keys()):
+        if key not in keep:
+            del model.layers[key]
+    return model
+
+
+def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], list[nn.Module]]:
+    p = ctx.spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    ids = stages_of_rank(ctx.coords()["pp"], p.pp, p.virtual_stages, p.pp_schedule)
+    split = stage_layers(ctx.spec.model.n_layers, n_stages)
+    # Copy for all but the last stage, strip the original in place for the last: no full model stays alive.
+    mods = [copy.deepcopy(model) for _ in ids[:-1]] + [model]
+    return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(mods, ids)]
+
+
+def _cpu_note(ctx: RankContext) -> str:
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+    return (f"Bubble: {ctx.world_size} ranks on {cores} CPU cores at load average {load:.1f}; when the ranks do not "
+            "each get a core, stages time-share the CPU and cannot overlap, so the measured bubble tends to "
+            "1 - 1/pp whatever the schedule." if ctx.device.type == "cpu" else "")
+
+
+def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
+    spec = ctx.spec
+    p = spec.parallel
+    if p.ep > 1:
+        raise NotImplementedError(f"pp={p.pp} with ep={p.ep} is not supported: run ep with dp only")
+    n_stages = p.pp * p.virtual_stages
+    ids, mods = build_stage_modules(ctx, model)
+    fsdp = False
+    for m in mods:
+        apply_tp(ctx, m)
+        fsdp = mc.dp_wrap(ctx, m) or fsdp
+    group = ctx.mesh["pp"].get_group()
+    stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
+    cls = SCHEDULES[p.pp_schedule]
+    m_count = spec.train.microbatches
+    sched = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages, n_microbatches=m_count, loss_fn=loss_fn)
+    first, last = 0 in ids, n_stages - 1 in ids
+    opt = mc.make_optimizer(spec, [q for m in mods for q in m.parameters()])
+    usage = mc.ExpertUsage(mods)
+    calls = {"n": 0}
+    prep = Prepared(modules=mods, optimizer=opt, train_step=None, fsdp=fsdp, notes=[
+        f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers {stage_layers(spec.model.n_layers, n_stages)}.",
+        f"Timeline: call {spec.train.warmup_steps} of train_step (the first timed step) is recorded.",
+        "Returned loss: one 16-byte all_reduce per step over the world (last-stage microbatch means).",
+        *filter(None, [_cpu_note(ctx)]),
+    ])
+
+    def run_schedule(x, y) -> float:
+        losses: list = []
+        kwargs = {"target": y, "losses": losses} if last else {}
+        args = (x,) if first else ()
+        with autocast(spec, ctx.device):
+            # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
+            # alive until the step ends, only to concatenate them for a return value we do not use.
+            sched.step(*args, return_outputs=False, **kwargs)
+        return sum(float(v.detach()) for v in losses) / len(losses) if last else 0.0
+
+    def train_step(inputs, targets) -> float:
+        x, y = dp_slice(inputs, ctx), dp_slice(targets, ctx)
+        if calls["n"] == spec.train.warmup_steps:
+            prep.timeline.clear()
+            with timeline.capture(prep.timeline, step=calls["n"]):
+                local = run_schedule(x, y)
+        else:
+            local = run_schedule(x, y)
+        calls["n"] += 1
+        partial = mc.reduce_partial_grads(mods)
+        hidden = usage.skip_unused()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
+        usage.restore(hidden)
+        mc.repartial_grads(partial)
+        return mc.global_mean_loss(local, 1.0 if last else 0.0)
+
+    prep.train_step = train_step
+    return prep

@@ -1,0 +1,26 @@
+"""2D mixes and a 4-stage pipeline at world 4, in one launch: FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP."""
+
+import pytest
+
+from tests.fixtures.mp_launch import assert_parity, run_specs, tiny
+
+SPECS = [
+    tiny("fsdp_x_tp", strategy="fsdp", world_size=4, tp=2),
+    tiny("ddp_x_tp_sp", strategy="ddp", world_size=4, tp=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
+    tiny("pp_x_dp", strategy="ddp", world_size=4, pp=2),
+    tiny("pp_x_tp", strategy="pp", world_size=4, pp=2, tp=2, pp_schedule="gpipe", train={"global_batch": 4}),
+    tiny("pp4_1f1b", model={"n_layers": 4}, strategy="pp", world_size=4),
+    tiny("dp4_x_ep2", model={"n_experts": 4, "top_k": 2}, strategy="ep", world_size=4, ep=2,
+         train={"optimizer": "sgd", "lr": 0.5}),
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_specs(4, SPECS, tmp_path_factory.mktemp("mix"), timeout_s=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_mix_parity(results, name):
+    assert_parity(results[name])
