@@ -55,6 +55,7 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
             kw["choices"] = typ
         else:
             kw["type"] = typ
+            kw["metavar"] = {int: "N", float: "X", str: "TEXT"}[typ]
         parser.add_argument(flag, help=f"spec {section + '.' if section else ''}{field}", **kw)
     parser.add_argument("--sequence-parallel", dest="spec_sequence_parallel", action="store_true", default=None)
     parser.add_argument("--zero-stage", dest="zero_stage", type=int, choices=[0, 1, 2, 3],
