@@ -2,9 +2,11 @@
 
 Fills a scratch SQLite file in a temp folder with realistic rows (world 2-8, every memory category,
 3 collectives per rank, losses, pipeline timelines for pp runs), built from RunResults through the
-same flattening the store uses, then times list_experiments, count, CSV (wide and long) and JSON export.
+same flattening the store uses, then times list_experiments, count, CSV (wide and long) and JSON export,
+each as CPU seconds of this process and wall seconds (best of 5), next to the floor for the wide CSV: a
+bare sqlite3 fetchall + csv.writerows of the same SELECT. The verdict uses the clock named by --judge.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/export_bench.py [--n 10000]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/export_bench.py [--n 10000] [--db scratch.db] [--judge cpu]
 """
 
 from __future__ import annotations
@@ -105,23 +107,46 @@ def _by_column(model, row: dict) -> dict:
     return {("pass" if k == "pass_" else k): v for k, v in row.items()} if model is TimelineRecord else row
 
 
-def timed(label: str, fn, repeat: int = 3) -> float:
-    """Best of `repeat` runs; returns CPU seconds of this process (SQLite runs in-process, so this is the
-    work itself, unaffected by other jobs sharing the cores); wall seconds are printed beside it."""
+def timed(label: str, fn, repeat: int = 5) -> tuple[float, float]:
+    """Best of `repeat` runs as (CPU s of this process, wall s). SQLite runs in-process, so CPU time is the
+    work itself, unaffected by other jobs sharing the cores; wall time is what a user waits, and equals
+    CPU time on an idle machine (the best of several runs is the closest to that on a busy one)."""
     best_cpu = best_wall = float("inf")
     for _ in range(repeat):
         c0, w0 = time.process_time(), time.perf_counter()
         out = fn()
         best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
     size = f" ({len(out) / 1e6:.1f} MB)" if isinstance(out, str) else f" ({len(out)} rows)" if isinstance(out, list) else ""
-    print(f"{label:<34} cpu {best_cpu:7.3f} s   wall {best_wall:7.3f} s{size}")
-    return best_cpu
+    print(f"{label:<48} cpu {best_cpu:7.3f} s   wall {best_wall:7.3f} s{size}")
+    return best_cpu, best_wall
+
+
+def bare_csv(path: Path, stmt) -> str:
+    """The floor for a CSV of `stmt`: plain sqlite3 fetchall + csv.writerows, with none of the export's work
+    (no formula guard, ISO timestamps, tags or booleans), so export / bare is the export's own overhead."""
+    import csv
+    import io
+    import sqlite3
+
+    from sqlalchemy.dialects import sqlite
+
+    sql = str(stmt.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+    with sqlite3.connect(path) as conn:
+        buf = io.StringIO()
+        csv.writer(buf).writerows(conn.execute(sql).fetchall())
+    conn.close()
+    return buf.getvalue()
 
 
 def main() -> int:
+    from backend.ui.runs_view import TABLE_KEYS
+    from db.export import _wide_select
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--db", type=Path, help="scratch SQLite file to fill (or reuse when it already holds n rows); default: a temp dir")
+    ap.add_argument("--judge", choices=("wall", "cpu"), default="wall",
+                    help="clock for the verdict: wall (what a user waits) or cpu (the same on an idle machine)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.db or Path(tmp) / "bench.db"
@@ -130,20 +155,28 @@ def main() -> int:
             t0 = time.perf_counter()
             fill(engine, args.n)
             print(f"filled {args.n} experiments in {time.perf_counter() - t0:.1f} s")
-        print(f"{args.n} experiments, {path.stat().st_size / 1e6:.0f} MB SQLite file")
+        print(f"{args.n} experiments, {path.stat().st_size / 1e6:.0f} MB SQLite file; best of 5 runs each")
         results = {
-            "list_experiments (all rows)": timed("list_experiments (all rows)", lambda: list_experiments(engine)),
+            "list_experiments (all rows)": timed("list_experiments (all rows, 51 columns)", lambda: list_experiments(engine)),
             "export_csv": timed("export_csv (one row/experiment)", lambda: export_csv(engine)),
             "export_json": timed("export_json (full results)", lambda: export_json(engine)),
         }
+        timed(f"list_experiments (all rows, Runs table's {len(TABLE_KEYS)})", lambda: list_experiments(engine, columns=TABLE_KEYS))
         timed("list_experiments (limit 50)", lambda: list_experiments(engine, limit=50))
         timed("count_experiments(status=ok)", lambda: count_experiments(engine, status="ok"))
+        bare = timed("  floor: bare sqlite3+csv.writerows, same SELECT", lambda: bare_csv(path, _wide_select("sqlite", False, {})))
+        wide = results["export_csv"]
+        print(f"  export_csv / floor: cpu {wide[0] / bare[0]:.2f}x, wall {wide[1] / bare[1]:.2f}x")
         long_s = timed("export_csv long (one row/rank)", lambda: export_csv(engine, long=True))
-        name, worst = max(results.items(), key=lambda kv: kv[1])
-        print(f"target: list and export of {args.n} experiments < 1 s CPU; slowest {name} {worst:.3f} s -> "
-              f"{'PASS' if worst < 1.0 else 'FAIL'}")
-        print(f"(long CSV, ~{args.n * 4.6:.0f} rank rows, is not under the target: {long_s:.3f} s CPU; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores inflates wall time)")
+        k = 0 if args.judge == "cpu" else 1
+        worst = max(v[k] for v in results.values())
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall above cpu = waiting for a core)")
+        for clock, i in (("cpu", 0), ("wall", 1)):
+            slowest = max(v[i] for v in results.values())
+            print(f"target: list, CSV and JSON export of {args.n} experiments each < 1 s by {clock}: slowest {slowest:.3f} s -> "
+                  f"{'PASS' if slowest < 1.0 else 'FAIL'}{'  <- verdict' if clock == args.judge else ''}")
+        print(f"long CSV (~{args.n * 4.6:.0f} rank rows, ~37 numbers each) is outside the target: cpu {long_s[0]:.3f} s, "
+              f"wall {long_s[1]:.3f} s ({'under' if long_s[k] < 1.0 else 'over'} 1 s)")
         return 0 if worst < 1.0 else 1
 
 

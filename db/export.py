@@ -5,7 +5,10 @@ and predicted bytes (max over ranks) and the error % of those maxima, step time,
 (per-rank totals per step, max over ranks; and per collective), bubble fractions, timestamps, versions.
 `long=True` gives one row per (experiment, rank) with that rank's own numbers instead.
 The maxima are computed once when a result is stored (experiment_summaries, rank_results.comm_*), so an
-export is a plain join: 10,000 experiments in well under a second (benchmarks/export_bench.py).
+export is a plain join: 10,000 experiments in well under a second (benchmarks/export_bench.py). The database
+also does the per-cell text work (formula guard, ISO timestamps), so Python hands whole rows to csv.writer;
+most of what remains is formatting the numbers. The long CSV reads experiments and rank rows separately and
+formats each experiment's cells once for all its ranks.
 Text cells starting with = + - @ TAB or CR get a leading single quote so spreadsheets do not run them as
 formulas; numbers are never touched (a negative number stays a number).
 
@@ -19,9 +22,9 @@ import csv
 import io
 import json
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
-from sqlalchemy import Engine, String, Text, select, type_coerce
+from sqlalchemy import Engine, String, Text, case, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES
 from db.models import Experiment, ExperimentSummary, RankResultRow
@@ -49,29 +52,62 @@ def neutralise(value: Any) -> Any:
     return value
 
 
-def _wide_select(filters: dict):
+def _neutralised_sql(col, key: str):
+    """neutralise() as a SQL CASE, so the database does it per cell instead of a Python loop."""
+    return case((func.substr(col, 1, 1).in_(DANGEROUS_PREFIXES), literal("'", String) + col), else_=col).label(key)
+
+
+def _time_sql(col, key: str, dialect: str):
+    """A timestamp as ISO 8601 text. SQLite stores naive UTC text "YYYY-MM-DD HH:MM:SS.ffffff", turned into
+    "YYYY-MM-DDTHH:MM:SS.ffffff+00:00" in SQL; other databases return datetimes that _iso converts."""
+    text = type_coerce(col, String)
+    return (func.replace(text, " ", "T") + literal("+00:00", String)).label(key) if dialect == "sqlite" else text.label(key)
+
+
+def _exp_columns(dialect: str, safe: bool) -> list:
+    """Experiment columns; text neutralised in SQL when `safe` (CSV), timestamps as text."""
+    out = []
+    for k in EXP_COLUMNS:
+        col = getattr(Experiment, k)
+        out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
+                   else col)
+    return out
+
+
+def _safe(col, key: str, safe: bool):
+    return _neutralised_sql(col, key) if safe else col.label(key)
+
+
+def _wide_select(dialect: str, safe: bool, filters: dict):
     S = ExperimentSummary
-    stmt = (select(*_exp_columns(), *[getattr(S, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS, *VERSION_COLUMNS)])
+    tail = [getattr(S, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS)]
+    stmt = (select(*_exp_columns(dialect, safe), *tail, *[_safe(getattr(S, c), c, safe) for c in VERSION_COLUMNS])
             .select_from(Experiment).outerjoin(S, S.experiment_id == Experiment.id))
     return _filtered(stmt, **filters).order_by(Experiment.id)
 
 
-def _long_select(filters: dict):
+def _rank_columns(safe: bool) -> list:
+    R = RankResultRow
+    return [R.rank, _safe(R.coords_json, "coords", safe), R.steps_timed, R.step_s_median.label("rank_step_s_median"),
+            R.step_s_mean.label("rank_step_s_mean"), R.step_s_min.label("rank_step_s_min"),
+            R.step_s_max.label("rank_step_s_max"), R.tokens_per_s_share, R.rss_bytes,
+            *[getattr(R, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS)]]
+
+
+def _ranks_select(safe: bool, filters: dict):
+    """The rank rows of the experiments the filters select, by experiment then rank (experiment_id first)."""
+    R = RankResultRow
+    stmt = select(R.experiment_id, *_rank_columns(safe)).select_from(R).join(Experiment, Experiment.id == R.experiment_id)
+    return _filtered(stmt, **filters).order_by(R.experiment_id, R.rank)
+
+
+def _long_select(dialect: str, filters: dict):
+    """One row per (experiment, rank) as a single join (for table(); export_csv joins in Python, see _long_lines)."""
     R, S = RankResultRow, ExperimentSummary
-    rank_cols = [R.rank, R.coords_json.label("coords"), R.steps_timed, R.step_s_median.label("rank_step_s_median"),
-                 R.step_s_mean.label("rank_step_s_mean"), R.step_s_min.label("rank_step_s_min"),
-                 R.step_s_max.label("rank_step_s_max"), R.tokens_per_s_share, R.rss_bytes]
-    stmt = (select(*_exp_columns(), *rank_cols, *[getattr(R, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS)],
-                   S.torch_version, S.python_version)
+    stmt = (select(*_exp_columns(dialect, False), *_rank_columns(False), S.torch_version, S.python_version)
             .select_from(Experiment).outerjoin(R, R.experiment_id == Experiment.id)
             .outerjoin(S, S.experiment_id == Experiment.id))
     return _filtered(stmt, **filters).order_by(Experiment.id, R.rank)
-
-
-def _exp_columns() -> list:
-    """Experiment columns; timestamps as the stored text (converted to ISO 8601 in Python, cheaply)."""
-    return [type_coerce(getattr(Experiment, k), String).label(k) if k in TIME_KEYS else getattr(Experiment, k)
-            for k in EXP_COLUMNS]
 
 
 def _iso(value: Any) -> Any:
@@ -82,55 +118,93 @@ def _iso(value: Any) -> Any:
     return value
 
 
-def _rows(engine: Engine, long: bool, filters: dict) -> tuple[list[str], list, dict[int, list[str]]]:
-    stmt = _long_select(filters) if long else _wide_select(filters)
+def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], list[dict[str, Any]]]:
+    """(header, rows as dicts) with raw values (not neutralised): what the CSV holds, for the dashboard too."""
+    dialect = engine.dialect.name
+    stmt = _long_select(dialect, filters) if long else _wide_select(dialect, False, filters)
     with engine.connect() as conn:
         result = conn.execute(stmt)
         keys = list(result.keys())
         rows = result.all()
         tags = _tags_for(conn, sorted({r[0] for r in rows}))
-    return keys, rows, tags
-
-
-def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], list[dict[str, Any]]]:
-    """(header, rows as dicts) with raw values (not neutralised): what the CSV holds, for the dashboard too."""
-    keys, rows, tags = _rows(engine, long, filters)
     out = []
     for r in rows:
         d = dict(zip(keys, r))
-        d.update({k: _iso(d[k]) for k in TIME_KEYS})
+        if dialect != "sqlite":  # SQLite gave ISO text already (_time_sql)
+            d.update({k: _iso(d[k]) for k in TIME_KEYS})
         d["tags"] = tags.get(d["id"], [])
         out.append(d)
     return (LONG_HEADER if long else WIDE_HEADER), out
 
 
 def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False, **filters) -> str | None:
-    """Write the CSV to `out`, or return it as a string when out is None."""
-    keys, rows, tags = _rows(engine, long, filters)
-    text_idx = [i for i, k in enumerate(keys) if k in _TEXT_KEYS]
-    time_idx = [i for i, k in enumerate(keys) if k in TIME_KEYS]
-    cells: dict[tuple[str, ...], str] = {}
+    """Write the CSV to `out`, or return it as a string when out is None.
+
+    The database neutralises text and formats timestamps (SQL CASE / replace), so Python only hands whole
+    rows to csv.writer; the long CSV formats each experiment's columns once, not once per rank."""
+    dialect = engine.dialect.name
     target = out if out is not None else io.StringIO()
+    with engine.connect() as conn:
+        exp_rows = conn.execute(_wide_select(dialect, True, filters) if not long else _long_exp_select(dialect, filters)).all()
+        tags = _tags_for(conn, [r[0] for r in exp_rows])
+        rank_rows = conn.execute(_ranks_select(True, filters)).all() if long else None
+    if dialect != "sqlite":
+        exp_rows = [_iso_row(r) for r in exp_rows]
+    cells: dict[tuple[str, ...], str] = {}
     w = csv.writer(target)  # RFC 4180 CRLF rows, so CR or LF inside a text cell is always quoted
-    w.writerow(["tags", *keys])
-    for r in rows:
-        vals = list(r)
-        for i in text_idx:
-            v = vals[i]
-            if v and v.startswith(DANGEROUS_PREFIXES):
-                vals[i] = "'" + v
-        for i in time_idx:
-            vals[i] = _iso(vals[i])
-        t = tags.get(r[0])
-        w.writerow([_tag_cell(tuple(t), cells) if t else None, *vals])
+    if long:
+        w.writerow(LONG_HEADER)
+        target.writelines(_long_lines(exp_rows, rank_rows, tags, cells))
+    else:
+        w.writerow(WIDE_HEADER)
+        w.writerows((_tag_cell(tags.get(r[0]), cells), *r) for r in exp_rows)
     return target.getvalue() if out is None else None
 
 
-def _tag_cell(tags: tuple[str, ...], cache: dict) -> str:
+def _long_exp_select(dialect: str, filters: dict):
+    """Experiment columns then the versions, one row per experiment (the rank rows come separately)."""
+    S = ExperimentSummary
+    stmt = (select(*_exp_columns(dialect, True), *[_neutralised_sql(getattr(S, c), c) for c in VERSION_COLUMNS])
+            .select_from(Experiment).outerjoin(S, S.experiment_id == Experiment.id))
+    return _filtered(stmt, **filters).order_by(Experiment.id)
+
+
+class _Line:
+    """A file whose write() returns the text, so csv.writer.writerow returns the formatted row."""
+
+    @staticmethod
+    def write(text: str) -> str:
+        return text
+
+
+def _long_lines(exp_rows: list, rank_rows: list, tags: dict[int, list[str]], cells: dict) -> Iterator[str]:
+    """CSV lines of the long export: each experiment's cells formatted once and joined to each of its rank rows'
+    cells (rows without ranks keep one line with empty rank cells, like an outer join)."""
+    line = csv.writer(_Line()).writerow  # returns the row with its CRLF, so CR/LF in a cell are still quoted
+    by_exp: dict[int, list[str]] = {}
+    for r in rank_rows:
+        by_exp.setdefault(r[0], []).append(line(r[1:])[:-2])
+    no_rank = ("," * (len(RANK_COLUMNS) + len(MEM_COLUMNS) + len(ERR_COLUMNS) + len(COMM_COLUMNS) - 1),)
+    n_exp = len(EXP_COLUMNS)
+    for r in exp_rows:
+        head = line((_tag_cell(tags.get(r[0]), cells), *r[:n_exp]))[:-2]
+        tail = line(r[n_exp:])
+        for mid in by_exp.get(r[0], no_rank):
+            yield f"{head},{mid},{tail}"
+
+
+def _iso_row(row) -> tuple:
+    return tuple(_iso(v) if i in _TIME_IDX else v for i, v in enumerate(row))
+
+
+def _tag_cell(tags: list[str] | None, cache: dict) -> str | None:
     """Tags as a JSON list (unambiguous whatever the tags contain); starts with "[" so never a formula."""
-    cell = cache.get(tags)
+    if not tags:
+        return None
+    key = tuple(tags)
+    cell = cache.get(key)
     if cell is None:
-        cell = cache[tags] = json.dumps(list(tags), ensure_ascii=False)
+        cell = cache[key] = _JSON.encode(tags)
     return cell
 
 
@@ -140,20 +214,23 @@ def _text_keys() -> frozenset[str]:
 
 
 _TEXT_KEYS = _text_keys()
+_TIME_IDX = frozenset(i for i, k in enumerate(EXP_COLUMNS) if k in TIME_KEYS)
+_JSON = json.JSONEncoder(ensure_ascii=False)  # == json.dumps(..., ensure_ascii=False), built once not per row
 JSON_KEYS = ("id", "name", "status", "sweep_id", "requeue_of", "created_at", "started_at", "finished_at", "worker_id",
              "host", "error", "failing_rank")
 
 
 def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | None:
     """Full results as a JSON list; env, spec and result JSON spliced verbatim from the store."""
-    cols = [type_coerce(getattr(Experiment, k), String).label(k) if k in TIME_KEYS else getattr(Experiment, k)
-            for k in JSON_KEYS]
+    dialect = engine.dialect.name
+    cols = [_time_sql(getattr(Experiment, k), k, dialect) if k in TIME_KEYS else getattr(Experiment, k) for k in JSON_KEYS]
     stmt = _filtered(select(*cols, Experiment.env_json, Experiment.spec_json, Experiment.result_json), **filters)
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(Experiment.id)).all()
         tags = _tags_for(conn, [r[0] for r in rows])
     n = len(JSON_KEYS)
-    time_idx = [i for i, k in enumerate(JSON_KEYS) if k in TIME_KEYS]
+    time_idx = [i for i, k in enumerate(JSON_KEYS) if k in TIME_KEYS] if dialect != "sqlite" else []
+    encode = _JSON.encode
     pieces = ["["]
     for i, r in enumerate(rows):
         head = list(r[:n])
@@ -161,7 +238,7 @@ def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | N
             head[j] = _iso(head[j])
         obj = dict(zip(JSON_KEYS, head), tags=tags.get(r[0], []))
         env_json, spec_json, result_json = r[n:]
-        pieces += [",\n" if i else "\n", json.dumps(obj, ensure_ascii=False)[:-1], ', "env": ', env_json or "{}",
+        pieces += [",\n" if i else "\n", encode(obj)[:-1], ', "env": ', env_json or "{}",
                    ', "spec": ', spec_json, ', "result": ', result_json or "null", "}"]
     pieces.append("\n]\n")
     if out is None:

@@ -16,11 +16,11 @@ PAGE_SIZES = (200, 1000, 10000)
 PICKER_ROWS = 200
 
 
-def _label(by_id, i: int) -> str:
-    if i not in by_id.index:
-        return f"#{i}"
-    r = by_id.loc[i]
-    return f"#{i} {r['name'] or r['strategy']} · world {r['world']} · {r['status']}"
+def _labels(df, ids: list[int]) -> dict[int, str]:
+    """Picker labels for just these ids (a pandas row lookup per option costs ~1 ms each)."""
+    sub = df[df["id"].isin(ids)]
+    return {int(i): f"#{i} {n or s} · world {w} · {st}"
+            for i, n, s, w, st in zip(sub["id"], sub["name"], sub["strategy"], sub["world"], sub["status"])}
 
 
 def _filters() -> dict:
@@ -127,7 +127,8 @@ if picked != st.session_state.get("_runs_last_pick"):
 st.session_state["runs_selected"] = [i for i in st.session_state.get("runs_selected", []) if i in by_id.index]
 # The picker offers the selected runs and the first rows of this view (a 10,000-option widget would be slow).
 options = list(dict.fromkeys(st.session_state["runs_selected"] + df["id"].head(PICKER_ROWS).tolist()))
-selected = st.multiselect("Selected runs", options, key="runs_selected", format_func=lambda i: _label(by_id, i))
+labels = _labels(df, options)
+selected = st.multiselect("Selected runs", options, key="runs_selected", format_func=lambda i: labels.get(i, f"#{i}"))
 _actions(url, selected, {i: {"status": by_id.at[i, "status"]} for i in selected})
 c1, c2 = st.columns(2)
 filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"])

@@ -78,6 +78,37 @@ def test_filters_search_order_and_paging(engine):
         q.list_experiments(engine, order_by="name; DROP TABLE experiments")
 
 
+
+def test_list_with_columns_reads_only_those_and_agrees_with_full_rows(engine):
+    ids = [q.submit_experiment(engine, spec(f"r{i}", strategy=st), tags=["b", "a"] if i else []) for i, st in enumerate(["ddp", "pp", "fsdp"])]
+    q.claim_next(engine, "w")
+    q.store_result(engine, ids[0], fake_result(spec("r0"), "failed", seed=3))
+    full = {r["id"]: r for r in q.list_experiments(engine)}
+    lean = q.list_experiments(engine, columns=["status", "created_at", "tags", "peak_bytes_max"], order_by="id", descending=False)
+    assert [r["id"] for r in lean] == ids
+    for r in lean:
+        assert list(r) == ["id", "status", "created_at", "peak_bytes_max", "tags"]
+        assert {k: full[r["id"]][k] for k in r} == r and r["created_at"].tzinfo is not None
+    assert lean[0]["status"] == "failed" and lean[1]["tags"] == ["a", "b"] and lean[0]["tags"] == []
+    no_tags = q.list_experiments(engine, columns=("name",), strategy="pp")
+    assert no_tags == [{"id": ids[1], "name": "r1"}]
+    with pytest.raises(ValueError, match="not experiment columns"):
+        q.list_experiments(engine, columns=["name", "spec_json"])
+
+
+def test_runs_table_from_its_columns_equals_the_table_from_full_rows(engine):
+    from backend.ui import runs_view as rv
+
+    for i, st in enumerate(["ddp", "pp", "zero2"]):
+        eid = q.submit_experiment(engine, spec(f"=n{i}" if i else "", strategy=st), tags=["x"] * i)
+        if i < 2:
+            q.claim_next(engine, "w")
+            q.store_result(engine, eid, fake_result(spec(strategy=st), "ok" if i else "oom", seed=i))
+    q.update_progress(engine, q.submit_experiment(engine, spec("live")), 1, 3, "timed")
+    full = rv.table_frame(q.list_experiments(engine))
+    assert full.equals(rv.table_frame(q.list_experiments(engine, columns=rv.TABLE_KEYS)))
+    assert len(full) == 4 and full["peak (MiB)"].notna().sum() == 1 and "×pp2" in full["degrees"].iloc[2]
+
 def test_claim_takes_the_oldest_queued_once(engine):
     a, b = q.submit_experiment(engine, spec("a")), q.submit_experiment(engine, spec("b"))
     assert q.claim_next(engine, "w1", host="h") == a

@@ -11,6 +11,10 @@ import pandas as pd
 ACTIVE = ("queued", "running")
 COLUMNS = ["id", "status", "progress", "name", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
            "tokens/s", "peak (MiB)", "created"]
+# The list_experiments columns table_frame reads (21 of the 51 plus tags).
+TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
+              "dp", "tp", "pp", "ep", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
+              "tokens_per_s", "peak_bytes_max", "created_at")
 
 
 def progress_text(row: dict[str, Any]) -> str:
@@ -41,26 +45,31 @@ def degrees_text(row: dict[str, Any]) -> str:
 
 
 def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers."""
+    """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers.
+    Needs only TABLE_KEYS of each row (list_experiments(columns=TABLE_KEYS) reads just those)."""
     col = lambda k: [r.get(k) for r in rows]  # noqa: E731
-    pp = [r.get("pp") or 1 for r in rows]
-    step, peak, tps = col("step_s_median"), col("peak_bytes_max"), col("tokens_per_s")
+    status = col("status")
     data = {
         "id": [int(r["id"]) for r in rows],
-        "status": col("status"),
-        "progress": [progress_text(r) if r.get("status") != "ok" else "" for r in rows],
+        "status": status,
+        "progress": ["" if st == "ok" else progress_text(r) for r, st in zip(rows, status)],
         "name": [r.get("name") or "" for r in rows],
         "strategy": col("strategy"),
         "world": col("world_size"),
         "degrees": [degrees_text(r) for r in rows],
-        "schedule": [f"{r.get('schedule')} m={r.get('microbatches')}" if p > 1 else "" for r, p in zip(rows, pp)],
-        "tags": [", ".join(r.get("tags") or ()) for r in rows],
-        "step time (ms)": pd.array([None if v is None else round(v * 1e3, 2) for v in step], dtype="Float64"),
-        "tokens/s": pd.array([None if v is None else round(v, 1) for v in tps], dtype="Float64"),
-        "peak (MiB)": pd.array([None if v is None else round(v / 2**20, 3) for v in peak], dtype="Float64"),
+        "schedule": [f"{r.get('schedule')} m={r.get('microbatches')}" if (r.get("pp") or 1) > 1 else "" for r in rows],
+        "tags": [", ".join(t) if t else "" for t in col("tags")],
+        "step time (ms)": _scaled(col("step_s_median"), 1e3, 2),
+        "tokens/s": _scaled(col("tokens_per_s"), 1.0, 1),
+        "peak (MiB)": _scaled(col("peak_bytes_max"), 1 / 2**20, 3),
         "created": [_created(v) for v in col("created_at")],
     }
     return pd.DataFrame(data, columns=COLUMNS)
+
+
+def _scaled(values: list, factor: float, ndigits: int) -> pd.arrays.FloatingArray:
+    """values × factor rounded for display, None kept as <NA>."""
+    return pd.array([None if v is None else round(v * factor, ndigits) for v in values], dtype="Float64")
 
 
 def _created(v: Any) -> str:
