@@ -21,6 +21,21 @@ DDP's gradient buckets (MemTracker would see them as untracked or Activation): D
 gradient_as_bucket_view=True and zero_grad(set_to_none=False), so `param.grad` stays a view of its bucket
 across steps and microbatches and the tracker tags the bucket storage as Gradient: one copy, counted once.
 (With set_to_none=True the no_sync microbatches allocate fresh grads next to the buckets: 2x gradients.)
+
+Pipelines: several stage modules per rank (interleaved / looped / V placements) each start their own
+forwards while other stages' backwards are pending, so the per-module stats are reset on every root
+re-entry and a missing module stat is recreated on demand (`_LenientStats`); the category snapshots do
+not depend on those stats. FSDP runs instrument every local stage module, and parameters FSDP ignores
+(EP experts, `ignored_params`) count as Sharded Param / Sharded Grad (they are rank-local state).
+
+Split-backward schedules (zero_bubble, zbv) call `autograd.grad(inputs=...)`, which ModTracker's
+multi-grad hooks on module outputs break, so they run with `hookless=True`: the same trackers with the
+module tracker replaced by `_NoModules` (no module hooks at all). What that measures: params, buffers,
+existing grads and optimizer state are attributed by storage identity exactly as before (track_external /
+the FSDP instrumentation, optimizer step hooks); a storage allocated by an op outside autograd's
+backward (graph task id -1) is Activation, one allocated inside backward is Temp (-> other). The only
+difference from the hooked trackers: a recompute (activation checkpointing) in backward is not seen as
+forward, so recomputed activations count as Temp (other), not Activation.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils.weak import WeakIdKeyDictionary
 
 _TOTAL = "Total"
 CATEGORY_OF = {
@@ -55,10 +71,55 @@ def map_snapshot(snap: dict[str, int]) -> dict[str, int]:
     return out
 
 
+class _LenientStats(WeakIdKeyDictionary):
+    """memory_tracking that recreates a module's stats when a reset dropped them while its backward was
+    still pending (another stage's forward started in between); `make(module)` builds a fresh entry."""
+
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self._make = make
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            self[key] = stats = self._make(key)
+            return stats
+
+
+class _NoModules:
+    """Stands in for ModTracker: no module hooks; backward = inside an autograd graph task."""
+
+    parents: set[str] = set()
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def get_known_fqn(self, module: nn.Module) -> str:
+        return type(module).__name__
+
+    def register_user_hooks(self, *hooks: Any) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self) -> "_NoModules":
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
 class _HighWater:
     """Mixin: per-category maxima, and a snapshot of every category when activations are at their maximum."""
 
-    def _init_high_water(self) -> None:
+    def _init_high_water(self, stats_cls: Any, hookless: bool) -> None:
+        if hookless:
+            self._mod_tracker = _NoModules()
+        fqn = self._mod_tracker.get_known_fqn  # type: ignore[attr-defined]
+        self.memory_tracking = _LenientStats(lambda m: stats_cls(fqn(m) or type(m).__name__))
         self.high_water: dict[Any, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
         self.at_act_peak: dict[Any, dict[Any, int]] = {}
         self._act_peak: dict[Any, int] = {}
@@ -86,9 +147,11 @@ class _HighWater:
 
 
 class CategoryMemTracker(_HighWater, MemTracker):
-    def __init__(self) -> None:
+    def __init__(self, hookless: bool = False) -> None:
+        from torch.distributed._tools.mem_tracker import _ModMemStats
+
         super().__init__()
-        self._init_high_water()
+        self._init_high_water(_ModMemStats, hookless)
 
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
         name = self._mod_tracker.get_known_fqn(module)
@@ -97,22 +160,56 @@ class CategoryMemTracker(_HighWater, MemTracker):
         super()._pre_fw_hook(module, inputs)
 
 
-def _fsdp_tracker(root: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hookless: bool) -> Any:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModMemStats, _FSDPRefType
+    from torch.distributed.tensor import DTensor
 
     class CategoryFSDPMemTracker(_HighWater, FSDPMemTracker):
-        def __init__(self, mod: nn.Module, optm: torch.optim.Optimizer) -> None:
-            super().__init__(mod, optm)
-            self._init_high_water()
+        """FSDPMemTracker over every local root module (pipeline stages), counting FSDP-ignored params."""
 
-    return CategoryFSDPMemTracker(root, optimizer)
+        def __init__(self, mods: list[nn.Module], optm: torch.optim.Optimizer) -> None:
+            super().__init__(mods[0], optm)
+            self._roots = mods
+            self._ignored_hooks: list[Any] = []
+            self._init_high_water(_FSDPModMemStats, hookless)
+
+        def _instrument_fsdp_module(self) -> None:
+            for root in self._roots:
+                self._root_mod = root
+                super()._instrument_fsdp_module()
+            self._root_mod = self._roots[0]
+            self._track_ignored_params()
+
+        def _track_ignored_params(self) -> None:
+            """Params no FSDP group manages (ignored_params): rank-local state, counted as sharded."""
+            for root in self._roots:
+                for q in root.parameters():
+                    if isinstance(q, DTensor):  # FSDP-managed (sharded / replicated)
+                        continue
+                    self._update_and_maybe_create_winfos(q, _FSDPRefType.SHARDED_PARAM)
+                    if q.grad is not None:
+                        self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.SHARDED_GRAD)
+                    self._ignored_hooks.append(q.register_post_accumulate_grad_hook(self._tag_ignored_grad))
+
+        def _tag_ignored_grad(self, q: torch.Tensor) -> None:
+            self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.SHARDED_GRAD)
+
+        def _deregister_module_and_optimizer_hooks(self) -> None:
+            super()._deregister_module_and_optimizer_hooks()
+            for h in self._ignored_hooks:
+                h.remove()
+            self._ignored_hooks.clear()
+
+    return CategoryFSDPMemTracker(roots, optimizer)
 
 
-def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, fsdp: bool) -> Any:
-    """A tracker already told about the long-lived state (params, grads, optimizer) made before it."""
+def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, fsdp: bool,
+                 hookless: bool = False) -> Any:
+    """A tracker already told about the long-lived state (params, grads, optimizer) made before it.
+    hookless: no module hooks (split-backward pipeline schedules; see the module docstring)."""
     if fsdp:
-        return _fsdp_tracker(modules[0], optimizer)
-    tracker = CategoryMemTracker()
+        return _fsdp_tracker(modules, optimizer, hookless)
+    tracker = CategoryMemTracker(hookless)
     inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its states in the local .optim
     tracker.track_external(*modules, inner if isinstance(inner, torch.optim.Optimizer) else optimizer)
     return tracker
@@ -120,17 +217,17 @@ def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, 
 
 @contextmanager
 def tracking(tracker: Any, modules: list[nn.Module]) -> Iterator[Any]:
-    """`with tracker`, plus (FSDP) a root pre-forward hook that resets module stats between microbatches.
-    Registered after entering, so it runs before the tracker's own wrapped FSDP pre-forward."""
+    """`with tracker`, plus (FSDP) a pre-forward hook on every local root that resets module stats between
+    microbatches. Registered after entering, so it runs before the tracker's own wrapped FSDP pre-forward."""
     with tracker:
-        handle = None
+        handles = []
         if not isinstance(tracker, CategoryMemTracker):
-            handle = modules[0].register_forward_pre_hook(tracker.new_iteration_hook, prepend=True)
+            handles = [m.register_forward_pre_hook(tracker.new_iteration_hook, prepend=True) for m in modules]
         try:
             yield tracker
         finally:
-            if handle is not None:
-                handle.remove()
+            for h in handles:
+                h.remove()
 
 
 def track_inputs(tracker: Any, tensors: Iterable[torch.Tensor]) -> None:

@@ -16,6 +16,7 @@ from backend.bench import comm as comm_bench
 from backend.bench import memory, timing
 from backend.engine.data import global_batch
 from backend.launch.faults import maybe_inject
+from backend.spec import Schedule
 from backend.strategies.base import Prepared, RankContext
 
 PROGRESS = "SHARDLAB_PROGRESS"
@@ -78,12 +79,19 @@ def _timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple
     return step_s, counter
 
 
+def _split_backward(ctx: RankContext) -> bool:
+    """Schedules whose backward runs autograd.grad(inputs=...), which module-hook trackers break; decided
+    before the step on every rank alike (a tracker failing mid-step would leave the peers hanging)."""
+    p = ctx.spec.parallel
+    return p.pp > 1 and p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+
+
 def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:
     maybe_inject(ctx.rank, step)
     batch = _batch(ctx, step)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp)
+    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
