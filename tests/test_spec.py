@@ -161,6 +161,12 @@ def test_rejections_name_the_offending_values(parallel):
     ({"train": {"microbatches": 3, "global_batch": 8, "micro_batch": 2}},
      "microbatches=3 != global batch 8 / (micro-batch 2 * dp 1) = 4"),
     ({"runtime": {"nnodes": 2}}, "nnodes=2 needs rdzv_endpoint"),
+    ({"parallel": {"strategy": "zero1", "tp": 2, "world_size": 4}}, "zero1 (ZeroRedundancyOptimizer) cannot shard"),
+    ({"model": {"n_experts": 4}, "parallel": {"strategy": "zero1", "ep": 2, "world_size": 2}}, "(ep=2)"),
+    ({"model": {"n_experts": 4, "n_layers": 2}, "parallel": {"strategy": "ep", "ep": 2, "pp": 2, "world_size": 4},
+      "train": {"global_batch": 8, "micro_batch": 2}}, "ep=2 with tp=1, pp=2 is not supported"),
+    ({"model": {"n_layers": 4}, "parallel": {"strategy": "fsdp", "pp": 2, "world_size": 4, "pp_schedule": "zbv",
+      "virtual_stages": 2}, "train": {"global_batch": 8, "micro_batch": 2}}, "zbv with fsdp on dp=2 is not supported"),
     ({"parallel": {"strategy": "zero9"}}, "parallel.strategy"),
     ({"model": {"d_model": 0}}, "model.d_model"),
 ])
