@@ -71,3 +71,14 @@ def test_unpredicted_collective_is_noted(spec):
 def test_mfu_uses_known_cuda_peak(spec):
     res = assemble_result(spec, fake_payload(spec, device="cuda"))
     assert res.mfu == pytest.approx(res.achieved_flops / (67e12 * 2))
+
+
+def test_loss_parity_failure_is_called_out():
+    from backend.engine.assemble import _parity_notes
+    from backend.spec import ExperimentSpec
+
+    spec = ExperimentSpec()
+    assert _parity_notes(spec, 3e-7) == []
+    assert _parity_notes(spec, None) == []
+    (note,) = _parity_notes(spec, 0.0231)
+    assert "LOSS PARITY FAILS" in note and "0.0231" in note

@@ -6,14 +6,24 @@ Two models:
   dropout, GPT-style layer with 4h MLP.
 - `model_layer_activation_bytes` / `model_embedding_head_activation_bytes`: what autograd saves for
   OUR model (backend/models/gpt.py), read off the ops it runs (no dropout, explicit softmax attention).
+- `rank_activation_bytes`: one rank of a spec at the engine's activation peak (the moments it can fall in).
 Symbols: s sequence, b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence parallel.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from backend.analytic import pipeline as PL
+from backend.analytic.traffic import compute_bytes, is_mix
+
+if TYPE_CHECKING:
+    from backend.analytic.sharding import LocalParam
+
 RECOMPUTE = ("none", "selective", "full")
 INDEX_BYTES = 8  # int64 indices (topk, nonzero) that autograd saves for index ops
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
+LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
 
 
 def _check_recompute(recompute: str) -> str:
@@ -63,7 +73,7 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes) -> float:
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
-                                 top_k: int = 1) -> float:
+                                 top_k: int = 1, autocast: bool = False) -> float:
     """Bytes autograd holds for backward for ONE block of backend.models.gpt (pre-LN, no dropout).
 
     Terms (elements, then · dtype_bytes):
@@ -76,16 +86,21 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     with SP the norm inputs and stats divide by t but the all-gathered Linear inputs stay full.
     Selective recompute (checkpointed core attention) keeps q, k, v (3sbh/t) instead of the core.
     Full recompute keeps only the block input (sbh, /t with SP); one block is recomputed at a time.
+    autocast (torch.autocast around fp32 weights, read off saved_tensors_hooks): the residual stream, the
+    LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
+    so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
+    16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
     """
     recompute = _check_recompute(recompute)
     del kv_heads  # see docstring: saved k/v are always a·d_head wide
     sb, sbh = s * b, s * b * h
     norm_div = t if sp else 1
+    residual_bytes = 4 if autocast else dtype_bytes
     if recompute == "full":
-        return sbh / norm_div * dtype_bytes  # checkpoint(layer, h) saves the layer input only
-    elems = 2 * sbh / norm_div  # ln1 and ln2 inputs (the residual stream)
+        return sbh / norm_div * residual_bytes  # checkpoint(layer, h) saves the layer input only
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
-    elems += 2 * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
+    stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
+    elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
     elems += sbh / t  # o Linear input (heads merged back, B, T, h/t)
     mask_bytes = 0.0
     if recompute == "selective":
@@ -100,15 +115,36 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     return elems * dtype_bytes + stat_bytes + mask_bytes
 
 
-def model_full_recompute_peak_extra_bytes(**layer_kwargs) -> float:
-    """Extra bytes while one checkpointed block is recomputed in backward: a whole block's activations."""
-    kw = dict(layer_kwargs, recompute="none")
-    return model_layer_activation_bytes(**kw)
+def model_full_recompute_peak_extra_bytes(*, head_freed_bytes: float = 0.0, **layer_kwargs) -> float:
+    """Bytes the full-recompute activation peak adds to the end-of-forward state: the last block's
+    forward is re-run in backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost",
+    Sec 3: one segment re-materialised at a time), its input being the checkpoint's already-saved input,
+    so one block's activations minus that input. On the stage with the head this happens after the head's
+    backward freed its saved tensors (`head_freed_bytes`); the peak is whichever moment is larger."""
+    block = model_layer_activation_bytes(**dict(layer_kwargs, recompute="none"))
+    block_input = model_layer_activation_bytes(**dict(layer_kwargs, recompute="full"))
+    return max(0.0, block - block_input - head_freed_bytes)
+
+
+def model_head_freed_in_backward_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
+                                       sp: bool = False, loss_parallel: bool = False, autocast: bool = False) -> float:
+    """The part of `model_embedding_head_activation_bytes` freed once the head's backward ran: everything
+    except pos (embedding backward comes last), the caller-held logits and the loss scalars."""
+    saved = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
+                                                  logits_held=False, loss_parallel=loss_parallel, autocast=autocast)
+    return saved - s * INDEX_BYTES - LOSS_BYTES
+
+
+def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, t: int = 1,
+                               loss_parallel: bool = False) -> float:
+    """16-bit logits: loss_fn's `.float()` copy (s·b·V fp32) is alive while log_softmax writes its output,
+    the activation peak of forward + loss (none for fp32 logits, where `.float()` is the tensor itself)."""
+    return 0.0 if dtype_bytes == 4 else s * b * vocab / (t if loss_parallel else 1) * 4
 
 
 def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                           sp: bool = False, logits_held: bool = True,
-                                          loss_parallel: bool = False) -> float:
+                                          loss_parallel: bool = False, autocast: bool = False) -> float:
     """Bytes saved outside the blocks on the stages that own embedding / head, end of forward.
 
     Embedding: the token-embedding backward needs only the indices (the input batch); pos = arange(s)
@@ -118,12 +154,14 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     more (the fp32 copy is only an input of log_softmax, which saves its output).
     With SP the final norm's input and stats are split over t (the lm_head input is all-gathered, full);
     with loss_parallel the vocab dimension of logits and log-probs is split over t.
+    autocast: the final norm's input is the fp32 residual stream; lm_head saves a 16-bit cast of its input.
     """
     v_div = t if loss_parallel else 1
     emb = s * INDEX_BYTES  # pos = arange(s) (int64)
-    loss = 2 * 4  # nll_loss saves total_weight; the loss scalar itself
+    loss = LOSS_BYTES  # nll_loss saves total_weight; the loss scalar itself
     norm_div = t if sp else 1
-    head = s * b * h * dtype_bytes * (1 + 1 / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
+    norm_in_bytes = 4 if autocast else dtype_bytes
+    head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32
     if logits_held:
         head += s * b * vocab / v_div * dtype_bytes
@@ -138,3 +176,93 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
     v_div = t if loss_parallel else 1
     extra = 0 if dtype_bytes == 4 else s * b * vocab / v_div * 4  # fp32 grad before the cast back
     return s * b * vocab / v_div * (4 + dtype_bytes) + extra
+
+
+def _layer_kwargs(spec: Any) -> dict[str, Any]:
+    m, t, p = spec.model, spec.train, spec.parallel
+    return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
+                dtype_bytes=compute_bytes(t.precision), t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts,
+                top_k=m.top_k, autocast=uses_autocast(spec))
+
+
+def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float]:
+    """(bytes autograd holds at the end of the last microbatch's forward + loss, the head's share of them
+    freed by the head's backward)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    kw = _layer_kwargs(spec)
+    cb, ac = kw["dtype_bytes"], kw["autocast"]
+    per_mb = len(layers) * model_layer_activation_bytes(recompute=str(t.recompute), **kw)
+    in_flight = 1.0
+    if p.pp > 1:
+        in_flight = PL.in_flight_stage_activations(str(p.pp_schedule), p=p.pp, m=t.microbatches,
+                                                   stage=p.coords(rank)["pp"], v=p.virtual_stages)
+    total = per_mb * in_flight
+    n_stages = p.pp * p.virtual_stages
+    if p.pp > 1:  # torch.distributed.pipelining keeps each in-flight chunk's output for its backward
+        units = PL.in_flight_microbatches(str(p.pp_schedule), p=p.pp, m=t.microbatches, stage=p.coords(rank)["pp"],
+                                          v=p.virtual_stages)
+        sends = sum(s != n_stages - 1 for s in stages) / len(stages)
+        total += units * sends * t.micro_batch * m.seq_len * m.d_model * cb
+        if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch (counted once below)
+            total += (in_flight - 1) * m.seq_len * INDEX_BYTES
+    last = n_stages - 1 in stages
+    hkw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size, dtype_bytes=cb, t=p.tp, autocast=ac)
+    head_freed = 0.0
+    if 0 in stages or last:
+        total += model_embedding_head_activation_bytes(**hkw) if last else m.seq_len * INDEX_BYTES
+        if last:
+            head_freed = model_head_freed_in_backward_bytes(**hkw)
+        if p.tp > 1 and last:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard
+            total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * cb  # stays alive next to the gathered logits
+    return total, head_freed
+
+
+def rank_activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[int], params: list[LocalParam]) -> int:
+    """Activation bytes of one rank at the engine's activation peak (see backend/analytic/estimate.py): the
+    largest of end of forward + loss, end of forward inside autocast, and the full-recompute re-run."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    kw = _layer_kwargs(spec)
+    cb, ac = kw["dtype_bytes"], kw["autocast"]
+    total, head_freed = _saved_end_of_forward(spec, rank, layers, stages)
+    last = p.pp * p.virtual_stages - 1 in stages
+    w_blocks, w_head, b_blocks = autocast_copy_bytes(spec, params) if ac else (0, 0, 0)
+    # forward + loss: the 16-bit copies of every local Linear weight (saved by the matmuls, kept by the
+    # checkpoint only for lm_head); loss_fn's fp32 logits copy; stages without the loss peak at the end of
+    # forward, with autocast's cached bias casts still alive
+    full = str(t.recompute) == "full" and bool(layers)
+    if last:
+        sbv = m.seq_len * t.micro_batch * m.vocab_size
+        fwd = total + w_head + (0 if full else w_blocks) + model_loss_transient_bytes(
+            s=m.seq_len, b=t.micro_batch, vocab=m.vocab_size, dtype_bytes=cb, t=p.tp)
+        if ac:  # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and
+            # the previous microbatch's logits still bound in the training loop
+            fwd = max(fwd, total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks
+                      + (sbv * cb if t.microbatches > 1 else 0))
+    else:
+        fwd = total + w_blocks + b_blocks
+    if not full:
+        return int(round(fwd))
+    # the last block re-run in backward after the head's backward freed its saved tensors: one block's
+    # activations (minus the checkpointed input) and, under autocast, its weight and bias casts again
+    one_block = (w_blocks + b_blocks) / len(layers)
+    rec = total + model_full_recompute_peak_extra_bytes(head_freed_bytes=head_freed, **kw) + one_block
+    return int(round(max(fwd, rec)))
+
+
+def uses_autocast(spec: Any) -> bool:
+    """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
+    cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself)."""
+    p = spec.parallel
+    return str(spec.train.precision) != "fp32" and not (p.zero_stage >= 2 and not is_mix(spec))
+
+
+def autocast_copy_bytes(spec: Any, params: list[LocalParam]) -> tuple[int, int, int]:
+    """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts, local elements
+    x 2 B: every Linear runs on cast copies of its fp32 weight and bias; the matmul saves the weight copy for
+    backward, the bias copy lives in autocast's cache until the autocast region exits."""
+    cb = compute_bytes(spec.train.precision)
+    w = sum(q.local_numel for q in params if len(q.shape) == 2 and q.name.startswith("layers."))
+    head = sum(q.local_numel for q in params if q.name.startswith("lm_head."))
+    bias = sum(q.local_numel for q in params if q.name.startswith("layers.") and q.name.endswith(".bias")
+               and ".ln" not in q.name)
+    return cb * w, cb * head, cb * bias

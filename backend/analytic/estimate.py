@@ -17,7 +17,11 @@ included) = the start of backward. Category by category:
   parameters ZeroRedundancyOptimizer assigns to this rank; FSDP2: the unpadded local shard. The update's
   own temporaries (only inside optimizer.step) are `optimizer_temp_bytes`, not part of the total.
 - activations: `activations.model_layer_activation_bytes` x local layers x in-flight microbatches (PP)
-  + the embedding/head term on the stages that own them (+ one recomputed block under full recompute).
+  + the embedding/head term on the stages that own them, at the largest of these moments (the engine's
+  "activation peak" is the Activation category's maximum over the step): end of forward + loss (16-bit
+  logits: + loss_fn's transient fp32 copy); under torch.autocast (ddp / zero1 / mixes) the 16-bit weight
+  copies the matmuls save, and the end of forward inside autocast (every weight and bias cast cached);
+  under full recompute the last block re-run in backward after the head's backward freed its tensors.
 - other: the step's full-batch int64 inputs and targets (`input_batch_bytes`), which the engine tracks.
 Communication per rank and step: backend/analytic/traffic.py.
 """
@@ -34,9 +38,9 @@ from backend.analytic import kv_cache as KV
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
 from backend.analytic.params import active_params, count_params, param_list
-from backend.analytic.sharding import (LocalParam, fsdp_units, layer_split, local_params, stages_of_rank,
-                                       unsharded_numel, zero1_owned)
-from backend.analytic.traffic import MASTER_BYTES, compute_bytes, fsdp_param_bytes, is_mix, rank_traffic, uses_replicate
+from backend.analytic.sharding import (LocalParam, first_short_chunk, fsdp_units, layer_split, local_params,
+                                       stages_of_rank, unsharded_numel, zero1_owned, zero1_owned_all)
+from backend.analytic.traffic import MASTER_BYTES, compute_bytes, fsdp_param_bytes, rank_traffic, uses_replicate
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -114,48 +118,6 @@ def _unsharded_resident(spec: Any, params: list[LocalParam]) -> int:
     return sum(unsharded_numel(u) for u in fsdp_units(spec.model, managed).values())
 
 
-def _activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[int], params: list[LocalParam]) -> int:
-    m, t, p = spec.model, spec.train, spec.parallel
-    cb = compute_bytes(t.precision)
-    kw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
-              dtype_bytes=cb, t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts, top_k=m.top_k)
-    per_mb = len(layers) * A.model_layer_activation_bytes(recompute=str(t.recompute), **kw)
-    in_flight = 1.0
-    if p.pp > 1:
-        in_flight = PL.in_flight_stage_activations(str(p.pp_schedule), p=p.pp, m=t.microbatches,
-                                                   stage=p.coords(rank)["pp"], v=p.virtual_stages)
-    total = per_mb * in_flight
-    n_stages = p.pp * p.virtual_stages
-    if p.pp > 1:  # torch.distributed.pipelining keeps each in-flight chunk's output for its backward
-        units = PL.in_flight_microbatches(str(p.pp_schedule), p=p.pp, m=t.microbatches, stage=p.coords(rank)["pp"],
-                                          v=p.virtual_stages)
-        sends = sum(s != n_stages - 1 for s in stages) / len(stages)
-        total += units * sends * t.micro_batch * m.seq_len * m.d_model * cb
-        if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch (counted once below)
-            total += (in_flight - 1) * m.seq_len * INDEX_BYTES
-    if str(t.recompute) == "full" and layers:
-        total += A.model_full_recompute_peak_extra_bytes(**kw)  # one block re-run in backward
-    if 0 in stages or n_stages - 1 in stages:
-        head = A.model_embedding_head_activation_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size,
-                                                       dtype_bytes=cb, t=p.tp)
-        total += head if n_stages - 1 in stages else m.seq_len * INDEX_BYTES
-        if p.tp > 1 and n_stages - 1 in stages:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard
-            total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * cb  # stays alive next to the gathered logits
-    return int(round(total + autocast_cache_bytes(spec, params)))
-
-
-def autocast_cache_bytes(spec: Any, params: list[LocalParam]) -> int:
-    """Under torch.autocast every Linear (incl. lm_head) runs on a 16-bit copy of its fp32 weight, and the
-    matmul saves that copy for backward: 2 B per local Linear weight element on top of the layer
-    activations (embeddings and LayerNorm run in fp32). The pure FSDP strategies cast through
-    MixedPrecisionPolicy instead: the saved weight is the unsharded parameter itself (no extra copy)."""
-    p = spec.parallel
-    if str(spec.train.precision) == "fp32" or (p.zero_stage >= 2 and not is_mix(spec)):
-        return 0
-    weights = sum(q.local_numel for q in params if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
-    return compute_bytes(spec.train.precision) * weights
-
-
 def _rank_layers(spec: Any, stages: list[int]) -> list[int]:
     split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
     return sorted(i for s in stages for i in split[s])
@@ -183,7 +145,7 @@ def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> 
             r.grads_bytes *= 2 if t.microbatches > 1 else 1
     r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp)
     r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
-    r.activations_bytes = _activation_bytes(spec, rank, r.layers, r.stages, params)
+    r.activations_bytes = A.rank_activation_bytes(spec, rank, r.layers, r.stages, params)
     r.other_bytes = input_batch_bytes(t.global_batch, spec.model.seq_len)
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
 
@@ -194,7 +156,8 @@ def input_batch_bytes(batch: int, seq: int) -> int:
     return (seq + 1) * INDEX_BYTES if batch == 1 else 2 * batch * seq * INDEX_BYTES
 
 
-def _rank(spec: Any, rank: int) -> RankEstimate:
+def _estimate_rank_reference(spec: Any, rank: int) -> RankEstimate:
+    """One rank computed from scratch (the definition `_all_ranks` must reproduce field for field)."""
     params = local_params(spec, rank)
     stages = _rank_stages(spec, rank)
     fsdp = spec.parallel.zero_stage >= 2
@@ -207,18 +170,55 @@ def _rank(spec: Any, rank: int) -> RankEstimate:
     return r
 
 
+def _class_key(spec: Any, c: dict[str, int], tp_first: int, dp_first: int) -> tuple[int, int, int, int]:
+    """Ranks with equal keys get identical estimates (up to rank / coords and the ZeRO-1 optimizer share):
+    the pp stage and ep index pick the parameters; the tp and FSDP dp indices matter only where their
+    torch.chunk slice is shorter (index >= first short chunk)."""
+    tp = c["tp"] if c["tp"] >= tp_first else -1
+    dp = c["dp"] if spec.parallel.zero_stage >= 2 and c["dp"] >= dp_first else -1
+    return c["pp"], c["ep"], tp, dp
+
+
+def _short_chunk_starts(spec: Any) -> tuple[int, int]:
+    """(tp, dp) index from which some parameter dim gets a shorter chunk (sharding.first_short_chunk)."""
+    p = spec.parallel
+    dims = {d for q in param_list(spec.model) for d in q.shape}
+    tp_first = first_short_chunk(dims, p.tp)
+    local = set(dims)  # dims after the tp split: full, ceil chunk, tail chunk
+    for d in dims:
+        rows = -(-d // p.tp) if d else 0
+        local |= {rows, d - (d // rows) * rows if rows else 0}
+    return tp_first, first_short_chunk(local, p.dp)
+
+
+def _with_zero1_share(spec: Any, r: RankEstimate, owned: list[LocalParam]) -> None:
+    t = spec.train
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=False)
+    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=False, foreach=str(spec.runtime.device) == "cuda")
+    r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
+
+
 def _all_ranks(spec: Any) -> list[RankEstimate]:
-    """Every rank; ranks that differ only in a coordinate that changes nothing (the dp index under plain
-    DDP) share one computation."""
-    p, done, out = spec.parallel, {}, []
+    """Every rank, computed once per equivalence class (`_class_key`); ZeRO-1's per-dp-index optimizer share
+    comes from one partition per class (sharding.zero1_owned_all)."""
+    p = spec.parallel
+    tp_first, dp_first = _short_chunk_starts(spec)
+    done: dict[tuple[int, int, int, int], RankEstimate] = {}
+    shares: dict[tuple[int, int, int, int], list[list[LocalParam]]] = {}
+    out = []
     for rank in range(p.world_size):
         c = p.coords(rank)
-        key = (c["pp"], c["tp"], c["ep"], c["dp"] if p.zero_stage >= 1 else 0)
+        key = _class_key(spec, c, tp_first, dp_first)
         if key not in done:
-            done[key] = _rank(spec, rank)
+            done[key] = _estimate_rank_reference(spec, rank)
+            if p.zero_stage == 1:
+                shares[key] = zero1_owned_all(local_params(spec, rank), p.dp)
         d = done[key]
-        out.append(replace(d, rank=rank, coords=c, stages=list(d.stages), layers=list(d.layers),
-                           comm_bytes=dict(d.comm_bytes), comm_wire_bytes=dict(d.comm_wire_bytes)))
+        r = replace(d, rank=rank, coords=c, stages=list(d.stages), layers=list(d.layers),
+                    comm_bytes=dict(d.comm_bytes), comm_wire_bytes=dict(d.comm_wire_bytes))
+        if p.zero_stage == 1:
+            _with_zero1_share(spec, r, shares[key][c["dp"]])
+        out.append(r)
     return out
 
 
@@ -285,13 +285,17 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int) -> dic
     """Per-rank weights (pp/tp/ep split, replicated over dp) and KV cache (Pope 2022 Sec 2.1) for serving."""
     m, t, p = spec.model, spec.train, spec.parallel
     cb = compute_bytes(t.precision)
-    per_rank = []
+    per_rank, done = [], {}
     for rank in range(p.world_size):
-        layers = _rank_layers(spec, _rank_stages(spec, rank))
-        weights = sum(q.local_numel for q in local_params(spec, rank, dp_shard=False))
+        c = p.coords(rank)
+        key = (c["pp"], c["tp"], c["ep"])  # the weights a rank holds depend on nothing else
+        if key not in done:
+            done[key] = (_rank_layers(spec, _rank_stages(spec, rank)),
+                         sum(q.local_numel for q in local_params(spec, rank, dp_shard=False)))
+        layers, weights = done[key]
         kv = KV.kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
                                head_dim=m.head_dim, dtype_bytes=cb, tp=p.tp)
-        per_rank.append({"rank": rank, "coords": p.coords(rank), "params_count": weights, "weights_bytes": weights * cb,
+        per_rank.append({"rank": rank, "coords": c, "params_count": weights, "weights_bytes": weights * cb,
                          "kv_cache_bytes": kv, "total_bytes": weights * cb + kv})
     return {"mode": "inference", "batch": batch, "context": context, "dtype_bytes": cb, "per_rank": per_rank,
             "params_total": count_params(m), "active_params": active_params(m),

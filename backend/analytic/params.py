@@ -8,8 +8,9 @@ splits) works on individual parameters, not on a total.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,37 @@ def block_param_list(m: Any, layer: int) -> list[ParamInfo]:
     return out
 
 
+class ModelKey(NamedTuple):
+    """The ModelSpec fields the parameter list depends on (hashable, for caching per-parameter work)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None
+    ffn_hidden: int | None
+    seq_len: int
+    n_experts: int
+
+
+def model_key(m: Any) -> ModelKey:
+    return ModelKey(m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.seq_len, m.n_experts)
+
+
+@lru_cache(maxsize=64)
+def param_tuple(key: ModelKey) -> tuple[ParamInfo, ...]:
+    """Cached `param_list` of a ModelKey (ParamInfo is frozen, so the tuple can be shared)."""
+    V, h, s, _, _, _ = _dims(key)
+    out = [ParamInfo("tok_emb.weight", (V, h)), ParamInfo("pos_emb.weight", (s, h))]
+    for i in range(key.n_layers):
+        out += block_param_list(key, i)
+    out += _norm("norm", h)
+    return tuple(out + _linear("lm_head", h, V, bias=False))
+
+
 def param_list(m: Any) -> list[ParamInfo]:
     """Every parameter of `build_model(m)` in `named_parameters()` order."""
-    V, h, s, _, _, _ = _dims(m)
-    out = [ParamInfo("tok_emb.weight", (V, h)), ParamInfo("pos_emb.weight", (s, h))]
-    for i in range(m.n_layers):
-        out += block_param_list(m, i)
-    out += _norm("norm", h)
-    return out + _linear("lm_head", h, V, bias=False)
+    return list(param_tuple(model_key(m)))
 
 
 def block_params(m: Any) -> int:

@@ -11,12 +11,14 @@ the torch source it models (torch 2.13):
 
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, prod
 from typing import Any
 
-from backend.analytic.params import ParamInfo, param_list
+from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
 
 COLWISE, ROWWISE, REPLICATE, VOCAB_ROWWISE = "colwise", "rowwise", "replicate", "embedding_rowwise"
 
@@ -97,15 +99,20 @@ def stage_modules(m: Any, stage: int, n_stages: int) -> tuple[range, bool, bool]
 
 def pp_param_list(m: Any, pp_rank: int, pp: int, virtual_stages: int = 1, schedule: str = "1f1b") -> list[ParamInfo]:
     """Parameters on pipeline rank `pp_rank`, in the full model's `named_parameters()` order."""
+    return list(_pp_params(model_key(m), pp_rank, pp, virtual_stages, str(schedule)))
+
+
+@lru_cache(maxsize=4096)
+def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> tuple[ParamInfo, ...]:
     n_stages = pp * virtual_stages
     layers: set[int] = set()
     first = last = False
     for s in stages_of_rank(pp_rank, pp, virtual_stages, schedule):
-        rng, f, la = stage_modules(m, s, n_stages)
+        rng, f, la = stage_modules(key, s, n_stages)
         layers.update(rng)
         first, last = first or f, last or la
     keep = []
-    for p in param_list(m):
+    for p in param_tuple(key):
         top = p.name.split(".")[0]
         if top == "layers":
             ok = int(p.name.split(".")[1]) in layers
@@ -113,9 +120,10 @@ def pp_param_list(m: Any, pp_rank: int, pp: int, virtual_stages: int = 1, schedu
             ok = first if top in ("tok_emb", "pos_emb") else last
         if ok:
             keep.append(p)
-    return keep
+    return tuple(keep)
 
 
+@lru_cache(maxsize=1 << 16)
 def tp_style(name: str) -> str:
     module = name.rsplit(".", 1)[0]
     for pattern, style in TP_PLAN:
@@ -137,6 +145,7 @@ def tp_local_shape(p: ParamInfo, tp: int, tp_rank: int) -> tuple[int, ...]:
     return p.shape[:dim] + (real,) + p.shape[dim + 1:]
 
 
+@lru_cache(maxsize=1 << 16)
 def expert_of(name: str) -> int | None:
     hit = _EXPERT.match(name)
     return int(hit.group(2)) if hit else None
@@ -154,14 +163,15 @@ def ep_keeps(name: str, n_experts: int, ep: int, ep_rank: int) -> bool:
 def zero1_partition(numels: list[int], n: int) -> list[int]:
     """Owner rank of each parameter: torch ZeroRedundancyOptimizer._partition_parameters (one param group).
 
-    Stable sort by numel descending, each to the rank with the smallest running total (first on ties).
+    Stable sort by numel descending, each to the rank with the smallest running total (first on ties);
+    a heap of (running total, rank) gives that same minimum in O(log n).
     """
-    sizes = [0] * n
+    heap = [(0, k) for k in range(n)]
     owner = [0] * len(numels)
     for i in sorted(range(len(numels)), key=lambda j: numels[j], reverse=True):
-        r = min(range(n), key=lambda k: (sizes[k], k))
+        size, r = heapq.heappop(heap)
         owner[i] = r
-        sizes[r] += numels[i]
+        heapq.heappush(heap, (size + numels[i], r))
     return owner
 
 
@@ -198,6 +208,26 @@ def zero1_owned(params: list[LocalParam], dp: int, dp_rank: int) -> list[LocalPa
     owner = zero1_partition(numels, dp)
     order = sorted(range(len(params)), key=lambda j: numels[j], reverse=True)
     return [params[i] for i in order if owner[i] == dp_rank]
+
+
+def zero1_owned_all(params: list[LocalParam], dp: int) -> list[list[LocalParam]]:
+    """`zero1_owned(params, dp, r)` for every r in range(dp) from one partition."""
+    numels = [q.local_numel for q in params]
+    owner = zero1_partition(numels, dp)
+    out: list[list[LocalParam]] = [[] for _ in range(dp)]
+    for i in sorted(range(len(params)), key=lambda j: numels[j], reverse=True):
+        out[owner[i]].append(params[i])
+    return out
+
+
+def first_short_chunk(dims: set[int], n: int) -> int:
+    """Smallest index r < n whose `torch.chunk(x, n)` chunk of some dim in `dims` is shorter than ceil(d/n)
+    (tail or empty chunk), n if none: ranks below it get identical chunk sizes on every dim."""
+    first = n
+    for d in dims:
+        if d > 0:
+            first = min(first, d // ceil(d / n))
+    return first
 
 
 def unsharded_numel(params: list[LocalParam]) -> int:

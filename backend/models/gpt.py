@@ -94,7 +94,7 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             tok, slot = (idx == e).nonzero(as_tuple=True)
             if tok.numel():
-                out.index_add_(0, tok, expert(flat[tok]) * weights[tok, slot].unsqueeze(-1))
+                out.index_add_(0, tok, (expert(flat[tok]) * weights[tok, slot].unsqueeze(-1)).to(out.dtype))
         return out
 
 
