@@ -102,7 +102,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     spec = ctx.spec
     p = spec.parallel
     if p.tp > 1 or p.pp > 1:
-        raise NotImplementedError(f"ep with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
+        raise ValueError(f"ep with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
     ep_group, replica_group = build_groups(ctx)
     experts = apply_ep(ctx, model, ep_group)
     usage = mc.ExpertUsage([model])

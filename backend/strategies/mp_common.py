@@ -77,7 +77,7 @@ def dp_wrap(ctx: RankContext, module: nn.Module, ignored: set[nn.Parameter] | No
     flavour = p.dp_flavour
     mesh = ctx.mesh["dp"]
     if flavour == Strategy.ZERO1:
-        raise NotImplementedError(
+        raise ValueError(
             "zero1 (ZeroRedundancyOptimizer) in a model-parallel mix is not supported: it cannot shard "
             "DTensor or pipeline-stage parameters; use ddp, zero2 or zero3/fsdp for the dp dimension"
         )

@@ -104,7 +104,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     spec = ctx.spec
     p = spec.parallel
     if p.ep > 1:
-        raise NotImplementedError(f"pp={p.pp} with ep={p.ep} is not supported: run ep with dp only")
+        raise ValueError(f"pp={p.pp} with ep={p.ep} is not supported: run ep with dp only")
     n_stages = p.pp * p.virtual_stages
     ids, mods = build_stage_modules(ctx, model)
     fsdp = False

@@ -147,7 +147,7 @@ def _grad_like_param(q: DTensor):
 def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     spec = ctx.spec
     if spec.parallel.ep > 1:
-        raise NotImplementedError(f"tp={spec.parallel.tp} with ep={spec.parallel.ep} is not supported: run ep with dp only")
+        raise ValueError(f"tp={spec.parallel.tp} with ep={spec.parallel.ep} is not supported: run ep with dp only")
     apply_tp(ctx, model)
     fsdp = mc.dp_wrap(ctx, model)
     opt = mc.make_optimizer(spec, model.parameters())
