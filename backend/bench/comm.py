@@ -27,6 +27,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from backend.analytic.comm import ring_wire_bytes
+
 try:
     from torch.distributed.tensor import DTensor as _DTensor
 except ImportError:  # torch built without distributed
@@ -112,19 +114,8 @@ def _functional_group_size(name: str, args: tuple) -> int:
 
 
 def wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
-    """Ring-model bytes sent per rank (docs/ARCHITECTURE.md); prefers backend.analytic.comm when present."""
-    try:
-        from backend.analytic.comm import ring_wire_bytes
-    except ImportError:
-        ring_wire_bytes = None
-    if ring_wire_bytes is not None:
-        return float(ring_wire_bytes(collective, payload_bytes, n))
-    if n <= 1:
-        return 0.0
-    # Patarasuk & Yuan 2009 (ring all-reduce = reduce-scatter + all-gather): 2(N-1)/N S; one phase (N-1)/N S.
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-              "all_to_all": (n - 1) / n, "broadcast": 1.0, "send": 1.0, "recv": 0.0}
-    return factor.get(collective, 0.0) * payload_bytes
+    """Ring-model bytes sent per rank (docs/ARCHITECTURE.md), from the analytic model's one definition."""
+    return float(ring_wire_bytes(collective, payload_bytes, n))
 
 
 class _Tally:

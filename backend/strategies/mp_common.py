@@ -57,7 +57,8 @@ def global_mean_loss(loss_sum: float, count: float) -> float:
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return float(loss_sum / max(count, 1e-30))
-    buf = torch.tensor([float(loss_sum), float(count)], dtype=torch.float64)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces only CUDA tensors
+    buf = torch.tensor([float(loss_sum), float(count)], dtype=torch.float64, device=device)
     with uncounted():
         dist.all_reduce(buf)
     return float(buf[0] / buf[1])

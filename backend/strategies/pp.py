@@ -34,6 +34,7 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
+from backend.analytic.sharding import layer_split, stages_of_rank
 from backend.models.gpt import loss_fn
 from backend.spec import Schedule
 from backend.strategies import mp_common as mc
@@ -52,20 +53,8 @@ SINGLE_STAGE = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
 
 
 def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
-    """Contiguous layer indices per stage; the first L mod S stages get one extra layer."""
-    base, extra = divmod(n_layers, n_stages)
-    out, start = [], 0
-    for s in range(n_stages):
-        n = base + (1 if s < extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
-def stages_of_rank(r: int, pp: int, v: int, schedule: Schedule) -> list[int]:
-    if schedule == Schedule.ZBV:
-        return [r, 2 * pp - 1 - r]
-    return [r + k * pp for k in range(v)]
+    """Contiguous layer indices per stage, exactly as the analytic model splits them (sharding.layer_split)."""
+    return [list(r) for r in layer_split(n_layers, n_stages)]
 
 
 def strip_to_stage(model: nn.Module, s: int, n_stages: int, layers: list[int]) -> nn.Module:

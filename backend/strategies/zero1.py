@@ -6,14 +6,14 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from backend.strategies.base import Prepared, RankContext, optimizer_class, optimizer_kwargs, report_loss
+from backend.strategies.base import Prepared, RankContext, make_optimizer, optimizer_class, optimizer_kwargs, report_loss
 from backend.strategies.ddp import accumulate, dp_group, wrap_ddp
 
 
 def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     model = wrap_ddp(ctx, model.to(ctx.device))
     if ctx.spec.parallel.dp == 1:  # one replica: nothing to partition (ZeRO would only broadcast to itself)
-        opt = optimizer_class(ctx.spec)(model.parameters(), **optimizer_kwargs(ctx.spec))
+        opt = make_optimizer(model.parameters(), ctx.spec)
     else:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class(ctx.spec),
                                       process_group=dp_group(ctx), **optimizer_kwargs(ctx.spec))
