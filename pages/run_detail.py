@@ -92,8 +92,7 @@ def _result(res) -> None:
             st.caption("No collectives were counted (single rank).")
         else:
             st.dataframe(comm, hide_index=True, width="stretch")
-            st.caption("Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank. "
-                       "gloo implements reduce_scatter as an all-reduce, so its measured wire volume is about 2× the analytic one.")
+            st.caption("Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank.")
     c1, c2 = st.columns(2)
     lf, sf_ = dv.loss_fig(res), dv.step_time_fig(res)
     if lf is not None:

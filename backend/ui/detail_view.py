@@ -122,7 +122,3 @@ def headline(result: RunResult) -> dict[str, str]:
         "achieved FLOP/s (MFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
         + (f" ({result.mfu * 100:.1f} %)" if result.mfu is not None else ""),
     }
-
-
-def env_frame(result: RunResult) -> pd.DataFrame:
-    return pd.DataFrame([{"key": k, "value": str(v)} for k, v in sorted(result.env.items())], columns=["key", "value"])

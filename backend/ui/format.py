@@ -41,11 +41,3 @@ def fmt_count(n: float | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.2f}{suffix}"
     return f"{n:.0f}"
-
-
-def mib(n: float | None) -> float | None:
-    return None if n is None else n / 2**20
-
-
-def gib(n: float | None) -> float | None:
-    return None if n is None else n / 2**30

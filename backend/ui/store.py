@@ -3,7 +3,6 @@ that clear the read cache so the next rerun shows them."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import streamlit as st
@@ -88,7 +87,3 @@ def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | 
     eid = queries.submit_experiment(engine(), spec, **kw)
     changed()
     return int(eid)
-
-
-def no_worker() -> bool:
-    return os.environ.get("SHARDLAB_NO_WORKER") == "1"
