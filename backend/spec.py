@@ -374,9 +374,6 @@ def validate_spec(data: dict[str, Any] | str) -> tuple[ExperimentSpec | None, li
 
 
 def _format_pydantic(err: dict[str, Any]) -> str:
-    ctx_err = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, SpecError):
-        return "; ".join(ctx_err.problems)
     loc = ".".join(str(x) for x in err.get("loc", ())) or "spec"
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):

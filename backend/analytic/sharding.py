@@ -204,10 +204,7 @@ def zero1_owned(params: list[LocalParam], dp: int, dp_rank: int) -> list[LocalPa
     """The parameters whose optimizer state ZeRO-1 keeps on `dp_rank`, in the local optimizer's order
     (largest first, as `_partition_parameters` appends them). The local list is identical on every dp
     rank of a (pp, tp, ep) position, so the partition is too."""
-    numels = [q.local_numel for q in params]
-    owner = zero1_partition(numels, dp)
-    order = sorted(range(len(params)), key=lambda j: numels[j], reverse=True)
-    return [params[i] for i in order if owner[i] == dp_rank]
+    return zero1_owned_all(params, dp)[dp_rank]
 
 
 def zero1_owned_all(params: list[LocalParam], dp: int) -> list[list[LocalParam]]:
