@@ -57,6 +57,9 @@ def test_hung_collective_times_out(tmp_path: Path) -> None:
     res, _ = _run(tmp_path, "hang:rank=1:step=1", timeout_s=20)
     assert res.status == Status.TIMEOUT, res.error
     assert "timeout_s=20" in res.error
+    # the stacks dumped at the timeout name the rank that never reached the collective
+    assert res.failing_rank == 1 and "rank 1 is holding the job up" in res.error, res.error
+    assert "maybe_inject" in res.error and "rank 0 inside torch" in res.error, res.error
     assert res.wall_s < 20 + 5 + 15  # timeout + SIGTERM grace + slack for a loaded machine
 
 

@@ -22,6 +22,7 @@ from backend.bench.env import rank_env
 from backend.engine import mesh as mesh_mod
 from backend.engine.loop import progress, run_loop
 from backend.engine.reference import reference_losses
+from backend.launch.stacks import enable_stack_dump
 from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
 from backend.strategies.base import RankContext, module_name_for, prepare
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rank, world, local_rank = mesh_mod.env_ranks()
     args.out.mkdir(parents=True, exist_ok=True)
+    enable_stack_dump(args.out, rank)  # the launcher asks for the stacks when the job times out
     try:
         spec = ExperimentSpec.from_json(args.spec.read_text())
         run_rank(spec, rank, world, local_rank, args.out)

@@ -68,14 +68,14 @@ def run_experiment(
     if problem:
         result = failed_result(spec, Failure(Status.FAILED, problem), launch)
     else:
-        result = _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0)
+        result = _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0, rank_module)
     result.started_at, result.finished_at = started_at, _now()
     result.wall_s = time.monotonic() - t0
     write_atomic(workdir / "result.json", result.to_json())
     return result
 
 
-def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0) -> RunResult:
+def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0, rank_module) -> RunResult:
     if cancel is not None and cancel.is_set():
         return failed_result(spec, Failure(Status.CANCELLED, "cancelled before launch"), launch)
     on_line = _progress_parser(on_progress) if on_progress else None
@@ -85,7 +85,7 @@ def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assem
         return failed_result(spec, Failure(Status.FAILED, f"could not start torchrun: {e}"), launch)
     launch["pgid"] = job.pgid
     try:
-        ended = _supervise(job, spec, workdir, cancel, t0)
+        ended = _supervise(job, spec, workdir, cancel, t0, marker=rank_module)
     finally:
         job.close()
     wall_s = time.monotonic() - t0
@@ -104,7 +104,8 @@ def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assem
     return failed_result(spec, outcome.classify_exit(workdir, rc, job.tail()), launch, job.tail())
 
 
-def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.Event | None, t0: float) -> str:
+def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.Event | None, t0: float,
+               marker: str) -> str:
     """Wait for the job; end it on cancel, timeout, or a rank error torchrun does not act on. -> why it ended."""
     deadline = t0 + spec.runtime.timeout_s
     first_error_at: float | None = None
@@ -114,6 +115,7 @@ def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.
             job.terminate(GRACE_S)
             return "cancelled"
         if now >= deadline:
+            job.dump_stacks(marker)  # where each rank is stuck, for the result's error
             job.terminate(GRACE_S)
             return "timeout"
         if first_error_at is None and any(workdir.glob("rank-*.error.json")):
@@ -222,7 +224,7 @@ def _base_env(launch: dict) -> dict:
 
 def _clear_outputs(workdir: Path) -> None:
     """A reused workdir must not let a previous run's files speak for this one."""
-    for pattern in ("ranks.json", "result.json", "rank-*.error.json"):
+    for pattern in ("ranks.json", "result.json", "rank-*.error.json", "rank-*.stack.txt"):
         for path in workdir.glob(pattern):
             path.unlink(missing_ok=True)
 

@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.launch.stacks import hang_report
 from backend.result import Status
 
 # Errors a healthy rank raises when a peer dies: never the root cause while another rank has one.
@@ -108,7 +109,12 @@ def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
 
 def timed_out(out_dir: Path, timeout_s: float, wall_s: float) -> Failure:
     base = f"job exceeded timeout_s={timeout_s:g} (ran {wall_s:.1f} s) and was killed"
+    hang = hang_report(out_dir)
+    if hang is not None:
+        base, culprit = f"{base}; {hang[0]}", hang[1]
+    else:
+        culprit = None
     failure = from_rank_errors(out_dir)
     if failure is None:
-        return Failure(Status.TIMEOUT, base)
+        return Failure(Status.TIMEOUT, base, culprit)
     return Failure(Status.TIMEOUT, f"{base}; first error: {failure.error}", failure.failing_rank, failure.traceback)

@@ -140,6 +140,22 @@ class Job:
         except subprocess.TimeoutExpired:
             pass
 
+    def dump_stacks(self, marker: str, wait_s: float = 1.0) -> None:
+        """SIGUSR1 to the job's rank processes (command line containing `marker`), which dump their Python
+        stacks (backend/launch/stacks.py); other processes would die of it, so only the marked ones."""
+        from backend.launch.stacks import STACK_SIGNAL
+
+        sent = False
+        for p in self._members():
+            try:
+                if marker in " ".join(p.cmdline()):
+                    _send(p, STACK_SIGNAL)
+                    sent = True
+            except psutil.Error:
+                continue
+        if sent:
+            time.sleep(wait_s)
+
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.proc.poll() is not None:  # reaped: its group id may belong to someone else now
             return

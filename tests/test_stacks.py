@@ -1,0 +1,69 @@
+"""Timeout diagnosis from faulthandler stack dumps (backend/launch/stacks.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from backend.launch.stacks import hang_report, parse_dump, stack_path
+
+SITE = "/venv/lib/python3.11/site-packages"
+WAITING = f'''Thread 0x00007f01 (most recent call first):
+  File "{SITE}/torch/distributed/distributed_c10d.py", line 4810 in barrier
+  File "/repo/backend/bench/timing.py", line 20 in fence
+  File "/repo/backend/engine/rank.py", line 99 in <module>
+
+Current thread 0x00007f02 (most recent call first):
+  <no Python frame>
+'''
+SLEEPING = '''Current thread 0x00007f03 (most recent call first):
+  File "/repo/backend/launch/faults.py", line 37 in maybe_inject
+  File "/repo/backend/engine/loop.py", line 40 in run_loop
+'''
+
+
+def test_parse_dump_reads_each_thread_innermost_first():
+    threads = parse_dump(WAITING)
+    assert threads[0][0] == (f"{SITE}/torch/distributed/distributed_c10d.py", 4810, "barrier")
+    assert threads[1] == []
+
+
+def test_the_rank_outside_torch_is_named(tmp_path):
+    stack_path(tmp_path, 0).write_text(WAITING)
+    stack_path(tmp_path, 1).write_text(SLEEPING)
+    text, culprit = hang_report(tmp_path)
+    assert culprit == 1
+    assert "rank 1 outside torch at backend/launch/faults.py:37 in maybe_inject" in text
+    assert "rank 0 inside torch (barrier) called from backend/bench/timing.py:20 in fence" in text
+
+
+def test_no_culprit_when_every_rank_waits(tmp_path):
+    stack_path(tmp_path, 0).write_text(WAITING)
+    stack_path(tmp_path, 1).write_text(WAITING)
+    text, culprit = hang_report(tmp_path)
+    assert culprit is None and text.count("inside torch") == 2
+    assert hang_report(tmp_path / "missing") is None
+
+
+def test_faulthandler_dump_round_trips(tmp_path):
+    """A real process registered with enable_stack_dump writes a dump parse_dump understands."""
+    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+            "from backend.launch.stacks import enable_stack_dump\n"
+            f"enable_stack_dump({str(tmp_path)!r}, 3)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGUSR1)
+        for _ in range(50):  # faulthandler writes from the signal handler, asynchronously
+            if "<module>" in stack_path(tmp_path, 3).read_text():
+                break
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    threads = parse_dump(stack_path(tmp_path, 3).read_text())
+    assert any(f[2] == "<module>" for t in threads for f in t)
