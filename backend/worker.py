@@ -170,8 +170,7 @@ class Worker:
         while not stop.wait(min(self.poll_s, self.heartbeat_s)):
             try:
                 if time.monotonic() - last >= self.heartbeat_s:
-                    requested = q.heartbeat(self.engine, experiment_id)
-                    q.set_worker_state(self.engine, worker_id, "running", experiment_id)
+                    requested = q.heartbeat(self.engine, experiment_id, worker_id=worker_id)
                     last = time.monotonic()
                 else:
                     requested = q.cancel_requested(self.engine, experiment_id)

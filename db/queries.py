@@ -20,7 +20,7 @@ from backend.result import FINISHED, RunResult, Status
 from backend.spec import ExperimentSpec
 from db import result_rows as rr
 from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
-                       utcnow)
+                       Worker, utcnow)
 from db.session import reader, writer
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401
 
@@ -252,16 +252,22 @@ def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> in
 
 def update_progress(engine: Engine, experiment_id: int, step: int | None, total: int | None, phase: str | None) -> bool:
     """Record progress and a heartbeat; returns True when a cancel was requested."""
-    with writer(engine) as s, s.begin():
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
-            progress_step=step, progress_total=total, progress_phase=phase, heartbeat_at=utcnow()))
-        return bool(s.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
+    return heartbeat(engine, experiment_id, progress=(step, total, phase))
 
 
-def heartbeat(engine: Engine, experiment_id: int) -> bool:
-    """Heartbeat without progress; returns True when a cancel was requested."""
+def heartbeat(engine: Engine, experiment_id: int, *, worker_id: str | None = None,
+              progress: tuple[int | None, int | None, str | None] | None = None) -> bool:
+    """One write transaction: the experiment's heartbeat (+ progress (step, total, phase)) and, with worker_id,
+    that worker's row as running this experiment. Returns True when a cancel was requested."""
+    now = utcnow()
+    values: dict[str, Any] = {"heartbeat_at": now}
+    if progress is not None:
+        values.update(progress_step=progress[0], progress_total=progress[1], progress_phase=progress[2])
     with writer(engine) as s, s.begin():
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(heartbeat_at=utcnow()))
+        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(**values))
+        if worker_id is not None:
+            s.execute(update(Worker).where(Worker.id == worker_id).values(
+                state="running", experiment_id=experiment_id, heartbeat_at=now))
         return bool(s.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
 
 

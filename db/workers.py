@@ -60,9 +60,10 @@ def _process_gone(pid: int, pid_started: float | None) -> bool:
 
 
 def recover_dead_workers(engine: Engine, host: str) -> list[int]:
-    """Interrupt the running experiments of workers on `host` whose process no longer exists; returns their ids."""
+    """Interrupt the running experiments of workers on `host` whose process no longer exists; returns their ids.
+    Workers already marked stopped or dead are not looked at again."""
     with writer(engine) as s, s.begin():
-        workers = s.execute(select(Worker).where(Worker.host == host, Worker.state != "stopped")).scalars().all()
+        workers = s.execute(select(Worker).where(Worker.host == host, Worker.state.not_in(("stopped", "dead")))).scalars().all()
         dead = [w for w in workers if _process_gone(w.pid, w.pid_started)]
         if not dead:
             return []

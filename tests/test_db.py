@@ -119,6 +119,26 @@ def test_claim_takes_the_oldest_queued_once(engine):
     assert row["started_at"] is not None and row["heartbeat_at"] is not None
 
 
+def test_heartbeat_updates_experiment_and_worker_in_one_call(engine, monkeypatch):
+    from db import workers as wk
+
+    exp = q.submit_experiment(engine, spec())
+    assert q.claim_next(engine, "w1") == exp
+    q.register_worker(engine, "w1", pid=123, host="h", pid_started=None)
+    writes = []
+    real = q.writer
+    monkeypatch.setattr(q, "writer", lambda e: writes.append(1) or real(e))
+    assert q.heartbeat(engine, exp, worker_id="w1") is False
+    assert len(writes) == 1  # one write transaction for both rows
+    w = {r["id"]: r for r in q.worker_heartbeats(engine)}["w1"]
+    assert (w["state"], w["experiment_id"]) == ("running", exp)
+    # a worker already found dead is not re-examined on every start
+    monkeypatch.setattr(wk, "_process_gone", lambda pid, started: True)
+    assert q.recover_dead_workers(engine, "h") == [exp]
+    monkeypatch.setattr(wk, "_process_gone", lambda pid, started: pytest.fail("dead worker re-checked"))
+    assert q.recover_dead_workers(engine, "h") == []
+
+
 def test_cancel_queued_is_immediate_and_running_is_requested(engine):
     queued, running = q.submit_experiment(engine, spec()), q.submit_experiment(engine, spec())
     assert q.claim_next(engine, "w") == queued
