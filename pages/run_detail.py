@@ -121,10 +121,7 @@ st.caption(sf.describe(spec) + (f" · tags: {', '.join(e['tags'])}" if e.get("ta
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
     if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
-        from db import queries
-
-        st.toast(f"#{rid}: {queries.cancel_experiment(store.engine(), rid)}")
-        store.changed()
+        st.toast(f"#{rid}: {store.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
 if res is not None and e["status"] not in rv.ACTIVE:

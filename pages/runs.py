@@ -50,9 +50,6 @@ def _live_progress(url: str, active_ids: list[int]) -> None:
 
 
 def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None:
-    eng = store.engine()
-    from db import queries
-
     c1, c2, c3, c4, c5 = st.columns(5)
     if c1.button("Open detail", icon=":material/search:", disabled=len(selected) != 1, key="act_open"):
         st.session_state["run_id"] = selected[0]
@@ -61,17 +58,10 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
         st.session_state["compare_ids"] = list(selected)
         st.switch_page("pages/compare.py")
     if c3.button("Cancel", icon=":material/cancel:", disabled=not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected), key="act_cancel"):
-        out = {i: queries.cancel_experiment(eng, i) for i in selected if rows_by_id[i]["status"] in rv.ACTIVE}
-        store.changed()
+        out = store.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
         st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
     if c4.button("Re-run", icon=":material/replay:", disabled=not selected, key="act_rerun", help="queue the same spec again as a new run"):
-        done, errs = [], []
-        for i in selected:
-            try:
-                done.append(queries.requeue_experiment(eng, i))
-            except ValueError as e:
-                errs.append(str(e))
-        store.changed()
+        done, errs = store.requeue(selected)
         if done:
             st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
         for e in errs:
@@ -82,17 +72,12 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     c1, c2 = st.columns([3, 2])
     tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
     if c1.button("Apply tags", icon=":material/sell:", disabled=not selected, key="act_tag_apply"):
-        for i in selected:
-            queries.set_tags(eng, i, [t.strip() for t in tags.split(",") if t.strip()])
-        store.changed()
+        store.set_tags(selected, tags)
         st.rerun()
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
     if c2.button("Delete", icon=":material/delete:", disabled=not (selected and confirm), key="act_delete"):
-        for i in selected:
-            try:
-                queries.delete_experiment(eng, i)
-            except ValueError as e:
-                st.warning(str(e))
+        for err in store.delete(selected):
+            st.warning(err)
         st.session_state.pop("runs_selected", None)
         store.changed()
         st.rerun()

@@ -87,3 +87,50 @@ def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | 
     eid = queries.submit_experiment(engine(), spec, **kw)
     changed()
     return int(eid)
+
+
+def cancel(ids: list[int]) -> dict[int, str]:
+    """Cancel each run ({id: "cancelled" | "cancelling" | ...}); caches refreshed."""
+    from db import queries
+
+    out = {int(i): queries.cancel_experiment(engine(), int(i)) for i in ids}
+    changed()
+    return out
+
+
+def requeue(ids: list[int]) -> tuple[list[int], list[str]]:
+    """Queue each run's spec again as a new run: (new ids, errors)."""
+    from db import queries
+
+    done, errors = [], []
+    for i in ids:
+        try:
+            done.append(int(queries.requeue_experiment(engine(), int(i))))
+        except ValueError as e:
+            errors.append(str(e))
+    changed()
+    return done, errors
+
+
+def set_tags(ids: list[int], text: str) -> None:
+    """Replace the tags of each run with the comma-separated `text`."""
+    from db import queries
+
+    tags = [t.strip() for t in text.split(",") if t.strip()]
+    for i in ids:
+        queries.set_tags(engine(), int(i), tags)
+    changed()
+
+
+def delete(ids: list[int]) -> list[str]:
+    """Delete each run; returns the errors (e.g. a run still active)."""
+    from db import queries
+
+    errors = []
+    for i in ids:
+        try:
+            queries.delete_experiment(engine(), int(i))
+        except ValueError as e:
+            errors.append(str(e))
+    changed()
+    return errors
