@@ -6,6 +6,7 @@ import uuid
 
 import streamlit as st
 
+from backend.analytic.units import GB
 from backend.spec import ExperimentSpec
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
@@ -97,9 +98,9 @@ def _prediction(spec, device_gb: float) -> None:
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
         col.metric(k, v)
-    fit = pv.fit_check(rows, device_gb * 1e9)
+    fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
-    st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * 1e9), key="pred_mem")
+    st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
     comm = pv.comm_frame(est.per_rank)
     st.markdown("**Communication per step (analytic)**")
     if comm.empty:

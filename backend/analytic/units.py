@@ -6,6 +6,7 @@ GB = 1e9
 GiB = float(2**30)
 MB = 1e6
 MiB = float(2**20)
+KiB = float(2**10)
 
 
 def to_gb(n_bytes: float) -> float:

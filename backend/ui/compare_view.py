@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.units import MiB
 from backend.result import RunResult
 from backend.spec import ExperimentSpec, Strategy, validate_spec
 from backend.ui.format import fmt_bytes, fmt_frac, fmt_seconds
@@ -102,12 +103,12 @@ def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
         color = STRATEGY_COLOR.get(st, "#333")
         xs, ys = analytic_curve(es[0]["spec"], worlds)
         if xs:
-            fig.add_scatter(name=f"{st} formula", x=xs, y=[y / 2**20 for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
+            fig.add_scatter(name=f"{st} formula", x=xs, y=[y / MiB for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
                             marker=dict(size=5, symbol="circle-open"),
                             hovertemplate=f"{st} formula<br>world %{{x}}: %{{y:.2f}} MiB on the fullest rank<extra></extra>")
         pts = sorted(es, key=lambda e: e["spec"].parallel.world_size)
         fig.add_scatter(name=f"{st} measured", x=[e["spec"].parallel.world_size for e in pts],
-                        y=[_max_rank(e["result"], "measured") / 2**20 for e in pts], mode="markers", marker=dict(color=color, size=11),
+                        y=[_max_rank(e["result"], "measured") / MiB for e in pts], mode="markers", marker=dict(color=color, size=11),
                         customdata=[e["id"] for e in pts],
                         hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:.2f}} MiB measured<extra></extra>")
     fig.update_layout(title="Per-rank memory vs world size (fullest rank)",

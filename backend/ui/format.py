@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from backend.analytic.units import KiB
+
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -11,8 +13,8 @@ def fmt_bytes(n: float | None) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "–"
     v, i = float(n), 0
-    while abs(v) >= 1024 and i < len(_BYTE_UNITS) - 1:
-        v, i = v / 1024, i + 1
+    while abs(v) >= KiB and i < len(_BYTE_UNITS) - 1:
+        v, i = v / KiB, i + 1
     return f"{v:,.0f} {_BYTE_UNITS[i]}" if i == 0 else f"{v:,.2f} {_BYTE_UNITS[i]}"
 
 

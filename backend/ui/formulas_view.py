@@ -7,10 +7,10 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.units import GB
 from backend.ui.format import fmt_bytes
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
-GB = 1e9
 ZERO_CURVES = (("ddp", 0, "DDP (ZeRO-0)"), ("zero1", 1, "ZeRO-1 (P_os)"), ("zero2", 2, "ZeRO-2 (P_os+g)"), ("zero3", 3, "ZeRO-3 / FSDP (P_os+g+p)"))
 
 

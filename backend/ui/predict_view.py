@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.units import GiB, KiB, MiB, to_gb
 from backend.ui.format import fmt_bytes, fmt_count, fmt_frac
 from backend.ui.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
@@ -18,9 +19,9 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
 
 def byte_scale(max_bytes: float) -> tuple[float, str]:
     """Divisor and unit so a chart's numbers stay readable (B, KiB, MiB or GiB)."""
-    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for div, unit in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if max_bytes >= div:
-            return float(div), unit
+            return div, unit
     return 1.0, "B"
 
 
@@ -71,8 +72,8 @@ class Fit:
     device_bytes: float
 
     def message(self) -> str:
-        need = f"{fmt_bytes(self.worst_bytes)} = {self.worst_bytes / 1e9:,.3g} GB"
-        dev = f"{self.device_bytes / 1e9:,.4g} GB"
+        need = f"{fmt_bytes(self.worst_bytes)} = {to_gb(self.worst_bytes):,.3g} GB"
+        dev = f"{to_gb(self.device_bytes):,.4g} GB"
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
                     f"({self.worst_bytes / self.device_bytes * 100:.3g} %).")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from backend.analytic.units import MiB
 
 ACTIVE = ("queued", "running")
 COLUMNS = ["id", "status", "progress", "name", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
@@ -61,7 +62,7 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "tags": [", ".join(t) if t else "" for t in col("tags")],
         "step time (ms)": _scaled(col("step_s_median"), 1e3, 2),
         "tokens/s": _scaled(col("tokens_per_s"), 1.0, 1),
-        "peak (MiB)": _scaled(col("peak_bytes_max"), 1 / 2**20, 3),
+        "peak (MiB)": _scaled(col("peak_bytes_max"), 1 / MiB, 3),
         "created": [_created(v) for v in col("created_at")],
     }
     return pd.DataFrame(data, columns=COLUMNS)
