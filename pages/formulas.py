@@ -61,10 +61,7 @@ with tab_claims:
         st.markdown(f"**{n_hold} of {len(df)} claims hold** against the formulas.")
         st.dataframe(df.style.apply(fv.claim_styles, axis=None), hide_index=True, width="stretch")
     st.subheader("Checked on measured runs")
-    url = store.db_url()
-    ok = store.list_runs(url, status=("ok",), limit=100)
-    runs = [(r["id"], e["result"]) for r in ok if (e := store.get_run(url, r["id"])) and e.get("result") is not None]
-    checks = fv.measured_checks(runs)
+    checks = store.measured_checks(store.db_url())
     if checks.empty:
         st.info("No measured check yet: run ddp and zero1/zero2/zero3 at the same world size (a sweep on New experiment), "
                 "or a pp run, and the comparison appears here.")

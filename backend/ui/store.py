@@ -11,6 +11,8 @@ from backend.spec import ExperimentSpec
 
 LIST_TTL_S = 2.0
 DETAIL_TTL_S = 2.0
+CHECKS_TTL_S = 30.0
+"""The Formulas page's checks read up to 100 results: refreshed at most this often (or after a UI write)."""
 
 
 def db_url() -> str:
@@ -76,6 +78,17 @@ def changed() -> None:
     runs_table.clear()
     count_runs.clear()
     get_run.clear()
+    measured_checks.clear()
+
+
+@st.cache_data(ttl=CHECKS_TTL_S, show_spinner=False)
+def measured_checks(url: str, limit: int = 100):
+    """The Formulas page's formula-vs-measurement table over the newest `limit` ok runs (one read per TTL)."""
+    from backend.ui import formulas_view as fv
+
+    ok = list_runs(url, status=("ok",), limit=limit)
+    runs = [(r["id"], e["result"]) for r in ok if (e := get_run(url, r["id"])) and e.get("result") is not None]
+    return fv.measured_checks(runs)
 
 
 def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | None = None) -> int:
