@@ -7,7 +7,6 @@ DIR/ranks.json atomically; a failing rank writes DIR/rank-<r>.error.json and exi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backend.atomic_io import write_json_atomic
 from backend.bench.env import rank_env
 from backend.engine import mesh as mesh_mod
 from backend.engine.loop import progress, run_loop
@@ -28,12 +28,6 @@ from backend.spec import ExperimentSpec
 from backend.strategies.base import RankContext, module_name_for, prepare
 
 PAYLOAD_VERSION = 1
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 def is_oom(e: BaseException) -> bool:

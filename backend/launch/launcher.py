@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from backend.atomic_io import write_atomic
 from backend.launch import outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
@@ -227,15 +228,6 @@ def _clear_outputs(workdir: Path) -> None:
     for pattern in ("ranks.json", "result.json", "rank-*.error.json", "rank-*.stack.txt"):
         for path in workdir.glob(pattern):
             path.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _now() -> str:
