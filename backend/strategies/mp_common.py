@@ -49,7 +49,7 @@ def split_microbatches(x: torch.Tensor, spec: ExperimentSpec) -> list[torch.Tens
     return list(x.split(mb))
 
 
-def global_mean_loss(loss_sum: float, count: float) -> float:
+def global_mean_loss(loss_sum: float | torch.Tensor, count: float) -> float:
     """Mean over all ranks that hold a loss: one all-reduce of [loss_sum, count] (16 bytes) over the world,
     kept out of the comm counts (bookkeeping, as base.report_loss).
 

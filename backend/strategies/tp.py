@@ -47,6 +47,7 @@ Comm per microbatch (b = micro_batch, s = seq_len, h = d_model, V = vocab; paylo
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -164,12 +165,12 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     def train_step(inputs, targets) -> float:
         xs = mc.split_microbatches(dp_slice(inputs, ctx), spec)
         ys = mc.split_microbatches(dp_slice(targets, ctx), spec)
-        total = 0.0
+        total = torch.zeros((), device=ctx.device)  # summed on the device: one host sync per step, not per microbatch
         for i, (x, y) in enumerate(zip(xs, ys)):
             with mc.grad_sync(model, ctx, last=i == len(xs) - 1), autocast(spec, ctx.device):
                 loss = loss_fn(model(x), y)
                 (loss / len(xs)).backward()
-            total += float(loss.detach())
+            total += loss.detach().float()
         partial = mc.reduce_partial_grads([model])
         hidden = usage.skip_unused()
         opt.step()
