@@ -62,6 +62,18 @@ class CommStat(_R):
     """Wall time inside the collective per step (includes waiting for peers)."""
 
 
+class RoutingAdjusted(_R):
+    """EP only: the analytic prediction recomputed from the routing measured on the memory-tracked step
+    (backend/analytic/moe_routing.py), next to `predicted`, which assumes uniform routing."""
+    activations_bytes: int = 0
+    all_to_all_bytes: float = 0
+    """all_to_all payload bytes per step for the measured token counts."""
+    received_token_slots: int = 0
+    """Token-slots this rank's experts received over the step (all MoE layers and microbatches)."""
+    uniform_token_slots: float = 0
+    """The same under uniform routing (N·top_k per layer and microbatch)."""
+
+
 class RankResult(_R):
     rank: int
     measured: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
@@ -80,6 +92,8 @@ class RankResult(_R):
     cuda_max_reserved_bytes: int | None = None
     coords: dict[str, int] = Field(default_factory=dict)
     """This rank's coordinates on the device mesh, e.g. {"pp": 0, "dp": 1, "tp": 0}."""
+    predicted_given_routing: RoutingAdjusted | None = None
+    """EP runs: the prediction for the routing this rank actually saw (None elsewhere and in older results)."""
 
 
 class TimelineEvent(_R):

@@ -25,3 +25,36 @@ def test_shard_experts_keeps_global_names():
     moe = build_model(spec.model, seed=0).layers["0"].mlp
     assert shard_experts(moe, ep=2, ep_rank=1) == [2, 3]
     assert sorted(n.split(".")[1] for n, _ in moe.named_parameters() if n.startswith("experts.")) == ["2"] * 4 + ["3"] * 4
+
+
+@pytest.mark.slow
+def test_ep_routing_adjusted_prediction_world2(tmp_path):
+    """The measured routing travels in the rank payload; the routing-adjusted prediction meets the bounds on
+    every rank (all_to_all within 5%, activations within 15%) and every rank the uniform one misses gets a note."""
+    from backend.engine.assemble import BOUNDS_PCT, COMM_BOUND_PCT
+    from backend.result import error_pct
+    from tests.fixtures.engine_batch import launch
+
+    m = {"n_layers": 4}
+    specs = [tiny("ep_ddp", model=MOE | m, train={"micro_batch": 1, "warmup_steps": 1}, strategy="ep", world_size=2),
+             tiny("ep_fsdp", model=MOE | m, train={"micro_batch": 1, "warmup_steps": 1}, strategy="fsdp", ep=2,
+                  world_size=2)]
+    runs = launch(2, specs, tmp_path)
+    for s in specs:
+        res, payloads = runs[s.name]["result"], runs[s.name]["ranks"]
+        for rr, payload in zip(res.per_rank, payloads):
+            assert "extra" in payload, "backend/engine/rank.py must put Prepared.extra in the rank payload"
+            records = payload["extra"]["moe_routing"]["records"]
+            assert len(records) == 4 * s.train.microbatches  # every MoE layer of every microbatch, once
+            assert all(sum(r["sent"]) == 16 * 2 for r in records)  # droppless: N·k rows leave every rank
+            g = rr.predicted_given_routing
+            assert abs(error_pct(rr.comm["all_to_all"].bytes, g.all_to_all_bytes)) <= COMM_BOUND_PCT
+            assert abs(error_pct(rr.measured.activations_bytes, g.activations_bytes)) <= BOUNDS_PCT["activations_bytes"]
+            uniform_misses = (abs(error_pct(rr.comm["all_to_all"].bytes, rr.comm_predicted["all_to_all"])) > COMM_BOUND_PCT
+                              or abs(rr.error_pct["activations_bytes"]) > BOUNDS_PCT["activations_bytes"])
+            noted = any(n.startswith(f"rank {rr.rank}: the prediction assumes uniform expert routing") for n in res.notes)
+            assert noted == uniform_misses, (s.name, rr.rank, res.notes)
+        # token-slots are conserved over the ep group: what one rank's experts miss, the other's receive
+        assert sum(rr.predicted_given_routing.received_token_slots for rr in res.per_rank) == sum(
+            rr.predicted_given_routing.uniform_token_slots for rr in res.per_rank)
+    assert any("uniform expert routing" in n for n in runs["ep_ddp"]["result"].notes)  # this data's routing is skewed

@@ -10,7 +10,8 @@ A pure function of (spec, payload). ranks.json format (written by backend/engine
                          "moment": "activation_peak", "peak_bytes", "at_peak": {same keys}, "high_water": {same keys},
                          "tracker_at_activation_peak" / "tracker_at_peak" / "tracker_high_water": {tracker category: bytes},
                          "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "rss_bytes"},   # see bench/memory.py
-              "env": {...}, "notes": [...], "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...]}]}
+              "env": {...}, "notes": [...], "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...],
+              "extra": {"moe_routing": {...}}}]}   # optional, strategy-measured (ep: backend/strategies/ep.routing_payload)
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
-from backend.result import COLLECTIVES, MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
+from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RoutingAdjusted,
+                            RunResult, Status, error_pct)
 from backend.spec import ExperimentSpec
 
 BOUNDS_PCT = {"params_bytes": 2.0, "grads_bytes": 2.0, "optimizer_bytes": 2.0, "activations_bytes": 15.0}
@@ -59,6 +61,7 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     notes += _memory_notes(per_rank)
     notes += _autocast_notes(spec, per_rank)
     notes += _recompute_notes(spec, per_rank)
+    notes += _routing_notes(spec, ranks, per_rank)
     notes += _comm_notes(ranks, per_rank, payload.get("backend", ""))
     step_med = step_s_median([r["step_s"] for r in ranks])
     loss = [float(x) for x in ranks[0]["losses"]] if ranks else []
@@ -154,6 +157,52 @@ def _recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[s
     return ["under full recompute the activations peak while the last block is recomputed in backward, after the "
             "head's saved tensors (logits, log-softmax) are freed: L checkpointed block inputs + one block's full "
             "activations + its recomputed output, not that plus the head term."]
+
+
+def _routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: list[RankResult]) -> list[str]:
+    """EP: set each rank's routing-adjusted prediction and explain, per rank where the uniform-routing prediction
+    misses a bound, how far the measured routing was from uniform and how the adjusted prediction fares."""
+    from backend.analytic.moe_routing import adjustment
+
+    notes = []
+    for r, rr in zip(ranks, per_rank):
+        routing = r.get("extra", {}).get("moe_routing")
+        if not routing or not routing.get("records"):
+            continue
+        adj = adjustment(spec, routing)
+        a2a_pred = rr.comm_predicted.get("all_to_all", 0.0)
+        rr.predicted_given_routing = RoutingAdjusted(
+            activations_bytes=int(round(rr.predicted.activations_bytes + adj.activations_delta_bytes)),
+            all_to_all_bytes=adj.all_to_all_bytes, received_token_slots=adj.received_slots,
+            uniform_token_slots=adj.uniform_slots)
+        a2a = rr.comm["all_to_all"].bytes if "all_to_all" in rr.comm else 0.0
+        act = rr.measured.activations_bytes
+        e_a2a, e_act = error_pct(a2a, a2a_pred), rr.error_pct.get("activations_bytes")
+        if not ((e_a2a is not None and abs(e_a2a) > COMM_BOUND_PCT)
+                or (e_act is not None and abs(e_act) > BOUNDS_PCT["activations_bytes"])):
+            continue
+        g = rr.predicted_given_routing
+        notes.append(
+            f"rank {rr.rank}: the prediction assumes uniform expert routing; this rank's experts received "
+            f"{adj.received_slots:,} token-slots on the measured step vs {adj.uniform_slots:,.0f} uniform "
+            f"(= {adj.load:.2f}× uniform). all_to_all {a2a:,.0f} B vs uniform {a2a_pred:,.0f} B ({_pct(e_a2a)}) vs "
+            f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
+            f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
+            f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
+            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}, incl. the expert "
+            f"outputs index_add keeps, which the uniform dense-dispatch MoE term omits)."
+            + (" Under autocast the routed rows are the fp32 LayerNorm output (4 B per element)." if _autocast(spec) else ""))
+    return notes
+
+
+def _autocast(spec: ExperimentSpec) -> bool:
+    from backend.analytic.activations import uses_autocast
+
+    return uses_autocast(spec)
+
+
+def _pct(e: float | None) -> str:
+    return "n/a" if e is None else f"{e:+.1f}%"
 
 
 def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend: str) -> list[str]:

@@ -47,7 +47,7 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     prep = prepare(ctx, model)
     payload = run_loop(ctx, prep)
     payload.update(rank=rank, coords=ctx.coords(), env=rank_env(backend, device), notes=list(prep.notes),
-                   timeline=list(prep.timeline), strategy_module=module_name_for(spec))
+                   timeline=list(prep.timeline), strategy_module=module_name_for(spec), extra=dict(prep.extra))
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:

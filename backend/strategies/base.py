@@ -48,6 +48,9 @@ class Prepared:
     """Pipeline strategies append {rank, stage, microbatch, pass, start_s, end_s} records here."""
     notes: list[str] = field(default_factory=list)
     """Anything the strategy knows makes measurement differ from the textbook (shown with the result)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """JSON-serialisable data the strategy measured, for engine/assemble.py (e.g. ep's "moe_routing" of the
+    memory-tracked step); travels in the rank payload under "extra"."""
 
 
 def module_name_for(spec: ExperimentSpec) -> str:

@@ -57,26 +57,28 @@ def build_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup
     return ep_group, replica_group
 
 
-def apply_ep(ctx: RankContext, model: nn.Module, ep_group: dist.ProcessGroup) -> list[nn.Parameter]:
+def apply_ep(ctx: RankContext, model: nn.Module, ep_group: dist.ProcessGroup,
+             log: moe_dispatch.RoutingLog | None = None) -> list[nn.Parameter]:
     """Shard every MoE layer's experts over the ep group; returns this rank's expert parameters."""
     p = ctx.spec.parallel
     ep_rank = ctx.coords()["dp"] % p.ep
     expert_params: list[nn.Parameter] = []
-    for block in model.layers.values():
+    for name, block in model.layers.items():
         if isinstance(block.mlp, MoE):
-            moe_dispatch.install(block.mlp, ep_group, p.ep, ep_rank)
+            moe_dispatch.install(block.mlp, ep_group, p.ep, ep_rank, log, name)
             expert_params += list(block.mlp.experts.parameters())
     return expert_params
 
 
-def sync_expert_grads(params: list[nn.Parameter], used: list[float], replica_group, dp: int) -> list[float]:
+def sync_expert_grads(params: list[nn.Parameter], used: list[float], replica_group, dp: int,
+                      device: torch.device) -> list[float]:
     """One flat all_reduce(SUM) over the expert-replica group, then / dp (see the module docstring).
 
     A 4-byte "ran this step" flag per expert tensor rides along; returns the flags summed over the replicas
     (0 = no token reached that expert anywhere: the optimizer must skip it, as in the dense reference).
     """
     grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
-    flags = torch.tensor(used)
+    flags = torch.tensor(used, device=device)  # same device as the grads: NCCL flattens them into one buffer
     flat = _flatten_dense_tensors(grads + [flags])
     if replica_group is not None:
         dist.all_reduce(flat, group=replica_group)
@@ -104,7 +106,8 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     if p.tp > 1 or p.pp > 1:
         raise ValueError(f"ep with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
     ep_group, replica_group = build_groups(ctx)
-    experts = apply_ep(ctx, model, ep_group)
+    log = moe_dispatch.RoutingLog()
+    experts = apply_ep(ctx, model, ep_group, log)
     usage = mc.ExpertUsage([model])
     if p.dp_flavour == "ddp":
         model, fsdp = ddp_without_experts(ctx, model, experts), False
@@ -122,18 +125,29 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         xs = mc.split_microbatches(dp_slice(inputs, ctx), spec)
         ys = mc.split_microbatches(dp_slice(targets, ctx), spec)
         total = 0.0
+        log.start_step()
         for i, (x, y) in enumerate(zip(xs, ys)):
+            log.microbatch = i
             with mc.grad_sync(model, ctx, last=i == len(xs) - 1):
                 with autocast(spec, ctx.device):
                     logits = model(x)
                 loss = loss_fn(logits, y)
                 (loss / len(xs)).backward()
             total += float(loss.detach())
-        used = sync_expert_grads(experts, usage.flags(), replica_group, p.dp)
+        used = sync_expert_grads(experts, usage.flags(), replica_group, p.dp, ctx.device)
         hidden = usage.skip_unused(used)
         opt.step()
         opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
         usage.restore(hidden)
+        prep.extra["moe_routing"] = routing_payload(ctx, log)  # the last step run is the memory-tracked one
         return mc.global_mean_loss(total / len(xs), 1.0)
 
-    return Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=fsdp, notes=notes)
+    prep = Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=fsdp, notes=notes)
+    return prep
+
+
+def routing_payload(ctx: RankContext, log: moe_dispatch.RoutingLog) -> dict:
+    """This rank's measured routing of its latest step (JSON): see backend/analytic/moe_routing.py."""
+    m, p = ctx.spec.model, ctx.spec.parallel
+    return {"ep": p.ep, "ep_rank": ctx.coords()["dp"] % p.ep, "n_experts": m.n_experts, "top_k": m.top_k,
+            "tokens": ctx.spec.train.micro_batch * m.seq_len, "records": list(log.records)}

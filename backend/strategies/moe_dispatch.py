@@ -10,6 +10,8 @@ contiguous experts [j·E/ep, (j+1)·E/ep). `MoE.dispatch(flat, weights, idx)` is
   5. all_to_all the expert outputs back (the inverse splits),
   6. combine: weight each returned row by its router probability and index_add into its token.
 Droppless (no capacity factor), so the result equals the dense `MoE.dispatch` up to float summation order.
+Routing is data-dependent: a `RoutingLog` records, per call, the rows this rank sent to each expert and the
+rows each ep peer sent to this rank's experts (the counts exchanged in step 2), for backend/analytic/moe_routing.py.
 Comm per MoE layer and microbatch: forward 8·E bytes (counts) + 2 all_to_alls of N·k·C·4 bytes in total
 over the group, backward the same 2 all_to_alls again.
 """
@@ -34,7 +36,28 @@ def shard_experts(moe: MoE, ep: int, ep_rank: int) -> list[int]:
     return owned
 
 
-def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int,
+class RoutingLog:
+    """Token counts of every dispatch since the last `start_step`, tagged with (microbatch, layer).
+
+    A record: {"microbatch", "layer", "sent": [rows to expert e for e in 0..E-1],
+    "received": [[rows from ep peer s to my local expert j for j in 0..E/ep-1] for s in 0..ep-1],
+    "recompute": True when the same (microbatch, layer) already ran (activation checkpointing re-runs forward)}."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self.microbatch = 0
+
+    def start_step(self) -> None:
+        self.records = []
+        self.microbatch = 0
+
+    def add(self, layer: str, counts: torch.Tensor, recv_counts: torch.Tensor, ep: int) -> None:
+        seen = any(r["microbatch"] == self.microbatch and r["layer"] == layer for r in self.records)
+        self.records.append({"microbatch": self.microbatch, "layer": layer, "sent": counts.tolist(),
+                             "received": recv_counts.view(ep, -1).tolist(), "recompute": seen})
+
+
+def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int, log: RoutingLog | None, layer: str,
                         flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     N, C = flat.shape  # (N, C) tokens of this rank
     k, E = idx.shape[1], moe.n_experts
@@ -45,22 +68,27 @@ def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int,
     counts = torch.bincount(expert, minlength=E)  # (E,)
     recv_counts = torch.empty_like(counts)  # (ep * n_local,): per source rank, its rows for my experts
     dist.all_to_all_single(recv_counts, counts, group=group)
+    if log is not None:
+        log.add(layer, counts, recv_counts, ep)
     send_splits = counts.view(ep, n_local).sum(1).tolist()
     recv_splits = recv_counts.view(ep, n_local).sum(1).tolist()
     x = all_to_all_single_autograd(flat[tok], recv_splits, send_splits, group)  # (R, C) rows for my experts
-    local_expert = torch.repeat_interleave(torch.arange(n_local).repeat(ep), recv_counts)  # (R,)
+    local_ids = torch.arange(n_local, device=flat.device).repeat(ep)  # on the counts' device (NCCL: the GPU)
+    local_expert = torch.repeat_interleave(local_ids, recv_counts)  # (R,)
     y = torch.zeros_like(x)
     for j, expert_mod in enumerate(moe.experts.values()):
         rows = (local_expert == j).nonzero(as_tuple=True)[0]
         if rows.numel():
-            y = y.index_add(0, rows, expert_mod(x[rows]))
+            y = y.index_add(0, rows, expert_mod(x[rows]).to(y.dtype))  # autocast: 16-bit out, fp32 rows (as dense)
     back = all_to_all_single_autograd(y, send_splits, recv_splits, group)  # (N*k, C) in sorted order
     w = weights.reshape(-1)[order].unsqueeze(-1)  # (N*k, 1)
     return torch.zeros_like(flat).index_add(0, tok, back * w)
 
 
-def install(moe: MoE, group: dist.ProcessGroup, ep: int, ep_rank: int) -> list[int]:
-    """Shard the experts of one MoE layer and swap in the all-to-all dispatch; returns the owned expert ids."""
+def install(moe: MoE, group: dist.ProcessGroup, ep: int, ep_rank: int, log: RoutingLog | None = None,
+            layer: str = "") -> list[int]:
+    """Shard the experts of one MoE layer and swap in the all-to-all dispatch (recording its routing in `log`
+    under the name `layer`); returns the owned expert ids."""
     owned = shard_experts(moe, ep, ep_rank)
-    moe.dispatch = partial(all_to_all_dispatch, moe, group, ep)
+    moe.dispatch = partial(all_to_all_dispatch, moe, group, ep, log, layer)
     return owned
