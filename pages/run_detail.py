@@ -86,6 +86,11 @@ def _result(res) -> None:
         st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
         st.markdown("**Error per category** — (measured − predicted) / predicted")
         st.dataframe(dv.memory_error_frame(res), hide_index=True, width="stretch")
+        routing = dv.routing_frame(res)
+        if not routing.empty:
+            st.markdown("**Expert routing** — the uniform-routing formula vs the same formula fed the token counts "
+                        "this run's router produced (backend/analytic/moe_routing.py)")
+            st.dataframe(routing, hide_index=True, width="stretch")
         st.subheader("Communication per step")
         comm = dv.comm_frame(res)
         if comm.empty:

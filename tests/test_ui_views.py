@@ -156,6 +156,22 @@ def test_measured_vs_predicted_figure_shape():
     assert df.loc[0, "activations error"] == "–"
 
 
+def test_routing_frame_shows_uniform_and_measured_routing_errors():
+    from backend.result import CommStat, RoutingAdjusted
+
+    spec, _ = validate_spec({"model": {"n_experts": 4}, "parallel": {"strategy": "ep", "world_size": 2}})
+    rr = RankResult(rank=1, measured=MemoryBreakdown(activations_bytes=1200), predicted=MemoryBreakdown(activations_bytes=1000),
+                    comm={"all_to_all": CommStat(calls=4, bytes=1100.0)}, comm_predicted={"all_to_all": 1000.0},
+                    predicted_given_routing=RoutingAdjusted(activations_bytes=1200, all_to_all_bytes=1100.0,
+                                                            received_token_slots=584, uniform_token_slots=512))
+    df = dv.routing_frame(RunResult(status=Status.OK, spec=spec, per_rank=[rr]))  # synthetic: rendering only
+    row = df.iloc[0]
+    assert row["token-slots received"] == "584 (1.14× uniform)"
+    assert (row["vs uniform routing"], row["vs measured routing"]) == ("+20.0 %", "+0.0 %")
+    assert (row["a2a vs uniform"], row["a2a vs measured routing"]) == ("+10.0 %", "+0.0 %")
+    assert dv.routing_frame(_synthetic_failed()).empty
+
+
 def test_runs_table():
     rows = [
         {"id": 2, "status": "running", "progress_step": 3, "progress_total": 5, "progress_phase": "timed", "name": "a",

@@ -61,6 +61,29 @@ def memory_error_frame(result: RunResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def routing_frame(result: RunResult) -> pd.DataFrame:
+    """EP runs: per rank, the routing measured and the formula fed that routing next to the uniform-routing one."""
+    rows = []
+    for r in result.per_rank:
+        g = r.predicted_given_routing
+        if g is None:
+            continue
+        a2a = r.comm["all_to_all"].bytes if "all_to_all" in r.comm else 0.0
+        act = r.measured.activations_bytes
+        rows.append({
+            "rank": r.rank, "coords": coords_label(r.coords),
+            "token-slots received": f"{g.received_token_slots:,} ({g.received_token_slots / g.uniform_token_slots:.2f}× uniform)"
+            if g.uniform_token_slots else f"{g.received_token_slots:,}",
+            "activations measured": fmt_bytes(act),
+            "vs uniform routing": fmt_pct(error_pct(act, r.predicted.activations_bytes)),
+            "vs measured routing": fmt_pct(error_pct(act, g.activations_bytes)),
+            "all_to_all measured": fmt_bytes(a2a),
+            "a2a vs uniform": fmt_pct(error_pct(a2a, r.comm_predicted.get("all_to_all", 0.0))),
+            "a2a vs measured routing": fmt_pct(error_pct(a2a, g.all_to_all_bytes)),
+        })
+    return pd.DataFrame(rows)
+
+
 def comm_frame(result: RunResult) -> pd.DataFrame:
     """Per collective, averaged over ranks: measured calls/payload/wire/time per step vs analytic payload."""
     colls = sorted({k for r in result.per_rank for k in list(r.comm) + list(r.comm_predicted)})
