@@ -103,15 +103,19 @@ def autocast(spec: ExperimentSpec, device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
-def report_loss(local_mean: torch.Tensor, group: Any, dp: int) -> float:
-    """Global mean loss from each dp rank's local mean: one scalar all-reduce, kept out of the comm counts."""
+def global_mean_loss(loss_sum: float | torch.Tensor, count: float = 1.0) -> float:
+    """Mean over all ranks that hold a loss: one all-reduce of [loss_sum, count] (16 bytes) over the world,
+    kept out of the comm counts (bookkeeping for the report, not training comm). The one loss path of
+    every strategy: dp ranks each pass their local mean with count 1; TP replicas each hold the same dp-share
+    mean (count 1 each); non-last pipeline stages pass count 0."""
     import torch.distributed as dist
 
     from backend.bench.comm import uncounted
 
-    t = local_mean.detach().float().reshape(1).clone()
-    if dp > 1:
-        with uncounted():
-            dist.all_reduce(t, group=group)
-        t /= dp
-    return float(t.item())
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return float(loss_sum / max(count, 1e-30))
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces only CUDA tensors
+    buf = torch.tensor([float(loss_sum), float(count)], dtype=torch.float64, device=device)
+    with uncounted():
+        dist.all_reduce(buf)
+    return float(buf[0] / buf[1])

@@ -11,8 +11,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from backend.models.gpt import loss_fn
-from backend.strategies.base import Prepared, RankContext, dp_slice, make_optimizer, report_loss
-from backend.strategies.ddp import dp_group
+from backend.strategies.base import Prepared, RankContext, dp_slice, global_mean_loss, make_optimizer
 
 MP_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -49,7 +48,7 @@ def prepare_sharded(ctx: RankContext, model: nn.Module, *, reshard_after_forward
             loss.backward()
             total += loss.detach()
         opt.step()
-        return report_loss(total, dp_group(ctx), ctx.spec.parallel.dp)
+        return global_mean_loss(total)
 
     return Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=True, notes=notes)
 

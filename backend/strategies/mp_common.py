@@ -49,21 +49,6 @@ def split_microbatches(x: torch.Tensor, spec: ExperimentSpec) -> list[torch.Tens
     return list(x.split(mb))
 
 
-def global_mean_loss(loss_sum: float | torch.Tensor, count: float) -> float:
-    """Mean over all ranks that hold a loss: one all-reduce of [loss_sum, count] (16 bytes) over the world,
-    kept out of the comm counts (bookkeeping, as base.report_loss).
-
-    TP replicas each hold the same dp-share mean (count 1 each); non-last pipeline stages pass count 0.
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return float(loss_sum / max(count, 1e-30))
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces only CUDA tensors
-    buf = torch.tensor([float(loss_sum), float(count)], dtype=torch.float64, device=device)
-    with uncounted():
-        dist.all_reduce(buf)
-    return float(buf[0] / buf[1])
-
-
 def blocks(module: nn.Module) -> list[nn.Module]:
     layers = getattr(module, "layers", None)
     return list(layers.values()) if layers is not None else []
