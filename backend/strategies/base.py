@@ -95,11 +95,16 @@ def optimizer_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
     return kw
 
 
+def compute_dtype(spec: ExperimentSpec) -> torch.dtype | None:
+    """The 16-bit compute dtype of bf16/fp16 mixed precision (autocast, FSDP2 MixedPrecisionPolicy); None for fp32."""
+    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(spec.train.precision))
+
+
 def autocast(spec: ExperimentSpec, device: torch.device):
     """torch.autocast for bf16/fp16 mixed precision of non-FSDP strategies; a no-op context for fp32."""
     import contextlib
 
-    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(spec.train.precision))
+    dtype = compute_dtype(spec)
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 

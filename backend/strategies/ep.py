@@ -124,7 +124,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     def train_step(inputs, targets) -> float:
         xs = mc.split_microbatches(dp_slice(inputs, ctx), spec)
         ys = mc.split_microbatches(dp_slice(targets, ctx), spec)
-        total = 0.0
+        total = torch.zeros((), device=ctx.device)  # summed on the device: one host sync per step
         log.start_step()
         for i, (x, y) in enumerate(zip(xs, ys)):
             log.microbatch = i
@@ -133,7 +133,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
                     logits = model(x)
                 loss = loss_fn(logits, y)
                 (loss / len(xs)).backward()
-            total += float(loss.detach())
+            total += loss.detach().float()
         used = sync_expert_grads(experts, usage.flags(), replica_group, p.dp, ctx.device)
         hidden = usage.skip_unused(used)
         opt.step()

@@ -11,13 +11,10 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from backend.models.gpt import loss_fn
-from backend.strategies.base import Prepared, RankContext, dp_slice, global_mean_loss, make_optimizer
-
-MP_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
-
+from backend.strategies.base import Prepared, RankContext, compute_dtype, dp_slice, global_mean_loss, make_optimizer
 
 def mp_policy(ctx: RankContext) -> MixedPrecisionPolicy | None:
-    dtype = MP_DTYPES.get(str(ctx.spec.train.precision))
+    dtype = compute_dtype(ctx.spec)
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None
 
 
