@@ -17,7 +17,7 @@ from backend.bench import memory, timing
 from backend.engine.data import global_batch
 from backend.launch.faults import maybe_inject
 from backend.spec import Schedule
-from backend.strategies.base import Prepared, RankContext
+from backend.strategies.base import Prepared, RankContext, global_mean_loss
 
 PROGRESS = "SHARDLAB_PROGRESS"
 
@@ -43,7 +43,7 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     losses: list[float] = []
     for i in range(t.warmup_steps):
         maybe_inject(ctx.rank, i)
-        losses.append(prep.train_step(*_batch(ctx, i)))
+        losses.append(global_mean_loss(*prep.train_step(*_batch(ctx, i))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
     step_s, timed = _timed_steps(ctx, prep, losses)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
@@ -71,9 +71,9 @@ def _timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple
             maybe_inject(ctx.rank, i)
             batch = _batch(ctx, i)
             counter.counting = True
-            loss, s = timing.timed(lambda: prep.train_step(*batch), ctx.device)
+            share, s = timing.timed(lambda: prep.train_step(*batch), ctx.device)
             counter.counting = False
-            losses.append(loss)
+            losses.append(global_mean_loss(*share))  # reported outside the timed step, as a bare loop would
             step_s.append(s)
             progress(ctx, k + 1, t.steps, "timed")
     return step_s, counter

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -35,13 +35,20 @@ class RankContext:
         return self.coords().get("dp", 0)
 
 
+class LocalLoss(NamedTuple):
+    """One rank's part of the step's loss: the global mean is sum(loss_sum) / sum(count) over the world."""
+    loss_sum: float | torch.Tensor
+    count: float = 1.0
+
+
 @dataclass
 class Prepared:
     modules: list[nn.Module]
     """The model part(s) that live on this rank (tracked for memory, counted for parameters)."""
     optimizer: torch.optim.Optimizer
-    train_step: Callable[[torch.Tensor, torch.Tensor], float]
-    """(inputs, targets), both the FULL global batch (B, T); returns the global mean loss, same on every rank."""
+    train_step: Callable[[torch.Tensor, torch.Tensor], LocalLoss]
+    """(inputs, targets), both the FULL global batch (B, T); runs one optimizer step and returns this rank's
+    share of the loss, which `global_mean_loss(*share)` turns into the global mean outside the timed step."""
     fsdp: bool = False
     """True when FSDP2 is used, so the engine tracks memory with FSDPMemTracker."""
     timeline: list[dict] = field(default_factory=list)

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backend.models.gpt import loss_fn
-from backend.strategies.base import Prepared, RankContext, autocast, dp_slice, global_mean_loss, make_optimizer
+from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice, make_optimizer
 
 
 def dp_group(ctx: RankContext):
@@ -49,7 +49,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         opt.zero_grad(set_to_none=False)  # keeps .grad as bucket views across steps: one copy
         local = accumulate(ctx, model, inputs, targets)
         opt.step()
-        return global_mean_loss(local)
+        return LocalLoss(local)
 
     notes = ["DDP runs with gradient_as_bucket_view=True: .grad tensors are views of the all-reduce buckets, so gradients occupy one copy."]
     return Prepared(modules=[model], optimizer=opt, train_step=train_step, notes=notes)

@@ -26,7 +26,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from backend.models.gpt import MoE, loss_fn
 from backend.strategies import moe_dispatch
 from backend.strategies import mp_common as mc
-from backend.strategies.base import Prepared, RankContext, autocast, dp_slice, global_mean_loss
+from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice
 
 
 def _rank_of(pp: int, d: int, t: int, dp: int, tp: int) -> int:
@@ -140,7 +140,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
         usage.restore(hidden)
         prep.extra["moe_routing"] = routing_payload(ctx, log)  # the last step run is the memory-tracked one
-        return global_mean_loss(total / len(xs), 1.0)
+        return LocalLoss(total / len(xs))
 
     prep = Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=fsdp, notes=notes)
     return prep

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from backend.models.gpt import loss_fn
-from backend.strategies.base import Prepared, RankContext, compute_dtype, dp_slice, global_mean_loss, make_optimizer
+from backend.strategies.base import LocalLoss, Prepared, RankContext, compute_dtype, dp_slice, make_optimizer
 
 def mp_policy(ctx: RankContext) -> MixedPrecisionPolicy | None:
     dtype = compute_dtype(ctx.spec)
@@ -45,7 +45,7 @@ def prepare_sharded(ctx: RankContext, model: nn.Module, *, reshard_after_forward
             loss.backward()
             total += loss.detach()
         opt.step()
-        return global_mean_loss(total)
+        return LocalLoss(total)
 
     return Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=True, notes=notes)
 

@@ -39,7 +39,7 @@ from backend.models.gpt import loss_fn
 from backend.spec import Schedule
 from backend.strategies import mp_common as mc
 from backend.strategies import timeline
-from backend.strategies.base import Prepared, RankContext, autocast, dp_slice, global_mean_loss
+from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice
 from backend.strategies.tp import apply_tp
 
 SCHEDULES = {
@@ -141,7 +141,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
         usage.restore(hidden)
         mc.repartial_grads(partial)
-        return global_mean_loss(local, 1.0 if last else 0.0)
+        return LocalLoss(local, 1.0 if last else 0.0)
 
     prep.train_step = train_step
     return prep

@@ -61,7 +61,7 @@ from torch.distributed.tensor.parallel import (
 
 from backend.models.gpt import MoE, loss_fn
 from backend.strategies import mp_common as mc
-from backend.strategies.base import Prepared, RankContext, autocast, dp_slice, global_mean_loss
+from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice
 
 
 def tp_plan(model: nn.Module, sp: bool) -> dict:
@@ -177,6 +177,6 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
         usage.restore(hidden)
         mc.repartial_grads(partial)
-        return global_mean_loss(total / len(xs), 1.0)
+        return LocalLoss(total / len(xs))
 
     return Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=fsdp, notes=notes)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from backend.strategies.base import Prepared, RankContext, global_mean_loss, make_optimizer, optimizer_class, optimizer_kwargs
+from backend.strategies.base import LocalLoss, Prepared, RankContext, make_optimizer, optimizer_class, optimizer_kwargs
 from backend.strategies.ddp import accumulate, dp_group, wrap_ddp
 
 
@@ -22,7 +22,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         model.zero_grad(set_to_none=False)  # keeps .grad as DDP bucket views: one gradient copy
         local = accumulate(ctx, model, inputs, targets)
         opt.step()  # local partition's update, then each parameter broadcast from its owner
-        return global_mean_loss(local)
+        return LocalLoss(local)
 
     notes = ["ZeRO-1 = ZeroRedundancyOptimizer over DDP: whole parameters are assigned to ranks (greedy, largest "
              "first), so per-rank optimizer bytes are uneven; updated parameters are broadcast from their owners."]
