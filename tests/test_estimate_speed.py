@@ -53,12 +53,12 @@ BEFORE = {
     "zero1_sgd_w5": "785e25b801d7146f9f24",
     "fsdp_w7_pad": "36162a175a4a7a867e5b",
     "zero3_w8": "5a91edcb1d92db72c313",
-    "tp3_odd": "20946d89a275badb528e",
-    "tp2sp_dp2_zero2": "4d977aff8e6dd999d012",
-    "pp4_interleaved": "79d706293f38eff7e72c",
-    "3d_selective_ddp": "8d2199ea3b2e22c07435",
+    "tp3_odd": "da53b753a1ef4710c344",
+    "tp2sp_dp2_zero2": "ee6278d2c63e2350f979",
+    "pp4_interleaved": "c00771236f321aca3a83",
+    "3d_selective_ddp": "a098b056e3c8688f0c84",
     "70b_fsdp8": "407d3bb335f11c831cae",
-    "70b_tp8pp8dp4": "fa5fc165b5d80e91d6b8",
+    "70b_tp8pp8dp4": "48d5cb8cc4162473e049",
 }
 
 

@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend.analytic.sharding import local_params  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 
 STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
@@ -106,8 +107,10 @@ def test_fsdp_ignored_expert_params_are_counted(world2):
     _ok_and_parity(run)
     for r, payload in zip(run["result"].per_rank, run["ranks"]):
         raw = payload["memory"]["tracker_at_activation_peak"]
-        assert _within(raw["Sharded Param"], r.predicted.params_bytes), (raw, r.predicted)
+        storage = 4 * sum(q.storage_numel for q in local_params(run["result"].spec, r.rank))  # fp32 sharded + ignored experts
+        assert _within(raw["Sharded Param"], storage), (raw, storage)
         assert _within(raw["Sharded Grad"], r.predicted.grads_bytes), (raw, r.predicted)
+        assert _within(r.measured.params_bytes, r.predicted.params_bytes), (r.measured, r.predicted)
         assert _within(r.measured.optimizer_bytes, r.predicted.optimizer_bytes), (r.measured, r.predicted)
 
 

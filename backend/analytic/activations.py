@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from backend.analytic import moe_routing as MR
 from backend.analytic import pipeline as PL
 from backend.analytic.traffic import compute_bytes, is_mix
 
@@ -58,13 +59,15 @@ def _mlp_elems(*, s, b, h, ffn, t) -> float:
     return 2 * s * b * ffn / t
 
 
-def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes) -> float:
+def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
     elems += rows + n  # normalised top-k weights: div saves the topk values (N, k) and their sum (N, 1)
     elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
-    elems += 2 * rows * ffn  # GELU input and fc_out input inside the experts
+    # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
+    # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
+    elems += 2 * rows * ffn / t
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
     elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
@@ -73,7 +76,7 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes) -> float:
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
-                                 top_k: int = 1, autocast: bool = False) -> float:
+                                 top_k: int = 1, autocast: bool = False, ep: int = 1) -> float:
     """Bytes autograd holds for backward for ONE block of backend.models.gpt (pre-LN, no dropout).
 
     Terms (elements, then · dtype_bytes):
@@ -108,8 +111,12 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     else:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
+    if n_experts and ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
+        moe = MR.ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
+                                    top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast)
+        return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
-        moe = _moe_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes)
+        moe = _moe_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += _mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t)
     return elems * dtype_bytes + stat_bytes + mask_bytes
@@ -182,39 +189,56 @@ def _layer_kwargs(spec: Any) -> dict[str, Any]:
     m, t, p = spec.model, spec.train, spec.parallel
     return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
                 dtype_bytes=compute_bytes(t.precision), t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts,
-                top_k=m.top_k, autocast=uses_autocast(spec))
+                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1)
 
 
-def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float]:
+def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float, float]:
     """(bytes autograd holds at the end of the last microbatch's forward + loss, the head's share of them
-    freed by the head's backward)."""
+    freed by the head's backward, a transient alive only at the end of a stage's forward without the loss)."""
     m, t, p = spec.model, spec.train, spec.parallel
     kw = _layer_kwargs(spec)
-    cb, ac = kw["dtype_bytes"], kw["autocast"]
     per_mb = len(layers) * model_layer_activation_bytes(recompute=str(t.recompute), **kw)
-    in_flight = 1.0
+    hkw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size, dtype_bytes=kw["dtype_bytes"], t=p.tp,
+               autocast=kw["autocast"])
     if p.pp > 1:
-        in_flight = PL.in_flight_stage_activations(str(p.pp_schedule), p=p.pp, m=t.microbatches,
-                                                   stage=p.coords(rank)["pp"], v=p.virtual_stages)
-    total = per_mb * in_flight
-    n_stages = p.pp * p.virtual_stages
-    if p.pp > 1:  # torch.distributed.pipelining keeps each in-flight chunk's output for its backward
-        units = PL.in_flight_microbatches(str(p.pp_schedule), p=p.pp, m=t.microbatches, stage=p.coords(rank)["pp"],
-                                          v=p.virtual_stages)
-        sends = sum(s != n_stages - 1 for s in stages) / len(stages)
-        total += units * sends * t.micro_batch * m.seq_len * m.d_model * cb
-        if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch (counted once below)
-            total += (in_flight - 1) * m.seq_len * INDEX_BYTES
-    last = n_stages - 1 in stages
-    hkw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size, dtype_bytes=cb, t=p.tp, autocast=ac)
-    head_freed = 0.0
-    if 0 in stages or last:
-        total += model_embedding_head_activation_bytes(**hkw) if last else m.seq_len * INDEX_BYTES
-        if last:
-            head_freed = model_head_freed_in_backward_bytes(**hkw)
-        if p.tp > 1 and last:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard
-            total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * cb  # stays alive next to the gathered logits
-    return total, head_freed
+        if p.pp * p.virtual_stages - 1 in stages:
+            return _pipeline_saved(spec, rank, stages, per_mb, hkw), model_head_freed_in_backward_bytes(**hkw), 0.0
+        # the last block's MLP output, alive next to the residual sum that ends the stage's forward
+        mlp_out = t.micro_batch * m.seq_len * m.d_model / (p.tp if p.sequence_parallel else 1) * hkw["dtype_bytes"]
+        return _pipeline_saved(spec, rank, stages, per_mb, hkw), 0.0, mlp_out
+    total = per_mb + model_embedding_head_activation_bytes(**hkw)
+    if p.tp > 1:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays next to the gathered logits
+        total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * kw["dtype_bytes"]
+    return total, model_head_freed_in_backward_bytes(**hkw), 0.0
+
+
+def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw: dict[str, Any]) -> float:
+    """One pipeline rank when its activations peak: after its last forward (stages without the loss) or at the
+    start of the last stage's last backward (the loss seed just made). torch.distributed.pipelining holds,
+    besides each in-flight chunk's saved tensors: every non-first stage's m input buffers, the sent stage
+    outputs (pipeline.held_stage_outputs), and on the last stage each in-flight microbatch's loss graph."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    sched, v, mb = str(p.pp_schedule), p.virtual_stages, t.microbatches
+    n_stages = p.pp * v
+    units = PL.in_flight_microbatches(sched, p=p.pp, m=mb, stage=p.coords(rank)["pp"], v=v)
+    # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
+    buf = t.micro_batch * m.seq_len * m.d_model / (p.tp if p.sequence_parallel else 1) * (
+        4 if hkw["autocast"] else hkw["dtype_bytes"])
+    total = per_mb * units / v  # in-flight chunks (per_mb covers all v chunks), each chunk's input included
+    total -= units * buf * sum(s != 0 for s in stages) / len(stages)  # non-first inputs: counted as held inputs
+    total += buf * (PL.held_stage_inputs(m=mb, stages=stages)
+                    + PL.held_stage_outputs(sched, m=mb, in_flight=units, stages=stages, n_stages=n_stages))
+    if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch of the first stage
+        total += units / v * m.seq_len * INDEX_BYTES
+    if n_stages - 1 not in stages:
+        return total
+    head = model_embedding_head_activation_bytes(**hkw) - m.seq_len * INDEX_BYTES - LOSS_BYTES
+    if p.tp > 1:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays next to the gathered logits
+        head += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * hkw["dtype_bytes"]
+    k = PL.last_stage_in_flight(sched, m=mb)
+    # fp32 scalars: every microbatch's loss (schedules.py `_internal_losses`, kept to the step's end), nll_loss's
+    # total_weight per in-flight loss graph, the ones_like loss seed of the backward (_backward.py stage_backward)
+    return total + k * head + 4 * (mb + k + 1)
 
 
 def rank_activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[int], params: list[LocalParam]) -> int:
@@ -223,7 +247,7 @@ def rank_activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[
     m, t, p = spec.model, spec.train, spec.parallel
     kw = _layer_kwargs(spec)
     cb, ac = kw["dtype_bytes"], kw["autocast"]
-    total, head_freed = _saved_end_of_forward(spec, rank, layers, stages)
+    total, head_freed, fwd_transient = _saved_end_of_forward(spec, rank, layers, stages)
     last = p.pp * p.virtual_stages - 1 in stages
     w_blocks, w_head, b_blocks = autocast_copy_bytes(spec, params) if ac else (0, 0, 0)
     # forward + loss: the 16-bit copies of every local Linear weight (saved by the matmuls, kept by the
@@ -239,8 +263,9 @@ def rank_activation_bytes(spec: Any, rank: int, layers: list[int], stages: list[
             fwd = max(fwd, total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks
                       + (sbv * cb if t.microbatches > 1 else 0))
     else:
-        fwd = total + w_blocks + b_blocks
-    if not full:
+        fwd = total + w_blocks + b_blocks + fwd_transient
+    if not full or (p.pp > 1 and str(p.pp_schedule) in ("zero_bubble", "zbv")):
+        # split-backward schedules are measured hook-free (backend/bench/memory.py): the re-run block counts as Temp
         return int(round(fwd))
     # the last block re-run in backward after the head's backward freed its saved tensors: one block's
     # activations (minus the checkpointed input) and, under autocast, its weight and bias casts again

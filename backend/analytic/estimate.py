@@ -5,13 +5,17 @@ FSDPMemTracker category when activations peak, i.e. the end of the last microbat
 included) = the start of backward. Category by category:
 - params: this rank's parameter storage, fp32 (torch keeps fp32 parameters under autocast and FSDP2's
   MixedPrecisionPolicy), incl. FSDP2 dim-0 padding. FSDP2 zero3 (reshard_after_forward=True on every
-  block AND the root) holds no unsharded copy at that moment; zero2 (reshard_after_forward=False) holds
-  every local unit unsharded (padded, compute dtype).
+  block AND the root) holds no unsharded copy once the root's forward ended; zero2 (reshard_after_forward=
+  False) holds every local unit unsharded (padded, compute dtype). When the peak falls inside the root's
+  forward (tp mixes in fp32: lm_head's logits all-gather; ep mixes: the last MoE block; non-last pipeline
+  stages) the root (zero3) and the last block's flat all-gather output are alive too (backend/analytic/fsdp_state.py).
 - grads: resident from the previous step (zero_grad(set_to_none=False)), fp32: DDP / ZeRO-1 one copy per
-  local parameter (`.grad` are views of DDP's buckets); FSDP2 the padded sharded gradient.
+  local parameter (`.grad` are views of DDP's buckets); FSDP2 the padded sharded gradient, plus under
+  pipelining the unsharded gradients accumulated by the backwards before the peak (fsdp_state.pipeline_peak).
 - ddp on the dp dimension of a tp/pp/ep mix is FSDP2 `replicate` (backend/strategies/mp_common.py): it keeps
   an unsharded copy of every parameter (2x params) and, syncing only on the last microbatch, accumulates
-  unsharded gradients next to the reduced ones (2x grads when microbatches > 1) - measured on the fake PG.
+  unsharded gradients next to the reduced ones (when microbatches > 1; the vocab-parallel embeddings' full
+  Replicate grads, sharding.unsharded_grad_numel) - measured on the fake PG.
 - optimizer: AdamW m and v (8 B per owned element) + one 0-dim fp32 `step` per parameter tensor
   (torch/optim/adamw.py _init_group); SGD one momentum buffer (4 B per element). ZeRO-1: only the whole
   parameters ZeroRedundancyOptimizer assigns to this rank; FSDP2: the unpadded local shard. The update's
@@ -38,8 +42,9 @@ from backend.analytic import kv_cache as KV
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
 from backend.analytic.params import active_params, count_params, param_list
-from backend.analytic.sharding import (LocalParam, first_short_chunk, fsdp_units, layer_split, local_params,
-                                       stages_of_rank, unsharded_numel, zero1_owned, zero1_owned_all)
+from backend.analytic.fsdp_state import fsdp_peak_extra, peak_inside_forward
+from backend.analytic.sharding import (LocalParam, first_short_chunk, layer_split, local_params, stages_of_rank,
+                                       unsharded_grad_numel, zero1_owned, zero1_owned_all)
 from backend.analytic.traffic import MASTER_BYTES, compute_bytes, fsdp_param_bytes, rank_traffic, uses_replicate
 
 if TYPE_CHECKING:
@@ -110,14 +115,6 @@ def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool
     return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elems)), default=0)
 
 
-def _unsharded_resident(spec: Any, params: list[LocalParam]) -> int:
-    """Unsharded FSDP2 elements alive at the end of forward: every unit under zero2, none under zero3."""
-    if spec.parallel.zero_stage != 2:
-        return 0
-    managed = [q for q in params if not (q.is_expert and spec.parallel.ep > 1)]  # ep experts are ignored_params
-    return sum(unsharded_numel(u) for u in fsdp_units(spec.model, managed).values())
-
-
 def _rank_layers(spec: Any, stages: list[int]) -> list[int]:
     split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
     return sorted(i for s in stages for i in split[s])
@@ -134,15 +131,17 @@ def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> 
     foreach = str(spec.runtime.device) == "cuda"  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
     if fsdp:
         storage = MASTER_BYTES * sum(q.storage_numel for q in params)
-        r.params_bytes = storage + fsdp_param_bytes(spec) * _unsharded_resident(spec, params)
-        r.grads_bytes = storage
+        extra_params, extra_grads = fsdp_peak_extra(spec, params, r.stages)
+        r.params_bytes = storage + fsdp_param_bytes(spec) * extra_params
+        r.grads_bytes = storage + MASTER_BYTES * extra_grads  # reduce_dtype fp32
         owned = params
     else:
         r.params_bytes = r.grads_bytes = MASTER_BYTES * sum(q.local_numel for q in params)
         owned = zero1_owned(params, p.dp, p.coords(rank)["dp"]) if p.zero_stage == 1 else params
         if uses_replicate(spec):  # FSDP2 `replicate`: an unsharded copy of every parameter stays resident,
             r.params_bytes *= 2  # and without sync on earlier microbatches their unsharded grads accumulate too
-            r.grads_bytes *= 2 if t.microbatches > 1 else 1
+            if t.microbatches > 1:  # (vocab-parallel embeddings: full Replicate grads, sharding.unsharded_grad_numel)
+                r.grads_bytes += MASTER_BYTES * sum(unsharded_grad_numel(q, p.tp) for q in params)
     r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp)
     r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
     r.activations_bytes = A.rank_activation_bytes(spec, rank, r.layers, r.stages, params)
@@ -247,12 +246,28 @@ def _notes(spec: Any) -> list[str]:
         notes.append(f"FSDP2 params at the end of forward: sharded storage{' + every unit unsharded (zero2)' if p.zero_stage == 2 else ''}; "
                      "all_gather / reduce_scatter payloads include dim-0 padding to a multiple of dp")
     if p.tp > 1:
-        notes.append("TP comm: 4 (b, s, h) collectives per layer and microbatch + embedding / lm_head collectives "
-                     "(full logits all-gathered) + SP LayerNorm gradient all-reduces")
+        notes.append("TP comm: 4 (b, s, h) collectives per layer and microbatch (an SP MoE block: 2 all-gathers, no "
+                     "reduce-scatter) + embedding / lm_head collectives (full logits all-gathered) + SP LayerNorm "
+                     "gradient all-reduces")
     if p.pp > 1 and p.zero_stage >= 2:
-        notes.append("PP x FSDP all-gather counts assume per-microbatch re-gathering (approximate)")
+        notes.append("PP x FSDP: all-gathers per unit and step = sharded->unsharded transitions (zero3 1 + "
+                     "microbatches, zero2 1); unsharded gradients accumulate until the last backward. The FSDP2 state at the "
+                     "activation peak is modelled for gpipe / 1f1b; with several stages per rank only the sharded "
+                     "storage (+ zero2's unsharded units) is predicted")
+    if p.pp == 1 and p.zero_stage >= 2 and peak_inside_forward(spec) == "root":
+        notes.append("FSDP x TP (fp32): lm_head's logits all-gather and the loss hold the same activation bytes (to a "
+                     "few bytes); the peak is predicted inside the root's forward (the last block's all-gather buffer "
+                     "alive; zero3: the root unsharded), a rank whose tracker keeps the loss moment measures neither")
     if p.ep > 1:
         notes.append("EP all_to_all assumes uniform routing; split-size exchanges are not counted")
+    if uses_replicate(spec) and p.tp > 1 and spec.train.microbatches > 1:
+        notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
+                     "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
+                     "gradients; a rank whose tracker keeps the first one measures only the persistent gradients")
+    if p.zero_stage >= 2 and peak_inside_forward(spec) == "block":
+        notes.append("FSDP x EP: the peak is predicted inside the last MoE block (its dispatch buffers): the root "
+                     "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "
+                     "are fewer peaks at the loss instead and measures only the sharded storage")
     return notes
 
 

@@ -232,6 +232,15 @@ def unsharded_numel(params: list[LocalParam]) -> int:
     return sum(q.storage_numel * q.dp_group for q in params)
 
 
+def unsharded_grad_numel(q: LocalParam, tp: int) -> int:
+    """Elements of the gradient autograd gives FSDP2's unsharded (TP-local) parameter. DTensor's vocab-parallel
+    embedding backward returns it Replicate, the full (V, h) / (s, h) tensor; backend/strategies/tp.py
+    `_grad_like_param` slices only the original parameter's grad, and FSDP2 / replicate compute with their own
+    unsharded parameter, whose grad is redistributed to Shard only at reduce time
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py `_get_grad_inner_tensor`)."""
+    return prod(q.shape) if tp > 1 and tp_style(q.name) == VOCAB_ROWWISE else q.local_numel
+
+
 def fsdp_units(m: Any, params: list[LocalParam]) -> dict[str, list[LocalParam]]:
     """FSDP2 units as the engine wraps them: one per transformer block, the rest in the root."""
     units: dict[str, list[LocalParam]] = {}

@@ -5,7 +5,8 @@ all_gather the gathered output, reduce_scatter the full input, all_to_all the in
 tensor). Each entry is (collective, payload bytes per step, group size) so ring wire bytes can be
 derived with `comm.ring_wire_bytes`. DDP all-reduces once per step (no_sync on earlier microbatches);
 FSDP2 reduce-scatters after every microbatch (backend/strategies/fsdp.py) except under pipelining,
-which syncs on the last backward only.
+which syncs on the last backward only; it all-gathers a unit at each sharded -> unsharded transition
+(`fsdp_gathers_per_step`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def fsdp_param_bytes(spec: Any) -> int:
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
 
 
+def fsdp_gathers_per_step(zero_stage: int, microbatches: int, *, pipelined: bool) -> int:
+    """All-gathers of one FSDP2 unit per step = its sharded -> unsharded transitions.
+
+    Without pipelining every microbatch gathers before forward, and zero3 (reshard_after_forward=True)
+    again before backward; every backward reshards (ZeRO Sec 7.2.2). Under pipelining
+    (torch/distributed/pipelining/stage.py `backward_maybe_with_nosync`) every backward runs with
+    reshard_after_backward=False, and only `perform_reduce_grad` after the last one reshards: zero2 gathers
+    once per step; zero3 gathers for the first forward and, since each forward reshards, for whatever
+    action follows a forward (a forward after a backward finds the unit unsharded), so 1 + microbatches."""
+    if pipelined:
+        return 1 if zero_stage == 2 else 1 + microbatches
+    return (1 if zero_stage == 2 else 2) * microbatches
+
+
 def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
     p, t = spec.parallel, spec.train
@@ -65,7 +80,7 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
                 out.append(("broadcast", grad, n))  # ZeroRedundancyOptimizer._sync_params: each param from its owner
             continue
         cb = fsdp_param_bytes(spec)  # all-gather in the param dtype; reduce_dtype is fp32
-        gathers = (1 if p.zero_stage == 2 else 2) * t.microbatches  # zero3 re-gathers every unit for backward
+        gathers = fsdp_gathers_per_step(p.zero_stage, t.microbatches, pipelined=p.pp > 1)
         syncs = 1 if p.pp > 1 else t.microbatches  # pipelining syncs on the last backward only
         for unit in fsdp_units(spec.model, group).values():
             full = unsharded_numel(unit)
@@ -85,8 +100,9 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     # Korthikanti 2022 Sec 4.2.2: with SP each becomes an all-gather + a reduce-scatter of the same (b, s, h)
     if m.is_moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
         ar += 2 * L * bsh * m.top_k
-    if sp:
-        ag, rs = ag + 4 * L * bsh, rs + 4 * L * bsh
+    if sp:  # tp.py `_moe_sp`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and Replicate->Shard(1)
+        # output (fwd local slice, bwd all-gather): a MoE block has 2 all-gathers and no reduce-scatter
+        ag, rs = ag + 4 * L * bsh, rs + (2 if m.is_moe else 4) * L * bsh
     else:
         ar += (2 if m.is_moe else 4) * L * bsh
     n_stages = p.pp * p.virtual_stages
@@ -114,8 +130,9 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
+        # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
         per = C.ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
-                                            dtype_bytes=compute_bytes(t.precision))
+                                            dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))
     if p.pp > 1:

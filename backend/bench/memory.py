@@ -126,6 +126,7 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
+        in_reduce = getattr(self, "in_reduce_grad", False)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0
@@ -135,7 +136,9 @@ class _HighWater:
                 if getattr(k, "value", k) == "Activation":
                     act = v
             # >=: of equal microbatch peaks keep the last one, when earlier microbatches' gradients exist
-            if act > 0 and act >= self._act_peak.get(dev, 0):
+            # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
+            # as Activation: that phase is gradient reduction, not a candidate for the activation peak
+            if act > 0 and not in_reduce and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
 
@@ -216,10 +219,34 @@ def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, 
 
 
 @contextmanager
+def _flag_reduce_grad(tracker: Any) -> Iterator[None]:
+    """torch.distributed.pipelining calls FSDP2's post_backward from `_PipelineStageBase.perform_reduce_grad`
+    (stage.py), outside autograd's graph task, so the trackers book the reduce-scatter / all-reduce buffers as
+    Activation (FSDPMemTracker only re-types `c10d._reduce_scatter_base_` inputs; FSDP2 2.13 calls other ops).
+    Mark that phase so it cannot become the activation-peak moment."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    orig = _PipelineStageBase.perform_reduce_grad
+
+    def wrapped(stage: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker.in_reduce_grad = True
+        try:
+            return orig(stage, *args, **kwargs)
+        finally:
+            tracker.in_reduce_grad = False
+
+    _PipelineStageBase.perform_reduce_grad = wrapped  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _PipelineStageBase.perform_reduce_grad = orig  # type: ignore[method-assign]
+
+
+@contextmanager
 def tracking(tracker: Any, modules: list[nn.Module]) -> Iterator[Any]:
     """`with tracker`, plus (FSDP) a pre-forward hook on every local root that resets module stats between
     microbatches. Registered after entering, so it runs before the tracker's own wrapped FSDP pre-forward."""
-    with tracker:
+    with tracker, _flag_reduce_grad(tracker):
         handles = []
         if not isinstance(tracker, CategoryMemTracker):
             handles = [m.register_forward_pre_hook(tracker.new_iteration_hook, prepend=True) for m in modules]

@@ -1,0 +1,178 @@
+"""The data-parallel flavour inside model-parallel mixes: per-rank params / grads at the activation peak and
+the dp / tp collectives, checked by independent hand arithmetic (fast) and against the real engine (slow,
+one torchrun launch for every mix fixed here)."""
+
+from __future__ import annotations
+
+import sys
+from math import prod
+from pathlib import Path
+
+import pytest
+
+from backend.analytic import sharding as S
+from backend.analytic.estimate import estimate
+from backend.analytic.fsdp_state import PipelinePeak, pipeline_peak
+from backend.analytic.params import param_list
+from backend.analytic.traffic import fsdp_gathers_per_step
+from backend.spec import ExperimentSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from mp_accuracy import cases  # noqa: E402  (the issue's accuracy cases: one definition)
+
+MODEL = {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "seq_len": 16}
+V, H, S_LEN, FFN = 64, 32, 16, 128
+
+
+def mk(model: dict | None = None, **parallel) -> ExperimentSpec:
+    t = {"global_batch": 8, "micro_batch": 1, "steps": 2, "warmup_steps": 1}
+    return ExperimentSpec.model_validate({"name": "x", "model": MODEL | (model or {}), "train": t,
+                                          "parallel": {"world_size": 4} | parallel})
+
+
+def block_numel(tp: int = 1, moe_experts: int = 0) -> int:
+    """One dense GPT block's TP-local elements, by hand (q/k/v/fc_in colwise, o/fc_out rowwise, norms replicated)."""
+    attn = 3 * (H // tp * H + H // tp) + (H * H // tp + H)
+    mlp = (FFN // tp * H + FFN // tp) + (H * FFN // tp + H)
+    return 4 * H + attn + (mlp if not moe_experts else moe_experts * H)  # MoE: only the router here
+
+
+def root_numel(tp: int = 1, first: bool = True, last: bool = True) -> int:
+    return (V // tp * H + S_LEN // tp * H if first else 0) + (2 * H + V // tp * H if last else 0)
+
+
+def test_tp_moe_sp_has_no_reduce_scatter_in_the_moe_block():
+    # tp.py _moe_sp: Shard(1)->Replicate in (all-gather fwd, local slice bwd), Replicate->Shard(1) out
+    # (local slice fwd, all-gather bwd); attention keeps its 1 + 1 reduce-scatters
+    for world in (2, 4):
+        s = mk({"n_experts": 4, "top_k": 2}, strategy="tp", sequence_parallel=True, world_size=world)
+        bsh, sh, mb, L = 1 * S_LEN * H * 4, S_LEN * H * 4, s.train.microbatches, 4
+        rs = mb * (2 * L * bsh + (bsh + sh) + bsh)  # attn fwd/bwd + embeddings + lm_head input grad
+        ag = mb * (4 * L * bsh + (bsh + sh) + 1 * S_LEN * V * 4 + bsh)
+        for r in estimate(s).per_rank:
+            assert r.comm_bytes["reduce_scatter"] == rs
+            assert r.comm_bytes["all_gather"] == ag
+    dense = mk(strategy="tp", sequence_parallel=True)
+    bsh = S_LEN * H * 4
+    assert estimate(dense).per_rank[0].comm_bytes["reduce_scatter"] == dense.train.microbatches * (
+        4 * 4 * bsh + bsh + S_LEN * H * 4 + bsh)
+
+
+def test_unsharded_grad_of_vocab_parallel_embeddings_is_full():
+    by_name = {q.name: q for q in S.local_params(mk(strategy="ddp", tp=2), 0)}
+    assert S.unsharded_grad_numel(by_name["tok_emb.weight"], 2) == V * H
+    assert S.unsharded_grad_numel(by_name["pos_emb.weight"], 2) == S_LEN * H
+    assert S.unsharded_grad_numel(by_name["lm_head.weight"], 2) == V // 2 * H  # colwise: grad has the local shape
+    assert S.unsharded_grad_numel(by_name["tok_emb.weight"], 1) == by_name["tok_emb.weight"].local_numel
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_ddp_x_tp_grads_hold_full_embedding_grads(sp):
+    s = mk(strategy="ddp", tp=2, sequence_parallel=sp)
+    local = 4 * block_numel(2) + root_numel(2)
+    full_emb = (V - V // 2) * H + (S_LEN - S_LEN // 2) * H  # the Replicate rows beyond the local shard
+    for r in estimate(s).per_rank:
+        assert r.params_bytes == 2 * 4 * local  # replica + unsharded copy
+        assert r.grads_bytes == 4 * (2 * local + full_emb)  # persistent + accumulated unsharded (230,400 B)
+
+
+def test_fsdp_gathers_per_step_counts_transitions():
+    for m in (1, 2, 4, 8):
+        assert fsdp_gathers_per_step(3, m, pipelined=False) == 2 * m
+        assert fsdp_gathers_per_step(2, m, pipelined=False) == m
+        assert fsdp_gathers_per_step(3, m, pipelined=True) == 1 + m
+        assert fsdp_gathers_per_step(2, m, pipelined=True) == 1
+
+
+@pytest.mark.parametrize("strategy,gathers", [("fsdp", 5), ("zero2", 1)])
+def test_pp_x_fsdp_all_gather_bytes(strategy, gathers):
+    s = mk(strategy=strategy, pp=2)
+    assert s.train.microbatches == 4
+    for r in estimate(s).per_rank:
+        first = r.coords["pp"] == 0
+        unsharded = 2 * block_numel() + root_numel(first=first, last=not first)  # even dims: no padding
+        assert r.comm_bytes["all_gather"] == gathers * 4 * unsharded
+        assert r.comm_bytes["reduce_scatter"] == 4 * unsharded  # one sync after the last backward
+
+
+def test_fsdp_x_tp_peak_inside_root_forward():
+    local = 4 * block_numel(2) + root_numel(2)  # dp=2 shards, every dim even
+    z3 = estimate(mk(strategy="fsdp", tp=2))
+    z2 = estimate(mk(strategy="zero2", tp=2))
+    for a, b in zip(z3.per_rank, z2.per_rank):
+        assert a.params_bytes == 4 * (local // 2 + root_numel(2) + block_numel(2))  # 91,584 B
+        assert a.grads_bytes == 4 * local // 2
+        assert b.params_bytes == 4 * (local // 2 + local + block_numel(2))  # 194,752 B
+    assert any("logits all-gather" in n for n in z3.notes)
+
+
+def test_fsdp_x_ep_peak_inside_last_block():
+    s = mk({"n_experts": 4, "top_k": 2}, strategy="fsdp", ep=2)
+    dense_block = block_numel(moe_experts=4)  # experts are FSDP ignored_params: the block unit is attention + router
+    for r in estimate(s).per_rank:  # sharded storage (= grads) + root + last block + its all-gather buffer
+        assert r.params_bytes == r.grads_bytes + 4 * (root_numel() + 2 * dense_block)  # 344,384 B
+        assert r.params_bytes == 344_384
+
+
+def test_pipeline_peak_moments():
+    def peak(strategy, sched="1f1b", stage=0, m=4, pp=2):
+        s = mk(strategy=strategy, pp=pp, pp_schedule=sched)
+        assert s.train.microbatches == m
+        return pipeline_peak(s, [stage])
+
+    assert peak("fsdp", stage=0) == PipelinePeak(True, False)  # last warm-up forward all-gathered, no backward yet
+    assert peak("fsdp", stage=1) == PipelinePeak(False, True)  # start of the last backward, after 3 no-sync backwards
+    assert peak("zero2", stage=0) == PipelinePeak(False, True)  # steady-state forward after a backward
+    assert peak("fsdp", "gpipe", stage=1) == PipelinePeak(False, False)  # gpipe: the first backward
+    assert peak("ddp", stage=0) is None
+
+
+def test_pp_x_fsdp_and_zero2_state_at_the_peak():
+    for strategy in ("fsdp", "zero2"):
+        for r in estimate(mk(strategy=strategy, pp=2)).per_rank:
+            first = r.coords["pp"] == 0
+            unsharded = 2 * block_numel() + root_numel(first=first, last=not first)
+            sharded = 4 * unsharded // 2
+            if strategy == "zero2":
+                assert r.params_bytes == sharded + 4 * unsharded
+                assert r.grads_bytes == sharded + 4 * unsharded
+            elif first:
+                assert r.params_bytes == sharded + 4 * (root_numel(last=False) + block_numel())  # 116,992 B
+                assert r.grads_bytes == sharded
+            else:
+                assert r.params_bytes == sharded
+                assert r.grads_bytes == sharded + 4 * unsharded  # 165,120 B
+
+
+FIXED = ("tp4_moe_sp", "fsdp_x_tp", "zero2_x_tp", "ddp_x_tp", "pp_x_fsdp", "pp_x_zero2", "fsdp_x_ep")
+DP_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@pytest.mark.slow
+def test_fixed_mixes_match_the_engine(tmp_path):
+    from backend.engine.assemble import comm_error_pct
+    from tests.fixtures.engine_batch import launch
+
+    specs = [s for s in cases(4) if s.name in FIXED]
+    runs = launch(4, specs, tmp_path, timeout_s=1500)
+    bad = []
+    for s in specs:
+        res = runs[s.name]["result"]
+        assert res.status == "ok", res.error
+        tie = [n for n in estimate(s).notes if "logits all-gather" in n]
+        # the documented tie (fsdp/zero2 x tp, fp32): a rank whose tracker kept the loss moment, after the root's
+        # post_forward, holds neither the last block's all-gather buffer nor (zero3) the unsharded root
+        after_root = 4 * (block_numel(2) + (root_numel(2) if s.parallel.zero_stage == 3 else 0))
+        for rr in res.per_rank:
+            for cat in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+                e = rr.error_pct.get(cat)
+                if cat == "params_bytes" and tie and rr.measured.params_bytes == rr.predicted.params_bytes - after_root:
+                    continue
+                if cat == "grads_bytes" and s.name == "ddp_x_tp" and 2 * rr.measured.grads_bytes == rr.predicted.params_bytes:
+                    continue  # the documented microbatch tie: the first forward, before any accumulated unsharded grad
+                if e is None or abs(e) > 2:
+                    bad.append(f"{s.name} r{rr.rank} {cat} {getattr(rr.measured, cat)} vs {getattr(rr.predicted, cat)}")
+            for k, e in comm_error_pct(rr).items():
+                if k in DP_KINDS and (e is None or abs(e) > 5):
+                    bad.append(f"{s.name} r{rr.rank} comm {k} {e}")
+    assert not bad, bad
