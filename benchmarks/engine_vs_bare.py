@@ -1,14 +1,19 @@
-"""Engine overhead: timed DDP steps through the full engine vs a bare torch DDP loop, side by side.
+"""Engine overhead: timed DDP steps through the engine vs a bare torch DDP loop, side by side.
 
-  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_vs_bare.py [--rounds 8] [--steps 30]
+  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_vs_bare.py [--mode side-by-side|launches]
+                                                                   [--rounds 8] [--steps 30] [--launches 2]
 
-Both run the same spec (world 2, small GPT) as separate torchrun jobs: the engine through
-`run_experiment`, the bare loop as `benchmarks/bare_ddp.py`. A step's time is its slowest rank's, for
-both. Runs alternate engine/bare for --rounds rounds, and the order flips every round (engine first in
-odd rounds, bare first in even ones), so load drift and ordering hit both alike.
+Both run the same spec (world 2, small GPT). A step's time is its slowest rank's, for both.
 
-On this machine a run's median step moves by +-10% from one process launch to the next (measured), far
-more than it moves between steps of one run, so many short paired rounds beat few long ones.
+--mode side-by-side (default): one torchrun job runs the engine's timed-step code (mesh, ddp strategy,
+`loop.timed_steps`) and the bare loop of `bare_ddp.py` in the same processes, in alternating blocks of
+--steps steps for --rounds rounds (order flipped every round) — `side_by_side.py`; repeated for --launches
+jobs. On this machine a process launch's median step moves by ±10% from one launch to the next (measured:
+the same bare loop runs at 28–56 ms in different launches), which buries a 3% target; inside one job both
+sides share that launch's state, so the ratio isolates what the engine's per-step code costs.
+--mode launches: the engine through `run_experiment` (whole launcher + rank program, incl. its process
+state) vs `bare_ddp.py`, as separate torchrun jobs alternating per round: the end-to-end comparison,
+dominated by launch noise.
 
 Reported: each round's medians and ratio; the median of the per-round ratios (each round is a paired
 comparison under the same load) with a 90% bootstrap interval over rounds; and the ratio of the medians
@@ -107,13 +112,39 @@ def bootstrap_median(xs: list[float], level: float = 0.90, n: int = 4000) -> tup
     return lo, meds[min(n - 1, int((1 + level) / 2 * n))]
 
 
-def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[float]], wall_s: float) -> None:
+def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Per round, the engine's and the bare loop's slowest-rank step seconds, from `launches` jobs."""
+    engine: list[list[float]] = []
+    bare: list[list[float]] = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory(prefix="shardlab-sbs-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(spec.to_json())
+        for launch in range(launches):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds)]
+            out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, start_new_session=True)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")]
+            if out.returncode or not lines:
+                raise RuntimeError(f"side-by-side job failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            blocks = json.loads(lines[-1].split(" ", 1)[1])["blocks"]
+            for r in range(rounds):
+                e = next(b["step_s"] for b in blocks if b["round"] == r and b["which"] == "engine")
+                b = next(b["step_s"] for b in blocks if b["round"] == r and b["which"] == "bare")
+                engine.append(e)
+                bare.append(b)
+                print(f"launch {launch + 1} round {r + 1}: engine {statistics.median(e) * 1e3:.2f} ms/step, bare "
+                      f"{statistics.median(b) * 1e3:.2f} ms/step, ratio {statistics.median(e) / statistics.median(b):.3f}x", flush=True)
+    return engine, bare
+
+
+def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[float]], wall_s: float, mode: str) -> None:
     ratios = [statistics.median(e) / statistics.median(b) for e, b in zip(engine, bare)]
     e_all, b_all = [s for r in engine for s in r], [s for r in bare for s in r]
     e_med, b_med = statistics.median(e_all), statistics.median(b_all)
     med_of_ratios, ratio_of_meds = statistics.median(ratios), e_med / b_med
     m = spec.model
-    print(f"DDP world 2, d_model {m.d_model}, {m.n_layers} layers, seq {m.seq_len}, global batch "
+    print(f"mode {mode}: DDP world 2, d_model {m.d_model}, {m.n_layers} layers, seq {m.seq_len}, global batch "
           f"{spec.train.global_batch}, {spec.train.steps} timed steps x {len(ratios)} rounds each, "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {wall_s:.0f} s")
     print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in ratios)} (min {min(ratios):.3f}, max {max(ratios):.3f})")
@@ -130,11 +161,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--mode", choices=["side-by-side", "launches"], default="side-by-side")
+    ap.add_argument("--launches", type=int, default=2, help="side-by-side jobs (each runs --rounds rounds)")
     args = ap.parse_args()
     spec = bench_spec(args.steps)
     t0 = time.monotonic()
-    engine, bare = run_rounds(spec, args.rounds)
-    report(spec, engine, bare, time.monotonic() - t0)
+    if args.mode == "side-by-side":
+        engine, bare = side_by_side_rounds(spec, args.rounds, args.launches)
+    else:
+        engine, bare = run_rounds(spec, args.rounds)
+    report(spec, engine, bare, time.monotonic() - t0, args.mode)
 
 
 if __name__ == "__main__":

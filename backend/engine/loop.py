@@ -45,7 +45,7 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
         maybe_inject(ctx.rank, i)
         losses.append(global_mean_loss(*prep.train_step(*_batch(ctx, i))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
-    step_s, timed = _timed_steps(ctx, prep, losses)
+    step_s, timed = timed_steps(ctx, prep, losses)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
     comm = full.summary(1)
     timed_summary = timed.summary(t.steps)
@@ -60,7 +60,7 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
             "memory": mem}
 
 
-def _timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple[list[float], comm_bench.KernelCommCounter]:
+def timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple[list[float], comm_bench.KernelCommCounter]:
     t = ctx.spec.train
     step_s: list[float] = []
     counter = comm_bench.KernelCommCounter()
