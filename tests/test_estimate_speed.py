@@ -58,7 +58,7 @@ BEFORE = {
     "pp4_interleaved": "c00771236f321aca3a83",
     "3d_selective_ddp": "a098b056e3c8688f0c84",
     "70b_fsdp8": "407d3bb335f11c831cae",
-    "70b_tp8pp8dp4": "48d5cb8cc4162473e049",
+    "70b_tp8pp8dp4": "8ebc63bbe04760fb9550",
 }
 
 

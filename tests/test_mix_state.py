@@ -12,8 +12,9 @@ import pytest
 
 from backend.analytic import sharding as S
 from backend.analytic.estimate import estimate
-from backend.analytic.fsdp_state import PipelinePeak, pipeline_peak
+from backend.analytic.fsdp_state import PipelinePeak, StageState, interleaved_order, multi_stage_peak, pipeline_peak
 from backend.analytic.params import param_list
+from backend.analytic.pipeline import in_flight_microbatches
 from backend.analytic.traffic import fsdp_gathers_per_step
 from backend.spec import ExperimentSpec
 
@@ -144,7 +145,60 @@ def test_pp_x_fsdp_and_zero2_state_at_the_peak():
                 assert r.grads_bytes == sharded + 4 * unsharded  # 165,120 B
 
 
-FIXED = ("tp4_moe_sp", "fsdp_x_tp", "zero2_x_tp", "ddp_x_tp", "pp_x_fsdp", "pp_x_zero2", "fsdp_x_ep")
+def test_interleaved_order_is_torchs_action_list():
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B as Sched
+
+    # by hand from the traced run (pp=2, v=2, m=4): rank 0 holds stages 0, 2; rank 1 holds 1, 3
+    assert [f"{s}{k}" for s, k in interleaved_order(2, 2, 4, 0)] == (
+        "0F 0F 2F 2F 0F 2B 0F 2B 2F 0B 2F 0B 2B 2B 0B 0B".split())
+    assert [f"{s}{k}" for s, k in interleaved_order(2, 2, 4, 1)] == (
+        "1F 1F 3F 3B 3F 3B 1F 1B 1F 1B 3F 3B 3F 3B 1B 1B".split())
+    for p, v, m in [(2, 2, 2), (2, 3, 6), (3, 2, 6), (4, 2, 8), (4, 3, 4), (2, 2, 8)]:
+        for rank in range(p):
+            sched = Sched.__new__(Sched)  # only the pure action-list builder, no process group
+            sched.pp_group_size, sched.n_local_stages, sched.rank, sched._n_microbatches = p, v, rank, m
+            sched.number_of_rounds = max(1, m // p)
+            sched.microbatches_per_round = m // sched.number_of_rounds
+            torch_order = [(a.stage_index, "F" if str(a.computation_type).endswith(".FORWARD") else "B")
+                           for a in sched._calculate_single_rank_operations(rank) if a is not None]
+            assert interleaved_order(p, v, m, rank) == torch_order, (p, v, m, rank)
+            held = peak = 0
+            for _, kind in torch_order:
+                held += 1 if kind == "F" else -1
+                peak = max(peak, held)
+            assert peak == in_flight_microbatches("interleaved_1f1b", p=p, m=m, stage=rank, v=v)
+
+
+def test_interleaved_peak_stage_states():
+    s = mk(strategy="fsdp", pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b")
+    # rank 0 peaks in 2F3 (the last forward at 5 in flight): stage 0 ran 0B0 last (units left unsharded),
+    # stage 2 ran 2F2 (resharded); both had a backward. Rank 1 peaks at 3B3's start: stage 1 ran 1B1 last,
+    # stage 3 just ran 3F3 (resharded, root too); both had a backward.
+    assert multi_stage_peak(s, [0, 2]) == {0: StageState(True, True), 2: StageState(False, True)}
+    assert multi_stage_peak(s, [1, 3]) == {1: StageState(True, True), 3: StageState(False, True)}
+    assert multi_stage_peak(mk(strategy="fsdp", pp=2), [0]) is None  # single-stage: pipeline_peak
+    ddp = mk(strategy="ddp", pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b")
+    assert multi_stage_peak(ddp, [0, 2]) is None
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
+def test_pp_x_fsdp_interleaved_state_at_the_peak(strategy):
+    s = mk(strategy=strategy, pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b")
+    for r in estimate(s).per_rank:
+        first = r.coords["pp"] == 0  # stages 0, 2 (embeddings) or 1, 3 (norm + lm_head)
+        unsharded = 2 * block_numel() + root_numel(first=first, last=not first)
+        sharded = 4 * unsharded // 2
+        assert r.grads_bytes == sharded + 4 * unsharded  # 167,808 / 165,120 B: both local stages had a backward
+        if strategy == "zero2":
+            assert r.params_bytes == sharded + 4 * unsharded
+        elif first:  # stage 0 (block 0 + embeddings) unsharded since 0B0, stage 2 resharded by 2F2
+            assert r.params_bytes == sharded + 4 * (block_numel() + root_numel(last=False)) == 116_992
+        else:  # stage 1 (block 1) unsharded since 1B1, stage 3 resharded by 3F3
+            assert r.params_bytes == sharded + 4 * block_numel() == 105_856
+
+
+FIXED = ("tp4_moe_sp", "fsdp_x_tp", "zero2_x_tp", "ddp_x_tp", "pp_x_fsdp", "pp_x_zero2", "pp_x_fsdp_interleaved",
+         "fsdp_x_ep")
 DP_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
 

@@ -252,14 +252,18 @@ def _notes(spec: Any) -> list[str]:
     if p.pp > 1 and p.zero_stage >= 2:
         notes.append("PP x FSDP: all-gathers per unit and step = sharded->unsharded transitions (zero3 1 + "
                      "microbatches, zero2 1); unsharded gradients accumulate until the last backward. The FSDP2 state at the "
-                     "activation peak is modelled for gpipe / 1f1b; with several stages per rank only the sharded "
-                     "storage (+ zero2's unsharded units) is predicted")
+                     "activation peak follows the schedule's action order (fsdp_state.py): the peak is the last action "
+                     "at the largest in-flight count; where several moments tie (few microbatches: m < pp x "
+                     "virtual stages) the tracker may keep an earlier one, before the backward whose unsharded "
+                     "gradients the prediction includes")
     if p.pp == 1 and p.zero_stage >= 2 and peak_inside_forward(spec) == "root":
         notes.append("FSDP x TP (fp32): lm_head's logits all-gather and the loss hold the same activation bytes (to a "
                      "few bytes); the peak is predicted inside the root's forward (the last block's all-gather buffer "
                      "alive; zero3: the root unsharded), a rank whose tracker keeps the loss moment measures neither")
     if p.ep > 1:
-        notes.append("EP all_to_all assumes uniform routing; split-size exchanges are not counted")
+        notes.append("EP all_to_all and MoE activations are predicted for uniform routing (incl. the 8·E-byte count "
+                     "exchange); each rank's result also carries the prediction for the routing it measured "
+                     "(predicted_given_routing)")
     if uses_replicate(spec) and p.tp > 1 and spec.train.microbatches > 1:
         notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
                      "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "

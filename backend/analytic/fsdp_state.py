@@ -1,13 +1,14 @@
 """FSDP2 / replicate state at the engine's activation peak beyond the sharded storage (pure Python): which
 units are unsharded and which unsharded gradients have accumulated, depending on where the peak falls
-(inside the root's forward, at a pipeline stage's forward or backward). Used by estimate._memory."""
+(inside the root's forward, at a pipeline stage's forward or backward, per local stage of an interleaved
+rank). Used by estimate._memory."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_grad_numel, unsharded_numel
+from backend.analytic.sharding import LocalParam, fsdp_units, layer_split, unsharded_grad_numel, unsharded_numel
 from backend.analytic.traffic import compute_bytes
 
 
@@ -61,17 +62,92 @@ def pipeline_peak(spec: Any, stages: list[int]) -> PipelinePeak | None:
     return PipelinePeak(True, False)
 
 
+def interleaved_order(p: int, v: int, m: int, rank: int) -> list[tuple[int, str]]:
+    """(stage, "F" | "B") in the order pipeline rank `rank` runs them under interleaved 1F1B: torch's action list
+    without its idle slots (torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B
+    `_calculate_single_rank_operations`, `_get_warmup_ops`, `_get_1f1b_rank_ops`)."""
+    per_round = m // max(1, m // p)  # schedules.py: microbatches_per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)  # _get_warmup_ops(multiply_factor=2)
+    steady = m * v - warmup
+
+    def fwd(op: int) -> int:  # forward_stage_index
+        return (op // per_round) % v * p + rank
+
+    def bwd(op: int) -> int:  # backward_stage_index
+        return (v - 1 - (op - warmup) // per_round % v) * p + rank
+
+    out: list[tuple[int, str]] = []
+    for op in range(warmup + steady + warmup):  # warm-up F, steady F then B, cool-down B
+        if op < warmup + steady:
+            out.append((fwd(op), "F"))
+        if op >= warmup:
+            out.append((bwd(op), "B"))
+    return out
+
+
+@dataclass(frozen=True)
+class StageState:
+    """FSDP2 state of one local stage of a multi-stage pipeline rank at its activation peak."""
+
+    unsharded: bool
+    """zero3: the stage's units are unsharded (its latest action before the peak forward was a backward)."""
+    grads: bool
+    """A backward of this stage ran before the peak: its unsharded gradients are held (no sync until the last)."""
+
+
+def multi_stage_peak(spec: Any, stages: list[int]) -> dict[int, StageState] | None:
+    """Per local stage of an interleaved-1F1B rank, the FSDP2 state at the activation peak: the rank's LAST
+    forward that reaches its maximum in-flight chunk count (every later moment holds at least as many sent
+    outputs, `_PipelineScheduleRuntime` keeps every send Work until the step ends; ties keep the later moment);
+    on the last stage the start of the backward that follows, before its pre-backward unshard.
+    A backward leaves its units unsharded (stage.py `backward_maybe_with_nosync`: reshard_after_backward=False)
+    until the stage's next forward, whose post_forward reshards them (zero3, reshard_after_forward=True also on
+    the stage root: _fsdp_state.py `_lazy_init` keeps a root unsharded only with the automatic default). The
+    peak forward's own (non-last) stage counts in its state before that forward: the engine's tracker peaks at
+    that forward's all-gather, before the copy-out unshards (it books the re-allocated all-gather output as
+    Activation); a last stage counts after it (its post_forward resharded before the loss backward starts)."""
+    p = spec.parallel
+    if p.pp == 1 or p.zero_stage < 2 or str(p.pp_schedule) != "interleaved_1f1b" or len(stages) < 2:
+        return None
+    rank = stages[0] % p.pp
+    order = interleaved_order(p.pp, len(stages), spec.train.microbatches, rank)
+    held, counts = 0, []
+    for _, kind in order:
+        held += 1 if kind == "F" else -1
+        counts.append(held if kind == "F" else -1)
+    peak = max(i for i, c in enumerate(counts) if c == max(counts))
+    before = order[:peak + (order[peak][0] == p.pp * p.virtual_stages - 1)]  # last stage: after its forward
+    last = {s: k for s, k in before}  # each stage's latest action before the peak
+    return {s: StageState(last.get(s) == "B", (s, "B") in before) for s in stages}
+
+
+def stage_of(name: str, m: Any, n_stages: int) -> int:
+    """Pipeline stage holding parameter `name` (backend/strategies/pp.py strip_to_stage)."""
+    parts = name.split(".")
+    if parts[0] == "layers":
+        return next(s for s, r in enumerate(layer_split(m.n_layers, n_stages)) if int(parts[1]) in r)
+    return 0 if parts[0] in ("tok_emb", "pos_emb") else n_stages - 1
+
+
 def fsdp_peak_extra(spec: Any, params: list[LocalParam], stages: list[int]) -> tuple[int, int]:
     """(unsharded parameter elements, unsharded gradient elements) alive at the activation peak beyond the
     sharded storage. Every unit is unsharded under zero2; under zero3 none once the root's forward ended.
     Inside the root's forward (`peak_inside_forward`, `PipelinePeak.in_root_forward`) the last block's flat
     all-gather output is still referenced (_fsdp_param_group.py wait_for_unshard keeps it in
     comm_ctx.all_gather_state; the root's _fsdp_state.py _post_forward frees it) and, under zero3, the root
-    (and the last block, inside it) are not yet resharded (_fsdp_param_group.py post_forward)."""
+    (and the last block, inside it) are not yet resharded (_fsdp_param_group.py post_forward).
+    Multi-stage (interleaved) ranks: per local stage, `multi_stage_peak`."""
     p = spec.parallel
     managed = [q for q in params if not (q.is_expert and p.ep > 1)]  # ep experts are ignored_params
     units = fsdp_units(spec.model, managed)
     params_out = sum(unsharded_numel(u) for u in units.values()) if p.zero_stage == 2 else 0
+    multi = multi_stage_peak(spec, stages)
+    if multi is not None:
+        n_stages = p.pp * p.virtual_stages
+        at = {q.name: multi[stage_of(q.name, spec.model, n_stages)] for q in managed}
+        if p.zero_stage != 2:
+            params_out = sum(unsharded_numel(u) for u in units.values() if at[u[0].name].unsharded)
+        return params_out, sum(unsharded_grad_numel(q, p.tp) for q in managed if at[q.name].grads)
     pipe = pipeline_peak(spec, stages)
     where = peak_inside_forward(spec) or ("root" if pipe and pipe.in_root_forward else None)
     grads_out = sum(unsharded_grad_numel(q, p.tp) for q in managed) if pipe and pipe.after_backward else 0
