@@ -98,6 +98,37 @@ def test_sigkilled_rank_without_record_is_blamed_over_its_peer(tmp_path: Path) -
     assert f.failing_rank == 3 and "SIGKILL" in f.error
 
 
+PEER_FIRST_SUMMARY = """
+backend.engine.rank FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_06:54:11
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 9011)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 9011
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_06:54:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 9010)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_killed_rank_is_blamed_when_torchrun_saw_its_peer_exit_first(tmp_path: Path) -> None:
+    """Under load the peer's error exit can reach torchrun before the SIGKILL: the silent killed rank is the cause."""
+    _error_file(tmp_path, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:36050", t=1.0)
+    assert outcome.torchrun_failures(PEER_FIRST_SUMMARY) == [(1, -9), (0, 1)]
+    f = outcome.classify_exit(tmp_path, 1, PEER_FIRST_SUMMARY)
+    assert f.failing_rank == 1 and "SIGKILL" in f.error, f.error
+
+
 def test_write_atomic_replaces_whole_file(tmp_path: Path) -> None:
     path = tmp_path / "result.json"
     write_atomic(path, "old")

@@ -23,6 +23,7 @@ _PEER_ERROR = re.compile(
     re.IGNORECASE,
 )
 _TIMEOUT_ERROR = re.compile(r"timed out|timeout", re.IGNORECASE)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)",
     re.DOTALL,
@@ -89,6 +90,11 @@ def from_rank_errors(out_dir: Path) -> Failure | None:
     return Failure(status, f"rank {rank}: {one_line}", rank, first.get("traceback"))
 
 
+def torchrun_failures(log_text: str) -> list[tuple[int, int]]:
+    """Every (global rank, exit code) torchrun's failure summary lists ("Failures:" and "Root Cause")."""
+    return [(int(r), int(c)) for r, c in _FAILURE.findall(log_text)]
+
+
 def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
     """A job that ended on its own with a non-zero exit code (or without a result)."""
     records = rank_errors(out_dir)
@@ -97,6 +103,12 @@ def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
         return own
     root = torchrun_root_cause(log_text)
     reported = {r.get("rank") for r in records}
+    if root is not None and root[0] in reported:
+        # torchrun saw a peer's error exit first (load decides who exits first): a rank killed by a signal
+        # without an error report of its own is the cause
+        silent = [f for f in torchrun_failures(log_text)  # SIGTERM is torchrun ending the rest of the job
+                  if f[0] not in reported and f[1] < 0 and f[1] != -signal.SIGTERM]
+        root = silent[0] if silent else root
     if root is not None and root[0] not in reported:
         rank, code = root
         note = " (the kernel's OOM killer also sends SIGKILL)" if code == -signal.SIGKILL else ""
