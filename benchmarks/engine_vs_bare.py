@@ -112,7 +112,7 @@ def bootstrap_median(xs: list[float], level: float = 0.90, n: int = 4000) -> tup
     return lo, meds[min(n - 1, int((1 + level) / 2 * n))]
 
 
-def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int) -> tuple[list[list[float]], list[list[float]]]:
+def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: bool = False) -> tuple[list[list[float]], list[list[float]]]:
     """Per round, the engine's and the bare loop's slowest-rank step seconds, from `launches` jobs."""
     engine: list[list[float]] = []
     bare: list[list[float]] = []
@@ -122,7 +122,7 @@ def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int) -> tup
         spec_path.write_text(spec.to_json())
         for launch in range(launches):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds)]
+                   str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds)] + (["--pin"] if pin else [])
             out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, start_new_session=True)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")]
             if out.returncode or not lines:
@@ -163,11 +163,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mode", choices=["side-by-side", "launches"], default="side-by-side")
     ap.add_argument("--launches", type=int, default=2, help="side-by-side jobs (each runs --rounds rounds)")
+    ap.add_argument("--pin", action="store_true", help="side-by-side: pin rank r to core r (both sides alike)")
     args = ap.parse_args()
     spec = bench_spec(args.steps)
     t0 = time.monotonic()
     if args.mode == "side-by-side":
-        engine, bare = side_by_side_rounds(spec, args.rounds, args.launches)
+        engine, bare = side_by_side_rounds(spec, args.rounds, args.launches, args.pin)
     else:
         engine, bare = run_rounds(spec, args.rounds)
     report(spec, engine, bare, time.monotonic() - t0, args.mode)

@@ -38,10 +38,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--pin", action="store_true", help="pin rank r to CPU core r (less scheduler jitter for both sides)")
     args = ap.parse_args()
     spec = ExperimentSpec.from_json(args.spec.read_text())
     torch.set_num_threads(1)
     rank, world, local_rank = mesh_mod.env_ranks()
+    if args.pin and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {local_rank % (os.cpu_count() or 1)})
     _, device = mesh_mod.init(spec, rank, world, local_rank)
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=local_rank, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
