@@ -189,16 +189,8 @@ def _routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: 
             f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
             f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
             f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
-            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}, incl. the expert "
-            f"outputs index_add keeps, which the uniform dense-dispatch MoE term omits)."
-            + (" Under autocast the routed rows are the fp32 LayerNorm output (4 B per element)." if _autocast(spec) else ""))
+            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}).")
     return notes
-
-
-def _autocast(spec: ExperimentSpec) -> bool:
-    from backend.analytic.activations import uses_autocast
-
-    return uses_autocast(spec)
 
 
 def _pct(e: float | None) -> str:
