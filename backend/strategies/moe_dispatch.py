@@ -44,17 +44,18 @@ class RoutingLog:
     "recompute": True when the same (microbatch, layer) already ran (activation checkpointing re-runs forward)}."""
 
     def __init__(self) -> None:
-        self.records: list[dict] = []
-        self.microbatch = 0
+        self.start_step()
 
     def start_step(self) -> None:
-        self.records = []
+        self.records: list[dict] = []
         self.microbatch = 0
+        self._seen: set[tuple[int, str]] = set()
 
     def add(self, layer: str, counts: torch.Tensor, recv_counts: torch.Tensor, ep: int) -> None:
-        seen = any(r["microbatch"] == self.microbatch and r["layer"] == layer for r in self.records)
+        key = (self.microbatch, layer)
         self.records.append({"microbatch": self.microbatch, "layer": layer, "sent": counts.tolist(),
-                             "received": recv_counts.view(ep, -1).tolist(), "recompute": seen})
+                             "received": recv_counts.view(ep, -1).tolist(), "recompute": key in self._seen})
+        self._seen.add(key)
 
 
 def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int, log: RoutingLog | None, layer: str,
