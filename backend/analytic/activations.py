@@ -207,9 +207,14 @@ def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[
         mlp_out = t.micro_batch * m.seq_len * m.d_model / (p.tp if p.sequence_parallel else 1) * hkw["dtype_bytes"]
         return _pipeline_saved(spec, rank, stages, per_mb, hkw), 0.0, mlp_out
     total = per_mb + model_embedding_head_activation_bytes(**hkw)
-    if p.tp > 1:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays next to the gathered logits
-        total += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * kw["dtype_bytes"]
+    total += _tp_logits_shard_bytes(spec, kw["dtype_bytes"])
     return total, model_head_freed_in_backward_bytes(**hkw), 0.0
+
+
+def _tp_logits_shard_bytes(spec: Any, dtype_bytes: float) -> float:
+    """ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays alive next to the gathered logits."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    return t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * dtype_bytes if p.tp > 1 else 0.0
 
 
 def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw: dict[str, Any]) -> float:
@@ -233,8 +238,7 @@ def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw:
     if n_stages - 1 not in stages:
         return total
     head = model_embedding_head_activation_bytes(**hkw) - m.seq_len * INDEX_BYTES - LOSS_BYTES
-    if p.tp > 1:  # ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays next to the gathered logits
-        head += t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * hkw["dtype_bytes"]
+    head += _tp_logits_shard_bytes(spec, hkw["dtype_bytes"])
     k = PL.last_stage_in_flight(sched, m=mb)
     # fp32 scalars: every microbatch's loss (schedules.py `_internal_losses`, kept to the step's end), nll_loss's
     # total_weight per in-flight loss graph, the ones_like loss seed of the backward (_backward.py stage_backward)

@@ -4,9 +4,10 @@ The analytic model (traffic.py, activations.py) assumes uniform routing: every e
 N·k token-slots per MoE layer and microbatch (N tokens, top-k). Real routing is data-dependent, so here the
 same two quantities are computed from measured token counts (backend/strategies/moe_dispatch.RoutingLog):
 per dispatch call, S rows sent by this rank (always N·k: droppless, no capacity factor) and R rows its
-experts received from the ep group. With R = N·k the all-to-all payload is exactly traffic.py's uniform value;
-the activation term is activations.py's (dense-dispatch) MoE term plus what only the all-to-all dispatch saves
-(`ep_only_uniform_bytes`: the expert outputs index_add keeps, the sort-order index), both tested.
+experts received from the ep group. With R = N·k the all-to-all payload is exactly traffic.py's uniform value
+and the activation term is the one activations.py uses for ep > 1 (`ep_moe_layer_bytes`): the dense-dispatch
+MoE term plus what only the all-to-all dispatch saves (`ep_only_uniform_bytes`: the expert outputs index_add
+keeps, the sort-order index), both tested.
 
 Sources: Lepikhin et al. 2021, GShard, Sec 3.1 / Algorithm 2 (dispatch and combine as AllToAll, forward and
 backward); Fedus et al. 2022, Switch Transformer, Sec 2.2 (each expert's computation scales with the tokens
@@ -117,7 +118,7 @@ def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n
 def predicted_moe_layer_bytes(spec: Any) -> float:
     """The MoE term inside the uniform prediction's per-layer bytes: activations.model_layer_activation_bytes with
     experts minus without (+ the dense MLP term that replaces them), so a change of that model is followed here.
-    Today it is activations._moe_bytes, the dense dispatch's saved tensors."""
+    For ep > 1 it is `ep_moe_layer_bytes` at uniform counts."""
     from backend.analytic import activations as A
 
     kw, rc = A._layer_kwargs(spec), str(spec.train.recompute)
@@ -153,7 +154,7 @@ class RoutingAdjustment:
     """all_to_all payload of every recorded dispatch (the only all_to_all an ep rank runs)."""
     activations_delta_bytes: float
     """EP MoE terms at the measured counts of the heaviest microbatch minus the MoE terms the uniform prediction
-    holds (`predicted_moe_layer_bytes`; so even uniform counts give `ep_only_uniform_bytes` per layer today)."""
+    holds (`predicted_moe_layer_bytes`; 0 for uniform counts)."""
     received_slots: int
     """Token-slots this rank's experts received over the step (every layer and microbatch, recomputes excluded)."""
     uniform_slots: float
