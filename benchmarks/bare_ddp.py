@@ -33,8 +33,10 @@ def bare_model(spec: ExperimentSpec) -> tuple[DDP, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=spec.train.lr)
 
 
-def bare_steps(spec: ExperimentSpec, model: DDP, opt: torch.optim.Optimizer, steps: range) -> list[float]:
-    """Seconds of each step in `steps` on this rank (each starts at a barrier)."""
+def bare_steps(spec: ExperimentSpec, model: DDP, opt: torch.optim.Optimizer, steps: range,
+               cpu_s: list[float] | None = None) -> list[float]:
+    """Seconds of each step in `steps` on this rank (each starts at a barrier); with `cpu_s`, also appends each
+    step's process CPU seconds (all threads of this rank, gloo's included) to it."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = spec.train
     per, mb, n = t.global_batch // world, t.micro_batch, t.microbatches
@@ -43,13 +45,15 @@ def bare_steps(spec: ExperimentSpec, model: DDP, opt: torch.optim.Optimizer, ste
         x, y = global_batch(spec, step)
         x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=False)
         for i in range(n):
             with model.no_sync() if i < n - 1 else nullcontext():
                 loss = loss_fn(model(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb]) / n
                 loss.backward()
         opt.step()
+        if cpu_s is not None:
+            cpu_s.append(time.process_time() - c0)
         step_s.append(time.perf_counter() - t0)
     return step_s
 

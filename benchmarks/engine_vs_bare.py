@@ -6,11 +6,14 @@
 Both run the same spec (world 2, small GPT). A step's time is its slowest rank's, for both.
 
 --mode side-by-side (default): one torchrun job runs the engine's timed-step code (mesh, ddp strategy,
-`loop.timed_steps`) and the bare loop of `bare_ddp.py` in the same processes, in alternating blocks of
---steps steps for --rounds rounds (order flipped every round) — `side_by_side.py`; repeated for --launches
-jobs. On this machine a process launch's median step moves by ±10% from one launch to the next (measured:
-the same bare loop runs at 28–56 ms in different launches), which buries a 3% target; inside one job both
-sides share that launch's state, so the ratio isolates what the engine's per-step code costs.
+`loop.timed_steps`) and the bare loop of `bare_ddp.py` in the same processes, alternating every --block
+steps (default 1: single steps, paired) for --rounds rounds of --steps steps — `side_by_side.py`; repeated
+for --launches jobs. On this machine a process launch's median step moves by ±10% from one launch to the
+next (measured: the same bare loop runs at 28–56 ms in different launches), which buries a 3% target;
+inside one job both sides share that launch's state, and alternating single steps lets a load burst hit
+both alike (blocks of 30 steps gave per-round ratios 0.78–1.19; single steps 0.94–1.08). Process CPU
+seconds per step are reported too: the work each side does, which time-sharing does not stretch.
+--null runs the same job with a second bare loop in the engine's place (A/A): the noise floor.
 --mode launches: the engine through `run_experiment` (whole launcher + rank program, incl. its process
 state) vs `bare_ddp.py`, as separate torchrun jobs alternating per round: the end-to-end comparison,
 dominated by launch noise.
@@ -112,49 +115,73 @@ def bootstrap_median(xs: list[float], level: float = 0.90, n: int = 4000) -> tup
     return lo, meds[min(n - 1, int((1 + level) / 2 * n))]
 
 
-def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: bool = False) -> tuple[list[list[float]], list[list[float]]]:
-    """Per round, the engine's and the bare loop's slowest-rank step seconds, from `launches` jobs."""
-    engine: list[list[float]] = []
-    bare: list[list[float]] = []
+Rounds = tuple[list[list[float]], list[list[float]]]
+
+
+def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: bool = False,
+                        block: int = 0, null: bool = False) -> tuple[Rounds, Rounds]:
+    """Per round, the engine's and the bare loop's step seconds from `launches` jobs: (wall, cpu), each a pair
+    (engine rounds, bare rounds); wall = slowest rank's, cpu = the largest per-rank process CPU seconds."""
+    wall: Rounds = ([], [])
+    cpu: Rounds = ([], [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory(prefix="shardlab-sbs-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(spec.to_json())
         for launch in range(launches):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds)] + (["--pin"] if pin else [])
+                   str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds),
+                   "--block", str(block)] + (["--pin"] if pin else []) + (["--null"] if null else [])
             out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, start_new_session=True)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")]
             if out.returncode or not lines:
                 raise RuntimeError(f"side-by-side job failed ({out.returncode}):\n{out.stderr[-3000:]}")
             blocks = json.loads(lines[-1].split(" ", 1)[1])["blocks"]
             for r in range(rounds):
-                e = next(b["step_s"] for b in blocks if b["round"] == r and b["which"] == "engine")
-                b = next(b["step_s"] for b in blocks if b["round"] == r and b["which"] == "bare")
-                engine.append(e)
-                bare.append(b)
-                print(f"launch {launch + 1} round {r + 1}: engine {statistics.median(e) * 1e3:.2f} ms/step, bare "
-                      f"{statistics.median(b) * 1e3:.2f} ms/step, ratio {statistics.median(e) / statistics.median(b):.3f}x", flush=True)
-    return engine, bare
+                for side, which in enumerate(("engine", "bare")):
+                    mine = [b for b in blocks if b["round"] == r and b["which"] == which]
+                    wall[side].append([s for b in mine for s in b["step_s"]])
+                    cpu[side].append([s for b in mine for s in b["cpu_s"]])
+                e, b = statistics.median(wall[0][-1]), statistics.median(wall[1][-1])
+                print(f"launch {launch + 1} round {r + 1}: engine {e * 1e3:.2f} ms/step, bare {b * 1e3:.2f} ms/step, "
+                      f"ratio {e / b:.3f}x (CPU time ratio {statistics.median(cpu[0][-1]) / statistics.median(cpu[1][-1]):.3f}x)",
+                      flush=True)
+    return wall, cpu
 
 
-def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[float]], wall_s: float, mode: str) -> None:
+def ratio_stats(engine: list[list[float]], bare: list[list[float]]) -> tuple[list[float], float, float, float, float]:
+    """(per-round ratios of medians, their median, 90% bootstrap interval lo, hi, ratio of pooled medians)."""
     ratios = [statistics.median(e) / statistics.median(b) for e, b in zip(engine, bare)]
-    e_all, b_all = [s for r in engine for s in r], [s for r in bare for s in r]
-    e_med, b_med = statistics.median(e_all), statistics.median(b_all)
-    med_of_ratios, ratio_of_meds = statistics.median(ratios), e_med / b_med
-    m = spec.model
+    pooled = statistics.median(s for r in engine for s in r) / statistics.median(s for r in bare for s in r)
+    lo, hi = bootstrap_median(ratios)
+    return ratios, statistics.median(ratios), lo, hi, pooled
+
+
+def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[float]], wall_s: float, mode: str,
+           cpu: Rounds | None = None, block: int = 0, null: bool = False) -> bool:
+    """Print the comparison; True when the wall-clock verdict is PASS."""
+    if null:
+        print("A/A check: the 'engine' side below is a second bare loop; its ratios are this machine's noise floor")
+    ratios, med_of_ratios, lo, hi, ratio_of_meds = ratio_stats(engine, bare)
+    e_med = statistics.median(s for r in engine for s in r)
+    b_med = statistics.median(s for r in bare for s in r)
+    m, t = spec.model, spec.train
+    blocks = f", alternating every {block or t.steps} step(s)" if mode == "side-by-side" else ""
     print(f"mode {mode}: DDP world 2, d_model {m.d_model}, {m.n_layers} layers, seq {m.seq_len}, global batch "
-          f"{spec.train.global_batch}, {spec.train.steps} timed steps x {len(ratios)} rounds each, "
+          f"{t.global_batch}, {t.steps} timed steps x {len(ratios)} rounds each{blocks}, "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {wall_s:.0f} s")
     print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in ratios)} (min {min(ratios):.3f}, max {max(ratios):.3f})")
-    lo, hi = bootstrap_median(ratios)
     print(f"median of per-round ratios: {med_of_ratios:.3f}x (90% bootstrap interval over rounds {lo:.3f}-{hi:.3f})")
     print(f"pooled median step: engine {e_med * 1e3:.2f} ms, bare torch DDP {b_med * 1e3:.2f} ms, "
           f"ratio of medians {ratio_of_meds:.3f}x")
+    if cpu is not None:
+        c_ratios, c_med, c_lo, c_hi, c_pooled = ratio_stats(*cpu)
+        print(f"process CPU seconds per step (the work each side does, blind to time-sharing): median of per-round "
+              f"ratios {c_med:.3f}x (90% interval {c_lo:.3f}-{c_hi:.3f}), pooled {c_pooled:.3f}x")
     ok = med_of_ratios <= TARGET and ratio_of_meds <= TARGET
     resolved = "" if hi <= TARGET or lo > TARGET else f"; the interval straddles {TARGET:.2f}x: not resolved at this noise"
     print(f"verdict: {'PASS' if ok else 'FAIL'} (target engine <= {TARGET:.2f}x bare; both ratios must meet it{resolved})")
+    return ok
 
 
 def main() -> None:
@@ -164,14 +191,19 @@ def main() -> None:
     ap.add_argument("--mode", choices=["side-by-side", "launches"], default="side-by-side")
     ap.add_argument("--launches", type=int, default=2, help="side-by-side jobs (each runs --rounds rounds)")
     ap.add_argument("--pin", action="store_true", help="side-by-side: pin rank r to core r (both sides alike)")
+    ap.add_argument("--block", type=int, default=1,
+                    help="side-by-side: steps per alternating engine/bare block (1 = pair single steps; must divide --steps)")
+    ap.add_argument("--null", action="store_true",
+                    help="side-by-side A/A check: a second bare loop stands in for the engine (shows the noise floor)")
     args = ap.parse_args()
     spec = bench_spec(args.steps)
     t0 = time.monotonic()
+    cpu = None
     if args.mode == "side-by-side":
-        engine, bare = side_by_side_rounds(spec, args.rounds, args.launches, args.pin)
+        (engine, bare), cpu = side_by_side_rounds(spec, args.rounds, args.launches, args.pin, args.block, args.null)
     else:
         engine, bare = run_rounds(spec, args.rounds)
-    report(spec, engine, bare, time.monotonic() - t0, args.mode)
+    report(spec, engine, bare, time.monotonic() - t0, args.mode, cpu, args.block, args.null)
 
 
 if __name__ == "__main__":

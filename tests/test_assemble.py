@@ -21,7 +21,7 @@ def fake_payload(spec, *, scale=1.0, step_s=((0.1, 0.3, 0.2), (0.2, 0.1, 0.4)), 
         comm = {k: {"calls": 2, "bytes": v, "wire_bytes": v / 2, "seconds": 0.01} for k, v in pr.comm_bytes.items()}
         comm.update(extra_comm or {})
         ranks.append({"rank": r, "coords": spec.parallel.coords(r), "losses": [2.0, 1.5, 1.25, 1.0],
-                      "step_s": list(step_s[r]), "comm": comm, "comm_timed": comm, "comm_excluded": {"all_reduce": 4},
+                      "step_s": list(step_s[r]), "comm": comm, "comm_kernel": comm, "comm_excluded": {"all_reduce": 4},
                       "memory": {"categories": cats, "peak_bytes": sum(cats.values()), "at_peak": cats, "high_water": cats,
                                  "moment": "activation_peak", "rss_bytes": 1, "cuda_max_allocated_bytes": None},
                       "env": {"hostname": f"h{r}", "device_type": device, "device_name": "NVIDIA H100 80GB HBM3"

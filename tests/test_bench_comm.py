@@ -59,6 +59,44 @@ def test_kernel_counter_is_inactive_outside_its_context(pg):
     assert not c.calls
 
 
+def hooked() -> bool:
+    """Whether a Python kernel overrides torch's own at c10d::allreduce_'s AutogradCPU key."""
+    return "AutogradCPU" in torch._C._dispatch_dump("c10d::allreduce_")
+
+
+def test_kernel_hooks_exist_only_inside_the_outermost_counter(pg):
+    assert not hooked()
+    with KernelCommCounter() as outer:
+        with KernelCommCounter() as inner:
+            dist.all_reduce(torch.ones(2))
+        assert hooked()
+        dist.all_reduce(torch.ones(3))
+    assert not hooked()  # torch's own kernels again: code outside a counter pays nothing
+    assert (inner.bytes["all_reduce"], outer.bytes["all_reduce"]) == (8, 12)
+
+
+def test_timed_steps_run_uninstrumented_and_comm_steps_counted(pg, monkeypatch):
+    from types import SimpleNamespace
+
+    from backend.engine import loop
+    from backend.strategies.base import LocalLoss
+
+    monkeypatch.setattr(loop, "progress", lambda *a, **k: None)
+    monkeypatch.setattr(loop, "_batch", lambda ctx, i: (torch.ones(1), torch.ones(1)))
+    seen: list[bool] = []
+
+    def train_step(x, y):
+        seen.append(hooked())
+        dist.all_reduce(torch.ones(4))
+        return LocalLoss(1.0)
+
+    ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), spec=SimpleNamespace(train=SimpleNamespace(steps=2, warmup_steps=1)))
+    prep = SimpleNamespace(train_step=train_step)
+    assert len(loop.timed_steps(ctx, prep, [])) == 2 and seen == [False, False]
+    counter = loop.comm_steps(ctx, prep, first=4, n=3)
+    assert seen[2:] == [True] * 3 and counter.summary(3)["all_reduce"]["bytes"] == 16
+
+
 @pytest.mark.parametrize("kind,factor", [("all_reduce", 2 * 3 / 4), ("all_gather", 3 / 4), ("reduce_scatter", 3 / 4),
                                          ("all_to_all", 3 / 4), ("send", 1.0)])
 def test_ring_wire_bytes(kind, factor):

@@ -1,10 +1,12 @@
 """Count collectives: calls, payload bytes, ring wire bytes and seconds per collective type.
 
 Two counters share one tally:
-- `KernelCommCounter` (timed steps): Python kernels at the Autograd keys of the `c10d.*` ops. Every
-  ProcessGroup call passes the dispatcher there (DDP's reducer, ZeroRedundancyOptimizer, FSDP2,
-  pipelining p2p, dist.*), so only collectives pay: negligible overhead. DTensor's functional
-  collectives call c10d below autograd and are not seen here.
+- `KernelCommCounter` (comm-timing steps): Python kernels at the Autograd keys of the `c10d.*` ops, installed
+  only while a counter is active. Every ProcessGroup call passes the dispatcher there (DDP's reducer,
+  ZeroRedundancyOptimizer, FSDP2, pipelining p2p, dist.*), so only collectives pay — but each pays
+  ~0.1 ms here (boxing the call into Python, a completion callback needing the GIL), which is why
+  the engine keeps it off its timed steps. DTensor's functional collectives call c10d below autograd
+  and are not seen here.
 - `CommCounter` (the memory-tracked step): a TorchDispatchMode over `c10d.*` and `_c10d_functional.*`
   that sees everything, but runs Python for every op (several-fold slower on small steps).
 
@@ -178,7 +180,7 @@ class CommCounter(_Tally, TorchDispatchMode):
     """`with CommCounter() as c:` sees every collective, c10d and functional (DTensor) alike.
 
     A dispatch mode runs Python for every op, which slows small steps down several-fold: use it on an
-    untimed step. `KernelCommCounter` is the cheap one for timed steps.
+    untimed step. `KernelCommCounter` is the cheaper one (collectives only).
     """
 
     def __init__(self) -> None:
@@ -221,16 +223,13 @@ _KERNEL_LIB: Any = None
 _KERNEL_TALLY: _Tally | None = None
 
 
-def _install_kernel_hooks() -> None:
+def _install_kernel_hooks() -> Any:
     """Python kernels at the Autograd keys of the c10d ops: they count, then run the op below autograd.
 
     Only collectives pay (a few per step). DDP's reducer, ZeroRedundancyOptimizer, FSDP2, pipelining
     p2p and dist.* calls all pass here; functional collectives (DTensor/TP) call c10d below autograd
-    and are only seen by `CommCounter`.
+    and are only seen by `CommCounter`. Returns the Library; `_destroy()` on it restores torch's kernels.
     """
-    global _KERNEL_LIB
-    if _KERNEL_LIB is not None:
-        return
     lib = torch.library.Library("c10d", "IMPL")
     for name, (key, how) in _C10D.items():
         op = getattr(torch.ops.c10d, name).default
@@ -246,22 +245,27 @@ def _install_kernel_hooks() -> None:
 
         for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
             lib.impl(name, kernel, dispatch_key)
-    _KERNEL_LIB = lib
+    return lib
 
 
 class KernelCommCounter(_Tally):
-    """`with KernelCommCounter() as c:` counts c10d collectives at negligible cost (see `_install_kernel_hooks`)."""
+    """`with KernelCommCounter() as c:` counts c10d collectives (see `_install_kernel_hooks`); the hooks exist
+    only inside the outermost such block, so code outside it runs torch's own kernels untouched."""
 
     def __enter__(self) -> "KernelCommCounter":
-        global _KERNEL_TALLY
-        _install_kernel_hooks()
+        global _KERNEL_TALLY, _KERNEL_LIB
+        if _KERNEL_LIB is None:
+            _KERNEL_LIB = _install_kernel_hooks()
         self._prev = _KERNEL_TALLY
         _KERNEL_TALLY = self
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global _KERNEL_TALLY
+        global _KERNEL_TALLY, _KERNEL_LIB
         _KERNEL_TALLY = self._prev
+        if self._prev is None and _KERNEL_LIB is not None:
+            _KERNEL_LIB._destroy()
+            _KERNEL_LIB = None
 
 
 @contextmanager

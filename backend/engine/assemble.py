@@ -219,10 +219,10 @@ def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend
 
 
 def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
-    """Cross-check: c10d-level counts on the timed steps vs the complete count on the tracked step."""
+    """Cross-check: c10d-level counts on the comm-timing steps vs the complete count on the tracked step."""
     gaps: dict[tuple[str, float, float], list[int]] = {}
     for r in ranks:
-        timed, full = r.get("comm_timed", {}), r.get("comm", {})
+        timed, full = r.get("comm_kernel", {}), r.get("comm", {})
         for k in sorted(set(timed) | set(full)):
             a, b = timed.get(k, {}).get("bytes", 0.0), full.get(k, {}).get("bytes", 0.0)
             if abs(a - b) > 0.05 * max(a, b):
@@ -233,7 +233,7 @@ def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
                if k == "broadcast" and a < 4096 and not b else
                " (functional/DTensor collectives are only seen by the dispatch counter)" if b > a else "")
         notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
-                     f"timed steps (c10d level) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
+                     f"comm-timing steps (c10d level) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
     return notes
 
 

@@ -1,7 +1,9 @@
-"""The in-rank training loop: warm-up, timed steps (comm counted), one memory-tracked step.
+"""The in-rank training loop: warm-up, timed steps, one memory-tracked step, a few comm-timing steps.
 
-Step indices are global across phases (warm-up 0..w-1, timed w..w+n-1, memory w+n) so data and
-fault injection address the same step everywhere. Only rank 0 reports progress.
+Step indices are global across phases (warm-up 0..w-1, timed w..w+n-1, memory w+n, comm-timing
+w+n+1..w+n+c) so data and fault injection address the same step everywhere. Only rank 0 reports progress.
+The timed steps run the strategy's step and nothing else: every instrument (memory tracker, comm counters)
+runs on steps of its own, so measuring never inflates the step time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from backend.spec import Schedule
 from backend.strategies.base import Prepared, RankContext, global_mean_loss
 
 PROGRESS = "SHARDLAB_PROGRESS"
+COMM_STEPS = 3
+"""Comm-timing steps after the memory step (at most spec.train.steps): collectives' seconds are their mean."""
 
 
 def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
@@ -35,48 +39,63 @@ def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     """Run every phase on this rank; return this rank's payload (see engine/assemble.py for the format).
 
-    Comm: the timed steps count c10d collectives with cheap kernel hooks (calls, bytes, seconds); the
-    memory-tracked step also runs the dispatch-mode counter, which sees every collective incl. DTensor's
-    functional ones. Reported calls/bytes come from that complete count (one steady-state step); seconds
-    from the timed steps."""
+    Comm: the memory-tracked step also runs the dispatch-mode counter, which sees every collective incl.
+    DTensor's functional ones: reported calls/bytes come from that complete count (one steady-state step).
+    Seconds come from the comm-timing steps, which count c10d collectives with cheap kernel hooks (a
+    dispatch mode slows every op several-fold, which would stretch the spans it times)."""
     t = ctx.spec.train
     losses: list[float] = []
     for i in range(t.warmup_steps):
         maybe_inject(ctx.rank, i)
         losses.append(global_mean_loss(*prep.train_step(*_batch(ctx, i))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
-    step_s, timed = timed_steps(ctx, prep, losses)
+    step_s = timed_steps(ctx, prep, losses)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
+    n_comm = min(COMM_STEPS, t.steps)
+    counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
     comm = full.summary(1)
-    timed_summary = timed.summary(t.steps)
+    counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
-        if k in timed_summary:  # else (functional collectives): the tracked step's own timing, marked as such
-            v["seconds"] = timed_summary[k]["seconds"]
+        if k in counted_summary:  # else (functional collectives): the tracked step's own timing, marked as such
+            v["seconds"] = counted_summary[k]["seconds"]
         else:
             v["seconds_from"] = "memory_step"
-    return {"losses": losses, "step_s": step_s, "comm": comm, "comm_timed": timed_summary,
+    return {"losses": losses, "step_s": step_s, "comm": comm, "comm_kernel": counted_summary,
             "comm_excluded": full.excluded_per_step(1),
             "comm_group_sizes": {k: sorted(v) for k, v in full.group_sizes.items()},
             "memory": mem}
 
 
-def timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> tuple[list[float], comm_bench.KernelCommCounter]:
+def timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> list[float]:
+    """Seconds of each timed step on this rank (fenced start); appends each step's global mean loss to losses."""
     t = ctx.spec.train
     step_s: list[float] = []
+    for k in range(t.steps):
+        i = t.warmup_steps + k
+        maybe_inject(ctx.rank, i)
+        batch = _batch(ctx, i)
+        share, s = timing.timed(lambda: prep.train_step(*batch), ctx.device)
+        losses.append(global_mean_loss(*share))  # reported outside the timed step, as a bare loop would
+        step_s.append(s)
+        progress(ctx, k + 1, t.steps, "timed")
+    return step_s
+
+
+def comm_steps(ctx: RankContext, prep: Prepared, first: int, n: int) -> comm_bench.KernelCommCounter:
+    """Run steps first..first+n-1 with the kernel comm counter on (calls, bytes and seconds of c10d collectives)."""
     counter = comm_bench.KernelCommCounter()
     counter.counting = False
     with counter:
-        for k in range(t.steps):
-            i = t.warmup_steps + k
-            maybe_inject(ctx.rank, i)
-            batch = _batch(ctx, i)
+        for k in range(n):
+            maybe_inject(ctx.rank, first + k)
+            batch = _batch(ctx, first + k)
+            timing.fence(ctx.device)
             counter.counting = True
-            share, s = timing.timed(lambda: prep.train_step(*batch), ctx.device)
+            prep.train_step(*batch)
             counter.counting = False
-            losses.append(global_mean_loss(*share))  # reported outside the timed step, as a bare loop would
-            step_s.append(s)
-            progress(ctx, k + 1, t.steps, "timed")
-    return step_s, counter
+            timing.fence(ctx.device)  # let async collectives' completion callbacks land inside this step's tally
+            progress(ctx, k + 1, n, "comm")
+    return counter
 
 
 def _split_backward(ctx: RankContext) -> bool:
