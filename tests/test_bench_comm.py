@@ -1,10 +1,13 @@
 """The comm counters on a one-rank gloo group: payload bytes per collective, exclusions, ring wire bytes."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from backend.bench.comm import CommCounter, KernelCommCounter, uncounted, wire_bytes
+from backend.bench.comm import CommCounter, uncounted, wire_bytes
+from backend.bench.comm_hooks import KernelCommCounter
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +46,28 @@ def test_counts_payload_bytes_per_collective(pg, counter_cls):
     assert c.summary(steps=2)["all_reduce"]["bytes"] == 20
 
 
-def test_dispatch_counter_sees_functional_collectives(pg):
+@pytest.mark.parametrize("counter_cls", [CommCounter, KernelCommCounter])
+def test_counters_see_functional_collectives_and_time_them_to_the_wait(pg, counter_cls):
     import torch.distributed._functional_collectives as fc
 
-    with CommCounter() as c:
+    with counter_cls() as c:
         out = fc.all_reduce(torch.ones(5), "sum", dist.group.WORLD)
+        time.sleep(0.05)
         torch.ops._c10d_functional.wait_tensor(out)
     assert c.calls["all_reduce"] == 1 and c.bytes["all_reduce"] == 20
+    assert c.seconds["all_reduce"] >= 0.05 and not c._pending
+
+
+def test_kernel_counter_sees_differentiable_functional_collectives_both_ways(pg):
+    import torch.distributed._functional_collectives as fc
+
+    x = torch.ones(4, requires_grad=True)
+    with KernelCommCounter() as c:
+        y = fc.all_to_all_single_autograd(x * 3, None, None, dist.group.WORLD)
+        torch.ops._c10d_functional.wait_tensor(y).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))  # autograd still flows through the hooked op
+    assert c.calls["all_to_all"] == 2 and c.bytes["all_to_all"] == 32  # forward and backward, 16 B each
+    assert not c._pending
 
 
 def test_kernel_counter_is_inactive_outside_its_context(pg):
@@ -60,8 +78,11 @@ def test_kernel_counter_is_inactive_outside_its_context(pg):
 
 
 def hooked() -> bool:
-    """Whether a Python kernel overrides torch's own at c10d::allreduce_'s AutogradCPU key."""
-    return "AutogradCPU" in torch._C._dispatch_dump("c10d::allreduce_")
+    """Whether a Python kernel overrides torch's own at c10d::allreduce_ / _c10d_functional::all_reduce."""
+    c10d = "AutogradCPU" in torch._C._dispatch_dump("c10d::allreduce_")
+    funcol = "ADInplaceOrView" in torch._C._dispatch_dump("_c10d_functional::all_reduce")
+    assert c10d == funcol
+    return c10d
 
 
 def test_kernel_hooks_exist_only_inside_the_outermost_counter(pg):

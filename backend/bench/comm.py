@@ -1,14 +1,10 @@
 """Count collectives: calls, payload bytes, ring wire bytes and seconds per collective type.
 
 Two counters share one tally:
-- `KernelCommCounter` (comm-timing steps): Python kernels at the Autograd keys of the `c10d.*` ops, installed
-  only while a counter is active. Every ProcessGroup call passes the dispatcher there (DDP's reducer,
-  ZeroRedundancyOptimizer, FSDP2, pipelining p2p, dist.*), so only collectives pay — but each pays
-  ~0.1 ms here (boxing the call into Python, a completion callback needing the GIL), which is why
-  the engine keeps it off its timed steps. DTensor's functional collectives call c10d below autograd
-  and are not seen here.
 - `CommCounter` (the memory-tracked step): a TorchDispatchMode over `c10d.*` and `_c10d_functional.*`
   that sees everything, but runs Python for every op (several-fold slower on small steps).
+- `KernelCommCounter` (backend/bench/comm_hooks.py, the comm-timing steps): Python kernels on the
+  collective ops only.
 
 Payload bytes follow docs/ARCHITECTURE.md: all_reduce the tensor; all_gather the gathered output;
 reduce_scatter the full input; all_to_all the input; broadcast/send/recv the tensor.
@@ -115,6 +111,13 @@ def _functional_group_size(name: str, args: tuple) -> int:
     return 0
 
 
+def _wait_key(t: torch.Tensor) -> int:
+    """Which collective output a wait is for: the storage address, seen through funcol's AsyncCollectiveTensor
+    wrapper (a Python-level wait gets the wrapper; autograd may hand on a new tensor object, same storage)."""
+    inner = getattr(t, "elem", t)
+    return inner.data_ptr() if isinstance(inner, torch.Tensor) else id(t)
+
+
 def wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
     """Ring-model bytes sent per rank (docs/ARCHITECTURE.md), from the analytic model's one definition."""
     return float(ring_wire_bytes(collective, payload_bytes, n))
@@ -132,6 +135,7 @@ class _Tally:
         self.excluded: dict[str, int] = defaultdict(int)
         """Payload bytes of collectives issued inside `uncounted()` (e.g. the loss report), by type."""
         self.group_sizes: dict[str, set[int]] = defaultdict(set)
+        self._pending: dict[int, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
     def record(self, key: str, payload: int, n: int) -> bool:
@@ -163,6 +167,18 @@ class _Tally:
         with self._lock:
             self.seconds[key] += s
 
+    def pend(self, out: Any, key: str, t0: float) -> None:
+        """A functional collective issued at t0: its seconds end at the `wait_tensor` on its output."""
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self._pending[_wait_key(t)] = (key, t0)
+
+    def waited(self, t: Any) -> None:
+        """`wait_tensor(t)` returned: close the span of the collective that produced t (if it was counted)."""
+        entry = self._pending.pop(_wait_key(t), None) if isinstance(t, torch.Tensor) else None
+        if entry is not None:
+            self.add_seconds(entry[0], time.perf_counter() - entry[1])
+
     def summary(self, steps: int) -> dict[str, dict[str, float]]:
         """Per-step means: {collective: {calls, bytes, wire_bytes, seconds}}."""
         steps = max(steps, 1)
@@ -186,7 +202,6 @@ class CommCounter(_Tally, TorchDispatchMode):
     def __init__(self) -> None:
         _Tally.__init__(self)
         TorchDispatchMode.__init__(self)
-        self._pending: dict[int, tuple[str, float]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -196,9 +211,7 @@ class CommCounter(_Tally, TorchDispatchMode):
         name = func._schema.name.split("::", 1)[-1]
         if name == "wait_tensor" and ns == "_c10d_functional":
             out = func(*args, **kwargs)
-            entry = self._pending.pop(id(args[0]), None)
-            if entry is not None:
-                self.add_seconds(entry[0], time.perf_counter() - entry[1])
+            self.waited(args[0])
             return out
         table = _C10D if ns == "c10d" else _FUNCTIONAL if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
         if table is None or name not in table:
@@ -213,59 +226,8 @@ class CommCounter(_Tally, TorchDispatchMode):
         if ns == "c10d":
             self.time_work(key, t0, issued, out)
         else:
-            for t in out if isinstance(out, (list, tuple)) else [out]:
-                if isinstance(t, torch.Tensor):
-                    self._pending[id(t)] = (key, t0)
+            self.pend(out, key, t0)
         return out
-
-
-_KERNEL_LIB: Any = None
-_KERNEL_TALLY: _Tally | None = None
-
-
-def _install_kernel_hooks() -> Any:
-    """Python kernels at the Autograd keys of the c10d ops: they count, then run the op below autograd.
-
-    Only collectives pay (a few per step). DDP's reducer, ZeroRedundancyOptimizer, FSDP2, pipelining
-    p2p and dist.* calls all pass here; functional collectives (DTensor/TP) call c10d below autograd
-    and are only seen by `CommCounter`. Returns the Library; `_destroy()` on it restores torch's kernels.
-    """
-    lib = torch.library.Library("c10d", "IMPL")
-    for name, (key, how) in _C10D.items():
-        op = getattr(torch.ops.c10d, name).default
-
-        def kernel(*args, _op=op, _key=key, _how=how, **kwargs):  # type: ignore[no-untyped-def]
-            t0 = time.perf_counter()
-            with torch._C._AutoDispatchBelowAutograd():
-                out = _op(*args, **kwargs)
-            tally = _KERNEL_TALLY
-            if tally is not None and tally.record(_key, _payload(_how, args, out), _group_size(args, kwargs)):
-                tally.time_work(_key, t0, time.perf_counter(), out)
-            return out
-
-        for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
-            lib.impl(name, kernel, dispatch_key)
-    return lib
-
-
-class KernelCommCounter(_Tally):
-    """`with KernelCommCounter() as c:` counts c10d collectives (see `_install_kernel_hooks`); the hooks exist
-    only inside the outermost such block, so code outside it runs torch's own kernels untouched."""
-
-    def __enter__(self) -> "KernelCommCounter":
-        global _KERNEL_TALLY, _KERNEL_LIB
-        if _KERNEL_LIB is None:
-            _KERNEL_LIB = _install_kernel_hooks()
-        self._prev = _KERNEL_TALLY
-        _KERNEL_TALLY = self
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        global _KERNEL_TALLY, _KERNEL_LIB
-        _KERNEL_TALLY = self._prev
-        if self._prev is None and _KERNEL_LIB is not None:
-            _KERNEL_LIB._destroy()
-            _KERNEL_LIB = None
 
 
 @contextmanager

@@ -230,8 +230,7 @@ def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
     notes = []
     for (k, a, b), who in gaps.items():
         why = (" (DDP rebuilds its buckets once, broadcasting the new order, in its 2nd iteration)"
-               if k == "broadcast" and a < 4096 and not b else
-               " (functional/DTensor collectives are only seen by the dispatch counter)" if b > a else "")
+               if k == "broadcast" and a < 4096 and not b else "")
         notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
                      f"comm-timing steps (c10d level) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
     return notes

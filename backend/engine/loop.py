@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from backend.bench import comm as comm_bench
+from backend.bench.comm_hooks import KernelCommCounter
 from backend.bench import memory, timing
 from backend.engine.data import global_batch
 from backend.launch.faults import maybe_inject
@@ -41,8 +42,8 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
 
     Comm: the memory-tracked step also runs the dispatch-mode counter, which sees every collective incl.
     DTensor's functional ones: reported calls/bytes come from that complete count (one steady-state step).
-    Seconds come from the comm-timing steps, which count c10d collectives with cheap kernel hooks (a
-    dispatch mode slows every op several-fold, which would stretch the spans it times)."""
+    Seconds come from the comm-timing steps, which count collectives with kernel hooks on the collective ops
+    only (a dispatch mode slows every op several-fold, which would stretch the spans it times)."""
     t = ctx.spec.train
     losses: list[float] = []
     for i in range(t.warmup_steps):
@@ -81,9 +82,9 @@ def timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> list[f
     return step_s
 
 
-def comm_steps(ctx: RankContext, prep: Prepared, first: int, n: int) -> comm_bench.KernelCommCounter:
-    """Run steps first..first+n-1 with the kernel comm counter on (calls, bytes and seconds of c10d collectives)."""
-    counter = comm_bench.KernelCommCounter()
+def comm_steps(ctx: RankContext, prep: Prepared, first: int, n: int) -> KernelCommCounter:
+    """Run steps first..first+n-1 with the kernel comm counter on (calls, bytes and seconds of every collective)."""
+    counter = KernelCommCounter()
     counter.counting = False
     with counter:
         for k in range(n):
