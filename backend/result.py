@@ -59,7 +59,8 @@ class CommStat(_R):
     wire_bytes: float = 0
     """Bytes a ring algorithm sends per rank for that payload, e.g. 2(N-1)/N * S for all-reduce."""
     seconds: float = 0
-    """Wall time inside the collective per step (includes waiting for peers)."""
+    """Seconds per step from issue to completion (includes waiting for peers; overlapping collectives each
+    count their own span), mean over the comm-timing steps run after the timed ones (engine/loop.py)."""
 
 
 class RoutingAdjusted(_R):
