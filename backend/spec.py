@@ -216,7 +216,9 @@ class ExperimentSpec(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
-        problems = _derive_and_check(self)
+        from backend.spec_checks import derive_and_check  # it needs the section classes defined above
+
+        problems = derive_and_check(self)
         if problems:
             raise SpecError(problems)
         return self
@@ -231,130 +233,6 @@ class ExperimentSpec(_Section):
     @classmethod
     def from_json(cls, text: str) -> ExperimentSpec:
         return cls.model_validate_json(text)
-
-
-def _derive_and_check(s: ExperimentSpec) -> list[str]:
-    m, t, p, r = s.model, s.train, s.parallel, s.runtime
-    problems: list[str] = []
-    problems += _check_model(m)
-    problems += _derive_degrees(p)
-    if problems:
-        return problems
-    problems += _check_degrees(m, p)
-    problems += _derive_batch(t, p)
-    problems += _check_pipeline(m, t, p)
-    if r.node_rank >= r.nnodes:
-        problems.append(f"node_rank={r.node_rank} must be < nnodes={r.nnodes}")
-    if r.nnodes > 1 and not r.rdzv_endpoint:
-        problems.append(f"nnodes={r.nnodes} needs rdzv_endpoint host:port for the c10d rendezvous")
-    if r.nnodes > 1 and p.world_size % r.nnodes:
-        problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
-    return problems
-
-
-def _check_model(m: ModelSpec) -> list[str]:
-    out = []
-    if m.d_model % m.n_heads:
-        out.append(f"n_heads={m.n_heads} does not divide d_model={m.d_model} ({m.d_model} % {m.n_heads} = {m.d_model % m.n_heads})")
-    if m.kv_heads > m.n_heads or m.n_heads % m.kv_heads:
-        out.append(f"n_kv_heads={m.kv_heads} must divide n_heads={m.n_heads} (GQA groups query heads evenly)")
-    if m.is_moe and m.top_k > m.n_experts:
-        out.append(f"top_k={m.top_k} exceeds n_experts={m.n_experts}")
-    return out
-
-
-def _derive_degrees(p: ParallelSpec) -> list[str]:
-    st = p.strategy
-    pure = {Strategy.TP: "tp", Strategy.PP: "pp", Strategy.EP: "ep"}
-    if st in pure and getattr(p, pure[st]) == 1 and p.world_size:
-        # `--strategy tp --world 4` means tp = 4: the pure strategy's degree is the whole world.
-        setattr(p, pure[st], p.world_size)
-    if p.dp is None:
-        if p.world_size is None:
-            p.dp = p.ep if st == Strategy.EP else 1
-        elif p.world_size % (p.tp * p.pp):
-            return [f"world_size({p.world_size}) is not divisible by tp({p.tp}) * pp({p.pp}) = {p.tp * p.pp}"]
-        else:
-            p.dp = p.world_size // (p.tp * p.pp)
-    if p.world_size is None:
-        p.world_size = p.dp * p.tp * p.pp
-    if p.dp * p.tp * p.pp != p.world_size:
-        return [f"dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.dp * p.tp * p.pp} != world_size({p.world_size})"]
-    return []
-
-
-def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
-    out = []
-    for name in ("tp", "pp", "ep"):
-        if p.strategy == name and getattr(p, name) < 2:
-            out.append(f"strategy {name} needs {name} >= 2 (got {name}={getattr(p, name)}, world_size={p.world_size})")
-    if p.tp > 1:
-        if m.n_heads % p.tp:
-            out.append(f"tp={p.tp} does not divide n_heads={m.n_heads}")
-        if m.kv_heads % p.tp:
-            out.append(f"tp={p.tp} does not divide n_kv_heads={m.kv_heads}")
-        if m.ffn % p.tp:
-            out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
-    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
-    if p.strategy == Strategy.ZERO1 and mp:
-        degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
-        out.append(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
-                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix")
-    split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
-    if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
-        # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
-        out.append(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
-                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule")
-    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
-        out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
-    if p.sequence_parallel and p.tp < 2:
-        out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
-    if p.ep > 1:
-        if not m.is_moe:
-            out.append(f"ep={p.ep} needs a MoE model (n_experts > 0, got n_experts=0)")
-        elif m.n_experts % p.ep:
-            out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = {m.n_experts % p.ep})")
-        if p.dp % p.ep:
-            out.append(f"ep={p.ep} does not divide dp={p.dp} (expert-parallel ranks are carved out of the data-parallel ranks)")
-    return out
-
-
-def _derive_batch(t: TrainSpec, p: ParallelSpec) -> list[str]:
-    per_step = t.micro_batch * p.dp
-    if t.global_batch % per_step:
-        return [f"global batch {t.global_batch} is not divisible by micro-batch {t.micro_batch} * dp {p.dp} = {per_step}"]
-    derived = t.global_batch // per_step
-    if t.microbatches is None:
-        t.microbatches = derived
-    elif t.microbatches != derived:
-        return [
-            f"microbatches={t.microbatches} != global batch {t.global_batch} / (micro-batch {t.micro_batch} * dp {p.dp}) = {derived}"
-        ]
-    return []
-
-
-def _check_pipeline(m: ModelSpec, t: TrainSpec, p: ParallelSpec) -> list[str]:
-    out = []
-    multi = p.pp_schedule in MULTI_STAGE_SCHEDULES
-    if p.pp == 1:
-        if p.virtual_stages > 1:
-            out.append(f"virtual_stages={p.virtual_stages} needs pp > 1")
-        return out
-    if multi and p.virtual_stages < 2:
-        out.append(f"{p.pp_schedule} needs virtual_stages >= 2 (got {p.virtual_stages})")
-    if not multi and p.virtual_stages > 1:
-        out.append(f"{p.pp_schedule} runs one stage per rank: virtual_stages must be 1 (got {p.virtual_stages})")
-    if p.pp_schedule == Schedule.ZBV and p.virtual_stages != 2:
-        out.append(f"zbv runs exactly 2 stages per rank (got virtual_stages={p.virtual_stages})")
-    stages = p.pp * p.virtual_stages
-    if m.n_layers < stages:
-        out.append(f"n_layers={m.n_layers} < pp({p.pp}) * virtual_stages({p.virtual_stages}) = {stages} stages: every stage needs a layer")
-    mb = t.microbatches or 0
-    if p.pp_schedule != Schedule.GPIPE and mb < p.pp:
-        out.append(f"{p.pp_schedule.upper()} needs microbatches >= pp (got microbatches={mb}, pp={p.pp})")
-    if multi and mb % p.pp:
-        out.append(f"{p.pp_schedule} needs microbatches divisible by pp (got {mb} % {p.pp} = {mb % p.pp})")
-    return out
 
 
 def validate_spec(data: dict[str, Any] | str) -> tuple[ExperimentSpec | None, list[str]]:
