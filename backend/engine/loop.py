@@ -57,7 +57,7 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
-        if k in counted_summary:  # else (functional collectives): the tracked step's own timing, marked as such
+        if k in counted_summary:  # else (not seen on the comm-timing steps): the tracked step's own timing, marked
             v["seconds"] = counted_summary[k]["seconds"]
         else:
             v["seconds_from"] = "memory_step"
