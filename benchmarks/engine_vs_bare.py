@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -149,39 +150,50 @@ def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: b
     return wall, cpu
 
 
-def ratio_stats(engine: list[list[float]], bare: list[list[float]]) -> tuple[list[float], float, float, float, float]:
-    """(per-round ratios of medians, their median, 90% bootstrap interval lo, hi, ratio of pooled medians)."""
+class RatioStats(NamedTuple):
+    ratios: list[float]
+    """Per round: engine median / bare median."""
+    median: float
+    lo: float
+    hi: float
+    """90% bootstrap interval of `median` over rounds."""
+    engine_s: float
+    bare_s: float
+    """Medians of all steps pooled."""
+
+    @property
+    def pooled(self) -> float:
+        return self.engine_s / self.bare_s
+
+
+def ratio_stats(engine: list[list[float]], bare: list[list[float]]) -> RatioStats:
     ratios = [statistics.median(e) / statistics.median(b) for e, b in zip(engine, bare)]
-    pooled = statistics.median(s for r in engine for s in r) / statistics.median(s for r in bare for s in r)
     lo, hi = bootstrap_median(ratios)
-    return ratios, statistics.median(ratios), lo, hi, pooled
+    return RatioStats(ratios, statistics.median(ratios), lo, hi, statistics.median(s for r in engine for s in r),
+                      statistics.median(s for r in bare for s in r))
 
 
 def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[float]], wall_s: float, mode: str,
-           cpu: Rounds | None = None, block: int = 0, null: bool = False) -> bool:
-    """Print the comparison; True when the wall-clock verdict is PASS."""
+           cpu: Rounds | None = None, block: int = 0, null: bool = False) -> None:
     if null:
         print("A/A check: the 'engine' side below is a second bare loop; its ratios are this machine's noise floor")
-    ratios, med_of_ratios, lo, hi, ratio_of_meds = ratio_stats(engine, bare)
-    e_med = statistics.median(s for r in engine for s in r)
-    b_med = statistics.median(s for r in bare for s in r)
+    w = ratio_stats(engine, bare)
     m, t = spec.model, spec.train
     blocks = f", alternating every {block or t.steps} step(s)" if mode == "side-by-side" else ""
     print(f"mode {mode}: DDP world 2, d_model {m.d_model}, {m.n_layers} layers, seq {m.seq_len}, global batch "
-          f"{t.global_batch}, {t.steps} timed steps x {len(ratios)} rounds each{blocks}, "
+          f"{t.global_batch}, {t.steps} timed steps x {len(w.ratios)} rounds each{blocks}, "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {wall_s:.0f} s")
-    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in ratios)} (min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"median of per-round ratios: {med_of_ratios:.3f}x (90% bootstrap interval over rounds {lo:.3f}-{hi:.3f})")
-    print(f"pooled median step: engine {e_med * 1e3:.2f} ms, bare torch DDP {b_med * 1e3:.2f} ms, "
-          f"ratio of medians {ratio_of_meds:.3f}x")
+    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in w.ratios)} (min {min(w.ratios):.3f}, max {max(w.ratios):.3f})")
+    print(f"median of per-round ratios: {w.median:.3f}x (90% bootstrap interval over rounds {w.lo:.3f}-{w.hi:.3f})")
+    print(f"pooled median step: engine {w.engine_s * 1e3:.2f} ms, bare torch DDP {w.bare_s * 1e3:.2f} ms, "
+          f"ratio of medians {w.pooled:.3f}x")
     if cpu is not None:
-        c_ratios, c_med, c_lo, c_hi, c_pooled = ratio_stats(*cpu)
+        c = ratio_stats(*cpu)
         print(f"process CPU seconds per step (the work each side does, blind to time-sharing): median of per-round "
-              f"ratios {c_med:.3f}x (90% interval {c_lo:.3f}-{c_hi:.3f}), pooled {c_pooled:.3f}x")
-    ok = med_of_ratios <= TARGET and ratio_of_meds <= TARGET
-    resolved = "" if hi <= TARGET or lo > TARGET else f"; the interval straddles {TARGET:.2f}x: not resolved at this noise"
+              f"ratios {c.median:.3f}x (90% interval {c.lo:.3f}-{c.hi:.3f}), pooled {c.pooled:.3f}x")
+    ok = w.median <= TARGET and w.pooled <= TARGET
+    resolved = "" if w.hi <= TARGET or w.lo > TARGET else f"; the interval straddles {TARGET:.2f}x: not resolved at this noise"
     print(f"verdict: {'PASS' if ok else 'FAIL'} (target engine <= {TARGET:.2f}x bare; both ratios must meet it{resolved})")
-    return ok
 
 
 def main() -> None:

@@ -210,7 +210,7 @@ def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend
     if backend == "gloo" and any("reduce_scatter" in r.get("comm", {}) for r in ranks):
         notes.append("gloo implements reduce_scatter as an all-reduce: bytes actually sent are ≈2× the ring "
                      "reduce-scatter wire_bytes reported (payload and wire_bytes are the algorithmic values).")
-    notes += _timed_vs_tracked_notes(ranks)
+    notes += _kernel_vs_tracked_notes(ranks)
     excl = {k: v for r in ranks[:1] for k, v in r.get("comm_excluded", {}).items()}
     if excl:
         notes.append("not counted as training comm: the loss report's scalar all-reduce "
@@ -218,13 +218,13 @@ def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend
     return _dedupe(notes)
 
 
-def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
-    """Cross-check: c10d-level counts on the comm-timing steps vs the complete count on the tracked step."""
+def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
+    """Cross-check: kernel-hook counts on the comm-timing steps vs the complete count on the tracked step."""
     gaps: dict[tuple[str, float, float], list[int]] = {}
     for r in ranks:
-        timed, full = r.get("comm_kernel", {}), r.get("comm", {})
-        for k in sorted(set(timed) | set(full)):
-            a, b = timed.get(k, {}).get("bytes", 0.0), full.get(k, {}).get("bytes", 0.0)
+        kernel, full = r.get("comm_kernel", {}), r.get("comm", {})
+        for k in sorted(set(kernel) | set(full)):
+            a, b = kernel.get(k, {}).get("bytes", 0.0), full.get(k, {}).get("bytes", 0.0)
             if abs(a - b) > 0.05 * max(a, b):
                 gaps.setdefault((k, a, b), []).append(r["rank"])
     notes = []
@@ -232,7 +232,7 @@ def _timed_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
         why = (" (DDP rebuilds its buckets once, broadcasting the new order, in its 2nd iteration)"
                if k == "broadcast" and a < 4096 and not b else "")
         notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
-                     f"comm-timing steps (c10d level) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
+                     f"comm-timing steps (kernel hooks) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
     return notes
 
 
