@@ -189,11 +189,16 @@ def test_cancel_before_launch_spawns_nothing(tmp_path: Path) -> None:
 
 FORWARDER = """
 import signal, subprocess, sys, time
-# like torchrun: on SIGTERM, end the worker (in its own session) and exit
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+# like torchrun: the SIGTERM handler is in place before any worker starts; on SIGTERM, end the worker
+# (in its own session) and exit
+child = None
 def stop(*_):
-    child.terminate(); child.wait(); sys.exit(1)
+    if child is not None:
+        child.terminate(); child.wait()
+    sys.exit(1)
 signal.signal(signal.SIGTERM, stop)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print("ready", flush=True)
 time.sleep(120)
 """
 
@@ -221,8 +226,11 @@ def test_launcher_death_ends_the_job(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(torchrun.ROOT)}
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, job_id, FORWARDER, str(tmp_path / "log.txt")], env=env)
     try:
+        log = tmp_path / "log.txt"
         deadline = time.monotonic() + 60
-        while len(job_processes(job_id)) < 2 and time.monotonic() < deadline:
+        # "ready": the worker has started and its handle is set (a SIGTERM in between would leave it behind,
+        # a window that torchrun does not have and that this test is not about)
+        while not (log.exists() and "ready" in log.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(job_processes(job_id)) == 2
         launcher.send_signal(signal.SIGKILL)
@@ -230,8 +238,38 @@ def test_launcher_death_ends_the_job(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while job_processes(job_id) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert job_processes(job_id) == []
+        left = job_processes(job_id)
+        assert left == [], f"left behind: {_describe(left)}"
     finally:
         launcher.kill()
         for p in job_processes(job_id):
             p.kill()
+
+
+def _describe(procs: list) -> list[str]:
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            out.append(f"pid {p.pid} ppid {p.ppid()} {p.status()} {' '.join(p.cmdline())[-60:]!r}")
+        except psutil.Error as e:
+            out.append(f"pid {p.pid}: {e}")
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux only")
+def test_child_of_an_already_dead_launcher_ends_itself() -> None:
+    """The launcher may die between fork and prctl: the death signal would never come, so the child checks."""
+    import functools
+    import os
+    import subprocess
+
+    from backend.launch.procs import _die_with_launcher
+
+    def start(launcher_pid: int) -> int:
+        return subprocess.run([sys.executable, "-c", "pass"], timeout=60,
+                              preexec_fn=functools.partial(_die_with_launcher, launcher_pid)).returncode
+
+    assert start(os.getpid()) == 0
+    assert start(os.getpid() + 1_000_000) == 128 + 15  # not our parent: as if the launcher were gone

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import subprocess
@@ -29,10 +30,15 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if os.name == "posix" else None
 
 
-def _die_with_launcher() -> None:
-    """In the forked child: SIGTERM torchrun if the launcher dies, so torchrun ends its ranks (Linux only)."""
+def _die_with_launcher(launcher_pid: int) -> None:
+    """In the forked child: SIGTERM torchrun if the launcher dies, so torchrun ends its ranks (Linux only).
+
+    The death signal only covers a parent that dies after prctl; one that died between fork and prctl
+    has already re-parented this child, so it ends itself before exec."""
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher_pid:
+            os._exit(128 + signal.SIGTERM)
 
 
 def job_processes(job_id: str, pgid: int | None = None) -> list[psutil.Process]:
@@ -68,7 +74,7 @@ class Job:
             self.proc = subprocess.Popen(
                 cmd, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+                preexec_fn=functools.partial(_die_with_launcher, os.getpid()) if sys.platform == "linux" else None,
             )
         except OSError:
             self._log.close()
