@@ -234,6 +234,7 @@ for sp in (False, True):
         if rank == 0:
             print("RESULT " + json.dumps({"sp": sp, "kv": kv, "t": t, "bytes": sum(seen.values())}), flush=True)
 dist.destroy_process_group()
+import os; os._exit(0)  # no interpreter teardown after gloo (see tests/fixtures/mp_harness.py)
 '''
 
 
