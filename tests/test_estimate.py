@@ -12,7 +12,8 @@ import tempfile
 import pytest
 
 from backend.analytic import sharding as S
-from backend.analytic.estimate import estimate, estimate_inference, estimate_raw, zero_textbook
+from backend.analytic.estimate import estimate, estimate_raw, zero_textbook
+from backend.analytic.inference import estimate_inference
 from backend.analytic.params import count_params, param_list
 from backend.spec import ExperimentSpec
 

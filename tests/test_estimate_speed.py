@@ -123,7 +123,7 @@ def test_first_short_chunk():
 
 @pytest.mark.parametrize("name", ["tp3_odd", "3d_tp3_pp2_dp2_zero2", "ep2_moe_zero2_w6", "pp2_interleaved_fsdp", "pp2_zbv_ddp"])
 def test_inference_estimate_shares_per_position(name):
-    from backend.analytic.estimate import _rank_layers, _rank_stages, estimate_inference
+    from backend.analytic.inference import estimate_inference
     from backend.analytic.kv_cache import kv_cache_bytes
     from backend.analytic.traffic import compute_bytes
 
@@ -133,7 +133,7 @@ def test_inference_estimate_shares_per_position(name):
     assert [row["rank"] for row in got] == list(range(p.world_size))
     for row in got:
         weights = sum(q.local_numel for q in S.local_params(s, row["rank"], dp_shard=False))
-        layers = _rank_layers(s, _rank_stages(s, row["rank"]))
+        layers = S.rank_layers(s, S.rank_stages(s, row["rank"]))
         kv = kv_cache_bytes(batch=2, context=64, n_layers=len(layers), n_kv_heads=m.kv_heads, head_dim=m.head_dim,
                             dtype_bytes=compute_bytes(s.train.precision), tp=p.tp)
         assert (row["params_count"], row["kv_cache_bytes"]) == (weights, kv)

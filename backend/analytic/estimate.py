@@ -38,12 +38,11 @@ from typing import TYPE_CHECKING, Any
 from backend.analytic import activations as A
 from backend.analytic import comm as C
 from backend.analytic import flops as F
-from backend.analytic import kv_cache as KV
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
-from backend.analytic.params import active_params, count_params, param_list
+from backend.analytic.params import count_params, param_list
 from backend.analytic.fsdp_state import fsdp_peak_extra, peak_inside_forward
-from backend.analytic.sharding import (LocalParam, first_short_chunk, layer_split, local_params, stages_of_rank,
+from backend.analytic.sharding import (LocalParam, first_short_chunk, local_params, rank_layers, rank_stages,
                                        unsharded_grad_numel, zero1_owned, zero1_owned_all)
 from backend.analytic.traffic import MASTER_BYTES, compute_bytes, fsdp_param_bytes, rank_traffic, uses_replicate
 
@@ -115,16 +114,6 @@ def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool
     return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elems)), default=0)
 
 
-def _rank_layers(spec: Any, stages: list[int]) -> list[int]:
-    split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
-    return sorted(i for s in stages for i in split[s])
-
-
-def _rank_stages(spec: Any, rank: int) -> list[int]:
-    p = spec.parallel
-    return sorted(stages_of_rank(p.coords(rank)["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)))
-
-
 def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> None:
     p, t = spec.parallel, spec.train
     fsdp = p.zero_stage >= 2
@@ -158,9 +147,9 @@ def input_batch_bytes(batch: int, seq: int) -> int:
 def _estimate_rank_reference(spec: Any, rank: int) -> RankEstimate:
     """One rank computed from scratch (the definition `_all_ranks` must reproduce field for field)."""
     params = local_params(spec, rank)
-    stages = _rank_stages(spec, rank)
+    stages = rank_stages(spec, rank)
     fsdp = spec.parallel.zero_stage >= 2
-    r = RankEstimate(rank=rank, coords=spec.parallel.coords(rank), stages=stages, layers=_rank_layers(spec, stages),
+    r = RankEstimate(rank=rank, coords=spec.parallel.coords(rank), stages=stages, layers=rank_layers(spec, stages),
                      params_count=sum(q.real_numel if fsdp else q.local_numel for q in params))
     _memory(spec, rank, r, params)
     for kind, payload, n in rank_traffic(spec, params, r.layers, stages):
@@ -298,25 +287,3 @@ def estimate(spec: ExperimentSpec) -> Estimate:
 def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:
     """Model-state bytes per device for a raw parameter count (ZeRO Sec 5): the `--params` CLI path."""
     return zero_textbook(params, dp=dp, stage=zero_stage, precision=precision, optimizer=optimizer)
-
-
-def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int) -> dict[str, Any]:
-    """Per-rank weights (pp/tp/ep split, replicated over dp) and KV cache (Pope 2022 Sec 2.1) for serving."""
-    m, t, p = spec.model, spec.train, spec.parallel
-    cb = compute_bytes(t.precision)
-    per_rank, done = [], {}
-    for rank in range(p.world_size):
-        c = p.coords(rank)
-        key = (c["pp"], c["tp"], c["ep"])  # the weights a rank holds depend on nothing else
-        if key not in done:
-            done[key] = (_rank_layers(spec, _rank_stages(spec, rank)),
-                         sum(q.local_numel for q in local_params(spec, rank, dp_shard=False)))
-        layers, weights = done[key]
-        kv = KV.kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
-                               head_dim=m.head_dim, dtype_bytes=cb, tp=p.tp)
-        per_rank.append({"rank": rank, "coords": c, "params_count": weights, "weights_bytes": weights * cb,
-                         "kv_cache_bytes": kv, "total_bytes": weights * cb + kv})
-    return {"mode": "inference", "batch": batch, "context": context, "dtype_bytes": cb, "per_rank": per_rank,
-            "params_total": count_params(m), "active_params": active_params(m),
-            "weights_bytes": max(r["weights_bytes"] for r in per_rank),
-            "kv_cache_bytes": max(r["kv_cache_bytes"] for r in per_rank)}

@@ -92,6 +92,18 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) ->
     return [pp_rank + k * pp for k in range(virtual_stages)]
 
 
+def rank_stages(spec: Any, rank: int) -> list[int]:
+    """Pipeline stage indices a global rank holds (its pp coordinate under the spec's schedule)."""
+    p = spec.parallel
+    return sorted(stages_of_rank(p.coords(rank)["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)))
+
+
+def rank_layers(spec: Any, stages: list[int]) -> list[int]:
+    """Transformer block indices of those stages."""
+    split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
+    return sorted(i for s in stages for i in split[s])
+
+
 def stage_modules(m: Any, stage: int, n_stages: int) -> tuple[range, bool, bool]:
     """(layers, has embeddings, has final norm + lm_head) of one stage."""
     return layer_split(m.n_layers, n_stages)[stage], stage == 0, stage == n_stages - 1

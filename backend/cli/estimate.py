@@ -13,7 +13,8 @@ import json
 import math
 from typing import Any
 
-from backend.analytic.estimate import estimate, estimate_inference, estimate_raw
+from backend.analytic.estimate import estimate, estimate_raw
+from backend.analytic.inference import estimate_inference
 from backend.analytic.units import GB, MiB
 from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_from_args
