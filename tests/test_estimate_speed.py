@@ -1,6 +1,6 @@
 """estimate()'s per-class fast path (`_all_ranks`) must equal the straightforward per-rank computation
 (`_estimate_rank_reference`) field for field on every rank, and the fp32 dense specs must still give the
-outputs recorded before the fast path existed (sha256 of Estimate.to_dict())."""
+outputs recorded before the fast path existed (sha256 of Estimate.to_dict() without its notes)."""
 
 from __future__ import annotations
 
@@ -45,20 +45,22 @@ CASES = {
     "70b_zero1_w16": (L70, dict(strategy="zero1", world_size=16), dict(global_batch=16)),
     "70b_tp8pp8dp4": (L70, dict(strategy="zero2", world_size=256, tp=8, pp=8), dict(global_batch=64)),
 }
-# Estimate.to_dict() digests recorded with the per-rank implementation, before the fast path (fp32 dense
-# specs whose activation model did not change afterwards).
+# Estimate.to_dict() digests (every number, without the `notes` prose) of fp32 dense specs whose activation
+# model did not change since the per-rank implementation, before the fast path. First recorded with the notes
+# included; re-recorded without them at the commit where those full digests still matched (the notes explain
+# measurement gaps and may be reworded; the numbers may not change).
 BEFORE = {
-    "ddp2": "813bb2e4780f105795e0",
-    "zero1_w7": "bd56163d922a41cedaac",
-    "zero1_sgd_w5": "785e25b801d7146f9f24",
-    "fsdp_w7_pad": "36162a175a4a7a867e5b",
-    "zero3_w8": "5a91edcb1d92db72c313",
-    "tp3_odd": "da53b753a1ef4710c344",
-    "tp2sp_dp2_zero2": "ee6278d2c63e2350f979",
-    "pp4_interleaved": "c00771236f321aca3a83",
-    "3d_selective_ddp": "a098b056e3c8688f0c84",
-    "70b_fsdp8": "407d3bb335f11c831cae",
-    "70b_tp8pp8dp4": "8ebc63bbe04760fb9550",
+    "ddp2": "dee01466bd31ceff54f7",
+    "zero1_w7": "e19b20792bac8c599ca2",
+    "zero1_sgd_w5": "8e91372058ada109f1d3",
+    "fsdp_w7_pad": "2e585e2299be49f90300",
+    "zero3_w8": "880335a80ee799f5752f",
+    "tp3_odd": "8412f2bf7431ddb977dc",
+    "tp2sp_dp2_zero2": "cd8a828899c3da58ca3a",
+    "pp4_interleaved": "e8dec30042ae091aaa01",
+    "3d_selective_ddp": "6f21470c7668118a2bc6",
+    "70b_fsdp8": "eaedf3f1de6fdb0065f5",
+    "70b_tp8pp8dp4": "0ab2418387d01e67e689",
 }
 
 
@@ -86,7 +88,8 @@ def test_fast_path_equals_reference_on_256_ranks_sampled():
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_outputs_unchanged_since_before_fast_path(name):
-    got = hashlib.sha256(json.dumps(estimate(make(name)).to_dict(), sort_keys=True).encode()).hexdigest()[:20]
+    numbers = {k: v for k, v in estimate(make(name)).to_dict().items() if k != "notes"}
+    got = hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()[:20]
     assert got == BEFORE[name]
 
 
