@@ -244,7 +244,10 @@ def _notes(spec: Any) -> list[str]:
                      "activation peak follows the schedule's action order (fsdp_state.py): the peak is the last action "
                      "at the largest in-flight count; where several moments tie (few microbatches: m < pp x "
                      "virtual stages) the tracker may keep an earlier one, before the backward whose unsharded "
-                     "gradients the prediction includes")
+                     "gradients the prediction includes"
+                     + ("; and a rank may still hold the all-gather output of the unit it unsharded last (gloo "
+                        "frees it asynchronously; seen: the embedding root on the first stage of an interleaved "
+                        "schedule, + 4 B x its numel)" if p.zero_stage == 3 else ""))
     if p.pp == 1 and p.zero_stage >= 2 and peak_inside_forward(spec) == "root":
         notes.append("FSDP x TP (fp32): lm_head's logits all-gather and the loss hold the same activation bytes (to a "
                      "few bytes); the peak is predicted inside the root's forward (the last block's all-gather buffer "
