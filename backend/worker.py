@@ -52,7 +52,8 @@ class Worker:
         self.host = socket.gethostname()
         self.stopping = threading.Event()
         self._cancels: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
+        # reentrant: stop() runs in signal handlers, and a second signal can arrive while the first holds it
+        self._lock = threading.RLock()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

@@ -114,6 +114,22 @@ def test_stop_interrupts_the_running_job_so_it_can_be_requeued(engine, tmp_path)
     assert q.get_status(engine, q.requeue_experiment(engine, eid)) == "queued"
 
 
+def test_a_second_stop_signal_inside_the_first_handler_does_not_deadlock(engine, tmp_path):
+    """SIGTERM then SIGINT (or two SIGTERMs) can run stop() re-entrantly in the main thread, inside the lock."""
+    worker = Worker(engine, runs_dir=tmp_path, runner=FakeRunner(block=True))
+    cancel = threading.Event()
+    worker._cancels[1] = cancel
+
+    def first_handler_interrupted() -> None:
+        with worker._lock:  # the first handler is inside stop() when the second signal's handler runs
+            worker.stop()
+
+    t = threading.Thread(target=first_handler_interrupted, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and worker.stopping.is_set() and cancel.is_set()
+
+
 def test_drain_runs_every_queued_job_once(engine, tmp_path):
     ids = [q.submit_experiment(engine, spec(str(i))) for i in range(3)]
     q.cancel_experiment(engine, ids[1])
