@@ -190,9 +190,12 @@ def test_cancel_before_launch_spawns_nothing(tmp_path: Path) -> None:
 FORWARDER = """
 import signal, subprocess, sys, time
 # like torchrun: the SIGTERM handler is in place before any worker starts; on SIGTERM, end the worker
-# (in its own session) and exit
+# (in its own session) and exit. The death signal can come more than once (the kernel sends it again each time
+# the orphan is re-parented, e.g. from the launcher's main thread to its log-reader thread and then to init); a
+# re-entered handler would deadlock on Popen's waitpid lock, so later ones are ignored.
 child = None
 def stop(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if child is not None:
         child.terminate(); child.wait()
     sys.exit(1)
