@@ -4,6 +4,10 @@ torchrun starts each worker with `start_new_session=True`, so killing torchrun's
 would leave the ranks running. Every process of a job therefore carries the environment tag
 `SHARDLAB_JOB_ID`; the job is ended by signalling torchrun's group, every descendant seen while it
 ran, and every live process carrying the tag (which also finds ranks re-parented after torchrun died).
+If the launcher itself is killed, torchrun gets SIGTERM from PR_SET_PDEATHSIG — possibly more than once: the
+kernel re-sends it on every re-parenting (the launcher's forking thread -> another of its threads -> init).
+torchrun retries its shutdown when a second one interrupts it; a worker that starts later kills what is left
+(backend/worker.py kill_orphans).
 """
 
 from __future__ import annotations
