@@ -35,7 +35,7 @@ from backend.engine.data import global_batch  # noqa: E402
 from backend.engine.loop import timed_steps  # noqa: E402
 from backend.models.gpt import build_model  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
-from backend.strategies.base import RankContext, prepare  # noqa: E402
+from backend.strategies.base import RankContext, local_batch, prepare  # noqa: E402
 
 
 def cpu_timed(fn: Callable, cpu_s: list[float]) -> Callable:
@@ -73,13 +73,13 @@ def main() -> None:
     block_spec = spec.model_copy(update={"train": t.model_copy(update={"steps": block})})
     ctx = RankContext(spec=block_spec, rank=rank, world_size=world, local_rank=local_rank, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
-    prep = prepare(ctx, build_model(spec.model, seed=t.seed, recompute=t.recompute))
+    prep = prepare(ctx, build_model(spec.model, seed=t.seed, recompute=t.recompute, device="meta"))
     engine_cpu_s: list[float] = []
     prep.train_step = cpu_timed(prep.train_step, engine_cpu_s)
     model, opt = bare_model(spec)
     twin = bare_model(spec) if args.null else None
     for i in range(t.warmup_steps):  # both warm up on the same steps
-        prep.train_step(*global_batch(spec, i))
+        prep.train_step(*local_batch(ctx, *global_batch(spec, i)))
         bare_steps(spec, model, opt, range(i, i + 1))
         if twin:
             bare_steps(spec, *twin, range(i, i + 1))

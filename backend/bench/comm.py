@@ -100,7 +100,7 @@ def _group_size(args: tuple, kwargs: dict) -> int:
 
 def _functional_group_size(name: str, args: tuple) -> int:
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from backend.torch_compat import resolve_process_group as _resolve_process_group
 
     for a in args:
         if isinstance(a, str) and a not in ("sum", "avg", "max", "min", "product"):

@@ -46,7 +46,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker
+from backend.torch_compat import FSDPMemTracker, FSDPModMemStats as _FSDPModMemStats, FSDPRefType as _FSDPRefType
+from backend.torch_compat import MemTracker, ModMemStats as _ModMemStats, PipelineStageBase as _PipelineStageBase
 from torch.utils.weak import WeakIdKeyDictionary
 
 _TOTAL = "Total"
@@ -151,8 +152,6 @@ class _HighWater:
 
 class CategoryMemTracker(_HighWater, MemTracker):
     def __init__(self, hookless: bool = False) -> None:
-        from torch.distributed._tools.mem_tracker import _ModMemStats
-
         super().__init__()
         self._init_high_water(_ModMemStats, hookless)
 
@@ -164,7 +163,6 @@ class CategoryMemTracker(_HighWater, MemTracker):
 
 
 def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hookless: bool) -> Any:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModMemStats, _FSDPRefType
     from torch.distributed.tensor import DTensor
 
     class CategoryFSDPMemTracker(_HighWater, FSDPMemTracker):
@@ -224,8 +222,6 @@ def _flag_reduce_grad(tracker: Any) -> Iterator[None]:
     (stage.py), outside autograd's graph task, so the trackers book the reduce-scatter / all-reduce buffers as
     Activation (FSDPMemTracker only re-types `c10d._reduce_scatter_base_` inputs; FSDP2 2.13 calls other ops).
     Mark that phase so it cannot become the activation-peak moment."""
-    from torch.distributed.pipelining.stage import _PipelineStageBase
-
     orig = _PipelineStageBase.perform_reduce_grad
 
     def wrapped(stage: Any, *args: Any, **kwargs: Any) -> Any:

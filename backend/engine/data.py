@@ -14,7 +14,7 @@ def global_batch(spec: ExperimentSpec, step: int) -> tuple[torch.Tensor, torch.T
     """
     m, t = spec.model, spec.train
     g = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
-    start = torch.randint(0, m.vocab_size, (t.global_batch, 1), generator=g)
+    start = torch.randint(0, m.vocab_size, (t.global_batch, 1), generator=g, device="cpu")  # moved by the engine
     seq = [start]
     for _ in range(m.seq_len):
         seq.append((seq[-1] * 7 + 3) % m.vocab_size)

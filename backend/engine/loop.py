@@ -20,7 +20,8 @@ from backend.bench import memory, timing
 from backend.engine.data import global_batch
 from backend.launch.faults import maybe_inject
 from backend.spec import Schedule
-from backend.strategies.base import Prepared, RankContext, global_mean_loss
+from backend.strategies.base import Prepared, RankContext, global_mean_loss, local_batch
+from backend.strategies.materialize import check_placement
 
 PROGRESS = "SHARDLAB_PROGRESS"
 COMM_STEPS = 3
@@ -34,7 +35,10 @@ def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
 
 
 def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return global_batch(ctx.spec, step)
+    """This dp rank's rows of step `step`'s global batch, on ctx.device (the engine owns placement)."""
+    batch = local_batch(ctx, *global_batch(ctx.spec, step))
+    check_placement(ctx.device, [], None, batch)
+    return batch
 
 
 def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
@@ -50,7 +54,11 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
         maybe_inject(ctx.rank, i)
         losses.append(global_mean_loss(*prep.train_step(*_batch(ctx, i))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
+        if i == 0:  # optimizer state and grads exist now: check them too (set-up checked the parameters)
+            check_placement(ctx.device, prep.modules, prep.optimizer)
     step_s = timed_steps(ctx, prep, losses)
+    if t.warmup_steps == 0:
+        check_placement(ctx.device, prep.modules, prep.optimizer)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)

@@ -1,12 +1,16 @@
 """One rank of a ShardLab run: `python -m backend.engine.rank --spec S.json --out DIR` under torchrun.
 
-Rank 0 gathers every rank's payload, appends the single-process reference losses and writes
-DIR/ranks.json atomically; a failing rank writes DIR/rank-<r>.error.json and exits 1.
+The model is built on the meta device and parallelized before any weight exists; each rank then
+materializes only its own shards (backend/strategies/parallelize.py). Rank 0 gathers every rank's payload,
+frees the training state, runs the single-process loss reference in a CPU process of its own
+(engine/reference.py: skipped with a note when it would not fit) and writes DIR/ranks.json atomically; a
+failing rank writes DIR/rank-<r>.error.json and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -20,8 +24,8 @@ import torch.distributed as dist
 from backend.atomic_io import write_json_atomic
 from backend.bench.env import rank_env
 from backend.engine import mesh as mesh_mod
-from backend.engine.loop import progress, run_loop
-from backend.engine.reference import reference_losses
+from backend.engine.loop import run_loop
+from backend.engine.reference import run_isolated
 from backend.launch.stacks import enable_stack_dump
 from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
@@ -43,18 +47,25 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     backend, device = mesh_mod.init(spec, rank, world, local_rank)
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=local_rank, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
-    model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute)
+    model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta")
     prep = prepare(ctx, model)
+    del model
     payload = run_loop(ctx, prep)
     payload.update(rank=rank, coords=ctx.coords(), env=rank_env(backend, device), notes=list(prep.notes),
                    timeline=list(prep.timeline), strategy_module=module_name_for(spec), extra=dict(prep.extra))
+    del prep
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
-        ref = reference_losses(spec, device=device, rank=rank, on_step=lambda k, n: progress(ctx, k, n, "reference"))
+        ref, note = run_isolated(spec, out)
+        ranks = sorted(gathered, key=lambda p: p["rank"])
+        if note:
+            ranks[0]["notes"].append(note)
         write_json_atomic(out / "ranks.json", {"version": PAYLOAD_VERSION, "world_size": world, "backend": backend,
-                                               "ranks": sorted(gathered, key=lambda p: p["rank"]),
-                                               "loss_reference": ref})
+                                               "ranks": ranks, "loss_reference": ref})
 
 
 def main(argv: list[str] | None = None) -> int:

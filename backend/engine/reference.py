@@ -1,45 +1,122 @@
-"""The single-process reference: same model, seed, data, microbatch accumulation and optimizer, no parallelism."""
+"""The single-process loss reference: same model, seed, data, microbatch loop and optimizer, no parallelism.
+
+It can never break a run: rank 0 runs it after the job's measurements, in a process of its own on the CPU
+(`python -m backend.engine.reference`), so neither the training state nor a GPU is shared; it is skipped,
+with the reason, when the analytic estimate of a one-rank run exceeds the memory budget; and a reference
+that fails only leaves a note. Skipping is not a failure: the run simply has no loss-parity check.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from backend.analytic.estimate import estimate
+from backend.atomic_io import write_json_atomic
 from backend.engine.data import global_batch
-from backend.launch.faults import maybe_inject
-from backend.models.gpt import build_model, loss_fn
+from backend.engine.loop import progress
+from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
-from backend.strategies.base import autocast, make_optimizer
+from backend.strategies.context import make_optimizer
+from backend.strategies.step import ExpertUsage, MicrobatchStep, OptimizerTail
+
+BUDGET_ENV = "SHARDLAB_REFERENCE_MAX_BYTES"
+"""Overrides the reference's memory budget (bytes); default: half of the host's available memory."""
 
 
-def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu", rank: int = 0,
+def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu",
                      on_step: Callable[[int, int], None] | None = None) -> list[float]:
     """Losses of the warm-up + timed steps (the engine's extra memory-tracked step is excluded on both sides).
 
     The global batch is split into global_batch / micro_batch chunks of micro_batch rows, each loss scaled
-    by 1/chunks before backward: exactly the average DDP/FSDP compute over dp ranks x microbatches.
+    by 1/chunks before backward (`MicrobatchStep`, the engine's own loop): exactly the average DDP/FSDP
+    compute over dp ranks x microbatches.
     """
     device = torch.device(device)
     t = spec.train
     model = build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device)
     opt = make_optimizer(model.parameters(), spec)
-    chunks, mb = t.global_batch // t.micro_batch, t.micro_batch
+    tail = OptimizerTail([model], opt, ExpertUsage([model]))
+    step = MicrobatchStep(model, spec, device, tail, use_autocast=True, chunks=t.global_batch // t.micro_batch)
     n_steps = t.warmup_steps + t.steps
     losses: list[float] = []
-    for step in range(n_steps):
-        maybe_inject(rank, step)
-        x, y = (b.to(device) for b in global_batch(spec, step))
-        opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=device)
-        for i in range(chunks):
-            with autocast(spec, device):
-                logits = model(x[i * mb:(i + 1) * mb])  # (mb, T, V)
-            loss = loss_fn(logits, y[i * mb:(i + 1) * mb]) / chunks
-            loss.backward()
-            total += loss.detach()
-        opt.step()
-        losses.append(float(total.item()))
+    for k in range(n_steps):
+        x, y = (b.to(device) for b in global_batch(spec, k))
+        losses.append(float(step(x, y).loss_sum))
         if on_step:
-            on_step(step + 1, n_steps)
+            on_step(k + 1, n_steps)
     return losses
+
+
+def one_rank_spec(spec: ExperimentSpec) -> ExperimentSpec:
+    """The same model and batch on one CPU rank (what the reference runs), for the memory estimate."""
+    data = spec.model_dump(mode="json")
+    data["parallel"] = {"strategy": "ddp", "world_size": 1}
+    data["train"]["microbatches"] = None
+    data["runtime"] = {**data["runtime"], "device": "cpu", "backend": "gloo", "nnodes": 1, "node_rank": 0,
+                       "rdzv_endpoint": None}
+    return ExperimentSpec.model_validate(data)
+
+
+def host_budget_bytes() -> int:
+    if os.environ.get(BUDGET_ENV):
+        return int(os.environ[BUDGET_ENV])
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def skip_reason(spec: ExperimentSpec) -> str | None:
+    """Why the reference must not run here (its predicted memory exceeds the budget), or None."""
+    est = estimate(one_rank_spec(spec)).per_rank[0]
+    need = est.total_bytes + est.optimizer_temp_bytes
+    budget = host_budget_bytes()
+    if need <= budget:
+        return None
+    return (f"Loss reference skipped: one CPU process would need about {need / 2**30:.2f} GiB (analytic estimate "
+            f"of a 1-rank run) > budget {budget / 2**30:.2f} GiB (half the available host memory, or "
+            f"{BUDGET_ENV}); no loss-parity check for this run.")
+
+
+def run_isolated(spec: ExperimentSpec, workdir: Path) -> tuple[list[float], str | None]:
+    """(losses, note): the reference in its own CPU process; [] with the reason when skipped or failed."""
+    reason = skip_reason(spec)
+    if reason:
+        return [], reason
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="reference-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "losses.json"
+        spec_path.write_text(spec.to_json())
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        env.pop("SHARDLAB_FAULT", None)  # faults target the ranks' steps, not the reference
+        proc = subprocess.run([sys.executable, "-m", "backend.engine.reference", "--spec", str(spec_path),
+                               "--out", str(out_path)], env=env, stdout=subprocess.DEVNULL, stderr=None,
+                              timeout=spec.runtime.timeout_s)
+        if proc.returncode != 0 or not out_path.exists():
+            return [], (f"Loss reference failed (exit code {proc.returncode}; its stderr is in the run log): "
+                        "no loss-parity check for this run. The run itself is unaffected.")
+        return json.loads(out_path.read_text())["losses"], None
+
+
+def _progress(step: int, of: int) -> None:
+    progress(None, step, of, "reference")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m backend.engine.reference")
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    spec = ExperimentSpec.from_json(args.spec.read_text())
+    write_json_atomic(args.out, {"losses": reference_losses(spec, on_step=_progress)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,7 @@ from the ModuleDict), as torchtitan does, so parameter names stay stable across 
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -143,18 +144,53 @@ def set_recompute(model: GPT, mode: Recompute) -> None:
         layer.attn.selective_recompute = mode == Recompute.SELECTIVE
 
 
-def build_model(m: ModelSpec, *, seed: int, recompute: Recompute = Recompute.NONE, device: str | torch.device = "cpu") -> GPT:
-    """Identical weights for every strategy and rank: init on CPU from `seed`, then move."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+def build_model(m: ModelSpec, *, seed: int, recompute: Recompute = Recompute.NONE,
+                device: str | torch.device = "cpu") -> GPT:
+    """The full model with the weights every strategy and rank uses (`init_weights`); `device="meta"` builds
+    it without storage (the engine's path: parallelize first, then materialize only this rank's shards)."""
+    with torch.device("meta"):
         model = GPT(m)
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                nn.init.normal_(p, mean=0.0, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
     set_recompute(model, recompute)
-    return model.to(device)
+    if torch.device(device).type != "meta":
+        model.to_empty(device=device)
+        init_weights(model, seed)
+    return model
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The generator seed of one parameter: a function of (seed, parameter name) only, so a rank holding any
+    slice of a parameter draws it from the same full tensor as the single-process reference."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def full_init(name: str, shape: torch.Size | tuple[int, ...], seed: int) -> torch.Tensor:
+    """The full fp32 initial value of parameter `name` on the CPU: N(0, 0.02) for matrices and embeddings,
+    zeros for biases, ones for norm weights (LayerNorm's own default)."""
+    if len(shape) >= 2:
+        g = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
+        return torch.empty(shape, dtype=torch.float32, device="cpu").normal_(0.0, 0.02, generator=g)
+    fill = 0.0 if name.endswith("bias") else 1.0
+    return torch.full(shape, fill, dtype=torch.float32, device="cpu")
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int, local_slice=None) -> None:
+    """Write every parameter's initial value, one parameter at a time: the full tensor is drawn on the CPU and
+    `local_slice(param, full)` (default: all of it) picks what this rank holds (a DTensor shard, an FSDP shard).
+    Largest first: the big full-size temporaries come while few local shards exist yet, so the host peak stays
+    near the local shards plus one block-sized parameter."""
+    for name, p in sorted(model.named_parameters(), key=lambda kv: -kv[1].numel()):
+        full = full_init(name, p.shape, seed)
+        local = full if local_slice is None else local_slice(p, full)
+        dst = p.to_local() if hasattr(p, "to_local") else p
+        dst.copy_(local.to(device=dst.device, dtype=dst.dtype))
+        del full, local
+    for name, mod in model.named_modules():
+        if any(True for _ in mod.buffers(recurse=False)):
+            if not hasattr(mod, "reset_buffers"):
+                raise TypeError(f"{name or 'model'} ({type(mod).__name__}) has buffers but no reset_buffers(): "
+                                "after to_empty they would hold garbage; give it one that recomputes them")
+            mod.reset_buffers()
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

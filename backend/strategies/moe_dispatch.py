@@ -23,9 +23,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from backend.models.gpt import MoE
+from backend.torch_compat import all_to_all_single_autograd
 
 
 def shard_experts(moe: MoE, ep: int, ep_rank: int) -> list[int]:

@@ -13,10 +13,13 @@ zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. Th
 rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch) runs on the last stage and
 scale_grads divides the accumulated grads by the microbatch count, so grads are the dp-share mean.
 
-PP×DP: each stage module gets the dp flavour on mesh["dp"] (`mp_common.dp_wrap`: replicate for ddp,
+PP×DP: each stage module gets the dp flavour on mesh["dp"] (`data_parallel.composable_wrap`: replicate for ddp,
 fully_shard for zero2/zero3/fsdp; torchtitan's choice). The pipelining stages turn gradient sync off
 for every microbatch and run the reduction once after the last backward, so every flavour reduces
 gradients once per step under PP. PP×TP: the TP plan of tp.py is applied to each stage module first.
+
+Stage modules are cut from a meta model (a fresh meta GPT per extra stage: no copy of any weight), then
+parallelized and materialized like any other module (parallelize.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import copy
 import os
 
+import torch
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -35,12 +39,11 @@ from torch.distributed.pipelining import (
 )
 
 from backend.analytic.sharding import layer_split, stages_of_rank
-from backend.models.gpt import loss_fn
+from backend.models.gpt import build_model, loss_fn
 from backend.spec import Schedule
-from backend.strategies import mp_common as mc
 from backend.strategies import timeline
-from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice
-from backend.strategies.tp import apply_tp
+from backend.strategies.context import LocalLoss, RankContext, autocast
+from backend.strategies.step import OptimizerTail
 
 SCHEDULES = {
     Schedule.GPIPE: ScheduleGPipe,
@@ -73,13 +76,16 @@ def strip_to_stage(model: nn.Module, s: int, n_stages: int, layers: list[int]) -
 
 
 def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], list[nn.Module]]:
+    """This rank's stage ids and their modules. From a meta model each extra stage is a fresh meta GPT (free);
+    a model handed in already built (tests, benchmarks) is copied for all but its last stage."""
     p = ctx.spec.parallel
     n_stages = p.pp * p.virtual_stages
     ids = stages_of_rank(ctx.coords()["pp"], p.pp, p.virtual_stages, p.pp_schedule)
     split = stage_layers(ctx.spec.model.n_layers, n_stages)
-    # Copy for all but the last stage, strip the original in place for the last: no full model stays alive.
-    mods = [copy.deepcopy(model) for _ in ids[:-1]] + [model]
-    return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(mods, ids)]
+    meta = any(q.is_meta for q in model.parameters())
+    extra = [build_model(ctx.spec.model, seed=ctx.spec.train.seed, recompute=ctx.spec.train.recompute, device="meta")
+             if meta else copy.deepcopy(model) for _ in ids[:-1]]
+    return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(extra + [model], ids)]
 
 
 def _cpu_note(ctx: RankContext) -> str:
@@ -89,59 +95,47 @@ def _cpu_note(ctx: RankContext) -> str:
             "1 - 1/pp whatever the schedule." if ctx.device.type == "cpu" else "")
 
 
-def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
-    spec = ctx.spec
-    p = spec.parallel
-    if p.ep > 1:
-        raise ValueError(f"pp={p.pp} with ep={p.ep} is not supported: run ep with dp only")
+def notes(ctx: RankContext, ids: list[int]) -> list[str]:
+    spec, p = ctx.spec, ctx.spec.parallel
     n_stages = p.pp * p.virtual_stages
-    ids, mods = build_stage_modules(ctx, model)
-    fsdp = False
-    for m in mods:
-        apply_tp(ctx, m)
-        fsdp = mc.dp_wrap(ctx, m) or fsdp
-    group = ctx.mesh["pp"].get_group()
-    stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
-    cls = SCHEDULES[p.pp_schedule]
-    m_count = spec.train.microbatches
-    sched = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages, n_microbatches=m_count, loss_fn=loss_fn)
-    first, last = 0 in ids, n_stages - 1 in ids
-    opt = mc.make_optimizer(spec, [q for m in mods for q in m.parameters()])
-    usage = mc.ExpertUsage(mods)
-    calls = {"n": 0}
-    prep = Prepared(modules=mods, optimizer=opt, train_step=None, fsdp=fsdp, notes=[
-        f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers {stage_layers(spec.model.n_layers, n_stages)}.",
-        f"Timeline: call {spec.train.warmup_steps} of train_step (the first timed step) is recorded.",
-        "Returned loss: one 16-byte all_reduce per step over the world (last-stage microbatch means).",
-        *filter(None, [_cpu_note(ctx)]),
-    ])
+    return [f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers {stage_layers(spec.model.n_layers, n_stages)}.",
+            f"Timeline: call {spec.train.warmup_steps} of train_step (the first timed step) is recorded.",
+            *filter(None, [_cpu_note(ctx)])]
 
-    def run_schedule(x, y) -> float:
+
+class PipelineStep:
+    """One optimizer step through the pipeline schedule; records the timeline of the first timed step."""
+
+    def __init__(self, ctx: RankContext, ids: list[int], mods: list[nn.Module], tail: OptimizerTail,
+                 timeline_out: list[dict]):
+        p = ctx.spec.parallel
+        n_stages = p.pp * p.virtual_stages
+        group = ctx.mesh["pp"].get_group()
+        stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
+        cls = SCHEDULES[p.pp_schedule]
+        self.schedule = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages,
+                            n_microbatches=ctx.spec.train.microbatches, loss_fn=loss_fn)
+        self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
+        self.first, self.last = 0 in ids, n_stages - 1 in ids
+        self.calls = 0
+
+    def _run_schedule(self, x: torch.Tensor, y: torch.Tensor) -> float:
         losses: list = []
-        kwargs = {"target": y, "losses": losses} if last else {}
-        args = (x,) if first else ()
-        with autocast(spec, ctx.device):
+        kwargs = {"target": y, "losses": losses} if self.last else {}
+        args = (x,) if self.first else ()
+        with autocast(self.ctx.spec, self.ctx.device):
             # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
             # alive until the step ends, only to concatenate them for a return value we do not use.
-            sched.step(*args, return_outputs=False, **kwargs)
-        return sum(float(v.detach()) for v in losses) / len(losses) if last else 0.0
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        return sum(float(v.detach()) for v in losses) / len(losses) if self.last else 0.0
 
-    def train_step(inputs, targets) -> float:
-        x, y = dp_slice(inputs, ctx), dp_slice(targets, ctx)
-        if calls["n"] == spec.train.warmup_steps:
-            prep.timeline.clear()
-            with timeline.capture(prep.timeline, step=calls["n"]):
-                local = run_schedule(x, y)
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LocalLoss:
+        if self.calls == self.ctx.spec.train.warmup_steps:
+            self.timeline.clear()
+            with timeline.capture(self.timeline, step=self.calls):
+                local = self._run_schedule(x, y)
         else:
-            local = run_schedule(x, y)
-        calls["n"] += 1
-        partial = mc.reduce_partial_grads(mods)
-        hidden = usage.skip_unused()
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
-        usage.restore(hidden)
-        mc.repartial_grads(partial)
-        return LocalLoss(local, 1.0 if last else 0.0)
-
-    prep.train_step = train_step
-    return prep
+            local = self._run_schedule(x, y)
+        self.calls += 1
+        self.tail()
+        return LocalLoss(local, 1.0 if self.last else 0.0)

@@ -21,8 +21,8 @@ from functools import wraps
 from typing import Iterator
 
 import torch.distributed as dist
-from torch.distributed.pipelining import schedules as _schedules
-from torch.distributed.pipelining import stage as _stage
+from backend.torch_compat import pipelining_schedules as _schedules
+from backend.torch_compat import pipelining_stage as _stage
 
 _state: dict = {"records": None, "t0": 0.0, "rank": 0, "step": None}
 _installed = False

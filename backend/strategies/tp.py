@@ -1,5 +1,5 @@
 """Tensor parallelism (Megatron-style, optionally with sequence parallelism) via DTensor
-`parallelize_module` on ctx.mesh["tp"], plus the TP×DP mixes (dp flavour from `mp_common.dp_wrap`).
+`parallelize_module` on ctx.mesh["tp"], plus the TP×DP mixes (dp flavour from `data_parallel.composable_wrap`).
 
 Per-rank parameter layout (t = tp degree; "rows" = dim 0 of the weight as nn.Linear/nn.Embedding store it;
 DTensor shards like torch.chunk, so a dimension not divisible by t gives the first ranks ceil(n/t)):
@@ -21,7 +21,7 @@ DTensor shards like torch.chunk, so a dimension not divisible by t gives the fir
 | lm_head (V, C)         | ColwiseParallel(out Replicate)                  | ColwiseParallel(in Shard(1), out Replicate)            | V/t rows × C         | -             |
 
 Gradients have the parameter's per-rank size: DTensor computes the vocab-parallel embedding weight grad
-Replicate (full (V, h) on every rank); a grad hook slices it back to this rank's rows (`_grad_like_param`).
+Replicate (full (V, h) on every rank); a grad hook slices it back to this rank's rows (`GradLikeParam`).
 SP LayerNorm grads stay Partial over tp through the microbatches and are all-reduced once per step.
 
 Activations: without SP every rank holds full (B, T, C) residual/LayerNorm activations; with SP those are
@@ -35,7 +35,7 @@ Comm per microbatch (b = micro_batch, s = seq_len, h = d_model, V = vocab; paylo
   SP, per dense layer: forward 2 all_gather (output b·s·h) + 2 reduce_scatter (input b·s·h), backward the
     same 2 + 2; plus, once per STEP, an all_reduce of each replicated LayerNorm weight and bias grad (h each;
     ln1, ln2 of every layer and the final norm): SequenceParallel leaves them Partial over tp, and
-    mp_common.reduce_partial_grads (pure TP, PP×TP) or FSDP2/replicate's post-backward (dp mixes)
+    step.reduce_partial_grads (pure TP, PP×TP) or FSDP2/replicate's post-backward (dp mixes)
     redistributes them to Replicate explicitly;
   embeddings: forward all_reduce of b·s·h (tok_emb) + s·h (pos_emb) without SP, reduce_scatter of the same
     with SP (pos_emb: Shard(0) of (s, h));
@@ -59,9 +59,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from backend.models.gpt import MoE, loss_fn
-from backend.strategies import mp_common as mc
-from backend.strategies.base import LocalLoss, Prepared, RankContext, autocast, dp_slice
+from backend.models.gpt import MoE
+from backend.strategies.context import RankContext
+from backend.torch_compat import ParallelStyle
 
 
 def tp_plan(model: nn.Module, sp: bool) -> dict:
@@ -86,7 +86,7 @@ def tp_plan(model: nn.Module, sp: bool) -> dict:
                 plan[f"{pre}.mlp.experts.{e}.fc_in"] = ColwiseParallel()
                 plan[f"{pre}.mlp.experts.{e}.fc_out"] = RowwiseParallel()
             if sp:
-                plan[f"{pre}.mlp"] = _moe_sp()
+                plan[f"{pre}.mlp"] = MoESequenceParallel()
         else:
             plan[f"{pre}.mlp.fc_in"] = ColwiseParallel()
             plan[f"{pre}.mlp.fc_out"] = RowwiseParallel(**row_out)
@@ -106,77 +106,46 @@ def _gather_input(sp: bool) -> PrepareModuleInput:
     return PrepareModuleInput(input_layouts=(src,), desired_input_layouts=(Replicate(),), use_local_output=False)
 
 
-def _moe_sp():
-    # The router must see every token of the sequence: gather in, scatter the combined output back.
-    from torch.distributed.tensor.parallel.style import ParallelStyle
+class MoESequenceParallel(ParallelStyle):
+    """The router must see every token of the sequence: gather the input, scatter the combined output back."""
 
-    class MoESequenceParallel(ParallelStyle):
-        def _apply(self, module, device_mesh):
-            PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                               use_local_output=True)._apply(module, device_mesh)
-            PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),),
-                                use_local_output=True)._apply(module, device_mesh)
-            return module
-
-    return MoESequenceParallel()
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                           use_local_output=True)._apply(module, device_mesh)
+        PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),),
+                            use_local_output=True)._apply(module, device_mesh)
+        return module
 
 
 def apply_tp(ctx: RankContext, model: nn.Module) -> nn.Module:
+    """parallelize_module with `tp_plan` over mesh["tp"] (works on a meta model)."""
     p = ctx.spec.parallel
     if p.tp > 1:
         parallelize_module(model, ctx.mesh["tp"], tp_plan(model, p.sequence_parallel))
-        for q in model.parameters():
-            if isinstance(q, DTensor):
-                q.register_hook(_grad_like_param(q))
     return model
 
 
-def _grad_like_param(q: DTensor):
+def register_grad_hooks(model: nn.Module) -> None:
+    """Once the DTensor parameters are materialized: keep every grad at its parameter's sharded size."""
+    for q in model.parameters():
+        if isinstance(q, DTensor):
+            q.register_hook(GradLikeParam(q))
+
+
+class GradLikeParam:
     """DTensor's vocab-parallel embedding backward returns the weight grad Replicate: the FULL (V, h)
     gradient on every tp rank. Keep only this rank's rows (Replicate -> Shard is a local slice, no comm;
     cloned so the full buffer is freed), so the persistent .grad has the parameter's sharded size."""
 
-    def hook(g):
+    def __init__(self, q: DTensor):
+        self.q = q
+
+    def __call__(self, g):
+        q = self.q
         if not isinstance(g, DTensor) or g.placements == q.placements or any(pl.is_partial() for pl in g.placements):
             return g
         local = g.redistribute(q.device_mesh, q.placements).to_local().clone()
         return DTensor.from_local(local, q.device_mesh, q.placements, run_check=False, shape=q.shape, stride=q.stride())
 
-    return hook
 
-
-def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
-    spec = ctx.spec
-    if spec.parallel.ep > 1:
-        raise ValueError(f"tp={spec.parallel.tp} with ep={spec.parallel.ep} is not supported: run ep with dp only")
-    apply_tp(ctx, model)
-    fsdp = mc.dp_wrap(ctx, model)
-    opt = mc.make_optimizer(spec, model.parameters())
-    usage = mc.ExpertUsage([model])
-    notes = [
-        "TP: lm_head all-gathers full logits (B, T, V) on every tp rank (Replicate output, no loss_parallel).",
-        "Returned loss: one 16-byte all_reduce per step over the world (mean of the dp shares).",
-    ]
-    if spec.parallel.dp > 1 and spec.parallel.dp_flavour == "ddp":
-        notes.append("DDP×TP: dp replication by replicate_with_fsdp (FSDP2-style DDP that takes DTensor params); "
-                     "it keeps a replica and an unsharded compute copy of every parameter (2x parameter bytes). "
-                     "Classic DDP(device_mesh=) was rejected: its TP hooks unregister nested DTensor params after the first forward.")
-
-    def train_step(inputs, targets) -> float:
-        xs = mc.split_microbatches(dp_slice(inputs, ctx), spec)
-        ys = mc.split_microbatches(dp_slice(targets, ctx), spec)
-        total = torch.zeros((), device=ctx.device)  # summed on the device: one host sync per step, not per microbatch
-        for i, (x, y) in enumerate(zip(xs, ys)):
-            with mc.grad_sync(model, ctx, last=i == len(xs) - 1), autocast(spec, ctx.device):
-                loss = loss_fn(model(x), y)
-                (loss / len(xs)).backward()
-            total += loss.detach().float()
-        partial = mc.reduce_partial_grads([model])
-        hidden = usage.skip_unused()
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step (mp_common)
-        usage.restore(hidden)
-        mc.repartial_grads(partial)
-        return LocalLoss(total / len(xs))
-
-    return Prepared(modules=[model], optimizer=opt, train_step=train_step, fsdp=fsdp, notes=notes)
+NOTES = ["TP: lm_head all-gathers full logits (B, T, V) on every tp rank (Replicate output, no loss_parallel)."]

@@ -1,0 +1,130 @@
+"""The data-parallel flavour on the dp mesh dimension: every wrapper ShardLab uses, in one place.
+
+| flavour      | alone (no tp/pp/ep)                                  | in a tp / pp mix                        | with ep                                   |
+|--------------|------------------------------------------------------|-----------------------------------------|-------------------------------------------|
+| ddp          | DistributedDataParallel, gradient_as_bucket_view     | FSDP2-style `replicate` per block + root| DDP with the experts left out of its reducer |
+| zero1        | ZeroRedundancyOptimizer over DDP                     | rejected (cannot shard DTensor/stages)  | rejected                                  |
+| zero2        | fully_shard(reshard_after_forward=False), mp_policy  | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
+| zero3 / fsdp | fully_shard(reshard_after_forward=True), mp_policy   | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
+
+Classic DDP does not take DTensor (TP) parameters and the pipelining stages drive `replicate`/`fully_shard`
+modules through their own hooks, hence `replicate` in tp/pp mixes (torchtitan's choice). The FSDP2-style
+wrappers are applied to meta modules before materialization (`composable_wrap`); classic DDP and ZeRO-1 need
+real parameters (DDP broadcasts them at construction) and come after it (`classic_wrap`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from backend.spec import ExperimentSpec, Strategy
+from backend.strategies.context import RankContext, compute_dtype, make_optimizer, optimizer_class, optimizer_kwargs
+from backend.torch_compat import ddp_ignore_params, replicate
+
+SHARDED = (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
+
+
+def is_pure_dp(spec: ExperimentSpec) -> bool:
+    p = spec.parallel
+    return p.tp == 1 and p.pp == 1 and p.ep == 1
+
+
+def uses_fsdp2(spec: ExperimentSpec) -> bool:
+    """FSDP2 `fully_shard` / `replicate` wraps the modules (the engine then tracks memory with FSDPMemTracker)."""
+    p = spec.parallel
+    if p.dp_flavour in SHARDED:
+        return p.dp > 1 or is_pure_dp(spec)
+    return p.dp > 1 and p.dp_flavour == Strategy.DDP and p.ep == 1 and not is_pure_dp(spec)
+
+
+def uses_autocast(spec: ExperimentSpec) -> bool:
+    """Pure ZeRO-2/3 casts with FSDP2's MixedPrecisionPolicy; every other layout runs the step under autocast."""
+    return not (is_pure_dp(spec) and spec.parallel.dp_flavour in SHARDED)
+
+
+def check_flavour(spec: ExperimentSpec) -> None:
+    p = spec.parallel
+    if p.dp_flavour == Strategy.ZERO1 and p.dp > 1 and not is_pure_dp(spec):
+        raise ValueError(
+            "zero1 (ZeroRedundancyOptimizer) in a model-parallel mix is not supported: it cannot shard "
+            "DTensor or pipeline-stage parameters; use ddp, zero2 or zero3/fsdp for the dp dimension"
+        )
+
+
+def blocks(module: nn.Module) -> list[nn.Module]:
+    layers = getattr(module, "layers", None)
+    return list(layers.values()) if layers is not None else []
+
+
+def mp_policy(spec: ExperimentSpec) -> MixedPrecisionPolicy | None:
+    dtype = compute_dtype(spec)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None
+
+
+def composable_wrap(ctx: RankContext, module: nn.Module, ignored: set[nn.Parameter] | None = None) -> None:
+    """FSDP2 `fully_shard` / `replicate` per transformer block, then the root, over mesh["dp"] (works on meta)."""
+    spec = ctx.spec
+    if not uses_fsdp2(spec):
+        return
+    flavour = spec.parallel.dp_flavour
+    kw: dict = {"mesh": ctx.mesh["dp"]} if ctx.mesh is not None else {}
+    if ignored:
+        kw["ignored_params"] = ignored
+    if flavour == Strategy.DDP:
+        wrap = replicate
+    else:
+        wrap = fully_shard
+        kw["reshard_after_forward"] = flavour != Strategy.ZERO2
+        if is_pure_dp(spec) and (mp := mp_policy(spec)) is not None:
+            kw["mp_policy"] = mp
+    for b in blocks(module):
+        wrap(b, **kw)
+    wrap(module, **kw)
+
+
+def classic_wrap(ctx: RankContext, model: nn.Module, experts: list[nn.Parameter]) -> nn.Module:
+    """DistributedDataParallel over mesh["dp"] for pure ddp / zero1 and for ddp with ep (experts excluded from the
+    reducer: their grads are reduced over the expert-replica group instead); needs materialized parameters."""
+    p = ctx.spec.parallel
+    if p.dp == 1 or p.dp_flavour not in (Strategy.DDP, Strategy.ZERO1) or p.tp > 1 or p.pp > 1:
+        return model
+    if experts:
+        ids = {id(q) for q in experts}
+        ddp_ignore_params(model, [n for n, q in model.named_parameters() if id(q) in ids])
+    kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+    return DDP(model, process_group=ctx.mesh["dp"].get_group(), gradient_as_bucket_view=True, **kw)
+
+
+def dp_optimizer(ctx: RankContext, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """ZeRO-1 partitions the optimizer state over the dp ranks; every other flavour uses the plain optimizer."""
+    spec = ctx.spec
+    if spec.parallel.dp_flavour == Strategy.ZERO1 and spec.parallel.dp > 1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(spec),
+                                       process_group=ctx.mesh["dp"].get_group(), **optimizer_kwargs(spec))
+    return make_optimizer(params, spec)
+
+
+def notes(spec: ExperimentSpec) -> list[str]:
+    p = spec.parallel
+    flavour, pure = p.dp_flavour, is_pure_dp(spec)
+    if pure and flavour == Strategy.DDP:
+        return ["DDP runs with gradient_as_bucket_view=True: .grad tensors are views of the all-reduce buckets, "
+                "so gradients occupy one copy."]
+    if pure and flavour == Strategy.ZERO1:
+        return ["ZeRO-1 = ZeroRedundancyOptimizer over DDP: whole parameters are assigned to ranks (greedy, largest "
+                "first), so per-rank optimizer bytes are uneven; updated parameters are broadcast from their owners."]
+    if pure and flavour == Strategy.ZERO2:
+        return ["ZeRO-2 = FSDP2 fully_shard per block + root with reshard_after_forward=False: one all-gather per "
+                "unit and microbatch, unsharded parameters resident through backward, gradients reduce-scattered "
+                "per microbatch."]
+    if pure:
+        return ["ZeRO-3/FSDP = FSDP2 fully_shard per block + root, reshard_after_forward=True: parameters are "
+                "all-gathered before forward and again before backward, gradients reduce-scattered per microbatch."]
+    if p.dp > 1 and flavour == Strategy.DDP and p.tp > 1:
+        return ["DDP×TP: dp replication by replicate_with_fsdp (FSDP2-style DDP that takes DTensor params); "
+                "it keeps a replica and an unsharded compute copy of every parameter (2x parameter bytes)."]
+    return []

@@ -1,0 +1,102 @@
+"""`parallelize(ctx, model) -> Prepared`: every strategy and mix, applied in one fixed order (torchtitan's
+`parallelize_*` shape; picotron's one-file-per-parallelism layout below it):
+
+  0. pipeline split   (pp.py)          this rank's stage modules, cut from the meta model (a fresh meta GPT per
+                                        extra stage); every later step applies to each stage module, as
+                                        torchtitan's pipeline_llm does
+  1. expert parallel  (ep.py)          experts sharded over mesh["ep"], all-to-all dispatch installed
+  2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
+  3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
+  4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
+  5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
+                                        local shard only (materialize.py); a model handed in built is moved
+  6. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
+  7. check                             every parameter / grad / buffer / DTensor shard on ctx.device
+
+The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from backend.models.gpt import set_recompute
+from backend.strategies import data_parallel as dpar
+from backend.strategies import pp as pipeline
+from backend.strategies.context import Prepared, RankContext
+from backend.strategies.ep import ExpertParallel
+from backend.strategies.materialize import check_placement, is_meta, materialize
+from backend.strategies.step import ExpertUsage, LoopStyle, MicrobatchStep, OptimizerTail
+from backend.strategies.tp import NOTES as TP_NOTES
+from backend.strategies.tp import apply_tp, register_grad_hooks
+
+LOSS_NOTE = "Returned loss: one 16-byte all_reduce per step over the world (mean of the dp shares)."
+
+
+def check_supported(ctx: RankContext) -> None:
+    p = ctx.spec.parallel
+    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
+        raise ValueError(f"ep={p.ep} with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
+    dpar.check_flavour(ctx.spec)
+
+
+def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
+    spec, p = ctx.spec, ctx.spec.parallel
+    check_supported(ctx)
+    meta = is_meta(model)
+    if not meta:
+        model.to(ctx.device)
+    ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
+    ep = ExpertParallel(ctx, model) if p.ep > 1 else None
+    for m in mods:
+        apply_tp(ctx, m)
+        set_recompute(m, spec.train.recompute)
+        dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
+    if meta:
+        materialize(mods, ctx.device, spec.train.seed)
+    experts = ep.params() if ep else []
+    if p.tp > 1:
+        for m in mods:
+            register_grad_hooks(m)
+    usage = ExpertUsage(mods)
+    mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
+    opt = dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
+    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None)
+    timeline: list[dict] = []
+    extra: dict = {}
+    if p.pp > 1:
+        step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline)
+    else:
+        step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
+                              style=loop_style(spec),
+                              on_microbatch=ep.on_microbatch if ep else None)
+    if ep:
+        ep.publish_to(extra)
+    prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
+                    notes=_notes(ctx, ids, ep), extra=extra)
+    check_placement(ctx.device, prep.modules, prep.optimizer)
+    return prep
+
+
+def loop_style(spec) -> LoopStyle:
+    p = spec.parallel
+    if dpar.is_pure_dp(spec):
+        return LoopStyle(hold_logits=dpar.uses_autocast(spec), loss_scaled_in_graph=True)
+    if p.tp > 1:
+        return LoopStyle(hold_logits=False, loss_scaled_in_graph=False)
+    return LoopStyle(hold_logits=True, loss_scaled_in_graph=False)
+
+
+def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None) -> list[str]:
+    p = ctx.spec.parallel
+    out = dpar.notes(ctx.spec)
+    if p.tp > 1:
+        out += TP_NOTES
+    if ep:
+        out += ep.notes()
+    if p.pp > 1:
+        out += pipeline.notes(ctx, ids)
+        out.append("Returned loss: one 16-byte all_reduce per step over the world (last-stage microbatch means).")
+    elif not dpar.is_pure_dp(ctx.spec):
+        out.append(LOSS_NOTE)
+    return out

@@ -1,0 +1,79 @@
+"""Every private torch API ShardLab touches, in one module (tests/test_torch_compat.py checks each one), so a
+torch upgrade that moves or changes one fails loudly here instead of deep inside a run.
+
+Pinned against torch 2.13.0. Each name says what we rely on; the test next to it says how we use it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as functional_collectives
+import torch.distributed._tools.fsdp2_mem_tracker as fsdp2_mem_tracker
+import torch.distributed._tools.mem_tracker as mem_tracker
+import torch.distributed.pipelining.schedules as pipelining_schedules
+import torch.distributed.pipelining.stage as pipelining_stage
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor.parallel.ddp import _unflatten_tensor
+from torch.distributed.tensor.parallel.style import ParallelStyle
+from torch.nn.parallel import DistributedDataParallel
+
+# FSDP2-style DDP that takes DTensor (TP) parameters and pipelining stages (no public home in 2.13).
+replicate = replicate
+
+# Autograd all_to_all with uneven splits, used by the expert-parallel token dispatch (torch has no public one).
+all_to_all_single_autograd = functional_collectives.all_to_all_single_autograd
+
+# One flat buffer for the expert grads' single all_reduce (what DDP's reducer does internally).
+flatten_dense_tensors = _flatten_dense_tensors
+unflatten_dense_tensors = _unflatten_dense_tensors
+
+# The group object behind a functional collective's group-name argument (comm counting).
+resolve_process_group = _resolve_process_group
+
+# pipelining: `_PipelineStageBase.{forward_one_chunk, backward_one_chunk, backward_weight_one_chunk,
+# perform_reduce_grad}` and `schedules._wait_batch_p2p` are wrapped for the timeline and the memory tracker.
+PipelineStageBase = pipelining_stage._PipelineStageBase
+
+# MemTracker / FSDPMemTracker internals the category trackers subclass or call.
+MemTracker = mem_tracker.MemTracker
+ModMemStats = mem_tracker._ModMemStats
+FSDPMemTracker = fsdp2_mem_tracker.FSDPMemTracker
+FSDPModMemStats = fsdp2_mem_tracker._FSDPModMemStats
+FSDPRefType = fsdp2_mem_tracker._FSDPRefType
+
+# A custom tensor-parallel style overrides ParallelStyle._apply (the MoE sequence-parallel gather/scatter).
+ParallelStyle = ParallelStyle
+
+
+def ddp_ignore_params(module: torch.nn.Module, names: list[str]) -> None:
+    """Leave these parameters out of DDP's reducer (the experts under expert parallelism)."""
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
+
+
+def current_graph_task_id() -> int:
+    """-1 outside a backward pass (the memory tracker uses it to tell forward from backward work)."""
+    return torch._C._current_graph_task_id()
+
+
+def auto_dispatch_below_ad_inplace_or_view():
+    """Guard a kernel override re-enters torch's own kernel with (comm_hooks)."""
+    return torch._C._AutoDispatchBelowADInplaceOrView()
+
+
+def destroy_library(lib: torch.library.Library) -> None:
+    """Give torch its own kernels back after our c10d overrides (comm_hooks)."""
+    lib._destroy()
+
+
+def fake_store():
+    """The fake process group's store: `init_process_group("fake", store=fake_store(), ...)` (tests, trace)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # testing-only module: imported on use
+
+    return FakeStore()
+
+
+def unflatten_ddp_tp_param(param: torch.Tensor) -> torch.Tensor:
+    """A DDP×TP parameter DDP keeps as a plain local tensor -> its DTensor (test harness)."""
+    return _unflatten_tensor(param, param._st_info)
