@@ -1,9 +1,9 @@
 """Expert parallelism (with data parallelism over the same ranks): DP×EP.
 
-Mesh: the dp dimension of the (pp, dp, tp) mesh is split into (dp_replicate, ep) = (dp/ep, ep), row-major
-(ep fastest), in a second DeviceMesh named ("pp", "dp_replicate", "ep", "tp"): ep groups are consecutive
-blocks of ep dp-ranks ({0..ep−1}, {ep..2ep−1}, ...); the expert-replica groups (mesh["dp_replicate"]) join
-the ranks holding the same experts, one per block ({j, j+ep, j+2ep, ...}).
+Mesh: the dp dimension of ctx.mesh (pp, dp, tp) is split into (dp_replicate, ep) = (dp/ep, ep), row-major
+(ep fastest) (`expert_groups`): ep groups are consecutive blocks of ep dp-ranks ({0..ep−1}, {ep..2ep−1},
+...); the expert-replica groups (dp_replicate) join the ranks holding the same experts, one per block
+({j, j+ep, j+2ep, ...}).
 
 Per-rank parameters: every non-expert parameter (embeddings, attention, norms, routers, lm_head) in
 full; experts: E/ep per MoE layer (ep rank j = dp mod ep owns experts j·E/ep .. (j+1)·E/ep − 1).
@@ -22,20 +22,27 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from backend.models.gpt import MoE
 from backend.strategies import moe_dispatch
 from backend.strategies.context import RankContext
 from backend.torch_compat import flatten_dense_tensors, unflatten_dense_tensors
 
-EP_MESH_DIMS = ("pp", "dp_replicate", "ep", "tp")
+EP_DIMS = ("pp", "dp_replicate", "ep", "tp")
 
 
-def expert_mesh(ctx: RankContext) -> DeviceMesh:
-    """(pp, dp/ep, ep, tp) over the same ranks as ctx.mesh (collective: every rank calls it)."""
+def expert_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """(this rank's ep group, its expert-replica group or None when dp == ep), cut from ctx.mesh's rank layout
+    viewed as EP_DIMS = (pp, dp/ep, ep, tp). Fresh groups (new_subgroups_by_enumeration, collective on every
+    rank): a DeviceMesh dimension spanning the world may reuse the default group, and DDP's gradient
+    all-reduce and the dispatch all-to-all must not share a gloo group (their backward order differs by rank)."""
     p = ctx.spec.parallel
-    return init_device_mesh(ctx.device.type, (p.pp, p.dp // p.ep, p.ep, p.tp), mesh_dim_names=EP_MESH_DIMS)
+    ranks = ctx.mesh.mesh.view(p.pp, p.dp // p.ep, p.ep, p.tp)  # rank ids laid out as EP_DIMS
+    ep_group, _ = dist.new_subgroups_by_enumeration(ranks.movedim(2, -1).reshape(-1, p.ep).tolist())
+    if p.dp == p.ep:
+        return ep_group, None
+    replica, _ = dist.new_subgroups_by_enumeration(ranks.movedim(1, -1).reshape(-1, p.dp // p.ep).tolist())
+    return ep_group, replica
 
 
 class ExpertParallel:
@@ -45,11 +52,9 @@ class ExpertParallel:
         p = ctx.spec.parallel
         self.ctx, self.model = ctx, model
         self.extra: dict = {}
-        mesh = expert_mesh(ctx)
-        self.ep_rank = mesh["ep"].get_local_rank()
-        self.replica_group = mesh["dp_replicate"].get_group() if p.dp > p.ep else None
+        ep_group, self.replica_group = expert_groups(ctx)
+        self.ep_rank = dist.get_rank(ep_group)
         self.log = moe_dispatch.RoutingLog()
-        ep_group = mesh["ep"].get_group()
         self.moe_names = []
         for name, block in model.layers.items():
             if isinstance(block.mlp, MoE):

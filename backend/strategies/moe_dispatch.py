@@ -81,6 +81,10 @@ def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int, log: Routin
         rows = (local_expert == j).nonzero(as_tuple=True)[0]
         if rows.numel():
             y = y.index_add(0, rows, expert_mod(x[rows]).to(y.dtype))  # autocast: 16-bit out, fp32 rows (as dense)
+    if x.requires_grad and not y.requires_grad:
+        # No local expert received a row: y would leave the autograd graph and this rank would skip both
+        # backward all-to-alls its peers run (a hang). Keep it connected; the gradient sent back is zero.
+        y = x * 0.0
     back = all_to_all_single_autograd(y, send_splits, recv_splits, group)  # (N*k, C) in sorted order
     w = weights.reshape(-1)[order].unsqueeze(-1)  # (N*k, 1)
     return torch.zeros_like(flat).index_add(0, tok, back * w)
