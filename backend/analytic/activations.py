@@ -76,7 +76,8 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
-                                 top_k: int = 1, autocast: bool = False, ep: int = 1) -> float:
+                                 top_k: int = 1, autocast: bool = False, ep: int = 1,
+                                 autocast_device: str = "cpu") -> float:
     """Bytes autograd holds for backward for ONE block of backend.models.gpt (pre-LN, no dropout).
 
     Terms (elements, then · dtype_bytes):
@@ -93,6 +94,8 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
+    autocast_device: the softmax probabilities cost `softmax_saved_bytes_per_score` (CUDA autocast saves them
+    twice: fp32 and the 16-bit copy probs @ v saves).
     """
     recompute = _check_recompute(recompute)
     del kv_heads  # see docstring: saved k/v are always a·d_head wide
@@ -111,6 +114,10 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     else:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
+        # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
+        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=autocast_device)
+        if per_score != dtype_bytes:
+            mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     if n_experts and ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = MR.ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
                                     top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast)
@@ -120,6 +127,15 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += _mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t)
     return elems * dtype_bytes + stat_bytes + mask_bytes
+
+
+def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device: str) -> float:
+    """Bytes autograd keeps per attention score for softmax + probs @ v. CUDA autocast runs softmax in fp32
+    (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE): softmax saves its fp32 output and the matmul saves its
+    16-bit cast, 4 + 2 B; CPU autocast has no such rule (one 16-bit tensor saved by both, measured: 2 B)."""
+    if autocast and device == "cuda":
+        return 4 + dtype_bytes
+    return dtype_bytes
 
 
 def model_full_recompute_peak_extra_bytes(*, head_freed_bytes: float = 0.0, **layer_kwargs) -> float:
@@ -189,7 +205,8 @@ def _layer_kwargs(spec: Any) -> dict[str, Any]:
     m, t, p = spec.model, spec.train, spec.parallel
     return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
                 dtype_bytes=compute_bytes(t.precision), t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts,
-                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1)
+                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1,
+                autocast_device="cuda" if str(spec.runtime.device) == "cuda" else "cpu")
 
 
 def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float, float]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic import activations as A
 from backend.analytic import comm as C
+from backend.analytic import device as D
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
@@ -92,12 +93,14 @@ class Estimate:
         return asdict(self)
 
 
-def _optimizer_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool) -> int:
-    """AdamW exp_avg + exp_avg_sq (fp32) + a 0-dim `step` per tensor; SGD one momentum_buffer."""
-    elems = sum(q.real_numel if fsdp else q.local_numel for q in params)
+def _optimizer_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, device: str = D.CPU) -> int:
+    """AdamW exp_avg + exp_avg_sq (fp32) + a 0-dim `step` per tensor; SGD one momentum_buffer. On CUDA every
+    state tensor is its own 512-B-rounded storage, and AdamW's `step` lives on the host (device.py)."""
+    states = [MASTER_BYTES * (q.real_numel if fsdp else q.local_numel) for q in params]
     if str(optimizer) != "adamw":
-        return MASTER_BYTES * elems
-    return 2 * MASTER_BYTES * elems + STEP_TENSOR_BYTES * len(params)
+        return D.storage_bytes(states, device)
+    step = STEP_TENSOR_BYTES * len(params) if D.adamw_step_on_device(device) else 0
+    return 2 * D.storage_bytes(states, device) + step
 
 
 def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, foreach: bool) -> int:
@@ -117,25 +120,34 @@ def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool
 def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> None:
     p, t = spec.parallel, spec.train
     fsdp = p.zero_stage >= 2
-    foreach = str(spec.runtime.device) == "cuda"  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
+    dev = str(spec.runtime.device)  # resolved by estimate(): cpu or cuda
+    foreach = dev == D.CUDA  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
     if fsdp:
-        storage = MASTER_BYTES * sum(q.storage_numel for q in params)
+        storage = D.storage_bytes([MASTER_BYTES * q.storage_numel for q in params], dev)
         extra_params, extra_grads = fsdp_peak_extra(spec, params, r.stages)
         r.params_bytes = storage + fsdp_param_bytes(spec) * extra_params
         r.grads_bytes = storage + MASTER_BYTES * extra_grads  # reduce_dtype fp32
         owned = params
     else:
-        r.params_bytes = r.grads_bytes = MASTER_BYTES * sum(q.local_numel for q in params)
+        per_param = [MASTER_BYTES * q.local_numel for q in params]
+        r.params_bytes = D.storage_bytes(per_param, dev)
+        # classic DDP's `.grad` are views of its few large buckets (rounding <= 512 B per bucket, not modelled)
+        r.grads_bytes = D.storage_bytes(per_param, D.CPU if _grads_in_buckets(spec) else dev)
         owned = zero1_owned(params, p.dp, p.coords(rank)["dp"]) if p.zero_stage == 1 else params
         if uses_replicate(spec):  # FSDP2 `replicate`: an unsharded copy of every parameter stays resident,
             r.params_bytes *= 2  # and without sync on earlier microbatches their unsharded grads accumulate too
             if t.microbatches > 1:  # (vocab-parallel embeddings: full Replicate grads, sharding.unsharded_grad_numel)
                 r.grads_bytes += MASTER_BYTES * sum(unsharded_grad_numel(q, p.tp) for q in params)
-    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp)
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp, device=dev)
     r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
     r.activations_bytes = A.rank_activation_bytes(spec, rank, r.layers, r.stages, params)
     r.other_bytes = input_batch_bytes(t.global_batch, spec.model.seq_len)
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
+
+
+def _grads_in_buckets(spec: Any) -> bool:
+    p = spec.parallel
+    return p.zero_stage < 2 and p.dp > 1 and not uses_replicate(spec)
 
 
 def input_batch_bytes(batch: int, seq: int) -> int:
@@ -181,8 +193,9 @@ def _short_chunk_starts(spec: Any) -> tuple[int, int]:
 
 def _with_zero1_share(spec: Any, r: RankEstimate, owned: list[LocalParam]) -> None:
     t = spec.train
-    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=False)
-    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=False, foreach=str(spec.runtime.device) == "cuda")
+    dev = str(spec.runtime.device)
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=False, device=dev)
+    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=False, foreach=dev == D.CUDA)
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
 
 
@@ -267,8 +280,10 @@ def _notes(spec: Any) -> list[str]:
     return notes
 
 
-def estimate(spec: ExperimentSpec) -> Estimate:
-    """Per-rank predicted memory and traffic of a validated ExperimentSpec."""
+def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
+    """Per-rank predicted memory and traffic of a validated ExperimentSpec, for ranks on `device` ("cpu" or
+    "cuda"; None: spec.runtime.device, `auto` as cpu - see device.with_device)."""
+    spec = D.with_device(spec, device)
     m, t, p = spec.model, spec.train, spec.parallel
     ranks = _all_ranks(spec)
     psi = count_params(m)
@@ -283,8 +298,9 @@ def estimate(spec: ExperimentSpec) -> Estimate:
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
-        notes=_notes(spec),
+        notes=_notes(spec) + D.device_notes(spec, n_param_tensors=len(param_list(m))),
     )
+
 
 
 def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:

@@ -54,7 +54,7 @@ def _comm_lines(res: RunResult) -> list[str]:
         for kind, c in sorted(r.comm.items()):
             pred = r.comm_predicted.get(kind)
             vs = f" (predicted {_mib(pred)} MiB, {_pct(c.bytes, pred)})" if pred else ""
-            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {c.seconds * 1e3:.1f} ms / step")
+            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {'n/a' if c.seconds is None else f'{c.seconds * 1e3:.1f}'} ms / step")
     return lines
 
 

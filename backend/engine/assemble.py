@@ -19,20 +19,17 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from backend.analytic import flops as F
+from backend.analytic.estimate import estimate, matmul_params
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
+from backend.engine.hardware import utilization
 from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RoutingAdjusted,
                             RunResult, Status, error_pct)
 from backend.spec import ExperimentSpec
 
 BOUNDS_PCT = {"params_bytes": 2.0, "grads_bytes": 2.0, "optimizer_bytes": 2.0, "activations_bytes": 15.0}
 COMM_BOUND_PCT = 5.0
-# Dense peak FLOP/s per device (vendor datasheets, dense, no sparsity); unknown devices give mfu None.
-PEAK_FLOPS = {
-    "fp32": {"H100": 67e12, "H200": 67e12, "A100": 19.5e12},
-    "bf16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
-    "fp16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
-}
 
 WHY = {
     "params_bytes": "parameter storage at the peak; under FSDP2 it includes whichever unsharded units are "
@@ -50,10 +47,22 @@ WHY = {
 PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2}
 
 
-def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
-    from backend.analytic.estimate import estimate
+def run_device(payload: dict[str, Any]) -> str | None:
+    """The device type the ranks ran on (their env), or None when the payload does not say."""
+    types = {r.get("env", {}).get("device_type") for r in payload.get("ranks", [])} - {None}
+    return types.pop() if len(types) == 1 else None
 
-    est = estimate(spec)
+
+def model_flops_per_step(spec: ExperimentSpec) -> float:
+    """Model FLOPs per step (MFU's numerator): the training FLOPs without any recompute (PaLM App. B)."""
+    m = spec.model
+    return F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+                                     seq_len=m.seq_len, d_model=m.d_model, recompute="none",
+                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+
+
+def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
+    est = estimate(spec, device=run_device(payload))
     ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
     notes = _dedupe(n for r in ranks for n in r.get("notes", []))
     notes += [n for n in est.notes if n not in notes]
@@ -71,10 +80,14 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
     diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
     notes += _parity_notes(spec, diff)
+    model_flops = model_flops_per_step(spec)
+    mfu, hfu = utilization(model_flops, est.flops_per_step, step_med, env, str(spec.train.precision),
+                           spec.parallel.world_size)
     return RunResult(
         status=Status.OK, spec=spec, env=env, per_rank=per_rank, step_s_median=step_med,
         tokens_per_s=spec.tokens_per_step / step_med if step_med else None,
-        flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=_mfu(achieved, env, spec),
+        flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=mfu, hfu=hfu,
+        model_flops_per_step=model_flops,
         loss=loss, loss_reference=ref,
         loss_max_abs_diff=diff,
         timeline=timeline, bubble_measured=_bubble(timeline), bubble_predicted=est.bubble_fraction, notes=notes,
@@ -234,15 +247,6 @@ def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
         notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
                      f"comm-timing steps (kernel hooks) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
     return notes
-
-
-def _mfu(achieved: float | None, env: dict[str, Any], spec: ExperimentSpec) -> float | None:
-    if not achieved or env.get("device_type") != "cuda":
-        return None
-    table = PEAK_FLOPS.get(str(spec.train.precision), {})
-    name = str(env.get("device_name", ""))
-    peak = next((v for k, v in table.items() if k in name), None)
-    return achieved / (peak * spec.parallel.world_size) if peak else None
 
 
 def _bubble(timeline: list[dict[str, Any]]) -> float | None:
