@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 CPU, CUDA = "cpu", "cuda"
@@ -77,3 +78,51 @@ def device_notes(spec: Any, *, n_param_tensors: int) -> list[str]:
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
     return notes
+
+
+MiB = 2**20
+NCCL_BUFFSIZE_BYTES = 4 * MiB  # NCCL docs, environment variables: NCCL_BUFFSIZE default 4194304
+
+
+@dataclass(frozen=True)
+class RuntimeOverhead:
+    """Device memory a CUDA rank uses outside the tensors the tracker sees: an allowance for "does it fit",
+    never part of the per-category prediction. Every term is an assumption to calibrate against a run's
+    `cuda_max_reserved_bytes` on your hardware (driver, CUDA, NCCL versions and topology move them)."""
+
+    cuda_context_bytes: int = 512 * MiB
+    """CUDA context + cuBLAS/cuDNN handles and workspaces per process (commonly 300-800 MiB; assumed 512 MiB)."""
+    nccl_channels: int = 8
+    """NCCL channels per communicator (topology dependent, NCCL_MIN/MAX_NCHANNELS)."""
+    nccl_peers: int = 2
+    """Ring neighbours each channel keeps buffers for (send + receive side)."""
+    nccl_buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
+    """NCCL_BUFFSIZE per channel and peer (Simple protocol)."""
+    fragmentation_frac: float = 0.10
+    """Caching-allocator slack (reserved - allocated) as a fraction of the predicted peak (assumed 10%)."""
+
+    def nccl_bytes_per_communicator(self) -> int:
+        return self.nccl_channels * self.nccl_peers * self.nccl_buffsize_bytes
+
+
+def communicators(parallel: Any) -> int:
+    """NCCL communicators one rank creates: the world, each mesh dimension of size > 1, and under PP the two
+    point-to-point pairs with the neighbouring stages (ProcessGroupNCCL creates one per send/recv peer)."""
+    p = parallel
+    if p.world_size <= 1:
+        return 0
+    dims = [d for d in (p.dp, p.tp, p.pp, getattr(p, "ep", 1)) if d > 1 and d != p.world_size]
+    return 1 + len(dims) + (2 if p.pp > 1 else 0)
+
+
+def runtime_overhead_bytes(spec: Any, peak_bytes: float, overhead: RuntimeOverhead | None = None) -> dict[str, float]:
+    """{cuda_context, nccl_buffers, fragmentation, total} bytes for one rank whose predicted peak is peak_bytes;
+    all zero on cpu (the tracker's bytes are what the host allocator hands out)."""
+    o = overhead or RuntimeOverhead()
+    if str(spec.runtime.device) != CUDA:
+        return {"cuda_context": 0.0, "nccl_buffers": 0.0, "fragmentation": 0.0, "total": 0.0}
+    parts = {"cuda_context": float(o.cuda_context_bytes),
+             "nccl_buffers": float(communicators(spec.parallel) * o.nccl_bytes_per_communicator()),
+             "fragmentation": o.fragmentation_frac * float(peak_bytes)}
+    parts["total"] = sum(parts.values())
+    return parts

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
 STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 INDEX_BYTES = 8  # int64 token ids
+OTHER_IS_DP_SLICE = False
+"""True once the engine copies only this rank's dp slice of the batch (B/dp rows) to ctx.device before the
+memory-tracked step (issue 11: the engine owns placement): `other` is then that copy, not the global batch."""
 
 
 @dataclass
@@ -141,13 +144,19 @@ def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> 
     r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp, device=dev)
     r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
     r.activations_bytes = A.rank_activation_bytes(spec, rank, r.layers, r.stages, params)
-    r.other_bytes = input_batch_bytes(t.global_batch, spec.model.seq_len)
+    r.other_bytes = (dp_slice_batch_bytes(t.global_batch // p.dp, spec.model.seq_len) if OTHER_IS_DP_SLICE
+                     else input_batch_bytes(t.global_batch, spec.model.seq_len))
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
 
 
 def _grads_in_buckets(spec: Any) -> bool:
     p = spec.parallel
     return p.zero_stage < 2 and p.dp > 1 and not uses_replicate(spec)
+
+
+def dp_slice_batch_bytes(rows: int, seq: int) -> int:
+    """This rank's dp share of (inputs, targets), each copied to its own (rows, s) int64 storage on the device."""
+    return 2 * rows * seq * INDEX_BYTES
 
 
 def input_batch_bytes(batch: int, seq: int) -> int:
