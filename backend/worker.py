@@ -81,10 +81,7 @@ class Worker:
     def serve(self, *, once: bool = False, drain: bool = False, concurrency: int = 1) -> int:
         """Run jobs until stopped (once: at most one job per slot; drain: until the queue is empty)."""
         self.recover()
-        n = max(1, concurrency)
-        for i, gpus in enumerate(gpu_slots(n, visible_gpus()) if n > 1 else [None]):
-            if gpus is not None:
-                self._slot_env[self.slot_id(i)] = {"CUDA_VISIBLE_DEVICES": gpus}
+        self.assign_gpus(concurrency)
         slots = [threading.Thread(target=self._loop, args=(i, once, drain), name=f"worker-{i}", daemon=True)
                  for i in range(max(1, concurrency))]
         for t in slots:
@@ -93,6 +90,15 @@ class Worker:
             for t in slots:
                 t.join(timeout=0.5)
         return 0
+
+    def assign_gpus(self, concurrency: int) -> None:
+        """With several slots, give each its own CUDA_VISIBLE_DEVICES (gpu_slots), so concurrent jobs never share
+        a GPU; one slot keeps the worker's environment."""
+        if concurrency <= 1:
+            return
+        for i, gpus in enumerate(gpu_slots(concurrency, visible_gpus())):
+            if gpus is not None:
+                self._slot_env[self.slot_id(i)] = {"CUDA_VISIBLE_DEVICES": gpus}
 
     def _loop(self, slot: int, once: bool, drain: bool) -> None:
         wid = self.slot_id(slot)
