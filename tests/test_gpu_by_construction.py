@@ -453,3 +453,13 @@ def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
     assert estimate(s).per_rank[0].other_bytes == E.input_batch_bytes(4, 8)  # today: the global batch
     monkeypatch.setattr(E, "OTHER_IS_DP_SLICE", True)
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
+
+
+def test_nccl_timeout_points_at_the_flight_recorder_not_the_stacks(tmp_path):
+    from backend.launch import outcome
+    from backend.launch.nccl import TRACE_FILE_PREFIX
+
+    (tmp_path / f"{TRACE_FILE_PREFIX}0").write_text("fr dump")
+    f = outcome.timed_out(tmp_path, 60, 61.0, nccl=True)
+    assert f.failing_rank is None and f"{TRACE_FILE_PREFIX}0" in f.error and "first collective" in f.error
+    assert "flight-recorder" not in outcome.timed_out(tmp_path, 60, 61.0).error  # gloo: unchanged

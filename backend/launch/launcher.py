@@ -61,10 +61,11 @@ def run_experiment(
     spec_path = workdir / "spec.json"
     write_atomic(spec_path, spec.to_json())
     env, job_id = torchrun.build_env(extra_env)
-    env = nccl.job_env(spec, workdir, env, cuda_available=_auto_needs_cuda_check(spec) and _cuda_available())
+    cuda = _auto_needs_cuda_check(spec) and _cuda_available()
+    env = nccl.job_env(spec, workdir, env, cuda_available=cuda)
     cmd = torchrun.build_command(spec, spec_path, workdir, rank_module)
     launch = {"job_id": job_id, "command": cmd, "node_rank": spec.runtime.node_rank,
-              "nproc_per_node": torchrun.nproc_per_node(spec)}
+              "nproc_per_node": torchrun.nproc_per_node(spec), "nccl": nccl.uses_nccl(spec, cuda_available=cuda)}
 
     problem = preflight(spec)
     if problem:
@@ -94,7 +95,9 @@ def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assem
     if ended == "cancelled":
         return failed_result(spec, Failure(Status.CANCELLED, f"cancelled after {wall_s:.1f} s"), launch, job.tail())
     if ended == "timeout":
-        return failed_result(spec, outcome.timed_out(workdir, spec.runtime.timeout_s, wall_s), launch, job.tail())
+        failure = outcome.timed_out(workdir, spec.runtime.timeout_s, wall_s,
+                                    nccl=bool(launch.get("nccl")))
+        return failed_result(spec, failure, launch, job.tail())
     rc = job.proc.returncode
     ranks_path = workdir / "ranks.json"
     if rc == 0 and ranks_path.exists():
