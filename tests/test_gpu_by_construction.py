@@ -233,8 +233,8 @@ def test_cuda_autocast_saves_softmax_twice():
     cpu = A.model_layer_activation_bytes(**kw, autocast_device="cpu")
     cuda = A.model_layer_activation_bytes(**kw, autocast_device="cuda")
     assert cuda - cpu == 4 * 4 * 8 * 8 * 2  # + 4 B (fp32 probs) per score: a*s*s*b scores
-    assert A.softmax_saved_bytes_per_score(2, autocast=True, device="cuda") == 6
-    assert A.softmax_saved_bytes_per_score(2, autocast=True, device="cpu") == 2
+    assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cuda") == 6
+    assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cpu") == 2
     no_ac = dict(kw, autocast=False)
     assert A.model_layer_activation_bytes(**no_ac, autocast_device="cuda") == A.model_layer_activation_bytes(**no_ac)
     bf16 = spec(train={"precision": "bf16-mixed"})
@@ -463,3 +463,16 @@ def test_nccl_timeout_points_at_the_flight_recorder_not_the_stacks(tmp_path):
     f = outcome.timed_out(tmp_path, 60, 61.0, nccl=True)
     assert f.failing_rank is None and f"{TRACE_FILE_PREFIX}0" in f.error and "first collective" in f.error
     assert "flight-recorder" not in outcome.timed_out(tmp_path, 60, 61.0).error  # gloo: unchanged
+
+
+def test_nccl_tally_lets_go_of_finished_works(monkeypatch):
+    """A kept Work keeps its tensors: finished ones are read and dropped at the next collective."""
+    t = nccl_tally(monkeypatch)
+    pending = FakeWork(2.0, done=False)
+    t.record("all_gather", 8, 2)
+    t.time_work("all_gather", 0.0, 0.0, FakeWork(1.0))
+    t.record("all_gather", 8, 2)
+    t.time_work("all_gather", 0.0, 0.0, pending)
+    assert [w for _, w in t._works] == [pending]  # the finished one was harvested
+    pending.done = True
+    assert t.summary(1)["all_gather"]["seconds"] == pytest.approx(0.003) and t._works == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from backend.analytic import device as D
 from backend.analytic import moe_routing as MR
 from backend.analytic import pipeline as PL
 from backend.analytic.traffic import compute_bytes, is_mix
@@ -94,8 +95,7 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
-    autocast_device: the softmax probabilities cost `softmax_saved_bytes_per_score` (CUDA autocast saves them
-    twice: fp32 and the 16-bit copy probs @ v saves).
+    autocast_device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score).
     """
     recompute = _check_recompute(recompute)
     del kv_heads  # see docstring: saved k/v are always a·d_head wide
@@ -115,7 +115,7 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
-        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=autocast_device)
+        per_score = D.softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=autocast_device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     if n_experts and ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
@@ -127,15 +127,6 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += _mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t)
     return elems * dtype_bytes + stat_bytes + mask_bytes
-
-
-def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device: str) -> float:
-    """Bytes autograd keeps per attention score for softmax + probs @ v. CUDA autocast runs softmax in fp32
-    (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE): softmax saves its fp32 output and the matmul saves its
-    16-bit cast, 4 + 2 B; CPU autocast has no such rule (one 16-bit tensor saved by both, measured: 2 B)."""
-    if autocast and device == "cuda":
-        return 4 + dtype_bytes
-    return dtype_bytes
 
 
 def model_full_recompute_peak_extra_bytes(*, head_freed_bytes: float = 0.0, **layer_kwargs) -> float:

@@ -10,7 +10,7 @@
   (torch/optim/adamw.py `_init_group`: `torch.zeros((), dtype=_get_scalar_dtype())` on the default
   device): on CUDA it is host memory, not device memory.
 - CUDA autocast casts `softmax` to fp32 (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE), CPU autocast
-  does not: see backend/analytic/activations.py `softmax_saved_bytes_per_score`.
+  does not: `softmax_saved_bytes_per_score`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,15 @@ def adamw_step_on_device(device: str, *, capturable: bool = False, fused: bool =
     return device != CUDA or capturable or fused
 
 
+def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device: str) -> float:
+    """Bytes autograd keeps per attention score for softmax + probs @ v. CUDA autocast runs softmax in fp32
+    (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE): softmax saves its fp32 output and the matmul saves its
+    16-bit cast, 4 + 2 B; CPU autocast has no such rule (one 16-bit tensor saved by both, measured: 2 B)."""
+    if autocast and device == "cuda":
+        return 4 + dtype_bytes
+    return dtype_bytes
+
+
 def with_device(spec: Any, device: str | None) -> Any:
     """The spec with runtime.device resolved to "cpu"/"cuda": `device` when the caller knows where the ranks run
     (the engine: its ctx.device; a UI/CLI host: backend.engine.hardware.host_device), else
@@ -63,7 +72,7 @@ def with_device(spec: Any, device: str | None) -> Any:
     return spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"device": dev})})
 
 
-def device_notes(spec: Any, *, n_param_tensors: int) -> list[str]:
+def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str]:
     """What the CUDA prediction does differently (none for cpu)."""
     if str(spec.runtime.device) != CUDA:
         return []
@@ -72,9 +81,7 @@ def device_notes(spec: Any, *, n_param_tensors: int) -> list[str]:
     if str(spec.train.optimizer) == "adamw":
         notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} B) "
                      "live on the host (capturable=False), so they are not in the device's optimizer bytes")
-    from backend.analytic.activations import uses_autocast
-
-    if uses_autocast(spec) and str(spec.train.recompute) == "none":
+    if autocast and str(spec.train.recompute) == "none":
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
     if spec.parallel.pp > 1:

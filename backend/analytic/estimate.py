@@ -41,6 +41,7 @@ from backend.analytic import device as D
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
+from backend.analytic.optimizer_state import STEP_TENSOR_BYTES, _optimizer_bytes, optimizer_temp_bytes  # noqa: F401
 from backend.analytic.params import count_params, param_list
 from backend.analytic.fsdp_state import fsdp_peak_extra, peak_inside_forward
 from backend.analytic.sharding import (LocalParam, first_short_chunk, local_params, rank_layers, rank_stages,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
-STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = False
 """True once the engine copies only this rank's dp slice of the batch (B/dp rows) to ctx.device before the
@@ -94,30 +94,6 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _optimizer_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, device: str = D.CPU) -> int:
-    """AdamW exp_avg + exp_avg_sq (fp32) + a 0-dim `step` per tensor; SGD one momentum_buffer. On CUDA every
-    state tensor is its own 512-B-rounded storage, and AdamW's `step` lives on the host (device.py)."""
-    states = [MASTER_BYTES * (q.real_numel if fsdp else q.local_numel) for q in params]
-    if str(optimizer) != "adamw":
-        return D.storage_bytes(states, device)
-    step = STEP_TENSOR_BYTES * len(params) if D.adamw_step_on_device(device) else 0
-    return 2 * D.storage_bytes(states, device) + step
-
-
-def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, foreach: bool) -> int:
-    """Peak temporaries inside optimizer.step (MemTracker tags them as optimizer state), params in the
-    local optimizer's order. Single-tensor AdamW (CPU default) computes denom = (exp_avg_sq.sqrt() / bc2)
-    .add_(eps): 2 temporaries of the current param while the previous denom is still bound; foreach
-    (CUDA default) holds a `_foreach_sqrt` copy of every exp_avg_sq. SGD momentum updates in place."""
-    if str(optimizer) != "adamw":
-        return 0
-    elems = [q.real_numel if fsdp else q.local_numel for q in params]
-    if foreach:
-        return MASTER_BYTES * sum(elems)
-    prev = [0] + elems[:-1]
-    return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elems)), default=0)
 
 
 def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> None:
@@ -307,7 +283,8 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
-        notes=_notes(spec) + D.device_notes(spec, n_param_tensors=len(param_list(m))),
+        notes=_notes(spec) + D.device_notes(spec, n_param_tensors=len(param_list(m)),
+                                            autocast=A.uses_autocast(spec)),
     )
 
 

@@ -179,6 +179,7 @@ class _Tally:
         on NCCL the Work is kept and its CUDA-event duration read in `summary` (after the step's synchronize)."""
         work = out[1] if isinstance(out, tuple) else out
         if self.device_timed:
+            self._harvest(final=False)  # read (and let go of) the Works that finished: never hold their tensors
             with self._lock:
                 self._works.append((key, work))
             return
@@ -210,15 +211,22 @@ class _Tally:
             self.add_seconds(entry[0], time.perf_counter() - entry[1])
 
     def collect_device_durations(self) -> None:
-        """NCCL: add each kept Work's CUDA-event duration (ms) to its collective; a Work that is not complete
-        or has no timing events makes its collective's seconds unmeasured. Call after a device synchronize."""
+        """NCCL: add each kept Work's CUDA-event duration to its collective; a Work that is not complete or has
+        no timing events makes its collective's seconds unmeasured. Call after a device synchronize."""
+        self._harvest(final=True)
+
+    def _harvest(self, *, final: bool) -> None:
         with self._lock:
             works, self._works = self._works, []
         for key, work in works:
             try:
                 if not work.is_completed():
+                    if not final:
+                        with self._lock:
+                            self._works.append((key, work))
+                        continue
                     raise RuntimeError("the collective had not completed when its duration was read")
-                self.add_seconds(key, float(work._get_duration()) / 1e3)
+                self.add_seconds(key, float(work._get_duration()) / 1e3)  # ms between NCCL's start/end events
             except Exception as e:  # noqa: BLE001 - e.g. TORCH_NCCL_ENABLE_TIMING unset: no events were recorded
                 self.untimed.setdefault(key, f"nccl Work duration unavailable ({type(e).__name__}: {e})")
 
