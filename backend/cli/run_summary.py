@@ -44,7 +44,8 @@ def _speed_lines(res: RunResult) -> list[str]:
         lines.append(f"step median {res.step_s_median * 1e3:.1f} ms, tokens/s "
                      f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else f"step median {res.step_s_median * 1e3:.1f} ms")
     if res.mfu is not None:
-        lines.append(f"MFU {res.mfu * 100:.2f}%")
+        lines.append(f"MFU {res.mfu * 100:.2f}%" + (f", HFU {res.hfu * 100:.2f}% (recompute included)"
+                                                     if res.hfu is not None and res.hfu != res.mfu else ""))
     return lines
 
 
