@@ -476,3 +476,18 @@ def test_nccl_tally_lets_go_of_finished_works(monkeypatch):
     assert [w for _, w in t._works] == [pending]  # the finished one was harvested
     pending.done = True
     assert t.summary(1)["all_gather"]["seconds"] == pytest.approx(0.003) and t._works == []
+
+
+def test_engine_reads_only_the_cuda_device_snapshot(monkeypatch):
+    """The measured side of the AdamW-step prediction: host tensors (the `step` scalars) are not in the
+    categories of a CUDA rank, and both CUDA allocator peaks are read."""
+    from backend.bench import memory
+
+    snaps = {torch.device("cpu"): {"Optstate": 4 * 10}, torch.device("cuda", 1): {"Optstate": 2048},
+             torch.device("cuda", 0): {"Optstate": 1}}
+    assert memory._for_device(snaps, torch.device("cuda", 1)) == {"Optstate": 2048}
+    assert memory._for_device(snaps, torch.device("cpu")) == {"Optstate": 40}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 4 * 2**30)
+    assert memory.cuda_peaks(torch.device("cuda", 0)) == (3 * 2**30, 4 * 2**30)
+    assert memory.cuda_peaks(torch.device("cpu")) == (None, None)
