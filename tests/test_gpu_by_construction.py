@@ -223,8 +223,10 @@ def test_cuda_rounds_storages_and_keeps_adamw_step_on_host():
     assert cuda.params_bytes == sum(math.ceil(b / 512) * 512 for b in sizes) > cpu.params_bytes
     assert cuda.optimizer_bytes == 2 * cuda.params_bytes  # m and v rounded; no `step` on the device
     assert cuda.grads_bytes == cpu.grads_bytes  # classic DDP: grads are views of its buckets
-    fsdp = estimate(spec({"strategy": "zero3", "world_size": 2}), device="cuda").per_rank[0]
-    assert fsdp.grads_bytes % 512 == 0
+    z3 = spec({"strategy": "zero3", "world_size": 2})
+    fsdp, fsdp_cpu = estimate(z3, device="cuda").per_rank[0], estimate(z3).per_rank[0]
+    assert fsdp.params_bytes > fsdp_cpu.params_bytes and fsdp.params_bytes % 512 == 0  # one storage per shard
+    assert fsdp.grads_bytes == fsdp_cpu.grads_bytes  # views of each unit's reduce-scatter output
     assert any("host" in n for n in estimate(s, device="cuda").notes)
 
 

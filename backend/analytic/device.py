@@ -77,7 +77,8 @@ def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str
     if str(spec.runtime.device) != CUDA:
         return []
     notes = ["CUDA: every parameter, gradient and optimizer-state storage is predicted rounded up to 512 B "
-             "(the caching allocator's block, as MemTracker counts it); classic DDP gradients are bucket views"]
+             "(the caching allocator's block, as MemTracker counts it), except gradients that are views of one "
+             "buffer (classic DDP's buckets, FSDP2's per-unit reduce-scatter output)"]
     if str(spec.train.optimizer) == "adamw":
         notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} B) "
                      "live on the host (capturable=False), so they are not in the device's optimizer bytes")

@@ -102,10 +102,11 @@ def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> 
     dev = str(spec.runtime.device)  # resolved by estimate(): cpu or cuda
     foreach = dev == D.CUDA  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
     if fsdp:
-        storage = D.storage_bytes([MASTER_BYTES * q.storage_numel for q in params], dev)
+        shards = [MASTER_BYTES * q.storage_numel for q in params]
         extra_params, extra_grads = fsdp_peak_extra(spec, params, r.stages)
-        r.params_bytes = storage + fsdp_param_bytes(spec) * extra_params
-        r.grads_bytes = storage + MASTER_BYTES * extra_grads  # reduce_dtype fp32
+        r.params_bytes = D.storage_bytes(shards, dev) + fsdp_param_bytes(spec) * extra_params  # one storage per param
+        # sharded grads are views of each unit's reduce-scatter output (one storage per unit: rounding not modelled)
+        r.grads_bytes = sum(shards) + MASTER_BYTES * extra_grads  # reduce_dtype fp32
         owned = params
     else:
         per_param = [MASTER_BYTES * q.local_numel for q in params]
