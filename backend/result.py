@@ -58,9 +58,13 @@ class CommStat(_R):
     """Payload bytes per step per rank: the size of the buffer handed to the collective."""
     wire_bytes: float = 0
     """Bytes a ring algorithm sends per rank for that payload, e.g. 2(N-1)/N * S for all-reduce."""
-    seconds: float = 0
-    """Seconds per step from issue to completion (includes waiting for peers; overlapping collectives each
-    count their own span), mean over the comm-timing steps run after the timed ones (engine/loop.py)."""
+    seconds: float | None = 0
+    """Seconds per step in this collective, mean over the comm-timing steps run after the timed ones
+    (engine/loop.py). gloo: from issue to completion (includes waiting for peers; overlapping collectives each
+    count their own span). nccl: the collective's own CUDA-event time on NCCL's stream (Work._get_duration);
+    None where that cannot be measured (functional collectives on nccl), with `seconds_note` saying why."""
+    seconds_note: str | None = None
+    """Why `seconds` is None (not measurable on this backend); None when it was measured."""
 
 
 class RoutingAdjusted(_R):
@@ -123,7 +127,12 @@ class RunResult(_R):
     flops_per_step: float | None = None
     achieved_flops: float | None = None
     mfu: float | None = None
-    """Achieved / peak FLOP/s where the device peak is known, else None."""
+    """Model FLOPs utilization: model FLOPs (no recompute) per second / peak FLOP/s of the devices, where the
+    exact device's peak is known (backend/engine/hardware.py), else None."""
+    hfu: float | None = None
+    """Hardware FLOPs utilization: flops_per_step (recompute included) per second / peak; = mfu without recompute."""
+    model_flops_per_step: float | None = None
+    """Model FLOPs per optimizer step (6N + attention per token, recompute excluded): MFU's numerator."""
     loss: list[float] = Field(default_factory=list)
     loss_reference: list[float] = Field(default_factory=list)
     loss_max_abs_diff: float | None = None

@@ -27,7 +27,19 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
         problems.append(f"nnodes={r.nnodes} needs rdzv_endpoint host:port for the c10d rendezvous")
     if r.nnodes > 1 and p.world_size % r.nnodes:
         problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
+    problems += _check_backend_device(s)
     return problems
+
+
+def _check_backend_device(s: ExperimentSpec) -> list[str]:
+    """gloo has no CUDA reduce_scatter / all_to_all (FSDP2, ZeRO-2/3, EP and SP need them); nccl has no CPU tensors."""
+    r = s.runtime
+    if str(r.backend) == "gloo" and str(r.device) == "cuda":
+        return ["backend=gloo with device=cuda: gloo implements neither reduce_scatter nor all_to_all on CUDA tensors "
+                "(FSDP2, EP and sequence parallel need them); use backend=nccl (or auto) for cuda, gloo for cpu"]
+    if str(r.backend) == "nccl" and str(r.device) == "cpu":
+        return ["backend=nccl with device=cpu: NCCL only reduces CUDA tensors; use device=cuda (or auto) with nccl"]
+    return []
 
 
 def _check_model(m: ModelSpec) -> list[str]:

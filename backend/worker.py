@@ -54,6 +54,8 @@ class Worker:
         self._cancels: dict[int, threading.Event] = {}
         # reentrant: stop() runs in signal handlers, and a second signal can arrive while the first holds it
         self._lock = threading.RLock()
+        self._slot_env: dict[str, dict[str, str]] = {}
+        """worker (slot) id -> environment its jobs get (CUDA_VISIBLE_DEVICES: this slot's GPUs)."""
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -79,6 +81,7 @@ class Worker:
     def serve(self, *, once: bool = False, drain: bool = False, concurrency: int = 1) -> int:
         """Run jobs until stopped (once: at most one job per slot; drain: until the queue is empty)."""
         self.recover()
+        self.assign_gpus(concurrency)
         slots = [threading.Thread(target=self._loop, args=(i, once, drain), name=f"worker-{i}", daemon=True)
                  for i in range(max(1, concurrency))]
         for t in slots:
@@ -87,6 +90,15 @@ class Worker:
             for t in slots:
                 t.join(timeout=0.5)
         return 0
+
+    def assign_gpus(self, concurrency: int) -> None:
+        """With several slots, give each its own CUDA_VISIBLE_DEVICES (gpu_slots), so concurrent jobs never share
+        a GPU; one slot keeps the worker's environment."""
+        if concurrency <= 1:
+            return
+        for i, gpus in enumerate(gpu_slots(concurrency, visible_gpus())):
+            if gpus is not None:
+                self._slot_env[self.slot_id(i)] = {"CUDA_VISIBLE_DEVICES": gpus}
 
     def _loop(self, slot: int, once: bool, drain: bool) -> None:
         wid = self.slot_id(slot)
@@ -157,7 +169,7 @@ class Worker:
             except Exception:  # a busy database must not break the run; the heartbeat retries
                 log.exception("progress update failed")
 
-        extra_env = {WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
+        extra_env = {**self._slot_env.get(worker_id, {}), WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
         try:
             return runner(spec, workdir=self.runs_dir / str(experiment_id), on_progress=on_progress, cancel=cancel,
                           extra_env=extra_env)
@@ -179,6 +191,28 @@ class Worker:
                     cancel.set()
             except Exception:
                 log.exception("heartbeat failed")
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this worker may use: CUDA_VISIBLE_DEVICES when set, else every device torch sees."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def gpu_slots(concurrency: int, gpus: list[str]) -> list[str | None]:
+    """Disjoint GPU sets for `concurrency` worker slots (CUDA_VISIBLE_DEVICES values), so concurrent jobs never
+    share a device; None per slot without GPUs (CPU jobs). Raises when there are fewer GPUs than slots."""
+    if not gpus:
+        return [None] * concurrency
+    if len(gpus) < concurrency:
+        raise ValueError(f"--concurrency {concurrency} needs at least one GPU per slot, but {len(gpus)} are visible "
+                         f"({','.join(gpus)}): {len(gpus)} < {concurrency}")
+    k = len(gpus) // concurrency  # each slot gets k GPUs; the remainder (len % concurrency) stays unused
+    return [",".join(gpus[i * k:(i + 1) * k]) for i in range(concurrency)]
 
 
 def _retry(fn, attempts: int = 5, wait_s: float = 2.0):

@@ -70,7 +70,8 @@ def _rank_comm(r) -> dict[str, Any]:
     out: dict[str, Any] = {
         "comm_bytes": sum(c.bytes for c in stats) if r.comm else None,
         "comm_wire_bytes": sum(c.wire_bytes for c in stats) if r.comm else None,
-        "comm_seconds": sum(c.seconds for c in stats) if r.comm else None,
+        # unknown (None) as soon as one collective's seconds could not be measured (nccl functional collectives)
+        "comm_seconds": sum(c.seconds for c in stats) if r.comm and all(c.seconds is not None for c in stats) else None,
         "comm_predicted_bytes": sum(r.comm_predicted.values()) if r.comm_predicted else None,
     }
     for coll in COLLECTIVES:

@@ -97,10 +97,7 @@ def _result(res) -> None:
             st.caption("No collectives were counted (single rank).")
         else:
             st.dataframe(comm, hide_index=True, width="stretch")
-            st.caption("Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank. "
-                       "Time = issue to completion (incl. waiting for peers; overlapping collectives each count their "
-                       "span), averaged over up to 3 comm-timing steps run after the timed ones, so counting never "
-                       "slows the timed steps.")
+            st.caption(dv.comm_caption(res))
     c1, c2 = st.columns(2)
     lf, sf_ = dv.loss_fig(res), dv.step_time_fig(res)
     if lf is not None:

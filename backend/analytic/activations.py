@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from backend.analytic import device as D
 from backend.analytic import moe_routing as MR
 from backend.analytic import pipeline as PL
 from backend.analytic.traffic import compute_bytes, is_mix
@@ -76,7 +77,8 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
-                                 top_k: int = 1, autocast: bool = False, ep: int = 1) -> float:
+                                 top_k: int = 1, autocast: bool = False, ep: int = 1,
+                                 autocast_device: str = "cpu") -> float:
     """Bytes autograd holds for backward for ONE block of backend.models.gpt (pre-LN, no dropout).
 
     Terms (elements, then · dtype_bytes):
@@ -93,6 +95,7 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
+    autocast_device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score).
     """
     recompute = _check_recompute(recompute)
     del kv_heads  # see docstring: saved k/v are always a·d_head wide
@@ -111,6 +114,10 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     else:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
+        # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
+        per_score = D.softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=autocast_device)
+        if per_score != dtype_bytes:
+            mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     if n_experts and ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = MR.ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
                                     top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast)
@@ -189,7 +196,8 @@ def _layer_kwargs(spec: Any) -> dict[str, Any]:
     m, t, p = spec.model, spec.train, spec.parallel
     return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
                 dtype_bytes=compute_bytes(t.precision), t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts,
-                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1)
+                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1,
+                autocast_device="cuda" if str(spec.runtime.device) == "cuda" else "cpu")
 
 
 def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float, float]:

@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic import activations as A
 from backend.analytic import comm as C
+from backend.analytic import device as D
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
+from backend.analytic.optimizer_state import STEP_TENSOR_BYTES, _optimizer_bytes, optimizer_temp_bytes  # noqa: F401
 from backend.analytic.params import count_params, param_list
 from backend.analytic.fsdp_state import fsdp_peak_extra, peak_inside_forward
 from backend.analytic.sharding import (LocalParam, first_short_chunk, local_params, rank_layers, rank_stages,
@@ -50,8 +52,10 @@ if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
-STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 INDEX_BYTES = 8  # int64 token ids
+OTHER_IS_DP_SLICE = False
+"""True once the engine copies only this rank's dp slice of the batch (B/dp rows) to ctx.device before the
+memory-tracked step (issue 11: the engine owns placement): `other` is then that copy, not the global batch."""
 
 
 @dataclass
@@ -92,50 +96,44 @@ class Estimate:
         return asdict(self)
 
 
-def _optimizer_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool) -> int:
-    """AdamW exp_avg + exp_avg_sq (fp32) + a 0-dim `step` per tensor; SGD one momentum_buffer."""
-    elems = sum(q.real_numel if fsdp else q.local_numel for q in params)
-    if str(optimizer) != "adamw":
-        return MASTER_BYTES * elems
-    return 2 * MASTER_BYTES * elems + STEP_TENSOR_BYTES * len(params)
-
-
-def optimizer_temp_bytes(params: list[LocalParam], optimizer: str, *, fsdp: bool, foreach: bool) -> int:
-    """Peak temporaries inside optimizer.step (MemTracker tags them as optimizer state), params in the
-    local optimizer's order. Single-tensor AdamW (CPU default) computes denom = (exp_avg_sq.sqrt() / bc2)
-    .add_(eps): 2 temporaries of the current param while the previous denom is still bound; foreach
-    (CUDA default) holds a `_foreach_sqrt` copy of every exp_avg_sq. SGD momentum updates in place."""
-    if str(optimizer) != "adamw":
-        return 0
-    elems = [q.real_numel if fsdp else q.local_numel for q in params]
-    if foreach:
-        return MASTER_BYTES * sum(elems)
-    prev = [0] + elems[:-1]
-    return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elems)), default=0)
-
-
 def _memory(spec: Any, rank: int, r: RankEstimate, params: list[LocalParam]) -> None:
     p, t = spec.parallel, spec.train
     fsdp = p.zero_stage >= 2
-    foreach = str(spec.runtime.device) == "cuda"  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
+    dev = str(spec.runtime.device)  # resolved by estimate(): cpu or cuda
+    foreach = dev == D.CUDA  # torch.optim picks foreach for CUDA tensors, single-tensor on CPU
     if fsdp:
-        storage = MASTER_BYTES * sum(q.storage_numel for q in params)
+        shards = [MASTER_BYTES * q.storage_numel for q in params]
         extra_params, extra_grads = fsdp_peak_extra(spec, params, r.stages)
-        r.params_bytes = storage + fsdp_param_bytes(spec) * extra_params
-        r.grads_bytes = storage + MASTER_BYTES * extra_grads  # reduce_dtype fp32
+        r.params_bytes = D.storage_bytes(shards, dev) + fsdp_param_bytes(spec) * extra_params  # one storage per param
+        # sharded grads are views of each unit's reduce-scatter output (one storage per unit: rounding not modelled)
+        r.grads_bytes = sum(shards) + MASTER_BYTES * extra_grads  # reduce_dtype fp32
         owned = params
     else:
-        r.params_bytes = r.grads_bytes = MASTER_BYTES * sum(q.local_numel for q in params)
+        per_param = [MASTER_BYTES * q.local_numel for q in params]
+        r.params_bytes = D.storage_bytes(per_param, dev)
+        # classic DDP's `.grad` are views of its few large buckets (rounding <= 512 B per bucket, not modelled)
+        r.grads_bytes = D.storage_bytes(per_param, D.CPU if _grads_in_buckets(spec) else dev)
         owned = zero1_owned(params, p.dp, p.coords(rank)["dp"]) if p.zero_stage == 1 else params
         if uses_replicate(spec):  # FSDP2 `replicate`: an unsharded copy of every parameter stays resident,
             r.params_bytes *= 2  # and without sync on earlier microbatches their unsharded grads accumulate too
             if t.microbatches > 1:  # (vocab-parallel embeddings: full Replicate grads, sharding.unsharded_grad_numel)
                 r.grads_bytes += MASTER_BYTES * sum(unsharded_grad_numel(q, p.tp) for q in params)
-    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp)
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=fsdp, device=dev)
     r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=fsdp, foreach=foreach)
     r.activations_bytes = A.rank_activation_bytes(spec, rank, r.layers, r.stages, params)
-    r.other_bytes = input_batch_bytes(t.global_batch, spec.model.seq_len)
+    r.other_bytes = (dp_slice_batch_bytes(t.global_batch // p.dp, spec.model.seq_len) if OTHER_IS_DP_SLICE
+                     else input_batch_bytes(t.global_batch, spec.model.seq_len))
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
+
+
+def _grads_in_buckets(spec: Any) -> bool:
+    p = spec.parallel
+    return p.zero_stage < 2 and p.dp > 1 and not uses_replicate(spec)
+
+
+def dp_slice_batch_bytes(rows: int, seq: int) -> int:
+    """This rank's dp share of (inputs, targets), each copied to its own (rows, s) int64 storage on the device."""
+    return 2 * rows * seq * INDEX_BYTES
 
 
 def input_batch_bytes(batch: int, seq: int) -> int:
@@ -181,8 +179,9 @@ def _short_chunk_starts(spec: Any) -> tuple[int, int]:
 
 def _with_zero1_share(spec: Any, r: RankEstimate, owned: list[LocalParam]) -> None:
     t = spec.train
-    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=False)
-    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=False, foreach=str(spec.runtime.device) == "cuda")
+    dev = str(spec.runtime.device)
+    r.optimizer_bytes = _optimizer_bytes(owned, t.optimizer, fsdp=False, device=dev)
+    r.optimizer_temp_bytes = optimizer_temp_bytes(owned, t.optimizer, fsdp=False, foreach=dev == D.CUDA)
     r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
 
 
@@ -267,8 +266,10 @@ def _notes(spec: Any) -> list[str]:
     return notes
 
 
-def estimate(spec: ExperimentSpec) -> Estimate:
-    """Per-rank predicted memory and traffic of a validated ExperimentSpec."""
+def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
+    """Per-rank predicted memory and traffic of a validated ExperimentSpec, for ranks on `device` ("cpu" or
+    "cuda"; None: spec.runtime.device, `auto` as cpu - see device.with_device)."""
+    spec = D.with_device(spec, device)
     m, t, p = spec.model, spec.train, spec.parallel
     ranks = _all_ranks(spec)
     psi = count_params(m)
@@ -283,8 +284,10 @@ def estimate(spec: ExperimentSpec) -> Estimate:
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in ranks) for k in kinds},
         zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
-        notes=_notes(spec),
+        notes=_notes(spec) + D.device_notes(spec, n_param_tensors=len(param_list(m)),
+                                            autocast=A.uses_autocast(spec)),
     )
+
 
 
 def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:

@@ -9,9 +9,16 @@ Two counters share one tally:
 Payload bytes follow docs/ARCHITECTURE.md: all_reduce the tensor; all_gather the gathered output;
 reduce_scatter the full input; all_to_all the input; broadcast/send/recv the tensor.
 
-Seconds: c10d ops are asynchronous (they return a Work); we time from issue until the Work's future
-completes (a done-callback, no extra waiting). Functional ops are timed from issue until their
-`wait_tensor`. Overlapping collectives each count their own span, so the sum can exceed wall time.
+Seconds, per backend (a duration that cannot be measured is None with a note, never a launch latency):
+- gloo: c10d ops are asynchronous (they return a Work); we time from issue until the Work's future
+  completes (a done-callback, no extra waiting): gloo completes it when its thread finished the collective.
+  Functional ops are timed from issue until their `wait_tensor`. Overlapping collectives each count their
+  own span, so the sum can exceed wall time.
+- nccl: a Work's future completes at enqueue and `wait_tensor` only makes the stream wait, so host clocks
+  measure launches. c10d ops are timed by `Work._get_duration()`: CUDA events NCCL records around the
+  collective on its own stream (needs TORCH_NCCL_ENABLE_TIMING=1, which the launcher sets for nccl jobs),
+  read after the step's closing synchronize. Functional ops (DTensor/TP, the MoE all-to-all) hide their
+  Work from Python: their seconds are None with a note.
 """
 
 from __future__ import annotations
@@ -118,6 +125,15 @@ def _wait_key(t: torch.Tensor) -> int:
     return inner.data_ptr() if isinstance(inner, torch.Tensor) else id(t)
 
 
+def _backend_name() -> str:
+    import torch.distributed as dist
+
+    try:
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - no default group
+        return ""
+
+
 def wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
     """Ring-model bytes sent per rank (docs/ARCHITECTURE.md), from the analytic model's one definition."""
     return float(ring_wire_bytes(collective, payload_bytes, n))
@@ -137,6 +153,11 @@ class _Tally:
         self.group_sizes: dict[str, set[int]] = defaultdict(set)
         self._pending: dict[int, tuple[str, float]] = {}
         self._lock = threading.Lock()
+        self.device_timed = _backend_name() == "nccl"
+        """True on NCCL: seconds come from the collectives' CUDA events (`Work._get_duration`), not host clocks."""
+        self._works: list[tuple[str, Any]] = []
+        self.untimed: dict[str, str] = {}
+        """Collective -> why its seconds could not be measured (its seconds are then None)."""
 
     def record(self, key: str, payload: int, n: int) -> bool:
         """Count one collective; False when it is not training comm (counting off, or `uncounted()`)."""
@@ -154,8 +175,14 @@ class _Tally:
         return True
 
     def time_work(self, key: str, t0: float, issued: float, out: Any) -> None:
-        """Seconds from issue until the c10d Work completes (a done-callback on its future: no extra waiting)."""
+        """Seconds from issue until the c10d Work completes (a done-callback on its future: no extra waiting);
+        on NCCL the Work is kept and its CUDA-event duration read in `summary` (after the step's synchronize)."""
         work = out[1] if isinstance(out, tuple) else out
+        if self.device_timed:
+            self._harvest(final=False)  # read (and let go of) the Works that finished: never hold their tensors
+            with self._lock:
+                self._works.append((key, work))
+            return
         try:
             fut = work.get_future()
         except Exception:  # noqa: BLE001 - no future on this backend: issue time is all we can honestly record
@@ -169,6 +196,10 @@ class _Tally:
 
     def pend(self, out: Any, key: str, t0: float) -> None:
         """A functional collective issued at t0: its seconds end at the `wait_tensor` on its output."""
+        if self.device_timed:
+            self.untimed.setdefault(key, "functional collective on nccl: its Work (and CUDA events) are not "
+                                         "reachable from Python, and the host's wait only orders streams")
+            return
         for t in out if isinstance(out, (list, tuple)) else [out]:
             if isinstance(t, torch.Tensor):
                 self._pending[_wait_key(t)] = (key, t0)
@@ -179,14 +210,38 @@ class _Tally:
         if entry is not None:
             self.add_seconds(entry[0], time.perf_counter() - entry[1])
 
-    def summary(self, steps: int) -> dict[str, dict[str, float]]:
-        """Per-step means: {collective: {calls, bytes, wire_bytes, seconds}}."""
+    def collect_device_durations(self) -> None:
+        """NCCL: add each kept Work's CUDA-event duration to its collective; a Work that is not complete or has
+        no timing events makes its collective's seconds unmeasured. Call after a device synchronize."""
+        self._harvest(final=True)
+
+    def _harvest(self, *, final: bool) -> None:
+        with self._lock:
+            works, self._works = self._works, []
+        for key, work in works:
+            try:
+                if not work.is_completed():
+                    if not final:
+                        with self._lock:
+                            self._works.append((key, work))
+                        continue
+                    raise RuntimeError("the collective had not completed when its duration was read")
+                self.add_seconds(key, float(work._get_duration()) / 1e3)  # ms between NCCL's start/end events
+            except Exception as e:  # noqa: BLE001 - e.g. TORCH_NCCL_ENABLE_TIMING unset: no events were recorded
+                self.untimed.setdefault(key, f"nccl Work duration unavailable ({type(e).__name__}: {e})")
+
+    def summary(self, steps: int) -> dict[str, dict[str, Any]]:
+        """Per-step means: {collective: {calls, bytes, wire_bytes, seconds}}; seconds None (with seconds_note)
+        for a collective whose duration could not be measured on this backend."""
+        self.collect_device_durations()
         steps = max(steps, 1)
-        return {
-            k: {"calls": self.calls[k] / steps, "bytes": self.bytes[k] / steps,
-                "wire_bytes": self.wire[k] / steps, "seconds": self.seconds[k] / steps}
-            for k in sorted(self.calls)
-        }
+        out: dict[str, dict[str, Any]] = {}
+        for k in sorted(self.calls):
+            out[k] = {"calls": self.calls[k] / steps, "bytes": self.bytes[k] / steps,
+                      "wire_bytes": self.wire[k] / steps, "seconds": self.seconds[k] / steps}
+            if k in self.untimed:
+                out[k].update(seconds=None, seconds_note=self.untimed[k])
+        return out
 
     def excluded_per_step(self, steps: int) -> dict[str, float]:
         return {k: v / max(steps, 1) for k, v in self.excluded.items()}

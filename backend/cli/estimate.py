@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return _emit(args, estimate_inference(spec, batch=batch, context=context), _inference_table)
     if args.batch is not None or args.context is not None:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
-    return _emit(args, estimate(spec).to_dict(), _training_table)
+    from backend.engine.hardware import host_device  # `auto` resolved as the engine would on this host
+
+    return _emit(args, estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(), _training_table)
 
 
 def _run_raw(args: argparse.Namespace) -> int:

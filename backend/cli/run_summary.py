@@ -44,7 +44,8 @@ def _speed_lines(res: RunResult) -> list[str]:
         lines.append(f"step median {res.step_s_median * 1e3:.1f} ms, tokens/s "
                      f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else f"step median {res.step_s_median * 1e3:.1f} ms")
     if res.mfu is not None:
-        lines.append(f"MFU {res.mfu * 100:.2f}%")
+        lines.append(f"MFU {res.mfu * 100:.2f}%" + (f", HFU {res.hfu * 100:.2f}% (recompute included)"
+                                                     if res.hfu is not None and res.hfu != res.mfu else ""))
     return lines
 
 
@@ -54,7 +55,7 @@ def _comm_lines(res: RunResult) -> list[str]:
         for kind, c in sorted(r.comm.items()):
             pred = r.comm_predicted.get(kind)
             vs = f" (predicted {_mib(pred)} MiB, {_pct(c.bytes, pred)})" if pred else ""
-            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {c.seconds * 1e3:.1f} ms / step")
+            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {'n/a' if c.seconds is None else f'{c.seconds * 1e3:.1f}'} ms / step")
     return lines
 
 

@@ -19,41 +19,35 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from backend.analytic import flops as F
+from backend.analytic.bubble_measure import measured_bubble_fraction
+from backend.analytic.estimate import estimate, matmul_params
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
-from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RoutingAdjusted,
-                            RunResult, Status, error_pct)
+from backend.engine.hardware import utilization
+from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY, _autocast_notes,  # noqa: F401 - re-exported
+                                  _comm_notes, _dedupe, _memory_notes, _parity_notes, _recompute_notes,
+                                  _routing_notes, comm_error_pct)
+from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 
-BOUNDS_PCT = {"params_bytes": 2.0, "grads_bytes": 2.0, "optimizer_bytes": 2.0, "activations_bytes": 15.0}
-COMM_BOUND_PCT = 5.0
-# Dense peak FLOP/s per device (vendor datasheets, dense, no sparsity); unknown devices give mfu None.
-PEAK_FLOPS = {
-    "fp32": {"H100": 67e12, "H200": 67e12, "A100": 19.5e12},
-    "bf16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
-    "fp16-mixed": {"H100": 989e12, "H200": 989e12, "A100": 312e12},
-}
 
-WHY = {
-    "params_bytes": "parameter storage at the peak; under FSDP2 it includes whichever unsharded units are "
-                    "resident at that moment (prefetch / reshard timing decides how many)",
-    "grads_bytes": "gradient storage at the peak; if the peak falls before the last backward finished, only the "
-                   "gradients produced so far are resident",
-    "optimizer_bytes": "optimizer state at the peak; ZeRO-1 partitions whole parameters, and a peak inside "
-                       "optimizer.step adds its foreach temporaries",
-    "activations_bytes": "the tracker counts every tensor created in forward that is still alive at the peak "
-                         "(incl. temporaries held by the caller), the formula only what autograd saves for backward",
-}
+def run_device(payload: dict[str, Any]) -> str | None:
+    """The device type the ranks ran on (their env), or None when the payload does not say."""
+    types = {r.get("env", {}).get("device_type") for r in payload.get("ranks", [])} - {None}
+    return types.pop() if len(types) == 1 else None
 
 
-# fp32 runs match the reference to ~1e-6; 16-bit autocast rounds differently per shard.
-PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2}
+def model_flops_per_step(spec: ExperimentSpec) -> float:
+    """Model FLOPs per step (MFU's numerator): the training FLOPs without any recompute (PaLM App. B)."""
+    m = spec.model
+    return F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+                                     seq_len=m.seq_len, d_model=m.d_model, recompute="none",
+                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
 
 
 def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
-    from backend.analytic.estimate import estimate
-
-    est = estimate(spec)
+    est = estimate(spec, device=run_device(payload))
     ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
     notes = _dedupe(n for r in ranks for n in r.get("notes", []))
     notes += [n for n in est.notes if n not in notes]
@@ -71,22 +65,18 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
     diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
     notes += _parity_notes(spec, diff)
+    model_flops = model_flops_per_step(spec)
+    mfu, hfu = utilization(model_flops, est.flops_per_step, step_med, env, str(spec.train.precision),
+                           spec.parallel.world_size)
     return RunResult(
         status=Status.OK, spec=spec, env=env, per_rank=per_rank, step_s_median=step_med,
         tokens_per_s=spec.tokens_per_step / step_med if step_med else None,
-        flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=_mfu(achieved, env, spec),
+        flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=mfu, hfu=hfu,
+        model_flops_per_step=model_flops,
         loss=loss, loss_reference=ref,
         loss_max_abs_diff=diff,
         timeline=timeline, bubble_measured=_bubble(timeline), bubble_predicted=est.bubble_fraction, notes=notes,
     )
-
-
-def _parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
-    bound = PARITY_BOUND.get(str(spec.train.precision), 1e-4)
-    if diff is None or diff <= bound:
-        return []
-    return [f"LOSS PARITY FAILS: max |loss - single-process reference| = {diff:.3g} > {bound:g} ({spec.train.precision}): "
-            "this distributed run does not compute the same training step as one process."]
 
 
 def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:
@@ -109,157 +99,11 @@ def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:
     )
 
 
-def comm_error_pct(rr: RankResult) -> dict[str, float | None]:
-    """Payload error per collective, over every collective measured or predicted on this rank."""
-    keys = [k for k in COLLECTIVES if k in rr.comm or k in rr.comm_predicted]
-    return {k: error_pct(rr.comm[k].bytes if k in rr.comm else 0.0, rr.comm_predicted.get(k, 0.0)) for k in keys}
-
-
-def _memory_notes(per_rank: list[RankResult]) -> list[str]:
-    notes = []
-    for cat, bound in BOUNDS_PCT.items():
-        off = [(rr.rank, rr.error_pct.get(cat), getattr(rr.measured, cat), getattr(rr.predicted, cat))
-               for rr in per_rank if rr.error_pct.get(cat) is not None and abs(rr.error_pct[cat]) > bound]
-        if off:
-            detail = ", ".join(f"rank {r}: {m:,} vs {p:,} B ({e:+.1f}%)" for r, e, m, p in off[:4])
-            notes.append(f"{cat} misses the ±{bound:g}% bound ({detail}): {WHY[cat]}.")
-    for rr in per_rank[:1]:
-        at_act = sum(getattr(rr.measured, k) for k in (*MEMORY_CATEGORIES, "other_bytes"))
-        if rr.measured.peak_bytes > 1.15 * at_act:
-            notes.append(f"rank {rr.rank}: the step's total tracked peak ({rr.measured.peak_bytes:,} B) is "
-                         f"{rr.measured.peak_bytes / at_act - 1:.0%} above the categories' sum at the activation peak "
-                         f"({at_act:,} B), where categories are measured; at the total peak: "
-                         + ", ".join(f"{k} {v:,}" for k, v in (getattr(rr.measured, "at_peak", None) or {}).items()) + ".")
-    return notes
-
-
-def _autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
-    """DDP / ZeRO-1 run mixed precision under torch.autocast, whose activation memory the 16-bit formula misses."""
-    from backend.analytic.params import param_list
-    from backend.strategies.base import module_name_for
-
-    if str(spec.train.precision) == "fp32" or module_name_for(spec) not in ("ddp", "zero1"):
-        return []
-    off = [rr for rr in per_rank if (rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"]]
-    if not off:
-        return []
-    cache = 2 * sum(q.numel for q in param_list(spec.model) if q.name.startswith(("layers.", "lm_head")) and ".ln" not in q.name)
-    return [f"mixed precision here is torch.autocast: it caches a 16-bit copy of every Linear weight and bias for the "
-            f"whole forward (≈{cache:,} B, tracked as activations) and keeps LayerNorm/softmax outputs and the residual "
-            f"stream in fp32, while the formula counts every saved activation at 2 B."]
-
-
-def _recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
-    if str(spec.train.recompute) != "full":
-        return []
-    if not any(abs(rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"] for rr in per_rank):
-        return []
-    return ["under full recompute the activations peak while the last block is recomputed in backward, after the "
-            "head's saved tensors (logits, log-softmax) are freed: L checkpointed block inputs + one block's full "
-            "activations + its recomputed output, not that plus the head term."]
-
-
-def _routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: list[RankResult]) -> list[str]:
-    """EP: set each rank's routing-adjusted prediction and explain, per rank where the uniform-routing prediction
-    misses a bound, how far the measured routing was from uniform and how the adjusted prediction fares."""
-    from backend.analytic.moe_routing import adjustment
-
-    notes = []
-    for r, rr in zip(ranks, per_rank):
-        routing = r.get("extra", {}).get("moe_routing")
-        if not routing or not routing.get("records"):
-            continue
-        adj = adjustment(spec, routing)
-        a2a_pred = rr.comm_predicted.get("all_to_all", 0.0)
-        rr.predicted_given_routing = RoutingAdjusted(
-            activations_bytes=int(round(rr.predicted.activations_bytes + adj.activations_delta_bytes)),
-            all_to_all_bytes=adj.all_to_all_bytes, received_token_slots=adj.received_slots,
-            uniform_token_slots=adj.uniform_slots)
-        a2a = rr.comm["all_to_all"].bytes if "all_to_all" in rr.comm else 0.0
-        act = rr.measured.activations_bytes
-        e_a2a, e_act = error_pct(a2a, a2a_pred), rr.error_pct.get("activations_bytes")
-        if not ((e_a2a is not None and abs(e_a2a) > COMM_BOUND_PCT)
-                or (e_act is not None and abs(e_act) > BOUNDS_PCT["activations_bytes"])):
-            continue
-        g = rr.predicted_given_routing
-        notes.append(
-            f"rank {rr.rank}: the prediction assumes uniform expert routing; this rank's experts received "
-            f"{adj.received_slots:,} token-slots on the measured step vs {adj.uniform_slots:,.0f} uniform "
-            f"(= {adj.load:.2f}× uniform). all_to_all {a2a:,.0f} B vs uniform {a2a_pred:,.0f} B ({_pct(e_a2a)}) vs "
-            f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
-            f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
-            f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
-            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}).")
-    return notes
-
-
-def _pct(e: float | None) -> str:
-    return "n/a" if e is None else f"{e:+.1f}%"
-
-
-def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend: str) -> list[str]:
-    notes = []
-    for rr in per_rank:
-        errs = comm_error_pct(rr)
-        for k, e in errs.items():
-            measured = rr.comm[k].bytes if k in rr.comm else 0.0
-            if e is None and measured:
-                notes.append(f"rank {rr.rank}: {k} {measured:,.0f} B/step measured but not predicted.")
-            elif e is not None and abs(e) > COMM_BOUND_PCT:
-                notes.append(f"rank {rr.rank}: {k} payload {measured:,.0f} vs predicted {rr.comm_predicted.get(k, 0):,.0f} B/step ({e:+.1f}%).")
-    if backend == "gloo" and any("reduce_scatter" in r.get("comm", {}) for r in ranks):
-        notes.append("gloo implements reduce_scatter as an all-reduce: bytes actually sent are ≈2× the ring "
-                     "reduce-scatter wire_bytes reported (payload and wire_bytes are the algorithmic values).")
-    notes += _kernel_vs_tracked_notes(ranks)
-    excl = {k: v for r in ranks[:1] for k, v in r.get("comm_excluded", {}).items()}
-    if excl:
-        notes.append("not counted as training comm: the loss report's scalar all-reduce "
-                     f"({', '.join(f'{k} {v:,.0f} B/step' for k, v in excl.items())}).")
-    return _dedupe(notes)
-
-
-def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
-    """Cross-check: kernel-hook counts on the comm-timing steps vs the complete count on the tracked step."""
-    gaps: dict[tuple[str, float, float], list[int]] = {}
-    for r in ranks:
-        kernel, full = r.get("comm_kernel", {}), r.get("comm", {})
-        for k in sorted(set(kernel) | set(full)):
-            a, b = kernel.get(k, {}).get("bytes", 0.0), full.get(k, {}).get("bytes", 0.0)
-            if abs(a - b) > 0.05 * max(a, b):
-                gaps.setdefault((k, a, b), []).append(r["rank"])
-    notes = []
-    for (k, a, b), who in gaps.items():
-        why = (" (DDP rebuilds its buckets once, broadcasting the new order, in its 2nd iteration)"
-               if k == "broadcast" and a < 4096 and not b else "")
-        notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
-                     f"comm-timing steps (kernel hooks) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
-    return notes
-
-
-def _mfu(achieved: float | None, env: dict[str, Any], spec: ExperimentSpec) -> float | None:
-    if not achieved or env.get("device_type") != "cuda":
-        return None
-    table = PEAK_FLOPS.get(str(spec.train.precision), {})
-    name = str(env.get("device_name", ""))
-    peak = next((v for k, v in table.items() if k in name), None)
-    return achieved / (peak * spec.parallel.world_size) if peak else None
-
-
 def _bubble(timeline: list[dict[str, Any]]) -> float | None:
     if not timeline:
         return None
-    from backend.analytic.bubble_measure import measured_bubble_fraction
-
     steps: dict[Any, list[dict[str, Any]]] = {}
     for ev in timeline:
         steps.setdefault(ev.get("step"), []).append(ev)
     values = [v for v in (measured_bubble_fraction(evs) for evs in steps.values()) if v is not None]
     return median(values) if values else None
-
-
-def _dedupe(items: Any) -> list[str]:
-    out: list[str] = []
-    for x in items:
-        if x not in out:
-            out.append(x)
-    return out

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from backend.atomic_io import write_atomic
-from backend.launch import outcome, torchrun
+from backend.launch import nccl, outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
 from backend.result import MEMORY_CATEGORIES, MemoryBreakdown, RankResult, RunResult, Status
@@ -61,9 +61,11 @@ def run_experiment(
     spec_path = workdir / "spec.json"
     write_atomic(spec_path, spec.to_json())
     env, job_id = torchrun.build_env(extra_env)
+    cuda = _auto_needs_cuda_check(spec) and _cuda_available()
+    env = nccl.job_env(spec, workdir, env, cuda_available=cuda)
     cmd = torchrun.build_command(spec, spec_path, workdir, rank_module)
     launch = {"job_id": job_id, "command": cmd, "node_rank": spec.runtime.node_rank,
-              "nproc_per_node": torchrun.nproc_per_node(spec)}
+              "nproc_per_node": torchrun.nproc_per_node(spec), "nccl": nccl.uses_nccl(spec, cuda_available=cuda)}
 
     problem = preflight(spec)
     if problem:
@@ -93,7 +95,9 @@ def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assem
     if ended == "cancelled":
         return failed_result(spec, Failure(Status.CANCELLED, f"cancelled after {wall_s:.1f} s"), launch, job.tail())
     if ended == "timeout":
-        return failed_result(spec, outcome.timed_out(workdir, spec.runtime.timeout_s, wall_s), launch, job.tail())
+        failure = outcome.timed_out(workdir, spec.runtime.timeout_s, wall_s,
+                                    nccl=bool(launch.get("nccl")))
+        return failed_result(spec, failure, launch, job.tail())
     rc = job.proc.returncode
     ranks_path = workdir / "ranks.json"
     if rc == 0 and ranks_path.exists():
@@ -178,8 +182,9 @@ def predicted_ranks(spec: ExperimentSpec) -> list[RankResult]:
     """Analytic memory per rank (nothing measured); [] when the estimator fails for this spec."""
     try:
         from backend.analytic.estimate import estimate
+        from backend.engine.hardware import host_device
 
-        rows = estimate(spec).per_rank
+        rows = estimate(spec, device=host_device(str(spec.runtime.device))).per_rank
         return [_predicted_rank(spec, row) for row in rows]
     except Exception:  # the estimator may not cover every spec; a failed run still gets stored
         return []
@@ -212,6 +217,16 @@ def preflight(spec: ExperimentSpec) -> str | None:
             return (f"world_size({spec.parallel.world_size}) / nnodes({r.nnodes}) = {per_node} ranks per node "
                     f"> {gpus} visible CUDA device(s): CUDA runs one rank per GPU")
     return None
+
+
+def _auto_needs_cuda_check(spec: ExperimentSpec) -> bool:
+    return str(spec.runtime.backend) == "auto" and spec.runtime.device == Device.AUTO
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _base_env(launch: dict) -> dict:

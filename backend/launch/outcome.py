@@ -119,14 +119,28 @@ def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
     return Failure(Status.FAILED, f"torchrun {describe_exit(returncode)}; no rank reported an error (see log tail)")
 
 
-def timed_out(out_dir: Path, timeout_s: float, wall_s: float) -> Failure:
+def timed_out(out_dir: Path, timeout_s: float, wall_s: float, *, nccl: bool = False) -> Failure:
     base = f"job exceeded timeout_s={timeout_s:g} (ran {wall_s:.1f} s) and was killed"
     hang = hang_report(out_dir)
     if hang is not None:
         base, culprit = f"{base}; {hang[0]}", hang[1]
     else:
         culprit = None
+    if nccl:  # a hung NCCL op does not block its host thread: the stacks show where each host waited later
+        culprit = None
+        base += "; " + _flight_recorder_hint(out_dir)
     failure = from_rank_errors(out_dir)
     if failure is None:
         return Failure(Status.TIMEOUT, base, culprit)
     return Failure(Status.TIMEOUT, f"{base}; first error: {failure.error}", failure.failing_rank, failure.traceback)
+
+
+def _flight_recorder_hint(out_dir: Path) -> str:
+    from backend.launch.nccl import TRACE_FILE_PREFIX
+
+    dumps = sorted(p.name for p in Path(out_dir).glob(TRACE_FILE_PREFIX + "*"))
+    if dumps:
+        return (f"NCCL flight-recorder dumps in the run folder ({', '.join(dumps[:8])}): the culprit is the first "
+                "collective (by sequence number) some rank never entered; the Python stacks only show where hosts waited")
+    return ("nccl: the Python stacks show where hosts waited, not which collective hung, and NCCL's watchdog wrote no "
+            "flight-recorder dump before the job was killed")

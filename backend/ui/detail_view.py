@@ -57,6 +57,10 @@ def memory_error_frame(result: RunResult) -> pd.DataFrame:
             e = (r.error_pct or {}).get(c, error_pct(m, p))
             row[f"{CATEGORY_LABEL[c]} error"] = fmt_pct(e)
         row["peak measured"] = fmt_bytes(r.measured.peak_bytes)
+        if r.cuda_max_allocated_bytes is not None or r.cuda_max_reserved_bytes is not None:
+            # the caching allocator's view: reserved - allocated = cached blocks and fragmentation
+            row["CUDA max allocated"] = fmt_bytes(r.cuda_max_allocated_bytes)
+            row["CUDA max reserved"] = fmt_bytes(r.cuda_max_reserved_bytes)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -92,15 +96,30 @@ def comm_frame(result: RunResult) -> pd.DataFrame:
     for k in colls:
         stats = [r.comm.get(k) for r in result.per_rank]
         mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731
+        timed = [s.seconds for s in stats if s is not None and s.seconds is not None]
+        untimed = any(s is not None and s.seconds is None for s in stats)
         pred = sum(float(r.comm_predicted.get(k, 0) or 0) for r in result.per_rank) / n
         meas = mean("bytes")
         rows.append({
             "collective": k, "calls / step": round(mean("calls"), 2),
             "measured payload / step": fmt_bytes(meas), "predicted payload / step": fmt_bytes(pred),
             "error": fmt_pct(error_pct(meas, pred)), "measured wire / step": fmt_bytes(mean("wire_bytes")),
-            "time in collective / step": fmt_seconds(mean("seconds")),
+            # None: not measurable on this backend (NCCL functional collectives, see CommStat.seconds_note)
+            "time in collective / step": "n/a" if untimed else fmt_seconds(sum(timed) / n),
         })
     return pd.DataFrame(rows)
+
+
+def comm_caption(result: RunResult) -> str:
+    """What the comm table's time column means on this run's backend (backend/bench/comm.py)."""
+    head = "Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank. "
+    tail = ", averaged over up to 3 comm-timing steps run after the timed ones, so counting never slows the timed steps."
+    if (result.env or {}).get("backend") == "nccl":
+        notes = sorted({c.seconds_note for r in result.per_rank for c in r.comm.values() if c.seconds_note})
+        return (head + "Time = the collective's own duration on NCCL's stream (CUDA events, Work._get_duration)" + tail
+                + (" n/a: " + "; ".join(notes) + "." if notes else ""))
+    return (head + "Time = issue to completion (incl. waiting for peers; overlapping collectives each count their "
+            "span)" + tail)
 
 
 def loss_fig(result: RunResult) -> go.Figure | None:
@@ -142,6 +161,16 @@ def headline(result: RunResult) -> dict[str, str]:
         "peak memory (max rank)": fmt_bytes(peak),
         "loss max |Δ| vs reference": f"{result.loss_max_abs_diff:.2e}" if result.loss_max_abs_diff is not None else "–",
         "wall time": fmt_seconds(result.wall_s),
-        "achieved FLOP/s (MFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
-        + (f" ({result.mfu * 100:.1f} %)" if result.mfu is not None else ""),
+        "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
+        + _utilization(result),
     }
+
+
+def _utilization(result: RunResult) -> str:
+    """MFU (model FLOPs) next to HFU (recompute included); blank where the device's peak is unknown."""
+    hfu = getattr(result, "hfu", None)
+    if result.mfu is None and hfu is None:
+        return ""
+    parts = [f"MFU {result.mfu * 100:.1f} %" if result.mfu is not None else "MFU –",
+             f"HFU {hfu * 100:.1f} %" if hfu is not None else "HFU –"]
+    return f" ({' · '.join(parts)})"

@@ -70,20 +70,44 @@ class Fit:
     worst_rank: int
     worst_bytes: float
     device_bytes: float
+    overhead: dict[str, float] | None = None
+    """CUDA only: the runtime allowance included in worst_bytes (analytic/device.runtime_overhead_bytes)."""
+    optimizer_step: bool = False
+    """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
 
     def message(self) -> str:
         need = f"{fmt_bytes(self.worst_bytes)} = {to_gb(self.worst_bytes):,.3g} GB"
         dev = f"{to_gb(self.device_bytes):,.4g} GB"
+        why = self._breakdown()
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
-                    f"({self.worst_bytes / self.device_bytes * 100:.3g} %).")
+                    f"({self.worst_bytes / self.device_bytes * 100:.3g} %){why}.")
         return (f"Does not fit: rank {self.worst_rank} needs {need} > {dev} device memory "
-                f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}).")
+                f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}){why}.")
+
+    def _breakdown(self) -> str:
+        parts = ["at optimizer.step (foreach temporaries)"] if self.optimizer_step else []
+        o = self.overhead or {}
+        if o.get("total"):
+            parts.append(f"incl. CUDA context {fmt_bytes(o['cuda_context'])}, NCCL buffers {fmt_bytes(o['nccl_buffers'])}, "
+                         f"allocator fragmentation {fmt_bytes(o['fragmentation'])} (assumed: backend/analytic/device.py "
+                         "RuntimeOverhead; calibrate with a run's CUDA reserved memory)")
+        return f"; {'; '.join(parts)}" if parts else ""
+
+
+def _need(r: dict[str, Any]) -> tuple[float, bool]:
+    """(bytes the rank needs at its fullest moment incl. the runtime allowance, whether that is optimizer.step)."""
+    step = float(r.get("optimizer_step_bytes", 0.0) or 0.0)
+    total = float(r["total_bytes"])
+    return max(total, step) + float((r.get("overhead") or {}).get("total", 0.0)), step > total
 
 
 def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
-    worst = max(rows, key=lambda r: r["total_bytes"]) if rows else {"rank": 0, "total_bytes": 0.0}
-    return Fit(worst["total_bytes"] <= device_mem_bytes, worst["rank"], worst["total_bytes"], device_mem_bytes)
+    if not rows:
+        return Fit(True, 0, 0.0, device_mem_bytes)
+    worst = max(rows, key=lambda r: _need(r)[0])
+    need, at_step = _need(worst)
+    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"), at_step)
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
@@ -120,8 +144,17 @@ def headline(est: Any) -> dict[str, str]:
 
 
 def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """Run the analytic estimate for a validated spec: (Estimate, per-rank rows for the chart)."""
+    """Run the analytic estimate for a validated spec on the device its ranks would get on this host (`auto`
+    resolved as the engine does): (Estimate, per-rank rows for the chart, with the fit check's extra terms)."""
+    from backend.analytic.device import runtime_overhead_bytes, with_device
     from backend.analytic.estimate import estimate
+    from backend.engine.hardware import host_device
 
+    spec = with_device(spec, host_device(str(spec.runtime.device)))
     est = estimate(spec)
-    return est, rank_rows(est.per_rank)
+    rows = rank_rows(est.per_rank)
+    for row, r in zip(rows, est.per_rank):
+        # inside optimizer.step activations are freed, the update's temporaries are alive
+        row["optimizer_step_bytes"] = float(r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes)
+        row["overhead"] = runtime_overhead_bytes(spec, max(r.total_bytes, row["optimizer_step_bytes"]))
+    return est, rows
