@@ -1,0 +1,25 @@
+"""experiments.kind: "measured" (a run on real ranks) or "traced" (full-scale memory traced on fake
+tensors, backend/trace). Existing rows are measured runs.
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-23
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("experiments") as batch:
+        batch.add_column(sa.Column("kind", sa.String(16), nullable=False, server_default="measured"))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("experiments") as batch:
+        batch.drop_column("kind")
