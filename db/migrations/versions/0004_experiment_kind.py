@@ -21,5 +21,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("experiments") as batch:
-        batch.drop_column("kind")
+    # Not batch mode: on SQLite that recreates `experiments`, and dropping the old table would cascade-delete
+    # every child row (rank_results, ...). ALTER TABLE DROP COLUMN (SQLite >= 3.35) keeps them.
+    op.drop_column("experiments", "kind")
