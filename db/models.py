@@ -103,6 +103,8 @@ class Experiment(Base):
     result_json: Mapped[str | None] = mapped_column(Text)
     # Added by revision 0002: the experiment this row was re-queued from.
     requeue_of: Mapped[int | None] = mapped_column(Integer)
+    # Added by revision 0004: "measured" (real ranks) or "traced" (full-scale memory on fake tensors, backend/trace).
+    kind: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
 
     tags: Mapped[list[ExperimentTag]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 

@@ -32,6 +32,7 @@ ROW_KEYS = (
     "heartbeat_at", "worker_id", "host", "progress_step", "progress_total", "progress_phase", "error",
     "failing_rank", "step_s_median", "tokens_per_s", "loss_max_abs_diff", "bubble_measured", "bubble_predicted",
     "peak_bytes_max", "mfu", "wall_s",
+    "kind",  # revision 0004: measured | traced
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)

@@ -11,6 +11,7 @@ from backend.spec import ExperimentSpec
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
+from backend.ui import trace_view as tv
 from backend.ui.sweep_form import expand_sweep
 
 P = "f_"  # widget key prefix
@@ -121,6 +122,16 @@ def _submit_one(spec) -> None:
         st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
+def _trace(spec) -> None:
+    st.caption("Or trace its memory at full size: the real set-up and train step on fake tensors (no allocation), "
+               "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
+    if st.button("Trace at full size", icon=":material/memory:", key="trace_full"):
+        eid = tv.start_trace(spec, store.db_url())
+        st.session_state["run_id"] = eid
+        st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
+        st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+
+
 def _sweep(v: dict) -> None:
     with st.expander("Sweep: submit a grid of runs"):
         c1, c2, c3 = st.columns(3)
@@ -163,6 +174,7 @@ if spec is not None:
     st.subheader("Run it")
     st.caption("Runs execute on CPU ranks (gloo) in the background worker; small shapes finish in seconds to a minute.")
     _submit_one(spec)
+    _trace(spec)
     _sweep(values)
 else:
     st.info("Fix the problems above to submit.")

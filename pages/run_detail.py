@@ -9,6 +9,7 @@ from backend.ui import runs_view as rv
 from backend.ui import spec_form as sf
 from backend.ui import store
 from backend.ui import timeline_view as tv
+from backend.ui import trace_view
 from backend.ui.format import fmt_frac
 from backend.ui.theme import STATUS_ICON
 
@@ -129,6 +130,8 @@ if e["status"] in rv.ACTIVE:
         st.toast(f"#{rid}: {store.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
+if res is not None and (line := trace_view.banner(res)):
+    st.info(line, icon=":material/memory:")
 if res is not None and e["status"] not in rv.ACTIVE:
     _result(res)
 with st.expander("Spec"):

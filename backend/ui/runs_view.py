@@ -15,7 +15,7 @@ COLUMNS = ["id", "status", "progress", "name", "strategy", "world", "degrees", "
 # The list_experiments columns table_frame reads (21 of the 51 plus tags).
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
               "dp", "tp", "pp", "ep", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
-              "tokens_per_s", "peak_bytes_max", "created_at")
+              "tokens_per_s", "peak_bytes_max", "created_at", "kind")
 
 
 def progress_text(row: dict[str, Any]) -> str:
@@ -54,7 +54,7 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "id": [int(r["id"]) for r in rows],
         "status": status,
         "progress": ["" if st == "ok" else progress_text(r) for r, st in zip(rows, status)],
-        "name": [r.get("name") or "" for r in rows],
+        "name": [("[traced] " if r.get("kind") == "traced" else "") + (r.get("name") or "") for r in rows],
         "strategy": col("strategy"),
         "world": col("world_size"),
         "degrees": [degrees_text(r) for r in rows],
@@ -86,4 +86,5 @@ def run_label(row: dict[str, Any]) -> str:
     """'#12 name-or-strategy · world 4 · ok' for pickers."""
     if "strategy" not in row:
         return f"#{row.get('id')}"
-    return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {row.get('status')}"
+    kind = " · traced" if row.get("kind") == "traced" else ""
+    return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {row.get('status')}{kind}"

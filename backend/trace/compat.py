@@ -1,0 +1,185 @@
+"""Every private torch API the full-scale trace touches, in one place (tests/test_trace_compat.py checks
+each symbol), so a torch upgrade fails loudly here and nowhere else.
+
+A traced rank runs the engine's own set-up and train step on fake tensors (`FakeTensorMode`: shapes,
+dtypes and storage sizes, no data) over the fake process group (`init_process_group("fake")`:
+collectives return at once, nothing is sent). A few spots of torch cannot run that way; each stand-in
+below is what the real program would compute, for memory purposes, and is installed only inside
+`fake_world()` in the trace's own process:
+
+- `FakeMode`: ops whose tensor inputs are all real (the DeviceMesh's int32 rank tensor) run for real,
+  so mesh slicing works inside the mode; a float `.item()` (the reported loss) returns NaN: the step's
+  loss is data, not memory. An integer `.item()` still raises: shapes that depend on data (MoE routing
+  counts) cannot be traced, and the trace reports `unsupported` naming it.
+- `nn.Module.to(device)` when every parameter and buffer is already there: returns the module (what
+  torch does for real tensors); torch's swap path rejects fake parameters held by the fake mode's memo.
+- classic DDP: the C++ reducer's parameter check reads storage (`_verify_params_across_processes`), and
+  the fake PG's all-reduce future carries no tensor, which the reducer asserts on; the check is skipped
+  (every rank builds the same model) and an identity comm hook returns the bucket (all-reduce in place:
+  no extra memory).
+- MoE routing (which expert each token goes to) is data. `topk` on a fake tensor returns the fake
+  values and, as indices, the balanced assignment the analytic model assumes (uniform routing): slot j
+  of token i goes to expert (i·k + j) mod E, as a real tensor. Every count derived from it (bincount,
+  argsort, splits) is then real and computed for real; the expert-parallel count exchange
+  (`dist.all_to_all_single` of real int tensors) returns what every peer sends under that routing
+  (all ranks route alike): my experts' counts from each peer. Integer `arange` is real too (its values
+  come from its arguments), so index arithmetic on it stays real.
+- pipelining: stages on other ranks would send their output/grad metadata (`send_object_list`) and
+  vote on the inference mode (`.item()` of a received int); the traced rank computes both locally:
+  a GPT stage boundary is always the residual stream `hidden_meta`.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.utils._pytree import tree_leaves
+
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
+class DataDependentShape(RuntimeError):
+    """An integer read from a fake tensor: the program's shapes or control flow depend on data values."""
+
+
+class FakeMode(FakeTensorMode):
+    """FakeTensorMode where all-real ops run for real and float `.item()` is NaN (see module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if func not in _LIFTS and tensors and not any(isinstance(x, FakeTensor) for x in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if func.overloadpacket is torch.ops.aten.arange and not _float_dtype(kwargs.get("dtype"), args):
+            with unset_fake_temporarily():  # integer ranges are known from their arguments: index math stays real
+                return func(*args, **kwargs)
+        if func is torch.ops.aten.topk.default and isinstance(args[0], FakeTensor):
+            values, _ = super().__torch_dispatch__(func, types, args, kwargs)
+            return values, balanced_routing(args[0].shape[-1], values.shape)
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            if args[0].dtype.is_floating_point:
+                return math.nan
+            raise DataDependentShape(
+                f"torch FakeTensorMode cannot read an integer value of a fake tensor "
+                f"({args[0].dtype}, shape {tuple(args[0].shape)}): the program's shapes depend on data")
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _float_dtype(dtype: torch.dtype | None, args: Any) -> bool:
+    if dtype is not None:
+        return dtype.is_floating_point
+    return any(isinstance(a, float) for a in args)
+
+
+def balanced_routing(n_experts: int, shape: torch.Size) -> torch.Tensor:
+    """(..., k) int64 expert ids: slot j of row i -> (i·k + j) mod n_experts (a real tensor)."""
+    with unset_fake_temporarily():
+        return (torch.arange(math.prod(shape), dtype=torch.int64) % n_experts).view(shape)
+
+
+def _all_to_all_single(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def all_to_all_single(output: torch.Tensor, input: torch.Tensor, *args: Any, group: Any = None, **kwargs: Any) -> Any:
+        if isinstance(output, FakeTensor) or isinstance(input, FakeTensor) or args or kwargs.get("async_op"):
+            return orig(output, input, *args, group=group, **kwargs)
+        n, me = dist.get_world_size(group), dist.get_rank(group)
+        with unset_fake_temporarily():
+            mine = input.view(n, -1)[me]
+            output.view(n, -1).copy_(mine.expand(n, -1))  # every peer routes alike: each sends me this block
+        return None
+
+    return all_to_all_single
+
+
+def init_fake_pg(rank: int, world_size: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
+def to_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    return mode.from_tensor(t)
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, FakeTensor)
+
+
+def _module_to(orig: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _, fmt = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        if dtype is None and fmt is None and device is not None and all(t.device == device for t in tensors):
+            return self
+        return orig(self, *args, **kwargs)
+
+    return to
+
+
+def identity_ddp_hooks(modules: list[nn.Module]) -> int:
+    """Register the identity comm hook on every classic DDP module; returns how many."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def hook(state, bucket):  # no annotations: DDP compares them with dist.GradBucket at runtime
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    n = 0
+    for m in modules:
+        if isinstance(m, DDP):
+            m.register_comm_hook(None, hook)
+            n += 1
+    return n
+
+
+def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
+    from torch.distributed.pipelining import schedules, stage
+    from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta, _StageForwardMeta, extract_tensor_meta
+
+    def recv_meta(self: Any, src_stage: int) -> Any:
+        meta = extract_tensor_meta(hidden_meta())
+        return _StageForwardMeta(forward_metas=(meta,)) if src_stage < self.stage_index else \
+            _StageBackwardMeta(backward_metas=(meta,))
+
+    def send_meta(self: Any, meta: Any, dst_stage: int) -> None:
+        return None
+
+    def warmup_p2p(self: Any, stages: list, has_backward: bool, p2p_done: bool) -> None:
+        # Every rank's stages are built by the same code with the same (absent) user metadata: the vote is local.
+        dynamic = any(InferenceMode.needs_dynamic(s._user_meta, has_backward) for s in stages)
+        for s in stages:
+            s._inference_mode = InferenceMode.DYNAMIC if dynamic else InferenceMode.STATIC
+
+    return [(stage.PipelineStage, "_recv_meta", recv_meta), (stage.PipelineStage, "_send_meta", send_meta),
+            (schedules._PipelineSchedule, "_warmup_p2p", warmup_p2p)]
+
+
+@contextmanager
+def fake_world(hidden_meta: Callable[[], torch.Tensor]) -> Iterator[FakeMode]:
+    """The patches of the module docstring, then the fake mode; everything restored on exit."""
+    import torch.nn.parallel.distributed as ddp_mod
+
+    patches = [(nn.Module, "to", _module_to(nn.Module.to)),
+               (ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None),
+               (ddp_mod, "_sync_module_states", lambda *a, **k: None),
+               (dist, "all_to_all_single", _all_to_all_single(dist.all_to_all_single)),
+               *_pipeline_patches(hidden_meta)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, new in patches:
+        setattr(obj, name, new)
+    try:
+        with FakeMode() as mode:
+            yield mode
+    finally:
+        for obj, name, old in saved:
+            setattr(obj, name, old)

@@ -1,0 +1,150 @@
+"""Trace one rank at full size: `python -m backend.trace.rank --spec S.json --rank R --out R.json`.
+
+The rank joins the fake process group as rank R of the spec's world, builds the model on fake tensors,
+runs the engine's own set-up (`setup`, today `strategies.base.prepare`) and two train steps: the first
+creates the optimizer state (AdamW allocates it lazily in step), the second runs inside the same
+tracker and is read with the same breakdown as the engine's memory-tracked step (engine/loop.py
+`_memory_step`, bench/memory.py). Nothing is allocated: the bytes are the tracker's account of the fake
+tensors' storages. One process per rank keeps RSS bounded and the fake PG's rank fixed.
+
+Output JSON: {"rank", "status": "ok"|"failed"|"unsupported", "error", "traceback", "coords",
+"traced": {params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes, peak_bytes},
+"memory": bench/memory.breakdown(...), "seconds": {"setup", "step0", "step1", "total"},
+"max_rss_bytes", "notes": [...]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from backend.atomic_io import write_json_atomic
+from backend.spec import ExperimentSpec
+
+TRACED_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+
+
+def setup(ctx: Any, model: nn.Module) -> Any:
+    """The engine's set-up entry, the only call into the strategies: swap here when it becomes parallelize()."""
+    from backend.strategies.base import prepare
+
+    return prepare(ctx, model)
+
+
+def hidden_meta_fn(spec: ExperimentSpec):
+    """A pipeline stage boundary: the fp32 residual stream (micro_batch, T, C); T/tp under sequence parallel."""
+    m, p = spec.model, spec.parallel
+    seq = m.seq_len // p.tp if p.sequence_parallel and p.tp > 1 else m.seq_len
+    return lambda: torch.empty(spec.train.micro_batch, seq, m.d_model, dtype=torch.float32, requires_grad=True)
+
+
+def unsupported_reason(e: BaseException) -> str | None:
+    """The torch limitation behind an exception, or None when it is an ordinary failure."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from backend.trace.compat import DataDependentShape
+
+    if isinstance(e, DataDependentShape):
+        return str(e)
+    if isinstance(e, DynamicOutputShapeException):
+        return f"torch FakeTensorMode cannot run {e.func}: its output shape depends on data values"
+    if isinstance(e, DataDependentOutputException):
+        return f"torch FakeTensorMode cannot run {e.func}: its output depends on data values"
+    if "its data is not allocated yet" in str(e):
+        return (f"torch C++ code read a fake tensor's storage, which fake tensors do not have "
+                f"({_torch_frame(e)}); e.g. DistributedDataParallel's C++ Reducer")
+    return None
+
+
+def _torch_frame(e: BaseException) -> str:
+    """The innermost Python frame of the traceback (where the C++ call was made)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    return f"{Path(tb[-1].filename).name}:{tb[-1].lineno} {tb[-1].name}" if tb else "unknown frame"
+
+
+def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
+    from backend.bench import memory
+    from backend.engine import mesh as mesh_mod
+    from backend.engine.data import global_batch
+    from backend.engine.loop import _split_backward
+    from backend.models.gpt import build_model
+    from backend.strategies.base import RankContext, module_name_for
+    from backend.trace import compat
+
+    t0 = time.perf_counter()
+    seconds: dict[str, float] = {}
+    world = spec.parallel.world_size
+    torch.set_num_threads(1)
+    compat.init_fake_pg(rank, world)
+    device = torch.device("cpu")
+    # The mesh's rank tensor is real: build it outside the fake mode (torchtitan's estimator does the same).
+    ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=0, device=device,
+                      mesh=mesh_mod.build_mesh(spec, device))
+    real = [global_batch(spec, i) for i in range(2)]  # (B, T) int64 each, small even at full scale
+    with compat.fake_world(hidden_meta_fn(spec)) as mode:
+        model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute)
+        prep = setup(ctx, model)
+        compat.identity_ddp_hooks(prep.modules)
+        seconds["setup"] = time.perf_counter() - t0
+        batches = [tuple(compat.to_fake(mode, x) for x in b) for b in real]
+        t = time.perf_counter()
+        prep.train_step(*batches[0])
+        seconds["step0"] = time.perf_counter() - t
+        t = time.perf_counter()
+        tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
+        memory.track_inputs(tracker, batches[1])
+        with memory.tracking(tracker, prep.modules):
+            prep.train_step(*batches[1])
+        mem = memory.breakdown(tracker, device)
+        seconds["step1"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    seconds["cpu"] = ru.ru_utime + ru.ru_stime  # single-threaded: the wall time on an idle core
+    traced = {k: int(mem["categories"][k]) for k in TRACED_KEYS} | {"peak_bytes": int(mem["peak_bytes"])}
+    return {"rank": rank, "status": "ok", "error": None, "coords": ctx.coords(), "traced": traced,
+            "memory": _jsonable(mem), "seconds": seconds,
+            "strategy_module": module_name_for(spec), "notes": list(prep.notes)}
+
+
+def _jsonable(mem: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(mem, default=str))
+
+
+def max_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m backend.trace.rank")
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--rank", required=True, type=int)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    spec = ExperimentSpec.from_json(args.spec.read_text())
+    try:
+        out = trace_rank(spec, args.rank)
+    except Exception as e:  # noqa: BLE001 - every failure is reported with its rank, kind and traceback
+        reason = unsupported_reason(e)
+        out = {"rank": args.rank, "status": "unsupported" if reason else "failed",
+               "error": reason or f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    out["max_rss_bytes"] = max_rss_bytes()
+    write_json_atomic(args.out, out)
+    return 0 if out["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import os
+
+    os._exit(code)  # the fake PG and fake tensors need no teardown

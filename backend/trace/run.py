@@ -1,0 +1,148 @@
+"""Trace a spec at full size: pick the representative ranks, trace each in its own process
+(`backend.trace.rank`), and put every traced rank next to the analytic prediction for that rank.
+
+`trace_spec(spec, ranks=None) -> dict` returns the CLI's JSON object (contract, issue 11):
+  {"status": "ok"|"failed"|"unsupported", "error", "spec", "per_rank": [{"rank", "coords", "traced": {...},
+   "predicted": {...}, "error_pct": {...}, "seconds", "max_rss_bytes"}], "seconds", "notes", "kind": "traced"}
+with traced/predicted keys params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes
+(plus other_bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from backend.spec import ExperimentSpec
+
+KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
+STATE_BOUND_PCT = 1.0
+ACTIVATION_BOUND_PCT = 10.0
+RANK_TIMEOUT_S = 1800.0
+RUN_ONLY_NOTES = ("Bubble:", "Timeline:")
+"""Strategy notes about timing a real run (CPU time-sharing, the recorded timeline): nothing a trace measures."""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def representative_ranks(spec: ExperimentSpec) -> list[int]:
+    """One rank per class of equivalent ranks: same pipeline stages and layers and the same predicted bytes
+    in every category (the prediction already tells apart the first and last stage, in-flight microbatches
+    per stage, uneven and padded shards at the end of the dp / tp dimensions). The lowest rank stands for
+    its class."""
+    from backend.analytic.estimate import estimate
+
+    seen: dict[tuple, int] = {}
+    for r in estimate(spec).per_rank:
+        key = (tuple(r.stages), tuple(r.layers), r.params_bytes, r.grads_bytes, r.optimizer_bytes,
+               r.activations_bytes, r.other_bytes)
+        seen.setdefault(key, r.rank)
+    return sorted(seen.values())
+
+
+def predicted_for(spec: ExperimentSpec) -> dict[int, dict[str, int]]:
+    from backend.analytic.estimate import estimate
+
+    return {r.rank: {"params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
+                     "optimizer_bytes": r.optimizer_bytes, "activations_bytes": r.activations_bytes,
+                     "other_bytes": r.other_bytes, "peak_bytes": r.total_bytes} for r in estimate(spec).per_rank}
+
+
+def error_pct(traced: dict[str, int], predicted: dict[str, int]) -> dict[str, float | None]:
+    return {k: (None if not predicted.get(k) else (traced[k] - predicted[k]) / predicted[k] * 100.0)
+            for k in (*KEYS, "other_bytes") if k in traced}
+
+
+def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = RANK_TIMEOUT_S) -> dict[str, Any]:
+    """`python -m backend.trace.rank` for one rank; its JSON, or a failed record with the log tail."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "backend.trace.rank", "--spec", str(spec_path), "--rank", str(rank), "--out", str(out)]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"rank": rank, "status": "failed", "error": f"rank {rank} trace exceeded {timeout_s:.0f} s"}
+    if out.exists():
+        return json.loads(out.read_text())
+    tail = (proc.stderr or "")[-2000:]
+    return {"rank": rank, "status": "failed", "error": f"rank {rank} trace exited {proc.returncode} without a result",
+            "log_tail": tail}
+
+
+def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
+               on_rank: Callable[[int, int, int], None] | None = None) -> dict[str, Any]:
+    """Trace `ranks` (default: representative_ranks) one process at a time; on_rank(k, n, rank) before each."""
+    t0 = time.perf_counter()
+    world = spec.parallel.world_size
+    bad = [r for r in (ranks or []) if not 0 <= r < world]
+    if bad:
+        raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
+    ranks = ranks or representative_ranks(spec)
+    predicted = predicted_for(spec)
+    per_rank, outcomes = [], []
+    with tempfile.TemporaryDirectory(prefix="shardlab-trace-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(spec.to_json())
+        for k, r in enumerate(ranks):
+            if on_rank:
+                on_rank(k + 1, len(ranks), r)
+            out = run_rank_process(spec_path, r, Path(tmp) / f"rank-{r}.json")
+            outcomes.append(out)
+            if out.get("status") == "ok":
+                per_rank.append(_rank_row(out, predicted[r]))
+    return assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0)
+
+
+def _rank_row(out: dict[str, Any], pred: dict[str, int]) -> dict[str, Any]:
+    traced = out["traced"]
+    return {"rank": out["rank"], "coords": out.get("coords", {}), "traced": traced, "predicted": pred,
+            "error_pct": error_pct(traced, pred), "seconds": out.get("seconds", {}),
+            "max_rss_bytes": out.get("max_rss_bytes"), "memory": out.get("memory", {}),
+            "strategy_module": out.get("strategy_module")}
+
+
+def assemble(spec: ExperimentSpec, ranks: list[int], outcomes: list[dict[str, Any]],
+             per_rank: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    bad = [o for o in outcomes if o.get("status") != "ok"]
+    status = "ok" if not bad else ("unsupported" if any(o.get("status") == "unsupported" for o in bad) else "failed")
+    first = next((o for o in bad if o.get("status") == status), bad[0]) if bad else None
+    error = f"rank {first['rank']}: {first.get('error')}" if first else None
+    notes = [f"Traced ranks {ranks} of {spec.parallel.world_size} (one per class of equivalent ranks) on fake "
+             "tensors over the fake process group: the engine's own set-up and train step, nothing allocated."]
+    notes += _dedupe(n for o in outcomes for n in o.get("notes", []) if not n.startswith(RUN_ONLY_NOTES))
+    notes += bound_notes(per_rank)
+    return {"status": status, "error": error, "spec": json.loads(spec.to_json()), "per_rank": per_rank,
+            "seconds": seconds, "notes": notes, "kind": "traced",
+            "failures": [{k: o.get(k) for k in ("rank", "status", "error", "traceback", "log_tail")} for o in bad]}
+
+
+def bound_notes(per_rank: list[dict[str, Any]]) -> list[str]:
+    """Where a traced rank misses the issue's bounds (state 1 %, activations 10 %), say by how much and why
+    the tracker sees more (the FSDP2 all-gather buffer a unit still holds is the known case)."""
+    notes = []
+    for row in per_rank:
+        for k, v in row["error_pct"].items():
+            bound = ACTIVATION_BOUND_PCT if k == "activations_bytes" else STATE_BOUND_PCT
+            if k in ("peak_bytes", "other_bytes") or v is None or abs(v) <= bound:
+                continue
+            why = ""
+            raw = row.get("memory", {}).get("tracker_at_activation_peak", {})
+            if k == "params_bytes" and raw.get("All Gather"):
+                why = (f" The tracker holds {raw['All Gather']:,} B of FSDP2 'All Gather' output at that moment: the "
+                       "flat all-gather buffer of the unit unsharded last, freed only when the next unshard waits "
+                       "(real runs show the same tie); the analytic model does not count it.")
+            notes.append(f"rank {row['rank']}: traced {k} {row['traced'][k]:,} B vs predicted {row['predicted'][k]:,} B "
+                         f"({v:+.2f} %, bound ±{bound:g} %).{why}")
+    return notes
+
+
+def _dedupe(items) -> list[str]:
+    out: list[str] = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out

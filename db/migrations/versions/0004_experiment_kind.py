@@ -1,0 +1,26 @@
+"""experiments.kind: "measured" (a run on real ranks) or "traced" (full-scale memory traced on fake
+tensors, backend/trace). Existing rows are measured runs.
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-23
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("experiments") as batch:
+        batch.add_column(sa.Column("kind", sa.String(16), nullable=False, server_default="measured"))
+
+
+def downgrade() -> None:
+    # Not batch mode: on SQLite that recreates `experiments`, and dropping the old table would cascade-delete
+    # every child row (rank_results, ...). ALTER TABLE DROP COLUMN (SQLite >= 3.35) keeps them.
+    op.drop_column("experiments", "kind")

@@ -1,0 +1,52 @@
+"""A trace in the history: kind "traced", stored through store_result like a run, listed and labelled."""
+
+from __future__ import annotations
+
+from backend.result import Status
+from backend.spec import ExperimentSpec
+from backend.trace.store import begin_trace, finish_trace, to_run_result
+from backend.ui import runs_view, trace_view
+from db import queries
+from db.session import open_db
+
+SPEC = ExperimentSpec.model_validate({"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256},
+                                      "train": {"global_batch": 8, "micro_batch": 2},
+                                      "parallel": {"strategy": "zero3", "world_size": 4}})
+MEM = {"params_bytes": 100, "grads_bytes": 100, "optimizer_bytes": 204, "activations_bytes": 1000, "other_bytes": 8,
+       "peak_bytes": 1500}
+
+
+def _trace(status: str = "ok") -> dict:
+    rows = [{"rank": 0, "coords": {"dp": 0}, "traced": MEM, "predicted": MEM | {"activations_bytes": 980},
+             "error_pct": {"params_bytes": 0.0, "activations_bytes": 2.04, "other_bytes": 0.0},
+             "seconds": {"total": 3.0}, "max_rss_bytes": 300 << 20}] if status == "ok" else []
+    fail = [] if status == "ok" else [{"rank": 0, "status": status, "error": "torch C++ code read a fake tensor's storage",
+                                       "traceback": "Traceback ..."}]
+    return {"status": status, "error": None if status == "ok" else "rank 0: torch C++ code read a fake tensor's storage",
+            "spec": {}, "per_rank": rows, "seconds": 3.5, "notes": ["traced note"], "kind": "traced", "failures": fail}
+
+
+def test_trace_is_stored_as_a_traced_run_and_listed(tmp_path) -> None:
+    engine = open_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    eid = begin_trace(engine, SPEC)
+    assert queries.get_status(engine, eid) == "running"
+    finish_trace(engine, eid, SPEC, _trace())
+    (row,) = queries.list_experiments(engine)
+    assert row["kind"] == "traced" and row["status"] == "ok" and row["peak_bytes_max"] == 1500
+    assert runs_view.run_label(row).endswith("· traced")
+    res = queries.get_experiment(engine, eid)["result"]
+    assert res.per_rank[0].measured.activations_bytes == 1000 and res.per_rank[0].predicted.activations_bytes == 980
+    assert trace_view.is_traced(res) and "fake tensors" in trace_view.banner(res)
+
+
+def test_unsupported_trace_is_a_failed_run_naming_the_limitation() -> None:
+    res = to_run_result(SPEC, _trace("unsupported"))
+    assert res.status == Status.FAILED and res.error.startswith("unsupported: rank 0: torch C++")
+    assert res.failing_rank == 0 and res.per_rank == [] and res.model_extra["trace"]["status"] == "unsupported"
+
+
+def test_measured_runs_default_to_kind_measured(tmp_path) -> None:
+    engine = open_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    queries.submit_experiment(engine, SPEC)
+    (row,) = queries.list_experiments(engine)
+    assert row["kind"] == "measured" and not trace_view.is_traced(row=row)
