@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("estimate", "run", "store")
+COMMAND_MODULES = ("estimate", "run", "store", "hardware", "plan", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

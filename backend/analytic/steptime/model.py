@@ -118,6 +118,9 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
             calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
                 1 if p.pp > 1 else mb)
             s = CO.collective_s(hw, tier, kind, payload, n, calls=calls, per_node=k)
+            # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
+            exposed += memory_s(hw, 2 * payload, kernels=calls * 2)
             total += s
             fsdp += s
             fsdp_tail = max(fsdp_tail, s / calls)
