@@ -50,7 +50,7 @@ def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BY
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
-         max_confirm: int = 150, limits: Limits = Limits()) -> Plan:
+         max_confirm: int = 150, limits: Limits = Limits(), enough: int | None = None) -> Plan:
     t0 = time.perf_counter()
     L = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits)
     if not len(L):
@@ -62,7 +62,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     keep = np.nonzero(mem <= budget * SCREEN_MARGIN)[0]
     order = keep[np.argsort(step[keep], kind="stable")]
     configs, feasible, confirmed = [], 0, 0
-    enough = max(3 * top, 20)
+    enough = enough or max(3 * top, 20)
     for i in order[:max_confirm]:
         if feasible >= enough:
             break
