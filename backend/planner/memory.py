@@ -10,7 +10,6 @@ by construction (tests/test_planner.py checks 1,000 random layouts).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from backend.analytic import estimate as E
@@ -24,7 +23,7 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
     t, p = dict(data["train"]), dict(data["parallel"])
     t.setdefault("microbatches", t["global_batch"] // (t["micro_batch"] * p["dp"]))
     return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),
-                                          train=TrainSpec(**t) if False else TrainSpec.model_construct(**{**TrainSpec().model_dump(), **t}),
+                                          train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **t}),
                                           parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **p}),
                                           runtime=RuntimeSpec())
 
@@ -34,12 +33,7 @@ def _param_key(spec: ExperimentSpec) -> tuple:
     return (spec.model.model_dump_json(), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2)
 
 
-@lru_cache(maxsize=4096)
-def _params(key: tuple, rank: int, spec_json: str) -> tuple[LocalParam, ...]:
-    return tuple(local_params(ExperimentSpec.model_validate_json(spec_json, context={"predict_only": True}), rank))
-
-
-_SPECS: dict[tuple, ExperimentSpec] = {}
+_LOCAL: dict[tuple, list[LocalParam]] = {}
 
 
 def _cached_params(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
@@ -50,9 +44,6 @@ def _cached_params(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
         if len(_LOCAL) > 20000:
             _LOCAL.clear()
     return hit
-
-
-_LOCAL: dict[tuple, list[LocalParam]] = {}
 
 
 def candidate_ranks(spec: ExperimentSpec) -> list[int]:

@@ -22,12 +22,12 @@ from typing import Any
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
-from backend.analytic.sharding import fsdp_units, local_params, rank_stages
+from backend.analytic.sharding import layer_split, local_params, rank_stages
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.schedule import SIMULATED, makespan
-from backend.analytic.traffic import dp_traffic, fsdp_gathers_per_step, model_parallel_traffic
+from backend.analytic.traffic import compute_bytes, dp_traffic, fsdp_gathers_per_step, model_parallel_traffic
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
 UNCALIBRATED_BAND = 0.2
@@ -76,8 +76,8 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
         if kind in ("send", "recv"):
             continue  # pp: per hop in the schedule (p2p_hop_s)
         dim = "ep" if kind == "all_to_all" else "tp"
-        calls = 4 * len(layers) * m if dim == "ep" else max(1, 4 * len(layers) * m)
-        out[dim] += CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls / (2 if kind != "all_reduce" else 1))
+        calls = max(1, 4 * len(layers) * m)  # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
+        out[dim] += CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
     return out
 
 
@@ -87,7 +87,6 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     p, t, m = spec.parallel, spec.train, spec.model
     if p.pp == 1:
         return 0.0
-    from backend.analytic.traffic import compute_bytes
     act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)
     tier = CO.dim_tier(spec, "pp", p.pp, g)
     if tier == CO.INTER and p.tp > 1:
@@ -100,8 +99,7 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
     p, t = spec.parallel, spec.train
     eta, mb = hw.tune.overlap_efficiency, t.microbatches
     total = exposed = 0.0
-    fsdp = 0.0
-    fsdp_tail = 0.0
+    fsdp = fsdp_tail = 0.0
     for kind, payload, n in dp_traffic(spec, params):
         tier, k = CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g)
         if kind == "all_reduce":
@@ -193,7 +191,6 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
 
 
 def _layers(spec: Any, stage: int) -> range:
-    from backend.analytic.sharding import layer_split
     return layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)[stage]
 
 
