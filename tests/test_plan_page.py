@@ -51,3 +51,14 @@ def test_hf_config_mapping_names_missing_keys():
     assert (m.d_model, m.kv_heads, m.ffn, m.seq_len) == (4096, 8, 14336, 8192)
     with pytest.raises(ValueError, match="lacks n_layers"):
         pv.model_from_config('{"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}', 16)
+
+
+def test_seed_scenario_verdicts():
+    """Seed 003's scenarios (backend/analytic/seeds.py): Llama-70B TP8·DP4 does not fit 80 GB with plain DDP model
+    states (the seed's own correction: 140 GB of model states per GPU), TP8·PP4 fits; GPT-3 175B DP8·PP4·TP2 +
+    ZeRO-2 keeps each stage's units unsharded (FSDP2 reshard_after_forward=False) and does not fit."""
+    rows = {r["claim"]: r for r in pv.scenario_verdicts(with_best=False)}
+    assert not rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · DP4"]["fits"]
+    assert rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · PP4"]["fits"]
+    assert not rows["GPT-3 175B on 64 GPUs: DP8 · PP4 · TP2 + ZeRO-2"]["fits"]
+    assert all(r["step s"] > 0 for r in rows.values())
