@@ -29,7 +29,7 @@ GEMM_SIZES = (64, 128, 256, 512, 1024)
 AR_BYTES = (4 * 1024, 64 * 1024, 1024 * 1024, 8 * 1024 * 1024)
 
 
-def _best(fn, repeats: int = 5) -> float:
+def _best(fn, repeats: int = 3) -> float:
     fn()
     times = []
     for _ in range(repeats):
@@ -44,7 +44,7 @@ def gemm_curve() -> list[tuple[float, float]]:
     out = []
     for n in GEMM_SIZES:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        reps = max(1, int(2e8 // (2 * n**3)))
+        reps = max(1, int(1e8 // (2 * n**3)))
         t = _best(lambda: [a @ b for _ in range(reps)]) / reps
         out.append((2.0 * n**3, 2.0 * n**3 / t))
     return out
@@ -69,7 +69,7 @@ def _ar_worker(rank: int, port: int, q) -> None:
     for size in AR_BYTES:
         t = torch.zeros(size // 4)
         dist.barrier()
-        res.append((size, _best(lambda: dist.all_reduce(t), repeats=7)))
+        res.append((size, _best(lambda: dist.all_reduce(t), repeats=5)))
     if rank == 0:
         q.put(res)
     dist.destroy_process_group()
