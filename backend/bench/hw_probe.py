@@ -26,6 +26,8 @@ import torch.multiprocessing as mp
 from backend.analytic.steptime.hardware import cpu_profile_path
 
 GEMM_SIZES = (64, 128, 256, 512, 1024)
+SAME_MACHINE = 4096
+"""Ranks per "node": every local rank shares this machine's loopback (one link tier); cores bound time-sharing."""
 AR_BYTES = (4 * 1024, 64 * 1024, 1024 * 1024, 8 * 1024 * 1024)
 
 
@@ -107,7 +109,7 @@ def probe() -> dict:
     return {"name": f"this machine ({socket.gethostname()}, {os.cpu_count()} cores, 1 thread per rank)", "kind": "cpu",
             "memory_bytes": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
             "peak_flops": {"fp32": peak, "bf16": peak, "fp16": peak}, "hbm_bytes_per_s": memory_bytes_per_s(),
-            "intra_bytes_per_s": beta, "inter_bytes_per_s": beta, "gpus_per_node": os.cpu_count() or 1,
+            "intra_bytes_per_s": beta, "inter_bytes_per_s": beta, "gpus_per_node": SAME_MACHINE,
             "cores": os.cpu_count() or 1,
             "tune": {"gemm_efficiency_max": 1.0, "gemm_half_flops": f0 * (1 - e0) / e0, "memory_efficiency": 1.0,
                      "kernel_launch_s": launch_s(), "intra_efficiency": 1.0, "inter_efficiency": 1.0,
