@@ -7,6 +7,7 @@ import streamlit as st
 
 from backend.ui import plan_view as pv
 from backend.ui import spec_form as sf
+from backend.ui import store
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
@@ -60,10 +61,25 @@ if res is not None:
                                             "step s": st.column_config.NumberColumn(format="%.3f"),
                                             "MFU %": st.column_config.NumberColumn(format="%.1f")})
         rows = event.selection.rows if event and event.selection else []
-        if st.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
+        b1, b2 = st.columns(2)
+        if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
             st.switch_page("pages/new_experiment.py")
+        if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
+                     help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
+                          "measured step time with the prediction"):
+            proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
+            if proxy is None:
+                st.error("This family cannot run on this machine: " + "; ".join(why))
+            else:
+                tag = pv.verify_tag(res.configs[rows[0]])
+                eid = store.submit(proxy, tags=(tag, "verify-plan"))
+                st.session_state["pl_verify_tag"] = tag
+                st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
+        if st.session_state.get("pl_verify_tag"):
+            st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
+            st.dataframe(pv.verify_frame(store.engine(), st.session_state["pl_verify_tag"]), hide_index=True)
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")

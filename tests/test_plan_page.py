@@ -62,3 +62,20 @@ def test_seed_scenario_verdicts():
     assert rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · PP4"]["fits"]
     assert not rows["GPT-3 175B on 64 GPUs: DP8 · PP4 · TP2 + ZeRO-2"]["fits"]
     assert all(r["step s"] > 0 for r in rows.values())
+
+
+def test_scaled_down_proxy_keeps_the_family_or_says_why(tmp_path):
+    from db.session import open_db
+
+    res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
+                      global_batch=128, memory_gb=None, top=10)
+    for c in res.configs:
+        proxy, why = pv.scaled_down_spec(c)
+        par = c["spec"]["parallel"]
+        if proxy is None:
+            assert why and any(k in " ".join(why) for k in ("zero1", "split backward", "not supported"))
+            continue
+        assert proxy.parallel.world_size <= 4 and str(proxy.parallel.strategy) == par["strategy"]
+        assert (proxy.parallel.tp > 1) == (par["tp"] > 1) and (proxy.parallel.pp > 1) == (par["pp"] > 1)
+    engine = open_db(f"sqlite:///{tmp_path / 'v.db'}")
+    assert pv.verify_frame(engine, "verify-none").empty

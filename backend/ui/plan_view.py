@@ -163,3 +163,50 @@ def run_step_prediction(res: Any, engine: Any) -> dict[str, Any] | None:
             "high_s": st["high_s"], "measured_s": measured, "error_pct": (st["step_s"] - measured) / measured * 100,
             "inside": st["low_s"] <= measured <= st["high_s"],
             "extrapolation": extrapolation(res.spec, cal["ranges"], hw.gpus_per_node) if cal else []}
+
+
+# "Verify scaled-down": a CPU proxy of a planned layout, same parallel family, small enough to run here.
+PROXY_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=64)
+
+
+def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, list[str]]:
+    """The layout's family (dp flavour, tp/pp/ep > 1 or not, schedule, v, SP, recompute) on <= 4 CPU ranks and a
+    small model: (spec, []) or (None, why it cannot run here, with the run checks' arithmetic). At most 4 ranks: a
+    layout with tp, pp and dp > 1 keeps tp = pp = 2 and drops dp to 1, so its data-parallel sharding goes unexercised."""
+    from backend.spec import validate_spec
+
+    s, par = config["spec"], config["spec"]["parallel"]
+    tp, pp, ep = min(par["tp"], 2), min(par["pp"], 2), min(par.get("ep", 1), 2)
+    dp = max(ep, min(par["dp"], 4 // (tp * pp)))
+    v = par["virtual_stages"]
+    mb = pp * 2 if pp > 1 else 2
+    data = {"name": f"verify {s['name'][5:]}", "model": {**PROXY_MODEL, "n_layers": max(4, pp * v)},
+            "train": {"global_batch": 2 * dp * mb, "micro_batch": 2, "recompute": s["train"]["recompute"], "steps": 5},
+            "parallel": {"strategy": par["strategy"], "world_size": tp * pp * dp, "dp": dp, "tp": tp, "pp": pp, "ep": ep,
+                         "sequence_parallel": par["sequence_parallel"] and tp > 1, "pp_schedule": par["pp_schedule"],
+                         "virtual_stages": v}}
+    if ep > 1:
+        data["model"].update(n_experts=4, top_k=2)
+    return validate_spec(data)
+
+
+def verify_tag(config: dict[str, Any]) -> str:
+    import hashlib
+
+    return "verify-" + hashlib.sha1(json.dumps(config["spec"], sort_keys=True).encode()).hexdigest()[:10]
+
+
+def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
+    """The proxy runs of one layout: status, measured vs predicted step time with the interval."""
+    from db import queries as q
+
+    rows = []
+    for r in q.list_experiments(engine, tag=[tag]):
+        d = q.get_experiment(engine, r["id"])
+        pred = run_step_prediction(d["result"], engine) if d["status"] == "ok" else None
+        rows.append({"run": r["id"], "status": r["status"], "world": r["world_size"],
+                     "measured s": pred["measured_s"] if pred else None, "predicted s": pred["predicted_s"] if pred else None,
+                     "error %": pred["error_pct"] if pred else None,
+                     "interval": f"{pred['low_s']:.3f}–{pred['high_s']:.3f}" if pred else "",
+                     "inside": pred["inside"] if pred else None})
+    return pd.DataFrame(rows)
