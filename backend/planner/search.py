@@ -36,11 +36,14 @@ class Plan:
     configs: list[dict[str, Any]]
     screened_per_s: float = 0.0
     confirmed: int = 0
+    feasible_screened: int = 0
+    """Layouts whose screened (approximate) memory fits: an estimate of how many of all searched fit."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
-                "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "notes": self.notes}
+                "screened_per_s": self.screened_per_s, "confirmed": self.confirmed,
+                "feasible_screened": self.feasible_screened, "notes": self.notes}
 
 
 def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION) -> float:
@@ -85,4 +88,5 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"{enough} that fit)",
              "feasible counts confirmed layouts only"]
     return Plan(searched=len(L), feasible=feasible, seconds=time.perf_counter() - t0, configs=configs[:top],
-                screened_per_s=len(L) / t_screen if t_screen else 0.0, confirmed=confirmed, notes=notes)
+                screened_per_s=len(L) / t_screen if t_screen else 0.0, confirmed=confirmed,
+                feasible_screened=int((mem <= budget).sum()), notes=notes)
