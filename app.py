@@ -16,6 +16,7 @@ PAGES = [
     st.Page("pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
     st.Page("pages/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
     st.Page("pages/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
+    st.Page("pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
 ]
 nav = st.navigation(PAGES)
 

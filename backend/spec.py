@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
@@ -215,10 +215,12 @@ class ExperimentSpec(_Section):
     """Backend, device, nodes and timeout."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> ExperimentSpec:
-        from backend.spec_checks import derive_and_check  # it needs the section classes defined above
+    def _consistent(self, info: ValidationInfo) -> ExperimentSpec:
+        from backend.spec_checks import RunOnly, derive_and_check  # it needs the section classes defined above
 
         problems = derive_and_check(self)
+        if (info.context or {}).get("predict_only"):
+            problems = [p for p in problems if not isinstance(p, RunOnly)]
         if problems:
             raise SpecError(problems)
         return self
@@ -233,6 +235,13 @@ class ExperimentSpec(_Section):
     @classmethod
     def from_json(cls, text: str) -> ExperimentSpec:
         return cls.model_validate_json(text)
+
+    @classmethod
+    def for_prediction(cls, data: dict[str, Any]) -> ExperimentSpec:
+        """Validate a layout the analytic model can predict but this engine cannot run (ZeRO-1 x TP/PP =
+        Megatron's distributed optimizer, split-backward schedules x FSDP, EP x TP/PP): every check except
+        the `spec_checks.RunOnly` ones. Such a spec is for estimate / plan only, never for the launcher."""
+        return cls.model_validate(data, context={"predict_only": True})
 
 
 def validate_spec(data: dict[str, Any] | str) -> tuple[ExperimentSpec | None, list[str]]:

@@ -11,6 +11,10 @@ from backend.spec import (MULTI_STAGE_SCHEDULES, ExperimentSpec, ModelSpec, Para
                           TrainSpec)
 
 
+class RunOnly(str):
+    """A problem that stops a spec from RUNNING here but not from being predicted (ExperimentSpec.for_prediction)."""
+
+
 def derive_and_check(s: ExperimentSpec) -> list[str]:
     m, t, p, r = s.model, s.train, s.parallel, s.runtime
     problems: list[str] = []
@@ -88,13 +92,13 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
     mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
     if p.strategy == Strategy.ZERO1 and mp:
         degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
-        out.append(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
-                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix")
+        out.append(RunOnly(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
+                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix"))
     split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
     if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
         # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
-        out.append(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
-                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule")
+        out.append(RunOnly(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
+                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"))
     if p.ep > 1 and (p.tp > 1 or p.pp > 1):
         out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
     if p.sequence_parallel and p.tp < 2:

@@ -265,3 +265,25 @@ class Worker(Base):
     experiment_id: Mapped[int | None] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Calibration(Base):
+    """Added by revision 0004: step-time model parameters fitted to stored runs (`python -m backend calibrate`)."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    hardware: Mapped[str] = mapped_column(String(64))
+    """Key of the hardware profile the parameters apply to."""
+    params_json: Mapped[str] = mapped_column(Text)
+    """Fitted steptime Tunables (JSON object)."""
+    fit_run_ids_json: Mapped[str] = mapped_column(Text)
+    loo_mape: Mapped[float | None] = mapped_column(Float)
+    """Leave-one-out mean absolute percentage error of the step time, in percent."""
+    band_low: Mapped[float | None] = mapped_column(Float)
+    """Relative lower edge of the prediction interval (e.g. -0.12)."""
+    band_high: Mapped[float | None] = mapped_column(Float)
+    ranges_json: Mapped[str | None] = mapped_column(Text)
+    """Measured range the fit covers (world sizes, link tiers, parameter counts): outside it is extrapolation."""
+    notes_json: Mapped[str | None] = mapped_column(Text)

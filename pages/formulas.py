@@ -67,3 +67,15 @@ with tab_claims:
                 "or a pp run, and the comparison appears here.")
     else:
         st.dataframe(checks, hide_index=True, width="stretch")
+
+st.subheader("Seed scenarios: planner verdicts")
+st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory (minus the CUDA/NCCL/fragmentation "
+           "reserve) and the step-time model on A100 80GB (b = 1, full recompute, bf16), next to the planner's own best "
+           "layout for the same model, GPUs and batch. Computing them takes a minute on this machine.")
+if st.button("Compute planner verdicts", icon=":material/travel_explore:", key="fx_verdicts"):
+    from backend.ui.plan_view import scenario_verdicts
+
+    with st.spinner("Planning the seed scenarios..."):
+        st.session_state["fx_verdicts_rows"] = scenario_verdicts()
+if st.session_state.get("fx_verdicts_rows"):
+    st.dataframe(st.session_state["fx_verdicts_rows"], hide_index=True, width="stretch")

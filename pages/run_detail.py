@@ -77,12 +77,32 @@ def _timeline(res) -> None:
     right.plotly_chart(tv.gantt_fig(ideal, title="Ideal schedule (unit costs F=1, B=2; dependencies only)", time_unit="units"), key="gantt_ideal")
 
 
+def _step_prediction(res) -> None:
+    from backend.ui.plan_view import run_step_prediction
+
+    try:
+        pred = run_step_prediction(res, store.engine())
+    except Exception as e:  # noqa: BLE001 - the run page still renders
+        st.caption(f"step-time prediction unavailable: {e}")
+        return
+    if pred is None:
+        return
+    c1, c2, c3 = st.columns(3)
+    c1.metric("step time measured (min over steps)", f"{pred['measured_s']:.3f} s")
+    c2.metric("step time predicted", f"{pred['predicted_s']:.3f} s", f"{pred['error_pct']:+.1f}% vs measured", delta_color="off")
+    c3.metric("prediction interval", f"{pred['low_s']:.3f} – {pred['high_s']:.3f} s", "measured inside" if pred["inside"] else "measured outside",
+              delta_color="normal" if pred["inside"] else "inverse")
+    cal = f"calibration {pred['calibration']}" if pred["calibration"] else "no calibration yet (`python -m backend calibrate`): ±20% band"
+    st.caption(f"Step-time model on the '{pred['hardware']}' profile, {cal}." + (" Extrapolation: " + "; ".join(pred["extrapolation"]) if pred["extrapolation"] else ""))
+
+
 def _result(res) -> None:
     if not res.per_rank and not res.loss:
         return  # a run that failed before measuring anything: the failure panel says it all
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, dv.headline(res).items()):
         col.metric(k, v)
+    _step_prediction(res)
     if res.per_rank:
         st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
         st.markdown("**Error per category** — (measured − predicted) / predicted")

@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="inference batch (sequences)")
     p.add_argument("--context", type=int, help="inference context length (tokens)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--hardware", help="predict the step time on this profile (`python -m backend hardware` lists them)")
+    p.add_argument("--gpus-per-node", type=int, help="node size for link tiers (default: the profile's)")
+    p.add_argument("--calibration", type=int, metavar="ID", help="apply a stored calibration (`python -m backend calibrate`)")
+    p.add_argument("--db", metavar="URL", help="database of --calibration (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
     p.set_defaults(func=run)
 
 
@@ -50,7 +54,35 @@ def run(args: argparse.Namespace) -> int:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
     from backend.engine.hardware import host_device  # `auto` resolved as the engine would on this host
 
-    return _emit(args, estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(), _training_table)
+    data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict()
+    if args.hardware or args.calibration is not None:
+        problem = _add_step_time(args, spec, data)
+        if problem:
+            return fail(problem)
+    elif args.gpus_per_node is not None:
+        return fail("--gpus-per-node needs --hardware")
+    return _emit(args, data, _training_table)
+
+
+def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str | None:
+    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
+    from backend.analytic.steptime.model import step_time
+    from backend.calibration.fit import extrapolation
+    from backend.calibration.store import resolve
+
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        return f"--gpus-per-node must be >= 1 (got {args.gpus_per_node})"
+    try:
+        hw, band, cal = resolve(args.hardware, args.calibration, args.db)
+    except ValueError as e:
+        return str(e)
+    st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
+    data["step_time"] = st.summary
+    g = args.gpus_per_node or hw.gpus_per_node
+    data["step_time_detail"] = {"hardware": hw.key, "calibration": cal["id"] if cal else None,
+                                "extrapolation": extrapolation(spec, cal["ranges"], g) if cal else [],
+                                "per_rank": [vars(r) for r in st.per_rank], "notes": st.notes}
+    return None
 
 
 def _run_raw(args: argparse.Namespace) -> int:
@@ -97,6 +129,13 @@ def _training_table(d: dict[str, Any]) -> str:
     z = d["zero_textbook"]
     lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
+    if "step_time" in d:
+        t, det = d["step_time"], d["step_time_detail"]
+        lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
+                     f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + exposed comm "
+                     f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + other "
+                     f"{t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s per GPU, MFU {t['mfu']:.1%}")
+        lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
     return "\n".join(lines)
 
 

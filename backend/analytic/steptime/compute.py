@@ -1,0 +1,142 @@
+"""Compute time of one microbatch on one pipeline stage, by operation class (pure Python).
+
+- GEMMs: one per local 2-D weight (Linear; tok/pos embeddings are lookups), M = tokens that pass through it,
+  FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1: a (M, K) x (K, N) GEMM costs 2MKN), backward = 2 GEMMs of the
+  same shape (dgrad + wgrad, Narayanan 2021 Sec 5.1 "backward pass is twice the forward").
+  Time = max(FLOPs / (peak · eff(F)), bytes / HBM) + launch: the roofline (Williams et al. 2009, CACM,
+  "Roofline", Sec 2), with a size-dependent efficiency eff(F) = e_max · F / (F + F_half) (a saturating fit;
+  Calculon, Isaev et al. SC'23 Sec 4, uses measured per-size tables instead; calibrate fits e_max, F_half).
+- attention core: eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the
+  softmax/dropout on the (b, a/t, s, s) scores as memory traffic; flash = the same FLOPs at
+  `attention_flash_efficiency` of peak, no s² traffic, backward 2.5x forward (FlashAttention-2, Dao 2023
+  Sec 3.1: 5 matmuls in backward vs 2 in forward).
+- element-wise (norms, GELU, residual, bias, dropout): memory bound, each activation written once and read
+  once in forward (2x the Korthikanti 2022 Table 2 bytes per layer), backward twice that.
+- recompute: full re-runs the block's forward, selective the attention core (Korthikanti 2022 Sec 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend.analytic.activations import korthikanti_layer_bytes
+from backend.analytic.sharding import LocalParam, expert_of, layer_split
+from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.traffic import compute_bytes
+
+ATTENTION = ("eager", "flash")
+FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
+
+
+@dataclass
+class PassCost:
+    """Seconds and FLOPs of one microbatch through one stage."""
+
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    recompute_s: float = 0.0
+    fwd_flops: float = 0.0
+
+    def add(self, other: PassCost) -> None:
+        self.fwd_s += other.fwd_s
+        self.bwd_s += other.bwd_s
+        self.recompute_s += other.recompute_s
+        self.fwd_flops += other.fwd_flops
+
+
+def gemm_s(hw: Hardware, peak: float, m: float, k: float, n: float, dtype_bytes: float) -> float:
+    """One (m, k) x (k, n) GEMM: roofline with the size-dependent efficiency (module docstring)."""
+    t = hw.tune
+    flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
+    eff = t.gemm_efficiency_max * flops / (flops + t.gemm_half_flops)
+    moved = (m * k + k * n + m * n) * dtype_bytes
+    return max(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * t.memory_efficiency)) + t.kernel_launch_s
+
+
+def memory_s(hw: Hardware, n_bytes: float, kernels: int = 1) -> float:
+    """A memory-bound pass over n_bytes (roofline's bandwidth roof, Williams 2009 Sec 2)."""
+    return n_bytes / (hw.hbm_bytes_per_s * hw.tune.memory_efficiency) + kernels * hw.tune.kernel_launch_s
+
+
+def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
+    """Tokens that go through a weight: experts see tokens·top_k·ep/E each under uniform routing (GShard Sec 3.1)."""
+    m, p = spec.model, spec.parallel
+    if expert_of(q.name) is not None:
+        return tokens * m.top_k * p.ep / m.n_experts
+    return tokens
+
+
+def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
+    cb, peak = compute_bytes(spec.train.precision), hw.peak(spec.train.precision)
+    out = PassCost()
+    for q in params:
+        if len(q.local_shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
+            continue
+        n_out, k = q.local_shape  # nn.Linear weight (out, in)
+        rows = _gemm_rows(spec, q, tokens)
+        f = gemm_s(hw, peak, rows, k, n_out, cb)
+        out.fwd_s += f
+        out.bwd_s += 2 * f  # dgrad + wgrad, same shape
+        out.fwd_flops += 2 * rows * k * n_out
+    return out
+
+
+def attention_cost(spec: Any, hw: Hardware, attention: str) -> PassCost:
+    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    cb, peak = compute_bytes(t.precision), hw.peak(t.precision)
+    b, s, a, hd = t.micro_batch, m.seq_len, m.n_heads // p.tp, m.head_dim
+    flops = 2 * 2 * b * a * s * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
+    if attention == "flash":
+        f = flops / (peak * hw.tune.attention_flash_efficiency) + hw.tune.kernel_launch_s
+        return PassCost(fwd_s=f, bwd_s=FLASH_BWD_FACTOR * f, fwd_flops=flops)
+    bmm = 2 * gemm_s(hw, peak, b * a * s, hd, s, cb)  # one batched GEMM each: b·a problems of (s, d) x (d, s)
+    scores = 5 * a * s * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
+    soft = memory_s(hw, 2 * scores, kernels=3)  # written once, read once
+    return PassCost(fwd_s=bmm + soft, bwd_s=2 * (bmm + soft), fwd_flops=flops)
+
+
+def elementwise_cost(spec: Any, hw: Hardware) -> PassCost:
+    """Norms, GELU, residual adds, bias, dropout of one layer: 2x Korthikanti Table 2 bytes without the
+    attention-score term (counted in attention_cost), scaled from 16-bit to the compute dtype."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    kb = korthikanti_layer_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, t=p.tp,
+                                 sp=p.sequence_parallel, recompute="selective")  # selective: without 5as²b
+    f = memory_s(hw, 2 * kb * compute_bytes(t.precision) / 2, kernels=12)
+    return PassCost(fwd_s=f, bwd_s=2 * f)
+
+
+def head_cost(spec: Any, hw: Hardware) -> PassCost:
+    """Cross-entropy over the (b·s, V/t) logits: softmax read/written in fp32 (the lm_head GEMM is a weight)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    logits = t.micro_batch * m.seq_len * m.vocab_size / p.tp * 4
+    f = memory_s(hw, 3 * logits, kernels=4)
+    return PassCost(fwd_s=f, bwd_s=f)
+
+
+def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str) -> PassCost:
+    """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r} not in {ATTENTION}")
+    m, t, p = spec.model, spec.train, spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    layers = layer_split(m.n_layers, n_stages)[stage]
+    names = tuple(f"layers.{i}." for i in layers)
+    last = stage == n_stages - 1
+    mine = [q for q in params if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
+    tokens = t.micro_batch * m.seq_len
+    cost = _weights_cost(spec, hw, mine, tokens)
+    attn, elem = attention_cost(spec, hw, attention), elementwise_cost(spec, hw)
+    n = len(layers)
+    cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)
+    cost.bwd_s += n * (attn.bwd_s + elem.bwd_s)
+    cost.fwd_flops += n * attn.fwd_flops
+    rc = str(t.recompute)
+    if rc == "full":
+        cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
+    elif rc == "selective":
+        cost.recompute_s = n * attn.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+    if last:
+        cost.add(head_cost(spec, hw))
+    return cost

@@ -1,0 +1,228 @@
+"""Predicted step time per rank with a breakdown, and the slowest rank's summary (pure Python).
+
+step = pipeline makespan (microbatch passes incl. exposed TP / EP collectives, bubble, p2p)
+       + exposed data-parallel sync + optimizer step + fixed overhead.
+Per microbatch: compute (compute.py) + TP collectives, all exposed (Megatron's f/g all-reduces sit on the
+critical path, Shoeybi 2019 Sec 3; Narayanan 2021 Sec 3.2) + EP all-to-alls, exposed (GShard Sec 3.1).
+Data parallel: DDP's bucketed all-reduce overlaps the last microbatch's backward, the last bucket cannot
+(Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
+prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and
+the last reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast
+follows the optimizer step, exposed. More ranks than cores (CPU profile) time-share them.
+MFU = model FLOPs (6N + 12·L·s·h per token, no recompute; PaLM, Chowdhery 2022 App. B) / (step · n · peak);
+tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 2021 Eq. 3 convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from math import ceil
+from typing import Any
+
+from backend.analytic import flops as F
+from backend.analytic import pipeline as PL
+from backend.analytic.estimate import matmul_params
+from backend.analytic.sharding import layer_split, local_params, rank_stages
+from backend.analytic.steptime import collectives as CO
+from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
+from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.schedule import SIMULATED, makespan
+from backend.analytic.traffic import compute_bytes, dp_traffic, fsdp_gathers_per_step, model_parallel_traffic
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
+UNCALIBRATED_BAND = 0.2
+"""Relative half-width of low_s/high_s without a calibration (no fit, so no residuals to draw on)."""
+STEP_KEYS = ("step_s", "low_s", "high_s", "compute_s", "exposed_comm_s", "bubble_s", "optimizer_s", "other_s",
+             "tokens_per_s", "tflops_per_gpu", "mfu")
+
+
+@dataclass
+class RankTime:
+    rank: int
+    pp_rank: int
+    step_s: float
+    compute_s: float
+    recompute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    other_s: float
+    comm_s: dict[str, float] = field(default_factory=dict)
+    """Collective seconds per mesh dimension before overlap (tp, ep, pp, dp)."""
+    exposed_by_dim_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepTime:
+    hardware: str
+    per_rank: list[RankTime]
+    summary: dict[str, float]
+    """The slowest rank: exactly STEP_KEYS (the `step_time` JSON contract)."""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _timeshare(spec: Any, hw: Hardware) -> float:
+    return max(1.0, spec.parallel.world_size / hw.cores) if hw.kind == "cpu" and hw.cores else 1.0
+
+
+def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[int]) -> dict[str, float]:
+    """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension."""
+    p, m = spec.parallel, spec.train.microbatches
+    out = {"tp": 0.0, "ep": 0.0}
+    for kind, payload, n in model_parallel_traffic(spec, layers, stages):
+        if kind in ("send", "recv"):
+            continue  # pp: per hop in the schedule (p2p_hop_s)
+        dim = "ep" if kind == "all_to_all" else "tp"
+        calls = max(1, 4 * len(layers) * m)  # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
+        out[dim] += CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
+    return out
+
+
+def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
+    """One microbatch activation (b, s, h) crossing one stage boundary. Across nodes with tp > 1 each tp rank
+    sends 1/t of it and the next stage all-gathers over NVLink (Narayanan 2021 Sec 4.1 scatter/gather)."""
+    p, t, m = spec.parallel, spec.train, spec.model
+    if p.pp == 1:
+        return 0.0
+    act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)
+    tier = CO.dim_tier(spec, "pp", p.pp, g)
+    if tier == CO.INTER and p.tp > 1:
+        return CO.collective_s(hw, tier, "send", act / p.tp, 2) + CO.collective_s(hw, CO.INTRA, "all_gather", act, p.tp)
+    return CO.collective_s(hw, tier, "send", act, 2)
+
+
+def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost) -> tuple[float, float]:
+    """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring)."""
+    p, t = spec.parallel, spec.train
+    eta, mb = hw.tune.overlap_efficiency, t.microbatches
+    total = exposed = 0.0
+    fsdp = fsdp_tail = 0.0
+    for kind, payload, n in dp_traffic(spec, params):
+        tier, k = CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g)
+        if kind == "all_reduce":
+            buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
+            s = CO.collective_s(hw, tier, kind, payload, n, calls=buckets, per_node=k)
+            last = CO.collective_s(hw, tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
+            total += s
+            exposed += max(s - eta * pass_total.bwd_s, last)  # Li 2020 Sec 3.2.3: overlaps the last backward
+        elif kind == "broadcast":
+            s = CO.collective_s(hw, tier, kind, payload, n, calls=len(params), per_node=k)
+            total += s
+            exposed += s  # ZeroRedundancyOptimizer._sync_params runs after step()
+        else:
+            calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
+                1 if p.pp > 1 else mb)
+            s = CO.collective_s(hw, tier, kind, payload, n, calls=calls, per_node=k)
+            # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
+            exposed += memory_s(hw, 2 * payload, kernels=calls * 2)
+            total += s
+            fsdp += s
+            fsdp_tail = max(fsdp_tail, s / calls)
+    if fsdp:
+        window = mb * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
+        exposed += max(fsdp - eta * window, 2 * fsdp_tail)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
+    return total, exposed
+
+
+def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
+    """AdamW reads p, g, m, v and writes p, m, v (28 B per fp32 element; SGD 20 B), memory bound
+    (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1)."""
+    p, t = spec.parallel, spec.train
+    if p.zero_stage >= 2:
+        elems = sum(q.real_numel for q in params)
+    else:
+        elems = sum(q.local_numel for q in params) / (p.dp if p.zero_stage == 1 else 1)
+    per = 28 if str(t.optimizer) == "adamw" else 20
+    kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
+    return memory_s(hw, per * elems, kernels=kernels)
+
+
+def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
+              band: tuple[float, float] | None = None) -> StepTime:
+    """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS)."""
+    p, t, m = spec.parallel, spec.train, spec.model
+    g = gpus_per_node or hw.gpus_per_node
+    attention = attention or ("eager" if hw.kind == "cpu" else "flash")
+    share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
+    reps = [r * (p.dp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = ep index 0)
+    info = []
+    fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
+    for r in reps:
+        params, stages = local_params(spec, r), rank_stages(spec, r)
+        layers = sorted(i for s in stages for i in _layers(spec, s))
+        comm = _mp_comm(spec, hw, g, layers, stages)
+        per_mb = (comm["tp"] + comm["ep"]) / mb
+        tot = PassCost()
+        for s in stages:
+            c = stage_cost(spec, hw, s, params, attention)
+            tot.add(c)
+            share_s = len(_layers(spec, s)) / max(1, len(layers))
+            fwd[s] = (c.fwd_s + per_mb / 2 * share_s) * share
+            rc_comm = per_mb / 2 * share_s if str(t.recompute) == "full" else 0.0  # the re-run forward's collectives
+            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s + rc_comm)) * share
+        info.append((r, params, stages, comm, tot))
+    hop = p2p_hop_s(spec, hw, g) * share
+    span0, busy, span1 = _pipeline(spec, fwd, bwd, hop)
+    out = []
+    for k, (r, params, stages, comm, tot) in enumerate(info):
+        dp_total, dp_exp = _dp_exposed(spec, hw, g, params, tot)
+        compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
+        rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
+        comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}
+        mp_exp = (comm["tp"] + comm["ep"]) * share
+        exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0, "dp": dp_exp * share}
+        opt = _optimizer_s(spec, hw, params) * share
+        other = hw.tune.step_overhead_s + memory_s(hw, 4 * sum(q.storage_numel for q in params)) * share  # zero_grad
+        bubble = max(0.0, span0 - busy[k])
+        step = span1 + exposed["dp"] + opt + other
+        out.append(RankTime(rank=r, pp_rank=k, step_s=step, compute_s=compute, recompute_s=mb * tot.recompute_s * share,
+                            exposed_comm_s=sum(exposed.values()), bubble_s=bubble, optimizer_s=opt, other_s=other,
+                            comm_s={"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0,
+                                    "dp": dp_total * share}, exposed_by_dim_s=exposed))
+        assert abs(compute + mp_exp + bubble + exposed["pp"] + exposed["dp"] + opt + other - step) < 1e-6 * max(1.0, step)
+    slow = max(out, key=lambda x: x.step_s)
+    notes = [f"attention={attention}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
+                                                               if share > 1 else [])
+    return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes)
+
+
+def _layers(spec: Any, stage: int) -> range:
+    return layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)[stage]
+
+
+def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tuple[float, list[float], float]:
+    """(makespan without p2p, busy per pp rank, makespan with p2p)."""
+    p, mb = spec.parallel, spec.train.microbatches
+    sched, v = str(p.pp_schedule), p.virtual_stages
+    if p.pp == 1:
+        busy = mb * (fwd[0] + bwd[0])
+        return busy, [busy], busy
+    if sched in SIMULATED:
+        span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
+        span1, _ = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop) if hop else (span0, busy)
+        return span0, busy, span1
+    busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp * p.tp)) for r in range(p.pp)]
+    span0 = max(busy) * (1 + PL.bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
+    return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)
+
+
+def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
+    m, t = spec.model, spec.train
+    return F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+                                     seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute) if recompute else "none",
+                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+
+
+def summarise(spec: Any, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:
+    n, peak = spec.parallel.world_size, hw.peak(spec.train.precision)
+    lo, hi = band or (-UNCALIBRATED_BAND, UNCALIBRATED_BAND)
+    step = r.step_s
+    return {"step_s": step, "low_s": step * (1 + lo), "high_s": step * (1 + hi), "compute_s": r.compute_s,
+            "exposed_comm_s": r.exposed_comm_s, "bubble_s": r.bubble_s, "optimizer_s": r.optimizer_s,
+            "other_s": r.other_s, "tokens_per_s": spec.tokens_per_step / step,
+            "tflops_per_gpu": model_flops_per_step(spec, recompute=True) / (step * n) / 1e12,
+            "mfu": model_flops_per_step(spec, recompute=False) / (step * n * peak)}

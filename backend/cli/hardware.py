@@ -1,0 +1,42 @@
+"""`python -m backend hardware`: the hardware profiles the step-time model knows.
+
+  python -m backend hardware            # table: key, name, peak bf16/fp32, HBM, intra/inter bandwidth
+  python -m backend hardware --json     # every profile with its tunables and datasheet source
+
+Profiles: backend/analytic/steptime/hardware.json, extended by $SHARDLAB_HARDWARE (a JSON file of the same
+shape); "cpu" appears once `python -m backend.bench.hw_probe` has measured this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from backend.analytic.steptime.hardware import load_profiles
+from backend.cli import fail
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("hardware", help="list hardware profiles for step-time prediction",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print one JSON object {key: profile}")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profiles = load_profiles()
+    except ValueError as e:
+        return fail(str(e))
+    if args.json:
+        print(json.dumps({k: v.to_dict() for k, v in profiles.items()}))
+        return 0
+    head = f"{'key':<14} {'name':<34} {'bf16 TF/s':>9} {'fp32 TF/s':>9} {'mem GB':>7} {'HBM GB/s':>8} {'intra GB/s':>10} {'inter GB/s':>10}"
+    print(head)
+    for k, h in profiles.items():
+        print(f"{k:<14} {h.name[:34]:<34} {h.peak('bf16-mixed') / 1e12:>9.1f} {h.peak('fp32') / 1e12:>9.2f} "
+              f"{h.memory_bytes / 1e9:>7.0f} {h.hbm_bytes_per_s / 1e9:>8.0f} {h.intra_bytes_per_s / 1e9:>10.1f} "
+              f"{h.inter_bytes_per_s / 1e9:>10.1f}")
+    if "cpu" not in profiles:
+        print("(no 'cpu' profile yet: `python -m backend.bench.hw_probe` measures this machine)")
+    return 0

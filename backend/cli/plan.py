@@ -1,0 +1,101 @@
+"""`python -m backend plan`: search layouts of a model on a cluster, keep what fits, rank by predicted step time.
+
+  python -m backend plan --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 \\
+      --gpus 1024 --gpus-per-node 8 --hardware h100-sxm --global-batch 1024 --seq 4096 --top 5
+  python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max", "step_time"}]}
+
+Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
+zero3) x micro-batch x recompute x schedule x virtual stages x SP. Layouts are for prediction: some cannot run
+on this machine's engine (ExperimentSpec.for_prediction). Memory allows a reserve for the CUDA context, NCCL
+buffers and fragmentation (--reserve-gb, --fragmentation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from backend.cli import fail
+
+MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_layers", "--heads": "n_heads",
+               "--kv-heads": "n_kv_heads", "--ffn": "ffn_hidden", "--experts": "n_experts", "--top-k": "top_k"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="search parallel layouts and rank them by predicted step time", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", help="model preset name (needs backend.presets)")
+    src.add_argument("--hf-config", help="Hugging Face config.json (needs backend.presets)")
+    for flag, field in MODEL_FLAGS.items():
+        p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, help="default: the hardware profile's")
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--seq", type=int, required=True, help="sequence length")
+    p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
+    p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
+    p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
+    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+    p.add_argument("--calibration", type=int, metavar="ID")
+    p.add_argument("--db", metavar="URL")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
+    from backend.spec import ModelSpec
+
+    data: dict[str, Any] = {}
+    if args.preset or args.hf_config:
+        try:
+            from backend import presets  # type: ignore[attr-defined]  # helper i12's module, when merged
+        except ImportError:
+            return None, "--preset/--hf-config need backend.presets, which this build lacks: give the model flags instead"
+        data = presets.model_fields(preset=args.preset, hf_config=args.hf_config)  # hook: i12's API to wire at merge
+    data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
+    data["seq_len"] = args.seq
+    try:
+        return ModelSpec(**data), None
+    except ValueError as e:
+        return None, f"invalid model: {e}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from backend.calibration.store import resolve
+    from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
+
+    for name in ("gpus", "global_batch", "seq", "top"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    model, problem = _model(args)
+    if problem:
+        return fail(problem)
+    if model.d_model % model.n_heads:
+        return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
+    try:
+        hw, band, _ = resolve(args.hardware, args.calibration, args.db)
+    except ValueError as e:
+        return fail(str(e))
+    g = args.gpus_per_node or hw.gpus_per_node
+    res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
+               memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
+               band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
+               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION)
+    if args.json:
+        print(json.dumps(res.to_dict()))
+        return 0
+    print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s screened); "
+          f"{res.feasible} of the {res.confirmed} confirmed fit")
+    print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6}")
+    for i, c in enumerate(res.configs, 1):
+        s, st = c["spec"], c["step_time"]
+        print(f"{i:>2} {s['name'][5:]:<34} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
+              f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
+              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%}")
+    for n in res.notes:
+        print(f"note: {n}")
+    return 0

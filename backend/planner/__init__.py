@@ -1,0 +1,2 @@
+"""Layout planner: enumerate dp x tp x pp x ep x dp flavour x micro-batch x recompute x schedule x virtual stages
+x SP, keep what fits, rank by predicted step time (search.py)."""

@@ -1,0 +1,87 @@
+"""Plan: which layout for this model on this cluster? Searches the parallel layouts, keeps what fits, ranks them
+by predicted step time (backend/planner; `python -m backend plan` is the scriptable twin)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.ui import plan_view as pv
+from backend.ui import spec_form as sf
+from backend.ui import store
+
+st.title("Plan")
+st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
+           "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
+
+c1, c2, c3 = st.columns(3)
+source = c1.radio("Model", ["preset", "config.json"], horizontal=True, key="pl_source")
+seq = c3.number_input("Sequence length", 1, 10_000_000, 4096, key="pl_seq")
+model, problem = None, None
+if source == "preset":
+    name = c2.selectbox("Preset", list(sf.PRESETS), index=len(sf.PRESETS) - 1, key="pl_preset")
+    shape = {k: v for k, v in sf.PRESETS[name].items() if v or k not in sf.ZERO_MEANS_NONE}
+    shape = {k: (None if k in ("n_kv_heads", "ffn_hidden") and not v else v) for k, v in shape.items()}
+    try:
+        model = pv.ModelSpec(**{**shape, "seq_len": seq})
+    except ValueError as e:
+        problem = str(e)
+else:
+    up = c2.file_uploader("Hugging Face config.json", type=["json"], key="pl_cfg")
+    if up is not None:
+        try:
+            model = pv.model_from_config(up.getvalue().decode(), seq)
+        except ValueError as e:
+            problem = str(e)
+
+c1, c2, c3, c4, c5 = st.columns(5)
+hardware = c1.selectbox("Hardware", pv.hardware_options(), index=pv.hardware_options().index("h100-sxm"), key="pl_hw")
+gpus = c2.number_input("GPUs", 1, 1_000_000, 64, key="pl_gpus")
+node = c3.number_input("GPUs per node", 1, 1024, 8, key="pl_node")
+batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, 256, key="pl_batch")
+mem = c5.number_input("Device memory GB (0 = profile's)", 0.0, 10_000.0, 0.0, key="pl_mem")
+top = st.slider("Layouts to show", 1, 50, 15, key="pl_top")
+
+if problem:
+    st.error(problem)
+if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
+    with st.spinner("Searching layouts..."):
+        st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
+                                                    global_batch=int(batch), memory_gb=mem or None, top=int(top))
+
+res = st.session_state.get("pl_result")
+if res is not None:
+    st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s screened); "
+             f"**{res.feasible}** of the {res.confirmed} confirmed with the exact estimator fit.")
+    if not res.configs:
+        st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
+    else:
+        df = pv.results_frame(res)
+        event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row", key="pl_table",
+                             column_config={"memory GB": st.column_config.NumberColumn(format="%.1f"),
+                                            "step s": st.column_config.NumberColumn(format="%.3f"),
+                                            "MFU %": st.column_config.NumberColumn(format="%.1f")})
+        rows = event.selection.rows if event and event.selection else []
+        b1, b2 = st.columns(2)
+        if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
+                     help="load the selected layout into the New-experiment form (the form says if it can run here)"):
+            st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
+            st.switch_page("pages/new_experiment.py")
+        if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
+                     help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
+                          "measured step time with the prediction"):
+            proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
+            if proxy is None:
+                st.error("This family cannot run on this machine: " + "; ".join(why))
+            else:
+                tag = pv.verify_tag(res.configs[rows[0]])
+                eid = store.submit(proxy, tags=(tag, "verify-plan"))
+                st.session_state["pl_verify_tag"] = tag
+                st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
+        if st.session_state.get("pl_verify_tag"):
+            st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
+            st.dataframe(pv.verify_frame(store.engine(), st.session_state["pl_verify_tag"]), hide_index=True)
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
+        c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")
+    for n in res.notes:
+        st.caption(n)

@@ -1,0 +1,81 @@
+"""Plan page (AppTest): search a small model, results table and both figures; Open in New experiment; the run
+page's step-time prediction helper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.ui import plan_view as pv
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+@pytest.fixture(autouse=True)
+def ui_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+
+
+def test_plan_page_searches_and_plots():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("pages/plan.py").run()
+    assert not at.exception
+    at.selectbox(key="pl_preset").set_value("GPT-2 124M-like").run()
+    at.number_input(key="pl_seq").set_value(1024)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(32)
+    at.button(key="pl_go").click().run()
+    assert not at.exception
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) >= 5
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert len(specs) == 2 and "Pareto" in specs[0] and "by component" in specs[1]
+    assert at.button(key="pl_open").disabled  # nothing selected yet
+
+
+def test_results_frame_pareto_and_form_spec():
+    res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
+                      global_batch=128, memory_gb=None, top=5)
+    df = pv.results_frame(res)
+    assert list(df["step s"]) == sorted(df["step s"]) and (df["memory GB"] < 80).all()
+    assert pv.spec_for_form(res, 0).parallel.world_size == 64
+    fig = pv.pareto_fig(res)
+    assert any(t.name == "Pareto front" for t in fig.data)
+
+
+def test_hf_config_mapping_names_missing_keys():
+    m = pv.model_from_config('{"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, '
+                             '"num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}', 8192)
+    assert (m.d_model, m.kv_heads, m.ffn, m.seq_len) == (4096, 8, 14336, 8192)
+    with pytest.raises(ValueError, match="lacks n_layers"):
+        pv.model_from_config('{"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}', 16)
+
+
+def test_seed_scenario_verdicts():
+    """Seed 003's scenarios (backend/analytic/seeds.py): Llama-70B TP8·DP4 does not fit 80 GB with plain DDP model
+    states (the seed's own correction: 140 GB of model states per GPU), TP8·PP4 fits; GPT-3 175B DP8·PP4·TP2 +
+    ZeRO-2 keeps each stage's units unsharded (FSDP2 reshard_after_forward=False) and does not fit."""
+    rows = {r["claim"]: r for r in pv.scenario_verdicts(with_best=False)}
+    assert not rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · DP4"]["fits"]
+    assert rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · PP4"]["fits"]
+    assert not rows["GPT-3 175B on 64 GPUs: DP8 · PP4 · TP2 + ZeRO-2"]["fits"]
+    assert all(r["step s"] > 0 for r in rows.values())
+
+
+def test_scaled_down_proxy_keeps_the_family_or_says_why(tmp_path):
+    from db.session import open_db
+
+    res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
+                      global_batch=128, memory_gb=None, top=10)
+    for c in res.configs:
+        proxy, why = pv.scaled_down_spec(c)
+        par = c["spec"]["parallel"]
+        if proxy is None:
+            assert why and any(k in " ".join(why) for k in ("zero1", "split backward", "not supported"))
+            continue
+        assert proxy.parallel.world_size <= 4 and str(proxy.parallel.strategy) == par["strategy"]
+        assert (proxy.parallel.tp > 1) == (par["tp"] > 1) and (proxy.parallel.pp > 1) == (par["pp"] > 1)
+    engine = open_db(f"sqlite:///{tmp_path / 'v.db'}")
+    assert pv.verify_frame(engine, "verify-none").empty

@@ -1,0 +1,37 @@
+"""CLI: `estimate --hardware` adds the step_time contract; `hardware` lists profiles; bad input fails clearly."""
+
+from __future__ import annotations
+
+import json
+
+from backend.analytic.steptime.model import STEP_KEYS
+from backend.cli import main
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_hardware_adds_step_time_with_exact_keys(capsys):
+    d = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "4", "--layers", "4", "--hardware", "a100-80gb-sxm",
+                       "--gpus-per-node", "2", "--json"])
+    assert tuple(d["step_time"]) == STEP_KEYS
+    assert d["step_time"]["low_s"] <= d["step_time"]["step_s"] <= d["step_time"]["high_s"]
+    assert d["step_time_detail"]["hardware"] == "a100-80gb-sxm" and len(d["step_time_detail"]["per_rank"]) == 1
+    assert "per_rank" in d and "step_time" not in _json(capsys, ["estimate", "--json"])
+
+
+def test_estimate_rejects_unknown_hardware_and_lone_gpus_per_node(capsys):
+    assert main(["estimate", "--hardware", "tpu-v9"]) == 2
+    assert "unknown hardware 'tpu-v9'" in capsys.readouterr().err
+    assert main(["estimate", "--gpus-per-node", "8"]) == 2
+    assert "--gpus-per-node needs --hardware" in capsys.readouterr().err
+
+
+def test_hardware_lists_profiles(capsys):
+    d = _json(capsys, ["hardware", "--json"])
+    assert {"a100-40gb-sxm", "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"} <= set(d)
+    assert d["h100-sxm"]["peak_flops"]["bf16"] == 989.4e12 and "datasheet" in d["h100-sxm"]["source"]
+    assert main(["hardware"]) == 0
+    assert "mi300x" in capsys.readouterr().out
