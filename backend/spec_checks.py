@@ -27,6 +27,9 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
         problems.append(f"nnodes={r.nnodes} needs rdzv_endpoint host:port for the c10d rendezvous")
     if r.nnodes > 1 and p.world_size % r.nnodes:
         problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
+    from backend.frameworks.capabilities import check_framework  # each framework declares what it runs
+
+    problems += check_framework(s)
     return problems
 
 

@@ -61,6 +61,8 @@ def run_experiment(
     spec_path = workdir / "spec.json"
     write_atomic(spec_path, spec.to_json())
     env, job_id = torchrun.build_env(extra_env)
+    if rank_module == torchrun.RANK_MODULE:  # issue 14: DeepSpeed / JAX runs have their own entry module
+        rank_module = torchrun.rank_module_for(spec)
     cmd = torchrun.build_command(spec, spec_path, workdir, rank_module)
     launch = {"job_id": job_id, "command": cmd, "node_rank": spec.runtime.node_rank,
               "nproc_per_node": torchrun.nproc_per_node(spec)}
@@ -146,7 +148,9 @@ def _assembled(spec, ranks_path: Path, assemble: Assembler | None, launch: dict,
     try:
         payload = json.loads(ranks_path.read_text())
         if assemble is None:
-            from backend.engine.assemble import assemble_result as assemble
+            from backend.frameworks.assemble import assembler_for
+
+            assemble = assembler_for(spec)
         result = assemble(spec, payload)
     except Exception as e:  # a broken payload is a failed run, with the reason
         import traceback
