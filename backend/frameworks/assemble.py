@@ -20,9 +20,12 @@ def assembler_for(spec: ExperimentSpec) -> Callable[[ExperimentSpec, dict], RunR
 
 def _base(spec: ExperimentSpec, payload: dict[str, Any], *extra_words: str) -> RunResult:
     """The engine's assembly, minus its torch-layout notes on memory and comm (they describe another layout)."""
+    from backend.analytic.estimate import estimate
     from backend.engine.assemble import assemble_result
 
     res = assemble_result(spec, payload)
+    torch_notes = set(estimate(spec).notes)  # the torch strategies' layout, not this framework's
+    res.notes = [n for n in res.notes if n not in torch_notes]
     torch_words = ("misses the ±", "payload", "measured but not predicted", "total tracked peak", *extra_words)
     res.notes = [n for n in res.notes if not any(w in n for w in torch_words)]
     return res
