@@ -94,6 +94,16 @@ class ModelStates(_R):
     total_bytes: int = 0
 
 
+class OffloadSplit(_R):
+    """torch FSDP2 CPUOffloadPolicy runs: host- vs device-resident bytes at the activation peak (issue 14)."""
+    host_bytes_measured: int = 0
+    """Sharded params + sharded grads + optimizer state, as FSDPMemTracker tags them."""
+    device_bytes_measured: int = 0
+    """Everything else the tracker saw (unsharded params/grads, all-gather/reduce-scatter buffers, activations)."""
+    host_bytes_predicted: int = 0
+    device_bytes_predicted: int = 0
+
+
 class RankResult(_R):
     rank: int
     measured: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
@@ -120,6 +130,8 @@ class RankResult(_R):
     """DeepSpeed runs: resident params + fp32 master + optimizer state after the step, by storage."""
     model_states_predicted: ModelStates | None = None
     """DeepSpeed runs: the same from backend/analytic/deepspeed_layout.py."""
+    offload: OffloadSplit | None = None
+    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/offload.py)."""
 
 
 class TimelineEvent(_R):

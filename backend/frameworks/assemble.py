@@ -15,7 +15,35 @@ MODEL_STATE_BOUND_PCT = 2.0
 def assembler_for(spec: ExperimentSpec) -> Callable[[ExperimentSpec, dict], RunResult]:
     from backend.engine.assemble import assemble_result
 
+    if str(spec.framework) == "torch" and str(spec.parallel.offload) != "none":
+        return assemble_torch_offload
     return {"deepspeed": assemble_deepspeed, "jax": assemble_jax}.get(str(spec.framework), assemble_result)
+
+
+HOST_TAGS = ("Sharded Param", "Sharded Grad", "OptState", "Optstate")
+"""FSDPMemTracker's tags for what CPUOffloadPolicy keeps on the host."""
+
+
+def assemble_torch_offload(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
+    """torch FSDP2 with CPUOffloadPolicy: the engine's result plus the host/device split, measured and predicted."""
+    from backend.analytic.offload import split
+    from backend.engine.assemble import assemble_result
+    from backend.result import OffloadSplit
+
+    res = assemble_result(spec, payload)
+    ranks = {r["rank"]: r for r in payload["ranks"]}
+    for rr in res.per_rank:
+        snap = ranks[rr.rank].get("memory", {}).get("tracker_at_activation_peak", {})
+        total = sum(v for k, v in snap.items() if k != "Total")
+        host = sum(snap.get(k, 0) for k in HOST_TAGS)
+        pred = split(spec, rr.rank, rr.predicted.params_bytes + rr.predicted.grads_bytes + rr.predicted.optimizer_bytes
+                     + rr.predicted.activations_bytes + rr.predicted.other_bytes)
+        rr.offload = OffloadSplit(host_bytes_measured=host, device_bytes_measured=total - host,
+                                  host_bytes_predicted=pred["host_bytes"], device_bytes_predicted=pred["device_bytes"])
+    res.notes.append("offload=params: FSDP2 CPUOffloadPolicy(pin_memory=False) keeps sharded parameters, their "
+                     "gradients and the optimizer step on the host; on a CPU-only host 'device' and host are the same "
+                     "memory, so the split is by role (FSDPMemTracker's Sharded Param / Sharded Grad / OptState = host).")
+    return res
 
 
 def _base(spec: ExperimentSpec, payload: dict[str, Any], *extra_words: str) -> RunResult:

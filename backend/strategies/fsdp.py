@@ -24,6 +24,10 @@ def shard(ctx: RankContext, model: nn.Module, *, reshard_after_forward: bool) ->
         kw["mesh"] = ctx.mesh["dp"]
     if (mp := mp_policy(ctx)) is not None:
         kw["mp_policy"] = mp
+    if str(ctx.spec.parallel.offload) == "params":  # issue 14 (i14): FSDP2 CPU offload; pinning needs an accelerator
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     for layer in model.layers.values():
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
