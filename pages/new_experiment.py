@@ -64,6 +64,9 @@ def _parallel_inputs() -> None:
     c1, c2 = st.columns(2)
     c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule")
     c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages")
+    c1, c2 = st.columns(2)  # issue 14
+    c1.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
+    c2.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
 
 
 def _train_inputs() -> None:
