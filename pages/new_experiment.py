@@ -92,7 +92,27 @@ def _predict(spec_json: str):
     return pv.predict(ExperimentSpec.from_json(spec_json))
 
 
+def _framework_prediction(spec) -> None:
+    """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
+    if str(spec.framework) == "deepspeed":
+        from backend.analytic.deepspeed_layout import deepspeed_rank
+        from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
+
+        r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
+        st.info(f"DeepSpeed layout per rank: params {r.params_bytes:,} B + fp32 master {r.master_bytes:,} B + optimizer "
+                f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
+                f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
+    elif str(spec.framework) == "jax":
+        from backend.analytic.gspmd import mode, predicted_bytes
+
+        b = predicted_bytes(spec)
+        st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "
+                f"+ data {b['data_bytes']:,} B = XLA argument bytes {b['argument_bytes']:,} B (checked against "
+                "compiled.memory_analysis()).")
+
+
 def _prediction(spec, device_gb: float) -> None:
+    _framework_prediction(spec)
     try:
         est, rows = _predict(spec.to_json())
     except Exception as e:  # noqa: BLE001 - a formula gap is shown, not raised

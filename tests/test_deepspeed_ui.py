@@ -64,3 +64,25 @@ def test_three_frameworks_compare() -> None:
     assert list(df.columns) == ["#1 torch", "#2 deepspeed"] and df.loc["framework", "#2 deepspeed"] == "deepspeed"
     assert fv.same_model_and_strategy(runs) is None
     assert len(fv.three_frameworks_fig(runs).data) == 4
+
+
+def test_new_experiment_page_predicts_the_frameworks_layout(tmp_path, monkeypatch) -> None:
+    """The New-experiment form with framework deepspeed / jax shows ShardLab's prediction for that layout."""
+    from pathlib import Path
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    st.cache_data.clear()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages" / "new_experiment.py"), default_timeout=60).run()
+    at.selectbox(key="f_framework").set_value("deepspeed")
+    at.selectbox(key="f_strategy").set_value("zero2")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("DeepSpeed layout per rank" in i.value for i in at.info)
+    at.selectbox(key="f_framework").set_value("jax")
+    at.selectbox(key="f_strategy").set_value("zero3")
+    at.run()
+    assert not at.exception and any("XLA argument bytes" in i.value for i in at.info)
