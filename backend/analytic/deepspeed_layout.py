@@ -10,7 +10,8 @@ precision Adam; §5.1-5.3 for P_os, P_os+g, P_os+g+p) applied to the buffers Dee
   of the flat partition (`fp32_partitioned_groups_flat`), and keeps parameters of at most
   `stage3_param_persistence_threshold` elements whole on every rank after their first use (`ds_persist`);
 - stage 0 is plain data parallelism: the client optimizer steps on the module's own parameters, no master
-  copy in fp32 (bf16/fp16 use DeepSpeed's BF16/FP16 optimizer wrapper with an fp32 master);
+  copy in fp32; bf16/fp16 without ZeRO wrap it in FP16_UnfusedOptimizer with a whole fp32 copy per parameter
+  (engine.py `_do_optimizer_sanity_check`: DDP_BFLOAT16, gradients accumulated in the 16-bit dtype);
 - optimizer state: Adam m and v (2 x 4 B per master element, Kingma & Ba 2015 Alg. 1) or SGD momentum
   (4 B), plus torch's 4 B `step` tensor per optimized tensor (AdamW only);
 - gradient buckets: ZeRO-3 preallocates one reduce bucket of `reduce_bucket_size` elements in the parameter
@@ -73,9 +74,9 @@ def deepspeed_rank(spec: Any, *, bucket_elements: int, persistence_threshold: in
         if precision == "fp32":
             return DeepSpeedRank(params_bytes=4 * total, master_bytes=0, optimizer_state_bytes=4 * states * total + steps,
                                  grad_bucket_bytes=0, persistent_params=0)
-        padded = -(-total // (ALIGN * n)) * ALIGN * n
-        part = padded // n
-        return DeepSpeedRank(params_bytes=b * total, master_bytes=4 * part, optimizer_state_bytes=4 * states * part + (4 if adam else 0),
+        # 16-bit without ZeRO: DeepSpeed's DDP_BFLOAT16 / FP16 path (FP16_UnfusedOptimizer) keeps a whole fp32 copy
+        # of every parameter, stepped per parameter (one AdamW step counter each)
+        return DeepSpeedRank(params_bytes=b * total, master_bytes=4 * total, optimizer_state_bytes=4 * states * total + steps,
                              grad_bucket_bytes=0, persistent_params=0)
     padded = -(-total // (ALIGN * n)) * ALIGN * n  # one flat group, padded to a multiple of 2N
     part = padded // n

@@ -110,6 +110,10 @@ def _deepspeed_notes(spec: ExperimentSpec, res: RunResult, lay: Any, est: dict |
                      f"device and {est['host_bytes']:,} B on the host; ShardLab's layout model predicts {p:,} B of "
                      "model states (its formula assumes 16-bit parameters and counts 18 B per parameter over N "
                      "where the ZeRO paper counts 2Ψ + 2Ψ + 12Ψ, and it omits padding and persistent parameters).")
+    if str(spec.parallel.strategy) == "ddp" and str(spec.train.precision) != "fp32":
+        notes.append("DeepSpeed without ZeRO in 16-bit accumulates gradients in the 16-bit dtype (DDP_BFLOAT16: "
+                     "fp32 accumulation is refused without ZeRO) and runs the whole model in it, while the torch "
+                     "reference uses autocast with fp32 gradients: expect a larger loss gap than ZeRO stages 1-3 show.")
     if lay.persistent_params and str(spec.parallel.strategy) == "zero3":
         notes.append(f"ZeRO-3 keeps {lay.persistent_params:,} parameter elements whole on every rank "
                      "(stage3_param_persistence_threshold: parameters of at most 1e5 elements are not re-partitioned).")
