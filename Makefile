@@ -15,14 +15,20 @@ $(VENV)/.installed: requirements.txt | $(VENV)/bin/python
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+$(VENV)/.installed-test: $(VENV)/.installed $(VENV)/.installed-frameworks requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $@
 
-run: $(VENV)/.installed
+# DeepSpeed (CPU build, no ops compiled) and JAX (CPU): issue 14. No build isolation: DeepSpeed's setup.py must see
+# the pinned CPU torch, never pull its own.
+$(VENV)/.installed-frameworks: $(VENV)/.installed requirements-frameworks.txt
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -r requirements-frameworks.txt
+	touch $@
+
+run: $(VENV)/.installed $(VENV)/.installed-frameworks
 	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true
 
-worker: $(VENV)/.installed
+worker: $(VENV)/.installed $(VENV)/.installed-frameworks
 	$(PY) -m backend worker
 
 # Headless Chromium for the real-browser test comes from Debian; playwright cannot download its own here.

@@ -79,6 +79,35 @@ class RoutingAdjusted(_R):
     """The same under uniform routing (N·top_k per layer and microbatch)."""
 
 
+class FrameworkEstimate(_R):
+    """A framework's own memory estimate for this rank (issue 14: DeepSpeed's estimator functions)."""
+    source: str = ""
+    """Who estimated, e.g. "DeepSpeed 0.19.8 estimate_zero2_model_states_mem_needs"."""
+    device_bytes: int = 0
+    """Model-state bytes it expects on the accelerator per rank."""
+    host_bytes: int = 0
+    """Host (CPU) bytes it expects per node."""
+
+
+class ModelStates(_R):
+    """Resident model-state storage after a step (each storage counted once), measured and predicted."""
+    params_bytes: int = 0
+    master_bytes: int = 0
+    """fp32 master partition the optimizer steps on (DeepSpeed); 0 where it steps on the parameters."""
+    optimizer_state_bytes: int = 0
+    total_bytes: int = 0
+
+
+class OffloadSplit(_R):
+    """torch FSDP2 CPUOffloadPolicy runs: host- vs device-resident bytes at the activation peak (issue 14)."""
+    host_bytes_measured: int = 0
+    """Sharded params + sharded grads + optimizer state, as FSDPMemTracker tags them."""
+    device_bytes_measured: int = 0
+    """Everything else the tracker saw (unsharded params/grads, all-gather/reduce-scatter buffers, activations)."""
+    host_bytes_predicted: int = 0
+    device_bytes_predicted: int = 0
+
+
 class RankResult(_R):
     rank: int
     measured: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
@@ -99,6 +128,14 @@ class RankResult(_R):
     """This rank's coordinates on the device mesh, e.g. {"pp": 0, "dp": 1, "tp": 0}."""
     predicted_given_routing: RoutingAdjusted | None = None
     """EP runs: the prediction for the routing this rank actually saw (None elsewhere and in older results)."""
+    framework_estimate: FrameworkEstimate | None = None
+    """The framework's own estimate ("DeepSpeed's estimate"), where it has one (issue 14)."""
+    model_states_measured: ModelStates | None = None
+    """DeepSpeed runs: resident params + fp32 master + optimizer state after the step, by storage."""
+    model_states_predicted: ModelStates | None = None
+    """DeepSpeed runs: the same from backend/analytic/deepspeed_layout.py."""
+    offload: OffloadSplit | None = None
+    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/offload.py)."""
 
 
 class TimelineEvent(_R):
@@ -141,6 +178,8 @@ class RunResult(_R):
     bubble_predicted: float | None = None
     notes: list[str] = Field(default_factory=list)
     """Explanations where a measurement misses its prediction (never hidden)."""
+    framework_facts: dict[str, Any] = Field(default_factory=dict)
+    """Non-torch frameworks: the ds_config DeepSpeed ran with, or XLA's memory analysis and HLO collectives."""
     started_at: str | None = None
     finished_at: str | None = None
     wall_s: float | None = None

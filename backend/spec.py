@@ -72,6 +72,23 @@ class Device(StrEnum):
     CUDA = "cuda"
 
 
+class Framework(StrEnum):
+    """Which framework runs the step: torch-native (backend/strategies), DeepSpeed's engine, or JAX/XLA GSPMD
+    (backend/frameworks/). What each one runs is declared in backend/frameworks/capabilities.py."""
+
+    TORCH = "torch"
+    DEEPSPEED = "deepspeed"
+    JAX = "jax"
+
+
+class Offload(StrEnum):
+    """What lives on the host (CPU) instead of the accelerator between uses."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # DeepSpeed offload_optimizer: fp32 master partition + Adam states, step on the CPU
+    PARAMS = "params"  # params too: DeepSpeed offload_param (stage 3) + offload_optimizer; FSDP2 CPUOffloadPolicy
+
+
 DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
@@ -160,6 +177,9 @@ class ParallelSpec(_Section):
     """Pipeline schedule (used when pp > 1)."""
     virtual_stages: int = Field(1, ge=1, le=1024)
     """Model chunks per pipeline rank (interleaved schedules need >= 2)."""
+    offload: Offload = Offload.NONE
+    """Host (CPU) offload: optimizer (DeepSpeed offload_optimizer) or params (params, grads and optimizer
+    state: DeepSpeed offload_param + offload_optimizer, torch FSDP2 CPUOffloadPolicy for zero2/zero3)."""
 
     @property
     def zero_stage(self) -> int:
@@ -213,6 +233,8 @@ class ExperimentSpec(_Section):
     """Strategy and degrees."""
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     """Backend, device, nodes and timeout."""
+    framework: Framework = Framework.TORCH
+    """torch (native strategies), deepspeed (DeepSpeed's ZeRO engine) or jax (XLA GSPMD on virtual CPU devices)."""
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> ExperimentSpec:

@@ -32,6 +32,9 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
     if r.nnodes > 1 and p.world_size % r.nnodes:
         problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
     problems += _check_backend_device(s)
+    from backend.frameworks.capabilities import check_framework  # each framework declares what it runs
+
+    problems += check_framework(s)
     return problems
 
 

@@ -72,6 +72,7 @@ class Experiment(Base):
     precision: Mapped[str] = mapped_column(String(16))
     optimizer: Mapped[str] = mapped_column(String(16))
     recompute: Mapped[str] = mapped_column(String(16))
+    framework: Mapped[str] = mapped_column(String(16), default="torch", server_default="torch")  # revision 0006
     # Queue and progress.
     status: Mapped[str] = mapped_column(String(16), default="queued")
     sweep_id: Mapped[str | None] = mapped_column(String(64))
@@ -111,6 +112,7 @@ class Experiment(Base):
     __table_args__ = (
         Index("ix_experiments_status", "status"),
         Index("ix_experiments_strategy", "strategy"),
+        Index("ix_experiments_framework", "framework"),
         Index("ix_experiments_created_at", "created_at"),
         Index("ix_experiments_sweep_id", "sweep_id"),
     )
@@ -268,7 +270,7 @@ class Worker(Base):
 
 
 class Calibration(Base):
-    """Added by revision 0004: step-time model parameters fitted to stored runs (`python -m backend calibrate`)."""
+    """Added by revision 0005: step-time model parameters fitted to stored runs (`python -m backend calibrate`)."""
 
     __tablename__ = "calibrations"
 

@@ -33,6 +33,7 @@ ROW_KEYS = (
     "failing_rank", "step_s_median", "tokens_per_s", "loss_max_abs_diff", "bubble_measured", "bubble_predicted",
     "peak_bytes_max", "mfu", "wall_s",
     "kind",  # revision 0004: measured | traced
+    "framework",
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
@@ -92,7 +93,9 @@ def _require(s, experiment_id: int) -> Experiment:
 
 # ---- reading ---------------------------------------------------------------------------------------
 
-def _filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None) -> Select:
+def _filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None) -> Select:
+    if framework:
+        stmt = stmt.where(Experiment.framework.in_(_as_list(framework)))
     if status:
         stmt = stmt.where(Experiment.status.in_(_as_list(status)))
     if strategy:
@@ -117,7 +120,7 @@ def _as_list(value) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple, set, frozenset)) else [str(value)]
 
 
-def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
+def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None,
                      limit: int | None = None, offset: int = 0, order_by: str = "created_at",
                      descending: bool = True, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """Flat rows (ROW_KEYS + "tags": list[str]). status/strategy/tag accept one value or a list
@@ -129,7 +132,7 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
     keys, with_tags = _row_keys(columns)
     col = getattr(Experiment, order_by)
     stmt = _filtered(select(*[getattr(Experiment, k) for k in keys]), status=status, strategy=strategy, tag=tag,
-                     sweep_id=sweep_id, search=search)
+                     sweep_id=sweep_id, search=search, framework=framework)
     stmt = stmt.order_by(col.desc() if descending else col.asc(), Experiment.id.desc() if descending else Experiment.id.asc())
     if limit is not None:
         stmt = stmt.limit(limit)
@@ -170,9 +173,10 @@ def _tags_for(conn, ids: list[int]) -> dict[int, list[str]]:
     return out
 
 
-def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None) -> int:
+def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
+                      framework=None) -> int:
     stmt = _filtered(select(func.count(Experiment.id)), status=status, strategy=strategy, tag=tag, sweep_id=sweep_id,
-                     search=search)
+                     search=search, framework=framework)
     with engine.connect() as conn:
         return int(conn.execute(stmt).scalar_one())
 

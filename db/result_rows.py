@@ -25,6 +25,7 @@ def spec_columns(spec: ExperimentSpec) -> dict[str, Any]:
         "seq_len": m.seq_len, "vocab": m.vocab_size, "n_experts": m.n_experts, "top_k": m.top_k,
         "global_batch": t.global_batch, "micro_batch": t.micro_batch, "steps": t.steps,
         "precision": str(t.precision), "optimizer": str(t.optimizer), "recompute": str(t.recompute),
+        "framework": str(spec.framework),
     }
 
 

@@ -40,3 +40,16 @@ except Exception as e:  # noqa: BLE001
 c2.plotly_chart(cv.throughput_fig(runs), key="cmp_tput")
 st.caption("Dashed curves: the analytic model for the same model shape and per-rank batch at other world sizes. "
            "Filled markers: measured memory of the fullest rank of each selected run (hover for the run id).")
+
+# Issue 14: same model, same strategy, three frameworks.
+fw_runs = [(e["id"], e["result"]) for e in ok]
+if len({str(r.spec.framework) for _, r in fw_runs}) > 1:
+    from backend.ui import framework_view as fv
+
+    st.subheader("Frameworks side by side")
+    if (why := fv.same_model_and_strategy(fw_runs)) is not None:
+        st.warning(why)
+    st.plotly_chart(fv.three_frameworks_fig(fw_runs), key="cmp_frameworks")
+    st.dataframe(fv.three_frameworks_frame(fw_runs), width="stretch")
+    st.caption("JAX step time is the whole process (N virtual devices on this host's cores); its activations are XLA's "
+               "temp buffer (activations + gradients + workspace). DeepSpeed and torch are per rank over gloo.")

@@ -65,6 +65,9 @@ def _parallel_inputs() -> None:
     c1, c2 = st.columns(2)
     c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule")
     c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages")
+    c1, c2 = st.columns(2)  # issue 14
+    c1.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
+    c2.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
 
 
 def _train_inputs() -> None:
@@ -90,7 +93,27 @@ def _predict(spec_json: str):
     return pv.predict(ExperimentSpec.from_json(spec_json))
 
 
+def _framework_prediction(spec) -> None:
+    """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
+    if str(spec.framework) == "deepspeed":
+        from backend.analytic.deepspeed_layout import deepspeed_rank
+        from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
+
+        r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
+        st.info(f"DeepSpeed layout per rank: params {r.params_bytes:,} B + fp32 master {r.master_bytes:,} B + optimizer "
+                f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
+                f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
+    elif str(spec.framework) == "jax":
+        from backend.analytic.gspmd import mode, predicted_bytes
+
+        b = predicted_bytes(spec)
+        st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "
+                f"+ data {b['data_bytes']:,} B = XLA argument bytes {b['argument_bytes']:,} B (checked against "
+                "compiled.memory_analysis()).")
+
+
 def _prediction(spec, device_gb: float) -> None:
+    _framework_prediction(spec)
     try:
         est, rows = _predict(spec.to_json())
     except Exception as e:  # noqa: BLE001 - a formula gap is shown, not raised

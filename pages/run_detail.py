@@ -107,6 +107,7 @@ def _result(res) -> None:
         st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
         st.markdown("**Error per category** — (measured − predicted) / predicted")
         st.dataframe(dv.memory_error_frame(res), hide_index=True, width="stretch")
+        _framework_panels(res)
         routing = dv.routing_frame(res)
         if not routing.empty:
             st.markdown("**Expert routing** — the uniform-routing formula vs the same formula fed the token counts "
@@ -128,6 +129,29 @@ def _result(res) -> None:
     _timeline(res)
     for n in res.notes:
         st.caption(f":material/info: {n}")
+
+
+def _framework_panels(res) -> None:
+    """Issue 14: the framework's own estimate, model states for its layout, offload split, XLA collectives."""
+    from backend.ui import framework_view as fv
+
+    ms = fv.model_state_frame(res)
+    if not ms.empty:
+        st.markdown("**Model states** — resident after the step, measured vs ShardLab's prediction for the "
+                    f"framework's layout, with {fv.ESTIMATE_COLUMN} as an extra column")
+        st.dataframe(ms, hide_index=True, width="stretch")
+    off = fv.offload_frame(res)
+    if not off.empty:
+        st.markdown("**CPU offload** — host- vs device-resident bytes at the activation peak")
+        st.dataframe(off, hide_index=True, width="stretch")
+    xla = fv.xla_collectives_frame(res)
+    if not xla.empty:
+        st.markdown("**XLA collectives** — from the compiled HLO")
+        st.dataframe(xla, hide_index=True, width="stretch")
+    cfg = (res.framework_facts or {}).get("ds_config")
+    if cfg:
+        with st.expander("ds_config this run used"):
+            st.json(cfg)
 
 
 st.title("Run detail")

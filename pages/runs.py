@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.result import Status
-from backend.spec import Strategy
+from backend.spec import Framework, Strategy
 from backend.ui import runs_view as rv
 from backend.ui import store
 from db import export
@@ -30,11 +30,12 @@ def _filters() -> dict:
     tag = c3.text_input("Tag", key="runs_tag", placeholder="exact tag")
     search = c4.text_input("Search", key="runs_search", placeholder="name, error, tag or id")
     c1, c2, c3, c4 = st.columns([2, 1, 1, 2])
+    framework = c4.multiselect("Framework", [f.value for f in Framework], key="runs_framework")
     order = c1.selectbox("Sort by", list(ORDER), key="runs_order")
     desc = c2.toggle("Descending", value=True, key="runs_desc")
     size = c3.selectbox("Rows", PAGE_SIZES, key="runs_page_size")
     return dict(status=tuple(status), strategy=tuple(strategy), tag=tag.strip() or None, search=search.strip() or None,
-                order_by=ORDER[order], descending=desc, limit=size)
+                order_by=ORDER[order], descending=desc, limit=size, framework=tuple(framework))
 
 
 @st.fragment(run_every=2.0)
@@ -86,7 +87,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
 st.title("Runs")
 url = store.db_url()
 f = _filters()
-total = store.count_runs(url, status=f["status"], strategy=f["strategy"], tag=f["tag"], search=f["search"])
+total = store.count_runs(url, status=f["status"], strategy=f["strategy"], tag=f["tag"], search=f["search"],
+                         framework=f["framework"])
 pages = max(1, -(-total // f["limit"]))
 page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs_page") if pages > 1 else 1
 df = store.runs_table(url, **f, offset=(page - 1) * f["limit"])
@@ -95,7 +97,7 @@ if active:
     st.subheader("In progress")
     _live_progress(url, [r["id"] for r in active])
 if df.empty:
-    if total == 0 and not any([f["status"], f["strategy"], f["tag"], f["search"]]):
+    if total == 0 and not any([f["status"], f["strategy"], f["tag"], f["search"], f["framework"]]):
         st.info("No runs yet. Design one on the **New experiment** page and press *Run this experiment*.")
         st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
     else:
@@ -116,7 +118,8 @@ labels = _labels(df, options)
 selected = st.multiselect("Selected runs", options, key="runs_selected", format_func=lambda i: labels.get(i, f"#{i}"))
 _actions(url, selected, {i: {"status": by_id.at[i, "status"]} for i in selected})
 c1, c2 = st.columns(2)
-filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"])
+filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"],
+               framework=list(f["framework"]) or None)
 c1.download_button("CSV of this filtered view", icon=":material/download:", data=lambda: export.export_csv(store.engine(), **filters),
                    file_name="shardlab_runs.csv", mime="text/csv", key="dl_csv",
                    help="one row per run: measured and predicted bytes per category, comm, timing")

@@ -68,9 +68,27 @@ def _loss_lines(res: RunResult) -> list[str]:
     return lines
 
 
+def _framework_lines(res: RunResult) -> list[str]:
+    """Issue 14: model states vs ShardLab's layout prediction and the framework's own estimate; offload split."""
+    lines = []
+    for r in res.per_rank:
+        m, p, est, o = r.model_states_measured, r.model_states_predicted, r.framework_estimate, r.offload
+        if m is not None and p is not None:
+            line = f"rank {r.rank} model states: {m.total_bytes:,} B measured, {p.total_bytes:,} B predicted ({_pct(m.total_bytes, p.total_bytes)})"
+            if est is not None:
+                line += f"; DeepSpeed's estimate {est.device_bytes:,} B ({_pct(m.total_bytes, est.device_bytes)})"
+            lines.append(line)
+        if o is not None:
+            lines.append(f"rank {r.rank} offload: host {o.host_bytes_measured:,} B measured / {o.host_bytes_predicted:,} B "
+                         f"predicted, device {o.device_bytes_measured:,} / {o.device_bytes_predicted:,} B")
+    return lines
+
+
 def summary(res: RunResult, workdir: Path | None = None) -> str:
     p = res.spec.parallel
     head = f"run {res.status.value}: {p.strategy.value} world={p.world_size} (dp={p.dp} tp={p.tp} pp={p.pp} ep={p.ep})"
+    if str(res.spec.framework) != "torch" or str(p.offload) != "none":  # issue 14
+        head += f" [{res.spec.framework}, offload {p.offload}]"
     if res.wall_s is not None:
         head += f", wall {res.wall_s:.1f} s"
     lines = [head]
@@ -81,7 +99,7 @@ def summary(res: RunResult, workdir: Path | None = None) -> str:
     if res.per_rank:
         lines += ["", "memory at the step's peak (MiB):"]
         lines += _table(["rank", "category", "measured", "predicted", "error"], _memory_rows(res.per_rank))
-    for section in (_speed_lines(res), _comm_lines(res), _loss_lines(res)):
+    for section in (_speed_lines(res), _comm_lines(res), _loss_lines(res), _framework_lines(res)):
         if section:
             lines += ["", *section]
     if res.notes:

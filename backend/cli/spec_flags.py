@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from backend.spec import Framework, Offload  # noqa: E402 - issue 14's flags
 from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
@@ -44,6 +45,8 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--node-rank": ("runtime", "node_rank", int),
     "--rdzv-endpoint": ("runtime", "rdzv_endpoint", str),
     "--timeout": ("runtime", "timeout_s", float),
+    "--framework": ("", "framework", [v.value for v in Framework]),
+    "--offload": ("parallel", "offload", [v.value for v in Offload]),
 }
 
 

@@ -63,6 +63,8 @@ def run_experiment(
     env, job_id = torchrun.build_env(extra_env)
     cuda = _auto_needs_cuda_check(spec) and _cuda_available()
     env = nccl.job_env(spec, workdir, env, cuda_available=cuda)
+    if rank_module == torchrun.RANK_MODULE:  # issue 14: DeepSpeed / JAX runs have their own entry module
+        rank_module = torchrun.rank_module_for(spec)
     cmd = torchrun.build_command(spec, spec_path, workdir, rank_module)
     launch = {"job_id": job_id, "command": cmd, "node_rank": spec.runtime.node_rank,
               "nproc_per_node": torchrun.nproc_per_node(spec), "nccl": nccl.uses_nccl(spec, cuda_available=cuda)}
@@ -150,7 +152,9 @@ def _assembled(spec, ranks_path: Path, assemble: Assembler | None, launch: dict,
     try:
         payload = json.loads(ranks_path.read_text())
         if assemble is None:
-            from backend.engine.assemble import assemble_result as assemble
+            from backend.frameworks.assemble import assembler_for
+
+            assemble = assembler_for(spec)
         result = assemble(spec, payload)
     except Exception as e:  # a broken payload is a failed run, with the reason
         import traceback

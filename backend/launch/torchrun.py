@@ -33,7 +33,17 @@ def rdzv_id(spec: ExperimentSpec) -> str:
     return f"shardlab-{digest}"
 
 
+FRAMEWORK_MODULES = {"deepspeed": "backend.frameworks.deepspeed.rank", "jax": "backend.frameworks.jax.run"}
+"""Issue 14: the entry module of each non-torch framework (same --spec/--out contract and output files)."""
+
+
+def rank_module_for(spec: ExperimentSpec) -> str:
+    return FRAMEWORK_MODULES.get(str(spec.framework), RANK_MODULE)
+
+
 def build_command(spec: ExperimentSpec, spec_path: Path, out_dir: Path, module: str = RANK_MODULE) -> list[str]:
+    if str(spec.framework) == "jax" and module == FRAMEWORK_MODULES["jax"]:  # one process, N virtual devices
+        return [sys.executable, "-m", module, "--spec", str(spec_path), "--out", str(out_dir)]
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     r = spec.runtime
     if r.nnodes > 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -81,6 +81,8 @@ def composable_wrap(ctx: RankContext, module: nn.Module, ignored: set[nn.Paramet
         kw["reshard_after_forward"] = flavour != Strategy.ZERO2
         if is_pure_dp(spec) and (mp := mp_policy(spec)) is not None:
             kw["mp_policy"] = mp
+        if str(spec.parallel.offload) == "params":  # FSDP2 CPU offload (issue 14); pinning needs an accelerator
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     for b in blocks(module):
         wrap(b, **kw)
     wrap(module, **kw)

@@ -34,6 +34,7 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
         p, t, m = s.parallel, s.train, s.model
         col = {
             "status": str(e.get("status")),
+            "framework / offload": f"{s.framework} / {p.offload}",  # issue 14
             "strategy": str(p.strategy), "world size": str(p.world_size),
             "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})",
             "pp schedule / microbatches": f"{p.pp_schedule if p.pp > 1 else '–'} / {t.microbatches}",

@@ -10,12 +10,13 @@ import pandas as pd
 from backend.analytic.units import MiB
 
 ACTIVE = ("queued", "running")
-COLUMNS = ["id", "status", "progress", "name", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
+COLUMNS = ["id", "status", "progress", "name", "framework", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
            "tokens/s", "peak (MiB)", "created"]
 # The list_experiments columns table_frame reads (21 of the 51 plus tags).
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
               "dp", "tp", "pp", "ep", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
-              "tokens_per_s", "peak_bytes_max", "created_at", "kind")
+              "tokens_per_s", "peak_bytes_max", "created_at", "kind",
+              "framework")
 
 
 def progress_text(row: dict[str, Any]) -> str:
@@ -55,6 +56,7 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "status": status,
         "progress": ["" if st == "ok" else progress_text(r) for r, st in zip(rows, status)],
         "name": [("[traced] " if r.get("kind") == "traced" else "") + (r.get("name") or "") for r in rows],
+        "framework": [r.get("framework") or "torch" for r in rows],
         "strategy": col("strategy"),
         "world": col("world_size"),
         "degrees": [degrees_text(r) for r in rows],

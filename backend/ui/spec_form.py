@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.spec import Framework, Offload  # issue 14
 from backend.spec import (
     ExperimentSpec,
     Optimizer,
@@ -50,6 +51,22 @@ STRATEGY_HELP = {
 }
 
 
+# Issue 14: which framework runs the step, and what it offloads (backend/frameworks/capabilities.py says which
+# framework runs which strategy; the form shows the refusal with its reason before anything is submitted).
+FRAMEWORKS = [f.value for f in Framework]
+OFFLOADS = [o.value for o in Offload]
+FRAMEWORK_HELP = {
+    "torch": "torch-native (DDP, FSDP2, DTensor TP, pipelining)",
+    "deepspeed": "DeepSpeed ZeRO engine (stages 0-3, CPU offload)",
+    "jax": "JAX/XLA GSPMD on virtual CPU devices (dp, fsdp, tp, dp×tp)",
+}
+OFFLOAD_HELP = {
+    "none": "no offload",
+    "optimizer": "optimizer state + fp32 master on CPU (DeepSpeed offload_optimizer)",
+    "params": "params too (DeepSpeed offload_param, torch FSDP2 CPUOffloadPolicy)",
+}
+
+
 def default_form() -> dict[str, Any]:
     v: dict[str, Any] = dict(PRESETS[DEFAULT_PRESET])
     v.update(
@@ -59,6 +76,7 @@ def default_form() -> dict[str, Any]:
         precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
         timeout_s=600.0, device_mem_gb=80.0,
     )
+    v.update(framework="torch", offload="none")
     return v
 
 
@@ -70,7 +88,9 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         return None if (k in ZERO_MEANS_NONE and not x) else x
 
     parallel = {k: val(k) for k in PARALLEL_KEYS if k in v}
+    parallel["offload"] = v.get("offload") or "none"
     return {
+        "framework": v.get("framework") or "torch",
         "name": v.get("name") or "",
         "model": {k: val(k) for k in MODEL_KEYS if k in v},
         "train": {k: val(k) for k in TRAIN_KEYS if k in v},
@@ -99,6 +119,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
         v[p.strategy.value] = 1 if getattr(p, p.strategy.value) == p.world_size else getattr(p, p.strategy.value)
     v["microbatches"] = 0
     v["name"], v["timeout_s"], v["preset"] = spec.name, spec.runtime.timeout_s, preset_of(v)
+    v["framework"], v["offload"] = str(spec.framework), str(p.offload)
     return v
 
 
@@ -113,6 +134,10 @@ def describe(spec: ExperimentSpec) -> str:
     """One-line label: strategy, degrees, world."""
     p = spec.parallel
     parts = [str(p.strategy), f"world {p.world_size}", f"dp{p.dp}"]
+    if str(spec.framework) != "torch":
+        parts.insert(0, str(spec.framework))
+    if str(p.offload) != "none":
+        parts.append(f"offload {p.offload}")
     if p.tp > 1:
         parts.append(f"tp{p.tp}" + ("+sp" if p.sequence_parallel else ""))
     if p.pp > 1:
