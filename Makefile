@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run test test-fast worker browser clean
+.PHONY: run test test-fast worker browser clean postgres
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,16 @@ browser:
 	  else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser test will be skipped"; fi; \
 	fi
 
-test: $(VENV)/.installed-test browser
+# A real PostgreSQL server for the store tests (started by the tests themselves in a temp dir; see tests/pg_server.py).
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null) \
+	      || echo "warning: could not install postgresql; the PostgreSQL store tests will be skipped"; \
+	  else echo "warning: postgresql missing and apt-get unavailable; the PostgreSQL store tests will be skipped"; fi; \
+	fi
+
+test: $(VENV)/.installed-test browser postgres
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed-test
