@@ -20,7 +20,7 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true
+	$(PY) -m backend.serve --host '$(HOST)' --port '$(PORT)'  # refuses a non-loopback HOST without auth (README)
 
 worker: $(VENV)/.installed
 	$(PY) -m backend worker

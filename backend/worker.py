@@ -147,6 +147,8 @@ class Worker:
 
     def _run(self, spec: ExperimentSpec, experiment_id: int, worker_id: str, cancel: threading.Event) -> RunResult:
         runner = self.runner
+        if runner is None and spec.runtime.executor == "slurm":
+            from backend.cluster.runner import run_on_slurm as runner
         if runner is None:
             from backend.launch.launcher import run_experiment as runner
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
+from backend.spec import Executor
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -44,6 +45,8 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--node-rank": ("runtime", "node_rank", int),
     "--rdzv-endpoint": ("runtime", "rdzv_endpoint", str),
     "--timeout": ("runtime", "timeout_s", float),
+    "--executor": ("runtime", "executor", [v.value for v in Executor]),
+    "--nodes": ("runtime", "nnodes", int),
 }
 
 
