@@ -10,7 +10,7 @@
     extra_sbatch = ["#SBATCH --exclusive", "#SBATCH --constraint=h100"]
     python = "/shared/venvs/shardlab/bin/python"   # interpreter on the nodes (default: this one)
 
-Every value is checked here, before it can reach a script: names are [A-Za-z0-9_.,-], extra lines are single
+Every value is checked here, before it can reach a script: names are [A-Za-z0-9_.,-] (not starting with '-'), extra lines are single
 `#SBATCH --option[=value]` lines.
 """
 
@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 REPO = Path(__file__).resolve().parents[2]
 ENV = "SHARDLAB_CLUSTER_CONFIG"
 DEFAULT_PATH = REPO / "shardlab.toml"
-_NAME = re.compile(r"[A-Za-z0-9_.,-]{1,128}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]{0,127}")
 _TIME = re.compile(r"\d{1,5}(:\d{1,2}){0,2}|\d{1,3}-\d{1,2}(:\d{1,2}){0,2}")
-_SBATCH_LINE = re.compile(r"#SBATCH --[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:=/@%+-]+)?")
+_SBATCH_LINE = re.compile(r"#SBATCH --[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:/@%+][A-Za-z0-9_.,:=/@%+-]*)?")
 
 
 class ClusterConfigError(ValueError):
