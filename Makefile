@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run test test-fast worker browser clean postgres
+.PHONY: run test test-fast worker browser clean postgres slurm
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,16 @@ postgres:
 	  else echo "warning: postgresql missing and apt-get unavailable; the PostgreSQL store tests will be skipped"; fi; \
 	fi
 
-test: $(VENV)/.installed-test browser postgres
+# A real SLURM cluster (slurmctld + 2 slurmd on 127.0.0.1) for tests/test_slurm.py, started by the tests themselves.
+slurm:
+	@if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm >/dev/null) \
+	      || echo "warning: could not install slurm-wlm; the SLURM tests will be skipped"; \
+	  else echo "warning: slurm-wlm missing and apt-get unavailable; the SLURM tests will be skipped"; fi; \
+	fi
+
+test: $(VENV)/.installed-test browser postgres slurm
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed-test

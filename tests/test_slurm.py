@@ -201,3 +201,60 @@ def test_submit_refuses_a_spec_the_cluster_cannot_hold(env, capsys, tmp_path):
                  "--nodes", "2", "--global-batch", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "world_size=2 != nodes 2 x gpus_per_node 4 = 8" in err
+
+
+def test_a_stopped_worker_leaves_its_slurm_job_running_and_the_next_worker_reattaches(env, capsys, tmp_path):
+    import signal
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    eid = submit(capsys, url, "--world", "2", "--nodes", "2", "--global-batch", "2")
+    record = tmp_path / "cluster-runs" / str(eid) / "slurm.json"
+    w1 = worker(url, env)
+    try:
+        deadline = time.monotonic() + 120
+        while not record.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        w1.send_signal(signal.SIGTERM)
+        out1, _ = w1.communicate(timeout=60)
+    finally:
+        if w1.poll() is None:
+            w1.kill()
+    assert w1.returncode == 0, out1
+    engine = open_db(url)
+    assert q.get_status(engine, eid) == "running", out1  # detached, not interrupted: the job runs on
+    job_id = json.loads(record.read_text())["job_id"]
+    out2 = run_once(url, env)
+    row = q.get_experiment(engine, eid)
+    assert row["status"] == "ok", (row["error"], out2)
+    launch = row["result"].env["launch"]
+    assert launch["reattached"] is True and launch["job_id"] == job_id and launch["slurm_state"] == "COMPLETED"
+    assert len(list((tmp_path / "cluster-runs" / str(eid)).glob("slurm-*.out"))) == 1  # submitted once
+
+
+def test_dashboard_submission_runs_2_nodes_x_2_ranks_on_slurm(env, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    import streamlit as st
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    monkeypatch.setenv("SHARDLAB_DB_URL", url)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60).run()
+    at.number_input(key="f_world_size").set_value(4)
+    at.number_input(key="f_global_batch").set_value(4)
+    at.number_input(key="f_micro_batch").set_value(1)
+    at.radio(key="f_executor").set_value("slurm").run()
+    at.number_input(key="f_nnodes").set_value(2).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("2 node(s) x 2 rank(s) per node" in c.value for c in at.caption)
+    at.button(key="submit_one").click()
+    at.run()
+    assert not at.exception and any("Queued run #1" in s.value for s in at.success), [e.value for e in at.error]
+    engine = open_db(url)
+    assert (q.get_experiment(engine, 1)["spec"].runtime.executor, q.get_experiment(engine, 1)["spec"].runtime.nnodes) == ("slurm", 2)
+    run_once(url, env)
+    row = q.get_experiment(engine, 1)
+    assert row["status"] == "ok", (row["error"], row["log_tail"])
+    assert len(row["result"].per_rank) == 4 and row["result"].env["launch"]["nodes"] == "node[1-2]"
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception and list(at.dataframe[0].value["status"]) == ["ok"]

@@ -2,7 +2,7 @@
 `backend.launch.launcher.run_experiment`, but the job runs on the cluster.
 
 It writes spec.json and job.sbatch into the run's folder under the config's shared run_dir, submits with
-sbatch (or re-attaches to the job recorded in slurm.json when that job is still known to SLURM), then polls:
+sbatch (or, after a worker restart, re-attaches to the job recorded in slurm.json), then polls:
 PENDING (with SLURM's reason) and RUNNING (progress lines from the job's output file) go to on_progress;
 cancel -> scancel. When the job leaves the queue its result is collected exactly like a local run's:
 ranks.json assembled by the engine's assembler, or a failed result with SLURM's state and reason, the
@@ -22,6 +22,7 @@ from pathlib import Path
 from backend.atomic_io import write_atomic
 from backend.cluster import slurm
 from backend.cluster.config import SlurmConfig, load
+from backend.cluster.reattach import Detached
 from backend.cluster.script import SCRIPT_NAME, build_script, output_path
 from backend.launch import outcome
 from backend.launch.launcher import _assembled, _clear_outputs, _progress_parser, failed_result
@@ -29,6 +30,7 @@ from backend.launch.outcome import Failure
 from backend.result import RunResult, Status
 from backend.spec import ExperimentSpec
 
+WORKER_ENV = "SHARDLAB_WORKER_ID"  # backend.worker.WORKER_ENV (not imported: the worker imports this module)
 POLL_S = 1.0
 TAIL_CHARS = 6000
 PHASE_CHARS = 32  # experiments.progress_phase is VARCHAR(32)
@@ -39,7 +41,8 @@ STATUS = {"COMPLETED": Status.FAILED, "TIMEOUT": Status.TIMEOUT, "CANCELLED": St
 
 def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[dict], None] | None = None,
                  cancel: threading.Event | None = None, extra_env: dict | None = None,
-                 config: SlurmConfig | None = None) -> RunResult:
+                 config: SlurmConfig | None = None, detach: threading.Event | None = None) -> RunResult:
+    """Raises reattach.Detached when `detach` is set (the worker is stopping): the job keeps running."""
     cfg = config or load()
     workdir = (cfg.run_dir / Path(workdir).name).resolve()
     started_at, t0 = _now(), time.monotonic()
@@ -49,7 +52,7 @@ def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[
     except (slurm.SlurmError, ValueError, OSError) as e:
         result = failed_result(spec, Failure(Status.FAILED, f"could not submit to SLURM: {e}"), launch)
     else:
-        result = _follow(spec, workdir, job_id, launch, on_progress, cancel)
+        result = _follow(spec, workdir, job_id, launch, on_progress, cancel, detach)
     result.started_at, result.finished_at = started_at, _now()
     result.wall_s = time.monotonic() - t0
     write_atomic(workdir / "result.json", result.to_json())
@@ -58,36 +61,41 @@ def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[
 
 def _attach_or_submit(spec, cfg, workdir: Path, extra_env, launch: dict) -> str:
     record = workdir / "slurm.json"
-    if record.exists():
+    if record.exists():  # this experiment's job was submitted before (a worker restart): follow it, never resubmit
         job_id = json.loads(record.read_text())["job_id"]
-        if not slurm.query(job_id).finished:
-            launch.update(job_id=job_id, reattached=True)
-            return job_id
+        launch.update(job_id=job_id, reattached=True)
+        return job_id
     workdir.mkdir(parents=True, exist_ok=True)
     _clear_outputs(workdir)
     write_atomic(workdir / "spec.json", spec.to_json())
     experiment_id = int(workdir.name) if workdir.name.isdigit() else 0
     script = workdir / SCRIPT_NAME
     write_atomic(script, build_script(spec, cfg, experiment_id=experiment_id, workdir=workdir))
-    job_id = slurm.submit(script, env=slurm.client_env(extra_env))
+    # not the worker's id: a restarted worker kills processes carrying a dead worker's id, and this job outlives it
+    job_env = {k: v for k, v in (extra_env or {}).items() if k != WORKER_ENV}
+    job_id = slurm.submit(script, env={k: v for k, v in slurm.client_env(job_env).items() if k != WORKER_ENV})
     write_atomic(record, json.dumps({"job_id": job_id, "submitted_at": _now()}))
     launch.update(job_id=job_id, reattached=False)
     return job_id
 
 
-def _follow(spec, workdir: Path, job_id: str, launch: dict, on_progress, cancel) -> RunResult:
+def _follow(spec, workdir: Path, job_id: str, launch: dict, on_progress, cancel, detach=None) -> RunResult:
     on_line = _progress_parser(on_progress) if on_progress else None
     out = output_path(workdir, job_id)
-    offset, cancelled, state = 0, False, slurm.JobState("PENDING")
+    offset, cancelled, state, seen = 0, False, slurm.JobState("PENDING"), None
     while True:
+        if detach is not None and detach.is_set():
+            raise Detached(job_id)
         if cancel is not None and cancel.is_set() and not cancelled:
             slurm.cancel(job_id)
             cancelled = True
         state = slurm.query(job_id)
         if state.finished:
             break
-        if on_progress and state.state != "RUNNING":
-            on_progress({"phase": f"slurm {state.state} {state.reason}".strip()[:PHASE_CHARS]})
+        if on_progress and (state.state, state.reason) != seen:
+            seen = (state.state, state.reason)
+            detail = state.reason if state.state != "RUNNING" else state.nodes
+            on_progress({"phase": f"slurm {state.state} {detail}".strip()[:PHASE_CHARS]})
         offset = _feed(out, offset, on_line)
         time.sleep(POLL_S)
     _feed(out, offset, on_line)
