@@ -6,6 +6,8 @@ in the run's slurm.json as if it had submitted it (backend.cluster.runner re-att
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import Engine, select, update
 
 from backend.result import Status
@@ -15,6 +17,10 @@ from db.session import writer
 
 class Detached(Exception):
     """The worker is stopping: the SLURM job keeps running and is adopted by the next worker."""
+
+
+def _executor(spec_json: str) -> str | None:
+    return (json.loads(spec_json).get("runtime") or {}).get("executor")
 
 
 def _gone(w: Worker | None, host: str, stale_after_s: float) -> bool:
@@ -32,7 +38,7 @@ def adopt(engine: Engine, worker_id: str, host: str, *, stale_after_s: float = 6
     with writer(engine) as s, s.begin():
         rows = s.execute(select(Experiment.id, Experiment.worker_id, Experiment.spec_json)
                          .where(Experiment.status == Status.RUNNING)).all()
-        slurm_rows = [(eid, wid) for eid, wid, spec in rows if '"executor":"slurm"' in spec.replace(" ", "")]
+        slurm_rows = [(eid, wid) for eid, wid, spec in rows if _executor(spec) == "slurm"]
         workers = {w.id: w for w in s.scalars(select(Worker).where(Worker.id.in_([wid for _, wid in slurm_rows])))}
         ids = [eid for eid, wid in slurm_rows if _gone(workers.get(wid), host, stale_after_s)]
         if ids:
