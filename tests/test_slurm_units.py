@@ -81,3 +81,20 @@ def test_a_starting_worker_adopts_only_slurm_runs_of_gone_workers(store_urls):
     assert rows[ids[0]]["worker_id"] == "new" and rows[ids[0]]["status"] == "running"
     assert rows[ids[1]]["worker_id"] == "alive" and rows[ids[2]]["worker_id"] == "gone"
     assert adopt(engine, "newer", "h") == []  # "new" is alive: a second starting worker takes nothing
+
+
+def test_a_job_that_vanished_without_a_result_is_failed_with_reason_and_log_tail(tmp_path, monkeypatch):
+    """Neither squeue nor scontrol knows the job any more (purged after MinJobAge, or the controller lost it)."""
+    import json
+
+    from backend.cluster import runner, slurm
+
+    run_dir = tmp_path / "runs" / "5"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm.json").write_text(json.dumps({"job_id": "999"}))
+    (run_dir / "slurm-999.out").write_text("SHARDLAB_SLURM job 999 nodes node[1-2]\nlast words of the job\n")
+    monkeypatch.setattr(slurm, "query", lambda job_id: slurm.JobState("VANISHED", "Invalid job id specified"))
+    res = runner.run_on_slurm(slurm_spec(), workdir=Path("5"), config=SlurmConfig(run_dir=tmp_path / "runs"))
+    assert res.status == "failed" and "vanished from the queue without a result (Invalid job id specified)" in res.error
+    assert "last words of the job" in res.log_tail and res.env["launch"]["reattached"] is True
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
