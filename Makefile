@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run test test-fast worker browser clean
+.PHONY: run test test-fast worker browser clean postgres slurm
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed requirements-frameworks.txt
 	touch $@
 
 run: $(VENV)/.installed $(VENV)/.installed-frameworks
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true
+	$(PY) -m backend.serve --host '$(HOST)' --port '$(PORT)'  # refuses a non-loopback HOST without auth (README)
 
 worker: $(VENV)/.installed $(VENV)/.installed-frameworks
 	$(PY) -m backend worker
@@ -40,7 +40,25 @@ browser:
 	  else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser test will be skipped"; fi; \
 	fi
 
-test: $(VENV)/.installed-test browser
+# A real PostgreSQL server for the store tests (started by the tests themselves in a temp dir; see tests/pg_server.py).
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null) \
+	      || echo "warning: could not install postgresql; the PostgreSQL store tests will be skipped"; \
+	  else echo "warning: postgresql missing and apt-get unavailable; the PostgreSQL store tests will be skipped"; fi; \
+	fi
+
+# A real SLURM cluster (slurmctld + 2 slurmd on 127.0.0.1) for tests/test_slurm.py, started by the tests themselves.
+slurm:
+	@if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm >/dev/null) \
+	      || echo "warning: could not install slurm-wlm; the SLURM tests will be skipped"; \
+	  else echo "warning: slurm-wlm missing and apt-get unavailable; the SLURM tests will be skipped"; fi; \
+	fi
+
+test: $(VENV)/.installed-test browser postgres slurm
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed-test

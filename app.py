@@ -6,9 +6,11 @@ import time
 
 import streamlit as st
 
-from backend.ui import store, worker_ctl
+from backend.ui import access, store, worker_ctl
 
 st.set_page_config(page_title="ShardLab", page_icon=":material/grid_view:", layout="wide")
+access.guard_bind()
+access.require_login()
 
 PAGES = [
     st.Page("pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new", default=True),
@@ -46,6 +48,6 @@ with st.sidebar:
     else:
         st.warning("No worker running: queued runs wait. Start one with `make worker`.", icon=":material/settings:")
         st.caption(ws.detail)
-    st.caption(f"Database: `{store.db_url()}`")
+    st.caption(f"Database: `{store.db_url_shown()}`")
 
 nav.run()

@@ -89,6 +89,11 @@ class Offload(StrEnum):
     PARAMS = "params"  # params too: DeepSpeed offload_param (stage 3) + offload_optimizer; FSDP2 CPUOffloadPolicy
 
 
+class Executor(StrEnum):
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
 DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
@@ -212,6 +217,9 @@ class RuntimeSpec(_Section):
     """host:port of the c10d rendezvous for multi-node jobs; None runs standalone."""
     timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)
     """Wall-clock limit for the whole job; also bounds hung collectives."""
+    executor: Executor = Executor.LOCAL
+    """Where the worker runs it: local (torchrun on the worker's machine) or slurm (sbatch on the cluster of
+    shardlab.toml [slurm]; nnodes nodes, rendezvous at the allocation's first node)."""
 
 
 class SpecError(ValueError):

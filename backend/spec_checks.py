@@ -7,8 +7,13 @@ complete and runnable or raises `SpecError` with all problems at once.
 
 from __future__ import annotations
 
+import re
+
 from backend.spec import (MULTI_STAGE_SCHEDULES, ExperimentSpec, ModelSpec, ParallelSpec, Schedule, Strategy,
                           TrainSpec)
+
+
+_ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
 
 
 class RunOnly(str):
@@ -27,8 +32,11 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
     problems += _check_pipeline(m, t, p)
     if r.node_rank >= r.nnodes:
         problems.append(f"node_rank={r.node_rank} must be < nnodes={r.nnodes}")
-    if r.nnodes > 1 and not r.rdzv_endpoint:
+    if r.nnodes > 1 and not r.rdzv_endpoint and r.executor != "slurm":  # on SLURM the allocation gives it
         problems.append(f"nnodes={r.nnodes} needs rdzv_endpoint host:port for the c10d rendezvous")
+    if r.rdzv_endpoint and not _ENDPOINT.fullmatch(r.rdzv_endpoint):
+        problems.append(f"rdzv_endpoint={r.rdzv_endpoint!r} is not host:port (host: letters, digits, '.', '-' or "
+                        "[IPv6]; port 1-65535)")
     if r.nnodes > 1 and p.world_size % r.nnodes:
         problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
     problems += _check_backend_device(s)

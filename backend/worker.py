@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from backend.cluster.reattach import Detached
 from backend.result import RunResult, Status
 from backend.spec import ExperimentSpec
 from db import queries as q
@@ -80,15 +81,18 @@ class Worker:
 
     def serve(self, *, once: bool = False, drain: bool = False, concurrency: int = 1) -> int:
         """Run jobs until stopped (once: at most one job per slot; drain: until the queue is empty)."""
+        adopted = self._adopt_slurm_jobs()
         self.recover()
         self.assign_gpus(concurrency)
         slots = [threading.Thread(target=self._loop, args=(i, once, drain), name=f"worker-{i}", daemon=True)
                  for i in range(max(1, concurrency))]
         for t in slots:
             t.start()
-        while any(t.is_alive() for t in slots):
-            for t in slots:
+        while any(t.is_alive() for t in slots + adopted):
+            for t in slots + adopted:
                 t.join(timeout=0.5)
+        if adopted:
+            q.set_worker_state(self.engine, f"{self.host}:{os.getpid()}:adopt", "stopped")
         return 0
 
     def assign_gpus(self, concurrency: int) -> None:
@@ -99,6 +103,21 @@ class Worker:
         for i, gpus in enumerate(gpu_slots(concurrency, visible_gpus())):
             if gpus is not None:
                 self._slot_env[self.slot_id(i)] = {"CUDA_VISIBLE_DEVICES": gpus}
+
+    def _adopt_slurm_jobs(self) -> list[threading.Thread]:
+        """Follow the SLURM jobs of gone workers to their end (see backend.cluster.reattach), one thread each."""
+        from backend.cluster.reattach import adopt
+
+        wid, me = f"{self.host}:{os.getpid()}:adopt", psutil.Process()
+        # a live row first, so that a worker starting beside this one does not adopt the same jobs again
+        q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time())
+        ids = adopt(self.engine, wid, self.host, stale_after_s=self.stale_after_s)
+        q.set_worker_state(self.engine, wid, "running" if ids else "stopped", ids[0] if ids else None)
+        threads = [threading.Thread(target=self.execute, args=(eid, wid), name=f"slurm-{eid}", daemon=True) for eid in ids]
+        for eid, t in zip(ids, threads):
+            log.info("experiment %s: re-attached to its SLURM job", eid)
+            t.start()
+        return threads
 
     def _loop(self, slot: int, once: bool, drain: bool) -> None:
         wid = self.slot_id(slot)
@@ -129,7 +148,7 @@ class Worker:
 
     # ---- one job -------------------------------------------------------------------------------
 
-    def execute(self, experiment_id: int, worker_id: str) -> RunResult:
+    def execute(self, experiment_id: int, worker_id: str) -> RunResult | None:
         """Run a claimed experiment to its end and store the result (never raises for a failed run)."""
         row = q.get_experiment(self.engine, experiment_id)
         spec: ExperimentSpec = row["spec"]
@@ -145,6 +164,9 @@ class Worker:
         beat.start()
         try:
             result = self._run(spec, experiment_id, worker_id, cancel)
+        except Detached:
+            log.info("experiment %s: worker stopping, its SLURM job keeps running (the next worker re-attaches)", experiment_id)
+            return None
         finally:
             beat_stop.set()
             beat.join(timeout=10)
@@ -159,6 +181,8 @@ class Worker:
 
     def _run(self, spec: ExperimentSpec, experiment_id: int, worker_id: str, cancel: threading.Event) -> RunResult:
         runner = self.runner
+        if runner is None and spec.runtime.executor == "slurm":
+            from backend.cluster.runner import run_on_slurm as runner
         if runner is None:
             from backend.launch.launcher import run_experiment as runner
 
@@ -170,9 +194,12 @@ class Worker:
                 log.exception("progress update failed")
 
         extra_env = {**self._slot_env.get(worker_id, {}), WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
+        kw = {"detach": self.stopping} if spec.runtime.executor == "slurm" and self.runner is None else {}
         try:
             return runner(spec, workdir=self.runs_dir / str(experiment_id), on_progress=on_progress, cancel=cancel,
-                          extra_env=extra_env)
+                          extra_env=extra_env, **kw)
+        except Detached:
+            raise
         except Exception as e:
             return RunResult(status=Status.FAILED, spec=spec, error=f"the runner raised {type(e).__name__}: {e}",
                              traceback=traceback.format_exc())

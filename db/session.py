@@ -10,6 +10,11 @@ switched off (`isolation_level=None`) and SQLAlchemy's `begin` event emits the B
 such as a job claim holds the write lock from its first statement and two workers cannot both claim
 the same row; a deferred write transaction could also fail with SQLITE_BUSY_SNAPSHOT, which
 busy_timeout does not retry.
+
+PostgreSQL (`postgresql+psycopg://user@host:port/db`, a team's shared store) runs the same Alembic
+migrations (serialised by an advisory lock, db/migrations) and needs no BEGIN IMMEDIATE: transactions are
+READ COMMITTED and the job claim takes its row with `SELECT ... FOR UPDATE SKIP LOCKED` (db.queries.claim_next),
+so concurrent workers skip a row another worker is claiming instead of waiting for it or taking it twice.
 """
 
 from __future__ import annotations

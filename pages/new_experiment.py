@@ -68,6 +68,11 @@ def _parallel_inputs() -> None:
     c1, c2 = st.columns(2)  # issue 14
     c1.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
     c2.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
+    c1, c2 = st.columns(2)
+    c1.radio("Run on", list(sf.RUN_ON), key=P + "executor", format_func=sf.RUN_ON.get, horizontal=True)
+    if st.session_state[P + "executor"] == "slurm":
+        c2.number_input("Nodes", 1, 100_000, key=P + "nnodes", help="ranks per node = world size / nodes")
+        c2.caption(sf.placement({k: st.session_state[P + k] for k in ("executor", "nnodes", "world_size")}))
 
 
 def _train_inputs() -> None:
@@ -187,6 +192,11 @@ spec, problems = sf.form_to_spec(values)
 with right:
     st.subheader("Prediction")
     device_gb = st.number_input("Device memory to check against (GB)", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0)
+    if spec is not None and spec.runtime.executor == "slurm":
+        from backend.cluster.submit import cluster_problem
+
+        if (problem := cluster_problem(spec)) is not None:
+            spec, problems = None, [problem]
     if problems:
         st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
     else:

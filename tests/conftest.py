@@ -44,3 +44,67 @@ def pytest_sessionfinish(session, exitstatus):
     psutil.wait_procs(strays, timeout=5)
     sys.stderr.write("\nstray worker process(es) left by the test session (killed):\n  " + "\n  ".join(lines) + "\n")
     session.exitstatus = 1
+
+
+# ---- the experiment store on SQLite and on PostgreSQL ------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL server for the whole session (see tests/pg_server.py); skipped with the reason."""
+    from pg_server import PgServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = PgServer().start()
+    try:
+        server.make_template()
+        yield server
+    finally:
+        from db.session import forget_engines
+
+        forget_engines()
+        server.stop()
+
+
+class StoreUrls:
+    """Database URLs of the backend under test, one per name: a SQLite file in tmp_path, or a fresh
+    PostgreSQL database copied from the migrated template (`blank=True`: an empty one, for migrations)."""
+
+    def __init__(self, backend: str, tmp_path, server=None) -> None:
+        self.backend, self.tmp_path, self.server, self._urls, self._dbs = backend, tmp_path, server, {}, []
+
+    def url(self, name: str = "store.db", *, blank: bool = False) -> str:
+        if name not in self._urls:
+            if self.server is None:
+                self._urls[name] = f"sqlite:///{self.tmp_path / name}"
+            else:
+                db = self.server.new_database(blank=blank)
+                self._dbs.append(db)
+                self._urls[name] = self.server.url(db)
+        return self._urls[name]
+
+    def engine(self, name: str = "store.db"):
+        from db.session import open_db
+
+        return open_db(self.url(name))
+
+    def close(self) -> None:
+        if self.server is None:
+            return
+        from db.session import forget_engines
+
+        forget_engines()
+        for db in self._dbs:
+            self.server.drop_database(db)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_urls(request, tmp_path):
+    """The store tests run once on SQLite and once on a real PostgreSQL server."""
+    server = request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    urls = StoreUrls(request.param, tmp_path, server)
+    yield urls
+    urls.close()

@@ -1,4 +1,5 @@
-"""The experiment store on a real SQLite file: session tuning, queries, lifecycle, atomic result storage."""
+"""The experiment store on a real SQLite file and on a real PostgreSQL server (the `store_urls` fixture):
+session tuning, queries, lifecycle, atomic result storage."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ NASTY = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀",
 
 
 @pytest.fixture
-def engine(tmp_path):
-    return file_db(tmp_path)
+def engine(store_urls):
+    return store_urls.engine()
 
 
 def _count(engine, model) -> int:
@@ -28,7 +29,8 @@ def _count(engine, model) -> int:
         return c.execute(select(func.count()).select_from(model)).scalar_one()
 
 
-def test_sqlite_is_tuned_for_a_worker_beside_readers(engine, tmp_path):
+def test_sqlite_is_tuned_for_a_worker_beside_readers(tmp_path):
+    engine = file_db(tmp_path)
     with engine.connect() as c:
         assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

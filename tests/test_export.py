@@ -10,15 +10,15 @@ import pytest
 
 from db import queries as q
 from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise, table
-from store_helpers import fake_result, file_db, spec
+from store_helpers import fake_result, spec
 
 EVIL_NAME = '=HYPERLINK("http://evil.example","click")'
 TAGS = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀", "+cmd|' /C calc'!A0", "@SUM(1)"]
 
 
 @pytest.fixture
-def stored(tmp_path):
-    engine = file_db(tmp_path)
+def stored(store_urls):
+    engine = store_urls.engine()
     ids = {}
     for i, (name, status) in enumerate([(EVIL_NAME, "ok"), ("-negative name", "failed"), ("plain", "ok")]):
         s = spec(name, strategy="zero1" if i == 1 else "ddp")

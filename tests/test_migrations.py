@@ -14,8 +14,8 @@ from db.models import Base
 from db.session import get_engine, init_db
 
 
-def test_first_revision_database_upgrades_and_keeps_its_rows(tmp_path):
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+def test_first_revision_database_upgrades_and_keeps_its_rows(store_urls):
+    url = store_urls.url("old.db", blank=True)
     engine = get_engine(url)
     upgrade(engine, "0001")
     assert current_revision(engine) == "0001"
@@ -24,9 +24,9 @@ def test_first_revision_database_upgrades_and_keeps_its_rows(tmp_path):
             "INSERT INTO experiments (name, spec_json, strategy, world_size, dp, tp, pp, ep, zero_stage, schedule, "
             "microbatches, virtual_stages, sequence_parallel, d_model, n_layers, n_heads, n_kv_heads, ffn, seq_len, vocab, "
             "n_experts, top_k, global_batch, micro_batch, steps, precision, optimizer, recompute, status, cancel_requested, "
-            "created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', 2, 1, 0, 32, 2, 2, 2, 128, "
-            "16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', 0, '2026-01-02 03:04:05.000000', 0.5)"),
-            {"spec": '{"name": "old run", "parallel": {"world_size": 2}}'})
+            "created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', 2, 1, :no, 32, 2, 2, 2, 128, "
+            "16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', :no, '2026-01-02 03:04:05.000000', 0.5)"),
+            {"spec": '{"name": "old run", "parallel": {"world_size": 2}}', "no": False})
         c.execute(text("INSERT INTO experiment_tags (experiment_id, tag) VALUES (1, 'kept')"))
     init_db(engine)
     assert current_revision(engine) == head_revision() != "0001"
@@ -37,14 +37,14 @@ def test_first_revision_database_upgrades_and_keeps_its_rows(tmp_path):
     assert q.worker_heartbeats(engine) == []  # the table added by a later revision exists
 
 
-def test_models_match_the_migrated_schema(tmp_path):
-    engine = init_db(get_engine(f"sqlite:///{tmp_path / 'new.db'}"))
+def test_models_match_the_migrated_schema(store_urls):
+    engine = init_db(get_engine(store_urls.url("new.db", blank=True)))
     with engine.connect() as c:
         diff = compare_metadata(MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata)
     assert diff == [], "models changed without an Alembic revision: " + repr(diff)
 
 
-def test_backfill_of_export_summaries_matches_what_new_results_store(tmp_path):
+def test_backfill_of_export_summaries_matches_what_new_results_store(store_urls):
     from sqlalchemy import select
 
     from db.migrations import alembic_config
@@ -53,7 +53,7 @@ def test_backfill_of_export_summaries_matches_what_new_results_store(tmp_path):
     from store_helpers import fake_result, spec
     from alembic import command
 
-    engine = init_db(get_engine(f"sqlite:///{tmp_path / 'fill.db'}"))
+    engine = init_db(get_engine(store_urls.url("fill.db", blank=True)))
     stored = {}
     for i, status in enumerate(["ok", "failed"]):
         s = spec(f"r{i}", world_size=2)

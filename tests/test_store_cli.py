@@ -14,7 +14,8 @@ import pytest
 from backend.cli import main
 from db import queries as q
 from db.session import REPO
-from store_helpers import TINY, fake_result, file_db
+from db.session import open_db
+from store_helpers import TINY, fake_result
 
 FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
          "--global-batch", "4", "--micro-batch", "2", "--steps", "2"]
@@ -22,8 +23,8 @@ EVIL = "Robert'); DROP TABLE experiments;--"
 
 
 @pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'cli.db'}"
+def db(store_urls):
+    return store_urls.url("cli.db")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -36,7 +37,7 @@ def test_submit_prints_the_id_and_rejects_bad_specs_with_the_arithmetic(capsys, 
     code, out, _ = run(capsys, "submit", "--db", db, *FLAGS, "--name", "=cmd()", "--tag", EVIL, "--tag", "ünï©ødé 🚀")
     assert code == 0
     eid = int(out)
-    engine = file_db(tmp_path, "cli.db")
+    engine = open_db(db)
     row = q.get_experiment(engine, eid)
     assert row["name"] == "=cmd()" and sorted(row["tags"]) == sorted([EVIL, "ünï©ødé 🚀"]) and row["d_model"] == 32
     code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--world", "3")
@@ -54,7 +55,7 @@ def test_sweep_queues_valid_points_and_reports_invalid_ones(capsys, db, tmp_path
     code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--sweep", str(grid), "--tag", "g")
     assert code == 0 and len(out.split()) == 3
     assert 'invalid point {"strategy": "tp", "world": 1}' in err and "strategy tp needs tp >= 2" in err
-    engine = file_db(tmp_path, "cli.db")
+    engine = open_db(db)
     rows = q.list_experiments(engine, tag="g")
     assert sorted(r["id"] for r in rows) == sorted(map(int, out.split())) and len({r["sweep_id"] for r in rows}) == 1
     code, out, err = run(capsys, "submit", "--db", db, *FLAGS, "--sweep", str(grid), "--strict")
@@ -66,7 +67,7 @@ def test_sweep_queues_valid_points_and_reports_invalid_ones(capsys, db, tmp_path
 
 def test_list_show_cancel_requeue_tag_delete(capsys, db, tmp_path):
     ids = [int(run(capsys, "submit", "--db", db, *FLAGS, "--name", n)[1]) for n in ("one", "two")]
-    engine = file_db(tmp_path, "cli.db")
+    engine = open_db(db)
     q.claim_next(engine, "w")
     q.store_result(engine, ids[0], fake_result(q.get_experiment(engine, ids[0])["spec"], "timeout"))
     code, out, _ = run(capsys, "list", "--db", db)
@@ -103,11 +104,11 @@ def test_export_to_file_with_filters(capsys, db, tmp_path):
     assert [d["name"] for d in json.loads(out)] == ["=1+2"]
 
 
-def test_db_url_comes_from_the_environment(tmp_path):
-    url = f"sqlite:///{tmp_path / 'env.db'}"
+def test_db_url_comes_from_the_environment(store_urls, tmp_path):
+    url = store_urls.url("env.db")
     env = {**os.environ, "SHARDLAB_DB_URL": url, "OMP_NUM_THREADS": "1"}
     sub = subprocess.run([sys.executable, "-m", "backend", "submit", *FLAGS], cwd=REPO, env=env, capture_output=True, text=True)
     assert sub.returncode == 0, sub.stderr
     listed = subprocess.run([sys.executable, "-m", "backend", "list", "--json"], cwd=REPO, env=env, capture_output=True, text=True)
     assert [r["id"] for r in json.loads(listed.stdout)] == [int(sub.stdout)]
-    assert (tmp_path / "env.db").exists()
+    assert store_urls.backend != "sqlite" or (tmp_path / "env.db").exists()

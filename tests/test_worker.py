@@ -21,7 +21,7 @@ from backend.result import RunResult, Status
 from backend.worker import WORKER_ENV, Worker
 from db import queries as q
 from db.session import REPO
-from store_helpers import fake_result, file_db, spec
+from store_helpers import fake_result, spec
 
 PY = sys.executable
 
@@ -58,8 +58,8 @@ class FakeRunner:
 
 
 @pytest.fixture
-def engine(tmp_path):
-    return file_db(tmp_path)
+def engine(store_urls):
+    return store_urls.engine()
 
 
 def _serve(worker: Worker, **kw) -> threading.Thread:
@@ -168,7 +168,7 @@ print(" ".join(map(str, got)))
 
 
 def test_two_processes_never_claim_the_same_job(engine, tmp_path):
-    url = str(engine.url)
+    url = engine.url.render_as_string(hide_password=False)
     ids = q.submit_experiments(engine, [spec(str(i)) for i in range(30)])
     go = tmp_path / "go"
     script = CLAIMER.format(root=str(REPO), url=url, go=str(go))
@@ -203,7 +203,7 @@ print("done")
 
 def test_readers_never_see_database_is_locked_while_the_worker_writes(engine, tmp_path):
     n = 30
-    script = WRITER.format(root=str(REPO), tests=str(Path(__file__).parent), url=str(engine.url), n=n)
+    script = WRITER.format(root=str(REPO), tests=str(Path(__file__).parent), url=engine.url.render_as_string(hide_password=False), n=n)
     proc = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     reads, errors = 0, []
     while proc.poll() is None:
@@ -264,13 +264,13 @@ def _cmdline(p: psutil.Process) -> list[str]:
 
 
 @pytest.mark.slow
-def test_submit_then_worker_once_stores_a_real_run(tmp_path, capsys):
-    url = f"sqlite:///{tmp_path / 'e2e.db'}"
+def test_submit_then_worker_once_stores_a_real_run(store_urls, tmp_path, capsys):
+    url = store_urls.url("e2e.db")
     assert main(["submit", "--db", url, *TINY_FLAGS, "--tag", "e2e", "--name", "tiny ddp"]) == 0
     eid = int(capsys.readouterr().out)
-    run = cli("worker", "--db", url, "--once")
+    run = cli("worker", "--db", url, "--once", "--runs-dir", str(tmp_path / "runs"))
     assert run.returncode == 0, run.stdout + run.stderr
-    engine = file_db(tmp_path, "e2e.db")
+    engine = store_urls.engine("e2e.db")
     row = q.get_experiment(engine, eid)
     res = row["result"]
     assert row["status"] == "ok", (row["error"], row["log_tail"])
@@ -288,9 +288,9 @@ def test_submit_then_worker_once_stores_a_real_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_worker_mid_run_then_restart_interrupts_and_requeues(tmp_path):
-    url = f"sqlite:///{tmp_path / 'kill.db'}"
-    engine = file_db(tmp_path, "kill.db")
+def test_kill_9_of_the_worker_mid_run_then_restart_interrupts_and_requeues(store_urls, tmp_path):
+    url = store_urls.url("kill.db")
+    engine = store_urls.engine("kill.db")
     eid = q.submit_experiment(engine, spec("hangs"))
     # Rank 0 hangs at its second step, so the job is reliably mid-run when the worker dies.
     worker = start_worker(url, "--once", env={"SHARDLAB_FAULT": "hang:rank=0:step=1"})
@@ -315,9 +315,9 @@ def test_kill_9_of_the_worker_mid_run_then_restart_interrupts_and_requeues(tmp_p
 
 
 @pytest.mark.slow
-def test_cancel_and_sigterm_of_a_real_running_job(tmp_path):
-    url = f"sqlite:///{tmp_path / 'cancel.db'}"
-    engine = file_db(tmp_path, "cancel.db")
+def test_cancel_and_sigterm_of_a_real_running_job(store_urls, tmp_path):
+    url = store_urls.url("cancel.db")
+    engine = store_urls.engine("cancel.db")
     eid = q.submit_experiment(engine, spec("to cancel"))
     worker = start_worker(url, env={"SHARDLAB_FAULT": "hang:rank=0:step=1"})
     try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from backend.spec import Framework, Offload  # noqa: E402 - issue 14's flags
 from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
+from backend.spec import Executor
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -47,6 +48,8 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--timeout": ("runtime", "timeout_s", float),
     "--framework": ("", "framework", [v.value for v in Framework]),
     "--offload": ("parallel", "offload", [v.value for v in Offload]),
+    "--executor": ("runtime", "executor", [v.value for v in Executor]),
+    "--nodes": ("runtime", "nnodes", int),
 }
 
 

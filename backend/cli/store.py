@@ -110,6 +110,12 @@ def cmd_submit(args) -> int:
     spec, problems = spec_from_args(args)
     if spec is None:
         return fail("invalid spec:\n  " + "\n  ".join(problems))
+    if spec.runtime.executor == "slurm":
+        from backend.cluster.submit import cluster_problem
+
+        problem = cluster_problem(spec)
+        if problem:
+            return fail(problem)
     eid = q.submit_experiment(_engine(args), spec, tags=args.tag)
     print(_dump({"ids": [eid]}) if args.json else eid)
     return 0

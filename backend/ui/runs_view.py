@@ -25,7 +25,7 @@ def progress_text(row: dict[str, Any]) -> str:
         k, n, ph = row.get("progress_step"), row.get("progress_total"), row.get("progress_phase")
         if k is not None and n:
             return f"step {k}/{n}" + (f" ({ph})" if ph else "")
-        return "starting"
+        return ph or "starting"  # e.g. a SLURM job's queue state: "slurm PENDING (Resources)"
     if st == "queued":
         return "waiting for a worker"
     return "" if st == "ok" else (row.get("error") or "")[:80]

@@ -74,7 +74,7 @@ def default_form() -> dict[str, Any]:
         sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
-        timeout_s=600.0, device_mem_gb=80.0,
+        timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1,
     )
     v.update(framework="torch", offload="none")
     return v
@@ -95,7 +95,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "model": {k: val(k) for k in MODEL_KEYS if k in v},
         "train": {k: val(k) for k in TRAIN_KEYS if k in v},
         "parallel": parallel,
-        "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0)},
+        "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
+                    "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
     }
 
 
@@ -120,6 +121,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v["microbatches"] = 0
     v["name"], v["timeout_s"], v["preset"] = spec.name, spec.runtime.timeout_s, preset_of(v)
     v["framework"], v["offload"] = str(spec.framework), str(p.offload)
+    v["executor"], v["nnodes"] = str(spec.runtime.executor), spec.runtime.nnodes
     return v
 
 
@@ -145,3 +147,13 @@ def describe(spec: ExperimentSpec) -> str:
     if p.ep > 1:
         parts.append(f"ep{p.ep}")
     return " · ".join(parts)
+
+
+RUN_ON = {"local": "This machine (the worker's torchrun)", "slurm": "SLURM cluster (sbatch; shardlab.toml [slurm])"}
+
+
+def placement(v: dict[str, Any]) -> str:
+    """"2 node(s) x 2 rank(s) per node" for the form's caption."""
+    nodes = int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1
+    world = int(v.get("world_size") or 1)
+    return f"{nodes} node(s) x {world / nodes:g} rank(s) per node"

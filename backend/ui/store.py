@@ -21,6 +21,13 @@ def db_url() -> str:
     return resolve_url(None)
 
 
+def db_url_shown() -> str:
+    """The URL without its password (a PostgreSQL team store's URL may carry one)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(db_url()).render_as_string(hide_password=True)
+
+
 @st.cache_resource(show_spinner=False)
 def _engine_for(url: str):
     from db.session import open_db

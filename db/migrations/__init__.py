@@ -1,7 +1,8 @@
 """Alembic migrations of the experiment store, run programmatically by `db.session.init_db`.
 
-`upgrade(engine, revision)` runs inside one BEGIN IMMEDIATE transaction on the caller's engine, so two
-processes opening a fresh database at once migrate it exactly once.
+`upgrade(engine, revision)` runs inside one BEGIN IMMEDIATE transaction on the caller's engine (on
+PostgreSQL: one transaction holding a transaction-level advisory lock), so two processes opening a fresh
+database at once migrate it exactly once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import Engine
 
 HERE = Path(__file__).resolve().parent
 INI = HERE.parent / "alembic.ini"
+MIGRATION_LOCK_ID = 0x5AD1AB  # pg_advisory_xact_lock key of ShardLab's schema migrations
 
 
 def alembic_config(engine: Engine | None = None) -> Config:
@@ -43,5 +45,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
     cfg = alembic_config(engine)
     with write_engine(engine).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # DDL is transactional here too, but two fresh migrations would both CREATE TABLE: serialise them;
+            # alembic reads the version after the lock, so the second one finds the schema at head.
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)

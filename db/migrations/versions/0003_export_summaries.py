@@ -58,6 +58,10 @@ def _backfill() -> None:
         env = "(SELECT e.env_json FROM experiments e WHERE e.id = experiment_summaries.experiment_id)"
         op.execute(f"UPDATE experiment_summaries SET torch_version = json_extract({env}, '$.torch'), "
                    f"python_version = json_extract({env}, '$.python')")
+    elif op.get_bind().dialect.name == "postgresql":
+        env = "(SELECT e.env_json::json FROM experiments e WHERE e.id = experiment_summaries.experiment_id)"
+        op.execute(f"UPDATE experiment_summaries SET torch_version = {env} ->> 'torch', "
+                   f"python_version = {env} ->> 'python'")
 
 
 def downgrade() -> None:

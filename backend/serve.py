@@ -1,0 +1,102 @@
+"""`make run`: start the dashboard, and refuse to expose it beyond this machine by accident.
+
+The dashboard binds 127.0.0.1 by default. Any other address (0.0.0.0, a LAN IP, a host name) starts only
+when remote access is set up on purpose, one of:
+  1. OIDC login: `.streamlit/secrets.toml` (or ~/.streamlit/secrets.toml) has an `[auth]` section with
+     redirect_uri, cookie_secret, client_id, client_secret, server_metadata_url (Streamlit's `st.login`;
+     app.py then shows nothing but a log-in button until the user is logged in), see README;
+  2. a trusted network behind an authenticating reverse proxy: `SHARDLAB_TRUSTED_PROXY=1`.
+Otherwise it exits with status 2 and says how to do either, before Streamlit starts.
+
+    python -m backend.serve [--host 127.0.0.1] [--port 8501]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRUSTED_PROXY_ENV = "SHARDLAB_TRUSTED_PROXY"
+AUTH_KEYS = ("redirect_uri", "cookie_secret")
+PROVIDER_KEYS = ("client_id", "client_secret", "server_metadata_url")
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost, or "" (all interfaces)
+
+
+def secrets_paths(cwd: Path = REPO) -> list[Path]:
+    """Where Streamlit reads secrets from when started in `cwd` (project file first)."""
+    return [cwd / ".streamlit" / "secrets.toml", Path.home() / ".streamlit" / "secrets.toml"]
+
+
+def auth_problem(paths: list[Path]) -> str | None:
+    """None when some secrets file holds a complete `[auth]` section for st.login, else what is missing."""
+    problems = []
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            auth = tomllib.loads(path.read_text()).get("auth")
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            problems.append(f"{path}: unreadable ({e})")
+            continue
+        if not isinstance(auth, dict):
+            problems.append(f"{path}: no [auth] section")
+            continue
+        missing = [k for k in AUTH_KEYS if not auth.get(k)]
+        providers = [auth] + [v for v in auth.values() if isinstance(v, dict)]
+        if not any(all(p.get(k) for k in PROVIDER_KEYS) for p in providers):
+            missing.append("client_id/client_secret/server_metadata_url (in [auth] or an [auth.<provider>])")
+        if not missing:
+            return None
+        problems.append(f"{path}: [auth] lacks {', '.join(missing)}")
+    return "; ".join(problems) or "no .streamlit/secrets.toml with an [auth] section"
+
+
+def remote_access_problem(host: str, *, env: dict[str, str] | None = None, paths: list[Path] | None = None) -> str | None:
+    """Why binding `host` is refused (None when allowed)."""
+    env = os.environ if env is None else env
+    if is_loopback(host) or env.get(TRUSTED_PROXY_ENV) == "1":
+        return None
+    why = auth_problem(secrets_paths() if paths is None else paths)
+    if why is None:
+        return None
+    shown = host or "all interfaces"
+    return (f"refusing to serve the dashboard on {shown!s}: it would be reachable from other machines without a login "
+            f"({why}). Either configure OIDC login for st.login in .streamlit/secrets.toml [auth] (README: "
+            f"'Remote access'), or, on a trusted network behind an authenticating proxy, set {TRUSTED_PROXY_ENV}=1. "
+            f"Or bind 127.0.0.1 (the default) and use an SSH tunnel.")
+
+
+def streamlit_argv(host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.address", host,
+            "--server.port", str(port), "--server.headless", "true"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Start the ShardLab dashboard (refuses remote binds without auth).")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8501)
+    args = ap.parse_args(argv)
+    problem = remote_access_problem(args.host)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    cmd = streamlit_argv(args.host, args.port)
+    os.chdir(REPO)
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

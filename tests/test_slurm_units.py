@@ -1,0 +1,100 @@
+"""The SLURM executor's parts that need no cluster: config checks, the batch script, adoption of the jobs
+of gone workers (on SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backend.cluster.config import ClusterConfigError, SlurmConfig, load
+from backend.cluster.reattach import adopt
+from backend.cluster.script import build_script, time_limit
+from backend.spec import validate_spec
+from db import queries as q
+
+TINY = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16, "vocab_size": 64},
+        "train": {"global_batch": 4, "micro_batch": 1, "steps": 2}}
+
+
+def slurm_spec(world=4, nodes=2, **runtime):
+    spec, problems = validate_spec({**TINY, "parallel": {"strategy": "ddp", "world_size": world},
+                                    "runtime": {"executor": "slurm", "nnodes": nodes, **runtime}})
+    assert not problems, problems
+    return spec
+
+
+def test_the_script_takes_the_rendezvous_from_nodeaddr_and_parses(tmp_path):
+    cfg = SlurmConfig(partition="gpu", account="ml-infra", gpus_per_node=2, extra_sbatch=["#SBATCH --exclusive"])
+    script = build_script(slurm_spec(timeout_s=90.5), cfg, experiment_id=12, workdir=tmp_path / "12")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu", "#SBATCH --account=ml-infra",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --time=1:31", "#SBATCH --no-requeue", "#SBATCH --exclusive"):
+        assert line in script.splitlines(), line
+    assert "NodeAddr" in script and "--local-addr" in script and "--nproc-per-node 2" in script
+    assert "-m backend.engine.rank" in script and "srun --nodes=2" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_time_limit_and_rank_placement_arithmetic():
+    assert time_limit(slurm_spec(timeout_s=600), SlurmConfig()) == "10:00"
+    assert time_limit(slurm_spec(), SlurmConfig(time_limit="02:00:00")) == "02:00:00"
+    assert SlurmConfig().check_spec(3, 2) == "world_size=3 is not divisible by nodes=2"
+    assert SlurmConfig(gpus_per_node=8).check_spec(8, 2) == \
+        "world_size=8 != nodes 2 x gpus_per_node 8 = 16: a GPU cluster runs one rank per GPU"
+    assert SlurmConfig(gpus_per_node=8).check_spec(16, 2) is None
+
+
+def test_a_run_dir_a_batch_line_cannot_hold_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="run folder"):
+        build_script(slurm_spec(), SlurmConfig(), experiment_id=1, workdir=tmp_path / "a b" / "1")
+
+
+def test_config_file_errors_name_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "shardlab.toml"
+    bad.write_text('[slurm]\npartition = "gpu; rm -rf /"\n')
+    with pytest.raises(ClusterConfigError, match="(?s)shardlab.toml.*not a SLURM name"):
+        load(bad)
+    monkeypatch.setenv("SHARDLAB_CLUSTER_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ClusterConfigError, match="does not exist"):
+        load()
+    bad.write_text('[slurm]\nbogus = 1\n')
+    with pytest.raises(ClusterConfigError, match="bogus"):
+        load(bad)
+
+
+def test_a_starting_worker_adopts_only_slurm_runs_of_gone_workers(store_urls):
+    engine = store_urls.engine()
+    me = psutil.Process()
+    q.register_worker(engine, "gone", pid=me.pid, host="h", pid_started=me.create_time())
+    q.register_worker(engine, "alive", pid=me.pid, host="h", pid_started=me.create_time())
+    local, _ = validate_spec({**TINY, "parallel": {"strategy": "ddp", "world_size": 2}})
+    ids = q.submit_experiments(engine, [slurm_spec(), slurm_spec(), local])
+    for eid, wid in zip(ids, ("gone", "alive", "gone")):
+        assert q.claim_next(engine, wid, host="h") == eid
+    q.set_worker_state(engine, "gone", "stopped")
+    q.register_worker(engine, "new", pid=me.pid, host="h", pid_started=me.create_time())  # as Worker.serve does
+    assert adopt(engine, "new", "h") == [ids[0]]
+    rows = {r["id"]: r for r in q.list_experiments(engine)}
+    assert rows[ids[0]]["worker_id"] == "new" and rows[ids[0]]["status"] == "running"
+    assert rows[ids[1]]["worker_id"] == "alive" and rows[ids[2]]["worker_id"] == "gone"
+    assert adopt(engine, "newer", "h") == []  # "new" is alive: a second starting worker takes nothing
+
+
+def test_a_job_that_vanished_without_a_result_is_failed_with_reason_and_log_tail(tmp_path, monkeypatch):
+    """Neither squeue nor scontrol knows the job any more (purged after MinJobAge, or the controller lost it)."""
+    import json
+
+    from backend.cluster import runner, slurm
+
+    run_dir = tmp_path / "runs" / "5"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm.json").write_text(json.dumps({"job_id": "999"}))
+    (run_dir / "slurm-999.out").write_text("SHARDLAB_SLURM job 999 nodes node[1-2]\nlast words of the job\n")
+    monkeypatch.setattr(slurm, "query", lambda job_id: slurm.JobState("VANISHED", "Invalid job id specified"))
+    res = runner.run_on_slurm(slurm_spec(), workdir=Path("5"), config=SlurmConfig(run_dir=tmp_path / "runs"))
+    assert res.status == "failed" and "vanished from the queue without a result (Invalid job id specified)" in res.error
+    assert "last words of the job" in res.log_tail and res.env["launch"]["reattached"] is True
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
