@@ -62,7 +62,8 @@ def one_rank_spec(spec: ExperimentSpec) -> ExperimentSpec:
     data["parallel"] = {"strategy": "ddp", "world_size": 1}
     data["train"]["microbatches"] = None
     data["runtime"] = {**data["runtime"], "device": "cpu", "backend": "gloo", "nnodes": 1, "node_rank": 0,
-                       "rdzv_endpoint": None}
+                       "rdzv_endpoint": None, "executor": "local"}
+    data["framework"] = "torch"  # the reference is single-process torch whatever framework ran the job
     return ExperimentSpec.model_validate(data)
 
 

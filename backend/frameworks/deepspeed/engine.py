@@ -13,7 +13,7 @@ from torch import nn
 
 from backend.frameworks.deepspeed.config import ds_config
 from backend.models.gpt import loss_fn
-from backend.strategies.base import LocalLoss, Prepared, RankContext, dp_slice, make_optimizer
+from backend.strategies.base import LocalLoss, Prepared, RankContext, make_optimizer
 
 
 def skip_shm_build() -> None:
@@ -70,7 +70,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> tuple[Prepared, Any]:
     t = ctx.spec.train
 
     def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> LocalLoss:
-        x, y = dp_slice(inputs, ctx).to(ctx.device), dp_slice(targets, ctx).to(ctx.device)
+        x, y = inputs, targets  # this dp rank's rows, already on ctx.device (the engine owns placement)
         n, mb = t.microbatches, t.micro_batch
         total = torch.zeros((), device=ctx.device)
         for i in range(n):

@@ -15,6 +15,7 @@ import torch
 from backend.bench import comm as comm_bench
 from backend.bench import memory, timing
 from backend.engine.data import global_batch
+from backend.strategies.context import local_batch
 from backend.engine.loop import progress
 from backend.frameworks.deepspeed.engine import master_tensors, partitions
 from backend.launch.faults import maybe_inject
@@ -35,7 +36,7 @@ def make_tracker(prep: Prepared, engine: Any) -> memory.CategoryMemTracker:
 
 def memory_step(ctx: RankContext, prep: Prepared, engine: Any, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:
     maybe_inject(ctx.rank, step)
-    batch = global_batch(ctx.spec, step)
+    batch = local_batch(ctx, *global_batch(ctx.spec, step))
     tracker = make_tracker(prep, engine)
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)

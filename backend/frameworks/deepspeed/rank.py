@@ -19,9 +19,10 @@ from backend.atomic_io import write_json_atomic
 from backend.bench.env import rank_env
 from backend.engine import mesh as mesh_mod
 from backend.engine.data import global_batch
+from backend.strategies.context import local_batch
 from backend.engine.loop import comm_steps, progress, timed_steps
 from backend.engine.rank import PAYLOAD_VERSION
-from backend.engine.reference import reference_losses
+from backend.engine.reference import run_isolated
 from backend.frameworks.deepspeed import engine as ds_engine
 from backend.frameworks.deepspeed.measure import memory_step
 from backend.frameworks.entry import rank_main
@@ -50,7 +51,9 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
         from backend.frameworks.deepspeed.estimate import deepspeed_estimate
 
         write_json_atomic(out / "ds_config.json", prep.extra["ds_config"])
-        ref = reference_losses(spec, device=device, rank=rank, on_step=lambda k, n: progress(ctx, k, n, "reference"))
+        ref, note = run_isolated(spec, out)  # its own CPU process, never on this rank's device (engine/rank.py)
+        if note:
+            gathered[0]["notes"].append(note)
         write_json_atomic(out / "ranks.json", {"version": PAYLOAD_VERSION, "world_size": world, "backend": backend,
                                                "framework": "deepspeed", "ds_config": prep.extra["ds_config"],
                                                "framework_estimate": deepspeed_estimate(spec),
@@ -64,7 +67,7 @@ def _loop(ctx: RankContext, prep: Any, engine: Any) -> dict[str, Any]:
     losses: list[float] = []
     for i in range(t.warmup_steps):
         maybe_inject(ctx.rank, i)
-        losses.append(global_mean_loss(*prep.train_step(*global_batch(ctx.spec, i))))
+        losses.append(global_mean_loss(*prep.train_step(*local_batch(ctx, *global_batch(ctx.spec, i)))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
     step_s = timed_steps(ctx, prep, losses)
     mem, full = memory_step(ctx, prep, engine, t.warmup_steps + t.steps)
