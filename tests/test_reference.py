@@ -19,18 +19,18 @@ def test_one_rank_spec_keeps_model_and_batch():
     assert one.train.microbatches == s.train.global_batch // s.train.micro_batch
 
 
-def test_skipped_with_the_arithmetic_when_over_budget(monkeypatch, tmp_path):
+def test_skipped_with_the_arithmetic_when_over_budget(monkeypatch):
     s = ExperimentSpec(**TINY, parallel={"strategy": "ddp", "world_size": 2})
     need = estimate(reference.one_rank_spec(s)).per_rank[0]
     monkeypatch.setenv(reference.BUDGET_ENV, str(need.total_bytes // 2))
-    losses, note = reference.run_isolated(s, tmp_path)
+    losses, note = reference.run_isolated(s)
     assert losses == [] and note.startswith("Loss reference skipped") and "GiB" in note
     monkeypatch.setenv(reference.BUDGET_ENV, str(need.total_bytes + need.optimizer_temp_bytes))
     assert reference.skip_reason(s) is None
 
 
 @pytest.mark.slow
-def test_isolated_reference_equals_in_process(tmp_path):
+def test_isolated_reference_equals_in_process():
     s = ExperimentSpec(**TINY, parallel={"strategy": "ddp", "world_size": 2})
-    losses, note = reference.run_isolated(s, tmp_path)
+    losses, note = reference.run_isolated(s)
     assert note is None and losses == reference.reference_losses(s)

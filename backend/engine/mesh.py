@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from backend.spec import Backend, Device, ExperimentSpec
 
@@ -43,8 +44,6 @@ def build_mesh(spec: ExperimentSpec, device: torch.device):  # -> DeviceMesh | N
     p = spec.parallel
     if p.world_size == 1:
         return None
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=MESH_DIMS)
 
 

@@ -60,7 +60,7 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
-        ref, note = run_isolated(spec, out)
+        ref, note = run_isolated(spec)
         ranks = sorted(gathered, key=lambda p: p["rank"])
         if note:
             ranks[0]["notes"].append(note)

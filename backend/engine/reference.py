@@ -1,7 +1,8 @@
 """The single-process loss reference: same model, seed, data, microbatch loop and optimizer, no parallelism.
 
-It can never break a run: rank 0 runs it after the job's measurements, in a process of its own on the CPU
-(`python -m backend.engine.reference`), so neither the training state nor a GPU is shared; it is skipped,
+It can never break a run: rank 0 runs it after the job's measurements, in a forked process of its own on the
+CPU (`run_isolated`; `python -m backend.engine.reference` runs it standalone), so neither the training state
+nor a GPU is shared; it is skipped,
 with the reason, when the analytic estimate of a one-rank run exceeds the memory budget; and a reference
 that fails only leaves a note. Skipping is not a failure: the run simply has no loss-parity check.
 """
@@ -9,11 +10,9 @@ that fails only leaves a note. Skipping is not a failure: the run simply has no 
 from __future__ import annotations
 
 import argparse
-import json
+import multiprocessing
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -85,23 +84,43 @@ def skip_reason(spec: ExperimentSpec) -> str | None:
             f"{BUDGET_ENV}); no loss-parity check for this run.")
 
 
-def run_isolated(spec: ExperimentSpec, workdir: Path) -> tuple[list[float], str | None]:
-    """(losses, note): the reference in its own CPU process; [] with the reason when skipped or failed."""
+def run_isolated(spec: ExperimentSpec) -> tuple[list[float], str | None]:
+    """(losses, note): the reference in its own CPU process; [] with the reason when skipped or failed.
+
+    The process is forked (it inherits the imported modules: no second interpreter start-up per run) and
+    touches neither the process group nor a GPU: it builds its own model on the CPU."""
     reason = skip_reason(spec)
     if reason:
         return [], reason
-    with tempfile.TemporaryDirectory(dir=workdir, prefix="reference-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "losses.json"
-        spec_path.write_text(spec.to_json())
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-        env.pop("SHARDLAB_FAULT", None)  # faults target the ranks' steps, not the reference
-        proc = subprocess.run([sys.executable, "-m", "backend.engine.reference", "--spec", str(spec_path),
-                               "--out", str(out_path)], env=env, stdout=subprocess.DEVNULL, stderr=None,
-                              timeout=spec.runtime.timeout_s)
-        if proc.returncode != 0 or not out_path.exists():
-            return [], (f"Loss reference failed (exit code {proc.returncode}; its stderr is in the run log): "
-                        "no loss-parity check for this run. The run itself is unaffected.")
-        return json.loads(out_path.read_text())["losses"], None
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(spec.to_json(), child), daemon=True)
+    proc.start()
+    child.close()
+    out: dict = {}
+    if parent.poll(spec.runtime.timeout_s):
+        try:
+            out = parent.recv()
+        except EOFError:
+            out = {}
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+    if "losses" not in out:
+        return [], (f"Loss reference failed ({out.get('error') or f'exit code {proc.exitcode}'}): no loss-parity "
+                    "check for this run. The run itself is unaffected.")
+    return out["losses"], None
+
+
+def _child(spec_json: str, conn) -> None:
+    try:
+        torch.set_num_threads(1)
+        losses = reference_losses(ExperimentSpec.from_json(spec_json), on_step=_progress)
+        conn.send({"losses": losses})
+    except BaseException as e:  # noqa: BLE001 - reported to the parent as a note, never raised into the run
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+    finally:
+        conn.close()
 
 
 def _progress(step: int, of: int) -> None:
