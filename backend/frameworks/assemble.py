@@ -178,5 +178,6 @@ def _jax_notes(spec: ExperimentSpec, xla: dict[str, Any], arg: int | None, pb: d
     if any(v.get("in_loop") for v in coll.values()):
         notes.append("some collectives sit inside a while loop: their count is per program, not per step.")
     listed = ", ".join(f"{k} ×{v['calls']} ({v['bytes']:,} B)" for k, v in coll.items()) or "none"
-    notes.append(f"collectives in the compiled HLO, per device per step: {listed}.")
+    notes.append(f"collectives in the compiled HLO, per device per step: {listed}. Their seconds are not measured "
+                 "(the comm table shows 0): XLA times collectives only under its profiler, which ShardLab does not run.")
     return notes
