@@ -38,6 +38,10 @@ def test_runs_table_and_filter_show_framework(tmp_path) -> None:
     assert sorted(table_frame(rows)["framework"]) == ["deepspeed", "torch"]
     only = q.list_experiments(engine, framework="deepspeed")
     assert [r["name"] for r in only] == ["ds run"] and q.count_experiments(engine, framework=["torch"]) == 1
+    from db.export import export_csv
+
+    text = export_csv(engine, framework=["deepspeed"])
+    assert "framework" in text.splitlines()[0] and "deepspeed" in text and "torch run" not in text
 
 
 def _with_estimate(res: RunResult) -> RunResult:

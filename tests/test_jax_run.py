@@ -91,3 +91,16 @@ def test_modes_end_to_end(tmp_path, mode: str) -> None:
     assert coll["all_reduce"]["calls"] >= 1 and coll["all_reduce"]["bytes"] > 0
     if mode == "dp":
         assert "all_gather" not in coll
+
+
+def test_a_failing_jax_run_leaves_the_engines_error_file(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-m", "backend.frameworks.jax.run", "--spec", str(tmp_path / "missing.json"),
+                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                       timeout=120)
+    err = json.loads((tmp_path / "rank-0.error.json").read_text())
+    assert r.returncode == 1 and err["rank"] == 0 and err["error"].startswith("FileNotFoundError") and err["traceback"]

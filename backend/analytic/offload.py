@@ -20,8 +20,10 @@ OPT_STATES = {"adamw": 2, "sgd": 1}
 
 def host_bytes(spec: Any, rank: int) -> int:
     """Host-resident bytes of this rank under offload=params: sharded params, their grads, optimizer states."""
-    shard = sum(q.storage_numel for q in local_params(spec, rank))
-    return FP32_BYTES * shard * (2 + OPT_STATES[str(spec.train.optimizer)])
+    params = local_params(spec, rank)
+    shard = sum(q.storage_numel for q in params)
+    steps = FP32_BYTES * len(params) if str(spec.train.optimizer) == "adamw" else 0  # torch AdamW: one step tensor per param
+    return FP32_BYTES * shard * (2 + OPT_STATES[str(spec.train.optimizer)]) + steps
 
 
 def split(spec: Any, rank: int, total_bytes: int) -> dict[str, int]:

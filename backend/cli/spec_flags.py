@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backend.spec import Framework, Offload  # noqa: E402 - issue 14's flags
+from backend.spec import Framework, Offload  # issue 14
 from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
 from backend.spec import Executor
 

@@ -19,6 +19,14 @@ from backend.spec import ExperimentSpec
 RunRank = Callable[[ExperimentSpec, int, int, int, Path], None]
 
 
+def write_error(out: Path, rank: int, e: BaseException) -> None:
+    """DIR/rank-<r>.error.json as backend/engine/rank.py writes it, and one line on stderr."""
+    write_json_atomic(out / f"rank-{rank}.error.json", {
+        "rank": rank, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+        "kind": "oom" if is_oom(e) else "error", "time_unix": time.time()})
+    print(f"rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
 def rank_main(run: RunRank, prog: str, argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
@@ -34,10 +42,7 @@ def rank_main(run: RunRank, prog: str, argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - every failure must leave its error file for the launcher
         if isinstance(e, SystemExit) and not e.code:
             raise
-        write_json_atomic(args.out / f"rank-{rank}.error.json", {
-            "rank": rank, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
-            "kind": "oom" if is_oom(e) else "error", "time_unix": time.time()})
-        print(f"rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        write_error(args.out, rank, e)
         return 1
     finally:
         if dist.is_initialized():

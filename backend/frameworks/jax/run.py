@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -66,7 +65,8 @@ def run(spec: ExperimentSpec, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import traceback
+
+    from backend.frameworks.entry import write_error
 
     ap = argparse.ArgumentParser(prog="python -m backend.frameworks.jax.run")
     ap.add_argument("--spec", required=True, type=Path)
@@ -80,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - the launcher reads the error file
         if isinstance(e, SystemExit) and not e.code:
             raise
-        write_json_atomic(args.out / "rank-0.error.json", {
-            "rank": 0, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
-            "kind": "oom" if isinstance(e, MemoryError) else "error", "time_unix": time.time()})
-        print(f"jax run failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        write_error(args.out, 0, e)
         return 1
     return 0
 
