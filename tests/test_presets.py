@@ -22,6 +22,7 @@ PUBLISHED = [
     ("mistral-7b", 7_241_732_096, "keras-hub mistral_presets.py mistral_7b_en; HF mistralai/Mistral-7B-v0.1"),
     ("mixtral-8x7b", 46_702_792_704, "keras-hub mixtral_presets.py mixtral_8_7b_en; HF mistralai/Mixtral-8x7B-v0.1"),
     ("mixtral-8x22b", 140_620_634_112, "HF mistral-community/Mixtral-8x22B-v0.1 safetensors total"),
+    ("qwen2.5-0.5b", 494_032_768, "keras-hub qwen_presets.py qwen2.5_0.5b_en; HF Qwen/Qwen2.5-0.5B"),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, "keras-hub qwen_moe_presets.py qwen1.5_moe_2.7b_en; HF Qwen/Qwen1.5-MoE-A2.7B"),
 ]
 
