@@ -138,10 +138,11 @@ def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedu
             ok = first if top in ("tok_emb", "pos_emb") else last
         if ok:
             keep.append(p)
-    if key.tie_embeddings and last and not first:
+    if key.tie_embeddings and last and n_stages > 1:
         # Tied embeddings across pipeline stages (Shoeybi et al. 2019 / Megatron-LM `shared_embedding`): the
         # last stage holds its own copy of the (V, h) word embedding as lm_head.weight; the two copies'
-        # gradients are all-reduced between the first and last stage every step so they stay identical.
+        # gradients are all-reduced between the first and last stage every step so they stay identical. A rank
+        # holding both (ZBV's V shape) builds them as two stage modules: two copies there too, summed locally.
         keep.append(ParamInfo("lm_head.weight", (key.vocab_size, key.d_model)))
     return tuple(keep)
 

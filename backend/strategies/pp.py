@@ -82,6 +82,45 @@ def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], 
     return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(mods, ids)]
 
 
+def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module]):
+    """Tied embeddings across stages, as Megatron-LM does (`_allreduce_word_embedding_grads`): the first stage
+    holds tok_emb.weight, the last stage its own copy as lm_head.weight; after backward their gradients are summed
+    (one all_reduce of the local (V/t, h) grad over {first-stage rank, last-stage rank} of each (dp, tp) column, or a
+    local add when one rank holds both stages, as ZBV's V shape does) so both copies take the same optimizer step.
+    Collective at build time: every rank creates every pair group in the same order. Returns the per-step call."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    p = ctx.spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    holder = [r for r in range(p.pp) if n_stages - 1 in stages_of_rank(r, p.pp, p.virtual_stages, p.pp_schedule)][0]
+    me = ctx.coords()
+    group = None
+    if holder != 0:
+        for d in range(p.dp):
+            for t in range(p.tp):
+                pair = [(0 * p.dp + d) * p.tp + t, (holder * p.dp + d) * p.tp + t]
+                g = dist.new_group(pair)
+                if me["dp"] == d and me["tp"] == t and me["pp"] in (0, holder):
+                    group = g
+    copies = [m.tok_emb.weight for m in mods if m.tok_emb is not None]
+    copies += [m.lm_head.weight for m in mods if m.lm_head is not None and m.tok_emb is None]
+
+    def local(g):
+        return g.to_local() if isinstance(g, DTensor) else g
+
+    def sync() -> None:
+        grads = [local(q.grad) for q in copies if q.grad is not None]
+        if len(grads) == 2:  # both stages on this rank (ZBV): add locally
+            total = grads[0] + grads[1]
+            grads[0].copy_(total)
+            grads[1].copy_(total)
+        elif len(grads) == 1 and group is not None:
+            dist.all_reduce(grads[0], group=group)
+
+    return sync
+
+
 def _cpu_note(ctx: RankContext) -> str:
     cores, load = os.cpu_count() or 1, os.getloadavg()[0]
     return (f"Bubble: {ctx.world_size} ranks on {cores} CPU cores at load average {load:.1f}; when the ranks do not "
@@ -106,6 +145,7 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
     m_count = spec.train.microbatches
     sched = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages, n_microbatches=m_count, loss_fn=loss_fn)
     first, last = 0 in ids, n_stages - 1 in ids
+    sync_tied = tied_embedding_sync(ctx, ids, mods) if spec.model.tie_embeddings else None
     opt = mc.make_optimizer(spec, [q for m in mods for q in m.parameters()])
     usage = mc.ExpertUsage(mods)
     calls = {"n": 0}
@@ -135,6 +175,8 @@ def prepare(ctx: RankContext, model: nn.Module) -> Prepared:
         else:
             local = run_schedule(x, y)
         calls["n"] += 1
+        if sync_tied is not None:
+            sync_tied()
         partial = mc.reduce_partial_grads(mods)
         hidden = usage.skip_unused()
         opt.step()
