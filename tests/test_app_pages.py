@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.result import RunResult, Status
 from backend.spec import validate_spec
+from backend.ui import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ("pages/new_experiment.py", "pages/runs.py", "pages/run_detail.py", "pages/compare.py", "pages/formulas.py")
@@ -95,7 +96,7 @@ def test_prediction_updates_live_and_fit_check():
     # zero3 shards the Adam state over 4 ranks; ddp replicates it
     assert _bytes(after, "optimizer state") < _bytes(before, "optimizer state") / 3
     assert any("Fits" in s.value for s in at.success)
-    at.selectbox(key="f_preset").set_value("LLaMA-70B-like (GQA 8)").run()
+    at.selectbox(key="f_preset").set_value(sf.preset_label("llama-2-70b")).run()  # was the "LLaMA-70B-like" shape
     at.number_input(key="f_device_mem_gb").set_value(80.0)
     _ok(at.run())
     assert any("Does not fit" in e.value for e in at.error)
