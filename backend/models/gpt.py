@@ -163,8 +163,10 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             tok, slot = (idx == e).nonzero(as_tuple=True)
-            if tok.numel():
-                out.index_add_(0, tok, (expert(flat[tok]) * weights[tok, slot].unsqueeze(-1)).to(out.dtype))
+            # An expert no token reached still runs (on 0 rows): its grads are zeros, not None, so every data-parallel
+            # rank reduces the same parameter set (FSDP2's reduce-scatter and DDP's reducer need that) and the
+            # single-process reference takes the same optimizer step.
+            out.index_add_(0, tok, (expert(flat[tok]) * weights[tok, slot].unsqueeze(-1)).to(out.dtype))
         return out
 
 

@@ -164,7 +164,7 @@ def _submit_one(spec) -> None:
         eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
-        st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
 def _sweep(v: dict) -> None:
