@@ -61,3 +61,14 @@ def test_scaled_for_cpu_keeps_family(name):
     assert (small.n_experts > 0) == bool(big.get("n_experts"))
     assert count_params(small) < 5_000_000
     assert small.source == {"preset": name, "scaled_for_cpu": True}
+
+
+def test_matmul_params_of_tied_and_swiglu_moe():
+    """6N training FLOPs (Kaplan 2020 Sec 2.1) count the tied lm_head matmul and only top-k SwiGLU experts."""
+    from backend.analytic.estimate import matmul_params
+
+    gpt2 = ModelSpec(**preset_model("gpt2"))
+    assert matmul_params(gpt2) == 124_439_808 - 1024 * 768 - sum(p.numel for p in param_list(gpt2) if len(p.shape) == 1)
+    mix = ModelSpec(**preset_model("mixtral-8x7b"))
+    dense_per_token = matmul_params(mix, active=True)
+    assert matmul_params(mix) - dense_per_token == 32 * 6 * 3 * 4096 * 14336
