@@ -135,6 +135,8 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
 def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     m, t, p = spec.model, spec.train, spec.parallel
     act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
+    if p.tp > 1 and p.sequence_parallel:
+        act /= p.tp  # under SP a stage boundary carries the sequence-sharded local (b, s/t, h) tensor
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
