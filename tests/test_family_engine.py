@@ -34,7 +34,7 @@ def test_families_on_the_engine_world2(tmp_path: Path):
 
 @pytest.mark.slow
 def test_llama_family_3d_mix_world8(tmp_path: Path):
-    """pp 2 x fsdp 2 x tp 2 (+SP) of the Llama-style family: RMSNorm, SwiGLU, RoPE, GQA, flash."""
+    """pp 2 x dp 2 (ddp) x tp 2 (+SP) of the Llama-style family: RMSNorm, SwiGLU, RoPE, GQA, flash."""
     from tests.fixtures.engine_batch import launch
 
     s = spec("llama", "3d", MIX_3D, 8)
