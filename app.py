@@ -13,13 +13,18 @@ access.guard_bind()
 access.require_login()
 
 PAGES = [
-    st.Page("pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new", default=True),
-    st.Page("pages/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
-    st.Page("pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
-    st.Page("pages/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
-    st.Page("pages/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
-    st.Page("pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
+    st.Page("views/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home", default=True),
+    st.Page("views/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
+    st.Page("views/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
+    st.Page("views/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
+    st.Page("views/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
+    # The default page is served at "/" whatever its url_path, so a bookmarked /new needs its own (hidden) entry.
+    st.Page("views/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new",
+            visibility="hidden"),
+    st.Page("views/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
 ]
+# Page files live in views/, not pages/: Streamlit treats a pages/ directory next to the entry script as legacy
+# multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation) ever ran.
 nav = st.navigation(PAGES)
 
 WORKER_CHECK_S = 10.0

@@ -94,6 +94,38 @@ class Executor(StrEnum):
     SLURM = "slurm"
 
 
+class Norm(StrEnum):
+    """Normalisation layer of every block and the final norm."""
+
+    LAYERNORM = "layernorm"  # weight + bias (GPT-2, GPT-3, GPT-NeoX)
+    RMSNORM = "rmsnorm"  # weight only (Llama, Mistral, Mixtral, Qwen2)
+
+
+class Mlp(StrEnum):
+    """Dense MLP / expert block."""
+
+    GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
+    SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
+
+
+class Positions(StrEnum):
+    LEARNED = "learned"  # pos_emb (seq_len, h) added to the token embedding
+    ROPE = "rope"  # rotary q/k rotation (Su et al. 2021), no parameters
+
+
+class Bias(StrEnum):
+    """Which Linear layers of the blocks carry a bias (lm_head and the MoE router never do)."""
+
+    ALL = "all"  # q, k, v, o and the MLP (GPT-2)
+    NONE = "none"  # none (Llama, Mistral, Mixtral)
+    QKV = "qkv"  # q, k, v only (Qwen2)
+
+
+class AttentionImpl(StrEnum):
+    MATH = "math"  # explicit softmax(QK^T)V: the (b, a, s, s) probabilities are saved for backward
+    FLASH = "flash"  # torch SDPA's fused kernel: saves q, k, v, out and the logsumexp, never s x s (Dao et al. 2022)
+
+
 DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
@@ -122,6 +154,33 @@ class ModelSpec(_Section):
     """MoE experts per layer; 0 means a dense MLP."""
     top_k: int = Field(2, ge=1, le=100_000)
     """Experts each token is routed to (MoE only)."""
+    norm: Norm = Norm.LAYERNORM
+    """Normalisation: layernorm (weight + bias) or rmsnorm (weight only)."""
+    mlp: Mlp = Mlp.GELU
+    """MLP / expert type: gelu (fc_in, fc_out) or swiglu (gate, up, down)."""
+    positions: Positions = Positions.LEARNED
+    """Position encoding: learned (pos_emb, seq_len x h parameters) or rope (no parameters)."""
+    tie_embeddings: bool = False
+    """lm_head shares tok_emb's weight (GPT-2). Under pp > 1 the first and last stage each hold a copy whose
+    gradients are summed every step, as Megatron does."""
+    bias: Bias = Bias.ALL
+    """Linear biases in the blocks: all, none, or qkv (q, k, v only)."""
+    expert_ffn_hidden: int | None = Field(None, ge=1, le=16 * MAX_DIM)
+    """Hidden size of each routed expert; None means ffn (fine-grained MoE uses a smaller one)."""
+    n_shared_experts: int = Field(0, ge=0, le=1024)
+    """Always-active shared experts per MoE layer (DeepSeekMoE / Qwen-MoE), run as one MLP of
+    n_shared_experts * shared_ffn_hidden; 0 means none."""
+    shared_ffn_hidden: int | None = Field(None, ge=1, le=16 * MAX_DIM)
+    """Hidden size of ONE shared expert; None means expert_ffn."""
+    shared_expert_gate: bool = False
+    """Scale the shared experts' output by sigmoid(Linear(h, 1)) per token (Qwen2-MoE)."""
+    attention: AttentionImpl = AttentionImpl.MATH
+    """Attention kernel: math (scores saved, Korthikanti's 5as/h term) or flash (SDPA fused, no s x s saved)."""
+    norm_eps: float = Field(1e-5, gt=0, le=1)
+    """Epsilon of every norm (numerics only: no effect on memory or FLOPs)."""
+    source: dict[str, Any] | None = None
+    """Where this shape came from: {"preset": name} or {"hf_config": the config.json dict, "file": name};
+    kept with the spec so a run remembers it. None for a hand-written shape."""
 
     @property
     def kv_heads(self) -> int:
@@ -138,6 +197,15 @@ class ModelSpec(_Section):
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.expert_ffn_hidden or self.ffn
+
+    @property
+    def shared_ffn(self) -> int:
+        """Hidden size of the fused shared-expert MLP (all shared experts together); 0 without them."""
+        return self.n_shared_experts * (self.shared_ffn_hidden or self.expert_ffn)
 
 
 class TrainSpec(_Section):

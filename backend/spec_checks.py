@@ -65,6 +65,25 @@ def _check_model(m: ModelSpec) -> list[str]:
         out.append(f"n_kv_heads={m.kv_heads} must divide n_heads={m.n_heads} (GQA groups query heads evenly)")
     if m.is_moe and m.top_k > m.n_experts:
         out.append(f"top_k={m.top_k} exceeds n_experts={m.n_experts}")
+    out += _check_family(m)
+    return out
+
+
+def _check_family(m: ModelSpec) -> list[str]:
+    """The architecture-family fields (norm, mlp, positions, bias, shared experts) against each other."""
+    out = []
+    moe_only = {"n_shared_experts": m.n_shared_experts or None, "expert_ffn_hidden": m.expert_ffn_hidden,
+                "shared_expert_gate": m.shared_expert_gate or None}
+    for name, value in moe_only.items():
+        if value is not None and not m.is_moe:
+            out.append(f"{name}={value} needs a MoE model (n_experts > 0, got n_experts=0)")
+    if m.shared_ffn_hidden is not None and not m.n_shared_experts:
+        out.append(f"shared_ffn_hidden={m.shared_ffn_hidden} needs n_shared_experts >= 1 (got 0)")
+    if m.shared_expert_gate and not m.n_shared_experts:
+        out.append("shared_expert_gate needs n_shared_experts >= 1 (got 0)")
+    if m.positions == "rope" and m.d_model % m.n_heads == 0 and m.head_dim % 2:
+        out.append(f"rope rotates pairs of channels: head_dim = d_model / n_heads = {m.d_model} / {m.n_heads} = "
+                   f"{m.head_dim} must be even")
     return out
 
 
@@ -100,6 +119,11 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"tp={p.tp} does not divide n_kv_heads={m.kv_heads}")
         if m.ffn % p.tp:
             out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
+        if m.is_moe and m.expert_ffn % p.tp:
+            out.append(f"tp={p.tp} does not divide expert_ffn_hidden={m.expert_ffn} ({m.expert_ffn} % {p.tp} = {m.expert_ffn % p.tp})")
+        if m.shared_ffn % p.tp:
+            out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
+                       f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
     mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
     if p.strategy == Strategy.ZERO1 and mp:
         degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
@@ -126,6 +150,9 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
 
 def _derive_batch(t: TrainSpec, p: ParallelSpec) -> list[str]:
     per_step = t.micro_batch * p.dp
+    if t.microbatches is not None and "global_batch" not in t.model_fields_set:
+        # only the microbatch count was given: it fixes the global batch (the default 8 must not veto it)
+        t.global_batch = t.microbatches * per_step
     if t.global_batch % per_step:
         return [f"global batch {t.global_batch} is not divisible by micro-batch {t.micro_batch} * dp {p.dp} = {per_step}"]
     derived = t.global_batch // per_step

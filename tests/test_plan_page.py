@@ -21,7 +21,7 @@ def ui_env(tmp_path, monkeypatch):
 
 def test_plan_page_searches_and_plots():
     at = AppTest.from_file(APP, default_timeout=120).run()
-    at.switch_page("pages/plan.py").run()
+    at.switch_page("views/plan.py").run()
     assert not at.exception
     at.selectbox(key="pl_preset").set_value("GPT-2 124M-like").run()
     at.number_input(key="pl_seq").set_value(1024)

@@ -59,11 +59,11 @@ def test_invalid_form_reports_the_arithmetic():
 
 
 def test_presets_fill_the_model_fields():
-    v = dict(sf.default_form(), **sf.PRESETS["LLaMA-70B-like (GQA 8)"])
+    v = dict(sf.default_form(), **sf.PRESETS[sf.preset_label("llama-2-70b")])  # was the "LLaMA-70B-like (GQA 8)" shape
     spec, problems = sf.form_to_spec(v)
     assert problems == []
     assert spec.model.kv_heads == 8 and spec.model.ffn == 28672
-    assert sf.preset_of(sf.spec_to_form(spec)) == "LLaMA-70B-like (GQA 8)"
+    assert sf.preset_of(sf.spec_to_form(spec)) == sf.preset_label("llama-2-70b")
 
 
 def test_sweep_grid_expands_and_lists_invalid_points():

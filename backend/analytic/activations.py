@@ -26,6 +26,7 @@ RECOMPUTE = ("none", "selective", "full")
 INDEX_BYTES = 8  # int64 indices (topk, nonzero) that autograd saves for index ops
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
+LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
 
 def _check_recompute(recompute: str) -> str:
@@ -54,13 +55,14 @@ def _attn_core_elems(*, s, b, h, a, t) -> float:
     return (3 * s * b * h + a * s * s * b) / t
 
 
-def _mlp_elems(*, s, b, h, ffn, t) -> float:
+def _mlp_elems(*, s, b, h, ffn, t, swiglu: bool = False) -> float:
     # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
-    # fc_out saves GELU output (s·b·ffn)
-    return 2 * s * b * ffn / t
+    # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
+    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py)
+    return (4 if swiglu else 2) * s * b * ffn / t
 
 
-def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
+def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, swiglu: bool = False) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
@@ -68,7 +70,7 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
     elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
     # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
     # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
-    elems += 2 * rows * ffn / t
+    elems += (4 if swiglu else 2) * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
     elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
@@ -77,8 +79,9 @@ def _moe_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1) -> float:
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
-                                 top_k: int = 1, autocast: bool = False, ep: int = 1,
-                                 autocast_device: str = "cpu") -> float:
+                                 top_k: int = 1, autocast: bool = False, ep: int = 1, norm: str = "layernorm",
+                                 mlp: str = "gelu", rope: bool = False, flash: bool = False, shared_ffn: int = 0,
+                                 shared_gate: bool = False, autocast_device: str = "cpu") -> float:
     """Bytes autograd holds for backward for ONE block of backend.models.gpt (pre-LN, no dropout).
 
     Terms (elements, then · dtype_bytes):
@@ -96,6 +99,7 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
     autocast_device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score).
+    Family terms (`_family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
     """
     recompute = _check_recompute(recompute)
     del kv_heads  # see docstring: saved k/v are always a·d_head wide
@@ -111,6 +115,9 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     mask_bytes = 0.0
     if recompute == "selective":
         elems += 3 * sbh / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
+    elif flash:
+        elems += 3 * sbh / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
+        mask_bytes = LSE_BYTES * a / t * s * b  # + the (b, a, s) fp32 logsumexp, no s x s (Dao et al. 2022, Alg. 2)
     else:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
@@ -118,15 +125,48 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
         per_score = D.softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=autocast_device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
+    mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
+                                      residual_bytes=residual_bytes, autocast=autocast, norm=norm, mlp=mlp, rope=rope,
+                                      n_experts=n_experts, shared_ffn=shared_ffn, shared_gate=shared_gate)
+    swiglu = mlp == "swiglu"
     if n_experts and ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = MR.ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
-                                    top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast)
+                                    top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
-        moe = _moe_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t)
+        moe = _moe_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
+                         swiglu=swiglu)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
-    elems += _mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t)
+    elems += _mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, swiglu=swiglu)
     return elems * dtype_bytes + stat_bytes + mask_bytes
+
+
+def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
+                        n_experts, shared_ffn, shared_gate) -> float:
+    """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
+    MemTracker in tests/test_family_activations.py):
+    - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
+      LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
+    - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);
+    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
+    - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
+      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
+    sb, sbh = s * b, s * b * h
+    out = 0.0
+    if norm == "rmsnorm":
+        out += 2 * (sbh + sb) / norm_div * residual_bytes - 2 * 2 * sb / norm_div * STAT_BYTES
+    if rope:
+        out += 2 * s * (h // a) * dtype_bytes
+    swiglu = mlp == "swiglu"
+    if autocast and swiglu:
+        out += sbh * dtype_bytes
+    if n_experts and shared_ffn:
+        out += _mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, swiglu=swiglu) * dtype_bytes
+        if autocast:
+            out += (2 if swiglu else 1) * sbh * dtype_bytes
+        if shared_gate:
+            out += (sbh + sb) * (4 if autocast else dtype_bytes)
+    return out
 
 
 def model_full_recompute_peak_extra_bytes(*, head_freed_bytes: float = 0.0, **layer_kwargs) -> float:
@@ -141,12 +181,14 @@ def model_full_recompute_peak_extra_bytes(*, head_freed_bytes: float = 0.0, **la
 
 
 def model_head_freed_in_backward_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
-                                       sp: bool = False, loss_parallel: bool = False, autocast: bool = False) -> float:
+                                       sp: bool = False, loss_parallel: bool = False, autocast: bool = False,
+                                       norm: str = "layernorm", learned_pos: bool = True) -> float:
     """The part of `model_embedding_head_activation_bytes` freed once the head's backward ran: everything
     except pos (embedding backward comes last), the caller-held logits and the loss scalars."""
     saved = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
-                                                  logits_held=False, loss_parallel=loss_parallel, autocast=autocast)
-    return saved - s * INDEX_BYTES - LOSS_BYTES
+                                                  logits_held=False, loss_parallel=loss_parallel, autocast=autocast,
+                                                  norm=norm, learned_pos=learned_pos)
+    return saved - s * INDEX_BYTES * learned_pos - LOSS_BYTES
 
 
 def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, t: int = 1,
@@ -158,7 +200,8 @@ def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float
 
 def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                           sp: bool = False, logits_held: bool = True,
-                                          loss_parallel: bool = False, autocast: bool = False) -> float:
+                                          loss_parallel: bool = False, autocast: bool = False,
+                                          norm: str = "layernorm", learned_pos: bool = True) -> float:
     """Bytes saved outside the blocks on the stages that own embedding / head, end of forward.
 
     Embedding: the token-embedding backward needs only the indices (the input batch); pos = arange(s)
@@ -169,13 +212,16 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     With SP the final norm's input and stats are split over t (the lm_head input is all-gathered, full);
     with loss_parallel the vocab dimension of logits and log-probs is split over t.
     autocast: the final norm's input is the fp32 residual stream; lm_head saves a 16-bit cast of its input.
+    RMSNorm: the normalised x (sbh) and rstd (sb) instead of mean + rstd; RoPE (learned_pos False): no arange.
     """
     v_div = t if loss_parallel else 1
-    emb = s * INDEX_BYTES  # pos = arange(s) (int64)
+    emb = s * INDEX_BYTES * learned_pos  # pos = arange(s) (int64)
     loss = LOSS_BYTES  # nll_loss saves total_weight; the loss scalar itself
     norm_div = t if sp else 1
     norm_in_bytes = 4 if autocast else dtype_bytes
     head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
+    if norm == "rmsnorm":  # see _family_extra_bytes
+        head += (s * b * h + s * b) / norm_div * norm_in_bytes - 2 * s * b / norm_div * STAT_BYTES
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32
     if logits_held:
         head += s * b * vocab / v_div * dtype_bytes
@@ -194,10 +240,23 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
 
 def _layer_kwargs(spec: Any) -> dict[str, Any]:
     m, t, p = spec.model, spec.train, spec.parallel
-    return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
+    return dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads,
+                ffn=_fam(m, "expert_ffn", m.ffn) if m.is_moe else m.ffn,
                 dtype_bytes=compute_bytes(t.precision), t=p.tp, sp=p.sequence_parallel, n_experts=m.n_experts,
-                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1,
-                autocast_device="cuda" if str(spec.runtime.device) == "cuda" else "cpu")
+                top_k=m.top_k, autocast=uses_autocast(spec), ep=p.ep if m.is_moe else 1, 
+                autocast_device="cuda" if str(spec.runtime.device) == "cuda" else "cpu", **family_kwargs(m))
+
+
+def _fam(m: Any, name: str, default: Any) -> Any:
+    v = getattr(m, name, default)
+    return str(v) if hasattr(v, "value") else v
+
+
+def family_kwargs(m: Any) -> dict[str, Any]:
+    """The ModelSpec family fields as model_layer_activation_bytes keywords (GPT defaults for older objects)."""
+    return dict(norm=_fam(m, "norm", "layernorm"), mlp=_fam(m, "mlp", "gelu"), rope=_fam(m, "positions", "learned") == "rope",
+                flash=_fam(m, "attention", "math") == "flash", shared_ffn=_fam(m, "shared_ffn", 0),
+                shared_gate=bool(_fam(m, "shared_expert_gate", False)))
 
 
 def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[int]) -> tuple[float, float, float]:
@@ -207,7 +266,7 @@ def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[
     kw = _layer_kwargs(spec)
     per_mb = len(layers) * model_layer_activation_bytes(recompute=str(t.recompute), **kw)
     hkw = dict(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size, dtype_bytes=kw["dtype_bytes"], t=p.tp,
-               autocast=kw["autocast"])
+               autocast=kw["autocast"], norm=kw["norm"], learned_pos=not kw["rope"])
     if p.pp > 1:
         if p.pp * p.virtual_stages - 1 in stages:
             return _pipeline_saved(spec, rank, stages, per_mb, hkw), model_head_freed_in_backward_bytes(**hkw), 0.0
@@ -241,11 +300,11 @@ def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw:
     total -= units * buf * sum(s != 0 for s in stages) / len(stages)  # non-first inputs: counted as held inputs
     total += buf * (PL.held_stage_inputs(m=mb, stages=stages)
                     + PL.held_stage_outputs(sched, m=mb, in_flight=units, stages=stages, n_stages=n_stages))
-    if 0 in stages:  # pos = arange(s) int64 per in-flight microbatch of the first stage
+    if 0 in stages and hkw["learned_pos"]:  # pos = arange(s) int64 per in-flight microbatch of the first stage
         total += units / v * m.seq_len * INDEX_BYTES
     if n_stages - 1 not in stages:
         return total
-    head = model_embedding_head_activation_bytes(**hkw) - m.seq_len * INDEX_BYTES - LOSS_BYTES
+    head = model_embedding_head_activation_bytes(**hkw) - m.seq_len * INDEX_BYTES * hkw["learned_pos"] - LOSS_BYTES
     head += _tp_logits_shard_bytes(spec, hkw["dtype_bytes"])
     k = PL.last_stage_in_flight(sched, m=mb)
     # fp32 scalars: every microbatch's loss (schedules.py `_internal_losses`, kept to the step's end), nll_loss's
@@ -300,6 +359,8 @@ def autocast_copy_bytes(spec: Any, params: list[LocalParam]) -> tuple[int, int, 
     cb = compute_bytes(spec.train.precision)
     w = sum(q.local_numel for q in params if len(q.shape) == 2 and q.name.startswith("layers."))
     head = sum(q.local_numel for q in params if q.name.startswith("lm_head."))
+    if getattr(spec.model, "tie_embeddings", False) and not head and any(q.name.startswith("norm.") for q in params):
+        head = sum(q.local_numel for q in params if q.name == "tok_emb.weight")  # lm_head runs on the tied weight
     bias = sum(q.local_numel for q in params if q.name.startswith("layers.") and q.name.endswith(".bias")
                and ".ln" not in q.name)
     return cb * w, cb * head, cb * bias

@@ -212,8 +212,11 @@ def _all_ranks(spec: Any) -> list[RankEstimate]:
 def matmul_params(m: Any, *, active: bool = False) -> int:
     """Weights that enter a matmul (Linear weights incl. lm_head; embeddings are lookups, biases adds)."""
     n = sum(q.numel for q in param_list(m) if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
+    if getattr(m, "tie_embeddings", False):
+        n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
     if active and m.is_moe:
-        n -= m.n_layers * (m.n_experts - m.top_k) * 2 * m.d_model * m.ffn  # only top_k experts per token
+        mats = 3 if str(getattr(m, "mlp", "gelu")) == "swiglu" else 2
+        n -= m.n_layers * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
     return n
 
 

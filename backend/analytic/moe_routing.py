@@ -95,24 +95,27 @@ def moe_sender_bytes(*, tokens: int, h: int, n_experts: int, top_k: int, dtype_b
     return elems * row_bytes(dtype_bytes, autocast) + 3 * rows * INDEX_BYTES
 
 
-def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False) -> float:
+def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False,
+                     swiglu: bool = False) -> float:
     """Saved bytes of one EP MoE layer's LOCAL experts, which scale with the R rows they received (Switch Sec 2.2):
     fc_in input (R, h; its 16-bit cast under autocast), GELU input and fc_out input (R, ffn) each, index_add's
     source = expert output (R, h, in the row dtype); the int64 row index per local expert (one tensor, saved by
     x[rows] and index_add alike)."""
-    linear = (received_rows * h + 2 * received_rows * ffn) * dtype_bytes
+    # SwiGLU experts: gate out, silu out, up out and their product instead of GELU in / out (4 (R, ffn) tensors)
+    linear = (received_rows * h + (4 if swiglu else 2) * received_rows * ffn) * dtype_bytes
     return linear + received_rows * h * row_bytes(dtype_bytes, autocast) + received_rows * INDEX_BYTES
 
 
 def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n_experts: int, top_k: int,
-                       dtype_bytes: float, autocast: bool = False) -> float:
+                       dtype_bytes: float, autocast: bool = False, swiglu: bool = False) -> float:
     """One MoE layer's saved bytes on an ep rank whose experts received `received_rows` token-slots.
     With received_rows = N·k this is activations._moe_bytes (the dense dispatch) + N·k·h·dtype_bytes (the
     expert output index_add keeps: the dense path keeps its weighted product instead, counted already) + N·k
     int64 (the sort order): see `ep_only_uniform_bytes` (without autocast)."""
     return (moe_sender_bytes(tokens=tokens, h=h, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
                              autocast=autocast)
-            + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast))
+            + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast,
+                               swiglu=swiglu))
 
 
 def predicted_moe_layer_bytes(spec: Any) -> float:
@@ -122,9 +125,10 @@ def predicted_moe_layer_bytes(spec: Any) -> float:
     from backend.analytic import activations as A
 
     kw, rc = A._layer_kwargs(spec), str(spec.train.recompute)
+    kw = kw | {"shared_ffn": 0}  # the shared experts are dense: not part of the routed term
     with_experts = A.model_layer_activation_bytes(recompute=rc, **kw)
     dense = A.model_layer_activation_bytes(recompute=rc, **(kw | {"n_experts": 0}))
-    mlp = A._mlp_elems(s=kw["s"], b=kw["b"], h=kw["h"], ffn=kw["ffn"], t=kw["t"]) * kw["dtype_bytes"]
+    mlp = A._mlp_elems(s=kw["s"], b=kw["b"], h=kw["h"], ffn=kw["ffn"], t=kw["t"], swiglu=kw["mlp"] == "swiglu") * kw["dtype_bytes"]
     return with_experts - dense + mlp
 
 
@@ -176,7 +180,8 @@ def adjustment(spec: Any, routing: dict[str, Any]) -> RoutingAdjustment:
     ds = dispatches(routing)
     n, k, e = routing["tokens"], routing["top_k"], routing["n_experts"]
     a2a = all_to_all_bytes(ds, h=m.d_model, dtype_bytes=row_bytes(cb, ac), n_experts=e)
-    layer_kw = dict(tokens=n, h=m.d_model, ffn=m.ffn, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac)
+    layer_kw = dict(tokens=n, h=m.d_model, ffn=m.expert_ffn, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac,
+                    swiglu=str(m.mlp) == "swiglu")
     measured, n_layers, mb = peak_microbatch(ds, **layer_kw)
     act = 0.0 if str(t.recompute) == "full" else measured - n_layers * predicted_moe_layer_bytes(spec)
     first = [d for d in ds if not d.recompute]

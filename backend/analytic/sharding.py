@@ -34,6 +34,12 @@ TP_PLAN: list[tuple[str, str]] = [
     (r"layers\.\d+\.mlp\.fc_out", ROWWISE),
     (r"layers\.\d+\.mlp\.experts\.\d+\.fc_in", COLWISE),
     (r"layers\.\d+\.mlp\.experts\.\d+\.fc_out", ROWWISE),
+    # SwiGLU (Shazeer 2020): gate and up split their output features like fc_in, down its input like fc_out;
+    # the shared experts (one fused MLP, mlp.shared) split like the dense MLP; mlp.shared_gate (1, h) replicates
+    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?(gate|up)", COLWISE),
+    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?down", ROWWISE),
+    (r"layers\.\d+\.mlp\.shared\.fc_in", COLWISE),
+    (r"layers\.\d+\.mlp\.shared\.fc_out", ROWWISE),
     (r"tok_emb", VOCAB_ROWWISE),
     (r"pos_emb", VOCAB_ROWWISE),
     (r"lm_head", COLWISE),
@@ -132,6 +138,12 @@ def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedu
             ok = first if top in ("tok_emb", "pos_emb") else last
         if ok:
             keep.append(p)
+    if key.tie_embeddings and last and n_stages > 1:
+        # Tied embeddings across pipeline stages (Shoeybi et al. 2019 / Megatron-LM `shared_embedding`): the
+        # last stage holds its own copy of the (V, h) word embedding as lm_head.weight; the two copies'
+        # gradients are all-reduced between the first and last stage every step so they stay identical. A rank
+        # holding both (ZBV's V shape) builds them as two stage modules: two copies there too, summed locally.
+        keep.append(ParamInfo("lm_head.weight", (key.vocab_size, key.d_model)))
     return tuple(keep)
 
 

@@ -94,12 +94,19 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     m, t, p = spec.model, spec.train, spec.parallel
     cb, mb, n = compute_bytes(t.precision), t.microbatches, p.tp
     bsh, sh = t.micro_batch * m.seq_len * m.d_model * cb, m.seq_len * m.d_model * cb
+    if str(getattr(m, "positions", "learned")) == "rope":
+        sh = 0  # no pos_emb: RoPE has no parameters and no collective
     sp, L = p.sequence_parallel, len(layers)
     ar = ag = rs = 0.0
     # Shoeybi 2019 Sec 3: per layer f/g operators, 2 all-reduces fwd (o, fc_out) + 2 bwd (qkv, fc_in inputs);
     # Korthikanti 2022 Sec 4.2.2: with SP each becomes an all-gather + a reduce-scatter of the same (b, s, h)
     if m.is_moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
-        ar += 2 * L * bsh * m.top_k
+        # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
+        # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
+        mats = 3 if str(getattr(m, "mlp", "gelu")) == "swiglu" else 2
+        ar += mats * L * bsh * m.top_k
+        if getattr(m, "n_shared_experts", 0):
+            ar += mats * L * bsh
     if sp:  # tp.py `_moe_sp`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and Replicate->Shard(1)
         # output (fwd local slice, bwd all-gather): a MoE block has 2 all-gathers and no reduce-scatter
         ag, rs = ag + 4 * L * bsh, rs + (2 if m.is_moe else 4) * L * bsh
@@ -120,13 +127,16 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
     if sp:  # SequenceParallel LayerNorm weights/biases get Partial grads: one fp32 all-reduce each per step
         norms = 2 * L + (n_stages - 1 in stages)
-        out.append(("all_reduce", norms * 2 * m.d_model * MASTER_BYTES, n))
+        per_norm = 2 if str(getattr(m, "norm", "layernorm")) == "layernorm" else 1  # RMSNorm: weight only
+        out.append(("all_reduce", norms * per_norm * m.d_model * MASTER_BYTES, n))
     return out
 
 
 def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     m, t, p = spec.model, spec.train, spec.parallel
     act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
+    if p.tp > 1 and p.sequence_parallel:
+        act /= p.tp  # under SP a stage boundary carries the sequence-sharded local (b, s/t, h) tensor
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
@@ -146,4 +156,15 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
 
 def rank_traffic(spec: Any, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
     """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations."""
-    return dp_traffic(spec, params) + model_parallel_traffic(spec, layers, stages)
+    return dp_traffic(spec, params) + model_parallel_traffic(spec, layers, stages) + tied_embedding_traffic(spec, params)
+
+
+def tied_embedding_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
+    """Tied embeddings under PP (backend/strategies/pp.py `tied_embedding_sync`, Megatron's embedding-group
+    all-reduce): the first stage's tok_emb grad and the last stage's lm_head copy are all-reduced once per step
+    between the two ranks, fp32 local (TP- and FSDP-sharded) grad, unless one rank holds both stages."""
+    held = [q for q in params if q.name == "tok_emb.weight" or (q.name == "lm_head.weight"
+                                                                 and getattr(spec.model, "tie_embeddings", False))]
+    if not getattr(spec.model, "tie_embeddings", False) or spec.parallel.pp == 1 or len(held) != 1:
+        return []
+    return [("all_reduce", held[0].storage_numel * MASTER_BYTES, 2)]

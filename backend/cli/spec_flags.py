@@ -1,15 +1,20 @@
-"""Flags that mirror the experiment spec, shared by `estimate`, `run` and `submit`."""
+"""Flags that mirror the experiment spec, shared by `estimate`, `run` and `submit` (and any command using
+`add_spec_flags`), plus --preset / --hf-config FILE / --run-here for the model section."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from backend.spec import Framework, Offload  # issue 14
 from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
 from backend.spec import Executor
+from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+from backend.presets import preset_model, preset_names, scaled_for_cpu
+from backend.spec import AttentionImpl, Bias, Mlp, Norm, Positions
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -50,6 +55,14 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--offload": ("parallel", "offload", [v.value for v in Offload]),
     "--executor": ("runtime", "executor", [v.value for v in Executor]),
     "--nodes": ("runtime", "nnodes", int),
+    "--norm": ("model", "norm", [v.value for v in Norm]),
+    "--mlp": ("model", "mlp", [v.value for v in Mlp]),
+    "--positions": ("model", "positions", [v.value for v in Positions]),
+    "--bias": ("model", "bias", [v.value for v in Bias]),
+    "--attention": ("model", "attention", [v.value for v in AttentionImpl]),
+    "--expert-ffn": ("model", "expert_ffn_hidden", int),
+    "--shared-experts": ("model", "n_shared_experts", int),
+    "--shared-ffn": ("model", "shared_ffn_hidden", int),
 }
 
 
@@ -66,17 +79,50 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequence-parallel", dest="spec_sequence_parallel", action="store_true", default=None)
     parser.add_argument("--zero-stage", dest="zero_stage", type=int, choices=[0, 1, 2, 3],
                         help="shorthand for --strategy ddp|zero1|zero2|zero3")
+    parser.add_argument("--tie-embeddings", dest="spec_tie_embeddings", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.tie_embeddings (lm_head shares tok_emb's weight)")
+    parser.add_argument("--shared-expert-gate", dest="spec_shared_expert_gate", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.shared_expert_gate")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
+    src.add_argument("--hf-config", type=Path, metavar="FILE",
+                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+    parser.add_argument("--run-here", action="store_true",
+                        help="scale the --preset/--hf-config model down for this CPU, keeping its family")
 
 
 def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The spec as a plain dict: --spec file first, then each flag that was given."""
+    """The spec as a plain dict: --spec file first, then --preset / --hf-config (the model section), then each
+    flag that was given. Raises HFConfigError for a config ShardLab cannot model."""
     data: dict[str, Any] = json.loads(args.spec.read_text()) if getattr(args, "spec", None) else {}
+    model_src = _model_source(args)
+    if model_src is not None:
+        data["model"] = model_src
     if getattr(args, "zero_stage", None) is not None:
         data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[args.zero_stage]
     for flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
     _put(data, "parallel", "sequence_parallel", getattr(args, "spec_sequence_parallel", None))
+    _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
+    _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
     return data
+
+
+def _model_source(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The model section from --preset or --hf-config (scaled down with --run-here), None without either."""
+    preset, hf = getattr(args, "preset", None), getattr(args, "hf_config", None)
+    model: dict[str, Any] | None = None
+    if preset:
+        model = preset_model(preset)
+    elif hf is not None:
+        model, notes = from_hf_config(load_hf_config(hf), seq_len=getattr(args, "spec_seq_len", None), file=str(hf))
+        for n in notes:
+            print(f"note: {hf}: {n}", file=sys.stderr)
+    if model is not None and getattr(args, "run_here", False):
+        model = scaled_for_cpu(model)
+    elif getattr(args, "run_here", False):
+        raise HFConfigError("--run-here scales a --preset or --hf-config model; give one")
+    return model
 
 
 def _put(data: dict[str, Any], section: str, field: str, value: Any) -> None:
@@ -89,6 +135,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec | None, lis
     """Parse and validate; (spec, []) or (None, problems with the arithmetic)."""
     try:
         data = spec_dict_from_args(args)
+    except HFConfigError as e:
+        return None, [str(e)]
     except (OSError, json.JSONDecodeError) as e:
         return None, [f"cannot read --spec {args.spec}: {e}"]
     return validate_spec(data)

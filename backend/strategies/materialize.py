@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from backend.models.gpt import init_weights
+from backend.models.gpt import init_weights, tie_weights
 
 
 def is_meta(module: nn.Module) -> bool:
@@ -34,6 +34,7 @@ def materialize(modules: list[nn.Module], device: torch.device, seed: int) -> No
     """Give every meta parameter storage on `device` and the reference's initial values (local slices only)."""
     for m in modules:
         m.to_empty(device=device)
+        tie_weights(m)
         init_weights(m, seed, local_slice=local_slice)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the per-parameter temporaries must not sit in the reserved pool

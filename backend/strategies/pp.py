@@ -88,6 +88,45 @@ def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], 
     return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(extra + [model], ids)]
 
 
+def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module]):
+    """Tied embeddings across stages, as Megatron-LM does (`_allreduce_word_embedding_grads`): the first stage
+    holds tok_emb.weight, the last stage its own copy as lm_head.weight; after backward their gradients are summed
+    (one all_reduce of the local (V/t, h) grad over {first-stage rank, last-stage rank} of each (dp, tp) column, or a
+    local add when one rank holds both stages, as ZBV's V shape does) so both copies take the same optimizer step.
+    Collective at build time: every rank creates every pair group in the same order. Returns the per-step call."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    p = ctx.spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    holder = [r for r in range(p.pp) if n_stages - 1 in stages_of_rank(r, p.pp, p.virtual_stages, p.pp_schedule)][0]
+    me = ctx.coords()
+    group = None
+    if holder != 0:
+        for d in range(p.dp):
+            for t in range(p.tp):
+                pair = [(0 * p.dp + d) * p.tp + t, (holder * p.dp + d) * p.tp + t]
+                g = dist.new_group(pair)
+                if me["dp"] == d and me["tp"] == t and me["pp"] in (0, holder):
+                    group = g
+    copies = [m.tok_emb.weight for m in mods if m.tok_emb is not None]
+    copies += [m.lm_head.weight for m in mods if m.lm_head is not None and m.tok_emb is None]
+
+    def local(g):
+        return g.to_local() if isinstance(g, DTensor) else g
+
+    def sync() -> None:
+        grads = [local(q.grad) for q in copies if q.grad is not None]
+        if len(grads) == 2:  # both stages on this rank (ZBV): add locally
+            total = grads[0] + grads[1]
+            grads[0].copy_(total)
+            grads[1].copy_(total)
+        elif len(grads) == 1 and group is not None:
+            dist.all_reduce(grads[0], group=group)
+
+    return sync
+
+
 def _cpu_note(ctx: RankContext) -> str:
     cores, load = os.cpu_count() or 1, os.getloadavg()[0]
     return (f"Bubble: {ctx.world_size} ranks on {cores} CPU cores at load average {load:.1f}; when the ranks do not "
@@ -99,7 +138,8 @@ def notes(ctx: RankContext, ids: list[int]) -> list[str]:
     spec, p = ctx.spec, ctx.spec.parallel
     n_stages = p.pp * p.virtual_stages
     return [f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers {stage_layers(spec.model.n_layers, n_stages)}.",
-            f"Timeline: call {spec.train.warmup_steps} of train_step (the first timed step) is recorded.",
+            f"Timeline: call {timeline.capture_call(spec.train.warmup_steps, spec.train.steps)} of train_step (a timed "
+            "step after the first, which may still run lazy initialisation) is recorded.",
             *filter(None, [_cpu_note(ctx)])]
 
 
@@ -118,6 +158,8 @@ class PipelineStep:
         self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
+        self.record_call = timeline.capture_call(ctx.spec.train.warmup_steps, ctx.spec.train.steps)
+        self.sync_tied = tied_embedding_sync(ctx, ids, mods) if ctx.spec.model.tie_embeddings else None
 
     def _run_schedule(self, x: torch.Tensor, y: torch.Tensor) -> float:
         losses: list = []
@@ -130,12 +172,14 @@ class PipelineStep:
         return sum(float(v.detach()) for v in losses) / len(losses) if self.last else 0.0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LocalLoss:
-        if self.calls == self.ctx.spec.train.warmup_steps:
+        if self.calls == self.record_call:
             self.timeline.clear()
-            with timeline.capture(self.timeline, step=self.calls):
+            with timeline.capture(self.timeline, step=self.calls, device=self.ctx.device):
                 local = self._run_schedule(x, y)
         else:
             local = self._run_schedule(x, y)
         self.calls += 1
+        if self.sync_tied is not None:
+            self.sync_tied()
         self.tail()
         return LocalLoss(local, 1.0 if self.last else 0.0)

@@ -16,6 +16,10 @@ DTensor shards like torch.chunk, so a dimension not divisible by t gives the fir
 | mlp (module input)     | PrepareModuleInput(Replicate, DTensor out)      | PrepareModuleInput(Shard(1) -> Replicate, DTensor out) |                      |               |
 | mlp.fc_in (F, C)       | ColwiseParallel                                 | ColwiseParallel                                        | F/t rows × C         | F/t           |
 | mlp.fc_out (C, F)      | RowwiseParallel                                 | RowwiseParallel(out Shard(1))                          | C × F/t cols         | C (replicated)|
+| mlp.gate, mlp.up (F,C) | ColwiseParallel (SwiGLU)                        | ColwiseParallel                                        | F/t rows × C         | F/t           |
+| mlp.down (C, F)        | RowwiseParallel (SwiGLU)                        | RowwiseParallel(out Shard(1))                          | C × F/t cols         | C (replicated)|
+| MoE shared.* (shared experts) | as the (expert) MLP                      | as the (expert) MLP, inside the MoE's gather/scatter   | as mlp               | as mlp        |
+| MoE router, shared_gate| replicated plain params                         | replicated plain params                                |                      |               |
 | MoE router (E, C)      | replicated plain param                          | replicated plain param                                 | E × C                | -             |
 | MoE experts.e fc_in/out| Colwise / Rowwise (as mlp)                      | Colwise / Rowwise; MoE output Replicate -> Shard(1)    | as mlp, per expert   | as mlp        |
 | lm_head (V, C)         | ColwiseParallel(out Replicate)                  | ColwiseParallel(in Shard(1), out Replicate)            | V/t rows × C         | -             |
@@ -59,7 +63,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from backend.models.gpt import MoE
+from backend.models.gpt import MoE, SwiGLU, tie_weights
 from backend.strategies.context import RankContext
 from backend.torch_compat import ParallelStyle
 
@@ -83,19 +87,27 @@ def tp_plan(model: nn.Module, sp: bool) -> dict:
         plan[f"{pre}.attn.o"] = RowwiseParallel(**row_out)
         if isinstance(block.mlp, MoE):
             for e in block.mlp.experts.keys() if isinstance(block.mlp.experts, nn.ModuleDict) else range(len(block.mlp.experts)):
-                plan[f"{pre}.mlp.experts.{e}.fc_in"] = ColwiseParallel()
-                plan[f"{pre}.mlp.experts.{e}.fc_out"] = RowwiseParallel()
+                plan.update(_mlp_plan(f"{pre}.mlp.experts.{e}", block.mlp.experts[e], {}))
+            if block.mlp.shared is not None:  # shared experts: one dense MLP on the (gathered) tokens, split like mlp
+                plan.update(_mlp_plan(f"{pre}.mlp.shared", block.mlp.shared, {}))
             if sp:
                 plan[f"{pre}.mlp"] = MoESequenceParallel()
         else:
-            plan[f"{pre}.mlp.fc_in"] = ColwiseParallel()
-            plan[f"{pre}.mlp.fc_out"] = RowwiseParallel(**row_out)
+            plan.update(_mlp_plan(f"{pre}.mlp", block.mlp, row_out))
             plan[f"{pre}.mlp"] = _gather_input(sp)
     if getattr(model, "norm", None) is not None and sp:
         plan["norm"] = SequenceParallel()
     if getattr(model, "lm_head", None) is not None:
         plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())
     return plan
+
+
+def _mlp_plan(pre: str, mlp: nn.Module, row_out: dict) -> dict:
+    """GELU MLP: fc_in column-wise, fc_out row-wise; SwiGLU: gate and up column-wise, down row-wise (Megatron's
+    split of the first and second GEMM, Shoeybi et al. 2019 Sec 3, with the gate as a second first GEMM)."""
+    if isinstance(mlp, SwiGLU):
+        return {f"{pre}.gate": ColwiseParallel(), f"{pre}.up": ColwiseParallel(), f"{pre}.down": RowwiseParallel(**row_out)}
+    return {f"{pre}.fc_in": ColwiseParallel(), f"{pre}.fc_out": RowwiseParallel(**row_out)}
 
 
 def _gather_input(sp: bool) -> PrepareModuleInput:
@@ -122,6 +134,7 @@ def apply_tp(ctx: RankContext, model: nn.Module) -> nn.Module:
     p = ctx.spec.parallel
     if p.tp > 1:
         parallelize_module(model, ctx.mesh["tp"], tp_plan(model, p.sequence_parallel))
+        tie_weights(model)  # parallelize_module distributed the tied weight twice (both Shard(0)): tie them again
     return model
 
 

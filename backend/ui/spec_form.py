@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec import Framework, Offload  # issue 14
+from backend.hf_config import from_hf_config
+from backend.presets import PRESETS as PUBLISHED
+from backend.presets import scaled_for_cpu
 from backend.spec import (
+    AttentionImpl,
+    Bias,
     ExperimentSpec,
+    Mlp,
+    Norm,
+    Positions,
     Optimizer,
     Precision,
     Recompute,
@@ -15,23 +23,47 @@ from backend.spec import (
     validate_spec,
 )
 
-# Shapes for the form. The CPU presets run here in seconds; the large ones are for prediction
-# (the model is a GPT with a 4h GELU MLP, so "-like" shapes only approximate the named models).
+_GPT = dict(n_kv_heads=0, ffn_hidden=0, n_experts=0, top_k=2, norm="layernorm", mlp="gelu", positions="learned",
+            tie_embeddings=False, bias="all", attention="math", expert_ffn_hidden=0, n_shared_experts=0,
+            shared_ffn_hidden=0, shared_expert_gate=False)
+
+
+def _published(name: str) -> dict[str, Any]:
+    """A backend.presets shape as flat form values (0 for the None fields the widgets show as 0)."""
+    fields = dict(_GPT)
+    fields.update({k: v for k, v in PUBLISHED[name].model.items()})
+    return {k: (0 if fields.get(k) is None and k in ZERO_MEANS_NONE else fields.get(k)) for k in MODEL_KEYS}
+
+
+def preset_label(name: str) -> str:
+    n = PUBLISHED[name].published_params
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    return f"{name} ({size} params{', rounded' if PUBLISHED[name].approx else ''}, published shape)"
+
+
+# Shapes for the form. The CPU shapes run here in seconds; the published ones (backend/presets.py, parameter
+# counts equal to the published counts) are for prediction, or run scaled down with "run it here".
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny (runs in seconds on CPU)": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=0, ffn_hidden=0, seq_len=32, n_experts=0, top_k=2),
-    "small (4 layers)": dict(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=0, ffn_hidden=0, seq_len=64, n_experts=0, top_k=2),
-    "tiny MoE (4 experts, top-2)": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=0, ffn_hidden=0, seq_len=32, n_experts=4, top_k=2),
-    "GPT-2 124M-like": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, ffn_hidden=0, seq_len=1024, n_experts=0, top_k=2),
-    "LLaMA-7B-like": dict(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=0, ffn_hidden=11008, seq_len=4096, n_experts=0, top_k=2),
-    "LLaMA-70B-like (GQA 8)": dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096, n_experts=0, top_k=2),
+    "tiny (runs in seconds on CPU)": dict(_GPT, vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32),
+    "small (4 layers)": dict(_GPT, vocab_size=512, d_model=128, n_layers=4, n_heads=4, seq_len=64),
+    "tiny MoE (4 experts, top-2)": dict(_GPT, vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32, n_experts=4),
 }
+PRESET_SOURCES: dict[str, str] = {}  # form label -> backend.presets name
 DEFAULT_PRESET = next(iter(PRESETS))
 
-MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k")
+MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
+              "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
+              "shared_ffn_hidden", "shared_expert_gate")
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
 PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
 # Widgets use 0 for "derive it": None in the spec.
-ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches"}
+ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden"}
+FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp], "positions": [v.value for v in Positions],
+                  "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl]}
+
+for _name in PUBLISHED:
+    PRESETS[preset_label(_name)] = _published(_name)
+    PRESET_SOURCES[preset_label(_name)] = _name
 
 STRATEGIES = [s.value for s in Strategy]
 SCHEDULES = [s.value for s in Schedule]
@@ -74,10 +106,40 @@ def default_form() -> dict[str, Any]:
         sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
-        timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1,
+        timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
+        source_model=None,
     )
     v.update(framework="torch", offload="none")
     return v
+
+
+def apply_preset(label: str) -> dict[str, Any]:
+    """Form values a preset sets: its shape, and its source when it is a published one."""
+    out = dict(PRESETS[label])
+    name = PRESET_SOURCES.get(label)
+    out["source"] = {"preset": name} if name else None
+    out["source_model"] = dict(PRESETS[label]) if name else None
+    return out
+
+
+def apply_hf_config(cfg: dict[str, Any], *, file: str, seq_len: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Form values from an uploaded Hugging Face config.json (raises HFConfigError naming a refused field)."""
+    model, notes = from_hf_config(cfg, seq_len=seq_len, file=file)
+    source = model.pop("source")
+    model.pop("norm_eps", None)
+    out = dict(_GPT) | model
+    out = {k: (0 if out.get(k) is None and k in ZERO_MEANS_NONE else out.get(k)) for k in MODEL_KEYS}
+    return out | {"source": source, "source_model": dict(out), "preset": "custom"}, notes
+
+
+def _source(v: dict[str, Any]) -> dict[str, Any] | None:
+    """The model's source, marked edited when a shape field no longer matches what the preset / config gave."""
+    src, shape = v.get("source"), v.get("source_model")
+    if not src:
+        return None
+    if shape and any(v.get(k) != x for k, x in shape.items()):
+        return dict(src, edited=True)
+    return src
 
 
 def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
@@ -89,10 +151,13 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
 
     parallel = {k: val(k) for k in PARALLEL_KEYS if k in v}
     parallel["offload"] = v.get("offload") or "none"
+    model = {k: val(k) for k in MODEL_KEYS if k in v} | {"source": _source(v)}
+    if v.get("run_here"):  # "run it here": the same family, scaled down for the CPU ranks
+        model = scaled_for_cpu(model)
     return {
         "framework": v.get("framework") or "torch",
         "name": v.get("name") or "",
-        "model": {k: val(k) for k in MODEL_KEYS if k in v},
+        "model": model,
         "train": {k: val(k) for k in TRAIN_KEYS if k in v},
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
@@ -108,7 +173,8 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     """An existing spec back into widget values (re-run / clone into the form)."""
     v = default_form()
     m, t, p = spec.model, spec.train, spec.parallel
-    v.update({k: getattr(m, k) for k in MODEL_KEYS})
+    v.update({k: (str(x) if hasattr(x, "value") else x) for k in MODEL_KEYS for x in [getattr(m, k)]})
+    v["source"] = m.source
     v.update({k: getattr(t, k) for k in TRAIN_KEYS})
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
@@ -130,6 +196,22 @@ def preset_of(v: dict[str, Any]) -> str:
         if all(v.get(k) == x for k, x in shape.items()):
             return name
     return "custom"
+
+
+def attention_comparison(spec: ExperimentSpec) -> dict[str, int] | None:
+    """Largest per-rank predicted activation bytes with math vs flash attention for this spec (None when the
+    other variant does not validate): what the attention kernel choice changes."""
+    from backend.analytic.estimate import estimate
+
+    out = {}
+    for impl in ("math", "flash"):
+        data = spec.model_dump()
+        data["model"]["attention"] = impl
+        other, problems = validate_spec(data)
+        if other is None:
+            return None
+        out[impl] = max(r.activations_bytes for r in estimate(other).per_rank)
+    return out
 
 
 def describe(spec: ExperimentSpec) -> str:

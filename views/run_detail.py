@@ -159,7 +159,7 @@ url = store.db_url()
 rid = _selected_id(url)
 if rid is None:
     st.info("No runs yet. Submit one on the **New experiment** page; its measurements appear here.")
-    st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
 e = store.get_run(url, rid)
 if e is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import streamlit as st
@@ -12,6 +13,7 @@ from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
 from backend.ui import trace_view as tv
+from backend.ui.format import fmt_bytes
 from backend.ui.sweep_form import expand_sweep
 
 P = "f_"  # widget key prefix
@@ -31,15 +33,52 @@ def _init_state() -> None:
 
 
 def _apply_preset() -> None:
-    shape = sf.PRESETS.get(st.session_state[P + "preset"])
-    if shape:
-        for k, v in shape.items():
+    label = st.session_state[P + "preset"]
+    if label in sf.PRESETS:
+        for k, v in sf.apply_preset(label).items():
             st.session_state[P + k] = v
+
+
+def _apply_upload() -> None:
+    up = st.session_state.get("hf_upload")
+    if up is None:
+        return
+    try:
+        values, notes = sf.apply_hf_config(json.loads(up.getvalue()), file=up.name)
+    except (ValueError, json.JSONDecodeError) as e:  # HFConfigError names the refused field
+        st.session_state["hf_error"], st.session_state["hf_notes"] = f"{up.name}: {e}", []
+        return
+    for k, v in values.items():
+        st.session_state[P + k] = v
+    st.session_state["hf_error"], st.session_state["hf_notes"] = None, notes
 
 
 def _model_inputs() -> None:
     st.selectbox("Model preset", list(sf.PRESETS) + ["custom"], key=P + "preset", on_change=_apply_preset,
-                 help="Pick a shape, then edit any dimension below")
+                 help="Published shapes count their published parameters exactly; edit any dimension below")
+    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)",
+                     type=["json"], key="hf_upload", on_change=_apply_upload)
+    if st.session_state.get("hf_error"):
+        st.error(st.session_state["hf_error"])
+    for note in st.session_state.get("hf_notes") or []:
+        st.caption(f":material/info: {note}")
+    src = st.session_state.get(P + "source")
+    if src:
+        label = src.get("preset") or src.get("file") or "config.json"
+        st.caption(f"Model source: {label}" + (" (edited)" if sf._source(_values()) != src else "")
+                   + " — stored with the run.")
+    st.toggle("Run it here: scale down for the CPU ranks (same block type, fewer and narrower layers)",
+              key=P + "run_here", help="Off: the full model, for prediction. On: what the CPU engine will run.")
+    with st.expander("Model family", expanded=False):
+        c1, c2, c3 = st.columns(3)
+        for col, k, label in ((c1, "norm", "norm"), (c2, "mlp", "MLP"), (c3, "positions", "positions"),
+                              (c1, "bias", "biases"), (c2, "attention", "attention kernel")):
+            col.selectbox(label, sf.FAMILY_CHOICES[k], key=P + k)
+        c3.checkbox("tied embeddings", key=P + "tie_embeddings")
+        c1.number_input("expert hidden (0 = MLP hidden)", 0, 16_000_000, key=P + "expert_ffn_hidden")
+        c2.number_input("shared experts", 0, 1024, key=P + "n_shared_experts")
+        c3.number_input("shared expert hidden (0 = expert)", 0, 16_000_000, key=P + "shared_ffn_hidden")
+        c1.checkbox("shared expert gate", key=P + "shared_expert_gate")
     with st.expander("Model shape", expanded=False):
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
@@ -136,6 +175,13 @@ def _prediction(spec, device_gb: float) -> None:
         st.caption("No collectives: a single rank, or nothing to synchronise.")
     else:
         st.dataframe(comm, hide_index=True, width="stretch")
+    cmp = sf.attention_comparison(spec)
+    if cmp:
+        c1, c2, c3 = st.columns(3)
+        c1.metric("Activations, math attention (max rank)", fmt_bytes(cmp["math"]))
+        c2.metric("Activations, flash attention (max rank)", fmt_bytes(cmp["flash"]))
+        c3.metric("flash saves", fmt_bytes(cmp["math"] - cmp["flash"]),
+                  help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
     for note in getattr(est, "notes", []) or []:
         st.caption(f":material/info: {note}")
 
@@ -147,7 +193,7 @@ def _submit_one(spec) -> None:
         eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
-        st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
 def _trace(spec) -> None:
@@ -157,7 +203,7 @@ def _trace(spec) -> None:
         eid = tv.start_trace(spec, store.db_url())
         st.session_state["run_id"] = eid
         st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
-        st.page_link("pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
 def _sweep(v: dict) -> None:

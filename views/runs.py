@@ -54,10 +54,10 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     c1, c2, c3, c4, c5 = st.columns(5)
     if c1.button("Open detail", icon=":material/search:", disabled=len(selected) != 1, key="act_open"):
         st.session_state["run_id"] = selected[0]
-        st.switch_page("pages/run_detail.py", query_params={"run": str(selected[0])})
+        st.switch_page("views/run_detail.py", query_params={"run": str(selected[0])})
     if c2.button("Compare", icon=":material/bar_chart:", disabled=len(selected) < 2, key="act_compare"):
         st.session_state["compare_ids"] = list(selected)
-        st.switch_page("pages/compare.py")
+        st.switch_page("views/compare.py")
     if c3.button("Cancel", icon=":material/cancel:", disabled=not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected), key="act_cancel"):
         out = store.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
         st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
@@ -69,7 +69,7 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
             st.warning(e)
     if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
         st.session_state["clone_spec"] = store.get_run(url, selected[0])["spec"]
-        st.switch_page("pages/new_experiment.py")
+        st.switch_page("views/new_experiment.py")
     c1, c2 = st.columns([3, 2])
     tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
     if c1.button("Apply tags", icon=":material/sell:", disabled=not selected, key="act_tag_apply"):
@@ -99,7 +99,7 @@ if active:
 if df.empty:
     if total == 0 and not any([f["status"], f["strategy"], f["tag"], f["search"], f["framework"]]):
         st.info("No runs yet. Design one on the **New experiment** page and press *Run this experiment*.")
-        st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+        st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
     else:
         st.info("No run matches these filters. Clear a filter to see more.")
     st.stop()

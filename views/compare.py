@@ -13,7 +13,7 @@ url = store.db_url()
 recent = store.list_runs(url, limit=500)
 if len(recent) < 2:
     st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at world 2 and 4).")
-    st.page_link("pages/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
 labels = {r["id"]: rv.run_label(r) for r in recent}
 if "compare_ids" in st.session_state:

@@ -65,7 +65,7 @@ if res is not None:
         if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
-            st.switch_page("pages/new_experiment.py")
+            st.switch_page("views/new_experiment.py")
         if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
                      help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
                           "measured step time with the prediction"):
