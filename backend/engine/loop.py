@@ -118,6 +118,7 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     maybe_inject(ctx.rank, step)
     batch = _batch(ctx, step)
     if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()  # reserved memory must not include what set-up left in the pool
         torch.cuda.reset_peak_memory_stats(ctx.device)
     tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
     memory.track_inputs(tracker, batch)

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from backend.launch.nccl import group_timeout_s
 from backend.spec import Backend, Device, ExperimentSpec
 
 MESH_DIMS = ("pp", "dp", "tp")
@@ -35,7 +36,7 @@ def init(spec: ExperimentSpec, rank: int, world_size: int, local_rank: int) -> t
     if not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=spec.runtime.timeout_s), **kwargs)
+                                timeout=timedelta(seconds=group_timeout_s(spec.runtime.timeout_s, backend)), **kwargs)
     return backend, device
 
 
