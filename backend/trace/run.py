@@ -135,6 +135,12 @@ def bound_notes(per_rank: list[dict[str, Any]]) -> list[str]:
                 why = (f" The tracker holds {raw['All Gather']:,} B of FSDP2 'All Gather' output at that moment: the "
                        "flat all-gather buffer of the unit unsharded last, freed only when the next unshard waits "
                        "(real runs show the same tie); the analytic model does not count it.")
+            if k == "grads_bytes" and raw.get("Unsharded Grad") and v > 0:
+                why = (f" The tracker holds {raw['Unsharded Grad']:,} B of FSDP2 'Unsharded Grad' at that moment: under "
+                       "pipelining gradient sync is off until the last microbatch, so a backward that ran before the "
+                       "peak left unsharded gradients. In 1F1B the activation maximum is reached twice with the same "
+                       "microbatches in flight (before and after the first backward); the tracker keeps the later "
+                       "moment (bench/memory.py, >=), the analytic model the earlier one.")
             notes.append(f"rank {row['rank']}: traced {k} {row['traced'][k]:,} B vs predicted {row['predicted'][k]:,} B "
                          f"({v:+.2f} %, bound ±{bound:g} %).{why}")
     return notes
