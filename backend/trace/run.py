@@ -24,7 +24,7 @@ from backend.spec import ExperimentSpec
 KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 STATE_BOUND_PCT = 1.0
 ACTIVATION_BOUND_PCT = 10.0
-RANK_TIMEOUT_S = 1800.0
+RANK_TIMEOUT_S = 3600.0
 UNEXPLAINED = " No explanation found."
 RUN_ONLY_NOTES = ("Bubble:", "Timeline:")
 """Strategy notes about timing a real run (CPU time-sharing, the recorded timeline): nothing a trace measures."""
