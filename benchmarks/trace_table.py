@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.spec import ExperimentSpec  # noqa: E402
-from backend.trace.run import ACTIVATION_BOUND_PCT, STATE_BOUND_PCT, trace_spec  # noqa: E402
+from backend.trace.run import ACTIVATION_BOUND_PCT, STATE_BOUND_PCT, UNEXPLAINED, trace_spec  # noqa: E402
 
 GIB = 1024**3
 SEVEN_B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048}
@@ -86,7 +86,7 @@ def main() -> int:
                       f"{'' if e is None else f'{e:+.2f}%':>8} {sec.get('total', 0):>7.1f} {sec.get('cpu', 0):>6.1f} "
                       f"{rss:>7.2f}", flush=True)
             misses = row_misses(row)
-            explained = [n for n in res["notes"] if n.startswith(f"rank {row['rank']}:")]
+            explained = [n for n in res["notes"] if n.startswith(f"rank {row['rank']}:") and not n.endswith(UNEXPLAINED)]
             if misses and not explained:
                 bad.append(f"{name} rank {row['rank']}: {misses}")
             if name != "70b_zero3_tp8_pp8" and (rss > 4 or sec.get("cpu", 0) > 120):

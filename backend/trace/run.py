@@ -24,7 +24,8 @@ from backend.spec import ExperimentSpec
 KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 STATE_BOUND_PCT = 1.0
 ACTIVATION_BOUND_PCT = 10.0
-RANK_TIMEOUT_S = 1800.0
+RANK_TIMEOUT_S = 3600.0
+UNEXPLAINED = " No explanation found."
 RUN_ONLY_NOTES = ("Bubble:", "Timeline:")
 """Strategy notes about timing a real run (CPU time-sharing, the recorded timeline): nothing a trace measures."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,8 +136,19 @@ def bound_notes(per_rank: list[dict[str, Any]]) -> list[str]:
                 why = (f" The tracker holds {raw['All Gather']:,} B of FSDP2 'All Gather' output at that moment: the "
                        "flat all-gather buffer of the unit unsharded last, freed only when the next unshard waits "
                        "(real runs show the same tie); the analytic model does not count it.")
+            if k == "grads_bytes" and raw.get("Unsharded Grad") and v > 0:
+                why = (f" The tracker holds {raw['Unsharded Grad']:,} B of FSDP2 'Unsharded Grad' at that moment: under "
+                       "pipelining gradient sync is off until the last microbatch, so a backward that ran before the "
+                       "peak left unsharded gradients. In 1F1B the activation maximum is reached twice with the same "
+                       "microbatches in flight (before and after the first backward); the tracker keeps the later "
+                       "moment (bench/memory.py, >=), the analytic model the earlier one.")
+            if k == "params_bytes" and v < 0 and not raw.get("Unsharded Param") and not raw.get("All Gather"):
+                why = (" At the tracker's moment no unsharded FSDP2 parameter or all-gather buffer is resident: the "
+                       "activation maximum was reached (again) after the root's forward resharded, and the tracker keeps "
+                       "the later moment (bench/memory.py, >=); the analytic model places the peak inside the root's "
+                       "forward, with the root and the last block still unsharded.")
             notes.append(f"rank {row['rank']}: traced {k} {row['traced'][k]:,} B vs predicted {row['predicted'][k]:,} B "
-                         f"({v:+.2f} %, bound ±{bound:g} %).{why}")
+                         f"({v:+.2f} %, bound ±{bound:g} %).{why or UNEXPLAINED}")
     return notes
 
 
