@@ -59,6 +59,10 @@ def unsupported_reason(e: BaseException) -> str | None:
         return f"torch FakeTensorMode cannot run {e.func}: its output shape depends on data values"
     if isinstance(e, DataDependentOutputException):
         return f"torch FakeTensorMode cannot run {e.func}: its output depends on data values"
+    if "Couldn't swap" in str(e) and "weakref" in str(e.__cause__ or ""):
+        return (f"torch nn.Module._apply swaps fake-tensor parameters with torch.utils.swap_tensors, which refuses "
+                f"a parameter that has a weakref attached ({e}: {e.__cause__}); on fake tensors the meta-device "
+                "materialize step cannot run for this layout")
     if "its data is not allocated yet" in str(e):
         return (f"torch C++ code read a fake tensor's storage, which fake tensors do not have "
                 f"({_torch_frame(e)}); e.g. DistributedDataParallel's C++ Reducer")
@@ -78,6 +82,7 @@ def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
     from backend.engine.loop import _split_backward
     from backend.models.gpt import build_model
     from backend.strategies.base import RankContext, module_name_for
+    from backend.strategies.context import local_batch
     from backend.trace import compat
 
     t0 = time.perf_counter()
@@ -89,9 +94,9 @@ def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
     # The mesh's rank tensor is real: build it outside the fake mode (torchtitan's estimator does the same).
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=0, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
-    real = [global_batch(spec, i) for i in range(2)]  # (B, T) int64 each, small even at full scale
+    real = [local_batch(ctx, *global_batch(spec, i)) for i in range(2)]  # this dp rank's (B/dp, T) int64 rows
     with compat.fake_world(hidden_meta_fn(spec)) as mode:
-        model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute)
+        model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta")
         prep = setup(ctx, model)
         compat.identity_ddp_hooks(prep.modules)
         seconds["setup"] = time.perf_counter() - t0
