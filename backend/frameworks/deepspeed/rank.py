@@ -51,7 +51,7 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
         from backend.frameworks.deepspeed.estimate import deepspeed_estimate
 
         write_json_atomic(out / "ds_config.json", prep.extra["ds_config"])
-        ref, note = run_isolated(spec, out)  # its own CPU process, never on this rank's device (engine/rank.py)
+        ref, note = run_isolated(spec)  # its own CPU process, never on this rank's device (engine/rank.py)
         if note:
             gathered[0]["notes"].append(note)
         write_json_atomic(out / "ranks.json", {"version": PAYLOAD_VERSION, "world_size": world, "backend": backend,
