@@ -105,7 +105,7 @@ def time_apptest(n: int, repeats: int) -> tuple[tuple[float, float], tuple[float
 
     import streamlit as st
 
-    at = AppTest.from_file(str(ROOT / "pages" / "runs.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "views" / "runs.py"), default_timeout=60)
     at.session_state["runs_page_size"] = n
     at.run()
     cold, warm = [], []
