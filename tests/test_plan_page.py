@@ -9,6 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.ui import plan_view as pv
+from backend.ui import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
@@ -23,7 +24,7 @@ def test_plan_page_searches_and_plots():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page("views/plan.py").run()
     assert not at.exception
-    at.selectbox(key="pl_preset").set_value("GPT-2 124M-like").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
     at.number_input(key="pl_seq").set_value(1024)
     at.number_input(key="pl_gpus").set_value(8)
     at.number_input(key="pl_batch").set_value(32)

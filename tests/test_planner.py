@@ -62,5 +62,5 @@ def test_plan_cli_json_contract(capsys):
     c = d["configs"][0]
     assert tuple(c["step_time"]) == STEP_KEYS and c["mem_bytes_max"] > 0
     assert ExperimentSpec.for_prediction(c["spec"]).parallel.world_size == 8
-    assert main(argv[:-1] + ["--preset", "llama"]) == 2
-    assert "backend.presets" in capsys.readouterr().err
+    assert main(argv[:-1] + ["--preset", "llama"]) == 2  # not a preset: refused before searching, naming the known ones
+    assert "unknown preset 'llama'" in (err := capsys.readouterr().err) and "llama-2-70b" in err

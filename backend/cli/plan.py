@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="search parallel layouts and rank them by predicted step time", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", help="model preset name (needs backend.presets)")
-    src.add_argument("--hf-config", help="Hugging Face config.json (needs backend.presets)")
+    src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
+    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
     for flag, field in MODEL_FLAGS.items():
         p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
     p.add_argument("--gpus", type=int, required=True)
@@ -51,11 +51,16 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
 
     data: dict[str, Any] = {}
     if args.preset or args.hf_config:
+        from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+        from backend.presets import preset_model
+
         try:
-            from backend import presets  # type: ignore[attr-defined]  # helper i12's module, when merged
-        except ImportError:
-            return None, "--preset/--hf-config need backend.presets, which this build lacks: give the model flags instead"
-        data = presets.model_fields(preset=args.preset, hf_config=args.hf_config)  # hook: i12's API to wire at merge
+            if args.preset:
+                data = preset_model(args.preset)
+            else:
+                data, _notes = from_hf_config(load_hf_config(args.hf_config), seq_len=args.seq, file=str(args.hf_config))
+        except (KeyError, HFConfigError) as e:
+            return None, str(e).strip("'\"")
     data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
     data["seq_len"] = args.seq
     try:

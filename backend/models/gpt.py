@@ -140,6 +140,9 @@ class MoE(nn.Module):
         self.n_experts = m.n_experts
         self.router = nn.Linear(m.d_model, m.n_experts, bias=False)
         self.experts = nn.ModuleList(make_mlp(m, m.expert_ffn) for _ in range(m.n_experts))
+        self.run_empty_experts = False
+        """Run experts no token reached on 0 rows (zero grads, not None): set by the data-parallel wrappers, whose
+        reducers need every rank to produce the same parameter set; the reference keeps None grads."""
         self.shared = make_mlp(m, m.shared_ffn) if m.shared_ffn else None
         self.shared_gate = nn.Linear(m.d_model, 1, bias=False) if m.shared_ffn and m.shared_expert_gate else None
 
@@ -164,9 +167,11 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             tok, slot = (idx == e).nonzero(as_tuple=True)
-            # An expert no token reached still runs (on 0 rows): its grads are zeros, not None, so every data-parallel
-            # rank reduces the same parameter set (FSDP2's reduce-scatter and DDP's reducer need that) and the
-            # single-process reference takes the same optimizer step.
+            if not tok.numel() and not self.run_empty_experts:
+                continue
+            # Under a data-parallel wrapper an expert no token reached still runs (on 0 rows): its grads are zeros,
+            # not None, so every rank reduces the same parameter set (FSDP2's reduce-scatter and DDP's reducer
+            # need that); the optimizer skips it exactly as the reference skips a None grad (step.ExpertUsage).
             out.index_add_(0, tok, (expert(flat[tok]) * weights[tok, slot].unsqueeze(-1)).to(out.dtype))
         return out
 

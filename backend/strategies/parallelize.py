@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from backend.models.gpt import set_recompute
+from backend.models.gpt import MoE, set_recompute
 from backend.strategies import data_parallel as dpar
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
@@ -52,6 +52,9 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         apply_tp(ctx, m)
         set_recompute(m, spec.train.recompute)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
+        for sub in m.modules():
+            if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
+                sub.run_empty_experts = p.dp > 1
     if meta:
         materialize(mods, ctx.device, spec.train.seed)
     experts = ep.params() if ep else []

@@ -56,7 +56,8 @@ class ExpertUsage:
                     sub.register_forward_pre_hook(self._mark)
 
     def _mark(self, module: nn.Module, args) -> None:
-        self.used.add(id(module))
+        if args and args[0].shape[0] > 0:  # experts also run on 0 rows (gpt.MoE.dispatch): that is not a use
+            self.used.add(id(module))
 
     def flags(self) -> list[float]:
         """1.0 per expert parameter tensor whose expert ran since the last `skip_unused`."""
