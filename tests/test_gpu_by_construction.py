@@ -378,6 +378,8 @@ def test_group_timeout_fires_before_the_job_timeout():
     assert group_timeout_s(600, "nccl") == 300 and group_timeout_s(60, "nccl") == 30
     assert group_timeout_s(7200, "nccl") == 300
     assert group_timeout_s(600, "gloo") == 600
+    # under SLURM the scheduler's limit ends an over-time gloo job (TIMEOUT), not the process group's recv timeout
+    assert group_timeout_s(20, "gloo", scheduler_limit=True) > 20 + 60
     for job in (2, 10, 600, 86400):
         assert group_timeout_s(job, "nccl") < job
 
