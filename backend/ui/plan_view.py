@@ -28,9 +28,15 @@ def hardware_options() -> list[str]:
 
 
 def model_from_config(text: str, seq: int) -> ModelSpec:
-    """A Hugging Face config.json's shape (ShardLab's GPT block: the SwiGLU/gated MLP is approximated by a GELU MLP of
-    the same intermediate size; see spec_form's presets). Raises ValueError with the missing keys."""
+    """A Hugging Face config.json's model. A real config (it names its `model_type`) goes through backend.hf_config,
+    the one import the CLI and New experiment use (exact family, refused fields named); a bare dict of shape keys
+    without a model_type gets a plain GPT block of that shape. Raises ValueError with the reason."""
     cfg = json.loads(text)
+    if "model_type" in cfg:
+        from backend.hf_config import from_hf_config
+
+        fields, _notes = from_hf_config(cfg, seq_len=seq)
+        return ModelSpec(**{**fields, "seq_len": seq})
     data = {ours: cfg[theirs] for theirs, ours in HF_KEYS.items() if theirs in cfg}
     missing = {"d_model", "n_layers", "n_heads", "vocab_size"} - set(data)
     if missing:
