@@ -111,7 +111,7 @@ def test_recompute_ordering_and_peak_extra():
 
 
 def _engine_step_activation_peak(spec) -> int:
-    """One rank of backend/strategies/ddp.py's train_step without the process group: microbatches under
+    """One rank of the engine's microbatch step (backend/strategies/step.py) under pure ddp without the process group: microbatches under
     strategies.base.autocast, `logits` bound in the loop through backward, loss / n; the engine's own tracker
     (backend.bench.memory.CategoryMemTracker) read at its activation peak, as the engine reports it."""
     from backend.bench.memory import CategoryMemTracker, breakdown

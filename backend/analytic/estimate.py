@@ -12,7 +12,7 @@ included) = the start of backward. Category by category:
 - grads: resident from the previous step (zero_grad(set_to_none=False)), fp32: DDP / ZeRO-1 one copy per
   local parameter (`.grad` are views of DDP's buckets); FSDP2 the padded sharded gradient, plus under
   pipelining the unsharded gradients accumulated by the backwards before the peak (fsdp_state.pipeline_peak).
-- ddp on the dp dimension of a tp/pp/ep mix is FSDP2 `replicate` (backend/strategies/mp_common.py): it keeps
+- ddp on the dp dimension of a tp/pp/ep mix is FSDP2 `replicate` (backend/strategies/data_parallel.py): it keeps
   an unsharded copy of every parameter (2x params) and, syncing only on the last microbatch, accumulates
   unsharded gradients next to the reduced ones (when microbatches > 1; the vocab-parallel embeddings' full
   Replicate grads, sharding.unsharded_grad_numel) - measured on the fake PG.

@@ -4,7 +4,7 @@ Payload = bytes of the buffer handed to the collective (docs/ARCHITECTURE.md: al
 all_gather the gathered output, reduce_scatter the full input, all_to_all the input, send/recv the
 tensor). Each entry is (collective, payload bytes per step, group size) so ring wire bytes can be
 derived with `comm.ring_wire_bytes`. DDP all-reduces once per step (no_sync on earlier microbatches);
-FSDP2 reduce-scatters after every microbatch (backend/strategies/fsdp.py) except under pipelining,
+FSDP2 reduce-scatters after every microbatch (backend/strategies/data_parallel.py) except under pipelining,
 which syncs on the last backward only; it all-gathers a unit at each sharded -> unsharded transition
 (`fsdp_gathers_per_step`).
 """
@@ -27,13 +27,13 @@ def compute_bytes(precision: str) -> int:
 
 
 def uses_replicate(spec: Any) -> bool:
-    """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (mp_common.dp_wrap); ep alone uses classic DDP."""
+    """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (data_parallel.composable_wrap); ep alone uses classic DDP."""
     p = spec.parallel
     return p.dp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
 
 
 def is_mix(spec: Any) -> bool:
-    """tp/pp/ep > 1: the dp dimension is wrapped by backend/strategies/mp_common.dp_wrap (FSDP2 `replicate`
+    """tp/pp/ep > 1: the dp dimension is wrapped by backend/strategies/data_parallel.composable_wrap (FSDP2 `replicate`
     for ddp, `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
     p = spec.parallel
     return p.tp > 1 or p.pp > 1 or p.ep > 1
@@ -41,7 +41,7 @@ def is_mix(spec: Any) -> bool:
 
 def fsdp_param_bytes(spec: Any) -> int:
     """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies
-    (backend/strategies/fsdp.py), fp32 in the mixes (no policy)."""
+    (backend/strategies/data_parallel.py), fp32 in the mixes (no policy)."""
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
 
 
