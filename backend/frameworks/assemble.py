@@ -179,5 +179,5 @@ def _jax_notes(spec: ExperimentSpec, xla: dict[str, Any], arg: int | None, pb: d
         notes.append("some collectives sit inside a while loop: their count is per program, not per step.")
     listed = ", ".join(f"{k} ×{v['calls']} ({v['bytes']:,} B)" for k, v in coll.items()) or "none"
     notes.append(f"collectives in the compiled HLO, per device per step: {listed}. Their seconds are not measured "
-                 "(the comm table shows 0): XLA times collectives only under its profiler, which ShardLab does not run.")
+                 "(the comm table shows none): XLA times collectives only under its profiler, which ShardLab does not run.")
     return notes

@@ -60,7 +60,8 @@ class Trainer:
         ma = facts["memory_analysis"]
         cats = {"params_bytes": params, "grads_bytes": 0, "optimizer_bytes": opt,
                 "activations_bytes": ma["temp_size_in_bytes"], "other_bytes": self.data_bytes[d]}
-        comm = {k: {"calls": v["calls"], "bytes": v["bytes"], "wire_bytes": _wire(k, v), "seconds": 0.0}
+        comm = {k: {"calls": v["calls"], "bytes": v["bytes"], "wire_bytes": _wire(k, v), "seconds": None,
+                    "seconds_note": "not measured: XLA times collectives only under its profiler"}
                 for k, v in facts["collectives"].items()}
         return {"rank": d, "coords": {"pp": 0, "dp": d // p.tp, "tp": d % p.tp, "ep": 0}, "losses": losses,
                 "step_s": step_s, "comm": comm, "comm_excluded": {}, "comm_kernel": {},
