@@ -59,7 +59,7 @@ slurm:
 	fi
 
 test: $(VENV)/.installed-test browser postgres slurm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m "not slow and not browser"
