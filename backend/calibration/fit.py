@@ -20,9 +20,10 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 
 FITTED = ("gemm_efficiency_max", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
-          "step_overhead_s")
+          "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
 COMM_WEIGHT = 0.1
-BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0)}
+BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
+          "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
 
 
 @dataclass

@@ -8,7 +8,8 @@ Data parallel: DDP's bucketed all-reduce overlaps the last microbatch's backward
 (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
 prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and
 the last reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast
-follows the optimizer step, exposed. More ranks than cores (CPU profile) time-share them.
+follows the optimizer step, exposed. More ranks than cores (CPU profile) time-share them. Host DTensor dispatch
+(host.py: TP layers, optimizer over DTensor parameters) adds where the host runs the kernels (CPU; 0 on GPUs).
 MFU = model FLOPs (6N + 12·L·s·h per token, no recompute; PaLM, Chowdhery 2022 App. B) / (step · n · peak);
 tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 2021 Eq. 3 convention).
 """
@@ -24,6 +25,7 @@ from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
 from backend.analytic.sharding import layer_split, local_params, rank_stages
 from backend.analytic.steptime import collectives as CO
+from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.schedule import SIMULATED, makespan
@@ -128,6 +130,16 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
     return total, exposed
 
 
+def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
+    """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
+    (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
+    host_s = hw.tune.dtensor_op_s * sum(H.tp_dispatch_per_layer(spec, params, i) for i in _layers(spec, stage))
+    c.fwd_s += host_s / 3
+    c.bwd_s += 2 * host_s / 3
+    if str(spec.train.recompute) == "full":
+        c.recompute_s += host_s / 3
+
+
 def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
     """AdamW reads p, g, m, v and writes p, m, v (28 B per fp32 element; SGD 20 B), memory bound
     (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1)."""
@@ -138,7 +150,7 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
         elems = sum(q.local_numel for q in params) / (p.dp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
     kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
-    return memory_s(hw, per * elems, kernels=kernels)
+    return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * H.optimizer_dispatch(spec, params)
 
 
 def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
@@ -159,6 +171,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         tot = PassCost()
         for s in stages:
             c = stage_cost(spec, hw, s, params, attention)
+            _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))
             fwd[s] = (c.fwd_s + per_mb / 2 * share_s) * share
