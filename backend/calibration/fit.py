@@ -1,7 +1,12 @@
 """Fit the step-time model's tunables to measured runs; leave-one-out error and prediction interval.
 
-Loss = Σ_runs log²(predicted step / measured step) + w · Σ_runs log²(predicted / measured collective seconds)
-(rank 0's collectives before overlap vs its measured `comm.<collective>.seconds`). Parameters are fitted in
+Loss = Σ_runs [ log²(predicted step / measured step)
+                + w_c · Σ_collectives log²(predicted / measured seconds of that collective)
+                + w_p · mean_stages (log²(pred / meas forward) + log²(pred / meas backward)) ]
+per collective: rank 0's seconds before overlap (model.RankTime.comm_by_collective_s) vs its measured
+`comm.<collective>.seconds`; per phase: the pipeline stages' forward / backward seconds of one microbatch
+(model.StepTime.stage_fwd_s / stage_bwd_s) vs the run's timeline (median F / B event per stage), where recorded.
+Parameters are fitted in
 log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
 minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
 Interval: the 5th/95th percentiles of the leave-one-out relative errors (a residual-based prediction
@@ -22,6 +27,7 @@ from backend.analytic.steptime.model import step_time
 FITTED = ("gemm_efficiency_max", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
           "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
 COMM_WEIGHT = 0.1
+PHASE_WEIGHT = 0.5
 BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
           "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
 
@@ -33,6 +39,10 @@ class Sample:
     step_s: float
     comm_s: float | None
     """Measured collective seconds per step of rank 0 (sum over collectives), None if not recorded."""
+    comm_by_collective: dict[str, float] = field(default_factory=dict)
+    """Rank 0's measured seconds per step by collective (where measured)."""
+    phases: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Pipeline stage -> (forward, backward) seconds of one microbatch, medians over the timeline's events."""
 
 
 @dataclass
@@ -64,15 +74,24 @@ def predict(hw: Hardware, s: Sample) -> tuple[float, float]:
     return st.summary["step_s"], sum(r0.comm_s.values())
 
 
+def sample_loss(hw: Hardware, s: Sample) -> float:
+    """One run's share of the loss (module docstring)."""
+    st = step_time(s.spec, hw)
+    total = math.log(st.summary["step_s"] / s.step_s) ** 2
+    pred = st.per_rank[0].comm_by_collective_s
+    for kind, meas in s.comm_by_collective.items():
+        if meas > 0 and pred.get(kind, 0.0) > 0:
+            total += COMM_WEIGHT * math.log(pred[kind] / meas) ** 2
+    terms = [math.log(p / m) ** 2 for stage, (f, b) in s.phases.items() if stage < len(st.stage_fwd_s)
+             for p, m in ((st.stage_fwd_s[stage], f), (st.stage_bwd_s[stage], b)) if p > 0 and m > 0]
+    if terms:
+        total += PHASE_WEIGHT * sum(terms) / len(terms)
+    return total
+
+
 def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray) -> float:
     h = apply(hw, _params(hw, x))
-    total = 0.0
-    for s in samples:
-        step, comm = predict(h, s)
-        total += math.log(step / s.step_s) ** 2
-        if s.comm_s and comm > 0:
-            total += COMM_WEIGHT * math.log(comm / s.comm_s) ** 2
-    return total
+    return sum(sample_loss(h, s) for s in samples)
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.7, iters: int = 200,
