@@ -121,3 +121,21 @@ def test_cpu_defaults_fill_what_an_older_probe_did_not_measure(tmp_path, monkeyp
     assert cpu.tune.dtensor_op_s > 0 and cpu.tune.intra_latency_s == 4e-4
     path.write_text(json.dumps({**prof, "tune": {"dtensor_op_s": 7e-5}}))
     assert get_hardware("cpu").tune.dtensor_op_s == 7e-5
+
+
+def test_measured_gemm_table_replaces_the_saturating_curve(tmp_path, monkeypatch):
+    from backend.analytic.steptime.compute import curve_fraction, gemm_s
+    curve = ((1e6, 0.4), (1e8, 0.8))
+    assert curve_fraction(curve, 1e5) == 0.4 and curve_fraction(curve, 1e9) == 0.8
+    assert curve_fraction(curve, 1e7) == pytest.approx(0.6)  # linear in log(FLOPs)
+    prof = {"name": "probe", "kind": "cpu", "peak_flops": {"fp32": 1e11}, "hbm_bytes_per_s": 1e12,
+            "intra_bytes_per_s": 1e9, "inter_bytes_per_s": 1e9, "cores": 2,
+            "tune": {"gemm_efficiency_max": 1.0, "kernel_launch_s": 0.0},
+            "measured": {"gemm_flops_by_size": [[1e8, 8e10], [1e6, 4e10]]}}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(prof))
+    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(path))
+    cpu = get_hardware("cpu")
+    assert cpu.gemm_curve == curve
+    m = k = n = (1e7 / 2) ** (1 / 3)  # a 1e7-FLOP GEMM: 0.6 of peak
+    assert gemm_s(cpu, 1e11, m, k, n, 4) == pytest.approx(1e7 / (0.6 * 1e11))

@@ -63,6 +63,9 @@ class Hardware:
     cores: int | None = None
     """CPU profile only: cores shared by the ranks (more ranks than cores time-share them)."""
     calibration_id: int | None = None
+    gemm_curve: tuple[tuple[float, float], ...] = ()
+    """Measured (FLOPs of one GEMM, fraction of peak) by size, ascending (CPU probe's gemm_flops_by_size); empty:
+    the saturating eff(F) of compute.gemm_s."""
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
@@ -74,7 +77,7 @@ class Hardware:
         return replace(self, tune=replace(self.tune, **{k: v for k, v in changes.items() if k in known}))
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tune"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tune", "gemm_curve")}
         d["tune"] = {f.name: getattr(self.tune, f.name) for f in fields(Tunables)}
         return d
 
@@ -98,7 +101,16 @@ def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], cpu_defaul
                     peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
                     hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]), intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
                     inter_bytes_per_s=float(entry["inter_bytes_per_s"]), gpus_per_node=int(entry.get("gpus_per_node", 8)),
-                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"))
+                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry))
+
+
+def _curve(entry: dict[str, Any]) -> tuple[tuple[float, float], ...]:
+    """The probe's GEMM FLOP/s by size as (FLOPs, fraction of the fp32 peak), ascending by size."""
+    rows = entry.get("measured", {}).get("gemm_flops_by_size") or []
+    peak = float(entry["peak_flops"].get("fp32") or 0)
+    if not peak:
+        return ()
+    return tuple(sorted((float(f), float(r) / peak) for f, r in rows if f > 0 and r > 0))
 
 
 def cpu_profile_path() -> Path:
