@@ -35,7 +35,7 @@ def main() -> None:
     fit_samples, problems = store.samples(engine, tag=args.fit_tag)
     test_samples, _ = store.samples(engine, tag=args.test_tag)
     print(f"fit on {len(fit_samples)} runs tagged {args.fit_tag!r} ({hw.key}); {'; '.join(problems) or 'all usable'}")
-    result = F.fit(hw, fit_samples)
+    result = F.fit(hw, fit_samples, cold_loo=True)  # the evidence: each left-out run is predicted by a fit that never saw it
     cal_id = store.save(engine, hw.key, result, [s.run_id for s in fit_samples])
     print(f"calibration id {cal_id}; parameters:")
     for k, v in result.params.items():

@@ -1,5 +1,6 @@
 """Measure this machine for the step-time model's "cpu" profile: GEMM FLOP/s by size, memory bandwidth,
-op launch overhead, and gloo all-reduce α–β between 2 local processes.
+op launch overhead, gloo all-reduce α–β between 2 local processes, gloo all-gather / reduce-scatter bandwidth
+relative to it, and the host cost of one DTensor operator.
 
   python -m backend.bench.hw_probe            # writes data/hardware_cpu.json (or $SHARDLAB_CPU_PROFILE)
   python -m backend.bench.hw_probe --json     # also prints it
@@ -29,6 +30,7 @@ GEMM_SIZES = (64, 128, 256, 512, 1024)
 SAME_MACHINE = 4096
 """Ranks per "node": every local rank shares this machine's loopback (one link tier); cores bound time-sharing."""
 AR_BYTES = (4 * 1024, 64 * 1024, 1024 * 1024, 8 * 1024 * 1024)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def _best(fn, repeats: int = 3) -> float:
@@ -64,21 +66,52 @@ def launch_s() -> float:
     return _best(lambda: [x.add_(1) for _ in range(reps)]) / reps
 
 
+def _collective_times(collective: str) -> list[tuple[int, float]]:
+    """(payload bytes, seconds) per size: the full (unsharded) tensor, as the step-time model counts payloads."""
+    out = []
+    for size in AR_BYTES:
+        full = torch.zeros(size // 4)
+        shard = torch.zeros(full.numel() // 2)
+        fn = {"all_reduce": lambda: dist.all_reduce(full),
+              "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+              "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}[collective]
+        dist.barrier()
+        out.append((size, _best(fn, repeats=5)))
+    return out
+
+
+def _dtensor_op_s() -> float:
+    """Seconds of one in-place DTensor operator on a 2-rank mesh (dispatch + sharding propagation + tiny kernel)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    x = distribute_tensor(torch.zeros(64), init_device_mesh("cpu", (2,)), [Shard(0)])
+    reps = 200
+    return _best(lambda: [x.mul_(0.5).add_(1.0) for _ in range(reps)]) / (2 * reps)
+
+
 def _ar_worker(rank: int, port: int, q) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    res = []
-    for size in AR_BYTES:
-        t = torch.zeros(size // 4)
-        dist.barrier()
-        res.append((size, _best(lambda: dist.all_reduce(t), repeats=5)))
+    res = {c: _collective_times(c) for c in COLLECTIVES}
+    dt = _dtensor_op_s()
     if rank == 0:
-        q.put(res)
+        q.put((res, dt))
     dist.destroy_process_group()
 
 
-def gloo_alpha_beta() -> tuple[float, float, list]:
-    """(α seconds per ring step, β bytes/s) of a 2-rank gloo all-reduce (ring: 2 steps, wire = S)."""
+def _fit(res: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares t(S) = a + S·slope (Hockney 1994): (a, slope)."""
+    n = len(res)
+    xs, ys = [s for s, _ in res], [t for _, t in res]
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def gloo_alpha_beta() -> tuple[float, float, dict[str, float], float, dict]:
+    """(α seconds per ring step, β bytes/s) of a 2-rank gloo all-reduce (ring: 2 steps, wire = S); all-gather and
+    reduce-scatter bandwidth as a fraction of β (their ring wire is S/2 at 2 ranks: efficiency = 1 / (2·slope·β));
+    seconds of one DTensor operator; the raw timings."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -87,15 +120,13 @@ def gloo_alpha_beta() -> tuple[float, float, list]:
     procs = [ctx.Process(target=_ar_worker, args=(r, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = q.get(timeout=300)
+    res, dtensor_s = q.get(timeout=300)
     for p in procs:
         p.join(60)
-    n = len(res)
-    xs, ys = [s for s, _ in res], [t for _, t in res]
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    alpha_total = max(my - slope * mx, 1e-7)
-    return alpha_total / 2, 1.0 / slope, res  # 2(n-1) = 2 ring steps; wire bytes 2(n-1)/n·S = S
+    intercept, slope = _fit(res["all_reduce"])
+    beta = 1.0 / slope  # 2(n-1) = 2 ring steps; wire bytes 2(n-1)/n·S = S
+    eff = {c: 1.0 / (2 * max(_fit(res[c])[1], 1e-15) * beta) for c in ("all_gather", "reduce_scatter")}
+    return max(intercept, 1e-7) / 2, beta, eff, dtensor_s, res
 
 
 def probe() -> dict:
@@ -105,7 +136,7 @@ def probe() -> dict:
     # e(F) = F / (F + F_half) at e_max = 1 relative to the best size: F_half from the smallest size's efficiency
     f0, r0 = curve[0]
     e0 = min(0.999, r0 / peak)
-    alpha, beta, ar = gloo_alpha_beta()
+    alpha, beta, eff, dtensor_s, coll = gloo_alpha_beta()
     return {"name": f"this machine ({socket.gethostname()}, {os.cpu_count()} cores, 1 thread per rank)", "kind": "cpu",
             "memory_bytes": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
             "peak_flops": {"fp32": peak, "bf16": peak, "fp16": peak}, "hbm_bytes_per_s": memory_bytes_per_s(),
@@ -113,9 +144,13 @@ def probe() -> dict:
             "cores": os.cpu_count() or 1,
             "tune": {"gemm_efficiency_max": 1.0, "gemm_half_flops": f0 * (1 - e0) / e0, "memory_efficiency": 1.0,
                      "kernel_launch_s": launch_s(), "intra_efficiency": 1.0, "inter_efficiency": 1.0,
-                     "intra_latency_s": alpha, "inter_latency_s": alpha, "attention_flash_efficiency": 1.0},
+                     "intra_latency_s": alpha, "inter_latency_s": alpha, "attention_flash_efficiency": 1.0,
+                     "dtensor_op_s": dtensor_s, "all_gather_efficiency": eff["all_gather"],
+                     "reduce_scatter_efficiency": eff["reduce_scatter"]},
             "source": f"backend/bench/hw_probe.py at {datetime.now(UTC).isoformat(timespec='seconds')}, torch {torch.__version__}",
-            "measured": {"gemm_flops_by_size": curve, "gloo_all_reduce_s_by_bytes": ar}}
+            "measured": {"gemm_flops_by_size": curve, "gloo_all_reduce_s_by_bytes": coll["all_reduce"],
+                         "gloo_all_gather_s_by_bytes": coll["all_gather"],
+                         "gloo_reduce_scatter_s_by_bytes": coll["reduce_scatter"]}}
 
 
 def main(argv: list[str] | None = None) -> int:

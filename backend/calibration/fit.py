@@ -1,7 +1,12 @@
 """Fit the step-time model's tunables to measured runs; leave-one-out error and prediction interval.
 
-Loss = Σ_runs log²(predicted step / measured step) + w · Σ_runs log²(predicted / measured collective seconds)
-(rank 0's collectives before overlap vs its measured `comm.<collective>.seconds`). Parameters are fitted in
+Loss = Σ_runs [ log²(predicted step / measured step)
+                + w_c · Σ_collectives log²(predicted / measured seconds of that collective)
+                + w_p · mean_stages (log²(pred / meas forward) + log²(pred / meas backward)) ]
+per collective: rank 0's seconds before overlap (model.RankTime.comm_by_collective_s) vs its measured
+`comm.<collective>.seconds`; per phase: the pipeline stages' forward / backward seconds of one microbatch
+(model.StepTime.stage_fwd_s / stage_bwd_s) vs the run's timeline (median F / B event per stage), where recorded.
+Parameters are fitted in
 log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
 minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
 Interval: the 5th/95th percentiles of the leave-one-out relative errors (a residual-based prediction
@@ -20,9 +25,11 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 
 FITTED = ("gemm_efficiency_max", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
-          "step_overhead_s")
+          "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
 COMM_WEIGHT = 0.1
-BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0)}
+PHASE_WEIGHT = 0.5
+BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
+          "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
 
 
 @dataclass
@@ -32,6 +39,10 @@ class Sample:
     step_s: float
     comm_s: float | None
     """Measured collective seconds per step of rank 0 (sum over collectives), None if not recorded."""
+    comm_by_collective: dict[str, float] = field(default_factory=dict)
+    """Rank 0's measured seconds per step by collective (where measured)."""
+    phases: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Pipeline stage -> (forward, backward) seconds of one microbatch, medians over the timeline's events."""
 
 
 @dataclass
@@ -63,15 +74,24 @@ def predict(hw: Hardware, s: Sample) -> tuple[float, float]:
     return st.summary["step_s"], sum(r0.comm_s.values())
 
 
+def sample_loss(hw: Hardware, s: Sample) -> float:
+    """One run's share of the loss (module docstring)."""
+    st = step_time(s.spec, hw)
+    total = math.log(st.summary["step_s"] / s.step_s) ** 2
+    pred = st.per_rank[0].comm_by_collective_s
+    for kind, meas in s.comm_by_collective.items():
+        if meas > 0 and pred.get(kind, 0.0) > 0:
+            total += COMM_WEIGHT * math.log(pred[kind] / meas) ** 2
+    terms = [math.log(p / m) ** 2 for stage, (f, b) in s.phases.items() if stage < len(st.stage_fwd_s)
+             for p, m in ((st.stage_fwd_s[stage], f), (st.stage_bwd_s[stage], b)) if p > 0 and m > 0]
+    if terms:
+        total += PHASE_WEIGHT * sum(terms) / len(terms)
+    return total
+
+
 def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray) -> float:
     h = apply(hw, _params(hw, x))
-    total = 0.0
-    for s in samples:
-        step, comm = predict(h, s)
-        total += math.log(step / s.step_s) ** 2
-        if s.comm_s and comm > 0:
-            total += COMM_WEIGHT * math.log(comm / s.comm_s) ** 2
-    return total
+    return sum(sample_loss(h, s) for s in samples)
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.7, iters: int = 200,
@@ -136,8 +156,9 @@ def extrapolation(spec: Any, ranges: dict[str, Any], gpus_per_node: int) -> list
     return out
 
 
-def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150) -> Fit:
-    """Fit FITTED on all samples, then leave each out (warm-started refit) for the LOO MAPE and interval."""
+def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False) -> Fit:
+    """Fit FITTED on all samples, then leave each out for the LOO MAPE and interval: each refit starts from the
+    profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
     if len(samples) < len(FITTED) + 1:
         raise ValueError(f"need at least {len(FITTED) + 1} measured runs to fit {len(FITTED)} parameters, got {len(samples)}")
     x0 = np.zeros(len(FITTED))
@@ -147,7 +168,10 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
     if loo:
         for i, s in enumerate(samples):
             rest = samples[:i] + samples[i + 1:]
-            xi = nelder_mead(lambda x: _loss(hw, rest, x), best, step=0.2, iters=max(20, iters // 4))
+            if cold_loo:  # the left-out run never shapes its own prediction
+                xi = nelder_mead(lambda x: _loss(hw, rest, x), x0, iters=iters)
+            else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
+                xi = nelder_mead(lambda x: _loss(hw, rest, x), best, step=0.2, iters=max(20, iters // 4))
             pred, _ = predict(apply(hw, _params(hw, xi)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
@@ -156,4 +180,5 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
     band = (_percentile(rel, 5), _percentile(rel, 95)) if rel else (-0.2, 0.2)
     return Fit(params=params, loo_mape=mape, band=band, loo=rows, ranges=measured_ranges(samples, hw.gpus_per_node),
                notes=[f"fitted {', '.join(FITTED)} as multipliers of profile {hw.key!r}",
-                      "interval: 5th..95th percentile of leave-one-out relative errors"])
+                      "interval: 5th..95th percentile of leave-one-out relative errors",
+                      f"leave-one-out refits start from {'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])

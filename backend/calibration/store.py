@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 from sqlalchemy import Engine, insert, select
@@ -30,8 +31,9 @@ def samples(engine: Engine, *, tag: str | None = None, ids: list[int] | None = N
         if d["status"] != "ok" or res is None or not res.step_s_median:
             problems.append(f"run {i} has no measured step time (status {d['status']})")
             continue
-        comm = sum(c.seconds for c in res.per_rank[0].comm.values()) if res.per_rank else None
-        out.append(Sample(run_id=i, spec=d["spec"], step_s=measured_step_s(res), comm_s=comm or None))
+        by_kind = {k: c.seconds for k, c in res.per_rank[0].comm.items() if c.seconds} if res.per_rank else {}
+        out.append(Sample(run_id=i, spec=d["spec"], step_s=measured_step_s(res), comm_s=sum(by_kind.values()) or None,
+                          comm_by_collective=by_kind, phases=measured_phases(res)))
     return out, problems
 
 
@@ -43,6 +45,16 @@ def measured_step_s(res) -> float:
     if not steps:
         return float(res.step_s_median)
     return min(max(s[k] for s in steps if k < len(s)) for k in range(min(len(s) for s in steps)))
+
+
+def measured_phases(res) -> dict[int, tuple[float, float]]:
+    """Pipeline stage -> (median forward, median backward) seconds of one microbatch from the run's timeline."""
+    by: dict[tuple[int, str], list[float]] = {}
+    for ev in res.timeline:
+        if ev.pass_ in ("F", "B") and ev.stage >= 0:
+            by.setdefault((ev.stage, ev.pass_), []).append(ev.end_s - ev.start_s)
+    return {s: (statistics.median(by[(s, "F")]), statistics.median(by[(s, "B")]))
+            for s in sorted({s for s, _ in by}) if (s, "F") in by and (s, "B") in by}
 
 
 def save(engine: Engine, hardware: str, fit: Fit, run_ids: list[int]) -> int:

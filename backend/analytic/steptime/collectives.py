@@ -68,4 +68,12 @@ def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float,
         return 0.0
     bw, alpha = link(hw, tier, per_node)
     wire = C.ring_wire_bytes(collective, payload_bytes, n)
-    return calls * ring_steps(collective, n) * alpha + wire / bw
+    return calls * ring_steps(collective, n) * alpha + wire / (bw * collective_efficiency(hw, collective))
+
+
+def collective_efficiency(hw: Hardware, collective: str) -> float:
+    """Bandwidth of this collective relative to the tier's all-reduce-derived one. NCCL runs every ring collective at
+    the same bus bandwidth (1.0); gloo on CPU runs reduce-scatter as an all-reduce of the whole buffer (≈2x the ring's
+    wire bytes, backend/engine/notes.py) and all-gather by its own algorithm, so hw_probe measures these or calibrate fits them."""
+    t = hw.tune
+    return {"all_gather": t.all_gather_efficiency, "reduce_scatter": t.reduce_scatter_efficiency}.get(collective, 1.0)

@@ -6,6 +6,7 @@
   Time = max(FLOPs / (peak · eff(F)), bytes / HBM) + launch: the roofline (Williams et al. 2009, CACM,
   "Roofline", Sec 2), with a size-dependent efficiency eff(F) = e_max · F / (F + F_half) (a saturating fit;
   Calculon, Isaev et al. SC'23 Sec 4, uses measured per-size tables instead; calibrate fits e_max, F_half).
+  A profile with a measured table (the CPU probe's gemm_flops_by_size) uses it instead: eff(F) = e_max · table(F).
 - attention core: eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the
   softmax/dropout on the (b, a/t, s, s) scores as memory traffic; flash = the same FLOPs at
   `attention_flash_efficiency` of peak, no s² traffic, backward 2.5x forward (FlashAttention-2, Dao 2023
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,9 +51,21 @@ def gemm_s(hw: Hardware, peak: float, m: float, k: float, n: float, dtype_bytes:
     """One (m, k) x (k, n) GEMM: roofline with the size-dependent efficiency (module docstring)."""
     t = hw.tune
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
-    eff = t.gemm_efficiency_max * flops / (flops + t.gemm_half_flops)
+    eff = t.gemm_efficiency_max * (curve_fraction(hw.gemm_curve, flops) if hw.gemm_curve else flops / (flops + t.gemm_half_flops))
     moved = (m * k + k * n + m * n) * dtype_bytes
     return max(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * t.memory_efficiency)) + t.kernel_launch_s
+
+
+def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> float:
+    """Fraction of peak of a GEMM of `flops` from a measured table: linear in log(FLOPs) between sizes, the end
+    values outside them (Calculon, Isaev et al. SC'23 Sec 4: measured per-size efficiency tables)."""
+    if flops <= curve[0][0]:
+        return curve[0][1]
+    for (f0, e0), (f1, e1) in zip(curve, curve[1:]):
+        if flops <= f1:
+            w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+            return e0 + w * (e1 - e0)
+    return curve[-1][1]
 
 
 def memory_s(hw: Hardware, n_bytes: float, kernels: int = 1) -> float:

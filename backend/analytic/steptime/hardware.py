@@ -34,6 +34,13 @@ class Tunables:
     inter_latency_s: float = 5e-6
     overlap_efficiency: float = 0.9
     step_overhead_s: float = 0.005
+    dtensor_op_s: float = 0.0
+    """Host seconds per DTensor operator dispatch (sharding propagation, Python subclass). 0 on GPUs, whose host
+    runs ahead of the kernels; a CPU rank computes on the host, so every dispatch adds (hardware.json cpu_defaults)."""
+    all_gather_efficiency: float = 1.0
+    """Bandwidth of an all-gather relative to the tier's (all-reduce-derived) bandwidth: 1 on NCCL; gloo differs."""
+    reduce_scatter_efficiency: float = 1.0
+    """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,9 @@ class Hardware:
     cores: int | None = None
     """CPU profile only: cores shared by the ranks (more ranks than cores time-share them)."""
     calibration_id: int | None = None
+    gemm_curve: tuple[tuple[float, float], ...] = ()
+    """Measured (FLOPs of one GEMM, fraction of peak) by size, ascending (CPU probe's gemm_flops_by_size); empty:
+    the saturating eff(F) of compute.gemm_s."""
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
@@ -67,7 +77,7 @@ class Hardware:
         return replace(self, tune=replace(self.tune, **{k: v for k, v in changes.items() if k in known}))
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tune"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tune", "gemm_curve")}
         d["tune"] = {f.name: getattr(self.tune, f.name) for f in fields(Tunables)}
         return d
 
@@ -79,9 +89,10 @@ def _read(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read hardware profiles from {path}: {e}") from e
 
 
-def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any]) -> Hardware:
+def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], cpu_defaults: dict[str, Any]) -> Hardware:
     known = {f.name for f in fields(Tunables)}
-    tune = Tunables(**{k: float(v) for k, v in {**defaults, **entry.get("tune", {})}.items() if k in known})
+    kind_defaults = cpu_defaults if entry.get("kind") == CPU else {}
+    tune = Tunables(**{k: float(v) for k, v in {**defaults, **kind_defaults, **entry.get("tune", {})}.items() if k in known})
     need = ("name", "peak_flops", "hbm_bytes_per_s", "intra_bytes_per_s", "inter_bytes_per_s")
     missing = [k for k in need if k not in entry]
     if missing:
@@ -90,7 +101,16 @@ def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any]) -> Hardwar
                     peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
                     hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]), intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
                     inter_bytes_per_s=float(entry["inter_bytes_per_s"]), gpus_per_node=int(entry.get("gpus_per_node", 8)),
-                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"))
+                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry))
+
+
+def _curve(entry: dict[str, Any]) -> tuple[tuple[float, float], ...]:
+    """The probe's GEMM FLOP/s by size as (FLOPs, fraction of the fp32 peak), ascending by size."""
+    rows = entry.get("measured", {}).get("gemm_flops_by_size") or []
+    peak = float(entry["peak_flops"].get("fp32") or 0)
+    if not peak:
+        return ()
+    return tuple(sorted((float(f), float(r) / peak) for f, r in rows if f > 0 and r > 0))
 
 
 def cpu_profile_path() -> Path:
@@ -101,16 +121,18 @@ def load_profiles() -> dict[str, Hardware]:
     """Every profile: shipped, then $SHARDLAB_HARDWARE's, then the measured CPU profile if the probe ran."""
     base = _read(DATA_FILE)
     defaults = {k: v for k, v in base.get("defaults", {}).items() if not k.startswith("_")}
+    cpu_defaults = {k: v for k, v in base.get("cpu_defaults", {}).items() if not k.startswith("_")}
     entries = dict(base["profiles"])
     user = os.environ.get("SHARDLAB_HARDWARE")
     if user:
         extra = _read(Path(user))
         defaults.update({k: v for k, v in extra.get("defaults", {}).items() if not k.startswith("_")})
+        cpu_defaults.update({k: v for k, v in extra.get("cpu_defaults", {}).items() if not k.startswith("_")})
         entries.update(extra.get("profiles", {}))
     cpu = cpu_profile_path()
     if cpu.exists():
         entries[CPU] = _read(cpu)
-    return {k: _build(k, v, defaults) for k, v in entries.items()}
+    return {k: _build(k, v, defaults, cpu_defaults) for k, v in entries.items()}
 
 
 def get_hardware(key: str) -> Hardware:

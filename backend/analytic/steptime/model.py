@@ -8,7 +8,8 @@ Data parallel: DDP's bucketed all-reduce overlaps the last microbatch's backward
 (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
 prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and
 the last reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast
-follows the optimizer step, exposed. More ranks than cores (CPU profile) time-share them.
+follows the optimizer step, exposed. More ranks than cores (CPU profile) time-share them. Host DTensor dispatch
+(host.py: TP layers, optimizer over DTensor parameters) adds where the host runs the kernels (CPU; 0 on GPUs).
 MFU = model FLOPs (6N + 12·L·s·h per token, no recompute; PaLM, Chowdhery 2022 App. B) / (step · n · peak);
 tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 2021 Eq. 3 convention).
 """
@@ -24,6 +25,7 @@ from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
 from backend.analytic.sharding import layer_split, local_params, rank_stages
 from backend.analytic.steptime import collectives as CO
+from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.schedule import SIMULATED, makespan
@@ -50,6 +52,9 @@ class RankTime:
     comm_s: dict[str, float] = field(default_factory=dict)
     """Collective seconds per mesh dimension before overlap (tp, ep, pp, dp)."""
     exposed_by_dim_s: dict[str, float] = field(default_factory=dict)
+    comm_by_collective_s: dict[str, float] = field(default_factory=dict)
+    """Collective seconds per step before overlap by collective (all_reduce, all_gather, ...; pp p2p not included),
+    comparable with a run's measured `comm.<collective>.seconds`."""
 
 
 @dataclass
@@ -59,6 +64,10 @@ class StepTime:
     summary: dict[str, float]
     """The slowest rank: exactly STEP_KEYS (the `step_time` JSON contract)."""
     notes: list[str] = field(default_factory=list)
+    stage_fwd_s: list[float] = field(default_factory=list)
+    """Seconds of one microbatch's forward per pipeline stage (p·v of them; with its TP / EP collectives)."""
+    stage_bwd_s: list[float] = field(default_factory=list)
+    """The same for backward (incl. recompute)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,8 +77,10 @@ def _timeshare(spec: Any, hw: Hardware) -> float:
     return max(1.0, spec.parallel.world_size / hw.cores) if hw.kind == "cpu" and hw.cores else 1.0
 
 
-def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[int]) -> dict[str, float]:
-    """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension."""
+def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[int],
+             kinds: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension; also
+    summed by collective into `kinds`."""
     p, m = spec.parallel, spec.train.microbatches
     out = {"tp": 0.0, "ep": 0.0}
     for kind, payload, n in model_parallel_traffic(spec, layers, stages):
@@ -77,7 +88,10 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
             continue  # pp: per hop in the schedule (p2p_hop_s)
         dim = "ep" if kind == "all_to_all" else "tp"
         calls = max(1, 4 * len(layers) * m)  # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
-        out[dim] += CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
+        sec = CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
+        out[dim] += sec
+        if kinds is not None:
+            kinds[kind] = kinds.get(kind, 0.0) + sec
     return out
 
 
@@ -94,8 +108,11 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     return CO.collective_s(hw, tier, "send", act, 2)
 
 
-def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost) -> tuple[float, float]:
-    """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring)."""
+def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,
+                kinds: dict[str, float] | None = None) -> tuple[float, float]:
+    """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring); the seconds
+    before overlap are also summed by collective into `kinds`."""
+    kinds = {} if kinds is None else kinds
     p, t = spec.parallel, spec.train
     eta, mb = hw.tune.overlap_efficiency, t.microbatches
     total = exposed = 0.0
@@ -107,11 +124,15 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
             s = CO.collective_s(hw, tier, kind, payload, n, calls=buckets, per_node=k)
             last = CO.collective_s(hw, tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             total += s
+            kinds[kind] = kinds.get(kind, 0.0) + s
             exposed += max(s - eta * pass_total.bwd_s, last)  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif kind == "broadcast":
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=len(params), per_node=k)
+            # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
+            # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
+            s = CO.collective_s(hw, tier, kind, payload, n, calls=1, per_node=k)
             total += s
-            exposed += s  # ZeroRedundancyOptimizer._sync_params runs after step()
+            kinds[kind] = kinds.get(kind, 0.0) + s
+            exposed += s
         else:
             calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
                 1 if p.pp > 1 else mb)
@@ -120,12 +141,23 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
             # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
             exposed += memory_s(hw, 2 * payload, kernels=calls * 2)
             total += s
+            kinds[kind] = kinds.get(kind, 0.0) + s
             fsdp += s
             fsdp_tail = max(fsdp_tail, s / calls)
     if fsdp:
         window = mb * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
         exposed += max(fsdp - eta * window, 2 * fsdp_tail)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
     return total, exposed
+
+
+def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
+    """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
+    (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
+    host_s = hw.tune.dtensor_op_s * sum(H.tp_dispatch_per_layer(spec, params, i) for i in _layers(spec, stage))
+    c.fwd_s += host_s / 3
+    c.bwd_s += 2 * host_s / 3
+    if str(spec.train.recompute) == "full":
+        c.recompute_s += host_s / 3
 
 
 def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
@@ -138,7 +170,7 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
         elems = sum(q.local_numel for q in params) / (p.dp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
     kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
-    return memory_s(hw, per * elems, kernels=kernels)
+    return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * H.optimizer_dispatch(spec, params)
 
 
 def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
@@ -154,24 +186,28 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     for r in reps:
         params, stages = local_params(spec, r), rank_stages(spec, r)
         layers = sorted(i for s in stages for i in _layers(spec, s))
-        comm = _mp_comm(spec, hw, g, layers, stages)
+        kinds: dict[str, float] = {}
+        comm = _mp_comm(spec, hw, g, layers, stages, kinds)
         per_mb = (comm["tp"] + comm["ep"]) / mb
         tot = PassCost()
         for s in stages:
             c = stage_cost(spec, hw, s, params, attention)
+            _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))
             fwd[s] = (c.fwd_s + per_mb / 2 * share_s) * share
             rc_comm = per_mb / 2 * share_s if str(t.recompute) == "full" else 0.0  # the re-run forward's collectives
             bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s + rc_comm)) * share
-        info.append((r, params, stages, comm, tot))
+        info.append((r, params, stages, comm, tot, kinds))
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop)
     out = []
-    for k, (r, params, stages, comm, tot) in enumerate(info):
-        dp_total, dp_exp = _dp_exposed(spec, hw, g, params, tot)
-        compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
+    for k, (r, params, stages, comm, tot, kinds) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
+        dp_kinds: dict[str, float] = {}
+        dp_total, dp_exp = _dp_exposed(spec, hw, g, params, tot, dp_kinds)
+        kinds = {c: (kinds.get(c, 0.0) * rc + dp_kinds.get(c, 0.0)) * share for c in {*kinds, *dp_kinds}}
+        compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
         comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}
         mp_exp = (comm["tp"] + comm["ep"]) * share
         exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0, "dp": dp_exp * share}
@@ -182,12 +218,14 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         out.append(RankTime(rank=r, pp_rank=k, step_s=step, compute_s=compute, recompute_s=mb * tot.recompute_s * share,
                             exposed_comm_s=sum(exposed.values()), bubble_s=bubble, optimizer_s=opt, other_s=other,
                             comm_s={"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0,
-                                    "dp": dp_total * share}, exposed_by_dim_s=exposed))
+                                    "dp": dp_total * share}, exposed_by_dim_s=exposed,
+                            comm_by_collective_s=kinds))
         assert abs(compute + mp_exp + bubble + exposed["pp"] + exposed["dp"] + opt + other - step) < 1e-6 * max(1.0, step)
     slow = max(out, key=lambda x: x.step_s)
     notes = [f"attention={attention}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
-    return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes)
+    return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
+                    stage_fwd_s=fwd, stage_bwd_s=bwd)
 
 
 def _layers(spec: Any, stage: int) -> range:
