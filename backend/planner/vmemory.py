@@ -1,0 +1,283 @@
+"""Worst-rank memory of every layout row at once (numpy), the exact estimator's arithmetic vectorised.
+
+`estimate._memory` per rank = params + grads + optimizer + activations + other. Every parameter-dependent term
+is a sum over the rank's local parameters, and a rank holds `nb` identical blocks plus, on the first stage, the
+embeddings and, on the last, the final norm and head: so each sum is nb x (one block's sum) + first x (embedding
+sum) + last x (head sum), with the block/embedding/head sums taken once per (tp, dp, ep, fsdp) from
+sharding.shard_param (the estimator's own sharding, at tp/dp/ep index 0: torch.chunk gives the first chunks the
+most rows). ZeRO-1's largest optimizer share runs sharding.zero1_owned_all on the rank's real parameter list
+(cached per rank composition). Activations follow activations.rank_activation_bytes term by term, with the
+per-block / head formulas computed once per unique (micro-batch, tp, SP, recompute, autocast) by the same
+functions, pipeline counts by pipeline.in_flight_formula / held_stage_*, and FSDP2's peak state by
+fsdp_state (pipeline_peak / multi_stage_peak, per unique pipeline position). Every pipeline rank is evaluated
+(the worst one depends on the schedule). Device: the estimator's cpu reading of a spec (no 512 B rounding).
+tests/test_planner_vmemory.py checks it against estimate.estimate's worst rank on 1,000 random layouts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from backend.analytic import activations as A
+from backend.analytic import estimate as E
+from backend.analytic import fsdp_state as FS
+from backend.analytic.params import block_param_list, model_key, param_tuple
+from backend.analytic.pipeline import in_flight_formula
+from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel, zero1_owned_all
+from backend.analytic.traffic import compute_bytes
+from backend.planner.space import RECOMPUTE, SCHEDULES
+
+SUMS = ("loc", "n", "sto", "real", "ugrad", "m_unsh", "m_ugrad", "w2", "bias", "head_w", "tok_w")
+
+
+def _part_params(m: Any, part: str, tied_copy: bool) -> list:
+    if part == "block":
+        return block_param_list(m, 0)
+    rest = [q for q in param_tuple(model_key(m)) if not q.name.startswith("layers.")]
+    first = [q for q in rest if q.name.split(".")[0] in ("tok_emb", "pos_emb")]
+    if part == "first":
+        return first
+    last = [q for q in rest if q not in first]
+    if tied_copy:  # sharding._pp_params: the last stage's own copy of the tied word embedding
+        last.append(type(rest[0])("lm_head.weight", (m.vocab_size, m.d_model)))
+    return last
+
+
+@lru_cache(maxsize=4096)
+def _local(mj: str, part: str, tp: int, dp: int, ep: int, fsdp: bool, tied_copy: bool) -> tuple[LocalParam, ...]:
+    m = _MODELS[mj]
+    out = (shard_param(q, n_experts=m.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=0, dp_rank=0, ep_rank=0, fsdp=fsdp)
+           for q in _part_params(m, part, tied_copy))
+    return tuple(q for q in out if q is not None)
+
+
+@lru_cache(maxsize=4096)
+def _sums(mj: str, part: str, tp: int, dp: int, ep: int, fsdp: bool, tied_copy: bool) -> tuple[float, ...]:
+    """The SUMS of one part's local parameters (estimate._memory / fsdp_state / activations.autocast_copy_bytes)."""
+    qs = _local(mj, part, tp, dp, ep, fsdp, tied_copy)
+    managed = [q for q in qs if not (q.is_expert and ep > 1)]  # ep experts are FSDP2 ignored_params
+    blk = [q for q in qs if q.name.startswith("layers.")]
+    return (sum(q.local_numel for q in qs), len(qs), sum(q.storage_numel for q in qs), sum(q.real_numel for q in qs),
+            sum(unsharded_grad_numel(q, tp) for q in qs), sum(q.storage_numel * q.dp_group for q in managed),
+            sum(unsharded_grad_numel(q, tp) for q in managed), sum(q.local_numel for q in blk if len(q.shape) == 2),
+            sum(q.local_numel for q in blk if q.name.endswith(".bias") and ".ln" not in q.name),
+            sum(q.local_numel for q in qs if q.name.startswith("lm_head.")),
+            sum(q.local_numel for q in qs if q.name == "tok_emb.weight"))
+
+
+_MODELS: dict[str, Any] = {}
+
+
+@lru_cache(maxsize=8192)
+def _zero1_worst(mj: str, tp: int, dp: int, ep: int, nb: int, first: bool, last: bool, tied_copy: bool, opt: str) -> int:
+    """Largest ZeRO-1 optimizer share of a rank holding nb blocks (+ embeddings / head): zero1_owned_all's partition."""
+    block = list(_local(mj, "block", tp, dp, ep, False, False))
+    params = block * nb + list(_local(mj, "first", tp, dp, ep, False, False)) * first
+    params += list(_local(mj, "last", tp, dp, ep, False, tied_copy)) * last
+    return max(E._optimizer_bytes(o, opt, fsdp=False) for o in zero1_owned_all(params, dp))
+
+
+def _ns(m: Any, *, tp=1, pp=1, dp=1, ep=1, zero=0, b=1, rc=0, sp=0, sched=0, v=1, mb=1, gb=1, precision="bf16-mixed"):
+    """A spec-shaped namespace for the analytic functions that read a spec (no validation: rows are valid)."""
+    par = SimpleNamespace(tp=tp, pp=pp, dp=dp, ep=ep, zero_stage=zero, sequence_parallel=bool(sp),
+                          pp_schedule=SCHEDULES[sched], virtual_stages=v, world_size=tp * pp * dp)
+    train = SimpleNamespace(micro_batch=b, recompute=RECOMPUTE[rc], precision=precision, microbatches=mb, global_batch=gb)
+    return SimpleNamespace(model=m, parallel=par, train=train, runtime=SimpleNamespace(device="cpu"))
+
+
+@lru_cache(maxsize=8192)
+def _row_terms(mj: str, b: int, tp: int, sp: int, rc: int, ac: bool, ep: int, precision: str) -> tuple[float, ...]:
+    """(block bytes at rc, block none - block full, embedding+head at end of forward, head freed in backward,
+    TP logits shard) from activations.py's own functions."""
+    m = _MODELS[mj]
+    spec = _ns(m, tp=tp, ep=ep, b=b, rc=rc, sp=sp, zero=0 if ac else 3, precision=precision)  # zero: uses_autocast = ac
+    kw = A._layer_kwargs(spec)
+    assert kw["autocast"] == ac
+    hkw = dict(s=m.seq_len, b=b, h=m.d_model, vocab=m.vocab_size, dtype_bytes=kw["dtype_bytes"], t=tp,
+               autocast=ac, norm=kw["norm"], learned_pos=not kw["rope"])
+    layer = A.model_layer_activation_bytes(**{**kw, "recompute": RECOMPUTE[rc]})
+    extra = (A.model_layer_activation_bytes(**{**kw, "recompute": "none"})
+             - A.model_layer_activation_bytes(**{**kw, "recompute": "full"}))
+    return (layer, extra, A.model_embedding_head_activation_bytes(**hkw), A.model_head_freed_in_backward_bytes(**hkw),
+            A._tp_logits_shard_bytes(spec, kw["dtype_bytes"]))
+
+
+@lru_cache(maxsize=65536)
+def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) -> tuple[int, bool, int, bool, bool]:
+    """Interleaved FSDP2 state (fsdp_state.multi_stage_peak) as (blocks unsharded, root unsharded, blocks with
+    grads, embeddings with grads, head with grads) for one pipeline rank."""
+    from backend.analytic.sharding import layer_split
+
+    stages = [rank + k * pp for k in range(v)]
+    spec = _ns(SimpleNamespace(n_layers=n_layers), pp=pp, zero=zero, sched=2, v=v, mb=mb)
+    st = FS.multi_stage_peak(spec, stages)
+    split = layer_split(n_layers, pp * v)
+    last = pp * v - 1
+    root = 0 if 0 in stages else last if last in stages else None
+    return (sum(len(split[s]) for s in stages if st[s].unsharded), root is not None and st[root].unsharded,
+            sum(len(split[s]) for s in stages if st[s].grads), 0 in stages and st[0].grads,
+            last in stages and st[last].grads)
+
+
+def _unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
+    """fn(*row) for every row of the stacked int columns, evaluated once per distinct row. Returns (n, k) floats."""
+    a = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+    keys, inv = np.unique(a, axis=0, return_inverse=True)
+    vals = np.array([fn(*map(int, k)) for k in keys], dtype=np.float64).reshape(len(keys), -1)
+    return vals[inv.ravel()]
+
+
+def worst_rank_bytes_v(model: Any, L: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed",
+                       optimizer: str = "adamw") -> tuple[np.ndarray, np.ndarray]:
+    """(worst-rank total bytes, its pipeline index) per layout row of L (space.COLUMNS), as estimate.estimate."""
+    mj = model.model_dump_json()
+    _MODELS[mj] = model
+    worst, where = np.zeros(len(L)), np.zeros(len(L), dtype=np.int64)
+    pairs, start = np.unique(L[:, :3], axis=0, return_index=True)
+    for (tp, pp, dp), i0 in zip(pairs.tolist(), start):
+        idx = np.nonzero((L[:, 0] == tp) & (L[:, 1] == pp) & (L[:, 2] == dp))[0]
+        tot = _block(model, mj, L[idx], tp, pp, dp, global_batch, precision, optimizer)
+        worst[idx], where[idx] = tot.max(axis=1), tot.argmax(axis=1)
+    return worst, where
+
+
+def _block(m: Any, mj: str, R: np.ndarray, tp: int, pp: int, dp: int, gb: int, precision: str, opt: str) -> np.ndarray:
+    """(rows, pp) total bytes of every pipeline rank (tp / dp / ep index 0) of rows sharing tp, pp, dp."""
+    col = lambda i: R[:, i:i + 1]  # noqa: E731  (n, 1) so it broadcasts against ranks (1, pp)
+    ep, zero, b, rc, sched, v, sp = (col(i) for i in range(3, 10))
+    r = np.arange(pp)[None, :]
+    mb = gb // (b * dp)
+    s, h, V, cb = m.seq_len, m.d_model, m.vocab_size, compute_bytes(precision)
+    tie, lp = bool(getattr(m, "tie_embeddings", False)), str(getattr(m, "positions", "learned")) == "learned"
+    mix = (tp > 1) | (pp > 1) | (ep > 1)
+    fsdp = zero >= 2
+    ac = (precision != "fp32") & ~(fsdp & ~mix)  # activations.uses_autocast
+    # pipeline position of every rank (sharding.stages_of_rank / layer_split)
+    zbv = sched == 4
+    n_st = pp * v
+    base, extra = n_layers_div(m.n_layers, n_st)
+    looped = sum(np.where(k < v, base + (r + k * pp < extra), 0) for k in range(int(v.max())))
+    nb = np.where(zbv, 2 * base + (r < extra) + (2 * pp - 1 - r < extra), looped)
+    first = r == 0
+    last = np.where(zbv, r == 0, r == pp - 1)
+    # parameter sums: nb blocks + embeddings (first stage) + norm / head (last stage)
+    parts = _unique_map(lambda e, f: sum((_sums(mj, part, tp, dp, e, bool(f), tie and pp > 1 and part == "last")
+                                          for part in ("block", "first", "last")), ()),
+                        [ep[:, 0], fsdp[:, 0]])
+    k = len(SUMS)
+    S = {name: nb * parts[:, j:j + 1] + first * parts[:, k + j:k + j + 1] + last * parts[:, 2 * k + j:2 * k + j + 1]
+         for j, name in enumerate(SUMS)}
+    B = {name: parts[:, j:j + 1] for j, name in enumerate(SUMS)}  # one block
+    F = {name: parts[:, k + j:k + j + 1] for j, name in enumerate(SUMS)}
+    La = {name: parts[:, 2 * k + j:2 * k + j + 1] for j, name in enumerate(SUMS)}
+    adamw = opt == "adamw"
+    # DDP / ZeRO-1 / FSDP2 replicate (estimate._memory)
+    rep = (zero == 0) & (dp > 1) & ((tp > 1) | (pp > 1))  # traffic.uses_replicate
+    params = 4 * S["loc"] * np.where(rep, 2, 1)
+    grads = 4 * S["loc"] + np.where(rep & (mb > 1), 4 * S["ugrad"], 0)
+    optim = (8 * S["loc"] + 4 * S["n"]) if adamw else 4 * S["loc"]
+    z1 = np.nonzero((R[:, 4] == 1) & (dp > 1))[0]
+    if len(z1):
+        sub = lambda a: np.broadcast_to(a, nb.shape)[z1].ravel()  # noqa: E731
+        vals = _unique_map(lambda e, n, f, la: _zero1_worst(mj, tp, dp, e, n, bool(f), bool(la), tie and pp > 1, opt),
+                           [sub(ep), sub(nb), sub(first), sub(last)])
+        optim = np.broadcast_to(optim, nb.shape).copy()
+        optim[z1] = vals.reshape(len(z1), pp)
+    # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
+    xp, xg = _fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb)
+    fpb = np.where(mix, 4, cb)  # traffic.fsdp_param_bytes
+    params = np.where(fsdp, 4 * S["sto"] + fpb * xp, params)
+    grads = np.where(fsdp, 4 * S["sto"] + 4 * xg, grads)
+    optim = np.where(fsdp, (8 * S["real"] + 4 * S["n"]) if adamw else 4 * S["real"], optim)
+    act = _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
+    other = (E.dp_slice_batch_bytes(gb // dp, s) if E.OTHER_IS_DP_SLICE else E.input_batch_bytes(gb, s))
+    return params + grads + optim + act + other
+
+
+def n_layers_div(n_layers: int, n_stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sharding.layer_split: base layers per stage and how many earlier stages get one more."""
+    return n_layers // n_stages, n_layers % n_stages
+
+
+def _fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb):
+    """(unsharded parameter elements, unsharded gradient elements) beyond the FSDP2 shards: fsdp_peak_extra."""
+    shape = np.broadcast(zero, r).shape
+    xp = np.where(zero == 2, S["m_unsh"], 0.0) * np.ones(shape)
+    xg = np.zeros(shape)
+    root_unsh = first * F["m_unsh"] + last * La["m_unsh"]
+    if pp > 1:  # interleaved ranks: per local stage (multi_stage_peak)
+        inter = (sched == 2) & (v >= 2) & (zero >= 2)
+        rows = np.nonzero(inter[:, 0])[0]
+        if len(rows):
+            rr = np.broadcast_to(r, (len(rows), pp)).ravel()
+            rep = lambda a: np.broadcast_to(a[rows], (len(rows), pp)).ravel()  # noqa: E731
+            st = _unique_map(lambda vv, mm, z, k: _multi_stage(pp, vv, mm, z, k, m.n_layers),
+                             [rep(v), rep(mb), rep(zero), rr]).reshape(len(rows), pp, 5)
+            nbu, rootu, nbg, embg, headg = (st[..., j] for j in range(5))
+            z3 = zero[rows] == 3
+            xp[rows] = np.where(z3, nbu * B["m_unsh"][rows] + rootu * root_unsh[rows], xp[rows])
+            xg[rows] = nbg * B["m_ugrad"][rows] + embg * F["m_ugrad"][rows] + headg * La["m_ugrad"][rows]
+        pipe = ((sched == 0) | (sched == 1)) & (zero >= 2)  # pipeline_peak: 1f1b / gpipe, one stage per rank
+        warm = np.where(sched == 1, mb, np.minimum(mb, pp - r))
+        steady = (sched == 0) & (mb > warm)
+        in_root = np.where(zero == 2, ~steady & (warm == 1), True)
+        after = np.where(zero == 2, steady, False)
+        lastr = r == pp - 1
+        in_root = pipe & np.where(lastr, False, in_root)
+        after = pipe & np.where(lastr, (sched == 0) & (mb > 1), after)
+        block = np.zeros(shape, dtype=bool)
+    else:
+        block = (ep > 1) & bool(m.is_moe) & np.ones(shape, dtype=bool)  # fsdp_state.peak_inside_forward
+        in_root = ~block & (tp > 1) & (cb == 4)
+        after = np.zeros(shape, dtype=bool)
+    xg = np.where(after, S["m_ugrad"], xg)
+    inside = (in_root | block) & (zero >= 2)
+    xp = xp + np.where(inside, B["m_unsh"], 0.0)  # the last block's all-gather output
+    xp = xp + np.where(inside & (zero == 3), root_unsh + np.where(block, B["m_unsh"], 0.0), 0.0)
+    return xp, xg
+
+
+def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp):
+    """activations.rank_activation_bytes for every (row, pipeline rank)."""
+    col = lambda i: R[:, i:i + 1]  # noqa: E731
+    b, rc, sched, v, sp, ep = col(5), col(6), col(7), col(8), col(9), col(3)
+    terms = _unique_map(lambda bb, s_, rr, a, e: _row_terms(mj, bb, tp, s_, rr, bool(a), e, precision),
+                        [b[:, 0], sp[:, 0], rc[:, 0], ac[:, 0], ep[:, 0]])
+    L1, Lx, Hf, Hfr, shard = (terms[:, j:j + 1] for j in range(5))
+    s, h, V = m.seq_len, m.d_model, m.vocab_size
+    per_mb = nb * L1
+    if pp == 1:
+        total = per_mb + Hf + shard
+        head_freed, fwd_tr = Hfr * np.ones_like(total), np.zeros_like(total)
+    else:
+        units = np.zeros(nb.shape)
+        for k, name in enumerate(SCHEDULES):
+            units = np.where(sched == k, in_flight_formula(name, p=pp, m=mb, stage=r, v=v), units)
+        split_t = np.where(sp == 1, tp, 1)
+        buf = b * s * h / split_t * np.where(ac, 4, cb)
+        n_nonfirst = v - first
+        senders = v - last - ((sched == 4) & (r == pp - 1))
+        held_out = np.select([senders == 0, sched == 1, sched == 0], [0, mb, np.minimum(mb, units + 1)], mb * senders)
+        total = per_mb * units / v - units * buf * n_nonfirst / v + buf * (mb * n_nonfirst + held_out)
+        total = total + first * lp * units / v * s * A.INDEX_BYTES
+        k_last = np.where(sched == 1, mb, 1)  # pipeline.last_stage_in_flight
+        head = Hf - s * A.INDEX_BYTES * lp - A.LOSS_BYTES + shard
+        total = total + last * (k_last * head + 4 * (mb + k_last + 1))
+        head_freed = last * Hfr
+        fwd_tr = b * s * h / split_t * cb
+    wb = ac * cb * nb * B["w2"]
+    bb = ac * cb * nb * B["bias"]
+    wh = ac * cb * (last * La["head_w"] + (tie and pp == 1) * F["tok_w"])
+    full = rc == 2
+    sbv = s * b * V
+    fwd_last = total + wh + np.where(full, 0, wb) + (0 if cb == 4 else 1) * sbv * 4
+    fwd_last = np.where(ac, np.maximum(fwd_last, total - sbv * 4 - A.LOSS_BYTES + wh + wb + bb + (mb > 1) * sbv * cb),
+                        fwd_last)
+    fwd = np.where(last, fwd_last, total + wb + bb + fwd_tr)
+    use_rec = full & ~((pp > 1) & ((sched == 3) | (sched == 4)))
+    rec = total + np.maximum(0, Lx - head_freed) + (wb + bb) / nb
+    return np.rint(np.where(use_rec, np.maximum(fwd, rec), fwd))
