@@ -31,6 +31,7 @@ from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_nu
 from backend.analytic.traffic import compute_bytes
 from backend.planner.space import RECOMPUTE, SCHEDULES
 
+RANK_SUMS = ("loc", "n", "sto", "real", "ugrad", "m_unsh", "m_ugrad")
 SUMS = ("loc", "n", "sto", "real", "ugrad", "m_unsh", "m_ugrad", "w2", "bias", "head_w", "tok_w")
 
 
@@ -124,10 +125,14 @@ def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) 
 
 
 def _unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
-    """fn(*row) for every row of the stacked int columns, evaluated once per distinct row. Returns (n, k) floats."""
-    a = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
-    keys, inv = np.unique(a, axis=0, return_inverse=True)
-    vals = np.array([fn(*map(int, k)) for k in keys], dtype=np.float64).reshape(len(keys), -1)
+    """fn(*row) for every row of the stacked non-negative int columns, evaluated once per distinct row (one
+    mixed-radix int64 key per row: np.unique(axis=0) sorts void rows ~50x slower). Returns (n, k) floats."""
+    cols = [np.asarray(c, dtype=np.int64).ravel() for c in cols]
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        key = key * (int(c.max()) + 1) + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    vals = np.array([fn(*(int(c[i]) for c in cols)) for i in first], dtype=np.float64).reshape(len(first), -1)
     return vals[inv.ravel()]
 
 
@@ -137,17 +142,17 @@ def worst_rank_bytes_v(model: Any, L: np.ndarray, *, global_batch: int, precisio
     mj = model.model_dump_json()
     _MODELS[mj] = model
     worst, where = np.zeros(len(L)), np.zeros(len(L), dtype=np.int64)
-    pairs, start = np.unique(L[:, :3], axis=0, return_index=True)
-    for (tp, pp, dp), i0 in zip(pairs.tolist(), start):
-        idx = np.nonzero((L[:, 0] == tp) & (L[:, 1] == pp) & (L[:, 2] == dp))[0]
-        tot = _block(model, mj, L[idx], tp, pp, dp, global_batch, precision, optimizer)
+    for pp in np.unique(L[:, 1]).tolist():  # one (rows, pp) array per pipeline degree
+        idx = np.nonzero(L[:, 1] == pp)[0]
+        tot = _block(model, mj, L[idx], pp, global_batch, precision, optimizer)
         worst[idx], where[idx] = tot.max(axis=1), tot.argmax(axis=1)
     return worst, where
 
 
-def _block(m: Any, mj: str, R: np.ndarray, tp: int, pp: int, dp: int, gb: int, precision: str, opt: str) -> np.ndarray:
-    """(rows, pp) total bytes of every pipeline rank (tp / dp / ep index 0) of rows sharing tp, pp, dp."""
+def _block(m: Any, mj: str, R: np.ndarray, pp: int, gb: int, precision: str, opt: str) -> np.ndarray:
+    """(rows, pp) total bytes of every pipeline rank (tp / dp / ep index 0) of rows sharing pp."""
     col = lambda i: R[:, i:i + 1]  # noqa: E731  (n, 1) so it broadcasts against ranks (1, pp)
+    tp, dp = col(0), col(2)
     ep, zero, b, rc, sched, v, sp = (col(i) for i in range(3, 10))
     r = np.arange(pp)[None, :]
     mb = gb // (b * dp)
@@ -165,12 +170,12 @@ def _block(m: Any, mj: str, R: np.ndarray, tp: int, pp: int, dp: int, gb: int, p
     first = r == 0
     last = np.where(zbv, r == 0, r == pp - 1)
     # parameter sums: nb blocks + embeddings (first stage) + norm / head (last stage)
-    parts = _unique_map(lambda e, f: sum((_sums(mj, part, tp, dp, e, bool(f), tie and pp > 1 and part == "last")
-                                          for part in ("block", "first", "last")), ()),
-                        [ep[:, 0], fsdp[:, 0]])
+    parts = _unique_map(lambda t, d, e, f: sum((_sums(mj, part, t, d, e, bool(f), tie and pp > 1 and part == "last")
+                                                for part in ("block", "first", "last")), ()),
+                        [tp, dp, ep, fsdp])
     k = len(SUMS)
     S = {name: nb * parts[:, j:j + 1] + first * parts[:, k + j:k + j + 1] + last * parts[:, 2 * k + j:2 * k + j + 1]
-         for j, name in enumerate(SUMS)}
+         for j, name in enumerate(SUMS) if name in RANK_SUMS}
     B = {name: parts[:, j:j + 1] for j, name in enumerate(SUMS)}  # one block
     F = {name: parts[:, k + j:k + j + 1] for j, name in enumerate(SUMS)}
     La = {name: parts[:, 2 * k + j:2 * k + j + 1] for j, name in enumerate(SUMS)}
@@ -180,11 +185,11 @@ def _block(m: Any, mj: str, R: np.ndarray, tp: int, pp: int, dp: int, gb: int, p
     params = 4 * S["loc"] * np.where(rep, 2, 1)
     grads = 4 * S["loc"] + np.where(rep & (mb > 1), 4 * S["ugrad"], 0)
     optim = (8 * S["loc"] + 4 * S["n"]) if adamw else 4 * S["loc"]
-    z1 = np.nonzero((R[:, 4] == 1) & (dp > 1))[0]
+    z1 = np.nonzero((R[:, 4] == 1) & (R[:, 2] > 1))[0]
     if len(z1):
         sub = lambda a: np.broadcast_to(a, nb.shape)[z1].ravel()  # noqa: E731
-        vals = _unique_map(lambda e, n, f, la: _zero1_worst(mj, tp, dp, e, n, bool(f), bool(la), tie and pp > 1, opt),
-                           [sub(ep), sub(nb), sub(first), sub(last)])
+        vals = _unique_map(lambda t, d, e, n, f, la: _zero1_worst(mj, t, d, e, n, bool(f), bool(la), tie and pp > 1, opt),
+                           [sub(tp), sub(dp), sub(ep), sub(nb), sub(first), sub(last)])
         optim = np.broadcast_to(optim, nb.shape).copy()
         optim[z1] = vals.reshape(len(z1), pp)
     # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
@@ -245,8 +250,8 @@ def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, 
     """activations.rank_activation_bytes for every (row, pipeline rank)."""
     col = lambda i: R[:, i:i + 1]  # noqa: E731
     b, rc, sched, v, sp, ep = col(5), col(6), col(7), col(8), col(9), col(3)
-    terms = _unique_map(lambda bb, s_, rr, a, e: _row_terms(mj, bb, tp, s_, rr, bool(a), e, precision),
-                        [b[:, 0], sp[:, 0], rc[:, 0], ac[:, 0], ep[:, 0]])
+    terms = _unique_map(lambda t, bb, s_, rr, a, e: _row_terms(mj, bb, t, s_, rr, bool(a), e, precision),
+                        [tp, b, sp, rc, ac, ep])
     L1, Lx, Hf, Hfr, shard = (terms[:, j:j + 1] for j in range(5))
     s, h, V = m.seq_len, m.d_model, m.vocab_size
     per_mb = nb * L1
