@@ -27,15 +27,17 @@ from backend.analytic import estimate as E
 from backend.analytic import fsdp_state as FS
 from backend.analytic.params import block_param_list, model_key, param_tuple
 from backend.analytic.pipeline import in_flight_formula
-from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel, zero1_owned_all
+from backend.analytic.sharding import LocalParam, layer_split, shard_param, unsharded_grad_numel, zero1_owned_all
 from backend.analytic.traffic import compute_bytes
 from backend.planner.space import RECOMPUTE, SCHEDULES
 
-RANK_SUMS = ("loc", "n", "sto", "real", "ugrad", "m_unsh", "m_ugrad")
+DDP_SUMS, FSDP_SUMS = ("loc", "n", "ugrad"), ("n", "sto", "real", "m_unsh", "m_ugrad")
 SUMS = ("loc", "n", "sto", "real", "ugrad", "m_unsh", "m_ugrad", "w2", "bias", "head_w", "tok_w")
 
 
-def _part_params(m: Any, part: str, tied_copy: bool) -> list:
+@lru_cache(maxsize=256)
+def _part_params(mj: str, part: str, tied_copy: bool) -> list:
+    m = _MODELS[mj]
     if part == "block":
         return block_param_list(m, 0)
     rest = [q for q in param_tuple(model_key(m)) if not q.name.startswith("layers.")]
@@ -52,7 +54,7 @@ def _part_params(m: Any, part: str, tied_copy: bool) -> list:
 def _local(mj: str, part: str, tp: int, dp: int, ep: int, fsdp: bool, tied_copy: bool) -> tuple[LocalParam, ...]:
     m = _MODELS[mj]
     out = (shard_param(q, n_experts=m.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=0, dp_rank=0, ep_rank=0, fsdp=fsdp)
-           for q in _part_params(m, part, tied_copy))
+           for q in _part_params(mj, part, tied_copy))
     return tuple(q for q in out if q is not None)
 
 
@@ -79,7 +81,10 @@ def _zero1_worst(mj: str, tp: int, dp: int, ep: int, nb: int, first: bool, last:
     block = list(_local(mj, "block", tp, dp, ep, False, False))
     params = block * nb + list(_local(mj, "first", tp, dp, ep, False, False)) * first
     params += list(_local(mj, "last", tp, dp, ep, False, tied_copy)) * last
-    return max(E._optimizer_bytes(o, opt, fsdp=False) for o in zero1_owned_all(params, dp))
+    shares = zero1_owned_all(params, dp)
+    elems = [(sum(q.local_numel for q in o), len(o)) for o in shares]
+    top = max(elems)  # the largest shares by elements (then tensors); the optimizer's own formula picks among them
+    return max(E._optimizer_bytes(o, opt, fsdp=False) for o, e in zip(shares, elems) if e[0] == top[0])
 
 
 def _ns(m: Any, *, tp=1, pp=1, dp=1, ep=1, zero=0, b=1, rc=0, sp=0, sched=0, v=1, mb=1, gb=1, precision="bf16-mixed"):
@@ -107,21 +112,51 @@ def _row_terms(mj: str, b: int, tp: int, sp: int, rc: int, ac: bool, ep: int, pr
             A._tp_logits_shard_bytes(spec, kw["dtype_bytes"]))
 
 
+@lru_cache(maxsize=1024)
+def _split(n_layers: int, n_stages: int) -> list[range]:
+    return layer_split(n_layers, n_stages)
+
+
+def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
+    """The largest i <= upper with (i // per_round) % v == chunk, -1 if none."""
+    if upper < 0:
+        return -1
+    q = upper // per_round
+    q2 = q - (q - chunk) % v
+    return -1 if q2 < 0 else upper if q2 == q else q2 * per_round + per_round - 1
+
+
+def interleaved_peak_states(p: int, v: int, m: int, rank: int) -> dict[int, tuple[bool, bool]]:
+    """fsdp_state.multi_stage_peak's {stage: (unsharded, grads)} in closed form (tests: equal on a grid).
+    In fsdp_state.interleaved_order the peak is always the rank's last forward (op m·v - 1: the in-flight count
+    is warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every earlier forward
+    and the backwards of steady ops warm-up .. m·v - 2. A stage is unsharded when its latest action is a backward."""
+    per_round = m // max(1, m // p)
+    warm = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    steady, peak = m * v - warm, m * v - 1
+    with_peak = (peak // per_round) % v == v - 1 and rank == p - 1  # the last stage counts after its forward
+    pos_f = lambda i: i if i < warm else 2 * i - warm  # noqa: E731  position in the action list
+    out = {}
+    for c in range(v):
+        f = _last_in(peak if with_peak else peak - 1, per_round, v, c)
+        jb = _last_in(steady - 2, per_round, v, v - 1 - c)
+        b = warm + jb if jb >= 0 else -1
+        out[c * p + rank] = (b >= 0 and (f < 0 or 2 * b - warm + 1 > pos_f(f)), b >= 0)
+    return out
+
+
 @lru_cache(maxsize=65536)
 def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) -> tuple[int, bool, int, bool, bool]:
     """Interleaved FSDP2 state (fsdp_state.multi_stage_peak) as (blocks unsharded, root unsharded, blocks with
     grads, embeddings with grads, head with grads) for one pipeline rank."""
-    from backend.analytic.sharding import layer_split
-
-    stages = [rank + k * pp for k in range(v)]
-    spec = _ns(SimpleNamespace(n_layers=n_layers), pp=pp, zero=zero, sched=2, v=v, mb=mb)
-    st = FS.multi_stage_peak(spec, stages)
-    split = layer_split(n_layers, pp * v)
+    st = interleaved_peak_states(pp, v, mb, rank)
+    stages = sorted(st)
+    split = _split(n_layers, pp * v)
     last = pp * v - 1
     root = 0 if 0 in stages else last if last in stages else None
-    return (sum(len(split[s]) for s in stages if st[s].unsharded), root is not None and st[root].unsharded,
-            sum(len(split[s]) for s in stages if st[s].grads), 0 in stages and st[0].grads,
-            last in stages and st[last].grads)
+    return (sum(len(split[s]) for s in stages if st[s][0]), root is not None and st[root][0],
+            sum(len(split[s]) for s in stages if st[s][1]), 0 in stages and st[0][1],
+            last in stages and st[last][1])
 
 
 def _unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
@@ -142,15 +177,19 @@ def worst_rank_bytes_v(model: Any, L: np.ndarray, *, global_batch: int, precisio
     mj = model.model_dump_json()
     _MODELS[mj] = model
     worst, where = np.zeros(len(L)), np.zeros(len(L), dtype=np.int64)
-    for pp in np.unique(L[:, 1]).tolist():  # one (rows, pp) array per pipeline degree
-        idx = np.nonzero(L[:, 1] == pp)[0]
-        tot = _block(model, mj, L[idx], pp, global_batch, precision, optimizer)
-        worst[idx], where[idx] = tot.max(axis=1), tot.argmax(axis=1)
+    for pp in np.unique(L[:, 1]).tolist():  # one (rows, pp) array per pipeline degree and dp family
+        for fsdp in (False, True):
+            idx = np.nonzero((L[:, 1] == pp) & ((L[:, 4] >= 2) == fsdp))[0]
+            if len(idx):
+                tot = _block(model, mj, L[idx], pp, fsdp, global_batch, precision, optimizer)
+                where[idx] = tot.argmax(axis=1)
+                worst[idx] = tot[np.arange(len(idx)), where[idx]]
     return worst, where
 
 
-def _block(m: Any, mj: str, R: np.ndarray, pp: int, gb: int, precision: str, opt: str) -> np.ndarray:
-    """(rows, pp) total bytes of every pipeline rank (tp / dp / ep index 0) of rows sharing pp."""
+def _block(m: Any, mj: str, R: np.ndarray, pp: int, fsdp: bool, gb: int, precision: str, opt: str) -> np.ndarray:
+    """(rows, pp) total bytes of every pipeline rank (tp / dp / ep index 0) of rows sharing pp and FSDP (zero >= 2)
+    or not."""
     col = lambda i: R[:, i:i + 1]  # noqa: E731  (n, 1) so it broadcasts against ranks (1, pp)
     tp, dp = col(0), col(2)
     ep, zero, b, rc, sched, v, sp = (col(i) for i in range(3, 10))
@@ -159,8 +198,7 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, gb: int, precision: str, opt
     s, h, V, cb = m.seq_len, m.d_model, m.vocab_size, compute_bytes(precision)
     tie, lp = bool(getattr(m, "tie_embeddings", False)), str(getattr(m, "positions", "learned")) == "learned"
     mix = (tp > 1) | (pp > 1) | (ep > 1)
-    fsdp = zero >= 2
-    ac = (precision != "fp32") & ~(fsdp & ~mix)  # activations.uses_autocast
+    ac = (precision != "fp32") & (mix if fsdp else np.ones_like(mix))  # activations.uses_autocast
     # pipeline position of every rank (sharding.stages_of_rank / layer_split)
     zbv = sched == 4
     n_st = pp * v
@@ -172,14 +210,22 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, gb: int, precision: str, opt
     # parameter sums: nb blocks + embeddings (first stage) + norm / head (last stage)
     parts = _unique_map(lambda t, d, e, f: sum((_sums(mj, part, t, d, e, bool(f), tie and pp > 1 and part == "last")
                                                 for part in ("block", "first", "last")), ()),
-                        [tp, dp, ep, fsdp])
+                        [tp, dp, ep, np.full(len(R), int(fsdp))])
     k = len(SUMS)
     S = {name: nb * parts[:, j:j + 1] + first * parts[:, k + j:k + j + 1] + last * parts[:, 2 * k + j:2 * k + j + 1]
-         for j, name in enumerate(SUMS) if name in RANK_SUMS}
+         for j, name in enumerate(SUMS) if name in (FSDP_SUMS if fsdp else DDP_SUMS)}
     B = {name: parts[:, j:j + 1] for j, name in enumerate(SUMS)}  # one block
     F = {name: parts[:, k + j:k + j + 1] for j, name in enumerate(SUMS)}
     La = {name: parts[:, 2 * k + j:2 * k + j + 1] for j, name in enumerate(SUMS)}
     adamw = opt == "adamw"
+    act = _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
+    other = (E.dp_slice_batch_bytes(gb // dp, s) if E.OTHER_IS_DP_SLICE else E.input_batch_bytes(gb, s))
+    if fsdp:  # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
+        xp, xg = _fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb)
+        params = 4 * S["sto"] + np.where(mix, 4, cb) * xp  # traffic.fsdp_param_bytes
+        grads = 4 * S["sto"] + 4 * xg
+        optim = (8 * S["real"] + 4 * S["n"]) if adamw else 4 * S["real"]
+        return params + grads + optim + act + other
     # DDP / ZeRO-1 / FSDP2 replicate (estimate._memory)
     rep = (zero == 0) & (dp > 1) & ((tp > 1) | (pp > 1))  # traffic.uses_replicate
     params = 4 * S["loc"] * np.where(rep, 2, 1)
@@ -192,14 +238,6 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, gb: int, precision: str, opt
                            [sub(tp), sub(dp), sub(ep), sub(nb), sub(first), sub(last)])
         optim = np.broadcast_to(optim, nb.shape).copy()
         optim[z1] = vals.reshape(len(z1), pp)
-    # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
-    xp, xg = _fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb)
-    fpb = np.where(mix, 4, cb)  # traffic.fsdp_param_bytes
-    params = np.where(fsdp, 4 * S["sto"] + fpb * xp, params)
-    grads = np.where(fsdp, 4 * S["sto"] + 4 * xg, grads)
-    optim = np.where(fsdp, (8 * S["real"] + 4 * S["n"]) if adamw else 4 * S["real"], optim)
-    act = _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
-    other = (E.dp_slice_batch_bytes(gb // dp, s) if E.OTHER_IS_DP_SLICE else E.input_batch_bytes(gb, s))
     return params + grads + optim + act + other
 
 
@@ -260,8 +298,9 @@ def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, 
         head_freed, fwd_tr = Hfr * np.ones_like(total), np.zeros_like(total)
     else:
         units = np.zeros(nb.shape)
-        for k, name in enumerate(SCHEDULES):
-            units = np.where(sched == k, in_flight_formula(name, p=pp, m=mb, stage=r, v=v), units)
+        for k in np.unique(sched).tolist():
+            rows = sched[:, 0] == k
+            units[rows] = in_flight_formula(SCHEDULES[k], p=pp, m=mb[rows], stage=r, v=v[rows])
         split_t = np.where(sp == 1, tp, 1)
         buf = b * s * h / split_t * np.where(ac, 4, cb)
         n_nonfirst = v - first
