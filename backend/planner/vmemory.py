@@ -241,6 +241,23 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, fsdp: bool, gb: int, precisi
     return params + grads + optim + act + other
 
 
+def _pipeline_saved(sched: str, pp, r, nb, first, last, mb, v, L1, head_shard, ac, sp, tp, b, m, cb, lp):
+    """activations._pipeline_saved for the rows of one schedule: in-flight chunks, held stage inputs / outputs,
+    positions, and on the last stage the head's saved tensors per in-flight loss and the loss scalars."""
+    s, h = m.seq_len, m.d_model
+    units = in_flight_formula(sched, p=pp, m=mb, stage=r, v=v)
+    buf = b * s * h / np.where(sp == 1, tp, 1) * np.where(ac, 4, cb)  # one stage input / output
+    n_nonfirst = v - first
+    senders = v - last - ((sched == "zbv") & (r == pp - 1))  # pipeline.held_stage_outputs
+    out = {"gpipe": mb, "1f1b": np.minimum(mb, units + 1)}.get(sched, mb * senders)
+    held_out = np.where(senders == 0, 0, out)
+    total = units * (nb * L1 / v - buf * n_nonfirst / v + first * (lp * s * A.INDEX_BYTES) / v)
+    total += buf * (mb * n_nonfirst + held_out)
+    k_last = mb if sched == "gpipe" else 1  # pipeline.last_stage_in_flight
+    head = head_shard - (s * A.INDEX_BYTES * lp + A.LOSS_BYTES)
+    return total + last * (k_last * head + 4 * (mb + k_last + 1))
+
+
 def n_layers_div(n_layers: int, n_stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """sharding.layer_split: base layers per stage and how many earlier stages get one more."""
     return n_layers // n_stages, n_layers % n_stages
@@ -292,36 +309,32 @@ def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, 
                         [tp, b, sp, rc, ac, ep])
     L1, Lx, Hf, Hfr, shard = (terms[:, j:j + 1] for j in range(5))
     s, h, V = m.seq_len, m.d_model, m.vocab_size
-    per_mb = nb * L1
     if pp == 1:
-        total = per_mb + Hf + shard
-        head_freed, fwd_tr = Hfr * np.ones_like(total), np.zeros_like(total)
+        total = nb * L1 + (Hf + shard)
+        head_freed, fwd_tr = Hfr, 0.0
     else:
-        units = np.zeros(nb.shape)
+        total = np.empty(nb.shape)
         for k in np.unique(sched).tolist():
             rows = sched[:, 0] == k
-            units[rows] = in_flight_formula(SCHEDULES[k], p=pp, m=mb[rows], stage=r, v=v[rows])
-        split_t = np.where(sp == 1, tp, 1)
-        buf = b * s * h / split_t * np.where(ac, 4, cb)
-        n_nonfirst = v - first
-        senders = v - last - ((sched == 4) & (r == pp - 1))
-        held_out = np.select([senders == 0, sched == 1, sched == 0], [0, mb, np.minimum(mb, units + 1)], mb * senders)
-        total = per_mb * units / v - units * buf * n_nonfirst / v + buf * (mb * n_nonfirst + held_out)
-        total = total + first * lp * units / v * s * A.INDEX_BYTES
-        k_last = np.where(sched == 1, mb, 1)  # pipeline.last_stage_in_flight
-        head = Hf - s * A.INDEX_BYTES * lp - A.LOSS_BYTES + shard
-        total = total + last * (k_last * head + 4 * (mb + k_last + 1))
+            total[rows] = _pipeline_saved(SCHEDULES[k], pp, r, nb[rows], first, last[rows], mb[rows], v[rows],
+                                          L1[rows], Hf[rows] + shard[rows], ac[rows], sp[rows], tp[rows] if tp.shape[0] > 1 else tp,
+                                          b[rows], m, cb, lp)
         head_freed = last * Hfr
-        fwd_tr = b * s * h / split_t * cb
-    wb = ac * cb * nb * B["w2"]
-    bb = ac * cb * nb * B["bias"]
+        fwd_tr = b * s * h / np.where(sp == 1, tp, 1) * cb
+    wcast = ac * cb * B["w2"]  # (n, 1): one block's autocast weight / bias casts (activations.autocast_copy_bytes)
+    bcast = ac * cb * B["bias"]
+    wb = nb * wcast
+    wbb = nb * (wcast + bcast)
     wh = ac * cb * (last * La["head_w"] + (tie and pp == 1) * F["tok_w"])
     full = rc == 2
     sbv = s * b * V
     fwd_last = total + wh + np.where(full, 0, wb) + (0 if cb == 4 else 1) * sbv * 4
-    fwd_last = np.where(ac, np.maximum(fwd_last, total - sbv * 4 - A.LOSS_BYTES + wh + wb + bb + (mb > 1) * sbv * cb),
-                        fwd_last)
-    fwd = np.where(last, fwd_last, total + wb + bb + fwd_tr)
+    if ac.any():
+        alt = total + wh + wbb + ((mb > 1) * sbv * cb - sbv * 4 - A.LOSS_BYTES)
+        fwd_last = np.where(ac, np.maximum(fwd_last, alt), fwd_last)
+    fwd = np.where(last, fwd_last, total + wbb + fwd_tr)
     use_rec = full & ~((pp > 1) & ((sched == 3) | (sched == 4)))
-    rec = total + np.maximum(0, Lx - head_freed) + (wb + bb) / nb
+    if not use_rec.any():
+        return np.rint(fwd)
+    rec = total + np.maximum(0, Lx - head_freed) + (wcast + bcast)
     return np.rint(np.where(use_rec, np.maximum(fwd, rec), fwd))
