@@ -82,3 +82,19 @@ def test_plan_feasible_is_every_fitting_layout_and_order_is_the_step_time_models
     assert len(steps) == 5 and steps == sorted(steps) and all(c["fits_exact"] for c in res.configs)
     for c in res.configs:  # the reported step time is steptime.model's, not the proxy's
         assert c["step_time"]["step_s"] == step_time(light_spec(c["spec"]), hw, gpus_per_node=8).summary["step_s"]
+
+
+def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
+    """screen.approx_step_s only picks the pool that steptime.model re-times. Its documented tolerance: among the
+    proxy's 200 fastest fitting layouts, the exact model's 5 fastest are within the proxy's first 15 (the pool
+    of `plan --top 5`), so the plan reports them in the exact model's order."""
+    hw = get_hardware("a100-80gb-sxm")
+    L = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64)
+    mem, proxy = screen(TINYLLAMA, L, hw=hw, global_batch=64, gpus_per_node=8)
+    keep = np.nonzero(mem <= budget_bytes(20e9))[0]
+    order = keep[np.argsort(proxy[keep], kind="stable")][:200]
+    exact = [step_time(light_spec(layout_spec_dict(TINYLLAMA, L[i], global_batch=64)), hw, gpus_per_node=8).summary["step_s"]
+             for i in order]
+    assert max(np.argsort(exact, kind="stable")[:5]) < 15
+    res = plan(TINYLLAMA, gpus=32, gpus_per_node=8, hw=hw, global_batch=64, top=5, memory_bytes=20e9)
+    assert [c["step_time"]["step_s"] for c in res.configs] == sorted(exact)[:5]
