@@ -98,3 +98,20 @@ def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
     assert max(np.argsort(exact, kind="stable")[:5]) < 15
     res = plan(TINYLLAMA, gpus=32, gpus_per_node=8, hw=hw, global_batch=64, top=5, memory_bytes=20e9)
     assert [c["step_time"]["step_s"] for c in res.configs] == sorted(exact)[:5]
+
+
+def test_interleaved_peak_state_closed_form_equals_fsdp_state():
+    """vfsdp.interleaved_peak_states (closed form) = fsdp_state.multi_stage_peak (walks torch's action order)."""
+    from types import SimpleNamespace
+
+    from backend.analytic.fsdp_state import multi_stage_peak
+    from backend.planner.vfsdp import interleaved_peak_states
+
+    for p in (2, 3, 4, 8):
+        for v in (2, 3, 4):
+            for m in range(p, 4 * p + 1):
+                for rank in range(p):
+                    spec = SimpleNamespace(train=SimpleNamespace(microbatches=m), parallel=SimpleNamespace(
+                        pp=p, zero_stage=3, pp_schedule="interleaved_1f1b", virtual_stages=v))
+                    ref = multi_stage_peak(spec, [rank + k * p for k in range(v)])
+                    assert interleaved_peak_states(p, v, m, rank) == {s: (x.unsharded, x.grads) for s, x in ref.items()}
