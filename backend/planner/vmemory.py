@@ -5,7 +5,7 @@ is a sum over the rank's local parameters, and a rank holds `nb` identical block
 embeddings and, on the last, the final norm and head: so each sum is nb x (one block's sum) + first x (embedding
 sum) + last x (head sum), with the block/embedding/head sums taken once per (tp, dp, ep, fsdp) from
 sharding.shard_param (the estimator's own sharding, at tp/dp/ep index 0: torch.chunk gives the first chunks the
-most rows). ZeRO-1's largest optimizer share runs sharding.zero1_owned_all on the rank's real parameter list
+most rows). ZeRO-1's largest optimizer share runs sharding.zero1_partition (zero1_owned_all's) on the rank's parameter list
 (cached per rank composition). Activations follow activations.rank_activation_bytes term by term, with the
 per-block / head formulas computed once per unique (micro-batch, tp, SP, recompute, autocast) by the same
 functions, pipeline counts by pipeline.in_flight_formula / held_stage_*, and FSDP2's peak state by
@@ -26,7 +26,7 @@ from backend.analytic import activations as A
 from backend.analytic import estimate as E
 from backend.analytic.params import block_param_list, model_key, param_tuple
 from backend.analytic.pipeline import in_flight_formula
-from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel, zero1_owned_all
+from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel, zero1_partition
 from backend.analytic.traffic import compute_bytes
 from backend.planner.space import RECOMPUTE, SCHEDULES
 from backend.planner.vfsdp import fsdp_extra, unique_map
@@ -81,10 +81,14 @@ def _zero1_worst(mj: str, tp: int, dp: int, ep: int, nb: int, first: bool, last:
     block = list(_local(mj, "block", tp, dp, ep, False, False))
     params = block * nb + list(_local(mj, "first", tp, dp, ep, False, False)) * first
     params += list(_local(mj, "last", tp, dp, ep, False, tied_copy)) * last
-    shares = zero1_owned_all(params, dp)
-    elems = [(sum(q.local_numel for q in o), len(o)) for o in shares]
-    top = max(elems)  # the largest shares by elements (then tensors); the optimizer's own formula picks among them
-    return max(E._optimizer_bytes(o, opt, fsdp=False) for o, e in zip(shares, elems) if e[0] == top[0])
+    numels = [q.local_numel for q in params]
+    owner = zero1_partition(numels, dp)  # zero1_owned_all's partition, without building every share's list
+    elems = [0] * dp
+    for n, o in zip(numels, owner):
+        elems[o] += n
+    top = max(elems)  # the largest shares by elements; the optimizer's own formula picks among them
+    return max(E._optimizer_bytes([q for q, o in zip(params, owner) if o == k], opt, fsdp=False)
+               for k in range(dp) if elems[k] == top)
 
 
 def _ns(m: Any, *, tp=1, pp=1, dp=1, ep=1, zero=0, b=1, rc=0, sp=0, sched=0, v=1, mb=1, gb=1, precision="bf16-mixed"):
