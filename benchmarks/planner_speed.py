@@ -2,10 +2,13 @@
 
   .venv/bin/python benchmarks/planner_speed.py
 
-Prints, side by side: the vectorised screen (enumerate + numpy memory/time of every layout), the exact
-worst-rank memory path (planner.memory) and the full estimator (estimate.estimate) per layout, and the
-end-to-end `plan` (screen + confirmation of the fastest candidates). CPU time is reported next to wall time
-because this machine is shared.
+Prints, side by side: the search (enumerate + exact worst-rank memory of every layout, vectorised + the step-time
+proxy + feasibility + ranking), the vectorised memory alone, the exact estimator per layout (planner.memory's
+worst-rank path and the full estimate.estimate), the end-to-end `plan` (search + re-timing the pool with
+steptime.model + confirming the reported memory), and an agreement check of the vectorised memory against
+estimate.estimate on a random sample. Wall and CPU time: this machine is shared, CPU time is the steadier one.
+Cold = first call in the process (python-side caches empty: ZeRO-1 partitions, interleaved FSDP states);
+warm = best of 5.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from backend.analytic.estimate import estimate  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
 from backend.planner.memory import light_spec, worst_rank_bytes  # noqa: E402
 from backend.planner.screen import screen  # noqa: E402
-from backend.planner.search import plan  # noqa: E402
+from backend.planner.search import budget_bytes, plan  # noqa: E402
 from backend.planner.space import enumerate_layouts, layout_spec_dict  # noqa: E402
 from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 
-LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096)
+LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096,
+                     norm="rmsnorm", mlp="swiglu", positions="rope", bias="none")  # Touvron 2023 (Llama 2) Table 1
 GPUS, NODE, BATCH = 1024, 8, 1024
 
 
@@ -39,27 +43,48 @@ def timed(fn, repeats: int = 5):
 
 
 def main() -> None:
+    import random
+
+    import numpy as np
+
+    from backend.planner.vmemory import worst_rank_bytes_v
+
     hw = get_hardware("h100-sxm")
+    budget = budget_bytes(hw.memory_bytes)
 
-    def screen_all():
+    def search():  # what plan() does before re-timing its pool
         L = enumerate_layouts(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, global_batch=BATCH)
-        screen(LLAMA70B, L, hw=hw, global_batch=BATCH, gpus_per_node=NODE)
-        return L
+        mem, step = screen(LLAMA70B, L, hw=hw, global_batch=BATCH, gpus_per_node=NODE)
+        keep = np.nonzero(mem <= budget)[0]
+        return L, keep[np.argsort(step[keep], kind="stable")]
 
-    L, wall, cpu = timed(screen_all)
+    (L, order), cold_w, cold_c = timed(search, repeats=1)
+    _, wall, cpu = timed(search)
     n = len(L)
-    print(f"70B (LLaMA-70B shape) on {GPUS} GPUs, batch {BATCH}: {n} layouts")
-    print(f"  screen (enumerate + vectorised memory/time): {wall:.3f} s wall, {cpu:.3f} s CPU -> {n / wall:,.0f} layouts/s wall, "
-          f"{n / cpu:,.0f} layouts/s CPU (target 1e5)")
+    print(f"70B (Llama-2-70B shape) on {GPUS} GPUs, batch {BATCH}: {n} layouts, {len(order)} fit {budget / 1e9:.1f} GB")
+    print(f"  search (enumerate + exact vectorised memory + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
+          f"-> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
+    print(f"  search, cold (first call): {cold_w:.3f} s wall, {cold_c:.3f} s CPU -> {n / cold_w:,.0f} /s wall, "
+          f"{n / cold_c:,.0f} /s CPU")
+    (mem, _), w1, c1 = timed(lambda: worst_rank_bytes_v(LLAMA70B, L, global_batch=BATCH))
+    print(f"  vectorised worst-rank memory alone: {n / w1:,.0f} layouts/s wall, {n / c1:,.0f} CPU")
     sample = [layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH) for i in range(0, n, max(1, n // 20))][:20]
     _, w2, c2 = timed(lambda: [worst_rank_bytes(light_spec(d)) for d in sample], repeats=1)
     print(f"  exact worst-rank memory (planner.memory): {len(sample) / w2:,.1f} layouts/s wall ({len(sample) / c2:,.1f} CPU)")
-    _, w3, c3 = timed(lambda: [estimate(ExperimentSpec.for_prediction(d)) for d in sample[:5]], repeats=1)
-    print(f"  full estimator (estimate.estimate, every rank): {5 / w3:,.2f} layouts/s wall ({5 / c3:,.2f} CPU)")
-    w, c = time.perf_counter(), time.process_time()
-    res = plan(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, top=5)
-    print(f"  end-to-end plan: {time.perf_counter() - w:.1f} s wall, {time.process_time() - c:.1f} s CPU; "
-          f"{res.searched} searched, {res.confirmed} confirmed exactly, {res.feasible} fit")
+    idx = random.Random(0).sample(range(n), 25)
+    exact, w3, c3 = timed(lambda: [max(r.total_bytes for r in estimate(ExperimentSpec.for_prediction(
+        layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH))).per_rank) for i in idx], repeats=1)
+    print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
+    rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]
+    print(f"  agreement on {len(idx)} random layouts: vectorised vs estimate.estimate worst rank, max |rel err| "
+          f"{max(rel):.2e} (limit 5e-3; tests/test_planner_vmemory.py checks 1,000)")
+    for top in (5, 10):
+        w, c = time.perf_counter(), time.process_time()
+        res = plan(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, top=top)
+        w, c = time.perf_counter() - w, time.process_time() - c
+        print(f"  end-to-end plan --top {top}: {w:.2f} s wall, {c:.2f} s CPU -> {res.searched / w:,.0f} layouts/s wall, "
+              f"{res.searched / c:,.0f} CPU; search {res.search_seconds:.3f} s + re-timing {res.confirmed} and confirming "
+              f"{len(res.configs)} exactly {res.confirm_seconds:.2f} s (wall); {res.feasible} fit")
     best = res.configs[0]
     print(f"  best: {best['spec']['name']}, b={best['spec']['train']['micro_batch']}, {best['spec']['train']['recompute']}, "
           f"{best['step_time']['step_s']:.2f} s/step, MFU {best['step_time']['mfu']:.1%}, {best['mem_bytes_max'] / 1e9:.1f} GB")

@@ -50,8 +50,9 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
 
 res = st.session_state.get("pl_result")
 if res is not None:
-    st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s screened); "
-             f"**{res.feasible}** of the {res.confirmed} confirmed with the exact estimator fit.")
+    st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
+             f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
+             "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
     if not res.configs:
         st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
     else:

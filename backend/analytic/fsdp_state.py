@@ -115,7 +115,8 @@ def multi_stage_peak(spec: Any, stages: list[int]) -> dict[int, StageState] | No
     for _, kind in order:
         held += 1 if kind == "F" else -1
         counts.append(held if kind == "F" else -1)
-    peak = max(i for i, c in enumerate(counts) if c == max(counts))
+    top = max(counts)  # once: inside the generator it made this quadratic in the action count
+    peak = max(i for i, c in enumerate(counts) if c == top)
     before = order[:peak + (order[peak][0] == p.pp * p.virtual_stages - 1)]  # last stage: after its forward
     last = {s: k for s, k in before}  # each stage's latest action before the peak
     return {s: StageState(last.get(s) == "B", (s, "B") in before) for s in stages}

@@ -11,6 +11,8 @@ Zero-bubble schedules assume the ZB paper's unit costs T_F = T_B = T_W (Qi et al
 
 from __future__ import annotations
 
+from typing import Any
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv")
 
 
@@ -62,19 +64,30 @@ def in_flight_microbatches(schedule: str, *, p: int, m: int, stage: int, v: int 
     schedule = _check(schedule, p, m, v)
     if not 0 <= stage < p:
         raise ValueError(f"stage must be in [0, {p}), got {stage}")
+    return int(in_flight_formula(schedule, p=p, m=m, stage=stage, v=v))
+
+
+def _minimum(a: Any, b: Any) -> Any:
+    """min(a, b) elementwise for ints and numpy int arrays alike (this module stays numpy-free)."""
+    return b + (a - b) * (a < b)
+
+
+def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
+    """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays (the planner's path)."""
     if schedule == "gpipe":
-        return m  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
+        return m + 0 * p  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
     if schedule == "1f1b":
-        return min(m, p - stage)  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
-    per_round = m // max(1, m // p)  # microbatches per round as torch.distributed.pipelining counts them (= p when p | m)
+        return _minimum(m, p - stage)  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
+    # m // max(1, m // p): microbatches per round as torch.distributed.pipelining counts them (= p when p | m)
+    per_round = m // (m // p + (1 - m // p) * (m // p < 1))
     if schedule == "interleaved_1f1b":
         # Narayanan 2021 Sec 2.2.2 (Megatron-LM, torch): warm-up (v-1)·p + 2(p-stage-1) chunk forwards, +1 in 1F1B
-        return min(m * v, (v - 1) * per_round + 2 * (p - stage - 1) + 1)
+        return _minimum(m * v, (v - 1) * per_round + 2 * (p - stage - 1) + 1)
     if schedule == "zero_bubble":
         # Qi 2023 Sec 2.1 (ZB-H1 peak = 1F1B's first stage, p): warm-up (v-1)·p + (p-stage-1), W deferred by `stage`
-        return min(m * v, (v - 1) * per_round + p)
+        return _minimum(m * v, (v - 1) * per_round + p)
     # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks
-    return min(m * v, p * v)
+    return _minimum(m * v, p * v)
 
 
 def in_flight_stage_activations(schedule: str, *, p: int, m: int, stage: int, v: int = 1) -> float:

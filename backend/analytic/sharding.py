@@ -206,22 +206,31 @@ def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalPa
     fsdp = dp_shard and p.zero_stage >= 2
     out = []
     for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule):
-        if not ep_keeps(info.name, m.n_experts, p.ep, c["ep"]):
-            continue
-        expert = expert_of(info.name) is not None
-        # expert replicas: the dp ranks with the same ep coordinate (dp index // ep within them); the ep
-        # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
-        ep_expert = expert and p.ep > 1
-        group, idx = (p.dp // p.ep, c["dp"] // p.ep) if ep_expert else (p.dp, c["dp"])
-        local = tp_local_shape(info, p.tp, c["tp"])
-        if fsdp and not ep_expert:
-            rows, real = chunk_rows(local[0], group, idx)
-            rest = prod(local[1:])
-            storage, owned = rows * rest, real * rest
-        else:
-            storage = owned = prod(local)
-        out.append(LocalParam(info.name, info.shape, local, storage, owned, group, idx, expert))
+        q = shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp, ep=p.ep, tp_rank=c["tp"], dp_rank=c["dp"],
+                        ep_rank=c["ep"], fsdp=fsdp)
+        if q is not None:
+            out.append(q)
     return out
+
+
+def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
+                fsdp: bool) -> LocalParam | None:
+    """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's expert)."""
+    if not ep_keeps(info.name, n_experts, ep, ep_rank):
+        return None
+    expert = expert_of(info.name) is not None
+    # expert replicas: the dp ranks with the same ep coordinate (dp index // ep within them); the ep
+    # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
+    ep_expert = expert and ep > 1
+    group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
+    local = tp_local_shape(info, tp, tp_rank)
+    if fsdp and not ep_expert:
+        rows, real = chunk_rows(local[0], group, idx)
+        rest = prod(local[1:])
+        storage, owned = rows * rest, real * rest
+    else:
+        storage = owned = prod(local)
+    return LocalParam(info.name, info.shape, local, storage, owned, group, idx, expert)
 
 
 def zero1_owned(params: list[LocalParam], dp: int, dp_rank: int) -> list[LocalParam]:

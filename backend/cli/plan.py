@@ -3,6 +3,7 @@
   python -m backend plan --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 \\
       --gpus 1024 --gpus-per-node 8 --hardware h100-sxm --global-batch 1024 --seq 4096 --top 5
   python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max", "step_time"}]}
+                                        # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
 zero3) x micro-batch x recompute x schedule x virtual stages x SP. Layouts are for prediction: some cannot run
@@ -93,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res.to_dict()))
         return 0
-    print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s screened); "
-          f"{res.feasible} of the {res.confirmed} confirmed fit")
+    print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
+          f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
     print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6}")
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]

@@ -1,0 +1,107 @@
+"""FSDP2's unsharded state at the activation peak for every (layout, pipeline rank), vectorised
+(fsdp_state.fsdp_peak_extra / pipeline_peak / multi_stage_peak), for planner/vmemory.py."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from backend.analytic.sharding import layer_split
+
+
+def unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
+    """fn(*row) for every row of the stacked non-negative int columns, evaluated once per distinct row (one
+    mixed-radix int64 key per row: np.unique(axis=0) sorts void rows ~50x slower). Returns (n, k) floats."""
+    cols = [np.asarray(c, dtype=np.int64).ravel() for c in cols]
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        key = key * (int(c.max()) + 1) + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    vals = np.array([fn(*(int(c[i]) for c in cols)) for i in first], dtype=np.float64).reshape(len(first), -1)
+    return vals[inv.ravel()]
+
+
+@lru_cache(maxsize=1024)
+def _split(n_layers: int, n_stages: int) -> list[range]:
+    return layer_split(n_layers, n_stages)
+
+
+def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
+    """The largest i <= upper with (i // per_round) % v == chunk, -1 if none."""
+    if upper < 0:
+        return -1
+    q = upper // per_round
+    q2 = q - (q - chunk) % v
+    return -1 if q2 < 0 else upper if q2 == q else q2 * per_round + per_round - 1
+
+
+def interleaved_peak_states(p: int, v: int, m: int, rank: int) -> dict[int, tuple[bool, bool]]:
+    """fsdp_state.multi_stage_peak's {stage: (unsharded, grads)} in closed form (tests: equal on a grid).
+    In fsdp_state.interleaved_order the peak is always the rank's last forward (op m·v - 1: the in-flight count
+    is warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every earlier forward
+    and the backwards of steady ops warm-up .. m·v - 2. A stage is unsharded when its latest action is a backward."""
+    per_round = m // max(1, m // p)
+    warm = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    steady, peak = m * v - warm, m * v - 1
+    with_peak = (peak // per_round) % v == v - 1 and rank == p - 1  # the last stage counts after its forward
+    pos_f = lambda i: i if i < warm else 2 * i - warm  # noqa: E731  position in the action list
+    out = {}
+    for c in range(v):
+        f = _last_in(peak if with_peak else peak - 1, per_round, v, c)
+        jb = _last_in(steady - 2, per_round, v, v - 1 - c)
+        b = warm + jb if jb >= 0 else -1
+        out[c * p + rank] = (b >= 0 and (f < 0 or 2 * b - warm + 1 > pos_f(f)), b >= 0)
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) -> tuple[int, bool, int, bool, bool]:
+    """Interleaved FSDP2 state (fsdp_state.multi_stage_peak) as (blocks unsharded, root unsharded, blocks with
+    grads, embeddings with grads, head with grads) for one pipeline rank."""
+    st = interleaved_peak_states(pp, v, mb, rank)
+    stages = sorted(st)
+    split = _split(n_layers, pp * v)
+    last = pp * v - 1
+    root = 0 if 0 in stages else last if last in stages else None
+    return (sum(len(split[s]) for s in stages if st[s][0]), root is not None and st[root][0],
+            sum(len(split[s]) for s in stages if st[s][1]), 0 in stages and st[0][1],
+            last in stages and st[last][1])
+
+
+def fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb):
+    """(unsharded parameter elements, unsharded gradient elements) beyond the FSDP2 shards: fsdp_peak_extra."""
+    shape = np.broadcast(zero, r).shape
+    xp = np.where(zero == 2, S["m_unsh"], 0.0) * np.ones(shape)
+    xg = np.zeros(shape)
+    root_unsh = first * F["m_unsh"] + last * La["m_unsh"]
+    if pp > 1:  # interleaved ranks: per local stage (multi_stage_peak)
+        inter = (sched == 2) & (v >= 2) & (zero >= 2)
+        rows = np.nonzero(inter[:, 0])[0]
+        if len(rows):
+            rr = np.broadcast_to(r, (len(rows), pp)).ravel()
+            rep = lambda a: np.broadcast_to(a[rows], (len(rows), pp)).ravel()  # noqa: E731
+            st = unique_map(lambda vv, mm, z, k: _multi_stage(pp, vv, mm, z, k, m.n_layers),
+                             [rep(v), rep(mb), rep(zero), rr]).reshape(len(rows), pp, 5)
+            nbu, rootu, nbg, embg, headg = (st[..., j] for j in range(5))
+            z3 = zero[rows] == 3
+            xp[rows] = np.where(z3, nbu * B["m_unsh"][rows] + rootu * root_unsh[rows], xp[rows])
+            xg[rows] = nbg * B["m_ugrad"][rows] + embg * F["m_ugrad"][rows] + headg * La["m_ugrad"][rows]
+        pipe = ((sched == 0) | (sched == 1)) & (zero >= 2)  # pipeline_peak: 1f1b / gpipe, one stage per rank
+        warm = np.where(sched == 1, mb, np.minimum(mb, pp - r))
+        steady = (sched == 0) & (mb > warm)
+        in_root = np.where(zero == 2, ~steady & (warm == 1), True)
+        after = np.where(zero == 2, steady, False)
+        lastr = r == pp - 1
+        in_root = pipe & np.where(lastr, False, in_root)
+        after = pipe & np.where(lastr, (sched == 0) & (mb > 1), after)
+        block = np.zeros(shape, dtype=bool)
+    else:
+        block = (ep > 1) & bool(m.is_moe) & np.ones(shape, dtype=bool)  # fsdp_state.peak_inside_forward
+        in_root = ~block & (tp > 1) & (cb == 4)
+        after = np.zeros(shape, dtype=bool)
+    xg = np.where(after, S["m_ugrad"], xg)
+    inside = (in_root | block) & (zero >= 2)
+    xp = xp + np.where(inside, B["m_unsh"], 0.0)  # the last block's all-gather output
+    xp = xp + np.where(inside & (zero == 3), root_unsh + np.where(block, B["m_unsh"], 0.0), 0.0)
+    return xp, xg
