@@ -111,3 +111,11 @@ class LocalShardGradScaler(ShardedGradScaler):
                     torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv_scale.to(device))
                 flags[device] = flag
         return flags or {found_inf.device: found_inf}  # no local grads: still takes part in the flag's all-reduce
+
+
+def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...], backend_override: dict | None = None):
+    """`mesh` with its dim `dim` split into `names` of `sizes` (row-major), sharing the root mesh and its other dims'
+    process groups; new groups for the new dims, collective on every rank (the private `DeviceMesh._unflatten`, as
+    torchtitan's ParallelDims builds its EP computation mesh). `backend_override` {name: backend} forces fresh groups
+    for a dim even where it spans the world (else it reuses the default group)."""
+    return mesh._unflatten(dim, sizes, names, backend_override=backend_override)

@@ -125,3 +125,21 @@ def test_local_shard_grad_scaler_overrides_unscale_grads():
         assert sum(float(f) for f in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values()) == 1.0
     finally:
         dist.destroy_process_group()
+
+
+def test_unflatten_mesh_splits_a_named_dim_and_forces_fresh_groups():
+    """DeviceMesh._unflatten(dim, sizes, names, backend_override=...): a dim spanning the world reuses the default
+    group unless a backend is named for it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", store=tc.fake_store(), rank=5, world_size=8)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+        em = tc.unflatten_mesh(mesh, "dp", (1, 2), ("a", "b"))
+        assert em.mesh_dim_names == ("pp", "a", "b", "tp") and em["b"].mesh.tolist() == [5, 7]
+        flat = init_device_mesh("cpu", (8,), mesh_dim_names=("dp",))
+        assert tc.unflatten_mesh(flat, "dp", (1, 8), ("a", "b"))["b"].get_group() is dist.group.WORLD
+        fresh = tc.unflatten_mesh(flat, "dp", (1, 8), ("a", "b"), backend_override={"b": dist.get_backend()})
+        assert fresh["b"].get_group() is not dist.group.WORLD and fresh["b"].get_group().size() == 8
+    finally:
+        dist.destroy_process_group()

@@ -25,6 +25,16 @@ class RankContext:
     mesh: Any = None
     """DeviceMesh of shape (pp, dp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
     `ParallelSpec.coords`; None when world_size == 1."""
+    _ep_mesh: Any = field(default=None, repr=False)
+
+    def ep_mesh(self):  # -> DeviceMesh
+        """`mesh` with dp unflattened into (dp_mod_ep, ep) (engine/mesh.build_ep_mesh: named dims "pp",
+        "dp_mod_ep", "ep", "tp"); created on first use, which is collective (every rank, same order)."""
+        if self._ep_mesh is None:
+            from backend.engine.mesh import build_ep_mesh
+
+            self._ep_mesh = build_ep_mesh(self.spec, self.mesh)
+        return self._ep_mesh
 
     def coords(self) -> dict[str, int]:
         return self.spec.parallel.coords(self.rank)

@@ -4,7 +4,8 @@
   0. pipeline split   (pp.py)          this rank's stage modules, cut from the meta model (a fresh meta GPT per
                                         extra stage); every later step applies to each stage module, as
                                         torchtitan's pipeline_llm does
-  1. expert parallel  (ep.py)          experts sharded over mesh["ep"], all-to-all dispatch installed
+  1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
+                                        ep, engine/mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
