@@ -65,7 +65,8 @@ def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
     import torch.distributed as dist
 
     p = spec.parallel
-    return unflatten_mesh(mesh, "dp", (p.dp // p.ep, p.ep), EP_MESH_DIMS[1:3], backend_override={"ep": dist.get_backend()})
+    return unflatten_mesh(mesh, "dp", (p.dp // p.ep, p.ep), EP_MESH_DIMS[1:3],
+                          backend_override={"ep": dist.get_backend()})
 
 
 def env_ranks() -> tuple[int, int, int]:

@@ -11,7 +11,8 @@ Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
 Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
 zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. The schedule splits this dp
 rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale: `ScaledLoss`)
-runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the dp-share mean.
+runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the
+dp-share mean.
 
 PP×DP: each stage module gets the dp flavour on mesh["dp"] (`data_parallel.composable_wrap`: replicate for ddp,
 fully_shard for zero2/zero3/fsdp; torchtitan's choice). The pipelining stages turn gradient sync off
