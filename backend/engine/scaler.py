@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backend.torch_compat import LocalShardGradScaler
+
 
 class LossScaling:
     """Dynamic loss scaling for fp16-mixed (torch's defaults: init 2**16, x0.5 on overflow, x2 every 2000 steps)."""
@@ -45,8 +47,6 @@ class LossScaling:
         if distributed is None:
             distributed = dist.is_available() and dist.is_initialized()
         if distributed:
-            from backend.torch_compat import LocalShardGradScaler
-
             self._scaler = LocalShardGradScaler(device=kind, enabled=self.enabled,
                                                 process_group=group or dist.group.WORLD)
         else:  # one process (the single-process reference): nothing to agree on

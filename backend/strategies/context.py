@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.bench.comm import uncounted
+from backend.engine.mesh import build_ep_mesh
 from backend.spec import ExperimentSpec
 
 
@@ -31,8 +32,6 @@ class RankContext:
         """`mesh` with dp unflattened into (dp_mod_ep, ep) (engine/mesh.build_ep_mesh: named dims "pp",
         "dp_mod_ep", "ep", "tp"); created on first use, which is collective (every rank, same order)."""
         if self._ep_mesh is None:
-            from backend.engine.mesh import build_ep_mesh
-
             self._ep_mesh = build_ep_mesh(self.spec, self.mesh)
         return self._ep_mesh
 
