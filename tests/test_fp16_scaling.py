@@ -44,21 +44,35 @@ def test_fp16_world2_matches_the_scaled_reference(tmp_path):
         assert any(n.startswith("fp16 loss scaling") for n in res.notes)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("parallel", [dict(strategy="tp", world_size=2), dict(strategy="zero3", world_size=2),
-                                      dict(strategy="pp", world_size=2, pp_schedule="1f1b")], ids=["tp", "zero3", "pp"])
-def test_inf_gradient_on_one_rank_skips_the_step_on_every_rank(parallel, tmp_path):
-    spec = tiny(f"inject_{parallel['strategy']}", train=FP16, **parallel)
-    path = tmp_path / "spec.json"
-    path.write_text(spec.to_json())
-    out = tmp_path / "out.json"
+INJECT = [dict(strategy="tp", world_size=2), dict(strategy="zero3", world_size=2),
+          dict(strategy="pp", world_size=2, pp_schedule="1f1b")]
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory) -> dict[str, dict]:
+    """tests/fixtures/fp16_inject.py on the INJECT layouts, in one torchrun launch."""
+    tmp = tmp_path_factory.mktemp("inject")
+    paths = []
+    for parallel in INJECT:
+        spec = tiny(f"inject_{parallel['strategy']}", train=FP16, **parallel)
+        paths.append(tmp / f"{spec.name}.json")
+        paths[-1].write_text(spec.to_json())
+    out = tmp / "out.json"
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests/fixtures/fp16_inject.py"), str(out), str(path)],
-                          capture_output=True, text=True, timeout=300, env=env)
+                           str(ROOT / "tests/fixtures/fp16_inject.py"), str(out), *map(str, paths)],
+                          capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    [res] = json.loads(out.read_text())
-    for r in res["per_rank"]:  # only rank 1's gradient held the inf
+    return {r["name"]: r for r in json.loads(out.read_text())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [p["strategy"] for p in INJECT])
+def test_inf_gradient_on_one_rank_skips_the_step_on_every_rank(injected, strategy):
+    """+inf in rank 1's local gradient at step 1 (tp: a DTensor shard; zero3: an FSDP2 shard; pp: the last stage's
+    grads, rank 0 holding the first stage): every rank skips step 1 and only step 1."""
+    res = injected[f"inject_{strategy}"]
+    for r in res["per_rank"]:
         assert r["skipped"] == [1], r
         assert r["params_changed"] == [True, False, True], r  # step 1 left every local shard unchanged
         assert r["scales"] == [2.0**16, 2.0**16, 2.0**15, 2.0**15], r  # halved once, by the skip
