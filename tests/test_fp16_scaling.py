@@ -88,3 +88,16 @@ def test_loss_scaling_note_and_field():
     _, notes = _loss_scaling([{"extra": {"loss_scaling": rep}}, {"extra": {"loss_scaling": rep | {"skipped_steps": []}}}])
     assert "DISAGREES" in notes[-1]
     assert _loss_scaling([{"extra": {}}]) == (None, [])
+
+
+def test_run_page_headline_shows_skipped_steps_for_fp16_only():
+    from backend.result import RunResult, Status
+    from backend.ui import detail_view as dv
+
+    fp16 = RunResult(status=Status.OK, spec=tiny("h", strategy="ddp", world_size=2, train=FP16),
+                     loss_scaling_skipped_steps=[0, 3])
+    assert dv.headline(fp16)["fp16 steps skipped (overflow)"] == "2 [0, 3]"
+    assert "MFU" in list(dv.headline(fp16))[-1]  # the metric is added, nothing displaced
+    plain = RunResult(status=Status.OK, spec=tiny("h", strategy="ddp", world_size=2))
+    assert "fp16 steps skipped (overflow)" not in dv.headline(plain)
+    assert RunResult.from_json(fp16.to_json()).loss_scaling_skipped_steps == [0, 3]  # stored with the run
