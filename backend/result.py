@@ -173,6 +173,10 @@ class RunResult(_R):
     loss: list[float] = Field(default_factory=list)
     loss_reference: list[float] = Field(default_factory=list)
     loss_max_abs_diff: float | None = None
+    loss_scaling_skipped_steps: list[int] | None = None
+    """fp16-mixed only: the engine's steps (0 = first warm-up step, then timed, memory and comm-timing steps in
+    order) whose optimizer step the dynamic loss scaler skipped on every rank because some rank's gradients held
+    inf/NaN (the scale was halved, the parameters left unchanged); None when no loss scaling ran."""
     timeline: list[TimelineEvent] = Field(default_factory=list)
     bubble_measured: float | None = None
     bubble_predicted: float | None = None

@@ -15,6 +15,8 @@ import torch.distributed.pipelining.stage as pipelining_stage
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel.ddp import _unflatten_tensor
 from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.nn.parallel import DistributedDataParallel
@@ -77,3 +79,43 @@ def fake_store():
 def unflatten_ddp_tp_param(param: torch.Tensor) -> torch.Tensor:
     """A DDP×TP parameter DDP keeps as a plain local tensor -> its DTensor (test harness)."""
     return _unflatten_tensor(param, param._st_info)
+
+
+
+class LocalShardGradScaler(ShardedGradScaler):
+    """`ShardedGradScaler` whose inf/NaN check and unscale run on every gradient's LOCAL tensor (a DTensor grad by
+    its shard); torch's `unscale_` then all-reduces the found-inf flag over the scaler's process group as before.
+
+    Why: torch's `_unscale_grads_` puts every grad of one device and dtype into one
+    `torch._amp_foreach_non_finite_check_and_unscale_` call; DTensor rejects a list that mixes DTensor and plain
+    grads ("got mixed torch.Tensor and DTensor"), which TP without SP and FSDP2 with ignored expert params both
+    produce, and for an all-DTensor list it reduces the flag only by the FIRST grad's placements. Overrides the
+    private `ShardedGradScaler._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)` (torch 2.13)."""
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+        by_device: dict = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for q in group["params"]:
+                    g = q.grad
+                    if g is None:
+                        continue
+                    if not allow_fp16 and g.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    local = g.to_local() if isinstance(g, DTensor) else g  # under no_grad: the shard itself
+                    by_device.setdefault(local.device, {}).setdefault(local.dtype, []).append(local)
+            flags = {}
+            for device, by_dtype in by_device.items():
+                flag = found_inf if found_inf.device == device else torch.zeros_like(found_inf, device=device)
+                for grads in by_dtype.values():
+                    torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv_scale.to(device))
+                flags[device] = flag
+        return flags or {found_inf.device: found_inf}  # no local grads: still takes part in the flag's all-reduce
+
+
+def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...], backend_override: dict | None = None):
+    """`mesh` with its dim `dim` split into `names` of `sizes` (row-major), sharing the root mesh and its other dims'
+    process groups; new groups for the new dims, collective on every rank (the private `DeviceMesh._unflatten`, as
+    torchtitan's ParallelDims builds its EP computation mesh). `backend_override` {name: backend} forces fresh groups
+    for a dim even where it spans the world (else it reuses the default group)."""
+    return mesh._unflatten(dim, sizes, names, backend_override=backend_override)

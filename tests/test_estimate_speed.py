@@ -48,19 +48,21 @@ CASES = {
 # Estimate.to_dict() digests (every number, without the `notes` prose) of fp32 dense specs whose activation
 # model did not change since the per-rank implementation, before the fast path. First recorded with the notes
 # included; re-recorded without them at the commit where those full digests still matched (the notes explain
-# measurement gaps and may be reworded; the numbers may not change).
+# measurement gaps and may be reworded; the numbers may not change). Re-recorded once more when `other` became this
+# rank's dp slice (estimate.OTHER_IS_DP_SLICE = True): every spec with dp > 1 changed in per_rank other_bytes and
+# total_bytes only (checked field by field against the old digests with the flag off); dp = 1 specs kept theirs.
 BEFORE = {
-    "ddp2": "dee01466bd31ceff54f7",
-    "zero1_w7": "e19b20792bac8c599ca2",
-    "zero1_sgd_w5": "8e91372058ada109f1d3",
-    "fsdp_w7_pad": "2e585e2299be49f90300",
-    "zero3_w8": "880335a80ee799f5752f",
+    "ddp2": "e1dc7c38ce85ab22c14f",
+    "zero1_w7": "4d321803dd7ea83e7c5c",
+    "zero1_sgd_w5": "1f18de5012b7b4794b4f",
+    "fsdp_w7_pad": "7a520592589e0b5d6de4",
+    "zero3_w8": "c16e16ab29a01763306f",
     "tp3_odd": "8412f2bf7431ddb977dc",
-    "tp2sp_dp2_zero2": "cd8a828899c3da58ca3a",
+    "tp2sp_dp2_zero2": "34c73bdcedd7cdd3c60d",
     "pp4_interleaved": "e8dec30042ae091aaa01",
-    "3d_selective_ddp": "6f21470c7668118a2bc6",
-    "70b_fsdp8": "eaedf3f1de6fdb0065f5",
-    "70b_tp8pp8dp4": "0ab2418387d01e67e689",
+    "3d_selective_ddp": "830718ab8f52119d331c",
+    "70b_fsdp8": "0b91b29148f980605760",
+    "70b_tp8pp8dp4": "b755d9c8d27b35648d6f",
 }
 
 

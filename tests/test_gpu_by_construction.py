@@ -351,7 +351,12 @@ def test_fp16_scaler_agrees_over_a_process_group(tmp_path):
     try:
         m, opt = _linear_and_opt()
         scaling = LossScaling(spec(train={"precision": "fp16-mixed"}), torch.device("cpu"))
-        assert type(scaling._scaler).__name__ == "ShardedGradScaler"
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        from backend.torch_compat import LocalShardGradScaler
+
+        # torch's ShardedGradScaler, checking each grad's local shard (DTensor and plain grads mix under TP / EP)
+        assert isinstance(scaling._scaler, ShardedGradScaler) and type(scaling._scaler) is LocalShardGradScaler
         scaling.scale(m(torch.randn(3, 4)).sum() * float("nan")).backward()
         assert not scaling.step(opt)
     finally:
@@ -454,9 +459,23 @@ def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
     from backend.analytic import estimate as E
 
     s = spec({"strategy": "ddp", "world_size": 2})
-    assert estimate(s).per_rank[0].other_bytes == E.input_batch_bytes(4, 8)  # today: the global batch
-    monkeypatch.setattr(E, "OTHER_IS_DP_SLICE", True)
+    assert E.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
+    monkeypatch.setattr(E, "OTHER_IS_DP_SLICE", False)
+    assert estimate(s).per_rank[0].other_bytes == E.input_batch_bytes(4, 8)  # before: the global batch
+
+
+def test_local_batch_is_a_copy_of_this_ranks_rows_on_the_cpu():
+    """A row slice alone is a view that keeps the global batch's storage alive (MemTracker counts storages)."""
+    from backend.strategies.context import RankContext, local_batch
+
+    s = spec({"strategy": "ddp", "world_size": 2})
+    ctx = RankContext(spec=s, rank=1, world_size=2, local_rank=1, device=torch.device("cpu"))
+    x, y = torch.arange(4 * 8, device="cpu").view(4, 8), torch.arange(4 * 8, device="cpu").view(4, 8) + 1
+    lx, ly = local_batch(ctx, x, y)
+    torch.testing.assert_close(lx, x[2:])
+    torch.testing.assert_close(ly, y[2:])
+    assert lx.untyped_storage().nbytes() == ly.untyped_storage().nbytes() == 2 * 8 * 8  # B/dp rows, not B
 
 
 def test_nccl_timeout_points_at_the_flight_recorder_not_the_stacks(tmp_path):

@@ -98,3 +98,48 @@ def test_auto_dispatch_guard_and_library_destroy():
 
 def test_unflatten_ddp_tp_param_source():
     assert callable(tc._unflatten_tensor)
+
+
+def test_local_shard_grad_scaler_overrides_unscale_grads():
+    """ShardedGradScaler.unscale_ calls `_unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)` and
+    all-reduces what it returns; our override checks a DTensor grad by its shard next to a plain grad (torch's
+    own raises "mixed torch.Tensor and DTensor")."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    assert list(inspect.signature(ShardedGradScaler._unscale_grads_).parameters) == [
+        "self", "optimizer", "inv_scale", "found_inf", "allow_fp16"]
+    dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        a = nn.Parameter(distribute_tensor(torch.ones(4, device="cpu"), mesh, [Shard(0)]))
+        b = nn.Parameter(torch.ones(2, device="cpu"))
+        a.grad = distribute_tensor(torch.full((4,), 8.0, device="cpu"), mesh, [Shard(0)])
+        b.grad = torch.tensor([8.0, float("inf")], device="cpu")
+        opt = torch.optim.SGD([a, b], lr=1.0)
+        scaler = tc.LocalShardGradScaler(device="cpu", init_scale=4.0)
+        scaler.scale(torch.ones((), device="cpu"))  # lazily creates the scale
+        scaler.unscale_(opt)
+        torch.testing.assert_close(a.grad.to_local(), torch.full((4,), 2.0, device="cpu"))
+        assert sum(float(f) for f in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values()) == 1.0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_unflatten_mesh_splits_a_named_dim_and_forces_fresh_groups():
+    """DeviceMesh._unflatten(dim, sizes, names, backend_override=...): a dim spanning the world reuses the default
+    group unless a backend is named for it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", store=tc.fake_store(), rank=5, world_size=8)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+        em = tc.unflatten_mesh(mesh, "dp", (1, 2), ("a", "b"))
+        assert em.mesh_dim_names == ("pp", "a", "b", "tp") and em["b"].mesh.tolist() == [5, 7]
+        flat = init_device_mesh("cpu", (8,), mesh_dim_names=("dp",))
+        assert tc.unflatten_mesh(flat, "dp", (1, 8), ("a", "b"))["b"].get_group() is dist.group.WORLD
+        fresh = tc.unflatten_mesh(flat, "dp", (1, 8), ("a", "b"), backend_override={"b": dist.get_backend()})
+        assert fresh["b"].get_group() is not dist.group.WORLD and fresh["b"].get_group().size() == 8
+    finally:
+        dist.destroy_process_group()

@@ -99,8 +99,9 @@ def _step_prediction(res) -> None:
 def _result(res) -> None:
     if not res.per_rank and not res.loss:
         return  # a run that failed before measuring anything: the failure panel says it all
-    cols = st.columns(3) + st.columns(3)
-    for col, (k, v) in zip(cols, dv.headline(res).items()):
+    head = dv.headline(res)
+    cols = [c for _ in range(-(-len(head) // 3)) for c in st.columns(3)]  # rows of 3 (fp16 runs add one metric)
+    for col, (k, v) in zip(cols, head.items()):
         col.metric(k, v)
     _step_prediction(res)
     if res.per_rank:

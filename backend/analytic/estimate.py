@@ -26,7 +26,7 @@ included) = the start of backward. Category by category:
   logits: + loss_fn's transient fp32 copy); under torch.autocast (ddp / zero1 / mixes) the 16-bit weight
   copies the matmuls save, and the end of forward inside autocast (every weight and bias cast cached);
   under full recompute the last block re-run in backward after the head's backward freed its tensors.
-- other: the step's full-batch int64 inputs and targets (`input_batch_bytes`), which the engine tracks.
+- other: this rank's dp share of the int64 inputs and targets (`dp_slice_batch_bytes`), which the engine tracks.
 Communication per rank and step: backend/analytic/traffic.py.
 """
 
@@ -53,9 +53,10 @@ if TYPE_CHECKING:
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
 INDEX_BYTES = 8  # int64 token ids
-OTHER_IS_DP_SLICE = False
-"""True once the engine copies only this rank's dp slice of the batch (B/dp rows) to ctx.device before the
-memory-tracked step (issue 11: the engine owns placement): `other` is then that copy, not the global batch."""
+OTHER_IS_DP_SLICE = True
+"""The engine copies only this rank's dp slice of the batch (B/dp rows) to ctx.device before the memory-tracked
+step, on the CPU too (strategies/context.local_batch): `other` is that copy, not the global batch (measured on
+the CPU at world 2: ddp, zero3 1,024 B = 2 x 4 x 16 x 8; tp 2,048 B = its whole dp share)."""
 
 
 @dataclass

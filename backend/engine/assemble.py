@@ -11,7 +11,8 @@ A pure function of (spec, payload). ranks.json format (written by backend/engine
                          "tracker_at_activation_peak" / "tracker_at_peak" / "tracker_high_water": {tracker category: bytes},
                          "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "rss_bytes"},   # see bench/memory.py
               "env": {...}, "notes": [...], "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...],
-              "extra": {"moe_routing": {...}}}]}   # optional, strategy-measured (ep: backend/strategies/ep.routing_payload)
+              "extra": {"moe_routing": {...}}}]}   # optional, strategy-measured (ep: backend/strategies/ep.routing_payload;
+                                                  # fp16: "loss_scaling": {skipped_steps, steps, scale}, engine/scaler.py)
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
     diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
     notes += _parity_notes(spec, diff)
+    skipped, scaling_notes = _loss_scaling(ranks)
+    notes += scaling_notes
     model_flops = model_flops_per_step(spec)
     mfu, hfu = utilization(model_flops, est.flops_per_step, step_med, env, str(spec.train.precision),
                            spec.parallel.world_size)
@@ -74,9 +77,27 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
         flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=mfu, hfu=hfu,
         model_flops_per_step=model_flops,
         loss=loss, loss_reference=ref,
-        loss_max_abs_diff=diff,
+        loss_max_abs_diff=diff, loss_scaling_skipped_steps=skipped,
         timeline=timeline, bubble_measured=_bubble(timeline), bubble_predicted=est.bubble_fraction, notes=notes,
     )
+
+
+def _loss_scaling(ranks: list[dict[str, Any]]) -> tuple[list[int] | None, list[str]]:
+    """fp16-mixed: the steps the loss scaler skipped (agreed by every rank: backend/engine/scaler.py) and a note."""
+    reports = [r.get("extra", {}).get("loss_scaling") for r in ranks]
+    if not any(reports):
+        return None, []
+    seen = {tuple(rep.get("skipped_steps", [])) if rep else None for rep in reports}
+    rep = next(r for r in reports if r)
+    skipped = list(rep.get("skipped_steps", []))
+    notes = [f"fp16 loss scaling (ShardedGradScaler, found-inf all-reduced over the world): {len(skipped)} of "
+             f"{rep.get('steps')} optimizer steps skipped for inf/NaN gradients"
+             + (f" (engine steps {skipped}, 0 = first warm-up step)" if skipped else "")
+             + f"; final scale {rep.get('scale', 0):g}. Reported losses are unscaled."]
+    if len(seen) > 1:
+        notes.append(f"LOSS SCALING DISAGREES across ranks (skipped steps per rank: {sorted(map(str, seen))}): the "
+                     "ranks did not take the same optimizer steps.")
+    return skipped, notes
 
 
 def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:

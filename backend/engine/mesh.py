@@ -1,4 +1,5 @@
-"""Process group and the (pp, dp, tp) device mesh for one rank."""
+"""Process group and the device mesh for one rank: named dims (pp, dp, tp), and for expert parallelism the same
+mesh with dp unflattened into (dp_mod_ep, ep) (`build_ep_mesh`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from backend.launch.nccl import group_timeout_s
 from backend.spec import Backend, Device, ExperimentSpec
+from backend.torch_compat import unflatten_mesh
 
 MESH_DIMS = ("pp", "dp", "tp")
+EP_MESH_DIMS = ("pp", "dp_mod_ep", "ep", "tp")
+"""Expert parallelism borrows from dp, as torchtitan's ParallelDims splits dp_shard = dp_shard_mod_ep x
+dp_shard_in_ep (its `ep` with cp = 1 and etp = tp): dp = dp_mod_ep x ep, ep fastest."""
 
 
 def pick_backend_device(spec: ExperimentSpec, local_rank: int) -> tuple[str, torch.device]:
@@ -47,6 +52,21 @@ def build_mesh(spec: ExperimentSpec, device: torch.device):  # -> DeviceMesh | N
     if p.world_size == 1:
         return None
     return init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=MESH_DIMS)
+
+
+def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
+    """`mesh` (pp, dp, tp) viewed as EP_MESH_DIMS = (pp, dp_mod_ep, ep, tp): mesh["dp"] keeps the full data-parallel
+    dim (FSDP2 / DDP still shard and reduce over all of dp); ep groups are consecutive dp ranks ({0..ep-1},
+    {ep..2ep-1}, ...), expert-replica groups (dp_mod_ep) the ranks holding the same experts ({j, j+ep, ...}).
+    Collective (creates process groups): every rank calls it once, in the same order. The ep groups are always
+    fresh: a dim spanning the world would otherwise reuse the default group, which DDP's gradient all-reduce
+    may use, and that all-reduce and the dispatch all-to-all must not share a gloo group (their order differs
+    by rank)."""
+    import torch.distributed as dist
+
+    p = spec.parallel
+    return unflatten_mesh(mesh, "dp", (p.dp // p.ep, p.ep), EP_MESH_DIMS[1:3],
+                          backend_override={"ep": dist.get_backend()})
 
 
 def env_ranks() -> tuple[int, int, int]:

@@ -22,6 +22,7 @@ from backend.analytic.estimate import estimate
 from backend.atomic_io import write_json_atomic
 from backend.engine.data import global_batch
 from backend.engine.loop import progress
+from backend.engine.scaler import LossScaling
 from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
 from backend.strategies.context import make_optimizer
@@ -43,7 +44,7 @@ def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu"
     t = spec.train
     model = build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device)
     opt = make_optimizer(model.parameters(), spec)
-    tail = OptimizerTail([model], opt, ExpertUsage([model]))
+    tail = OptimizerTail([model], opt, ExpertUsage([model]), scaling=LossScaling(spec, device, distributed=False))
     step = MicrobatchStep(model, spec, device, tail, use_autocast=True, chunks=t.global_batch // t.micro_batch)
     n_steps = t.warmup_steps + t.steps
     losses: list[float] = []

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.bench.comm import uncounted
+from backend.engine.mesh import build_ep_mesh
 from backend.spec import ExperimentSpec
 
 
@@ -25,6 +26,14 @@ class RankContext:
     mesh: Any = None
     """DeviceMesh of shape (pp, dp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
     `ParallelSpec.coords`; None when world_size == 1."""
+    _ep_mesh: Any = field(default=None, repr=False)
+
+    def ep_mesh(self):  # -> DeviceMesh
+        """`mesh` with dp unflattened into (dp_mod_ep, ep) (engine/mesh.build_ep_mesh: named dims "pp",
+        "dp_mod_ep", "ep", "tp"); created on first use, which is collective (every rank, same order)."""
+        if self._ep_mesh is None:
+            self._ep_mesh = build_ep_mesh(self.spec, self.mesh)
+        return self._ep_mesh
 
     def coords(self) -> dict[str, int]:
         return self.spec.parallel.coords(self.rank)
@@ -68,8 +77,10 @@ def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:
 
 
 def local_batch(ctx: RankContext, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch -> this dp rank's rows on ctx.device (a view on the CPU, a B/dp-row copy on a GPU)."""
-    return dp_slice(inputs, ctx).to(ctx.device), dp_slice(targets, ctx).to(ctx.device)
+    """The global batch -> a copy of this dp rank's rows on ctx.device: (B/dp, T) each, on the CPU too (a row
+    slice alone would be a view that keeps the whole global batch's storage alive through the step), so
+    the tracked `other` is B/dp rows on every device (analytic/estimate.py OTHER_IS_DP_SLICE)."""
+    return dp_slice(inputs, ctx).to(ctx.device, copy=True), dp_slice(targets, ctx).to(ctx.device, copy=True)
 
 
 def make_optimizer(params, spec: ExperimentSpec) -> torch.optim.Optimizer:

@@ -1,9 +1,9 @@
 """Expert parallelism (with data parallelism over the same ranks): DP×EP.
 
-Mesh: the dp dimension of ctx.mesh (pp, dp, tp) is split into (dp_replicate, ep) = (dp/ep, ep), row-major
-(ep fastest) (`expert_groups`): ep groups are consecutive blocks of ep dp-ranks ({0..ep−1}, {ep..2ep−1},
-...); the expert-replica groups (dp_replicate) join the ranks holding the same experts, one per block
-({j, j+ep, j+2ep, ...}).
+Mesh: the dp dimension of ctx.mesh (pp, dp, tp) is unflattened into the named dims (dp_mod_ep, ep) =
+(dp/ep, ep), row-major, ep fastest (`ctx.ep_mesh()`, engine/mesh.build_ep_mesh, torchtitan's dp_shard_mod_ep x
+dp_shard_in_ep): ep groups are consecutive blocks of ep dp-ranks ({0..ep−1}, {ep..2ep−1}, ...); the
+expert-replica groups (dp_mod_ep) join the ranks holding the same experts, one per block ({j, j+ep, j+2ep, ...}).
 
 Per-rank parameters: every non-expert parameter (embeddings, attention, norms, routers, lm_head) in
 full; experts: E/ep per MoE layer (ep rank j = dp mod ep owns experts j·E/ep .. (j+1)·E/ep − 1).
@@ -28,25 +28,18 @@ from backend.strategies import moe_dispatch
 from backend.strategies.context import RankContext
 from backend.torch_compat import flatten_dense_tensors, unflatten_dense_tensors
 
-EP_DIMS = ("pp", "dp_replicate", "ep", "tp")
-
 
 def expert_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
-    """(this rank's ep group, its expert-replica group or None when dp == ep), cut from ctx.mesh's rank layout
-    viewed as EP_DIMS = (pp, dp/ep, ep, tp). Fresh groups (new_subgroups_by_enumeration, collective on every
-    rank): a DeviceMesh dimension spanning the world may reuse the default group, and DDP's gradient
-    all-reduce and the dispatch all-to-all must not share a gloo group (their backward order differs by rank)."""
+    """(this rank's ep group, its expert-replica group or None when dp == ep): the named dims "ep" and "dp_mod_ep"
+    of ctx.ep_mesh() (engine/mesh.build_ep_mesh; fresh ep groups: DDP's gradient all-reduce and the dispatch
+    all-to-all must not share a gloo group)."""
     p = ctx.spec.parallel
-    ranks = ctx.mesh.mesh.view(p.pp, p.dp // p.ep, p.ep, p.tp)  # rank ids laid out as EP_DIMS
-    ep_group, _ = dist.new_subgroups_by_enumeration(ranks.movedim(2, -1).reshape(-1, p.ep).tolist())
-    if p.dp == p.ep:
-        return ep_group, None
-    replica, _ = dist.new_subgroups_by_enumeration(ranks.movedim(1, -1).reshape(-1, p.dp // p.ep).tolist())
-    return ep_group, replica
+    mesh = ctx.ep_mesh()
+    return mesh["ep"].get_group(), (mesh["dp_mod_ep"].get_group() if p.dp > p.ep else None)
 
 
 class ExpertParallel:
-    """Shards every MoE layer's experts over mesh["ep"] and reduces their grads over mesh["dp_replicate"]."""
+    """Shards every MoE layer's experts over ep_mesh["ep"] and reduces their grads over ep_mesh["dp_mod_ep"]."""
 
     def __init__(self, ctx: RankContext, model: nn.Module):
         p = ctx.spec.parallel

@@ -4,7 +4,8 @@
   0. pipeline split   (pp.py)          this rank's stage modules, cut from the meta model (a fresh meta GPT per
                                         extra stage); every later step applies to each stage module, as
                                         torchtitan's pipeline_llm does
-  1. expert parallel  (ep.py)          experts sharded over mesh["ep"], all-to-all dispatch installed
+  1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
+                                        ep, engine/mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from backend.engine.scaler import LossScaling
 from backend.models.gpt import MoE, set_recompute
 from backend.strategies import data_parallel as dpar
 from backend.strategies import pp as pipeline
@@ -64,7 +66,8 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     usage = ExpertUsage(mods)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
     opt = dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
-    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None)
+    scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
+    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
     timeline: list[dict] = []
     extra: dict = {}
     if p.pp > 1:
@@ -75,6 +78,8 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
                               on_microbatch=ep.on_microbatch if ep else None)
     if ep:
         ep.publish_to(extra)
+    if scaling.enabled:
+        extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
                     notes=_notes(ctx, ids, ep), extra=extra)
     check_placement(ctx.device, prep.modules, prep.optimizer)

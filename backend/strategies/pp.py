@@ -10,8 +10,9 @@ Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
 
 Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
 zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. The schedule splits this dp
-rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch) runs on the last stage and
-scale_grads divides the accumulated grads by the microbatch count, so grads are the dp-share mean.
+rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale: `ScaledLoss`)
+runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the
+dp-share mean.
 
 PP×DP: each stage module gets the dp flavour on mesh["dp"] (`data_parallel.composable_wrap`: replicate for ddp,
 fully_shard for zero2/zero3/fsdp; torchtitan's choice). The pipelining stages turn gradient sync off
@@ -143,6 +144,17 @@ def notes(ctx: RankContext, ids: list[int]) -> list[str]:
             *filter(None, [_cpu_note(ctx)])]
 
 
+class ScaledLoss:
+    """The schedule's loss_fn: the microbatch's mean loss, times the fp16 loss scale (identity otherwise), so the
+    backward the schedule runs from it is scaled exactly as the microbatch loop's (engine/scaler.py)."""
+
+    def __init__(self, scaling):
+        self.scaling = scaling
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.scaling.scale(loss_fn(logits, targets))
+
+
 class PipelineStep:
     """One optimizer step through the pipeline schedule; records the timeline of the first timed step."""
 
@@ -154,7 +166,7 @@ class PipelineStep:
         stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
         cls = SCHEDULES[p.pp_schedule]
         self.schedule = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages,
-                            n_microbatches=ctx.spec.train.microbatches, loss_fn=loss_fn)
+                            n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling))
         self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
@@ -169,7 +181,10 @@ class PipelineStep:
             # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
             # alive until the step ends, only to concatenate them for a return value we do not use.
             self.schedule.step(*args, return_outputs=False, **kwargs)
-        return sum(float(v.detach()) for v in losses) / len(losses) if self.last else 0.0
+        if not self.last:
+            return 0.0
+        # the schedule keeps what loss_fn returned (scaled under fp16); the scale is a power of two: exact
+        return sum(float(v.detach()) for v in losses) / len(losses) / self.tail.scaling.scale_value()
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LocalLoss:
         if self.calls == self.record_call:

@@ -1,7 +1,8 @@
 """The one training step of every non-pipeline layout and of the single-process reference.
 
 `MicrobatchStep` runs this rank's rows as `microbatches` chunks of `micro_batch` rows: forward under autocast
-(unless FSDP2's MixedPrecisionPolicy casts), loss scaled by 1/chunks, backward with the dp wrapper's gradient
+(unless FSDP2's MixedPrecisionPolicy casts), loss scaled by 1/chunks (and by the fp16 loss scale, engine/scaler.py;
+the reported loss is the unscaled one), backward with the dp wrapper's gradient
 sync only where the flavour reduces, then `OptimizerTail`. Pipeline schedules run their own microbatches
 (pp.py) and share the tail.
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from backend.engine.scaler import LossScaling
 from backend.models.gpt import loss_fn
 from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import LocalLoss, autocast
@@ -129,17 +131,19 @@ def repartial_grads(done: list[tuple[nn.Parameter, tuple]]) -> None:
 
 
 class OptimizerTail:
-    """After the last backward: reduce Partial grads once, skip unused experts, step, zero the persistent grads."""
+    """After the last backward: reduce Partial grads once, skip unused experts, step through the loss scaling (fp16:
+    unscale, skip the step on every rank when any rank's grads overflowed), zero the persistent grads."""
 
     def __init__(self, modules: list[nn.Module], optimizer: torch.optim.Optimizer, usage: ExpertUsage,
-                 expert_sync: Callable[[list[float]], list[float]] | None = None):
+                 expert_sync: Callable[[list[float]], list[float]] | None = None, *, scaling: LossScaling):
         self.modules, self.optimizer, self.usage, self.expert_sync = modules, optimizer, usage, expert_sync
+        self.scaling = scaling
 
     def __call__(self) -> None:
         used = self.expert_sync(self.usage.flags()) if self.expert_sync else None
         partial = reduce_partial_grads(self.modules)
         hidden = self.usage.skip_unused(used)
-        self.optimizer.step()
+        self.scaling.step(self.optimizer)  # = optimizer.step() unless fp16-mixed
         self.optimizer.zero_grad(set_to_none=False)  # persistent grad buffers: grads resident all step
         self.usage.restore(hidden)
         repartial_grads(partial)
@@ -196,10 +200,11 @@ class MicrobatchStep:
                 else:
                     with self._autocast():
                         loss = loss_fn(self.model(x), y) / n if st.loss_scaled_in_graph else loss_fn(self.model(x), y)
+                scale = self.tail.scaling.scale  # fp16-mixed: x loss scale; else the identity
                 if st.loss_scaled_in_graph:
-                    loss.backward()
+                    scale(loss).backward()
                 else:
-                    (loss / n).backward()
+                    scale(loss / n).backward()
             total += loss.detach() if st.loss_scaled_in_graph else loss.detach().float()
         if st.loss_scaled_in_graph:
             del logits, loss  # the dp layouts returned from their accumulation before optimizer.step

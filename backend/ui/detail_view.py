@@ -160,10 +160,17 @@ def headline(result: RunResult) -> dict[str, str]:
         "tokens / s": f"{result.tokens_per_s:,.0f}" if result.tokens_per_s else "–",
         "peak memory (max rank)": fmt_bytes(peak),
         "loss max |Δ| vs reference": f"{result.loss_max_abs_diff:.2e}" if result.loss_max_abs_diff is not None else "–",
+        **_skipped(result),
         "wall time": fmt_seconds(result.wall_s),
         "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
         + _utilization(result),
     }
+
+
+def _skipped(result: RunResult) -> dict[str, str]:
+    """fp16-mixed runs: how many optimizer steps the loss scaler skipped (inf/NaN gradients on some rank)."""
+    skipped = getattr(result, "loss_scaling_skipped_steps", None)
+    return {} if skipped is None else {"fp16 steps skipped (overflow)": f"{len(skipped)}" + (f" {skipped}" if skipped else "")}
 
 
 def _utilization(result: RunResult) -> str:
