@@ -1,11 +1,12 @@
 """Measured vs predicted for every model family (issue 12) under every strategy that applies, through the full
 engine: GPT (tied embeddings, math attention), Llama-style dense (RMSNorm, SwiGLU, RoPE, GQA, no biases, flash),
 Mixtral-style MoE, and MoE with gated shared experts (Qwen-MoE style, q/k/v biases, fine-grained experts).
-Strategies: ddp, zero1, zero2, zero3, tp+sp, pp (1f1b), ep (MoE) at world 2; the 3D mix pp x ddp x tp(+sp) at world 8.
+Strategies: ddp, zero1, zero2, zero3, tp+sp, pp (1f1b), ep (MoE) at world 2; the 3D mix pp x dp x tp(+sp) at world 8,
+dp as ddp (FSDP2 replicate) and as fsdp (FSDP2 zero3).
 One torchrun launch per world size. Prints every value outside the issue's bounds (params / grads / optimizer
 ±2%, activations ±15%, comm ±5%, loss parity 1e-4) via mp_accuracy.misses and exits 1 if any.
 
-    .venv/bin/python benchmarks/family_accuracy.py [--world 2|8] [--family NAME...] [--only STRATEGY...]
+    .venv/bin/python benchmarks/family_accuracy.py [--world 2|8] [--family NAME...] [--only STRATEGY|3d|3d_fsdp...]
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ STRATEGIES: dict[str, dict] = {
     "pp_1f1b": dict(strategy="pp", pp_schedule="1f1b"),
     "ep": dict(strategy="ep"),
 }
-# world 8: pp 2 x dp 2 x tp 2 (+SP). With the fsdp flavour for dp the engine holds ~3x the predicted gradient bytes
-# on the first stage (same for the plain GPT: fsdp_state's PP x FSDP x TP peak, not a family term), so ddp here.
+# world 8: pp 2 x dp 2 x tp 2 (+SP), with the dp dimension as FSDP2 `replicate` (ddp) and as FSDP2 zero3 (fsdp)
 MIX_3D = dict(strategy="ddp", pp=2, tp=2, sequence_parallel=True)
+MIX_3D_FSDP = MIX_3D | dict(strategy="fsdp")
+MIXES_3D = {"3d": MIX_3D, "3d_fsdp": MIX_3D_FSDP}
 
 
 def spec(family: str, strategy: str, parallel: dict, world: int) -> ExperimentSpec:
@@ -53,7 +55,7 @@ def spec(family: str, strategy: str, parallel: dict, world: int) -> ExperimentSp
 
 def cases(world: int, families: list[str], only: list[str] | None = None) -> list[ExperimentSpec]:
     if world == 8:
-        return [spec(f, "3d", MIX_3D, 8) for f in families]
+        return [spec(f, name, par, 8) for f in families for name, par in MIXES_3D.items() if not only or name in only]
     out = []
     for f in families:
         for name, par in STRATEGIES.items():
@@ -67,11 +69,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, choices=(2, 8), action="append")
     ap.add_argument("--family", choices=list(FAMILIES), action="append")
-    ap.add_argument("--only", choices=list(STRATEGIES), action="append")
+    ap.add_argument("--only", choices=list(STRATEGIES) + list(MIXES_3D), action="append")
     args = ap.parse_args()
     bad = 0
     for world in args.world or (2, 8):
         specs = cases(world, args.family or list(FAMILIES), args.only)
+        if not specs:
+            continue
         with tempfile.TemporaryDirectory() as d:
             runs = launch(world, specs, Path(d), timeout_s=3600)
         for s in specs:

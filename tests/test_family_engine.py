@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from family_accuracy import MIX_3D, STRATEGIES, spec  # noqa: E402
+from family_accuracy import MIX_3D, MIX_3D_FSDP, STRATEGIES, spec  # noqa: E402
 from mp_accuracy import misses  # noqa: E402
 
 WORLD2 = [("gpt", "pp_1f1b"), ("gpt", "zero1"), ("llama", "tp_sp"), ("llama", "zero3"), ("mixtral", "ep"),
@@ -40,3 +40,18 @@ def test_llama_family_3d_mix_world8(tmp_path: Path):
     s = spec("llama", "3d", MIX_3D, 8)
     res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]
     assert not misses(res), misses(res)
+
+
+@pytest.mark.slow
+def test_gpt_3d_fsdp_mix_world8(tmp_path: Path):
+    """pp 2 x dp 2 (FSDP2 zero3) x tp 2 (+SP), 1F1B: model-state bytes per rank follow fsdp_state's pipeline peak
+    (non-last stage: inside the last block of its last steady-state forward, the root and that block unsharded and
+    the no-sync backwards' unsharded grads held; last stage: lm_head's logits all-gather, only its root unsharded)."""
+    from tests.fixtures.engine_batch import launch
+
+    s = spec("gpt", "3d_fsdp", MIX_3D_FSDP, 8)
+    res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]
+    assert not misses(res), misses(res)
+    for rr in res.per_rank:  # model states exact, not just within 2 %: the prediction names every tensor
+        for cat in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert getattr(rr.measured, cat) == getattr(rr.predicted, cat), (rr.rank, cat, rr.measured, rr.predicted)

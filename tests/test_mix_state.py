@@ -121,11 +121,20 @@ def test_pipeline_peak_moments():
         assert s.train.microbatches == m
         return pipeline_peak(s, [stage])
 
-    assert peak("fsdp", stage=0) == PipelinePeak(True, False)  # last warm-up forward all-gathered, no backward yet
-    assert peak("fsdp", stage=1) == PipelinePeak(False, True)  # start of the last backward, after 3 no-sync backwards
-    assert peak("zero2", stage=0) == PipelinePeak(False, True)  # steady-state forward after a backward
-    assert peak("fsdp", "gpipe", stage=1) == PipelinePeak(False, False)  # gpipe: the first backward
+    # stage 0 (warm-up 2 < m = 4): the last steady-state forward 0F3, after 0B0 and 0B1 left the units unsharded
+    assert peak("fsdp", stage=0) == PipelinePeak("block", False, True)
+    assert peak("fsdp", stage=1) == PipelinePeak(None, False, True)  # start of the last backward, after 3 no-sync ones
+    assert peak("zero2", stage=0) == PipelinePeak(None, False, True)  # steady-state forward after a backward
+    assert peak("fsdp", "gpipe", stage=1) == PipelinePeak(None, False, False)  # gpipe: the first backward
+    assert peak("fsdp", "gpipe", stage=0) == PipelinePeak("block", True, False)  # gpipe: the 4th forward, all-gathered
+    assert peak("zero2", "gpipe", stage=0) == PipelinePeak(None, False, False)  # zero2 gathered in the 1st only
     assert peak("ddp", stage=0) is None
+    # pp 2 x fsdp 2 x tp 2 (fp32): the last stage peaks in its last forward's lm_head logits all-gather, after 3
+    # backwards left its units unsharded (no all-gather): only the stage root unsharded (measured at world 8:
+    # benchmarks/family_accuracy.py --world 8 --only 3d_fsdp, last-stage params 32,320 B)
+    s = mk(strategy="fsdp", pp=2, tp=2, world_size=8)
+    assert pipeline_peak(s, [1]) == PipelinePeak("root", False, True)
+    assert pipeline_peak(s, [0]) == PipelinePeak("block", False, True)
 
 
 def test_pp_x_fsdp_and_zero2_state_at_the_peak():
@@ -137,9 +146,9 @@ def test_pp_x_fsdp_and_zero2_state_at_the_peak():
             if strategy == "zero2":
                 assert r.params_bytes == sharded + 4 * unsharded
                 assert r.grads_bytes == sharded + 4 * unsharded
-            elif first:
+            elif first:  # inside block 1 of 0F3: the root and block 1 unsharded since 0B1; 0B0/0B1's grads held
                 assert r.params_bytes == sharded + 4 * (root_numel(last=False) + block_numel())  # 116,992 B
-                assert r.grads_bytes == sharded
+                assert r.grads_bytes == sharded + 4 * unsharded  # 167,808 B
             else:
                 assert r.params_bytes == sharded
                 assert r.grads_bytes == sharded + 4 * unsharded  # 165,120 B
@@ -171,10 +180,10 @@ def test_interleaved_order_is_torchs_action_list():
 
 def test_interleaved_peak_stage_states():
     s = mk(strategy="fsdp", pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b")
-    # rank 0 peaks in 2F3 (the last forward at 5 in flight): stage 0 ran 0B0 last (units left unsharded),
-    # stage 2 ran 2F2 (resharded); both had a backward. Rank 1 peaks at 3B3's start: stage 1 ran 1B1 last,
-    # stage 3 just ran 3F3 (resharded, root too); both had a backward.
-    assert multi_stage_peak(s, [0, 2]) == {0: StageState(True, True), 2: StageState(False, True)}
+    # rank 0 peaks in 2F3 (the last forward at 5 in flight), inside its block: stage 0 ran 0B0 last (units left
+    # unsharded), stage 2 ran 2F2 last (resharded), so 2F3 all-gathered; both had a backward. Rank 1 peaks at 3B3's
+    # start: stage 1 ran 1B1 last, stage 3 just ran 3F3 (resharded, root too); both had a backward.
+    assert multi_stage_peak(s, [0, 2]) == {0: StageState(True, True), 2: StageState(False, True, True, True)}
     assert multi_stage_peak(s, [1, 3]) == {1: StageState(True, True), 3: StageState(False, True)}
     assert multi_stage_peak(mk(strategy="fsdp", pp=2), [0]) is None  # single-stage: pipeline_peak
     ddp = mk(strategy="ddp", pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b")
@@ -191,8 +200,8 @@ def test_pp_x_fsdp_interleaved_state_at_the_peak(strategy):
         assert r.grads_bytes == sharded + 4 * unsharded  # 167,808 / 165,120 B: both local stages had a backward
         if strategy == "zero2":
             assert r.params_bytes == sharded + 4 * unsharded
-        elif first:  # stage 0 (block 0 + embeddings) unsharded since 0B0, stage 2 resharded by 2F2
-            assert r.params_bytes == sharded + 4 * (block_numel() + root_numel(last=False)) == 116_992
+        elif first:  # stage 0 (block 0 + embeddings) unsharded since 0B0; inside 2F3 block 2 unsharded + its all-gather
+            assert r.params_bytes == sharded + 4 * (3 * block_numel() + root_numel(last=False)) == 218_624
         else:  # stage 1 (block 1) unsharded since 1B1, stage 3 resharded by 3F3
             assert r.params_bytes == sharded + 4 * block_numel() == 105_856
 

@@ -63,7 +63,7 @@ def test_mem_tracker_internals():
 
 
 def test_fsdp_mem_tracker_internals():
-    for attr in ("_instrument_fsdp_module", "_update_and_maybe_create_winfos",
+    for attr in ("_instrument_fsdp_module", "_update_and_maybe_create_winfos", "_fsdp_state_pre_forward",
                  "_deregister_module_and_optimizer_hooks", "track_inputs"):
         assert callable(getattr(tc.FSDPMemTracker, attr)), attr
     assert {"SHARDED_PARAM", "SHARDED_GRAD"} <= set(tc.FSDPRefType.__members__)

@@ -8,7 +8,8 @@ included) = the start of backward. Category by category:
   block AND the root) holds no unsharded copy once the root's forward ended; zero2 (reshard_after_forward=
   False) holds every local unit unsharded (padded, compute dtype). When the peak falls inside the root's
   forward (tp mixes in fp32: lm_head's logits all-gather; ep mixes: the last MoE block; non-last pipeline
-  stages) the root (zero3) and the last block's flat all-gather output are alive too (backend/analytic/fsdp_state.py).
+  stages: the last block of the peak forward) the root (zero3), the last block (zero3, when inside it) and, when
+  that forward all-gathered, the last block's flat all-gather output are alive too (backend/analytic/fsdp_state.py).
 - grads: resident from the previous step (zero_grad(set_to_none=False)), fp32: DDP / ZeRO-1 one copy per
   local parameter (`.grad` are views of DDP's buckets); FSDP2 the padded sharded gradient, plus under
   pipelining the unsharded gradients accumulated by the backwards before the peak (fsdp_state.pipeline_peak).
@@ -243,11 +244,14 @@ def _notes(spec: Any) -> list[str]:
                      "gradient all-reduces")
     if p.pp > 1 and p.zero_stage >= 2:
         notes.append("PP x FSDP: all-gathers per unit and step = sharded->unsharded transitions (zero3 1 + "
-                     "microbatches, zero2 1); unsharded gradients accumulate until the last backward. The FSDP2 state at the "
-                     "activation peak follows the schedule's action order (fsdp_state.py): the peak is the last action "
-                     "at the largest in-flight count; where several moments tie (few microbatches: m < pp x "
-                     "virtual stages) the tracker may keep an earlier one, before the backward whose unsharded "
-                     "gradients the prediction includes"
+                     "microbatches, zero2 1); unsharded gradients accumulate until the last backward (torch "
+                     "pipelining/stage.py backward_maybe_with_nosync: no sync, no reshard after each backward). The "
+                     "FSDP2 state at the activation peak follows the schedule's action order (fsdp_state.py): a non-last "
+                     "stage peaks inside the last block of its last forward at the largest in-flight count (zero3: the "
+                     "stage root and that block unsharded, + its all-gather output when that forward gathered); under "
+                     "1F1B with more microbatches than the warm-up that forward follows backwards, so the stage's "
+                     "unsharded gradients are held too (sharded + dp x sharded gradient bytes); where several moments "
+                     "tie (few microbatches) the tracker may keep an earlier one"
                      + ("; and a rank may still hold the all-gather output of the unit it unsharded last (gloo "
                         "frees it asynchronously; seen: the embedding root on the first stage of an interleaved "
                         "schedule, + 4 B x its numel)" if p.zero_stage == 3 else ""))

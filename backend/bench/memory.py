@@ -17,6 +17,8 @@ Category mapping:
   FSDPMemTracker  Sharded+Unsharded Param and All Gather buffers -> params, Sharded+Unsharded Grad and
                   Reduce Scatter buffers -> grads, OptState -> optimizer, Activation -> activations,
                   Buffer / Temp / Inputs -> other.
+FSDP2's pre-forward unshard is never the activation-peak moment: FSDPMemTracker books the all-gather output and
+the fresh unsharded parameters as Activation until `_pre_forward` returns (parameter bytes, wrong category).
 DDP's gradient buckets (MemTracker would see them as untracked or Activation): DDP runs with
 gradient_as_bucket_view=True and zero_grad(set_to_none=False), so `param.grad` stays a view of its bucket
 across steps and microbatches and the tracker tags the bucket storage as Gradient: one copy, counted once.
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
+from functools import wraps
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -138,8 +141,10 @@ class _HighWater:
                     act = v
             # >=: of equal microbatch peaks keep the last one, when earlier microbatches' gradients exist
             # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
-            # as Activation: that phase is gradient reduction, not a candidate for the activation peak
-            if act > 0 and not in_reduce and act >= self._act_peak.get(dev, 0):
+            # as Activation: that phase is gradient reduction, not a candidate for the activation peak; nor is FSDP2's
+            # pre-forward unshard (`unsharding`, set by the FSDP tracker: its parameter bytes are booked as Activation)
+            unsharding = getattr(self, "unsharding", False)
+            if act > 0 and not in_reduce and not unsharding and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
 
@@ -180,6 +185,25 @@ def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hook
                 super()._instrument_fsdp_module()
             self._root_mod = self._roots[0]
             self._track_ignored_params()
+
+        def _fsdp_state_pre_forward(self, fsdp_mod: nn.Module, orig: Any) -> Any:
+            """Flags FSDP2's pre-forward unshard: FSDPMemTracker books the all-gather output and the fresh unsharded
+            parameter storages as Activation until its wrapper re-tags them once `_pre_forward` returns
+            (torch/distributed/_tools/fsdp2_mem_tracker.py `_fsdp_state_pre_forward`, `__torch_dispatch__`), so a
+            moment inside it has parameter bytes in the wrong category and cannot be the activation peak (it makes
+            no activation). Pure zero3 at world 2 used to peak there: params +57%, the previous block's all-gather
+            buffer and the root counted (benchmarks/family_accuracy.py --only zero3)."""
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+            @wraps(inner)
+            def flagged(*args: Any, **kwargs: Any) -> Any:
+                self.unsharding = True
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self.unsharding = False
+
+            return flagged
 
         def _track_ignored_params(self) -> None:
             """Params no FSDP group manages (ignored_params): rank-local state, counted as sharded."""
