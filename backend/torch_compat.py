@@ -77,3 +77,23 @@ def fake_store():
 def unflatten_ddp_tp_param(param: torch.Tensor) -> torch.Tensor:
     """A DDP×TP parameter DDP keeps as a plain local tensor -> its DTensor (test harness)."""
     return _unflatten_tensor(param, param._st_info)
+
+
+def is_fake_tensor(t: torch.Tensor) -> bool:
+    """A FakeTensor (FakeTensorMode: shapes and dtypes, no storage): the full-scale trace's parameters."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def reset_fsdp_sharded_params(module: torch.nn.Module) -> None:
+    """What FSDPModule._apply does after nn.Module._apply: every FSDP2 / replicate parameter of `module` re-reads
+    its (possibly replaced) sharded Parameter from its owning module and re-pads its local shard."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            for group in m._get_fsdp_state()._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    fsdp_param.reset_sharded_param()
+

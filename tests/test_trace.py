@@ -57,10 +57,7 @@ EP_SPEC = dict(parallel={"strategy": "zero3", "world_size": 4, "ep": 2}, model={
 
 @pytest.mark.parametrize("case", [
     PP_SPEC,
-    pytest.param(EP_SPEC, marks=pytest.mark.xfail(strict=True, reason=(
-        "known regression of meta-device init (open in issue 11): under FakeTensorMode nn.Module._apply swaps "
-        "every FakeTensor parameter, and swap_tensors refuses the expert parameters (FSDP2 ignored_params) "
-        "because a weakref is attached to them; real runs take the set_data path and are unaffected"))),
+    EP_SPEC,
 ], ids=["pp_tp_zero3", "moe_ep_zero3"])
 def test_pipeline_and_moe_ep_trace_every_state_category(case: dict) -> None:
     """pp (1f1b, with tp and zero3 on the other dims) and MoE with ep: gradients and optimizer state exact,
