@@ -83,13 +83,17 @@ def test_representative_ranks_split_pipeline_stages_and_merge_equal_dp_ranks() -
     assert representative_ranks(tiny({"strategy": "zero3", "world_size": 4})) == [0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
-def test_classic_ddp_traces_with_the_bucket_standin_and_says_so(strategy: str) -> None:
+@pytest.mark.parametrize("parallel,model", [
+    ({"strategy": "ddp", "world_size": 2}, None),
+    ({"strategy": "zero1", "world_size": 2}, None),
+    ({"strategy": "ddp", "world_size": 4, "ep": 2}, {"n_experts": 4, "top_k": 2}),  # experts left out of DDP
+], ids=["ddp", "zero1", "ddp_ep"])
+def test_classic_ddp_traces_with_the_bucket_standin_and_says_so(parallel: dict, model: dict | None) -> None:
     """torch's DDP Reducer cannot run on fake tensors; the trace's stand-in allocates DDP's buckets (grads as bucket
     views), so gradients, optimizer state (ZeRO-1 partitions) and the rest match the prediction for real DDP."""
     from backend.trace.ddp_standin import NOTE
 
-    res = trace_spec(tiny({"strategy": strategy, "world_size": 2}), ranks=[1])
+    res = trace_spec(tiny(parallel, model), ranks=[1])
     assert res["status"] == "ok", res
     (row,) = res["per_rank"]
     assert_within(row)
