@@ -100,6 +100,12 @@ def _all_to_all_single(orig: Callable[..., Any]) -> Callable[..., Any]:
     return all_to_all_single
 
 
+def ddp_bucket_assignment(params: list[torch.Tensor], limits_bytes: list[int]) -> list[list[int]]:
+    """DDP's own bucketing (dist._compute_bucket_assignment_by_size, C++): index lists, one per bucket."""
+    groups, _ = dist._compute_bucket_assignment_by_size(params, limits_bytes, [False] * len(params))
+    return groups
+
+
 def init_fake_pg(rank: int, world_size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 

@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from backend.trace.compat import ddp_bucket_assignment
 
 NOTE = ("Classic DDP traced with a stand-in for its C++ Reducer (which reads parameter storage, absent on fake "
         "tensors): DDP's own gradient buckets (bucket assignment of dist._compute_bucket_assignment_by_size, "
@@ -64,7 +65,7 @@ def bucket_buffers(params: list[nn.Parameter], cap_bytes: int) -> list[torch.Ten
         return []
     order = list(reversed(range(len(params))))  # DDP builds buckets from the last parameter (backward order)
     rev = [params[i] for i in order]
-    groups, _ = dist._compute_bucket_assignment_by_size(rev, [FIRST_BUCKET_BYTES, cap_bytes], [False] * len(rev))
+    groups = ddp_bucket_assignment(rev, [FIRST_BUCKET_BYTES, cap_bytes])
     buffers = []
     with torch.no_grad():
         for idx in groups:
