@@ -119,3 +119,23 @@ def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...
     torchtitan's ParallelDims builds its EP computation mesh). `backend_override` {name: backend} forces fresh groups
     for a dim even where it spans the world (else it reuses the default group)."""
     return mesh._unflatten(dim, sizes, names, backend_override=backend_override)
+
+
+def is_fake_tensor(t: torch.Tensor) -> bool:
+    """A FakeTensor (FakeTensorMode: shapes and dtypes, no storage): the full-scale trace's parameters."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def reset_fsdp_sharded_params(module: torch.nn.Module) -> None:
+    """What FSDPModule._apply does after nn.Module._apply: every FSDP2 / replicate parameter of `module` re-reads
+    its (possibly replaced) sharded Parameter from its owning module and re-pads its local shard."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            for group in m._get_fsdp_state()._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    fsdp_param.reset_sharded_param()
+

@@ -8,7 +8,10 @@ Bounds: params / grads / optimizer within 1 %, activations within 10 % (or the g
 note, printed below the table); each 7B-class trace within 120 s and 4 GiB RSS. Exits 1 on a miss
 that no note explains.
 
-    .venv/bin/python benchmarks/trace_table.py [--only zero3 ddp_tp8 ...] [--json OUT.json]
+    .venv/bin/python benchmarks/trace_table.py [--only zero3 ddp_tp8 ...] [--ranks 70b_zero3_tp8_pp8=0] [--json OUT.json]
+
+`--ranks NAME=R,R` traces only those ranks of one spec (e.g. the 70B's first pipeline stage); the default is
+one rank per class of equivalent ranks.
 
 Wall seconds depend on what else runs on the machine; CPU seconds are the trace's own single-threaded
 work (= its wall time on an idle core).
@@ -66,13 +69,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ranks", nargs="*", default=[], metavar="NAME=R,R")
     args = ap.parse_args()
+    only_ranks = {k: [int(r) for r in v.split(",")] for k, v in (x.split("=", 1) for x in args.ranks)}
     todo = {k: v for k, v in specs().items() if not args.only or k in args.only}
     print(f"{'spec':<20} {'rank':>4} {'category':<18} {'traced':>16} {'predicted':>16} {'error':>8} "
           f"{'wall_s':>7} {'cpu_s':>6} {'rss_GiB':>7}", flush=True)
     results, bad = {}, []
     for name, spec in todo.items():
-        res = trace_spec(spec)
+        res = trace_spec(spec, ranks=only_ranks.get(name))
         results[name] = res
         if res["status"] != "ok":
             print(f"{name:<20} {res['status']}: {res['error']}", flush=True)

@@ -143,3 +143,28 @@ def test_unflatten_mesh_splits_a_named_dim_and_forces_fresh_groups():
         assert fresh["b"].get_group() is not dist.group.WORLD and fresh["b"].get_group().size() == 8
     finally:
         dist.destroy_process_group()
+
+
+def test_is_fake_tensor_and_fsdp_reset_after_parameter_replacement():
+    """materialize.to_empty_by_assignment replaces Parameters (fake tensors cannot be swapped) and relies on
+    FSDPModule._get_fsdp_state()._fsdp_param_groups[..].fsdp_params[..].reset_sharded_param() to re-read them."""
+    from torch.distributed.fsdp import fully_shard
+
+    from backend.strategies.materialize import to_empty_by_assignment
+    from backend.trace.compat import FakeMode
+
+    dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=2)
+    try:
+        with FakeMode():
+            m = nn.Sequential(nn.Linear(4, 6, device="meta"), nn.Linear(6, 2, device="meta"))
+            fully_shard(m[0])
+            ignored = m[1].weight
+            fully_shard(m, ignored_params={ignored})
+            assert tc.is_fake_tensor(m[1].weight) and m[1].weight.is_meta
+            to_empty_by_assignment(m, torch.device("cpu"))
+            (p0,) = [fp for g in m[0]._get_fsdp_state()._fsdp_param_groups for fp in g.fsdp_params][:1]
+            assert p0.sharded_param is m[0].weight and m[0].weight.to_local().device.type == "cpu"
+            assert m[1].weight is not ignored and m[1].weight.device.type == "cpu" and tc.is_fake_tensor(m[1].weight)
+    finally:
+        dist.destroy_process_group()
+    assert not tc.is_fake_tensor(torch.ones(1))

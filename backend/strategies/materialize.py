@@ -6,6 +6,13 @@ the device, then `backend.models.gpt.init_weights` writes each parameter from th
 process reference draws (seeded by (seed, name)), keeping only the local slice. Host peak: one full
 parameter plus the local shards. The slice is `distribute_tensor(full, mesh, placements, src_data_rank=None)`:
 each rank cuts its own piece (Shard, _StridedShard of FSDP2×TP, Replicate) without any communication.
+
+On fake tensors (the full-scale trace, backend/trace) `to_empty` cannot run: `nn.Module._apply` always swaps a
+FakeTensor parameter with `torch.utils.swap_tensors`, which refuses a Parameter that FakeTensorMode has attached
+a weakref to (every Parameter made in the mode). `to_empty_by_assignment` gives the same result without the swap:
+each Parameter object is replaced in its module's `_parameters` (FSDP2 / replicate then re-read theirs, as they
+do after `_apply` when the object changes). Nothing may hold the old objects: materialize runs before DDP, the
+optimizer and the grad hooks see the parameters, and FSDP2's `ignored_params` is only read inside fully_shard.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from backend.models.gpt import init_weights, tie_weights
+from backend.torch_compat import is_fake_tensor, reset_fsdp_sharded_params
 
 
 def is_meta(module: nn.Module) -> bool:
@@ -33,11 +41,36 @@ def local_slice(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
 def materialize(modules: list[nn.Module], device: torch.device, seed: int) -> None:
     """Give every meta parameter storage on `device` and the reference's initial values (local slices only)."""
     for m in modules:
-        m.to_empty(device=device)
+        if any(is_fake_tensor(_local(t)) for t in [*m.parameters(), *m.buffers()]):
+            to_empty_by_assignment(m, device)
+        else:
+            m.to_empty(device=device)
         tie_weights(m)
         init_weights(m, seed, local_slice=local_slice)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the per-parameter temporaries must not sit in the reserved pool
+
+
+def to_empty_by_assignment(module: nn.Module, device: torch.device) -> None:
+    """`module.to_empty(device=device)` with every parameter and buffer replaced instead of swapped (fake tensors).
+    A Parameter shared by several modules (tied weights) stays one object."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()  # FSDPModule._apply does the same first: the sharded parameters are the registered ones
+    new: dict[int, nn.Parameter] = {}
+    with torch.no_grad():
+        for m in module.modules():
+            for key, p in m._parameters.items():
+                if p is not None:
+                    if id(p) not in new:
+                        new[id(p)] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                    m._parameters[key] = new[id(p)]
+            for key, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[key] = torch.empty_like(b, device=device)
+    reset_fsdp_sharded_params(module)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -13,10 +13,10 @@ below is what the real program would compute, for memory purposes, and is instal
   counts) cannot be traced, and the trace reports `unsupported` naming it.
 - `nn.Module.to(device)` when every parameter and buffer is already there: returns the module (what
   torch does for real tensors); torch's swap path rejects fake parameters held by the fake mode's memo.
-- classic DDP: the C++ reducer's parameter check reads storage (`_verify_params_across_processes`), and
-  the fake PG's all-reduce future carries no tensor, which the reducer asserts on; the check is skipped
-  (every rank builds the same model) and an identity comm hook returns the bucket (all-reduce in place:
-  no extra memory).
+- classic DDP (pure ddp, zero1's DDP, ddp with ep): torch's C++ Reducer reads parameter storage, which fake
+  tensors lack; `strategies.data_parallel.DDP` is replaced by `ddp_standin.BucketedDDP`, which allocates DDP's
+  own gradient buckets with every .grad a view of them (gradient_as_bucket_view), the memory DDP adds; the
+  in-place bucket all-reduce is not issued (see ddp_standin.py).
 - MoE routing (which expert each token goes to) is data. `topk` on a fake tensor returns the fake
   values and, as indices, the balanced assignment the analytic model assumes (uniform routing): slot j
   of token i goes to expert (i·k + j) mod E, as a real tensor. Every count derived from it (bincount,
@@ -100,6 +100,12 @@ def _all_to_all_single(orig: Callable[..., Any]) -> Callable[..., Any]:
     return all_to_all_single
 
 
+def ddp_bucket_assignment(params: list[torch.Tensor], limits_bytes: list[int]) -> list[list[int]]:
+    """DDP's own bucketing (dist._compute_bucket_assignment_by_size, C++): index lists, one per bucket."""
+    groups, _ = dist._compute_bucket_assignment_by_size(params, limits_bytes, [False] * len(params))
+    return groups
+
+
 def init_fake_pg(rank: int, world_size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -123,23 +129,6 @@ def _module_to(orig: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         return orig(self, *args, **kwargs)
 
     return to
-
-
-def identity_ddp_hooks(modules: list[nn.Module]) -> int:
-    """Register the identity comm hook on every classic DDP module; returns how many."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    def hook(state, bucket):  # no annotations: DDP compares them with dist.GradBucket at runtime
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    n = 0
-    for m in modules:
-        if isinstance(m, DDP):
-            m.register_comm_hook(None, hook)
-            n += 1
-    return n
 
 
 def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
@@ -167,11 +156,11 @@ def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any
 @contextmanager
 def fake_world(hidden_meta: Callable[[], torch.Tensor]) -> Iterator[FakeMode]:
     """The patches of the module docstring, then the fake mode; everything restored on exit."""
-    import torch.nn.parallel.distributed as ddp_mod
+    from backend.strategies import data_parallel
+    from backend.trace.ddp_standin import BucketedDDP
 
     patches = [(nn.Module, "to", _module_to(nn.Module.to)),
-               (ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None),
-               (ddp_mod, "_sync_module_states", lambda *a, **k: None),
+               (data_parallel, "DDP", BucketedDDP),
                (dist, "all_to_all_single", _all_to_all_single(dist.all_to_all_single)),
                *_pipeline_patches(hidden_meta)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

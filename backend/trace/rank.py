@@ -98,7 +98,6 @@ def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
     with compat.fake_world(hidden_meta_fn(spec)) as mode:
         model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta")
         prep = setup(ctx, model)
-        compat.identity_ddp_hooks(prep.modules)
         seconds["setup"] = time.perf_counter() - t0
         batches = [tuple(compat.to_fake(mode, x) for x in b) for b in real]
         t = time.perf_counter()
@@ -117,7 +116,13 @@ def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
     traced = {k: int(mem["categories"][k]) for k in TRACED_KEYS} | {"peak_bytes": int(mem["peak_bytes"])}
     return {"rank": rank, "status": "ok", "error": None, "coords": ctx.coords(), "traced": traced,
             "memory": _jsonable(mem), "seconds": seconds,
-            "strategy_module": module_name_for(spec), "notes": list(prep.notes)}
+            "strategy_module": module_name_for(spec), "notes": list(prep.notes) + _standin_notes(prep.modules)}
+
+
+def _standin_notes(modules: list[nn.Module]) -> list[str]:
+    from backend.trace import ddp_standin
+
+    return [ddp_standin.NOTE] if any(isinstance(m, ddp_standin.BucketedDDP) for m in modules) else []
 
 
 def _jsonable(mem: dict[str, Any]) -> dict[str, Any]:
