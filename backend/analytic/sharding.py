@@ -78,13 +78,18 @@ def chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
 
 def layer_split(n_layers: int, n_stages: int) -> list[range]:
     """Contiguous layers per pipeline stage; when uneven, the earlier stages get one extra layer."""
+    return list(_layer_split(n_layers, n_stages))
+
+
+@lru_cache(maxsize=1024)
+def _layer_split(n_layers: int, n_stages: int) -> tuple[range, ...]:
     base, extra = divmod(n_layers, n_stages)
     out, start = [], 0
     for s in range(n_stages):
         n = base + (s < extra)
         out.append(range(start, start + n))
         start += n
-    return out
+    return tuple(out)
 
 
 def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
@@ -211,6 +216,46 @@ def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalPa
         if q is not None:
             out.append(q)
     return out
+
+
+_LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}
+_DERIVED: dict[tuple, tuple[Any, Any]] = {}
+_MEMO_MAX = 4096
+
+
+def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
+    """`local_params(spec, rank)` as one shared tuple per distinct input, memoised on everything local_params reads
+    (the model's parameter list, the degrees, the schedule's stage placement, FSDP or not, the rank): the planner
+    and the step-time model ask for the same ranks of the same layouts again and again. LocalParam is frozen."""
+    m, p = spec.model, spec.parallel
+    key = (model_key(m), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2, rank)
+    hit = _LOCAL_MEMO.get(key)
+    if hit is None:
+        if len(_LOCAL_MEMO) >= _MEMO_MAX:
+            _LOCAL_MEMO.clear()
+        hit = _LOCAL_MEMO[key] = tuple(local_params(spec, rank))
+    return hit
+
+
+def local_params_cached(spec: Any, rank: int) -> list[LocalParam]:
+    """`local_params(spec, rank)` from local_params_shared's memo (a fresh list)."""
+    return list(local_params_shared(spec, rank))
+
+
+def derived(params: Any, tag: Any, fn: Any) -> Any:
+    """fn(params), memoised per (params object, tag) when `params` is a shared tuple (local_params_shared); the memo
+    holds the tuple itself, so its id cannot be reused while the entry lives. Any other sequence: fn(params)."""
+    if not isinstance(params, tuple):
+        return fn(params)
+    key = (id(params), tag)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    if len(_DERIVED) >= 4 * _MEMO_MAX:
+        _DERIVED.clear()
+    value = fn(params)
+    _DERIVED[key] = (params, value)
+    return value
 
 
 def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,

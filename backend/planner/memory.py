@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic import estimate as E
-from backend.analytic.sharding import LocalParam, local_params, rank_layers, rank_stages, zero1_owned_all
+from backend.analytic.sharding import LocalParam, local_params_cached, rank_layers, rank_stages, zero1_owned_all
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
 
 
@@ -28,22 +28,8 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
                                           runtime=RuntimeSpec())
 
 
-def _param_key(spec: ExperimentSpec) -> tuple:
-    p = spec.parallel
-    return (spec.model.model_dump_json(), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2)
-
-
-_LOCAL: dict[tuple, list[LocalParam]] = {}
-
-
 def _cached_params(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
-    key = _param_key(spec)
-    hit = _LOCAL.get((key, rank))
-    if hit is None:
-        hit = _LOCAL[(key, rank)] = local_params(spec, rank)
-        if len(_LOCAL) > 20000:
-            _LOCAL.clear()
-    return hit
+    return local_params_cached(spec, rank)  # shared with steptime.model: the pool's ranks are computed once
 
 
 def candidate_ranks(spec: ExperimentSpec) -> list[int]:
