@@ -120,29 +120,45 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
     fsdp = fsdp_tail = 0.0
     traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
                       lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
+    seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
+
+    def coll_s(*args: Any, **kw: Any) -> float:
+        key = (args, tuple(kw.items()))
+        hit = seen.get(key)
+        if hit is None:
+            hit = seen[key] = CO.collective_s(hw, *args, **kw)
+        return hit
+
+    groups: dict[int, tuple[str, int]] = {}
     for kind, payload, n in traffic:
-        tier, k = CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g)
+        tier_k = groups.get(n)
+        if tier_k is None:
+            tier_k = groups[n] = (CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g))
+        tier, k = tier_k
         if kind == "all_reduce":
             buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=buckets, per_node=k)
-            last = CO.collective_s(hw, tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
+            last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             exposed += max(s - eta * pass_total.bwd_s, last)  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif kind == "broadcast":
             # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
             # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=1, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=1, per_node=k)
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             exposed += s
         else:
             calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
                 1 if p.pp > 1 else mb)
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=calls, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=calls, per_node=k)
             # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
             # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
-            exposed += memory_s(hw, 2 * payload, kernels=calls * 2)
+            copy = seen.get(("copy", payload, calls))
+            if copy is None:
+                copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
+            exposed += copy
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             fsdp += s
