@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from backend.analytic.steptime.schedule import makespan, rank_order
+from backend.analytic.steptime.schedule import makespan, makespan_pair, rank_order
 
 
 def reference_makespan(schedule, *, p, v, m, fwd_s, bwd_s, p2p_s=0.0):
@@ -69,3 +69,14 @@ def test_makespan_equals_reference(schedule, p, v, m):
         bwd = [rng.uniform(0.2, 6.0) for _ in range(p * v)]
         assert makespan(schedule, p=p, v=v, m=m, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p) == reference_makespan(
             schedule, p=p, v=v, m=m, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p)
+
+
+@pytest.mark.parametrize("schedule,p,v,m", list(_grid())[::3])
+def test_makespan_pair_is_makespan_twice(schedule, p, v, m):
+    rng = random.Random(m * 31 + p)
+    fwd = [rng.uniform(0.1, 3.0) for _ in range(p * v)]
+    bwd = [rng.uniform(0.2, 6.0) for _ in range(p * v)]
+    hop = rng.uniform(0.01, 2.0)
+    span0, busy = reference_makespan(schedule, p=p, v=v, m=m, fwd_s=fwd, bwd_s=bwd)
+    span1, _ = reference_makespan(schedule, p=p, v=v, m=m, fwd_s=fwd, bwd_s=bwd, p2p_s=hop)
+    assert makespan_pair(schedule, p=p, v=v, m=m, fwd_s=fwd, bwd_s=bwd, p2p_s=hop) == (span0, busy, span1)

@@ -28,7 +28,7 @@ from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.schedule import SIMULATED, makespan
+from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
 from backend.analytic.traffic import (compute_bytes, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes,
                                       model_parallel_traffic)
 
@@ -265,9 +265,10 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
         busy = mb * (fwd[0] + bwd[0])
         return busy, [busy], busy
     if sched in SIMULATED:
-        span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
-        span1, _ = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop) if hop else (span0, busy)
-        return span0, busy, span1
+        if not hop:
+            span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
+            return span0, busy, span0
+        return makespan_pair(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop)
     busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp * p.tp)) for r in range(p.pp)]
     span0 = max(busy) * (1 + PL.bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
     return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)

@@ -94,3 +94,25 @@ def makespan(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s
         busy[r] += e - start
         free[r] = e
     return max(free), busy
+
+
+def makespan_pair(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s: list[float],
+                  p2p_s: float) -> tuple[float, list[float], float]:
+    """(makespan without p2p, busy per rank without p2p, makespan with p2p_s per hop): `makespan` twice, in one pass."""
+    plan = _action_plan(schedule, p, v, m)
+    end0, end1 = [0.0] * len(plan), [0.0] * len(plan)
+    free0, free1, busy = [0.0] * p, [0.0] * p, [0.0] * p
+    for i, (r, s, is_f, dep, own, hop) in enumerate(plan):
+        if is_f:
+            c = fwd_s[s]
+            start0 = max(free0[r], (0.0 if dep < 0 else end0[dep]) + 0.0)
+            start1 = max(free1[r], (0.0 if dep < 0 else end1[dep]) + (p2p_s if hop else 0.0))
+        else:
+            c = bwd_s[s]
+            start0 = max(free0[r], end0[own], end0[dep] + 0.0)
+            start1 = max(free1[r], end1[own], end1[dep] + (p2p_s if hop else 0.0))
+        e0, e1 = start0 + c, start1 + c
+        end0[i], end1[i] = e0, e1
+        busy[r] += e0 - start0
+        free0[r], free1[r] = e0, e1
+    return max(free0), busy, max(free1)
