@@ -81,6 +81,11 @@ def layer_split(n_layers: int, n_stages: int) -> list[range]:
     return list(_layer_split(n_layers, n_stages))
 
 
+def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
+    """layer_split(n_layers, n_stages)[stage] without copying the split."""
+    return _layer_split(n_layers, n_stages)[stage]
+
+
 @lru_cache(maxsize=1024)
 def _layer_split(n_layers: int, n_stages: int) -> tuple[range, ...]:
     base, extra = divmod(n_layers, n_stages)

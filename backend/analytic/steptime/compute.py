@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.analytic.activations import korthikanti_layer_bytes
-from backend.analytic.sharding import LocalParam, derived, expert_of, layer_split
+from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import compute_bytes
 
@@ -135,7 +135,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         raise ValueError(f"attention {attention!r} not in {ATTENTION}")
     m, t, p = spec.model, spec.train, spec.parallel
     n_stages = p.pp * p.virtual_stages
-    layers = layer_split(m.n_layers, n_stages)[stage]
+    layers = stage_layers(m.n_layers, n_stages, stage)
     names = tuple(f"layers.{i}." for i in layers)
     last = stage == n_stages - 1
     tokens = t.micro_batch * m.seq_len

@@ -23,7 +23,7 @@ from typing import Any
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
-from backend.analytic.sharding import derived, layer_split, local_params_shared, rank_stages
+from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
@@ -254,7 +254,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
 
 
 def _layers(spec: Any, stage: int) -> range:
-    return layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)[stage]
+    return stage_layers(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages, stage)
 
 
 def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tuple[float, list[float], float]:
