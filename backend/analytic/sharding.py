@@ -230,7 +230,7 @@ def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalPa
 
 _LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}
 _DERIVED: dict[tuple, tuple[Any, Any]] = {}
-_MEMO_MAX = 4096
+_MEMO_MAX = 512  # rank lists: a 30-layout pool of a 70B model holds ~500 of them (~10 MB)
 
 
 def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
@@ -243,6 +243,7 @@ def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
     if hit is None:
         if len(_LOCAL_MEMO) >= _MEMO_MAX:
             _LOCAL_MEMO.clear()
+            _DERIVED.clear()  # it holds the tuples alive too
         hit = _LOCAL_MEMO[key] = tuple(local_params(spec, rank))
     return hit
 
@@ -261,7 +262,7 @@ def derived(params: Any, tag: Any, fn: Any) -> Any:
     hit = _DERIVED.get(key)
     if hit is not None and hit[0] is params:
         return hit[1]
-    if len(_DERIVED) >= 4 * _MEMO_MAX:
+    if len(_DERIVED) >= 16 * _MEMO_MAX:
         _DERIVED.clear()
     value = fn(params)
     _DERIVED[key] = (params, value)
