@@ -43,7 +43,7 @@ from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic import zero as Z
 from backend.analytic.optimizer_state import STEP_TENSOR_BYTES, _optimizer_bytes, optimizer_temp_bytes  # noqa: F401
-from backend.analytic.params import count_params, param_list
+from backend.analytic.params import count_params, model_key, param_list
 from backend.analytic.fsdp_state import fsdp_peak_extra, peak_inside_forward
 from backend.analytic.sharding import (LocalParam, first_short_chunk, local_params, rank_layers, rank_stages,
                                        unsharded_grad_numel, zero1_owned, zero1_owned_all)
@@ -213,6 +213,19 @@ def _all_ranks(spec: Any) -> list[RankEstimate]:
 
 def matmul_params(m: Any, *, active: bool = False) -> int:
     """Weights that enter a matmul (Linear weights incl. lm_head; embeddings are lookups, biases adds)."""
+    key = (model_key(m), getattr(m, "top_k", None), active)  # every field _matmul_params reads (memoised: per step)
+    hit = _MATMUL.get(key)
+    if hit is None:
+        if len(_MATMUL) > 256:
+            _MATMUL.clear()
+        hit = _MATMUL[key] = _matmul_params(m, active=active)
+    return hit
+
+
+_MATMUL: dict[tuple, int] = {}
+
+
+def _matmul_params(m: Any, *, active: bool) -> int:
     n = sum(q.numel for q in param_list(m) if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
     if getattr(m, "tie_embeddings", False):
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight

@@ -78,13 +78,23 @@ def chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
 
 def layer_split(n_layers: int, n_stages: int) -> list[range]:
     """Contiguous layers per pipeline stage; when uneven, the earlier stages get one extra layer."""
+    return list(_layer_split(n_layers, n_stages))
+
+
+def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
+    """layer_split(n_layers, n_stages)[stage] without copying the split."""
+    return _layer_split(n_layers, n_stages)[stage]
+
+
+@lru_cache(maxsize=1024)
+def _layer_split(n_layers: int, n_stages: int) -> tuple[range, ...]:
     base, extra = divmod(n_layers, n_stages)
     out, start = [], 0
     for s in range(n_stages):
         n = base + (s < extra)
         out.append(range(start, start + n))
         start += n
-    return out
+    return tuple(out)
 
 
 def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
@@ -129,15 +139,8 @@ def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedu
         rng, f, la = stage_modules(key, s, n_stages)
         layers.update(rng)
         first, last = first or f, last or la
-    keep = []
-    for p in param_tuple(key):
-        top = p.name.split(".")[0]
-        if top == "layers":
-            ok = int(p.name.split(".")[1]) in layers
-        else:
-            ok = first if top in ("tok_emb", "pos_emb") else last
-        if ok:
-            keep.append(p)
+    keep = [p for p, (kind, layer) in zip(param_tuple(key), _param_places(key))
+            if (layer in layers if kind == 0 else first if kind == 1 else last)]
     if key.tie_embeddings and last and n_stages > 1:
         # Tied embeddings across pipeline stages (Shoeybi et al. 2019 / Megatron-LM `shared_embedding`): the
         # last stage holds its own copy of the (V, h) word embedding as lm_head.weight; the two copies'
@@ -145,6 +148,18 @@ def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedu
         # holding both (ZBV's V shape) builds them as two stage modules: two copies there too, summed locally.
         keep.append(ParamInfo("lm_head.weight", (key.vocab_size, key.d_model)))
     return tuple(keep)
+
+
+@lru_cache(maxsize=64)
+def _param_places(key: ModelKey) -> tuple[tuple[int, int], ...]:
+    """Per parameter of param_tuple(key): (0, layer) for a transformer block's, (1, -1) for the embeddings (first
+    stage), (2, -1) for the rest (last stage); parsed once per model, not once per pipeline rank."""
+    out = []
+    for p in param_tuple(key):
+        parts = p.name.split(".")
+        top = parts[0]
+        out.append((0, int(parts[1])) if top == "layers" else (1, -1) if top in ("tok_emb", "pos_emb") else (2, -1))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -213,9 +228,71 @@ def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalPa
     return out
 
 
+_LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}
+_DERIVED: dict[tuple, tuple[Any, Any]] = {}
+_MEMO_MAX = 512  # rank lists: a 30-layout pool of a 70B model holds ~500 of them (~10 MB)
+
+
+def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
+    """`local_params(spec, rank)` as one shared tuple per distinct input, memoised on everything local_params reads
+    (the model's parameter list, the degrees, the schedule's stage placement, FSDP or not, the rank): the planner
+    and the step-time model ask for the same ranks of the same layouts again and again. LocalParam is frozen."""
+    m, p = spec.model, spec.parallel
+    key = (model_key(m), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2, rank)
+    hit = _LOCAL_MEMO.get(key)
+    if hit is None:
+        if len(_LOCAL_MEMO) >= _MEMO_MAX:
+            _LOCAL_MEMO.clear()
+            _DERIVED.clear()  # it holds the tuples alive too
+        hit = _LOCAL_MEMO[key] = tuple(local_params(spec, rank))
+    return hit
+
+
+def local_params_cached(spec: Any, rank: int) -> list[LocalParam]:
+    """`local_params(spec, rank)` from local_params_shared's memo (a fresh list)."""
+    return list(local_params_shared(spec, rank))
+
+
+def derived(params: Any, tag: Any, fn: Any) -> Any:
+    """fn(params), memoised per (params object, tag) when `params` is a shared tuple (local_params_shared); the memo
+    holds the tuple itself, so its id cannot be reused while the entry lives. Any other sequence: fn(params)."""
+    if not isinstance(params, tuple):
+        return fn(params)
+    key = (id(params), tag)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    if len(_DERIVED) >= 16 * _MEMO_MAX:
+        _DERIVED.clear()
+    value = fn(params)
+    _DERIVED[key] = (params, value)
+    return value
+
+
 def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
                 fsdp: bool) -> LocalParam | None:
     """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's expert)."""
+    name = info.name
+    # everything below reads the name only through these three (every layer's q/k/v/... shard alike): memoised
+    key = (info.shape, tp_style(name), name.endswith(".bias"), expert_of(name), n_experts, tp, dp, ep, tp_rank, dp_rank,
+           ep_rank, fsdp)
+    split = _SPLIT.get(key, _MISS)
+    if split is _MISS:
+        if len(_SPLIT) >= 1 << 15:
+            _SPLIT.clear()
+        split = _SPLIT[key] = _shard_split(info, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank,
+                                           dp_rank=dp_rank, ep_rank=ep_rank, fsdp=fsdp)
+    return None if split is None else LocalParam(name, info.shape, *split)
+
+
+_SPLIT: dict[tuple, tuple | None] = {}
+_MISS = object()
+
+
+def _shard_split(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
+                 fsdp: bool) -> tuple | None:
+    """shard_param's fields after name and shape; it reads the name only through tp_style, the .bias suffix and
+    expert_of, so shard_param memoises it on those."""
     if not ep_keeps(info.name, n_experts, ep, ep_rank):
         return None
     expert = expert_of(info.name) is not None
@@ -230,7 +307,7 @@ def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, t
         storage, owned = rows * rest, real * rest
     else:
         storage = owned = prod(local)
-    return LocalParam(info.name, info.shape, local, storage, owned, group, idx, expert)
+    return local, storage, owned, group, idx, expert
 
 
 def zero1_owned(params: list[LocalParam], dp: int, dp_rank: int) -> list[LocalParam]:

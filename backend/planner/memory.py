@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic import estimate as E
-from backend.analytic.sharding import LocalParam, local_params, rank_layers, rank_stages, zero1_owned_all
+from backend.analytic.sharding import (LocalParam, derived, local_params_cached, local_params_shared, rank_layers,
+                                      rank_stages, zero1_owned_all)
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
 
 
@@ -28,22 +29,17 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
                                           runtime=RuntimeSpec())
 
 
-def _param_key(spec: ExperimentSpec) -> tuple:
-    p = spec.parallel
-    return (spec.model.model_dump_json(), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2)
-
-
-_LOCAL: dict[tuple, list[LocalParam]] = {}
-
-
 def _cached_params(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
-    key = _param_key(spec)
-    hit = _LOCAL.get((key, rank))
-    if hit is None:
-        hit = _LOCAL[(key, rank)] = local_params(spec, rank)
-        if len(_LOCAL) > 20000:
-            _LOCAL.clear()
-    return hit
+    return local_params_cached(spec, rank)  # shared with steptime.model: the pool's ranks are computed once
+
+
+def _shared(spec: ExperimentSpec, rank: int) -> tuple[LocalParam, ...]:
+    return local_params_shared(spec, rank)
+
+
+def _zero1_worst(params: list[LocalParam], dp: int, optimizer: Any) -> list[LocalParam]:
+    """The dp index's ZeRO-1 share with the most optimizer bytes (memoised per shared params tuple)."""
+    return max(zero1_owned_all(params, dp), key=lambda o: E._optimizer_bytes(o, optimizer, fsdp=False))
 
 
 def candidate_ranks(spec: ExperimentSpec) -> list[int]:
@@ -63,8 +59,8 @@ def worst_rank_bytes(spec: ExperimentSpec) -> tuple[int, E.RankEstimate]:
                            params_count=sum(q.real_numel if fsdp else q.local_numel for q in params))
         E._memory(spec, rank, r, params)
         if p.zero_stage == 1 and p.dp > 1:  # the dp index owning the largest optimizer share
-            shares = zero1_owned_all(params, p.dp)
-            worst = max(shares, key=lambda o: E._optimizer_bytes(o, spec.train.optimizer, fsdp=False))
+            worst = derived(_shared(spec, rank), ("zero1_worst_share", p.dp, str(spec.train.optimizer)),
+                            lambda ps: _zero1_worst(list(ps), p.dp, spec.train.optimizer))
             E._with_zero1_share(spec, r, worst)
         if best is None or r.total_bytes > best.total_bytes:
             best = r

@@ -19,11 +19,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.analytic.activations import korthikanti_layer_bytes
-from backend.analytic.sharding import LocalParam, expert_of, layer_split
+from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import compute_bytes
 
@@ -135,12 +135,19 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         raise ValueError(f"attention {attention!r} not in {ATTENTION}")
     m, t, p = spec.model, spec.train, spec.parallel
     n_stages = p.pp * p.virtual_stages
-    layers = layer_split(m.n_layers, n_stages)[stage]
+    layers = stage_layers(m.n_layers, n_stages, stage)
     names = tuple(f"layers.{i}." for i in layers)
     last = stage == n_stages - 1
-    mine = [q for q in params if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
     tokens = t.micro_batch * m.seq_len
-    cost = _weights_cost(spec, hw, mine, tokens)
+
+    def weights(ps: Any) -> tuple[Hardware, PassCost]:
+        mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
+        return hw, _weights_cost(spec, hw, mine, tokens)
+
+    # memoised per shared params tuple on every input _weights_cost reads (hw held in the value: its id stays valid)
+    held, w = derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep, m.n_experts),
+                      weights)
+    cost = replace(w) if held is hw else weights(params)[1]
     attn, elem = attention_cost(spec, hw, attention), elementwise_cost(spec, hw)
     n = len(layers)
     cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.sharding import LocalParam
+from backend.analytic.sharding import LocalParam, derived
 
 DISPATCH_PER_TP_LINEAR = 18
 DISPATCH_PER_SP_LAYER = 10
@@ -69,4 +69,28 @@ def tp_dispatch_per_layer(spec: Any, params: list[LocalParam], layer: int) -> in
 
 def optimizer_dispatch(spec: Any, params: list[LocalParam]) -> int:
     """DTensor dispatches of optimizer.step + zero_grad on this rank."""
-    return DISPATCH_PER_PARAM.get(str(spec.train.optimizer), DISPATCH_PER_PARAM["adamw"]) * dtensor_params(spec, params)
+    p = spec.parallel
+    n = derived(params, ("dtensor_params", fsdp2_wrapped(spec), p.tp, bool(p.sequence_parallel)),
+                lambda ps: dtensor_params(spec, ps))  # memoised on every input dtensor_params reads
+    return DISPATCH_PER_PARAM.get(str(spec.train.optimizer), DISPATCH_PER_PARAM["adamw"]) * n
+
+
+def tp_dispatch_layers(spec: Any, params: Any, layers: Any) -> int:
+    """sum(tp_dispatch_per_layer(spec, params, i) for i in layers), from one pass over the parameters (memoised
+    per shared params tuple, sharding.derived)."""
+    p = spec.parallel
+    if p.tp == 1:
+        return 0
+    per_layer = derived(params, "tp_linears_per_layer", _tp_linears_per_layer)
+    linears = sum(per_layer.get(i, 0) for i in layers)
+    return DISPATCH_PER_TP_LINEAR * linears + (DISPATCH_PER_SP_LAYER * len(layers) if p.sequence_parallel else 0)
+
+
+def _tp_linears_per_layer(params: Any) -> dict[int, int]:
+    """TP-sharded linear weights per layer index (tp_dispatch_per_layer's count)."""
+    out: dict[int, int] = {}
+    for q in params:
+        if q.name.startswith("layers.") and len(q.shape) == 2 and q.local_shape != q.shape:
+            i = int(q.name.split(".", 2)[1])
+            out[i] = out.get(i, 0) + 1
+    return out

@@ -23,13 +23,14 @@ from typing import Any
 from backend.analytic import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
-from backend.analytic.sharding import layer_split, local_params, rank_stages
+from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.schedule import SIMULATED, makespan
-from backend.analytic.traffic import compute_bytes, dp_traffic, fsdp_gathers_per_step, model_parallel_traffic
+from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
+from backend.analytic.traffic import (compute_bytes, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes,
+                                      model_parallel_traffic)
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
 UNCALIBRATED_BAND = 0.2
@@ -117,29 +118,47 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
     eta, mb = hw.tune.overlap_efficiency, t.microbatches
     total = exposed = 0.0
     fsdp = fsdp_tail = 0.0
-    for kind, payload, n in dp_traffic(spec, params):
-        tier, k = CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g)
+    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
+                      lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
+    seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
+
+    def coll_s(*args: Any, **kw: Any) -> float:
+        key = (args, tuple(kw.items()))
+        hit = seen.get(key)
+        if hit is None:
+            hit = seen[key] = CO.collective_s(hw, *args, **kw)
+        return hit
+
+    groups: dict[int, tuple[str, int]] = {}
+    for kind, payload, n in traffic:
+        tier_k = groups.get(n)
+        if tier_k is None:
+            tier_k = groups[n] = (CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g))
+        tier, k = tier_k
         if kind == "all_reduce":
             buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=buckets, per_node=k)
-            last = CO.collective_s(hw, tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
+            last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             exposed += max(s - eta * pass_total.bwd_s, last)  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif kind == "broadcast":
             # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
             # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=1, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=1, per_node=k)
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             exposed += s
         else:
             calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
                 1 if p.pp > 1 else mb)
-            s = CO.collective_s(hw, tier, kind, payload, n, calls=calls, per_node=k)
+            s = coll_s(tier, kind, payload, n, calls=calls, per_node=k)
             # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
             # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
-            exposed += memory_s(hw, 2 * payload, kernels=calls * 2)
+            copy = seen.get(("copy", payload, calls))
+            if copy is None:
+                copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
+            exposed += copy
             total += s
             kinds[kind] = kinds.get(kind, 0.0) + s
             fsdp += s
@@ -153,7 +172,7 @@ def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassC
 def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
     """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
     (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
-    host_s = hw.tune.dtensor_op_s * sum(H.tp_dispatch_per_layer(spec, params, i) for i in _layers(spec, stage))
+    host_s = hw.tune.dtensor_op_s * H.tp_dispatch_layers(spec, params, _layers(spec, stage))
     c.fwd_s += host_s / 3
     c.bwd_s += 2 * host_s / 3
     if str(spec.train.recompute) == "full":
@@ -164,13 +183,19 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
     """AdamW reads p, g, m, v and writes p, m, v (28 B per fp32 element; SGD 20 B), memory bound
     (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1)."""
     p, t = spec.parallel, spec.train
+    real, local, _ = derived(params, "numel_sums", _numel_sums)
     if p.zero_stage >= 2:
-        elems = sum(q.real_numel for q in params)
+        elems = real
     else:
-        elems = sum(q.local_numel for q in params) / (p.dp if p.zero_stage == 1 else 1)
+        elems = local / (p.dp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
     kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
     return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * H.optimizer_dispatch(spec, params)
+
+
+def _numel_sums(params: Any) -> tuple[int, int, int]:
+    """(real, local, storage) elements of a rank's parameters."""
+    return (sum(q.real_numel for q in params), sum(q.local_numel for q in params), sum(q.storage_numel for q in params))
 
 
 def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
@@ -184,7 +209,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     for r in reps:
-        params, stages = local_params(spec, r), rank_stages(spec, r)
+        params, stages = local_params_shared(spec, r), rank_stages(spec, r)
         layers = sorted(i for s in stages for i in _layers(spec, s))
         kinds: dict[str, float] = {}
         comm = _mp_comm(spec, hw, g, layers, stages, kinds)
@@ -212,7 +237,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         mp_exp = (comm["tp"] + comm["ep"]) * share
         exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0, "dp": dp_exp * share}
         opt = _optimizer_s(spec, hw, params) * share
-        other = hw.tune.step_overhead_s + memory_s(hw, 4 * sum(q.storage_numel for q in params)) * share  # zero_grad
+        other = hw.tune.step_overhead_s + memory_s(hw, 4 * derived(params, "numel_sums", _numel_sums)[2]) * share  # zero_grad
         bubble = max(0.0, span0 - busy[k])
         step = span1 + exposed["dp"] + opt + other
         out.append(RankTime(rank=r, pp_rank=k, step_s=step, compute_s=compute, recompute_s=mb * tot.recompute_s * share,
@@ -229,7 +254,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
 
 
 def _layers(spec: Any, stage: int) -> range:
-    return layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)[stage]
+    return stage_layers(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages, stage)
 
 
 def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tuple[float, list[float], float]:
@@ -240,9 +265,10 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
         busy = mb * (fwd[0] + bwd[0])
         return busy, [busy], busy
     if sched in SIMULATED:
-        span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
-        span1, _ = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop) if hop else (span0, busy)
-        return span0, busy, span1
+        if not hop:
+            span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
+            return span0, busy, span0
+        return makespan_pair(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop)
     busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp * p.tp)) for r in range(p.pp)]
     span0 = max(busy) * (1 + PL.bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
     return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)

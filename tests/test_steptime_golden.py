@@ -1,0 +1,33 @@
+"""step_time and the planner's exact worst-rank memory are unchanged by the speed work (one-pass makespan, memoised
+per-rank work): a digest of every number step_time returns (per rank, per stage) and of worst_rank_bytes over 86
+Llama-2-70B layouts on 1,024 GPUs, recorded with the code before that work (commit 78cae89)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.schedule import SIMULATED
+from backend.planner.memory import light_spec, worst_rank_bytes
+from backend.planner.space import enumerate_layouts, layout_spec_dict
+from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
+
+DIGEST_BEFORE = "a981b976f883fbbc129c"
+
+
+def test_step_time_and_worst_rank_unchanged_on_70b_layouts():
+    hw = get_hardware("h100-sxm")
+    L = enumerate_layouts(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, global_batch=BATCH)
+    rows, schedules = [], set()
+    for _ in range(2):  # the second pass answers from the memos: it must give the same numbers
+        rows = []
+        for i in range(0, len(L), 97):
+            s = light_spec(layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH))
+            if s.parallel.pp > 1:
+                schedules.add(str(s.parallel.pp_schedule))
+            w, r = worst_rank_bytes(s)
+            rows.append((step_time(s, hw, gpus_per_node=NODE).to_dict(), w, r.rank))
+        assert hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:20] == DIGEST_BEFORE
+    assert len(rows) == 86 and set(SIMULATED) <= schedules, schedules
