@@ -107,11 +107,13 @@ def test_interleaved_peak_state_closed_form_equals_fsdp_state():
     from backend.analytic.fsdp_state import multi_stage_peak
     from backend.planner.vfsdp import interleaved_peak_states
 
-    for p in (2, 3, 4, 8):
-        for v in (2, 3, 4):
-            for m in range(p, 4 * p + 1):
-                for rank in range(p):
-                    spec = SimpleNamespace(train=SimpleNamespace(microbatches=m), parallel=SimpleNamespace(
-                        pp=p, zero_stage=3, pp_schedule="interleaved_1f1b", virtual_stages=v))
-                    ref = multi_stage_peak(spec, [rank + k * p for k in range(v)])
-                    assert interleaved_peak_states(p, v, m, rank) == {s: (x.unsharded, x.grads) for s, x in ref.items()}
+    for zero in (2, 3):
+        for p in (2, 3, 4, 8):
+            for v in (2, 3, 4):
+                for m in range(p, 4 * p + 1):
+                    for rank in range(p):
+                        spec = SimpleNamespace(train=SimpleNamespace(microbatches=m), parallel=SimpleNamespace(
+                            pp=p, zero_stage=zero, pp_schedule="interleaved_1f1b", virtual_stages=v))
+                        ref = multi_stage_peak(spec, [rank + k * p for k in range(v)])
+                        want = {s: (x.unsharded, x.grads, x.in_forward, x.gathered) for s, x in ref.items()}
+                        assert interleaved_peak_states(p, v, m, rank, zero) == want, (zero, p, v, m, rank)

@@ -36,37 +36,68 @@ def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
     return -1 if q2 < 0 else upper if q2 == q else q2 * per_round + per_round - 1
 
 
-def interleaved_peak_states(p: int, v: int, m: int, rank: int) -> dict[int, tuple[bool, bool]]:
-    """fsdp_state.multi_stage_peak's {stage: (unsharded, grads)} in closed form (tests: equal on a grid).
-    In fsdp_state.interleaved_order the peak is always the rank's last forward (op m·v - 1: the in-flight count
-    is warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every earlier forward
-    and the backwards of steady ops warm-up .. m·v - 2. A stage is unsharded when its latest action is a backward."""
+def interleaved_peak_states(p: int, v: int, m: int, rank: int, zero: int = 3) -> dict[int, tuple[bool, bool, bool, bool]]:
+    """fsdp_state.multi_stage_peak's {stage: (unsharded, grads, in_forward, gathered)} in closed form (tests: equal
+    on a grid). In fsdp_state.interleaved_order the peak is always the rank's last forward (op m·v - 1: the
+    in-flight count is warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every
+    earlier forward and the backwards of steady ops warm-up .. m·v - 2. A stage is unsharded when its latest action
+    is a backward. The peak forward's stage, unless it is the last stage, is inside that forward: zero3 gathered
+    unless a backward left its units unsharded, zero2 only if it is the stage's first action."""
     per_round = m // max(1, m // p)
     warm = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady, peak = m * v - warm, m * v - 1
-    with_peak = (peak // per_round) % v == v - 1 and rank == p - 1  # the last stage counts after its forward
+    at = (peak // per_round) % v
+    with_peak = at == v - 1 and rank == p - 1  # the last stage counts after its forward
     pos_f = lambda i: i if i < warm else 2 * i - warm  # noqa: E731  position in the action list
     out = {}
     for c in range(v):
         f = _last_in(peak if with_peak else peak - 1, per_round, v, c)
         jb = _last_in(steady - 2, per_round, v, v - 1 - c)
         b = warm + jb if jb >= 0 else -1
-        out[c * p + rank] = (b >= 0 and (f < 0 or 2 * b - warm + 1 > pos_f(f)), b >= 0)
+        unsh = b >= 0 and (f < 0 or 2 * b - warm + 1 > pos_f(f))
+        if c == at and not with_peak:
+            out[c * p + rank] = (False, b >= 0, True, (f < 0 and b < 0) if zero == 2 else not unsh)
+        else:
+            out[c * p + rank] = (unsh, b >= 0, False, False)
     return out
 
 
 @lru_cache(maxsize=65536)
-def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) -> tuple[int, bool, int, bool, bool]:
-    """Interleaved FSDP2 state (fsdp_state.multi_stage_peak) as (blocks unsharded, root unsharded, blocks with
-    grads, embeddings with grads, head with grads) for one pipeline rank."""
-    st = interleaved_peak_states(pp, v, mb, rank)
+def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) -> tuple[int, ...]:
+    """Interleaved FSDP2 state (fsdp_state.multi_stage_peak / fsdp_peak_extra) of one pipeline rank as (blocks
+    unsharded, root unsharded, blocks with grads, embeddings with grads, head with grads, extra unsharded blocks
+    and extra embedding roots of the peak forward's stage: forward_peak_numel)."""
+    st = interleaved_peak_states(pp, v, mb, rank, zero)
     stages = sorted(st)
     split = _split(n_layers, pp * v)
     last = pp * v - 1
     root = 0 if 0 in stages else last if last in stages else None
+    fwd = [s for s in stages if st[s][2]]
+    z3 = zero != 2
+    fwd_blocks = sum(int(st[s][3]) + z3 for s in fwd if len(split[s]))  # its all-gather output + (zero3) the block
+    fwd_root = sum(z3 for s in fwd if s == 0)  # zero3: the stage root (embeddings; never the last stage here)
     return (sum(len(split[s]) for s in stages if st[s][0]), root is not None and st[root][0],
             sum(len(split[s]) for s in stages if st[s][1]), 0 in stages and st[0][1],
-            last in stages and st[last][1])
+            last in stages and st[last][1], fwd_blocks, fwd_root)
+
+
+def _pipeline_peak(sched, zero, mb, r, pp, head_block, head_root):
+    """fsdp_state.pipeline_peak (gpipe / 1f1b, one stage per rank) as (where "block", where "root", gathered,
+    after_backward) boolean arrays; False everywhere for other schedules."""
+    pipe = ((sched == 0) | (sched == 1)) & (zero >= 2)
+    lastr = r == pp - 1
+    z2 = zero == 2
+    after_l = (sched == 0) & (mb > 1)
+    where_l = head_block | head_root
+    gathered_l = where_l & np.where(z2, mb == 1, ~after_l)
+    warm = np.where(sched == 1, mb, np.minimum(mb, pp - r))
+    steady = (sched == 0) & (mb > warm)
+    first = ~steady & (warm == 1)
+    block = pipe & np.where(lastr, head_block, np.where(z2, first, True))
+    root = pipe & lastr & head_root
+    gathered = pipe & np.where(lastr, gathered_l, np.where(z2, first, ~steady))
+    after = pipe & np.where(lastr, after_l, steady)
+    return block, root, gathered, after
 
 
 def fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb):
@@ -75,33 +106,27 @@ def fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, c
     xp = np.where(zero == 2, S["m_unsh"], 0.0) * np.ones(shape)
     xg = np.zeros(shape)
     root_unsh = first * F["m_unsh"] + last * La["m_unsh"]
-    if pp > 1:  # interleaved ranks: per local stage (multi_stage_peak)
-        inter = (sched == 2) & (v >= 2) & (zero >= 2)
+    head_block = (ep > 1) & bool(m.is_moe) & np.ones(shape, dtype=bool)  # fsdp_state._head_peak
+    head_root = ~head_block & (tp > 1) & (cb == 4)
+    if pp > 1:
+        inter = (sched == 2) & (v >= 2) & (zero >= 2)  # interleaved ranks: per local stage (multi_stage_peak)
         rows = np.nonzero(inter[:, 0])[0]
         if len(rows):
             rr = np.broadcast_to(r, (len(rows), pp)).ravel()
             rep = lambda a: np.broadcast_to(a[rows], (len(rows), pp)).ravel()  # noqa: E731
             st = unique_map(lambda vv, mm, z, k: _multi_stage(pp, vv, mm, z, k, m.n_layers),
-                             [rep(v), rep(mb), rep(zero), rr]).reshape(len(rows), pp, 5)
-            nbu, rootu, nbg, embg, headg = (st[..., j] for j in range(5))
+                            [rep(v), rep(mb), rep(zero), rr]).reshape(len(rows), pp, 7)
+            nbu, rootu, nbg, embg, headg, fwdb, fwdr = (st[..., j] for j in range(7))
             z3 = zero[rows] == 3
-            xp[rows] = np.where(z3, nbu * B["m_unsh"][rows] + rootu * root_unsh[rows], xp[rows])
+            fwd = fwdb * B["m_unsh"][rows] + fwdr * F["m_unsh"][rows]
+            xp[rows] = np.where(z3, nbu * B["m_unsh"][rows] + rootu * root_unsh[rows], xp[rows]) + fwd
             xg[rows] = nbg * B["m_ugrad"][rows] + embg * F["m_ugrad"][rows] + headg * La["m_ugrad"][rows]
-        pipe = ((sched == 0) | (sched == 1)) & (zero >= 2)  # pipeline_peak: 1f1b / gpipe, one stage per rank
-        warm = np.where(sched == 1, mb, np.minimum(mb, pp - r))
-        steady = (sched == 0) & (mb > warm)
-        in_root = np.where(zero == 2, ~steady & (warm == 1), True)
-        after = np.where(zero == 2, steady, False)
-        lastr = r == pp - 1
-        in_root = pipe & np.where(lastr, False, in_root)
-        after = pipe & np.where(lastr, (sched == 0) & (mb > 1), after)
-        block = np.zeros(shape, dtype=bool)
-    else:
-        block = (ep > 1) & bool(m.is_moe) & np.ones(shape, dtype=bool)  # fsdp_state.peak_inside_forward
-        in_root = ~block & (tp > 1) & (cb == 4)
-        after = np.zeros(shape, dtype=bool)
+        block, in_root, gathered, after = _pipeline_peak(sched, zero, mb, r, pp, head_block, head_root)
+    else:  # fsdp_state.peak_inside_forward: every microbatch's forward all-gathers
+        block, in_root = head_block, head_root
+        gathered, after = (block | in_root), np.zeros(shape, dtype=bool)
     xg = np.where(after, S["m_ugrad"], xg)
     inside = (in_root | block) & (zero >= 2)
-    xp = xp + np.where(inside, B["m_unsh"], 0.0)  # the last block's all-gather output
+    xp = xp + np.where(inside & gathered, B["m_unsh"], 0.0)  # the last block's all-gather output
     xp = xp + np.where(inside & (zero == 3), root_unsh + np.where(block, B["m_unsh"], 0.0), 0.0)
     return xp, xg
