@@ -47,6 +47,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 from backend.torch_compat import FSDPMemTracker, FSDPModMemStats as _FSDPModMemStats, FSDPRefType as _FSDPRefType
+from backend.torch_compat import FSDPState as _FSDPState
 from backend.torch_compat import MemTracker, ModMemStats as _ModMemStats, PipelineStageBase as _PipelineStageBase
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -113,6 +114,9 @@ class _NoModules:
         pass
 
 
+_GATHER_STATES = (_FSDPState.PRE_FW, _FSDPState.PRE_BW)
+
+
 class _HighWater:
     """Mixin: per-category maxima, and a snapshot of every category when activations are at their maximum."""
 
@@ -127,7 +131,7 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        in_reduce = getattr(self, "in_reduce_grad", False)
+        skip = getattr(self, "in_reduce_grad", False) or getattr(self, "_fsdp_state", None) in _GATHER_STATES
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0
@@ -139,7 +143,9 @@ class _HighWater:
             # >=: of equal microbatch peaks keep the last one, when earlier microbatches' gradients exist
             # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
             # as Activation: that phase is gradient reduction, not a candidate for the activation peak
-            if act > 0 and not in_reduce and act >= self._act_peak.get(dev, 0):
+            # FSDP2's pre-forward / pre-backward all-gather: its output buffer is `torch.empty`'d (booked as Activation)
+            # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there
+            if act > 0 and not skip and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
 
