@@ -8,6 +8,7 @@ runs on steps of its own, so measuring never inflates the step time.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import Any
@@ -60,8 +61,11 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     if t.warmup_steps == 0:
         check_placement(ctx.device, prep.modules, prep.optimizer)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
+    tracked = copy.deepcopy(prep.extra)  # what the strategy measured in the memory-tracked step (ep: its routing)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
+    prep.extra.clear()  # the comm-timing steps re-record it: keep the tracked step's, which memory and comm describe
+    prep.extra.update(tracked)
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
