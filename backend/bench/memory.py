@@ -131,7 +131,8 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        skip = getattr(self, "in_reduce_grad", False) or getattr(self, "_fsdp_state", None) in _GATHER_STATES
+        skip = getattr(self, "in_reduce_grad", False) or (
+            getattr(self, "skip_gathers", True) and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0
@@ -144,7 +145,8 @@ class _HighWater:
             # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
             # as Activation: that phase is gradient reduction, not a candidate for the activation peak
             # FSDP2's pre-forward / pre-backward all-gather: its output buffer is `torch.empty`'d (booked as Activation)
-            # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there
+            # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there.
+            # Not under pipelining (skip_gathers False): analytic/fsdp_state.py models that moment for PP x FSDP peaks
             if act > 0 and not skip and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
@@ -211,11 +213,14 @@ def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hook
 
 
 def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, fsdp: bool,
-                 hookless: bool = False) -> Any:
+                 hookless: bool = False, skip_gathers: bool = True) -> Any:
     """A tracker already told about the long-lived state (params, grads, optimizer) made before it.
-    hookless: no module hooks (split-backward pipeline schedules; see the module docstring)."""
+    hookless: no module hooks (split-backward pipeline schedules; see the module docstring).
+    skip_gathers: FSDP2's all-gather hooks cannot be the activation-peak moment (False under pipelining)."""
     if fsdp:
-        return _fsdp_tracker(modules, optimizer, hookless)
+        tracker = _fsdp_tracker(modules, optimizer, hookless)
+        tracker.skip_gathers = skip_gathers
+        return tracker
     tracker = CategoryMemTracker(hookless)
     inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its states in the local .optim
     tracker.track_external(*modules, inner if isinstance(inner, torch.optim.Optimizer) else optimizer)

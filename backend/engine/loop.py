@@ -124,7 +124,8 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()  # reserved memory must not include what set-up left in the pool
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
+    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx),
+                                  skip_gathers=ctx.spec.parallel.pp == 1)
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
