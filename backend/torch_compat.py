@@ -44,6 +44,7 @@ ModMemStats = mem_tracker._ModMemStats
 FSDPMemTracker = fsdp2_mem_tracker.FSDPMemTracker
 FSDPModMemStats = fsdp2_mem_tracker._FSDPModMemStats
 FSDPRefType = fsdp2_mem_tracker._FSDPRefType
+FSDPState = fsdp2_mem_tracker._FSDPState  # the tracker's `_fsdp_state`: PRE_FW / PRE_BW = inside FSDP's all-gather hooks
 
 # A custom tensor-parallel style overrides ParallelStyle._apply (the MoE sequence-parallel gather/scatter).
 ParallelStyle = ParallelStyle

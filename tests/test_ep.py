@@ -49,6 +49,8 @@ def test_ep_routing_adjusted_prediction_world2(tmp_path):
             assert all(sum(r["sent"]) == 16 * 2 for r in records)  # droppless: N·k rows leave every rank
             g = rr.predicted_given_routing
             assert abs(error_pct(rr.comm["all_to_all"].bytes, g.all_to_all_bytes)) <= COMM_BOUND_PCT
+            # the routing and the comm counter describe the same (memory-tracked) step: equal to the byte
+            assert rr.comm["all_to_all"].bytes == pytest.approx(g.all_to_all_bytes, rel=1e-9), (s.name, rr.rank)
             assert abs(error_pct(rr.measured.activations_bytes, g.activations_bytes)) <= BOUNDS_PCT["activations_bytes"]
             uniform_misses = (abs(error_pct(rr.comm["all_to_all"].bytes, rr.comm_predicted["all_to_all"])) > COMM_BOUND_PCT
                               or abs(rr.error_pct["activations_bytes"]) > BOUNDS_PCT["activations_bytes"])

@@ -67,6 +67,8 @@ def test_fsdp_mem_tracker_internals():
                  "_deregister_module_and_optimizer_hooks", "track_inputs"):
         assert callable(getattr(tc.FSDPMemTracker, attr)), attr
     assert {"SHARDED_PARAM", "SHARDED_GRAD"} <= set(tc.FSDPRefType.__members__)
+    assert {"PRE_FW", "PRE_BW"} <= set(tc.FSDPState.__members__)
+    assert "_fsdp_state" in inspect.getsource(tc.FSDPMemTracker.__init__)
     assert inspect.isclass(tc.FSDPModMemStats)
 
 

@@ -50,6 +50,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 from backend.torch_compat import FSDPMemTracker, FSDPModMemStats as _FSDPModMemStats, FSDPRefType as _FSDPRefType
+from backend.torch_compat import FSDPState as _FSDPState
 from backend.torch_compat import MemTracker, ModMemStats as _ModMemStats, PipelineStageBase as _PipelineStageBase
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -116,6 +117,9 @@ class _NoModules:
         pass
 
 
+_GATHER_STATES = (_FSDPState.PRE_FW, _FSDPState.PRE_BW)
+
+
 class _HighWater:
     """Mixin: per-category maxima, and a snapshot of every category when activations are at their maximum."""
 
@@ -130,7 +134,8 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        in_reduce = getattr(self, "in_reduce_grad", False)
+        skip = getattr(self, "in_reduce_grad", False) or (
+            getattr(self, "skip_gathers", True) and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0
@@ -143,8 +148,11 @@ class _HighWater:
             # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
             # as Activation: that phase is gradient reduction, not a candidate for the activation peak; nor is FSDP2's
             # pre-forward unshard (`unsharding`, set by the FSDP tracker: its parameter bytes are booked as Activation)
+            # FSDP2's pre-forward / pre-backward all-gather: its output buffer is `torch.empty`'d (booked as Activation)
+            # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there.
+            # Not under pipelining (skip_gathers False): analytic/fsdp_state.py models that moment for PP x FSDP peaks
             unsharding = getattr(self, "unsharding", False)
-            if act > 0 and not in_reduce and not unsharding and act >= self._act_peak.get(dev, 0):
+            if act > 0 and not skip and not unsharding and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
 
@@ -229,11 +237,14 @@ def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hook
 
 
 def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, fsdp: bool,
-                 hookless: bool = False) -> Any:
+                 hookless: bool = False, skip_gathers: bool = True) -> Any:
     """A tracker already told about the long-lived state (params, grads, optimizer) made before it.
-    hookless: no module hooks (split-backward pipeline schedules; see the module docstring)."""
+    hookless: no module hooks (split-backward pipeline schedules; see the module docstring).
+    skip_gathers: FSDP2's all-gather hooks cannot be the activation-peak moment (False under pipelining)."""
     if fsdp:
-        return _fsdp_tracker(modules, optimizer, hookless)
+        tracker = _fsdp_tracker(modules, optimizer, hookless)
+        tracker.skip_gathers = skip_gathers
+        return tracker
     tracker = CategoryMemTracker(hookless)
     inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its states in the local .optim
     tracker.track_external(*modules, inner if isinstance(inner, torch.optim.Optimizer) else optimizer)

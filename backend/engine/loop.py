@@ -8,6 +8,7 @@ runs on steps of its own, so measuring never inflates the step time.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import Any
@@ -60,8 +61,11 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     if t.warmup_steps == 0:
         check_placement(ctx.device, prep.modules, prep.optimizer)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
+    tracked = copy.deepcopy(prep.extra)  # what the strategy measured in the memory-tracked step (ep: its routing)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
+    prep.extra.clear()  # the comm-timing steps re-record it: keep the tracked step's, which memory and comm describe
+    prep.extra.update(tracked)
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
@@ -120,7 +124,8 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()  # reserved memory must not include what set-up left in the pool
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
+    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx),
+                                  skip_gathers=ctx.spec.parallel.pp == 1)
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
