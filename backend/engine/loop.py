@@ -42,6 +42,11 @@ def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return batch
 
 
+RUNNING_EXTRA = ("loss_scaling",)
+"""Prepared.extra keys that count over every step (the fp16 scaler's steps and skips), kept as they are after the
+comm-timing steps; every other key is a per-step record and is taken from the memory-tracked step."""
+
+
 def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     """Run every phase on this rank; return this rank's payload (see engine/assemble.py for the format).
 
@@ -64,8 +69,9 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     tracked = copy.deepcopy(prep.extra)  # what the strategy measured in the memory-tracked step (ep: its routing)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
+    running = {k: prep.extra[k] for k in RUNNING_EXTRA if k in prep.extra}  # counts over every step, not a record
     prep.extra.clear()  # the comm-timing steps re-record it: keep the tracked step's, which memory and comm describe
-    prep.extra.update(tracked)
+    prep.extra.update(tracked | running)
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
