@@ -134,7 +134,7 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        skip = getattr(self, "in_reduce_grad", False) or (
+        skip = getattr(self, "in_reduce_grad", False) or getattr(self, "unsharding", False) or (
             getattr(self, "skip_gathers", True) and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
@@ -151,8 +151,7 @@ class _HighWater:
             # FSDP2's pre-forward / pre-backward all-gather: its output buffer is `torch.empty`'d (booked as Activation)
             # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there.
             # Not under pipelining (skip_gathers False): analytic/fsdp_state.py models that moment for PP x FSDP peaks
-            unsharding = getattr(self, "unsharding", False)
-            if act > 0 and not skip and not unsharding and act >= self._act_peak.get(dev, 0):
+            if act > 0 and not skip and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
 
