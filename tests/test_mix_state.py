@@ -12,7 +12,8 @@ import pytest
 
 from backend.analytic import sharding as S
 from backend.analytic.estimate import estimate
-from backend.analytic.fsdp_state import PipelinePeak, StageState, interleaved_order, multi_stage_peak, pipeline_peak
+from backend.analytic.fsdp_state import (PipelinePeak, StageState, interleaved_order, multi_stage_peak, peak_inside_forward,
+                                         pipeline_peak)
 from backend.analytic.params import param_list
 from backend.analytic.pipeline import in_flight_microbatches
 from backend.analytic.traffic import fsdp_gathers_per_step
@@ -246,3 +247,20 @@ def test_fixed_mixes_match_the_engine(tmp_path):
                 if k in DP_KINDS and (e is None or abs(e) > 5):
                     bad.append(f"{s.name} r{rr.rank} comm {k} {e}")
     assert not bad, bad
+
+
+def test_fsdp_x_ep_7b_class_peaks_at_the_loss_with_sharded_params_only():
+    """Issue 11's 7B-class MoE mix (zero3 x ep8 at world 64, bf16-mixed, micro-batch 1): the head and loss add
+    s·b·V·10 B + the 16-bit lm_head cast (~0.97 GB) after the blocks, the last MoE block's dispatch ~0.23 GB at
+    its peak, so the peak is the loss moment and zero3 holds only its sharded storage there."""
+    from backend.analytic.activations import ep_peaks_in_last_block
+
+    s = ExperimentSpec.model_validate({
+        "model": {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048, "n_experts": 8,
+                  "top_k": 2},
+        "train": {"global_batch": 64, "micro_batch": 1, "precision": "bf16-mixed"},
+        "parallel": {"strategy": "zero3", "world_size": 64, "ep": 8}})
+    assert not ep_peaks_in_last_block(s) and peak_inside_forward(s) is None
+    r = estimate(s).per_rank[0]
+    assert r.params_bytes == 4 * sum(q.storage_numel for q in S.local_params(s, 0))
+    assert any("outweighs the last MoE block" in n for n in estimate(s).notes)

@@ -228,6 +228,46 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     return emb + head + loss
 
 
+def head_beyond_blocks_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1, sp: bool = False,
+                             autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True) -> float:
+    """What the forward + loss moment of the stage with the logits holds beyond the end of its last block: the
+    head's saved tensors, the held logits and the loss scalars (`model_embedding_head_activation_bytes` without
+    pos), the TP logits shard, the 16-bit logits' fp32 copy (`model_loss_transient_bytes`) and, under autocast,
+    lm_head's 16-bit weight cast (as `rank_activation_bytes` adds them). b may be an array."""
+    head = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
+                                                 autocast=autocast, norm=norm, learned_pos=learned_pos)
+    local_v = -(-vocab // t)
+    head = head - s * INDEX_BYTES * learned_pos + (b * s * local_v * dtype_bytes if t > 1 else 0)
+    head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t)
+    return head + (local_v * h * dtype_bytes if autocast else 0)
+
+
+def ep_dispatch_peak_bytes(*, s: int, b: int, h: int, n_experts: int, top_k: int, dtype_bytes: float,
+                           autocast: bool = False) -> float:
+    """What the last MoE layer's all-to-all dispatch (strategies/moe_dispatch.py) holds at its peak beyond the
+    saved tensors at the end of the blocks, under uniform routing (rows = N·k received = sent): three (rows, h)
+    buffers in the row dtype (the received rows x, and y before and after the last local expert's index_add),
+    the router's (N, E) probabilities and (N, k) top-k values, and under autocast the expert output's 16-bit
+    (rows, h). Read off full-size traces (`python -m backend trace`, zero3 x ep2 at world 2, h 128/256, s 128/256,
+    V 32/64, fp32 and bf16-mixed): within 1% of the traced excess."""
+    rows = s * b * top_k
+    rb = MR.row_bytes(dtype_bytes, autocast)
+    return 3 * rows * h * rb + s * b * (n_experts + top_k) * rb + (rows * h * dtype_bytes if autocast else 0)
+
+
+def ep_peaks_in_last_block(spec: Any) -> bool:
+    """EP: the activation peak of the stage with the logits falls inside its last MoE block's dispatch (its
+    buffers outweigh what the head and loss add after the blocks) rather than at the loss. Ties keep the loss
+    (the tracker keeps the later moment)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    kw = _layer_kwargs(spec)
+    head = head_beyond_blocks_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, vocab=m.vocab_size,
+                                    dtype_bytes=kw["dtype_bytes"], t=p.tp, sp=p.sequence_parallel,
+                                    autocast=kw["autocast"], norm=kw["norm"], learned_pos=not kw["rope"])
+    return ep_dispatch_peak_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, n_experts=m.n_experts, top_k=m.top_k,
+                                  dtype_bytes=kw["dtype_bytes"], autocast=kw["autocast"]) > head
+
+
 def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, t: int = 1,
                                         loss_parallel: bool = False) -> float:
     """Temporaries at the start of backward on the last stage, on top of the saved activations:

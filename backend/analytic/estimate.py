@@ -280,6 +280,10 @@ def _notes(spec: Any) -> list[str]:
         notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
                      "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
                      "gradients; a rank whose tracker keeps the first one measures only the persistent gradients")
+    if p.zero_stage >= 2 and p.ep > 1 and spec.model.is_moe and peak_inside_forward(spec) != "block" and p.pp == 1:
+        notes.append("FSDP x EP: what the head and loss add after the blocks outweighs the last MoE block's dispatch "
+                     "buffers (activations.ep_peaks_in_last_block), so the peak is predicted at the loss, after the "
+                     "root's forward (zero3: no unsharded parameter held)")
     if p.zero_stage >= 2 and peak_inside_forward(spec) == "block":
         notes.append("FSDP x EP: the peak is predicted inside the last MoE block (its dispatch buffers): the root "
                      "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "

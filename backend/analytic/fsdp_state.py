@@ -8,13 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backend.analytic.activations import ep_peaks_in_last_block
 from backend.analytic.sharding import LocalParam, fsdp_units, layer_split, unsharded_grad_numel, unsharded_numel
 from backend.analytic.traffic import compute_bytes
 
 
 def peak_inside_forward(spec: Any) -> str | None:
     """Where the activation peak of a dp-mix without pipelining falls, when inside the FSDP2 root's forward:
-    "block" = inside the last block (ep: the all_to_all dispatch buffers of the last MoE layer), "root" = in
+    "block" = inside the last block (ep: the all_to_all dispatch buffers of the last MoE layer, when they outweigh
+    the head and loss, activations.ep_peaks_in_last_block), "root" = in
     the root after the last block (tp, fp32 logits: lm_head's all-gather holds the local shard, the gathered
     buffer and the concatenated logits, at least what the loss adds after the root's post_forward), None =
     after the root's forward (the loss)."""
@@ -24,7 +26,7 @@ def peak_inside_forward(spec: Any) -> str | None:
 def _head_peak(spec: Any) -> str | None:
     """`peak_inside_forward` for the stage that computes the logits (the whole model without pipelining)."""
     m, p = spec.model, spec.parallel
-    if p.ep > 1 and m.is_moe:
+    if p.ep > 1 and m.is_moe and ep_peaks_in_last_block(spec):
         return "block"
     if p.tp > 1 and compute_bytes(spec.train.precision) == 4:
         return "root"

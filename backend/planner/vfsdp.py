@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from backend.analytic import activations as A
 from backend.analytic.sharding import layer_split
 
 
@@ -100,13 +101,32 @@ def _pipeline_peak(sched, zero, mb, r, pp, head_block, head_root):
     return block, root, gathered, after
 
 
-def fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb):
+def _ep_block(m, ep, b, tp, sp, ac, cb, shape):
+    """fsdp_state._head_peak's ep rule per row: the last MoE block's dispatch outweighs the head and loss
+    (activations.ep_peaks_in_last_block, evaluated once per distinct (b, tp, sp, autocast))."""
+    out = np.zeros(shape, dtype=bool)
+    rows = np.nonzero(np.broadcast_to(ep > 1, shape)[:, 0])[0] if m.is_moe else []
+    if len(rows):
+        fam = A.family_kwargs(m)
+        col = lambda a: np.broadcast_to(a, shape)[rows, 0]  # noqa: E731
+
+        def wins(bb: int, t: int, q: int, a: int) -> bool:
+            head = A.head_beyond_blocks_bytes(s=m.seq_len, b=bb, h=m.d_model, vocab=m.vocab_size, dtype_bytes=cb, t=t,
+                                              sp=bool(q), autocast=bool(a), norm=fam["norm"], learned_pos=not fam["rope"])
+            return A.ep_dispatch_peak_bytes(s=m.seq_len, b=bb, h=m.d_model, n_experts=m.n_experts, top_k=m.top_k,
+                                            dtype_bytes=cb, autocast=bool(a)) > head
+
+        out[rows] = unique_map(wins, [col(b), col(tp), col(sp), col(ac)]) > 0
+    return out
+
+
+def fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb, b, sp, ac):
     """(unsharded parameter elements, unsharded gradient elements) beyond the FSDP2 shards: fsdp_peak_extra."""
     shape = np.broadcast(zero, r).shape
     xp = np.where(zero == 2, S["m_unsh"], 0.0) * np.ones(shape)
     xg = np.zeros(shape)
     root_unsh = first * F["m_unsh"] + last * La["m_unsh"]
-    head_block = (ep > 1) & bool(m.is_moe) & np.ones(shape, dtype=bool)  # fsdp_state._head_peak
+    head_block = _ep_block(m, ep, b, tp, sp, ac, cb, shape)  # fsdp_state._head_peak
     head_root = ~head_block & (tp > 1) & (cb == 4)
     if pp > 1:
         inter = (sched == 2) & (v >= 2) & (zero >= 2)  # interleaved ranks: per local stage (multi_stage_peak)

@@ -166,7 +166,7 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, fsdp: bool, gb: int, precisi
     act = _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
     other = (E.dp_slice_batch_bytes(gb // dp, s) if E.OTHER_IS_DP_SLICE else E.input_batch_bytes(gb, s))
     if fsdp:  # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
-        xp, xg = fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb)
+        xp, xg = fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb, b, sp, ac)
         params = 4 * S["sto"] + np.where(mix, 4, cb) * xp  # traffic.fsdp_param_bytes
         grads = 4 * S["sto"] + 4 * xg
         optim = (8 * S["real"] + 4 * S["n"]) if adamw else 4 * S["real"]
