@@ -106,13 +106,15 @@ def test_uneven_specs_really_have_distinct_ranks():
 
 
 def test_zero1_partition_heap_matches_linear_scan():
-    numels = [5, 3, 3, 8, 1, 1, 1, 9, 2, 2, 7, 7, 0, 4]
-    for n in (1, 2, 3, 5, 16):
-        sizes, want = [0] * n, [0] * len(numels)
-        for i in sorted(range(len(numels)), key=lambda j: numels[j], reverse=True):
-            r = min(range(n), key=lambda k: (sizes[k], k))
-            want[i], sizes[r] = r, sizes[r] + numels[i]
-        assert S.zero1_partition(numels, n) == want
+    with_zero = [5, 3, 3, 8, 1, 1, 1, 9, 2, 2, 7, 7, 0, 4]
+    positive = [q for q in with_zero if q]  # n >= len: the one-rank-each shortcut
+    for numels in (with_zero, positive, with_zero[:3]):
+        for n in (1, 2, 3, 5, 13, 14, 16):
+            sizes, want = [0] * n, [0] * len(numels)
+            for i in sorted(range(len(numels)), key=lambda j: numels[j], reverse=True):
+                r = min(range(n), key=lambda k: (sizes[k], k))
+                want[i], sizes[r] = r, sizes[r] + numels[i]
+            assert S.zero1_partition(numels, n) == want, (numels, n)
 
 
 def test_first_short_chunk():

@@ -205,9 +205,14 @@ def zero1_partition(numels: list[int], n: int) -> list[int]:
     Stable sort by numel descending, each to the rank with the smallest running total (first on ties);
     a heap of (running total, rank) gives that same minimum in O(log n).
     """
-    heap = [(0, k) for k in range(n)]
+    order = sorted(range(len(numels)), key=numels.__getitem__, reverse=True)
     owner = [0] * len(numels)
-    for i in sorted(range(len(numels)), key=lambda j: numels[j], reverse=True):
+    if n >= len(numels) and (not numels or min(numels) > 0):  # every rank still empty when its turn comes
+        for k, i in enumerate(order):
+            owner[i] = k
+        return owner
+    heap = [(0, k) for k in range(n)]
+    for i in order:
         size, r = heapq.heappop(heap)
         owner[i] = r
         heapq.heappush(heap, (size + numels[i], r))

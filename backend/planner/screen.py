@@ -117,7 +117,7 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
     dp_bw = np.where(tp * dp <= gpus_per_node, intra, np.minimum(intra, per_node * inter))
     ring = (dp - 1) / dp / dp_bw  # seconds per payload byte of a ring all-gather / reduce-scatter / broadcast
     hbm = hw.hbm_bytes_per_s * t.memory_efficiency
-    # model._dp_exposed: DDP / ZeRO-1 bucketed all-reduce behind the last backward (the last 25 MB bucket
+    # dp_sync.dp_exposed: DDP / ZeRO-1 bucketed all-reduce behind the last backward (the last 25 MB bucket
     # exposed), ZeRO-1's parameter broadcast after the step, FSDP2 gathers / reduce-scatters behind the whole
     # step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out passes
     ar = 2 * 4 * n_loc * ring

@@ -45,10 +45,12 @@ def _grid(*cols: list[int]) -> np.ndarray:
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits()) -> np.ndarray:
-    """(n, len(COLUMNS)) int array of every valid layout (degree pairs in Python, the rest as numpy grids)."""
+    """(n, len(COLUMNS)) int array of every valid layout: the degree pairs in Python, then one numpy grid over
+    (pair, ep, flavour, micro-batch, schedule, recompute, SP) with the pair-dependent choices padded and masked,
+    rows in that nesting order."""
     m = model
     max_tp = limits.max_tp or gpus_per_node
-    blocks = []
+    pairs = []
     for tp in _divisors(gpus):
         if tp > max_tp or m.n_heads % tp or m.kv_heads % tp or m.ffn % tp:
             continue
@@ -57,19 +59,22 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
                 continue
             dp = gpus // (tp * pp)
             eps = [e for e in _divisors(dp) if m.n_experts % e == 0] if m.is_moe and tp == 1 and pp == 1 else [1]
-            sv = np.array(_schedules(pp, m.n_layers, limits.virtual_stages), dtype=np.int64)
-            g = _grid(eps, range(4), limits.micro_batches, range(len(sv)), range(3), (0, 1) if tp > 1 else (0,))
-            ep, zero, b, si, rc, sp = g.T
-            sched, v = sv[si, 0], sv[si, 1]
-            ok = global_batch % (b * dp) == 0
-            mb = np.where(ok, global_batch // (b * dp), 0)
-            if pp > 1:
-                ok &= (sched == 1) | (mb >= pp)
-                ok &= ~np.isin(sched, (2, 3, 4)) | (mb % pp == 0)
-            n = int(ok.sum())
-            blocks.append(np.stack([np.full(n, tp), np.full(n, pp), np.full(n, dp), ep[ok], zero[ok], b[ok], rc[ok],
-                                    sched[ok], v[ok], sp[ok]], axis=1))
-    return np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), dtype=np.int64)
+            pairs.append((tp, pp, dp, eps, _schedules(pp, m.n_layers, limits.virtual_stages)))
+    if not pairs:
+        return np.zeros((0, len(COLUMNS)), dtype=np.int64)
+    n_ep, n_sv = max(len(x[3]) for x in pairs), max(len(x[4]) for x in pairs)
+    deg = np.array([x[:3] for x in pairs], dtype=np.int64)  # (pairs, 3): tp, pp, dp
+    ep_t = np.array([x[3] + [0] * (n_ep - len(x[3])) for x in pairs], dtype=np.int64)  # 0 = padding
+    sv_t = np.array([x[4] + [(-1, 0)] * (n_sv - len(x[4])) for x in pairs], dtype=np.int64)  # -1 = padding
+    g = _grid(range(len(pairs)), range(n_ep), range(4), limits.micro_batches, range(n_sv), range(3), (0, 1))
+    pi, ei, zero, b, si, rc, sp = g.T
+    tp, pp, dp = deg[pi].T
+    ep, sched, v = ep_t[pi, ei], sv_t[pi, si, 0], sv_t[pi, si, 1]
+    ok = (ep > 0) & (sched >= 0) & ((sp == 0) | (tp > 1)) & (global_batch % (b * dp) == 0)
+    mb = np.where(ok, global_batch // (b * dp), 0)
+    ok &= (pp == 1) | (sched == 1) | (mb >= pp)
+    ok &= (pp == 1) | ~np.isin(sched, (2, 3, 4)) | (mb % pp == 0)
+    return np.stack([tp, pp, dp, ep, zero, b, rc, sched, v, sp], axis=1)[ok]
 
 
 def layout_spec_dict(model: Any, row: np.ndarray | tuple, *, global_batch: int, precision: str = "bf16-mixed",

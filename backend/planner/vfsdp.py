@@ -19,7 +19,8 @@ def unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
     for c in cols:
         key = key * (int(c.max()) + 1) + c
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    vals = np.array([fn(*(int(c[i]) for c in cols)) for i in first], dtype=np.float64).reshape(len(first), -1)
+    rows = np.stack([c[first] for c in cols], axis=1).tolist()  # python ints, one list per distinct row
+    vals = np.array([fn(*row) for row in rows], dtype=np.float64).reshape(len(first), -1)
     return vals[inv.ravel()]
 
 

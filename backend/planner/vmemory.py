@@ -61,34 +61,49 @@ def _local(mj: str, part: str, tp: int, dp: int, ep: int, fsdp: bool, tied_copy:
 @lru_cache(maxsize=4096)
 def _sums(mj: str, part: str, tp: int, dp: int, ep: int, fsdp: bool, tied_copy: bool) -> tuple[float, ...]:
     """The SUMS of one part's local parameters (estimate._memory / fsdp_state / activations.autocast_copy_bytes)."""
-    qs = _local(mj, part, tp, dp, ep, fsdp, tied_copy)
-    managed = [q for q in qs if not (q.is_expert and ep > 1)]  # ep experts are FSDP2 ignored_params
-    blk = [q for q in qs if q.name.startswith("layers.")]
-    return (sum(q.local_numel for q in qs), len(qs), sum(q.storage_numel for q in qs), sum(q.real_numel for q in qs),
-            sum(unsharded_grad_numel(q, tp) for q in qs), sum(q.storage_numel * q.dp_group for q in managed),
-            sum(unsharded_grad_numel(q, tp) for q in managed), sum(q.local_numel for q in blk if len(q.shape) == 2),
-            sum(q.local_numel for q in blk if q.name.endswith(".bias") and ".ln" not in q.name),
-            sum(q.local_numel for q in qs if q.name.startswith("lm_head.")),
-            sum(q.local_numel for q in qs if q.name == "tok_emb.weight"))
+    out = [0] * len(SUMS)
+    for q in _local(mj, part, tp, dp, ep, fsdp, tied_copy):
+        loc, ugrad, name = q.local_numel, unsharded_grad_numel(q, tp), q.name
+        out[0] += loc
+        out[1] += 1
+        out[2] += q.storage_numel
+        out[3] += q.real_numel
+        out[4] += ugrad
+        if not (q.is_expert and ep > 1):  # ep experts are FSDP2 ignored_params
+            out[5] += q.storage_numel * q.dp_group
+            out[6] += ugrad
+        if name.startswith("layers."):
+            out[7] += loc if len(q.shape) == 2 else 0
+            out[8] += loc if name.endswith(".bias") and ".ln" not in name else 0
+        out[9] += loc if name.startswith("lm_head.") else 0
+        out[10] += loc if name == "tok_emb.weight" else 0
+    return tuple(out)
 
 
 _MODELS: dict[str, Any] = {}
 
 
+@lru_cache(maxsize=4096)
+def _numels(mj: str, part: str, tp: int, ep: int, tied_copy: bool) -> tuple[int, ...]:
+    return tuple(q.local_numel for q in _local(mj, part, tp, 1, ep, False, tied_copy))
+
+
 @lru_cache(maxsize=8192)
 def _zero1_worst(mj: str, tp: int, dp: int, ep: int, nb: int, first: bool, last: bool, tied_copy: bool, opt: str) -> int:
-    """Largest ZeRO-1 optimizer share of a rank holding nb blocks (+ embeddings / head): zero1_owned_all's partition."""
-    block = list(_local(mj, "block", tp, dp, ep, False, False))
-    params = block * nb + list(_local(mj, "first", tp, dp, ep, False, False)) * first
-    params += list(_local(mj, "last", tp, dp, ep, False, tied_copy)) * last
-    numels = [q.local_numel for q in params]
+    """Largest ZeRO-1 optimizer share of a rank holding nb blocks (+ embeddings / head): zero1_owned_all's partition.
+    Among the shares with the most elements, the optimizer's own formula is evaluated once per distinct tensor count
+    (equal-element shares differ only in their per-tensor terms)."""
+    numels = list(_numels(mj, "block", tp, ep, False)) * nb + list(_numels(mj, "first", tp, ep, False)) * first
+    numels += list(_numels(mj, "last", tp, ep, tied_copy)) * last
     owner = zero1_partition(numels, dp)  # zero1_owned_all's partition, without building every share's list
-    elems = [0] * dp
-    for n, o in zip(numels, owner):
-        elems[o] += n
-    top = max(elems)  # the largest shares by elements; the optimizer's own formula picks among them
-    return max(E._optimizer_bytes([q for q, o in zip(params, owner) if o == k], opt, fsdp=False)
-               for k in range(dp) if elems[k] == top)
+    own = np.asarray(owner, dtype=np.int64)
+    elems = np.bincount(own, weights=np.asarray(numels, dtype=np.float64), minlength=dp)  # < 2^53: exact
+    count = np.bincount(own, minlength=dp)
+    tops = np.nonzero(elems == elems.max())[0].tolist()  # the largest shares; the optimizer's formula picks among them
+    picks = {int(count[k]): k for k in tops}.values()
+    params = list(_local(mj, "block", tp, 1, ep, False, False)) * nb + list(_local(mj, "first", tp, 1, ep, False, False)) * first
+    params += list(_local(mj, "last", tp, 1, ep, False, tied_copy)) * last
+    return max(E._optimizer_bytes([q for q, o in zip(params, owner) if o == k], opt, fsdp=False) for k in picks)
 
 
 def _ns(m: Any, *, tp=1, pp=1, dp=1, ep=1, zero=0, b=1, rc=0, sp=0, sched=0, v=1, mb=1, gb=1, precision="bf16-mixed"):

@@ -84,12 +84,15 @@ def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
 def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
     cb, peak = compute_bytes(spec.train.precision), hw.peak(spec.train.precision)
     out = PassCost()
+    seen: dict[tuple, float] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
     for q in params:
         if len(q.local_shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
         n_out, k = q.local_shape  # nn.Linear weight (out, in)
         rows = _gemm_rows(spec, q, tokens)
-        f = gemm_s(hw, peak, rows, k, n_out, cb)
+        f = seen.get((rows, k, n_out))
+        if f is None:
+            f = seen[(rows, k, n_out)] = gemm_s(hw, peak, rows, k, n_out, cb)
         out.fwd_s += f
         out.bwd_s += 2 * f  # dgrad + wgrad, same shape
         out.fwd_flops += 2 * rows * k * n_out

@@ -17,7 +17,6 @@ tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 202
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from math import ceil
 from typing import Any
 
 from backend.analytic import flops as F
@@ -27,12 +26,11 @@ from backend.analytic.sharding import derived, local_params_shared, rank_stages,
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime import host as H
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
+from backend.analytic.steptime.dp_sync import dp_exposed
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
-from backend.analytic.traffic import (compute_bytes, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes,
-                                      model_parallel_traffic)
+from backend.analytic.traffic import compute_bytes, model_parallel_traffic
 
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
 UNCALIBRATED_BAND = 0.2
 """Relative half-width of low_s/high_s without a calibration (no fit, so no residuals to draw on)."""
 STEP_KEYS = ("step_s", "low_s", "high_s", "compute_s", "exposed_comm_s", "bubble_s", "optimizer_s", "other_s",
@@ -109,66 +107,6 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     return CO.collective_s(hw, tier, "send", act, 2)
 
 
-def _dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,
-                kinds: dict[str, float] | None = None) -> tuple[float, float]:
-    """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring); the seconds
-    before overlap are also summed by collective into `kinds`."""
-    kinds = {} if kinds is None else kinds
-    p, t = spec.parallel, spec.train
-    eta, mb = hw.tune.overlap_efficiency, t.microbatches
-    total = exposed = 0.0
-    fsdp = fsdp_tail = 0.0
-    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
-                      lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
-    seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
-
-    def coll_s(*args: Any, **kw: Any) -> float:
-        key = (args, tuple(kw.items()))
-        hit = seen.get(key)
-        if hit is None:
-            hit = seen[key] = CO.collective_s(hw, *args, **kw)
-        return hit
-
-    groups: dict[int, tuple[str, int]] = {}
-    for kind, payload, n in traffic:
-        tier_k = groups.get(n)
-        if tier_k is None:
-            tier_k = groups[n] = (CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g))
-        tier, k = tier_k
-        if kind == "all_reduce":
-            buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
-            s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
-            last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
-            total += s
-            kinds[kind] = kinds.get(kind, 0.0) + s
-            exposed += max(s - eta * pass_total.bwd_s, last)  # Li 2020 Sec 3.2.3: overlaps the last backward
-        elif kind == "broadcast":
-            # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
-            # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
-            s = coll_s(tier, kind, payload, n, calls=1, per_node=k)
-            total += s
-            kinds[kind] = kinds.get(kind, 0.0) + s
-            exposed += s
-        else:
-            calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
-                1 if p.pp > 1 else mb)
-            s = coll_s(tier, kind, payload, n, calls=calls, per_node=k)
-            # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
-            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
-            copy = seen.get(("copy", payload, calls))
-            if copy is None:
-                copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
-            exposed += copy
-            total += s
-            kinds[kind] = kinds.get(kind, 0.0) + s
-            fsdp += s
-            fsdp_tail = max(fsdp_tail, s / calls)
-    if fsdp:
-        window = mb * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
-        exposed += max(fsdp - eta * window, 2 * fsdp_tail)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
-    return total, exposed
-
-
 def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
     """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
     (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
@@ -230,7 +168,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     for k, (r, params, stages, comm, tot, kinds) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
         dp_kinds: dict[str, float] = {}
-        dp_total, dp_exp = _dp_exposed(spec, hw, g, params, tot, dp_kinds)
+        dp_total, dp_exp = dp_exposed(spec, hw, g, params, tot, dp_kinds)
         kinds = {c: (kinds.get(c, 0.0) * rc + dp_kinds.get(c, 0.0)) * share for c in {*kinds, *dp_kinds}}
         compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
         comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}

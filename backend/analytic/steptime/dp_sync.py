@@ -1,0 +1,118 @@
+"""Data-parallel gradient / parameter sync of one rank per step (pure Python): seconds per collective and how
+much of it the rank's compute hides. DDP's bucketed all-reduce overlaps the last microbatch's backward, the last
+bucket cannot (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
+prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and the last
+reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast follows the
+optimizer step, exposed.
+
+The collectives' seconds do not depend on the microbatch's compute, so they are computed once per rank's
+parameter tuple and layout (`dp_colls`, memoised like the rest of the per-rank work) and only the overlap is
+evaluated per call (`dp_exposed`), replaying the same additions in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import Any
+
+from backend.analytic.sharding import derived
+from backend.analytic.steptime import collectives as CO
+from backend.analytic.steptime.compute import PassCost, memory_s
+from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.traffic import dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
+
+
+@dataclass(frozen=True)
+class DpColls:
+    """One rank's data-parallel collectives per step, before overlap."""
+    hw: Hardware
+    """Held so that the memo's id(hw) key cannot be reused while the entry lives."""
+    total_s: float
+    kinds: dict[str, float]
+    """Seconds by collective kind (all_reduce, broadcast, all_gather, reduce_scatter)."""
+    exposure: tuple[tuple[bool, float, float], ...]
+    """In traffic order: (True, seconds, last bucket's seconds) of an all-reduce that overlaps the last backward,
+    or (False, seconds, 0) always exposed (ZeRO-1's broadcast, FSDP2's copy-in / copy-out)."""
+    fsdp_s: float
+    fsdp_tail_s: float
+    """The largest single FSDP2 gather / reduce-scatter (one unit's, per call)."""
+
+
+def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
+    """The rank's DpColls, memoised per shared params tuple on every input it reads (the params fix the model,
+    the degrees, the schedule's placement and the rank; the key adds the flavour, microbatches, pp, the FSDP
+    parameter bytes, the node size and the hardware)."""
+    p, t = spec.parallel, spec.train
+    key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), g, id(hw))
+    colls = derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps))
+    return colls if colls.hw is hw else _dp_colls(spec, hw, g, params)
+
+
+def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
+    p, mb = spec.parallel, spec.train.microbatches
+    total = fsdp = fsdp_tail = 0.0
+    kinds: dict[str, float] = {}
+    exposure: list[tuple[bool, float, float]] = []
+    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
+                      lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
+    seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
+
+    def coll_s(*args: Any, **kw: Any) -> float:
+        key = (args, tuple(kw.items()))
+        hit = seen.get(key)
+        if hit is None:
+            hit = seen[key] = CO.collective_s(hw, *args, **kw)
+        return hit
+
+    groups: dict[int, tuple[str, int]] = {}
+    for kind, payload, n in traffic:
+        tier_k = groups.get(n)
+        if tier_k is None:
+            tier_k = groups[n] = (CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g))
+        tier, k = tier_k
+        if kind == "all_reduce":
+            buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
+            s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
+            last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
+            exposure.append((True, s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
+        elif kind == "broadcast":
+            # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
+            # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
+            s = coll_s(tier, kind, payload, n, calls=1, per_node=k)
+            exposure.append((False, s, 0.0))
+        else:
+            calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
+                1 if p.pp > 1 else mb)
+            s = coll_s(tier, kind, payload, n, calls=calls, per_node=k)
+            # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
+            copy = seen.get(("copy", payload, calls))
+            if copy is None:
+                copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
+            exposure.append((False, copy, 0.0))
+            fsdp += s
+            fsdp_tail = max(fsdp_tail, s / calls)
+        total += s
+        kinds[kind] = kinds.get(kind, 0.0) + s
+    return DpColls(hw=hw, total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
+
+
+def dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,
+               kinds: dict[str, float] | None = None) -> tuple[float, float]:
+    """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring); the seconds
+    before overlap are also summed by collective into `kinds`."""
+    kinds = {} if kinds is None else kinds
+    colls = dp_colls(spec, hw, g, params)
+    for k, v in colls.kinds.items():
+        kinds[k] = kinds.get(k, 0.0) + v
+    eta, bwd = hw.tune.overlap_efficiency, pass_total.bwd_s
+    exposed = 0.0
+    for overlaps, s, last in colls.exposure:
+        exposed += max(s - eta * bwd, last) if overlaps else s
+    if colls.fsdp_s:
+        window = spec.train.microbatches * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
+        exposed += max(colls.fsdp_s - eta * window, 2 * colls.fsdp_tail_s)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
+    return colls.total_s, exposed
