@@ -70,7 +70,7 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
         if q.dp_group > 1:
             by_group.setdefault(q.dp_group, []).append(q)
     experts = [q for q in params if q.is_expert and p.ep > 1]
-    if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: one flat all-reduce + a 4 B flag per tensor
+    if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
         if p.zero_stage <= 1:
