@@ -66,6 +66,7 @@ def build_env(extra_env: dict[str, str] | None = None) -> tuple[dict[str, str], 
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a native crash in a rank (SIGSEGV, SIGABRT) leaves its Python stacks in the log
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
     env[JOB_ENV] = f"job-{uuid.uuid4().hex[:12]}"
