@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.analytic.estimate import estimate  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
 from backend.planner.memory import light_spec, worst_rank_bytes  # noqa: E402
-from backend.planner.screen import screen  # noqa: E402
-from backend.planner.search import budget_bytes, plan  # noqa: E402
-from backend.planner.space import enumerate_layouts, layout_spec_dict  # noqa: E402
+from backend.planner.search import budget_bytes, plan, search  # noqa: E402
+from backend.planner.space import layout_spec_dict  # noqa: E402
+from backend.planner.vmemory import worst_rank_bytes_v  # noqa: E402
 from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 
 LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096,
@@ -52,21 +52,14 @@ def timed(fn, repeats: int = 5):
 def main() -> None:
     import random
 
-    import numpy as np
-
-    from backend.planner.vmemory import worst_rank_bytes_v
-
     hw = get_hardware("h100-sxm")
     budget = budget_bytes(hw.memory_bytes)
 
-    def search():  # what plan() does before re-timing its pool
-        L = enumerate_layouts(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, global_batch=BATCH)
-        mem, step = screen(LLAMA70B, L, hw=hw, global_batch=BATCH, gpus_per_node=NODE)
-        keep = np.nonzero(mem <= budget)[0]
-        return L, keep[np.argsort(step[keep], kind="stable")]
+    def searched():  # plan()'s per-layout work, before it re-times its pool
+        return search(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, budget=budget)
 
-    (L, order), cold_w, cold_c = timed(search, repeats=1)
-    _, wall, cpu = timed(search)
+    (L, _, order), cold_w, cold_c = timed(searched, repeats=1)
+    _, wall, cpu = timed(searched)
     n = len(L)
     print(f"70B (Llama-2-70B shape) on {GPUS} GPUs, batch {BATCH}: {n} layouts, {len(order)} fit {budget / 1e9:.1f} GB")
     print(f"  search (enumerate + exact vectorised memory + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "

@@ -236,10 +236,10 @@ def head_beyond_blocks_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes:
     lm_head's 16-bit weight cast (as `rank_activation_bytes` adds them). b may be an array."""
     head = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
                                                  autocast=autocast, norm=norm, learned_pos=learned_pos)
-    local_v = -(-vocab // t)
-    head = head - s * INDEX_BYTES * learned_pos + (b * s * local_v * dtype_bytes if t > 1 else 0)
+    shard = tp_logits_shard_bytes(s=s, b=b, vocab=vocab, t=t, dtype_bytes=dtype_bytes)
+    head = head - s * INDEX_BYTES * learned_pos + shard
     head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t)
-    return head + (local_v * h * dtype_bytes if autocast else 0)
+    return head + (-(-vocab // t) * h * dtype_bytes if autocast else 0)
 
 
 def ep_dispatch_peak_bytes(*, s: int, b: int, h: int, n_experts: int, top_k: int, dtype_bytes: float,
@@ -319,9 +319,13 @@ def _saved_end_of_forward(spec: Any, rank: int, layers: list[int], stages: list[
 
 
 def _tp_logits_shard_bytes(spec: Any, dtype_bytes: float) -> float:
-    """ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays alive next to the gathered logits."""
     m, t, p = spec.model, spec.train, spec.parallel
-    return t.micro_batch * m.seq_len * -(-m.vocab_size // p.tp) * dtype_bytes if p.tp > 1 else 0.0
+    return tp_logits_shard_bytes(s=m.seq_len, b=t.micro_batch, vocab=m.vocab_size, t=p.tp, dtype_bytes=dtype_bytes)
+
+
+def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: float) -> float:
+    """ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays alive next to the gathered logits."""
+    return b * s * -(-vocab // t) * dtype_bytes if t > 1 else 0.0
 
 
 def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw: dict[str, Any]) -> float:

@@ -245,6 +245,7 @@ def zero_textbook(psi: float, *, dp: int, stage: int, precision: str, optimizer:
 
 def _notes(spec: Any) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
+    where = peak_inside_forward(spec)  # None under pipelining
     if str(t.precision) != "fp32":
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
@@ -268,7 +269,7 @@ def _notes(spec: Any) -> list[str]:
                      + ("; and a rank may still hold the all-gather output of the unit it unsharded last (gloo "
                         "frees it asynchronously; seen: the embedding root on the first stage of an interleaved "
                         "schedule, + 4 B x its numel)" if p.zero_stage == 3 else ""))
-    if p.pp == 1 and p.zero_stage >= 2 and peak_inside_forward(spec) == "root":
+    if p.zero_stage >= 2 and where == "root":
         notes.append("FSDP x TP (fp32): lm_head's logits all-gather and the loss hold the same activation bytes (to a "
                      "few bytes); the peak is predicted inside the root's forward (the last block's all-gather buffer "
                      "alive; zero3: the root unsharded), a rank whose tracker keeps the loss moment measures neither")
@@ -280,11 +281,11 @@ def _notes(spec: Any) -> list[str]:
         notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
                      "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
                      "gradients; a rank whose tracker keeps the first one measures only the persistent gradients")
-    if p.zero_stage >= 2 and p.ep > 1 and spec.model.is_moe and peak_inside_forward(spec) != "block" and p.pp == 1:
+    if p.zero_stage >= 2 and p.ep > 1 and spec.model.is_moe and p.pp == 1 and where is None:
         notes.append("FSDP x EP: what the head and loss add after the blocks outweighs the last MoE block's dispatch "
                      "buffers (activations.ep_peaks_in_last_block), so the peak is predicted at the loss, after the "
                      "root's forward (zero3: no unsharded parameter held)")
-    if p.zero_stage >= 2 and peak_inside_forward(spec) == "block":
+    elif p.zero_stage >= 2 and where == "block":
         notes.append("FSDP x EP: the peak is predicted inside the last MoE block (its dispatch buffers): the root "
                      "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "
                      "are fewer peaks at the loss instead and measures only the sharded storage")

@@ -184,12 +184,13 @@ def fsdp_peak_extra(spec: Any, params: list[LocalParam], stages: list[int]) -> t
     multi = multi_stage_peak(spec, stages)
     if multi is not None:
         n_stages = p.pp * p.virtual_stages
-        at = {q.name: multi[stage_of(q.name, spec.model, n_stages)] for q in managed}
+        stage = {q.name: stage_of(q.name, spec.model, n_stages) for q in managed}
+        at = {name: multi[s] for name, s in stage.items()}
         if p.zero_stage != 2:
             params_out = sum(unsharded_numel(u) for u in units.values() if at[u[0].name].unsharded)
         for s, st in multi.items():
             if st.in_forward:
-                mine = fsdp_units(spec.model, [q for q in managed if stage_of(q.name, spec.model, n_stages) == s])
+                mine = fsdp_units(spec.model, [q for q in managed if stage[q.name] == s])
                 params_out += forward_peak_numel(mine, p.zero_stage, "block", st.gathered)
         return params_out, sum(unsharded_grad_numel(q, p.tp) for q in managed if at[q.name].grads)
     pipe = pipeline_peak(spec, stages)

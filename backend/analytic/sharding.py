@@ -258,19 +258,20 @@ def local_params_cached(spec: Any, rank: int) -> list[LocalParam]:
     return list(local_params_shared(spec, rank))
 
 
-def derived(params: Any, tag: Any, fn: Any) -> Any:
+def derived(params: Any, tag: Any, fn: Any, keep: Any = None) -> Any:
     """fn(params), memoised per (params object, tag) when `params` is a shared tuple (local_params_shared); the memo
-    holds the tuple itself, so its id cannot be reused while the entry lives. Any other sequence: fn(params)."""
+    holds the tuple itself, so its id cannot be reused while the entry lives, and `keep` likewise (an object whose
+    id(...) the tag carries, e.g. the hardware). Any other sequence: fn(params)."""
     if not isinstance(params, tuple):
         return fn(params)
     key = (id(params), tag)
     hit = _DERIVED.get(key)
-    if hit is not None and hit[0] is params:
-        return hit[1]
+    if hit is not None and hit[0] is params and hit[1] is keep:
+        return hit[2]
     if len(_DERIVED) >= 16 * _MEMO_MAX:
         _DERIVED.clear()
     value = fn(params)
-    _DERIVED[key] = (params, value)
+    _DERIVED[key] = (params, keep, value)
     return value
 
 

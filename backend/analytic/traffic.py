@@ -17,6 +17,7 @@ from backend.analytic import comm as C
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
 
 Traffic = list[tuple[str, float, int]]
 

@@ -123,6 +123,13 @@ _GATHER_STATES = (_FSDPState.PRE_FW, _FSDPState.PRE_BW)
 class _HighWater:
     """Mixin: per-category maxima, and a snapshot of every category when activations are at their maximum."""
 
+    in_reduce_grad = False
+    """Inside pipelining's REDUCE_GRAD phase (set by `flag_reduce_grad`)."""
+    unsharding = False
+    """Inside FSDP2's pre-forward unshard (set by the FSDP tracker's `_fsdp_state_pre_forward` override)."""
+    skip_gathers = True
+    """FSDP2's all-gather hook moments are not activation-peak candidates (make_tracker: False under pipelining)."""
+
     def _init_high_water(self, stats_cls: Any, hookless: bool) -> None:
         if hookless:
             self._mod_tracker = _NoModules()
@@ -134,8 +141,8 @@ class _HighWater:
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        skip = getattr(self, "in_reduce_grad", False) or getattr(self, "unsharding", False) or (
-            getattr(self, "skip_gathers", True) and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
+        skip = self.in_reduce_grad or self.unsharding or (
+            self.skip_gathers and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0

@@ -68,10 +68,9 @@ def _params(hw: Hardware, x: np.ndarray) -> dict[str, float]:
     return out
 
 
-def predict(hw: Hardware, s: Sample) -> tuple[float, float]:
-    st = step_time(s.spec, hw)
-    r0 = st.per_rank[0]
-    return st.summary["step_s"], sum(r0.comm_s.values())
+def predict(hw: Hardware, s: Sample) -> float:
+    """Predicted step seconds of one run's spec on hw."""
+    return step_time(s.spec, hw).summary["step_s"]
 
 
 def sample_loss(hw: Hardware, s: Sample) -> float:
@@ -172,7 +171,7 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
                 xi = nelder_mead(lambda x: _loss(hw, rest, x), x0, iters=iters)
             else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
                 xi = nelder_mead(lambda x: _loss(hw, rest, x), best, step=0.2, iters=max(20, iters // 4))
-            pred, _ = predict(apply(hw, _params(hw, xi)), s)
+            pred = predict(apply(hw, _params(hw, xi)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
                          "error_pct": (pred - s.step_s) / s.step_s * 100})

@@ -8,7 +8,6 @@ runs on steps of its own, so measuring never inflates the step time.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from typing import Any
@@ -42,11 +41,6 @@ def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return batch
 
 
-RUNNING_EXTRA = ("loss_scaling",)
-"""Prepared.extra keys that count over every step (the fp16 scaler's steps and skips), kept as they are after the
-comm-timing steps; every other key is a per-step record and is taken from the memory-tracked step."""
-
-
 def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     """Run every phase on this rank; return this rank's payload (see engine/assemble.py for the format).
 
@@ -66,12 +60,14 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     if t.warmup_steps == 0:
         check_placement(ctx.device, prep.modules, prep.optimizer)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
-    tracked = copy.deepcopy(prep.extra)  # what the strategy measured in the memory-tracked step (ep: its routing)
+    # The objects the memory-tracked step published: a per-step record is replaced by each step (ep: its routing),
+    # so this keeps the tracked step's, which memory and comm describe; a running value is updated in place (the
+    # fp16 scaler's steps and skips), so it stays live through the comm-timing steps.
+    tracked = dict(prep.extra)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
-    running = {k: prep.extra[k] for k in RUNNING_EXTRA if k in prep.extra}  # counts over every step, not a record
-    prep.extra.clear()  # the comm-timing steps re-record it: keep the tracked step's, which memory and comm describe
-    prep.extra.update(tracked | running)
+    prep.extra.clear()
+    prep.extra.update(tracked)
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():

@@ -62,8 +62,6 @@ def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
     fresh: a dim spanning the world would otherwise reuse the default group, which DDP's gradient all-reduce
     may use, and that all-reduce and the dispatch all-to-all must not share a gloo group (their order differs
     by rank)."""
-    import torch.distributed as dist
-
     p = spec.parallel
     return unflatten_mesh(mesh, "dp", (p.dp // p.ep, p.ep), EP_MESH_DIMS[1:3],
                           backend_override={"ep": dist.get_backend()})

@@ -74,9 +74,10 @@ class LossScaling:
         before = self._scaler.get_scale()
         self._scaler.step(optimizer)
         self._scaler.update()
-        stepped = not self._scaler.get_scale() < before  # update() backs the scale off only after a skipped step
+        after = self._scaler.get_scale()
+        stepped = not after < before  # update() backs the scale off only after a skipped step
         if not stepped:
             self.skipped_steps.append(self.steps)
         self.steps += 1
-        self.report.update(skipped_steps=list(self.skipped_steps), steps=self.steps, scale=self.scale_value())
+        self.report.update(skipped_steps=list(self.skipped_steps), steps=self.steps, scale=float(after))
         return stepped

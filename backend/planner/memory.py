@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic import estimate as E
-from backend.analytic.sharding import (LocalParam, derived, local_params_cached, local_params_shared, rank_layers,
-                                      rank_stages, zero1_owned_all)
+from backend.analytic.sharding import LocalParam, derived, local_params_shared, rank_layers, rank_stages, zero1_owned_all
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
 
 
@@ -27,14 +26,6 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
                                           train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **t}),
                                           parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **p}),
                                           runtime=RuntimeSpec())
-
-
-def _cached_params(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
-    return local_params_cached(spec, rank)  # shared with steptime.model: the pool's ranks are computed once
-
-
-def _shared(spec: ExperimentSpec, rank: int) -> tuple[LocalParam, ...]:
-    return local_params_shared(spec, rank)
 
 
 def _zero1_worst(params: list[LocalParam], dp: int, optimizer: Any) -> list[LocalParam]:
@@ -52,15 +43,16 @@ def worst_rank_bytes(spec: ExperimentSpec) -> tuple[int, E.RankEstimate]:
     p = spec.parallel
     best: E.RankEstimate | None = None
     for rank in candidate_ranks(spec):
-        params = _cached_params(spec, rank)
+        shared = local_params_shared(spec, rank)  # shared with steptime.model: the pool's ranks are computed once
+        params = list(shared)
         stages = rank_stages(spec, rank)
         fsdp = p.zero_stage >= 2
         r = E.RankEstimate(rank=rank, coords=p.coords(rank), stages=stages, layers=rank_layers(spec, stages),
                            params_count=sum(q.real_numel if fsdp else q.local_numel for q in params))
         E._memory(spec, rank, r, params)
         if p.zero_stage == 1 and p.dp > 1:  # the dp index owning the largest optimizer share
-            worst = derived(_shared(spec, rank), ("zero1_worst_share", p.dp, str(spec.train.optimizer)),
-                            lambda ps: _zero1_worst(list(ps), p.dp, spec.train.optimizer))
+            worst = derived(shared, ("zero1_worst_share", p.dp, str(spec.train.optimizer)),
+                            lambda ps: _zero1_worst(ps, p.dp, spec.train.optimizer))
             E._with_zero1_share(spec, r, worst)
         if best is None or r.total_bytes > best.total_bytes:
             best = r

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 
 from backend.analytic import pipeline as PL
-from backend.analytic.params import block_param_list, block_params, count_params
+from backend.analytic.params import block_param_list, block_params
 from backend.analytic.sharding import expert_of, tp_local_shape
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.traffic import DDP_BUCKET_BYTES, compute_bytes
 from backend.planner.space import SCHEDULES
+from backend.planner.vfsdp import unique_map
 from backend.planner.vmemory import worst_rank_bytes_v
 from backend.spec import ModelSpec
 
@@ -30,15 +32,6 @@ from backend.spec import ModelSpec
 @lru_cache(maxsize=65536)
 def _bubble(sched: int, p: int, m: int, v: int) -> float:
     return PL.bubble_over_ideal(SCHEDULES[sched], p=p, m=m, v=v) if p > 1 else 0.0
-
-
-def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """np.unique(axis=0) via one mixed-radix int64 key per row (sorting void rows is ~50x slower)."""
-    key = np.zeros(len(a), dtype=np.int64)
-    for col in a.T:
-        key = key * (int(col.max()) + 1) + col
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    return a[first], first, inv.ravel()
 
 
 def screen(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int, gpus_per_node: int,
@@ -74,9 +67,9 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
     and zero_grad passes."""
     m = model
     tp, pp, dp, ep, zero, b, rc, sched, v, sp = (L[:, i].astype(np.float64) for i in range(10))
-    cb = 4 if precision == "fp32" else 2
+    cb = compute_bytes(precision)
     peak, t = hw.peak(precision), hw.tune
-    P_l, P = float(block_params(m)), float(count_params(m))
+    P_l = float(block_params(m))
     P_emb = float(m.vocab_size * m.d_model + m.seq_len * m.d_model)
     # layers of the busiest pipeline rank (sharding.layer_split: the first `extra` stages get one more; looped
     # ranks hold stages r + k·pp, rank 0 the most; ZBV rank r holds r and 2pp-1-r)
@@ -85,8 +78,7 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
     n_loc = (layers0 * P_l + P_emb + np.where(pp == 1, P_emb, 0.0)) / tp
     mb = global_batch / (b * dp)
     mbi = (global_batch // (b * dp)).astype(np.int64)
-    pkeys, _, pinv = _unique_rows(np.stack([sched, pp, mbi, v], axis=1).astype(np.int64))
-    bubble = np.array([_bubble(*map(int, k)) for k in pkeys])[pinv]
+    bubble = unique_map(_bubble, [sched, pp, mbi, v])[:, 0]
     tokens = b * m.seq_len
     mj = m.model_dump_json()
     gemm = np.zeros(len(L))
@@ -97,10 +89,11 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
             gemm[rows] += _gemm_s(hw, peak, r_, k, n_out, cb)
     attn = 4 * b * (m.n_heads / tp) * m.seq_len ** 2 * m.head_dim / (peak * t.attention_flash_efficiency) + t.kernel_launch_s
     kb = np.where(sp == 1, tokens * m.d_model / tp * 34, tokens * m.d_model * (10 + 24 / tp))  # Korthikanti Table 2 (selective)
-    elem = kb * cb / 2 * 2 / (hw.hbm_bytes_per_s * t.memory_efficiency) + 12 * t.kernel_launch_s
+    hbm = hw.hbm_bytes_per_s * t.memory_efficiency
+    elem = kb * cb / 2 * 2 / hbm + 12 * t.kernel_launch_s
     head = (_gemm_s(hw, peak, tokens, m.d_model, m.vocab_size / tp, cb) * 3  # lm_head fwd + dgrad + wgrad,
-            + 2 * 3 * tokens * m.vocab_size / tp * 4 / (hw.hbm_bytes_per_s * t.memory_efficiency))  # + softmax passes
-    per_layer = (gemm + attn + elem) * (1 + np.select([rc == 2, rc == 1], [1.0, 0.0], 0.0)) \
+            + 2 * 3 * tokens * m.vocab_size / tp * 4 / hbm)  # + softmax passes
+    per_layer = (gemm + attn + elem) * (1 + (rc == 2)) \
         + 2 * gemm + 2.5 * attn + 2 * elem + np.where(rc == 1, attn, 0.0)  # fwd (+ recompute) + bwd (FLASH_BWD_FACTOR)
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage, the head) or the rank with
     # the last stage and the head (looped: rank pp-1, stages pp-1 + k·pp)
@@ -116,12 +109,11 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
     per_node = np.clip(gpus_per_node // tp, 1, None)
     dp_bw = np.where(tp * dp <= gpus_per_node, intra, np.minimum(intra, per_node * inter))
     ring = (dp - 1) / dp / dp_bw  # seconds per payload byte of a ring all-gather / reduce-scatter / broadcast
-    hbm = hw.hbm_bytes_per_s * t.memory_efficiency
     # dp_sync.dp_exposed: DDP / ZeRO-1 bucketed all-reduce behind the last backward (the last 25 MB bucket
     # exposed), ZeRO-1's parameter broadcast after the step, FSDP2 gathers / reduce-scatters behind the whole
     # step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out passes
     ar = 2 * 4 * n_loc * ring
-    ddp_exp = np.maximum(ar - t.overlap_efficiency * bwd, 2 * np.minimum(4 * n_loc, 25 * 2**20) * ring)
+    ddp_exp = np.maximum(ar - t.overlap_efficiency * bwd, 2 * np.minimum(4 * n_loc, DDP_BUCKET_BYTES) * ring)
     ddp_exp = ddp_exp + np.where(zero == 1, 4 * n_loc * ring, 0.0)
     gathers = np.where(pp > 1, np.where(zero == 2, 1, 1 + mb), np.where(zero == 2, 1, 2) * mb)  # fsdp_gathers_per_step
     scatters = np.where(pp > 1, 1, mb)
@@ -132,5 +124,5 @@ def approx_step_s(model: Any, L: np.ndarray, *, hw: Hardware, global_batch: int,
     fsdp_exp = copies + np.maximum(fsdp - t.overlap_efficiency * compute, 2 * np.maximum(g_s, rs_s) / (layers0 + 1))  # one unit
     dp_exposed = np.where(dp > 1, np.where(zero >= 2, fsdp_exp, ddp_exp), 0.0)
     owned = n_loc / np.where(zero >= 1, dp, 1)
-    optim = (28 * owned + 4 * n_loc / np.where(zero >= 2, dp, 1)) / (hw.hbm_bytes_per_s * t.memory_efficiency)
+    optim = (28 * owned + 4 * n_loc / np.where(zero >= 2, dp, 1)) / hbm
     return (compute + tp_s) * (1 + bubble) + dp_exposed + optim + t.step_overhead_s

@@ -55,20 +55,32 @@ def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BY
     return memory_bytes * (1 - fragmentation) - reserve_bytes
 
 
+def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, budget: float,
+           precision: str = "bf16-mixed", limits: Limits = Limits()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every layout, its worst-rank bytes, the indices of those that fit, fastest first by the proxy): the per-layout
+    work of a plan (benchmarks/planner_speed.py times exactly this)."""
+    L = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits)
+    if not len(L):
+        return L, np.zeros(0), np.zeros(0, dtype=np.int64)
+    mem, step = screen(model, L, hw=hw, global_batch=global_batch, gpus_per_node=gpus_per_node, precision=precision)
+    keep = np.nonzero(mem <= budget)[0]
+    return L, mem, keep[np.argsort(step[keep], kind="stable")]
+
+
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
          limits: Limits = Limits(), enough: int | None = None) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN))."""
     t0 = time.perf_counter()
-    L = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits)
+    device_bytes = memory_bytes or hw.memory_bytes
+    budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
+    L, mem, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
+                           budget=budget, precision=precision, limits=limits)
     if not len(L):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
-    budget = budget_bytes(memory_bytes or hw.memory_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
-    mem, step = screen(model, L, hw=hw, global_batch=global_batch, gpus_per_node=gpus_per_node, precision=precision)
-    keep = np.nonzero(mem <= budget)[0]
-    pool = keep[np.argsort(step[keep], kind="stable")][:enough or max(POOL_FACTOR * top, POOL_MIN)]
+    pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
     timed = []
     for i in pool:
@@ -86,12 +98,12 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                                           "activations_bytes", "other_bytes")}})
     seconds = time.perf_counter() - t0
-    notes = [RESERVE_DOC, f"budget {budget / 1e9:.1f} GB of {((memory_bytes or hw.memory_bytes) / 1e9):.0f} GB",
+    notes = [RESERVE_DOC, f"budget {budget / 1e9:.1f} GB of {device_bytes / 1e9:.0f} GB",
              f"searched {len(L)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the exact estimator's "
-             f"arithmetic, vectorised), {len(keep)} fit; the {len(pool)} fastest by a step-time proxy re-timed with the "
+             f"arithmetic, vectorised), {len(order)} fit; the {len(pool)} fastest by a step-time proxy re-timed with the "
              f"step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, their memory "
              "confirmed with the exact estimator"]
     notes += [f"vectorised memory disagrees with the exact estimator (> 0.5%): {m}" for m in mismatch]
-    return Plan(searched=len(L), feasible=len(keep), seconds=seconds, configs=configs,
+    return Plan(searched=len(L), feasible=len(order), seconds=seconds, configs=configs,
                 screened_per_s=len(L) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes)

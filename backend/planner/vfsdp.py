@@ -24,11 +24,6 @@ def unique_map(fn, cols: list[np.ndarray]) -> np.ndarray:
     return vals[inv.ravel()]
 
 
-@lru_cache(maxsize=1024)
-def _split(n_layers: int, n_stages: int) -> list[range]:
-    return layer_split(n_layers, n_stages)
-
-
 def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
     """The largest i <= upper with (i // per_round) % v == chunk, -1 if none."""
     if upper < 0:
@@ -71,7 +66,7 @@ def _multi_stage(pp: int, v: int, mb: int, zero: int, rank: int, n_layers: int) 
     and extra embedding roots of the peak forward's stage: forward_peak_numel)."""
     st = interleaved_peak_states(pp, v, mb, rank, zero)
     stages = sorted(st)
-    split = _split(n_layers, pp * v)
+    split = layer_split(n_layers, pp * v)
     last = pp * v - 1
     root = 0 if 0 in stages else last if last in stages else None
     fwd = [s for s in stages if st[s][2]]

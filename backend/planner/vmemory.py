@@ -85,6 +85,7 @@ _MODELS: dict[str, Any] = {}
 
 @lru_cache(maxsize=4096)
 def _numels(mj: str, part: str, tp: int, ep: int, tied_copy: bool) -> tuple[int, ...]:
+    """`local_numel` (a product, computed on every read) of one part's unsharded-by-dp parameters, once."""
     return tuple(q.local_numel for q in _local(mj, part, tp, 1, ep, False, tied_copy))
 
 
@@ -155,14 +156,14 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, fsdp: bool, gb: int, precisi
     ep, zero, b, rc, sched, v, sp = (col(i) for i in range(3, 10))
     r = np.arange(pp)[None, :]
     mb = gb // (b * dp)
-    s, h, V, cb = m.seq_len, m.d_model, m.vocab_size, compute_bytes(precision)
+    s, cb = m.seq_len, compute_bytes(precision)
     tie, lp = bool(getattr(m, "tie_embeddings", False)), str(getattr(m, "positions", "learned")) == "learned"
     mix = (tp > 1) | (pp > 1) | (ep > 1)
     ac = (precision != "fp32") & (mix if fsdp else np.ones_like(mix))  # activations.uses_autocast
     # pipeline position of every rank (sharding.stages_of_rank / layer_split)
     zbv = sched == 4
     n_st = pp * v
-    base, extra = n_layers_div(m.n_layers, n_st)
+    base, extra = m.n_layers // n_st, m.n_layers % n_st  # sharding.layer_split: earlier stages get one more
     looped = sum(np.where(k < v, base + (r + k * pp < extra), 0) for k in range(int(v.max())))
     nb = np.where(zbv, 2 * base + (r < extra) + (2 * pp - 1 - r < extra), looped)
     first = r == 0
@@ -178,7 +179,7 @@ def _block(m: Any, mj: str, R: np.ndarray, pp: int, fsdp: bool, gb: int, precisi
     F = {name: parts[:, k + j:k + j + 1] for j, name in enumerate(SUMS)}
     La = {name: parts[:, 2 * k + j:2 * k + j + 1] for j, name in enumerate(SUMS)}
     adamw = opt == "adamw"
-    act = _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
+    act = _activations(m, mj, R, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp)
     other = (E.dp_slice_batch_bytes(gb // dp, s) if E.OTHER_IS_DP_SLICE else E.input_batch_bytes(gb, s))
     if fsdp:  # FSDP2 (zero2 / zero3): sharded storage + the unsharded state at the peak (fsdp_state.fsdp_peak_extra)
         xp, xg = fsdp_extra(m, S, B, F, La, zero, sched, v, mb, ep, r, first, last, tp, pp, cb, b, sp, ac)
@@ -218,12 +219,7 @@ def _pipeline_saved(sched: str, pp, r, nb, first, last, mb, v, L1, head_shard, a
     return total + last * (k_last * head + 4 * (mb + k_last + 1))
 
 
-def n_layers_div(n_layers: int, n_stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sharding.layer_split: base layers per stage and how many earlier stages get one more."""
-    return n_layers // n_stages, n_layers % n_stages
-
-
-def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp):
+def _activations(m, mj, R, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, precision, tie, lp):
     """activations.rank_activation_bytes for every (row, pipeline rank)."""
     col = lambda i: R[:, i:i + 1]  # noqa: E731
     b, rc, sched, v, sp, ep = col(5), col(6), col(7), col(8), col(9), col(3)
@@ -239,7 +235,7 @@ def _activations(m, mj, R, S, B, F, La, nb, first, last, r, mb, ac, tp, pp, cb, 
         for k in np.unique(sched).tolist():
             rows = sched[:, 0] == k
             total[rows] = _pipeline_saved(SCHEDULES[k], pp, r, nb[rows], first, last[rows], mb[rows], v[rows],
-                                          L1[rows], Hf[rows] + shard[rows], ac[rows], sp[rows], tp[rows] if tp.shape[0] > 1 else tp,
+                                          L1[rows], Hf[rows] + shard[rows], ac[rows], sp[rows], tp[rows],
                                           b[rows], m, cb, lp)
         head_freed = last * Hfr
         fwd_tr = b * s * h / np.where(sp == 1, tp, 1) * cb

@@ -64,8 +64,9 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     """Anything the strategy knows makes measurement differ from the textbook (shown with the result)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """JSON-serialisable data the strategy measured, for engine/assemble.py (e.g. ep's "moe_routing" of the
-    memory-tracked step); travels in the rank payload under "extra"."""
+    """JSON-serialisable data the strategy measured, for engine/assemble.py; travels in the rank payload under
+    "extra". engine/loop.py keeps the objects the memory-tracked step left here: replace a per-step record each step
+    (ep's "moe_routing"), update a running value in place (fp16's "loss_scaling")."""
 
 
 def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from backend.analytic.traffic import DDP_BUCKET_BYTES
 from backend.models.gpt import MoE
 from backend.strategies import moe_dispatch
 from backend.strategies.context import RankContext
@@ -64,7 +65,7 @@ class ExpertParallel:
         self.log.microbatch = i
 
     def publish_to(self, extra: dict) -> None:
-        """The step's routing lands in extra["moe_routing"] (the last step run is the memory-tracked one)."""
+        """Each step's routing replaces extra["moe_routing"] (engine/loop.py keeps the memory-tracked step's)."""
         self.extra = extra
 
     def sync_grads(self, used: list[float]) -> list[float]:
@@ -88,9 +89,9 @@ class ExpertParallel:
                 "tokens": self.ctx.spec.train.micro_batch * m.seq_len, "records": list(self.log.records)}
 
 
-EXPERT_BUCKET_BYTES = 25 * 2**20
-"""Expert-gradient all-reduce buckets, as DDP's bucket_cap_mb=25: the flat copy alive during the sync is one bucket,
-not every expert gradient of the rank (17 GB for a 7B-class MoE at ep 8)."""
+EXPERT_BUCKET_BYTES = DDP_BUCKET_BYTES
+"""Expert-gradient all-reduce buckets, DDP's bucket_cap_mb=25 (the step-time model counts them alike): the flat copy
+alive during the sync is one bucket, not every expert gradient of the rank (17 GB for a 7B-class MoE at ep 8)."""
 
 
 def sync_expert_grads(params: list[nn.Parameter], used: list[float], replica_group, dp: int,

@@ -143,14 +143,13 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     last = stage == n_stages - 1
     tokens = t.micro_batch * m.seq_len
 
-    def weights(ps: Any) -> tuple[Hardware, PassCost]:
+    def weights(ps: Any) -> PassCost:
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
-        return hw, _weights_cost(spec, hw, mine, tokens)
+        return _weights_cost(spec, hw, mine, tokens)
 
-    # memoised per shared params tuple on every input _weights_cost reads (hw held in the value: its id stays valid)
-    held, w = derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep, m.n_experts),
-                      weights)
-    cost = replace(w) if held is hw else weights(params)[1]
+    # memoised per shared params tuple on every input _weights_cost reads
+    cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
+                                    m.n_experts), weights, keep=hw))
     attn, elem = attention_cost(spec, hw, attention), elementwise_cost(spec, hw)
     n = len(layers)
     cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)

@@ -20,16 +20,12 @@ from backend.analytic.sharding import derived
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime.compute import PassCost, memory_s
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.traffic import dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes
-
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3)
+from backend.analytic.traffic import DDP_BUCKET_BYTES, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes
 
 
 @dataclass(frozen=True)
 class DpColls:
     """One rank's data-parallel collectives per step, before overlap."""
-    hw: Hardware
-    """Held so that the memo's id(hw) key cannot be reused while the entry lives."""
     total_s: float
     kinds: dict[str, float]
     """Seconds by collective kind (all_reduce, broadcast, all_gather, reduce_scatter)."""
@@ -47,8 +43,7 @@ def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     parameter bytes, the node size and the hardware)."""
     p, t = spec.parallel, spec.train
     key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), g, id(hw))
-    colls = derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps))
-    return colls if colls.hw is hw else _dp_colls(spec, hw, g, params)
+    return derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps), keep=hw)
 
 
 def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
@@ -97,7 +92,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             fsdp_tail = max(fsdp_tail, s / calls)
         total += s
         kinds[kind] = kinds.get(kind, 0.0) + s
-    return DpColls(hw=hw, total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
+    return DpColls(total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
 
 
 def dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,

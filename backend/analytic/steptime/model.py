@@ -80,7 +80,7 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
              kinds: dict[str, float] | None = None) -> dict[str, float]:
     """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension; also
     summed by collective into `kinds`."""
-    p, m = spec.parallel, spec.train.microbatches
+    m = spec.train.microbatches
     out = {"tp": 0.0, "ep": 0.0}
     for kind, payload, n in model_parallel_traffic(spec, layers, stages):
         if kind in ("send", "recv"):
@@ -139,7 +139,7 @@ def _numel_sums(params: Any) -> tuple[int, int, int]:
 def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
               band: tuple[float, float] | None = None) -> StepTime:
     """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS)."""
-    p, t, m = spec.parallel, spec.train, spec.model
+    p, t = spec.parallel, spec.train
     g = gpus_per_node or hw.gpus_per_node
     attention = attention or ("eager" if hw.kind == "cpu" else "flash")
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
