@@ -29,12 +29,12 @@ def rank_env(backend: str, device: torch.device) -> dict[str, Any]:
         out["gpu_count"] = torch.cuda.device_count()
         out["cuda"] = torch.version.cuda
     else:
-        out["device_name"] = _cpu_name()
+        out["device_name"] = cpu_name()
         out["gpu_count"] = 0
     return out
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

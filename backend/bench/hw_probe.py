@@ -4,6 +4,10 @@ relative to it, and the host cost of one DTensor operator.
 
   python -m backend.bench.hw_probe            # writes data/hardware_cpu.json (or $SHARDLAB_CPU_PROFILE)
   python -m backend.bench.hw_probe --json     # also prints it
+  python -m backend.bench.hw_probe --device cuda -o gpu.json [--budget-s 80]
+      # the operation tables of this GPU (backend/bench/op_probe.py) as one hardware.json profile, written as
+      # {"profiles": {"measured-<device>": entry}}: pass the file as SHARDLAB_HARDWARE, then
+      # `estimate --hardware measured-<device>`. `--device cpu --tables --sizes tiny` runs the same code on the CPU.
 
 Each rank runs with 1 thread (as the engine's ranks do: OMP_NUM_THREADS=1), so peak_flops is one core's;
 more ranks than cores time-share them (steptime.model._timeshare). α–β: least squares of t(S) = α + S/β over
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -158,7 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", type=Path, default=None, help="default: $SHARDLAB_CPU_PROFILE or data/hardware_cpu.json")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the GPU operation tables (implies --tables); cpu (default): this machine's CPU profile")
+    ap.add_argument("--tables", action="store_true", help="the operation tables instead of the CPU profile")
+    ap.add_argument("--sizes", choices=("full", "tiny"), default=None, help="grid of the tables (default: full on "
+                    "cuda, tiny on cpu)")
+    ap.add_argument("--budget-s", type=float, default=80.0, help="time for all tables (each stops at its share)")
     args = ap.parse_args(argv)
+    if args.device == "cuda" or args.tables:
+        return _tables_main(args)
     prof = probe()
     out = args.output or cpu_profile_path()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +179,31 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(prof, indent=2) if args.json else f"wrote {out}: peak {prof['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s per core, "
           f"memory {prof['hbm_bytes_per_s'] / 1e9:.1f} GB/s, gloo α {prof['tune']['intra_latency_s'] * 1e6:.1f} µs, "
           f"β {prof['intra_bytes_per_s'] / 1e9:.2f} GB/s")
+    return 0
+
+
+def _tables_main(args: argparse.Namespace) -> int:
+    from backend.bench.op_probe import FULL, TINY
+    from backend.bench.op_profile import probe_profile
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device cuda but torch.cuda.is_available() is False (torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda})", file=sys.stderr)
+        return 2
+    if not args.budget_s > 0:
+        print(f"error: --budget-s must be > 0 (got {args.budget_s})", file=sys.stderr)
+        return 2
+    sizes = {"full": FULL, "tiny": TINY}[args.sizes or ("full" if args.device == "cuda" else "tiny")]
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    progress = lambda name, s: print(f"hw_probe: {name} {s:.1f} s", file=sys.stderr, flush=True)  # noqa: E731
+    key, entry = probe_profile(device, sizes, args.budget_s, on_table=progress)
+    out = args.output or Path(f"hardware_{key}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"profiles": {key: entry}}, indent=1))
+    tune = entry["tune"]
+    print(json.dumps({key: entry}, indent=1) if args.json else
+          f"wrote {out}: profile {key!r}, GEMM efficiency max {tune.get('gemm_efficiency_max')}, flash attention "
+          f"{tune.get('attention_flash_efficiency')}, memory {tune.get('memory_efficiency')}")
     return 0
 
 

@@ -75,7 +75,9 @@ def _torch_frame(e: BaseException) -> str:
     return f"{Path(tb[-1].filename).name}:{tb[-1].lineno} {tb[-1].name}" if tb else "unknown frame"
 
 
-def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
+def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dict[str, Any]:
+    """Trace `rank` on fake tensors of `device_type` ("cuda": fake CUDA tensors, which needs a CUDA build of torch;
+    the tracker then rounds storages as on a GPU)."""
     from backend.bench import memory
     from backend.engine import mesh as mesh_mod
     from backend.engine.data import global_batch
@@ -90,7 +92,7 @@ def trace_rank(spec: ExperimentSpec, rank: int) -> dict[str, Any]:
     world = spec.parallel.world_size
     torch.set_num_threads(1)
     compat.init_fake_pg(rank, world)
-    device = torch.device("cpu")
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     # The mesh's rank tensor is real: build it outside the fake mode (torchtitan's estimator does the same).
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=0, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
@@ -138,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, type=Path)
     ap.add_argument("--rank", required=True, type=int)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device of the fake tensors")
     args = ap.parse_args(argv)
     spec = ExperimentSpec.from_json(args.spec.read_text())
     try:
-        out = trace_rank(spec, args.rank)
+        out = trace_rank(spec, args.rank, args.device)
     except Exception as e:  # noqa: BLE001 - every failure is reported with its rank, kind and traceback
         reason = unsupported_reason(e)
         out = {"rank": args.rank, "status": "unsupported" if reason else "failed",

@@ -46,12 +46,13 @@ def representative_ranks(spec: ExperimentSpec) -> list[int]:
     return sorted(seen.values())
 
 
-def predicted_for(spec: ExperimentSpec) -> dict[int, dict[str, int]]:
+def predicted_for(spec: ExperimentSpec, device: str | None = None) -> dict[int, dict[str, int]]:
     from backend.analytic.estimate import estimate
 
     return {r.rank: {"params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
                      "optimizer_bytes": r.optimizer_bytes, "activations_bytes": r.activations_bytes,
-                     "other_bytes": r.other_bytes, "peak_bytes": r.total_bytes} for r in estimate(spec).per_rank}
+                     "other_bytes": r.other_bytes, "peak_bytes": r.total_bytes}
+            for r in estimate(spec, device=device).per_rank}
 
 
 def error_pct(traced: dict[str, int], predicted: dict[str, int]) -> dict[str, float | None]:
@@ -59,10 +60,12 @@ def error_pct(traced: dict[str, int], predicted: dict[str, int]) -> dict[str, fl
             for k in (*KEYS, "other_bytes") if k in traced}
 
 
-def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = RANK_TIMEOUT_S) -> dict[str, Any]:
+def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = RANK_TIMEOUT_S,
+                     device: str = "cpu") -> dict[str, Any]:
     """`python -m backend.trace.rank` for one rank; its JSON, or a failed record with the log tail."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "backend.trace.rank", "--spec", str(spec_path), "--rank", str(rank), "--out", str(out)]
+    cmd = [sys.executable, "-m", "backend.trace.rank", "--spec", str(spec_path), "--rank", str(rank), "--out", str(out),
+           "--device", device]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -75,15 +78,17 @@ def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = R
 
 
 def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
-               on_rank: Callable[[int, int, int], None] | None = None) -> dict[str, Any]:
-    """Trace `ranks` (default: representative_ranks) one process at a time; on_rank(k, n, rank) before each."""
+               on_rank: Callable[[int, int, int], None] | None = None, *, device: str = "cpu",
+               rank_timeout_s: float = RANK_TIMEOUT_S) -> dict[str, Any]:
+    """Trace `ranks` (default: representative_ranks) one process at a time; on_rank(k, n, rank) before each.
+    device "cuda": fake CUDA tensors, predicted for CUDA ranks (needs a CUDA build of torch, no GPU memory)."""
     t0 = time.perf_counter()
     world = spec.parallel.world_size
     bad = [r for r in (ranks or []) if not 0 <= r < world]
     if bad:
         raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
     ranks = ranks or representative_ranks(spec)
-    predicted = predicted_for(spec)
+    predicted = predicted_for(spec, "cuda" if device == "cuda" else None)  # cpu: as before (the spec's own device)
     per_rank, outcomes = [], []
     with tempfile.TemporaryDirectory(prefix="shardlab-trace-") as tmp:
         spec_path = Path(tmp) / "spec.json"
@@ -91,7 +96,7 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
         for k, r in enumerate(ranks):
             if on_rank:
                 on_rank(k + 1, len(ranks), r)
-            out = run_rank_process(spec_path, r, Path(tmp) / f"rank-{r}.json")
+            out = run_rank_process(spec_path, r, Path(tmp) / f"rank-{r}.json", rank_timeout_s, device)
             outcomes.append(out)
             if out.get("status") == "ok":
                 per_rank.append(_rank_row(out, predicted[r]))

@@ -1,0 +1,73 @@
+"""The GPU check (issue 22 A): one prepared script that measures a GPU and runs ShardLab on it, writing its results
+after every phase so that a timeout still leaves data.
+
+On the device machine (Python 3.12, its own torch with CUDA; pydantic and pytest-timeout travel as wheels built by
+`make gpu-wheels` into .gpu-wheels/), from the repository root, as ONE command:
+
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-wheels/*.whl && PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330
+
+Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, under a minute).
+
+  python benchmarks/gpu_check.py --device cuda|cpu --out DIR [--budget-s S] [--nproc N]
+      [--phases env,probe,runs,trace,tests] [--runs zero3,ddp,...] [--profile DIR/profile.json]
+
+Phases, in priority order: env (versions, device), probe (backend/bench/hw_probe.py --device cuda: GEMM, SDPA,
+element-wise, AdamW, launch and host-copy tables -> a hardware.json profile), runs (the product's launcher and
+engine on NCCL: zero3 x recompute none/selective/full, ddp, zero2, zero3 + params offload, and the mixes with
+--nproc >= 4), trace (the same specs on fake tensors at full size), tests (pytest -m gpu, and the private torch
+API checks). Output in DIR: report.json (keys env, profile, runs, trace, tests, plus kit and phases), summary.md
+(one table), profile.json (the measured profile: SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
+`python -m backend ingest DIR` stores the runs as ordinary results, tagged with the GPU they ran on.
+A retry may pass --phases runs,trace,tests --profile <previous profile.json> to skip what already came back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/gpu_check.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    ap.add_argument("--out", type=Path, required=True, help="folder for report.json, summary.md, profile.json, kit.log")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole check (default 330)")
+    ap.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per run; >= 4 adds the TP and PP mixes")
+    ap.add_argument("--phases", default=None, help="comma-separated subset of env,probe,runs,trace,tests")
+    ap.add_argument("--runs", default=None, help="comma-separated subset of the runs (default: all that fit)")
+    ap.add_argument("--profile", type=Path, default=None, help="reuse a measured profile.json (skip the probe)")
+    args = ap.parse_args(argv)
+    problems = []
+    if not args.budget_s > 0:
+        problems.append(f"--budget-s must be > 0 (got {args.budget_s})")
+    if args.nproc < 1:
+        problems.append(f"--nproc must be >= 1 (got {args.nproc})")
+    if args.profile is not None and not args.profile.is_file():
+        problems.append(f"--profile {args.profile} is not a file")
+    from backend.gpucheck.kit import parse_phases, run_kit
+    from backend.gpucheck.specs import runs_for
+
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
+    for check in (lambda: parse_phases(args.phases), lambda: runs_for(args.nproc, runs)):
+        try:
+            check()
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 2
+    report = run_kit(args.device, args.out, budget_s=args.budget_s, nproc=args.nproc, phase_names=args.phases,
+                     run_names=runs, profile=args.profile)
+    failed = [k for k, v in report.get("phases", {}).items() if v.get("status") == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
