@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run test test-fast worker browser clean postgres slurm
+.PHONY: run test test-fast worker browser clean postgres slurm gpu-check gpu-wheels
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,24 @@ test: $(VENV)/.installed-test browser postgres slurm
 
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m "not slow and not browser"
+
+# The GPU check (issue 22 A; benchmarks/gpu_check.py): device cuda when this machine has one, else the CPU kit
+# (gloo, tiny model). Output in GPU_CHECK_OUT (report.json, summary.md, profile.json, kit.log).
+GPU_CHECK_OUT ?= test-artifacts/gpu-check
+GPU_CHECK_DEVICE ?= $(shell $(PY) -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
+GPU_CHECK_BUDGET_S ?= 330
+gpu-check: $(VENV)/.installed
+	$(PY) benchmarks/gpu_check.py --device $(GPU_CHECK_DEVICE) --out $(GPU_CHECK_OUT) --budget-s $(GPU_CHECK_BUDGET_S)
+
+# Wheels the device machine lacks (requirements-gpu.txt), for Python 3.12 on manylinux x86_64; the folder is ignored
+# by git, so the device command must carry it. Prints the size of the tree + wheels (64 MiB travel at most).
+GPU_WHEELS := .gpu-wheels
+gpu-wheels: $(VENV)/.installed
+	rm -rf $(GPU_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 -d $(GPU_WHEELS) -r requirements-gpu.txt
+	@echo "wheels: $$(du -sb $(GPU_WHEELS) | cut -f1) bytes; tree (tracked + untracked, not ignored): \
+	$$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1) bytes; limit 67108864"
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts

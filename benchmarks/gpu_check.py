@@ -2,9 +2,13 @@
 after every phase so that a timeout still leaves data.
 
 On the device machine (Python 3.12, its own torch with CUDA; pydantic and pytest-timeout travel as wheels built by
-`make gpu-wheels` into .gpu-wheels/), from the repository root, as ONE command:
+`make gpu-wheels` into .gpu-wheels/, an ignored folder the run must carry), from the repository root, ONE command:
 
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-wheels/*.whl && PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330
+  python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330 --wheels .gpu-wheels
+
+(--wheels unpacks the wheels into a temporary folder put first on sys.path and PYTHONPATH, no pip needed; the pip
+equivalent is `python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-wheels/*.whl &&
+PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330`.)
 
 Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, under a minute).
 
@@ -24,12 +28,32 @@ A retry may pass --phases runs,trace,tests --profile <previous profile.json> to 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def use_wheels(folder: Path) -> Path:
+    """Unpack every wheel in `folder` into one site folder, first on sys.path and on the children's PYTHONPATH
+    (a wheel is a zip of its installed files; these have no entry points to generate)."""
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"error: --wheels {folder}: no .whl files (run `make gpu-wheels` and carry the folder)")
+    site = Path(tempfile.gettempdir()) / "shardlab-gpu-site"
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(site)
+    sys.path.insert(0, str(site))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(site) + (os.pathsep + old if old else "")
+    print(f"[gpu_check] unpacked {len(wheels)} wheels from {folder} into {site}", flush=True)
+    return site
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default=None, help="comma-separated subset of env,probe,runs,trace,tests")
     ap.add_argument("--runs", default=None, help="comma-separated subset of the runs (default: all that fit)")
     ap.add_argument("--profile", type=Path, default=None, help="reuse a measured profile.json (skip the probe)")
+    ap.add_argument("--wheels", type=Path, default=None, help="folder of wheels to unpack and use first (.gpu-wheels)")
     args = ap.parse_args(argv)
+    if args.wheels is not None:
+        use_wheels(args.wheels)
     problems = []
     if not args.budget_s > 0:
         problems.append(f"--budget-s must be > 0 (got {args.budget_s})")

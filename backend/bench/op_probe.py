@@ -140,9 +140,14 @@ def _attention_row(item: dict[str, Any], device: torch.device) -> dict[str, Any]
     b, s, a, d, causal = item["batch"], item["seq"], item["heads"], item["head_dim"], item["causal"]
     q, k, v = (randn((b, a, s, d), device, torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = randn((b, a, s, d), device, torch.bfloat16)
+    def fwd() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def both() -> None:
+        q.grad = k.grad = v.grad = None  # a fresh gradient each call, as in training (no accumulation add)
+        fwd().backward(grad)
+
     with sdpa_kernel([_sdpa_backend(item["kernel"])]):
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-        both = lambda: fwd().backward(grad)  # noqa: E731
         fwd_s = median_s([fwd], device, repeats=5)
         both_s = median_s([both], device, repeats=5)
     f_flops, b_flops = attention_flops(b, s, a, d, causal)
@@ -184,7 +189,12 @@ def _elementwise_fn(case: dict[str, Any], device: torch.device):
     if op == "cross_entropy_fwd_bwd":
         logits = randn((case["tokens"], case["vocab"]), device, bf16, requires_grad=True)
         target = torch.randint(0, case["vocab"], (case["tokens"],), device=device)
-        return lambda: F.cross_entropy(logits.float(), target).backward()
+
+        def step() -> None:
+            logits.grad = None
+            F.cross_entropy(logits.float(), target).backward()
+
+        return step
     t, h = case["tokens"], case["hidden"]
     x = randn((t, h), device, bf16)
     if op == "copy":

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("estimate", "run", "store", "trace", "hardware", "plan", "calibrate")
+COMMAND_MODULES = ("estimate", "run", "store", "trace", "hardware", "plan", "calibrate", "ingest")
 
 
 def build_parser() -> argparse.ArgumentParser:

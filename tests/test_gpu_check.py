@@ -1,0 +1,170 @@
+"""The GPU check kit (benchmarks/gpu_check.py, issue 22 A) kept from rotting on a CPU-only machine: the whole kit
+end to end on the CPU (gloo, world 1, tiny model), its output contract, a deliberately failing phase, the
+probe's tables and profile, ingest, and that the device path needs none of the dashboard's packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.bench import op_probe, op_profile
+from backend.gpucheck import kit
+from backend.gpucheck.ingest import ingest_report
+from backend.result import MemoryBreakdown, RankResult, RunResult, Status
+from backend.spec import ExperimentSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("sqlalchemy", "streamlit", "plotly", "pandas", "typer", "alembic")
+
+
+def test_device_path_imports_none_of_the_dashboard_packages():
+    """The device image has torch, numpy, psutil and pytest only: what the kit, the probe, the ranks and the trace
+    import must not pull in the store or the dashboard (pydantic travels as a wheel)."""
+    code = ("import sys; import backend.gpucheck.kit, backend.gpucheck.runs, backend.gpucheck.env_probe, "
+            "backend.bench.hw_probe, backend.bench.op_profile, backend.engine.rank, backend.launch.launcher, "
+            "backend.frameworks.assemble, backend.trace.run, backend.trace.rank, backend.analytic.steptime.model; "
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_gemm_grid_has_megatrons_sharded_shapes():
+    sizes = op_probe.Sizes(**{**op_probe.TINY.__dict__, "hidden": (4096,), "tp": (2,), "tokens": (16384,)})
+    shapes = {(r["m"], r["k"], r["n"]): r["uses"] for r in op_probe.gemm_shapes(sizes, sizes.tokens)}
+    # column-parallel QKV / MLP-in split N by tp, row-parallel out-proj / MLP-out split K (ffn = 4h)
+    assert shapes[(16384, 4096, 3 * 4096 // 2)] == ["qkv h=4096 tp=2 T=16384 fwd"]
+    assert shapes[(16384, 4096 // 2, 4096)] == ["out_proj h=4096 tp=2 T=16384 fwd"]
+    assert shapes[(16384, 4096, 4 * 4096 // 2)] == ["mlp_in h=4096 tp=2 T=16384 fwd"]
+    assert shapes[(16384, 4 * 4096 // 2, 4096)] == ["mlp_out h=4096 tp=2 T=16384 fwd"]
+    assert shapes[(4096, 16384, 3 * 4096 // 2)] == ["qkv h=4096 tp=2 T=16384 wgrad"]  # dW = X^T dY: (K, T) x (T, N)
+    assert len(shapes) == 8
+    tiny = op_probe.gemm_shapes(sizes, (8192,))  # the same (M, K, N) for two uses is measured once, for both
+    assert ["mlp_out h=4096 tp=2 T=8192 fwd", "mlp_out h=4096 tp=2 T=8192 wgrad"] in [r["uses"] for r in tiny]
+
+
+def test_half_flops_fit_recovers_the_saturating_curve():
+    e_max, half = 0.8, 3.2e10
+    points = [(f, e_max * f / (f + half)) for f in (1e9, 1e10, 1e11, 1e12, 1e13)]
+    assert op_profile.fit_half_flops(points, e_max) == pytest.approx(half, rel=0.07)  # grid step 10^(1/20)
+
+
+def test_profile_of_a_datasheet_device_keeps_its_peaks_and_measures_efficiencies():
+    datasheet = json.loads((ROOT / "backend/analytic/steptime/hardware.json").read_text())["profiles"]["h200"]
+    peak, hbm = datasheet["peak_flops"]["bf16"], datasheet["hbm_bytes_per_s"]
+    tables = {"gemm_bf16": {"rows": [{"m": 8192, "k": 8192, "n": 8192, "flops": 1.1e12, "flops_per_s": 0.7 * peak},
+                                     {"m": 2048, "k": 2048, "n": 2048, "flops": 1.7e10, "flops_per_s": 0.35 * peak}]},
+              "attention": {"rows": [{"kernel": "flash", "fwd_flops": 4e12, "bwd_flops": 1e13, "fwd_s": 0.01,
+                                      "bwd_s": 0.03, "fwd_flops_per_s": 4e14}]},
+              "elementwise": {"rows": [{"op": "copy", "bytes_per_s": 0.85 * hbm}]},
+              "launch": {"device_s_per_kernel": 2e-6, "host_s_per_launch": 5e-6}}
+    facts = {"device_type": "cuda", "device_name": "NVIDIA H200", "date": "2026-11-26T00:00:00+00:00",
+             "torch": "2.11.0+cu130", "cuda": "13.0", "memory_bytes": 150e9, "datasheet_key": "h200"}
+    entry = op_profile.profile_entry(tables, facts, datasheet)
+    assert entry["peak_flops"] == datasheet["peak_flops"] and entry["kind"] == "gpu"
+    tune = entry["tune"]
+    assert tune["gemm_efficiency_max"] == pytest.approx(0.7)
+    assert tune["memory_efficiency"] == pytest.approx(0.85)
+    assert tune["attention_flash_efficiency"] == pytest.approx(1.4e13 / 0.04 / peak)
+    assert tune["kernel_launch_s"] == 5e-6
+    assert entry["provenance"]["torch"] == "2.11.0+cu130" and entry["measured"] is tables
+    assert op_profile.profile_key(facts) == "measured-nvidia-h200"
+
+
+def test_unknown_phase_and_run_are_refused_before_anything_runs(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    assert gpu_check.main(["--device", "cpu", "--out", "/nonexistent/x", "--phases", "env,warp", "--runs", "ddp,fsdp9",
+                           "--budget-s", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown phase(s) ['warp']" in err and "unknown run(s) ['fsdp9']" in err and "--budget-s must be > 0" in err
+
+
+def _report_with(entries: list[dict]) -> dict:
+    return {"kit": {"check_id": "20261126T000000Z-abc123", "device": "cuda"},
+            "env": {"torch": {"device_name": "NVIDIA H200"}}, "runs": entries}
+
+
+def _ok_entry(name: str) -> dict:
+    spec = ExperimentSpec.model_validate({"name": f"gpu-check {name}", "runtime": {"device": "cuda"}})
+    result = RunResult(status=Status.OK, spec=spec, step_s_median=0.25,
+                       env={"device_name": "NVIDIA H200", "device_type": "cuda"},
+                       per_rank=[RankResult(rank=0, measured=MemoryBreakdown(params_bytes=512),
+                                            predicted=MemoryBreakdown(params_bytes=512))])
+    return {**result.model_dump(mode="json", by_alias=True), "gpu_check": {"run": name},
+            "step_time": {"datasheet": {"hardware": "h200", "step_s": 0.2}}}
+
+
+def test_ingest_stores_each_run_once_tagged_with_its_gpu(store_urls):
+    from db.queries import get_experiment, list_experiments
+
+    engine = store_urls.engine()
+    report = _report_with([_ok_entry("ddp"), {"status": "skipped", "error": "not started: 3 s left",
+                                              "gpu_check": {"run": "zero3-offload"}}])
+    first = ingest_report(engine, report)
+    assert [(r["run"], r["action"]) for r in first] == [("ddp", "stored"), ("zero3-offload", "skipped")]
+    again = ingest_report(engine, report)
+    assert [(r["run"], r["action"]) for r in again] == [("ddp", "already"), ("zero3-offload", "skipped")]
+    rows = list_experiments(engine, columns=["id", "status", "kind", "tags"])
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["kind"] == "measured"
+    assert "gpu:NVIDIA H200" in rows[0]["tags"] and "gpu-check" in rows[0]["tags"]
+    stored = get_experiment(engine, rows[0]["id"])
+    assert stored["result"].step_s_median == 0.25
+    assert json.loads(stored["result"].model_dump_json())["step_time"]["datasheet"]["hardware"] == "h200"
+
+
+def _files(out: Path) -> list[Path]:
+    return [p for p in out.rglob("*") if p.is_file()]
+
+
+@pytest.mark.slow
+def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
+    """The kit on the CPU: every report key, a loadable profile, real runs stored as results, and the injected
+    failure of the trace phase recorded while the tests phase after it still runs."""
+    from backend.analytic.steptime.hardware import get_hardware
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **{kit.FAULT_ENV: "trace"})
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out),
+                           "--budget-s", "240"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a phase failed (the injected one)
+    report = json.loads((out / "report.json").read_text())
+    assert set(kit.REPORT_KEYS) <= set(report)
+    phases = report["phases"]
+    assert phases["trace"]["status"] == "failed" and "injected failure" in phases["trace"]["error"]
+    assert "RuntimeError" in phases["trace"]["traceback_tail"]
+    assert {phases[p]["status"] for p in ("env", "probe", "runs", "tests")} == {"ok"}, phases
+    # the measured profile is a hardware.json profile the product loads
+    key = report["profile"]["key"]
+    monkeypatch.setenv("SHARDLAB_HARDWARE", str(out / "profile.json"))
+    hw = get_hardware(key)
+    assert hw.kind == "cpu" and hw.peak("bf16-mixed") > 0
+    assert all({"m", "k", "n", "flops_per_s"} <= set(r) for r in report["profile"]["measured"]["gemm_bf16"]["rows"])
+    # every run is an ordinary RunResult with the check's comparisons
+    assert [r["gpu_check"]["run"] for r in report["runs"]] == ["ddp", "zero3-offload"]
+    for run in report["runs"]:
+        result = RunResult.model_validate(run)
+        assert result.status == Status.OK and result.step_s_median > 0
+        assert result.per_rank[0].measured.params_bytes > 0 and result.per_rank[0].predicted.params_bytes > 0
+        assert run["step_time"]["measured_profile"]["step_s"] > 0 and run["step_time"]["measured_profile"]["hardware"] == key
+    assert report["tests"]["gpu"]["counts"].get("skipped", 0) >= 1  # no CUDA here: the gpu tests skip, not fail
+    assert report["tests"]["torch_compat"]["counts"].get("failed", 0) == 0
+    # what comes back from the device: at most 8 files, 2 folders deep, plain names
+    files = _files(out)
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
+    summary = (out / "summary.md").read_text()
+    assert summary.count("\n| ddp |") == 1 and "| zero3-offload |" in summary
+    # and ingest stores them
+    from db.session import open_db
+
+    rows = ingest_report(open_db(f"sqlite:///{tmp_path / 'store.db'}"), report)
+    assert [r["action"] for r in rows] == ["stored", "stored"]
