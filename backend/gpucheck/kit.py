@@ -26,7 +26,9 @@ from backend.gpucheck.context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_
 from backend.gpucheck.summary import render
 
 FAULT_ENV = "SHARDLAB_GPU_CHECK_FAULT"
-WEIGHTS = {"env": 0.03, "probe": 0.25, "runs": 0.45, "trace": 0.10, "tests": 0.17}
+WEIGHTS = {"env": 0.03, "probe": 0.20, "runs": 0.52, "trace": 0.10, "tests": 0.15}
+"""With --budget-s 330 on one GPU: env ~10 s, probe ~67 s, runs ~170 s, trace ~35 s, tests ~50 s (plus what earlier
+phases leave unused)."""
 MIN_S = {"cuda": {"env": 15, "probe": 25, "runs": 45, "trace": 10, "tests": 10},
          "cpu": {"env": 15, "probe": 5, "runs": 10, "trace": 5, "tests": 5}}
 """Seconds a phase needs to be worth starting; env's is its child's start-up (interpreter, torch, CUDA)."""

@@ -109,7 +109,10 @@ def runs_phase(ctx: KitContext, budget_s: float) -> list[dict[str, Any]]:
             ctx.progress(f"run {run.name}: skipped ({left:.0f} s left)")
             continue
         ctx.progress(f"run {run.name}: start (timeout {min(left, RUN_MAX_S[ctx.device]):.0f} s)")
-        res = run_one(run, ctx, min(left, RUN_MAX_S[ctx.device]))
+        try:
+            res = run_one(run, ctx, min(left, RUN_MAX_S[ctx.device]))
+        except Exception as e:  # noqa: BLE001 - run_experiment never raises for a failed run; anything else is this run's
+            res = {"status": "failed", "error": f"{type(e).__name__}: {e}", "gpu_check": {"run": run.name}}
         results.append(res)
         ctx.save()
         ctx.progress(f"run {run.name}: {run_line(res)}")
