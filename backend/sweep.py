@@ -16,8 +16,8 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any
 
-from backend.cli.spec_flags import FLAGS
 from backend.spec import ExperimentSpec, validate_spec
+from backend.spec_fields import FLAGS
 
 MAX_POINTS = 10_000
 SECTIONS = ("model", "train", "parallel", "runtime")

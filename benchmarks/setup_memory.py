@@ -29,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from backend.analytic.params import count_params  # noqa: E402
 from backend.engine import mesh as mesh_mod  # noqa: E402
 from backend.models.gpt import build_model  # noqa: E402
+from backend.runtime.entry import env_ranks  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 from backend.strategies.base import RankContext, prepare  # noqa: E402
 
@@ -65,7 +66,7 @@ def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     spec = ExperimentSpec(model=MODEL, train={"global_batch": 2, "micro_batch": 1},
                           parallel={"strategy": args.strategy, "world_size": args.world})
-    rank, world, local_rank = mesh_mod.env_ranks()
+    rank, world, local_rank = env_ranks()
     backend, device = mesh_mod.init(spec, rank, world, local_rank)
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=local_rank, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))

@@ -34,6 +34,7 @@ from backend.engine import mesh as mesh_mod  # noqa: E402
 from backend.engine.data import global_batch  # noqa: E402
 from backend.engine.loop import timed_steps  # noqa: E402
 from backend.models.gpt import build_model  # noqa: E402
+from backend.runtime.entry import env_ranks  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 from backend.strategies.base import RankContext, local_batch, prepare  # noqa: E402
 
@@ -62,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = ExperimentSpec.from_json(args.spec.read_text())
     torch.set_num_threads(1)
-    rank, world, local_rank = mesh_mod.env_ranks()
+    rank, world, local_rank = env_ranks()
     if args.pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {local_rank % (os.cpu_count() or 1)})
     _, device = mesh_mod.init(spec, rank, world, local_rank)

@@ -59,6 +59,10 @@ def _process_gone(pid: int, pid_started: float | None) -> bool:
         return False
 
 
+process_gone = _process_gone
+"""Public name for backend/cluster/reattach.py (tests patch `_process_gone`, which recover_dead_workers calls)."""
+
+
 def recover_dead_workers(engine: Engine, host: str) -> list[int]:
     """Interrupt the running experiments of workers on `host` whose process no longer exists; returns their ids.
     Workers already marked stopped or dead are not looked at again."""

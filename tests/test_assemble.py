@@ -74,11 +74,11 @@ def test_mfu_uses_known_cuda_peak(spec):
 
 
 def test_loss_parity_failure_is_called_out():
-    from backend.engine.assemble import _parity_notes
+    from backend.engine.assemble import parity_notes
     from backend.spec import ExperimentSpec
 
     spec = ExperimentSpec()
-    assert _parity_notes(spec, 3e-7) == []
-    assert _parity_notes(spec, None) == []
-    (note,) = _parity_notes(spec, 0.0231)
+    assert parity_notes(spec, 3e-7) == []
+    assert parity_notes(spec, None) == []
+    (note,) = parity_notes(spec, 0.0231)
     assert "LOSS PARITY FAILS" in note and "0.0231" in note

@@ -71,7 +71,8 @@ def test_fsdp_world4_matches_reference_and_estimate(tmp_path):
 
 
 def test_error_kind_and_atomic_write(tmp_path):
-    from backend.engine.rank import is_oom, write_json_atomic
+    from backend.atomic_io import write_json_atomic
+    from backend.runtime.entry import is_oom
 
     assert is_oom(MemoryError("x")) and is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_oom(RuntimeError("Connection closed by peer"))

@@ -1,4 +1,4 @@
-"""fp16-mixed loss scaling in the engine (engine/scaler.py, wired into strategies/step.py and pp.py): parity with
+"""fp16-mixed loss scaling in the engine (strategies/scaler.py, wired into strategies/step.py and pp.py): parity with
 the single-process reference (which scales the same way) and one skip agreed by every rank."""
 
 from __future__ import annotations

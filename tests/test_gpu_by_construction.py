@@ -144,7 +144,7 @@ def nccl_tally(monkeypatch):
     from backend.bench import comm
 
     monkeypatch.setattr(comm, "_backend_name", lambda: "nccl")
-    t = comm._Tally()
+    t = comm.Tally()
     assert t.device_timed
     return t
 
@@ -309,7 +309,7 @@ def _linear_and_opt():
 
 
 def test_fp16_scaler_unscales_and_skips_overflow():
-    from backend.engine.scaler import LossScaling
+    from backend.strategies.scaler import LossScaling
 
     x = torch.randn(3, 4)
     ref, ref_opt = _linear_and_opt()
@@ -331,7 +331,7 @@ def test_fp16_scaler_unscales_and_skips_overflow():
 
 
 def test_scaler_is_a_pass_through_without_fp16():
-    from backend.engine.scaler import LossScaling
+    from backend.strategies.scaler import LossScaling
 
     m, opt = _linear_and_opt()
     scaling = LossScaling(spec(train={"precision": "bf16-mixed"}), torch.device("cpu"))
@@ -344,7 +344,7 @@ def test_scaler_is_a_pass_through_without_fp16():
 def test_fp16_scaler_agrees_over_a_process_group(tmp_path):
     import torch.distributed as dist
 
-    from backend.engine.scaler import LossScaling
+    from backend.strategies.scaler import LossScaling
 
     assert not dist.is_initialized()
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
@@ -378,7 +378,7 @@ def test_nccl_jobs_get_flight_recorder_and_event_timing(tmp_path):
 
 
 def test_group_timeout_fires_before_the_job_timeout():
-    from backend.launch.nccl import group_timeout_s
+    from backend.runtime.timeouts import group_timeout_s
 
     assert group_timeout_s(600, "nccl") == 300 and group_timeout_s(60, "nccl") == 30
     assert group_timeout_s(7200, "nccl") == 300

@@ -1,5 +1,5 @@
 """Typed mesh dimensions (issue 11): expert parallelism comes from named DeviceMesh dims ("ep", "dp_mod_ep") of
-the (pp, dp, tp) mesh with dp unflattened (engine/mesh.build_ep_mesh), with exactly the rank groups the
+the (pp, dp, tp) mesh with dp unflattened (strategies/ep_mesh.build_ep_mesh), with exactly the rank groups the
 hand-built enumeration had, and "dp" still the full data-parallel dim. One process on the fake process group."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from backend import torch_compat as tc
-from backend.engine.mesh import EP_MESH_DIMS, build_ep_mesh, build_mesh
+from backend.engine.mesh import build_mesh
 from backend.spec import ExperimentSpec
+from backend.strategies.ep_mesh import EP_MESH_DIMS, build_ep_mesh
 
 
 def _spec(world: int, ep: int, pp: int = 1, tp: int = 1, strategy: str = "zero3") -> ExperimentSpec:

@@ -6,7 +6,7 @@ import pytest
 from backend.analytic import activations as A
 from backend.analytic import moe_routing as MR
 from backend.analytic.estimate import estimate
-from backend.engine.assemble import _routing_notes
+from backend.engine.assemble import routing_notes
 from backend.result import MemoryBreakdown, RankResult, RoutingAdjusted, RunResult
 from backend.spec import ExperimentSpec
 
@@ -143,7 +143,7 @@ def test_routing_notes_only_where_a_bound_is_missed_and_adjusted_values_set():
     heavy = [[[12, 8], [10, 10]]] * 3
     ranks = [{"extra": {"moe_routing": _routing(spec, [heavy, heavy])}}, {"extra": {}}]
     per_rank = [_rank(0, 12_000.0, 140_000), _rank(1, 10_000.0, 100_000)]
-    notes = _routing_notes(spec, ranks, per_rank)
+    notes = routing_notes(spec, ranks, per_rank)
     assert len(notes) == 1 and notes[0].startswith("rank 0:") and "1.25× uniform" in notes[0]
     g = per_rank[0].predicted_given_routing
     uniform = _uniform_a2a(spec, [heavy, heavy])

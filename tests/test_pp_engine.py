@@ -141,9 +141,10 @@ def main() -> None:
 
     from backend.engine import mesh as mesh_mod
     from backend.engine.rank import run_rank
+    from backend.runtime.entry import env_ranks
 
     out, spec_paths = Path(sys.argv[1]), sys.argv[2:]
-    rank, world, local_rank = mesh_mod.env_ranks()
+    rank, world, local_rank = env_ranks()
     try:
         for i, path in enumerate(spec_paths):
             run_rank(ExperimentSpec.from_json(Path(path).read_text()), rank, world, local_rank, out / str(i))

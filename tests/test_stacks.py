@@ -1,4 +1,5 @@
-"""Timeout diagnosis from faulthandler stack dumps (backend/launch/stacks.py)."""
+"""Timeout diagnosis from faulthandler stack dumps (backend/runtime/protocol.py writes and reads them,
+backend/launch/stacks.py diagnoses)."""
 
 import os
 import signal
@@ -7,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from backend.launch.stacks import hang_report, parse_dump, stack_path
+from backend.launch.stacks import hang_report
+from backend.runtime.protocol import parse_dump, stack_path
 
 SITE = "/venv/lib/python3.11/site-packages"
 WAITING = f'''Thread 0x00007f01 (most recent call first):
@@ -50,7 +52,7 @@ def test_no_culprit_when_every_rank_waits(tmp_path):
 def test_faulthandler_dump_round_trips(tmp_path):
     """A real process registered with enable_stack_dump writes a dump parse_dump understands."""
     code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-            "from backend.launch.stacks import enable_stack_dump\n"
+            "from backend.runtime.protocol import enable_stack_dump\n"
             f"enable_stack_dump({str(tmp_path)!r}, 3)\n"
             "print('ready', flush=True)\n"
             "time.sleep(30)\n")

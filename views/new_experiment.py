@@ -65,7 +65,7 @@ def _model_inputs() -> None:
     src = st.session_state.get(P + "source")
     if src:
         label = src.get("preset") or src.get("file") or "config.json"
-        st.caption(f"Model source: {label}" + (" (edited)" if sf._source(_values()) != src else "")
+        st.caption(f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
                    + " — stored with the run.")
     st.toggle("Run it here: scale down for the CPU ranks (same block type, fewer and narrower layers)",
               key=P + "run_here", help="Off: the full model, for prediction. On: what the CPU engine will run.")

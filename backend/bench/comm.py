@@ -41,7 +41,7 @@ except ImportError:  # torch built without distributed
 _local = threading.local()
 
 # op name (without overload) -> (collective key, how to find the payload)
-_C10D = {
+C10D_OPS = {
     "allreduce_": ("all_reduce", "tensors0"),
     "allreduce_coalesced_": ("all_reduce", "tensors0"),
     "allgather_": ("all_gather", "out_lists0"),
@@ -59,7 +59,7 @@ _C10D = {
     "recv_any_source_": ("recv", "tensors0"),
     "reduce_": ("all_reduce", "tensors0"),  # the contract has no "reduce" key: a reduce-to-root counts here
 }
-_FUNCTIONAL = {
+FUNCTIONAL_OPS = {
     "all_reduce": ("all_reduce", "arg0"),
     "all_reduce_": ("all_reduce", "arg0"),
     "all_reduce_coalesced": ("all_reduce", "tensors0"),
@@ -86,7 +86,7 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def _payload(how: str, args: tuple, result: Any) -> int:
+def op_payload_bytes(how: str, args: tuple, result: Any) -> int:
     if how == "result":
         return _nbytes(result)
     kind, idx = how[:-1], int(how[-1])
@@ -96,7 +96,7 @@ def _payload(how: str, args: tuple, result: Any) -> int:
     raise ValueError(how)
 
 
-def _group_size(args: tuple, kwargs: dict) -> int:
+def op_group_size(args: tuple, kwargs: dict) -> int:
     from torch.distributed.distributed_c10d import ProcessGroup
 
     for a in list(args) + list(kwargs.values()):
@@ -105,7 +105,7 @@ def _group_size(args: tuple, kwargs: dict) -> int:
     return 0
 
 
-def _functional_group_size(name: str, args: tuple) -> int:
+def functional_op_group_size(name: str, args: tuple) -> int:
     import torch.distributed as dist
     from backend.torch_compat import resolve_process_group as _resolve_process_group
 
@@ -139,7 +139,7 @@ def wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
     return float(ring_wire_bytes(collective, payload_bytes, n))
 
 
-class _Tally:
+class Tally:
     """Per collective type: calls, payload bytes, ring wire bytes, seconds; plus excluded bookkeeping bytes."""
 
     def __init__(self) -> None:
@@ -247,7 +247,7 @@ class _Tally:
         return {k: v / max(steps, 1) for k, v in self.excluded.items()}
 
 
-class CommCounter(_Tally, TorchDispatchMode):
+class CommCounter(Tally, TorchDispatchMode):
     """`with CommCounter() as c:` sees every collective, c10d and functional (DTensor) alike.
 
     A dispatch mode runs Python for every op, which slows small steps down several-fold: use it on an
@@ -255,7 +255,7 @@ class CommCounter(_Tally, TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        _Tally.__init__(self)
+        Tally.__init__(self)
         TorchDispatchMode.__init__(self)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -268,15 +268,15 @@ class CommCounter(_Tally, TorchDispatchMode):
             out = func(*args, **kwargs)
             self.waited(args[0])
             return out
-        table = _C10D if ns == "c10d" else _FUNCTIONAL if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
+        table = C10D_OPS if ns == "c10d" else FUNCTIONAL_OPS if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
         if table is None or name not in table:
             return func(*args, **kwargs)
         key, how = table[name]
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
         issued = time.perf_counter()
-        n = _group_size(args, kwargs) if ns == "c10d" else _functional_group_size(name, args)
-        if not self.record(key, _payload(how, args, out), n):
+        n = op_group_size(args, kwargs) if ns == "c10d" else functional_op_group_size(name, args)
+        if not self.record(key, op_payload_bytes(how, args, out), n):
             return out
         if ns == "c10d":
             self.time_work(key, t0, issued, out)

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from backend.bench.comm import _C10D, _FUNCTIONAL, _Tally, _functional_group_size, _group_size, _payload
+from backend.bench.comm import (C10D_OPS, FUNCTIONAL_OPS, Tally, functional_op_group_size, op_group_size,
+                                op_payload_bytes)
 
 _LIBS: list[Any] = []
-_TALLY: _Tally | None = None
+_TALLY: Tally | None = None
 
 
 def _c10d_kernel(op: Any, key: str, how: str):  # type: ignore[no-untyped-def]
@@ -33,7 +34,7 @@ def _c10d_kernel(op: Any, key: str, how: str):  # type: ignore[no-untyped-def]
         with torch._C._AutoDispatchBelowAutograd():
             out = op(*args, **kwargs)
         tally = _TALLY
-        if tally is not None and tally.record(key, _payload(how, args, out), _group_size(args, kwargs)):
+        if tally is not None and tally.record(key, op_payload_bytes(how, args, out), op_group_size(args, kwargs)):
             tally.time_work(key, t0, time.perf_counter(), out)
         return out
     return kernel
@@ -45,7 +46,8 @@ def _functional_kernel(op: Any, name: str, key: str, how: str):  # type: ignore[
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = op(*args, **kwargs)
         tally = _TALLY
-        if tally is not None and tally.record(key, _payload(how, args, out), _functional_group_size(name, args)):
+        if tally is not None and tally.record(key, op_payload_bytes(how, args, out),
+                                              functional_op_group_size(name, args)):
             tally.pend(out, key, t0)
         return out
     return kernel
@@ -63,19 +65,19 @@ def _wait_kernel(op: Any):  # type: ignore[no-untyped-def]
 
 def _install() -> list[Any]:
     c10d = torch.library.Library("c10d", "IMPL")
-    for name, (key, how) in _C10D.items():
+    for name, (key, how) in C10D_OPS.items():
         for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
             c10d.impl(name, _c10d_kernel(getattr(torch.ops.c10d, name).default, key, how), dispatch_key)
     funcol = torch.library.Library("_c10d_functional", "IMPL")
     ops = torch.ops._c10d_functional
-    for name, (key, how) in _FUNCTIONAL.items():
+    for name, (key, how) in FUNCTIONAL_OPS.items():
         if hasattr(ops, name):
             funcol.impl(name, _functional_kernel(getattr(ops, name).default, name, key, how), "ADInplaceOrView")
     funcol.impl("wait_tensor", _wait_kernel(ops.wait_tensor.default), "ADInplaceOrView")
     return [c10d, funcol]
 
 
-class KernelCommCounter(_Tally):
+class KernelCommCounter(Tally):
     """`with KernelCommCounter() as c:` counts c10d and functional collectives (calls, bytes, seconds); the
     hooks exist only inside the outermost such block, so code outside it runs torch's own kernels untouched."""
 

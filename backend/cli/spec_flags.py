@@ -9,61 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.spec import Framework, Offload  # issue 14
-from backend.spec import Backend, Optimizer, Precision, Recompute, Schedule, Strategy, validate_spec, ExperimentSpec
-from backend.spec import Executor
 from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
 from backend.presets import preset_model, preset_names, scaled_for_cpu
-from backend.spec import AttentionImpl, Bias, Mlp, Norm, Positions
-
-# flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
-FLAGS: dict[str, tuple[str, str, Any]] = {
-    "--name": ("", "name", str),
-    "--vocab": ("model", "vocab_size", int),
-    "--hidden": ("model", "d_model", int),
-    "--layers": ("model", "n_layers", int),
-    "--heads": ("model", "n_heads", int),
-    "--kv-heads": ("model", "n_kv_heads", int),
-    "--ffn": ("model", "ffn_hidden", int),
-    "--seq": ("model", "seq_len", int),
-    "--experts": ("model", "n_experts", int),
-    "--top-k": ("model", "top_k", int),
-    "--global-batch": ("train", "global_batch", int),
-    "--micro-batch": ("train", "micro_batch", int),
-    "--microbatches": ("train", "microbatches", int),
-    "--steps": ("train", "steps", int),
-    "--warmup-steps": ("train", "warmup_steps", int),
-    "--precision": ("train", "precision", [v.value for v in Precision]),
-    "--optimizer": ("train", "optimizer", [v.value for v in Optimizer]),
-    "--lr": ("train", "lr", float),
-    "--recompute": ("train", "recompute", [v.value for v in Recompute]),
-    "--seed": ("train", "seed", int),
-    "--strategy": ("parallel", "strategy", [v.value for v in Strategy]),
-    "--world": ("parallel", "world_size", int),
-    "--dp": ("parallel", "dp", int),
-    "--tp": ("parallel", "tp", int),
-    "--pp": ("parallel", "pp", int),
-    "--ep": ("parallel", "ep", int),
-    "--schedule": ("parallel", "pp_schedule", [v.value for v in Schedule]),
-    "--virtual-stages": ("parallel", "virtual_stages", int),
-    "--backend": ("runtime", "backend", [v.value for v in Backend]),
-    "--nnodes": ("runtime", "nnodes", int),
-    "--node-rank": ("runtime", "node_rank", int),
-    "--rdzv-endpoint": ("runtime", "rdzv_endpoint", str),
-    "--timeout": ("runtime", "timeout_s", float),
-    "--framework": ("", "framework", [v.value for v in Framework]),
-    "--offload": ("parallel", "offload", [v.value for v in Offload]),
-    "--executor": ("runtime", "executor", [v.value for v in Executor]),
-    "--nodes": ("runtime", "nnodes", int),
-    "--norm": ("model", "norm", [v.value for v in Norm]),
-    "--mlp": ("model", "mlp", [v.value for v in Mlp]),
-    "--positions": ("model", "positions", [v.value for v in Positions]),
-    "--bias": ("model", "bias", [v.value for v in Bias]),
-    "--attention": ("model", "attention", [v.value for v in AttentionImpl]),
-    "--expert-ffn": ("model", "expert_ffn_hidden", int),
-    "--shared-experts": ("model", "n_shared_experts", int),
-    "--shared-ffn": ("model", "shared_ffn_hidden", int),
-}
+from backend.spec import ExperimentSpec, validate_spec
+from backend.spec_fields import FLAGS
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:

@@ -25,9 +25,10 @@ from backend.cluster.config import SlurmConfig, load
 from backend.cluster.reattach import Detached
 from backend.cluster.script import SCRIPT_NAME, build_script, output_path
 from backend.launch import outcome
-from backend.launch.launcher import _assembled, _clear_outputs, _progress_parser, failed_result
+from backend.launch.launcher import assembled_result, clear_outputs, failed_result
 from backend.launch.outcome import Failure
 from backend.result import RunResult, Status
+from backend.runtime.protocol import any_rank_error, progress_reader, ranks_path
 from backend.spec import ExperimentSpec
 
 WORKER_ENV = "SHARDLAB_WORKER_ID"  # backend.worker.WORKER_ENV (not imported: the worker imports this module)
@@ -66,7 +67,7 @@ def _attach_or_submit(spec, cfg, workdir: Path, extra_env, launch: dict) -> str:
         launch.update(job_id=job_id, reattached=True)
         return job_id
     workdir.mkdir(parents=True, exist_ok=True)
-    _clear_outputs(workdir)
+    clear_outputs(workdir)
     write_atomic(workdir / "spec.json", spec.to_json())
     experiment_id = int(workdir.name) if workdir.name.isdigit() else 0
     script = workdir / SCRIPT_NAME
@@ -80,7 +81,7 @@ def _attach_or_submit(spec, cfg, workdir: Path, extra_env, launch: dict) -> str:
 
 
 def _follow(spec, workdir: Path, job_id: str, launch: dict, on_progress, cancel, detach=None) -> RunResult:
-    on_line = _progress_parser(on_progress) if on_progress else None
+    on_line = progress_reader(on_progress) if on_progress else None
     out = output_path(workdir, job_id)
     offset, cancelled, state, seen = 0, False, slurm.JobState("PENDING"), None
     while True:
@@ -104,16 +105,15 @@ def _follow(spec, workdir: Path, job_id: str, launch: dict, on_progress, cancel,
 
 
 def _collect(spec, workdir: Path, job_id: str, state: slurm.JobState, launch: dict, tail: str, cancelled: bool) -> RunResult:
-    ranks = workdir / "ranks.json"
-    if state.state == "COMPLETED" and ranks.exists():
-        return _assembled(spec, ranks, None, launch, tail)
+    if state.state == "COMPLETED" and ranks_path(workdir).exists():
+        return assembled_result(spec, workdir, None, launch, tail)
     said = f"SLURM job {job_id} {state.state}" + (f" (reason: {state.reason})" if state.reason else "")
     said += f", exit code {state.exit_code}" if state.exit_code and state.exit_code != "0:0" else ""
     if state.state == "VANISHED":
         said = f"SLURM job {job_id} vanished from the queue without a result ({state.reason or 'no record left'})"
     if cancelled or state.state == "CANCELLED":
         return failed_result(spec, Failure(Status.CANCELLED, f"{said}: cancelled"), launch, tail)
-    own = outcome.classify_exit(workdir, 1, tail) if any(workdir.glob("rank-*.error.json")) else None
+    own = outcome.classify_exit(workdir, 1, tail) if any_rank_error(workdir) else None
     status = STATUS.get(state.state, Status.FAILED)
     if own is not None:
         status = Status.OOM if own.status == Status.OOM else status

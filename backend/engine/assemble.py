@@ -1,18 +1,16 @@
 """Turn the gathered per-rank payloads (DIR/ranks.json) into a RunResult, next to the analytic predictions.
 
-A pure function of (spec, payload). ranks.json format (written by backend/engine/rank.py):
-  {"version": 1, "world_size": N, "backend": "gloo|nccl", "loss_reference": [float, ...],
-   "ranks": [{"rank", "coords", "strategy_module", "losses": [...], "step_s": [...],
-              "comm": {collective: {"calls", "bytes", "wire_bytes", "seconds"}},   # per timed step
-              "comm_excluded": {collective: bytes per step},   # bookkeeping (loss report), not training comm
-              "comm_group_sizes": {collective: [n, ...]},
-              "memory": {"categories": {params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes},
-                         "moment": "activation_peak", "peak_bytes", "at_peak": {same keys}, "high_water": {same keys},
-                         "tracker_at_activation_peak" / "tracker_at_peak" / "tracker_high_water": {tracker category: bytes},
-                         "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "rss_bytes"},   # see bench/memory.py
-              "env": {...}, "notes": [...], "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...],
-              "extra": {"moe_routing": {...}}}]}   # optional, strategy-measured (ep: backend/strategies/ep.routing_payload;
-                                                  # fp16: "loss_scaling": {skipped_steps, steps, scale}, engine/scaler.py)
+A pure function of (spec, payload), payload = `RanksFile.to_dict()`: the typed file of
+backend/runtime/protocol.py (`RanksFile`, one `RankPayload` per rank), as JSON. Inside a rank payload:
+  "comm": {collective: {"calls", "bytes", "wire_bytes", "seconds"}}   # per timed step
+  "comm_excluded": {collective: bytes per step}   # bookkeeping (loss report), not training comm
+  "memory": {"categories": {params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes},
+             "moment": "activation_peak", "peak_bytes", "at_peak": {same keys}, "high_water": {same keys},
+             "tracker_at_activation_peak" / "tracker_at_peak" / "tracker_high_water": {tracker category: bytes},
+             "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "rss_bytes"}   # see bench/memory.py
+  "timeline": [{rank, stage, microbatch, pass, start_s, end_s}, ...]
+  "extra": {"moe_routing": {...}}   # optional, strategy-measured (ep: backend/strategies/ep.routing_payload;
+                                    # fp16: "loss_scaling": {skipped_steps, steps, scale}, strategies/scaler.py)
 """
 
 from __future__ import annotations
@@ -26,9 +24,9 @@ from backend.analytic.estimate import estimate, matmul_params
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.hardware import utilization
-from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY, _autocast_notes,  # noqa: F401 - re-exported
-                                  _comm_notes, _dedupe, _memory_notes, _parity_notes, _recompute_notes,
-                                  _routing_notes, comm_error_pct)
+from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
+                                  autocast_notes, comm_error_pct, comm_notes, dedupe, memory_notes, parity_notes,
+                                  recompute_notes, routing_notes)
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 
@@ -50,14 +48,14 @@ def model_flops_per_step(spec: ExperimentSpec) -> float:
 def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     est = estimate(spec, device=run_device(payload))
     ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
-    notes = _dedupe(n for r in ranks for n in r.get("notes", []))
+    notes = dedupe(n for r in ranks for n in r.get("notes", []))
     notes += [n for n in est.notes if n not in notes]
     per_rank = [_rank_result(r, est.per_rank[r["rank"]]) for r in ranks]
-    notes += _memory_notes(per_rank)
-    notes += _autocast_notes(spec, per_rank)
-    notes += _recompute_notes(spec, per_rank)
-    notes += _routing_notes(spec, ranks, per_rank)
-    notes += _comm_notes(ranks, per_rank, payload.get("backend", ""))
+    notes += memory_notes(per_rank)
+    notes += autocast_notes(spec, per_rank)
+    notes += recompute_notes(spec, per_rank)
+    notes += routing_notes(spec, ranks, per_rank)
+    notes += comm_notes(ranks, per_rank, payload.get("backend", ""))
     step_med = step_s_median([r["step_s"] for r in ranks])
     loss = [float(x) for x in ranks[0]["losses"]] if ranks else []
     ref = [float(x) for x in payload.get("loss_reference", [])]
@@ -65,7 +63,7 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     achieved = est.flops_per_step / step_med if step_med else None
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
     diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
-    notes += _parity_notes(spec, diff)
+    notes += parity_notes(spec, diff)
     skipped, scaling_notes = _loss_scaling(ranks)
     notes += scaling_notes
     model_flops = model_flops_per_step(spec)
@@ -83,7 +81,7 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
 
 
 def _loss_scaling(ranks: list[dict[str, Any]]) -> tuple[list[int] | None, list[str]]:
-    """fp16-mixed: the steps the loss scaler skipped (agreed by every rank: backend/engine/scaler.py) and a note."""
+    """fp16-mixed: the steps the loss scaler skipped (agreed by every rank: backend/strategies/scaler.py) and a note."""
     reports = [r.get("extra", {}).get("loss_scaling") for r in ranks]
     if not any(reports):
         return None, []

@@ -8,8 +8,6 @@ runs on steps of its own, so measuring never inflates the step time.
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import torch
@@ -18,20 +16,21 @@ from backend.bench import comm as comm_bench
 from backend.bench.comm_hooks import KernelCommCounter
 from backend.bench import memory, timing
 from backend.engine.data import global_batch
-from backend.launch.faults import maybe_inject
+from backend.runtime.faults import maybe_inject
+from backend.runtime.protocol import Progress, emit_progress
 from backend.spec import Schedule
 from backend.strategies.base import Prepared, RankContext, global_mean_loss, local_batch
 from backend.strategies.materialize import check_placement
 
-PROGRESS = "SHARDLAB_PROGRESS"
 COMM_STEPS = 3
 """Comm-timing steps after the memory step (at most spec.train.steps): collectives' seconds are their mean."""
 
 
 def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
-    """One line on stderr from rank 0 when step `step` (1-based) of `of` in `phase` has finished."""
+    """One progress line on stderr from rank 0 (or a one-process program: ctx None) when step `step` (1-based)
+    of `of` in `phase` has finished."""
     if ctx is None or ctx.rank == 0:
-        print(f"{PROGRESS} {json.dumps({'step': step, 'of': of, 'phase': phase})}", file=sys.stderr, flush=True)
+        emit_progress(Progress(step=step, of=of, phase=phase))
 
 
 def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,17 +67,22 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
     prep.extra.clear()
     prep.extra.update(tracked)
+    return {"losses": losses, "step_s": step_s, **comm_payload(full, counted, n_comm), "memory": mem}
+
+
+def comm_payload(full: comm_bench.CommCounter, counted: KernelCommCounter, n_comm: int) -> dict[str, Any]:
+    """The payload's comm keys from the memory-tracked step's complete count (`full`: calls, bytes, group sizes)
+    and the `n_comm` comm-timing steps' kernel count (`counted`: seconds). A collective the kernel hooks did not
+    see keeps the tracked step's own timing, marked `seconds_from: "memory_step"`."""
     comm = full.summary(1)
     counted_summary = counted.summary(n_comm)
     for k, v in comm.items():
-        if k in counted_summary:  # else (not seen on the comm-timing steps): the tracked step's own timing, marked
+        if k in counted_summary:
             v["seconds"] = counted_summary[k]["seconds"]
         else:
             v["seconds_from"] = "memory_step"
-    return {"losses": losses, "step_s": step_s, "comm": comm, "comm_kernel": counted_summary,
-            "comm_excluded": full.excluded_per_step(1),
-            "comm_group_sizes": {k: sorted(v) for k, v in full.group_sizes.items()},
-            "memory": mem}
+    return {"comm": comm, "comm_kernel": counted_summary, "comm_excluded": full.excluded_per_step(1),
+            "comm_group_sizes": {k: sorted(v) for k, v in full.group_sizes.items()}}
 
 
 def timed_steps(ctx: RankContext, prep: Prepared, losses: list[float]) -> list[float]:
@@ -113,7 +117,7 @@ def comm_steps(ctx: RankContext, prep: Prepared, first: int, n: int) -> KernelCo
     return counter
 
 
-def _split_backward(ctx: RankContext) -> bool:
+def has_split_backward(ctx: RankContext) -> bool:
     """Schedules whose backward runs autograd.grad(inputs=...), which module-hook trackers break; decided
     before the step on every rank alike (a tracker failing mid-step would leave the peers hanging)."""
     p = ctx.spec.parallel
@@ -126,7 +130,7 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()  # reserved memory must not include what set-up left in the pool
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx),
+    tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=has_split_backward(ctx),
                                   skip_gathers=ctx.spec.parallel.pp == 1)
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)

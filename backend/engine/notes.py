@@ -30,7 +30,7 @@ WHY = {
 PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2}
 
 
-def _parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
+def parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
     bound = PARITY_BOUND.get(str(spec.train.precision), 1e-4)
     if diff is None or diff <= bound:
         return []
@@ -44,7 +44,7 @@ def comm_error_pct(rr: RankResult) -> dict[str, float | None]:
     return {k: error_pct(rr.comm[k].bytes if k in rr.comm else 0.0, rr.comm_predicted.get(k, 0.0)) for k in keys}
 
 
-def _memory_notes(per_rank: list[RankResult]) -> list[str]:
+def memory_notes(per_rank: list[RankResult]) -> list[str]:
     notes = []
     for cat, bound in BOUNDS_PCT.items():
         off = [(rr.rank, rr.error_pct.get(cat), getattr(rr.measured, cat), getattr(rr.predicted, cat))
@@ -62,7 +62,7 @@ def _memory_notes(per_rank: list[RankResult]) -> list[str]:
     return notes
 
 
-def _autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
+def autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
     """DDP / ZeRO-1 run mixed precision under torch.autocast, whose activation memory the 16-bit formula misses."""
     if str(spec.train.precision) == "fp32" or module_name_for(spec) not in ("ddp", "zero1"):
         return []
@@ -75,7 +75,7 @@ def _autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[st
             f"stream in fp32, while the formula counts every saved activation at 2 B."]
 
 
-def _recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
+def recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
     if str(spec.train.recompute) != "full":
         return []
     if not any(abs(rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"] for rr in per_rank):
@@ -85,7 +85,7 @@ def _recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[s
             "activations + its recomputed output, not that plus the head term."]
 
 
-def _routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: list[RankResult]) -> list[str]:
+def routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: list[RankResult]) -> list[str]:
     """EP: set each rank's routing-adjusted prediction and explain, per rank where the uniform-routing prediction
     misses a bound, how far the measured routing was from uniform and how the adjusted prediction fares."""
     notes = []
@@ -121,7 +121,7 @@ def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e:+.1f}%"
 
 
-def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend: str) -> list[str]:
+def comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend: str) -> list[str]:
     notes = []
     for rr in per_rank:
         errs = comm_error_pct(rr)
@@ -139,7 +139,7 @@ def _comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend
     if excl:
         notes.append("not counted as training comm: the loss report's scalar all-reduce "
                      f"({', '.join(f'{k} {v:,.0f} B/step' for k, v in excl.items())}).")
-    return _dedupe(notes)
+    return dedupe(notes)
 
 
 def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
@@ -160,7 +160,7 @@ def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _dedupe(items: Any) -> list[str]:
+def dedupe(items: Any) -> list[str]:
     out: list[str] = []
     for x in items:
         if x not in out:

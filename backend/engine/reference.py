@@ -22,10 +22,10 @@ from backend.analytic.estimate import estimate
 from backend.atomic_io import write_json_atomic
 from backend.engine.data import global_batch
 from backend.engine.loop import progress
-from backend.engine.scaler import LossScaling
 from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
 from backend.strategies.context import make_optimizer
+from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, MicrobatchStep, OptimizerTail
 
 BUDGET_ENV = "SHARDLAB_REFERENCE_MAX_BYTES"

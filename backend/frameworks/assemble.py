@@ -13,7 +13,7 @@ MODEL_STATE_BOUND_PCT = 2.0
 
 
 def assembler_for(spec: ExperimentSpec) -> Callable[[ExperimentSpec, dict], RunResult]:
-    from backend.engine.assemble import assemble_result
+    from backend.engine import assemble_result
 
     if str(spec.framework) == "torch" and str(spec.parallel.offload) != "none":
         return assemble_torch_offload
@@ -27,7 +27,7 @@ HOST_TAGS = ("Sharded Param", "Sharded Grad", "OptState", "Optstate")
 def assemble_torch_offload(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     """torch FSDP2 with CPUOffloadPolicy: the engine's result plus the host/device split, measured and predicted."""
     from backend.analytic.offload import split
-    from backend.engine.assemble import assemble_result
+    from backend.engine import assemble_result
     from backend.result import OffloadSplit
 
     res = assemble_result(spec, payload)
@@ -49,7 +49,7 @@ def assemble_torch_offload(spec: ExperimentSpec, payload: dict[str, Any]) -> Run
 def _base(spec: ExperimentSpec, payload: dict[str, Any], *extra_words: str) -> RunResult:
     """The engine's assembly, minus its torch-layout notes on memory and comm (they describe another layout)."""
     from backend.analytic.estimate import estimate
-    from backend.engine.assemble import assemble_result
+    from backend.engine import assemble_result
 
     res = assemble_result(spec, payload)
     torch_notes = set(estimate(spec).notes)  # the torch strategies' layout, not this framework's
@@ -98,7 +98,7 @@ def assemble_deepspeed(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResu
 
 def _category_notes(res: RunResult) -> list[str]:
     """Categories outside the engine's bounds against this framework's prediction, with the numbers."""
-    from backend.engine.assemble import BOUNDS_PCT
+    from backend.engine import BOUNDS_PCT
 
     notes = []
     for cat, bound in BOUNDS_PCT.items():

@@ -5,15 +5,14 @@ backend.engine.rank --spec ... --out workdir` in its own session, streams its ou
 `on_progress`, everything to `workdir/log.txt`), and ends the whole process tree on the first failing
 rank, on `spec.runtime.timeout_s`, or on `cancel`. It always returns a result and writes it atomically
 to `workdir/result.json`: ok (assembled from `ranks.json`), or failed/oom/timeout/cancelled with the
-first failing rank, its traceback, the log tail and the predicted memory per rank.
+first failing rank, its traceback, the log tail and the predicted memory per rank. What the ranks write and
+print is read through backend/runtime/protocol.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import re
 import socket
 import threading
 import time
@@ -27,9 +26,10 @@ from backend.launch import nccl, outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
 from backend.result import MEMORY_CATEGORIES, MemoryBreakdown, RankResult, RunResult, Status
+from backend.runtime.protocol import (RANKS_FILE, ProtocolError, any_rank_error, clear_rank_outputs, progress_reader,
+                                     ranks_path, read_ranks)
 from backend.spec import Device, ExperimentSpec
 
-PROGRESS = re.compile(r"SHARDLAB_PROGRESS\s+(\{.*\})\s*$")
 POLL_S = 0.2
 GRACE_S = 5.0
 """SIGTERM -> SIGKILL grace when the launcher ends a job."""
@@ -57,7 +57,7 @@ def run_experiment(
     workdir = Path(workdir).resolve()  # the ranks run with cwd = repo root
     workdir.mkdir(parents=True, exist_ok=True)
     started_at, t0 = _now(), time.monotonic()
-    _clear_outputs(workdir)
+    clear_outputs(workdir)
     spec_path = workdir / "spec.json"
     write_atomic(spec_path, spec.to_json())
     env, job_id = torchrun.build_env(extra_env)
@@ -83,7 +83,7 @@ def run_experiment(
 def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0, rank_module) -> RunResult:
     if cancel is not None and cancel.is_set():
         return failed_result(spec, Failure(Status.CANCELLED, "cancelled before launch"), launch)
-    on_line = _progress_parser(on_progress) if on_progress else None
+    on_line = progress_reader(on_progress) if on_progress else None
     try:
         job = Job(cmd, env=env, cwd=torchrun.ROOT, job_id=job_id, log_path=workdir / "log.txt", on_line=on_line)
     except OSError as e:
@@ -101,13 +101,13 @@ def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assem
                                     nccl=bool(launch.get("nccl")))
         return failed_result(spec, failure, launch, job.tail())
     rc = job.proc.returncode
-    ranks_path = workdir / "ranks.json"
-    if rc == 0 and ranks_path.exists():
-        return _assembled(spec, ranks_path, assemble, launch, job.tail())
+    if rc == 0 and ranks_path(workdir).exists():
+        return assembled_result(spec, workdir, assemble, launch, job.tail())
     if rc == 0 and spec.runtime.nnodes > 1:
         return _other_node_result(spec, launch)
     if rc == 0:
-        return failed_result(spec, Failure(Status.FAILED, "job exited 0 but wrote no ranks.json"), launch, job.tail())
+        failure = Failure(Status.FAILED, f"job exited 0 but wrote no {RANKS_FILE}")
+        return failed_result(spec, failure, launch, job.tail())
     return failed_result(spec, outcome.classify_exit(workdir, rc, job.tail()), launch, job.tail())
 
 
@@ -125,7 +125,7 @@ def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.
             job.dump_stacks(marker)  # where each rank is stuck, for the result's error
             job.terminate(GRACE_S)
             return "timeout"
-        if first_error_at is None and any(workdir.glob("rank-*.error.json")):
+        if first_error_at is None and any_rank_error(workdir):
             first_error_at = now
         if first_error_at is not None and now - first_error_at > PEER_EXIT_S:
             job.terminate(GRACE_S)
@@ -134,23 +134,15 @@ def _supervise(job: Job, spec: ExperimentSpec, workdir: Path, cancel: threading.
     return "exited"
 
 
-def _progress_parser(on_progress: Callable[[dict], None]) -> Callable[[str], None]:
-    def on_line(line: str) -> None:
-        m = PROGRESS.search(line)
-        if m:
-            try:
-                event = json.loads(m.group(1))
-            except json.JSONDecodeError:
-                return
-            if isinstance(event, dict):
-                on_progress(event)
-
-    return on_line
-
-
-def _assembled(spec, ranks_path: Path, assemble: Assembler | None, launch: dict, tail: str) -> RunResult:
+def assembled_result(spec: ExperimentSpec, workdir: Path, assemble: Assembler | None, launch: dict,
+                     tail: str) -> RunResult:
+    """The run's result from workdir/ranks.json (`assemble`, default: the spec's framework's assembler), or a
+    failed result saying why the payload could not be read or assembled."""
     try:
-        payload = json.loads(ranks_path.read_text())
+        payload = read_ranks(workdir).to_dict()
+    except ProtocolError as e:
+        return failed_result(spec, Failure(Status.FAILED, f"the ranks' payload is unreadable: {e}"), launch, tail)
+    try:
         if assemble is None:
             from backend.frameworks.assemble import assembler_for
 
@@ -170,7 +162,7 @@ def _other_node_result(spec: ExperimentSpec, launch: dict) -> RunResult:
     """A node of a multi-node job that did not host global rank 0: its part succeeded, it holds no payload."""
     launch["holds_measurements"] = False
     note = (f"node_rank {spec.runtime.node_rank} of {spec.runtime.nnodes}: its ranks finished cleanly; "
-            "global rank 0 ran on another node, whose launcher wrote ranks.json and holds the measurements")
+            f"global rank 0 ran on another node, whose launcher wrote {RANKS_FILE} and holds the measurements")
     return RunResult(status=Status.OK, spec=spec, env=_base_env(launch), notes=[note])
 
 
@@ -186,7 +178,7 @@ def predicted_ranks(spec: ExperimentSpec) -> list[RankResult]:
     """Analytic memory per rank (nothing measured); [] when the estimator fails for this spec."""
     try:
         from backend.analytic.estimate import estimate
-        from backend.engine.hardware import host_device
+        from backend.engine import host_device
 
         rows = estimate(spec, device=host_device(str(spec.runtime.device))).per_rank
         return [_predicted_rank(spec, row) for row in rows]
@@ -242,11 +234,10 @@ def _base_env(launch: dict) -> dict:
             "cpu_count": os.cpu_count(), "launch": launch}
 
 
-def _clear_outputs(workdir: Path) -> None:
+def clear_outputs(workdir: Path) -> None:
     """A reused workdir must not let a previous run's files speak for this one."""
-    for pattern in ("ranks.json", "result.json", "rank-*.error.json", "rank-*.stack.txt"):
-        for path in workdir.glob(pattern):
-            path.unlink(missing_ok=True)
+    clear_rank_outputs(workdir)
+    (Path(workdir) / "result.json").unlink(missing_ok=True)
 
 
 def _now() -> str:

@@ -1,10 +1,11 @@
-"""NCCL-specific launch settings: the flight recorder, collective timing, and the collective timeout.
+"""NCCL-specific launch settings: the flight recorder and collective timing.
 
 A hung NCCL collective does not block the host thread (the host blocks later, in a synchronize or the
 next barrier), so a Python stack dump names the wrong place. NCCL's watchdog sees the hang once the
 process group's timeout passes and, with the flight recorder on, dumps every rank's last collectives
 (sequence numbers, sizes, states) to files: the culprit is the first collective some rank never entered.
-That only works when the group timeout fires before the launcher ends the job, hence `group_timeout_s`.
+That only works when the group timeout fires before the launcher ends the job, hence the ranks'
+`backend.runtime.timeouts.group_timeout_s`.
 Variables as torchtitan sets them (torchtitan/distributed/utils.py `init_distributed`).
 """
 
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 TRACE_BUFFER_ENTRIES = 20000  # torchtitan's default comm.trace_buf_size
-MAX_GROUP_TIMEOUT_S = 300.0  # torchtitan's comm.init_timeout_seconds
 TRACE_FILE_PREFIX = "nccl_trace_rank_"
 
 
@@ -44,18 +44,3 @@ def job_env(spec: Any, workdir: Path, base: dict[str, str], *, cuda_available: b
     if not uses_nccl(spec, cuda_available=cuda_available):
         return dict(base)
     return {**nccl_env(workdir), **base}
-
-
-SCHEDULER_MARGIN_S = 120.0
-"""gloo under a scheduler: how long past the job's limit the process group waits, so that the scheduler's own time
-limit (SLURM polls it and then sends its signals, seconds to a minute late) is what ends an over-time job."""
-
-
-def group_timeout_s(job_timeout_s: float, backend: str, *, scheduler_limit: bool = False) -> float:
-    """Process-group timeout: on nccl half the job's limit, at most MAX_GROUP_TIMEOUT_S, so a collective that
-    hangs in the first half of the job trips the watchdog (and its flight-recorder dump) before the launcher
-    kills the job; gloo keeps the job's limit (its hangs block the host, where the launcher's stack dump
-    sees them)."""
-    if backend != "nccl":
-        return float(job_timeout_s) + (SCHEDULER_MARGIN_S if scheduler_limit else 0.0)
-    return max(1.0, min(job_timeout_s / 2, MAX_GROUP_TIMEOUT_S))

@@ -1,13 +1,12 @@
 """Why a job did not succeed: status, first failing rank, its traceback and a one-line cause.
 
-Sources, best first: the `rank-<r>.error.json` files the ranks write (ordered so that the rank that
-failed on its own comes before peers that only saw it go away), then torchrun's failure summary
+Sources, best first: the ranks' error records (`rank-<r>.error.json`, backend/runtime/protocol.py; ordered so
+that the rank that failed on its own comes before peers that only saw it go away), then torchrun's failure summary
 ("Root Cause (first observed failure)": rank and exit code, e.g. -9 for SIGKILL).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from backend.launch.stacks import hang_report
 from backend.result import Status
+from backend.runtime.protocol import RankError, read_rank_errors
 
 # Errors a healthy rank raises when a peer dies: never the root cause while another rank has one.
 _PEER_ERROR = re.compile(
@@ -38,21 +38,13 @@ class Failure:
     traceback: str | None = None
 
 
-def rank_errors(out_dir: Path) -> list[dict]:
+def rank_errors(out_dir: Path) -> list[RankError]:
     """Every rank's error record, root cause first."""
-    records = []
-    for path in out_dir.glob("rank-*.error.json"):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        rec["_mtime_ns"] = path.stat().st_mtime_ns
-        records.append(rec)
-    return sorted(records, key=lambda r: (_is_peer_error(r), r.get("time_unix") or r["_mtime_ns"] / 1e9))
+    return sorted(read_rank_errors(out_dir), key=lambda r: (_is_peer_error(r), r.failed_at_unix))
 
 
-def _is_peer_error(rec: dict) -> bool:
-    return bool(_PEER_ERROR.search(f"{rec.get('error', '')}\n{rec.get('traceback', '')}"))
+def _is_peer_error(rec: RankError) -> bool:
+    return bool(_PEER_ERROR.search(f"{rec.error}\n{rec.traceback or ''}"))
 
 
 def torchrun_root_cause(log_text: str) -> tuple[int, int] | None:
@@ -78,16 +70,16 @@ def from_rank_errors(out_dir: Path) -> Failure | None:
     if not records:
         return None
     first = records[0]
-    rank = first.get("rank")
-    message = str(first.get("error", "unknown error")).strip().splitlines()
+    rank = first.rank
+    message = first.error.strip().splitlines()
     one_line = message[-1] if message else "unknown error"
-    if first.get("kind") == "oom":
+    if first.kind == "oom":
         status = Status.OOM
     elif _TIMEOUT_ERROR.search(one_line):
         status = Status.TIMEOUT
     else:
         status = Status.FAILED
-    return Failure(status, f"rank {rank}: {one_line}", rank, first.get("traceback"))
+    return Failure(status, f"rank {rank}: {one_line}", rank, first.traceback)
 
 
 def torchrun_failures(log_text: str) -> list[tuple[int, int]]:
@@ -102,7 +94,7 @@ def classify_exit(out_dir: Path, returncode: int, log_text: str) -> Failure:
     if own is not None and not _is_peer_error(records[0]):
         return own
     root = torchrun_root_cause(log_text)
-    reported = {r.get("rank") for r in records}
+    reported = {r.rank for r in records}
     if root is not None and root[0] in reported:
         # torchrun saw a peer's error exit first (load decides who exits first): a rank killed by a signal
         # without an error report of its own is the cause

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from backend.launch.torchrun import JOB_ENV
+from backend.runtime.protocol import STACK_SIGNAL
 
 TAIL_LINES = 200
 _PR_SET_PDEATHSIG = 1
@@ -152,9 +153,7 @@ class Job:
 
     def dump_stacks(self, marker: str, wait_s: float = 1.0) -> None:
         """SIGUSR1 to the job's rank processes (command line containing `marker`), which dump their Python
-        stacks (backend/launch/stacks.py); other processes would die of it, so only the marked ones."""
-        from backend.launch.stacks import STACK_SIGNAL
-
+        stacks (backend/runtime/protocol.py); other processes would die of it, so only the marked ones."""
         sent = False
         for p in self._members():
             try:

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.bench.comm import uncounted
-from backend.engine.mesh import build_ep_mesh
 from backend.spec import ExperimentSpec
+from backend.strategies.ep_mesh import build_ep_mesh
 
 
 @dataclass
@@ -29,7 +29,7 @@ class RankContext:
     _ep_mesh: Any = field(default=None, repr=False)
 
     def ep_mesh(self):  # -> DeviceMesh
-        """`mesh` with dp unflattened into (dp_mod_ep, ep) (engine/mesh.build_ep_mesh: named dims "pp",
+        """`mesh` with dp unflattened into (dp_mod_ep, ep) (strategies/ep_mesh.build_ep_mesh: named dims "pp",
         "dp_mod_ep", "ep", "tp"); created on first use, which is collective (every rank, same order)."""
         if self._ep_mesh is None:
             self._ep_mesh = build_ep_mesh(self.spec, self.mesh)

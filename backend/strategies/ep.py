@@ -1,7 +1,7 @@
 """Expert parallelism (with data parallelism over the same ranks): DP×EP.
 
 Mesh: the dp dimension of ctx.mesh (pp, dp, tp) is unflattened into the named dims (dp_mod_ep, ep) =
-(dp/ep, ep), row-major, ep fastest (`ctx.ep_mesh()`, engine/mesh.build_ep_mesh, torchtitan's dp_shard_mod_ep x
+(dp/ep, ep), row-major, ep fastest (`ctx.ep_mesh()`, strategies/ep_mesh.build_ep_mesh, torchtitan's dp_shard_mod_ep x
 dp_shard_in_ep): ep groups are consecutive blocks of ep dp-ranks ({0..ep−1}, {ep..2ep−1}, ...); the
 expert-replica groups (dp_mod_ep) join the ranks holding the same experts, one per block ({j, j+ep, j+2ep, ...}).
 
@@ -32,7 +32,7 @@ from backend.torch_compat import flatten_dense_tensors, unflatten_dense_tensors
 
 def expert_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
     """(this rank's ep group, its expert-replica group or None when dp == ep): the named dims "ep" and "dp_mod_ep"
-    of ctx.ep_mesh() (engine/mesh.build_ep_mesh; fresh ep groups: DDP's gradient all-reduce and the dispatch
+    of ctx.ep_mesh() (strategies/ep_mesh.build_ep_mesh; fresh ep groups: DDP's gradient all-reduce and the dispatch
     all-to-all must not share a gloo group)."""
     p = ctx.spec.parallel
     mesh = ctx.ep_mesh()

@@ -5,7 +5,7 @@
                                         extra stage); every later step applies to each stage module, as
                                         torchtitan's pipeline_llm does
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
-                                        ep, engine/mesh.build_ep_mesh), all-to-all dispatch installed
+                                        ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from backend.engine.scaler import LossScaling
 from backend.models.gpt import MoE, set_recompute
 from backend.strategies import data_parallel as dpar
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
 from backend.strategies.materialize import check_placement, is_meta, materialize
+from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, LoopStyle, MicrobatchStep, OptimizerTail
 from backend.strategies.tp import NOTES as TP_NOTES
 from backend.strategies.tp import apply_tp, register_grad_hooks

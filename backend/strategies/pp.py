@@ -146,7 +146,7 @@ def notes(ctx: RankContext, ids: list[int]) -> list[str]:
 
 class ScaledLoss:
     """The schedule's loss_fn: the microbatch's mean loss, times the fp16 loss scale (identity otherwise), so the
-    backward the schedule runs from it is scaled exactly as the microbatch loop's (engine/scaler.py)."""
+    backward the schedule runs from it is scaled exactly as the microbatch loop's (strategies/scaler.py)."""
 
     def __init__(self, scaling):
         self.scaling = scaling

@@ -1,7 +1,7 @@
 """The one training step of every non-pipeline layout and of the single-process reference.
 
 `MicrobatchStep` runs this rank's rows as `microbatches` chunks of `micro_batch` rows: forward under autocast
-(unless FSDP2's MixedPrecisionPolicy casts), loss scaled by 1/chunks (and by the fp16 loss scale, engine/scaler.py;
+(unless FSDP2's MixedPrecisionPolicy casts), loss scaled by 1/chunks (and by the fp16 loss scale, strategies/scaler.py;
 the reported loss is the unscaled one), backward with the dp wrapper's gradient
 sync only where the flavour reduces, then `OptimizerTail`. Pipeline schedules run their own microbatches
 (pp.py) and share the tail.
@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
-from backend.engine.scaler import LossScaling
 from backend.models.gpt import loss_fn
 from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import LocalLoss, autocast
+from backend.strategies.scaler import LossScaling
 
 SYNC_EVERY_MICROBATCH = (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 """Sharded-gradient flavours reduce-scatter after every microbatch (grads stay sharded, as ZeRO-2/3

@@ -14,9 +14,8 @@ below is what the real program would compute, for memory purposes, and is instal
 - `nn.Module.to(device)` when every parameter and buffer is already there: returns the module (what
   torch does for real tensors); torch's swap path rejects fake parameters held by the fake mode's memo.
 - classic DDP (pure ddp, zero1's DDP, ddp with ep): torch's C++ Reducer reads parameter storage, which fake
-  tensors lack; `strategies.data_parallel.DDP` is replaced by `ddp_standin.BucketedDDP`, which allocates DDP's
-  own gradient buckets with every .grad a view of them (gradient_as_bucket_view), the memory DDP adds; the
-  in-place bucket all-reduce is not issued (see ddp_standin.py).
+  tensors lack; the trace puts `ddp_standin.BucketedDDP` in its place (`ddp_standin.standing_in()`, entered
+  beside `fake_world()`), built on `ddp_bucket_assignment` below.
 - MoE routing (which expert each token goes to) is data. `topk` on a fake tensor returns the fake
   values and, as indices, the balanced assignment the analytic model assumes (uniform routing): slot j
   of token i goes to expert (i·k + j) mod E, as a real tensor. Every count derived from it (bincount,
@@ -156,11 +155,7 @@ def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any
 @contextmanager
 def fake_world(hidden_meta: Callable[[], torch.Tensor]) -> Iterator[FakeMode]:
     """The patches of the module docstring, then the fake mode; everything restored on exit."""
-    from backend.strategies import data_parallel
-    from backend.trace.ddp_standin import BucketedDDP
-
     patches = [(nn.Module, "to", _module_to(nn.Module.to)),
-               (data_parallel, "DDP", BucketedDDP),
                (dist, "all_to_all_single", _all_to_all_single(dist.all_to_all_single)),
                *_pipeline_patches(hidden_meta)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

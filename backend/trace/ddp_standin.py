@@ -11,8 +11,8 @@ parameter bytes, and the all-reduce works in place on the buckets (no extra buff
 `BucketedDDP` builds exactly those buffers: DDP's bucket assignment (`dist._compute_bucket_assignment_by_size`
 with DDP's caps: a 1 MiB first bucket, then `bucket_cap_mb` = 25 MiB, parameters in reverse order) and the
 grads as views of them, set at construction. The all-reduce itself is not issued: on the fake process group
-it moves nothing and allocates nothing. Used only inside `compat.fake_world()`, in the trace's own process;
-the prediction it is compared with is the analytic model's for real DDP.
+it moves nothing and allocates nothing. Installed by `standing_in()` beside `compat.fake_world()`, in the
+trace's own process only; the prediction it is compared with is the analytic model's for real DDP.
 """
 
 from __future__ import annotations
@@ -57,6 +57,19 @@ class BucketedDDP(nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = old
+
+
+@contextmanager
+def standing_in() -> Iterator[None]:
+    """strategies/data_parallel builds a BucketedDDP wherever it would build torch's DDP; restored on exit."""
+    from backend.strategies import data_parallel
+
+    real = data_parallel.DDP
+    data_parallel.DDP = BucketedDDP
+    try:
+        yield
+    finally:
+        data_parallel.DDP = real
 
 
 def bucket_buffers(params: list[nn.Parameter], cap_bytes: int) -> list[torch.Tensor]:

@@ -79,13 +79,11 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     """Trace `rank` on fake tensors of `device_type` ("cuda": fake CUDA tensors, which needs a CUDA build of torch;
     the tracker then rounds storages as on a GPU)."""
     from backend.bench import memory
-    from backend.engine import mesh as mesh_mod
-    from backend.engine.data import global_batch
-    from backend.engine.loop import _split_backward
+    from backend.engine import build_mesh, global_batch, has_split_backward
     from backend.models.gpt import build_model
     from backend.strategies.base import RankContext, module_name_for
     from backend.strategies.context import local_batch
-    from backend.trace import compat
+    from backend.trace import compat, ddp_standin
 
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -95,9 +93,9 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     # The mesh's rank tensor is real: build it outside the fake mode (torchtitan's estimator does the same).
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=0, device=device,
-                      mesh=mesh_mod.build_mesh(spec, device))
+                      mesh=build_mesh(spec, device))
     real = [local_batch(ctx, *global_batch(spec, i)) for i in range(2)]  # this dp rank's (B/dp, T) int64 rows
-    with compat.fake_world(hidden_meta_fn(spec)) as mode:
+    with ddp_standin.standing_in(), compat.fake_world(hidden_meta_fn(spec)) as mode:
         model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta")
         prep = setup(ctx, model)
         seconds["setup"] = time.perf_counter() - t0
@@ -106,7 +104,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
         prep.train_step(*batches[0])
         seconds["step0"] = time.perf_counter() - t
         t = time.perf_counter()
-        tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=_split_backward(ctx))
+        tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=has_split_backward(ctx))
         memory.track_inputs(tracker, batches[1])
         with memory.tracking(tracker, prep.modules):
             prep.train_step(*batches[1])

@@ -132,7 +132,7 @@ def apply_hf_config(cfg: dict[str, Any], *, file: str, seq_len: int | None = Non
     return out | {"source": source, "source_model": dict(out), "preset": "custom"}, notes
 
 
-def _source(v: dict[str, Any]) -> dict[str, Any] | None:
+def model_source(v: dict[str, Any]) -> dict[str, Any] | None:
     """The model's source, marked edited when a shape field no longer matches what the preset / config gave."""
     src, shape = v.get("source"), v.get("source_model")
     if not src:
@@ -151,7 +151,7 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
 
     parallel = {k: val(k) for k in PARALLEL_KEYS if k in v}
     parallel["offload"] = v.get("offload") or "none"
-    model = {k: val(k) for k in MODEL_KEYS if k in v} | {"source": _source(v)}
+    model = {k: val(k) for k in MODEL_KEYS if k in v} | {"source": model_source(v)}
     if v.get("run_here"):  # "run it here": the same family, scaled down for the CPU ranks
         model = scaled_for_cpu(model)
     return {

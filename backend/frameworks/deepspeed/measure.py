@@ -14,12 +14,11 @@ import torch
 
 from backend.bench import comm as comm_bench
 from backend.bench import memory, timing
-from backend.engine.data import global_batch
-from backend.strategies.context import local_batch
-from backend.engine.loop import progress
+from backend.engine import global_batch, progress
 from backend.frameworks.deepspeed.engine import master_tensors, partitions
-from backend.launch.faults import maybe_inject
+from backend.runtime.faults import maybe_inject
 from backend.strategies.base import Prepared, RankContext
+from backend.strategies.context import local_batch
 
 
 def make_tracker(prep: Prepared, engine: Any) -> memory.CategoryMemTracker:

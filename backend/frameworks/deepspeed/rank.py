@@ -1,14 +1,12 @@
 """One rank of a DeepSpeed run: `python -m backend.frameworks.deepspeed.rank --spec S.json --out DIR` under torchrun.
 
-Writes the same files as backend/engine/rank.py (DIR/ranks.json from rank 0, DIR/rank-<r>.error.json on
-failure), so the launcher, assembly and storage treat it like any torch run. Rank 0 also writes
-DIR/ds_config.json and puts the config and DeepSpeed's own estimate into the payload.
+Writes the same files as backend/engine/rank.py (backend/runtime: DIR/ranks.json from rank 0,
+DIR/rank-<r>.error.json on failure), so the launcher, assembly and storage treat it like any torch run. Rank 0
+also writes DIR/ds_config.json and puts the config and DeepSpeed's own estimate into ranks.json.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,16 @@ import torch.distributed as dist
 
 from backend.atomic_io import write_json_atomic
 from backend.bench.env import rank_env
-from backend.engine import mesh as mesh_mod
-from backend.engine.data import global_batch
-from backend.strategies.context import local_batch
-from backend.engine.loop import comm_steps, progress, timed_steps
-from backend.engine.rank import PAYLOAD_VERSION
-from backend.engine.reference import run_isolated
+from backend.engine import comm_payload, comm_steps, global_batch, init_distributed, progress, run_isolated, timed_steps
 from backend.frameworks.deepspeed import engine as ds_engine
 from backend.frameworks.deepspeed.measure import memory_step
-from backend.frameworks.entry import rank_main
-from backend.launch.faults import maybe_inject
 from backend.models.gpt import build_model
+from backend.runtime.entry import exit_now, rank_main
+from backend.runtime.faults import maybe_inject
+from backend.runtime.protocol import PAYLOAD_VERSION, RankPayload, RanksFile, write_ranks
 from backend.spec import ExperimentSpec
 from backend.strategies.base import RankContext, global_mean_loss
+from backend.strategies.context import local_batch
 
 COMM_STEPS = 2
 
@@ -38,13 +33,14 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     if world != spec.parallel.world_size:
         raise RuntimeError(f"torchrun started {world} ranks but the spec needs world_size={spec.parallel.world_size}")
     torch.set_num_threads(1)
-    backend, device = mesh_mod.init(spec, rank, world, local_rank)
+    backend, device = init_distributed(spec, rank, world, local_rank)
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=local_rank, device=device)
     model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device=device)
     prep, engine = ds_engine.prepare(ctx, model)
-    payload = _loop(ctx, prep, engine)
-    payload.update(rank=rank, coords=ctx.coords(), env={**rank_env(backend, device), "deepspeed": _ds_version()},
-                   notes=list(prep.notes), timeline=[], strategy_module="deepspeed", extra=dict(prep.extra))
+    measured = _loop(ctx, prep, engine)
+    payload = RankPayload(rank=rank, coords=ctx.coords(), strategy_module="deepspeed",
+                          env={**rank_env(backend, device), "deepspeed": _ds_version()}, notes=list(prep.notes),
+                          timeline=[], extra=dict(prep.extra), **measured)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
@@ -53,12 +49,10 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
         write_json_atomic(out / "ds_config.json", prep.extra["ds_config"])
         ref, note = run_isolated(spec)  # its own CPU process, never on this rank's device (engine/rank.py)
         if note:
-            gathered[0]["notes"].append(note)
-        write_json_atomic(out / "ranks.json", {"version": PAYLOAD_VERSION, "world_size": world, "backend": backend,
-                                               "framework": "deepspeed", "ds_config": prep.extra["ds_config"],
-                                               "framework_estimate": deepspeed_estimate(spec),
-                                               "ranks": sorted(gathered, key=lambda p: p["rank"]),
-                                               "loss_reference": ref})
+            gathered[0].notes.append(note)
+        write_ranks(out, RanksFile(version=PAYLOAD_VERSION, world_size=world, backend=backend, framework="deepspeed",
+                                   ds_config=prep.extra["ds_config"], framework_estimate=deepspeed_estimate(spec),
+                                   ranks=sorted(gathered, key=lambda p: p.rank), loss_reference=ref))
 
 
 def _loop(ctx: RankContext, prep: Any, engine: Any) -> dict[str, Any]:
@@ -73,15 +67,7 @@ def _loop(ctx: RankContext, prep: Any, engine: Any) -> dict[str, Any]:
     mem, full = memory_step(ctx, prep, engine, t.warmup_steps + t.steps)
     n_comm = min(COMM_STEPS, t.steps)
     counted = comm_steps(ctx, prep, t.warmup_steps + t.steps + 1, n_comm)
-    comm, counted_summary = full.summary(1), counted.summary(n_comm)
-    for k, v in comm.items():
-        if k in counted_summary:
-            v["seconds"] = counted_summary[k]["seconds"]
-        else:
-            v["seconds_from"] = "memory_step"
-    return {"losses": losses, "step_s": step_s, "comm": comm, "comm_kernel": counted_summary,
-            "comm_excluded": full.excluded_per_step(1),
-            "comm_group_sizes": {k: sorted(v) for k, v in full.group_sizes.items()}, "memory": mem}
+    return {"losses": losses, "step_s": step_s, **comm_payload(full, counted, n_comm), "memory": mem}
 
 
 def _ds_version() -> str:
@@ -95,7 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # DeepSpeed processes can SIGABRT in interpreter teardown (MACHINE_FACTS): skip it
+    exit_now(main())  # DeepSpeed processes can SIGABRT in interpreter teardown: skip it
