@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     from backend.gpucheck.specs import runs_for
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
-    for check in (lambda: parse_phases(args.phases, reuse_profile=args.profile is not None), lambda: runs_for(args.nproc, runs)):
+    reuse = args.profile is not None
+    for check in (lambda: parse_phases(args.phases, reuse_profile=reuse), lambda: runs_for(args.nproc, runs)):
         try:
             check()
         except ValueError as e:

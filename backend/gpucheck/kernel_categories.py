@@ -59,14 +59,14 @@ def _ancestors_at(intervals: list[dict[str, Any]], points: list[tuple[float, Any
     """For each (time, key) point, the names of the intervals open at that time (outermost first); one sweep."""
     out: dict[Any, list[str]] = {}
     ivs = sorted(intervals, key=lambda e: (e["ts"], -e.get("dur", 0)))
-    open_: list[tuple[float, float, int, str]] = []  # (start, end, order, name), outermost first
+    open_: list[tuple[float, float, int, str]] = []  # (start, -end, order, name): outermost first
     i = 0
     for t, key in sorted(points, key=lambda p: p[0]):
         while i < len(ivs) and ivs[i]["ts"] <= t:
             e = ivs[i]
-            insort(open_, (e["ts"], e["ts"] + e.get("dur", 0), i, e["name"]))
+            insort(open_, (e["ts"], -(e["ts"] + e.get("dur", 0)), i, e["name"]))
             i += 1
-        open_ = [o for o in open_ if o[1] > t]
+        open_ = [o for o in open_ if -o[1] > t]
         out[key] = [o[3] for o in open_]
     return out
 

@@ -1,4 +1,5 @@
-"""The phases of the GPU check (diag in backend/gpucheck/diag.py). Each takes the shared context and its time allotment and returns its report
+"""The phases of the GPU check (diag: backend/gpucheck/diag.py). Each takes the shared context and its time
+allotment and returns its report
 section; each child process runs in a session of its own with a hard timeout (the whole group is killed), so
 nothing can hang the kit. The kit's own process never touches CUDA."""
 

@@ -51,11 +51,16 @@ def profile_run(name: str, device_type: str, warmup: int, unprofiled: int) -> di
     backend, device = mesh_mod.init(spec, 0, 1, 0)
     ctx = RankContext(spec=spec, rank=0, world_size=1, local_rank=0, device=device,
                       mesh=mesh_mod.build_mesh(spec, device))
+    group_s = time.perf_counter() - t0
     prep = prepare(ctx, build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta"))
-    setup_s = time.perf_counter() - t0
+    setup_s = {"process_group_s": group_s, "prepare_s": time.perf_counter() - t0 - group_s,
+               "init_threads": os.environ.get("SHARDLAB_INIT_THREADS", "1")}
     batch = local_batch(ctx, *global_batch(spec, 0))
+    t1 = time.perf_counter()
     for _ in range(warmup):
         prep.train_step(*batch)
+    fence(device)
+    setup_s["warmup_s"] = time.perf_counter() - t1
     step_s = [timed(lambda: prep.train_step(*batch), device)[1] for _ in range(unprofiled)]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     fence(device)
