@@ -1,7 +1,9 @@
 """Every private torch API ShardLab touches, in one module (tests/test_torch_compat.py checks each one), so a
 torch upgrade that moves or changes one fails loudly here instead of deep inside a run.
 
-Pinned against torch 2.13.0. Each name says what we rely on; the test next to it says how we use it.
+Pinned against torch 2.13.0 (this venv) and torch 2.11.0 (the GPU machine's image): where the two differ the
+function here handles both, by capability (hasattr), never by version string. Each name says what we rely on; the
+test next to it says how we use it.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...
     """`mesh` with its dim `dim` split into `names` of `sizes` (row-major), sharing the root mesh and its other dims'
     process groups; new groups for the new dims, collective on every rank (the private `DeviceMesh._unflatten`, as
     torchtitan's ParallelDims builds its EP computation mesh). `backend_override` {name: backend} forces fresh groups
-    for a dim even where it spans the world (else it reuses the default group)."""
-    return mesh._unflatten(dim, sizes, names, backend_override=backend_override)
+    for a dim even where it spans the world (else it reuses the default group). The dim goes by index: torch 2.11's
+    name check is inverted (it refuses every name the mesh has)."""
+    return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names, backend_override=backend_override)
 
 
 def is_fake_tensor(t: torch.Tensor) -> bool:
@@ -136,7 +139,17 @@ def reset_fsdp_sharded_params(module: torch.nn.Module) -> None:
 
     for m in module.modules():
         if isinstance(m, FSDPModule):
-            for group in m._get_fsdp_state()._fsdp_param_groups:
+            for group in fsdp_param_groups(m):
                 for fsdp_param in group.fsdp_params:
                     fsdp_param.reset_sharded_param()
+
+
+def fsdp_param_groups(module: torch.nn.Module) -> list:
+    """The FSDPParamGroups of one fully_shard'ed module: torch 2.13's state holds a list `_fsdp_param_groups`,
+    torch 2.11's at most one `_fsdp_param_group` (None when the module has no parameters of its own)."""
+    state = module._get_fsdp_state()
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
 

@@ -2,27 +2,36 @@
 after every phase so that a timeout still leaves data.
 
 On the device machine (Python 3.12, its own torch with CUDA; pydantic and pytest-timeout travel as wheels built by
-`make gpu-wheels` into .gpu-wheels/, an ignored folder the run must carry), from the repository root, ONE command:
+`make gpu-wheels` into .gpu-wheels/, an ignored folder the run must carry), from the repository root, ONE command.
+First run (measures the profile):
 
   python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330 --wheels .gpu-wheels
+
+A later run on the same GPU model reuses the committed profile and skips the probe:
+
+  python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 370 --wheels .gpu-wheels \
+      --profile benchmarks/results/gpu/2026-11-26-h200-run1/profile.json
 
 (--wheels unpacks the wheels into a temporary folder put first on sys.path and PYTHONPATH, no pip needed; the pip
 equivalent is `python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-wheels/*.whl &&
 PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --budget-s 330`.)
 
-Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, under a minute).
+Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, about a minute).
 
   python benchmarks/gpu_check.py --device cuda|cpu --out DIR [--budget-s S] [--nproc N]
-      [--phases env,probe,runs,trace,tests] [--runs zero3,ddp,...] [--profile DIR/profile.json]
+      [--phases env,probe,runs,diag,trace,tests,late_runs] [--runs zero3,ddp,...] [--profile DIR/profile.json]
 
 Phases, in priority order: env (versions, device), probe (backend/bench/hw_probe.py --device cuda: GEMM, SDPA,
-element-wise, AdamW, launch and host-copy tables -> a hardware.json profile), runs (the product's launcher and
-engine on NCCL: zero3 x recompute none/selective/full, ddp, zero2, zero3 + params offload, and the mixes with
---nproc >= 4), trace (the same specs on fake tensors at full size), tests (pytest -m gpu, and the private torch
-API checks). Output in DIR: report.json (keys env, profile, runs, trace, tests, plus kit and phases), summary.md
-(one table), profile.json (the measured profile: SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
+element-wise, AdamW, launch and host-copy tables -> a hardware.json profile; skipped with --profile), runs (the
+product's launcher and engine on NCCL: zero3, ddp, zero2, zero3 x recompute selective/full, 6 timed steps each,
+and the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss on the device and on the
+host CPU next to the analytic terms; one torch.profiler step of ddp and zero3 by kernel category), trace (the same
+specs on fake tensors at full size), tests (the private torch API checks, then pytest -m gpu), late_runs (zero3 +
+params offload: one timed step). Output in DIR: report.json (keys env, profile, runs, diag, trace, tests, plus kit
+and phases), summary.md (the runs' table and the diag section), profile.json (the measured or reused profile:
+SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
 `python -m backend ingest DIR` stores the runs as ordinary results, tagged with the GPU they ran on.
-A retry may pass --phases runs,trace,tests --profile <previous profile.json> to skip what already came back.
+A reused profile measured on another GPU model is recorded but not used for the predictions (report.profile.not_used).
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for report.json, summary.md, profile.json, kit.log")
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole check (default 330)")
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per run; >= 4 adds the TP and PP mixes")
-    ap.add_argument("--phases", default=None, help="comma-separated subset of env,probe,runs,trace,tests")
+    ap.add_argument("--phases", default=None, help="comma-separated subset of env,probe,runs,diag,trace,tests,late_runs")
     ap.add_argument("--runs", default=None, help="comma-separated subset of the runs (default: all that fit)")
     ap.add_argument("--profile", type=Path, default=None, help="reuse a measured profile.json (skip the probe)")
     ap.add_argument("--wheels", type=Path, default=None, help="folder of wheels to unpack and use first (.gpu-wheels)")
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     from backend.gpucheck.specs import runs_for
 
     runs = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
-    for check in (lambda: parse_phases(args.phases), lambda: runs_for(args.nproc, runs)):
+    reuse = args.profile is not None
+    for check in (lambda: parse_phases(args.phases, reuse_profile=reuse), lambda: runs_for(args.nproc, runs)):
         try:
             check()
         except ValueError as e:

@@ -141,7 +141,7 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     phases = report["phases"]
     assert phases["trace"]["status"] == "failed" and "injected failure" in phases["trace"]["error"]
     assert "RuntimeError" in phases["trace"]["traceback_tail"]
-    assert {phases[p]["status"] for p in ("env", "probe", "runs", "tests")} == {"ok"}, phases
+    assert {phases[p]["status"] for p in ("env", "probe", "runs", "diag", "tests", "late_runs")} == {"ok"}, phases
     # the measured profile is a hardware.json profile the product loads
     key = report["profile"]["key"]
     monkeypatch.setenv("SHARDLAB_HARDWARE", str(out / "profile.json"))
@@ -155,6 +155,17 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
         assert result.status == Status.OK and result.step_s_median > 0
         assert result.per_rank[0].measured.params_bytes > 0 and result.per_rank[0].predicted.params_bytes > 0
         assert run["step_time"]["measured_profile"]["step_s"] > 0 and run["step_time"]["measured_profile"]["hardware"] == key
+    assert [r["per_rank"][0]["step_s"].__len__() for r in report["runs"]] == [6, 1]  # offload: one timed step
+    # diag: the saved-tensor listing of one block in both precision modes, the autocast block equal to the analytic
+    # term on the CPU (the model was validated there), and a profiled step of ddp and zero3 by category
+    blocks = {b["mode"]: b for b in report["diag"]["activation_gap"]["blocks"]}
+    assert set(blocks) == {"autocast", "bf16_params"} and blocks["autocast"]["diff_pct"] == pytest.approx(0.0)
+    assert blocks["autocast"]["weight_cast_bytes"] > 0 and blocks["bf16_params"]["weight_cast_bytes"] == 0
+    prof = {r["run"]: r for r in report["diag"]["step_profile"]}
+    assert set(prof) == {"ddp", "zero3"} and all(r["status"] == "ok" for r in prof.values())
+    assert prof["zero3"]["categories"]["gemm"]["count"] > 0 and prof["zero3"]["unprofiled_step_s_median"] > 0
+    assert any(k.startswith("FSDP::") for k in prof["zero3"]["cpu_ranges"])
+    assert "## Diag" in (out / "summary.md").read_text()
     assert report["tests"]["gpu"]["counts"].get("skipped", 0) >= 1  # no CUDA here: the gpu tests skip, not fail
     assert report["tests"]["torch_compat"]["counts"].get("failed", 0) == 0
     # what comes back from the device: at most 8 files, 2 folders deep, plain names
@@ -162,9 +173,67 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files)
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
     summary = (out / "summary.md").read_text()
-    assert summary.count("\n| ddp |") == 1 and "| zero3-offload |" in summary
+    runs_table = summary.split("## Diag")[0]  # the diag section has its own ddp / zero3 rows
+    assert runs_table.count("\n| ddp |") == 1 and "| zero3-offload |" in runs_table
     # and ingest stores them
     from db.session import open_db
 
     rows = ingest_report(open_db(f"sqlite:///{tmp_path / 'store.db'}"), report)
     assert [r["action"] for r in rows] == ["stored", "stored"]
+
+
+def test_kernel_categories_tie_kernels_to_their_launching_ops_and_measure_idle_time():
+    """A synthetic Chrome trace: each kernel is tied to the CPU ops open at its launch (by correlation id), sorted
+    into its category; busy time is the union of device spans, idle the rest of the step's wall time."""
+    from backend.gpucheck.kernel_categories import category, summarize
+
+    def cpu(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def launch(corr, ts, tid=1):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1, "tid": tid,
+                "args": {"correlation": corr}}
+
+    def kernel(name, corr, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": 7, "args": {"correlation": corr}}
+
+    trace = {"traceEvents": [
+        cpu("aten::linear", 0, 50), cpu("aten::mm", 10, 20), launch(1, 15), kernel("nvjet_tst_128x256", 1, 100, 300),
+        cpu("aten::_scaled_dot_product_flash_attention", 60, 20), launch(2, 65), kernel("flash_fwd_kernel", 2, 400, 100),
+        {"ph": "X", "cat": "user_annotation", "name": "FSDP::pre_backward (layers.3)", "ts": 90, "dur": 40, "tid": 2},
+        cpu("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 100, 30, tid=2),
+        launch(3, 110, tid=2), kernel("flash_bwd_dq_dk_dv_loop_kernel", 3, 600, 200),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32", 4, 650, 250), cpu("aten::nll_loss_forward", 140, 5),
+        launch(5, 141), kernel("void at::native::elementwise_kernel<...>", 5, 900, 10),
+        kernel("Memcpy HtoD (Pinned -> Device)", 6, 950, 20, cat="gpu_memcpy")]}
+    out = summarize(trace, step_wall_s=0.0015)
+    cats = {k: round(v["seconds"] * 1e6) for k, v in out["categories"].items() if v["count"]}
+    assert cats == {"gemm": 300, "attention_fwd": 100, "attention_bwd": 200, "nccl": 250, "cross_entropy": 10,
+                    "memcpy_memset_copies": 20}
+    assert out["device_busy_s"] == pytest.approx(730e-6) and out["idle_s"] == pytest.approx(770e-6)
+    assert out["device_busy_without_nccl_s"] == pytest.approx(630e-6)
+    assert out["top_kernels"][0]["name"] == "nvjet_tst_128x256" and out["basis"] == "cuda kernels"
+    assert out["cpu_ranges"] == {"FSDP::pre_backward": {"seconds": 40e-6, "count": 1}}
+    assert category("multi_tensor_apply_kernel<...>", ["Optimizer.step#AdamW.step", "aten::_foreach_lerp_"]) == "optimizer"
+    assert category("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", ["aten::add"]) == \
+        "norm_elementwise"
+
+
+def test_profile_reuse_skips_the_probe_and_is_not_used_on_another_gpu(tmp_path):
+    """--profile: the probe is left out of the default phases (asking for both is refused); a profile measured on
+    another GPU model is recorded but no prediction uses it."""
+    from backend.gpucheck.context import KitContext
+
+    assert "probe" not in kit.parse_phases(None, reuse_profile=True) and "probe" in kit.parse_phases(None)
+    with pytest.raises(ValueError, match="leave probe out"):
+        kit.parse_phases("env,probe,runs", reuse_profile=True)
+    ctx = KitContext(device="cuda", nproc=1, out=tmp_path, work=tmp_path, check_id="x")
+    kit.reuse_profile(ctx, ROOT / "benchmarks/results/gpu/2026-11-26-h200-run1/profile.json")
+    assert ctx.profile_key == "measured-nvidia-h200" and (tmp_path / "profile.json").is_file()
+    ctx.device_name = "NVIDIA H200"
+    kit.check_reused_profile(ctx)
+    assert ctx.profile_key == "measured-nvidia-h200" and "not_used" not in ctx.report["profile"]
+    ctx.device_name = "NVIDIA H100 80GB HBM3"
+    kit.check_reused_profile(ctx)
+    assert ctx.profile_key is None and ctx.profile_path is None
+    assert ctx.report["profile"]["not_used"] == "measured on NVIDIA H200, this check runs on NVIDIA H100 80GB HBM3"

@@ -87,3 +87,18 @@ def test_build_model_is_init_weights_of_a_meta_model():
     init_weights(meta, 3)
     for (n, a), (_, b) in zip(ref.named_parameters(), meta.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+
+
+def test_init_threads_draw_the_same_weights_and_refuse_a_bad_value(monkeypatch):
+    """SHARDLAB_INIT_THREADS=N (the GPU check sets it on the device) draws N parameters ahead in threads; every
+    value is the one-thread value (a generator per parameter), tied weights included."""
+    m = ExperimentSpec(model={**MODEL, "tie_embeddings": True}).model
+    ref = build_model(m, seed=5)
+    monkeypatch.setenv("SHARDLAB_INIT_THREADS", "3")
+    threaded = build_model(m, seed=5)
+    for (n, a), (_, b) in zip(ref.named_parameters(), threaded.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+    assert threaded.lm_head.weight is threaded.tok_emb.weight
+    monkeypatch.setenv("SHARDLAB_INIT_THREADS", "zero")
+    with pytest.raises(ValueError, match="SHARDLAB_INIT_THREADS must be a positive integer"):
+        build_model(m, seed=5)

@@ -108,16 +108,17 @@ def test_local_shard_grad_scaler_overrides_unscale_grads():
     own raises "mixed torch.Tensor and DTensor")."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard
 
     assert list(inspect.signature(ShardedGradScaler._unscale_grads_).parameters) == [
         "self", "optimizer", "inv_scale", "found_inf", "allow_fp16"]
     dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        a = nn.Parameter(distribute_tensor(torch.ones(4, device="cpu"), mesh, [Shard(0)]))
+        # from_local, not distribute_tensor: torch 2.11's scatter over the fake group leaves the shard uninitialised
+        a = nn.Parameter(DTensor.from_local(torch.ones(4, device="cpu"), mesh, [Shard(0)]))
         b = nn.Parameter(torch.ones(2, device="cpu"))
-        a.grad = distribute_tensor(torch.full((4,), 8.0, device="cpu"), mesh, [Shard(0)])
+        a.grad = DTensor.from_local(torch.full((4,), 8.0, device="cpu"), mesh, [Shard(0)])
         b.grad = torch.tensor([8.0, float("inf")], device="cpu")
         opt = torch.optim.SGD([a, b], lr=1.0)
         scaler = tc.LocalShardGradScaler(device="cpu", init_scale=4.0)
@@ -149,7 +150,8 @@ def test_unflatten_mesh_splits_a_named_dim_and_forces_fresh_groups():
 
 def test_is_fake_tensor_and_fsdp_reset_after_parameter_replacement():
     """materialize.to_empty_by_assignment replaces Parameters (fake tensors cannot be swapped) and relies on
-    FSDPModule._get_fsdp_state()._fsdp_param_groups[..].fsdp_params[..].reset_sharded_param() to re-read them."""
+    FSDPModule._get_fsdp_state()._fsdp_param_groups[..] (2.11: ._fsdp_param_group).fsdp_params[..].reset_sharded_param()
+    to re-read them."""
     from torch.distributed.fsdp import fully_shard
 
     from backend.strategies.materialize import to_empty_by_assignment
@@ -164,7 +166,7 @@ def test_is_fake_tensor_and_fsdp_reset_after_parameter_replacement():
             fully_shard(m, ignored_params={ignored})
             assert tc.is_fake_tensor(m[1].weight) and m[1].weight.is_meta
             to_empty_by_assignment(m, torch.device("cpu"))
-            (p0,) = [fp for g in m[0]._get_fsdp_state()._fsdp_param_groups for fp in g.fsdp_params][:1]
+            (p0,) = [fp for g in tc.fsdp_param_groups(m[0]) for fp in g.fsdp_params][:1]
             assert p0.sharded_param is m[0].weight and m[0].weight.to_local().device.type == "cpu"
             assert m[1].weight is not ignored and m[1].weight.device.type == "cpu" and tc.is_fake_tensor(m[1].weight)
     finally:

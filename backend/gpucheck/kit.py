@@ -23,28 +23,35 @@ from typing import Any, Callable
 from backend.atomic_io import write_atomic, write_json_atomic
 from backend.gpucheck import phases
 from backend.gpucheck.context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
+from backend.gpucheck.diag import diag_phase
 from backend.gpucheck.summary import render
 
 FAULT_ENV = "SHARDLAB_GPU_CHECK_FAULT"
-WEIGHTS = {"env": 0.03, "probe": 0.20, "runs": 0.52, "trace": 0.10, "tests": 0.15}
-"""With --budget-s 330 on one GPU: env ~10 s, probe ~67 s, runs ~170 s, trace ~35 s, tests ~50 s (plus what earlier
-phases leave unused)."""
-MIN_S = {"cuda": {"env": 15, "probe": 25, "runs": 45, "trace": 10, "tests": 10},
-         "cpu": {"env": 15, "probe": 5, "runs": 10, "trace": 5, "tests": 5}}
+WEIGHTS = {"env": 0.05, "probe": 0.20, "runs": 0.40, "diag": 0.20, "trace": 0.08, "tests": 0.15, "late_runs": 0.12}
+"""Shares of the time left among the phases still to run (time a phase leaves passes on). --budget-s 370 on one H200
+with --profile (no probe): env ~19 s, runs ~150 s (5 runs, ~21-30 s each), diag ~75-90 s, trace ~30-40 s,
+tests ~60-85 s, late_runs what is left (~60-100 s)."""
+MIN_S = {"cuda": {"env": 15, "probe": 25, "runs": 45, "diag": 20, "trace": 10, "tests": 10, "late_runs": 45},
+         "cpu": {"env": 15, "probe": 5, "runs": 10, "diag": 5, "trace": 5, "tests": 5, "late_runs": 5}}
 """Seconds a phase needs to be worth starting; env's is its child's start-up (interpreter, torch, CUDA)."""
-REPORT_KEYS = ("env", "profile", "runs", "trace", "tests")
-"""report.json's contract keys (issue 22), one per phase (probe -> profile)."""
-SECTION = {"env": "env", "probe": "profile", "runs": "runs", "trace": "trace", "tests": "tests"}
+REPORT_KEYS = ("env", "profile", "runs", "diag", "trace", "tests")
+"""report.json's contract keys (issue 22, + diag), one per phase (probe -> profile; late_runs adds to runs)."""
+SECTION = {"env": "env", "probe": "profile", "runs": "runs", "diag": "diag", "trace": "trace", "tests": "tests",
+           "late_runs": "runs"}
 RUNNERS: dict[str, Callable[[KitContext, float], Any]] = {
-    "env": phases.env_phase, "probe": phases.probe_phase, "runs": phases.runs_phase,
-    "trace": phases.trace_phase, "tests": phases.tests_phase}
+    "env": phases.env_phase, "probe": phases.probe_phase, "runs": phases.runs_phase, "diag": diag_phase,
+    "trace": phases.trace_phase, "tests": phases.tests_phase, "late_runs": phases.late_runs_phase}
 
 
-def parse_phases(text: str | None) -> list[str]:
-    wanted = [p.strip() for p in (text or ",".join(PHASES)).split(",") if p.strip()]
+def parse_phases(text: str | None, reuse_profile: bool = False) -> list[str]:
+    """The phases to run, in priority order; without --phases all of them, less the probe when a profile is reused."""
+    default = [p for p in PHASES if not (reuse_profile and p == "probe")]
+    wanted = [p.strip() for p in (text or ",".join(default)).split(",") if p.strip()]
     unknown = [p for p in wanted if p not in PHASES]
     if unknown:
         raise ValueError(f"unknown phase(s) {unknown}; phases are {', '.join(PHASES)}")
+    if reuse_profile and "probe" in wanted:
+        raise ValueError("--profile reuses a measured profile: leave probe out of --phases")
     return [p for p in PHASES if p in wanted]  # always in priority order
 
 
@@ -102,12 +109,22 @@ def reuse_profile(ctx: KitContext, path: Path) -> None:
     ctx.report["profile"] = {"key": key, "file": PROFILE_FILE, "reused_from": str(path), **entry}
 
 
+def check_reused_profile(ctx: KitContext) -> None:
+    """A reused profile measured on another device model is not used for the measured-profile predictions."""
+    prof = ctx.report.get("profile") or {}
+    measured_on = (prof.get("provenance") or {}).get("device_name")
+    if prof.get("reused_from") and ctx.device_name and measured_on and measured_on != ctx.device_name:
+        ctx.profile_key = ctx.profile_path = None
+        prof["not_used"] = f"measured on {measured_on}, this check runs on {ctx.device_name}"
+        ctx.progress(f"profile {prof.get('key')}: NOT used ({prof['not_used']})")
+
+
 def run_kit(device: str, out: Path, *, budget_s: float, nproc: int = 1, phase_names: str | None = None,
             run_names: list[str] | None = None, profile: Path | None = None) -> dict[str, Any]:
     """Run the check; returns the report (also in out/report.json and out/summary.md)."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    wanted = parse_phases(phase_names)
+    wanted = parse_phases(phase_names, reuse_profile=profile is not None)
     work = Path(tempfile.mkdtemp(prefix="shardlab-gpu-check-"))
     check_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     ctx = KitContext(device=device, nproc=nproc, out=out, work=work, check_id=check_id, run_names=run_names)
@@ -119,6 +136,7 @@ def run_kit(device: str, out: Path, *, budget_s: float, nproc: int = 1, phase_na
             reuse_profile(ctx, profile)
         if "env" not in wanted:  # the other phases still need the device's name and memory
             run_phase(ctx, "env", 60.0)
+            check_reused_profile(ctx)
         for k, phase in enumerate(wanted):
             left = end - time.monotonic()
             need = MIN_S[device][phase]
@@ -130,6 +148,8 @@ def run_kit(device: str, out: Path, *, budget_s: float, nproc: int = 1, phase_na
                 save(ctx)
                 continue
             run_phase(ctx, phase, share)
+            if phase == "env":
+                check_reused_profile(ctx)
     finally:
         ctx.report["kit"]["seconds"] = time.monotonic() - ctx.started
         save(ctx)

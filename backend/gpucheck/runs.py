@@ -10,7 +10,9 @@ RunResult, plus what the check compares it with:
   measured reserved peak exceeds the device.
 
 On CUDA the single-process CPU loss reference is skipped (SHARDLAB_REFERENCE_MAX_BYTES=0: a 1B-parameter fp32
-forward/backward on one CPU thread takes minutes); the engine's own note in the result says why.
+forward/backward on one CPU thread takes minutes); the engine's own note in the result says why; and the
+initial weights are drawn in os.cpu_count() threads (SHARDLAB_INIT_THREADS: identical values, ~16 s of one-thread
+set-up per run in run 1), which changes nothing the engine measures.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from backend.gpucheck.specs import KitRun, spec_for
 from backend.result import RunResult, Status
 
 REFERENCE_ENV = "SHARDLAB_REFERENCE_MAX_BYTES"
+INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
+"""backend.models.gpt.INIT_THREADS_ENV (not imported: the kit's own process stays free of the model code)."""
 
 
 @contextmanager
@@ -62,7 +66,7 @@ def step_time_block(spec: Any, measured_s: float | None, datasheet_key: str | No
                     profile_path: Path | None) -> dict[str, Any]:
     out = {"measured_step_s": measured_s, "datasheet": predicted_step(spec, datasheet_key),
            "measured_profile": predicted_step(spec, measured_key, profile_path) if measured_key
-           else {"hardware": None, "error": "the probe phase measured no profile in this check"}}
+           else {"hardware": None, "error": "no measured profile of this device in this check (report.profile)"}}
     for side in ("datasheet", "measured_profile"):
         pred = out[side].get("step_s")
         out[side]["error_pct"] = (measured_s - pred) / pred * 100.0 if measured_s and pred else None
@@ -102,7 +106,7 @@ def run_one(run: KitRun, ctx: Any, timeout_s: float) -> dict[str, Any]:
         spec = spec_for(run, device=ctx.device, nproc=ctx.nproc, timeout_s=timeout_s, device_name=ctx.device_name)
     except ValueError as e:
         return {"status": str(Status.FAILED), "error": str(e), "gpu_check": {"run": run.name}}
-    extra_env = {REFERENCE_ENV: "0"} if ctx.device == "cuda" else {}
+    extra_env = {REFERENCE_ENV: "0", INIT_THREADS_ENV: str(os.cpu_count() or 1)} if ctx.device == "cuda" else {}
     result = run_experiment(spec, workdir=ctx.work / run.name, extra_env=extra_env,
                             on_progress=lambda ev: ctx.progress(f"  {run.name}: {ev.get('phase')} "
                                                                 f"{ev.get('step')}/{ev.get('of')}", quiet=True))

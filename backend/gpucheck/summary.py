@@ -8,7 +8,7 @@ from typing import Any
 
 from backend.result import MEMORY_CATEGORIES
 
-COLUMNS = ("run", "status", "step s", "pred. datasheet s (err %)", "pred. measured s (err %)", "MFU",
+COLUMNS = ("run", "status", "step s", "timed steps (min-max s)", "pred. datasheet s (err %)", "pred. measured s (err %)", "MFU",
            "peak alloc GiB", "peak reserved GiB", "predicted need GiB (fits)", "worst category err %",
            "trace peak GiB (err % vs measured)")
 
@@ -50,13 +50,18 @@ def _trace(trace_rows: dict[str, dict[str, Any]], name: str) -> str:
     return f"{_gib(traced)} ({_f(err, '+.1f')})"
 
 
+def _steps(run: dict[str, Any]) -> str:
+    steps = ((run.get("per_rank") or [{}])[0] or {}).get("step_s") or []
+    return f"{len(steps)} ({min(steps):.3f}-{max(steps):.3f})" if steps else "-"
+
+
 def run_row(run: dict[str, Any], trace_rows: dict[str, dict[str, Any]]) -> list[str]:
     name = run.get("gpu_check", {}).get("run", "?")
     fit = run.get("memory_fit") or {}
     st = run.get("step_time") or {}
     fits = fit.get("fits")
     claim = "" if fit.get("fits_claim_ok") in (None, True) else " WRONG: reserved > device"
-    return [name, str(run.get("status")), _f(run.get("step_s_median")), _pred(st.get("datasheet")),
+    return [name, str(run.get("status")), _f(run.get("step_s_median")), _steps(run), _pred(st.get("datasheet")),
             _pred(st.get("measured_profile")), _f(run.get("mfu")), _gib(fit.get("measured_peak_allocated_bytes")),
             _gib(fit.get("measured_peak_reserved_bytes")),
             f"{_gib(fit.get('need_bytes'))} ({'-' if fits is None else 'fits' if fits else 'no'}{claim})",
@@ -82,4 +87,47 @@ def render(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(run_row(run, trace_rows)) + " |")
     lines += ["", "err % = (measured - predicted) / predicted. Predicted need = the fullest moment + the CUDA runtime "
               "allowance (analytic/device.RuntimeOverhead), the New-experiment page's \"fits\" check."]
+    if isinstance(report.get("diag"), dict):
+        lines += diag_lines(report["diag"])
     return "\n".join(lines) + "\n"
+
+
+def _mib(b: Any) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f}"
+
+
+def diag_lines(diag: dict[str, Any]) -> list[str]:
+    """The diag section: saved bytes of one block vs the analytic term, and the profiled step by category."""
+    from backend.gpucheck.kernel_categories import CATEGORIES
+
+    gap = diag.get("activation_gap") or {}
+    lines = ["", "## Diag", "", "Parts: " + ", ".join(f"{k} {v.get('status')} ({v.get('seconds', 0):.0f} s)"
+                                                       for k, v in (diag.get("parts") or {}).items()), "",
+             "Saved tensors of one block (backend/gpucheck/saved_tensors.py; weight casts apart):", "",
+             "| device | shape | mode | saved MiB | analytic MiB | diff % | weight casts MiB |", "|---|---|---|---|---|---|---|"]
+    for b in gap.get("blocks", []):
+        lines.append(f"| {b['device']} | {b['shape']} | {b['mode']} | {_mib(b['saved_block_bytes'])} | "
+                     f"{_mib(b['analytic_block_bytes'])} | {_f(b['diff_pct'], '+.1f')} | {_mib(b['weight_cast_bytes'])} |")
+    if gap.get("runs"):
+        lines += ["", "Runs, measured - predicted activations per layer (MiB): " + ", ".join(
+            f"{r['run']} {r['diff_per_layer_bytes'] / 2**20:+.1f}" for r in gap["runs"])]
+    prof = diag.get("step_profile") or []
+    if prof:
+        head = ["run", "step s", "profiled wall s", "busy s", "idle s", *CATEGORIES]
+        lines += ["", "One profiled step at world 1 (backend/gpucheck/step_profile.py), device seconds by category:", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in prof:
+            if r.get("status") != "ok":
+                lines.append(f"| {r.get('run')} | {r.get('status')}: {str(r.get('error'))[:80]} |")
+                continue
+            cats = r.get("categories", {})
+            lines.append("| " + " | ".join([str(r["run"]), _f(r.get("unprofiled_step_s_median")),
+                                            _f(r.get("profiled_step_wall_s")), _f(r.get("device_busy_s")),
+                                            _f(r.get("idle_s"))] + [_f(cats.get(c, {}).get("seconds"))
+                                                                    for c in CATEGORIES]) + " |")
+        for r in prof:
+            hooks = {k: v["seconds"] for k, v in (r.get("cpu_ranges") or {}).items()}
+            if hooks:
+                lines.append(f"\n{r['run']} CPU s in FSDP2 hooks / optimizer step: "
+                             + ", ".join(f"{k} {v:.3f}" for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])[:8]))
+    return lines

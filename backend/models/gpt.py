@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +29,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, Recompute
+from backend.torch_compat import is_fake_tensor
+
+INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
 
 
 def make_norm(m: ModelSpec) -> nn.Module:
@@ -269,11 +277,15 @@ def init_weights(model: nn.Module, seed: int, local_slice=None) -> None:
     """Write every parameter's initial value, one parameter at a time: the full tensor is drawn on the CPU and
     `local_slice(param, full)` (default: all of it) picks what this rank holds (a DTensor shard, an FSDP shard).
     Largest first: the big full-size temporaries come while few local shards exist yet, so the host peak stays
-    near the local shards plus one block-sized parameter."""
+    near the local shards plus one block-sized parameter (plus up to N-1 more with SHARDLAB_INIT_THREADS=N)."""
     tied = bool(getattr(getattr(model, "spec", None), "tie_embeddings", False))
-    for name, p in sorted(model.named_parameters(), key=lambda kv: -kv[1].numel()):
+    params = sorted(model.named_parameters(), key=lambda kv: -kv[1].numel())
+
+    def draw(name: str, p: torch.Tensor) -> torch.Tensor:
         # a last pipeline stage's lm_head is the reference's tok_emb.weight (tied): draw it from that name
-        full = full_init("tok_emb.weight" if tied and name == "lm_head.weight" else name, p.shape, seed)
+        return full_init("tok_emb.weight" if tied and name == "lm_head.weight" else name, p.shape, seed)
+
+    for (name, p), full in zip(params, _drawn(params, draw)):
         local = full if local_slice is None else local_slice(p, full)
         dst = p.to_local() if hasattr(p, "to_local") else p
         dst.copy_(local.to(device=dst.device, dtype=dst.dtype))
@@ -284,6 +296,38 @@ def init_weights(model: nn.Module, seed: int, local_slice=None) -> None:
                 raise TypeError(f"{name or 'model'} ({type(mod).__name__}) has buffers but no reset_buffers(): "
                                 "after to_empty they would hold garbage; give it one that recomputes them")
             mod.reset_buffers()
+
+
+def init_threads() -> int:
+    """SHARDLAB_INIT_THREADS (default 1): threads drawing initial values ahead of the copy loop."""
+    raw = os.environ.get(INIT_THREADS_ENV, "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{INIT_THREADS_ENV} must be a positive integer (got {raw!r})")
+    return int(raw)
+
+
+def _drawn(params: list[tuple[str, torch.Tensor]], draw) -> Iterator[torch.Tensor]:
+    """draw(name, p) for each parameter, in order. With init_threads() = N > 1 the next N are drawn in N threads
+    (torch releases the GIL in normal_; each parameter has its own generator, so the values are identical).
+    Fake parameters (the trace) are drawn in this thread: a dispatch mode is thread-local."""
+    threads = init_threads()
+    if threads <= 1 or not params or is_fake_tensor(_local(params[0][1])):
+        for name, p in params:
+            yield draw(name, p)
+        return
+    todo = iter(params)
+    with ThreadPoolExecutor(threads) as pool:
+        pending = deque(pool.submit(draw, name, p) for name, p in islice(todo, threads))
+        while pending:
+            full = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(draw, *nxt))
+            yield full
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

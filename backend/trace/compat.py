@@ -23,9 +23,9 @@ below is what the real program would compute, for memory purposes, and is instal
   (`dist.all_to_all_single` of real int tensors) returns what every peer sends under that routing
   (all ranks route alike): my experts' counts from each peer. Integer `arange` is real too (its values
   come from its arguments), so index arithmetic on it stays real.
-- pipelining: stages on other ranks would send their output/grad metadata (`send_object_list`) and
-  vote on the inference mode (`.item()` of a received int); the traced rank computes both locally:
-  a GPT stage boundary is always the residual stream `hidden_meta`.
+- pipelining: stages on other ranks would send their output/grad metadata (torch 2.13: `_send_meta`, and a
+  vote on the inference mode, `.item()` of a received int; torch 2.11: `send_object_list` of meta tensors);
+  the traced rank computes both locally: a GPT stage boundary is always the residual stream `hidden_meta`.
 """
 
 from __future__ import annotations
@@ -131,6 +131,21 @@ def _module_to(orig: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
+    """The stage-metadata exchange, computed locally: torch 2.13 sends it with `PipelineStage._send_meta` /
+    `_recv_meta` and votes on `InferenceMode` in `_PipelineSchedule._warmup_p2p`; torch 2.11 has neither and
+    sends a tuple of meta tensors with `dist.send_object_list` / `recv_object_list` inside
+    `PipelineStage._shape_inference`. Chosen by what the installed torch has."""
+    from torch.distributed.pipelining import stage
+
+    if hasattr(stage.PipelineStage, "_recv_meta"):
+        return _stage_meta_patches(hidden_meta)
+    if hasattr(stage.PipelineStage, "_shape_inference"):
+        return _object_list_patches(hidden_meta)
+    raise NotImplementedError("this torch's PipelineStage has neither _recv_meta (2.13) nor _shape_inference (2.11): "
+                              "backend/trace/compat.py cannot stand in for its stage-metadata exchange")
+
+
+def _stage_meta_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
     from torch.distributed.pipelining import schedules, stage
     from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta, _StageForwardMeta, extract_tensor_meta
 
@@ -150,6 +165,20 @@ def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any
 
     return [(stage.PipelineStage, "_recv_meta", recv_meta), (stage.PipelineStage, "_send_meta", send_meta),
             (schedules._PipelineSchedule, "_warmup_p2p", warmup_p2p)]
+
+
+def _object_list_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
+    """torch 2.11: the only object lists a traced rank exchanges are the stages' output metadata (the engine's
+    own object collectives run outside the trace): a send goes nowhere, a receive gets the boundary's meta."""
+
+    def send_object_list(object_list: list, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def recv_object_list(object_list: list, *args: Any, **kwargs: Any) -> int:
+        object_list[0] = (hidden_meta().detach().to("meta"),)  # what the sender's `x.to("meta")` of its output gives
+        return 0
+
+    return [(dist, "send_object_list", send_object_list), (dist, "recv_object_list", recv_object_list)]
 
 
 @contextmanager
