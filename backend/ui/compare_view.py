@@ -14,6 +14,8 @@ from backend.ui.format import fmt_bytes, fmt_frac, fmt_seconds
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+RECENT_RUNS = 500
+"""The picker lists this many newest runs, plus any run the Runs page sent over."""
 
 
 def _max_rank(result: RunResult, which: str, cat: str | None = None) -> float:

@@ -51,6 +51,15 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
                 memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top)
 
 
+def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str, global_batch: int,
+                 memory_gb: float | None) -> str:
+    """What a search was for, in words (shown when the results on screen no longer match the inputs)."""
+    if model is None:
+        return f"{name} (not loaded)"
+    mem = f", {memory_gb:g} GB per GPU" if memory_gb else ""
+    return f"{name}, seq {model.seq_len}, on {gpus} × {hardware}{mem}, global batch {global_batch}"
+
+
 def results_frame(p: Plan) -> pd.DataFrame:
     rows = []
     for i, c in enumerate(p.configs):
