@@ -186,10 +186,28 @@ def _prediction(spec, device_gb: float) -> None:
         st.caption(f":material/info: {note}")
 
 
+def _host_check(spec):
+    """This host's capacity for the run (local runs; SLURM runs are bounded by the cluster config)."""
+    from backend.launch import capacity
+
+    verdict = capacity.check(spec)
+    if verdict.need_bytes is not None:
+        host = capacity.Host.this()
+        st.text(f"This host: {host.cores} cores, {capacity.gib(verdict.usable_bytes)} of RAM usable; the run's "
+                f"{spec.parallel.world_size // spec.runtime.nnodes} ranks need {capacity.gib(verdict.need_bytes)}.")
+    for problem in verdict.problems:
+        st.error(f"Cannot run on this host: {problem}", icon=":material/block:")
+    for warning in verdict.warnings:
+        st.warning(warning, icon=":material/warning:")
+    return verdict
+
+
 def _submit_one(spec) -> None:
+    verdict = _host_check(spec)
     c1, c2 = st.columns([2, 1])
     tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
-    if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one"):
+    if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one",
+                 disabled=not verdict.ok, help=verdict.refusal() or None):
         eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")

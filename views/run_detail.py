@@ -52,10 +52,15 @@ def _failure(e: dict) -> None:
     if tb:
         with st.expander("Traceback of the failing rank", expanded=True):
             st.code(tb, language="python")
-    tail = e.get("log_tail") or (res.log_tail if res else None)
-    if tail:
-        with st.expander("Log tail", expanded=not tb):
+    from backend.worker import default_runs_dir
+
+    tail, where = dv.log_tail_of(e, default_runs_dir(store.engine()))
+    with st.expander("Log tail", expanded=not tb):
+        if tail:
+            st.caption(where)
             st.code(tail, language="text")
+        else:
+            st.text(f"No log output: {where}. The job printed nothing before it ended (or never launched).")
 
 
 def _timeline(res) -> None:
@@ -97,8 +102,11 @@ def _step_prediction(res) -> None:
 
 
 def _result(res) -> None:
-    if not res.per_rank and not res.loss:
-        return  # a run that failed before measuring anything: the failure panel says it all
+    if not res.loss and not dv.measured_anything(res):
+        if res.per_rank:  # a run that failed before measuring: its prediction is kept, nothing to compare it with
+            st.caption("Nothing was measured before the run ended, so there is no measured-vs-predicted comparison; "
+                       "the prediction is kept in result.json below.")
+        return
     head = dv.headline(res)
     cols = [c for _ in range(-(-len(head) // 3)) for c in st.columns(3)]  # rows of 3 (fp16 runs add one metric)
     for col, (k, v) in zip(cols, head.items()):

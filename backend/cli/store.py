@@ -116,6 +116,14 @@ def cmd_submit(args) -> int:
         problem = cluster_problem(spec)
         if problem:
             return fail(problem)
+    else:
+        from backend.launch import capacity
+
+        verdict = capacity.check(spec)
+        for warning in verdict.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if not verdict.ok:
+            return fail(f"nothing queued: {verdict.refusal()}")
     eid = q.submit_experiment(_engine(args), spec, tags=args.tag)
     print(_dump({"ids": [eid]}) if args.json else eid)
     return 0
