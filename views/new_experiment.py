@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import streamlit as st
 
 from backend.analytic.units import GB
+from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
@@ -44,8 +44,8 @@ def _apply_upload() -> None:
     if up is None:
         return
     try:
-        values, notes = sf.apply_hf_config(json.loads(up.getvalue()), file=up.name)
-    except (ValueError, json.JSONDecodeError) as e:  # HFConfigError names the refused field
+        values, notes = sf.apply_hf_config(parse_hf_config(up.getvalue(), name=up.name), file=up.name)
+    except HFConfigError as e:  # names the refused, missing or unreadable field
         st.session_state["hf_error"], st.session_state["hf_notes"] = f"{up.name}: {e}", []
         return
     for k, v in values.items():
@@ -83,8 +83,8 @@ def _model_inputs() -> None:
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
         c2.number_input("layers L", 1, 10_000, key=P + "n_layers")
-        c3.number_input("attention heads a", 1, 100_000, key=P + "n_heads")
-        c1.number_input("KV heads (0 = a)", 0, 100_000, key=P + "n_kv_heads")
+        c3.number_input("attention heads a", 1, 1_000_000, key=P + "n_heads")
+        c1.number_input("KV heads (0 = a)", 0, 1_000_000, key=P + "n_kv_heads")
         c2.number_input("MLP hidden (0 = 4h)", 0, 16_000_000, key=P + "ffn_hidden")
         c3.number_input("sequence length s", 1, 10_000_000, key=P + "seq_len")
         c1.number_input("vocabulary V", 2, 10_000_000, key=P + "vocab_size")

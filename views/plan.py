@@ -38,7 +38,7 @@ else:
     if up is not None:
         model_name = up.name
         try:
-            model = pv.model_from_config(up.getvalue().decode(), seq)
+            model = pv.model_from_config(up.getvalue(), seq)
         except ValueError as e:
             problem = str(e)
 

@@ -27,21 +27,30 @@ def hardware_options() -> list[str]:
     return list(load_profiles())
 
 
-def model_from_config(text: str, seq: int) -> ModelSpec:
+def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
     """A Hugging Face config.json's model. A real config (it names its `model_type`) goes through backend.hf_config,
     the one import the CLI and New experiment use (exact family, refused fields named); a bare dict of shape keys
     without a model_type gets a plain GPT block of that shape. Raises ValueError with the reason."""
-    cfg = json.loads(text)
-    if "model_type" in cfg:
-        from backend.hf_config import from_hf_config
+    from backend.hf_config import from_hf_config, parse_hf_config
 
+    cfg = parse_hf_config(text)
+    if "model_type" in cfg:
         fields, _notes = from_hf_config(cfg, seq_len=seq)
         return ModelSpec(**{**fields, "seq_len": seq})
     data = {ours: cfg[theirs] for theirs, ours in HF_KEYS.items() if theirs in cfg}
     missing = {"d_model", "n_layers", "n_heads", "vocab_size"} - set(data)
     if missing:
         raise ValueError(f"config.json lacks {', '.join(sorted(missing))} (looked for {', '.join(HF_KEYS)})")
-    return ModelSpec(**data, seq_len=seq)
+    bad = [f"{theirs}={cfg[theirs]!r}" for theirs, ours in HF_KEYS.items()
+           if theirs in cfg and (isinstance(cfg[theirs], bool) or not isinstance(cfg[theirs], int))]
+    if bad:
+        raise ValueError(f"config.json: {', '.join(bad)} must be integers")
+    from pydantic import ValidationError
+
+    try:
+        return ModelSpec(**data, seq_len=seq)
+    except ValidationError as e:  # pydantic's bound errors, one line each
+        raise ValueError("config.json: " + "; ".join(f"{x['loc'][0]}: {x['msg']}" for x in e.errors())) from None
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
