@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import streamlit as st
@@ -9,6 +10,7 @@ import streamlit as st
 from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
+from backend.spec_checks import run_blockers
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
@@ -134,7 +136,7 @@ def _values() -> dict:
 
 @st.cache_data(max_entries=64, show_spinner="Predicting…")
 def _predict(spec_json: str):
-    return pv.predict(ExperimentSpec.from_json(spec_json))
+    return pv.predict(ExperimentSpec.for_prediction(json.loads(spec_json)))  # prediction-only layouts too
 
 
 def _framework_prediction(spec) -> None:
@@ -202,22 +204,29 @@ def _host_check(spec):
     return verdict
 
 
-def _submit_one(spec) -> None:
-    verdict = _host_check(spec)
+def _submit_one(spec, blockers: list[str]) -> None:
+    if blockers:
+        st.info("This layout is for prediction only: this engine cannot run it (" + "; ".join(blockers) + ").",
+                icon=":material/visibility:")
+        why = "prediction only: " + "; ".join(blockers)
+    else:
+        verdict = _host_check(spec)
+        why = verdict.refusal()
     c1, c2 = st.columns([2, 1])
     tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
     if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one",
-                 disabled=not verdict.ok, help=verdict.refusal() or None):
+                 disabled=bool(why), help=why or None):
         eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
         st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
-def _trace(spec) -> None:
+def _trace(spec, blockers: list[str]) -> None:
     st.caption("Or trace its memory at full size: the real set-up and train step on fake tensors (no allocation), "
                "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
-    if st.button("Trace at full size", icon=":material/memory:", key="trace_full"):
+    why = "prediction only: " + "; ".join(blockers) if blockers else None
+    if st.button("Trace at full size", icon=":material/memory:", key="trace_full", disabled=bool(why), help=why):
         eid = tv.start_trace(spec, store.db_url())
         st.session_state["run_id"] = eid
         st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
@@ -252,7 +261,8 @@ with left:
     st.subheader("Training")
     _train_inputs()
 values = _values()
-spec, problems = sf.form_to_spec(values)
+spec, problems = sf.form_to_spec(values, predict_only=True)
+blockers = run_blockers(spec) if spec is not None else []
 with right:
     st.subheader("Prediction")
     device_gb = st.number_input("Device memory to check against (GB)", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0)
@@ -264,14 +274,16 @@ with right:
     if problems:
         st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
     else:
+        if blockers:
+            st.warning("Prediction only: " + "; ".join(blockers), icon=":material/visibility:")
         st.caption(sf.describe(spec))
         _prediction(spec, device_gb)
 st.divider()
 if spec is not None:
     st.subheader("Run it")
     st.caption("Runs execute on CPU ranks (gloo) in the background worker; small shapes finish in seconds to a minute.")
-    _submit_one(spec)
-    _trace(spec)
+    _submit_one(spec, blockers)
+    _trace(spec, blockers)
     _sweep(values)
 else:
     st.info("Fix the problems above to submit.")

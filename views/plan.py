@@ -79,6 +79,8 @@ if res is not None:
                                             "step s": st.column_config.NumberColumn(format="%.3f"),
                                             "MFU %": st.column_config.NumberColumn(format="%.1f")})
         rows = [i for i in (event.selection.rows if event and event.selection else []) if i < len(res.configs)]
+        for note in pv.prediction_only_notes(res):
+            st.caption(note)
         b1, b2 = st.columns(2)
         if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):

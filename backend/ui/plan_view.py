@@ -78,8 +78,18 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": par["pp_schedule"] if par["pp"] > 1 else "-", "v": par["virtual_stages"],
                      "SP": par["sequence_parallel"], "memory GB": c["mem_bytes_max"] / 1e9, "step s": t["step_s"],
                      "low s": t["low_s"], "high s": t["high_s"], "tokens/s": t["tokens_per_s"],
-                     "TFLOP/s/GPU": t["tflops_per_gpu"], "MFU %": 100 * t["mfu"]})
+                     "TFLOP/s/GPU": t["tflops_per_gpu"], "MFU %": 100 * t["mfu"],
+                     "runs": "yes" if c.get("runnable", True) else "prediction only"})
     return pd.DataFrame(rows)
+
+
+def prediction_only_notes(p: Plan) -> list[str]:
+    """'#3, #7: prediction only: <why>' per distinct reason among the shown layouts."""
+    by_reason: dict[str, list[int]] = {}
+    for i, c in enumerate(p.configs, 1):
+        if not c.get("runnable", True):
+            by_reason.setdefault(c["why_not"], []).append(i)
+    return [f"{', '.join(f'#{i}' for i in rows)}: prediction only: {why}" for why, rows in by_reason.items()]
 
 
 def pareto_fig(p: Plan) -> go.Figure:
