@@ -195,6 +195,11 @@ class Worker:
 
         if (refusal := local_capacity_refusal(spec)) is not None:
             return RunResult(status=Status.FAILED, spec=spec, error=refusal)
+        if spec.runtime.executor == "local":
+            from backend.bench import cpu_profile
+
+            if (note := cpu_profile.ensure(on_progress)) is not None:
+                log.info("experiment %s: %s", experiment_id, note)
         extra_env = {**self._slot_env.get(worker_id, {}), WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
         kw = {"detach": self.stopping} if spec.runtime.executor == "slurm" and self.runner is None else {}
         try:

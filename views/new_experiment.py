@@ -32,6 +32,14 @@ def _init_state() -> None:
             st.session_state[P + k] = st.session_state.get(P + k, v)
     if clone is not None:
         st.toast(f"Loaded the spec of {clone.name or 'the selected run'} into the form")
+    hardware = st.session_state.pop("clone_hardware", None)  # from Plan: the step time on the planned GPUs
+    if hardware:
+        st.session_state[P + "step_hw"], st.session_state["step_gpn"] = hardware
+    from backend.ui.steptime_view import profile_options
+
+    if st.session_state.get(P + "step_hw") not in profile_options():
+        st.session_state[P + "step_hw"] = "cpu"
+    st.session_state[P + "step_hw"] = st.session_state[P + "step_hw"]  # keeps it across page visits
 
 
 def _apply_preset() -> None:
@@ -158,6 +166,35 @@ def _framework_prediction(spec) -> None:
                 "compiled.memory_analysis()).")
 
 
+@st.cache_data(max_entries=64, ttl=30, show_spinner=False)
+def _step_time(spec_json: str, hardware: str, gpus_per_node: int | None):
+    from backend.ui import steptime_view
+
+    return steptime_view.predict(ExperimentSpec.for_prediction(json.loads(spec_json)), hardware, store.engine(),
+                                 gpus_per_node=gpus_per_node)
+
+
+def _step_time_panel(spec) -> None:
+    from backend.ui import steptime_view
+
+    c1, c2 = st.columns([2, 3])
+    hardware = c1.selectbox("Step time on", steptime_view.profile_options(), key=P + "step_hw",
+                            help="cpu: this host's measured profile (what a local run uses); the others: published GPU "
+                                 "profiles (Plan's hardware when the layout came from Plan)")
+    gpn = st.session_state.get("step_gpn") if hardware != "cpu" else None
+    try:
+        pred, why = _step_time(spec.to_json(), hardware, gpn)
+    except Exception as e:  # noqa: BLE001 - a gap in the step-time model is shown, not raised
+        pred, why = None, f"the step-time model cannot time this spec: {e}"
+    if pred is None:
+        c2.info(why)
+        return
+    c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
+              help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
+               f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
+
+
 def _prediction(spec, device_gb: float) -> None:
     _framework_prediction(spec)
     try:
@@ -168,6 +205,7 @@ def _prediction(spec, device_gb: float) -> None:
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
         col.metric(k, v)
+    _step_time_panel(spec)
     fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")

@@ -17,6 +17,19 @@ DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)
 for k, v in DEFAULTS.items():
     st.session_state[k] = st.session_state.get(k, st.session_state.get("pl_saved", {}).get(k, v))
 
+@st.fragment(run_every=2.0)
+def _verify_table(tag: str) -> None:
+    """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
+    from backend.bench import cpu_profile
+
+    df = pv.verify_frame(store.engine(), tag)
+    st.dataframe(df, hide_index=True, column_config={
+        "measured s": st.column_config.NumberColumn(format="%.3f"), "predicted s": st.column_config.NumberColumn(format="%.3f"),
+        "error %": st.column_config.NumberColumn(format="%+.1f")})
+    if not cpu_profile.exists():
+        st.caption(cpu_profile.MISSING)
+
+
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
            "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
@@ -59,6 +72,7 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top))
         st.session_state["pl_result_for"] = inputs
+        st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
 
 res = st.session_state.get("pl_result")
@@ -85,6 +99,7 @@ if res is not None:
         if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
+            st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("views/new_experiment.py")
         if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
                      help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
@@ -99,7 +114,7 @@ if res is not None:
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
             st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
-            st.dataframe(pv.verify_frame(store.engine(), st.session_state["pl_verify_tag"]), hide_index=True)
+            _verify_table(st.session_state["pl_verify_tag"])
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")

@@ -83,14 +83,14 @@ def _timeline(res) -> None:
 
 
 def _step_prediction(res) -> None:
-    from backend.ui.plan_view import run_step_prediction
+    from backend.ui import steptime_view
 
     try:
-        pred = run_step_prediction(res, store.engine())
+        pred, why = steptime_view.run_comparison(res, store.engine())
     except Exception as e:  # noqa: BLE001 - the run page still renders
-        st.caption(f"step-time prediction unavailable: {e}")
-        return
+        pred, why = None, f"the step-time model failed: {e}"
     if pred is None:
+        st.caption(f"No step-time comparison: {why}")
         return
     c1, c2, c3 = st.columns(3)
     c1.metric("step time measured (min over steps)", f"{pred['measured_s']:.3f} s")

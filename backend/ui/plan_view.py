@@ -174,31 +174,6 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
     return out
 
 
-def run_step_prediction(res: Any, engine: Any) -> dict[str, Any] | None:
-    """Predicted step time and interval of a finished run on its hardware, with the newest calibration for that
-    hardware (None when the run has no timing or its device has no profile). CPU runs use the "cpu" profile."""
-    from backend.calibration.fit import extrapolation
-    from backend.calibration.store import latest_for, measured_step_s
-
-    if res is None or not res.per_rank or not any(r.step_s for r in res.per_rank):
-        return None
-    device = str((res.env or {}).get("device", "cpu")).lower()
-    key = "cpu" if "cpu" in device or str(res.spec.runtime.device) == "cpu" else None
-    if key is None or key not in load_profiles():
-        return None
-    hw = get_hardware(key)
-    cal = latest_for(engine, key)
-    band = tuple(cal["band"]) if cal else None
-    if cal:
-        hw = hw.with_tunables(**cal["params"])
-    st = step_time(res.spec, hw, band=band).summary
-    measured = measured_step_s(res)
-    return {"hardware": key, "calibration": cal["id"] if cal else None, "predicted_s": st["step_s"], "low_s": st["low_s"],
-            "high_s": st["high_s"], "measured_s": measured, "error_pct": (st["step_s"] - measured) / measured * 100,
-            "inside": st["low_s"] <= measured <= st["high_s"],
-            "extrapolation": extrapolation(res.spec, cal["ranges"], hw.gpus_per_node) if cal else []}
-
-
 # "Verify scaled-down": a CPU proxy of a planned layout, same parallel family, small enough to run here.
 PROXY_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=64)
 
@@ -231,16 +206,27 @@ def verify_tag(config: dict[str, Any]) -> str:
 
 
 def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
-    """The proxy runs of one layout: status, measured vs predicted step time with the interval."""
+    """The proxy runs of one layout: status, measured vs predicted step time with the interval, and why a number is
+    missing (still queued or running, failed, no 'cpu' profile yet)."""
+    from backend.ui.steptime_view import run_comparison
     from db import queries as q
 
     rows = []
     for r in q.list_experiments(engine, tag=[tag]):
         d = q.get_experiment(engine, r["id"])
-        pred = run_step_prediction(d["result"], engine) if d["status"] == "ok" else None
+        pred, why = run_comparison(d["result"], engine) if d["status"] == "ok" else (None, _pending(d))
         rows.append({"run": r["id"], "status": r["status"], "world": r["world_size"],
                      "measured s": pred["measured_s"] if pred else None, "predicted s": pred["predicted_s"] if pred else None,
                      "error %": pred["error_pct"] if pred else None,
-                     "interval": f"{pred['low_s']:.3f}–{pred['high_s']:.3f}" if pred else "",
-                     "inside": pred["inside"] if pred else None})
-    return pd.DataFrame(rows)
+                     "interval s": f"{pred['low_s']:.3f} – {pred['high_s']:.3f}" if pred else "",
+                     "inside": ("yes" if pred["inside"] else "no") if pred else "", "note": why or ""})
+    return pd.DataFrame(rows, columns=VERIFY_COLUMNS)
+
+
+VERIFY_COLUMNS = ["run", "status", "world", "measured s", "predicted s", "error %", "interval s", "inside", "note"]
+
+
+def _pending(run: dict[str, Any]) -> str:
+    if run["status"] in ("queued", "running"):
+        return "waiting for a worker" if run["status"] == "queued" else "running"
+    return f"{run['status']}: {run.get('error') or 'no error recorded'}"
