@@ -67,6 +67,10 @@ with tab_claims:
                 "or a pp run, and the comparison appears here.")
     else:
         st.dataframe(checks, hide_index=True, width="stretch")
+        if checks["caveat"].astype(bool).any():
+            st.caption("Measured bubbles of CPU runs: when the ranks do not each get a core, pipeline stages time-share "
+                       "the CPU and cannot overlap, so the measured bubble tends to 1 − 1/pp whatever the schedule "
+                       "(see each run's caveat); compare them with the formula on a host with a core per rank.")
 
 st.subheader("Seed scenarios: planner verdicts")
 st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory (minus the CUDA/NCCL/fragmentation "

@@ -36,8 +36,11 @@ def _selected_id(url: str) -> int | None:
 
 @st.fragment(run_every=2.0)
 def _live(url: str, rid: int) -> None:
+    if store.status_now(url, rid) not in rv.ACTIVE:
+        store.changed()  # the picker's label and the page must not show the cached 'running'
+        st.rerun(scope="app")
     e = store.get_run(url, rid)
-    if e is None or e["status"] not in rv.ACTIVE:
+    if e is None:
         st.rerun(scope="app")
     st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}: {rv.progress_text(e)}")
 

@@ -44,6 +44,7 @@ def _live_progress(url: str, active_ids: list[int]) -> None:
     """Progress bars of queued/running runs, refreshed every 2 s; a finished run reloads the whole page."""
     rows = store.list_runs(url, status=("queued", "running"), limit=50)
     if {r["id"] for r in rows} != set(active_ids):
+        store.changed()  # the table below must not show the cached 'running' of a run that ended
         st.rerun(scope="app")
     for r in rows:
         frac = rv.progress_fraction(r)

@@ -140,8 +140,14 @@ def measured_checks(runs: list[tuple[int, Any]]) -> pd.DataFrame:
                          "formula": f"{pred_base / pred_cur:.2f}×" if pred_cur else "–", "run": ids[id(r)]})
         if r.bubble_measured is not None and r.bubble_predicted is not None:
             rows.append({"check": f"pipeline bubble, {r.spec.parallel.pp_schedule} p={r.spec.parallel.pp} m={r.spec.train.microbatches}",
-                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %", "run": ids[id(r)]})
-    return pd.DataFrame(rows, columns=["check", "measured", "formula", "run"])
+                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %", "run": ids[id(r)],
+                         "caveat": bubble_caveat(r)})
+    return pd.DataFrame(rows, columns=["check", "measured", "formula", "run", "caveat"])
+
+
+def bubble_caveat(r: Any) -> str:
+    """The run's own note on CPU time-sharing (strategies/pp.py: ranks without a core each cannot overlap stages)."""
+    return next((n for n in r.notes if n.startswith("Bubble:")), "")
 
 
 def _shape_key(r: Any) -> tuple:
