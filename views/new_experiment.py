@@ -79,6 +79,11 @@ def _model_inputs() -> None:
                    + " — stored with the run.")
     st.toggle("Run it here: scale down for the CPU ranks (same block type, fewer and narrower layers)",
               key=P + "run_here", help="Off: the full model, for prediction. On: what the CPU engine will run.")
+    if st.session_state[P + "run_here"]:
+        st.caption("What runs here (the prediction and the run use this shape; the fields below keep the full size):")
+        st.dataframe(sf.run_here_rows(_values()), hide_index=True, width="stretch")
+        if note := sf.gqa_note(_values()):
+            st.caption(note)
     with st.expander("Model family", expanded=False):
         c1, c2, c3 = st.columns(3)
         for col, k, label in ((c1, "norm", "norm"), (c2, "mlp", "MLP"), (c3, "positions", "positions"),
@@ -89,7 +94,7 @@ def _model_inputs() -> None:
         c2.number_input("shared experts", 0, 1024, key=P + "n_shared_experts")
         c3.number_input("shared expert hidden (0 = expert)", 0, 16_000_000, key=P + "shared_ffn_hidden")
         c1.checkbox("shared expert gate", key=P + "shared_expert_gate")
-    with st.expander("Model shape", expanded=False):
+    with st.expander("Model shape (full size)" if st.session_state[P + "run_here"] else "Model shape", expanded=False):
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
         c2.number_input("layers L", 1, 10_000, key=P + "n_layers")
