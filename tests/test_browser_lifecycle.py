@@ -1,5 +1,6 @@
-"""`make run` as a user starts it (backend.serve), with a real browser session (issue 20 items 7 and 8): the idle
-dashboard watches no files, and the worker it started stops when the dashboard stops."""
+"""`make run` as a user starts it (backend.serve), with a real browser session (issue 20 items 7, 8 and 11): the idle
+dashboard watches no files, no metric on the home page is cut off, and the worker it started stops when the
+dashboard stops."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ import pytest
 from tests.test_browser import CHROME_ARGS, CHROMIUM, ROOT, _free_port, _wait_http
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+CUT_OFF = """() => Array.from(document.querySelectorAll('[data-testid="stMetric"] *'))
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)"""
+"""Text inside a metric that overflows its box (Streamlit cuts it off with an ellipsis: "527.00 …")."""
 
 
 def inotify_watches(pid: int) -> int:
@@ -60,6 +66,8 @@ def test_make_run_watches_no_files_and_its_worker_stops_with_it(tmp_path):
             page = browser.new_page()
             page.goto(f"http://127.0.0.1:{port}")
             page.get_by_text("it stops when the dashboard stops").first.wait_for(timeout=90_000)
+            page.get_by_text("flash saves").first.wait_for(timeout=90_000)  # the last metric of the prediction
+            assert page.evaluate(CUT_OFF) == [], "metric labels and values cut off with an ellipsis"
             assert inotify_watches(app.pid) == 0, "the dashboard must not watch the checkout (Streamlit file watcher)"
             workers = _workers_of(db_url)
             assert len(workers) == 1, "the dashboard started its worker"

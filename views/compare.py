@@ -36,7 +36,8 @@ if len(ids) < 2:
 runs = [e for e in (store.get_run(url, i) for i in ids) if e is not None]
 df = cv.compare_frame(runs)
 st.markdown("**Side by side** — cells that differ from the first run are highlighted")
-st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3)
+st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3,
+             placeholder="–", column_config={"_index": st.column_config.TextColumn("property", width="large")})
 ok = [e for e in runs if e.get("result") is not None and e["status"] == "ok"]
 if not ok:
     st.info("None of these runs has finished successfully yet: scaling plots appear once they have measurements.")

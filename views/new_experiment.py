@@ -15,7 +15,9 @@ from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
 from backend.ui import trace_view as tv
-from backend.ui.format import fmt_bytes
+from backend.ui import workflow
+from backend.ui.format import fmt_bytes_short
+from backend.ui.glossary import HELP, schedule_label
 from backend.ui.sweep_form import expand_sweep
 
 P = "f_"  # widget key prefix
@@ -77,8 +79,9 @@ def _model_inputs() -> None:
         label = src.get("preset") or src.get("file") or "config.json"
         st.caption(f"Model source: {label}" + (" (edited)" if sf._source(_values()) != src else "")
                    + " — stored with the run.")
-    st.toggle("Run it here: scale down for the CPU ranks (same block type, fewer and narrower layers)",
-              key=P + "run_here", help="Off: the full model, for prediction. On: what the CPU engine will run.")
+    st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
+              help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
+                   "type (norm, MLP, positions, MoE), fewer and narrower layers.")
     if st.session_state[P + "run_here"]:
         st.caption("What runs here (the prediction and the run use this shape; the fields below keep the full size):")
         st.dataframe(sf.run_here_rows(_values()), hide_index=True, width="stretch")
@@ -108,20 +111,18 @@ def _model_inputs() -> None:
 
 
 def _parallel_inputs() -> None:
-    c1, c2 = st.columns(2)
-    c1.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
-    c2.number_input("World size (ranks)", 1, 1_000_000, key=P + "world_size")
+    st.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
     c1, c2, c3, c4 = st.columns(4)
-    c1.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="1 for the pure tp strategy means tp = world size")
-    c2.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="1 for the pure pp strategy means pp = world size")
-    c3.number_input("EP degree", 1, 1_000_000, key=P + "ep")
-    c4.checkbox("Sequence parallel", key=P + "sequence_parallel")
+    c1.number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
+    c2.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="Tensor parallel: 1 for the pure tp strategy means tp = world size")
+    c3.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="Pipeline parallel: 1 for the pure pp strategy means pp = world size")
+    c4.number_input("EP degree", 1, 1_000_000, key=P + "ep", help="Expert parallel: MoE experts split over this many ranks")
+    st.checkbox("Sequence parallel (with TP)", key=P + "sequence_parallel", help=HELP["sequence parallel"])
     c1, c2 = st.columns(2)
-    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule")
-    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages")
-    c1, c2 = st.columns(2)  # issue 14
-    c1.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
-    c2.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
+    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule", format_func=schedule_label, help=HELP["schedule"])
+    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages", help=HELP["virtual stages"])
+    st.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
+    st.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
     c1, c2 = st.columns(2)
     c1.radio("Run on", list(sf.RUN_ON), key=P + "executor", format_func=sf.RUN_ON.get, horizontal=True)
     if st.session_state[P + "executor"] == "slurm":
@@ -209,23 +210,28 @@ def _prediction(spec, device_gb: float) -> None:
         return
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
-        col.metric(k, v)
+        col.metric(k, v, help=pv.HEADLINE_HELP.get(k))
     _step_time_panel(spec)
     fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
     comm = pv.comm_frame(est.per_rank)
-    st.markdown("**Communication per step (analytic)**")
+    st.markdown("**Communication per step (analytic, bytes per step)**")
     if comm.empty:
         st.caption("No collectives: a single rank, or nothing to synchronise.")
     else:
-        st.dataframe(comm, hide_index=True, width="stretch")
+        st.dataframe(comm, hide_index=True, width="stretch", column_config={
+            c: st.column_config.TextColumn(c, help=HELP["payload"]) for c in comm.columns if c.startswith("payload")}
+            | {pv.WIRE_COLUMN: st.column_config.TextColumn(pv.WIRE_COLUMN, help=HELP["wire"])})
     cmp = sf.attention_comparison(spec)
     if cmp:
+        st.markdown("**Activations of the fullest rank, by attention kernel**")
         c1, c2, c3 = st.columns(3)
-        c1.metric("Activations, math attention (max rank)", fmt_bytes(cmp["math"]))
-        c2.metric("Activations, flash attention (max rank)", fmt_bytes(cmp["flash"]))
-        c3.metric("flash saves", fmt_bytes(cmp["math"] - cmp["flash"]),
+        c1.metric("math attention", fmt_bytes_short(cmp["math"]),
+                  help="Activations of the fullest rank with the explicit softmax(QK^T)V attention")
+        c2.metric("flash attention", fmt_bytes_short(cmp["flash"]),
+                  help="Activations of the fullest rank with the fused (flash) attention kernel")
+        c3.metric("flash saves", fmt_bytes_short(cmp["math"] - cmp["flash"]),
                   help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
     for note in getattr(est, "notes", []) or []:
         st.caption(f":material/info: {note}")
@@ -295,6 +301,7 @@ def _sweep(v: dict) -> None:
 _init_state()
 st.title("New experiment")
 st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the arithmetic.")
+workflow.steps()
 left, right = st.columns([5, 6], gap="large")
 with left:
     st.text_input("Name (optional)", key=P + "name", placeholder="e.g. zero2 vs ddp, tiny model")
@@ -308,7 +315,9 @@ spec, problems = sf.form_to_spec(values, predict_only=True)
 blockers = run_blockers(spec) if spec is not None else []
 with right:
     st.subheader("Prediction")
-    device_gb = st.number_input("Device memory to check against (GB)", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0)
+    device_gb = st.number_input("GPU memory to check against, GB as sold", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0,
+                                help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); the charts and checks below use GiB. "
+                                     "A local CPU run is checked against this host's RAM under Run it.")
     if spec is not None and spec.runtime.executor == "slurm":
         from backend.cluster.submit import cluster_problem
 

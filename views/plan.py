@@ -17,13 +17,24 @@ DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)
 for k, v in DEFAULTS.items():
     st.session_state[k] = st.session_state.get(k, st.session_state.get("pl_saved", {}).get(k, v))
 
+def _plan_columns() -> dict:
+    """Number formats (no raw floats) and a plain-words tooltip on every column that needs one."""
+    from backend.ui.glossary import HELP
+
+    formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
+               "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
+    cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
+    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("schedule", "virtual stages", "sequence parallel", "runs")})
+    return cols
+
+
 @st.fragment(run_every=2.0)
 def _verify_table(tag: str) -> None:
     """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
     from backend.bench import cpu_profile
 
     df = pv.verify_frame(store.engine(), tag)
-    st.dataframe(df, hide_index=True, column_config={
+    st.dataframe(df, hide_index=True, placeholder="–", column_config={
         "measured s": st.column_config.NumberColumn(format="%.3f"), "predicted s": st.column_config.NumberColumn(format="%.3f"),
         "error %": st.column_config.NumberColumn(format="%+.1f")})
     if not cpu_profile.exists():
@@ -60,7 +71,8 @@ hardware = c1.selectbox("Hardware", pv.hardware_options(), key="pl_hw")
 gpus = c2.number_input("GPUs", 1, 1_000_000, key="pl_gpus")
 node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
-mem = c5.number_input("Device memory GB (0 = profile's)", 0.0, 10_000.0, key="pl_mem")
+mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
+                      help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
 top = st.slider("Layouts to show", 1, 50, key="pl_top")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
@@ -86,15 +98,17 @@ if res is not None:
         st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
     else:
         df = pv.results_frame(res)
+        if (why := pv.why_fastest(res)) is not None:
+            st.markdown(why)
         # one widget per search: a row position is only read against the layouts it was ticked on
-        event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row",
-                             key=f"pl_table_{st.session_state.get('pl_serial', 0)}",
-                             column_config={"memory GB": st.column_config.NumberColumn(format="%.1f"),
-                                            "step s": st.column_config.NumberColumn(format="%.3f"),
-                                            "MFU %": st.column_config.NumberColumn(format="%.1f")})
+        event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row", placeholder="–",
+                             key=f"pl_table_{st.session_state.get('pl_serial', 0)}", column_config=_plan_columns())
         rows = [i for i in (event.selection.rows if event and event.selection else []) if i < len(res.configs)]
-        for note in pv.prediction_only_notes(res):
-            st.caption(note)
+        if notes := pv.prediction_only_notes(res):
+            with st.expander(f"Prediction only ({sum(n.count('#') for n in notes)} of {len(res.configs)} layouts): "
+                             "this engine can predict them but not run them; why"):
+                for note in notes:
+                    st.caption(note)
         b1, b2 = st.columns(2)
         if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):

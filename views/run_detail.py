@@ -113,7 +113,7 @@ def _result(res) -> None:
     head = dv.headline(res)
     cols = [c for _ in range(-(-len(head) // 3)) for c in st.columns(3)]  # rows of 3 (fp16 runs add one metric)
     for col, (k, v) in zip(cols, head.items()):
-        col.metric(k, v)
+        col.metric(k, v, help=dv.HEADLINE_HELP.get(k))
     _step_prediction(res)
     if res.per_rank:
         st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
@@ -130,7 +130,7 @@ def _result(res) -> None:
         if comm.empty:
             st.caption("No collectives were counted (single rank).")
         else:
-            st.dataframe(comm, hide_index=True, width="stretch")
+            st.dataframe(comm, hide_index=True, width="stretch", placeholder="–")
             st.caption(dv.comm_caption(res))
     c1, c2 = st.columns(2)
     lf, sf_ = dv.loss_fig(res), dv.step_time_fig(res)

@@ -109,6 +109,7 @@ st.caption(f"Showing {len(df)} of {total} runs. Click rows to select them (or us
 ids_in_view = [int(i) for i in df["id"]]
 table_key = selection.view_key("runs_table", ids_in_view)  # a new view is a new widget: positions never re-point
 event = st.dataframe(df, hide_index=True, width="stretch", on_select="rerun", selection_mode="multi-row", key=table_key,
+                     placeholder="–",  # not measured (yet): a dash, not "None"
                      column_config={"id": st.column_config.NumberColumn("id", format="%d")})
 by_id = df.set_index("id", drop=False)
 picked = selection.picked_ids(event.selection.rows if event and event.selection else [], ids_in_view)

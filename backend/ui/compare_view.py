@@ -48,8 +48,8 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             col.update({
                 "step time (median)": fmt_seconds(res.step_s_median),
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
-                "model+act memory, fullest rank (measured)": fmt_bytes(_max_rank(res, "measured")),
-                "model+act memory, fullest rank (predicted)": fmt_bytes(_max_rank(res, "predicted")),
+                "memory, fullest rank: measured": fmt_bytes(_max_rank(res, "measured")),
+                "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
                 **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c)) for c in CATS},
                 "comm payload / step (busiest rank)": fmt_bytes(_comm_total(res)),
                 "bubble measured / predicted": f"{fmt_frac(res.bubble_measured)} / {fmt_frac(res.bubble_predicted)}",

@@ -186,6 +186,17 @@ def headline(result: RunResult) -> dict[str, str]:
     }
 
 
+HEADLINE_HELP = {
+    "achieved FLOP/s (MFU · HFU)": ("Model FLOPs executed per second. MFU: model FLOPs utilization, model FLOPs (no "
+                                    "recompute) per second / the devices' peak; HFU: hardware FLOPs utilization, the "
+                                    "same with the recomputed forward passes counted. Blank where the device's peak is "
+                                    "not known (CPU ranks)."),
+    "loss max |Δ| vs reference": "Largest difference of the per-step loss from a single-process run of the same model, "
+                                 "seed and data: 0 up to float rounding when the sharding is right.",
+    "peak memory (max rank)": "True peak of the tracked bytes in the step on the fullest rank.",
+}
+
+
 def _skipped(result: RunResult) -> dict[str, str]:
     """fp16-mixed runs: how many optimizer steps the loss scaler skipped (inf/NaN gradients on some rank)."""
     skipped = getattr(result, "loss_scaling_skipped_steps", None)

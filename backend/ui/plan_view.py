@@ -14,10 +14,12 @@ from backend.analytic.steptime.model import step_time
 from backend.planner.memory import light_spec, worst_rank_bytes
 from backend.planner.search import Plan, budget_bytes, plan
 from backend.spec import ExperimentSpec, ModelSpec
+from backend.analytic.units import GiB
+from backend.ui.glossary import schedule_label
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
-BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed comm"), ("bubble_s", "bubble"),
-             ("optimizer_s", "optimizer"), ("other_s", "other"))
+BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
+             ("optimizer_s", "optimizer step"), ("other_s", "other"))
 HF_KEYS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
            "num_key_value_heads": "n_kv_heads", "intermediate_size": "ffn_hidden", "vocab_size": "vocab_size",
            "n_embd": "d_model", "n_layer": "n_layers", "n_head": "n_heads"}
@@ -70,26 +72,47 @@ def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str
 
 
 def results_frame(p: Plan) -> pd.DataFrame:
+    """One row per layout; the column names are glossary.HELP keys (the page shows each as a tooltip)."""
     rows = []
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "ep": par["ep"],
+                     "memory GiB": c["mem_bytes_max"] / GiB, "step s": t["step_s"],
+                     "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
+                     "runs": "yes" if c.get("runnable", True) else "prediction only",
                      "micro-batch": s["train"]["micro_batch"], "recompute": s["train"]["recompute"],
-                     "schedule": par["pp_schedule"] if par["pp"] > 1 else "-", "v": par["virtual_stages"],
-                     "SP": par["sequence_parallel"], "memory GB": c["mem_bytes_max"] / 1e9, "step s": t["step_s"],
-                     "low s": t["low_s"], "high s": t["high_s"], "tokens/s": t["tokens_per_s"],
-                     "TFLOP/s/GPU": t["tflops_per_gpu"], "MFU %": 100 * t["mfu"],
-                     "runs": "yes" if c.get("runnable", True) else "prediction only"})
+                     "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
+                     "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
+                     "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
+                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"]})
     return pd.DataFrame(rows)
 
 
+def why_fastest(p: Plan) -> str | None:
+    """Why #1 wins, in its own terms: the dominant part of its step and where #2 loses time."""
+    if not p.configs:
+        return None
+    t = p.configs[0]["step_time"]
+    parts = {label: t[key] for key, label in BREAKDOWN}
+    top = max(parts, key=parts.get)
+    text = (f"#1 is the fastest at {t['step_s']:.3g} s per step; {top} is {parts[top] / t['step_s']:.0%} of it "
+            f"({parts[top]:.3g} s).")
+    if len(p.configs) > 1:
+        t2 = p.configs[1]["step_time"]
+        gaps = {label: t2[key] - t[key] for key, label in BREAKDOWN}
+        worst = max(gaps, key=gaps.get)
+        text += (f" #2 takes {t2['step_s'] - t['step_s']:.3g} s more ({(t2['step_s'] / t['step_s'] - 1):.1%}), most of it in "
+                 f"{worst} (+{gaps[worst]:.3g} s).")
+    return text
+
+
 def prediction_only_notes(p: Plan) -> list[str]:
-    """'#3, #7: prediction only: <why>' per distinct reason among the shown layouts."""
+    """'#3, #7: <why>' per distinct reason among the shown layouts that this engine can only predict."""
     by_reason: dict[str, list[int]] = {}
     for i, c in enumerate(p.configs, 1):
         if not c.get("runnable", True):
             by_reason.setdefault(c["why_not"], []).append(i)
-    return [f"{', '.join(f'#{i}' for i in rows)}: prediction only: {why}" for why, rows in by_reason.items()]
+    return [f"{', '.join(f'#{i}' for i in rows)}: {why}" for why, rows in by_reason.items()]
 
 
 def pareto_fig(p: Plan) -> go.Figure:
@@ -98,8 +121,8 @@ def pareto_fig(p: Plan) -> go.Figure:
     for strat in sorted({c["strategy"] for c in p.configs}):
         cs = [c for c in p.configs if c["strategy"] == strat]
         fig.add_scatter(name=strat, mode="markers", x=[c["step_time"]["step_s"] for c in cs],
-                        y=[c["mem_bytes_max"] / 1e9 for c in cs], marker=dict(color=STRATEGY_COLOR.get(strat), size=10),
-                        text=[c["spec"]["name"] for c in cs], hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GB<extra></extra>")
+                        y=[c["mem_bytes_max"] / GiB for c in cs], marker=dict(color=STRATEGY_COLOR.get(strat), size=10),
+                        text=[c["spec"]["name"] for c in cs], hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GiB<extra></extra>")
     front, best = [], float("inf")
     for c in sorted(p.configs, key=lambda c: (c["step_time"]["step_s"], c["mem_bytes_max"])):
         if c["mem_bytes_max"] < best:
@@ -107,19 +130,22 @@ def pareto_fig(p: Plan) -> go.Figure:
             front.append(c)
     if front:
         fig.add_scatter(name="Pareto front", mode="lines", x=[c["step_time"]["step_s"] for c in front],
-                        y=[c["mem_bytes_max"] / 1e9 for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
+                        y=[c["mem_bytes_max"] / GiB for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
     fig.update_layout(title="Memory vs predicted step time (layouts that fit)", xaxis_title="step time (s)",
-                      yaxis_title="worst-rank memory (GB)", **LAYOUT)
+                      yaxis_title="worst-rank memory (GiB)", **LAYOUT)
     return fig
 
 
 def breakdown_fig(p: Plan) -> go.Figure:
-    labels = [f"#{i + 1} {c['spec']['name'][5:]}" for i, c in enumerate(p.configs)]
+    labels = [f"#{i + 1}" for i in range(len(p.configs))]  # the table's row numbers: short, never rotated into the legend
+    names = [c["spec"]["name"][5:] for c in p.configs]
     fig = go.Figure()
     for key, name in BREAKDOWN:
-        fig.add_bar(name=name, x=labels, y=[c["step_time"][key] for c in p.configs],
-                    hovertemplate=f"{name}: %{{y:.3f}} s<extra></extra>")
-    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)", yaxis_title="seconds", **LAYOUT)
+        fig.add_bar(name=name, x=labels, y=[c["step_time"][key] for c in p.configs], customdata=names,
+                    hovertemplate=f"%{{x}} %{{customdata}}<br>{name}: %{{y:.3f}} s<extra></extra>")
+    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)", xaxis_title="layout (# in the table)",
+                      yaxis_title="seconds", **LAYOUT)
+    fig.update_xaxes(type="category")
     return fig
 
 
@@ -156,8 +182,8 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
         spec = ExperimentSpec.for_prediction(data)
         worst, _ = worst_rank_bytes(light_spec(spec.model_dump(mode="json")))
         st = step_time(spec, hw, gpus_per_node=gpus_per_node).summary
-        row = {"claim": sc["claim"], "fits": worst <= budget, "memory GB": worst / 1e9, "budget GB": budget / 1e9,
-               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GB": None}
+        row = {"claim": sc["claim"], "fits": worst <= budget, "memory GiB": worst / GiB, "budget GiB": budget / GiB,
+               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GiB": None}
         if with_best:
             key = (json.dumps(sc["model"], sort_keys=True), sc["gpus"], sc["global_batch"])
             if key not in bests:
@@ -169,7 +195,7 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
                 s = c["spec"]
                 row.update({"planner best": f"{s['name'][5:]}, b={s['train']['micro_batch']}, {s['train']['recompute']} recompute"
                             + (f", {s['parallel']['pp_schedule']}" if s["parallel"]["pp"] > 1 else ""),
-                            "best step s": c["step_time"]["step_s"], "best memory GB": c["mem_bytes_max"] / 1e9})
+                            "best step s": c["step_time"]["step_s"], "best memory GiB": c["mem_bytes_max"] / GiB})
         out.append(row)
     return out
 
