@@ -104,12 +104,13 @@ def check(spec: ExperimentSpec, host: Host | None = None, limits: Limits | None 
         out.warnings.append(f"{ranks} ranks on {host.cores} cores: ranks time-share the cores, so the measured step "
                             "time is longer than on one core per rank (the cpu step-time profile accounts for it)")
     per_rank, state = rank_host_bytes(spec)
-    out.need_bytes = sum(per_rank) + ranks * RANK_RUNTIME_BYTES
+    processes = 1 if str(spec.framework) == "jax" else ranks  # JAX: one process with `ranks` virtual devices
+    out.need_bytes = sum(per_rank) + processes * RANK_RUNTIME_BYTES
     if out.need_bytes > out.usable_bytes:
         worst = max(per_rank, default=0.0)
         out.problems.append(
             f"this host cannot hold the run: {ranks} ranks need {gib(out.need_bytes)} of RAM ({state} up to "
-            f"{gib(worst)} per rank by the analytic estimate + {gib(RANK_RUNTIME_BYTES)} torch runtime per rank) > "
+            f"{gib(worst)} per rank by the analytic estimate + {gib(RANK_RUNTIME_BYTES)} runtime per process) > "
             f"{gib(out.usable_bytes)} usable ({gib(host.available_bytes)} available - {limits.headroom:.0%} headroom). "
             + HINT)
     return out
