@@ -160,6 +160,9 @@ class RunResult(_R):
     """torch/python versions, backend, device name, cores/GPUs, hostnames."""
     per_rank: list[RankResult] = Field(default_factory=list)
     step_s_median: float | None = None
+    step_time_predicted_s: float | None = None
+    """The step-time model's prediction for this run at run time (backend/analytic/steptime) on the 'cpu' profile for
+    CPU ranks, before any calibration; None without a profile for the run's device."""
     tokens_per_s: float | None = None
     flops_per_step: float | None = None
     achieved_flops: float | None = None

@@ -199,8 +199,8 @@ def test_compare_highlights_differences():
 def test_formula_figures():
     fig = fv.zero_memory_fig(70e9, precision="bf16-mixed", optimizer="adamw", ns=[8, 64, 1024], device_gb=80)
     by = {t.name: list(t.y) for t in fig.data}
-    assert by["DDP (ZeRO-0)"][0] == pytest.approx(16 * 70)  # 2+2+12 bytes per parameter, no sharding
-    assert by["ZeRO-3 / FSDP (P_os+g+p)"][0] == pytest.approx(16 * 70 / 8)
+    assert by["DDP (ZeRO-0)"][0] == pytest.approx(16 * 70e9 / 2**30)  # 2+2+12 bytes per parameter, no sharding (GiB)
+    assert by["ZeRO-3 / FSDP (P_os+g+p)"][0] == pytest.approx(16 * 70e9 / 2**30 / 8)
     assert fig.layout.xaxis.type == "log"
     act = fv.activation_fig(seqs=[1024, 2048], b=1, h=8192, a=64, layers=80, t=8, sp=True)
     full = next(t for t in act.data if t.name == "recompute=full")

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.params is not None:
         return _run_raw(args)
-    spec, problems = spec_from_args(args)
+    spec, problems = spec_from_args(args, predict_only=True)
     if spec is None:
         return fail("invalid spec: " + "; ".join(problems))
     if args.mode == "inference":
@@ -54,7 +54,11 @@ def run(args: argparse.Namespace) -> int:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
     from backend.engine.hardware import host_device  # `auto` resolved as the engine would on this host
 
+    from backend.spec_checks import run_blockers
+
     data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict()
+    blockers = run_blockers(spec)
+    data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     if args.hardware or args.calibration is not None:
         problem = _add_step_time(args, spec, data)
         if problem:
@@ -129,6 +133,8 @@ def _training_table(d: dict[str, Any]) -> str:
     z = d["zero_textbook"]
     lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
+    if d.get("why_not"):
+        lines.append(f"prediction only (run/submit refuse it): {d['why_not']}")
     if "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
         lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "

@@ -67,6 +67,17 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     return L, mem, keep[np.argsort(step[keep], kind="stable")]
 
 
+def mark_runnable(configs: list[dict[str, Any]]) -> None:
+    """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
+    "why_not" (spec_checks.run_blockers, joined; None when runnable)."""
+    from backend.spec import ExperimentSpec
+    from backend.spec_checks import run_blockers
+
+    for c in configs:
+        blockers = run_blockers(ExperimentSpec.for_prediction(c["spec"]))
+        c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
+
+
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
@@ -97,6 +108,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                         "worst_rank": rank.rank, "fits_exact": worst <= budget,
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                                           "activations_bytes", "other_bytes")}})
+    mark_runnable(configs)
     seconds = time.perf_counter() - t0
     notes = [RESERVE_DOC, f"budget {budget / 1e9:.1f} GB of {device_bytes / 1e9:.0f} GB",
              f"searched {len(L)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the exact estimator's "

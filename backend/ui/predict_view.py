@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
-from backend.ui.format import fmt_bytes, fmt_count, fmt_frac
+from backend.ui.format import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
 from backend.ui.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 
@@ -76,8 +76,8 @@ class Fit:
     """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
 
     def message(self) -> str:
-        need = f"{fmt_bytes(self.worst_bytes)} = {to_gb(self.worst_bytes):,.3g} GB"
-        dev = f"{to_gb(self.device_bytes):,.4g} GB"
+        need = fmt_bytes(self.worst_bytes)
+        dev = f"{fmt_bytes(self.device_bytes)} ({to_gb(self.device_bytes):,.4g} GB as sold)"
         why = self._breakdown()
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
@@ -122,11 +122,15 @@ def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
                 d["rank0_payload"] = p
             d["max_payload"], d["max_wire"] = max(d["max_payload"], p), max(d["max_wire"], w)
     rows = [
-        {"collective": k, "payload / step (rank 0)": fmt_bytes(v["rank0_payload"]),
-         "payload / step (busiest rank)": fmt_bytes(v["max_payload"]), "ring wire / step (busiest rank)": fmt_bytes(v["max_wire"])}
+        {"collective": k, "payload, rank 0": fmt_bytes(v["rank0_payload"]),
+         "payload, busiest rank": fmt_bytes(v["max_payload"]), WIRE_COLUMN: fmt_bytes(v["max_wire"])}
         for k, v in sorted(recs.items()) if v["max_payload"] or v["max_wire"]
     ]
-    return pd.DataFrame(rows, columns=["collective", "payload / step (rank 0)", "payload / step (busiest rank)", "ring wire / step (busiest rank)"])
+    return pd.DataFrame(rows, columns=["collective", "payload, rank 0", "payload, busiest rank", WIRE_COLUMN])
+
+
+WIRE_COLUMN = "on the wire, busiest rank"
+"""What a ring algorithm sends per rank for the payload (glossary.HELP["wire"])."""
 
 
 def headline(est: Any) -> dict[str, str]:
@@ -134,13 +138,22 @@ def headline(est: Any) -> dict[str, str]:
     comm = _get(est, "comm_bytes_per_step")
     comm_total = sum(comm.values()) if isinstance(comm, dict) else comm
     bubble = _get(est, "bubble_fraction")
-    return {
-        "parameters": fmt_count(float(_get(est, "params_total", 0) or 0)),
-        "comm / step": fmt_bytes(comm_total),
+    return {  # three significant digits: a metric cuts longer values off ("527.00 …")
+        "parameters": fmt_count_short(float(_get(est, "params_total", 0) or 0)),
+        "comm / step": fmt_bytes_short(comm_total),
         "pipeline bubble": fmt_frac(bubble) if bubble is not None else "–",
-        "FLOPs / step": f"{float(_get(est, 'flops_per_step', 0) or 0):.3g}".replace("e+", "e"),
-        "tokens / step": f"{int(_get(est, 'tokens_per_step', 0) or 0):,}",
+        "FLOPs / step": f"{float(_get(est, 'flops_per_step', 0) or 0):.3g}".replace("e+0", "e").replace("e+", "e"),
+        "tokens / step": fmt_count_short(int(_get(est, "tokens_per_step", 0) or 0)),
     }
+
+
+HEADLINE_HELP = {
+    "parameters": "All parameters of the model (every rank together holds at least one copy).",
+    "comm / step": "Payload of every collective of the busiest rank per optimizer step (the table below breaks it down).",
+    "pipeline bubble": "Share of the step a pipeline stage idles: (p - 1) / (m + p - 1) for GPipe and 1F1B.",
+    "FLOPs / step": "Model FLOPs of one optimizer step over all ranks (6 x parameters x tokens + attention).",
+    "tokens / step": "Global batch x sequence length.",
+}
 
 
 def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
