@@ -133,9 +133,9 @@ class RankResult(_R):
     model_states_measured: ModelStates | None = None
     """DeepSpeed runs: resident params + fp32 master + optimizer state after the step, by storage."""
     model_states_predicted: ModelStates | None = None
-    """DeepSpeed runs: the same from backend/analytic/deepspeed_layout.py."""
+    """DeepSpeed runs: the same from backend/analytic/frameworks/deepspeed_layout.py."""
     offload: OffloadSplit | None = None
-    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/offload.py)."""
+    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/frameworks/offload.py)."""
 
 
 class TimelineEvent(_R):

@@ -131,7 +131,7 @@ def test_first_short_chunk():
 @pytest.mark.parametrize("name", ["tp3_odd", "3d_tp3_pp2_dp2_zero2", "ep2_moe_zero2_w6", "pp2_interleaved_fsdp", "pp2_zbv_ddp"])
 def test_inference_estimate_shares_per_position(name):
     from backend.analytic.inference import estimate_inference
-    from backend.analytic.kv_cache import kv_cache_bytes
+    from backend.analytic.textbook.kv_cache import kv_cache_bytes
     from backend.analytic.traffic import compute_bytes
 
     s = make(name)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.analytic.bubble_measure import measured_bubble_fraction, per_rank_bubble
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction, per_rank_bubble
 from backend.analytic.pipeline import bubble_fraction
 
 

@@ -140,7 +140,7 @@ def _predict(spec_json: str):
 def _framework_prediction(spec) -> None:
     """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
     if str(spec.framework) == "deepspeed":
-        from backend.analytic.deepspeed_layout import deepspeed_rank
+        from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
         from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
         r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
@@ -148,7 +148,7 @@ def _framework_prediction(spec) -> None:
                 f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
                 f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
     elif str(spec.framework) == "jax":
-        from backend.analytic.gspmd import mode, predicted_bytes
+        from backend.analytic.frameworks.gspmd import mode, predicted_bytes
 
         b = predicted_bytes(spec)
         st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from backend.analytic import kv_cache as KV
+from backend.analytic.textbook import kv_cache as KV
 from backend.analytic.params import active_params, count_params
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
 from backend.analytic.traffic import compute_bytes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic import comm as C
+from backend.analytic.textbook import comm as C
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode

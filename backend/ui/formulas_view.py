@@ -24,7 +24,7 @@ def worlds(lo: int, hi: int) -> list[int]:
 
 def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int], device_gb: float | None) -> go.Figure:
     """Per-GPU model-state memory (params + grads + optimizer) vs data-parallel size, one curve per stage."""
-    from backend.analytic.zero import precision_bytes, zero_model_state_bytes
+    from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 
     pb, gb, k = precision_bytes(precision, optimizer)
     fig = go.Figure()

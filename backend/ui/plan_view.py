@@ -100,7 +100,7 @@ def spec_for_form(p: Plan, index: int) -> ExperimentSpec:
     return ExperimentSpec.for_prediction(p.configs[index]["spec"])
 
 
-# The seeds' scenarios (backend/analytic/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
+# The seeds' scenarios (backend/analytic/textbook/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
 LLAMA70B = dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096)
 GPT3 = dict(vocab_size=51200, d_model=12288, n_layers=96, n_heads=96, seq_len=2048)
 SCENARIOS = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic import comm as C
+from backend.analytic.textbook import comm as C
 from backend.analytic.steptime.hardware import Hardware
 
 INTRA, INTER = "intra", "inter"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.analytic import flops as F
+from backend.analytic.textbook import flops as F
 from backend.analytic import pipeline as PL
 from backend.analytic.estimate import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
