@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from backend.analytic import activations as A
-from backend.analytic import pipeline as PL
+from backend.analytic.textbook import pipeline as PL
 from backend.analytic.estimate import estimate
+from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
 from backend.spec import ExperimentSpec
 
 BLOCK, BUF, HEAD, POS = 37_376, 2_048, 12_416, 16 * 8
@@ -78,13 +79,13 @@ def test_interleaved_sending_stage_holds_all_outputs():
 
 def test_held_outputs_per_schedule():
     kw = dict(m=8, in_flight=4, n_stages=4)
-    assert PL.held_stage_outputs("interleaved_1f1b", stages=[0, 2], **kw) == 16
-    assert PL.held_stage_outputs("zbv", stages=[1, 2], **kw) == 8  # 1 -> 2 stays on the rank
-    assert PL.held_stage_outputs("zbv", stages=[0, 3], **kw) == 8  # 3 is last
-    assert PL.held_stage_outputs("1f1b", stages=[0], **kw) == 5
-    assert PL.held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
-    assert PL.held_stage_outputs("gpipe", stages=[3], **kw) == 0
-    assert PL.held_stage_inputs(m=8, stages=[0, 3]) == 8
+    assert held_stage_outputs("interleaved_1f1b", stages=[0, 2], **kw) == 16
+    assert held_stage_outputs("zbv", stages=[1, 2], **kw) == 8  # 1 -> 2 stays on the rank
+    assert held_stage_outputs("zbv", stages=[0, 3], **kw) == 8  # 3 is last
+    assert held_stage_outputs("1f1b", stages=[0], **kw) == 5
+    assert held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
+    assert held_stage_outputs("gpipe", stages=[3], **kw) == 0
+    assert held_stage_inputs(m=8, stages=[0, 3]) == 8
 
 
 def test_moe_experts_hidden_split_over_tp():

@@ -12,10 +12,10 @@ import pytest
 
 from backend.analytic import sharding as S
 from backend.analytic.estimate import estimate
-from backend.analytic.fsdp_state import (PipelinePeak, StageState, interleaved_order, multi_stage_peak, peak_inside_forward,
-                                         pipeline_peak)
+from backend.analytic.fsdp_state import PipelinePeak, StageState, multi_stage_peak, peak_inside_forward, pipeline_peak
 from backend.analytic.params import param_list
-from backend.analytic.pipeline import in_flight_microbatches
+from backend.analytic.pipelining import interleaved_order
+from backend.analytic.textbook.pipeline import in_flight_microbatches
 from backend.analytic.traffic import fsdp_gathers_per_step
 from backend.spec import ExperimentSpec
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic import device as D
 from backend.analytic import moe_routing as MR
-from backend.analytic import pipeline as PL
+from backend.analytic.textbook import pipeline as PL
+from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
 from backend.analytic.traffic import compute_bytes, is_mix
 
 if TYPE_CHECKING:
@@ -342,8 +343,8 @@ def _pipeline_saved(spec: Any, rank: int, stages: list[int], per_mb: float, hkw:
         4 if hkw["autocast"] else hkw["dtype_bytes"])
     total = per_mb * units / v  # in-flight chunks (per_mb covers all v chunks), each chunk's input included
     total -= units * buf * sum(s != 0 for s in stages) / len(stages)  # non-first inputs: counted as held inputs
-    total += buf * (PL.held_stage_inputs(m=mb, stages=stages)
-                    + PL.held_stage_outputs(sched, m=mb, in_flight=units, stages=stages, n_stages=n_stages))
+    total += buf * (held_stage_inputs(m=mb, stages=stages)
+                    + held_stage_outputs(sched, m=mb, in_flight=units, stages=stages, n_stages=n_stages))
     if 0 in stages and hkw["learned_pos"]:  # pos = arange(s) int64 per in-flight microbatch of the first stage
         total += units / v * m.seq_len * INDEX_BYTES
     if n_stages - 1 not in stages:

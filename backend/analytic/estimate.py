@@ -40,7 +40,7 @@ from backend.analytic import activations as A
 from backend.analytic.textbook import comm as C
 from backend.analytic import device as D
 from backend.analytic.textbook import flops as F
-from backend.analytic import pipeline as PL
+from backend.analytic.textbook import pipeline as PL
 from backend.analytic.textbook import zero as Z
 from backend.analytic.optimizer_state import STEP_TENSOR_BYTES, _optimizer_bytes, optimizer_temp_bytes  # noqa: F401
 from backend.analytic.params import count_params, model_key, param_list

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.analytic.activations import ep_peaks_in_last_block
+from backend.analytic.pipelining import interleaved_order
 from backend.analytic.sharding import LocalParam, fsdp_units, layer_split, unsharded_grad_numel, unsharded_numel
 from backend.analytic.traffic import compute_bytes
 
@@ -76,29 +77,6 @@ def pipeline_peak(spec: Any, stages: list[int]) -> PipelinePeak | None:
         first = not steady and warm == 1
         return PipelinePeak("block" if first else None, first, steady)
     return PipelinePeak("block", not steady, steady)
-
-
-def interleaved_order(p: int, v: int, m: int, rank: int) -> list[tuple[int, str]]:
-    """(stage, "F" | "B") in the order pipeline rank `rank` runs them under interleaved 1F1B: torch's action list
-    without its idle slots (torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B
-    `_calculate_single_rank_operations`, `_get_warmup_ops`, `_get_1f1b_rank_ops`)."""
-    per_round = m // max(1, m // p)  # schedules.py: microbatches_per_round = m // max(1, m // p)
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)  # _get_warmup_ops(multiply_factor=2)
-    steady = m * v - warmup
-
-    def fwd(op: int) -> int:  # forward_stage_index
-        return (op // per_round) % v * p + rank
-
-    def bwd(op: int) -> int:  # backward_stage_index
-        return (v - 1 - (op - warmup) // per_round % v) * p + rank
-
-    out: list[tuple[int, str]] = []
-    for op in range(warmup + steady + warmup):  # warm-up F, steady F then B, cool-down B
-        if op < warmup + steady:
-            out.append((fwd(op), "F"))
-        if op >= warmup:
-            out.append((bwd(op), "B"))
-    return out
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic import pipeline as PL
+from backend.analytic.textbook import pipeline as PL
 from backend.analytic.params import block_param_list, block_params
 from backend.analytic.sharding import expert_of, tp_local_shape
 from backend.analytic.steptime.hardware import Hardware

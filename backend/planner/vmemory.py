@@ -25,7 +25,7 @@ import numpy as np
 from backend.analytic import activations as A
 from backend.analytic import estimate as E
 from backend.analytic.params import block_param_list, model_key, param_tuple
-from backend.analytic.pipeline import in_flight_formula
+from backend.analytic.textbook.pipeline import in_flight_formula
 from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel, zero1_partition
 from backend.analytic.traffic import compute_bytes
 from backend.planner.space import RECOMPUTE, SCHEDULES

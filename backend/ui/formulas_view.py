@@ -60,7 +60,7 @@ def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: i
 
 
 def bubble_fig(*, p: int, ms: list[int], v: int) -> go.Figure:
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
 
     fig = go.Figure()
     for sched in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"):

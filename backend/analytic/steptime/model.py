@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.analytic.textbook import flops as F
-from backend.analytic import pipeline as PL
+from backend.analytic.textbook import pipeline as PL
 from backend.analytic.estimate import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime import collectives as CO

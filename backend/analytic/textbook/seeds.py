@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from backend.analytic.textbook.kv_cache import kv_cache_bytes
-from backend.analytic.pipeline import pipeline_utilisation
+from backend.analytic.textbook.pipeline import pipeline_utilisation
 from backend.analytic.units import GB
 from backend.analytic.textbook.zero import precision_bytes, zero_memory_reduction, zero_model_state_bytes
 

@@ -103,28 +103,3 @@ def last_stage_in_flight(schedule: str, *, m: int) -> int:
     forward + loss before the first backward (Huang 2019 Sec 2.3); the 1F1B family runs the last stage's
     backward right after its forward (Narayanan 2021 Sec 2.2.1; torch's plans give the last stage one warm-up)."""
     return m if str(schedule) == "gpipe" else 1
-
-
-def held_stage_outputs(schedule: str, *, m: int, in_flight: int, stages: list[int], n_stages: int) -> int:
-    """Stage outputs (one microbatch each) a rank keeps alive when its activations peak, for the stages that
-    send to ANOTHER rank (a gloo send Work keeps its tensor until the Work object is dropped):
-    gpipe: every forward's send Work sits in `fwd_sends_to_wait` until step() returns (schedules.py ScheduleGPipe);
-    1f1b: the in-flight outputs in `fwd_cache` plus the warm-up send Work kept in `send_work` until the cooldown
-    (schedules.py Schedule1F1B); interleaved / zero-bubble / zbv: `_PipelineScheduleRuntime` keeps every send
-    Work in `send_ops` until the step ends, so each sending stage holds all m outputs. A stage whose successor
-    is on the same rank (zbv's V turn) hands its output over as the next stage's input (`set_local_fwd_input`)."""
-    senders = [s for s in stages if s != n_stages - 1 and s + 1 not in stages]
-    if not senders:
-        return 0
-    if str(schedule) == "gpipe":
-        return m
-    if str(schedule) == "1f1b":
-        return min(m, in_flight + 1)
-    return m * len(senders)
-
-
-def held_stage_inputs(*, m: int, stages: list[int]) -> int:
-    """Stage inputs (one microbatch each) alive at the end of a step's forwards: every non-first stage keeps one
-    input buffer per microbatch in `args_recv_info` for the whole step (stage.py `_setup_forward_recv_info`
-    allocates them once; `set_local_fwd_input` rebinds them for a same-rank predecessor)."""
-    return m * sum(s != 0 for s in stages)
