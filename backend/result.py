@@ -69,7 +69,7 @@ class CommStat(_R):
 
 class RoutingAdjusted(_R):
     """EP only: the analytic prediction recomputed from the routing measured on the memory-tracked step
-    (backend/analytic/moe_routing.py), next to `predicted`, which assumes uniform routing."""
+    (backend/analytic/measured/moe_routing.py), next to `predicted`, which assumes uniform routing."""
     activations_bytes: int = 0
     all_to_all_bytes: float = 0
     """all_to_all payload bytes per step for the measured token counts."""

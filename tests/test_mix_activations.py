@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.analytic import activations as A
+from backend.analytic.memory import activations as A
 from backend.analytic.textbook import pipeline as PL
 from backend.analytic.estimate import estimate
 from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
@@ -91,8 +91,8 @@ def test_held_outputs_per_schedule():
 def test_moe_experts_hidden_split_over_tp():
     # experts are Colwise fc_in / Rowwise fc_out: GELU in + fc_out in are (rows, ffn/t); rows = s·b·k = 32
     kw = dict(s=16, b=1, h=32, ffn=128, n_experts=4, top_k=2, dtype_bytes=4)
-    assert A._moe_bytes(**kw) - A._moe_bytes(**kw, t=2) == 2 * 32 * 64 * 4
-    assert A._moe_bytes(**kw) - A._moe_bytes(**kw, t=4) == 2 * 32 * 96 * 4
+    assert A.dense_moe_layer_bytes(**kw) - A.dense_moe_layer_bytes(**kw, t=2) == 2 * 32 * 64 * 4
+    assert A.dense_moe_layer_bytes(**kw) - A.dense_moe_layer_bytes(**kw, t=4) == 2 * 32 * 96 * 4
 
 
 def test_tp_moe_layer_uses_split_experts():
@@ -100,7 +100,7 @@ def test_tp_moe_layer_uses_split_experts():
     moe = A.model_layer_activation_bytes(**kw, **MOE)
     dense = A.model_layer_activation_bytes(**kw)
     # dense MLP hidden 2·s·ffn/t = 2048 el. replaced by the MoE term with (rows, ffn/t) hidden
-    assert moe - dense == A._moe_bytes(s=16, b=1, h=32, ffn=128, dtype_bytes=4, t=2, **MOE) - 2 * 16 * 64 * 4
+    assert moe - dense == A.dense_moe_layer_bytes(s=16, b=1, h=32, ffn=128, dtype_bytes=4, t=2, **MOE) - 2 * 16 * 64 * 4
 
 
 @pytest.mark.slow

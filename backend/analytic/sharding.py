@@ -211,7 +211,7 @@ def zero1_partition(numels: list[int], n: int) -> list[int]:
         for k, i in enumerate(order):
             owner[i] = k
         return owner
-    heap = [(0, k) for k in range(n)]
+    heap = [(0, k) for k in range(min(n, len(numels)))]  # ranks beyond len(numels) are never the smallest popped
     for i in order:
         size, r = heapq.heappop(heap)
         owner[i] = r

@@ -45,7 +45,7 @@ def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int]
 
 def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: int, sp: bool) -> go.Figure:
     """Korthikanti et al. 2022 activation memory for the whole model vs sequence length, per recompute mode."""
-    from backend.analytic.activations import korthikanti_layer_bytes
+    from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 
     fig = go.Figure()
     for mode in ("none", "selective", "full"):

@@ -9,10 +9,11 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
-from backend.planner.memory import light_spec, worst_rank_bytes
 from backend.planner.search import Plan, budget_bytes, plan
+from backend.planner.space import light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from backend.analytic.textbook import flops as F
 from backend.analytic.textbook import pipeline as PL
-from backend.analytic.estimate import matmul_params
+from backend.analytic.layout import Layout
+from backend.analytic.params import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime import host as H
@@ -144,6 +145,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     attention = attention or ("eager" if hw.kind == "cpu" else "flash")
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
     reps = [r * (p.dp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = ep index 0)
+    layout = Layout.of(spec)
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     for r in reps:
@@ -154,7 +156,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         per_mb = (comm["tp"] + comm["ep"]) / mb
         tot = PassCost()
         for s in stages:
-            c = stage_cost(spec, hw, s, params, attention)
+            c = stage_cost(spec, hw, s, params, attention, layout)
             _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))

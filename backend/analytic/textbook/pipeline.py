@@ -30,6 +30,11 @@ def _check(schedule: str, p: int, m: int, v: int) -> str:
 def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
     """Bubble time / ideal time."""
     schedule = _check(schedule, p, m, v)
+    return bubble_formula(schedule, p=p, m=m, v=v)
+
+
+def bubble_formula(schedule: str, *, p: Any, m: Any, v: Any = 1) -> Any:
+    """`bubble_over_ideal` without the checks, elementwise on ints or numpy arrays."""
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / m  # Narayanan 2021 Sec 2.2.1: t_pb / t_id = (p-1)/m
     if schedule == "interleaved_1f1b":
@@ -38,7 +43,7 @@ def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
         # Qi 2023 Sec 2.1 (ZB-H1, torch's ZB1P): bubble (p-1)(T_F+T_B-T_W) = 1/3 of 1F1B's (p-1)(T_F+T_B+T_W); /v interleaved
         return (p - 1) / (3 * v * m)
     # Qi 2023 Sec 6 (ZB-V): zero bubble when T_F = T_B = T_W, with 1F1B's peak activation memory
-    return 0.0
+    return 0.0 * p
 
 
 def bubble_fraction(schedule: str, *, p: int, m: int, v: int = 1) -> float:
@@ -72,22 +77,29 @@ def _minimum(a: Any, b: Any) -> Any:
     return b + (a - b) * (a < b)
 
 
-def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
-    """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays (the planner's path)."""
+def in_flight_terms(schedule: str, *, p: Any, m: Any, v: Any = 1) -> tuple[Any, Any, Any]:
+    """(cap, base, per_stage): rank `stage` holds min(cap, base + per_stage · (p - stage)) forwards at its peak
+    (ints or numpy int arrays; the stage enters only through p - stage)."""
     if schedule == "gpipe":
-        return m + 0 * p  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
+        return m, m + 0 * p, 0  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
     if schedule == "1f1b":
-        return _minimum(m, p - stage)  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
+        return m, 0 * m, 1  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
     # m // max(1, m // p): microbatches per round as torch.distributed.pipelining counts them (= p when p | m)
     per_round = m // (m // p + (1 - m // p) * (m // p < 1))
     if schedule == "interleaved_1f1b":
         # Narayanan 2021 Sec 2.2.2 (Megatron-LM, torch): warm-up (v-1)·p + 2(p-stage-1) chunk forwards, +1 in 1F1B
-        return _minimum(m * v, (v - 1) * per_round + 2 * (p - stage - 1) + 1)
+        return m * v, (v - 1) * per_round - 1, 2
     if schedule == "zero_bubble":
         # Qi 2023 Sec 2.1 (ZB-H1 peak = 1F1B's first stage, p): warm-up (v-1)·p + (p-stage-1), W deferred by `stage`
-        return _minimum(m * v, (v - 1) * per_round + p)
+        return m * v, (v - 1) * per_round + p, 0
     # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks
-    return _minimum(m * v, p * v)
+    return m * v, p * v, 0
+
+
+def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
+    """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays."""
+    cap, base, per_stage = in_flight_terms(schedule, p=p, m=m, v=v)
+    return _minimum(cap, base + per_stage * (p - stage))
 
 
 def in_flight_stage_activations(schedule: str, *, p: int, m: int, stage: int, v: int = 1) -> float:

@@ -1,0 +1,85 @@
+"""ZeRO-1's optimizer share per dp index (torch ZeroRedundancyOptimizer._partition_parameters, sharding.
+zero1_partition): whole tp-local parameters, largest first, each to the dp rank with the smallest running total.
+
+The shares depend only on the multiset of the rank's parameter sizes (equal sizes are interchangeable), so a
+rank's list is built from its parts (blocks x n, embeddings, head) and partitioned once per distinct
+(placement, composition, dp). `Zero1Shares` answers per dp index without materialising dp lists: a dp of a
+million holds at most one share per parameter tensor, the rest are empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any
+
+import numpy as np
+
+from backend.analytic import device as D
+from backend.analytic.memory.parts import local_part
+from backend.analytic.optimizer_state import state_bytes, state_bytes_from_sums, step_temp_bytes
+from backend.analytic.params import ModelKey
+from backend.analytic.sharding import zero1_partition
+
+
+@dataclass(frozen=True)
+class Zero1Shares:
+    """The non-empty shares of one partition: {dp index: elements per owned tensor, largest first}."""
+    dp: int
+    shares: dict[int, tuple[int, ...]]
+
+    def share(self, dp_index: int) -> tuple[int, ...]:
+        return self.shares.get(dp_index, ())
+
+    def bytes(self, dp_index: int, optimizer: str, device: str) -> tuple[int, int]:
+        """(optimizer state bytes, optimizer.step temporaries) of dp_index's share."""
+        elements = self.share(dp_index)
+        return (state_bytes(elements, optimizer, device),
+                step_temp_bytes(elements, optimizer, foreach=device == D.CUDA))
+
+    @cached_property
+    def _sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per non-empty share: (elements, tensors)."""
+        shares = list(self.shares.values())
+        return (np.array([sum(e) for e in shares], dtype=np.float64), np.array([len(e) for e in shares], dtype=np.float64))
+
+    def largest(self, optimizer: str, device: str) -> int:
+        """The largest share's optimizer state bytes (the worst dp index)."""
+        if not self.shares:
+            return 0
+        if device == D.CUDA:
+            return max(state_bytes(e, optimizer, device) for e in self.shares.values())
+        elements, tensors = self._sums
+        return int(state_bytes_from_sums(elements=elements, tensors=tensors, cuda_bytes=0, optimizer=optimizer,
+                                         device=device).max())
+
+    def groups(self, optimizer: str, device: str) -> dict[tuple[int, int], list[int]]:
+        """{(state bytes, temporaries): the non-empty dp indices with those}; every other dp index owns nothing."""
+        out: dict[tuple[int, int], list[int]] = {}
+        for index in sorted(self.shares):
+            out.setdefault(self.bytes(index, optimizer, device), []).append(index)
+        return out
+
+
+@lru_cache(maxsize=8192)
+def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first: bool, last: bool, tied_copy: bool,
+                 dp: int) -> Zero1Shares:
+    """The partition of a rank holding n_blocks blocks (+ embeddings, + head) at `placement` (parts.local_part)."""
+    tp, dp_, ep, _, tp_index, _, ep_index = placement
+    local = (tp, 1, ep, 0, tp_index, 0, ep_index)  # tp / ep-local sizes: the dp degree changes none of them
+    numels = [q.local_numel for q in local_part(key, "embeddings", False, local)] * first
+    numels += [q.local_numel for q in local_part(key, "block", False, local)] * n_blocks
+    numels += [q.local_numel for q in local_part(key, "head", tied_copy, local)] * last
+    numels.sort(reverse=True)
+    owner = zero1_partition(numels, dp)
+    shares: dict[int, list[int]] = {}
+    for n, k in zip(numels, owner):  # in the partition's order: largest first
+        shares.setdefault(k, []).append(n)
+    return Zero1Shares(dp, {k: tuple(v) for k, v in shares.items()})
+
+
+def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:
+    """The zero1_shares arguments of a scalar rank."""
+    placement = (int(layout.tp), int(layout.dp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index))
+    s = parts.stages
+    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp)
