@@ -169,7 +169,10 @@ def _prediction(spec, device_gb: float) -> None:
     fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
-    comm = pv.comm_frame(est.per_rank)
+    if len(rows) < spec.parallel.world_size:
+        st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class of "
+                   "identical ranks (the fullest rank is always shown).")
+    comm = pv.comm_frame(pv.shown_ranks(est))
     st.markdown("**Communication per step (analytic)**")
     if comm.empty:
         st.caption("No collectives: a single rank, or nothing to synchronise.")

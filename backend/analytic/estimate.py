@@ -55,6 +55,18 @@ class RankEstimate:
     comm_wire_bytes: dict[str, float] = field(default_factory=dict)
     """Ring-algorithm bytes sent per step per collective (comm.ring_wire_bytes, each with its group size)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """dataclasses.asdict's result, built directly (a page of a million-rank estimate prints 1,024 of these)."""
+        out = {f: getattr(self, f) for f in _RANK_FIELDS}
+        for f in ("coords", "comm_bytes", "comm_wire_bytes"):
+            out[f] = dict(out[f])
+        out["stages"], out["layers"] = list(self.stages), list(self.layers)
+        return out
+
+
+_RANK_FIELDS = ("rank", "coords", "stages", "layers", "params_count", "params_bytes", "grads_bytes", "optimizer_bytes",
+                "activations_bytes", "other_bytes", "total_bytes", "optimizer_temp_bytes", "comm_bytes", "comm_wire_bytes")
+
 
 def estimate_rank(spec: Any, rank: int) -> RankEstimate:
     """One rank of a device-resolved spec, computed at its own position (the definition every rank of its class
@@ -188,14 +200,14 @@ class Estimate:
         """Every field as JSON-ready data; per_rank holds every rank unless a page is asked for (then
         "per_rank_page" says which, and "rank_classes" summarises every class of equivalent ranks)."""
         paged = max_ranks is not None and (offset > 0 or len(self.per_rank) > max_ranks)
-        out = {"per_rank": [asdict(r) for r in (self.page(offset, max_ranks) if paged else self.per_rank)]}
+        out = {"per_rank": [r.to_dict() for r in (self.page(offset, max_ranks) if paged else self.per_rank)]}
         out.update({k: getattr(self, k) for k in ("params_total", "tokens_per_step", "flops_per_step", "bubble_fraction",
                                                    "comm_bytes_per_step", "comm_wire_bytes_per_step")})
         out["zero_textbook"], out["notes"] = self.zero_textbook, list(self.notes)
         if paged:
             shown = out["per_rank"]
             out["per_rank_page"] = {"offset": offset, "ranks": len(shown), "world_size": len(self.per_rank)}
-            out["rank_classes"] = [{"ranks": n, **asdict(r)} for r, n in self.distinct_ranks]
+            out["rank_classes"] = [{"ranks": n, **r.to_dict()} for r, n in self.distinct_ranks]
         return out
 
 
