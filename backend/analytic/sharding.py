@@ -19,32 +19,10 @@ from math import ceil, prod
 from typing import Any
 
 from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
+from backend.analytic.tp_placement import REPLICATE, ROWWISE, VOCAB_ROWWISE, module_placement
 
-COLWISE, ROWWISE, REPLICATE, VOCAB_ROWWISE = "colwise", "rowwise", "replicate", "embedding_rowwise"
-
-# Megatron layout (Shoeybi et al. 2019, Sec 3, Fig 3): the first GEMM of attention and MLP splits its
-# output features (ColwiseParallel: weight rows + bias), the second splits its input features
-# (RowwiseParallel: weight columns, bias replicated). Embeddings are RowwiseParallel (vocab / position
-# rows split), lm_head ColwiseParallel (vocab rows split), as backend/strategies/tp.py `tp_plan` does.
-# The first matching pattern wins; anything unmatched (norms, MoE router) is replicated.
-TP_PLAN: list[tuple[str, str]] = [
-    (r"layers\.\d+\.attn\.[qkv]", COLWISE),
-    (r"layers\.\d+\.attn\.o", ROWWISE),
-    (r"layers\.\d+\.mlp\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.fc_out", ROWWISE),
-    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_out", ROWWISE),
-    # SwiGLU (Shazeer 2020): gate and up split their output features like fc_in, down its input like fc_out;
-    # the shared experts (one fused MLP, mlp.shared) split like the dense MLP; mlp.shared_gate (1, h) replicates
-    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?(gate|up)", COLWISE),
-    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?down", ROWWISE),
-    (r"layers\.\d+\.mlp\.shared\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.shared\.fc_out", ROWWISE),
-    (r"tok_emb", VOCAB_ROWWISE),
-    (r"pos_emb", VOCAB_ROWWISE),
-    (r"lm_head", COLWISE),
-]
-
+# The TP split of every module comes from THE placement table (tp_placement.py), which strategies/tp.py builds its
+# DTensor plan from too.
 _EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
@@ -164,11 +142,8 @@ def _param_places(key: ModelKey) -> tuple[tuple[int, int], ...]:
 
 @lru_cache(maxsize=1 << 16)
 def tp_style(name: str) -> str:
-    module = name.rsplit(".", 1)[0]
-    for pattern, style in TP_PLAN:
-        if re.fullmatch(pattern, module):
-            return style
-    return REPLICATE
+    """TP placement of a parameter (by its module's rule in tp_placement.TP_PLACEMENT)."""
+    return module_placement(name.rsplit(".", 1)[0])
 
 
 def tp_local_shape(p: ParamInfo, tp: int, tp_rank: int) -> tuple[int, ...]:
