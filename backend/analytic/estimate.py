@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from backend.analytic import device as D
+from backend.analytic.device import CUDA, device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.model_state import zero1_shares_of
@@ -22,10 +22,10 @@ from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.params import count_params, matmul_params, param_list
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
-from backend.analytic.textbook import comm as C
-from backend.analytic.textbook import flops as F
-from backend.analytic.textbook import pipeline as PL
-from backend.analytic.textbook import zero as Z
+from backend.analytic.textbook.comm import ring_wire_bytes
+from backend.analytic.textbook.flops import training_flops_per_step
+from backend.analytic.textbook.pipeline import bubble_fraction
+from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 from backend.analytic.traffic import rank_traffic
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
                      optimizer_bytes=memory.optimizer_bytes, activations_bytes=memory.activations_bytes,
                      other_bytes=memory.other_bytes, total_bytes=memory.total_bytes)
     params = local_params(spec, rank)
-    cuda = layout.device == D.CUDA
+    cuda = layout.device == CUDA
     if p.zero_stage == ZeroStage.ZERO1:
         r.optimizer_temp_bytes = zero1_shares_of(spec.model, layout, position, memory.parts).bytes(
             position.dp_index, layout.optimizer, layout.device)[1]
@@ -91,7 +91,7 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
         r.optimizer_temp_bytes = step_temp_bytes(elements, layout.optimizer, foreach=cuda)
     for kind, payload, n in rank_traffic(spec, params, r.layers, stages):
         r.comm_bytes[kind] = r.comm_bytes.get(kind, 0.0) + payload
-        r.comm_wire_bytes[kind] = r.comm_wire_bytes.get(kind, 0.0) + C.ring_wire_bytes(kind, payload, n)
+        r.comm_wire_bytes[kind] = r.comm_wire_bytes.get(kind, 0.0) + ring_wire_bytes(kind, payload, n)
     return r
 
 
@@ -213,8 +213,8 @@ class Estimate:
 
 def zero_textbook(psi: float, *, dp: int, stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:
     """ZeRO paper model states per device (Rajbhandari 2020 Sec 5, Fig 1) for Ψ, N = dp, K."""
-    pb, gb, k = Z.precision_bytes(str(precision), str(optimizer))
-    by_stage = {s: Z.zero_model_state_bytes(psi, n=dp, stage=s, k=k, param_bytes=pb, grad_bytes=gb) for s in range(4)}
+    pb, gb, k = precision_bytes(str(precision), str(optimizer))
+    by_stage = {s: zero_model_state_bytes(psi, n=dp, stage=s, k=k, param_bytes=pb, grad_bytes=gb) for s in range(4)}
     return {"psi": psi, "n": dp, "k": k, "param_bytes": pb, "grad_bytes": gb, "stage": stage,
             **by_stage[stage], "by_stage": by_stage}
 
@@ -236,23 +236,23 @@ def _class_estimates(spec: Any) -> tuple[RankClasses, dict[tuple, ClassEstimate]
 def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
     """Per-rank predicted memory and traffic of a validated ExperimentSpec, for ranks on `device` ("cpu" or
     "cuda"; None: spec.runtime.device, `auto` as cpu - see device.with_device)."""
-    spec = D.with_device(spec, device)
+    spec = with_device(spec, device)
     m, t, p = spec.model, spec.train, spec.parallel
     classes, by_key = _class_estimates(spec)
     reps = [c.representative for c in by_key.values()]
     psi = count_params(m)
     kinds = sorted({k for r in reps for k in r.comm_bytes}, key=COLLECTIVES.index)
-    flops = F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+    flops = training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
                                       seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute),
                                       active_params=matmul_params(m, active=True) if m.is_moe else None)
-    bubble = None if p.pp == 1 else PL.bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
+    bubble = None if p.pp == 1 else bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
     return Estimate(
         per_rank=RankRows(spec, classes, by_key), params_total=psi, tokens_per_step=spec.tokens_per_step,
         flops_per_step=flops, bubble_fraction=bubble,
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in reps) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in reps) for k in kinds},
         zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
-        notes=estimate_notes(spec) + D.device_notes(spec, n_param_tensors=len(param_list(m)),
+        notes=estimate_notes(spec) + device_notes(spec, n_param_tensors=len(param_list(m)),
                                                     autocast=bool(Layout.of(spec).uses_autocast)),
         rank_classes=list(by_key.values()), spec=spec)
 

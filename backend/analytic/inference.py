@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from backend.analytic.params import active_params, count_params, param_list
 from backend.analytic.rank_classes import chunk_intervals
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
-from backend.analytic.textbook import kv_cache as KV
+from backend.analytic.textbook.kv_cache import kv_cache_bytes
 from backend.analytic.traffic import compute_bytes
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset
 
     def row(rank: int) -> dict[str, Any]:
         layers, weights = weights_of(rank)
-        kv = KV.kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
+        kv = kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
                                head_dim=m.head_dim, dtype_bytes=cb, tp=p.tp)
         return {"rank": rank, "coords": p.coords(rank), "params_count": weights, "weights_bytes": weights * cb,
                 "kv_cache_bytes": kv, "total_bytes": weights * cb + kv}

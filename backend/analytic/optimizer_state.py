@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic import device as D
+from backend.analytic.device import CPU, CUDA, adamw_step_on_device, storage_bytes
 from backend.analytic.traffic import MASTER_BYTES
 
 STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
@@ -19,16 +19,16 @@ STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 def state_bytes_from_sums(*, elements: Any, tensors: Any, cuda_bytes: Any, optimizer: str, device: str) -> Any:
     """Optimizer state of tensors whose owned elements sum to `elements` (`cuda_bytes`: the sum of their
     512-B-rounded fp32 storages, used on CUDA)."""
-    states = cuda_bytes if device == D.CUDA else MASTER_BYTES * elements
+    states = cuda_bytes if device == CUDA else MASTER_BYTES * elements
     if optimizer != "adamw":
         return states
-    step = STEP_TENSOR_BYTES * tensors if D.adamw_step_on_device(device) else 0
+    step = STEP_TENSOR_BYTES * tensors if adamw_step_on_device(device) else 0
     return 2 * states + step
 
 
-def state_bytes(elements: list[int] | tuple[int, ...], optimizer: str, device: str = D.CPU) -> int:
+def state_bytes(elements: list[int] | tuple[int, ...], optimizer: str, device: str = CPU) -> int:
     """Optimizer state of tensors with these owned elements each."""
-    cuda = D.storage_bytes([MASTER_BYTES * n for n in elements], D.CUDA) if device == D.CUDA else 0
+    cuda = storage_bytes([MASTER_BYTES * n for n in elements], CUDA) if device == CUDA else 0
     return state_bytes_from_sums(elements=sum(elements), tensors=len(elements), cuda_bytes=cuda, optimizer=optimizer,
                                  device=device)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.textbook import comm as C
+from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 
@@ -142,7 +142,7 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
         # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
-        per = C.ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
+        per = ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))

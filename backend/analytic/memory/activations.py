@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.analytic import device as D
+from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
 
@@ -163,7 +163,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
-        per_score = D.softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.autocast_device)
+        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.autocast_device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,

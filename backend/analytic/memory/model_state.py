@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from backend.analytic import device as D
+from backend.analytic.device import CUDA
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak
 from backend.analytic.memory.parts import RankParts, tied_copy
@@ -38,14 +38,14 @@ class ModelStateBytes:
 
 def _optimizer_over(parts: RankParts, layout: Layout, *, owned: str, cuda: str) -> Any:
     return state_bytes_from_sums(elements=parts.total(owned), tensors=parts.total("tensors"),
-                                 cuda_bytes=parts.total(cuda) if layout.device == D.CUDA else 0,
+                                 cuda_bytes=parts.total(cuda) if layout.device == CUDA else 0,
                                  optimizer=layout.optimizer, device=layout.device)
 
 
 def sharded_state(layout: Layout, parts: RankParts, unsharded: UnshardedAtPeak) -> ModelStateBytes:
     """FSDP2 (zero2 / zero3)."""
     shards = MASTER_BYTES * parts.total("storage_numel")
-    storage = parts.total("cuda_storage_bytes") if layout.device == D.CUDA else shards  # one storage per parameter
+    storage = parts.total("cuda_storage_bytes") if layout.device == CUDA else shards  # one storage per parameter
     return ModelStateBytes(params_bytes=storage + layout.fsdp_param_bytes * unsharded.params_numel,
                            grads_bytes=shards + MASTER_BYTES * unsharded.grads_numel,  # reduce_dtype fp32
                            optimizer_bytes=_optimizer_over(parts, layout, owned="real_numel", cuda="cuda_real_bytes"))
@@ -53,7 +53,7 @@ def sharded_state(layout: Layout, parts: RankParts, unsharded: UnshardedAtPeak) 
 
 def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
     """DDP, ZeRO-1 and FSDP2 `replicate`."""
-    cuda = layout.device == D.CUDA
+    cuda = layout.device == CUDA
     per_param = MASTER_BYTES * parts.total("local_numel")
     params = parts.total("cuda_local_bytes") if cuda else per_param
     in_buckets = logical_and(layout.dp > 1, logical_not(layout.uses_replicate))  # zero < 2 here

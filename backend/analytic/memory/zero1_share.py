@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic import device as D
+from backend.analytic.device import CUDA
 from backend.analytic.memory.parts import local_part
 from backend.analytic.optimizer_state import state_bytes, state_bytes_from_sums, step_temp_bytes
 from backend.analytic.params import ModelKey
@@ -35,7 +35,7 @@ class Zero1Shares:
         """(optimizer state bytes, optimizer.step temporaries) of dp_index's share."""
         elements = self.share(dp_index)
         return (state_bytes(elements, optimizer, device),
-                step_temp_bytes(elements, optimizer, foreach=device == D.CUDA))
+                step_temp_bytes(elements, optimizer, foreach=device == CUDA))
 
     @cached_property
     def _sums(self) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +47,7 @@ class Zero1Shares:
         """The largest share's optimizer state bytes (the worst dp index)."""
         if not self.shares:
             return 0
-        if device == D.CUDA:
+        if device == CUDA:
             return max(state_bytes(e, optimizer, device) for e in self.shares.values())
         elements, tensors = self._sums
         return int(state_bytes_from_sums(elements=elements, tensors=tensors, cuda_bytes=0, optimizer=optimizer,

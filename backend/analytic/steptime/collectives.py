@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.textbook import comm as C
+from backend.analytic.textbook.comm import ring_wire_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.vector import logical_or, maximum, minimum, where
 
@@ -79,7 +79,7 @@ def link(hw: Hardware, tier: str, per_node: int = 1) -> tuple[float, float]:
 
 def bandwidth_s(hw: Hardware, intra: Any, collective: str, payload_bytes: Any, n: Any, per_node: Any = 1) -> Any:
     """The bandwidth term of `collective_s`: ring wire bytes over the link (payloads and groups may be arrays)."""
-    wire = C.ring_wire_bytes(collective, payload_bytes, n)
+    wire = ring_wire_bytes(collective, payload_bytes, n)
     return wire / (link_bandwidth(hw, intra, per_node) * collective_efficiency(hw, collective))
 
 
