@@ -27,7 +27,7 @@ from backend.analytic.memory.activations import LayerShape, dispatch_outweighs_h
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.pipelining import interleaved_order
 from backend.analytic.sharding import layer_split
-from backend.analytic.vector import logical_and, logical_not, logical_or, minimum, per_distinct, take_rows, where
+from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, minimum, per_distinct, take_rows, where
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def unsharded_at_peak(model: Any, layout: Layout, pp_rank: Any, parts: RankParts
             + head_grad * h.fsdp_unsharded_grad_numel
         return params_, grads_
 
-    if interleaved is False:
+    if not any_true(interleaved):
         return UnshardedAtPeak(params, grads)
     if interleaved is True or interleaved.all():
         return UnshardedAtPeak(*state(layout, pp_rank, parts))
