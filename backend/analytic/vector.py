@@ -9,6 +9,7 @@ The same idea as Calculon's search (Isaev et al. SC'23), which calls the very mo
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Callable
 
 import numpy as np
@@ -161,12 +162,7 @@ def per_distinct(fn: Callable[..., Any], *columns: Any) -> Any:
         inverse = lookup[flat]
     else:
         distinct, inverse = np.unique(flat, return_inverse=True)
-    decoded = [((distinct // r) % t).tolist() for r, t in zip(radix, tops)]
-    fixed = list(columns)
-    values = []
-    for row in zip(*decoded):
-        for i, v in zip(varying, row):
-            fixed[i] = v
-        values.append(fn(*fixed))
-    values = np.array(values, dtype=np.float64)
+    decoded = iter([((distinct // r) % t).tolist() for r, t in zip(radix, tops)])
+    arguments = [next(decoded) if isinstance(c, np.ndarray) else repeat(c, len(distinct)) for c in columns]
+    values = np.array([fn(*row) for row in zip(*arguments)], dtype=np.float64)
     return values[inverse.ravel()].reshape(shape + values.shape[1:])

@@ -24,9 +24,18 @@ from backend.analytic.sharding import zero1_partition
 
 @dataclass(frozen=True)
 class Zero1Shares:
-    """The non-empty shares of one partition: {dp index: elements per owned tensor, largest first}."""
+    """One partition: the rank's tensor sizes (largest first) and the dp index owning each."""
     dp: int
-    shares: dict[int, tuple[int, ...]]
+    numels: tuple[int, ...]
+    owner: tuple[int, ...]
+
+    @cached_property
+    def shares(self) -> dict[int, tuple[int, ...]]:
+        """{dp index: elements per owned tensor, largest first} of the non-empty shares."""
+        out: dict[int, list[int]] = {}
+        for n, k in zip(self.numels, self.owner):
+            out.setdefault(k, []).append(n)
+        return {k: tuple(v) for k, v in out.items()}
 
     def share(self, dp_index: int) -> tuple[int, ...]:
         return self.shares.get(dp_index, ())
@@ -37,21 +46,18 @@ class Zero1Shares:
         return (state_bytes(elements, optimizer, device),
                 step_temp_bytes(elements, optimizer, foreach=device == CUDA))
 
-    @cached_property
-    def _sums(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per non-empty share: (elements, tensors)."""
-        shares = list(self.shares.values())
-        return (np.array([sum(e) for e in shares], dtype=np.float64), np.array([len(e) for e in shares], dtype=np.float64))
-
     def largest(self, optimizer: str, device: str) -> int:
         """The largest share's optimizer state bytes (the worst dp index)."""
-        if not self.shares:
+        if not self.numels:
             return 0
         if device == CUDA:
             return max(state_bytes(e, optimizer, device) for e in self.shares.values())
-        elements, tensors = self._sums
-        return int(state_bytes_from_sums(elements=elements, tensors=tensors, cuda_bytes=0, optimizer=optimizer,
-                                         device=device).max())
+        owner = np.asarray(self.owner)  # every owner < len(numels) (sharding.zero1_partition): short bincounts
+        elements = np.bincount(owner, weights=np.asarray(self.numels, dtype=np.float64))  # < 2^53: exact
+        tensors = np.bincount(owner).astype(np.float64)
+        held = tensors > 0
+        return int(state_bytes_from_sums(elements=elements[held], tensors=tensors[held], cuda_bytes=0,
+                                         optimizer=optimizer, device=device).max())
 
     def groups(self, optimizer: str, device: str) -> dict[tuple[int, int], list[int]]:
         """{(state bytes, temporaries): the non-empty dp indices with those}; every other dp index owns nothing."""
@@ -70,12 +76,8 @@ def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first
     numels = [q.local_numel for q in local_part(key, "embeddings", False, local)] * first
     numels += [q.local_numel for q in local_part(key, "block", False, local)] * n_blocks
     numels += [q.local_numel for q in local_part(key, "head", tied_copy, local)] * last
-    numels.sort(reverse=True)
-    owner = zero1_partition(numels, dp)
-    shares: dict[int, list[int]] = {}
-    for n, k in zip(numels, owner):  # in the partition's order: largest first
-        shares.setdefault(k, []).append(n)
-    return Zero1Shares(dp, {k: tuple(v) for k, v in shares.items()})
+    numels.sort(reverse=True)  # the partition's order: largest first
+    return Zero1Shares(dp, tuple(numels), tuple(zero1_partition(numels, dp)))
 
 
 def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:

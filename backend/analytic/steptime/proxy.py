@@ -62,15 +62,23 @@ def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
 
 
 def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
-    """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing)."""
+    """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
+    added in the block's parameter order; each distinct GEMM shape is timed once."""
     key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
     tokens = layout.micro_batch * model.seq_len
     total = np.zeros(np.shape(layout.tp), dtype=np.float64)
     for tp in np.unique(layout.tp).tolist():
-        rows = layout.tp == tp
-        for n_out, k, expert in _block_linears(key, tp):
-            m = tokens[rows] * (model.top_k * layout.ep[rows] / model.n_experts if expert else 1)
-            total[rows] += gemm_s(hw, peak, m, k, n_out, cb)
+        rows = np.nonzero(layout.tp == tp)[0]
+        dense, routed = tokens[rows], tokens[rows] * (model.top_k * layout.ep[rows] / max(model.n_experts, 1))
+        timed: dict[tuple[int, int, bool], Any] = {}
+        acc = 0.0
+        for shape in _block_linears(key, tp):
+            seconds = timed.get(shape)
+            if seconds is None:
+                n_out, k, expert = shape
+                seconds = timed[shape] = gemm_s(hw, peak, routed if expert else dense, k, n_out, cb)
+            acc = acc + seconds
+        total[rows] = acc
     return total
 
 
