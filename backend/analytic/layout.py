@@ -106,34 +106,41 @@ class Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their
         rows of every memoised per-layout value too."""
         out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
             if isinstance(v, np.ndarray):
                 v = v[index]
                 if np.ndim(v) == 0:
-                    v = bool(v) if f.name == "sequence_parallel" else int(v)
-            out[f.name] = v
+                    v = bool(v) if name == "sequence_parallel" else int(v)
+            out[name] = v
         taken = Layout(**out)
         return self._carry_memo(taken, index, False) if with_memo and isinstance(index, np.ndarray) else taken
 
-    def column(self, name: str) -> Any:
-        """A field as an (n, 1) array (broadcasts against per-rank axes) or the scalar itself."""
-        v = getattr(self, name)
-        return v[:, None] if isinstance(v, np.ndarray) else v
+    def group(self, rows: np.ndarray) -> Layout:
+        """take(rows, with_memo=True).broadcast() in one pass: the layouts at `rows` as (k, 1) columns that
+        broadcast against a trailing rank axis, a field equal on all of them as that scalar."""
+        out = {}
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray):
+                v = v[rows]
+                v = v[0].item() if (v == v[0]).all() else v[:, None]
+            out[name] = v
+        return self._carry_memo(Layout(**out), rows, True)
 
     def broadcast(self) -> Layout:
         """Every array field as an (n, 1) column, so that it broadcasts against a trailing rank axis; a field that
         is the same for every layout becomes that scalar (its choices then branch once, not per layout)."""
         out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
             if isinstance(v, np.ndarray) and len(v):
                 flat = v.reshape(len(v), -1)[:, 0]
                 if (flat == flat[0]).all():
                     v = flat[0].item()
                 else:
                     v = flat[:, None]
-            out[f.name] = v
+            out[name] = v
         return self._carry_memo(Layout(**out), slice(None), True)
 
     def __len__(self) -> int:
@@ -143,39 +150,39 @@ class Layout:
                 return len(v)
         return 1
 
-    # ---- derived facts, elementwise ----
+    # ---- derived facts, elementwise (a scalar when every layout agrees) ----
     @cached_property
     def world_size(self) -> Any:
-        return self.tp * self.pp * self.dp
+        return _settled(self.tp * self.pp * self.dp)
 
     @cached_property
     def n_stages(self) -> Any:
-        return self.pp * self.virtual_stages
+        return _settled(self.pp * self.virtual_stages)
 
     @cached_property
     def pipelined(self) -> Any:
-        return self.pp > 1
+        return _settled(self.pp > 1)
 
     @cached_property
     def fsdp(self) -> Any:
         """FSDP2 (zero2 / zero3) shards parameters, gradients and optimizer state."""
-        return self.zero_stage >= ZeroStage.ZERO2
+        return _settled(self.zero_stage >= ZeroStage.ZERO2)
 
     @cached_property
     def zbv(self) -> Any:
         """ZBV's V placement (rank r holds stages r and 2p-1-r); without pipelining the schedule is ignored."""
-        return logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1)
+        return _settled(logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1))
 
     @cached_property
     def is_mix(self) -> Any:
         """tp/pp/ep > 1: the dp dimension is wrapped by data_parallel.composable_wrap (FSDP2 `replicate` for ddp,
         `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
-        return logical_or(self.tp > 1, self.pp > 1, self.ep > 1)
+        return _settled(logical_or(self.tp > 1, self.pp > 1, self.ep > 1))
 
     @cached_property
     def uses_replicate(self) -> Any:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
-        return logical_and(self.dp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1))
+        return _settled(logical_and(self.dp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
 
     @property
     def compute_bytes(self) -> int:
@@ -187,8 +194,8 @@ class Layout:
         """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
         cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself)."""
         if self.precision == "fp32":
-            return False if not isinstance(self.tp, np.ndarray) else np.zeros(np.shape(self.tp), dtype=bool)
-        return logical_not(logical_and(self.fsdp, logical_not(self.is_mix)))
+            return False
+        return _settled(logical_not(logical_and(self.fsdp, logical_not(self.is_mix))))
 
     @cached_property
     def fsdp_param_bytes(self) -> Any:
@@ -209,6 +216,16 @@ class Layout:
                              "pp": pp, "ep": ep, "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
                              "virtual_stages": int(self.virtual_stages)}}
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Layout))
+
+
+def _settled(value: Any) -> Any:
+    """A derived fact the same for every layout as that scalar (its choices then branch once, not per layout)."""
+    if isinstance(value, np.ndarray) and value.size and (value == value.flat[0]).all():
+        return value.flat[0].item()
+    return value
 
 
 def _rows_of(value: Any, rows: Any, n: int, column: bool) -> Any:

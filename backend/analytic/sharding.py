@@ -176,16 +176,27 @@ def ep_keeps(name: str, n_experts: int, ep: int, ep_rank: int) -> bool:
 
 def zero1_partition(numels: list[int], n: int) -> list[int]:
     """Owner rank of each parameter: torch ZeroRedundancyOptimizer._partition_parameters (one param group).
-
-    Stable sort by numel descending, each to the rank with the smallest running total (first on ties);
-    a heap of (running total, rank) gives that same minimum in O(log n).
-    """
+    Stable sort by numel descending, then `zero1_owners_in_order`."""
     order = sorted(range(len(numels)), key=numels.__getitem__, reverse=True)
     owner = [0] * len(numels)
-    if n >= len(numels) and (not numels or min(numels) > 0):  # every rank still empty when its turn comes
-        for k, i in enumerate(order):
-            owner[i] = k
-        return owner
+    for i, r in zip(order, zero1_owners_in_order([numels[i] for i in order], n)):
+        owner[i] = r
+    return owner
+
+
+def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
+    """Owner rank of each parameter of a list already in the partition's order (largest first): each to the rank
+    with the smallest running total (first on ties); a heap of (running total, rank) gives that same minimum in
+    O(log n). Ranks beyond len(numels) are never the smallest popped, so every owner is < len(numels)."""
+    if n >= len(numels_desc) and (not numels_desc or numels_desc[-1] > 0):  # every rank still empty at its turn
+        return list(range(len(numels_desc)))
+    heap = [(0, k) for k in range(min(n, len(numels_desc)))]
+    owner = []
+    for size_i in numels_desc:
+        size, r = heapq.heappop(heap)
+        owner.append(r)
+        heapq.heappush(heap, (size + size_i, r))
+    return owner
     heap = [(0, k) for k in range(min(n, len(numels)))]  # ranks beyond len(numels) are never the smallest popped
     for i in order:
         size, r = heapq.heappop(heap)

@@ -143,13 +143,24 @@ def per_distinct(fn: Callable[..., Any], *columns: Any) -> Any:
     varying = [i for i, c in enumerate(columns) if isinstance(c, np.ndarray)]
     if not varying:
         return fn(*columns)
-    tops = [int(columns[i].max()) + 1 if columns[i].size else 1 for i in varying]
+    codes, palettes, tops = [], [], []
+    for i in varying:
+        c = columns[i].astype(np.int64, copy=False)
+        top = int(c.max()) + 1 if c.size else 1
+        if top > 64:  # a wide range (dp degrees, micro-batches): dense codes keep the key's span small
+            palette, code = np.unique(c, return_inverse=True)
+            c, top = code.reshape(c.shape), len(palette)
+            palettes.append(palette)
+        else:
+            palettes.append(None)
+        codes.append(c)
+        tops.append(top)
     radix = [1] * len(varying)
     for j in range(len(varying) - 2, -1, -1):
         radix[j] = radix[j + 1] * tops[j + 1]
     key = 0
-    for i, r in zip(varying, radix):
-        key = key + columns[i].astype(np.int64, copy=False) * r
+    for c, r in zip(codes, radix):
+        key = key + c * r
     shape = key.shape
     span = radix[0] * tops[0]
     flat = key.ravel()
@@ -162,7 +173,8 @@ def per_distinct(fn: Callable[..., Any], *columns: Any) -> Any:
         inverse = lookup[flat]
     else:
         distinct, inverse = np.unique(flat, return_inverse=True)
-    decoded = iter([((distinct // r) % t).tolist() for r, t in zip(radix, tops)])
+    decoded = iter([(palette[(distinct // r) % t] if palette is not None else (distinct // r) % t).tolist()
+                    for r, t, palette in zip(radix, tops, palettes)])
     arguments = [next(decoded) if isinstance(c, np.ndarray) else repeat(c, len(distinct)) for c in columns]
     values = np.array([fn(*row) for row in zip(*arguments)], dtype=np.float64)
     return values[inverse.ravel()].reshape(shape + values.shape[1:])

@@ -107,23 +107,33 @@ def interleaved_peak_states(p: int, v: int, m: int, rank: int, zero: int = 3) ->
     the backwards of steady ops warm-up .. m·v - 2. A stage is unsharded when its latest action is a backward. The
     peak forward's stage, unless it is the last stage, is inside that forward: zero3 gathered unless a backward left
     its units unsharded, zero2 only if it is the stage's first action."""
+    out = {}
+    for stage, unsharded, grads, in_forward, untouched in _interleaved_walk(p, v, m, rank):
+        if in_forward:
+            out[stage] = (False, grads, True, untouched if zero == 2 else not unsharded)
+        else:
+            out[stage] = (unsharded, grads, False, False)
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _interleaved_walk(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, bool, bool, bool, bool], ...]:
+    """Per local stage: (stage, latest action a backward, a backward ran, the peak is inside its forward, no action
+    ran before the peak), from the closed form of `interleaved_peak_states`."""
     per_round = m // max(1, m // p)
     warm = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady, peak = m * v - warm, m * v - 1
     at = (peak // per_round) % v
     with_peak = at == v - 1 and rank == p - 1  # the last stage counts after its forward
     pos_f = lambda i: i if i < warm else 2 * i - warm  # noqa: E731  position in the action list
-    out = {}
+    out = []
     for c in range(v):
         f = _last_in(peak if with_peak else peak - 1, per_round, v, c)
         jb = _last_in(steady - 2, per_round, v, v - 1 - c)
         b = warm + jb if jb >= 0 else -1
         unsh = b >= 0 and (f < 0 or 2 * b - warm + 1 > pos_f(f))
-        if c == at and not with_peak:
-            out[c * p + rank] = (False, b >= 0, True, (f < 0 and b < 0) if zero == 2 else not unsh)
-        else:
-            out[c * p + rank] = (unsh, b >= 0, False, False)
-    return out
+        out.append((c * p + rank, unsh, b >= 0, c == at and not with_peak, f < 0 and b < 0))
+    return tuple(out)
 
 
 @lru_cache(maxsize=65536)

@@ -175,7 +175,8 @@ def tied_copy(model: Any, layout: Layout) -> Any:
 def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any = None) -> RankParts:
     """Part sums at the rank's placement; fsdp=False gives the tp / ep split only (ZeRO-1 and serving)."""
     key = model_key(model)
-    fsdp = layout.fsdp if fsdp is None else fsdp
+    own_flavour = fsdp is None
+    fsdp = layout.fsdp if own_flavour else fsdp
     def three(tp, dp, ep, fs, tpi, dpi, epi, tied):
         placement = (tp, dp, ep, fs, tpi, dpi, epi)
         return sum((part_sums(key, part, bool(tied) and part == "head", placement) for part in PARTS), ())
@@ -185,9 +186,8 @@ def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any 
                             maximum(position.dp_index, 0), position.ep_index, tied_copy(model, layout))
 
     indices = (position.tp_index, position.dp_index, position.ep_index)
-    if any(isinstance(i, np.ndarray) for i in indices) or isinstance(fsdp, np.ndarray) and fsdp is not layout.fsdp:
+    if any(isinstance(i, np.ndarray) for i in indices) or isinstance(fsdp, np.ndarray) and not own_flavour:
         values = compute()
     else:
-        values = layout.memoised(("part sums", key, indices, fsdp if not isinstance(fsdp, np.ndarray) else "layout"),
-                                 compute)
+        values = layout.memoised(("part sums", key, indices, "layout" if own_flavour else bool(fsdp)), compute)
     return RankParts(stage_composition(model, layout, position.pp_rank), values, rows=len(layout))

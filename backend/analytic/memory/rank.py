@@ -96,7 +96,7 @@ def worst_rank_memory(model: Any, layout: Layout) -> tuple[Any, Any]:
             rows = np.nonzero((layout.pp == pp) & (layout.fsdp == fsdp))[0]
             if not len(rows):
                 continue
-            totals = rank_memory(model, layout.take(rows, with_memo=True).broadcast(),
+            totals = rank_memory(model, layout.group(rows),
                                  RankPosition(pp_rank=np.arange(pp)[None, :], largest_zero1_share=True)).total_bytes
             at[rows] = np.argmax(totals, axis=1)
             worst[rows] = totals[np.arange(len(rows)), at[rows]]

@@ -139,10 +139,11 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
 
     n = len(layout)
     total = per_value(pipelined, saved, layout, _Rows(pp_rank, n), parts, _Rows(terms, n), _Rows(autocast, n))
-    head_freed = where(logical_and(pipelined, logical_not(stages.last)), 0.0, head_freed_bytes)
+    not_last_stage = logical_and(pipelined, logical_not(stages.last))
+    head_freed = where(not_last_stage, 0.0, head_freed_bytes)
     # the last block's MLP output, alive next to the residual sum that ends a non-last stage's forward
     mlp_out = layout.micro_batch * model.seq_len * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * cb
-    forward_transient = where(logical_and(pipelined, logical_not(stages.last)), mlp_out, 0.0)
+    forward_transient = where(not_last_stage, mlp_out, 0.0)
     w_blocks, w_head, b_blocks = (where(autocast, x, 0) for x in autocast_casts(model, layout, parts))
     full = logical_and(layout.recompute == RecomputeMode.FULL, stages.n_blocks > 0)
     sbv = model.seq_len * layout.micro_batch * model.vocab_size
@@ -156,7 +157,9 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
                                                        layout.schedule == PipelineSchedule.ZBV))
-    rerun_peak = total + maximum(0.0, rerun - head_freed) + (w_blocks + b_blocks) / maximum(stages.n_blocks, 1)
+    # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
+    one_block = where(autocast, cb * (parts.block.linear_weight_numel + parts.block.linear_bias_numel), 0)
+    rerun_peak = total + maximum(0.0, rerun - head_freed) + one_block
     return as_int(where(logical_and(full, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
 
 

@@ -19,7 +19,7 @@ from backend.analytic.device import CUDA
 from backend.analytic.memory.parts import local_part
 from backend.analytic.optimizer_state import state_bytes, state_bytes_from_sums, step_temp_bytes
 from backend.analytic.params import ModelKey
-from backend.analytic.sharding import zero1_partition
+from backend.analytic.sharding import zero1_owners_in_order
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first
     numels += [q.local_numel for q in local_part(key, "block", False, local)] * n_blocks
     numels += [q.local_numel for q in local_part(key, "head", tied_copy, local)] * last
     numels.sort(reverse=True)  # the partition's order: largest first
-    return Zero1Shares(dp, tuple(numels), tuple(zero1_partition(numels, dp)))
+    return Zero1Shares(dp, tuple(numels), tuple(zero1_owners_in_order(numels, dp)))
 
 
 def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:

@@ -77,10 +77,13 @@ def link(hw: Hardware, tier: str, per_node: int = 1) -> tuple[float, float]:
     return link_bandwidth(hw, intra, per_node), hw.tune.intra_latency_s if intra else hw.tune.inter_latency_s
 
 
-def bandwidth_s(hw: Hardware, intra: Any, collective: str, payload_bytes: Any, n: Any, per_node: Any = 1) -> Any:
-    """The bandwidth term of `collective_s`: ring wire bytes over the link (payloads and groups may be arrays)."""
+def bandwidth_s(hw: Hardware, intra: Any, collective: str, payload_bytes: Any, n: Any, per_node: Any = 1, *,
+                link_bytes_per_s: Any = None) -> Any:
+    """The bandwidth term of `collective_s`: ring wire bytes over the link (payloads and groups may be arrays;
+    link_bytes_per_s: `link_bandwidth(hw, intra, per_node)` when the caller has it already)."""
     wire = ring_wire_bytes(collective, payload_bytes, n)
-    return wire / (link_bandwidth(hw, intra, per_node) * collective_efficiency(hw, collective))
+    bw = link_bandwidth(hw, intra, per_node) if link_bytes_per_s is None else link_bytes_per_s
+    return wire / (bw * collective_efficiency(hw, collective))
 
 
 def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float, n: int, calls: float = 1.0,

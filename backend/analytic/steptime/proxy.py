@@ -23,7 +23,7 @@ from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, Recomp
 from backend.analytic.memory.parts import local_part, rank_parts, stage_composition
 from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
-from backend.analytic.steptime.collectives import bandwidth_s, group_stride, node_members, within_node
+from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
@@ -132,8 +132,10 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     stride = group_stride(layout.tp, dp, "dp")
     intra, per_node = within_node(stride, dp, "dp", gpus_per_node), node_members(stride, dp, gpus_per_node)
 
+    link = link_bandwidth(hw, intra, per_node)
+
     def coll(kind: str, payload: Any) -> Any:
-        return bandwidth_s(hw, intra, kind, payload, dp, per_node)
+        return bandwidth_s(hw, intra, kind, payload, dp, link_bytes_per_s=link)
 
     grads = MASTER_BYTES * local
     all_reduce = coll("all_reduce", grads)
