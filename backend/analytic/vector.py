@@ -128,6 +128,15 @@ def _scatter(pieces: list[tuple[Any, Any]], n: int) -> Any:
     return out
 
 
+def select_present(index: np.ndarray, options: dict[int, Any]) -> Any:
+    """options[index] elementwise, for an index array taking only the keys of `options`."""
+    keys = list(options)
+    out = options[keys[0]]
+    for k in keys[1:]:
+        out = np.where(index == k, options[k], out)
+    return out
+
+
 def as_int(value: Any) -> Any:
     """int(round(x)) for a scalar, np.rint for arrays (both round half to even)."""
     return np.rint(value) if is_array(value) else int(round(value))

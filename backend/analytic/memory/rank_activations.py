@@ -13,14 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode
+import numpy as np
+
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
 from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, layer_activation_bytes,
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.textbook.pipeline import in_flight_terms
-from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select, take_rows, where
+from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select_present, take_rows, where
 
 
 def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, float, float, float, float]:
@@ -58,10 +60,15 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
 
 def in_flight(layout: Layout, pp_rank: Any) -> Any:
     """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
-    layout's schedule picks its terms, then one expression over the pipeline ranks."""
-    names = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")  # PipelineSchedule order
-    terms = [in_flight_terms(name, p=layout.pp, m=layout.microbatches, v=layout.virtual_stages) for name in names]
-    cap, base, per_stage = (select(layout.schedule, [t[i] for t in terms]) for i in range(3))
+    layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
+    pipeline ranks."""
+    present = np.unique(layout.schedule).tolist() if isinstance(layout.schedule, np.ndarray) else [layout.schedule]
+    terms = {k: in_flight_terms(SCHEDULE_NAMES[k], p=layout.pp, m=layout.microbatches, v=layout.virtual_stages)
+             for k in present}
+    if len(present) == 1:
+        cap, base, per_stage = terms[present[0]]
+    else:
+        cap, base, per_stage = (select_present(layout.schedule, {k: t[i] for k, t in terms.items()}) for i in range(3))
     return minimum(cap, base + per_stage * (layout.pp - pp_rank))
 
 

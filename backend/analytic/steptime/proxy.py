@@ -28,7 +28,7 @@ from backend.analytic.steptime.compute import attention_pass, elementwise_pass, 
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import logical_or, maximum, minimum, select, where
+from backend.analytic.vector import logical_or, maximum, minimum, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -85,8 +85,9 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
 def _bubble(layout: Layout) -> Any:
     """textbook/pipeline.bubble_formula of each layout's schedule (0 without pipelining)."""
     m = np.maximum(layout.microbatches, 1)
-    by_schedule = [bubble_formula(name, p=layout.pp, m=m, v=layout.virtual_stages) for name in SCHEDULE_NAMES]
-    return where(layout.pp > 1, select(layout.schedule, by_schedule), 0.0)
+    present = np.unique(layout.schedule).tolist()
+    by_schedule = {k: bubble_formula(SCHEDULE_NAMES[k], p=layout.pp, m=m, v=layout.virtual_stages) for k in present}
+    return where(layout.pp > 1, select_present(layout.schedule, by_schedule), 0.0)
 
 
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
