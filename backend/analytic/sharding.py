@@ -191,10 +191,10 @@ def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
     if n >= len(numels_desc) and (not numels_desc or numels_desc[-1] > 0):  # every rank still empty at its turn
         return list(range(len(numels_desc)))
     heap = [(0, k) for k in range(min(n, len(numels_desc)))]
-    owner = []
-    for size_i in numels_desc:
+    owner = [0] * len(numels_desc)
+    for i, size_i in enumerate(numels_desc):
         size, r = heapq.heappop(heap)
-        owner.append(r)
+        owner[i] = r
         heapq.heappush(heap, (size + size_i, r))
     return owner
     heap = [(0, k) for k in range(min(n, len(numels)))]  # ranks beyond len(numels) are never the smallest popped

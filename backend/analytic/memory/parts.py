@@ -76,8 +76,10 @@ def local_part(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, 
 
 
 @lru_cache(maxsize=8192)
-def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...]) -> PartSums:
+def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...], cuda: bool = True) -> PartSums:
+    """One part's sums at a placement (cuda=False: the 512-B-rounded sums, read only for CUDA ranks, left 0)."""
     tp, ep = placement[0], placement[2]
+    rounded = cuda_storage_bytes if cuda else _zero
     rows = []
     for q in local_part(key, part, tied_copy, placement):
         ugrad, name, local = unsharded_grad_numel(q, tp), q.name, q.local_numel
@@ -87,9 +89,13 @@ def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, .
                      ugrad if managed else 0, local if block and len(q.shape) == 2 else 0,
                      local if block and name.endswith(".bias") and ".ln" not in name else 0,
                      local if name.startswith("lm_head.") else 0, local if name == "tok_emb.weight" else 0,
-                     cuda_storage_bytes(MASTER_BYTES * local), cuda_storage_bytes(MASTER_BYTES * q.storage_numel),
-                     cuda_storage_bytes(MASTER_BYTES * q.real_numel)))
+                     rounded(MASTER_BYTES * local), rounded(MASTER_BYTES * q.storage_numel),
+                     rounded(MASTER_BYTES * q.real_numel)))
     return PartSums(*(sum(column) for column in zip(*rows))) if rows else PartSums(*([0] * len(PartSums._fields)))
+
+
+def _zero(_: int) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -177,9 +183,11 @@ def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any 
     key = model_key(model)
     own_flavour = fsdp is None
     fsdp = layout.fsdp if own_flavour else fsdp
+    cuda = layout.device == "cuda"
+
     def three(tp, dp, ep, fs, tpi, dpi, epi, tied):
         placement = (tp, dp, ep, fs, tpi, dpi, epi)
-        return sum((part_sums(key, part, bool(tied) and part == "head", placement) for part in PARTS), ())
+        return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in PARTS), ())
 
     def compute() -> Any:
         return per_distinct(three, layout.tp, layout.dp, layout.ep, fsdp, position.tp_index,

@@ -71,13 +71,23 @@ class Zero1Shares:
 def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first: bool, last: bool, tied_copy: bool,
                  dp: int) -> Zero1Shares:
     """The partition of a rank holding n_blocks blocks (+ embeddings, + head) at `placement` (parts.local_part)."""
-    tp, dp_, ep, _, tp_index, _, ep_index = placement
+    tp, _, ep, _, tp_index, _, ep_index = placement
     local = (tp, 1, ep, 0, tp_index, 0, ep_index)  # tp / ep-local sizes: the dp degree changes none of them
-    numels = [q.local_numel for q in local_part(key, "embeddings", False, local)] * first
-    numels += [q.local_numel for q in local_part(key, "block", False, local)] * n_blocks
-    numels += [q.local_numel for q in local_part(key, "head", tied_copy, local)] * last
-    numels.sort(reverse=True)  # the partition's order: largest first
+    counts: dict[int, int] = {}
+    for part, times in (("embeddings", int(first)), ("block", n_blocks), ("head", int(last))):
+        for size, n in _size_counts(key, part, tied_copy and part == "head", local).items():
+            counts[size] = counts.get(size, 0) + n * times
+    numels = [size for size in sorted(counts, reverse=True) for _ in range(counts[size])]  # largest first
     return Zero1Shares(dp, tuple(numels), tuple(zero1_owners_in_order(numels, dp)))
+
+
+@lru_cache(maxsize=4096)
+def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...]) -> dict[int, int]:
+    """{local elements: tensors of that size} of one part (a block has a handful of distinct sizes)."""
+    counts: dict[int, int] = {}
+    for q in local_part(key, part, tied_copy, placement):
+        counts[q.local_numel] = counts.get(q.local_numel, 0) + 1
+    return counts
 
 
 def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:
