@@ -111,7 +111,7 @@ def test_real_estimate_feeds_the_figure():
 
 @pytest.mark.parametrize("schedule, p, m", [(s, p, m) for s in ("gpipe", "1f1b") for p, m in ((2, 2), (4, 4), (4, 8))] + [("gpipe", 8, 3)])
 def test_ideal_schedule_bubble_matches_the_formula(schedule, p, m):
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
 
     ev = tv.ideal_events(None, schedule=schedule, p=p, m=m)
     assert len(ev) == 2 * p * m

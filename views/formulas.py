@@ -52,7 +52,7 @@ with tab_bub:
         st.error(f"bubble formula unavailable: {e}")
 with tab_claims:
     try:
-        from backend.analytic.seeds import seed_claims
+        from backend.analytic.textbook.seeds import seed_claims
 
         claims = seed_claims()
     except Exception as e:  # noqa: BLE001

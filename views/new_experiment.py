@@ -154,7 +154,7 @@ def _predict(spec_json: str):
 def _framework_prediction(spec) -> None:
     """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
     if str(spec.framework) == "deepspeed":
-        from backend.analytic.deepspeed_layout import deepspeed_rank
+        from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
         from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
         r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
@@ -162,7 +162,7 @@ def _framework_prediction(spec) -> None:
                 f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
                 f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
     elif str(spec.framework) == "jax":
-        from backend.analytic.gspmd import mode, predicted_bytes
+        from backend.analytic.frameworks.gspmd import mode, predicted_bytes
 
         b = predicted_bytes(spec)
         st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "
@@ -213,7 +213,10 @@ def _prediction(spec, device_gb: float) -> None:
     fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
-    comm = pv.comm_frame(est.per_rank)
+    if len(rows) < spec.parallel.world_size:
+        st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class of "
+                   "identical ranks (the fullest rank is always shown).")
+    comm = pv.comm_frame(pv.shown_ranks(est))
     st.markdown("**Communication per step (analytic, bytes per step)**")
     if comm.empty:
         st.caption("No collectives: a single rank, or nothing to synchronise.")

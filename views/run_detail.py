@@ -123,7 +123,7 @@ def _result(res) -> None:
         routing = dv.routing_frame(res)
         if not routing.empty:
             st.markdown("**Expert routing** — the uniform-routing formula vs the same formula fed the token counts "
-                        "this run's router produced (backend/analytic/moe_routing.py)")
+                        "this run's router produced (backend/analytic/measured/moe_routing.py)")
             st.dataframe(routing, hide_index=True, width="stretch")
         st.subheader("Communication per step")
         comm = dv.comm_frame(res)

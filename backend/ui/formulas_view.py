@@ -24,7 +24,7 @@ def worlds(lo: int, hi: int) -> list[int]:
 
 def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int], device_gb: float | None) -> go.Figure:
     """Per-GPU model-state memory (params + grads + optimizer) vs data-parallel size, one curve per stage."""
-    from backend.analytic.zero import precision_bytes, zero_model_state_bytes
+    from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 
     pb, gb, k = precision_bytes(precision, optimizer)
     fig = go.Figure()
@@ -49,7 +49,7 @@ def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int]
 
 def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: int, sp: bool) -> go.Figure:
     """Korthikanti et al. 2022 activation memory for the whole model vs sequence length, per recompute mode."""
-    from backend.analytic.activations import korthikanti_layer_bytes
+    from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 
     fig = go.Figure()
     for mode in ("none", "selective", "full"):
@@ -64,7 +64,7 @@ def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: i
 
 
 def bubble_fig(*, p: int, ms: list[int], v: int) -> go.Figure:
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
 
     fig = go.Figure()
     for sched in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"):

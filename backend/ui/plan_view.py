@@ -9,10 +9,11 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
-from backend.planner.memory import light_spec, worst_rank_bytes
 from backend.planner.search import Plan, budget_bytes, plan
+from backend.planner.space import light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 from backend.analytic.units import GiB
 from backend.ui.glossary import schedule_label
@@ -154,7 +155,7 @@ def spec_for_form(p: Plan, index: int) -> ExperimentSpec:
     return ExperimentSpec.for_prediction(p.configs[index]["spec"])
 
 
-# The seeds' scenarios (backend/analytic/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
+# The seeds' scenarios (backend/analytic/textbook/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
 LLAMA70B = dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096)
 GPT3 = dict(vocab_size=51200, d_model=12288, n_layers=96, n_heads=96, seq_len=2048)
 SCENARIOS = [

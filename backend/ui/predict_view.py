@@ -155,18 +155,31 @@ HEADLINE_HELP = {
     "tokens / step": "Global batch x sequence length.",
 }
 
+PREDICT_PAGE = 512
+"""Ranks the live prediction charts one by one; beyond them, one rank of every class of identical ranks."""
+
+
+def shown_ranks(est: Any, page: int = PREDICT_PAGE) -> list[Any]:
+    """The first `page` ranks, then the lowest rank of every other distinct prediction (so the fullest rank is
+    always among them): all ranks of a world up to `page`, a few dozen of a million."""
+    shown = est.page(0, page)
+    seen = {r.rank for r in shown}
+    return shown + [r for r, _ in est.distinct_ranks if r.rank not in seen]
+
 
 def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     """Run the analytic estimate for a validated spec on the device its ranks would get on this host (`auto`
-    resolved as the engine does): (Estimate, per-rank rows for the chart, with the fit check's extra terms)."""
+    resolved as the engine does): (Estimate, rows for the chart and the fit check, with the fit check's extra
+    terms; `shown_ranks`: every rank of a small world, a page plus every distinct prediction of a large one)."""
     from backend.analytic.device import runtime_overhead_bytes, with_device
     from backend.analytic.estimate import estimate
     from backend.engine.hardware import host_device
 
     spec = with_device(spec, host_device(str(spec.runtime.device)))
     est = estimate(spec)
-    rows = rank_rows(est.per_rank)
-    for row, r in zip(rows, est.per_rank):
+    shown = shown_ranks(est)
+    rows = rank_rows(shown)
+    for row, r in zip(rows, shown):
         # inside optimizer.step activations are freed, the update's temporaries are alive
         row["optimizer_step_bytes"] = float(r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes)
         row["overhead"] = runtime_overhead_bytes(spec, max(r.total_bytes, row["optimizer_step_bytes"]))

@@ -266,7 +266,7 @@ def attention_comparison(spec: ExperimentSpec) -> dict[str, int] | None:
         other, problems = validate_spec(data, predict_only=True)
         if other is None:
             return None
-        out[impl] = max(r.activations_bytes for r in estimate(other).per_rank)
+        out[impl] = estimate(other).worst(key=lambda r: r.activations_bytes).activations_bytes
     return out
 
 
