@@ -12,9 +12,10 @@ quantized checkpoints, head_dim != hidden / heads, unknown keys and unknown mode
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from backend.spec_text import InputError, check_depth, load_json_file
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox")
 DEFAULT_SEQ_CAP = 8192
@@ -47,9 +48,9 @@ class HFConfigError(ValueError):
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise HFConfigError(f"cannot read HF config {path}: {e}") from e
+        data = load_json_file(path, "HF config")
+    except InputError as e:
+        raise HFConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise HFConfigError(f"HF config {path} is not a JSON object")
     return data
@@ -57,7 +58,15 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
 
 def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str | None = None
                    ) -> tuple[dict[str, Any], list[str]]:
-    """(ModelSpec fields with `source` = the config, notes). Raises HFConfigError naming the field it refuses."""
+    """(ModelSpec fields with `source` = the config's parsed fields, notes). Raises HFConfigError naming the field
+    it refuses. `source` keeps every key the mapping reads or reports (not ids, labels or other metadata), so a
+    run stores what shaped its model, never a whole uploaded file."""
+    if not isinstance(cfg, dict):
+        raise HFConfigError(f"an HF config is a JSON object, got {type(cfg).__name__}")
+    try:
+        check_depth(cfg, "the HF config")
+    except InputError as e:
+        raise HFConfigError(str(e)) from None
     family = cfg.get("model_type")
     if family not in FAMILIES:
         raise HFConfigError(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
@@ -69,15 +78,46 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
     if unknown:
         raise HFConfigError(f"unknown config key(s) {', '.join(unknown)} for model_type {family}: ShardLab cannot tell "
                             "whether they change the architecture, so it refuses rather than ignore them")
-    model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
+    _check_types(cfg, family)
+    try:
+        model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        if isinstance(e, HFConfigError):
+            raise
+        raise HFConfigError(f"model_type {family}: a field has a value ShardLab cannot use ({type(e).__name__}: {e})") from None
     notes += [f"{k}={cfg[k]!r}: dropout is not modelled (ShardLab trains without dropout)"
               for k in _DROPOUT if cfg.get(k)]
     numerics = sorted(k for k in cfg if k in ("rope_theta", "rope_scaling", "norm_topk_prob", "rotary_pct",
                                              "scale_attn_by_inverse_layer_idx") and cfg[k] not in (None, False))
     if numerics:
         notes.append("accepted as numerics only (no effect on shapes, memory or FLOPs): " + ", ".join(numerics))
-    model["source"] = {"hf_config": cfg, **({"file": file} if file else {})}
+    model["source"] = {"hf_config": parsed_fields(cfg), **({"file": file} if file else {})}
     return model, notes
+
+
+def parsed_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config.json a run keeps: model_type and every key the mapping reads or reports, without
+    ids, labels, tokenizer and framework metadata."""
+    return {k: v for k, v in cfg.items() if k == "model_type" or k not in _METADATA}
+
+
+def _check_types(cfg: dict[str, Any], family: str) -> None:
+    """Every field the mapping reads has the JSON type it needs (a config with "hidden_size": "big" is refused
+    by name, not with a traceback)."""
+    for key in _REQUIRED[family]:
+        if cfg.get(key) is None:
+            raise HFConfigError(f"{key} is missing: a {family} config.json needs it")
+    for key, value in cfg.items():
+        if value is None:
+            continue
+        if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise HFConfigError(f"{key}={value!r} must be a non-negative integer")
+        if key in _FLOAT_KEYS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise HFConfigError(f"{key}={value!r} must be a number")
+        if key in _BOOL_KEYS and not isinstance(value, bool):
+            raise HFConfigError(f"{key}={value!r} must be true or false")
+        if key in _STR_KEYS and not isinstance(value, str):
+            raise HFConfigError(f"{key}={value!r} must be a string")
 
 
 def _seq(cfg: dict[str, Any], seq_len: int | None, max_key: str, notes: list[str]) -> int:
@@ -183,6 +223,21 @@ def _neox(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], lis
 
 _LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "intermediate_size")
+_INT_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "num_local_experts", "num_experts_per_tok", "num_experts", "moe_intermediate_size",
+             "shared_expert_intermediate_size", "decoder_sparse_step", "n_embd", "n_layer", "n_head", "n_positions",
+             "n_inner", "max_position_embeddings", "sliding_window", "head_dim", "n_ctx", "max_window_layers"}
+_FLOAT_KEYS = {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rotary_pct", "rotary_emb_base"}
+_BOOL_KEYS = {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_parallel_residual", "use_sliding_window"}
+_STR_KEYS = {"hidden_act", "activation_function", "model_type"}
+_LLAMA_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "llama": _LLAMA_REQUIRED, "mistral": _LLAMA_REQUIRED, "qwen2": _LLAMA_REQUIRED,
+    "mixtral": _LLAMA_REQUIRED + ("num_local_experts", "num_experts_per_tok"),
+    "qwen2_moe": _LLAMA_REQUIRED + ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
+    "gpt_neox": _LLAMA_REQUIRED,
+}
 _FAMILY_KEYS: dict[str, tuple[str, ...]] = {
     "llama": _LLAMA_KEYS,
     "mistral": _LLAMA_KEYS,
