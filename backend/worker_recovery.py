@@ -1,0 +1,125 @@
+"""What a worker does besides running jobs: recover the work of workers that are gone, import results that
+never reached the store, and check that the host can hold another run before claiming one.
+
+Order matters (issue 21): a finished `result.json` on disk is the source of truth until it is stored, so
+`import_results` runs before anything is marked interrupted; only runs with no result on disk and a dead
+worker (or a stale heartbeat) become `interrupted`. Live workers repeat this as they poll, not only at start.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from backend import run_folders
+from backend.result import Status
+from db import queries as q
+
+log = logging.getLogger("shardlab.worker")
+WORKER_ENV = "SHARDLAB_WORKER_ID"
+JOB_TMP_PREFIX = "shardlab-job-"
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE,
+                      errno.ENFILE}
+"""A launch failing with one of these failed because of the host (full disk, read-only or unwritable folder,
+no file handles), not because of the run: the job goes back to the queue and the worker pauses."""
+PROBE_BYTES = 64 * 1024
+
+
+def is_environment_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS
+
+
+def runs_dir_problem(runs_dir: Path, min_free_bytes: int) -> str | None:
+    """Why the runs folder cannot take another run now (None when it can): it must exist or be creatable, have
+    min_free_bytes free, and take a 64 KiB file written and fsynced (a full or read-only disk fails here)."""
+    probe = Path(runs_dir) / f".probe-{os.getpid()}"
+    try:
+        Path(runs_dir).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(runs_dir).free
+        if free < min_free_bytes:
+            return (f"runs folder {runs_dir} has {free / 2**20:.1f} MiB free, below the {min_free_bytes / 2**20:.0f} MiB "
+                    "a run needs (worker --min-free-mb)")
+        with open(probe, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return f"runs folder {runs_dir} cannot take a run: {e}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None
+
+
+def job_tmpdir(experiment_id: int) -> Path | None:
+    """A temp folder of the job's own (TMPDIR for torchrun and the ranks: torchelastic's log folders land
+    there), removed after the run by `remove_job_tmpdir`; None when the temp folder cannot be created."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{JOB_TMP_PREFIX}{int(experiment_id)}-"))
+    except OSError as e:
+        log.warning("experiment %s: no temp folder of its own (%s): torchrun uses the shared one", experiment_id, e)
+        return None
+
+
+def remove_job_tmpdir(path: Path | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def import_results(engine, runs_dir: Path, skip: set[int] = frozenset()) -> list[int]:
+    """Store every bound result.json under runs_dir whose experiment is still running (its worker died, or the
+    store was down when it finished); returns the imported ids."""
+    running = q.list_experiments(engine, status=str(Status.RUNNING), columns=["id"])
+    uids = q.run_uids(engine, [r["id"] for r in running if r["id"] not in skip])
+    imported = []
+    for eid, uid in sorted(uids.items()):
+        result = run_folders.bound_result(Path(runs_dir) / str(eid), uid)
+        if result is None:
+            continue
+        q.store_result(engine, eid, result)
+        imported.append(eid)
+        log.warning("experiment %s: imported %s (status %s) from %s, left on disk by a worker that could not store it",
+                    eid, "result.json", result.status, Path(runs_dir) / str(eid))
+    return imported
+
+
+def recover(engine, host: str, stale_after_s: float) -> list[int]:
+    """Interrupt the jobs of dead local workers (killing their orphans) and of stale heartbeats; returns their ids."""
+    dead = q.recover_dead_workers(engine, host)
+    kill_orphans(dead_worker_ids(engine, host))
+    stale = q.recover_stale(engine, stale_after_s)
+    for eid in dead + stale:
+        log.warning("experiment %s marked interrupted (its worker is gone and no result was left on disk)", eid)
+    return dead + stale
+
+
+def dead_worker_ids(engine, host: str) -> set[str]:
+    return {w["id"] for w in q.worker_heartbeats(engine) if w["host"] == host and w["state"] == "dead"}
+
+
+def kill_orphans(worker_ids: set[str]) -> int:
+    """SIGKILL job processes left behind by dead workers (found by the SHARDLAB_WORKER_ID they inherited)."""
+    if not worker_ids:
+        return 0
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(WORKER_ENV) in worker_ids:
+                found.append(p)
+        except psutil.Error:
+            continue
+    for p in found:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(found, timeout=5)
+    return len(found)
