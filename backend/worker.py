@@ -59,6 +59,8 @@ class Worker(JobExecution):
         self.min_free_bytes = min_free_bytes
         self.max_backoff_s = MAX_WAIT_S
         """Longest wait between two tries of an unavailable store (and between two looks at a full runs folder)."""
+        self._host_backoff = Backoff(first_s=1.0)
+        """Launches failing in a row because of the host: 1, 2, 4 ... 30 s between claims."""
         self.runner = runner
         self.host = socket.gethostname()
         self.stopping = threading.Event()

@@ -76,6 +76,7 @@ class JobExecution:
             wr.remove_job_tmpdir(tmp)
             with self._lock:
                 self._cancels.pop(experiment_id, None)
+        self._host_backoff.reset()
         if self.stopping.is_set() and result.status == Status.CANCELLED and not self._cancel_requested(experiment_id):
             result.status = Status.INTERRUPTED
             result.error = f"worker stopped (SIGTERM/SIGINT) during the run; {result.error or ''}".rstrip("; ")
@@ -86,9 +87,11 @@ class JobExecution:
         """The host could not take the run: back to the queue (not failed: the run itself never started)."""
         self._runs_dir_ok_at = 0.0
         back = self._retry(lambda: q.release_claim(self.engine, experiment_id, worker_id), "re-queueing a job")
-        log.warning("experiment %s: launch failed because of this host (%s); %s", experiment_id, error,
-                    "put back in the queue" if back else "it was no longer ours")
-        self.stopping.wait(min(self.poll_s * 5, 5.0))  # the next loop round checks the runs folder before claiming
+        wait = self._host_backoff.wait_s()
+        log.warning("experiment %s: launch failed because of this host (%s); %s; %d such failure(s) in a row, claiming "
+                    "again in %.1f s", experiment_id, error, "put back in the queue" if back else "it was no longer ours",
+                    self._host_backoff.failures, wait)
+        self.stopping.wait(wait)  # and the next loop round checks the runs folder before claiming
         return None
 
     def _cancel_requested(self, experiment_id: int) -> bool:
