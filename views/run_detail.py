@@ -39,12 +39,14 @@ def _live(url: str, rid: int) -> None:
     e = store.get_run(url, rid)
     if e is None or e["status"] not in rv.ACTIVE:
         st.rerun(scope="app")
-    st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}: {rv.progress_text(e)}")
+    st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}")
+    st.text(rv.progress_text(e))  # a rank's or SLURM's words: plain text
 
 
 def _failure(e: dict) -> None:
     res = e.get("result")
-    st.error(f"**{e['status']}**: {e.get('error') or (res.error if res else '') or 'no error message recorded'}")
+    st.error(f"**{e['status']}**")
+    st.text(e.get("error") or (res.error if res else "") or "no error message recorded")
     rank = e.get("failing_rank") if e.get("failing_rank") is not None else (res.failing_rank if res else None)
     if rank is not None:
         st.markdown(f"Failing rank: **{rank}**")
@@ -83,7 +85,7 @@ def _step_prediction(res) -> None:
     try:
         pred = run_step_prediction(res, store.engine())
     except Exception as e:  # noqa: BLE001 - the run page still renders
-        st.caption(f"step-time prediction unavailable: {e}")
+        st.text(f"step-time prediction unavailable: {e}")
         return
     if pred is None:
         return
@@ -129,7 +131,7 @@ def _result(res) -> None:
         c2.plotly_chart(sf_, key="steps")
     _timeline(res)
     for n in res.notes:
-        st.caption(f":material/info: {n}")
+        st.text(f"ⓘ {n}")
 
 
 def _framework_panels(res) -> None:
@@ -167,8 +169,14 @@ if e is None:
     st.warning(f"Run #{rid} does not exist (deleted?). Pick another run above.")
     st.stop()
 spec, res = e["spec"], e.get("result")
-st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid} {spec.name or ''}")
-st.caption(sf.describe(spec) + (f" · tags: {', '.join(e['tags'])}" if e.get("tags") else ""))
+# User text (name, tags, errors, notes) goes into st.text: markdown would render a name's ![image](url) (the browser
+# fetches it) and turn any URL into a link, even backslash-escaped (issue 21).
+st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid}")
+if spec.name:
+    st.text(spec.name)
+st.caption(sf.describe(spec))
+if e.get("tags"):
+    st.text("tags: " + ", ".join(e["tags"]))
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
     if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
