@@ -72,6 +72,8 @@ class Worker(JobExecution):
         """worker (slot) id -> environment its jobs get (CUDA_VISIBLE_DEVICES: this slot's GPUs)."""
         self._following: list[threading.Thread] = []
         self._paused_for: str | None = None
+        self._store_up_since: float | None = None
+        """Since when (monotonic) every store call of this worker has worked; None during an outage."""
         self._runs_dir_ok_at = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -80,9 +82,19 @@ class Worker(JobExecution):
         return f"{self.host}:{os.getpid()}:{slot}"
 
     def recover(self) -> list[int]:
-        """Import results left on disk, then interrupt the jobs of dead local workers and of stale heartbeats."""
+        """Import results left on disk, then interrupt the jobs of dead local workers and of stale heartbeats.
+        A heartbeat is judged stale only once this worker has reached the store for stale_after_s without a
+        break: during an outage nobody could heartbeat, and a live job must not be taken for a dead one."""
         wr.import_results(self.engine, self.runs_dir, skip=set(self._cancels))
-        return wr.recover(self.engine, self.host, self.stale_after_s)
+        up = self._store_up_since
+        judge = up is not None and time.monotonic() - up >= self.stale_after_s
+        return wr.recover(self.engine, self.host, self.stale_after_s if judge else None)
+
+    def _store_seen(self, up: bool) -> None:
+        if not up:
+            self._store_up_since = None
+        elif self._store_up_since is None:
+            self._store_up_since = time.monotonic()
 
     def stop(self) -> None:
         """Stop after the current job; the running job is cancelled and stored as interrupted."""
@@ -127,6 +139,7 @@ class Worker(JobExecution):
         from db.session import init_db
 
         self._retry(lambda: init_db(self.engine), "opening the store")
+        self._store_seen(True)
         self.assign_gpus(concurrency)
         me = psutil.Process()
         # a live row first, so that a worker starting beside this one does not adopt the same jobs again
@@ -138,8 +151,10 @@ class Worker(JobExecution):
         """Between polls: the start-up recovery again, so a dead worker's job is noticed while this one lives."""
         try:
             self._adopt_and_recover()
+            self._store_seen(True)
         except Exception as e:  # noqa: BLE001
             if is_transient(e):
+                self._store_seen(False)
                 log.warning("recovery skipped this round: store unavailable (%s)", short(e))
             else:
                 self.fail(e)
@@ -162,7 +177,9 @@ class Worker(JobExecution):
         from backend.cluster.reattach import adopt
 
         wid = f"{self.host}:{os.getpid()}:adopt"
-        ids = adopt(self.engine, wid, self.host, stale_after_s=self.stale_after_s)
+        up = self._store_up_since
+        stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else float("inf")
+        ids = adopt(self.engine, wid, self.host, stale_after_s=stale_s)  # stale heartbeats judged as in recover()
         self._following = [t for t in self._following if t.is_alive()]
         if ids or not self._following:
             q.set_worker_state(self.engine, wid, "running" if ids else "stopped", ids[0] if ids else None)
@@ -196,8 +213,10 @@ class Worker(JobExecution):
                     if not is_transient(e):
                         raise
                     self.engine.dispose()  # connections from before the outage may be dead or read-only
+                    self._store_seen(False)
                     self._pause(f"store unavailable ({short(e)})", backoff)
                     continue
+                self._store_seen(True)
                 self._resume(backoff)
                 if eid is None:
                     if once or drain:

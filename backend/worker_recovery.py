@@ -91,11 +91,12 @@ def import_results(engine, runs_dir: Path, skip: set[int] = frozenset()) -> list
     return imported
 
 
-def recover(engine, host: str, stale_after_s: float) -> list[int]:
-    """Interrupt the jobs of dead local workers (killing their orphans) and of stale heartbeats; returns their ids."""
+def recover(engine, host: str, stale_after_s: float | None) -> list[int]:
+    """Interrupt the jobs of dead local workers (killing their orphans) and, unless stale_after_s is None, of
+    heartbeats older than that; returns their ids."""
     dead = q.recover_dead_workers(engine, host)
     kill_orphans(dead_worker_ids(engine, host))
-    stale = q.recover_stale(engine, stale_after_s)
+    stale = q.recover_stale(engine, stale_after_s) if stale_after_s is not None else []
     for eid in dead + stale:
         log.warning("experiment %s marked interrupted (its worker is gone and no result was left on disk)", eid)
     return dead + stale

@@ -76,3 +76,8 @@ def recover_dead_workers(engine: Engine, host: str) -> list[int]:
 
             mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)")
         return list(ids)
+
+
+def process_gone(pid: int, pid_started: float | None) -> bool:
+    """Whether the process of a worker row is gone (dead, a zombie, or its pid recycled by another process)."""
+    return _process_gone(pid, pid_started)

@@ -24,11 +24,11 @@ def _executor(spec_json: str) -> str | None:
 
 
 def _gone(w: Worker | None, host: str, stale_after_s: float) -> bool:
-    from db.workers import _process_gone
+    from db.workers import process_gone
 
     if w is None or w.state in ("stopped", "dead"):
         return True
-    if w.host == host and _process_gone(w.pid, w.pid_started):
+    if w.host == host and process_gone(w.pid, w.pid_started):
         return True
     return (utcnow() - w.heartbeat_at).total_seconds() > stale_after_s
 
