@@ -72,6 +72,8 @@ class Worker(JobExecution):
         """worker (slot) id -> environment its jobs get (CUDA_VISIBLE_DEVICES: this slot's GPUs)."""
         self._following: list[threading.Thread] = []
         self._paused_for: str | None = None
+        self._orphans_done: set[str] = set()
+        """Dead workers whose orphaned job processes this worker has already looked for."""
         self._store_up_since: float | None = None
         """Since when (monotonic) every store call of this worker has worked; None during an outage."""
         self._runs_dir_ok_at = 0.0
@@ -85,10 +87,12 @@ class Worker(JobExecution):
         """Import results left on disk, then interrupt the jobs of dead local workers and of stale heartbeats.
         A heartbeat is judged stale only once this worker has reached the store for stale_after_s without a
         break: during an outage nobody could heartbeat, and a live job must not be taken for a dead one."""
-        wr.import_results(self.engine, self.runs_dir, skip=set(self._cancels))
+        with self._lock:
+            mine = set(self._cancels)
+        wr.import_results(self.engine, self.runs_dir, skip=mine)
         up = self._store_up_since
         judge = up is not None and time.monotonic() - up >= self.stale_after_s
-        return wr.recover(self.engine, self.host, self.stale_after_s if judge else None)
+        return wr.recover(self.engine, self.host, self.stale_after_s if judge else None, orphans_done=self._orphans_done)
 
     def _store_seen(self, up: bool) -> None:
         if not up:
@@ -193,7 +197,10 @@ class Worker(JobExecution):
         try:
             self.execute(eid, wid, adopted=True)
         except Exception as e:  # noqa: BLE001
-            self.fail(e) if not is_transient(e) else log.error("experiment %s: left running (%s)", eid, short(e))
+            if not is_transient(e):
+                self.fail(e)
+            else:  # stopping during an outage: still running, the next worker adopts it
+                log.error("experiment %s: left running (%s)", eid, short(e))
 
     def _loop(self, slot: int, once: bool, drain: bool) -> None:
         wid = self.slot_id(slot)

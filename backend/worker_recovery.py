@@ -91,11 +91,15 @@ def import_results(engine, runs_dir: Path, skip: set[int] = frozenset()) -> list
     return imported
 
 
-def recover(engine, host: str, stale_after_s: float | None) -> list[int]:
+def recover(engine, host: str, stale_after_s: float | None, orphans_done: set[str] | None = None) -> list[int]:
     """Interrupt the jobs of dead local workers (killing their orphans) and, unless stale_after_s is None, of
-    heartbeats older than that; returns their ids."""
+    heartbeats older than that; returns their ids. orphans_done: dead workers already swept (scanning every
+    process costs ~0.1 s, and this runs every few seconds), updated in place."""
     dead = q.recover_dead_workers(engine, host)
-    kill_orphans(dead_worker_ids(engine, host))
+    gone = dead_worker_ids(engine, host)
+    kill_orphans(gone - (orphans_done or set()))
+    if orphans_done is not None:
+        orphans_done |= gone
     stale = q.recover_stale(engine, stale_after_s) if stale_after_s is not None else []
     for eid in dead + stale:
         log.warning("experiment %s marked interrupted (its worker is gone and no result was left on disk)", eid)
