@@ -89,10 +89,9 @@ class Worker(JobExecution):
         break: during an outage nobody could heartbeat, and a live job must not be taken for a dead one."""
         with self._lock:
             mine = set(self._cancels)
-        wr.import_results(self.engine, self.runs_dir, skip=mine)
         up = self._store_up_since
-        judge = up is not None and time.monotonic() - up >= self.stale_after_s
-        return wr.recover(self.engine, self.host, self.stale_after_s if judge else None, orphans_done=self._orphans_done)
+        stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else None
+        return wr.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
 
     def _store_seen(self, up: bool) -> None:
         if not up:
@@ -157,11 +156,13 @@ class Worker(JobExecution):
             self._adopt_and_recover()
             self._store_seen(True)
         except Exception as e:  # noqa: BLE001
-            if is_transient(e):
+            if isinstance(e, StoreError):
+                self.fail(e)
+            elif is_transient(e):
                 self._store_seen(False)
                 log.warning("recovery skipped this round: store unavailable (%s)", short(e))
-            else:
-                self.fail(e)
+            else:  # a bug here must not take the worker (and its running job) down: next round tries again
+                log.exception("recovery failed this round")
 
     def _adopt_and_recover(self) -> None:
         self._adopt_slurm_jobs()

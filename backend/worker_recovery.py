@@ -74,11 +74,17 @@ def remove_job_tmpdir(path: Path | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def import_results(engine, runs_dir: Path, skip: set[int] = frozenset()) -> list[int]:
-    """Store every bound result.json under runs_dir whose experiment is still running (its worker died, or the
-    store was down when it finished); returns the imported ids."""
-    running = q.list_experiments(engine, status=str(Status.RUNNING), columns=["id"])
-    uids = q.run_uids(engine, [r["id"] for r in running if r["id"] not in skip])
+def import_results(engine, runs_dir: Path, host: str, stale_after_s: float | None, skip: set[int] = frozenset()) -> list[int]:
+    """Store every bound result.json under runs_dir whose experiment is still running and whose worker is gone
+    (it died, or was stopped while the store was away); returns the imported ids. A live worker's run is its own
+    to store (db.workers.gone_worker_ids says which are gone; stale heartbeats only with stale_after_s)."""
+    from db.workers import gone_worker_ids
+
+    running = q.list_experiments(engine, status=str(Status.RUNNING), columns=["id", "worker_id"])
+    gone = gone_worker_ids(engine, host, stale_after_s)
+    known = {w["id"] for w in q.worker_heartbeats(engine)}
+    orphaned = [r["id"] for r in running if r["id"] not in skip and (r["worker_id"] in gone or r["worker_id"] not in known)]
+    uids = q.run_uids(engine, orphaned) if orphaned else {}
     imported = []
     for eid, uid in sorted(uids.items()):
         result = run_folders.bound_result(Path(runs_dir) / str(eid), uid)
@@ -91,11 +97,17 @@ def import_results(engine, runs_dir: Path, skip: set[int] = frozenset()) -> list
     return imported
 
 
-def recover(engine, host: str, stale_after_s: float | None, orphans_done: set[str] | None = None) -> list[int]:
-    """Interrupt the jobs of dead local workers (killing their orphans) and, unless stale_after_s is None, of
-    heartbeats older than that; returns their ids. orphans_done: dead workers already swept (scanning every
-    process costs ~0.1 s, and this runs every few seconds), updated in place."""
-    dead = q.recover_dead_workers(engine, host)
+def recover(engine, runs_dir: Path, host: str, stale_after_s: float | None, *, skip: set[int] = frozenset(),
+            orphans_done: set[str] | None = None) -> list[int]:
+    """Mark dead the local workers whose process is gone, import the results they left on disk, then interrupt
+    their remaining jobs (killing their orphans) and, unless stale_after_s is None, those of heartbeats older than
+    that; returns the interrupted ids. orphans_done: dead workers already swept (scanning every process costs
+    ~0.1 s, and this runs every few seconds), updated in place."""
+    from db.workers import interrupt_jobs_of_dead_workers, mark_dead_workers
+
+    mark_dead_workers(engine, host)  # first: a worker dying between the import and the interrupt is seen next round
+    import_results(engine, runs_dir, host, stale_after_s, skip=skip)
+    dead = interrupt_jobs_of_dead_workers(engine, host)
     gone = dead_worker_ids(engine, host)
     kill_orphans(gone - (orphans_done or set()))
     if orphans_done is not None:

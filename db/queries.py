@@ -315,9 +315,13 @@ def cancel_requested(engine: Engine, experiment_id: int) -> bool:
 
 
 def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
-    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows."""
+    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows. The
+    experiment's row is locked first (FOR UPDATE; SQLite's BEGIN IMMEDIATE already serialises), so two writers
+    storing the same result (a worker and one importing its result.json) follow each other instead of
+    colliding on the child rows."""
     with writer(engine) as s, s.begin():
-        _require(s, experiment_id)
+        if s.execute(select(Experiment.id).where(Experiment.id == experiment_id).with_for_update()).first() is None:
+            raise NotFound(f"no experiment with id {experiment_id}")
         for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
             s.execute(delete(model).where(model.experiment_id == experiment_id))
         s.execute(update(Experiment).where(Experiment.id == experiment_id).values(

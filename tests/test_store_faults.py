@@ -415,3 +415,41 @@ def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_p
     assert res.spec.name == "NEW" and res.spec.train.seed == 9 and res.env["launch"]["reattached"] is False
     assert len(res.per_rank[0].step_s) == 2 and res.env["launch"]["job_id"] == "2"
     assert list(runs.glob(f"{new}.stale-*")), "the old run's folder was set aside, not followed"
+
+
+def test_two_writers_storing_the_same_result_follow_each_other(store_urls):
+    """A worker storing its result and another importing the same result.json (the soak hit this on PostgreSQL:
+    UniqueViolation on experiment_summaries, which then stopped every worker)."""
+    engine = store_urls.engine()
+    eid = q.submit_experiment(engine, spec("twice"))
+    result = fake_result(spec("twice"))
+    for _ in range(10):
+        go, errors = threading.Barrier(4), []
+
+        def store() -> None:
+            go.wait()
+            try:
+                q.store_result(engine, eid, result)
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=store) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+    assert q.get_experiment(engine, eid)["result"] == result
+
+
+def test_a_live_workers_result_on_disk_is_left_to_it(store_urls, tmp_path):
+    engine = store_urls.engine()
+    eid = q.submit_experiment(engine, spec("mine to store"))
+    me = psutil.Process()
+    host = socket.gethostname()
+    q.register_worker(engine, f"{host}:{me.pid}:9", pid=me.pid, host=host, pid_started=me.create_time())
+    assert q.claim_next(engine, f"{host}:{me.pid}:9", host=host) == eid
+    stamp(tmp_path / "runs" / str(eid), eid, q.get_experiment(engine, eid)["run_uid"])
+    (tmp_path / "runs" / str(eid) / "result.json").write_text(fake_result(spec("mine to store")).to_json())
+    Worker(engine, runs_dir=tmp_path / "runs", runner=FakeRunner()).recover()
+    assert q.get_status(engine, eid) == "running"  # its live worker stores it (importing raced with it)
