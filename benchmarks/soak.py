@@ -90,6 +90,9 @@ def soak(server, *, runs: int = 200, workers: int = 3, restarts: int = 2, outage
             continue
         if done >= runs:
             break
+        if all(p.poll() is not None for p in procs):
+            say(f"[{time.monotonic() - t0:6.1f} s] every worker has exited; {done}/{runs} final")
+            break
         if restart_at and done >= restart_at[0]:
             restart_at.pop(0)
             say(f"[{time.monotonic() - t0:6.1f} s] {done}/{runs} final: stopping PostgreSQL for {outage_s:g} s")
