@@ -384,21 +384,24 @@ def fake_slurm(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_path):
+def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_path, monkeypatch, capsys):
     """The issue's repro: submit OLD, run it, delete it, submit NEW, run it: NEW must be its own run, even when
     the old run's folder is still on disk under NEW's id (a store from before revision 0007, or a UI delete)."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     tiny = ["--executor", "slurm", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
             "--global-batch", "2", "--micro-batch", "2", "--warmup-steps", "0"]
+    for key, value in fake_slurm.items():  # the CLI and the worker run in this process, with the fake commands
+        monkeypatch.setenv(key, value)
 
     def cli(*args: str) -> str:
-        done = subprocess.run([PY, "-m", "backend", *args, "--db", url], cwd=REPO, env=fake_slurm, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        assert main([*args, "--db", url]) == 0
+        return capsys.readouterr().out
+
+    def worker_once() -> None:
+        assert Worker(open_db(url), runs_dir=tmp_path / "local-runs", poll_s=0.1).serve(once=True) == 0
 
     old = int(cli("submit", *tiny, "--name", "OLD", "--seed", "1", "--steps", "3"))
-    cli("worker", "--once", "--poll-s", "0.2")
+    worker_once()
     old_row = q.get_experiment(open_db(url), old)
     assert old_row["status"] == "ok" and len(old_row["result"].per_rank[0].step_s) == 3
     runs = tmp_path / "cluster-runs"
@@ -408,7 +411,7 @@ def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_p
     new = int(cli("submit", *tiny, "--name", "NEW", "--seed", "9", "--steps", "2"))
     if not (runs / str(new)).exists():  # ids are not reused any more: put the old folder where a reused id finds it
         shutil.copytree(left_behind, runs / str(new))
-    cli("worker", "--once", "--poll-s", "0.2")
+    worker_once()
     row = q.get_experiment(open_db(url), new)
     res = row["result"]
     assert row["status"] == "ok", (row["error"], row["log_tail"])
