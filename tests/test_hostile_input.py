@@ -139,3 +139,32 @@ def test_list_and_show_escape_control_characters_stored_before_the_rules(capsys,
     assert len(lines) == 2 and "\\x1b[2J\\x1b[Hevil\\x0a    99 ok" in lines[1] and lines[1].endswith("faked\\u202e [t]")
     code, out, _ = run(capsys, "show", str(eid), "--db", db)
     assert code == 0 and "\x1b" not in out and "\\x1b[2J" in out
+
+
+def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeypatch):
+    """The fast twin of tests/test_browser_hostile_text.py: no markdown element carries a name, tag or error."""
+    from streamlit.testing.v1 import AppTest
+
+    import streamlit as st
+    from store_helpers import fake_result, spec
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    monkeypatch.setenv("SHARDLAB_DB_URL", url)
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    st.cache_data.clear()
+    s = spec("![n](http://evil.example/n.png) [x](http://evil.example/x)")
+    engine = open_db(url)
+    eid = q.submit_experiment(engine, s, tags=["![t](http://evil.example/t.png)"])
+    q.claim_next(engine, "w")
+    result = fake_result(s, "failed")
+    result.error, result.notes = "see ![e](http://evil.example/e.png)", ["[note](http://evil.example/note)"]
+    q.store_result(engine, eid, result)
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60).run()
+    at.query_params["run"] = str(eid)
+    at.switch_page("views/run_detail.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    rendered = [str(e.value) for kind in ("markdown", "caption", "error", "info", "warning", "success") for e in at.get(kind)]
+    assert not [m for m in rendered if "evil.example" in m], rendered
+    plain = "\n".join(str(e.value) for e in at.get("text"))
+    for shown in (s.name, "![t](http://evil.example/t.png)", "see ![e](", "[note](http://evil.example/note)"):
+        assert shown in plain, shown
