@@ -12,9 +12,10 @@ quantized checkpoints, head_dim != hidden / heads, unknown keys and unknown mode
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from backend.spec_text import InputError, check_depth, load_json_file, load_json_text
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox")
 DEFAULT_SEQ_CAP = 8192
@@ -47,18 +48,21 @@ class HFConfigError(ValueError):
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_bytes()
-    except OSError as e:
-        raise HFConfigError(f"cannot read HF config {path}: {e}") from e
-    return parse_hf_config(text, name=str(path))
+        data = load_json_file(path, "HF config")
+    except InputError as e:
+        raise HFConfigError(str(e)) from None
+    if not isinstance(data, dict):
+        raise HFConfigError(f"HF config {path} is not a JSON object (got a {type(data).__name__})")
+    return data
 
 
 def parse_hf_config(text: str | bytes, *, name: str = "config.json") -> dict[str, Any]:
-    """The JSON object of a config.json's text (an upload or a file); HFConfigError when it is not one."""
+    """The JSON object of a config.json's text (an upload or a file); HFConfigError when it is not one (or is too
+    big or nested too deep: backend/spec_text.py limits)."""
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise HFConfigError(f"cannot read HF config {name}: not valid JSON ({e})") from e
+        data = load_json_text(text, name)
+    except InputError as e:
+        raise HFConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise HFConfigError(f"{name} is not a JSON object (got a {type(data).__name__})")
     return data
@@ -66,10 +70,15 @@ def parse_hf_config(text: str | bytes, *, name: str = "config.json") -> dict[str
 
 def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str | None = None
                    ) -> tuple[dict[str, Any], list[str]]:
-    """(ModelSpec fields with `source` = the config, notes). Raises HFConfigError naming the field it refuses, lacks
-    or cannot read; no other exception."""
+    """(ModelSpec fields with `source` = the config's parsed fields, notes). Raises HFConfigError naming the field
+    it refuses, lacks or cannot read; no other exception. `source` keeps every key the mapping reads or reports
+    (not ids, labels or other metadata), so a run stores what shaped its model, never a whole uploaded file."""
     if not isinstance(cfg, dict):
         raise HFConfigError(f"a config.json must be a JSON object (got a {type(cfg).__name__})")
+    try:
+        check_depth(cfg, "the HF config")
+    except InputError as e:
+        raise HFConfigError(str(e)) from None
     family = cfg.get("model_type")
     if not isinstance(family, str) or family not in FAMILIES:
         raise HFConfigError(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
@@ -81,7 +90,12 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
     if unknown:
         raise HFConfigError(f"unknown config key(s) {', '.join(unknown)} for model_type {family}: ShardLab cannot tell "
                             "whether they change the architecture, so it refuses rather than ignore them")
-    model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
+    try:
+        model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        if isinstance(e, HFConfigError):
+            raise
+        raise HFConfigError(f"model_type {family}: a field has a value ShardLab cannot use ({type(e).__name__}: {e})") from None
     notes += [f"{k}={cfg[k]!r}: dropout is not modelled (ShardLab trains without dropout)"
               for k in _DROPOUT if cfg.get(k)]
     numerics = sorted(k for k in cfg if k in ("rope_theta", "rope_scaling", "norm_topk_prob", "rotary_pct",
@@ -89,7 +103,7 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
     if numerics:
         notes.append("accepted as numerics only (no effect on shapes, memory or FLOPs): " + ", ".join(numerics))
     _check_fields(model, family)
-    model["source"] = {"hf_config": cfg, **({"file": file} if file else {})}
+    model["source"] = {"hf_config": parsed_fields(cfg), **({"file": file} if file else {})}
     return model, notes
 
 
@@ -146,6 +160,12 @@ def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise HFConfigError(f"{key}={value!r} must be true or false")
     return value
+
+
+def parsed_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config.json a run keeps: model_type and every key the mapping reads or reports, without
+    ids, labels, tokenizer and framework metadata."""
+    return {k: v for k, v in cfg.items() if k == "model_type" or k not in _METADATA}
 
 
 def _seq(cfg: dict[str, Any], seq_len: int | None, max_key: str, notes: list[str]) -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from backend.spec_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, source_problem, text_problem
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
@@ -131,8 +133,19 @@ ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZE
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
 
 
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1: a sweep value `true` for zero_stage or world_size is a mistake
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in _NUMBERS:
+            raise ValueError(f"{value!r} is a boolean, not a number")
+        return value
 
 
 class ModelSpec(_Section):
@@ -181,6 +194,13 @@ class ModelSpec(_Section):
     source: dict[str, Any] | None = None
     """Where this shape came from: {"preset": name} or {"hf_config": the config.json dict, "file": name};
     kept with the spec so a run remembers it. None for a hand-written shape."""
+
+    @field_validator("source")
+    @classmethod
+    def _bounded_source(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if problem := source_problem(value):
+            raise ValueError(problem)
+        return value
 
     @property
     def kv_heads(self) -> int:
@@ -299,8 +319,8 @@ class SpecError(ValueError):
 
 
 class ExperimentSpec(_Section):
-    name: str = Field("", max_length=200)
-    """Free-text label shown in the history."""
+    name: str = Field("", max_length=MAX_NAME_CHARS)
+    """Free-text label shown in the history (plain text: no control characters)."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """Transformer shape."""
     train: TrainSpec = Field(default_factory=TrainSpec)
@@ -311,6 +331,13 @@ class ExperimentSpec(_Section):
     """Backend, device, nodes and timeout."""
     framework: Framework = Framework.TORCH
     """torch (native strategies), deepspeed (DeepSpeed's ZeRO engine) or jax (XLA GSPMD on virtual CPU devices)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if problem := text_problem(value, "name", MAX_NAME_CHARS):
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> ExperimentSpec:
@@ -343,13 +370,19 @@ class ExperimentSpec(_Section):
 
 
 def validate_spec(data: dict[str, Any] | str, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
-    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises.
+    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises: a spec too big
+    or nested too deep (backend/spec_text.py limits) is a problem like any other.
     predict_only: every check except the run-only ones (see `ExperimentSpec.for_prediction`, `spec_checks.run_blockers`)."""
     context = {"predict_only": True} if predict_only else None
     try:
-        spec = (ExperimentSpec.model_validate_json(data, context=context) if isinstance(data, str)
-                else ExperimentSpec.model_validate(data, context=context))
+        if isinstance(data, (str, bytes)):
+            data = load_json_text(data, "the spec")
+        else:
+            check_depth(data, "the spec")
+        spec = ExperimentSpec.model_validate(data, context=context)
         return spec, []
+    except InputError as e:
+        return None, [str(e)]
     except SpecError as e:
         return None, list(e.problems)
     except ValidationError as e:
@@ -366,4 +399,7 @@ def _format_pydantic(err: dict[str, Any]) -> str:
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    return f"{loc}: {msg} (got {err.get('input')!r})"
+    shown = repr(err.get("input"))
+    if len(shown) > 80:  # a 100 KB name must not become a 100 KB error message
+        shown = f"{shown[:60]}... ({len(shown):,} characters)"
+    return f"{loc}: {msg} (got {shown})"
