@@ -26,7 +26,7 @@ $(VENV)/.installed-frameworks: $(VENV)/.installed requirements-frameworks.txt
 	touch $@
 
 run: $(VENV)/.installed $(VENV)/.installed-frameworks
-	$(PY) -m backend.serve --host '$(HOST)' --port '$(PORT)'  # refuses a non-loopback HOST without auth (README)
+	$(PY) -m dashboard.serve --host '$(HOST)' --port '$(PORT)'  # refuses a non-loopback HOST without auth (README)
 
 worker: $(VENV)/.installed $(VENV)/.installed-frameworks
 	$(PY) -m backend worker

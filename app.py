@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.ui import access, store, worker_ctl
+from dashboard import access, store_access, worker_ctl
 
 st.set_page_config(page_title="ShardLab", page_icon=":material/grid_view:", layout="wide")
 access.guard_bind()
 access.require_login()
 
 PAGES = [
-    st.Page("views/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home", default=True),
-    st.Page("views/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
-    st.Page("views/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
-    st.Page("views/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
-    st.Page("views/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
+    st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home", default=True),
+    st.Page("dashboard/pages/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
+    st.Page("dashboard/pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
+    st.Page("dashboard/pages/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
+    st.Page("dashboard/pages/formulas.py", title="Formulas", icon=":material/functions:", url_path="formulas"),
     # The default page is served at "/" whatever its url_path, so a bookmarked /new needs its own (hidden) entry.
-    st.Page("views/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new",
+    st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new",
             visibility="hidden"),
-    st.Page("views/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
+    st.Page("dashboard/pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
 ]
-# Page files live in views/, not pages/: Streamlit treats a pages/ directory next to the entry script as legacy
+# Page files live in dashboard/pages/, not pages/: Streamlit treats a pages/ directory next to the entry script as legacy
 # multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation) ever ran.
 nav = st.navigation(PAGES)
 
@@ -30,7 +30,7 @@ WORKER_REFRESH_S = 5.0
 
 def _worker_status() -> worker_ctl.WorkerStatus:
     try:
-        status = worker_ctl.ensure_worker(store.engine(), store.db_url())
+        status = worker_ctl.ensure_worker(store_access.engine(), store_access.db_url())
         if status.started_now:
             st.toast("Started a background worker for queued runs")
     except Exception as e:  # noqa: BLE001 - the sidebar reports it; pages still render
@@ -53,6 +53,6 @@ with st.sidebar:
     st.markdown("### ShardLab")
     st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
     _worker_panel()
-    st.caption(f"Database: `{store.db_url_shown()}`")
+    st.caption(f"Database: `{store_access.db_url_shown()}`")
 
 nav.run()

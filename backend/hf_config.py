@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backend.spec_text import InputError, check_depth, load_json_file, load_json_text
+from backend.spec.user_text import InputError, check_depth, load_json_file, load_json_text
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox")
 DEFAULT_SEQ_CAP = 8192
@@ -58,7 +58,7 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
 
 def parse_hf_config(text: str | bytes, *, name: str = "config.json") -> dict[str, Any]:
     """The JSON object of a config.json's text (an upload or a file); HFConfigError when it is not one (or is too
-    big or nested too deep: backend/spec_text.py limits)."""
+    big or nested too deep: backend/spec/user_text.py limits)."""
     try:
         data = load_json_text(text, name)
     except InputError as e:

@@ -168,7 +168,7 @@ class RunResult(_R):
     achieved_flops: float | None = None
     mfu: float | None = None
     """Model FLOPs utilization: model FLOPs (no recompute) per second / peak FLOP/s of the devices, where the
-    exact device's peak is known (backend/engine/hardware.py), else None."""
+    exact device's peak is known (backend/engine/device_facts.py), else None."""
     hfu: float | None = None
     """Hardware FLOPs utilization: flops_per_step (recompute included) per second / peak; = mfu without recompute."""
     model_flops_per_step: float | None = None

@@ -7,7 +7,7 @@ also writes it into slurm.json), and everything that trusts a folder checks the 
 - a fresh run finding its folder already there sets the old one aside (`<id>.stale-<time>`: nothing is
   deleted, nothing of it can speak for the new run);
 - a result.json on disk is imported only into the run whose uid it carries (`bound_result`);
-- `delete` removes a run's folder only when the stamp names that run.
+- `delete` removes a run's folder only when the stamp names that run (backend/worker/cleanup.delete_run).
 """
 
 from __future__ import annotations
@@ -93,25 +93,3 @@ def remove(folder: Path, run_uid: str) -> bool:
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return not folder.exists()
-
-
-def folders_of(engine, runs_dir: Path | None, experiment_id: int) -> list[Path]:
-    """Where a run's folder can be: the worker's runs dir and the SLURM config's run_dir."""
-    out = [Path(runs_dir or default_runs_dir(engine)) / str(experiment_id)]
-    try:
-        from backend.cluster.config import load
-
-        slurm = Path(load().run_dir) / str(experiment_id)
-        if slurm.resolve() != out[0].resolve():
-            out.append(slurm)
-    except Exception:  # noqa: BLE001 - a broken cluster config must not stop a local delete
-        pass
-    return out
-
-
-def delete_run(engine, experiment_id: int, runs_dir: Path | None = None) -> list[Path]:
-    """Delete the experiment (db.queries.delete_experiment) and then its run folders; returns the folders removed."""
-    from db.queries import delete_experiment
-
-    gone = delete_experiment(engine, experiment_id)
-    return [f for f in folders_of(engine, runs_dir, experiment_id) if remove(f, gone["run_uid"])]

@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec_fields import FLAGS
-from backend.spec_text import MAX_NAME_CHARS
+from backend.spec.fields import FLAGS
+from backend.spec.user_text import MAX_NAME_CHARS
 
 MAX_POINTS = 10_000
 SECTIONS = ("model", "train", "parallel", "runtime")

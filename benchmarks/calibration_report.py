@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
 from backend.calibration import fit as F  # noqa: E402
-from backend.calibration import store  # noqa: E402
+from backend.calibration import records  # noqa: E402
 from db.session import open_db  # noqa: E402
 
 
@@ -32,11 +32,11 @@ def main() -> None:
     args = ap.parse_args()
     engine = open_db(args.db)
     hw = get_hardware(args.hardware)
-    fit_samples, problems = store.samples(engine, tag=args.fit_tag)
-    test_samples, _ = store.samples(engine, tag=args.test_tag)
+    fit_samples, problems = records.samples(engine, tag=args.fit_tag)
+    test_samples, _ = records.samples(engine, tag=args.test_tag)
     print(f"fit on {len(fit_samples)} runs tagged {args.fit_tag!r} ({hw.key}); {'; '.join(problems) or 'all usable'}")
     result = F.fit(hw, fit_samples, cold_loo=True)  # the evidence: each left-out run is predicted by a fit that never saw it
-    cal_id = store.save(engine, hw.key, result, [s.run_id for s in fit_samples])
+    cal_id = records.save(engine, hw.key, result, [s.run_id for s in fit_samples])
     print(f"calibration id {cal_id}; parameters:")
     for k, v in result.params.items():
         print(f"  {k:<22} {getattr(hw.tune, k):>11.4g} -> {v:.4g}")

@@ -8,7 +8,7 @@ fresh process with the modules already imported (the dashboard and a CLI process
 a host without a GPU also imports torch to resolve device `auto`, ~235 MB and seconds, whatever the world size):
 - CLI: `backend.cli.main(["estimate", ..., "--json"])` end to end (argument parsing, spec validation, the
   per-class prediction, the printed page of 1,024 ranks + the per-class summary as JSON);
-- dashboard: the live prediction (backend.ui.predict_view.predict + fit_check + comm_frame), the same path the
+- dashboard: the live prediction (dashboard.predict_view.predict + fit_check + comm_frame), the same path the
   New-experiment page runs;
 each with wall time and the peak resident memory it added, next to the same at about 1,000 ranks.
 The last line says whether every million-rank case met the target.
@@ -70,10 +70,10 @@ def measure(case: str, world: int) -> dict:
     from backend.cli import build_parser
     from backend.cli import main as cli
     from backend.spec import ExperimentSpec
-    from backend.ui.predict_view import comm_frame, fit_check, predict, shown_ranks
+    from dashboard.predict_view import comm_frame, fit_check, predict, shown_ranks
 
     model, parallel = CASES[case]
-    import backend.engine.hardware  # noqa: F401  (torch, imported by the CLI's device resolution: not per world)
+    import backend.engine.device_facts  # noqa: F401  (torch, imported by the CLI's device resolution: not per world)
     import torch  # noqa: F401
 
     build_parser()  # imports every command's module once

@@ -139,7 +139,7 @@ def bare_csv(path: Path, stmt) -> str:
 
 
 def main() -> int:
-    from backend.ui.runs_view import TABLE_KEYS
+    from dashboard.runs_view import TABLE_KEYS
     from db.export import _wide_select
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

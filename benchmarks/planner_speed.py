@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analytic.estimate import estimate, worst_rank_bytes  # noqa: E402
-from backend.analytic.memory.rank import worst_rank_memory  # noqa: E402
+from backend.analytic.memory.rank_memory import worst_rank_memory  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
 from backend.planner.search import budget_bytes, plan, search  # noqa: E402
 from backend.planner.space import light_spec  # noqa: E402

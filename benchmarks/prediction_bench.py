@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.ui import predict_view as pv  # noqa: E402
-from backend.ui import spec_form as sf  # noqa: E402
+from dashboard import predict_view as pv  # noqa: E402
+from dashboard import spec_form as sf  # noqa: E402
 
 TARGET_S = 0.100
 CASES = {

@@ -73,7 +73,7 @@ def _median(pairs: list[tuple[float, float]]) -> tuple[float, float]:
 def time_data_path(url: str, n: int, repeats: int) -> dict[str, tuple[float, float]]:
     """Median (CPU, wall) of count + list + table_frame, reading all columns vs the table's columns,
     interleaved so both see the same machine load."""
-    from backend.ui import runs_view as rv
+    from dashboard import runs_view as rv
     from db import queries
     from db.session import open_db
 

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.spec import ExperimentSpec  # noqa: E402
-from backend.trace.run import ACTIVATION_BOUND_PCT, STATE_BOUND_PCT, UNEXPLAINED, trace_spec  # noqa: E402
+from backend.trace.trace_spec import ACTIVATION_BOUND_PCT, STATE_BOUND_PCT, UNEXPLAINED, trace_spec  # noqa: E402
 
 GIB = 1024**3
 SEVEN_B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048}

@@ -1,4 +1,4 @@
-"""Log-in gate for a dashboard served with OIDC (`[auth]` in .streamlit/secrets.toml, see backend/serve.py):
+"""Log-in gate for a dashboard served with OIDC (`[auth]` in .streamlit/secrets.toml, see dashboard/serve.py):
 until `st.login` succeeds the page shows only a log-in button. Without an [auth] section it does nothing
 (local use on 127.0.0.1, or a trusted proxy that authenticates)."""
 
@@ -24,10 +24,10 @@ def require_login() -> None:
 
 
 def guard_bind() -> None:
-    """Second line behind backend/serve.py, for `streamlit run app.py --server.address X` typed by hand: a
+    """Second line behind dashboard/serve.py, for `streamlit run app.py --server.address X` typed by hand: a
     non-loopback address without login or trusted-proxy opt-out shows only the refusal. (None is Streamlit's
     unset default, which the repo's .streamlit/config.toml pins to 127.0.0.1.)"""
-    from backend.serve import remote_access_problem
+    from dashboard.serve import remote_access_problem
 
     host = st.get_option("server.address")
     problem = None if host is None else remote_access_problem(str(host))

@@ -10,8 +10,8 @@ import plotly.graph_objects as go
 from backend.analytic.units import MiB
 from backend.result import RunResult
 from backend.spec import ExperimentSpec, Strategy, validate_spec
-from backend.ui.format import fmt_bytes, fmt_frac, fmt_seconds
-from backend.ui.theme import LAYOUT, STRATEGY_COLOR
+from backend.readable_numbers import fmt_bytes, fmt_frac, fmt_seconds
+from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 RECENT_RUNS = 500

@@ -9,9 +9,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.result import MEMORY_CATEGORIES, RunResult, error_pct
-from backend.ui.format import fmt_bytes, fmt_pct, fmt_seconds
-from backend.ui.predict_view import byte_scale, coords_label
-from backend.ui.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
+from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
+from dashboard.predict_view import byte_scale, coords_label
+from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 CATS = MEMORY_CATEGORIES + ("other_bytes",)
 

@@ -16,8 +16,8 @@ from backend.planner.search import Plan, budget_bytes, plan
 from backend.planner.space import light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 from backend.analytic.units import GiB
-from backend.ui.glossary import schedule_label
-from backend.ui.theme import LAYOUT, STRATEGY_COLOR
+from dashboard.glossary import schedule_label
+from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
 BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
              ("optimizer_s", "optimizer step"), ("other_s", "other"))
@@ -235,7 +235,7 @@ def verify_tag(config: dict[str, Any]) -> str:
 def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
     """The proxy runs of one layout: status, measured vs predicted step time with the interval, and why a number is
     missing (still queued or running, failed, no 'cpu' profile yet)."""
-    from backend.ui.steptime_view import run_comparison
+    from dashboard.steptime_view import run_comparison
     from db import queries as q
 
     rows = []

@@ -9,8 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
-from backend.ui.format import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
-from backend.ui.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
+from backend.readable_numbers import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
+from dashboard.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -173,7 +173,7 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     terms; `shown_ranks`: every rank of a small world, a page plus every distinct prediction of a large one)."""
     from backend.analytic.device import runtime_overhead_bytes, with_device
     from backend.analytic.estimate import estimate
-    from backend.engine.hardware import host_device
+    from backend.engine.device_facts import host_device
 
     spec = with_device(spec, host_device(str(spec.runtime.device)))
     est = estimate(spec)

@@ -8,10 +8,10 @@ from typing import Any
 
 import streamlit as st
 
-from backend.ui import spec_form as sf
-from backend.ui import store
-from backend.ui import trace_view as tv
-from backend.ui.sweep_form import expand_sweep
+from dashboard import spec_form as sf
+from dashboard import store_access
+from dashboard import trace_view as tv
+from dashboard.sweep_form import expand_sweep
 
 
 def section(spec: Any, blockers: list[str], values: dict) -> None:
@@ -50,10 +50,10 @@ def submit_one(spec, blockers: list[str]) -> None:
     tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
     if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one",
                  disabled=bool(why), help=why or None):
-        eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
+        eid = store_access.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
-        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
 def trace(spec, blockers: list[str]) -> None:
@@ -61,10 +61,10 @@ def trace(spec, blockers: list[str]) -> None:
                "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
     why = "prediction only: " + "; ".join(blockers) if blockers else None
     if st.button("Trace at full size", icon=":material/memory:", key="trace_full", disabled=bool(why), help=why):
-        eid = tv.start_trace(spec, store.db_url())
+        eid = tv.start_trace(spec, store_access.db_url())
         st.session_state["run_id"] = eid
         st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
-        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
 
 
 def sweep(v: dict) -> None:
@@ -79,5 +79,5 @@ def sweep(v: dict) -> None:
             st.caption(f":material/block: {p}")
         if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs, key="submit_sweep"):
             sweep_id = uuid.uuid4().hex[:12]
-            ids = [store.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
+            ids = [store_access.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
             st.success(f"Queued {len(ids)} runs (sweep {sweep_id}): #{ids[0]}–#{ids[-1]}.")

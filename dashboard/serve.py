@@ -8,7 +8,7 @@ when remote access is set up on purpose, one of:
   2. a trusted network behind an authenticating reverse proxy: `SHARDLAB_TRUSTED_PROXY=1`.
 Otherwise it exits with status 2 and says how to do either, before Streamlit starts.
 
-    python -m backend.serve [--host 127.0.0.1] [--port 8501]
+    python -m dashboard.serve [--host 127.0.0.1] [--port 8501]
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ STRATEGY_HELP = {
 }
 
 
-# Issue 14: which framework runs the step, and what it offloads (backend/frameworks/capabilities.py says which
+# Issue 14: which framework runs the step, and what it offloads (backend/spec/framework_support.py says which
 # framework runs which strategy; the form shows the refusal with its reason before anything is submitted).
 FRAMEWORKS = [f.value for f in Framework]
 OFFLOADS = [o.value for o in Offload]

@@ -20,7 +20,7 @@ def profile_options() -> list[str]:
 
 
 def _calibrated(hardware: str, engine: Any) -> tuple[Any, tuple[float, float] | None, dict | None]:
-    from backend.calibration.store import latest_for
+    from backend.calibration.records import latest_for
 
     hw = get_hardware(hardware)
     cal = latest_for(engine, hardware) if engine is not None else None
@@ -53,7 +53,7 @@ def band_text(summary: dict) -> str:
 def run_comparison(res: Any, engine: Any) -> tuple[dict | None, str | None]:
     """A finished run's measured step vs the prediction on its hardware: (comparison, None) or (None, why not)."""
     from backend.calibration.fit import extrapolation
-    from backend.calibration.store import measured_step_s
+    from backend.calibration.records import measured_step_s
 
     if res is None or not res.per_rank or not any(r.step_s for r in res.per_rank):
         return None, "the run recorded no timed steps"

@@ -59,7 +59,7 @@ def _list_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, .
 def runs_table(url: str, **filters: Any):
     """The Runs-page table for list_runs' filters, cached as a DataFrame (pickles ~10x faster than 10k dicts).
     Reads only the columns the table shows (runs_view.TABLE_KEYS)."""
-    from backend.ui.runs_view import TABLE_KEYS, table_frame
+    from dashboard.runs_view import TABLE_KEYS, table_frame
 
     return table_frame(_list_runs(url, **filters, columns=TABLE_KEYS))
 
@@ -99,7 +99,7 @@ def changed() -> None:
 @st.cache_data(ttl=CHECKS_TTL_S, show_spinner=False)
 def measured_checks(url: str, limit: int = 100):
     """The Formulas page's formula-vs-measurement table over the newest `limit` ok runs (one read per TTL)."""
-    from backend.ui import formulas_view as fv
+    from dashboard import formulas_view as fv
 
     ok = list_runs(url, status=("ok",), limit=limit)
     runs = [(r["id"], e["result"]) for r in ok if (e := get_run(url, r["id"])) and e.get("result") is not None]

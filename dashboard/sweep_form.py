@@ -7,7 +7,7 @@ import itertools
 from typing import Any
 
 from backend.spec import ExperimentSpec, Strategy, validate_spec
-from backend.ui.spec_form import form_to_spec_dict
+from dashboard.spec_form import form_to_spec_dict
 
 
 def expand_sweep(

@@ -11,7 +11,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from backend.ui.theme import LAYOUT, PASS_COLOR
+from dashboard.theme import LAYOUT, PASS_COLOR
 
 COMPUTE = ("F", "B", "W")
 

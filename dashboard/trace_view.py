@@ -12,14 +12,14 @@ from typing import Any
 
 from backend.spec import ExperimentSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TRACED = "traced"
 
 
 def start_trace(spec: ExperimentSpec, db_url: str) -> int:
     """Create the history row (kind traced, running) and trace in a detached `python -m backend trace`
     process, which stores the outcome in that row; returns the experiment id at once."""
-    from backend.trace.store import begin_trace
+    from backend.trace.history import begin_trace
     from db.session import open_db
 
     eid = begin_trace(open_db(db_url), spec)

@@ -4,9 +4,9 @@ A file lock next to the database serialises the check-then-start across Streamli
 processes, and a pid file remembers the worker we started so a worker that has not yet written its
 first heartbeat is not started twice. `SHARDLAB_NO_WORKER=1` turns auto-start off (tests).
 
-The worker the dashboard starts follows it (`--exit-with <dashboard pid>`, `follow_parent`): when the dashboard
-exits, even by kill -9, the worker stops as on SIGTERM (a running job is ended and stored `interrupted`, so it can
-be re-queued). A worker started by hand (`make worker`) runs until it is stopped.
+The worker the dashboard starts follows it (`--exit-with <dashboard pid>`, backend/worker/lifetime.follow_parent):
+when the dashboard exits, even by kill -9, the worker stops as on SIGTERM (a running job is ended and stored
+`interrupted`, so it can be re-queued). A worker started by hand (`make worker`) runs until it is stopped.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT_FRESH_S = 30.0
 
 
@@ -101,28 +99,3 @@ def _spawn(url: str, log: Path) -> int:
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     return proc.pid
-
-
-def follow_parent(pid: int, stop: Callable[[], None], every_s: float = 1.0) -> threading.Thread:
-    """A daemon thread that calls `stop()` once process `pid` is gone (or was never there); a new process that
-    reuses the pid does not count (its start time differs)."""
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:
-        started = None
-
-    def alive() -> bool:
-        try:
-            p = psutil.Process(pid)
-            return started is not None and p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    def watch() -> None:
-        while alive():
-            threading.Event().wait(every_s)
-        stop()
-
-    t = threading.Thread(target=watch, name=f"follow-{pid}", daemon=True)
-    t.start()
-    return t

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-STEPS = (("views/plan.py", "1 · Plan", ":material/travel_explore:", "find the layouts of a model that fit a cluster, fastest first"),
-         ("views/new_experiment.py", "2 · New experiment", ":material/science:", "check one: memory and step time per rank"),
-         ("views/runs.py", "3 · Run", ":material/play_arrow:", "measure it on real ranks here (scaled down)"),
-         ("views/compare.py", "4 · Compare", ":material/bar_chart:", "measured next to predicted, runs side by side"))
+STEPS = (("dashboard/pages/plan.py", "1 · Plan", ":material/travel_explore:", "find the layouts of a model that fit a cluster, fastest first"),
+         ("dashboard/pages/new_experiment.py", "2 · New experiment", ":material/science:", "check one: memory and step time per rank"),
+         ("dashboard/pages/runs.py", "3 · Run", ":material/play_arrow:", "measure it on real ranks here (scaled down)"),
+         ("dashboard/pages/compare.py", "4 · Compare", ":material/bar_chart:", "measured next to predicted, runs side by side"))
 
 
 def steps() -> None:

@@ -31,8 +31,9 @@ from typing import Any, Iterator, TextIO
 from sqlalchemy import Engine, String, Text, case, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES
+from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentSummary, RankResultRow
-from db.queries import ROW_KEYS, _filtered, _tags_for
+from db.queries import ROW_KEYS
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -101,7 +102,7 @@ def _wide_select(dialect: str, safe: bool, filters: dict):
     tail = [getattr(S, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS)]
     stmt = (select(*_exp_columns(dialect, safe), *tail, *[_safe(getattr(S, c), c, safe) for c in VERSION_COLUMNS])
             .select_from(Experiment).outerjoin(S, S.experiment_id == Experiment.id))
-    return _filtered(stmt, **filters).order_by(Experiment.id)
+    return filtered(stmt, **filters).order_by(Experiment.id)
 
 
 def _rank_columns(safe: bool) -> list:
@@ -116,7 +117,7 @@ def _ranks_select(safe: bool, filters: dict):
     """The rank rows of the experiments the filters select, by experiment then rank (experiment_id first)."""
     R = RankResultRow
     stmt = select(R.experiment_id, *_rank_columns(safe)).select_from(R).join(Experiment, Experiment.id == R.experiment_id)
-    return _filtered(stmt, **filters).order_by(R.experiment_id, R.rank)
+    return filtered(stmt, **filters).order_by(R.experiment_id, R.rank)
 
 
 def _long_select(dialect: str, filters: dict):
@@ -125,7 +126,7 @@ def _long_select(dialect: str, filters: dict):
     stmt = (select(*_exp_columns(dialect, False), *_rank_columns(False), S.torch_version, S.python_version)
             .select_from(Experiment).outerjoin(R, R.experiment_id == Experiment.id)
             .outerjoin(S, S.experiment_id == Experiment.id))
-    return _filtered(stmt, **filters).order_by(Experiment.id, R.rank)
+    return filtered(stmt, **filters).order_by(Experiment.id, R.rank)
 
 
 def _iso(value: Any) -> Any:
@@ -144,7 +145,7 @@ def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], 
         result = conn.execute(stmt)
         keys = list(result.keys())
         rows = result.all()
-        tags = _tags_for(conn, sorted({r[0] for r in rows}))
+        tags = tags_for(conn, sorted({r[0] for r in rows}))
     out = []
     for r in rows:
         d = dict(zip(keys, r))
@@ -164,7 +165,7 @@ def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False,
     target = out if out is not None else io.StringIO()
     with engine.connect() as conn:
         exp_rows = conn.execute(_wide_select(dialect, True, filters) if not long else _long_exp_select(dialect, filters)).all()
-        tags = _tags_for(conn, [r[0] for r in exp_rows])
+        tags = tags_for(conn, [r[0] for r in exp_rows])
         rank_rows = conn.execute(_ranks_select(True, filters)).all() if long else None
     if dialect != "sqlite":
         exp_rows = [_iso_row(r) for r in exp_rows]
@@ -184,7 +185,7 @@ def _long_exp_select(dialect: str, filters: dict):
     S = ExperimentSummary
     stmt = (select(*_exp_columns(dialect, True), *[_neutralised_sql(getattr(S, c), c) for c in VERSION_COLUMNS])
             .select_from(Experiment).outerjoin(S, S.experiment_id == Experiment.id))
-    return _filtered(stmt, **filters).order_by(Experiment.id)
+    return filtered(stmt, **filters).order_by(Experiment.id)
 
 
 class _Line:
@@ -242,10 +243,10 @@ def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | N
     """Full results as a JSON list; env, spec and result JSON spliced verbatim from the store."""
     dialect = engine.dialect.name
     cols = [_time_sql(getattr(Experiment, k), k, dialect) if k in TIME_KEYS else getattr(Experiment, k) for k in JSON_KEYS]
-    stmt = _filtered(select(*cols, Experiment.env_json, Experiment.spec_json, Experiment.result_json), **filters)
+    stmt = filtered(select(*cols, Experiment.env_json, Experiment.spec_json, Experiment.result_json), **filters)
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(Experiment.id)).all()
-        tags = _tags_for(conn, [r[0] for r in rows])
+        tags = tags_for(conn, [r[0] for r in rows])
     n = len(JSON_KEYS)
     time_idx = [i for i, k in enumerate(JSON_KEYS) if k in TIME_KEYS] if dialect != "sqlite" else []
     encode = _JSON.encode

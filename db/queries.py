@@ -6,24 +6,28 @@ run in a BEGIN IMMEDIATE transaction (`db.session.writer`), so they are atomic a
 
 Re-queueing clones: `requeue_experiment` inserts a NEW queued row with the same spec, tags and sweep
 (`requeue_of` points at the original), so a failed/interrupted run stays in the history as a result.
+
+This module holds what people do with runs (submit, read, tag, cancel, re-queue, delete); it also re-exports the
+queue's transitions (db/transitions.py) and the worker rows (db/workers.py), so callers need this one module.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any, Iterable
 
-from sqlalchemy import Engine, Select, delete, exists, func, insert, or_, select, update
+from sqlalchemy import Engine, delete, func, insert, select
 
 from backend.result import FINISHED, RunResult, Status
 from backend.spec import ExperimentSpec
-from backend.spec_text import clean_tags
+from backend.spec.user_text import clean_tags
 from db import result_rows as rr
-from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
-                       Worker, utcnow)
+from db.filters import filtered, tags_for
+from db.models import Experiment, ExperimentTag, utcnow
 from db.session import reader, writer
-from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401
+from db.transitions import (NotFound, cancel_requested, claim_next, heartbeat, mark_interrupted,  # noqa: F401 - API
+                            recover_stale, release_claim, store_result, update_progress)
+from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 
 ROW_KEYS = (
     "id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "zero_stage", "schedule",
@@ -38,10 +42,6 @@ ROW_KEYS = (
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
-
-
-class NotFound(LookupError):
-    """No experiment with that id."""
 
 
 # ---- submit and tags -------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def submit_experiments(engine: Engine, specs: Iterable[ExperimentSpec], *, tags:
 
 def set_tags(engine: Engine, experiment_id: int, tags: Iterable[str]) -> list[str]:
     """Replace the experiment's tags (stored verbatim; empty strings and duplicates dropped; InputError for a tag
-    too long or with control characters, backend/spec_text.py)."""
+    too long or with control characters, backend/spec/user_text.py)."""
     clean = _clean_tags(tags)
     with writer(engine) as s, s.begin():
         _require(s, experiment_id)
@@ -94,33 +94,6 @@ def _require(s, experiment_id: int) -> Experiment:
 
 # ---- reading ---------------------------------------------------------------------------------------
 
-def _filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None) -> Select:
-    if framework:
-        stmt = stmt.where(Experiment.framework.in_(_as_list(framework)))
-    if status:
-        stmt = stmt.where(Experiment.status.in_(_as_list(status)))
-    if strategy:
-        stmt = stmt.where(Experiment.strategy.in_(_as_list(strategy)))
-    if tag:
-        for t in _as_list(tag):
-            stmt = stmt.where(exists().where(ExperimentTag.experiment_id == Experiment.id, ExperimentTag.tag == t))
-    if sweep_id:
-        stmt = stmt.where(Experiment.sweep_id == sweep_id)
-    if search:
-        tag_hit = exists().where(ExperimentTag.experiment_id == Experiment.id,
-                                 ExperimentTag.tag.icontains(search, autoescape=True))
-        conds = [Experiment.name.icontains(search, autoescape=True), Experiment.error.icontains(search, autoescape=True),
-                 Experiment.sweep_id.icontains(search, autoescape=True), tag_hit]
-        if str(search).strip().isdigit():
-            conds.append(Experiment.id == int(str(search).strip()))
-        stmt = stmt.where(or_(*conds))
-    return stmt
-
-
-def _as_list(value) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, (list, tuple, set, frozenset)) else [str(value)]
-
-
 def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None,
                      limit: int | None = None, offset: int = 0, order_by: str = "created_at",
                      descending: bool = True, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -132,7 +105,7 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
         raise ValueError(f"order_by={order_by!r} is not a column; choose one of {sorted(ORDER_KEYS)}")
     keys, with_tags = _row_keys(columns)
     col = getattr(Experiment, order_by)
-    stmt = _filtered(select(*[getattr(Experiment, k) for k in keys]), status=status, strategy=strategy, tag=tag,
+    stmt = filtered(select(*[getattr(Experiment, k) for k in keys]), status=status, strategy=strategy, tag=tag,
                      sweep_id=sweep_id, search=search, framework=framework)
     stmt = stmt.order_by(col.desc() if descending else col.asc(), Experiment.id.desc() if descending else Experiment.id.asc())
     if limit is not None:
@@ -142,7 +115,7 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
     with engine.connect() as conn:
         rows = [dict(zip(keys, r)) for r in conn.execute(stmt).all()]  # one fetchall, not a fetchone per row
         if with_tags:
-            tags = _tags_for(conn, [r["id"] for r in rows])
+            tags = tags_for(conn, [r["id"] for r in rows])
             for r in rows:
                 r["tags"] = tags.get(r["id"], [])
     return rows
@@ -159,24 +132,9 @@ def _row_keys(columns: Iterable[str] | None) -> tuple[tuple[str, ...], bool]:
     return tuple(dict.fromkeys(["id", *(k for k in wanted if k != "tags")])), "tags" in wanted
 
 
-def _tags_for(conn, ids: list[int]) -> dict[int, list[str]]:
-    if not ids:
-        return {}
-    stmt = select(ExperimentTag.experiment_id, ExperimentTag.tag).order_by(ExperimentTag.experiment_id, ExperimentTag.tag)
-    if len(ids) <= 500:
-        stmt = stmt.where(ExperimentTag.experiment_id.in_(ids))
-    else:
-        stmt = stmt.where(ExperimentTag.experiment_id.between(min(ids), max(ids)))
-    wanted, out = set(ids), {}
-    for eid, tag in conn.execute(stmt).all():
-        if eid in wanted:
-            out.setdefault(eid, []).append(tag)
-    return out
-
-
 def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
                       framework=None) -> int:
-    stmt = _filtered(select(func.count(Experiment.id)), status=status, strategy=strategy, tag=tag, sweep_id=sweep_id,
+    stmt = filtered(select(func.count(Experiment.id)), status=status, strategy=strategy, tag=tag, sweep_id=sweep_id,
                      search=search, framework=framework)
     with engine.connect() as conn:
         return int(conn.execute(stmt).scalar_one())
@@ -193,7 +151,7 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
         if row is None:
             return None
         out = dict(row._mapping)
-        out["tags"] = _tags_for(conn, [experiment_id]).get(experiment_id, [])
+        out["tags"] = tags_for(conn, [experiment_id]).get(experiment_id, [])
     out["env"] = json.loads(out.pop("env_json") or "{}")
     out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"))
     result_json = out.pop("result_json")
@@ -235,7 +193,7 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
 
 def delete_experiment(engine: Engine, experiment_id: int) -> dict[str, Any]:
     """Delete an experiment and all its result rows. A running one must be cancelled first. Returns what locates
-    its run folder ({"id", "run_uid", "executor"}): backend.run_folders.delete_run removes that too."""
+    its run folder ({"id", "run_uid", "executor"}): backend.worker.cleanup.delete_run removes that too."""
     with writer(engine) as s, s.begin():
         exp = _require(s, experiment_id)
         if exp.status == Status.RUNNING:
@@ -261,91 +219,3 @@ def run_uids(engine: Engine, ids: Iterable[int] | None = None) -> dict[int, str]
         return {eid: uid for eid, uid in conn.execute(stmt).all()}
 
 
-def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> int | None:
-    """Atomically take the oldest queued experiment (BEGIN IMMEDIATE): status -> running. None if the queue is empty."""
-    now = utcnow()
-    with writer(engine) as s, s.begin():
-        stmt = (select(Experiment.id).where(Experiment.status == Status.QUEUED)
-                .order_by(Experiment.created_at, Experiment.id).limit(1).with_for_update(skip_locked=True))
-        eid = s.execute(stmt).scalar_one_or_none()
-        if eid is None:
-            return None
-        done = s.execute(update(Experiment).where(Experiment.id == eid, Experiment.status == Status.QUEUED).values(
-            status=str(Status.RUNNING), worker_id=worker_id, host=host, started_at=now, heartbeat_at=now,
-            progress_step=None, progress_total=None, progress_phase=None))
-        return eid if done.rowcount == 1 else None
-
-
-def release_claim(engine: Engine, experiment_id: int, worker_id: str) -> bool:
-    """Put a claimed experiment back in the queue (its launch failed because of the host, not the run): running
-    -> queued, only while this worker still holds it. True when it went back."""
-    with writer(engine) as s, s.begin():
-        done = s.execute(update(Experiment).where(
-            Experiment.id == experiment_id, Experiment.status == Status.RUNNING, Experiment.worker_id == worker_id).values(
-            status=str(Status.QUEUED), worker_id=None, host=None, started_at=None, heartbeat_at=None,
-            progress_step=None, progress_total=None, progress_phase=None))
-        return done.rowcount == 1
-
-
-def update_progress(engine: Engine, experiment_id: int, step: int | None, total: int | None, phase: str | None) -> bool:
-    """Record progress and a heartbeat (values a rank printed are bounded first: an integer step and total, a
-    phase of at most 32 plain characters); returns True when a cancel was requested."""
-    return heartbeat(engine, experiment_id, progress=(step, total, phase))
-
-
-def heartbeat(engine: Engine, experiment_id: int, *, worker_id: str | None = None,
-              progress: tuple[int | None, int | None, str | None] | None = None) -> bool:
-    """One write transaction: the experiment's heartbeat (+ progress (step, total, phase)) and, with worker_id,
-    that worker's row as running this experiment. Returns True when a cancel was requested."""
-    now = utcnow()
-    values: dict[str, Any] = {"heartbeat_at": now}
-    if progress is not None:
-        values.update(rr.progress_columns(*progress))
-    with writer(engine) as s, s.begin():
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(**values))
-        if worker_id is not None:
-            s.execute(update(Worker).where(Worker.id == worker_id).values(
-                state="running", experiment_id=experiment_id, heartbeat_at=now))
-        return bool(s.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
-
-
-def cancel_requested(engine: Engine, experiment_id: int) -> bool:
-    with engine.connect() as conn:
-        return bool(conn.execute(select(Experiment.cancel_requested).where(Experiment.id == experiment_id)).scalar())
-
-
-def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
-    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows. The
-    experiment's row is locked first (FOR UPDATE; SQLite's BEGIN IMMEDIATE already serialises), so two writers
-    storing the same result (a worker and one importing its result.json) follow each other instead of
-    colliding on the child rows."""
-    with writer(engine) as s, s.begin():
-        if s.execute(select(Experiment.id).where(Experiment.id == experiment_id).with_for_update()).first() is None:
-            raise NotFound(f"no experiment with id {experiment_id}")
-        for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
-            s.execute(delete(model).where(model.experiment_id == experiment_id))
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
-            **rr.summary_columns(result), finished_at=utcnow()))
-        ranks = rr.rank_rows(experiment_id, result)
-        for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
-                            (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
-                            (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
-            if rows:
-                s.execute(insert(model), rows)
-
-
-def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:
-    """Mark running experiments whose heartbeat is older than stale_after_s as interrupted; returns their ids."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    with writer(engine) as s, s.begin():
-        stale = s.scalars(select(Experiment.id).where(
-            Experiment.status == Status.RUNNING,
-            or_(Experiment.heartbeat_at < cutoff, Experiment.heartbeat_at.is_(None)))).all()
-        if stale:
-            mark_interrupted(s, stale, f"no heartbeat for more than {stale_after_s:g} s: the worker stopped (killed or crashed)")
-    return list(stale)
-
-
-def mark_interrupted(s, ids: list[int], reason: str) -> None:
-    s.execute(update(Experiment).where(Experiment.id.in_(ids), Experiment.status == Status.RUNNING).values(
-        status=str(Status.INTERRUPTED), error=reason, finished_at=utcnow()))

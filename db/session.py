@@ -37,11 +37,12 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from db.transactions import begin_statement, write_engine
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DB_PATH = REPO / "data" / "shardlab.db"
 ENV_URL = "SHARDLAB_DB_URL"
 BUSY_TIMEOUT_MS = 30_000
-_BEGIN_OPTION = "shardlab_begin"
 
 _engines: dict[str, Engine] = {}
 _migrated: set[str] = set()
@@ -170,12 +171,7 @@ def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None, identit
     def _on_begin(conn) -> None:
         if path is not None:
             check_store_file(path, identity)
-        conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_BEGIN_OPTION, 'DEFERRED')}")
-
-
-def write_engine(engine: Engine) -> Engine:
-    """The same engine whose transactions start with BEGIN IMMEDIATE on SQLite."""
-    return engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        conn.exec_driver_sql(begin_statement(conn))
 
 
 def writer(engine: Engine) -> Session:

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, delete, select, update
 from backend.result import Status
 from db.models import Experiment, Worker, utcnow
 from db.session import writer
+from db.transitions import mark_interrupted
 
 
 PRUNE_AFTER = timedelta(days=7)
@@ -72,13 +73,11 @@ def mark_dead_workers(engine: Engine, host: str) -> list[str]:
 
 def interrupt_jobs_of_dead_workers(engine: Engine, host: str) -> list[int]:
     """Interrupt the running experiments of workers on `host` marked dead; returns their ids. Call it after
-    importing the results those workers left on disk (backend/worker_recovery.py)."""
+    importing the results those workers left on disk (backend/worker/recovery.py)."""
     with writer(engine) as s, s.begin():
         dead = select(Worker.id).where(Worker.host == host, Worker.state == "dead")
         ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING, Experiment.worker_id.in_(dead))).all()
         if ids:
-            from db.queries import mark_interrupted
-
             mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)")
         return list(ids)
 

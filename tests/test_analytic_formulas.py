@@ -8,7 +8,7 @@ import pytest
 
 from backend.analytic.memory.activations import model_layer_activation_bytes
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
-from backend.analytic.textbook.comm import (dp_allreduce_wire_bytes, ep_all_to_all_payload_bytes, pp_p2p_bytes,
+from backend.analytic.textbook.comm_volume import (dp_allreduce_wire_bytes, ep_all_to_all_payload_bytes, pp_p2p_bytes,
                                    pp_stage_p2p_bytes_per_step, ring_wire_bytes, tp_layer_wire_bytes,
                                    zero12_wire_bytes, zero3_wire_bytes)
 from backend.analytic.textbook.flops import (narayanan_flops_per_iteration, narayanan_param_count, training_flops_per_step,

@@ -11,10 +11,10 @@ from streamlit.testing.v1 import AppTest
 
 from backend.result import RunResult, Status
 from backend.spec import validate_spec
-from backend.ui import spec_form as sf
+from dashboard import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ("views/new_experiment.py", "views/runs.py", "views/run_detail.py", "views/compare.py", "views/formulas.py")
+PAGES = ("dashboard/pages/new_experiment.py", "dashboard/pages/runs.py", "dashboard/pages/run_detail.py", "dashboard/pages/compare.py", "dashboard/pages/formulas.py")
 TINY = {"model": {"vocab_size": 128, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},
         "train": {"global_batch": 4, "micro_batch": 2, "steps": 2, "warmup_steps": 1}}
 
@@ -63,7 +63,7 @@ def test_every_page_renders_on_an_empty_store():
     assert at.get("plotly_chart"), "the prediction chart shows before any run exists"
     for page in PAGES[1:]:
         _ok(at.switch_page(page).run())
-    at.switch_page("views/runs.py").run()
+    at.switch_page("dashboard/pages/runs.py").run()
     assert "No runs yet" in _texts(at)
 
 
@@ -116,7 +116,7 @@ def test_submit_then_history_detail_cancel_and_compare():
     assert row["status"] == "queued" and row["tags"] == ["smoke", "ui"] and row["spec"].name == "ui smoke"
     queries.submit_experiment(eng, _spec("zero2"), tags=["other"])
 
-    at.switch_page("views/runs.py")
+    at.switch_page("dashboard/pages/runs.py")
     _ok(at.run())
     df = at.dataframe[0].value
     assert sorted(df["id"]) == [1, 2] and set(df["progress"]) == {"waiting for a worker"}
@@ -133,13 +133,13 @@ def test_submit_then_history_detail_cancel_and_compare():
     assert queries.get_experiment(eng, 1)["status"] == "cancelled"
 
     at.session_state["run_id"] = 1
-    at.switch_page("views/run_detail.py")
+    at.switch_page("dashboard/pages/run_detail.py")
     _ok(at.run())
     assert "#1 ui smoke" in _texts(at) or any("#1" in m.value for m in at.markdown)
     assert "cancelled" in _texts(at)
 
     at.session_state["compare_ids"] = [1, 2]
-    at.switch_page("views/compare.py")
+    at.switch_page("dashboard/pages/compare.py")
     _ok(at.run())
     cmp_df = at.dataframe[0].value
     assert list(cmp_df.columns) == ["#1 ui smoke", "#2"]
@@ -152,7 +152,7 @@ def test_rerun_delete_and_tags_from_the_history():
     eng = _engine()
     eid = queries.submit_experiment(eng, _spec())
     queries.cancel_experiment(eng, eid)
-    at = _app().switch_page("views/runs.py").run()
+    at = _app().switch_page("dashboard/pages/runs.py").run()
     at.multiselect(key="runs_selected").set_value([eid])
     at.run()
     at.button(key="act_rerun").click()
@@ -196,7 +196,7 @@ def test_failed_run_shows_error_rank_and_log_tail():
                                              traceback="Traceback (most recent call last):\n  ...", log_tail="rank 1 raised", spec=_spec()))
     at = _app()
     at.query_params["run"] = str(eid)
-    at.switch_page("views/run_detail.py")
+    at.switch_page("dashboard/pages/run_detail.py")
     _ok(at.run())
     text = _texts(at)
     assert "injected fault" in text and "Failing rank: **1**" in text and "rank 1 raised" in text
@@ -205,7 +205,7 @@ def test_failed_run_shows_error_rank_and_log_tail():
 
 
 def test_formulas_page_without_runs():
-    at = _app().switch_page("views/formulas.py").run()
+    at = _app().switch_page("dashboard/pages/formulas.py").run()
     _ok(at)
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     titles = " ".join(f["layout"]["title"]["text"] for f in figs)
@@ -249,7 +249,7 @@ def test_detail_of_a_real_run_shows_measured_vs_predicted(real_results):
     ids = _store(real_results)
     at = _app()
     at.query_params["run"] = str(ids["ddp"])
-    at.switch_page("views/run_detail.py")
+    at.switch_page("dashboard/pages/run_detail.py")
     _ok(at.run())
     figs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
     mvp = next(f for t, f in figs.items() if t.startswith("Memory per rank"))
@@ -264,7 +264,7 @@ def test_pp_run_shows_measured_and_ideal_timelines(real_results):
     ids = _store(real_results)
     at = _app()
     at.query_params["run"] = str(ids["pp"])
-    at.switch_page("views/run_detail.py")
+    at.switch_page("dashboard/pages/run_detail.py")
     _ok(at.run())
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert any(t.startswith("Ideal schedule") for t in titles)
@@ -276,11 +276,11 @@ def test_pp_run_shows_measured_and_ideal_timelines(real_results):
 @pytest.mark.slow
 def test_full_store_renders_every_page_and_compares(real_results):
     ids = _store(real_results)
-    at = _app().switch_page("views/runs.py").run()
+    at = _app().switch_page("dashboard/pages/runs.py").run()
     _ok(at)
     assert at.dataframe[0].value["step time (ms)"].notna().all()
     at.session_state["compare_ids"] = [ids["ddp"], ids["pp"]]
-    at.switch_page("views/compare.py")
+    at.switch_page("dashboard/pages/compare.py")
     _ok(at.run())
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     mem = figs[0]
@@ -290,6 +290,6 @@ def test_full_store_renders_every_page_and_compares(real_results):
     for page in PAGES:
         _ok(at.switch_page(page).run())
     if real_results["pp"].bubble_measured is not None:  # the Formulas page checks the stored pp run's bubble
-        at.switch_page("views/formulas.py").run()
+        at.switch_page("dashboard/pages/formulas.py").run()
         checks = [d.value for d in at.dataframe if "check" in d.value.columns]
         assert checks and any(c.startswith("pipeline bubble, gpipe") for c in checks[0]["check"]), checks

@@ -1,4 +1,4 @@
-"""`make run` as a user starts it (backend.serve), with a real browser session (issue 20 items 7, 8 and 11): the idle
+"""`make run` as a user starts it (dashboard.serve), with a real browser session (issue 20 items 7, 8 and 11): the idle
 dashboard watches no files, no metric on the home page is cut off, and the worker it started stops when the
 dashboard stops."""
 
@@ -57,7 +57,7 @@ def test_make_run_watches_no_files_and_its_worker_stops_with_it(tmp_path):
     port, db_url = _free_port(), f"sqlite:///{tmp_path / 'life.db'}"
     env = {k: v for k, v in os.environ.items() if k != "SHARDLAB_NO_WORKER"}  # as `make run`: the dashboard starts one
     env.update(SHARDLAB_DB_URL=db_url, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
-    app = subprocess.Popen([sys.executable, "-m", "backend.serve", "--port", str(port)], cwd=ROOT, env=env,
+    app = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--port", str(port)], cwd=ROOT, env=env,
                            stdout=open(tmp_path / "app.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}", 90)

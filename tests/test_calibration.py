@@ -10,7 +10,7 @@ import pytest
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.calibration import fit as F
-from backend.calibration import store as CS
+from backend.calibration import records
 from backend.cli import main
 from backend.result import RunResult
 from backend.spec import ExperimentSpec
@@ -47,7 +47,7 @@ def test_fit_recovers_synthetic_parameters_and_cli_applies_it(tmp_path, capsys):
     engine = open_db(url)
     hw = get_hardware("a100-80gb-sxm")
     _store_synthetic(engine, hw)
-    samples, problems = CS.samples(engine, tag="syn")
+    samples, problems = records.samples(engine, tag="syn")
     assert len(samples) == len(LAYOUTS) and not problems
     result = F.fit(hw, samples, iters=200)
     assert result.loo_mape is not None and result.loo_mape < 3.0, result.loo

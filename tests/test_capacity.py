@@ -76,7 +76,7 @@ def test_run_refuses_before_launching(tmp_path, capsys):
 
 
 def test_worker_fails_a_queued_run_that_cannot_fit_before_launching(tmp_path):
-    from backend.worker import Worker
+    from backend.worker.service import Worker
     from db import queries as q
     from db.session import open_db
 
@@ -105,7 +105,7 @@ def ui_env(tmp_path, monkeypatch):
 
 
 def test_new_experiment_disables_run_for_a_model_this_host_cannot_hold(ui_env):
-    from backend.ui import spec_form as sf
+    from dashboard import spec_form as sf
 
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.selectbox(key="f_preset").set_value(sf.preset_label("llama-2-7b")).run()
@@ -120,7 +120,7 @@ def test_new_experiment_disables_run_for_a_model_this_host_cannot_hold(ui_env):
 
 def test_failed_run_page_shows_the_log_tail_and_no_empty_charts(ui_env):
     from backend.launch.launcher import predicted_ranks
-    from backend.worker import default_runs_dir
+    from backend.run_folders import default_runs_dir
     from db import queries as q
     from db.session import open_db
 
@@ -135,7 +135,7 @@ def test_failed_run_page_shows_the_log_tail_and_no_empty_charts(ui_env):
     log.write_text("starting\nrank 0: Killed\n")
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.query_params["run"] = str(eid)
-    at.switch_page("views/run_detail.py").run()
+    at.switch_page("dashboard/pages/run_detail.py").run()
     assert not at.exception
     assert any("rank 0: Killed" in c.value for c in at.code), "the log tail is shown"
     assert not at.get("plotly_chart"), "no charts of 0 B measured and -100% errors"

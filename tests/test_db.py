@@ -99,7 +99,7 @@ def test_list_with_columns_reads_only_those_and_agrees_with_full_rows(engine):
 
 
 def test_runs_table_from_its_columns_equals_the_table_from_full_rows(engine):
-    from backend.ui import runs_view as rv
+    from dashboard import runs_view as rv
 
     for i, st in enumerate(["ddp", "pp", "zero2"]):
         eid = q.submit_experiment(engine, spec(f"=n{i}" if i else "", strategy=st), tags=["x"] * i)
@@ -122,14 +122,15 @@ def test_claim_takes_the_oldest_queued_once(engine):
 
 
 def test_heartbeat_updates_experiment_and_worker_in_one_call(engine, monkeypatch):
+    from db import transitions
     from db import workers as wk
 
     exp = q.submit_experiment(engine, spec())
     assert q.claim_next(engine, "w1") == exp
     q.register_worker(engine, "w1", pid=123, host="h", pid_started=None)
     writes = []
-    real = q.writer
-    monkeypatch.setattr(q, "writer", lambda e: writes.append(1) or real(e))
+    real = transitions.writer  # heartbeat is a queue transition (db/transitions.py), re-exported by db.queries
+    monkeypatch.setattr(transitions, "writer", lambda e: writes.append(1) or real(e))
     assert q.heartbeat(engine, exp, worker_id="w1") is False
     assert len(writes) == 1  # one write transaction for both rows
     w = {r["id"]: r for r in q.worker_heartbeats(engine)}["w1"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
-from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD, ds_config
+from backend.frameworks.deepspeed.ds_config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD, ds_config
 from backend.spec import validate_spec
 
 TINY = {"model": {"vocab_size": 256, "d_model": 128, "n_layers": 2, "n_heads": 4, "seq_len": 64}}
@@ -72,7 +72,7 @@ def test_deepspeed_estimator_counts_18_bytes_over_n() -> None:
 
 def test_framework_estimate_for_the_spec() -> None:
     pytest.importorskip("deepspeed")
-    from backend.frameworks.deepspeed.estimate import deepspeed_estimate
+    from backend.frameworks.deepspeed.own_estimator import deepspeed_estimate
 
     assert deepspeed_estimate(_spec("ddp")) is None
     est = deepspeed_estimate(_spec("zero2"))

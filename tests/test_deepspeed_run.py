@@ -73,15 +73,15 @@ def test_stages_and_offload(tmp_path: Path, strategy: str, offload: str) -> None
 
 @pytest.mark.slow
 def test_dashboard_submit_then_worker_runs_zero3_offload(tmp_path: Path, monkeypatch) -> None:
-    """The dashboard's submit (backend.ui.store.submit), then a worker: the stored run is DeepSpeed's, with the
+    """The dashboard's submit (dashboard.store_access.submit), then a worker: the stored run is DeepSpeed's, with the
     framework column set and DeepSpeed's estimate inside the stored result."""
-    from backend.ui import store
+    from dashboard import store_access
     from db import queries as q
     from db.session import open_db
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     monkeypatch.setenv("SHARDLAB_DB_URL", url)
-    eid = store.submit(_spec("zero3", "optimizer"), tags=("i14",))
+    eid = store_access.submit(_spec("zero3", "optimizer"), tags=("i14",))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "SHARDLAB_DB_URL": url}
     run = subprocess.run([sys.executable, "-m", "backend", "worker", "--db", url, "--once"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from backend.result import FrameworkEstimate, ModelStates, RunResult
 from backend.spec import ExperimentSpec
-from backend.ui import framework_view as fv
-from backend.ui import spec_form as sf
-from backend.ui.runs_view import TABLE_KEYS, table_frame
+from dashboard import framework_view as fv
+from dashboard import spec_form as sf
+from dashboard.runs_view import TABLE_KEYS, table_frame
 from tests.store_helpers import fake_result, file_db, spec
 
 

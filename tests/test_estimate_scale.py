@@ -116,7 +116,7 @@ def test_inference_estimate_pages_a_million_ranks():
 
 
 def test_dashboard_prediction_charts_a_page_and_every_distinct_prediction():
-    from backend.ui.predict_view import PREDICT_PAGE, fit_check, predict
+    from dashboard.predict_view import PREDICT_PAGE, fit_check, predict
 
     s = big(LLAMA70B, strategy="fsdp", world_size=1_000_000)
     est, rows = predict(s)

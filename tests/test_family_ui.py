@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.analytic.params import count_params
 from backend.hf_config import HFConfigError, parsed_fields
-from backend.ui import spec_form as sf
+from dashboard import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HF = Path(__file__).parent / "fixtures" / "hf"

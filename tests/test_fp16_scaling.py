@@ -92,7 +92,7 @@ def test_loss_scaling_note_and_field():
 
 def test_run_page_headline_shows_skipped_steps_for_fp16_only():
     from backend.result import RunResult, Status
-    from backend.ui import detail_view as dv
+    from dashboard import detail_view as dv
 
     fp16 = RunResult(status=Status.OK, spec=tiny("h", strategy="ddp", world_size=2, train=FP16),
                      loss_scaling_skipped_steps=[0, 3])

@@ -175,7 +175,7 @@ def test_nccl_unmeasurable_seconds_are_null_with_a_note(monkeypatch):
 
 def test_null_comm_seconds_flow_to_result_rows_and_ui():
     from backend.result import CommStat, RankResult, RunResult, Status
-    from backend.ui import detail_view as dv
+    from dashboard import detail_view as dv
     from db.result_rows import rank_rows
 
     s = spec()
@@ -193,7 +193,7 @@ def test_null_comm_seconds_flow_to_result_rows_and_ui():
 # ---- 2. the estimator resolves `auto` like the engine ------------------------------------------------
 
 def test_auto_resolves_like_pick_backend_device(fake_cuda, monkeypatch):
-    from backend.engine.hardware import host_device
+    from backend.engine.device_facts import host_device
     from backend.engine.mesh import pick_backend_device
 
     s = spec()
@@ -248,7 +248,7 @@ def test_cuda_autocast_saves_softmax_twice():
 # ---- 5. peaks by exact name, MFU vs HFU -------------------------------------------------------------------
 
 def test_exact_device_names_give_their_own_peak():
-    from backend.engine.hardware import peak_flops
+    from backend.engine.device_facts import peak_flops
 
     bf16 = {n: peak_flops(n, "bf16-mixed") for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
                                                        "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB",
@@ -286,7 +286,7 @@ def test_mfu_excludes_recompute_and_hfu_includes_it():
     assert res2.mfu == pytest.approx(res2.hfu)
     assert assemble_result(plain, _payload(plain, "NVIDIA H100")).mfu is None
 
-    from backend.ui import detail_view as dv
+    from dashboard import detail_view as dv
 
     shown = dv.headline(res)["achieved FLOP/s (MFU · HFU)"]
     assert f"MFU {res.mfu * 100:.1f} %" in shown and f"HFU {res.hfu * 100:.1f} %" in shown
@@ -391,7 +391,7 @@ def test_group_timeout_fires_before_the_job_timeout():
 
 def test_worker_slots_get_disjoint_gpus(monkeypatch, tmp_path):
     from backend.result import RunResult, Status
-    from backend.worker import Worker, gpu_slots
+    from backend.worker.service import Worker, gpu_slots
 
     assert gpu_slots(2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
     assert gpu_slots(3, ["0", "1", "2", "3"]) == ["0", "1", "2"]
@@ -425,7 +425,7 @@ def test_gloo_with_cuda_is_rejected_with_the_reason():
 # ---- 8. "fits" allows for the CUDA runtime ---------------------------------------------------------------
 
 def test_fit_on_cuda_counts_context_nccl_and_fragmentation():
-    from backend.ui import predict_view as pv
+    from dashboard import predict_view as pv
 
     s = spec({"strategy": "ddp", "dp": 2, "tp": 2, "world_size": 4}, runtime={"device": "cuda"})
     est, rows = pv.predict(s)
@@ -444,7 +444,7 @@ def test_fit_on_cuda_counts_context_nccl_and_fragmentation():
 
 def test_detail_view_shows_cuda_allocated_and_reserved():
     from backend.result import RankResult, RunResult, Status
-    from backend.ui import detail_view as dv
+    from dashboard import detail_view as dv
 
     rr = RankResult(rank=0, cuda_max_allocated_bytes=3 * 2**30, cuda_max_reserved_bytes=4 * 2**30)
     frame = dv.memory_error_frame(RunResult(status=Status.OK, spec=spec(), per_rank=[rr]))
@@ -456,13 +456,13 @@ def test_detail_view_shows_cuda_allocated_and_reserved():
 # ---- 9. `other` as this rank's dp slice -------------------------------------------------------------------
 
 def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
-    from backend.analytic.memory import rank as memory_rank
+    from backend.analytic.memory import rank_memory
 
     s = spec({"strategy": "ddp", "world_size": 2})
-    assert memory_rank.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
+    assert rank_memory.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
     monkeypatch.setattr(memory_rank, "OTHER_IS_DP_SLICE", False)
-    assert estimate(s).per_rank[0].other_bytes == memory_rank.input_batch_bytes(4, 8)  # before: the global batch
+    assert estimate(s).per_rank[0].other_bytes == rank_memory.input_batch_bytes(4, 8)  # before: the global batch
 
 
 def test_local_batch_is_a_copy_of_this_ranks_rows_on_the_cpu():

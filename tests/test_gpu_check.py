@@ -26,9 +26,9 @@ HEAVY = ("sqlalchemy", "streamlit", "plotly", "pandas", "typer", "alembic")
 def test_device_path_imports_none_of_the_dashboard_packages():
     """The device image has torch, numpy, psutil and pytest only: what the kit, the probe, the ranks and the trace
     import must not pull in the store or the dashboard (pydantic travels as a wheel)."""
-    code = ("import sys; import backend.gpucheck.kit, backend.gpucheck.runs, backend.gpucheck.env_probe, "
+    code = ("import sys; import backend.gpucheck.kit, backend.gpucheck.kit_runs, backend.gpucheck.env_probe, "
             "backend.bench.hw_probe, backend.bench.op_profile, backend.engine.rank, backend.launch.launcher, "
-            "backend.frameworks.assemble, backend.trace.run, backend.trace.rank, backend.analytic.steptime.model; "
+            "backend.frameworks.assemblers, backend.trace.trace_spec, backend.trace.rank, backend.analytic.steptime.model; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -222,7 +222,7 @@ def test_kernel_categories_tie_kernels_to_their_launching_ops_and_measure_idle_t
 def test_profile_reuse_skips_the_probe_and_is_not_used_on_another_gpu(tmp_path):
     """--profile: the probe is left out of the default phases (asking for both is refused); a profile measured on
     another GPU model is recorded but no prediction uses it."""
-    from backend.gpucheck.context import KitContext
+    from backend.gpucheck.kit_context import KitContext
 
     assert "probe" not in kit.parse_phases(None, reuse_profile=True) and "probe" in kit.parse_phases(None)
     with pytest.raises(ValueError, match="leave probe out"):

@@ -100,7 +100,7 @@ def test_pages_show_the_field_not_a_traceback(ui_env):
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     assert any("lacks num_attention_heads" in e.value for e in at.error)
-    at.switch_page("views/plan.py").run()
+    at.switch_page("dashboard/pages/plan.py").run()
     at.radio(key="pl_source").set_value("config.json").run()
     at.file_uploader(key="pl_cfg").upload("config.json", b"[1, 2]", "application/json")
     at.run()

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from backend.cli import main
 from backend.hf_config import HFConfigError, from_hf_config
 from backend.spec import validate_spec
-from backend.spec_text import MAX_SOURCE_BYTES, MAX_TAG_CHARS
+from backend.spec.user_text import MAX_SOURCE_BYTES, MAX_TAG_CHARS
 from db import queries as q
 from db.models import Experiment
 from db.session import REPO, open_db
@@ -161,7 +161,7 @@ def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeyp
     q.store_result(engine, eid, result)
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60).run()
     at.query_params["run"] = str(eid)
-    at.switch_page("views/run_detail.py").run()
+    at.switch_page("dashboard/pages/run_detail.py").run()
     assert not at.exception, [e.message for e in at.exception]
     rendered = [str(e.value) for kind in ("markdown", "caption", "error", "info", "warning", "success") for e in at.get(kind)]
     assert not [m for m in rendered if "evil.example" in m], rendered

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.ui import plan_view as pv
-from backend.ui import spec_form as sf
+from dashboard import plan_view as pv
+from dashboard import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
@@ -22,7 +22,7 @@ def ui_env(tmp_path, monkeypatch):
 
 def test_plan_page_searches_and_plots():
     at = AppTest.from_file(APP, default_timeout=120).run()
-    at.switch_page("views/plan.py").run()
+    at.switch_page("dashboard/pages/plan.py").run()
     assert not at.exception
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
     at.number_input(key="pl_seq").set_value(1024)

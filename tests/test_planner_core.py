@@ -19,7 +19,7 @@ import pytest
 
 from backend.analytic.estimate import estimate, worst_rank_bytes
 from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
-from backend.analytic.memory.rank import worst_rank_memory
+from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s, step_proxy

@@ -96,7 +96,7 @@ def test_the_dashboard_submits_lists_and_cancels_on_postgres(pg, monkeypatch):
     engine = open_db(url)
     (row,) = q.list_experiments(engine)
     assert row["name"] == "on pg; $(rm -rf /)" and row["tags"] == ["`id`", "team"] and row["status"] == "queued"
-    at.switch_page("views/runs.py").run()
+    at.switch_page("dashboard/pages/runs.py").run()
     assert not at.exception and list(at.dataframe[0].value["id"]) == [row["id"]]
     at.multiselect(key="runs_selected").set_value([row["id"]]).run()
     at.button(key="act_cancel").click()

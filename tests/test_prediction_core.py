@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from backend.analytic.layout import CHOICES, Layout, RankPosition, ZeroStage
-from backend.analytic.memory.rank import rank_memory, worst_rank_memory
+from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
 from backend.analytic.vector import maximum, per_distinct, per_value, select, where
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec

@@ -13,7 +13,7 @@ import random
 import numpy as np
 
 from backend.analytic.estimate import estimate
-from backend.analytic.memory.rank import worst_rank_memory
+from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.planner.space import enumerate_layouts

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.cli import main
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec_checks import run_blockers
+from backend.spec.checks import run_blockers
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 ZERO1_TP_PP = {"model": {"vocab_size": 1000, "d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.ui import spec_form as sf
+from dashboard import spec_form as sf
 from store_helpers import fake_result, spec
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -67,7 +67,7 @@ def test_home_page_workflow_short_metrics_gib_and_tooltips():
 
 
 def test_plan_table_words_formats_why_and_chart():
-    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("views/plan.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("dashboard/pages/plan.py").run())
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2"))
     at.number_input(key="pl_seq").set_value(1024)
     at.number_input(key="pl_gpus").set_value(8)
@@ -101,16 +101,16 @@ def test_runs_compare_detail_and_formulas_words():
     done = q.submit_experiment(engine, spec("done"))
     q.store_result(engine, done, fake_result(spec("done")))
     waiting = q.submit_experiment(engine, spec("waiting"))
-    at = _ok(AppTest.from_file(APP, default_timeout=60).run().switch_page("views/runs.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=60).run().switch_page("dashboard/pages/runs.py").run())
     assert at.dataframe[0].proto.placeholder == "–", "a run not measured yet shows a dash, not None"
     at.session_state["compare_ids"] = [done, waiting]
-    _ok(at.switch_page("views/compare.py").run())
+    _ok(at.switch_page("dashboard/pages/compare.py").run())
     assert _columns(at.dataframe[0])["_index"]["width"] == "large", "row labels like '... (measured)' are not cut off"
     at.query_params["run"] = str(done)
-    _ok(at.switch_page("views/run_detail.py").run())
+    _ok(at.switch_page("dashboard/pages/run_detail.py").run())
     mfu = next(m for m in at.metric if m.label.startswith("achieved FLOP/s"))
     assert "HFU: hardware FLOPs utilization" in mfu.help
-    _ok(at.switch_page("views/formulas.py").run())
+    _ok(at.switch_page("dashboard/pages/formulas.py").run())
     zero = next(f for t, f in _figs(at).items() if t.startswith("Model-state memory per GPU"))
     assert "2 + 2 + K = 16 bytes per parameter (K = 12 optimizer bytes)" in zero["layout"]["title"]["text"]
     assert "GiB" in zero["layout"]["yaxis"]["title"]["text"]

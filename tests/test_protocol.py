@@ -57,7 +57,7 @@ def test_framework_fields_kept_when_given_even_null(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(OLD_SPECS))
 def test_a_run_folder_from_before_reads_unchanged_and_assembles(tmp_path, name):
-    from backend.frameworks.assemble import assembler_for
+    from backend.frameworks.assemblers import assembler_for
 
     text = (OLD_RUNS / f"{name}.json").read_text()
     (tmp_path / "ranks.json").write_text(text)

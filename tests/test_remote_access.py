@@ -1,4 +1,4 @@
-"""Remote access: `make run` (backend/serve.py) refuses a non-loopback bind unless login or a trusted proxy
+"""Remote access: `make run` (dashboard/serve.py) refuses a non-loopback bind unless login or a trusted proxy
 is configured on purpose; hostile names, tags and endpoints never reach a command line or batch script."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.serve import is_loopback, remote_access_problem
+from dashboard.serve import is_loopback, remote_access_problem
 from backend.spec import validate_spec
 from db.session import REPO
 
@@ -78,7 +78,7 @@ def test_the_trusted_proxy_opt_out_starts_the_dashboard(tmp_path):
     port = _free_port()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHARDLAB_NO_WORKER": "1", "SHARDLAB_TRUSTED_PROXY": "1",
            "SHARDLAB_DB_URL": f"sqlite:///{tmp_path / 'ui.db'}"}
-    proc = subprocess.Popen([sys.executable, "-m", "backend.serve", "--host", "0.0.0.0", "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--host", "0.0.0.0", "--port", str(port)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, ok = time.monotonic() + 120, False
@@ -95,7 +95,7 @@ def test_the_trusted_proxy_opt_out_starts_the_dashboard(tmp_path):
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_hostile_names_and_tags_never_reach_a_command_line_or_batch_script(text, tmp_path):
-    from backend.cluster.config import SlurmConfig
+    from backend.cluster.slurm_config import SlurmConfig
     from backend.cluster.script import build_script
     from backend.launch.torchrun import build_command
 
@@ -117,7 +117,7 @@ def test_hostile_names_and_tags_never_reach_a_command_line_or_batch_script(text,
 def test_hostile_values_are_refused_by_the_spec_and_the_cluster_config(text):
     from pydantic import ValidationError
 
-    from backend.cluster.config import SlurmConfig
+    from backend.cluster.slurm_config import SlurmConfig
 
     _, problems = validate_spec({**TINY, "parallel": {"world_size": 2}, "runtime": {"nnodes": 2, "rdzv_endpoint": f"{text}:29500"}})
     assert any("is not host:port" in p for p in problems)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from backend.ui import spec_form as sf
+from dashboard import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 

@@ -256,5 +256,5 @@ def test_dashboard_submission_runs_2_nodes_x_2_ranks_on_slurm(env, tmp_path, mon
     row = q.get_experiment(engine, 1)
     assert row["status"] == "ok", (row["error"], row["log_tail"])
     assert len(row["result"].per_rank) == 4 and row["result"].env["launch"]["nodes"] == "node[1-2]"
-    at.switch_page("views/runs.py").run()
+    at.switch_page("dashboard/pages/runs.py").run()
     assert not at.exception and list(at.dataframe[0].value["status"]) == ["ok"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.cluster.config import ClusterConfigError, SlurmConfig, load
+from backend.cluster.slurm_config import ClusterConfigError, SlurmConfig, load
 from backend.cluster.reattach import adopt
 from backend.cluster.script import build_script, time_limit
 from backend.spec import validate_spec

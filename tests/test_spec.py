@@ -1,4 +1,4 @@
-"""backend/spec.py: property tests (random dicts never crash validate_spec; accepted specs round-trip through
+"""backend/spec/: property tests (random dicts never crash validate_spec; accepted specs round-trip through
 JSON and can be estimated) and one example per rejection message of the issue."""
 
 from __future__ import annotations

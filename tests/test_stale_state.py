@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.ui import spec_form as sf
+from dashboard import spec_form as sf
 from db import queries as q
 from db.session import open_db
 from store_helpers import fake_result, spec
@@ -39,7 +39,7 @@ def _ok(at: AppTest) -> AppTest:
 
 
 def test_plan_inputs_come_back_with_their_results():
-    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("views/plan.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("dashboard/pages/plan.py").run())
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2"))
     at.number_input(key="pl_seq").set_value(1024)
     at.number_input(key="pl_gpus").set_value(8)
@@ -47,8 +47,8 @@ def test_plan_inputs_come_back_with_their_results():
     at.button(key="pl_go").click()
     _ok(at.run())
     rows = len(at.dataframe[0].value)
-    _ok(at.switch_page("views/runs.py").run())
-    _ok(at.switch_page("views/plan.py").run())
+    _ok(at.switch_page("dashboard/pages/runs.py").run())
+    _ok(at.switch_page("dashboard/pages/plan.py").run())
     assert (at.number_input(key="pl_gpus").value, at.number_input(key="pl_batch").value) == (8, 32)
     assert at.selectbox(key="pl_preset").value == sf.preset_label("gpt2")
     assert len(at.dataframe[0].value) == rows and not at.main.warning, "results and inputs match"
@@ -64,7 +64,7 @@ def test_run_detail_picker_does_not_say_running_after_the_run_ended():
     assert q.claim_next(engine, "h:1:0", host="h") == eid
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.query_params["run"] = str(eid)
-    _ok(at.switch_page("views/run_detail.py").run())
+    _ok(at.switch_page("dashboard/pages/run_detail.py").run())
     assert at.selectbox[0].format_func(at.selectbox[0].value).endswith("running")
     q.store_result(engine, eid, fake_result(spec("r")))
     _ok(at.run())  # within the 2 s the page caches its reads
@@ -78,7 +78,7 @@ def test_formulas_page_gives_the_time_sharing_caveat_of_a_measured_bubble():
     res.notes = [CAVEAT]
     res.bubble_measured, res.bubble_predicted = 0.703, 0.2
     q.store_result(engine, q.submit_experiment(engine, s), res)
-    at = _ok(AppTest.from_file(APP, default_timeout=60).run().switch_page("views/formulas.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=60).run().switch_page("dashboard/pages/formulas.py").run())
     checks = next(d.value for d in at.dataframe if "check" in d.value.columns)
     row = checks[checks["check"].str.startswith("pipeline bubble")].iloc[0]
     assert (row["measured"], row["formula"], row["caveat"]) == ("70.3 %", "20.0 %", CAVEAT)

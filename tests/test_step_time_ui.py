@@ -66,7 +66,7 @@ def test_new_experiment_shows_the_predicted_step_time_or_what_to_run(env):
 
 
 def test_plan_layout_keeps_its_hardware_in_new_experiment(env):
-    from backend.ui import plan_view as pv
+    from dashboard import plan_view as pv
 
     res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
                       global_batch=128, memory_gb=None, top=3)
@@ -83,7 +83,7 @@ def test_run_detail_says_why_there_is_no_step_comparison_then_shows_it(env):
     eid = _ok_run()
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.query_params["run"] = str(eid)
-    _ok(at.switch_page("views/run_detail.py").run())
+    _ok(at.switch_page("dashboard/pages/run_detail.py").run())
     assert "No step-time comparison: No 'cpu' step-time profile yet" in _texts(at)
     _write_profile(env)
     _ok(at.run())
@@ -103,7 +103,7 @@ def _ok_run(tags: tuple[str, ...] = ()) -> int:
 
 
 def test_verify_table_has_numbers_or_reasons(env):
-    from backend.ui import plan_view as pv
+    from dashboard import plan_view as pv
     from db import queries as q
 
     done = _ok_run(("verify-x",))
@@ -123,7 +123,7 @@ def test_verify_table_has_numbers_or_reasons(env):
 def test_worker_measures_this_host_once_before_its_first_local_run(tmp_path, monkeypatch):
     """The real probe (hw_probe in a child process, ~10 s) writes the profile the step-time model loads as 'cpu'."""
     from backend.analytic.steptime.hardware import get_hardware
-    from backend.worker import Worker
+    from backend.worker.service import Worker
     from db import queries as q
     from db.session import open_db
 

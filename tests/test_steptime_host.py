@@ -15,7 +15,7 @@ from backend.analytic.steptime import host as H
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.calibration import fit as F
-from backend.calibration.store import measured_phases
+from backend.calibration.records import measured_phases
 from backend.result import RunResult
 from backend.spec import ExperimentSpec
 

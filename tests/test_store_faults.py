@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from backend.cli import main
-from backend.worker import Worker
+from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
 from backend.spec import ExperimentSpec
@@ -113,7 +113,7 @@ def test_delete_removes_only_the_folder_bound_to_that_run(tmp_path, capsys):
 
 def test_a_fresh_slurm_run_sets_another_runs_folder_aside_and_submits(tmp_path, monkeypatch):
     from backend.cluster import runner, slurm
-    from backend.cluster.config import SlurmConfig
+    from backend.cluster.slurm_config import SlurmConfig
     from test_slurm_units import slurm_spec
 
     old = tmp_path / "runs" / "1"

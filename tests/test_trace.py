@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from backend.spec import ExperimentSpec
-from backend.trace.run import UNEXPLAINED, representative_ranks, trace_spec
+from backend.trace.trace_spec import UNEXPLAINED, representative_ranks, trace_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256}

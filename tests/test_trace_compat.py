@@ -67,7 +67,7 @@ def test_object_list_shape_inference_torch_2_11() -> None:
 def test_pipeline_last_stage_traces_with_the_local_meta_exchange() -> None:
     """The receiving stage (rank 1 of pp=2) traced end to end through the installed torch's exchange."""
     from backend.spec import ExperimentSpec
-    from backend.trace.run import trace_spec
+    from backend.trace.trace_spec import trace_spec
 
     spec = ExperimentSpec.model_validate({
         "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from backend.result import Status
 from backend.spec import ExperimentSpec
-from backend.trace.store import begin_trace, finish_trace, to_run_result
-from backend.ui import runs_view, trace_view
+from backend.trace.history import begin_trace, finish_trace, to_run_result
+from dashboard import runs_view, trace_view
 from db import queries
 from db.session import open_db
 

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.spec import validate_spec
-from backend.ui import selection
+from dashboard import selection
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TINY = {"model": {"vocab_size": 128, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},
@@ -60,7 +60,7 @@ def test_helpers_map_positions_of_their_own_view_only():
 
 def test_runs_filter_never_repoints_the_selection():
     first, second, third = _submit("ddp", ["x"]), _submit("zero2", ["y"]), _submit("zero3", ["x"])
-    at = _ok(AppTest.from_file(APP, default_timeout=30).run().switch_page("views/runs.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=30).run().switch_page("dashboard/pages/runs.py").run())
     assert list(at.dataframe[0].value["id"]) == [third, second, first]
     _tick(at, [0])
     assert at.multiselect(key="runs_selected").value == [third]
@@ -73,7 +73,7 @@ def test_runs_filter_never_repoints_the_selection():
 
 def test_runs_two_ticked_rows_then_filter_keeps_ids_no_index_error():
     first, second, third = _submit("ddp", ["x"]), _submit("zero2", ["y"]), _submit("zero3", ["x"])
-    at = _ok(AppTest.from_file(APP, default_timeout=30).run().switch_page("views/runs.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=30).run().switch_page("dashboard/pages/runs.py").run())
     at.selectbox(key="runs_order").set_value("id")
     at.toggle(key="runs_desc").set_value(False)
     _ok(at.run())
@@ -94,20 +94,20 @@ def test_runs_two_ticked_rows_then_filter_keeps_ids_no_index_error():
 
 
 def test_compare_keeps_requested_runs_beyond_the_recent_list(monkeypatch):
-    from backend.ui import compare_view
+    from dashboard import compare_view
 
     monkeypatch.setattr(compare_view, "RECENT_RUNS", 2, raising=False)
     old, *_ = [_submit(s, []) for s in ("ddp", "zero2", "zero3")]
     at = AppTest.from_file(APP, default_timeout=30).run()
     at.session_state["compare_ids"] = [old, old + 2, 999]
-    _ok(at.switch_page("views/compare.py").run())
+    _ok(at.switch_page("dashboard/pages/compare.py").run())
     assert at.multiselect(key="compare_pick").value == [old, old + 2], "a run outside the recent list is still compared"
     assert list(at.dataframe[0].value.columns) == [f"#{old}", f"#{old + 2}"]
     assert any("#999 left the selection" in w.value for w in at.warning)
 
 
 def _plan_search(at: AppTest, gpus: int) -> AppTest:
-    from backend.ui import spec_form as sf
+    from dashboard import spec_form as sf
 
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2"))
     at.number_input(key="pl_seq").set_value(1024)
@@ -118,7 +118,7 @@ def _plan_search(at: AppTest, gpus: int) -> AppTest:
 
 
 def test_plan_new_search_does_not_inherit_the_ticked_row():
-    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("views/plan.py").run())
+    at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("dashboard/pages/plan.py").run())
     _plan_search(at, 8)
     _tick(at, [2])
     assert not at.button(key="pl_open").disabled

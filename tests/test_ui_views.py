@@ -10,16 +10,16 @@ import pytest
 
 from backend.result import MemoryBreakdown, RankResult, RunResult, Status, TimelineEvent
 from backend.spec import validate_spec
-from backend.ui import compare_view as cv
-from backend.ui import detail_view as dv
-from backend.ui import formulas_view as fv
-from backend.ui import predict_view as pv
-from backend.ui import runs_view as rv
-from backend.ui import spec_form as sf
-from backend.ui import timeline_view as tv
-from backend.ui import worker_ctl
-from backend.ui.format import fmt_bytes, fmt_pct, fmt_seconds
-from backend.ui.sweep_form import expand_sweep
+from dashboard import compare_view as cv
+from dashboard import detail_view as dv
+from dashboard import formulas_view as fv
+from dashboard import predict_view as pv
+from dashboard import runs_view as rv
+from dashboard import spec_form as sf
+from dashboard import timeline_view as tv
+from dashboard import worker_ctl
+from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
+from dashboard.sweep_form import expand_sweep
 
 
 def test_formatting():

@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from backend.cli import main
 from backend.result import RunResult, Status
-from backend.worker import WORKER_ENV, Worker
+from backend.worker.service import WORKER_ENV, Worker
 from db import queries as q
 from db.session import REPO
 from store_helpers import fake_result, spec

@@ -21,7 +21,7 @@ import pytest
 from backend.atomic_io import write_atomic
 from backend.cli import main
 from backend.result import RunResult
-from backend.worker import Worker
+from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
 from store_helpers import SmallFs, fake_result, spec
@@ -170,7 +170,7 @@ def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_p
         assert main(["gc", "--db", url, "--runs-dir", str(runs), "--json", "--dry-run"]) == 0
         planned = json.loads(capsys.readouterr().out)
         assert all(Path(p).exists() for p in gone)
-        from backend.cleanup import collect
+        from backend.worker.cleanup import collect
 
         report = collect(engine, [runs], tmp_dir=tmp)
     finally:

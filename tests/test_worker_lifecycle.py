@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.ui import worker_ctl
+from dashboard import worker_ctl
 from db import queries as q
 from db.session import REPO, open_db
 

@@ -64,7 +64,7 @@ def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device:
 
 def with_device(spec: Any, device: str | None) -> Any:
     """The spec with runtime.device resolved to "cpu"/"cuda": `device` when the caller knows where the ranks run
-    (the engine: its ctx.device; a UI/CLI host: backend.engine.hardware.host_device), else
+    (the engine: its ctx.device; a UI/CLI host: backend.engine.device_facts.host_device), else
     spec.runtime.device with `auto` read as a host without CUDA."""
     dev = device or resolve_device(str(spec.runtime.device), cuda_available=False)
     if str(spec.runtime.device) == dev:

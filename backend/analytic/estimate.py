@@ -1,7 +1,7 @@
 """Predicted per-rank memory, communication, bubble and FLOPs of one experiment spec: `estimate(spec)`.
 
 Memory is predicted for the moment the engine compares (backend/bench/memory.py): every MemTracker /
-FSDPMemTracker category when activations peak (memory/rank.py, the prediction core the planner calls too).
+FSDPMemTracker category when activations peak (memory/rank_memory.py, the prediction core the planner calls too).
 Communication per rank and step: traffic.py. Ranks are computed once per class of equivalent ranks
 (rank_classes.py) and expanded per rank on demand: `Estimate.per_rank` is a sequence whose rows are built when
 read, and `Estimate.page` / `to_dict(max_ranks=...)` expand one page, so a million ranks cost as much as a few.
@@ -17,12 +17,12 @@ from backend.analytic.device import CUDA, device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.model_state import zero1_shares_of
-from backend.analytic.memory.rank import rank_memory, worst_rank_memory
+from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
 from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.params import count_params, matmul_params, param_list
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
-from backend.analytic.textbook.comm import ring_wire_bytes
+from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.textbook.flops import training_flops_per_step
 from backend.analytic.textbook.pipeline import bubble_fraction
 from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
@@ -263,7 +263,7 @@ def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, opt
 
 
 def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
-    """(total bytes, breakdown) of the fullest rank of a spec's layout, from memory/rank.worst_rank_memory: the
+    """(total bytes, breakdown) of the fullest rank of a spec's layout, from memory/rank_memory.worst_rank_memory: the
     rank at tp / dp / ep index 0 of the pipeline rank that peaks, with ZeRO-1's largest optimizer share (the
     planner's confirmation of what it reports; `rank` is that pipeline rank's first rank)."""
     p = spec.parallel

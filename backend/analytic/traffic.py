@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
+from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 

@@ -37,7 +37,7 @@ DATASHEET_KEYS = {
     "nvidia b200": "b200", "amd instinct mi300x": "mi300x",
 }
 """torch.cuda.get_device_name() (lower case) -> hardware.json datasheet profile; exact names only, as
-engine/hardware.py PEAKS (an "H100" substring is three different parts)."""
+engine/device_facts.py PEAKS (an "H100" substring is three different parts)."""
 SHARES = (("gemm_bf16", 0.35), ("gemm_fp8", 0.10), ("attention", 0.30), ("elementwise", 0.12), ("optimizer", 0.08),
           ("launch", 0.025), ("host_copy", 0.025))
 """Share of the probe's budget per table; time a table leaves unused passes to the ones after it."""

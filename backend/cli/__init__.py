@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("estimate", "run", "store", "trace", "hardware", "plan", "calibrate", "ingest")
+COMMAND_MODULES = ("estimate", "run", "submit", "runs", "export", "worker", "trace", "hardware", "plan", "calibrate", "ingest")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from backend.analytic.steptime.hardware import get_hardware
     from backend.calibration import fit as F
-    from backend.calibration import store
+    from backend.calibration import records
     from db.session import open_db
 
     try:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail(str(e))
     engine = open_db(args.db)
-    samples, problems = store.samples(engine, tag=args.tag, ids=ids)
+    samples, problems = records.samples(engine, tag=args.tag, ids=ids)
     if problems and ids:
         return fail("; ".join(problems))
     try:
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail(str(e))
     run_ids = [s.run_id for s in samples]
-    cal_id = store.save(engine, hw.key, result, run_ids)
+    cal_id = records.save(engine, hw.key, result, run_ids)
     out = {"id": cal_id, "hardware": hw.key, "params": result.params, "fit_runs": run_ids, "loo_mape": result.loo_mape,
            "notes": result.notes + problems, "interval": list(result.band), "ranges": result.ranges, "loo": result.loo}
     if args.json:

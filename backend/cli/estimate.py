@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
                                               max_ranks=args.rank_limit), _inference_table)
     if args.batch is not None or args.context is not None:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
-    from backend.engine.hardware import host_device  # `auto` resolved as the engine would on this host
+    from backend.engine.device_facts import host_device  # `auto` resolved as the engine would on this host
 
-    from backend.spec_checks import run_blockers
+    from backend.spec.checks import run_blockers
 
     data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(offset=args.rank_offset,
                                                                                 max_ranks=args.rank_limit)
@@ -87,7 +87,7 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
     """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
     from backend.analytic.steptime.model import step_time
     from backend.calibration.fit import extrapolation
-    from backend.calibration.store import resolve
+    from backend.calibration.records import resolve
 
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         return f"--gpus-per-node must be >= 1 (got {args.gpus_per_node})"

@@ -71,7 +71,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from backend.calibration.store import resolve
+    from backend.calibration.records import resolve
     from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
 
     for name in ("gpus", "global_batch", "seq", "top"):

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
-from backend.spec_text import InputError, load_json_file
+from backend.spec.user_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec_fields import FLAGS
+from backend.spec.fields import FLAGS
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +93,7 @@ def _put(data: dict[str, Any], section: str, field: str, value: Any) -> None:
 
 def spec_from_args(args: argparse.Namespace, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
     """Parse and validate; (spec, []) or (None, problems with the arithmetic). predict_only: also accept layouts this
-    engine can only predict (spec_checks.run_blockers), as `estimate` does."""
+    engine can only predict (backend.spec.checks.run_blockers), as `estimate` does."""
     try:
         data = spec_dict_from_args(args)
     except (HFConfigError, InputError) as e:

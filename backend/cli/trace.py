@@ -1,6 +1,6 @@
 """`python -m backend trace`: the memory of a spec at full size, traced on fake tensors (nothing allocated).
 
-  python -m backend trace --spec 7b.json --json                 # one JSON object (see backend/trace/run.py)
+  python -m backend trace --spec 7b.json --json                 # one JSON object (see backend/trace/trace_spec.py)
   python -m backend trace --spec 7b.json --ranks 0,63 --store   # these ranks; stored as a run of kind traced
 
 Takes the same spec flags as `run`. By default it traces one rank per class of equivalent ranks, each in
@@ -39,7 +39,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from backend.trace.run import trace_spec
+    from backend.trace.trace_spec import trace_spec
 
     spec, problems = spec_from_args(args)
     if spec is None:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     exp_id = None
     if args.store or args.experiment_id:
-        from backend.trace.store import begin_trace
+        from backend.trace.history import begin_trace
         from db.session import open_db
 
         engine = open_db(args.db)
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, exp_id: int | None, spec, result: dict) -> None:
     if exp_id is None:
         return
-    from backend.trace.store import finish_trace
+    from backend.trace.history import finish_trace
     from db.session import open_db
 
     finish_trace(open_db(args.db), exp_id, spec, result)
@@ -91,7 +91,7 @@ def public(result: dict) -> dict:
 
 
 def table(result: dict) -> str:
-    from backend.ui.format import fmt_bytes
+    from backend.readable_numbers import fmt_bytes
 
     lines = [f"trace: {result['status']}" + (f"  ({result['error']})" if result.get("error") else ""),
              f"{'rank':>5} {'category':<18} {'traced':>12} {'predicted':>12} {'error':>9}"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from backend import run_folders
 from backend.atomic_io import write_atomic
 from backend.cluster import slurm
-from backend.cluster.config import SlurmConfig, load
+from backend.cluster.slurm_config import SlurmConfig, load
 from backend.cluster.reattach import Detached
 from backend.cluster.script import SCRIPT_NAME, build_script, output_path
 from backend.launch import outcome
@@ -32,7 +32,7 @@ from backend.result import RunResult, Status
 from backend.runtime.protocol import any_rank_error, progress_reader, ranks_path
 from backend.spec import ExperimentSpec
 
-WORKER_ENV = "SHARDLAB_WORKER_ID"  # backend.worker.WORKER_ENV (not imported: the worker imports this module)
+WORKER_ENV = "SHARDLAB_WORKER_ID"  # backend.worker.recovery.WORKER_ENV (not imported: the worker imports this module)
 POLL_S = 1.0
 TAIL_CHARS = 6000
 PHASE_CHARS = 32  # experiments.progress_phase is VARCHAR(32)

@@ -7,7 +7,7 @@ torchrun per node: c10d rendezvous, R ranks per node, `--local-addr` = that node
 rank entry point and result protocol as a local run (`python -m backend.engine.rank --spec S --out DIR`).
 
 Nothing a user typed (names, tags, free text) is in the script; every path and value is shell-quoted and
-the config's values were checked (backend.cluster.config).
+the config's values were checked (backend.cluster.slurm_config).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import shlex
 from pathlib import Path
 
-from backend.cluster.config import SlurmConfig
+from backend.cluster.slurm_config import SlurmConfig
 from backend.launch.torchrun import RANK_MODULE
 from backend.spec import ExperimentSpec
 

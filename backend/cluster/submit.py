@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.cluster.config import ClusterConfigError, config_path, load
+from backend.cluster.slurm_config import ClusterConfigError, config_path, load
 from backend.spec import ExperimentSpec
 
 

@@ -2,7 +2,7 @@
 
 Its public API is below: other rank programs (backend/frameworks), the full-size trace and the launcher use
 these names and nothing else of engine/. The names load on first use, so that importing one light module of
-the package (e.g. `engine.hardware` from the dashboard) does not import torch.
+the package (e.g. `engine.device_facts` from the dashboard) does not import torch.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ _PUBLIC = {
     "reference_losses": ("backend.engine.reference", "reference_losses"),
     "assemble_result": ("backend.engine.assemble", "assemble_result"),
     "BOUNDS_PCT": ("backend.engine.notes", "BOUNDS_PCT"),
-    "host_device": ("backend.engine.hardware", "host_device"),
+    "host_device": ("backend.engine.device_facts", "host_device"),
 }
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
     from backend.engine.assemble import assemble_result
     from backend.engine.data import global_batch
-    from backend.engine.hardware import host_device
+    from backend.engine.device_facts import host_device
     from backend.engine.loop import comm_payload, comm_steps, has_split_backward, progress, run_loop, timed_steps
     from backend.engine.mesh import build_mesh
     from backend.engine.mesh import init as init_distributed

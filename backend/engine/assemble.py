@@ -24,7 +24,7 @@ from backend.analytic.estimate import estimate
 from backend.analytic.params import matmul_params
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
-from backend.engine.hardware import utilization
+from backend.engine.device_facts import utilization
 from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
                                   autocast_notes, comm_error_pct, comm_notes, dedupe, memory_notes, parity_notes,
                                   recompute_notes, routing_notes)

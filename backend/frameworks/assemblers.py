@@ -67,7 +67,7 @@ def _set_predicted(rr: Any, pred: MemoryBreakdown) -> None:
 
 def assemble_deepspeed(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
-    from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
+    from backend.frameworks.deepspeed.ds_config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
     res = _base(spec, payload)
     lay = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)

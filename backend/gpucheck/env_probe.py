@@ -34,7 +34,7 @@ TORCH_APIS = (
     "torch.utils.checkpoint.create_selective_checkpoint_contexts",
 )
 PRODUCT_MODULES = ("backend.torch_compat", "backend.trace.compat", "backend.engine.rank", "backend.launch.launcher",
-                   "backend.frameworks.assemble")
+                   "backend.frameworks.assemblers")
 PACKAGES = ("torch", "numpy", "psutil", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
             "typing_inspection", "pytest", "pytest_timeout", "transformers", "sqlalchemy", "streamlit", "plotly",
             "pandas")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from backend.atomic_io import write_atomic, write_json_atomic
 from backend.gpucheck import phases
-from backend.gpucheck.context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
+from backend.gpucheck.kit_context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
 from backend.gpucheck.diag import diag_phase
 from backend.gpucheck.summary import render
 

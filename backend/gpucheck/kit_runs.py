@@ -5,7 +5,7 @@ RunResult, plus what the check compares it with:
   device's datasheet profile (hardware.json) and on the profile the probe just measured, next to the measured
   median step and the error of each;
 - `memory_fit`: the "fits" verdict the New-experiment page would give (the fullest moment incl. the CUDA
-  runtime allowance analytic/device.RuntimeOverhead, as ui/predict_view.fit_check counts it) against the
+  runtime allowance analytic/device.RuntimeOverhead, as dashboard/predict_view.fit_check counts it) against the
   measured peak allocated and peak reserved; `fits_claim_ok` is False where "fits" was claimed but the
   measured reserved peak exceeds the device.
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from backend.gpucheck.context import PROFILE_FILE, KitContext
+from backend.gpucheck.kit_context import PROFILE_FILE, KitContext
 from backend.gpucheck.specs import runs_for, spec_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def late_runs_phase(ctx: KitContext, budget_s: float) -> list[dict[str, Any]]:
 
 
 def _runs(ctx: KitContext, budget_s: float, late: bool) -> list[dict[str, Any]]:
-    from backend.gpucheck.runs import run_one
+    from backend.gpucheck.kit_runs import run_one
 
     end = time.monotonic() + budget_s
     results: list[dict[str, Any]] = ctx.report["runs"] if late and isinstance(ctx.report.get("runs"), list) else []
@@ -148,7 +148,7 @@ def run_line(res: dict[str, Any]) -> str:
 def trace_phase(ctx: KitContext, budget_s: float) -> list[dict[str, Any]]:
     """The runs' specs traced at full size on fake tensors of the run's device, in parallel, beside the runs'
     measured per-category bytes; a spec not started before the phase's end is a skipped row."""
-    from backend.trace.run import trace_spec
+    from backend.trace.trace_spec import trace_spec
 
     end = time.monotonic() + budget_s
     measured = {r.get("gpu_check", {}).get("run"): r for r in ctx.report.get("runs") or []}

@@ -119,7 +119,7 @@ def check(spec: ExperimentSpec, host: Host | None = None, limits: Limits | None 
 def rank_host_bytes(spec: ExperimentSpec) -> tuple[list[float], str]:
     """(host bytes each rank of this host holds beyond its runtime, what they are) from the analytic estimate."""
     from backend.analytic.estimate import estimate
-    from backend.engine.hardware import host_device
+    from backend.engine.device_facts import host_device
 
     device = host_device(str(spec.runtime.device))
     if str(device) != "cpu":

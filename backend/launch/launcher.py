@@ -144,7 +144,7 @@ def assembled_result(spec: ExperimentSpec, workdir: Path, assemble: Assembler | 
         return failed_result(spec, Failure(Status.FAILED, f"the ranks' payload is unreadable: {e}"), launch, tail)
     try:
         if assemble is None:
-            from backend.frameworks.assemble import assembler_for
+            from backend.frameworks.assemblers import assembler_for
 
             assemble = assembler_for(spec)
         result = assemble(spec, payload)

@@ -7,7 +7,7 @@ ran, and every live process carrying the tag (which also finds ranks re-parented
 If the launcher itself is killed, torchrun gets SIGTERM from PR_SET_PDEATHSIG — possibly more than once: the
 kernel re-sends it on every re-parenting (the launcher's forking thread -> another of its threads -> init).
 torchrun retries its shutdown when a second one interrupts it; a worker that starts later kills what is left
-(backend/worker.py kill_orphans).
+(backend/worker/service.py kill_orphans).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Plan: enumerate layouts (space.py), evaluate them all at once with the prediction core (the worst-rank memory of
-analytic/memory/rank.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every layout
+analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every layout
 that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
 ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import ZERO_STAGE_NAMES, Layout
-from backend.analytic.memory.rank import worst_rank_memory
+from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s
@@ -74,9 +74,9 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
     """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
-    "why_not" (spec_checks.run_blockers, joined; None when runnable)."""
+    "why_not" (backend.spec.checks.run_blockers, joined; None when runnable)."""
     from backend.spec import ExperimentSpec
-    from backend.spec_checks import run_blockers
+    from backend.spec.checks import run_blockers
 
     for c in configs:
         blockers = run_blockers(ExperimentSpec.for_prediction(c["spec"]))

@@ -40,7 +40,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(schedule, virtual stages) pairs a pp degree admits (spec_checks._check_pipeline)."""
+    """(schedule, virtual stages) pairs a pp degree admits (backend/spec/checks.py _check_pipeline)."""
     if pp == 1:
         return [(PipelineSchedule.ONE_F_ONE_B, 1)]
     out = [(PipelineSchedule.ONE_F_ONE_B, 1), (PipelineSchedule.GPIPE, 1)]
@@ -101,7 +101,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
 
 def light_spec(data: dict[str, Any]) -> ExperimentSpec:
     """An ExperimentSpec built without validation (the planner's layouts are valid by construction): microbatches
-    and dp filled in as spec_checks would derive them."""
+    and dp filled in as backend/spec/checks.py would derive them."""
     train, parallel = dict(data["train"]), dict(data["parallel"])
     train.setdefault("microbatches", train["global_batch"] // (train["micro_batch"] * parallel["dp"]))
     return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from backend.spec import (MULTI_STAGE_SCHEDULES, ExperimentSpec, ModelSpec, ParallelSpec, Schedule, Strategy,
-                          TrainSpec)
+from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
+from backend.spec.framework_support import check_framework
+from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 
 
 _ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
@@ -20,7 +21,7 @@ class RunOnly(str):
     """A problem that stops a spec from RUNNING here but not from being predicted (ExperimentSpec.for_prediction)."""
 
 
-def derive_and_check(s: ExperimentSpec) -> list[str]:
+def derive_and_check(s: SpecParts) -> list[str]:
     m, t, p, r = s.model, s.train, s.parallel, s.runtime
     problems: list[str] = []
     problems += _check_model(m)
@@ -40,13 +41,11 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
     if r.nnodes > 1 and p.world_size % r.nnodes:
         problems.append(f"world_size={p.world_size} is not divisible by nnodes={r.nnodes}")
     problems += _check_backend_device(s)
-    from backend.frameworks.capabilities import check_framework  # each framework declares what it runs
-
-    problems += check_framework(s)
+    problems += check_framework(s)  # each framework declares what it runs
     return problems
 
 
-def _check_backend_device(s: ExperimentSpec) -> list[str]:
+def _check_backend_device(s: SpecParts) -> list[str]:
     """gloo has no CUDA reduce_scatter / all_to_all (FSDP2, ZeRO-2/3, EP and SP need them); nccl has no CPU tensors."""
     r = s.runtime
     if str(r.backend) == "gloo" and str(r.device) == "cuda":
@@ -139,7 +138,7 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
     return out
 
 
-def run_blockers(spec: ExperimentSpec) -> list[str]:
+def run_blockers(spec: SpecParts) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
     `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
     refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer, Positions,
-                          Precision, Recompute, Schedule, Strategy)
+from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer,
+                                  Positions, Precision, Recompute, Schedule, Strategy)
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {

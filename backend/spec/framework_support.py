@@ -5,24 +5,21 @@ Pure Python (imported by spec validation): no torch, deepspeed or jax here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from backend.spec import ExperimentSpec
+from backend.spec.sections import SpecParts
 
 DEEPSPEED_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """ShardLab strategy -> DeepSpeed `zero_optimization.stage` (ddp is stage 0: plain data parallelism)."""
 JAX_STRATEGIES = {"ddp": "dp", "zero3": "fsdp", "fsdp": "fsdp", "tp": "tp"}
-"""ShardLab strategy -> the GSPMD layout it is written as (backend/frameworks/jax/sharding.py)."""
+"""ShardLab strategy -> the GSPMD layout it is written as (backend/frameworks/jax/named_shardings.py)."""
 JAX_MAX_DEVICES = 64
 """Virtual CPU devices in one process (`--xla_force_host_platform_device_count`): more only measures overhead."""
 
 
-def check_framework(s: ExperimentSpec) -> list[str]:
+def check_framework(s: SpecParts) -> list[str]:
     return {"torch": _torch, "deepspeed": _deepspeed, "jax": _jax}[str(s.framework)](s)
 
 
-def _torch(s: ExperimentSpec) -> list[str]:
+def _torch(s: SpecParts) -> list[str]:
     p = s.parallel
     if p.offload == "none":
         return []
@@ -38,7 +35,7 @@ def _torch(s: ExperimentSpec) -> list[str]:
     return out
 
 
-def _deepspeed(s: ExperimentSpec) -> list[str]:
+def _deepspeed(s: SpecParts) -> list[str]:
     p, t, m = s.parallel, s.train, s.model
     out = []
     st = str(p.strategy)
@@ -65,7 +62,7 @@ def _deepspeed(s: ExperimentSpec) -> list[str]:
     return out
 
 
-def _jax(s: ExperimentSpec) -> list[str]:
+def _jax(s: SpecParts) -> list[str]:
     p, t, m, r = s.parallel, s.train, s.model, s.runtime
     out = []
     st = str(p.strategy)

@@ -1,17 +1,15 @@
-"""The one typed experiment spec that flows UI -> DB -> launcher -> ranks -> results -> plots.
-
-Every rejection names the offending values and shows the arithmetic, in the style of torchtitan's
-`ParallelDims`: "dp(2) * tp(3) * pp(1) = 6 != world_size(4)".
-"""
+"""The parts of an experiment spec: model shape, training, parallelism, runtime. Each field has its bounds and a
+docstring; the cross-field checks are in checks.py, the whole spec in experiment.py."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from backend.spec_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, source_problem, text_problem
+from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, Backend, Bias, Device, Executor, Framework, Mlp,
+                                  Norm, Offload, Optimizer, Positions, Precision, Recompute, Schedule, Strategy)
+from backend.spec.user_text import source_problem
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
@@ -22,121 +20,12 @@ MAX_BATCH = 100_000_000
 MAX_STEPS = 1_000_000
 
 
-class Strategy(StrEnum):
-    """Headline strategy. ddp..fsdp name the data-parallel flavour; tp/pp/ep are the pure model-parallel ones."""
-
-    DDP = "ddp"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-    FSDP = "fsdp"
-    TP = "tp"
-    PP = "pp"
-    EP = "ep"
-
-
-class Schedule(StrEnum):
-    """Pipeline schedules, each backed by a `torch.distributed.pipelining` schedule class."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved_1f1b"
-    ZERO_BUBBLE = "zero_bubble"  # ScheduleInterleavedZeroBubble
-    ZBV = "zbv"  # ScheduleZBVZeroBubble (V-shaped, 2 stages per rank)
-
-
-class Precision(StrEnum):
-    FP32 = "fp32"
-    BF16_MIXED = "bf16-mixed"
-    FP16_MIXED = "fp16-mixed"
-
-
-class Optimizer(StrEnum):
-    ADAMW = "adamw"
-    SGD = "sgd"
-
-
-class Recompute(StrEnum):
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-class Backend(StrEnum):
-    AUTO = "auto"
-    GLOO = "gloo"
-    NCCL = "nccl"
-
-
-class Device(StrEnum):
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class Framework(StrEnum):
-    """Which framework runs the step: torch-native (backend/strategies), DeepSpeed's engine, or JAX/XLA GSPMD
-    (backend/frameworks/). What each one runs is declared in backend/frameworks/capabilities.py."""
-
-    TORCH = "torch"
-    DEEPSPEED = "deepspeed"
-    JAX = "jax"
-
-
-class Offload(StrEnum):
-    """What lives on the host (CPU) instead of the accelerator between uses."""
-
-    NONE = "none"
-    OPTIMIZER = "optimizer"  # DeepSpeed offload_optimizer: fp32 master partition + Adam states, step on the CPU
-    PARAMS = "params"  # params too: DeepSpeed offload_param (stage 3) + offload_optimizer; FSDP2 CPUOffloadPolicy
-
-
-class Executor(StrEnum):
-    LOCAL = "local"
-    SLURM = "slurm"
-
-
-class Norm(StrEnum):
-    """Normalisation layer of every block and the final norm."""
-
-    LAYERNORM = "layernorm"  # weight + bias (GPT-2, GPT-3, GPT-NeoX)
-    RMSNORM = "rmsnorm"  # weight only (Llama, Mistral, Mixtral, Qwen2)
-
-
-class Mlp(StrEnum):
-    """Dense MLP / expert block."""
-
-    GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
-    SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
-
-
-class Positions(StrEnum):
-    LEARNED = "learned"  # pos_emb (seq_len, h) added to the token embedding
-    ROPE = "rope"  # rotary q/k rotation (Su et al. 2021), no parameters
-
-
-class Bias(StrEnum):
-    """Which Linear layers of the blocks carry a bias (lm_head and the MoE router never do)."""
-
-    ALL = "all"  # q, k, v, o and the MLP (GPT-2)
-    NONE = "none"  # none (Llama, Mistral, Mixtral)
-    QKV = "qkv"  # q, k, v only (Qwen2)
-
-
-class AttentionImpl(StrEnum):
-    MATH = "math"  # explicit softmax(QK^T)V: the (b, a, s, s) probabilities are saved for backward
-    FLASH = "flash"  # torch SDPA's fused kernel: saves q, k, v, out and the logsumexp, never s x s (Dao et al. 2022)
-
-
-DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
-ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
-MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
-
-
 _NUMBERS = (int, float, int | None, float | None)
 
 
-class _Section(BaseModel):
+class SpecSection(BaseModel):
+    """A part of the spec: unknown keys are refused, booleans are never read as numbers."""
+
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
 
     @field_validator("*", mode="before")
@@ -148,7 +37,7 @@ class _Section(BaseModel):
         return value
 
 
-class ModelSpec(_Section):
+class ModelSpec(SpecSection):
     vocab_size: int = Field(256, ge=2, le=MAX_VOCAB)
     """Vocabulary size V (token embedding rows and LM-head outputs)."""
     d_model: int = Field(128, ge=1, le=MAX_DIM)
@@ -228,7 +117,7 @@ class ModelSpec(_Section):
         return self.n_shared_experts * (self.shared_ffn_hidden or self.expert_ffn)
 
 
-class TrainSpec(_Section):
+class TrainSpec(SpecSection):
     global_batch: int = Field(8, ge=1, le=MAX_BATCH)
     """Sequences per optimizer step, summed over data-parallel ranks."""
     micro_batch: int = Field(2, ge=1, le=MAX_BATCH)
@@ -251,7 +140,7 @@ class TrainSpec(_Section):
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
 
 
-class ParallelSpec(_Section):
+class ParallelSpec(SpecSection):
     strategy: Strategy = Strategy.DDP
     """Headline strategy; mixes combine a data-parallel flavour (ddp..fsdp) with tp/pp/ep degrees."""
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD)
@@ -292,7 +181,7 @@ class ParallelSpec(_Section):
         return self.strategy if self.strategy in DP_FLAVOURS else Strategy.DDP
 
 
-class RuntimeSpec(_Section):
+class RuntimeSpec(SpecSection):
     backend: Backend = Backend.AUTO
     """Process-group backend: auto picks nccl when CUDA is present, else gloo."""
     device: Device = Device.AUTO
@@ -310,96 +199,11 @@ class RuntimeSpec(_Section):
     shardlab.toml [slurm]; nnodes nodes, rendezvous at the allocation's first node)."""
 
 
-class SpecError(ValueError):
-    """A spec that cannot run, with every problem listed."""
+class SpecParts(Protocol):
+    """What the cross-field checks read of a spec (an ExperimentSpec while it validates)."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("; ".join(problems))
-
-
-class ExperimentSpec(_Section):
-    name: str = Field("", max_length=MAX_NAME_CHARS)
-    """Free-text label shown in the history (plain text: no control characters)."""
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    """Transformer shape."""
-    train: TrainSpec = Field(default_factory=TrainSpec)
-    """Batch, steps, precision, optimizer, recompute, seed."""
-    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
-    """Strategy and degrees."""
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    """Backend, device, nodes and timeout."""
-    framework: Framework = Framework.TORCH
-    """torch (native strategies), deepspeed (DeepSpeed's ZeRO engine) or jax (XLA GSPMD on virtual CPU devices)."""
-
-    @field_validator("name")
-    @classmethod
-    def _plain_name(cls, value: str) -> str:
-        if problem := text_problem(value, "name", MAX_NAME_CHARS):
-            raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self, info: ValidationInfo) -> ExperimentSpec:
-        from backend.spec_checks import RunOnly, derive_and_check  # it needs the section classes defined above
-
-        problems = derive_and_check(self)
-        if (info.context or {}).get("predict_only"):
-            problems = [p for p in problems if not isinstance(p, RunOnly)]
-        if problems:
-            raise SpecError(problems)
-        return self
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.train.global_batch * self.model.seq_len
-
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> ExperimentSpec:
-        return cls.model_validate_json(text)
-
-    @classmethod
-    def for_prediction(cls, data: dict[str, Any]) -> ExperimentSpec:
-        """Validate a layout the analytic model can predict but this engine cannot run (ZeRO-1 x TP/PP =
-        Megatron's distributed optimizer, split-backward schedules x FSDP, EP x TP/PP): every check except
-        the `spec_checks.RunOnly` ones. Such a spec is for estimate / plan only, never for the launcher."""
-        return cls.model_validate(data, context={"predict_only": True})
-
-
-def validate_spec(data: dict[str, Any] | str, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
-    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises: a spec too big
-    or nested too deep (backend/spec_text.py limits) is a problem like any other.
-    predict_only: every check except the run-only ones (see `ExperimentSpec.for_prediction`, `spec_checks.run_blockers`)."""
-    context = {"predict_only": True} if predict_only else None
-    try:
-        if isinstance(data, (str, bytes)):
-            data = load_json_text(data, "the spec")
-        else:
-            check_depth(data, "the spec")
-        spec = ExperimentSpec.model_validate(data, context=context)
-        return spec, []
-    except InputError as e:
-        return None, [str(e)]
-    except SpecError as e:
-        return None, list(e.problems)
-    except ValidationError as e:
-        problems: list[str] = []
-        for err in e.errors():
-            ctx_err = (err.get("ctx") or {}).get("error")
-            # pydantic wraps the model validator's SpecError: keep its problems as separate items
-            problems += ctx_err.problems if isinstance(ctx_err, SpecError) else [_format_pydantic(err)]
-        return None, problems
-
-
-def _format_pydantic(err: dict[str, Any]) -> str:
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "spec"
-    msg = err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    shown = repr(err.get("input"))
-    if len(shown) > 80:  # a 100 KB name must not become a 100 KB error message
-        shown = f"{shown[:60]}... ({len(shown):,} characters)"
-    return f"{loc}: {msg} (got {shown})"
+    model: ModelSpec
+    train: TrainSpec
+    parallel: ParallelSpec
+    runtime: RuntimeSpec
+    framework: Framework

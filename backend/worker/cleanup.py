@@ -1,4 +1,4 @@
-"""`python -m backend gc`: remove what finished runs left behind and nothing else.
+"""`python -m backend gc`: remove what finished runs left behind and nothing else; `delete_run`: a run and its folders.
 
 - run folders (`<runs dir>/<id>`, also the SLURM run_dir) whose experiment was deleted, or whose stamp names
   another run (backend/run_folders), and folders set aside as `<id>.stale-<ms>`;
@@ -24,7 +24,7 @@ import psutil
 
 from backend import run_folders
 from backend.result import Status
-from backend.worker_recovery import JOB_TMP_PREFIX
+from backend.worker.recovery import JOB_TMP_PREFIX
 
 TRACE_TMP_PREFIX = "shardlab-trace-"
 _RUN_DIR = re.compile(r"(\d+)(\.stale-\d+)?")
@@ -129,3 +129,15 @@ def _tmp_verdict(folder: Path, running: set[int]) -> str | None:
     if m is None or int(m.group(1)) in running:
         return None
     return "temp folder of a finished run" if folder.name.startswith(JOB_TMP_PREFIX) else "dashboard trace folder of a finished trace"
+
+
+def delete_run(engine, experiment_id: int, runs_dirs: list[Path]) -> list[Path]:
+    """Delete the experiment (db.queries.delete_experiment), then its folder in each runs dir (the worker's, the
+    SLURM run_dir) when the folder's stamp names that run; returns the folders removed."""
+    from db.queries import delete_experiment
+
+    gone = delete_experiment(engine, experiment_id)
+    folders: dict[Path, Path] = {}  # resolved -> as given: the same folder named twice is removed once
+    for runs_dir in runs_dirs:
+        folders.setdefault(Path(runs_dir).resolve(), Path(runs_dir) / str(experiment_id))
+    return [f for f in folders.values() if run_folders.remove(f, gone["run_uid"])]

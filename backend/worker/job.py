@@ -1,9 +1,9 @@
 """One job of the worker: run a claimed experiment to its end and store its result, whatever the store does.
 
-A mixin of backend.worker.Worker (it uses the worker's engine, runs folder, stop event and runner). The result
+A mixin of backend.worker.service.Worker (it uses the worker's engine, runs folder, stop event and runner). The result
 is written to the run folder's result.json first, the source of truth until the store has it: store writes are
-retried for as long as the worker lives (backend/store_guard); a worker stopped mid-outage leaves it for the
-next worker to import. A launch that fails because of the host (backend.worker_recovery.ENVIRONMENT_ERRNOS)
+retried for as long as the worker lives (backend/worker/store_guard); a worker stopped mid-outage leaves it for the
+next worker to import. A launch that fails because of the host (backend.worker.recovery.ENVIRONMENT_ERRNOS)
 puts the job back in the queue instead of failing it.
 """
 
@@ -16,18 +16,18 @@ import traceback
 from pathlib import Path
 
 from backend import run_folders
-from backend import worker_recovery as wr
+from backend.worker import recovery
 from backend.atomic_io import write_atomic
 from backend.cluster.reattach import Detached
 from backend.result import RunResult, Status
 from backend.spec import ExperimentSpec
-from backend.store_guard import Backoff, is_transient, retry, short
+from backend.worker.store_guard import Backoff, is_transient, retry, short
 from db import queries as q
 from db.session import StoreError
 
 log = logging.getLogger("shardlab.worker")
 EXPERIMENT_ENV = "SHARDLAB_EXPERIMENT_ID"
-WORKER_ENV = wr.WORKER_ENV
+WORKER_ENV = recovery.WORKER_ENV
 
 
 class JobExecution:
@@ -48,7 +48,7 @@ class JobExecution:
             try:
                 run_folders.prepare(workdir, experiment_id, row["run_uid"])
             except OSError as e:
-                if wr.is_environment_error(e):
+                if recovery.is_environment_error(e):
                     return self._environment_failure(experiment_id, worker_id, e)
                 self._store(experiment_id, _raised(spec, e), None)
                 return None
@@ -62,7 +62,7 @@ class JobExecution:
         beat_stop = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(experiment_id, worker_id, cancel, beat_stop), daemon=True)
         beat.start()
-        tmp = wr.job_tmpdir(experiment_id) if local else None
+        tmp = recovery.job_tmpdir(experiment_id) if local else None
         try:
             result = self._run(spec, experiment_id, worker_id, cancel, run_uid=row["run_uid"], adopted=adopted, tmpdir=tmp)
         except Detached:
@@ -73,7 +73,7 @@ class JobExecution:
         finally:
             beat_stop.set()
             beat.join(timeout=10)
-            wr.remove_job_tmpdir(tmp)
+            recovery.remove_job_tmpdir(tmp)
             with self._lock:
                 self._cancels.pop(experiment_id, None)
         self._host_backoff.reset()
@@ -171,7 +171,7 @@ class JobExecution:
         except Detached:
             raise
         except OSError as e:
-            if wr.is_environment_error(e):
+            if recovery.is_environment_error(e):
                 raise
             return _raised(spec, e)
         except Exception as e:  # noqa: BLE001

@@ -6,8 +6,8 @@ stream progress and heartbeats into the store, turn a cancel request into the la
 store the complete result in one transaction. failed/timeout/oom runs are stored like ok ones.
 
 Faults (issue 21): the store may be away (a PostgreSQL restart, a SQLite lock, a full disk): every store call
-is retried with backoff and a log line (backend/store_guard), and a finished result stays in `result.json`
-until it is stored, by this worker or, if it dies, by the next one (backend/worker_recovery imports results
+is retried with backoff and a log line (backend/worker/store_guard), and a finished result stays in `result.json`
+until it is stored, by this worker or, if it dies, by the next one (backend/worker/recovery imports results
 before marking anything interrupted, at start and every `recover_every_s` while polling). A store file that
 vanished or was replaced stops the worker with exit code 2. A runs folder that cannot take a run (full,
 read-only) pauses claiming with the reason logged; a job whose launch failed that way goes back to the queue.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -30,18 +29,18 @@ from pathlib import Path
 import psutil
 
 from backend import run_folders
-from backend import worker_recovery as wr
+from backend.worker import recovery
 from backend.result import RunResult
-from backend.store_guard import MAX_WAIT_S, Backoff, is_transient, short
-from backend.worker_job import EXPERIMENT_ENV, JobExecution  # noqa: F401 - EXPERIMENT_ENV is part of the API
+from backend.worker.store_guard import MAX_WAIT_S, Backoff, is_transient, short
+from backend.worker.job import EXPERIMENT_ENV, JobExecution  # noqa: F401 - EXPERIMENT_ENV is part of the API
 from db import queries as q
 from db.session import StoreError
 
 log = logging.getLogger("shardlab.worker")
-WORKER_ENV = wr.WORKER_ENV
+WORKER_ENV = recovery.WORKER_ENV
 Runner = Callable[..., RunResult]
 default_runs_dir = run_folders.default_runs_dir
-kill_orphans = wr.kill_orphans
+kill_orphans = recovery.kill_orphans
 DEFAULT_MIN_FREE_BYTES = 64 * 2**20
 EXIT_STORE_ERROR = 2
 EXIT_BUG = 1
@@ -91,7 +90,7 @@ class Worker(JobExecution):
             mine = set(self._cancels)
         up = self._store_up_since
         stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else None
-        return wr.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
+        return recovery.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
 
     def _store_seen(self, up: bool) -> None:
         if not up:
@@ -249,7 +248,7 @@ class Worker(JobExecution):
         host anyway re-queues its job and clears the cache)."""
         if time.monotonic() - self._runs_dir_ok_at < RUNS_DIR_CHECK_S:
             return None
-        problem = wr.runs_dir_problem(self.runs_dir, self.min_free_bytes)
+        problem = recovery.runs_dir_problem(self.runs_dir, self.min_free_bytes)
         self._runs_dir_ok_at = 0.0 if problem else time.monotonic()
         return problem
 
@@ -298,12 +297,3 @@ def gpu_slots(concurrency: int, gpus: list[str]) -> list[str | None]:
                          f"({','.join(gpus)}): {len(gpus)} < {concurrency}")
     k = len(gpus) // concurrency  # each slot gets k GPUs; the remainder (len % concurrency) stays unused
     return [",".join(gpus[i * k:(i + 1) * k]) for i in range(concurrency)]
-
-
-def install_signal_handlers(worker: Worker) -> None:
-    def _handler(signum, _frame) -> None:
-        log.warning("signal %s: stopping; the running job is interrupted", signum)
-        worker.stop()
-
-    signal.signal(signal.SIGTERM, _handler)
-    signal.signal(signal.SIGINT, _handler)

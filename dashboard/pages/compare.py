@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.ui import compare_view as cv
-from backend.ui import runs_view as rv
-from backend.ui import selection
-from backend.ui import store
+from dashboard import compare_view as cv
+from dashboard import runs_view as rv
+from dashboard import selection
+from dashboard import store_access
 
 st.title("Compare runs")
-url = store.db_url()
-recent = store.list_runs(url, limit=cv.RECENT_RUNS)
-if store.count_runs(url) < 2:
+url = store_access.db_url()
+recent = store_access.list_runs(url, limit=cv.RECENT_RUNS)
+if store_access.count_runs(url) < 2:
     st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at world 2 and 4).")
-    st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.page_link("dashboard/pages/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
 labels = {r["id"]: rv.run_label(r) for r in recent}
 if "compare_ids" in st.session_state:  # from the Runs page: those ids, whether or not they are among the recent ones
     st.session_state["compare_pick"] = st.session_state.pop("compare_ids")
 if "compare_pick" not in st.session_state:
     st.session_state["compare_pick"] = [r["id"] for r in recent if r["status"] == "ok"][:4]
-chosen = {i: store.get_run(url, i) for i in st.session_state["compare_pick"] if i not in labels}
+chosen = {i: store_access.get_run(url, i) for i in st.session_state["compare_pick"] if i not in labels}
 labels.update({i: rv.run_label({**e, "id": i, "strategy": str(e["spec"].parallel.strategy),
                                 "world_size": e["spec"].parallel.world_size, "name": e["spec"].name})
                for i, e in chosen.items() if e is not None})
@@ -33,7 +33,7 @@ ids = st.multiselect("Runs to compare", list(labels), key="compare_pick", format
 if len(ids) < 2:
     st.info("Pick two or more runs.")
     st.stop()
-runs = [e for e in (store.get_run(url, i) for i in ids) if e is not None]
+runs = [e for e in (store_access.get_run(url, i) for i in ids) if e is not None]
 df = cv.compare_frame(runs)
 st.markdown("**Side by side** — cells that differ from the first run are highlighted")
 st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3,
@@ -54,7 +54,7 @@ st.caption("Dashed curves: the analytic model for the same model shape and per-r
 # Issue 14: same model, same strategy, three frameworks.
 fw_runs = [(e["id"], e["result"]) for e in ok]
 if len({str(r.spec.framework) for _, r in fw_runs}) > 1:
-    from backend.ui import framework_view as fv
+    from dashboard import framework_view as fv
 
     st.subheader("Frameworks side by side")
     if (why := fv.same_model_and_strategy(fw_runs)) is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.ui import formulas_view as fv
-from backend.ui import store
+from dashboard import formulas_view as fv
+from dashboard import store_access
 
 st.title("Formulas")
 st.caption("Explore the analytic model at scales this machine cannot run. Every curve is a formula with its source; "
@@ -64,7 +64,7 @@ with tab_claims:
         st.markdown(f"**{n_hold} of {len(df)} claims hold** against the formulas.")
         st.dataframe(df.style.apply(fv.claim_styles, axis=None), hide_index=True, width="stretch")
     st.subheader("Checked on measured runs")
-    checks = store.measured_checks(store.db_url())
+    checks = store_access.measured_checks(store_access.db_url())
     if checks.empty:
         st.info("No measured check yet: run ddp and zero1/zero2/zero3 at the same world size (a sweep on New experiment), "
                 "or a pp run, and the comparison appears here.")
@@ -80,7 +80,7 @@ st.caption("The seeds' cluster scenarios checked with the exact worst-rank memor
            "reserve) and the step-time model on A100 80GB (b = 1, full recompute, bf16), next to the planner's own best "
            "layout for the same model, GPUs and batch. Computing them takes a minute on this machine.")
 if st.button("Compute planner verdicts", icon=":material/travel_explore:", key="fx_verdicts"):
-    from backend.ui.plan_view import scenario_verdicts
+    from dashboard.plan_view import scenario_verdicts
 
     with st.spinner("Planning the seed scenarios..."):
         st.session_state["fx_verdicts_rows"] = scenario_verdicts()

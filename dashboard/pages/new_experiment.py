@@ -9,14 +9,14 @@ import streamlit as st
 from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
-from backend.spec_checks import run_blockers
-from backend.ui import predict_view as pv
-from backend.ui import spec_form as sf
-from backend.ui import store
-from backend.ui import run_panel
-from backend.ui import workflow
-from backend.ui.format import fmt_bytes_short
-from backend.ui.glossary import HELP, schedule_label
+from backend.spec.checks import run_blockers
+from dashboard import predict_view as pv
+from dashboard import spec_form as sf
+from dashboard import store_access
+from dashboard import run_panel
+from dashboard import workflow
+from backend.readable_numbers import fmt_bytes_short
+from dashboard.glossary import HELP, schedule_label
 
 P = "f_"  # widget key prefix
 
@@ -35,7 +35,7 @@ def _init_state() -> None:
     hardware = st.session_state.pop("clone_hardware", None)  # from Plan: the step time on the planned GPUs
     if hardware:
         st.session_state[P + "step_hw"], st.session_state["step_gpn"] = hardware
-    from backend.ui.steptime_view import profile_options
+    from dashboard.steptime_view import profile_options
 
     if st.session_state.get(P + "step_hw") not in profile_options():
         st.session_state[P + "step_hw"] = "cpu"
@@ -155,7 +155,7 @@ def _framework_prediction(spec) -> None:
     """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
     if str(spec.framework) == "deepspeed":
         from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
-        from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
+        from backend.frameworks.deepspeed.ds_config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
         r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
         st.info(f"DeepSpeed layout per rank: params {r.params_bytes:,} B + fp32 master {r.master_bytes:,} B + optimizer "
@@ -172,14 +172,14 @@ def _framework_prediction(spec) -> None:
 
 @st.cache_data(max_entries=64, ttl=30, show_spinner=False)
 def _step_time(spec_json: str, hardware: str, gpus_per_node: int | None):
-    from backend.ui import steptime_view
+    from dashboard import steptime_view
 
-    return steptime_view.predict(ExperimentSpec.for_prediction(json.loads(spec_json)), hardware, store.engine(),
+    return steptime_view.predict(ExperimentSpec.for_prediction(json.loads(spec_json)), hardware, store_access.engine(),
                                  gpus_per_node=gpus_per_node)
 
 
 def _step_time_panel(spec) -> None:
-    from backend.ui import steptime_view
+    from dashboard import steptime_view
 
     c1, c2 = st.columns([2, 3])
     hardware = c1.selectbox("Step time on", steptime_view.profile_options(), key=P + "step_hw",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.ui import plan_view as pv
-from backend.ui import spec_form as sf
-from backend.ui import store
+from dashboard import plan_view as pv
+from dashboard import spec_form as sf
+from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
             "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15}
@@ -19,7 +19,7 @@ for k, v in DEFAULTS.items():
 
 def _plan_columns() -> dict:
     """Number formats (no raw floats) and a plain-words tooltip on every column that needs one."""
-    from backend.ui.glossary import HELP
+    from dashboard.glossary import HELP
 
     formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
                "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
@@ -33,7 +33,7 @@ def _verify_table(tag: str) -> None:
     """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
     from backend.bench import cpu_profile
 
-    df = pv.verify_frame(store.engine(), tag)
+    df = pv.verify_frame(store_access.engine(), tag)
     st.dataframe(df, hide_index=True, placeholder="–", column_config={
         "measured s": st.column_config.NumberColumn(format="%.3f"), "predicted s": st.column_config.NumberColumn(format="%.3f"),
         "error %": st.column_config.NumberColumn(format="%+.1f")})
@@ -114,7 +114,7 @@ if res is not None:
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
             st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
-            st.switch_page("views/new_experiment.py")
+            st.switch_page("dashboard/pages/new_experiment.py")
         if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
                      help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
                           "measured step time with the prediction"):
@@ -123,7 +123,7 @@ if res is not None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))
             else:
                 tag = pv.verify_tag(res.configs[rows[0]])
-                eid = store.submit(proxy, tags=(tag, "verify-plan"))
+                eid = store_access.submit(proxy, tags=(tag, "verify-plan"))
                 st.session_state["pl_verify_tag"] = tag
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):

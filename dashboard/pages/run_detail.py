@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.ui import detail_view as dv
-from backend.ui import runs_view as rv
-from backend.ui import spec_form as sf
-from backend.ui import store
-from backend.ui import timeline_view as tv
-from backend.ui import trace_view
-from backend.ui.format import fmt_frac
-from backend.ui.theme import STATUS_ICON
+from dashboard import detail_view as dv
+from dashboard import runs_view as rv
+from dashboard import spec_form as sf
+from dashboard import store_access
+from dashboard import timeline_view as tv
+from dashboard import trace_view
+from backend.readable_numbers import fmt_frac
+from dashboard.theme import STATUS_ICON
 
 
 def _selected_id(url: str) -> int | None:
     q = st.query_params.get("run")
     if q and str(q).isdigit():
         st.session_state["run_id"] = int(q)
-    recent = store.list_runs(url, limit=200)
+    recent = store_access.list_runs(url, limit=200)
     if not recent and st.session_state.get("run_id") is None:
         return None
     options = [r["id"] for r in recent]
@@ -36,10 +36,10 @@ def _selected_id(url: str) -> int | None:
 
 @st.fragment(run_every=2.0)
 def _live(url: str, rid: int) -> None:
-    if store.status_now(url, rid) not in rv.ACTIVE:
-        store.changed()  # the picker's label and the page must not show the cached 'running'
+    if store_access.status_now(url, rid) not in rv.ACTIVE:
+        store_access.changed()  # the picker's label and the page must not show the cached 'running'
         st.rerun(scope="app")
-    e = store.get_run(url, rid)
+    e = store_access.get_run(url, rid)
     if e is None:
         st.rerun(scope="app")
     st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}")
@@ -57,9 +57,9 @@ def _failure(e: dict) -> None:
     if tb:
         with st.expander("Traceback of the failing rank", expanded=True):
             st.code(tb, language="python")
-    from backend.worker import default_runs_dir
+    from backend.run_folders import default_runs_dir
 
-    tail, where = dv.log_tail_of(e, default_runs_dir(store.engine()))
+    tail, where = dv.log_tail_of(e, default_runs_dir(store_access.engine()))
     with st.expander("Log tail", expanded=not tb):
         if tail:
             st.caption(where)
@@ -88,10 +88,10 @@ def _timeline(res) -> None:
 
 
 def _step_prediction(res) -> None:
-    from backend.ui import steptime_view
+    from dashboard import steptime_view
 
     try:
-        pred, why = steptime_view.run_comparison(res, store.engine())
+        pred, why = steptime_view.run_comparison(res, store_access.engine())
     except Exception as e:  # noqa: BLE001 - the run page still renders
         pred, why = None, f"the step-time model failed: {e}"
     if pred is None:
@@ -147,7 +147,7 @@ def _result(res) -> None:
 
 def _framework_panels(res) -> None:
     """Issue 14: the framework's own estimate, model states for its layout, offload split, XLA collectives."""
-    from backend.ui import framework_view as fv
+    from dashboard import framework_view as fv
 
     ms = fv.model_state_frame(res)
     if not ms.empty:
@@ -169,13 +169,13 @@ def _framework_panels(res) -> None:
 
 
 st.title("Run detail")
-url = store.db_url()
+url = store_access.db_url()
 rid = _selected_id(url)
 if rid is None:
     st.info("No runs yet. Submit one on the **New experiment** page; its measurements appear here.")
-    st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
+    st.page_link("dashboard/pages/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
-e = store.get_run(url, rid)
+e = store_access.get_run(url, rid)
 if e is None:
     st.warning(f"Run #{rid} does not exist (deleted?). Pick another run above.")
     st.stop()
@@ -191,7 +191,7 @@ if e.get("tags"):
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
     if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
-        st.toast(f"#{rid}: {store.cancel([rid])[rid]}")
+        st.toast(f"#{rid}: {store_access.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
 if res is not None and (line := trace_view.banner(res)):

@@ -6,9 +6,9 @@ import streamlit as st
 
 from backend.result import Status
 from backend.spec import Framework, Strategy
-from backend.ui import runs_view as rv
-from backend.ui import selection
-from backend.ui import store
+from dashboard import runs_view as rv
+from dashboard import selection
+from dashboard import store_access
 from db import export
 
 ORDER = {"created": "created_at", "id": "id", "status": "status", "strategy": "strategy", "world size": "world_size",
@@ -42,9 +42,9 @@ def _filters() -> dict:
 @st.fragment(run_every=2.0)
 def _live_progress(url: str, active_ids: list[int]) -> None:
     """Progress bars of queued/running runs, refreshed every 2 s; a finished run reloads the whole page."""
-    rows = store.list_runs(url, status=("queued", "running"), limit=50)
+    rows = store_access.list_runs(url, status=("queued", "running"), limit=50)
     if {r["id"] for r in rows} != set(active_ids):
-        store.changed()  # the table below must not show the cached 'running' of a run that ended
+        store_access.changed()  # the table below must not show the cached 'running' of a run that ended
         st.rerun(scope="app")
     for r in rows:
         frac = rv.progress_fraction(r)
@@ -56,52 +56,52 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     c1, c2, c3, c4, c5 = st.columns(5)
     if c1.button("Open detail", icon=":material/search:", disabled=len(selected) != 1, key="act_open"):
         st.session_state["run_id"] = selected[0]
-        st.switch_page("views/run_detail.py", query_params={"run": str(selected[0])})
+        st.switch_page("dashboard/pages/run_detail.py", query_params={"run": str(selected[0])})
     if c2.button("Compare", icon=":material/bar_chart:", disabled=len(selected) < 2, key="act_compare"):
         st.session_state["compare_ids"] = list(selected)
-        st.switch_page("views/compare.py")
+        st.switch_page("dashboard/pages/compare.py")
     if c3.button("Cancel", icon=":material/cancel:", disabled=not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected), key="act_cancel"):
-        out = store.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
+        out = store_access.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
         st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
     if c4.button("Re-run", icon=":material/replay:", disabled=not selected, key="act_rerun", help="queue the same spec again as a new run"):
-        done, errs = store.requeue(selected)
+        done, errs = store_access.requeue(selected)
         if done:
             st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
         for e in errs:
             st.warning(e)
     if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
-        st.session_state["clone_spec"] = store.get_run(url, selected[0])["spec"]
-        st.switch_page("views/new_experiment.py")
+        st.session_state["clone_spec"] = store_access.get_run(url, selected[0])["spec"]
+        st.switch_page("dashboard/pages/new_experiment.py")
     c1, c2 = st.columns([3, 2])
     tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
     if c1.button("Apply tags", icon=":material/sell:", disabled=not selected, key="act_tag_apply"):
-        store.set_tags(selected, tags)
+        store_access.set_tags(selected, tags)
         st.rerun()
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
     if c2.button("Delete", icon=":material/delete:", disabled=not (selected and confirm), key="act_delete"):
-        for err in store.delete(selected):
+        for err in store_access.delete(selected):
             st.warning(err)
         st.session_state.pop("runs_selected", None)
-        store.changed()
+        store_access.changed()
         st.rerun()
 
 
 st.title("Runs")
-url = store.db_url()
+url = store_access.db_url()
 f = _filters()
-total = store.count_runs(url, status=f["status"], strategy=f["strategy"], tag=f["tag"], search=f["search"],
+total = store_access.count_runs(url, status=f["status"], strategy=f["strategy"], tag=f["tag"], search=f["search"],
                          framework=f["framework"])
 pages = max(1, -(-total // f["limit"]))
 page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs_page") if pages > 1 else 1
-df = store.runs_table(url, **f, offset=(page - 1) * f["limit"])
-active = store.list_runs(url, status=("queued", "running"), limit=50)
+df = store_access.runs_table(url, **f, offset=(page - 1) * f["limit"])
+active = store_access.list_runs(url, status=("queued", "running"), limit=50)
 if active:
     st.subheader("In progress")
     _live_progress(url, [r["id"] for r in active])
 if df.empty:
     if total == 0 and not any([f["status"], f["strategy"], f["tag"], f["search"], f["framework"]]):
         st.info("No runs yet. Design one on the **New experiment** page and press *Run this experiment*.")
-        st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
+        st.page_link("dashboard/pages/new_experiment.py", label="New experiment", icon=":material/science:")
     else:
         st.info("No run matches these filters. Clear a filter to see more.")
     st.stop()
@@ -130,8 +130,8 @@ _actions(url, selected, {i: {"status": by_id.at[i, "status"]} for i in selected}
 c1, c2 = st.columns(2)
 filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"],
                framework=list(f["framework"]) or None)
-c1.download_button("CSV of this filtered view", icon=":material/download:", data=lambda: export.export_csv(store.engine(), **filters),
+c1.download_button("CSV of this filtered view", icon=":material/download:", data=lambda: export.export_csv(store_access.engine(), **filters),
                    file_name="shardlab_runs.csv", mime="text/csv", key="dl_csv",
                    help="one row per run: measured and predicted bytes per category, comm, timing")
-c2.download_button("JSON of this filtered view", icon=":material/download:", data=lambda: export.export_json(store.engine(), **filters),
+c2.download_button("JSON of this filtered view", icon=":material/download:", data=lambda: export.export_json(store_access.engine(), **filters),
                    file_name="shardlab_runs.json", mime="application/json", key="dl_json", help="full spec and result of every run")

@@ -17,6 +17,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from db.transactions import write_engine
+
 HERE = Path(__file__).resolve().parent
 INI = HERE.parent / "alembic.ini"
 MIGRATION_LOCK_ID = 0x5AD1AB  # pg_advisory_xact_lock key of ShardLab's schema migrations
@@ -43,8 +45,6 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade the schema to `revision` (no-op when already there)."""
     if revision == "head" and current_revision(engine) == head_revision():
         return
-    from db.session import write_engine
-
     cfg = alembic_config(engine)
     with write_engine(engine).connect() as conn:
         sqlite = conn.dialect.name == "sqlite"

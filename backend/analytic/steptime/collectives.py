@@ -6,14 +6,14 @@ ring steps: all-reduce 2(n-1), all-gather / reduce-scatter / all-to-all / broadc
 IJHPCA, Sec 4; Patarasuk & Yuan 2009). A group whose ranks sit on more than one node runs at the
 inter-node tier (each GPU's own NIC is the ring's bottleneck link, Narayanan 2021 Sec 4.1).
 
-Mesh order is (pp, dp, tp), tp fastest (backend/spec.py ParallelSpec.coords), ranks filled node by node.
+Mesh order is (pp, dp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.textbook.comm import ring_wire_bytes
+from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.vector import logical_or, maximum, minimum, where
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.frameworks.capabilities import DEEPSPEED_STAGE
+from backend.spec.framework_support import DEEPSPEED_STAGE
 from backend.spec import ExperimentSpec
 
 BUCKET_ELEMENTS = 5_000_000

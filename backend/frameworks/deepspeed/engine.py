@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backend.frameworks.deepspeed.config import ds_config
+from backend.frameworks.deepspeed.ds_config import ds_config
 from backend.models.gpt import loss_fn
 from backend.strategies.base import LocalLoss, Prepared, RankContext, make_optimizer
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.params import param_list
-from backend.frameworks.capabilities import DEEPSPEED_STAGE
+from backend.spec.framework_support import DEEPSPEED_STAGE
 from backend.spec import ExperimentSpec
 
 

@@ -44,7 +44,7 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
-        from backend.frameworks.deepspeed.estimate import deepspeed_estimate
+        from backend.frameworks.deepspeed.own_estimator import deepspeed_estimate
 
         write_json_atomic(out / "ds_config.json", prep.extra["ds_config"])
         ref, note = run_isolated(spec)  # its own CPU process, never on this rank's device (engine/rank.py)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from backend.analytic.frameworks.gspmd import mode
-from backend.frameworks.jax import hlo, model, optim, sharding
+from backend.frameworks.jax import gpt, hlo, named_shardings, optim
 
 MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
                  "generated_code_size_in_bytes")
@@ -22,14 +22,14 @@ class Trainer:
     def __init__(self, spec: Any):
         self.spec = spec
         t = spec.train
-        self.mesh = sharding.make_mesh(spec)
-        host = model.torch_params(spec)
+        self.mesh = named_shardings.make_mesh(spec)
+        host = gpt.torch_params(spec)
         shapes = {k: v.shape for k, v in host.items()}
-        self.p_sh = sharding.param_shardings(spec, self.mesh, shapes)
+        self.p_sh = named_shardings.param_shardings(spec, self.mesh, shapes)
         self.params = {k: jax.device_put(v, self.p_sh[k]) for k, v in host.items()}
         s_sh = {"m": self.p_sh, "v": self.p_sh} if str(t.optimizer) == "adamw" else {"buf": self.p_sh}
         self.state = jax.jit(lambda p: optim.init_state(p, str(t.optimizer)), out_shardings=s_sh)(self.params)
-        rep, x_sh = sharding.replicated(self.mesh), sharding.batch_sharding(self.mesh)
+        rep, x_sh = named_shardings.replicated(self.mesh), named_shardings.batch_sharding(self.mesh)
         self.x_sh = x_sh
         self.count = jax.device_put(jnp.ones((), jnp.float32), rep)
         step = _make_step(spec)
@@ -79,7 +79,7 @@ class Trainer:
 def _make_step(spec: Any):
     t, m = spec.train, spec.model
     n = t.microbatches
-    grad_fn = jax.value_and_grad(model.loss_fn)
+    grad_fn = jax.value_and_grad(gpt.loss_fn)
 
     def step(params, state, count, x, y):  # x, y (n, dp * mb, T)
         total, grads = 0.0, None
@@ -98,7 +98,7 @@ def _bytes_on(d: int, a: jax.Array) -> int:
 
 
 def _wire(key: str, v: dict[str, Any]) -> float:
-    from backend.analytic.textbook.comm import ring_wire_bytes
+    from backend.analytic.textbook.comm_volume import ring_wire_bytes
 
     n = max(v["group_sizes"] or [1])
     return float(ring_wire_bytes(key, v["bytes"], n))

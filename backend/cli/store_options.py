@@ -1,0 +1,75 @@
+"""What every experiment-store command shares: `--db URL` (else SHARDLAB_DB_URL, else <repo>/data/shardlab.db), the
+run filters, JSON output, and `guarded`: a store that cannot be used (its SQLite file gone or replaced) exits 2 with
+the reason, an unreachable or read-only one exits 1 with the driver's first line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from backend.cli import fail
+from backend.result import Status
+from backend.spec import Strategy
+from db.session import StoreError
+
+
+def add_db_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", help="database URL (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
+
+
+def add_filter_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--status", action="append", choices=[s.value for s in Status], help="repeatable")
+    p.add_argument("--strategy", action="append", choices=[s.value for s in Strategy], help="repeatable")
+    p.add_argument("--tag", action="append", help="repeatable: every tag must be present")
+    p.add_argument("--sweep", dest="sweep_id", help="sweep id")
+    p.add_argument("--search", help="text in name, error, sweep id or tags; or an id")
+
+
+def filter_kwargs(args) -> dict:
+    return {"status": args.status, "strategy": args.strategy, "tag": args.tag, "sweep_id": args.sweep_id, "search": args.search}
+
+
+def open_store(args):
+    from db.session import open_db
+
+    return open_db(args.db)
+
+
+def guarded(func):
+    """`func(args)` with the store's failures turned into exit codes (see the module docstring)."""
+    def run(args) -> int:
+        from backend.worker.store_guard import is_transient, short
+
+        try:
+            return func(args)
+        except StoreError as e:
+            return fail(str(e))
+        except Exception as e:  # noqa: BLE001
+            if not is_transient(e):
+                raise
+            print(f"error: the store is unavailable ({short(e)}); nothing was changed", file=sys.stderr)
+            return 1
+
+    run.__wrapped__ = func
+    return run
+
+
+def dump_json(obj) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
+
+
+def runs_dirs(engine, runs_dir: Path | None = None) -> list[Path]:
+    """Where run folders live: the worker's runs dir and the SLURM config's run_dir (a broken cluster config must not
+    stop a local delete or gc)."""
+    from backend.run_folders import default_runs_dir
+
+    dirs = [Path(runs_dir or default_runs_dir(engine))]
+    try:
+        from backend.cluster.slurm_config import load
+
+        dirs.append(Path(load().run_dir))
+    except Exception:  # noqa: BLE001
+        pass
+    return dirs

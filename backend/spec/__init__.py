@@ -1,0 +1,21 @@
+"""The experiment spec: one typed object (pydantic) that flows UI -> store -> launcher -> ranks -> result -> plots.
+
+`choices` holds the closed value sets, `sections` the parts (model, train, parallel, runtime) with their bounds,
+`checks` the cross-field checks with their arithmetic, `framework_support` what DeepSpeed and JAX run, `experiment` the
+whole spec and `validate_spec`; `fields` names the fields for CLI flags and sweeps, `user_text` bounds what people type.
+The names below are the spec's public API: `from backend.spec import ExperimentSpec, validate_spec`.
+"""
+
+from backend.spec.choices import (DP_FLAVOURS, MULTI_STAGE_SCHEDULES, ZERO_STAGE, AttentionImpl, Backend, Bias, Device,
+                                  Executor, Framework, Mlp, Norm, Offload, Optimizer, Positions, Precision, Recompute,
+                                  Schedule, Strategy)
+from backend.spec.experiment import ExperimentSpec, SpecError, validate_spec
+from backend.spec.sections import (MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB, MAX_WORLD, ModelSpec,
+                                   ParallelSpec, RuntimeSpec, TrainSpec)
+
+__all__ = [
+    "DP_FLAVOURS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "Device", "Executor",
+    "Framework", "Mlp", "Norm", "Offload", "Optimizer", "Positions", "Precision", "Recompute", "Schedule", "Strategy",
+    "ExperimentSpec", "SpecError", "validate_spec", "MAX_BATCH", "MAX_DIM", "MAX_LAYERS", "MAX_SEQ", "MAX_STEPS",
+    "MAX_VOCAB", "MAX_WORLD", "ModelSpec", "ParallelSpec", "RuntimeSpec", "TrainSpec",
+]

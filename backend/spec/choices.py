@@ -1,0 +1,117 @@
+"""The closed sets of values a spec field takes (strategies, schedules, precisions, model-family choices) and the
+facts tied to them (which strategies are data-parallel flavours, their ZeRO stage, the multi-stage schedules)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Strategy(StrEnum):
+    """Headline strategy. ddp..fsdp name the data-parallel flavour; tp/pp/ep are the pure model-parallel ones."""
+
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    FSDP = "fsdp"
+    TP = "tp"
+    PP = "pp"
+    EP = "ep"
+
+
+class Schedule(StrEnum):
+    """Pipeline schedules, each backed by a `torch.distributed.pipelining` schedule class."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+    ZERO_BUBBLE = "zero_bubble"  # ScheduleInterleavedZeroBubble
+    ZBV = "zbv"  # ScheduleZBVZeroBubble (V-shaped, 2 stages per rank)
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "fp16-mixed"
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Backend(StrEnum):
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class Device(StrEnum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Framework(StrEnum):
+    """Which framework runs the step: torch-native (backend/strategies), DeepSpeed's engine, or JAX/XLA GSPMD
+    (backend/frameworks/). What each one runs is declared in backend/spec/framework_support.py."""
+
+    TORCH = "torch"
+    DEEPSPEED = "deepspeed"
+    JAX = "jax"
+
+
+class Offload(StrEnum):
+    """What lives on the host (CPU) instead of the accelerator between uses."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # DeepSpeed offload_optimizer: fp32 master partition + Adam states, step on the CPU
+    PARAMS = "params"  # params too: DeepSpeed offload_param (stage 3) + offload_optimizer; FSDP2 CPUOffloadPolicy
+
+
+class Executor(StrEnum):
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
+class Norm(StrEnum):
+    """Normalisation layer of every block and the final norm."""
+
+    LAYERNORM = "layernorm"  # weight + bias (GPT-2, GPT-3, GPT-NeoX)
+    RMSNORM = "rmsnorm"  # weight only (Llama, Mistral, Mixtral, Qwen2)
+
+
+class Mlp(StrEnum):
+    """Dense MLP / expert block."""
+
+    GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
+    SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
+
+
+class Positions(StrEnum):
+    LEARNED = "learned"  # pos_emb (seq_len, h) added to the token embedding
+    ROPE = "rope"  # rotary q/k rotation (Su et al. 2021), no parameters
+
+
+class Bias(StrEnum):
+    """Which Linear layers of the blocks carry a bias (lm_head and the MoE router never do)."""
+
+    ALL = "all"  # q, k, v, o and the MLP (GPT-2)
+    NONE = "none"  # none (Llama, Mistral, Mixtral)
+    QKV = "qkv"  # q, k, v only (Qwen2)
+
+
+class AttentionImpl(StrEnum):
+    MATH = "math"  # explicit softmax(QK^T)V: the (b, a, s, s) probabilities are saved for backward
+    FLASH = "flash"  # torch SDPA's fused kernel: saves q, k, v, out and the logsumexp, never s x s (Dao et al. 2022)
+
+
+DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
+ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
