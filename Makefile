@@ -40,7 +40,7 @@ browser:
 	  else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser test will be skipped"; fi; \
 	fi
 
-# A real PostgreSQL server for the store tests (started by the tests themselves in a temp dir; see tests/pg_server.py).
+# A real PostgreSQL server for the store tests (started by the tests themselves in a temp dir; see tests/helpers/pg_server.py).
 postgres:
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -49,7 +49,7 @@ postgres:
 	  else echo "warning: postgresql missing and apt-get unavailable; the PostgreSQL store tests will be skipped"; fi; \
 	fi
 
-# A real SLURM cluster (slurmctld + 2 slurmd on 127.0.0.1) for tests/test_slurm.py, started by the tests themselves.
+# A real SLURM cluster (slurmctld + 2 slurmd on 127.0.0.1) for tests/e2e/test_slurm.py, started by the tests themselves.
 slurm:
 	@if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -61,8 +61,9 @@ slurm:
 test: $(VENV)/.installed-test browser postgres slurm
 	$(PY) -m pytest -q --durations=25
 
+# The unit tests (tests/unit/: one process, pure Python) but the few slow ones: under 2 minutes on 2 cores.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -m "unit and not slow"
 
 # The GPU check (issue 22 A; benchmarks/gpu_check.py): device cuda when this machine has one, else the CPU kit
 # (gloo, tiny model). Output in GPU_CHECK_OUT (report.json, summary.md, profile.json, kit.log).

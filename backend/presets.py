@@ -2,7 +2,7 @@
 
 Each preset is a `ModelSpec` field dict taken from the model's published config.json (Hugging Face Hub)
 or paper table, plus the parameter count its publisher reports and where that number comes from. The
-tests (tests/test_presets.py) hold `count_params` to those counts to the parameter.
+tests (tests/unit/test_presets.py) hold `count_params` to those counts to the parameter.
 `seq_len` is the pre-training sequence length (it only changes parameters for learned positions).
 
 `scaled_for_cpu` shrinks a preset to something the CPU engine runs in seconds while keeping its family

@@ -1,4 +1,4 @@
-"""Every private torch API ShardLab touches, in one module (tests/test_torch_compat.py checks each one), so a
+"""Every private torch API ShardLab touches, in one module (tests/unit/test_torch_compat.py checks each one), so a
 torch upgrade that moves or changes one fails loudly here instead of deep inside a run.
 
 Pinned against torch 2.13.0 (this venv) and torch 2.11.0 (the GPU machine's image): where the two differ the

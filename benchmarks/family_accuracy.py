@@ -16,12 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root, for its packages
 
-from mp_accuracy import misses  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
-from tests.fixtures.engine_batch import launch  # noqa: E402
+from benchmarks.mp_accuracy import misses  # noqa: E402
+from tests.helpers.engine_batch import launch  # noqa: E402
 
 _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", n_kv_heads=2, attention="flash")
 FAMILIES: dict[str, dict] = {

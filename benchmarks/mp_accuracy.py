@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.engine.assemble import BOUNDS_PCT, COMM_BOUND_PCT, comm_error_pct  # noqa: E402
 from backend.result import error_pct  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
-from tests.fixtures.engine_batch import launch  # noqa: E402
+from tests.helpers.engine_batch import launch  # noqa: E402
 
 MOE = {"n_experts": 4, "top_k": 2}
 

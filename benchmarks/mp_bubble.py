@@ -3,7 +3,7 @@ real engine (one run per point; the timeline of the first timed step is measured
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mp_bubble.py [--pp 2] [--m 2 4 8] [--schedules gpipe 1f1b ...] [--no-engine]
 
---no-engine runs every point of a schedule in ONE torchrun job through tests/fixtures/mp_harness.py
+--no-engine runs every point of a schedule in ONE torchrun job through tests/helpers/mp_harness.py
 (prepare + 2 steps, timeline of step 1, no memory-tracked step): faster, and it also covers the schedules
 whose memory-tracked engine step cannot run yet (interleaved_1f1b, zero_bubble, zbv: see the report).
 
@@ -44,7 +44,7 @@ def run_harness(args) -> int:
 
     from backend.analytic.measured.bubble_measure import measured_bubble_fraction
     from backend.analytic.textbook.pipeline import bubble_fraction
-    from tests.fixtures.mp_launch import run_specs
+    from tests.helpers.mp_launch import run_specs
 
     os.environ["MP_STEPS"] = "2"
     for schedule in args.schedules:

@@ -79,7 +79,7 @@ def main() -> None:
     print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
     rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]
     print(f"  agreement on {len(idx)} random layouts: array path vs estimate.estimate worst rank, max |rel err| "
-          f"{max(rel):.2e} (tests/test_planner_core.py checks 1,000 byte for byte)")
+          f"{max(rel):.2e} (tests/unit/test_planner_core.py checks 1,000 byte for byte)")
     cold = subprocess.run([sys.executable, __file__, "--cold-plan"], capture_output=True, text=True, check=True)
     print("  " + cold.stdout.strip())
     for top in (5, 10):

@@ -26,9 +26,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bare_ddp import bare_model, bare_steps, slowest  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root, for its packages
 
 from backend.engine import mesh as mesh_mod  # noqa: E402
 from backend.engine.data import global_batch  # noqa: E402
@@ -37,6 +35,7 @@ from backend.models.gpt import build_model  # noqa: E402
 from backend.runtime.entry import env_ranks  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 from backend.strategies.base import RankContext, local_batch, prepare  # noqa: E402
+from benchmarks.bare_ddp import bare_model, bare_steps, slowest  # noqa: E402
 
 
 def cpu_timed(fn: Callable, cpu_s: list[float]) -> Callable:

@@ -8,7 +8,7 @@ row) or mixed up (a result whose spec is another run's). Prints those counts as 
 Runs are world-1 (and some world-2) tiny GPTs on the real launcher and engine; one in ten asks for CUDA and fails
 in the launcher's preflight at once (a failed run with its reason, no process started). The server is stopped
 when a third (and two thirds) of the runs are final; the worker is killed once half are. Needs the PostgreSQL
-server binaries (tests/pg_server.py), as root or as a user that may run them.
+server binaries (tests/helpers/pg_server.py), as root or as a user that may run them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root, for its packages
 
 from backend.result import FINISHED  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
@@ -151,7 +150,7 @@ def check(engine, ids: list[int], specs: list[ExperimentSpec], logs: list[Path])
 
 
 def main() -> int:
-    from pg_server import PgServer, unavailable_reason
+    from tests.helpers.pg_server import PgServer, unavailable_reason
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=200)

@@ -4,7 +4,7 @@
 from it, queue/progress bookkeeping, summary numbers and the full RunResult JSON. The child tables
 (`rank_results`, `comm_records`, `losses`, `timeline_events`) are the same result normalised so that
 export and plots can aggregate in SQL. Every schema change needs an Alembic revision in
-db/migrations/versions (tests/test_migrations.py checks the models and migrations agree).
+db/migrations/versions (tests/unit/test_migrations.py checks the models and migrations agree).
 """
 
 from __future__ import annotations

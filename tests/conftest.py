@@ -1,10 +1,38 @@
+"""The suite's shared set-up: test kinds by folder, the environment every test runs in, no stray workers, and the
+experiment store on SQLite and PostgreSQL.
+
+Kinds (pytest.ini; `make test-fast` runs `-m "unit and not slow"`):
+- tests/unit/: one process, pure Python (torch in-process, Streamlit's AppTest, the worker's loop on threads);
+- tests/multiprocess/: the code under test runs in several processes: torchrun ranks on gloo, trace ranks, a
+  worker, the CLI or the dashboard in a subprocess;
+- tests/e2e/: against a real browser, SLURM cluster, PostgreSQL server or GPU. The PostgreSQL variant of a store
+  test in tests/unit/ (`store_urls`' postgresql parameter) is end-to-end too.
+`slow` marks tests that take tens of seconds; they stay out of `make test-fast`.
+"""
+
 import os
 import sys
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "multiprocess", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its folder's kind (a PostgreSQL-backed variant of a unit test is e2e)."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        kind = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if kind not in KINDS:
+            raise pytest.UsageError(f"{item.nodeid}: test files live in tests/unit, tests/multiprocess or tests/e2e")
+        if kind == "unit" and item.get_closest_marker("postgres"):
+            kind = "e2e"
+        item.add_marker(getattr(pytest.mark, kind))
+
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The dashboard starts a worker when none is alive; in tests that worker would outlive the session.
 os.environ.setdefault("SHARDLAB_NO_WORKER", "1")
@@ -50,13 +78,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ---- the experiment store on SQLite and on PostgreSQL ------------------------------------------------
-import pytest  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def pg_server():
-    """One real PostgreSQL server for the whole session (see tests/pg_server.py); skipped with the reason."""
-    from pg_server import PgServer, unavailable_reason
+    """One real PostgreSQL server for the whole session (see tests/helpers/pg_server.py); skipped with the reason."""
+    from tests.helpers.pg_server import PgServer, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -19,8 +19,8 @@ from backend.gpucheck.kit_context import PROFILE_FILE, KitContext
 from backend.gpucheck.specs import runs_for, spec_for
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_TEST_FILES = ("tests/test_gpu.py",)
-COMPAT_TEST_FILES = ("tests/test_torch_compat.py", "tests/test_trace_compat.py")
+GPU_TEST_FILES = ("tests/e2e/test_gpu.py",)
+COMPAT_TEST_FILES = ("tests/unit/test_torch_compat.py", "tests/unit/test_trace_compat.py", "tests/multiprocess/test_trace_compat.py")
 """The private torch symbols ShardLab uses, checked against the device's torch (2.11 there, 2.13 here)."""
 RUN_MIN_S = {"cuda": 30.0, "cpu": 8.0}
 """A run is not started with less time left than this (run 1: 28-42 s per run, ~24 s of it set-up)."""

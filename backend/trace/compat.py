@@ -1,5 +1,5 @@
-"""Every private torch API the full-scale trace touches, in one place (tests/test_trace_compat.py checks
-each symbol), so a torch upgrade fails loudly here and nowhere else.
+"""Every private torch API the full-scale trace touches, in one place (tests/unit/test_trace_compat.py and
+tests/multiprocess/test_trace_compat.py check each symbol), so a torch upgrade fails loudly here and nowhere else.
 
 A traced rank runs the engine's own set-up and train step on fake tensors (`FakeTensorMode`: shapes,
 dtypes and storage sizes, no data) over the fake process group (`init_process_group("fake")`:

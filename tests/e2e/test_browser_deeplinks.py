@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_browser import CHROME_ARGS, CHROMIUM, _shot, dashboard  # noqa: F401 - the fixture is used by name
+from tests.e2e.test_browser import CHROME_ARGS, CHROMIUM, _shot, dashboard  # noqa: F401 - the fixture is used by name
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.test_browser import CHROME_ARGS, CHROMIUM, ROOT, _free_port, _wait_http
+from tests.e2e.test_browser import CHROME_ARGS, CHROMIUM, ROOT, _free_port, _wait_http
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

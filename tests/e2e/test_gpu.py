@@ -1,5 +1,5 @@
 """The GPU path run for real (marker `gpu`: skipped without CUDA, no monkeypatching): what
-tests/test_gpu_by_construction.py checks with fakes, checked on the device. The GPU check (benchmarks/gpu_check.py,
+tests/unit/test_gpu_by_construction.py checks with fakes, checked on the device. The GPU check (benchmarks/gpu_check.py,
 phase tests) runs this file with `pytest -m gpu` on the device machine."""
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
@@ -17,7 +16,7 @@ from db import queries as q
 from db.migrations import current_revision, head_revision
 from db.models import Experiment
 from db.session import REPO, get_engine, open_db, reader
-from store_helpers import spec
+from tests.helpers.store_helpers import spec
 
 pytestmark = pytest.mark.postgres
 
@@ -53,8 +52,7 @@ def test_the_engine_is_postgres_and_claims_skip_rows_held_by_another_transaction
 
 
 OPENER = """
-import sys, time, pathlib
-sys.path.insert(0, {root!r})
+import time, pathlib
 from db.session import open_db
 from db.migrations import current_revision
 go = pathlib.Path({go!r})
@@ -67,8 +65,8 @@ print(current_revision(open_db({url!r})))
 def test_two_processes_opening_a_fresh_database_migrate_it_once(pg, tmp_path):
     url = pg(blank=True)
     go = tmp_path / "go"
-    script = OPENER.format(root=str(REPO), url=url, go=str(go))
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = OPENER.format(url=url, go=str(go))
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     time.sleep(2.0)
     go.touch()
@@ -123,8 +121,7 @@ def copy_store(src, dst) -> None:
 
 @pytest.mark.slow
 def test_10000_run_export_is_the_same_on_sqlite_and_postgres(pg, tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from export_bench import fill
+    from benchmarks.export_bench import fill
 
     from db.export import export_csv, export_json
 

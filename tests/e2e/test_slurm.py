@@ -1,5 +1,5 @@
 """Runs on a real SLURM cluster started by the tests (slurmctld + two slurmd nodes on 127.0.0.1, see
-tests/slurm_cluster.py): submitted through the CLI, run by the worker's SLURM runner, collected into the
+tests/helpers/slurm_cluster.py): submitted through the CLI, run by the worker's SLURM runner, collected into the
 store like a local run; and the failures (cancel, a rank that raises, the time limit, a slurmd killed
 mid-job) stored as failed with SLURM's state, the traceback or log tail, and no process left behind."""
 
@@ -27,7 +27,7 @@ TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "2", "--heads", "2", 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from slurm_cluster import SlurmCluster, unavailable_reason
+    from tests.helpers.slurm_cluster import SlurmCluster, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -6,17 +6,14 @@ is `python benchmarks/soak.py`."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def test_short_soak_loses_duplicates_and_mixes_up_nothing(pg_server, tmp_path):
-    from soak import soak
+    from benchmarks.soak import soak
 
     counts = soak(pg_server, runs=6, workers=3, restarts=1, outage_s=5.0, kill=True, workdir=tmp_path, timeout_s=300)
     print(json.dumps(counts, indent=1))

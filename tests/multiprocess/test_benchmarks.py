@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_side_by_side_job_reports_both_sides_every_round(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from engine_vs_bare import bench_spec
+    from benchmarks.engine_vs_bare import bench_spec
 
     spec = bench_spec(2)
     (tmp_path / "spec.json").write_text(spec.to_json())
@@ -32,8 +31,7 @@ def test_side_by_side_job_reports_both_sides_every_round(tmp_path):
 
 @pytest.mark.slow
 def test_side_by_side_single_step_blocks_alternate_and_null_runs(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from engine_vs_bare import bench_spec, side_by_side_rounds
+    from benchmarks.engine_vs_bare import bench_spec, side_by_side_rounds
 
     (wall, cpu) = side_by_side_rounds(bench_spec(2), rounds=1, launches=1, block=1, null=True)
     assert [len(r) for r in wall[0] + wall[1] + cpu[0] + cpu[1]] == [2, 2, 2, 2]

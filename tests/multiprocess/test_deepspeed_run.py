@@ -17,7 +17,7 @@ from backend.result import RunResult
 from backend.spec import ExperimentSpec
 
 pytest.importorskip("deepspeed")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--framework", "deepspeed", "--world", "2", "--steps", "2", "--warmup-steps", "1", "--layers", "2",
          "--hidden", "32", "--heads", "2", "--seq", "16", "--vocab", "64", "--global-batch", "4", "--micro-batch", "1",
          "--timeout", "400"]

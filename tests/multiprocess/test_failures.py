@@ -9,7 +9,7 @@ import pytest
 
 from backend.launch.launcher import run_experiment
 from backend.result import RunResult, Status
-from tests.fixtures.launch_helpers import assert_no_orphans, engine_kwargs, job_env, tiny_spec
+from tests.helpers.launch_helpers import assert_no_orphans, engine_kwargs, job_env, tiny_spec
 
 pytestmark = pytest.mark.slow
 

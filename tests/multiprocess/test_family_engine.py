@@ -9,14 +9,12 @@ routed SwiGLU experts under EP, shared experts under EP and TP+SP."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from family_accuracy import MIX_3D, MIX_3D_FSDP, STRATEGIES, spec  # noqa: E402
-from mp_accuracy import misses  # noqa: E402
+from benchmarks.family_accuracy import MIX_3D, MIX_3D_FSDP, STRATEGIES, spec
+from benchmarks.mp_accuracy import misses
 
 WORLD2 = [("gpt", "pp_1f1b"), ("gpt", "zero1"), ("llama", "tp_sp"), ("llama", "zero3"), ("mixtral", "ep"),
           ("mixtral", "ddp"), ("shared_moe", "ep"), ("shared_moe", "tp_sp")]
@@ -24,7 +22,7 @@ WORLD2 = [("gpt", "pp_1f1b"), ("gpt", "zero1"), ("llama", "tp_sp"), ("llama", "z
 
 @pytest.mark.slow
 def test_families_on_the_engine_world2(tmp_path: Path):
-    from tests.fixtures.engine_batch import launch
+    from tests.helpers.engine_batch import launch
 
     specs = [spec(f, s, STRATEGIES[s], 2) for f, s in WORLD2]
     runs = launch(2, specs, tmp_path, timeout_s=1800)
@@ -35,7 +33,7 @@ def test_families_on_the_engine_world2(tmp_path: Path):
 @pytest.mark.slow
 def test_llama_family_3d_mix_world8(tmp_path: Path):
     """pp 2 x dp 2 (ddp) x tp 2 (+SP) of the Llama-style family: RMSNorm, SwiGLU, RoPE, GQA, flash."""
-    from tests.fixtures.engine_batch import launch
+    from tests.helpers.engine_batch import launch
 
     s = spec("llama", "3d", MIX_3D, 8)
     res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]
@@ -47,7 +45,7 @@ def test_gpt_3d_fsdp_mix_world8(tmp_path: Path):
     """pp 2 x dp 2 (FSDP2 zero3) x tp 2 (+SP), 1F1B: model-state bytes per rank follow fsdp_state's pipeline peak
     (non-last stage: inside the last block of its last steady-state forward, the root and that block unsharded and
     the no-sync backwards' unsharded grads held; last stage: lm_head's logits all-gather, only its root unsharded)."""
-    from tests.fixtures.engine_batch import launch
+    from tests.helpers.engine_batch import launch
 
     s = spec("gpt", "3d_fsdp", MIX_3D_FSDP, 8)
     res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from backend.engine.notes import PARITY_BOUND
-from tests.fixtures.mp_launch import tiny
+from tests.helpers.mp_launch import tiny
 
 FP16 = {"precision": "fp16-mixed"}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -24,7 +24,7 @@ def test_fp16_world2_matches_the_scaled_reference(tmp_path):
     """ddp, zero3, tp and pp (1f1b) at world 2 under fp16-mixed: every rank steps through the loss scaler
     (its report covers every engine step), the losses are the unscaled ones and match the reference at the
     fp16 parity bound (engine/notes.PARITY_BOUND)."""
-    from tests.fixtures.engine_batch import launch
+    from tests.helpers.engine_batch import launch
 
     train = FP16 | {"warmup_steps": 1}
     specs = [tiny("fp16_ddp", strategy="ddp", world_size=2, train=train),
@@ -50,7 +50,7 @@ INJECT = [dict(strategy="tp", world_size=2), dict(strategy="zero3", world_size=2
 
 @pytest.fixture(scope="module")
 def injected(tmp_path_factory) -> dict[str, dict]:
-    """tests/fixtures/fp16_inject.py on the INJECT layouts, in one torchrun launch."""
+    """tests/helpers/fp16_inject.py on the INJECT layouts, in one torchrun launch."""
     tmp = tmp_path_factory.mktemp("inject")
     paths = []
     for parallel in INJECT:
@@ -60,7 +60,7 @@ def injected(tmp_path_factory) -> dict[str, dict]:
     out = tmp / "out.json"
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests/fixtures/fp16_inject.py"), str(out), *map(str, paths)],
+                           "-m", "tests.helpers.fp16_inject", str(out), *map(str, paths)],
                           capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {r["name"]: r for r in json.loads(out.read_text())}
@@ -77,27 +77,3 @@ def test_inf_gradient_on_one_rank_skips_the_step_on_every_rank(injected, strateg
         assert r["params_changed"] == [True, False, True], r  # step 1 left every local shard unchanged
         assert r["scales"] == [2.0**16, 2.0**16, 2.0**15, 2.0**15], r  # halved once, by the skip
         assert r["report"]["skipped_steps"] == [1] and r["report"]["steps"] == 3
-
-
-def test_loss_scaling_note_and_field():
-    from backend.engine.assemble import _loss_scaling
-
-    rep = {"skipped_steps": [1], "steps": 5, "scale": 32768.0}
-    skipped, notes = _loss_scaling([{"extra": {"loss_scaling": rep}}, {"extra": {"loss_scaling": rep}}])
-    assert skipped == [1] and "1 of 5 optimizer steps skipped" in notes[0] and len(notes) == 1
-    _, notes = _loss_scaling([{"extra": {"loss_scaling": rep}}, {"extra": {"loss_scaling": rep | {"skipped_steps": []}}}])
-    assert "DISAGREES" in notes[-1]
-    assert _loss_scaling([{"extra": {}}]) == (None, [])
-
-
-def test_run_page_headline_shows_skipped_steps_for_fp16_only():
-    from backend.result import RunResult, Status
-    from dashboard import detail_view as dv
-
-    fp16 = RunResult(status=Status.OK, spec=tiny("h", strategy="ddp", world_size=2, train=FP16),
-                     loss_scaling_skipped_steps=[0, 3])
-    assert dv.headline(fp16)["fp16 steps skipped (overflow)"] == "2 [0, 3]"
-    assert "MFU" in list(dv.headline(fp16))[-1]  # the metric is added, nothing displaced
-    plain = RunResult(status=Status.OK, spec=tiny("h", strategy="ddp", world_size=2))
-    assert "fp16 steps skipped (overflow)" not in dv.headline(plain)
-    assert RunResult.from_json(fp16.to_json()).loss_scaling_skipped_steps == [0, 3]  # stored with the run

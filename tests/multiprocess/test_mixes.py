@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.fixtures.mp_launch import assert_parity, run_specs, tiny
+from tests.helpers.mp_launch import assert_parity, run_specs, tiny
 
 SPECS = [
     tiny("fsdp_x_tp", strategy="fsdp", world_size=4, tp=2),

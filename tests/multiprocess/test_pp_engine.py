@@ -4,7 +4,7 @@ rank, and FSDP with EP experts as ignored params. Loss parity with the single-pr
 tracked params / grads / optimizer bytes against the analytic prediction.
 
 Several specs share one torchrun launch: this file is also the rank program
-(`torch.distributed.run ... tests/test_pp_engine.py OUTDIR SPEC.json...`), calling the engine's own
+(`torch.distributed.run ... -m tests.multiprocess.test_pp_engine OUTDIR SPEC.json...`), calling the engine's own
 `backend.engine.rank.run_rank` per spec, exactly as `python -m backend.engine.rank` does."""
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from backend.analytic.sharding import local_params
+from backend.spec import ExperimentSpec
 
-from backend.analytic.sharding import local_params  # noqa: E402
-from backend.spec import ExperimentSpec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
 LOSS_TOL = 1e-4
@@ -57,7 +56,7 @@ def launch(world: int, specs: list[ExperimentSpec], tmp: Path) -> dict[str, dict
         paths[-1].write_text(s.to_json())
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           __file__, str(tmp), *map(str, paths)]
+           "-m", "tests.multiprocess.test_pp_engine", str(tmp), *map(str, paths)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = {}

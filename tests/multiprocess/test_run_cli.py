@@ -13,9 +13,9 @@ import pytest
 
 from backend.cli.run_summary import summary
 from backend.result import RunResult
-from tests.fixtures.launch_helpers import assert_no_orphans, real_engine, tiny_spec
+from tests.helpers.launch_helpers import assert_no_orphans, real_engine, tiny_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_FLAGS = ["--strategy", "ddp", "--world", "2", "--steps", "2", "--warmup-steps", "1", "--layers", "2",
               "--hidden", "32", "--heads", "2", "--seq", "16", "--vocab", "64", "--global-batch", "4",
               "--micro-batch", "2", "--timeout", "180"]

@@ -18,7 +18,7 @@ import pytest
 from backend.spec import ExperimentSpec
 from backend.trace.trace_spec import UNEXPLAINED, representative_ranks, trace_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256}
 STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
 

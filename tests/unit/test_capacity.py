@@ -17,7 +17,7 @@ from backend.presets import preset_model
 from backend.result import RunResult, Status
 from backend.spec import validate_spec
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 HOST = capacity.Host(cores=2, available_bytes=int(20 * GiB))
 
 

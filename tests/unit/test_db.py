@@ -13,7 +13,7 @@ from db import queries as q
 from db import result_rows
 from db.models import CommRecord, Experiment, ExperimentTag, LossRecord, RankResultRow, TimelineRecord, utcnow
 from db.session import DEFAULT_DB_PATH, get_engine, resolve_url, writer
-from store_helpers import fake_result, file_db, spec
+from tests.helpers.store_helpers import fake_result, file_db, spec
 
 NASTY = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀", '=HYPERLINK("http://x.example","click")',
          "100%_done", "-1", "a,b;c d"]

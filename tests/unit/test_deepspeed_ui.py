@@ -8,7 +8,7 @@ from backend.spec import ExperimentSpec
 from dashboard import framework_view as fv
 from dashboard import spec_form as sf
 from dashboard.runs_view import TABLE_KEYS, table_frame
-from tests.store_helpers import fake_result, file_db, spec
+from tests.helpers.store_helpers import fake_result, file_db, spec
 
 
 def _ds(s: ExperimentSpec) -> ExperimentSpec:
@@ -80,7 +80,7 @@ def test_new_experiment_page_predicts_the_frameworks_layout(tmp_path, monkeypatc
     monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
     monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
     st.cache_data.clear()
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "views" / "new_experiment.py"), default_timeout=60).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "new_experiment.py"), default_timeout=60).run()
     at.selectbox(key="f_framework").set_value("deepspeed")
     at.selectbox(key="f_strategy").set_value("zero2")
     at.run()

@@ -12,7 +12,7 @@ from torch import nn
 
 from backend.strategies.materialize import check_placement, misplaced
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [*sorted((ROOT / "backend/engine").glob("*.py")), *sorted((ROOT / "backend/strategies").glob("*.py")),
            ROOT / "backend/torch_compat.py"]
 FACTORIES = {"zeros", "ones", "empty", "full", "arange", "tensor", "randn", "rand", "randint", "randperm",

@@ -13,7 +13,7 @@ from sqlalchemy import update
 from db import queries as q
 from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise, table
 from db.models import Experiment, ExperimentTag
-from store_helpers import fake_result, spec
+from tests.helpers.store_helpers import fake_result, spec
 
 EVIL_NAME = '=HYPERLINK("http://evil.example","click")'
 TAGS = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀", "+cmd|' /C calc'!A0", "@SUM(1)"]

@@ -8,7 +8,7 @@ import pytest
 
 from backend.analytic.memory.activations import family_kwargs, model_embedding_head_activation_bytes, model_layer_activation_bytes
 from backend.spec import ModelSpec, Recompute
-from tests.test_activation_model import _measured_activation_bytes
+from tests.unit.test_activation_model import _measured_activation_bytes
 
 BASE = dict(vocab_size=128, d_model=64, n_heads=4, seq_len=32, n_layers=2)
 VARIANTS = {

@@ -13,8 +13,8 @@ from backend.analytic.params import count_params
 from backend.hf_config import HFConfigError, parsed_fields
 from dashboard import spec_form as sf
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-HF = Path(__file__).parent / "fixtures" / "hf"
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+HF = Path(__file__).parents[1] / "fixtures" / "hf"
 
 
 def _form(**over):

@@ -461,7 +461,7 @@ def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
     s = spec({"strategy": "ddp", "world_size": 2})
     assert rank_memory.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
-    monkeypatch.setattr(memory_rank, "OTHER_IS_DP_SLICE", False)
+    monkeypatch.setattr(rank_memory, "OTHER_IS_DP_SLICE", False)
     assert estimate(s).per_rank[0].other_bytes == rank_memory.input_batch_bytes(4, 8)  # before: the global batch
 
 

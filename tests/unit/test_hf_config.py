@@ -14,7 +14,7 @@ from backend.hf_config import HFConfigError, from_hf_config, load_hf_config, par
 from backend.presets import PRESETS, preset_model
 from backend.spec import ModelSpec
 
-HF = Path(__file__).parent / "fixtures" / "hf"
+HF = Path(__file__).parents[1] / "fixtures" / "hf"
 FAMILY_FILES = [("llama-2-7b.json", "llama-2-7b"), ("llama-3-8b.json", "llama-3-8b"), ("mistral-7b.json", "mistral-7b"),
                 ("mixtral-8x7b.json", "mixtral-8x7b"), ("qwen2.5-0.5b.json", "qwen2.5-0.5b"),
                 ("qwen1.5-moe-a2.7b.json", "qwen1.5-moe-a2.7b"), ("gpt2.json", "gpt2")]

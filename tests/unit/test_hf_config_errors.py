@@ -15,10 +15,10 @@ from backend.cli import main
 from backend.hf_config import FAMILIES, HFConfigError, from_hf_config, parse_hf_config
 from backend.spec import ModelSpec
 
-HF = Path(__file__).parent / "fixtures" / "hf"
+HF = Path(__file__).parents[1] / "fixtures" / "hf"
 REAL = {p.name: json.loads(p.read_text()) for p in sorted(HF.glob("*.json"))}
 MISSING_KEY = {"model_type": "llama", "hidden_size": 4096}  # the example
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 JSON_VALUES = hs.recursive(hs.none() | hs.booleans() | hs.integers(-2**70, 2**70) | hs.floats() | hs.text(max_size=8),
                            lambda inner: hs.lists(inner, max_size=3) | hs.dictionaries(hs.text(max_size=6), inner, max_size=3),

@@ -5,20 +5,18 @@ characters. Each case runs on SQLite and on a real PostgreSQL server (store_urls
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from sqlalchemy import update
 
 from backend.cli import main
-from backend.hf_config import HFConfigError, from_hf_config
+from backend.hf_config import from_hf_config
 from backend.spec import validate_spec
 from backend.spec.user_text import MAX_SOURCE_BYTES, MAX_TAG_CHARS
 from db import queries as q
 from db.models import Experiment
 from db.session import REPO, open_db
-from store_helpers import TINY
+from tests.helpers.store_helpers import TINY
 
 FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
          "--global-batch", "4", "--micro-batch", "2", "--steps", "2"]
@@ -77,33 +75,6 @@ def test_an_uploaded_config_is_stored_as_its_parsed_fields_within_a_cap(capsys, 
     assert spec is None and "over the 32,768-byte limit" in problems[0]
 
 
-def test_wrong_typed_or_incomplete_config_json_is_an_error_not_a_traceback(tmp_path):
-    for bad, said in ((dict(LLAMA, hidden_size="big"), "hidden_size='big' must be an integer >= 1"),
-                      (dict(LLAMA, num_attention_heads=[2]), "num_attention_heads=[2]"),
-                      ({k: v for k, v in LLAMA.items() if k != "vocab_size"}, "config.json lacks vocab_size"),
-                      (dict(LLAMA, tie_word_embeddings="yes"), "must be true or false")):
-        path = tmp_path / "config.json"
-        path.write_text(json.dumps(bad))
-        done = subprocess.run([sys.executable, "-m", "backend", "estimate", "--hf-config", str(path), "--world", "2"],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr[-500:]
-    with pytest.raises(HFConfigError, match="a JSON object"):
-        from_hf_config([1, 2])  # type: ignore[arg-type]
-
-
-def test_deeply_nested_or_odd_spec_files_exit_2_with_the_reason(tmp_path):
-    cases = {"deep.json": ('{"model": ' * 50_000 + "{}" + "}" * 50_000, "nests too deep"),
-             "deep2.json": (json.dumps({"model": {"source": json.loads("[" * 60 + "]" * 60)}}), "levels deep"),
-             "list.json": ("[1, 2]", "not an object of spec sections"),
-             "section.json": ('{"parallel": 5}', "section 'parallel' is a JSON int")}
-    for name, (text, said) in cases.items():
-        path = tmp_path / name
-        path.write_text(text)
-        done = subprocess.run([sys.executable, "-m", "backend", "estimate", "--spec", str(path), "--world", "2"],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, (name, done.stderr[-500:])
-
-
 @pytest.mark.parametrize("value", [-1, -4, 2.7, True, 5, "x", None])
 def test_every_sweep_value_is_validated_like_a_single_run(capsys, db, tmp_path, value):
     grid = tmp_path / "grid.json"
@@ -142,11 +113,11 @@ def test_list_and_show_escape_control_characters_stored_before_the_rules(capsys,
 
 
 def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeypatch):
-    """The fast twin of tests/test_browser_hostile_text.py: no markdown element carries a name, tag or error."""
+    """The fast twin of tests/e2e/test_browser_hostile_text.py: no markdown element carries a name, tag or error."""
     from streamlit.testing.v1 import AppTest
 
     import streamlit as st
-    from store_helpers import fake_result, spec
+    from tests.helpers.store_helpers import fake_result, spec
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     monkeypatch.setenv("SHARDLAB_DB_URL", url)

@@ -50,7 +50,7 @@ def test_backfill_of_export_summaries_matches_what_new_results_store(store_urls)
     from db.migrations import alembic_config
     from db.models import ExperimentSummary, RankResultRow
     from db.session import write_engine
-    from store_helpers import fake_result, spec
+    from tests.helpers.store_helpers import fake_result, spec
     from alembic import command
 
     engine = init_db(get_engine(store_urls.url("fill.db", blank=True)))

@@ -11,7 +11,7 @@ import pytest
 from backend.cli import main
 from backend.spec import validate_spec
 
-HF = Path(__file__).parent / "fixtures" / "hf"
+HF = Path(__file__).parents[1] / "fixtures" / "hf"
 
 
 def _estimate_json(capsys, *args: str) -> dict:

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from backend.cli import main
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.checks import run_blockers
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 ZERO1_TP_PP = {"model": {"vocab_size": 1000, "d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64},
                "train": {"global_batch": 16, "micro_batch": 1},
                "parallel": {"strategy": "zero1", "world_size": 8, "tp": 2, "pp": 2}}

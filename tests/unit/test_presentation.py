@@ -1,7 +1,7 @@
 """Presentation and words a newcomer meets (issue 20 items 11 and 12), through AppTest: no "None" cells, no raw
 floats or jargon column names in Plan, short metric values, legends beside (not over) the axes, one memory unit
 (GiB), a tooltip for each term, the workflow on the home page and why Plan's top layout wins. The real-browser
-check that no metric text is cut off is in tests/test_browser_lifecycle.py."""
+check that no metric text is cut off is in tests/e2e/test_browser_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import spec_form as sf
-from store_helpers import fake_result, spec
+from tests.helpers.store_helpers import fake_result, spec
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 @pytest.fixture(autouse=True)

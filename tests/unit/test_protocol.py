@@ -15,7 +15,7 @@ from backend.runtime import entry, protocol
 from backend.runtime.protocol import (Fault, Progress, ProtocolError, RankError, RankPayload, RanksFile, StackFrame)
 from backend.spec import ExperimentSpec
 
-OLD_RUNS = Path(__file__).parent / "fixtures" / "ranks_v1"
+OLD_RUNS = Path(__file__).parents[1] / "fixtures" / "ranks_v1"
 """ranks.json written by the engine, DeepSpeed and JAX rank programs at commit a6476c0 (before the typed
 protocol), 2 ranks of the tiny model below."""
 TINY = {"model": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},

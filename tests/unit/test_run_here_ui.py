@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import spec_form as sf
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def test_run_it_here_shows_and_names_the_scaled_shape(tmp_path, monkeypatch):

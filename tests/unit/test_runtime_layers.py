@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = "backend/runtime/protocol.py"
 PROTOCOL_WORDS = ("SHARDLAB_PROGRESS", "SHARDLAB_FAULT", ".error.json", ".stack.txt")
 

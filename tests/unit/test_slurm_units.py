@@ -15,17 +15,7 @@ from backend.cluster.reattach import adopt
 from backend.cluster.script import build_script, time_limit
 from backend.spec import validate_spec
 from db import queries as q
-
-TINY = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16, "vocab_size": 64},
-        "train": {"global_batch": 4, "micro_batch": 1, "steps": 2}}
-
-
-def slurm_spec(world=4, nodes=2, **runtime):
-    spec, problems = validate_spec({**TINY, "parallel": {"strategy": "ddp", "world_size": world},
-                                    "runtime": {"executor": "slurm", "nnodes": nodes, **runtime}})
-    assert not problems, problems
-    return spec
-
+from tests.helpers.worker_helpers import SLURM_TINY, slurm_spec
 
 def test_the_script_takes_the_rendezvous_from_nodeaddr_and_parses(tmp_path):
     cfg = SlurmConfig(partition="gpu", account="ml-infra", gpus_per_node=2, extra_sbatch=["#SBATCH --exclusive"])
@@ -70,7 +60,7 @@ def test_a_starting_worker_adopts_only_slurm_runs_of_gone_workers(store_urls):
     me = psutil.Process()
     q.register_worker(engine, "gone", pid=me.pid, host="h", pid_started=me.create_time())
     q.register_worker(engine, "alive", pid=me.pid, host="h", pid_started=me.create_time())
-    local, _ = validate_spec({**TINY, "parallel": {"strategy": "ddp", "world_size": 2}})
+    local, _ = validate_spec({**SLURM_TINY, "parallel": {"strategy": "ddp", "world_size": 2}})
     ids = q.submit_experiments(engine, [slurm_spec(), slurm_spec(), local])
     for eid, wid in zip(ids, ("gone", "alive", "gone")):
         assert q.claim_next(engine, wid, host="h") == eid

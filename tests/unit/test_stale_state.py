@@ -1,6 +1,6 @@
 """Stale state (issue 20 item 9): Plan keeps the inputs of the results it shows, Run detail's picker does not say
 'running' after the run ended, the Formulas page gives the CPU time-sharing caveat beside a measured bubble.
-(The sidebar's worker state: tests/test_worker_lifecycle.py.)"""
+(The sidebar's worker state: tests/unit/test_worker_lifecycle.py.)"""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from streamlit.testing.v1 import AppTest
 from dashboard import spec_form as sf
 from db import queries as q
 from db.session import open_db
-from store_helpers import fake_result, spec
+from tests.helpers.store_helpers import fake_result, spec
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 CAVEAT = ("Bubble: 2 ranks on 2 CPU cores at load average 3.1; when the ranks do not each get a core, stages time-share "
           "the CPU and cannot overlap, so the measured bubble tends to 1 - 1/pp whatever the schedule.")
 

@@ -12,9 +12,9 @@ from streamlit.testing.v1 import AppTest
 
 from backend.bench import cpu_profile
 from backend.result import RunResult, Status
-from store_helpers import fake_result, spec
+from tests.helpers.store_helpers import fake_result, spec
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PROFILE = {"name": "test host", "kind": "cpu", "peak_flops": {"fp32": 5e10, "bf16": 5e10, "fp16": 5e10},
            "hbm_bytes_per_s": 1e10, "intra_bytes_per_s": 1e9, "inter_bytes_per_s": 1e9, "gpus_per_node": 4096, "cores": 2,
            "tune": {"intra_latency_s": 1e-4, "inter_latency_s": 1e-4, "dtensor_op_s": 1e-4}}
@@ -117,27 +117,3 @@ def test_verify_table_has_numbers_or_reasons(env):
     df = pv.verify_frame(_engine(), "verify-x").set_index("run")
     assert df.loc[done, "predicted s"] > 0 and df.loc[done, "measured s"] == pytest.approx(0.140625)  # min over steps of the slowest rank
     assert df.loc[done, "note"] == ""
-
-
-@pytest.mark.slow
-def test_worker_measures_this_host_once_before_its_first_local_run(tmp_path, monkeypatch):
-    """The real probe (hw_probe in a child process, ~10 s) writes the profile the step-time model loads as 'cpu'."""
-    from backend.analytic.steptime.hardware import get_hardware
-    from backend.worker.service import Worker
-    from db import queries as q
-    from db.session import open_db
-
-    path = tmp_path / "hardware_cpu.json"
-    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(path))
-    monkeypatch.setenv(cpu_profile.AUTO_ENV, "1")
-    engine = open_db(f"sqlite:///{tmp_path / 'w.db'}")
-    ids = [q.submit_experiment(engine, spec(name)) for name in ("first", "second")]
-    seen = []
-
-    def runner(s, **kw):
-        seen.append(path.exists())
-        return fake_result(s)
-
-    Worker(engine, runs_dir=tmp_path / "runs", runner=runner).serve(drain=True)
-    assert seen == [True, True] and all(q.get_status(engine, i) == "ok" for i in ids)
-    assert get_hardware("cpu").kind == "cpu"

@@ -5,17 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from backend.cli import main
 from db import queries as q
-from db.session import REPO
 from db.session import open_db
-from store_helpers import TINY, fake_result
+from tests.helpers.store_helpers import TINY, fake_result
 
 FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
          "--global-batch", "4", "--micro-batch", "2", "--steps", "2"]
@@ -102,13 +98,3 @@ def test_export_to_file_with_filters(capsys, db, tmp_path):
     assert [r["name"] for r in rows] == ["'=1+2", "plain"]
     code, out, _ = run(capsys, "export", "--db", db, "--format", "json", "--tag", "=1+2")
     assert [d["name"] for d in json.loads(out)] == ["=1+2"]
-
-
-def test_db_url_comes_from_the_environment(store_urls, tmp_path):
-    url = store_urls.url("env.db")
-    env = {**os.environ, "SHARDLAB_DB_URL": url, "OMP_NUM_THREADS": "1"}
-    sub = subprocess.run([sys.executable, "-m", "backend", "submit", *FLAGS], cwd=REPO, env=env, capture_output=True, text=True)
-    assert sub.returncode == 0, sub.stderr
-    listed = subprocess.run([sys.executable, "-m", "backend", "list", "--json"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert [r["id"] for r in json.loads(listed.stdout)] == [int(sub.stdout)]
-    assert store_urls.backend != "sqlite" or (tmp_path / "env.db").exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -25,9 +24,8 @@ from backend.cli import main
 from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
-from backend.spec import ExperimentSpec
-from store_helpers import TINY, SmallFs, fake_result, spec
-from test_worker import FakeRunner, wait_for
+from tests.helpers.store_helpers import SmallFs, fake_result, spec
+from tests.helpers.worker_helpers import FakeRunner, wait_for
 
 PY = sys.executable
 
@@ -37,23 +35,6 @@ def _serve(worker: Worker, **kw) -> tuple[threading.Thread, dict]:
     t = threading.Thread(target=lambda: out.setdefault("code", worker.serve(**kw)), daemon=True)
     t.start()
     return t, out
-
-
-def start_worker(url: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "0.5", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def stop(proc: subprocess.Popen, timeout: float = 30) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out
 
 
 def fresh_heartbeat(engine, max_age_s: float = 2.0) -> bool:
@@ -114,7 +95,7 @@ def test_delete_removes_only_the_folder_bound_to_that_run(tmp_path, capsys):
 def test_a_fresh_slurm_run_sets_another_runs_folder_aside_and_submits(tmp_path, monkeypatch):
     from backend.cluster import runner, slurm
     from backend.cluster.slurm_config import SlurmConfig
-    from test_slurm_units import slurm_spec
+    from tests.helpers.worker_helpers import slurm_spec
 
     old = tmp_path / "runs" / "1"
     old.mkdir(parents=True)
@@ -139,30 +120,6 @@ def test_a_fresh_slurm_run_sets_another_runs_folder_aside_and_submits(tmp_path, 
 def quick(worker: Worker) -> Worker:
     worker.max_backoff_s = 1.0  # retry every second at most: the test does not wait out a 30 s backoff
     return worker
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_a_result_finished_during_a_postgres_restart_is_stored_when_it_is_back(pg_server, tmp_path):
-    url = pg_server.url(pg_server.new_database())
-    engine = open_db(url)
-    eid = q.submit_experiment(engine, spec("across a restart"))
-    runner = FakeRunner(block=True)
-    worker = quick(Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.1, heartbeat_s=0.5, runner=runner))
-    t, out = _serve(worker, once=True)
-    wait_for(lambda: q.get_status(engine, eid) == "running")
-    pg_server.pause()
-    try:
-        runner.release.set()  # the run ends while the server is down
-        time.sleep(9.5)  # longer than the 5 tries 2 s apart the worker used to make
-        assert t.is_alive()
-        assert json.loads((tmp_path / "runs" / str(eid) / "result.json").read_text())["status"] == "ok"
-    finally:
-        pg_server.resume()
-    t.join(60)
-    assert not t.is_alive() and out["code"] == 0
-    row = q.get_experiment(engine, eid)
-    assert row["status"] == "ok" and row["result"] == fake_result(spec("across a restart"))
 
 
 def test_a_result_left_on_disk_is_imported_before_anything_is_marked_interrupted(store_urls, tmp_path):
@@ -210,27 +167,6 @@ def test_a_full_disk_under_the_sqlite_file_delays_the_result_instead_of_dropping
     assert q.get_experiment(engine, eid)["result"] == fake_result(spec("disk full"))
 
 
-# ---- 3. workers ride out store outages ---------------------------------------------------------------
-
-@pytest.mark.postgres
-def test_an_idle_worker_survives_a_postgres_restart(pg_server):
-    url = pg_server.url(pg_server.new_database())
-    engine = open_db(url)
-    proc = start_worker(url, "--max-backoff-s", "1")
-    try:
-        wait_for(lambda: fresh_heartbeat(engine), timeout_s=60)
-        pg_server.pause()
-        time.sleep(5)
-        assert proc.poll() is None, "the worker quit during the outage"
-        pg_server.resume()
-        time.sleep(1.5)
-        wait_for(lambda: fresh_heartbeat(engine, 1.5), timeout_s=40)
-        assert proc.poll() is None
-    finally:
-        out = stop(proc)
-    assert proc.returncode == 0 and "store unavailable" in out, out[-2000:]
-
-
 def test_a_sqlite_lock_held_past_busy_timeout_is_ridden_out(tmp_path, monkeypatch):
     from db import session
 
@@ -251,61 +187,6 @@ def test_a_sqlite_lock_held_past_busy_timeout_is_ridden_out(tmp_path, monkeypatc
     worker.stop()
     t.join(10)
     assert out["code"] == 0
-
-
-@pytest.mark.slow
-def test_an_immutable_store_file_is_waited_out(tmp_path):
-    if shutil.which("chattr") is None:
-        pytest.skip("chattr is not installed")
-    url = f"sqlite:///{tmp_path / 'frozen.db'}"
-    engine = open_db(url)
-    # fails in the launcher's preflight (no CUDA here): the worker's run ends at once, no process is started
-    eid = q.submit_experiment(engine, ExperimentSpec.model_validate(
-        {**TINY, "name": "frozen", "runtime": {"device": "cuda", "backend": "nccl"}}))
-    forget_engines()
-    db_file = tmp_path / "frozen.db"
-    if subprocess.run(["chattr", "+i", str(db_file)], capture_output=True).returncode != 0:
-        pytest.skip("this file system does not take the immutable flag")
-    try:
-        proc = start_worker(url, "--once", "--runs-dir", str(tmp_path / "runs"), "--max-backoff-s", "1")
-        time.sleep(6)
-        assert proc.poll() is None, "the worker quit on an immutable store"
-    finally:
-        subprocess.run(["chattr", "-i", str(db_file)])
-    try:
-        out, _ = proc.communicate(timeout=120)  # --once: it runs the job once the file is writable, then exits
-    finally:
-        out = out if proc.poll() is not None else stop(proc)
-    assert proc.returncode == 0 and "store unavailable" in out and "readonly" in out, out[-2000:]
-    row = q.get_experiment(open_db(url), eid)
-    assert row["status"] == "failed" and "needs CUDA" in row["error"]
-
-
-# ---- 4. the store file removed or replaced -----------------------------------------------------------
-
-@pytest.mark.parametrize("how", ["removed", "replaced"])
-def test_a_removed_or_replaced_store_file_stops_the_worker_and_is_not_recreated(tmp_path, capsys, how):
-    db_file = tmp_path / "store.db"
-    url = f"sqlite:///{db_file}"
-    open_db(url)
-    forget_engines()
-    proc = start_worker(url, "--runs-dir", str(tmp_path / "runs"))
-    try:
-        wait_for(lambda: fresh_heartbeat(open_db(url)), timeout_s=60)
-        forget_engines()
-        if how == "removed":
-            db_file.unlink()
-        else:
-            shutil.copy(db_file, tmp_path / "copy.db")
-            os.replace(tmp_path / "copy.db", db_file)
-        proc.wait(timeout=60)
-    finally:
-        out = stop(proc)
-    assert proc.returncode == 2, out[-3000:]
-    assert f"the SQLite store {db_file} {'was removed' if how == 'removed' else 'was replaced'}" in out
-    if how == "removed":
-        assert main(["list", "--db", url]) == 2
-        assert "is gone" in capsys.readouterr().err and not db_file.exists()
 
 
 # ---- 5. live workers recover dead workers' jobs as they poll -----------------------------------------

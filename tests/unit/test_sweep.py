@@ -7,7 +7,7 @@ import pytest
 from backend.spec import ExperimentSpec
 from backend.sweep import drop_derived, expand_grid, resolve_key, submit_sweep
 from db import queries as q
-from store_helpers import TINY, file_db, spec
+from tests.helpers.store_helpers import TINY, file_db, spec
 
 
 def test_keys_accept_dotted_paths_flag_names_and_fields():

@@ -3,7 +3,7 @@ and the DTensor plan the engine applies (strategies/tp.tp_plan). For every famil
 RoPE, MoE with shared experts and gate, tied embeddings), with and without sequence parallelism: every parameter's
 analytic split is the split of its module's DTensor style, and the layouts Megatron's layout prescribes (Shoeybi
 2019 Sec 3; Korthikanti 2022 Sec 4.2.2 for SP) are the ones applied. The parity of the plan with a single-process
-run is tests/test_tp.py."""
+run is tests/multiprocess/test_tp.py."""
 
 from __future__ import annotations
 

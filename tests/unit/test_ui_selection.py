@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from backend.spec import validate_spec
 from dashboard import selection
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TINY = {"model": {"vocab_size": 128, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},
         "train": {"global_batch": 4, "micro_batch": 2, "steps": 2, "warmup_steps": 1}}
 

@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,12 +19,11 @@ import pytest
 
 from backend.atomic_io import write_atomic
 from backend.cli import main
-from backend.result import RunResult
 from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
-from store_helpers import SmallFs, fake_result, spec
-from test_worker import FakeRunner, wait_for
+from tests.helpers.store_helpers import SmallFs, fake_result, spec
+from tests.helpers.worker_helpers import FakeRunner, wait_for
 
 PY = sys.executable
 
@@ -118,22 +116,6 @@ def test_each_job_gets_a_temp_folder_of_its_own_removed_after_the_run(tmp_path):
     Worker(engine, runs_dir=tmp_path / "runs", runner=runner).serve(once=True)
     assert q.get_status(engine, eid) == "ok" and seen["existed"]
     assert seen["tmp"].name.startswith(f"shardlab-job-{eid}-") and not seen["tmp"].exists()
-
-
-@pytest.mark.slow
-def test_a_real_run_through_the_worker_leaves_no_torchelastic_folder(tmp_path):
-    def elastic() -> set[str]:
-        return {p.name for p in Path(tempfile.gettempdir()).glob("torchelastic_*")}
-
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    eid = q.submit_experiment(open_db(url), spec("real"))
-    before = elastic()
-    done = subprocess.run([PY, "-m", "backend", "worker", "--db", url, "--once", "--runs-dir", str(tmp_path / "runs")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert q.get_status(open_db(url), eid) == "ok"
-    assert elastic() - before == set()
-    assert not list(Path(tempfile.gettempdir()).glob(f"shardlab-job-{eid}-*"))
 
 
 def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_path, capsys):

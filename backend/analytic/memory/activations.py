@@ -101,7 +101,7 @@ def _attn_core_elems(*, s, b, h, a, t) -> float:
 def mlp_elems(*, s, b, h, ffn, t, swiglu: bool = False) -> float:
     # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
     # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py)
+    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/unit/test_family_activations.py)
     return (4 if swiglu else 2) * s * b * ffn / t
 
 
@@ -201,7 +201,7 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
 def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
                         n_experts, shared_ffn, shared_gate) -> float:
     """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
-    MemTracker in tests/test_family_activations.py):
+    MemTracker in tests/unit/test_family_activations.py):
     - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
       LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
     - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);

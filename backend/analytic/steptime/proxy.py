@@ -7,7 +7,7 @@ bubble instead), per-collective latency (bandwidth terms only), the stage-by-sta
 rank's layers at one layer's cost), the host's DTensor dispatch, the kernel launches of the optimizer and of the
 loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
 ranks every layout with it, then re-times a pool of the fastest with model.step_time, which it reports.
-Measured agreement with step_time over every fitting layout: see tests/test_planner_core.py and
+Measured agreement with step_time over every fitting layout: see tests/unit/test_planner_core.py and
 benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
 """
 

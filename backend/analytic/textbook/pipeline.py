@@ -61,7 +61,7 @@ def in_flight_microbatches(schedule: str, *, p: int, m: int, stage: int, v: int 
     """Peak number of (microbatch, chunk) forward activations rank `stage` (0-based) holds at once.
 
     Counted as forwards whose (weight-)backward has not run yet; the interleaved and zero-bubble counts
-    match the action lists torch.distributed.pipelining builds (tests/test_analytic_formulas.py).
+    match the action lists torch.distributed.pipelining builds (tests/unit/test_analytic_formulas.py).
 
     For v = 1 this is whole-stage microbatches; for v > 1 each unit is one chunk (1/v of the rank's
     layers): divide by v for whole-rank microbatch equivalents (see `in_flight_stage_activations`).

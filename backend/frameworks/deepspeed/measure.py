@@ -1,7 +1,7 @@
 """The memory-tracked DeepSpeed step: torch's MemTracker around the engine (its module, its client optimizer's
 states, and the fp32 master partitions ZeRO keeps beside the module's parameters), comm counted at the dispatcher.
 
-Private torch symbols used here (tests/test_deepspeed_layout.py checks each exists):
+Private torch symbols used here (tests/unit/test_deepspeed_layout.py checks each exists):
 `MemTracker._update_and_maybe_create_winfos` and `_MemRefType.OPT` — track_external books bare tensors as
 "Other", while ZeRO's fp32 master partition is optimizer state (ZeRO paper §3.1: the fp32 copy in K=12).
 """

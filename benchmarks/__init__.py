@@ -1,0 +1,1 @@
+"""Speed and accuracy targets, measured side by side (see each script's docstring); importable as a package."""

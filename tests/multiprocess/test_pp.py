@@ -1,0 +1,47 @@
+"""Pipeline schedules on gloo ranks: loss and parameter parity with the single-process reference, and the timeline."""
+
+import pytest
+
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction
+from backend.spec import Schedule
+from backend.strategies.pp import stages_of_rank
+from tests.helpers.mp_launch import assert_parity, run_specs, tiny
+
+L4 = {"n_layers": 4}
+SPECS = [
+    tiny("gpipe", strategy="pp", world_size=2, pp_schedule="gpipe"),
+    tiny("1f1b", model={"n_layers": 3}, strategy="pp", world_size=2),
+    tiny("interleaved", model=L4, strategy="pp", world_size=2, pp_schedule="interleaved_1f1b", virtual_stages=2),
+    tiny("zero_bubble", model=L4, strategy="pp", world_size=2, pp_schedule="zero_bubble", virtual_stages=2),
+    tiny("zbv", model=L4, strategy="pp", world_size=2, pp_schedule="zbv", virtual_stages=2),
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_specs(2, SPECS, tmp_path_factory.mktemp("pp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_pp_parity_and_timeline(results, spec):
+    r = results[spec.name]
+    assert_parity(r)
+    p = spec.parallel
+    m = spec.train.microbatches
+    compute = [e for e in r["timeline"] if e["pass"] in ("F", "B", "W")]
+    stages = p.pp * p.virtual_stages
+    fwd = {(e["stage"], e["microbatch"]) for e in compute if e["pass"] == "F"}
+    assert fwd == {(s, i) for s in range(stages) for i in range(m)}
+    assert {(e["stage"], e["microbatch"]) for e in compute if e["pass"] == "B"} == fwd
+    if spec.parallel.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV):
+        assert any(e["pass"] == "W" for e in compute)
+    for e in compute:
+        assert e["end_s"] >= e["start_s"] >= -1e-3
+        assert e["rank"] == stages_of_rank_owner(spec, e["stage"])
+    assert 0.0 < measured_bubble_fraction(r["timeline"]) < 1.0
+
+
+def stages_of_rank_owner(spec, stage):
+    p = spec.parallel
+    return next(r for r in range(p.pp) if stage in stages_of_rank(r, p.pp, p.virtual_stages, p.pp_schedule))
