@@ -140,7 +140,7 @@ def bare_csv(path: Path, stmt) -> str:
 
 def main() -> int:
     from dashboard.runs_view import TABLE_KEYS
-    from db.export import _wide_select
+    from db.export import wide_select
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
@@ -164,7 +164,7 @@ def main() -> int:
         timed(f"list_experiments (all rows, Runs table's {len(TABLE_KEYS)})", lambda: list_experiments(engine, columns=TABLE_KEYS))
         timed("list_experiments (limit 50)", lambda: list_experiments(engine, limit=50))
         timed("count_experiments(status=ok)", lambda: count_experiments(engine, status="ok"))
-        bare = timed("  floor: bare sqlite3+csv.writerows, same SELECT", lambda: bare_csv(path, _wide_select("sqlite", False, {})))
+        bare = timed("  floor: bare sqlite3+csv.writerows, same SELECT", lambda: bare_csv(path, wide_select("sqlite", False, {})))
         wide = results["export_csv"]
         print(f"  export_csv / floor: cpu {wide[0] / bare[0]:.2f}x, wall {wide[1] / bare[1]:.2f}x")
         long_s = timed("export_csv long (one row/rank)", lambda: export_csv(engine, long=True))

@@ -33,7 +33,6 @@ from sqlalchemy import Engine, String, Text, case, func, literal, select, type_c
 from backend.result import COLLECTIVES
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentSummary, RankResultRow
-from db.queries import ROW_KEYS
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -97,7 +96,8 @@ def _safe(col, key: str, safe: bool):
     return _neutralised_sql(col, key) if safe else col.label(key)
 
 
-def _wide_select(dialect: str, safe: bool, filters: dict):
+def wide_select(dialect: str, safe: bool, filters: dict):
+    """The SELECT of the one-row-per-experiment CSV (benchmarks/export_bench.py times a bare CSV of it)."""
     S = ExperimentSummary
     tail = [getattr(S, c) for c in (*MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS)]
     stmt = (select(*_exp_columns(dialect, safe), *tail, *[_safe(getattr(S, c), c, safe) for c in VERSION_COLUMNS])
@@ -140,7 +140,7 @@ def _iso(value: Any) -> Any:
 def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], list[dict[str, Any]]]:
     """(header, rows as dicts) with raw values (not neutralised): what the CSV holds, for the dashboard too."""
     dialect = engine.dialect.name
-    stmt = _long_select(dialect, filters) if long else _wide_select(dialect, False, filters)
+    stmt = _long_select(dialect, filters) if long else wide_select(dialect, False, filters)
     with engine.connect() as conn:
         result = conn.execute(stmt)
         keys = list(result.keys())
@@ -164,7 +164,7 @@ def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False,
     dialect = engine.dialect.name
     target = out if out is not None else io.StringIO()
     with engine.connect() as conn:
-        exp_rows = conn.execute(_wide_select(dialect, True, filters) if not long else _long_exp_select(dialect, filters)).all()
+        exp_rows = conn.execute(wide_select(dialect, True, filters) if not long else _long_exp_select(dialect, filters)).all()
         tags = tags_for(conn, [r[0] for r in exp_rows])
         rank_rows = conn.execute(_ranks_select(True, filters)).all() if long else None
     if dialect != "sqlite":
