@@ -1,7 +1,7 @@
 """Trace one rank at full size: `python -m backend.trace.rank --spec S.json --rank R --out R.json`.
 
 The rank joins the fake process group as rank R of the spec's world, builds the model on fake tensors,
-runs the engine's own set-up (`setup`, today `strategies.base.prepare`) and two train steps: the first
+runs the engine's own set-up (`setup` = `strategies.base.prepare` = `parallelize`) and two train steps: the first
 creates the optimizer state (AdamW allocates it lazily in step), the second runs inside the same
 tracker and is read with the same breakdown as the engine's memory-tracked step (engine/loop.py
 `_memory_step`, bench/memory.py). Nothing is allocated: the bytes are the tracker's account of the fake
@@ -34,7 +34,8 @@ TRACED_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_by
 
 
 def setup(ctx: Any, model: nn.Module) -> Any:
-    """The engine's set-up entry, the only call into the strategies: swap here when it becomes parallelize()."""
+    """The engine's own set-up (strategies.base.prepare, i.e. strategies/parallelize.parallelize), the trace's only call
+    into the strategies."""
     from backend.strategies.base import prepare
 
     return prepare(ctx, model)
