@@ -11,6 +11,10 @@ DEEPSPEED_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """ShardLab strategy -> DeepSpeed `zero_optimization.stage` (ddp is stage 0: plain data parallelism)."""
 JAX_STRATEGIES = {"ddp": "dp", "zero3": "fsdp", "fsdp": "fsdp", "tp": "tp"}
 """ShardLab strategy -> the GSPMD layout it is written as (backend/frameworks/jax/named_shardings.py)."""
+JAX_GPT_FAMILY = {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "bias": "all", "tie_embeddings": False,
+                  "norm_eps": 1e-5}
+"""The one model family the JAX twin writes (backend/frameworks/jax/gpt.py: LayerNorm with bias, eps 1e-5, GELU MLP,
+learned positions, biases everywhere, its own lm_head)."""
 JAX_MAX_DEVICES = 64
 """Virtual CPU devices in one process (`--xla_force_host_platform_device_count`): more only measures overhead."""
 
@@ -75,6 +79,10 @@ def _jax(s: SpecParts) -> list[str]:
         out.append(f"framework jax: fsdp x tp is not wired (got tp={p.tp}); run fsdp with tp=1 or tp with ddp")
     if m.is_moe:
         out.append(f"framework jax runs dense models only (got n_experts={m.n_experts})")
+    other = {k: getattr(m, k) for k, gpt in JAX_GPT_FAMILY.items() if getattr(m, k) != gpt}
+    if other:
+        out.append("framework jax runs the GPT family only (layernorm, gelu, learned positions, bias=all, untied "
+                   "embeddings, norm_eps=1e-05); got " + ", ".join(f"{k}={v}" for k, v in other.items()))
     if str(t.precision) != "fp32":
         out.append(f"framework jax runs fp32 only here (got {t.precision})")
     if str(t.recompute) != "none":

@@ -57,3 +57,14 @@ def test_layouts() -> None:
 def test_refused_before_launch(data, needle) -> None:
     spec, problems = validate_spec({"framework": "jax", **data})
     assert spec is None and any(needle in p for p in problems), problems
+
+
+@pytest.mark.parametrize("family", [{"norm": "rmsnorm"}, {"mlp": "swiglu"}, {"positions": "rope"}, {"bias": "none"},
+                                    {"tie_embeddings": True}, {"norm_eps": 1e-6}])
+def test_a_family_the_jax_gpt_does_not_write_is_refused_before_launch(family) -> None:
+    """The JAX twin (frameworks/jax/gpt.py) is the GPT family only; a Llama-style spec used to pass validation and
+    fail inside the rank (KeyError: 'layers.0.ln1.bias' after the weights transfer by name)."""
+    spec, problems = validate_spec({"framework": "jax", "model": {"n_heads": 4, **family},
+                                    "parallel": {"strategy": "ddp", "world_size": 2}})
+    assert spec is None and any("GPT family only" in p and next(iter(family)) in p for p in problems), problems
+
