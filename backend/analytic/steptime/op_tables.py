@@ -1,0 +1,227 @@
+"""Per-device operation tables of a hardware profile: what one GPU achieves on each operation class of a training
+step, keyed by shape, with where every value comes from (pure Python + numpy).
+
+- `GemmTable` (per dtype): fraction of the dtype's dense peak a (M, K) x (K, N) GEMM reaches, by shape. A query
+  between measured shapes is the inverse-distance-weighted mean of its 4 nearest rows in (log2 M, log2 K, log2 N)
+  (Shepard 1968, "A two-dimensional interpolation function for irregularly-spaced data"); each coordinate is first
+  clamped to the measured range, so larger GEMMs take the largest measured shapes' efficiency (Calculon, Isaev et
+  al. SC'23 Sec 4, also reads measured per-size efficiency tables).
+- `AttentionTable`: fraction of the dense peak of the forward and the backward of one fused attention kernel
+  (flash = FlashAttention-2 in torch SDPA, efficient, cuDNN), by (seq, head_dim), causal or not, FLOPs counted as
+  the FlashAttention-2 paper does (Dao 2023 Sec 4.1: forward 4·b·a·s²·d, halved when causal; backward 2.5x).
+- element-wise and optimizer bandwidth: fraction of the HBM peak by operation class.
+- overheads: device seconds per kernel (the floor of a tiny kernel), host seconds per kernel launch.
+
+`tables_from_measured` builds all of them from a GPU-check probe (`measured` of a profile written by
+`python -m backend.bench.hw_probe --device cuda`); the shipped profiles read named tables from op_tables.json.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+NEIGHBOURS = 4
+ADAMW_BYTES_PER_PARAM = 28
+"""AdamW per fp32 element: reads p, g, m, v and writes p, m, v (Loshchilov & Hutter 2019 Alg. 2; the probe's
+bytes_per_s counts the same 28 B)."""
+ELEMENTWISE_CLASSES = ("copy", "rmsnorm", "layernorm", "swiglu", "gelu", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """Efficiency (fraction of peak) of GEMMs by (m, k, n)."""
+
+    rows: tuple[tuple[int, int, int, float], ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise ValueError("a GEMM table needs at least one (m, k, n, efficiency) row")
+
+    @property
+    def _log(self) -> np.ndarray:
+        return _log_rows(self.rows)
+
+    def efficiency(self, m: Any, k: Any, n: Any) -> Any:
+        """Fraction of peak of (m, k) x (k, n) GEMMs; scalars or arrays of the same shape."""
+        if any(isinstance(v, np.ndarray) for v in (m, k, n)):
+            mm, kk, nn = np.broadcast_arrays(np.asarray(m, float), np.asarray(k, float), np.asarray(n, float))
+            flat = [_gemm_eff(self.rows, float(a), float(b), float(c)) for a, b, c in zip(mm.ravel(), kk.ravel(), nn.ravel())]
+            return np.asarray(flat, dtype=float).reshape(mm.shape)
+        return _gemm_eff(self.rows, float(m), float(k), float(n))
+
+
+@lru_cache(maxsize=64)
+def _log_rows(rows: tuple[tuple[int, int, int, float], ...]) -> np.ndarray:
+    return np.log2(np.asarray([r[:3] for r in rows], dtype=float))
+
+
+@lru_cache(maxsize=200_000)
+def _gemm_eff(rows: tuple[tuple[int, int, int, float], ...], m: float, k: float, n: float) -> float:
+    logs = _log_rows(rows)
+    q = np.clip(np.log2([max(m, 1.0), max(k, 1.0), max(n, 1.0)]), logs.min(axis=0), logs.max(axis=0))
+    return _idw(logs, np.asarray([r[3] for r in rows], dtype=float), q)
+
+
+def _idw(points: np.ndarray, values: np.ndarray, q: np.ndarray) -> float:
+    d2 = ((points - q) ** 2).sum(axis=1)
+    nearest = np.argsort(d2, kind="stable")[:NEIGHBOURS]
+    if d2[nearest[0]] < 1e-12:
+        return float(values[nearest[0]])
+    w = 1.0 / d2[nearest]
+    return float((w * values[nearest]).sum() / w.sum())
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    kernel: str
+    seq: int
+    head_dim: int
+    causal: bool
+    fwd: float
+    bwd: float
+
+
+@dataclass(frozen=True)
+class AttentionTable:
+    rows: tuple[AttentionRow, ...]
+    source: str = ""
+
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.kernel for r in self.rows))
+
+    def efficiency(self, kernel: str, seq: float, head_dim: float, causal: bool = True) -> tuple[float, float] | None:
+        """(forward, backward) fraction of peak of `kernel` at (seq, head_dim): the rows of that kernel and
+        causality (else any causality), inverse-distance weighted in (log2 seq, log2 head_dim); None if the table
+        has no row of that kernel."""
+        return _attn_eff(self.rows, kernel, float(seq), float(head_dim), bool(causal))
+
+
+@lru_cache(maxsize=20_000)
+def _attn_eff(rows: tuple[AttentionRow, ...], kernel: str, seq: float, head_dim: float, causal: bool
+              ) -> tuple[float, float] | None:
+    mine = [r for r in rows if r.kernel == kernel and r.causal == causal] or [r for r in rows if r.kernel == kernel]
+    if not mine:
+        return None
+    pts = np.log2(np.asarray([(r.seq, r.head_dim) for r in mine], dtype=float))
+    q = np.clip(np.log2([max(seq, 1.0), max(head_dim, 1.0)]), pts.min(axis=0), pts.max(axis=0))
+    return (_idw(pts, np.asarray([r.fwd for r in mine]), q), _idw(pts, np.asarray([r.bwd for r in mine]), q))
+
+
+@dataclass(frozen=True)
+class OpTables:
+    """Everything a profile knows per operation class; empty parts fall back to the profile's scalar tunables."""
+
+    gemm: dict[str, GemmTable] = field(default_factory=dict)
+    """By matmul dtype: bf16 (also fp16), fp8."""
+    attention: AttentionTable | None = None
+    elementwise: dict[str, float] = field(default_factory=dict)
+    """Fraction of the HBM peak by class: copy, rmsnorm, layernorm, swiglu, gelu, cross_entropy."""
+    optimizer: dict[str, float] = field(default_factory=dict)
+    """Fraction of the HBM peak of an AdamW step over ADAMW_BYTES_PER_PARAM per element, by implementation
+    (foreach: torch's default on CUDA, fused)."""
+    kernel_s: float | None = None
+    """Device seconds of one tiny kernel when the queue is full: the floor of every kernel."""
+    host_launch_s: float | None = None
+    """Host seconds to launch one kernel from Python."""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def gemm_table(self, dtype: str) -> GemmTable | None:
+        return self.gemm.get(dtype) or (self.gemm.get("bf16") if dtype == "fp16" else None)
+
+
+def gemm_rows(rows: list[dict[str, Any]], peak: float) -> tuple[tuple[int, int, int, float], ...]:
+    """The probe's GEMM rows {m, k, n, flops_per_s} as (m, k, n, fraction of `peak`)."""
+    out = [(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"]) / peak) for r in rows
+           if r.get("flops_per_s") and not r.get("error")]
+    return tuple(sorted(out))
+
+
+def attention_rows(rows: list[dict[str, Any]], peak: float) -> tuple[AttentionRow, ...]:
+    """The probe's SDPA rows; one row per (kernel, seq, head_dim, causal): the median over batch and heads."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("error") or not r.get("fwd_flops_per_s") or not r.get("bwd_flops_per_s"):
+            continue
+        groups.setdefault((r["kernel"], int(r["seq"]), int(r["head_dim"]), bool(r["causal"])), []).append(r)
+    return tuple(AttentionRow(kernel=k, seq=s, head_dim=d, causal=c,
+                              fwd=statistics.median(x["fwd_flops_per_s"] for x in g) / peak,
+                              bwd=statistics.median(x["bwd_flops_per_s"] for x in g) / peak)
+                 for (k, s, d, c), g in sorted(groups.items()))
+
+
+def elementwise_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float) -> dict[str, float]:
+    """Median bytes/s per class (rmsnorm_fwd -> rmsnorm, cross_entropy_fwd_bwd -> cross_entropy) / HBM peak."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("error") or not r.get("bytes_per_s"):
+            continue
+        cls = r["op"].removesuffix("_fwd_bwd").removesuffix("_fwd")
+        by.setdefault(cls, []).append(float(r["bytes_per_s"]) / hbm_bytes_per_s)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def optimizer_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float) -> dict[str, float]:
+    return {r["impl"]: float(r["params_per_s"]) * ADAMW_BYTES_PER_PARAM / hbm_bytes_per_s for r in rows
+            if r.get("params_per_s") and not r.get("error")}
+
+
+def tables_from_measured(measured: dict[str, Any], peak_flops: dict[str, float], hbm_bytes_per_s: float,
+                         source: str) -> OpTables:
+    """The operation tables of a GPU-check probe (`measured` of a profile; module docstring)."""
+    gemm = {}
+    for dtype, key in (("bf16", "gemm_bf16"), ("fp8", "gemm_fp8")):
+        peak = peak_flops.get(dtype) or (2 * peak_flops["bf16"] if dtype == "fp8" and "bf16" in peak_flops else 0)
+        rows = gemm_rows((measured.get(key) or {}).get("rows", []), peak) if peak else ()
+        if rows:
+            gemm[dtype] = GemmTable(rows=rows, source=source)
+    attn = attention_rows((measured.get("attention") or {}).get("rows", []), peak_flops.get("bf16", 0)) \
+        if peak_flops.get("bf16") else ()
+    launch = measured.get("launch") or {}
+    return OpTables(gemm=gemm, attention=AttentionTable(rows=attn, source=source) if attn else None,
+                    elementwise=elementwise_fractions((measured.get("elementwise") or {}).get("rows", []), hbm_bytes_per_s),
+                    optimizer=optimizer_fractions((measured.get("optimizer") or {}).get("rows", []), hbm_bytes_per_s),
+                    kernel_s=launch.get("device_s_per_kernel"), host_launch_s=launch.get("host_s_per_launch"),
+                    sources={k: source for k in ("gemm", "attention", "elementwise", "optimizer", "overhead")})
+
+
+def tables_from_json(entry: dict[str, Any]) -> OpTables:
+    """A profile's `tables` entry (named tables already resolved): {gemm: {dtype: {rows, source}}, attention:
+    {rows: [{kernel, seq, head_dim, causal, fwd, bwd}], source}, elementwise: {fractions, source}, optimizer:
+    {fractions, source}, overhead: {kernel_s, host_launch_s, source}}."""
+    gemm = {d: GemmTable(rows=tuple(tuple(r) for r in t["rows"]), source=t.get("source", ""))
+            for d, t in (entry.get("gemm") or {}).items()}
+    a = entry.get("attention")
+    attn = AttentionTable(rows=tuple(AttentionRow(**r) for r in a["rows"]), source=a.get("source", "")) if a else None
+    el, opt, over = entry.get("elementwise") or {}, entry.get("optimizer") or {}, entry.get("overhead") or {}
+    sources = {"gemm": "; ".join(f"{d}: {t.source}" for d, t in gemm.items()), "attention": attn.source if attn else "",
+               "elementwise": el.get("source", ""), "optimizer": opt.get("source", ""), "overhead": over.get("source", "")}
+    return OpTables(gemm=gemm, attention=attn, elementwise=dict(el.get("fractions", {})),
+                    optimizer=dict(opt.get("fractions", {})), kernel_s=over.get("kernel_s"),
+                    host_launch_s=over.get("host_launch_s"), sources={k: v for k, v in sources.items() if v})
+
+
+def table_json(t: OpTables) -> dict[str, Any]:
+    """OpTables as the JSON tables_from_json reads (what `hardware --json` shows and a calibration stores)."""
+    out: dict[str, Any] = {}
+    if t.gemm:
+        out["gemm"] = {d: {"rows": [list(r) for r in g.rows], "source": g.source} for d, g in t.gemm.items()}
+    if t.attention:
+        out["attention"] = {"rows": [r.__dict__ for r in t.attention.rows], "source": t.attention.source}
+    if t.elementwise:
+        out["elementwise"] = {"fractions": t.elementwise, "source": t.sources.get("elementwise", "")}
+    if t.optimizer:
+        out["optimizer"] = {"fractions": t.optimizer, "source": t.sources.get("optimizer", "")}
+    if t.kernel_s is not None or t.host_launch_s is not None:
+        out["overhead"] = {"kernel_s": t.kernel_s, "host_launch_s": t.host_launch_s, "source": t.sources.get("overhead", "")}
+    return out
+
+
+def log_mean(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
