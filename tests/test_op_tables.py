@@ -51,7 +51,8 @@ def test_shipped_gh100_tables_are_the_probe():
     assert shipped["attention"]["rows"] == built["attention"]["rows"]
     for part in ("elementwise", "optimizer"):
         assert shipped[part]["fractions"] == pytest.approx(built[part]["fractions"])
-    assert shipped["overhead"]["kernel_s"] == PROBE["measured"]["launch"]["device_s_per_kernel"]
+    launch = PROBE["measured"]["launch"]
+    assert shipped["overhead"]["kernel_s"] == max(launch["device_s_per_kernel"], launch["host_s_per_launch"])
 
 
 def test_shipped_tables_are_fractions_with_sources():

@@ -14,6 +14,12 @@ step, keyed by shape, with where every value comes from (pure Python + numpy).
 
 `tables_from_measured` builds all of them from a GPU-check probe (`measured` of a profile written by
 `python -m backend.bench.hw_probe --device cuda`); the shipped profiles read named tables from op_tables.json.
+A probe that timed one call per pair of CUDA events on an idle GPU (`measured.timing` absent: every probe before
+the burst timing of bench/op_timing.py) has the host's launch of that call inside each span: the GPU records the
+start event at once and then waits for the kernel. Those rows are corrected by the probe's own measured host
+seconds per launch (`launch.host_s_per_launch`), subtracted once per timed call (never below half the span); the
+attention backward is already a difference of two such spans. The kernel floor is the larger of the probe's device
+and host seconds per tiny kernel: eager PyTorch cannot issue kernels faster than its host launches them.
 """
 
 from __future__ import annotations
@@ -136,34 +142,40 @@ class OpTables:
         return self.gemm.get(dtype) or (self.gemm.get("bf16") if dtype == "fp16" else None)
 
 
-def gemm_rows(rows: list[dict[str, Any]], peak: float) -> tuple[tuple[int, int, int, float], ...]:
-    """The probe's GEMM rows {m, k, n, flops_per_s} as (m, k, n, fraction of `peak`)."""
-    out = [(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"]) / peak) for r in rows
-           if r.get("flops_per_s") and not r.get("error")]
+def _device_s(seconds: float, launch_s: float) -> float:
+    """A timed span without the host launch inside it (module docstring), never below half of it."""
+    return max(seconds - launch_s, 0.5 * seconds)
+
+
+def gemm_rows(rows: list[dict[str, Any]], peak: float, launch_s: float = 0.0) -> tuple[tuple[int, int, int, float], ...]:
+    """The probe's GEMM rows {m, k, n, flops, seconds} as (m, k, n, fraction of `peak`)."""
+    out = [(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops"]) / _device_s(float(r["seconds"]), launch_s) / peak)
+           for r in rows if r.get("seconds") and r.get("flops") and not r.get("error")]
     return tuple(sorted(out))
 
 
-def attention_rows(rows: list[dict[str, Any]], peak: float) -> tuple[AttentionRow, ...]:
+def attention_rows(rows: list[dict[str, Any]], peak: float, launch_s: float = 0.0) -> tuple[AttentionRow, ...]:
     """The probe's SDPA rows; one row per (kernel, seq, head_dim, causal): the median over batch and heads."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[tuple[float, float]]] = {}
     for r in rows:
-        if r.get("error") or not r.get("fwd_flops_per_s") or not r.get("bwd_flops_per_s"):
+        if r.get("error") or not r.get("fwd_s") or not r.get("bwd_s") or not r.get("fwd_flops"):
             continue
-        groups.setdefault((r["kernel"], int(r["seq"]), int(r["head_dim"]), bool(r["causal"])), []).append(r)
-    return tuple(AttentionRow(kernel=k, seq=s, head_dim=d, causal=c,
-                              fwd=statistics.median(x["fwd_flops_per_s"] for x in g) / peak,
-                              bwd=statistics.median(x["bwd_flops_per_s"] for x in g) / peak)
+        fwd = r["fwd_flops"] / _device_s(r["fwd_s"], launch_s)
+        bwd = r["bwd_flops"] / r["bwd_s"]  # (forward + backward) - forward: the launch in both spans cancels
+        groups.setdefault((r["kernel"], int(r["seq"]), int(r["head_dim"]), bool(r["causal"])), []).append((fwd, bwd))
+    return tuple(AttentionRow(kernel=k, seq=s, head_dim=d, causal=c, fwd=statistics.median(x[0] for x in g) / peak,
+                              bwd=statistics.median(x[1] for x in g) / peak)
                  for (k, s, d, c), g in sorted(groups.items()))
 
 
-def elementwise_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float) -> dict[str, float]:
+def elementwise_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float, launch_s: float = 0.0) -> dict[str, float]:
     """Median bytes/s per class (rmsnorm_fwd -> rmsnorm, cross_entropy_fwd_bwd -> cross_entropy) / HBM peak."""
     by: dict[str, list[float]] = {}
     for r in rows:
-        if r.get("error") or not r.get("bytes_per_s"):
+        if r.get("error") or not r.get("bytes") or not r.get("seconds"):
             continue
         cls = r["op"].removesuffix("_fwd_bwd").removesuffix("_fwd")
-        by.setdefault(cls, []).append(float(r["bytes_per_s"]) / hbm_bytes_per_s)
+        by.setdefault(cls, []).append(float(r["bytes"]) / _device_s(float(r["seconds"]), launch_s) / hbm_bytes_per_s)
     return {k: statistics.median(v) for k, v in by.items()}
 
 
@@ -175,19 +187,24 @@ def optimizer_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float) -> d
 def tables_from_measured(measured: dict[str, Any], peak_flops: dict[str, float], hbm_bytes_per_s: float,
                          source: str) -> OpTables:
     """The operation tables of a GPU-check probe (`measured` of a profile; module docstring)."""
+    launch = measured.get("launch") or {}
+    in_span = float(launch.get("host_s_per_launch") or 0.0) if measured.get("timing") != "burst" else 0.0
+    if in_span:
+        source += f"; single-call spans less the probe's {in_span * 1e6:.1f} us host launch"
     gemm = {}
     for dtype, key in (("bf16", "gemm_bf16"), ("fp8", "gemm_fp8")):
         peak = peak_flops.get(dtype) or (2 * peak_flops["bf16"] if dtype == "fp8" and "bf16" in peak_flops else 0)
-        rows = gemm_rows((measured.get(key) or {}).get("rows", []), peak) if peak else ()
+        rows = gemm_rows((measured.get(key) or {}).get("rows", []), peak, in_span) if peak else ()
         if rows:
             gemm[dtype] = GemmTable(rows=rows, source=source)
-    attn = attention_rows((measured.get("attention") or {}).get("rows", []), peak_flops.get("bf16", 0)) \
+    attn = attention_rows((measured.get("attention") or {}).get("rows", []), peak_flops.get("bf16", 0), in_span) \
         if peak_flops.get("bf16") else ()
-    launch = measured.get("launch") or {}
     return OpTables(gemm=gemm, attention=AttentionTable(rows=attn, source=source) if attn else None,
-                    elementwise=elementwise_fractions((measured.get("elementwise") or {}).get("rows", []), hbm_bytes_per_s),
+                    elementwise=elementwise_fractions((measured.get("elementwise") or {}).get("rows", []), hbm_bytes_per_s,
+                                                      in_span),
                     optimizer=optimizer_fractions((measured.get("optimizer") or {}).get("rows", []), hbm_bytes_per_s),
-                    kernel_s=launch.get("device_s_per_kernel"), host_launch_s=launch.get("host_s_per_launch"),
+                    kernel_s=max(launch.get("device_s_per_kernel") or 0.0, launch.get("host_s_per_launch") or 0.0) or None,
+                    host_launch_s=launch.get("host_s_per_launch"),
                     sources={k: source for k in ("gemm", "attention", "elementwise", "optimizer", "overhead")})
 
 
