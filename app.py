@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
 from backend.ui import access, store, worker_ctl
@@ -27,32 +25,34 @@ PAGES = [
 # multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation) ever ran.
 nav = st.navigation(PAGES)
 
-WORKER_CHECK_S = 10.0
+WORKER_REFRESH_S = 5.0
 
 
 def _worker_status() -> worker_ctl.WorkerStatus:
-    last = st.session_state.get("_worker_checked")
-    if last and time.monotonic() - last[0] < WORKER_CHECK_S:
-        return last[1]
     try:
         status = worker_ctl.ensure_worker(store.engine(), store.db_url())
         if status.started_now:
             st.toast("Started a background worker for queued runs")
     except Exception as e:  # noqa: BLE001 - the sidebar reports it; pages still render
         status = worker_ctl.WorkerStatus(False, f"worker check failed: {e}")
-    st.session_state["_worker_checked"] = (time.monotonic(), status)
     return status
 
 
-with st.sidebar:
-    st.markdown("### ShardLab")
-    st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
+@st.fragment(run_every=WORKER_REFRESH_S)
+def _worker_panel() -> None:
+    """Re-read every few seconds: the worker's state (idle, running #N) is never older than that."""
     ws = _worker_status()
     if ws.alive:
         st.success(f"Worker: {ws.detail}", icon=":material/settings:")
     else:
         st.warning("No worker running: queued runs wait. Start one with `make worker`.", icon=":material/settings:")
         st.caption(ws.detail)
+
+
+with st.sidebar:
+    st.markdown("### ShardLab")
+    st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
+    _worker_panel()
     st.caption(f"Database: `{store.db_url_shown()}`")
 
 nav.run()

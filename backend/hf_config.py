@@ -47,19 +47,31 @@ class HFConfigError(ValueError):
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        text = Path(path).read_bytes()
+    except OSError as e:
         raise HFConfigError(f"cannot read HF config {path}: {e}") from e
+    return parse_hf_config(text, name=str(path))
+
+
+def parse_hf_config(text: str | bytes, *, name: str = "config.json") -> dict[str, Any]:
+    """The JSON object of a config.json's text (an upload or a file); HFConfigError when it is not one."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise HFConfigError(f"cannot read HF config {name}: not valid JSON ({e})") from e
     if not isinstance(data, dict):
-        raise HFConfigError(f"HF config {path} is not a JSON object")
+        raise HFConfigError(f"{name} is not a JSON object (got a {type(data).__name__})")
     return data
 
 
 def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str | None = None
                    ) -> tuple[dict[str, Any], list[str]]:
-    """(ModelSpec fields with `source` = the config, notes). Raises HFConfigError naming the field it refuses."""
+    """(ModelSpec fields with `source` = the config, notes). Raises HFConfigError naming the field it refuses, lacks
+    or cannot read; no other exception."""
+    if not isinstance(cfg, dict):
+        raise HFConfigError(f"a config.json must be a JSON object (got a {type(cfg).__name__})")
     family = cfg.get("model_type")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise HFConfigError(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
     for key, why in _REFUSED.items():
         if cfg.get(key) not in (None, [], {}):
@@ -76,12 +88,68 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
                                              "scale_attn_by_inverse_layer_idx") and cfg[k] not in (None, False))
     if numerics:
         notes.append("accepted as numerics only (no effect on shapes, memory or FLOPs): " + ", ".join(numerics))
+    _check_fields(model, family)
     model["source"] = {"hf_config": cfg, **({"file": file} if file else {})}
     return model, notes
 
 
+def _check_fields(model: dict[str, Any], family: str) -> None:
+    """The mapped fields against ModelSpec's own bounds, each error named by the config key it came from."""
+    from pydantic import ValidationError
+
+    from backend.spec import ModelSpec
+
+    try:
+        ModelSpec(**model)
+    except ValidationError as e:
+        origin = {ours: theirs for theirs, ours in _FIELD_NAMES[family].items()}
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err.get("loc") else "model"
+        key = origin.get(field, field)
+        raise HFConfigError(f"{key}={err.get('input')!r}: {err.get('msg', 'invalid')} (ShardLab's {field})") from None
+
+
+_REQUIRED = object()
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    return str(cfg.get("model_type"))
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+    """cfg[key] as an integer >= minimum; `default` when absent or null (HFConfigError naming the key otherwise)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise HFConfigError(f"config.json lacks {key}, which model_type {_family(cfg)} needs")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise HFConfigError(f"{key}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _num(cfg: dict[str, Any], key: str, default: float) -> float:
+    """cfg[key] as a positive finite number, `default` when absent or null."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise HFConfigError(f"{key}={value!r} must be a positive number")
+    return float(value)
+
+
+def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """cfg[key] as true/false, `default` when absent or null."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise HFConfigError(f"{key}={value!r} must be true or false")
+    return value
+
+
 def _seq(cfg: dict[str, Any], seq_len: int | None, max_key: str, notes: list[str]) -> int:
-    max_pos = cfg.get(max_key)
+    max_pos = _int(cfg, max_key, None)
     if seq_len is None:
         seq_len = min(max_pos or DEFAULT_SEQ_CAP, DEFAULT_SEQ_CAP)
         notes.append(f"seq_len={seq_len} (from {max_key}={max_pos}, capped at {DEFAULT_SEQ_CAP}); set --seq to change")
@@ -91,7 +159,7 @@ def _seq(cfg: dict[str, Any], seq_len: int | None, max_key: str, notes: list[str
 
 
 def _heads(cfg: dict[str, Any], h: int, heads: int) -> None:
-    hd = cfg.get("head_dim")
+    hd = _int(cfg, "head_dim", None)
     if h % heads:
         raise HFConfigError(f"num_attention_heads={heads} does not divide hidden_size={h}")
     if hd is not None and hd != h // heads:
@@ -100,18 +168,18 @@ def _heads(cfg: dict[str, Any], h: int, heads: int) -> None:
 
 
 def _act(cfg: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
-    if cfg.get(key, allowed[0]) not in allowed:
+    if cfg.get(key) is not None and cfg[key] not in allowed:
         raise HFConfigError(f"{key}={cfg[key]!r} is not modelled (expected one of {', '.join(allowed)})")
 
 
 def _llama_like(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], list[str]]:
     family, notes = cfg["model_type"], []
-    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     _heads(cfg, h, heads)
     _act(cfg, "hidden_act", ("silu",))
-    window = cfg.get("sliding_window")
-    windowed = window is not None and (family in ("mistral", "mixtral") or bool(cfg.get("use_sliding_window")))
-    if seq_len is None and windowed and window < min(cfg.get("max_position_embeddings") or DEFAULT_SEQ_CAP, DEFAULT_SEQ_CAP):
+    window = _int(cfg, "sliding_window", None)
+    windowed = window is not None and (family in ("mistral", "mixtral") or _flag(cfg, "use_sliding_window", False))
+    if seq_len is None and windowed and window < min(_int(cfg, "max_position_embeddings", None) or DEFAULT_SEQ_CAP, DEFAULT_SEQ_CAP):
         seq_len = window
         notes.append(f"seq_len={window}: the sliding window (every key inside it, so full causal attention); set --seq to change")
     seq = _seq(cfg, seq_len, "max_position_embeddings", notes)
@@ -119,28 +187,28 @@ def _llama_like(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any
         raise HFConfigError(f"sliding_window={window} < seq_len={seq}: windowed attention is not modelled "
                             f"(use --seq {window} or less)")
     bias = "qkv" if family.startswith("qwen2") else "none"
-    attn_b, mlp_b = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
+    attn_b, mlp_b = _flag(cfg, "attention_bias", False), _flag(cfg, "mlp_bias", False)
     if family == "llama" and (attn_b or mlp_b):
         if not (attn_b and mlp_b):
             raise HFConfigError(f"attention_bias={attn_b}, mlp_bias={mlp_b}: q/k/v/o biases without MLP biases "
                                 "(or the reverse) are not modelled; only none, all, or q/k/v only")
         bias = "all"
-    model = dict(vocab_size=cfg["vocab_size"], d_model=h, n_layers=cfg["num_hidden_layers"], n_heads=heads,
-                 n_kv_heads=cfg.get("num_key_value_heads") or None, ffn_hidden=cfg["intermediate_size"], seq_len=seq,
-                 norm="rmsnorm", mlp="swiglu", positions="rope", bias=bias,
-                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm_eps=cfg.get("rms_norm_eps", 1e-6))
+    model = dict(vocab_size=_int(cfg, "vocab_size"), d_model=h, n_layers=_int(cfg, "num_hidden_layers"), n_heads=heads,
+                 n_kv_heads=_int(cfg, "num_key_value_heads", None), ffn_hidden=_int(cfg, "intermediate_size"),
+                 seq_len=seq, norm="rmsnorm", mlp="swiglu", positions="rope", bias=bias,
+                 tie_embeddings=_flag(cfg, "tie_word_embeddings", False), norm_eps=_num(cfg, "rms_norm_eps", 1e-6))
     if model["n_kv_heads"] == heads:
         model["n_kv_heads"] = None
     if family == "mixtral":
-        model.update(n_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"])
+        model.update(n_experts=_int(cfg, "num_local_experts"), top_k=_int(cfg, "num_experts_per_tok"))
     if family == "qwen2_moe":
-        if cfg.get("decoder_sparse_step", 1) != 1:
+        if _int(cfg, "decoder_sparse_step", 1) != 1:
             raise HFConfigError(f"decoder_sparse_step={cfg['decoder_sparse_step']}: only every layer MoE (1) is modelled")
         if cfg.get("mlp_only_layers"):
-            raise HFConfigError(f"mlp_only_layers={cfg['mlp_only_layers']}: mixed dense/MoE stacks are not modelled")
-        shared = cfg.get("shared_expert_intermediate_size", 0)
-        model.update(n_experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
-                     expert_ffn_hidden=cfg["moe_intermediate_size"])
+            raise HFConfigError(f"mlp_only_layers={cfg['mlp_only_layers']!r}: mixed dense/MoE stacks are not modelled")
+        shared = _int(cfg, "shared_expert_intermediate_size", 0, minimum=0)
+        model.update(n_experts=_int(cfg, "num_experts"), top_k=_int(cfg, "num_experts_per_tok"),
+                     expert_ffn_hidden=_int(cfg, "moe_intermediate_size"))
         if shared:  # Qwen2MoeSparseMoeBlock: one shared expert MLP plus a sigmoid gate Linear(h, 1, bias=False)
             model.update(n_shared_experts=1, shared_ffn_hidden=shared, shared_expert_gate=True)
     return model, notes
@@ -148,39 +216,52 @@ def _llama_like(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any
 
 def _gpt2(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
-    h, heads = cfg["n_embd"], cfg["n_head"]
+    h, heads = _int(cfg, "n_embd"), _int(cfg, "n_head")
     _heads(cfg, h, heads)
     _act(cfg, "activation_function", ("gelu_new", "gelu", "gelu_pytorch_tanh"))
-    n_pos = cfg["n_positions"]
+    n_pos = _int(cfg, "n_positions")
     if seq_len is not None and seq_len != n_pos:
         notes.append(f"seq_len={seq_len}: learned positions get {seq_len} rows (the checkpoint has n_positions={n_pos})")
-    model = dict(vocab_size=cfg["vocab_size"], d_model=h, n_layers=cfg["n_layer"], n_heads=heads,
-                 ffn_hidden=cfg.get("n_inner") or 4 * h, seq_len=seq_len or n_pos, norm="layernorm", mlp="gelu",
-                 positions="learned", bias="all", tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                 norm_eps=cfg.get("layer_norm_epsilon", 1e-5))
+    model = dict(vocab_size=_int(cfg, "vocab_size"), d_model=h, n_layers=_int(cfg, "n_layer"), n_heads=heads,
+                 ffn_hidden=_int(cfg, "n_inner", 4 * h), seq_len=seq_len or n_pos, norm="layernorm", mlp="gelu",
+                 positions="learned", bias="all", tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
+                 norm_eps=_num(cfg, "layer_norm_epsilon", 1e-5))
     return model, notes
 
 
 def _neox(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
-    if cfg.get("use_parallel_residual", True):
+    if _flag(cfg, "use_parallel_residual", True):
         raise HFConfigError("use_parallel_residual=true: parallel attention + MLP blocks (x + attn(ln1 x) + mlp(ln2 x)) "
                             "are not modelled; ShardLab's blocks are sequential")
-    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     _heads(cfg, h, heads)
     _act(cfg, "hidden_act", ("gelu", "gelu_new", "gelu_fast"))
-    if not cfg.get("attention_bias", True):
+    if not _flag(cfg, "attention_bias", True):
         raise HFConfigError("attention_bias=false with MLP biases is not modelled")
     seq = _seq(cfg, seq_len, "max_position_embeddings", notes)
-    if cfg.get("rotary_pct", 1.0) != 1.0:
+    if _num(cfg, "rotary_pct", 1.0) != 1.0:
         notes.append(f"rotary_pct={cfg['rotary_pct']}: RoPE on part of each head changes no parameter or saved tensor")
-    model = dict(vocab_size=cfg["vocab_size"], d_model=h, n_layers=cfg["num_hidden_layers"], n_heads=heads,
-                 ffn_hidden=cfg["intermediate_size"], seq_len=seq, norm="layernorm", mlp="gelu", positions="rope",
-                 bias="all", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                 norm_eps=cfg.get("layer_norm_eps", 1e-5))
+    model = dict(vocab_size=_int(cfg, "vocab_size"), d_model=h, n_layers=_int(cfg, "num_hidden_layers"), n_heads=heads,
+                 ffn_hidden=_int(cfg, "intermediate_size"), seq_len=seq, norm="layernorm", mlp="gelu", positions="rope",
+                 bias="all", tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
+                 norm_eps=_num(cfg, "layer_norm_eps", 1e-5))
     return model, notes
 
 
+_LLAMA_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "ffn_hidden",
+                 "max_position_embeddings": "seq_len", "rms_norm_eps": "norm_eps"}
+_FIELD_NAMES: dict[str, dict[str, str]] = {  # config key -> ModelSpec field, to name errors by the config's key
+    **{f: _LLAMA_FIELDS for f in ("llama", "mistral", "qwen2")},
+    "mixtral": _LLAMA_FIELDS | {"num_local_experts": "n_experts", "num_experts_per_tok": "top_k"},
+    "qwen2_moe": _LLAMA_FIELDS | {"num_experts": "n_experts", "num_experts_per_tok": "top_k",
+                                  "moe_intermediate_size": "expert_ffn_hidden",
+                                  "shared_expert_intermediate_size": "shared_ffn_hidden"},
+    "gpt2": {"vocab_size": "vocab_size", "n_embd": "d_model", "n_layer": "n_layers", "n_head": "n_heads",
+             "n_inner": "ffn_hidden", "n_positions": "seq_len", "layer_norm_epsilon": "norm_eps"},
+    "gpt_neox": _LLAMA_FIELDS | {"layer_norm_eps": "norm_eps"},
+}
 _LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "intermediate_size")
 _FAMILY_KEYS: dict[str, tuple[str, ...]] = {

@@ -69,7 +69,7 @@ class CommStat(_R):
 
 class RoutingAdjusted(_R):
     """EP only: the analytic prediction recomputed from the routing measured on the memory-tracked step
-    (backend/analytic/moe_routing.py), next to `predicted`, which assumes uniform routing."""
+    (backend/analytic/measured/moe_routing.py), next to `predicted`, which assumes uniform routing."""
     activations_bytes: int = 0
     all_to_all_bytes: float = 0
     """all_to_all payload bytes per step for the measured token counts."""
@@ -133,9 +133,9 @@ class RankResult(_R):
     model_states_measured: ModelStates | None = None
     """DeepSpeed runs: resident params + fp32 master + optimizer state after the step, by storage."""
     model_states_predicted: ModelStates | None = None
-    """DeepSpeed runs: the same from backend/analytic/deepspeed_layout.py."""
+    """DeepSpeed runs: the same from backend/analytic/frameworks/deepspeed_layout.py."""
     offload: OffloadSplit | None = None
-    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/offload.py)."""
+    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/frameworks/offload.py)."""
 
 
 class TimelineEvent(_R):
@@ -160,6 +160,9 @@ class RunResult(_R):
     """torch/python versions, backend, device name, cores/GPUs, hostnames."""
     per_rank: list[RankResult] = Field(default_factory=list)
     step_s_median: float | None = None
+    step_time_predicted_s: float | None = None
+    """The step-time model's prediction for this run at run time (backend/analytic/steptime) on the 'cpu' profile for
+    CPU ranks, before any calibration; None without a profile for the run's device."""
     tokens_per_s: float | None = None
     flops_per_step: float | None = None
     achieved_flops: float | None = None

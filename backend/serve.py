@@ -80,8 +80,11 @@ def remote_access_problem(host: str, *, env: dict[str, str] | None = None, paths
 
 
 def streamlit_argv(host: str, port: int) -> list[str]:
+    # No file watcher: over the whole checkout (a .venv included: ~4,700 inotify watches) it overflowed its queue and
+    # kept a core busy while idle, skewing the timings ShardLab measures on the same host. Code changes need a restart.
     return [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.address", host,
-            "--server.port", str(port), "--server.headless", "true"]
+            "--server.port", str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
+            "--server.runOnSave", "false"]
 
 
 def main(argv: list[str] | None = None) -> int:

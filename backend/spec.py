@@ -342,10 +342,13 @@ class ExperimentSpec(_Section):
         return cls.model_validate(data, context={"predict_only": True})
 
 
-def validate_spec(data: dict[str, Any] | str) -> tuple[ExperimentSpec | None, list[str]]:
-    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises."""
+def validate_spec(data: dict[str, Any] | str, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
+    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises.
+    predict_only: every check except the run-only ones (see `ExperimentSpec.for_prediction`, `spec_checks.run_blockers`)."""
+    context = {"predict_only": True} if predict_only else None
     try:
-        spec = ExperimentSpec.model_validate_json(data) if isinstance(data, str) else ExperimentSpec.model_validate(data)
+        spec = (ExperimentSpec.model_validate_json(data, context=context) if isinstance(data, str)
+                else ExperimentSpec.model_validate(data, context=context))
         return spec, []
     except SpecError as e:
         return None, list(e.problems)

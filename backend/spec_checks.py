@@ -124,16 +124,7 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
-    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
-    if p.strategy == Strategy.ZERO1 and mp:
-        degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
-        out.append(RunOnly(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
-                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix"))
-    split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
-    if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
-        # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
-        out.append(RunOnly(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
-                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"))
+    out += _run_only(p)
     if p.ep > 1 and (p.tp > 1 or p.pp > 1):
         out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
     if p.sequence_parallel and p.tp < 2:
@@ -145,6 +136,28 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = {m.n_experts % p.ep})")
         if p.dp % p.ep:
             out.append(f"ep={p.ep} does not divide dp={p.dp} (expert-parallel ranks are carved out of the data-parallel ranks)")
+    return out
+
+
+def run_blockers(spec: ExperimentSpec) -> list[str]:
+    """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
+    `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
+    refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
+    return [str(problem) for problem in _run_only(spec.parallel)]
+
+
+def _run_only(p: ParallelSpec) -> list[RunOnly]:
+    out = []
+    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
+    if p.strategy == Strategy.ZERO1 and mp:
+        degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
+        out.append(RunOnly(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
+                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix"))
+    split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+    if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
+        # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
+        out.append(RunOnly(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
+                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"))
     return out
 
 

@@ -193,6 +193,13 @@ class Worker:
             except Exception:  # a busy database must not break the run; the heartbeat retries
                 log.exception("progress update failed")
 
+        if (refusal := local_capacity_refusal(spec)) is not None:
+            return RunResult(status=Status.FAILED, spec=spec, error=refusal)
+        if spec.runtime.executor == "local":
+            from backend.bench import cpu_profile
+
+            if (note := cpu_profile.ensure(on_progress)) is not None:
+                log.info("experiment %s: %s", experiment_id, note)
         extra_env = {**self._slot_env.get(worker_id, {}), WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
         kw = {"detach": self.stopping} if spec.runtime.executor == "slurm" and self.runner is None else {}
         try:
@@ -218,6 +225,14 @@ class Worker:
                     cancel.set()
             except Exception:
                 log.exception("heartbeat failed")
+
+
+def local_capacity_refusal(spec: ExperimentSpec) -> str | None:
+    """Why this host cannot run a local job (backend/launch/capacity.py), checked before launching; None if it can."""
+    from backend.launch import capacity
+
+    verdict = capacity.check(spec)
+    return None if verdict.ok else f"not launched: {verdict.refusal()}"
 
 
 def visible_gpus() -> list[str]:

@@ -7,8 +7,8 @@ real engine (one run per point; the timeline of the first timed step is measured
 (prepare + 2 steps, timeline of step 1, no memory-tracked step): faster, and it also covers the schedules
 whose memory-tracked engine step cannot run yet (interleaved_1f1b, zero_bubble, zbv: see the report).
 
-Measured = backend.analytic.bubble_measure.measured_bubble_fraction (idle / total per rank over the
-step's pipeline window, mean over ranks); predicted = backend.analytic.pipeline.bubble_fraction.
+Measured = backend.analytic.measured.bubble_measure.measured_bubble_fraction (idle / total per rank over the
+step's pipeline window, mean over ranks); predicted = backend.analytic.textbook.pipeline.bubble_fraction.
 On a shared CPU the ranks compete for cores, so stage times are not equal and the measured value
 carries that noise; the trend in m is the check.
 """
@@ -42,8 +42,8 @@ def spec_for(schedule: str, pp: int, m: int, layers_per_stage: int) -> Experimen
 def run_harness(args) -> int:
     import os
 
-    from backend.analytic.bubble_measure import measured_bubble_fraction
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.measured.bubble_measure import measured_bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
     from tests.fixtures.mp_launch import run_specs
 
     os.environ["MP_STEPS"] = "2"

@@ -2,10 +2,10 @@
 
   .venv/bin/python benchmarks/planner_speed.py
 
-Prints, side by side: the search (enumerate + exact worst-rank memory of every layout, vectorised + the step-time
-proxy + feasibility + ranking), the vectorised memory alone, the exact estimator per layout (planner.memory's
-worst-rank path and the full estimate.estimate), the end-to-end `plan` (search + re-timing the pool with
-steptime.model + confirming the reported memory), and an agreement check of the vectorised memory against
+Prints, side by side: the search (enumerate + the prediction core's worst-rank memory of every layout on arrays +
+the step-time proxy + feasibility + ranking), the array memory alone, the same core on one layout at a time
+(estimate.worst_rank_bytes, and the full estimate.estimate), the end-to-end `plan` (search + re-timing the pool with
+steptime.model + confirming the reported memory), and an agreement check of the array path against
 estimate.estimate on a random sample. Wall and CPU time: this machine is shared, CPU time is the steadier one.
 Cold = first call in the process (python-side caches empty: ZeRO-1 partitions, interleaved FSDP states, local
 parameters per rank, pipeline action orders); the end-to-end plan is also timed cold in a fresh subprocess.
@@ -19,6 +19,7 @@ whether the target is met; the end-to-end rates are printed beside it, not hidde
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -26,12 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.analytic.estimate import estimate  # noqa: E402
+from backend.analytic.estimate import estimate, worst_rank_bytes  # noqa: E402
+from backend.analytic.memory.rank import worst_rank_memory  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
-from backend.planner.memory import light_spec, worst_rank_bytes  # noqa: E402
 from backend.planner.search import budget_bytes, plan, search  # noqa: E402
-from backend.planner.space import layout_spec_dict  # noqa: E402
-from backend.planner.vmemory import worst_rank_bytes_v  # noqa: E402
+from backend.planner.space import light_spec  # noqa: E402
 from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 
 LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096,
@@ -58,26 +58,28 @@ def main() -> None:
     def searched():  # plan()'s per-layout work, before it re-times its pool
         return search(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, budget=budget)
 
-    (L, _, order), cold_w, cold_c = timed(searched, repeats=1)
+    (layouts, _, order), cold_w, cold_c = timed(searched, repeats=1)
     _, wall, cpu = timed(searched)
-    n = len(L)
+    n = len(layouts)
     print(f"70B (Llama-2-70B shape) on {GPUS} GPUs, batch {BATCH}: {n} layouts, {len(order)} fit {budget / 1e9:.1f} GB")
-    print(f"  search (enumerate + exact vectorised memory + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
+    print(f"  search (enumerate + core memory on arrays + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
           f"-> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
     print(f"  search, cold (first call): {cold_w:.3f} s wall, {cold_c:.3f} s CPU -> {n / cold_w:,.0f} /s wall, "
           f"{n / cold_c:,.0f} /s CPU")
-    (mem, _), w1, c1 = timed(lambda: worst_rank_bytes_v(LLAMA70B, L, global_batch=BATCH))
-    print(f"  vectorised worst-rank memory alone: {n / w1:,.0f} layouts/s wall, {n / c1:,.0f} CPU")
-    sample = [layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH) for i in range(0, n, max(1, n // 20))][:20]
+    # a fresh copy each time: the layouts' memoised per-layout terms would make repeats cheaper than a search's call
+    (mem, _), w1, c1 = timed(lambda: worst_rank_memory(LLAMA70B, dataclasses.replace(layouts)))
+    print(f"  worst-rank memory on arrays alone: {n / w1:,.0f} layouts/s wall, {n / c1:,.0f} CPU")
+    sample = [layouts.take(i).spec_dict(LLAMA70B) for i in range(0, n, max(1, n // 20))][:20]
     _, w2, c2 = timed(lambda: [worst_rank_bytes(light_spec(d)) for d in sample], repeats=1)
-    print(f"  exact worst-rank memory (planner.memory): {len(sample) / w2:,.1f} layouts/s wall ({len(sample) / c2:,.1f} CPU)")
+    print(f"  worst-rank memory one layout at a time (estimate.worst_rank_bytes): {len(sample) / w2:,.1f} layouts/s wall "
+          f"({len(sample) / c2:,.1f} CPU)")
     idx = random.Random(0).sample(range(n), 25)
     exact, w3, c3 = timed(lambda: [max(r.total_bytes for r in estimate(ExperimentSpec.for_prediction(
-        layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH))).per_rank) for i in idx], repeats=1)
+        layouts.take(i).spec_dict(LLAMA70B))).per_rank) for i in idx], repeats=1)
     print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
     rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]
-    print(f"  agreement on {len(idx)} random layouts: vectorised vs estimate.estimate worst rank, max |rel err| "
-          f"{max(rel):.2e} (limit 5e-3; tests/test_planner_vmemory.py checks 1,000)")
+    print(f"  agreement on {len(idx)} random layouts: array path vs estimate.estimate worst rank, max |rel err| "
+          f"{max(rel):.2e} (tests/test_planner_core.py checks 1,000 byte for byte)")
     cold = subprocess.run([sys.executable, __file__, "--cold-plan"], capture_output=True, text=True, check=True)
     print("  " + cold.stdout.strip())
     for top in (5, 10):

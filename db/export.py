@@ -1,8 +1,12 @@
 """CSV and JSON export of the experiment store (same filters as `db.queries.list_experiments`).
 
-CSV, one row per experiment: parallelism and model columns, status, per memory category the measured
-and predicted bytes (max over ranks) and the error % of those maxima, step time, tokens/s, comm bytes
-(per-rank totals per step, max over ranks; and per collective), bubble fractions, timestamps, versions.
+CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, strategy,
+degrees, tags as a JSON list), then model and training columns, step time measured and predicted
+(`step_time_predicted_s`: RunResult's, from the step-time model at run time), tokens/s, bubble fractions, errors,
+bookkeeping and timestamps, then per memory category the measured and predicted bytes (max over ranks) and the
+error % of those maxima, comm bytes (per-rank totals per step, max over ranks; and per collective), versions.
+Fields that do not apply are blank: the schedule and virtual stages without a pipeline (pp = 1), sequence
+parallel without tensor parallelism, top-k of a dense model.
 `long=True` gives one row per (experiment, rank) with that rank's own numbers instead.
 The maxima are computed once when a result is stored (experiment_summaries, rank_results.comm_*), so an
 export is a plain join: 10,000 experiments in well under a second (benchmarks/export_bench.py). The database
@@ -32,8 +36,17 @@ from db.queries import ROW_KEYS, _filtered, _tags_for
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-EXP_COLUMNS = [k for k in ROW_KEYS if k not in ("cancel_requested", "progress_step", "progress_total", "progress_phase",
-                                                "heartbeat_at", "peak_bytes_max")]
+EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the predicted step time
+    "id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep", "zero_stage",
+    "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
+    "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
+    "recompute", "step_s_median", "step_time_predicted_s", "tokens_per_s", "mfu", "loss_max_abs_diff",
+    "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
+    "started_at", "finished_at", "worker_id", "host"]
+TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
+"""The tags column sits after the identifying columns (the select has no tags; rows get the cell inserted here)."""
+NOT_APPLICABLE = {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts"}
+"""Blank unless that column is > 1 (pp, tp) / > 0 (n_experts)."""
 MEM_COLUMNS = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
 ERR_COLUMNS = [f"error_pct_{c}" for c in ERROR_CATEGORIES]
 COMM_COLUMNS = ["comm_bytes", "comm_wire_bytes", "comm_predicted_bytes", "comm_seconds", *[f"comm_{c}_bytes" for c in COLLECTIVES]]
@@ -41,8 +54,9 @@ VERSION_COLUMNS = ["torch_version", "python_version"]
 TIME_KEYS = ("created_at", "started_at", "finished_at")
 RANK_COLUMNS = ["rank", "coords", "steps_timed", "rank_step_s_median", "rank_step_s_mean", "rank_step_s_min",
                 "rank_step_s_max", "tokens_per_s_share", "rss_bytes"]
-WIDE_HEADER = ["tags", *EXP_COLUMNS, *MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS, *VERSION_COLUMNS]
-LONG_HEADER = ["tags", *EXP_COLUMNS, *RANK_COLUMNS, *MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS, *VERSION_COLUMNS]
+EXP_HEADER = [*EXP_COLUMNS[:TAG_POS], "tags", *EXP_COLUMNS[TAG_POS:]]
+WIDE_HEADER = [*EXP_HEADER, *MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS, *VERSION_COLUMNS]
+LONG_HEADER = [*EXP_HEADER, *RANK_COLUMNS, *MEM_COLUMNS, *ERR_COLUMNS, *COMM_COLUMNS, *VERSION_COLUMNS]
 
 
 def neutralise(value: Any) -> Any:
@@ -65,12 +79,16 @@ def _time_sql(col, key: str, dialect: str):
 
 
 def _exp_columns(dialect: str, safe: bool) -> list:
-    """Experiment columns; text neutralised in SQL when `safe` (CSV), timestamps as text."""
+    """Experiment columns (the predicted step time from experiment_summaries); text neutralised in SQL when `safe`
+    (CSV), timestamps as text, fields that do not apply blank (NOT_APPLICABLE)."""
     out = []
     for k in EXP_COLUMNS:
-        col = getattr(Experiment, k)
+        col = ExperimentSummary.step_time_predicted_s if k == "step_time_predicted_s" else getattr(Experiment, k)
+        if k in NOT_APPLICABLE:
+            gate = getattr(Experiment, NOT_APPLICABLE[k])
+            col = case((gate > (0 if k == "top_k" else 1), col), else_=None)
         out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
-                   else col)
+                   else col.label(k))
     return out
 
 
@@ -157,7 +175,7 @@ def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False,
         target.writelines(_long_lines(exp_rows, rank_rows, tags, cells))
     else:
         w.writerow(WIDE_HEADER)
-        w.writerows((_tag_cell(tags.get(r[0]), cells), *r) for r in exp_rows)
+        w.writerows((*r[:TAG_POS], _tag_cell(tags.get(r[0]), cells), *r[TAG_POS:]) for r in exp_rows)
     return target.getvalue() if out is None else None
 
 
@@ -187,7 +205,7 @@ def _long_lines(exp_rows: list, rank_rows: list, tags: dict[int, list[str]], cel
     no_rank = ("," * (len(RANK_COLUMNS) + len(MEM_COLUMNS) + len(ERR_COLUMNS) + len(COMM_COLUMNS) - 1),)
     n_exp = len(EXP_COLUMNS)
     for r in exp_rows:
-        head = line((_tag_cell(tags.get(r[0]), cells), *r[:n_exp]))[:-2]
+        head = line((*r[:TAG_POS], _tag_cell(tags.get(r[0]), cells), *r[TAG_POS:n_exp]))[:-2]
         tail = line(r[n_exp:])
         for mid in by_exp.get(r[0], no_rank):
             yield f"{head},{mid},{tail}"
@@ -209,7 +227,7 @@ def _tag_cell(tags: list[str] | None, cache: dict) -> str | None:
 
 
 def _text_keys() -> frozenset[str]:
-    cols = [getattr(Experiment, k) for k in EXP_COLUMNS]
+    cols = [getattr(Experiment, k) for k in EXP_COLUMNS if hasattr(Experiment, k)]
     return frozenset([c.key for c in cols if isinstance(c.type, (String, Text))] + ["coords", *VERSION_COLUMNS])
 
 

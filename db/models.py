@@ -214,6 +214,8 @@ class ExperimentSummary(Base):
     comm_recv_bytes: Mapped[float | None] = mapped_column(Float)
     torch_version: Mapped[str | None] = mapped_column(String(64))
     python_version: Mapped[str | None] = mapped_column(String(64))
+    step_time_predicted_s: Mapped[float | None] = mapped_column(Float)
+    """Revision 0007: RunResult.step_time_predicted_s, for the export."""
 
 
 class CommRecord(Base):

@@ -96,6 +96,7 @@ def summary_row(experiment_id: int, result: RunResult, ranks: list[dict[str, Any
     env = result.env or {}
     row["torch_version"] = _text(env.get("torch") or env.get("torch_version"))
     row["python_version"] = _text(env.get("python") or env.get("python_version"))
+    row["step_time_predicted_s"] = result.step_time_predicted_s
     return row
 
 

@@ -8,6 +8,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The dashboard starts a worker when none is alive; in tests that worker would outlive the session.
 os.environ.setdefault("SHARDLAB_NO_WORKER", "1")
+# The worker measures this host for the 'cpu' profile before its first run (backend/bench/cpu_profile.py); the suite
+# keeps that off (timings under test load, and the checkout's data/) except in the test that turns it on.
+os.environ.setdefault("SHARDLAB_AUTO_HW_PROBE", "0")
 # Every process the suite starts inherits this tag, so strays can be found (and only ours).
 SESSION_TAG = os.environ.setdefault("SHARDLAB_TEST_SESSION", uuid.uuid4().hex)
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from backend.analytic.activations import (model_backward_head_transient_bytes, model_embedding_head_activation_bytes,
-                                          model_full_recompute_peak_extra_bytes, model_layer_activation_bytes)
+from backend.analytic.memory.activations import (LayerShape, full_recompute_peak_extra_bytes,
+                                                 model_backward_head_transient_bytes, model_embedding_head_activation_bytes,
+                                                 model_layer_activation_bytes)
 from backend.models.gpt import build_model, loss_fn
 from backend.spec import ModelSpec, Recompute
 
@@ -105,9 +106,10 @@ def test_recompute_ordering_and_peak_extra():
     none, sel, full = (model_layer_activation_bytes(**kw, recompute=r) for r in ("none", "selective", "full"))
     assert full < sel < none
     # one block re-run in backward on top of its already-saved (checkpointed) input
-    assert model_full_recompute_peak_extra_bytes(**kw, recompute="full") == none - full
-    assert model_full_recompute_peak_extra_bytes(**kw, recompute="full", head_freed_bytes=1000) == none - full - 1000
-    assert model_full_recompute_peak_extra_bytes(**kw, recompute="full", head_freed_bytes=10 * none) == 0
+    shape = LayerShape(seq_len=32, micro_batch=2, d_model=64, n_heads=4, ffn=256, dtype_bytes=4)
+    assert full_recompute_peak_extra_bytes(shape) == none - full
+    assert full_recompute_peak_extra_bytes(shape, head_freed_bytes=1000) == none - full - 1000
+    assert full_recompute_peak_extra_bytes(shape, head_freed_bytes=10 * none) == 0
 
 
 def _engine_step_activation_peak(spec) -> int:
@@ -167,8 +169,9 @@ def test_estimate_matches_engine_step_activation_peak(name, model_kw, train_kw, 
 def test_autocast_saved_tensors_are_what_the_formula_counts():
     """saved_tensors_hooks under CPU bf16 autocast: fp32 residual/LayerNorm inputs, one 16-bit input copy per
     Linear (q, k, v cast the ln1 output separately), 16-bit weight copies saved by the matmuls."""
-    from backend.analytic.activations import autocast_copy_bytes
-    from backend.analytic.sharding import local_params
+    from backend.analytic.layout import Layout, RankPosition
+    from backend.analytic.memory.parts import rank_parts
+    from backend.analytic.memory.rank_activations import autocast_casts
     from backend.spec import ExperimentSpec
 
     spec = ExperimentSpec(model=ISSUE_MODEL, train={"global_batch": 2, "micro_batch": 2, "precision": "bf16-mixed"},
@@ -187,7 +190,8 @@ def test_autocast_saved_tensors_are_what_the_formula_counts():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda z: z), torch.autocast("cpu", dtype=torch.bfloat16):
         blk(x)
     activations = sum(nb for nb, _, is_param in seen.values() if not is_param)
-    w_blocks, _, _ = autocast_copy_bytes(spec, local_params(spec, 0))
+    layout = Layout.of(spec)
+    w_blocks, _, _ = autocast_casts(spec.model, layout, rank_parts(spec.model, layout, RankPosition()))
     per_block = model_layer_activation_bytes(s=32, b=2, h=64, a=4, kv_heads=4, ffn=256, dtype_bytes=2, autocast=True)
     assert activations == per_block + w_blocks / spec.model.n_layers
     assert sum(nb for nb, dt, p in seen.values() if dt == torch.float32 and not p) == 2 * 2 * 32 * 64 * 4 + 4 * 2 * 32 * 4

@@ -212,7 +212,7 @@ def test_formulas_page_without_runs():
     assert "Model-state memory per GPU" in titles and "bubble" in titles
     zero = figs[0]
     ddp = next(t for t in zero["data"] if t["name"].startswith("DDP"))
-    assert ddp["y"][0] == pytest.approx(16 * 70)  # 70B, bf16 + Adam: 16 bytes per parameter
+    assert ddp["y"][0] == pytest.approx(16 * 70e9 / 2**30)  # 70B, bf16 + Adam: 16 bytes per parameter, in GiB
 
 
 # ---- real measured runs ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.deepspeed_layout import deepspeed_rank
+from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
 from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD, ds_config
 from backend.spec import validate_spec
 

@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO runs at world 2 on gloo, end to end through the launcher and the CLI: loss parity with the
-single-process torch reference (fp32 ≤ 1e-4), model states within 2% of backend/analytic/deepspeed_layout.py,
+single-process torch reference (fp32 ≤ 1e-4), model states within 2% of backend/analytic/frameworks/deepspeed_layout.py,
 DeepSpeed's own estimate beside it, and the ds_config kept with the run."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""estimate()'s per-class fast path (`_all_ranks`) must equal the straightforward per-rank computation
-(`_estimate_rank_reference`) field for field on every rank, and the fp32 dense specs must still give the
+"""estimate()'s per-class path (`Estimate.per_rank`, expanded from one estimate per class of equivalent ranks) must
+equal the prediction computed at each rank's own position (`estimate_rank`) field for field on every rank, and the fp32 dense specs must still give the
 outputs recorded before the fast path existed (sha256 of Estimate.to_dict() without its notes)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import asdict
 import pytest
 
 from backend.analytic import sharding as S
-from backend.analytic.estimate import _all_ranks, _estimate_rank_reference, estimate
+from backend.analytic.estimate import estimate, estimate_rank
 from backend.spec import ExperimentSpec
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
@@ -66,6 +66,10 @@ BEFORE = {
 }
 
 
+def _class_path(spec: ExperimentSpec) -> list:
+    return list(estimate(spec).per_rank)
+
+
 def make(name: str) -> ExperimentSpec:
     m, p, t = CASES[name]
     return ExperimentSpec(model=m, parallel=p, train={"global_batch": 8, "micro_batch": 1, "steps": 1,
@@ -75,17 +79,17 @@ def make(name: str) -> ExperimentSpec:
 @pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("70b_tp8")])
 def test_fast_path_equals_per_rank_reference(name):
     s = make(name)
-    fast = _all_ranks(s)
+    fast = _class_path(s)
     assert [r.rank for r in fast] == list(range(s.parallel.world_size))
     for r in fast:
-        assert asdict(r) == asdict(_estimate_rank_reference(s, r.rank)), (name, r.rank)
+        assert asdict(r) == asdict(estimate_rank(s, r.rank)), (name, r.rank)
 
 
 def test_fast_path_equals_reference_on_256_ranks_sampled():
     s = make("70b_tp8pp8dp4")
-    fast = _all_ranks(s)
+    fast = _class_path(s)
     for rank in range(0, 256, 7):
-        assert asdict(fast[rank]) == asdict(_estimate_rank_reference(s, rank))
+        assert asdict(fast[rank]) == asdict(estimate_rank(s, rank))
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
@@ -97,11 +101,11 @@ def test_outputs_unchanged_since_before_fast_path(name):
 
 def test_uneven_specs_really_have_distinct_ranks():
     """The cases above exercise what the class key must keep apart: FSDP tail shards and ZeRO-1 shares."""
-    fsdp = _all_ranks(make("fsdp_w7_pad"))
+    fsdp = _class_path(make("fsdp_w7_pad"))
     assert len({r.params_count for r in fsdp}) > 1
-    z1 = _all_ranks(make("zero1_w7"))
+    z1 = _class_path(make("zero1_w7"))
     assert len({r.optimizer_bytes for r in z1}) > 1
-    tp = _all_ranks(make("tp3_odd"))
+    tp = _class_path(make("tp3_odd"))
     assert len({r.params_count for r in tp}) > 1
 
 
@@ -131,7 +135,7 @@ def test_first_short_chunk():
 @pytest.mark.parametrize("name", ["tp3_odd", "3d_tp3_pp2_dp2_zero2", "ep2_moe_zero2_w6", "pp2_interleaved_fsdp", "pp2_zbv_ddp"])
 def test_inference_estimate_shares_per_position(name):
     from backend.analytic.inference import estimate_inference
-    from backend.analytic.kv_cache import kv_cache_bytes
+    from backend.analytic.textbook.kv_cache import kv_cache_bytes
     from backend.analytic.traffic import compute_bytes
 
     s = make(name)

@@ -112,8 +112,9 @@ def _reference_csv(engine, long: bool, **filters) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(header)
-    for d in rows:
-        w.writerow([json.dumps(d["tags"], ensure_ascii=False) if d["tags"] else None, *[neutralise(d[k]) for k in header[1:]]])
+    for d in rows:  # tags (a JSON list) where the header has them: after the identifying columns
+        w.writerow([(json.dumps(d["tags"], ensure_ascii=False) if d["tags"] else None) if k == "tags" else neutralise(d[k])
+                    for k in header])
     return buf.getvalue()
 
 
@@ -169,3 +170,50 @@ def test_json_export_is_the_full_stored_result(stored):
     assert first["name"] == EVIL_NAME and sorted(first["tags"]) == sorted(TAGS)  # JSON is verbatim: no prefix
     buf = io.StringIO()
     assert export_json(engine, buf) is None and json.loads(buf.getvalue()) == data
+
+
+def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(store_urls):
+    """Issue 20 item 13: id, name, status, kind, framework, strategy and the degrees lead (tags after them, not first);
+    fields that do not apply are blank (no schedule=1f1b without a pipeline); step_time_predicted_s is exported."""
+    from db.export import EXP_COLUMNS
+
+    engine = store_urls.engine()
+    dense, pp = spec("dense"), spec("pp", strategy="pp", pp_schedule="gpipe")
+    ids = {}
+    for s, predicted in ((dense, 0.42), (pp, None)):
+        ids[s.name] = q.submit_experiment(engine, s, tags=["t"])
+        res = fake_result(s)
+        res.step_time_predicted_s = predicted
+        q.store_result(engine, ids[s.name], res)
+    text = export_csv(engine)
+    header = next(csv.reader(io.StringIO(text)))
+    assert header[:11] == ["id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep"]
+    assert header.index("tags") < header.index("d_model") and header[0] != "tags"
+    old_names = {k for k in q.ROW_KEYS if k not in ("cancel_requested", "progress_step", "progress_total", "progress_phase",
+                                                     "heartbeat_at", "peak_bytes_max")}
+    assert old_names | {"tags"} <= set(header) and header.count("tags") == 1  # every existing column name kept
+    assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
+    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s"}
+    rows = {r["name"]: r for r in _rows(text)}
+    assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
+        ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
+    assert (rows["pp"]["schedule"], rows["pp"]["virtual_stages"]) == ("gpipe", "1")
+    assert float(rows["dense"]["step_time_predicted_s"]) == 0.42 and rows["pp"]["step_time_predicted_s"] == ""
+    for long in (False, True):  # the long CSV and table() agree
+        assert export_csv(engine, long=long) == _reference_csv(engine, long)
+
+
+def test_a_cpu_run_carries_its_predicted_step_time(tmp_path, monkeypatch):
+    from backend.launch.launcher import predicted_step_s
+    from backend.result import RunResult
+
+    s = spec("cpu run")
+    res = RunResult(status="ok", spec=s, env={"device": "cpu"})
+    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(tmp_path / "missing.json"))
+    assert predicted_step_s(s, res) is None  # no profile: unknown, not a guess
+    (tmp_path / "cpu.json").write_text(json.dumps(
+        {"name": "t", "kind": "cpu", "peak_flops": {"fp32": 5e10}, "hbm_bytes_per_s": 1e10, "intra_bytes_per_s": 1e9,
+         "inter_bytes_per_s": 1e9, "cores": 2, "gpus_per_node": 4096, "tune": {}}))
+    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(tmp_path / "cpu.json"))
+    assert predicted_step_s(s, res) > 0
+    assert predicted_step_s(s, RunResult(status="ok", spec=s, env={"device": "NVIDIA H100 80GB HBM3"})) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from backend.analytic import sharding as S
 from backend.analytic.params import count_params
+from backend.analytic.tp_placement import REPLICATE
 from backend.spec import ExperimentSpec
 
 LLAMA = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, seq_len=16, norm="rmsnorm", mlp="swiglu",
@@ -29,7 +30,7 @@ def test_swiglu_and_shared_experts_split_over_tp():
     assert local["layers.0.ln1.weight"] == (32,)  # RMSNorm: weight only
     # every element lives on exactly one tp rank, except the replicated ones (norms, router, gate)
     both = sum(q.local_numel for r in (0, 1) for q in S.local_params(s, r))
-    replicated = sum(q.local_numel for q in S.local_params(s, 0) if S.tp_style(q.name) == S.REPLICATE)
+    replicated = sum(q.local_numel for q in S.local_params(s, 0) if S.tp_style(q.name) == REPLICATE)
     assert both - replicated == count_params(s.model)
 
 

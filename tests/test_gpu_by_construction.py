@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from backend.analytic import activations as A
+from backend.analytic.memory import activations as A
 from backend.analytic import device as D
 from backend.analytic.estimate import estimate
 from backend.analytic.params import param_list
@@ -456,13 +456,13 @@ def test_detail_view_shows_cuda_allocated_and_reserved():
 # ---- 9. `other` as this rank's dp slice -------------------------------------------------------------------
 
 def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
-    from backend.analytic import estimate as E
+    from backend.analytic.memory import rank as memory_rank
 
     s = spec({"strategy": "ddp", "world_size": 2})
-    assert E.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
+    assert memory_rank.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
-    monkeypatch.setattr(E, "OTHER_IS_DP_SLICE", False)
-    assert estimate(s).per_rank[0].other_bytes == E.input_batch_bytes(4, 8)  # before: the global batch
+    monkeypatch.setattr(memory_rank, "OTHER_IS_DP_SLICE", False)
+    assert estimate(s).per_rank[0].other_bytes == memory_rank.input_batch_bytes(4, 8)  # before: the global batch
 
 
 def test_local_batch_is_a_copy_of_this_ranks_rows_on_the_cpu():

@@ -1,13 +1,13 @@
 """JAX/XLA GSPMD on 4 virtual CPU devices: dp, fsdp, tp and dp x tp, each with loss parity ≤ 1e-4 vs the torch
 reference (same seeded weights by name, same data), XLA's argument bytes per device equal to the analytic
-params + optimizer state + data (backend/analytic/gspmd.py), and the HLO's collectives listed.
+params + optimizer state + data (backend/analytic/frameworks/gspmd.py), and the HLO's collectives listed.
 Also the pure parts: the layout arithmetic, HLO parsing, and what jax refuses before launch."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.analytic.gspmd import layout, predicted_bytes
+from backend.analytic.frameworks.gspmd import layout, predicted_bytes
 from backend.frameworks.jax.hlo import collectives, group_size
 from backend.spec import ExperimentSpec, validate_spec
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.analytic import activations as A
-from backend.analytic import pipeline as PL
+from backend.analytic.memory import activations as A
+from backend.analytic.textbook import pipeline as PL
 from backend.analytic.estimate import estimate
+from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
 from backend.spec import ExperimentSpec
 
 BLOCK, BUF, HEAD, POS = 37_376, 2_048, 12_416, 16 * 8
@@ -78,20 +79,20 @@ def test_interleaved_sending_stage_holds_all_outputs():
 
 def test_held_outputs_per_schedule():
     kw = dict(m=8, in_flight=4, n_stages=4)
-    assert PL.held_stage_outputs("interleaved_1f1b", stages=[0, 2], **kw) == 16
-    assert PL.held_stage_outputs("zbv", stages=[1, 2], **kw) == 8  # 1 -> 2 stays on the rank
-    assert PL.held_stage_outputs("zbv", stages=[0, 3], **kw) == 8  # 3 is last
-    assert PL.held_stage_outputs("1f1b", stages=[0], **kw) == 5
-    assert PL.held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
-    assert PL.held_stage_outputs("gpipe", stages=[3], **kw) == 0
-    assert PL.held_stage_inputs(m=8, stages=[0, 3]) == 8
+    assert held_stage_outputs("interleaved_1f1b", stages=[0, 2], **kw) == 16
+    assert held_stage_outputs("zbv", stages=[1, 2], **kw) == 8  # 1 -> 2 stays on the rank
+    assert held_stage_outputs("zbv", stages=[0, 3], **kw) == 8  # 3 is last
+    assert held_stage_outputs("1f1b", stages=[0], **kw) == 5
+    assert held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
+    assert held_stage_outputs("gpipe", stages=[3], **kw) == 0
+    assert held_stage_inputs(m=8, stages=[0, 3]) == 8
 
 
 def test_moe_experts_hidden_split_over_tp():
     # experts are Colwise fc_in / Rowwise fc_out: GELU in + fc_out in are (rows, ffn/t); rows = s·b·k = 32
     kw = dict(s=16, b=1, h=32, ffn=128, n_experts=4, top_k=2, dtype_bytes=4)
-    assert A._moe_bytes(**kw) - A._moe_bytes(**kw, t=2) == 2 * 32 * 64 * 4
-    assert A._moe_bytes(**kw) - A._moe_bytes(**kw, t=4) == 2 * 32 * 96 * 4
+    assert A.dense_moe_layer_bytes(**kw) - A.dense_moe_layer_bytes(**kw, t=2) == 2 * 32 * 64 * 4
+    assert A.dense_moe_layer_bytes(**kw) - A.dense_moe_layer_bytes(**kw, t=4) == 2 * 32 * 96 * 4
 
 
 def test_tp_moe_layer_uses_split_experts():
@@ -99,7 +100,7 @@ def test_tp_moe_layer_uses_split_experts():
     moe = A.model_layer_activation_bytes(**kw, **MOE)
     dense = A.model_layer_activation_bytes(**kw)
     # dense MLP hidden 2·s·ffn/t = 2048 el. replaced by the MoE term with (rows, ffn/t) hidden
-    assert moe - dense == A._moe_bytes(s=16, b=1, h=32, ffn=128, dtype_bytes=4, t=2, **MOE) - 2 * 16 * 64 * 4
+    assert moe - dense == A.dense_moe_layer_bytes(s=16, b=1, h=32, ffn=128, dtype_bytes=4, t=2, **MOE) - 2 * 16 * 64 * 4
 
 
 @pytest.mark.slow

@@ -12,10 +12,10 @@ import pytest
 
 from backend.analytic import sharding as S
 from backend.analytic.estimate import estimate
-from backend.analytic.fsdp_state import (PipelinePeak, StageState, interleaved_order, multi_stage_peak, peak_inside_forward,
-                                         pipeline_peak)
+from backend.analytic.memory.fsdp_state import PipelinePeak, StageState, multi_stage_peak, peak_inside_forward, pipeline_peak
 from backend.analytic.params import param_list
-from backend.analytic.pipeline import in_flight_microbatches
+from backend.analytic.pipelining import interleaved_order
+from backend.analytic.textbook.pipeline import in_flight_microbatches
 from backend.analytic.traffic import fsdp_gathers_per_step
 from backend.spec import ExperimentSpec
 
@@ -253,7 +253,7 @@ def test_fsdp_x_ep_7b_class_peaks_at_the_loss_with_sharded_params_only():
     """Issue 11's 7B-class MoE mix (zero3 x ep8 at world 64, bf16-mixed, micro-batch 1): the head and loss add
     s·b·V·10 B + the 16-bit lm_head cast (~0.97 GB) after the blocks, the last MoE block's dispatch ~0.23 GB at
     its peak, so the peak is the loss moment and zero3 holds only its sharded storage there."""
-    from backend.analytic.activations import ep_peaks_in_last_block
+    from backend.analytic.memory.activations import ep_peaks_in_last_block
 
     s = ExperimentSpec.model_validate({
         "model": {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048, "n_experts": 8,

@@ -1,10 +1,11 @@
-"""Routing-dependent EP all-to-all and MoE activation bytes (backend/analytic/moe_routing.py): uniform counts
+"""Routing-dependent EP all-to-all and MoE activation bytes (backend/analytic/measured/moe_routing.py): uniform counts
 reduce to the uniform formulas, hand-made skewed counts give hand-computed bytes; assemble's notes use them."""
 
 import pytest
 
-from backend.analytic import activations as A
-from backend.analytic import moe_routing as MR
+from backend.analytic.memory import activations as A
+from backend.analytic.measured import moe_routing as MR
+from backend.analytic.memory import moe_bytes
 from backend.analytic.estimate import estimate
 from backend.engine.assemble import routing_notes
 from backend.result import MemoryBreakdown, RankResult, RoutingAdjusted, RunResult
@@ -45,7 +46,7 @@ def test_uniform_counts_reproduce_the_uniform_all_to_all(precision):
     routing = _routing(spec, [_uniform(spec)] * spec.train.microbatches)
     ds = MR.dispatches(routing)
     cb = 4 if precision == "fp32" else 2
-    row = MR.row_bytes(cb, autocast=precision != "fp32")  # autocast: the routed rows are the fp32 ln2 output
+    row = moe_bytes.row_bytes(cb, autocast=precision != "fp32")  # autocast: the routed rows are the fp32 ln2 output
     got = MR.all_to_all_bytes(ds, h=spec.model.d_model, dtype_bytes=row, n_experts=spec.model.n_experts)
     assert got == pytest.approx(estimate(spec).per_rank[0].comm_bytes["all_to_all"], rel=1e-12)
     assert MR.uniform_like(ds, tokens=16, top_k=2, n_experts=4, ep=2) == ds
@@ -58,18 +59,18 @@ def test_uniform_counts_reproduce_the_uniform_all_to_all(precision):
 @pytest.mark.parametrize("top_k,dtype_bytes", [(1, 4), (2, 4), (2, 2)])
 def test_uniform_counts_reproduce_the_moe_activation_term(top_k, dtype_bytes):
     kw = dict(h=32, ffn=128, n_experts=4, top_k=top_k, dtype_bytes=dtype_bytes)
-    got = MR.ep_moe_layer_bytes(tokens=16, received_rows=16 * top_k, **kw)
-    extra = MR.ep_only_uniform_bytes(tokens=16, h=32, top_k=top_k, dtype_bytes=dtype_bytes)
+    got = moe_bytes.ep_moe_layer_bytes(tokens=16, received_rows=16 * top_k, **kw)
+    extra = moe_bytes.ep_only_uniform_bytes(tokens=16, h=32, top_k=top_k, dtype_bytes=dtype_bytes)
     assert extra == 16 * top_k * (32 * dtype_bytes + 8)  # the expert outputs index_add keeps + the sort order
-    assert got == pytest.approx(A._moe_bytes(s=16, b=1, **kw) + extra, rel=1e-12)
-    assert MR.INDEX_BYTES == A.INDEX_BYTES
+    assert got == pytest.approx(A.dense_moe_layer_bytes(s=16, b=1, **kw) + extra, rel=1e-12)
+    assert moe_bytes.INDEX_BYTES == A.INDEX_BYTES
 
 
 @pytest.mark.parametrize("train", [{}, {"precision": "bf16-mixed"}, {"recompute": "selective"}])
 def test_the_moe_term_read_off_the_uniform_model_is_the_ep_dispatch_term(train):
     spec = _spec(**train)
     cb = 4 if not train.get("precision") else 2
-    ep = MR.ep_moe_layer_bytes(tokens=16, received_rows=32, h=32, ffn=128, n_experts=4, top_k=2, dtype_bytes=cb,
+    ep = moe_bytes.ep_moe_layer_bytes(tokens=16, received_rows=32, h=32, ffn=128, n_experts=4, top_k=2, dtype_bytes=cb,
                                autocast=bool(train.get("precision")))
     assert MR.predicted_moe_layer_bytes(spec) == pytest.approx(ep, rel=1e-12)
 
@@ -83,19 +84,19 @@ def test_skewed_routing_hand_computed():
     rec = MR.Dispatch(0, "0", [1, 1, 0, 0], [[2, 0], [1, 0]], recompute=True)
     assert MR.all_to_all_call_bytes(rec, h=4, dtype_bytes=4, n_experts=4) == 32 + 80
     # experts: fc_in input 3x4 + GELU in / fc_out in 2x3x16 + expert output 3x4 = 120 fp32 elements, + 3 int64 rows
-    assert MR.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=4) == 120 * 4 + 3 * 8
+    assert moe_bytes.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=4) == 120 * 4 + 3 * 8
     # sender, N=2 tokens, k=1: softmax 2x4 + top-k 2 + sum 2 + returned rows 2x4 + weights 2 + index_add source 2x4
     # = 30 fp32 elements, + top-k ids, sort order, token of each slot (2 int64 each)
-    assert MR.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=4) == 30 * 4 + 6 * 8
+    assert moe_bytes.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=4) == 30 * 4 + 6 * 8
 
 
 def test_autocast_keeps_the_rows_fp32_and_the_expert_linears_16_bit():
     # R=3 rows, h=4, ffn=16, bf16 autocast: fc_in's 16-bit input cast 3x4 + GELU / fc_out inputs 2x3x16 at 2 B,
     # the expert output cast back to the fp32 rows (index_add source) 3x4 at 4 B, 3 int64 row indices
-    assert MR.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=2, autocast=True) == 108 * 2 + 12 * 4 + 24
+    assert moe_bytes.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=2, autocast=True) == 108 * 2 + 12 * 4 + 24
     # everything on the sender side is fp32 (softmax output, top-k values, returned rows, weights, products)
-    assert MR.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=2, autocast=True) == 30 * 4 + 6 * 8
-    assert MR.row_bytes(2, autocast=True) == 4 and MR.row_bytes(2, autocast=False) == 2
+    assert moe_bytes.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=2, autocast=True) == 30 * 4 + 6 * 8
+    assert moe_bytes.row_bytes(2, autocast=True) == 4 and moe_bytes.row_bytes(2, autocast=False) == 2
 
 
 def test_peak_is_the_heaviest_microbatch_and_recompute_is_not_saved():
@@ -104,8 +105,8 @@ def test_peak_is_the_heaviest_microbatch_and_recompute_is_not_saved():
           MR.Dispatch(1, "0", [1] * 4, [[9, 9], [9, 9]], True)]
     kw = dict(tokens=2, h=4, ffn=16, n_experts=4, top_k=2, dtype_bytes=4)
     got, n_layers, mb = MR.peak_microbatch(ds, **kw)
-    sender = MR.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=2, dtype_bytes=4)
-    one = MR.moe_expert_bytes(received_rows=1, h=4, ffn=16, dtype_bytes=4)
+    sender = moe_bytes.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=2, dtype_bytes=4)
+    one = moe_bytes.moe_expert_bytes(received_rows=1, h=4, ffn=16, dtype_bytes=4)
     # microbatch 0: 4 + 4 rows; microbatch 1: 5 + 2 (its recompute re-run saves nothing more)
     assert (got, n_layers, mb) == (2 * sender + 8 * one, 2, 0)
 

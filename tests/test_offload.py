@@ -1,5 +1,5 @@
 """torch FSDP2 CPU offload (spec.parallel.offload = params): refused where FSDP2 cannot do it, predicted as host
-vs device bytes (backend/analytic/offload.py) and measured from FSDPMemTracker's tags, with loss parity.
+vs device bytes (backend/analytic/frameworks/offload.py) and measured from FSDPMemTracker's tags, with loss parity.
 Measured here (h=64, L=2, V=256, s=32, world 2): host 1,079,444 B = the prediction to the byte with the 37 step
 counters; device 762,644 B vs 762,632 B (total predicted at the activation peak minus host)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.offload import host_bytes
+from backend.analytic.frameworks.offload import host_bytes
 from backend.spec import ExperimentSpec, validate_spec
 
 TINY = {"model": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},

@@ -3,7 +3,7 @@ single-process reference and a timeline with every microbatch's passes; the stag
 
 import pytest
 
-from backend.analytic.bubble_measure import measured_bubble_fraction
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.spec import Schedule
 from backend.strategies.pp import stage_layers, stages_of_rank
 from tests.fixtures.mp_launch import assert_parity, run_specs, tiny

@@ -65,7 +65,7 @@ def test_scaled_for_cpu_keeps_family(name):
 
 def test_matmul_params_of_tied_and_swiglu_moe():
     """6N training FLOPs (Kaplan 2020 Sec 2.1) count the tied lm_head matmul and only top-k SwiGLU experts."""
-    from backend.analytic.estimate import matmul_params
+    from backend.analytic.params import matmul_params
 
     gpt2 = ModelSpec(**preset_model("gpt2"))
     assert matmul_params(gpt2) == 124_439_808 - 1024 * 768 - sum(p.numel for p in param_list(gpt2) if len(p.shape) == 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.seeds import Claim, seed_claims, seed_estimate_gpu_memory
+from backend.analytic.textbook.seeds import Claim, seed_claims, seed_estimate_gpu_memory
 
 
 def _claims() -> dict[str, Claim]:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backend.analytic.pipeline import bubble_over_ideal
+from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import STEP_KEYS, step_time

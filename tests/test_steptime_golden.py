@@ -10,8 +10,8 @@ import json
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.schedule import SIMULATED
-from backend.planner.memory import light_spec, worst_rank_bytes
-from backend.planner.space import enumerate_layouts, layout_spec_dict
+from backend.analytic.estimate import worst_rank_bytes
+from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
 DIGEST_BEFORE = "37488b25e556fffe06e3"
@@ -32,7 +32,7 @@ def test_step_time_and_worst_rank_unchanged_on_70b_layouts():
     for _ in range(2):  # the second pass answers from the memos: it must give the same numbers
         rows = []
         for i in range(0, len(L), 97):
-            s = light_spec(layout_spec_dict(LLAMA70B, L[i], global_batch=BATCH))
+            s = light_spec(L.take(i).spec_dict(LLAMA70B))
             if s.parallel.pp > 1:
                 schedules.add(str(s.parallel.pp_schedule))
             w, r = worst_rank_bytes(s)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from backend.analytic.bubble_measure import measured_bubble_fraction, per_rank_bubble
-from backend.analytic.pipeline import bubble_fraction
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction, per_rank_bubble
+from backend.analytic.textbook.pipeline import bubble_fraction
 
 
 def gpipe_records(p: int, m: int, tf: float = 1.0, tb: float = 2.0) -> list[dict]:

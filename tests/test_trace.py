@@ -165,7 +165,7 @@ def test_fsdp_x_ep_peak_moment_follows_the_larger_of_dispatch_and_head(vocab: in
     """zero3 x ep2: the activation peak falls inside the last MoE block's dispatch when its buffers outweigh what
     the head and loss add after the blocks (small vocab), else at the loss, where zero3 holds no unsharded
     parameter (large vocab; the 7B-class MoE mix of issue 11). The traced params follow the predicted moment."""
-    from backend.analytic.activations import ep_peaks_in_last_block
+    from backend.analytic.memory.activations import ep_peaks_in_last_block
 
     spec = ExperimentSpec.model_validate({
         "model": {"n_layers": 2, "d_model": 256, "n_heads": 4, "seq_len": 128, "vocab_size": vocab, "n_experts": 4,

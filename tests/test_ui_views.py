@@ -111,7 +111,7 @@ def test_real_estimate_feeds_the_figure():
 
 @pytest.mark.parametrize("schedule, p, m", [(s, p, m) for s in ("gpipe", "1f1b") for p, m in ((2, 2), (4, 4), (4, 8))] + [("gpipe", 8, 3)])
 def test_ideal_schedule_bubble_matches_the_formula(schedule, p, m):
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
 
     ev = tv.ideal_events(None, schedule=schedule, p=p, m=m)
     assert len(ev) == 2 * p * m
@@ -199,8 +199,8 @@ def test_compare_highlights_differences():
 def test_formula_figures():
     fig = fv.zero_memory_fig(70e9, precision="bf16-mixed", optimizer="adamw", ns=[8, 64, 1024], device_gb=80)
     by = {t.name: list(t.y) for t in fig.data}
-    assert by["DDP (ZeRO-0)"][0] == pytest.approx(16 * 70)  # 2+2+12 bytes per parameter, no sharding
-    assert by["ZeRO-3 / FSDP (P_os+g+p)"][0] == pytest.approx(16 * 70 / 8)
+    assert by["DDP (ZeRO-0)"][0] == pytest.approx(16 * 70e9 / 2**30)  # 2+2+12 bytes per parameter, no sharding (GiB)
+    assert by["ZeRO-3 / FSDP (P_os+g+p)"][0] == pytest.approx(16 * 70e9 / 2**30 / 8)
     assert fig.layout.xaxis.type == "log"
     act = fv.activation_fig(seqs=[1024, 2048], b=1, h=8192, a=64, layers=80, t=8, sp=True)
     full = next(t for t in act.data if t.name == "recompute=full")

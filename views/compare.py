@@ -6,20 +6,29 @@ import streamlit as st
 
 from backend.ui import compare_view as cv
 from backend.ui import runs_view as rv
+from backend.ui import selection
 from backend.ui import store
 
 st.title("Compare runs")
 url = store.db_url()
-recent = store.list_runs(url, limit=500)
-if len(recent) < 2:
+recent = store.list_runs(url, limit=cv.RECENT_RUNS)
+if store.count_runs(url) < 2:
     st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at world 2 and 4).")
     st.page_link("views/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
 labels = {r["id"]: rv.run_label(r) for r in recent}
-if "compare_ids" in st.session_state:
-    st.session_state["compare_pick"] = [i for i in st.session_state.pop("compare_ids") if i in labels]
+if "compare_ids" in st.session_state:  # from the Runs page: those ids, whether or not they are among the recent ones
+    st.session_state["compare_pick"] = st.session_state.pop("compare_ids")
 if "compare_pick" not in st.session_state:
     st.session_state["compare_pick"] = [r["id"] for r in recent if r["status"] == "ok"][:4]
+chosen = {i: store.get_run(url, i) for i in st.session_state["compare_pick"] if i not in labels}
+labels.update({i: rv.run_label({**e, "id": i, "strategy": str(e["spec"].parallel.strategy),
+                                "world_size": e["spec"].parallel.world_size, "name": e["spec"].name})
+               for i, e in chosen.items() if e is not None})
+kept, gone = selection.split_in_view(st.session_state["compare_pick"], labels)
+st.session_state["compare_pick"] = kept
+if gone:
+    st.warning(selection.dropped_message(gone, "no such run (deleted?)"))
 ids = st.multiselect("Runs to compare", list(labels), key="compare_pick", format_func=labels.get)
 if len(ids) < 2:
     st.info("Pick two or more runs.")
@@ -27,7 +36,8 @@ if len(ids) < 2:
 runs = [e for e in (store.get_run(url, i) for i in ids) if e is not None]
 df = cv.compare_frame(runs)
 st.markdown("**Side by side** — cells that differ from the first run are highlighted")
-st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3)
+st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3,
+             placeholder="–", column_config={"_index": st.column_config.TextColumn("property", width="large")})
 ok = [e for e in runs if e.get("result") is not None and e["status"] == "ok"]
 if not ok:
     st.info("None of these runs has finished successfully yet: scaling plots appear once they have measurements.")

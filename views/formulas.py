@@ -17,11 +17,14 @@ with tab_mem:
     psi_b = c1.number_input("Model size (billion parameters)", 0.001, 100_000.0, 70.0, key="fx_psi")
     prec = c2.selectbox("Precision", ["bf16-mixed", "fp16-mixed", "fp32"], key="fx_prec")
     opt = c3.selectbox("Optimizer", ["adamw", "sgd"], key="fx_opt")
-    dev = c4.number_input("Device memory (GB)", 1.0, 10_000.0, 80.0, key="fx_dev")
+    dev = c4.number_input("GPU memory, GB as sold", 1.0, 10_000.0, 80.0, key="fx_dev", help="80 GB = 74.5 GiB; the charts are in GiB")
     lo, hi = st.select_slider("GPUs N", options=fv.worlds(1, 4096), value=(8, 1024), key="fx_n")
     st.plotly_chart(fv.zero_memory_fig(psi_b * 1e9, precision=prec, optimizer=opt, ns=fv.worlds(lo, hi), device_gb=dev), key="fx_zero")
-    st.caption("ZeRO (Rajbhandari et al. 2020, Sec 3.1 and 5): model states 2Ψ + 2Ψ + KΨ bytes; stage 1 shards the KΨ optimizer "
-               "states, stage 2 also the gradients, stage 3 (= FSDP) also the parameters. Activations come on top (next tab).")
+    st.caption("ZeRO (Rajbhandari et al. 2020, Sec 3.1 and 5): model states 2Ψ + 2Ψ + KΨ bytes for Ψ parameters: 2 bytes "
+               "each of 16-bit parameters and gradients, and K bytes of optimizer state (mixed-precision Adam: fp32 master "
+               "copy, momentum and variance, 4 + 4 + 4 = 12), so 16 bytes per parameter without sharding. Stage 1 shards "
+               "the KΨ optimizer states, stage 2 also the gradients, stage 3 (= FSDP) also the parameters. Activations "
+               "come on top (next tab).")
 with tab_act:
     c1, c2, c3, c4 = st.columns(4)
     h = c1.number_input("hidden h", 1, 1_000_000, 8192, key="fx_h")
@@ -49,7 +52,7 @@ with tab_bub:
         st.error(f"bubble formula unavailable: {e}")
 with tab_claims:
     try:
-        from backend.analytic.seeds import seed_claims
+        from backend.analytic.textbook.seeds import seed_claims
 
         claims = seed_claims()
     except Exception as e:  # noqa: BLE001
@@ -67,6 +70,10 @@ with tab_claims:
                 "or a pp run, and the comparison appears here.")
     else:
         st.dataframe(checks, hide_index=True, width="stretch")
+        if checks["caveat"].astype(bool).any():
+            st.caption("Measured bubbles of CPU runs: when the ranks do not each get a core, pipeline stages time-share "
+                       "the CPU and cannot overlap, so the measured bubble tends to 1 − 1/pp whatever the schedule "
+                       "(see each run's caveat); compare them with the formula on a host with a core per rank.")
 
 st.subheader("Seed scenarios: planner verdicts")
 st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory (minus the CUDA/NCCL/fragmentation "

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import streamlit as st
 
 from backend.analytic.units import GB
+from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
+from backend.spec_checks import run_blockers
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
-from backend.ui import trace_view as tv
-from backend.ui.format import fmt_bytes
-from backend.ui.sweep_form import expand_sweep
+from backend.ui import run_panel
+from backend.ui import workflow
+from backend.ui.format import fmt_bytes_short
+from backend.ui.glossary import HELP, schedule_label
 
 P = "f_"  # widget key prefix
 
@@ -30,6 +32,14 @@ def _init_state() -> None:
             st.session_state[P + k] = st.session_state.get(P + k, v)
     if clone is not None:
         st.toast(f"Loaded the spec of {clone.name or 'the selected run'} into the form")
+    hardware = st.session_state.pop("clone_hardware", None)  # from Plan: the step time on the planned GPUs
+    if hardware:
+        st.session_state[P + "step_hw"], st.session_state["step_gpn"] = hardware
+    from backend.ui.steptime_view import profile_options
+
+    if st.session_state.get(P + "step_hw") not in profile_options():
+        st.session_state[P + "step_hw"] = "cpu"
+    st.session_state[P + "step_hw"] = st.session_state[P + "step_hw"]  # keeps it across page visits
 
 
 def _apply_preset() -> None:
@@ -44,8 +54,8 @@ def _apply_upload() -> None:
     if up is None:
         return
     try:
-        values, notes = sf.apply_hf_config(json.loads(up.getvalue()), file=up.name)
-    except (ValueError, json.JSONDecodeError) as e:  # HFConfigError names the refused field
+        values, notes = sf.apply_hf_config(parse_hf_config(up.getvalue(), name=up.name), file=up.name)
+    except HFConfigError as e:  # names the refused, missing or unreadable field
         st.session_state["hf_error"], st.session_state["hf_notes"] = f"{up.name}: {e}", []
         return
     for k, v in values.items():
@@ -67,8 +77,14 @@ def _model_inputs() -> None:
         label = src.get("preset") or src.get("file") or "config.json"
         st.caption(f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
                    + " — stored with the run.")
-    st.toggle("Run it here: scale down for the CPU ranks (same block type, fewer and narrower layers)",
-              key=P + "run_here", help="Off: the full model, for prediction. On: what the CPU engine will run.")
+    st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
+              help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
+                   "type (norm, MLP, positions, MoE), fewer and narrower layers.")
+    if st.session_state[P + "run_here"]:
+        st.caption("What runs here (the prediction and the run use this shape; the fields below keep the full size):")
+        st.dataframe(sf.run_here_rows(_values()), hide_index=True, width="stretch")
+        if note := sf.gqa_note(_values()):
+            st.caption(note)
     with st.expander("Model family", expanded=False):
         c1, c2, c3 = st.columns(3)
         for col, k, label in ((c1, "norm", "norm"), (c2, "mlp", "MLP"), (c3, "positions", "positions"),
@@ -79,12 +95,12 @@ def _model_inputs() -> None:
         c2.number_input("shared experts", 0, 1024, key=P + "n_shared_experts")
         c3.number_input("shared expert hidden (0 = expert)", 0, 16_000_000, key=P + "shared_ffn_hidden")
         c1.checkbox("shared expert gate", key=P + "shared_expert_gate")
-    with st.expander("Model shape", expanded=False):
+    with st.expander("Model shape (full size)" if st.session_state[P + "run_here"] else "Model shape", expanded=False):
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
         c2.number_input("layers L", 1, 10_000, key=P + "n_layers")
-        c3.number_input("attention heads a", 1, 100_000, key=P + "n_heads")
-        c1.number_input("KV heads (0 = a)", 0, 100_000, key=P + "n_kv_heads")
+        c3.number_input("attention heads a", 1, 1_000_000, key=P + "n_heads")
+        c1.number_input("KV heads (0 = a)", 0, 1_000_000, key=P + "n_kv_heads")
         c2.number_input("MLP hidden (0 = 4h)", 0, 16_000_000, key=P + "ffn_hidden")
         c3.number_input("sequence length s", 1, 10_000_000, key=P + "seq_len")
         c1.number_input("vocabulary V", 2, 10_000_000, key=P + "vocab_size")
@@ -93,20 +109,18 @@ def _model_inputs() -> None:
 
 
 def _parallel_inputs() -> None:
-    c1, c2 = st.columns(2)
-    c1.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
-    c2.number_input("World size (ranks)", 1, 1_000_000, key=P + "world_size")
+    st.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
     c1, c2, c3, c4 = st.columns(4)
-    c1.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="1 for the pure tp strategy means tp = world size")
-    c2.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="1 for the pure pp strategy means pp = world size")
-    c3.number_input("EP degree", 1, 1_000_000, key=P + "ep")
-    c4.checkbox("Sequence parallel", key=P + "sequence_parallel")
+    c1.number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
+    c2.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="Tensor parallel: 1 for the pure tp strategy means tp = world size")
+    c3.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="Pipeline parallel: 1 for the pure pp strategy means pp = world size")
+    c4.number_input("EP degree", 1, 1_000_000, key=P + "ep", help="Expert parallel: MoE experts split over this many ranks")
+    st.checkbox("Sequence parallel (with TP)", key=P + "sequence_parallel", help=HELP["sequence parallel"])
     c1, c2 = st.columns(2)
-    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule")
-    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages")
-    c1, c2 = st.columns(2)  # issue 14
-    c1.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
-    c2.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
+    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule", format_func=schedule_label, help=HELP["schedule"])
+    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages", help=HELP["virtual stages"])
+    st.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
+    st.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
     c1, c2 = st.columns(2)
     c1.radio("Run on", list(sf.RUN_ON), key=P + "executor", format_func=sf.RUN_ON.get, horizontal=True)
     if st.session_state[P + "executor"] == "slurm":
@@ -134,13 +148,13 @@ def _values() -> dict:
 
 @st.cache_data(max_entries=64, show_spinner="Predicting…")
 def _predict(spec_json: str):
-    return pv.predict(ExperimentSpec.from_json(spec_json))
+    return pv.predict(ExperimentSpec.for_prediction(json.loads(spec_json)))  # prediction-only layouts too
 
 
 def _framework_prediction(spec) -> None:
     """Issue 14: what ShardLab predicts for DeepSpeed's / XLA's own layout (the panels below are torch's)."""
     if str(spec.framework) == "deepspeed":
-        from backend.analytic.deepspeed_layout import deepspeed_rank
+        from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
         from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
         r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
@@ -148,12 +162,41 @@ def _framework_prediction(spec) -> None:
                 f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
                 f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
     elif str(spec.framework) == "jax":
-        from backend.analytic.gspmd import mode, predicted_bytes
+        from backend.analytic.frameworks.gspmd import mode, predicted_bytes
 
         b = predicted_bytes(spec)
         st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "
                 f"+ data {b['data_bytes']:,} B = XLA argument bytes {b['argument_bytes']:,} B (checked against "
                 "compiled.memory_analysis()).")
+
+
+@st.cache_data(max_entries=64, ttl=30, show_spinner=False)
+def _step_time(spec_json: str, hardware: str, gpus_per_node: int | None):
+    from backend.ui import steptime_view
+
+    return steptime_view.predict(ExperimentSpec.for_prediction(json.loads(spec_json)), hardware, store.engine(),
+                                 gpus_per_node=gpus_per_node)
+
+
+def _step_time_panel(spec) -> None:
+    from backend.ui import steptime_view
+
+    c1, c2 = st.columns([2, 3])
+    hardware = c1.selectbox("Step time on", steptime_view.profile_options(), key=P + "step_hw",
+                            help="cpu: this host's measured profile (what a local run uses); the others: published GPU "
+                                 "profiles (Plan's hardware when the layout came from Plan)")
+    gpn = st.session_state.get("step_gpn") if hardware != "cpu" else None
+    try:
+        pred, why = _step_time(spec.to_json(), hardware, gpn)
+    except Exception as e:  # noqa: BLE001 - a gap in the step-time model is shown, not raised
+        pred, why = None, f"the step-time model cannot time this spec: {e}"
+    if pred is None:
+        c2.info(why)
+        return
+    c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
+              help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
+               f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
 
 
 def _prediction(spec, device_gb: float) -> None:
@@ -165,66 +208,40 @@ def _prediction(spec, device_gb: float) -> None:
         return
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
-        col.metric(k, v)
+        col.metric(k, v, help=pv.HEADLINE_HELP.get(k))
+    _step_time_panel(spec)
     fit = pv.fit_check(rows, device_gb * GB)
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
-    comm = pv.comm_frame(est.per_rank)
-    st.markdown("**Communication per step (analytic)**")
+    if len(rows) < spec.parallel.world_size:
+        st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class of "
+                   "identical ranks (the fullest rank is always shown).")
+    comm = pv.comm_frame(pv.shown_ranks(est))
+    st.markdown("**Communication per step (analytic, bytes per step)**")
     if comm.empty:
         st.caption("No collectives: a single rank, or nothing to synchronise.")
     else:
-        st.dataframe(comm, hide_index=True, width="stretch")
+        st.dataframe(comm, hide_index=True, width="stretch", column_config={
+            c: st.column_config.TextColumn(c, help=HELP["payload"]) for c in comm.columns if c.startswith("payload")}
+            | {pv.WIRE_COLUMN: st.column_config.TextColumn(pv.WIRE_COLUMN, help=HELP["wire"])})
     cmp = sf.attention_comparison(spec)
     if cmp:
+        st.markdown("**Activations of the fullest rank, by attention kernel**")
         c1, c2, c3 = st.columns(3)
-        c1.metric("Activations, math attention (max rank)", fmt_bytes(cmp["math"]))
-        c2.metric("Activations, flash attention (max rank)", fmt_bytes(cmp["flash"]))
-        c3.metric("flash saves", fmt_bytes(cmp["math"] - cmp["flash"]),
+        c1.metric("math attention", fmt_bytes_short(cmp["math"]),
+                  help="Activations of the fullest rank with the explicit softmax(QK^T)V attention")
+        c2.metric("flash attention", fmt_bytes_short(cmp["flash"]),
+                  help="Activations of the fullest rank with the fused (flash) attention kernel")
+        c3.metric("flash saves", fmt_bytes_short(cmp["math"] - cmp["flash"]),
                   help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
     for note in getattr(est, "notes", []) or []:
         st.caption(f":material/info: {note}")
 
 
-def _submit_one(spec) -> None:
-    c1, c2 = st.columns([2, 1])
-    tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
-    if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one"):
-        eid = store.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
-        st.session_state["run_id"] = eid
-        st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
-        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
-
-
-def _trace(spec) -> None:
-    st.caption("Or trace its memory at full size: the real set-up and train step on fake tensors (no allocation), "
-               "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
-    if st.button("Trace at full size", icon=":material/memory:", key="trace_full"):
-        eid = tv.start_trace(spec, store.db_url())
-        st.session_state["run_id"] = eid
-        st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
-        st.page_link("views/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
-
-
-def _sweep(v: dict) -> None:
-    with st.expander("Sweep: submit a grid of runs"):
-        c1, c2, c3 = st.columns(3)
-        strategies = c1.multiselect("Strategies", sf.STRATEGIES, default=[v["strategy"]], key="sweep_strategies")
-        worlds = c2.multiselect("World sizes", [1, 2, 3, 4, 6, 8], default=[v["world_size"]] if v["world_size"] in (1, 2, 3, 4, 6, 8) else [2], key="sweep_worlds")
-        mbs = c3.multiselect("Microbatches (empty = from the batch)", [1, 2, 4, 8, 16], default=[], key="sweep_mbs")
-        specs, problems = expand_sweep(v, strategies=strategies, worlds=worlds, microbatches=mbs)
-        st.write(f"**{len(specs)} valid runs** in the grid" + (f", {len(problems)} combinations skipped:" if problems else "."))
-        for p in problems:
-            st.caption(f":material/block: {p}")
-        if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs, key="submit_sweep"):
-            sweep_id = uuid.uuid4().hex[:12]
-            ids = [store.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
-            st.success(f"Queued {len(ids)} runs (sweep {sweep_id}): #{ids[0]}–#{ids[-1]}.")
-
-
 _init_state()
 st.title("New experiment")
 st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the arithmetic.")
+workflow.steps()
 left, right = st.columns([5, 6], gap="large")
 with left:
     st.text_input("Name (optional)", key=P + "name", placeholder="e.g. zero2 vs ddp, tiny model")
@@ -234,10 +251,13 @@ with left:
     st.subheader("Training")
     _train_inputs()
 values = _values()
-spec, problems = sf.form_to_spec(values)
+spec, problems = sf.form_to_spec(values, predict_only=True)
+blockers = run_blockers(spec) if spec is not None else []
 with right:
     st.subheader("Prediction")
-    device_gb = st.number_input("Device memory to check against (GB)", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0)
+    device_gb = st.number_input("GPU memory to check against, GB as sold", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0,
+                                help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); the charts and checks below use GiB. "
+                                     "A local CPU run is checked against this host's RAM under Run it.")
     if spec is not None and spec.runtime.executor == "slurm":
         from backend.cluster.submit import cluster_problem
 
@@ -246,14 +266,12 @@ with right:
     if problems:
         st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
     else:
+        if blockers:
+            st.warning("Prediction only: " + "; ".join(blockers), icon=":material/visibility:")
         st.caption(sf.describe(spec))
         _prediction(spec, device_gb)
 st.divider()
 if spec is not None:
-    st.subheader("Run it")
-    st.caption("Runs execute on CPU ranks (gloo) in the background worker; small shapes finish in seconds to a minute.")
-    _submit_one(spec)
-    _trace(spec)
-    _sweep(values)
+    run_panel.section(spec, blockers, values)
 else:
     st.info("Fix the problems above to submit.")

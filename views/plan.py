@@ -9,16 +9,48 @@ from backend.ui import plan_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
 
+DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
+            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15}
+# Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
+# the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
+# results then say what they were for).
+for k, v in DEFAULTS.items():
+    st.session_state[k] = st.session_state.get(k, st.session_state.get("pl_saved", {}).get(k, v))
+
+def _plan_columns() -> dict:
+    """Number formats (no raw floats) and a plain-words tooltip on every column that needs one."""
+    from backend.ui.glossary import HELP
+
+    formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
+               "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
+    cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
+    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("schedule", "virtual stages", "sequence parallel", "runs")})
+    return cols
+
+
+@st.fragment(run_every=2.0)
+def _verify_table(tag: str) -> None:
+    """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
+    from backend.bench import cpu_profile
+
+    df = pv.verify_frame(store.engine(), tag)
+    st.dataframe(df, hide_index=True, placeholder="–", column_config={
+        "measured s": st.column_config.NumberColumn(format="%.3f"), "predicted s": st.column_config.NumberColumn(format="%.3f"),
+        "error %": st.column_config.NumberColumn(format="%+.1f")})
+    if not cpu_profile.exists():
+        st.caption(cpu_profile.MISSING)
+
+
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
            "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
 
 c1, c2, c3 = st.columns(3)
 source = c1.radio("Model", ["preset", "config.json"], horizontal=True, key="pl_source")
-seq = c3.number_input("Sequence length", 1, 10_000_000, 4096, key="pl_seq")
-model, problem = None, None
+seq = c3.number_input("Sequence length", 1, 10_000_000, key="pl_seq")
+model, problem, model_name = None, None, "config.json"
 if source == "preset":
-    name = c2.selectbox("Preset", list(sf.PRESETS), index=len(sf.PRESETS) - 1, key="pl_preset")
+    name = model_name = c2.selectbox("Preset", list(sf.PRESETS), key="pl_preset")
     shape = {k: v for k, v in sf.PRESETS[name].items() if v or k not in sf.ZERO_MEANS_NONE}
     shape = {k: (None if k in ("n_kv_heads", "ffn_hidden") and not v else v) for k, v in shape.items()}
     try:
@@ -28,28 +60,37 @@ if source == "preset":
 else:
     up = c2.file_uploader("Hugging Face config.json", type=["json"], key="pl_cfg")
     if up is not None:
+        model_name = up.name
         try:
-            model = pv.model_from_config(up.getvalue().decode(), seq)
+            model = pv.model_from_config(up.getvalue(), seq)
         except ValueError as e:
             problem = str(e)
 
 c1, c2, c3, c4, c5 = st.columns(5)
-hardware = c1.selectbox("Hardware", pv.hardware_options(), index=pv.hardware_options().index("h100-sxm"), key="pl_hw")
-gpus = c2.number_input("GPUs", 1, 1_000_000, 64, key="pl_gpus")
-node = c3.number_input("GPUs per node", 1, 1024, 8, key="pl_node")
-batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, 256, key="pl_batch")
-mem = c5.number_input("Device memory GB (0 = profile's)", 0.0, 10_000.0, 0.0, key="pl_mem")
-top = st.slider("Layouts to show", 1, 50, 15, key="pl_top")
+hardware = c1.selectbox("Hardware", pv.hardware_options(), key="pl_hw")
+gpus = c2.number_input("GPUs", 1, 1_000_000, key="pl_gpus")
+node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
+batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
+mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
+                      help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
+top = st.slider("Layouts to show", 1, 50, key="pl_top")
 
+st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
+inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None)
 if problem:
     st.error(problem)
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top))
+        st.session_state["pl_result_for"] = inputs
+        st.session_state["pl_result_hw"] = (hardware, int(node))
+        st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
 
 res = st.session_state.get("pl_result")
 if res is not None:
+    if st.session_state.get("pl_result_for") != inputs:
+        st.warning(f"These results are for {st.session_state.get('pl_result_for')}; press Search for the inputs above.")
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
@@ -57,15 +98,22 @@ if res is not None:
         st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
     else:
         df = pv.results_frame(res)
-        event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row", key="pl_table",
-                             column_config={"memory GB": st.column_config.NumberColumn(format="%.1f"),
-                                            "step s": st.column_config.NumberColumn(format="%.3f"),
-                                            "MFU %": st.column_config.NumberColumn(format="%.1f")})
-        rows = event.selection.rows if event and event.selection else []
+        if (why := pv.why_fastest(res)) is not None:
+            st.markdown(why)
+        # one widget per search: a row position is only read against the layouts it was ticked on
+        event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row", placeholder="–",
+                             key=f"pl_table_{st.session_state.get('pl_serial', 0)}", column_config=_plan_columns())
+        rows = [i for i in (event.selection.rows if event and event.selection else []) if i < len(res.configs)]
+        if notes := pv.prediction_only_notes(res):
+            with st.expander(f"Prediction only ({sum(n.count('#') for n in notes)} of {len(res.configs)} layouts): "
+                             "this engine can predict them but not run them; why"):
+                for note in notes:
+                    st.caption(note)
         b1, b2 = st.columns(2)
         if b1.button("Open in New experiment", disabled=not rows, icon=":material/science:", key="pl_open",
                      help="load the selected layout into the New-experiment form (the form says if it can run here)"):
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
+            st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("views/new_experiment.py")
         if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
                      help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
@@ -80,7 +128,7 @@ if res is not None:
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
             st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
-            st.dataframe(pv.verify_frame(store.engine(), st.session_state["pl_verify_tag"]), hide_index=True)
+            _verify_table(st.session_state["pl_verify_tag"])
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")

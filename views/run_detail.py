@@ -36,8 +36,11 @@ def _selected_id(url: str) -> int | None:
 
 @st.fragment(run_every=2.0)
 def _live(url: str, rid: int) -> None:
+    if store.status_now(url, rid) not in rv.ACTIVE:
+        store.changed()  # the picker's label and the page must not show the cached 'running'
+        st.rerun(scope="app")
     e = store.get_run(url, rid)
-    if e is None or e["status"] not in rv.ACTIVE:
+    if e is None:
         st.rerun(scope="app")
     st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}: {rv.progress_text(e)}")
 
@@ -52,10 +55,15 @@ def _failure(e: dict) -> None:
     if tb:
         with st.expander("Traceback of the failing rank", expanded=True):
             st.code(tb, language="python")
-    tail = e.get("log_tail") or (res.log_tail if res else None)
-    if tail:
-        with st.expander("Log tail", expanded=not tb):
+    from backend.worker import default_runs_dir
+
+    tail, where = dv.log_tail_of(e, default_runs_dir(store.engine()))
+    with st.expander("Log tail", expanded=not tb):
+        if tail:
+            st.caption(where)
             st.code(tail, language="text")
+        else:
+            st.text(f"No log output: {where}. The job printed nothing before it ended (or never launched).")
 
 
 def _timeline(res) -> None:
@@ -78,14 +86,14 @@ def _timeline(res) -> None:
 
 
 def _step_prediction(res) -> None:
-    from backend.ui.plan_view import run_step_prediction
+    from backend.ui import steptime_view
 
     try:
-        pred = run_step_prediction(res, store.engine())
+        pred, why = steptime_view.run_comparison(res, store.engine())
     except Exception as e:  # noqa: BLE001 - the run page still renders
-        st.caption(f"step-time prediction unavailable: {e}")
-        return
+        pred, why = None, f"the step-time model failed: {e}"
     if pred is None:
+        st.caption(f"No step-time comparison: {why}")
         return
     c1, c2, c3 = st.columns(3)
     c1.metric("step time measured (min over steps)", f"{pred['measured_s']:.3f} s")
@@ -97,12 +105,15 @@ def _step_prediction(res) -> None:
 
 
 def _result(res) -> None:
-    if not res.per_rank and not res.loss:
-        return  # a run that failed before measuring anything: the failure panel says it all
+    if not res.loss and not dv.measured_anything(res):
+        if res.per_rank:  # a run that failed before measuring: its prediction is kept, nothing to compare it with
+            st.caption("Nothing was measured before the run ended, so there is no measured-vs-predicted comparison; "
+                       "the prediction is kept in result.json below.")
+        return
     head = dv.headline(res)
     cols = [c for _ in range(-(-len(head) // 3)) for c in st.columns(3)]  # rows of 3 (fp16 runs add one metric)
     for col, (k, v) in zip(cols, head.items()):
-        col.metric(k, v)
+        col.metric(k, v, help=dv.HEADLINE_HELP.get(k))
     _step_prediction(res)
     if res.per_rank:
         st.plotly_chart(dv.measured_vs_predicted_fig(res), key="mvp")
@@ -112,14 +123,14 @@ def _result(res) -> None:
         routing = dv.routing_frame(res)
         if not routing.empty:
             st.markdown("**Expert routing** — the uniform-routing formula vs the same formula fed the token counts "
-                        "this run's router produced (backend/analytic/moe_routing.py)")
+                        "this run's router produced (backend/analytic/measured/moe_routing.py)")
             st.dataframe(routing, hide_index=True, width="stretch")
         st.subheader("Communication per step")
         comm = dv.comm_frame(res)
         if comm.empty:
             st.caption("No collectives were counted (single rank).")
         else:
-            st.dataframe(comm, hide_index=True, width="stretch")
+            st.dataframe(comm, hide_index=True, width="stretch", placeholder="–")
             st.caption(dv.comm_caption(res))
     c1, c2 = st.columns(2)
     lf, sf_ = dv.loss_fig(res), dv.step_time_fig(res)

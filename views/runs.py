@@ -7,6 +7,7 @@ import streamlit as st
 from backend.result import Status
 from backend.spec import Framework, Strategy
 from backend.ui import runs_view as rv
+from backend.ui import selection
 from backend.ui import store
 from db import export
 
@@ -43,6 +44,7 @@ def _live_progress(url: str, active_ids: list[int]) -> None:
     """Progress bars of queued/running runs, refreshed every 2 s; a finished run reloads the whole page."""
     rows = store.list_runs(url, status=("queued", "running"), limit=50)
     if {r["id"] for r in rows} != set(active_ids):
+        store.changed()  # the table below must not show the cached 'running' of a run that ended
         st.rerun(scope="app")
     for r in rows:
         frac = rv.progress_fraction(r)
@@ -104,14 +106,22 @@ if df.empty:
         st.info("No run matches these filters. Clear a filter to see more.")
     st.stop()
 st.caption(f"Showing {len(df)} of {total} runs. Click rows to select them (or use the picker below), then act on them.")
-event = st.dataframe(df, hide_index=True, width="stretch", on_select="rerun", selection_mode="multi-row", key="runs_table",
+ids_in_view = [int(i) for i in df["id"]]
+table_key = selection.view_key("runs_table", ids_in_view)  # a new view is a new widget: positions never re-point
+event = st.dataframe(df, hide_index=True, width="stretch", on_select="rerun", selection_mode="multi-row", key=table_key,
+                     placeholder="–",  # not measured (yet): a dash, not "None"
                      column_config={"id": st.column_config.NumberColumn("id", format="%d")})
 by_id = df.set_index("id", drop=False)
-picked = [int(df["id"].iat[i]) for i in event.selection.rows] if event and event.selection else []
-if picked != st.session_state.get("_runs_last_pick"):
-    st.session_state["_runs_last_pick"] = picked
+picked = selection.picked_ids(event.selection.rows if event and event.selection else [], ids_in_view)
+last_key, last_pick = st.session_state.get("_runs_last_pick", (None, []))
+if table_key == last_key and picked != last_pick:  # a click in this same view: the table's ticks are the selection
     st.session_state["runs_selected"] = picked
-st.session_state["runs_selected"] = [i for i in st.session_state.get("runs_selected", []) if i in by_id.index]
+st.session_state["_runs_last_pick"] = (table_key, picked)
+kept, dropped = selection.split_in_view(st.session_state.get("runs_selected", []), ids_in_view)
+st.session_state["runs_selected"] = kept
+if dropped:
+    st.warning(selection.dropped_message(dropped, "not in this view (filter, sort or page changed); actions apply only "
+                                                  "to the runs listed under Selected runs"), icon=":material/filter_alt:")
 # The picker offers the selected runs and the first rows of this view (a 10,000-option widget would be slow).
 options = list(dict.fromkeys(st.session_state["runs_selected"] + df["id"].head(PICKER_ROWS).tolist()))
 labels = _labels(df, options)

@@ -86,7 +86,7 @@ def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
     if spec.parallel.pp > 1:
-        notes.append("CUDA + PP: the sent stage outputs held per rank (analytic/pipeline.py) are calibrated on gloo, "
+        notes.append("CUDA + PP: the sent stage outputs held per rank (analytic/pipelining.py) are calibrated on gloo, "
                      "whose send Works finish when sent; NCCL keeps a sent tensor until its watchdog retires the Work, "
                      "so a few more may be alive: not yet validated on a GPU")
     return notes

@@ -196,3 +196,27 @@ def breakdown(m: Any) -> dict[str, int]:
             key = {"tok_emb": "embeddings", "pos_emb": "embeddings", "norm": "norms"}.get(parts[0], parts[0])
         out[key] = out.get(key, 0) + p.numel
     return out
+
+
+def matmul_params(m: Any, *, active: bool = False) -> int:
+    """Weights that enter a matmul (Linear weights incl. lm_head; embeddings are lookups, biases adds)."""
+    key = (model_key(m), getattr(m, "top_k", None), active)  # every field _matmul_params reads (memoised: per step)
+    hit = _MATMUL.get(key)
+    if hit is None:
+        if len(_MATMUL) > 256:
+            _MATMUL.clear()
+        hit = _MATMUL[key] = _matmul_params(m, active=active)
+    return hit
+
+
+_MATMUL: dict[tuple, int] = {}
+
+
+def _matmul_params(m: Any, *, active: bool) -> int:
+    n = sum(q.numel for q in param_list(m) if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
+    if getattr(m, "tie_embeddings", False):
+        n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
+    if active and m.is_moe:
+        mats = 3 if str(getattr(m, "mlp", "gelu")) == "swiglu" else 2
+        n -= m.n_layers * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
+    return n

@@ -19,32 +19,10 @@ from math import ceil, prod
 from typing import Any
 
 from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
+from backend.analytic.tp_placement import REPLICATE, ROWWISE, VOCAB_ROWWISE, module_placement
 
-COLWISE, ROWWISE, REPLICATE, VOCAB_ROWWISE = "colwise", "rowwise", "replicate", "embedding_rowwise"
-
-# Megatron layout (Shoeybi et al. 2019, Sec 3, Fig 3): the first GEMM of attention and MLP splits its
-# output features (ColwiseParallel: weight rows + bias), the second splits its input features
-# (RowwiseParallel: weight columns, bias replicated). Embeddings are RowwiseParallel (vocab / position
-# rows split), lm_head ColwiseParallel (vocab rows split), as backend/strategies/tp.py `tp_plan` does.
-# The first matching pattern wins; anything unmatched (norms, MoE router) is replicated.
-TP_PLAN: list[tuple[str, str]] = [
-    (r"layers\.\d+\.attn\.[qkv]", COLWISE),
-    (r"layers\.\d+\.attn\.o", ROWWISE),
-    (r"layers\.\d+\.mlp\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.fc_out", ROWWISE),
-    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.experts\.\d+\.fc_out", ROWWISE),
-    # SwiGLU (Shazeer 2020): gate and up split their output features like fc_in, down its input like fc_out;
-    # the shared experts (one fused MLP, mlp.shared) split like the dense MLP; mlp.shared_gate (1, h) replicates
-    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?(gate|up)", COLWISE),
-    (r"layers\.\d+\.mlp\.(experts\.\d+\.|shared\.)?down", ROWWISE),
-    (r"layers\.\d+\.mlp\.shared\.fc_in", COLWISE),
-    (r"layers\.\d+\.mlp\.shared\.fc_out", ROWWISE),
-    (r"tok_emb", VOCAB_ROWWISE),
-    (r"pos_emb", VOCAB_ROWWISE),
-    (r"lm_head", COLWISE),
-]
-
+# The TP split of every module comes from THE placement table (tp_placement.py), which strategies/tp.py builds its
+# DTensor plan from too.
 _EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
@@ -164,11 +142,8 @@ def _param_places(key: ModelKey) -> tuple[tuple[int, int], ...]:
 
 @lru_cache(maxsize=1 << 16)
 def tp_style(name: str) -> str:
-    module = name.rsplit(".", 1)[0]
-    for pattern, style in TP_PLAN:
-        if re.fullmatch(pattern, module):
-            return style
-    return REPLICATE
+    """TP placement of a parameter (by its module's rule in tp_placement.TP_PLACEMENT)."""
+    return module_placement(name.rsplit(".", 1)[0])
 
 
 def tp_local_shape(p: ParamInfo, tp: int, tp_rank: int) -> tuple[int, ...]:
@@ -201,17 +176,28 @@ def ep_keeps(name: str, n_experts: int, ep: int, ep_rank: int) -> bool:
 
 def zero1_partition(numels: list[int], n: int) -> list[int]:
     """Owner rank of each parameter: torch ZeroRedundancyOptimizer._partition_parameters (one param group).
-
-    Stable sort by numel descending, each to the rank with the smallest running total (first on ties);
-    a heap of (running total, rank) gives that same minimum in O(log n).
-    """
+    Stable sort by numel descending, then `zero1_owners_in_order`."""
     order = sorted(range(len(numels)), key=numels.__getitem__, reverse=True)
     owner = [0] * len(numels)
-    if n >= len(numels) and (not numels or min(numels) > 0):  # every rank still empty when its turn comes
-        for k, i in enumerate(order):
-            owner[i] = k
-        return owner
-    heap = [(0, k) for k in range(n)]
+    for i, r in zip(order, zero1_owners_in_order([numels[i] for i in order], n)):
+        owner[i] = r
+    return owner
+
+
+def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
+    """Owner rank of each parameter of a list already in the partition's order (largest first): each to the rank
+    with the smallest running total (first on ties); a heap of (running total, rank) gives that same minimum in
+    O(log n). Ranks beyond len(numels) are never the smallest popped, so every owner is < len(numels)."""
+    if n >= len(numels_desc) and (not numels_desc or numels_desc[-1] > 0):  # every rank still empty at its turn
+        return list(range(len(numels_desc)))
+    heap = [(0, k) for k in range(min(n, len(numels_desc)))]
+    owner = [0] * len(numels_desc)
+    for i, size_i in enumerate(numels_desc):
+        size, r = heapq.heappop(heap)
+        owner[i] = r
+        heapq.heappush(heap, (size + size_i, r))
+    return owner
+    heap = [(0, k) for k in range(min(n, len(numels)))]  # ranks beyond len(numels) are never the smallest popped
     for i in order:
         size, r = heapq.heappop(heap)
         owner[i] = r

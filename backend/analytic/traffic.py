@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic import comm as C
+from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
+from backend.analytic.vector import where
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
@@ -46,7 +47,7 @@ def fsdp_param_bytes(spec: Any) -> int:
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
 
 
-def fsdp_gathers_per_step(zero_stage: int, microbatches: int, *, pipelined: bool) -> int:
+def fsdp_gathers_per_step(zero_stage: Any, microbatches: Any, *, pipelined: Any) -> Any:
     """All-gathers of one FSDP2 unit per step = its sharded -> unsharded transitions.
 
     Without pipelining every microbatch gathers before forward, and zero3 (reshard_after_forward=True)
@@ -55,9 +56,8 @@ def fsdp_gathers_per_step(zero_stage: int, microbatches: int, *, pipelined: bool
     reshard_after_backward=False, and only `perform_reduce_grad` after the last one reshards: zero2 gathers
     once per step; zero3 gathers for the first forward and, since each forward reshards, for whatever
     action follows a forward (a forward after a backward finds the unit unsharded), so 1 + microbatches."""
-    if pipelined:
-        return 1 if zero_stage == 2 else 1 + microbatches
-    return (1 if zero_stage == 2 else 2) * microbatches
+    zero2 = zero_stage == 2
+    return where(pipelined, where(zero2, 1, 1 + microbatches), where(zero2, 1, 2) * microbatches)
 
 
 def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
@@ -142,7 +142,7 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
         # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
-        per = C.ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
+        per = ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from backend.analytic.comm import ring_wire_bytes
+from backend.analytic.textbook.comm import ring_wire_bytes
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor

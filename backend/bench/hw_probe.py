@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from backend.analytic.steptime.hardware import cpu_profile_path
+from backend.atomic_io import write_atomic
 
 GEMM_SIZES = (64, 128, 256, 512, 1024)
 SAME_MACHINE = 4096
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     prof = probe()
     out = args.output or cpu_profile_path()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(prof, indent=2))
+    write_atomic(out, json.dumps(prof, indent=2))  # a page or worker reading it never sees half a profile
     print(json.dumps(prof, indent=2) if args.json else f"wrote {out}: peak {prof['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s per core, "
           f"memory {prof['hbm_bytes_per_s'] / 1e9:.1f} GB/s, gloo α {prof['tune']['intra_latency_s'] * 1e6:.1f} µs, "
           f"β {prof['intra_bytes_per_s'] / 1e9:.2f} GB/s")

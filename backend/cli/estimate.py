@@ -4,6 +4,10 @@
   python -m backend estimate --spec S.json --json                             # one JSON object
   python -m backend estimate --params 7.5e9 --dp 64 --zero-stage 1 --precision fp16-mixed   # ZeRO paper
   python -m backend estimate --mode inference --batch 8 --context 4096 --tp 2 # weights + KV cache
+  python -m backend estimate --strategy zero3 --world 1000000 --rank-offset 4096 --rank-limit 100  # a page of ranks
+
+Ranks are predicted once per class of identical ranks; beyond --rank-limit ranks only a page is printed, with
+"per_rank_page" and "rank_classes" (every distinct prediction and how many ranks share it) in the JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_from_args
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes")
+RANK_PAGE = 1024
+"""Ranks printed by default: every rank of a world up to this size, a page of a larger one."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="inference batch (sequences)")
     p.add_argument("--context", type=int, help="inference context length (tokens)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--rank-offset", type=int, default=0, metavar="N", help="first rank of the page printed (default 0)")
+    p.add_argument("--rank-limit", type=int, default=RANK_PAGE, metavar="N",
+                   help=f"ranks printed (default {RANK_PAGE}; a larger world prints a page and a per-class summary)")
     p.add_argument("--hardware", help="predict the step time on this profile (`python -m backend hardware` lists them)")
     p.add_argument("--gpus-per-node", type=int, help="node size for link tiers (default: the profile's)")
     p.add_argument("--calibration", type=int, metavar="ID", help="apply a stored calibration (`python -m backend calibrate`)")
@@ -41,20 +50,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.params is not None:
         return _run_raw(args)
-    spec, problems = spec_from_args(args)
+    spec, problems = spec_from_args(args, predict_only=True)
     if spec is None:
         return fail("invalid spec: " + "; ".join(problems))
+    if args.rank_offset < 0 or args.rank_limit < 1:
+        return fail(f"--rank-offset must be >= 0 and --rank-limit >= 1 (got {args.rank_offset}, {args.rank_limit})")
+    if args.rank_offset >= spec.parallel.world_size:
+        return fail(f"--rank-offset {args.rank_offset} is past the last rank ({spec.parallel.world_size - 1})")
     if args.mode == "inference":
         batch = args.batch if args.batch is not None else spec.train.micro_batch
         context = args.context if args.context is not None else spec.model.seq_len
         if batch < 1 or context < 1:
             return fail(f"--batch and --context must be >= 1 (got batch={batch}, context={context})")
-        return _emit(args, estimate_inference(spec, batch=batch, context=context), _inference_table)
+        return _emit(args, estimate_inference(spec, batch=batch, context=context, offset=args.rank_offset,
+                                              max_ranks=args.rank_limit), _inference_table)
     if args.batch is not None or args.context is not None:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
     from backend.engine.hardware import host_device  # `auto` resolved as the engine would on this host
 
-    data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict()
+    from backend.spec_checks import run_blockers
+
+    data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(offset=args.rank_offset,
+                                                                                max_ranks=args.rank_limit)
+    blockers = run_blockers(spec)
+    data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     if args.hardware or args.calibration is not None:
         problem = _add_step_time(args, spec, data)
         if problem:
@@ -122,6 +141,7 @@ def _training_table(d: dict[str, Any]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    lines += _page_lines(d)
     lines.append(f"params_total {d['params_total']:,}  tokens/step {d['tokens_per_step']:,}  "
                  f"FLOPs/step {d['flops_per_step']:.3e}  bubble {d['bubble_fraction'] if d['bubble_fraction'] is not None else '-'}")
     for kind, payload in d["comm_bytes_per_step"].items():
@@ -129,6 +149,8 @@ def _training_table(d: dict[str, Any]) -> str:
     z = d["zero_textbook"]
     lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
+    if d.get("why_not"):
+        lines.append(f"prediction only (run/submit refuse it): {d['why_not']}")
     if "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
         lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
@@ -137,6 +159,20 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"{t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s per GPU, MFU {t['mfu']:.1%}")
         lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
     return "\n".join(lines)
+
+
+def _page_lines(d: dict[str, Any]) -> list[str]:
+    """Which ranks a paged table shows, and every class of identical ranks."""
+    page = d.get("per_rank_page")
+    if not page:
+        return []
+    last = page["offset"] + page["ranks"] - 1
+    lines = [f"ranks {page['offset']}..{last} of {page['world_size']:,} shown (--rank-offset / --rank-limit); "
+             f"{len(d['rank_classes'])} distinct predictions:"]
+    for c in d["rank_classes"]:
+        lines.append(f"  {c['ranks']:>9,} ranks like rank {c['rank']} ({','.join(f'{k}{v}' for k, v in c['coords'].items())}): "
+                     f"total {_fmt(c['total_bytes'])}")
+    return lines
 
 
 def _raw_table(d: dict[str, Any]) -> str:
@@ -153,4 +189,8 @@ def _inference_table(d: dict[str, Any]) -> str:
     for r in d["per_rank"]:
         lines.append(f"rank {r['rank']}: weights {_fmt(r['weights_bytes'])}  kv_cache {_fmt(r['kv_cache_bytes'])}  "
                      f"total {_fmt(r['total_bytes'])}")
+    page = d.get("per_rank_page")
+    if page:
+        lines.append(f"ranks {page['offset']}..{page['offset'] + page['ranks'] - 1} of {page['world_size']:,} shown "
+                     "(--rank-offset / --rank-limit)")
     return "\n".join(lines)

@@ -96,12 +96,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
-    print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6}")
+    print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6} runs")
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]
         print(f"{i:>2} {s['name'][5:]:<34} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
               f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
-              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%}")
+              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
+              f"{'yes' if c['runnable'] else 'prediction only'}")
+    for why in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):
+        print(f"prediction only: {why}")
     for n in res.notes:
         print(f"note: {n}")
     return 0

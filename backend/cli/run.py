@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  - {problem}", file=sys.stderr)
         return 2
+    if not _fits_this_host(spec):
+        return 2
     workdir = args.workdir or RUNS_DIR / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     if workdir.exists() and not workdir.is_dir():
         return fail(f"--workdir {workdir} exists and is not a directory")
@@ -53,6 +55,18 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 0 if result.status == Status.OK else 1
+
+
+def _fits_this_host(spec) -> bool:
+    """The host capacity check (backend/launch/capacity.py): refusal on stderr, warnings too."""
+    from backend.launch import capacity
+
+    verdict = capacity.check(spec)
+    for warning in verdict.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not verdict.ok:
+        print(f"error: nothing launched: {verdict.refusal()}", file=sys.stderr)
+    return verdict.ok
 
 
 def _run_interruptible(spec, workdir: Path) -> tuple[RunResult, bool]:

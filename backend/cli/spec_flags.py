@@ -80,12 +80,13 @@ def _put(data: dict[str, Any], section: str, field: str, value: Any) -> None:
     (data.setdefault(section, {}) if section else data)[field] = value
 
 
-def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec | None, list[str]]:
-    """Parse and validate; (spec, []) or (None, problems with the arithmetic)."""
+def spec_from_args(args: argparse.Namespace, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
+    """Parse and validate; (spec, []) or (None, problems with the arithmetic). predict_only: also accept layouts this
+    engine can only predict (spec_checks.run_blockers), as `estimate` does."""
     try:
         data = spec_dict_from_args(args)
     except HFConfigError as e:
         return None, [str(e)]
     except (OSError, json.JSONDecodeError) as e:
         return None, [f"cannot read --spec {args.spec}: {e}"]
-    return validate_spec(data)
+    return validate_spec(data, predict_only=predict_only)

@@ -89,6 +89,8 @@ def register(sub) -> None:
     p.add_argument("--heartbeat-s", type=float, default=5.0)
     p.add_argument("--stale-after-s", type=float, default=60.0, help="a running job without heartbeat this long is interrupted")
     p.add_argument("--runs-dir", type=Path, help="job work folders (default: runs/ beside the SQLite file)")
+    p.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID exits, as on SIGTERM (the "
+                   "dashboard passes its own pid to the worker it starts)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -116,6 +118,14 @@ def cmd_submit(args) -> int:
         problem = cluster_problem(spec)
         if problem:
             return fail(problem)
+    else:
+        from backend.launch import capacity
+
+        verdict = capacity.check(spec)
+        for warning in verdict.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if not verdict.ok:
+            return fail(f"nothing queued: {verdict.refusal()}")
     eid = q.submit_experiment(_engine(args), spec, tags=args.tag)
     print(_dump({"ids": [eid]}) if args.json else eid)
     return 0
@@ -240,4 +250,8 @@ def cmd_worker(args) -> int:
     worker = Worker(_engine(args), runs_dir=args.runs_dir, poll_s=args.poll_s, heartbeat_s=args.heartbeat_s,
                     stale_after_s=args.stale_after_s)
     install_signal_handlers(worker)
+    if args.exit_with is not None:
+        from backend.ui.worker_ctl import follow_parent
+
+        follow_parent(args.exit_with, worker.stop)
     return worker.serve(once=args.once, drain=args.drain, concurrency=args.concurrency)

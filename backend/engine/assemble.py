@@ -18,9 +18,10 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from backend.analytic import flops as F
-from backend.analytic.bubble_measure import measured_bubble_fraction
-from backend.analytic.estimate import estimate, matmul_params
+from backend.analytic.textbook import flops as F
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction
+from backend.analytic.estimate import estimate
+from backend.analytic.params import matmul_params
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.hardware import utilization

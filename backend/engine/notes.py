@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.moe_routing import adjustment
+from backend.analytic.measured.moe_routing import adjustment
 from backend.analytic.params import param_list
 from backend.result import COLLECTIVES, MEMORY_CATEGORIES, RankResult, RoutingAdjusted, error_pct
 from backend.spec import ExperimentSpec

@@ -26,7 +26,7 @@ HOST_TAGS = ("Sharded Param", "Sharded Grad", "OptState", "Optstate")
 
 def assemble_torch_offload(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     """torch FSDP2 with CPUOffloadPolicy: the engine's result plus the host/device split, measured and predicted."""
-    from backend.analytic.offload import split
+    from backend.analytic.frameworks.offload import split
     from backend.engine import assemble_result
     from backend.result import OffloadSplit
 
@@ -66,7 +66,7 @@ def _set_predicted(rr: Any, pred: MemoryBreakdown) -> None:
 
 
 def assemble_deepspeed(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
-    from backend.analytic.deepspeed_layout import deepspeed_rank
+    from backend.analytic.frameworks.deepspeed_layout import deepspeed_rank
     from backend.frameworks.deepspeed.config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
     res = _base(spec, payload)
@@ -142,7 +142,7 @@ def _deepspeed_notes(spec: ExperimentSpec, res: RunResult, lay: Any, est: dict |
 
 
 def assemble_jax(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
-    from backend.analytic.gspmd import predicted_bytes
+    from backend.analytic.frameworks.gspmd import predicted_bytes
 
     res = _base(spec, payload, "comm-timing steps")  # XLA's collectives come from the HLO, not from hooks
     pb = predicted_bytes(spec)

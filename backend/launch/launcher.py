@@ -155,7 +155,23 @@ def assembled_result(spec: ExperimentSpec, workdir: Path, assemble: Assembler | 
                           traceback=traceback.format_exc())
         return failed_result(spec, failure, launch, tail)
     result.env = {**result.env, "launch": launch}
+    result.step_time_predicted_s = predicted_step_s(spec, result)
     return result
+
+
+def predicted_step_s(spec: ExperimentSpec, result: RunResult) -> float | None:
+    """The step-time model on the 'cpu' profile for a run whose ranks ran on the CPU (None otherwise, or without a
+    profile: backend/bench/cpu_profile.py); never fails the run."""
+    if "cpu" not in str(result.env.get("device", "cpu")).lower():
+        return None
+    try:
+        from backend.analytic.steptime.hardware import CPU, load_profiles
+        from backend.analytic.steptime.model import step_time
+
+        profiles = load_profiles()
+        return step_time(spec, profiles[CPU]).summary["step_s"] if CPU in profiles else None
+    except Exception:  # noqa: BLE001 - a gap in the step-time model leaves the field empty
+        return None
 
 
 def _other_node_result(spec: ExperimentSpec, launch: dict) -> RunResult:

@@ -157,7 +157,12 @@ class MoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(x)  # (N, E)
         weights, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)  # (N, k)
-        return weights / weights.sum(-1, keepdim=True), idx
+        weights = weights / weights.sum(-1, keepdim=True)
+        if self.top_k == 1 and weights.requires_grad:
+            # w / w is exactly 1, so its true gradient is 0; autograd's g/w - g*w/w^2 leaves ~1e-10 of rounding
+            # that differs between the dense and all-to-all dispatch, and Adam scales that noise up to full steps.
+            weights.register_hook(torch.zeros_like)
+        return weights, idx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape

@@ -1,6 +1,7 @@
-"""Plan: enumerate layouts, evaluate them all at once (screen.py: the exact worst-rank memory vectorised, a step-time
-proxy), keep every layout that fits, then re-time a pool of the fastest with the step-time model (steptime.model)
-and confirm the reported ones with the exact worst-rank memory (memory.py), fastest first by that model.
+"""Plan: enumerate layouts (space.py), evaluate them all at once with the prediction core (the worst-rank memory of
+analytic/memory/rank.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every layout
+that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
+ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
 Fits = worst-rank bytes + reserve <= device memory. The reserve (RESERVE_DOC) covers what the estimator does
 not count on a GPU: the CUDA context, NCCL's buffers and allocator fragmentation.
@@ -14,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.estimate import worst_rank_bytes
+from backend.analytic.layout import ZERO_STAGE_NAMES, Layout
+from backend.analytic.memory.rank import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
-from backend.planner.memory import light_spec, worst_rank_bytes
-from backend.planner.screen import screen
-from backend.planner.space import FLAVOURS, Limits, enumerate_layouts, layout_spec_dict
+from backend.analytic.steptime.proxy import proxy_step_s
+from backend.planner.space import Limits, enumerate_layouts, light_spec
 
 RESERVE_FIXED_BYTES = 2.5e9
 RESERVE_FRACTION = 0.05
@@ -33,7 +36,7 @@ POOL_FACTOR, POOL_MIN = 3, 10
 class Plan:
     searched: int
     feasible: int
-    """Layouts whose worst-rank memory (exact, vectorised) fits the budget: all of them, not a sample."""
+    """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits the budget: all of them, not a sample."""
     seconds: float
     configs: list[dict[str, Any]]
     screened_per_s: float = 0.0
@@ -42,7 +45,7 @@ class Plan:
     """Layouts re-timed with steptime.model (the pool)."""
     search_seconds: float = 0.0
     confirm_seconds: float = 0.0
-    """Re-timing the pool and confirming the reported layouts' memory with the exact estimator (planner.memory)."""
+    """Re-timing the pool and confirming the reported layouts' memory with the core on each alone."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,15 +59,28 @@ def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BY
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, budget: float,
-           precision: str = "bf16-mixed", limits: Limits = Limits()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           precision: str = "bf16-mixed", limits: Limits = Limits()) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit, fastest first by the proxy): the per-layout
     work of a plan (benchmarks/planner_speed.py times exactly this)."""
-    L = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits)
-    if not len(L):
-        return L, np.zeros(0), np.zeros(0, dtype=np.int64)
-    mem, step = screen(model, L, hw=hw, global_batch=global_batch, gpus_per_node=gpus_per_node, precision=precision)
-    keep = np.nonzero(mem <= budget)[0]
-    return L, mem, keep[np.argsort(step[keep], kind="stable")]
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
+                                precision=precision)
+    if not len(layouts):
+        return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
+    memory, _ = worst_rank_memory(model, layouts)
+    step = proxy_step_s(model, layouts, hw, gpus_per_node=gpus_per_node)
+    keep = np.nonzero(memory <= budget)[0]
+    return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
+
+
+def mark_runnable(configs: list[dict[str, Any]]) -> None:
+    """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
+    "why_not" (spec_checks.run_blockers, joined; None when runnable)."""
+    from backend.spec import ExperimentSpec
+    from backend.spec_checks import run_blockers
+
+    for c in configs:
+        blockers = run_blockers(ExperimentSpec.for_prediction(c["spec"]))
+        c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
 
 
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
@@ -75,35 +91,37 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     t0 = time.perf_counter()
     device_bytes = memory_bytes or hw.memory_bytes
     budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
-    L, mem, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                           budget=budget, precision=precision, limits=limits)
-    if not len(L):
+    layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
+                                    budget=budget, precision=precision, limits=limits)
+    if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
     timed = []
     for i in pool:
-        data = layout_spec_dict(model, L[i], global_batch=global_batch, precision=precision)
+        data = layouts.take(int(i)).spec_dict(model)
         spec = light_spec(data)
         timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
     timed.sort(key=lambda x: x[0]["step_s"])
     configs, mismatch = [], []
     for st, i, data, spec in timed[:top]:
-        worst, rank = worst_rank_bytes(spec)  # the exact estimator's own code: the reference
-        if abs(worst - mem[i]) > 0.005 * worst:
-            mismatch.append(f"{data['name']}: vectorised {mem[i]:.0f} B vs exact {worst} B")
-        configs.append({"spec": data, "mem_bytes_max": int(worst), "step_time": st, "strategy": FLAVOURS[int(L[i, 4])],
+        worst, rank = worst_rank_bytes(spec)  # the same core on this layout alone
+        if abs(worst - memory[i]) > 0.005 * worst:
+            mismatch.append(f"{data['name']}: array path {memory[i]:.0f} B vs one layout {worst} B")
+        configs.append({"spec": data, "mem_bytes_max": int(worst), "step_time": st,
+                        "strategy": ZERO_STAGE_NAMES[int(layouts.zero_stage[i])],
                         "worst_rank": rank.rank, "fits_exact": worst <= budget,
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                                           "activations_bytes", "other_bytes")}})
+    mark_runnable(configs)
     seconds = time.perf_counter() - t0
     notes = [RESERVE_DOC, f"budget {budget / 1e9:.1f} GB of {device_bytes / 1e9:.0f} GB",
-             f"searched {len(L)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the exact estimator's "
-             f"arithmetic, vectorised), {len(order)} fit; the {len(pool)} fastest by a step-time proxy re-timed with the "
-             f"step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, their memory "
-             "confirmed with the exact estimator"]
-    notes += [f"vectorised memory disagrees with the exact estimator (> 0.5%): {m}" for m in mismatch]
-    return Plan(searched=len(L), feasible=len(order), seconds=seconds, configs=configs,
-                screened_per_s=len(L) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
+             f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
+             f"own model, on arrays of layouts), {len(order)} fit; the {len(pool)} fastest by a step-time proxy re-timed "
+             f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
+             "their memory confirmed on each layout alone"]
+    notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
+    return Plan(searched=len(layouts), feasible=len(order), seconds=seconds, configs=configs,
+                screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes)

@@ -1,9 +1,9 @@
 """The search space: every layout of a model on N GPUs that the analytic model can predict (pure Python + numpy).
 
-Columns of a layout table (numpy int arrays, one row per layout): tp, pp, dp, ep, zero (0 ddp, 1 zero1,
-2 zero2, 3 zero3), b (micro-batch), rc (0 none, 1 selective, 2 full), sched (index into SCHEDULES), v
-(virtual stages), sp (0/1). Only arithmetic constraints are applied here (divisibility, the spec's schedule
-rules); "runnable on this machine" is not a constraint (ExperimentSpec.for_prediction).
+`enumerate_layouts` returns one `Layout` whose fields are arrays, one entry per candidate: tp, pp, dp, ep, ZeRO
+stage, micro-batch, recompute, pipeline schedule, virtual stages, sequence parallel (analytic/layout.py). Only
+arithmetic constraints are applied here (divisibility, the spec's schedule rules); "runnable on this machine" is
+not a constraint (ExperimentSpec.for_prediction).
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from typing import Any
 
 import numpy as np
 
-FLAVOURS = ("ddp", "zero1", "zero2", "zero3")
-RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
-COLUMNS = ("tp", "pp", "dp", "ep", "zero", "b", "rc", "sched", "v", "sp")
+from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
+from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -27,63 +25,86 @@ class Limits:
     virtual_stages: tuple[int, ...] = (2, 4)
 
 
+@dataclass(frozen=True)
+class DegreePair:
+    """A (tp, pp) split with its dp, the ep degrees and the (schedule, virtual stages) it admits."""
+    tp: int
+    pp: int
+    dp: int
+    eps: list[int]
+    schedules: list[tuple[int, int]]
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _schedules(pp: int, n_layers: int, vs: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(schedule index, virtual stages) pairs a pp degree admits (spec_checks._check_pipeline)."""
+def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(schedule, virtual stages) pairs a pp degree admits (spec_checks._check_pipeline)."""
     if pp == 1:
-        return [(0, 1)]
-    out = [(0, 1), (1, 1)] + [(2, v) for v in vs if pp * v <= n_layers]
-    out += [(3, v) for v in vs[:1] if pp * v <= n_layers]  # zero_bubble (torch's interleaved ZB-H1)
-    return out + ([(4, 2)] if pp * 2 <= n_layers else [])
+        return [(PipelineSchedule.ONE_F_ONE_B, 1)]
+    out = [(PipelineSchedule.ONE_F_ONE_B, 1), (PipelineSchedule.GPIPE, 1)]
+    out += [(PipelineSchedule.INTERLEAVED_1F1B, v) for v in virtual_stages if pp * v <= n_layers]
+    out += [(PipelineSchedule.ZERO_BUBBLE, v) for v in virtual_stages[:1] if pp * v <= n_layers]  # torch's ZB-H1
+    return out + ([(PipelineSchedule.ZBV, 2)] if pp * 2 <= n_layers else [])
 
 
-def _grid(*cols: list[int]) -> np.ndarray:
-    return np.stack(np.meshgrid(*[np.asarray(c, dtype=np.int64) for c in cols], indexing="ij"), -1).reshape(-1, len(cols))
-
-
-def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits()) -> np.ndarray:
-    """(n, len(COLUMNS)) int array of every valid layout: the degree pairs in Python, then one numpy grid over
-    (pair, ep, flavour, micro-batch, schedule, recompute, SP) with the pair-dependent choices padded and masked,
-    rows in that nesting order."""
-    m = model
+def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -> list[DegreePair]:
     max_tp = limits.max_tp or gpus_per_node
     pairs = []
     for tp in _divisors(gpus):
-        if tp > max_tp or m.n_heads % tp or m.kv_heads % tp or m.ffn % tp:
+        if tp > max_tp or model.n_heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
         for pp in _divisors(gpus // tp):
-            if pp > m.n_layers:
+            if pp > model.n_layers:
                 continue
             dp = gpus // (tp * pp)
-            eps = [e for e in _divisors(dp) if m.n_experts % e == 0] if m.is_moe and tp == 1 and pp == 1 else [1]
-            pairs.append((tp, pp, dp, eps, _schedules(pp, m.n_layers, limits.virtual_stages)))
+            eps = [e for e in _divisors(dp) if model.n_experts % e == 0] if model.is_moe and tp == 1 and pp == 1 else [1]
+            pairs.append(DegreePair(tp, pp, dp, eps, _schedules(pp, model.n_layers, limits.virtual_stages)))
+    return pairs
+
+
+def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
+                      precision: str = "bf16-mixed", optimizer: str = "adamw") -> Layout:
+    """Every valid layout: the degree pairs in Python, then one boolean grid over (pair, ep, flavour, micro-batch,
+    schedule, recompute, SP) with the pair-dependent choices padded and masked, rows in that nesting order."""
+    pairs = degree_pairs(model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
     if not pairs:
-        return np.zeros((0, len(COLUMNS)), dtype=np.int64)
-    n_ep, n_sv = max(len(x[3]) for x in pairs), max(len(x[4]) for x in pairs)
-    deg = np.array([x[:3] for x in pairs], dtype=np.int64)  # (pairs, 3): tp, pp, dp
-    ep_t = np.array([x[3] + [0] * (n_ep - len(x[3])) for x in pairs], dtype=np.int64)  # 0 = padding
-    sv_t = np.array([x[4] + [(-1, 0)] * (n_sv - len(x[4])) for x in pairs], dtype=np.int64)  # -1 = padding
-    g = _grid(range(len(pairs)), range(n_ep), range(4), limits.micro_batches, range(n_sv), range(3), (0, 1))
-    pi, ei, zero, b, si, rc, sp = g.T
-    tp, pp, dp = deg[pi].T
-    ep, sched, v = ep_t[pi, ei], sv_t[pi, si, 0], sv_t[pi, si, 1]
-    ok = (ep > 0) & (sched >= 0) & ((sp == 0) | (tp > 1)) & (global_batch % (b * dp) == 0)
-    mb = np.where(ok, global_batch // (b * dp), 0)
-    ok &= (pp == 1) | (sched == 1) | (mb >= pp)
-    ok &= (pp == 1) | ~np.isin(sched, (2, 3, 4)) | (mb % pp == 0)
-    return np.stack([tp, pp, dp, ep, zero, b, rc, sched, v, sp], axis=1)[ok]
+        return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
+                            optimizer=optimizer)
+    n_eps, n_schedules = max(len(x.eps) for x in pairs), max(len(x.schedules) for x in pairs)
+    tp, pp, dp = (np.array([getattr(x, d) for x in pairs], dtype=np.int64) for d in ("tp", "pp", "dp"))
+    eps = np.array([x.eps + [0] * (n_eps - len(x.eps)) for x in pairs], dtype=np.int64)  # 0 = padding
+    schedules = np.array([x.schedules + [(-1, 0)] * (n_schedules - len(x.schedules)) for x in pairs], dtype=np.int64)
+    micro_batches = np.array(limits.micro_batches, dtype=np.int64)
+    # axes: pair, ep, flavour, micro-batch, schedule, recompute, SP (flavour and recompute constrain nothing)
+    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(RecomputeMode.ALL), 2)
+    axis = lambda a, i: a.reshape([-1 if k == i else 1 for k in range(len(shape))])  # noqa: E731
+    pair_tp, pair_pp, pair_dp = axis(tp, 0), axis(pp, 0), axis(dp, 0)
+    ep = eps.reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)
+    schedule = schedules[:, :, 0].reshape(len(pairs), 1, 1, 1, n_schedules, 1, 1)
+    b, sp = axis(micro_batches, 3), axis(np.arange(2), 6)
+    divides = global_batch % (b * pair_dp) == 0
+    microbatches = np.where(divides, global_batch // (b * pair_dp), 0)
+    needs_divisible = (schedule == PipelineSchedule.INTERLEAVED_1F1B) | (schedule == PipelineSchedule.ZERO_BUBBLE) \
+        | (schedule == PipelineSchedule.ZBV)
+    ok = (ep > 0) & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
+    ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
+    ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
+    pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
+    columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
+                   micro_batch=micro_batches[b_at], recompute=recompute, schedule=schedules[pair_at, schedule_at, 0],
+                   virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at)
+    return Layout.table(np.stack([columns[c] for c in CHOICES], axis=1), global_batch=global_batch, precision=precision,
+                        optimizer=optimizer)
 
 
-def layout_spec_dict(model: Any, row: np.ndarray | tuple, *, global_batch: int, precision: str = "bf16-mixed",
-                     optimizer: str = "adamw") -> dict[str, Any]:
-    """The full experiment spec (as a dict) of one layout row."""
-    tp, pp, dp, ep, zero, b, rc, sched, v, sp = (int(x) for x in row)
-    return {"name": f"plan dp{dp}·tp{tp}·pp{pp}{'·ep' + str(ep) if ep > 1 else ''} {FLAVOURS[zero]}",
-            "model": model.model_dump(),
-            "train": {"global_batch": global_batch, "micro_batch": b, "precision": precision, "optimizer": optimizer,
-                      "recompute": RECOMPUTE[rc]},
-            "parallel": {"strategy": FLAVOURS[zero], "world_size": tp * pp * dp, "dp": dp, "tp": tp, "pp": pp, "ep": ep,
-                         "sequence_parallel": bool(sp), "pp_schedule": SCHEDULES[sched], "virtual_stages": v}}
+def light_spec(data: dict[str, Any]) -> ExperimentSpec:
+    """An ExperimentSpec built without validation (the planner's layouts are valid by construction): microbatches
+    and dp filled in as spec_checks would derive them."""
+    train, parallel = dict(data["train"]), dict(data["parallel"])
+    train.setdefault("microbatches", train["global_batch"] // (train["micro_batch"] * parallel["dp"]))
+    return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),
+                                          train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **train}),
+                                          parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **parallel}),
+                                          runtime=RuntimeSpec())

@@ -80,7 +80,7 @@ def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:
 def local_batch(ctx: RankContext, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch -> a copy of this dp rank's rows on ctx.device: (B/dp, T) each, on the CPU too (a row
     slice alone would be a view that keeps the whole global batch's storage alive through the step), so
-    the tracked `other` is B/dp rows on every device (analytic/estimate.py OTHER_IS_DP_SLICE)."""
+    the tracked `other` is B/dp rows on every device (analytic/memory/rank.py OTHER_IS_DP_SLICE)."""
     return dp_slice(inputs, ctx).to(ctx.device, copy=True), dp_slice(targets, ctx).to(ctx.device, copy=True)
 
 

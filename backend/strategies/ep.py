@@ -83,7 +83,7 @@ class ExpertParallel:
                 "microbatch (x2 in backward)."]
 
     def routing_payload(self) -> dict:
-        """This rank's measured routing of its latest step (JSON): see backend/analytic/moe_routing.py."""
+        """This rank's measured routing of its latest step (JSON): see backend/analytic/measured/moe_routing.py."""
         m, p = self.ctx.spec.model, self.ctx.spec.parallel
         return {"ep": p.ep, "ep_rank": self.ep_rank, "n_experts": m.n_experts, "top_k": m.top_k,
                 "tokens": self.ctx.spec.train.micro_batch * m.seq_len, "records": list(self.log.records)}

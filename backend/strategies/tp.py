@@ -1,5 +1,7 @@
 """Tensor parallelism (Megatron-style, optionally with sequence parallelism) via DTensor
 `parallelize_module` on ctx.mesh["tp"], plus the TP×DP mixes (dp flavour from `data_parallel.composable_wrap`).
+The plan is built from the placement table the analytic model reads too (backend/analytic/tp_placement.py); the
+table below summarises it.
 
 Per-rank parameter layout (t = tp degree; "rows" = dim 0 of the weight as nn.Linear/nn.Embedding store it;
 DTensor shards like torch.chunk, so a dimension not divisible by t gives the first ranks ceil(n/t)):
@@ -63,51 +65,47 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from backend.models.gpt import MoE, SwiGLU, tie_weights
+from backend.analytic.tp_placement import COLWISE, POSITIONS, REPLICATE, SEQUENCE, TpRule, module_rule
+from backend.models.gpt import MoE, tie_weights
 from backend.strategies.context import RankContext
 from backend.torch_compat import ParallelStyle
 
 
 def tp_plan(model: nn.Module, sp: bool) -> dict:
-    """The plan for whatever part of the GPT lives on this rank (pipeline stages have None holes)."""
+    """The plan for whatever part of the GPT lives on this rank (pipeline stages have None holes): every module the
+    placement table (backend/analytic/tp_placement.py) splits, as its DTensor style, plus the activation layouts
+    around each block's attention and MLP."""
     plan: dict = {}
-    out_seq = Shard(1) if sp else Replicate()
-    if getattr(model, "tok_emb", None) is not None:
-        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=out_seq)
-        plan["pos_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0) if sp else Replicate())
+    for name, _ in model.named_modules():
+        rule = module_rule(name)
+        style = _style(rule, sp) if rule is not None else None
+        if style is not None:
+            plan[name] = style
     for name, block in model.layers.items():
         pre = f"layers.{name}"
-        row_out = {"output_layouts": Shard(1)} if sp else {}
-        if sp:
-            plan[f"{pre}.ln1"] = SequenceParallel()
-            plan[f"{pre}.ln2"] = SequenceParallel()
         plan[f"{pre}.attn"] = _gather_input(sp)
-        for lin in ("q", "k", "v"):
-            plan[f"{pre}.attn.{lin}"] = ColwiseParallel()
-        plan[f"{pre}.attn.o"] = RowwiseParallel(**row_out)
-        if isinstance(block.mlp, MoE):
-            for e in block.mlp.experts.keys() if isinstance(block.mlp.experts, nn.ModuleDict) else range(len(block.mlp.experts)):
-                plan.update(_mlp_plan(f"{pre}.mlp.experts.{e}", block.mlp.experts[e], {}))
-            if block.mlp.shared is not None:  # shared experts: one dense MLP on the (gathered) tokens, split like mlp
-                plan.update(_mlp_plan(f"{pre}.mlp.shared", block.mlp.shared, {}))
-            if sp:
-                plan[f"{pre}.mlp"] = MoESequenceParallel()
-        else:
-            plan.update(_mlp_plan(f"{pre}.mlp", block.mlp, row_out))
+        if not isinstance(block.mlp, MoE):
             plan[f"{pre}.mlp"] = _gather_input(sp)
-    if getattr(model, "norm", None) is not None and sp:
-        plan["norm"] = SequenceParallel()
-    if getattr(model, "lm_head", None) is not None:
-        plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())
+        elif sp:
+            plan[f"{pre}.mlp"] = MoESequenceParallel()
     return plan
 
 
-def _mlp_plan(pre: str, mlp: nn.Module, row_out: dict) -> dict:
-    """GELU MLP: fc_in column-wise, fc_out row-wise; SwiGLU: gate and up column-wise, down row-wise (Megatron's
-    split of the first and second GEMM, Shoeybi et al. 2019 Sec 3, with the gate as a second first GEMM)."""
-    if isinstance(mlp, SwiGLU):
-        return {f"{pre}.gate": ColwiseParallel(), f"{pre}.up": ColwiseParallel(), f"{pre}.down": RowwiseParallel(**row_out)}
-    return {f"{pre}.fc_in": ColwiseParallel(), f"{pre}.fc_out": RowwiseParallel(**row_out)}
+_LAYOUTS = {REPLICATE: Replicate(), SEQUENCE: Shard(1), POSITIONS: Shard(0)}
+
+
+def _style(rule: TpRule, sp: bool) -> ParallelStyle | None:
+    """A placement rule as DTensor's style (None: nothing to apply)."""
+    if rule.placement == REPLICATE:
+        return SequenceParallel() if rule.sequence_norm and sp else None
+    layouts = {}
+    layout_in = (rule.input_sp or rule.input) if sp else rule.input
+    layout_out = (rule.output_sp or rule.output) if sp else rule.output
+    if layout_in is not None:
+        layouts["input_layouts"] = _LAYOUTS[layout_in]
+    if layout_out is not None:
+        layouts["output_layouts"] = _LAYOUTS[layout_out]
+    return (ColwiseParallel if rule.placement == COLWISE else RowwiseParallel)(**layouts)
 
 
 def _gather_input(sp: bool) -> PrepareModuleInput:

@@ -14,6 +14,8 @@ from backend.ui.format import fmt_bytes, fmt_frac, fmt_seconds
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+RECENT_RUNS = 500
+"""The picker lists this many newest runs, plus any run the Runs page sent over."""
 
 
 def _max_rank(result: RunResult, which: str, cat: str | None = None) -> float:
@@ -46,8 +48,8 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             col.update({
                 "step time (median)": fmt_seconds(res.step_s_median),
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
-                "model+act memory, fullest rank (measured)": fmt_bytes(_max_rank(res, "measured")),
-                "model+act memory, fullest rank (predicted)": fmt_bytes(_max_rank(res, "predicted")),
+                "memory, fullest rank: measured": fmt_bytes(_max_rank(res, "measured")),
+                "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
                 **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c)) for c in CATS},
                 "comm payload / step (busiest rank)": fmt_bytes(_comm_total(res)),
                 "bubble measured / predicted": f"{fmt_frac(res.bubble_measured)} / {fmt_frac(res.bubble_predicted)}",

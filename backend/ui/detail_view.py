@@ -16,6 +16,25 @@ from backend.ui.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 CATS = MEMORY_CATEGORIES + ("other_bytes",)
 
 
+def measured_anything(result: RunResult) -> bool:
+    """Whether any rank recorded measurements (a run that failed before measuring keeps only its prediction)."""
+    return any(r.step_s or r.comm or any(getattr(r.measured, c) for c in CATS + ("peak_bytes",)) for r in result.per_rank)
+
+
+def log_tail_of(run: dict[str, Any], runs_dir: Any, lines: int = 40) -> tuple[str | None, str]:
+    """(log tail, where it came from): the stored tail, else the end of the run folder's log.txt."""
+    res = run.get("result")
+    tail = run.get("log_tail") or (res.log_tail if res is not None else None)
+    if tail:
+        return tail, "stored with the run"
+    path = runs_dir / str(run["id"]) / "log.txt"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None, f"no log was stored and {path} does not exist"
+    return ("\n".join(text.splitlines()[-lines:]) or None), f"last {lines} lines of {path}"
+
+
 def measured_vs_predicted_fig(result: RunResult) -> go.Figure:
     """Stacked bars per category, measured beside predicted for every rank (x = rank / source)."""
     ranks = result.per_rank
@@ -165,6 +184,17 @@ def headline(result: RunResult) -> dict[str, str]:
         "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
         + _utilization(result),
     }
+
+
+HEADLINE_HELP = {
+    "achieved FLOP/s (MFU · HFU)": ("Model FLOPs executed per second. MFU: model FLOPs utilization, model FLOPs (no "
+                                    "recompute) per second / the devices' peak; HFU: hardware FLOPs utilization, the "
+                                    "same with the recomputed forward passes counted. Blank where the device's peak is "
+                                    "not known (CPU ranks)."),
+    "loss max |Δ| vs reference": "Largest difference of the per-step loss from a single-process run of the same model, "
+                                 "seed and data: 0 up to float rounding when the sharding is right.",
+    "peak memory (max rank)": "True peak of the tracked bytes in the step on the fullest rank.",
+}
 
 
 def _skipped(result: RunResult) -> dict[str, str]:

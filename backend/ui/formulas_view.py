@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.analytic.units import GB
+from backend.analytic.units import GB, GiB
 from backend.ui.format import fmt_bytes
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
@@ -24,20 +24,24 @@ def worlds(lo: int, hi: int) -> list[int]:
 
 def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int], device_gb: float | None) -> go.Figure:
     """Per-GPU model-state memory (params + grads + optimizer) vs data-parallel size, one curve per stage."""
-    from backend.analytic.zero import precision_bytes, zero_model_state_bytes
+    from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 
     pb, gb, k = precision_bytes(precision, optimizer)
     fig = go.Figure()
     for key, stage, label in ZERO_CURVES:
-        ys = [zero_model_state_bytes(psi, n=n, stage=stage, k=k, param_bytes=pb, grad_bytes=gb)["total_bytes"] / GB for n in ns]
+        ys = [zero_model_state_bytes(psi, n=n, stage=stage, k=k, param_bytes=pb, grad_bytes=gb)["total_bytes"] / GiB for n in ns]
         fig.add_scatter(name=label, x=ns, y=ys, mode="lines+markers", line_color=STRATEGY_COLOR[key],
-                        hovertemplate=f"{label}<br>N=%{{x}} GPUs: %{{y:,.2f}} GB per GPU<extra></extra>")
+                        hovertemplate=f"{label}<br>N=%{{x}} GPUs: %{{y:,.2f}} GiB per GPU<extra></extra>")
     if device_gb:
         # A trace, not add_hline: shapes on a log axis take log10 coordinates.
-        fig.add_scatter(name=f"{device_gb:g} GB device", x=[ns[0], ns[-1]], y=[device_gb, device_gb], mode="lines",
-                        line=dict(color="black", dash="dash"), hovertemplate=f"device memory {device_gb:g} GB<extra></extra>")
-    fig.update_layout(title=f"Model-state memory per GPU, Ψ = {psi / 1e9:g}B params, {precision}/{optimizer} (K = {k})",
-                      xaxis_title="data-parallel GPUs N (log)", yaxis_title="params + grads + optimizer per GPU (GB, log)", **LAYOUT)
+        dev = device_gb * GB / GiB
+        fig.add_scatter(name=f"{device_gb:g} GB device ({dev:.3g} GiB)", x=[ns[0], ns[-1]], y=[dev, dev], mode="lines",
+                        line=dict(color="black", dash="dash"),
+                        hovertemplate=f"device memory {device_gb:g} GB = {dev:.3g} GiB<extra></extra>")
+    per_param = pb + gb + k
+    fig.update_layout(title=f"Model-state memory per GPU, Ψ = {psi / 1e9:g}B params, {precision}/{optimizer}: "
+                            f"{pb:g} + {gb:g} + K = {per_param:g} bytes per parameter (K = {k:g} optimizer bytes)",
+                      xaxis_title="data-parallel GPUs N (log)", yaxis_title="params + grads + optimizer per GPU (GiB, log)", **LAYOUT)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
@@ -45,22 +49,22 @@ def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int]
 
 def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: int, sp: bool) -> go.Figure:
     """Korthikanti et al. 2022 activation memory for the whole model vs sequence length, per recompute mode."""
-    from backend.analytic.activations import korthikanti_layer_bytes
+    from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 
     fig = go.Figure()
     for mode in ("none", "selective", "full"):
-        ys = [korthikanti_layer_bytes(s=s, b=b, h=h, a=a, t=t, sp=sp, recompute=mode) * layers / GB for s in seqs]
+        ys = [korthikanti_layer_bytes(s=s, b=b, h=h, a=a, t=t, sp=sp, recompute=mode) * layers / GiB for s in seqs]
         fig.add_scatter(name=f"recompute={mode}", x=seqs, y=ys, mode="lines+markers",
-                        hovertemplate=f"recompute={mode}<br>s=%{{x}}: %{{y:,.3f}} GB<extra></extra>")
+                        hovertemplate=f"recompute={mode}<br>s=%{{x}}: %{{y:,.3f}} GiB<extra></extra>")
     fig.update_layout(title=f"Activation memory per GPU (Korthikanti 2022), b={b}, h={h}, a={a}, L={layers}, t={t}" + (", SP" if sp else ""),
-                      xaxis_title="sequence length s (tokens, log)", yaxis_title="activations per GPU (GB, log)", **LAYOUT)
+                      xaxis_title="sequence length s (tokens, log)", yaxis_title="activations per GPU (GiB, log)", **LAYOUT)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
 
 
 def bubble_fig(*, p: int, ms: list[int], v: int) -> go.Figure:
-    from backend.analytic.pipeline import bubble_fraction
+    from backend.analytic.textbook.pipeline import bubble_fraction
 
     fig = go.Figure()
     for sched in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"):
@@ -140,8 +144,14 @@ def measured_checks(runs: list[tuple[int, Any]]) -> pd.DataFrame:
                          "formula": f"{pred_base / pred_cur:.2f}×" if pred_cur else "–", "run": ids[id(r)]})
         if r.bubble_measured is not None and r.bubble_predicted is not None:
             rows.append({"check": f"pipeline bubble, {r.spec.parallel.pp_schedule} p={r.spec.parallel.pp} m={r.spec.train.microbatches}",
-                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %", "run": ids[id(r)]})
-    return pd.DataFrame(rows, columns=["check", "measured", "formula", "run"])
+                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %", "run": ids[id(r)],
+                         "caveat": bubble_caveat(r)})
+    return pd.DataFrame(rows, columns=["check", "measured", "formula", "run", "caveat"])
+
+
+def bubble_caveat(r: Any) -> str:
+    """The run's own note on CPU time-sharing (strategies/pp.py: ranks without a core each cannot overlap stages)."""
+    return next((n for n in r.notes if n.startswith("Bubble:")), "")
 
 
 def _shape_key(r: Any) -> tuple:

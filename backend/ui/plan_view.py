@@ -9,15 +9,18 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
-from backend.planner.memory import light_spec, worst_rank_bytes
 from backend.planner.search import Plan, budget_bytes, plan
+from backend.planner.space import light_spec
 from backend.spec import ExperimentSpec, ModelSpec
+from backend.analytic.units import GiB
+from backend.ui.glossary import schedule_label
 from backend.ui.theme import LAYOUT, STRATEGY_COLOR
 
-BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed comm"), ("bubble_s", "bubble"),
-             ("optimizer_s", "optimizer"), ("other_s", "other"))
+BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
+             ("optimizer_s", "optimizer step"), ("other_s", "other"))
 HF_KEYS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
            "num_key_value_heads": "n_kv_heads", "intermediate_size": "ffn_hidden", "vocab_size": "vocab_size",
            "n_embd": "d_model", "n_layer": "n_layers", "n_head": "n_heads"}
@@ -27,21 +30,30 @@ def hardware_options() -> list[str]:
     return list(load_profiles())
 
 
-def model_from_config(text: str, seq: int) -> ModelSpec:
+def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
     """A Hugging Face config.json's model. A real config (it names its `model_type`) goes through backend.hf_config,
     the one import the CLI and New experiment use (exact family, refused fields named); a bare dict of shape keys
     without a model_type gets a plain GPT block of that shape. Raises ValueError with the reason."""
-    cfg = json.loads(text)
-    if "model_type" in cfg:
-        from backend.hf_config import from_hf_config
+    from backend.hf_config import from_hf_config, parse_hf_config
 
+    cfg = parse_hf_config(text)
+    if "model_type" in cfg:
         fields, _notes = from_hf_config(cfg, seq_len=seq)
         return ModelSpec(**{**fields, "seq_len": seq})
     data = {ours: cfg[theirs] for theirs, ours in HF_KEYS.items() if theirs in cfg}
     missing = {"d_model", "n_layers", "n_heads", "vocab_size"} - set(data)
     if missing:
         raise ValueError(f"config.json lacks {', '.join(sorted(missing))} (looked for {', '.join(HF_KEYS)})")
-    return ModelSpec(**data, seq_len=seq)
+    bad = [f"{theirs}={cfg[theirs]!r}" for theirs, ours in HF_KEYS.items()
+           if theirs in cfg and (isinstance(cfg[theirs], bool) or not isinstance(cfg[theirs], int))]
+    if bad:
+        raise ValueError(f"config.json: {', '.join(bad)} must be integers")
+    from pydantic import ValidationError
+
+    try:
+        return ModelSpec(**data, seq_len=seq)
+    except ValidationError as e:  # pydantic's bound errors, one line each
+        raise ValueError("config.json: " + "; ".join(f"{x['loc'][0]}: {x['msg']}" for x in e.errors())) from None
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
@@ -51,17 +63,57 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
                 memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top)
 
 
+def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str, global_batch: int,
+                 memory_gb: float | None) -> str:
+    """What a search was for, in words (shown when the results on screen no longer match the inputs)."""
+    if model is None:
+        return f"{name} (not loaded)"
+    mem = f", {memory_gb:g} GB per GPU" if memory_gb else ""
+    return f"{name}, seq {model.seq_len}, on {gpus} × {hardware}{mem}, global batch {global_batch}"
+
+
 def results_frame(p: Plan) -> pd.DataFrame:
+    """One row per layout; the column names are glossary.HELP keys (the page shows each as a tooltip)."""
     rows = []
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "ep": par["ep"],
+                     "memory GiB": c["mem_bytes_max"] / GiB, "step s": t["step_s"],
+                     "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
+                     "runs": "yes" if c.get("runnable", True) else "prediction only",
                      "micro-batch": s["train"]["micro_batch"], "recompute": s["train"]["recompute"],
-                     "schedule": par["pp_schedule"] if par["pp"] > 1 else "-", "v": par["virtual_stages"],
-                     "SP": par["sequence_parallel"], "memory GB": c["mem_bytes_max"] / 1e9, "step s": t["step_s"],
-                     "low s": t["low_s"], "high s": t["high_s"], "tokens/s": t["tokens_per_s"],
-                     "TFLOP/s/GPU": t["tflops_per_gpu"], "MFU %": 100 * t["mfu"]})
+                     "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
+                     "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
+                     "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
+                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"]})
     return pd.DataFrame(rows)
+
+
+def why_fastest(p: Plan) -> str | None:
+    """Why #1 wins, in its own terms: the dominant part of its step and where #2 loses time."""
+    if not p.configs:
+        return None
+    t = p.configs[0]["step_time"]
+    parts = {label: t[key] for key, label in BREAKDOWN}
+    top = max(parts, key=parts.get)
+    text = (f"#1 is the fastest at {t['step_s']:.3g} s per step; {top} is {parts[top] / t['step_s']:.0%} of it "
+            f"({parts[top]:.3g} s).")
+    if len(p.configs) > 1:
+        t2 = p.configs[1]["step_time"]
+        gaps = {label: t2[key] - t[key] for key, label in BREAKDOWN}
+        worst = max(gaps, key=gaps.get)
+        text += (f" #2 takes {t2['step_s'] - t['step_s']:.3g} s more ({(t2['step_s'] / t['step_s'] - 1):.1%}), most of it in "
+                 f"{worst} (+{gaps[worst]:.3g} s).")
+    return text
+
+
+def prediction_only_notes(p: Plan) -> list[str]:
+    """'#3, #7: <why>' per distinct reason among the shown layouts that this engine can only predict."""
+    by_reason: dict[str, list[int]] = {}
+    for i, c in enumerate(p.configs, 1):
+        if not c.get("runnable", True):
+            by_reason.setdefault(c["why_not"], []).append(i)
+    return [f"{', '.join(f'#{i}' for i in rows)}: {why}" for why, rows in by_reason.items()]
 
 
 def pareto_fig(p: Plan) -> go.Figure:
@@ -70,8 +122,8 @@ def pareto_fig(p: Plan) -> go.Figure:
     for strat in sorted({c["strategy"] for c in p.configs}):
         cs = [c for c in p.configs if c["strategy"] == strat]
         fig.add_scatter(name=strat, mode="markers", x=[c["step_time"]["step_s"] for c in cs],
-                        y=[c["mem_bytes_max"] / 1e9 for c in cs], marker=dict(color=STRATEGY_COLOR.get(strat), size=10),
-                        text=[c["spec"]["name"] for c in cs], hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GB<extra></extra>")
+                        y=[c["mem_bytes_max"] / GiB for c in cs], marker=dict(color=STRATEGY_COLOR.get(strat), size=10),
+                        text=[c["spec"]["name"] for c in cs], hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GiB<extra></extra>")
     front, best = [], float("inf")
     for c in sorted(p.configs, key=lambda c: (c["step_time"]["step_s"], c["mem_bytes_max"])):
         if c["mem_bytes_max"] < best:
@@ -79,19 +131,22 @@ def pareto_fig(p: Plan) -> go.Figure:
             front.append(c)
     if front:
         fig.add_scatter(name="Pareto front", mode="lines", x=[c["step_time"]["step_s"] for c in front],
-                        y=[c["mem_bytes_max"] / 1e9 for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
+                        y=[c["mem_bytes_max"] / GiB for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
     fig.update_layout(title="Memory vs predicted step time (layouts that fit)", xaxis_title="step time (s)",
-                      yaxis_title="worst-rank memory (GB)", **LAYOUT)
+                      yaxis_title="worst-rank memory (GiB)", **LAYOUT)
     return fig
 
 
 def breakdown_fig(p: Plan) -> go.Figure:
-    labels = [f"#{i + 1} {c['spec']['name'][5:]}" for i, c in enumerate(p.configs)]
+    labels = [f"#{i + 1}" for i in range(len(p.configs))]  # the table's row numbers: short, never rotated into the legend
+    names = [c["spec"]["name"][5:] for c in p.configs]
     fig = go.Figure()
     for key, name in BREAKDOWN:
-        fig.add_bar(name=name, x=labels, y=[c["step_time"][key] for c in p.configs],
-                    hovertemplate=f"{name}: %{{y:.3f}} s<extra></extra>")
-    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)", yaxis_title="seconds", **LAYOUT)
+        fig.add_bar(name=name, x=labels, y=[c["step_time"][key] for c in p.configs], customdata=names,
+                    hovertemplate=f"%{{x}} %{{customdata}}<br>{name}: %{{y:.3f}} s<extra></extra>")
+    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)", xaxis_title="layout (# in the table)",
+                      yaxis_title="seconds", **LAYOUT)
+    fig.update_xaxes(type="category")
     return fig
 
 
@@ -100,7 +155,7 @@ def spec_for_form(p: Plan, index: int) -> ExperimentSpec:
     return ExperimentSpec.for_prediction(p.configs[index]["spec"])
 
 
-# The seeds' scenarios (backend/analytic/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
+# The seeds' scenarios (backend/analytic/textbook/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
 LLAMA70B = dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096)
 GPT3 = dict(vocab_size=51200, d_model=12288, n_layers=96, n_heads=96, seq_len=2048)
 SCENARIOS = [
@@ -128,8 +183,8 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
         spec = ExperimentSpec.for_prediction(data)
         worst, _ = worst_rank_bytes(light_spec(spec.model_dump(mode="json")))
         st = step_time(spec, hw, gpus_per_node=gpus_per_node).summary
-        row = {"claim": sc["claim"], "fits": worst <= budget, "memory GB": worst / 1e9, "budget GB": budget / 1e9,
-               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GB": None}
+        row = {"claim": sc["claim"], "fits": worst <= budget, "memory GiB": worst / GiB, "budget GiB": budget / GiB,
+               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GiB": None}
         if with_best:
             key = (json.dumps(sc["model"], sort_keys=True), sc["gpus"], sc["global_batch"])
             if key not in bests:
@@ -141,34 +196,9 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
                 s = c["spec"]
                 row.update({"planner best": f"{s['name'][5:]}, b={s['train']['micro_batch']}, {s['train']['recompute']} recompute"
                             + (f", {s['parallel']['pp_schedule']}" if s["parallel"]["pp"] > 1 else ""),
-                            "best step s": c["step_time"]["step_s"], "best memory GB": c["mem_bytes_max"] / 1e9})
+                            "best step s": c["step_time"]["step_s"], "best memory GiB": c["mem_bytes_max"] / GiB})
         out.append(row)
     return out
-
-
-def run_step_prediction(res: Any, engine: Any) -> dict[str, Any] | None:
-    """Predicted step time and interval of a finished run on its hardware, with the newest calibration for that
-    hardware (None when the run has no timing or its device has no profile). CPU runs use the "cpu" profile."""
-    from backend.calibration.fit import extrapolation
-    from backend.calibration.store import latest_for, measured_step_s
-
-    if res is None or not res.per_rank or not any(r.step_s for r in res.per_rank):
-        return None
-    device = str((res.env or {}).get("device", "cpu")).lower()
-    key = "cpu" if "cpu" in device or str(res.spec.runtime.device) == "cpu" else None
-    if key is None or key not in load_profiles():
-        return None
-    hw = get_hardware(key)
-    cal = latest_for(engine, key)
-    band = tuple(cal["band"]) if cal else None
-    if cal:
-        hw = hw.with_tunables(**cal["params"])
-    st = step_time(res.spec, hw, band=band).summary
-    measured = measured_step_s(res)
-    return {"hardware": key, "calibration": cal["id"] if cal else None, "predicted_s": st["step_s"], "low_s": st["low_s"],
-            "high_s": st["high_s"], "measured_s": measured, "error_pct": (st["step_s"] - measured) / measured * 100,
-            "inside": st["low_s"] <= measured <= st["high_s"],
-            "extrapolation": extrapolation(res.spec, cal["ranges"], hw.gpus_per_node) if cal else []}
 
 
 # "Verify scaled-down": a CPU proxy of a planned layout, same parallel family, small enough to run here.
@@ -203,16 +233,27 @@ def verify_tag(config: dict[str, Any]) -> str:
 
 
 def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
-    """The proxy runs of one layout: status, measured vs predicted step time with the interval."""
+    """The proxy runs of one layout: status, measured vs predicted step time with the interval, and why a number is
+    missing (still queued or running, failed, no 'cpu' profile yet)."""
+    from backend.ui.steptime_view import run_comparison
     from db import queries as q
 
     rows = []
     for r in q.list_experiments(engine, tag=[tag]):
         d = q.get_experiment(engine, r["id"])
-        pred = run_step_prediction(d["result"], engine) if d["status"] == "ok" else None
+        pred, why = run_comparison(d["result"], engine) if d["status"] == "ok" else (None, _pending(d))
         rows.append({"run": r["id"], "status": r["status"], "world": r["world_size"],
                      "measured s": pred["measured_s"] if pred else None, "predicted s": pred["predicted_s"] if pred else None,
                      "error %": pred["error_pct"] if pred else None,
-                     "interval": f"{pred['low_s']:.3f}–{pred['high_s']:.3f}" if pred else "",
-                     "inside": pred["inside"] if pred else None})
-    return pd.DataFrame(rows)
+                     "interval s": f"{pred['low_s']:.3f} – {pred['high_s']:.3f}" if pred else "",
+                     "inside": ("yes" if pred["inside"] else "no") if pred else "", "note": why or ""})
+    return pd.DataFrame(rows, columns=VERIFY_COLUMNS)
+
+
+VERIFY_COLUMNS = ["run", "status", "world", "measured s", "predicted s", "error %", "interval s", "inside", "note"]
+
+
+def _pending(run: dict[str, Any]) -> str:
+    if run["status"] in ("queued", "running"):
+        return "waiting for a worker" if run["status"] == "queued" else "running"
+    return f"{run['status']}: {run.get('error') or 'no error recorded'}"

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
-from backend.ui.format import fmt_bytes, fmt_count, fmt_frac
+from backend.ui.format import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
 from backend.ui.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 
@@ -76,8 +76,8 @@ class Fit:
     """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
 
     def message(self) -> str:
-        need = f"{fmt_bytes(self.worst_bytes)} = {to_gb(self.worst_bytes):,.3g} GB"
-        dev = f"{to_gb(self.device_bytes):,.4g} GB"
+        need = fmt_bytes(self.worst_bytes)
+        dev = f"{fmt_bytes(self.device_bytes)} ({to_gb(self.device_bytes):,.4g} GB as sold)"
         why = self._breakdown()
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
@@ -122,11 +122,15 @@ def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
                 d["rank0_payload"] = p
             d["max_payload"], d["max_wire"] = max(d["max_payload"], p), max(d["max_wire"], w)
     rows = [
-        {"collective": k, "payload / step (rank 0)": fmt_bytes(v["rank0_payload"]),
-         "payload / step (busiest rank)": fmt_bytes(v["max_payload"]), "ring wire / step (busiest rank)": fmt_bytes(v["max_wire"])}
+        {"collective": k, "payload, rank 0": fmt_bytes(v["rank0_payload"]),
+         "payload, busiest rank": fmt_bytes(v["max_payload"]), WIRE_COLUMN: fmt_bytes(v["max_wire"])}
         for k, v in sorted(recs.items()) if v["max_payload"] or v["max_wire"]
     ]
-    return pd.DataFrame(rows, columns=["collective", "payload / step (rank 0)", "payload / step (busiest rank)", "ring wire / step (busiest rank)"])
+    return pd.DataFrame(rows, columns=["collective", "payload, rank 0", "payload, busiest rank", WIRE_COLUMN])
+
+
+WIRE_COLUMN = "on the wire, busiest rank"
+"""What a ring algorithm sends per rank for the payload (glossary.HELP["wire"])."""
 
 
 def headline(est: Any) -> dict[str, str]:
@@ -134,26 +138,48 @@ def headline(est: Any) -> dict[str, str]:
     comm = _get(est, "comm_bytes_per_step")
     comm_total = sum(comm.values()) if isinstance(comm, dict) else comm
     bubble = _get(est, "bubble_fraction")
-    return {
-        "parameters": fmt_count(float(_get(est, "params_total", 0) or 0)),
-        "comm / step": fmt_bytes(comm_total),
+    return {  # three significant digits: a metric cuts longer values off ("527.00 …")
+        "parameters": fmt_count_short(float(_get(est, "params_total", 0) or 0)),
+        "comm / step": fmt_bytes_short(comm_total),
         "pipeline bubble": fmt_frac(bubble) if bubble is not None else "–",
-        "FLOPs / step": f"{float(_get(est, 'flops_per_step', 0) or 0):.3g}".replace("e+", "e"),
-        "tokens / step": f"{int(_get(est, 'tokens_per_step', 0) or 0):,}",
+        "FLOPs / step": f"{float(_get(est, 'flops_per_step', 0) or 0):.3g}".replace("e+0", "e").replace("e+", "e"),
+        "tokens / step": fmt_count_short(int(_get(est, "tokens_per_step", 0) or 0)),
     }
+
+
+HEADLINE_HELP = {
+    "parameters": "All parameters of the model (every rank together holds at least one copy).",
+    "comm / step": "Payload of every collective of the busiest rank per optimizer step (the table below breaks it down).",
+    "pipeline bubble": "Share of the step a pipeline stage idles: (p - 1) / (m + p - 1) for GPipe and 1F1B.",
+    "FLOPs / step": "Model FLOPs of one optimizer step over all ranks (6 x parameters x tokens + attention).",
+    "tokens / step": "Global batch x sequence length.",
+}
+
+PREDICT_PAGE = 512
+"""Ranks the live prediction charts one by one; beyond them, one rank of every class of identical ranks."""
+
+
+def shown_ranks(est: Any, page: int = PREDICT_PAGE) -> list[Any]:
+    """The first `page` ranks, then the lowest rank of every other distinct prediction (so the fullest rank is
+    always among them): all ranks of a world up to `page`, a few dozen of a million."""
+    shown = est.page(0, page)
+    seen = {r.rank for r in shown}
+    return shown + [r for r, _ in est.distinct_ranks if r.rank not in seen]
 
 
 def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     """Run the analytic estimate for a validated spec on the device its ranks would get on this host (`auto`
-    resolved as the engine does): (Estimate, per-rank rows for the chart, with the fit check's extra terms)."""
+    resolved as the engine does): (Estimate, rows for the chart and the fit check, with the fit check's extra
+    terms; `shown_ranks`: every rank of a small world, a page plus every distinct prediction of a large one)."""
     from backend.analytic.device import runtime_overhead_bytes, with_device
     from backend.analytic.estimate import estimate
     from backend.engine.hardware import host_device
 
     spec = with_device(spec, host_device(str(spec.runtime.device)))
     est = estimate(spec)
-    rows = rank_rows(est.per_rank)
-    for row, r in zip(rows, est.per_rank):
+    shown = shown_ranks(est)
+    rows = rank_rows(shown)
+    for row, r in zip(rows, shown):
         # inside optimizer.step activations are freed, the update's temporaries are alive
         row["optimizer_step_bytes"] = float(r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes)
         row["overhead"] = runtime_overhead_bytes(spec, max(r.total_bytes, row["optimizer_step_bytes"]))

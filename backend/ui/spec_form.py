@@ -152,11 +152,13 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
     parallel = {k: val(k) for k in PARALLEL_KEYS if k in v}
     parallel["offload"] = v.get("offload") or "none"
     model = {k: val(k) for k in MODEL_KEYS if k in v} | {"source": model_source(v)}
+    name = v.get("name") or ""
     if v.get("run_here"):  # "run it here": the same family, scaled down for the CPU ranks
-        model = scaled_for_cpu(model)
+        full, model = model, scaled_for_cpu(model)
+        name = name or scaled_name(full, model)
     return {
         "framework": v.get("framework") or "torch",
-        "name": v.get("name") or "",
+        "name": name,
         "model": model,
         "train": {k: val(k) for k in TRAIN_KEYS if k in v},
         "parallel": parallel,
@@ -165,8 +167,62 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def form_to_spec(v: dict[str, Any]) -> tuple[ExperimentSpec | None, list[str]]:
-    return validate_spec(form_to_spec_dict(v))
+SHAPE_ROWS = (("d_model", "hidden size h"), ("n_layers", "layers L"), ("n_heads", "attention heads"),
+              ("n_kv_heads", "KV heads"), ("ffn_hidden", "MLP hidden"), ("seq_len", "sequence length"),
+              ("vocab_size", "vocabulary"), ("n_experts", "MoE experts"), ("top_k", "experts per token"),
+              ("expert_ffn_hidden", "expert hidden"), ("shared_ffn_hidden", "shared expert hidden"))
+
+
+def run_here_rows(v: dict[str, Any]) -> list[dict[str, str]]:
+    """What "Run it here" runs instead of the form's full shape: one row per shape field (full, runs here, parameters),
+    so the scaled shape (and a GQA group that no longer fits) is never silent."""
+    from backend.analytic.params import count_params
+    from backend.spec import ModelSpec
+
+    full = form_to_spec_dict(v | {"run_here": False})["model"]
+    small = form_to_spec_dict(v | {"run_here": True})["model"]
+    moe_only = ("n_experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden")
+    rows = [{"field": label, "full size": _shape_value(full, k), "runs here": _shape_value(small, k)}
+            for k, label in SHAPE_ROWS if (full.get(k) or small.get(k)) and (full.get("n_experts") or k not in moe_only)]
+    try:
+        counts = [f"{count_params(ModelSpec(**{k: x for k, x in m.items() if k != 'source'})):,}" for m in (full, small)]
+    except ValueError:
+        counts = ["–", "–"]
+    return rows + [{"field": "parameters", "full size": counts[0], "runs here": counts[1]}]
+
+
+def gqa_note(v: dict[str, Any]) -> str | None:
+    """Why the scaled model has no GQA when the full one has it (its group of query heads per KV head does not fit)."""
+    full = form_to_spec_dict(v | {"run_here": False})["model"]
+    small = form_to_spec_dict(v | {"run_here": True})["model"]
+    heads, kv = full.get("n_heads") or 1, full.get("n_kv_heads")
+    if kv and kv != heads and not small.get("n_kv_heads"):
+        return (f"GQA: the full model's {heads // kv} query heads per KV head do not divide the {small['n_heads']} heads "
+                "that run here, so the scaled model uses plain multi-head attention.")
+    return None
+
+
+def _shape_value(model: dict[str, Any], key: str) -> str:
+    value = model.get(key)
+    if key == "n_kv_heads" and not value:
+        return f"{model.get('n_heads')} (no GQA)"
+    if key == "ffn_hidden" and not value:
+        return f"{4 * model.get('d_model', 0)} (4h)"
+    return "–" if value is None else f"{value:,}"
+
+
+def scaled_name(full: dict[str, Any], small: dict[str, Any]) -> str:
+    """'llama-3-70b scaled for CPU: h64 L2 a4 kv1' (the run's default name when "Run it here" is on)."""
+    src = full.get("source") or {}
+    base = src.get("preset") or src.get("file") or f"h{full.get('d_model')} L{full.get('n_layers')}"
+    kv = f" kv{small['n_kv_heads']}" if small.get("n_kv_heads") else ""
+    moe = f" e{small['n_experts']}" if small.get("n_experts") else ""
+    return f"{base} scaled for CPU: h{small['d_model']} L{small['n_layers']} a{small['n_heads']}{kv}{moe}"
+
+
+def form_to_spec(v: dict[str, Any], *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
+    """predict_only: also accept layouts this engine can only predict (spec_checks.run_blockers says why)."""
+    return validate_spec(form_to_spec_dict(v), predict_only=predict_only)
 
 
 def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
@@ -207,10 +263,10 @@ def attention_comparison(spec: ExperimentSpec) -> dict[str, int] | None:
     for impl in ("math", "flash"):
         data = spec.model_dump()
         data["model"]["attention"] = impl
-        other, problems = validate_spec(data)
+        other, problems = validate_spec(data, predict_only=True)
         if other is None:
             return None
-        out[impl] = max(r.activations_bytes for r in estimate(other).per_rank)
+        out[impl] = estimate(other).worst(key=lambda r: r.activations_bytes).activations_bytes
     return out
 
 

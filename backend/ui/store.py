@@ -80,6 +80,13 @@ def get_run(url: str, experiment_id: int) -> dict[str, Any] | None:
     return queries.get_experiment(_engine_for(url), int(experiment_id))
 
 
+def status_now(url: str, experiment_id: int) -> str | None:
+    """The run's status, uncached: the live fragments poll it to notice a run ending at once."""
+    from db import queries
+
+    return queries.get_status(_engine_for(url), int(experiment_id))
+
+
 def changed() -> None:
     """Call after any write so cached reads are refreshed on the next rerun."""
     list_runs.clear()

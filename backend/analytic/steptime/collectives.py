@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic import comm as C
+from backend.analytic.textbook.comm import ring_wire_bytes
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.vector import logical_or, maximum, minimum, where
 
 INTRA, INTER = "intra", "inter"
 
@@ -30,35 +31,59 @@ def ring_steps(collective: str, n: int) -> int:
     return n - 1
 
 
+def group_stride(tp: Any, dp: Any, dim: str) -> Any:
+    """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays)."""
+    return {"tp": 1, "dp": tp, "ep": tp, "pp": tp * dp}[dim]
+
+
 def dim_stride(spec: Any, dim: str) -> int:
-    """Rank distance between neighbours of a mesh dimension."""
     p = spec.parallel
-    return {"tp": 1, "dp": p.tp, "ep": p.tp, "pp": p.tp * (p.dp or 1)}[dim]
+    return group_stride(p.tp, p.dp or 1, dim)
+
+
+def within_node(stride: Any, size: Any, dim: str, gpus_per_node: int) -> Any:
+    """Every member of the group (stride · size consecutive ranks; pp: only neighbouring stages talk) fits in one
+    node."""
+    span = stride * (size if dim != "pp" else 2)
+    return logical_or(size <= 1, span <= gpus_per_node)
 
 
 def dim_tier(spec: Any, dim: str, size: int, gpus_per_node: int) -> str:
-    """intra if every member of the group (stride · size consecutive ranks) fits in one node."""
-    if size <= 1:
-        return INTRA
-    span = dim_stride(spec, dim) * (size if dim != "pp" else 2)  # pp: only neighbouring stages talk
-    return INTRA if span <= gpus_per_node else INTER
+    """intra if every member of the group fits in one node."""
+    return INTRA if within_node(dim_stride(spec, dim), size, dim, gpus_per_node) else INTER
+
+
+def node_members(stride: Any, size: Any, gpus_per_node: int) -> Any:
+    """Members of one group on the same node (stride < node size: node/stride of them, at most the group)."""
+    return where(stride < gpus_per_node, maximum(1, minimum(size, gpus_per_node // stride)), 1)
 
 
 def members_per_node(spec: Any, dim: str, size: int, gpus_per_node: int) -> int:
-    """Members of one group on the same node (stride < node size: node/stride of them, at most the group)."""
-    stride = dim_stride(spec, dim)
-    return max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    return node_members(dim_stride(spec, dim), size, gpus_per_node)
+
+
+def link_bandwidth(hw: Hardware, intra: Any, per_node: Any = 1) -> Any:
+    """Effective bytes/s per rank inside a node, or across nodes: a group with k members per node drives k NICs
+    (NCCL lays one ring channel per NIC), so the node boundary carries k·B_NIC, capped by the intra-node link
+    (Jeaugey 2019, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA)."""
+    t = hw.tune
+    inside = hw.intra_bytes_per_s * t.intra_efficiency
+    return where(intra, inside, minimum(inside, per_node * hw.inter_bytes_per_s * t.inter_efficiency))
 
 
 def link(hw: Hardware, tier: str, per_node: int = 1) -> tuple[float, float]:
-    """(effective bytes/s per rank, latency s per ring step) of a tier. Across nodes, a group with k members
-    per node drives k NICs: NCCL lays one ring channel per NIC, so the node boundary carries k·B_NIC, capped by
-    the intra-node link (Jeaugey 2019, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA)."""
-    t = hw.tune
-    intra = hw.intra_bytes_per_s * t.intra_efficiency
-    if tier == INTRA:
-        return intra, t.intra_latency_s
-    return min(intra, per_node * hw.inter_bytes_per_s * t.inter_efficiency), t.inter_latency_s
+    """(effective bytes/s per rank, latency s per ring step) of a tier."""
+    intra = tier == INTRA
+    return link_bandwidth(hw, intra, per_node), hw.tune.intra_latency_s if intra else hw.tune.inter_latency_s
+
+
+def bandwidth_s(hw: Hardware, intra: Any, collective: str, payload_bytes: Any, n: Any, per_node: Any = 1, *,
+                link_bytes_per_s: Any = None) -> Any:
+    """The bandwidth term of `collective_s`: ring wire bytes over the link (payloads and groups may be arrays;
+    link_bytes_per_s: `link_bandwidth(hw, intra, per_node)` when the caller has it already)."""
+    wire = ring_wire_bytes(collective, payload_bytes, n)
+    bw = link_bandwidth(hw, intra, per_node) if link_bytes_per_s is None else link_bytes_per_s
+    return wire / (bw * collective_efficiency(hw, collective))
 
 
 def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float, n: int, calls: float = 1.0,
@@ -66,9 +91,9 @@ def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float,
     """Seconds for `calls` collectives moving `payload_bytes` in total over a group of n (α–β, module doc)."""
     if n <= 1 or payload_bytes <= 0:
         return 0.0
-    bw, alpha = link(hw, tier, per_node)
-    wire = C.ring_wire_bytes(collective, payload_bytes, n)
-    return calls * ring_steps(collective, n) * alpha + wire / (bw * collective_efficiency(hw, collective))
+    alpha = hw.tune.intra_latency_s if tier == INTRA else hw.tune.inter_latency_s
+    return calls * ring_steps(collective, n) * alpha + bandwidth_s(hw, tier == INTRA, collective, payload_bytes, n,
+                                                                   per_node)
 
 
 def collective_efficiency(hw: Hardware, collective: str) -> float:

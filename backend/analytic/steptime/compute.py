@@ -22,10 +22,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from backend.analytic.activations import korthikanti_layer_bytes
+import numpy as np
+
+from backend.analytic.layout import Layout
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes
+from backend.analytic.vector import is_array, maximum, per_distinct
 
 ATTENTION = ("eager", "flash")
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
@@ -47,13 +51,19 @@ class PassCost:
         self.fwd_flops += other.fwd_flops
 
 
-def gemm_s(hw: Hardware, peak: float, m: float, k: float, n: float, dtype_bytes: float) -> float:
-    """One (m, k) x (k, n) GEMM: roofline with the size-dependent efficiency (module docstring)."""
+def gemm_s(hw: Hardware, peak: float, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
+    """One (m, k) x (k, n) GEMM: roofline with the size-dependent efficiency (module docstring); sizes may be
+    arrays (one GEMM per entry)."""
     t = hw.tune
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
-    eff = t.gemm_efficiency_max * (curve_fraction(hw.gemm_curve, flops) if hw.gemm_curve else flops / (flops + t.gemm_half_flops))
+    if hw.gemm_curve:
+        fraction = np.vectorize(lambda f: curve_fraction(hw.gemm_curve, f))(flops) if is_array(flops) else \
+            curve_fraction(hw.gemm_curve, flops)
+    else:
+        fraction = flops / (flops + t.gemm_half_flops)
+    eff = t.gemm_efficiency_max * fraction
     moved = (m * k + k * n + m * n) * dtype_bytes
-    return max(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * t.memory_efficiency)) + t.kernel_launch_s
+    return maximum(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * t.memory_efficiency)) + t.kernel_launch_s
 
 
 def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> float:
@@ -99,11 +109,10 @@ def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int
     return out
 
 
-def attention_cost(spec: Any, hw: Hardware, attention: str) -> PassCost:
+def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str) -> PassCost:
     """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic)."""
-    m, t, p = spec.model, spec.train, spec.parallel
-    cb, peak = compute_bytes(t.precision), hw.peak(t.precision)
-    b, s, a, hd = t.micro_batch, m.seq_len, m.n_heads // p.tp, m.head_dim
+    cb, peak = layout.compute_bytes, hw.peak(layout.precision)
+    b, s, a, hd = layout.micro_batch, model.seq_len, model.n_heads // layout.tp, model.head_dim
     flops = 2 * 2 * b * a * s * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
     if attention == "flash":
         f = flops / (peak * hw.tune.attention_flash_efficiency) + hw.tune.kernel_launch_s
@@ -114,26 +123,27 @@ def attention_cost(spec: Any, hw: Hardware, attention: str) -> PassCost:
     return PassCost(fwd_s=bmm + soft, bwd_s=2 * (bmm + soft), fwd_flops=flops)
 
 
-def elementwise_cost(spec: Any, hw: Hardware) -> PassCost:
+def elementwise_pass(model: Any, layout: Layout, hw: Hardware) -> PassCost:
     """Norms, GELU, residual adds, bias, dropout of one layer: 2x Korthikanti Table 2 bytes without the
-    attention-score term (counted in attention_cost), scaled from 16-bit to the compute dtype."""
-    m, t, p = spec.model, spec.train, spec.parallel
-    kb = korthikanti_layer_bytes(s=m.seq_len, b=t.micro_batch, h=m.d_model, a=m.n_heads, t=p.tp,
-                                 sp=p.sequence_parallel, recompute="selective")  # selective: without 5as²b
-    f = memory_s(hw, 2 * kb * compute_bytes(t.precision) / 2, kernels=12)
+    attention-score term (counted in attention_pass), scaled from 16-bit to the compute dtype."""
+    kb = per_distinct(lambda b, tp, sp: korthikanti_layer_bytes(  # selective: without 5as²b
+        s=model.seq_len, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
+        layout.micro_batch, layout.tp, layout.sequence_parallel)
+    f = memory_s(hw, 2 * kb * layout.compute_bytes / 2, kernels=12)
     return PassCost(fwd_s=f, bwd_s=2 * f)
 
 
-def head_cost(spec: Any, hw: Hardware) -> PassCost:
-    """Cross-entropy over the (b·s, V/t) logits: softmax read/written in fp32 (the lm_head GEMM is a weight)."""
-    m, t, p = spec.model, spec.train, spec.parallel
-    logits = t.micro_batch * m.seq_len * m.vocab_size / p.tp * 4
-    f = memory_s(hw, 3 * logits, kernels=4)
+def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True) -> PassCost:
+    """Cross-entropy over the (b·s, V/t) logits: softmax read/written in fp32 (the lm_head GEMM is a weight);
+    kernel_launches=False: the memory traffic alone (the planner's proxy)."""
+    logits = layout.micro_batch * model.seq_len * model.vocab_size / layout.tp * 4
+    f = memory_s(hw, 3 * logits, kernels=4 if kernel_launches else 0)
     return PassCost(fwd_s=f, bwd_s=f)
 
 
-def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str) -> PassCost:
-    """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head."""
+def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout) -> PassCost:
+    """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head
+    (`layout` = Layout.of(spec))."""
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r} not in {ATTENTION}")
     m, t, p = spec.model, spec.train, spec.parallel
@@ -150,7 +160,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     # memoised per shared params tuple on every input _weights_cost reads
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts), weights, keep=hw))
-    attn, elem = attention_cost(spec, hw, attention), elementwise_cost(spec, hw)
+    attn, elem = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw)
     n = len(layers)
     cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)
     cost.bwd_s += n * (attn.bwd_s + elem.bwd_s)
@@ -161,5 +171,5 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     elif rc == "selective":
         cost.recompute_s = n * attn.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
     if last:
-        cost.add(head_cost(spec, hw))
+        cost.add(head_pass(m, layout, hw))
     return cost

@@ -17,7 +17,7 @@ from math import ceil
 from typing import Any
 
 from backend.analytic.sharding import derived
-from backend.analytic.steptime import collectives as CO
+from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import DDP_BUCKET_BYTES, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes
@@ -59,14 +59,14 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
         key = (args, tuple(kw.items()))
         hit = seen.get(key)
         if hit is None:
-            hit = seen[key] = CO.collective_s(hw, *args, **kw)
+            hit = seen[key] = collective_s(hw, *args, **kw)
         return hit
 
     groups: dict[int, tuple[str, int]] = {}
     for kind, payload, n in traffic:
         tier_k = groups.get(n)
         if tier_k is None:
-            tier_k = groups[n] = (CO.dim_tier(spec, "dp", n, g), CO.members_per_node(spec, "dp", n, g))
+            tier_k = groups[n] = (dim_tier(spec, "dp", n, g), members_per_node(spec, "dp", n, g))
         tier, k = tier_k
         if kind == "all_reduce":
             buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))

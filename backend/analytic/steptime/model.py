@@ -19,12 +19,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.analytic import flops as F
-from backend.analytic import pipeline as PL
-from backend.analytic.estimate import matmul_params
+from backend.analytic.textbook.flops import training_flops_per_step
+from backend.analytic.textbook.pipeline import bubble_over_ideal
+from backend.analytic.layout import Layout
+from backend.analytic.params import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
-from backend.analytic.steptime import collectives as CO
-from backend.analytic.steptime import host as H
+from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
+from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.dp_sync import dp_exposed
 from backend.analytic.steptime.hardware import Hardware
@@ -87,7 +88,7 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
             continue  # pp: per hop in the schedule (p2p_hop_s)
         dim = "ep" if kind == "all_to_all" else "tp"
         calls = max(1, 4 * len(layers) * m)  # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
-        sec = CO.collective_s(hw, CO.dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
+        sec = collective_s(hw, dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
         out[dim] += sec
         if kinds is not None:
             kinds[kind] = kinds.get(kind, 0.0) + sec
@@ -101,16 +102,16 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     if p.pp == 1:
         return 0.0
     act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)
-    tier = CO.dim_tier(spec, "pp", p.pp, g)
-    if tier == CO.INTER and p.tp > 1:
-        return CO.collective_s(hw, tier, "send", act / p.tp, 2) + CO.collective_s(hw, CO.INTRA, "all_gather", act, p.tp)
-    return CO.collective_s(hw, tier, "send", act, 2)
+    tier = dim_tier(spec, "pp", p.pp, g)
+    if tier == INTER and p.tp > 1:
+        return collective_s(hw, tier, "send", act / p.tp, 2) + collective_s(hw, INTRA, "all_gather", act, p.tp)
+    return collective_s(hw, tier, "send", act, 2)
 
 
 def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
     """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
     (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
-    host_s = hw.tune.dtensor_op_s * H.tp_dispatch_layers(spec, params, _layers(spec, stage))
+    host_s = hw.tune.dtensor_op_s * tp_dispatch_layers(spec, params, _layers(spec, stage))
     c.fwd_s += host_s / 3
     c.bwd_s += 2 * host_s / 3
     if str(spec.train.recompute) == "full":
@@ -128,7 +129,7 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
         elems = local / (p.dp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
     kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
-    return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * H.optimizer_dispatch(spec, params)
+    return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * optimizer_dispatch(spec, params)
 
 
 def _numel_sums(params: Any) -> tuple[int, int, int]:
@@ -144,6 +145,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     attention = attention or ("eager" if hw.kind == "cpu" else "flash")
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
     reps = [r * (p.dp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = ep index 0)
+    layout = Layout.of(spec)
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     for r in reps:
@@ -154,7 +156,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         per_mb = (comm["tp"] + comm["ep"]) / mb
         tot = PassCost()
         for s in stages:
-            c = stage_cost(spec, hw, s, params, attention)
+            c = stage_cost(spec, hw, s, params, attention, layout)
             _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))
@@ -208,13 +210,13 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
             return span0, busy, span0
         return makespan_pair(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop)
     busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp * p.tp)) for r in range(p.pp)]
-    span0 = max(busy) * (1 + PL.bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
+    span0 = max(busy) * (1 + bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
     return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)
 
 
 def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
     m, t = spec.model, spec.train
-    return F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
+    return training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
                                      seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute) if recompute else "none",
                                      active_params=matmul_params(m, active=True) if m.is_moe else None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.analytic.flops import narayanan_flops_per_iteration
+from backend.analytic.textbook.flops import narayanan_flops_per_iteration
 
 # (params billions, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
 PTDP_TABLE1 = [

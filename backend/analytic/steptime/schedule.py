@@ -2,7 +2,7 @@
 
 The analytic bubble (pipeline.py: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved, Narayanan 2021 Sec 2.2)
 assumes equal stages and m divisible by p. Here every rank runs its actions in torch's order
-(fsdp_state.interleaved_order rebuilds ScheduleInterleaved1F1B's; GPipe = all F then all B, Huang 2019
+(pipelining.interleaved_order rebuilds ScheduleInterleaved1F1B's; GPipe = all F then all B, Huang 2019
 Sec 2.3; 1F1B = PipeDream-Flush warm-up of p-1-rank forwards, Narayanan 2021 Sec 2.2.1) and each action
 starts when its rank is free and its input is ready: F(s, k) after F(s-1, k); B(s, k) after F(s, k) and
 B(s+1, k). Stage costs may differ (uneven layer split, embedding / head stages).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from backend.analytic.fsdp_state import interleaved_order
+from backend.analytic.pipelining import interleaved_order
 
 SIMULATED = ("gpipe", "1f1b", "interleaved_1f1b")
 

@@ -1,4 +1,4 @@
-"""NamedShardings over a ("dp", "tp") Mesh of virtual CPU devices, from the layout in backend/analytic/gspmd.py."""
+"""NamedShardings over a ("dp", "tp") Mesh of virtual CPU devices, from the layout in backend/analytic/frameworks/gspmd.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from backend.analytic.gspmd import layout
+from backend.analytic.frameworks.gspmd import layout
 
 
 def make_mesh(spec: Any) -> Mesh:

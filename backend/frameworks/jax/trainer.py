@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from backend.analytic.gspmd import mode
+from backend.analytic.frameworks.gspmd import mode
 from backend.frameworks.jax import hlo, model, optim, sharding
 
 MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
@@ -98,7 +98,7 @@ def _bytes_on(d: int, a: jax.Array) -> int:
 
 
 def _wire(key: str, v: dict[str, Any]) -> float:
-    from backend.analytic.comm import ring_wire_bytes
+    from backend.analytic.textbook.comm import ring_wire_bytes
 
     n = max(v["group_sizes"] or [1])
     return float(ring_wire_bytes(key, v["bytes"], n))

@@ -1,6 +1,6 @@
 """Measured pipeline bubble from timeline records (pure Python).
 
-Same definition as `backend.analytic.pipeline.bubble_fraction`: idle time / total time of a stage per
+Same definition as `backend.analytic.textbook.pipeline.bubble_fraction`: idle time / total time of a stage per
 step (Huang et al. 2019, GPipe, Sec 2.3: (p-1)/(m+p-1) for GPipe). "Total time" is the step's pipeline
 window on the shared clock, from the first pass on any rank to the last pass on any rank: a rank that
 starts late (waiting for the first activation) or finishes early (its backwards done) is idle for that

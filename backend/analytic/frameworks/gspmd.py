@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.params import ParamInfo, param_list
-from backend.analytic.sharding import REPLICATE, ROWWISE, tp_style
+from backend.analytic.sharding import tp_style
+from backend.analytic.tp_placement import REPLICATE, ROWWISE
 
 FP32_BYTES = 4
 TOKEN_BYTES = 4  # int32 token ids (JAX's default integer without x64)

@@ -30,6 +30,11 @@ def _check(schedule: str, p: int, m: int, v: int) -> str:
 def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
     """Bubble time / ideal time."""
     schedule = _check(schedule, p, m, v)
+    return bubble_formula(schedule, p=p, m=m, v=v)
+
+
+def bubble_formula(schedule: str, *, p: Any, m: Any, v: Any = 1) -> Any:
+    """`bubble_over_ideal` without the checks, elementwise on ints or numpy arrays."""
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / m  # Narayanan 2021 Sec 2.2.1: t_pb / t_id = (p-1)/m
     if schedule == "interleaved_1f1b":
@@ -38,7 +43,7 @@ def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
         # Qi 2023 Sec 2.1 (ZB-H1, torch's ZB1P): bubble (p-1)(T_F+T_B-T_W) = 1/3 of 1F1B's (p-1)(T_F+T_B+T_W); /v interleaved
         return (p - 1) / (3 * v * m)
     # Qi 2023 Sec 6 (ZB-V): zero bubble when T_F = T_B = T_W, with 1F1B's peak activation memory
-    return 0.0
+    return 0.0 * p
 
 
 def bubble_fraction(schedule: str, *, p: int, m: int, v: int = 1) -> float:
@@ -72,22 +77,29 @@ def _minimum(a: Any, b: Any) -> Any:
     return b + (a - b) * (a < b)
 
 
-def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
-    """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays (the planner's path)."""
+def in_flight_terms(schedule: str, *, p: Any, m: Any, v: Any = 1) -> tuple[Any, Any, Any]:
+    """(cap, base, per_stage): rank `stage` holds min(cap, base + per_stage · (p - stage)) forwards at its peak
+    (ints or numpy int arrays; the stage enters only through p - stage)."""
     if schedule == "gpipe":
-        return m + 0 * p  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
+        return m, m + 0 * p, 0  # Huang 2019 Sec 2.3: all m forwards finish before the first backward
     if schedule == "1f1b":
-        return _minimum(m, p - stage)  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
+        return m, 0 * m, 1  # Narayanan 2021 Sec 2.2.1 (PipeDream-Flush): warm-up of p - stage forwards
     # m // max(1, m // p): microbatches per round as torch.distributed.pipelining counts them (= p when p | m)
     per_round = m // (m // p + (1 - m // p) * (m // p < 1))
     if schedule == "interleaved_1f1b":
         # Narayanan 2021 Sec 2.2.2 (Megatron-LM, torch): warm-up (v-1)·p + 2(p-stage-1) chunk forwards, +1 in 1F1B
-        return _minimum(m * v, (v - 1) * per_round + 2 * (p - stage - 1) + 1)
+        return m * v, (v - 1) * per_round - 1, 2
     if schedule == "zero_bubble":
         # Qi 2023 Sec 2.1 (ZB-H1 peak = 1F1B's first stage, p): warm-up (v-1)·p + (p-stage-1), W deferred by `stage`
-        return _minimum(m * v, (v - 1) * per_round + p)
+        return m * v, (v - 1) * per_round + p, 0
     # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks
-    return _minimum(m * v, p * v)
+    return m * v, p * v, 0
+
+
+def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
+    """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays."""
+    cap, base, per_stage = in_flight_terms(schedule, p=p, m=m, v=v)
+    return _minimum(cap, base + per_stage * (p - stage))
 
 
 def in_flight_stage_activations(schedule: str, *, p: int, m: int, stage: int, v: int = 1) -> float:
@@ -103,28 +115,3 @@ def last_stage_in_flight(schedule: str, *, m: int) -> int:
     forward + loss before the first backward (Huang 2019 Sec 2.3); the 1F1B family runs the last stage's
     backward right after its forward (Narayanan 2021 Sec 2.2.1; torch's plans give the last stage one warm-up)."""
     return m if str(schedule) == "gpipe" else 1
-
-
-def held_stage_outputs(schedule: str, *, m: int, in_flight: int, stages: list[int], n_stages: int) -> int:
-    """Stage outputs (one microbatch each) a rank keeps alive when its activations peak, for the stages that
-    send to ANOTHER rank (a gloo send Work keeps its tensor until the Work object is dropped):
-    gpipe: every forward's send Work sits in `fwd_sends_to_wait` until step() returns (schedules.py ScheduleGPipe);
-    1f1b: the in-flight outputs in `fwd_cache` plus the warm-up send Work kept in `send_work` until the cooldown
-    (schedules.py Schedule1F1B); interleaved / zero-bubble / zbv: `_PipelineScheduleRuntime` keeps every send
-    Work in `send_ops` until the step ends, so each sending stage holds all m outputs. A stage whose successor
-    is on the same rank (zbv's V turn) hands its output over as the next stage's input (`set_local_fwd_input`)."""
-    senders = [s for s in stages if s != n_stages - 1 and s + 1 not in stages]
-    if not senders:
-        return 0
-    if str(schedule) == "gpipe":
-        return m
-    if str(schedule) == "1f1b":
-        return min(m, in_flight + 1)
-    return m * len(senders)
-
-
-def held_stage_inputs(*, m: int, stages: list[int]) -> int:
-    """Stage inputs (one microbatch each) alive at the end of a step's forwards: every non-first stage keeps one
-    input buffer per microbatch in `args_recv_info` for the whole step (stage.py `_setup_forward_recv_info`
-    allocates them once; `set_local_fwd_input` rebinds them for a same-rank predecessor)."""
-    return m * sum(s != 0 for s in stages)

@@ -8,23 +8,26 @@ Patarasuk & Yuan 2009). Element counts are turned into bytes by dtype_bytes, exp
 
 from __future__ import annotations
 
+from typing import Any
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
-def ring_wire_bytes(collective: str, payload_bytes: float, n: int) -> float:
-    """Bytes one rank sends for a collective over n ranks with payload S."""
+def ring_wire_bytes(collective: str, payload_bytes: Any, n: Any) -> Any:
+    """Bytes one rank sends for a collective over n ranks with payload S (payload and n may be numpy arrays)."""
     collective = str(collective)
     if collective not in COLLECTIVES:
         raise ValueError(f"collective {collective!r} not in {COLLECTIVES}")
-    if n < 1:
-        raise ValueError(f"group size n must be >= 1, got {n}")
-    if n == 1:
-        return 0.0
+    if isinstance(n, int):
+        if n < 1:
+            raise ValueError(f"group size n must be >= 1, got {n}")
+        if n == 1:
+            return 0.0
     if collective == "all_reduce":
         return 2 * (n - 1) / n * payload_bytes  # ZeRO Sec 7.1: reduce-scatter + all-gather, Ψ(N-1)/N each
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n * payload_bytes  # ring: each rank forwards N-1 of N chunks
-    return float(payload_bytes)  # broadcast (pipelined ring), send, recv: the whole buffer once
+    return payload_bytes * (n > 1) * 1.0  # broadcast (pipelined ring), send, recv: the whole buffer once
 
 
 def dp_allreduce_wire_bytes(grad_bytes_total: float, n: int) -> float:

@@ -1,0 +1,58 @@
+"""What an estimate says beside its numbers: the measurement moments and modelling choices a reader should know
+(pure Python, prose only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.analytic.layout import Layout
+from backend.analytic.memory.fsdp_state import peak_inside_forward
+
+
+def estimate_notes(spec: Any) -> list[str]:
+    p, t, notes = spec.parallel, spec.train, []
+    where = peak_inside_forward(spec)  # None under pipelining
+    if str(t.precision) != "fp32":
+        notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
+                     "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
+    if p.zero_stage >= 2:
+        notes.append(f"FSDP2 params at the end of forward: sharded storage{' + every unit unsharded (zero2)' if p.zero_stage == 2 else ''}; "
+                     "all_gather / reduce_scatter payloads include dim-0 padding to a multiple of dp")
+    if p.tp > 1:
+        notes.append("TP comm: 4 (b, s, h) collectives per layer and microbatch (an SP MoE block: 2 all-gathers, no "
+                     "reduce-scatter) + embedding / lm_head collectives (full logits all-gathered) + SP LayerNorm "
+                     "gradient all-reduces")
+    if p.pp > 1 and p.zero_stage >= 2:
+        notes.append("PP x FSDP: all-gathers per unit and step = sharded->unsharded transitions (zero3 1 + "
+                     "microbatches, zero2 1); unsharded gradients accumulate until the last backward (torch "
+                     "pipelining/stage.py backward_maybe_with_nosync: no sync, no reshard after each backward). The "
+                     "FSDP2 state at the activation peak follows the schedule's action order (fsdp_state.py): a non-last "
+                     "stage peaks inside the last block of its last forward at the largest in-flight count (zero3: the "
+                     "stage root and that block unsharded, + its all-gather output when that forward gathered); under "
+                     "1F1B with more microbatches than the warm-up that forward follows backwards, so the stage's "
+                     "unsharded gradients are held too (sharded + dp x sharded gradient bytes); where several moments "
+                     "tie (few microbatches) the tracker may keep an earlier one"
+                     + ("; and a rank may still hold the all-gather output of the unit it unsharded last (gloo "
+                        "frees it asynchronously; seen: the embedding root on the first stage of an interleaved "
+                        "schedule, + 4 B x its numel)" if p.zero_stage == 3 else ""))
+    if p.zero_stage >= 2 and where == "root":
+        notes.append("FSDP x TP (fp32): lm_head's logits all-gather and the loss hold the same activation bytes (to a "
+                     "few bytes); the peak is predicted inside the root's forward (the last block's all-gather buffer "
+                     "alive; zero3: the root unsharded), a rank whose tracker keeps the loss moment measures neither")
+    if p.ep > 1:
+        notes.append("EP all_to_all and MoE activations are predicted for uniform routing (incl. the 8·E-byte count "
+                     "exchange); each rank's result also carries the prediction for the routing it measured "
+                     "(predicted_given_routing)")
+    if Layout.of(spec).uses_replicate and p.tp > 1 and spec.train.microbatches > 1:
+        notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
+                     "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
+                     "gradients; a rank whose tracker keeps the first one measures only the persistent gradients")
+    if p.zero_stage >= 2 and p.ep > 1 and spec.model.is_moe and p.pp == 1 and where is None:
+        notes.append("FSDP x EP: what the head and loss add after the blocks outweighs the last MoE block's dispatch "
+                     "buffers (activations.ep_peaks_in_last_block), so the peak is predicted at the loss, after the "
+                     "root's forward (zero3: no unsharded parameter held)")
+    elif p.zero_stage >= 2 and where == "block":
+        notes.append("FSDP x EP: the peak is predicted inside the last MoE block (its dispatch buffers): the root "
+                     "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "
+                     "are fewer peaks at the loss instead and measures only the sharded storage")
+    return notes

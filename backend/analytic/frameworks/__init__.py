@@ -1,0 +1,1 @@
+"""Models of other frameworks' own layouts: DeepSpeed ZeRO, JAX GSPMD, host offload."""

@@ -1,0 +1,261 @@
+"""The named layout type of the prediction core: one parallel layout (Python scalars) or many (numpy arrays).
+
+`Layout` holds the degrees and per-layout choices (tp, pp, dp, ep, ZeRO stage, micro-batch, recompute, pipeline
+schedule, virtual stages, sequence parallel) and the per-call constants (global batch, precision, optimizer,
+device). `estimate` builds one from a spec (`Layout.of`); the planner builds one whose fields are arrays, one
+entry per candidate (`Layout.table`), and both call the same memory and time functions. Choices are small ints
+named by the ZeroStage / RecomputeMode / PipelineSchedule constants (plain ints compare elementwise and cheaply);
+their spec names are in the *_NAMES tuples.
+`RankPosition` says which rank of a layout: its pipeline rank and its tp / dp / ep indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from backend.analytic.vector import logical_and, logical_not, logical_or
+
+
+class ZeroStage:
+    """The data-parallel flavour: DDP, ZeroRedundancyOptimizer (zero1), FSDP2 without / with resharding."""
+    DDP, ZERO1, ZERO2, ZERO3 = range(4)
+    ALL = range(4)
+
+
+class RecomputeMode:
+    NONE, SELECTIVE, FULL = range(3)
+    ALL = range(3)
+
+
+class PipelineSchedule:
+    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV = range(5)
+    ALL = range(5)
+
+
+ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
+RECOMPUTE_NAMES = ("none", "selective", "full")
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
+CHOICES = ("tp", "pp", "dp", "ep", "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages",
+           "sequence_parallel")
+"""The per-layout fields, in the planner table's column order."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: Any = 1
+    pp: Any = 1
+    dp: Any = 1
+    ep: Any = 1
+    zero_stage: Any = ZeroStage.DDP
+    micro_batch: Any = 1
+    recompute: Any = RecomputeMode.NONE
+    schedule: Any = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: Any = 1
+    sequence_parallel: Any = False
+    microbatches: Any = 1
+    """Microbatches per step = global_batch / (micro_batch · dp)."""
+    global_batch: int = 1
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    device: str = "cpu"
+    """Where the ranks run ("cpu" or "cuda"): CUDA rounds storages to 512 B and keeps AdamW's step on the host."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
+
+    def memoised(self, key: Any, compute: Any) -> Any:
+        """compute(), once per key for this table of layouts; restricting the table (take) restricts the stored
+        per-layout values along with it, so a value computed for every layout serves each group of them."""
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = compute()
+        return hit
+
+    def _carry_memo(self, out: Layout, rows: Any, reshape: bool) -> Layout:
+        n = len(self)
+        for key, value in self._memo.items():
+            out._memo[key] = _rows_of(value, rows, n, reshape)
+        return out
+
+    @classmethod
+    def of(cls, spec: Any) -> Layout:
+        """The layout of a validated spec (runtime.device read as given: `auto` counts as cpu)."""
+        p, t = spec.parallel, spec.train
+        device = str(spec.runtime.device)
+        return cls(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
+                   recompute=RECOMPUTE_NAMES.index(str(t.recompute)), schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
+                   virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel),
+                   microbatches=t.microbatches, global_batch=t.global_batch, precision=str(t.precision),
+                   optimizer=str(t.optimizer), device="cuda" if device == "cuda" else "cpu")
+
+    @classmethod
+    def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
+              device: str = "cpu") -> Layout:
+        """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
+        cols = {name: columns[:, i] for i, name in enumerate(CHOICES)}
+        cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
+        mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
+        return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
+                   device=device)
+
+    def take(self, index: Any, *, with_memo: bool = False) -> Layout:
+        """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their
+        rows of every memoised per-layout value too."""
+        out = {}
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray):
+                v = v[index]
+                if np.ndim(v) == 0:
+                    v = bool(v) if name == "sequence_parallel" else int(v)
+            out[name] = v
+        taken = Layout(**out)
+        return self._carry_memo(taken, index, False) if with_memo and isinstance(index, np.ndarray) else taken
+
+    def group(self, rows: np.ndarray) -> Layout:
+        """take(rows, with_memo=True).broadcast() in one pass: the layouts at `rows` as (k, 1) columns that
+        broadcast against a trailing rank axis, a field equal on all of them as that scalar."""
+        out = {}
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray):
+                v = v[rows]
+                v = v[0].item() if (v == v[0]).all() else v[:, None]
+            out[name] = v
+        return self._carry_memo(Layout(**out), rows, True)
+
+    def broadcast(self) -> Layout:
+        """Every array field as an (n, 1) column, so that it broadcasts against a trailing rank axis; a field that
+        is the same for every layout becomes that scalar (its choices then branch once, not per layout)."""
+        out = {}
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray) and len(v):
+                flat = v.reshape(len(v), -1)[:, 0]
+                if (flat == flat[0]).all():
+                    v = flat[0].item()
+                else:
+                    v = flat[:, None]
+            out[name] = v
+        return self._carry_memo(Layout(**out), slice(None), True)
+
+    def __len__(self) -> int:
+        for f in CHOICES:
+            v = getattr(self, f)
+            if isinstance(v, np.ndarray):
+                return len(v)
+        return 1
+
+    # ---- derived facts, elementwise (a scalar when every layout agrees) ----
+    @cached_property
+    def world_size(self) -> Any:
+        return _settled(self.tp * self.pp * self.dp)
+
+    @cached_property
+    def n_stages(self) -> Any:
+        return _settled(self.pp * self.virtual_stages)
+
+    @cached_property
+    def pipelined(self) -> Any:
+        return _settled(self.pp > 1)
+
+    @cached_property
+    def fsdp(self) -> Any:
+        """FSDP2 (zero2 / zero3) shards parameters, gradients and optimizer state."""
+        return _settled(self.zero_stage >= ZeroStage.ZERO2)
+
+    @cached_property
+    def zbv(self) -> Any:
+        """ZBV's V placement (rank r holds stages r and 2p-1-r); without pipelining the schedule is ignored."""
+        return _settled(logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1))
+
+    @cached_property
+    def is_mix(self) -> Any:
+        """tp/pp/ep > 1: the dp dimension is wrapped by data_parallel.composable_wrap (FSDP2 `replicate` for ddp,
+        `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
+        return _settled(logical_or(self.tp > 1, self.pp > 1, self.ep > 1))
+
+    @cached_property
+    def uses_replicate(self) -> Any:
+        """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
+        return _settled(logical_and(self.dp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of activations / unsharded FSDP params / TP and PP payloads: 2 under bf16/fp16 mixed, else 4."""
+        return 4 if self.precision == "fp32" else 2
+
+    @cached_property
+    def uses_autocast(self) -> Any:
+        """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
+        cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself)."""
+        if self.precision == "fp32":
+            return False
+        return _settled(logical_not(logical_and(self.fsdp, logical_not(self.is_mix))))
+
+    @cached_property
+    def fsdp_param_bytes(self) -> Any:
+        """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies,
+        fp32 in the mixes (no policy)."""
+        mix = self.is_mix
+        return np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray) else (4 if mix else self.compute_bytes)
+
+    def spec_dict(self, model: Any) -> dict[str, Any]:
+        """The full experiment spec (as a dict) of a scalar layout."""
+        tp, pp, dp, ep, zero = (int(x) for x in (self.tp, self.pp, self.dp, self.ep, self.zero_stage))
+        return {"name": f"plan dp{dp}·tp{tp}·pp{pp}{'·ep' + str(ep) if ep > 1 else ''} {ZERO_STAGE_NAMES[zero]}",
+                "model": model.model_dump(),
+                "train": {"global_batch": self.global_batch, "micro_batch": int(self.micro_batch),
+                          "precision": self.precision, "optimizer": self.optimizer,
+                          "recompute": RECOMPUTE_NAMES[int(self.recompute)]},
+                "parallel": {"strategy": ZERO_STAGE_NAMES[zero], "world_size": tp * pp * dp, "dp": dp, "tp": tp,
+                             "pp": pp, "ep": ep, "sequence_parallel": bool(self.sequence_parallel),
+                             "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
+                             "virtual_stages": int(self.virtual_stages)}}
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Layout))
+
+
+def _settled(value: Any) -> Any:
+    """A derived fact the same for every layout as that scalar (its choices then branch once, not per layout)."""
+    if isinstance(value, np.ndarray) and value.size and (value == value.flat[0]).all():
+        return value.flat[0].item()
+    return value
+
+
+def _rows_of(value: Any, rows: Any, n: int, column: bool) -> Any:
+    """A memoised per-layout value (an array whose first axis runs over the layouts) restricted to `rows`
+    (column=True: with a unit axis after the rows, so that it broadcasts against a trailing rank axis)."""
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
+        value = value[rows]
+        return value.reshape((len(value), 1) + value.shape[1:]) if column else value
+    return value
+
+
+@dataclass(frozen=True)
+class RankPosition:
+    """Which rank of a layout: pipeline rank and tp / dp / ep indices (scalars, or arrays that broadcast
+    against the layout's (n, 1) columns, e.g. every pipeline rank as a (1, pp) row)."""
+    pp_rank: Any = 0
+    tp_index: Any = 0
+    dp_index: Any = 0
+    ep_index: Any = 0
+    largest_zero1_share: bool = False
+    """ZeRO-1: the optimizer share of the dp index that owns the most (the worst rank), not dp_index's own."""
+
+    def take(self, rows: Any) -> RankPosition:
+        """The positions at `rows` of a table whose rows they run along (an array whose first axis has length 1,
+        or a scalar, is shared by every row)."""
+        pick = lambda v: v[rows] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] > 1 else v  # noqa: E731
+        return replace(self, pp_rank=pick(self.pp_rank), tp_index=pick(self.tp_index), dp_index=pick(self.dp_index),
+                       ep_index=pick(self.ep_index))
+
+    @classmethod
+    def of_rank(cls, spec: Any, rank: int) -> RankPosition:
+        c = spec.parallel.coords(rank)
+        return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=c["dp"], ep_index=c["ep"])

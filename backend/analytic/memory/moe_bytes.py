@@ -1,0 +1,57 @@
+"""Saved bytes of one expert-parallel MoE layer for a given number of routed rows (pure Python, a leaf module).
+
+Read off strategies/moe_dispatch.all_to_all_dispatch: what scales with the rank's OWN tokens (`moe_sender_bytes`)
+and what scales with the rows its local experts RECEIVED (`moe_expert_bytes`; Switch Transformer, Fedus et al.
+2022, Sec 2.2: each expert's computation scales with the tokens routed to it). Under uniform routing every rank
+receives N·k rows (activations.py); measured routings give other counts (measured/moe_routing.py).
+"""
+
+from __future__ import annotations
+
+INDEX_BYTES = 8  # int64 indices autograd saves for index ops (topk, nonzero, the sort order)
+
+
+def row_bytes(dtype_bytes: float, autocast: bool) -> float:
+    """Bytes per element of the routed rows and of every MoE tensor outside the expert Linears: under torch.autocast
+    the ln2 output they come from is fp32 (layer_norm and softmax are on autocast's fp32 op list) and the expert
+    outputs are cast back to it (moe_dispatch, like the dense MoE)."""
+    return 4 if autocast else dtype_bytes
+
+
+def moe_sender_bytes(*, tokens: int, h: int, n_experts: int, top_k: int, dtype_bytes: float,
+                     autocast: bool = False) -> float:
+    """Saved bytes of one EP MoE layer that scale with this rank's OWN N tokens (rows = N·k), read off
+    moe_dispatch.all_to_all_dispatch: router softmax (N, E); top-k values (N, k) and their sum (N, 1); the
+    combine's mul operands, returned rows (rows, h) and weights (rows, 1), and index_add's source (rows, h);
+    int64 indices: top-k ids, the sort order and the token of each sorted slot (rows each)."""
+    rows = tokens * top_k
+    elems = tokens * n_experts + rows + tokens + (rows * h + rows) + rows * h
+    return elems * row_bytes(dtype_bytes, autocast) + 3 * rows * INDEX_BYTES
+
+
+def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False,
+                     swiglu: bool = False) -> float:
+    """Saved bytes of one EP MoE layer's LOCAL experts, which scale with the R rows they received: fc_in input
+    (R, h; its 16-bit cast under autocast), GELU input and fc_out input (R, ffn) each, index_add's source = expert
+    output (R, h, in the row dtype); the int64 row index per local expert (one tensor, saved by x[rows] and
+    index_add alike)."""
+    # SwiGLU experts: gate out, silu out, up out and their product instead of GELU in / out (4 (R, ffn) tensors)
+    linear = (received_rows * h + (4 if swiglu else 2) * received_rows * ffn) * dtype_bytes
+    return linear + received_rows * h * row_bytes(dtype_bytes, autocast) + received_rows * INDEX_BYTES
+
+
+def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n_experts: int, top_k: int,
+                       dtype_bytes: float, autocast: bool = False, swiglu: bool = False) -> float:
+    """One MoE layer's saved bytes on an ep rank whose experts received `received_rows` token-slots.
+    With received_rows = N·k this is the dense dispatch's MoE term + N·k·h·dtype_bytes (the expert output
+    index_add keeps: the dense path keeps its weighted product instead, counted already) + N·k int64 (the sort
+    order): see `ep_only_uniform_bytes` (without autocast)."""
+    return (moe_sender_bytes(tokens=tokens, h=h, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
+                             autocast=autocast)
+            + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast,
+                               swiglu=swiglu))
+
+
+def ep_only_uniform_bytes(*, tokens: int, h: int, top_k: int, dtype_bytes: float) -> float:
+    """What the all-to-all dispatch saves beyond the dense one per layer under uniform routing (see above)."""
+    return tokens * top_k * (h * dtype_bytes + INDEX_BYTES)

@@ -1,0 +1,201 @@
+"""A rank's parameters as sums over three parts: its transformer blocks, the embeddings, the head.
+
+A pipeline rank holds `n_blocks` identical blocks, plus the embeddings when it holds the first stage and the final
+norm and lm_head when it holds the last (and, tied, its own copy of the word embedding). Every parameter-dependent
+memory term is a sum over the rank's local parameters, so it is n_blocks x (one block's sum) + first x (the
+embeddings' sum) + last x (the head's sum); each part's sums come from sharding.shard_param (torch's placement)
+at the rank's tp / dp / ep indices, once per distinct (degrees, indices). Works for one layout or arrays of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from backend.analytic.device import cuda_storage_bytes
+from backend.analytic.layout import Layout, RankPosition
+from backend.analytic.params import ModelKey, ParamInfo, block_param_list, model_key, param_tuple
+from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel
+from backend.analytic.traffic import MASTER_BYTES
+from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
+
+PARTS = ("block", "embeddings", "head")
+
+
+class PartSums(NamedTuple):
+    """Sums over one part's local parameters (elements unless named bytes)."""
+    tensors: Any
+    local_numel: Any
+    """After the tp / ep split (what DDP, ZeRO-1 and the autocast casts see)."""
+    storage_numel: Any
+    """This rank's storage (FSDP2: the padded dim-0 chunk)."""
+    real_numel: Any
+    """Elements this rank owns (FSDP2: unpadded rows)."""
+    unsharded_grad_numel: Any
+    """sharding.unsharded_grad_numel: the gradient of the unsharded (tp-local) parameter."""
+    fsdp_unsharded_numel: Any
+    """FSDP2-managed tensors all-gathered (group x padded shard); ep experts are ignored_params."""
+    fsdp_unsharded_grad_numel: Any
+    linear_weight_numel: Any
+    """Blocks' 2-D (Linear) weights: autocast saves a 16-bit copy of each."""
+    linear_bias_numel: Any
+    """Blocks' Linear biases: autocast caches a 16-bit copy of each."""
+    head_weight_numel: Any
+    token_embedding_numel: Any
+    cuda_local_bytes: Any
+    """Sum of 512-B-rounded fp32 storages of local_numel (device.cuda_storage_bytes), likewise below."""
+    cuda_storage_bytes: Any
+    cuda_real_bytes: Any
+
+
+@lru_cache(maxsize=256)
+def part_params(key: ModelKey, part: str, tied_copy: bool) -> tuple[ParamInfo, ...]:
+    """One part's full-size parameters (block 0 stands for every block: shapes and placement are the same)."""
+    if part == "block":
+        return tuple(block_param_list(key, 0))
+    rest = [q for q in param_tuple(key) if not q.name.startswith("layers.")]
+    embeddings = [q for q in rest if q.name.split(".")[0] in ("tok_emb", "pos_emb")]
+    if part == "embeddings":
+        return tuple(embeddings)
+    head = [q for q in rest if q not in embeddings]
+    if tied_copy:  # sharding._pp_params: the last stage's own copy of the tied word embedding
+        head.append(ParamInfo("lm_head.weight", (key.vocab_size, key.d_model)))
+    return tuple(head)
+
+
+@lru_cache(maxsize=8192)
+def local_part(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...]) -> tuple[LocalParam, ...]:
+    """One part's parameters on a rank. placement = (tp, dp, ep, fsdp, tp_index, dp_index, ep_index)."""
+    tp, dp, ep, fsdp, tp_index, dp_index, ep_index = placement
+    out = (shard_param(q, n_experts=key.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_index, dp_rank=dp_index,
+                       ep_rank=ep_index, fsdp=bool(fsdp)) for q in part_params(key, part, tied_copy))
+    return tuple(q for q in out if q is not None)
+
+
+@lru_cache(maxsize=8192)
+def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...], cuda: bool = True) -> PartSums:
+    """One part's sums at a placement (cuda=False: the 512-B-rounded sums, read only for CUDA ranks, left 0)."""
+    tp, ep = placement[0], placement[2]
+    rounded = cuda_storage_bytes if cuda else _zero
+    rows = []
+    for q in local_part(key, part, tied_copy, placement):
+        ugrad, name, local = unsharded_grad_numel(q, tp), q.name, q.local_numel
+        managed = not (q.is_expert and ep > 1)
+        block = name.startswith("layers.")
+        rows.append((1, local, q.storage_numel, q.real_numel, ugrad, q.storage_numel * q.dp_group if managed else 0,
+                     ugrad if managed else 0, local if block and len(q.shape) == 2 else 0,
+                     local if block and name.endswith(".bias") and ".ln" not in name else 0,
+                     local if name.startswith("lm_head.") else 0, local if name == "tok_emb.weight" else 0,
+                     rounded(MASTER_BYTES * local), rounded(MASTER_BYTES * q.storage_numel),
+                     rounded(MASTER_BYTES * q.real_numel)))
+    return PartSums(*(sum(column) for column in zip(*rows))) if rows else PartSums(*([0] * len(PartSums._fields)))
+
+
+def _zero(_: int) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class StageComposition:
+    """What a pipeline rank holds: blocks, and whether it holds the first / last stage (scalars or arrays)."""
+    n_blocks: Any
+    first: Any
+    last: Any
+
+    def take(self, rows: Any, n: int) -> StageComposition:
+        return StageComposition(*(take_rows(v, rows, n) for v in (self.n_blocks, self.first, self.last)))
+
+
+def stage_composition(model: Any, layout: Layout, pp_rank: Any) -> StageComposition:
+    """sharding.stages_of_rank + layer_split in closed form: looped ranks hold stages r + k·pp (the first
+    n_layers % n_stages stages get one more layer), ZBV rank r holds r and 2pp-1-r."""
+    pp, v = layout.pp, layout.virtual_stages
+    base, extra = model.n_layers // layout.n_stages, model.n_layers % layout.n_stages
+    looped = v * base + minimum(v, maximum(0, ceil_div(extra - pp_rank, pp)))
+    zbv = layout.zbv
+    if not any_true(zbv):
+        return StageComposition(n_blocks=looped, first=pp_rank == 0, last=pp_rank == pp - 1)
+    v_shape = 2 * base + (pp_rank < extra) + (2 * pp - 1 - pp_rank < extra)
+    return StageComposition(n_blocks=where(zbv, v_shape, looped), first=pp_rank == 0,
+                            last=where(zbv, pp_rank == 0, pp_rank == pp - 1))
+
+
+class RankParts:
+    """A rank's composition and each part's sums at its placement: `sums` is a tuple of 3 x len(PartSums._fields)
+    scalars, or one array whose last axis holds them (views per field, one index to restrict rows)."""
+
+    def __init__(self, stages: StageComposition, sums: Any, rows: int = 1):
+        self.stages, self.sums, self.rows = stages, sums, rows
+        self._totals: dict[str, Any] = {}
+
+    def _part(self, j: int) -> PartSums:
+        k = len(PartSums._fields)
+        if isinstance(self.sums, tuple):
+            return PartSums(*self.sums[j * k:(j + 1) * k])
+        return PartSums(*(self.sums[..., j * k + i] for i in range(k)))
+
+    @cached_property
+    def block(self) -> PartSums:
+        return self._part(0)
+
+    @cached_property
+    def embeddings(self) -> PartSums:
+        return self._part(1)
+
+    @cached_property
+    def head(self) -> PartSums:
+        return self._part(2)
+
+    def take(self, rows: Any) -> RankParts:
+        """The parts of the layouts at `rows` (vector.per_value)."""
+        return RankParts(self.stages.take(rows, self.rows), take_rows(self.sums, rows, self.rows), rows=len(rows))
+
+    def total(self, name: str) -> Any:
+        """The rank's sum of `name`: n_blocks x block + first x embeddings + last x head (parts whose sum is zero
+        everywhere skipped: most fields live in one part only)."""
+        hit = self._totals.get(name)
+        if hit is None:
+            s = self.stages
+            terms = [(count, getattr(part, name)) for count, part in
+                     ((s.n_blocks, self.block), (s.first, self.embeddings), (s.last, self.head))]
+            hit = 0
+            for count, value in terms:
+                if _nonzero(value):
+                    hit = hit + count * value
+            self._totals[name] = hit
+        return hit
+
+
+def _nonzero(value: Any) -> bool:
+    return bool(value.any()) if isinstance(value, np.ndarray) else bool(value)
+
+
+def tied_copy(model: Any, layout: Layout) -> Any:
+    """The last stage holds its own copy of a tied word embedding when the model is split into stages."""
+    return logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages > 1)
+
+
+def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any = None) -> RankParts:
+    """Part sums at the rank's placement; fsdp=False gives the tp / ep split only (ZeRO-1 and serving)."""
+    key = model_key(model)
+    own_flavour = fsdp is None
+    fsdp = layout.fsdp if own_flavour else fsdp
+    cuda = layout.device == "cuda"
+
+    def three(tp, dp, ep, fs, tpi, dpi, epi, tied):
+        placement = (tp, dp, ep, fs, tpi, dpi, epi)
+        return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in PARTS), ())
+
+    def compute() -> Any:
+        return per_distinct(three, layout.tp, layout.dp, layout.ep, fsdp, position.tp_index,
+                            maximum(position.dp_index, 0), position.ep_index, tied_copy(model, layout))
+
+    indices = (position.tp_index, position.dp_index, position.ep_index)
+    if any(isinstance(i, np.ndarray) for i in indices) or isinstance(fsdp, np.ndarray) and not own_flavour:
+        values = compute()
+    else:
+        values = layout.memoised(("part sums", key, indices, "layout" if own_flavour else bool(fsdp)), compute)
+    return RankParts(stage_composition(model, layout, position.pp_rank), values, rows=len(layout))

@@ -1,0 +1,182 @@
+"""Activation bytes of one rank at the engine's activation peak, for one layout or arrays of them.
+
+The peak is the largest of: the end of the last microbatch's forward + loss (16-bit logits: + loss_fn's fp32
+copy); under torch.autocast the 16-bit weight copies the matmuls save and the end of forward inside autocast
+(every weight and bias cast cached); under full recompute the last block re-run in backward after the head's
+backward freed its tensors. Under pipelining a rank holds its in-flight microbatches' saved tensors, every
+non-first stage's input buffers, the sent stage outputs (pipelining.py) and, on the last stage, each in-flight
+microbatch's loss graph. The per-block and head terms come from activations.py, once per distinct sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
+from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, layer_activation_bytes,
+                                                 model_embedding_head_activation_bytes,
+                                                 model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
+from backend.analytic.memory.moe_bytes import INDEX_BYTES
+from backend.analytic.memory.parts import RankParts
+from backend.analytic.textbook.pipeline import in_flight_terms
+from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select_present, take_rows, where
+
+
+def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, float, float, float, float]:
+    """(one block's saved bytes at `recompute`, one block without recompute minus its checkpointed input, the
+    embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard)."""
+    head = shape.head_kwargs(vocab)
+    rerun = layer_activation_bytes(shape, "none") - layer_activation_bytes(shape, "full")
+    return (layer_activation_bytes(shape, RECOMPUTE[recompute]), rerun, model_embedding_head_activation_bytes(**head),
+            model_head_freed_in_backward_bytes(**head),
+            tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp, dtype_bytes=shape.dtype_bytes))
+
+
+_TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] = {}
+
+
+def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
+    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute, autocast, ep)."""
+    memo = _TERMS.get((proto, vocab))
+    if memo is None:
+        if len(_TERMS) > 64:
+            _TERMS.clear()
+        memo = _TERMS[(proto, vocab)] = {}
+
+    def terms(*row: int) -> tuple[float, ...]:
+        hit = memo.get(row)
+        if hit is None:
+            b, tp, sp, rc, ac, ep = row
+            shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
+                            ep=ep if proto.n_experts else 1)
+            hit = memo[row] = layer_terms(shape, rc, vocab)
+        return hit
+
+    return terms
+
+
+def in_flight(layout: Layout, pp_rank: Any) -> Any:
+    """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
+    layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
+    pipeline ranks."""
+    present = np.unique(layout.schedule).tolist() if isinstance(layout.schedule, np.ndarray) else [layout.schedule]
+    terms = {k: in_flight_terms(SCHEDULE_NAMES[k], p=layout.pp, m=layout.microbatches, v=layout.virtual_stages)
+             for k in present}
+    if len(present) == 1:
+        cap, base, per_stage = terms[present[0]]
+    else:
+        cap, base, per_stage = (select_present(layout.schedule, {k: t[i] for k, t in terms.items()}) for i in range(3))
+    return minimum(cap, base + per_stage * (layout.pp - pp_rank))
+
+
+def _held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: Any) -> Any:
+    """pipelining.held_stage_outputs: the stage outputs a rank keeps alive for the stages that send to another rank
+    (looped ranks: every stage but the last; ZBV's V turn hands stage p-1's output over locally)."""
+    mb, sched = layout.microbatches, layout.schedule
+    senders = layout.virtual_stages - parts.stages.last - logical_and(layout.zbv, pp_rank == layout.pp - 1)
+    kept = where(sched == PipelineSchedule.GPIPE, mb,
+                 where(sched == PipelineSchedule.ONE_F_ONE_B, minimum(mb, units + 1), mb * senders))
+    return where(senders == 0, 0, kept)
+
+
+def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
+    """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
+    loss) or at the start of the last stage's last backward (the loss seed just made)."""
+    layer, _, emb_head, _, shard = terms
+    stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
+    units = in_flight(layout, pp_rank)
+    # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
+    buf = layout.micro_batch * model.seq_len * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
+        * where(autocast, 4, layout.compute_bytes)
+    non_first = v - stages.first
+    total = stages.n_blocks * layer * units / v  # in-flight chunks, each chunk's input included
+    total = total - units * buf * non_first / v  # non-first inputs: counted as held inputs
+    total = total + buf * (mb * non_first + _held_stage_outputs(layout, parts, units, pp_rank))
+    learned_pos = str(getattr(model, "positions", "learned")) == "learned"
+    if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage
+        total = total + where(stages.first, units / v * model.seq_len * INDEX_BYTES, 0.0)
+    head = emb_head - model.seq_len * INDEX_BYTES * learned_pos - LOSS_BYTES
+    head = head + shard
+    k = where(layout.schedule == PipelineSchedule.GPIPE, mb, 1)  # textbook/pipeline.last_stage_in_flight
+    # fp32 scalars: every microbatch's loss (kept to the step's end), nll_loss's total_weight per in-flight loss
+    # graph, the ones_like loss seed of the backward (_backward.py stage_backward)
+    return where(stages.last, total + k * head + 4 * (mb + k + 1), total)
+
+
+def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
+    """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
+    cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
+    autocast's cache until the autocast region exits. A tied model without pipeline stages runs lm_head on
+    tok_emb's weight."""
+    cb = layout.compute_bytes
+    tied_alone = logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages == 1)
+    head = parts.total("head_weight_numel") + where(tied_alone, parts.embeddings.token_embedding_numel, 0)
+    return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
+
+
+def rank_activation_terms(model: Any, layout: Layout) -> tuple:
+    """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast and ep; memoised on
+    the table of layouts)."""
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
+
+    def compute() -> Any:
+        return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
+                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, layout.ep)
+
+    values = layout.memoised(("layer terms", proto, model.vocab_size), compute)
+    return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(5))
+
+
+def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
+    """Activation bytes of one rank (module docstring); layout fields and pp_rank broadcast together."""
+    cb, autocast = layout.compute_bytes, layout.uses_autocast
+    terms = rank_activation_terms(model, layout)
+    layer, rerun, emb_head, head_freed_bytes, shard = terms
+    stages = parts.stages
+    pipelined = layout.pipelined
+
+    def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
+        if pipe:
+            return _pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
+        layer_, _, emb_head_, _, shard_ = rows_terms.values
+        return prt.stages.n_blocks * layer_ + emb_head_ + shard_
+
+    n = len(layout)
+    total = per_value(pipelined, saved, layout, _Rows(pp_rank, n), parts, _Rows(terms, n), _Rows(autocast, n))
+    not_last_stage = logical_and(pipelined, logical_not(stages.last))
+    head_freed = where(not_last_stage, 0.0, head_freed_bytes)
+    # the last block's MLP output, alive next to the residual sum that ends a non-last stage's forward
+    mlp_out = layout.micro_batch * model.seq_len * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * cb
+    forward_transient = where(not_last_stage, mlp_out, 0.0)
+    w_blocks, w_head, b_blocks = (where(autocast, x, 0) for x in autocast_casts(model, layout, parts))
+    full = logical_and(layout.recompute == RecomputeMode.FULL, stages.n_blocks > 0)
+    sbv = model.seq_len * layout.micro_batch * model.vocab_size
+    loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
+    forward_last = total + w_head + where(full, 0, w_blocks) + loss_copy
+    # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
+    # microbatch's logits still bound in the training loop
+    inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
+    forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
+    forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
+    # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
+    split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
+                                                       layout.schedule == PipelineSchedule.ZBV))
+    # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
+    one_block = where(autocast, cb * (parts.block.linear_weight_numel + parts.block.linear_bias_numel), 0)
+    rerun_peak = total + maximum(0.0, rerun - head_freed) + one_block
+    return as_int(where(logical_and(full, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+
+
+class _Rows:
+    """Per-layout values carried through vector.per_value (restricted with the table's rows)."""
+
+    def __init__(self, values: Any, n: int):
+        self.values, self.n = values, n
+
+    def take(self, rows: Any) -> _Rows:
+        if isinstance(self.values, tuple):
+            return _Rows(tuple(take_rows(v, rows, self.n) for v in self.values), len(rows))
+        return _Rows(take_rows(self.values, rows, self.n), len(rows))

@@ -1,0 +1,33 @@
+"""Plain words for the terms the pages show (column help and tooltips), in one place so every page says the same."""
+
+from __future__ import annotations
+
+SCHEDULE_LABEL = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "zero_bubble": "zero bubble",
+                  "zbv": "zero-bubble V"}
+
+HELP = {
+    "schedule": ("Pipeline schedule: GPipe (all forwards, then all backwards), 1F1B (one forward, one backward), "
+                 "interleaved 1F1B (several stages per rank), zero bubble (backward split into input- and "
+                 "weight-gradient passes, Qi et al. 2023), zero-bubble V (two stages per rank in a V shape)."),
+    "virtual stages": "Pipeline stages each rank holds (interleaved schedules: its layers in v chunks; 1 otherwise).",
+    "sequence parallel": ("Sequence parallel (SP): with tensor parallelism, the norm and dropout activations are split "
+                          "along the sequence over the tensor-parallel ranks instead of replicated (Korthikanti et al. 2022)."),
+    "memory GiB": "Worst rank's memory at its fullest moment (GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB).",
+    "step s": "Predicted seconds per optimizer step on the slowest rank.",
+    "step s (low)": "Low end of the predicted interval (the calibration's spread of errors; ±20% without a calibration).",
+    "step s (high)": "High end of the predicted interval (the calibration's spread of errors; ±20% without a calibration).",
+    "tokens/s": "Tokens per second of the whole job at the predicted step time.",
+    "TFLOP/s per GPU": "Executed FLOPs per second per GPU, recompute included (Narayanan et al. 2021, Eq. 3).",
+    "MFU %": "Model FLOPs utilization: model FLOPs per second (recompute not counted) / the GPUs' peak (PaLM, App. B).",
+    "HFU": "Hardware FLOPs utilization: like MFU, but the recomputed forward passes count too.",
+    "runs": "yes: this engine can run the layout (given as many ranks); prediction only: it can predict it, not run it.",
+    "payload": "Payload: the size of the buffer handed to the collective.",
+    "wire": ("Bytes on the wire: what a ring algorithm sends per rank for that payload: all-reduce 2(N-1)/N x payload; "
+             "all-gather, reduce-scatter and all-to-all (N-1)/N x payload; send = payload."),
+    "K": ("K: optimizer-state bytes per parameter (Adam with mixed precision: fp32 master + momentum + variance = 12), "
+          "on top of 2 bytes of parameters and 2 of gradients: 2 + 2 + K = 16 bytes per parameter without ZeRO."),
+}
+
+
+def schedule_label(schedule: str) -> str:
+    return SCHEDULE_LABEL.get(schedule, schedule)
