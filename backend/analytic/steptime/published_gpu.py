@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from backend.analytic.flops import narayanan_flops_per_iteration
+from backend.analytic.textbook.flops import narayanan_flops_per_iteration
 from backend.analytic.steptime.published import PTDP_TABLE1, SEQ, VOCAB, ptdp_spec_dict
 from backend.presets import preset_model
 
