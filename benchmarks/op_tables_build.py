@@ -11,6 +11,9 @@
   fractions of the dense peaks (H100 SXM bf16 989.4 TFLOP/s; B200 bf16 2.25, fp8 4.5 PFLOP/s). The sm_90 fp8
   rows are left out: they exceed the H100's fp8 dense peak (1,979 TFLOP/s), so they cannot be fractions of it.
   Without --xla the file's existing xla tables are kept.
+- "copy90-relative-gh100": element-wise and optimizer fractions for profiles that measured none: copy at 0.9 of the
+  HBM peak (the former global memory_efficiency, set with Narayanan 2021 Table 1 in view), every other class at its
+  measured ratio to copy on the GH100 probe (same PyTorch kernels: a norm, an activation, the loss, AdamW).
 - "fa2-a100": FlashAttention-2 on A100 (Dao 2023, abstract and Sec 4.1: 50-73% of the A100's peak; forward up to
   73%, backward up to 63%, at long sequences and head dim 128).
 """
@@ -71,6 +74,13 @@ def main() -> None:
                                      for d, (key, peak) in dtypes.items()}}
         elif name in old["tables"]:
             tables[name] = old["tables"][name]
+    gh = tables["gh100-probe-2026-11-26"]
+    copy = gh["elementwise"]["fractions"]["copy"]
+    why = ("copy 0.9 of the HBM peak (the former memory_efficiency); other classes x their ratio to copy measured on the "
+           "GH100 probe (gh100-probe-2026-11-26)")
+    tables["copy90-relative-gh100"] = {
+        part: {"fractions": {k: round(0.9 * v / copy, 4) for k, v in gh[part]["fractions"].items()}, "source": why}
+        for part in ("elementwise", "optimizer")}
     tables["fa2-a100"] = {"attention": FA2_A100}
     OUT.write_text(json.dumps({"_doc": "Named operation tables (backend/analytic/steptime/op_tables.py) the profiles of "
                                        "hardware.json use; written by benchmarks/op_tables_build.py.", "tables": tables},

@@ -35,9 +35,7 @@ MEASURED_PROFILE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-ru
 
 
 def _predict(spec: dict, hardware: str, attention: str | None, implementation: str | None) -> float:
-    kw = {"attention": attention} if attention else {}
-    if implementation and "implementation" in step_time.__code__.co_varnames:
-        kw["implementation"] = implementation
+    kw = {"attention": attention, "implementation": implementation}
     return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware), **kw).summary["step_s"]
 
 

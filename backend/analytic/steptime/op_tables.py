@@ -49,30 +49,69 @@ class GemmTable:
     def __post_init__(self) -> None:
         if not self.rows:
             raise ValueError("a GEMM table needs at least one (m, k, n, efficiency) row")
-
-    @property
-    def _log(self) -> np.ndarray:
-        return _log_rows(self.rows)
+        logs = np.log2(np.asarray([r[:3] for r in self.rows], dtype=float))
+        object.__setattr__(self, "_logs", logs)
+        object.__setattr__(self, "_lo_hi", (logs.min(axis=0), logs.max(axis=0)))
+        object.__setattr__(self, "_values", np.asarray([r[3] for r in self.rows], dtype=float))
+        object.__setattr__(self, "_memo", {})
 
     def efficiency(self, m: Any, k: Any, n: Any) -> Any:
-        """Fraction of peak of (m, k) x (k, n) GEMMs; scalars or arrays of the same shape."""
-        if any(isinstance(v, np.ndarray) for v in (m, k, n)):
-            mm, kk, nn = np.broadcast_arrays(np.asarray(m, float), np.asarray(k, float), np.asarray(n, float))
-            flat = [_gemm_eff(self.rows, float(a), float(b), float(c)) for a, b, c in zip(mm.ravel(), kk.ravel(), nn.ravel())]
-            return np.asarray(flat, dtype=float).reshape(mm.shape)
-        return _gemm_eff(self.rows, float(m), float(k), float(n))
+        """Fraction of peak of (m, k) x (k, n) GEMMs; scalars or arrays (broadcast; one lookup per distinct shape,
+        the shapes not seen before interpolated together)."""
+        if not any(isinstance(v, np.ndarray) for v in (m, k, n)):
+            key = (float(m), float(k), float(n))
+            hit = self._memo.get(key)
+            if hit is None:
+                self._fill([key])
+                hit = self._memo[key]
+            return hit
+        mm, kk, nn = np.broadcast_arrays(np.asarray(m, float), np.asarray(k, float), np.asarray(n, float))
+        if mm.size <= 64:  # a few shapes: a dictionary lookup each beats sorting them
+            keys = list(zip(mm.ravel().tolist(), kk.ravel().tolist(), nn.ravel().tolist()))
+            self._fill(list(dict.fromkeys(q for q in keys if q not in self._memo)))
+            return np.asarray([self._memo[q] for q in keys], dtype=float).reshape(mm.shape)
+        rows, inverse = np.unique(np.stack([mm.ravel(), kk.ravel(), nn.ravel()], axis=1), axis=0, return_inverse=True)
+        keys = [tuple(r) for r in rows.tolist()]
+        self._fill([q for q in keys if q not in self._memo])
+        return np.asarray([self._memo[q] for q in keys], dtype=float)[inverse.ravel()].reshape(mm.shape)
+
+    def _fill(self, keys: list[tuple[float, float, float]]) -> None:
+        """Interpolate every query of `keys` at once (module docstring) into the memo."""
+        if not keys:
+            return
+        lo, hi = self._lo_hi
+        q = np.clip(np.log2(np.maximum(np.asarray(keys, dtype=float), 1.0)), lo, hi)  # (Q, 3)
+        d2 = ((q[:, None, :] - self._logs[None, :, :]) ** 2).sum(axis=2)  # (Q, R)
+        k = min(NEIGHBOURS, d2.shape[1])
+        near = np.argsort(d2, axis=1, kind="stable")[:, :k]
+        dn = np.take_along_axis(d2, near, axis=1)
+        vals = self._values[near]
+        exact = dn[:, 0] < 1e-12
+        w = 1.0 / np.where(exact[:, None], 1.0, dn)
+        out = np.where(exact, vals[:, 0], (w * vals).sum(axis=1) / w.sum(axis=1))
+        self._memo.update(zip(keys, out.tolist()))
 
 
-@lru_cache(maxsize=64)
-def _log_rows(rows: tuple[tuple[int, int, int, float], ...]) -> np.ndarray:
-    return np.log2(np.asarray([r[:3] for r in rows], dtype=float))
-
-
-@lru_cache(maxsize=200_000)
-def _gemm_eff(rows: tuple[tuple[int, int, int, float], ...], m: float, k: float, n: float) -> float:
-    logs = _log_rows(rows)
-    q = np.clip(np.log2([max(m, 1.0), max(k, 1.0), max(n, 1.0)]), logs.min(axis=0), logs.max(axis=0))
-    return _idw(logs, np.asarray([r[3] for r in rows], dtype=float), q)
+def per_unique(fn: Any, *columns: Any) -> Any:
+    """fn(*row) (floats) once per distinct row of the broadcast columns, spread back as a float array (tuples of
+    results: a trailing axis). Scalar columns stay fixed."""
+    shape = np.broadcast_shapes(*(np.shape(c) for c in columns))
+    varying = [i for i, c in enumerate(columns) if np.ndim(c)]
+    codes, key = [], np.zeros(int(np.prod(shape)), dtype=np.int64)
+    for i in varying:
+        values, code = np.unique(np.broadcast_to(np.asarray(columns[i], dtype=float), shape).ravel(), return_inverse=True)
+        codes.append(values)
+        key = key * len(values) + code
+    distinct, inverse = np.unique(key, return_inverse=True) if len(varying) > 1 else (np.arange(len(codes[0])), key)
+    rows = []
+    for d in distinct.tolist():
+        row = [float(c) if not np.ndim(c) else 0.0 for c in columns]
+        for i, values in zip(reversed(varying), reversed(codes)):
+            d, r = divmod(d, len(values))
+            row[i] = float(values[r])
+        rows.append(fn(*row))
+    out = np.asarray(rows, dtype=float)
+    return out[inverse].reshape(shape + out.shape[1:])
 
 
 def _idw(points: np.ndarray, values: np.ndarray, q: np.ndarray) -> float:
@@ -102,14 +141,19 @@ class AttentionTable:
     def kernels(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.kernel for r in self.rows))
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
+
     def efficiency(self, kernel: str, seq: float, head_dim: float, causal: bool = True) -> tuple[float, float] | None:
         """(forward, backward) fraction of peak of `kernel` at (seq, head_dim): the rows of that kernel and
         causality (else any causality), inverse-distance weighted in (log2 seq, log2 head_dim); None if the table
         has no row of that kernel."""
-        return _attn_eff(self.rows, kernel, float(seq), float(head_dim), bool(causal))
+        key = (kernel, float(seq), float(head_dim), bool(causal))
+        if key not in self._memo:
+            self._memo[key] = _attn_eff(self.rows, *key)
+        return self._memo[key]
 
 
-@lru_cache(maxsize=20_000)
 def _attn_eff(rows: tuple[AttentionRow, ...], kernel: str, seq: float, head_dim: float, causal: bool
               ) -> tuple[float, float] | None:
     mine = [r for r in rows if r.kernel == kernel and r.causal == causal] or [r for r in rows if r.kernel == kernel]

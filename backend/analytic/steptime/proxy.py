@@ -24,11 +24,13 @@ from backend.analytic.memory.parts import local_part, rank_parts, stage_composit
 from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
-from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
+from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
+                                               memory_s, param_pass, weight_gemms_s)
+from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import logical_or, maximum, minimum, select_present, where
+from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -47,7 +49,8 @@ class StepProxy:
     """Data-parallel sync the compute does not hide (DDP's last bucket, FSDP2's first gather / last scatter)."""
     optimizer_s: Any
     """The optimizer's and zero_grad's memory passes."""
-    overhead_s: float
+    overhead_s: Any
+    """The fixed step overhead and zero3's exposed FSDP2 hook time."""
 
     @property
     def step_s(self) -> Any:
@@ -61,25 +64,109 @@ def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
                  for q in local_part(key, "block", False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
-def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
-    """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
-    added in the block's parameter order; each distinct GEMM shape is timed once."""
-    key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
+def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> tuple[Any, Any]:
+    """One layer's (forward, backward) GEMMs (compute._weights_cost: forward, dgrad and wgrad shapes; experts see
+    tokens·top_k·ep/E rows under uniform routing), added in the block's parameter order; each distinct GEMM shape
+    is timed once."""
+    key, cb, precision = model_key(model), layout.compute_bytes, layout.precision
     tokens = layout.micro_batch * model.seq_len
-    total = np.zeros(np.shape(layout.tp), dtype=np.float64)
+    _prefill_gemm_table(model, layout, hw, key)
+    fwd, bwd = np.zeros(np.shape(layout.tp), dtype=np.float64), np.zeros(np.shape(layout.tp), dtype=np.float64)
     for tp in np.unique(layout.tp).tolist():
         rows = np.nonzero(layout.tp == tp)[0]
         dense, routed = tokens[rows], tokens[rows] * (model.top_k * layout.ep[rows] / max(model.n_experts, 1))
+        mb_values, mb_inverse = _distinct(np.broadcast_to(layout.micro_batch, np.shape(layout.tp))[rows])
+        counts = {False: (mb_values * model.seq_len, mb_inverse)}
         timed: dict[tuple[int, int, bool], Any] = {}
-        acc = 0.0
+        acc_f, acc_b = 0.0, 0.0
         for shape in _block_linears(key, tp):
             seconds = timed.get(shape)
             if seconds is None:
                 n_out, k, expert = shape
-                seconds = timed[shape] = gemm_s(hw, peak, routed if expert else dense, k, n_out, cb)
-            acc = acc + seconds
-        total[rows] = acc
-    return total
+                if expert not in counts:
+                    counts[expert] = np.unique(routed, return_inverse=True)
+                seconds = timed[shape] = _per_token_count(counts[expert], lambda m: _gemms_memo(
+                    hw, ("weight", precision, k, n_out, cb), m, lambda: weight_gemms_s(hw, precision, m, k, n_out, cb)))
+            acc_f, acc_b = acc_f + seconds[0], acc_b + seconds[1]
+        fwd[rows], bwd[rows] = acc_f, acc_b
+    return fwd, bwd
+
+
+def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> None:
+    """Interpolate every dense GEMM shape of the layouts (forward, dgrad, wgrad of each block weight and lm_head) in
+    one batch, so the per-shape lookups below find them in the table's memo."""
+    table = hw.tables.gemm_table(PRECISION_DTYPE.get(layout.precision, layout.precision))
+    if table is None:
+        return
+    mbs, tps = _distinct(np.asarray(layout.micro_batch))[0].tolist(), _distinct(np.asarray(layout.tp))[0].tolist()
+    done = ("gemm prefill", key, layout.precision, tuple(mbs), tuple(tps))
+    if done in hw.memo:
+        return
+    hw.memo[done] = True
+    queries = []
+    for tp in tps:
+        shapes = [(n, k) for n, k, expert in _block_linears(key, tp) if not expert] + [(model.vocab_size / tp, model.d_model)]
+        for mb in mbs:
+            t = mb * model.seq_len
+            for n, k in shapes:
+                queries += [(t, k, n), (t, n, k), (k, t, n)]
+    q = np.asarray(queries, dtype=float)
+    table.efficiency(q[:, 0], q[:, 1], q[:, 2])
+
+
+def _gemms_memo(hw: Hardware, key: tuple, m: np.ndarray, compute: Any) -> tuple[Any, Any]:
+    """compute() once per (key, token counts) on this profile."""
+    full = (*key, tuple(m.tolist()))
+    hit = hw.memo.get(full)
+    if hit is None:
+        hit = hw.memo[full] = compute()
+    return hit
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for non-negative ints of a small range without sorting (a bin table)."""
+    v = values.astype(np.int64, copy=False)
+    top = int(v.max()) + 1 if v.size else 1
+    if top > 4 * v.size + 1024:
+        return np.unique(v, return_inverse=True)
+    present = np.bincount(v.ravel(), minlength=top) > 0
+    distinct = np.flatnonzero(present)
+    lookup = np.zeros(top, dtype=np.int64)
+    lookup[distinct] = np.arange(len(distinct))
+    return distinct, lookup[v]
+
+
+def _per_token_count(counts: tuple[np.ndarray, np.ndarray], seconds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """seconds(m) -> (forward, backward) for each layout, given its token counts as (distinct values, inverse):
+    evaluated once per distinct count (a few micro-batch sizes among thousands of layouts)."""
+    values, inverse = counts
+    fwd, bwd = seconds(values.astype(float))
+    return np.broadcast_to(fwd, values.shape)[inverse], np.broadcast_to(bwd, values.shape)[inverse]
+
+
+def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: float) -> tuple[Any, Any]:
+    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (tokens, tp)."""
+    if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
+        return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
+    mb, tp = np.broadcast_arrays(np.asarray(layout.micro_batch, dtype=np.int64), np.asarray(layout.tp, dtype=np.int64))
+    values, inverse = _distinct(mb * 65536 + tp)
+    return _per_token_count((values, inverse), lambda key: weight_gemms_s(
+        hw, layout.precision, np.floor(key / 65536) * model.seq_len, model.d_model, model.vocab_size / (key % 65536), cb))
+
+
+def _param_pass_s(model: Any, layout: Layout, hw: Hardware, parts: Any, stages: Any, implementation: str) -> Any:
+    """compute.param_pass of a pipeline rank with composition `stages` (the part sums of rank 0's placement):
+    (GEMM weight elements, other elements, GEMM weights, other tensors) as compute.stage_param_sizes counts them."""
+    n_linears = len(_block_linears(model_key(model), 1))
+    tied_head = logical_and(bool(model.tie_embeddings), layout.n_stages == 1)
+    blk, emb, head = parts.block, parts.embeddings, parts.head
+    gemm = stages.n_blocks * blk.linear_weight_numel + stages.last * head.head_weight_numel \
+        + tied_head * emb.token_embedding_numel
+    n_gemm = stages.n_blocks * n_linears + stages.last * (head.head_weight_numel > 0) + tied_head
+    numel = stages.n_blocks * blk.local_numel + stages.first * emb.local_numel + stages.last * head.local_numel
+    tensors = stages.n_blocks * blk.tensors + stages.first * emb.tensors + stages.last * head.tensors
+    cost = param_pass(hw, layout, (gemm, numel - gemm, n_gemm, tensors - n_gemm), implementation)
+    return cost.fwd_s + cost.bwd_s + cost.recompute_s
 
 
 def _bubble(layout: Layout) -> Any:
@@ -93,22 +180,26 @@ def _bubble(layout: Layout) -> Any:
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * model.seq_len, layout.compute_bytes, layout.microbatches
-    attention, elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
+    implementation = default_implementation(hw)
+    attention = attention_pass(model, layout, hw, "flash")
+    elementwise = elementwise_pass(model, layout, hw, implementation)
     head = head_pass(model, layout, hw, kernel_launches=False)
-    gemm = _layer_gemm_s(model, layout, hw)
+    gemm_fwd, gemm_bwd = _layer_gemm_s(model, layout, hw)
     full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
-    forward = gemm + attention.fwd_s + elementwise.fwd_s
-    backward = 2 * gemm + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
+    forward = gemm_fwd + attention.fwd_s + elementwise.fwd_s
+    backward = gemm_bwd + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
     per_layer = forward * (1 + full) + backward + where(selective, attention.fwd_s, 0.0)
-    lm_head = 3 * gemm_s(hw, hw.peak(layout.precision), tokens, model.d_model, model.vocab_size / layout.tp, cb) \
-        + head.fwd_s + head.bwd_s
+    head_fwd, head_bwd = _head_gemms_s(hw, layout, tokens, model, cb)
+    lm_head = head_fwd + head_bwd + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
     # rank 0's tp-local elements are the part sums the memory core uses (local sizes do not depend on dp sharding)
     rank0 = rank_parts(model, layout, RankPosition())
     first_rank, last_rank = rank0.stages, stage_composition(model, layout, layout.pp - 1)
     head_on_first = logical_or(layout.pp == 1, layout.zbv)
-    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head,
-                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head))
+    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head
+                      + _param_pass_s(model, layout, hw, rank0, first_rank, implementation),
+                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head
+                            + _param_pass_s(model, layout, hw, rank0, last_rank, implementation)))
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
@@ -118,10 +209,17 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
                              backward_s=first_rank.n_blocks * backward, compute_s=compute)
     owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
-    optimizer = memory_s(hw, per_element * owned, kernels=0) \
-        + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp, 1), kernels=0)  # zero_grad
+    step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
+        optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
+    optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp, 1), kernels=0)  # zero_grad
     return StepProxy(compute_s=compute, tp_comm_s=tp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
-                     optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s)
+                     optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
+
+
+def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
+    """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
+    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3, logical_or(layout.dp > 1, logical_not(layout.is_mix)))
+    return where(wrapped, hw.tune.fsdp_unit_host_s * (stages.n_blocks + 1) * layout.microbatches, 0.0)
 
 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,

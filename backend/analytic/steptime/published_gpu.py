@@ -86,7 +86,7 @@ def _ptdp(row: tuple) -> PublishedRow:
                         layout=f"TP {t} x PP {p} x DP {gpus // (t * p)} + full recompute", spec=ptdp_spec_dict(row),
                         step_s=flops / (tflops * 1e12 * gpus),
                         derivation="Eq. 3 FLOPs per iteration / (published TFLOP/s per GPU x GPUs)", attention="eager",
-                        implementation="megatron",
+                        implementation="fused",
                         notes=("b = 1 and non-interleaved 1F1B assumed (Table 1 gives neither)",))
 
 
