@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend.analytic.sharding import local_params_shared  # noqa: E402
+from backend.analytic.steptime.compute import _weights_cost, default_implementation  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
@@ -97,6 +99,37 @@ def print_table(data: list[dict]) -> None:
     print(f"Korthikanti 2022 Table 5 ({len(t5)} rows): now {_summary(t5, 'error_pct')} (bounds: mean 5%, worst 10%)")
 
 
+def gemm_gap(r: dict) -> dict:
+    """Where the step goes for one row: the model's share of GEMMs, their efficiency (table x scale), and the GEMM
+    efficiency the published step implies if every other term of the model were right."""
+    spec = ExperimentSpec.for_prediction(r["spec"])
+    hw = get_hardware(r["hardware"])
+    impl = r["implementation"] or default_implementation(hw)
+    step = step_time(spec, hw, attention=r["attention"], implementation=impl).summary["step_s"]
+    m, t = spec.model, spec.train
+    tokens = t.micro_batch * m.seq_len
+    w = _weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2], tokens)
+    rc = 1 if str(t.recompute) == "full" else 0
+    gemm_s = t.microbatches * (w.fwd_s * (1 + rc) + w.bwd_s)
+    flops = t.microbatches * w.fwd_flops * (3 + rc)
+    peak = hw.peak(t.precision)
+    rest = step - gemm_s
+    return {"gemm_share": gemm_s / step, "model_eff": flops / (gemm_s * peak),
+            "implied_eff": flops / ((r["published"] - rest) * peak) if r["published"] > rest else float("nan")}
+
+
+def print_gemm_gap(rows: list[dict]) -> None:
+    print("\nWhy the published H100 steps are slower: per group, the model's GEMM share of the step, the GEMM efficiency"
+          "\nof its table, and the GEMM efficiency the published step implies if every non-GEMM term were right")
+    for group in ("H100", "A100"):
+        gaps = [gemm_gap(r) for r in rows if r["group"] == group and not r["id"].startswith(("ptdp", "korthikanti"))]
+        if gaps:
+            print(f"  {group}: {len(gaps)} rows (FSDP, FSDP x TP), GEMM share {statistics.mean(g['gemm_share'] for g in gaps):.2f}, "
+                  f"model GEMM efficiency {statistics.mean(g['model_eff'] for g in gaps):.3f}, implied "
+                  f"{statistics.mean(g['implied_eff'] for g in gaps):.3f} (min {min(g['implied_eff'] for g in gaps):.3f}, "
+                  f"max {max(g['implied_eff'] for g in gaps):.3f})")
+
+
 def record_before(data: list[dict]) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     BEFORE.write_text(json.dumps({"_doc": f"step_s predicted by the step-time model at commit {commit}, before the per-device "
@@ -120,6 +153,7 @@ def main() -> None:
         return
     print("Predicted vs published step times; error = (predicted - published) / published, negative = too fast\n")
     print_table(data)
+    print_gemm_gap(published())
     print(f"\n{len(data)} predictions in {time.perf_counter() - t0:.1f} s")
 
 
