@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -198,26 +197,61 @@ def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool
                     bwd_s=memory_s(hw, CE_BWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"))
 
 
-def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], implementation: str) -> PassCost:
-    """Per-microbatch passes over a stage's parameters under autocast ("torch" only, elementwise.param_passes):
+def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], implementation: str,
+               autocast: Any = None) -> PassCost:
+    """Per-microbatch passes over a group of parameters under autocast ("torch" only, elementwise.param_passes):
     weight casts forward (again in a full recompute), gradient casts and accumulation backward. `sizes`: (GEMM
-    weight elements, other elements, GEMM weights, other tensors) of the stage (stage_param_sizes)."""
-    if implementation != "torch" or layout.uses_autocast is False:
+    weight elements, other elements, GEMM weights, other tensors) of the group (part_param_sizes); `autocast`:
+    the layout's unless given."""
+    autocast = layout.uses_autocast if autocast is None else autocast
+    if implementation != "torch" or autocast is False:
         return PassCost()
-    fwd, bwd = param_passes(*sizes, autocast=layout.uses_autocast)
+    fwd, bwd = param_passes(*sizes, autocast=autocast)
     f = passes_time(hw, fwd)
     return PassCost(fwd_s=f, bwd_s=passes_time(hw, bwd), recompute_s=where(layout.recompute == RecomputeMode.FULL, f, 0.0))
 
 
-def stage_param_sizes(params: Any, names: tuple[str, ...], first: bool, last: bool, tied_head: bool) -> tuple[int, int, int, int]:
-    """(GEMM weight elements, other elements, GEMM weights, other tensors) of one stage's local parameters: its
-    layers', the embeddings on the first stage, norm and lm_head on the last (a tied lm_head is tok_emb's weight)."""
-    mine = [q for q in params if q.name.startswith(names) or (first and q.name.startswith(("tok_emb", "pos_emb")))
-            or (last and q.name.startswith(("norm.", "lm_head")))]
-    gemm = [q for q in mine if len(q.local_shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb"))
-            or (tied_head and q.name.startswith("tok_emb"))]
+def part_param_sizes(params: Any, gemm_names: Any) -> tuple[int, int, int, int]:
+    """(GEMM weight elements, other elements, GEMM weights, other tensors) of a group of local parameters;
+    gemm_names(q) says which are GEMM weights."""
+    gemm = [q for q in params if gemm_names(q)]
     g = sum(q.local_numel for q in gemm)
-    return g, sum(q.local_numel for q in mine) - g, len(gemm), len(mine) - len(gemm)
+    return g, sum(q.local_numel for q in params) - g, len(gemm), len(params) - len(gemm)
+
+
+def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[LocalParam], stage: int, implementation: str,
+                     tied_head: bool) -> PassCost:
+    """param_pass of one stage, part by part (the planner's proxy sums the same parts): its blocks (each the same),
+    the embeddings on the first stage (tok_emb is the head's GEMM weight when tied on one stage), norm and lm_head on
+    the last."""
+    m, p = spec.model, spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    layers = stage_layers(m.n_layers, n_stages, stage)
+    if implementation != "torch" or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
+        return PassCost()
+    is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
+    out = PassCost()
+    if layers:
+        prefix = f"layers.{layers[0]}."
+        block = derived(params, ("block param sizes", prefix), lambda ps: part_param_sizes(
+            [q for q in ps if q.name.startswith(prefix)], is_gemm))
+        one = param_pass(hw, layout, block, implementation)
+        out.add(PassCost(fwd_s=len(layers) * one.fwd_s, bwd_s=len(layers) * one.bwd_s,
+                         recompute_s=len(layers) * one.recompute_s))
+    if stage == 0:
+        emb = derived(params, ("embedding param sizes", tied_head), lambda ps: part_param_sizes(
+            [q for q in ps if q.name.startswith(("tok_emb", "pos_emb"))], lambda q: tied_head and q.name.startswith("tok_emb")))
+        out.add(_no_recompute(param_pass(hw, layout, emb, implementation)))
+    if stage == n_stages - 1:
+        head = derived(params, "head param sizes", lambda ps: part_param_sizes(
+            [q for q in ps if q.name.startswith(("norm.", "lm_head"))], lambda q: q.name.startswith("lm_head")))
+        out.add(_no_recompute(param_pass(hw, layout, head, implementation)))
+    return out
+
+
+def _no_recompute(c: PassCost) -> PassCost:
+    """Embeddings and the head are outside the checkpointed blocks: a full recompute does not re-cast them."""
+    return replace(c, recompute_s=0.0)
 
 
 def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
@@ -256,9 +290,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         cost.fwd_s += f
         cost.bwd_s += b
         cost.fwd_flops += 2 * tokens * m.d_model * m.vocab_size / p.tp
-    sizes = derived(params, ("stage_param_sizes", stage, n_stages, tied_head),
-                    lambda ps: stage_param_sizes(ps, names, stage == 0, last, tied_head))
-    cost.add(param_pass(hw, layout, sizes, implementation))
+    cost.add(stage_param_pass(spec, hw, layout, params, stage, implementation, tied_head))
     if last:
         cost.add(head_pass(m, layout, hw))
     return cost

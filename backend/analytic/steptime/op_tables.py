@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -83,7 +82,7 @@ class GemmTable:
         q = np.clip(np.log2(np.maximum(np.asarray(keys, dtype=float), 1.0)), lo, hi)  # (Q, 3)
         d2 = ((q[:, None, :] - self._logs[None, :, :]) ** 2).sum(axis=2)  # (Q, R)
         k = min(NEIGHBOURS, d2.shape[1])
-        near = np.argsort(d2, axis=1, kind="stable")[:, :k]
+        near = np.argsort(d2, axis=1, kind="stable")[:, :k]  # ties: the lower row first
         dn = np.take_along_axis(d2, near, axis=1)
         vals = self._values[near]
         exact = dn[:, 0] < 1e-12

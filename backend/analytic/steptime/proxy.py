@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
-from backend.analytic.memory.parts import local_part, rank_parts, stage_composition
+from backend.analytic.memory.parts import local_part, part_sums, rank_parts, stage_composition
 from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
@@ -30,7 +30,7 @@ from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optim
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, select_present, where
+from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -64,32 +64,57 @@ def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
                  for q in local_part(key, "block", False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
+def _groups(*columns: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(one representative row per distinct combination, each row's combination) of small non-negative int columns
+    (broadcast), without sorting: each column coded by its distinct values (_distinct), the codes in mixed radix."""
+    cols = np.broadcast_arrays(*(np.asarray(c, dtype=np.int64) for c in columns))
+    key = np.zeros(cols[0].size, dtype=np.int64)
+    span = 1
+    for c in cols:
+        values, code = _distinct(c.ravel())
+        key, span = key * len(values) + code, span * len(values)
+    groups, group_of = _distinct(key) if span > 4 * key.size + 1024 else _bin_groups(key, span)
+    rep = np.empty(len(groups), dtype=np.int64)
+    rep[group_of] = np.arange(key.size)
+    return rep, group_of
+
+
+def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    present = np.zeros(span, dtype=bool)
+    present[key] = True
+    groups = np.flatnonzero(present)
+    lookup = np.zeros(span, dtype=np.int64)
+    lookup[groups] = np.arange(len(groups))
+    return groups, lookup[key]
+
+
 def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> tuple[Any, Any]:
     """One layer's (forward, backward) GEMMs (compute._weights_cost: forward, dgrad and wgrad shapes; experts see
-    tokens·top_k·ep/E rows under uniform routing), added in the block's parameter order; each distinct GEMM shape
-    is timed once."""
-    key, cb, precision = model_key(model), layout.compute_bytes, layout.precision
-    tokens = layout.micro_batch * model.seq_len
+    tokens·top_k·ep/E rows under uniform routing), added in the block's parameter order; timed once per distinct
+    (tp, micro-batch, ep) and profile."""
+    key = model_key(model)
+    if not isinstance(layout.tp, np.ndarray):
+        return _one_layer_gemms(model, layout, hw, key, int(layout.tp), int(layout.micro_batch), int(layout.ep))
     _prefill_gemm_table(model, layout, hw, key)
-    fwd, bwd = np.zeros(np.shape(layout.tp), dtype=np.float64), np.zeros(np.shape(layout.tp), dtype=np.float64)
-    for tp in np.unique(layout.tp).tolist():
-        rows = np.nonzero(layout.tp == tp)[0]
-        dense, routed = tokens[rows], tokens[rows] * (model.top_k * layout.ep[rows] / max(model.n_experts, 1))
-        mb_values, mb_inverse = _distinct(np.broadcast_to(layout.micro_batch, np.shape(layout.tp))[rows])
-        counts = {False: (mb_values * model.seq_len, mb_inverse)}
-        timed: dict[tuple[int, int, bool], Any] = {}
-        acc_f, acc_b = 0.0, 0.0
-        for shape in _block_linears(key, tp):
-            seconds = timed.get(shape)
-            if seconds is None:
-                n_out, k, expert = shape
-                if expert not in counts:
-                    counts[expert] = np.unique(routed, return_inverse=True)
-                seconds = timed[shape] = _per_token_count(counts[expert], lambda m: _gemms_memo(
-                    hw, ("weight", precision, k, n_out, cb), m, lambda: weight_gemms_s(hw, precision, m, k, n_out, cb)))
-            acc_f, acc_b = acc_f + seconds[0], acc_b + seconds[1]
-        fwd[rows], bwd[rows] = acc_f, acc_b
-    return fwd, bwd
+    tp, mb, ep = (np.broadcast_to(np.asarray(c), np.shape(layout.tp)) for c in (layout.tp, layout.micro_batch, layout.ep))
+    rep, group = _groups(tp, mb, ep if model.is_moe else 0)
+    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, int(tp[i]), int(mb[i]), int(ep[i]))
+                        for i in rep.tolist()], dtype=float)
+    return pairs[group, 0], pairs[group, 1]
+
+
+def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, tp: int, mb: int, ep: int) -> tuple[float, float]:
+    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0)
+    hit = hw.memo.get(memo_key)
+    if hit is None:
+        tokens = mb * model.seq_len
+        routed = tokens * model.top_k * ep / max(model.n_experts, 1)
+        f = b = 0.0
+        for n_out, k, expert in _block_linears(key, tp):
+            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes)
+            f, b = f + sf, b + sb
+        hit = hw.memo[memo_key] = (f, b)
+    return hit
 
 
 def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> None:
@@ -114,15 +139,6 @@ def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> N
     table.efficiency(q[:, 0], q[:, 1], q[:, 2])
 
 
-def _gemms_memo(hw: Hardware, key: tuple, m: np.ndarray, compute: Any) -> tuple[Any, Any]:
-    """compute() once per (key, token counts) on this profile."""
-    full = (*key, tuple(m.tolist()))
-    hit = hw.memo.get(full)
-    if hit is None:
-        hit = hw.memo[full] = compute()
-    return hit
-
-
 def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(values, return_inverse=True) for non-negative ints of a small range without sorting (a bin table)."""
     v = values.astype(np.int64, copy=False)
@@ -136,37 +152,53 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct, lookup[v]
 
 
-def _per_token_count(counts: tuple[np.ndarray, np.ndarray], seconds: Any) -> tuple[np.ndarray, np.ndarray]:
-    """seconds(m) -> (forward, backward) for each layout, given its token counts as (distinct values, inverse):
-    evaluated once per distinct count (a few micro-batch sizes among thousands of layouts)."""
-    values, inverse = counts
-    fwd, bwd = seconds(values.astype(float))
-    return np.broadcast_to(fwd, values.shape)[inverse], np.broadcast_to(bwd, values.shape)[inverse]
-
-
 def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: float) -> tuple[Any, Any]:
-    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (tokens, tp)."""
+    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp)."""
     if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
-    mb, tp = np.broadcast_arrays(np.asarray(layout.micro_batch, dtype=np.int64), np.asarray(layout.tp, dtype=np.int64))
-    values, inverse = _distinct(mb * 65536 + tp)
-    return _per_token_count((values, inverse), lambda key: weight_gemms_s(
-        hw, layout.precision, np.floor(key / 65536) * model.seq_len, model.d_model, model.vocab_size / (key % 65536), cb))
+    mb, tp = np.broadcast_arrays(np.asarray(layout.micro_batch), np.asarray(layout.tp))
+    rep, group = _groups(mb, tp)
+    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * model.seq_len, model.d_model,
+                                       model.vocab_size / int(tp.flat[i]), cb) for i in rep.tolist()], dtype=float)
+    return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
 
 
-def _param_pass_s(model: Any, layout: Layout, hw: Hardware, parts: Any, stages: Any, implementation: str) -> Any:
-    """compute.param_pass of a pipeline rank with composition `stages` (the part sums of rank 0's placement):
-    (GEMM weight elements, other elements, GEMM weights, other tensors) as compute.stage_param_sizes counts them."""
-    n_linears = len(_block_linears(model_key(model), 1))
-    tied_head = logical_and(bool(model.tie_embeddings), layout.n_stages == 1)
-    blk, emb, head = parts.block, parts.embeddings, parts.head
-    gemm = stages.n_blocks * blk.linear_weight_numel + stages.last * head.head_weight_numel \
-        + tied_head * emb.token_embedding_numel
-    n_gemm = stages.n_blocks * n_linears + stages.last * (head.head_weight_numel > 0) + tied_head
-    numel = stages.n_blocks * blk.local_numel + stages.first * emb.local_numel + stages.last * head.local_numel
-    tensors = stages.n_blocks * blk.tensors + stages.first * emb.tensors + stages.last * head.tensors
-    cost = param_pass(hw, layout, (gemm, numel - gemm, n_gemm, tensors - n_gemm), implementation)
-    return cost.fwd_s + cost.bwd_s + cost.recompute_s
+def _param_pass_s(model: Any, layout: Layout, hw: Hardware, stages: Any, implementation: str) -> Any:
+    """compute.stage_param_pass of a pipeline rank with composition `stages`, part by part: blocks x one block's
+    passes, the embeddings on the first stage, norm and lm_head on the last; each part timed once per distinct
+    (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes (memory/parts.part_sums)."""
+    if implementation != "torch" or layout.uses_autocast is False:
+        return 0.0
+    key, tied = model_key(model), bool(model.tie_embeddings)
+
+    def parts_s(tp: int, ep: int, autocast: int, recompute: int, single: int) -> tuple[float, float, float]:
+        memo_key = ("param passes", key, layout.precision, tp, ep, autocast, recompute, single)
+        hit = hw.memo.get(memo_key)
+        if hit is None:
+            one = Layout(tp=tp, ep=ep, recompute=recompute, precision=layout.precision)
+            placement = (tp, ep, ep, 0, 0, 0, 0)
+            blk, emb, head = (part_sums(key, part, tied and part == "head" and not single, placement, False)
+                              for part in ("block", "embeddings", "head"))
+            e_gemm = emb.token_embedding_numel if tied and single else 0
+            sizes = ((blk.linear_weight_numel, blk.local_numel - blk.linear_weight_numel, _local_linears(key, tp, ep),
+                      blk.tensors - _local_linears(key, tp, ep)),
+                     (e_gemm, emb.local_numel - e_gemm, int(e_gemm > 0), emb.tensors - int(e_gemm > 0)),
+                     (head.head_weight_numel, head.local_numel - head.head_weight_numel, int(head.head_weight_numel > 0),
+                      head.tensors - int(head.head_weight_numel > 0)))
+            costs = [param_pass(hw, one, sz, implementation, autocast=bool(autocast)) for sz in sizes]
+            hit = hw.memo[memo_key] = (costs[0].fwd_s + costs[0].bwd_s + costs[0].recompute_s,
+                                       costs[1].fwd_s + costs[1].bwd_s, costs[2].fwd_s + costs[2].bwd_s)
+        return hit
+
+    per = per_distinct(parts_s, layout.tp, layout.ep, layout.uses_autocast, layout.recompute, layout.n_stages == 1)
+    block, first, last = (per[..., i] for i in range(3)) if isinstance(per, np.ndarray) else per
+    return stages.n_blocks * block + stages.first * first + stages.last * last
+
+
+@lru_cache(maxsize=4096)
+def _local_linears(key: Any, tp: int, ep: int) -> int:
+    """2-D weights of one block on a rank of (tp, ep) (compute.stage_param_pass counts the same)."""
+    return sum(1 for q in local_part(key, "block", False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)
 
 
 def _bubble(layout: Layout) -> Any:
@@ -197,9 +229,9 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     first_rank, last_rank = rank0.stages, stage_composition(model, layout, layout.pp - 1)
     head_on_first = logical_or(layout.pp == 1, layout.zbv)
     busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head
-                      + _param_pass_s(model, layout, hw, rank0, first_rank, implementation),
+                      + _param_pass_s(model, layout, hw, first_rank, implementation),
                       where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head
-                            + _param_pass_s(model, layout, hw, rank0, last_rank, implementation)))
+                            + _param_pass_s(model, layout, hw, last_rank, implementation)))
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
