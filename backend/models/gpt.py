@@ -57,6 +57,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def local_weight(w: torch.Tensor) -> torch.Tensor:
+    """A parameter as the tensor this rank computes with: under tensor parallelism a Replicate DTensor (q / k norms,
+    MLA's latent projections, applied to this rank's heads only) becomes its local copy whose gradient is a partial
+    sum over tp, a Shard(0) one (sinks) its local heads; a plain tensor as is."""
+    if not hasattr(w, "to_local"):
+        return w
+    if w.placements[0].is_replicate():
+        from torch.distributed.tensor import Partial
+
+        return w.to_local(grad_placements=[Partial()])
+    return w.to_local()
+
+
+def _rms_norm(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, norm.normalized_shape, local_weight(norm.weight), norm.eps)
+
+
+def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    bias = None if lin.bias is None else local_weight(lin.bias)
+    return F.linear(x, local_weight(lin.weight), bias)
+
+
 def attention_mask(m: ModelSpec, layer: int, T: int, device: torch.device) -> torch.Tensor | None:
     """(T, T) bool, True where a query may attend: causal, narrowed to the window on a windowed layer; None for a
     plain causal layer (the kernels' own causal path)."""
@@ -78,8 +100,7 @@ class Sinks(nn.Module):
         self.weight = nn.Parameter(torch.empty(n_heads))
 
     def local(self) -> torch.Tensor:
-        w = self.weight
-        return w.to_local() if hasattr(w, "to_local") else w
+        return local_weight(self.weight)
 
 
 class Attention(nn.Module):
@@ -108,7 +129,7 @@ class Attention(nn.Module):
         q = self.q(x).view(B, T, -1, self.head_dim)
         k = self.k(x).view(B, T, -1, self.head_dim)
         if self.spec.qk_norm:  # Qwen3 / Gemma 3: per-head RMSNorm before the rotation
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, a, T, d)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.rope:
@@ -159,10 +180,14 @@ class LatentAttention(nn.Module):
         m = self.spec
         B, T, _ = x.shape
         nope, rope, vd = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if m.q_lora_rank else self.q(x)
+        if hasattr(x, "to_local"):  # tp: every rank runs the (replicated) latent projections for its own heads
+            from torch.distributed.tensor import Partial
+
+            x = x.to_local(grad_placements=[Partial()])
+        q = self.q_b(_rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else self.q(x)
         q = q.view(B, T, -1, nope + rope).transpose(1, 2)  # (B, a, T, nope + rope)
-        latent, k_rope = self.kv_a(x).split([m.kv_lora_rank, rope], dim=-1)
-        kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, -1, nope + vd).transpose(1, 2)
+        latent, k_rope = _linear(self.kv_a, x).split([m.kv_lora_rank, rope], dim=-1)
+        kv = self.kv_b(_rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
         k_nope, v = kv.split([nope, vd], dim=-1)
         cos, sin = rope_cos_sin(T, rope, x.device, x.dtype)
         q_nope, q_rope = q.split([nope, rope], dim=-1)
