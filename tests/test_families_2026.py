@@ -171,3 +171,20 @@ def test_qwen3_moe_sparse_step_and_dense_prefix_count_like_transformers():
                                                                   "mlp_only_layers": [0, 1]}
     model, _ = from_hf_config(cfg)
     assert count_params(ModelSpec(**model)) == _transformers_count(cfg)
+
+
+def test_inference_kv_cache_mla_windows_and_sinks():
+    """DeepSeek-V3 caches (512 + 64) values per token and layer, whole on every tp rank (DeepSeek-V2 Table 1);
+    gpt-oss's sliding layers keep 128 positions, its full layers the whole context; sinks cache nothing."""
+    from backend.analytic.inference import estimate_inference
+    from backend.presets import preset_model
+    from backend.spec import ExperimentSpec
+
+    ds = ExperimentSpec.for_prediction({"model": preset_model("deepseek-v3"), "train": {"precision": "bf16-mixed"},
+                                        "parallel": {"strategy": "tp", "world_size": 8}})
+    out = estimate_inference(ds, batch=2, context=4096)
+    assert out["kv_cache_bytes"] == 2 * 4096 * 61 * (512 + 64) * 2
+    oss = ExperimentSpec.for_prediction({"model": preset_model("gpt-oss-120b"), "train": {"precision": "bf16-mixed"}})
+    out = estimate_inference(oss, batch=1, context=4096)
+    per_pos = 2 * 8 * 64 * 2  # K and V, 8 kv heads of 64, bf16
+    assert out["kv_cache_bytes"] == 18 * (128 + 4096) * per_pos
