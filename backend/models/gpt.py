@@ -368,10 +368,13 @@ class Block(nn.Module):
         self.ln2_post = make_norm(m) if m.sandwich_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.attn(self.ln1(x))
-        x = x + (y if self.ln1_post is None else self.ln1_post(y))  # Gemma: the sublayer output is normed too
-        y = self.mlp(self.ln2(x))
-        return x + (y if self.ln2_post is None else self.ln2_post(y))
+        # no named temporaries: the attention output must die at the add (a live one is measured in the MLP's peak)
+        x = x + _post_norm(self.ln1_post, self.attn(self.ln1(x)))  # Gemma: the sublayer output is normed too
+        return x + _post_norm(self.ln2_post, self.mlp(self.ln2(x)))
+
+
+def _post_norm(norm: nn.Module | None, y: torch.Tensor) -> torch.Tensor:
+    return y if norm is None else norm(y)
 
 
 class GPT(nn.Module):
