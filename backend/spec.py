@@ -9,7 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from backend.spec_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, source_problem, text_problem
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
@@ -106,6 +108,26 @@ class Mlp(StrEnum):
 
     GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
+    GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)): 3 matrices (Shazeer 2020; Gemma)
+    SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss: gate clamped <= 7, up to [-7, 7], down(gate*sigmoid(1.702 gate)*(up+1))
+
+
+GATED_MLPS = (Mlp.SWIGLU, Mlp.GEGLU, Mlp.SWIGLU_CLAMPED)
+"""The three-matrix (gate, up, down) MLPs."""
+
+
+class RouterScore(StrEnum):
+    """How the MoE router turns logits into expert scores."""
+
+    SOFTMAX = "softmax"  # Mixtral, Qwen-MoE, DeepSeek-V2: softmax over experts, then top-k
+    SIGMOID = "sigmoid"  # DeepSeek-V3, Llama 4: per-expert sigmoid, top-k, weights renormalised
+
+
+class WindowKind(StrEnum):
+    """What a windowed attention layer lets a query see."""
+
+    SLIDING = "sliding"  # the last `window` positions, itself included (Mistral, Gemma 3, gpt-oss)
+    CHUNKED = "chunked"  # causal inside fixed chunks of `window` tokens (Llama 4's attention_chunk_size)
 
 
 class Positions(StrEnum):
@@ -131,8 +153,19 @@ ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZE
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
 
 
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1: a sweep value `true` for zero_stage or world_size is a mistake
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in _NUMBERS:
+            raise ValueError(f"{value!r} is a boolean, not a number")
+        return value
 
 
 class ModelSpec(_Section):
@@ -178,9 +211,66 @@ class ModelSpec(_Section):
     """Attention kernel: math (scores saved, Korthikanti's 5as/h term) or flash (SDPA fused, no s x s saved)."""
     norm_eps: float = Field(1e-5, gt=0, le=1)
     """Epsilon of every norm (numerics only: no effect on memory or FLOPs)."""
+    attn_head_dim: int | None = Field(None, ge=1, le=MAX_DIM)
+    """Width of one q / k / v head; None means d_model / n_heads (Qwen3, Gemma 3, gpt-oss and Llama 4 set their own:
+    q is then n_heads * attn_head_dim wide, o maps that back to d_model)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of q and k with a (head_dim,) weight each (Qwen3, Gemma 3)."""
+    attention_sinks: bool = False
+    """A learned logit per head that joins every softmax and takes probability mass (gpt-oss): n_heads parameters."""
+    sandwich_norm: bool = False
+    """Norms after the attention and after the MLP too, before each residual add (Gemma 2/3): 4 norms per block."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(d_model) (Gemma): no parameters."""
+    q_lora_rank: int | None = Field(None, ge=1, le=MAX_DIM)
+    """MLA (DeepSeek-V2/V3): q through a low-rank down projection of this width and its RMSNorm; None projects q
+    directly (DeepSeek-V2-Lite). Needs kv_lora_rank."""
+    kv_lora_rank: int | None = Field(None, ge=1, le=MAX_DIM)
+    """MLA: width of the compressed latent KV (one per token, shared by all heads, the only thing cached besides the
+    rope key); None means ordinary attention."""
+    qk_nope_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: per-head q / k width without rotary position (from the latent)."""
+    qk_rope_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: decoupled rotary width: per head for q, one shared rope key per token for k."""
+    v_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: per-head value width (o maps n_heads * v_head_dim back to d_model)."""
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS)
+    """MoE: the first k blocks keep a dense MLP of ffn_hidden (DeepSeek's first_k_dense_replace)."""
+    moe_every: int = Field(1, ge=1, le=MAX_LAYERS)
+    """MoE: after the dense prefix, block i is MoE when (i + 1) % moe_every == 0, dense otherwise (Qwen-MoE's
+    decoder_sparse_step, Llama 4's interleave_moe_layer_step); 1 = every block."""
+    router_score: RouterScore = RouterScore.SOFTMAX
+    """MoE: softmax or sigmoid expert scores."""
+    router_bias: bool = False
+    """MoE: the router Linear has a bias (gpt-oss): n_experts parameters per MoE block."""
+    router_balance_bias: bool = False
+    """MoE: a per-expert bias added to the scores for choosing experts only, moved by the load-balancing rule rather
+    than by gradients (DeepSeek-V3's auxiliary-loss-free e_score_correction_bias): a buffer, not a parameter."""
+    expert_groups: int = Field(1, ge=1, le=100_000)
+    """MoE: group-limited routing (DeepSeek): experts form this many groups and a token picks its top-k experts only
+    from its best topk_groups groups; 1 = no limit."""
+    topk_groups: int = Field(1, ge=1, le=100_000)
+    """MoE: groups a token may route into (expert_groups > 1)."""
+    window: int | None = Field(None, ge=1, le=MAX_SEQ)
+    """Windowed attention: tokens a query sees (sliding) or the chunk length (chunked) on the windowed layers; None
+    means every layer attends to the whole causal prefix."""
+    window_kind: WindowKind = WindowKind.SLIDING
+    """sliding (Mistral, Gemma 3, gpt-oss) or chunked (Llama 4)."""
+    global_every: int = Field(0, ge=0, le=MAX_LAYERS)
+    """With a window: block i attends globally when (i + 1) % global_every == 0 (gpt-oss 2, Llama 4 4, Gemma 3 6);
+    0 = every block windowed."""
+    global_layers_nope: bool = False
+    """The global layers use no rotary position (Llama 4's NoPE layers)."""
     source: dict[str, Any] | None = None
     """Where this shape came from: {"preset": name} or {"hf_config": the config.json dict, "file": name};
     kept with the spec so a run remembers it. None for a hand-written shape."""
+
+    @field_validator("source")
+    @classmethod
+    def _bounded_source(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if problem := source_problem(value):
+            raise ValueError(problem)
+        return value
 
     @property
     def kv_heads(self) -> int:
@@ -192,7 +282,22 @@ class ModelSpec(_Section):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        """q / k width of one head (MLA: nope + rope)."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.attn_head_dim or self.d_model // self.n_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether block `layer` holds the MoE (the dense prefix and the moe_every interleave)."""
+        return self.is_moe and layer >= self.first_dense_layers and (layer + 1) % self.moe_every == 0
+
+    def layer_is_global(self, layer: int) -> bool:
+        """Whether block `layer` attends to the whole causal prefix (no window, or one of the global layers)."""
+        return self.window is None or (self.global_every > 0 and (layer + 1) % self.global_every == 0)
 
     @property
     def is_moe(self) -> bool:
@@ -299,8 +404,8 @@ class SpecError(ValueError):
 
 
 class ExperimentSpec(_Section):
-    name: str = Field("", max_length=200)
-    """Free-text label shown in the history."""
+    name: str = Field("", max_length=MAX_NAME_CHARS)
+    """Free-text label shown in the history (plain text: no control characters)."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """Transformer shape."""
     train: TrainSpec = Field(default_factory=TrainSpec)
@@ -311,6 +416,13 @@ class ExperimentSpec(_Section):
     """Backend, device, nodes and timeout."""
     framework: Framework = Framework.TORCH
     """torch (native strategies), deepspeed (DeepSpeed's ZeRO engine) or jax (XLA GSPMD on virtual CPU devices)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if problem := text_problem(value, "name", MAX_NAME_CHARS):
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> ExperimentSpec:
@@ -343,13 +455,19 @@ class ExperimentSpec(_Section):
 
 
 def validate_spec(data: dict[str, Any] | str, *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
-    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises.
+    """Parse a spec from a dict or JSON text; return (spec, []) or (None, problems). Never raises: a spec too big
+    or nested too deep (backend/spec_text.py limits) is a problem like any other.
     predict_only: every check except the run-only ones (see `ExperimentSpec.for_prediction`, `spec_checks.run_blockers`)."""
     context = {"predict_only": True} if predict_only else None
     try:
-        spec = (ExperimentSpec.model_validate_json(data, context=context) if isinstance(data, str)
-                else ExperimentSpec.model_validate(data, context=context))
+        if isinstance(data, (str, bytes)):
+            data = load_json_text(data, "the spec")
+        else:
+            check_depth(data, "the spec")
+        spec = ExperimentSpec.model_validate(data, context=context)
         return spec, []
+    except InputError as e:
+        return None, [str(e)]
     except SpecError as e:
         return None, list(e.problems)
     except ValidationError as e:
@@ -366,4 +484,7 @@ def _format_pydantic(err: dict[str, Any]) -> str:
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    return f"{loc}: {msg} (got {err.get('input')!r})"
+    shown = repr(err.get("input"))
+    if len(shown) > 80:  # a 100 KB name must not become a 100 KB error message
+        shown = f"{shown[:60]}... ({len(shown):,} characters)"
+    return f"{loc}: {msg} (got {shown})"

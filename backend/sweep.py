@@ -18,6 +18,7 @@ from typing import Any
 
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec_fields import FLAGS
+from backend.spec_text import MAX_NAME_CHARS
 
 MAX_POINTS = 10_000
 SECTIONS = ("model", "train", "parallel", "runtime")
@@ -80,9 +81,19 @@ def drop_derived(base: dict[str, Any], paths: set[str]) -> dict[str, Any]:
     return out
 
 
+ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+def zero_strategy(value: Any) -> str:
+    """The strategy a zero_stage value names; ValueError for anything but the integers 0..3 (no -1, 2.7 or true)."""
+    if type(value) is not int or not 0 <= value < len(ZERO_STRATEGIES):
+        raise ValueError(f"zero_stage={value!r} must be one of the integers 0, 1, 2, 3 (ddp, zero1, zero2, zero3)")
+    return ZERO_STRATEGIES[value]
+
+
 def _set(data: dict[str, Any], path: str, value: Any) -> None:
     if path == "zero_stage":
-        data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[int(value)]
+        data.setdefault("parallel", {})["strategy"] = zero_strategy(value)
         return
     section, _, field = path.rpartition(".")
     (data.setdefault(section, {}) if section else data)[field] = value
@@ -108,11 +119,15 @@ def expand_grid(base: ExperimentSpec | dict, grid: dict[str, list]) -> tuple[lis
     for combo in itertools.product(*grid.values()):
         point = dict(zip(grid.keys(), combo))
         data = copy.deepcopy(template)
-        for key, value in point.items():
-            _set(data, paths[key], value)
+        try:
+            for key, value in point.items():
+                _set(data, paths[key], value)
+        except ValueError as e:  # every value goes through the checks a single run's spec gets
+            invalid.append({"point": point, "problems": [str(e)]})
+            continue
         if "name" not in paths.values():
             label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
-            data["name"] = f"{base_name} {label}".strip()[:200]
+            data["name"] = f"{base_name} {label}".strip()[:MAX_NAME_CHARS]
         spec, problems = validate_spec(data)
         if spec is None:
             invalid.append({"point": point, "problems": problems})

@@ -1,11 +1,16 @@
 """The job worker: `python -m backend worker [--once] [--poll-s S] [--concurrency N]`.
 
 Loop: claim the oldest queued experiment (atomic, BEGIN IMMEDIATE), run it with
-`backend.launch.launcher.run_experiment` in `<runs_dir>/<id>`, stream progress and heartbeats into the
-store, turn a cancel request into the launcher's cancel Event, and store the complete result in one
-transaction. failed/timeout/oom runs are stored like ok ones (spec, predicted memory, error, failing
-rank, log tail). On start it marks as interrupted the jobs of dead workers on this host (and kills
-their orphaned job processes) and any running job whose heartbeat is stale.
+`backend.launch.launcher.run_experiment` in `<runs_dir>/<id>` (stamped with the run's uid, backend/run_folders),
+stream progress and heartbeats into the store, turn a cancel request into the launcher's cancel Event, and
+store the complete result in one transaction. failed/timeout/oom runs are stored like ok ones.
+
+Faults (issue 21): the store may be away (a PostgreSQL restart, a SQLite lock, a full disk): every store call
+is retried with backoff and a log line (backend/store_guard), and a finished result stays in `result.json`
+until it is stored, by this worker or, if it dies, by the next one (backend/worker_recovery imports results
+before marking anything interrupted, at start and every `recover_every_s` while polling). A store file that
+vanished or was replaced stops the worker with exit code 2. A runs folder that cannot take a run (full,
+read-only) pauses claiming with the reason logged; a job whose launch failed that way goes back to the queue.
 
 SIGTERM/SIGINT stop the worker cleanly: the current job's processes are ended and it is stored as
 `interrupted` (error "worker stopped ..."), so it can be re-queued; a user's cancel stays `cancelled`.
@@ -19,44 +24,59 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from backend.cluster.reattach import Detached
-from backend.result import RunResult, Status
-from backend.spec import ExperimentSpec
+from backend import run_folders
+from backend import worker_recovery as wr
+from backend.result import RunResult
+from backend.store_guard import MAX_WAIT_S, Backoff, is_transient, short
+from backend.worker_job import EXPERIMENT_ENV, JobExecution  # noqa: F401 - EXPERIMENT_ENV is part of the API
 from db import queries as q
-from db.session import REPO, sqlite_path
+from db.session import StoreError
 
 log = logging.getLogger("shardlab.worker")
-WORKER_ENV = "SHARDLAB_WORKER_ID"
-EXPERIMENT_ENV = "SHARDLAB_EXPERIMENT_ID"
+WORKER_ENV = wr.WORKER_ENV
 Runner = Callable[..., RunResult]
+default_runs_dir = run_folders.default_runs_dir
+kill_orphans = wr.kill_orphans
+DEFAULT_MIN_FREE_BYTES = 64 * 2**20
+EXIT_STORE_ERROR = 2
+EXIT_BUG = 1
+RUNS_DIR_CHECK_S = 5.0
 
 
-def default_runs_dir(engine) -> Path:
-    """Beside the SQLite file (data/runs for the default data/shardlab.db), else <repo>/data/runs."""
-    path = sqlite_path(str(engine.url.render_as_string(hide_password=False)))
-    return (path.parent if path else REPO / "data") / "runs"
-
-
-class Worker:
+class Worker(JobExecution):
     def __init__(self, engine, *, runs_dir: Path | None = None, poll_s: float = 1.0, heartbeat_s: float = 5.0,
-                 stale_after_s: float = 60.0, runner: Runner | None = None):
+                 stale_after_s: float = 60.0, runner: Runner | None = None, recover_every_s: float | None = None,
+                 min_free_bytes: int = DEFAULT_MIN_FREE_BYTES):
         self.engine = engine
         self.runs_dir = Path(runs_dir) if runs_dir else default_runs_dir(engine)
         self.poll_s, self.heartbeat_s, self.stale_after_s = poll_s, heartbeat_s, stale_after_s
+        self.recover_every_s = recover_every_s if recover_every_s is not None else min(30.0, max(2.0, stale_after_s / 4))
+        self.min_free_bytes = min_free_bytes
+        self.max_backoff_s = MAX_WAIT_S
+        """Longest wait between two tries of an unavailable store (and between two looks at a full runs folder)."""
+        self._host_backoff = Backoff(first_s=1.0)
+        """Launches failing in a row because of the host: 1, 2, 4 ... 30 s between claims."""
         self.runner = runner
         self.host = socket.gethostname()
         self.stopping = threading.Event()
+        self.exit_code = 0
         self._cancels: dict[int, threading.Event] = {}
         # reentrant: stop() runs in signal handlers, and a second signal can arrive while the first holds it
         self._lock = threading.RLock()
         self._slot_env: dict[str, dict[str, str]] = {}
         """worker (slot) id -> environment its jobs get (CUDA_VISIBLE_DEVICES: this slot's GPUs)."""
+        self._following: list[threading.Thread] = []
+        self._paused_for: str | None = None
+        self._orphans_done: set[str] = set()
+        """Dead workers whose orphaned job processes this worker has already looked for."""
+        self._store_up_since: float | None = None
+        """Since when (monotonic) every store call of this worker has worked; None during an outage."""
+        self._runs_dir_ok_at = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -64,13 +84,20 @@ class Worker:
         return f"{self.host}:{os.getpid()}:{slot}"
 
     def recover(self) -> list[int]:
-        """Interrupt the jobs of dead local workers (killing their orphans) and of stale heartbeats."""
-        dead = q.recover_dead_workers(self.engine, self.host)
-        kill_orphans(dead_worker_ids(self.engine, self.host))
-        stale = q.recover_stale(self.engine, self.stale_after_s)
-        for eid in dead + stale:
-            log.warning("experiment %s marked interrupted (its worker is gone)", eid)
-        return dead + stale
+        """Import results left on disk, then interrupt the jobs of dead local workers and of stale heartbeats.
+        A heartbeat is judged stale only once this worker has reached the store for stale_after_s without a
+        break: during an outage nobody could heartbeat, and a live job must not be taken for a dead one."""
+        with self._lock:
+            mine = set(self._cancels)
+        up = self._store_up_since
+        stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else None
+        return wr.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
+
+    def _store_seen(self, up: bool) -> None:
+        if not up:
+            self._store_up_since = None
+        elif self._store_up_since is None:
+            self._store_up_since = time.monotonic()
 
     def stop(self) -> None:
         """Stop after the current job; the running job is cancelled and stored as interrupted."""
@@ -79,21 +106,67 @@ class Worker:
             for event in self._cancels.values():
                 event.set()
 
+    def fail(self, error: BaseException) -> None:
+        """Stop the whole worker for an error no retry can fix (exit code 2 for the store, 1 for anything else)."""
+        if isinstance(error, StoreError):
+            log.critical("%s", error)
+            self.exit_code = self.exit_code or EXIT_STORE_ERROR
+        else:
+            log.critical("worker stopping on an unexpected error", exc_info=error)
+            self.exit_code = self.exit_code or EXIT_BUG
+        self.stop()
+
     def serve(self, *, once: bool = False, drain: bool = False, concurrency: int = 1) -> int:
-        """Run jobs until stopped (once: at most one job per slot; drain: until the queue is empty)."""
-        adopted = self._adopt_slurm_jobs()
-        self.recover()
-        self.assign_gpus(concurrency)
+        """Run jobs until stopped (once: at most one job per slot; drain: until the queue is empty); the exit code."""
+        try:
+            self._startup(concurrency)
+        except Exception as e:  # noqa: BLE001 - a stop during the wait for the store, or a configuration error
+            if not self.stopping.is_set() or isinstance(e, StoreError):
+                self.fail(e)
+            return self.exit_code
         slots = [threading.Thread(target=self._loop, args=(i, once, drain), name=f"worker-{i}", daemon=True)
                  for i in range(max(1, concurrency))]
         for t in slots:
             t.start()
-        while any(t.is_alive() for t in slots + adopted):
-            for t in slots + adopted:
+        last_check = time.monotonic()
+        while any(t.is_alive() for t in slots + self._following):
+            for t in slots + self._following:
                 t.join(timeout=0.5)
-        if adopted:
-            q.set_worker_state(self.engine, f"{self.host}:{os.getpid()}:adopt", "stopped")
-        return 0
+            if not once and not self.stopping.is_set() and time.monotonic() - last_check >= self.recover_every_s:
+                self._housekeeping()
+                last_check = time.monotonic()
+        self._beat(f"{self.host}:{os.getpid()}:adopt", "stopped")
+        return self.exit_code
+
+    def _startup(self, concurrency: int) -> None:
+        from db.session import init_db
+
+        self._retry(lambda: init_db(self.engine), "opening the store")
+        self._store_seen(True)
+        self.assign_gpus(concurrency)
+        me = psutil.Process()
+        # a live row first, so that a worker starting beside this one does not adopt the same jobs again
+        self._retry(lambda: q.register_worker(self.engine, f"{self.host}:{os.getpid()}:adopt", pid=me.pid, host=self.host,
+                                              pid_started=me.create_time()), "registering the worker")
+        self._retry(self._adopt_and_recover, "recovering the work of gone workers")
+
+    def _housekeeping(self) -> None:
+        """Between polls: the start-up recovery again, so a dead worker's job is noticed while this one lives."""
+        try:
+            self._adopt_and_recover()
+            self._store_seen(True)
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, StoreError):
+                self.fail(e)
+            elif is_transient(e):
+                self._store_seen(False)
+                log.warning("recovery skipped this round: store unavailable (%s)", short(e))
+            else:  # a bug here must not take the worker (and its running job) down: next round tries again
+                log.exception("recovery failed this round")
+
+    def _adopt_and_recover(self) -> None:
+        self._adopt_slurm_jobs()
+        self.recover()
 
     def assign_gpus(self, concurrency: int) -> None:
         """With several slots, give each its own CUDA_VISIBLE_DEVICES (gpu_slots), so concurrent jobs never share
@@ -104,135 +177,105 @@ class Worker:
             if gpus is not None:
                 self._slot_env[self.slot_id(i)] = {"CUDA_VISIBLE_DEVICES": gpus}
 
-    def _adopt_slurm_jobs(self) -> list[threading.Thread]:
+    def _adopt_slurm_jobs(self) -> None:
         """Follow the SLURM jobs of gone workers to their end (see backend.cluster.reattach), one thread each."""
         from backend.cluster.reattach import adopt
 
-        wid, me = f"{self.host}:{os.getpid()}:adopt", psutil.Process()
-        # a live row first, so that a worker starting beside this one does not adopt the same jobs again
-        q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time())
-        ids = adopt(self.engine, wid, self.host, stale_after_s=self.stale_after_s)
-        q.set_worker_state(self.engine, wid, "running" if ids else "stopped", ids[0] if ids else None)
-        threads = [threading.Thread(target=self.execute, args=(eid, wid), name=f"slurm-{eid}", daemon=True) for eid in ids]
-        for eid, t in zip(ids, threads):
+        wid = f"{self.host}:{os.getpid()}:adopt"
+        up = self._store_up_since
+        stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else float("inf")
+        ids = adopt(self.engine, wid, self.host, stale_after_s=stale_s)  # stale heartbeats judged as in recover()
+        self._following = [t for t in self._following if t.is_alive()]
+        if ids or not self._following:
+            q.set_worker_state(self.engine, wid, "running" if ids else "stopped", ids[0] if ids else None)
+        for eid in ids:
+            t = threading.Thread(target=self._follow, args=(eid, wid), name=f"slurm-{eid}", daemon=True)
             log.info("experiment %s: re-attached to its SLURM job", eid)
             t.start()
-        return threads
+            self._following.append(t)
+
+    def _follow(self, eid: int, wid: str) -> None:
+        try:
+            self.execute(eid, wid, adopted=True)
+        except Exception as e:  # noqa: BLE001
+            if not is_transient(e):
+                self.fail(e)
+            else:  # stopping during an outage: still running, the next worker adopts it
+                log.error("experiment %s: left running (%s)", eid, short(e))
 
     def _loop(self, slot: int, once: bool, drain: bool) -> None:
         wid = self.slot_id(slot)
         me = psutil.Process()
-        q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time())
-        last_beat = 0.0
+        backoff, last_beat = Backoff(max_s=self.max_backoff_s), 0.0
         try:
+            self._retry(lambda: q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time()),
+                        "registering the worker")
             while not self.stopping.is_set():
-                eid = q.claim_next(self.engine, wid, host=self.host)
+                problem = self._runs_dir_problem()
+                if problem:
+                    self._pause(problem, backoff)
+                    continue
+                try:
+                    eid = q.claim_next(self.engine, wid, host=self.host)
+                except Exception as e:  # noqa: BLE001
+                    if not is_transient(e):
+                        raise
+                    self.engine.dispose()  # connections from before the outage may be dead or read-only
+                    self._store_seen(False)
+                    self._pause(f"store unavailable ({short(e)})", backoff)
+                    continue
+                self._store_seen(True)
+                self._resume(backoff)
                 if eid is None:
                     if once or drain:
                         break
                     if time.monotonic() - last_beat >= self.heartbeat_s:
-                        q.set_worker_state(self.engine, wid, "idle")
+                        self._beat(wid, "idle")
                         last_beat = time.monotonic()
                     self.stopping.wait(self.poll_s)
                     continue
                 last_beat = 0.0
-                try:
-                    self.execute(eid, wid)
-                except Exception:  # the store failed even after retries: the job stays running until recovered as stale
-                    log.exception("experiment %s: could not store its result", eid)
-                    self.stopping.wait(self.poll_s)
+                self.execute(eid, wid)
                 if once:
                     break
+        except Exception as e:  # noqa: BLE001 - retries are inside; what reaches here stops the worker
+            if not (self.stopping.is_set() and is_transient(e)):
+                self.fail(e)
         finally:
-            q.set_worker_state(self.engine, wid, "stopped")
+            self._beat(wid, "stopped")
 
-    # ---- one job -------------------------------------------------------------------------------
-
-    def execute(self, experiment_id: int, worker_id: str) -> RunResult | None:
-        """Run a claimed experiment to its end and store the result (never raises for a failed run)."""
-        row = q.get_experiment(self.engine, experiment_id)
-        spec: ExperimentSpec = row["spec"]
-        cancel = threading.Event()
-        with self._lock:
-            self._cancels[experiment_id] = cancel
-        if self.stopping.is_set():
-            cancel.set()
-        q.set_worker_state(self.engine, worker_id, "running", experiment_id)
-        log.info("experiment %s: %s world %s on %s", experiment_id, spec.parallel.strategy, spec.parallel.world_size, worker_id)
-        beat_stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(experiment_id, worker_id, cancel, beat_stop), daemon=True)
-        beat.start()
-        try:
-            result = self._run(spec, experiment_id, worker_id, cancel)
-        except Detached:
-            log.info("experiment %s: worker stopping, its SLURM job keeps running (the next worker re-attaches)", experiment_id)
+    def _runs_dir_problem(self) -> str | None:
+        """runs_dir_problem, probed at most every RUNS_DIR_CHECK_S while it is fine (a launch that fails on the
+        host anyway re-queues its job and clears the cache)."""
+        if time.monotonic() - self._runs_dir_ok_at < RUNS_DIR_CHECK_S:
             return None
-        finally:
-            beat_stop.set()
-            beat.join(timeout=10)
-            with self._lock:
-                self._cancels.pop(experiment_id, None)
-        if self.stopping.is_set() and result.status == Status.CANCELLED and not q.cancel_requested(self.engine, experiment_id):
-            result.status = Status.INTERRUPTED
-            result.error = f"worker stopped (SIGTERM/SIGINT) during the run; {result.error or ''}".rstrip("; ")
-        _retry(lambda: q.store_result(self.engine, experiment_id, result))
-        log.info("experiment %s: %s%s", experiment_id, result.status, f" ({result.error})" if result.error else "")
-        return result
+        problem = wr.runs_dir_problem(self.runs_dir, self.min_free_bytes)
+        self._runs_dir_ok_at = 0.0 if problem else time.monotonic()
+        return problem
 
-    def _run(self, spec: ExperimentSpec, experiment_id: int, worker_id: str, cancel: threading.Event) -> RunResult:
-        runner = self.runner
-        if runner is None and spec.runtime.executor == "slurm":
-            from backend.cluster.runner import run_on_slurm as runner
-        if runner is None:
-            from backend.launch.launcher import run_experiment as runner
+    def _pause(self, why: str, backoff: Backoff) -> None:
+        wait = backoff.wait_s()
+        if why != self._paused_for or backoff.failures in (1, 5) or backoff.failures % 20 == 0:
+            log.warning("not claiming jobs: %s; checking again in %.1f s", why, wait)
+        self._paused_for = why
+        self.stopping.wait(wait)
 
-        def on_progress(event: dict) -> None:
-            try:
-                if q.update_progress(self.engine, experiment_id, event.get("step"), event.get("of"), event.get("phase")):
-                    cancel.set()
-            except Exception:  # a busy database must not break the run; the heartbeat retries
-                log.exception("progress update failed")
+    def _resume(self, backoff: Backoff) -> None:
+        if self._paused_for is not None:
+            log.warning("claiming jobs again (was: %s)", self._paused_for)
+            self._paused_for = None
+        backoff.reset()
 
-        if (refusal := local_capacity_refusal(spec)) is not None:
-            return RunResult(status=Status.FAILED, spec=spec, error=refusal)
-        if spec.runtime.executor == "local":
-            from backend.bench import cpu_profile
-
-            if (note := cpu_profile.ensure(on_progress)) is not None:
-                log.info("experiment %s: %s", experiment_id, note)
-        extra_env = {**self._slot_env.get(worker_id, {}), WORKER_ENV: worker_id, EXPERIMENT_ENV: str(experiment_id)}
-        kw = {"detach": self.stopping} if spec.runtime.executor == "slurm" and self.runner is None else {}
+    def _beat(self, wid: str, state: str) -> None:
+        """The worker row's state; a store outage only costs this heartbeat (logged), never the worker."""
         try:
-            return runner(spec, workdir=self.runs_dir / str(experiment_id), on_progress=on_progress, cancel=cancel,
-                          extra_env=extra_env, **kw)
-        except Detached:
-            raise
-        except Exception as e:
-            return RunResult(status=Status.FAILED, spec=spec, error=f"the runner raised {type(e).__name__}: {e}",
-                             traceback=traceback.format_exc())
-
-    def _heartbeat(self, experiment_id: int, worker_id: str, cancel: threading.Event, stop: threading.Event) -> None:
-        """Heartbeat every heartbeat_s and poll cancel_requested every poll interval while the job runs."""
-        last = 0.0
-        while not stop.wait(min(self.poll_s, self.heartbeat_s)):
-            try:
-                if time.monotonic() - last >= self.heartbeat_s:
-                    requested = q.heartbeat(self.engine, experiment_id, worker_id=worker_id)
-                    last = time.monotonic()
-                else:
-                    requested = q.cancel_requested(self.engine, experiment_id)
-                if requested:
-                    cancel.set()
-            except Exception:
-                log.exception("heartbeat failed")
-
-
-def local_capacity_refusal(spec: ExperimentSpec) -> str | None:
-    """Why this host cannot run a local job (backend/launch/capacity.py), checked before launching; None if it can."""
-    from backend.launch import capacity
-
-    verdict = capacity.check(spec)
-    return None if verdict.ok else f"not launched: {verdict.refusal()}"
+            q.set_worker_state(self.engine, wid, state)
+        except Exception as e:  # noqa: BLE001
+            if not is_transient(e):
+                if isinstance(e, StoreError) or not self.stopping.is_set():
+                    self.fail(e)
+                return
+            log.warning("worker heartbeat skipped: store unavailable (%s)", short(e))
 
 
 def visible_gpus() -> list[str]:
@@ -255,44 +298,6 @@ def gpu_slots(concurrency: int, gpus: list[str]) -> list[str | None]:
                          f"({','.join(gpus)}): {len(gpus)} < {concurrency}")
     k = len(gpus) // concurrency  # each slot gets k GPUs; the remainder (len % concurrency) stays unused
     return [",".join(gpus[i * k:(i + 1) * k]) for i in range(concurrency)]
-
-
-def _retry(fn, attempts: int = 5, wait_s: float = 2.0):
-    """Retry a store write on OperationalError (e.g. a disk briefly full or locked past busy_timeout)."""
-    from sqlalchemy.exc import OperationalError
-
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except OperationalError:
-            if attempt == attempts - 1:
-                raise
-            log.warning("store busy, retrying in %.0f s", wait_s)
-            time.sleep(wait_s)
-
-
-def dead_worker_ids(engine, host: str) -> set[str]:
-    return {w["id"] for w in q.worker_heartbeats(engine) if w["host"] == host and w["state"] == "dead"}
-
-
-def kill_orphans(worker_ids: set[str]) -> int:
-    """SIGKILL job processes left behind by dead workers (found by the SHARDLAB_WORKER_ID they inherited)."""
-    if not worker_ids:
-        return 0
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get(WORKER_ENV) in worker_ids:
-                found.append(p)
-        except psutil.Error:
-            continue
-    for p in found:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(found, timeout=5)
-    return len(found)
 
 
 def install_signal_handlers(worker: Worker) -> None:

@@ -9,6 +9,7 @@ db/migrations/versions (tests/test_migrations.py checks the models and migration
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
 
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
@@ -35,6 +36,10 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def new_run_uid() -> str:
+    return uuid.uuid4().hex
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -42,6 +47,7 @@ class Base(DeclarativeBase):
 class Experiment(Base):
     __tablename__ = "experiments"
 
+    # Revision 0007: ids are never reused (SQLite AUTOINCREMENT; PostgreSQL's sequence never goes back).
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), default="")
     spec_json: Mapped[str] = mapped_column(Text)
@@ -106,6 +112,9 @@ class Experiment(Base):
     requeue_of: Mapped[int | None] = mapped_column(Integer)
     # Added by revision 0004: "measured" (real ranks) or "traced" (full-scale memory on fake tensors, backend/trace).
     kind: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
+    # Added by revision 0007: binds a run folder to this row (runs/<id>/run.json, slurm.json), so a folder left by
+    # another run with the same id (a deleted row, another store sharing the folder) never speaks for this one.
+    run_uid: Mapped[str] = mapped_column(String(32), default=new_run_uid)
 
     tags: Mapped[list[ExperimentTag]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
@@ -115,6 +124,8 @@ class Experiment(Base):
         Index("ix_experiments_framework", "framework"),
         Index("ix_experiments_created_at", "created_at"),
         Index("ix_experiments_sweep_id", "sweep_id"),
+        Index("ix_experiments_run_uid", "run_uid", unique=True),
+        {"sqlite_autoincrement": True},
     )
 
 
@@ -215,7 +226,7 @@ class ExperimentSummary(Base):
     torch_version: Mapped[str | None] = mapped_column(String(64))
     python_version: Mapped[str | None] = mapped_column(String(64))
     step_time_predicted_s: Mapped[float | None] = mapped_column(Float)
-    """Revision 0007: RunResult.step_time_predicted_s, for the export."""
+    """Revision 0008: RunResult.step_time_predicted_s, for the export."""
 
 
 class CommRecord(Base):

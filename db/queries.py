@@ -18,6 +18,7 @@ from sqlalchemy import Engine, Select, delete, exists, func, insert, or_, select
 
 from backend.result import FINISHED, RunResult, Status
 from backend.spec import ExperimentSpec
+from backend.spec_text import clean_tags
 from db import result_rows as rr
 from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
                        Worker, utcnow)
@@ -68,7 +69,8 @@ def submit_experiments(engine: Engine, specs: Iterable[ExperimentSpec], *, tags:
 
 
 def set_tags(engine: Engine, experiment_id: int, tags: Iterable[str]) -> list[str]:
-    """Replace the experiment's tags (stored verbatim; empty strings and duplicates dropped)."""
+    """Replace the experiment's tags (stored verbatim; empty strings and duplicates dropped; InputError for a tag
+    too long or with control characters, backend/spec_text.py)."""
     clean = _clean_tags(tags)
     with writer(engine) as s, s.begin():
         _require(s, experiment_id)
@@ -79,9 +81,8 @@ def set_tags(engine: Engine, experiment_id: int, tags: Iterable[str]) -> list[st
 
 
 def _clean_tags(tags: Iterable[str]) -> list[str]:
-    if isinstance(tags, str):
-        tags = [tags]
-    return list(dict.fromkeys(t for t in tags if t))
+    """Empty strings and duplicates dropped; InputError (a ValueError) for a tag the spec's text rules refuse."""
+    return clean_tags(tags)
 
 
 def _require(s, experiment_id: int) -> Experiment:
@@ -182,9 +183,10 @@ def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, s
 
 
 def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
-    """ROW_KEYS + tags + log_tail, traceback, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None)."""
+    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None)."""
 
-    extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json)
+    extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json,
+             Experiment.run_uid)
     stmt = select(*[getattr(Experiment, k) for k in ROW_KEYS], *extra).where(Experiment.id == experiment_id)
     with engine.connect() as conn:
         row = conn.execute(stmt).first()
@@ -231,13 +233,32 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
     return submit_experiment(engine, spec, tags=tags, sweep_id=sweep, requeue_of=experiment_id)
 
 
-def delete_experiment(engine: Engine, experiment_id: int) -> None:
-    """Delete an experiment and all its result rows. A running one must be cancelled first."""
+def delete_experiment(engine: Engine, experiment_id: int) -> dict[str, Any]:
+    """Delete an experiment and all its result rows. A running one must be cancelled first. Returns what locates
+    its run folder ({"id", "run_uid", "executor"}): backend.run_folders.delete_run removes that too."""
     with writer(engine) as s, s.begin():
         exp = _require(s, experiment_id)
         if exp.status == Status.RUNNING:
             raise ValueError(f"experiment {experiment_id} is running: cancel it before deleting")
+        gone = {"id": exp.id, "run_uid": exp.run_uid, "executor": _executor(exp.spec_json)}
         s.delete(exp)
+    return gone
+
+
+def _executor(spec_json: str) -> str:
+    try:
+        return str((json.loads(spec_json).get("runtime") or {}).get("executor") or "local")
+    except (ValueError, AttributeError):
+        return "local"
+
+
+def run_uids(engine: Engine, ids: Iterable[int] | None = None) -> dict[int, str]:
+    """{experiment id: run_uid} of the given experiments (every experiment when ids is None)."""
+    stmt = select(Experiment.id, Experiment.run_uid)
+    if ids is not None:
+        stmt = stmt.where(Experiment.id.in_(list(ids)))
+    with engine.connect() as conn:
+        return {eid: uid for eid, uid in conn.execute(stmt).all()}
 
 
 def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> int | None:
@@ -255,8 +276,20 @@ def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> in
         return eid if done.rowcount == 1 else None
 
 
+def release_claim(engine: Engine, experiment_id: int, worker_id: str) -> bool:
+    """Put a claimed experiment back in the queue (its launch failed because of the host, not the run): running
+    -> queued, only while this worker still holds it. True when it went back."""
+    with writer(engine) as s, s.begin():
+        done = s.execute(update(Experiment).where(
+            Experiment.id == experiment_id, Experiment.status == Status.RUNNING, Experiment.worker_id == worker_id).values(
+            status=str(Status.QUEUED), worker_id=None, host=None, started_at=None, heartbeat_at=None,
+            progress_step=None, progress_total=None, progress_phase=None))
+        return done.rowcount == 1
+
+
 def update_progress(engine: Engine, experiment_id: int, step: int | None, total: int | None, phase: str | None) -> bool:
-    """Record progress and a heartbeat; returns True when a cancel was requested."""
+    """Record progress and a heartbeat (values a rank printed are bounded first: an integer step and total, a
+    phase of at most 32 plain characters); returns True when a cancel was requested."""
     return heartbeat(engine, experiment_id, progress=(step, total, phase))
 
 
@@ -267,7 +300,7 @@ def heartbeat(engine: Engine, experiment_id: int, *, worker_id: str | None = Non
     now = utcnow()
     values: dict[str, Any] = {"heartbeat_at": now}
     if progress is not None:
-        values.update(progress_step=progress[0], progress_total=progress[1], progress_phase=progress[2])
+        values.update(rr.progress_columns(*progress))
     with writer(engine) as s, s.begin():
         s.execute(update(Experiment).where(Experiment.id == experiment_id).values(**values))
         if worker_id is not None:
@@ -282,9 +315,13 @@ def cancel_requested(engine: Engine, experiment_id: int) -> bool:
 
 
 def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
-    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows."""
+    """Store a complete RunResult in ONE transaction: status, summary, rank, comm, loss and timeline rows. The
+    experiment's row is locked first (FOR UPDATE; SQLite's BEGIN IMMEDIATE already serialises), so two writers
+    storing the same result (a worker and one importing its result.json) follow each other instead of
+    colliding on the child rows."""
     with writer(engine) as s, s.begin():
-        _require(s, experiment_id)
+        if s.execute(select(Experiment.id).where(Experiment.id == experiment_id).with_for_update()).first() is None:
+            raise NotFound(f"no experiment with id {experiment_id}")
         for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
             s.execute(delete(model).where(model.experiment_id == experiment_id))
         s.execute(update(Experiment).where(Experiment.id == experiment_id).values(

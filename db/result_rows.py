@@ -29,11 +29,32 @@ def spec_columns(spec: ExperimentSpec) -> dict[str, Any]:
     }
 
 
+PHASE_CHARS = 32  # experiments.progress_phase is VARCHAR(32)
+
+
+def storable_text(text: str | None) -> str | None:
+    """Text both stores accept: PostgreSQL refuses NUL bytes and lone surrogates (a rank's log or traceback can
+    hold either), so they are escaped, never dropped silently."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def progress_columns(step: Any, total: Any, phase: Any) -> dict[str, Any]:
+    """Progress as a rank reported it, bounded to what the columns hold (an int or None, <= 32 characters)."""
+    def as_int(v: Any) -> int | None:
+        return v if type(v) is int and -2**31 <= v < 2**31 else None
+
+    text = None if phase is None else storable_text(str(phase))[:PHASE_CHARS]
+    return {"progress_step": as_int(step), "progress_total": as_int(total), "progress_phase": text}
+
+
 def summary_columns(result: RunResult) -> dict[str, Any]:
     peaks = [r.measured.peak_bytes for r in result.per_rank] if str(result.status) == "ok" else []
     return {
-        "status": str(result.status), "error": result.error, "failing_rank": result.failing_rank,
-        "log_tail": result.log_tail, "traceback": result.traceback,
+        "status": str(result.status), "error": storable_text(result.error), "failing_rank": result.failing_rank,
+        "log_tail": storable_text(result.log_tail), "traceback": storable_text(result.traceback),
         "env_json": json.dumps(result.env, default=str), "step_s_median": result.step_s_median,
         "tokens_per_s": result.tokens_per_s, "loss_max_abs_diff": result.loss_max_abs_diff,
         "bubble_measured": result.bubble_measured, "bubble_predicted": result.bubble_predicted,

@@ -11,6 +11,13 @@ such as a job claim holds the write lock from its first statement and two worker
 the same row; a deferred write transaction could also fail with SQLITE_BUSY_SNAPSHOT, which
 busy_timeout does not retry.
 
+A SQLite store is one file, and a file can vanish under a running process: the worker then wrote to a deleted
+inode and a later CLI call silently created an empty store at the same path. So the first open of a path writes
+a marker beside it (`<file>.id`) and records the file's (device, inode); every transaction checks the path
+still holds that inode (`StoreGone` otherwise), pooled connections open the file read-write without creating
+it, and a path whose marker exists but whose file does not is refused (`StoreMissing`) instead of being
+re-created empty. A path used for the first time is created as before.
+
 PostgreSQL (`postgresql+psycopg://user@host:port/db`, a team's shared store) runs the same Alembic
 migrations (serialised by an advisory lock, db/migrations) and needs no BEGIN IMMEDIATE: transactions are
 READ COMMITTED and the job claim takes its row with `SELECT ... FOR UPDATE SKIP LOCKED` (db.queries.claim_next),
@@ -19,8 +26,11 @@ so concurrent workers skip a row another worker is claiming instead of waiting f
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -35,7 +45,21 @@ _BEGIN_OPTION = "shardlab_begin"
 
 _engines: dict[str, Engine] = {}
 _migrated: set[str] = set()
+_identity: dict[str, tuple[int, int]] = {}
+"""SQLite URL -> (st_dev, st_ino) of the file its cached engine opened."""
 _lock = threading.Lock()
+
+
+class StoreError(RuntimeError):
+    """The configured store cannot be used as it is; the message says what happened and what to do."""
+
+
+class StoreMissing(StoreError):
+    """A SQLite store that was created before is gone: refusing to create an empty one in its place."""
+
+
+class StoreGone(StoreError):
+    """The SQLite file this process opened was removed or replaced while it ran."""
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -51,27 +75,86 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def get_engine(url: str | None = None) -> Engine:
-    """One cached engine per URL (schema not touched: see `init_db` / `open_db`)."""
+    """One cached engine per URL (schema not touched: see `init_db` / `open_db`). A SQLite file replaced since
+    the cached engine opened it gets a new engine here (the old one keeps raising StoreGone for its holders)."""
     url = resolve_url(url)
     with _lock:
         engine = _engines.get(url)
+        if engine is not None and url in _identity and _file_identity(sqlite_path(url)) not in (None, _identity[url]):
+            engine.dispose()
+            engine = None
+            _migrated.discard(url)
         if engine is None:
             engine = _engines[url] = _create(url)
         return engine
+
+
+def marker_path(path: Path) -> Path:
+    """Beside a SQLite store: remembers that the store was created, so its loss is noticed."""
+    return path.with_name(path.name + ".id")
+
+
+def _file_identity(path: Path | None) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path) if path is not None else None
+    except FileNotFoundError:
+        return None
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
+def _first_use_or_refuse(path: Path) -> None:
+    """Create the store file on first use; refuse to re-create one whose marker says it existed."""
+    marker = marker_path(path)
+    if not path.exists():
+        if marker.exists():
+            try:
+                created = json.loads(marker.read_text()).get("created_at", "?")
+            except (OSError, ValueError):
+                created = "?"
+            raise StoreMissing(f"the SQLite store {path} is gone (created {created}; {marker} remembers it). ShardLab "
+                               f"will not silently start an empty store in its place: restore the file, or delete "
+                               f"{marker} to start a new, empty store at that path")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite3.connect(path).close()
+    if not marker.exists():
+        try:
+            marker.write_text(json.dumps({"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                          "path": str(path)}))
+        except OSError:
+            pass  # a read-only folder: the store still works, its loss just is not remembered
 
 
 def _create(url: str) -> Engine:
     path = sqlite_path(url)
     if not make_url(url).drivername.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
-    _tune_sqlite(engine, wal=path is not None)
+    if path is None:  # in-memory
+        engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+        _tune_sqlite(engine, wal=False)
+        return engine
+    _first_use_or_refuse(path)
+    _identity[url] = _file_identity(path)
+    uri = path.resolve().as_uri() + "?mode=rw"  # never create: a vanished file must not come back empty
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+
+    engine = create_engine(url, creator=connect)
+    _tune_sqlite(engine, wal=True, path=path, identity=_identity[url])
     return engine
 
 
-def _tune_sqlite(engine: Engine, *, wal: bool) -> None:
+def check_store_file(path: Path, identity: tuple[int, int] | None) -> None:
+    """Raise StoreGone when `path` no longer holds the file (device, inode) this process opened."""
+    now = _file_identity(path)
+    if now == identity:
+        return
+    what = "was removed" if now is None else f"was replaced by another file (inode {identity[1]} -> {now[1]})"
+    raise StoreGone(f"the SQLite store {path} {what} while this process had it open; stopping so that nothing more "
+                    "is written to a file nobody will read (results already on disk stay in their run folders)")
+
+
+def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None, identity: tuple[int, int] | None = None) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None
@@ -85,6 +168,8 @@ def _tune_sqlite(engine: Engine, *, wal: bool) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
+        if path is not None:
+            check_store_file(path, identity)
         conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_BEGIN_OPTION, 'DEFERRED')}")
 
 
@@ -126,3 +211,4 @@ def forget_engines() -> None:
             engine.dispose()
         _engines.clear()
         _migrated.clear()
+        _identity.clear()

@@ -59,24 +59,47 @@ def _process_gone(pid: int, pid_started: float | None) -> bool:
         return False
 
 
-process_gone = _process_gone
-"""Public name for backend/cluster/reattach.py (tests patch `_process_gone`, which recover_dead_workers calls)."""
-
-
-def recover_dead_workers(engine: Engine, host: str) -> list[int]:
-    """Interrupt the running experiments of workers on `host` whose process no longer exists; returns their ids.
-    Workers already marked stopped or dead are not looked at again."""
+def mark_dead_workers(engine: Engine, host: str) -> list[str]:
+    """Mark `dead` the workers on `host` whose process no longer exists; returns their ids. Workers already
+    marked stopped or dead are not looked at again."""
     with writer(engine) as s, s.begin():
         workers = s.execute(select(Worker).where(Worker.host == host, Worker.state.not_in(("stopped", "dead")))).scalars().all()
         dead = [w for w in workers if _process_gone(w.pid, w.pid_started)]
-        if not dead:
-            return []
         for w in dead:
             w.state = "dead"
-        ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING,
-                                                    Experiment.worker_id.in_([w.id for w in dead]))).all()
+        return [w.id for w in dead]
+
+
+def interrupt_jobs_of_dead_workers(engine: Engine, host: str) -> list[int]:
+    """Interrupt the running experiments of workers on `host` marked dead; returns their ids. Call it after
+    importing the results those workers left on disk (backend/worker_recovery.py)."""
+    with writer(engine) as s, s.begin():
+        dead = select(Worker.id).where(Worker.host == host, Worker.state == "dead")
+        ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING, Experiment.worker_id.in_(dead))).all()
         if ids:
             from db.queries import mark_interrupted
 
             mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)")
         return list(ids)
+
+
+def recover_dead_workers(engine: Engine, host: str) -> list[int]:
+    """Interrupt the running experiments of workers on `host` whose process no longer exists; returns their ids."""
+    mark_dead_workers(engine, host)
+    return interrupt_jobs_of_dead_workers(engine, host)
+
+
+def process_gone(pid: int, pid_started: float | None) -> bool:
+    """Whether the process of a worker row is gone (dead, a zombie, or its pid recycled by another process)."""
+    return _process_gone(pid, pid_started)
+
+
+def gone_worker_ids(engine: Engine, host: str, stale_after_s: float | None) -> set[str]:
+    """Workers that can no longer be working on anything: stopped or dead, a process gone on this host, or (with
+    stale_after_s) silent for longer than that."""
+    now = utcnow()
+    with engine.connect() as conn:
+        rows = conn.execute(select(Worker.id, Worker.host, Worker.pid, Worker.pid_started, Worker.state,
+                                   Worker.heartbeat_at)).all()
+    return {r.id for r in rows if r.state in ("stopped", "dead") or (r.host == host and _process_gone(r.pid, r.pid_started))
+            or (stale_after_s is not None and (now - r.heartbeat_at).total_seconds() > stale_after_s)}

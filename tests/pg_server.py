@@ -77,12 +77,21 @@ class PgServer:
         self.root.chmod(0o755)
         subprocess.run(self._cmd(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
                                  "-E", "UTF8", "--no-sync"), check=True, capture_output=True, timeout=120)
+        self.resume()
+        return self
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (a real outage: clients see connections refused until resume)."""
+        subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"),
+                       check=True, capture_output=True, timeout=90)
+
+    def resume(self) -> None:
+        """Start the server (again) on the same port and data."""
         opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=300 "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
         subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l",
                                  str(self.root / "server.log"), "-w", "-t", "60", "start"),
                        check=True, capture_output=True, timeout=90)
-        return self
 
     def stop(self) -> None:
         subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"),

@@ -52,3 +52,40 @@ def fake_result(s: ExperimentSpec, status: str = "ok", *, seed: int = 0) -> RunR
                      {"rank": 1, "stage": 1, "microbatch": 0, "pass": "B", "start_s": 0.01, "end_s": 0.03}],
         "wall_s": 12.5,
     })
+
+
+class SmallFs:
+    """A real small file system: a tmpfs of `size` mounted at `path` (root only), filled and freed on demand."""
+
+    def __init__(self, path: Path, size: str = "4m"):
+        self.path, self.size = Path(path), size
+
+    def mount(self) -> str | None:
+        """Mount it; None, or why it cannot be mounted here (the fault tests are then skipped with that reason)."""
+        import os
+        import subprocess
+
+        if os.geteuid() != 0:
+            return "mounting a small tmpfs needs root"
+        self.path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path)],
+                              capture_output=True, text=True)
+        return None if done.returncode == 0 else f"mount -t tmpfs failed: {done.stderr.strip()}"
+
+    def fill(self) -> None:
+        """Take every free byte (a file grown until the file system says it is full)."""
+        with open(self.path / ".filler", "ab", buffering=0) as f:
+            for chunk in (1 << 16, 1 << 12, 1 << 9, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                except OSError:
+                    continue
+
+    def free(self) -> None:
+        (self.path / ".filler").unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)

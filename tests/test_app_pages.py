@@ -52,7 +52,7 @@ def _spec(strategy="ddp", world=2, **parallel):
 
 
 def _texts(at: AppTest) -> str:
-    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption") for e in at.get(kind)]
+    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text") for e in at.get(kind)]
     parts += [c.value for c in at.code]
     return "\n".join(str(p) for p in parts)
 

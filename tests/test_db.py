@@ -16,7 +16,7 @@ from db.session import DEFAULT_DB_PATH, get_engine, resolve_url, writer
 from store_helpers import fake_result, file_db, spec
 
 NASTY = ["Robert'); DROP TABLE experiments;--", '"quoted"', "ünï©ødé 🚀", '=HYPERLINK("http://x.example","click")',
-         "100%_done", "-1", "a,b;c\nd"]
+         "100%_done", "-1", "a,b;c d"]
 
 
 @pytest.fixture

@@ -8,8 +8,11 @@ import json
 
 import pytest
 
+from sqlalchemy import update
+
 from db import queries as q
 from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise, table
+from db.models import Experiment, ExperimentTag
 from store_helpers import fake_result, spec
 
 EVIL_NAME = '=HYPERLINK("http://evil.example","click")'
@@ -22,12 +25,18 @@ def stored(store_urls):
     ids = {}
     for i, (name, status) in enumerate([(EVIL_NAME, "ok"), ("-negative name", "failed"), ("plain", "ok")]):
         s = spec(name, strategy="zero1" if i == 1 else "ddp")
-        eid = q.submit_experiment(engine, s, tags=TAGS if i == 0 else ["\tTAB"])
+        eid = q.submit_experiment(engine, s, tags=TAGS if i == 0 else ["TAB"])
         q.claim_next(engine, "w")
         res = fake_result(s, status, seed=i + 1)
         q.store_result(engine, eid, res)
         ids[eid] = res
-    ids[q.submit_experiment(engine, spec("\rqueued"))] = None
+    queued = q.submit_experiment(engine, spec("queued"))
+    ids[queued] = None
+    # Control characters are refused at submit since issue 21; rows stored before that may still hold them, and
+    # the export must neutralise them: written straight into the tables, as an older version stored them.
+    with engine.begin() as c:
+        c.execute(update(ExperimentTag).where(ExperimentTag.tag == "TAB").values(tag="\tTAB"))
+        c.execute(update(Experiment).where(Experiment.id == queued).values(name="\rqueued"))
     return engine, ids
 
 
@@ -123,9 +132,12 @@ def test_csv_equals_the_cell_by_cell_reference(stored, filters):
     """export_csv guards text in SQL and, for the long CSV, formats each experiment's cells once for all its
     ranks: byte for byte what the straightforward join + Python guard gives, CR/LF and commas included."""
     engine, _ = stored
-    s = spec("a,b\r\n=c")
-    eid = q.submit_experiment(engine, s, tags=["x\ny", "=t"], sweep_id="-sw")
+    s = spec("a,b =c")
+    eid = q.submit_experiment(engine, s, tags=["x y", "=t"], sweep_id="-sw")
     q.store_result(engine, eid, fake_result(s, "ok", seed=7))
+    with engine.begin() as c:  # CR/LF in text: only in rows stored before issue 21's text rules (see `stored`)
+        c.execute(update(Experiment).where(Experiment.id == eid).values(name="a,b\r\n=c"))
+        c.execute(update(ExperimentTag).where(ExperimentTag.experiment_id == eid, ExperimentTag.tag == "x y").values(tag="x\ny"))
     for long in (False, True):
         text = export_csv(engine, long=long, **filters)
         assert text == _reference_csv(engine, long, **filters)

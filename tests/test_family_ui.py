@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.analytic.params import count_params
-from backend.hf_config import HFConfigError
+from backend.hf_config import HFConfigError, parsed_fields
 from backend.ui import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -46,7 +46,8 @@ def test_hf_upload_values_and_refusal():
     values, notes = sf.apply_hf_config(cfg, file="config.json", seq_len=8192)
     spec, problems = sf.form_to_spec(_form(**values))
     assert problems == [] and count_params(spec.model) == 8_030_261_248
-    assert spec.model.source["hf_config"] == cfg and spec.model.source["file"] == "config.json"
+    # issue 21: the run keeps the config's parsed fields, not the whole uploaded file
+    assert spec.model.source["hf_config"] == parsed_fields(cfg) and spec.model.source["file"] == "config.json"
     with pytest.raises(HFConfigError, match="use_parallel_residual"):
         sf.apply_hf_config(json.loads((HF / "pythia-160m.json").read_text()), file="pythia.json")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backend.analytic.params import count_params
-from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+from backend.hf_config import HFConfigError, from_hf_config, load_hf_config, parsed_fields
 from backend.presets import PRESETS, preset_model
 from backend.spec import ModelSpec
 
@@ -34,7 +34,9 @@ def test_family_config_gives_preset_count(file, preset):
     for f in ("norm", "mlp", "positions", "bias", "tie_embeddings", "n_kv_heads", "n_experts", "top_k",
               "expert_ffn_hidden", "n_shared_experts", "shared_expert_gate"):
         assert getattr(m, f) == getattr(same, f), f
-    assert m.source == {"hf_config": cfg, "file": file}  # the run keeps the source config with its spec
+    # the run keeps the config's parsed fields with its spec (issue 21: not ids, labels or other metadata)
+    assert m.source == {"hf_config": parsed_fields(cfg), "file": file}
+    assert m.source["hf_config"]["model_type"] == cfg["model_type"] and "architectures" not in m.source["hf_config"]
 
 
 def test_gpt_neox_parallel_residual_refused_by_name():

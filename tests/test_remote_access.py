@@ -100,6 +100,9 @@ def test_hostile_names_and_tags_never_reach_a_command_line_or_batch_script(text,
     from backend.launch.torchrun import build_command
 
     spec, problems = validate_spec({**TINY, "name": text, "parallel": {"strategy": "ddp", "world_size": 2}})
+    if "\n" in text:  # issue 21: names are plain text, a newline is refused before anything is stored or launched
+        assert spec is None and "control character U+000A" in problems[0]
+        return
     assert not problems and spec.name == text  # stored verbatim, as data
     cmd = build_command(spec, tmp_path / "spec.json", tmp_path)
     assert all(text not in arg for arg in cmd)
@@ -129,11 +132,14 @@ def test_the_cli_passes_a_hostile_name_as_one_argument_to_the_store(tmp_path, ca
     from db.session import open_db
 
     url = f"sqlite:///{tmp_path / 'h.db'}"
-    name = HOSTILE[0] + HOSTILE[3]
-    assert main(["submit", "--db", url, "--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16",
-                 "--vocab", "64", "--global-batch", "4", "--micro-batch", "2", "--steps", "2", "--name", name,
-                 *[f"--tag={t}" for t in HOSTILE]]) == 0
+    name = HOSTILE[0] + HOSTILE[4]
+    plain = [t for t in HOSTILE if "\n" not in t]  # issue 21: a newline is refused (exit 2), the rest is stored as data
+    flags = ["submit", "--db", url, "--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16",
+             "--vocab", "64", "--global-batch", "4", "--micro-batch", "2", "--steps", "2"]
+    assert main([*flags, "--name", HOSTILE[0] + HOSTILE[3]]) == 2 and main([*flags, f"--tag={HOSTILE[3]}"]) == 2
+    capsys.readouterr()
+    assert main([*flags, "--name", name, *[f"--tag={t}" for t in plain]]) == 0
     row = q.get_experiment(open_db(url), int(capsys.readouterr().out))
-    assert row["name"] == name and sorted(row["tags"]) == sorted(HOSTILE)
+    assert row["name"] == name and sorted(row["tags"]) == sorted(plain)
     assert not Path("/tmp/pwned").exists()
     assert shlex.quote(name) != name  # (the check above would be vacuous for a harmless name)

@@ -42,12 +42,14 @@ def _live(url: str, rid: int) -> None:
     e = store.get_run(url, rid)
     if e is None:
         st.rerun(scope="app")
-    st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}: {rv.progress_text(e)}")
+    st.progress(rv.progress_fraction(e) or 0.0, text=f"{STATUS_ICON.get(e['status'], '')} {e['status']}")
+    st.text(rv.progress_text(e))  # a rank's or SLURM's words: plain text
 
 
 def _failure(e: dict) -> None:
     res = e.get("result")
-    st.error(f"**{e['status']}**: {e.get('error') or (res.error if res else '') or 'no error message recorded'}")
+    st.error(f"**{e['status']}**")
+    st.text(e.get("error") or (res.error if res else "") or "no error message recorded")
     rank = e.get("failing_rank") if e.get("failing_rank") is not None else (res.failing_rank if res else None)
     if rank is not None:
         st.markdown(f"Failing rank: **{rank}**")
@@ -93,7 +95,7 @@ def _step_prediction(res) -> None:
     except Exception as e:  # noqa: BLE001 - the run page still renders
         pred, why = None, f"the step-time model failed: {e}"
     if pred is None:
-        st.caption(f"No step-time comparison: {why}")
+        st.text(f"No step-time comparison: {why}")
         return
     c1, c2, c3 = st.columns(3)
     c1.metric("step time measured (min over steps)", f"{pred['measured_s']:.3f} s")
@@ -140,7 +142,7 @@ def _result(res) -> None:
         c2.plotly_chart(sf_, key="steps")
     _timeline(res)
     for n in res.notes:
-        st.caption(f":material/info: {n}")
+        st.text(f"ⓘ {n}")
 
 
 def _framework_panels(res) -> None:
@@ -178,8 +180,14 @@ if e is None:
     st.warning(f"Run #{rid} does not exist (deleted?). Pick another run above.")
     st.stop()
 spec, res = e["spec"], e.get("result")
-st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid} {spec.name or ''}")
-st.caption(sf.describe(spec) + (f" · tags: {', '.join(e['tags'])}" if e.get("tags") else ""))
+# User text (name, tags, errors, notes) goes into st.text: markdown would render a name's ![image](url) (the browser
+# fetches it) and turn any URL into a link, even backslash-escaped (issue 21).
+st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid}")
+if spec.name:
+    st.text(spec.name)
+st.caption(sf.describe(spec))
+if e.get("tags"):
+    st.text("tags: " + ", ".join(e["tags"]))
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
     if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+from backend.spec_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec_fields import FLAGS
@@ -35,7 +35,7 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
-                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
     parser.add_argument("--run-here", action="store_true",
                         help="scale the --preset/--hf-config model down for this CPU, keeping its family")
 
@@ -43,7 +43,7 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
 def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The spec as a plain dict: --spec file first, then --preset / --hf-config (the model section), then each
     flag that was given. Raises HFConfigError for a config ShardLab cannot model."""
-    data: dict[str, Any] = json.loads(args.spec.read_text()) if getattr(args, "spec", None) else {}
+    data: dict[str, Any] = load_spec_file(args.spec) if getattr(args, "spec", None) else {}
     model_src = _model_source(args)
     if model_src is not None:
         data["model"] = model_src
@@ -54,6 +54,17 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _put(data, "parallel", "sequence_parallel", getattr(args, "spec_sequence_parallel", None))
     _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
     _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
+    return data
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """A --spec file as a dict; InputError (size, depth, not JSON, not an object) with the reason."""
+    data = load_json_file(path, "--spec")
+    if not isinstance(data, dict):
+        raise InputError(f"--spec {path} holds a JSON {type(data).__name__}, not an object of spec sections")
+    for section in ("model", "train", "parallel", "runtime"):
+        if section in data and not isinstance(data[section], dict):
+            raise InputError(f"--spec {path}: section {section!r} is a JSON {type(data[section]).__name__}, not an object")
     return data
 
 
@@ -85,8 +96,6 @@ def spec_from_args(args: argparse.Namespace, *, predict_only: bool = False) -> t
     engine can only predict (spec_checks.run_blockers), as `estimate` does."""
     try:
         data = spec_dict_from_args(args)
-    except HFConfigError as e:
+    except (HFConfigError, InputError) as e:
         return None, [str(e)]
-    except (OSError, json.JSONDecodeError) as e:
-        return None, [f"cannot read --spec {args.spec}: {e}"]
     return validate_spec(data, predict_only=predict_only)

@@ -1,8 +1,10 @@
-"""Experiment store commands: submit, list, show, cancel, requeue, delete, tag, export, worker.
+"""Experiment store commands: submit, list, show, cancel, requeue, delete, tag, export, worker, gc.
 
 Every command takes `--db URL` (else SHARDLAB_DB_URL, else <repo>/data/shardlab.db).
 `submit --sweep GRID.json` queues every valid grid point under one sweep id and reports the invalid
 ones on stderr (exit 0 if any point was queued, 2 if none); `--strict` queues nothing if any point is invalid.
+Text people typed (names, tags, errors) is printed with control characters escaped, so it cannot move the
+cursor or fake rows. A store that cannot be used (its SQLite file gone or replaced) exits 2 with the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_dict_from_args, spec_from_args
 from backend.result import Status
 from backend.spec import Strategy
+from backend.spec_text import InputError, load_json_file, printable
+from db.session import StoreError
 
 
 def _db(p: argparse.ArgumentParser) -> None:
@@ -91,7 +95,24 @@ def register(sub) -> None:
     p.add_argument("--runs-dir", type=Path, help="job work folders (default: runs/ beside the SQLite file)")
     p.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID exits, as on SIGTERM (the "
                    "dashboard passes its own pid to the worker it starts)")
+    p.add_argument("--recover-every-s", type=float, help="look for dead workers' jobs this often while polling "
+                   "(default: stale-after-s / 4, between 2 and 30)")
+    p.add_argument("--min-free-mb", type=float, default=64.0, help="pause claiming while the runs folder has less free "
+                   "space (default 64)")
+    p.add_argument("--max-backoff-s", type=float, default=30.0, help="longest wait between tries while the store is "
+                   "unavailable (default 30)")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("gc", help="remove folders finished or deleted runs left behind (run folders, temp folders)")
+    _db(p)
+    p.add_argument("--runs-dir", type=Path, help="run folders (default: runs/ beside the SQLite file; the SLURM run_dir too)")
+    p.add_argument("--older-than-h", type=float, default=1.0, help="temp folders must be this old (default 1)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
+    for parser in sub.choices.values():  # every store command: an unusable store is exit 2 with the reason
+        if parser.get_default("func") in _GUARDED:
+            parser.set_defaults(func=_guarded(parser.get_default("func")))
 
 
 def _engine(args):
@@ -100,11 +121,32 @@ def _engine(args):
     return open_db(args.db)
 
 
+def _guarded(func):
+    """An unusable store exits 2 with the reason; an unreachable or read-only one exits 1 with the driver's
+    first line (never a traceback)."""
+    def run(args) -> int:
+        from backend.store_guard import is_transient, short
+
+        try:
+            return func(args)
+        except StoreError as e:
+            return fail(str(e))
+        except Exception as e:  # noqa: BLE001
+            if not is_transient(e):
+                raise
+            print(f"error: the store is unavailable ({short(e)}); nothing was changed", file=sys.stderr)
+            return 1
+
+    run.__wrapped__ = func
+    return run
+
+
 def _dump(obj) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
 
 
 def cmd_submit(args) -> int:
+    """Queue one spec (or a sweep); exit 2 for an invalid spec, tag or unusable store."""
     from db import queries as q
 
     if args.sweep:
@@ -126,7 +168,10 @@ def cmd_submit(args) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         if not verdict.ok:
             return fail(f"nothing queued: {verdict.refusal()}")
-    eid = q.submit_experiment(_engine(args), spec, tags=args.tag)
+    try:
+        eid = q.submit_experiment(_engine(args), spec, tags=args.tag)
+    except InputError as e:
+        return fail(str(e))
     print(_dump({"ids": [eid]}) if args.json else eid)
     return 0
 
@@ -136,15 +181,18 @@ def _submit_sweep(args) -> int:
 
     try:
         base = spec_dict_from_args(args)
-        grid = json.loads(args.sweep.read_text())
+        grid = load_json_file(args.sweep, "sweep grid")
         valid, invalid = expand_grid(base, grid)
-    except (OSError, json.JSONDecodeError, ValueError) as e:
+    except (OSError, ValueError) as e:
         return fail(f"cannot use sweep {args.sweep}: {e}")
     for bad in invalid:
         print(f"invalid point {json.dumps(bad['point'])}: " + "; ".join(bad["problems"]), file=sys.stderr)
     if not valid or (invalid and args.strict):
         return fail(f"{len(invalid)} of {len(valid) + len(invalid)} sweep points are invalid; nothing queued")
-    sweep_id, ids, invalid = submit_sweep(_engine(args), base, grid, tags=args.tag)
+    try:
+        sweep_id, ids, invalid = submit_sweep(_engine(args), base, grid, tags=args.tag)
+    except InputError as e:
+        return fail(str(e))
     print(f"sweep {sweep_id}: queued {len(ids)}, skipped {len(invalid)} invalid", file=sys.stderr)
     print(_dump({"sweep_id": sweep_id, "ids": ids, "invalid": invalid}) if args.json else "\n".join(map(str, ids)))
     return 0
@@ -164,9 +212,9 @@ def cmd_list(args) -> int:
         degrees = f"{r['dp']}×{r['tp']}×{r['pp']}×{r['ep']}"
         step = f"{r['step_s_median']:.4f}" if r["step_s_median"] is not None else "-"
         tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] is not None else "-"
-        tags = f" [{', '.join(r['tags'])}]" if r["tags"] else ""
-        print(f"{r['id']:>5} {r['status']:<11} {r['strategy']:<8} {r['world_size']:>5} {degrees:<12} {prog:<14} {step:>8} "
-              f"{tps:>9}  {r['name']}{tags}")
+        tags = f" [{', '.join(printable(t) for t in r['tags'])}]" if r["tags"] else ""
+        print(f"{r['id']:>5} {r['status']:<11} {r['strategy']:<8} {r['world_size']:>5} {degrees:<12} {printable(prog):<14} "
+              f"{step:>8} {tps:>9}  {printable(r['name'])}{tags}")
     return 0
 
 
@@ -184,7 +232,7 @@ def cmd_show(args) -> int:
         return 0
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
-            print(f"{k:>18}: {v}")
+            print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
     if result is not None:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
@@ -204,6 +252,8 @@ def _lifecycle(args, action) -> int:
     except q.NotFound as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except InputError as e:
+        return fail(str(e))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -219,7 +269,13 @@ def cmd_requeue(args) -> int:
 
 
 def cmd_delete(args) -> int:
-    return _lifecycle(args, lambda q, e, i: q.delete_experiment(e, i) or f"deleted {i}")
+    from backend.run_folders import delete_run
+
+    def delete(_q, engine, i) -> str:
+        removed = delete_run(engine, i)
+        return f"deleted {i}" + "".join(f"; removed its run folder {f}" for f in removed)
+
+    return _lifecycle(args, delete)
 
 
 def cmd_tag(args) -> int:
@@ -243,15 +299,47 @@ def cmd_export(args) -> int:
 
 
 def cmd_worker(args) -> int:
+    """Exit 0 when stopped or done; 2 when the store cannot be used (its file gone); it waits out outages."""
     from backend.worker import Worker, install_signal_handlers
+    from db.session import get_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    worker = Worker(_engine(args), runs_dir=args.runs_dir, poll_s=args.poll_s, heartbeat_s=args.heartbeat_s,
-                    stale_after_s=args.stale_after_s)
+    worker = Worker(get_engine(args.db), runs_dir=args.runs_dir, poll_s=args.poll_s, heartbeat_s=args.heartbeat_s,
+                    stale_after_s=args.stale_after_s, recover_every_s=args.recover_every_s,
+                    min_free_bytes=int(args.min_free_mb * 2**20))
+    worker.max_backoff_s = args.max_backoff_s
     install_signal_handlers(worker)
     if args.exit_with is not None:
         from backend.ui.worker_ctl import follow_parent
 
         follow_parent(args.exit_with, worker.stop)
     return worker.serve(once=args.once, drain=args.drain, concurrency=args.concurrency)
+
+
+def cmd_gc(args) -> int:
+    from backend.cleanup import collect
+    from backend.run_folders import default_runs_dir
+
+    engine = _engine(args)
+    runs = [args.runs_dir or default_runs_dir(engine)]
+    try:
+        from backend.cluster.config import load
+
+        runs.append(load().run_dir)
+    except ValueError:
+        pass
+    report = collect(engine, runs, older_than_s=args.older_than_h * 3600, dry_run=args.dry_run)
+    if args.json:
+        print(_dump({"removed": report.removed, "bytes": report.bytes, "kept_in_use": report.kept_in_use,
+                     "dry_run": report.dry_run}))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for r in report.removed:
+        print(f"{verb} {r['path']} ({r['bytes'] / 2**20:.1f} MiB): {r['why']}")
+    print(f"{verb} {len(report.removed)} folder(s), {report.bytes / 2**20:.1f} MiB; kept {report.kept_in_use} in use or recent",
+          file=sys.stderr)
+    return 0
+
+
+_GUARDED = {cmd_submit, cmd_list, cmd_show, cmd_cancel, cmd_requeue, cmd_delete, cmd_tag, cmd_export, cmd_worker, cmd_gc}

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from backend import run_folders
 from backend.atomic_io import write_atomic
 from backend.cluster import slurm
 from backend.cluster.config import SlurmConfig, load
@@ -42,14 +43,22 @@ STATUS = {"COMPLETED": Status.FAILED, "TIMEOUT": Status.TIMEOUT, "CANCELLED": St
 
 def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[dict], None] | None = None,
                  cancel: threading.Event | None = None, extra_env: dict | None = None,
-                 config: SlurmConfig | None = None, detach: threading.Event | None = None) -> RunResult:
-    """Raises reattach.Detached when `detach` is set (the worker is stopping): the job keeps running."""
+                 config: SlurmConfig | None = None, detach: threading.Event | None = None,
+                 run_uid: str | None = None, adopt: bool = False) -> RunResult:
+    """Raises reattach.Detached when `detach` is set (the worker is stopping): the job keeps running.
+
+    run_uid binds the run folder to the run (backend/run_folders): a fresh run (adopt=False) sets aside any
+    folder another run left under its id and submits; an adopted run re-attaches only to a slurm.json carrying
+    its uid (or none: written before uids existed), and takes a bound result.json already collected as is.
+    Without run_uid (older callers) an existing slurm.json is followed, as before."""
     cfg = config or load()
     workdir = (cfg.run_dir / Path(workdir).name).resolve()
+    if run_uid is not None and adopt and (done := run_folders.bound_result(workdir, run_uid)) is not None:
+        return done
     started_at, t0 = _now(), time.monotonic()
     launch: dict = {"executor": "slurm", "script": str(workdir / SCRIPT_NAME)}
     try:
-        job_id = _attach_or_submit(spec, cfg, workdir, extra_env, launch)
+        job_id = _attach_or_submit(spec, cfg, workdir, extra_env, launch, run_uid, adopt)
     except (slurm.SlurmError, ValueError, OSError) as e:
         result = failed_result(spec, Failure(Status.FAILED, f"could not submit to SLURM: {e}"), launch)
     else:
@@ -60,22 +69,28 @@ def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[
     return result
 
 
-def _attach_or_submit(spec, cfg, workdir: Path, extra_env, launch: dict) -> str:
+def _attach_or_submit(spec, cfg, workdir: Path, extra_env, launch: dict, run_uid: str | None, adopt: bool) -> str:
     record = workdir / "slurm.json"
-    if record.exists():  # this experiment's job was submitted before (a worker restart): follow it, never resubmit
-        job_id = json.loads(record.read_text())["job_id"]
-        launch.update(job_id=job_id, reattached=True)
-        return job_id
+    experiment_id = int(workdir.name) if workdir.name.isdigit() else 0
+    if run_uid is not None and not adopt:
+        run_folders.prepare(workdir, experiment_id, run_uid)  # another run's slurm.json must never be followed
+    elif record.exists():  # this experiment's job was submitted before (a worker restart): follow it, never resubmit
+        data = json.loads(record.read_text())
+        if run_uid is not None and data.get("run_uid") not in (None, run_uid):
+            raise ValueError(f"run folder {workdir} belongs to another run (run_uid {data['run_uid']}, this run "
+                             f"{run_uid}): not re-attaching to its SLURM job {data.get('job_id')}")
+        launch.update(job_id=data["job_id"], reattached=True)
+        return data["job_id"]
     workdir.mkdir(parents=True, exist_ok=True)
     clear_outputs(workdir)
     write_atomic(workdir / "spec.json", spec.to_json())
-    experiment_id = int(workdir.name) if workdir.name.isdigit() else 0
     script = workdir / SCRIPT_NAME
     write_atomic(script, build_script(spec, cfg, experiment_id=experiment_id, workdir=workdir))
     # not the worker's id: a restarted worker kills processes carrying a dead worker's id, and this job outlives it
     job_env = {k: v for k, v in (extra_env or {}).items() if k != WORKER_ENV}
     job_id = slurm.submit(script, env={k: v for k, v in slurm.client_env(job_env).items() if k != WORKER_ENV})
-    write_atomic(record, json.dumps({"job_id": job_id, "submitted_at": _now()}))
+    write_atomic(record, json.dumps({"job_id": job_id, "submitted_at": _now(), "experiment_id": experiment_id,
+                                     **({"run_uid": run_uid} if run_uid else {})}))
     launch.update(job_id=job_id, reattached=False)
     return job_id
 

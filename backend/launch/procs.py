@@ -74,6 +74,7 @@ class Job:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
         self._seen: dict[int, psutil.Process] = {}
+        self._log_error: str | None = None
         self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
         try:
             self.proc = subprocess.Popen(
@@ -95,8 +96,7 @@ class Job:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 with self._lock:
                     self._tail.append(line)
-                    self._log.write(line + "\n")
-                    self._log.flush()
+                    self._write_log(line)
                 if self._on_line is not None:
                     try:
                         self._on_line(line)
@@ -104,11 +104,29 @@ class Job:
                         pass
         finally:
             with self._lock:
+                try:
+                    self._log.close()
+                except OSError:
+                    pass
+
+    def _write_log(self, line: str) -> None:
+        """Append to log.txt; a full or failing disk stops the file (said once in the tail), never the reader:
+        torchrun's pipe must keep draining, or the ranks block writing their output."""
+        if self._log.closed:
+            return
+        try:
+            self._log.write(line + "\n")
+            self._log.flush()
+        except OSError as e:
+            self._log_error = f"[shardlab] log.txt stopped at line {len(self._tail)} of the tail's window: {e}"
+            try:
                 self._log.close()
+            except OSError:
+                pass
 
     def tail(self) -> str:
         with self._lock:
-            return "\n".join(self._tail)
+            return "\n".join([*self._tail, *([self._log_error] if self._log_error else [])])
 
     def poll(self) -> int | None:
         self._remember_descendants()

@@ -2,7 +2,9 @@
 
 `upgrade(engine, revision)` runs inside one BEGIN IMMEDIATE transaction on the caller's engine (on
 PostgreSQL: one transaction holding a transaction-level advisory lock), so two processes opening a fresh
-database at once migrate it exactly once.
+database at once migrate it exactly once. On SQLite that connection has foreign keys switched off first
+(the pragma is a no-op inside a transaction), as SQLite's own table-rebuild procedure requires: a revision
+that recreates `experiments` would otherwise cascade-delete every child row when it drops the old table.
 """
 
 from __future__ import annotations
@@ -44,10 +46,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     from db.session import write_engine
 
     cfg = alembic_config(engine)
-    with write_engine(engine).begin() as conn:
-        if conn.dialect.name == "postgresql":
-            # DDL is transactional here too, but two fresh migrations would both CREATE TABLE: serialise them;
-            # alembic reads the version after the lock, so the second one finds the schema at head.
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    with write_engine(engine).connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        raw = conn.connection.driver_connection
+        if sqlite:
+            raw.execute("PRAGMA foreign_keys=OFF")  # before BEGIN: see the module docstring
+        try:
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    # DDL is transactional here too, but two fresh migrations would both CREATE TABLE: serialise
+                    # them; alembic reads the version after the lock, so the second one finds the schema at head.
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        finally:
+            if sqlite:
+                raw.execute("PRAGMA foreign_keys=ON")

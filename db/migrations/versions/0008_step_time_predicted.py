@@ -1,16 +1,16 @@
 """Issue 20 item 13: experiment_summaries.step_time_predicted_s (RunResult.step_time_predicted_s, the step-time
 model's prediction at run time), for the CSV export. Results stored before this revision have none (NULL).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-26
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
