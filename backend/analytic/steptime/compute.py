@@ -231,13 +231,11 @@ def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[Local
         return PassCost()
     is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
     out = PassCost()
-    if layers:
-        prefix = f"layers.{layers[0]}."
-        block = derived(params, ("block param sizes", prefix), lambda ps: part_param_sizes(
-            [q for q in ps if q.name.startswith(prefix)], is_gemm))
-        one = param_pass(hw, layout, block, implementation)
-        out.add(PassCost(fwd_s=len(layers) * one.fwd_s, bwd_s=len(layers) * one.bwd_s,
-                         recompute_s=len(layers) * one.recompute_s))
+    if layers:  # blocks of one kind have the same sizes: one pass per kind (mixed stacks: a dense prefix, alternation)
+        kinds = derived(params, ("block param sizes", tuple(layers)), lambda ps: _block_kinds(ps, layers, is_gemm))
+        for sizes, count in kinds.items():
+            one = param_pass(hw, layout, sizes, implementation)
+            out.add(PassCost(fwd_s=count * one.fwd_s, bwd_s=count * one.bwd_s, recompute_s=count * one.recompute_s))
     if stage == 0:
         emb = derived(params, ("embedding param sizes", tied_head), lambda ps: part_param_sizes(
             [q for q in ps if q.name.startswith(("tok_emb", "pos_emb"))], lambda q: tied_head and q.name.startswith("tok_emb")))
@@ -247,6 +245,22 @@ def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[Local
             [q for q in ps if q.name.startswith(("norm.", "lm_head"))], lambda q: q.name.startswith("lm_head")))
         out.add(_no_recompute(param_pass(hw, layout, head, implementation)))
     return out
+
+
+def _block_kinds(params: Any, layers: Any, is_gemm: Any) -> dict[tuple[int, int, int, int], int]:
+    """part_param_sizes of each layer, counted by distinct sizes."""
+    by_layer: dict[int, list[LocalParam]] = {}
+    wanted = set(layers)
+    for q in params:
+        if q.name.startswith("layers."):
+            i = int(q.name.split(".", 2)[1])
+            if i in wanted:
+                by_layer.setdefault(i, []).append(q)
+    kinds: dict[tuple[int, int, int, int], int] = {}
+    for i in layers:
+        sizes = part_param_sizes(by_layer.get(i, []), is_gemm)
+        kinds[sizes] = kinds.get(sizes, 0) + 1
+    return kinds
 
 
 def _no_recompute(c: PassCost) -> PassCost:

@@ -2,7 +2,8 @@
 fields are computed by the step-time model's own functions (compute.gemm_s / attention_pass / elementwise_pass /
 head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arrays of layouts.
 
-What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
+What it leaves out, by design (each is a field of the exact model): a mixed stack's second block kind (dense prefix,
+alternation: GEMMs and parameter passes take block 0's for every block), the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
 rank's layers at one layer's cost), the host's DTensor dispatch, the kernel launches of the optimizer and of the
 loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
