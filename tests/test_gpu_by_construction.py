@@ -232,13 +232,13 @@ def test_cuda_rounds_storages_and_keeps_adamw_step_on_host():
 
 def test_cuda_autocast_saves_softmax_twice():
     kw = dict(s=8, b=2, h=24, a=4, kv_heads=4, ffn=96, dtype_bytes=2, autocast=True)
-    cpu = A.model_layer_activation_bytes(**kw, autocast_device="cpu")
-    cuda = A.model_layer_activation_bytes(**kw, autocast_device="cuda")
+    cpu = A.model_layer_activation_bytes(**kw, device="cpu")
+    cuda = A.model_layer_activation_bytes(**kw, device="cuda")
     assert cuda - cpu == 4 * 4 * 8 * 8 * 2  # + 4 B (fp32 probs) per score: a*s*s*b scores
     assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cuda") == 6
     assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cpu") == 2
     no_ac = dict(kw, autocast=False)
-    assert A.model_layer_activation_bytes(**no_ac, autocast_device="cuda") == A.model_layer_activation_bytes(**no_ac)
+    assert A.model_layer_activation_bytes(**no_ac, device="cuda") == A.model_layer_activation_bytes(**no_ac)
     bf16 = spec(train={"precision": "bf16-mixed"})
     assert estimate(bf16, device="cuda").per_rank[0].activations_bytes > estimate(bf16).per_rank[0].activations_bytes
     fsdp = spec({"strategy": "zero3", "world_size": 2}, train={"precision": "bf16-mixed"})  # no autocast

@@ -11,6 +11,8 @@
   device): on CUDA it is host memory, not device memory.
 - CUDA autocast casts `softmax` to fp32 (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE), CPU autocast
   does not: `softmax_saved_bytes_per_score`.
+- RMSNorm runs one fused kernel on CUDA and a chain of fp32 ops on the CPU, which save different tensors:
+  `rms_norm_saved_bytes`.
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device:
     if autocast and device == "cuda":
         return 4 + dtype_bytes
     return dtype_bytes
+
+
+FP32_BYTES = 4
+"""RMSNorm's rstd and the CPU composite's op-math values are fp32."""
+
+
+def rms_norm_saved_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
+    """Bytes one nn.RMSNorm (F.rms_norm with a weight of the input's dtype) keeps for backward, for sbh input
+    elements in sb rows. torch 2.11 / 2.13 `rms_norm` calls `_fused_rms_norm`, whose kernels are registered for
+    CUDA, MPS and XPU only; on the CPU its CompositeImplicitAutograd kernel `rms_norm_composite` runs instead
+    (aten/src/ATen/native/native_functions.yaml, aten/src/ATen/native/layer_norm.cpp):
+    - cuda: `_fused_rms_norm_cuda`, whose autograd formula (tools/autograd/derivatives.yaml `_fused_rms_norm`) keeps
+      the input as it came (input_bytes: the fp32 residual stream under autocast, bf16 under FSDP2's bf16 params),
+      the weight and the fp32 rstd (rows, 1): sbh·input_bytes + 4·sb;
+    - cpu: the composite computes in the op-math type, fp32 (a 16-bit input is upcast first, `input.to(opmath_t)`):
+      pow and mul keep the fp32 input, rsqrt its fp32 output, the weight mul the fp32 normalised x:
+      4·(2·sbh + sb) whatever the input dtype.
+    Measured (benchmarks/results/gpu/2026-11-26-h200-run2 report.json diag.saved_tensors, H200, torch 2.11): CUDA
+    FusedRmsNormBackward0 keeps x (fp32 / bf16) and a float32 (1, s, 1) rstd; the CPU listing keeps
+    ToCopyBackward0 / RsqrtBackward0 / MulBackward0 tensors, all float32, in both modes."""
+    if device == CUDA:
+        return sbh * input_bytes + FP32_BYTES * sb
+    return FP32_BYTES * (2 * sbh + sb)
 
 
 def with_device(spec: Any, device: str | None) -> Any:
