@@ -112,3 +112,10 @@ def test_cpu_zero3_bf16_params_run_measures_the_predicted_activations(tmp_path):
     rank = result.per_rank[0]
     for cat in CATEGORIES:
         assert getattr(rank.measured, cat) == pytest.approx(getattr(rank.predicted, cat), rel=1e-3), cat
+
+
+def test_cuda_estimate_says_rmsnorm_is_fused():
+    run = ok_runs()[0][1]
+    spec = ExperimentSpec.model_validate(run["spec"])
+    assert any("RMSNorm runs torch's fused kernel" in n for n in estimate(spec, device="cuda").notes)
+    assert not any("RMSNorm" in n for n in estimate(spec, device="cpu").notes)

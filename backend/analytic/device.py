@@ -110,6 +110,9 @@ def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str
     if autocast and str(spec.train.recompute) == "none":
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
+    if str(getattr(spec.model, "norm", "layernorm")) == "rmsnorm":
+        notes.append("CUDA: RMSNorm runs torch's fused kernel, which keeps only its input and an fp32 rstd per row for "
+                     "backward (the CPU composite also keeps an fp32 normalised copy, and an fp32 copy of a 16-bit input)")
     if spec.parallel.pp > 1:
         notes.append("CUDA + PP: the sent stage outputs held per rank (analytic/pipelining.py) are calibrated on gloo, "
                      "whose send Works finish when sent; NCCL keeps a sent tensor until its watchdog retires the Work, "
