@@ -349,6 +349,32 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
     return s * b * vocab / v_div * (4 + dtype_bytes) + extra
 
 
+def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, logits_held: bool) -> float:
+    """What the start of the loss's backward holds beyond the forward + loss moment, on the rank with the loss:
+    log_softmax's backward holds the fp32 grad of the log-probs and writes the fp32 grad of its input (2 · 4 B per
+    logit; its own saved output is already counted), while loss_fn's fp32 copy of 16-bit logits is gone and so are
+    the logits themselves unless the training loop still holds them (backend/models/gpt.loss_fn,
+    strategies/step.LoopStyle: `logits_held_in_backward`). For a large vocabulary this is the step's fullest moment.
+    An upper bound where the activation peak is elsewhere (inside the last MoE dispatch, a full-recompute re-run).
+    Measured on the H200 (benchmarks/results/gpu/2026-11-26-h200-run2, Llama-3.2-1B shape, V = 128,256): the tracker's
+    peak minus its activation-peak total is 0.979 GiB for zero3/zero2/zero3-full (2 B per logit: bf16 logits not
+    held) and 1.957 GiB for ddp (4 B: held), what this gives."""
+    n = s * b * vocab
+    freed = (0 if dtype_bytes == 4 else 4 * n) + (0 if logits_held else n * dtype_bytes)
+    return max(0.0, 2 * 4 * n - freed)
+
+
+def logits_held_in_backward(layout: Any) -> bool:
+    """Whether the logits are still alive when the loss's backward starts (scalar layout): the training loop holds
+    them in pure ddp / zero1 and the ep / dp mixes, a pipeline schedule keeps its last stage's output, the pure
+    FSDP strategies and tp mixes let them go (backend/strategies/parallelize.loop_style)."""
+    if layout.pipelined:
+        return True
+    if layout.tp > 1:
+        return False
+    return not (layout.fsdp and not layout.is_mix)
+
+
 def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: float) -> float:
     """ColwiseParallel lm_head: the local (b, s, V/t) logits shard stays alive next to the gathered logits."""
     return b * s * -(-vocab // t) * dtype_bytes if t > 1 else 0.0
