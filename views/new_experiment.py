@@ -66,7 +66,7 @@ def _apply_upload() -> None:
 def _model_inputs() -> None:
     st.selectbox("Model preset", list(sf.PRESETS) + ["custom"], key=P + "preset", on_change=_apply_preset,
                  help="Published shapes count their published parameters exactly; edit any dimension below")
-    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)",
+    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
                      type=["json"], key="hf_upload", on_change=_apply_upload)
     if st.session_state.get("hf_error"):
         st.error(st.session_state["hf_error"])

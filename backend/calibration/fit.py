@@ -6,8 +6,10 @@ Loss = Σ_runs [ log²(predicted step / measured step)
 per collective: rank 0's seconds before overlap (model.RankTime.comm_by_collective_s) vs its measured
 `comm.<collective>.seconds`; per phase: the pipeline stages' forward / backward seconds of one microbatch
 (model.StepTime.stage_fwd_s / stage_bwd_s) vs the run's timeline (median F / B event per stage), where recorded.
-Parameters are fitted in
-log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
+Parameters (`fitted_params(profile)`: the GEMM
+scale, kernel floor, link efficiency and latency, overlap, fixed overhead, DTensor dispatch, all-gather /
+reduce-scatter bandwidth, and a scale on each operation table the profile has: attention, element-wise,
+optimizer) are fitted in log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
 minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
 Interval: the 5th/95th percentiles of the leave-one-out relative errors (a residual-based prediction
 interval; with n runs its nominal coverage is about 1 - 2/(n+1)).
@@ -24,11 +26,14 @@ import numpy as np
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 
-FITTED = ("gemm_efficiency_max", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
+FITTED = ("gemm_scale", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
           "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
+"""Fitted on every profile; gemm_scale multiplies its GEMM table or size curve."""
+TABLE_SCALES = (("attention", "attention_scale"), ("elementwise", "elementwise_scale"), ("optimizer", "optimizer_scale"))
+"""Fitted too where the profile has that operation table."""
 COMM_WEIGHT = 0.1
 PHASE_WEIGHT = 0.5
-BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
+BOUNDS = {"gemm_scale": (1e-3, 10.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
           "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
 
 
@@ -55,13 +60,25 @@ class Fit:
     notes: list[str] = field(default_factory=list)
 
 
+CPU_ONLY = ("dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
+"""Host DTensor dispatch (0 on GPUs: the host runs ahead of the kernels) and gloo's all-gather / reduce-scatter
+bandwidth (NCCL runs every ring collective at one bus bandwidth): not fitted on GPU profiles."""
+
+
+def fitted_params(hw: Hardware) -> tuple[str, ...]:
+    """The tunables a calibration of `hw` fits: FITTED (without CPU_ONLY on GPUs) plus the scale of each operation
+    table the profile has."""
+    base = FITTED if hw.kind == "cpu" else tuple(k for k in FITTED if k not in CPU_ONLY)
+    return base + tuple(scale for part, scale in TABLE_SCALES if getattr(hw.tables, part))
+
+
 def apply(hw: Hardware, params: dict[str, float]) -> Hardware:
     return hw.with_tunables(**params)
 
 
 def _params(hw: Hardware, x: np.ndarray) -> dict[str, float]:
     out = {}
-    for k, v in zip(FITTED, x):
+    for k, v in zip(fitted_params(hw), x):
         val = getattr(hw.tune, k) * math.exp(float(v))
         lo, hi = BOUNDS.get(k, (0.0, math.inf))
         out[k] = min(max(val, lo), hi)
@@ -156,11 +173,13 @@ def extrapolation(spec: Any, ranges: dict[str, Any], gpus_per_node: int) -> list
 
 
 def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False) -> Fit:
-    """Fit FITTED on all samples, then leave each out for the LOO MAPE and interval: each refit starts from the
-    profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
-    if len(samples) < len(FITTED) + 1:
-        raise ValueError(f"need at least {len(FITTED) + 1} measured runs to fit {len(FITTED)} parameters, got {len(samples)}")
-    x0 = np.zeros(len(FITTED))
+    """Fit fitted_params(hw) on all samples, then leave each out for the LOO MAPE and interval: each refit starts
+    from the profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
+    names = fitted_params(hw)
+    if len(samples) < len(names) + 1:
+        raise ValueError(f"need at least {len(names) + 1} measured runs to fit {len(names)} parameters of {hw.key!r} "
+                         f"({', '.join(names)}), got {len(samples)}")
+    x0 = np.zeros(len(names))
     best = nelder_mead(lambda x: _loss(hw, samples, x), x0, iters=iters)
     params = _params(hw, best)
     rows, rel = [], []
@@ -178,6 +197,36 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
     mape = float(np.mean([abs(r["error_pct"]) for r in rows])) if rows else None
     band = (_percentile(rel, 5), _percentile(rel, 95)) if rel else (-0.2, 0.2)
     return Fit(params=params, loo_mape=mape, band=band, loo=rows, ranges=measured_ranges(samples, hw.gpus_per_node),
-               notes=[f"fitted {', '.join(FITTED)} as multipliers of profile {hw.key!r}",
+               notes=[f"fitted {', '.join(names)} as multipliers of profile {hw.key!r}",
                       "interval: 5th..95th percentile of leave-one-out relative errors",
                       f"leave-one-out refits start from {'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])
+
+
+@dataclass
+class ProfileFit:
+    """A profile fitted to measured runs: the profile itself, each run's residual, the leave-one-out error."""
+
+    profile: Hardware
+    """The base profile with the fitted tunables (its operation tables scaled by them)."""
+    params: dict[str, float]
+    residuals: list[dict[str, float]]
+    """Per run of the fit: run_id, measured_s, predicted_s (fitted profile), error_pct."""
+    loo_mape: float | None
+    loo: list[dict[str, float]]
+    band: tuple[float, float]
+    notes: list[str]
+
+
+def fit_profile(runs: list[Sample], base_profile: Hardware, *, loo: bool = True, iters: int = 150) -> ProfileFit:
+    """Fit `base_profile`'s tables and tunables (fitted_params) to measured runs; the runs' residuals under the
+    fitted profile and the leave-one-out error. `runs`: calibration Samples (store.samples builds them from stored
+    results)."""
+    result = fit(base_profile, runs, loo=loo, iters=iters)
+    fitted = apply(base_profile, result.params)
+    residuals = []
+    for s in runs:
+        pred = predict(fitted, s)
+        residuals.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
+                          "error_pct": (pred - s.step_s) / s.step_s * 100})
+    return ProfileFit(profile=fitted, params=result.params, residuals=residuals, loo_mape=result.loo_mape,
+                      loo=result.loo, band=result.band, notes=result.notes)

@@ -3,8 +3,10 @@
   python -m backend calibrate --tag cal-w2 --hardware cpu --json
   python -m backend calibrate --ids 1,2,3,4,5,6,7 --hardware cpu
 
-Fits the profile's GEMM efficiency, op launch overhead, link efficiency and latency, overlap, fixed overhead,
-DTensor dispatch cost and all-gather / reduce-scatter bandwidth (backend/calibration/fit.py) to each run's
+Fits the profile's GEMM efficiency (a scale on its GEMM table or size curve), kernel floor, link efficiency and
+latency, overlap, fixed overhead, on CPU profiles the DTensor dispatch cost and all-gather / reduce-scatter
+bandwidth, and a scale on each operation table the profile has (attention, element-wise, optimizer;
+backend/calibration/fit.py fitted_params) to each run's
 measured step time, seconds per collective and, for pipelines, per-stage forward/backward times, reports the
 leave-one-out MAPE and stores the result (table `calibrations`); `estimate`/`plan --calibration ID` use it.
 Prints {"id", "hardware", "params", "fit_runs", "loo_mape", "notes"} with --json.

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
-    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
     for flag, field in MODEL_FLAGS.items():
         p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
     p.add_argument("--gpus", type=int, required=True)

@@ -35,7 +35,7 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
-                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
     parser.add_argument("--run-here", action="store_true",
                         help="scale the --preset/--hf-config model down for this CPU, keeping its family")
 

@@ -14,6 +14,7 @@ from typing import Any
 from backend.analytic.device import rms_norm_saved_bytes, softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
+from backend.analytic.params import head_dim, is_gated, layer_is_moe, v_head_dim
 
 RECOMPUTE = ("none", "selective", "full")
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
@@ -54,26 +55,41 @@ class LayerShape:
     shared_ffn: int = 0
     shared_gate: bool = False
 
-    @classmethod
-    def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str) -> LayerShape:
-        return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
-                   ffn=_fam(model, "expert_ffn", model.ffn) if model.is_moe else model.ffn, dtype_bytes=dtype_bytes,
-                   tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts, top_k=model.top_k,
-                   ep=ep if model.is_moe else 1, autocast=autocast,
-                   device="cuda" if device == "cuda" else "cpu", **family_kwargs(model))
+    q_width: int = 0
+    """a x head_dim of q and k when it differs from d_model (own head width, MLA's nope + rope); 0 = d_model."""
+    v_width: int = 0
+    """a x the value head width when it differs from d_model (MLA's v_head_dim); 0 = q_width."""
+    split_elems: int = 0
+    """Per token, what the 2026 families' features save beyond the GPT block in head-split tensors (/t):
+    q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
+    whole_elems: int = 0
+    """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
 
     @classmethod
-    def prototype(cls, model: Any, *, dtype_bytes: int, device: str) -> LayerShape:
+    def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
+           ep: int, device: str, alt: bool = False) -> LayerShape:
+        """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks)."""
+        moe = layer_is_moe(model, 0) != alt if model.is_moe else False
+        family = family_kwargs(model)
+        if not moe:
+            family["shared_ffn"], family["shared_gate"] = 0, False
+        return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
+                   ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
+                   tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
+                   top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
+                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model))
+
+    @classmethod
+    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
         """The model's shape at micro-batch 1 without any split (memoised per model object: callers `replace` the
         per-layout fields)."""
-        key = (id(model), dtype_bytes, device)
+        key = (id(model), dtype_bytes, device, alt)
         hit = _PROTOTYPES.get(key)
         if hit is None or hit[0] is not model:
             if len(_PROTOTYPES) > 64:
                 _PROTOTYPES.clear()
             shape = cls.of(model, micro_batch=1, tp=1, sequence_parallel=False, dtype_bytes=dtype_bytes, autocast=False,
-                           ep=1, device=device)
+                           ep=1, device=device, alt=alt)
             hit = _PROTOTYPES[key] = (model, shape)  # holds the model: its id cannot be reused while cached
         return hit[1]
 
@@ -90,7 +106,34 @@ class LayerShape:
                     t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
 
 
-_PROTOTYPES: dict[tuple[int, int, str], tuple[Any, LayerShape]] = {}
+_PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
+
+
+def head_widths(m: Any) -> dict[str, int]:
+    """LayerShape's q_width / v_width: the attention's own widths when they differ from d_model."""
+    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
+    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v, **feature_elems(m))
+
+
+def feature_elems(m: Any) -> dict[str, int]:
+    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
+    normalised x and rstd; cat and split copy): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's
+    q_a / kv_a outputs through their norms 3 x (q_lora + kv_lora + rope), the q / k concatenations 2 x q width; the sink
+    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
+    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
+    split = whole = 0
+    q = m.n_heads * head_dim(m)
+    if getattr(m, "qk_norm", False):
+        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
+        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
+    if getattr(m, "kv_lora_rank", None) is not None:
+        whole += 3 * ((getattr(m, "q_lora_rank", None) or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
+        split += 2 * q
+    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
+        split += m.n_heads
+    if getattr(m, "sandwich_norm", False):
+        whole += 2 * (2 * m.d_model + 1)
+    return dict(split_elems=split, whole_elems=whole)
 
 
 def _attn_core_elems(*, s, b, h, a, t) -> float:
@@ -147,6 +190,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                        shape.dtype_bytes, shape.tp)
     sp, autocast, flash, n_experts, top_k = shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts, shape.top_k
     sb, sbh = s * b, s * b * h
+    qh, vh = sb * (shape.q_width or h), sb * (shape.v_width or shape.q_width or h)  # sbh of q / k and of v
     norm_div = t if sp else 1
     residual_bytes = 4 if autocast else dtype_bytes
     if recompute == "full":
@@ -154,15 +198,16 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
     stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
     elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
-    elems += sbh / t  # o Linear input (heads merged back, B, T, h/t)
+    elems += vh / t  # o Linear input (heads merged back, B, T, h/t)
+    elems += sb * (shape.split_elems / t + shape.whole_elems)  # feature_elems
     mask_bytes = 0.0
     if recompute == "selective":
-        elems += 3 * sbh / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
+        elems += (2 * qh + vh) / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
     elif flash:
-        elems += 3 * sbh / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
+        elems += (2 * qh + vh) / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
         mask_bytes = LSE_BYTES * a / t * s * b  # + the (b, a, s) fp32 logsumexp, no s x s (Dao et al. 2022, Alg. 2)
     else:
-        elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
+        elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t) + (2 * qh + vh - 3 * sbh) / t
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
         per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
@@ -172,7 +217,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate, device=shape.device)
-    swiglu = shape.mlp == "swiglu"
+    swiglu = is_gated(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
                                  top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
@@ -217,7 +262,7 @@ def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_b
         out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
     if rope:
         out += 2 * s * (h // a) * dtype_bytes
-    swiglu = mlp == "swiglu"
+    swiglu = is_gated(mlp)
     if autocast and swiglu:
         out += sbh * dtype_bytes
     if n_experts and shared_ffn:
