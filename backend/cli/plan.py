@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
@@ -29,13 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
     src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+    src.add_argument("--spec", type=Path, metavar="FILE", help="a spec JSON (or `import-config --json` output): its model, "
+                     "and its GPUs, global batch and sequence length unless given")
     for flag, field in MODEL_FLAGS.items():
         p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
-    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus", type=int, help="GPUs to plan for (required without --spec)")
     p.add_argument("--gpus-per-node", type=int, help="default: the hardware profile's")
-    p.add_argument("--hardware", required=True)
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--seq", type=int, required=True, help="sequence length")
+    p.add_argument("--hardware", required=True, help="a profile (`python -m backend hardware`) or a calibrated profile's name "
+                   "(`python -m backend calibrate --name`)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (required without --spec)")
+    p.add_argument("--seq", type=int, help="sequence length (required without --spec)")
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
@@ -51,7 +55,15 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
     from backend.spec import ModelSpec
 
     data: dict[str, Any] = {}
-    if args.preset or args.hf_config:
+    if args.spec is not None:
+        from backend.cli.spec_flags import load_spec_file
+        from backend.spec_text import InputError
+
+        try:
+            data = dict(load_spec_file(args.spec).get("model") or {})
+        except InputError as e:
+            return None, str(e)
+    elif args.preset or args.hf_config:
         from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
         from backend.presets import preset_model
 
@@ -70,11 +82,36 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
         return None, f"invalid model: {e}"
 
 
+def _from_spec(args: argparse.Namespace) -> str | None:
+    """--gpus / --global-batch / --seq from --spec where not given (the spec's world, batch and sequence length)."""
+    if args.spec is None:
+        return None
+    from backend.cli.spec_flags import load_spec_file
+    from backend.spec import validate_spec
+    from backend.spec_text import InputError
+
+    try:
+        spec, problems = validate_spec(load_spec_file(args.spec), predict_only=True)
+    except InputError as e:
+        return str(e)
+    if spec is None:
+        return f"--spec {args.spec}: " + "; ".join(problems)
+    args.gpus = args.gpus or spec.parallel.world_size
+    args.global_batch = args.global_batch or spec.train.global_batch
+    args.seq = args.seq or spec.model.seq_len
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.store import resolve
     from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
 
+    problem = _from_spec(args)
+    if problem:
+        return fail(problem)
     for name in ("gpus", "global_batch", "seq", "top"):
+        if getattr(args, name) is None:
+            return fail(f"--{name.replace('_', '-')} is required (or give --spec)")
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     model, problem = _model(args)
