@@ -225,11 +225,10 @@ def cmd_show(args) -> int:
     if row is None:
         print(f"error: no experiment with id {args.id}", file=sys.stderr)
         return 1
-    spec, result = row.pop("spec"), row.pop("result")
     if args.json:
-        out = {**row, "spec": spec.model_dump(mode="json"), "result": result.model_dump(mode="json", by_alias=True) if result else None}
-        print(_dump(out))
+        print(_dump(experiment_json(row)))
         return 0
+    spec, result = row.pop("spec"), row.pop("result")
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
@@ -242,6 +241,18 @@ def cmd_show(args) -> int:
         print("\nlog tail:\n" + row["log_tail"])
     print("\nspec:\n" + spec.to_json())
     return 0
+
+
+def experiment_json(row: dict) -> dict:
+    """`show ID --json`: the row's columns, its spec and its result as JSON (import-run --json prints the same)."""
+    row = dict(row)
+    spec, result = row.pop("spec"), row.pop("result")
+    return {**row, "spec": spec.model_dump(mode="json"),
+            "result": result.model_dump(mode="json", by_alias=True) if result else None}
+
+
+def dump_json(obj) -> str:
+    return _dump(obj)
 
 
 def _lifecycle(args, action) -> int:
