@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if model.d_model % model.n_heads:
         return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
     try:
-        hw, band, _ = resolve(args.hardware, args.calibration, args.db)
+        hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return fail(str(e))
     g = args.gpus_per_node or hw.gpus_per_node
@@ -128,9 +128,17 @@ def run(args: argparse.Namespace) -> int:
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
                fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION)
+    from backend.calibration.usage import calibration_used
+
+    used = calibration_used(hw, cal, res.configs, g)
     if args.json:
-        print(json.dumps(res.to_dict()))
+        out = res.to_dict()
+        out["profile"] = used["profile"]
+        for config, flags in zip(out["configs"], used["extrapolation"]):
+            config["extrapolation"] = flags
+        print(json.dumps(out))
         return 0
+    print(used["line"])
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
     print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6} runs")
@@ -139,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{i:>2} {s['name'][5:]:<34} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
               f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
               f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
-              f"{'yes' if c['runnable'] else 'prediction only'}")
+              f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
     for why in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):
         print(f"prediction only: {why}")
     for n in res.notes:

@@ -19,12 +19,6 @@ from backend.importers.imported import ImportedConfig
 from backend.importers.log_series import LogImportError, Measured, summarise
 from backend.result import ImportFacts, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 
-DEVICE_PROFILES = {  # torch.cuda.get_device_name() (lower case) -> the hardware.json profile of that part
-    "nvidia h100 80gb hbm3": "h100-sxm", "nvidia h100 sxm5 80gb": "h100-sxm", "nvidia h100 pcie": "h100-pcie",
-    "nvidia h200": "h200", "nvidia a100-sxm4-80gb": "a100-80gb-sxm", "nvidia a100-sxm4-40gb": "a100-40gb-sxm",
-    "nvidia b200": "b200", "amd instinct mi300x": "mi300x",
-}
-
 
 @dataclass
 class Hardware:
@@ -36,9 +30,9 @@ class Hardware:
 
 def resolve_hardware(name: str | None, device_name: str | None, db_url: str | None = None) -> Hardware:
     """The step-time profile: --hardware (a profile or a calibrated profile's name), else the device the log names."""
-    from backend.calibration.store import resolve
+    from backend.calibration.store import profile_for_device, resolve
 
-    key = name or DEVICE_PROFILES.get(str(device_name or "").strip().lower())
+    key = name or profile_for_device(device_name)
     if key is None:
         why = f"the log names {device_name!r}, which maps to no profile" if device_name else "the log names no device"
         return Hardware(notes=[f"no step-time prediction and no MFU: {why}; pass --hardware NAME"])
@@ -165,7 +159,7 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     st = step_time(spec, hw.profile, band=hw.band).summary
     result.step_time_predicted_s = st["step_s"]
     cal = hw.calibration
-    result.imported.hardware = hw.profile.key
+    result.imported.hardware = cal["hardware"] if cal else hw.profile.key  # the device's profile, not a calibration name
     result.imported.step_prediction = {**st, "hardware": hw.profile.key, "calibration": cal["id"] if cal else None,
                                        "extrapolation": extrapolation(spec, cal["ranges"], hw.profile.gpus_per_node)
                                        if cal else []}
