@@ -36,6 +36,7 @@ def torchtitan_log(steps: int = 100, *, tps: float = 5800.0, log_freq: int = 10,
     cap = 79.11
     lines = [titan_prefix(0) + "Starting job: Llama 3 8B training",
              titan_prefix(1) + f"CUDA capacity: NVIDIA H100 80GB HBM3 with {cap:.2f}GiB memory",
+             titan_prefix(1) + "Building 1-D device mesh with ['dp_shard'], [8]",
              titan_prefix(2) + "Building llama3 8B with TransformerModelArgs(dim=4096, n_layers=32, n_heads=32, "
                                "n_kv_heads=8, vocab_size=128256, multiple_of=1024, ffn_dim_multiplier=1.3)",
              titan_prefix(3) + f"{Color.blue}Model llama3 8B {Color.red}size: 8,030,261,248 total parameters{Color.reset}",

@@ -4,6 +4,8 @@ runs, cut files, interleaved ranks, garbled lines, a 100 MB log) refused or impo
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import tracemalloc
 from pathlib import Path
@@ -206,3 +208,27 @@ def test_a_long_log_streams_in_bounded_memory(tmp_path, monkeypatch):
     assert measured.step_s_median == pytest.approx(8 * 8192 / (5800 * 8))
     assert any("every 32th is used" in n or "uniform subsample" in n for n in measured.notes)
     assert peak < 4_000_000, f"{peak / 2**20:.1f} MiB allocated while reading a {path.stat().st_size / 2**20:.0f} MiB log"
+
+
+def test_gpus_from_the_log_and_a_megatron_log_as_its_own_config(db):
+    """torchtitan's "Building 1-D device mesh with ['dp_shard'], [8]" gives the GPUs when --gpus is not given; a
+    Megatron log's printed arguments are a config (world_size 128 = tp 8 x pp 4 x cp 2 x dp 2)."""
+    eid = import_run(db, config=TT["config"], log=FIX / "torchtitan_llama3_8b.log")
+    assert q.get_experiment(db, eid)["result"].imported.gpus == 8
+    eid = import_run(db, config=FIX / "megatron_llama2_70b.log", log=FIX / "megatron_llama2_70b.log", hardware="h100-sxm")
+    res = q.get_experiment(db, eid)["result"]
+    assert res.imported.source_format == "megatron-log-args" and res.imported.gpus == 128
+    assert (res.spec.parallel.tp, res.spec.parallel.pp, res.spec.parallel.dp) == (8, 4, 2)
+
+
+def test_formula_looking_names_are_neutralised_in_the_csv(db, tmp_path):
+    from db.export import export_csv
+
+    toml = (FIX / "torchtitan_llama3_8b.toml").read_text().replace('description = "Llama 3 8B training"',
+                                                                    'description = "=HYPERLINK(\\"http://evil\\")"')
+    config = tmp_path / "job.toml"
+    config.write_text(toml)
+    eid = import_run(db, config=config, log=FIX / "torchtitan_llama3_8b.log", gpus=8, tags=["=cmd|x"])
+    row = next(r for r in csv.DictReader(io.StringIO(export_csv(db))) if int(r["id"]) == eid)
+    assert row["name"].startswith("'=HYPERLINK")  # a spreadsheet shows it, never runs it
+    assert row["tags"].startswith("[")  # tags are one JSON list cell: a leading "[" is never a formula

@@ -11,6 +11,8 @@ Everything is built before anything is stored, and stored in one transaction (db
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,33 @@ def resolve_hardware(name: str | None, device_name: str | None, db_url: str | No
         raise LogImportError([f"--hardware {key}: {e}"]) from None
     notes = [] if name else [f"hardware profile {key!r}: the device the log names ({device_name})"]
     return Hardware(profile=hw, band=band, calibration=cal, notes=notes)
+
+
+SNIFF_LINES = 5000
+MESH = re.compile(r"Building \d+-D device mesh with \[.*?\], \[([\d, ]+)\]")  # torchtitan v0.1.0 parallel_dims
+MESH_NEW = re.compile(r"Building device mesh with parallelism: pp=(\d+), dp_replicate=(\d+), dp_shard=(\d+), "
+                      r"cp=(\d+), tp=(\d+)")  # torchtitan 2026
+WORLD = re.compile(r"using world size: (\d+)")  # Megatron arguments.py
+
+
+def sniff_gpus(path: str | Path) -> int | None:
+    """The GPU count a log states near its top (torchtitan's device mesh line, Megatron's "using world size"); None
+    when the first SNIFF_LINES lines do not say."""
+    from backend.importers.log_stream import LineStats, read_lines
+
+    try:
+        for line in read_lines(path, LineStats()):
+            if line.number > SNIFF_LINES:
+                return None
+            if m := MESH.search(line.text):
+                return math.prod(int(x) for x in m.group(1).split(",") if x.strip())
+            if m := MESH_NEW.search(line.text):
+                return math.prod(int(x) for x in m.groups())
+            if m := WORLD.search(line.text):
+                return int(m.group(1))
+    except OSError:
+        return None
+    return None
 
 
 def parse_log(path: str | Path, imported: ImportedConfig, *, warmup_steps: int | None = None):
@@ -128,6 +157,8 @@ def _notes(imported: ImportedConfig, measured: Measured, facts: ImportFacts, hw:
              "peak allocated / reserved memory are the log's; the memory categories are ShardLab's prediction only "
              "(the log measures none of them)", *measured.notes, *hw.notes, *imported.notes]
     notes += [f"partial import: {r}" for r in measured.partial_reasons]
+    if facts.peak_allocated_bytes is None and facts.peak_reserved_bytes is None:
+        notes.append("the log reports no memory: no measured peak to compare with the prediction")
     if imported.unmapped:
         notes.append("the prediction ignores config fields the spec cannot hold: " + ", ".join(imported.unmapped))
     counted = facts.facts.get("framework_param_count")
@@ -174,6 +205,8 @@ def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None =
     from backend.spec_text import clean_tags
     from db.queries import store_finished_run
 
+    if gpus is None and Path(log).is_file():
+        gpus = sniff_gpus(log)
     imported = import_config(config, fmt=fmt, gpus=gpus, model_config=model_config, seq_len=seq_len)
     collector, measured = parse_log(log, imported, warmup_steps=warmup_steps)
     hw = resolve_hardware(hardware, collector.facts.get("device_name"), db_url)
