@@ -202,3 +202,16 @@ def test_spec_file_from_import_is_accepted_by_submit_validation(capsys, tmp_path
 
     assert load_spec_file(path)["parallel"]["strategy"] == "zero3"
     assert "not in the spec: x" in capsys.readouterr().err
+
+
+def test_torchtitan_config_as_wandb_stored_it(tmp_path):
+    """W&B's config.yaml ({key: {desc, value}} + _wandb) of a torchtitan run: the Trainer.Config it was sent."""
+    import yaml
+
+    cfg = json.loads((FIX / "torchtitan_trainer_config.json").read_text())
+    wandb = {"_wandb": {"desc": None, "value": {"cli_version": "0.19.0", "python_version": "3.12.3"}},
+             **{k: {"desc": None, "value": v} for k, v in cfg.items()}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(wandb))
+    imported = import_config(path, gpus=16)
+    assert imported.source_format == "torchtitan-config-dump" and imported.spec["parallel"]["tp"] == 2

@@ -3,6 +3,7 @@ logs, predict them, and compare the prediction with what they measured.
 
 Configs (one module per framework and format; each parses its file as data and never runs it):
   torchtitan_toml.py    job TOML of the releases up to mid-2025          torchtitan_dump.py  the Trainer.Config dump
+                                                                           (a JSON file, a log, or W&B's config.yaml)
   megatron_args.py      pretrain_gpt.py arguments (line, file, log block) nemo_yaml.py        NeMo's YAML
   deepspeed_config.py   ds_config.json + the model's config.json
 Each flattens its config, maps every key through a table (fields.py: To / Ignore / Unmappable), and assembles the
@@ -31,7 +32,7 @@ def detect(name: str, text: str) -> tuple[str, str]:
 
     lower = name.lower()
     if lower.endswith((".yaml", ".yml")):
-        return "megatron", "nemo-yaml"
+        return ("torchtitan", "torchtitan-config-dump") if wandb_config(text) is not None else ("megatron", "nemo-yaml")
     if lower.endswith(".toml"):
         return "torchtitan", "torchtitan-toml"
     stripped = text.lstrip()
@@ -55,6 +56,22 @@ def detect(name: str, text: str) -> tuple[str, str]:
                              "a Megatron log, or a NeMo .yaml; deepspeed: ds_config.json with --model-config)"])
 
 
+def wandb_config(text: str) -> dict[str, Any] | None:
+    """The run config of a W&B `config.yaml` ({key: {"value": ...}} with a `_wandb` entry), unwrapped: where torchtitan
+    sends its Trainer.Config; None for any other YAML (or one too big to be a config)."""
+    if "_wandb" not in text or len(text) > 1 << 20:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(data, dict) or "_wandb" not in data:
+        return None
+    return {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in data.items() if k != "_wandb"}
+
+
 def import_config_text(text: str, *, name: str = "config", fmt: str | None = None, gpus: int | None = None,
                        model_config: dict[str, Any] | None = None, seq_len: int | None = None) -> ImportedConfig:
     """The spec of a framework config given as text. Raises ConfigImportError (every problem, with the arithmetic)."""
@@ -71,6 +88,8 @@ def import_config_text(text: str, *, name: str = "config", fmt: str | None = Non
         if fmt == "megatron" and name.lower().endswith((".yaml", ".yml")):
             source_format = "nemo-yaml"
     kwargs: dict[str, Any] = {"gpus": gpus, "model_config": model_config, "file": name}
+    if source_format == "torchtitan-config-dump" and (unwrapped := wandb_config(text)) is not None:
+        text = json.dumps(unwrapped)
     if source_format == "torchtitan-toml":
         from backend.importers.torchtitan_toml import import_toml as run
     elif source_format == "torchtitan-config-dump":
