@@ -146,3 +146,17 @@ def test_plan_page_imports_a_config_and_shows_the_calibrated_profile(ui_env):
     profiles = next(d.value for d in at.dataframe if "leave-one-out error %" in d.value.columns and "profile" in d.value.columns)
     assert list(profiles["profile"]) == ["h100-ourcluster"]
     assert profiles["leave-one-out error %"].iloc[0] == pytest.approx(out["loo_mape"])
+
+
+def test_loading_a_spec_never_renders_its_name_as_markdown(ui_env):
+    """A spec loaded into the form (a cloned run, an imported config) toasts without its name: a toast renders
+    markdown, and a name is user text (an imported job description) that could fetch an image."""
+    from backend.spec import ExperimentSpec
+
+    imported = import_config(FIX / "deepspeed_zero3.json", model_config=FIX / "llama2_7b_config.json")
+    spec = ExperimentSpec.for_prediction({**imported.spec, "name": "![x](http://evil.example/x.png)"})
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["clone_spec"] = spec
+    _ok(at.run())
+    assert at.toast and all("evil" not in t.value for t in at.toast)
+    assert at.text_input(key="f_name").value == "![x](http://evil.example/x.png)"  # kept, as plain text in the form
