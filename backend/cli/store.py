@@ -232,7 +232,14 @@ def cmd_show(args) -> int:
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
-    if result is not None:
+    if result is not None and result.imported is not None:  # a log's allocator peaks, not tracked categories
+        print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  step_s_median")
+        for r in result.per_rank:
+            med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
+            print(f"{r.rank:>4}  {r.cuda_max_allocated_bytes if r.cuda_max_allocated_bytes is not None else '-':>14}  "
+                  f"{r.cuda_max_reserved_bytes if r.cuda_max_reserved_bytes is not None else '-':>13}  "
+                  f"{r.predicted.peak_bytes:>15}  {med if med is not None else '-'}")
+    elif result is not None:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
             med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
