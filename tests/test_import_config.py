@@ -215,3 +215,18 @@ def test_torchtitan_config_as_wandb_stored_it(tmp_path):
     path.write_text(yaml.safe_dump(wandb))
     imported = import_config(path, gpus=16)
     assert imported.source_format == "torchtitan-config-dump" and imported.spec["parallel"]["tp"] == 2
+
+
+@pytest.mark.parametrize("key", sorted({k for k in __import__("backend.importers.torchtitan_models",
+                                                                   fromlist=["PRESETS"]).PRESETS}))
+def test_torchtitan_flavors_are_the_presets_they_name(key):
+    """torchtitan's own flavor args (FeedForward rule) give exactly the shape of the preset the import names."""
+    from backend.importers.torchtitan_models import PRESETS as FLAVOR_PRESETS, flavor_model
+
+    model, _ = flavor_model(*key, seq_len=4096)
+    preset = PRESETS[FLAVOR_PRESETS[key]].model
+    assert model["source"]["preset"] == FLAVOR_PRESETS[key]
+    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "norm", "mlp", "positions", "bias",
+                  "tie_embeddings"):
+        assert model[field] == preset[field], field
+    assert (model["n_kv_heads"] or model["n_heads"]) == (preset.get("n_kv_heads") or preset["n_heads"])

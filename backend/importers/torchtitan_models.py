@@ -28,6 +28,10 @@ FLAVORS: dict[str, tuple[int, dict[str, tuple[int, int, int, int | None, float |
     }),
 }
 FLAVORS["llama"] = FLAVORS["llama2"]  # autumn-2024 torchtitan named its Llama 2 model "llama2"; older "llama"
+PRESETS = {("llama3", "8B"): "llama-3-8b", ("llama3", "70B"): "llama-3-70b", ("llama3", "405B"): "llama-3.1-405b",
+           ("llama2", "7B"): "llama-2-7b", ("llama2", "13B"): "llama-2-13b", ("llama2", "70B"): "llama-2-70b",
+           ("llama", "7B"): "llama-2-7b", ("llama", "13B"): "llama-2-13b", ("llama", "70B"): "llama-2-70b"}
+"""The ShardLab preset of each flavor (tests/test_import_config.py holds their shapes equal)."""
 
 
 def ffn_hidden(dim: int, ffn_dim_multiplier: float | None, multiple_of: int) -> int:
@@ -49,7 +53,10 @@ def flavor_model(name: str, flavor: str, seq_len: int) -> tuple[dict[str, Any], 
     model = dict(_LLAMA, vocab_size=vocab, d_model=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv,
                  ffn_hidden=ffn_hidden(dim, mult, multiple_of), seq_len=seq_len, norm_eps=1e-5,
                  source={"torchtitan": {"name": name, "flavor": flavor}})
-    notes = [f"torchtitan {name} {flavor}: dim {dim}, {layers} layers, {heads} heads, "
+    if (name, flavor) in PRESETS:
+        model["source"]["preset"] = PRESETS[(name, flavor)]
+    notes = [f"torchtitan {name} {flavor}" + (f" = ShardLab's preset {PRESETS[(name, flavor)]}" if (name, flavor) in PRESETS
+                                              else "") + f": dim {dim}, {layers} layers, {heads} heads, "
              f"{kv or heads} kv heads, MLP {model['ffn_hidden']} (torchtitan's FeedForward rule), vocabulary {vocab:,} "
              f"(the {'Llama 3 tiktoken' if vocab == 128256 else 'Llama 2 sentencepiece'} tokenizer's n_words)"]
     return model, notes
