@@ -230,3 +230,23 @@ def test_torchtitan_flavors_are_the_presets_they_name(key):
                   "tie_embeddings"):
         assert model[field] == preset[field], field
     assert (model["n_kv_heads"] or model["n_heads"]) == (preset.get("n_kv_heads") or preset["n_heads"])
+
+
+def test_yaml_alias_bomb_is_refused_quickly():
+    """A 1 KB YAML whose anchors expand to 2^30 values ("billion laughs") is refused, not walked."""
+    import time
+
+    lines = ["a0: &a0 {x: 1, y: 1}"] + [f"a{i}: &a{i} {{x: *a{i - 1}, y: *a{i - 1}}}" for i in range(1, 31)]
+    text = "\n".join(lines) + "\nmodel: {num_layers: *a30}\n"
+    start = time.perf_counter()
+    with pytest.raises(ConfigImportError, match="expands to more than"):
+        import_config_text(text, name="bomb.yaml")
+    with pytest.raises(ConfigImportError, match="expands to more than"):
+        import_config_text(text + "_wandb: {value: 1}\n", name="config.yaml")
+    assert time.perf_counter() - start < 10
+
+
+def test_deeply_nested_dump_in_a_log_is_refused():
+    log = "x - INFO - Running with configs: " + "[" * 100_000 + "]" * 100_000 + "\n"
+    with pytest.raises(ConfigImportError, match="nests too deep|levels deep"):
+        import_config_text(log, name="train.log", fmt="torchtitan")

@@ -63,10 +63,15 @@ def wandb_config(text: str) -> dict[str, Any] | None:
         return None
     import yaml
 
+    from backend.importers.fields import check_nodes
+
     try:
         data = yaml.safe_load(text)
+        check_nodes(data, "the W&B config")
     except yaml.YAMLError:
         return None
+    except ValueError as e:
+        raise ConfigImportError([str(e)]) from None
     if not isinstance(data, dict) or "_wandb" not in data:
         return None
     return {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in data.items() if k != "_wandb"}

@@ -108,6 +108,25 @@ class Flat:
         self.ignored[key] = {"value": value, "reason": reason}
 
 
+MAX_NODES = 200_000
+"""Values a config may hold once YAML aliases are expanded (a real one holds a few thousand)."""
+
+
+def check_nodes(data: Any, what: str) -> None:
+    """ValueError when `data` holds more than MAX_NODES values: YAML anchors can make a 1 KB file expand to 2^30 of
+    them ("billion laughs"), which any walk over it would take forever to visit."""
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ValueError(f"{what} expands to more than {MAX_NODES:,} values (YAML aliases?): not a config")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def flatten(data: dict[str, Any], prefix: str = "", *, keep: tuple[str, ...] = ()) -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values; dotted keys listed in `keep` stay whole (a sub-table that
     one mapper reads as a unit)."""

@@ -21,7 +21,7 @@ from backend.importers.imported import ConfigImportError, ImportedConfig, safe_n
 from backend.importers.torchtitan_models import dumped_model
 from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
                                                 precision, schedule)
-from backend.spec_text import InputError, load_json_text
+from backend.spec_text import InputError, check_depth, load_json_text
 
 MARKER = "Running with configs:"
 _IGNORED = "bookkeeping, data, numerics or logging: no effect on memory or step time per step"
@@ -76,8 +76,13 @@ def config_from_log_text(text: str) -> dict[str, Any]:
     lines = [line.split("]:", 1)[1] if line.startswith("[") and "]:" in line[:16] else line for line in rest.splitlines()]
     try:
         obj, _ = json.JSONDecoder().raw_decode("\n".join(lines))
+        check_depth(obj, f"the {MARKER!r} block")
     except json.JSONDecodeError as e:
         raise ConfigImportError([f"the {MARKER!r} block is not complete JSON (a truncated log?): {e}"]) from None
+    except RecursionError:
+        raise ConfigImportError([f"the {MARKER!r} block nests too deep to be a config"]) from None
+    except InputError as e:
+        raise ConfigImportError([str(e)]) from None
     return obj
 
 
