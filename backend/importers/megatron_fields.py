@@ -236,6 +236,9 @@ def training(flat: Flat) -> list[str]:
     if flavour == "zero1":
         notes.append("--use-distributed-optimizer: predicted as ZeRO-1 (optimizer state and fp32 master sharded over dp), "
                      "ShardLab's prediction of Megatron's distributed optimizer (a prediction-only layout with tp/pp)")
+    if flat.get("sequence_parallel") and flat.get("tp", 1) == 1:
+        flat.put("sequence_parallel", False, flat.source_of("sequence_parallel"))
+        notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the spec")
     notes += _recompute(flat)
     notes += _pipeline(flat)
     for key, what in (("mg_act_offload", "activation / weight CPU offloading"), ("mg_opt_offload", "optimizer CPU offload")):
