@@ -1,5 +1,5 @@
 """The step-time model's per-operation terms (steptime/ops.py, elementwise.py) and fitting a profile's tables to runs
-(calibration/fit.fit_profile)."""
+(calibration/profile_fit.fit_profile)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from backend.analytic.steptime.elementwise import Widths, layer_passes, param_pa
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.ops import attention_flops, attention_time, passes_time
-from backend.calibration.fit import Sample, fit_profile, fitted_params
+from backend.calibration.fit import Sample, fitted_params
+from backend.calibration.profile_fit import fit_profile
 from backend.spec import ExperimentSpec, ModelSpec
 
 LLAMA = ModelSpec(vocab_size=1000, d_model=512, n_layers=2, n_heads=8, n_kv_heads=2, ffn_hidden=1408, seq_len=256,
@@ -90,7 +91,7 @@ def test_fit_profile_recovers_table_scales():
     truth = base.with_tunables(gemm_scale=0.8, attention_scale=1.2, elementwise_scale=0.7)
     runs = _samples(truth)
     assert {"attention_scale", "elementwise_scale", "optimizer_scale"} <= set(fitted_params(base))
-    result = fit_profile(runs, base, iters=150)
+    result = fit_profile(base, runs, iters=150)
     assert result.loo_mape is not None and result.loo_mape < 3.0, result.loo
-    assert max(abs(r["error_pct"]) for r in result.residuals) < 2.0
+    assert max(abs(r["residual_pct"]) for r in result.residuals) < 2.0
     assert math.isclose(result.profile.tune.gemm_scale, result.params["gemm_scale"])

@@ -33,8 +33,9 @@ TABLE_SCALES = (("attention", "attention_scale"), ("elementwise", "elementwise_s
 """Fitted too where the profile has that operation table."""
 COMM_WEIGHT = 0.1
 PHASE_WEIGHT = 0.5
-BOUNDS = {"gemm_scale": (1e-3, 10.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
-          "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
+BOUNDS = {"gemm_scale": (1e-3, 10.0), "gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0),
+          "overlap_efficiency": (0.0, 1.0), "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0),
+          "inter_efficiency": (1e-4, 1.0), "attention_flash_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0)}
 
 
 @dataclass
@@ -58,6 +59,10 @@ class Fit:
     loo: list[dict[str, float]] = field(default_factory=list)
     ranges: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    residuals: list[dict[str, float]] = field(default_factory=list)
+    """Each run's measured step vs the all-runs fit's prediction (the fit residual, in %)."""
+    profile: Hardware | None = None
+    """The base profile with the fitted tunables (its operation tables scaled by them)."""
 
 
 CPU_ONLY = ("dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
@@ -76,9 +81,9 @@ def apply(hw: Hardware, params: dict[str, float]) -> Hardware:
     return hw.with_tunables(**params)
 
 
-def _params(hw: Hardware, x: np.ndarray) -> dict[str, float]:
+def _params(hw: Hardware, x: np.ndarray, names: tuple[str, ...] = FITTED) -> dict[str, float]:
     out = {}
-    for k, v in zip(fitted_params(hw), x):
+    for k, v in zip(names, x):
         val = getattr(hw.tune, k) * math.exp(float(v))
         lo, hi = BOUNDS.get(k, (0.0, math.inf))
         out[k] = min(max(val, lo), hi)
@@ -105,8 +110,8 @@ def sample_loss(hw: Hardware, s: Sample) -> float:
     return total
 
 
-def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray) -> float:
-    h = apply(hw, _params(hw, x))
+def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray, names: tuple[str, ...] = FITTED) -> float:
+    h = apply(hw, _params(hw, x, names))
     return sum(sample_loss(h, s) for s in samples)
 
 
@@ -172,61 +177,36 @@ def extrapolation(spec: Any, ranges: dict[str, Any], gpus_per_node: int) -> list
     return out
 
 
-def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False) -> Fit:
-    """Fit fitted_params(hw) on all samples, then leave each out for the LOO MAPE and interval: each refit starts
-    from the profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
-    names = fitted_params(hw)
+def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False,
+        names: tuple[str, ...] | None = None) -> Fit:
+    """Fit `names` (default fitted_params(hw)) on all samples, then leave each out for the LOO MAPE and interval:
+    each refit starts from the profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
+    names = names or fitted_params(hw)
     if len(samples) < len(names) + 1:
         raise ValueError(f"need at least {len(names) + 1} measured runs to fit {len(names)} parameters of {hw.key!r} "
                          f"({', '.join(names)}), got {len(samples)}")
     x0 = np.zeros(len(names))
-    best = nelder_mead(lambda x: _loss(hw, samples, x), x0, iters=iters)
-    params = _params(hw, best)
+    best = nelder_mead(lambda x: _loss(hw, samples, x, names), x0, iters=iters)
+    params = _params(hw, best, names)
+    fitted = apply(hw, params)
+    residuals = [{"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": (p := predict(fitted, s)),
+                  "residual_pct": (p - s.step_s) / s.step_s * 100} for s in samples]
     rows, rel = [], []
     if loo:
         for i, s in enumerate(samples):
             rest = samples[:i] + samples[i + 1:]
             if cold_loo:  # the left-out run never shapes its own prediction
-                xi = nelder_mead(lambda x: _loss(hw, rest, x), x0, iters=iters)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)
             else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
-                xi = nelder_mead(lambda x: _loss(hw, rest, x), best, step=0.2, iters=max(20, iters // 4))
-            pred = predict(apply(hw, _params(hw, xi)), s)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2, iters=max(20, iters // 4))
+            pred = predict(apply(hw, _params(hw, xi, names)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
                          "error_pct": (pred - s.step_s) / s.step_s * 100})
     mape = float(np.mean([abs(r["error_pct"]) for r in rows])) if rows else None
     band = (_percentile(rel, 5), _percentile(rel, 95)) if rel else (-0.2, 0.2)
     return Fit(params=params, loo_mape=mape, band=band, loo=rows, ranges=measured_ranges(samples, hw.gpus_per_node),
+               residuals=residuals, profile=fitted,
                notes=[f"fitted {', '.join(names)} as multipliers of profile {hw.key!r}",
                       "interval: 5th..95th percentile of leave-one-out relative errors",
                       f"leave-one-out refits start from {'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])
-
-
-@dataclass
-class ProfileFit:
-    """A profile fitted to measured runs: the profile itself, each run's residual, the leave-one-out error."""
-
-    profile: Hardware
-    """The base profile with the fitted tunables (its operation tables scaled by them)."""
-    params: dict[str, float]
-    residuals: list[dict[str, float]]
-    """Per run of the fit: run_id, measured_s, predicted_s (fitted profile), error_pct."""
-    loo_mape: float | None
-    loo: list[dict[str, float]]
-    band: tuple[float, float]
-    notes: list[str]
-
-
-def fit_profile(runs: list[Sample], base_profile: Hardware, *, loo: bool = True, iters: int = 150) -> ProfileFit:
-    """Fit `base_profile`'s tables and tunables (fitted_params) to measured runs; the runs' residuals under the
-    fitted profile and the leave-one-out error. `runs`: calibration Samples (store.samples builds them from stored
-    results)."""
-    result = fit(base_profile, runs, loo=loo, iters=iters)
-    fitted = apply(base_profile, result.params)
-    residuals = []
-    for s in runs:
-        pred = predict(fitted, s)
-        residuals.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
-                          "error_pct": (pred - s.step_s) / s.step_s * 100})
-    return ProfileFit(profile=fitted, params=result.params, residuals=residuals, loo_mape=result.loo_mape,
-                      loo=result.loo, band=result.band, notes=result.notes)
