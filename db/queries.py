@@ -26,7 +26,7 @@ from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentTag, utcnow
 from db.session import reader, writer
 from db.transitions import (NotFound, cancel_requested, claim_next, heartbeat, mark_interrupted,  # noqa: F401 - API
-                            recover_stale, release_claim, store_result, update_progress)
+                            recover_stale, release_claim, store_finished_run, store_result, update_progress)
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 
 ROW_KEYS = (
@@ -37,11 +37,16 @@ ROW_KEYS = (
     "heartbeat_at", "worker_id", "host", "progress_step", "progress_total", "progress_phase", "error",
     "failing_rank", "step_s_median", "tokens_per_s", "loss_max_abs_diff", "bubble_measured", "bubble_predicted",
     "peak_bytes_max", "mfu", "wall_s",
-    "kind",  # revision 0004: measured | traced
+    "kind",  # revision 0004: measured | traced | imported (issue 25)
     "framework",
+    "source_framework", "peak_allocated_bytes", "peak_reserved_bytes",  # revision 0009: imported runs
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
+
+
+READ_BACK = {"predict_only": True}
+"""Validation context of stored specs read back (ExperimentSpec.for_prediction's checks)."""
 
 
 # ---- submit and tags -------------------------------------------------------------------------------
@@ -153,9 +158,11 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
         out = dict(row._mapping)
         out["tags"] = tags_for(conn, [experiment_id]).get(experiment_id, [])
     out["env"] = json.loads(out.pop("env_json") or "{}")
-    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"))
+    # A stored spec was validated when stored; an imported run's may be one this engine only predicts (Megatron's
+    # distributed optimizer = ZeRO-1 x TP/PP), so it is read back with the prediction checks.
+    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"), context=READ_BACK)
     result_json = out.pop("result_json")
-    out["result"] = RunResult.model_validate_json(result_json) if result_json else None
+    out["result"] = RunResult.model_validate_json(result_json, context=READ_BACK) if result_json else None
     return out
 
 
@@ -185,6 +192,9 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
     """Queue a finished experiment again as a NEW row (same spec, tags, sweep); returns the new id."""
     with reader(engine) as s:
         exp = _require(s, experiment_id)
+        if exp.kind == "imported":
+            raise ValueError(f"experiment {experiment_id} was imported from a {exp.source_framework} log: it ran "
+                             "elsewhere, so it cannot be re-queued here (Open in New experiment to run its spec)")
         if exp.status not in REQUEUEABLE:
             raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs ({', '.join(REQUEUEABLE)}) can be re-queued")
         spec, tags, sweep = ExperimentSpec.model_validate_json(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id

@@ -1,17 +1,20 @@
 """The queue's state transitions, as the worker drives them: claim a queued run, put it back, record progress and
-heartbeats, notice a cancel, store the result, and interrupt runs whose worker stopped. Every write that reads first
-runs in a BEGIN IMMEDIATE transaction (`db.session.writer`), so it is atomic across processes."""
+heartbeats, notice a cancel, store the result (or insert a run that finished elsewhere, imported from its log), and
+interrupt runs whose worker stopped. Every write that reads first runs in a BEGIN IMMEDIATE transaction
+(`db.session.writer`), so it is atomic across processes."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterable
 
 from sqlalchemy import Engine, delete, insert, or_, select, update
 
 from backend.result import RunResult, Status
+from backend.spec.user_text import clean_tags
 from db import result_rows as rr
-from db.models import CommRecord, Experiment, ExperimentSummary, LossRecord, RankResultRow, TimelineRecord, Worker, utcnow
+from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
+                       Worker, utcnow)
 from db.session import writer
 
 
@@ -82,14 +85,33 @@ def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
             raise NotFound(f"no experiment with id {experiment_id}")
         for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
             s.execute(delete(model).where(model.experiment_id == experiment_id))
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
-            **rr.summary_columns(result), finished_at=utcnow()))
-        ranks = rr.rank_rows(experiment_id, result)
-        for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
-                            (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
-                            (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
-            if rows:
-                s.execute(insert(model), rows)
+        _write_result(s, experiment_id, result)
+
+
+def _write_result(s, experiment_id: int, result: RunResult) -> None:
+    s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
+        **rr.summary_columns(result), finished_at=utcnow()))
+    ranks = rr.rank_rows(experiment_id, result)
+    for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
+                        (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
+                        (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
+        if rows:
+            s.execute(insert(model), rows)
+
+
+def store_finished_run(engine: Engine, result: RunResult, *, kind: str, tags: Iterable[str] = ()) -> int:
+    """Insert a run that finished elsewhere (kind "imported": another framework's log) with its result rows and tags in
+    ONE transaction: a failure anywhere leaves nothing behind. Never queued, so no worker can claim it."""
+    clean = clean_tags(tags)
+    now = utcnow()
+    with writer(engine) as s, s.begin():
+        exp = Experiment(**rr.spec_columns(result.spec), status=str(result.status), kind=kind, cancel_requested=False,
+                         created_at=now, started_at=now)
+        exp.tags = [ExperimentTag(tag=t) for t in clean]
+        s.add(exp)
+        s.flush()
+        _write_result(s, exp.id, result)
+        return int(exp.id)
 
 
 def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:

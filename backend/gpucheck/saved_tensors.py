@@ -150,10 +150,10 @@ def analytic(shape: dict[str, Any], device: str, mode: str) -> dict[str, float]:
     autocast = mode == "autocast"
     fam = family_kwargs(m)
     block = model_layer_activation_bytes(s=m.seq_len, b=1, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
-                                         dtype_bytes=2, autocast=autocast, autocast_device=device, **fam)
+                                         dtype_bytes=2, autocast=autocast, device=device, **fam)
     head = model_embedding_head_activation_bytes(s=m.seq_len, b=1, h=m.d_model, vocab=m.vocab_size, dtype_bytes=2,
                                                  logits_held=autocast, autocast=autocast, norm=fam["norm"],
-                                                 learned_pos=not fam["rope"])
+                                                 learned_pos=not fam["rope"], device=device)
     return {"block_bytes": block, "embedding_head_loss_bytes": head,
             "source": "backend/analytic/memory/activations.py model_layer_activation_bytes, "
                       "model_embedding_head_activation_bytes"}

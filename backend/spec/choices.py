@@ -92,6 +92,26 @@ class Mlp(StrEnum):
 
     GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
+    GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)): 3 matrices (Shazeer 2020; Gemma)
+    SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss: gate clamped <= 7, up to [-7, 7], down(gate*sigmoid(1.702 gate)*(up+1))
+
+
+GATED_MLPS = (Mlp.SWIGLU, Mlp.GEGLU, Mlp.SWIGLU_CLAMPED)
+"""The three-matrix (gate, up, down) MLPs."""
+
+
+class RouterScore(StrEnum):
+    """How the MoE router turns logits into expert scores."""
+
+    SOFTMAX = "softmax"  # Mixtral, Qwen-MoE, DeepSeek-V2: softmax over experts, then top-k
+    SIGMOID = "sigmoid"  # DeepSeek-V3, Llama 4: per-expert sigmoid, top-k, weights renormalised
+
+
+class WindowKind(StrEnum):
+    """What a windowed attention layer lets a query see."""
+
+    SLIDING = "sliding"  # the last `window` positions, itself included (Mistral, Gemma 3, gpt-oss)
+    CHUNKED = "chunked"  # causal inside fixed chunks of `window` tokens (Llama 4's attention_chunk_size)
 
 
 class Positions(StrEnum):

@@ -17,16 +17,18 @@ SCRIPTS = ("app.py",)
 
 LAYERS = (
     ("entry points: scripts, the dashboard, the CLI", ("benchmarks", "app", "dashboard", "backend.cli", "backend.__main__")),
-    ("services: the queue worker, SLURM, the planner, calibration, the GPU check, sweeps, the full-size trace",
+    ("services: the queue worker, SLURM, the planner, calibration, imports of other frameworks' runs, the GPU check, "
+     "sweeps, the full-size trace",
      ("backend.worker", "backend.run_folders", "backend.cluster", "backend.planner", "backend.calibration",
-      "backend.gpucheck", "backend.sweep", "backend.trace", "backend.readable_numbers")),
+      "backend.importers", "backend.gpucheck", "backend.sweep", "backend.trace", "backend.readable_numbers")),
     ("the experiment store", ("db",)),
     ("launching a run", ("backend.launch",)),
     ("inside a rank", ("backend.frameworks", "backend.engine", "backend.strategies", "backend.bench", "backend.models",
                        "backend.runtime", "backend.torch_compat")),
     ("prediction, pure Python", ("backend.analytic",)),
     ("the spec, the result and where model shapes come from",
-     ("backend.spec", "backend.result", "backend.hf_config", "backend.presets", "backend.atomic_io", "backend")),
+     ("backend.spec", "backend.result", "backend.hf_config", "backend.hf_families", "backend.hf_reads", "backend.presets",
+      "backend.atomic_io", "backend")),
 )
 """Top to bottom: a unit imports units of its own layer (without cycles) or of the layers below."""
 
