@@ -43,7 +43,7 @@ def test_measured_gpu_profile_is_one_hardware_entry(capsys, monkeypatch):
     `estimate --hardware` predicts with it; every shipped GPU profile says where its tables come from."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
     monkeypatch.setenv("SHARDLAB_HARDWARE", str(path))
     d = _json(capsys, ["hardware", "--json"])
     measured = d["measured-nvidia-h200"]
