@@ -4,7 +4,7 @@
   FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1). Forward (M, K, N), backward its dgrad (M, N, K) and wgrad (K, M, N),
   each timed at its own shape's efficiency (ops.gemm_time: the profile's GEMM table, else gemm_efficiency_max x a
   size curve), never faster than the bytes it moves (the roofline, Williams et al. 2009, CACM, Sec 2).
-- attention core: fused kernels (flash, efficient, cudnn) at the profile's attention table efficiency for the
+- attention core: fused kernels (flash, efficient, cudnn, flash1, flash-triton) at the profile's attention table efficiency for the
   kernel, (seq, head_dim), causal (ops.attention_time: FlashAttention-2's FLOP count, masked blocks skipped);
   eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the softmax on the
   (b, a/t, s, s) scores as memory traffic.
@@ -35,8 +35,10 @@ from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes
 from backend.analytic.vector import maximum, per_distinct, where
 
-ATTENTION = ("eager", "flash", "efficient", "cudnn")
-"""eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2)."""
+ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton")
+"""eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2); flash1 =
+FlashAttention v1 (Dao 2022, CUDA) and flash-triton = its Triton port (flash_attn/flash_attn_triton.py, MosaicML's
+`attn_impl: triton`): the kernels of 2022-2023 runs, timed from the FlashAttention-2 paper's figures (op_tables.json)."""
 __all__ = ["ATTENTION", "FLASH_BWD_FACTOR", "IMPLEMENTATIONS", "PassCost", "curve_fraction", "gemm_s", "memory_s",
            "attention_pass", "elementwise_pass", "head_pass", "stage_cost", "default_implementation"]
 
