@@ -140,7 +140,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                       "active."), hf_family="llama4_text", notes=("The text model only (Llama 4's text_config).",)),
     Preset("llama-4-maverick", dict(_L4, n_experts=128, moe_every=2), 400_711_848_960,
            _TF.format(cls="Llama4ForCausalLM", repo="meta-llama/Llama-4-Maverick-17B-128E",
-                      file="llama-4-maverick-17b-128e.text.json", card="Model card: 400B total, 17B active."),
+                      file="llama-4-maverick-17b-128e.json", card="Model card: 400B total, 17B active."),
            hf_family="llama4_text", notes=("The text model only; MoE every second block, dense blocks of 16384.",)),
 )}
 
