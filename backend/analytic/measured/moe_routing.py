@@ -81,7 +81,8 @@ def predicted_moe_layer_bytes(spec: Any) -> float:
     """The MoE term inside the uniform prediction's per-layer bytes: memory/activations' block bytes with experts
     minus without (+ the dense MLP term that replaces them), so a change of that model is followed here.
     For ep > 1 it is `ep_moe_layer_bytes` at uniform counts."""
-    shape, rc = replace(LayerShape.of_spec(spec), shared_ffn=0), str(spec.train.recompute)  # shared experts are dense
+    # the MoE blocks' shape (block 0 may be dense: a dense prefix, an interleave); shared experts are dense
+    shape, rc = replace(LayerShape.of_spec(spec, moe_block=True), shared_ffn=0), str(spec.train.recompute)
     with_experts = layer_activation_bytes(shape, rc)
     dense = layer_activation_bytes(replace(shape, n_experts=0), rc)
     mlp = mlp_elems(s=shape.seq_len, b=shape.micro_batch, h=shape.d_model, ffn=shape.ffn, t=shape.tp,

@@ -93,11 +93,14 @@ class LayerShape:
         return hit[1]
 
     @classmethod
-    def of_spec(cls, spec: Any) -> LayerShape:
-        """The shape of a validated spec's blocks."""
+    def of_spec(cls, spec: Any, *, moe_block: bool = False) -> LayerShape:
+        """The shape of a validated spec's block 0 (moe_block: of its MoE blocks, wherever a dense prefix or an
+        interleave puts them)."""
         layout = Layout.of(spec)
+        alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device)
+                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
+                      alt=alt)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
