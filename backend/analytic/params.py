@@ -75,6 +75,17 @@ def layer_is_moe(m: Any, layer: int) -> bool:
         and (layer + 1) % getattr(m, "moe_every", 1) == 0
 
 
+def layer_attention_kind(m: Any, layer: int) -> tuple[bool, bool]:
+    """(block `layer` applies rotary positions, block `layer` attends in a window): ModelSpec.layer_is_global and
+    Llama 4's NoPE global layers, on any object with the fields."""
+    window = getattr(m, "window", None)
+    every = getattr(m, "global_every", 0)
+    is_global = window is None or (every > 0 and (layer + 1) % every == 0)
+    rope = _fam(m, "positions", "learned") == "rope" and not (window is not None and is_global
+                                                                and getattr(m, "global_layers_nope", False))
+    return rope, not is_global
+
+
 def n_moe_layers(m: Any, layers: Any = None) -> int:
     """MoE blocks among `layers` (default all)."""
     return sum(layer_is_moe(m, i) for i in (range(m.n_layers) if layers is None else layers))

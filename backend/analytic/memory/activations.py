@@ -13,8 +13,8 @@ from typing import Any
 
 from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
-from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
-from backend.analytic.params import head_dim, is_gated, layer_is_moe, v_head_dim
+from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.params import head_dim, is_gated, layer_attention_kind, layer_is_moe, v_head_dim
 
 RECOMPUTE = ("none", "selective", "full")
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
@@ -63,6 +63,12 @@ class LayerShape:
     q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
     whole_elems: int = 0
     """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
+    rope_width: int = 0
+    """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model / heads."""
+    nope: bool = False
+    """This block kind applies no rotary position (Llama 4's NoPE global layers): no cos / sin tables."""
+    windowed: bool = False
+    """This block kind attends in a window: flash attention gets (and keeps) an (s, s) additive mask."""
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
@@ -72,11 +78,13 @@ class LayerShape:
         family = family_kwargs(model)
         if not moe:
             family["shared_ffn"], family["shared_gate"] = 0, False
+        rope, windowed = layer_attention_kind(model, 0)
         return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
-                   autocast_device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model))
+                   autocast_device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model),
+                   nope=family["rope"] and not rope, windowed=windowed)
 
     @classmethod
     def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
@@ -112,15 +120,33 @@ _PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
 
 
 def head_widths(m: Any) -> dict[str, int]:
-    """LayerShape's q_width / v_width: the attention's own widths when they differ from d_model."""
+    """LayerShape's q_width / v_width / rope_width: the attention's own widths when they differ from d_model."""
     q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
-    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v, **feature_elems(m))
+    rope = m.qk_rope_head_dim if getattr(m, "kv_lora_rank", None) is not None else head_dim(m)
+    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v,
+                rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
+
+
+def attention_constant_bytes(shape: LayerShape, recompute: str, *, rope: bool, windowed: bool) -> float:
+    """A block's saved bytes that do not scale with tokens and differ between a model's attention kinds: the rotary
+    (s, width) cos and sin tables the rotation's muls keep (in q's dtype; not under full recompute), and the (s, s)
+    additive mask a windowed layer hands flash attention, which the kernel keeps for backward in q's dtype (no
+    recompute: selective re-makes it inside the checkpoint). Read off the autograd graph
+    (tests/test_family_terms.py); the math path keeps an (s, s) bool mask on every layer alike."""
+    if recompute == "full":
+        return 0.0
+    s = shape.seq_len
+    out = 2 * s * (shape.rope_width or shape.d_model // shape.n_heads) * shape.dtype_bytes if rope else 0.0
+    if windowed and shape.flash and recompute == "none":
+        out += s * s * shape.dtype_bytes
+    return out
 
 
 def feature_elems(m: Any) -> dict[str, int]:
     """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd; cat and split copy): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's
-    q_a / kv_a outputs through their norms 3 x (q_lora + kv_lora + rope), the q / k concatenations 2 x q width; the sink
+    normalised x and rstd): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's q_a / kv_a outputs
+    through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
+    attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
     column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
     for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
     split = whole = 0
@@ -129,8 +155,11 @@ def feature_elems(m: Any) -> dict[str, int]:
         k = (m.n_kv_heads or m.n_heads) * head_dim(m)
         split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
     if getattr(m, "kv_lora_rank", None) is not None:
-        whole += 3 * ((getattr(m, "q_lora_rank", None) or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
-        split += 2 * q
+        q_lora = getattr(m, "q_lora_rank", None)
+        # q_a output through its RMSNorm (input, rstd, normalised) and q_b's input; kv_a's whole output (the norm
+        # reads the latent as a view of it), the latent's rstd, normalised latent and kv_b's input
+        whole += (3 * q_lora + 1 if q_lora else 0) + (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank + 1
+        split += m.n_heads * m.qk_nope_head_dim  # the attention's v is a view of kv_b's whole (nope + v) output
     if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
         split += m.n_heads
     if getattr(m, "sandwich_norm", False):
@@ -144,14 +173,15 @@ def _attn_core_elems(*, s, b, h, a, t) -> float:
     return (3 * s * b * h + a * s * s * b) / t
 
 
-def mlp_elems(*, s, b, h, ffn, t, swiglu: bool = False) -> float:
+def mlp_elems(*, s, b, h, ffn, t, hidden: int = 2) -> float:
     # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
     # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py)
-    return (4 if swiglu else 2) * s * b * ffn / t
+    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py);
+    # gpt-oss's clamped SwiGLU 7 (moe_bytes.hidden_saved)
+    return hidden * s * b * ffn / t
 
 
-def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, swiglu: bool = False) -> float:
+def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
@@ -159,7 +189,7 @@ def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, s
     elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
     # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
     # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
-    elems += (4 if swiglu else 2) * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product
+    elems += hidden * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product (moe_bytes.hidden_saved)
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
     elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
@@ -218,16 +248,17 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate)
-    swiglu = is_gated(shape.mlp)
+    mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
+    hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
-                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
+                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
         moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
-                         swiglu=swiglu)
+                                    hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
-    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, swiglu=swiglu)
+    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes
 
 
@@ -252,7 +283,6 @@ def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_b
     MemTracker in tests/test_family_activations.py):
     - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
       LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
-    - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);
     - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
     - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
       of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
@@ -260,13 +290,11 @@ def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_b
     out = 0.0
     if norm == "rmsnorm":
         out += 2 * (sbh + sb) / norm_div * residual_bytes - 2 * 2 * sb / norm_div * STAT_BYTES
-    if rope:
-        out += 2 * s * (h // a) * dtype_bytes
     swiglu = is_gated(mlp)
     if autocast and swiglu:
         out += sbh * dtype_bytes
     if n_experts and shared_ffn:
-        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, swiglu=swiglu) * dtype_bytes
+        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, hidden=hidden_saved(mlp)) * dtype_bytes
         if autocast:
             out += (2 if swiglu else 1) * sbh * dtype_bytes
         if shared_gate:
