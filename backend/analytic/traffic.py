@@ -165,7 +165,7 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
         per = ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
-        out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))
+        out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:
         n_stages, mine = p.pp * p.virtual_stages, set(stages)
         for s in stages:

@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
-from backend.analytic.memory.parts import local_part, rank_parts, stage_composition
-from backend.analytic.params import model_key
+from backend.analytic.memory.parts import (ALT_PART, attention_kind_counts, is_mixed, local_part, rank_parts,
+                                           stage_composition)
+from backend.analytic.params import layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
 from backend.analytic.vector import logical_or, maximum, minimum, select_present, where
@@ -41,6 +43,8 @@ class StepProxy:
     """All microbatches through the busiest pipeline rank: GEMMs, attention, element-wise, head (+ recompute)."""
     tp_comm_s: Any
     """TP activation all-reduces (4 per layer and microbatch), bandwidth only, all exposed."""
+    ep_comm_s: Any
+    """EP all-to-alls (4 per MoE block and microbatch), bandwidth only, all exposed."""
     bubble: Any
     """Pipeline idle time / ideal time of the schedule (textbook/pipeline.bubble_over_ideal)."""
     dp_exposed_s: Any
@@ -51,17 +55,19 @@ class StepProxy:
 
     @property
     def step_s(self) -> Any:
-        return (self.compute_s + self.tp_comm_s) * (1 + self.bubble) + self.dp_exposed_s + self.optimizer_s + self.overhead_s
+        return (self.compute_s + self.tp_comm_s + self.ep_comm_s) * (1 + self.bubble) + self.dp_exposed_s \
+            + self.optimizer_s + self.overhead_s
 
 
 @lru_cache(maxsize=256)
-def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
-    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement)."""
+def _block_linears(key: Any, tp: int, part: str = "block") -> tuple[tuple[int, int, bool], ...]:
+    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement); part: block
+    (block 0's MLP kind) or parts.ALT_PART (the other kind's, mixed stacks)."""
     return tuple((*q.local_shape, expert_of(q.name) is not None)
-                 for q in local_part(key, "block", False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
+                 for q in local_part(key, part, False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
-def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
+def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware, part: str = "block") -> Any:
     """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
     added in the block's parameter order; each distinct GEMM shape is timed once."""
     key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
@@ -72,7 +78,7 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
         dense, routed = tokens[rows], tokens[rows] * (model.top_k * layout.ep[rows] / max(model.n_experts, 1))
         timed: dict[tuple[int, int, bool], Any] = {}
         acc = 0.0
-        for shape in _block_linears(key, tp):
+        for shape in _block_linears(key, tp, part):
             seconds = timed.get(shape)
             if seconds is None:
                 n_out, k, expert = shape
@@ -93,13 +99,9 @@ def _bubble(layout: Layout) -> Any:
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * model.seq_len, layout.compute_bytes, layout.microbatches
-    attention, elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
-    gemm = _layer_gemm_s(model, layout, hw)
     full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
-    forward = gemm + attention.fwd_s + elementwise.fwd_s
-    backward = 2 * gemm + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
-    per_layer = forward * (1 + full) + backward + where(selective, attention.fwd_s, 0.0)
+    blocks = _BlockCosts(model, layout, hw, full=full, selective=selective)
     lm_head = 3 * gemm_s(hw, hw.peak(layout.precision), tokens, model.d_model, model.vocab_size / layout.tp, cb) \
         + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
@@ -107,21 +109,84 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     rank0 = rank_parts(model, layout, RankPosition())
     first_rank, last_rank = rank0.stages, stage_composition(model, layout, layout.pp - 1)
     head_on_first = logical_or(layout.pp == 1, layout.zbv)
-    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head,
-                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head))
+    first_blocks = blocks.of_rank(first_rank, 0)
+    busiest = maximum(first_blocks + head_on_first * lm_head,
+                      where(head_on_first, 0.0, blocks.of_rank(last_rank, layout.pp - 1) + lm_head))
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
     tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
-                             backward_s=first_rank.n_blocks * backward, compute_s=compute)
+                             backward_s=first_rank.n_blocks * blocks.backward_s, compute_s=compute)
     owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
     optimizer = memory_s(hw, per_element * owned, kernels=0) \
         + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp, 1), kernels=0)  # zero_grad
-    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
+    ep_comm = _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
+    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
                      optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s)
+
+
+class _BlockCosts:
+    """Seconds of one microbatch through a rank's blocks, per kind: dense / MoE blocks (mixed stacks: the alt part's
+    GEMMs) and global / windowed attention (compute.attention_pass with windowed=True)."""
+
+    def __init__(self, model: Any, layout: Layout, hw: Hardware, *, full: Any, selective: Any):
+        self.model, self.layout, self.full, self.selective = model, layout, full, selective
+        self.mixed = is_mixed(model)
+        attention, self.elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
+        windowed = attention_pass(model, layout, hw, "flash", windowed=True) \
+            if getattr(model, "window", None) is not None else attention
+        self.attention = (attention, windowed)
+        self.gemm = (_layer_gemm_s(model, layout, hw), _layer_gemm_s(model, layout, hw, ALT_PART) if self.mixed else 0.0)
+
+    @property
+    def backward_s(self) -> Any:
+        """One block 0's backward (what DDP's bucketed all-reduce overlaps with, per block)."""
+        return 2 * self.gemm[0] + self.attention[0].bwd_s + self.elementwise.bwd_s
+
+    def _per_layer(self, gemm: Any, attention: Any) -> Any:
+        forward = gemm + attention.fwd_s + self.elementwise.fwd_s
+        backward = 2 * gemm + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
+        return forward * (1 + self.full) + backward + where(self.selective, attention.fwd_s, 0.0)
+
+    def of_rank(self, stages: Any, pp_rank: Any) -> Any:
+        """The blocks of a pipeline rank (StageComposition) at its own kinds."""
+        layer = self._per_layer(self.gemm[0], self.attention[0])
+        counts = attention_kind_counts(self.model, self.layout, pp_rank)
+        if not self.mixed and counts is None:
+            return stages.n_blocks * layer
+        total = (stages.n_blocks - stages.n_alt) * layer
+        if self.mixed:
+            total = total + stages.n_alt * (self._per_layer(self.gemm[1], self.attention[0]))
+        if counts is not None:  # windowed blocks' attention instead of a global one's
+            global_attention, window = self.attention
+            delta = self._per_layer(0.0, window) - self._per_layer(0.0, global_attention)
+            _, n_windowed = counts
+            total = total + (n_windowed - stages.n_blocks * layer_attention_kind(self.model, 0)[1]) * delta
+        return total
+
+    def moe_blocks(self, stages: Any) -> Any:
+        """MoE blocks of a pipeline rank."""
+        if not self.model.is_moe:
+            return 0
+        return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
+
+
+def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
+    """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
+    tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
+    (strided by tp, carved out of dp)."""
+    if not model.is_moe:
+        return 0.0
+    tokens = layout.micro_batch * model.seq_len
+    payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
+        tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
+    intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
+    per_node = node_members(layout.tp, layout.ep, gpus_per_node)
+    link = link_bandwidth(hw, intra, per_node)
+    return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep, link_bytes_per_s=link), 0.0)
 
 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
