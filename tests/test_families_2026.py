@@ -217,3 +217,21 @@ def test_inference_kv_cache_mla_windows_and_sinks():
     out = estimate_inference(oss, batch=1, context=4096)
     per_pos = 2 * 8 * 64 * 2  # K and V, 8 kv heads of 64, bf16
     assert out["kv_cache_bytes"] == 18 * (128 + 4096) * per_pos
+
+
+def test_mtp_module_refused_by_name_and_counted_apart():
+    """DeepSeek-V3's multi-token-prediction module (num_nextn_predict_layers = 1, model.layers.61 in the checkpoint) is
+    not built (transformers does not build it; ShardLab trains the next-token objective): the import says so by name
+    and counts it apart from its tensors (README_WEIGHTS.md; vLLM's DeepSeekMultiTokenPredictorLayer): enorm + hnorm +
+    shared_head.norm 3 x 7,168, eh_proj 14,336 x 7,168, one MoE block 11,507,286,016 = 11,610,067,968 unique (the
+    README's "11.5B"), plus the embedding and head copies 2 x 129,280 x 7,168 stored."""
+    from backend.analytic.params import mtp_module_params
+
+    model, notes = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
+    m = ModelSpec(**model)
+    unique, stored = mtp_module_params(m)
+    assert unique == 3 * 7168 + 2 * 7168 * 7168 + 11_507_286_016 == 11_610_067_968
+    assert stored == unique + 2 * 129_280 * 7168
+    assert any(n.startswith("num_nextn_predict_layers=1: the multi-token-prediction module") and "11,610,067,968" in n
+               for n in notes)
+    assert count_params(m) == 671_026_404_352  # the main model alone, as the card's 671B

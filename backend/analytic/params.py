@@ -265,6 +265,16 @@ def active_params(m: Any) -> int:
     return count_params(m) - n_moe_layers(m) * inactive
 
 
+def mtp_module_params(m: Any) -> tuple[int, int]:
+    """(unique, stored) parameters of ONE DeepSeek-V3 multi-token-prediction module (num_nextn_predict_layers), which
+    ShardLab does not build: enorm and hnorm (h each), eh_proj (2h -> h, no bias), one decoder block like the last
+    main block, shared_head.norm (h); stored adds the checkpoint's copies of the embedding and the output head, which
+    the module shares with the main model (DeepSeek-V3 README_WEIGHTS.md; vLLM's DeepSeekMultiTokenPredictorLayer)."""
+    h = m.d_model
+    unique = 3 * h + 2 * h * h + sum(q.numel for q in block_param_list(model_key(m), m.n_layers - 1))
+    return unique, unique + 2 * m.vocab_size * h
+
+
 def breakdown(m: Any) -> dict[str, int]:
     """Totals per component: embeddings, attention, norms, mlp (or router + experts), lm_head."""
     out: dict[str, int] = {}
