@@ -13,11 +13,12 @@ from typing import Any
 
 from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
+from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
+                                                  mlp_elems)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
-from backend.analytic.params import head_dim, is_gated, layer_attention_kind, layer_is_moe, v_head_dim
+from backend.analytic.params import layer_attention_kind, layer_is_moe
 
 RECOMPUTE = ("none", "selective", "full")
-STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
 LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
@@ -119,66 +120,10 @@ class LayerShape:
 _PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
 
 
-def head_widths(m: Any) -> dict[str, int]:
-    """LayerShape's q_width / v_width / rope_width: the attention's own widths when they differ from d_model."""
-    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
-    rope = m.qk_rope_head_dim if getattr(m, "kv_lora_rank", None) is not None else head_dim(m)
-    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v,
-                rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
-
-
-def attention_constant_bytes(shape: LayerShape, recompute: str, *, rope: bool, windowed: bool) -> float:
-    """A block's saved bytes that do not scale with tokens and differ between a model's attention kinds: the rotary
-    (s, width) cos and sin tables the rotation's muls keep (in q's dtype; not under full recompute), and the (s, s)
-    additive mask a windowed layer hands flash attention, which the kernel keeps for backward in q's dtype (no
-    recompute: selective re-makes it inside the checkpoint). Read off the autograd graph
-    (tests/test_family_terms.py); the math path keeps an (s, s) bool mask on every layer alike."""
-    if recompute == "full":
-        return 0.0
-    s = shape.seq_len
-    out = 2 * s * (shape.rope_width or shape.d_model // shape.n_heads) * shape.dtype_bytes if rope else 0.0
-    if windowed and shape.flash and recompute == "none":
-        out += s * s * shape.dtype_bytes
-    return out
-
-
-def feature_elems(m: Any) -> dict[str, int]:
-    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's q_a / kv_a outputs
-    through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
-    attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
-    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
-    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
-    split = whole = 0
-    q = m.n_heads * head_dim(m)
-    if getattr(m, "qk_norm", False):
-        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
-        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
-    if getattr(m, "kv_lora_rank", None) is not None:
-        q_lora = getattr(m, "q_lora_rank", None)
-        # q_a output through its RMSNorm (input, rstd, normalised) and q_b's input; kv_a's whole output (the norm
-        # reads the latent as a view of it), the latent's rstd, normalised latent and kv_b's input
-        whole += (3 * q_lora + 1 if q_lora else 0) + (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank + 1
-        split += m.n_heads * m.qk_nope_head_dim  # the attention's v is a view of kv_b's whole (nope + v) output
-    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
-        split += m.n_heads
-    if getattr(m, "sandwich_norm", False):
-        whole += 2 * (2 * m.d_model + 1)
-    return dict(split_elems=split, whole_elems=whole)
-
-
 def _attn_core_elems(*, s, b, h, a, t) -> float:
     # matmul copies of q, k^T (GQA: repeat_interleave'd, so always a·d_head = h wide) saved by bmm: 2sbh/t;
     # softmax output probs (b, a, s, s) saved by softmax and probs@v: a·s²·b/t; v copy saved by bmm: sbh/t
     return (3 * s * b * h + a * s * s * b) / t
-
-
-def mlp_elems(*, s, b, h, ffn, t, hidden: int = 2) -> float:
-    # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
-    # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py);
-    # gpt-oss's clamped SwiGLU 7 (moe_bytes.hidden_saved)
-    return hidden * s * b * ffn / t
 
 
 def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2) -> float:
@@ -244,7 +189,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.autocast_device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
-    mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
+    mask_bytes += family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate)
@@ -275,31 +220,6 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
                                              autocast=autocast, autocast_device=autocast_device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
-
-
-def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
-                        n_experts, shared_ffn, shared_gate) -> float:
-    """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
-    MemTracker in tests/test_family_activations.py):
-    - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
-      LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
-    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
-    - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
-      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
-    sb, sbh = s * b, s * b * h
-    out = 0.0
-    if norm == "rmsnorm":
-        out += 2 * (sbh + sb) / norm_div * residual_bytes - 2 * 2 * sb / norm_div * STAT_BYTES
-    swiglu = is_gated(mlp)
-    if autocast and swiglu:
-        out += sbh * dtype_bytes
-    if n_experts and shared_ffn:
-        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, hidden=hidden_saved(mlp)) * dtype_bytes
-        if autocast:
-            out += (2 if swiglu else 1) * sbh * dtype_bytes
-        if shared_gate:
-            out += (sbh + sb) * (4 if autocast else dtype_bytes)
-    return out
 
 
 def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float = 0.0) -> float:

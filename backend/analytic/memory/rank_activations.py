@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
-from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, attention_constant_bytes,
-                                                 layer_activation_bytes, model_embedding_head_activation_bytes,
+from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, layer_activation_bytes,
+                                                 model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
+from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.textbook.pipeline import in_flight_terms
@@ -178,7 +179,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
 
 
 def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any) -> Any:
-    """The rank's blocks' per-layer constants (activations.attention_constant_bytes: rotary tables, a windowed flash
+    """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
     layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
     block: sum over the rank's blocks minus n_blocks x block 0's."""
     counts = attention_kind_counts(model, layout, pp_rank)
