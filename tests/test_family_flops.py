@@ -100,5 +100,6 @@ def test_proxy_has_the_ep_all_to_alls_and_each_block_kind():
     hw = get_hardware("h100-sxm")
     proxy = step_proxy(m, layouts, hw, gpus_per_node=8)
     assert proxy.ep_comm_s[0] == 0 and proxy.ep_comm_s[1] > 0
-    dense, moe = _layer_gemm_s(m, layouts, hw), _layer_gemm_s(m, layouts, hw, ALT_PART)
+    # forward and backward GEMMs of each kind (main's _layer_gemm_s returns the pair)
+    dense, moe = np.asarray(_layer_gemm_s(m, layouts, hw)), np.asarray(_layer_gemm_s(m, layouts, hw, ALT_PART))
     assert np.all(dense != moe)

@@ -62,10 +62,27 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     data = load_json_file(path, "--spec")
     if not isinstance(data, dict):
         raise InputError(f"--spec {path} holds a JSON {type(data).__name__}, not an object of spec sections")
+    data = unwrap_imported(data, path)
     for section in ("model", "train", "parallel", "runtime"):
         if section in data and not isinstance(data[section], dict):
             raise InputError(f"--spec {path}: section {section!r} is a JSON {type(data[section]).__name__}, not an object")
     return data
+
+
+def unwrap_imported(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`import-config --json` output ({"spec", "ignored", "unmapped"}) is accepted as a --spec: its spec, with a note
+    on stderr naming the fields the spec does not hold."""
+    if not ("spec" in data and ("unmapped" in data or "ignored" in data)):
+        return data
+    if not isinstance(data["spec"], dict):
+        raise InputError(f"--spec {path}: 'spec' is a JSON {type(data['spec']).__name__}, not an object")
+    unmapped = data.get("unmapped") or {}
+    if unmapped:
+        from backend.spec_text import printable
+
+        print(f"note: {path} is an imported {printable(data.get('framework', 'framework'))} config; not in the spec: "
+              + ", ".join(printable(k) for k in unmapped), file=sys.stderr)
+    return data["spec"]
 
 
 def _model_source(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -9,10 +9,11 @@
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
-  5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
+  5. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
+                                        offload=params, ctx.placement) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
   6. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
-  7. check                             every parameter / grad / buffer / DTensor shard on ctx.device
+  7. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
@@ -58,7 +59,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
                 sub.run_empty_experts = p.dp > 1
     if meta:
-        materialize(mods, ctx.device, spec.train.seed)
+        materialize(mods, ctx.placement, spec.train.seed)
     experts = ep.params() if ep else []
     if p.tp > 1:
         for m in mods:
@@ -82,7 +83,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
                     notes=_notes(ctx, ids, ep), extra=extra)
-    check_placement(ctx.device, prep.modules, prep.optimizer)
+    check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 
 

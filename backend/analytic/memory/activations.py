@@ -14,7 +14,7 @@ from typing import Any
 from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
 from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
-                                                  mlp_elems)
+                                                  mlp_elems, rms_norm_extra_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.params import layer_attention_kind, layer_is_moe
 
@@ -47,7 +47,8 @@ class LayerShape:
     top_k: int = 1
     ep: int = 1
     autocast: bool = False
-    autocast_device: str = "cpu"
+    device: str = "cpu"
+    """Where the ranks run ("cpu" or "cuda"): CUDA autocast's fp32 softmax, CUDA's fused RMSNorm."""
     norm: str = "layernorm"
     mlp: str = "gelu"
     rope: bool = False
@@ -84,7 +85,7 @@ class LayerShape:
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
-                   autocast_device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model),
+                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model),
                    nope=family["rope"] and not rope, windowed=windowed)
 
     @classmethod
@@ -114,7 +115,7 @@ class LayerShape:
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
         return dict(s=self.seq_len, b=self.micro_batch, h=self.d_model, vocab=vocab, dtype_bytes=self.dtype_bytes,
-                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope)
+                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
 
 
 _PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
@@ -158,8 +159,9 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
-    autocast_device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score).
-    Family terms (`_family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
+    device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score); RMSNorm
+    saves what its device's kernel keeps (device.rms_norm_saved_bytes).
+    Family terms (`family_bytes.family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
     """
     recompute = _check_recompute(recompute)
     s, b, h, a, ffn, dtype_bytes, t = (shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.ffn,
@@ -186,13 +188,13 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t) + (2 * qh + vh - 3 * sbh) / t
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
-        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.autocast_device)
+        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     mask_bytes += family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
-                                      shared_gate=shape.shared_gate)
+                                      shared_gate=shape.shared_gate, device=shape.device)
     mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
     hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
@@ -211,13 +213,13 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
                                  top_k: int = 1, autocast: bool = False, ep: int = 1, norm: str = "layernorm",
                                  mlp: str = "gelu", rope: bool = False, flash: bool = False, shared_ffn: int = 0,
-                                 shared_gate: bool = False, autocast_device: str = "cpu") -> float:
+                                 shared_gate: bool = False, device: str = "cpu") -> float:
     """`layer_activation_bytes` in the paper's symbols (the formula tests' form). kv_heads does not change the
     bytes: GQA k/v are repeat_interleave'd to a heads before the matmuls and only the repeated copies are saved."""
     del kv_heads
     return layer_activation_bytes(LayerShape(seq_len=s, micro_batch=b, d_model=h, n_heads=a, ffn=ffn, dtype_bytes=dtype_bytes,
                                              tp=t, sequence_parallel=sp, n_experts=n_experts, top_k=top_k, ep=ep,
-                                             autocast=autocast, autocast_device=autocast_device, norm=norm, mlp=mlp,
+                                             autocast=autocast, device=device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
 
@@ -235,12 +237,12 @@ def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float =
 
 def model_head_freed_in_backward_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                        sp: bool = False, loss_parallel: bool = False, autocast: bool = False,
-                                       norm: str = "layernorm", learned_pos: bool = True) -> float:
+                                       norm: str = "layernorm", learned_pos: bool = True, device: str = "cpu") -> float:
     """The part of `model_embedding_head_activation_bytes` freed once the head's backward ran: everything
     except pos (embedding backward comes last), the caller-held logits and the loss scalars."""
     saved = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
                                                   logits_held=False, loss_parallel=loss_parallel, autocast=autocast,
-                                                  norm=norm, learned_pos=learned_pos)
+                                                  norm=norm, learned_pos=learned_pos, device=device)
     return saved - s * INDEX_BYTES * learned_pos - LOSS_BYTES
 
 
@@ -254,7 +256,8 @@ def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float
 def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                           sp: bool = False, logits_held: bool = True,
                                           loss_parallel: bool = False, autocast: bool = False,
-                                          norm: str = "layernorm", learned_pos: bool = True) -> float:
+                                          norm: str = "layernorm", learned_pos: bool = True,
+                                          device: str = "cpu") -> float:
     """Bytes saved outside the blocks on the stages that own embedding / head, end of forward.
 
     Embedding: the token-embedding backward needs only the indices (the input batch); pos = arange(s)
@@ -265,7 +268,7 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     With SP the final norm's input and stats are split over t (the lm_head input is all-gathered, full);
     with loss_parallel the vocab dimension of logits and log-probs is split over t.
     autocast: the final norm's input is the fp32 residual stream; lm_head saves a 16-bit cast of its input.
-    RMSNorm: the normalised x (sbh) and rstd (sb) instead of mean + rstd; RoPE (learned_pos False): no arange.
+    RMSNorm: what its device's kernel keeps (rms_norm_extra_bytes); RoPE (learned_pos False): no arange.
     """
     v_div = t if loss_parallel else 1
     emb = s * INDEX_BYTES * learned_pos  # pos = arange(s) (int64)
@@ -273,8 +276,9 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     norm_div = t if sp else 1
     norm_in_bytes = 4 if autocast else dtype_bytes
     head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
-    if norm == "rmsnorm":  # see _family_extra_bytes
-        head += (s * b * h + s * b) / norm_div * norm_in_bytes - 2 * s * b / norm_div * STAT_BYTES
+    if norm == "rmsnorm":  # see family_bytes.family_extra_bytes
+        head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
+                                     device=device)
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32
     if logits_held:
         head += s * b * vocab / v_div * dtype_bytes
@@ -282,13 +286,14 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
 
 
 def head_beyond_blocks_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1, sp: bool = False,
-                             autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True) -> float:
+                             autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True,
+                             device: str = "cpu") -> float:
     """What the forward + loss moment of the stage with the logits holds beyond the end of its last block: the
     head's saved tensors, the held logits and the loss scalars (`model_embedding_head_activation_bytes` without
     pos), the TP logits shard, the 16-bit logits' fp32 copy (`model_loss_transient_bytes`) and, under autocast,
     lm_head's 16-bit weight cast (as `rank_activation_bytes` adds them). b may be an array."""
     head = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
-                                                 autocast=autocast, norm=norm, learned_pos=learned_pos)
+                                                 autocast=autocast, norm=norm, learned_pos=learned_pos, device=device)
     shard = tp_logits_shard_bytes(s=s, b=b, vocab=vocab, t=t, dtype_bytes=dtype_bytes)
     head = head - s * INDEX_BYTES * learned_pos + shard
     head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t)
@@ -330,6 +335,32 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
     v_div = t if loss_parallel else 1
     extra = 0 if dtype_bytes == 4 else s * b * vocab / v_div * 4  # fp32 grad before the cast back
     return s * b * vocab / v_div * (4 + dtype_bytes) + extra
+
+
+def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, logits_held: bool) -> float:
+    """What the start of the loss's backward holds beyond the forward + loss moment, on the rank with the loss:
+    log_softmax's backward holds the fp32 grad of the log-probs and writes the fp32 grad of its input (2 · 4 B per
+    logit; its own saved output is already counted), while loss_fn's fp32 copy of 16-bit logits is gone and so are
+    the logits themselves unless the training loop still holds them (backend/models/gpt.loss_fn,
+    strategies/step.LoopStyle: `logits_held_in_backward`). For a large vocabulary this is the step's fullest moment.
+    An upper bound where the activation peak is elsewhere (inside the last MoE dispatch, a full-recompute re-run).
+    Measured on the H200 (benchmarks/results/gpu/2026-11-26-h200-run2, Llama-3.2-1B shape, V = 128,256): the tracker's
+    peak minus its activation-peak total is 0.979 GiB for zero3/zero2/zero3-full (2 B per logit: bf16 logits not
+    held) and 1.957 GiB for ddp (4 B: held), what this gives."""
+    n = s * b * vocab
+    freed = (0 if dtype_bytes == 4 else 4 * n) + (0 if logits_held else n * dtype_bytes)
+    return max(0.0, 2 * 4 * n - freed)
+
+
+def logits_held_in_backward(layout: Any) -> bool:
+    """Whether the logits are still alive when the loss's backward starts (scalar layout): the training loop holds
+    them in pure ddp / zero1 and the ep / dp mixes, a pipeline schedule keeps its last stage's output, the pure
+    FSDP strategies and tp mixes let them go (backend/strategies/parallelize.loop_style)."""
+    if layout.pipelined:
+        return True
+    if layout.tp > 1:
+        return False
+    return not (layout.fsdp and not layout.is_mix)
 
 
 def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: float) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.analytic.device import rms_norm_saved_bytes
 from backend.analytic.memory.moe_bytes import hidden_saved
 from backend.analytic.params import head_dim, is_gated, v_head_dim
 
@@ -71,18 +72,19 @@ def feature_elems(m: Any) -> dict[str, int]:
 
 
 def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
-                        n_experts, shared_ffn, shared_gate) -> float:
+                       n_experts, shared_ffn, shared_gate, device) -> float:
     """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
     MemTracker in tests/test_family_activations.py):
-    - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
-      LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
+    - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
+      instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
+      the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
     - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
     - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
       of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
     sb, sbh = s * b, s * b * h
     out = 0.0
     if norm == "rmsnorm":
-        out += 2 * (sbh + sb) / norm_div * residual_bytes - 2 * 2 * sb / norm_div * STAT_BYTES
+        out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
     swiglu = is_gated(mlp)
     if autocast and swiglu:
         out += sbh * dtype_bytes
@@ -93,3 +95,10 @@ def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_by
         if shared_gate:
             out += (sbh + sb) * (4 if autocast else dtype_bytes)
     return out
+
+
+def rms_norm_extra_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
+    """What one RMSNorm saves beyond the LayerNorm terms the formulas count for every norm (its input in
+    input_bytes and fp32 mean + rstd): device.rms_norm_saved_bytes minus those."""
+    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=input_bytes, device=device) - sbh * input_bytes \
+        - 2 * sb * STAT_BYTES
