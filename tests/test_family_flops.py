@@ -17,6 +17,7 @@ from backend.analytic.layout import Layout
 from backend.analytic.params import active_params, matmul_params
 from backend.analytic.steptime.compute import attention_pass
 from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.ops import attention_time
 from backend.analytic.steptime.proxy import step_proxy
 from backend.analytic.textbook.flops import training_flops_per_token
 from backend.presets import preset_model
@@ -74,7 +75,25 @@ def test_step_time_attention_pass_of_a_window():
     full, win = attention_pass(m, layout, hw, "flash"), attention_pass(m, layout, hw, "flash", windowed=True)
     assert win.fwd_flops == 2 * 64 * 4096 * 128 * 128 and full.fwd_flops == 2 * 64 * 4096 * 4096 * 128
     assert win.fwd_s < full.fwd_s / 10
+    # the fused kernel skips the blocks outside the window: of the causal triangle s^2/2 the band sw - w^2/2 is left
+    # (FlashAttention-2 window_size); the causal global block is tables' ops.attention_time
+    band = (2 * 4096 * 128 - 128 * 128) / 4096 ** 2
+    assert win.fwd_s == pytest.approx(full.fwd_s * band) and win.bwd_s == pytest.approx(full.bwd_s * band)
+    assert (full.fwd_s, full.bwd_s) == attention_time(hw, layout.precision, "flash", 1, 64, 4096, 64, causal=True)
     assert attention_pass(m, layout, hw, "eager", windowed=True).fwd_s == attention_pass(m, layout, hw, "eager").fwd_s
+
+
+def test_step_time_attention_pass_of_mla_times_its_own_widths():
+    """DeepSeek-V3's fused attention: QK^T over 192 channels and P.V over 128 take the FLOPs of one head width of
+    (192 + 128) / 2 = 160 in ops.attention_time (its FLOP count 4 b a s^2 d, halved causal)."""
+    m = _model("deepseek-v3", seq_len=4096)
+    s = ExperimentSpec.for_prediction({"model": m.model_dump(), "train": {"precision": "bf16-mixed", "micro_batch": 1,
+                                                                          "global_batch": 8},
+                                       "parallel": {"strategy": "fsdp", "world_size": 8}})
+    hw, layout = get_hardware("h100-sxm"), Layout.of(s)
+    cost = attention_pass(m, layout, hw, "flash")
+    assert (cost.fwd_s, cost.bwd_s) == attention_time(hw, layout.precision, "flash", 1, 128, 4096, 160, causal=True)
+    assert cost.fwd_flops == 2 * 128 * 4096 * 4096 * (192 + 128)
 
 
 def test_ep_all_to_all_per_moe_block():
