@@ -18,14 +18,23 @@ from backend.spec import (
     Optimizer,
     Precision,
     Recompute,
+    RouterScore,
     Schedule,
     Strategy,
+    WindowKind,
     validate_spec,
 )
 
 _GPT = dict(n_kv_heads=0, ffn_hidden=0, n_experts=0, top_k=2, norm="layernorm", mlp="gelu", positions="learned",
             tie_embeddings=False, bias="all", attention="math", expert_ffn_hidden=0, n_shared_experts=0,
             shared_ffn_hidden=0, shared_expert_gate=False)
+FAMILY_2026 = dict(attn_head_dim=0, qk_norm=False, attention_sinks=False, sandwich_norm=False, scale_embeddings=False,
+                   q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0,
+                   first_dense_layers=0, moe_every=1, router_score="softmax", router_bias=False,
+                   router_balance_bias=False, expert_groups=1, topk_groups=1, window=0, window_kind="sliding",
+                   global_every=0, global_layers_nope=False)
+"""The 2026 families' fields (issue 24) with GPT's values, 0 for None where a widget shows 0."""
+_GPT.update(FAMILY_2026)
 
 
 def _published(name: str) -> dict[str, Any]:
@@ -53,13 +62,15 @@ DEFAULT_PRESET = next(iter(PRESETS))
 
 MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
               "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
-              "shared_ffn_hidden", "shared_expert_gate")
+              "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
 PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
 # Widgets use 0 for "derive it": None in the spec.
-ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden"}
+ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
+                   "q_lora_rank", "kv_lora_rank", "window"}
 FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp], "positions": [v.value for v in Positions],
-                  "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl]}
+                  "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl],
+                  "router_score": [v.value for v in RouterScore], "window_kind": [v.value for v in WindowKind]}
 
 for _name in PUBLISHED:
     PRESETS[preset_label(_name)] = _published(_name)
@@ -235,7 +246,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule"):
+    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind"):
         v[k] = str(v[k])
     # A derived degree is re-derived from world_size for the pure strategies.
     if p.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):

@@ -151,13 +151,13 @@ def set_tags(ids: list[int], text: str) -> None:
 
 
 def delete(ids: list[int]) -> list[str]:
-    """Delete each run; returns the errors (e.g. a run still active)."""
-    from db import queries
+    """Delete each run and its run folder (as `delete` on the CLI); returns the errors (e.g. a run still active)."""
+    from backend.worker.cleanup import delete_run, runs_dirs
 
     errors = []
     for i in ids:
         try:
-            queries.delete_experiment(engine(), int(i))
+            delete_run(engine(), int(i), runs_dirs(engine()))
         except ValueError as e:
             errors.append(str(e))
     changed()

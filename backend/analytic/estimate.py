@@ -20,11 +20,11 @@ from backend.analytic.memory.activations import logits_held_in_backward, loss_ba
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
 from backend.analytic.optimizer_state import step_temp_bytes
-from backend.analytic.params import count_params, matmul_params, param_list
+from backend.analytic.model_flops import training_flops_per_step
+from backend.analytic.params import count_params, param_list
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
-from backend.analytic.textbook.flops import training_flops_per_step
 from backend.analytic.textbook.pipeline import bubble_fraction
 from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 from backend.analytic.traffic import rank_traffic
@@ -262,9 +262,7 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
     reps = [c.representative for c in by_key.values()]
     psi = count_params(m)
     kinds = sorted({k for r in reps for k in r.comm_bytes}, key=COLLECTIVES.index)
-    flops = training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
-                                      seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute),
-                                      active_params=matmul_params(m, active=True) if m.is_moe else None)
+    flops = training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(t.recompute))
     bubble = None if p.pp == 1 else bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
     return Estimate(
         per_rank=RankRows(spec, classes, by_key), params_total=psi, tokens_per_step=spec.tokens_per_step,

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     model, problem = _model(args)
     if problem:
         return fail(problem)
-    if model.d_model % model.n_heads:
+    if model.attn_head_dim is None and not model.is_mla and model.d_model % model.n_heads:
         return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
     try:
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)

@@ -10,7 +10,7 @@ import json
 import sys
 
 from backend.cli import fail
-from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store, runs_dirs
+from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
 from backend.spec.user_text import InputError, printable
 
 
@@ -128,7 +128,7 @@ def cmd_requeue(args) -> int:
 
 
 def cmd_delete(args) -> int:
-    from backend.worker.cleanup import delete_run
+    from backend.worker.cleanup import delete_run, runs_dirs
 
     def delete(_q, engine, i) -> str:
         removed = delete_run(engine, i, runs_dirs(engine))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from backend.cli import fail
 from backend.result import Status
@@ -58,18 +57,3 @@ def guarded(func):
 
 def dump_json(obj) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
-
-
-def runs_dirs(engine, runs_dir: Path | None = None) -> list[Path]:
-    """Where run folders live: the worker's runs dir and the SLURM config's run_dir (a broken cluster config must not
-    stop a local delete or gc)."""
-    from backend.run_folders import default_runs_dir
-
-    dirs = [Path(runs_dir or default_runs_dir(engine))]
-    try:
-        from backend.cluster.slurm_config import load
-
-        dirs.append(Path(load().run_dir))
-    except Exception:  # noqa: BLE001
-        pass
-    return dirs

@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from backend.cli.store_options import add_db_flag, dump_json, guarded, open_store, runs_dirs
+from backend.cli.store_options import add_db_flag, dump_json, guarded, open_store
 
 
 def register(sub) -> None:
@@ -57,7 +57,7 @@ def cmd_worker(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    from backend.worker.cleanup import collect
+    from backend.worker.cleanup import collect, runs_dirs
 
     engine = open_store(args)
     report = collect(engine, runs_dirs(engine, args.runs_dir), older_than_s=args.older_than_h * 3600, dry_run=args.dry_run)

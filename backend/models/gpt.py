@@ -184,10 +184,12 @@ class LatentAttention(nn.Module):
             from torch.distributed.tensor import Partial
 
             x = x.to_local(grad_placements=[Partial()])
-        q = self.q_b(_rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else self.q(x)
+        # Plain local matmuls for q / q_b / kv_b too: called as modules, ColwiseParallel would wrap their local input as
+        # a Replicate DTensor and all-reduce its gradient, which the Partial boundary above then sums over tp again.
+        q = _linear(self.q_b, _rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else _linear(self.q, x)
         q = q.view(B, T, -1, nope + rope).transpose(1, 2)  # (B, a, T, nope + rope)
         latent, k_rope = _linear(self.kv_a, x).split([m.kv_lora_rank, rope], dim=-1)
-        kv = self.kv_b(_rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
+        kv = _linear(self.kv_b, _rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
         k_nope, v = kv.split([nope, vd], dim=-1)
         cos, sin = rope_cos_sin(T, rope, x.device, x.dtype)
         q_nope, q_rope = q.split([nope, rope], dim=-1)

@@ -59,7 +59,9 @@ def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -
             if pp > model.n_layers:
                 continue
             dp = gpus // (tp * pp)
-            eps = [e for e in _divisors(dp) if model.n_experts % e == 0] if model.is_moe and tp == 1 and pp == 1 else [1]
+            # ep carved out of dp (ep | dp, ep | n_experts), with or without pipelining as Megatron and torchtitan allow
+            # (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
+            eps = [e for e in _divisors(dp) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
             pairs.append(DegreePair(tp, pp, dp, eps, _schedules(pp, model.n_layers, limits.virtual_stages)))
     return pairs
 

@@ -183,8 +183,10 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
     out += _run_only(p) + _run_only_model(m)
-    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
-        out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
+    if p.ep > 1 and p.tp > 1:
+        out.append(f"ep={p.ep} with tp={p.tp} is not modelled: expert parallelism runs over the dp dimension with "
+                   "whole experts (tp=1)")
+
     if p.sequence_parallel and p.tp < 2:
         out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
     if p.ep > 1:
@@ -223,6 +225,8 @@ def _run_only(p: ParallelSpec) -> list[RunOnly]:
         degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
         out.append(RunOnly(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
                    "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix"))
+    if p.ep > 1 and p.pp > 1:  # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
+        out.append(RunOnly(f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"))
     split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
     if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
         # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.

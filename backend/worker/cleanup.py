@@ -131,6 +131,21 @@ def _tmp_verdict(folder: Path, running: set[int]) -> str | None:
     return "temp folder of a finished run" if folder.name.startswith(JOB_TMP_PREFIX) else "dashboard trace folder of a finished trace"
 
 
+def runs_dirs(engine, runs_dir: Path | None = None) -> list[Path]:
+    """Where run folders live: the worker's runs dir and the SLURM config's run_dir (a broken cluster config must not
+    stop a local delete or gc). The CLI's delete and gc and the dashboard's Delete use it."""
+    from backend.run_folders import default_runs_dir
+
+    dirs = [Path(runs_dir or default_runs_dir(engine))]
+    try:
+        from backend.cluster.slurm_config import load
+
+        dirs.append(Path(load().run_dir))
+    except Exception:  # noqa: BLE001
+        pass
+    return dirs
+
+
 def delete_run(engine, experiment_id: int, runs_dirs: list[Path]) -> list[Path]:
     """Delete the experiment (db.queries.delete_experiment), then its folder in each runs dir (the worker's, the
     SLURM run_dir) when the folder's stamp names that run; returns the folders removed."""

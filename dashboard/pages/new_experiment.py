@@ -10,6 +10,7 @@ from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
 from backend.spec.checks import run_blockers
+from dashboard import family_form
 from dashboard import import_box
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
@@ -96,6 +97,7 @@ def _model_inputs() -> None:
         c2.number_input("shared experts", 0, 1024, key=P + "n_shared_experts")
         c3.number_input("shared expert hidden (0 = expert)", 0, 16_000_000, key=P + "shared_ffn_hidden")
         c1.checkbox("shared expert gate", key=P + "shared_expert_gate")
+        family_form.family_2026_inputs(P)
     with st.expander("Model shape (full size)" if st.session_state[P + "run_here"] else "Model shape", expanded=False):
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")

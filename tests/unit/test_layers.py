@@ -25,10 +25,11 @@ LAYERS = (
     ("launching a run", ("backend.launch",)),
     ("inside a rank", ("backend.frameworks", "backend.engine", "backend.strategies", "backend.bench", "backend.models",
                        "backend.runtime", "backend.torch_compat")),
+    ("model configs (config.json) read into spec fields, the parameters they leave out counted by the core",
+     ("backend.hf_config", "backend.hf_families", "backend.hf_reads")),
     ("prediction, pure Python", ("backend.analytic",)),
-    ("the spec, the result and where model shapes come from",
-     ("backend.spec", "backend.result", "backend.hf_config", "backend.hf_families", "backend.hf_reads", "backend.presets",
-      "backend.atomic_io", "backend")),
+    ("the spec, the result and the published shapes",
+     ("backend.spec", "backend.result", "backend.presets", "backend.atomic_io", "backend")),
 )
 """Top to bottom: a unit imports units of its own layer (without cycles) or of the layers below."""
 

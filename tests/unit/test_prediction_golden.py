@@ -115,5 +115,8 @@ def test_planner_worst_rank_memory_unchanged():
     for name, (model, gpus, batch, precision) in PLANNER_CASES.items():
         layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision)
         memory, at = worst_rank_memory(model, layouts)
-        out[f"{name}-mem"], out[f"{name}-where"] = np.asarray(memory).tolist(), np.asarray(at).tolist()
+        # the layouts of a6476c0's space: EP x PP layouts were added to it later (issue 24), not digested here
+        old_space = ~((np.asarray(layouts.ep) > 1) & (np.asarray(layouts.pp) > 1))
+        out[f"{name}-mem"] = np.asarray(memory)[old_space].tolist()
+        out[f"{name}-where"] = np.asarray(at)[old_space].tolist()
     assert _digest(_plain(out)) == PLANNER_BEFORE

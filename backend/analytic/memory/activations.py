@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.analytic.device import rms_norm_saved_bytes, softmax_saved_bytes_per_score
+from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
-from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
-from backend.analytic.params import head_dim, is_gated, layer_is_moe, v_head_dim
+from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
+                                                  mlp_elems, rms_norm_extra_bytes)
+from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.params import layer_attention_kind, layer_is_moe
 
 RECOMPUTE = ("none", "selective", "full")
-STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
 LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
@@ -64,6 +65,12 @@ class LayerShape:
     q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
     whole_elems: int = 0
     """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
+    rope_width: int = 0
+    """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model / heads."""
+    nope: bool = False
+    """This block kind applies no rotary position (Llama 4's NoPE global layers): no cos / sin tables."""
+    windowed: bool = False
+    """This block kind attends in a window: flash attention gets (and keeps) an (s, s) additive mask."""
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
@@ -73,11 +80,13 @@ class LayerShape:
         family = family_kwargs(model)
         if not moe:
             family["shared_ffn"], family["shared_gate"] = 0, False
+        rope, windowed = layer_attention_kind(model, 0)
         return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
-                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model))
+                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model),
+                   nope=family["rope"] and not rope, windowed=windowed)
 
     @classmethod
     def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
@@ -94,11 +103,14 @@ class LayerShape:
         return hit[1]
 
     @classmethod
-    def of_spec(cls, spec: Any) -> LayerShape:
-        """The shape of a validated spec's blocks."""
+    def of_spec(cls, spec: Any, *, moe_block: bool = False) -> LayerShape:
+        """The shape of a validated spec's block 0 (moe_block: of its MoE blocks, wherever a dense prefix or an
+        interleave puts them)."""
         layout = Layout.of(spec)
+        alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device)
+                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
+                      alt=alt)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
@@ -109,47 +121,13 @@ class LayerShape:
 _PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
 
 
-def head_widths(m: Any) -> dict[str, int]:
-    """LayerShape's q_width / v_width: the attention's own widths when they differ from d_model."""
-    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
-    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v, **feature_elems(m))
-
-
-def feature_elems(m: Any) -> dict[str, int]:
-    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd; cat and split copy): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's
-    q_a / kv_a outputs through their norms 3 x (q_lora + kv_lora + rope), the q / k concatenations 2 x q width; the sink
-    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
-    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
-    split = whole = 0
-    q = m.n_heads * head_dim(m)
-    if getattr(m, "qk_norm", False):
-        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
-        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
-    if getattr(m, "kv_lora_rank", None) is not None:
-        whole += 3 * ((getattr(m, "q_lora_rank", None) or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
-        split += 2 * q
-    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
-        split += m.n_heads
-    if getattr(m, "sandwich_norm", False):
-        whole += 2 * (2 * m.d_model + 1)
-    return dict(split_elems=split, whole_elems=whole)
-
-
 def _attn_core_elems(*, s, b, h, a, t) -> float:
     # matmul copies of q, k^T (GQA: repeat_interleave'd, so always a·d_head = h wide) saved by bmm: 2sbh/t;
     # softmax output probs (b, a, s, s) saved by softmax and probs@v: a·s²·b/t; v copy saved by bmm: sbh/t
     return (3 * s * b * h + a * s * s * b) / t
 
 
-def mlp_elems(*, s, b, h, ffn, t, swiglu: bool = False) -> float:
-    # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
-    # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/unit/test_family_activations.py)
-    return (4 if swiglu else 2) * s * b * ffn / t
-
-
-def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, swiglu: bool = False) -> float:
+def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
@@ -157,7 +135,7 @@ def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, s
     elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
     # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
     # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
-    elems += (4 if swiglu else 2) * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product
+    elems += hidden * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product (moe_bytes.hidden_saved)
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
     elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
@@ -183,7 +161,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
     device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score); RMSNorm
     saves what its device's kernel keeps (device.rms_norm_saved_bytes).
-    Family terms (`_family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
+    Family terms (`family_bytes.family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
     """
     recompute = _check_recompute(recompute)
     s, b, h, a, ffn, dtype_bytes, t = (shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.ffn,
@@ -213,20 +191,21 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
-    mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
+    mask_bytes += family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate, device=shape.device)
-    swiglu = is_gated(shape.mlp)
+    mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
+    hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
-                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
+                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
         moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
-                         swiglu=swiglu)
+                                    hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
-    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, swiglu=swiglu)
+    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes
 
 
@@ -243,42 +222,6 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
                                              autocast=autocast, device=device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
-
-
-def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
-                        n_experts, shared_ffn, shared_gate, device) -> float:
-    """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
-    MemTracker in tests/unit/test_family_activations.py):
-    - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
-      instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
-      the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
-    - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);
-    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
-    - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
-      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
-    sb, sbh = s * b, s * b * h
-    out = 0.0
-    if norm == "rmsnorm":
-        out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
-    if rope:
-        out += 2 * s * (h // a) * dtype_bytes
-    swiglu = is_gated(mlp)
-    if autocast and swiglu:
-        out += sbh * dtype_bytes
-    if n_experts and shared_ffn:
-        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, swiglu=swiglu) * dtype_bytes
-        if autocast:
-            out += (2 if swiglu else 1) * sbh * dtype_bytes
-        if shared_gate:
-            out += (sbh + sb) * (4 if autocast else dtype_bytes)
-    return out
-
-
-def rms_norm_extra_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
-    """What one RMSNorm saves beyond the LayerNorm terms the formulas count for every norm (its input in
-    input_bytes and fp32 mean + rstd): device.rms_norm_saved_bytes minus those."""
-    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=input_bytes, device=device) - sbh * input_bytes \
-        - 2 * sb * STAT_BYTES
 
 
 def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float = 0.0) -> float:
@@ -333,7 +276,7 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     norm_div = t if sp else 1
     norm_in_bytes = 4 if autocast else dtype_bytes
     head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
-    if norm == "rmsnorm":  # see _family_extra_bytes
+    if norm == "rmsnorm":  # see family_bytes.family_extra_bytes
         head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
                                      device=device)
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32

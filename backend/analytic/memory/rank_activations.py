@@ -19,8 +19,9 @@ from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule, Re
 from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, layer_activation_bytes,
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
+from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-from backend.analytic.memory.parts import RankParts, is_mixed
+from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select_present, take_rows, where
 
@@ -142,6 +143,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
         terms = ((stages.n_blocks - n_alt) * layer + n_alt * alt_layer,) + tuple(terms[1:])
     else:
         terms = (stages.n_blocks * layer,) + tuple(terms[1:])
+    terms = (terms[0] + attention_kind_correction(model, layout, pp_rank, stages.n_blocks),) + tuple(terms[1:])
     pipelined = layout.pipelined
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
@@ -174,6 +176,27 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     rerun_peak = total + maximum(0.0, rerun - head_freed) + one_block
     return as_int(where(logical_and(full, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+
+
+def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any) -> Any:
+    """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
+    layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
+    block: sum over the rank's blocks minus n_blocks x block 0's."""
+    counts = attention_kind_counts(model, layout, pp_rank)
+    if counts is None:
+        return 0.0
+    n_rope, n_windowed = counts
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
+    rope0, windowed0 = proto.rope and not proto.nope, proto.windowed
+
+    def constants(recompute: int) -> tuple[float, float]:
+        rc = RECOMPUTE[recompute]
+        return (attention_constant_bytes(proto, rc, rope=True, windowed=False),
+                attention_constant_bytes(proto, rc, rope=False, windowed=True))
+
+    per = per_distinct(constants, layout.recompute)
+    rope_bytes, window_bytes = per if isinstance(per, tuple) else (per[..., 0], per[..., 1])
+    return (n_rope - n_blocks * rope0) * rope_bytes + (n_windowed - n_blocks * windowed0) * window_bytes
 
 
 class _Rows:

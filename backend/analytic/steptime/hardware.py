@@ -6,10 +6,11 @@ then "cpu" from the micro-benchmark backend/bench/hw_probe.py wrote (SHARDLAB_CP
 data/hardware_cpu.json). Peak FLOP/s are dense; bandwidths are per GPU and per direction.
 
 A profile's operation tables (op_tables.py: GEMM by shape, attention by kernel, element-wise / optimizer bandwidth,
-kernel floors) come from its `tables` entry (names of op_tables.json tables, or the tables themselves) or, for a
-profile a GPU-check probe wrote, from its `measured` tables. Where a table is missing the scalar tunables stand
-in (gemm_efficiency_max with the saturating size curve, attention_flash_efficiency, memory_efficiency). Every
-profile states where each of its values comes from (`provenance`).
+kernel floors) come from its `tables` entry (names of op_tables.json tables, or the tables themselves; attention may
+list several, each adding its kernels) or, for a profile a GPU-check probe wrote, from its `measured` tables.
+Where a table is missing the scalar tunables stand in (gemm_efficiency_max with the saturating size curve,
+attention_flash_efficiency, memory_efficiency). Every profile states where each of its values comes from
+(`provenance`).
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ def _tables(key: str, entry: dict[str, Any]) -> OpTables:
         for part, ref in spec.items():
             if part == "gemm":
                 resolved["gemm"] = {d: _named(key, r, "gemm")[d] if isinstance(r, str) else r for d, r in ref.items()}
+            elif part == "attention" and isinstance(ref, list):
+                resolved[part] = merged_attention_tables(key, [_named(key, r, part) if isinstance(r, str) else r for r in ref])
             else:
                 resolved[part] = _named(key, ref, part) if isinstance(ref, str) else ref
         return tables_from_json(resolved)
@@ -192,6 +195,17 @@ def _tables(key: str, entry: dict[str, Any]) -> OpTables:
         return tables_from_measured(measured, {k: float(v) for k, v in entry["peak_flops"].items()},
                                     float(entry["hbm_bytes_per_s"]), f"measured: {entry.get('source', key)}")
     return OpTables()
+
+
+def merged_attention_tables(key: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several attention tables as one (`"attention": [name, ...]`): each kernel from exactly one of them."""
+    seen: set[str] = set()
+    for part in parts:
+        kernels = {r["kernel"] for r in part["rows"]}
+        if kernels & seen:
+            raise ValueError(f"hardware profile {key!r}: attention kernels {sorted(kernels & seen)} in two of its tables")
+        seen |= kernels
+    return {"rows": [r for part in parts for r in part["rows"]], "source": "; ".join(part.get("source", "") for part in parts)}
 
 
 def _named(key: str, name: str, part: str) -> Any:

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.analytic.textbook.flops import training_flops_per_step
 from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.layout import Layout
-from backend.analytic.params import matmul_params
+from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
@@ -228,9 +227,7 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
 
 def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
     m, t = spec.model, spec.train
-    return training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
-                                     seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute) if recompute else "none",
-                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+    return training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(t.recompute) if recompute else "none")
 
 
 def summarise(spec: Any, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:

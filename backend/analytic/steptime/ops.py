@@ -25,6 +25,8 @@ from backend.analytic.vector import is_array, maximum
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32"}
 OPTIMIZER_IMPL = {"torch": "foreach", "fused": "fused"}
+FALLBACK = {"flash-triton": ("flash1",)}
+"""Attention kernels a profile's table may lack, and the measured kernel that stands in (attention_efficiency)."""
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""
 
 
@@ -73,10 +75,11 @@ def attention_flops(b: Any, heads: Any, seq: Any, head_dim: Any, causal: bool = 
 
 def attention_efficiency(hw: Hardware, kernel: str, seq: Any, head_dim: Any, causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) fraction of peak of a fused attention kernel: the profile's table (the kernel, else its
-    flash rows), else attention_flash_efficiency for both."""
+    flash rows), else attention_flash_efficiency for both. flash-triton falls back to flash1 before flash: the
+    FlashAttention-2 paper measures the Triton port within 10% of FlashAttention v1 (Dao 2023 Fig. 4, A100)."""
     t, scale = hw.tables.attention, hw.tune.attention_scale
     if t is not None:
-        for k in (kernel, "flash"):
+        for k in dict.fromkeys((kernel, *FALLBACK.get(kernel, ()), "flash")):
             if k in t.kernels():
                 if is_array(seq, head_dim):
                     both = per_unique(lambda a, b: t.efficiency(k, a, b, causal), seq, head_dim)
