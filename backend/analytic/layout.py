@@ -184,6 +184,18 @@ class Layout:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
         return _settled(logical_and(self.dp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
 
+    @cached_property
+    def distributed_optimizer(self) -> Any:
+        """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
+        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1),
+                                    self.ep == 1))
+
+    @cached_property
+    def half_params(self) -> Any:
+        """Parameters stored in the 16-bit compute dtype (the distributed optimizer under mixed precision: its
+        module runs in that dtype without autocast, fp32 masters in the optimizer)."""
+        return False if self.precision == "fp32" else self.distributed_optimizer
+
     @property
     def compute_bytes(self) -> int:
         """Bytes of activations / unsharded FSDP params / TP and PP payloads: 2 under bf16/fp16 mixed, else 4."""
@@ -192,10 +204,11 @@ class Layout:
     @cached_property
     def uses_autocast(self) -> Any:
         """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
-        cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself)."""
+        cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself) and the
+        distributed optimizer's module holds 16-bit parameters (`half_params`)."""
         if self.precision == "fp32":
             return False
-        return _settled(logical_not(logical_and(self.fsdp, logical_not(self.is_mix))))
+        return _settled(logical_not(logical_or(logical_and(self.fsdp, logical_not(self.is_mix)), self.half_params)))
 
     @cached_property
     def fsdp_param_bytes(self) -> Any:

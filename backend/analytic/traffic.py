@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
@@ -74,6 +75,10 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
+        if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
+            total = sum(bucket_numels(group, n))  # padded bucket), one all-gather of the params (the gathered output)
+            out += [("reduce_scatter", MASTER_BYTES * total, n), ("all_gather", compute_bytes(t.precision) * total, n)]
+            continue
         if p.zero_stage <= 1:
             grad = MASTER_BYTES * sum(q.local_numel for q in group)
             out.append(("all_reduce", grad, n))  # DDP: one all-reduce of every gradient (ZeRO Sec 7.1)

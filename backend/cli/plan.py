@@ -6,8 +6,7 @@
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
-zero3) x micro-batch x recompute x schedule x virtual stages x SP. Layouts are for prediction: some cannot run
-on this machine's engine (ExperimentSpec.for_prediction). Memory allows a reserve for the CUDA context, NCCL
+zero3) x micro-batch x recompute x schedule x virtual stages x SP. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
 """
 

@@ -11,13 +11,16 @@
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
   5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
-  6. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
+  6. data parallel, classic            the distributed optimizer (zero1 x tp/pp: parameters rebound to bucket
+                                        views), tp grad hooks, DDP / ZeRO-1 (need real parameters), optimizer, step
   7. check                             every parameter / grad / buffer / DTensor shard on ctx.device
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 
@@ -59,19 +62,21 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
                 sub.run_empty_experts = p.dp > 1
     if meta:
         materialize(mods, ctx.device, spec.train.seed)
+    # rebinds every parameter to a view of its bucket: before any hook is registered on them
+    distributed = dpar.distributed_optimizer(ctx, mods) if dpar.uses_distributed_optimizer(spec) else None
     experts = ep.params() if ep else []
     if p.tp > 1:
         for m in mods:
             register_grad_hooks(m)
     usage = ExpertUsage(mods)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
-    opt = dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
+    opt = distributed or dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
     tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
     timeline: list[dict] = []
     extra: dict = {}
     if p.pp > 1:
-        step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline)
+        step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline, distributed=distributed)
     else:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
@@ -81,7 +86,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if scaling.enabled:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
-                    notes=_notes(ctx, ids, ep), extra=extra)
+                    notes=_notes(ctx, ids, ep, distributed), extra=extra)
     check_placement(ctx.device, prep.modules, prep.optimizer)
     return prep
 
@@ -95,9 +100,9 @@ def loop_style(spec) -> LoopStyle:
     return LoopStyle(hold_logits=True, loss_scaled_in_graph=False)
 
 
-def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None) -> list[str]:
+def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None, distributed: Any = None) -> list[str]:
     p = ctx.spec.parallel
-    out = dpar.notes(ctx.spec)
+    out = dpar.notes(ctx.spec) + (distributed.notes() if distributed else [])
     if p.tp > 1:
         out += TP_NOTES
     if ep:

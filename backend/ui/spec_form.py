@@ -73,7 +73,7 @@ RECOMPUTES = [r.value for r in Recompute]
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
-    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer)",
+    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer; with TP/PP Megatron's distributed optimizer)",
     "zero2": "ZeRO-2: optimizer state + gradients sharded",
     "zero3": "ZeRO-3: params + grads + optimizer sharded",
     "fsdp": "FSDP2 fully_shard (ZeRO-3 semantics)",

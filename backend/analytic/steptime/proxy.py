@@ -127,7 +127,8 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
                 compute_s: Any) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
-    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; FSDP2's gathers / reduce-scatters behind
+    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
+    reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
     dp, eta = layout.dp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, dp, "dp")
@@ -142,6 +143,10 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     all_reduce = coll("all_reduce", grads)
     ddp = maximum(all_reduce - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
     ddp = ddp + where(layout.zero_stage == ZeroStage.ZERO1, coll("broadcast", grads), 0.0)
+    scatter_bucket = coll("reduce_scatter", grads / (n_blocks + 1))  # the distributed optimizer's last bucket
+    distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, scatter_bucket) \
+        + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * local)
+    ddp = where(layout.distributed_optimizer, distributed, ddp)
     gathers = fsdp_gathers_per_step(layout.zero_stage, layout.microbatches, pipelined=layout.pipelined)
     scatters = where(layout.pipelined, 1, layout.microbatches)
     param_bytes = layout.fsdp_param_bytes
