@@ -6,7 +6,8 @@
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
-zero3) x micro-batch x recompute x schedule x virtual stages x SP. Memory allows a reserve for the CUDA context, NCCL
+zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only the layouts this engine runs
+(each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
 """
 
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--include-predicted", action="store_true",
+                   help="also rank layouts this engine cannot run (prediction only; each marked with why_not)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
-               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION)
+               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
+               include_predicted=args.include_predicted)
     if args.json:
         print(json.dumps(res.to_dict()))
         return 0

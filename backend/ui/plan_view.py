@@ -57,10 +57,10 @@ def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
-             memory_gb: float | None, top: int) -> Plan:
+             memory_gb: float | None, top: int, include_predicted: bool = False) -> Plan:
     hw = get_hardware(hardware)
     return plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top)
+                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, include_predicted=include_predicted)
 
 
 def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str, global_batch: int,
