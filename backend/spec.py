@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
 from backend.spec_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, source_problem, text_problem
 
 MAX_DIM = 1_000_000
@@ -57,9 +58,13 @@ class Optimizer(StrEnum):
 
 
 class Recompute(StrEnum):
+    """The named recompute policies; `layers:K`, `block:N` and `uniform:N` take a block count
+    (backend/recompute_policy.py describes every one)."""
+
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    OP = "op"
 
 
 class Backend(StrEnum):
@@ -245,10 +250,37 @@ class TrainSpec(_Section):
     """AdamW (2 states) or SGD with momentum (1 state)."""
     lr: float = Field(1e-3, gt=0, le=10)
     """Learning rate."""
-    recompute: Recompute = Recompute.NONE
-    """Activation recomputation: none, selective (attention core) or full (whole block)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (every block), op (torchtitan's op-level SAC
+    over `recompute_ops`), layers:K (every K-th block), block:N / uniform:N (Megatron's recompute methods with
+    --recompute-num-layers N); see backend/recompute_policy.py."""
+    recompute_ops: list[str] | None = None
+    """Ops whose outputs `op` recompute saves (torch op names such as aten.mm.default); None: torchtitan's list
+    (recompute_policy.DEFAULT_SAC_OPS)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
+
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_grammar(cls, value: Any) -> str:
+        return spelled(*parse(value.value if isinstance(value, Recompute) else value))
+
+    @field_validator("recompute_ops")
+    @classmethod
+    def _known_ops(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (problem := ops_problem(value)):
+            raise ValueError(problem)
+        return value
+
+    @property
+    def recompute_kind(self) -> tuple[str, int]:
+        """('layers', 2) for 'layers:2', ('full', 0) for 'full'."""
+        return parse(self.recompute)
+
+    @property
+    def sac_ops(self) -> tuple[str, ...]:
+        return tuple(self.recompute_ops) if self.recompute_ops is not None else DEFAULT_SAC_OPS
 
 
 class ParallelSpec(_Section):

@@ -31,6 +31,8 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
     problems += _run_only(p, t.precision)
+    if t.recompute_ops is not None and t.recompute != "op":
+        problems.append(f"recompute_ops lists the ops `op` recompute saves; recompute is {t.recompute!r}, not 'op'")
     if r.node_rank >= r.nnodes:
         problems.append(f"node_rank={r.node_rank} must be < nnodes={r.nnodes}")
     if r.nnodes > 1 and not r.rdzv_endpoint and r.executor != "slurm":  # on SLURM the allocation gives it

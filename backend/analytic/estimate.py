@@ -20,6 +20,7 @@ from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank import rank_memory, worst_rank_memory
 from backend.analytic.dp_buckets import bucket_numels
 from backend.analytic.optimizer_state import step_temp_bytes
+from backend.analytic.recompute_cost import flops_rerun
 from backend.analytic.params import count_params, matmul_params, param_list
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
@@ -248,7 +249,8 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
     kinds = sorted({k for r in reps for k in r.comm_bytes}, key=COLLECTIVES.index)
     flops = training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
                                       seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute),
-                                      active_params=matmul_params(m, active=True) if m.is_moe else None)
+                                      active_params=matmul_params(m, active=True) if m.is_moe else None,
+                                      rerun=flops_rerun(spec))
     bubble = None if p.pp == 1 else bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
     return Estimate(
         per_rank=RankRows(spec, classes, by_key), params_total=psi, tokens_per_step=spec.tokens_per_step,

@@ -42,7 +42,7 @@ def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu"
     """
     device = torch.device(device)
     t = spec.train
-    model = build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device)
+    model = build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device, recompute_ops=t.sac_ops)
     opt = make_optimizer(model.parameters(), spec)
     tail = OptimizerTail([model], opt, ExpertUsage([model]), scaling=LossScaling(spec, device, distributed=False))
     step = MicrobatchStep(model, spec, device, tail, use_autocast=True, chunks=t.global_batch // t.micro_batch)

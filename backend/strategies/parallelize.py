@@ -7,7 +7,8 @@
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
                                         ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
-  3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
+  3. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
+                                        models/checkpointing.py; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
   5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
@@ -55,7 +56,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     ep = ExpertParallel(ctx, model) if p.ep > 1 else None
     for m in mods:
         apply_tp(ctx, m)
-        set_recompute(m, spec.train.recompute)
+        set_recompute(m, spec.train.recompute, spec.train.sac_ops)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
         for sub in m.modules():
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import Layout
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
@@ -170,6 +171,11 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
     elif rc == "selective":
         cost.recompute_s = n * attn.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+    elif rc != "none":  # the shares of recompute_cost.py (the head's GEMM is never re-run)
+        share = rerun_share(m, layout, flash=attention == "flash")
+        gemm_fwd = cost.fwd_s - n * (attn.fwd_s + elem.fwd_s)
+        cost.recompute_s = float(share.gemm) * gemm_fwd + n * (float(share.attention) * attn.fwd_s
+                                                              + float(share.elementwise) * elem.fwd_s)
     if last:
         cost.add(head_pass(m, layout, hw))
     return cost

@@ -26,6 +26,7 @@ from backend.analytic.params import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
+from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.steptime.compute import PassCost, memory_s, stage_cost
 from backend.analytic.steptime.dp_sync import dp_exposed
 from backend.analytic.steptime.hardware import Hardware
@@ -114,8 +115,11 @@ def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int
     host_s = hw.tune.dtensor_op_s * tp_dispatch_layers(spec, params, _layers(spec, stage))
     c.fwd_s += host_s / 3
     c.bwd_s += 2 * host_s / 3
-    if str(spec.train.recompute) == "full":
+    rc = str(spec.train.recompute)
+    if rc == "full":
         c.recompute_s += host_s / 3
+    elif rc not in ("none", "selective"):
+        c.recompute_s += host_s / 3 * float(rerun_share_of(spec).gemm)
 
 
 def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
@@ -218,7 +222,8 @@ def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
     m, t = spec.model, spec.train
     return training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
                                      seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute) if recompute else "none",
-                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+                                     active_params=matmul_params(m, active=True) if m.is_moe else None,
+                                     rerun=flops_rerun(spec) if recompute else None)
 
 
 def summarise(spec: Any, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:

@@ -5,7 +5,7 @@ head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arra
 What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
 rank's layers at one layer's cost), the host's DTensor dispatch, the kernel launches of the optimizer and of the
-loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
+loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward (recompute_cost.py shares). The planner
 ranks every layout with it, then re-times a pool of the fastest with model.step_time, which it reports.
 Measured agreement with step_time over every fitting layout: see tests/test_planner_core.py and
 benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import local_part, rank_parts, stage_composition
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
@@ -96,10 +97,11 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     attention, elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
     gemm = _layer_gemm_s(model, layout, hw)
-    full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
+    share = rerun_share(model, layout, flash=True)  # recompute_cost.py: what each policy re-runs in backward
     forward = gemm + attention.fwd_s + elementwise.fwd_s
     backward = 2 * gemm + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
-    per_layer = forward * (1 + full) + backward + where(selective, attention.fwd_s, 0.0)
+    per_layer = forward + backward + share.gemm * gemm + share.attention * attention.fwd_s \
+        + share.elementwise * elementwise.fwd_s
     lm_head = 3 * gemm_s(hw, hw.peak(layout.precision), tokens, model.d_model, model.vocab_size / layout.tp, cb) \
         + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
@@ -112,7 +114,7 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
-    tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    tp_comm = where(layout.tp > 1, (1.0 + 0.5 * share.gemm) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
                              backward_s=first_rank.n_blocks * backward, compute_s=compute)
