@@ -50,6 +50,15 @@ class Precision(StrEnum):
     FP32 = "fp32"
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
+    FP8 = "fp8"
+    """float8 linears (torchao's float8 training, `fp8_recipe` scaling), bf16 mixed precision elsewhere."""
+
+
+class Fp8Recipe(StrEnum):
+    """torchao's float8 scaling recipes (Float8LinearConfig.from_recipe_name)."""
+
+    TENSORWISE = "tensorwise"  # one dynamic scale per tensor (e4m3 forward, e5m2 gradients)
+    ROWWISE = "rowwise"  # one dynamic scale per row (e4m3 everywhere)
 
 
 class Optimizer(StrEnum):
@@ -245,7 +254,12 @@ class TrainSpec(_Section):
     warmup_steps: int = Field(1, ge=0, le=MAX_STEPS)
     """Untimed steps before timing starts."""
     precision: Precision = Precision.FP32
-    """fp32, or bf16/fp16 mixed precision (fp32 master weights: ZeRO's K=12)."""
+    """fp32, bf16/fp16 mixed precision (fp32 master weights: ZeRO's K=12), or fp8 (float8 linears, bf16 elsewhere)."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    """fp8 only: torchao's scaling recipe, tensorwise or rowwise."""
+    fp8_all_gather: bool = True
+    """fp8 with FSDP2 (zero2 / zero3) and the tensorwise recipe (the only one torchao's FSDP2 float8 all-gather takes):
+    all-gather the float8 linears' weights in fp8 (enable_fsdp_float8_all_gather), half their bf16 bytes."""
     optimizer: Optimizer = Optimizer.ADAMW
     """AdamW (2 states) or SGD with momentum (1 state)."""
     lr: float = Field(1e-3, gt=0, le=10)
@@ -277,6 +291,11 @@ class TrainSpec(_Section):
     def recompute_kind(self) -> tuple[str, int]:
         """('layers', 2) for 'layers:2', ('full', 0) for 'full'."""
         return parse(self.recompute)
+
+    @property
+    def fp8_gathers(self) -> bool:
+        """fp8 weights all-gathered in fp8 under FSDP2 (torchao supports it for tensorwise scaling only)."""
+        return str(self.precision) == "fp8" and self.fp8_all_gather and self.fp8_recipe == Fp8Recipe.TENSORWISE
 
     @property
     def sac_ops(self) -> tuple[str, ...]:

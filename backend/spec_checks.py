@@ -154,6 +154,11 @@ def _run_only(p: ParallelSpec, precision: str = "fp32") -> list[RunOnly]:
         out.append(RunOnly(f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
                    "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
                    "zero3/fsdp for the dp dimension of an expert-parallel layout"))
+    if str(precision) == "fp8" and p.tp > 1:
+        out.append(RunOnly(f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
+                   "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"))
+    if str(precision) == "fp8" and p.ep > 1:
+        out.append(RunOnly(f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"))
     if p.strategy == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1) and str(precision) == "fp16-mixed":
         out.append(RunOnly(f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
                    "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"))

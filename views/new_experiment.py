@@ -137,7 +137,10 @@ def _train_inputs() -> None:
     c1.number_input("Timed steps", 1, 1_000_000, key=P + "steps")
     c2.number_input("Warm-up steps", 0, 1_000_000, key=P + "warmup_steps")
     c3.number_input("Seed", 0, 2**31 - 1, key=P + "seed")
-    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision")
+    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision",
+                 help="fp8: torchao float8 linears (bf16 elsewhere); FSDP2 all-gathers their weights in fp8 (tensorwise)")
+    if st.session_state[P + "precision"] == "fp8":
+        c1.selectbox("FP8 scaling", ["tensorwise", "rowwise"], key=P + "fp8_recipe")
     c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
-    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"))
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)

@@ -27,6 +27,7 @@ from torch import nn
 
 from backend.models.gpt import MoE, set_recompute
 from backend.strategies import data_parallel as dpar
+from backend.strategies import float8
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
@@ -55,6 +56,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
     ep = ExpertParallel(ctx, model) if p.ep > 1 else None
     for m in mods:
+        float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
         apply_tp(ctx, m)
         set_recompute(m, spec.train.recompute, spec.train.sac_ops)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
@@ -72,6 +74,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     usage = ExpertUsage(mods)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
     opt = distributed or dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
+    float8.after_step(spec, mods, opt, fsdp=dpar.uses_fsdp2(spec))
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
     tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
     timeline: list[dict] = []
@@ -104,6 +107,8 @@ def loop_style(spec) -> LoopStyle:
 def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None, distributed: Any = None) -> list[str]:
     p = ctx.spec.parallel
     out = dpar.notes(ctx.spec) + (distributed.notes() if distributed else [])
+    if str(ctx.spec.train.precision) == "fp8":
+        out += float8.NOTES
     if p.tp > 1:
         out += TP_NOTES
     if ep:

@@ -55,7 +55,8 @@ DEFAULT_PRESET = next(iter(PRESETS))
 MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
               "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
               "shared_ffn_hidden", "shared_expert_gate")
-TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
+TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
+              "recompute", "seed")
 PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden"}
@@ -107,7 +108,7 @@ def default_form() -> dict[str, Any]:
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
         sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
-        precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
+        precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
         source_model=None,
     )
@@ -238,7 +239,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule"):
+    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule"):
         v[k] = str(v[k])
     v["recompute"], layers = parse_recompute(v["recompute"])
     v["recompute_layers"] = layers or 2

@@ -152,10 +152,14 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
     """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
     cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
     autocast's cache until the autocast region exits. A tied model without pipeline stages runs lm_head on
-    tok_emb's weight."""
+    tok_emb's weight. fp8: the block Linears are torchao Float8Linear (strategies/float8.py), whose matmul saves the
+    fp32 weight itself and its input as it comes (measured op by op: the same input bytes as autocast's copies, no
+    weight or bias cast); lm_head stays an autocast Linear."""
     cb = layout.compute_bytes
     tied_alone = logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages == 1)
     head = parts.total("head_weight_numel") + where(tied_alone, parts.embeddings.token_embedding_numel, 0)
+    if layout.precision == "fp8":  # torchao's float8 linears keep their fp32 weight (no cast) and add a transient bias
+        return (0, cb * head, 0)
     return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
 
 

@@ -29,7 +29,7 @@ from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
-from backend.analytic.traffic import compute_bytes
+from backend.analytic.traffic import FP8_BYTES, compute_bytes, is_float8_weight
 from backend.analytic.vector import is_array, maximum, per_distinct
 
 ATTENTION = ("eager", "flash")
@@ -94,6 +94,7 @@ def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
 
 def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
     cb, peak = compute_bytes(spec.train.precision), hw.peak(spec.train.precision)
+    fp8 = str(spec.train.precision) == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
     out = PassCost()
     seen: dict[tuple, float] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
     for q in params:
@@ -101,9 +102,11 @@ def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int
             continue
         n_out, k = q.local_shape  # nn.Linear weight (out, in)
         rows = _gemm_rows(spec, q, tokens)
-        f = seen.get((rows, k, n_out))
+        float8 = fp8 and is_float8_weight(q)
+        f = seen.get((rows, k, n_out, float8))
         if f is None:
-            f = seen[(rows, k, n_out)] = gemm_s(hw, peak, rows, k, n_out, cb)
+            f = seen[(rows, k, n_out, float8)] = (gemm_s(hw, hw.linear_peak("fp8"), rows, k, n_out, FP8_BYTES) if float8
+                                                  else gemm_s(hw, peak, rows, k, n_out, cb))
         out.fwd_s += f
         out.bwd_s += 2 * f  # dgrad + wgrad, same shape
         out.fwd_flops += 2 * rows * k * n_out

@@ -44,7 +44,7 @@ def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     the degrees, the schedule's placement and the rank; the key adds the flavour, microbatches, pp, the FSDP
     parameter bytes, the node size and the hardware)."""
     p, t = spec.parallel, spec.train
-    key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), g, id(hw))
+    key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), t.fp8_gathers, g, id(hw))
     return derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps), keep=hw)
 
 
@@ -53,7 +53,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     total = fsdp = fsdp_tail = 0.0
     kinds: dict[str, float] = {}
     exposure: list[tuple[bool, float, float]] = []
-    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
+    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec), spec.train.fp8_gathers),
                       lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
     seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
 

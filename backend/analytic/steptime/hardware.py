@@ -41,6 +41,8 @@ class Tunables:
     """Bandwidth of an all-gather relative to the tier's (all-reduce-derived) bandwidth: 1 on NCCL; gloo differs."""
     reduce_scatter_efficiency: float = 1.0
     """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
+    gemm_fp8_efficiency_max: float = 0.0
+    """The float8 GEMMs' efficiency under fp8 (0: unmeasured, bf16's gemm_efficiency_max is used: Hardware.peak_note)."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,32 @@ class Hardware:
     the saturating eff(F) of compute.gemm_s."""
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
-        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(str(precision), "fp32")
+        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit; fp8 runs everything but
+        its float8 linears in bf16 (those: `linear_peak`), and MFU is quoted against bf16's peak, as torchtitan does."""
+        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8": "bf16"}.get(str(precision), "fp32")
         return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def linear_peak(self, precision: str) -> float:
+        """Peak FLOP/s for a float8 linear's GEMM under fp8: the profile's fp8 peak scaled by its fp8 GEMM efficiency
+        relative to the 16-bit one (tune.gemm_fp8_efficiency_max), falling back to bf16's peak / efficiency where the
+        profile lacks them (`peak_note` says which); other precisions: `peak`."""
+        if str(precision) != "fp8":
+            return self.peak(precision)
+        fp8 = self.peak_flops.get("fp8") or self.peak("fp8")
+        ratio = self.tune.gemm_fp8_efficiency_max / self.tune.gemm_efficiency_max if self.tune.gemm_fp8_efficiency_max else 1.0
+        return fp8 * ratio
+
+    def peak_note(self, precision: str) -> str | None:
+        """What fp8's float8 GEMMs are timed with when the profile has no fp8 peak or fp8 efficiency, else None."""
+        if str(precision) != "fp8":
+            return None
+        missing = [what for what, ok in (("fp8 peak", self.peak_flops.get("fp8")),
+                                         ("fp8 GEMM efficiency", self.tune.gemm_fp8_efficiency_max)) if not ok]
+        if not missing:
+            return None
+        return (f"{self.key}: no {' / '.join(missing)} in the profile: float8 GEMMs timed with bf16's "
+                f"({self.peak('fp8') / 1e12:.0f} TFLOP/s peak, efficiency {self.tune.gemm_efficiency_max})"
+                if len(missing) == 2 else f"{self.key}: no {missing[0]} in the profile: bf16's used for float8 GEMMs")
 
     def with_tunables(self, **changes: float) -> Hardware:
         known = {f.name for f in fields(Tunables)}

@@ -193,6 +193,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     slow = max(out, key=lambda x: x.step_s)
     notes = [f"attention={attention}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
+    notes += [n for n in [hw.peak_note(spec.train.precision)] if n]
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
                     stage_fwd_s=fwd, stage_bwd_s=bwd)
 

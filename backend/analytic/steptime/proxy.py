@@ -28,7 +28,7 @@ from backend.analytic.steptime.collectives import bandwidth_s, group_stride, lin
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
-from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
+from backend.analytic.traffic import DDP_BUCKET_BYTES, FP8_BYTES, MASTER_BYTES, fsdp_gathers_per_step
 from backend.analytic.vector import logical_or, maximum, minimum, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
@@ -66,6 +66,7 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
     """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
     added in the block's parameter order; each distinct GEMM shape is timed once."""
     key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
+    fp8, linear_peak = layout.precision == "fp8", hw.linear_peak(layout.precision)
     tokens = layout.micro_batch * model.seq_len
     total = np.zeros(np.shape(layout.tp), dtype=np.float64)
     for tp in np.unique(layout.tp).tolist():
@@ -77,7 +78,9 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
             seconds = timed.get(shape)
             if seconds is None:
                 n_out, k, expert = shape
-                seconds = timed[shape] = gemm_s(hw, peak, routed if expert else dense, k, n_out, cb)
+                float8 = fp8 and not expert  # the block's dense Linears are float8 under fp8 (router: its own shape)
+                seconds = timed[shape] = gemm_s(hw, linear_peak if float8 else peak, routed if expert else dense, k,
+                                                n_out, FP8_BYTES if float8 else cb)
             acc = acc + seconds
         total[rows] = acc
     return total
