@@ -71,6 +71,9 @@ SPECS = [
          sequence_parallel=True),
     tiny("zero1_dp2_pp2_tied", model={"tie_embeddings": True, "n_layers": 4}, strategy="zero1", world_size=4, pp=2,
          pp_schedule="interleaved_1f1b", virtual_stages=2),
+    # split backward: the weight passes assign .grad by hand (no hook fires), swept in at step
+    tiny("zero1_dp2_pp2_zbv", model={"n_layers": 4}, strategy="zero1", world_size=4, pp=2, pp_schedule="zbv",
+         virtual_stages=2, train={"global_batch": 8, "micro_batch": 1}),
 ]
 
 
