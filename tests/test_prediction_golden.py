@@ -20,13 +20,20 @@ from backend.analytic.steptime.model import step_time
 from backend.planner.space import enumerate_layouts
 from backend.spec import ExperimentSpec, ModelSpec
 
-ESTIMATES_BEFORE = "16777f394967e5b8a9a8"
-STEP_TIMES_BEFORE = "a0394cb87e94a3606353"
-PLANNER_BEFORE = "910dd99fad563a437afc"
-# Moved by issue 26 (zero1 x tp / pp now runs as Megatron's distributed optimizer: bf16 params, fp32 main grads,
-# sharded masters): every changed estimate, step time and planner layout is a zero1 x tp / pp one, checked number
-# by number against a6476c0..20519f9's values (ESTIMATES fa22e5f29aa58bb64631, STEP_TIMES f7ffe41fff1bbced7cd5,
-# PLANNER 11b2ad831d4de02a8d80 before).
+# ESTIMATES_BEFORE / PLANNER_BEFORE re-recorded once since (issue 22 C, RMSNorm saved bytes per device:
+# analytic/device.rms_norm_saved_bytes): only activations_bytes / total_bytes of RMSNorm models moved (171 of 846
+# estimates: every CUDA one with saved norms, CPU bf16 under FSDP2's bf16 params; 30 planner rows). Then the per-rank
+# field loss_backward_temp_bytes was added (without it the digest is 084ca46d2234eeed73e9, every other number as before).
+# STEP_TIMES_BEFORE re-recorded with the per-device operation tables (issue 22 B): the step times on h100-sxm moved
+# on purpose; the RMSNorm change (issue 22 C) moved no step time.
+# Then issue 26 moved all three (main's b1db28418adc6a03115b, 16ab12f230336f1eceff, 6776c972a54ebb4c7d41 before):
+# zero1 x tp / pp is now Megatron's distributed optimizer (16-bit params, fp32 main grads, sharded masters;
+# reduce-scatter + all-gather instead of all-reduce + broadcast). Compared entry by entry with main's values: the 125
+# estimates / step times and the planner rows that moved are all zero1 x tp / pp layouts (comm bytes by collective,
+# params / grads / optimizer / activation bytes, dp comm seconds); every other number is identical.
+ESTIMATES_BEFORE = "2601f78a8e1e6963fe38"
+STEP_TIMES_BEFORE = "a83bbb994af7b1d5d1a0"
+PLANNER_BEFORE = "a2ad81bc641c69427123"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

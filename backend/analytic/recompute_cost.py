@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
+from backend.analytic.params import head_dim, is_gated
 from backend.analytic.vector import maximum, minimum, where
 
 FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
@@ -30,11 +31,11 @@ def _linears(model: Any) -> list[tuple[float, bool]]:
     """(width, biased) of one block's linears in forward order, width = the dimension other than h (FLOPs are
     proportional to it)."""
     h, a = model.d_model, model.n_heads
-    kv = getattr(model, "kv_heads", a) * (h // a)
+    kv = getattr(model, "kv_heads", a) * head_dim(model)
     bias = str(getattr(model, "bias", "all"))
     qkv, other = bias in ("all", "qkv"), bias == "all"
     ffn = model.expert_ffn if model.is_moe else model.ffn
-    mlp = [(ffn, other)] * (3 if str(getattr(model, "mlp", "gelu")) == "swiglu" else 2)  # fc_out / down: ffn x h too
+    mlp = [(ffn, other)] * (3 if is_gated(getattr(model, "mlp", "gelu")) else 2)  # fc_out / down: ffn x h too
     return [(h, qkv), (kv, qkv), (kv, qkv), (h, other)] + mlp
 
 

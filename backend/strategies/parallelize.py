@@ -10,11 +10,12 @@
   3. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
                                         models/checkpointing.py; selective: core attention)
   4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
-  5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
+  5. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
+                                        offload=params, ctx.placement) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
   6. data parallel, classic            the distributed optimizer (zero1 x tp/pp: parameters rebound to bucket
                                         views), tp grad hooks, DDP / ZeRO-1 (need real parameters), optimizer, step
-  7. check                             every parameter / grad / buffer / DTensor shard on ctx.device
+  7. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
@@ -64,7 +65,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
                 sub.run_empty_experts = p.dp > 1
     if meta:
-        materialize(mods, ctx.device, spec.train.seed)
+        materialize(mods, ctx.placement, spec.train.seed)
     # rebinds every parameter to a view of its bucket: before any hook is registered on them
     distributed = dpar.distributed_optimizer(ctx, mods) if dpar.uses_distributed_optimizer(spec) else None
     experts = ep.params() if ep else []
@@ -91,7 +92,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
                     notes=_notes(ctx, ids, ep, distributed), extra=extra)
-    check_placement(ctx.device, prep.modules, prep.optimizer)
+    check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 
 

@@ -20,7 +20,7 @@ from backend.analytic.memory.activations import (LOSS_BYTES, LayerShape, layer_a
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-from backend.analytic.memory.parts import RankParts
+from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not, logical_or, maximum, minimum, per_distinct,
                                     per_value, select_present, take_rows, where)
@@ -163,10 +163,11 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
     return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
 
 
-def rank_activation_terms(model: Any, layout: Layout) -> tuple:
+def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tuple:
     """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast and ep; memoised on
-    the table of layouts)."""
-    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
+    the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
+                                 sac_ops=layout.sac_ops)
 
     def compute() -> Any:
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
@@ -184,6 +185,10 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     stages = parts.stages
     ck = checkpointing(model, layout, stages.n_blocks)
     blocks = ck.units * unit_b + ck.plain * plain_b
+    if is_mixed(model):  # per block kind, the policy's units and plain blocks spread over both kinds in proportion
+        alt_plain, alt_unit = rank_activation_terms(model, layout, alt=True)[:2]
+        alt_share = stages.n_alt / maximum(stages.n_blocks, 1)
+        blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
     pipelined = layout.pipelined
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
@@ -216,7 +221,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
                                                        layout.schedule == PipelineSchedule.ZBV))
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
-    one_block = where(autocast, cb * (parts.block.linear_weight_numel + parts.block.linear_bias_numel), 0)
+    one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
     # uniform: also the last full group of N blocks, once the (smaller) last group freed its input
     rerun = ck.rerun_blocks * none_b - unit_b
