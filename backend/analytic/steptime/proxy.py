@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import local_part, part_sums, rank_parts, stage_composition
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.params import model_key
