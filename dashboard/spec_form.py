@@ -8,6 +8,8 @@ from backend.spec import Framework, Offload  # issue 14
 from backend.hf_config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
+from backend.recompute_policy import KINDS, WITH_LAYERS, spelled
+from backend.recompute_policy import parse as parse_recompute
 from backend.spec import (
     AttentionImpl,
     Bias,
@@ -17,7 +19,6 @@ from backend.spec import (
     Positions,
     Optimizer,
     Precision,
-    Recompute,
     RouterScore,
     Schedule,
     Strategy,
@@ -63,7 +64,8 @@ DEFAULT_PRESET = next(iter(PRESETS))
 MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
               "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
               "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
-TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
+TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
+              "recompute", "seed")
 PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
@@ -80,11 +82,12 @@ STRATEGIES = [s.value for s in Strategy]
 SCHEDULES = [s.value for s in Schedule]
 PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in Optimizer]
-RECOMPUTES = [r.value for r in Recompute]
+RECOMPUTES = list(KINDS)
+"""Recompute policies (backend/recompute_policy.py); layers / block / uniform take the form's `recompute_layers`."""
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
-    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer)",
+    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer; with TP/PP Megatron's distributed optimizer)",
     "zero2": "ZeRO-2: optimizer state + gradients sharded",
     "zero3": "ZeRO-3: params + grads + optimizer sharded",
     "fsdp": "FSDP2 fully_shard (ZeRO-3 semantics)",
@@ -116,7 +119,7 @@ def default_form() -> dict[str, Any]:
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
         sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
-        precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
+        precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
         source_model=None,
     )
@@ -171,7 +174,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "framework": v.get("framework") or "torch",
         "name": name,
         "model": model,
-        "train": {k: val(k) for k in TRAIN_KEYS if k in v},
+        "train": {k: val(k) for k in TRAIN_KEYS if k in v} | (
+            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {}),
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
@@ -232,7 +236,7 @@ def scaled_name(full: dict[str, Any], small: dict[str, Any]) -> str:
 
 
 def form_to_spec(v: dict[str, Any], *, predict_only: bool = False) -> tuple[ExperimentSpec | None, list[str]]:
-    """predict_only: also accept layouts this engine can only predict (spec_checks.run_blockers says why)."""
+    """predict_only: also accept layouts this engine can only predict (backend.spec.checks.run_blockers says why)."""
     return validate_spec(form_to_spec_dict(v), predict_only=predict_only)
 
 
@@ -246,8 +250,10 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind"):
+    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind"):
         v[k] = str(v[k])
+    v["recompute"], layers = parse_recompute(v["recompute"])
+    v["recompute_layers"] = layers or 2
     # A derived degree is re-derived from world_size for the pure strategies.
     if p.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):
         v[p.strategy.value] = 1 if getattr(p, p.strategy.value) == p.world_size else getattr(p, p.strategy.value)

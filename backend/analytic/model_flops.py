@@ -29,9 +29,11 @@ def attention_fwd_flops_per_token(m: Any) -> int:
     return sum(2 * m.n_heads * s_kv * (head_dim(m) + v_head_dim(m)) for s_kv in kv_lengths(m))
 
 
-def training_flops_per_step(m: Any, *, tokens: int, recompute: str = "none") -> float:
-    """FLOPs per optimizer step (forward + backward [+ recompute]) of `tokens` tokens of model `m`."""
+def training_flops_per_step(m: Any, *, tokens: int, recompute: str = "none",
+                            rerun: tuple[float, float] | None = None) -> float:
+    """FLOPs per optimizer step (forward + backward [+ recompute]) of `tokens` tokens of model `m`; `rerun` as in
+    textbook/flops.training_flops_per_token (recompute policies beyond none / selective / full)."""
     active = matmul_params(m, active=True) if m.is_moe else None
     return tokens * training_flops_per_token(n_params_dense=matmul_params(m), n_layers=m.n_layers, seq_len=m.seq_len,
                                              d_model=m.d_model, recompute=recompute, active_params=active,
-                                             attention_fwd_per_token=attention_fwd_flops_per_token(m))
+                                             attention_fwd_per_token=attention_fwd_flops_per_token(m), rerun=rerun)

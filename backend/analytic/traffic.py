@@ -11,10 +11,10 @@ which syncs on the last backward only; it all-gathers a unit at each sharded -> 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
-from functools import lru_cache
-
+from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
 from backend.analytic.tp_placement import module_rule
@@ -22,6 +22,7 @@ from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
+FP8_BYTES = 1  # float8_e4m3fn / e5m2
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
 
 Traffic = list[tuple[str, float, int]]
@@ -64,6 +65,14 @@ def fsdp_gathers_per_step(zero_stage: Any, microbatches: Any, *, pipelined: Any)
     return where(pipelined, where(zero2, 1, 1 + microbatches), where(zero2, 1, 2) * microbatches)
 
 
+def is_float8_weight(q: LocalParam) -> bool:
+    """A weight precision fp8 runs as a torchao float8 linear (strategies/float8.py: the blocks' Linears but the MoE
+    router, experts and shared-expert gate)."""
+    name = q.name
+    return name.startswith("layers.") and name.endswith(".weight") and len(q.shape) == 2 \
+        and ".mlp.router" not in name and ".experts." not in name and not name.endswith("shared_gate.weight")
+
+
 def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
     p, t = spec.parallel, spec.train
@@ -78,6 +87,10 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
+        if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
+            total = sum(bucket_numels(group, n))  # padded bucket), one all-gather of the params (the gathered output)
+            out += [("reduce_scatter", MASTER_BYTES * total, n), ("all_gather", compute_bytes(t.precision) * total, n)]
+            continue
         if p.zero_stage <= 1:
             grad = MASTER_BYTES * sum(q.local_numel for q in group)
             out.append(("all_reduce", grad, n))  # DDP: one all-reduce of every gradient (ZeRO Sec 7.1)
@@ -87,10 +100,15 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
         cb = fsdp_param_bytes(spec)  # all-gather in the param dtype; reduce_dtype is fp32
         gathers = fsdp_gathers_per_step(p.zero_stage, t.microbatches, pipelined=p.pp > 1)
         syncs = 1 if p.pp > 1 else t.microbatches  # pipelining syncs on the last backward only
+        fp8 = bool(getattr(t, "fp8_gathers", False))
         for unit in fsdp_units(spec.model, group).values():
             full = unsharded_numel(unit)
-            out.append(("all_gather", gathers * full * cb, n))  # payload = gathered output (ZeRO Sec 7.2.2)
+            # fp8 all-gather (torchao enable_fsdp_float8_all_gather): the float8 linears' weights travel as 1-byte
+            gathered = full * cb - (unsharded_numel([q for q in unit if is_float8_weight(q)]) * (cb - FP8_BYTES) if fp8 else 0)
+            out.append(("all_gather", gathers * gathered, n))  # payload = gathered output (ZeRO Sec 7.2.2)
             out.append(("reduce_scatter", syncs * full * MASTER_BYTES, n))  # payload = full padded gradient input
+        if fp8:  # precompute_float8_dynamic_scale_for_fsdp: one all-reduce of every float8 weight's fp32 amax per step
+            out.append(("all_reduce", MASTER_BYTES * sum(1 for q in group if is_float8_weight(q)), n))
     return out
 
 

@@ -6,8 +6,8 @@
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
-zero3) x micro-batch x recompute x schedule x virtual stages x SP. Layouts are for prediction: some cannot run
-on this machine's engine (ExperimentSpec.for_prediction). Memory allows a reserve for the CUDA context, NCCL
+zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only the layouts this engine runs
+(each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
 """
 
@@ -43,10 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
-    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"))
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--include-predicted", action="store_true",
+                   help="also rank layouts this engine cannot run (prediction only; each marked with why_not)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -127,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
-               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION)
+               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
+               include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
     used = calibration_used(hw, cal, res.configs, g)

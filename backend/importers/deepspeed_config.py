@@ -5,7 +5,7 @@ train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps 
 them derivable from the other two; "auto" values (the Hugging Face Trainer fills them in) need --gpus.
 zero_optimization.stage 0-3 is ddp / zero1 / zero2 / zero3; offload_optimizer to cpu is offload=optimizer,
 offload_param (stage 3) offload=params. The spec runs on ShardLab's DeepSpeed engine when the layout is one it
-runs (backend/frameworks/capabilities.py), otherwise it is a torch spec of the same layout, for prediction.
+runs (backend/spec/framework_support.py), otherwise it is a torch spec of the same layout, for prediction.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, Recompute, RouterScore, WindowKind
+from backend.models.checkpointing import op_policy, resolve_ops, run_blocks
+from backend.recompute_policy import DEFAULT_SAC_OPS, parse
+from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, RouterScore, WindowKind
 from backend.torch_compat import is_fake_tensor
 
 INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
@@ -391,7 +394,8 @@ class GPT(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # named_parameters() reports it once, as tok_emb.weight
-        self.full_recompute = False
+        self.recompute: tuple[str, int] = ("none", 0)
+        self.sac_context: Any = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 on the first stage, hidden (B, T, C) on later ones; logits (B, T, V) on the last."""
@@ -402,8 +406,7 @@ class GPT(nn.Module):
                 h = h * self.spec.d_model ** 0.5
             if self.pos_emb is not None:
                 h = h + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
-        for layer in self.layers.values():
-            h = checkpoint(layer, h, use_reentrant=False) if self.full_recompute and torch.is_grad_enabled() else layer(h)
+        h = run_blocks(list(self.layers.values()), h, *self.recompute, self.sac_context)
         if self.norm is not None:
             h = self.norm(h)
         if self.lm_head is not None:
@@ -411,19 +414,23 @@ class GPT(nn.Module):
         return h
 
 
-def set_recompute(model: GPT, mode: Recompute) -> None:
-    model.full_recompute = mode == Recompute.FULL
+def set_recompute(model: GPT, mode: str, ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> None:
+    """The policy of backend/recompute_policy.py (`ops`: what `op` saves): block-level ones through
+    models/checkpointing.py, `selective` inside each block's attention."""
+    kind, layers = parse(mode)
+    model.recompute = (kind, layers)
+    model.sac_context = op_policy(resolve_ops(tuple(ops))) if kind == "op" else None
     for layer in model.layers.values():
-        layer.attn.selective_recompute = mode == Recompute.SELECTIVE
+        layer.attn.selective_recompute = kind == "selective"
 
 
-def build_model(m: ModelSpec, *, seed: int, recompute: Recompute = Recompute.NONE,
-                device: str | torch.device = "cpu") -> GPT:
+def build_model(m: ModelSpec, *, seed: int, recompute: str = "none", device: str | torch.device = "cpu",
+                recompute_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> GPT:
     """The full model with the weights every strategy and rank uses (`init_weights`); `device="meta"` builds
     it without storage (the engine's path: parallelize first, then materialize only this rank's shards)."""
     with torch.device("meta"):
         model = GPT(m)
-    set_recompute(model, recompute)
+    set_recompute(model, recompute, recompute_ops)
     if torch.device(device).type != "meta":
         model.to_empty(device=device)
         tie_weights(model)

@@ -33,6 +33,15 @@ class Precision(StrEnum):
     FP32 = "fp32"
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
+    FP8 = "fp8"
+    """float8 linears (torchao's float8 training, `fp8_recipe` scaling), bf16 mixed precision elsewhere."""
+
+
+class Fp8Recipe(StrEnum):
+    """torchao's float8 scaling recipes (Float8LinearConfig.from_recipe_name)."""
+
+    TENSORWISE = "tensorwise"  # one dynamic scale per tensor (e4m3 forward, e5m2 gradients)
+    ROWWISE = "rowwise"  # one dynamic scale per row (e4m3 everywhere)
 
 
 class Optimizer(StrEnum):
@@ -41,9 +50,13 @@ class Optimizer(StrEnum):
 
 
 class Recompute(StrEnum):
+    """The named recompute policies; `layers:K`, `block:N` and `uniform:N` take a block count
+    (backend/recompute_policy.py describes every one)."""
+
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    OP = "op"
 
 
 class Backend(StrEnum):

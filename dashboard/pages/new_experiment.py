@@ -140,9 +140,18 @@ def _train_inputs() -> None:
     c1.number_input("Timed steps", 1, 1_000_000, key=P + "steps")
     c2.number_input("Warm-up steps", 0, 1_000_000, key=P + "warmup_steps")
     c3.number_input("Seed", 0, 2**31 - 1, key=P + "seed")
-    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision")
+    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision",
+                 help="fp8: torchao float8 linears (bf16 elsewhere); FSDP2 all-gathers their weights in fp8 (tensorwise)")
+    if st.session_state[P + "precision"] == "fp8":
+        c1.selectbox("FP8 scaling", ["tensorwise", "rowwise"], key=P + "fp8_recipe")
     c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
-    c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute")
+    c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
+                 help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
+                      "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
+        c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
+                        help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
+                             "groups of N blocks")
 
 
 def _values() -> dict:

@@ -15,6 +15,7 @@ from backend.analytic.memory.activations import (LayerShape, full_recompute_peak
                                                  model_layer_activation_bytes)
 from backend.models.gpt import build_model, loss_fn
 from backend.spec import ModelSpec, Recompute
+from tests.helpers.activation_peak import engine_step_activation_peak
 
 TOL = 0.05  # the formula is derived op by op; the brief's bound is 15%
 
@@ -112,31 +113,6 @@ def test_recompute_ordering_and_peak_extra():
     assert full_recompute_peak_extra_bytes(shape, head_freed_bytes=10 * none) == 0
 
 
-def _engine_step_activation_peak(spec) -> int:
-    """One rank of the engine's microbatch step (backend/strategies/step.py) under pure ddp without the process group: microbatches under
-    strategies.base.autocast, `logits` bound in the loop through backward, loss / n; the engine's own tracker
-    (backend.bench.memory.CategoryMemTracker) read at its activation peak, as the engine reports it."""
-    from backend.bench.memory import CategoryMemTracker, breakdown
-    from backend.strategies.base import autocast
-
-    m, t = spec.model, spec.train
-    model = build_model(m, seed=0, recompute=t.recompute)
-    opt = torch.optim.AdamW(model.parameters())
-    mb, n = t.micro_batch, t.microbatches
-    x = torch.randint(0, m.vocab_size, (mb * n, m.seq_len))
-    y = torch.randint(0, m.vocab_size, (mb * n, m.seq_len))
-    tracker = CategoryMemTracker()
-    tracker.track_external(model, opt, x, y)
-    cpu = torch.device("cpu")
-    with tracker:
-        for i in range(n):
-            with autocast(spec, cpu):
-                logits = model(x[i * mb:(i + 1) * mb])  # (mb, T, V)
-            loss = loss_fn(logits, y[i * mb:(i + 1) * mb]) / n
-            loss.backward()
-    return breakdown(tracker, cpu)["categories"]["activations_bytes"]
-
-
 ISSUE_MODEL = dict(n_layers=2, d_model=64, n_heads=4, seq_len=32, vocab_size=128)
 ENGINE_CASES = [  # (id, model overrides, train overrides, rel bound); issue bound for activations is 15%
     ("full-recompute", {}, dict(recompute="full"), 0.01),  # issue config: was -19% (428,808 vs 346,380)
@@ -161,7 +137,7 @@ def test_estimate_matches_engine_step_activation_peak(name, model_kw, train_kw, 
     torch.manual_seed(0)
     spec = ExperimentSpec(model={**ISSUE_MODEL, **model_kw}, train={"global_batch": 4, "micro_batch": 2, **train_kw},
                           parallel={"strategy": "ddp", "world_size": 1})
-    measured = _engine_step_activation_peak(spec)
+    measured = engine_step_activation_peak(spec)
     predicted = estimate(spec).per_rank[0].activations_bytes
     assert predicted == pytest.approx(measured, rel=rel), (name, predicted, measured)
 

@@ -29,7 +29,7 @@ LAYERS = (
      ("backend.hf_config", "backend.hf_families", "backend.hf_reads")),
     ("prediction, pure Python", ("backend.analytic",)),
     ("the spec, the result and the published shapes",
-     ("backend.spec", "backend.result", "backend.presets", "backend.atomic_io", "backend")),
+     ("backend.spec", "backend.recompute_policy", "backend.result", "backend.presets", "backend.atomic_io", "backend")),
 )
 """Top to bottom: a unit imports units of its own layer (without cycles) or of the layers below."""
 

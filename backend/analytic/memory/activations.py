@@ -16,9 +16,11 @@ from backend.analytic.layout import Layout
 from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
                                                   mlp_elems, rms_norm_extra_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
-from backend.analytic.params import layer_attention_kind, layer_is_moe
+from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe
+from backend.recompute_policy import DEFAULT_SAC_OPS
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
+"""Per-block saved-tensor policies; layers:K, block:N and uniform:N mix `none` and `full` blocks (rank_activations)."""
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
 LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
@@ -55,6 +57,11 @@ class LayerShape:
     flash: bool = False
     shared_ffn: int = 0
     shared_gate: bool = False
+    bias: str = "all"
+    kv_heads: int = 0
+    """0: n_heads (plain multi-head attention)."""
+    sac_ops: tuple[str, ...] = ()
+    """The ops op-level recompute saves (recompute_policy.DEFAULT_SAC_OPS unless the spec lists others)."""
 
     q_width: int = 0
     """a x head_dim of q and k when it differs from d_model (own head width, MLA's nope + rope); 0 = d_model."""
@@ -74,7 +81,7 @@ class LayerShape:
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str, alt: bool = False) -> LayerShape:
+           ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> LayerShape:
         """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks)."""
         moe = layer_is_moe(model, 0) != alt if model.is_moe else False
         family = family_kwargs(model)
@@ -85,20 +92,22 @@ class LayerShape:
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
-                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model),
-                   nope=family["rope"] and not rope, windowed=windowed)
+                   device="cuda" if device == "cuda" else "cpu", bias=_fam(model, "bias", "all"),
+                   kv_heads=getattr(model, "kv_heads", model.n_heads), sac_ops=tuple(sac_ops), **family,
+                   **head_widths(model), nope=family["rope"] and not rope, windowed=windowed)
 
     @classmethod
-    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
+    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False,
+                  sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> LayerShape:
         """The model's shape at micro-batch 1 without any split (memoised per model object: callers `replace` the
         per-layout fields)."""
-        key = (id(model), dtype_bytes, device, alt)
+        key = (id(model), dtype_bytes, device, alt, tuple(sac_ops))
         hit = _PROTOTYPES.get(key)
         if hit is None or hit[0] is not model:
             if len(_PROTOTYPES) > 64:
                 _PROTOTYPES.clear()
             shape = cls.of(model, micro_batch=1, tp=1, sequence_parallel=False, dtype_bytes=dtype_bytes, autocast=False,
-                           ep=1, device=device, alt=alt)
+                           ep=1, device=device, alt=alt, sac_ops=sac_ops)
             hit = _PROTOTYPES[key] = (model, shape)  # holds the model: its id cannot be reused while cached
         return hit[1]
 
@@ -110,7 +119,7 @@ class LayerShape:
         alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                       dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
-                      alt=alt)
+                      alt=alt, sac_ops=spec.train.sac_ops)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
@@ -118,7 +127,7 @@ class LayerShape:
                     t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
 
 
-_PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
+_PROTOTYPES: dict[tuple, tuple[Any, LayerShape]] = {}
 
 
 def _attn_core_elems(*, s, b, h, a, t) -> float:
@@ -173,6 +182,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     residual_bytes = 4 if autocast else dtype_bytes
     if recompute == "full":
         return sbh / norm_div * residual_bytes  # checkpoint(layer, h) saves the layer input only
+    if recompute == "op":
+        return sbh / norm_div * residual_bytes + op_sac_saved_bytes(shape)
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
     stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
     elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
@@ -207,6 +218,65 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes
+
+
+def op_sac_saved_bytes(shape: LayerShape) -> float:
+    """What op-level selective checkpointing (models/checkpointing.op_policy, torchtitan's `_apply_op_sac`) keeps of
+    one block beyond its input: the outputs of the listed ops, every second aten.mm excepted, in forward order.
+    Linears without a bias run aten.mm on the flattened (s·b, in) input, with one aten.addmm; their local outputs are
+    q (h/t), k and v (kv·d/t), o (h: Rowwise's partial sum), then fc_in (f/t), fc_out (h) or gate, up (f/t), down (h).
+    The flash kernels keep their output (b, a/t, s, d) and the fp32 logsumexp (b, a/t, s); math attention's two bmm
+    outputs are the (b·a/t, s, s) scores and (b·a/t, s, d). Under SP, TP's reduce-scatters after o and fc_out / down
+    give (s/t · b, h) each. A dense MLP only: the MoE experts' and router's matmuls are not counted."""
+    s, b, h, a, t, ops = shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.tp, set(shape.sac_ops)
+    cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
+    linears = _linears_of(shape)
+    saved = sum(sb * linears[i][0] * cb for i in _op_sac_kept_linears(linears, ops))
+    if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+                              "aten._scaled_dot_product_flash_attention.default",
+                              "aten._scaled_dot_product_efficient_attention.default"}:
+        saved += sb * h / t * cb + LSE_BYTES * a / t * sb
+    elif not shape.flash and "aten.bmm.default" in ops:
+        saved += (b * a / t * s * s + sb * h / t) * cb
+    if shape.sequence_parallel and "_c10d_functional.reduce_scatter_tensor.default" in ops:
+        saved += 2 * sb * h / t * cb
+    return saved
+
+
+def _linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
+    """(local output width, biased) of one dense block's linears in forward order."""
+    h, a, t = shape.d_model, shape.n_heads, shape.tp
+    q = shape.q_width or h
+    kv = (shape.kv_heads or a) * (q // a)
+    qkv_bias, other_bias = shape.bias in ("all", "qkv"), shape.bias == "all"
+    linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
+    if not shape.n_experts:
+        f = shape.ffn / t
+        linears += [(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp) else [(f, other_bias)] * 2 + [(h, other_bias)]
+    return linears
+
+
+def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> list[int]:
+    """Indices of the linears op-level SAC keeps: aten.addmm (biased) when listed, every odd aten.mm."""
+    out, mm_count = [], 0
+    for i, (_, biased) in enumerate(linears):
+        if biased:
+            if "aten.addmm.default" in ops:
+                out.append(i)
+            continue
+        mm_count += 1
+        if "aten.mm.default" in ops and mm_count % 2 == 1:
+            out.append(i)
+    return out
+
+
+def op_sac_rerun_extra_bytes(shape: LayerShape) -> float:
+    """While an op-SAC block is re-run in backward its cached outputs are handed back one by one as the re-run
+    reaches them; the block's last linear (fc_out / down), when kept, is still cached when the re-run peaks."""
+    linears = _linears_of(shape)
+    last = len(linears) - 1
+    kept_last = last in _op_sac_kept_linears(linears, set(shape.sac_ops))
+    return shape.seq_len * shape.micro_batch * linears[last][0] * shape.dtype_bytes if kept_last else 0.0
 
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,

@@ -26,13 +26,15 @@ import numpy as np
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
                                                    Widths, fused_layer_passes, layer_passes, param_passes)
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.ops import FLASH_BWD_FACTOR, attention_time, curve_fraction, gemm_time, passes_time
+from backend.analytic.steptime.ops import (FLASH_BWD_FACTOR, attention_time, curve_fraction, float8_gemm_time, gemm_time,
+                                          passes_time)
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
-from backend.analytic.traffic import compute_bytes
+from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
 
 ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton")
@@ -96,8 +98,12 @@ def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
     return tokens
 
 
-def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float) -> tuple[Any, Any]:
-    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring)."""
+def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float,
+                   float8: bool = False) -> tuple[Any, Any]:
+    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
+    float8: a torchao float8 linear under fp8 (ops.float8_gemm_time)."""
+    if float8:
+        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out)
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
@@ -106,6 +112,7 @@ def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int)
     """Forward and backward seconds and FLOPs of the given Linear weights' GEMMs (forward, dgrad, wgrad at their own
     shapes) for `tokens` tokens; benchmarks/published_gpu.py prints it per layer."""
     cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
+    fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
     out = PassCost()
     seen: dict[tuple, tuple[float, float]] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
     for q in params:
@@ -113,9 +120,10 @@ def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int)
             continue
         n_out, k = q.local_shape  # nn.Linear weight (out, in)
         rows = _gemm_rows(spec, q, tokens)
-        f = seen.get((rows, k, n_out))
+        float8 = fp8 and is_float8_weight(q)
+        f = seen.get((rows, k, n_out, float8))
         if f is None:
-            f = seen[(rows, k, n_out)] = weight_gemms_s(hw, precision, rows, k, n_out, cb)
+            f = seen[(rows, k, n_out, float8)] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8)
         out.fwd_s += f[0]
         out.bwd_s += f[1]
         out.fwd_flops += 2 * rows * k * n_out
@@ -313,6 +321,13 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
     elif rc == "selective":
         cost.recompute_s = n * attn.fwd_s + n_windowed * win.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+    elif rc != "none":  # the shares of recompute_cost.py (the head's GEMM is never re-run)
+        share = rerun_share(m, layout, flash=attention == "flash")
+        attention_fwd_s = n * attn.fwd_s + n_windowed * win.fwd_s
+        elementwise_fwd_s = (n + n_windowed) * elem.fwd_s
+        gemm_fwd = cost.fwd_s - attention_fwd_s - elementwise_fwd_s
+        cost.recompute_s = (float(share.gemm) * gemm_fwd + float(share.attention) * attention_fwd_s
+                            + float(share.elementwise) * elementwise_fwd_s)
     tied_head = last and not any(q.name.startswith("lm_head") for q in params)
     if tied_head:  # a tied lm_head is tok_emb's weight: the head GEMM still runs (the lookup alone is free)
         f, b = weight_gemms_s(hw, str(t.precision), tokens, m.d_model, m.vocab_size / p.tp, compute_bytes(t.precision))

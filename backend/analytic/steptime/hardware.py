@@ -52,6 +52,8 @@ class Tunables:
     """Bandwidth of an all-gather relative to the tier's (all-reduce-derived) bandwidth: 1 on NCCL; gloo differs."""
     reduce_scatter_efficiency: float = 1.0
     """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
+    gemm_fp8_efficiency_max: float = 0.0
+    """The float8 GEMMs' efficiency under fp8 (0: unmeasured, bf16's gemm_efficiency_max is used: Hardware.peak_note)."""
     gemm_scale: float = 1.0
     """Multiplier on the GEMM efficiency (table or curve): what a calibration fits."""
     attention_scale: float = 1.0
@@ -95,9 +97,31 @@ class Hardware:
     """Seconds already computed on this profile (compute.py, by their inputs); a changed profile starts empty."""
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
-        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(str(precision), "fp32")
+        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit; fp8 runs everything but
+        its float8 linears in bf16 (those: `linear_peak`), and MFU is quoted against bf16's peak, as torchtitan does."""
+        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8": "bf16"}.get(str(precision), "fp32")
         return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def linear_peak(self, precision: str) -> float:
+        """Peak FLOP/s for a float8 linear's GEMM under fp8: the profile's fp8 peak, bf16's where it has none
+        (`peak_note` says so); other precisions: `peak`."""
+        if str(precision) != "fp8":
+            return self.peak(precision)
+        return self.peak_flops.get("fp8") or self.peak("fp8")
+
+    def peak_note(self, precision: str) -> str | None:
+        """What fp8's float8 GEMMs are timed with when the profile has no fp8 peak or no fp8 efficiency (an fp8 GEMM
+        table or tune.gemm_fp8_efficiency_max), else None."""
+        if str(precision) != "fp8":
+            return None
+        fp8_efficiency = self.tables.gemm_table("fp8") is not None or self.tune.gemm_fp8_efficiency_max
+        missing = [what for what, ok in (("fp8 peak", self.peak_flops.get("fp8")),
+                                         ("fp8 GEMM efficiency", fp8_efficiency)) if not ok]
+        if not missing:
+            return None
+        return (f"{self.key}: no {' / '.join(missing)} in the profile: float8 GEMMs timed with bf16's "
+                f"({self.peak('fp8') / 1e12:.0f} TFLOP/s peak, efficiency {self.tune.gemm_efficiency_max})"
+                if len(missing) == 2 else f"{self.key}: no {missing[0]} in the profile: bf16's used for float8 GEMMs")
 
     def peak_of(self, dtype: str) -> float:
         """Dense peak FLOP/s of a matmul dtype (bf16, fp16, fp8, fp32); fp16 falls back to bf16, others to fp32."""

@@ -5,7 +5,7 @@ head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arra
 What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
 rank's layers at one layer's cost per block kind: dense / MoE, global / windowed attention), the host's DTensor dispatch, the kernel launches of the optimizer and of the
-loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
+loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward (recompute_cost.py shares). The planner
 ranks every layout with it, then re-times a pool of the fastest with model.step_time, which it reports.
 Measured agreement with step_time over every fitting layout: see tests/unit/test_planner_core.py and
 benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import (ALT_PART, attention_kind_counts, is_mixed, local_part, part_sums, rank_parts,
                                            stage_composition)
 from backend.analytic.params import layer_attention_kind, layer_is_moe, model_key
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
@@ -63,11 +64,11 @@ class StepProxy:
 
 
 @lru_cache(maxsize=256)
-def _block_linears(key: Any, tp: int, part: str = "block") -> tuple[tuple[int, int, bool], ...]:
-    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement); part: block
-    (block 0's MLP kind) or parts.ALT_PART (the other kind's, mixed stacks)."""
+def _block_linears(key: Any, tp: int, part: str = "block", ep: int = 1) -> tuple[tuple[int, int, bool], ...]:
+    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement: an ep rank holds
+    n_experts / ep experts); part: block (block 0's MLP kind) or parts.ALT_PART (the other kind's, mixed stacks)."""
     return tuple((*q.local_shape, expert_of(q.name) is not None)
-                 for q in local_part(key, part, False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
+                 for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
 def _groups(*columns: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +120,10 @@ def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: 
         tokens = mb * model.seq_len
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
         f = b = 0.0
-        for n_out, k, expert in _block_linears(key, tp, part):
-            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes)
+        fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
+        for n_out, k, expert in _block_linears(key, tp, part, ep if model.is_moe else 1):
+            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes,
+                                    float8=fp8 and not expert)
             f, b = f + sf, b + sb
         hit = hw.memo[memo_key] = (f, b)
     return hit
@@ -227,8 +230,8 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     tokens, cb, mb = layout.micro_batch * model.seq_len, layout.compute_bytes, layout.microbatches
     implementation = default_implementation(hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
-    full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
-    blocks = _BlockCosts(model, layout, hw, implementation, recompute=(full, selective))
+    share = rerun_share(model, layout, flash=True)  # recompute_cost.py: what each policy re-runs in backward
+    blocks = _BlockCosts(model, layout, hw, implementation, rerun=share)
     head_fwd, head_bwd = _head_gemms_s(hw, layout, tokens, model, cb)
     lm_head = head_fwd + head_bwd + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
@@ -243,7 +246,7 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
-    tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    tp_comm = where(layout.tp > 1, (1.0 + 0.5 * share.gemm) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
                              backward_s=first_rank.n_blocks * blocks.backward_s, compute_s=compute)
@@ -268,8 +271,8 @@ class _BlockCosts:
     """Seconds of one microbatch through a rank's blocks, per kind: dense / MoE blocks (mixed stacks: the alt part's
     GEMMs) and global / windowed attention (compute.attention_pass with windowed=True)."""
 
-    def __init__(self, model: Any, layout: Layout, hw: Hardware, implementation: str, *, recompute: tuple[Any, Any]):
-        self.model, self.layout, (self.full, self.selective) = model, layout, recompute
+    def __init__(self, model: Any, layout: Layout, hw: Hardware, implementation: str, *, rerun: Any):
+        self.model, self.layout, self.rerun = model, layout, rerun
         self.mixed = is_mixed(model)
         attention = attention_pass(model, layout, hw, "flash")
         self.elementwise = elementwise_pass(model, layout, hw, implementation)
@@ -286,7 +289,9 @@ class _BlockCosts:
     def _per_layer(self, gemm: tuple[Any, Any], attention: Any) -> Any:
         forward = gemm[0] + attention.fwd_s + self.elementwise.fwd_s
         backward = gemm[1] + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
-        return forward * (1 + self.full) + backward + where(self.selective, attention.fwd_s, 0.0)
+        rerun = self.rerun  # recompute_cost.RerunShare: the shares of the forward re-run in backward
+        return forward + backward + rerun.gemm * gemm[0] + rerun.attention * attention.fwd_s \
+            + rerun.elementwise * self.elementwise.fwd_s
 
     def of_rank(self, stages: Any, pp_rank: Any) -> Any:
         """The blocks of a pipeline rank (StageComposition) at its own kinds."""
@@ -330,7 +335,8 @@ def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
                 compute_s: Any) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
-    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; FSDP2's gathers / reduce-scatters behind
+    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
+    reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
     dp, eta = layout.dp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, dp, "dp")
@@ -345,6 +351,10 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     all_reduce = coll("all_reduce", grads)
     ddp = maximum(all_reduce - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
     ddp = ddp + where(layout.zero_stage == ZeroStage.ZERO1, coll("broadcast", grads), 0.0)
+    scatter_bucket = coll("reduce_scatter", grads / (n_blocks + 1))  # the distributed optimizer's last bucket
+    distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, scatter_bucket) \
+        + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * local)
+    ddp = where(layout.distributed_optimizer, distributed, ddp)
     gathers = fsdp_gathers_per_step(layout.zero_stage, layout.microbatches, pipelined=layout.pipelined)
     scatters = where(layout.pipelined, 1, layout.microbatches)
     param_bytes = layout.fsdp_param_bytes
