@@ -7,12 +7,14 @@
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
                                         ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
-  3. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
-  4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
-  5. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
+  3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
+                                        sequence share is cut by `local_batch`)
+  4. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
+  5. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (dp x cp ranks; data_parallel.py)
+  6. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
-  6. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
-  7. check                             every parameter / grad / buffer / DTensor shard on ctx.device
+  7. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
+  8. check                             every parameter / grad / buffer / DTensor shard on ctx.device
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from torch import nn
 
 from backend.models.gpt import MoE, set_recompute
+from backend.strategies import cp as context_parallel
 from backend.strategies import data_parallel as dpar
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
@@ -50,13 +53,15 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         model.to(ctx.device)
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
     ep = ExpertParallel(ctx, model) if p.ep > 1 else None
+    shard = context_parallel.context_shard(ctx)
     for m in mods:
         apply_tp(ctx, m)
+        context_parallel.apply_cp(ctx, m, shard)
         set_recompute(m, spec.train.recompute)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
         for sub in m.modules():
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
-                sub.run_empty_experts = p.dp > 1
+                sub.run_empty_experts = p.dp_cp > 1
     if meta:
         materialize(mods, ctx.device, spec.train.seed)
     experts = ep.params() if ep else []
@@ -100,6 +105,7 @@ def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None) -> list[
     out = dpar.notes(ctx.spec)
     if p.tp > 1:
         out += TP_NOTES
+    out += context_parallel.notes(ctx)
     if ep:
         out += ep.notes()
     if p.pp > 1:
