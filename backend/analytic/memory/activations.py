@@ -2,7 +2,7 @@
 for the embeddings / head, read off the ops it runs (no dropout, explicit softmax or SDPA attention). Pure Python,
 one set of sizes at a time: the rank-level model (rank_activations.py) evaluates these once per distinct
 (micro-batch, tp, SP, recompute, autocast) and spreads them over arrays of layouts.
-Symbols inside the formulas: s sequence, b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence
+Symbols inside the formulas: s sequence (this rank's share: seq_len / cp under context parallelism), b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence
 parallel. The published per-layer formula is textbook/korthikanti.py.
 """
 
@@ -55,8 +55,8 @@ class LayerShape:
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str) -> LayerShape:
-        return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
+           ep: int, device: str, cp: int = 1) -> LayerShape:
+        return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if model.is_moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts, top_k=model.top_k,
                    ep=ep if model.is_moe else 1, autocast=autocast,
@@ -81,7 +81,8 @@ class LayerShape:
         """The shape of a validated spec's blocks."""
         layout = Layout.of(spec)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device)
+                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
+                      cp=layout.cp)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""

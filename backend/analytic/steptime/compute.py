@@ -14,6 +14,9 @@
 - element-wise (norms, GELU, residual, bias, dropout): memory bound, each activation written once and read
   once in forward (2x the Korthikanti 2022 Table 2 bytes per layer), backward twice that.
 - recompute: full re-runs the block's forward, selective the attention core (Korthikanti 2022 Sec 5).
+- context parallelism: a rank's GEMMs, element-wise passes and head see its seq_len / cp tokens (smaller M); its
+  attention is its queries against every key, 1/cp of the layer's; without load balancing the cp ranks do unequal
+  causal work and the ring waits for the busiest, rank cp-1: (2cp-1)/cp of the average (cp_imbalance).
 """
 
 from __future__ import annotations
@@ -109,26 +112,35 @@ def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int
     return out
 
 
+def cp_imbalance(layout: Layout) -> Any:
+    """The busiest cp rank's causal attention work over the average: 1 with head-tail chunks (each rank's two chunks
+    cost the same in sum, torch's load-balance note); contiguous chunks give rank r r + 1/2 blocks of cp/2 on
+    average, so the last rank does (cp - 1/2) / (cp / 2) = (2cp - 1) / cp of it."""
+    return 1.0 if layout.cp_load_balance else (2 * layout.cp - 1) / layout.cp
+
+
 def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str) -> PassCost:
-    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic)."""
+    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic); under context
+    parallelism the rank's s/cp queries against all s keys, at the busiest cp rank's share (cp_imbalance)."""
     cb, peak = layout.compute_bytes, hw.peak(layout.precision)
     b, s, a, hd = layout.micro_batch, model.seq_len, model.n_heads // layout.tp, model.head_dim
-    flops = 2 * 2 * b * a * s * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
+    rows, skew = s // layout.cp, cp_imbalance(layout)
+    flops = 2 * 2 * b * a * rows * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
     if attention == "flash":
-        f = flops / (peak * hw.tune.attention_flash_efficiency) + hw.tune.kernel_launch_s
+        f = skew * flops / (peak * hw.tune.attention_flash_efficiency) + hw.tune.kernel_launch_s
         return PassCost(fwd_s=f, bwd_s=FLASH_BWD_FACTOR * f, fwd_flops=flops)
-    bmm = 2 * gemm_s(hw, peak, b * a * s, hd, s, cb)  # one batched GEMM each: b·a problems of (s, d) x (d, s)
-    scores = 5 * a * s * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
+    bmm = 2 * gemm_s(hw, peak, b * a * rows, hd, s, cb)  # one batched GEMM each: b·a problems of (s, d) x (d, s)
+    scores = 5 * a * rows * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
     soft = memory_s(hw, 2 * scores, kernels=3)  # written once, read once
-    return PassCost(fwd_s=bmm + soft, bwd_s=2 * (bmm + soft), fwd_flops=flops)
+    return PassCost(fwd_s=skew * (bmm + soft), bwd_s=2 * skew * (bmm + soft), fwd_flops=flops)
 
 
 def elementwise_pass(model: Any, layout: Layout, hw: Hardware) -> PassCost:
     """Norms, GELU, residual adds, bias, dropout of one layer: 2x Korthikanti Table 2 bytes without the
     attention-score term (counted in attention_pass), scaled from 16-bit to the compute dtype."""
-    kb = per_distinct(lambda b, tp, sp: korthikanti_layer_bytes(  # selective: without 5as²b
-        s=model.seq_len, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
-        layout.micro_batch, layout.tp, layout.sequence_parallel)
+    kb = per_distinct(lambda b, tp, sp, cp: korthikanti_layer_bytes(  # selective: without 5as²b
+        s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
+        layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
     f = memory_s(hw, 2 * kb * layout.compute_bytes / 2, kernels=12)
     return PassCost(fwd_s=f, bwd_s=2 * f)
 
@@ -136,7 +148,7 @@ def elementwise_pass(model: Any, layout: Layout, hw: Hardware) -> PassCost:
 def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True) -> PassCost:
     """Cross-entropy over the (b·s, V/t) logits: softmax read/written in fp32 (the lm_head GEMM is a weight);
     kernel_launches=False: the memory traffic alone (the planner's proxy)."""
-    logits = layout.micro_batch * model.seq_len * model.vocab_size / layout.tp * 4
+    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / layout.tp * 4
     f = memory_s(hw, 3 * logits, kernels=4 if kernel_launches else 0)
     return PassCost(fwd_s=f, bwd_s=f)
 
@@ -151,7 +163,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     layers = stage_layers(m.n_layers, n_stages, stage)
     names = tuple(f"layers.{i}." for i in layers)
     last = stage == n_stages - 1
-    tokens = t.micro_batch * m.seq_len
+    tokens = t.micro_batch * m.seq_len // p.cp  # this rank's share of each sequence
 
     def weights(ps: Any) -> PassCost:
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]

@@ -25,6 +25,7 @@ from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
+from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
@@ -41,6 +42,8 @@ class StepProxy:
     """All microbatches through the busiest pipeline rank: GEMMs, attention, element-wise, head (+ recompute)."""
     tp_comm_s: Any
     """TP activation all-reduces (4 per layer and microbatch), bandwidth only, all exposed."""
+    cp_comm_s: Any
+    """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; allgather, torch's default)."""
     bubble: Any
     """Pipeline idle time / ideal time of the schedule (textbook/pipeline.bubble_over_ideal)."""
     dp_exposed_s: Any
@@ -51,7 +54,8 @@ class StepProxy:
 
     @property
     def step_s(self) -> Any:
-        return (self.compute_s + self.tp_comm_s) * (1 + self.bubble) + self.dp_exposed_s + self.optimizer_s + self.overhead_s
+        return (self.compute_s + self.tp_comm_s + self.cp_comm_s) * (1 + self.bubble) + self.dp_exposed_s + self.optimizer_s \
+            + self.overhead_s
 
 
 @lru_cache(maxsize=256)
@@ -65,7 +69,7 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
     """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
     added in the block's parameter order; each distinct GEMM shape is timed once."""
     key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
-    tokens = layout.micro_batch * model.seq_len
+    tokens = layout.micro_batch * layout.seq_local(model)
     total = np.zeros(np.shape(layout.tp), dtype=np.float64)
     for tp in np.unique(layout.tp).tolist():
         rows = np.nonzero(layout.tp == tp)[0]
@@ -92,7 +96,7 @@ def _bubble(layout: Layout) -> Any:
 
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
-    tokens, cb, mb = layout.micro_batch * model.seq_len, layout.compute_bytes, layout.microbatches
+    tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
     attention, elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
     gemm = _layer_gemm_s(model, layout, hw)
@@ -113,14 +117,16 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
     tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    ring = ring_time(model, layout, hw, attention, rotate="allgather", gpus_per_node=gpus_per_node)
+    cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
                              backward_s=first_rank.n_blocks * backward, compute_s=compute)
-    owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp, 1)
+    owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp_cp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
     optimizer = memory_s(hw, per_element * owned, kernels=0) \
-        + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp, 1), kernels=0)  # zero_grad
-    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
+        + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
+    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, cp_comm_s=cp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
                      optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s)
 
 
@@ -129,7 +135,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
     25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
-    dp, eta = layout.dp, hw.tune.overlap_efficiency
+    dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, dp, "dp")
     intra, per_node = within_node(stride, dp, "dp", gpus_per_node), node_members(stride, dp, gpus_per_node)
 
