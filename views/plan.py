@@ -10,7 +10,7 @@ from backend.ui import spec_form as sf
 from backend.ui import store
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
-            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15}
+            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math"}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -42,7 +42,7 @@ def _verify_table(tag: str) -> None:
 
 
 st.title("Plan")
-st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
+st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
            "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
 
 c1, c2, c3 = st.columns(3)
@@ -73,16 +73,22 @@ node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
 mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
                       help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
-top = st.slider("Layouts to show", 1, 50, key="pl_top")
+c1, c2 = st.columns([1, 3])
+attention = c1.selectbox("Attention kernel", ["math", "flash"], key="pl_attention",
+                         help="flash: SDPA's fused kernel (no s x s scores saved); context parallelism (cp) is searched "
+                              "with flash only, since ring attention merges flash blocks")
+top = c2.slider("Layouts to show", 1, 50, key="pl_top")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
-inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None)
+inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch),
+                         memory_gb=mem or None) + f", {attention} attention"
 if problem:
     st.error(problem)
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
-                                                    global_batch=int(batch), memory_gb=mem or None, top=int(top))
+                                                    global_batch=int(batch), memory_gb=mem or None, top=int(top),
+                                                    attention=attention)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1

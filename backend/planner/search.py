@@ -122,6 +122,9 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
              "their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
+    if str(getattr(model, "attention", "math")) != "flash":
+        notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
+                     "attention; plan with flash to search cp)")
     return Plan(searched=len(layouts), feasible=len(order), seconds=seconds, configs=configs,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes)

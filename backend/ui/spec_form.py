@@ -11,6 +11,7 @@ from backend.presets import scaled_for_cpu
 from backend.spec import (
     AttentionImpl,
     Bias,
+    CpRotate,
     ExperimentSpec,
     Mlp,
     Norm,
@@ -55,7 +56,8 @@ MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn
               "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
               "shared_ffn_hidden", "shared_expert_gate")
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
-PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
+PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages", "cp",
+                 "cp_rotate", "cp_load_balance")
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden"}
 FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp], "positions": [v.value for v in Positions],
@@ -70,6 +72,9 @@ SCHEDULES = [s.value for s in Schedule]
 PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in Optimizer]
 RECOMPUTES = [r.value for r in Recompute]
+CP_ROTATES = [r.value for r in CpRotate]
+CP_ROTATE_HELP = {"allgather": "all-gather K/V once per attention call (torch's default)",
+                  "alltoall": "pass K/V round the ring, one hop per block (overlaps each block)"}
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
@@ -103,7 +108,7 @@ def default_form() -> dict[str, Any]:
     v: dict[str, Any] = dict(PRESETS[DEFAULT_PRESET])
     v.update(
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
-        sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
+        sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1, cp=1, cp_rotate="allgather", cp_load_balance=True,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
@@ -235,7 +240,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule"):
+    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule", "cp_rotate"):
         v[k] = str(v[k])
     # A derived degree is re-derived from world_size for the pure strategies.
     if p.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):
@@ -284,6 +289,8 @@ def describe(spec: ExperimentSpec) -> str:
         parts.append(f"pp{p.pp} {p.pp_schedule}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else ""))
     if p.ep > 1:
         parts.append(f"ep{p.ep}")
+    if p.cp > 1:
+        parts.append(f"cp{p.cp} {p.cp_rotate}" + ("" if p.cp_load_balance else " contiguous"))
     return " · ".join(parts)
 
 
