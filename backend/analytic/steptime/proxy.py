@@ -29,7 +29,7 @@ from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import logical_or, maximum, minimum, select_present, where
+from backend.analytic.vector import any_true, logical_or, maximum, minimum, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -117,8 +117,10 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
     tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
-    ring = ring_time(model, layout, hw, attention, rotate="allgather", gpus_per_node=gpus_per_node)
-    cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
+    cp_comm = 0.0
+    if any_true(layout.cp > 1):
+        ring = ring_time(model, layout, hw, attention, rotate="allgather", gpus_per_node=gpus_per_node)
+        cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
                              backward_s=first_rank.n_blocks * backward, compute_s=compute)
