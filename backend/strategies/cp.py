@@ -23,6 +23,8 @@ in the compute dtype, fp32 for the dK/dV accumulators):
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -69,6 +71,24 @@ class ContextShard:
         if self.core is not None:
             return self.core(q, k, v)
         return ring_attention(q, k, v, self.ring)
+
+    def measured(self, step: Callable, extra: dict) -> Callable:
+        """`step` that records, per call, the seconds this rank waited on the ring's transfers (CPU ranks: the ring's
+        exposed communication; torch's CUDA ring hides its waits in the stream, so nothing is recorded there) into
+        extra["cp_ring"]["wait_s"], one entry per train_step call (warm-up, timed, memory, comm steps in order)."""
+        if self.ring is None:
+            return step
+        record = extra.setdefault("cp_ring", {"wait_s": [], "waits": []})
+        waits = self.ring.waits
+
+        def run(x: torch.Tensor, y: torch.Tensor):
+            waits.reset()
+            out = step(x, y)
+            record["wait_s"].append(waits.seconds)
+            record["waits"].append(waits.waits)
+            return out
+
+        return run
 
 
 def apply_cp(ctx: RankContext, module: nn.Module, shard: ContextShard | None) -> None:

@@ -81,6 +81,8 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
                               on_microbatch=ep.on_microbatch if ep else None)
+    if shard is not None:
+        step = shard.measured(step, extra)  # per step: seconds waited on the ring's transfers (running record)
     if ep:
         ep.publish_to(extra)
     if scaling.enabled:

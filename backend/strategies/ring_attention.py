@@ -25,7 +25,8 @@ and the output is laid out (b, s, a, d) so that the o projection's input is the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,17 @@ import torch.nn.functional as F
 from backend.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
 
 SKIP, FULL, FIRST_K, SECOND_Q = "skip", "full", "first_k", "second_q"
+
+
+@dataclass
+class RingWaits:
+    """Seconds this rank spent blocked on the ring's transfers (waiting for a K/V or dK/dV buffer): the communication
+    the attention blocks did not hide. Accumulated until `reset`."""
+    seconds: float = 0.0
+    waits: int = 0
+
+    def reset(self) -> None:
+        self.seconds, self.waits = 0.0, 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,7 @@ class RingGroup:
     """K/V in forward: "allgather" (one all-gather) or "alltoall" (passed round the ring); dK/dV always ring."""
     load_balance: bool = True
     """Head-tail chunks (rank r holds chunks r and 2cp-1-r)."""
+    waits: RingWaits = field(default_factory=RingWaits, compare=False)
 
 
 def block_kind(ring: RingGroup, step: int) -> str:
@@ -83,7 +96,10 @@ class _Rotater:
 
     def next(self) -> torch.Tensor:
         if self.work is not None:
+            t0 = time.perf_counter()
             self.work.wait()
+            self.ring.waits.seconds += time.perf_counter() - t0
+            self.ring.waits.waits += 1
             self.work = self.sending = None
         if self.method == "allgather":
             return self.buffer.chunk(self.ring.size)[(self.ring.rank - self.sent) % self.ring.size]
