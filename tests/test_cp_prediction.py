@@ -54,6 +54,8 @@ def test_activations_divide_by_cp_and_model_states_do_not_under_ddp():
     assert four.activations_bytes < one.activations_bytes / 3.5  # s/4 tokens; the (s, d) RoPE tables too
     sharded = estimate(_spec(SMALL, strategy="fsdp", dp=1, cp=4)).worst()
     assert sharded.optimizer_bytes < one.optimizer_bytes / 3.5  # FSDP shards over the dp x cp ranks
+    (note,) = [n for n in estimate(_spec(SMALL, dp=1, cp=4)).notes if n.startswith("CP:")]
+    assert "seq_len / cp = 64 tokens" in note and "not divided (replicated on the dp x cp ranks)" in note
 
 
 def test_ring_traffic_per_layer_and_microbatch():
