@@ -15,7 +15,8 @@ rotation follow torch's, so CPU and CUDA runs have the same comm and compute bre
   second query chunk against a later sender's K/V (torch's Note "Context parallelism load balance algorithm for
   causal masking"); with contiguous chunks a later sender's block is skipped;
 - blocks are merged by their logsumexp in fp32 (online softmax: out -= sigmoid(lse_b - lse) (out - out_b),
-  lse -= logsigmoid(lse - lse_b), ring-flash-attention's stable form, as torch's _SDPAMerger);
+  lse -= logsigmoid(lse - lse_b), ring-flash-attention's stable form, as torch's _SDPAMerger, written as
+  lse += softplus(lse_b - lse));
 - backward re-sends K/V the same way and passes the dK/dV accumulators (fp32) round the ring (cp all-to-alls), each
   block's grads from the flash backward with the merged output and logsumexp; the accumulators come home after a
   full turn.
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch.nn.functional import softplus
 
 from backend.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
 
@@ -102,7 +103,8 @@ class _Rotater:
             self.ring.waits.waits += 1
             self.work = self.sending = None
         if self.method == "allgather":
-            return self.buffer.chunk(self.ring.size)[(self.ring.rank - self.sent) % self.ring.size]
+            n = self.buffer.numel() // self.ring.size
+            return self.buffer.narrow(0, ((self.ring.rank - self.sent) % self.ring.size) * n, n)
         return self.buffer
 
 
@@ -112,18 +114,21 @@ def _split(flat: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def _first(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    return x.chunk(2, dim=dim)[0]
+    """The first of two equal chunks along `dim` (one view: `narrow`, not `chunk`, which makes both)."""
+    return x.narrow(dim, 0, x.shape[dim] // 2)
 
 
 def _second(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    return x.chunk(2, dim=dim)[1]
+    half = x.shape[dim] // 2
+    return x.narrow(dim, half, x.shape[dim] - half)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
-    """Fold a block into the running fp32 (out, lse (.., s, 1)), in place (ring-flash-attention's stable update)."""
-    block_lse = block_lse.unsqueeze(-1)
-    out.sub_(torch.sigmoid(block_lse - lse) * (out - block_out.float()))
-    lse.sub_(F.logsigmoid(lse - block_lse))
+    """Fold a block into the running fp32 (out, lse (.., s, 1)), in place (ring-flash-attention's stable update:
+    lse - logsigmoid(lse - lse_b) = lse + softplus(lse_b - lse))."""
+    gap = block_lse.unsqueeze(-1) - lse
+    out.sub_(torch.sigmoid(gap) * (out - block_out.float()))
+    lse.add_(softplus(gap))
 
 
 def _forward_block(kind: str, q, k_i, v_i, out, lse, causal: bool) -> None:
@@ -138,13 +143,14 @@ def _forward_block(kind: str, q, k_i, v_i, out, lse, causal: bool) -> None:
         _merge(out, lse, b_out, b_lse)
 
 
-def _backward_block(kind: str, grad_out, q, k_i, v_i, out, lse, dq, dkv, causal: bool) -> None:
-    """Add this block's dq to `dq` and its dk, dv to the travelling accumulator `dkv` (2, *k.shape)."""
+def _backward_block(kind: str, grad_out, q, k_i, v_i, out, lse, dq, dkv, causal: bool, lse_second=None) -> None:
+    """Add this block's dq to `dq` and its dk, dv to the travelling accumulator `dkv` (2, *k.shape); `lse_second`:
+    the second query chunk's logsumexp, contiguous (the kernel needs it so)."""
     if kind == SKIP:
         return
     if kind == SECOND_Q:
-        gq, gk, gv = cpu_flash_attention_backward(_second(grad_out), _second(q), k_i, v_i, _second(out),
-                                                  _second(lse, -1).contiguous(), causal=False)
+        gq, gk, gv = cpu_flash_attention_backward(_second(grad_out), _second(q), k_i, v_i, _second(out), lse_second,
+                                                  causal=False)
         _second(dq).add_(gq)
         dkv[0].add_(gk)
         dkv[1].add_(gv)
@@ -194,6 +200,7 @@ class RingAttention(torch.autograd.Function):
         ring: RingGroup = ctx.ring
         kv_rot, dkv_rot = _Rotater(ring, ring.rotate), _Rotater(ring, "alltoall")
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse_second = _second(lse, -1).contiguous() if ring.load_balance and ring.size > 1 else None
         held = torch.cat([k.flatten(), v.flatten()]) if ring.size > 1 else None
         k_i, v_i = k, v
         for step in range(ring.size):
@@ -206,7 +213,8 @@ class RingAttention(torch.autograd.Function):
                 dkv = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=k.device)
             else:
                 dkv = dkv_rot.next().view((2,) + tuple(k.shape))
-            _backward_block(block_kind(ring, step), grad_out, q, k_i, v_i, out, lse, dq, dkv, causal=step == 0)
+            _backward_block(block_kind(ring, step), grad_out, q, k_i, v_i, out, lse, dq, dkv, causal=step == 0,
+                            lse_second=lse_second)
             if ring.size > 1:
                 dkv_rot.send(dkv.flatten())
         if ring.size > 1:
