@@ -1,6 +1,7 @@
 """Hugging Face `config.json` -> ModelSpec fields, offline (the user gives the file).
 
-Families: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox. Every key of the config is either
+Families: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox here; deepseek_v3, deepseek_v2, qwen3, qwen3_moe,
+gpt_oss, gemma3_text and llama4_text (and llama4's text_config) in backend/hf_families.py. Every key of the config is either
 mapped to a ModelSpec field, checked to hold the one value ShardLab models, listed as not changing the
 shapes, memory or FLOPs ShardLab predicts (token ids, init, numerics such as rope_theta), or refused with
 its name. Nothing is silently ignored: accepted-but-unmodelled numerics are returned as notes.
@@ -15,10 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from backend.hf_families import NEW_FAMILIES, new_family_model
+from backend.hf_reads import DEFAULT_SEQ_CAP, HFConfigError, read_flag as _flag, read_int as _int, read_num as _num
+from backend.hf_reads import read_seq as _seq
 from backend.spec_text import InputError, check_depth, load_json_file, load_json_text
 
-FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox")
-DEFAULT_SEQ_CAP = 8192
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox") + tuple(NEW_FAMILIES)
 
 # Keys that change nothing ShardLab predicts (ids, init, caching, dtype of the checkpoint, framework metadata).
 _METADATA = {"architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
@@ -40,10 +43,6 @@ _REFUSED = {"kv_lora_rank": "MLA (multi-head latent attention) is not modelled",
             "quantization_config": "quantized weights are not modelled (ShardLab counts fp32/bf16 weights)",
             "first_k_dense_replace": "mixed dense/MoE layer stacks are not modelled",
             "layer_types": "per-layer attention types are not modelled"}
-
-
-class HFConfigError(ValueError):
-    """A config ShardLab cannot model; the message names the field."""
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
@@ -82,16 +81,20 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
     family = cfg.get("model_type")
     if not isinstance(family, str) or family not in FAMILIES:
         raise HFConfigError(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
+    new = NEW_FAMILIES.get(family)
     for key, why in _REFUSED.items():
-        if cfg.get(key) not in (None, [], {}):
+        if cfg.get(key) not in (None, [], {}) and not (new and key in new.keys):
             raise HFConfigError(f"{key}={cfg[key]!r}: {why}")
-    known = _METADATA | _NUMERICS | set(_FAMILY_KEYS[family])
+    known = _METADATA | _NUMERICS | set(new.keys if new else _FAMILY_KEYS[family])
     unknown = sorted(k for k in cfg if k not in known)
     if unknown:
         raise HFConfigError(f"unknown config key(s) {', '.join(unknown)} for model_type {family}: ShardLab cannot tell "
                             "whether they change the architecture, so it refuses rather than ignore them")
     try:
-        model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
+        if new:
+            model, notes = new_family_model(cfg, seq_len)
+        else:
+            model, notes = (_gpt2 if family == "gpt2" else _neox if family == "gpt_neox" else _llama_like)(cfg, seq_len)
     except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         if isinstance(e, HFConfigError):
             raise
@@ -116,66 +119,18 @@ def _check_fields(model: dict[str, Any], family: str) -> None:
     try:
         ModelSpec(**model)
     except ValidationError as e:
-        origin = {ours: theirs for theirs, ours in _FIELD_NAMES[family].items()}
+        names = NEW_FAMILIES[family].field_names if family in NEW_FAMILIES else _FIELD_NAMES[family]
+        origin = {ours: theirs for theirs, ours in names.items()}
         err = e.errors()[0]
         field = str(err["loc"][0]) if err.get("loc") else "model"
         key = origin.get(field, field)
         raise HFConfigError(f"{key}={err.get('input')!r}: {err.get('msg', 'invalid')} (ShardLab's {field})") from None
 
 
-_REQUIRED = object()
-
-
-def _family(cfg: dict[str, Any]) -> str:
-    return str(cfg.get("model_type"))
-
-
-def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
-    """cfg[key] as an integer >= minimum; `default` when absent or null (HFConfigError naming the key otherwise)."""
-    value = cfg.get(key)
-    if value is None:
-        if default is _REQUIRED:
-            raise HFConfigError(f"config.json lacks {key}, which model_type {_family(cfg)} needs")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise HFConfigError(f"{key}={value!r} must be an integer >= {minimum}")
-    return value
-
-
-def _num(cfg: dict[str, Any], key: str, default: float) -> float:
-    """cfg[key] as a positive finite number, `default` when absent or null."""
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise HFConfigError(f"{key}={value!r} must be a positive number")
-    return float(value)
-
-
-def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
-    """cfg[key] as true/false, `default` when absent or null."""
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise HFConfigError(f"{key}={value!r} must be true or false")
-    return value
-
-
 def parsed_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """The part of a config.json a run keeps: model_type and every key the mapping reads or reports, without
     ids, labels, tokenizer and framework metadata."""
     return {k: v for k, v in cfg.items() if k == "model_type" or k not in _METADATA}
-
-
-def _seq(cfg: dict[str, Any], seq_len: int | None, max_key: str, notes: list[str]) -> int:
-    max_pos = _int(cfg, max_key, None)
-    if seq_len is None:
-        seq_len = min(max_pos or DEFAULT_SEQ_CAP, DEFAULT_SEQ_CAP)
-        notes.append(f"seq_len={seq_len} (from {max_key}={max_pos}, capped at {DEFAULT_SEQ_CAP}); set --seq to change")
-    elif max_pos and seq_len > max_pos:
-        raise HFConfigError(f"seq_len={seq_len} exceeds {max_key}={max_pos}")
-    return seq_len
 
 
 def _heads(cfg: dict[str, Any], h: int, heads: int) -> None:

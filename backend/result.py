@@ -138,6 +138,48 @@ class RankResult(_R):
     """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/frameworks/offload.py)."""
 
 
+class ImportFacts(_R):
+    """A run measured elsewhere and imported from its framework's config and log (issue 25, backend/importers/)."""
+    framework: str
+    """torchtitan, megatron or deepspeed."""
+    source_format: str = ""
+    """How the config was written: torchtitan-toml, torchtitan-config-dump, megatron-args, nemo-yaml, deepspeed-json..."""
+    config_file: str = ""
+    log_file: str = ""
+    gpus: int | None = None
+    """GPUs of the job (all of them: a context-parallel slice's spec holds fewer)."""
+    hardware: str | None = None
+    """The step-time profile the prediction used (from --hardware or the device the log names)."""
+    device_name: str | None = None
+    """The device the log names (torchtitan's "CUDA capacity: ..."), None where the log does not say."""
+    warmup_rule: str = ""
+    warmup_cut_step: int = 0
+    """Logged steps up to and including this one are excluded."""
+    records_used: int = 0
+    records_total: int = 0
+    first_step: int = 0
+    last_step: int = 0
+    partial: bool = False
+    """The log was read only in part (cut, garbled or over-long lines): the import says so and why."""
+    partial_reasons: list[str] = Field(default_factory=list)
+    peak_allocated_bytes: int | None = None
+    """Max over the ranks the log reports of torch.cuda.max_memory_allocated, as the framework printed it."""
+    peak_reserved_bytes: int | None = None
+    """Max over the ranks the log reports of the peak reserved (caching allocator) bytes."""
+    memory_source: str = ""
+    """Which log lines the peaks come from, with their rounding."""
+    reported: dict[str, float] = Field(default_factory=dict)
+    """The framework's own figures (medians over the used steps): tps_per_device, tflops_per_device, mfu_pct."""
+    step_prediction: dict[str, Any] = Field(default_factory=dict)
+    """The step-time model on `hardware` at import: step_s, low_s, high_s and its breakdown, calibration, extrapolation."""
+    unmapped: dict[str, Any] = Field(default_factory=dict)
+    """Config fields the spec does not hold (import-config's "unmapped"): the prediction ignores them."""
+    ignored: dict[str, Any] = Field(default_factory=dict)
+    lines: dict[str, Any] = Field(default_factory=dict)
+    """What was read: lines, bytes, over-long lines skipped, a cut last line, rank prefixes seen, garbled lines."""
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
 class TimelineEvent(_R):
     rank: int
     stage: int
@@ -187,6 +229,8 @@ class RunResult(_R):
     """Explanations where a measurement misses its prediction (never hidden)."""
     framework_facts: dict[str, Any] = Field(default_factory=dict)
     """Non-torch frameworks: the ds_config DeepSpeed ran with, or XLA's memory analysis and HLO collectives."""
+    imported: ImportFacts | None = None
+    """Set on runs of kind "imported" (measured by another framework, read from its log); None for ShardLab's runs."""
     started_at: str | None = None
     finished_at: str | None = None
     wall_s: float | None = None

@@ -115,6 +115,26 @@ class Mlp(StrEnum):
 
     GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
+    GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)): 3 matrices (Shazeer 2020; Gemma)
+    SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss: gate clamped <= 7, up to [-7, 7], down(gate*sigmoid(1.702 gate)*(up+1))
+
+
+GATED_MLPS = (Mlp.SWIGLU, Mlp.GEGLU, Mlp.SWIGLU_CLAMPED)
+"""The three-matrix (gate, up, down) MLPs."""
+
+
+class RouterScore(StrEnum):
+    """How the MoE router turns logits into expert scores."""
+
+    SOFTMAX = "softmax"  # Mixtral, Qwen-MoE, DeepSeek-V2: softmax over experts, then top-k
+    SIGMOID = "sigmoid"  # DeepSeek-V3, Llama 4: per-expert sigmoid, top-k, weights renormalised
+
+
+class WindowKind(StrEnum):
+    """What a windowed attention layer lets a query see."""
+
+    SLIDING = "sliding"  # the last `window` positions, itself included (Mistral, Gemma 3, gpt-oss)
+    CHUNKED = "chunked"  # causal inside fixed chunks of `window` tokens (Llama 4's attention_chunk_size)
 
 
 class Positions(StrEnum):
@@ -198,6 +218,56 @@ class ModelSpec(_Section):
     """Attention kernel: math (scores saved, Korthikanti's 5as/h term) or flash (SDPA fused, no s x s saved)."""
     norm_eps: float = Field(1e-5, gt=0, le=1)
     """Epsilon of every norm (numerics only: no effect on memory or FLOPs)."""
+    attn_head_dim: int | None = Field(None, ge=1, le=MAX_DIM)
+    """Width of one q / k / v head; None means d_model / n_heads (Qwen3, Gemma 3, gpt-oss and Llama 4 set their own:
+    q is then n_heads * attn_head_dim wide, o maps that back to d_model)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of q and k with a (head_dim,) weight each (Qwen3, Gemma 3)."""
+    attention_sinks: bool = False
+    """A learned logit per head that joins every softmax and takes probability mass (gpt-oss): n_heads parameters."""
+    sandwich_norm: bool = False
+    """Norms after the attention and after the MLP too, before each residual add (Gemma 2/3): 4 norms per block."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(d_model) (Gemma): no parameters."""
+    q_lora_rank: int | None = Field(None, ge=1, le=MAX_DIM)
+    """MLA (DeepSeek-V2/V3): q through a low-rank down projection of this width and its RMSNorm; None projects q
+    directly (DeepSeek-V2-Lite). Needs kv_lora_rank."""
+    kv_lora_rank: int | None = Field(None, ge=1, le=MAX_DIM)
+    """MLA: width of the compressed latent KV (one per token, shared by all heads, the only thing cached besides the
+    rope key); None means ordinary attention."""
+    qk_nope_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: per-head q / k width without rotary position (from the latent)."""
+    qk_rope_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: decoupled rotary width: per head for q, one shared rope key per token for k."""
+    v_head_dim: int = Field(0, ge=0, le=MAX_DIM)
+    """MLA: per-head value width (o maps n_heads * v_head_dim back to d_model)."""
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS)
+    """MoE: the first k blocks keep a dense MLP of ffn_hidden (DeepSeek's first_k_dense_replace)."""
+    moe_every: int = Field(1, ge=1, le=MAX_LAYERS)
+    """MoE: after the dense prefix, block i is MoE when (i + 1) % moe_every == 0, dense otherwise (Qwen-MoE's
+    decoder_sparse_step, Llama 4's interleave_moe_layer_step); 1 = every block."""
+    router_score: RouterScore = RouterScore.SOFTMAX
+    """MoE: softmax or sigmoid expert scores."""
+    router_bias: bool = False
+    """MoE: the router Linear has a bias (gpt-oss): n_experts parameters per MoE block."""
+    router_balance_bias: bool = False
+    """MoE: a per-expert bias added to the scores for choosing experts only, moved by the load-balancing rule rather
+    than by gradients (DeepSeek-V3's auxiliary-loss-free e_score_correction_bias): a buffer, not a parameter."""
+    expert_groups: int = Field(1, ge=1, le=100_000)
+    """MoE: group-limited routing (DeepSeek): experts form this many groups and a token picks its top-k experts only
+    from its best topk_groups groups; 1 = no limit."""
+    topk_groups: int = Field(1, ge=1, le=100_000)
+    """MoE: groups a token may route into (expert_groups > 1)."""
+    window: int | None = Field(None, ge=1, le=MAX_SEQ)
+    """Windowed attention: tokens a query sees (sliding) or the chunk length (chunked) on the windowed layers; None
+    means every layer attends to the whole causal prefix."""
+    window_kind: WindowKind = WindowKind.SLIDING
+    """sliding (Mistral, Gemma 3, gpt-oss) or chunked (Llama 4)."""
+    global_every: int = Field(0, ge=0, le=MAX_LAYERS)
+    """With a window: block i attends globally when (i + 1) % global_every == 0 (gpt-oss 2, Llama 4 4, Gemma 3 6);
+    0 = every block windowed."""
+    global_layers_nope: bool = False
+    """The global layers use no rotary position (Llama 4's NoPE layers)."""
     source: dict[str, Any] | None = None
     """Where this shape came from: {"preset": name} or {"hf_config": the config.json dict, "file": name};
     kept with the spec so a run remembers it. None for a hand-written shape."""
@@ -219,7 +289,22 @@ class ModelSpec(_Section):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        """q / k width of one head (MLA: nope + rope)."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.attn_head_dim or self.d_model // self.n_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether block `layer` holds the MoE (the dense prefix and the moe_every interleave)."""
+        return self.is_moe and layer >= self.first_dense_layers and (layer + 1) % self.moe_every == 0
+
+    def layer_is_global(self, layer: int) -> bool:
+        """Whether block `layer` attends to the whole causal prefix (no window, or one of the global layers)."""
+        return self.window is None or (self.global_every > 0 and (layer + 1) % self.global_every == 0)
 
     @property
     def is_moe(self) -> bool:

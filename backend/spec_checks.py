@@ -59,8 +59,9 @@ def _check_backend_device(s: ExperimentSpec) -> list[str]:
 
 def _check_model(m: ModelSpec) -> list[str]:
     out = []
-    if m.d_model % m.n_heads:
-        out.append(f"n_heads={m.n_heads} does not divide d_model={m.d_model} ({m.d_model} % {m.n_heads} = {m.d_model % m.n_heads})")
+    if m.d_model % m.n_heads and m.attn_head_dim is None and not m.is_mla:
+        out.append(f"n_heads={m.n_heads} does not divide d_model={m.d_model} ({m.d_model} % {m.n_heads} = {m.d_model % m.n_heads}); "
+                   "set attn_head_dim for heads of their own width")
     if m.kv_heads > m.n_heads or m.n_heads % m.kv_heads:
         out.append(f"n_kv_heads={m.kv_heads} must divide n_heads={m.n_heads} (GQA groups query heads evenly)")
     if m.is_moe and m.top_k > m.n_experts:
@@ -81,10 +82,68 @@ def _check_family(m: ModelSpec) -> list[str]:
         out.append(f"shared_ffn_hidden={m.shared_ffn_hidden} needs n_shared_experts >= 1 (got 0)")
     if m.shared_expert_gate and not m.n_shared_experts:
         out.append("shared_expert_gate needs n_shared_experts >= 1 (got 0)")
-    if m.positions == "rope" and m.d_model % m.n_heads == 0 and m.head_dim % 2:
+    if m.positions == "rope" and not m.is_mla and m.attn_head_dim is None and m.d_model % m.n_heads == 0 and m.head_dim % 2:
         out.append(f"rope rotates pairs of channels: head_dim = d_model / n_heads = {m.d_model} / {m.n_heads} = "
                    f"{m.head_dim} must be even")
+    if m.positions == "rope" and m.attn_head_dim is not None and m.attn_head_dim % 2:
+        out.append(f"rope rotates pairs of channels: attn_head_dim={m.attn_head_dim} must be even")
+    out += _check_mla(m) + _check_routing(m) + _check_window(m)
     return out
+
+
+def _check_mla(m: ModelSpec) -> list[str]:
+    """Multi-head latent attention (DeepSeek-V2 Sec 2.1): latent width, decoupled rope width, value width."""
+    mla = {"q_lora_rank": m.q_lora_rank, "qk_nope_head_dim": m.qk_nope_head_dim or None,
+           "qk_rope_head_dim": m.qk_rope_head_dim or None, "v_head_dim": m.v_head_dim or None}
+    if not m.is_mla:
+        return [f"{k}={v} needs MLA (kv_lora_rank set, got None)" for k, v in mla.items() if v is not None]
+    out = [f"MLA needs {k} >= 1 (got 0)" for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if not mla[k]]
+    if m.qk_rope_head_dim % 2:
+        out.append(f"rope rotates pairs of channels: qk_rope_head_dim={m.qk_rope_head_dim} must be even")
+    if m.positions != "rope":
+        out.append(f"MLA's decoupled key is rotary: positions must be rope (got {m.positions})")
+    if m.n_kv_heads not in (None, m.n_heads):
+        out.append(f"MLA expands the latent into every head's key and value: n_kv_heads={m.n_kv_heads} must be "
+                   f"None or n_heads={m.n_heads}")
+    if m.attn_head_dim is not None:
+        out.append(f"attn_head_dim={m.attn_head_dim} does not apply to MLA (qk_nope_head_dim + qk_rope_head_dim and "
+                   "v_head_dim give the widths)")
+    if m.qk_norm or m.attention_sinks:
+        out.append("qk_norm / attention_sinks are not modelled together with MLA")
+    return out
+
+
+def _check_routing(m: ModelSpec) -> list[str]:
+    """The MoE routing fields (dense prefix, interleave, scores, groups) against the expert count."""
+    routing = {"first_dense_layers": m.first_dense_layers or None, "moe_every": None if m.moe_every == 1 else m.moe_every,
+               "router_score": None if m.router_score == "softmax" else m.router_score,
+               "router_bias": m.router_bias or None, "router_balance_bias": m.router_balance_bias or None,
+               "expert_groups": None if m.expert_groups == 1 else m.expert_groups,
+               "topk_groups": None if m.topk_groups == 1 else m.topk_groups}
+    if not m.is_moe:
+        return [f"{k}={v} needs a MoE model (n_experts > 0, got n_experts=0)" for k, v in routing.items() if v is not None]
+    out = []
+    if not any(m.layer_is_moe(i) for i in range(m.n_layers)):
+        out.append(f"no MoE block: first_dense_layers={m.first_dense_layers}, moe_every={m.moe_every} leave all "
+                   f"n_layers={m.n_layers} blocks dense")
+    if m.n_experts % m.expert_groups:
+        out.append(f"expert_groups={m.expert_groups} does not divide n_experts={m.n_experts} "
+                   f"({m.n_experts} % {m.expert_groups} = {m.n_experts % m.expert_groups})")
+    elif m.topk_groups > m.expert_groups:
+        out.append(f"topk_groups={m.topk_groups} exceeds expert_groups={m.expert_groups}")
+    elif m.expert_groups > 1 and m.top_k > m.topk_groups * (m.n_experts // m.expert_groups):
+        out.append(f"top_k={m.top_k} exceeds the experts of topk_groups groups: {m.topk_groups} * "
+                   f"({m.n_experts} / {m.expert_groups}) = {m.topk_groups * (m.n_experts // m.expert_groups)}")
+    return out
+
+
+def _check_window(m: ModelSpec) -> list[str]:
+    if m.window is None:
+        return [f"{k} needs a window (window=None)" for k, v in (("global_every", m.global_every),
+                ("global_layers_nope", m.global_layers_nope), ("window_kind=chunked", m.window_kind == "chunked")) if v]
+    if m.global_layers_nope and not m.global_every:
+        return ["global_layers_nope needs global layers (global_every >= 1, got 0)"]
+    return []
 
 
 def _derive_degrees(p: ParallelSpec) -> list[str]:
@@ -126,7 +185,7 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
-    out += _run_only(p)
+    out += _run_only(p) + _run_only_model(m)
     if p.ep > 1 and (p.tp > 1 or p.pp > 1):
         out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
     if p.sequence_parallel and p.tp < 2:
@@ -164,7 +223,19 @@ def run_blockers(spec: ExperimentSpec) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
     `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
     refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
-    return [str(problem) for problem in _run_only(spec.parallel)]
+    return [str(problem) for problem in _run_only(spec.parallel) + _run_only_model(spec.model)]
+
+
+def _run_only_model(m: ModelSpec) -> list[RunOnly]:
+    """Model features the analytic model predicts but this engine's torch model cannot run."""
+    out = []
+    if m.attention_sinks and m.attention == "flash":
+        out.append(RunOnly("attention_sinks with attention=flash: torch SDPA has no sink logit; run with attention=math "
+                           "(flash kernels with sinks exist on GPUs, so the prediction stands)"))
+    if m.window is not None and m.window_kind == "chunked" and m.window < m.seq_len and m.seq_len % m.window:
+        out.append(RunOnly(f"chunked attention needs seq_len divisible by the chunk: {m.seq_len} % {m.window} = "
+                           f"{m.seq_len % m.window}"))
+    return out
 
 
 def _run_only(p: ParallelSpec) -> list[RunOnly]:

@@ -125,6 +125,20 @@ def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...
     return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names, backend_override=backend_override)
 
 
+def host_chunk(full: torch.Tensor, mesh, placements) -> torch.Tensor | None:
+    """This rank's piece of `full` under (mesh, placements), cut where `full` lives (`distribute_tensor` first moves
+    it to the mesh's device): the private `torch.distributed.tensor._utils.compute_local_shape_and_global_offset`,
+    the shape/offset rule DTensor itself shards by. None where a placement is not a plain Shard or Replicate (a
+    _StridedShard piece is not one slice)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(type(pl) not in (Shard, Replicate) for pl in placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
 def is_fake_tensor(t: torch.Tensor) -> bool:
     """A FakeTensor (FakeTensorMode: shapes and dtypes, no storage): the full-scale trace's parameters."""
     from torch._subclasses.fake_tensor import FakeTensor

@@ -30,7 +30,21 @@ FAMILIES: dict[str, dict] = {
     "mixtral": _LLAMA | dict(n_experts=4, top_k=2),
     "shared_moe": _LLAMA | dict(bias="qkv", n_experts=4, top_k=2, expert_ffn_hidden=32, n_shared_experts=1,
                                 shared_ffn_hidden=64, shared_expert_gate=True),
+    # issue 24, the 2026 families scaled down with every feature kept
+    "deepseek": _LLAMA | dict(n_kv_heads=None, attention="math", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+                              qk_rope_head_dim=4, v_head_dim=8, n_experts=4, top_k=2, expert_ffn_hidden=16,
+                              n_shared_experts=1, first_dense_layers=1, router_score="sigmoid",
+                              router_balance_bias=True, expert_groups=2, topk_groups=1),
+    "qwen3_moe": _LLAMA | dict(qk_norm=True, attn_head_dim=16, n_experts=4, top_k=2, expert_ffn_hidden=16, moe_every=2),
+    "gpt_oss": _LLAMA | dict(attention="math", attention_sinks=True, attn_head_dim=16, bias="all", mlp="swiglu_clamped",
+                             n_experts=4, top_k=2, expert_ffn_hidden=32, router_bias=True, window=8, global_every=2),
+    "gemma3": _LLAMA | dict(mlp="geglu", qk_norm=True, sandwich_norm=True, scale_embeddings=True, tie_embeddings=True,
+                            attn_head_dim=16, window=8, global_every=2),
+    "llama4": _LLAMA | dict(n_experts=4, top_k=1, expert_ffn_hidden=16, n_shared_experts=1, moe_every=2,
+                            router_score="sigmoid", window=4, window_kind="chunked", global_every=2,
+                            global_layers_nope=True),
 }
+NEW_FAMILIES = ("deepseek", "qwen3_moe", "gpt_oss", "gemma3", "llama4")
 STRATEGIES: dict[str, dict] = {
     "ddp": dict(strategy="ddp"),
     "zero1": dict(strategy="zero1"),

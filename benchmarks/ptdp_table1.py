@@ -3,7 +3,8 @@
   .venv/bin/python benchmarks/ptdp_table1.py
 
 No per-row tuning: one hardware profile (backend/analytic/steptime/hardware.json "a100-80gb-sxm"), eager
-attention (2021 Megatron: unfused QKᵀ / softmax / dropout), b = 1, 1F1B (backend/analytic/steptime/published.py).
+attention (2021 Megatron: unfused QKᵀ / softmax / dropout), fused element-wise kernels (the paper's Sec 4.2), b = 1,
+1F1B (backend/analytic/steptime/published.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def rows() -> list[dict]:
     out = []
     for row in PTDP_TABLE1:
         spec = ExperimentSpec.model_validate(ptdp_spec_dict(row))
-        st = step_time(spec, hw, attention="eager")
+        st = step_time(spec, hw, attention="eager", implementation="fused")
         pred = ptdp_predicted_tflops(row, st.summary["step_s"])
         out.append({"params_b": row[0], "t": row[4], "p": row[5], "gpus": row[6], "batch": row[7], "published": row[8],
                     "predicted": pred, "error_pct": (pred - row[8]) / row[8] * 100, **st.summary})

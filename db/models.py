@@ -58,7 +58,7 @@ class Experiment(Base):
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)
     ep: Mapped[int] = mapped_column(Integer)
-    cp: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # revision 0009
+    cp: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # revision 0010
     cp_rotate: Mapped[str] = mapped_column(String(16), default="allgather", server_default="allgather")
     cp_load_balance: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     zero_stage: Mapped[int] = mapped_column(Integer)
@@ -118,6 +118,13 @@ class Experiment(Base):
     # Added by revision 0007: binds a run folder to this row (runs/<id>/run.json, slurm.json), so a folder left by
     # another run with the same id (a deleted row, another store sharing the folder) never speaks for this one.
     run_uid: Mapped[str] = mapped_column(String(32), default=new_run_uid)
+    # Added by revision 0009 (issue 25): kind "imported" runs measured by another framework, read from its log.
+    source_framework: Mapped[str | None] = mapped_column(String(32))
+    """torchtitan, megatron or deepspeed for an imported run; NULL for ShardLab's own runs."""
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Max over ranks of the peak allocated bytes the log reports (torch.cuda.max_memory_allocated)."""
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Max over ranks of the peak reserved bytes the log reports (the caching allocator's reservation)."""
 
     tags: Mapped[list[ExperimentTag]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
@@ -177,6 +184,7 @@ class RankResultRow(Base):
     tokens_per_s_share: Mapped[float | None] = mapped_column(Float)
     rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cuda_max_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cuda_max_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)  # revision 0010
     # Added by revision 0003: this rank's comm per step (sums over its comm_records), for fast export.
     comm_bytes: Mapped[float | None] = mapped_column(Float)
     comm_wire_bytes: Mapped[float | None] = mapped_column(Float)
@@ -305,3 +313,7 @@ class Calibration(Base):
     ranges_json: Mapped[str | None] = mapped_column(Text)
     """Measured range the fit covers (world sizes, link tiers, parameter counts): outside it is extrapolation."""
     notes_json: Mapped[str | None] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(String(64), index=True)
+    """Revision 0009: a calibrated profile's name ("h100-ourcluster"), usable as --hardware; NULL for older rows."""
+    details_json: Mapped[str | None] = mapped_column(Text)
+    """Revision 0009: {"residuals": [...], "loo": [...], "kinds": {...}} of the fit."""

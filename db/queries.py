@@ -34,11 +34,16 @@ ROW_KEYS = (
     "heartbeat_at", "worker_id", "host", "progress_step", "progress_total", "progress_phase", "error",
     "failing_rank", "step_s_median", "tokens_per_s", "loss_max_abs_diff", "bubble_measured", "bubble_predicted",
     "peak_bytes_max", "mfu", "wall_s",
-    "kind",  # revision 0004: measured | traced
+    "kind",  # revision 0004: measured | traced | imported (issue 25)
     "framework",
+    "source_framework", "peak_allocated_bytes", "peak_reserved_bytes",  # revision 0009: imported runs
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
+
+
+READ_BACK = {"predict_only": True}
+"""Validation context of stored specs read back (ExperimentSpec.for_prediction's checks)."""
 
 
 class NotFound(LookupError):
@@ -196,9 +201,11 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
         out = dict(row._mapping)
         out["tags"] = _tags_for(conn, [experiment_id]).get(experiment_id, [])
     out["env"] = json.loads(out.pop("env_json") or "{}")
-    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"))
+    # A stored spec was validated when stored; an imported run's may be one this engine only predicts (Megatron's
+    # distributed optimizer = ZeRO-1 x TP/PP), so it is read back with the prediction checks.
+    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"), context=READ_BACK)
     result_json = out.pop("result_json")
-    out["result"] = RunResult.model_validate_json(result_json) if result_json else None
+    out["result"] = RunResult.model_validate_json(result_json, context=READ_BACK) if result_json else None
     return out
 
 
@@ -228,6 +235,9 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
     """Queue a finished experiment again as a NEW row (same spec, tags, sweep); returns the new id."""
     with reader(engine) as s:
         exp = _require(s, experiment_id)
+        if exp.kind == "imported":
+            raise ValueError(f"experiment {experiment_id} was imported from a {exp.source_framework} log: it ran "
+                             "elsewhere, so it cannot be re-queued here (Open in New experiment to run its spec)")
         if exp.status not in REQUEUEABLE:
             raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs ({', '.join(REQUEUEABLE)}) can be re-queued")
         spec, tags, sweep = ExperimentSpec.model_validate_json(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id
@@ -325,14 +335,33 @@ def store_result(engine: Engine, experiment_id: int, result: RunResult) -> None:
             raise NotFound(f"no experiment with id {experiment_id}")
         for model in (RankResultRow, CommRecord, LossRecord, TimelineRecord, ExperimentSummary):
             s.execute(delete(model).where(model.experiment_id == experiment_id))
-        s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
-            **rr.summary_columns(result), finished_at=utcnow()))
-        ranks = rr.rank_rows(experiment_id, result)
-        for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
-                            (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
-                            (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
-            if rows:
-                s.execute(insert(model), rows)
+        _write_result(s, experiment_id, result)
+
+
+def _write_result(s, experiment_id: int, result: RunResult) -> None:
+    s.execute(update(Experiment).where(Experiment.id == experiment_id).values(
+        **rr.summary_columns(result), finished_at=utcnow()))
+    ranks = rr.rank_rows(experiment_id, result)
+    for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
+                        (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
+                        (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
+        if rows:
+            s.execute(insert(model), rows)
+
+
+def store_finished_run(engine: Engine, result: RunResult, *, kind: str, tags: Iterable[str] = ()) -> int:
+    """Insert a run that finished elsewhere (kind "imported": another framework's log) with its result rows and tags in
+    ONE transaction: a failure anywhere leaves nothing behind. Never queued, so no worker can claim it."""
+    clean = _clean_tags(tags)
+    now = utcnow()
+    with writer(engine) as s, s.begin():
+        exp = Experiment(**rr.spec_columns(result.spec), status=str(result.status), kind=kind, cancel_requested=False,
+                         created_at=now, started_at=now)
+        exp.tags = [ExperimentTag(tag=t) for t in clean]
+        s.add(exp)
+        s.flush()
+        _write_result(s, exp.id, result)
+        return int(exp.id)
 
 
 def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:

@@ -52,8 +52,15 @@ def progress_columns(step: Any, total: Any, phase: Any) -> dict[str, Any]:
 
 
 def summary_columns(result: RunResult) -> dict[str, Any]:
-    peaks = [r.measured.peak_bytes for r in result.per_rank] if str(result.status) == "ok" else []
+    imported = result.imported
+    if imported is not None:  # a log gives allocator peaks, not the tracker's categories (issue 25)
+        peaks = [imported.peak_allocated_bytes] if imported.peak_allocated_bytes is not None else []
+    else:
+        peaks = [r.measured.peak_bytes for r in result.per_rank] if str(result.status) == "ok" else []
     return {
+        "source_framework": imported.framework if imported is not None else None,
+        "peak_allocated_bytes": imported.peak_allocated_bytes if imported is not None else None,
+        "peak_reserved_bytes": imported.peak_reserved_bytes if imported is not None else None,
         "status": str(result.status), "error": storable_text(result.error), "failing_rank": result.failing_rank,
         "log_tail": storable_text(result.log_tail), "traceback": storable_text(result.traceback),
         "env_json": json.dumps(result.env, default=str), "step_s_median": result.step_s_median,
@@ -66,8 +73,9 @@ def summary_columns(result: RunResult) -> dict[str, Any]:
 
 def rank_rows(experiment_id: int, result: RunResult) -> list[dict[str, Any]]:
     world = max(result.spec.parallel.world_size or 1, 1)
-    # A run that did not finish ok measured nothing: its zero "measured" defaults are stored as NULL.
-    measured = str(result.status) == "ok"
+    # A run that did not finish ok measured nothing: its zero "measured" defaults are stored as NULL. An imported run
+    # measured no categories (its log gives allocator peaks: cuda_max_allocated / reserved_bytes), so NULL too.
+    measured = str(result.status) == "ok" and result.imported is None
     rows = []
     for r in result.per_rank:
         row: dict[str, Any] = {"experiment_id": experiment_id, "rank": r.rank, "coords_json": json.dumps(r.coords)}
@@ -82,6 +90,7 @@ def rank_rows(experiment_id: int, result: RunResult) -> list[dict[str, Any]]:
         row["tokens_per_s_share"] = result.spec.tokens_per_step / median / world if median else None
         row["rss_bytes"] = r.rss_bytes
         row["cuda_max_allocated_bytes"] = r.cuda_max_allocated_bytes
+        row["cuda_max_reserved_bytes"] = r.cuda_max_reserved_bytes
         row.update(_rank_comm(r))
         rows.append(row)
     return rows

@@ -56,7 +56,7 @@ def test_fsdp_all_gather_hooks_are_not_the_activation_peak():
         pass
 
     t = T()
-    t._act_peak, t.at_act_peak = {}, {}
+    t._act_peak, t.at_act_peak, t.others_at_act_peak = {}, {}, {}
     t.high_water = {"cpu": {}}
     for state, act in [(FSDPState.FW, 300), (FSDPState.PRE_FW, 500), (FSDPState.FW, 400), (FSDPState.PRE_BW, 450)]:
         t._fsdp_state, t._curr_mem_snap = state, {"cpu": {"Activation": act, "All Gather": 0}}

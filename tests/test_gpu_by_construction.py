@@ -232,13 +232,13 @@ def test_cuda_rounds_storages_and_keeps_adamw_step_on_host():
 
 def test_cuda_autocast_saves_softmax_twice():
     kw = dict(s=8, b=2, h=24, a=4, kv_heads=4, ffn=96, dtype_bytes=2, autocast=True)
-    cpu = A.model_layer_activation_bytes(**kw, autocast_device="cpu")
-    cuda = A.model_layer_activation_bytes(**kw, autocast_device="cuda")
+    cpu = A.model_layer_activation_bytes(**kw, device="cpu")
+    cuda = A.model_layer_activation_bytes(**kw, device="cuda")
     assert cuda - cpu == 4 * 4 * 8 * 8 * 2  # + 4 B (fp32 probs) per score: a*s*s*b scores
     assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cuda") == 6
     assert D.softmax_saved_bytes_per_score(2, autocast=True, device="cpu") == 2
     no_ac = dict(kw, autocast=False)
-    assert A.model_layer_activation_bytes(**no_ac, autocast_device="cuda") == A.model_layer_activation_bytes(**no_ac)
+    assert A.model_layer_activation_bytes(**no_ac, device="cuda") == A.model_layer_activation_bytes(**no_ac)
     bf16 = spec(train={"precision": "bf16-mixed"})
     assert estimate(bf16, device="cuda").per_rank[0].activations_bytes > estimate(bf16).per_rank[0].activations_bytes
     fsdp = spec({"strategy": "zero3", "world_size": 2}, train={"precision": "bf16-mixed"})  # no autocast
@@ -434,7 +434,7 @@ def test_fit_on_cuda_counts_context_nccl_and_fragmentation():
     assert comms == 3  # world, dp, tp
     assert o["nccl_buffers"] == comms * D.RuntimeOverhead().nccl_bytes_per_communicator()
     assert o["cuda_context"] == D.RuntimeOverhead().cuda_context_bytes and o["fragmentation"] > 0
-    need = max(rows[0]["total_bytes"], rows[0]["optimizer_step_bytes"]) + o["total"]
+    need = max(rows[0]["total_bytes"], rows[0]["optimizer_step_bytes"], rows[0]["loss_backward_bytes"]) + o["total"]
     fit = pv.fit_check(rows, need - 1)
     assert not fit.fits and "CUDA context" in fit.message() and "NCCL buffers" in fit.message()
     assert pv.fit_check(rows, need).fits
@@ -514,3 +514,82 @@ def test_engine_reads_only_the_cuda_device_snapshot(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 4 * 2**30)
     assert memory.cuda_peaks(torch.device("cuda", 0)) == (3 * 2**30, 4 * 2**30)
     assert memory.cuda_peaks(torch.device("cpu")) == (None, None)
+
+
+# ---- 8. FSDP2 CPU offload on CUDA: model states on the host, compute on the device -----------------------
+
+class FakeStream:
+    """torch.cuda.Stream for FSDP2's lazy init (it creates its all-gather / reduce-scatter streams there)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+@pytest.fixture
+def fake_cuda_world(fake_cuda, monkeypatch):
+    """Rank 0 of a fake process group of 2 on "cuda": what a CUDA rank runs up to its first kernel, on fake tensors
+    (FakeTensorMode makes CUDA tensors on this CPU build; autograd on them cannot run here, so no step)."""
+    import torch.distributed as dist
+
+    from backend.trace import compat
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    assert not dist.is_initialized()
+    compat.init_fake_pg(0, 2)
+    try:
+        with compat.fake_world(lambda: None):
+            yield torch.device("cuda", 0)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_offload_params_on_cuda_materializes_the_sharded_params_on_the_host(fake_cuda_world):
+    """zero3 + offload=params on CUDA (run 2 on the H200 failed at FSDP2's lazy init: "FSDP parameters should be
+    materialized on CPU when enabling CPU offloading ... tok_emb.weight (cuda:0)"): every sharded parameter is on the
+    host, FSDP2's own lazy init (the call that raised) accepts them, and the placement check knows where things go."""
+    from backend.engine import build_mesh
+    from backend.models.gpt import build_model
+    from backend.strategies.base import RankContext, prepare
+    from backend.strategies.materialize import misplaced
+
+    s = ExperimentSpec.model_validate({
+        "model": {**TINY["model"], "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
+                  "attention": "flash"}, "train": {**TINY["train"], "precision": "bf16-mixed"},
+        "parallel": {"strategy": "zero3", "world_size": 2, "offload": "params"},
+        "runtime": {"device": "cuda", "backend": "nccl"}})
+    dev = fake_cuda_world
+    ctx = RankContext(spec=s, rank=0, world_size=2, local_rank=0, device=dev, mesh=build_mesh(s, dev))
+    assert (ctx.placement.compute, ctx.placement.states) == (dev, torch.device("cpu"))
+    prep = prepare(ctx, build_model(s.model, seed=0, recompute="none", device="meta"))
+    root = prep.modules[0]
+    params = dict(root.named_parameters())
+    assert params and all(p.device_mesh.device_type == "cuda" and p.to_local().device.type == "cpu"
+                          for p in params.values())
+    root._get_fsdp_state()._lazy_init()  # raised on the H200 before
+    assert misplaced(ctx.placement, prep.modules, prep.optimizer) == []
+    assert len(misplaced(dev, prep.modules)) == len(params)  # every parameter is where a plain CUDA run would not want it
+
+
+def test_offload_measurement_adds_the_host_states_at_the_device_activation_peak():
+    """CUDA + offload: the tracker's categories are the device's plus the host's (sharded params, grads, optimizer
+    state), the host's taken at the device's activation peak; without offload only the device is read."""
+    from backend.bench import memory
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+
+    class Tracker:
+        at_act_peak = {cuda: {"Activation": 100, "Unsharded Param": 40, "Total": 140}}
+        others_at_act_peak = {cuda: {cpu: {"Sharded Param": 10, "Sharded Grad": 10, "OptState": 20, "Total": 40}}}
+        high_water = {cuda: {"Activation": 120, "Total": 160}, cpu: {"Sharded Param": 10, "Total": 50}}
+
+        def get_tracker_snapshot(self, kind):
+            return {cuda: {"Activation": 100, "Temp": 30, "Total": 170}, cpu: {"OptState": 20, "Total": 45}}
+
+    both = memory.breakdown(Tracker(), cuda, cpu)
+    assert both["categories"] == {"params_bytes": 50, "grads_bytes": 10, "optimizer_bytes": 20,
+                                  "activations_bytes": 100, "other_bytes": 0}
+    assert both["peak_bytes"] == 215 and both["tracker_at_activation_peak"]["Sharded Param"] == 10
+    assert memory.breakdown(Tracker(), cuda, cuda)["categories"]["params_bytes"] == 40
+    assert memory.breakdown(Tracker(), cuda)["peak_bytes"] == 170

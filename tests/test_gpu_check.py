@@ -237,3 +237,19 @@ def test_profile_reuse_skips_the_probe_and_is_not_used_on_another_gpu(tmp_path):
     kit.check_reused_profile(ctx)
     assert ctx.profile_key is None and ctx.profile_path is None
     assert ctx.report["profile"]["not_used"] == "measured on NVIDIA H200, this check runs on NVIDIA H100 80GB HBM3"
+
+
+def test_diag_puts_the_prediction_cores_activation_terms_beside_the_saved_tensors():
+    """The diag's "analytic" entry of each mode comes from the prediction core's per-block formula; it imported a
+    module the core's split had moved (backend/analytic/activations.py), so every mode of the diag was an error."""
+    from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
+    from backend.gpucheck import saved_tensors
+    from backend.spec import ModelSpec
+
+    shape = saved_tensors.SHAPES["tiny"]
+    got = saved_tensors.analytic(shape, "cpu", "autocast")
+    model = ModelSpec.model_validate({k: v for k, v in shape.items() if k != "source"})
+    block = LayerShape.of(model, micro_batch=1, tp=1, sequence_parallel=False, dtype_bytes=2, autocast=True, ep=1,
+                          device="cpu")
+    assert got["block_bytes"] == layer_activation_bytes(block) > 0
+    assert got["embedding_head_loss_bytes"] > 0

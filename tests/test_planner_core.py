@@ -121,7 +121,7 @@ def test_proxy_compute_is_the_step_time_models_compute_without_what_it_leaves_ou
         left_out = 8 * hw.tune.kernel_launch_s
         if one.recompute == RecomputeMode.FULL:
             left_out += gemm_s(hw, hw.peak(one.precision), one.micro_batch * TINYLLAMA.seq_len, TINYLLAMA.d_model,
-                               TINYLLAMA.vocab_size / one.tp, one.compute_bytes)
+                               TINYLLAMA.vocab_size / one.tp, one.compute_bytes, one.precision)
         assert proxy.compute_s[i] == pytest.approx(exact.compute_s - one.microbatches * left_out, rel=1e-12), i
 
 

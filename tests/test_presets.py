@@ -24,6 +24,18 @@ PUBLISHED = [
     ("mixtral-8x22b", 140_620_634_112, "HF mistral-community/Mixtral-8x22B-v0.1 safetensors total"),
     ("qwen2.5-0.5b", 494_032_768, "keras-hub qwen_presets.py qwen2.5_0.5b_en; HF Qwen/Qwen2.5-0.5B"),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, "keras-hub qwen_moe_presets.py qwen1.5_moe_2.7b_en; HF Qwen/Qwen1.5-MoE-A2.7B"),
+    # issue 24: transformers 5.24's model of each published config.json on the meta device (test_families_2026.py
+    # says what the model-card totals count differently: DeepSeek-V3's MTP module, Llama 4's vision encoder)
+    ("deepseek-v3", 671_026_404_352, "transformers DeepseekV3ForCausalLM, deepseek-ai/DeepSeek-V3 config.json"),
+    ("deepseek-v2.5", 235_741_434_880, "transformers DeepseekV2ForCausalLM, deepseek-ai/DeepSeek-V2.5 config.json"),
+    ("qwen3-8b", 8_190_735_360, "transformers Qwen3ForCausalLM, Qwen/Qwen3-8B config.json"),
+    ("qwen3-30b-a3b", 30_532_122_624, "transformers Qwen3MoeForCausalLM, Qwen/Qwen3-30B-A3B config.json"),
+    ("qwen3-235b-a22b", 235_093_634_560, "transformers Qwen3MoeForCausalLM, Qwen/Qwen3-235B-A22B config.json"),
+    ("gpt-oss-20b", 20_914_757_184, "transformers GptOssForCausalLM, openai/gpt-oss-20b config.json (card 20.91B)"),
+    ("gpt-oss-120b", 116_829_156_672, "transformers GptOssForCausalLM, openai/gpt-oss-120b config.json (card 116.83B)"),
+    ("gemma-3-1b", 999_885_952, "transformers Gemma3ForCausalLM, google/gemma-3-1b config.json"),
+    ("llama-4-scout", 107_769_861_120, "transformers Llama4ForCausalLM, Llama-4-Scout-17B-16E text_config"),
+    ("llama-4-maverick", 400_711_848_960, "transformers Llama4ForCausalLM, Llama-4-Maverick-17B-128E text_config"),
 ]
 
 

@@ -35,3 +35,23 @@ def test_hardware_lists_profiles(capsys):
     assert d["h100-sxm"]["peak_flops"]["bf16"] == 989.4e12 and "datasheet" in d["h100-sxm"]["source"]
     assert main(["hardware"]) == 0
     assert "mi300x" in capsys.readouterr().out
+
+
+def test_measured_gpu_profile_is_one_hardware_entry(capsys, monkeypatch):
+    """The GPU check's probe profile (benchmarks/results/gpu/2026-11-26-h200-run1/profile.json, via SHARDLAB_HARDWARE)
+    is one hardware entry: `hardware --json` lists it with its provenance and its measured operation tables, and
+    `estimate --hardware` predicts with it; every shipped GPU profile says where its tables come from."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
+    monkeypatch.setenv("SHARDLAB_HARDWARE", str(path))
+    d = _json(capsys, ["hardware", "--json"])
+    measured = d["measured-nvidia-h200"]
+    assert measured["provenance"]["device_name"] == "NVIDIA H200" and measured["provenance"]["tables.gemm"]
+    assert measured["tables"]["gemm"]["bf16"]["rows"] == 224 and "flash" in measured["tables"]["attention"]["kernels"]
+    for key in ("h100-sxm", "h200", "b200"):
+        assert d[key]["tables"]["gemm"]["bf16"]["source"] and d[key]["provenance"], key
+    est = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "8", "--layers", "4", "--hidden", "2048", "--heads",
+                         "16", "--seq", "4096", "--global-batch", "16", "--precision", "bf16-mixed",
+                         "--hardware", "measured-nvidia-h200", "--json"])
+    assert est["step_time_detail"]["hardware"] == "measured-nvidia-h200" and est["step_time"]["step_s"] > 0

@@ -111,6 +111,21 @@ def test_delete_removes_only_the_folder_bound_to_that_run(tmp_path, capsys):
     assert not (runs / str(mine)).exists() and (runs / str(other) / "run.json").exists()
 
 
+def test_the_dashboards_delete_removes_the_run_folder_too(tmp_path, monkeypatch):
+    from backend.ui import store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("SHARDLAB_DB_URL", url)
+    engine = open_db(url)
+    mine, other = q.submit_experiments(engine, [spec("mine"), spec("other")])
+    runs = tmp_path / "runs"  # the worker's default: beside the SQLite file
+    stamp(runs / str(mine), mine, q.get_experiment(engine, mine)["run_uid"])
+    stamp(runs / str(other), other, "another store's run uid")
+    assert store.delete([mine, other]) == []
+    assert q.get_experiment(engine, mine) is None and q.get_experiment(engine, other) is None
+    assert not (runs / str(mine)).exists() and (runs / str(other) / "run.json").exists()
+
+
 def test_a_fresh_slurm_run_sets_another_runs_folder_aside_and_submits(tmp_path, monkeypatch):
     from backend.cluster import runner, slurm
     from backend.cluster.config import SlurmConfig

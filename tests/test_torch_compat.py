@@ -215,3 +215,23 @@ def test_torch_context_parallel_switches():
         cp_attention._disable_context_parallel_dispatcher()
         cp_attention._cp_options.rotate_method, cp_attention._cp_options.enable_load_balance = saved
         dist.destroy_process_group()
+
+
+def test_host_chunk_cuts_what_distribute_tensor_gives_each_rank():
+    """torch.distributed.tensor._utils.compute_local_shape_and_global_offset: materialize cuts a host-held FSDP2 shard
+    (CPUOffloadPolicy on CUDA) with it, where distribute_tensor would first send the full tensor to the device."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    full = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3)
+    for rank in range(4):  # 7 rows over 4 ranks: 2, 2, 2, 1 (torch.chunk), and a (4, 1) mesh
+        dist.init_process_group("fake", store=tc.fake_store(), rank=rank, world_size=4)
+        try:
+            mesh = init_device_mesh("cpu", (4, 1), mesh_dim_names=("dp", "tp"))
+            for placements in ([Shard(0), Replicate()], [Shard(0), Shard(1)], [Replicate(), Replicate()]):
+                want = distribute_tensor(full, mesh, placements, src_data_rank=None).to_local()
+                torch.testing.assert_close(tc.host_chunk(full, mesh, placements), want)
+            assert tc.host_chunk(full, mesh, [_StridedShard(0, split_factor=2), Replicate()]) is None
+        finally:
+            dist.destroy_process_group()

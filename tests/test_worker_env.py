@@ -122,18 +122,24 @@ def test_each_job_gets_a_temp_folder_of_its_own_removed_after_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_real_run_through_the_worker_leaves_no_torchelastic_folder(tmp_path):
+    # The worker's own temp root: other tests' killed workers leave shardlab-job-1-* in the shared one for gc.
+    worker_tmp = tmp_path / "tmp"
+    worker_tmp.mkdir()
+
     def elastic() -> set[str]:
-        return {p.name for p in Path(tempfile.gettempdir()).glob("torchelastic_*")}
+        return {p.name for p in worker_tmp.glob("torchelastic_*")}
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     eid = q.submit_experiment(open_db(url), spec("real"))
     before = elastic()
     done = subprocess.run([PY, "-m", "backend", "worker", "--db", url, "--once", "--runs-dir", str(tmp_path / "runs")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(worker_tmp)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert q.get_status(open_db(url), eid) == "ok"
     assert elastic() - before == set()
-    assert not list(Path(tempfile.gettempdir()).glob(f"shardlab-job-{eid}-*"))
+    assert not list(worker_tmp.glob(f"shardlab-job-{eid}-*"))
+    assert list(worker_tmp.iterdir()) == []
 
 
 def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_path, capsys):

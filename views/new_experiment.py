@@ -10,6 +10,7 @@ from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
 from backend.spec_checks import run_blockers
+from backend.ui import import_box
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
@@ -31,7 +32,7 @@ def _init_state() -> None:
             # Re-assigning keeps widget values when the user visits another page and comes back.
             st.session_state[P + k] = st.session_state.get(P + k, v)
     if clone is not None:
-        st.toast(f"Loaded the spec of {clone.name or 'the selected run'} into the form")
+        st.toast("Loaded the spec into the form")  # not its name: a toast renders markdown, and names are user text
     hardware = st.session_state.pop("clone_hardware", None)  # from Plan: the step time on the planned GPUs
     if hardware:
         st.session_state[P + "step_hw"], st.session_state["step_gpn"] = hardware
@@ -66,7 +67,7 @@ def _apply_upload() -> None:
 def _model_inputs() -> None:
     st.selectbox("Model preset", list(sf.PRESETS) + ["custom"], key=P + "preset", on_change=_apply_preset,
                  help="Published shapes count their published parameters exactly; edit any dimension below")
-    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)",
+    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
                      type=["json"], key="hf_upload", on_change=_apply_upload)
     if st.session_state.get("hf_error"):
         st.error(st.session_state["hf_error"])
@@ -243,12 +244,18 @@ def _prediction(spec, device_gb: float) -> None:
         st.caption(f":material/info: {note}")
 
 
+def _load_imported(imported) -> None:
+    """The Import box's button callback: the imported spec fills the form on the next run (as a cloned run does)."""
+    st.session_state["clone_spec"] = ExperimentSpec.for_prediction(imported.spec)
+
+
 _init_state()
 st.title("New experiment")
 st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the arithmetic.")
 workflow.steps()
 left, right = st.columns([5, 6], gap="large")
 with left:
+    import_box.box("ne_", _load_imported, load_label="Load into the form")
     st.text_input("Name (optional)", key=P + "name", placeholder="e.g. zero2 vs ddp, tiny model")
     _model_inputs()
     st.subheader("Parallelism")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from backend.ui import import_box
 from backend.ui import plan_view as pv
 from backend.ui import spec_form as sf
 from backend.ui import store
@@ -24,7 +25,8 @@ def _plan_columns() -> dict:
     formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
                "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
     cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
-    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("schedule", "virtual stages", "sequence parallel", "runs")})
+    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("schedule", "virtual stages", "sequence parallel", "runs",
+                                                                       "extrapolation")})
     return cols
 
 
@@ -41,18 +43,39 @@ def _verify_table(tag: str) -> None:
         st.caption(cpu_profile.MISSING)
 
 
+def _load_imported(imported) -> None:
+    """The Import box's button callback: the imported model, GPUs, batch and sequence length become the search's inputs."""
+    spec = imported.spec
+    values = {"pl_source": "imported config", "pl_seq": spec["model"]["seq_len"], "pl_gpus": imported.gpus or
+              spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"]}
+    st.session_state.update(values)
+    st.session_state["pl_saved"] = {**st.session_state.get("pl_saved", {}), **values}
+    st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"])
+
+
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
            "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
 
+import_box.box("pl_", _load_imported, load_label="Plan this model")
 c1, c2, c3 = st.columns(3)
-source = c1.radio("Model", ["preset", "config.json"], horizontal=True, key="pl_source")
+sources = ["preset", "config.json"] + (["imported config"] if st.session_state.get("pl_imported") else [])
+if st.session_state.get("pl_source") not in sources:
+    st.session_state["pl_source"] = "preset"
+source = c1.radio("Model", sources, horizontal=True, key="pl_source")
 seq = c3.number_input("Sequence length", 1, 10_000_000, key="pl_seq")
 model, problem, model_name = None, None, "config.json"
 if source == "preset":
     name = model_name = c2.selectbox("Preset", list(sf.PRESETS), key="pl_preset")
     shape = {k: v for k, v in sf.PRESETS[name].items() if v or k not in sf.ZERO_MEANS_NONE}
     shape = {k: (None if k in ("n_kv_heads", "ffn_hidden") and not v else v) for k, v in shape.items()}
+    try:
+        model = pv.ModelSpec(**{**shape, "seq_len": seq})
+    except ValueError as e:
+        problem = str(e)
+elif source == "imported config":
+    shape, framework, model_name = st.session_state["pl_imported"]
+    c2.text(f"from the {framework} config: {model_name}")
     try:
         model = pv.ModelSpec(**{**shape, "seq_len": seq})
     except ValueError as e:
@@ -66,8 +89,48 @@ else:
         except ValueError as e:
             problem = str(e)
 
+def _calibration_box() -> None:
+    """Fit a profile of your cluster from tagged runs (imported and own): `python -m backend calibrate` on a button."""
+    from backend.calibration.calibrate import calibrate
+    from backend.calibration.store import latest_named
+    from backend.ui import calibration_view as cv
+
+    with st.expander("Calibrated profiles of your cluster (leave-one-out error)", expanded=False):
+        engine = store.engine()
+        df = cv.profiles_frame(engine)
+        if df.empty:
+            st.caption("None yet. Import runs (`python -m backend import-run --tag ourcluster ...`), then calibrate below.")
+        else:
+            st.dataframe(df, hide_index=True, width="stretch", placeholder="–")
+            pick = st.selectbox("Runs of profile", list(df["profile"]), key="pl_cal_pick")
+            st.dataframe(cv.runs_frame(latest_named(engine, pick)), hide_index=True, width="stretch", placeholder="–")
+        c1, c2, c3 = st.columns(3)
+        tag = c1.text_input("Runs tagged", key="pl_cal_tag", placeholder="ourcluster")
+        base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"], key="pl_cal_hw")
+        name = c3.text_input("Profile name", key="pl_cal_name", placeholder="h100-ourcluster")
+        if st.button("Calibrate", disabled=not tag or not name, key="pl_cal_go", icon=":material/tune:"):
+            with st.spinner("Fitting (a fit, then one refit per run left out)..."):
+                try:
+                    out = calibrate(engine, hardware=base, tag=tag, name=name)
+                except ValueError as e:
+                    st.error("Nothing stored:")
+                    st.text(str(e))
+                else:
+                    mape = "–" if out["loo_mape"] is None else f"{out['loo_mape']:.1f}%"
+                    st.success(f"Calibration {out['id']} stored on {len(out['fit_runs'])} runs, leave-one-out error "
+                               f"{mape}; pick it under Hardware.")
+                    for n in out["notes"]:
+                        st.text(n)
+
+
+_calibration_box()
 c1, c2, c3, c4, c5 = st.columns(5)
-hardware = c1.selectbox("Hardware", pv.hardware_options(), key="pl_hw")
+hw_options = pv.hardware_options(store.engine())
+if st.session_state.get("pl_hw") not in hw_options:
+    st.session_state["pl_hw"] = "h100-sxm"
+hardware = c1.selectbox("Hardware", hw_options, key="pl_hw",
+                        help="A published profile, or a calibrated profile of your cluster (`python -m backend calibrate "
+                             "--name`, fitted on your imported and own runs)")
 gpus = c2.number_input("GPUs", 1, 1_000_000, key="pl_gpus")
 node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
@@ -88,7 +151,7 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
-                                                    attention=attention)
+                                                    db_url=store.db_url(), attention=attention)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
@@ -97,6 +160,9 @@ res = st.session_state.get("pl_result")
 if res is not None:
     if st.session_state.get("pl_result_for") != inputs:
         st.warning(f"These results are for {st.session_state.get('pl_result_for')}; press Search for the inputs above.")
+    used = getattr(res, "profile_used", None)
+    if used is not None:
+        (st.info if used["profile"]["calibration"] else st.caption)(used["line"][0].upper() + used["line"][1:] + ".")
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")

@@ -11,6 +11,7 @@ from backend.ui import store
 from backend.ui import timeline_view as tv
 from backend.ui import trace_view
 from backend.ui.format import fmt_frac
+from backend.ui.import_view import banner as import_banner
 from backend.ui.theme import STATUS_ICON
 
 
@@ -106,6 +107,58 @@ def _step_prediction(res) -> None:
     st.caption(f"Step-time model on the '{pred['hardware']}' profile, {cal}." + (" Extrapolation: " + "; ".join(pred["extrapolation"]) if pred["extrapolation"] else ""))
 
 
+def _imported(res, rid: int) -> None:
+    """Issue 25: a run measured elsewhere (its framework's log) against ShardLab's predictions."""
+    from backend.ui import import_view as iv
+
+    f = res.imported
+    head = {"step time measured (median)": f"{res.step_s_median:.3f} s", "tokens / s": f"{res.tokens_per_s:,.0f}",
+            "MFU (ShardLab)": "–" if res.mfu is None else f"{res.mfu:.1%}"}
+    for col, (k, v) in zip(st.columns(3), head.items()):
+        col.metric(k, v)
+    st.subheader("Step time: predicted vs measured")
+    try:
+        cmp, why = iv.step_comparison(res, store.engine(), rid)
+    except Exception as e:  # noqa: BLE001 - the page still renders
+        cmp, why = None, f"the step-time model failed: {e}"
+    if cmp is None:
+        st.text(f"No step-time comparison: {why}")
+    else:
+        c1, c2, c3 = st.columns(3)
+        c1.metric("measured (median after warm-up)", f"{cmp['measured_s']:.3f} s")
+        c2.metric("predicted", f"{cmp['predicted_s']:.3f} s", f"{cmp['error_pct']:+.1f}% vs measured", delta_color="off")
+        c3.metric("prediction interval", f"{cmp['low_s']:.3f} – {cmp['high_s']:.3f} s",
+                  "measured inside" if cmp["inside"] else "measured outside", delta_color="normal" if cmp["inside"] else "inverse")
+        st.plotly_chart(iv.step_fig(cmp), key="imp_step")
+        if cmp["calibration"]:
+            mape = "–" if cmp["loo_mape"] is None else f"{cmp['loo_mape']:.1f}%"
+            st.caption(f"Profile '{cmp['hardware']}' with calibration {cmp['calibration']}"
+                       + (f" ('{cmp['calibration_name']}')" if cmp["calibration_name"] else "")
+                       + f", leave-one-out error {mape}" + (" — this run is in that calibration's fit set, so the "
+                                                            "comparison is in-sample" if cmp["in_fit"] else "") + ".")
+        else:
+            st.caption(f"Profile '{cmp['hardware']}', uncalibrated (±20% band): `python -m backend calibrate` fits one.")
+        for x in cmp["extrapolation"]:
+            st.caption(f"Extrapolation: {x}")
+    st.subheader("Memory: predicted categories beside the log's peaks")
+    st.caption(iv.MEMORY_LABEL)
+    st.dataframe(iv.memory_frame(res), hide_index=True, width="stretch", placeholder="–", column_config={
+        c: st.column_config.NumberColumn(c, format="%.2f" if "%" not in c else "%+.1f") for c in iv.memory_frame(res).columns
+        if c != "rank"})
+    for line in iv.facts_lines(res):
+        st.text(line)
+    if f.unmapped:
+        st.markdown("**Config fields the prediction ignores** (the spec cannot hold them)")
+        st.dataframe(iv.fields_frame(f.unmapped), hide_index=True, width="stretch")
+    with st.expander(f"Config fields ignored ({len(f.ignored)}): no effect on memory or step time"):
+        st.dataframe(iv.fields_frame(f.ignored), hide_index=True, width="stretch")
+    lf = dv.loss_fig(res)
+    if lf is not None:
+        st.plotly_chart(lf, key="imp_loss")
+    for n in res.notes:
+        st.text(f"ⓘ {n}")
+
+
 def _result(res) -> None:
     if not res.loss and not dv.measured_anything(res):
         if res.per_rank:  # a run that failed before measuring: its prediction is kept, nothing to compare it with
@@ -196,7 +249,12 @@ elif e["status"] != "ok":
     _failure(e)
 if res is not None and (line := trace_view.banner(res)):
     st.info(line, icon=":material/memory:")
-if res is not None and e["status"] not in rv.ACTIVE:
+if res is not None and getattr(res, "imported", None) is not None:
+    st.info(f"Imported run ({res.imported.framework}): measured on another cluster, read from its log; the numbers "
+            "below compare it with ShardLab's prediction.", icon=":material/upload_file:")
+    st.text(import_banner(res))  # file and device names are the user's text: shown, never rendered
+    _imported(res, rid)
+elif res is not None and e["status"] not in rv.ACTIVE:
     _result(res)
 with st.expander("Spec"):
     st.json(spec.model_dump(mode="json"))

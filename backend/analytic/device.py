@@ -11,6 +11,8 @@
   device): on CUDA it is host memory, not device memory.
 - CUDA autocast casts `softmax` to fp32 (ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE), CPU autocast
   does not: `softmax_saved_bytes_per_score`.
+- RMSNorm runs one fused kernel on CUDA and a chain of fp32 ops on the CPU, which save different tensors:
+  `rms_norm_saved_bytes`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,29 @@ def softmax_saved_bytes_per_score(dtype_bytes: float, *, autocast: bool, device:
     return dtype_bytes
 
 
+FP32_BYTES = 4
+"""RMSNorm's rstd and the CPU composite's op-math values are fp32."""
+
+
+def rms_norm_saved_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
+    """Bytes one nn.RMSNorm (F.rms_norm with a weight of the input's dtype) keeps for backward, for sbh input
+    elements in sb rows. torch 2.11 / 2.13 `rms_norm` calls `_fused_rms_norm`, whose kernels are registered for
+    CUDA, MPS and XPU only; on the CPU its CompositeImplicitAutograd kernel `rms_norm_composite` runs instead
+    (aten/src/ATen/native/native_functions.yaml, aten/src/ATen/native/layer_norm.cpp):
+    - cuda: `_fused_rms_norm_cuda`, whose autograd formula (tools/autograd/derivatives.yaml `_fused_rms_norm`) keeps
+      the input as it came (input_bytes: the fp32 residual stream under autocast, bf16 under FSDP2's bf16 params),
+      the weight and the fp32 rstd (rows, 1): sbh·input_bytes + 4·sb;
+    - cpu: the composite computes in the op-math type, fp32 (a 16-bit input is upcast first, `input.to(opmath_t)`):
+      pow and mul keep the fp32 input, rsqrt its fp32 output, the weight mul the fp32 normalised x:
+      4·(2·sbh + sb) whatever the input dtype.
+    Measured (benchmarks/results/gpu/2026-11-26-h200-run2 report.json diag.saved_tensors, H200, torch 2.11): CUDA
+    FusedRmsNormBackward0 keeps x (fp32 / bf16) and a float32 (1, s, 1) rstd; the CPU listing keeps
+    ToCopyBackward0 / RsqrtBackward0 / MulBackward0 tensors, all float32, in both modes."""
+    if device == CUDA:
+        return sbh * input_bytes + FP32_BYTES * sb
+    return FP32_BYTES * (2 * sbh + sb)
+
+
 def with_device(spec: Any, device: str | None) -> Any:
     """The spec with runtime.device resolved to "cpu"/"cuda": `device` when the caller knows where the ranks run
     (the engine: its ctx.device; a UI/CLI host: backend.engine.hardware.host_device), else
@@ -85,6 +110,9 @@ def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str
     if autocast and str(spec.train.recompute) == "none":
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
+    if str(getattr(spec.model, "norm", "layernorm")) == "rmsnorm":
+        notes.append("CUDA: RMSNorm runs torch's fused kernel, which keeps only its input and an fp32 rstd per row for "
+                     "backward (the CPU composite also keeps an fp32 normalised copy, and an fp32 copy of a 16-bit input)")
     if spec.parallel.pp > 1:
         notes.append("CUDA + PP: the sent stage outputs held per rank (analytic/pipelining.py) are calibrated on gloo, "
                      "whose send Works finish when sent; NCCL keeps a sent tensor until its watchdog retires the Work, "
@@ -102,16 +130,24 @@ class RuntimeOverhead:
     never part of the per-category prediction. Every term is an assumption to calibrate against a run's
     `cuda_max_reserved_bytes` on your hardware (driver, CUDA, NCCL versions and topology move them)."""
 
-    cuda_context_bytes: int = 512 * MiB
-    """CUDA context + cuBLAS/cuDNN handles and workspaces per process (commonly 300-800 MiB; assumed 512 MiB)."""
+    cuda_context_bytes: int = 527 * MiB
+    """The CUDA context per process, outside the caching allocator (not in torch.cuda.max_memory_reserved): measured
+    on the H200 (benchmarks/results/gpu/2026-11-26-h200-run{1,2} env.torch: memory_bytes - memory_free_bytes right
+    after CUDA initialisation = 552,402,944 B = 526.8 MiB; driver 580, CUDA 13.0, torch 2.11). Other drivers and
+    GPUs differ (commonly 300-800 MiB); cuBLAS workspaces come from the caching allocator (counted in reserved)."""
     nccl_channels: int = 8
     """NCCL channels per communicator (topology dependent, NCCL_MIN/MAX_NCHANNELS)."""
     nccl_peers: int = 2
     """Ring neighbours each channel keeps buffers for (send + receive side)."""
     nccl_buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
     """NCCL_BUFFSIZE per channel and peer (Simple protocol)."""
-    fragmentation_frac: float = 0.10
-    """Caching-allocator slack (reserved - allocated) as a fraction of the predicted peak (assumed 10%)."""
+    fragmentation_frac: float = 0.13
+    """Caching-allocator slack (reserved - allocated) as a fraction of the predicted fullest moment: 0.13 covers the
+    largest measured on the H200 (2026-11-26 runs 1 and 2, Llama-3.2-1B shape at seq 4096, world 1, torch 2.11 default
+    allocator, expandable_segments off): peak reserved over the predicted fullest moment (= the tracked peak, and
+    0.2% under peak allocated) +6.1% ddp, +7.1% zero2, +9.7% zero3 and zero3-selective, +13.0% zero3-full (its
+    backward re-runs each block, churning the pool), e.g. zero3 33.27 GiB reserved vs 30.40 allocated. Was 10%
+    (assumed); the zero3-full run needed more."""
 
     def nccl_bytes_per_communicator(self) -> int:
         return self.nccl_channels * self.nccl_peers * self.nccl_buffsize_bytes

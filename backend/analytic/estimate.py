@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from backend.analytic.device import CUDA, device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
+from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank import rank_memory, worst_rank_memory
 from backend.analytic.optimizer_state import step_temp_bytes
@@ -50,10 +51,24 @@ class RankEstimate:
     total_bytes: int = 0
     optimizer_temp_bytes: int = 0
     """Transient bytes inside optimizer.step (not in total_bytes: the step runs after activations are freed)."""
+    loss_backward_temp_bytes: int = 0
+    """What the start of the loss's backward holds beyond total_bytes (the log-probs' and logits' fp32 gradients,
+    activations.loss_backward_extra_bytes), on the rank with the loss; 0 elsewhere."""
     comm_bytes: dict[str, float] = field(default_factory=dict)
     """Payload bytes per step per collective (size of the buffers handed to it)."""
     comm_wire_bytes: dict[str, float] = field(default_factory=dict)
     """Ring-algorithm bytes sent per step per collective (comm.ring_wire_bytes, each with its group size)."""
+
+    def moments(self) -> dict[str, int]:
+        """Bytes at each moment that can be this rank's fullest: the activation peak (total_bytes), inside
+        optimizer.step (activations freed, the update's temporaries alive), the start of the loss's backward."""
+        return {"activation_peak": self.total_bytes,
+                "optimizer_step": self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes,
+                "loss_backward": self.total_bytes + self.loss_backward_temp_bytes}
+
+    def fullest_bytes(self) -> int:
+        """The "fits" check's need before the runtime allowance: the largest of `moments`."""
+        return max(self.moments().values())
 
     def to_dict(self) -> dict[str, Any]:
         """dataclasses.asdict's result, built directly (a page of a million-rank estimate prints 1,024 of these)."""
@@ -65,7 +80,8 @@ class RankEstimate:
 
 
 _RANK_FIELDS = ("rank", "coords", "stages", "layers", "params_count", "params_bytes", "grads_bytes", "optimizer_bytes",
-                "activations_bytes", "other_bytes", "total_bytes", "optimizer_temp_bytes", "comm_bytes", "comm_wire_bytes")
+                "activations_bytes", "other_bytes", "total_bytes", "optimizer_temp_bytes", "loss_backward_temp_bytes",
+                "comm_bytes", "comm_wire_bytes")
 
 
 def estimate_rank(spec: Any, rank: int) -> RankEstimate:
@@ -89,6 +105,10 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
     else:
         elements = [q.real_numel if fsdp else q.local_numel for q in params]  # in the local optimizer's order
         r.optimizer_temp_bytes = step_temp_bytes(elements, layout.optimizer, foreach=cuda)
+    if layout.n_stages - 1 in stages:
+        r.loss_backward_temp_bytes = int(loss_backward_extra_bytes(
+            s=spec.model.seq_len, b=layout.micro_batch, vocab=spec.model.vocab_size, dtype_bytes=layout.compute_bytes,
+            logits_held=logits_held_in_backward(layout)))
     for kind, payload, n in rank_traffic(spec, params, r.layers, stages):
         r.comm_bytes[kind] = r.comm_bytes.get(kind, 0.0) + payload
         r.comm_wire_bytes[kind] = r.comm_wire_bytes.get(kind, 0.0) + ring_wire_bytes(kind, payload, n)

@@ -38,8 +38,7 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset
 
     def row(rank: int) -> dict[str, Any]:
         layers, weights = weights_of(rank)
-        kv = kv_cache_bytes(batch=batch, context=context, n_layers=len(layers), n_kv_heads=m.kv_heads,
-                               head_dim=m.head_dim, dtype_bytes=cb, tp=p.tp)
+        kv = layers_kv_cache_bytes(m, layers, batch=batch, context=context, dtype_bytes=cb, tp=p.tp)
         return {"rank": rank, "coords": p.coords(rank), "params_count": weights, "weights_bytes": weights * cb,
                 "kv_cache_bytes": kv, "total_bytes": weights * cb + kv}
 
@@ -55,3 +54,20 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset
     if paged:
         out["per_rank_page"] = {"offset": offset, "ranks": len(out["per_rank"]), "world_size": p.world_size}
     return out
+
+
+def layers_kv_cache_bytes(m: Any, layers: list[int], *, batch: int, context: int, dtype_bytes: float, tp: int) -> float:
+    """KV cache of the given blocks. A plain layer caches K and V per kv head (textbook/kv_cache.py, vLLM Sec 3);
+    a windowed one (sliding or chunked) at most `window` positions (Mistral's rolling buffer, Jiang et al. 2023 Sec 2);
+    MLA caches one compressed latent (kv_lora_rank) plus the shared rope key (qk_rope_head_dim) per token and layer,
+    whole on every tp rank (DeepSeek-V2 Sec 2.1.2, Table 1: (d_c + d_h^R) * l elements per token). Sinks cache
+    nothing (one logit per head, a parameter)."""
+    total = 0.0
+    for layer in layers:
+        kept = context if m.layer_is_global(layer) else min(context, m.window)
+        if m.is_mla:
+            total += batch * kept * (m.kv_lora_rank + m.qk_rope_head_dim) * dtype_bytes
+        else:
+            total += kv_cache_bytes(batch=batch, context=kept, n_layers=1, n_kv_heads=m.kv_heads,
+                                    head_dim=m.head_dim, dtype_bytes=dtype_bytes, tp=tp)
+    return total

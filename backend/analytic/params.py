@@ -1,5 +1,7 @@
 """Exact parameter counts of ShardLab's decoder family (`backend/models/gpt.py`: GPT, Llama/Mistral/Qwen2-style
-dense, Mixtral-style MoE, MoE with shared experts), pure Python.
+dense, Mixtral-style MoE, MoE with shared experts; Qwen3 (q/k norms, own head width), Gemma 3 (sandwich norms, tied),
+gpt-oss (sinks, biased router and experts), Llama 4 (interleaved MoE), DeepSeek-V2/V3 (MLA, dense prefix)), pure
+Python. Blocks differ only by dense vs MoE MLP (`layer_is_moe`); everything else is the same in every block.
 
 `param_list(model)` mirrors `GPT.named_parameters()` name for name, shape for shape, in the same
 order, because per-rank sharding (ZeRO-1's greedy partition, FSDP2's per-parameter padding, TP
@@ -33,7 +35,7 @@ class ParamInfo:
 def _dims(m: Any) -> tuple[int, int, int, int, int, int]:
     """(V, h, s, kv_dim, ffn, n_experts) from a ModelSpec (or any object with the same fields)."""
     kv_heads = m.n_kv_heads or m.n_heads
-    kv_dim = kv_heads * (m.d_model // m.n_heads)
+    kv_dim = kv_heads * head_dim(m)
     return m.vocab_size, m.d_model, m.seq_len, kv_dim, m.ffn_hidden or 4 * m.d_model, m.n_experts
 
 
@@ -41,6 +43,41 @@ def _fam(m: Any, name: str, default: Any) -> Any:
     """A family field as a plain string/value (objects from before the family fields get GPT's defaults)."""
     v = getattr(m, name, default)
     return str(v) if hasattr(v, "value") else v
+
+
+GATED = ("swiglu", "geglu", "swiglu_clamped")
+"""MLP kinds with three matrices gate, up, down (Shazeer 2020 Eq. 6; the clamped gpt-oss variant has the same shapes)."""
+
+
+def is_gated(kind: Any) -> bool:
+    return str(getattr(kind, "value", kind)) in GATED
+
+
+def is_mla(m: Any) -> bool:
+    return getattr(m, "kv_lora_rank", None) is not None
+
+
+def head_dim(m: Any) -> int:
+    """Width of one q / k head: MLA nope + rope, else attn_head_dim or d_model / n_heads."""
+    if is_mla(m):
+        return m.qk_nope_head_dim + m.qk_rope_head_dim
+    return getattr(m, "attn_head_dim", None) or m.d_model // m.n_heads
+
+
+def v_head_dim(m: Any) -> int:
+    """Width of one value head (MLA's v_head_dim, else head_dim)."""
+    return m.v_head_dim if is_mla(m) else head_dim(m)
+
+
+def layer_is_moe(m: Any, layer: int) -> bool:
+    """ModelSpec.layer_is_moe on any object with the fields: the dense prefix, then every moe_every-th block."""
+    return bool(m.n_experts) and layer >= getattr(m, "first_dense_layers", 0) \
+        and (layer + 1) % getattr(m, "moe_every", 1) == 0
+
+
+def n_moe_layers(m: Any, layers: Any = None) -> int:
+    """MoE blocks among `layers` (default all)."""
+    return sum(layer_is_moe(m, i) for i in (range(m.n_layers) if layers is None else layers))
 
 
 def expert_ffn(m: Any) -> int:
@@ -66,28 +103,55 @@ def _norm(prefix: str, h: int, kind: str = "layernorm") -> list[ParamInfo]:
 
 
 def _mlp(prefix: str, h: int, f: int, kind: str = "gelu", bias: bool = True) -> list[ParamInfo]:
-    if kind == "swiglu":  # Shazeer 2020 Eq. 6 FFN_SwiGLU: down(silu(x W_gate) * x W_up)
+    if is_gated(kind):  # Shazeer 2020 Eq. 6 FFN_SwiGLU: down(silu(x W_gate) * x W_up)
         return _linear(f"{prefix}.gate", h, f, bias) + _linear(f"{prefix}.up", h, f, bias) + _linear(f"{prefix}.down", f, h, bias)
     return _linear(f"{prefix}.fc_in", h, f, bias) + _linear(f"{prefix}.fc_out", f, h, bias)
 
 
 def _mlp_numel(h: int, f: int, kind: str, bias: bool) -> int:
-    return (3 * h * f + (2 * f + h) * bias) if kind == "swiglu" else (2 * h * f + (f + h) * bias)
+    return (3 * h * f + (2 * f + h) * bias) if is_gated(kind) else (2 * h * f + (f + h) * bias)
+
+
+def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
+    """One block's attention: q, k, v, o (+ per-head q/k norms, + sinks), or MLA's low-rank projections
+    (DeepSeek-V2 Sec 2.1.2-2.1.3, as Hugging Face's DeepseekV3Attention holds them): q_a (h -> q_lora) + q_a_norm + q_b
+    (q_lora -> a*(nope + rope)) or q (h -> a*(nope + rope)); kv_a (h -> kv_lora + rope: the latent and the shared rope
+    key) + kv_a_norm + kv_b (kv_lora -> a*(nope + v)); o (a*v -> h)."""
+    _, h, _, kv_dim, _, _ = _dims(m)
+    bias = _fam(m, "bias", "all")
+    qkv_b, all_b = bias in ("all", "qkv"), bias == "all"
+    a, norm = m.n_heads, _fam(m, "norm", "layernorm")
+    if is_mla(m):
+        qk, rope, lora = head_dim(m), m.qk_rope_head_dim, m.kv_lora_rank
+        q_lora = getattr(m, "q_lora_rank", None)
+        out = (_linear(f"{p}.attn.q_a", h, q_lora, qkv_b) + _norm(f"{p}.attn.q_a_norm", q_lora, "rmsnorm")
+               + _linear(f"{p}.attn.q_b", q_lora, a * qk, qkv_b)) if q_lora else _linear(f"{p}.attn.q", h, a * qk, qkv_b)
+        out += _linear(f"{p}.attn.kv_a", h, lora + rope, qkv_b) + _norm(f"{p}.attn.kv_a_norm", lora, "rmsnorm")
+        out += _linear(f"{p}.attn.kv_b", lora, a * (m.qk_nope_head_dim + m.v_head_dim), False)
+        return out + _linear(f"{p}.attn.o", a * m.v_head_dim, h, all_b)
+    q_dim = a * head_dim(m)
+    out = _linear(f"{p}.attn.q", h, q_dim, qkv_b) + _linear(f"{p}.attn.k", h, kv_dim, qkv_b)
+    out += _linear(f"{p}.attn.v", h, kv_dim, qkv_b) + _linear(f"{p}.attn.o", q_dim, h, all_b)
+    if getattr(m, "qk_norm", False):  # Qwen3 / Gemma 3: RMSNorm over each head's channels, one weight for all heads
+        out += _norm(f"{p}.attn.q_norm", head_dim(m), "rmsnorm") + _norm(f"{p}.attn.k_norm", head_dim(m), "rmsnorm")
+    if getattr(m, "attention_sinks", False):
+        out.append(ParamInfo(f"{p}.attn.sinks.weight", (a,)))  # one logit per head (module attn.sinks)
+    return out
 
 
 def block_param_list(m: Any, layer: int) -> list[ParamInfo]:
-    """One transformer block: ln1, attn.{q,k,v,o}, ln2, then mlp.{fc_in,fc_out | gate,up,down} or the MoE
-    (mlp.router, mlp.experts.E.*, mlp.shared.*, mlp.shared_gate)."""
-    _, h, _, kv_dim, f, n_experts = _dims(m)
-    norm, kind, bias = _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all")
-    qkv_b, all_b = bias in ("all", "qkv"), bias == "all"
+    """One transformer block: ln1, attn.*, [ln1_post], ln2, then mlp.{fc_in,fc_out | gate,up,down} or the MoE
+    (mlp.router, mlp.experts.E.*, mlp.shared.*, mlp.shared_gate), [ln2_post]; `layer` picks dense or MoE."""
+    _, h, _, _, f, n_experts = _dims(m)
+    norm, kind, all_b = _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all") == "all"
+    sandwich = getattr(m, "sandwich_norm", False)
     p = f"layers.{layer}"
-    out = _norm(f"{p}.ln1", h, norm)
-    out += _linear(f"{p}.attn.q", h, h, qkv_b) + _linear(f"{p}.attn.k", h, kv_dim, qkv_b)
-    out += _linear(f"{p}.attn.v", h, kv_dim, qkv_b) + _linear(f"{p}.attn.o", h, h, all_b)
+    out = _norm(f"{p}.ln1", h, norm) + attention_param_list(m, p)
+    if sandwich:  # Gemma: post-attention norm before the residual add
+        out += _norm(f"{p}.ln1_post", h, norm)
     out += _norm(f"{p}.ln2", h, norm)
-    if n_experts:
-        out += _linear(f"{p}.mlp.router", h, n_experts, bias=False)
+    if layer_is_moe(m, layer):
+        out += _linear(f"{p}.mlp.router", h, n_experts, bias=bool(getattr(m, "router_bias", False)))
         for e in range(n_experts):
             out += _mlp(f"{p}.mlp.experts.{e}", h, expert_ffn(m), kind, all_b)
         if shared_ffn(m):
@@ -96,6 +160,8 @@ def block_param_list(m: Any, layer: int) -> list[ParamInfo]:
                 out += _linear(f"{p}.mlp.shared_gate", h, 1, bias=False)
     else:
         out += _mlp(f"{p}.mlp", h, f, kind, all_b)
+    if sandwich:
+        out += _norm(f"{p}.ln2_post", h, norm)
     return out
 
 
@@ -119,14 +185,32 @@ class ModelKey(NamedTuple):
     n_shared_experts: int = 0
     shared_ffn_hidden: int | None = None
     shared_expert_gate: bool = False
+    attn_head_dim: int | None = None
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    sandwich_norm: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    first_dense_layers: int = 0
+    moe_every: int = 1
+    router_bias: bool = False
+
+
+_KEY_FAMILY = ("attn_head_dim", "qk_norm", "attention_sinks", "sandwich_norm", "q_lora_rank", "kv_lora_rank",
+               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_dense_layers", "moe_every", "router_bias")
 
 
 def model_key(m: Any) -> ModelKey:
+    defaults = ModelKey._field_defaults
     return ModelKey(m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.seq_len, m.n_experts,
                     _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "positions", "learned"),
                     bool(getattr(m, "tie_embeddings", False)), _fam(m, "bias", "all"),
                     getattr(m, "expert_ffn_hidden", None), getattr(m, "n_shared_experts", 0),
-                    getattr(m, "shared_ffn_hidden", None), bool(getattr(m, "shared_expert_gate", False)))
+                    getattr(m, "shared_ffn_hidden", None), bool(getattr(m, "shared_expert_gate", False)),
+                    *(getattr(m, name, defaults[name]) for name in _KEY_FAMILY))
 
 
 @lru_cache(maxsize=64)
@@ -148,29 +232,16 @@ def param_list(m: Any) -> list[ParamInfo]:
     return list(param_tuple(model_key(m)))
 
 
-def block_params(m: Any) -> int:
-    """Parameters of one block in closed form. GPT (layernorm, gelu, bias all): 4h (norms) + 2h^2 + 2h*kv + 2h + 2kv
-    (attn) + MLP/MoE; rmsnorm drops the norm biases, swiglu has 3 matrices, bias none/qkv drop biases."""
-    _, h, _, kv, f, n_experts = _dims(m)
-    norm, kind, bias = _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all")
-    qkv_b, all_b = bias in ("all", "qkv"), bias == "all"
-    norms = (4 if norm == "layernorm" else 2) * h
-    attn = 2 * h * h + 2 * h * kv + (h + 2 * kv) * qkv_b + h * all_b
-    if not n_experts:
-        return norms + attn + _mlp_numel(h, f, kind, all_b)
-    moe = h * n_experts + n_experts * _mlp_numel(h, expert_ffn(m), kind, all_b)
-    if shared_ffn(m):
-        moe += _mlp_numel(h, shared_ffn(m), kind, all_b) + h * bool(getattr(m, "shared_expert_gate", False))
-    return norms + attn + moe
+def block_params(m: Any, layer: int | None = None) -> int:
+    """Parameters of one block: block `layer`, or (None) the first MoE block of a MoE model, else the dense one."""
+    if layer is None:
+        layer = next((i for i in range(m.n_layers) if layer_is_moe(m, i)), 0)
+    return sum(q.numel for q in block_param_list(model_key(m), layer))
 
 
 def count_params(m: Any) -> int:
-    """Total parameters Ψ: embeddings V*h (+ s*h learned positions), L blocks, final norm, lm_head h*V unless tied."""
-    V, h, s, _, _, _ = _dims(m)
-    pos = s * h if _fam(m, "positions", "learned") == "learned" else 0
-    head = 0 if getattr(m, "tie_embeddings", False) else h * V
-    final_norm = (2 if _fam(m, "norm", "layernorm") == "layernorm" else 1) * h
-    return V * h + pos + m.n_layers * block_params(m) + final_norm + head
+    """Total parameters: embeddings V*h (+ s*h learned positions), every block, final norm, lm_head h*V unless tied."""
+    return sum(q.numel for q in param_tuple(model_key(m)))
 
 
 def active_params(m: Any) -> int:
@@ -180,7 +251,7 @@ def active_params(m: Any) -> int:
         return count_params(m)
     per_expert = _mlp_numel(h, expert_ffn(m), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all") == "all")
     inactive = (n_experts - m.top_k) * per_expert
-    return count_params(m) - m.n_layers * inactive
+    return count_params(m) - n_moe_layers(m) * inactive
 
 
 def breakdown(m: Any) -> dict[str, int]:
@@ -189,7 +260,7 @@ def breakdown(m: Any) -> dict[str, int]:
     for p in param_list(m):
         parts = p.name.split(".")
         if parts[0] == "layers":
-            key = "norms" if parts[2] in ("ln1", "ln2") else parts[2] if parts[2] == "attn" else (
+            key = "norms" if parts[2] in ("ln1", "ln2", "ln1_post", "ln2_post") else parts[2] if parts[2] == "attn" else (
                 "router" if parts[3] == "router" else "experts" if parts[3] == "experts" else
                 "shared_experts" if parts[3] in ("shared", "shared_gate") else "mlp")
         else:
@@ -217,6 +288,6 @@ def _matmul_params(m: Any, *, active: bool) -> int:
     if getattr(m, "tie_embeddings", False):
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
     if active and m.is_moe:
-        mats = 3 if str(getattr(m, "mlp", "gelu")) == "swiglu" else 2
-        n -= m.n_layers * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
+        mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
+        n -= n_moe_layers(m) * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
     return n

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 COLWISE, ROWWISE, REPLICATE, VOCAB_ROWWISE = "colwise", "rowwise", "replicate", "embedding_rowwise"
+HEADS = "heads"
+"""A per-head parameter vector (gpt-oss's sinks) split along dim 0 like q's output rows."""
 SEQUENCE = "sequence"
 """Activations sharded along the sequence (Shard(1) of (B, T, C))."""
 POSITIONS = "positions"
@@ -39,13 +41,23 @@ class TpRule:
     output_sp: str | None = None
     sequence_norm: bool = False
     """A norm whose replicated parameters see sequence-sharded activations under SP (SequenceParallel)."""
+    local_output: bool = False
+    """SequenceParallel hands back a local tensor (Gemma's post-sublayer norms, whose output meets the local residual)."""
+    partial_grads: bool = False
+    """Replicated parameters applied to head-split activations (q / k norms, MLA's latent projections): each tp rank's
+    gradient is a partial sum, so they are Replicate DTensors whose grads are summed over tp (Megatron all-reduces
+    these layernorm / latent grads likewise)."""
 
 
 TP_PLACEMENT: tuple[TpRule, ...] = (
     TpRule(r"tok_emb", VOCAB_ROWWISE, input=REPLICATE, output=REPLICATE, output_sp=SEQUENCE),
     TpRule(r"pos_emb", VOCAB_ROWWISE, input=REPLICATE, output=REPLICATE, output_sp=POSITIONS),
     TpRule(r"layers\.\d+\.ln[12]", REPLICATE, sequence_norm=True),
+    TpRule(r"layers\.\d+\.ln[12]_post", REPLICATE, sequence_norm=True, local_output=True),
     TpRule(r"layers\.\d+\.attn\.[qkv]", COLWISE),
+    TpRule(r"layers\.\d+\.attn\.(q_norm|k_norm|q_a|q_a_norm|kv_a|kv_a_norm)", REPLICATE, partial_grads=True),
+    TpRule(r"layers\.\d+\.attn\.(q_b|kv_b)", COLWISE),
+    TpRule(r"layers\.\d+\.attn\.sinks", HEADS),
     TpRule(r"layers\.\d+\.attn\.o", ROWWISE, output_sp=SEQUENCE),
     TpRule(r"layers\.\d+\.mlp\.(fc_in|gate|up)", COLWISE),
     TpRule(r"layers\.\d+\.mlp\.(fc_out|down)", ROWWISE, output_sp=SEQUENCE),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
+from backend.analytic.params import is_gated
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 
@@ -105,7 +106,7 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     if m.is_moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
         # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
         # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
-        mats = 3 if str(getattr(m, "mlp", "gelu")) == "swiglu" else 2
+        mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
         ar += mats * L * bsh * m.top_k
         if getattr(m, "n_shared_experts", 0):
             ar += mats * L * bsh

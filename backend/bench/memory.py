@@ -137,6 +137,8 @@ class _HighWater:
         self.memory_tracking = _LenientStats(lambda m: stats_cls(fqn(m) or type(m).__name__))
         self.high_water: dict[Any, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
         self.at_act_peak: dict[Any, dict[Any, int]] = {}
+        self.others_at_act_peak: dict[Any, dict[Any, dict[Any, int]]] = {}
+        """Every other device's snapshot at that device's activation peak (the host's model states under offload)."""
         self._act_peak: dict[Any, int] = {}
 
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
@@ -161,6 +163,7 @@ class _HighWater:
             if act > 0 and not skip and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)
+                self.others_at_act_peak[dev] = {d: dict(s) for d, s in self._curr_mem_snap.items() if d != dev}
 
     def new_iteration_hook(self, module: nn.Module, args: Any) -> None:
         """Microbatches call the root module again within one step; torch's trackers reject that as a new
@@ -303,22 +306,34 @@ def track_inputs(tracker: Any, tensors: Iterable[torch.Tensor]) -> None:
         tracker.track_external(*tensors)
 
 
-def breakdown(tracker: Any, device: torch.device) -> dict[str, Any]:
-    """Measured categories (at the activation peak), the total peak, and the other two views; bytes."""
+def breakdown(tracker: Any, device: torch.device, states: torch.device | None = None) -> dict[str, Any]:
+    """Measured categories (at the activation peak), the total peak, and the other two views; bytes.
+    `states`: where the model states live when not on `device` (the host under FSDP2's CPUOffloadPolicy on CUDA):
+    that device's bytes are added to every view, taken at the compute device's activation peak for that view."""
     peak = _for_device(tracker.get_tracker_snapshot("peak"), device)
     at_act = _for_device(tracker.at_act_peak, device)
     hw = _for_device(tracker.high_water, device)
+    if states is not None and states.type != device.type:
+        at_act = _merged(at_act, _for_device(_for_device(getattr(tracker, "others_at_act_peak", {}), device,
+                                                         raw=True), states))
+        peak = _merged(peak, _for_device(tracker.get_tracker_snapshot("peak"), states))
+        hw = _merged(hw, _for_device(tracker.high_water, states))
     return {"categories": map_snapshot(at_act or peak), "moment": "activation_peak" if at_act else "total_peak",
             "peak_bytes": int(peak.get(_TOTAL, 0)), "at_peak": map_snapshot(peak), "high_water": map_snapshot(hw),
             "tracker_at_activation_peak": at_act, "tracker_at_peak": peak, "tracker_high_water": hw}
 
 
-def _for_device(snaps: dict[Any, dict], device: torch.device) -> dict:
+def _for_device(snaps: dict[Any, dict], device: torch.device, raw: bool = False) -> dict:
     for dev, snap in snaps.items():
         d = torch.device(dev)
         if d.type == device.type and (device.index is None or d.index in (None, device.index)):
-            return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+            return snap if raw else {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
     return {}
+
+
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Two devices' tracker snapshots as one (bytes per category summed, Total included)."""
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
 def cuda_peaks(device: torch.device) -> tuple[int | None, int | None]:

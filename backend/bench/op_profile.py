@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from backend.bench import op_probe
-from backend.bench.op_timing import Deadline
+from backend.bench.op_timing import TIMING, Deadline
 
 DATASHEET_KEYS = {
     "nvidia h100 80gb hbm3": "h100-sxm", "nvidia h100 sxm5 80gb": "h100-sxm", "nvidia h100 pcie": "h100-pcie",
@@ -193,4 +193,5 @@ def probe_profile(device: torch.device, sizes: op_probe.Sizes, budget_s: float,
     facts["datasheet_key"] = key
     datasheet = json.loads(DATA_FILE.read_text())["profiles"].get(key) if key else None
     tables = measure_tables(device, sizes, budget_s, on_table)
+    tables["timing"] = TIMING  # per-call spans without the host launch (op_timing.py)
     return profile_key(facts), profile_entry(tables, facts, datasheet)

@@ -1,8 +1,11 @@
 """How the operation probe times one operation: device time, warm-up first, median of repeats, rotating inputs.
 
 CUDA: a pair of CUDA events around each repeat on the current stream, read after the end event completes
-(the device's own time for the queued kernels, not the host's launch time). CPU: perf_counter around each
-repeat. Inputs are random (never zeros: a zero operand can take a faster path in some kernels), and where one
+(the device's own time for the queued kernels). A repeat is a burst of back-to-back calls, enough for about
+BURST_S of device time: the GPU records the start event at once and then waits for the first call's host launch,
+so a single-call span would hold that launch too (probes before this timing, `measured.timing` absent, are
+corrected for it by analytic/steptime/op_tables.py); in a burst only the first call's launch is inside, shared by
+all. CPU: perf_counter around each call. Inputs are random (never zeros: a zero operand can take a faster path in some kernels), and where one
 input set would sit in the L2 cache the probe allocates several and rotates through them, so each repeat
 reads from HBM as a training step does (the same idea as triton.testing.do_bench's cache flush, without the
 flush kernel's own time in the span).
@@ -24,6 +27,11 @@ CPU_L2_BYTES = 32 * 2**20
 """Stand-in for the last-level cache size on the CPU (no portable query)."""
 MAX_ROTATION = 16
 """At most this many input sets per measurement (memory bound: see rotation_count)."""
+BURST_S = 1e-3
+"""Device seconds one CUDA repeat aims at (calls per burst = BURST_S / one call, 1..MAX_BURST)."""
+MAX_BURST = 64
+TIMING = "burst"
+"""What a probe records as `measured.timing` (op_profile): spans of bursts, no host launch inside per call."""
 
 
 @dataclass
@@ -61,17 +69,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _one_repeat(fn: Callable[[], object], device: torch.device) -> float:
+def _one_repeat(fns: list[Callable[[], object]], device: torch.device, first: int = 0, calls: int = 1) -> float:
+    """Seconds per call of `calls` back-to-back calls, rotating over fns from index `first`."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for i in range(calls):
+            fns[(first + i) % len(fns)]()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3  # ms -> s
+        return start.elapsed_time(end) / 1e3 / calls  # ms -> s
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for i in range(calls):
+        fns[(first + i) % len(fns)]()
+    return (time.perf_counter() - t0) / calls
 
 
 def median_s(fns: list[Callable[[], object]], device: torch.device, *, warmup: int = 2, repeats: int = 5,
@@ -82,9 +93,10 @@ def median_s(fns: list[Callable[[], object]], device: torch.device, *, warmup: i
     for k in range(warmup):
         fns[k % len(fns)]()
     synchronize(device)
-    first = _one_repeat(fns[0], device)
-    n = repeats if first <= 0 else int(min(4 * repeats, max(repeats, target_s / first)))
-    times = [first] + [_one_repeat(fns[(k + 1) % len(fns)], device) for k in range(n - 1)]
+    first = _one_repeat(fns, device)
+    calls = int(min(MAX_BURST, max(1, BURST_S / first))) if device.type == "cuda" and first > 0 else 1
+    n = repeats if first <= 0 else int(min(4 * repeats, max(repeats, target_s / (first * calls))))
+    times = [_one_repeat(fns, device, first=k * calls, calls=calls) for k in range(n)]
     return statistics.median(times)
 
 

@@ -6,8 +6,10 @@ Loss = Σ_runs [ log²(predicted step / measured step)
 per collective: rank 0's seconds before overlap (model.RankTime.comm_by_collective_s) vs its measured
 `comm.<collective>.seconds`; per phase: the pipeline stages' forward / backward seconds of one microbatch
 (model.StepTime.stage_fwd_s / stage_bwd_s) vs the run's timeline (median F / B event per stage), where recorded.
-Parameters are fitted in
-log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
+Parameters (`fitted_params(profile)`: the GEMM
+scale, kernel floor, link efficiency and latency, overlap, fixed overhead, DTensor dispatch, all-gather /
+reduce-scatter bandwidth, and a scale on each operation table the profile has: attention, element-wise,
+optimizer) are fitted in log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
 minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
 Interval: the 5th/95th percentiles of the leave-one-out relative errors (a residual-based prediction
 interval; with n runs its nominal coverage is about 1 - 2/(n+1)).
@@ -24,12 +26,16 @@ import numpy as np
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 
-FITTED = ("gemm_efficiency_max", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
+FITTED = ("gemm_scale", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
           "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
+"""Fitted on every profile; gemm_scale multiplies its GEMM table or size curve."""
+TABLE_SCALES = (("attention", "attention_scale"), ("elementwise", "elementwise_scale"), ("optimizer", "optimizer_scale"))
+"""Fitted too where the profile has that operation table."""
 COMM_WEIGHT = 0.1
 PHASE_WEIGHT = 0.5
-BOUNDS = {"gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0), "overlap_efficiency": (0.0, 1.0),
-          "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0)}
+BOUNDS = {"gemm_scale": (1e-3, 10.0), "gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0),
+          "overlap_efficiency": (0.0, 1.0), "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0),
+          "inter_efficiency": (1e-4, 1.0), "attention_flash_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0)}
 
 
 @dataclass
@@ -53,15 +59,31 @@ class Fit:
     loo: list[dict[str, float]] = field(default_factory=list)
     ranges: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    residuals: list[dict[str, float]] = field(default_factory=list)
+    """Each run's measured step vs the all-runs fit's prediction (the fit residual, in %)."""
+    profile: Hardware | None = None
+    """The base profile with the fitted tunables (its operation tables scaled by them)."""
+
+
+CPU_ONLY = ("dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
+"""Host DTensor dispatch (0 on GPUs: the host runs ahead of the kernels) and gloo's all-gather / reduce-scatter
+bandwidth (NCCL runs every ring collective at one bus bandwidth): not fitted on GPU profiles."""
+
+
+def fitted_params(hw: Hardware) -> tuple[str, ...]:
+    """The tunables a calibration of `hw` fits: FITTED (without CPU_ONLY on GPUs) plus the scale of each operation
+    table the profile has."""
+    base = FITTED if hw.kind == "cpu" else tuple(k for k in FITTED if k not in CPU_ONLY)
+    return base + tuple(scale for part, scale in TABLE_SCALES if getattr(hw.tables, part))
 
 
 def apply(hw: Hardware, params: dict[str, float]) -> Hardware:
     return hw.with_tunables(**params)
 
 
-def _params(hw: Hardware, x: np.ndarray) -> dict[str, float]:
+def _params(hw: Hardware, x: np.ndarray, names: tuple[str, ...] = FITTED) -> dict[str, float]:
     out = {}
-    for k, v in zip(FITTED, x):
+    for k, v in zip(names, x):
         val = getattr(hw.tune, k) * math.exp(float(v))
         lo, hi = BOUNDS.get(k, (0.0, math.inf))
         out[k] = min(max(val, lo), hi)
@@ -88,8 +110,8 @@ def sample_loss(hw: Hardware, s: Sample) -> float:
     return total
 
 
-def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray) -> float:
-    h = apply(hw, _params(hw, x))
+def _loss(hw: Hardware, samples: list[Sample], x: np.ndarray, names: tuple[str, ...] = FITTED) -> float:
+    h = apply(hw, _params(hw, x, names))
     return sum(sample_loss(h, s) for s in samples)
 
 
@@ -155,29 +177,36 @@ def extrapolation(spec: Any, ranges: dict[str, Any], gpus_per_node: int) -> list
     return out
 
 
-def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False) -> Fit:
-    """Fit FITTED on all samples, then leave each out for the LOO MAPE and interval: each refit starts from the
-    profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
-    if len(samples) < len(FITTED) + 1:
-        raise ValueError(f"need at least {len(FITTED) + 1} measured runs to fit {len(FITTED)} parameters, got {len(samples)}")
-    x0 = np.zeros(len(FITTED))
-    best = nelder_mead(lambda x: _loss(hw, samples, x), x0, iters=iters)
-    params = _params(hw, best)
+def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 150, cold_loo: bool = False,
+        names: tuple[str, ...] | None = None) -> Fit:
+    """Fit `names` (default fitted_params(hw)) on all samples, then leave each out for the LOO MAPE and interval:
+    each refit starts from the profile (cold_loo) or, cheaper, from the all-runs fit (warm)."""
+    names = names or fitted_params(hw)
+    if len(samples) < len(names) + 1:
+        raise ValueError(f"need at least {len(names) + 1} measured runs to fit {len(names)} parameters of {hw.key!r} "
+                         f"({', '.join(names)}), got {len(samples)}")
+    x0 = np.zeros(len(names))
+    best = nelder_mead(lambda x: _loss(hw, samples, x, names), x0, iters=iters)
+    params = _params(hw, best, names)
+    fitted = apply(hw, params)
+    residuals = [{"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": (p := predict(fitted, s)),
+                  "residual_pct": (p - s.step_s) / s.step_s * 100} for s in samples]
     rows, rel = [], []
     if loo:
         for i, s in enumerate(samples):
             rest = samples[:i] + samples[i + 1:]
             if cold_loo:  # the left-out run never shapes its own prediction
-                xi = nelder_mead(lambda x: _loss(hw, rest, x), x0, iters=iters)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)
             else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
-                xi = nelder_mead(lambda x: _loss(hw, rest, x), best, step=0.2, iters=max(20, iters // 4))
-            pred = predict(apply(hw, _params(hw, xi)), s)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2, iters=max(20, iters // 4))
+            pred = predict(apply(hw, _params(hw, xi, names)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
                          "error_pct": (pred - s.step_s) / s.step_s * 100})
     mape = float(np.mean([abs(r["error_pct"]) for r in rows])) if rows else None
     band = (_percentile(rel, 5), _percentile(rel, 95)) if rel else (-0.2, 0.2)
     return Fit(params=params, loo_mape=mape, band=band, loo=rows, ranges=measured_ranges(samples, hw.gpus_per_node),
-               notes=[f"fitted {', '.join(FITTED)} as multipliers of profile {hw.key!r}",
+               residuals=residuals, profile=fitted,
+               notes=[f"fitted {', '.join(names)} as multipliers of profile {hw.key!r}",
                       "interval: 5th..95th percentile of leave-one-out relative errors",
                       f"leave-one-out refits start from {'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])

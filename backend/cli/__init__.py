@@ -10,7 +10,8 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("estimate", "run", "store", "trace", "hardware", "plan", "calibrate", "ingest")
+COMMAND_MODULES = ("estimate", "run", "store", "trace", "hardware", "plan", "calibrate", "ingest", "import_config",
+                   "import_run")
 
 
 def build_parser() -> argparse.ArgumentParser:

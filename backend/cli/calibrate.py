@@ -1,13 +1,17 @@
-"""`python -m backend calibrate`: fit the step-time model to stored measured runs and store the calibration.
+"""`python -m backend calibrate`: fit the step-time model to stored runs (ShardLab's own and imported ones) and store
+the result as a calibration, optionally a named profile of your cluster.
 
-  python -m backend calibrate --tag cal-w2 --hardware cpu --json
-  python -m backend calibrate --ids 1,2,3,4,5,6,7 --hardware cpu
+  python -m backend calibrate --tag ourcluster --hardware h100-sxm --name h100-ourcluster --json
+  python -m backend calibrate --tag cal-w2 --hardware cpu
+  python -m backend plan ... --hardware h100-ourcluster          # estimate / plan take the name (or --calibration ID)
 
-Fits the profile's GEMM efficiency, op launch overhead, link efficiency and latency, overlap, fixed overhead,
-DTensor dispatch cost and all-gather / reduce-scatter bandwidth (backend/calibration/fit.py) to each run's
-measured step time, seconds per collective and, for pipelines, per-stage forward/backward times, reports the
-leave-one-out MAPE and stores the result (table `calibrations`); `estimate`/`plan --calibration ID` use it.
-Prints {"id", "hardware", "params", "fit_runs", "loo_mape", "notes"} with --json.
+The fit is backend/calibration/profile_fit.fit_profile: on the runs' measured step times (and, for ShardLab's own
+runs, seconds per collective and pipeline phases), as many parameters as the runs support, in order: a scale on the
+profile's GEMM table (or size curve), fixed overhead, overlap, link efficiency, a scale on each operation table the
+profile has (attention, element-wise, optimizer; backend/calibration/fit.py fitted_params), kernel floor; on CPU
+profiles also latency, the DTensor dispatch cost and all-gather / reduce-scatter bandwidth. Runs measured on another
+device than --hardware's are left out with the reason. Prints {"id", "name", "hardware", "params", "fit_runs",
+"kinds", "residuals", "loo", "loo_mape", "interval", "ranges", "notes"} with --json.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 
 from backend.cli import fail
 
+MAX_NAME = 64
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit step-time parameters to stored runs", description=__doc__,
@@ -24,7 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tag", help="use the ok runs with this tag")
     g.add_argument("--ids", help="comma-separated run ids")
-    p.add_argument("--hardware", default="cpu", help="profile to calibrate (default: cpu)")
+    p.add_argument("--hardware", default="cpu", help="profile to calibrate (default: cpu), or a calibrated profile's "
+                   "name to refit it")
+    p.add_argument("--name", help=f"store it as a named profile (<= {MAX_NAME} characters: letters, digits, . _ -) that "
+                   "--hardware accepts, e.g. h100-ourcluster")
     p.add_argument("--db", metavar="URL", help="database URL (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
     p.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits (no MAPE, default interval)")
     p.add_argument("--json", action="store_true")
@@ -32,9 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from backend.analytic.steptime.hardware import get_hardware
-    from backend.calibration import fit as F
-    from backend.calibration import store
+    from backend.calibration.calibrate import calibrate
     from db.session import open_db
 
     try:
@@ -42,28 +48,28 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         return fail(f"--ids must be comma-separated integers (got {args.ids!r})")
     try:
-        hw = get_hardware(args.hardware)
+        out = calibrate(open_db(args.db), hardware=args.hardware, tag=args.tag, ids=ids, name=args.name,
+                        loo=not args.no_loo)
     except ValueError as e:
-        return fail(str(e))
-    engine = open_db(args.db)
-    samples, problems = store.samples(engine, tag=args.tag, ids=ids)
-    if problems and ids:
-        return fail("; ".join(problems))
-    try:
-        result = F.fit(hw, samples, loo=not args.no_loo)
-    except ValueError as e:
-        return fail(str(e))
-    run_ids = [s.run_id for s in samples]
-    cal_id = store.save(engine, hw.key, result, run_ids)
-    out = {"id": cal_id, "hardware": hw.key, "params": result.params, "fit_runs": run_ids, "loo_mape": result.loo_mape,
-           "notes": result.notes + problems, "interval": list(result.band), "ranges": result.ranges, "loo": result.loo}
+        return fail(str(e).replace("name ", "--name ", 1) if str(e).startswith("name ") else str(e))
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"calibration {cal_id} for {hw.key}: {len(run_ids)} runs, leave-one-out MAPE "
-          f"{'-' if result.loo_mape is None else f'{result.loo_mape:.1f}%'}, interval {result.band[0]:+.0%}..{result.band[1]:+.0%}")
-    for k, v in result.params.items():
+    name, cal_id = out["name"], out["id"]
+    label = f"profile {name!r} (calibration {cal_id})" if name else f"calibration {cal_id}"
+    band = out["interval"]
+    mape = "-" if out["loo_mape"] is None else f"{out['loo_mape']:.1f}%"
+    kinds = ", ".join(f"{n} {k}" for k, n in out["kinds"].items())
+    print(f"{label} of {out['hardware']}: {len(out['fit_runs'])} runs ({kinds}), leave-one-out MAPE {mape}, interval "
+          f"{band[0]:+.0%}..{band[1]:+.0%}")
+    for k, v in out["params"].items():
         print(f"  {k} = {v:.4g}")
-    for r in result.loo:
-        print(f"  run {r['run_id']}: measured {r['measured_s']:.3f} s, predicted {r['predicted_s']:.3f} s ({r['error_pct']:+.1f}%)")
+    loo = {r["run_id"]: r for r in out["loo"]}
+    for r in out["residuals"]:
+        left_out = loo.get(r["run_id"])
+        print(f"  run {r['run_id']}: measured {r['measured_s']:.3f} s, fit {r['predicted_s']:.3f} s "
+              f"({r['residual_pct']:+.1f}%)" + (f", left out {left_out['predicted_s']:.3f} s ({left_out['error_pct']:+.1f}%)"
+                                                if left_out else ""))
+    for n in out["notes"]:
+        print(f"  note: {n}")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
@@ -28,14 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
-    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
+    src.add_argument("--spec", type=Path, metavar="FILE", help="a spec JSON (or `import-config --json` output): its model, "
+                     "and its GPUs, global batch and sequence length unless given")
     for flag, field in MODEL_FLAGS.items():
         p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
-    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus", type=int, help="GPUs to plan for (required without --spec)")
     p.add_argument("--gpus-per-node", type=int, help="default: the hardware profile's")
-    p.add_argument("--hardware", required=True)
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--seq", type=int, required=True, help="sequence length")
+    p.add_argument("--hardware", required=True, help="a profile (`python -m backend hardware`) or a calibrated profile's name "
+                   "(`python -m backend calibrate --name`)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (required without --spec)")
+    p.add_argument("--seq", type=int, help="sequence length (required without --spec)")
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
@@ -54,7 +58,15 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
     from backend.spec import ModelSpec
 
     data: dict[str, Any] = {}
-    if args.preset or args.hf_config:
+    if args.spec is not None:
+        from backend.cli.spec_flags import load_spec_file
+        from backend.spec_text import InputError
+
+        try:
+            data = dict(load_spec_file(args.spec).get("model") or {})
+        except InputError as e:
+            return None, str(e)
+    elif args.preset or args.hf_config:
         from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
         from backend.presets import preset_model
 
@@ -75,13 +87,40 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
         return None, f"invalid model: {e}"
 
 
+def _from_spec(args: argparse.Namespace) -> str | None:
+    """--gpus / --global-batch / --seq from --spec where not given (the spec's world, batch and sequence length)."""
+    if args.spec is None:
+        return None
+    from backend.cli.spec_flags import load_spec_file
+    from backend.spec import validate_spec
+    from backend.spec_text import InputError
+
+    try:
+        spec, problems = validate_spec(load_spec_file(args.spec), predict_only=True)
+    except InputError as e:
+        return str(e)
+    if spec is None:
+        return f"--spec {args.spec}: " + "; ".join(problems)
+    args.gpus = args.gpus or spec.parallel.world_size
+    args.global_batch = args.global_batch or spec.train.global_batch
+    args.seq = args.seq or spec.model.seq_len
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.store import resolve
     from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
     from backend.planner.space import Limits
 
-    for name in ("gpus", "global_batch", "seq", "top", "max_cp"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
+    problem = _from_spec(args)
+    if problem:
+        return fail(problem)
+    if args.max_cp is not None and args.max_cp < 1:
+        return fail(f"--max-cp must be >= 1 (got {args.max_cp})")
+    for name in ("gpus", "global_batch", "seq", "top"):
+        if getattr(args, name) is None:
+            return fail(f"--{name.replace('_', '-')} is required (or give --spec)")
+        if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     model, problem = _model(args)
     if problem:
@@ -89,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if model.d_model % model.n_heads:
         return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
     try:
-        hw, band, _ = resolve(args.hardware, args.calibration, args.db)
+        hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return fail(str(e))
     g = args.gpus_per_node or hw.gpus_per_node
@@ -98,9 +137,17 @@ def run(args: argparse.Namespace) -> int:
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
                fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
                limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits())
+    from backend.calibration.usage import calibration_used
+
+    used = calibration_used(hw, cal, res.configs, g)
     if args.json:
-        print(json.dumps(res.to_dict()))
+        out = res.to_dict()
+        out["profile"] = used["profile"]
+        for config, flags in zip(out["configs"], used["extrapolation"]):
+            config["extrapolation"] = flags
+        print(json.dumps(out))
         return 0
+    print(used["line"])
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
     print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6} runs")
@@ -109,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{i:>2} {s['name'][5:]:<40} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
               f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
               f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
-              f"{'yes' if c['runnable'] else 'prediction only'}")
+              f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
     for why in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):
         print(f"prediction only: {why}")
     for n in res.notes:

@@ -37,7 +37,7 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
-                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox)")
+                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
     parser.add_argument("--run-here", action="store_true",
                         help="scale the --preset/--hf-config model down for this CPU, keeping its family")
 
@@ -65,10 +65,27 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     data = load_json_file(path, "--spec")
     if not isinstance(data, dict):
         raise InputError(f"--spec {path} holds a JSON {type(data).__name__}, not an object of spec sections")
+    data = unwrap_imported(data, path)
     for section in ("model", "train", "parallel", "runtime"):
         if section in data and not isinstance(data[section], dict):
             raise InputError(f"--spec {path}: section {section!r} is a JSON {type(data[section]).__name__}, not an object")
     return data
+
+
+def unwrap_imported(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`import-config --json` output ({"spec", "ignored", "unmapped"}) is accepted as a --spec: its spec, with a note
+    on stderr naming the fields the spec does not hold."""
+    if not ("spec" in data and ("unmapped" in data or "ignored" in data)):
+        return data
+    if not isinstance(data["spec"], dict):
+        raise InputError(f"--spec {path}: 'spec' is a JSON {type(data['spec']).__name__}, not an object")
+    unmapped = data.get("unmapped") or {}
+    if unmapped:
+        from backend.spec_text import printable
+
+        print(f"note: {path} is an imported {printable(data.get('framework', 'framework'))} config; not in the spec: "
+              + ", ".join(printable(k) for k in unmapped), file=sys.stderr)
+    return data["spec"]
 
 
 def _model_source(args: argparse.Namespace) -> dict[str, Any] | None:

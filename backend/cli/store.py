@@ -225,15 +225,21 @@ def cmd_show(args) -> int:
     if row is None:
         print(f"error: no experiment with id {args.id}", file=sys.stderr)
         return 1
-    spec, result = row.pop("spec"), row.pop("result")
     if args.json:
-        out = {**row, "spec": spec.model_dump(mode="json"), "result": result.model_dump(mode="json", by_alias=True) if result else None}
-        print(_dump(out))
+        print(_dump(experiment_json(row)))
         return 0
+    spec, result = row.pop("spec"), row.pop("result")
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
-    if result is not None:
+    if result is not None and result.imported is not None:  # a log's allocator peaks, not tracked categories
+        print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  step_s_median")
+        for r in result.per_rank:
+            med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
+            print(f"{r.rank:>4}  {r.cuda_max_allocated_bytes if r.cuda_max_allocated_bytes is not None else '-':>14}  "
+                  f"{r.cuda_max_reserved_bytes if r.cuda_max_reserved_bytes is not None else '-':>13}  "
+                  f"{r.predicted.peak_bytes:>15}  {med if med is not None else '-'}")
+    elif result is not None:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
             med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
@@ -242,6 +248,18 @@ def cmd_show(args) -> int:
         print("\nlog tail:\n" + row["log_tail"])
     print("\nspec:\n" + spec.to_json())
     return 0
+
+
+def experiment_json(row: dict) -> dict:
+    """`show ID --json`: the row's columns, its spec and its result as JSON (import-run --json prints the same)."""
+    row = dict(row)
+    spec, result = row.pop("spec"), row.pop("result")
+    return {**row, "spec": spec.model_dump(mode="json"),
+            "result": result.model_dump(mode="json", by_alias=True) if result else None}
+
+
+def dump_json(obj) -> str:
+    return _dump(obj)
 
 
 def _lifecycle(args, action) -> int:

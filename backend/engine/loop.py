@@ -36,7 +36,7 @@ def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
 def _batch(ctx: RankContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This dp rank's rows of step `step`'s global batch, on ctx.device (the engine owns placement)."""
     batch = local_batch(ctx, *global_batch(ctx.spec, step))
-    check_placement(ctx.device, [], None, batch)
+    check_placement(ctx.placement, [], None, batch)
     return batch
 
 
@@ -54,10 +54,10 @@ def run_loop(ctx: RankContext, prep: Prepared) -> dict[str, Any]:
         losses.append(global_mean_loss(*prep.train_step(*_batch(ctx, i))))
         progress(ctx, i + 1, t.warmup_steps, "warmup")
         if i == 0:  # optimizer state and grads exist now: check them too (set-up checked the parameters)
-            check_placement(ctx.device, prep.modules, prep.optimizer)
+            check_placement(ctx.placement, prep.modules, prep.optimizer)
     step_s = timed_steps(ctx, prep, losses)
     if t.warmup_steps == 0:
-        check_placement(ctx.device, prep.modules, prep.optimizer)
+        check_placement(ctx.placement, prep.modules, prep.optimizer)
     mem, full = _memory_step(ctx, prep, t.warmup_steps + t.steps)
     # The objects the memory-tracked step published: a per-step record is replaced by each step (ep: its routing),
     # so this keeps the tracked step's, which memory and comm describe; a running value is updated in place (the
@@ -138,7 +138,7 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     with memory.tracking(tracker, prep.modules), full:
         prep.train_step(*batch)
     timing.fence(ctx.device)  # let async collectives' completion callbacks land
-    out = memory.breakdown(tracker, ctx.device)
+    out = memory.breakdown(tracker, ctx.device, ctx.placement.states)
     out["cuda_max_allocated_bytes"], out["cuda_max_reserved_bytes"] = memory.cuda_peaks(ctx.device)
     out["rss_bytes"] = memory.rss_bytes()
     progress(ctx, 1, 1, "memory")

@@ -32,7 +32,7 @@ WEIGHTS = {"env": 0.05, "probe": 0.20, "runs": 0.40, "diag": 0.20, "trace": 0.08
 with --profile (no probe): env ~19 s, runs ~150 s (5 runs, ~21-30 s each), diag ~75-90 s, trace ~30-40 s,
 tests ~60-85 s, late_runs what is left (~60-100 s)."""
 MIN_S = {"cuda": {"env": 15, "probe": 25, "runs": 45, "diag": 20, "trace": 10, "tests": 10, "late_runs": 45},
-         "cpu": {"env": 15, "probe": 5, "runs": 10, "diag": 5, "trace": 5, "tests": 5, "late_runs": 5}}
+         "cpu": {"env": 40, "probe": 5, "runs": 10, "diag": 5, "trace": 5, "tests": 5, "late_runs": 5}}
 """Seconds a phase needs to be worth starting; env's is its child's start-up (interpreter, torch, CUDA)."""
 REPORT_KEYS = ("env", "profile", "runs", "diag", "trace", "tests")
 """report.json's contract keys (issue 22, + diag), one per phase (probe -> profile; late_runs adds to runs)."""

@@ -142,20 +142,20 @@ def listing(shape: dict[str, Any], device: torch.device, mode: str) -> dict[str,
 
 def analytic(shape: dict[str, Any], device: str, mode: str) -> dict[str, float]:
     """The analytic model's per-block and head terms for this shape (micro_batch 1, tp 1) in this mode."""
-    from backend.analytic.activations import (family_kwargs, model_embedding_head_activation_bytes,
-                                              model_layer_activation_bytes)
+    from backend.analytic.memory.activations import (family_kwargs, model_embedding_head_activation_bytes,
+                                                     model_layer_activation_bytes)
     from backend.spec import ModelSpec
 
     m = ModelSpec.model_validate({k: v for k, v in shape.items() if k != "source"})
     autocast = mode == "autocast"
     fam = family_kwargs(m)
     block = model_layer_activation_bytes(s=m.seq_len, b=1, h=m.d_model, a=m.n_heads, kv_heads=m.kv_heads, ffn=m.ffn,
-                                         dtype_bytes=2, autocast=autocast, autocast_device=device, **fam)
+                                         dtype_bytes=2, autocast=autocast, device=device, **fam)
     head = model_embedding_head_activation_bytes(s=m.seq_len, b=1, h=m.d_model, vocab=m.vocab_size, dtype_bytes=2,
                                                  logits_held=autocast, autocast=autocast, norm=fam["norm"],
-                                                 learned_pos=not fam["rope"])
+                                                 learned_pos=not fam["rope"], device=device)
     return {"block_bytes": block, "embedding_head_loss_bytes": head,
-            "source": "backend/analytic/activations.py model_layer_activation_bytes, "
+            "source": "backend/analytic/memory/activations.py model_layer_activation_bytes, "
                       "model_embedding_head_activation_bytes"}
 
 

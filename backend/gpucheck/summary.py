@@ -85,7 +85,8 @@ def render(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for run in report.get("runs") or []:
         lines.append("| " + " | ".join(run_row(run, trace_rows)) + " |")
-    lines += ["", "err % = (measured - predicted) / predicted. Predicted need = the fullest moment + the CUDA runtime "
+    lines += ["", "err % = (measured - predicted) / predicted. Predicted need = the fullest moment (activation peak, "
+              "optimizer.step or the start of the loss's backward: analytic RankEstimate.moments) + the CUDA runtime "
               "allowance (analytic/device.RuntimeOverhead), the New-experiment page's \"fits\" check."]
     if isinstance(report.get("diag"), dict):
         lines += diag_lines(report["diag"])

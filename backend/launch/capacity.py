@@ -3,8 +3,8 @@ available RAM, checked before anything launches (the New-experiment page, `run`,
 SLURM runs are bounded by the cluster config instead (backend/cluster/submit.cluster_problem).
 
 Memory: a CPU rank holds its parameters, gradients, optimizer state and activations in host RAM: the analytic
-estimate's fullest moment per rank (the activation peak or optimizer.step, whichever is larger, as the
-New-experiment fit check) plus the torch runtime of one rank process (RANK_RUNTIME_BYTES). A GPU rank keeps its
+estimate's fullest moment per rank (the activation peak, optimizer.step or the start of the loss's backward:
+RankEstimate.moments, as the New-experiment fit check) plus the torch runtime of one rank process (RANK_RUNTIME_BYTES). A GPU rank keeps its
 tensors on its device, so only its runtime counts here. The loss reference is not counted: it skips itself when
 it would not fit (engine/reference.py). The sum must stay within the available RAM minus a headroom.
 
@@ -125,7 +125,7 @@ def rank_host_bytes(spec: ExperimentSpec) -> tuple[list[float], str]:
     if str(device) != "cpu":
         return [], "tensors on the GPU"
     est = estimate(spec, device="cpu")
-    fullest = [max(r.total_bytes, r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes) for r in est.per_rank]
+    fullest = [r.fullest_bytes() for r in est.per_rank]
     ranks = spec.parallel.world_size // spec.runtime.nnodes
     node = spec.runtime.node_rank
     return [float(b) for b in fullest[node * ranks:(node + 1) * ranks]], "model state and activations"

@@ -1,8 +1,11 @@
-"""Decoder family (GPT, Llama/Mistral/Qwen2-style dense, Mixtral-style MoE, MoE with shared experts) that
-`backend.analytic.params` counts to the element.
+"""Decoder family (GPT, Llama/Mistral/Qwen2-style dense, Mixtral-style MoE, MoE with shared experts; Qwen3 q/k norms,
+Gemma 3 sandwich norms and sliding windows, gpt-oss sinks and clamped SwiGLU experts with biases, Llama 4 interleaved
+MoE and chunked attention, DeepSeek-V2/V3 latent attention (MLA), dense prefix and sigmoid / group-limited routing)
+that `backend.analytic.params` counts to the element.
 
 Layout (names are relied on by the TP plan and the PP splitter):
-  tok_emb, pos_emb (learned positions only) -> layers["0".."L-1"] (ln1, attn.{q,k,v,o}, ln2, mlp) -> norm -> lm_head
+  tok_emb, pos_emb (learned positions only) -> layers["0".."L-1"] (ln1, attn.{q,k,v,o,q_norm,k_norm,sinks} or MLA's
+  attn.{q_a,q_a_norm,q_b | q, kv_a, kv_a_norm, kv_b, o}, [ln1_post], ln2, mlp, [ln2_post]) -> norm -> lm_head
   mlp: gelu {fc_in, fc_out} | swiglu {gate, up, down} | MoE {router, experts.E.<gelu|swiglu>, shared.<gelu|swiglu>,
   shared_gate}; ln1/ln2/norm are nn.LayerNorm (weight, bias) or nn.RMSNorm (weight).
 Biases (ModelSpec.bias): all -> every block Linear; qkv -> q, k, v only; none. lm_head and the router never.
@@ -28,7 +31,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, Recompute
+from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, Recompute, RouterScore, WindowKind
 from backend.torch_compat import is_fake_tensor
 
 INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
@@ -57,17 +60,69 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-class Attention(nn.Module):
-    def __init__(self, m: ModelSpec):
+def local_weight(w: torch.Tensor) -> torch.Tensor:
+    """A parameter as the tensor this rank computes with: under tensor parallelism a Replicate DTensor (q / k norms,
+    MLA's latent projections, applied to this rank's heads only) becomes its local copy whose gradient is a partial
+    sum over tp, a Shard(0) one (sinks) its local heads; a plain tensor as is."""
+    if not hasattr(w, "to_local"):
+        return w
+    if w.placements[0].is_replicate():
+        from torch.distributed.tensor import Partial
+
+        return w.to_local(grad_placements=[Partial()])
+    return w.to_local()
+
+
+def _rms_norm(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, norm.normalized_shape, local_weight(norm.weight), norm.eps)
+
+
+def _linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    bias = None if lin.bias is None else local_weight(lin.bias)
+    return F.linear(x, local_weight(lin.weight), bias)
+
+
+def attention_mask(m: ModelSpec, layer: int, T: int, device: torch.device) -> torch.Tensor | None:
+    """(T, T) bool, True where a query may attend: causal, narrowed to the window on a windowed layer; None for a
+    plain causal layer (the kernels' own causal path)."""
+    if m.layer_is_global(layer):
+        return None
+    i = torch.arange(T, device=device)
+    causal = i[None, :] <= i[:, None]
+    if m.window_kind == WindowKind.CHUNKED:  # Llama 4: causal inside chunks of `window` tokens
+        return causal & (i[None, :] // m.window == i[:, None] // m.window)
+    return causal & (i[:, None] - i[None, :] < m.window)  # the last `window` positions, itself included
+
+
+class Sinks(nn.Module):
+    """gpt-oss's learned attention sink: one logit per head that joins each row's softmax (its value is zero).
+    A module of its own so tensor parallelism can split it by heads like q's output rows."""
+
+    def __init__(self, n_heads: int):
         super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_heads))
+
+    def local(self) -> torch.Tensor:
+        return local_weight(self.weight)
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelSpec, layer: int = 0):
+        super().__init__()
+        self.spec, self.layer = m, layer
         self.head_dim = m.head_dim
-        kv_dim = m.kv_heads * m.head_dim
+        q_dim, kv_dim = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
         qkv_bias, o_bias = m.bias in (Bias.ALL, Bias.QKV), m.bias == Bias.ALL
-        self.q = nn.Linear(m.d_model, m.d_model, bias=qkv_bias)
+        self.q = nn.Linear(m.d_model, q_dim, bias=qkv_bias)
         self.k = nn.Linear(m.d_model, kv_dim, bias=qkv_bias)
         self.v = nn.Linear(m.d_model, kv_dim, bias=qkv_bias)
-        self.o = nn.Linear(m.d_model, m.d_model, bias=o_bias)
-        self.rope = m.positions == Positions.ROPE
+        self.o = nn.Linear(q_dim, m.d_model, bias=o_bias)
+        if m.qk_norm:
+            self.q_norm = nn.RMSNorm(m.head_dim, eps=m.norm_eps)
+            self.k_norm = nn.RMSNorm(m.head_dim, eps=m.norm_eps)
+        self.sinks = Sinks(m.n_heads) if m.attention_sinks else None
+        self.rope = m.positions == Positions.ROPE and not (m.global_layers_nope and m.layer_is_global(layer)
+                                                            and m.window is not None)
         self.flash = m.attention == AttentionImpl.FLASH
         self.selective_recompute = False
         self.context_parallel = None
@@ -77,8 +132,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         # view(..., -1, head_dim) keeps working when TP leaves only the local heads on this rank.
-        q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
-        k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, kv, T, d)
+        q = self.q(x).view(B, T, -1, self.head_dim)
+        k = self.k(x).view(B, T, -1, self.head_dim)
+        if self.spec.qk_norm:  # Qwen3 / Gemma 3: per-head RMSNorm before the rotation
+            q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, a, T, d)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.rope:
             cos, sin = rope_cos_sin(T, self.head_dim, q.device, q.dtype, token_positions(self, T, q.device))
@@ -86,30 +144,96 @@ class Attention(nn.Module):
         if k.shape[1] != q.shape[1]:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        core = _flash_attention if self.flash else _core_attention
+        return self.o(self.core(q, k, v).transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d)) v over the layer's mask, checkpointed under selective recompute; under context
+        parallelism the ring attention (plain causal: spec_checks refuses cp with windows or sinks)."""
+        mask = attention_mask(self.spec, self.layer, q.shape[-2], q.device)
+        sinks = self.sinks.local() if self.sinks is not None else None
         if self.context_parallel is not None:
-            core = self.context_parallel.attention
-        if self.selective_recompute and torch.is_grad_enabled():
-            y = checkpoint(core, q, k, v, use_reentrant=False)
+            run = self.context_parallel.attention
+        elif self.flash:
+            run = lambda q_, k_, v_: _flash_attention(q_, k_, v_, mask)  # noqa: E731
         else:
-            y = core(q, k, v)
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+            run = lambda q_, k_, v_: _core_attention(q_, k_, v_, mask, sinks)  # noqa: E731
+        if self.selective_recompute and torch.is_grad_enabled():
+            return checkpoint(run, q, k, v, use_reentrant=False)
+        return run(q, k, v)
 
 
-def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2, Liu et al. 2024, Sec 2.1): q and the keys / values come from
+    low-rank latents. q = q_b(q_a_norm(q_a(x))) (or q(x)) split into a no-rope part and a rotary part per head;
+    kv_a(x) = [latent c (kv_lora) | one rotary key shared by all heads]; kv_b(kv_a_norm(c)) gives each head's no-rope
+    key and its value (v_head_dim wide); o maps the heads' values back. Hugging Face's DeepseekV3Attention layout."""
+
+    def __init__(self, m: ModelSpec, layer: int = 0):
+        super().__init__()
+        self.spec, self.layer = m, layer
+        a, qk, bias = m.n_heads, m.head_dim, m.bias in (Bias.ALL, Bias.QKV)
+        if m.q_lora_rank:
+            self.q_a = nn.Linear(m.d_model, m.q_lora_rank, bias=bias)
+            self.q_a_norm = nn.RMSNorm(m.q_lora_rank, eps=m.norm_eps)
+            self.q_b = nn.Linear(m.q_lora_rank, a * qk, bias=bias)
+        else:
+            self.q = nn.Linear(m.d_model, a * qk, bias=bias)
+        self.kv_a = nn.Linear(m.d_model, m.kv_lora_rank + m.qk_rope_head_dim, bias=bias)
+        self.kv_a_norm = nn.RMSNorm(m.kv_lora_rank, eps=m.norm_eps)
+        self.kv_b = nn.Linear(m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
+        self.o = nn.Linear(a * m.v_head_dim, m.d_model, bias=m.bias == Bias.ALL)
+        self.flash = m.attention == AttentionImpl.FLASH
+        self.selective_recompute = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.spec
+        B, T, _ = x.shape
+        nope, rope, vd = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        if hasattr(x, "to_local"):  # tp: every rank runs the (replicated) latent projections for its own heads
+            from torch.distributed.tensor import Partial
+
+            x = x.to_local(grad_placements=[Partial()])
+        q = self.q_b(_rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else self.q(x)
+        q = q.view(B, T, -1, nope + rope).transpose(1, 2)  # (B, a, T, nope + rope)
+        latent, k_rope = _linear(self.kv_a, x).split([m.kv_lora_rank, rope], dim=-1)
+        kv = self.kv_b(_rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
+        k_nope, v = kv.split([nope, vd], dim=-1)
+        cos, sin = rope_cos_sin(T, rope, x.device, x.dtype)
+        q_nope, q_rope = q.split([nope, rope], dim=-1)
+        k_rope = apply_rope(k_rope.view(B, 1, T, rope), cos, sin)
+        q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)), dim=-1)
+        mask = attention_mask(m, self.layer, T, x.device)
+        run = (lambda q_, k_, v_: _flash_attention(q_, k_, v_, mask)) if self.flash else \
+            (lambda q_, k_, v_: _core_attention(q_, k_, v_, mask, None))  # noqa: E731
+        y = checkpoint(run, q, k, v, use_reentrant=False) if self.selective_recompute and torch.is_grad_enabled() \
+            else run(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     # Explicit softmax(QK^T)V, not SDPA: it saves the (B, a, T, T) scores that Korthikanti's 5as/h term counts.
     T = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, a, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return probs @ v  # (B, a, T, d)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if allowed is None else ~allowed
+    scores = scores.masked_fill(mask, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1) @ v  # (B, a, T, d)
+    # gpt-oss: each head's sink logit is one more column of every row's softmax; its probability is dropped
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(scores.shape[0], -1, T, 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)
+    return probs[..., :-1] @ v
 
 
-def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
     # torch SDPA restricted to its fused kernels (CPU: the flash kernel; CUDA: flash or memory-efficient): autograd
-    # saves q, k, v, the output and the (B, a, T) logsumexp, never a (T, T) tensor (Dao et al. 2022, Sec 3.1).
+    # saves q, k, v, the output and the (B, a, T) logsumexp, never a (T, T) tensor (Dao et al. 2022, Sec 3.1); a
+    # windowed layer passes its (T, T) bool mask, which the kernel keeps for backward.
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, a, T, d)
+        if allowed is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, a, T, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
 class MLP(nn.Module):
@@ -137,8 +261,29 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class GeGLU(SwiGLU):
+    """down(gelu_tanh(gate(x)) * up(x)) (Shazeer 2020 Eq. 5 with the tanh GELU: Gemma's MLP)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.gate(x), approximate="tanh") * self.up(x))
+
+
+class ClampedSwiGLU(SwiGLU):
+    """gpt-oss's expert MLP: gate clamped above at 7, up to [-7, 7], down(gate * sigmoid(1.702 gate) * (up + 1))."""
+
+    LIMIT, ALPHA = 7.0, 1.702
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate(x).clamp(max=self.LIMIT)
+        up = self.up(x).clamp(-self.LIMIT, self.LIMIT)
+        return self.down(gate * torch.sigmoid(gate * self.ALPHA) * (up + 1))
+
+
+_MLPS = {Mlp.GELU: MLP, Mlp.SWIGLU: SwiGLU, Mlp.GEGLU: GeGLU, Mlp.SWIGLU_CLAMPED: ClampedSwiGLU}
+
+
 def make_mlp(m: ModelSpec, ffn: int) -> nn.Module:
-    return (SwiGLU if m.mlp == Mlp.SWIGLU else MLP)(m.d_model, ffn, bias=m.bias == Bias.ALL)
+    return _MLPS[Mlp(m.mlp)](m.d_model, ffn, bias=m.bias == Bias.ALL)
 
 
 class MoE(nn.Module):
@@ -152,9 +297,12 @@ class MoE(nn.Module):
 
     def __init__(self, m: ModelSpec):
         super().__init__()
+        self.spec = m
         self.top_k = m.top_k
         self.n_experts = m.n_experts
-        self.router = nn.Linear(m.d_model, m.n_experts, bias=False)
+        self.router = nn.Linear(m.d_model, m.n_experts, bias=m.router_bias)
+        if m.router_balance_bias:  # DeepSeek-V3: moved by the balancing rule, not by gradients (a buffer)
+            self.register_buffer("balance_bias", torch.zeros(m.n_experts))
         self.experts = nn.ModuleList(make_mlp(m, m.expert_ffn) for _ in range(m.n_experts))
         self.run_empty_experts = False
         """Run experts no token reached on 0 rows (zero grads, not None): set by the data-parallel wrappers, whose
@@ -162,15 +310,36 @@ class MoE(nn.Module):
         self.shared = make_mlp(m, m.shared_ffn) if m.shared_ffn else None
         self.shared_gate = nn.Linear(m.d_model, 1, bias=False) if m.shared_ffn and m.shared_expert_gate else None
 
+    def reset_buffers(self) -> None:
+        if hasattr(self, "balance_bias"):
+            self.balance_bias.zero_()
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(x)  # (N, E)
-        weights, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)  # (N, k)
+        m = self.spec
+        scores = torch.sigmoid(logits) if m.router_score == RouterScore.SIGMOID else torch.softmax(logits, dim=-1)
+        choice = scores + self.balance_bias if hasattr(self, "balance_bias") else scores
+        if m.expert_groups > 1:
+            choice = self._group_limited(choice.detach())
+        idx = torch.topk(choice, self.top_k, dim=-1).indices  # (N, k)
+        weights = scores.gather(-1, idx)
         weights = weights / weights.sum(-1, keepdim=True)
         if self.top_k == 1 and weights.requires_grad:
             # w / w is exactly 1, so its true gradient is 0; autograd's g/w - g*w/w^2 leaves ~1e-10 of rounding
             # that differs between the dense and all-to-all dispatch, and Adam scales that noise up to full steps.
             weights.register_hook(torch.zeros_like)
         return weights, idx
+
+    def _group_limited(self, choice: torch.Tensor) -> torch.Tensor:
+        """DeepSeek's group-limited routing: only the experts of each token's best topk_groups groups stay eligible
+        (a group scores its best expert, or the sum of its best two under the balance bias: V2's
+        group_limited_greedy, V3's noaux_tc)."""
+        m = self.spec
+        grouped = choice.view(choice.shape[0], m.expert_groups, -1)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1) if hasattr(self, "balance_bias") \
+            else grouped.max(dim=-1).values
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(m.topk_groups, dim=-1).indices, True)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -198,16 +367,23 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, m: ModelSpec):
+    def __init__(self, m: ModelSpec, layer: int = 0):
         super().__init__()
         self.ln1 = make_norm(m)
-        self.attn = Attention(m)
+        self.attn = LatentAttention(m, layer) if m.is_mla else Attention(m, layer)
+        self.ln1_post = make_norm(m) if m.sandwich_norm else None
         self.ln2 = make_norm(m)
-        self.mlp = MoE(m) if m.is_moe else make_mlp(m, m.ffn)
+        self.mlp = MoE(m) if m.layer_is_moe(layer) else make_mlp(m, m.ffn)
+        self.ln2_post = make_norm(m) if m.sandwich_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        # no named temporaries: the attention output must die at the add (a live one is measured in the MLP's peak)
+        x = x + _post_norm(self.ln1_post, self.attn(self.ln1(x)))  # Gemma: the sublayer output is normed too
+        return x + _post_norm(self.ln2_post, self.mlp(self.ln2(x)))
+
+
+def _post_norm(norm: nn.Module | None, y: torch.Tensor) -> torch.Tensor:
+    return y if norm is None else norm(y)
 
 
 class GPT(nn.Module):
@@ -217,7 +393,7 @@ class GPT(nn.Module):
         self.tok_emb: nn.Embedding | None = nn.Embedding(m.vocab_size, m.d_model)
         self.pos_emb: nn.Embedding | None = (nn.Embedding(m.seq_len, m.d_model) if m.positions == Positions.LEARNED
                                              else None)
-        self.layers = nn.ModuleDict({str(i): Block(m) for i in range(m.n_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(m, i) for i in range(m.n_layers)})
         self.norm: nn.Module | None = make_norm(m)
         self.lm_head: nn.Linear | None = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
@@ -230,6 +406,8 @@ class GPT(nn.Module):
         h = tokens
         if self.tok_emb is not None:
             h = self.tok_emb(tokens)  # (B, T, C)
+            if self.spec.scale_embeddings:  # Gemma: sqrt(h)-scaled embeddings (a constant: nothing saved)
+                h = h * self.spec.d_model ** 0.5
             if self.pos_emb is not None:
                 h = h + self.pos_emb(token_positions(self, tokens.shape[1], tokens.device))
         for layer in self.layers.values():

@@ -17,6 +17,21 @@ from backend.strategies.cp_layout import build_cp_mesh, shard_sequence
 from backend.strategies.ep_mesh import build_ep_mesh
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank's tensors live. `compute`: the batch, buffers, activations and the parameters a step computes
+    with; `states`: the parameters as the optimizer holds them (FSDP2: the sharded ones), their gradients and the
+    optimizer state: the host under FSDP2's CPUOffloadPolicy (offload=params), which refuses sharded parameters
+    anywhere else (fully_shard/_fsdp_param_group.py `_validate_cpu_offload_params`) and all-gathers them to
+    `compute` itself; `compute` otherwise."""
+    compute: torch.device
+    states: torch.device
+
+    @classmethod
+    def on(cls, device: torch.device) -> Placement:
+        return cls(compute=device, states=device)
+
+
 @dataclass
 class RankContext:
     spec: ExperimentSpec
@@ -52,6 +67,12 @@ class RankContext:
 
     def dp_rank(self) -> int:
         return self.coords().get("dp", 0)
+
+    @property
+    def placement(self) -> Placement:
+        """`device` for everything, except the model states under offload=params (`Placement`)."""
+        host = str(self.spec.parallel.offload) == "params"
+        return Placement(compute=self.device, states=torch.device("cpu") if host else self.device)
 
 
 class LocalLoss(NamedTuple):

@@ -11,10 +11,11 @@
                                         sequence share is cut by `local_batch`)
   4. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
   5. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (dp x cp ranks; data_parallel.py)
-  6. device placement                  `materialize`: to_empty(ctx.device) + per-parameter seeded init of the
+  6. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
+                                        offload=params, ctx.placement) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
   7. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
-  8. check                             every parameter / grad / buffer / DTensor shard on ctx.device
+  8. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
@@ -63,7 +64,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
                 sub.run_empty_experts = p.dp_cp > 1
     if meta:
-        materialize(mods, ctx.device, spec.train.seed)
+        materialize(mods, ctx.placement, spec.train.seed)
     experts = ep.params() if ep else []
     if p.tp > 1:
         for m in mods:
@@ -89,7 +90,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
                     notes=_notes(ctx, ids, ep), extra=extra)
-    check_placement(ctx.device, prep.modules, prep.optimizer)
+    check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 
 

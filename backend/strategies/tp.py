@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -65,7 +65,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from backend.analytic.tp_placement import COLWISE, POSITIONS, REPLICATE, SEQUENCE, TpRule, module_rule
+from backend.analytic.tp_placement import COLWISE, HEADS, POSITIONS, REPLICATE, SEQUENCE, TpRule, module_rule
 from backend.models.gpt import MoE, tie_weights
 from backend.strategies.context import RankContext
 from backend.torch_compat import ParallelStyle
@@ -97,7 +97,11 @@ _LAYOUTS = {REPLICATE: Replicate(), SEQUENCE: Shard(1), POSITIONS: Shard(0)}
 def _style(rule: TpRule, sp: bool) -> ParallelStyle | None:
     """A placement rule as DTensor's style (None: nothing to apply)."""
     if rule.placement == REPLICATE:
-        return SequenceParallel() if rule.sequence_norm and sp else None
+        if rule.partial_grads:
+            return ParamsAs(Replicate())
+        return SequenceParallel(use_local_output=rule.local_output) if rule.sequence_norm and sp else None
+    if rule.placement == HEADS:
+        return ParamsAs(Shard(0))
     layouts = {}
     layout_in = (rule.input_sp or rule.input) if sp else rule.input
     layout_out = (rule.output_sp or rule.output) if sp else rule.output
@@ -106,6 +110,23 @@ def _style(rule: TpRule, sp: bool) -> ParallelStyle | None:
     if layout_out is not None:
         layouts["output_layouts"] = _LAYOUTS[layout_out]
     return (ColwiseParallel if rule.placement == COLWISE else RowwiseParallel)(**layouts)
+
+
+class ParamsAs(ParallelStyle):
+    """The module's parameters become DTensors of one placement over tp, its inputs and outputs untouched: the model
+    reads them through `models.gpt.local_weight` (q / k norms, MLA's latent projections: Replicate with grads summed
+    over tp; gpt-oss's sinks: Shard(0), split by heads)."""
+
+    def __init__(self, placement):
+        super().__init__()
+        self.placement = placement
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def partition(name, mod, mesh):
+            for key, q in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(key, nn.Parameter(distribute_tensor(q, mesh, [self.placement])))
+
+        return distribute_module(module, device_mesh, partition)
 
 
 def _gather_input(sp: bool) -> PrepareModuleInput:

@@ -110,7 +110,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
         memory.track_inputs(tracker, batches[1])
         with memory.tracking(tracker, prep.modules):
             prep.train_step(*batches[1])
-        mem = memory.breakdown(tracker, device)
+        mem = memory.breakdown(tracker, device, ctx.placement.states)
         seconds["step1"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)

@@ -44,7 +44,18 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             "precision / optimizer / recompute": f"{t.precision} / {t.optimizer} / {t.recompute}",
             "global batch / steps": f"{t.global_batch} / {t.steps}",
         }
-        if res is not None and res.per_rank:
+        imported = getattr(res, "imported", None) if res is not None else None
+        if imported is not None:  # issue 25: measured elsewhere; its log gives allocator peaks, no categories
+            col.update({
+                "source": f"imported from {imported.framework} ({imported.gpus} GPUs)",
+                "step time (median)": fmt_seconds(res.step_s_median),
+                "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
+                "memory, fullest rank: measured": f"peak allocated {fmt_bytes(imported.peak_allocated_bytes)}, reserved "
+                                                  f"{fmt_bytes(imported.peak_reserved_bytes)} (log)",
+                "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
+                **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": "– (not in the log)" for c in CATS},
+            })
+        elif res is not None and res.per_rank:
             col.update({
                 "step time (median)": fmt_seconds(res.step_s_median),
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
@@ -78,7 +89,7 @@ def _with_world(spec: ExperimentSpec, world: int) -> ExperimentSpec | None:
         p[str(spec.parallel.strategy)] = 1
     d["train"]["microbatches"] = None
     d["train"]["global_batch"] = spec.train.micro_batch * spec.train.microbatches * max(world // (p["tp"] * p["pp"]), 1)
-    out, _ = validate_spec(d)
+    out, _ = validate_spec(d, predict_only=True)
     return out
 
 
@@ -109,7 +120,15 @@ def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
             fig.add_scatter(name=f"{st} formula", x=xs, y=[y / MiB for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
                             marker=dict(size=5, symbol="circle-open"),
                             hovertemplate=f"{st} formula<br>world %{{x}}: %{{y:.2f}} MiB on the fullest rank<extra></extra>")
-        pts = sorted(es, key=lambda e: e["spec"].parallel.world_size)
+        imported = sorted((e for e in es if e["result"].imported is not None and e["result"].imported.peak_allocated_bytes),
+                          key=lambda e: e["spec"].parallel.world_size)
+        if imported:  # a log's allocator peak, not the categories: its own marker
+            fig.add_scatter(name=f"{st} imported (peak allocated)", x=[e["spec"].parallel.world_size for e in imported],
+                            y=[e["result"].imported.peak_allocated_bytes / MiB for e in imported], mode="markers",
+                            marker=dict(color=color, size=11, symbol="diamond"), customdata=[e["id"] for e in imported],
+                            hovertemplate=f"{st} imported run #%{{customdata}}<br>world %{{x}}: %{{y:.2f}} MiB peak "
+                                          "allocated (log)<extra></extra>")
+        pts = sorted((e for e in es if e["result"].imported is None), key=lambda e: e["spec"].parallel.world_size)
         fig.add_scatter(name=f"{st} measured", x=[e["spec"].parallel.world_size for e in pts],
                         y=[_max_rank(e["result"], "measured") / MiB for e in pts], mode="markers", marker=dict(color=color, size=11),
                         customdata=[e["id"] for e in pts],

@@ -31,6 +31,8 @@ HELP = {
     "payload": "Payload: the size of the buffer handed to the collective.",
     "wire": ("Bytes on the wire: what a ring algorithm sends per rank for that payload: all-reduce 2(N-1)/N x payload; "
              "all-gather, reduce-scatter and all-to-all (N-1)/N x payload; send = payload."),
+    "extrapolation": ("Why this prediction lies outside the runs its calibrated profile was fitted on (world size, "
+                      "parameter count, link tier, strategy): expect a larger error than the leave-one-out error there."),
     "K": ("K: optimizer-state bytes per parameter (Adam with mixed precision: fp32 master + momentum + variance = 12), "
           "on top of 2 bytes of parameters and 2 of gradients: 2 + 2 + K = 16 bytes per parameter without ZeRO."),
 }

@@ -26,8 +26,14 @@ HF_KEYS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_atten
            "n_embd": "d_model", "n_layer": "n_layers", "n_head": "n_heads"}
 
 
-def hardware_options() -> list[str]:
-    return list(load_profiles())
+def hardware_options(engine: Any = None) -> list[str]:
+    """The shipped profiles, then the calibrated profiles of this store by name (`calibrate --name`, issue 25)."""
+    names: list[str] = []
+    if engine is not None:
+        from backend.calibration.store import named_profiles
+
+        names = [c["name"] for c in named_profiles(engine)]
+    return list(load_profiles()) + [n for n in names if n not in load_profiles()]
 
 
 def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
@@ -57,13 +63,20 @@ def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
-             memory_gb: float | None, top: int, attention: str | None = None) -> Plan:
-    """`attention`: the kernel to plan with (None: the model's); context parallelism is searched with flash only."""
-    hw = get_hardware(hardware)
+             memory_gb: float | None, top: int, db_url: str | None = None, attention: str | None = None) -> Plan:
+    """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
+    carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation).
+    `attention`: the kernel to plan with (None: the model's); context parallelism is searched with flash only."""
+    from backend.calibration.store import resolve
+    from backend.calibration.usage import calibration_used
+
+    hw, band, cal = resolve(hardware, None, db_url)
     if attention:
         model = model.model_copy(update={"attention": attention})
-    return plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top)
+    res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
+               memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band)
+    res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
+    return res
 
 
 def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str, global_batch: int,
@@ -89,8 +102,14 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
                      "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
-                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"]})
+                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"],
+                     "extrapolation": "; ".join(_flags(p, i)) or None})
     return pd.DataFrame(rows)
+
+
+def _flags(p: Plan, i: int) -> list[str]:
+    used = getattr(p, "profile_used", None)
+    return used["extrapolation"][i] if used else []
 
 
 def why_fastest(p: Plan) -> str | None:

@@ -74,6 +74,8 @@ class Fit:
     """CUDA only: the runtime allowance included in worst_bytes (analytic/device.runtime_overhead_bytes)."""
     optimizer_step: bool = False
     """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
+    loss_backward: bool = False
+    """The fullest moment is the start of the loss's backward (the log-probs' and logits' fp32 gradients)."""
 
     def message(self) -> str:
         need = fmt_bytes(self.worst_bytes)
@@ -87,6 +89,8 @@ class Fit:
 
     def _breakdown(self) -> str:
         parts = ["at optimizer.step (foreach temporaries)"] if self.optimizer_step else []
+        if self.loss_backward:
+            parts.append("at the start of the loss's backward (fp32 gradients of the log-probs and logits)")
         o = self.overhead or {}
         if o.get("total"):
             parts.append(f"incl. CUDA context {fmt_bytes(o['cuda_context'])}, NCCL buffers {fmt_bytes(o['nccl_buffers'])}, "
@@ -95,19 +99,22 @@ class Fit:
         return f"; {'; '.join(parts)}" if parts else ""
 
 
-def _need(r: dict[str, Any]) -> tuple[float, bool]:
-    """(bytes the rank needs at its fullest moment incl. the runtime allowance, whether that is optimizer.step)."""
-    step = float(r.get("optimizer_step_bytes", 0.0) or 0.0)
-    total = float(r["total_bytes"])
-    return max(total, step) + float((r.get("overhead") or {}).get("total", 0.0)), step > total
+def _need(r: dict[str, Any]) -> tuple[float, str]:
+    """(bytes the rank needs at its fullest moment incl. the runtime allowance, which moment: RankEstimate.moments)."""
+    moments = {"activation_peak": float(r["total_bytes"]),
+               "optimizer_step": float(r.get("optimizer_step_bytes", 0.0) or 0.0),
+               "loss_backward": float(r.get("loss_backward_bytes", 0.0) or 0.0)}
+    moment = max(moments, key=moments.__getitem__)
+    return moments[moment] + float((r.get("overhead") or {}).get("total", 0.0)), moment
 
 
 def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
     if not rows:
         return Fit(True, 0, 0.0, device_mem_bytes)
     worst = max(rows, key=lambda r: _need(r)[0])
-    need, at_step = _need(worst)
-    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"), at_step)
+    need, moment = _need(worst)
+    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"),
+               optimizer_step=moment == "optimizer_step", loss_backward=moment == "loss_backward")
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
@@ -180,7 +187,8 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     shown = shown_ranks(est)
     rows = rank_rows(shown)
     for row, r in zip(rows, shown):
-        # inside optimizer.step activations are freed, the update's temporaries are alive
-        row["optimizer_step_bytes"] = float(r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes)
-        row["overhead"] = runtime_overhead_bytes(spec, max(r.total_bytes, row["optimizer_step_bytes"]))
+        moments = r.moments()
+        row["optimizer_step_bytes"] = float(moments["optimizer_step"])
+        row["loss_backward_bytes"] = float(moments["loss_backward"])
+        row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
     return est, rows

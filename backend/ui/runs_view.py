@@ -16,7 +16,7 @@ COLUMNS = ["id", "status", "progress", "name", "framework", "strategy", "world",
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
               "dp", "tp", "pp", "ep", "cp", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
               "tokens_per_s", "peak_bytes_max", "created_at", "kind",
-              "framework")
+              "framework", "source_framework")
 
 
 def progress_text(row: dict[str, Any]) -> str:
@@ -46,6 +46,10 @@ def degrees_text(row: dict[str, Any]) -> str:
     return "×".join(parts)
 
 
+_KIND_MARK = {"traced": "[traced] ", "imported": "[imported] "}
+"""Marks before the name: a traced run measured fake tensors, an imported one ran elsewhere (issue 25)."""
+
+
 def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers.
     Needs only TABLE_KEYS of each row (list_experiments(columns=TABLE_KEYS) reads just those)."""
@@ -55,8 +59,9 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "id": [int(r["id"]) for r in rows],
         "status": status,
         "progress": ["" if st == "ok" else progress_text(r) for r, st in zip(rows, status)],
-        "name": [("[traced] " if r.get("kind") == "traced" else "") + (r.get("name") or "") for r in rows],
-        "framework": [r.get("framework") or "torch" for r in rows],
+        "name": [_KIND_MARK.get(r.get("kind"), "") + (r.get("name") or "") for r in rows],
+        "framework": [f"{r['source_framework']} (imported)" if r.get("kind") == "imported" and r.get("source_framework")
+                      else r.get("framework") or "torch" for r in rows],
         "strategy": col("strategy"),
         "world": col("world_size"),
         "degrees": [degrees_text(r) for r in rows],
@@ -88,5 +93,5 @@ def run_label(row: dict[str, Any]) -> str:
     """'#12 name-or-strategy · world 4 · ok' for pickers."""
     if "strategy" not in row:
         return f"#{row.get('id')}"
-    kind = " · traced" if row.get("kind") == "traced" else ""
+    kind = f" · {row['kind']}" if row.get("kind") in ("traced", "imported") else ""
     return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {row.get('status')}{kind}"

@@ -151,13 +151,13 @@ def set_tags(ids: list[int], text: str) -> None:
 
 
 def delete(ids: list[int]) -> list[str]:
-    """Delete each run; returns the errors (e.g. a run still active)."""
-    from db import queries
+    """Delete each run and its run folder (as `delete` on the CLI); returns the errors (e.g. a run still active)."""
+    from backend.run_folders import delete_run
 
     errors = []
     for i in ids:
         try:
-            queries.delete_experiment(engine(), int(i))
+            delete_run(engine(), int(i))
         except ValueError as e:
             errors.append(str(e))
     changed()

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.analytic.device import softmax_saved_bytes_per_score
+from backend.analytic.device import rms_norm_saved_bytes, softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
+from backend.analytic.params import head_dim, is_gated, layer_is_moe, v_head_dim
 
 RECOMPUTE = ("none", "selective", "full")
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
@@ -45,7 +46,8 @@ class LayerShape:
     top_k: int = 1
     ep: int = 1
     autocast: bool = False
-    autocast_device: str = "cpu"
+    device: str = "cpu"
+    """Where the ranks run ("cpu" or "cuda"): CUDA autocast's fp32 softmax, CUDA's fused RMSNorm."""
     norm: str = "layernorm"
     mlp: str = "gelu"
     rope: bool = False
@@ -53,26 +55,41 @@ class LayerShape:
     shared_ffn: int = 0
     shared_gate: bool = False
 
-    @classmethod
-    def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str, cp: int = 1) -> LayerShape:
-        return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
-                   ffn=_fam(model, "expert_ffn", model.ffn) if model.is_moe else model.ffn, dtype_bytes=dtype_bytes,
-                   tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts, top_k=model.top_k,
-                   ep=ep if model.is_moe else 1, autocast=autocast,
-                   autocast_device="cuda" if device == "cuda" else "cpu", **family_kwargs(model))
+    q_width: int = 0
+    """a x head_dim of q and k when it differs from d_model (own head width, MLA's nope + rope); 0 = d_model."""
+    v_width: int = 0
+    """a x the value head width when it differs from d_model (MLA's v_head_dim); 0 = q_width."""
+    split_elems: int = 0
+    """Per token, what the 2026 families' features save beyond the GPT block in head-split tensors (/t):
+    q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
+    whole_elems: int = 0
+    """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
 
     @classmethod
-    def prototype(cls, model: Any, *, dtype_bytes: int, device: str) -> LayerShape:
+    def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
+           ep: int, device: str, alt: bool = False, cp: int = 1) -> LayerShape:
+        """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks); a cp rank's seq_len / cp."""
+        moe = layer_is_moe(model, 0) != alt if model.is_moe else False
+        family = family_kwargs(model)
+        if not moe:
+            family["shared_ffn"], family["shared_gate"] = 0, False
+        return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
+                   ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
+                   tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
+                   top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
+                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model))
+
+    @classmethod
+    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
         """The model's shape at micro-batch 1 without any split (memoised per model object: callers `replace` the
         per-layout fields)."""
-        key = (id(model), dtype_bytes, device)
+        key = (id(model), dtype_bytes, device, alt)
         hit = _PROTOTYPES.get(key)
         if hit is None or hit[0] is not model:
             if len(_PROTOTYPES) > 64:
                 _PROTOTYPES.clear()
             shape = cls.of(model, micro_batch=1, tp=1, sequence_parallel=False, dtype_bytes=dtype_bytes, autocast=False,
-                           ep=1, device=device)
+                           ep=1, device=device, alt=alt)
             hit = _PROTOTYPES[key] = (model, shape)  # holds the model: its id cannot be reused while cached
         return hit[1]
 
@@ -87,10 +104,37 @@ class LayerShape:
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
         return dict(s=self.seq_len, b=self.micro_batch, h=self.d_model, vocab=vocab, dtype_bytes=self.dtype_bytes,
-                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope)
+                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
 
 
-_PROTOTYPES: dict[tuple[int, int, str], tuple[Any, LayerShape]] = {}
+_PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
+
+
+def head_widths(m: Any) -> dict[str, int]:
+    """LayerShape's q_width / v_width: the attention's own widths when they differ from d_model."""
+    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
+    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v, **feature_elems(m))
+
+
+def feature_elems(m: Any) -> dict[str, int]:
+    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
+    normalised x and rstd; cat and split copy): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's
+    q_a / kv_a outputs through their norms 3 x (q_lora + kv_lora + rope), the q / k concatenations 2 x q width; the sink
+    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
+    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
+    split = whole = 0
+    q = m.n_heads * head_dim(m)
+    if getattr(m, "qk_norm", False):
+        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
+        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
+    if getattr(m, "kv_lora_rank", None) is not None:
+        whole += 3 * ((getattr(m, "q_lora_rank", None) or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
+        split += 2 * q
+    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
+        split += m.n_heads
+    if getattr(m, "sandwich_norm", False):
+        whole += 2 * (2 * m.d_model + 1)
+    return dict(split_elems=split, whole_elems=whole)
 
 
 def _attn_core_elems(*, s, b, h, a, t) -> float:
@@ -138,7 +182,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     LayerNorm inputs and the block input stay fp32 (4 B); every Linear saves its own 16-bit cast of its input,
     so q, k and v hold three copies of the ln1 output (4 Linear-input copies per block instead of 2). The
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
-    autocast_device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score).
+    device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score); RMSNorm
+    saves what its device's kernel keeps (device.rms_norm_saved_bytes).
     Family terms (`_family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
     """
     recompute = _check_recompute(recompute)
@@ -146,6 +191,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                        shape.dtype_bytes, shape.tp)
     sp, autocast, flash, n_experts, top_k = shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts, shape.top_k
     sb, sbh = s * b, s * b * h
+    qh, vh = sb * (shape.q_width or h), sb * (shape.v_width or shape.q_width or h)  # sbh of q / k and of v
     norm_div = t if sp else 1
     residual_bytes = 4 if autocast else dtype_bytes
     if recompute == "full":
@@ -153,25 +199,26 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
     stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
     elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
-    elems += sbh / t  # o Linear input (heads merged back, B, T, h/t)
+    elems += vh / t  # o Linear input (heads merged back, B, T, h/t)
+    elems += sb * (shape.split_elems / t + shape.whole_elems)  # feature_elems
     mask_bytes = 0.0
     if recompute == "selective":
-        elems += 3 * sbh / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
+        elems += (2 * qh + vh) / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
     elif flash:
-        elems += 3 * sbh / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
+        elems += (2 * qh + vh) / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
         mask_bytes = LSE_BYTES * a / t * s * b  # + the (b, a, s) fp32 logsumexp, no s x s (Dao et al. 2022, Alg. 2)
     else:
-        elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t)
+        elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t) + (2 * qh + vh - 3 * sbh) / t
         mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
-        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.autocast_device)
+        per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
     mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
-                                      shared_gate=shape.shared_gate)
-    swiglu = shape.mlp == "swiglu"
+                                      shared_gate=shape.shared_gate, device=shape.device)
+    swiglu = is_gated(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
                                  top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
@@ -188,23 +235,24 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
                                  t: int = 1, sp: bool = False, recompute: str = "none", n_experts: int = 0,
                                  top_k: int = 1, autocast: bool = False, ep: int = 1, norm: str = "layernorm",
                                  mlp: str = "gelu", rope: bool = False, flash: bool = False, shared_ffn: int = 0,
-                                 shared_gate: bool = False, autocast_device: str = "cpu") -> float:
+                                 shared_gate: bool = False, device: str = "cpu") -> float:
     """`layer_activation_bytes` in the paper's symbols (the formula tests' form). kv_heads does not change the
     bytes: GQA k/v are repeat_interleave'd to a heads before the matmuls and only the repeated copies are saved."""
     del kv_heads
     return layer_activation_bytes(LayerShape(seq_len=s, micro_batch=b, d_model=h, n_heads=a, ffn=ffn, dtype_bytes=dtype_bytes,
                                              tp=t, sequence_parallel=sp, n_experts=n_experts, top_k=top_k, ep=ep,
-                                             autocast=autocast, autocast_device=autocast_device, norm=norm, mlp=mlp,
+                                             autocast=autocast, device=device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
 
 
 def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
-                        n_experts, shared_ffn, shared_gate) -> float:
+                        n_experts, shared_ffn, shared_gate, device) -> float:
     """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
     MemTracker in tests/test_family_activations.py):
-    - rmsnorm (composite x * rsqrt(mean(x^2) + eps) * w): per norm the normalised x (sbh) and rstd (sb) instead of
-      LayerNorm's mean + rstd (2sb fp32); in the residual dtype, /t under SP;
+    - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
+      instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
+      the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
     - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);
     - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
     - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
@@ -212,10 +260,10 @@ def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_b
     sb, sbh = s * b, s * b * h
     out = 0.0
     if norm == "rmsnorm":
-        out += 2 * (sbh + sb) / norm_div * residual_bytes - 2 * 2 * sb / norm_div * STAT_BYTES
+        out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
     if rope:
         out += 2 * s * (h // a) * dtype_bytes
-    swiglu = mlp == "swiglu"
+    swiglu = is_gated(mlp)
     if autocast and swiglu:
         out += sbh * dtype_bytes
     if n_experts and shared_ffn:
@@ -225,6 +273,13 @@ def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_b
         if shared_gate:
             out += (sbh + sb) * (4 if autocast else dtype_bytes)
     return out
+
+
+def rms_norm_extra_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
+    """What one RMSNorm saves beyond the LayerNorm terms the formulas count for every norm (its input in
+    input_bytes and fp32 mean + rstd): device.rms_norm_saved_bytes minus those."""
+    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=input_bytes, device=device) - sbh * input_bytes \
+        - 2 * sb * STAT_BYTES
 
 
 def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float = 0.0) -> float:
@@ -240,12 +295,12 @@ def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float =
 
 def model_head_freed_in_backward_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                        sp: bool = False, loss_parallel: bool = False, autocast: bool = False,
-                                       norm: str = "layernorm", learned_pos: bool = True) -> float:
+                                       norm: str = "layernorm", learned_pos: bool = True, device: str = "cpu") -> float:
     """The part of `model_embedding_head_activation_bytes` freed once the head's backward ran: everything
     except pos (embedding backward comes last), the caller-held logits and the loss scalars."""
     saved = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
                                                   logits_held=False, loss_parallel=loss_parallel, autocast=autocast,
-                                                  norm=norm, learned_pos=learned_pos)
+                                                  norm=norm, learned_pos=learned_pos, device=device)
     return saved - s * INDEX_BYTES * learned_pos - LOSS_BYTES
 
 
@@ -259,7 +314,8 @@ def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float
 def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                           sp: bool = False, logits_held: bool = True,
                                           loss_parallel: bool = False, autocast: bool = False,
-                                          norm: str = "layernorm", learned_pos: bool = True) -> float:
+                                          norm: str = "layernorm", learned_pos: bool = True,
+                                          device: str = "cpu") -> float:
     """Bytes saved outside the blocks on the stages that own embedding / head, end of forward.
 
     Embedding: the token-embedding backward needs only the indices (the input batch); pos = arange(s)
@@ -270,7 +326,7 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     With SP the final norm's input and stats are split over t (the lm_head input is all-gathered, full);
     with loss_parallel the vocab dimension of logits and log-probs is split over t.
     autocast: the final norm's input is the fp32 residual stream; lm_head saves a 16-bit cast of its input.
-    RMSNorm: the normalised x (sbh) and rstd (sb) instead of mean + rstd; RoPE (learned_pos False): no arange.
+    RMSNorm: what its device's kernel keeps (rms_norm_extra_bytes); RoPE (learned_pos False): no arange.
     """
     v_div = t if loss_parallel else 1
     emb = s * INDEX_BYTES * learned_pos  # pos = arange(s) (int64)
@@ -279,7 +335,8 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     norm_in_bytes = 4 if autocast else dtype_bytes
     head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
     if norm == "rmsnorm":  # see _family_extra_bytes
-        head += (s * b * h + s * b) / norm_div * norm_in_bytes - 2 * s * b / norm_div * STAT_BYTES
+        head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
+                                     device=device)
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32
     if logits_held:
         head += s * b * vocab / v_div * dtype_bytes
@@ -287,13 +344,14 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
 
 
 def head_beyond_blocks_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1, sp: bool = False,
-                             autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True) -> float:
+                             autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True,
+                             device: str = "cpu") -> float:
     """What the forward + loss moment of the stage with the logits holds beyond the end of its last block: the
     head's saved tensors, the held logits and the loss scalars (`model_embedding_head_activation_bytes` without
     pos), the TP logits shard, the 16-bit logits' fp32 copy (`model_loss_transient_bytes`) and, under autocast,
     lm_head's 16-bit weight cast (as `rank_activation_bytes` adds them). b may be an array."""
     head = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
-                                                 autocast=autocast, norm=norm, learned_pos=learned_pos)
+                                                 autocast=autocast, norm=norm, learned_pos=learned_pos, device=device)
     shard = tp_logits_shard_bytes(s=s, b=b, vocab=vocab, t=t, dtype_bytes=dtype_bytes)
     head = head - s * INDEX_BYTES * learned_pos + shard
     head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t)
@@ -335,6 +393,32 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
     v_div = t if loss_parallel else 1
     extra = 0 if dtype_bytes == 4 else s * b * vocab / v_div * 4  # fp32 grad before the cast back
     return s * b * vocab / v_div * (4 + dtype_bytes) + extra
+
+
+def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, logits_held: bool) -> float:
+    """What the start of the loss's backward holds beyond the forward + loss moment, on the rank with the loss:
+    log_softmax's backward holds the fp32 grad of the log-probs and writes the fp32 grad of its input (2 · 4 B per
+    logit; its own saved output is already counted), while loss_fn's fp32 copy of 16-bit logits is gone and so are
+    the logits themselves unless the training loop still holds them (backend/models/gpt.loss_fn,
+    strategies/step.LoopStyle: `logits_held_in_backward`). For a large vocabulary this is the step's fullest moment.
+    An upper bound where the activation peak is elsewhere (inside the last MoE dispatch, a full-recompute re-run).
+    Measured on the H200 (benchmarks/results/gpu/2026-11-26-h200-run2, Llama-3.2-1B shape, V = 128,256): the tracker's
+    peak minus its activation-peak total is 0.979 GiB for zero3/zero2/zero3-full (2 B per logit: bf16 logits not
+    held) and 1.957 GiB for ddp (4 B: held), what this gives."""
+    n = s * b * vocab
+    freed = (0 if dtype_bytes == 4 else 4 * n) + (0 if logits_held else n * dtype_bytes)
+    return max(0.0, 2 * 4 * n - freed)
+
+
+def logits_held_in_backward(layout: Any) -> bool:
+    """Whether the logits are still alive when the loss's backward starts (scalar layout): the training loop holds
+    them in pure ddp / zero1 and the ep / dp mixes, a pipeline schedule keeps its last stage's output, the pure
+    FSDP strategies and tp mixes let them go (backend/strategies/parallelize.loop_style)."""
+    if layout.pipelined:
+        return True
+    if layout.tp > 1:
+        return False
+    return not (layout.fsdp and not layout.is_mix)
 
 
 def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: float) -> float:

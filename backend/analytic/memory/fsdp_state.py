@@ -168,7 +168,7 @@ def unsharded_at_peak(model: Any, layout: Layout, pp_rank: Any, parts: RankParts
     gather output, and under zero3 the root and the last block, are added. ep experts are FSDP2 ignored_params."""
     zero2, zero3 = layout.zero_stage == ZeroStage.ZERO2, layout.zero_stage == ZeroStage.ZERO3
     stages = parts.stages
-    block_unsh, emb_unsh, head_unsh = (p.fsdp_unsharded_numel for p in (parts.block, parts.embeddings, parts.head))
+    block_unsh, emb_unsh, head_unsh = (p.fsdp_unsharded_numel for p in (parts.last_block, parts.embeddings, parts.head))
     all_unsh = parts.total("fsdp_unsharded_numel")
     root_unsh = stages.first * emb_unsh + stages.last * head_unsh
     last_block = where(stages.n_blocks > 0, block_unsh, 0)
@@ -193,7 +193,7 @@ def unsharded_at_peak(model: Any, layout: Layout, pp_rank: Any, parts: RankParts
                               lay.pp, lay.virtual_stages, lay.microbatches, lay.zero_stage, rank)
         blocks_unsh, root_on, blocks_grad, emb_grad, head_grad, fwd_blocks, fwd_root = (
             counts[i] if isinstance(counts, tuple) else counts[..., i] for i in range(7))
-        b, e, h = prt.block, prt.embeddings, prt.head
+        b, e, h = prt.last_block, prt.embeddings, prt.head  # mixed stacks: counted at the last block's kind
         root = prt.stages.first * e.fsdp_unsharded_numel + prt.stages.last * h.fsdp_unsharded_numel
         params_ = where(lay.zero_stage == ZeroStage.ZERO2, prt.total("fsdp_unsharded_numel"),
                         blocks_unsh * b.fsdp_unsharded_numel + root_on * root) \

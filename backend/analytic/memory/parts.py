@@ -17,12 +17,14 @@ import numpy as np
 
 from backend.analytic.device import cuda_storage_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.params import ModelKey, ParamInfo, block_param_list, model_key, param_tuple
-from backend.analytic.sharding import LocalParam, shard_param, unsharded_grad_numel
+from backend.analytic.params import ModelKey, ParamInfo, block_param_list, layer_is_moe, model_key, param_tuple
+from backend.analytic.sharding import LocalParam, layer_split, shard_param, stages_of_rank, unsharded_grad_numel
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
 
 PARTS = ("block", "embeddings", "head")
+ALT_PART = "alt_block"
+"""Mixed stacks (a dense prefix, interleaved MoE): the blocks whose MLP kind differs from block 0's."""
 
 
 class PartSums(NamedTuple):
@@ -53,9 +55,13 @@ class PartSums(NamedTuple):
 
 @lru_cache(maxsize=256)
 def part_params(key: ModelKey, part: str, tied_copy: bool) -> tuple[ParamInfo, ...]:
-    """One part's full-size parameters (block 0 stands for every block: shapes and placement are the same)."""
+    """One part's full-size parameters (block 0 stands for every block of its MLP kind, the first block of the other
+    kind for the alt_block part: within a kind shapes and placement are the same)."""
     if part == "block":
         return tuple(block_param_list(key, 0))
+    if part == ALT_PART:
+        alt = alt_layers(key)
+        return tuple(block_param_list(key, alt[0])) if alt else ()
     rest = [q for q in param_tuple(key) if not q.name.startswith("layers.")]
     embeddings = [q for q in rest if q.name.split(".")[0] in ("tok_emb", "pos_emb")]
     if part == "embeddings":
@@ -98,15 +104,40 @@ def _zero(_: int) -> int:
     return 0
 
 
+@lru_cache(maxsize=256)
+def alt_layers(key: ModelKey) -> tuple[int, ...]:
+    """The blocks whose MLP kind (dense / MoE) differs from block 0's; () for a uniform stack."""
+    first = layer_is_moe(key, 0)
+    return tuple(i for i in range(key.n_layers) if layer_is_moe(key, i) != first)
+
+
+def is_mixed(model: Any) -> bool:
+    return bool(alt_layers(model_key(model)))
+
+
+@lru_cache(maxsize=4096)
+def alt_composition(key: ModelKey, pp: int, virtual_stages: int, zbv: bool, pp_rank: int) -> tuple[int, int]:
+    """(blocks of the alt kind, 1 if the rank's last block is one) on a pipeline rank (sharding.stages_of_rank)."""
+    alt = set(alt_layers(key))
+    split = layer_split(key.n_layers, pp * virtual_stages)
+    layers = [i for st in stages_of_rank(pp_rank, pp, virtual_stages, "zbv" if zbv else "1f1b") for i in split[st]]
+    return sum(i in alt for i in layers), int(bool(layers) and max(layers) in alt)
+
+
 @dataclass(frozen=True)
 class StageComposition:
     """What a pipeline rank holds: blocks, and whether it holds the first / last stage (scalars or arrays)."""
     n_blocks: Any
     first: Any
     last: Any
+    n_alt: Any = 0
+    """Of n_blocks, those of the alt kind (mixed stacks; 0 otherwise)."""
+    last_alt: Any = 0
+    """The rank's last block is of the alt kind (the block FSDP2 holds unsharded inside the forward)."""
 
     def take(self, rows: Any, n: int) -> StageComposition:
-        return StageComposition(*(take_rows(v, rows, n) for v in (self.n_blocks, self.first, self.last)))
+        return StageComposition(*(take_rows(v, rows, n) for v in (self.n_blocks, self.first, self.last, self.n_alt,
+                                                                   self.last_alt)))
 
 
 def stage_composition(model: Any, layout: Layout, pp_rank: Any) -> StageComposition:
@@ -116,11 +147,17 @@ def stage_composition(model: Any, layout: Layout, pp_rank: Any) -> StageComposit
     base, extra = model.n_layers // layout.n_stages, model.n_layers % layout.n_stages
     looped = v * base + minimum(v, maximum(0, ceil_div(extra - pp_rank, pp)))
     zbv = layout.zbv
+    alt = {}
+    if is_mixed(model):
+        key = model_key(model)
+        counts = per_distinct(lambda *row: alt_composition(key, *row), pp, v, zbv, pp_rank)
+        alt = dict(n_alt=counts[0], last_alt=counts[1]) if isinstance(counts, tuple) else \
+            dict(n_alt=counts[..., 0].astype(np.int64), last_alt=counts[..., 1].astype(np.int64))
     if not any_true(zbv):
-        return StageComposition(n_blocks=looped, first=pp_rank == 0, last=pp_rank == pp - 1)
+        return StageComposition(n_blocks=looped, first=pp_rank == 0, last=pp_rank == pp - 1, **alt)
     v_shape = 2 * base + (pp_rank < extra) + (2 * pp - 1 - pp_rank < extra)
     return StageComposition(n_blocks=where(zbv, v_shape, looped), first=pp_rank == 0,
-                            last=where(zbv, pp_rank == 0, pp_rank == pp - 1))
+                            last=where(zbv, pp_rank == 0, pp_rank == pp - 1), **alt)
 
 
 class RankParts:
@@ -149,6 +186,21 @@ class RankParts:
     def head(self) -> PartSums:
         return self._part(2)
 
+    @cached_property
+    def alt_block(self) -> PartSums:
+        """The other MLP kind's block (mixed stacks; zeros otherwise)."""
+        k = len(PartSums._fields)
+        has = len(self.sums) > 3 * k if isinstance(self.sums, tuple) else self.sums.shape[-1] > 3 * k
+        return self._part(3) if has else PartSums(*([0] * k))
+
+    @cached_property
+    def last_block(self) -> PartSums:
+        """The rank's last block's sums (its kind: block or alt_block)."""
+        last_alt = self.stages.last_alt
+        if not _nonzero(last_alt):
+            return self.block
+        return PartSums(*(where(last_alt, a, b) for a, b in zip(self.alt_block, self.block)))
+
     def take(self, rows: Any) -> RankParts:
         """The parts of the layouts at `rows` (vector.per_value)."""
         return RankParts(self.stages.take(rows, self.rows), take_rows(self.sums, rows, self.rows), rows=len(rows))
@@ -160,7 +212,9 @@ class RankParts:
         if hit is None:
             s = self.stages
             terms = [(count, getattr(part, name)) for count, part in
-                     ((s.n_blocks, self.block), (s.first, self.embeddings), (s.last, self.head))]
+                     ((s.n_blocks - s.n_alt, self.block), (s.first, self.embeddings), (s.last, self.head))]
+            if _nonzero(s.n_alt):
+                terms.append((s.n_alt, getattr(self.alt_block, name)))
             hit = 0
             for count, value in terms:
                 if _nonzero(value):
@@ -185,9 +239,11 @@ def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any 
     fsdp = layout.fsdp if own_flavour else fsdp
     cuda = layout.device == "cuda"
 
+    parts = PARTS + ((ALT_PART,) if alt_layers(key) else ())
+
     def three(tp, dp, ep, fs, tpi, dpi, epi, tied):
         placement = (tp, dp, ep, fs, tpi, dpi, epi)
-        return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in PARTS), ())
+        return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in parts), ())
 
     def compute() -> Any:
         return per_distinct(three, layout.tp, layout.dp_cp, layout.ep, fsdp, position.tp_index,

@@ -20,7 +20,7 @@ from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerSha
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-from backend.analytic.memory.parts import RankParts
+from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select_present, take_rows, where
 
@@ -86,7 +86,7 @@ def _held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: A
 def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
     loss) or at the start of the last stage's last backward (the loss seed just made)."""
-    layer, _, emb_head, _, shard = terms
+    blocks, _, emb_head, _, shard = terms  # blocks: the rank's blocks' saved bytes per microbatch
     stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
     units = in_flight(layout, pp_rank)
     # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
@@ -94,7 +94,7 @@ def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, 
     buf = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
         * where(autocast, 4, layout.compute_bytes)
     non_first = v - stages.first
-    total = stages.n_blocks * layer * units / v  # in-flight chunks, each chunk's input included
+    total = blocks * units / v  # in-flight chunks, each chunk's input included
     total = total - units * buf * non_first / v  # non-first inputs: counted as held inputs
     total = total + buf * (mb * non_first + _held_stage_outputs(layout, parts, units, pp_rank))
     learned_pos = str(getattr(model, "positions", "learned")) == "learned"
@@ -119,10 +119,10 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
     return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
 
 
-def rank_activation_terms(model: Any, layout: Layout) -> tuple:
+def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tuple:
     """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast, ep and cp; memoised
-    on the table of layouts)."""
-    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
+    on the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt)
 
     def compute() -> Any:
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
@@ -138,13 +138,19 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     terms = rank_activation_terms(model, layout)
     layer, rerun, emb_head, head_freed_bytes, shard = terms
     stages = parts.stages
+    if is_mixed(model):  # per block kind: the rank's blocks = (n - n_alt) x block + n_alt x alt block
+        alt_layer = rank_activation_terms(model, layout, alt=True)[0]
+        n_alt = stages.n_alt
+        terms = ((stages.n_blocks - n_alt) * layer + n_alt * alt_layer,) + tuple(terms[1:])
+    else:
+        terms = (stages.n_blocks * layer,) + tuple(terms[1:])
     pipelined = layout.pipelined
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
         if pipe:
             return _pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
-        layer_, _, emb_head_, _, shard_ = rows_terms.values
-        return prt.stages.n_blocks * layer_ + emb_head_ + shard_
+        blocks_, _, emb_head_, _, shard_ = rows_terms.values
+        return blocks_ + emb_head_ + shard_
 
     n = len(layout)
     total = per_value(pipelined, saved, layout, _Rows(pp_rank, n), parts, _Rows(terms, n), _Rows(autocast, n))
@@ -168,7 +174,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
                                                        layout.schedule == PipelineSchedule.ZBV))
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
-    one_block = where(autocast, cb * (parts.block.linear_weight_numel + parts.block.linear_bias_numel), 0)
+    one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     rerun_peak = total + maximum(0.0, rerun - head_freed) + one_block
     return as_int(where(logical_and(full, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
 

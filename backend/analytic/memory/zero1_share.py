@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.device import CUDA
-from backend.analytic.memory.parts import local_part
+from backend.analytic.memory.parts import ALT_PART, local_part
 from backend.analytic.optimizer_state import state_bytes, state_bytes_from_sums, step_temp_bytes
 from backend.analytic.params import ModelKey
 from backend.analytic.sharding import zero1_owners_in_order
@@ -69,12 +69,15 @@ class Zero1Shares:
 
 @lru_cache(maxsize=8192)
 def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first: bool, last: bool, tied_copy: bool,
-                 dp: int) -> Zero1Shares:
-    """The partition of a rank holding n_blocks blocks (+ embeddings, + head) at `placement` (parts.local_part)."""
+                 dp: int, n_alt: int = 0) -> Zero1Shares:
+    """The partition of a rank holding n_blocks blocks (n_alt of them of the other MLP kind; + embeddings, + head) at
+    `placement` (parts.local_part)."""
     tp, _, ep, _, tp_index, _, ep_index = placement
     local = (tp, 1, ep, 0, tp_index, 0, ep_index)  # tp / ep-local sizes: the dp degree changes none of them
     counts: dict[int, int] = {}
-    for part, times in (("embeddings", int(first)), ("block", n_blocks), ("head", int(last))):
+    for part, times in (("embeddings", int(first)), ("block", n_blocks - n_alt), ("head", int(last)), (ALT_PART, n_alt)):
+        if not times:
+            continue
         for size, n in _size_counts(key, part, tied_copy and part == "head", local).items():
             counts[size] = counts.get(size, 0) + n * times
     numels = [size for size in sorted(counts, reverse=True) for _ in range(counts[size])]  # largest first
@@ -94,4 +97,4 @@ def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any
     """The zero1_shares arguments of a scalar rank."""
     placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index))
     s = parts.stages
-    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp)
+    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp), int(s.n_alt)

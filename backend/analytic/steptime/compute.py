@@ -1,19 +1,20 @@
-"""Compute time of one microbatch on one pipeline stage, by operation class (pure Python).
+"""Compute time of one microbatch on one pipeline stage, by operation class (pure Python + numpy).
 
 - GEMMs: one per local 2-D weight (Linear; tok/pos embeddings are lookups), M = tokens that pass through it,
-  FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1: a (M, K) x (K, N) GEMM costs 2MKN), backward = 2 GEMMs of the
-  same shape (dgrad + wgrad, Narayanan 2021 Sec 5.1 "backward pass is twice the forward").
-  Time = max(FLOPs / (peak · eff(F)), bytes / HBM) + launch: the roofline (Williams et al. 2009, CACM,
-  "Roofline", Sec 2), with a size-dependent efficiency eff(F) = e_max · F / (F + F_half) (a saturating fit;
-  Calculon, Isaev et al. SC'23 Sec 4, uses measured per-size tables instead; calibrate fits e_max, F_half).
-  A profile with a measured table (the CPU probe's gemm_flops_by_size) uses it instead: eff(F) = e_max · table(F).
-- attention core: eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the
-  softmax/dropout on the (b, a/t, s, s) scores as memory traffic; flash = the same FLOPs at
-  `attention_flash_efficiency` of peak, no s² traffic, backward 2.5x forward (FlashAttention-2, Dao 2023
-  Sec 3.1: 5 matmuls in backward vs 2 in forward).
-- element-wise (norms, GELU, residual, bias, dropout): memory bound, each activation written once and read
-  once in forward (2x the Korthikanti 2022 Table 2 bytes per layer), backward twice that.
-- recompute: full re-runs the block's forward, selective the attention core (Korthikanti 2022 Sec 5).
+  FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1). Forward (M, K, N), backward its dgrad (M, N, K) and wgrad (K, M, N),
+  each timed at its own shape's efficiency (ops.gemm_time: the profile's GEMM table, else gemm_efficiency_max x a
+  size curve), never faster than the bytes it moves (the roofline, Williams et al. 2009, CACM, Sec 2).
+- attention core: fused kernels (flash, efficient, cudnn) at the profile's attention table efficiency for the
+  kernel, (seq, head_dim), causal (ops.attention_time: FlashAttention-2's FLOP count, masked blocks skipped);
+  eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the softmax on the
+  (b, a/t, s, s) scores as memory traffic.
+- element-wise: elementwise.py, kernel by kernel, per implementation: "torch" (eager PyTorch, ShardLab's engine:
+  norms, casts, RoPE, GQA repeat, residual adds, activations, and under autocast the per-microbatch casts of every
+  weight and the accumulation of every gradient) or "fused" (Megatron's fused kernels: 2x the Korthikanti 2022
+  Table 2 bytes per layer forward, backward twice that); each kernel at its class's measured bandwidth.
+- loss: cross-entropy over fp32 logits, 8 B per logit forward and 12 backward, at the cross-entropy bandwidth.
+- recompute: full re-runs the block's forward (and under autocast its weight casts), selective the attention core
+  (Korthikanti 2022 Sec 5).
 - context parallelism: a rank's GEMMs, element-wise passes and head see its seq_len / cp tokens (smaller M); its
   attention is its queries against every key, 1/cp of the layer's; without load balancing the cp ranks do unequal
   causal work and the ring waits for the busiest, rank cp-1: (2cp-1)/cp of the average (cp_imbalance).
@@ -21,21 +22,26 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import Layout
+from backend.analytic.layout import Layout, RecomputeMode
+from backend.analytic.params import model_key
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
+from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
+                                                   Widths, fused_layer_passes, layer_passes, param_passes)
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.ops import FLASH_BWD_FACTOR, attention_time, curve_fraction, gemm_time, passes_time
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes
-from backend.analytic.vector import is_array, maximum, per_distinct
+from backend.analytic.vector import maximum, per_distinct, where
 
-ATTENTION = ("eager", "flash")
-FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
+ATTENTION = ("eager", "flash", "efficient", "cudnn")
+"""eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2)."""
+__all__ = ["ATTENTION", "FLASH_BWD_FACTOR", "IMPLEMENTATIONS", "PassCost", "curve_fraction", "gemm_s", "memory_s",
+           "attention_pass", "elementwise_pass", "head_pass", "stage_cost", "default_implementation"]
 
 
 @dataclass
@@ -54,36 +60,33 @@ class PassCost:
         self.fwd_flops += other.fwd_flops
 
 
-def gemm_s(hw: Hardware, peak: float, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
-    """One (m, k) x (k, n) GEMM: roofline with the size-dependent efficiency (module docstring); sizes may be
-    arrays (one GEMM per entry)."""
+def gemm_s(hw: Hardware, peak: float, m: Any, k: Any, n: Any, dtype_bytes: float, precision: str | None = None) -> Any:
+    """One (m, k) x (k, n) GEMM (module docstring); sizes may be arrays (one GEMM per entry). With `precision` the
+    matmul dtype's peak and table; without, `peak` and the profile's size curve (its table is per dtype)."""
+    if precision is not None:
+        return gemm_time(hw, precision, m, k, n, dtype_bytes)
     t = hw.tune
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     if hw.gemm_curve:
-        fraction = np.vectorize(lambda f: curve_fraction(hw.gemm_curve, f))(flops) if is_array(flops) else \
-            curve_fraction(hw.gemm_curve, flops)
+        fraction = np.vectorize(lambda f: curve_fraction(hw.gemm_curve, f))(flops) if isinstance(flops, np.ndarray) \
+            else curve_fraction(hw.gemm_curve, flops)
     else:
         fraction = flops / (flops + t.gemm_half_flops)
-    eff = t.gemm_efficiency_max * fraction
+    eff = t.gemm_efficiency_max * fraction * t.gemm_scale
     moved = (m * k + k * n + m * n) * dtype_bytes
-    return maximum(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * t.memory_efficiency)) + t.kernel_launch_s
+    return maximum(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy"))) + t.kernel_launch_s
 
 
-def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> float:
-    """Fraction of peak of a GEMM of `flops` from a measured table: linear in log(FLOPs) between sizes, the end
-    values outside them (Calculon, Isaev et al. SC'23 Sec 4: measured per-size efficiency tables)."""
-    if flops <= curve[0][0]:
-        return curve[0][1]
-    for (f0, e0), (f1, e1) in zip(curve, curve[1:]):
-        if flops <= f1:
-            w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
-            return e0 + w * (e1 - e0)
-    return curve[-1][1]
+def memory_s(hw: Hardware, n_bytes: float, kernels: int = 1, cls: str = "copy") -> float:
+    """A memory-bound pass over n_bytes at the class's bandwidth (roofline's bandwidth roof, Williams 2009 Sec 2),
+    plus `kernels` kernel floors."""
+    return n_bytes / (hw.hbm_bytes_per_s * hw.elementwise_fraction(cls)) + kernels * hw.tune.kernel_launch_s
 
 
-def memory_s(hw: Hardware, n_bytes: float, kernels: int = 1) -> float:
-    """A memory-bound pass over n_bytes (roofline's bandwidth roof, Williams 2009 Sec 2)."""
-    return n_bytes / (hw.hbm_bytes_per_s * hw.tune.memory_efficiency) + kernels * hw.tune.kernel_launch_s
+def default_implementation(hw: Hardware) -> str:
+    """Element-wise accounting of a profile's ranks: eager PyTorch on GPUs (what ShardLab's engine runs); CPU ranks
+    keep the fused accounting their probe-fitted tunables were calibrated with."""
+    return "fused" if hw.kind == "cpu" else "torch"
 
 
 def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
@@ -94,10 +97,16 @@ def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
     return tokens
 
 
+def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float) -> tuple[Any, Any]:
+    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring)."""
+    fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
+    return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
+
+
 def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
-    cb, peak = compute_bytes(spec.train.precision), hw.peak(spec.train.precision)
+    cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
     out = PassCost()
-    seen: dict[tuple, float] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
+    seen: dict[tuple, tuple[float, float]] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
     for q in params:
         if len(q.local_shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
@@ -105,9 +114,9 @@ def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int
         rows = _gemm_rows(spec, q, tokens)
         f = seen.get((rows, k, n_out))
         if f is None:
-            f = seen[(rows, k, n_out)] = gemm_s(hw, peak, rows, k, n_out, cb)
-        out.fwd_s += f
-        out.bwd_s += 2 * f  # dgrad + wgrad, same shape
+            f = seen[(rows, k, n_out)] = weight_gemms_s(hw, precision, rows, k, n_out, cb)
+        out.fwd_s += f[0]
+        out.bwd_s += f[1]
         out.fwd_flops += 2 * rows * k * n_out
     return out
 
@@ -120,42 +129,163 @@ def cp_imbalance(layout: Layout) -> Any:
 
 
 def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str) -> PassCost:
-    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic); under context
-    parallelism the rank's s/cp queries against all s keys, at the busiest cp rank's share (cp_imbalance)."""
+    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic); fwd_flops is the
+    PaLM count (no causal saving), as MFU counts it. Under context parallelism the rank's s/cp queries against all s
+    keys: 1/cp of the layer's work, at the busiest cp rank's share (cp_imbalance)."""
     cb, peak = layout.compute_bytes, hw.peak(layout.precision)
     b, s, a, hd = layout.micro_batch, model.seq_len, model.n_heads // layout.tp, model.head_dim
     rows, skew = s // layout.cp, cp_imbalance(layout)
     flops = 2 * 2 * b * a * rows * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
-    if attention == "flash":
-        f = skew * flops / (peak * hw.tune.attention_flash_efficiency) + hw.tune.kernel_launch_s
-        return PassCost(fwd_s=f, bwd_s=FLASH_BWD_FACTOR * f, fwd_flops=flops)
+    if attention != "eager":
+        fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, hd, causal=True)
+        return PassCost(fwd_s=fwd * skew / layout.cp, bwd_s=bwd * skew / layout.cp, fwd_flops=flops)
     bmm = 2 * gemm_s(hw, peak, b * a * rows, hd, s, cb)  # one batched GEMM each: b·a problems of (s, d) x (d, s)
     scores = 5 * a * rows * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
     soft = memory_s(hw, 2 * scores, kernels=3)  # written once, read once
     return PassCost(fwd_s=skew * (bmm + soft), bwd_s=2 * skew * (bmm + soft), fwd_flops=flops)
 
 
-def elementwise_pass(model: Any, layout: Layout, hw: Hardware) -> PassCost:
-    """Norms, GELU, residual adds, bias, dropout of one layer: 2x Korthikanti Table 2 bytes without the
-    attention-score term (counted in attention_pass), scaled from 16-bit to the compute dtype."""
-    kb = per_distinct(lambda b, tp, sp, cp: korthikanti_layer_bytes(  # selective: without 5as²b
-        s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
-        layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
-    f = memory_s(hw, 2 * kb * layout.compute_bytes / 2, kernels=12)
-    return PassCost(fwd_s=f, bwd_s=2 * f)
+def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: str = "fused") -> PassCost:
+    """The memory-bound kernels of one layer and microbatch (elementwise.py): "fused": 2x Korthikanti Table 2
+    bytes without the attention-score term (counted in attention_pass); "torch": eager PyTorch's kernels, timed
+    once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile; a cp rank's seq_len / cp
+    tokens."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation {implementation!r} not in {IMPLEMENTATIONS}")
+    if implementation == "torch":
+        return _torch_elementwise(model, layout, hw)
+    if implementation == "fused":
+        kb = per_distinct(lambda b, tp, sp, cp: korthikanti_layer_bytes(  # selective: without 5as²b
+            s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
+            layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
+        fwd, bwd = fused_layer_passes(kb, layout.compute_bytes)
+        return PassCost(fwd_s=memory_s(hw, fwd.bytes, kernels=fwd.count), bwd_s=memory_s(hw, bwd.bytes, kernels=bwd.count))
+    raise AssertionError(implementation)
+
+
+def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
+    """elementwise.layer_passes timed once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile
+    (hw.memo); the combinations not seen before are timed together on arrays."""
+    tag = ("elementwise", model_key(model), layout.precision)
+    missing: list[tuple[int, int, int, int, int]] = []
+
+    def one(*row: int) -> tuple[float, float]:
+        hit = hw.memo.get((tag, *row))
+        if hit is None:
+            missing.append(row)
+            return (0.0, 0.0)
+        return hit
+
+    columns = (layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
+    both = per_distinct(one, *columns)
+    if missing:
+        b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing))
+        fwd, bwd = layer_passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
+                                                                 precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
+        f, bk = (np.broadcast_to(passes_time(hw, x), b.shape).tolist() for x in (fwd, bwd))
+        hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk))
+        both = per_distinct(one, *columns)
+    if isinstance(both, tuple):
+        return PassCost(fwd_s=both[0], bwd_s=both[1])
+    return PassCost(fwd_s=both[..., 0], bwd_s=both[..., 1])
+
+
+def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
+    """Per-rank sizes of one layer and microbatch (elementwise.Widths): heads and the MLP split by tp, norm and
+    residual tokens by tp under sequence parallelism; MoE MLP activations over top_k experts' rows per token; a cp
+    rank's seq_len / cp tokens."""
+    tokens = layout.micro_batch * layout.seq_local(model)
+    tp, act = layout.tp, layout.compute_bytes
+    mlp = model.top_k * model.expert_ffn + model.shared_ffn if model.is_moe else model.ffn
+    return Widths(tokens=tokens, norm_tokens=where(layout.sequence_parallel, tokens / tp, tokens), h=model.d_model,
+                  q=model.n_heads // tp * model.head_dim, kv=maximum(model.kv_heads // tp, 1) * model.head_dim,
+                  ffn=mlp / tp, act=act, residual=where(layout.uses_autocast if autocast is None else autocast, 4, act))
 
 
 def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True) -> PassCost:
-    """Cross-entropy over the (b·s, V/t) logits: softmax read/written in fp32 (the lm_head GEMM is a weight);
+    """Cross-entropy over the (b·s, V/t) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
     kernel_launches=False: the memory traffic alone (the planner's proxy)."""
-    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / layout.tp * 4
-    f = memory_s(hw, 3 * logits, kernels=4 if kernel_launches else 0)
-    return PassCost(fwd_s=f, bwd_s=f)
+    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / layout.tp
+    kernels = 4 if kernel_launches else 0
+    return PassCost(fwd_s=memory_s(hw, CE_FWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"),
+                    bwd_s=memory_s(hw, CE_BWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"))
 
 
-def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout) -> PassCost:
-    """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head
-    (`layout` = Layout.of(spec))."""
+def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], implementation: str,
+               autocast: Any = None) -> PassCost:
+    """Per-microbatch passes over a group of parameters under autocast ("torch" only, elementwise.param_passes):
+    weight casts forward (again in a full recompute), gradient casts and accumulation backward. `sizes`: (GEMM
+    weight elements, other elements, GEMM weights, other tensors) of the group (part_param_sizes); `autocast`:
+    the layout's unless given."""
+    autocast = layout.uses_autocast if autocast is None else autocast
+    if implementation != "torch" or autocast is False:
+        return PassCost()
+    fwd, bwd = param_passes(*sizes, autocast=autocast)
+    f = passes_time(hw, fwd)
+    return PassCost(fwd_s=f, bwd_s=passes_time(hw, bwd), recompute_s=where(layout.recompute == RecomputeMode.FULL, f, 0.0))
+
+
+def part_param_sizes(params: Any, gemm_names: Any) -> tuple[int, int, int, int]:
+    """(GEMM weight elements, other elements, GEMM weights, other tensors) of a group of local parameters;
+    gemm_names(q) says which are GEMM weights."""
+    gemm = [q for q in params if gemm_names(q)]
+    g = sum(q.local_numel for q in gemm)
+    return g, sum(q.local_numel for q in params) - g, len(gemm), len(params) - len(gemm)
+
+
+def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[LocalParam], stage: int, implementation: str,
+                     tied_head: bool) -> PassCost:
+    """param_pass of one stage, part by part (the planner's proxy sums the same parts): its blocks (each the same),
+    the embeddings on the first stage (tok_emb is the head's GEMM weight when tied on one stage), norm and lm_head on
+    the last."""
+    m, p = spec.model, spec.parallel
+    n_stages = p.pp * p.virtual_stages
+    layers = stage_layers(m.n_layers, n_stages, stage)
+    if implementation != "torch" or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
+        return PassCost()
+    is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
+    out = PassCost()
+    if layers:  # blocks of one kind have the same sizes: one pass per kind (mixed stacks: a dense prefix, alternation)
+        kinds = derived(params, ("block param sizes", tuple(layers)), lambda ps: _block_kinds(ps, layers, is_gemm))
+        for sizes, count in kinds.items():
+            one = param_pass(hw, layout, sizes, implementation)
+            out.add(PassCost(fwd_s=count * one.fwd_s, bwd_s=count * one.bwd_s, recompute_s=count * one.recompute_s))
+    if stage == 0:
+        emb = derived(params, ("embedding param sizes", tied_head), lambda ps: part_param_sizes(
+            [q for q in ps if q.name.startswith(("tok_emb", "pos_emb"))], lambda q: tied_head and q.name.startswith("tok_emb")))
+        out.add(_no_recompute(param_pass(hw, layout, emb, implementation)))
+    if stage == n_stages - 1:
+        head = derived(params, "head param sizes", lambda ps: part_param_sizes(
+            [q for q in ps if q.name.startswith(("norm.", "lm_head"))], lambda q: q.name.startswith("lm_head")))
+        out.add(_no_recompute(param_pass(hw, layout, head, implementation)))
+    return out
+
+
+def _block_kinds(params: Any, layers: Any, is_gemm: Any) -> dict[tuple[int, int, int, int], int]:
+    """part_param_sizes of each layer, counted by distinct sizes."""
+    by_layer: dict[int, list[LocalParam]] = {}
+    wanted = set(layers)
+    for q in params:
+        if q.name.startswith("layers."):
+            i = int(q.name.split(".", 2)[1])
+            if i in wanted:
+                by_layer.setdefault(i, []).append(q)
+    kinds: dict[tuple[int, int, int, int], int] = {}
+    for i in layers:
+        sizes = part_param_sizes(by_layer.get(i, []), is_gemm)
+        kinds[sizes] = kinds.get(sizes, 0) + 1
+    return kinds
+
+
+def _no_recompute(c: PassCost) -> PassCost:
+    """Embeddings and the head are outside the checkpointed blocks: a full recompute does not re-cast them."""
+    return replace(c, recompute_s=0.0)
+
+
+def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
+               implementation: str = "fused") -> PassCost:
+    """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head, and the
+    per-microbatch passes over its parameters (`layout` = Layout.of(spec))."""
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r} not in {ATTENTION}")
     m, t, p = spec.model, spec.train, spec.parallel
@@ -172,7 +302,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     # memoised per shared params tuple on every input _weights_cost reads
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts), weights, keep=hw))
-    attn, elem = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw)
+    attn, elem = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, implementation)
     n = len(layers)
     cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)
     cost.bwd_s += n * (attn.bwd_s + elem.bwd_s)
@@ -182,6 +312,13 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
     elif rc == "selective":
         cost.recompute_s = n * attn.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+    tied_head = last and not any(q.name.startswith("lm_head") for q in params)
+    if tied_head:  # a tied lm_head is tok_emb's weight: the head GEMM still runs (the lookup alone is free)
+        f, b = weight_gemms_s(hw, str(t.precision), tokens, m.d_model, m.vocab_size / p.tp, compute_bytes(t.precision))
+        cost.fwd_s += f
+        cost.bwd_s += b
+        cost.fwd_flops += 2 * tokens * m.d_model * m.vocab_size / p.tp
+    cost.add(stage_param_pass(spec, hw, layout, params, stage, implementation, tied_head))
     if last:
         cost.add(head_pass(m, layout, hw))
     return cost

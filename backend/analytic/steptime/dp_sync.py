@@ -4,6 +4,10 @@ bucket cannot (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buc
 prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and the last
 reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast follows the
 optimizer step, exposed.
+FSDP2 copies every unit in and out of its collective buffers (and casts to the param / reduce dtypes) even on a
+data-parallel group of one (a pure ZeRO-2/3 run on one GPU): those copies stay, the collectives vanish. Under zero3
+the pre-backward hook re-gathers each unit on the autograd thread before its backward kernels are launched, so its
+host time (Tunables.fsdp_unit_host_s, measured per hook call) is on the critical path once per unit and microbatch.
 
 The collectives' seconds do not depend on the microbatch's compute, so they are computed once per rank's
 parameter tuple and layout (`dp_colls`, memoised like the rest of the per-rank work) and only the overlap is
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from backend.analytic.sharding import derived
+from backend.analytic.sharding import derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
 from backend.analytic.steptime.hardware import Hardware
@@ -92,7 +96,32 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             fsdp_tail = max(fsdp_tail, s / calls)
         total += s
         kinds[kind] = kinds.get(kind, 0.0) + s
+    if not traffic and p.zero_stage >= 2 and p.tp == p.pp == p.ep == 1:  # FSDP2 on one rank: the copies alone
+        exposure.extend((False, c, 0.0) for c in _solo_fsdp_copies(spec, hw, params))
     return DpColls(total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
+
+
+def _solo_fsdp_copies(spec: Any, hw: Hardware, params: list) -> list[float]:
+    """Seconds of FSDP2's copy-in / copy-out per unit on a group of one: the payloads dp_traffic would all-gather
+    (param dtype) and reduce-scatter (fp32), copied as they are for a real collective."""
+    p, mb = spec.parallel, spec.train.microbatches
+    gathers = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=False)
+    out = []
+    for unit in fsdp_units(spec.model, params).values():
+        full = unsharded_numel(unit)
+        out.append(memory_s(hw, 2 * gathers * full * fsdp_param_bytes(spec), kernels=gathers * 2))
+        out.append(memory_s(hw, 2 * mb * full * 4, kernels=mb * 2))
+    return out
+
+
+def fsdp_host_s(spec: Any, hw: Hardware, params: list) -> float:
+    """Exposed host seconds of zero3's pre-backward re-gathers per step (module docstring): one hook per FSDP2 unit
+    and microbatch."""
+    p = spec.parallel
+    if p.zero_stage != 3 or not hw.tune.fsdp_unit_host_s or not (p.dp_cp > 1 or p.tp == p.pp == p.ep == 1):
+        return 0.0
+    units = derived(params, "fsdp_unit_count", lambda ps: len(fsdp_units(spec.model, ps)))
+    return hw.tune.fsdp_unit_host_s * units * spec.train.microbatches
 
 
 def dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,

@@ -4,6 +4,12 @@ Profiles come from `hardware.json` beside this module (published datasheet peaks
 from the JSON file named by SHARDLAB_HARDWARE (same shape; its entries add to or replace the shipped ones),
 then "cpu" from the micro-benchmark backend/bench/hw_probe.py wrote (SHARDLAB_CPU_PROFILE, else
 data/hardware_cpu.json). Peak FLOP/s are dense; bandwidths are per GPU and per direction.
+
+A profile's operation tables (op_tables.py: GEMM by shape, attention by kernel, element-wise / optimizer bandwidth,
+kernel floors) come from its `tables` entry (names of op_tables.json tables, or the tables themselves) or, for a
+profile a GPU-check probe wrote, from its `measured` tables. Where a table is missing the scalar tunables stand
+in (gemm_efficiency_max with the saturating size curve, attention_flash_efficiency, memory_efficiency). Every
+profile states where each of its values comes from (`provenance`).
 """
 
 from __future__ import annotations
@@ -12,9 +18,13 @@ import json
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from functools import lru_cache
 from typing import Any
 
+from backend.analytic.steptime.op_tables import OpTables, table_json, tables_from_json, tables_from_measured
+
 DATA_FILE = Path(__file__).with_name("hardware.json")
+TABLES_FILE = Path(__file__).with_name("op_tables.json")
 CPU_PROFILE_FILE = Path(__file__).resolve().parents[3] / "data" / "hardware_cpu.json"
 CPU = "cpu"
 
@@ -41,6 +51,17 @@ class Tunables:
     """Bandwidth of an all-gather relative to the tier's (all-reduce-derived) bandwidth: 1 on NCCL; gloo differs."""
     reduce_scatter_efficiency: float = 1.0
     """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
+    gemm_scale: float = 1.0
+    """Multiplier on the GEMM efficiency (table or curve): what a calibration fits."""
+    attention_scale: float = 1.0
+    """Multiplier on the attention kernels' efficiency (table or attention_flash_efficiency)."""
+    elementwise_scale: float = 1.0
+    """Multiplier on the element-wise bandwidth fractions (table or memory_efficiency)."""
+    optimizer_scale: float = 1.0
+    """Multiplier on the optimizer step's bandwidth fraction."""
+    fsdp_unit_host_s: float = 0.0
+    """Host seconds of FSDP2's hooks per parameter group and microbatch (pre/post forward and backward) that a
+    unit's own GPU work cannot hide; 0: not measured."""
 
 
 @dataclass(frozen=True)
@@ -66,21 +87,59 @@ class Hardware:
     gemm_curve: tuple[tuple[float, float], ...] = ()
     """Measured (FLOPs of one GEMM, fraction of peak) by size, ascending (CPU probe's gemm_flops_by_size); empty:
     the saturating eff(F) of compute.gemm_s."""
+    tables: OpTables = field(default_factory=OpTables)
+    provenance: dict[str, str] = field(default_factory=dict)
+    """Where each value comes from: the datasheet, a measurement, a publication (by value or table name)."""
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Seconds already computed on this profile (compute.py, by their inputs); a changed profile starts empty."""
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
         dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(str(precision), "fp32")
         return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
 
+    def peak_of(self, dtype: str) -> float:
+        """Dense peak FLOP/s of a matmul dtype (bf16, fp16, fp8, fp32); fp16 falls back to bf16, others to fp32."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if dtype == "fp16" and "bf16" in self.peak_flops:
+            return self.peak_flops["bf16"]
+        if dtype == "fp8":
+            raise ValueError(f"hardware profile {self.key!r} has no fp8 peak (peak_flops.fp8)")
+        return self.peak_flops["fp32"]
+
     def with_tunables(self, **changes: float) -> Hardware:
         known = {f.name for f in fields(Tunables)}
-        return replace(self, tune=replace(self.tune, **{k: v for k, v in changes.items() if k in known}))
+        return replace(self, tune=replace(self.tune, **{k: v for k, v in changes.items() if k in known}), memo={})
+
+    def elementwise_fraction(self, cls: str) -> float:
+        """Achieved / peak HBM bandwidth of a memory-bound kernel of class `cls` (op_tables.ELEMENTWISE_CLASSES),
+        calibration scale included."""
+        t = self.tables.elementwise
+        base = t.get(cls) or t.get("copy") or self.tune.memory_efficiency
+        return base * self.tune.elementwise_scale
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tune", "gemm_curve")}
+        """The profile as `hardware --json` lists it: values, tunables, provenance and a summary of each table."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tune", "gemm_curve", "tables", "memo")}
         d["tune"] = {f.name: getattr(self.tune, f.name) for f in fields(Tunables)}
+        d["tables"] = tables_summary(self.tables)
         return d
 
+
+def tables_summary(t: OpTables) -> dict[str, Any]:
+    """Sizes, headline values and sources of a profile's tables (the full tables: op_tables.table_json)."""
+    out: dict[str, Any] = {}
+    if t.gemm:
+        out["gemm"] = {d: {"rows": len(g.rows), "max_efficiency": max(r[3] for r in g.rows), "source": g.source}
+                       for d, g in t.gemm.items()}
+    if t.attention:
+        out["attention"] = {"kernels": list(t.attention.kernels()), "rows": len(t.attention.rows), "source": t.attention.source}
+    full = table_json(t)
+    for part in ("elementwise", "optimizer", "overhead"):
+        if part in full:
+            out[part] = full[part]
+    return out
 
 def _read(path: Path) -> dict[str, Any]:
     try:
@@ -89,19 +148,57 @@ def _read(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read hardware profiles from {path}: {e}") from e
 
 
-def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], cpu_defaults: dict[str, Any]) -> Hardware:
+def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], kind_defaults_by: dict[str, dict[str, Any]]) -> Hardware:
     known = {f.name for f in fields(Tunables)}
-    kind_defaults = cpu_defaults if entry.get("kind") == CPU else {}
-    tune = Tunables(**{k: float(v) for k, v in {**defaults, **kind_defaults, **entry.get("tune", {})}.items() if k in known})
+    kind_defaults = kind_defaults_by.get(entry.get("kind", "gpu"), {})
     need = ("name", "peak_flops", "hbm_bytes_per_s", "intra_bytes_per_s", "inter_bytes_per_s")
     missing = [k for k in need if k not in entry]
     if missing:
         raise ValueError(f"hardware profile {key!r} lacks {', '.join(missing)}")
+    tables = _tables(key, entry)
+    measured_floor = {"kernel_launch_s": tables.kernel_s} if tables.kernel_s else {}
+    tune = Tunables(**{k: float(v) for k, v in {**defaults, **kind_defaults, **measured_floor, **entry.get("tune", {})}.items()
+                       if k in known})
+    provenance = {**{k: v for k, v in entry.get("provenance", {}).items() if isinstance(v, str)},
+                  **{f"tables.{k}": v for k, v in tables.sources.items()}}
     return Hardware(key=key, name=entry["name"], kind=entry.get("kind", "gpu"), memory_bytes=float(entry.get("memory_bytes", 0)),
                     peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
                     hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]), intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
                     inter_bytes_per_s=float(entry["inter_bytes_per_s"]), gpus_per_node=int(entry.get("gpus_per_node", 8)),
-                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry))
+                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry),
+                    tables=tables, provenance=provenance)
+
+
+@lru_cache(maxsize=1)
+def named_tables() -> dict[str, Any]:
+    """op_tables.json's named tables."""
+    return _read(TABLES_FILE)["tables"]
+
+
+def _tables(key: str, entry: dict[str, Any]) -> OpTables:
+    """A profile's operation tables: its `tables` entry (each part a table name of op_tables.json or the part
+    itself; gemm by dtype), else the GPU probe's `measured` tables, else none."""
+    spec = entry.get("tables")
+    if spec:
+        resolved: dict[str, Any] = {}
+        for part, ref in spec.items():
+            if part == "gemm":
+                resolved["gemm"] = {d: _named(key, r, "gemm")[d] if isinstance(r, str) else r for d, r in ref.items()}
+            else:
+                resolved[part] = _named(key, ref, part) if isinstance(ref, str) else ref
+        return tables_from_json(resolved)
+    measured = entry.get("measured") or {}
+    if entry.get("kind", "gpu") != CPU and any(measured.get(k) for k in ("gemm_bf16", "attention", "elementwise")):
+        return tables_from_measured(measured, {k: float(v) for k, v in entry["peak_flops"].items()},
+                                    float(entry["hbm_bytes_per_s"]), f"measured: {entry.get('source', key)}")
+    return OpTables()
+
+
+def _named(key: str, name: str, part: str) -> Any:
+    table = named_tables().get(name, {}).get(part)
+    if table is None:
+        raise ValueError(f"hardware profile {key!r}: op_tables.json has no {part} table {name!r}")
+    return table
 
 
 def _curve(entry: dict[str, Any]) -> tuple[tuple[float, float], ...]:
@@ -120,19 +217,20 @@ def cpu_profile_path() -> Path:
 def load_profiles() -> dict[str, Hardware]:
     """Every profile: shipped, then $SHARDLAB_HARDWARE's, then the measured CPU profile if the probe ran."""
     base = _read(DATA_FILE)
-    defaults = {k: v for k, v in base.get("defaults", {}).items() if not k.startswith("_")}
-    cpu_defaults = {k: v for k, v in base.get("cpu_defaults", {}).items() if not k.startswith("_")}
+    sections = ("defaults", "cpu_defaults", "gpu_defaults")
+    found = {s: {k: v for k, v in base.get(s, {}).items() if not k.startswith("_")} for s in sections}
     entries = dict(base["profiles"])
     user = os.environ.get("SHARDLAB_HARDWARE")
     if user:
         extra = _read(Path(user))
-        defaults.update({k: v for k, v in extra.get("defaults", {}).items() if not k.startswith("_")})
-        cpu_defaults.update({k: v for k, v in extra.get("cpu_defaults", {}).items() if not k.startswith("_")})
+        for s in sections:
+            found[s].update({k: v for k, v in extra.get(s, {}).items() if not k.startswith("_")})
         entries.update(extra.get("profiles", {}))
     cpu = cpu_profile_path()
     if cpu.exists():
         entries[CPU] = _read(cpu)
-    return {k: _build(k, v, defaults, cpu_defaults) for k, v in entries.items()}
+    by_kind = {CPU: found["cpu_defaults"], "gpu": found["gpu_defaults"]}
+    return {k: _build(k, v, found["defaults"], by_kind) for k, v in entries.items()}
 
 
 def get_hardware(key: str) -> Hardware:

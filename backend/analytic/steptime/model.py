@@ -27,9 +27,11 @@ from backend.analytic.params import matmul_params
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
-from backend.analytic.steptime.compute import PassCost, attention_pass, memory_s, stage_cost
+from backend.analytic.steptime.compute import (ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, default_implementation,
+                                               memory_s, stage_cost)
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
-from backend.analytic.steptime.dp_sync import dp_exposed
+from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
+from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
 from backend.analytic.traffic import compute_bytes, model_parallel_traffic
@@ -120,9 +122,11 @@ def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int
         c.recompute_s += host_s / 3
 
 
-def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
+def _optimizer_s(spec: Any, hw: Hardware, params: list, implementation: str) -> float:
     """AdamW reads p, g, m, v and writes p, m, v (28 B per fp32 element; SGD 20 B), memory bound
-    (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1)."""
+    (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1). GPUs run
+    it at the implementation's measured bandwidth (ops.optimizer_time); CPU ranks run single-tensor AdamW, ~5 ops
+    per tensor."""
     p, t = spec.parallel, spec.train
     real, local, _ = derived(params, "numel_sums", _numel_sums)
     if p.zero_stage >= 2:
@@ -130,8 +134,10 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list) -> float:
     else:
         elems = local / (p.dp_cp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
-    kernels = len(params) * (5 if hw.kind == "cpu" else 1)  # CPU single-tensor AdamW: ~5 ops per tensor; GPU foreach
-    return memory_s(hw, per * elems, kernels=kernels) + hw.tune.dtensor_op_s * optimizer_dispatch(spec, params)
+    dispatch = hw.tune.dtensor_op_s * optimizer_dispatch(spec, params)
+    if hw.kind == "cpu":
+        return memory_s(hw, per * elems, kernels=len(params) * 5) + dispatch
+    return optimizer_time(hw, elems, OPTIMIZER_IMPL[implementation], per_element_bytes=per, kernels=1) + dispatch
 
 
 def _numel_sums(params: Any) -> tuple[int, int, int]:
@@ -140,11 +146,17 @@ def _numel_sums(params: Any) -> tuple[int, int, int]:
 
 
 def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
-              band: tuple[float, float] | None = None) -> StepTime:
-    """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS)."""
+              band: tuple[float, float] | None = None, implementation: str | None = None) -> StepTime:
+    """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS).
+    attention: compute.ATTENTION (default eager on CPU profiles, flash on GPUs); implementation: the element-wise
+    accounting, elementwise.IMPLEMENTATIONS (default compute.default_implementation(hw))."""
     p, t = spec.parallel, spec.train
     g = gpus_per_node or hw.gpus_per_node
     attention = attention or ("eager" if hw.kind == "cpu" else "flash")
+    implementation = implementation or default_implementation(hw)
+    if attention not in ATTENTION or implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention {attention!r} (one of {ATTENTION}), implementation {implementation!r} "
+                         f"(one of {IMPLEMENTATIONS})")
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
     reps = [r * (p.dp_cp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = cp = ep index 0)
     layout = Layout.of(spec)
@@ -159,7 +171,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         per_mb = (comm["tp"] + comm["ep"]) / mb
         tot = PassCost()
         for s in stages:
-            c = stage_cost(spec, hw, s, params, attention, layout)
+            c = stage_cost(spec, hw, s, params, attention, layout, implementation)
             _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))
@@ -184,8 +196,9 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         mp_exp = (comm["tp"] + comm["ep"]) * share + cp_exp
         exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, **({"cp": cp_exp} if p.cp > 1 else {}),
                    "pp": span1 - span0, "dp": dp_exp * share}
-        opt = _optimizer_s(spec, hw, params) * share
-        other = hw.tune.step_overhead_s + memory_s(hw, 4 * derived(params, "numel_sums", _numel_sums)[2]) * share  # zero_grad
+        opt = _optimizer_s(spec, hw, params, implementation) * share
+        zero_grad = memory_s(hw, 4 * derived(params, "numel_sums", _numel_sums)[2])
+        other = hw.tune.step_overhead_s + (zero_grad + fsdp_host_s(spec, hw, params)) * share
         bubble = max(0.0, span0 - busy[k])
         step = span1 + exposed["dp"] + opt + other
         out.append(RankTime(rank=r, pp_rank=k, step_s=step, compute_s=compute, recompute_s=mb * tot.recompute_s * share,
@@ -196,7 +209,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
                             comm_by_collective_s=kinds))
         assert abs(compute + mp_exp + bubble + exposed["pp"] + exposed["dp"] + opt + other - step) < 1e-6 * max(1.0, step)
     slow = max(out, key=lambda x: x.step_s)
-    notes = [f"attention={attention}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
+    notes = [f"attention={attention}", f"implementation={implementation}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
                     stage_fwd_s=fwd, stage_bwd_s=bwd)

@@ -2,7 +2,8 @@
 fields are computed by the step-time model's own functions (compute.gemm_s / attention_pass / elementwise_pass /
 head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arrays of layouts.
 
-What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
+What it leaves out, by design (each is a field of the exact model): a mixed stack's second block kind (dense prefix,
+alternation: GEMMs and parameter passes take block 0's for every block), the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
 rank's layers at one layer's cost), the host's DTensor dispatch, the kernel launches of the optimizer and of the
 loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
@@ -20,16 +21,18 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
-from backend.analytic.memory.parts import local_part, rank_parts, stage_composition
+from backend.analytic.memory.parts import local_part, part_sums, rank_parts, stage_composition
 from backend.analytic.params import model_key
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
-from backend.analytic.steptime.compute import attention_pass, elementwise_pass, gemm_s, head_pass, memory_s
+from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
+                                               memory_s, param_pass, weight_gemms_s)
 from backend.analytic.steptime.cp_ring import ring_time
+from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import any_true, logical_or, maximum, minimum, select_present, where
+from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -50,7 +53,8 @@ class StepProxy:
     """Data-parallel sync the compute does not hide (DDP's last bucket, FSDP2's first gather / last scatter)."""
     optimizer_s: Any
     """The optimizer's and zero_grad's memory passes."""
-    overhead_s: float
+    overhead_s: Any
+    """The fixed step overhead and zero3's exposed FSDP2 hook time."""
 
     @property
     def step_s(self) -> Any:
@@ -65,25 +69,146 @@ def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
                  for q in local_part(key, "block", False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
-def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> Any:
-    """One layer's forward GEMMs (compute._weights_cost: experts see tokens·top_k·ep/E rows under uniform routing),
-    added in the block's parameter order; each distinct GEMM shape is timed once."""
-    key, peak, cb = model_key(model), hw.peak(layout.precision), layout.compute_bytes
-    tokens = layout.micro_batch * layout.seq_local(model)
-    total = np.zeros(np.shape(layout.tp), dtype=np.float64)
-    for tp in np.unique(layout.tp).tolist():
-        rows = np.nonzero(layout.tp == tp)[0]
-        dense, routed = tokens[rows], tokens[rows] * (model.top_k * layout.ep[rows] / max(model.n_experts, 1))
-        timed: dict[tuple[int, int, bool], Any] = {}
-        acc = 0.0
-        for shape in _block_linears(key, tp):
-            seconds = timed.get(shape)
-            if seconds is None:
-                n_out, k, expert = shape
-                seconds = timed[shape] = gemm_s(hw, peak, routed if expert else dense, k, n_out, cb)
-            acc = acc + seconds
-        total[rows] = acc
-    return total
+def _groups(*columns: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(one representative row per distinct combination, each row's combination) of small non-negative int columns
+    (broadcast), without sorting: each column coded by its distinct values (_distinct), the codes in mixed radix."""
+    cols = np.broadcast_arrays(*(np.asarray(c, dtype=np.int64) for c in columns))
+    key = np.zeros(cols[0].size, dtype=np.int64)
+    span = 1
+    for c in cols:
+        values, code = _distinct(c.ravel())
+        key, span = key * len(values) + code, span * len(values)
+    groups, group_of = _distinct(key) if span > 4 * key.size + 1024 else _bin_groups(key, span)
+    rep = np.empty(len(groups), dtype=np.int64)
+    rep[group_of] = np.arange(key.size)
+    return rep, group_of
+
+
+def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    present = np.zeros(span, dtype=bool)
+    present[key] = True
+    groups = np.flatnonzero(present)
+    lookup = np.zeros(span, dtype=np.int64)
+    lookup[groups] = np.arange(len(groups))
+    return groups, lookup[key]
+
+
+def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> tuple[Any, Any]:
+    """One layer's (forward, backward) GEMMs (compute._weights_cost: forward, dgrad and wgrad shapes; experts see
+    tokens·top_k·ep/E rows under uniform routing; a cp rank's seq_len / cp tokens), added in the block's parameter
+    order; timed once per distinct (tp, micro-batch, ep, cp) and profile."""
+    key = model_key(model)
+    if not isinstance(layout.tp, np.ndarray):
+        return _one_layer_gemms(model, layout, hw, key, int(layout.tp), int(layout.micro_batch), int(layout.ep),
+                                int(layout.cp))
+    _prefill_gemm_table(model, layout, hw, key)
+    tp, mb, ep, cp = (np.broadcast_to(np.asarray(c), np.shape(layout.tp))
+                      for c in (layout.tp, layout.micro_batch, layout.ep, layout.cp))
+    rep, group = _groups(tp, mb, ep if model.is_moe else 0, cp)
+    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, int(tp[i]), int(mb[i]), int(ep[i]), int(cp[i]))
+                        for i in rep.tolist()], dtype=float)
+    return pairs[group, 0], pairs[group, 1]
+
+
+def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, tp: int, mb: int, ep: int,
+                     cp: int = 1) -> tuple[float, float]:
+    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp)
+    hit = hw.memo.get(memo_key)
+    if hit is None:
+        tokens = mb * (model.seq_len // cp)
+        routed = tokens * model.top_k * ep / max(model.n_experts, 1)
+        f = b = 0.0
+        for n_out, k, expert in _block_linears(key, tp):
+            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes)
+            f, b = f + sf, b + sb
+        hit = hw.memo[memo_key] = (f, b)
+    return hit
+
+
+def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> None:
+    """Interpolate every dense GEMM shape of the layouts (forward, dgrad, wgrad of each block weight and lm_head) in
+    one batch, so the per-shape lookups below find them in the table's memo."""
+    table = hw.tables.gemm_table(PRECISION_DTYPE.get(layout.precision, layout.precision))
+    if table is None:
+        return
+    mbs, tps = _distinct(np.asarray(layout.micro_batch))[0].tolist(), _distinct(np.asarray(layout.tp))[0].tolist()
+    cps = _distinct(np.asarray(layout.cp))[0].tolist()
+    done = ("gemm prefill", key, layout.precision, tuple(mbs), tuple(tps), tuple(cps))
+    if done in hw.memo:
+        return
+    hw.memo[done] = True
+    queries = []
+    for tp in tps:
+        shapes = [(n, k) for n, k, expert in _block_linears(key, tp) if not expert] + [(model.vocab_size / tp, model.d_model)]
+        for mb in mbs:
+            for cp in cps:
+                t = mb * (model.seq_len // cp)
+                for n, k in shapes:
+                    queries += [(t, k, n), (t, n, k), (k, t, n)]
+    q = np.asarray(queries, dtype=float)
+    table.efficiency(q[:, 0], q[:, 1], q[:, 2])
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for non-negative ints of a small range without sorting (a bin table)."""
+    v = values.astype(np.int64, copy=False)
+    top = int(v.max()) + 1 if v.size else 1
+    if top > 4 * v.size + 1024:
+        return np.unique(v, return_inverse=True)
+    present = np.bincount(v.ravel(), minlength=top) > 0
+    distinct = np.flatnonzero(present)
+    lookup = np.zeros(top, dtype=np.int64)
+    lookup[distinct] = np.arange(len(distinct))
+    return distinct, lookup[v]
+
+
+def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: float) -> tuple[Any, Any]:
+    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp, cp)."""
+    if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
+        return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
+    mb, tp, cp = np.broadcast_arrays(np.asarray(layout.micro_batch), np.asarray(layout.tp), np.asarray(layout.cp))
+    rep, group = _groups(mb, tp, cp)
+    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * (model.seq_len // int(cp.flat[i])), model.d_model,
+                                       model.vocab_size / int(tp.flat[i]), cb) for i in rep.tolist()], dtype=float)
+    return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
+
+
+def _param_pass_s(model: Any, layout: Layout, hw: Hardware, stages: Any, implementation: str) -> Any:
+    """compute.stage_param_pass of a pipeline rank with composition `stages`, part by part: blocks x one block's
+    passes, the embeddings on the first stage, norm and lm_head on the last; each part timed once per distinct
+    (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes (memory/parts.part_sums)."""
+    if implementation != "torch" or layout.uses_autocast is False:
+        return 0.0
+    key, tied = model_key(model), bool(model.tie_embeddings)
+
+    def parts_s(tp: int, ep: int, autocast: int, recompute: int, single: int) -> tuple[float, float, float]:
+        memo_key = ("param passes", key, layout.precision, tp, ep, autocast, recompute, single)
+        hit = hw.memo.get(memo_key)
+        if hit is None:
+            one = Layout(tp=tp, ep=ep, recompute=recompute, precision=layout.precision)
+            placement = (tp, ep, ep, 0, 0, 0, 0)
+            blk, emb, head = (part_sums(key, part, tied and part == "head" and not single, placement, False)
+                              for part in ("block", "embeddings", "head"))
+            e_gemm = emb.token_embedding_numel if tied and single else 0
+            sizes = ((blk.linear_weight_numel, blk.local_numel - blk.linear_weight_numel, _local_linears(key, tp, ep),
+                      blk.tensors - _local_linears(key, tp, ep)),
+                     (e_gemm, emb.local_numel - e_gemm, int(e_gemm > 0), emb.tensors - int(e_gemm > 0)),
+                     (head.head_weight_numel, head.local_numel - head.head_weight_numel, int(head.head_weight_numel > 0),
+                      head.tensors - int(head.head_weight_numel > 0)))
+            costs = [param_pass(hw, one, sz, implementation, autocast=bool(autocast)) for sz in sizes]
+            hit = hw.memo[memo_key] = (costs[0].fwd_s + costs[0].bwd_s + costs[0].recompute_s,
+                                       costs[1].fwd_s + costs[1].bwd_s, costs[2].fwd_s + costs[2].bwd_s)
+        return hit
+
+    per = per_distinct(parts_s, layout.tp, layout.ep, layout.uses_autocast, layout.recompute, layout.n_stages == 1)
+    block, first, last = (per[..., i] for i in range(3)) if isinstance(per, np.ndarray) else per
+    return stages.n_blocks * block + stages.first * first + stages.last * last
+
+
+@lru_cache(maxsize=4096)
+def _local_linears(key: Any, tp: int, ep: int) -> int:
+    """2-D weights of one block on a rank of (tp, ep) (compute.stage_param_pass counts the same)."""
+    return sum(1 for q in local_part(key, "block", False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)
 
 
 def _bubble(layout: Layout) -> Any:
@@ -97,22 +222,26 @@ def _bubble(layout: Layout) -> Any:
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
-    attention, elementwise = attention_pass(model, layout, hw, "flash"), elementwise_pass(model, layout, hw)
+    implementation = default_implementation(hw)
+    attention = attention_pass(model, layout, hw, "flash")
+    elementwise = elementwise_pass(model, layout, hw, implementation)
     head = head_pass(model, layout, hw, kernel_launches=False)
-    gemm = _layer_gemm_s(model, layout, hw)
+    gemm_fwd, gemm_bwd = _layer_gemm_s(model, layout, hw)
     full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
-    forward = gemm + attention.fwd_s + elementwise.fwd_s
-    backward = 2 * gemm + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
+    forward = gemm_fwd + attention.fwd_s + elementwise.fwd_s
+    backward = gemm_bwd + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
     per_layer = forward * (1 + full) + backward + where(selective, attention.fwd_s, 0.0)
-    lm_head = 3 * gemm_s(hw, hw.peak(layout.precision), tokens, model.d_model, model.vocab_size / layout.tp, cb) \
-        + head.fwd_s + head.bwd_s
+    head_fwd, head_bwd = _head_gemms_s(hw, layout, tokens, model, cb)
+    lm_head = head_fwd + head_bwd + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
     # rank 0's tp-local elements are the part sums the memory core uses (local sizes do not depend on dp sharding)
     rank0 = rank_parts(model, layout, RankPosition())
     first_rank, last_rank = rank0.stages, stage_composition(model, layout, layout.pp - 1)
     head_on_first = logical_or(layout.pp == 1, layout.zbv)
-    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head,
-                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head))
+    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head
+                      + _param_pass_s(model, layout, hw, first_rank, implementation),
+                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head
+                            + _param_pass_s(model, layout, hw, last_rank, implementation)))
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
@@ -126,10 +255,17 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
                              backward_s=first_rank.n_blocks * backward, compute_s=compute)
     owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp_cp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
-    optimizer = memory_s(hw, per_element * owned, kernels=0) \
-        + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
+    step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
+        optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
+    optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
     return StepProxy(compute_s=compute, tp_comm_s=tp_comm, cp_comm_s=cp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
-                     optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s)
+                     optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
+
+
+def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
+    """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
+    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3, logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
+    return where(wrapped, hw.tune.fsdp_unit_host_s * (stages.n_blocks + 1) * layout.microbatches, 0.0)
 
 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,

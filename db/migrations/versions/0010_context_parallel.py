@@ -1,16 +1,16 @@
 """Issue 26: experiments.cp, cp_rotate, cp_load_balance (context parallelism), filter and CSV columns copied from the
 spec; every run stored before this revision ran without it (cp 1, allgather, balanced: the spec's defaults).
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009 (0009_imported_runs)
 Create Date: 2026-11-27
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

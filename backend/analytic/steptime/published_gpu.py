@@ -1,0 +1,102 @@
+"""Published end-to-end GPU training throughput as evidence for the step-time model (pure Python, no torch).
+
+`published_gpu.json` beside this module holds the rows: each quotes its source verbatim (`quote`, `url`) and
+says which ShardLab experiment it is (`spec`, with `{"preset": name}` allowed for the model) and what the
+source measured (`published`: tokens/s of the whole job, tokens/s per GPU, or the iteration time). Narayanan
+et al. 2021 Table 1 rows come from `published.PTDP_TABLE1` (TFLOP/s per GPU, Eq. 3 FLOPs).
+
+These rows are the TEST of the model, never its training set: no hardware value is fitted to them
+(benchmarks/published_gpu.py prints predicted against published; tests/test_published_gpu.py pins Korthikanti
+2022 Table 5).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from backend.analytic.textbook.flops import narayanan_flops_per_iteration
+from backend.analytic.steptime.published import PTDP_TABLE1, SEQ, VOCAB, ptdp_spec_dict
+from backend.presets import preset_model
+
+DATA_FILE = Path(__file__).with_name("published_gpu.json")
+PTDP_URL = "https://arxiv.org/abs/2104.04473"
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    id: str
+    group: str
+    """Hardware generation of the source: H100 or A100."""
+    hardware: str
+    """ShardLab hardware profile the row is predicted on."""
+    source: str
+    url: str
+    quote: str
+    layout: str
+    spec: dict[str, Any]
+    """ShardLab experiment spec (model preset expanded)."""
+    step_s: float
+    """Published seconds per optimizer step (derived from the published number, `derivation` says how)."""
+    derivation: str
+    attention: str = "flash"
+    implementation: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _model(model: dict[str, Any]) -> dict[str, Any]:
+    if "preset" not in model:
+        return model
+    base = preset_model(model["preset"])
+    return {**base, **{k: v for k, v in model.items() if k != "preset"}}
+
+
+def _step_s(row: dict[str, Any]) -> tuple[float, str]:
+    pub = row["published"]
+    metric, value = pub["metric"], float(pub["value"])
+    if metric == "tokens_per_s":
+        return pub["tokens_per_step"] / value, f"{pub['tokens_per_step']} tokens per step / {value:g} tokens/s"
+    if metric == "tokens_per_s_per_gpu":
+        return pub["tokens_per_step"] / (value * pub["gpus"]), (f"{pub['tokens_per_step']} tokens per step / ({value:g} "
+                                                                 f"tokens/s per GPU x {pub['gpus']} GPUs)")
+    if metric == "iteration_s":
+        return value, "published iteration time"
+    raise ValueError(f"row {row['id']}: unknown published metric {metric!r}")
+
+
+def _from_json(row: dict[str, Any]) -> PublishedRow:
+    spec = {**row["spec"], "model": _model(row["spec"]["model"])}
+    step_s, how = _step_s(row)
+    return PublishedRow(id=row["id"], group=row["group"], hardware=row["hardware"], source=row["source"], url=row["url"],
+                        quote=row["quote"], layout=row["layout"], spec=spec, step_s=step_s, derivation=how,
+                        attention=row.get("attention", "flash"), implementation=row.get("implementation"),
+                        notes=tuple(row.get("notes", ())))
+
+
+def _ptdp(row: tuple) -> PublishedRow:
+    params_b, heads, h, layers, t, p, gpus, batch, tflops = row
+    flops = narayanan_flops_per_iteration(B=batch, s=SEQ, l=layers, h=h, V=VOCAB)
+    return PublishedRow(id=f"ptdp-t1-{params_b}B", group="A100", hardware="a100-80gb-sxm",
+                        source="Narayanan et al. 2021 (SC'21), Table 1 (Selene, DGX A100 80GB)", url=PTDP_URL,
+                        quote=f"{params_b}B: {heads} heads, hidden {h}, {layers} layers, TP {t}, PP {p}, {gpus} GPUs, "
+                              f"batch {batch}, {tflops} TFLOP/s per GPU",
+                        layout=f"TP {t} x PP {p} x DP {gpus // (t * p)} + full recompute", spec=ptdp_spec_dict(row),
+                        step_s=flops / (tflops * 1e12 * gpus),
+                        derivation="Eq. 3 FLOPs per iteration / (published TFLOP/s per GPU x GPUs)", attention="eager",
+                        implementation="fused",
+                        notes=("b = 1 and non-interleaved 1F1B assumed (Table 1 gives neither)",))
+
+
+@lru_cache(maxsize=1)
+def published_rows() -> tuple[PublishedRow, ...]:
+    """Every published row: the data file's, then Narayanan 2021 Table 1."""
+    data = json.loads(DATA_FILE.read_text())
+    return tuple(_from_json(r) for r in data["rows"]) + tuple(_ptdp(r) for r in PTDP_TABLE1)
+
+
+def raw_rows() -> list[dict[str, Any]]:
+    """The data file's rows as stored (quotes, columns, published numbers), for checks against the quotes."""
+    return json.loads(DATA_FILE.read_text())["rows"]

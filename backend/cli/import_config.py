@@ -1,0 +1,81 @@
+"""`python -m backend import-config FILE`: a torchtitan, Megatron-LM / NeMo or DeepSpeed config as a ShardLab spec.
+
+  python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json     # torchtitan job TOML
+  python -m backend import-config train.log --format torchtitan --gpus 64          # Trainer.Config dump in a log
+  python -m backend import-config pretrain_llama70b.sh --gpus 64                   # Megatron arguments (or a NeMo .yaml)
+  python -m backend import-config ds_config.json --model-config config.json --gpus 16
+  python -m backend estimate --spec spec.json --hardware h100-sxm                  # estimate/plan/trace/submit take it
+
+--json prints {"spec": {...}, "ignored": {...}, "unmapped": {...}} (+ "framework", "source_format", "gpus", "notes"):
+every source field that is not in the spec is listed by name with its value and the reason. The config is read as
+data; nothing in it is executed. Exit 2 with the arithmetic for a config ShardLab cannot express.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from backend.cli import fail
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import-config", help="turn a torchtitan / Megatron / NeMo / DeepSpeed config into a spec",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_import_flags(p)
+    p.add_argument("--json", action="store_true", help='print {"spec", "ignored", "unmapped"} as JSON')
+    p.set_defaults(func=run)
+
+
+def add_import_flags(p: argparse.ArgumentParser, *, config_flag: bool = False) -> None:
+    if config_flag:
+        p.add_argument("--config", type=Path, required=True, metavar="FILE", help="the run's framework config")
+    else:
+        p.add_argument("file", type=Path, help="the framework's config (TOML, arguments, YAML, JSON, or a log holding it)")
+    p.add_argument("--format", choices=("torchtitan", "megatron", "deepspeed"), help="default: told from the file")
+    p.add_argument("--gpus", type=int, metavar="N", help="GPUs of the job: resolves degrees written as -1 or auto")
+    p.add_argument("--model-config", type=Path, metavar="FILE",
+                   help="the model's Hugging Face config.json (DeepSpeed needs it; replaces a torchtitan flavor)")
+    p.add_argument("--seq", type=int, metavar="N", help="sequence length where the config has none (DeepSpeed)")
+
+
+def imported_from_args(args: argparse.Namespace):
+    """(ImportedConfig, None) or (None, the problems as one message)."""
+    from backend.importers import ConfigImportError, import_config
+
+    path = getattr(args, "config", None) or args.file
+    try:
+        return import_config(path, fmt=args.format, gpus=args.gpus, model_config=args.model_config, seq_len=args.seq), None
+    except ConfigImportError as e:
+        return None, f"cannot import {path}:\n  " + "\n  ".join(e.problems)
+
+
+def run(args: argparse.Namespace) -> int:
+    imported, problem = imported_from_args(args)
+    if imported is None:
+        return fail(problem)
+    if args.json:
+        print(json.dumps(imported.to_dict(), indent=2, ensure_ascii=True))
+        return 0
+    print(summary_text(imported))
+    return 0
+
+
+def summary_text(imported) -> str:
+    from backend.analytic.params import count_params
+    from backend.spec import ExperimentSpec
+    from backend.spec_text import printable
+
+    spec = ExperimentSpec.for_prediction(imported.spec)
+    p, t = spec.parallel, spec.train
+    lines = [f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p.strategy} world {p.world_size} "
+             f"= dp {p.dp} x tp {p.tp} x pp {p.pp} (ep {p.ep}); {count_params(spec.model):,} parameters, seq "
+             f"{spec.model.seq_len}, global batch {t.global_batch} = micro {t.micro_batch} x {t.microbatches} microbatches "
+             f"x dp {p.dp}, {t.precision}, recompute {t.recompute}"]
+    for key, entry in imported.unmapped.items():
+        lines.append(f"unmapped {printable(key)} = {printable(json.dumps(entry['value'], default=str))[:80]}: "
+                     f"{printable(entry['reason'])}")
+    lines.append(f"{len(imported.ignored)} fields ignored (no effect on memory or step time; --json lists them)")
+    lines += [f"note: {printable(n)}" for n in imported.notes]
+    return "\n".join(lines)

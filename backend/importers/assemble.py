@@ -1,0 +1,109 @@
+"""Canonical fields -> an ExperimentSpec dict: the degree and batch arithmetic every framework shares.
+
+Degrees follow the frameworks' own rule, world = dp_replicate x dp_shard x cp x tp x pp (torchtitan
+ParallelDims; Megatron: tp x pp x cp x dp; DeepSpeed: dp), with at most one degree written as -1 / "auto" (the
+rest of the GPUs). A contradiction is an error with the arithmetic, in torchtitan's words:
+"dp_replicate(1) * dp_shard(4) * cp(2) * tp(2) * pp(1) = 16 != GPUs(8)".
+Context parallelism is not in this base's spec (fields.SPEC_FIELDS): the spec then describes the dp x tp x pp ranks of
+one context-parallel slice (full sequences per rank), and `unmapped` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from backend.importers.fields import SPEC_FIELDS, Flat, Pending
+from backend.importers.imported import ConfigImportError, ImportedConfig
+
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+"""torchtitan's names; a framework with one data-parallel degree (Megatron, DeepSpeed) sets "dp" instead."""
+
+
+def resolve_dp(flat: Flat, gpus: int | None) -> tuple[int, int]:
+    """(dp = dp_replicate x dp_shard, GPUs) with -1 resolved; ConfigImportError with the arithmetic."""
+    config_gpus = flat.get("gpus")
+    if gpus is not None and config_gpus is not None and gpus != config_gpus:
+        raise ConfigImportError([f"--gpus {gpus} contradicts the config's {config_gpus} GPUs "
+                                 f"({flat.source_of('gpus')})"])
+    total = gpus if gpus is not None else config_gpus
+    names = ("dp", *DEGREES[2:]) if "dp" in flat.canonical else DEGREES
+    values = {d: flat.get(d, 1) for d in names}
+    auto = [d for d, v in values.items() if v == -1]
+    text = " * ".join(f"{d}({v})" for d, v in values.items())
+    if len(auto) > 1:
+        raise ConfigImportError([f"{' and '.join(f'{d}={flat.source_of(d)}' for d in auto)} are all -1/auto: at most one "
+                                 "degree can take the rest of the GPUs"])
+    if auto:
+        if total is None:
+            raise ConfigImportError([f"{flat.source_of(auto[0])} = -1/auto takes the rest of the GPUs: pass --gpus N "
+                                     f"({text.replace(f'{auto[0]}(-1)', f'{auto[0]}(?)')} = N)"])
+        fixed = math.prod(v for v in values.values() if v != -1)
+        if total % fixed:
+            raise ConfigImportError([f"{text} != GPUs({total}): the other degrees multiply to {fixed}, which does not "
+                                     f"divide {total} ({total} % {fixed} = {total % fixed})"])
+        values[auto[0]] = total // fixed
+        flat.put(auto[0], total // fixed, flat.source_of(auto[0]))
+    product = math.prod(values.values())
+    if total is not None and product != total:
+        raise ConfigImportError([f"{' * '.join(f'{d}({v})' for d, v in values.items())} = {product} != GPUs({total})"])
+    return math.prod(v for d, v in values.items() if d.startswith("dp")), product
+
+
+def batch(flat: Flat, dp: int) -> tuple[int, int, list[str]]:
+    """(global batch, micro batch, notes) from global_batch | local_batch x dp | micro x grad_accum x dp."""
+    micro = flat.get("micro_batch") or flat.get("local_batch")
+    if micro is None:
+        raise ConfigImportError(["the config gives no micro-batch size (sequences per GPU per forward pass)"])
+    glob = flat.get("global_batch")
+    notes = []
+    if glob is None:
+        local = flat.get("local_batch") or micro * (flat.get("grad_accum") or 1)
+        glob = local * dp
+        notes.append(f"global batch {glob} = {local} sequences per data-parallel rank x dp {dp}")
+    return glob, micro, notes
+
+
+def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: int | None) -> ImportedConfig:
+    """The ImportedConfig of a flattened, mapped config. Raises ConfigImportError (every problem at once)."""
+    if flat.problems:
+        raise ConfigImportError(flat.problems)
+    dp, world = resolve_dp(flat, gpus)
+    glob, micro, notes = batch(flat, dp)
+    spec: dict[str, Any] = {"name": name, "framework": "torch",
+                            "model": dict(flat.get("model_base") or {}), "train": {"global_batch": glob, "micro_batch": micro},
+                            "parallel": {"strategy": flat.get("dp_flavour", "ddp"), "dp": dp},
+                            "runtime": {"device": "cuda", "backend": "nccl"}}
+    for canon, (value, source) in flat.canonical.items():
+        target = SPEC_FIELDS.get(canon)
+        if isinstance(target, Pending):
+            if not target.is_off(value):
+                flat.unmap(source, value, f"needs {target.feature}, which this ShardLab's spec does not have yet",
+                           pending=target.target)
+        elif target is not None and canon not in ("global_batch", "micro_batch"):
+            section, field = target.split(".")
+            spec[section][field] = value
+    cp = flat.get("cp", 1)
+    if cp > 1 and isinstance(SPEC_FIELDS["cp"], Pending):
+        flat.unmapped[flat.source_of("cp")]["reason"] += (
+            f"; the spec describes one context-parallel slice: world {world // cp} of the {world} GPUs, each rank "
+            "holding whole sequences, so activations and compute per rank are predicted about cp times too high")
+    spec["parallel"]["world_size"] = world // (cp if isinstance(SPEC_FIELDS["cp"], Pending) else 1)
+    return _validated(ImportedConfig(framework=framework, source_format=source_format, spec=spec, ignored=flat.ignored,
+                                     unmapped=flat.unmapped, notes=notes + _notes(flat), gpus=world))
+
+
+def _notes(flat: Flat) -> list[str]:
+    return list(flat.get("notes") or [])
+
+
+def _validated(imported: ImportedConfig) -> ImportedConfig:
+    """The spec through ShardLab's own validation for prediction (the usual errors, with their arithmetic)."""
+    from backend.spec import validate_spec
+
+    spec, problems = validate_spec(imported.spec, predict_only=True)
+    if spec is None:
+        raise ConfigImportError([f"the imported {imported.framework} config is not a layout ShardLab can predict: {p}"
+                                 for p in problems])
+    imported.spec = spec.model_dump(mode="json")
+    return imported

@@ -1,0 +1,294 @@
+"""Megatron-LM's arguments -> canonical fields: one table shared by the argument list (`pretrain_gpt.py --flags`),
+the "arguments" block a Megatron log starts with, and NeMo's YAML (whose model keys are the same names with
+underscores, translated by importers/nemo_yaml.py).
+
+Argument names and defaults are Megatron-LM's (megatron/training/arguments.py and TransformerConfig, 2024-2026):
+add_bias_linear True (--disable-bias-linear), tied embeddings unless --untie-embeddings-and-output-weights,
+position embeddings learned_absolute, LayerNorm, GELU unless --swiglu (then ffn = int(8h/3 / 64) * 64 when not
+given), ffn 4h otherwise, vocabulary padded to a multiple of make_vocab_size_divisible_by (128) x tp,
+attention backend "auto" (Transformer Engine's flash / fused kernels: no s x s probabilities saved).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
+
+_IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
+_SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
+          "the hardware profile (a calibrated profile absorbs it)")
+
+
+def as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ValueError("expected an integer (shell variables such as $TP are not expanded: give the values)") from None
+
+
+def pos_int(value: Any) -> int:
+    n = as_int(value)
+    if n < 1:
+        raise ValueError("expected an integer >= 1")
+    return n
+
+
+def opt_int(value: Any) -> int | None:
+    """An integer >= 1, or None where the printed arguments say None (unset)."""
+    return None if value in (None, "None") else pos_int(value)
+
+
+def as_flag(value: Any) -> bool:
+    """A store_true flag (present = True) or a printed/YAML boolean."""
+    if isinstance(value, bool):
+        return value
+    if str(value) in ("True", "False", "true", "false"):
+        return str(value).lower() == "true"
+    raise ValueError("expected a flag without a value, or True / False")
+
+
+def literal(text: str) -> Any:
+    """A value as Megatron's "arguments" block prints it (repr of the namespace value)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+TABLE: dict[str, Any] = {
+    "--num-layers": To("n_layers", pos_int), "--hidden-size": To("d_model", pos_int),
+    "--num-attention-heads": To("n_heads", pos_int), "--num-query-groups": To("mg_query_groups", opt_int),
+    "--group-query-attention": To("mg_gqa", as_flag), "--ffn-hidden-size": To("ffn_hidden", opt_int),
+    "--kv-channels": To("mg_kv_channels"), "--seq-length": To("seq_len", pos_int),
+    "--max-position-embeddings": To("mg_max_positions", opt_int), "--vocab-size": To("mg_vocab", opt_int),
+    "--padded-vocab-size": To("mg_padded_vocab", opt_int),
+    "--make-vocab-size-divisible-by": To("mg_vocab_multiple", pos_int),
+    "--swiglu": To("mg_swiglu", as_flag), "--normalization": To("norm", choice({"layernorm": "layernorm",
+                                                                              "rmsnorm": "rmsnorm"})),
+    "--position-embedding-type": To("positions", choice({"learned_absolute": "learned", "rope": "rope"})),
+    "--untie-embeddings-and-output-weights": To("mg_untie", as_flag),
+    "--disable-bias-linear": To("mg_no_bias", as_flag), "--add-bias-linear": To("mg_bias", as_flag),
+    "--add-qkv-bias": To("mg_qkv_bias", as_flag),
+    "--use-flash-attn": To("mg_flash", as_flag),
+    "--attention-backend": To("attention", choice({"flash": "flash", "fused": "flash", "auto": "flash",
+                                                   "unfused": "math", "local": "math",
+                                                   "attnbackend.flash": "flash", "attnbackend.fused": "flash",
+                                                   "attnbackend.auto": "flash", "attnbackend.unfused": "math",
+                                                   "attnbackend.local": "math"})),
+    "--num-experts": To("n_experts", opt_int), "--moe-router-topk": To("top_k", pos_int),
+    "--moe-ffn-hidden-size": To("expert_ffn_hidden", opt_int), "--moe-shared-expert-intermediate-size": To("mg_shared_ffn", opt_int),
+    "--micro-batch-size": To("micro_batch", pos_int), "--global-batch-size": To("global_batch", opt_int),
+    "--tensor-model-parallel-size": To("tp", pos_int), "--pipeline-model-parallel-size": To("pp", pos_int),
+    "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
+    "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual"),
+    "--num-virtual-stages-per-pipeline-rank": To("mg_virtual"),
+    "--virtual-pipeline-model-parallel-size": To("mg_virtual"),
+    "--sequence-parallel": To("sequence_parallel", as_flag),
+    "--use-distributed-optimizer": To("mg_dist_opt", as_flag),
+    "--use-torch-fsdp2": To("mg_fsdp", as_flag), "--use-megatron-fsdp": To("mg_fsdp", as_flag),
+    "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
+    "--recompute-num-layers": To("mg_recompute_layers"), "--recompute-activations": To("mg_recompute_activations", as_flag),
+    "--bf16": To("mg_bf16", as_flag), "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"),
+    "--fp8": To("fp8"), "--params-dtype": To("mg_params_dtype"),
+    "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})),
+    "--world-size": To("gpus", pos_int), "--data-parallel-size": To("mg_dp", pos_int),
+    "--cpu-offloading": To("mg_act_offload", as_flag),
+    "--optimizer-cpu-offload": To("mg_opt_offload", as_flag),
+}
+PREFIXES: dict[str, Any] = {
+    **{p: Ignore(_IGNORED) for p in (
+        "--lr", "--min-lr", "--weight-decay", "--start-weight-decay", "--end-weight-decay", "--clip-grad",
+        "--adam-", "--sgd-", "--init-method", "--seed", "--train-iters", "--train-samples", "--eval-", "--log",
+        "--save", "--load", "--data-", "--split", "--tokenizer", "--vocab-file", "--merge-file", "--tensorboard",
+        "--wandb", "--exit-", "--timing-log", "--hidden-dropout", "--attention-dropout", "--loss-scale",
+        "--initial-loss-scale", "--min-loss-scale", "--hysteresis", "--norm-epsilon", "--layernorm-epsilon",
+        "--rotary-", "--rope-", "--no-", "--use-checkpoint", "--ckpt", "--dist-ckpt", "--async-save", "--num-workers",
+        "--dataloader-", "--mock-data", "--distributed-backend", "--distributed-timeout", "--manual-gc",
+        "--micro-batch-size-per", "--rampup-batch-size", "--decrease-batch-size", "--profile", "--record-memory",
+        "--memory-snapshot", "--use-mcore-models", "--use-legacy-models", "--spec", "--transformer-impl", "--local-rank",
+        "--accumulate-allreduce-grads-in-fp32", "--apply-query-key-layer-scaling", "--attention-softmax-in-fp32",
+        "--bias-", "--masked-softmax-fusion", "--gradient-accumulation-fusion", "--apply-residual-connection",
+        "--fp32-residual-connection", "--deterministic", "--check-for-nan", "--calculate-per-token-loss",
+        "--log-throughput", "--iteration", "--consumed-", "--padded", "--rank", "--async-tensor-model-parallel",
+        "--num-dataset-builder-threads", "--object-storage", "--squared-relu", "--openai-gelu", "--onnx-safe",
+        "--bert", "--ict", "--titles", "--retro", "--vision", "--fp8-margin", "--fp8-interval", "--fp8-amax",
+        "--fp8-wgrad", "--fp8-recipe", "--fp8-param", "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
+        "--moe-router-load-balancing", "--moe-input-jitter", "--moe-token-dispatcher", "--moe-grouped-gemm",
+        "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
+        "--moe-token-drop", "--moe-expert-capacity", "--moe-pad-expert", "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups", "--moe-router-group-topk",
+        "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization", "--empty-unused-memory",
+        "--cross-entropy", "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
+        "--inprocess", "--high-priority-stream", "--nccl-", "--use-ring-exchange", "--barrier-with-l1",
+        "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
+        "--num-distributed-optimizer-instances", "--wgrad-deferral", "--delay-wgrad", "--cp-comm-type",
+        "--hierarchical-context-parallel", "--encoder-", "--decoder-first", "--decoder-last", "--use-tp-pp-dp-mapping",
+        "--expert-tensor-parallel-size", "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
+        "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train", "--ddp-",
+        "--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg",
+        "--store-param-remainders", "--qk-layernorm", "--qk-l2-norm", "--use-rope-scaling", "--disable-",
+        "--mtp-", "--te-", "--kitchen", "--group-query-attention-", "--num-layers-at-", "--account-for-",
+        "--pipeline-model-parallel-layout", "--decoupled-lr", "--decoupled-min-lr", "--override-opt-param",
+        "--lr-", "--weight-decay-incr-style", "--global-batch-size-ramp", "--adlr-autoresume", "--export-",
+        "--num-channels", "--patch-dim", "--img-", "--dino", "--inference", "--flash-decode", "--enable-cuda-graph",
+        "--cuda-graph", "--external-cuda-graph", "--wandb-", "--tensorboard-", "--log-")},
+    **{p: Ignore(_SPEED) for p in ("--overlap-grad-reduce", "--overlap-param-gather", "--align-grad-reduce",
+                                   "--align-param-gather", "--defer-embedding-wgrad", "--overlap-p2p-comm",
+                                   "--batch-p2p-comm", "--use-pytorch-profiler", "--tp-comm-", "--grad-reduce-in-bf16",
+                                   "--bucket-size", "--check-weight-hash", "--use-fused", "--apply-rope-fusion",
+                                   "--persist-layer-norm", "--no-persist-layer-norm", "--recompute-modules")},
+    "--moe-layer-freq": Unmappable("MoE on only some layers: ShardLab models every layer MoE or none"),
+    "--num-experts-per-layer": Unmappable("per-layer expert counts are not modelled"),
+    "--multi-latent-attention": Unmappable("multi-latent attention (MLA) is not modelled"),
+    "--q-lora-rank": Unmappable("multi-latent attention (MLA) is not modelled"),
+    "--kv-lora-rank": Unmappable("multi-latent attention (MLA) is not modelled"),
+    "--hybrid-": Unmappable("hybrid Mamba / attention stacks are not modelled"),
+}
+OFF_VALUES = (None, False, "", [], 0, "None")
+"""An unknown argument holding one of these in Megatron's printed "arguments" block is unset: ignored, not reported."""
+
+
+def model_and_layout(flat: Flat) -> list[str]:
+    """The rules that need several arguments at once; returns notes."""
+    notes: list[str] = []
+    h, heads, tp = flat.get("d_model"), flat.get("n_heads"), flat.get("tp", 1)
+    missing = [k for k, c in (("--num-layers", "n_layers"), ("--hidden-size", "d_model"),
+                              ("--num-attention-heads", "n_heads"), ("--seq-length", "seq_len")) if flat.get(c) is None]
+    if missing:
+        flat.problems.append(f"the arguments lack {', '.join(missing)}, which the model shape needs")
+        return notes
+    kv = flat.get("mg_kv_channels")
+    if kv not in (None, "None") and as_int(kv) != h // heads:
+        flat.problems.append(f"--kv-channels {kv} != hidden / heads = {h} / {heads} = {h // heads}: decoupled head sizes "
+                             "are not modelled")
+    if flat.get("mg_gqa") and flat.get("mg_query_groups"):
+        flat.put("n_kv_heads", flat.get("mg_query_groups"), flat.source_of("mg_query_groups"))
+    swiglu = bool(flat.get("mg_swiglu"))
+    flat.put("mlp", "swiglu" if swiglu else "gelu", flat.source_of("mg_swiglu"))
+    flat.canonical.pop("ffn_hidden", None) if flat.get("ffn_hidden") is None else None
+    if flat.get("ffn_hidden") is None:
+        ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
+        flat.put("ffn_hidden", ffn, "--ffn-hidden-size")
+        notes.append(f"ffn hidden {ffn}: Megatron's default for {'--swiglu (int(8h/3 / 64) * 64)' if swiglu else '4h'}")
+    flat.put("tie_embeddings", not flat.get("mg_untie", False), flat.source_of("mg_untie"))
+    bias = flat.get("mg_bias", not flat.get("mg_no_bias", False))
+    flat.put("bias", "all" if bias else ("qkv" if flat.get("mg_qkv_bias") else "none"), flat.source_of("mg_no_bias"))
+    flat.put("norm", flat.get("norm", "layernorm"), flat.source_of("norm"))
+    flat.put("positions", flat.get("positions", "learned"), flat.source_of("positions"))
+    max_pos = flat.get("mg_max_positions")
+    if flat.get("positions") == "learned" and max_pos and max_pos != flat.get("seq_len"):
+        notes.append(f"learned positions: Megatron allocates --max-position-embeddings {max_pos} rows, ShardLab seq_len "
+                     f"{flat.get('seq_len')} ({(max_pos - flat.get('seq_len')) * h:+,} parameters)")
+    if flat.get("attention") is None:
+        flat.put("attention", "flash", "--attention-backend")
+        notes.append("attention kernel: Megatron's default backend (auto: Transformer Engine flash / fused) saves no "
+                     "(s x s) probabilities -> flash")
+    notes += _vocab(flat, tp)
+    notes += _moe(flat)
+    return notes
+
+
+def _vocab(flat: Flat, tp: int) -> list[str]:
+    if flat.get("mg_padded_vocab") is not None:
+        flat.put("vocab_size", flat.get("mg_padded_vocab"), flat.source_of("mg_padded_vocab"))
+        return []
+    vocab = flat.get("mg_vocab") or flat.get("vocab_size")
+    if vocab is None:
+        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer; add --vocab-size N to "
+                             "the arguments or give the model's config.json with --model-config")
+        return []
+    multiple = flat.get("mg_vocab_multiple", 128) * tp
+    padded = -(-vocab // multiple) * multiple
+    flat.put("vocab_size", padded, flat.source_of("mg_vocab"))
+    return [f"vocabulary {vocab:,} padded to {padded:,} (a multiple of make-vocab-size-divisible-by "
+            f"{flat.get('mg_vocab_multiple', 128)} x tp {tp}), as Megatron does"] if padded != vocab else []
+
+
+def _moe(flat: Flat) -> list[str]:
+    if not flat.get("n_experts"):
+        flat.canonical.pop("n_experts", None)
+        flat.canonical.pop("top_k", None)
+        flat.canonical.pop("expert_ffn_hidden", None)
+        return []
+    if flat.get("expert_ffn_hidden") is None:
+        flat.canonical.pop("expert_ffn_hidden", None)
+    if flat.get("mg_shared_ffn") is not None:
+        flat.put("n_shared_experts", 1, flat.source_of("mg_shared_ffn"))
+        flat.put("shared_ffn_hidden", flat.get("mg_shared_ffn"), flat.source_of("mg_shared_ffn"))
+    return []
+
+
+def training(flat: Flat) -> list[str]:
+    """Precision, optimizer sharding, recompute, the pipeline schedule and offload; returns notes."""
+    notes: list[str] = []
+    precision = "bf16-mixed" if flat.get("mg_bf16") else "fp16-mixed" if flat.get("mg_fp16") else "fp32"
+    flat.put("precision", precision, "--bf16" if flat.get("mg_bf16") else "--fp16")
+    fp8 = flat.get("fp8")
+    flat.put("fp8", None if fp8 in (None, "None", False) else fp8, flat.source_of("fp8"))
+    flavour = "zero3" if flat.get("mg_fsdp") else "zero1" if flat.get("mg_dist_opt") else "ddp"
+    flat.put("dp_flavour", flavour, "--use-distributed-optimizer")
+    if flavour == "zero1":
+        notes.append("--use-distributed-optimizer: predicted as ZeRO-1 (optimizer state and fp32 master sharded over dp), "
+                     "ShardLab's prediction of Megatron's distributed optimizer (a prediction-only layout with tp/pp)")
+    if flat.get("sequence_parallel") and flat.get("tp", 1) == 1:
+        flat.put("sequence_parallel", False, flat.source_of("sequence_parallel"))
+        notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the spec")
+    notes += _recompute(flat)
+    notes += _pipeline(flat)
+    for key, what in (("mg_act_offload", "activation / weight CPU offloading"), ("mg_opt_offload", "optimizer CPU offload")):
+        if flat.get(key):
+            flat.unmap(flat.source_of(key), True, f"Megatron's {what} is not modelled")
+    return notes
+
+
+def _recompute(flat: Flat) -> list[str]:
+    granularity = flat.get("mg_recompute")
+    if flat.get("mg_recompute_activations"):
+        granularity = "selective"
+    if granularity in (None, "None"):
+        flat.put("recompute", "none", "--recompute-granularity")
+        return []
+    if granularity == "selective":
+        flat.put("recompute", "selective", flat.source_of("mg_recompute"))
+        return []
+    if granularity != "full":
+        flat.problems.append(f"--recompute-granularity={granularity!r}: expected full or selective")
+        return []
+    method, layers = flat.get("mg_recompute_method"), flat.get("mg_recompute_layers")
+    per_stage = flat.get("n_layers", 0) // max(flat.get("pp", 1), 1)
+    layers_n = 1 if layers in (None, "None") else as_int(layers)
+    if method == "uniform" and layers_n == 1 or method == "block" and layers_n >= per_stage:
+        flat.put("recompute", "full", flat.source_of("mg_recompute"))
+        return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: every "
+                "block recomputed (ShardLab's full recompute)"]
+    flat.put("recompute", "full", flat.source_of("mg_recompute"))
+    flat.put("ac_policy", f"megatron-{method}:{layers_n}", flat.source_of("mg_recompute_method"))
+    return [f"--recompute-method {method} --recompute-num-layers {layers_n}: predicted as full recompute of every block "
+            "until the spec has Megatron's block / uniform policies"]
+
+
+def _pipeline(flat: Flat) -> list[str]:
+    pp = flat.get("pp", 1)
+    virtual = flat.get("mg_virtual")
+    per_virtual = flat.get("mg_layers_per_virtual")
+    if pp == 1:
+        return []
+    if virtual in (None, "None") and per_virtual not in (None, "None"):
+        per_rank = flat.get("n_layers") // pp
+        if per_rank % as_int(per_virtual):
+            flat.problems.append(f"--num-layers-per-virtual-pipeline-stage {per_virtual} does not divide the "
+                                 f"{per_rank} layers of each pipeline rank")
+            return []
+        virtual = per_rank // as_int(per_virtual)
+    if virtual not in (None, "None") and as_int(virtual) > 1:
+        flat.put("pp_schedule", "interleaved_1f1b", flat.source_of("mg_virtual"))
+        flat.put("virtual_stages", as_int(virtual), flat.source_of("mg_virtual"))
+    else:
+        flat.put("pp_schedule", "1f1b", "--pipeline-model-parallel-size")
+    return []

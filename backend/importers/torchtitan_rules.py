@@ -1,0 +1,109 @@
+"""torchtitan's own rules, shared by its job TOML and its Trainer.Config dump (torchtitan/train.py,
+torchtitan/models/llama3/infra/parallelize.py and distributed/pipeline.py of v0.1.0 and later):
+- FSDP (dp_shard != 1, default -1) shards params/grads/optimizer state; fsdp_reshard_after_forward "default"
+  reshards after forward except under pipelining (then ZeRO-2), "always" = ZeRO-3, "never" = ZeRO-2;
+- dp_replicate > 1 with FSDP is HSDP, which ShardLab predicts as FSDP over the whole dp group (reported);
+- mixed_precision_param applies only under FSDP: DDP / TP-only training runs in fp32;
+- the Llama TP plan always shards the norms over the sequence (sequence parallel) and, unless
+  disable_loss_parallel, computes the loss on vocab-sharded logits (loss parallel; ShardLab gathers them);
+- a multi-stage pipeline schedule runs 2 stages per rank unless pipeline_parallel_layers_per_stage says otherwise.
+"""
+
+from __future__ import annotations
+
+from backend.importers.fields import Flat
+from backend.importers.imported import ConfigImportError
+
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved_1f1b",
+             "interleavedzerobubble": "zero_bubble", "zbvzerobubble": "zbv"}
+MULTI_STAGE = ("interleaved_1f1b", "zero_bubble", "zbv")
+
+
+def schedule(value: object) -> str:
+    key = str(value).lower().replace("_", "").replace("-", "")
+    if key not in SCHEDULES:
+        raise ValueError("expected one of 1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble "
+                         "(LoopedBFS, DualPipeV and CSV schedules are not modelled)")
+    return SCHEDULES[key]
+
+
+def data_parallel(flat: Flat) -> None:
+    """dp_shard's default (-1), the dp flavour, HSDP, CPU offload, sequence and loss parallelism."""
+    shard, replicate = flat.get("dp_shard", -1), flat.get("dp_replicate", 1)
+    flat.put("dp_shard", shard, flat.source_of("dp_shard"))
+    fsdp = shard != 1
+    reshard = flat.get("tt_reshard", "default")
+    keeps = reshard == "never" or (reshard == "default" and flat.get("pp", 1) > 1)
+    flat.put("dp_flavour", ("zero2" if keeps else "zero3") if fsdp else "ddp", flat.source_of("dp_shard"))
+    if fsdp and replicate != 1:
+        flat.unmap(flat.source_of("dp_replicate"), replicate,
+                   "HSDP (replicate x shard) is predicted as FSDP over the whole data-parallel group: ShardLab has no "
+                   "hybrid sharding, so parameter, gradient and optimizer bytes per rank are predicted lower than HSDP's")
+    if flat.get("tt_cpu_offload"):
+        flat.put("offload", "params", flat.source_of("tt_cpu_offload"))
+    tp = flat.get("tp", 1)
+    if tp > 1 and flat.get("sequence_parallel") is None:
+        flat.put("sequence_parallel", True, flat.source_of("tp"))
+    loss_parallel = flat.get("tt_loss_parallel", True) and not flat.get("tt_no_loss_parallel", False)
+    if tp > 1 and loss_parallel:
+        flat.unmap("parallelism.disable_loss_parallel", False, "torchtitan's loss parallel keeps the logits sharded over "
+                   f"tp; ShardLab's TP gathers the full (batch, seq, vocab) logits on every rank, so they are predicted "
+                   f"{tp} times larger")
+
+
+def precision(flat: Flat) -> list[str]:
+    dtype = flat.get("tt_param_dtype", "bf16-mixed")
+    notes = []
+    if dtype == "bf16-mixed" and flat.get("dp_shard") == 1:
+        dtype = "fp32"
+        notes.append("mixed_precision_param applies only under FSDP in torchtitan: without dp_shard the run trains in fp32")
+    flat.put("precision", dtype, flat.source_of("tt_param_dtype"))
+    return notes
+
+
+def pipeline(flat: Flat, local: int, micro: int) -> list[str]:
+    """Pipeline micro-batching: `local` sequences per dp rank and step in microbatches of `micro`."""
+    pp = flat.get("pp", 1)
+    if local % micro:
+        raise ConfigImportError([f"local batch {local} is not divisible by the pipeline microbatch size {micro} "
+                                 "(torchtitan refuses it too)"])
+    flat.put("micro_batch", micro, "pipeline microbatch size")
+    sched = flat.get("pp_schedule", "1f1b")
+    flat.put("pp_schedule", sched, flat.source_of("pp_schedule"))
+    if sched in MULTI_STAGE:
+        flat.put("virtual_stages", _stages_per_rank(flat, pp), "parallelism.pipeline_parallel_layers_per_stage")
+    return [f"pipeline microbatches = local batch {local} / microbatch size {micro} = {local // micro}"]
+
+
+def _stages_per_rank(flat: Flat, pp: int) -> int:
+    per_stage = flat.get("tt_layers_per_stage")
+    layers = flat.get("model_base")["n_layers"]
+    if per_stage is None:
+        return 2
+    if layers % (pp * per_stage):
+        raise ConfigImportError([f"pipeline_parallel_layers_per_stage={per_stage}: {layers} layers are not pp({pp}) x a "
+                                 f"whole number of stages of {per_stage} layers"])
+    return layers // (pp * per_stage)
+
+
+def compile_and_early_step(flat: Flat) -> None:
+    if flat.get("tt_early_step"):
+        flat.unmap(flat.source_of("tt_early_step"), True, "steps and frees each gradient during backward: gradients "
+                   "are predicted as if all were held until the optimizer step")
+    if flat.get("tt_compile"):
+        flat.unmap(flat.source_of("tt_compile"), True, "torch.compile fuses element-wise kernels: the step-time model "
+                   "assumes eager kernels (a calibrated profile absorbs the difference)")
+
+
+def activation_checkpoint(flat: Flat) -> list[str]:
+    """mode none | full | selective (option "op", or an integer K: every K-th block), v0.1.0 defaults selective/2."""
+    mode, option = flat.get("tt_ac_mode", "selective"), str(flat.get("tt_ac_option", "2"))  # v0.1.0 defaults
+    if mode == "full":
+        flat.put("recompute", "full", flat.source_of("tt_ac_mode"))
+    elif mode == "selective":
+        policy = "op" if option == "op" else f"layers:{option}"
+        flat.put("ac_policy", policy, flat.source_of("tt_ac_option"))
+        flat.put("recompute", "none", flat.source_of("tt_ac_mode"))
+        return [f"activation checkpointing selective/{option} is torchtitan's {policy} policy; until the spec has it, the "
+                "prediction saves every activation (activations over-estimated)"]
+    return []

@@ -1,0 +1,147 @@
+"""Bring your own runs on the pages (issue 25): the "Import config" box of New experiment and Plan, and the page of
+an imported run (predicted vs measured step time with its interval and breakdown; predicted memory categories beside
+the peak allocated / reserved the log reports, labelled as such; the warm-up rule; what the import could not map).
+
+Every string that came from a user's config or log reaches the page through st.text or a dataframe cell (never
+markdown), so it is shown, not interpreted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from backend.analytic.units import GiB
+from backend.ui.theme import LAYOUT
+
+FORMATS = {"auto (from the file)": None, "torchtitan": "torchtitan", "Megatron-LM / NeMo": "megatron",
+           "DeepSpeed": "deepspeed"}
+BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
+             ("optimizer_s", "optimizer step"), ("other_s", "other"))
+MEMORY_LABEL = ("measured: the allocator peaks the log prints (torch.cuda max allocated / max reserved), per rank it "
+                "reports; predicted: ShardLab's categories at the activation peak on CUDA ranks. The log measures no "
+                "category, so the comparison is predicted total vs measured peak allocated.")
+
+
+def import_uploaded(config: bytes, name: str, *, fmt: str | None, gpus: int | None, model_config: bytes | None = None,
+                    seq_len: int | None = None):
+    """(ImportedConfig, None) or (None, [problems]) for an uploaded config (and model config.json)."""
+    from backend.hf_config import HFConfigError, parse_hf_config
+    from backend.importers import ConfigImportError, import_config_text
+
+    cfg = None
+    if model_config is not None:
+        try:
+            cfg = parse_hf_config(model_config, name="the model's config.json")
+        except HFConfigError as e:
+            return None, [str(e)]
+    try:
+        text = config.decode("utf-8", "replace")
+        return import_config_text(text, name=name, fmt=fmt, gpus=gpus, model_config=cfg, seq_len=seq_len), None
+    except ConfigImportError as e:
+        return None, e.problems
+
+
+def fields_frame(entries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """field, value (as JSON, shortened), why: the unmapped or ignored fields of an import."""
+    rows = [{"field": k, "value": _short(v.get("value")), "why": v.get("reason", "")} for k, v in entries.items()]
+    return pd.DataFrame(rows, columns=["field", "value", "why"])
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def summary_line(imported) -> str:
+    p, t, m = imported.spec["parallel"], imported.spec["train"], imported.spec["model"]
+    return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p['strategy']}, dp {p['dp']} x tp "
+            f"{p['tp']} x pp {p['pp']}, {m['n_layers']} layers x {m['d_model']}, seq {m['seq_len']}, global batch "
+            f"{t['global_batch']}, {t['precision']}, recompute {t['recompute']}")
+
+
+def is_imported(res: Any) -> bool:
+    return getattr(res, "imported", None) is not None
+
+
+def banner(res: Any) -> str:
+    f = res.imported
+    line = (f"Imported from {f.framework}: measured elsewhere ({f.gpus} GPUs"
+            + (f", {f.device_name}" if f.device_name else "") + f"), read from {f.log_file} with config {f.config_file}.")
+    return line + (" Partial import: " + "; ".join(f.partial_reasons) if f.partial else "")
+
+
+def step_comparison(res: Any, engine: Any = None, run_id: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """Measured (median after warm-up) vs the step-time model on the run's hardware profile with the newest calibration
+    of that profile: (comparison, None) or (None, why not)."""
+    from backend.analytic.steptime.hardware import get_hardware, load_profiles
+    from backend.calibration.fit import extrapolation
+    from backend.calibration.store import latest_for
+
+    f = res.imported
+    if not f.hardware or f.hardware not in load_profiles():
+        return None, f"no hardware profile for this run (the log names {f.device_name or 'no device'}): import it " \
+                     "with --hardware NAME"
+    from backend.analytic.steptime.model import step_time
+
+    cal = latest_for(engine, f.hardware) if engine is not None else None
+    hw = get_hardware(f.hardware).with_tunables(**cal["params"]) if cal else get_hardware(f.hardware)
+    band = tuple(cal["band"]) if cal else None
+    st = step_time(res.spec, hw, band=band).summary
+    measured = res.step_s_median
+    return {"hardware": f.hardware, "calibration": cal["id"] if cal else None,
+            "calibration_name": cal.get("name") if cal else None, "loo_mape": cal["loo_mape"] if cal else None,
+            "in_fit": bool(cal) and run_id in cal["fit_runs"],
+            "measured_s": measured, "predicted_s": st["step_s"], "low_s": st["low_s"], "high_s": st["high_s"],
+            "error_pct": (st["step_s"] - measured) / measured * 100, "inside": st["low_s"] <= measured <= st["high_s"],
+            "breakdown": {label: st[key] for key, label in BREAKDOWN},
+            "extrapolation": extrapolation(res.spec, cal["ranges"], hw.gpus_per_node) if cal else []}, None
+
+
+def step_fig(cmp: dict[str, Any]) -> go.Figure:
+    """Predicted step stacked by where the time goes, beside the measured step (one bar) with the interval."""
+    fig = go.Figure()
+    for label, seconds in cmp["breakdown"].items():
+        fig.add_bar(name=label, x=["predicted"], y=[seconds], hovertemplate=f"{label}: %{{y:.3f}} s<extra></extra>")
+    fig.add_bar(name="measured (median after warm-up)", x=["measured"], y=[cmp["measured_s"]], marker_color="#333",
+                hovertemplate="measured: %{y:.3f} s<extra></extra>")
+    fig.add_scatter(name="prediction interval", x=["predicted", "predicted"], y=[cmp["low_s"], cmp["high_s"]],
+                    mode="lines+markers", line=dict(color="black", width=3), marker=dict(symbol="line-ew-open", size=16))
+    fig.update_layout(barmode="stack", title="Step time: predicted (where the time goes) vs measured",
+                      yaxis_title="seconds per step", **LAYOUT)
+    return fig
+
+
+def memory_frame(res: Any) -> pd.DataFrame:
+    """One row per rank the log reports: predicted categories and total (GiB) beside measured peak allocated and
+    reserved (GiB), and allocated vs the predicted total."""
+    rows = []
+    for r in res.per_rank:
+        p = r.predicted
+        alloc, reserved = r.cuda_max_allocated_bytes, r.cuda_max_reserved_bytes
+        rows.append({"rank": r.rank, "predicted params": p.params_bytes / GiB, "predicted grads": p.grads_bytes / GiB,
+                     "predicted optimizer": p.optimizer_bytes / GiB, "predicted activations": p.activations_bytes / GiB,
+                     "predicted other": p.other_bytes / GiB, "predicted total": p.peak_bytes / GiB,
+                     "measured peak allocated": None if alloc is None else alloc / GiB,
+                     "measured peak reserved": None if reserved is None else reserved / GiB,
+                     "allocated vs predicted total %": None if alloc is None or not p.peak_bytes
+                     else (alloc - p.peak_bytes) / p.peak_bytes * 100})
+    return pd.DataFrame(rows)
+
+
+def facts_lines(res: Any) -> list[str]:
+    f = res.imported
+    lines = [f"{f.warmup_rule}.", f"Logged steps {f.first_step}..{f.last_step}; {f.records_used} of {f.records_total} "
+             f"step records used.", f"Memory: {f.memory_source}."]
+    if f.reported:
+        names = {"tps_per_device": "tokens/s per device", "tflops_per_device": "TFLOP/s per device", "mfu_pct": "MFU %"}
+        lines.append(f"{f.framework}'s own figures (median after warm-up): "
+                     + ", ".join(f"{names.get(k, k)} {v:,.2f}" for k, v in f.reported.items())
+                     + "; ShardLab's MFU above is model FLOPs / the profile's peak (PaLM App. B).")
+    if f.lines.get("truncated_last_line") or f.lines.get("overlong_lines_skipped") or f.lines.get("garbled_step_lines"):
+        lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} garbled step "
+                     f"lines, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
+                     f"{bool(f.lines.get('truncated_last_line'))}.")
+    return lines

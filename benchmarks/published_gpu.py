@@ -1,0 +1,161 @@
+"""Predicted against published end-to-end GPU training step times (H100 and A100), and the real world-1 GPU-check
+runs, with the step-time model as it is now and as it was before the per-device operation tables (issue 22 C).
+
+  .venv/bin/python benchmarks/published_gpu.py [--json] [--record-before]
+
+Rows: backend/analytic/steptime/published_gpu.json (each quotes its source with the URL) + Narayanan et al. 2021
+Table 1 (backend/analytic/steptime/published.py); GPU check: benchmarks/results/gpu/2026-11-26-h200-run2 (5 real
+runs on one H200, measured step = median of 6 timed steps). Error % = (predicted - published) / published:
+negative = the model is too fast. Nothing here is fitted to these numbers: they are the test.
+`--record-before` writes the "before" column's snapshot (benchmarks/results/published_gpu_before.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backend.analytic.sharding import local_params_shared  # noqa: E402
+from backend.analytic.steptime.compute import _weights_cost, default_implementation  # noqa: E402
+from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
+from backend.analytic.steptime.model import step_time  # noqa: E402
+from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
+from backend.spec import ExperimentSpec  # noqa: E402
+
+GPU_CHECK = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run2" / "report.json"
+BEFORE = ROOT / "benchmarks" / "results" / "published_gpu_before.json"
+MEASURED_PROFILE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
+
+
+def _predict(spec: dict, hardware: str, attention: str | None, implementation: str | None) -> float:
+    kw = {"attention": attention, "implementation": implementation}
+    return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware), **kw).summary["step_s"]
+
+
+def gpu_check_rows() -> list[dict]:
+    """The real world-1 runs of the GPU check, predicted on the datasheet and the measured H200 profiles."""
+    report = json.loads(GPU_CHECK.read_text())
+    measured_key = next(iter(json.loads(MEASURED_PROFILE.read_text())["profiles"]))
+    out = []
+    for run in report["runs"]:
+        if run.get("status") != "ok":
+            continue
+        name = run["gpu_check"]["run"]
+        for hw in ("h200", measured_key):
+            out.append({"id": f"gpu-check-{name}@{hw}", "group": "H200 (world 1)", "hardware": hw,
+                        "source": "ShardLab GPU check 2026-11-26 run 2 (NVIDIA H200, torch 2.11)", "layout": name,
+                        "spec": run["spec"], "attention": None, "implementation": None,
+                        "published": run["step_time"]["measured_step_s"]})
+    return out
+
+
+def published() -> list[dict]:
+    return [{"id": r.id, "group": r.group, "hardware": r.hardware, "source": r.source, "layout": r.layout, "spec": r.spec,
+             "attention": r.attention, "implementation": r.implementation, "published": r.step_s}
+            for r in published_rows()]
+
+
+def rows() -> list[dict]:
+    before = json.loads(BEFORE.read_text())["step_s"] if BEFORE.exists() else {}
+    out = []
+    for r in published() + gpu_check_rows():
+        pred = _predict(r["spec"], r["hardware"], r["attention"], r["implementation"])
+        out.append({**{k: r[k] for k in ("id", "group", "hardware", "source", "layout", "published")},
+                    "before": before.get(r["id"]), "predicted": pred,
+                    "error_pct": (pred - r["published"]) / r["published"] * 100,
+                    "before_error_pct": ((before[r["id"]] - r["published"]) / r["published"] * 100
+                                         if r["id"] in before else None)})
+    return out
+
+
+def _summary(data: list[dict], key: str) -> str:
+    errs = [abs(r[key]) for r in data if r[key] is not None]
+    signed = [r[key] for r in data if r[key] is not None]
+    if not errs:
+        return "-"
+    return f"mean |err| {statistics.mean(errs):5.1f}%  mean {statistics.mean(signed):+5.1f}%  worst {max(errs):5.1f}%"
+
+
+def print_table(data: list[dict]) -> None:
+    print(f"{'row':44s} {'hardware':22s} {'published s':>11s} {'before s':>9s} {'err':>7s} {'now s':>9s} {'err':>7s}  source")
+    for r in data:
+        b = f"{r['before']:9.3f} {r['before_error_pct']:+6.1f}%" if r["before"] is not None else f"{'-':>9s} {'-':>7s}"
+        print(f"{r['id']:44s} {r['hardware']:22s} {r['published']:11.3f} {b} {r['predicted']:9.3f} {r['error_pct']:+6.1f}%  "
+              f"{r['source']}")
+    print()
+    for group in dict.fromkeys(r["group"] for r in data):
+        sel = [r for r in data if r["group"] == group]
+        print(f"{group:16s} {len(sel):2d} rows  before: {_summary(sel, 'before_error_pct')}   now: {_summary(sel, 'error_pct')}")
+    t5 = [r for r in data if r["id"].startswith("korthikanti-t5-")]
+    print(f"Korthikanti 2022 Table 5 ({len(t5)} rows): now {_summary(t5, 'error_pct')} (bounds: mean 5%, worst 10%)")
+
+
+def gemm_gap(r: dict) -> dict:
+    """Where the step goes for one row: the model's share of GEMMs, their efficiency (table x scale), and the GEMM
+    efficiency the published step implies if every other term of the model were right."""
+    spec = ExperimentSpec.for_prediction(r["spec"])
+    hw = get_hardware(r["hardware"])
+    impl = r["implementation"] or default_implementation(hw)
+    step = step_time(spec, hw, attention=r["attention"], implementation=impl).summary["step_s"]
+    m, t = spec.model, spec.train
+    tokens = t.micro_batch * m.seq_len
+    w = _weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2], tokens)
+    rc = 1 if str(t.recompute) == "full" else 0
+    gemm_s = t.microbatches * (w.fwd_s * (1 + rc) + w.bwd_s)
+    flops = t.microbatches * w.fwd_flops * (3 + rc)
+    peak = hw.peak(t.precision)
+    rest = step - gemm_s
+    return {"gemm_share": gemm_s / step, "model_eff": flops / (gemm_s * peak),
+            "implied_eff": flops / ((r["published"] - rest) * peak) if r["published"] > rest else float("nan")}
+
+
+def print_gemm_gap(rows: list[dict]) -> None:
+    print("\nWhy the published H100 steps are slower: per group, the model's GEMM share of the step, the GEMM efficiency"
+          "\nof its table, and the GEMM efficiency the published step implies if every non-GEMM term were right")
+    for group in ("H100", "A100"):
+        gaps = [gemm_gap(r) for r in rows if r["group"] == group and not r["id"].startswith(("ptdp", "korthikanti"))]
+        if gaps:
+            print(f"  {group}: {len(gaps)} rows (FSDP, FSDP x TP), GEMM share {statistics.mean(g['gemm_share'] for g in gaps):.2f}, "
+                  f"model GEMM efficiency {statistics.mean(g['model_eff'] for g in gaps):.3f}, implied "
+                  f"{statistics.mean(g['implied_eff'] for g in gaps):.3f} (min {min(g['implied_eff'] for g in gaps):.3f}, "
+                  f"max {max(g['implied_eff'] for g in gaps):.3f})")
+
+
+def record_before(data: list[dict]) -> None:
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    BEFORE.write_text(json.dumps({"_doc": f"step_s predicted by the step-time model at commit {commit}, before the per-device "
+                                          "operation tables (issue 22 B); benchmarks/published_gpu.py --record-before",
+                                  "commit": commit, "step_s": {r["id"]: r["predicted"] for r in data}}, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record-before", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("SHARDLAB_HARDWARE", str(MEASURED_PROFILE))
+    load_profiles.cache_clear() if hasattr(load_profiles, "cache_clear") else None
+    t0 = time.perf_counter()
+    data = rows()
+    if args.record_before:
+        record_before(data)
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return
+    print("Predicted vs published step times; error = (predicted - published) / published, negative = too fast\n")
+    print_table(data)
+    print_gemm_gap(published())
+    print(f"\n{len(data)} predictions in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The 2026 families (issue 24): each published config.json imports with a parameter count equal to Hugging Face
+transformers' own model built from the same file on the meta device, and the torch model's named_parameters() equal
+the analytic list for every new feature.
+
+Fixtures (tests/fixtures/hf/): the config.json of each checkpoint as published on its model repo; deepseek-v3.json is
+DeepSeek-V3's (DeepSeek-R1 publishes the same file), llama-4-*.text.json are the text_config of Llama 4's published
+config (model_type llama4_text, what Llama4ForCausalLM builds).
+
+What the published model-card totals count differently from transformers (and from ShardLab):
+- DeepSeek-V3 "671B": the card counts the main model; the checkpoint adds the MTP module (model.layers.61, 14B with its
+  own embedding / head copies: "685B") and each MoE layer's e_score_correction_bias (58 x 256 = 14,848 values, a
+  buffer moved by the balancing rule, not a parameter): 671,026,404,352 parameters + 14,848 = 671,026,419,200.
+- gpt-oss-120b "116.83B" / gpt-oss-20b "20.91B": the card counts the bf16 parameters; the MXFP4 checkpoint stores the
+  experts in 4-bit blocks plus scales (quantization_config), which changes bytes on disk, not parameters.
+- Llama 4 Scout "109B" / Maverick "400B": the cards include the vision encoder and projector; the text model alone is
+  107,769,861,120 / 400,711,848,960.
+- Gemma 3 1B: tied embeddings, counted once (transformers ties lm_head under torch.device("meta")).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.analytic.params import count_params, param_list
+from backend.hf_config import from_hf_config, load_hf_config
+from backend.models.gpt import build_model, loss_fn
+from backend.presets import scaled_for_cpu
+from backend.spec import ModelSpec, validate_spec
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+FILES = {"deepseek-v3.json": 671_026_404_352, "deepseek-v2.5.json": 235_741_434_880, "qwen3-8b.json": 8_190_735_360,
+         "qwen3-30b-a3b.json": 30_532_122_624, "qwen3-235b-a22b.json": 235_093_634_560,
+         "gpt-oss-120b.json": 116_829_156_672, "gpt-oss-20b.json": 20_914_757_184, "gemma-3-1b.json": 999_885_952,
+         "llama-4-scout-17b-16e.text.json": 107_769_861_120, "llama-4-maverick-17b-128e.text.json": 400_711_848_960}
+
+
+def _transformers_count(cfg: dict) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}  # the storage format; needs kernels to load
+    with torch.device("meta"):  # ties lm_head to the embedding when the config ties them (MACHINE_FACTS 2026-11-25)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("file", sorted(FILES))
+def test_published_config_count_equals_transformers(file):
+    cfg = load_hf_config(HF / file)
+    model, notes = from_hf_config(cfg, file=file)
+    ours = count_params(ModelSpec(**model))
+    assert ours == _transformers_count(cfg) == FILES[file]
+
+
+def _families() -> dict[str, dict]:
+    """Each new family's published shape, scaled down (the features kept), plus MLA without q_lora (V2-Lite)."""
+    out = {}
+    for file in ("deepseek-v3.json", "deepseek-v2.5.json", "qwen3-8b.json", "qwen3-30b-a3b.json", "gpt-oss-20b.json",
+                 "gemma-3-1b.json", "llama-4-maverick-17b-128e.text.json"):
+        model, _ = from_hf_config(load_hf_config(HF / file))
+        out[file] = small(model)
+    out["mla-no-q-lora"] = out["deepseek-v2.5.json"] | {"q_lora_rank": None}
+    return out
+
+
+def small(model: dict) -> dict:
+    """scaled_for_cpu plus the new families' widths: 4 layers (dense prefix and interleave visible), window 8."""
+    out = scaled_for_cpu(model, n_layers=4, seq_len=16)
+    if model.get("kv_lora_rank"):
+        out.update(q_lora_rank=24 if model.get("q_lora_rank") else None, kv_lora_rank=16, qk_nope_head_dim=8,
+                   qk_rope_head_dim=4, v_head_dim=8, n_kv_heads=None)
+    if model.get("attn_head_dim"):
+        out["attn_head_dim"] = 8
+    if model.get("window"):
+        out["window"] = 8 if model.get("window_kind") != "chunked" else 4
+    if model.get("first_dense_layers"):
+        out["first_dense_layers"] = 1
+    if model.get("expert_groups", 1) > 1:
+        out.update(expert_groups=4, topk_groups=2, top_k=min(out["top_k"], 4))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_families()))
+def test_torch_model_parameters_equal_analytic_list(name):
+    m = ModelSpec(**_families()[name])
+    model = build_model(m, seed=0, device="meta")
+    got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert got == [(q.name, q.shape) for q in param_list(m)]
+
+
+@pytest.mark.parametrize("name", sorted(_families()))
+def test_each_family_trains_a_step(name):
+    torch.manual_seed(0)
+    m = ModelSpec(**_families()[name])
+    model = build_model(m, seed=0)
+    tokens = torch.randint(0, m.vocab_size, (2, m.seq_len))
+    loss = loss_fn(model(tokens), tokens)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for n, p in model.named_parameters()
+               if ".experts." not in n), name
+
+
+def test_mixed_stacks_dense_prefix_and_interleave():
+    """DeepSeek: first_k_dense_replace dense blocks, then MoE; Llama 4 Maverick: every 2nd block MoE (1, 3, ...)."""
+    ds, _ = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
+    m = ModelSpec(**ds)
+    assert [m.layer_is_moe(i) for i in range(5)] == [False, False, False, True, True]
+    mav, _ = from_hf_config(load_hf_config(HF / "llama-4-maverick-17b-128e.text.json"))
+    m = ModelSpec(**mav)
+    assert [m.layer_is_moe(i) for i in range(4)] == [False, True, False, True]
+    assert [m.layer_is_global(i) for i in range(8)] == [False, False, False, True] * 2  # NoPE layers 3, 7 global
+
+
+def test_window_masks_sliding_and_chunked():
+    from backend.models.gpt import attention_mask
+
+    m = ModelSpec(positions="rope", window=3, global_every=2, seq_len=6)
+    sliding = attention_mask(m, 0, 6, torch.device("cpu"))
+    assert sliding[5].tolist() == [False, False, False, True, True, True] and attention_mask(m, 1, 6, "cpu") is None
+    chunked = attention_mask(ModelSpec(positions="rope", window=3, window_kind="chunked"), 0, 6, torch.device("cpu"))
+    assert chunked[4].tolist() == [False, False, False, True, True, False]
+
+
+@pytest.mark.parametrize("model,needle", [
+    ({"kv_lora_rank": 16, "positions": "rope"}, "MLA needs qk_nope_head_dim >= 1 (got 0)"),
+    ({"q_lora_rank": 16}, "q_lora_rank=16 needs MLA (kv_lora_rank set, got None)"),
+    ({"n_experts": 8, "expert_groups": 3}, "expert_groups=3 does not divide n_experts=8 (8 % 3 = 2)"),
+    ({"n_experts": 8, "top_k": 6, "expert_groups": 4, "topk_groups": 2},
+     "top_k=6 exceeds the experts of topk_groups groups: 2 * (8 / 4) = 4"),
+    ({"n_experts": 4, "first_dense_layers": 2, "n_layers": 2}, "leave all n_layers=2 blocks dense"),
+    ({"router_score": "sigmoid"}, "router_score=sigmoid needs a MoE model"),
+    ({"global_every": 2}, "global_every needs a window"),
+    ({"d_model": 100, "n_heads": 8}, "set attn_head_dim"),
+])
+def test_family_fields_refused_with_the_arithmetic(model, needle):
+    _, problems = validate_spec({"model": model})
+    assert any(needle in p for p in problems), problems
+
+
+def test_attn_head_dim_and_sinks_flash_prediction_only():
+    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16, "attention_sinks": True,
+                                              "attention": "flash"}})
+    assert spec is None and any("attention_sinks with attention=flash" in p for p in problems)
+    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16, "attention_sinks": True,
+                                              "attention": "flash"}}, predict_only=True)
+    assert spec is not None and spec.model.head_dim == 16
+
+
+def test_unmodelled_keys_refused_by_name():
+    from backend.hf_config import HFConfigError
+
+    cfg = load_hf_config(HF / "qwen3-30b-a3b.json")
+    with pytest.raises(HFConfigError, match="mlp_only_layers"):
+        from_hf_config(cfg | {"mlp_only_layers": [5]})
+    with pytest.raises(HFConfigError, match="final_logit_softcapping"):
+        from_hf_config(load_hf_config(HF / "gemma-3-1b.json") | {"final_logit_softcapping": 30.0})
+    with pytest.raises(HFConfigError, match="quantization_config"):
+        from_hf_config(load_hf_config(HF / "gpt-oss-20b.json") | {"quantization_config": {"quant_method": "gptq"}})
+    with pytest.raises(HFConfigError, match="moe_layer_freq"):
+        from_hf_config(load_hf_config(HF / "deepseek-v3.json") | {"moe_layer_freq": 2})
+    _, notes = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
+    assert any("num_nextn_predict_layers=1" in n for n in notes) and any("quant_method fp8" in n for n in notes)
+
+
+def test_qwen3_moe_sparse_step_and_dense_prefix_count_like_transformers():
+    cfg = json.loads((HF / "qwen3-30b-a3b.json").read_text()) | {"num_hidden_layers": 6, "decoder_sparse_step": 2,
+                                                                  "mlp_only_layers": [0, 1]}
+    model, _ = from_hf_config(cfg)
+    assert count_params(ModelSpec(**model)) == _transformers_count(cfg)
+
+
+def test_inference_kv_cache_mla_windows_and_sinks():
+    """DeepSeek-V3 caches (512 + 64) values per token and layer, whole on every tp rank (DeepSeek-V2 Table 1);
+    gpt-oss's sliding layers keep 128 positions, its full layers the whole context; sinks cache nothing."""
+    from backend.analytic.inference import estimate_inference
+    from backend.presets import preset_model
+    from backend.spec import ExperimentSpec
+
+    ds = ExperimentSpec.for_prediction({"model": preset_model("deepseek-v3"), "train": {"precision": "bf16-mixed"},
+                                        "parallel": {"strategy": "tp", "world_size": 8}})
+    out = estimate_inference(ds, batch=2, context=4096)
+    assert out["kv_cache_bytes"] == 2 * 4096 * 61 * (512 + 64) * 2
+    oss = ExperimentSpec.for_prediction({"model": preset_model("gpt-oss-120b"), "train": {"precision": "bf16-mixed"}})
+    out = estimate_inference(oss, batch=1, context=4096)
+    per_pos = 2 * 8 * 64 * 2  # K and V, 8 kv heads of 64, bf16
+    assert out["kv_cache_bytes"] == 18 * (128 + 4096) * per_pos
