@@ -52,6 +52,9 @@ def test_plan_ranks_fitting_layouts_fastest_first():
     steps = [c["step_time"]["step_s"] for c in res.configs]
     assert res.searched > 1000 and res.feasible >= len(res.configs) == 5 and steps == sorted(steps)
     assert all(c["mem_bytes_max"] <= budget_bytes(4e9) for c in res.configs)
+    # issue 20 item 12: one unit on the Plan page (GiB), the device named as sold (decimal GB)
+    budget_note = next(n for n in res.notes if n.startswith("budget "))
+    assert budget_note == f"budget {budget_bytes(4e9) / 2**30:.1f} GiB of 3.7 GiB (a 4 GB device)"
 
 
 def test_plan_cli_json_contract(capsys):

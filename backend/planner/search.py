@@ -25,7 +25,7 @@ from backend.planner.space import Limits, enumerate_layouts, light_spec
 
 RESERVE_FIXED_BYTES = 2.5e9
 RESERVE_FRACTION = 0.05
-RESERVE_DOC = ("reserve = 2.5 GB (CUDA context ~0.5-1 GB, NCCL buffers ~1-1.5 GB per communicator set; PyTorch "
+RESERVE_DOC = ("reserve = 2.5 GB = 2.33 GiB (CUDA context ~0.5-1 GB, NCCL buffers ~1-1.5 GB per communicator set; PyTorch "
                "CUDA semantics docs / NCCL_BUFFSIZE 4 MiB x channels x peers) + 5% of the device for allocator fragmentation; "
                "override with --reserve-gb / --fragmentation")
 POOL_FACTOR, POOL_MIN = 3, 10
@@ -116,7 +116,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                                                                           "activations_bytes", "other_bytes")}})
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
-    notes = [RESERVE_DOC, f"budget {budget / 1e9:.1f} GB of {device_bytes / 1e9:.0f} GB",
+    notes = [RESERVE_DOC, f"budget {budget / 2**30:.1f} GiB of {device_bytes / 2**30:.1f} GiB (a {device_bytes / 1e9:.0f} GB device)",
              f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
              f"own model, on arrays of layouts), {len(order)} fit; the {len(pool)} fastest by a step-time proxy re-timed "
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
