@@ -71,8 +71,9 @@ SPEC_FIELDS: dict[str, str | Pending] = {
     "pp_schedule": "parallel.pp_schedule",
     "virtual_stages": "parallel.virtual_stages",
     "offload": "parallel.offload",
+    "cp": "parallel.cp",
+    "cp_rotate": "parallel.cp_rotate",
     # Not in this base's spec: each becomes its spec path when the feature is merged (issue 26 / issue 24).
-    "cp": Pending("context parallelism (spec field parallel.cp, issue 26)", "parallel.cp"),
     "fp8": Pending("fp8 precision (issue 26)", "train.precision"),
     "ac_policy": Pending("activation-checkpointing policies op / layers:K / Megatron block and uniform (issue 26)",
                          "train.recompute"),
