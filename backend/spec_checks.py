@@ -223,7 +223,22 @@ def run_blockers(spec: ExperimentSpec) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
     `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
     refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
-    return [str(problem) for problem in _run_only(spec.parallel) + _run_only_model(spec.model)]
+    return [str(problem) for problem in _run_only(spec.parallel) + _run_only_model(spec.model)
+            + _run_only_context_parallel(spec.model, spec.parallel)]
+
+
+def _run_only_context_parallel(m: ModelSpec, p: ParallelSpec) -> list[RunOnly]:
+    """The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain
+    causal multi-head attention: windows, sinks and MLA under cp are predicted, not run."""
+    if p.cp == 1:
+        return []
+    features = [name for name, on in (("a sliding / chunked window", m.window is not None and m.window < m.seq_len),
+                                      ("attention sinks", m.attention_sinks), ("multi-head latent attention", m.is_mla))
+                if on]
+    if not features:
+        return []
+    return [RunOnly(f"cp={p.cp} with {' and '.join(features)}: ShardLab's ring attention is plain causal attention "
+                    "(no mask, sink or latent path); the prediction stands, the run would compute other attention")]
 
 
 def _run_only_model(m: ModelSpec) -> list[RunOnly]:

@@ -103,3 +103,19 @@ def test_cp_note_reports_the_ring_wait_of_the_timed_steps(monkeypatch):
     monkeypatch.setattr(notes, "_predicted_cp_exposed_s", lambda s: None)
     assert "no cpu profile" in notes.cp_notes(spec, ranks)[0]
     assert notes.cp_notes(ExperimentSpec.model_validate(_spec(world_size=2)), ranks) == []
+
+
+def test_windows_sinks_and_mla_under_cp_are_prediction_only():
+    """The ring attention is plain causal attention: a window shorter than the sequence, sinks or MLA with cp > 1 are
+    predicted (ExperimentSpec.for_prediction) but refused for a run (spec_checks.run_blockers), each named."""
+    from backend.spec_checks import run_blockers
+
+    mla = {"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "positions": "rope"}
+    cases = [({"window": 4}, "a sliding / chunked window"), ({"attention_sinks": True}, "attention sinks"),
+             (mla, "multi-head latent attention")]
+    for model, named in cases:
+        spec = ExperimentSpec.for_prediction(_spec(model=model, world_size=2, cp=2))
+        blockers = run_blockers(spec)
+        assert any(b.startswith(f"cp=2 with {named}:") for b in blockers), (named, blockers)
+        assert not any(b.startswith("cp=") for b in run_blockers(ExperimentSpec.for_prediction(_spec(model=model))))
+    assert run_blockers(ExperimentSpec.model_validate(_spec(model={"window": 16}, world_size=2, cp=2))) == []
