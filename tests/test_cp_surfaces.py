@@ -105,3 +105,20 @@ def test_cli_estimate_and_plan_json_carry_cp():
     configs = json.loads(plan.stdout)["configs"]
     assert configs and all("cp" in c["spec"]["parallel"] for c in configs)
     assert any(c["spec"]["parallel"]["cp"] > 1 for c in configs)  # 64k context: the planner picks cp
+
+
+def test_estimate_accepts_200_plan_outputs_with_cp(capsys):
+    """Issue 26 'estimate accepts every spec that plan prints': 200 layouts of a 32k-context plan (nearly all with
+    cp > 1) each validate for prediction and estimate."""
+    from backend.analytic.estimate import estimate
+    from backend.cli import main
+
+    argv = ["plan", "--preset", "llama-3-8b", "--gpus", "64", "--global-batch", "32", "--seq", "32768",
+            "--hardware", "h100-sxm", "--attention", "flash", "--top", "200", "--json"]
+    assert main(argv) == 0
+    configs = json.loads(capsys.readouterr().out)["configs"]
+    assert len(configs) == 200 and sum(c["spec"]["parallel"]["cp"] > 1 for c in configs) >= 100
+    for c in configs:
+        spec = ExperimentSpec.for_prediction(c["spec"])
+        est = estimate(spec, device="cuda")
+        assert est.per_rank and all(r.total_bytes > 0 for r in est.per_rank)
