@@ -26,7 +26,7 @@ def _powers(seq_len: int, vocab: int) -> torch.Tensor:
     for _ in range(seq_len + 1):
         out.append(a)
         a = a * 7 % vocab
-    return torch.tensor(out, dtype=torch.int64)
+    return torch.tensor(out, dtype=torch.int64, device="cpu")  # as `start`: moved by the engine
 
 
 def _offsets(seq_len: int, vocab: int) -> torch.Tensor:
@@ -34,4 +34,4 @@ def _offsets(seq_len: int, vocab: int) -> torch.Tensor:
     for _ in range(seq_len + 1):
         out.append(b)
         b = (7 * b + 3) % vocab
-    return torch.tensor(out, dtype=torch.int64)
+    return torch.tensor(out, dtype=torch.int64, device="cpu")  # as `start`: moved by the engine
