@@ -73,7 +73,7 @@ def _jax(s: ExperimentSpec) -> list[str]:
         out.append(f"framework jax runs dp (ddp), fsdp (zero3/fsdp) and tp layouts and their dp x tp mix; got {st}: "
                    "GSPMD shards parameters and optimizer state together, so ZeRO-1/2 have no layout of their own")
     if p.pp > 1 or p.ep > 1 or p.cp > 1:
-        out.append(f"framework jax: pipeline, expert and context parallelism are not written in JAX here "
+        out.append(f"framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX here "
                    f"(pp={p.pp}, ep={p.ep}, cp={p.cp})")
     if st in ("zero3", "fsdp") and p.tp > 1:
         out.append(f"framework jax: fsdp x tp is not wired (got tp={p.tp}); run fsdp with tp=1 or tp with ddp")
