@@ -27,7 +27,8 @@ FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_ne
 _METADATA = {"architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
              "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "_name_or_path", "auto_map",
              "tokenizer_class", "vocab_file", "task_specific_params", "id2label", "label2id", "return_dict",
-             "output_hidden_states", "output_attentions", "is_decoder", "max_length", "sep_token_id"}
+             "output_hidden_states", "output_attentions", "is_decoder", "max_length", "sep_token_id",
+             "_attn_implementation_autoset"}
 # Numerics that change values, not shapes/memory/FLOPs: accepted, reported as a note.
 _NUMERICS = {"rope_theta", "rope_scaling", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "pretraining_tp",
              "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob", "rotary_emb_base",
@@ -78,6 +79,9 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
         check_depth(cfg, "the HF config")
     except InputError as e:
         raise HFConfigError(str(e)) from None
+    wrapper_notes: list[str] = []
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in MULTIMODAL_WRAPPERS:
+        cfg, wrapper_notes = text_model_config(cfg)
     family = cfg.get("model_type")
     if not isinstance(family, str) or family not in FAMILIES:
         raise HFConfigError(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
@@ -105,9 +109,31 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
                                              "scale_attn_by_inverse_layer_idx") and cfg[k] not in (None, False))
     if numerics:
         notes.append("accepted as numerics only (no effect on shapes, memory or FLOPs): " + ", ".join(numerics))
+    notes = wrapper_notes + notes
     _check_fields(model, family)
     model["source"] = {"hf_config": parsed_fields(cfg), **({"file": file} if file else {})}
     return model, notes
+
+
+MULTIMODAL_WRAPPERS = {"llama4": ("llama4_text", {"boi_token_index", "eoi_token_index", "image_token_index",
+                                                   "vision_config", "text_config"})}
+"""Published config.json files of image-text models whose text model ShardLab builds: model_type -> (text
+model_type, top-level keys besides the metadata)."""
+
+
+def text_model_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The text_config of a multimodal release (Llama 4's Llama4ForConditionalGeneration), with a note that the vision
+    encoder and projector are not built: text-only training and transformers' Llama4ForCausalLM use the text model."""
+    text_type, keys = MULTIMODAL_WRAPPERS[cfg["model_type"]]
+    unknown = sorted(k for k in cfg if k not in keys | _METADATA)
+    if unknown:
+        raise HFConfigError(f"unknown config key(s) {', '.join(unknown)} for model_type {cfg['model_type']}")
+    text = cfg.get("text_config")
+    if not isinstance(text, dict) or text.get("model_type", text_type) != text_type:
+        raise HFConfigError(f"text_config must be a JSON object of model_type {text_type} (got {text!r:.80})")
+    note = (f"model_type {cfg['model_type']}: the text model (text_config, {text_type}) is built; the vision encoder "
+            "and projector (vision_config) are not modelled: text training does not run them")
+    return {"model_type": text_type} | text, [note]
 
 
 def _check_fields(model: dict[str, Any], family: str) -> None:

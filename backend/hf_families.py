@@ -221,10 +221,24 @@ def _deepseek(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any],
             model.update(n_shared_experts=shared, shared_ffn_hidden=moe_ffn)
     mtp = read_int(cfg, "num_nextn_predict_layers", 0, minimum=0)
     if mtp:
-        notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module(s) (model.layers."
-                     f"{model['n_layers']}... in the checkpoint) are not modelled: transformers does not build them "
-                     "and the published totals count them apart (DeepSeek-V3: 671B + 14B MTP)")
+        notes.append(mtp_note(model, mtp))
     return model, notes
+
+
+def mtp_note(model: dict[str, Any], modules: int) -> str:
+    """The multi-token-prediction module(s), refused by name and counted apart (params.mtp_module_params)."""
+    from backend.analytic.params import mtp_module_params
+    from backend.spec import ModelSpec
+
+    try:
+        unique, stored = mtp_module_params(ModelSpec(**{k: v for k, v in model.items() if k != "source"}))
+    except ValueError:  # an invalid shape: from_hf_config's own check names the key
+        return f"num_nextn_predict_layers={modules}: the multi-token-prediction module is not modelled"
+    return (f"num_nextn_predict_layers={modules}: the multi-token-prediction module (model.layers.{model['n_layers']} in "
+            "the checkpoint) is not modelled: ShardLab trains the next-token objective only, as transformers builds "
+            f"the model; counted apart: {modules} x {unique:,} parameters (enorm, hnorm, eh_proj, one MoE block, "
+            f"shared_head.norm), {modules} x {stored:,} stored with its embedding and head copies (DeepSeek-V3 "
+            "README_WEIGHTS.md: 11.5B unique + 0.9B + 0.9B)")
 
 
 _QWEN3_KEYS = _BASE + ("head_dim", "use_sliding_window", "max_window_layers", "layer_types", "attention_bias")

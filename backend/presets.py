@@ -101,8 +101,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                        card="Model card: 671B total, 37B active."), hf_family="deepseek_v3",
            notes=("MLA, 256 routed experts top-8 in 8 groups (top-4 groups), sigmoid scores with the balance bias, one "
                   "shared expert, 3 dense blocks first.",
-                  "Not counted (as in transformers and the 671B card): the MTP module (model.layers.61, +14B: '685B') "
-                  "and the 58 x 256 e_score_correction_bias buffer values (the safetensors total 671,026,419,200).")),
+                  "Not counted (as in transformers and the 671B card): the MTP module (model.layers.61: 11,610,067,968 "
+                  "unique parameters, 13,463,426,048 stored with its embedding and head copies; not modelled: ShardLab "
+                  "trains the next-token objective only) and the 58 x 256 e_score_correction_bias buffer values (the "
+                  "main model's safetensors total 671,026,419,200).")),
     Preset("deepseek-v2.5", dict(_LLAMA, n_kv_heads=None, vocab_size=102400, d_model=5120, n_layers=60, n_heads=128,
                                  ffn_hidden=12288, seq_len=4096, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                                  qk_rope_head_dim=64, v_head_dim=128, n_experts=160, top_k=6, expert_ffn_hidden=1536,
@@ -140,7 +142,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                       "active."), hf_family="llama4_text", notes=("The text model only (Llama 4's text_config).",)),
     Preset("llama-4-maverick", dict(_L4, n_experts=128, moe_every=2), 400_711_848_960,
            _TF.format(cls="Llama4ForCausalLM", repo="meta-llama/Llama-4-Maverick-17B-128E",
-                      file="llama-4-maverick-17b-128e.text.json", card="Model card: 400B total, 17B active."),
+                      file="llama-4-maverick-17b-128e.json", card="Model card: 400B total, 17B active."),
            hf_family="llama4_text", notes=("The text model only; MoE every second block, dense blocks of 16384.",)),
 )}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
 from backend.spec_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, source_problem, text_problem
 
 MAX_DIM = 1_000_000
@@ -49,6 +50,15 @@ class Precision(StrEnum):
     FP32 = "fp32"
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
+    FP8 = "fp8"
+    """float8 linears (torchao's float8 training, `fp8_recipe` scaling), bf16 mixed precision elsewhere."""
+
+
+class Fp8Recipe(StrEnum):
+    """torchao's float8 scaling recipes (Float8LinearConfig.from_recipe_name)."""
+
+    TENSORWISE = "tensorwise"  # one dynamic scale per tensor (e4m3 forward, e5m2 gradients)
+    ROWWISE = "rowwise"  # one dynamic scale per row (e4m3 everywhere)
 
 
 class Optimizer(StrEnum):
@@ -57,9 +67,13 @@ class Optimizer(StrEnum):
 
 
 class Recompute(StrEnum):
+    """The named recompute policies; `layers:K`, `block:N` and `uniform:N` take a block count
+    (backend/recompute_policy.py describes every one)."""
+
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    OP = "op"
 
 
 class CpRotate(StrEnum):
@@ -332,15 +346,52 @@ class TrainSpec(_Section):
     warmup_steps: int = Field(1, ge=0, le=MAX_STEPS)
     """Untimed steps before timing starts."""
     precision: Precision = Precision.FP32
-    """fp32, or bf16/fp16 mixed precision (fp32 master weights: ZeRO's K=12)."""
+    """fp32, bf16/fp16 mixed precision (fp32 master weights: ZeRO's K=12), or fp8 (float8 linears, bf16 elsewhere)."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    """fp8 only: torchao's scaling recipe, tensorwise or rowwise."""
+    fp8_all_gather: bool = True
+    """fp8 with FSDP2 (zero2 / zero3) and the tensorwise recipe (the only one torchao's FSDP2 float8 all-gather takes):
+    all-gather the float8 linears' weights in fp8 (enable_fsdp_float8_all_gather), half their bf16 bytes."""
     optimizer: Optimizer = Optimizer.ADAMW
     """AdamW (2 states) or SGD with momentum (1 state)."""
     lr: float = Field(1e-3, gt=0, le=10)
     """Learning rate."""
-    recompute: Recompute = Recompute.NONE
-    """Activation recomputation: none, selective (attention core) or full (whole block)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (every block), op (torchtitan's op-level SAC
+    over `recompute_ops`), layers:K (every K-th block), block:N / uniform:N (Megatron's recompute methods with
+    --recompute-num-layers N); see backend/recompute_policy.py."""
+    recompute_ops: list[str] | None = None
+    """Ops whose outputs `op` recompute saves (torch op names such as aten.mm.default); None: torchtitan's list
+    (recompute_policy.DEFAULT_SAC_OPS)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
+
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_grammar(cls, value: Any) -> str:
+        return spelled(*parse(value.value if isinstance(value, Recompute) else value))
+
+    @field_validator("recompute_ops")
+    @classmethod
+    def _known_ops(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (problem := ops_problem(value)):
+            raise ValueError(problem)
+        return value
+
+    @property
+    def recompute_kind(self) -> tuple[str, int]:
+        """('layers', 2) for 'layers:2', ('full', 0) for 'full'."""
+        return parse(self.recompute)
+
+    @property
+    def fp8_gathers(self) -> bool:
+        """fp8 weights all-gathered in fp8 under FSDP2 (torchao supports it for tensorwise scaling only)."""
+        return str(self.precision) == "fp8" and self.fp8_all_gather and self.fp8_recipe == Fp8Recipe.TENSORWISE
+
+    @property
+    def sac_ops(self) -> tuple[str, ...]:
+        return tuple(self.recompute_ops) if self.recompute_ops is not None else DEFAULT_SAC_OPS
 
 
 class ParallelSpec(_Section):

@@ -30,6 +30,9 @@ def derive_and_check(s: ExperimentSpec) -> list[str]:
     problems += _check_degrees(m, p)
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
+    problems += _run_only(p, t.precision) + _run_only_model(m)
+    if t.recompute_ops is not None and t.recompute != "op":
+        problems.append(f"recompute_ops lists the ops `op` recompute saves; recompute is {t.recompute!r}, not 'op'")
     if r.node_rank >= r.nnodes:
         problems.append(f"node_rank={r.node_rank} must be < nnodes={r.nnodes}")
     if r.nnodes > 1 and not r.rdzv_endpoint and r.executor != "slurm":  # on SLURM the allocation gives it
@@ -185,9 +188,9 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
-    out += _run_only(p) + _run_only_model(m)
-    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
-        out.append(f"ep={p.ep} with tp={p.tp}, pp={p.pp} is not supported: expert parallelism runs over the dp dimension only (tp=1, pp=1)")
+    if p.ep > 1 and p.tp > 1:
+        out.append(f"ep={p.ep} with tp={p.tp} is not modelled: expert parallelism runs over the dp dimension with "
+                   "whole experts (tp=1)")
     if p.sequence_parallel and p.tp < 2:
         out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
     if p.ep > 1:
@@ -223,7 +226,7 @@ def run_blockers(spec: ExperimentSpec) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
     `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
     refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
-    return [str(problem) for problem in _run_only(spec.parallel) + _run_only_model(spec.model)
+    return [str(problem) for problem in _run_only(spec.parallel, spec.train.precision) + _run_only_model(spec.model)
             + _run_only_context_parallel(spec.model, spec.parallel)]
 
 
@@ -253,13 +256,22 @@ def _run_only_model(m: ModelSpec) -> list[RunOnly]:
     return out
 
 
-def _run_only(p: ParallelSpec) -> list[RunOnly]:
+def _run_only(p: ParallelSpec, precision: str = "fp32") -> list[RunOnly]:
     out = []
-    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
-    if p.strategy == Strategy.ZERO1 and mp:
-        degrees = ", ".join(f"{k}={v}" for k, v in mp.items())
-        out.append(RunOnly(f"zero1 (ZeroRedundancyOptimizer) cannot shard DTensor, pipeline-stage or expert parameters ({degrees}): "
-                   "use ddp, zero2 or zero3/fsdp for the dp dimension of a model-parallel mix"))
+    if p.strategy == Strategy.ZERO1 and p.ep > 1:
+        out.append(RunOnly(f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
+                   "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
+                   "zero3/fsdp for the dp dimension of an expert-parallel layout"))
+    if p.ep > 1 and p.pp > 1:  # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
+        out.append(RunOnly(f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"))
+    if str(precision) == "fp8" and p.tp > 1:
+        out.append(RunOnly(f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
+                   "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"))
+    if str(precision) == "fp8" and p.ep > 1:
+        out.append(RunOnly(f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"))
+    if p.strategy == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1) and str(precision) == "fp16-mixed":
+        out.append(RunOnly(f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
+                   "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"))
     split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
     if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
         # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.

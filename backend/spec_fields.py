@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, Norm, Offload, Optimizer, Positions,
-                          Precision, Recompute, Schedule, Strategy)
+                          Precision, Schedule, Strategy)
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -28,7 +28,7 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--precision": ("train", "precision", [v.value for v in Precision]),
     "--optimizer": ("train", "optimizer", [v.value for v in Optimizer]),
     "--lr": ("train", "lr", float),
-    "--recompute": ("train", "recompute", [v.value for v in Recompute]),
+    "--recompute": ("train", "recompute", str),  # none|selective|full|op|layers:K|block:N|uniform:N (spec validation)
     "--seed": ("train", "seed", int),
     "--strategy": ("parallel", "strategy", [v.value for v in Strategy]),
     "--world": ("parallel", "world_size", int),

@@ -43,6 +43,7 @@ PipelineStageBase = pipelining_stage._PipelineStageBase
 # MemTracker / FSDPMemTracker internals the category trackers subclass or call.
 MemTracker = mem_tracker.MemTracker
 ModMemStats = mem_tracker._ModMemStats
+MemRefType = mem_tracker._MemRefType  # GRAD / OPT: the categories `track_as` books a storage under
 FSDPMemTracker = fsdp2_mem_tracker.FSDPMemTracker
 FSDPModMemStats = fsdp2_mem_tracker._FSDPModMemStats
 FSDPRefType = fsdp2_mem_tracker._FSDPRefType

@@ -16,6 +16,14 @@
   measured ratio to copy on the GH100 probe (same PyTorch kernels: a norm, an activation, the loss, AdamW).
 - "fa2-a100": FlashAttention-2 on A100 (Dao 2023, abstract and Sec 4.1: 50-73% of the A100's peak; forward up to
   73%, backward up to 63%, at long sequences and head dim 128).
+- "fa2-paper-fig4-a100", "fa2-paper-fig7-h100": the attention forward + backward TFLOP/s bar labels of the
+  FlashAttention-2 paper's kernel benchmarks (Dao 2023, Fig. 4: A100 80GB SXM4; Fig. 7: H100 80GB SXM5; the
+  repository's assets/flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png, FlashAttention-2
+  release 4f285b35, 2023-07-17; benchmarks/benchmark_causal.py there), as fractions of the dense bf16 peak (312,
+  989.4 TFLOP/s). Kernels: flash (FlashAttention-2), flash1 (FlashAttention v1, CUDA) and, on A100, flash-triton
+  ("FlashAttention Triton": flash_attn/flash_attn_triton.py, the file MosaicML's llm-foundry copies as its
+  `attn_impl: triton`). The figures give forward + backward only, so forward and backward get the same fraction
+  (their sum, 3.5x the forward FLOPs, is then timed exactly). Bars whose label the legend hides are left out.
 """
 
 from __future__ import annotations
@@ -45,6 +53,36 @@ FA2_A100 = {"rows": [{"kernel": "flash", "seq": 512, "head_dim": 64, "causal": F
             "source": "published: Dao 2023 (FlashAttention-2), abstract and Sec 4.1: 50-73% of the A100's peak, forward "
                       "up to 73%, backward up to 63% (long sequences, head dim 128); the short-sequence backward is the "
                       "same 63/73 ratio of the 50% forward"}
+
+
+FA2_PAPER_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+FA2_PAPER_URL = ("Dao 2023, 'FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning' (arXiv "
+                 "2307.08691), Fig. {fig}: attention forward + backward TFLOP/s on {gpu} (github.com/Dao-AILab/"
+                 "flash-attention assets/{png}, release 4f285b35); forward = backward = fwd+bwd TFLOP/s / {peak:g}")
+FA2_PAPER = {  # (causal, head_dim): {kernel: TFLOP/s per FA2_PAPER_SEQS entry, None where the legend hides the label}
+    "fa2-paper-fig7-h100": ("7", "H100 80GB SXM5", "flash2_h100_fwd_bwd_benchmark.png", 989.4, {
+        (False, 64): {"flash1": (157, 159, 161, 161, 166, 168), "flash": (215, 254, 274, 288, 294, 296)},
+        (False, 128): {"flash1": (127, 127, 128, 131, 137, 139), "flash": (248, 294, 320, 326, 335, 338)},
+        (True, 64): {"flash1": (104, 123, 136, 138, 149, 156), "flash": (141, 192, 232, 257, 273, 284)},
+        (True, 128): {"flash1": (98, 109, 108, 126, 135, 137), "flash": (163, 221, 265, 294, 308, 328)}}),
+    "fa2-paper-fig4-a100": ("4", "A100 80GB SXM4", "flash2_a100_fwd_bwd_benchmark.png", 312.0, {
+        (False, 64): {"flash1": (91, 92, 104, 108, 110, 110), "flash-triton": (90, 102, 98, 98, 100, 100),
+                      "flash": (132, None, 162, 171, 175, 176)},
+        (False, 128): {"flash1": (76, 72, 76, 80, 82, 83), "flash-triton": (78, 85, 90, 93, 95, 95),
+                       "flash": (None, None, 187, 196, 201, 203)},
+        (True, 64): {"flash1": (58, 70, 77, 87, 92, 97), "flash-triton": (59, 75, 79, 76, 79, 80),
+                     "flash": (88, 119, 140, 156, 165, 171)},
+        (True, 128): {"flash1": (55, 62, 69, 76, 80, 83), "flash-triton": (50, 61, 68, 74, 78, 80),
+                      "flash": (99, 133, 155, 173, 182, 189)}}),
+}
+
+
+def fa2_paper_table(name: str, kernels: tuple[str, ...]) -> dict:
+    """One FlashAttention-2 paper figure (FA2_PAPER) as an attention table of `kernels`."""
+    fig, gpu, png, peak, panels = FA2_PAPER[name]
+    rows = [{"kernel": k, "seq": s, "head_dim": d, "causal": c, "fwd": round(v / peak, 4), "bwd": round(v / peak, 4)}
+            for (c, d), by in panels.items() for k in kernels for s, v in zip(FA2_PAPER_SEQS, by.get(k, ())) if v]
+    return {"rows": rows, "source": "published: " + FA2_PAPER_URL.format(fig=fig, gpu=gpu, png=png, peak=peak)}
 
 
 def _xla_rows(text: str, arch: str, key: str, peak: float) -> list[list[float]]:
@@ -82,6 +120,8 @@ def main() -> None:
         part: {"fractions": {k: round(0.9 * v / copy, 4) for k, v in gh[part]["fractions"].items()}, "source": why}
         for part in ("elementwise", "optimizer")}
     tables["fa2-a100"] = {"attention": FA2_A100}
+    tables["fa2-paper-fig4-a100"] = {"attention": fa2_paper_table("fa2-paper-fig4-a100", ("flash", "flash1", "flash-triton"))}
+    tables["fa2-paper-fig7-h100"] = {"attention": fa2_paper_table("fa2-paper-fig7-h100", ("flash1",))}
     OUT.write_text(json.dumps({"_doc": "Named operation tables (backend/analytic/steptime/op_tables.py) the profiles of "
                                        "hardware.json use; written by benchmarks/op_tables_build.py.", "tables": tables},
                               separators=(",", ":")) + "\n")

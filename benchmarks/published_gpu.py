@@ -1,13 +1,14 @@
 """Predicted against published end-to-end GPU training step times (H100 and A100), and the real world-1 GPU-check
 runs, with the step-time model as it is now and as it was before the per-device operation tables (issue 22 C).
 
-  .venv/bin/python benchmarks/published_gpu.py [--json] [--record-before]
+  .venv/bin/python benchmarks/published_gpu.py [--json] [--record-before] [--breakdown N]
 
 Rows: backend/analytic/steptime/published_gpu.json (each quotes its source with the URL) + Narayanan et al. 2021
 Table 1 (backend/analytic/steptime/published.py); GPU check: benchmarks/results/gpu/2026-11-26-h200-run2 (5 real
 runs on one H200, measured step = median of 6 timed steps). Error % = (predicted - published) / published:
 negative = the model is too fast. Nothing here is fitted to these numbers: they are the test.
 `--record-before` writes the "before" column's snapshot (benchmarks/results/published_gpu_before.json).
+`--breakdown N` prints the step-time terms of the N worst H100 rows (seconds per step on the slowest rank).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend.analytic.sharding import local_params_shared  # noqa: E402
-from backend.analytic.steptime.compute import _weights_cost, default_implementation  # noqa: E402
+from backend.analytic.layout import Layout  # noqa: E402
+from backend.analytic.steptime.compute import (_weights_cost, attention_pass, default_implementation,  # noqa: E402
+                                               elementwise_pass, head_pass)
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
@@ -130,6 +133,41 @@ def print_gemm_gap(rows: list[dict]) -> None:
                   f"max {max(g['implied_eff'] for g in gaps):.3f})")
 
 
+def breakdown(r: dict) -> dict:
+    """Seconds per step of one row by term: compute split into GEMMs, the attention core, element-wise kernels and
+    the loss (the rest of compute: per-microbatch parameter casts, dispatch), data-parallel collectives before
+    overlap and exposed, optimizer, other."""
+    spec, hw = ExperimentSpec.for_prediction(r["spec"]), get_hardware(r["hardware"])
+    impl = r["implementation"] or default_implementation(hw)
+    attention = r["attention"] or "flash"
+    st = step_time(spec, hw, attention=attention, implementation=impl)
+    s, rank = st.summary, st.per_rank[0]
+    m, t = spec.model, spec.train
+    layout, rc = Layout.of(spec), 1 if str(t.recompute) == "full" else 0
+    w = _weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2],
+                      t.micro_batch * m.seq_len)
+    a, e, h = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, impl), head_pass(m, layout, hw)
+    mb, layers = t.microbatches, m.n_layers / spec.parallel.pp
+    out = {"gemm": mb * (w.fwd_s * (1 + rc) + w.bwd_s), "attention": mb * layers * (a.fwd_s * (1 + rc) + a.bwd_s),
+           "elementwise": mb * layers * (e.fwd_s * (1 + rc) + e.bwd_s), "loss": mb * (h.fwd_s + h.bwd_s)}
+    out["compute_rest"] = s["compute_s"] - sum(out.values())
+    out.update({"dp_comm": rank.comm_s["dp"], "exposed_comm": s["exposed_comm_s"], "optimizer": s["optimizer_s"],
+                "other": s["other_s"], "step": s["step_s"], "published": r["published"]})
+    return out
+
+
+def print_breakdown(data: list[dict], rows: list[dict], n: int) -> None:
+    by_id = {r["id"]: r for r in rows}
+    worst = sorted((r for r in data if r["group"] == "H100"), key=lambda r: -abs(r["error_pct"]))[:n]
+    keys = ("gemm", "attention", "elementwise", "loss", "compute_rest", "dp_comm", "exposed_comm", "optimizer", "other",
+            "step", "published")
+    print(f"\nStep-time terms of the {n} worst H100 rows (s; dp_comm before overlap, not added to the step)")
+    print(f"{'row':42s} {'attn kernel':12s} " + " ".join(f"{k[:9]:>9s}" for k in keys))
+    for r in worst:
+        b = breakdown(by_id[r["id"]])
+        print(f"{r['id']:42s} {by_id[r['id']]['attention'] or 'flash':12s} " + " ".join(f"{b[k]:9.3f}" for k in keys))
+
+
 def record_before(data: list[dict]) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     BEFORE.write_text(json.dumps({"_doc": f"step_s predicted by the step-time model at commit {commit}, before the per-device "
@@ -141,6 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--record-before", action="store_true")
+    ap.add_argument("--breakdown", type=int, default=0, metavar="N", help="print the terms of the N worst H100 rows")
     args = ap.parse_args()
     os.environ.setdefault("SHARDLAB_HARDWARE", str(MEASURED_PROFILE))
     load_profiles.cache_clear() if hasattr(load_profiles, "cache_clear") else None
@@ -154,6 +193,8 @@ def main() -> None:
     print("Predicted vs published step times; error = (predicted - published) / published, negative = too fast\n")
     print_table(data)
     print_gemm_gap(published())
+    if args.breakdown:
+        print_breakdown(data, published(), args.breakdown)
     print(f"\n{len(data)} predictions in {time.perf_counter() - t0:.1f} s")
 
 

@@ -2,9 +2,29 @@
 transformers' own model built from the same file on the meta device, and the torch model's named_parameters() equal
 the analytic list for every new feature.
 
-Fixtures (tests/fixtures/hf/): the config.json of each checkpoint as published on its model repo; deepseek-v3.json is
-DeepSeek-V3's (DeepSeek-R1 publishes the same file), llama-4-*.text.json are the text_config of Llama 4's published
-config (model_type llama4_text, what Llama4ForCausalLM builds).
+Fixtures (tests/fixtures/hf/) and where each comes from (the model repos are not reachable here; each file was
+compared key for key with public copies of the published config.json):
+- deepseek-v3.json: the config.json quoted in full in vllm-project/vllm-ascend issue #183 (the deepseek-ai/DeepSeek-V3
+  download; its author removed the contents of quantization_config), with quantization_config as alibaba/InferSim's
+  hf_configs/deepseek_v3_config.json and DeepSeek-V3's README_WEIGHTS.md give it (InferSim's copy renames
+  n_routed_experts / n_shared_experts; every other key and value agrees).
+- qwen3-8b.json, qwen3-30b-a3b.json, qwen3-235b-a22b.json: alibaba/InferSim hf_configs/qwen3-*_config.json, byte for
+  byte (the 235B copy is the 2507 refresh: max_position_embeddings 262144, rope_theta 5e6; no shape differs).
+- gemma-3-1b.json: NVIDIA TensorRT-LLM's Gemma 3 modeling unit test (GEMMA3_1B_CONFIG), with
+  its two test edits undone (num_hidden_layers 6 -> 26, sliding_window 4 -> 512: the published 1B's values).
+- llama-4-maverick-17b-128e.json: the whole published config.json (Llama4ForConditionalGeneration) as TensorRT-LLM's
+  Llama 4 modeling unit test quotes it (LLAMA_4_MAVERICK_TWO_LAYER_CONFIG), its test edits undone (text
+  num_hidden_layers 2 -> 48, the added no_rope_layer_interval removed, vision num_hidden_layers 0 -> 34); ShardLab
+  builds its text_config.
+- gpt-oss-20b.json: EchoCog/gpt-oss-20b's copy of the published file (that fork sets quant_method "gptq"; the
+  published value, and that repo's own precision notes, say "mxfp4").
+- NOT obtained verbatim, rebuilt from a published sibling plus the differences public sources quote:
+  gpt-oss-120b.json = gpt-oss-20b's file with num_hidden_layers 36, num_local_experts 128 and 36 alternating
+  layer_types (transformers' GptOssConfig defaults are the 120b's: 36 layers, 128 experts);
+  llama-4-scout-17b-16e.text.json = Maverick's text_config with Scout's num_local_experts 16, interleave_moe_layer_step 1, max_position_embeddings
+  10485760, use_qk_norm true and the llama3 rope_scaling (factor 16). Their counts equal the model cards' (116.83B,
+  109B with the vision encoder).
+- deepseek-v2.5.json: from the first round, not re-verified (not among the families this round re-checked).
 
 What the published model-card totals count differently from transformers (and from ShardLab):
 - DeepSeek-V3 "671B": the card counts the main model; the checkpoint adds the MTP module (model.layers.61, 14B with its
@@ -35,12 +55,14 @@ HF = Path(__file__).parent / "fixtures" / "hf"
 FILES = {"deepseek-v3.json": 671_026_404_352, "deepseek-v2.5.json": 235_741_434_880, "qwen3-8b.json": 8_190_735_360,
          "qwen3-30b-a3b.json": 30_532_122_624, "qwen3-235b-a22b.json": 235_093_634_560,
          "gpt-oss-120b.json": 116_829_156_672, "gpt-oss-20b.json": 20_914_757_184, "gemma-3-1b.json": 999_885_952,
-         "llama-4-scout-17b-16e.text.json": 107_769_861_120, "llama-4-maverick-17b-128e.text.json": 400_711_848_960}
+         "llama-4-scout-17b-16e.text.json": 107_769_861_120, "llama-4-maverick-17b-128e.json": 400_711_848_960}
 
 
 def _transformers_count(cfg: dict) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if cfg.get("model_type") == "llama4":  # the text model of the image-text release (Llama4ForCausalLM)
+        cfg = {"model_type": "llama4_text"} | cfg["text_config"]
     cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}  # the storage format; needs kernels to load
     with torch.device("meta"):  # ties lm_head to the embedding when the config ties them (MACHINE_FACTS 2026-11-25)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
@@ -59,7 +81,7 @@ def _families() -> dict[str, dict]:
     """Each new family's published shape, scaled down (the features kept), plus MLA without q_lora (V2-Lite)."""
     out = {}
     for file in ("deepseek-v3.json", "deepseek-v2.5.json", "qwen3-8b.json", "qwen3-30b-a3b.json", "gpt-oss-20b.json",
-                 "gemma-3-1b.json", "llama-4-maverick-17b-128e.text.json"):
+                 "gemma-3-1b.json", "llama-4-maverick-17b-128e.json"):
         model, _ = from_hf_config(load_hf_config(HF / file))
         out[file] = small(model)
     out["mla-no-q-lora"] = out["deepseek-v2.5.json"] | {"q_lora_rank": None}
@@ -109,7 +131,7 @@ def test_mixed_stacks_dense_prefix_and_interleave():
     ds, _ = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
     m = ModelSpec(**ds)
     assert [m.layer_is_moe(i) for i in range(5)] == [False, False, False, True, True]
-    mav, _ = from_hf_config(load_hf_config(HF / "llama-4-maverick-17b-128e.text.json"))
+    mav, _ = from_hf_config(load_hf_config(HF / "llama-4-maverick-17b-128e.json"))
     m = ModelSpec(**mav)
     assert [m.layer_is_moe(i) for i in range(4)] == [False, True, False, True]
     assert [m.layer_is_global(i) for i in range(8)] == [False, False, False, True] * 2  # NoPE layers 3, 7 global
@@ -162,6 +184,13 @@ def test_unmodelled_keys_refused_by_name():
         from_hf_config(load_hf_config(HF / "gpt-oss-20b.json") | {"quantization_config": {"quant_method": "gptq"}})
     with pytest.raises(HFConfigError, match="moe_layer_freq"):
         from_hf_config(load_hf_config(HF / "deepseek-v3.json") | {"moe_layer_freq": 2})
+    maverick = load_hf_config(HF / "llama-4-maverick-17b-128e.json")
+    with pytest.raises(HFConfigError, match="audio_config"):
+        from_hf_config(maverick | {"audio_config": {}})
+    with pytest.raises(HFConfigError, match="text_config must be a JSON object of model_type llama4_text"):
+        from_hf_config(maverick | {"text_config": {"model_type": "llama"}})
+    _, notes = from_hf_config(maverick)
+    assert any("vision encoder and projector (vision_config) are not modelled" in n for n in notes)
     _, notes = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
     assert any("num_nextn_predict_layers=1" in n for n in notes) and any("quant_method fp8" in n for n in notes)
 
@@ -188,3 +217,21 @@ def test_inference_kv_cache_mla_windows_and_sinks():
     out = estimate_inference(oss, batch=1, context=4096)
     per_pos = 2 * 8 * 64 * 2  # K and V, 8 kv heads of 64, bf16
     assert out["kv_cache_bytes"] == 18 * (128 + 4096) * per_pos
+
+
+def test_mtp_module_refused_by_name_and_counted_apart():
+    """DeepSeek-V3's multi-token-prediction module (num_nextn_predict_layers = 1, model.layers.61 in the checkpoint) is
+    not built (transformers does not build it; ShardLab trains the next-token objective): the import says so by name
+    and counts it apart from its tensors (README_WEIGHTS.md; vLLM's DeepSeekMultiTokenPredictorLayer): enorm + hnorm +
+    shared_head.norm 3 x 7,168, eh_proj 14,336 x 7,168, one MoE block 11,507,286,016 = 11,610,067,968 unique (the
+    README's "11.5B"), plus the embedding and head copies 2 x 129,280 x 7,168 stored."""
+    from backend.analytic.params import mtp_module_params
+
+    model, notes = from_hf_config(load_hf_config(HF / "deepseek-v3.json"))
+    m = ModelSpec(**model)
+    unique, stored = mtp_module_params(m)
+    assert unique == 3 * 7168 + 2 * 7168 * 7168 + 11_507_286_016 == 11_610_067_968
+    assert stored == unique + 2 * 129_280 * 7168
+    assert any(n.startswith("num_nextn_predict_layers=1: the multi-token-prediction module") and "11,610,067,968" in n
+               for n in notes)
+    assert count_params(m) == 671_026_404_352  # the main model alone, as the card's 671B

@@ -58,7 +58,7 @@ def test_megatron_70b_tp_pp_cp_round_trip(capsys, tmp_path):
     est = _estimate(capsys, tmp_path, out)
     padding = (32768 - 32000) * 8192 * 2  # vocabulary padded to 128 x tp 8 = 1024: embedding and untied output rows
     assert est["params_total"] == PRESETS["llama-2-70b"].published_params + padding == 68_989_231_104
-    assert est["runnable"] is False  # ZeRO-1 x TP/PP: Megatron's distributed optimizer, prediction only here
+    assert est["runnable"] is True  # zero1 x tp / pp runs as Megatron's distributed optimizer (issue 26)
 
 
 def test_deepspeed_zero3_round_trip(capsys, tmp_path):
@@ -183,15 +183,97 @@ def test_hostile_strings_are_data(capsys):
 
 
 def test_pending_features_are_one_line_each():
-    """fp8 and the AC policies wait for spec fields (issue 26): each is ONE Pending entry naming its target; cp was
-    one and is now wired to parallel.cp (with its K/V rotation)."""
+    """Every issue-26 feature is wired now: no Pending entry is left; cp (with its K/V rotation), fp8 and the AC
+    policies map to spec fields."""
     pending = {k: v.target for k, v in SPEC_FIELDS.items() if isinstance(v, Pending)}
-    assert pending == {"fp8": "train.precision", "ac_policy": "train.recompute"}
+    assert pending == {}
     assert SPEC_FIELDS["cp"] == "parallel.cp" and SPEC_FIELDS["cp_rotate"] == "parallel.cp_rotate"
     toml = (FIX / "torchtitan_llama3_8b.toml").read_text().replace('# converters', 'converters').replace(
         'name = "llama3"', 'name = "llama3"\nconverters = ["float8"]')
     imported = import_config_text(toml, name="x.toml", gpus=8)
-    assert imported.unmapped["model.converters"]["pending"] == "train.precision"
+    assert "model.converters" not in imported.unmapped
+    assert imported.spec["train"]["precision"] == "fp8"
+
+
+def _megatron(**swap: str):
+    """The 70B Megatron fixture with flags replaced (old text -> new text)."""
+    text = (FIX / "megatron_llama2_70b.sh").read_text()
+    for old, new in swap.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return import_config_text(text, name="pretrain.sh")
+
+
+def test_megatron_distributed_optimizer_is_the_distributed_optimizer():
+    """--use-distributed-optimizer with tp 8 x pp 4 -> zero1, which the engine runs as Megatron's distributed optimizer
+    (a layout it refused before issue 26); without the flag: ddp."""
+    from backend.analytic.layout import Layout
+    from backend.spec import ExperimentSpec
+    from backend.spec_checks import run_blockers
+
+    spec = ExperimentSpec.for_prediction(_megatron().spec)
+    assert spec.parallel.strategy == "zero1" and Layout.of(spec).distributed_optimizer
+    assert run_blockers(spec) == []
+    assert any("which ShardLab runs and predicts as Megatron's distributed optimizer" in n for n in _megatron().notes)
+    assert _megatron(**{"--use-distributed-optimizer ": ""}).spec["parallel"]["strategy"] == "ddp"
+
+
+@pytest.mark.parametrize("method, layers, expected", [("uniform", 2, "uniform:2"), ("block", 3, "block:3"),
+                                                      ("uniform", 1, "full"), ("block", 20, "full")])
+def test_megatron_recompute_method_is_the_spec_policy(method, layers, expected):
+    """--recompute-granularity full --recompute-method M --recompute-num-layers N -> recompute M:N (20 layers per
+    pipeline stage here: block:20 and uniform:1 recompute every block, i.e. full)."""
+    imported = _megatron(**{"--recompute-granularity selective": f"--recompute-granularity full --recompute-method "
+                                                                   f"{method} --recompute-num-layers {layers}"})
+    assert imported.spec["train"]["recompute"] == expected
+    assert not any("recompute" in key for key in imported.unmapped)
+
+
+@pytest.mark.parametrize("flags, recipe, unmapped", [("--fp8-format hybrid", "tensorwise", False),
+                                                     ("--fp8-format e4m3 --fp8-recipe tensorwise", "tensorwise", False),
+                                                     ("--fp8-format hybrid --fp8-recipe mxfp8", "rowwise", True)])
+def test_megatron_fp8_is_precision_fp8(flags, recipe, unmapped):
+    """--fp8-format (Transformer Engine, delayed scaling by default) -> precision fp8 with the closest torchao recipe;
+    block scaling (mxfp8 / blockwise) is reported as predicted rowwise."""
+    imported = _megatron(**{"--bf16": f"--bf16 {flags}"})
+    train = imported.spec["train"]
+    assert (train["precision"], train["fp8_recipe"]) == ("fp8", recipe)
+    assert ("--fp8-recipe" in imported.unmapped) == unmapped
+    assert not any(v.get("pending") == "train.precision" for v in imported.unmapped.values())
+
+
+def test_megatron_fp8_unknown_recipe_is_refused():
+    with pytest.raises(ConfigImportError, match="--fp8-recipe='nvfp4'"):
+        _megatron(**{"--bf16": "--bf16 --fp8-format hybrid --fp8-recipe nvfp4"})
+
+
+def _torchtitan(ac: str, float8: str = "") -> dict:
+    text = (FIX / "torchtitan_llama3_8b.toml").read_text()
+    text = text.replace('mode = "full"\nselective_ac_option = "op"', ac)
+    if float8:
+        text = text.replace('name = "llama3"', 'name = "llama3"\nconverters = ["float8"]').replace(
+            "enable_fsdp_float8_all_gather = false", float8)
+    return import_config_text(text, name="job.toml", gpus=8).spec
+
+
+@pytest.mark.parametrize("ac, expected", [('mode = "selective"\nselective_ac_option = "op"', "op"),
+                                          ('mode = "selective"\nselective_ac_option = "2"', "layers:2"),
+                                          ('mode = "full"\nselective_ac_option = "op"', "full"),
+                                          ('mode = "none"', "none")])
+def test_torchtitan_activation_checkpoint_is_the_spec_policy(ac, expected):
+    """[activation_checkpoint] mode / selective_ac_option -> recompute (op-level SAC, every K-th block, full, none)."""
+    assert _torchtitan(ac)["train"]["recompute"] == expected
+
+
+def test_torchtitan_float8_is_precision_fp8():
+    """model.converters = ["float8"] with [float8] recipe_name / enable_fsdp_float8_all_gather -> precision fp8, its
+    recipe and FSDP2's float8 all-gather (torchtitan's default: off); op SAC alongside, as torchtitan's llama3 runs."""
+    ac = 'mode = "selective"\nselective_ac_option = "op"'
+    train = _torchtitan(ac, "enable_fsdp_float8_all_gather = true")["train"]
+    assert (train["precision"], train["fp8_recipe"], train["fp8_all_gather"], train["recompute"]) == \
+        ("fp8", "tensorwise", True, "op")
+    train = _torchtitan(ac, 'enable_fsdp_float8_all_gather = false\nrecipe_name = "rowwise"')["train"]
+    assert (train["precision"], train["fp8_recipe"], train["fp8_all_gather"]) == ("fp8", "rowwise", False)
 
 
 def test_spec_file_from_import_is_accepted_by_submit_validation(capsys, tmp_path):

@@ -63,3 +63,30 @@ def test_shipped_tables_are_fractions_with_sources():
         if t.attention:
             assert t.attention.source and all(0 < r.fwd <= 1 and 0 < r.bwd <= 1 for r in t.attention.rows), name
         assert all(0 < v <= 1 for v in {**t.elementwise, **t.optimizer}.values()), name
+
+
+@pytest.mark.parametrize("profile, kernel, tflops", [
+    ("h100-sxm", "flash1", 108), ("a100-80gb-sxm", "flash1", 69), ("a100-80gb-sxm", "flash-triton", 68),
+    ("a100-80gb-sxm", "flash", 155)])
+def test_fa2_paper_attention_tables(profile, kernel, tflops):
+    """Dao 2023 (FlashAttention-2), Fig. 7 (H100 80GB SXM5) and Fig. 4 (A100 80GB SXM4): forward + backward TFLOP/s at
+    seq 2048, head dim 128, causal; FLOPs as the paper counts them (3.5 x the halved causal forward)."""
+    from backend.analytic.steptime.hardware import get_hardware
+    from backend.analytic.steptime.ops import attention_time
+    hw = get_hardware(profile)
+    fwd, bwd = attention_time(hw, "bf16-mixed", kernel, 4, 16, 2048, 128, causal=True)
+    assert 3.5 * 4 * 4 * 16 * 2048 ** 2 * 128 / 2 / (fwd + bwd) / 1e12 == pytest.approx(tflops, rel=1e-3)
+
+
+def test_h100_attention_joins_the_probe_and_the_paper():
+    """h100-sxm lists two attention tables: flash / efficient / cudnn from the GPU-check probe, flash1 from the
+    FlashAttention-2 paper's Fig. 7; flash-triton (no H100 row) stands in as flash1; a kernel in two tables is refused."""
+    from backend.analytic.steptime.hardware import merged_attention_tables, get_hardware
+    from backend.analytic.steptime.ops import attention_efficiency
+    hw = get_hardware("h100-sxm")
+    assert set(hw.tables.attention.kernels()) == {"flash", "efficient", "cudnn", "flash1"}
+    assert attention_efficiency(hw, "flash-triton", 2048, 128) == attention_efficiency(hw, "flash1", 2048, 128)
+    assert "GPU check" in hw.tables.attention.source and "Fig. 7" in hw.tables.attention.source
+    row = {"kernel": "flash", "seq": 2048, "head_dim": 128, "causal": True, "fwd": 0.3, "bwd": 0.3}
+    with pytest.raises(ValueError, match="in two of its tables"):
+        merged_attention_tables("x", [{"rows": [row]}, {"rows": [row]}])

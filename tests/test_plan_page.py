@@ -80,3 +80,23 @@ def test_scaled_down_proxy_keeps_the_family_or_says_why(tmp_path):
         assert (proxy.parallel.tp > 1) == (par["tp"] > 1) and (proxy.parallel.pp > 1) == (par["pp"] > 1)
     engine = open_db(f"sqlite:///{tmp_path / 'v.db'}")
     assert pv.verify_frame(engine, "verify-none").empty
+
+
+def test_plan_page_toggle_brings_back_prediction_only_layouts():
+    """Issue 26: by default the page ranks only layouts this engine runs; the toggle ranks the others too, marked."""
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("views/plan.py").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
+    at.number_input(key="pl_seq").set_value(1024)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(32)
+    at.button(key="pl_go").click().run()
+    default = at.session_state["pl_result"]
+    assert not at.exception and default.predicted_only_left_out > 0
+    assert all(c["runnable"] for c in default.configs)
+    assert any("cannot run are left out" in c.value for c in at.caption)
+    at.toggle(key="pl_predicted").set_value(True).run()
+    at.button(key="pl_go").click().run()
+    everything = at.session_state["pl_result"]
+    assert not at.exception and everything.predicted_only_left_out == 0
+    assert everything.feasible == default.feasible

@@ -37,10 +37,13 @@ def test_fast_memory_matches_exact_estimator_on_1000_random_layouts():
 
 
 def test_predict_only_spec_keeps_run_checks():
-    """ZeRO-1 x TP (Megatron's distributed optimizer) can be predicted but is still rejected for running."""
-    d = {"parallel": {"strategy": "zero1", "world_size": 4, "tp": 2}, "train": {"global_batch": 8, "micro_batch": 2}}
+    """ZeRO-1 x TP under fp16-mixed (the distributed optimizer has no fp16 loss scaling) can be predicted but is
+    rejected for running; under bf16-mixed it runs."""
+    d = {"parallel": {"strategy": "zero1", "world_size": 4, "tp": 2},
+         "train": {"global_batch": 8, "micro_batch": 2, "precision": "fp16-mixed"}}
     spec, problems = validate_spec(d)
-    assert spec is None and "zero1 (ZeroRedundancyOptimizer) cannot shard" in problems[0]
+    assert spec is None and "fp16 loss scaling over its fp32 main-grad buffers" in problems[0]
+    assert validate_spec({**d, "train": {**d["train"], "precision": "bf16-mixed"}})[0] is not None
     assert ExperimentSpec.for_prediction(d).parallel.dp == 2
     with pytest.raises(ValueError, match="tp=3 does not divide n_heads=4"):
         ExperimentSpec.for_prediction({"parallel": {"strategy": "zero1", "world_size": 3, "tp": 3}})

@@ -106,22 +106,25 @@ def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
 def test_proxy_compute_is_the_step_time_models_compute_without_what_it_leaves_out():
     """The proxy's compute field is step_time's compute (the same compute.* functions) for a one-stage layout,
     except what it leaves out by design: the 2 x 4 kernel launches of the loss's softmax passes per microbatch and,
-    under full recompute, lm_head's GEMM re-run in backward."""
+    under the recompute policies that re-run weight GEMMs, their share of lm_head's GEMM re-run in backward."""
     from backend.analytic.layout import RecomputeMode
+    from backend.analytic.recompute_cost import rerun_share
     from backend.analytic.steptime.compute import gemm_s
+    from backend.planner.space import SEARCHED_RECOMPUTE
 
     hw = get_hardware("h100-sxm")
     layouts = enumerate_layouts(TINYLLAMA, gpus=8, gpus_per_node=8, global_batch=16)
     rows = np.nonzero(layouts.pp == 1)[0][::7]
     proxy = step_proxy(TINYLLAMA, layouts, hw, gpus_per_node=8)
-    assert {int(layouts.recompute[i]) for i in rows} == set(RecomputeMode.ALL)
+    assert {int(layouts.recompute[i]) for i in rows} == set(SEARCHED_RECOMPUTE)
     for i in rows.tolist():
         one = layouts.take(i)
         exact = step_time(light_spec(one.spec_dict(TINYLLAMA)), hw, gpus_per_node=8, attention="flash").per_rank[0]
         left_out = 8 * hw.tune.kernel_launch_s
-        if one.recompute == RecomputeMode.FULL:
-            left_out += gemm_s(hw, hw.peak(one.precision), one.micro_batch * TINYLLAMA.seq_len, TINYLLAMA.d_model,
-                               TINYLLAMA.vocab_size / one.tp, one.compute_bytes, one.precision)
+        if one.recompute not in (RecomputeMode.NONE, RecomputeMode.SELECTIVE):  # its share of lm_head's GEMM re-run
+            left_out += float(rerun_share(TINYLLAMA, one, flash=True).gemm) * gemm_s(
+                hw, hw.peak(one.precision), one.micro_batch * TINYLLAMA.seq_len, TINYLLAMA.d_model,
+                TINYLLAMA.vocab_size / one.tp, one.compute_bytes, one.precision)
         assert proxy.compute_s[i] == pytest.approx(exact.compute_s - one.microbatches * left_out, rel=1e-12), i
 
 

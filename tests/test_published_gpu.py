@@ -81,3 +81,36 @@ def test_gpu_check_world1_runs_within_10pct(monkeypatch):
             pred = step_time(spec, get_hardware(key)).summary["step_s"]
             errors[(run["gpu_check"]["run"], key)] = (pred - run["step_time"]["measured_step_s"]) / run["step_time"]["measured_step_s"]
     assert len(errors) == 10 and max(abs(e) for e in errors.values()) <= 0.10, errors
+
+
+def _mpt_attn_impl(row: dict) -> str:
+    """What llm-foundry's benchmark scripts ran for a row: the large-scale table (5e85bd6, sweep.py) names
+    '--attn_impl flash' (flash-attn 2.4.2) for 1b, 3b, 7b, 70b and '--attn_impl triton' for 13b, 30b; every other table
+    ran submit_benchmarks.py's default, '--attn_impl triton' (b2a43a147 and 300cc5c58: sweep.sh passes none)."""
+    large_scale = "Large Scale" in row["source"]
+    return "flash" if large_scale and row["id"].split("-")[2] in ("1b", "3b", "7b", "70b") else "triton"
+
+
+@pytest.mark.parametrize("row", MPT, ids=[r["id"] for r in MPT])
+def test_mpt_rows_use_the_attention_kernel_the_run_used(row):
+    """A row is predicted with the kernel its run used: attn_impl flash with flash-attn 2.x = FlashAttention-2
+    ("flash"); attn_impl triton = MPT's copy of flash_attn/flash_attn_triton.py ("flash-triton"), which the
+    FlashAttention-2 paper (Dao 2023) times on A100 in Fig. 4 and whose H100 stand-in is FlashAttention v1 (Fig. 7)."""
+    assert row["attention"] == {"flash": "flash", "triton": "flash-triton"}[_mpt_attn_impl(row)]
+    assert any(n.startswith("attention: attn_impl") and "llm-foundry" in n for n in row["notes"])
+
+
+def test_mpt_triton_rows_are_slower_by_the_published_kernel_gap():
+    """The 8-GPU MPT-1b H100 row (Triton attention) against the same spec with FlashAttention-2: the step differs by
+    the attention time alone, in the ratio of Fig. 7's bars at seq 2048, head dim 128, causal (265 / 108 TFLOP/s)."""
+    row = next(r for r in published_rows() if r.id == "mpt-h100-1b-s2048-g8")
+    spec, hw = ExperimentSpec.for_prediction(row.spec), get_hardware(row.hardware)
+    triton = step_time(spec, hw, attention=row.attention).summary["step_s"]
+    fa2 = step_time(spec, hw, attention="flash").summary["step_s"]
+    from backend.analytic.steptime.ops import attention_time
+    m = spec.model
+    args = (spec.train.micro_batch, m.n_heads, m.seq_len, m.head_dim)
+    per_layer = [sum(attention_time(hw, "bf16-mixed", k, *args)) for k in ("flash-triton", "flash")]
+    assert triton - fa2 == pytest.approx(m.n_layers * (per_layer[0] - per_layer[1]), rel=1e-6)
+    flops = 3.5 * 4 * spec.train.micro_batch * m.n_heads * m.seq_len ** 2 * m.head_dim / 2
+    assert flops / per_layer[0] / 1e12 == pytest.approx(108, rel=0.01)  # Fig. 7 (d), FlashAttention, 2k

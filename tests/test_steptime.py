@@ -94,3 +94,16 @@ def test_tied_lm_head_gemm_is_timed():
     untied_s = step_time(ExperimentSpec.model_validate(base), hw, implementation="fused").summary["compute_s"]
     tied_s = step_time(ExperimentSpec.model_validate(tied), hw, implementation="fused").summary["compute_s"]
     assert tied_s == pytest.approx(untied_s, rel=1e-12)
+
+
+def test_mi300x_gemm_ceiling_is_the_published_mamf():
+    """mi300x's GEMM ceiling is the Maximum Achievable Matmul FLOPS finder's MI300X row (Bekman, ml-engineering
+    compute/accelerator/README.md, BF16 table: 668.4 of 1,300 TFLOP/s at 10240x15360x8192), not the A100-era 0.78:
+    that shape runs at the ceiling x the size curve, within 2% of 668.4 TFLOP/s."""
+    from backend.analytic.steptime.ops import gemm_time
+    hw = get_hardware("mi300x")
+    assert hw.tune.gemm_efficiency_max == pytest.approx(668.4 / 1307.4, abs=1e-3)
+    assert "668.4" in hw.provenance["gemm_efficiency_max"]
+    m, n, k = 10240, 15360, 8192
+    tflops = 2 * m * n * k / gemm_time(hw, "bf16-mixed", m, k, n, 2) / 1e12
+    assert tflops == pytest.approx(668.4, rel=0.02)

@@ -62,6 +62,12 @@ def test_mem_tracker_internals():
     assert inspect.isclass(tc.ModMemStats)
 
 
+def test_mem_ref_type_books_grads_and_optimizer_state():
+    """bench/memory.py CategoryMemTracker.track_as books the distributed optimizer's buffers under these."""
+    assert {"GRAD", "OPT"} <= set(tc.MemRefType.__members__)
+    assert callable(tc.MemTracker._update_and_maybe_create_winfos)
+
+
 def test_fsdp_mem_tracker_internals():
     for attr in ("_instrument_fsdp_module", "_update_and_maybe_create_winfos", "_fsdp_state_pre_forward",
                  "_deregister_module_and_optimizer_hooks", "track_inputs"):

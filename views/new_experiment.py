@@ -10,6 +10,7 @@ from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec
 from backend.spec_checks import run_blockers
+from backend.ui import family_form
 from backend.ui import import_box
 from backend.ui import predict_view as pv
 from backend.ui import spec_form as sf
@@ -96,6 +97,7 @@ def _model_inputs() -> None:
         c2.number_input("shared experts", 0, 1024, key=P + "n_shared_experts")
         c3.number_input("shared expert hidden (0 = expert)", 0, 16_000_000, key=P + "shared_ffn_hidden")
         c1.checkbox("shared expert gate", key=P + "shared_expert_gate")
+        family_form.family_2026_inputs(P)
     with st.expander("Model shape (full size)" if st.session_state[P + "run_here"] else "Model shape", expanded=False):
         c1, c2, c3 = st.columns(3)
         c1.number_input("hidden size h (d_model)", 1, 1_000_000, key=P + "d_model")
@@ -143,9 +145,18 @@ def _train_inputs() -> None:
     c1.number_input("Timed steps", 1, 1_000_000, key=P + "steps")
     c2.number_input("Warm-up steps", 0, 1_000_000, key=P + "warmup_steps")
     c3.number_input("Seed", 0, 2**31 - 1, key=P + "seed")
-    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision")
+    c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision",
+                 help="fp8: torchao float8 linears (bf16 elsewhere); FSDP2 all-gathers their weights in fp8 (tensorwise)")
+    if st.session_state[P + "precision"] == "fp8":
+        c1.selectbox("FP8 scaling", ["tensorwise", "rowwise"], key=P + "fp8_recipe")
     c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
-    c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute")
+    c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
+                 help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
+                      "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
+        c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
+                        help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
+                             "groups of N blocks")
 
 
 def _values() -> dict:

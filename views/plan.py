@@ -11,7 +11,7 @@ from backend.ui import spec_form as sf
 from backend.ui import store
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
-            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math"}
+            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math", "pl_predicted": False}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -55,7 +55,7 @@ def _load_imported(imported) -> None:
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
-           "cluster you describe; layouts are predicted (some cannot run on this machine's engine).")
+           "cluster you describe; only layouts this engine runs are ranked unless you include the prediction-only ones.")
 
 import_box.box("pl_", _load_imported, load_label="Plan this model")
 c1, c2, c3 = st.columns(3)
@@ -141,17 +141,21 @@ attention = c1.selectbox("Attention kernel", ["math", "flash"], key="pl_attentio
                          help="flash: SDPA's fused kernel (no s x s scores saved); context parallelism (cp) is searched "
                               "with flash only, since ring attention merges flash blocks")
 top = c2.slider("Layouts to show", 1, 50, key="pl_top")
+include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
+                              help="Also rank layouts this machine's engine cannot run (each row says why); by default "
+                                   "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
-inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch),
-                         memory_gb=mem or None) + f", {attention} attention"
+inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
+    + f", {attention} attention" + (" incl. prediction-only" if include_predicted else "")
 if problem:
     st.error(problem)
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
-                                                    db_url=store.db_url(), attention=attention)
+                                                    db_url=store.db_url(), include_predicted=bool(include_predicted),
+                                                    attention=attention)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
@@ -166,6 +170,9 @@ if res is not None:
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
+    if getattr(res, "predicted_only_left_out", 0):
+        st.caption(f"{res.predicted_only_left_out:,} fitting layouts this engine cannot run are left out of the ranking "
+                   "(turn on 'Include prediction-only layouts' to rank them too, marked).")
     if not res.configs:
         st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
     else:

@@ -19,12 +19,14 @@ from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank import rank_memory, worst_rank_memory
+from backend.analytic.dp_buckets import bucket_numels
 from backend.analytic.optimizer_state import step_temp_bytes
-from backend.analytic.params import count_params, matmul_params, param_list
+from backend.analytic.model_flops import training_flops_per_step
+from backend.analytic.params import count_params, param_list
+from backend.analytic.recompute_cost import flops_rerun
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
 from backend.analytic.textbook.comm import ring_wire_bytes
-from backend.analytic.textbook.flops import training_flops_per_step
 from backend.analytic.textbook.pipeline import bubble_fraction
 from backend.analytic.textbook.zero import precision_bytes, zero_model_state_bytes
 from backend.analytic.traffic import rank_traffic
@@ -99,7 +101,10 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
                      other_bytes=memory.other_bytes, total_bytes=memory.total_bytes)
     params = local_params(spec, rank)
     cuda = layout.device == CUDA
-    if p.zero_stage == ZeroStage.ZERO1:
+    if layout.distributed_optimizer:  # one fp32 tensor per bucket: this rank's slice
+        shards = [n // p.dp for n in bucket_numels(params, p.dp)]
+        r.optimizer_temp_bytes = step_temp_bytes(shards, layout.optimizer, foreach=cuda)
+    elif p.zero_stage == ZeroStage.ZERO1:
         r.optimizer_temp_bytes = zero1_shares_of(spec.model, layout, position, memory.parts).bytes(
             position.dp_index, layout.optimizer, layout.device)[1]
     else:
@@ -245,9 +250,9 @@ def _class_estimates(spec: Any) -> tuple[RankClasses, dict[tuple, ClassEstimate]
     for key, c in classes.classes.items():
         rep = estimate_rank(spec, c.representative(spec.parallel))
         shares = None
-        if spec.parallel.zero_stage == ZeroStage.ZERO1:
+        layout = Layout.of(spec)
+        if spec.parallel.zero_stage == ZeroStage.ZERO1 and not layout.distributed_optimizer:
             position = RankPosition.of_rank(spec, rep.rank)
-            layout = Layout.of(spec)
             shares = zero1_shares_of(spec.model, layout, position, rank_memory(spec.model, layout, position).parts)
         out[key] = ClassEstimate(c, rep, c.ranks, shares)
     return classes, out
@@ -262,9 +267,7 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
     reps = [c.representative for c in by_key.values()]
     psi = count_params(m)
     kinds = sorted({k for r in reps for k in r.comm_bytes}, key=COLLECTIVES.index)
-    flops = training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
-                                      seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute),
-                                      active_params=matmul_params(m, active=True) if m.is_moe else None)
+    flops = training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(t.recompute), rerun=flops_rerun(spec))
     bubble = None if p.pp == 1 else bubble_fraction(str(p.pp_schedule), p=p.pp, m=t.microbatches, v=p.virtual_stages)
     return Estimate(
         per_rank=RankRows(spec, classes, by_key), params_total=psi, tokens_per_step=spec.tokens_per_step,

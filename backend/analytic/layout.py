@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.vector import logical_and, logical_not, logical_or
+from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
+from backend.recompute_policy import parse as parse_recompute
 
 
 class ZeroStage:
@@ -30,8 +32,9 @@ class ZeroStage:
 
 
 class RecomputeMode:
-    NONE, SELECTIVE, FULL = range(3)
-    ALL = range(3)
+    """backend/recompute_policy.KINDS; LAYERS / BLOCK / UNIFORM take `Layout.recompute_layers` (K or N)."""
+    NONE, SELECTIVE, FULL, OP, LAYERS, BLOCK, UNIFORM = range(7)
+    ALL = range(7)
 
 
 class PipelineSchedule:
@@ -40,10 +43,10 @@ class PipelineSchedule:
 
 
 ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
-RECOMPUTE_NAMES = ("none", "selective", "full")
+RECOMPUTE_NAMES = KINDS
 SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
 CHOICES = ("tp", "pp", "dp", "ep", "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages",
-           "sequence_parallel", "cp")
+           "sequence_parallel", "cp", "recompute_layers")
 """The per-layout fields, in the planner table's column order."""
 
 
@@ -61,6 +64,8 @@ class Layout:
     sequence_parallel: Any = False
     cp: Any = 1
     """Context-parallel degree: the sequence split over cp ranks (ring attention)."""
+    recompute_layers: Any = 0
+    """K of layers:K, N of block:N / uniform:N (0 for the other policies)."""
     microbatches: Any = 1
     """Microbatches per step = global_batch / (micro_batch · dp)."""
     global_batch: int = 1
@@ -70,6 +75,8 @@ class Layout:
     """Head-tail sequence chunks (every cp rank does the same attention work); the planner always balances."""
     device: str = "cpu"
     """Where the ranks run ("cpu" or "cuda"): CUDA rounds storages to 512 B and keeps AdamW's step on the host."""
+    sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS
+    """The ops `op` recompute saves (recompute_policy.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -93,12 +100,14 @@ class Layout:
         """The layout of a validated spec (runtime.device read as given: `auto` counts as cpu)."""
         p, t = spec.parallel, spec.train
         device = str(spec.runtime.device)
+        kind, layers = parse_recompute(str(t.recompute))
         return cls(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
-                   recompute=RECOMPUTE_NAMES.index(str(t.recompute)), schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
+                   recompute=RECOMPUTE_NAMES.index(kind), recompute_layers=layers,
+                   schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
                    virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel), cp=p.cp,
                    microbatches=t.microbatches, global_batch=t.global_batch, precision=str(t.precision),
                    optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
-                   device="cuda" if device == "cuda" else "cpu")
+                   device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)))
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
@@ -201,6 +210,18 @@ class Layout:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
         return _settled(logical_and(self.dp_cp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
 
+    @cached_property
+    def distributed_optimizer(self) -> Any:
+        """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
+        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1),
+                                    self.ep == 1))
+
+    @cached_property
+    def half_params(self) -> Any:
+        """Parameters stored in the 16-bit compute dtype (the distributed optimizer under mixed precision: its
+        module runs in that dtype without autocast, fp32 masters in the optimizer)."""
+        return False if self.precision == "fp32" else self.distributed_optimizer
+
     @property
     def compute_bytes(self) -> int:
         """Bytes of activations / unsharded FSDP params / TP and PP payloads: 2 under bf16/fp16 mixed, else 4."""
@@ -209,10 +230,11 @@ class Layout:
     @cached_property
     def uses_autocast(self) -> Any:
         """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
-        cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself)."""
+        cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself) and the
+        distributed optimizer's module holds 16-bit parameters (`half_params`)."""
         if self.precision == "fp32":
             return False
-        return _settled(logical_not(logical_and(self.fsdp, logical_not(self.is_mix))))
+        return _settled(logical_not(logical_or(logical_and(self.fsdp, logical_not(self.is_mix)), self.half_params)))
 
     @cached_property
     def fsdp_param_bytes(self) -> Any:
@@ -229,7 +251,7 @@ class Layout:
                 "model": model.model_dump(),
                 "train": {"global_batch": self.global_batch, "micro_batch": int(self.micro_batch),
                           "precision": self.precision, "optimizer": self.optimizer,
-                          "recompute": RECOMPUTE_NAMES[int(self.recompute)]},
+                          "recompute": spelled(RECOMPUTE_NAMES[int(self.recompute)], int(self.recompute_layers))},
                 "parallel": {"strategy": ZERO_STAGE_NAMES[zero], "world_size": tp * pp * dp * cp, "dp": dp, "tp": tp,
                              "pp": pp, "ep": ep, "cp": cp, "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],

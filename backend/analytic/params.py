@@ -75,6 +75,17 @@ def layer_is_moe(m: Any, layer: int) -> bool:
         and (layer + 1) % getattr(m, "moe_every", 1) == 0
 
 
+def layer_attention_kind(m: Any, layer: int) -> tuple[bool, bool]:
+    """(block `layer` applies rotary positions, block `layer` attends in a window): ModelSpec.layer_is_global and
+    Llama 4's NoPE global layers, on any object with the fields."""
+    window = getattr(m, "window", None)
+    every = getattr(m, "global_every", 0)
+    is_global = window is None or (every > 0 and (layer + 1) % every == 0)
+    rope = _fam(m, "positions", "learned") == "rope" and not (window is not None and is_global
+                                                                and getattr(m, "global_layers_nope", False))
+    return rope, not is_global
+
+
 def n_moe_layers(m: Any, layers: Any = None) -> int:
     """MoE blocks among `layers` (default all)."""
     return sum(layer_is_moe(m, i) for i in (range(m.n_layers) if layers is None else layers))
@@ -252,6 +263,16 @@ def active_params(m: Any) -> int:
     per_expert = _mlp_numel(h, expert_ffn(m), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all") == "all")
     inactive = (n_experts - m.top_k) * per_expert
     return count_params(m) - n_moe_layers(m) * inactive
+
+
+def mtp_module_params(m: Any) -> tuple[int, int]:
+    """(unique, stored) parameters of ONE DeepSeek-V3 multi-token-prediction module (num_nextn_predict_layers), which
+    ShardLab does not build: enorm and hnorm (h each), eh_proj (2h -> h, no bias), one decoder block like the last
+    main block, shared_head.norm (h); stored adds the checkpoint's copies of the embedding and the output head, which
+    the module shares with the main model (DeepSeek-V3 README_WEIGHTS.md; vLLM's DeepSeekMultiTokenPredictorLayer)."""
+    h = m.d_model
+    unique = 3 * h + 2 * h * h + sum(q.numel for q in block_param_list(model_key(m), m.n_layers - 1))
+    return unique, unique + 2 * m.vocab_size * h
 
 
 def breakdown(m: Any) -> dict[str, int]:

@@ -11,14 +11,18 @@ which syncs on the last backward only; it all-gathers a unit at each sharded -> 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
+from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
-from backend.analytic.params import is_gated
+from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
+from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
+FP8_BYTES = 1  # float8_e4m3fn / e5m2
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
 
 Traffic = list[tuple[str, float, int]]
@@ -61,6 +65,14 @@ def fsdp_gathers_per_step(zero_stage: Any, microbatches: Any, *, pipelined: Any)
     return where(pipelined, where(zero2, 1, 1 + microbatches), where(zero2, 1, 2) * microbatches)
 
 
+def is_float8_weight(q: LocalParam) -> bool:
+    """A weight precision fp8 runs as a torchao float8 linear (strategies/float8.py: the blocks' Linears but the MoE
+    router, experts and shared-expert gate)."""
+    name = q.name
+    return name.startswith("layers.") and name.endswith(".weight") and len(q.shape) == 2 \
+        and ".mlp.router" not in name and ".experts." not in name and not name.endswith("shared_gate.weight")
+
+
 def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
     p, t = spec.parallel, spec.train
@@ -75,6 +87,10 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
+        if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
+            total = sum(bucket_numels(group, n))  # padded bucket), one all-gather of the params (the gathered output)
+            out += [("reduce_scatter", MASTER_BYTES * total, n), ("all_gather", compute_bytes(t.precision) * total, n)]
+            continue
         if p.zero_stage <= 1:
             grad = MASTER_BYTES * sum(q.local_numel for q in group)
             out.append(("all_reduce", grad, n))  # DDP: one all-reduce of every gradient (ZeRO Sec 7.1)
@@ -84,10 +100,15 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
         cb = fsdp_param_bytes(spec)  # all-gather in the param dtype; reduce_dtype is fp32
         gathers = fsdp_gathers_per_step(p.zero_stage, t.microbatches, pipelined=p.pp > 1)
         syncs = 1 if p.pp > 1 else t.microbatches  # pipelining syncs on the last backward only
+        fp8 = bool(getattr(t, "fp8_gathers", False))
         for unit in fsdp_units(spec.model, group).values():
             full = unsharded_numel(unit)
-            out.append(("all_gather", gathers * full * cb, n))  # payload = gathered output (ZeRO Sec 7.2.2)
+            # fp8 all-gather (torchao enable_fsdp_float8_all_gather): the float8 linears' weights travel as 1-byte
+            gathered = full * cb - (unsharded_numel([q for q in unit if is_float8_weight(q)]) * (cb - FP8_BYTES) if fp8 else 0)
+            out.append(("all_gather", gathers * gathered, n))  # payload = gathered output (ZeRO Sec 7.2.2)
             out.append(("reduce_scatter", syncs * full * MASTER_BYTES, n))  # payload = full padded gradient input
+        if fp8:  # precompute_float8_dynamic_scale_for_fsdp: one all-reduce of every float8 weight's fp32 amax per step
+            out.append(("all_reduce", MASTER_BYTES * sum(1 for q in group if is_float8_weight(q)), n))
     return out
 
 
@@ -100,21 +121,22 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     if str(getattr(m, "positions", "learned")) == "rope":
         sh = 0  # no pos_emb: RoPE has no parameters and no collective
     sp, L = p.sequence_parallel, len(layers)
+    moe = n_moe_layers(m, layers)  # each block by its own kind: a dense prefix / interleave mixes the two
     ar = ag = rs = 0.0
     # Shoeybi 2019 Sec 3: per layer f/g operators, 2 all-reduces fwd (o, fc_out) + 2 bwd (qkv, fc_in inputs);
     # Korthikanti 2022 Sec 4.2.2: with SP each becomes an all-gather + a reduce-scatter of the same (b, s, h)
-    if m.is_moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
+    if moe:  # per-expert Colwise/Rowwise: all-reduces over the routed rows (b*s*top_k, h), fwd + bwd
         # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
         # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        ar += mats * L * bsh * m.top_k
+        ar += mats * moe * bsh * m.top_k
         if getattr(m, "n_shared_experts", 0):
-            ar += mats * L * bsh
-    if sp:  # tp.py `_moe_sp`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and Replicate->Shard(1)
-        # output (fwd local slice, bwd all-gather): a MoE block has 2 all-gathers and no reduce-scatter
-        ag, rs = ag + 4 * L * bsh, rs + (2 if m.is_moe else 4) * L * bsh
+            ar += mats * moe * bsh
+    if sp:  # tp.py `MoESequenceParallel`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and
+        # Replicate->Shard(1) output (fwd local slice, bwd all-gather): a MoE block has 2 all-gathers, no reduce-scatter
+        ag, rs = ag + 4 * L * bsh, rs + (4 * L - 2 * moe) * bsh
     else:
-        ar += (2 if m.is_moe else 4) * L * bsh
+        ar += (4 * L - 2 * moe) * bsh
     n_stages = p.pp * p.virtual_stages
     if 0 in stages:  # RowwiseParallel embeddings: partial sums -> Replicate (all-reduce) or Shard (reduce-scatter)
         if sp:
@@ -128,11 +150,26 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
         else:
             ar += bsh  # Replicate input: grad all-reduced in backward
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
-    if sp:  # SequenceParallel LayerNorm weights/biases get Partial grads: one fp32 all-reduce each per step
-        norms = 2 * L + (n_stages - 1 in stages)
-        per_norm = 2 if str(getattr(m, "norm", "layernorm")) == "layernorm" else 1  # RMSNorm: weight only
-        out.append(("all_reduce", norms * per_norm * m.d_model * MASTER_BYTES, n))
+    block, final = partial_grad_numel(model_key(m), sp)
+    partial = block * L + final * (n_stages - 1 in stages)
+    if partial:  # Partial grads over tp: one fp32 all-reduce per tensor per step (step.reduce_partial_grads)
+        out.append(("all_reduce", partial * MASTER_BYTES, n))
     return out
+
+
+@lru_cache(maxsize=256)
+def partial_grad_numel(key: ModelKey, sp: bool) -> tuple[int, int]:
+    """(per block, final norm) elements of the tp-replicated parameters whose gradients are partial sums over tp and
+    get summed once per step (tp_placement rules): SequenceParallel norms under SP (ln1, ln2, Gemma's post norms, the
+    final norm; Korthikanti 2022 Sec 4.2.2) and, with or without SP, the `partial_grads` ones (q / k norms, MLA's
+    latent projections and their norms). Blocks differ only by their MLP, which holds none of these."""
+    def partial(module: str) -> bool:
+        rule = module_rule(module)
+        return rule is not None and (rule.partial_grads or (sp and rule.sequence_norm))
+
+    block = sum(q.numel for q in block_param_list(key, 0) if ".mlp." not in q.name and partial(q.module))
+    final = key.d_model * (2 if key.norm == "layernorm" else 1) if partial("norm") else 0
+    return block, final
 
 
 def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
@@ -148,7 +185,7 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
         per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
-        out.append(("all_to_all", (per + counts) * mb * len(layers), p.ep))
+        out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:
         n_stages, mine = p.pp * p.virtual_stages, set(stages)
         for s in stages:
@@ -187,7 +224,20 @@ def cp_traffic(spec: Any, n_layers: int) -> Traffic:
 def rank_traffic(spec: Any, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
     """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations + CP's K/V."""
     ring = cp_traffic(spec, len(layers)) if spec.parallel.cp > 1 else []
-    return dp_traffic(spec, params) + model_parallel_traffic(spec, layers, stages) + ring + tied_embedding_traffic(spec, params)
+    return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages) + ring
+            + tied_embedding_traffic(spec, params))
+
+
+def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
+    """Classic DistributedDataParallel (data_parallel.classic_wrap: pure ddp / zero1, and ddp with ep) broadcasts the
+    module buffers from rank 0 before the first forward after a synced backward (broadcast_buffers=True; the no_sync
+    microbatches skip it): once per step, over the dp x cp ranks. The only buffer is DeepSeek-V3's per-expert balance
+    bias (fp32, n_experts per MoE block), replicated like the router."""
+    p, m = spec.parallel, spec.model
+    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1
+    if not (classic and getattr(m, "router_balance_bias", False)):
+        return []
+    return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp_cp)]
 
 
 def tied_embedding_traffic(spec: Any, params: list[LocalParam]) -> Traffic:

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from backend.torch_compat import FSDPMemTracker, FSDPModMemStats as _FSDPModMemStats, FSDPRefType as _FSDPRefType
 from backend.torch_compat import FSDPState as _FSDPState
+from backend.torch_compat import MemRefType as _MemRefType
 from backend.torch_compat import MemTracker, ModMemStats as _ModMemStats, PipelineStageBase as _PipelineStageBase
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -177,6 +178,12 @@ class CategoryMemTracker(_HighWater, MemTracker):
         super().__init__()
         self._init_high_water(_ModMemStats, hookless)
 
+    def track_as(self, tensors: Iterable[torch.Tensor], category: Any) -> None:
+        """Long-lived storages no module or optimizer state names (the distributed optimizer's fp32 main-grad
+        buffers and masters), booked under `category` (a MemTracker reference type)."""
+        for t in tensors:
+            self._update_and_maybe_create_winfos(t, category)
+
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
         name = self._mod_tracker.get_known_fqn(module)
         if set(self._mod_tracker.parents) - {name} == {"Global"}:
@@ -255,8 +262,13 @@ def make_tracker(modules: list[nn.Module], optimizer: torch.optim.Optimizer, *, 
         tracker.skip_gathers = skip_gathers
         return tracker
     tracker = CategoryMemTracker(hookless)
-    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its states in the local .optim
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer / the distributed optimizer: the local .optim
     tracker.track_external(*modules, inner if isinstance(inner, torch.optim.Optimizer) else optimizer)
+    tracked = getattr(optimizer, "tracked", None)  # the distributed optimizer's main grads and fp32 masters
+    if tracked is not None:
+        buffers = tracked()
+        tracker.track_as(buffers["grads"], _MemRefType.GRAD)
+        tracker.track_as(buffers["optimizer"], _MemRefType.OPT)
     return tracker
 
 

@@ -5,9 +5,9 @@
   python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
-Searches dp x tp x pp x ep x cp (flash attention only: --attention flash) x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
-zero3) x micro-batch x recompute x schedule x virtual stages x SP. Layouts are for prediction: some cannot run
-on this machine's engine (ExperimentSpec.for_prediction). Memory allows a reserve for the CUDA context, NCCL
+Searches dp x tp x pp x ep x cp (flash attention only: --attention flash) x dp flavour (ddp, zero1 incl. with TP/PP =
+Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
+the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
 """
 
@@ -43,13 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
-    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"))
     p.add_argument("--attention", choices=("math", "flash"),
                    help="attention kernel (default: the model's); context parallelism is searched with flash only")
     p.add_argument("--max-cp", type=int, metavar="N", help="largest context-parallel degree searched (default 32)")
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--include-predicted", action="store_true",
+                   help="also rank layouts this engine cannot run (prediction only; each marked with why_not)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     model, problem = _model(args)
     if problem:
         return fail(problem)
-    if model.d_model % model.n_heads:
+    if model.attn_head_dim is None and not model.is_mla and model.d_model % model.n_heads:
         return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
     try:
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
                fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
-               limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits())
+               limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
     used = calibration_used(hw, cal, res.configs, g)

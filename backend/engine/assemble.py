@@ -18,10 +18,9 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from backend.analytic.textbook import flops as F
 from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.analytic.estimate import estimate
-from backend.analytic.params import matmul_params
+from backend.analytic.model_flops import training_flops_per_step
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.hardware import utilization
@@ -41,9 +40,7 @@ def run_device(payload: dict[str, Any]) -> str | None:
 def model_flops_per_step(spec: ExperimentSpec) -> float:
     """Model FLOPs per step (MFU's numerator): the training FLOPs without any recompute (PaLM App. B)."""
     m = spec.model
-    return F.training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
-                                     seq_len=m.seq_len, d_model=m.d_model, recompute="none",
-                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+    return training_flops_per_step(m, tokens=spec.tokens_per_step, recompute="none")
 
 
 def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:

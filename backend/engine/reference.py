@@ -24,6 +24,7 @@ from backend.engine.data import global_batch
 from backend.engine.loop import progress
 from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
+from backend.strategies import float8
 from backend.strategies.context import make_optimizer
 from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, MicrobatchStep, OptimizerTail
@@ -42,7 +43,8 @@ def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu"
     """
     device = torch.device(device)
     t = spec.train
-    model = build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device)
+    model = float8.convert(spec, build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device,
+                                             recompute_ops=t.sac_ops))  # fp8: the same float8 linears and casts
     opt = make_optimizer(model.parameters(), spec)
     tail = OptimizerTail([model], opt, ExpertUsage([model]), scaling=LossScaling(spec, device, distributed=False))
     step = MicrobatchStep(model, spec, device, tail, use_autocast=True, chunks=t.global_batch // t.micro_batch)

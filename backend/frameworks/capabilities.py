@@ -59,6 +59,8 @@ def _deepspeed(s: ExperimentSpec) -> list[str]:
         out.append(f"offload={p.offload} needs ZeRO stage >= 1 (DeepSpeed offloads ZeRO partitions; got {st} = stage 0)")
     if p.offload == "params" and stage != 3:
         out.append(f"offload=params is DeepSpeed's offload_param, which only ZeRO stage 3 has (got {st} = stage {stage})")
+    if str(t.precision) == "fp8":
+        out.append("framework deepspeed: precision fp8 is torchao's float8 training, wired for framework torch only")
     if str(s.runtime.device) != "cuda" and str(t.precision) == "fp16-mixed":
         out.append(f"framework deepspeed with device={s.runtime.device}: DeepSpeed's CPU accelerator does not support "
                    "fp16 (is_fp16_supported() is not True); use bf16-mixed or fp32, or device=cuda")

@@ -8,8 +8,10 @@ A config is first flattened to {source key: value} ("parallelism.tensor_parallel
 A key in no table is reported as unknown: ShardLab cannot tell whether it changes memory or time.
 
 Canonical fields then reach the spec through ONE table, `SPEC_FIELDS` (canonical name -> spec path, or `Pending`:
-the spec of this base has no such field yet). Wiring a new spec field later (context parallelism, fp8, the
-activation-checkpointing policies) is a one-line change there: replace the `Pending(...)` by the spec path.
+the spec has no such field yet). Wiring a new spec field later is a one-line change there: replace the `Pending(...)`
+by the spec path. Context parallelism (cp, cp_rotate), fp8 (precision fp8, fp8_recipe, fp8_all_gather) and the
+activation-checkpointing policies (recompute op / layers:K / block:N / uniform:N) are spec fields now: each
+framework's rules write them as canonical cp / cp_rotate / precision / fp8_recipe / recompute.
 """
 
 from __future__ import annotations
@@ -71,12 +73,10 @@ SPEC_FIELDS: dict[str, str | Pending] = {
     "pp_schedule": "parallel.pp_schedule",
     "virtual_stages": "parallel.virtual_stages",
     "offload": "parallel.offload",
+    "fp8_recipe": "train.fp8_recipe",
+    "fp8_all_gather": "train.fp8_all_gather",
     "cp": "parallel.cp",
     "cp_rotate": "parallel.cp_rotate",
-    # Not in this base's spec: each becomes its spec path when the feature is merged (issue 26 / issue 24).
-    "fp8": Pending("fp8 precision (issue 26)", "train.precision"),
-    "ac_policy": Pending("activation-checkpointing policies op / layers:K / Megatron block and uniform (issue 26)",
-                         "train.recompute"),
 }
 """The ONE table from canonical fields to the spec. The degree and batch arithmetic (importers/assemble.py) reads
 tp, pp, cp, ep and the dp degrees itself, so a Pending degree still counts in `tp x pp x cp x dp = GPUs`."""

@@ -97,7 +97,7 @@ TABLE: dict[str, Any] = {
     "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
     "--recompute-num-layers": To("mg_recompute_layers"), "--recompute-activations": To("mg_recompute_activations", as_flag),
     "--bf16": To("mg_bf16", as_flag), "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"),
-    "--fp8": To("fp8"), "--params-dtype": To("mg_params_dtype"),
+    "--fp8": To("fp8"), "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
     "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})),
     "--world-size": To("gpus", pos_int), "--data-parallel-size": To("mg_dp", pos_int),
     "--cpu-offloading": To("mg_act_offload", as_flag),
@@ -120,7 +120,7 @@ PREFIXES: dict[str, Any] = {
         "--log-throughput", "--iteration", "--consumed-", "--padded", "--rank", "--async-tensor-model-parallel",
         "--num-dataset-builder-threads", "--object-storage", "--squared-relu", "--openai-gelu", "--onnx-safe",
         "--bert", "--ict", "--titles", "--retro", "--vision", "--fp8-margin", "--fp8-interval", "--fp8-amax",
-        "--fp8-wgrad", "--fp8-recipe", "--fp8-param", "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
+        "--fp8-wgrad", "--fp8-param", "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
         "--moe-router-load-balancing", "--moe-input-jitter", "--moe-token-dispatcher", "--moe-grouped-gemm",
         "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
         "--moe-token-drop", "--moe-expert-capacity", "--moe-pad-expert", "--moe-router-enable-expert-bias",
@@ -248,12 +248,18 @@ def training(flat: Flat) -> list[str]:
     precision = "bf16-mixed" if flat.get("mg_bf16") else "fp16-mixed" if flat.get("mg_fp16") else "fp32"
     flat.put("precision", precision, "--bf16" if flat.get("mg_bf16") else "--fp16")
     fp8 = flat.get("fp8")
-    flat.put("fp8", None if fp8 in (None, "None", False) else fp8, flat.source_of("fp8"))
+    if fp8 not in (None, "None", False):
+        notes += _fp8(flat, fp8)
     flavour = "zero3" if flat.get("mg_fsdp") else "zero1" if flat.get("mg_dist_opt") else "ddp"
     flat.put("dp_flavour", flavour, "--use-distributed-optimizer")
-    if flavour == "zero1":
-        notes.append("--use-distributed-optimizer: predicted as ZeRO-1 (optimizer state and fp32 master sharded over dp), "
-                     "ShardLab's prediction of Megatron's distributed optimizer (a prediction-only layout with tp/pp)")
+    if flavour == "zero1" and (flat.get("tp", 1) > 1 or flat.get("pp", 1) > 1):
+        notes.append("--use-distributed-optimizer with tp/pp: zero1, which ShardLab runs and predicts as Megatron's "
+                     "distributed optimizer (16-bit params, fp32 main grads in contiguous buckets reduce-scattered over "
+                     "dp, fp32 masters and Adam states sharded over dp, params all-gathered after the step)")
+    elif flavour == "zero1":
+        notes.append("--use-distributed-optimizer without tp/pp: zero1 (torch's ZeroRedundancyOptimizer: optimizer "
+                     "state sharded over dp by whole parameters, so per-rank optimizer bytes are uneven where Megatron "
+                     "splits its flat buffer evenly)")
     if flat.get("sequence_parallel") and flat.get("tp", 1) == 1:
         flat.put("sequence_parallel", False, flat.source_of("sequence_parallel"))
         notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the spec")
@@ -285,10 +291,39 @@ def _recompute(flat: Flat) -> list[str]:
         flat.put("recompute", "full", flat.source_of("mg_recompute"))
         return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: every "
                 "block recomputed (ShardLab's full recompute)"]
-    flat.put("recompute", "full", flat.source_of("mg_recompute"))
-    flat.put("ac_policy", f"megatron-{method}:{layers_n}", flat.source_of("mg_recompute_method"))
-    return [f"--recompute-method {method} --recompute-num-layers {layers_n}: predicted as full recompute of every block "
-            "until the spec has Megatron's block / uniform policies"]
+    if method in (None, "None"):
+        flat.put("recompute", "full", flat.source_of("mg_recompute"))
+        return ["--recompute-granularity full without --recompute-method (Megatron-core refuses it): every block "
+                "recomputed (ShardLab's full recompute)"]
+    if method not in ("uniform", "block"):
+        flat.problems.append(f"--recompute-method={method!r}: expected uniform or block with --recompute-granularity full")
+        return []
+    flat.put("recompute", f"{method}:{layers_n}", flat.source_of("mg_recompute_method"))
+    return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: recompute "
+            f"{method}:{layers_n} (" + ("consecutive groups of" if method == "uniform" else "the first")
+            + f" {layers_n} blocks of each pipeline stage module)"]
+
+
+MEGATRON_FP8_RECIPES = {"delayed": "tensorwise", "tensorwise": "tensorwise", "blockwise": "rowwise", "mxfp8": "rowwise"}
+"""Transformer Engine's recipes (--fp8-recipe, default delayed) -> torchao's: one scale per tensor (delayed scaling
+takes it from an amax history, tensorwise from the current amax), or finer-grained scales (blockwise 1x128 / 128x128,
+MXFP8 32-element blocks) predicted as rowwise."""
+
+
+def _fp8(flat: Flat, fmt: object) -> list[str]:
+    """--fp8-format e4m3 | hybrid (and --fp8-recipe) -> precision fp8 with the closest fp8_recipe."""
+    recipe = str(flat.get("mg_fp8_recipe") or "delayed")
+    ours = MEGATRON_FP8_RECIPES.get(recipe)
+    if ours is None:
+        flat.problems.append(f"--fp8-recipe={recipe!r}: expected one of {', '.join(MEGATRON_FP8_RECIPES)}")
+        return []
+    flat.put("precision", "fp8", flat.source_of("fp8"))
+    flat.put("fp8_recipe", ours, flat.source_of("mg_fp8_recipe") if flat.get("mg_fp8_recipe") else flat.source_of("fp8"))
+    if recipe in ("blockwise", "mxfp8"):
+        flat.unmap("--fp8-recipe", recipe, f"{recipe} scaling (per block of elements) is predicted as torchao's rowwise "
+                   "recipe: the scales' bytes and the quantization kernels differ")
+    return [f"fp8 format {fmt} ({recipe} scaling): precision fp8 with the {ours} recipe (float8 block linears, bf16 "
+            "elsewhere); Transformer Engine's fp8 GEMMs are timed at the profile's fp8 peak like torchao's"]
 
 
 def _pipeline(flat: Flat) -> list[str]:

@@ -171,15 +171,14 @@ def _notes(imported: ImportedConfig, measured: Measured, facts: ImportFacts, hw:
 def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     """tokens/s, ShardLab's MFU / HFU on the profile's peak, and the step-time prediction with its breakdown."""
     from backend.analytic.steptime.model import step_time
-    from backend.analytic.textbook import flops as textbook_flops
-    from backend.analytic.params import matmul_params
+    from backend.analytic.model_flops import training_flops_per_step
+    from backend.analytic.recompute_cost import flops_rerun
 
     m, step = spec.model, result.step_s_median
     result.tokens_per_s = spec.tokens_per_step / step
-    active = matmul_params(m, active=True) if m.is_moe else None
-    model_flops, flops = (textbook_flops.training_flops_per_step(
-        n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers, seq_len=m.seq_len,
-        d_model=m.d_model, recompute=rc, active_params=active) for rc in ("none", str(spec.train.recompute)))
+    model_flops = training_flops_per_step(m, tokens=spec.tokens_per_step)
+    flops = training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(spec.train.recompute),
+                                    rerun=flops_rerun(spec))
     result.model_flops_per_step, result.flops_per_step = model_flops, flops
     if hw.profile is None:
         return

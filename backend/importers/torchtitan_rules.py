@@ -58,6 +58,33 @@ def precision(flat: Flat) -> list[str]:
         dtype = "fp32"
         notes.append("mixed_precision_param applies only under FSDP in torchtitan: without dp_shard the run trains in fp32")
     flat.put("precision", dtype, flat.source_of("tt_param_dtype"))
+    if flat.get("fp8"):
+        notes += _float8(flat, dtype)
+    return notes
+
+
+FLOAT8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise"}
+"""torchtitan's float8.recipe_name (None: tensorwise) -> the spec's fp8_recipe."""
+
+
+def _float8(flat: Flat, dtype: str) -> list[str]:
+    """The float8 converter: precision fp8 (torchao float8 linears, bf16 elsewhere), its recipe and FSDP2's float8
+    all-gather (float8.enable_fsdp_float8_all_gather, off by default in torchtitan)."""
+    recipe = str(flat.get("tt_fp8_recipe") or "tensorwise")
+    if recipe not in FLOAT8_RECIPES:
+        flat.problems.append(f"float8.recipe_name={recipe!r}: expected one of {', '.join(FLOAT8_RECIPES)}")
+        return []
+    flat.put("precision", "fp8", flat.source_of("fp8"))
+    flat.put("fp8_recipe", FLOAT8_RECIPES[recipe], flat.source_of("tt_fp8_recipe"))
+    flat.put("fp8_all_gather", bool(flat.get("tt_fp8_all_gather", False)), flat.source_of("tt_fp8_all_gather"))
+    if recipe == "rowwise_with_gw_hp":
+        flat.unmap(flat.source_of("tt_fp8_recipe"), recipe, "rowwise with the weight gradient's GEMM in high precision: "
+                   "predicted as rowwise (every float8 GEMM at the fp8 rate)")
+    notes = [f"float8 converter ({recipe}): precision fp8, torchao's float8 linears (lm_head excluded, as "
+             "float8.filter_fqns' default 'output'), bf16 elsewhere"]
+    if dtype == "fp32":
+        notes.append("float8 without FSDP: torchtitan keeps fp32 outside the float8 linears; ShardLab's fp8 runs bf16 "
+                     "autocast there (activations and non-float8 GEMMs predicted in bf16)")
     return notes
 
 
@@ -101,9 +128,14 @@ def activation_checkpoint(flat: Flat) -> list[str]:
     if mode == "full":
         flat.put("recompute", "full", flat.source_of("tt_ac_mode"))
     elif mode == "selective":
+        if option != "op" and not option.isdigit():
+            flat.problems.append(f"activation_checkpoint.selective_ac_option={option!r}: expected 'op' or a block count")
+            return []
         policy = "op" if option == "op" else f"layers:{option}"
-        flat.put("ac_policy", policy, flat.source_of("tt_ac_option"))
+        flat.put("recompute", policy, flat.source_of("tt_ac_option"))
+        return [f"activation checkpointing selective/{option}: recompute {policy} ("
+                + ("op-level SAC with torchtitan's save list" if option == "op" else f"every {option}-th block")
+                + " of each stage module)"]
+    else:
         flat.put("recompute", "none", flat.source_of("tt_ac_mode"))
-        return [f"activation checkpointing selective/{option} is torchtitan's {policy} policy; until the spec has it, the "
-                "prediction saves every activation (activations over-estimated)"]
     return []

@@ -66,6 +66,8 @@ TABLE: dict[str, Any] = {
     "activation_checkpoint.mode": To("tt_ac_mode", choice({"none": "none", "selective": "selective", "full": "full"})),
     "activation_checkpoint.selective_ac_option": To("tt_ac_option", str),
     "float8.enable_float8_linear": To("fp8", flag),
+    "float8.recipe_name": To("tt_fp8_recipe"),
+    "float8.enable_fsdp_float8_all_gather": To("tt_fp8_all_gather", flag),
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_BOOKKEEPING) for p in ("job", "profiling", "metrics", "checkpoint", "comm", "memory_estimation",

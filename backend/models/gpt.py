@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, Recompute, RouterScore, WindowKind
+from backend.models.checkpointing import op_policy, resolve_ops, run_blocks
+from backend.recompute_policy import DEFAULT_SAC_OPS, parse
+from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, RouterScore, WindowKind
 from backend.torch_compat import is_fake_tensor
 
 INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
@@ -193,10 +196,12 @@ class LatentAttention(nn.Module):
             from torch.distributed.tensor import Partial
 
             x = x.to_local(grad_placements=[Partial()])
-        q = self.q_b(_rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else self.q(x)
+        # Plain local matmuls for q / q_b / kv_b too: called as modules, ColwiseParallel would wrap their local input as
+        # a Replicate DTensor and all-reduce its gradient, which the Partial boundary above then sums over tp again.
+        q = _linear(self.q_b, _rms_norm(self.q_a_norm, _linear(self.q_a, x))) if m.q_lora_rank else _linear(self.q, x)
         q = q.view(B, T, -1, nope + rope).transpose(1, 2)  # (B, a, T, nope + rope)
         latent, k_rope = _linear(self.kv_a, x).split([m.kv_lora_rank, rope], dim=-1)
-        kv = self.kv_b(_rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
+        kv = _linear(self.kv_b, _rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
         k_nope, v = kv.split([nope, vd], dim=-1)
         cos, sin = rope_cos_sin(T, rope, x.device, x.dtype)
         q_nope, q_rope = q.split([nope, rope], dim=-1)
@@ -398,7 +403,8 @@ class GPT(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # named_parameters() reports it once, as tok_emb.weight
-        self.full_recompute = False
+        self.recompute: tuple[str, int] = ("none", 0)
+        self.sac_context: Any = None
         self.context_parallel = None  # as Attention.context_parallel (strategies/cp.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -410,8 +416,7 @@ class GPT(nn.Module):
                 h = h * self.spec.d_model ** 0.5
             if self.pos_emb is not None:
                 h = h + self.pos_emb(token_positions(self, tokens.shape[1], tokens.device))
-        for layer in self.layers.values():
-            h = checkpoint(layer, h, use_reentrant=False) if self.full_recompute and torch.is_grad_enabled() else layer(h)
+        h = run_blocks(list(self.layers.values()), h, *self.recompute, self.sac_context)
         if self.norm is not None:
             h = self.norm(h)
         if self.lm_head is not None:
@@ -428,19 +433,23 @@ def token_positions(owner: nn.Module, T: int, device: torch.device) -> torch.Ten
     return None if isinstance(owner, Attention) else torch.arange(T, device=device)
 
 
-def set_recompute(model: GPT, mode: Recompute) -> None:
-    model.full_recompute = mode == Recompute.FULL
+def set_recompute(model: GPT, mode: str, ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> None:
+    """The policy of backend/recompute_policy.py (`ops`: what `op` saves): block-level ones through
+    models/checkpointing.py, `selective` inside each block's attention."""
+    kind, layers = parse(mode)
+    model.recompute = (kind, layers)
+    model.sac_context = op_policy(resolve_ops(tuple(ops))) if kind == "op" else None
     for layer in model.layers.values():
-        layer.attn.selective_recompute = mode == Recompute.SELECTIVE
+        layer.attn.selective_recompute = kind == "selective"
 
 
-def build_model(m: ModelSpec, *, seed: int, recompute: Recompute = Recompute.NONE,
-                device: str | torch.device = "cpu") -> GPT:
+def build_model(m: ModelSpec, *, seed: int, recompute: str = "none", device: str | torch.device = "cpu",
+                recompute_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> GPT:
     """The full model with the weights every strategy and rank uses (`init_weights`); `device="meta"` builds
     it without storage (the engine's path: parallelize first, then materialize only this rank's shards)."""
     with torch.device("meta"):
         model = GPT(m)
-    set_recompute(model, recompute)
+    set_recompute(model, recompute, recompute_ops)
     if torch.device(device).type != "meta":
         model.to_empty(device=device)
         tie_weights(model)

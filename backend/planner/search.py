@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import ZERO_STAGE_NAMES, Layout
+from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.rank import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
@@ -39,6 +39,8 @@ class Plan:
     """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits the budget: all of them, not a sample."""
     seconds: float
     configs: list[dict[str, Any]]
+    predicted_only_left_out: int = 0
+    """Fitting layouts this engine cannot run, left out of the ranking (plan(include_predicted=False))."""
     screened_per_s: float = 0.0
     """searched / search_seconds: every layout's memory and proxy time, feasibility and ranking."""
     confirmed: int = 0
@@ -50,6 +52,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
+                "predicted_only_left_out": self.predicted_only_left_out,
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
                 "confirm_seconds": self.confirm_seconds, "notes": self.notes}
 
@@ -72,6 +75,20 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
 
 
+def run_blocked(layouts: Layout) -> np.ndarray:
+    """spec_checks._run_only on arrays of layouts: True where this engine cannot run the layout (zero1 x ep, zero1 x
+    tp/pp under fp16-mixed, split-backward schedules x FSDP2 on dp > 1). tests/test_prediction_only.py checks it
+    against run_blockers on every enumerated layout."""
+    n = len(layouts)
+    zero1 = np.broadcast_to(layouts.zero_stage == ZeroStage.ZERO1, n)
+    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
+    blocked = zero1 & (layouts.ep > 1)
+    blocked = blocked | ((layouts.pp > 1) & split & (layouts.dp > 1) & (layouts.zero_stage >= ZeroStage.ZERO2))
+    if layouts.precision == "fp16-mixed":
+        blocked = blocked | (zero1 & ((layouts.tp > 1) | (layouts.pp > 1)))
+    return np.broadcast_to(blocked, n)
+
+
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
     """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
     "why_not" (spec_checks.run_blockers, joined; None when runnable)."""
@@ -86,8 +103,9 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
-         limits: Limits = Limits(), enough: int | None = None) -> Plan:
-    """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN))."""
+         limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False) -> Plan:
+    """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
+    ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not")."""
     t0 = time.perf_counter()
     device_bytes = memory_bytes or hw.memory_bytes
     budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
@@ -96,6 +114,10 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
+    left_out = 0
+    if not include_predicted:
+        runnable = order[~run_blocked(layouts)[order]]
+        left_out, order = len(order) - len(runnable), runnable
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
     timed = []
@@ -125,6 +147,10 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")
-    return Plan(searched=len(layouts), feasible=len(order), seconds=seconds, configs=configs,
+    if left_out:
+        notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking; "
+                     "--include-predicted (the Plan page's toggle) ranks them too, marked")
+    return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
+                predicted_only_left_out=left_out,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes)

@@ -40,6 +40,18 @@ class DegreePair:
     schedules: list[tuple[int, int]]
 
 
+SEARCHED_RECOMPUTE = (RecomputeMode.NONE, RecomputeMode.SELECTIVE, RecomputeMode.FULL, RecomputeMode.OP,
+                      RecomputeMode.LAYERS, RecomputeMode.BLOCK)
+"""The recompute policies searched: none, selective, full, op (torchtitan's op SAC, its op list), layers:2 (torchtitan's
+layer SAC, every second block) and block:N with N = half the blocks of a pipeline rank (Megatron's block method)."""
+
+
+def recompute_layers(kind: np.ndarray, pp: np.ndarray, n_layers: int) -> np.ndarray:
+    """K / N of the searched policies: 2 for layers, half a pipeline rank's blocks (at least 1) for block, else 0."""
+    return np.where(kind == RecomputeMode.LAYERS, 2,
+                    np.where(kind == RecomputeMode.BLOCK, np.maximum(1, n_layers // (2 * pp)), 0))
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -64,7 +76,9 @@ def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -
             if pp > model.n_layers:
                 continue
             rest = gpus // (tp * pp)  # dp x cp: the ranks holding the same parameters
-            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe and tp == 1 and pp == 1 else [1]
+            # ep carved out of dp x cp (ep | dp x cp, ep | n_experts), with or without pipelining as Megatron and
+            # torchtitan allow (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
+            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
             schedules = _schedules(pp, model.n_layers, limits.virtual_stages)
             for cp in _cp_degrees(model, rest, limits):
                 pairs.append(DegreePair(tp, pp, rest // cp, cp, eps, schedules))
@@ -92,7 +106,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     schedules = np.array([x.schedules + [(-1, 0)] * (n_schedules - len(x.schedules)) for x in pairs], dtype=np.int64)
     micro_batches = np.array(limits.micro_batches, dtype=np.int64)
     # axes: pair, ep, flavour, micro-batch, schedule, recompute, SP (flavour and recompute constrain nothing)
-    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(RecomputeMode.ALL), 2)
+    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(SEARCHED_RECOMPUTE), 2)
     axis = lambda a, i: a.reshape([-1 if k == i else 1 for k in range(len(shape))])  # noqa: E731
     pair_tp, pair_pp, pair_dp = axis(tp, 0), axis(pp, 0), axis(dp, 0)
     ep = eps.reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)
@@ -106,9 +120,11 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
+    kind = np.asarray(SEARCHED_RECOMPUTE, dtype=np.int64)[recompute]
     columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], cp=cp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
-                   micro_batch=micro_batches[b_at], recompute=recompute, schedule=schedules[pair_at, schedule_at, 0],
-                   virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at)
+                   micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
+                   virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
+                   recompute_layers=recompute_layers(kind, pp[pair_at], model.n_layers))
     return Layout.table(np.stack([columns[c] for c in CHOICES], axis=1), global_batch=global_batch, precision=precision,
                         optimizer=optimizer)
 

@@ -139,8 +139,9 @@ def optimizer_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
 
 
 def compute_dtype(spec: ExperimentSpec) -> torch.dtype | None:
-    """The 16-bit compute dtype of bf16/fp16 mixed precision (autocast, FSDP2 MixedPrecisionPolicy); None for fp32."""
-    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(spec.train.precision))
+    """The 16-bit compute dtype of bf16/fp16 mixed precision (autocast, FSDP2 MixedPrecisionPolicy; fp8: bf16 around its
+    float8 linears); None for fp32."""
+    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp8": torch.bfloat16}.get(str(spec.train.precision))
 
 
 def autocast(spec: ExperimentSpec, device: torch.device):

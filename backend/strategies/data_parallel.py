@@ -3,7 +3,8 @@
 | flavour      | alone (no tp/pp/ep)                                  | in a tp / pp mix                        | with ep                                   |
 |--------------|------------------------------------------------------|-----------------------------------------|-------------------------------------------|
 | ddp          | DistributedDataParallel, gradient_as_bucket_view     | FSDP2-style `replicate` per block + root| DDP with the experts left out of its reducer |
-| zero1        | ZeroRedundancyOptimizer over DDP                     | rejected (cannot shard DTensor/stages)  | rejected                                  |
+| zero1        | ZeroRedundancyOptimizer over DDP                     | Megatron's distributed optimizer        | rejected                                  |
+|              |                                                      | (distributed_optimizer.py)              |                                           |
 | zero2        | fully_shard(reshard_after_forward=False), mp_policy  | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
 | zero3 / fsdp | fully_shard(reshard_after_forward=True), mp_policy   | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
 
@@ -23,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import RankContext, compute_dtype, make_optimizer, optimizer_class, optimizer_kwargs
+from backend.strategies.distributed_optimizer import DistributedOptimizer
 from backend.torch_compat import ddp_ignore_params, replicate
 
 SHARDED = (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
@@ -42,17 +44,23 @@ def uses_fsdp2(spec: ExperimentSpec) -> bool:
 
 
 def uses_autocast(spec: ExperimentSpec) -> bool:
-    """Pure ZeRO-2/3 casts with FSDP2's MixedPrecisionPolicy; every other layout runs the step under autocast."""
+    """Pure ZeRO-2/3 casts with FSDP2's MixedPrecisionPolicy, the distributed optimizer keeps 16-bit params (the
+    module runs in that dtype); every other layout runs the step under autocast."""
+    if uses_distributed_optimizer(spec) and compute_dtype(spec) is not None:
+        return False
     return not (is_pure_dp(spec) and spec.parallel.dp_flavour in SHARDED)
+
+
+def uses_distributed_optimizer(spec: ExperimentSpec) -> bool:
+    """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
+    p = spec.parallel
+    return p.dp_flavour == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1) and p.ep == 1
 
 
 def check_flavour(spec: ExperimentSpec) -> None:
     p = spec.parallel
-    if p.dp_flavour == Strategy.ZERO1 and p.dp_cp > 1 and not is_pure_dp(spec):
-        raise ValueError(
-            "zero1 (ZeroRedundancyOptimizer) in a model-parallel mix is not supported: it cannot shard "
-            "DTensor or pipeline-stage parameters; use ddp, zero2 or zero3/fsdp for the dp dimension"
-        )
+    if p.dp_flavour == Strategy.ZERO1 and p.ep > 1:
+        raise ValueError(f"zero1 with ep={p.ep} is not supported: use ddp, zero2 or zero3/fsdp for the dp dimension")
 
 
 def blocks(module: nn.Module) -> list[nn.Module]:
@@ -99,6 +107,19 @@ def classic_wrap(ctx: RankContext, model: nn.Module, experts: list[nn.Parameter]
         ddp_ignore_params(model, [n for n, q in model.named_parameters() if id(q) in ids])
     kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
     return DDP(model, process_group=ctx.mesh["dp"].get_group(), gradient_as_bucket_view=True, **kw)
+
+
+def distributed_optimizer(ctx: RankContext, modules: list[nn.Module]) -> DistributedOptimizer:
+    """Megatron's distributed optimizer over mesh["dp"] for the materialized stage modules (rebinds their
+    parameters to bucket views: build it before any hook is registered on them)."""
+    spec, p = ctx.spec, ctx.spec.parallel
+    pipelined = p.pp > 1
+    tied = ("tok_emb.weight", "lm_head.weight") if pipelined and spec.model.tie_embeddings else ()
+    return DistributedOptimizer(modules, make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
+                                dp_group=ctx.mesh["dp"].get_group(), tp_group=ctx.mesh["tp"].get_group(),
+                                microbatches=spec.train.microbatches or 1,
+                                grad_divisor=p.dp_cp * (spec.train.microbatches if pipelined else 1),
+                                param_dtype=compute_dtype(spec) or torch.float32, held_names=tied)
 
 
 def dp_optimizer(ctx: RankContext, params: list[nn.Parameter]) -> torch.optim.Optimizer:

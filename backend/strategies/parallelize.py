@@ -9,12 +9,14 @@
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
                                         sequence share is cut by `local_batch`)
-  4. activation checkpointing          gpt.set_recompute (full: per block; selective: core attention)
+  4. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
+                                        models/checkpointing.py; selective: core attention)
   5. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (dp x cp ranks; data_parallel.py)
   6. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
                                         offload=params, ctx.placement) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
-  7. data parallel, classic            DDP / ZeRO-1 (need real parameters), tp grad hooks, optimizer, the step
+  7. data parallel, classic            the distributed optimizer (zero1 x tp/pp: parameters rebound to bucket
+                                        views), tp grad hooks, DDP / ZeRO-1 (need real parameters), optimizer, step
   8. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
@@ -22,11 +24,14 @@ The engine owns placement of the batch too: `train_step` receives this dp rank's
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from backend.models.gpt import MoE, set_recompute
 from backend.strategies import cp as context_parallel
 from backend.strategies import data_parallel as dpar
+from backend.strategies import float8
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
@@ -56,28 +61,32 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     ep = ExpertParallel(ctx, model) if p.ep > 1 else None
     shard = context_parallel.context_shard(ctx)
     for m in mods:
+        float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
         apply_tp(ctx, m)
         context_parallel.apply_cp(ctx, m, shard)
-        set_recompute(m, spec.train.recompute)
+        set_recompute(m, spec.train.recompute, spec.train.sac_ops)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
         for sub in m.modules():
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
                 sub.run_empty_experts = p.dp_cp > 1
     if meta:
         materialize(mods, ctx.placement, spec.train.seed)
+    # rebinds every parameter to a view of its bucket: before any hook is registered on them
+    distributed = dpar.distributed_optimizer(ctx, mods) if dpar.uses_distributed_optimizer(spec) else None
     experts = ep.params() if ep else []
     if p.tp > 1:
         for m in mods:
             register_grad_hooks(m)
     usage = ExpertUsage(mods)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
-    opt = dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
+    opt = distributed or dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
+    float8.after_step(spec, mods, opt, fsdp=dpar.uses_fsdp2(spec))
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
     tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
     timeline: list[dict] = []
     extra: dict = {}
     if p.pp > 1:
-        step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline)
+        step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline, distributed=distributed)
     else:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
@@ -89,7 +98,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if scaling.enabled:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
-                    notes=_notes(ctx, ids, ep), extra=extra)
+                    notes=_notes(ctx, ids, ep, distributed), extra=extra)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 
@@ -103,9 +112,11 @@ def loop_style(spec) -> LoopStyle:
     return LoopStyle(hold_logits=True, loss_scaled_in_graph=False)
 
 
-def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None) -> list[str]:
+def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None, distributed: Any = None) -> list[str]:
     p = ctx.spec.parallel
-    out = dpar.notes(ctx.spec)
+    out = dpar.notes(ctx.spec) + (distributed.notes() if distributed else [])
+    if str(ctx.spec.train.precision) == "fp8":
+        out += float8.NOTES
     if p.tp > 1:
         out += TP_NOTES
     out += context_parallel.notes(ctx)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -44,6 +45,8 @@ from backend.models.gpt import build_model, loss_fn
 from backend.spec import Schedule
 from backend.strategies import timeline
 from backend.strategies.context import LocalLoss, RankContext, autocast
+from backend.strategies.data_parallel import uses_autocast
+from backend.strategies.distributed_optimizer import DistributedOptimizer
 from backend.strategies.step import OptimizerTail
 
 SCHEDULES = {
@@ -89,12 +92,13 @@ def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], 
     return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(extra + [model], ids)]
 
 
-def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module]):
+def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module], grad_of=None):
     """Tied embeddings across stages, as Megatron-LM does (`_allreduce_word_embedding_grads`): the first stage
     holds tok_emb.weight, the last stage its own copy as lm_head.weight; after backward their gradients are summed
     (one all_reduce of the local (V/t, h) grad over {first-stage rank, last-stage rank} of each (dp, tp) column, or a
     local add when one rank holds both stages, as ZBV's V shape does) so both copies take the same optimizer step.
-    Collective at build time: every rank creates every pair group in the same order. Returns the per-step call."""
+    Collective at build time: every rank creates every pair group in the same order. Returns the per-step call.
+    grad_of(param): where its gradient lives (default `.grad`; the distributed optimizer's main-grad view)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -117,8 +121,10 @@ def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module])
     def local(g):
         return g.to_local() if isinstance(g, DTensor) else g
 
+    grad_of = grad_of or (lambda q: q.grad)
+
     def sync() -> None:
-        grads = [local(q.grad) for q in copies if q.grad is not None]
+        grads = [local(g) for g in map(grad_of, copies) if g is not None]
         if len(grads) == 2:  # both stages on this rank (ZBV): add locally
             total = grads[0] + grads[1]
             grads[0].copy_(total)
@@ -160,25 +166,30 @@ class PipelineStep:
     """One optimizer step through the pipeline schedule; records the timeline of the first timed step."""
 
     def __init__(self, ctx: RankContext, ids: list[int], mods: list[nn.Module], tail: OptimizerTail,
-                 timeline_out: list[dict]):
+                 timeline_out: list[dict], distributed: DistributedOptimizer | None = None):
         p = ctx.spec.parallel
         n_stages = p.pp * p.virtual_stages
         group = ctx.mesh["pp"].get_group()
         stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
         cls = SCHEDULES[p.pp_schedule]
+        # the distributed optimizer divides its main grads by the microbatch count itself (the schedule would scale
+        # only the .grad a split-backward weight pass leaves, before the optimizer sweeps them in)
         self.schedule = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages,
-                            n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling))
+                            n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling),
+                            scale_grads=distributed is None)
+        self.use_autocast = uses_autocast(ctx.spec)
         self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
         self.record_call = timeline.capture_call(ctx.spec.train.warmup_steps, ctx.spec.train.steps)
-        self.sync_tied = tied_embedding_sync(ctx, ids, mods) if ctx.spec.model.tie_embeddings else None
+        self.sync_tied = (tied_embedding_sync(ctx, ids, mods, grad_of=distributed.main_grad if distributed else None)
+                          if ctx.spec.model.tie_embeddings else None)
 
     def _run_schedule(self, x: torch.Tensor, y: torch.Tensor) -> float:
         losses: list = []
         kwargs = {"target": y, "losses": losses} if self.last else {}
         args = (x,) if self.first else ()
-        with autocast(self.ctx.spec, self.ctx.device):
+        with autocast(self.ctx.spec, self.ctx.device) if self.use_autocast else nullcontext():
             # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
             # alive until the step ends, only to concatenate them for a return value we do not use.
             self.schedule.step(*args, return_outputs=False, **kwargs)

@@ -63,7 +63,8 @@ def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
-             memory_gb: float | None, top: int, db_url: str | None = None, attention: str | None = None) -> Plan:
+             memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False,
+             attention: str | None = None) -> Plan:
     """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
     carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation).
     `attention`: the kernel to plan with (None: the model's); context parallelism is searched with flash only."""
@@ -74,7 +75,8 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
     if attention:
         model = model.model_copy(update={"attention": attention})
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-               memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band)
+               memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
+               include_predicted=include_predicted)
     res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
     return res
 

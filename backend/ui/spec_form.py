@@ -8,6 +8,8 @@ from backend.spec import Framework, Offload  # issue 14
 from backend.hf_config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
+from backend.recompute_policy import KINDS, WITH_LAYERS, spelled
+from backend.recompute_policy import parse as parse_recompute
 from backend.spec import (
     AttentionImpl,
     Bias,
@@ -18,15 +20,23 @@ from backend.spec import (
     Positions,
     Optimizer,
     Precision,
-    Recompute,
+    RouterScore,
     Schedule,
     Strategy,
+    WindowKind,
     validate_spec,
 )
 
 _GPT = dict(n_kv_heads=0, ffn_hidden=0, n_experts=0, top_k=2, norm="layernorm", mlp="gelu", positions="learned",
             tie_embeddings=False, bias="all", attention="math", expert_ffn_hidden=0, n_shared_experts=0,
             shared_ffn_hidden=0, shared_expert_gate=False)
+FAMILY_2026 = dict(attn_head_dim=0, qk_norm=False, attention_sinks=False, sandwich_norm=False, scale_embeddings=False,
+                   q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0,
+                   first_dense_layers=0, moe_every=1, router_score="softmax", router_bias=False,
+                   router_balance_bias=False, expert_groups=1, topk_groups=1, window=0, window_kind="sliding",
+                   global_every=0, global_layers_nope=False)
+"""The 2026 families' fields (issue 24) with GPT's values, 0 for None where a widget shows 0."""
+_GPT.update(FAMILY_2026)
 
 
 def _published(name: str) -> dict[str, Any]:
@@ -54,14 +64,17 @@ DEFAULT_PRESET = next(iter(PRESETS))
 
 MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
               "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
-              "shared_ffn_hidden", "shared_expert_gate")
-TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "optimizer", "lr", "recompute", "seed")
+              "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
+TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
+              "recompute", "seed")
 PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages", "cp",
                  "cp_rotate", "cp_load_balance")
 # Widgets use 0 for "derive it": None in the spec.
-ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden"}
+ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
+                   "q_lora_rank", "kv_lora_rank", "window"}
 FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp], "positions": [v.value for v in Positions],
-                  "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl]}
+                  "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl],
+                  "router_score": [v.value for v in RouterScore], "window_kind": [v.value for v in WindowKind]}
 
 for _name in PUBLISHED:
     PRESETS[preset_label(_name)] = _published(_name)
@@ -71,14 +84,15 @@ STRATEGIES = [s.value for s in Strategy]
 SCHEDULES = [s.value for s in Schedule]
 PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in Optimizer]
-RECOMPUTES = [r.value for r in Recompute]
+RECOMPUTES = list(KINDS)
+"""Recompute policies (backend/recompute_policy.py); layers / block / uniform take the form's `recompute_layers`."""
 CP_ROTATES = [r.value for r in CpRotate]
 CP_ROTATE_HELP = {"allgather": "all-gather K/V once per attention call (torch's default)",
                   "alltoall": "pass K/V round the ring, one hop per block (overlaps each block)"}
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
-    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer)",
+    "zero1": "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer; with TP/PP Megatron's distributed optimizer)",
     "zero2": "ZeRO-2: optimizer state + gradients sharded",
     "zero3": "ZeRO-3: params + grads + optimizer sharded",
     "fsdp": "FSDP2 fully_shard (ZeRO-3 semantics)",
@@ -110,7 +124,7 @@ def default_form() -> dict[str, Any]:
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
         sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1, cp=1, cp_rotate="allgather", cp_load_balance=True,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
-        precision="fp32", optimizer="adamw", lr=1e-3, recompute="none", seed=0,
+        precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
         source_model=None,
     )
@@ -165,7 +179,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "framework": v.get("framework") or "torch",
         "name": name,
         "model": model,
-        "train": {k: val(k) for k in TRAIN_KEYS if k in v},
+        "train": {k: val(k) for k in TRAIN_KEYS if k in v} | (
+            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {}),
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
@@ -240,8 +255,11 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "optimizer", "recompute", "strategy", "pp_schedule", "cp_rotate"):
+    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind",
+              "cp_rotate"):
         v[k] = str(v[k])
+    v["recompute"], layers = parse_recompute(v["recompute"])
+    v["recompute_layers"] = layers or 2
     # A derived degree is re-derived from world_size for the pure strategies.
     if p.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):
         v[p.strategy.value] = 1 if getattr(p, p.strategy.value) == p.world_size else getattr(p, p.strategy.value)

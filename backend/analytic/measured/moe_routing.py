@@ -19,8 +19,7 @@ from typing import Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes, mlp_elems
-from backend.analytic.memory.moe_bytes import ep_moe_layer_bytes, row_bytes
-from backend.analytic.params import is_gated
+from backend.analytic.memory.moe_bytes import ep_moe_layer_bytes, hidden_saved, row_bytes
 
 COUNT_BYTES = 8  # moe_dispatch exchanges E int64 counts before the rows
 
@@ -81,11 +80,12 @@ def predicted_moe_layer_bytes(spec: Any) -> float:
     """The MoE term inside the uniform prediction's per-layer bytes: memory/activations' block bytes with experts
     minus without (+ the dense MLP term that replaces them), so a change of that model is followed here.
     For ep > 1 it is `ep_moe_layer_bytes` at uniform counts."""
-    shape, rc = replace(LayerShape.of_spec(spec), shared_ffn=0), str(spec.train.recompute)  # shared experts are dense
+    # the MoE blocks' shape (block 0 may be dense: a dense prefix, an interleave); shared experts are dense
+    shape, rc = replace(LayerShape.of_spec(spec, moe_block=True), shared_ffn=0), str(spec.train.recompute)
     with_experts = layer_activation_bytes(shape, rc)
     dense = layer_activation_bytes(replace(shape, n_experts=0), rc)
     mlp = mlp_elems(s=shape.seq_len, b=shape.micro_batch, h=shape.d_model, ffn=shape.ffn, t=shape.tp,
-                    swiglu=is_gated(shape.mlp)) * shape.dtype_bytes
+                    hidden=hidden_saved(shape.mlp)) * shape.dtype_bytes
     return with_experts - dense + mlp
 
 
@@ -132,7 +132,7 @@ def adjustment(spec: Any, routing: dict[str, Any]) -> RoutingAdjustment:
     n, k, e = routing["tokens"], routing["top_k"], routing["n_experts"]
     a2a = all_to_all_bytes(ds, h=m.d_model, dtype_bytes=row_bytes(cb, ac), n_experts=e)
     layer_kw = dict(tokens=n, h=m.d_model, ffn=m.expert_ffn, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac,
-                    swiglu=is_gated(m.mlp))
+                    hidden=hidden_saved(m.mlp))
     measured, n_layers, mb = peak_microbatch(ds, **layer_kw)
     act = 0.0 if str(t.recompute) == "full" else measured - n_layers * predicted_moe_layer_bytes(spec)
     first = [d for d in ds if not d.recompute]

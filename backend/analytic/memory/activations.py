@@ -11,13 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.analytic.device import rms_norm_saved_bytes, softmax_saved_bytes_per_score
+from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
-from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, row_bytes
-from backend.analytic.params import head_dim, is_gated, layer_is_moe, v_head_dim
+from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
+                                                  mlp_elems, rms_norm_extra_bytes)
+from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe
+from backend.recompute_policy import DEFAULT_SAC_OPS
 
-RECOMPUTE = ("none", "selective", "full")
-STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
+RECOMPUTE = ("none", "selective", "full", "op")
+"""Per-block saved-tensor policies; layers:K, block:N and uniform:N mix `none` and `full` blocks (rank_activations)."""
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
 LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
@@ -54,6 +57,11 @@ class LayerShape:
     flash: bool = False
     shared_ffn: int = 0
     shared_gate: bool = False
+    bias: str = "all"
+    kv_heads: int = 0
+    """0: n_heads (plain multi-head attention)."""
+    sac_ops: tuple[str, ...] = ()
+    """The ops op-level recompute saves (recompute_policy.DEFAULT_SAC_OPS unless the spec lists others)."""
 
     q_width: int = 0
     """a x head_dim of q and k when it differs from d_model (own head width, MLA's nope + rope); 0 = d_model."""
@@ -64,42 +72,55 @@ class LayerShape:
     q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
     whole_elems: int = 0
     """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
+    rope_width: int = 0
+    """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model / heads."""
+    nope: bool = False
+    """This block kind applies no rotary position (Llama 4's NoPE global layers): no cos / sin tables."""
+    windowed: bool = False
+    """This block kind attends in a window: flash attention gets (and keeps) an (s, s) additive mask."""
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str, alt: bool = False, cp: int = 1) -> LayerShape:
+           ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
+           cp: int = 1) -> LayerShape:
         """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks); a cp rank's seq_len / cp."""
         moe = layer_is_moe(model, 0) != alt if model.is_moe else False
         family = family_kwargs(model)
         if not moe:
             family["shared_ffn"], family["shared_gate"] = 0, False
+        rope, windowed = layer_attention_kind(model, 0)
         return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
-                   device="cuda" if device == "cuda" else "cpu", **family, **head_widths(model))
+                   device="cuda" if device == "cuda" else "cpu", bias=_fam(model, "bias", "all"),
+                   kv_heads=getattr(model, "kv_heads", model.n_heads), sac_ops=tuple(sac_ops), **family,
+                   **head_widths(model), nope=family["rope"] and not rope, windowed=windowed)
 
     @classmethod
-    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False) -> LayerShape:
+    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False,
+                  sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> LayerShape:
         """The model's shape at micro-batch 1 without any split (memoised per model object: callers `replace` the
         per-layout fields)."""
-        key = (id(model), dtype_bytes, device, alt)
+        key = (id(model), dtype_bytes, device, alt, tuple(sac_ops))
         hit = _PROTOTYPES.get(key)
         if hit is None or hit[0] is not model:
             if len(_PROTOTYPES) > 64:
                 _PROTOTYPES.clear()
             shape = cls.of(model, micro_batch=1, tp=1, sequence_parallel=False, dtype_bytes=dtype_bytes, autocast=False,
-                           ep=1, device=device, alt=alt)
+                           ep=1, device=device, alt=alt, sac_ops=sac_ops)
             hit = _PROTOTYPES[key] = (model, shape)  # holds the model: its id cannot be reused while cached
         return hit[1]
 
     @classmethod
-    def of_spec(cls, spec: Any) -> LayerShape:
-        """The shape of a validated spec's blocks."""
+    def of_spec(cls, spec: Any, *, moe_block: bool = False) -> LayerShape:
+        """The shape of a validated spec's block 0 (moe_block: of its MoE blocks, wherever a dense prefix or an
+        interleave puts them)."""
         layout = Layout.of(spec)
+        alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                       dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
-                      cp=layout.cp)
+                      alt=alt, sac_ops=spec.train.sac_ops, cp=layout.cp)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
@@ -107,34 +128,7 @@ class LayerShape:
                     t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
 
 
-_PROTOTYPES: dict[tuple[int, int, str, bool], tuple[Any, LayerShape]] = {}
-
-
-def head_widths(m: Any) -> dict[str, int]:
-    """LayerShape's q_width / v_width: the attention's own widths when they differ from d_model."""
-    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
-    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v, **feature_elems(m))
-
-
-def feature_elems(m: Any) -> dict[str, int]:
-    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd; cat and split copy): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's
-    q_a / kv_a outputs through their norms 3 x (q_lora + kv_lora + rope), the q / k concatenations 2 x q width; the sink
-    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
-    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
-    split = whole = 0
-    q = m.n_heads * head_dim(m)
-    if getattr(m, "qk_norm", False):
-        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
-        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
-    if getattr(m, "kv_lora_rank", None) is not None:
-        whole += 3 * ((getattr(m, "q_lora_rank", None) or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
-        split += 2 * q
-    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
-        split += m.n_heads
-    if getattr(m, "sandwich_norm", False):
-        whole += 2 * (2 * m.d_model + 1)
-    return dict(split_elems=split, whole_elems=whole)
+_PROTOTYPES: dict[tuple, tuple[Any, LayerShape]] = {}
 
 
 def _attn_core_elems(*, s, b, h, a, t) -> float:
@@ -143,14 +137,7 @@ def _attn_core_elems(*, s, b, h, a, t) -> float:
     return (3 * s * b * h + a * s * s * b) / t
 
 
-def mlp_elems(*, s, b, h, ffn, t, swiglu: bool = False) -> float:
-    # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
-    # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py)
-    return (4 if swiglu else 2) * s * b * ffn / t
-
-
-def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, swiglu: bool = False) -> float:
+def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
@@ -158,7 +145,7 @@ def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, s
     elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
     # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
     # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
-    elems += (4 if swiglu else 2) * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product
+    elems += hidden * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product (moe_bytes.hidden_saved)
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
     elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
@@ -184,7 +171,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     16-bit weight copies the matmuls save are counted by the caller (they are parameters' casts, not per token).
     device: CUDA autocast saves the softmax probabilities twice (device.softmax_saved_bytes_per_score); RMSNorm
     saves what its device's kernel keeps (device.rms_norm_saved_bytes).
-    Family terms (`_family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
+    Family terms (`family_bytes.family_extra_bytes`): RMSNorm, SwiGLU, RoPE tables, flash attention, shared experts.
     """
     recompute = _check_recompute(recompute)
     s, b, h, a, ffn, dtype_bytes, t = (shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.ffn,
@@ -196,6 +183,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     residual_bytes = 4 if autocast else dtype_bytes
     if recompute == "full":
         return sbh / norm_div * residual_bytes  # checkpoint(layer, h) saves the layer input only
+    if recompute == "op":
+        return sbh / norm_div * residual_bytes + op_sac_saved_bytes(shape)
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
     stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
     elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
@@ -214,21 +203,81 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
         if per_score != dtype_bytes:
             mask_bytes += a * s * s * b / t * (per_score - dtype_bytes)
-    mask_bytes += _family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
+    mask_bytes += family_extra_bytes(s=s, b=b, h=h, a=a, ffn=ffn, t=t, norm_div=norm_div, dtype_bytes=dtype_bytes,
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate, device=shape.device)
-    swiglu = is_gated(shape.mlp)
+    mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
+    hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
         moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
-                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, swiglu=swiglu)
+                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
         moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
-                         swiglu=swiglu)
+                                    hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
-    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, swiglu=swiglu)
+    elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes
+
+
+def op_sac_saved_bytes(shape: LayerShape) -> float:
+    """What op-level selective checkpointing (models/checkpointing.op_policy, torchtitan's `_apply_op_sac`) keeps of
+    one block beyond its input: the outputs of the listed ops, every second aten.mm excepted, in forward order.
+    Linears without a bias run aten.mm on the flattened (s·b, in) input, with one aten.addmm; their local outputs are
+    q (h/t), k and v (kv·d/t), o (h: Rowwise's partial sum), then fc_in (f/t), fc_out (h) or gate, up (f/t), down (h).
+    The flash kernels keep their output (b, a/t, s, d) and the fp32 logsumexp (b, a/t, s); math attention's two bmm
+    outputs are the (b·a/t, s, s) scores and (b·a/t, s, d). Under SP, TP's reduce-scatters after o and fc_out / down
+    give (s/t · b, h) each. A dense MLP only: the MoE experts' and router's matmuls are not counted."""
+    s, b, h, a, t, ops = shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.tp, set(shape.sac_ops)
+    cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
+    linears = _linears_of(shape)
+    saved = sum(sb * linears[i][0] * cb for i in _op_sac_kept_linears(linears, ops))
+    if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+                              "aten._scaled_dot_product_flash_attention.default",
+                              "aten._scaled_dot_product_efficient_attention.default"}:
+        saved += sb * h / t * cb + LSE_BYTES * a / t * sb
+    elif not shape.flash and "aten.bmm.default" in ops:
+        saved += (b * a / t * s * s + sb * h / t) * cb
+    if shape.sequence_parallel and "_c10d_functional.reduce_scatter_tensor.default" in ops:
+        saved += 2 * sb * h / t * cb
+    return saved
+
+
+def _linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
+    """(local output width, biased) of one dense block's linears in forward order."""
+    h, a, t = shape.d_model, shape.n_heads, shape.tp
+    q = shape.q_width or h
+    kv = (shape.kv_heads or a) * (q // a)
+    qkv_bias, other_bias = shape.bias in ("all", "qkv"), shape.bias == "all"
+    linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
+    if not shape.n_experts:
+        f = shape.ffn / t
+        linears += [(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp) else [(f, other_bias)] * 2 + [(h, other_bias)]
+    return linears
+
+
+def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> list[int]:
+    """Indices of the linears op-level SAC keeps: aten.addmm (biased) when listed, every odd aten.mm."""
+    out, mm_count = [], 0
+    for i, (_, biased) in enumerate(linears):
+        if biased:
+            if "aten.addmm.default" in ops:
+                out.append(i)
+            continue
+        mm_count += 1
+        if "aten.mm.default" in ops and mm_count % 2 == 1:
+            out.append(i)
+    return out
+
+
+def op_sac_rerun_extra_bytes(shape: LayerShape) -> float:
+    """While an op-SAC block is re-run in backward its cached outputs are handed back one by one as the re-run
+    reaches them; the block's last linear (fc_out / down), when kept, is still cached when the re-run peaks."""
+    linears = _linears_of(shape)
+    last = len(linears) - 1
+    kept_last = last in _op_sac_kept_linears(linears, set(shape.sac_ops))
+    return shape.seq_len * shape.micro_batch * linears[last][0] * shape.dtype_bytes if kept_last else 0.0
 
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
@@ -244,42 +293,6 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
                                              autocast=autocast, device=device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
-
-
-def _family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
-                        n_experts, shared_ffn, shared_gate, device) -> float:
-    """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
-    MemTracker in tests/test_family_activations.py):
-    - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
-      instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
-      the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
-    - rope: the (s, d_head) cos and sin tables the two muls keep, in q's dtype, per layer (not per token);
-    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
-    - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
-      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
-    sb, sbh = s * b, s * b * h
-    out = 0.0
-    if norm == "rmsnorm":
-        out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
-    if rope:
-        out += 2 * s * (h // a) * dtype_bytes
-    swiglu = is_gated(mlp)
-    if autocast and swiglu:
-        out += sbh * dtype_bytes
-    if n_experts and shared_ffn:
-        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, swiglu=swiglu) * dtype_bytes
-        if autocast:
-            out += (2 if swiglu else 1) * sbh * dtype_bytes
-        if shared_gate:
-            out += (sbh + sb) * (4 if autocast else dtype_bytes)
-    return out
-
-
-def rms_norm_extra_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
-    """What one RMSNorm saves beyond the LayerNorm terms the formulas count for every norm (its input in
-    input_bytes and fp32 mean + rstd): device.rms_norm_saved_bytes minus those."""
-    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=input_bytes, device=device) - sbh * input_bytes \
-        - 2 * sb * STAT_BYTES
 
 
 def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float = 0.0) -> float:
@@ -334,7 +347,7 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     norm_div = t if sp else 1
     norm_in_bytes = 4 if autocast else dtype_bytes
     head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
-    if norm == "rmsnorm":  # see _family_extra_bytes
+    if norm == "rmsnorm":  # see family_bytes.family_extra_bytes
         head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
                                      device=device)
     head += s * b * vocab / v_div * 4  # log_softmax output, fp32

@@ -9,6 +9,15 @@ receives N·k rows (activations.py); measured routings give other counts (measur
 from __future__ import annotations
 
 INDEX_BYTES = 8  # int64 indices autograd saves for index ops (topk, nonzero, the sort order)
+HIDDEN_SAVED = {"gelu": 2, "swiglu": 4, "geglu": 4, "swiglu_clamped": 7}
+"""(tokens, ffn) tensors an MLP saves per hidden unit, read off its autograd graph (tests/test_family_terms.py): GELU
+its input and fc_out's input; SwiGLU / GeGLU the gate output, the activation's output, up's output and the product
+(Shazeer 2020 Eq. 5-6); gpt-oss's clamped SwiGLU both clamps' inputs, the clamped gate, its sigmoid, gate x sigmoid,
+up + 1 and the product down reads."""
+
+
+def hidden_saved(mlp: str) -> int:
+    return HIDDEN_SAVED[str(getattr(mlp, "value", mlp))]
 
 
 def row_bytes(dtype_bytes: float, autocast: bool) -> float:
@@ -30,18 +39,18 @@ def moe_sender_bytes(*, tokens: int, h: int, n_experts: int, top_k: int, dtype_b
 
 
 def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False,
-                     swiglu: bool = False) -> float:
+                     hidden: int = 2) -> float:
     """Saved bytes of one EP MoE layer's LOCAL experts, which scale with the R rows they received: fc_in input
     (R, h; its 16-bit cast under autocast), GELU input and fc_out input (R, ffn) each, index_add's source = expert
     output (R, h, in the row dtype); the int64 row index per local expert (one tensor, saved by x[rows] and
     index_add alike)."""
-    # SwiGLU experts: gate out, silu out, up out and their product instead of GELU in / out (4 (R, ffn) tensors)
-    linear = (received_rows * h + (4 if swiglu else 2) * received_rows * ffn) * dtype_bytes
+    # hidden: (R, ffn) tensors per expert call (`hidden_saved`: 2 GELU, 4 SwiGLU, 7 clamped SwiGLU)
+    linear = (received_rows * h + hidden * received_rows * ffn) * dtype_bytes
     return linear + received_rows * h * row_bytes(dtype_bytes, autocast) + received_rows * INDEX_BYTES
 
 
 def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n_experts: int, top_k: int,
-                       dtype_bytes: float, autocast: bool = False, swiglu: bool = False) -> float:
+                       dtype_bytes: float, autocast: bool = False, hidden: int = 2) -> float:
     """One MoE layer's saved bytes on an ep rank whose experts received `received_rows` token-slots.
     With received_rows = N·k this is the dense dispatch's MoE term + N·k·h·dtype_bytes (the expert output
     index_add keeps: the dense path keeps its weighted product instead, counted already) + N·k int64 (the sort
@@ -49,7 +58,7 @@ def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n
     return (moe_sender_bytes(tokens=tokens, h=h, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
                              autocast=autocast)
             + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast,
-                               swiglu=swiglu))
+                               hidden=hidden))
 
 
 def ep_only_uniform_bytes(*, tokens: int, h: int, top_k: int, dtype_bytes: float) -> float:

@@ -17,7 +17,8 @@ import numpy as np
 
 from backend.analytic.device import cuda_storage_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.params import ModelKey, ParamInfo, block_param_list, layer_is_moe, model_key, param_tuple
+from backend.analytic.params import (ModelKey, ParamInfo, block_param_list, layer_attention_kind, layer_is_moe, model_key,
+                                     param_tuple)
 from backend.analytic.sharding import LocalParam, layer_split, shard_param, stages_of_rank, unsharded_grad_numel
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
@@ -122,6 +123,26 @@ def alt_composition(key: ModelKey, pp: int, virtual_stages: int, zbv: bool, pp_r
     split = layer_split(key.n_layers, pp * virtual_stages)
     layers = [i for st in stages_of_rank(pp_rank, pp, virtual_stages, "zbv" if zbv else "1f1b") for i in split[st]]
     return sum(i in alt for i in layers), int(bool(layers) and max(layers) in alt)
+
+
+@lru_cache(maxsize=4096)
+def attention_composition(kinds: tuple[tuple[bool, bool], ...], pp: int, virtual_stages: int, zbv: bool,
+                          pp_rank: int) -> tuple[int, int]:
+    """(rotary blocks, windowed blocks) on a pipeline rank; kinds = params.layer_attention_kind of every block."""
+    split = layer_split(len(kinds), pp * virtual_stages)
+    layers = [i for st in stages_of_rank(pp_rank, pp, virtual_stages, "zbv" if zbv else "1f1b") for i in split[st]]
+    return sum(kinds[i][0] for i in layers), sum(kinds[i][1] for i in layers)
+
+
+def attention_kind_counts(model: Any, layout: Layout, pp_rank: Any) -> tuple[Any, Any] | None:
+    """(rotary blocks, windowed blocks) a rank holds when the model's blocks differ in attention kind (windows with
+    global layers, NoPE layers); None when every block is like block 0."""
+    kinds = tuple(layer_attention_kind(model, i) for i in range(model.n_layers))
+    if len(set(kinds)) == 1:
+        return None
+    counts = per_distinct(lambda *row: attention_composition(kinds, *row), layout.pp, layout.virtual_stages,
+                          layout.zbv, pp_rank)
+    return counts if isinstance(counts, tuple) else (counts[..., 0], counts[..., 1])
 
 
 @dataclass(frozen=True)

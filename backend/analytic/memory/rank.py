@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.distributed_optimizer import model_state_bytes as distributed_optimizer_bytes
 from backend.analytic.layout import Layout, RankPosition
 from backend.analytic.memory.fsdp_state import unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.parts import RankParts, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_bytes, rank_activation_terms
-from backend.analytic.vector import is_array, per_value
+from backend.analytic.vector import is_array, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = True
@@ -54,16 +55,23 @@ def input_batch_bytes(batch: int, seq: int) -> int:
 
 
 def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
-    """FSDP2 layouts through sharded_state, the others through replicated_state (vector.per_value: each on its
-    own layouts)."""
-    def state(lay: Layout, pos: RankPosition, prt: RankParts, fsdp: bool) -> tuple[Any, Any, Any]:
-        if fsdp:
+    """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
+    (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
+    layouts)."""
+    def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
+        if kind == _SHARDED:
             out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt))
+        elif kind == _DISTRIBUTED:
+            return distributed_optimizer_bytes(lay, prt)
         else:
             out = replicated_state(model, lay, pos, prt)
         return out.params_bytes, out.grads_bytes, out.optimizer_bytes
 
-    return ModelStateBytes(*per_value(layout.fsdp, state, layout, position, parts))
+    kind = where(layout.fsdp, _SHARDED, where(layout.distributed_optimizer, _DISTRIBUTED, _REPLICATED))
+    return ModelStateBytes(*per_value(kind, state, layout, position, parts))
+
+
+_REPLICATED, _SHARDED, _DISTRIBUTED = range(3)
 
 
 def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemory:

@@ -10,36 +10,78 @@ microbatch's loss graph. The per-block and head terms come from activations.py, 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
-from backend.analytic.memory.activations import (LOSS_BYTES, RECOMPUTE, LayerShape, layer_activation_bytes,
+from backend.analytic.layout import RECOMPUTE_NAMES, SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
+from backend.analytic.memory.activations import (LOSS_BYTES, LayerShape, layer_activation_bytes, op_sac_rerun_extra_bytes,
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
+from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-from backend.analytic.memory.parts import RankParts, is_mixed
+from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.textbook.pipeline import in_flight_terms
-from backend.analytic.vector import as_int, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, per_value, select_present, take_rows, where
+from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not, logical_or, maximum, minimum, per_distinct,
+                                    per_value, select_present, take_rows, where)
 
 
-def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, float, float, float, float]:
-    """(one block's saved bytes at `recompute`, one block without recompute minus its checkpointed input, the
+TERMS = 6
+
+
+def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, ...]:
+    """(a non-checkpointed block's saved bytes (selective: its own), a checkpoint unit's saved bytes (its input; op:
+    + the saved op outputs), one block while it is re-run (no recompute's bytes; op: + what is still cached), the
     embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard)."""
     head = shape.head_kwargs(vocab)
-    rerun = layer_activation_bytes(shape, "none") - layer_activation_bytes(shape, "full")
-    return (layer_activation_bytes(shape, RECOMPUTE[recompute]), rerun, model_embedding_head_activation_bytes(**head),
+    kind = RECOMPUTE_NAMES[recompute]
+    plain = layer_activation_bytes(shape, "selective" if kind == "selective" else "none")
+    unit = layer_activation_bytes(shape, "op" if kind == "op" else "full")
+    rerun_block = layer_activation_bytes(shape, "none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
+    return (plain, unit, rerun_block, model_embedding_head_activation_bytes(**head),
             model_head_freed_in_backward_bytes(**head),
             tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp, dtype_bytes=shape.dtype_bytes))
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """How a pipeline rank's blocks fall under the recompute policy (scalars or arrays): `units` checkpoints (a block,
+    or a uniform group) and `plain` blocks outside any; in backward the last chunk's last checkpoint re-runs first,
+    after `after` plain blocks have freed theirs, re-materialising `rerun_blocks` blocks at once. Chunks of one rank
+    hold q or q+1 blocks (q = n_layers // n_stages); the extra layers sit on the earliest stages, so its last chunk
+    holds q+1 only when all do."""
+    units: Any
+    plain: Any
+    after: Any
+    rerun_blocks: Any
+
+
+def checkpointing(model: Any, layout: Layout, n_blocks: Any) -> Checkpointing:
+    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks (models/checkpointing.groups)."""
+    v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
+    q = model.n_layers // layout.n_stages
+    big = n_blocks - v * q
+    small = v - big
+    last = q + (big == v)
+    per_block = logical_or(kind == RecomputeMode.FULL, kind == RecomputeMode.OP)
+    units = where(per_block, n_blocks, 0)
+    units = where(kind == RecomputeMode.LAYERS, big * ((q + 1) // k) + small * (q // k), units)
+    units = where(kind == RecomputeMode.BLOCK, big * minimum(k, q + 1) + small * minimum(k, q), units)
+    groups = big * ceil_div(q + 1, k) + small * ceil_div(q, k)
+    units = where(kind == RecomputeMode.UNIFORM, groups, units)
+    plain = where(kind == RecomputeMode.UNIFORM, 0, n_blocks - units)
+    after = where(kind == RecomputeMode.LAYERS, where(last >= k, last % k, last), 0)
+    after = where(kind == RecomputeMode.BLOCK, last - minimum(k, last), after)
+    rerun_blocks = where(kind == RecomputeMode.UNIFORM, last - k * (ceil_div(last, k) - 1), 1)
+    return Checkpointing(units, plain, after, rerun_blocks)
 
 
 _TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] = {}
 
 
 def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
-    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute, autocast, ep,
+    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast, ep,
     cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
     memo = _TERMS.get((proto, vocab))
     if memo is None:
@@ -85,8 +127,9 @@ def _held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: A
 
 def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
-    loss) or at the start of the last stage's last backward (the loss seed just made)."""
-    blocks, _, emb_head, _, shard = terms  # blocks: the rank's blocks' saved bytes per microbatch
+    loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
+    shard) with blocks = all of the rank's blocks of one microbatch."""
+    blocks, emb_head, shard = terms
     stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
     units = in_flight(layout, pp_rank)
     # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
@@ -112,48 +155,55 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
     """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
     cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
     autocast's cache until the autocast region exits. A tied model without pipeline stages runs lm_head on
-    tok_emb's weight."""
+    tok_emb's weight. fp8: the block Linears are torchao Float8Linear (strategies/float8.py), whose matmul saves the
+    fp32 weight itself and its input as it comes (measured op by op: the same input bytes as autocast's copies, no
+    weight or bias cast); lm_head stays an autocast Linear."""
     cb = layout.compute_bytes
     tied_alone = logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages == 1)
     head = parts.total("head_weight_numel") + where(tied_alone, parts.embeddings.token_embedding_numel, 0)
+    if layout.precision == "fp8":  # torchao's float8 linears keep their fp32 weight (no cast) and add a transient bias
+        return (0, cb * head, 0)
     return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
 
 
 def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tuple:
     """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast, ep and cp; memoised
     on the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
-    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt)
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
+                                 sac_ops=layout.sac_ops)
 
     def compute() -> Any:
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
                             layout.sequence_parallel, layout.recompute, layout.uses_autocast, layout.ep, layout.cp)
 
     values = layout.memoised(("layer terms", proto, model.vocab_size), compute)
-    return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(5))
+    return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(TERMS))
 
 
 def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
     """Activation bytes of one rank (module docstring); layout fields and pp_rank broadcast together."""
     cb, autocast = layout.compute_bytes, layout.uses_autocast
     terms = rank_activation_terms(model, layout)
-    layer, rerun, emb_head, head_freed_bytes, shard = terms
+    plain_b, unit_b, none_b, emb_head, head_freed_bytes, shard = terms
     stages = parts.stages
-    if is_mixed(model):  # per block kind: the rank's blocks = (n - n_alt) x block + n_alt x alt block
-        alt_layer = rank_activation_terms(model, layout, alt=True)[0]
-        n_alt = stages.n_alt
-        terms = ((stages.n_blocks - n_alt) * layer + n_alt * alt_layer,) + tuple(terms[1:])
-    else:
-        terms = (stages.n_blocks * layer,) + tuple(terms[1:])
+    ck = checkpointing(model, layout, stages.n_blocks)
+    blocks = ck.units * unit_b + ck.plain * plain_b
+    if is_mixed(model):  # per block kind, the policy's units and plain blocks spread over both kinds in proportion
+        alt_plain, alt_unit = rank_activation_terms(model, layout, alt=True)[:2]
+        alt_share = stages.n_alt / maximum(stages.n_blocks, 1)
+        blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
+    blocks = blocks + attention_kind_correction(model, layout, pp_rank, stages.n_blocks, ck.plain)
     pipelined = layout.pipelined
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
         if pipe:
             return _pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
-        blocks_, _, emb_head_, _, shard_ = rows_terms.values
+        blocks_, emb_head_, shard_ = rows_terms.values
         return blocks_ + emb_head_ + shard_
 
     n = len(layout)
-    total = per_value(pipelined, saved, layout, _Rows(pp_rank, n), parts, _Rows(terms, n), _Rows(autocast, n))
+    total = per_value(pipelined, saved, layout, _Rows(pp_rank, n), parts, _Rows((blocks, emb_head, shard), n),
+                      _Rows(autocast, n))
     not_last_stage = logical_and(pipelined, logical_not(stages.last))
     head_freed = where(not_last_stage, 0.0, head_freed_bytes)
     # the last block's MLP output, alive next to the residual sum that ends a non-last stage's forward
@@ -161,10 +211,12 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     mlp_out = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * cb
     forward_transient = where(not_last_stage, mlp_out, 0.0)
     w_blocks, w_head, b_blocks = (where(autocast, x, 0) for x in autocast_casts(model, layout, parts))
-    full = logical_and(layout.recompute == RecomputeMode.FULL, stages.n_blocks > 0)
+    checkpointed = logical_and(ck.units > 0, stages.n_blocks > 0)
+    # a checkpointed block saves no 16-bit weight copy: only the plain blocks' casts stay
+    kept_casts = where(stages.n_blocks > 0, w_blocks * ck.plain / maximum(stages.n_blocks, 1), 0)
     sbv = seq * layout.micro_batch * model.vocab_size
     loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
-    forward_last = total + w_head + where(full, 0, w_blocks) + loss_copy
+    forward_last = total + w_head + kept_casts + loss_copy
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
     inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
@@ -175,8 +227,44 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
                                                        layout.schedule == PipelineSchedule.ZBV))
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
     one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
-    rerun_peak = total + maximum(0.0, rerun - head_freed) + one_block
-    return as_int(where(logical_and(full, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+    # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
+    # uniform: also the last full group of N blocks, once the (smaller) last group freed its input
+    rerun = ck.rerun_blocks * none_b - unit_b
+    # uniform groups under autocast: one more fp32 (b, s, h) while a group re-runs (measured on the CPU: uniform:2 /
+    # uniform:3, GPT and Llama blocks); not applied to the per-block policies, unmeasured there at their re-run peak
+    residual_copy = where(logical_and(autocast, layout.recompute == RecomputeMode.UNIFORM),
+                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1), 0)
+    rerun_peak = total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block + residual_copy
+    k = maximum(layout.recompute_layers, 1)
+    earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
+    group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
+    rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
+    return as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+
+
+def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:
+    """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
+    layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
+    block: sum over the rank's blocks minus n_blocks x block 0's. Checkpointed blocks (full, op, and the units of
+    layers:K / block:N / uniform:N) keep no constant; plain blocks keep their policy's (none or selective). With a
+    policy that mixes both, the kinds are taken spread over plain and checkpointed blocks in proportion."""
+    counts = attention_kind_counts(model, layout, pp_rank)
+    if counts is None:
+        return 0.0
+    n_rope, n_windowed = counts
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
+    rope0, windowed0 = proto.rope and not proto.nope, proto.windowed
+
+    def constants(recompute: int) -> tuple[float, float]:
+        kind = RECOMPUTE_NAMES[recompute]
+        rc = kind if kind in ("none", "selective") else "none"  # of the plain blocks
+        return (attention_constant_bytes(proto, rc, rope=True, windowed=False),
+                attention_constant_bytes(proto, rc, rope=False, windowed=True))
+
+    per = per_distinct(constants, layout.recompute)
+    rope_bytes, window_bytes = per if isinstance(per, tuple) else (per[..., 0], per[..., 1])
+    plain_share = 1.0 if plain_blocks is None else plain_blocks / maximum(n_blocks, 1)
+    return plain_share * ((n_rope - n_blocks * rope0) * rope_bytes + (n_windowed - n_blocks * windowed0) * window_bytes)
 
 
 class _Rows:

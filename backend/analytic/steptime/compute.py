@@ -4,7 +4,7 @@
   FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1). Forward (M, K, N), backward its dgrad (M, N, K) and wgrad (K, M, N),
   each timed at its own shape's efficiency (ops.gemm_time: the profile's GEMM table, else gemm_efficiency_max x a
   size curve), never faster than the bytes it moves (the roofline, Williams et al. 2009, CACM, Sec 2).
-- attention core: fused kernels (flash, efficient, cudnn) at the profile's attention table efficiency for the
+- attention core: fused kernels (flash, efficient, cudnn, flash1, flash-triton) at the profile's attention table efficiency for the
   kernel, (seq, head_dim), causal (ops.attention_time: FlashAttention-2's FLOP count, masked blocks skipped);
   eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the softmax on the
   (b, a/t, s, s) scores as memory traffic.
@@ -28,18 +28,22 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import Layout, RecomputeMode
-from backend.analytic.params import model_key
+from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
 from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
                                                    Widths, fused_layer_passes, layer_passes, param_passes)
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.ops import FLASH_BWD_FACTOR, attention_time, curve_fraction, gemm_time, passes_time
+from backend.analytic.steptime.ops import (FLASH_BWD_FACTOR, attention_time, curve_fraction, float8_gemm_time, gemm_time,
+                                          passes_time)
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
-from backend.analytic.traffic import compute_bytes
+from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
 
-ATTENTION = ("eager", "flash", "efficient", "cudnn")
-"""eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2)."""
+ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton")
+"""eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2); flash1 =
+FlashAttention v1 (Dao 2022, CUDA) and flash-triton = its Triton port (flash_attn/flash_attn_triton.py, MosaicML's
+`attn_impl: triton`): the kernels of 2022-2023 runs, timed from the FlashAttention-2 paper's figures (op_tables.json)."""
 __all__ = ["ATTENTION", "FLASH_BWD_FACTOR", "IMPLEMENTATIONS", "PassCost", "curve_fraction", "gemm_s", "memory_s",
            "attention_pass", "elementwise_pass", "head_pass", "stage_cost", "default_implementation"]
 
@@ -97,14 +101,19 @@ def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
     return tokens
 
 
-def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float) -> tuple[Any, Any]:
-    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring)."""
+def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float,
+                   float8: bool = False) -> tuple[Any, Any]:
+    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
+    float8: a torchao float8 linear under fp8 (ops.float8_gemm_time)."""
+    if float8:
+        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out)
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
 
 def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
     cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
+    fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
     out = PassCost()
     seen: dict[tuple, tuple[float, float]] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
     for q in params:
@@ -112,9 +121,10 @@ def _weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int
             continue
         n_out, k = q.local_shape  # nn.Linear weight (out, in)
         rows = _gemm_rows(spec, q, tokens)
-        f = seen.get((rows, k, n_out))
+        float8 = fp8 and is_float8_weight(q)
+        f = seen.get((rows, k, n_out, float8))
         if f is None:
-            f = seen[(rows, k, n_out)] = weight_gemms_s(hw, precision, rows, k, n_out, cb)
+            f = seen[(rows, k, n_out, float8)] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8)
         out.fwd_s += f[0]
         out.bwd_s += f[1]
         out.fwd_flops += 2 * rows * k * n_out
@@ -128,18 +138,27 @@ def cp_imbalance(layout: Layout) -> Any:
     return 1.0 if layout.cp_load_balance else (2 * layout.cp - 1) / layout.cp
 
 
-def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str) -> PassCost:
-    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic); fwd_flops is the
-    PaLM count (no causal saving), as MFU counts it. Under context parallelism the rank's s/cp queries against all s
-    keys: 1/cp of the layer's work, at the busiest cp rank's share (cp_imbalance)."""
+def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str, *, windowed: bool = False) -> PassCost:
+    """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic), with the block's
+    own widths (d_qk: MLA's nope + rope; d_v: its v_head_dim); fwd_flops is the PaLM count (no causal saving), as
+    MFU counts it. A windowed block (model_flops.kv_lengths) scores min(window, s) keys per query: its FLOPs, and a
+    fused kernel's time (FlashAttention-2's window_size and FlexAttention's block masks skip the blocks outside the
+    window: of the causal triangle s²/2 the band (2sw - w²)/2 is left); the eager path materialises and masks the
+    whole (s, s) scores, as the engine's math attention does, so its time stays s². Under context parallelism the
+    rank's s/cp queries against all keys: 1/cp of the layer's work, at the busiest cp rank's share (cp_imbalance)."""
     cb, peak = layout.compute_bytes, hw.peak(layout.precision)
-    b, s, a, hd = layout.micro_batch, model.seq_len, model.n_heads // layout.tp, model.head_dim
+    b, s, a = layout.micro_batch, model.seq_len, model.n_heads // layout.tp
+    d_qk, d_v = head_dim(model), v_head_dim(model)
+    s_kv = min(model.window, s) if windowed else s
     rows, skew = s // layout.cp, cp_imbalance(layout)
-    flops = 2 * 2 * b * a * rows * s * hd  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V
+    flops = 2 * b * a * rows * s_kv * (d_qk + d_v)  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
     if attention != "eager":
-        fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, hd, causal=True)
-        return PassCost(fwd_s=fwd * skew / layout.cp, bwd_s=bwd * skew / layout.cp, fwd_flops=flops)
-    bmm = 2 * gemm_s(hw, peak, b * a * rows, hd, s, cb)  # one batched GEMM each: b·a problems of (s, d) x (d, s)
+        fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, (d_qk + d_v) / 2, causal=True)
+        band = (2 * s * s_kv - s_kv * s_kv) / (s * s)  # 1 for a global block
+        share = band * skew / layout.cp
+        return PassCost(fwd_s=fwd * share, bwd_s=bwd * share, fwd_flops=flops)
+    # one batched GEMM each: b·a problems of (s/cp, d_qk) x (d_qk, s) and (s/cp, s) x (s, d_v)
+    bmm = gemm_s(hw, peak, b * a * rows, d_qk, s, cb) + gemm_s(hw, peak, b * a * rows, s, d_v, cb)
     scores = 5 * a * rows * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
     soft = memory_s(hw, 2 * scores, kernels=3)  # written once, read once
     return PassCost(fwd_s=skew * (bmm + soft), bwd_s=2 * skew * (bmm + soft), fwd_flops=flops)
@@ -302,16 +321,26 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     # memoised per shared params tuple on every input _weights_cost reads
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts), weights, keep=hw))
-    attn, elem = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, implementation)
-    n = len(layers)
-    cost.fwd_s += n * (attn.fwd_s + elem.fwd_s)
-    cost.bwd_s += n * (attn.bwd_s + elem.bwd_s)
-    cost.fwd_flops += n * attn.fwd_flops
+    elem = elementwise_pass(m, layout, hw, implementation)
+    n_windowed = sum(layer_attention_kind(m, i)[1] for i in layers)  # the rest attend globally
+    n = len(layers) - n_windowed
+    attn = attention_pass(m, layout, hw, attention)
+    win = attention_pass(m, layout, hw, attention, windowed=True) if n_windowed else attn
+    cost.fwd_s += n * (attn.fwd_s + elem.fwd_s) + n_windowed * (win.fwd_s + elem.fwd_s)
+    cost.bwd_s += n * (attn.bwd_s + elem.bwd_s) + n_windowed * (win.bwd_s + elem.bwd_s)
+    cost.fwd_flops += n * attn.fwd_flops + n_windowed * win.fwd_flops
     rc = str(t.recompute)
     if rc == "full":
         cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
     elif rc == "selective":
-        cost.recompute_s = n * attn.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+        cost.recompute_s = n * attn.fwd_s + n_windowed * win.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
+    elif rc != "none":  # the shares of recompute_cost.py (the head's GEMM is never re-run)
+        share = rerun_share(m, layout, flash=attention == "flash")
+        attention_fwd_s = n * attn.fwd_s + n_windowed * win.fwd_s
+        elementwise_fwd_s = (n + n_windowed) * elem.fwd_s
+        gemm_fwd = cost.fwd_s - attention_fwd_s - elementwise_fwd_s
+        cost.recompute_s = (float(share.gemm) * gemm_fwd + float(share.attention) * attention_fwd_s
+                            + float(share.elementwise) * elementwise_fwd_s)
     tied_head = last and not any(q.name.startswith("lm_head") for q in params)
     if tied_head:  # a tied lm_head is tok_emb's weight: the head GEMM still runs (the lookup alone is free)
         f, b = weight_gemms_s(hw, str(t.precision), tokens, m.d_model, m.vocab_size / p.tp, compute_bytes(t.precision))

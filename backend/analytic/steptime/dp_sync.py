@@ -3,7 +3,8 @@ much of it the rank's compute hides. DDP's bucketed all-reduce overlaps the last
 bucket cannot (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
 prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and the last
 reduce-scatter (Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec 3.3); ZeRO-1's parameter broadcast follows the
-optimizer step, exposed.
+optimizer step, exposed; the distributed optimizer (zero1 x tp/pp) reduce-scatters each bucket as the last
+backward completes it (the last bucket exposed) and all-gathers the params after the step, exposed.
 FSDP2 copies every unit in and out of its collective buffers (and casts to the param / reduce dtypes) even on a
 data-parallel group of one (a pure ZeRO-2/3 run on one GPU): those copies stay, the collectives vanish. Under zero3
 the pre-backward hook re-gathers each unit on the autograd thread before its backward kernels are launched, so its
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
+from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.sharding import derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
@@ -46,7 +48,7 @@ def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     the degrees, the schedule's placement and the rank; the key adds the flavour, microbatches, pp, the FSDP
     parameter bytes, the node size and the hardware)."""
     p, t = spec.parallel, spec.train
-    key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), g, id(hw))
+    key = ("dp_colls", p.ep, p.zero_stage, t.microbatches, p.pp, fsdp_param_bytes(spec), t.fp8_gathers, g, id(hw))
     return derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps), keep=hw)
 
 
@@ -55,7 +57,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     total = fsdp = fsdp_tail = 0.0
     kinds: dict[str, float] = {}
     exposure: list[tuple[bool, float, float]] = []
-    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec)),
+    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec), spec.train.fp8_gathers),
                       lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
     seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
 
@@ -67,6 +69,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
         return hit
 
     groups: dict[int, tuple[str, int]] = {}
+    distributed = used_by(spec)
     for kind, payload, n in traffic:
         tier_k = groups.get(n)
         if tier_k is None:
@@ -77,6 +80,13 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
             last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             exposure.append((True, s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
+        elif distributed:  # the distributed optimizer: per bucket, once per step
+            buckets = len(bucket_numels(params, n))
+            s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
+            if kind == "reduce_scatter":  # launched as each bucket completes in the last backward; the last one exposed
+                exposure.append((True, s, coll_s(tier, kind, payload / buckets, n, per_node=k)))
+            else:  # the all-gather of the updated params follows the step
+                exposure.append((False, s, 0.0))
         elif kind == "broadcast":
             # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
             # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency

@@ -6,10 +6,11 @@ then "cpu" from the micro-benchmark backend/bench/hw_probe.py wrote (SHARDLAB_CP
 data/hardware_cpu.json). Peak FLOP/s are dense; bandwidths are per GPU and per direction.
 
 A profile's operation tables (op_tables.py: GEMM by shape, attention by kernel, element-wise / optimizer bandwidth,
-kernel floors) come from its `tables` entry (names of op_tables.json tables, or the tables themselves) or, for a
-profile a GPU-check probe wrote, from its `measured` tables. Where a table is missing the scalar tunables stand
-in (gemm_efficiency_max with the saturating size curve, attention_flash_efficiency, memory_efficiency). Every
-profile states where each of its values comes from (`provenance`).
+kernel floors) come from its `tables` entry (names of op_tables.json tables, or the tables themselves; attention may
+list several, each adding its kernels) or, for a profile a GPU-check probe wrote, from its `measured` tables.
+Where a table is missing the scalar tunables stand in (gemm_efficiency_max with the saturating size curve,
+attention_flash_efficiency, memory_efficiency). Every profile states where each of its values comes from
+(`provenance`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Tunables:
     """Bandwidth of an all-gather relative to the tier's (all-reduce-derived) bandwidth: 1 on NCCL; gloo differs."""
     reduce_scatter_efficiency: float = 1.0
     """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
+    gemm_fp8_efficiency_max: float = 0.0
+    """The float8 GEMMs' efficiency under fp8 (0: unmeasured, bf16's gemm_efficiency_max is used: Hardware.peak_note)."""
     gemm_scale: float = 1.0
     """Multiplier on the GEMM efficiency (table or curve): what a calibration fits."""
     attention_scale: float = 1.0
@@ -94,9 +97,31 @@ class Hardware:
     """Seconds already computed on this profile (compute.py, by their inputs); a changed profile starts empty."""
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit."""
-        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(str(precision), "fp32")
+        """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit; fp8 runs everything but
+        its float8 linears in bf16 (those: `linear_peak`), and MFU is quoted against bf16's peak, as torchtitan does."""
+        dtype = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8": "bf16"}.get(str(precision), "fp32")
         return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def linear_peak(self, precision: str) -> float:
+        """Peak FLOP/s for a float8 linear's GEMM under fp8: the profile's fp8 peak, bf16's where it has none
+        (`peak_note` says so); other precisions: `peak`."""
+        if str(precision) != "fp8":
+            return self.peak(precision)
+        return self.peak_flops.get("fp8") or self.peak("fp8")
+
+    def peak_note(self, precision: str) -> str | None:
+        """What fp8's float8 GEMMs are timed with when the profile has no fp8 peak or no fp8 efficiency (an fp8 GEMM
+        table or tune.gemm_fp8_efficiency_max), else None."""
+        if str(precision) != "fp8":
+            return None
+        fp8_efficiency = self.tables.gemm_table("fp8") is not None or self.tune.gemm_fp8_efficiency_max
+        missing = [what for what, ok in (("fp8 peak", self.peak_flops.get("fp8")),
+                                         ("fp8 GEMM efficiency", fp8_efficiency)) if not ok]
+        if not missing:
+            return None
+        return (f"{self.key}: no {' / '.join(missing)} in the profile: float8 GEMMs timed with bf16's "
+                f"({self.peak('fp8') / 1e12:.0f} TFLOP/s peak, efficiency {self.tune.gemm_efficiency_max})"
+                if len(missing) == 2 else f"{self.key}: no {missing[0]} in the profile: bf16's used for float8 GEMMs")
 
     def peak_of(self, dtype: str) -> float:
         """Dense peak FLOP/s of a matmul dtype (bf16, fp16, fp8, fp32); fp16 falls back to bf16, others to fp32."""
@@ -184,6 +209,8 @@ def _tables(key: str, entry: dict[str, Any]) -> OpTables:
         for part, ref in spec.items():
             if part == "gemm":
                 resolved["gemm"] = {d: _named(key, r, "gemm")[d] if isinstance(r, str) else r for d, r in ref.items()}
+            elif part == "attention" and isinstance(ref, list):
+                resolved[part] = merged_attention_tables(key, [_named(key, r, part) if isinstance(r, str) else r for r in ref])
             else:
                 resolved[part] = _named(key, ref, part) if isinstance(ref, str) else ref
         return tables_from_json(resolved)
@@ -192,6 +219,17 @@ def _tables(key: str, entry: dict[str, Any]) -> OpTables:
         return tables_from_measured(measured, {k: float(v) for k, v in entry["peak_flops"].items()},
                                     float(entry["hbm_bytes_per_s"]), f"measured: {entry.get('source', key)}")
     return OpTables()
+
+
+def merged_attention_tables(key: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several attention tables as one (`"attention": [name, ...]`): each kernel from exactly one of them."""
+    seen: set[str] = set()
+    for part in parts:
+        kernels = {r["kernel"] for r in part["rows"]}
+        if kernels & seen:
+            raise ValueError(f"hardware profile {key!r}: attention kernels {sorted(kernels & seen)} in two of its tables")
+        seen |= kernels
+    return {"rows": [r for part in parts for r in part["rows"]], "source": "; ".join(part.get("source", "") for part in parts)}
 
 
 def _named(key: str, name: str, part: str) -> Any:

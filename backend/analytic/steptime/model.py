@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.analytic.textbook.flops import training_flops_per_step
 from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.layout import Layout
-from backend.analytic.params import matmul_params
+from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
+from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.steptime.compute import (ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, default_implementation,
                                                memory_s, stage_cost)
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
@@ -118,8 +118,11 @@ def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int
     host_s = hw.tune.dtensor_op_s * tp_dispatch_layers(spec, params, _layers(spec, stage))
     c.fwd_s += host_s / 3
     c.bwd_s += 2 * host_s / 3
-    if str(spec.train.recompute) == "full":
+    rc = str(spec.train.recompute)
+    if rc == "full":
         c.recompute_s += host_s / 3
+    elif rc not in ("none", "selective"):
+        c.recompute_s += host_s / 3 * float(rerun_share_of(spec).gemm)
 
 
 def _optimizer_s(spec: Any, hw: Hardware, params: list, implementation: str) -> float:
@@ -211,6 +214,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     slow = max(out, key=lambda x: x.step_s)
     notes = [f"attention={attention}", f"implementation={implementation}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
+    notes += [n for n in [hw.peak_note(spec.train.precision)] if n]
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
                     stage_fwd_s=fwd, stage_bwd_s=bwd)
 
@@ -244,9 +248,8 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
 
 def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
     m, t = spec.model, spec.train
-    return training_flops_per_step(n_params_dense=matmul_params(m), tokens=spec.tokens_per_step, n_layers=m.n_layers,
-                                     seq_len=m.seq_len, d_model=m.d_model, recompute=str(t.recompute) if recompute else "none",
-                                     active_params=matmul_params(m, active=True) if m.is_moe else None)
+    return training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(t.recompute) if recompute else "none",
+                                   rerun=flops_rerun(spec) if recompute else None)
 
 
 def summarise(spec: Any, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:

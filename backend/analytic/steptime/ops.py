@@ -20,11 +20,15 @@ import numpy as np
 from backend.analytic.steptime.elementwise import Pass
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.op_tables import ADAMW_BYTES_PER_PARAM, per_unique
+from backend.analytic.traffic import FP8_BYTES
 from backend.analytic.vector import is_array, maximum
 
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
-PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32"}
+PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32", "fp8": "bf16"}
+"""The matmul dtype of a precision; fp8 runs all but its float8 linears in bf16 (those: `float8_gemm_time`)."""
 OPTIMIZER_IMPL = {"torch": "foreach", "fused": "fused"}
+FALLBACK = {"flash-triton": ("flash1",)}
+"""Attention kernels a profile's table may lack, and the measured kernel that stands in (attention_efficiency)."""
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""
 
 
@@ -33,13 +37,15 @@ def gemm_efficiency(hw: Hardware, dtype: str, m: Any, k: Any, n: Any) -> Any:
     table = hw.tables.gemm_table(dtype)
     if table is not None:
         return table.efficiency(m, k, n) * hw.tune.gemm_scale
+    top = hw.tune.gemm_fp8_efficiency_max if dtype == "fp8" and hw.tune.gemm_fp8_efficiency_max else \
+        hw.tune.gemm_efficiency_max
     flops = 2 * m * k * n
     if hw.gemm_curve:
         frac = np.vectorize(lambda f: curve_fraction(hw.gemm_curve, f))(flops) if is_array(flops) else \
             curve_fraction(hw.gemm_curve, flops)
     else:
         frac = flops / (flops + hw.tune.gemm_half_flops)
-    return hw.tune.gemm_efficiency_max * frac * hw.tune.gemm_scale
+    return top * frac * hw.tune.gemm_scale
 
 
 def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> float:
@@ -56,7 +62,17 @@ def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> floa
 
 def gemm_time(hw: Hardware, precision: str, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
     """Seconds of one (m, k) x (k, n) GEMM in the matmul dtype of `precision` (module docstring)."""
-    dtype = PRECISION_DTYPE.get(str(precision), str(precision))
+    return dtype_gemm_time(hw, PRECISION_DTYPE.get(str(precision), str(precision)), m, k, n, dtype_bytes)
+
+
+def float8_gemm_time(hw: Hardware, m: Any, k: Any, n: Any) -> Any:
+    """Seconds of one float8 linear's GEMM (torchao's float8 matmul, 1-byte operands): at the fp8 peak and table, or
+    bf16's where the profile has no fp8 peak (Hardware.peak_note says so)."""
+    return dtype_gemm_time(hw, "fp8" if hw.peak_flops.get("fp8") else "bf16", m, k, n, FP8_BYTES)
+
+
+def dtype_gemm_time(hw: Hardware, dtype: str, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
+    """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32)."""
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     moved = (m * k + k * n + m * n) * dtype_bytes
     compute = flops / (hw.peak_of(dtype) * gemm_efficiency(hw, dtype, m, k, n))
@@ -73,10 +89,11 @@ def attention_flops(b: Any, heads: Any, seq: Any, head_dim: Any, causal: bool = 
 
 def attention_efficiency(hw: Hardware, kernel: str, seq: Any, head_dim: Any, causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) fraction of peak of a fused attention kernel: the profile's table (the kernel, else its
-    flash rows), else attention_flash_efficiency for both."""
+    flash rows), else attention_flash_efficiency for both. flash-triton falls back to flash1 before flash: the
+    FlashAttention-2 paper measures the Triton port within 10% of FlashAttention v1 (Dao 2023 Fig. 4, A100)."""
     t, scale = hw.tables.attention, hw.tune.attention_scale
     if t is not None:
-        for k in (kernel, "flash"):
+        for k in dict.fromkeys((kernel, *FALLBACK.get(kernel, ()), "flash")):
             if k in t.kernels():
                 if is_array(seq, head_dim):
                     both = per_unique(lambda a, b: t.efficiency(k, a, b, causal), seq, head_dim)

@@ -2,11 +2,10 @@
 fields are computed by the step-time model's own functions (compute.gemm_s / attention_pass / elementwise_pass /
 head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arrays of layouts.
 
-What it leaves out, by design (each is a field of the exact model): a mixed stack's second block kind (dense prefix,
-alternation: GEMMs and parameter passes take block 0's for every block), the simulated pipeline schedule (the analytic
+What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
-rank's layers at one layer's cost), the host's DTensor dispatch, the kernel launches of the optimizer and of the
-loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward. The planner
+rank's layers at one layer's cost per block kind: dense / MoE, global / windowed attention), the host's DTensor dispatch, the kernel launches of the optimizer and of the
+loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward (recompute_cost.py shares). The planner
 ranks every layout with it, then re-times a pool of the fastest with model.step_time, which it reports.
 Measured agreement with step_time over every fitting layout: see tests/test_planner_core.py and
 benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
@@ -20,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, RecomputeMode, ZeroStage
-from backend.analytic.memory.parts import local_part, part_sums, rank_parts, stage_composition
-from backend.analytic.params import model_key
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
+from backend.analytic.memory.parts import (ALT_PART, attention_kind_counts, is_mixed, local_part, part_sums, rank_parts,
+                                           stage_composition)
+from backend.analytic.params import layer_attention_kind, layer_is_moe, model_key
+from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
@@ -30,6 +31,7 @@ from backend.analytic.steptime.compute import (attention_pass, default_implement
 from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.textbook.comm import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
 from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
@@ -45,6 +47,8 @@ class StepProxy:
     """All microbatches through the busiest pipeline rank: GEMMs, attention, element-wise, head (+ recompute)."""
     tp_comm_s: Any
     """TP activation all-reduces (4 per layer and microbatch), bandwidth only, all exposed."""
+    ep_comm_s: Any
+    """EP all-to-alls (4 per MoE block and microbatch), bandwidth only, all exposed."""
     cp_comm_s: Any
     """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; allgather, torch's default)."""
     bubble: Any
@@ -58,15 +62,16 @@ class StepProxy:
 
     @property
     def step_s(self) -> Any:
-        return (self.compute_s + self.tp_comm_s + self.cp_comm_s) * (1 + self.bubble) + self.dp_exposed_s + self.optimizer_s \
-            + self.overhead_s
+        return (self.compute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s) * (1 + self.bubble) \
+            + self.dp_exposed_s + self.optimizer_s + self.overhead_s
 
 
 @lru_cache(maxsize=256)
-def _block_linears(key: Any, tp: int) -> tuple[tuple[int, int, bool], ...]:
-    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement)."""
+def _block_linears(key: Any, tp: int, part: str = "block", ep: int = 1) -> tuple[tuple[int, int, bool], ...]:
+    """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement: an ep rank holds
+    n_experts / ep experts); part: block (block 0's MLP kind) or parts.ALT_PART (the other kind's, mixed stacks)."""
     return tuple((*q.local_shape, expert_of(q.name) is not None)
-                 for q in local_part(key, "block", False, (tp, 1, 1, 0, 0, 0, 0)) if len(q.shape) == 2)
+                 for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
 def _groups(*columns: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -93,33 +98,37 @@ def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     return groups, lookup[key]
 
 
-def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware) -> tuple[Any, Any]:
+def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Any, Any]:
     """One layer's (forward, backward) GEMMs (compute._weights_cost: forward, dgrad and wgrad shapes; experts see
     tokens·top_k·ep/E rows under uniform routing; a cp rank's seq_len / cp tokens), added in the block's parameter
-    order; timed once per distinct (tp, micro-batch, ep, cp) and profile."""
+    order; timed once per distinct (tp, micro-batch, ep, cp) and profile. part: as _block_linears."""
     key = model_key(model)
     if not isinstance(layout.tp, np.ndarray):
-        return _one_layer_gemms(model, layout, hw, key, int(layout.tp), int(layout.micro_batch), int(layout.ep),
-                                int(layout.cp))
+        return _one_layer_gemms(model, layout, hw, key, (int(layout.tp), int(layout.micro_batch), int(layout.ep),
+                                                         int(layout.cp)), part)
     _prefill_gemm_table(model, layout, hw, key)
     tp, mb, ep, cp = (np.broadcast_to(np.asarray(c), np.shape(layout.tp))
                       for c in (layout.tp, layout.micro_batch, layout.ep, layout.cp))
     rep, group = _groups(tp, mb, ep if model.is_moe else 0, cp)
-    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, int(tp[i]), int(mb[i]), int(ep[i]), int(cp[i]))
+    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, (int(tp[i]), int(mb[i]), int(ep[i]), int(cp[i])), part)
                         for i in rep.tolist()], dtype=float)
     return pairs[group, 0], pairs[group, 1]
 
 
-def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, tp: int, mb: int, ep: int,
-                     cp: int = 1) -> tuple[float, float]:
-    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp)
+def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int, int],
+                     part: str) -> tuple[float, float]:
+    """sizes: (tp, micro-batch, ep, cp)."""
+    tp, mb, ep, cp = sizes
+    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp, part)
     hit = hw.memo.get(memo_key)
     if hit is None:
         tokens = mb * (model.seq_len // cp)
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
         f = b = 0.0
-        for n_out, k, expert in _block_linears(key, tp):
-            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes)
+        fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
+        for n_out, k, expert in _block_linears(key, tp, part, ep if model.is_moe else 1):
+            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes,
+                                    float8=fp8 and not expert)
             f, b = f + sf, b + sb
         hit = hw.memo[memo_key] = (f, b)
     return hit
@@ -175,40 +184,44 @@ def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: flo
 
 def _param_pass_s(model: Any, layout: Layout, hw: Hardware, stages: Any, implementation: str) -> Any:
     """compute.stage_param_pass of a pipeline rank with composition `stages`, part by part: blocks x one block's
-    passes, the embeddings on the first stage, norm and lm_head on the last; each part timed once per distinct
-    (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes (memory/parts.part_sums)."""
+    passes (a mixed stack's other kind: its own block's), the embeddings on the first stage, norm and lm_head on the
+    last; each part timed once per distinct (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes
+    (memory/parts.part_sums)."""
     if implementation != "torch" or layout.uses_autocast is False:
         return 0.0
-    key, tied = model_key(model), bool(model.tie_embeddings)
+    key, tied, mixed = model_key(model), bool(model.tie_embeddings), is_mixed(model)
 
-    def parts_s(tp: int, ep: int, autocast: int, recompute: int, single: int) -> tuple[float, float, float]:
+    def parts_s(tp: int, ep: int, autocast: int, recompute: int, single: int) -> tuple[float, float, float, float]:
         memo_key = ("param passes", key, layout.precision, tp, ep, autocast, recompute, single)
         hit = hw.memo.get(memo_key)
         if hit is None:
             one = Layout(tp=tp, ep=ep, recompute=recompute, precision=layout.precision)
             placement = (tp, ep, ep, 0, 0, 0, 0)
-            blk, emb, head = (part_sums(key, part, tied and part == "head" and not single, placement, False)
-                              for part in ("block", "embeddings", "head"))
+            blk, emb, head, alt = (part_sums(key, part, tied and part == "head" and not single, placement, False)
+                                   for part in ("block", "embeddings", "head", ALT_PART if mixed else "block"))
             e_gemm = emb.token_embedding_numel if tied and single else 0
-            sizes = ((blk.linear_weight_numel, blk.local_numel - blk.linear_weight_numel, _local_linears(key, tp, ep),
-                      blk.tensors - _local_linears(key, tp, ep)),
+            sizes = tuple((b.linear_weight_numel, b.local_numel - b.linear_weight_numel,
+                           _local_linears(key, tp, ep, part), b.tensors - _local_linears(key, tp, ep, part))
+                          for b, part in ((blk, "block"), (alt, ALT_PART if mixed else "block"))) + (
                      (e_gemm, emb.local_numel - e_gemm, int(e_gemm > 0), emb.tensors - int(e_gemm > 0)),
                      (head.head_weight_numel, head.local_numel - head.head_weight_numel, int(head.head_weight_numel > 0),
                       head.tensors - int(head.head_weight_numel > 0)))
             costs = [param_pass(hw, one, sz, implementation, autocast=bool(autocast)) for sz in sizes]
-            hit = hw.memo[memo_key] = (costs[0].fwd_s + costs[0].bwd_s + costs[0].recompute_s,
-                                       costs[1].fwd_s + costs[1].bwd_s, costs[2].fwd_s + costs[2].bwd_s)
+            block_s = [c.fwd_s + c.bwd_s + c.recompute_s for c in costs[:2]]
+            hit = hw.memo[memo_key] = (block_s[0], costs[2].fwd_s + costs[2].bwd_s, costs[3].fwd_s + costs[3].bwd_s,
+                                       block_s[1])
         return hit
 
     per = per_distinct(parts_s, layout.tp, layout.ep, layout.uses_autocast, layout.recompute, layout.n_stages == 1)
-    block, first, last = (per[..., i] for i in range(3)) if isinstance(per, np.ndarray) else per
-    return stages.n_blocks * block + stages.first * first + stages.last * last
+    block, first, last, alt = (per[..., i] for i in range(4)) if isinstance(per, np.ndarray) else per
+    return (stages.n_blocks - stages.n_alt) * block + stages.n_alt * alt + stages.first * first + stages.last * last
 
 
 @lru_cache(maxsize=4096)
-def _local_linears(key: Any, tp: int, ep: int) -> int:
-    """2-D weights of one block on a rank of (tp, ep) (compute.stage_param_pass counts the same)."""
-    return sum(1 for q in local_part(key, "block", False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)
+def _local_linears(key: Any, tp: int, ep: int, part: str = "block") -> int:
+    """2-D weights of one block (part: as _block_linears) on a rank of (tp, ep) (compute.stage_param_pass counts the
+    same)."""
+    return sum(1 for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)
 
 
 def _bubble(layout: Layout) -> Any:
@@ -223,14 +236,9 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
     implementation = default_implementation(hw)
-    attention = attention_pass(model, layout, hw, "flash")
-    elementwise = elementwise_pass(model, layout, hw, implementation)
     head = head_pass(model, layout, hw, kernel_launches=False)
-    gemm_fwd, gemm_bwd = _layer_gemm_s(model, layout, hw)
-    full, selective = layout.recompute == RecomputeMode.FULL, layout.recompute == RecomputeMode.SELECTIVE
-    forward = gemm_fwd + attention.fwd_s + elementwise.fwd_s
-    backward = gemm_bwd + attention.bwd_s + elementwise.bwd_s  # dgrad + wgrad
-    per_layer = forward * (1 + full) + backward + where(selective, attention.fwd_s, 0.0)
+    share = rerun_share(model, layout, flash=True)  # recompute_cost.py: what each policy re-runs in backward
+    blocks = _BlockCosts(model, layout, hw, implementation, rerun=share)
     head_fwd, head_bwd = _head_gemms_s(hw, layout, tokens, model, cb)
     lm_head = head_fwd + head_bwd + head.fwd_s + head.bwd_s
     # the busiest pipeline rank: rank 0 (most layers; under ZBV also the last stage's head) or the last stage's rank;
@@ -238,28 +246,30 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     rank0 = rank_parts(model, layout, RankPosition())
     first_rank, last_rank = rank0.stages, stage_composition(model, layout, layout.pp - 1)
     head_on_first = logical_or(layout.pp == 1, layout.zbv)
-    busiest = maximum(first_rank.n_blocks * per_layer + head_on_first * lm_head
+    busiest = maximum(blocks.of_rank(first_rank, 0) + head_on_first * lm_head
                       + _param_pass_s(model, layout, hw, first_rank, implementation),
-                      where(head_on_first, 0.0, last_rank.n_blocks * per_layer + lm_head
+                      where(head_on_first, 0.0, blocks.of_rank(last_rank, layout.pp - 1) + lm_head
                             + _param_pass_s(model, layout, hw, last_rank, implementation)))
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
-    tp_comm = where(layout.tp > 1, where(full, 1.5, 1.0) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    tp_comm = where(layout.tp > 1, (1.0 + 0.5 * share.gemm) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     cp_comm = 0.0
     if any_true(layout.cp > 1):
-        ring = ring_time(model, layout, hw, attention, rotate="allgather", gpus_per_node=gpus_per_node)
+        ring = ring_time(model, layout, hw, blocks.attention[0], rotate="allgather", gpus_per_node=gpus_per_node)
         cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
-                             backward_s=first_rank.n_blocks * backward, compute_s=compute)
+                             backward_s=first_rank.n_blocks * blocks.backward_s, compute_s=compute)
     owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp_cp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
     step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
         optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
     optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
-    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, cp_comm_s=cp_comm, bubble=_bubble(layout), dp_exposed_s=dp_exposed,
-                     optimizer_s=optimizer, overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
+    ep_comm = _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
+    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm, bubble=_bubble(layout),
+                     dp_exposed_s=dp_exposed, optimizer_s=optimizer,
+                     overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
 
 
 def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
@@ -268,10 +278,76 @@ def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
     return where(wrapped, hw.tune.fsdp_unit_host_s * (stages.n_blocks + 1) * layout.microbatches, 0.0)
 
 
+class _BlockCosts:
+    """Seconds of one microbatch through a rank's blocks, per kind: dense / MoE blocks (mixed stacks: the alt part's
+    GEMMs) and global / windowed attention (compute.attention_pass with windowed=True)."""
+
+    def __init__(self, model: Any, layout: Layout, hw: Hardware, implementation: str, *, rerun: Any):
+        self.model, self.layout, self.rerun = model, layout, rerun
+        self.mixed = is_mixed(model)
+        attention = attention_pass(model, layout, hw, "flash")
+        self.elementwise = elementwise_pass(model, layout, hw, implementation)
+        windowed = attention_pass(model, layout, hw, "flash", windowed=True) \
+            if getattr(model, "window", None) is not None else attention
+        self.attention = (attention, windowed)
+        self.gemm = (_layer_gemm_s(model, layout, hw), _layer_gemm_s(model, layout, hw, ALT_PART) if self.mixed else (0.0, 0.0))
+
+    @property
+    def backward_s(self) -> Any:
+        """One block 0's backward (what DDP's bucketed all-reduce overlaps with, per block)."""
+        return self.gemm[0][1] + self.attention[0].bwd_s + self.elementwise.bwd_s
+
+    def _per_layer(self, gemm: tuple[Any, Any], attention: Any) -> Any:
+        forward = gemm[0] + attention.fwd_s + self.elementwise.fwd_s
+        backward = gemm[1] + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
+        rerun = self.rerun  # recompute_cost.RerunShare: the shares of the forward re-run in backward
+        return forward + backward + rerun.gemm * gemm[0] + rerun.attention * attention.fwd_s \
+            + rerun.elementwise * self.elementwise.fwd_s
+
+    def of_rank(self, stages: Any, pp_rank: Any) -> Any:
+        """The blocks of a pipeline rank (StageComposition) at its own kinds."""
+        layer = self._per_layer(self.gemm[0], self.attention[0])
+        counts = attention_kind_counts(self.model, self.layout, pp_rank)
+        if not self.mixed and counts is None:
+            return stages.n_blocks * layer
+        total = (stages.n_blocks - stages.n_alt) * layer
+        if self.mixed:
+            total = total + stages.n_alt * (self._per_layer(self.gemm[1], self.attention[0]))
+        if counts is not None:  # windowed blocks' attention instead of a global one's
+            global_attention, window = self.attention
+            no_gemm = (0.0, 0.0)
+            delta = self._per_layer(no_gemm, window) - self._per_layer(no_gemm, global_attention)
+            _, n_windowed = counts
+            total = total + (n_windowed - stages.n_blocks * layer_attention_kind(self.model, 0)[1]) * delta
+        return total
+
+    def moe_blocks(self, stages: Any) -> Any:
+        """MoE blocks of a pipeline rank."""
+        if not self.model.is_moe:
+            return 0
+        return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
+
+
+def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
+    """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
+    tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
+    (strided by tp, carved out of dp)."""
+    if not model.is_moe:
+        return 0.0
+    tokens = layout.micro_batch * layout.seq_local(model)
+    payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
+        tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
+    intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
+    per_node = node_members(layout.tp, layout.ep, gpus_per_node)
+    link = link_bandwidth(hw, intra, per_node)
+    return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep, link_bytes_per_s=link), 0.0)
+
+
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
                 compute_s: Any) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
-    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; FSDP2's gathers / reduce-scatters behind
+    25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
+    reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
     dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, dp, "dp")
@@ -286,6 +362,10 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     all_reduce = coll("all_reduce", grads)
     ddp = maximum(all_reduce - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
     ddp = ddp + where(layout.zero_stage == ZeroStage.ZERO1, coll("broadcast", grads), 0.0)
+    scatter_bucket = coll("reduce_scatter", grads / (n_blocks + 1))  # the distributed optimizer's last bucket
+    distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, scatter_bucket) \
+        + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * local)
+    ddp = where(layout.distributed_optimizer, distributed, ddp)
     gathers = fsdp_gathers_per_step(layout.zero_stage, layout.microbatches, pipelined=layout.pipelined)
     scatters = where(layout.pipelined, 1, layout.microbatches)
     param_bytes = layout.fsdp_param_bytes

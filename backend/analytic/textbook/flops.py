@@ -16,31 +16,42 @@ def narayanan_param_count(*, l: int, h: int, V: int, s: int) -> float:
 
 
 def training_flops_per_token(*, n_params_dense: float, n_layers: int, seq_len: int, d_model: int,
-                             recompute: str = "none", active_params: float | None = None) -> float:
+                             recompute: str = "none", active_params: float | None = None,
+                             attention_fwd_per_token: float | None = None,
+                             rerun: tuple[float, float] | None = None) -> float:
     """FLOPs to train on one token (forward + backward [+ recompute]).
 
     `active_params` (MoE: params a token actually touches, top_k experts) replaces n_params_dense.
+    `attention_fwd_per_token` (the forward QK^T + P.V FLOPs of a token over all layers; backward is twice that)
+    replaces PaLM's 4·L·s·h forward when the blocks' attention differs from it (windows, own head widths, MLA).
     Full recompute re-runs the forward of all N (8N): slightly high since the LM head is not recomputed.
+    `rerun` = (share of the weight FLOPs, share of the attention FLOPs) re-run in backward, for the policies beyond
+    none / selective / full (analytic/recompute_cost.py); it replaces `recompute`.
     """
+    n = n_params_dense if active_params is None else active_params
+    weights = 6 * n  # Kaplan 2020 Sec 2.1: 2N forward, 4N backward
+    attn_fwd = 4 * n_layers * seq_len * d_model if attention_fwd_per_token is None else attention_fwd_per_token
+    attn = 3 * attn_fwd  # PaLM App. B: 12·L·H·Q·T; Narayanan Eq. 3 s/(6h) term
+    if rerun is not None:
+        return weights + 2 * n * rerun[0] + attn + attn_fwd * rerun[1]
     recompute = str(recompute)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r} not in {RECOMPUTE}")
-    n = n_params_dense if active_params is None else active_params
-    weights = 6 * n  # Kaplan 2020 Sec 2.1: 2N forward, 4N backward
-    attn = 12 * n_layers * seq_len * d_model  # PaLM App. B: 12·L·H·Q·T; Narayanan Eq. 3 s/(6h) term
     if recompute == "full":
         weights += 2 * n  # Narayanan 2021 Eq. 3: 4 passes (96 B s l h²) instead of 3 (72 B s l h²)
-        attn += 4 * n_layers * seq_len * d_model
+        attn += attn_fwd
     elif recompute == "selective":
-        attn += 4 * n_layers * seq_len * d_model  # Korthikanti 2022 Sec 5: only QK^T and softmax·V are recomputed
+        attn += attn_fwd  # Korthikanti 2022 Sec 5: only QK^T and softmax·V are recomputed
     return weights + attn
 
 
 def training_flops_per_step(*, n_params_dense: float, tokens: float, n_layers: int, seq_len: int,
-                            d_model: int, recompute: str = "none", active_params: float | None = None) -> float:
+                            d_model: int, recompute: str = "none", active_params: float | None = None,
+                            rerun: tuple[float, float] | None = None) -> float:
     """FLOPs per optimizer step = per-token FLOPs · tokens (tokens = global batch · seq_len)."""
     return tokens * training_flops_per_token(n_params_dense=n_params_dense, n_layers=n_layers, seq_len=seq_len,
-                                             d_model=d_model, recompute=recompute, active_params=active_params)
+                                             d_model=d_model, recompute=recompute, active_params=active_params,
+                                             rerun=rerun)
 
 
 def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int, recompute: bool = True) -> float:

@@ -7,7 +7,9 @@ memory). Ψ = parameter count, N = data-parallel degree, K = optimizer bytes per
 
 from __future__ import annotations
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "fp8")
+"""fp8 = float8 linears over bf16 mixed precision: its model states are 16-bit mixed precision's (the float8 copies
+of weights and activations are made per matmul, not kept: torchao dynamic scaling)."""
 OPTIMIZERS = ("adamw", "sgd")
 
 

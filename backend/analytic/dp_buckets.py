@@ -1,0 +1,42 @@
+"""The distributed optimizer's buckets (backend/strategies/distributed_optimizer.py): which bucket a parameter
+belongs to and each bucket's padded size, shared by the engine, the memory model (analytic/distributed_optimizer.py)
+and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.analytic.vector import ceil_div
+
+EMBEDDINGS = ("tok_emb", "pos_emb")
+
+
+def bucket_of(name: str) -> tuple[int, str]:
+    """(order, bucket) of a parameter name: embeddings first, blocks in layer order, then the head."""
+    top = name.split(".")[0]
+    if top in EMBEDDINGS:
+        return (-1, "embeddings")
+    if top == "layers":
+        index = name.split(".")[1]
+        return (int(index), f"layers.{index}")
+    return (1 << 30, "head")
+
+
+def used_by(spec: Any) -> bool:
+    """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec)."""
+    p = spec.parallel
+    return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1) and p.ep == 1
+
+
+def padded(numel: Any, dp: Any) -> Any:
+    """A bucket's elements rounded up to a multiple of dp (every dp rank owns an equal contiguous slice)."""
+    return ceil_div(numel, dp) * dp
+
+
+def bucket_numels(params: list[Any], dp: int) -> list[int]:
+    """Padded elements per bucket of a rank's local parameters (LocalParam: name, local_numel), bucket order."""
+    sizes: dict[tuple[int, str], int] = {}
+    for q in params:
+        key = bucket_of(q.name)
+        sizes[key] = sizes.get(key, 0) + q.local_numel
+    return [padded(sizes[k], dp) for k in sorted(sizes)]

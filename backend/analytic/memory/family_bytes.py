@@ -1,0 +1,104 @@
+"""What the model families add to a block's saved bytes beyond the GPT block (backend/analytic/memory/activations.py
+holds the block): the attention's own widths and the 2026 features' per-token tensors (`head_widths`,
+`feature_elems`), the per-layer constants that differ between attention kinds (`attention_constant_bytes`), and the
+norm / MLP / shared-expert terms (`family_extra_bytes`). Pure Python, each read off the ops the engine runs
+(tests/test_family_activations.py, tests/test_family_terms.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.analytic.device import rms_norm_saved_bytes
+from backend.analytic.memory.moe_bytes import hidden_saved
+from backend.analytic.params import head_dim, is_gated, v_head_dim
+
+STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
+
+
+def mlp_elems(*, s, b, h, ffn, t, hidden: int = 2) -> float:
+    # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
+    # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
+    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/test_family_activations.py);
+    # gpt-oss's clamped SwiGLU 7 (moe_bytes.hidden_saved)
+    return hidden * s * b * ffn / t
+
+
+def head_widths(m: Any) -> dict[str, int]:
+    """LayerShape's q_width / v_width / rope_width: the attention's own widths when they differ from d_model."""
+    q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
+    rope = m.qk_rope_head_dim if getattr(m, "kv_lora_rank", None) is not None else head_dim(m)
+    return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v,
+                rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
+
+
+def attention_constant_bytes(shape: Any, recompute: str, *, rope: bool, windowed: bool) -> float:
+    """`shape`: an activations.LayerShape. A block's saved bytes that do not scale with tokens and differ between a
+    model's attention kinds: the rotary (s, width) cos and sin tables the rotation's muls keep (in q's dtype; not
+    under full recompute), and the (s, s) additive mask a windowed layer hands flash attention, which the kernel
+    keeps for backward in q's dtype (no recompute: selective re-makes it inside the checkpoint). Read off the autograd graph
+    (tests/test_family_terms.py); the math path keeps an (s, s) bool mask on every layer alike."""
+    if recompute == "full":
+        return 0.0
+    s = shape.seq_len
+    out = 2 * s * (shape.rope_width or shape.d_model // shape.n_heads) * shape.dtype_bytes if rope else 0.0
+    if windowed and shape.flash and recompute == "none":
+        out += s * s * shape.dtype_bytes
+    return out
+
+
+def feature_elems(m: Any) -> dict[str, int]:
+    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
+    normalised x and rstd): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's q_a / kv_a outputs
+    through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
+    attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
+    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
+    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
+    split = whole = 0
+    q = m.n_heads * head_dim(m)
+    if getattr(m, "qk_norm", False):
+        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
+        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
+    if getattr(m, "kv_lora_rank", None) is not None:
+        q_lora = getattr(m, "q_lora_rank", None)
+        # q_a output through its RMSNorm (input, rstd, normalised) and q_b's input; kv_a's whole output (the norm
+        # reads the latent as a view of it), the latent's rstd, normalised latent and kv_b's input
+        whole += (3 * q_lora + 1 if q_lora else 0) + (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank + 1
+        split += m.n_heads * m.qk_nope_head_dim  # the attention's v is a view of kv_b's whole (nope + v) output
+    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
+        split += m.n_heads
+    if getattr(m, "sandwich_norm", False):
+        whole += 2 * (2 * m.d_model + 1)
+    return dict(split_elems=split, whole_elems=whole)
+
+
+def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
+                       n_experts, shared_ffn, shared_gate, device) -> float:
+    """What the architecture-family choices add to the GPT block's saved bytes (each measured op by op against
+    MemTracker in tests/test_family_activations.py):
+    - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
+      instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
+      the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
+    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
+    - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
+      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
+    sb, sbh = s * b, s * b * h
+    out = 0.0
+    if norm == "rmsnorm":
+        out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
+    swiglu = is_gated(mlp)
+    if autocast and swiglu:
+        out += sbh * dtype_bytes
+    if n_experts and shared_ffn:
+        out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, hidden=hidden_saved(mlp)) * dtype_bytes
+        if autocast:
+            out += (2 if swiglu else 1) * sbh * dtype_bytes
+        if shared_gate:
+            out += (sbh + sb) * (4 if autocast else dtype_bytes)
+    return out
+
+
+def rms_norm_extra_bytes(*, sbh: float, sb: float, input_bytes: float, device: str) -> float:
+    """What one RMSNorm saves beyond the LayerNorm terms the formulas count for every norm (its input in
+    input_bytes and fp32 mean + rstd): device.rms_norm_saved_bytes minus those."""
+    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=input_bytes, device=device) - sbh * input_bytes \
+        - 2 * sb * STAT_BYTES

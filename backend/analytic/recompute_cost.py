@@ -1,0 +1,90 @@
+"""How much of a block's forward each recompute policy (backend/recompute_policy.py) runs again in backward, as
+shares of its weight GEMMs, its attention core and its element-wise work (scalars or arrays of layouts).
+
+- none: nothing; selective: the attention core (Korthikanti et al. 2022 Sec 5); full and uniform:N: the whole
+  forward (Chen et al. 2016; Narayanan et al. 2021 Eq. 3).
+- layers:K, block:N: the whole forward of the checkpointed blocks: their share of all blocks (stages of q or q+1
+  layers, the extra ones on the earliest stages, as sharding.layer_split).
+- op: the weight GEMMs whose outputs the policy does not keep (every second aten.mm, aten.addmm unless listed:
+  their FLOPs share over the block's linears), the attention core unless its kernel is listed, every element-wise op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from backend.analytic.layout import Layout, RecomputeMode
+from backend.analytic.params import head_dim, is_gated
+from backend.analytic.vector import maximum, minimum, where
+
+FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
+             "aten._scaled_dot_product_efficient_attention.default"}
+
+
+class RerunShare(NamedTuple):
+    gemm: Any
+    attention: Any
+    elementwise: Any
+
+
+def _linears(model: Any) -> list[tuple[float, bool]]:
+    """(width, biased) of one block's linears in forward order, width = the dimension other than h (FLOPs are
+    proportional to it)."""
+    h, a = model.d_model, model.n_heads
+    kv = getattr(model, "kv_heads", a) * head_dim(model)
+    bias = str(getattr(model, "bias", "all"))
+    qkv, other = bias in ("all", "qkv"), bias == "all"
+    ffn = model.expert_ffn if model.is_moe else model.ffn
+    mlp = [(ffn, other)] * (3 if is_gated(getattr(model, "mlp", "gelu")) else 2)  # fc_out / down: ffn x h too
+    return [(h, qkv), (kv, qkv), (kv, qkv), (h, other)] + mlp
+
+
+def op_gemm_share(model: Any, ops: tuple[str, ...]) -> float:
+    """The FLOPs share of a block's linears that op-level SAC re-runs (every linear has h inputs or outputs: FLOPs
+    are proportional to the width)."""
+    ops_set, count, rerun = set(ops), 0, 0.0
+    linears = _linears(model)
+    for width, biased in linears:
+        if biased:
+            rerun += 0 if "aten.addmm.default" in ops_set else width
+            continue
+        count += 1
+        rerun += 0 if "aten.mm.default" in ops_set and count % 2 == 1 else width
+    return rerun / sum(width for width, _ in linears)
+
+
+def checkpointed_share(model: Any, kind: Any, layers: Any, n_stages: Any) -> Any:
+    """Share of all blocks whose forward is re-run by layers:K / block:N / uniform:N (per stage module)."""
+    q, extra = model.n_layers // n_stages, model.n_layers % n_stages
+    k = maximum(layers, 1)
+    per_stage = {RecomputeMode.LAYERS: (lambda c: c // k), RecomputeMode.BLOCK: (lambda c: minimum(k, c)),
+                 RecomputeMode.UNIFORM: (lambda c: c)}
+    share = 0.0
+    for code, units in per_stage.items():
+        share = where(kind == code, (extra * units(q + 1) + (n_stages - extra) * units(q)) / model.n_layers, share)
+    return share
+
+
+def rerun_share(model: Any, layout: Any, *, flash: bool) -> RerunShare:
+    """Per layout: the shares of the block forward re-run in backward (layout.recompute, recompute_layers)."""
+    kind = layout.recompute
+    whole = where((kind == RecomputeMode.FULL) | (kind == RecomputeMode.UNIFORM), 1.0,
+                  checkpointed_share(model, kind, layout.recompute_layers, layout.n_stages))
+    op = kind == RecomputeMode.OP
+    attention_kept = flash and bool(FLASH_OPS & set(layout.sac_ops))
+    gemm = where(op, op_gemm_share(model, layout.sac_ops), whole)
+    attention = where(op, 0.0 if attention_kept else 1.0, where(kind == RecomputeMode.SELECTIVE, 1.0, whole))
+    return RerunShare(gemm=gemm, attention=attention, elementwise=where(op, 1.0, whole))
+
+
+def rerun_share_of(spec: Any) -> RerunShare:
+    """rerun_share of a validated spec's own layout and attention kernel."""
+    return rerun_share(spec.model, Layout.of(spec), flash=str(getattr(spec.model, "attention", "math")) == "flash")
+
+
+def flops_rerun(spec: Any) -> tuple[float, float] | None:
+    """training_flops_per_step's `rerun` for a spec: None for none / selective / full (the textbook's own cases)."""
+    if str(spec.train.recompute) in ("none", "selective", "full"):
+        return None
+    share = rerun_share_of(spec)
+    return float(share.gemm), float(share.attention)

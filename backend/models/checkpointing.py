@@ -1,0 +1,80 @@
+"""The recompute policies of backend/recompute_policy.py run through torch's checkpoint API: which blocks of a
+stage module go into which non-reentrant `torch.utils.checkpoint` call, and the op-level policy
+(`create_selective_checkpoint_contexts`) that saves the outputs of the listed ops except every second aten.mm, as
+torchtitan's `_apply_op_sac` (torchtitan/distributed/activation_checkpoint.py) does."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+BLOCK_LEVEL = ("full", "op", "layers", "block", "uniform")
+
+
+def groups(n_blocks: int, kind: str, layers: int) -> list[tuple[range, bool]]:
+    """(block positions, checkpointed) runs of a stage module's n blocks, in forward order."""
+    if kind in ("full", "op"):
+        return [(range(j, j + 1), True) for j in range(n_blocks)]
+    if kind == "layers":  # torchtitan's layer SAC: the K-th, 2K-th, ... block
+        return [(range(j, j + 1), (j + 1) % layers == 0) for j in range(n_blocks)]
+    if kind == "block":  # Megatron --recompute-method block: the first N blocks, each its own checkpoint
+        return [(range(j, j + 1), j < layers) for j in range(n_blocks)]
+    if kind == "uniform":  # Megatron --recompute-method uniform: chunks of N blocks, one checkpoint per chunk
+        return [(range(j, min(j + layers, n_blocks)), True) for j in range(0, n_blocks, layers)]
+    return [(range(0, n_blocks), False)] if n_blocks else []
+
+
+def resolve_ops(names: tuple[str, ...]) -> set[Any]:
+    """'aten.mm.default' -> torch.ops.aten.mm.default; a name this torch lacks is skipped (the CPU or CUDA-only
+    kernels of the default list)."""
+    out = set()
+    for name in names:
+        namespace, op, overload = name.split(".")
+        try:
+            out.add(getattr(getattr(getattr(torch.ops, namespace), op), overload))
+        except (AttributeError, RuntimeError):
+            continue
+    return out
+
+
+def op_policy(save: set[Any]) -> Callable[[], Any]:
+    """The context_fn of one checkpointed block: a fresh mm counter per forward and per recompute."""
+
+    def context_fn() -> Any:
+        counts: dict[str, int] = defaultdict(int)
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            key = "recompute" if ctx.is_recompute else "forward"
+            if func == torch.ops.aten.mm.default:
+                counts[key] += 1
+            keep = func in save and not (func == torch.ops.aten.mm.default and counts[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def run_blocks(blocks: list[torch.nn.Module], h: torch.Tensor, kind: str, layers: int,
+               context_fn: Callable[[], Any] | None) -> torch.Tensor:
+    """The blocks of one stage module under the policy (no checkpoint outside autograd: eval, the trace's
+    metadata passes)."""
+    if kind not in BLOCK_LEVEL or not torch.is_grad_enabled():
+        for block in blocks:
+            h = block(h)
+        return h
+    kw = {"context_fn": context_fn} if kind == "op" else {}
+    for span, checkpointed in groups(len(blocks), kind, layers):
+        run = partial(_run, [blocks[j] for j in span])
+        h = checkpoint(run, h, use_reentrant=False, **kw) if checkpointed else run(h)
+    return h
+
+
+def _run(blocks: list[torch.nn.Module], h: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        h = block(h)
+    return h
