@@ -76,16 +76,19 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 
 def run_blocked(layouts: Layout) -> np.ndarray:
-    """spec_checks._run_only on arrays of layouts: True where this engine cannot run the layout (zero1 x ep, zero1 x
-    tp/pp under fp16-mixed, split-backward schedules x FSDP2 on dp > 1). tests/test_prediction_only.py checks it
-    against run_blockers on every enumerated layout."""
+    """spec_checks' layout RunOnly checks on arrays of layouts: True where this engine cannot run the layout (zero1 x
+    ep, ep x pp, zero1 x tp/pp under fp16-mixed, fp8 with tp or ep, split-backward schedules x FSDP2 on dp > 1).
+    tests/test_prediction_only.py checks it against run_blockers on every enumerated layout."""
     n = len(layouts)
     zero1 = np.broadcast_to(layouts.zero_stage == ZeroStage.ZERO1, n)
     split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
     blocked = zero1 & (layouts.ep > 1)
+    blocked = blocked | ((layouts.ep > 1) & (layouts.pp > 1))
     blocked = blocked | ((layouts.pp > 1) & split & (layouts.dp > 1) & (layouts.zero_stage >= ZeroStage.ZERO2))
     if layouts.precision == "fp16-mixed":
         blocked = blocked | (zero1 & ((layouts.tp > 1) | (layouts.pp > 1)))
+    if layouts.precision == "fp8":
+        blocked = blocked | (layouts.tp > 1) | (layouts.ep > 1)
     return np.broadcast_to(blocked, n)
 
 
