@@ -96,7 +96,7 @@ def test_plan_ranks_only_runnable_layouts_unless_asked(capsys):
 
 def test_array_run_check_equals_run_blockers_on_every_layout():
     """planner.search.run_blocked (arrays) and spec_checks.run_blockers (one spec) agree on every enumerated layout
-    of a dense and a MoE model, in bf16 and fp16 (fp16 blocks zero1 x tp/pp)."""
+    of a dense and a MoE model, in bf16, fp16 (fp16 blocks zero1 x tp/pp) and fp8 (fp8 blocks tp and ep)."""
     import numpy as np
 
     from backend.planner.search import run_blocked
@@ -107,7 +107,7 @@ def test_array_run_check_equals_run_blockers_on_every_layout():
     moe = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, n_experts=4, top_k=2)
     checked = 0
     for model in (dense, moe):
-        for precision in ("bf16-mixed", "fp16-mixed"):
+        for precision in ("bf16-mixed", "fp16-mixed", "fp8"):
             layouts = enumerate_layouts(model, gpus=8, gpus_per_node=8, global_batch=16, precision=precision)
             blocked = run_blocked(layouts)
             for i in np.random.default_rng(0).choice(len(layouts), size=min(400, len(layouts)), replace=False):

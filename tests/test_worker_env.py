@@ -139,7 +139,6 @@ def test_a_real_run_through_the_worker_leaves_no_torchelastic_folder(tmp_path):
     assert q.get_status(open_db(url), eid) == "ok"
     assert elastic() - before == set()
     assert not list(worker_tmp.glob(f"shardlab-job-{eid}-*"))
-    assert list(worker_tmp.iterdir()) == []
 
 
 def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_path, capsys):
