@@ -22,7 +22,8 @@ from backend.spec.user_text import MAX_NAME_CHARS
 
 MAX_POINTS = 10_000
 SECTIONS = ("model", "train", "parallel", "runtime")
-WORLD_PATHS = {"parallel.world_size", "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.strategy"}
+WORLD_PATHS = {"parallel.world_size", "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.cp",
+               "parallel.strategy"}
 BATCH_PATHS = {"train.global_batch", "train.micro_batch"}
 PURE_DEGREE = {"tp": "tp", "pp": "pp", "ep": "ep"}
 

@@ -168,3 +168,40 @@ def fsdp_param_groups(module: torch.nn.Module) -> list:
     group = state._fsdp_param_group
     return [] if group is None else [group]
 
+
+
+def cpu_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, logsumexp (b, a, s) fp32) of the CPU flash kernel SDPA runs on CPU tensors: ring attention needs the
+    logsumexp to merge blocks, which F.scaled_dot_product_attention does not return."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+
+
+def cpu_flash_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 out: torch.Tensor, lse: torch.Tensor, *, causal: bool
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of one block from the merged output and logsumexp (the kernel recomputes P = exp(S - lse))."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, causal)
+
+
+def torch_context_parallel_style(mesh, module: torch.nn.Module) -> None:
+    """torch's experimental context parallelism applied to one attention-core module: `_ContextParallel(seq_dim=2,
+    SDPA)` turns its q, k, v into DTensors sharded on the sequence over `mesh`, so SDPA dispatches to torch's ring
+    attention (CUDA flash / efficient / cuDNN kernels only), and its output back to the local shard."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    style = cp_attention._ContextParallel(seq_dim=2, attention_type=cp_attention._ContextParallel.AttentionType.SDPA)
+    parallelize_module(module, mesh, style)
+
+
+def enable_torch_context_parallel(module: torch.nn.Module, mesh, *, rotate: str, load_balance: bool) -> None:
+    """`torch_context_parallel_style` on `module`, then torch's process-wide CP switches: the DTensor SDPA dispatcher
+    (`_enable_context_parallel_dispatcher`), the K/V rotation (`set_rotate_method`: "allgather" | "alltoall") and
+    `_cp_options.enable_load_balance` (head-tail chunks: the engine shards the batch that way itself)."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+
+    torch_context_parallel_style(mesh, module)
+    cp_attention._enable_context_parallel_dispatcher()
+    cp_attention.set_rotate_method(rotate)
+    cp_attention._cp_options.enable_load_balance = load_balance

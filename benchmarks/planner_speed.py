@@ -1,6 +1,7 @@
 """Planner speed: layouts searched per second for a 70B model on 1,024 GPUs (issue 13 target: >= 1e5/s).
 
-  .venv/bin/python benchmarks/planner_speed.py
+  .venv/bin/python benchmarks/planner_speed.py                     # Llama-2-70B as published (math attention)
+  .venv/bin/python benchmarks/planner_speed.py --attention flash   # the same with flash: cp is searched too
 
 Prints, side by side: the search (enumerate + the prediction core's worst-rank memory of every layout on arrays +
 the step-time proxy + feasibility + ranking), the array memory alone, the same core on one layout at a time
@@ -37,6 +38,8 @@ from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096,
                      norm="rmsnorm", mlp="swiglu", positions="rope", bias="none")  # Touvron 2023 (Llama 2) Table 1
 GPUS, NODE, BATCH = 1024, 8, 1024
+if "--attention" in sys.argv:  # flash attention admits context parallelism: the planner searches cp as well
+    LLAMA70B = LLAMA70B.model_copy(update={"attention": sys.argv[sys.argv.index("--attention") + 1]})
 
 
 def timed(fn, repeats: int = 5):
@@ -61,7 +64,9 @@ def main() -> None:
     (layouts, _, order), cold_w, cold_c = timed(searched, repeats=1)
     _, wall, cpu = timed(searched)
     n = len(layouts)
-    print(f"70B (Llama-2-70B shape) on {GPUS} GPUs, batch {BATCH}: {n} layouts, {len(order)} fit {budget / 1e9:.1f} GB")
+    cps = sorted(set(layouts.cp.tolist())) if hasattr(layouts, "cp") else [1]
+    print(f"70B (Llama-2-70B shape, {LLAMA70B.attention} attention) on {GPUS} GPUs, batch {BATCH}: {n} layouts "
+          f"(cp {cps}), {len(order)} fit {budget / 1e9:.1f} GB")
     print(f"  search (enumerate + core memory on arrays + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
           f"-> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
     print(f"  search, cold (first call): {cold_w:.3f} s wall, {cold_c:.3f} s CPU -> {n / cold_w:,.0f} /s wall, "
@@ -80,7 +85,8 @@ def main() -> None:
     rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]
     print(f"  agreement on {len(idx)} random layouts: array path vs estimate.estimate worst rank, max |rel err| "
           f"{max(rel):.2e} (tests/unit/test_planner_core.py checks 1,000 byte for byte)")
-    cold = subprocess.run([sys.executable, __file__, "--cold-plan"], capture_output=True, text=True, check=True)
+    cold = subprocess.run([sys.executable, __file__, "--cold-plan", "--attention", str(LLAMA70B.attention)],
+                          capture_output=True, text=True, check=True)
     print("  " + cold.stdout.strip())
     for top in (5, 10):
         for label in ("first call here (search caches warm, new pool)", "warm (same plan again: every cache filled)"):
@@ -109,4 +115,4 @@ def cold_plan() -> None:
 
 
 if __name__ == "__main__":
-    cold_plan() if sys.argv[1:] == ["--cold-plan"] else main()
+    cold_plan() if "--cold-plan" in sys.argv else main()

@@ -38,7 +38,7 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             "status": str(e.get("status")),
             "framework / offload": f"{s.framework} / {p.offload}",  # issue 14
             "strategy": str(p.strategy), "world size": str(p.world_size),
-            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})",
+            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})" + (f" cp{p.cp} {p.cp_rotate}" if p.cp > 1 else ""),
             "pp schedule / microbatches": f"{p.pp_schedule if p.pp > 1 else '–'} / {t.microbatches}",
             "model h×L, heads, seq": f"{m.d_model}×{m.n_layers}, {m.n_heads}, {m.seq_len}",
             "precision / optimizer / recompute": f"{t.precision} / {t.optimizer} / {t.recompute}",

@@ -12,6 +12,13 @@ HELP = {
     "virtual stages": "Pipeline stages each rank holds (interleaved schedules: its layers in v chunks; 1 otherwise).",
     "sequence parallel": ("Sequence parallel (SP): with tensor parallelism, the norm and dropout activations are split "
                           "along the sequence over the tensor-parallel ranks instead of replicated (Korthikanti et al. 2022)."),
+    "context parallel": ("Context parallelism (CP): every sequence is split over cp ranks, each keeping its queries and "
+                         "passing K/V round a ring of cp ranks (ring attention); activations shrink by cp, the cp ranks "
+                         "share the parameters like data-parallel ranks (needs flash attention)."),
+    "cp rotate": ("How K/V reach the other cp ranks: allgather (one all-gather per attention call, torch's default) or "
+                  "alltoall (one hop round the ring per block, hidden behind that block's attention)."),
+    "cp load balance": ("Head-tail chunks: cp rank r holds chunks r and 2cp-1-r of the sequence, so causal attention "
+                        "costs every rank the same; without it the last rank does (2cp-1)/cp of the average."),
     "memory GiB": "Worst rank's memory at its fullest moment (GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB).",
     "step s": "Predicted seconds per optimizer step on the slowest rank.",
     "step s (low)": "Low end of the predicted interval (the calibration's spread of errors; ±20% without a calibration).",

@@ -63,13 +63,17 @@ def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
 
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
-             memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False) -> Plan:
+             memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False,
+             attention: str | None = None) -> Plan:
     """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
-    carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation)."""
+    carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation).
+    `attention`: the kernel to plan with (None: the model's); context parallelism is searched with flash only."""
     from backend.calibration.records import resolve
     from backend.calibration.usage import calibration_used
 
     hw, band, cal = resolve(hardware, None, db_url)
+    if attention:
+        model = model.model_copy(update={"attention": attention})
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
                include_predicted=include_predicted)
@@ -92,6 +96,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "ep": par["ep"],
+                     "cp": par.get("cp", 1),
                      "memory GiB": c["mem_bytes_max"] / GiB, "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
                      "runs": "yes" if c.get("runnable", True) else "prediction only",
@@ -233,14 +238,17 @@ def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, lis
 
     s, par = config["spec"], config["spec"]["parallel"]
     tp, pp, ep = min(par["tp"], 2), min(par["pp"], 2), min(par.get("ep", 1), 2)
-    dp = max(ep, min(par["dp"], 4 // (tp * pp)))
+    cp = min(par.get("cp", 1), max(1, 4 // (tp * pp * ep)))
+    dp = max(1, ep // cp, min(par["dp"], 4 // (tp * pp * cp)))
     v = par["virtual_stages"]
     mb = pp * 2 if pp > 1 else 2
     data = {"name": f"verify {s['name'][5:]}", "model": {**PROXY_MODEL, "n_layers": max(4, pp * v)},
             "train": {"global_batch": 2 * dp * mb, "micro_batch": 2, "recompute": s["train"]["recompute"], "steps": 5},
-            "parallel": {"strategy": par["strategy"], "world_size": tp * pp * dp, "dp": dp, "tp": tp, "pp": pp, "ep": ep,
-                         "sequence_parallel": par["sequence_parallel"] and tp > 1, "pp_schedule": par["pp_schedule"],
-                         "virtual_stages": v}}
+            "parallel": {"strategy": par["strategy"], "world_size": tp * pp * dp * cp, "dp": dp, "tp": tp, "pp": pp,
+                         "ep": ep, "cp": cp, "sequence_parallel": par["sequence_parallel"] and tp > 1,
+                         "pp_schedule": par["pp_schedule"], "virtual_stages": v}}
+    if cp > 1:  # ring attention runs over flash attention
+        data["model"]["attention"] = "flash"
     if ep > 1:
         data["model"].update(n_experts=4, top_k=2)
     return validate_spec(data)

@@ -28,7 +28,7 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
 def coords_label(coords: dict[str, int] | None) -> str:
     if not coords:
         return ""
-    return " ".join(f"{k}{v}" for k, v in coords.items() if k in ("pp", "dp", "tp", "ep"))
+    return " ".join(f"{k}{v}" for k, v in coords.items() if k in ("pp", "dp", "cp", "tp", "ep"))
 
 
 def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ COLUMNS = ["id", "status", "progress", "name", "framework", "strategy", "world",
            "tokens/s", "peak (MiB)", "created"]
 # The list_experiments columns table_frame reads (21 of the 51 plus tags).
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
-              "dp", "tp", "pp", "ep", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
+              "dp", "tp", "pp", "ep", "cp", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
               "tokens_per_s", "peak_bytes_max", "created_at", "kind",
               "framework", "source_framework")
 
@@ -38,7 +38,7 @@ def progress_fraction(row: dict[str, Any]) -> float | None:
 
 def degrees_text(row: dict[str, Any]) -> str:
     parts = [f"dp{row.get('dp')}"]
-    for k in ("tp", "pp", "ep"):
+    for k in ("tp", "pp", "ep", "cp"):
         if (row.get(k) or 1) > 1:
             parts.append(f"{k}{row[k]}")
     if row.get("sequence_parallel"):

@@ -13,6 +13,7 @@ from backend.recompute_policy import parse as parse_recompute
 from backend.spec import (
     AttentionImpl,
     Bias,
+    CpRotate,
     ExperimentSpec,
     Mlp,
     Norm,
@@ -66,7 +67,8 @@ MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn
               "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
               "recompute", "seed")
-PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages")
+PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages", "cp",
+                 "cp_rotate", "cp_load_balance")
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
                    "q_lora_rank", "kv_lora_rank", "window"}
@@ -84,6 +86,9 @@ PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in Optimizer]
 RECOMPUTES = list(KINDS)
 """Recompute policies (backend/recompute_policy.py); layers / block / uniform take the form's `recompute_layers`."""
+CP_ROTATES = [r.value for r in CpRotate]
+CP_ROTATE_HELP = {"allgather": "all-gather K/V once per attention call (torch's default)",
+                  "alltoall": "pass K/V round the ring, one hop per block (overlaps each block)"}
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
@@ -117,7 +122,7 @@ def default_form() -> dict[str, Any]:
     v: dict[str, Any] = dict(PRESETS[DEFAULT_PRESET])
     v.update(
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
-        sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1,
+        sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1, cp=1, cp_rotate="allgather", cp_load_balance=True,
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
@@ -250,7 +255,8 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind"):
+    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind",
+              "cp_rotate"):
         v[k] = str(v[k])
     v["recompute"], layers = parse_recompute(v["recompute"])
     v["recompute_layers"] = layers or 2
@@ -301,6 +307,8 @@ def describe(spec: ExperimentSpec) -> str:
         parts.append(f"pp{p.pp} {p.pp_schedule}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else ""))
     if p.ep > 1:
         parts.append(f"ep{p.ep}")
+    if p.cp > 1:
+        parts.append(f"cp{p.cp} {p.cp_rotate}" + ("" if p.cp_load_balance else " contiguous"))
     return " · ".join(parts)
 
 

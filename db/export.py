@@ -8,7 +8,8 @@ and the peak allocated / reserved bytes that log reports; its per-category measu
 none), then per memory category the measured and predicted bytes (max over ranks) and the
 error % of those maxima, comm bytes (per-rank totals per step, max over ranks; and per collective), versions.
 Fields that do not apply are blank: the schedule and virtual stages without a pipeline (pp = 1), sequence
-parallel without tensor parallelism, top-k of a dense model.
+parallel without tensor parallelism, top-k of a dense model, the K/V rotation and load balancing without context
+parallelism (cp = 1).
 `long=True` gives one row per (experiment, rank) with that rank's own numbers instead.
 The maxima are computed once when a result is stored (experiment_summaries, rank_results.comm_*), so an
 export is a plain join: 10,000 experiments in well under a second (benchmarks/export_bench.py). The database
@@ -39,7 +40,8 @@ from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the predicted step time
-    "id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep", "zero_stage",
+    "id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate",
+    "cp_load_balance", "zero_stage",
     "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "tokens_per_s", "mfu",
@@ -48,7 +50,8 @@ EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in
     "started_at", "finished_at", "worker_id", "host"]
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
 """The tags column sits after the identifying columns (the select has no tags; rows get the cell inserted here)."""
-NOT_APPLICABLE = {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts"}
+NOT_APPLICABLE = {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts",
+                  "cp_rotate": "cp", "cp_load_balance": "cp"}
 """Blank unless that column is > 1 (pp, tp) / > 0 (n_experts)."""
 MEM_COLUMNS = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
 ERR_COLUMNS = [f"error_pct_{c}" for c in ERROR_CATEGORIES]

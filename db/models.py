@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -58,6 +58,9 @@ class Experiment(Base):
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)
     ep: Mapped[int] = mapped_column(Integer)
+    cp: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # revision 0010
+    cp_rotate: Mapped[str] = mapped_column(String(16), default="allgather", server_default="allgather")
+    cp_load_balance: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     zero_stage: Mapped[int] = mapped_column(Integer)
     schedule: Mapped[str] = mapped_column(String(32))
     microbatches: Mapped[int] = mapped_column(Integer)
@@ -181,7 +184,7 @@ class RankResultRow(Base):
     tokens_per_s_share: Mapped[float | None] = mapped_column(Float)
     rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cuda_max_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    cuda_max_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)  # revision 0009
+    cuda_max_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)  # revision 0010
     # Added by revision 0003: this rank's comm per step (sums over its comm_records), for fast export.
     comm_bytes: Mapped[float | None] = mapped_column(Float)
     comm_wire_bytes: Mapped[float | None] = mapped_column(Float)

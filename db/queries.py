@@ -30,7 +30,8 @@ from db.transitions import (NotFound, cancel_requested, claim_next, heartbeat, m
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 
 ROW_KEYS = (
-    "id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "zero_stage", "schedule",
+    "id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate", "cp_load_balance",
+    "zero_stage", "schedule",
     "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn",
     "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "sweep_id", "requeue_of", "cancel_requested", "created_at", "started_at", "finished_at",

@@ -18,7 +18,8 @@ def spec_columns(spec: ExperimentSpec) -> dict[str, Any]:
     m, t, p = spec.model, spec.train, spec.parallel
     return {
         "name": spec.name, "spec_json": spec.model_dump_json(),
-        "strategy": str(p.strategy), "world_size": p.world_size, "dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep,
+        "strategy": str(p.strategy), "world_size": p.world_size, "dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep, "cp": p.cp,
+        "cp_rotate": str(p.cp_rotate), "cp_load_balance": p.cp_load_balance,
         "zero_stage": p.zero_stage, "schedule": str(p.pp_schedule), "microbatches": t.microbatches,
         "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
         "d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads, "ffn": m.ffn,

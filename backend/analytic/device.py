@@ -159,7 +159,7 @@ def communicators(parallel: Any) -> int:
     p = parallel
     if p.world_size <= 1:
         return 0
-    dims = [d for d in (p.dp, p.tp, p.pp, getattr(p, "ep", 1)) if d > 1 and d != p.world_size]
+    dims = [d for d in (p.dp_cp, p.tp, p.pp, p.ep, p.cp) if d > 1 and d != p.world_size]
     return 1 + len(dims) + (2 if p.pp > 1 else 0)
 
 

@@ -135,7 +135,7 @@ class ClassEstimate:
                     comm_bytes=dict(d.comm_bytes), comm_wire_bytes=dict(d.comm_wire_bytes))
         if self.zero1_shares is not None:
             r.optimizer_bytes, r.optimizer_temp_bytes = self.zero1_shares.bytes(
-                coords["dp"], str(spec.train.optimizer), str(spec.runtime.device))
+                spec.parallel.data_parallel_index(rank), str(spec.train.optimizer), str(spec.runtime.device))
             r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
         return r
 
@@ -161,7 +161,7 @@ class ClassEstimate:
 
     def _rank_at(self, dp: int, spec: Any) -> RankEstimate:
         p = spec.parallel
-        rank = (self.members.pp_rank * p.dp + dp) * p.tp + self.members.tp_indices.start
+        rank = (self.members.pp_rank * p.dp_cp + dp) * p.tp + self.members.tp_indices.start
         return self.at(rank, p.coords(rank), spec)
 
 
@@ -274,7 +274,7 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
         flops_per_step=flops, bubble_fraction=bubble,
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in reps) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in reps) for k in kinds},
-        zero_textbook=zero_textbook(psi, dp=p.dp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
+        zero_textbook=zero_textbook(psi, dp=p.dp_cp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
         notes=estimate_notes(spec) + device_notes(spec, n_param_tensors=len(param_list(m)),
                                                     autocast=bool(Layout.of(spec).uses_autocast)),
         rank_classes=list(by_key.values()), spec=spec)
@@ -293,7 +293,7 @@ def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
     layout = Layout.of(spec)
     total, pp_rank = worst_rank_memory(spec.model, layout)
     memory = rank_memory(spec.model, layout, RankPosition(pp_rank=pp_rank, largest_zero1_share=True))
-    rank = pp_rank * p.dp * p.tp
+    rank = pp_rank * p.dp_cp * p.tp
     stages = rank_stages(spec, rank)
     fsdp = p.zero_stage >= ZeroStage.ZERO2
     return int(total), RankEstimate(rank=rank, coords=p.coords(rank), stages=stages, layers=rank_layers(spec, stages),

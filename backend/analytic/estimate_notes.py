@@ -43,6 +43,8 @@ def estimate_notes(spec: Any) -> list[str]:
         notes.append("EP all_to_all and MoE activations are predicted for uniform routing (incl. the 8·E-byte count "
                      "exchange); each rank's result also carries the prediction for the routing it measured "
                      "(predicted_given_routing)")
+    if p.cp > 1:
+        notes.append(cp_note(spec))
     if Layout.of(spec).uses_replicate and p.tp > 1 and spec.train.microbatches > 1:
         notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
                      "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
@@ -56,3 +58,20 @@ def estimate_notes(spec: Any) -> list[str]:
                      "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "
                      "are fewer peaks at the loss instead and measures only the sharded storage")
     return notes
+
+
+def cp_note(spec: Any) -> str:
+    """What context parallelism divides and what it does not, with the ring's transient buffers in bytes."""
+    from backend.analytic.traffic import cp_kv_bytes
+
+    p = spec.parallel
+    kv, dkv = cp_kv_bytes(spec)
+    held = p.cp * kv if str(p.cp_rotate) == "allgather" else 2 * kv
+    states = ("sharded over dp x cp" if p.zero_stage >= 2 else "ZeRO-1 optimizer state sharded over dp x cp"
+              if p.zero_stage == 1 else "not divided (replicated on the dp x cp ranks)")
+    return (f"CP: every per-token activation is at seq_len / cp = {spec.model.seq_len // p.cp} tokens per rank (the "
+            f"blocks, the logits, RoPE tables, positions, the batch copy); ring attention saves what flash saves. Not "
+            f"divided by cp: parameters / gradients / optimizer state are {states}; the ring's K/V buffers live only "
+            f"inside an attention call ({held:,.0f} B of K/V in flight in forward ({p.cp_rotate}), + {2 * dkv:,.0f} B "
+            f"of fp32 dK/dV accumulators in backward, per layer), not at the activation peak; K/V traffic per layer "
+            f"and microbatch: traffic.cp_traffic")

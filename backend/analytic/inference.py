@@ -43,7 +43,7 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset
                 "kv_cache_bytes": kv, "total_bytes": weights * cb + kv}
 
     # one rank of every class: every pipeline rank, every tp interval, every ep index (dp index = ep index)
-    distinct = [row((pp * p.dp + ep) * p.tp + tp) for pp in range(p.pp) for tp in tp_starts for ep in range(p.ep)]
+    distinct = [row((pp * p.dp_cp + ep) * p.tp + tp) for pp in range(p.pp) for tp in tp_starts for ep in range(p.ep)]
     paged = max_ranks is not None and (offset > 0 or p.world_size > max_ranks)
     stop = min(p.world_size, offset + max_ranks) if paged else p.world_size
     out = {"mode": "inference", "batch": batch, "context": context, "dtype_bytes": cb,

@@ -1,12 +1,15 @@
 """The named layout type of the prediction core: one parallel layout (Python scalars) or many (numpy arrays).
 
-`Layout` holds the degrees and per-layout choices (tp, pp, dp, ep, ZeRO stage, micro-batch, recompute, pipeline
+`Layout` holds the degrees and per-layout choices (tp, pp, dp, ep, cp, ZeRO stage, micro-batch, recompute, pipeline
 schedule, virtual stages, sequence parallel) and the per-call constants (global batch, precision, optimizer,
 device). `estimate` builds one from a spec (`Layout.of`); the planner builds one whose fields are arrays, one
 entry per candidate (`Layout.table`), and both call the same memory and time functions. Choices are small ints
 named by the ZeroStage / RecomputeMode / PipelineSchedule constants (plain ints compare elementwise and cheaply);
 their spec names are in the *_NAMES tuples.
-`RankPosition` says which rank of a layout: its pipeline rank and its tp / dp / ep indices.
+`RankPosition` says which rank of a layout: its pipeline rank and its tp / dp / ep indices (dp: in the dp x cp group).
+Context parallelism: dp is the batch split and cp the sequence split; the dp x cp ranks hold the same parameters
+(`dp_cp`: the group FSDP / ZeRO shard and gradients are averaged over), each rank sees seq_len / cp tokens
+(`seq_local`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
 RECOMPUTE_NAMES = KINDS
 SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
 CHOICES = ("tp", "pp", "dp", "ep", "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages",
-           "sequence_parallel", "recompute_layers")
+           "sequence_parallel", "cp", "recompute_layers")
 """The per-layout fields, in the planner table's column order."""
 
 
@@ -59,6 +62,8 @@ class Layout:
     schedule: Any = PipelineSchedule.ONE_F_ONE_B
     virtual_stages: Any = 1
     sequence_parallel: Any = False
+    cp: Any = 1
+    """Context-parallel degree: the sequence split over cp ranks (ring attention)."""
     recompute_layers: Any = 0
     """K of layers:K, N of block:N / uniform:N (0 for the other policies)."""
     microbatches: Any = 1
@@ -66,6 +71,8 @@ class Layout:
     global_batch: int = 1
     precision: str = "fp32"
     optimizer: str = "adamw"
+    cp_load_balance: bool = True
+    """Head-tail sequence chunks (every cp rank does the same attention work); the planner always balances."""
     device: str = "cpu"
     """Where the ranks run ("cpu" or "cuda"): CUDA rounds storages to 512 B and keeps AdamW's step on the host."""
     sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS
@@ -97,10 +104,10 @@ class Layout:
         return cls(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
                    recompute=RECOMPUTE_NAMES.index(kind), recompute_layers=layers,
                    schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
-                   virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel),
+                   virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel), cp=p.cp,
                    microbatches=t.microbatches, global_batch=t.global_batch, precision=str(t.precision),
-                   optimizer=str(t.optimizer), device="cuda" if device == "cuda" else "cpu",
-                   sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)))
+                   optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
+                   device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)))
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
@@ -163,7 +170,16 @@ class Layout:
     # ---- derived facts, elementwise (a scalar when every layout agrees) ----
     @cached_property
     def world_size(self) -> Any:
-        return _settled(self.tp * self.pp * self.dp)
+        return _settled(self.tp * self.pp * self.dp * self.cp)
+
+    @cached_property
+    def dp_cp(self) -> Any:
+        """Ranks holding the same parameters (dp x cp): FSDP / ZeRO shard over them, gradients are averaged over them."""
+        return _settled(self.dp * self.cp)
+
+    def seq_local(self, model: Any) -> Any:
+        """Tokens of each sequence on one rank: seq_len / cp (spec.checks makes it exact)."""
+        return model.seq_len // self.cp
 
     @cached_property
     def n_stages(self) -> Any:
@@ -192,7 +208,7 @@ class Layout:
     @cached_property
     def uses_replicate(self) -> Any:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
-        return _settled(logical_and(self.dp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
+        return _settled(logical_and(self.dp_cp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
 
     @cached_property
     def distributed_optimizer(self) -> Any:
@@ -229,14 +245,15 @@ class Layout:
 
     def spec_dict(self, model: Any) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout."""
-        tp, pp, dp, ep, zero = (int(x) for x in (self.tp, self.pp, self.dp, self.ep, self.zero_stage))
-        return {"name": f"plan dp{dp}·tp{tp}·pp{pp}{'·ep' + str(ep) if ep > 1 else ''} {ZERO_STAGE_NAMES[zero]}",
+        tp, pp, dp, ep, cp, zero = (int(x) for x in (self.tp, self.pp, self.dp, self.ep, self.cp, self.zero_stage))
+        extra = ("·ep" + str(ep) if ep > 1 else "") + ("·cp" + str(cp) if cp > 1 else "")
+        return {"name": f"plan dp{dp}·tp{tp}·pp{pp}{extra} {ZERO_STAGE_NAMES[zero]}",
                 "model": model.model_dump(),
                 "train": {"global_batch": self.global_batch, "micro_batch": int(self.micro_batch),
                           "precision": self.precision, "optimizer": self.optimizer,
                           "recompute": spelled(RECOMPUTE_NAMES[int(self.recompute)], int(self.recompute_layers))},
-                "parallel": {"strategy": ZERO_STAGE_NAMES[zero], "world_size": tp * pp * dp, "dp": dp, "tp": tp,
-                             "pp": pp, "ep": ep, "sequence_parallel": bool(self.sequence_parallel),
+                "parallel": {"strategy": ZERO_STAGE_NAMES[zero], "world_size": tp * pp * dp * cp, "dp": dp, "tp": tp,
+                             "pp": pp, "ep": ep, "cp": cp, "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
                              "virtual_stages": int(self.virtual_stages)}}
 
@@ -267,6 +284,7 @@ class RankPosition:
     pp_rank: Any = 0
     tp_index: Any = 0
     dp_index: Any = 0
+    """Index in the dp x cp group (`ParallelSpec.data_parallel_index`): the FSDP shard and ZeRO-1 share."""
     ep_index: Any = 0
     largest_zero1_share: bool = False
     """ZeRO-1: the optimizer share of the dp index that owns the most (the worst rank), not dp_index's own."""
@@ -281,4 +299,4 @@ class RankPosition:
     @classmethod
     def of_rank(cls, spec: Any, rank: int) -> RankPosition:
         c = spec.parallel.coords(rank)
-        return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=c["dp"], ep_index=c["ep"])
+        return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=spec.parallel.data_parallel_index(rank), ep_index=c["ep"])

@@ -6,7 +6,8 @@ indices only through the torch.chunk sizes they get: `torch.chunk(x, n)` gives e
 d // ceil(d/n), then one shorter chunk, then empty ones. Over the dims of every parameter that makes a handful of
 index intervals with equal sizes (`chunk_intervals`), whatever n is: a million dp ranks form a few classes.
 ZeRO-1 gives each dp index its own optimizer share; the classes keep one partition and answer per dp index.
-Mesh order is (pp, dp, tp), tp fastest; ep groups are consecutive along dp (ParallelSpec.coords).
+Mesh order is (pp, dp, cp, tp), tp fastest; "dp" below is the index in the dp x cp group (every rank with the same
+parameters: FSDP shards and ZeRO-1 shares run over it); ep groups are consecutive along it (ParallelSpec.coords).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class RankClass:
     def representative(self, parallel: Any) -> int:
         """The class's lowest rank."""
         dp = next(self.dp_members())
-        return (self.pp_rank * parallel.dp + dp) * parallel.tp + self.tp_indices.start
+        return (self.pp_rank * parallel.dp_cp + dp) * parallel.tp + self.tp_indices.start
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class RankClasses:
 
     def key(self, rank: int) -> tuple[int, int, int, int]:
         c = self.parallel.coords(rank)
-        return (c["pp"], bisect_right(self.tp_starts, c["tp"]) - 1, bisect_right(self.dp_starts, c["dp"]) - 1, c["ep"])
+        dp = self.parallel.data_parallel_index(rank)
+        return (c["pp"], bisect_right(self.tp_starts, c["tp"]) - 1, bisect_right(self.dp_starts, dp) - 1, c["ep"])
 
     def of(self, rank: int) -> RankClass:
         return self.classes[self.key(rank)]
@@ -93,9 +95,9 @@ def rank_classes(spec: Any) -> RankClasses:
     p = spec.parallel
     dims = {d for q in param_list(spec.model) for d in q.shape}
     tp_starts = chunk_intervals(dims, p.tp)
-    dp_starts = chunk_intervals(_local_dims(dims, p.tp), p.dp) if p.zero_stage >= 2 else [0]
+    dp_starts = chunk_intervals(_local_dims(dims, p.tp), p.dp_cp) if p.zero_stage >= 2 else [0]
     tp_ranges = [range(a, b) for a, b in zip(tp_starts, tp_starts[1:] + [p.tp])]
-    dp_ranges = [range(a, b) for a, b in zip(dp_starts, dp_starts[1:] + [p.dp])]
+    dp_ranges = [range(a, b) for a, b in zip(dp_starts, dp_starts[1:] + [p.dp_cp])]
     classes = {}
     for pp_rank in range(p.pp):
         for i, tp_range in enumerate(tp_ranges):

@@ -206,14 +206,15 @@ def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
 
 
 def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:
-    """This rank's parameters after pp -> tp/ep -> data-parallel flavour sharding (dp_shard=False stops at tp/ep)."""
+    """This rank's parameters after pp -> tp/ep -> data-parallel flavour sharding (dp_shard=False stops at tp/ep); the
+    data-parallel group is dp x cp (every rank with the same parameters)."""
     m, p = spec.model, spec.parallel
     c = p.coords(rank)
     fsdp = dp_shard and p.zero_stage >= 2
     out = []
     for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule):
-        q = shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp, ep=p.ep, tp_rank=c["tp"], dp_rank=c["dp"],
-                        ep_rank=c["ep"], fsdp=fsdp)
+        q = shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp_cp, ep=p.ep, tp_rank=c["tp"],
+                        dp_rank=p.data_parallel_index(rank), ep_rank=c["ep"], fsdp=fsdp)
         if q is not None:
             out.append(q)
     return out
@@ -229,7 +230,7 @@ def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
     (the model's parameter list, the degrees, the schedule's stage placement, FSDP or not, the rank): the planner
     and the step-time model ask for the same ranks of the same layouts again and again. LocalParam is frozen."""
     m, p = spec.model, spec.parallel
-    key = (model_key(m), p.tp, p.pp, p.dp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2, rank)
+    key = (model_key(m), p.tp, p.pp, p.dp, p.cp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2, rank)
     hit = _LOCAL_MEMO.get(key)
     if hit is None:
         if len(_LOCAL_MEMO) >= _MEMO_MAX:

@@ -36,7 +36,7 @@ def compute_bytes(precision: str) -> int:
 def uses_replicate(spec: Any) -> bool:
     """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (data_parallel.composable_wrap); ep alone uses classic DDP."""
     p = spec.parallel
-    return p.dp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
+    return p.dp_cp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
 
 
 def is_mix(spec: Any) -> bool:
@@ -116,7 +116,8 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     """TP activation collectives per step, following backend/strategies/tp.py `tp_plan`."""
     m, t, p = spec.model, spec.train, spec.parallel
     cb, mb, n = compute_bytes(t.precision), t.microbatches, p.tp
-    bsh, sh = t.micro_batch * m.seq_len * m.d_model * cb, m.seq_len * m.d_model * cb
+    s = m.seq_len // p.cp  # this rank's tokens of each sequence
+    bsh, sh = t.micro_batch * s * m.d_model * cb, s * m.d_model * cb
     if str(getattr(m, "positions", "learned")) == "rope":
         sh = 0  # no pos_emb: RoPE has no parameters and no collective
     sp, L = p.sequence_parallel, len(layers)
@@ -143,7 +144,7 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
         else:
             ar += bsh + sh
     if n_stages - 1 in stages:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
-        ag += t.micro_batch * m.seq_len * m.vocab_size * cb
+        ag += t.micro_batch * s * m.vocab_size * cb
         if sp:
             ag, rs = ag + bsh, rs + bsh  # Shard(1) input gathered fwd, grad reduce-scattered bwd
         else:
@@ -173,14 +174,15 @@ def partial_grad_numel(key: ModelKey, sp: bool) -> tuple[int, int]:
 
 def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
     m, t, p = spec.model, spec.train, spec.parallel
-    act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
+    tokens = t.micro_batch * m.seq_len // p.cp  # this rank's tokens of a microbatch
+    act = tokens * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
     if p.tp > 1 and p.sequence_parallel:
         act /= p.tp  # under SP a stage boundary carries the sequence-sharded local (b, s/t, h) tensor
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
         # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
-        per = ep_all_to_all_payload_bytes(tokens=t.micro_batch * m.seq_len, h=m.d_model, top_k=m.top_k,
+        per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
@@ -193,22 +195,49 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
     return out
 
 
+def cp_kv_bytes(spec: Any) -> tuple[float, float]:
+    """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): b * s/cp * a/t * d_head
+    each; GQA K/V are repeated to a heads before the core, which is what the ring moves (as torch's does)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    elems = 2 * t.micro_batch * (m.seq_len // p.cp) * (m.n_heads // p.tp) * m.head_dim
+    return elems * compute_bytes(t.precision), elems * MASTER_BYTES
+
+
+def cp_traffic(spec: Any, n_layers: int) -> Traffic:
+    """Ring attention's K/V traffic per step over the cp group (strategies/ring_attention.py, torch's
+    _templated_ring_attention): per layer and microbatch, forward allgather = 1 all_gather (output cp x K/V) or
+    alltoall = cp - 1 all_to_all of K/V; backward the same again plus cp all_to_all of the fp32 dK/dV accumulators.
+    Recompute (full, or selective's checkpointed core) re-runs the forward's share in backward."""
+    p, t = spec.parallel, spec.train
+    kv, dkv = cp_kv_bytes(spec)
+    calls = n_layers * t.microbatches * (2 if str(t.recompute) != "none" else 1)  # forward runs (incl. re-runs)
+    bwd = n_layers * t.microbatches
+    if str(p.cp_rotate) == "allgather":
+        out = [("all_gather", (calls + bwd) * p.cp * kv, p.cp)]
+        a2a = bwd * p.cp * dkv
+    else:
+        out = []
+        a2a = (calls + bwd) * (p.cp - 1) * kv + bwd * p.cp * dkv
+    return out + [("all_to_all", a2a, p.cp)]
+
+
 def rank_traffic(spec: Any, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
-    """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations."""
-    return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages)
+    """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations + CP's K/V."""
+    ring = cp_traffic(spec, len(layers)) if spec.parallel.cp > 1 else []
+    return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages) + ring
             + tied_embedding_traffic(spec, params))
 
 
 def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
     """Classic DistributedDataParallel (data_parallel.classic_wrap: pure ddp / zero1, and ddp with ep) broadcasts the
     module buffers from rank 0 before the first forward after a synced backward (broadcast_buffers=True; the no_sync
-    microbatches skip it): once per step. The only buffer is DeepSeek-V3's per-expert balance bias (fp32, n_experts per
-    MoE block), replicated like the router."""
+    microbatches skip it): once per step, over the dp x cp ranks. The only buffer is DeepSeek-V3's per-expert balance
+    bias (fp32, n_experts per MoE block), replicated like the router."""
     p, m = spec.parallel, spec.model
-    classic = p.dp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1
+    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1
     if not (classic and getattr(m, "router_balance_bias", False)):
         return []
-    return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp)]
+    return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp_cp)]
 
 
 def tied_embedding_traffic(spec: Any, params: list[LocalParam]) -> Traffic:

@@ -5,9 +5,9 @@
   python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
-Searches dp x tp x pp x ep x dp flavour (ddp, zero1 incl. with TP/PP = Megatron's distributed optimizer, zero2,
-zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only the layouts this engine runs
-(each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
+Searches dp x tp x pp x ep x cp (flash attention only: --attention flash) x dp flavour (ddp, zero1 incl. with TP/PP =
+Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
+the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
 """
 
@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
     p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"))
+    p.add_argument("--attention", choices=("math", "flash"),
+                   help="attention kernel (default: the model's); context parallelism is searched with flash only")
+    p.add_argument("--max-cp", type=int, metavar="N", help="largest context-parallel degree searched (default 32)")
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
@@ -78,6 +81,8 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
             return None, str(e).strip("'\"")
     data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
     data["seq_len"] = args.seq
+    if args.attention:
+        data["attention"] = args.attention
     try:
         return ModelSpec(**data), None
     except ValueError as e:
@@ -107,10 +112,13 @@ def _from_spec(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
     from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
+    from backend.planner.space import Limits
 
     problem = _from_spec(args)
     if problem:
         return fail(problem)
+    if args.max_cp is not None and args.max_cp < 1:
+        return fail(f"--max-cp must be >= 1 (got {args.max_cp})")
     for name in ("gpus", "global_batch", "seq", "top"):
         if getattr(args, name) is None:
             return fail(f"--{name.replace('_', '-')} is required (or give --spec)")
@@ -130,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
                fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
-               include_predicted=args.include_predicted)
+               limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
     used = calibration_used(hw, cal, res.configs, g)
@@ -144,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
     print(used["line"])
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
-    print(f"{'#':>2} {'layout':<34} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6} runs")
+    print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GB':>7} {'step s':>8} {'MFU':>6} runs")
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]
-        print(f"{i:>2} {s['name'][5:]:<34} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
+        print(f"{i:>2} {s['name'][5:]:<40} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
               f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
               f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 1e9:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
               f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))

@@ -26,6 +26,8 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
             kw["metavar"] = {int: "N", float: "X", str: "TEXT"}[typ]
         parser.add_argument(flag, help=f"spec {section + '.' if section else ''}{field}", **kw)
     parser.add_argument("--sequence-parallel", dest="spec_sequence_parallel", action="store_true", default=None)
+    parser.add_argument("--cp-load-balance", dest="spec_cp_load_balance", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec parallel.cp_load_balance (head-tail sequence chunks; default on)")
     parser.add_argument("--zero-stage", dest="zero_stage", type=int, choices=[0, 1, 2, 3],
                         help="shorthand for --strategy ddp|zero1|zero2|zero3")
     parser.add_argument("--tie-embeddings", dest="spec_tie_embeddings", action=argparse.BooleanOptionalAction,
@@ -52,6 +54,7 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     for flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
     _put(data, "parallel", "sequence_parallel", getattr(args, "spec_sequence_parallel", None))
+    _put(data, "parallel", "cp_load_balance", getattr(args, "spec_cp_load_balance", None))
     _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
     _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
     return data

@@ -25,8 +25,8 @@ from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.device_facts import utilization
 from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
-                                  autocast_notes, comm_error_pct, comm_notes, dedupe, memory_notes, parity_notes,
-                                  recompute_notes, routing_notes)
+                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, memory_notes,
+                                  parity_notes, recompute_notes, routing_notes)
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 
@@ -53,6 +53,7 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     notes += autocast_notes(spec, per_rank)
     notes += recompute_notes(spec, per_rank)
     notes += routing_notes(spec, ranks, per_rank)
+    notes += cp_notes(spec, ranks)
     notes += comm_notes(ranks, per_rank, payload.get("backend", ""))
     step_med = step_s_median([r["step_s"] for r in ranks])
     loss = [float(x) for x in ranks[0]["losses"]] if ranks else []

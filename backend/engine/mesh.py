@@ -1,5 +1,6 @@
-"""Process group and the device mesh for one rank: named dims (pp, dp, tp). Expert parallelism views the same
-mesh with dp unflattened into (dp_mod_ep, ep): backend/strategies/ep_mesh.py."""
+"""Process group and the device mesh for one rank: named dims (pp, dp, tp), where dp holds dp x cp ranks (all that
+share the parameters). Expert parallelism views the same mesh with dp unflattened into (dp_mod_ep, ep)
+(backend/strategies/ep_mesh.py), context parallelism into (dp_mod_cp, cp) (backend/strategies/cp_layout.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def init(spec: ExperimentSpec, rank: int, world_size: int, local_rank: int) -> t
 
 
 def build_mesh(spec: ExperimentSpec, device: torch.device):  # -> DeviceMesh | None
-    """(pp, dp, tp) mesh laid out as ParallelSpec.coords (row-major, tp fastest); None for one rank."""
+    """(pp, dp x cp, tp) mesh laid out as ParallelSpec.coords (row-major, tp fastest); None for one rank."""
     p = spec.parallel
     if p.world_size == 1:
         return None
-    return init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=MESH_DIMS)
+    return init_device_mesh(device.type, (p.pp, p.dp_cp, p.tp), mesh_dim_names=MESH_DIMS)

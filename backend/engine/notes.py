@@ -3,6 +3,7 @@ where and why, never hidden; the bounds they check; loss parity. Used by backend
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from backend.analytic.measured.moe_routing import adjustment
@@ -166,3 +167,40 @@ def dedupe(items: Any) -> list[str]:
         if x not in out:
             out.append(x)
     return out
+
+
+def cp_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]]) -> list[str]:
+    """Context parallelism on CPU ranks: the seconds the busiest rank waited on the ring's K/V and dK/dV transfers per
+    timed step (strategies/cp.ContextShard.measured: the ring communication its attention blocks did not hide), next to
+    the step-time model's exposed ring time on the `cpu` profile when there is one."""
+    if spec.parallel.cp == 1:
+        return []
+    t = spec.train
+    waits = []
+    for r in ranks:
+        record = (r.get("extra") or {}).get("cp_ring") or {}
+        timed = record.get("wait_s", [])[t.warmup_steps:t.warmup_steps + t.steps]
+        if timed:
+            waits.append((median(timed), median(r.get("step_s") or [0.0]), r["rank"]))
+    if not waits:
+        return []
+    wait, step, rank = max(waits)
+    share = f", {wait / step:.0%} of its step" if step else ""
+    predicted = _predicted_cp_exposed_s(spec)
+    pred = (f"; the step-time model predicts {predicted * 1e3:.1f} ms exposed on the cpu profile" if predicted is not None
+            else "; no cpu profile to predict it from")
+    return [f"CP ring: rank {rank} waited {wait * 1e3:.1f} ms per step on K/V and dK/dV transfers (median of the timed "
+            f"steps, the most of any rank{share}): the ring communication its attention blocks did not hide{pred}."]
+
+
+def _predicted_cp_exposed_s(spec: ExperimentSpec) -> float | None:
+    try:
+        from backend.analytic.steptime.hardware import CPU, load_profiles
+        from backend.analytic.steptime.model import step_time
+
+        profiles = load_profiles()
+        if CPU not in profiles:
+            return None
+        return max(r.exposed_by_dim_s.get("cp", 0.0) for r in step_time(spec, profiles[CPU]).per_rank)
+    except Exception:  # noqa: BLE001 - a gap in the step-time model leaves the comparison out, never the run
+        return None

@@ -4,8 +4,8 @@ Degrees follow the frameworks' own rule, world = dp_replicate x dp_shard x cp x 
 ParallelDims; Megatron: tp x pp x cp x dp; DeepSpeed: dp), with at most one degree written as -1 / "auto" (the
 rest of the GPUs). A contradiction is an error with the arithmetic, in torchtitan's words:
 "dp_replicate(1) * dp_shard(4) * cp(2) * tp(2) * pp(1) = 16 != GPUs(8)".
-Context parallelism is not in this base's spec (fields.SPEC_FIELDS): the spec then describes the dp x tp x pp ranks of
-one context-parallel slice (full sequences per rank), and `unmapped` says so.
+Context parallelism maps to parallel.cp (all GPUs in the spec, the frameworks' tp-fastest, then cp, dp, pp order
+is ShardLab's mesh order too), with flash attention unless the config names a kernel (CP runs over fused attention).
 """
 
 from __future__ import annotations
@@ -83,12 +83,11 @@ def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: 
         elif target is not None and canon not in ("global_batch", "micro_batch"):
             section, field = target.split(".")
             spec[section][field] = value
-    cp = flat.get("cp", 1)
-    if cp > 1 and isinstance(SPEC_FIELDS["cp"], Pending):
-        flat.unmapped[flat.source_of("cp")]["reason"] += (
-            f"; the spec describes one context-parallel slice: world {world // cp} of the {world} GPUs, each rank "
-            "holding whole sequences, so activations and compute per rank are predicted about cp times too high")
-    spec["parallel"]["world_size"] = world // (cp if isinstance(SPEC_FIELDS["cp"], Pending) else 1)
+    if flat.get("cp", 1) > 1 and "attention" not in spec["model"]:
+        spec["model"]["attention"] = "flash"  # torch's and Megatron's context parallelism run over fused attention
+        notes.append(f"attention kernel: flash, as context parallelism ({flat.source_of('cp')} = {flat.get('cp')}) "
+                     "runs ring attention over the fused kernels")
+    spec["parallel"]["world_size"] = world
     return _validated(ImportedConfig(framework=framework, source_format=source_format, spec=spec, ignored=flat.ignored,
                                      unmapped=flat.unmapped, notes=notes + _notes(flat), gpus=world))
 

@@ -8,10 +8,10 @@ A config is first flattened to {source key: value} ("parallelism.tensor_parallel
 A key in no table is reported as unknown: ShardLab cannot tell whether it changes memory or time.
 
 Canonical fields then reach the spec through ONE table, `SPEC_FIELDS` (canonical name -> spec path, or `Pending`:
-the spec of this base has no such field yet). Wiring a new spec field later (context parallelism) is a one-line change
-there: replace the `Pending(...)` by the spec path. fp8 (precision fp8, fp8_recipe, fp8_all_gather) and the
+the spec has no such field yet). Wiring a new spec field later is a one-line change there: replace the `Pending(...)`
+by the spec path. Context parallelism (cp, cp_rotate), fp8 (precision fp8, fp8_recipe, fp8_all_gather) and the
 activation-checkpointing policies (recompute op / layers:K / block:N / uniform:N) are spec fields now: each
-framework's rules write them as canonical precision / fp8_recipe / recompute.
+framework's rules write them as canonical cp / cp_rotate / precision / fp8_recipe / recompute.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ SPEC_FIELDS: dict[str, str | Pending] = {
     "offload": "parallel.offload",
     "fp8_recipe": "train.fp8_recipe",
     "fp8_all_gather": "train.fp8_all_gather",
-    # Not in this base's spec: becomes its spec path when the feature is merged (issue 26).
-    "cp": Pending("context parallelism (spec field parallel.cp, issue 26)", "parallel.cp"),
+    "cp": "parallel.cp",
+    "cp_rotate": "parallel.cp_rotate",
 }
 """The ONE table from canonical fields to the spec. The degree and batch arithmetic (importers/assemble.py) reads
 tp, pp, cp, ep and the dp degrees itself, so a Pending degree still counts in `tp x pp x cp x dp = GPUs`."""

@@ -86,6 +86,8 @@ TABLE: dict[str, Any] = {
     "--micro-batch-size": To("micro_batch", pos_int), "--global-batch-size": To("global_batch", opt_int),
     "--tensor-model-parallel-size": To("tp", pos_int), "--pipeline-model-parallel-size": To("pp", pos_int),
     "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
+    "--cp-comm-type": To("mg_cp_comm", choice({"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a",
+                                               "a2a+p2p": "a2a+p2p"})),
     "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual"),
     "--num-virtual-stages-per-pipeline-rank": To("mg_virtual"),
     "--virtual-pipeline-model-parallel-size": To("mg_virtual"),
@@ -127,7 +129,7 @@ PREFIXES: dict[str, Any] = {
         "--cross-entropy", "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
         "--inprocess", "--high-priority-stream", "--nccl-", "--use-ring-exchange", "--barrier-with-l1",
         "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
-        "--num-distributed-optimizer-instances", "--wgrad-deferral", "--delay-wgrad", "--cp-comm-type",
+        "--num-distributed-optimizer-instances", "--wgrad-deferral", "--delay-wgrad",
         "--hierarchical-context-parallel", "--encoder-", "--decoder-first", "--decoder-last", "--use-tp-pp-dp-mapping",
         "--expert-tensor-parallel-size", "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
         "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train", "--ddp-",
@@ -191,7 +193,23 @@ def model_and_layout(flat: Flat) -> list[str]:
                      "(s x s) probabilities -> flash")
     notes += _vocab(flat, tp)
     notes += _moe(flat)
+    notes += _context_parallel(flat)
     return notes
+
+
+def _context_parallel(flat: Flat) -> list[str]:
+    """--cp-comm-type (default p2p): p2p passes K/V round the ring (parallel.cp_rotate alltoall, torch's ring
+    send/recv), all_gather gathers them (allgather); a2a (Ulysses) and a2a+p2p split heads instead: not modelled."""
+    if flat.get("cp", 1) <= 1:
+        return []
+    comm = flat.get("mg_cp_comm", "p2p")
+    if comm in ("a2a", "a2a+p2p"):
+        flat.unmap(flat.source_of("mg_cp_comm"), comm, "all-to-all (Ulysses) context parallelism splits heads, not the "
+                   "ring ShardLab models; predicted as a K/V ring (p2p)")
+        comm = "p2p"
+    flat.put("cp_rotate", "alltoall" if comm == "p2p" else "allgather", "--cp-comm-type")
+    return [f"context parallelism: --cp-comm-type {comm} -> cp_rotate {flat.get('cp_rotate')}; Megatron always "
+            "balances causal work over 2 x cp chunks (cp_load_balance true)"]
 
 
 def _vocab(flat: Flat, tp: int) -> list[str]:

@@ -93,7 +93,8 @@ def parse_log(path: str | Path, imported: ImportedConfig, *, warmup_steps: int |
 
 def spec_rank(framework: str, rank: int, spec: Any, cp: int) -> int:
     """The spec's rank of a framework's global rank: Megatron's and torchtitan's meshes put tp fastest, then cp, then
-    dp, then pp; the spec (no cp yet) is (pp, dp, tp) with tp fastest, so the cp coordinate is dropped."""
+    dp, then pp, as ShardLab's (pp, dp x cp, tp) mesh does; `cp` > 1 only for a spec without the cp degree (GPUs /
+    world_size), whose cp coordinate is then dropped."""
     p = spec.parallel
     if framework == "deepspeed" or cp <= 1:
         return rank % p.world_size

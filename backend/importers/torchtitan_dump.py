@@ -51,6 +51,7 @@ TABLE: dict[str, Any] = {
     "parallelism.num_pp_microbatches": To("tt_pp_microbatches", positive_int),
     "parallelism.pipeline_parallel_layers_per_stage": To("tt_layers_per_stage"),
     "parallelism.context_parallel_degree": To("cp", positive_int),
+    "parallelism.context_parallel_rotate_method": To("cp_rotate", choice({"allgather": "allgather", "alltoall": "alltoall"})),
     "parallelism.expert_parallel_degree": To("ep", positive_int),
     "activation_checkpoint": To("tt_ac"),
     "compile.enable": To("tt_compile", flag),

@@ -62,7 +62,7 @@ TABLE: dict[str, Any] = {
     "parallelism.pipeline_parallel_layers_per_stage": To("tt_layers_per_stage"),
     "parallelism.context_parallel_degree": To("cp", positive_int),
     "experimental.context_parallel_degree": To("cp", positive_int),
-    "parallelism.context_parallel_rotate_method": Ignore("ring rotation method of context parallelism"),
+    "parallelism.context_parallel_rotate_method": To("cp_rotate", choice({"allgather": "allgather", "alltoall": "alltoall"})),
     "activation_checkpoint.mode": To("tt_ac_mode", choice({"none": "none", "selective": "selective", "full": "full"})),
     "activation_checkpoint.selective_ac_option": To("tt_ac_option", str),
     "float8.enable_float8_linear": To("fp8", flag),

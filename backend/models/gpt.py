@@ -45,11 +45,14 @@ def make_norm(m: ModelSpec) -> nn.Module:
     return nn.RMSNorm(m.d_model, eps=m.norm_eps) if m.norm == Norm.RMSNORM else nn.LayerNorm(m.d_model, eps=m.norm_eps)
 
 
-def rope_cos_sin(T: int, head_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(T: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables (Su et al. 2021, RoFormer Eq. 34; the half-split layout of HF Llama): (T, d) cos and sin for
-    positions 0..T-1. Positions are global: under SP the attention input has been all-gathered to the full T."""
+    positions 0..T-1, or for `positions` (context parallelism: this rank's global positions). Positions are global:
+    under SP the attention input has been all-gathered to the full T."""
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, d/2)
+    at = torch.arange(T, device=device, dtype=torch.float32) if positions is None else positions.float()
+    freqs = torch.outer(at, inv_freq)  # (T, d/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, d)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -125,6 +128,9 @@ class Attention(nn.Module):
                                                             and m.window is not None)
         self.flash = m.attention == AttentionImpl.FLASH
         self.selective_recompute = False
+        self.context_parallel = None
+        """Set by strategies/cp.py: `.positions(T, device)` (this rank's global token positions) and
+        `.attention(q, k, v)` (ring attention over the cp group) replace arange(T) and the core."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -136,7 +142,7 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, a, T, d)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.rope:
-            cos, sin = rope_cos_sin(T, self.head_dim, q.device, q.dtype)
+            cos, sin = rope_cos_sin(T, self.head_dim, q.device, q.dtype, token_positions(self, T, q.device))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if k.shape[1] != q.shape[1]:
             rep = q.shape[1] // k.shape[1]
@@ -144,10 +150,13 @@ class Attention(nn.Module):
         return self.o(self.core(q, k, v).transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d)) v over the layer's mask, checkpointed under selective recompute."""
+        """softmax(q k^T / sqrt(d)) v over the layer's mask, checkpointed under selective recompute; under context
+        parallelism the ring attention (plain causal: spec.checks refuses cp with windows or sinks)."""
         mask = attention_mask(self.spec, self.layer, q.shape[-2], q.device)
         sinks = self.sinks.local() if self.sinks is not None else None
-        if self.flash:
+        if self.context_parallel is not None:
+            run = self.context_parallel.attention
+        elif self.flash:
             run = lambda q_, k_, v_: _flash_attention(q_, k_, v_, mask)  # noqa: E731
         else:
             run = lambda q_, k_, v_: _core_attention(q_, k_, v_, mask, sinks)  # noqa: E731
@@ -396,6 +405,7 @@ class GPT(nn.Module):
             self.lm_head.weight = self.tok_emb.weight  # named_parameters() reports it once, as tok_emb.weight
         self.recompute: tuple[str, int] = ("none", 0)
         self.sac_context: Any = None
+        self.context_parallel = None  # as Attention.context_parallel (strategies/cp.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 on the first stage, hidden (B, T, C) on later ones; logits (B, T, V) on the last."""
@@ -405,13 +415,22 @@ class GPT(nn.Module):
             if self.spec.scale_embeddings:  # Gemma: sqrt(h)-scaled embeddings (a constant: nothing saved)
                 h = h * self.spec.d_model ** 0.5
             if self.pos_emb is not None:
-                h = h + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+                h = h + self.pos_emb(token_positions(self, tokens.shape[1], tokens.device))
         h = run_blocks(list(self.layers.values()), h, *self.recompute, self.sac_context)
         if self.norm is not None:
             h = self.norm(h)
         if self.lm_head is not None:
             h = self.lm_head(h)
         return h
+
+
+def token_positions(owner: nn.Module, T: int, device: torch.device) -> torch.Tensor | None:
+    """The global positions of the T local tokens: arange(T) (None for RoPE, which makes its own), or this cp rank's
+    share of the sequence under context parallelism."""
+    cp = owner.context_parallel
+    if cp is not None:
+        return cp.positions(T, device)
+    return None if isinstance(owner, Attention) else torch.arange(T, device=device)
 
 
 def set_recompute(model: GPT, mode: str, ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> None:

@@ -77,7 +77,7 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 def run_blocked(layouts: Layout) -> np.ndarray:
     """backend.spec.checks._run_only on arrays of layouts: True where this engine cannot run the layout (zero1 x ep, ep x
-    pp, zero1 x tp/pp under fp16-mixed, fp8 x tp/ep, split-backward schedules x FSDP2 on dp > 1).
+    pp, zero1 x tp/pp under fp16-mixed, fp8 with tp or ep, split-backward schedules x FSDP2 on dp > 1).
     tests/unit/test_prediction_only.py checks it against run_blockers on every enumerated layout."""
     n = len(layouts)
     zero1 = np.broadcast_to(layouts.zero_stage == ZeroStage.ZERO1, n)
@@ -147,6 +147,9 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
              "their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
+    if str(getattr(model, "attention", "math")) != "flash":
+        notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
+                     "attention; plan with flash to search cp)")
     if left_out:
         notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking; "
                      "--include-predicted (the Plan page's toggle) ranks them too, marked")

@@ -1,6 +1,6 @@
 """The search space: every layout of a model on N GPUs that the analytic model can predict (pure Python + numpy).
 
-`enumerate_layouts` returns one `Layout` whose fields are arrays, one entry per candidate: tp, pp, dp, ep, ZeRO
+`enumerate_layouts` returns one `Layout` whose fields are arrays, one entry per candidate: tp, pp, dp, ep, cp, ZeRO
 stage, micro-batch, recompute, pipeline schedule, virtual stages, sequence parallel (analytic/layout.py). Only
 arithmetic constraints are applied here (divisibility, the spec's schedule rules); "runnable on this machine" is
 not a constraint (ExperimentSpec.for_prediction).
@@ -23,14 +23,19 @@ class Limits:
     """Largest tp (default: GPUs per node: TP across nodes is never competitive, Narayanan 2021 Sec 3.3 takeaway 1)."""
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
     virtual_stages: tuple[int, ...] = (2, 4)
+    max_cp: int = 32
+    """Largest context-parallel degree (Llama 3 trains 128k contexts at cp 16, Dubey 2024 Sec 3.3.2; torchtitan's
+    long-context recipes go to 32). cp is searched only for flash attention (spec.checks: ring attention needs it)
+    and where the sequence splits into 2cp equal chunks."""
 
 
 @dataclass(frozen=True)
 class DegreePair:
-    """A (tp, pp) split with its dp, the ep degrees and the (schedule, virtual stages) it admits."""
+    """A (tp, pp, cp) split with its dp, the ep degrees and the (schedule, virtual stages) it admits."""
     tp: int
     pp: int
     dp: int
+    cp: int
     eps: list[int]
     schedules: list[tuple[int, int]]
 
@@ -70,12 +75,21 @@ def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -
         for pp in _divisors(gpus // tp):
             if pp > model.n_layers:
                 continue
-            dp = gpus // (tp * pp)
-            # ep carved out of dp (ep | dp, ep | n_experts), with or without pipelining as Megatron and torchtitan allow
-            # (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
-            eps = [e for e in _divisors(dp) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
-            pairs.append(DegreePair(tp, pp, dp, eps, _schedules(pp, model.n_layers, limits.virtual_stages)))
+            rest = gpus // (tp * pp)  # dp x cp: the ranks holding the same parameters
+            # ep carved out of dp x cp (ep | dp x cp, ep | n_experts), with or without pipelining as Megatron and
+            # torchtitan allow (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
+            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
+            schedules = _schedules(pp, model.n_layers, limits.virtual_stages)
+            for cp in _cp_degrees(model, rest, limits):
+                pairs.append(DegreePair(tp, pp, rest // cp, cp, eps, schedules))
     return pairs
+
+
+def _cp_degrees(model: Any, ranks: int, limits: Limits) -> list[int]:
+    """Context-parallel degrees a model admits on `ranks` data-parallel ranks (spec.checks._check_context_parallel)."""
+    if str(getattr(model, "attention", "math")) != "flash":
+        return [1]
+    return [cp for cp in _divisors(ranks) if cp <= limits.max_cp and model.seq_len % (2 * cp) == 0]
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
@@ -87,7 +101,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer)
     n_eps, n_schedules = max(len(x.eps) for x in pairs), max(len(x.schedules) for x in pairs)
-    tp, pp, dp = (np.array([getattr(x, d) for x in pairs], dtype=np.int64) for d in ("tp", "pp", "dp"))
+    tp, pp, dp, cp = (np.array([getattr(x, d) for x in pairs], dtype=np.int64) for d in ("tp", "pp", "dp", "cp"))
     eps = np.array([x.eps + [0] * (n_eps - len(x.eps)) for x in pairs], dtype=np.int64)  # 0 = padding
     schedules = np.array([x.schedules + [(-1, 0)] * (n_schedules - len(x.schedules)) for x in pairs], dtype=np.int64)
     micro_batches = np.array(limits.micro_batches, dtype=np.int64)
@@ -107,7 +121,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
     kind = np.asarray(SEARCHED_RECOMPUTE, dtype=np.int64)[recompute]
-    columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
+    columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], cp=cp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
                    micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
                    virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
                    recompute_layers=recompute_layers(kind, pp[pair_at], model.n_layers))

@@ -154,17 +154,19 @@ def _derive_degrees(p: ParallelSpec) -> list[str]:
     if st in pure and getattr(p, pure[st]) == 1 and p.world_size:
         # `--strategy tp --world 4` means tp = 4: the pure strategy's degree is the whole world.
         setattr(p, pure[st], p.world_size)
+    model_parallel = p.tp * p.pp * p.cp
+    named = f"tp({p.tp}) * pp({p.pp})" + (f" * cp({p.cp})" if p.cp > 1 else "")
     if p.dp is None:
         if p.world_size is None:
             p.dp = p.ep if st == Strategy.EP else 1
-        elif p.world_size % (p.tp * p.pp):
-            return [f"world_size({p.world_size}) is not divisible by tp({p.tp}) * pp({p.pp}) = {p.tp * p.pp}"]
+        elif p.world_size % model_parallel:
+            return [f"world_size({p.world_size}) is not divisible by {named} = {model_parallel}"]
         else:
-            p.dp = p.world_size // (p.tp * p.pp)
+            p.dp = p.world_size // model_parallel
     if p.world_size is None:
-        p.world_size = p.dp * p.tp * p.pp
-    if p.dp * p.tp * p.pp != p.world_size:
-        return [f"dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.dp * p.tp * p.pp} != world_size({p.world_size})"]
+        p.world_size = p.dp * model_parallel
+    if p.dp * model_parallel != p.world_size:
+        return [f"dp({p.dp}) * {named} = {p.dp * model_parallel} != world_size({p.world_size})"]
     return []
 
 
@@ -195,8 +197,27 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"ep={p.ep} needs a MoE model (n_experts > 0, got n_experts=0)")
         elif m.n_experts % p.ep:
             out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = {m.n_experts % p.ep})")
-        if p.dp % p.ep:
-            out.append(f"ep={p.ep} does not divide dp={p.dp} (expert-parallel ranks are carved out of the data-parallel ranks)")
+        if p.dp_cp % p.ep:
+            group = f"dp * cp = {p.dp} * {p.cp} = {p.dp_cp}" if p.cp > 1 else f"dp={p.dp}"
+            out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel ranks)")
+    out += _check_context_parallel(m, p)
+    return out
+
+
+def _check_context_parallel(m: ModelSpec, p: ParallelSpec) -> list[str]:
+    """cp splits every sequence into equal chunks (2cp head-tail chunks when load-balanced) and runs ring attention,
+    which merges per-chunk flash outputs by their logsumexp: torch's context_parallel dispatches only the fused SDPA
+    kernels, and the s x s scores of math attention are never formed."""
+    if p.cp == 1:
+        return []
+    out = []
+    if m.attention != "flash":
+        out.append(f"cp={p.cp} needs attention=flash (got {m.attention}): ring attention merges per-chunk flash "
+                   "outputs by their logsumexp, as torch's context_parallel does over the fused SDPA kernels")
+    chunks = 2 * p.cp if p.cp_load_balance else p.cp
+    if m.seq_len % chunks:
+        how = f"2 * cp = {chunks} head-tail chunks" if p.cp_load_balance else f"cp = {chunks} chunks"
+        out.append(f"seq_len={m.seq_len} does not split into {how} ({m.seq_len} % {chunks} = {m.seq_len % chunks})")
     return out
 
 
@@ -204,7 +225,22 @@ def run_blockers(spec: SpecParts) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
     `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
     refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
-    return [str(problem) for problem in _run_only(spec.parallel, spec.train.precision) + _run_only_model(spec.model)]
+    return [str(problem) for problem in _run_only(spec.parallel, spec.train.precision) + _run_only_model(spec.model)
+            + _run_only_context_parallel(spec.model, spec.parallel)]
+
+
+def _run_only_context_parallel(m: ModelSpec, p: ParallelSpec) -> list[RunOnly]:
+    """The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain
+    causal multi-head attention: windows, sinks and MLA under cp are predicted, not run."""
+    if p.cp == 1:
+        return []
+    features = [name for name, on in (("a sliding / chunked window", m.window is not None and m.window < m.seq_len),
+                                      ("attention sinks", m.attention_sinks), ("multi-head latent attention", m.is_mla))
+                if on]
+    if not features:
+        return []
+    return [RunOnly(f"cp={p.cp} with {' and '.join(features)}: ShardLab's ring attention is plain causal attention "
+                    "(no mask, sink or latent path); the prediction stands, the run would compute other attention")]
 
 
 def _run_only_model(m: ModelSpec) -> list[RunOnly]:

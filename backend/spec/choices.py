@@ -59,6 +59,13 @@ class Recompute(StrEnum):
     OP = "op"
 
 
+class CpRotate(StrEnum):
+    """How context parallelism moves K/V between the cp ranks: torch's `set_rotate_method` names."""
+
+    ALLGATHER = "allgather"  # one all-gather of every rank's K/V per attention call (torch's default)
+    ALLTOALL = "alltoall"  # K/V passed round the ring: cp - 1 all-to-all permutations per attention call
+
+
 class Backend(StrEnum):
     AUTO = "auto"
     GLOO = "gloo"

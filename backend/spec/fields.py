@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer,
-                                  Positions, Precision, Schedule, Strategy)
+from backend.spec.choices import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, Norm, Offload,
+                                  Optimizer, Positions, Precision, Schedule, Strategy)
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -36,6 +36,8 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--tp": ("parallel", "tp", int),
     "--pp": ("parallel", "pp", int),
     "--ep": ("parallel", "ep", int),
+    "--cp": ("parallel", "cp", int),
+    "--cp-rotate": ("parallel", "cp_rotate", [v.value for v in CpRotate]),
     "--schedule": ("parallel", "pp_schedule", [v.value for v in Schedule]),
     "--virtual-stages": ("parallel", "virtual_stages", int),
     "--backend": ("runtime", "backend", [v.value for v in Backend]),

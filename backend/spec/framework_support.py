@@ -34,8 +34,8 @@ def _torch(s: SpecParts) -> list[str]:
     if p.offload == "optimizer":
         out.append("torch FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the optimizer step "
                    "to the host together: use offload=params (offload=optimizer alone is DeepSpeed's, --framework deepspeed)")
-    if p.tp > 1 or p.pp > 1 or p.ep > 1:
-        out.append(f"offload on torch runs pure data parallelism here (got tp={p.tp}, pp={p.pp}, ep={p.ep})")
+    if p.tp > 1 or p.pp > 1 or p.ep > 1 or p.cp > 1:
+        out.append(f"offload on torch runs pure data parallelism here (got tp={p.tp}, pp={p.pp}, ep={p.ep}, cp={p.cp})")
     return out
 
 
@@ -46,9 +46,9 @@ def _deepspeed(s: SpecParts) -> list[str]:
     if st not in DEEPSPEED_STAGE:
         hint = " (DeepSpeed's ZeRO-3 is --strategy zero3)" if st == "fsdp" else ""
         out.append(f"framework deepspeed runs ZeRO stages 0-3 (strategy ddp, zero1, zero2, zero3); got {st}{hint}")
-    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if v > 1}
+    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep), ("cp", p.cp)) if v > 1}
     if mp:
-        out.append("framework deepspeed runs ZeRO data parallelism only here (its TP/PP/MoE engines are not wired): "
+        out.append("framework deepspeed runs ZeRO data parallelism only here (its TP/PP/MoE/sequence engines are not wired): "
                    + ", ".join(f"{k}={v}" for k, v in mp.items()) + " must be 1")
     if m.is_moe:
         out.append(f"framework deepspeed runs dense models only here (got n_experts={m.n_experts})")
@@ -75,8 +75,9 @@ def _jax(s: SpecParts) -> list[str]:
     if st not in JAX_STRATEGIES:
         out.append(f"framework jax runs dp (ddp), fsdp (zero3/fsdp) and tp layouts and their dp x tp mix; got {st}: "
                    "GSPMD shards parameters and optimizer state together, so ZeRO-1/2 have no layout of their own")
-    if p.pp > 1 or p.ep > 1:
-        out.append(f"framework jax: pipeline and expert parallelism are not written in JAX here (pp={p.pp}, ep={p.ep})")
+    if p.pp > 1 or p.ep > 1 or p.cp > 1:
+        out.append(f"framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX here "
+                   f"(pp={p.pp}, ep={p.ep}, cp={p.cp})")
     if st in ("zero3", "fsdp") and p.tp > 1:
         out.append(f"framework jax: fsdp x tp is not wired (got tp={p.tp}); run fsdp with tp=1 or tp with ddp")
     if m.is_moe:

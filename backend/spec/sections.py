@@ -8,9 +8,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
-from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, Backend, Bias, Device, Executor, Fp8Recipe,
-                                  Framework, Mlp, Norm, Offload, Optimizer, Positions, Precision, Recompute, RouterScore,
-                                  Schedule, Strategy, WindowKind)
+from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, Backend, Bias, CpRotate, Device, Executor,
+                                  Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions, Precision, Recompute,
+                                  RouterScore, Schedule, Strategy, WindowKind)
 from backend.spec.user_text import source_problem
 
 MAX_DIM = 1_000_000
@@ -248,15 +248,23 @@ class ParallelSpec(SpecSection):
     strategy: Strategy = Strategy.DDP
     """Headline strategy; mixes combine a data-parallel flavour (ddp..fsdp) with tp/pp/ep degrees."""
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD)
-    """Total ranks; None means dp * tp * pp."""
+    """Total ranks; None means dp * cp * tp * pp."""
     dp: int | None = Field(None, ge=1, le=MAX_WORLD)
-    """Data-parallel degree; None derives world_size / (tp * pp)."""
+    """Data-parallel degree (batch split); None derives world_size / (cp * tp * pp)."""
     tp: int = Field(1, ge=1, le=MAX_WORLD)
     """Tensor-parallel degree."""
     pp: int = Field(1, ge=1, le=MAX_WORLD)
     """Pipeline-parallel degree (stages = pp * virtual_stages)."""
     ep: int = Field(1, ge=1, le=MAX_WORLD)
-    """Expert-parallel degree; experts are split over ep ranks carved out of the dp dimension."""
+    """Expert-parallel degree; experts are split over ep ranks carved out of the dp x cp ranks."""
+    cp: int = Field(1, ge=1, le=MAX_WORLD)
+    """Context-parallel degree: every sequence is split over cp ranks (ring attention); they hold the same
+    parameters, so gradients are averaged and FSDP / ZeRO state is sharded over dp x cp (torchtitan's dp_shard_cp)."""
+    cp_rotate: CpRotate = CpRotate.ALLGATHER
+    """How K/V reach the other cp ranks: allgather (once per attention call) or alltoall (round the ring)."""
+    cp_load_balance: bool = True
+    """Causal load balancing: rank i holds sequence chunks i and 2cp-1-i of 2cp (head-tail, as torchtitan and
+    Megatron), so every cp rank does the same attention work; off: contiguous chunks (the last rank does most)."""
     sequence_parallel: bool = False
     """Shard norms/dropout activations along the sequence (needs tp > 1)."""
     pp_schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -272,12 +280,30 @@ class ParallelSpec(SpecSection):
         return ZERO_STAGE.get(self.strategy, 0)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a global rank. The mesh is (pp, dp, tp), row-major, tp fastest-varying;
-        expert-parallel groups are consecutive blocks of ep ranks along dp."""
-        tp, dp = self.tp, self.dp or 1
-        c = {"pp": rank // (dp * tp), "dp": (rank // tp) % dp, "tp": rank % tp}
-        c["ep"] = c["dp"] % self.ep
+        """Mesh coordinates of a global rank. The mesh is (pp, dp, cp, tp), row-major, tp fastest-varying (torchtitan's
+        order); "cp" is present when cp > 1. Expert-parallel groups are consecutive blocks of ep ranks along the
+        data-parallel index dp * cp + cp index (`data_parallel_index`)."""
+        tp, cp, dp = self.tp, self.cp, self.dp or 1
+        c = {"pp": rank // (dp * cp * tp), "dp": (rank // (tp * cp)) % dp}
+        if cp > 1:
+            c["cp"] = (rank // tp) % cp
+        c["tp"] = rank % tp
+        c["ep"] = self.data_parallel_index(rank) % self.ep
         return c
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold the same parameters: dp x cp. Gradients are averaged over them and ZeRO / FSDP shards
+        span them (torchtitan's dp_shard_cp, Megatron's data-parallel group with cp)."""
+        return (self.dp or 1) * self.cp
+
+    def data_parallel_index(self, rank: int) -> int:
+        """The rank's index in its dp x cp group (dp index * cp + cp index): its FSDP shard and ZeRO-1 share."""
+        return (rank // self.tp) % self.dp_cp
+
+    def rank_at(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
+        """The global rank at these mesh coordinates (inverse of `coords`)."""
+        return ((pp * (self.dp or 1) + dp) * self.cp + cp) * self.tp + tp
 
     @property
     def dp_flavour(self) -> Strategy:

@@ -13,6 +13,7 @@ from torch import nn
 
 from backend.bench.comm import uncounted
 from backend.spec import ExperimentSpec
+from backend.strategies.cp_layout import build_cp_mesh, shard_sequence
 from backend.strategies.ep_mesh import build_ep_mesh
 
 
@@ -39,9 +40,10 @@ class RankContext:
     local_rank: int
     device: torch.device
     mesh: Any = None
-    """DeviceMesh of shape (pp, dp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
-    `ParallelSpec.coords`; None when world_size == 1."""
+    """DeviceMesh of shape (pp, dp x cp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
+    `ParallelSpec.coords`: its "dp" dim holds every rank with the same parameters (dp x cp); None when world_size == 1."""
     _ep_mesh: Any = field(default=None, repr=False)
+    _cp_mesh: Any = field(default=None, repr=False)
 
     def ep_mesh(self):  # -> DeviceMesh
         """`mesh` with dp unflattened into (dp_mod_ep, ep) (strategies/ep_mesh.build_ep_mesh: named dims "pp",
@@ -49,6 +51,16 @@ class RankContext:
         if self._ep_mesh is None:
             self._ep_mesh = build_ep_mesh(self.spec, self.mesh)
         return self._ep_mesh
+
+    def cp_mesh(self):  # -> DeviceMesh
+        """`mesh` with dp unflattened into (dp_mod_cp, cp) (strategies/cp_layout.build_cp_mesh: named dims "pp",
+        "dp_mod_cp", "cp", "tp"); created on first use, which is collective (every rank, same order)."""
+        if self._cp_mesh is None:
+            self._cp_mesh = build_cp_mesh(self.spec, self.mesh)
+        return self._cp_mesh
+
+    def cp_rank(self) -> int:
+        return self.coords().get("cp", 0)
 
     def coords(self) -> dict[str, int]:
         return self.spec.parallel.coords(self.rank)
@@ -99,10 +111,14 @@ def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:
 
 
 def local_batch(ctx: RankContext, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch -> a copy of this dp rank's rows on ctx.device: (B/dp, T) each, on the CPU too (a row
-    slice alone would be a view that keeps the whole global batch's storage alive through the step), so
-    the tracked `other` is B/dp rows on every device (analytic/memory/rank_memory.py OTHER_IS_DP_SLICE)."""
-    return dp_slice(inputs, ctx).to(ctx.device, copy=True), dp_slice(targets, ctx).to(ctx.device, copy=True)
+    """The global batch -> a copy of this dp rank's rows on ctx.device, and of its cp rank's share of the sequence:
+    (B/dp, T/cp) each, on the CPU too (a row slice alone would be a view that keeps the whole global batch's storage
+    alive through the step), so the tracked `other` is that share on every device (analytic/memory/rank_memory.py
+    OTHER_IS_DP_SLICE)."""
+    def mine(x: torch.Tensor) -> torch.Tensor:
+        return shard_sequence(ctx.spec, ctx.cp_rank(), dp_slice(x, ctx)).to(ctx.device, copy=True)
+
+    return mine(inputs), mine(targets)
 
 
 def make_optimizer(params, spec: ExperimentSpec) -> torch.optim.Optimizer:

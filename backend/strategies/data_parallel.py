@@ -39,8 +39,8 @@ def uses_fsdp2(spec: ExperimentSpec) -> bool:
     """FSDP2 `fully_shard` / `replicate` wraps the modules (the engine then tracks memory with FSDPMemTracker)."""
     p = spec.parallel
     if p.dp_flavour in SHARDED:
-        return p.dp > 1 or is_pure_dp(spec)
-    return p.dp > 1 and p.dp_flavour == Strategy.DDP and p.ep == 1 and not is_pure_dp(spec)
+        return p.dp_cp > 1 or is_pure_dp(spec)
+    return p.dp_cp > 1 and p.dp_flavour == Strategy.DDP and p.ep == 1 and not is_pure_dp(spec)
 
 
 def uses_autocast(spec: ExperimentSpec) -> bool:
@@ -100,7 +100,7 @@ def classic_wrap(ctx: RankContext, model: nn.Module, experts: list[nn.Parameter]
     """DistributedDataParallel over mesh["dp"] for pure ddp / zero1 and for ddp with ep (experts excluded from the
     reducer: their grads are reduced over the expert-replica group instead); needs materialized parameters."""
     p = ctx.spec.parallel
-    if p.dp == 1 or p.dp_flavour not in (Strategy.DDP, Strategy.ZERO1) or p.tp > 1 or p.pp > 1:
+    if p.dp_cp == 1 or p.dp_flavour not in (Strategy.DDP, Strategy.ZERO1) or p.tp > 1 or p.pp > 1:
         return model
     if experts:
         ids = {id(q) for q in experts}
@@ -118,14 +118,14 @@ def distributed_optimizer(ctx: RankContext, modules: list[nn.Module]) -> Distrib
     return DistributedOptimizer(modules, make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
                                 dp_group=ctx.mesh["dp"].get_group(), tp_group=ctx.mesh["tp"].get_group(),
                                 microbatches=spec.train.microbatches or 1,
-                                grad_divisor=p.dp * (spec.train.microbatches if pipelined else 1),
+                                grad_divisor=p.dp_cp * (spec.train.microbatches if pipelined else 1),
                                 param_dtype=compute_dtype(spec) or torch.float32, held_names=tied)
 
 
 def dp_optimizer(ctx: RankContext, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     """ZeRO-1 partitions the optimizer state over the dp ranks; every other flavour uses the plain optimizer."""
     spec = ctx.spec
-    if spec.parallel.dp_flavour == Strategy.ZERO1 and spec.parallel.dp > 1:
+    if spec.parallel.dp_flavour == Strategy.ZERO1 and spec.parallel.dp_cp > 1:
         return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(spec),
                                        process_group=ctx.mesh["dp"].get_group(), **optimizer_kwargs(spec))
     return make_optimizer(params, spec)
@@ -147,7 +147,7 @@ def notes(spec: ExperimentSpec) -> list[str]:
     if pure:
         return ["ZeRO-3/FSDP = FSDP2 fully_shard per block + root, reshard_after_forward=True: parameters are "
                 "all-gathered before forward and again before backward, gradients reduce-scattered per microbatch."]
-    if p.dp > 1 and flavour == Strategy.DDP and p.tp > 1:
+    if p.dp_cp > 1 and flavour == Strategy.DDP and p.tp > 1:
         return ["DDP×TP: dp replication by replicate_with_fsdp (FSDP2-style DDP that takes DTensor params); "
                 "it keeps a replica and an unsharded compute copy of every parameter (2x parameter bytes)."]
     return []

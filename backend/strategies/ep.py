@@ -36,7 +36,7 @@ def expert_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGrou
     all-to-all must not share a gloo group)."""
     p = ctx.spec.parallel
     mesh = ctx.ep_mesh()
-    return mesh["ep"].get_group(), (mesh["dp_mod_ep"].get_group() if p.dp > p.ep else None)
+    return mesh["ep"].get_group(), (mesh["dp_mod_ep"].get_group() if p.dp_cp > p.ep else None)
 
 
 class ExpertParallel:
@@ -71,14 +71,14 @@ class ExpertParallel:
     def sync_grads(self, used: list[float]) -> list[float]:
         """After the last backward (OptimizerTail): expert grads over the replicas; records this step's routing."""
         p = self.ctx.spec.parallel
-        flags = sync_expert_grads(self.params(), used, self.replica_group, p.dp, self.ctx.device)
+        flags = sync_expert_grads(self.params(), used, self.replica_group, p.dp_cp, self.ctx.device)
         self.extra["moe_routing"] = self.routing_payload()
         return flags
 
     def notes(self) -> list[str]:
         m, p = self.ctx.spec.model, self.ctx.spec.parallel
         return [f"EP: {m.n_experts // p.ep} of {m.n_experts} experts per MoE layer on this rank; "
-                f"expert grads all-reduced over {p.dp // p.ep} replica(s).",
+                f"expert grads all-reduced over {p.dp_cp // p.ep} replica(s).",
                 "Token dispatch: all_to_all of E int64 counts + 2 all_to_alls of routed rows per MoE layer and "
                 "microbatch (x2 in backward)."]
 
@@ -86,7 +86,7 @@ class ExpertParallel:
         """This rank's measured routing of its latest step (JSON): see backend/analytic/measured/moe_routing.py."""
         m, p = self.ctx.spec.model, self.ctx.spec.parallel
         return {"ep": p.ep, "ep_rank": self.ep_rank, "n_experts": m.n_experts, "top_k": m.top_k,
-                "tokens": self.ctx.spec.train.micro_batch * m.seq_len, "records": list(self.log.records)}
+                "tokens": self.ctx.spec.train.micro_batch * m.seq_len // p.cp, "records": list(self.log.records)}
 
 
 EXPERT_BUCKET_BYTES = DDP_BUCKET_BYTES

@@ -13,7 +13,7 @@ EP_MESH_DIMS = ("pp", "dp_mod_ep", "ep", "tp")
 
 
 def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
-    """`mesh` (pp, dp, tp) viewed as EP_MESH_DIMS = (pp, dp_mod_ep, ep, tp): mesh["dp"] keeps the full data-parallel
+    """`mesh` (pp, dp, tp) (dp: the dp x cp ranks) viewed as EP_MESH_DIMS = (pp, dp_mod_ep, ep, tp): mesh["dp"] keeps the full data-parallel
     dim (FSDP2 / DDP still shard and reduce over all of dp); ep groups are consecutive dp ranks ({0..ep-1},
     {ep..2ep-1}, ...), expert-replica groups (dp_mod_ep) the ranks holding the same experts ({j, j+ep, ...}).
     Collective (creates process groups): every rank calls it once, in the same order. The ep groups are always
@@ -21,5 +21,5 @@ def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
     may use, and that all-reduce and the dispatch all-to-all must not share a gloo group (their order differs
     by rank)."""
     p = spec.parallel
-    return unflatten_mesh(mesh, "dp", (p.dp // p.ep, p.ep), EP_MESH_DIMS[1:3],
+    return unflatten_mesh(mesh, "dp", (p.dp_cp // p.ep, p.ep), EP_MESH_DIMS[1:3],
                           backend_override={"ep": dist.get_backend()})

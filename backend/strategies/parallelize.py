@@ -7,15 +7,17 @@
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
                                         ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
-  3. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
+  3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
+                                        sequence share is cut by `local_batch`)
+  4. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
                                         models/checkpointing.py; selective: core attention)
-  4. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (data_parallel.py)
-  5. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
+  5. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (dp x cp ranks; data_parallel.py)
+  6. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
                                         offload=params, ctx.placement) + per-parameter seeded init of the
                                         local shard only (materialize.py); a model handed in built is moved
-  6. data parallel, classic            the distributed optimizer (zero1 x tp/pp: parameters rebound to bucket
+  7. data parallel, classic            the distributed optimizer (zero1 x tp/pp: parameters rebound to bucket
                                         views), tp grad hooks, DDP / ZeRO-1 (need real parameters), optimizer, step
-  7. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
+  8. check                             every parameter / grad / buffer / DTensor shard where ctx.placement says
 
 The engine owns placement of the batch too: `train_step` receives this dp rank's rows already on ctx.device.
 """
@@ -27,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from backend.models.gpt import MoE, set_recompute
+from backend.strategies import cp as context_parallel
 from backend.strategies import data_parallel as dpar
 from backend.strategies import float8
 from backend.strategies import pp as pipeline
@@ -56,14 +59,16 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         model.to(ctx.device)
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
     ep = ExpertParallel(ctx, model) if p.ep > 1 else None
+    shard = context_parallel.context_shard(ctx)
     for m in mods:
         float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
         apply_tp(ctx, m)
+        context_parallel.apply_cp(ctx, m, shard)
         set_recompute(m, spec.train.recompute, spec.train.sac_ops)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
         for sub in m.modules():
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
-                sub.run_empty_experts = p.dp > 1
+                sub.run_empty_experts = p.dp_cp > 1
     if meta:
         materialize(mods, ctx.placement, spec.train.seed)
     # rebinds every parameter to a view of its bucket: before any hook is registered on them
@@ -86,6 +91,8 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
                               on_microbatch=ep.on_microbatch if ep else None)
+    if shard is not None:
+        step = shard.measured(step, extra)  # per step: seconds waited on the ring's transfers (running record)
     if ep:
         ep.publish_to(extra)
     if scaling.enabled:
@@ -112,6 +119,7 @@ def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None, distribu
         out += float8.NOTES
     if p.tp > 1:
         out += TP_NOTES
+    out += context_parallel.notes(ctx)
     if ep:
         out += ep.notes()
     if p.pp > 1:

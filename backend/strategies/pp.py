@@ -106,13 +106,14 @@ def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module],
     n_stages = p.pp * p.virtual_stages
     holder = [r for r in range(p.pp) if n_stages - 1 in stages_of_rank(r, p.pp, p.virtual_stages, p.pp_schedule)][0]
     me = ctx.coords()
+    mine = p.data_parallel_index(ctx.rank)  # the (dp, cp) column: dp x cp ranks hold each stage's copy
     group = None
     if holder != 0:
-        for d in range(p.dp):
+        for d in range(p.dp_cp):
             for t in range(p.tp):
-                pair = [(0 * p.dp + d) * p.tp + t, (holder * p.dp + d) * p.tp + t]
+                pair = [d * p.tp + t, (holder * p.dp_cp + d) * p.tp + t]
                 g = dist.new_group(pair)
-                if me["dp"] == d and me["tp"] == t and me["pp"] in (0, holder):
+                if mine == d and me["tp"] == t and me["pp"] in (0, holder):
                     group = g
     copies = [m.tok_emb.weight for m in mods if m.tok_emb is not None]
     copies += [m.lm_head.weight for m in mods if m.lm_head is not None and m.tok_emb is None]

@@ -42,9 +42,11 @@ def setup(ctx: Any, model: nn.Module) -> Any:
 
 
 def hidden_meta_fn(spec: ExperimentSpec):
-    """A pipeline stage boundary: the fp32 residual stream (micro_batch, T, C); T/tp under sequence parallel."""
+    """A pipeline stage boundary: the fp32 residual stream (micro_batch, T, C): T = this cp rank's seq_len / cp,
+    over tp under sequence parallel."""
     m, p = spec.model, spec.parallel
-    seq = m.seq_len // p.tp if p.sequence_parallel and p.tp > 1 else m.seq_len
+    seq = m.seq_len // p.cp
+    seq = seq // p.tp if p.sequence_parallel and p.tp > 1 else seq
     return lambda: torch.empty(spec.train.micro_batch, seq, m.d_model, dtype=torch.float32, requires_grad=True)
 
 

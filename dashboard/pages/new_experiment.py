@@ -119,6 +119,11 @@ def _parallel_inputs() -> None:
     c3.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="Pipeline parallel: 1 for the pure pp strategy means pp = world size")
     c4.number_input("EP degree", 1, 1_000_000, key=P + "ep", help="Expert parallel: MoE experts split over this many ranks")
     st.checkbox("Sequence parallel (with TP)", key=P + "sequence_parallel", help=HELP["sequence parallel"])
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("CP degree", 1, 1_000_000, key=P + "cp", help=HELP["context parallel"])
+    c2.selectbox("CP K/V rotation", sf.CP_ROTATES, key=P + "cp_rotate", format_func=lambda s: sf.CP_ROTATE_HELP.get(s, s),
+                 help=HELP["cp rotate"])
+    c3.checkbox("CP load balancing (head-tail)", key=P + "cp_load_balance", help=HELP["cp load balance"])
     c1, c2 = st.columns(2)
     c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule", format_func=schedule_label, help=HELP["schedule"])
     c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages", help=HELP["virtual stages"])

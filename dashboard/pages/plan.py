@@ -11,7 +11,7 @@ from dashboard import spec_form as sf
 from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
-            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_predicted": False}
+            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math", "pl_predicted": False}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -54,7 +54,7 @@ def _load_imported(imported) -> None:
 
 
 st.title("Plan")
-st.caption("Search dp × tp × pp × ep × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
+st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
            "cluster you describe; only layouts this engine runs are ranked unless you include the prediction-only ones.")
 
 import_box.box("pl_", _load_imported, load_label="Plan this model")
@@ -136,21 +136,26 @@ node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
 mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
                       help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
-top = st.slider("Layouts to show", 1, 50, key="pl_top")
+c1, c2 = st.columns([1, 3])
+attention = c1.selectbox("Attention kernel", ["math", "flash"], key="pl_attention",
+                         help="flash: SDPA's fused kernel (no s x s scores saved); context parallelism (cp) is searched "
+                              "with flash only, since ring attention merges flash blocks")
+top = c2.slider("Layouts to show", 1, 50, key="pl_top")
 include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
                               help="Also rank layouts this machine's engine cannot run (each row says why); by default "
                                    "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
-    + (" incl. prediction-only" if include_predicted else "")
+    + f", {attention} attention" + (" incl. prediction-only" if include_predicted else "")
 if problem:
     st.error(problem)
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
-                                                    db_url=store_access.db_url(), include_predicted=bool(include_predicted))
+                                                    db_url=store_access.db_url(), include_predicted=bool(include_predicted),
+                                                    attention=attention)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1

@@ -177,3 +177,16 @@ def test_fsdp_x_ep_peak_moment_follows_the_larger_of_dispatch_and_head(vocab: in
     (row,) = res["per_rank"]
     assert_within(row, keys=STATE)
     assert row["traced"]["params_bytes"] == row["predicted"]["params_bytes"]
+
+
+def test_context_parallel_traced_matches_prediction() -> None:
+    """cp2 x tp2 (+SP) under zero3 on fake tensors: the hand-written ring attention runs over the fake PG, model states
+    exact (FSDP over the dp x cp ranks), activations at seq_len / cp within the bound."""
+    spec = tiny({"strategy": "zero3", "world_size": 4, "tp": 2, "cp": 2, "sequence_parallel": True},
+                {"attention": "flash"}, micro_batch=1)
+    res = trace_spec(spec, ranks=[3])
+    assert res["status"] == "ok", res
+    (row,) = res["per_rank"]
+    assert row["coords"]["cp"] == 1
+    assert all(row["traced"][k] == row["predicted"][k] for k in STATE), (row["traced"], row["predicted"])
+    assert_within(row)

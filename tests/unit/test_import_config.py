@@ -51,9 +51,9 @@ def test_megatron_70b_tp_pp_cp_round_trip(capsys, tmp_path):
     out = _import_json(capsys, str(FIX / "megatron_llama2_70b.sh"))  # GPUs from torchrun --nproc_per_node 8 --nnodes 16
     par = out["spec"]["parallel"]
     assert (par["tp"], par["pp"], par["dp"], par["sequence_parallel"]) == (8, 4, 2, True)
-    assert out["gpus"] == 128 and par["world_size"] == 64  # one context-parallel slice until the spec has cp
-    cp = out["unmapped"]["--context-parallel-size"]
-    assert cp["value"] == 2 and cp["pending"] == "parallel.cp" and "context parallelism" in cp["reason"]
+    assert out["gpus"] == 128 and par["world_size"] == 128 and par["cp"] == 2  # --context-parallel-size is parallel.cp
+    assert par["cp_rotate"] == "alltoall" and par["cp_load_balance"] is True  # Megatron's default p2p ring, zigzag
+    assert "--context-parallel-size" not in out["unmapped"] and out["spec"]["model"]["attention"] == "flash"
     assert out["spec"]["train"]["recompute"] == "selective" and out["spec"]["parallel"]["strategy"] == "zero1"
     est = _estimate(capsys, tmp_path, out)
     padding = (32768 - 32000) * 8192 * 2  # vocabulary padded to 128 x tp 8 = 1024: embedding and untied output rows
@@ -183,9 +183,11 @@ def test_hostile_strings_are_data(capsys):
 
 
 def test_pending_features_are_one_line_each():
-    """cp waits for its spec field (issue 26): ONE Pending entry naming its target; fp8 and the AC policies are wired."""
+    """Every issue-26 feature is wired now: no Pending entry is left; cp (with its K/V rotation), fp8 and the AC
+    policies map to spec fields."""
     pending = {k: v.target for k, v in SPEC_FIELDS.items() if isinstance(v, Pending)}
-    assert pending == {"cp": "parallel.cp"}
+    assert pending == {}
+    assert SPEC_FIELDS["cp"] == "parallel.cp" and SPEC_FIELDS["cp_rotate"] == "parallel.cp_rotate"
     toml = (FIX / "torchtitan_llama3_8b.toml").read_text().replace('# converters', 'converters').replace(
         'name = "llama3"', 'name = "llama3"\nconverters = ["float8"]')
     imported = import_config_text(toml, name="x.toml", gpus=8)
@@ -332,3 +334,26 @@ def test_deeply_nested_dump_in_a_log_is_refused():
     log = "x - INFO - Running with configs: " + "[" * 100_000 + "]" * 100_000 + "\n"
     with pytest.raises(ConfigImportError, match="nests too deep|levels deep"):
         import_config_text(log, name="train.log", fmt="torchtitan")
+
+
+def test_torchtitan_context_parallel_degree_is_parallel_cp():
+    """torchtitan's parallelism.context_parallel_degree (and its rotate method) land in parallel.cp / cp_rotate: all
+    64 GPUs are spec ranks (dp_shard = 64 / cp 2 = 32), attention flash (torch's CP runs over SDPA's fused kernels)."""
+    toml = (FIX / "torchtitan_llama3_8b.toml").read_text().replace(
+        "context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_rotate_method = "alltoall"')
+    imported = import_config_text(toml, name="cp.toml", gpus=64)
+    par = imported.spec["parallel"]
+    assert (par["world_size"], par["dp"], par["cp"], par["cp_rotate"]) == (64, 32, 2, "alltoall")
+    assert imported.spec["model"]["attention"] == "flash" and "parallelism.context_parallel_degree" not in imported.unmapped
+    with pytest.raises(ConfigImportError, match="expected one of allgather, alltoall"):
+        import_config_text(toml.replace('"alltoall"', '"ring"'), name="bad.toml", gpus=64)
+
+
+def test_megatron_all_to_all_context_parallelism_is_reported():
+    """--cp-comm-type a2a (Ulysses: heads split, not a K/V ring) is reported in `unmapped` and predicted as the p2p
+    ring; all_gather maps to cp_rotate allgather."""
+    text = (FIX / "megatron_llama2_70b.sh").read_text()
+    a2a = import_config_text(text.replace("--bf16", "--bf16 --cp-comm-type a2a"), name="a2a.sh")
+    assert a2a.unmapped["--cp-comm-type"]["value"] == "a2a" and a2a.spec["parallel"]["cp_rotate"] == "alltoall"
+    gathered = import_config_text(text.replace("--bf16", "--bf16 --cp-comm-type all_gather"), name="ag.sh")
+    assert gathered.spec["parallel"]["cp_rotate"] == "allgather" and "--cp-comm-type" not in gathered.unmapped

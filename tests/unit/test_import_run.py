@@ -86,7 +86,7 @@ def test_megatron_memory_per_rank_and_warmup_override(db):
     assert reserved[0] == int((36500.0 + 2100.0 * 3) * 1.10 + 2048.0 + 2 * 512.0) * 2**20 // 2**20 * 2**20 or True
     assert res.imported.peak_reserved_bytes == int(((36500.0 + 6300.0) * 1.10 + 2048.0 + 1024.0) * 2**20)
     assert res.imported.reported["tflops_per_device"] == pytest.approx(411.0, abs=3)
-    assert any("--context-parallel-size" in n for n in res.notes)  # the prediction ignores cp, and says so
+    assert (res.spec.parallel.cp, res.spec.parallel.world_size) == (2, 128)  # cp predicted: every GPU a spec rank
 
 
 def test_deepspeed_without_timers_uses_the_throughput_timer(tmp_path):

@@ -51,6 +51,8 @@ def test_layouts() -> None:
 @pytest.mark.parametrize("data, needle", [
     ({"parallel": {"strategy": "zero2", "world_size": 4}}, "ZeRO-1/2 have no layout of their own"),
     ({"parallel": {"strategy": "pp", "world_size": 4, "pp": 2}}, "pipeline and expert parallelism"),
+    ({"parallel": {"strategy": "ddp", "world_size": 4, "cp": 2}, "model": {"attention": "flash", "seq_len": 16}},
+     "(and context parallelism) are not written in JAX here (pp=1, ep=1, cp=2)"),
     ({"parallel": {"strategy": "ddp", "world_size": 4}, "train": {"precision": "bf16-mixed"}}, "fp32 only"),
     ({"parallel": {"strategy": "ddp", "world_size": 4}, "runtime": {"device": "cuda"}}, "virtual CPU devices"),
 ])

@@ -180,6 +180,49 @@ def test_is_fake_tensor_and_fsdp_reset_after_parameter_replacement():
     assert not tc.is_fake_tensor(torch.ones(1))
 
 
+def test_cpu_flash_attention_returns_the_logsumexp_and_its_backward_the_grads():
+    """aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal) -> (out, lse (b, a, s) fp32) and
+    its _backward(grad_out, q, k, v, out, lse, dropout, causal) -> (dq, dk, dv): ring attention's block kernel."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, requires_grad=True) for _ in range(3))
+    out, lse = tc.cpu_flash_attention(q.detach(), k.detach(), v.detach(), causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref.detach())
+    scores = (q @ k.transpose(-2, -1) / 2.0).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1).detach())
+    grad = torch.randn(1, 2, 6, 4, generator=g)
+    ref.backward(grad)
+    got = tc.cpu_flash_attention_backward(grad, q.detach(), k.detach(), v.detach(), out, lse, causal=True)
+    for mine, theirs in zip(got, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_torch_context_parallel_switches():
+    """torch.distributed.tensor.experimental._attention: `_ContextParallel(seq_dim, attention_type=AttentionType.SDPA)`
+    (a ParallelStyle), `_enable_context_parallel_dispatcher`, `set_rotate_method("allgather" | "alltoall")` and
+    `_cp_options.enable_load_balance`: the CUDA path of strategies/cp.py (enable_torch_context_parallel)."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert issubclass(cp_attention._ContextParallel, tc.ParallelStyle)
+    assert cp_attention._ContextParallel.AttentionType.SDPA.value == "scaled_dot_product_attention"
+    assert callable(cp_attention._enable_context_parallel_dispatcher)
+    assert callable(cp_attention._disable_context_parallel_dispatcher)
+    saved = (cp_attention._cp_options.rotate_method, cp_attention._cp_options.enable_load_balance)
+    dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=2)
+    try:
+        core = nn.Identity()
+        tc.enable_torch_context_parallel(core, init_device_mesh("cpu", (2,), mesh_dim_names=("cp",)),
+                                         rotate="alltoall", load_balance=False)
+        assert core._forward_pre_hooks and core._forward_hooks  # sdpa_input_fn / sdpa_output_fn
+        assert cp_attention._cp_options.rotate_method == cp_attention._RotateMethod.ALL_TO_ALL
+        assert cp_attention._cp_options.enable_load_balance is False
+    finally:
+        cp_attention._disable_context_parallel_dispatcher()
+        cp_attention._cp_options.rotate_method, cp_attention._cp_options.enable_load_balance = saved
+        dist.destroy_process_group()
+
+
 def test_host_chunk_cuts_what_distribute_tensor_gives_each_rank():
     """torch.distributed.tensor._utils.compute_local_shape_and_global_offset: materialize cuts a host-held FSDP2 shard
     (CPUOffloadPolicy on CUDA) with it, where distribute_tensor would first send the full tensor to the device."""

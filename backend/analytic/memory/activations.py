@@ -2,7 +2,7 @@
 for the embeddings / head, read off the ops it runs (no dropout, explicit softmax or SDPA attention). Pure Python,
 one set of sizes at a time: the rank-level model (rank_activations.py) evaluates these once per distinct
 (micro-batch, tp, SP, recompute, autocast) and spreads them over arrays of layouts.
-Symbols inside the formulas: s sequence, b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence
+Symbols inside the formulas: s sequence (this rank's share: seq_len / cp under context parallelism), b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence
 parallel. The published per-layer formula is textbook/korthikanti.py.
 """
 
@@ -81,14 +81,15 @@ class LayerShape:
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> LayerShape:
-        """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks)."""
+           ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
+           cp: int = 1) -> LayerShape:
+        """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks); a cp rank's seq_len / cp."""
         moe = layer_is_moe(model, 0) != alt if model.is_moe else False
         family = family_kwargs(model)
         if not moe:
             family["shared_ffn"], family["shared_gate"] = 0, False
         rope, windowed = layer_attention_kind(model, 0)
-        return cls(seq_len=model.seq_len, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
+        return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
@@ -119,7 +120,7 @@ class LayerShape:
         alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                       dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
-                      alt=alt, sac_ops=spec.train.sac_ops)
+                      alt=alt, sac_ops=spec.train.sac_ops, cp=layout.cp)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""

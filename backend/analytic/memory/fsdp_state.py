@@ -43,9 +43,9 @@ def head_peak(model: Any, layout: Layout) -> HeadPeak:
     in_block = False
     if model.is_moe:
         proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
-        outweighs = per_distinct(lambda b, tp, sp, ac: dispatch_outweighs_head(model, replace(
-            proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), ep=2)),
-            layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast)
+        outweighs = per_distinct(lambda b, tp, sp, ac, cp: dispatch_outweighs_head(model, replace(
+            proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), ep=2, seq_len=proto.seq_len // cp)),
+            layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
         in_block = logical_and(layout.ep > 1, outweighs != 0)
     in_root = logical_and(logical_not(in_block), layout.tp > 1, layout.compute_bytes == 4)
     return HeadPeak(in_block, in_root)

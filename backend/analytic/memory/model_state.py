@@ -56,7 +56,7 @@ def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: 
     cuda = layout.device == CUDA
     per_param = MASTER_BYTES * parts.total("local_numel")
     params = parts.total("cuda_local_bytes") if cuda else per_param
-    in_buckets = logical_and(layout.dp > 1, logical_not(layout.uses_replicate))  # zero < 2 here
+    in_buckets = logical_and(layout.dp_cp > 1, logical_not(layout.uses_replicate))  # zero < 2 here
     grads = where(logical_or(in_buckets, not cuda), per_param, params)
     replicate = layout.uses_replicate
     if any_true(replicate):
@@ -68,7 +68,7 @@ def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: 
             return zero1_optimizer_bytes(model, lay, pos, prt)
         return _optimizer_over(prt, lay, owned="local_numel", cuda="cuda_local_bytes")
 
-    optimizer = per_value(logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp > 1), optimizer, layout, position,
+    optimizer = per_value(logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1), optimizer, layout, position,
                           parts)
     return ModelStateBytes(params, grads, optimizer)
 
@@ -77,7 +77,7 @@ def zero1_optimizer_bytes(model: Any, layout: Layout, position: RankPosition, pa
     """ZeRO-1: the optimizer state of the rank's share (or the largest share: position.largest_zero1_share)."""
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
-    return per_distinct(lambda *row: _zero1_state_bytes(*fixed, *row), layout.tp, layout.dp, layout.ep, position.tp_index,
+    return per_distinct(lambda *row: _zero1_state_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep, position.tp_index,
                         position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt)
 
 

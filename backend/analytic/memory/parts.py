@@ -267,7 +267,7 @@ def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any 
         return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in parts), ())
 
     def compute() -> Any:
-        return per_distinct(three, layout.tp, layout.dp, layout.ep, fsdp, position.tp_index,
+        return per_distinct(three, layout.tp, layout.dp_cp, layout.ep, fsdp, position.tp_index,
                             maximum(position.dp_index, 0), position.ep_index, tied_copy(model, layout))
 
     indices = (position.tp_index, position.dp_index, position.ep_index)

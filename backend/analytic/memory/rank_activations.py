@@ -81,7 +81,8 @@ _TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] =
 
 
 def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
-    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast, ep)."""
+    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast, ep,
+    cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
     memo = _TERMS.get((proto, vocab))
     if memo is None:
         if len(_TERMS) > 64:
@@ -91,9 +92,9 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
     def terms(*row: int) -> tuple[float, ...]:
         hit = memo.get(row)
         if hit is None:
-            b, tp, sp, rc, ac, ep = row
+            b, tp, sp, rc, ac, ep, cp = row
             shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
-                            ep=ep if proto.n_experts else 1)
+                            ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
             hit = memo[row] = layer_terms(shape, rc, vocab)
         return hit
 
@@ -132,7 +133,8 @@ def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, 
     stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
     units = in_flight(layout, pp_rank)
     # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
-    buf = layout.micro_batch * model.seq_len * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
+    seq = layout.seq_local(model)
+    buf = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
         * where(autocast, 4, layout.compute_bytes)
     non_first = v - stages.first
     total = blocks * units / v  # in-flight chunks, each chunk's input included
@@ -140,8 +142,8 @@ def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, 
     total = total + buf * (mb * non_first + _held_stage_outputs(layout, parts, units, pp_rank))
     learned_pos = str(getattr(model, "positions", "learned")) == "learned"
     if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage
-        total = total + where(stages.first, units / v * model.seq_len * INDEX_BYTES, 0.0)
-    head = emb_head - model.seq_len * INDEX_BYTES * learned_pos - LOSS_BYTES
+        total = total + where(stages.first, units / v * seq * INDEX_BYTES, 0.0)
+    head = emb_head - seq * INDEX_BYTES * learned_pos - LOSS_BYTES
     head = head + shard
     k = where(layout.schedule == PipelineSchedule.GPIPE, mb, 1)  # textbook/pipeline.last_stage_in_flight
     # fp32 scalars: every microbatch's loss (kept to the step's end), nll_loss's total_weight per in-flight loss
@@ -165,14 +167,14 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
 
 
 def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tuple:
-    """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast and ep; memoised on
-    the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
+    """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast, ep and cp; memoised
+    on the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
     proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
                                  sac_ops=layout.sac_ops)
 
     def compute() -> Any:
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
-                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, layout.ep)
+                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, layout.ep, layout.cp)
 
     values = layout.memoised(("layer terms", proto, model.vocab_size), compute)
     return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(TERMS))
@@ -205,13 +207,14 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     not_last_stage = logical_and(pipelined, logical_not(stages.last))
     head_freed = where(not_last_stage, 0.0, head_freed_bytes)
     # the last block's MLP output, alive next to the residual sum that ends a non-last stage's forward
-    mlp_out = layout.micro_batch * model.seq_len * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * cb
+    seq = layout.seq_local(model)
+    mlp_out = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * cb
     forward_transient = where(not_last_stage, mlp_out, 0.0)
     w_blocks, w_head, b_blocks = (where(autocast, x, 0) for x in autocast_casts(model, layout, parts))
     checkpointed = logical_and(ck.units > 0, stages.n_blocks > 0)
     # a checkpointed block saves no 16-bit weight copy: only the plain blocks' casts stay
     kept_casts = where(stages.n_blocks > 0, w_blocks * ck.plain / maximum(stages.n_blocks, 1), 0)
-    sbv = model.seq_len * layout.micro_batch * model.vocab_size
+    sbv = seq * layout.micro_batch * model.vocab_size
     loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
     forward_last = total + w_head + kept_casts + loss_copy
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
@@ -230,7 +233,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # uniform groups under autocast: one more fp32 (b, s, h) while a group re-runs (measured on the CPU: uniform:2 /
     # uniform:3, GPT and Llama blocks); not applied to the per-block policies, unmeasured there at their re-run peak
     residual_copy = where(logical_and(autocast, layout.recompute == RecomputeMode.UNIFORM),
-                          layout.micro_batch * model.seq_len * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1), 0)
+                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1), 0)
     rerun_peak = total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block + residual_copy
     k = maximum(layout.recompute_layers, 1)
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)

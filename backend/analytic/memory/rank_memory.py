@@ -5,7 +5,8 @@ planner once per pipeline degree on arrays of every candidate layout and every p
 
 - params / grads / optimizer: model_state.py (+ FSDP2's unsharded state at the peak, fsdp_state.py);
 - activations: rank_activations.py;
-- other: this rank's dp share of the int64 inputs and targets, each copied to the device (OTHER_IS_DP_SLICE).
+- other: this rank's dp share of the int64 inputs and targets (its cp share of the sequence), each copied to the
+  device (OTHER_IS_DP_SLICE).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     state = model_state(model, layout, position, parts)
     params, grads, optimizer = state.params_bytes, state.grads_bytes, state.optimizer_bytes
     activations = rank_activation_bytes(model, layout, position.pp_rank, parts)
-    other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, model.seq_len) if OTHER_IS_DP_SLICE
+    other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
              else input_batch_bytes(layout.global_batch, model.seq_len))
     return RankMemory(params, grads, optimizer, activations, other, params + grads + optimizer + activations + other,
                       parts)

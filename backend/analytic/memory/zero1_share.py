@@ -95,6 +95,6 @@ def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int
 
 def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:
     """The zero1_shares arguments of a scalar rank."""
-    placement = (int(layout.tp), int(layout.dp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index))
+    placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index))
     s = parts.stages
-    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp), int(s.n_alt)
+    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp), int(s.n_alt)

@@ -6,7 +6,8 @@ ring steps: all-reduce 2(n-1), all-gather / reduce-scatter / all-to-all / broadc
 IJHPCA, Sec 4; Patarasuk & Yuan 2009). A group whose ranks sit on more than one node runs at the
 inter-node tier (each GPU's own NIC is the ring's bottleneck link, Narayanan 2021 Sec 4.1).
 
-Mesh order is (pp, dp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node.
+Mesh order is (pp, dp, cp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node; the
+data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-strided ranks like the cp group.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def ring_steps(collective: str, n: int) -> int:
 
 
 def group_stride(tp: Any, dp: Any, dim: str) -> Any:
-    """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays)."""
-    return {"tp": 1, "dp": tp, "ep": tp, "pp": tp * dp}[dim]
+    """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays; dp = the dp x cp ranks)."""
+    return {"tp": 1, "dp": tp, "ep": tp, "cp": tp, "pp": tp * dp}[dim]
 
 
 def dim_stride(spec: Any, dim: str) -> int:
     p = spec.parallel
-    return group_stride(p.tp, p.dp or 1, dim)
+    return group_stride(p.tp, p.dp_cp, dim)
 
 
 def within_node(stride: Any, size: Any, dim: str, gpus_per_node: int) -> Any:

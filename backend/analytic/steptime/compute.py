@@ -15,6 +15,9 @@
 - loss: cross-entropy over fp32 logits, 8 B per logit forward and 12 backward, at the cross-entropy bandwidth.
 - recompute: full re-runs the block's forward (and under autocast its weight casts), selective the attention core
   (Korthikanti 2022 Sec 5).
+- context parallelism: a rank's GEMMs, element-wise passes and head see its seq_len / cp tokens (smaller M); its
+  attention is its queries against every key, 1/cp of the layer's; without load balancing the cp ranks do unequal
+  causal work and the ring waits for the busiest, rank cp-1: (2cp-1)/cp of the average (cp_imbalance).
 """
 
 from __future__ import annotations
@@ -130,51 +133,62 @@ def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int)
     return out
 
 
+def cp_imbalance(layout: Layout) -> Any:
+    """The busiest cp rank's causal attention work over the average: 1 with head-tail chunks (each rank's two chunks
+    cost the same in sum, torch's load-balance note); contiguous chunks give rank r r + 1/2 blocks of cp/2 on
+    average, so the last rank does (cp - 1/2) / (cp / 2) = (2cp - 1) / cp of it."""
+    return 1.0 if layout.cp_load_balance else (2 * layout.cp - 1) / layout.cp
+
+
 def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str, *, windowed: bool = False) -> PassCost:
     """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic), with the block's
     own widths (d_qk: MLA's nope + rope; d_v: its v_head_dim); fwd_flops is the PaLM count (no causal saving), as
     MFU counts it. A windowed block (model_flops.kv_lengths) scores min(window, s) keys per query: its FLOPs, and a
     fused kernel's time (FlashAttention-2's window_size and FlexAttention's block masks skip the blocks outside the
     window: of the causal triangle s²/2 the band (2sw - w²)/2 is left); the eager path materialises and masks the
-    whole (s, s) scores, as the engine's math attention does, so its time stays s²."""
+    whole (s, s) scores, as the engine's math attention does, so its time stays s². Under context parallelism the
+    rank's s/cp queries against all keys: 1/cp of the layer's work, at the busiest cp rank's share (cp_imbalance)."""
     cb, peak = layout.compute_bytes, hw.peak(layout.precision)
     b, s, a = layout.micro_batch, model.seq_len, model.n_heads // layout.tp
     d_qk, d_v = head_dim(model), v_head_dim(model)
     s_kv = min(model.window, s) if windowed else s
-    flops = 2 * b * a * s * s_kv * (d_qk + d_v)  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
+    rows, skew = s // layout.cp, cp_imbalance(layout)
+    flops = 2 * b * a * rows * s_kv * (d_qk + d_v)  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
     if attention != "eager":
         fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, (d_qk + d_v) / 2, causal=True)
         band = (2 * s * s_kv - s_kv * s_kv) / (s * s)  # 1 for a global block
-        return PassCost(fwd_s=fwd * band, bwd_s=bwd * band, fwd_flops=flops)
-    # one batched GEMM each: b·a problems of (s, d_qk) x (d_qk, s) and (s, s) x (s, d_v)
-    bmm = gemm_s(hw, peak, b * a * s, d_qk, s, cb) + gemm_s(hw, peak, b * a * s, s, d_v, cb)
-    scores = 5 * a * s * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
+        share = band * skew / layout.cp
+        return PassCost(fwd_s=fwd * share, bwd_s=bwd * share, fwd_flops=flops)
+    # one batched GEMM each: b·a problems of (s/cp, d_qk) x (d_qk, s) and (s/cp, s) x (s, d_v)
+    bmm = gemm_s(hw, peak, b * a * rows, d_qk, s, cb) + gemm_s(hw, peak, b * a * rows, s, d_v, cb)
+    scores = 5 * a * rows * s * b * cb / 2  # Korthikanti 2022 Eq. 1 5as²b (16-bit scores/probs + 1-byte mask)
     soft = memory_s(hw, 2 * scores, kernels=3)  # written once, read once
-    return PassCost(fwd_s=bmm + soft, bwd_s=2 * (bmm + soft), fwd_flops=flops)
+    return PassCost(fwd_s=skew * (bmm + soft), bwd_s=2 * skew * (bmm + soft), fwd_flops=flops)
 
 
 def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: str = "fused") -> PassCost:
     """The memory-bound kernels of one layer and microbatch (elementwise.py): "fused": 2x Korthikanti Table 2
     bytes without the attention-score term (counted in attention_pass); "torch": eager PyTorch's kernels, timed
-    once per distinct (micro-batch, tp, sequence parallel, autocast) and profile."""
+    once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile; a cp rank's seq_len / cp
+    tokens."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation {implementation!r} not in {IMPLEMENTATIONS}")
     if implementation == "torch":
         return _torch_elementwise(model, layout, hw)
     if implementation == "fused":
-        kb = per_distinct(lambda b, tp, sp: korthikanti_layer_bytes(  # selective: without 5as²b
-            s=model.seq_len, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
-            layout.micro_batch, layout.tp, layout.sequence_parallel)
+        kb = per_distinct(lambda b, tp, sp, cp: korthikanti_layer_bytes(  # selective: without 5as²b
+            s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
+            layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
         fwd, bwd = fused_layer_passes(kb, layout.compute_bytes)
         return PassCost(fwd_s=memory_s(hw, fwd.bytes, kernels=fwd.count), bwd_s=memory_s(hw, bwd.bytes, kernels=bwd.count))
     raise AssertionError(implementation)
 
 
 def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
-    """elementwise.layer_passes timed once per distinct (micro-batch, tp, sequence parallel, autocast) and profile
+    """elementwise.layer_passes timed once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile
     (hw.memo); the combinations not seen before are timed together on arrays."""
     tag = ("elementwise", model_key(model), layout.precision)
-    missing: list[tuple[int, int, int, int]] = []
+    missing: list[tuple[int, int, int, int, int]] = []
 
     def one(*row: int) -> tuple[float, float]:
         hit = hw.memo.get((tag, *row))
@@ -183,12 +197,12 @@ def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
             return (0.0, 0.0)
         return hit
 
-    columns = (layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast)
+    columns = (layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
     both = per_distinct(one, *columns)
     if missing:
-        b, tp, sp, ac = (np.asarray(c) for c in zip(*missing))
+        b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing))
         fwd, bwd = layer_passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
-                                                                 precision=layout.precision), autocast=ac.astype(bool)))
+                                                                 precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
         f, bk = (np.broadcast_to(passes_time(hw, x), b.shape).tolist() for x in (fwd, bwd))
         hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk))
         both = per_distinct(one, *columns)
@@ -199,8 +213,9 @@ def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
 
 def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
     """Per-rank sizes of one layer and microbatch (elementwise.Widths): heads and the MLP split by tp, norm and
-    residual tokens by tp under sequence parallelism; MoE MLP activations over top_k experts' rows per token."""
-    tokens = layout.micro_batch * model.seq_len
+    residual tokens by tp under sequence parallelism; MoE MLP activations over top_k experts' rows per token; a cp
+    rank's seq_len / cp tokens."""
+    tokens = layout.micro_batch * layout.seq_local(model)
     tp, act = layout.tp, layout.compute_bytes
     mlp = model.top_k * model.expert_ffn + model.shared_ffn if model.is_moe else model.ffn
     return Widths(tokens=tokens, norm_tokens=where(layout.sequence_parallel, tokens / tp, tokens), h=model.d_model,
@@ -211,7 +226,7 @@ def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
 def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True) -> PassCost:
     """Cross-entropy over the (b·s, V/t) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
     kernel_launches=False: the memory traffic alone (the planner's proxy)."""
-    logits = layout.micro_batch * model.seq_len * model.vocab_size / layout.tp
+    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / layout.tp
     kernels = 4 if kernel_launches else 0
     return PassCost(fwd_s=memory_s(hw, CE_FWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"),
                     bwd_s=memory_s(hw, CE_BWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"))
@@ -299,7 +314,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     layers = stage_layers(m.n_layers, n_stages, stage)
     names = tuple(f"layers.{i}." for i in layers)
     last = stage == n_stages - 1
-    tokens = t.micro_batch * m.seq_len
+    tokens = t.micro_batch * m.seq_len // p.cp  # this rank's share of each sequence
 
     def weights(ps: Any) -> PassCost:
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]

@@ -128,7 +128,7 @@ def fsdp_host_s(spec: Any, hw: Hardware, params: list) -> float:
     """Exposed host seconds of zero3's pre-backward re-gathers per step (module docstring): one hook per FSDP2 unit
     and microbatch."""
     p = spec.parallel
-    if p.zero_stage != 3 or not hw.tune.fsdp_unit_host_s or not (p.dp > 1 or p.tp == p.pp == p.ep == 1):
+    if p.zero_stage != 3 or not hw.tune.fsdp_unit_host_s or not (p.dp_cp > 1 or p.tp == p.pp == p.ep == 1):
         return 0.0
     units = derived(params, "fsdp_unit_count", lambda ps: len(fsdp_units(spec.model, ps)))
     return hw.tune.fsdp_unit_host_s * units * spec.train.microbatches

@@ -42,8 +42,8 @@ def fsdp2_wrapped(spec: Any) -> bool:
     pure = p.tp == 1 and p.pp == 1 and p.ep == 1
     flavour = str(p.dp_flavour)
     if flavour in FSDP2_FLAVOURS:
-        return p.dp > 1 or pure
-    return p.dp > 1 and flavour == "ddp" and p.ep == 1 and not pure
+        return p.dp_cp > 1 or pure
+    return p.dp_cp > 1 and flavour == "ddp" and p.ep == 1 and not pure
 
 
 def dtensor_params(spec: Any, params: list[LocalParam]) -> int:

@@ -3,7 +3,8 @@
 step = pipeline makespan (microbatch passes incl. exposed TP / EP collectives, bubble, p2p)
        + exposed data-parallel sync + optimizer step + fixed overhead.
 Per microbatch: compute (compute.py) + TP collectives, all exposed (Megatron's f/g all-reduces sit on the
-critical path, Shoeybi 2019 Sec 3; Narayanan 2021 Sec 3.2) + EP all-to-alls, exposed (GShard Sec 3.1).
+critical path, Shoeybi 2019 Sec 3; Narayanan 2021 Sec 3.2) + EP all-to-alls, exposed (GShard Sec 3.1) + CP's ring
+K/V transfers where the attention blocks do not hide them (cp_ring.py).
 Data parallel: DDP's bucketed all-reduce overlaps the last microbatch's backward, the last bucket cannot
 (Li et al. 2020, "PyTorch Distributed", VLDB, Sec 3.2.3; 25 MB buckets); FSDP2 all-gathers are
 prefetched behind forward/backward and reduce-scatters run behind backward, except the first gather and
@@ -26,7 +27,9 @@ from backend.analytic.sharding import derived, local_params_shared, rank_stages,
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
 from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
-from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, default_implementation, memory_s, stage_cost
+from backend.analytic.steptime.compute import (ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, default_implementation,
+                                               memory_s, stage_cost)
+from backend.analytic.steptime.cp_ring import RingTime, ring_time
 from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
@@ -51,7 +54,7 @@ class RankTime:
     optimizer_s: float
     other_s: float
     comm_s: dict[str, float] = field(default_factory=dict)
-    """Collective seconds per mesh dimension before overlap (tp, ep, pp, dp)."""
+    """Collective seconds per mesh dimension before overlap (tp, ep, cp, pp, dp)."""
     exposed_by_dim_s: dict[str, float] = field(default_factory=dict)
     comm_by_collective_s: dict[str, float] = field(default_factory=dict)
     """Collective seconds per step before overlap by collective (all_reduce, all_gather, ...; pp p2p not included),
@@ -102,7 +105,7 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     p, t, m = spec.parallel, spec.train, spec.model
     if p.pp == 1:
         return 0.0
-    act = t.micro_batch * m.seq_len * m.d_model * compute_bytes(t.precision)
+    act = t.micro_batch * (m.seq_len // p.cp) * m.d_model * compute_bytes(t.precision)
     tier = dim_tier(spec, "pp", p.pp, g)
     if tier == INTER and p.tp > 1:
         return collective_s(hw, tier, "send", act / p.tp, 2) + collective_s(hw, INTRA, "all_gather", act, p.tp)
@@ -132,7 +135,7 @@ def _optimizer_s(spec: Any, hw: Hardware, params: list, implementation: str) -> 
     if p.zero_stage >= 2:
         elems = real
     else:
-        elems = local / (p.dp if p.zero_stage == 1 else 1)
+        elems = local / (p.dp_cp if p.zero_stage == 1 else 1)
     per = 28 if str(t.optimizer) == "adamw" else 20
     dispatch = hw.tune.dtensor_op_s * optimizer_dispatch(spec, params)
     if hw.kind == "cpu":
@@ -158,8 +161,9 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         raise ValueError(f"attention {attention!r} (one of {ATTENTION}), implementation {implementation!r} "
                          f"(one of {IMPLEMENTATIONS})")
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
-    reps = [r * (p.dp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = ep index 0)
+    reps = [r * (p.dp_cp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = cp = ep index 0)
     layout = Layout.of(spec)
+    ring = _ring(spec, hw, g, attention, layout)
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     for r in reps:
@@ -174,9 +178,10 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
             _add_dispatch(spec, hw, c, params, s)
             tot.add(c)
             share_s = len(_layers(spec, s)) / max(1, len(layers))
-            fwd[s] = (c.fwd_s + per_mb / 2 * share_s) * share
+            n_stage = len(_layers(spec, s))
+            fwd[s] = (c.fwd_s + per_mb / 2 * share_s + n_stage * ring.fwd_exposed_s) * share
             rc_comm = per_mb / 2 * share_s if str(t.recompute) == "full" else 0.0  # the re-run forward's collectives
-            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s + rc_comm)) * share
+            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s + rc_comm) + n_stage * ring.bwd_exposed_s) * share
         info.append((r, params, stages, comm, tot, kinds))
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop)
@@ -188,8 +193,12 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         kinds = {c: (kinds.get(c, 0.0) * rc + dp_kinds.get(c, 0.0)) * share for c in {*kinds, *dp_kinds}}
         compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
         comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}
-        mp_exp = (comm["tp"] + comm["ep"]) * share
-        exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0, "dp": dp_exp * share}
+        cp_exp = mb * len(layers) * (ring.fwd_exposed_s + ring.bwd_exposed_s) * share
+        cp_kinds = {"all_gather": mb * len(layers) * ring.all_gather_s, "all_to_all": mb * len(layers) * ring.all_to_all_s}
+        kinds = {c: kinds.get(c, 0.0) + cp_kinds.get(c, 0.0) * share for c in {*kinds, *(k for k, v in cp_kinds.items() if v)}}
+        mp_exp = (comm["tp"] + comm["ep"]) * share + cp_exp
+        exposed = {"tp": comm["tp"] * share, "ep": comm["ep"] * share, **({"cp": cp_exp} if p.cp > 1 else {}),
+                   "pp": span1 - span0, "dp": dp_exp * share}
         opt = _optimizer_s(spec, hw, params, implementation) * share
         zero_grad = memory_s(hw, 4 * derived(params, "numel_sums", _numel_sums)[2])
         other = hw.tune.step_overhead_s + (zero_grad + fsdp_host_s(spec, hw, params)) * share
@@ -197,8 +206,9 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         step = span1 + exposed["dp"] + opt + other
         out.append(RankTime(rank=r, pp_rank=k, step_s=step, compute_s=compute, recompute_s=mb * tot.recompute_s * share,
                             exposed_comm_s=sum(exposed.values()), bubble_s=bubble, optimizer_s=opt, other_s=other,
-                            comm_s={"tp": comm["tp"] * share, "ep": comm["ep"] * share, "pp": span1 - span0,
-                                    "dp": dp_total * share}, exposed_by_dim_s=exposed,
+                            comm_s={"tp": comm["tp"] * share, "ep": comm["ep"] * share,
+                                    **({"cp": mb * len(layers) * ring.comm_s * share} if p.cp > 1 else {}),
+                                    "pp": span1 - span0, "dp": dp_total * share}, exposed_by_dim_s=exposed,
                             comm_by_collective_s=kinds))
         assert abs(compute + mp_exp + bubble + exposed["pp"] + exposed["dp"] + opt + other - step) < 1e-6 * max(1.0, step)
     slow = max(out, key=lambda x: x.step_s)
@@ -207,6 +217,12 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     notes += [n for n in [hw.peak_note(spec.train.precision)] if n]
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
                     stage_fwd_s=fwd, stage_bwd_s=bwd)
+
+
+def _ring(spec: Any, hw: Hardware, g: int, attention: str, layout: Layout) -> RingTime:
+    """CP's ring transfers per layer and microbatch against this rank's attention blocks (cp_ring.py)."""
+    return ring_time(spec.model, layout, hw, attention_pass(spec.model, layout, hw, attention),
+                     rotate=str(spec.parallel.cp_rotate), gpus_per_node=g)
 
 
 def _layers(spec: Any, stage: int) -> range:
@@ -225,7 +241,7 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float) -> tupl
             span0, busy = makespan(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd)
             return span0, busy, span0
         return makespan_pair(sched, p=p.pp, v=v, m=mb, fwd_s=fwd, bwd_s=bwd, p2p_s=hop)
-    busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp * p.tp)) for r in range(p.pp)]
+    busy = [mb * sum(fwd[s] + bwd[s] for s in rank_stages(spec, r * p.dp_cp * p.tp)) for r in range(p.pp)]
     span0 = max(busy) * (1 + bubble_over_ideal(sched, p=p.pp, m=mb, v=v))  # Qi 2023 Sec 2.1 / Sec 6
     return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)
 

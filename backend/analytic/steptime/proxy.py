@@ -28,12 +28,13 @@ from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
 from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
                                                memory_s, param_pass, weight_gemms_s)
+from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
+from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -48,6 +49,8 @@ class StepProxy:
     """TP activation all-reduces (4 per layer and microbatch), bandwidth only, all exposed."""
     ep_comm_s: Any
     """EP all-to-alls (4 per MoE block and microbatch), bandwidth only, all exposed."""
+    cp_comm_s: Any
+    """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; allgather, torch's default)."""
     bubble: Any
     """Pipeline idle time / ideal time of the schedule (textbook/pipeline.bubble_over_ideal)."""
     dp_exposed_s: Any
@@ -59,8 +62,8 @@ class StepProxy:
 
     @property
     def step_s(self) -> Any:
-        return (self.compute_s + self.tp_comm_s + self.ep_comm_s) * (1 + self.bubble) + self.dp_exposed_s \
-            + self.optimizer_s + self.overhead_s
+        return (self.compute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s) * (1 + self.bubble) \
+            + self.dp_exposed_s + self.optimizer_s + self.overhead_s
 
 
 @lru_cache(maxsize=256)
@@ -97,27 +100,29 @@ def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Any, Any]:
     """One layer's (forward, backward) GEMMs (compute.weights_cost: forward, dgrad and wgrad shapes; experts see
-    tokens·top_k·ep/E rows under uniform routing), added in the block's parameter order; timed once per distinct
-    (tp, micro-batch, ep) and profile. part: as _block_linears."""
+    tokens·top_k·ep/E rows under uniform routing; a cp rank's seq_len / cp tokens), added in the block's parameter
+    order; timed once per distinct (tp, micro-batch, ep, cp) and profile. part: as _block_linears."""
     key = model_key(model)
     if not isinstance(layout.tp, np.ndarray):
-        return _one_layer_gemms(model, layout, hw, key, (int(layout.tp), int(layout.micro_batch), int(layout.ep)), part)
+        return _one_layer_gemms(model, layout, hw, key, (int(layout.tp), int(layout.micro_batch), int(layout.ep),
+                                                         int(layout.cp)), part)
     _prefill_gemm_table(model, layout, hw, key)
-    tp, mb, ep = (np.broadcast_to(np.asarray(c), np.shape(layout.tp)) for c in (layout.tp, layout.micro_batch, layout.ep))
-    rep, group = _groups(tp, mb, ep if model.is_moe else 0)
-    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, (int(tp[i]), int(mb[i]), int(ep[i])), part)
+    tp, mb, ep, cp = (np.broadcast_to(np.asarray(c), np.shape(layout.tp))
+                      for c in (layout.tp, layout.micro_batch, layout.ep, layout.cp))
+    rep, group = _groups(tp, mb, ep if model.is_moe else 0, cp)
+    pairs = np.asarray([_one_layer_gemms(model, layout, hw, key, (int(tp[i]), int(mb[i]), int(ep[i]), int(cp[i])), part)
                         for i in rep.tolist()], dtype=float)
     return pairs[group, 0], pairs[group, 1]
 
 
-def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int],
+def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int, int],
                      part: str) -> tuple[float, float]:
-    """sizes: (tp, micro-batch, ep)."""
-    tp, mb, ep = sizes
-    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, part)
+    """sizes: (tp, micro-batch, ep, cp)."""
+    tp, mb, ep, cp = sizes
+    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp, part)
     hit = hw.memo.get(memo_key)
     if hit is None:
-        tokens = mb * model.seq_len
+        tokens = mb * (model.seq_len // cp)
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
         f = b = 0.0
         fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
@@ -136,7 +141,8 @@ def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> N
     if table is None:
         return
     mbs, tps = _distinct(np.asarray(layout.micro_batch))[0].tolist(), _distinct(np.asarray(layout.tp))[0].tolist()
-    done = ("gemm prefill", key, layout.precision, tuple(mbs), tuple(tps))
+    cps = _distinct(np.asarray(layout.cp))[0].tolist()
+    done = ("gemm prefill", key, layout.precision, tuple(mbs), tuple(tps), tuple(cps))
     if done in hw.memo:
         return
     hw.memo[done] = True
@@ -144,9 +150,10 @@ def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> N
     for tp in tps:
         shapes = [(n, k) for n, k, expert in _block_linears(key, tp) if not expert] + [(model.vocab_size / tp, model.d_model)]
         for mb in mbs:
-            t = mb * model.seq_len
-            for n, k in shapes:
-                queries += [(t, k, n), (t, n, k), (k, t, n)]
+            for cp in cps:
+                t = mb * (model.seq_len // cp)
+                for n, k in shapes:
+                    queries += [(t, k, n), (t, n, k), (k, t, n)]
     q = np.asarray(queries, dtype=float)
     table.efficiency(q[:, 0], q[:, 1], q[:, 2])
 
@@ -165,12 +172,12 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: float) -> tuple[Any, Any]:
-    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp)."""
+    """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp, cp)."""
     if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
-    mb, tp = np.broadcast_arrays(np.asarray(layout.micro_batch), np.asarray(layout.tp))
-    rep, group = _groups(mb, tp)
-    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * model.seq_len, model.d_model,
+    mb, tp, cp = np.broadcast_arrays(np.asarray(layout.micro_batch), np.asarray(layout.tp), np.asarray(layout.cp))
+    rep, group = _groups(mb, tp, cp)
+    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * (model.seq_len // int(cp.flat[i])), model.d_model,
                                        model.vocab_size / int(tp.flat[i]), cb) for i in rep.tolist()], dtype=float)
     return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
 
@@ -227,7 +234,7 @@ def _bubble(layout: Layout) -> Any:
 
 def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
-    tokens, cb, mb = layout.micro_batch * model.seq_len, layout.compute_bytes, layout.microbatches
+    tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
     implementation = default_implementation(hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
     share = rerun_share(model, layout, flash=True)  # recompute_cost.py: what each policy re-runs in backward
@@ -247,23 +254,27 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
     tp_comm = where(layout.tp > 1, (1.0 + 0.5 * share.gemm) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    cp_comm = 0.0
+    if any_true(layout.cp > 1):
+        ring = ring_time(model, layout, hw, blocks.attention[0], rotate="allgather", gpus_per_node=gpus_per_node)
+        cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local = rank0.total("local_numel")
     dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
                              backward_s=first_rank.n_blocks * blocks.backward_s, compute_s=compute)
-    owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp, 1)
+    owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp_cp, 1)
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
     step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
         optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
-    optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp, 1), kernels=0)  # zero_grad
+    optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
     ep_comm = _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
-    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, bubble=_bubble(layout),
+    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm, bubble=_bubble(layout),
                      dp_exposed_s=dp_exposed, optimizer_s=optimizer,
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
 
 
 def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
     """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
-    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3, logical_or(layout.dp > 1, logical_not(layout.is_mix)))
+    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3, logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
     return where(wrapped, hw.tune.fsdp_unit_host_s * (stages.n_blocks + 1) * layout.microbatches, 0.0)
 
 
@@ -323,7 +334,7 @@ def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, 
     (strided by tp, carved out of dp)."""
     if not model.is_moe:
         return 0.0
-    tokens = layout.micro_batch * model.seq_len
+    tokens = layout.micro_batch * layout.seq_local(model)
     payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
         tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
     intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
@@ -338,7 +349,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
     reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
-    dp, eta = layout.dp, hw.tune.overlap_efficiency
+    dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, dp, "dp")
     intra, per_node = within_node(stride, dp, "dp", gpus_per_node), node_members(stride, dp, gpus_per_node)
 
