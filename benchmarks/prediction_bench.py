@@ -17,14 +17,14 @@ from dashboard import predict_view as pv  # noqa: E402
 from dashboard import spec_form as sf  # noqa: E402
 
 TARGET_S = 0.100
+LLAMA70B = sf.PRESETS[sf.preset_label("llama-2-70b")]  # published shape: 80 layers, d 8192, GQA 8
 CASES = {
     "tiny ddp, world 2": dict(strategy="ddp", world_size=2),
     "tiny zero3, world 8": dict(strategy="zero3", world_size=8, global_batch=8, micro_batch=1),
-    "LLaMA-70B-like fsdp, world 8": dict(sf.PRESETS["LLaMA-70B-like (GQA 8)"], strategy="fsdp", world_size=8, global_batch=8, micro_batch=1),
-    "LLaMA-70B-like zero1, world 64": dict(sf.PRESETS["LLaMA-70B-like (GQA 8)"], strategy="zero1", world_size=64, global_batch=64,
-                                           micro_batch=1),
-    "LLaMA-70B-like tp8 x pp8 x dp4 (256)": dict(sf.PRESETS["LLaMA-70B-like (GQA 8)"], strategy="zero2", world_size=256, tp=8, pp=8,
-                                                 global_batch=64, micro_batch=1, pp_schedule="1f1b"),
+    "Llama-2-70B fsdp, world 8": dict(LLAMA70B, strategy="fsdp", world_size=8, global_batch=8, micro_batch=1),
+    "Llama-2-70B zero1, world 64": dict(LLAMA70B, strategy="zero1", world_size=64, global_batch=64, micro_batch=1),
+    "Llama-2-70B tp8 x pp8 x dp4 (256)": dict(LLAMA70B, strategy="zero2", world_size=256, tp=8, pp=8, global_batch=64,
+                                              micro_batch=1, pp_schedule="1f1b"),
 }
 
 
