@@ -58,8 +58,12 @@ slurm:
 	  else echo "warning: slurm-wlm missing and apt-get unavailable; the SLURM tests will be skipped"; fi; \
 	fi
 
+# Two passes, the whole suite between them: the unit tests (one process, no server) on 2 pytest-xdist workers, then
+# serially everything that launches ranks or races processes (slow, serial), a browser, PostgreSQL or SLURM.
+UNIT_TESTS := not slow and not serial and not browser and not postgres and not slurm
 test: $(VENV)/.installed-test browser postgres slurm
-	$(PY) -m pytest -q --durations=25
+	@rc=0; $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
+	  $(PY) -m pytest -q -m "not ($(UNIT_TESTS))" --durations=25 || rc=$$?; exit $$rc
 
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m "not slow and not browser"

@@ -34,6 +34,7 @@ def test_host_bytes_is_the_sharded_model_state() -> None:
     assert 2 * shard >= 30_080  # Ψ = 30,080; FSDP2 pads dim 0 per parameter, so at least Ψ / 2 per rank
 
 
+@pytest.mark.serial
 def test_zero3_offload_end_to_end(tmp_path) -> None:
     from backend.launch.launcher import run_experiment
 
