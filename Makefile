@@ -58,8 +58,12 @@ slurm:
 	  else echo "warning: slurm-wlm missing and apt-get unavailable; the SLURM tests will be skipped"; fi; \
 	fi
 
+# Two passes, the whole suite between them: the unit tests (one process, no server) on 2 pytest-xdist workers, then
+# serially everything else: tests/multiprocess, tests/e2e (browser, PostgreSQL, SLURM) and unit tests marked slow or serial.
+UNIT_TESTS := unit and not slow and not serial
 test: $(VENV)/.installed-test browser postgres slurm
-	$(PY) -m pytest -q --durations=25
+	@rc=0; $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
+	  $(PY) -m pytest -q -m "not ($(UNIT_TESTS))" --durations=25 || rc=$$?; exit $$rc
 
 # The unit tests (tests/unit/: one process, pure Python) but the few slow ones: under 2 minutes on 2 cores.
 test-fast: $(VENV)/.installed-test

@@ -50,6 +50,7 @@ def check(result: RunResult) -> None:
         assert est is not None and est.device_bytes > 0 and "DeepSpeed" in est.source
 
 
+@pytest.mark.serial
 def test_cli_zero2_offload_json(tmp_path: Path) -> None:
     """The default suite's one DeepSpeed end-to-end run: ZeRO-2 with optimizer offload from the CLI."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

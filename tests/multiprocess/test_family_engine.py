@@ -30,25 +30,28 @@ def test_families_on_the_engine_world2(tmp_path: Path):
     assert not bad, bad
 
 
-@pytest.mark.slow
-def test_llama_family_3d_mix_world8(tmp_path: Path):
-    """pp 2 x dp 2 (ddp) x tp 2 (+SP) of the Llama-style family: RMSNorm, SwiGLU, RoPE, GQA, flash."""
+@pytest.fixture(scope="module")
+def world8_runs(tmp_path_factory) -> dict[str, dict]:
+    """Both world-8 mixes in ONE torchrun launch (8 rank start-ups on 2 cores cost ~20 s a launch)."""
     from tests.helpers.engine_batch import launch
 
-    s = spec("llama", "3d", MIX_3D, 8)
-    res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]
+    specs = [spec("llama", "3d", MIX_3D, 8), spec("gpt", "3d_fsdp", MIX_3D_FSDP, 8)]
+    return launch(8, specs, tmp_path_factory.mktemp("world8"), timeout_s=1800)
+
+
+@pytest.mark.slow
+def test_llama_family_3d_mix_world8(world8_runs):
+    """pp 2 x dp 2 (ddp) x tp 2 (+SP) of the Llama-style family: RMSNorm, SwiGLU, RoPE, GQA, flash."""
+    res = world8_runs[spec("llama", "3d", MIX_3D, 8).name]["result"]
     assert not misses(res), misses(res)
 
 
 @pytest.mark.slow
-def test_gpt_3d_fsdp_mix_world8(tmp_path: Path):
+def test_gpt_3d_fsdp_mix_world8(world8_runs):
     """pp 2 x dp 2 (FSDP2 zero3) x tp 2 (+SP), 1F1B: model-state bytes per rank follow fsdp_state's pipeline peak
     (non-last stage: inside the last block of its last steady-state forward, the root and that block unsharded and
     the no-sync backwards' unsharded grads held; last stage: lm_head's logits all-gather, only its root unsharded)."""
-    from tests.helpers.engine_batch import launch
-
-    s = spec("gpt", "3d_fsdp", MIX_3D_FSDP, 8)
-    res = launch(8, [s], tmp_path, timeout_s=1800)[s.name]["result"]
+    res = world8_runs[spec("gpt", "3d_fsdp", MIX_3D_FSDP, 8).name]["result"]
     assert not misses(res), misses(res)
     for rr in res.per_rank:  # model states exact, not just within 2 %: the prediction names every tensor
         for cat in ("params_bytes", "grads_bytes", "optimizer_bytes"):

@@ -43,6 +43,7 @@ print(" ".join(map(str, got)))
 """
 
 
+@pytest.mark.serial
 def test_two_processes_never_claim_the_same_job(engine, tmp_path):
     url = engine.url.render_as_string(hide_password=False)
     ids = q.submit_experiments(engine, [spec(str(i)) for i in range(30)])
@@ -74,6 +75,7 @@ print("done")
 """
 
 
+@pytest.mark.serial
 def test_readers_never_see_database_is_locked_while_the_worker_writes(engine, tmp_path):
     n = 30
     script = WRITER.format(url=engine.url.render_as_string(hide_password=False), n=n)
