@@ -73,5 +73,6 @@ def cp_note(spec: Any) -> str:
             f"blocks, the logits, RoPE tables, positions, the batch copy); ring attention saves what flash saves. Not "
             f"divided by cp: parameters / gradients / optimizer state are {states}; the ring's K/V buffers live only "
             f"inside an attention call ({held:,.0f} B of K/V in flight in forward ({p.cp_rotate}), + {2 * dkv:,.0f} B "
-            f"of fp32 dK/dV accumulators in backward, per layer), not at the activation peak; K/V traffic per layer "
+            f"of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward moment "
+            f"can top it by up to those dK/dV bytes); K/V traffic per layer "
             f"and microbatch: traffic.cp_traffic")

