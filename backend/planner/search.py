@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule, ZeroStage
+from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.space import Limits, enumerate_layouts, light_spec
+from backend.spec.run_rules import LayoutView, blocked
 
 RESERVE_FIXED_BYTES = 2.5e9
 RESERVE_FRACTION = 0.05
@@ -75,21 +76,14 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
 
 
-def run_blocked(layouts: Layout) -> np.ndarray:
-    """backend.spec.checks._run_only on arrays of layouts: True where this engine cannot run the layout (zero1 x ep, ep x
-    pp, zero1 x tp/pp under fp16-mixed, fp8 with tp or ep, split-backward schedules x FSDP2 on dp > 1).
-    tests/unit/test_prediction_only.py checks it against run_blockers on every enumerated layout."""
-    n = len(layouts)
-    zero1 = np.broadcast_to(layouts.zero_stage == ZeroStage.ZERO1, n)
+def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
+    """True where this engine cannot run the layout: the rules of backend/spec/run_rules.py (the ones
+    `checks.run_blockers` applies to one spec), evaluated on the layout arrays. tests/unit/test_prediction_only.py
+    checks it against run_blockers on every enumerated layout."""
     split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
-    blocked = zero1 & (layouts.ep > 1)
-    blocked = blocked | ((layouts.ep > 1) & (layouts.pp > 1))
-    blocked = blocked | ((layouts.pp > 1) & split & (layouts.dp > 1) & (layouts.zero_stage >= ZeroStage.ZERO2))
-    if layouts.precision == "fp16-mixed":
-        blocked = blocked | (zero1 & ((layouts.tp > 1) | (layouts.pp > 1)))
-    if layouts.precision == "fp8":
-        blocked = blocked | (layouts.tp > 1) | (layouts.ep > 1)
-    return np.broadcast_to(blocked, n)
+    view = LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
+                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
+    return np.broadcast_to(blocked(view), len(layouts))
 
 
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
@@ -119,7 +113,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
     left_out = 0
     if not include_predicted:
-        runnable = order[~run_blocked(layouts)[order]]
+        runnable = order[~run_blocked(layouts, model)[order]]
         left_out, order = len(order) - len(runnable), runnable
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0

@@ -11,6 +11,7 @@ import re
 
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
+from backend.spec.run_rules import blocking_reasons
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 
 
@@ -31,7 +32,7 @@ def derive_and_check(s: SpecParts) -> list[str]:
     problems += _check_degrees(m, p)
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
-    problems += _run_only(p, t.precision) + _run_only_model(m)
+    problems += [RunOnly(reason) for reason in blocking_reasons(s)]
     if t.recompute_ops is not None and t.recompute != "op":
         problems.append(f"recompute_ops lists the ops `op` recompute saves; recompute is {t.recompute!r}, not 'op'")
     if r.node_rank >= r.nnodes:
@@ -223,60 +224,10 @@ def _check_context_parallel(m: ModelSpec, p: ParallelSpec) -> list[str]:
 
 def run_blockers(spec: SpecParts) -> list[str]:
     """Why this engine cannot RUN a spec that it can predict (`ExperimentSpec.for_prediction`), [] when it can: the
-    `RunOnly` problems. `estimate`, the New-experiment prediction and `plan` go on; `run`, `submit` and the Run button
-    refuse. This host's capacity is a separate check (backend/launch/capacity.py)."""
-    return [str(problem) for problem in _run_only(spec.parallel, spec.train.precision) + _run_only_model(spec.model)
-            + _run_only_context_parallel(spec.model, spec.parallel)]
-
-
-def _run_only_context_parallel(m: ModelSpec, p: ParallelSpec) -> list[RunOnly]:
-    """The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain
-    causal multi-head attention: windows, sinks and MLA under cp are predicted, not run."""
-    if p.cp == 1:
-        return []
-    features = [name for name, on in (("a sliding / chunked window", m.window is not None and m.window < m.seq_len),
-                                      ("attention sinks", m.attention_sinks), ("multi-head latent attention", m.is_mla))
-                if on]
-    if not features:
-        return []
-    return [RunOnly(f"cp={p.cp} with {' and '.join(features)}: ShardLab's ring attention is plain causal attention "
-                    "(no mask, sink or latent path); the prediction stands, the run would compute other attention")]
-
-
-def _run_only_model(m: ModelSpec) -> list[RunOnly]:
-    """Model features the analytic model predicts but this engine's torch model cannot run."""
-    out = []
-    if m.attention_sinks and m.attention == "flash":
-        out.append(RunOnly("attention_sinks with attention=flash: torch SDPA has no sink logit; run with attention=math "
-                           "(flash kernels with sinks exist on GPUs, so the prediction stands)"))
-    if m.window is not None and m.window_kind == "chunked" and m.window < m.seq_len and m.seq_len % m.window:
-        out.append(RunOnly(f"chunked attention needs seq_len divisible by the chunk: {m.seq_len} % {m.window} = "
-                           f"{m.seq_len % m.window}"))
-    return out
-
-
-def _run_only(p: ParallelSpec, precision: str = "fp32") -> list[RunOnly]:
-    out = []
-    if p.strategy == Strategy.ZERO1 and p.ep > 1:
-        out.append(RunOnly(f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
-                   "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
-                   "zero3/fsdp for the dp dimension of an expert-parallel layout"))
-    if p.ep > 1 and p.pp > 1:  # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
-        out.append(RunOnly(f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"))
-    if str(precision) == "fp8" and p.tp > 1:
-        out.append(RunOnly(f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
-                   "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"))
-    if str(precision) == "fp8" and p.ep > 1:
-        out.append(RunOnly(f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"))
-    if p.strategy == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1) and str(precision) == "fp16-mixed":
-        out.append(RunOnly(f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
-                   "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"))
-    split_backward = p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
-    if p.pp > 1 and split_backward and p.dp > 1 and p.dp_flavour in (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP):
-        # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
-        out.append(RunOnly(f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
-                   "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"))
-    return out
+    rules of backend/spec/run_rules.py, which the planner applies to its arrays of layouts too. `estimate`, the
+    New-experiment prediction and `plan` go on; `run`, `submit` and the Run button refuse. This host's capacity is a
+    separate check (backend/launch/capacity.py)."""
+    return blocking_reasons(spec)
 
 
 def _derive_batch(t: TrainSpec, p: ParallelSpec) -> list[str]:

@@ -15,10 +15,10 @@ ZBV_PROBE = {"name": "zbv_fsdp_probe", "model": {"vocab_size": 64, "d_model": 32
 
 @pytest.mark.slow
 def test_torch_still_drops_fsdp2_grads_under_split_backward(tmp_path):
-    """The torch limitation behind the zbv/zero_bubble x FSDP2 RunOnly (backend.spec.checks._run_only), re-checked on every
+    """The torch limitation behind the zbv/zero_bubble x FSDP2 rule (backend/spec/run_rules.py), re-checked on every
     torch upgrade: the engine runs the layout anyway here and its parameters drift from the single-process reference
-    (torch 2.13: max |diff| 4.0e-3 after 2 steps). When this test FAILS, torch has fixed it: remove that RunOnly and
-    its twin in planner.search.run_blocked."""
+    (torch 2.13: max |diff| 4.0e-3 after 2 steps). When this test FAILS, torch has fixed it: remove that rule (one
+    table, read by run_blockers and by the planner's run_blocked)."""
     result = run_specs(4, [ExperimentSpec.for_prediction(ZBV_PROBE)], tmp_path, timeout_s=300)["zbv_fsdp_probe"]
     assert result["param_max_abs_diff"] > 10 * TOL, (
         f"torch {__import__('torch').__version__} trains zbv x FSDP2 correctly now (max |diff| "

@@ -96,7 +96,8 @@ def test_plan_ranks_only_runnable_layouts_unless_asked(capsys):
 
 def test_array_run_check_equals_run_blockers_on_every_layout():
     """planner.search.run_blocked (arrays) and backend.spec.checks.run_blockers (one spec) agree on every enumerated layout
-    of a dense and a MoE model, in bf16, fp16 (blocks zero1 x tp/pp) and fp8 (blocks tp and ep)."""
+    of a dense, a MoE, a windowed flash (cp searched: ring attention has no window) and a sinks model, in bf16, fp16
+    (blocks zero1 x tp/pp) and fp8 (blocks tp and ep). Both read the one rule table, backend/spec/run_rules.py."""
     import numpy as np
 
     from backend.planner.search import run_blocked
@@ -105,16 +106,20 @@ def test_array_run_check_equals_run_blockers_on_every_layout():
 
     dense = ModelSpec(vocab_size=1000, d_model=128, n_layers=8, n_heads=8, seq_len=64)
     moe = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, n_experts=4, top_k=2)
-    checked = 0
-    for model in (dense, moe):
+    windowed = ModelSpec(vocab_size=1000, d_model=128, n_layers=8, n_heads=8, seq_len=64, window=16, attention="flash")
+    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True, attention="flash")
+    checked, mixed = 0, 0
+    for model in (dense, moe, windowed, sinks):
         for precision in ("bf16-mixed", "fp16-mixed", "fp8"):
             layouts = enumerate_layouts(model, gpus=8, gpus_per_node=8, global_batch=16, precision=precision)
-            blocked = run_blocked(layouts)
+            blocked = run_blocked(layouts, model)
+            mixed += model is windowed and bool(blocked.any()) and not bool(blocked.all())
             for i in np.random.default_rng(0).choice(len(layouts), size=min(400, len(layouts)), replace=False):
                 spec = ExperimentSpec.for_prediction(layouts.take(int(i)).spec_dict(model))
                 assert bool(blocked[i]) == bool(run_blockers(spec)), spec.name
                 checked += 1
-    assert checked > 1000
+            assert model is not sinks or blocked.all()
+    assert checked > 2000 and mixed
 
 
 def test_estimate_accepts_200_random_plan_outputs(capsys):

@@ -1,0 +1,115 @@
+"""What this engine can predict but not run, written once for one spec and for numpy arrays of layouts.
+
+A rule is a predicate over a `LayoutView` plus the sentence a person reads. The view's fields are plain scalars for
+one spec (`checks.run_blockers`, through `LayoutView.of_spec`) or numpy arrays for the planner
+(`planner.search.run_blocked` builds the view from its layout arrays), and every predicate combines them with `&`, `|`
+and comparisons only, so the same expression answers both. The model's own features (sinks, chunked windows, what
+ring attention computes) are scalars in both cases: a plan searches one model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from backend.spec.choices import ZERO_STAGE, Schedule
+from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
+
+SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+
+
+@dataclass(frozen=True)
+class LayoutView:
+    """The fields the run rules read: each a scalar (one spec) or a numpy array (one entry per layout)."""
+
+    tp: Any
+    pp: Any
+    dp: Any
+    ep: Any
+    cp: Any
+    zero_stage: Any
+    """0 ddp, 1 zero1 (ZeroRedundancyOptimizer, or the distributed optimizer under tp/pp), 2 zero2, 3 zero3/fsdp."""
+    split_backward: Any
+    """The pipeline schedule splits the input and weight backward (zero_bubble, zbv)."""
+    precision: str
+    model: ModelSpec
+
+    @classmethod
+    def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> "LayoutView":
+        return cls(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, ep=parallel.ep, cp=parallel.cp,
+                   zero_stage=ZERO_STAGE[parallel.dp_flavour], split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES,
+                   precision=str(precision), model=model)
+
+
+@dataclass(frozen=True)
+class RunRule:
+    blocks: Callable[[LayoutView], Any]
+    """True (or a bool array) where the engine cannot run the layout."""
+    why: Callable[[ParallelSpec, ModelSpec], str]
+    """The sentence for one spec, with its numbers."""
+
+
+def _windowed(m: ModelSpec) -> bool:
+    return m.window is not None and m.window < m.seq_len
+
+
+def _ring_misses(m: ModelSpec) -> list[str]:
+    """What the engine's ring attention (plain causal attention) would compute wrongly under cp."""
+    return [name for name, on in (("a sliding / chunked window", _windowed(m)), ("attention sinks", m.attention_sinks),
+                                  ("multi-head latent attention", m.is_mla)) if on]
+
+
+LAYOUT_RULES = (
+    RunRule(lambda v: (v.zero_stage == 1) & (v.ep > 1),
+            lambda p, m: f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
+            "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
+            "zero3/fsdp for the dp dimension of an expert-parallel layout"),
+    # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
+    RunRule(lambda v: (v.ep > 1) & (v.pp > 1),
+            lambda p, m: f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"),
+    RunRule(lambda v: (v.precision == "fp8") & (v.tp > 1),
+            lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
+            "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),
+    RunRule(lambda v: (v.precision == "fp8") & (v.ep > 1),
+            lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"),
+    RunRule(lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
+            lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
+            "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"),
+    # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
+    RunRule(lambda v: (v.pp > 1) & v.split_backward & (v.dp > 1) & (v.zero_stage >= 2),
+            lambda p, m: f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
+            "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"),
+)
+"""Layouts the engine cannot run, whatever the model."""
+
+MODEL_RULES = (
+    RunRule(lambda v: v.model.attention_sinks and v.model.attention == "flash",
+            lambda p, m: "attention_sinks with attention=flash: torch SDPA has no sink logit; run with attention=math "
+            "(flash kernels with sinks exist on GPUs, so the prediction stands)"),
+    RunRule(lambda v: v.model.window is not None and v.model.window_kind == "chunked" and v.model.window < v.model.seq_len
+            and v.model.seq_len % v.model.window != 0,
+            lambda p, m: f"chunked attention needs seq_len divisible by the chunk: {m.seq_len} % {m.window} = "
+            f"{m.seq_len % m.window}"),
+    # The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain causal
+    # multi-head attention: windows, sinks and MLA under cp are predicted, not run.
+    RunRule(lambda v: (v.cp > 1) & bool(_ring_misses(v.model)),
+            lambda p, m: f"cp={p.cp} with {' and '.join(_ring_misses(m))}: ShardLab's ring attention is plain causal "
+            "attention (no mask, sink or latent path); the prediction stands, the run would compute other attention"),
+)
+"""Model features the analytic model predicts but this engine's torch model (or its ring attention) cannot run."""
+
+RULES = LAYOUT_RULES + MODEL_RULES
+
+
+def blocking_reasons(spec: SpecParts) -> list[str]:
+    """The sentence of every rule that blocks this spec, in RULES order."""
+    view = LayoutView.of_spec(spec.parallel, spec.train.precision, spec.model)
+    return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))]
+
+
+def blocked(view: LayoutView) -> Any:
+    """True (or a bool array over the view's layouts) where any rule blocks."""
+    out: Any = False
+    for rule in RULES:
+        out = out | rule.blocks(view)
+    return out
