@@ -39,8 +39,12 @@ os.environ.setdefault("SHARDLAB_NO_WORKER", "1")
 # The worker measures this host for the 'cpu' profile before its first run (backend/bench/cpu_profile.py); the suite
 # keeps that off (timings under test load, and the checkout's data/) except in the test that turns it on.
 os.environ.setdefault("SHARDLAB_AUTO_HW_PROBE", "0")
-# Every process the suite starts inherits this tag, so strays can be found (and only ours).
+# Every process the suite starts inherits this tag, so strays can be found (and only ours). Under pytest-xdist each
+# worker extends the controller's tag with its id: a test that cleans up its session's job processes (test_slurm's
+# env fixture) must never find, and kill, the runs of a test on the other worker.
 SESSION_TAG = os.environ.setdefault("SHARDLAB_TEST_SESSION", uuid.uuid4().hex)
+if os.environ.get("PYTEST_XDIST_WORKER") and not SESSION_TAG.endswith("-" + os.environ["PYTEST_XDIST_WORKER"]):
+    SESSION_TAG = os.environ["SHARDLAB_TEST_SESSION"] = f"{SESSION_TAG}-{os.environ['PYTEST_XDIST_WORKER']}"
 
 
 def _stray_workers() -> list:
@@ -51,7 +55,8 @@ def _stray_workers() -> list:
         try:
             cmd = " ".join(p.cmdline())
             if p.pid != os.getpid() and "backend" in cmd and "worker" in cmd \
-                    and p.environ().get("SHARDLAB_TEST_SESSION") == SESSION_TAG and p.status() != psutil.STATUS_ZOMBIE:
+                    and (p.environ().get("SHARDLAB_TEST_SESSION") or "").startswith(SESSION_TAG) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -61,8 +66,8 @@ def _stray_workers() -> list:
 def pytest_sessionfinish(session, exitstatus):
     """No `python -m backend worker` started by this test session may outlive it: kill strays and fail.
 
-    Under pytest-xdist (`make test` runs the unit tests with -n 2) every worker shares the session tag, so a worker
-    that finishes first would see its peer's live workers as strays: only the controller checks, after all of them."""
+    Under pytest-xdist (`make test` runs both passes with -n 2) a worker that finishes first could see its peer's live
+    workers as strays: only the controller checks, after all of them, for every tag that extends its own."""
     import psutil
 
     if hasattr(session.config, "workerinput"):
