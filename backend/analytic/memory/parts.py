@@ -52,6 +52,9 @@ class PartSums(NamedTuple):
     """Sum of 512-B-rounded fp32 storages of local_numel (device.cuda_storage_bytes), likewise below."""
     cuda_storage_bytes: Any
     cuda_real_bytes: Any
+    ep_expert_numel: Any
+    """Routed experts' elements under ep > 1: outside FSDP2 / ZeRO (ignored_params), their grads all-reduced over the
+    expert-replica group (traffic.dp_traffic, ep.sync_expert_grads)."""
 
 
 @lru_cache(maxsize=256)
@@ -97,7 +100,7 @@ def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, .
                      local if block and name.endswith(".bias") and ".ln" not in name else 0,
                      local if name.startswith("lm_head.") else 0, local if name == "tok_emb.weight" else 0,
                      rounded(MASTER_BYTES * local), rounded(MASTER_BYTES * q.storage_numel),
-                     rounded(MASTER_BYTES * q.real_numel)))
+                     rounded(MASTER_BYTES * q.real_numel), 0 if managed else local))
     return PartSums(*(sum(column) for column in zip(*rows))) if rows else PartSums(*([0] * len(PartSums._fields)))
 
 

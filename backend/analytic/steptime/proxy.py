@@ -258,15 +258,20 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     if any_true(layout.cp > 1):
         ring = ring_time(model, layout, hw, blocks.attention[0], rotate="allgather", gpus_per_node=gpus_per_node)
         cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
-    local = rank0.total("local_numel")
-    dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local, first_rank.n_blocks,
-                             backward_s=first_rank.n_blocks * blocks.backward_s, compute_s=compute)
-    owned = local / where(layout.zero_stage >= ZeroStage.ZERO1, layout.dp_cp, 1)
+    local, experts = rank0.total("local_numel"), rank0.total("ep_expert_numel")
+    backward_s = first_rank.n_blocks * blocks.backward_s
+    dp_exposed = _dp_exposed(layout, hw, gpus_per_node, local - experts, first_rank.n_blocks,
+                             backward_s=backward_s, compute_s=compute) \
+        + _expert_sync_exposed(layout, hw, gpus_per_node, experts, backward_s=backward_s)
+    # steptime.model._optimizer_s's elements: ZeRO-2/3 the rank's real (unpadded) shard, ZeRO-1 1/dp of its local ones
+    owned = where(layout.zero_stage >= ZeroStage.ZERO2, rank0.total("real_numel"),
+                  local / where(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp, 1))
     per_element = OPTIMIZER_BYTES_PER_ELEMENT.get(layout.optimizer, OPTIMIZER_BYTES_PER_ELEMENT["adamw"])
     step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
         optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
-    optimizer = step + memory_s(hw, MASTER_BYTES * local / where(layout.fsdp, layout.dp_cp, 1), kernels=0)  # zero_grad
-    ep_comm = _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
+    optimizer = step + memory_s(hw, MASTER_BYTES * rank0.total("storage_numel"), kernels=0)  # zero_grad
+    # the re-run forward repeats its collectives, as for tp (steptime.model: x1.5 under full recompute)
+    ep_comm = (1.0 + 0.5 * share.gemm) * _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
     return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm, bubble=_bubble(layout),
                      dp_exposed_s=dp_exposed, optimizer_s=optimizer,
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
@@ -331,16 +336,15 @@ class _BlockCosts:
 def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
     """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
     tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
-    (strided by tp, carved out of dp)."""
+    (strided by tp, carved out of dp), at the link steptime.model._mp_comm times them on: across nodes each rank's
+    own NIC (an all-to-all sends every peer its own rows; no ring shares a node boundary)."""
     if not model.is_moe:
         return 0.0
     tokens = layout.micro_batch * layout.seq_local(model)
     payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
         tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
     intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
-    per_node = node_members(layout.tp, layout.ep, gpus_per_node)
-    link = link_bandwidth(hw, intra, per_node)
-    return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep, link_bytes_per_s=link), 0.0)
+    return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep), 0.0)
 
 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
@@ -374,6 +378,20 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     fsdp = copies + maximum(gathers * gather_s + scatters * scatter_s - eta * compute_s,
                             2 * maximum(gather_s, scatter_s) / (n_blocks + 1))  # one unit's
     return where(dp > 1, where(layout.fsdp, fsdp, ddp), 0.0)
+
+
+def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Any, *, backward_s: Any) -> Any:
+    """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
+    group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only."""
+    group = layout.dp_cp // np.maximum(layout.ep, 1)
+    stride = group_stride(layout.tp, group, "dp")
+    intra, per_node = within_node(stride, group, "dp", gpus_per_node), node_members(stride, group, gpus_per_node)
+    link = link_bandwidth(hw, intra, per_node)
+    grads = MASTER_BYTES * experts
+    whole = bandwidth_s(hw, intra, "all_reduce", grads, group, link_bytes_per_s=link)
+    last = bandwidth_s(hw, intra, "all_reduce", minimum(grads, DDP_BUCKET_BYTES), group, link_bytes_per_s=link)
+    exposed = maximum(whole - hw.tune.overlap_efficiency * backward_s, last)
+    return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 
 def proxy_step_s(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Any:
