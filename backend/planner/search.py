@@ -22,7 +22,7 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.space import Limits, enumerate_layouts, light_spec
-from backend.spec.run_rules import LayoutView, blocked
+from backend.spec.run_rules import LayoutView, blocked, rule_hits
 
 RESERVE_FIXED_BYTES = 2.5e9
 RESERVE_FRACTION = 0.05
@@ -42,6 +42,8 @@ class Plan:
     configs: list[dict[str, Any]]
     predicted_only_left_out: int = 0
     """Fitting layouts this engine cannot run, left out of the ranking (plan(include_predicted=False))."""
+    predicted_only_by_rule: dict[str, int] = field(default_factory=dict)
+    """{run rule label (backend/spec/run_rules.py): fitting layouts it leaves out}; a layout may count under two."""
     screened_per_s: float = 0.0
     """searched / search_seconds: every layout's memory and proxy time, feasibility and ranking."""
     confirmed: int = 0
@@ -54,6 +56,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
                 "predicted_only_left_out": self.predicted_only_left_out,
+                "predicted_only_by_rule": self.predicted_only_by_rule,
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
                 "confirm_seconds": self.confirm_seconds, "notes": self.notes}
 
@@ -76,14 +79,24 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
 
 
+def _run_view(layouts: Layout, model: Any) -> LayoutView:
+    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
+    return LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
+                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
+
+
 def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
     """True where this engine cannot run the layout: the rules of backend/spec/run_rules.py (the ones
     `checks.run_blockers` applies to one spec), evaluated on the layout arrays. tests/unit/test_prediction_only.py
     checks it against run_blockers on every enumerated layout."""
-    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
-    view = LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
-                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
-    return np.broadcast_to(blocked(view), len(layouts))
+    return np.broadcast_to(blocked(_run_view(layouts, model)), len(layouts))
+
+
+def left_out_by_rule(layouts: Layout, model: Any, rows: np.ndarray) -> dict[str, int]:
+    """{rule label: layouts among `rows` it blocks} for the rules that block any (one layout may count twice)."""
+    counts = {label: int(np.count_nonzero(np.broadcast_to(hits, len(layouts))[rows]))
+              for label, hits in rule_hits(_run_view(layouts, model)).items()}
+    return {label: n for label, n in counts.items() if n}
 
 
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
@@ -111,7 +124,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
-    left_out = 0
+    left_out, fitting = 0, order
     if not include_predicted:
         runnable = order[~run_blocked(layouts, model)[order]]
         left_out, order = len(order) - len(runnable), runnable
@@ -135,19 +148,22 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                                                                           "activations_bytes", "other_bytes")}})
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
+    fit_note = f" ({left_out} of them prediction-only, left out)" if left_out else ""
     notes = [RESERVE_DOC, f"budget {budget / 2**30:.1f} GiB of {device_bytes / 2**30:.1f} GiB (a {device_bytes / 1e9:.0f} GB device)",
              f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
-             f"own model, on arrays of layouts), {len(order)} fit; the {len(pool)} fastest by a step-time proxy re-timed "
+             f"own model, on arrays of layouts), {len(fitting)} fit{fit_note}; the {len(pool)} fastest by a step-time proxy re-timed "
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
              "their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")
+    by_rule = left_out_by_rule(layouts, model, fitting) if left_out else {}
     if left_out:
-        notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking; "
+        why = ", ".join(f"{label}: {n}" for label, n in by_rule.items())
+        notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking ({why}); "
                      "--include-predicted (the Plan page's toggle) ranks them too, marked")
     return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
-                predicted_only_left_out=left_out,
+                predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes)

@@ -43,6 +43,8 @@ class LayoutView:
 
 @dataclass(frozen=True)
 class RunRule:
+    label: str
+    """What the rule refuses, in a few words (the planner's note counts the layouts each rule leaves out)."""
     blocks: Callable[[LayoutView], Any]
     """True (or a bool array) where the engine cannot run the layout."""
     why: Callable[[ParallelSpec, ModelSpec], str]
@@ -60,39 +62,42 @@ def _ring_misses(m: ModelSpec) -> list[str]:
 
 
 LAYOUT_RULES = (
-    RunRule(lambda v: (v.zero_stage == 1) & (v.ep > 1),
+    RunRule("zero1 x ep", lambda v: (v.zero_stage == 1) & (v.ep > 1),
             lambda p, m: f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
             "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
             "zero3/fsdp for the dp dimension of an expert-parallel layout"),
     # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
-    RunRule(lambda v: (v.ep > 1) & (v.pp > 1),
+    RunRule("ep x pp", lambda v: (v.ep > 1) & (v.pp > 1),
             lambda p, m: f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"),
-    RunRule(lambda v: (v.precision == "fp8") & (v.tp > 1),
+    RunRule("fp8 x tp", lambda v: (v.precision == "fp8") & (v.tp > 1),
             lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
             "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),
-    RunRule(lambda v: (v.precision == "fp8") & (v.ep > 1),
+    RunRule("fp8 x ep", lambda v: (v.precision == "fp8") & (v.ep > 1),
             lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"),
-    RunRule(lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
+    RunRule("zero1 x tp/pp under fp16-mixed",
+            lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
             lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
             "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"),
     # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
-    RunRule(lambda v: (v.pp > 1) & v.split_backward & (v.dp > 1) & (v.zero_stage >= 2),
+    RunRule("zero_bubble / zbv x FSDP2 on dp > 1",
+            lambda v: (v.pp > 1) & v.split_backward & (v.dp > 1) & (v.zero_stage >= 2),
             lambda p, m: f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
             "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"),
 )
 """Layouts the engine cannot run, whatever the model."""
 
 MODEL_RULES = (
-    RunRule(lambda v: v.model.attention_sinks and v.model.attention == "flash",
+    RunRule("attention sinks under flash attention", lambda v: v.model.attention_sinks and v.model.attention == "flash",
             lambda p, m: "attention_sinks with attention=flash: torch SDPA has no sink logit; run with attention=math "
             "(flash kernels with sinks exist on GPUs, so the prediction stands)"),
-    RunRule(lambda v: v.model.window is not None and v.model.window_kind == "chunked" and v.model.window < v.model.seq_len
-            and v.model.seq_len % v.model.window != 0,
+    RunRule("a chunk that does not divide seq_len",
+            lambda v: v.model.window is not None and v.model.window_kind == "chunked"
+            and v.model.window < v.model.seq_len and v.model.seq_len % v.model.window != 0,
             lambda p, m: f"chunked attention needs seq_len divisible by the chunk: {m.seq_len} % {m.window} = "
             f"{m.seq_len % m.window}"),
     # The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain causal
     # multi-head attention: windows, sinks and MLA under cp are predicted, not run.
-    RunRule(lambda v: (v.cp > 1) & bool(_ring_misses(v.model)),
+    RunRule("cp with windows, sinks or MLA", lambda v: (v.cp > 1) & bool(_ring_misses(v.model)),
             lambda p, m: f"cp={p.cp} with {' and '.join(_ring_misses(m))}: ShardLab's ring attention is plain causal "
             "attention (no mask, sink or latent path); the prediction stands, the run would compute other attention"),
 )
@@ -113,3 +118,8 @@ def blocked(view: LayoutView) -> Any:
     for rule in RULES:
         out = out | rule.blocks(view)
     return out
+
+
+def rule_hits(view: LayoutView) -> dict[str, Any]:
+    """{rule label: True / False, or a bool array over the view's layouts} for every rule."""
+    return {rule.label: rule.blocks(view) for rule in RULES}

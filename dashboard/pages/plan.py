@@ -170,10 +170,15 @@ if res is not None:
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
-    if getattr(res, "predicted_only_left_out", 0):
-        st.caption(f"{res.predicted_only_left_out:,} fitting layouts this engine cannot run are left out of the ranking "
-                   "(turn on 'Include prediction-only layouts' to rank them too, marked).")
-    if not res.configs:
+    left_out = getattr(res, "predicted_only_left_out", 0)
+    why_left_out = ", ".join(f"{label}: {n:,}" for label, n in getattr(res, "predicted_only_by_rule", {}).items())
+    if left_out and res.configs:
+        st.caption(f"{left_out:,} fitting layouts this engine cannot run are left out of the ranking ({why_left_out}); "
+                   "turn on 'Include prediction-only layouts' to rank them too, marked.")
+    if not res.configs and left_out:
+        st.warning(f"Every one of the {left_out:,} fitting layouts is prediction-only here ({why_left_out}): turn on "
+                   "'Include prediction-only layouts' to rank them, marked with the reason.")
+    elif not res.configs:
         st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
     else:
         df = pv.results_frame(res)

@@ -100,3 +100,23 @@ def test_plan_page_toggle_brings_back_prediction_only_layouts():
     everything = at.session_state["pl_result"]
     assert not at.exception and everything.predicted_only_left_out == 0
     assert everything.feasible == default.feasible
+
+
+def test_plan_page_says_why_when_every_fitting_layout_is_prediction_only():
+    """gpt-oss-20b with flash attention: its sinks have no SDPA kernel here, so every fitting layout is prediction-only.
+    The page says so with the rule, never "No layout fits" (what it said before, as if nothing fitted)."""
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("dashboard/pages/plan.py").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt-oss-20b")).run()
+    at.number_input(key="pl_seq").set_value(4096)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(32)
+    at.selectbox(key="pl_attention").set_value("flash")
+    at.button(key="pl_go").click().run()
+    res = at.session_state["pl_result"]
+    assert not at.exception and not res.configs and res.predicted_only_left_out == res.feasible > 0
+    assert res.predicted_only_by_rule["attention sinks under flash attention"] == res.feasible
+    warnings = [w.value for w in at.warning]
+    assert not any("No layout fits" in w for w in warnings)
+    assert any(w.startswith(f"Every one of the {res.feasible:,} fitting layouts is prediction-only here")
+               and "attention sinks under flash attention" in w for w in warnings)

@@ -94,6 +94,24 @@ def test_plan_ranks_only_runnable_layouts_unless_asked(capsys):
     assert everything["predicted_only_left_out"] == 0 and everything["feasible"] == default["feasible"]
 
 
+def test_plan_leaves_out_what_the_model_cannot_run_and_says_which_rule():
+    """A model whose every layout is prediction-only here (attention sinks under flash: torch SDPA has no sink logit)
+    ranks nothing by default, and the note counts the fitting layouts each run rule leaves out. Fails before: the
+    planner's array check knew only the layout rules, so it ranked such layouts and then marked each runnable=false."""
+    from backend.analytic.steptime.hardware import get_hardware
+    from backend.planner.search import plan
+    from backend.spec import ModelSpec
+
+    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True, attention="flash")
+    res = plan(sinks, gpus=8, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=16, top=5)
+    assert res.configs == [] and res.predicted_only_left_out == res.feasible > 0
+    (note,) = [n for n in res.notes if "left out of the ranking" in n]
+    assert f"attention sinks under flash attention: {res.feasible}" in note
+    everything = plan(sinks, gpus=8, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=16, top=5,
+                      include_predicted=True)
+    assert everything.configs and not any(c["runnable"] for c in everything.configs)
+
+
 def test_array_run_check_equals_run_blockers_on_every_layout():
     """planner.search.run_blocked (arrays) and backend.spec.checks.run_blockers (one spec) agree on every enumerated layout
     of a dense, a MoE, a windowed flash (cp searched: ring attention has no window) and a sinks model, in bf16, fp16
