@@ -70,7 +70,7 @@ test: $(VENV)/.installed-test browser postgres slurm
 
 # The unit tests (tests/unit/: one process, pure Python) but the few slow ones: under 2 minutes on 2 cores.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest -q -m "unit and not slow"
+	$(PY) -m pytest -q -n 2 -m "unit and not slow"
 
 # The GPU check (issue 22 A; benchmarks/gpu_check.py): device cuda when this machine has one, else the CPU kit
 # (gloo, tiny model). Output in GPU_CHECK_OUT (report.json, summary.md, profile.json, kit.log).
