@@ -22,7 +22,7 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.space import Limits, enumerate_layouts, light_spec
-from backend.spec.run_rules import LayoutView, blocked, rule_hits
+from backend.spec.run_rules import LayoutView, rule_hits
 
 RESERVE_FIXED_BYTES = 2.5e9
 RESERVE_FRACTION = 0.05
@@ -85,18 +85,16 @@ def _run_view(layouts: Layout, model: Any) -> LayoutView:
                       zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
 
 
+def run_rule_hits(layouts: Layout, model: Any) -> dict[str, np.ndarray]:
+    """{rule label: where it blocks} for every rule of backend/spec/run_rules.py (the ones `checks.run_blockers`
+    applies to one spec), evaluated once on the layout arrays."""
+    return {label: np.broadcast_to(hits, len(layouts)) for label, hits in rule_hits(_run_view(layouts, model)).items()}
+
+
 def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
-    """True where this engine cannot run the layout: the rules of backend/spec/run_rules.py (the ones
-    `checks.run_blockers` applies to one spec), evaluated on the layout arrays. tests/unit/test_prediction_only.py
-    checks it against run_blockers on every enumerated layout."""
-    return np.broadcast_to(blocked(_run_view(layouts, model)), len(layouts))
-
-
-def left_out_by_rule(layouts: Layout, model: Any, rows: np.ndarray) -> dict[str, int]:
-    """{rule label: layouts among `rows` it blocks} for the rules that block any (one layout may count twice)."""
-    counts = {label: int(np.count_nonzero(np.broadcast_to(hits, len(layouts))[rows]))
-              for label, hits in rule_hits(_run_view(layouts, model)).items()}
-    return {label: n for label, n in counts.items() if n}
+    """True where this engine cannot run the layout. tests/unit/test_prediction_only.py checks it against run_blockers
+    on every enumerated layout."""
+    return np.logical_or.reduce(list(run_rule_hits(layouts, model).values()))
 
 
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
@@ -124,10 +122,12 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
-    left_out, fitting = 0, order
+    left_out, fitting, by_rule = 0, order, {}
     if not include_predicted:
-        runnable = order[~run_blocked(layouts, model)[order]]
+        hits = run_rule_hits(layouts, model)
+        runnable = order[~np.logical_or.reduce(list(hits.values()))[order]]
         left_out, order = len(order) - len(runnable), runnable
+        by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[fitting])))}
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
     timed = []
@@ -158,7 +158,6 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")
-    by_rule = left_out_by_rule(layouts, model, fitting) if left_out else {}
     if left_out:
         why = ", ".join(f"{label}: {n}" for label, n in by_rule.items())
         notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking ({why}); "

@@ -112,14 +112,6 @@ def blocking_reasons(spec: SpecParts) -> list[str]:
     return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))]
 
 
-def blocked(view: LayoutView) -> Any:
-    """True (or a bool array over the view's layouts) where any rule blocks."""
-    out: Any = False
-    for rule in RULES:
-        out = out | rule.blocks(view)
-    return out
-
-
 def rule_hits(view: LayoutView) -> dict[str, Any]:
     """{rule label: True / False, or a bool array over the view's layouts} for every rule."""
     return {rule.label: rule.blocks(view) for rule in RULES}

@@ -253,7 +253,8 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     compute = mb * busiest
     intra_tp = within_node(1, layout.tp, "tp", gpus_per_node)
     tp_payload = 4 * first_rank.n_blocks * mb * tokens * model.d_model * cb  # Shoeybi 2019 Sec 3: 2 fwd + 2 bwd
-    tp_comm = where(layout.tp > 1, (1.0 + 0.5 * share.gemm) * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
+    rerun_comm = 1.0 + 0.5 * share.gemm  # the re-run forward repeats its collectives (steptime.model: x1.5 under full)
+    tp_comm = where(layout.tp > 1, rerun_comm * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     cp_comm = 0.0
     if any_true(layout.cp > 1):
         ring = ring_time(model, layout, hw, blocks.attention[0], rotate="allgather", gpus_per_node=gpus_per_node)
@@ -270,8 +271,7 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
     step = memory_s(hw, per_element * owned, kernels=0) if hw.kind == "cpu" else \
         optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
     optimizer = step + memory_s(hw, MASTER_BYTES * rank0.total("storage_numel"), kernels=0)  # zero_grad
-    # the re-run forward repeats its collectives, as for tp (steptime.model: x1.5 under full recompute)
-    ep_comm = (1.0 + 0.5 * share.gemm) * _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
+    ep_comm = rerun_comm * _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
     return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm, bubble=_bubble(layout),
                      dp_exposed_s=dp_exposed, optimizer_s=optimizer,
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
@@ -347,6 +347,13 @@ def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, 
     return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep), 0.0)
 
 
+def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Any, Any]:
+    """(within one node, bytes/s per rank) of a data-parallel group of `group` tp-strided ranks (dp_sync's tiers)."""
+    stride = group_stride(layout.tp, group, "dp")
+    intra = within_node(stride, group, "dp", gpus_per_node)
+    return intra, link_bandwidth(hw, intra, node_members(stride, group, gpus_per_node))
+
+
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
                 compute_s: Any) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
@@ -354,10 +361,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
     the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
     dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
-    stride = group_stride(layout.tp, dp, "dp")
-    intra, per_node = within_node(stride, dp, "dp", gpus_per_node), node_members(stride, dp, gpus_per_node)
-
-    link = link_bandwidth(hw, intra, per_node)
+    intra, link = _dp_link(layout, hw, gpus_per_node, dp)
 
     def coll(kind: str, payload: Any) -> Any:
         return bandwidth_s(hw, intra, kind, payload, dp, link_bytes_per_s=link)
@@ -384,9 +388,7 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
     group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only."""
     group = layout.dp_cp // np.maximum(layout.ep, 1)
-    stride = group_stride(layout.tp, group, "dp")
-    intra, per_node = within_node(stride, group, "dp", gpus_per_node), node_members(stride, group, gpus_per_node)
-    link = link_bandwidth(hw, intra, per_node)
+    intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
     whole = bandwidth_s(hw, intra, "all_reduce", grads, group, link_bytes_per_s=link)
     last = bandwidth_s(hw, intra, "all_reduce", minimum(grads, DDP_BUCKET_BYTES), group, link_bytes_per_s=link)
