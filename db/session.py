@@ -37,6 +37,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from db.errors import StoreError
 from db.transactions import begin_statement, write_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,10 +50,6 @@ _migrated: set[str] = set()
 _identity: dict[str, tuple[int, int]] = {}
 """SQLite URL -> (st_dev, st_ino) of the file its cached engine opened."""
 _lock = threading.Lock()
-
-
-class StoreError(RuntimeError):
-    """The configured store cannot be used as it is; the message says what happened and what to do."""
 
 
 class StoreMissing(StoreError):
