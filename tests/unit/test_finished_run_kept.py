@@ -113,10 +113,11 @@ def test_a_worker_stopped_while_another_process_holds_the_lock_exits_within_its_
     path = tmp_path / "locked.db"
     engine = open_db(f"sqlite:///{path}")
     eid = q.submit_experiment(engine, spec("locked out"))
-    worker = Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.05, heartbeat_s=0.2, runner=FakeRunner(block=True))
+    runner = FakeRunner(block=True)
+    worker = Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.05, heartbeat_s=0.2, runner=runner)
     worker.stop_grace_s = 3.0
     t, out = serve(worker)
-    wait_for(lambda: q.get_status(engine, eid) == "running")
+    wait_for(lambda: runner.calls)  # the job runs (a stop before the runner starts waits for it to start and end)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -127,7 +128,7 @@ def test_a_worker_stopped_while_another_process_holds_the_lock_exits_within_its_
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert not t.is_alive() and took < worker.stop_grace_s + 3, f"{took:.1f} s to stop"  # was ~123 s
+    assert not t.is_alive() and took < worker.stop_grace_s + 5, f"{took:.1f} s to stop"  # main: still alive at 90 s
     kept = json.loads((tmp_path / "runs" / str(eid) / "result.json").read_text())
     assert kept["status"] == "interrupted"  # the next worker imports it
     assert q.get_status(engine, eid) == "running"
