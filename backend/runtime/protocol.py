@@ -259,6 +259,8 @@ def enable_progress_marks(out_dir: Path, rank: int) -> None:
     """Open rank-<r>.progress; every later mark_progress rewrites its one line in place (one pwrite, no fsync:
     the launcher reads it while the process is alive or hung, so the page cache is enough)."""
     fd = os.open(progress_mark_path(out_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if _MARK:
+        os.close(_MARK[0])  # a second rank_main in one process (tests)
     _MARK[:] = [fd, 0]
     _write_mark("started")
 
