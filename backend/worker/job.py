@@ -139,8 +139,9 @@ class JobExecution:
                           kept.where())
                 return
             log.exception("experiment %s: the store refused its result", experiment_id)
+            kept_in = kept.path if kept.written and kept.path else "its run folder"
             refused = RunResult(status=Status.FAILED, spec=result.spec, error=f"the store refused this run's "
-                                f"{result.status} result ({short(e)}); the full result is kept in {kept.path or 'its run folder'}")
+                                f"{result.status} result ({short(e)}); the full result is kept in {kept_in}")
             self._retry(lambda: q.store_result(self.engine, experiment_id, refused), "storing a refused result")
         log.info("experiment %s: %s%s", experiment_id, result.status, f" ({result.error})" if result.error else "")
 
