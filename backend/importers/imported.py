@@ -16,6 +16,10 @@ class ConfigImportError(ValueError):
         super().__init__("; ".join(self.problems))
 
 
+class LogImportError(ConfigImportError):
+    """A log that cannot be imported: the reason, with line numbers."""
+
+
 @dataclass
 class ImportedConfig:
     framework: str
