@@ -141,7 +141,8 @@ def facts_lines(res: Any) -> list[str]:
                      + ", ".join(f"{names.get(k, k)} {v:,.2f}" for k, v in f.reported.items())
                      + "; ShardLab's MFU above is model FLOPs / the profile's peak (PaLM App. B).")
     if f.lines.get("truncated_last_line") or f.lines.get("overlong_lines_skipped") or f.lines.get("garbled_step_lines"):
-        lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} garbled step "
-                     f"lines, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
+        first = f" (first at line {f.lines['first_garbled_line']})" if f.lines.get("first_garbled_line") else ""
+        lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} lines not "
+                     f"understood{first}, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
                      f"{bool(f.lines.get('truncated_last_line'))}.")
     return lines

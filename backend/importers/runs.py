@@ -124,6 +124,7 @@ def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Ha
         peak_allocated_bytes=max(allocated) if allocated else None, peak_reserved_bytes=max(reserved) if reserved else None,
         memory_source=collector.facts.get("memory_source", ""), reported=measured.reported, unmapped=imported.unmapped,
         ignored=imported.ignored, lines={**collector.stats.to_dict(), "garbled_step_lines": collector.unparsed,
+                                         "first_garbled_line": collector.first_unparsed_line or None,
                                          "repeated_step_lines": collector.duplicates},
         facts={k: v for k, v in collector.facts.items() if k not in ("device_name", "memory_source")})
     # an imported layout may be one this engine only predicts (Megatron's distributed optimizer = ZeRO-1 x TP/PP)

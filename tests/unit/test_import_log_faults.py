@@ -78,7 +78,7 @@ def test_a_garbled_number_skips_its_line_and_says_where(db, tmp_path, capsys, ki
     path.write_text("\n".join(lines) + "\n")
     assert main(_cli(kind, path)) == 0, capsys.readouterr().err
     facts = q.get_experiment(db, q.count_experiments(db))["result"].imported
-    assert facts.partial and facts.lines["garbled_step_lines"] == 1
+    assert facts.partial and facts.lines["garbled_step_lines"] == 1 and facts.lines["first_garbled_line"] == number
     assert f"1 line not understood (garbled or interleaved), first at line {number}" in facts.partial_reasons
 
 
