@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from backend.importers.bounded import parse_bounded
 from backend.importers.imported import FRAMEWORKS, ConfigImportError, ImportedConfig
 
 MAX_CONFIG_BYTES = 8 << 20
@@ -25,7 +26,19 @@ MAX_CONFIG_BYTES = 8 << 20
 
 
 def detect(name: str, text: str) -> tuple[str, str]:
-    """(framework, source_format) of a config from its name and content."""
+    """(framework, source_format) of a config from its name and content; ConfigImportError when neither tells."""
+    found = sniff(name, text)
+    if found is None:
+        raise ConfigImportError([f"cannot tell which framework {name!r} is for: give --format torchtitan|megatron|"
+                                 "deepspeed (torchtitan: a job .toml or the Trainer.Config dump; megatron: pretrain_gpt.py "
+                                 "arguments, a launch script, a Megatron log, or a NeMo .yaml; deepspeed: ds_config.json "
+                                 "with --model-config)"])
+    return found
+
+
+def sniff(name: str, text: str) -> tuple[str, str] | None:
+    """(framework, source_format) as the name and content suggest, None when they do not; ConfigImportError only for
+    content no format may hold (JSON nested too deep)."""
     from backend.importers.deepspeed_config import looks_like_ds_config
     from backend.importers.megatron_args import looks_like_args
     from backend.importers.torchtitan_dump import MARKER
@@ -38,7 +51,7 @@ def detect(name: str, text: str) -> tuple[str, str]:
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
+            data = parse_bounded(json.loads, stripped, f"the JSON of {name!r}")
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict) and "parallelism" in data and "training" in data:
@@ -51,9 +64,7 @@ def detect(name: str, text: str) -> tuple[str, str]:
         return "megatron", "megatron-args"
     if "[model]" in text or "[parallelism]" in text or "[training]" in text:
         return "torchtitan", "torchtitan-toml"
-    raise ConfigImportError([f"cannot tell which framework {name!r} is for: give --format torchtitan|megatron|deepspeed "
-                             "(torchtitan: a job .toml or the Trainer.Config dump; megatron: pretrain_gpt.py arguments, "
-                             "a Megatron log, or a NeMo .yaml; deepspeed: ds_config.json with --model-config)"])
+    return None
 
 
 def wandb_config(text: str) -> dict[str, Any] | None:
@@ -63,15 +74,10 @@ def wandb_config(text: str) -> dict[str, Any] | None:
         return None
     import yaml
 
-    from backend.importers.fields import check_nodes
-
     try:
-        data = yaml.safe_load(text)
-        check_nodes(data, "the W&B config")
+        data = parse_bounded(yaml.safe_load, text, "the W&B config")
     except yaml.YAMLError:
         return None
-    except ValueError as e:
-        raise ConfigImportError([str(e)]) from None
     if not isinstance(data, dict) or "_wandb" not in data:
         return None
     return {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in data.items() if k != "_wandb"}
@@ -84,8 +90,8 @@ def import_config_text(text: str, *, name: str = "config", fmt: str | None = Non
         raise ConfigImportError([f"--gpus must be >= 1 (got {gpus})"])
     if fmt is not None and fmt not in FRAMEWORKS:
         raise ConfigImportError([f"--format {fmt!r}: expected one of {', '.join(FRAMEWORKS)}"])
-    framework, source_format = detect(name, text)
-    if fmt is not None and fmt != framework:
+    framework, source_format = detect(name, text) if fmt is None else (sniff(name, text) or (None, None))
+    if fmt is not None and fmt != framework:  # --format wins over what the file suggests, or when it suggests nothing
         source_format = {"torchtitan": "torchtitan-toml", "megatron": "megatron-args", "deepspeed": "deepspeed-json"}[fmt]
         framework = fmt
         if fmt == "torchtitan" and (text.lstrip().startswith("{") or "Running with configs:" in text):
@@ -141,4 +147,4 @@ def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None 
                               seq_len=seq_len)
 
 
-__all__ = ["ConfigImportError", "ImportedConfig", "FRAMEWORKS", "detect", "import_config", "import_config_text"]
+__all__ = ["ConfigImportError", "ImportedConfig", "FRAMEWORKS", "detect", "import_config", "import_config_text", "sniff"]

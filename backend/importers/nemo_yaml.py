@@ -16,10 +16,11 @@ import re
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, check_nodes, choice, flatten
+from backend.importers.bounded import parse_bounded
+from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.megatron_fields import TABLE as MEGATRON, as_flag, model_and_layout, opt_int, pos_int, training
-from backend.spec.user_text import MAX_JSON_FILE_BYTES, check_depth
+from backend.spec.user_text import MAX_JSON_FILE_BYTES
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")
 _IGNORED = "training numerics, data, logging, checkpointing or kernel fusion: no effect on memory or step time per step"
@@ -97,11 +98,7 @@ def parse(text: str | bytes) -> dict[str, Any]:
     if size > MAX_JSON_FILE_BYTES:
         raise ConfigImportError([f"the YAML is {size:,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit for a config"])
     try:
-        data = yaml.safe_load(text)
-        check_nodes(data, "the NeMo YAML")
-        check_depth(data, "the NeMo YAML")
-    except ValueError as e:
-        raise ConfigImportError([str(e)]) from None
+        data = parse_bounded(yaml.safe_load, text, "the NeMo YAML")
     except yaml.YAMLError as e:
         raise ConfigImportError([f"not a YAML file: {str(e).splitlines()[0]}"]) from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
