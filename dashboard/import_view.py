@@ -56,9 +56,12 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def summary_line(imported) -> str:
+    """One line: framework, GPUs = every degree (dp x cp x tp x pp, ep), strategy, shape, batch, precision."""
+    from backend.importers.imported import layout_text
+
     p, t, m = imported.spec["parallel"], imported.spec["train"], imported.spec["model"]
-    return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p['strategy']}, dp {p['dp']} x tp "
-            f"{p['tp']} x pp {p['pp']}, {m['n_layers']} layers x {m['d_model']}, seq {m['seq_len']}, global batch "
+    return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs = {layout_text(p)}: "
+            f"{p['strategy']}, {m['n_layers']} layers x {m['d_model']}, seq {m['seq_len']}, global batch "
             f"{t['global_batch']}, {t['precision']}, recompute {t['recompute']}")
 
 

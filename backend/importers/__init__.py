@@ -60,7 +60,7 @@ def sniff(name: str, text: str) -> tuple[str, str] | None:
             return "deepspeed", "deepspeed-json"
     if MARKER in text:
         return "torchtitan", "torchtitan-config-dump"
-    if looks_like_args(text):
+    if looks_like_args(text) or "pretrain_gpt.py" in text:
         return "megatron", "megatron-args"
     if "[model]" in text or "[parallelism]" in text or "[training]" in text:
         return "torchtitan", "torchtitan-toml"
@@ -84,10 +84,14 @@ def wandb_config(text: str) -> dict[str, Any] | None:
 
 
 def import_config_text(text: str, *, name: str = "config", fmt: str | None = None, gpus: int | None = None,
-                       model_config: dict[str, Any] | None = None, seq_len: int | None = None) -> ImportedConfig:
-    """The spec of a framework config given as text. Raises ConfigImportError (every problem, with the arithmetic)."""
+                       model_config: dict[str, Any] | None = None, seq_len: int | None = None,
+                       vocab_size: int | None = None) -> ImportedConfig:
+    """The spec of a framework config given as text. Raises ConfigImportError (every problem, with the arithmetic;
+    `needs` names what the caller could supply, such as the vocabulary size of a Megatron script)."""
     if gpus is not None and gpus < 1:
         raise ConfigImportError([f"--gpus must be >= 1 (got {gpus})"])
+    if vocab_size is not None and vocab_size < 1:
+        raise ConfigImportError([f"the vocabulary size must be >= 1 (got {vocab_size})"])
     if fmt is not None and fmt not in FRAMEWORKS:
         raise ConfigImportError([f"--format {fmt!r}: expected one of {', '.join(FRAMEWORKS)}"])
     framework, source_format = detect(name, text) if fmt is None else (sniff(name, text) or (None, None))
@@ -99,6 +103,11 @@ def import_config_text(text: str, *, name: str = "config", fmt: str | None = Non
         if fmt == "megatron" and name.lower().endswith((".yaml", ".yml")):
             source_format = "nemo-yaml"
     kwargs: dict[str, Any] = {"gpus": gpus, "model_config": model_config, "file": name}
+    if vocab_size is not None:
+        if source_format not in ("megatron-args", "nemo-yaml"):
+            raise ConfigImportError([f"a vocabulary size is given for Megatron-LM / NeMo configs, which leave it to the "
+                                     f"tokenizer; a {framework} config has its own (or takes the model's config.json)"])
+        kwargs["vocab_size"] = vocab_size
     if source_format == "torchtitan-config-dump" and (unwrapped := wandb_config(text)) is not None:
         text = json.dumps(unwrapped)
     if source_format == "torchtitan-toml":
@@ -133,7 +142,8 @@ def read_config_file(path: str | Path) -> str:
 
 
 def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None = None,
-                  model_config: str | Path | None = None, seq_len: int | None = None) -> ImportedConfig:
+                  model_config: str | Path | None = None, seq_len: int | None = None,
+                  vocab_size: int | None = None) -> ImportedConfig:
     """The spec of a framework config file (and the model's config.json where the format needs one)."""
     cfg = None
     if model_config is not None:
@@ -144,7 +154,7 @@ def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None 
         except HFConfigError as e:
             raise ConfigImportError([f"--model-config: {e}"]) from None
     return import_config_text(read_config_file(path), name=Path(path).name, fmt=fmt, gpus=gpus, model_config=cfg,
-                              seq_len=seq_len)
+                              seq_len=seq_len, vocab_size=vocab_size)
 
 
 __all__ = ["ConfigImportError", "ImportedConfig", "FRAMEWORKS", "detect", "import_config", "import_config_text", "sniff"]

@@ -92,6 +92,8 @@ class Flat:
     ignored: dict[str, dict[str, Any]] = field(default_factory=dict)
     unmapped: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    needs: set[str] = field(default_factory=set)
+    """What the person importing could supply to clear a problem (imported.VOCAB_SIZE)."""
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.canonical[name][0] if name in self.canonical else default

@@ -15,6 +15,7 @@ import ast
 from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
+from backend.importers.imported import VOCAB_SIZE
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -212,14 +213,26 @@ def _context_parallel(flat: Flat) -> list[str]:
             "balances causal work over 2 x cp chunks (cp_load_balance true)"]
 
 
+def given_vocab(flat: Flat, vocab: int) -> None:
+    """The vocabulary size the person importing gave (the CLI's --vocab, the dashboard's field), where the config has
+    none; a contradiction with the config's own --vocab-size is a problem."""
+    own = flat.get("mg_vocab")
+    if own is not None and own != vocab:
+        flat.problems.append(f"the vocabulary size given ({vocab:,}) contradicts the config's {own:,} "
+                             f"({flat.source_of('mg_vocab')})")
+    elif own is None and flat.get("mg_padded_vocab") is None:
+        flat.put("mg_vocab", vocab, "the vocabulary size given on import")
+
+
 def _vocab(flat: Flat, tp: int) -> list[str]:
     if flat.get("mg_padded_vocab") is not None:
         flat.put("vocab_size", flat.get("mg_padded_vocab"), flat.source_of("mg_padded_vocab"))
         return []
     vocab = flat.get("mg_vocab") or flat.get("vocab_size")
     if vocab is None:
-        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer; add --vocab-size N to "
-                             "the arguments or give the model's config.json with --model-config")
+        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer, which the config "
+                             "only names")
+        flat.needs.add(VOCAB_SIZE)
         return []
     multiple = flat.get("mg_vocab_multiple", 128) * tp
     padded = -(-vocab // multiple) * multiple

@@ -19,7 +19,8 @@ from backend.importers.assemble import to_spec
 from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import TABLE as MEGATRON, as_flag, model_and_layout, opt_int, pos_int, training
+from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
+                                               pos_int, training)
 from backend.spec.user_text import MAX_JSON_FILE_BYTES
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")
@@ -125,15 +126,17 @@ def resolve(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def import_yaml(text: str | bytes, *, gpus: int | None = None, model_config: dict[str, Any] | None = None,
-                file: str = "config.yaml") -> ImportedConfig:
+                file: str = "config.yaml", vocab_size: int | None = None) -> ImportedConfig:
     data = parse(text)
     flat = Flat(resolve(flatten(data)))
     apply_table(flat, TABLE, prefixes=PREFIXES)
     notes = _nemo(flat, model_config)
+    if vocab_size is not None:
+        given_vocab(flat, vocab_size)
     notes += model_and_layout(flat) + training(flat)
     flat.put("notes", notes, "nemo")
     if flat.problems:
-        raise ConfigImportError(flat.problems)
+        raise ConfigImportError(flat.problems, flat.needs)
     name = f"NeMo {safe_name(data.get('name') or 'megatron_gpt', 60)} ({safe_name(file, 60)})"
     return to_spec(flat, framework="megatron", source_format="nemo-yaml", name=name, gpus=gpus)
 
