@@ -8,6 +8,7 @@ markdown), so it is shown, not interpreted."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -25,23 +26,59 @@ MEMORY_LABEL = ("measured: the allocator peaks the log prints (torch.cuda max al
                 "category, so the comparison is predicted total vs measured peak allocated.")
 
 
-def import_uploaded(config: bytes, name: str, *, fmt: str | None, gpus: int | None, model_config: bytes | None = None,
-                    seq_len: int | None = None):
-    """(ImportedConfig, None) or (None, [problems]) for an uploaded config (and model config.json)."""
+@dataclass(frozen=True)
+class ImportRequest:
+    """What the Import config box was given: the uploaded files and the fields beside them."""
+    config: bytes
+    name: str
+    fmt: str | None = None
+    gpus: int | None = None
+    model_config: bytes | None = None
+    vocab_size: int | None = None
+    seq_len: int | None = None
+
+
+@dataclass(frozen=True)
+class ImportOutcome:
+    imported: Any = None
+    problems: tuple[str, ...] = ()
+    """Every problem, in the importer's words."""
+    needs: tuple[str, ...] = ()
+    """What the person could supply (importers.imported.VOCAB_SIZE): the box asks for it with a field."""
+
+    def shown_problems(self) -> list[str]:
+        """The problems the page lists as errors: not those it asks about in its own words (the vocabulary size)."""
+        from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
+
+        asked = VOCAB_SIZE in self.needs
+        return [p for p in self.problems if not (asked and p.startswith(VOCAB_UNKNOWN))]
+
+
+def import_request(request: ImportRequest) -> ImportOutcome:
+    """The spec of an uploaded config (and model config.json), or every problem and what the person could supply."""
     from backend.hf_config import HFConfigError, parse_hf_config
     from backend.importers import ConfigImportError, import_config_text
 
     cfg = None
-    if model_config is not None:
+    if request.model_config is not None:
         try:
-            cfg = parse_hf_config(model_config, name="the model's config.json")
+            cfg = parse_hf_config(request.model_config, name="the model's config.json")
         except HFConfigError as e:
-            return None, [str(e)]
+            return ImportOutcome(problems=(str(e),))
     try:
-        text = config.decode("utf-8", "replace")
-        return import_config_text(text, name=name, fmt=fmt, gpus=gpus, model_config=cfg, seq_len=seq_len), None
+        text = request.config.decode("utf-8", "replace")
+        return ImportOutcome(imported=import_config_text(text, name=request.name, fmt=request.fmt, gpus=request.gpus,
+                                                         model_config=cfg, seq_len=request.seq_len,
+                                                         vocab_size=request.vocab_size))
     except ConfigImportError as e:
-        return None, e.problems
+        return ImportOutcome(problems=tuple(e.problems), needs=e.needs)
+
+
+def import_uploaded(config: bytes, name: str, *, fmt: str | None, gpus: int | None, model_config: bytes | None = None,
+                    seq_len: int | None = None):
+    """(ImportedConfig, None) or (None, [problems]) for an uploaded config (and model config.json)."""
+    out = import_request(ImportRequest(config, name, fmt, gpus, model_config, seq_len=seq_len))
+    return (out.imported, None) if out.imported is not None else (None, list(out.problems))
 
 
 def fields_frame(entries: dict[str, dict[str, Any]]) -> pd.DataFrame:

@@ -8,6 +8,8 @@ from typing import Any
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
 VOCAB_SIZE = "vocab_size"
 """A need (ConfigImportError.needs): the vocabulary size, which Megatron-LM and NeMo read from the tokenizer."""
+VOCAB_UNKNOWN = "the vocabulary size is unknown"
+"""How the problem behind VOCAB_SIZE starts (a page asking for the size in its own words leaves that line out)."""
 
 
 class ConfigImportError(ValueError):

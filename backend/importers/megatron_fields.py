@@ -15,7 +15,7 @@ import ast
 from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
-from backend.importers.imported import VOCAB_SIZE
+from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -230,8 +230,7 @@ def _vocab(flat: Flat, tp: int) -> list[str]:
         return []
     vocab = flat.get("mg_vocab") or flat.get("vocab_size")
     if vocab is None:
-        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer, which the config "
-                             "only names")
+        flat.problems.append(f"{VOCAB_UNKNOWN}: Megatron reads it from the tokenizer, which the config only names")
         flat.needs.add(VOCAB_SIZE)
         return []
     multiple = flat.get("mg_vocab_multiple", 128) * tp
