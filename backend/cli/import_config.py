@@ -3,12 +3,14 @@
   python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json     # torchtitan job TOML
   python -m backend import-config train.log --format torchtitan --gpus 64          # Trainer.Config dump in a log
   python -m backend import-config pretrain_llama70b.sh --gpus 64                   # Megatron arguments (or a NeMo .yaml)
+  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000         # a launch script (arrays, variables)
   python -m backend import-config ds_config.json --model-config config.json --gpus 16
   python -m backend estimate --spec spec.json --hardware h100-sxm                  # estimate/plan/trace/submit take it
 
 --json prints {"spec": {...}, "ignored": {...}, "unmapped": {...}} (+ "framework", "source_format", "gpus", "notes"):
 every source field that is not in the spec is listed by name with its value and the reason. The config is read as
-data; nothing in it is executed. Exit 2 with the arithmetic for a config ShardLab cannot express.
+data; nothing in it is executed (a launch script's variables, arrays and branches are followed, never run). Exit 2
+with the arithmetic for a config ShardLab cannot express, and with what to give (--vocab N) where it lacks a value.
 """
 
 from __future__ import annotations

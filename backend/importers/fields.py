@@ -207,7 +207,7 @@ def choice(mapping: dict[Any, Any]) -> Callable[[Any], Any]:
     """A converter from the framework's words to ours (case-insensitive for text)."""
     def convert(value: Any) -> Any:
         key = value.lower() if isinstance(value, str) else value
-        if key not in mapping:
+        if isinstance(key, (list, dict)) or key not in mapping:  # a flag given twice or with several values
             raise ValueError(f"expected one of {', '.join(map(str, mapping))}")
         return mapping[key]
     return convert

@@ -30,6 +30,8 @@ from backend.importers.shell_expand import ASSIGNMENT, Variables, is_assignment
 from backend.importers.shell_tests import Test, Undecided
 from backend.importers.shell_words import Word, tokens
 
+MAX_SCRIPT_BYTES = 256 << 10
+"""A launch script is a few KB (Megatron-LM's longest example is 8 KB); the cap bounds the reading to a few seconds."""
 DECLARE = frozenset({"export", "declare", "local", "readonly", "typeset"})
 KEPT = re.compile(r"\$\{?[A-Za-z0-9_#@*]+\}?|\$\(.*?\)|`[^`]*`")
 
@@ -216,6 +218,10 @@ def _simple_commands(nodes: list):
 
 def read(text: str) -> LaunchCommand:
     """The training command of a launch script (or the flags of a file of them); ConfigImportError with the line."""
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_SCRIPT_BYTES:
+        raise ConfigImportError([f"the script is {size:,} bytes, over the {MAX_SCRIPT_BYTES:,}-byte limit for a launch "
+                                 "script"])
     reader = _Reader()
     reader.run(sp.parse(tokens(text)))
     runs = [(w, line) for w, line in reader.commands if any(t.endswith(".py") for t, _ in w)]

@@ -223,6 +223,13 @@ def test_nothing_in_a_script_is_run(tmp_path, monkeypatch):
     ("run.py ${A\n", "never closed"),
     ("A=(--x\nrun.py\n", "never closed"),
     ("if true; then\nrun.py --x\n", "the script ends before 'fi'"),
+    ("A=1\n" * 70_000, "over the 262,144-byte limit for a launch script"),
+    # found by fuzzing the reader: a flag given two values, or a variable the script never sets, met a converter that
+    # was never called (a TypeError / ValueError traceback)
+    ("run.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
+     "--vocab-size 100 --normalization RMSNorm LayerNorm\n", "--normalization=.*expected one of"),
+    ("run.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
+     "--vocab-size 100 --kv-channels $KV\n", r"--kv-channels='\$\{KV\}': expected an integer"),
 ])
 def test_hostile_or_broken_scripts_are_refused_with_the_reason(script, message):
     with pytest.raises(ConfigImportError, match=message):
