@@ -16,7 +16,9 @@ COLUMNS = ["id", "status", "progress", "name", "framework", "strategy", "world",
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
               "dp", "tp", "pp", "ep", "cp", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
               "tokens_per_s", "peak_bytes_max", "created_at", "kind",
-              "framework", "source_framework")
+              "framework", "source_framework", "diverged")
+DIVERGED = "ok, diverged"
+"""The status an ok run shows when some loss was NaN or inf."""
 
 
 def progress_text(row: dict[str, Any]) -> str:
@@ -54,11 +56,11 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers.
     Needs only TABLE_KEYS of each row (list_experiments(columns=TABLE_KEYS) reads just those)."""
     col = lambda k: [r.get(k) for r in rows]  # noqa: E731
-    status = col("status")
+    status = [DIVERGED if st == "ok" and r.get("diverged") else st for r, st in zip(rows, col("status"))]
     data = {
         "id": [int(r["id"]) for r in rows],
         "status": status,
-        "progress": ["" if st == "ok" else progress_text(r) for r, st in zip(rows, status)],
+        "progress": ["" if st in ("ok", DIVERGED) else progress_text(r) for r, st in zip(rows, status)],
         "name": [_KIND_MARK.get(r.get("kind"), "") + (r.get("name") or "") for r in rows],
         "framework": [f"{r['source_framework']} (imported)" if r.get("kind") == "imported" and r.get("source_framework")
                       else r.get("framework") or "torch" for r in rows],
@@ -94,4 +96,5 @@ def run_label(row: dict[str, Any]) -> str:
     if "strategy" not in row:
         return f"#{row.get('id')}"
     kind = f" · {row['kind']}" if row.get("kind") in ("traced", "imported") else ""
-    return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {row.get('status')}{kind}"
+    status = DIVERGED if row.get("status") == "ok" and row.get("diverged") else row.get("status")
+    return f"#{row['id']} {row.get('name') or row['strategy']} · world {row.get('world_size')} · {status}{kind}"

@@ -2,7 +2,8 @@
 
 CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, strategy,
 degrees, tags as a JSON list), then model and training columns, step time measured and predicted
-(`step_time_predicted_s`: RunResult's, from the step-time model at run time), tokens/s, bubble fractions, errors,
+(`step_time_predicted_s`: RunResult's, from the step-time model at run time), tokens/s, bubble fractions, errors
+(`diverged`: some loss was NaN or inf; the losses themselves are in the JSON, as "NaN" / "Infinity"),
 bookkeeping and timestamps (an imported run: source_framework, the torchtitan / megatron / deepspeed log it came from,
 and the peak allocated / reserved bytes that log reports; its per-category measured columns are blank, as it measured
 none), then per memory category the measured and predicted bytes (max over ranks) and the
@@ -45,7 +46,7 @@ EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in
     "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "tokens_per_s", "mfu",
-    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff",
+    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
     "started_at", "finished_at", "worker_id", "host"]
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1

@@ -63,6 +63,8 @@ def _loss_lines(res: RunResult) -> list[str]:
     if not res.loss:
         return []
     lines = [f"loss: {res.loss[0]:.4f} -> {res.loss[-1]:.4f} over {len(res.loss)} steps"]
+    if res.diverged_at is not None:
+        lines.append(f"DIVERGED: the loss is {res.loss[res.diverged_at]} from step {res.diverged_at + 1} on")
     if res.loss_max_abs_diff is not None:
         lines.append(f"loss parity vs single-process reference: max |diff| = {res.loss_max_abs_diff:.2e}")
     return lines

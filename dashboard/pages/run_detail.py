@@ -247,6 +247,12 @@ if e["status"] in rv.ACTIVE:
         st.toast(f"#{rid}: {store_access.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
+if e.get("result_error"):
+    st.error("This run's stored result cannot be shown; the run is kept, with its spec below.", icon=":material/error:")
+    st.text(e["result_error"])
+if res is not None and (where := res.divergence()) is not None:
+    st.warning(f"Diverged: {where}. Memory and step time were measured as usual; the loss chart has gaps where the "
+               "loss is not a number.", icon=":material/trending_up:")
 if res is not None and (line := trace_view.banner(res)):
     st.info(line, icon=":material/memory:")
 if res is not None and getattr(res, "imported", None) is not None:
