@@ -9,12 +9,17 @@ Searches dp x tp x pp x ep x cp (flash attention only: --attention flash) x dp f
 Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
 the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
 buffers and fragmentation (--reserve-gb, --fragmentation).
+
+A layout on which the prediction fails one of its own consistency checks (a defect of ShardLab, not of the input) is
+left out of the ranking and named on stderr and in "failed_checks"; the exit code is 0 when layouts are still
+reported, 1 when those failures left none.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +147,16 @@ def run(args: argparse.Namespace) -> int:
     from backend.calibration.usage import calibration_used
 
     used = calibration_used(hw, cal, res.configs, g)
+    for f in res.failed_checks:
+        print(f"error: internal check failed, layout left out of the ranking: {f['why']}", file=sys.stderr)
+    code = 1 if res.failed_checks and not res.configs else 0
     if args.json:
         out = res.to_dict()
         out["profile"] = used["profile"]
         for config, flags in zip(out["configs"], used["extrapolation"]):
             config["extrapolation"] = flags
         print(json.dumps(out))
-        return 0
+        return code
     print(used["line"])
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
@@ -163,4 +171,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"prediction only: {why}")
     for n in res.notes:
         print(f"note: {n}")
-    return 0
+    return code

@@ -19,7 +19,7 @@ from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.model import InconsistentStepTime, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.space import Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
@@ -52,13 +52,16 @@ class Plan:
     confirm_seconds: float = 0.0
     """Re-timing the pool and confirming the reported layouts' memory with the core on each alone."""
     notes: list[str] = field(default_factory=list)
+    failed_checks: list[dict[str, str]] = field(default_factory=list)
+    """[{"layout": name, "why": ...}]: pool layouts left out because an internal consistency check of the prediction
+    failed on them (a defect of ShardLab's model, named here instead of a traceback)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
                 "predicted_only_left_out": self.predicted_only_left_out,
                 "predicted_only_by_rule": self.predicted_only_by_rule,
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
-                "confirm_seconds": self.confirm_seconds, "notes": self.notes}
+                "confirm_seconds": self.confirm_seconds, "notes": self.notes, "failed_checks": self.failed_checks}
 
 
 def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION) -> float:
@@ -97,6 +100,14 @@ def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
     return np.logical_or.reduce(list(run_rule_hits(layouts, model).values()))
 
 
+def layout_label(data: dict[str, Any]) -> str:
+    """A planned layout in full, in words: degrees and flavour, micro-batch, recompute, schedule, SP."""
+    t, p = data["train"], data["parallel"]
+    schedule = f", {p['pp_schedule']} v={p['virtual_stages']}" if p["pp"] > 1 else ""
+    return (f"{data['name'].removeprefix('plan ')}, b={t['micro_batch']}, recompute {t['recompute']}{schedule}"
+            + (", SP" if p.get("sequence_parallel") else ""))
+
+
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
     """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
     "why_not" (backend.spec.checks.run_blockers, joined; None when runnable)."""
@@ -130,11 +141,14 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[fitting])))}
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
-    timed = []
+    timed, failed = [], []
     for i in pool:
         data = layouts.take(int(i)).spec_dict(model)
         spec = light_spec(data)
-        timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
+        try:
+            timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
+        except InconsistentStepTime as e:
+            failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
     timed.sort(key=lambda x: x[0]["step_s"])
     configs, mismatch = [], []
     for st, i, data, spec in timed[:top]:
@@ -155,6 +169,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
              "their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
+    notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")
@@ -165,4 +180,4 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
-                confirm_seconds=seconds - t_search, notes=notes)
+                confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed)

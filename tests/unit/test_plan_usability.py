@@ -1,0 +1,71 @@
+"""Issue 30: plan as a new user meets it. A step whose parts do not add up (cp x pp with uneven layers per pipeline
+rank) and the planner's answer to a failed internal check (the layout named, never a traceback)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.model import InconsistentStepTime, step_time
+from backend.cli import main
+from backend.planner import search as planner_search
+from backend.planner.search import plan
+from backend.planner.space import enumerate_layouts, light_spec
+from backend.spec import ExperimentSpec, ModelSpec
+
+LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", attention="flash")
+ODD_LAYERS = dict(vocab_size=256, d_model=128, n_layers=5, n_heads=8, n_kv_heads=2, ffn_hidden=256, seq_len=256, **LLAMA)
+
+
+def test_cp_ring_time_counts_each_pipeline_ranks_own_layers():
+    """5 layers on pp 2: rank 0 holds 3, rank 1 holds 2. The ring's exposed time was counted with the last pipeline
+    rank's layers on every rank, so rank 0's parts missed a layer's ring time and step_time's sum check failed (the
+    AssertionError of `plan --hf-config deepseek-v3 ... --attention flash`: 61 layers on pp 32 with cp)."""
+    spec = ExperimentSpec.for_prediction({"model": ODD_LAYERS, "train": {"global_batch": 8, "micro_batch": 1},
+                                          "parallel": {"strategy": "ddp", "dp": 1, "pp": 2, "cp": 2}})
+    st = step_time(spec, get_hardware("h100-sxm"), gpus_per_node=8)
+    first, last = st.per_rank
+    assert first.exposed_by_dim_s["cp"] == pytest.approx(1.5 * last.exposed_by_dim_s["cp"], rel=1e-12)
+    assert first.comm_s["cp"] == pytest.approx(1.5 * last.comm_s["cp"], rel=1e-12)
+
+
+def test_every_cp_pp_layout_adds_up():
+    model = ModelSpec(**ODD_LAYERS)
+    layouts = enumerate_layouts(model, gpus=8, gpus_per_node=8, global_batch=16)
+    rows = [i for i in range(len(layouts)) if layouts.cp[i] > 1 and layouts.pp[i] > 1]
+    hw = get_hardware("h100-sxm")
+    for i in random.Random(3).sample(rows, 60):
+        step_time(light_spec(layouts.take(i).spec_dict(model)), hw, gpus_per_node=8)  # raises if the parts do not add up
+
+
+def _broken_for(bad_pp: int):
+    """step_time, except that every layout with pp == bad_pp fails the sum check (a stand-in defect)."""
+    def fake(spec, hw, **kw):
+        if spec.parallel.pp == bad_pp:
+            raise InconsistentStepTime("rank 0's step-time parts do not add up to its step: stand-in")
+        return step_time(spec, hw, **kw)
+    return fake
+
+
+def test_plan_names_a_layout_that_fails_an_internal_check_and_ranks_the_rest(monkeypatch):
+    model = ModelSpec(**{**ODD_LAYERS, "n_layers": 4})
+    monkeypatch.setattr(planner_search, "step_time", _broken_for(2))
+    res = plan(model, gpus=8, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=16, top=5, enough=60)
+    assert res.configs and all(c["spec"]["parallel"]["pp"] != 2 for c in res.configs)
+    assert res.failed_checks and all("pp2" in f["layout"] and "stand-in" in f["why"] for f in res.failed_checks)
+    assert any(n.startswith("internal check failed, layout left out of the ranking: ") for n in res.notes)
+    assert res.to_dict()["failed_checks"] == res.failed_checks
+
+
+def test_plan_cli_reports_a_failed_check_without_a_traceback(monkeypatch, capsys):
+    argv = ["plan", "--vocab", "256", "--hidden", "128", "--layers", "4", "--heads", "8", "--gpus", "2",
+            "--gpus-per-node", "2", "--hardware", "h100-sxm", "--global-batch", "8", "--seq", "256", "--top", "3"]
+    monkeypatch.setattr(planner_search, "step_time", _broken_for(2))
+    assert main(argv) == 0  # the other layouts are still ranked
+    out, err = capsys.readouterr()
+    assert "error: internal check failed, layout left out of the ranking: " in err and "Traceback" not in err + out
+    monkeypatch.setattr(planner_search, "step_time", lambda *a, **k: (_ for _ in ()).throw(InconsistentStepTime("x")))
+    assert main(argv) == 1  # nothing left to report
+    assert "internal check failed" in capsys.readouterr().err
