@@ -77,9 +77,14 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
     memory, _ = worst_rank_memory(model, layouts)
-    step = proxy_step_s(model, layouts, hw, gpus_per_node=gpus_per_node)
     keep = np.nonzero(memory <= budget)[0]
-    return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
+    if not len(keep):
+        return layouts, memory, keep
+    # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;
+    # a MoE search keeps a few hundred of ~200k); their memoised part sums come along
+    step = np.broadcast_to(proxy_step_s(model, layouts.take(keep, with_memo=True), hw, gpus_per_node=gpus_per_node),
+                           (len(keep),))
+    return layouts, memory, keep[np.argsort(step, kind="stable")]
 
 
 def _run_view(layouts: Layout, model: Any) -> LayoutView:
