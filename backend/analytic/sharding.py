@@ -18,6 +18,8 @@ from functools import lru_cache
 from math import ceil, prod
 from typing import Any
 
+import numpy as np
+
 from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
 from backend.analytic.tp_placement import REPLICATE, ROWWISE, VOCAB_ROWWISE, module_placement
 
@@ -227,12 +229,48 @@ def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
                     heapq.heapify(heap)
                     i = end
                     break
+            if x > 0 and end - i >= _MERGE_RUN:
+                owner[i:end], heap = _merge_run(heap, x, end - i)
+                i = end
+                break
             size, r = heapq.heappop(heap)
             owner[i] = r
             heapq.heappush(heap, (size + x, r))
             i += 1
             since_check += 1
     return owner
+
+
+_MERGE_RUN = 256
+"""Runs of equal sizes at least this long are placed by _merge_run (numpy) instead of one heap pop each."""
+
+
+def _merge_run(heap: list[tuple[int, int]], x: int, k: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The owners of k parameters of size x > 0 and the heap after them. The heap pops the k smallest keys of the
+    merged sequences (total + j·x, rank), j >= 0, one per rank (each rank's next key enters as its last leaves):
+    count each rank's keys up to the smallest bound that holds k of them, sort those, keep the first k."""
+    totals = np.array([t for t, _ in heap], dtype=np.int64)
+    ranks = np.array([r for _, r in heap], dtype=np.int64)
+    lo, hi = int(totals.min()), int(totals.max()) + (k // len(heap) + 1) * x
+
+    def held(bound: int) -> np.ndarray:
+        return np.where(totals <= bound, (bound - totals) // x + 1, 0)
+
+    while lo < hi:  # the smallest bound with at least k keys <= it
+        mid = (lo + hi) // 2
+        if int(held(mid).sum()) >= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = held(lo)
+    who = np.repeat(np.arange(len(heap)), counts)
+    step = np.arange(len(who)) - np.repeat(np.cumsum(counts) - counts, counts)
+    keys = totals[who] + step * x
+    first = who[np.lexsort((ranks[who], keys))[:k]]
+    taken = np.bincount(first, minlength=len(heap))
+    after = [(int(t), int(r)) for t, r in zip(totals + taken * x, ranks)]
+    heapq.heapify(after)
+    return ranks[first].tolist(), after
 
 
 def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:

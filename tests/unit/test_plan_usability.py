@@ -69,3 +69,58 @@ def test_plan_cli_reports_a_failed_check_without_a_traceback(monkeypatch, capsys
     monkeypatch.setattr(planner_search, "step_time", lambda *a, **k: (_ for _ in ()).throw(InconsistentStepTime("x")))
     assert main(argv) == 1  # nothing left to report
     assert "internal check failed" in capsys.readouterr().err
+
+
+# --- item 5: the speed work changes no number (the golden digests pin the rest) ---
+
+def _heap_owners(numels_desc: list[int], n: int) -> list[int]:
+    """ZeroRedundancyOptimizer's greedy partition, one heap pop per parameter (the code before the speed work)."""
+    import heapq
+
+    if n >= len(numels_desc) and (not numels_desc or numels_desc[-1] > 0):
+        return list(range(len(numels_desc)))
+    heap = [(0, k) for k in range(min(n, len(numels_desc)))]
+    owner = [0] * len(numels_desc)
+    for i, size in enumerate(numels_desc):
+        total, r = heapq.heappop(heap)
+        owner[i] = r
+        heapq.heappush(heap, (total + size, r))
+    return owner
+
+
+@pytest.mark.parametrize("merge_run", [1, 7, 256])
+def test_zero1_partition_of_equal_size_runs_equals_one_pop_per_parameter(monkeypatch, merge_run):
+    from backend.analytic import sharding
+
+    monkeypatch.setattr(sharding, "_MERGE_RUN", merge_run)  # 1: every run through the numpy merge
+    rng = random.Random(merge_run)
+    for _ in range(400):
+        sizes = []
+        for _ in range(rng.randint(0, 10)):
+            sizes += [rng.choice([0, 1, 2, 3, 64, 1000, rng.randint(0, 10**7)])] * rng.randint(1, 400)
+        sizes.sort(reverse=True)
+        n = rng.choice([1, 2, 3, 8, 16, 64, 256, 1000])
+        assert sharding.zero1_owners_in_order(sizes, n) == _heap_owners(sizes, n), (n, sizes[:5])
+
+
+def test_local_params_run_by_run_equal_shard_param_one_by_one():
+    """local_params places a block's parameters from its signature's splits (blocks of one kind alike): the same
+    LocalParams as shard_param on every parameter of the rank, for a mixed MoE stack (dense prefix, shared experts,
+    MLA) under tp / ep / fsdp and every pipeline rank."""
+    from backend.analytic.sharding import local_params, pp_param_list, shard_param
+
+    model = dict(vocab_size=512, d_model=64, n_layers=5, n_heads=4, seq_len=64, n_experts=8, top_k=2,
+                 n_shared_experts=1, first_dense_layers=1, norm="rmsnorm", mlp="swiglu", positions="rope", bias="none",
+                 q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    for parallel in ({"strategy": "zero3", "dp": 4, "ep": 4, "pp": 2}, {"strategy": "zero1", "dp": 2, "tp": 2, "pp": 2},
+                     {"strategy": "ddp", "dp": 8, "ep": 2}):
+        spec = ExperimentSpec.for_prediction({"model": model, "parallel": parallel,
+                                              "train": {"global_batch": 16, "micro_batch": 1}})
+        p, m = spec.parallel, spec.model
+        for rank in range(p.world_size):
+            c = p.coords(rank)
+            one_by_one = [q for q in (shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp_cp, ep=p.ep, tp_rank=c["tp"],
+                                                  dp_rank=p.data_parallel_index(rank), ep_rank=c["ep"], fsdp=p.zero_stage >= 2)
+                                      for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule))
+                          if q is not None]
+            assert local_params(spec, rank) == one_by_one

@@ -260,12 +260,13 @@ class RankParts:
         return self._part(3) if has else PartSums(*([0] * k))
 
     @cached_property
-    def last_block(self) -> PartSums:
-        """The rank's last block's sums (its kind: block or alt_block)."""
+    def last_block(self) -> Any:
+        """The rank's last block's sums (its kind: block or alt_block), PartSums' fields by name; on arrays each field
+        is chosen when first read (the callers read a few of them)."""
         last_alt = self.stages.last_alt
         if not _nonzero(last_alt):
             return self.block
-        return PartSums(*(where(last_alt, a, b) for a, b in zip(self.alt_block, self.block)))
+        return _Chosen(last_alt, self.alt_block, self.block)
 
     def take(self, rows: Any) -> RankParts:
         """The parts of the layouts at `rows` (vector.per_value)."""
@@ -287,6 +288,20 @@ class RankParts:
                     hit = hit + count * value
             self._totals[name] = hit
         return hit
+
+
+class _Chosen:
+    """PartSums' fields read as where(condition, a.field, b.field), each computed on its first read."""
+
+    def __init__(self, condition: Any, a: PartSums, b: PartSums):
+        self._condition, self._a, self._b = condition, a, b
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in PartSums._fields:
+            raise AttributeError(name)
+        value = where(self._condition, getattr(self._a, name), getattr(self._b, name))
+        setattr(self, name, value)
+        return value
 
 
 def _nonzero(value: Any) -> bool:
