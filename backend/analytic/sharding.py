@@ -135,10 +135,18 @@ def _param_places(key: ModelKey) -> tuple[tuple[int, int], ...]:
     """Per parameter of param_tuple(key): (0, layer) for a transformer block's, (1, -1) for the embeddings (first
     stage), (2, -1) for the rest (last stage); parsed once per model, not once per pipeline rank."""
     out = []
+    block, prefix = (0, -1), "\0"
     for p in param_tuple(key):
+        if p.name.startswith(prefix):  # the block of the parameter before (blocks are contiguous)
+            out.append(block)
+            continue
         parts = p.name.split(".")
         top = parts[0]
-        out.append((0, int(parts[1])) if top == "layers" else (1, -1) if top in ("tok_emb", "pos_emb") else (2, -1))
+        if top == "layers":
+            block, prefix = (0, int(parts[1])), f"layers.{parts[1]}."
+            out.append(block)
+        else:
+            out.append((1, -1) if top in ("tok_emb", "pos_emb") else (2, -1))
     return tuple(out)
 
 

@@ -107,11 +107,11 @@ def rounded_parts(values: list[float], decimals: int, total: float) -> list[floa
     return [f / scale for f in floors]
 
 
-def signed(values: dict[str, float], decimals: int, total: float) -> str:
-    """'a: +1.20 s, b: −0.30 s', largest first, zeros left out, the shown parts adding up to `total`."""
+def signed(values: dict[str, float], decimals: int, total: float) -> tuple[str, dict[str, float]]:
+    """('a: +1.20 s, b: −0.30 s', the shown values): largest first, zeros left out, adding up to `total`."""
     names = sorted(values, key=lambda k: -abs(values[k]))
     parts = rounded_parts([values[k] for k in names], decimals, total)
-    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts) if v)
+    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts) if v), dict(zip(names, parts))
 
 
 def _s(seconds: float, decimals: int) -> str:
@@ -132,13 +132,13 @@ def why_text(configs: list[dict[str, Any]], why: dict[str, Any] | None) -> str |
     d = why["difference_s"]
     decimals = max(0, min(4, 2 - int(f"{abs(d):e}".split("e")[1]))) if d else 2
     shown = round(d * 10 ** decimals) / 10 ** decimals
-    by_choice = signed({s["change"]: s["seconds"] for s in why["by_choice"]}, decimals, shown)
-    by_part = signed(why["by_part"], decimals, shown)
+    by_choice, shown_choice = signed({s["change"]: s["seconds"] for s in why["by_choice"]}, decimals, shown)
+    by_part, _ = signed(why["by_part"], decimals, shown)
     text += (f" #2 takes {_s(shown, decimals)} per step ({d / t['step_s']:+.1%}). In layout terms, #2 has "
              f"{by_choice} (sum {_s(shown, decimals)}). By part of the step: {by_part} (sum {_s(shown, decimals)}).")
     steps = why["by_choice"]
     for k, s in enumerate(steps[:-1]):  # a layout on the way from #1 to #2 (the last one is #2 itself)
-        gained = sum(x["seconds"] for x in steps[:k + 1])
+        gained = round(sum(shown_choice[x["change"]] for x in steps[:k + 1]), decimals)  # as the reader adds them
         if s["fits"] is False and gained < 0:
             so_far = "; ".join(x["change"] for x in steps[:k + 1])
             text += (f" #1 with {so_far} (its other choices kept) would save {abs(gained):.{decimals}f} s per step, but "

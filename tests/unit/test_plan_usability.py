@@ -235,3 +235,24 @@ def test_why_first_parts_add_up_and_name_the_layout_choices():
         assert len(parts) >= 2 and sum(parts) == pytest.approx(diff, abs=1e-9), listed
     assert "recompute full instead of recompute op" in text and "cp 2 instead of" in text and "cp 8" in text
     assert "over the 68.5 GiB budget" in text
+
+
+def test_param_tuple_by_renamed_blocks_equals_every_block_built():
+    """param_tuple builds one block per MLP kind and renames it: the same blocks as block_param_list on every layer,
+    in order, for every preset and published config (dense prefixes, interleaved MoE, MLA, sinks, sandwich norms)."""
+    from pathlib import Path
+
+    from backend.analytic.params import block_param_list, model_key, param_tuple
+    from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+    from backend.presets import PRESETS, preset_model
+
+    models = [ModelSpec(**{**preset_model(name), "seq_len": 64}) for name in PRESETS]
+    for f in sorted((Path(__file__).resolve().parents[1] / "fixtures/hf").glob("*.json")):
+        try:
+            models.append(ModelSpec(**{**from_hf_config(load_hf_config(f), seq_len=64)[0], "seq_len": 64}))
+        except HFConfigError:
+            continue
+    for m in models:
+        key = model_key(m)
+        blocks = [q for i in range(key.n_layers) for q in block_param_list(key, i)]
+        assert [q for q in param_tuple(key) if q.name.startswith("layers.")] == blocks, m
