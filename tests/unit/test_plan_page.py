@@ -176,3 +176,25 @@ def test_plan_this_model_keeps_the_imported_precision_and_recompute(tmp_path):
     direct = step_time(ExperimentSpec.for_prediction(imported.spec), get_hardware("h100-sxm"), gpus_per_node=8)
     assert len(own) == 1 and own[0]["step_time"]["step_s"] == pytest.approx(direct.summary["step_s"], rel=1e-12)
     assert all(c["spec"]["train"]["precision"] == "fp8" for c in res.configs)
+
+
+def test_plan_page_names_a_layout_that_fails_an_internal_check(monkeypatch):
+    """Issue 30 item 4: an internal inconsistency is a failed check with the layout named (a warning on the page), the
+    other layouts still ranked; never a traceback."""
+    from backend.planner import search as planner_search
+    from tests.unit.test_plan_usability import _broken_if
+
+    monkeypatch.setattr(planner_search, "step_time", _broken_if(lambda spec: str(spec.parallel.strategy) == "zero1"))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("dashboard/pages/plan.py").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
+    at.number_input(key="pl_seq").set_value(1024)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(32)
+    at.button(key="pl_go").click().run()
+    assert not at.exception
+    res = at.session_state["pl_result"]
+    assert res.configs and res.failed_checks
+    assert all(c["spec"]["parallel"]["strategy"] != "zero1" for c in res.configs)
+    assert any(w.value.startswith("Internal check failed, layout left out of the ranking: ") and "zero1" in w.value
+               for w in at.warning)

@@ -40,13 +40,17 @@ def test_every_cp_pp_layout_adds_up():
         step_time(light_spec(layouts.take(i).spec_dict(model)), hw, gpus_per_node=8)  # raises if the parts do not add up
 
 
-def _broken_for(bad_pp: int):
-    """step_time, except that every layout with pp == bad_pp fails the sum check (a stand-in defect)."""
+def _broken_if(bad):
+    """step_time, except that every layout with bad(spec) fails the sum check (a stand-in defect)."""
     def fake(spec, hw, **kw):
-        if spec.parallel.pp == bad_pp:
+        if bad(spec):
             raise InconsistentStepTime("rank 0's step-time parts do not add up to its step: stand-in")
         return step_time(spec, hw, **kw)
     return fake
+
+
+def _broken_for(bad_pp: int):
+    return _broken_if(lambda spec: spec.parallel.pp == bad_pp)
 
 
 def test_plan_names_a_layout_that_fails_an_internal_check_and_ranks_the_rest(monkeypatch):
