@@ -1,5 +1,5 @@
-"""The suite's shared set-up: test kinds, the environment every test runs in, no stray workers and the experiment
-store on SQLite and PostgreSQL.
+"""The suite's shared set-up: test kinds, the environment every test runs in, no stray workers, the experiment
+store on SQLite and PostgreSQL, and the farm of rank programs (tests/helpers/farm.py).
 
 Kinds (pytest.ini; `make test`'s first pass runs `-m "unit and not slow and not serial"`, the second the rest):
 - unit: one process, pure Python (torch in-process, Streamlit's AppTest, the worker's loop on threads, the CLI's
@@ -10,8 +10,8 @@ Kinds (pytest.ini; `make test`'s first pass runs `-m "unit and not slow and not 
   (`store_urls`' postgresql parameter) is end-to-end too.
 A test file holds one subject; its tests may be of several kinds. A test's kind is, strongest first: its own mark
 (`@pytest.mark.multiprocess` on the test, its class or the module's `pytestmark`), else the strongest of its
-folder's (tests/unit, tests/multiprocess, tests/e2e), the kind of the fixtures it uses (FIXTURE_KINDS) and
-`postgres` (e2e). A mark weaker than what its fixtures need is a usage error.
+folder's (tests/unit, tests/multiprocess, tests/e2e), the kind of the fixtures it uses (FIXTURE_KINDS: the farm is
+multiprocess) and `postgres` (e2e). A mark weaker than what its fixtures need is a usage error.
 `slow` marks tests that take tens of seconds; they stay out of `make test-fast`.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "multiprocess", "e2e")  # weakest first
-FIXTURE_KINDS = {"pg_server": "e2e"}
+FIXTURE_KINDS = {"farm": "multiprocess", "pg_server": "e2e"}
 """Fixtures that make a test of at least that kind, wherever it lives."""
 
 
@@ -52,6 +52,9 @@ def pytest_collection_modifyitems(config, items):
         kind = kind_of(item)
         if not item.get_closest_marker(kind):
             item.add_marker(getattr(pytest.mark, kind))
+    from tests.helpers.farm import order_items
+
+    order_items(items)
 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -168,3 +171,33 @@ def store_urls(request, tmp_path):
     urls = StoreUrls(request.param, tmp_path, server)
     yield urls
     urls.close()
+
+
+# ---- the farm of rank programs (tests/helpers/farm.py) ----------------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def _farm_session(request, tmp_path_factory):
+    """Start the farm for the jobs the selected tests declare, before the first test; at the end wait for it (the
+    other pytest-xdist worker may still read it)."""
+    from tests.helpers.farm import Farm, farm_root, jobs_of
+
+    jobs = jobs_of(request.session.items)
+    if not jobs:
+        yield None
+        return
+    farm = Farm(farm_root(tmp_path_factory.getbasetemp()), jobs)
+    farm.start()
+    try:
+        yield farm
+        if farm.thread is not None:
+            farm.thread.join()
+    finally:
+        farm.stop()
+
+
+@pytest.fixture(scope="session")
+def farm(_farm_session):
+    """The session's farm: `farm.result(job)` for a job the test declares with `tests.helpers.farm.uses(job)`."""
+    if _farm_session is None:
+        pytest.fail("no test declares a farm job (tests.helpers.farm.uses)")
+    return _farm_session

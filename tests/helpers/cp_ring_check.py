@@ -42,6 +42,12 @@ def check(rotate: str, load_balance: bool, dtype: torch.dtype) -> dict:
             **dict(zip(("out", "dq", "dk", "dv"), errs.tolist()))}
 
 
+def run_job(payload: dict, out: Path) -> list[dict]:
+    """The farm's ring-attention job (tests/helpers/farm.py, `program_job("ring_attention", world)`)."""
+    return [check(rotate, lb, dtype) for rotate in ("allgather", "alltoall") for lb in (True, False)
+            for dtype in (torch.float32, torch.bfloat16)]
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
