@@ -8,10 +8,10 @@ Kinds (pytest.ini; `make test`'s first pass runs `-m "unit and not slow and not 
   CLI or the dashboard in a subprocess;
 - e2e: against a real browser, SLURM cluster, PostgreSQL server or GPU. The PostgreSQL variant of a store test
   (`store_urls`' postgresql parameter) is end-to-end too.
-A test file holds one subject; its tests may be of several kinds. A test's kind is, strongest first: its own mark
-(`@pytest.mark.multiprocess` on the test, its class or the module's `pytestmark`), else the strongest of its
-folder's (tests/unit, tests/multiprocess, tests/e2e), the kind of the fixtures it uses (FIXTURE_KINDS: the farm is
-multiprocess) and `postgres` (e2e). A mark weaker than what its fixtures need is a usage error.
+A test file holds one subject; its tests may be of several kinds. A test's kind is the strongest of: its own mark
+(`@pytest.mark.multiprocess` on the test, its class or the module's `pytestmark`), else its folder's default
+(tests/unit, tests/multiprocess, tests/e2e); the kind of the fixtures it uses (FIXTURE_KINDS: the farm is
+multiprocess, a PostgreSQL server e2e); and e2e for the `postgres` mark (store_urls' postgresql parameter).
 `slow` marks tests that take tens of seconds; they stay out of `make test-fast`.
 """
 
@@ -39,10 +39,7 @@ def kind_of(item) -> str:
     marked = [k for k in KINDS if item.get_closest_marker(k)]
     if len(marked) > 1:
         raise pytest.UsageError(f"{item.nodeid}: marked {' and '.join(marked)}: one kind per test")
-    strongest = max([folder, *needed], key=KINDS.index)
-    if marked and KINDS.index(marked[0]) < KINDS.index(max(needed or ["unit"], key=KINDS.index)):
-        raise pytest.UsageError(f"{item.nodeid}: marked {marked[0]} but its fixtures make it {strongest}")
-    return marked[0] if marked else strongest
+    return max([marked[0] if marked else folder, *needed], key=KINDS.index)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,5 +1,6 @@
 """A session-wide farm of rank programs: every job the selected tests declare runs in as few launches as possible, one
-torchrun launch per world size (one plain process for the trace jobs), and each job's outcome stays its own.
+torchrun launch per world size (one plain process for the trace jobs, one for the JAX runs), and each job's outcome
+stays its own.
 
 A test declares its jobs with a `farm` mark (`@uses(job, ...)`, or `params(jobs)` for a parametrized test) and reads
 them with the `farm` fixture: `farm.result(job)` waits for that job and returns its value, or fails the test with the
@@ -41,6 +42,14 @@ HEARTBEAT_S = 2.0
 DRIVER_GONE_S = 300.0  # no heartbeat for this long: the process running the farm is gone
 
 
+TOL = 1e-4
+"""Loss and parameter parity of a parity job with the single-process reference (fp32)."""
+
+
+class JobFailed(AssertionError):
+    """A farm job failed, timed out or never ran: its own error, traceback and log tail."""
+
+
 @dataclass(frozen=True)
 class Job:
     """One job: `kind` names its function in farm_rank.JOBS, `payload` its JSON input."""
@@ -48,9 +57,17 @@ class Job:
     kind: str
     name: str
     world: int
-    """torchrun ranks; 0: one plain process without torchrun or process group (the trace jobs)."""
+    """torchrun ranks (--nproc-per-node), unless one_process."""
     payload: str
     timeout_s: float = 600.0
+    one_process: bool = False
+    """The job runs in one plain process without torchrun or process group (a trace; JAX's virtual devices)."""
+
+    @property
+    def group(self) -> str:
+        """Jobs of one group share a launch: torchrun's world size, or a one-process job's kind and world (JAX fixes
+        its virtual device count when it is imported)."""
+        return f"{self.kind}-w{self.world}" if self.one_process else f"w{self.world}"
 
     @property
     def key(self) -> str:
@@ -59,31 +76,46 @@ class Job:
 
 
 def engine_job(spec: ExperimentSpec, timeout_s: float = 600.0) -> Job:
-    """The engine's whole rank program (backend.engine.rank.run_rank): value {"result": RunResult, "ranks", "log"}."""
-    return Job("engine", spec.name, spec.parallel.world_size, spec.to_json(), timeout_s)
+    """The spec's whole rank program, as the launcher picks it (backend.engine.rank.run_rank; DeepSpeed's or JAX's by
+    spec.framework): value {"result": RunResult (the framework's assembler), "ranks", "log": {rank: output}}."""
+    jax = str(spec.framework) == "jax"  # the whole world in one process (N virtual devices)
+    return Job("jax" if jax else "engine", _name(spec), spec.parallel.world_size, spec.to_json(), timeout_s,
+               one_process=jax)
 
 
 def parity_job(spec: ExperimentSpec, steps: int = 2, timeout_s: float = 300.0) -> Job:
     """prepare + `steps` train steps against the single-process reference (tests/helpers/mp_harness.py)."""
-    return Job("parity", spec.name, spec.parallel.world_size, json.dumps({"spec": spec.to_json(), "steps": steps}),
+    return Job("parity", _name(spec), spec.parallel.world_size, json.dumps({"spec": spec.to_json(), "steps": steps}),
                timeout_s)
 
 
 def fp16_inject_job(spec: ExperimentSpec) -> Job:
     """+inf in rank 1's gradient at step 1 (tests/helpers/fp16_inject.py)."""
-    return Job("fp16_inject", spec.name, spec.parallel.world_size, json.dumps({"spec": spec.to_json()}), 300.0)
+    return Job("fp16_inject", _name(spec), spec.parallel.world_size, json.dumps({"spec": spec.to_json()}), 300.0)
 
 
 def trace_job(spec: ExperimentSpec, ranks: list[int] | None = None) -> Job:
     """backend.trace.trace_spec(spec, ranks) with every rank traced in the farm's trace process (ranks None: the
     representative ones); value: trace_spec's JSON object."""
-    return Job("trace", spec.name or spec.parallel.strategy, 0, json.dumps({"spec": spec.to_json(), "ranks": ranks}),
-               1800.0)
+    return Job("trace", _name(spec), 0, json.dumps({"spec": spec.to_json(), "ranks": ranks}), 1800.0, one_process=True)
+
+
+def _name(spec: ExperimentSpec) -> str:
+    """The spec's name, else its layout in words (the job's name in messages; its key tells identical names apart)."""
+    p = spec.parallel
+    return spec.name or f"{spec.framework} {p.strategy} world {p.world_size} tp{p.tp} pp{p.pp} cp{p.cp} ep{p.ep}"
 
 
 def program_job(kind: str, world: int, timeout_s: float = 300.0, **options: Any) -> Job:
     """A rank program of the tests' own (farm_rank.JOBS[kind]) with JSON options."""
     return Job(kind, kind, world, json.dumps(options, sort_keys=True), timeout_s)
+
+
+def assert_parity(r: dict[str, Any], tol: float = TOL) -> None:
+    """A parity job's losses and final parameters equal the single-process reference's within `tol`."""
+    assert r["loss_max_abs_diff"] <= tol, (r["name"], r["loss"], r["loss_reference"])
+    assert r["param_max_abs_diff"] <= tol, (r["name"], r["param_max_abs_diff"])
+    assert r["params_compared"] > 0
 
 
 def uses(*jobs: Job) -> pytest.MarkDecorator:
@@ -103,8 +135,8 @@ def jobs_of(items: Iterable[pytest.Item]) -> list[Job]:
         for mark in item.iter_markers("farm"):
             for job in mark.args:
                 seen.setdefault(job.key, job)
-    order = list(dict.fromkeys(j.world for j in seen.values()))
-    return sorted(seen.values(), key=lambda j: order.index(j.world))
+    order = list(dict.fromkeys(j.group for j in seen.values()))
+    return sorted(seen.values(), key=lambda j: order.index(j.group))
 
 
 class Farm:
@@ -113,6 +145,8 @@ class Farm:
     def __init__(self, root: Path, jobs: list[Job]) -> None:
         self.root, self.jobs = root, jobs
         self.declared = {j.key for j in jobs}
+        # the environment now: tests change os.environ while the farm's thread launches (SHARDLAB_FAULT, store URLs)
+        self.env = {k: v for k, v in rank_env().items() if k != "SHARDLAB_FAULT"}
         self.thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
 
@@ -132,8 +166,8 @@ class Farm:
     def run(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            for world in dict.fromkeys(j.world for j in self.jobs):
-                self._run_group(world, [j for j in self.jobs if j.world == world])
+            for group in dict.fromkeys(j.group for j in self.jobs):
+                self._run_group([j for j in self.jobs if j.group == group])
         finally:
             (self.root / "done").touch()
 
@@ -143,20 +177,20 @@ class Farm:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
 
-    def _run_group(self, world: int, jobs: list[Job]) -> None:
-        attempt = 0
+    def _run_group(self, jobs: list[Job]) -> None:
+        attempt, first = 0, jobs[0]
         while pending := [j for j in jobs if not self._outcome_path(j).exists()]:
             attempt += 1
-            tag = f"w{world}-{attempt}"
+            tag = f"{first.group}-{attempt}"
             plan = self.root / f"plan-{tag}.json"
-            plan.write_text(json.dumps({"torchrun": world > 0, "jobs": [
+            plan.write_text(json.dumps({"torchrun": not first.one_process, "jobs": [
                 {"key": j.key, "kind": j.kind, "payload": j.payload, "timeout_s": j.timeout_s,
                  "dir": str(self._dir(j))} for j in pending]}))
             program = ["-m", "tests.helpers.farm_rank", str(plan)]
-            cmd = torchrun_cmd(world, program) if world else [sys.executable, *program]
+            cmd = [sys.executable, *program] if first.one_process else torchrun_cmd(first.world, program)
             log = self.root / f"launch-{tag}.log"
             with open(log, "w") as out:
-                self.proc = subprocess.Popen(cmd, cwd=ROOT, env=rank_env(), stdout=out, stderr=subprocess.STDOUT,
+                self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True)
             timed_out = self._watch(pending)
             code = self.proc.wait()
@@ -216,14 +250,15 @@ class Farm:
     # ---- the tests' side --------------------------------------------------------------------------------------
 
     def result(self, job: Job) -> Any:
-        """The job's value once it has run; a failed job fails the calling test with its own error."""
+        """The job's value once it has run; a failed job fails the calling test (JobFailed) with its own error."""
+        __tracebackhide__ = True
         if job.key not in self.declared:
-            pytest.fail(f"farm job {job.name!r} is not declared: mark the test with tests.helpers.farm.uses(job)")
+            raise JobFailed(f"farm job {job.name!r} is not declared: mark the test with tests.helpers.farm.uses(job)")
         outcome = self._wait(job)
         if outcome["status"] != "ok":
-            pytest.fail(f"farm job {job.name!r} ({job.kind}, world {job.world}) {outcome['status']}: "
-                        f"{outcome['error']}\n{outcome.get('traceback') or ''}\n{outcome.get('log_tail', '')}")
-        if job.kind == "engine":
+            raise JobFailed(f"farm job {job.name!r} ({job.kind}, world {job.world}) {outcome['status']}: "
+                            f"{outcome['error']}\n{outcome.get('traceback') or ''}\n{outcome.get('log_tail', '')}")
+        if job.kind in ("engine", "jax"):
             return self._engine_value(job)
         return outcome["value"]
 
@@ -231,21 +266,21 @@ class Farm:
         path, started = self._outcome_path(job), time.monotonic()
         while not path.exists():
             if (self.root / "done").exists() and not path.exists():
-                pytest.fail(f"the farm finished without running {job.name!r} (not in its plan)")
+                raise JobFailed(f"the farm finished without running {job.name!r} (not in its plan)")
             beat = self.root / "driver.alive"
             age = time.time() - beat.stat().st_mtime if beat.exists() else time.monotonic() - started
             if age > DRIVER_GONE_S:
-                pytest.fail(f"the farm's driver stopped {age:.0f} s ago without an outcome for {job.name!r}")
+                raise JobFailed(f"the farm's driver stopped {age:.0f} s ago without an outcome for {job.name!r}")
             time.sleep(0.2)
         return json.loads(path.read_text())
 
     def _engine_value(self, job: Job) -> dict[str, Any]:
-        from backend.engine.assemble import assemble_result
+        from backend.frameworks.assemblers import assembler_for
 
         spec = ExperimentSpec.from_json(job.payload)
         payload = json.loads((self._dir(job) / "ranks.json").read_text())
         logs = {int(p.stem.split("-")[1]): p.read_text(errors="replace") for p in self._dir(job).glob("rank-*.log")}
-        return {"result": assemble_result(spec, payload), "ranks": payload["ranks"], "log": logs}
+        return {"result": assembler_for(spec)(spec, payload), "ranks": payload["ranks"], "log": logs}
 
     def _dir(self, job: Job) -> Path:
         return self.root / job.key
@@ -265,12 +300,11 @@ def order_items(items: list[pytest.Item]) -> None:
     """Files whose tests read the farm go last, by the launch group they read first (under `--dist loadfile` a file
     is scheduled where its first test is): the farm runs while the other files run. A test waiting for the farm may
     wait longer than pytest-timeout's default: its job's own timeout bounds it."""
-    jobs = jobs_of(items)
-    worlds = list(dict.fromkeys(j.world for j in jobs))
+    groups = list(dict.fromkeys(j.group for j in jobs_of(items)))
     file_rank: dict[str, int] = {}
     for item in items:
         for mark in item.iter_markers("farm"):
-            rank = 1 + min(worlds.index(j.world) for j in mark.args)
+            rank = 1 + min(groups.index(j.group) for j in mark.args)
             file_rank[item.nodeid.split("::")[0]] = min(file_rank.get(item.nodeid.split("::")[0], rank), rank)
             if not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(3 * 3600))
@@ -280,3 +314,11 @@ def order_items(items: list[pytest.Item]) -> None:
 def farm_root(basetemp: Path) -> Path:
     """The session's farm folder: shared by pytest-xdist's workers (their base temp folders are its children)."""
     return (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "farm"
+
+
+def run_now(jobs: list[Job], root: Path) -> dict[str, Any]:
+    """Outside the test session (benchmarks/): `jobs` in a farm of their own under `root`, {job name: value}; the first
+    failed job raises JobFailed."""
+    farm = Farm(root, jobs)
+    farm.run()
+    return {j.name: farm.result(j) for j in jobs}

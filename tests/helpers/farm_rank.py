@@ -23,10 +23,12 @@ from typing import Any
 
 JOBS = {
     "engine": "tests.helpers.farm_rank:engine",
+    "jax": "tests.helpers.farm_rank:engine",
     "parity": "tests.helpers.mp_harness:run_job",
     "fp16_inject": "tests.helpers.fp16_inject:run_job",
     "ring_attention": "tests.helpers.cp_ring_check:run_job",
     "tp_saved_tensors": "tests.helpers.tp_saved_tensors:run_job",
+    "engine_measure": "tests.helpers.engine_measure:run_job",
     "trace": "tests.helpers.farm_rank:trace",
     "selftest": "tests.helpers.farm_rank:selftest",
 }
@@ -34,15 +36,18 @@ JOBS = {
 
 
 def engine(payload: dict[str, Any], out: Path) -> None:
-    """backend.engine.rank.run_rank, as `python -m backend.engine.rank` runs it (rank 0 writes out/ranks.json)."""
-    from backend.engine.rank import run_rank
+    """The spec's rank program as the launcher picks it (backend/launch/torchrun.rank_module_for: the engine's
+    backend.engine.rank, or DeepSpeed's or JAX's), its `run_rank` called as its `python -m` main calls it; rank 0
+    writes out/ranks.json."""
+    from backend.launch.torchrun import rank_module_for
     from backend.runtime.entry import env_ranks
     from backend.runtime.protocol import enable_progress_marks, mark_finished
     from backend.spec import ExperimentSpec
 
-    rank, world, local_rank = env_ranks()
+    spec = ExperimentSpec.model_validate(payload)
+    rank, world, local_rank = env_ranks()  # JAX: rank 0 of 1, its world in virtual devices
     enable_progress_marks(out, rank)
-    run_rank(ExperimentSpec.model_validate(payload), rank, world, local_rank, out)
+    importlib.import_module(rank_module_for(spec)).run_rank(spec, rank, world, local_rank, out)
     mark_finished()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.farm import Farm, program_job
+from tests.helpers.farm import Farm, JobFailed, program_job
 
 
 @pytest.mark.slow
@@ -17,10 +17,10 @@ def test_a_raising_or_hanging_job_fails_alone_and_the_rest_still_run(tmp_path):
     farm = Farm(tmp_path, [ok, raises, hangs, after])
     farm.run()
     assert farm.result(ok) == 3 and farm.result(after) == 3  # 1 + 2: the all-reduce over both ranks
-    with pytest.raises(pytest.fail.Exception, match=r"failed: .*selftest raised on rank 1") as failed:
+    with pytest.raises(JobFailed, match=r"failed: .*selftest raised on rank 1") as failed:
         farm.result(raises)
     assert "Traceback" in str(failed.value)
-    with pytest.raises(pytest.fail.Exception, match=r"timeout: did not finish within its 20 s \(launch killed\); "
+    with pytest.raises(JobFailed, match=r"timeout: did not finish within its 20 s \(launch killed\); "
                                                      r"rank 0 is holding the job up"):
         farm.result(hangs)
     assert len(list(tmp_path.glob("launch-w2-*.log"))) == 3  # ok + raises, hangs, after

@@ -1,10 +1,11 @@
-"""2D mixes and a 4-stage pipeline at world 4, in one launch: FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP."""
+"""2D mixes and a 4-stage pipeline at world 4 (the farm's ranks): FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP."""
 
 import pytest
 
-from tests.helpers.mp_launch import assert_parity, run_specs, tiny
+from tests.helpers.farm import assert_parity, params, parity_job
+from tests.helpers.specs import tiny
 
-SPECS = [
+PARITY = {s.name: parity_job(s) for s in [
     tiny("fsdp_x_tp", strategy="fsdp", world_size=4, tp=2),
     tiny("ddp_x_tp_sp", strategy="ddp", world_size=4, tp=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
     tiny("pp_x_dp", strategy="ddp", world_size=4, pp=2),
@@ -12,15 +13,10 @@ SPECS = [
     tiny("pp4_1f1b", model={"n_layers": 4}, strategy="pp", world_size=4),
     tiny("dp4_x_ep2", model={"n_experts": 4, "top_k": 2}, strategy="ep", world_size=4, ep=2,
          train={"optimizer": "sgd", "lr": 0.5}),
-]
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_specs(4, SPECS, tmp_path_factory.mktemp("mix"), timeout_s=400)
+]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in SPECS])
-def test_mix_parity(results, name):
-    assert_parity(results[name])
+@pytest.mark.parametrize("name", params(PARITY))
+def test_mix_parity(farm, name):
+    assert_parity(farm.result(PARITY[name]))

@@ -1,8 +1,12 @@
-"""The tensor-parallel plan covers every Linear and embedding."""
+"""Tensor parallelism: the plan covers every Linear and embedding (one process); at world 2 (± sequence parallel,
+dense and MoE) loss and parameter parity with the single-process reference (the farm's ranks)."""
+
+import pytest
 
 from backend.models.gpt import build_model
 from backend.strategies.tp import tp_plan
-from tests.helpers.mp_launch import tiny
+from tests.helpers.farm import assert_parity, params, parity_job
+from tests.helpers.specs import tiny
 
 
 def test_plan_covers_every_linear_and_embedding():
@@ -15,3 +19,17 @@ def test_plan_covers_every_linear_and_embedding():
     assert sharded <= set(plan)
     no_sp = tp_plan(model, sp=False)
     assert "norm" not in no_sp and "layers.0.ln1" not in no_sp
+
+
+PARITY = {s.name: parity_job(s) for s in [
+    tiny("tp", strategy="tp", world_size=2),
+    # SGD with a large step: a Partial (unreduced) LayerNorm grad under SP would show in the parameters
+    tiny("tp_sp", strategy="tp", world_size=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
+    tiny("tp_moe_sp", model={"n_experts": 4, "top_k": 2}, strategy="tp", world_size=2, sequence_parallel=True),
+]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", params(PARITY))
+def test_tp_parity(farm, name):
+    assert_parity(farm.result(PARITY[name]))
