@@ -7,6 +7,8 @@
   usage error's SystemExit included): the CLI's contract without a Python start-up per call.
 - `cli_process(*argv)`: `python -m backend ...` as a process, for what only a process shows: the entry point, signals,
   a worker's life, stray processes.
+- `job_env()` / `assert_no_orphans(result, job_id)`: a launcher job tagged with its own id, and the check that none
+  of its processes outlived it (the launcher's own tests launch through backend.launch.launcher as users do).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from backend.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,3 +96,21 @@ def cli_process(*argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
     """`python -m backend ARGV` as a process (the entry point itself, or what needs a process of its own)."""
     return subprocess.run([sys.executable, "-m", "backend", *argv], cwd=cwd, env=rank_env(env), capture_output=True,
                           text=True, timeout=timeout_s)
+
+
+def job_env(fault: str | None = None) -> tuple[dict[str, str], str]:
+    """(extra_env, job id) for run_experiment: the job's processes carry the id; `fault`: SHARDLAB_FAULT."""
+    job_id = f"test-{uuid.uuid4().hex[:10]}"
+    env = {"SHARDLAB_JOB_ID": job_id}
+    if fault:
+        env["SHARDLAB_FAULT"] = fault
+    return env, job_id
+
+
+def assert_no_orphans(result: RunResult, job_id: str) -> None:
+    from backend.launch.procs import job_processes
+
+    launch = result.env.get("launch", {})
+    assert launch.get("job_id") == job_id
+    left = job_processes(job_id, launch.get("pgid"))
+    assert not left, f"orphans of {job_id}: {[(p.pid, p.cmdline()) for p in left]}"

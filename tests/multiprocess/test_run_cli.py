@@ -13,8 +13,7 @@ import pytest
 
 from backend.cli.run_summary import summary
 from backend.result import RunResult
-from tests.helpers.launch import cli, rank_env
-from tests.helpers.launch_helpers import assert_no_orphans, real_engine
+from tests.helpers.launch import assert_no_orphans, cli, rank_env
 from tests.helpers.specs import tiny_spec
 TINY_FLAGS = ["--strategy", "ddp", "--world", "2", "--steps", "2", "--warmup-steps", "1", "--layers", "2",
               "--hidden", "32", "--heads", "2", "--seq", "16", "--vocab", "64", "--global-batch", "4",
@@ -31,7 +30,6 @@ def test_invalid_spec_exits_2_with_arithmetic_and_launches_nothing(tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not real_engine(), reason="needs backend.engine (the real in-rank engine)")
 def test_flags_json_ok(tmp_path: Path) -> None:
     out = cli("run", *TINY_FLAGS, "--json", cwd=tmp_path)
     assert out.code == 0, out.err[-3000:]
@@ -56,11 +54,8 @@ def test_spec_file_failed_run_exits_1_with_summary(tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(tiny_spec(timeout_s=180).to_json())
     workdir = tmp_path / "run"
-    if real_engine():
-        out = cli("run", "--spec", str(spec_file), "--workdir", str(workdir), cwd=tmp_path,
-                  env={"SHARDLAB_FAULT": "raise:rank=1:step=0"})
-    else:
-        pytest.skip("needs backend.engine (the real in-rank engine)")
+    out = cli("run", "--spec", str(spec_file), "--workdir", str(workdir), cwd=tmp_path,
+              env={"SHARDLAB_FAULT": "raise:rank=1:step=0"})
     assert out.code == 1, out.err[-3000:]
     assert "run failed" in out.out and "injected fault on rank 1 at step 0" in out.out
     assert "failing rank 1" in out.out, out.out

@@ -15,7 +15,7 @@ import pytest
 from backend.launch import outcome, torchrun
 from backend.launch.launcher import run_experiment, write_atomic
 from backend.result import RunResult, Status
-from tests.helpers.launch_helpers import tiny_spec
+from tests.helpers.specs import tiny_spec
 
 KILL_SUMMARY = """
 tests.fixtures.ring_rank FAILED
