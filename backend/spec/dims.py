@@ -31,7 +31,7 @@ MAX_WORLD = 1_000_000
 """Largest degree and world size a spec accepts."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Widget:
     """How the New-experiment form shows a field (dashboard/pages/new_experiment.py renders it from this)."""
 
@@ -40,11 +40,11 @@ class Widget:
     """The dashboard glossary's term that explains it (dashboard/glossary.HELP), shown as the widget's help."""
     help: str | None = None
     """Its help in its own words, where the glossary has no term for it."""
-    words: Mapping[str, str] = field(default_factory=dict, hash=False)
+    words: Mapping[str, str] = field(default_factory=dict)
     """A choice's value -> what the form shows for it (selectboxes)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SpecField:
     """One field of `ParallelSpec` that belongs to a dimension: its degree or one of its options."""
 
@@ -83,7 +83,7 @@ class SpecField:
         return int if base in (int, int | None) else base
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dim:
     """One parallel dimension: its degree field, its options and where its ranks lie."""
 
@@ -220,24 +220,26 @@ def remainder(dims: Sequence[Dim]) -> Dim:
 def coords(dims: Sequence[Dim], degrees: Mapping[str, int], rank: int) -> dict[str, int]:
     """Mesh coordinates of a global rank: the in-world dimensions row-major in rank order (tp fastest), then each
     carved dimension's index; a dimension not `always_named` only when its degree is > 1."""
+    world, carved = _rank_layout(tuple(dims))
     index, stride = {}, 1
-    for d in reversed(world_dims(dims)):
-        index[d.name] = (rank // stride) % degrees[d.name]
-        stride *= degrees[d.name]
-    out = {d.name: index[d.name] for d in world_dims(dims) if d.always_named or degrees[d.name] > 1}
-    for d in dims:
-        if not d.in_world:
-            out[d.name] = _flat_index(dims, d.carved_from, index, degrees) % degrees[d.name]
+    for name, _ in reversed(world):
+        index[name] = (rank // stride) % degrees[name]
+        stride *= degrees[name]
+    out = {name: index[name] for name, always in world if always or degrees[name] > 1}
+    for name, within in carved:
+        flat = 0
+        for n in within:
+            flat = flat * degrees[n] + index[n]
+        out[name] = flat % degrees[name]
     return out
 
 
-def _flat_index(dims: Sequence[Dim], names: Iterable[str], index: Mapping[str, int], degrees: Mapping[str, int]) -> int:
-    """The index in the group the named dimensions form together (row-major in rank order)."""
-    flat = 0
-    for d in world_dims(dims):
-        if d.name in names:
-            flat = flat * degrees[d.name] + index[d.name]
-    return flat
+@cache
+def _rank_layout(dims: tuple[Dim, ...]) -> tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """((in-world name, always named) in rank order, (carved name, the names it is carved from in rank order))."""
+    world = world_dims(dims)
+    return (tuple((d.name, d.always_named) for d in world),
+            tuple((d.name, tuple(w.name for w in world if w.name in d.carved_from)) for d in dims if not d.in_world))
 
 
 def rank_at(dims: Sequence[Dim], degrees: Mapping[str, int], at: Mapping[str, int]) -> int:

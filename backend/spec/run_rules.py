@@ -9,8 +9,8 @@ ring attention computes) are scalars in both cases: a plan searches one model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.spec.choices import ZERO_STAGE, Schedule

@@ -255,6 +255,7 @@ class ParallelHead(SpecSection):
 
 
 ParallelDegrees = dims.spec_model(dims.DIMS, ParallelHead)
+_DEGREES = dims.degree_names(dims.DIMS)
 """`ParallelHead` and every field of the dimension table: the degrees dp, tp, pp, ep, cp and their options
 (sequence_parallel, pp_schedule, virtual_stages, cp_rotate, cp_load_balance), each with its bounds and docstring."""
 
@@ -270,7 +271,7 @@ class ParallelSpec(ParallelDegrees):
 
     def degrees(self) -> dict[str, int]:
         """{dimension: degree} (an underived dp counts as 1)."""
-        return {d: getattr(self, d) or 1 for d in dims.degree_names(dims.DIMS)}
+        return {d: getattr(self, d) or 1 for d in _DEGREES}
 
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank. The mesh is (pp, dp, cp, tp), row-major, tp fastest-varying (torchtitan's
