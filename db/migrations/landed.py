@@ -41,5 +41,5 @@ LANDED: tuple[Landed, ...] = (
            None),
     Landed("0010", "0010_context_parallel.py", "experiments.cp, cp_rotate, cp_load_balance", "2c58e3e", None),
     Landed("0011", "0011_degrees_json.py", "experiments.degrees_json: the parallel dimensions' fields (issue 33)",
-           "i33dims", None),
+           "8f788ce", None),
 )

@@ -44,6 +44,7 @@ COVERS = {  # fixture -> (its Alembic stamp, the landed revision at its head: wh
     "s0009_imported_038ae18": ("0009", "0009_imported_runs.py"),
     "s0010_f5f41f2": ("0010", "0010_context_parallel.py"),
     "s0010_6711c58": ("0010", "0010_context_parallel.py"),
+    "s0011_8f788ce": ("0011", "0011_degrees_json.py"),
 }
 NEVER_A_HEAD = {"0001_initial.py", "0002_workers_requeue.py", "0005_calibrations.py"}
 """Landed revisions no commit ever had as its newest (the first commit had 0001-0003; 0005 and 0006 came together)."""
