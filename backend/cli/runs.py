@@ -11,6 +11,7 @@ import sys
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
+from backend.result import PARITY_FAILS, loss_parity, parity_bound
 from backend.spec.user_text import InputError, printable
 
 
@@ -77,6 +78,10 @@ def cmd_show(args) -> int:
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
+    precision = str(spec.train.precision)
+    if (parity := loss_parity(precision, row.get("loss_max_abs_diff"))) is not None:
+        print(f"{'loss_parity':>18}: {parity.upper() if parity == PARITY_FAILS else parity} "
+              f"(bound {parity_bound(precision):g} for {precision})")
     if result is not None and result.imported is not None:  # a log's allocator peaks, not tracked categories
         print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  step_s_median")
         for r in result.per_rank:
@@ -99,7 +104,8 @@ def experiment_json(row: dict) -> dict:
     """`show ID --json`: the row's columns, its spec and its result as JSON (import-run --json prints the same)."""
     row = dict(row)
     spec, result = row.pop("spec"), row.pop("result")
-    return {**row, "spec": spec.model_dump(mode="json"),
+    parity = loss_parity(str(spec.train.precision), row.get("loss_max_abs_diff"))
+    return {**row, "loss_parity": parity, "spec": spec.model_dump(mode="json"),
             "result": result.model_dump(mode="json", by_alias=True) if result else None}
 
 

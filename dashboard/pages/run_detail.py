@@ -11,6 +11,7 @@ from dashboard import store_access
 from dashboard import timeline_view as tv
 from dashboard import trace_view
 from backend.readable_numbers import fmt_frac
+from backend.result import PARITY_FAILS, loss_parity, parity_failure_text
 from dashboard.import_view import banner as import_banner
 from dashboard.theme import STATUS_ICON
 
@@ -235,7 +236,11 @@ if e is None:
 spec, res = e["spec"], e.get("result")
 # User text (name, tags, errors, notes) goes into st.text: markdown would render a name's ![image](url) (the browser
 # fetches it) and turn any URL into a link, even backslash-escaped (issue 21).
-st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid}")
+parity = loss_parity(str(spec.train.precision), res.loss_max_abs_diff) if res is not None else None
+icon = ":material/warning:" if parity == PARITY_FAILS else STATUS_ICON.get(e["status"], "")
+st.markdown(f"### {icon} #{rid}")
+if parity == PARITY_FAILS:  # a wrong training step is not "ok": said at the top, not only in a note at the bottom
+    st.warning(parity_failure_text(str(spec.train.precision), res.loss_max_abs_diff), icon=":material/warning:")
 if spec.name:
     st.text(spec.name)
 st.caption(sf.describe(spec))
