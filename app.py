@@ -10,7 +10,9 @@ st.set_page_config(page_title="ShardLab", page_icon=":material/grid_view:", layo
 access.guard_bind()
 access.require_login()
 
+# In the workflow's order (dashboard/workflow.py: Plan -> New experiment -> Run -> Compare); New experiment stays home.
 PAGES = [
+    st.Page("dashboard/pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
     st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home", default=True),
     st.Page("dashboard/pages/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
     st.Page("dashboard/pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
@@ -19,7 +21,6 @@ PAGES = [
     # The default page is served at "/" whatever its url_path, so a bookmarked /new needs its own (hidden) entry.
     st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new",
             visibility="hidden"),
-    st.Page("dashboard/pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
 ]
 # Page files live in dashboard/pages/, not pages/: Streamlit treats a pages/ directory next to the entry script as legacy
 # multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation) ever ran.

@@ -14,7 +14,7 @@ from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
 from backend.planner.search import Plan, budget_bytes, plan
 from backend.planner.space import light_spec
-from backend.spec import ExperimentSpec, ModelSpec
+from backend.spec import AttentionImpl, ExperimentSpec, ModelSpec
 from backend.analytic.units import GiB
 from dashboard.glossary import schedule_label
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
@@ -73,7 +73,7 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
 
     hw, band, cal = resolve(hardware, None, db_url)
     if attention:
-        model = model.model_copy(update={"attention": attention})
+        model = model.model_copy(update={"attention": AttentionImpl(attention)})  # a str here warns on every dump
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
                include_predicted=include_predicted)
@@ -104,7 +104,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
                      "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
-                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"],
+                     "tokens/s": round(t["tokens_per_s"]), "TFLOP/s per GPU": t["tflops_per_gpu"],
                      "extrapolation": "; ".join(_flags(p, i)) or None})
     return pd.DataFrame(rows)
 

@@ -249,8 +249,8 @@ def _prediction(spec, device_gb: float) -> None:
                   help="Activations of the fullest rank with the explicit softmax(QK^T)V attention")
         c2.metric("flash attention", fmt_bytes_short(cmp["flash"]),
                   help="Activations of the fullest rank with the fused (flash) attention kernel")
-        c3.metric("flash saves", fmt_bytes_short(cmp["math"] - cmp["flash"]),
-                  help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
+        label, value, why = pv.flash_saving(cmp, str(spec.train.recompute))
+        c3.metric(label, value, help=why)
     for note in getattr(est, "notes", []) or []:
         st.caption(f":material/info: {note}")
 
