@@ -75,8 +75,8 @@ def sweep(v: dict) -> None:
         mbs = c3.multiselect("Microbatches (empty = from the batch)", [1, 2, 4, 8, 16], default=[], key="sweep_mbs")
         specs, problems = expand_sweep(v, strategies=strategies, worlds=worlds, microbatches=mbs)
         st.write(f"**{len(specs)} valid runs** in the grid" + (f", {len(problems)} combinations skipped:" if problems else "."))
-        for p in problems:
-            st.caption(f":material/block: {p}")
+        for p in problems:  # a problem may quote the spec's name
+            st.text(f"⊘ {p}")
         if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs, key="submit_sweep"):
             sweep_id = uuid.uuid4().hex[:12]
             ids = [store_access.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]

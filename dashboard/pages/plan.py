@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import import_box
+from dashboard import messages
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
 from dashboard import store_access
@@ -148,8 +149,8 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
     + f", {attention} attention" + (" incl. prediction-only" if include_predicted else "")
-if problem:
-    st.error(problem)
+if problem:  # names the config's keys and values: the user's text
+    messages.box("error", "This model cannot be planned:", [problem])
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
@@ -163,7 +164,8 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
 res = st.session_state.get("pl_result")
 if res is not None:
     if st.session_state.get("pl_result_for") != inputs:
-        st.warning(f"These results are for {st.session_state.get('pl_result_for')}; press Search for the inputs above.")
+        messages.box("warning", "Press Search for the inputs above:",  # the label holds a file name: the user's text
+                     [f"These results are for {st.session_state.get('pl_result_for')}."])
     used = getattr(res, "profile_used", None)
     if used is not None:
         (st.info if used["profile"]["calibration"] else st.caption)(used["line"][0].upper() + used["line"][1:] + ".")

@@ -6,6 +6,7 @@ import streamlit as st
 
 from backend.result import Status
 from backend.spec import Framework, Strategy
+from dashboard import messages
 from dashboard import runs_view as rv
 from dashboard import selection
 from dashboard import store_access
@@ -46,10 +47,9 @@ def _live_progress(url: str, active_ids: list[int]) -> None:
     if {r["id"] for r in rows} != set(active_ids):
         store_access.changed()  # the table below must not show the cached 'running' of a run that ended
         st.rerun(scope="app")
-    for r in rows:
-        frac = rv.progress_fraction(r)
-        label = f"#{r['id']} {r.get('name') or r['strategy']} (world {r['world_size']}): {rv.progress_text(r)}"
-        st.progress(frac or 0.0, text=label)
+    for r in rows:  # a progress bar's text is markdown: the name and a rank's or SLURM's words go to st.text
+        st.text(f"#{r['id']} {r.get('name') or r['strategy']} (world {r['world_size']}): {rv.progress_text(r)}")
+        st.progress(rv.progress_fraction(r) or 0.0)
 
 
 def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None:
@@ -67,8 +67,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
         done, errs = store_access.requeue(selected)
         if done:
             st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
-        for e in errs:
-            st.warning(e)
+        if errs:
+            messages.box("warning", "Not queued again:", errs)
     if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
         st.session_state["clone_spec"] = store_access.get_run(url, selected[0])["spec"]
         st.switch_page("dashboard/pages/new_experiment.py")
@@ -79,8 +79,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
         st.rerun()
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
     if c2.button("Delete", icon=":material/delete:", disabled=not (selected and confirm), key="act_delete"):
-        for err in store_access.delete(selected):
-            st.warning(err)
+        if errs := store_access.delete(selected):
+            messages.box("warning", "Not deleted:", errs)
         st.session_state.pop("runs_selected", None)
         store_access.changed()
         st.rerun()
