@@ -39,9 +39,16 @@ def _worker_status() -> worker_ctl.WorkerStatus:
     return status
 
 
-@st.fragment(run_every=WORKER_REFRESH_S)
-def _worker_panel() -> None:
-    """Re-read every few seconds: the worker's state (idle, running #N) is never older than that."""
+def _active_runs() -> bool:
+    return bool(store_access.list_runs(store_access.db_url(), status=("queued", "running"), limit=1))
+
+
+def _worker_panel(active: bool) -> None:
+    """The worker's state (idle, running #N). While a run is queued or running it is re-read every few seconds; when
+    the last one ends the whole page reruns once, and the badge stops re-running: an idle tab costs nothing (issue
+    30: a 5 s timer on every page kept the server at 7.8% of a core). Any click re-reads it."""
+    if active and not _active_runs():
+        st.rerun(scope="app")  # the last run ended: render the page again, without the timer
     ws = _worker_status()
     if ws.alive:
         st.success(f"Worker: {ws.detail}", icon=":material/settings:")
@@ -53,7 +60,8 @@ def _worker_panel() -> None:
 with st.sidebar:
     st.markdown("### ShardLab")
     st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
-    _worker_panel()
+    busy = _active_runs()
+    st.fragment(_worker_panel, run_every=WORKER_REFRESH_S if busy else None)(busy)
     st.caption(f"Database: `{store_access.db_url_shown()}`")
 
 nav.run()

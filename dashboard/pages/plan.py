@@ -31,10 +31,19 @@ def _plan_columns() -> dict:
     return cols
 
 
-@st.fragment(run_every=2.0)
-def _verify_table(tag: str) -> None:
-    """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
+def _verifying(tag: str) -> bool:
+    """A proxy run of this layout is still queued or running."""
+    return bool(store_access.list_runs(store_access.db_url(), status=("queued", "running"), tag=tag, limit=1))
+
+
+def _verify_table(tag: str, active: bool) -> None:
+    """The proxy runs of the verified layout, re-read every 2 s while one is queued or running (a run goes queued ->
+    running -> ok here, no click); once they have ended the page reruns once and nothing re-runs while idle."""
     from backend.bench import cpu_profile
+
+    if active and not _verifying(tag):
+        store_access.changed()
+        st.rerun(scope="app")
 
     df = pv.verify_frame(store_access.engine(), tag)
     st.dataframe(df, hide_index=True, placeholder="–", column_config={
@@ -214,7 +223,9 @@ if res is not None:
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
             st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
-            _verify_table(st.session_state["pl_verify_tag"])
+            tag = st.session_state["pl_verify_tag"]
+            active = _verifying(tag)
+            st.fragment(_verify_table, run_every=2.0 if active else None)(tag, active)
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")
