@@ -8,7 +8,7 @@ from dashboard import access, store_access, worker_ctl
 
 st.set_page_config(page_title="ShardLab", page_icon=":material/grid_view:", layout="wide")
 access.guard_bind()
-access.require_login()
+visitor = access.gate()  # every page: log in, then only the [access] list's users (dashboard/access.py)
 
 # In the workflow's order (dashboard/workflow.py: Plan -> New experiment -> Run -> Compare); New experiment stays home.
 PAGES = [
@@ -62,6 +62,10 @@ with st.sidebar:
     st.caption("Measure and predict sharded training: DDP, ZeRO, FSDP, TP, PP, EP on real torch.distributed ranks.")
     busy = _active_runs()
     st.fragment(_worker_panel, run_every=WORKER_REFRESH_S if busy else None)(busy)
+    if visitor.how != "local":
+        st.text(f"Signed in: {visitor.label()}")  # the identity provider's text: plain
+        if visitor.how == "oidc":
+            st.button("Log out", on_click=st.logout, key="logout")
     st.caption(f"Database: `{store_access.db_url_shown()}`")
 
 nav.run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import import_box
 from dashboard import messages
 from dashboard import plan_view as pv
@@ -101,7 +102,6 @@ else:
 
 def _calibration_box() -> None:
     """Fit a profile of your cluster from tagged runs (imported and own): `python -m backend calibrate` on a button."""
-    from backend.calibration.calibrate import calibrate
     from backend.calibration.records import latest_named
     from dashboard import calibration_view as cv
 
@@ -118,10 +118,12 @@ def _calibration_box() -> None:
         tag = c1.text_input("Runs tagged", key="pl_cal_tag", placeholder="ourcluster")
         base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"], key="pl_cal_hw")
         name = c3.text_input("Profile name", key="pl_cal_name", placeholder="h100-ourcluster")
-        if st.button("Calibrate", disabled=not tag or not name, key="pl_cal_go", icon=":material/tune:"):
+        read_only = access.read_only_reason(access.visitor())
+        if st.button("Calibrate", disabled=not tag or not name or bool(read_only), key="pl_cal_go", icon=":material/tune:",
+                     help=read_only):
             with st.spinner("Fitting (a fit, then one refit per run left out)..."):
                 try:
-                    out = calibrate(engine, hardware=base, tag=tag, name=name)
+                    out = store_access.calibrate(hardware=base, tag=tag, name=name)
                 except ValueError as e:
                     st.error("Nothing stored:")
                     st.text(str(e))
@@ -210,9 +212,10 @@ if res is not None:
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
             st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("dashboard/pages/new_experiment.py")
-        if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
-                     help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
-                          "measured step time with the prediction"):
+        read_only = access.read_only_reason(access.visitor())
+        if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:", key="pl_verify",
+                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and "
+                                       "compare its measured step time with the prediction"):
             proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
             if proxy is None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import detail_view as dv
 from dashboard import runs_view as rv
 from dashboard import spec_form as sf
@@ -248,7 +249,8 @@ if e.get("tags"):
     st.text("tags: " + ", ".join(e["tags"]))
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
-    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
+    read_only = access.read_only_reason(access.visitor())
+    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel", disabled=bool(read_only), help=read_only):
         st.toast(f"#{rid}: {store_access.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
