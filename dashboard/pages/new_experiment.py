@@ -78,8 +78,8 @@ def _model_inputs() -> None:
     src = st.session_state.get(P + "source")
     if src:
         label = src.get("preset") or src.get("file") or "config.json"
-        st.text(f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
-                + " — stored with the run.")
+        line = f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "") + " — stored with the run."
+        (st.caption if src.get("preset") else st.text)(line)  # an uploaded file's name is the user's text: plain
     st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
               help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
                    "type (norm, MLP, positions, MoE), fewer and narrower layers.")
