@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, loss_parity
+from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, parity_verdict
 from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
 from dashboard.predict_view import byte_scale, coords_label
 from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
@@ -202,7 +202,7 @@ def _parity_cell(result: RunResult) -> str:
     if diff is None:
         return "–"
     precision = str(result.spec.train.precision)
-    fails = loss_parity(precision, diff) == PARITY_FAILS
+    fails = parity_verdict(precision, diff) == PARITY_FAILS
     return f"{diff:.2e}" + (" ⚠ fails" if fails else "")  # the bound is in the warning above: a metric cuts long text
 
 

@@ -4,7 +4,8 @@ CSV, one row per experiment: the identifying columns first (id, name, status, ki
 degrees, tags as a JSON list), then model and training columns, step time measured and predicted
 (`step_time_predicted_s`: RunResult's, from the step-time model at run time; `step_time_error_pct` = (predicted -
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
-against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors,
+against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
+(`diverged`: some loss was NaN or inf; the losses themselves are in the JSON, as "NaN" / "Infinity"),
 bookkeeping and timestamps (an imported run: source_framework, the torchtitan / megatron / deepspeed log it came from,
 and the peak allocated / reserved bytes that log reports; its per-category measured columns are blank, as it measured
 none), then per memory category the measured and predicted bytes (max over ranks) and the
@@ -47,7 +48,7 @@ EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in
     "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s", "mfu",
-    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity",
+    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
     "started_at", "finished_at", "worker_id", "host"]
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
@@ -107,7 +108,7 @@ def _step_time_error_pct():
 
 
 def _loss_parity():
-    """backend.result.loss_parity in SQL: 'fails' over the precision's bound, 'ok' within it, blank without a
+    """backend.result.parity_verdict in SQL: 'fails' over the precision's bound, 'ok' within it, blank without a
     reference. A non-number (NaN) difference is not <= the bound: fails."""
     diff = Experiment.loss_max_abs_diff
     bound = case(*[(Experiment.precision == p, literal(b)) for p, b in PARITY_BOUND.items()], else_=literal(parity_bound("")))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
+import sqlalchemy as sa
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 
@@ -264,6 +265,17 @@ class LossRecord(Base):
     loss_reference: Mapped[float | None] = mapped_column(Float)
 
 
+FLOAT_MAX = 1.7976931348623157e308
+
+
+def _diverged(experiment_id) -> sa.Exists:
+    """Some stored loss is not finite: NULL (SQLite stores NaN as NULL; a loss row exists only for a step that had
+    a loss), beyond the largest float (+-inf; PostgreSQL sorts NaN above every number, so NaN too)."""
+    loss = LossRecord.loss
+    return sa.exists().where(LossRecord.experiment_id == experiment_id,
+                             sa.or_(loss.is_(None), loss > FLOAT_MAX, loss < -FLOAT_MAX))
+
+
 class TimelineRecord(Base):
     __tablename__ = "timeline_events"
 
@@ -317,3 +329,7 @@ class Calibration(Base):
     """Revision 0009: a calibrated profile's name ("h100-ourcluster"), usable as --hardware; NULL for older rows."""
     details_json: Mapped[str | None] = mapped_column(Text)
     """Revision 0009: {"residuals": [...], "loo": [...], "kinds": {...}} of the fit."""
+
+
+Experiment.diverged = column_property(_diverged(Experiment.id).label("diverged"), deferred=True)
+"""Whether the run diverged (a loss NaN or +-inf): computed from its loss rows, in SQL, for lists and the export."""

@@ -41,6 +41,7 @@ ROW_KEYS = (
     "kind",  # revision 0004: measured | traced | imported (issue 25)
     "framework",
     "source_framework", "peak_allocated_bytes", "peak_reserved_bytes",  # revision 0009: imported runs
+    "diverged",  # a loss NaN or inf (issue 31): computed from the losses rows (models.Experiment.diverged)
 )
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
@@ -147,7 +148,8 @@ def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, s
 
 
 def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
-    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None)."""
+    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None),
+    "result_error" (why a stored result does not read, else None)."""
 
     extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json,
              Experiment.run_uid)
@@ -162,9 +164,20 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
     # A stored spec was validated when stored; an imported run's may be one this engine only predicts (Megatron's
     # distributed optimizer = ZeRO-1 x TP/PP), so it is read back with the prediction checks.
     out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"), context=READ_BACK)
-    result_json = out.pop("result_json")
-    out["result"] = RunResult.model_validate_json(result_json, context=READ_BACK) if result_json else None
+    out["result"], out["result_error"] = read_result(out.pop("result_json"))
     return out
+
+
+def read_result(result_json: str | None) -> tuple[RunResult | None, str | None]:
+    """(the stored result, None), or (None, why it does not read): one unreadable row must never break a page or
+    a command that shows it (issue 31: a NaN loss written as null made `show` fail before losses were kept)."""
+    if not result_json:
+        return None, None
+    try:
+        return RunResult.model_validate_json(result_json, context=READ_BACK), None
+    except ValueError as e:  # pydantic's ValidationError, or JSON that does not parse
+        first = str(e).strip().splitlines()
+        return None, f"the stored result does not read ({type(e).__name__}: {'; '.join(first[:3])[:400]})"
 
 
 def get_status(engine: Engine, experiment_id: int) -> str | None:

@@ -111,13 +111,13 @@ class Layout:
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
-              device: str = "cpu") -> Layout:
+              device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         cols = {name: columns[:, i] for i, name in enumerate(CHOICES)}
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
         mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                   device=device)
+                   device=device, sac_ops=tuple(sac_ops))
 
     def take(self, index: Any, *, with_memo: bool = False) -> Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their

@@ -25,8 +25,8 @@ from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.device_facts import utilization
 from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
-                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, memory_notes,
-                                  parity_notes, recompute_notes, routing_notes)
+                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, divergence_notes,
+                                  loss_parity, memory_notes, parity_notes, recompute_notes, routing_notes)
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 
@@ -61,8 +61,8 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     env = merge_env([r.get("env", {}) for r in ranks])
     achieved = est.flops_per_step / step_med if step_med else None
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
-    diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
-    notes += parity_notes(spec, diff)
+    diff = loss_parity(loss, ref)
+    notes += divergence_notes(loss, ref) + parity_notes(spec, diff)
     skipped, scaling_notes = _loss_scaling(ranks)
     notes += scaling_notes
     model_flops = model_flops_per_step(spec)

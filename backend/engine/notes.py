@@ -3,13 +3,14 @@ where and why, never hidden; the bounds they check; loss parity. Used by backend
 
 from __future__ import annotations
 
+import math
 from statistics import median
 from typing import Any
 
 from backend.analytic.measured.moe_routing import adjustment
 from backend.analytic.params import param_list
 from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, PARITY_BOUND, PARITY_FAILS, RankResult,  # noqa: F401 - re-exported
-                            RoutingAdjusted, error_pct, loss_parity, parity_failure_text)
+                            RoutingAdjusted, error_pct, first_non_finite, parity_failure_text, parity_verdict)
 from backend.spec import ExperimentSpec
 from backend.strategies.base import module_name_for
 
@@ -28,9 +29,37 @@ WHY = {
 }
 
 
+def loss_parity(loss: list[float], ref: list[float]) -> float | None:
+    """max |loss - reference| over the steps both have. Two non-finite losses alike (both NaN, or the same inf) agree:
+    the run and the reference diverged together; one finite and one not is inf. None without a common step."""
+    diffs = []
+    for a, b in zip(loss, ref):
+        if math.isfinite(a) and math.isfinite(b):
+            diffs.append(abs(a - b))
+        elif not (math.isnan(a) and math.isnan(b)) and a != b:
+            diffs.append(math.inf)
+    return max(diffs, default=0.0) if loss and ref else None
+
+
+def divergence_notes(loss: list[float], ref: list[float]) -> list[str]:
+    """A run whose loss became NaN or inf diverged: say from which step (1-based, warm-up first) and what the
+    reference did. The run stays ok: it ran and measured; its losses are kept as they are."""
+    at = first_non_finite(loss)
+    if at is None:
+        return []
+    bad = sum(not math.isfinite(v) for v in loss)
+    ref_at = first_non_finite(ref) if ref else None
+    same = ("the single-process reference diverged at the same step" if ref_at == at else
+            f"the single-process reference diverged at step {ref_at + 1}" if ref_at is not None else
+            "the single-process reference stayed finite" if ref else "no single-process reference ran")
+    return [f"DIVERGED: the loss is {loss[at]} from step {at + 1} of {len(loss)} on ({bad} of {len(loss)} steps not "
+            f"finite); {same}. Memory and step time were measured as usual; loss parity compares the steps where "
+            "both losses are finite."]
+
+
 def parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
     precision = str(spec.train.precision)
-    return [parity_failure_text(precision, diff)] if loss_parity(precision, diff) == PARITY_FAILS else []
+    return [parity_failure_text(precision, diff)] if parity_verdict(precision, diff) == PARITY_FAILS else []
 
 
 def comm_error_pct(rr: RankResult) -> dict[str, float | None]:

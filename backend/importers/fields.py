@@ -92,6 +92,8 @@ class Flat:
     ignored: dict[str, dict[str, Any]] = field(default_factory=dict)
     unmapped: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    needs: set[str] = field(default_factory=set)
+    """What the person importing could supply to clear a problem (imported.VOCAB_SIZE)."""
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.canonical[name][0] if name in self.canonical else default
@@ -205,7 +207,7 @@ def choice(mapping: dict[Any, Any]) -> Callable[[Any], Any]:
     """A converter from the framework's words to ours (case-insensitive for text)."""
     def convert(value: Any) -> Any:
         key = value.lower() if isinstance(value, str) else value
-        if key not in mapping:
+        if isinstance(key, (list, dict)) or key not in mapping:  # a flag given twice or with several values
             raise ValueError(f"expected one of {', '.join(map(str, mapping))}")
         return mapping[key]
     return convert

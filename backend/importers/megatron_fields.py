@@ -15,6 +15,7 @@ import ast
 from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
+from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -65,7 +66,7 @@ TABLE: dict[str, Any] = {
     "--num-layers": To("n_layers", pos_int), "--hidden-size": To("d_model", pos_int),
     "--num-attention-heads": To("n_heads", pos_int), "--num-query-groups": To("mg_query_groups", opt_int),
     "--group-query-attention": To("mg_gqa", as_flag), "--ffn-hidden-size": To("ffn_hidden", opt_int),
-    "--kv-channels": To("mg_kv_channels"), "--seq-length": To("seq_len", pos_int),
+    "--kv-channels": To("mg_kv_channels", opt_int), "--seq-length": To("seq_len", pos_int),
     "--max-position-embeddings": To("mg_max_positions", opt_int), "--vocab-size": To("mg_vocab", opt_int),
     "--padded-vocab-size": To("mg_padded_vocab", opt_int),
     "--make-vocab-size-divisible-by": To("mg_vocab_multiple", pos_int),
@@ -88,14 +89,14 @@ TABLE: dict[str, Any] = {
     "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
     "--cp-comm-type": To("mg_cp_comm", choice({"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a",
                                                "a2a+p2p": "a2a+p2p"})),
-    "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual"),
-    "--num-virtual-stages-per-pipeline-rank": To("mg_virtual"),
-    "--virtual-pipeline-model-parallel-size": To("mg_virtual"),
+    "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual", opt_int),
+    "--num-virtual-stages-per-pipeline-rank": To("mg_virtual", opt_int),
+    "--virtual-pipeline-model-parallel-size": To("mg_virtual", opt_int),
     "--sequence-parallel": To("sequence_parallel", as_flag),
     "--use-distributed-optimizer": To("mg_dist_opt", as_flag),
     "--use-torch-fsdp2": To("mg_fsdp", as_flag), "--use-megatron-fsdp": To("mg_fsdp", as_flag),
     "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
-    "--recompute-num-layers": To("mg_recompute_layers"), "--recompute-activations": To("mg_recompute_activations", as_flag),
+    "--recompute-num-layers": To("mg_recompute_layers", opt_int), "--recompute-activations": To("mg_recompute_activations", as_flag),
     "--bf16": To("mg_bf16", as_flag), "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"),
     "--fp8": To("fp8"), "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
     "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})),
@@ -212,14 +213,25 @@ def _context_parallel(flat: Flat) -> list[str]:
             "balances causal work over 2 x cp chunks (cp_load_balance true)"]
 
 
+def given_vocab(flat: Flat, vocab: int) -> None:
+    """The vocabulary size the person importing gave (the CLI's --vocab, the dashboard's field), where the config has
+    none; a contradiction with the config's own --vocab-size is a problem."""
+    own = flat.get("mg_vocab")
+    if own is not None and own != vocab:
+        flat.problems.append(f"the vocabulary size given ({vocab:,}) contradicts the config's {own:,} "
+                             f"({flat.source_of('mg_vocab')})")
+    elif own is None and flat.get("mg_padded_vocab") is None:
+        flat.put("mg_vocab", vocab, "the vocabulary size given on import")
+
+
 def _vocab(flat: Flat, tp: int) -> list[str]:
     if flat.get("mg_padded_vocab") is not None:
         flat.put("vocab_size", flat.get("mg_padded_vocab"), flat.source_of("mg_padded_vocab"))
         return []
     vocab = flat.get("mg_vocab") or flat.get("vocab_size")
     if vocab is None:
-        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer; add --vocab-size N to "
-                             "the arguments or give the model's config.json with --model-config")
+        flat.problems.append(f"{VOCAB_UNKNOWN}: Megatron reads it from the tokenizer, which the config only names")
+        flat.needs.add(VOCAB_SIZE)
         return []
     multiple = flat.get("mg_vocab_multiple", 128) * tp
     padded = -(-vocab // multiple) * multiple

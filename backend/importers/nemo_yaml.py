@@ -16,10 +16,12 @@ import re
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, check_nodes, choice, flatten
+from backend.importers.bounded import parse_bounded
+from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import TABLE as MEGATRON, as_flag, model_and_layout, opt_int, pos_int, training
-from backend.spec.user_text import MAX_JSON_FILE_BYTES, check_depth, over_limit
+from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
+                                               pos_int, training)
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")
 _IGNORED = "training numerics, data, logging, checkpointing or kernel fusion: no effect on memory or step time per step"
@@ -97,11 +99,7 @@ def parse(text: str | bytes) -> dict[str, Any]:
     if size > MAX_JSON_FILE_BYTES:
         raise ConfigImportError([over_limit("the YAML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
-        data = yaml.safe_load(text)
-        check_nodes(data, "the NeMo YAML")
-        check_depth(data, "the NeMo YAML")
-    except ValueError as e:
-        raise ConfigImportError([str(e)]) from None
+        data = parse_bounded(yaml.safe_load, text, "the NeMo YAML")
     except yaml.YAMLError as e:
         raise ConfigImportError([f"not a YAML file: {str(e).splitlines()[0]}"]) from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
@@ -128,15 +126,17 @@ def resolve(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def import_yaml(text: str | bytes, *, gpus: int | None = None, model_config: dict[str, Any] | None = None,
-                file: str = "config.yaml") -> ImportedConfig:
+                file: str = "config.yaml", vocab_size: int | None = None) -> ImportedConfig:
     data = parse(text)
     flat = Flat(resolve(flatten(data)))
     apply_table(flat, TABLE, prefixes=PREFIXES)
     notes = _nemo(flat, model_config)
+    if vocab_size is not None:
+        given_vocab(flat, vocab_size)
     notes += model_and_layout(flat) + training(flat)
     flat.put("notes", notes, "nemo")
     if flat.problems:
-        raise ConfigImportError(flat.problems)
+        raise ConfigImportError(flat.problems, flat.needs)
     name = f"NeMo {safe_name(data.get('name') or 'megatron_gpt', 60)} ({safe_name(file, 60)})"
     return to_spec(flat, framework="megatron", source_format="nemo-yaml", name=name, gpus=gpus)
 

@@ -17,6 +17,7 @@ import tomllib
 from typing import Any
 
 from backend.importers.assemble import to_spec
+from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.torchtitan_models import flavor_model
@@ -98,7 +99,7 @@ def parse(text: str | bytes) -> dict[str, Any]:
     if size > MAX_JSON_FILE_BYTES:
         raise ConfigImportError([over_limit("the TOML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
-        return tomllib.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        return parse_bounded(tomllib.loads, text.decode("utf-8") if isinstance(text, bytes) else text, "the TOML")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigImportError([f"not a TOML file: {e}"]) from None
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
+from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
 
 
@@ -93,20 +94,27 @@ def _cp_degrees(model: Any, ranks: int, limits: Limits) -> list[int]:
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
-                      precision: str = "bf16-mixed", optimizer: str = "adamw") -> Layout:
+                      precision: str = "bf16-mixed", optimizer: str = "adamw",
+                      extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None) -> Layout:
     """Every valid layout: the degree pairs in Python, then one boolean grid over (pair, ep, flavour, micro-batch,
-    schedule, recompute, SP) with the pair-dependent choices padded and masked, rows in that nesting order."""
+    schedule, recompute, SP) with the pair-dependent choices padded and masked, rows in that nesting order.
+    extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
+    a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list)."""
     pairs = degree_pairs(model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
+    table = {} if sac_ops is None else {"sac_ops": tuple(sac_ops)}
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
-                            optimizer=optimizer)
+                            optimizer=optimizer, **table)
     n_eps, n_schedules = max(len(x.eps) for x in pairs), max(len(x.schedules) for x in pairs)
     tp, pp, dp, cp = (np.array([getattr(x, d) for x in pairs], dtype=np.int64) for d in ("tp", "pp", "dp", "cp"))
     eps = np.array([x.eps + [0] * (n_eps - len(x.eps)) for x in pairs], dtype=np.int64)  # 0 = padding
     schedules = np.array([x.schedules + [(-1, 0)] * (n_schedules - len(x.schedules)) for x in pairs], dtype=np.int64)
     micro_batches = np.array(limits.micro_batches, dtype=np.int64)
+    kinds = np.asarray(SEARCHED_RECOMPUTE + tuple(RecomputeMode.ALL[KINDS.index(k)] for k, _ in extra_recompute),
+                       dtype=np.int64)
+    held_layers = np.asarray([0] * len(SEARCHED_RECOMPUTE) + [n for _, n in extra_recompute], dtype=np.int64)
     # axes: pair, ep, flavour, micro-batch, schedule, recompute, SP (flavour and recompute constrain nothing)
-    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(SEARCHED_RECOMPUTE), 2)
+    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(kinds), 2)
     axis = lambda a, i: a.reshape([-1 if k == i else 1 for k in range(len(shape))])  # noqa: E731
     pair_tp, pair_pp, pair_dp = axis(tp, 0), axis(pp, 0), axis(dp, 0)
     ep = eps.reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)
@@ -120,13 +128,18 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
-    kind = np.asarray(SEARCHED_RECOMPUTE, dtype=np.int64)[recompute]
+    kind = kinds[recompute]
+    searched = recompute < len(SEARCHED_RECOMPUTE)
     columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], cp=cp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
                    micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
                    virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
-                   recompute_layers=recompute_layers(kind, pp[pair_at], model.n_layers))
-    return Layout.table(np.stack([columns[c] for c in CHOICES], axis=1), global_batch=global_batch, precision=precision,
-                        optimizer=optimizer)
+                   recompute_layers=np.where(searched, recompute_layers(kind, pp[pair_at], model.n_layers),
+                                             held_layers[recompute]))
+    rows = np.stack([columns[c] for c in CHOICES], axis=1)
+    if extra_recompute:  # a held policy equal to a searched one (layers:2, or block:N at half a stage) once
+        _, first = np.unique(rows, axis=0, return_index=True)
+        rows = rows[np.sort(first)]
+    return Layout.table(rows, global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
 
 
 def light_spec(data: dict[str, Any]) -> ExperimentSpec:

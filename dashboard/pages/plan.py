@@ -12,8 +12,9 @@ from dashboard import plan_view as pv
 from dashboard import spec_form as sf
 from dashboard import store_access
 
-DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
-            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math", "pl_predicted": False}
+DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
+            "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": pv.DEFAULT_KERNEL,
+            "pl_precision": "bf16-mixed", "pl_predicted": False}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -58,10 +59,12 @@ def _load_imported(imported) -> None:
     """The Import box's button callback: the imported model, GPUs, batch and sequence length become the search's inputs."""
     spec = imported.spec
     values = {"pl_source": "imported config", "pl_seq": spec["model"]["seq_len"], "pl_gpus": imported.gpus or
-              spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"]}
+              spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"],
+              "pl_precision": str(spec["train"].get("precision") or "bf16-mixed")}
     st.session_state.update(values)
     st.session_state["pl_saved"] = {**st.session_state.get("pl_saved", {}), **values}
-    st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"])
+    # its training settings too (planner/held.py): precision (the select above, preset to it), recompute policy, fp8
+    st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"], dict(spec["train"]))
 
 
 st.title("Plan")
@@ -85,7 +88,7 @@ if source == "preset":
     except ValueError as e:
         problem = str(e)
 elif source == "imported config":
-    shape, framework, model_name = st.session_state["pl_imported"]
+    shape, framework, model_name, imported_train = st.session_state["pl_imported"]
     c2.text(f"from the {framework} config: {model_name}")
     try:
         model = pv.ModelSpec(**{**shape, "seq_len": seq})
@@ -148,18 +151,27 @@ node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
 mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
                       help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
-c1, c2 = st.columns([1, 3])
-attention = c1.selectbox("Attention kernel", ["math", "flash"], key="pl_attention",
-                         help="flash: SDPA's fused kernel (no s x s scores saved); context parallelism (cp) is searched "
-                              "with flash only, since ring attention merges flash blocks")
-top = c2.slider("Layouts to show", 1, 50, key="pl_top")
+c1, c2, c3 = st.columns([1, 1, 2])
+kernel, kernel_why = pv.planned_kernel(model, hardware, st.session_state.get("pl_attention"), store_access.db_url())
+attention = c1.selectbox("Attention kernel", pv.KERNEL_CHOICES, key="pl_attention",
+                         format_func=lambda k: f"{kernel} (default)" if k == pv.DEFAULT_KERNEL else k,
+                         help="Default: flash on a GPU profile (what GPU training runs; context parallelism is searched "
+                              "with flash only, since ring attention merges flash blocks), the model's own elsewhere or "
+                              "with attention sinks. math: the explicit softmax, its s x s scores saved.")
+precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
+                         help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
+                              "it to its own.")
+top = c3.slider("Layouts to show", 1, 50, key="pl_top")
+held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
+st.markdown(f"**Planned with {kernel} attention**")  # kernel: flash or math; the reasons below are plain text
+st.text(f"{kernel_why[0].upper()}{kernel_why[1:]}. Every layout trains with {held.words()}.")
 include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
                               help="Also rank layouts this machine's engine cannot run (each row says why); by default "
                                    "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
-    + f", {attention} attention" + (" incl. prediction-only" if include_predicted else "")
+    + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "")
 if problem:  # names the config's keys and values: the user's text
     messages.box("error", "This model cannot be planned:", [problem])
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
@@ -167,7 +179,8 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
                                                     db_url=store_access.db_url(), include_predicted=bool(include_predicted),
-                                                    attention=attention)
+                                                    attention=None if attention == pv.DEFAULT_KERNEL else attention,
+                                                    held=held)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
@@ -180,6 +193,9 @@ if res is not None:
     used = getattr(res, "profile_used", None)
     if used is not None:
         (st.info if used["profile"]["calibration"] else st.caption)(used["line"][0].upper() + used["line"][1:] + ".")
+    st.info(pv.planned_line(res))
+    for line in pv.warning_notes(res):
+        st.warning(line)
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
@@ -232,5 +248,5 @@ if res is not None:
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")
-    for n in res.notes:
+    for n in pv.other_notes(res):
         st.caption(n)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.result import loss_parity
+from backend.result import parity_verdict
 from db import queries as q
 from db.export import export_csv, export_json
 from db.session import open_db
@@ -43,10 +43,10 @@ def store(tmp_path, monkeypatch):
 
 
 def test_the_verdict_follows_the_precision_bound():
-    assert loss_parity("fp32", 2e-2) == "fails" and loss_parity("fp32", 5e-5) == "ok" and loss_parity("fp32", None) is None
-    assert loss_parity("bf16-mixed", 2e-2) == "ok" and loss_parity("fp32", float("nan")) == "fails"
+    assert parity_verdict("fp32", 2e-2) == "fails" and parity_verdict("fp32", 5e-5) == "ok" and parity_verdict("fp32", None) is None
+    assert parity_verdict("bf16-mixed", 2e-2) == "ok" and parity_verdict("fp32", float("nan")) == "fails"
     # fp8 runs bf16 around its float8 linears: FSDP's bf16 weight cast gave 1.2e-3 (test_fp8.py), not a broken step
-    assert loss_parity("fp8", 1.2e-3) == "ok" and loss_parity("fp8", 0.2) == "fails"
+    assert parity_verdict("fp8", 1.2e-3) == "ok" and parity_verdict("fp8", 0.2) == "fails"
 
 
 def test_the_csv_and_json_export_carry_the_verdict_and_the_step_time_error(store):

@@ -30,7 +30,7 @@ import numpy as np
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
-from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
+from backend.analytic.sharding import LocalParam, derived, stage_layers
 from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
                                                    Widths, fused_layer_passes, layer_passes, param_passes)
 from backend.analytic.steptime.hardware import Hardware
@@ -93,14 +93,6 @@ def default_implementation(hw: Hardware) -> str:
     return "fused" if hw.kind == "cpu" else "torch"
 
 
-def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
-    """Tokens that go through a weight: experts see tokens·top_k·ep/E each under uniform routing (GShard Sec 3.1)."""
-    m, p = spec.model, spec.parallel
-    if expert_of(q.name) is not None:
-        return tokens * m.top_k * p.ep / m.n_experts
-    return tokens
-
-
 def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float,
                    float8: bool = False) -> tuple[Any, Any]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
@@ -113,23 +105,35 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, 
 
 def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
     """Forward and backward seconds and FLOPs of the given Linear weights' GEMMs (forward, dgrad, wgrad at their own
-    shapes) for `tokens` tokens; benchmarks/published_gpu.py prints it per layer."""
+    shapes) for `tokens` tokens (experts see tokens·top_k·ep/E each under uniform routing, GShard Sec 3.1);
+    benchmarks/published_gpu.py prints it per layer."""
     cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
     fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
+    m, p = spec.model, spec.parallel
+    routed = tokens * m.top_k * p.ep / m.n_experts if m.n_experts else tokens  # _gemm_rows of an expert's weight
     out = PassCost()
-    seen: dict[tuple, tuple[float, float]] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
+    # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once;
+    # the sums still add every weight's seconds one by one, in order
+    seen: dict[tuple, tuple[float, float, float]] = {}
+    fwd = bwd = flops = 0.0  # plain += in order (not sum(): Python 3.12's sum compensates, other floats)
     for q in params:
-        if len(q.local_shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
+        shape = q.local_shape
+        if len(shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
-        n_out, k = q.local_shape  # nn.Linear weight (out, in)
-        rows = _gemm_rows(spec, q, tokens)
         float8 = fp8 and is_float8_weight(q)
-        f = seen.get((rows, k, n_out, float8))
+        f = seen.get((shape, q.is_expert, float8))
         if f is None:
-            f = seen[(rows, k, n_out, float8)] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8)
-        out.fwd_s += f[0]
-        out.bwd_s += f[1]
-        out.fwd_flops += 2 * rows * k * n_out
+            n_out, k = shape  # nn.Linear weight (out, in)
+            rows = routed if q.is_expert else tokens
+            key = ("weight gemms", precision, rows, k, n_out, cb, float8)  # the same on every layout of the profile
+            timed = hw.memo.get(key)
+            if timed is None:
+                timed = hw.memo[key] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8)
+            f = seen[(shape, q.is_expert, float8)] = (*timed, 2 * rows * k * n_out)
+        fwd += f[0]
+        bwd += f[1]
+        flops += f[2]
+    out.fwd_s, out.bwd_s, out.fwd_flops = fwd, bwd, flops
     return out
 
 

@@ -77,6 +77,20 @@ class StepTime:
         return asdict(self)
 
 
+class InconsistentStepTime(RuntimeError):
+    """The step's parts do not add up to the step for some rank: a defect of this model, never of the input. Callers
+    that time many layouts (the planner) report the layout by name and go on."""
+
+
+def check_parts_sum(rank: int, parts: dict[str, float], step_s: float) -> None:
+    """compute + exposed comm + bubble + optimizer + other must equal the step (to 1e-6 relative) on every rank."""
+    total = sum(parts.values())
+    if not abs(total - step_s) < 1e-6 * max(1.0, step_s):
+        terms = " + ".join(f"{k} {v:.6g}" for k, v in parts.items())
+        raise InconsistentStepTime(f"rank {rank}'s step-time parts do not add up to its step: {terms} = {total:.6g} s "
+                                   f"!= step {step_s:.6g} s")
+
+
 def _timeshare(spec: Any, hw: Hardware) -> float:
     return max(1.0, spec.parallel.world_size / hw.cores) if hw.kind == "cpu" and hw.cores else 1.0
 
@@ -204,11 +218,11 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
             fwd[s] = (c.fwd_s + per_mb / 2 * share_s + n_stage * ring.fwd_exposed_s) * share
             rc_comm = per_mb / 2 * share_s if str(t.recompute) == "full" else 0.0  # the re-run forward's collectives
             bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s + rc_comm) + n_stage * ring.bwd_exposed_s) * share
-        info.append((r, params, stages, comm, tot, kinds))
+        info.append((r, params, stages, layers, comm, tot, kinds))
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop)
     out = []
-    for k, (r, params, stages, comm, tot, kinds) in enumerate(info):
+    for k, (r, params, stages, layers, comm, tot, kinds) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
         dp_kinds: dict[str, float] = {}
         dp_total, dp_exp = dp_exposed(spec, hw, g, params, tot, dp_kinds)
@@ -232,7 +246,9 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
                                     **({"cp": mb * len(layers) * ring.comm_s * share} if p.cp > 1 else {}),
                                     "pp": span1 - span0, "dp": dp_total * share}, exposed_by_dim_s=exposed,
                             comm_by_collective_s=kinds))
-        assert abs(compute + mp_exp + bubble + exposed["pp"] + exposed["dp"] + opt + other - step) < 1e-6 * max(1.0, step)
+        parts = {"compute": compute, "exposed tp / ep / cp": mp_exp, "bubble": bubble, "pp p2p": exposed["pp"],
+                 "exposed dp": exposed["dp"], "optimizer": opt, "other": other}
+        check_parts_sum(r, parts, step)
     slow = max(out, key=lambda x: x.step_s)
     notes = [f"attention={attention}", f"implementation={implementation}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])

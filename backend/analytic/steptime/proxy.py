@@ -126,10 +126,12 @@ def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: 
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
         f = b = 0.0
         fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
-        for n_out, k, expert in _block_linears(key, tp, part, ep if model.is_moe else 1):
-            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes,
-                                    float8=fp8 and not expert)
-            f, b = f + sf, b + sb
+        seen: dict[tuple[int, int, bool], tuple[float, float]] = {}  # a MoE block repeats each expert's shapes E times
+        for shape in _block_linears(key, tp, part, ep if model.is_moe else 1):
+            sf, sb = seen.get(shape) or seen.setdefault(shape, weight_gemms_s(
+                hw, layout.precision, routed if shape[2] else tokens, shape[1], shape[0], layout.compute_bytes,
+                float8=fp8 and not shape[2]))
+            f, b = f + sf, b + sb  # added one by one, in the block's order: the same floats as timing each
         hit = hw.memo[memo_key] = (f, b)
     return hit
 
