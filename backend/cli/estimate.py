@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str | None:
     """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
-    from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.model import NotTimed, step_time
     from backend.calibration.fit import extrapolation
     from backend.calibration.records import resolve
 
@@ -95,7 +95,11 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return str(e)
-    st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
+    try:
+        st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
+    except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
+        data["step_time"], data["step_time_detail"] = None, {"hardware": hw.key, "not_timed": str(e)}
+        return None
     data["step_time"] = st.summary
     g = args.gpus_per_node or hw.gpus_per_node
     data["step_time_detail"] = {"hardware": hw.key, "calibration": cal["id"] if cal else None,
@@ -151,7 +155,9 @@ def _training_table(d: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in d["notes"]]
     if d.get("why_not"):
         lines.append(f"prediction only (run/submit refuse it): {d['why_not']}")
-    if "step_time" in d:
+    if d.get("step_time") is None and "step_time_detail" in d:
+        lines.append(f"step time on {d['step_time_detail']['hardware']}: not timed: {d['step_time_detail']['not_timed']}")
+    elif "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
         lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
                      f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + exposed comm "

@@ -21,7 +21,7 @@ from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, 
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
                                                pos_int, training)
-from backend.spec.user_text import MAX_JSON_FILE_BYTES
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")
 _IGNORED = "training numerics, data, logging, checkpointing or kernel fusion: no effect on memory or step time per step"
@@ -97,7 +97,7 @@ def parse(text: str | bytes) -> dict[str, Any]:
 
     size = len(text.encode() if isinstance(text, str) else text)
     if size > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the YAML is {size:,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit for a config"])
+        raise ConfigImportError([over_limit("the YAML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
         data = parse_bounded(yaml.safe_load, text, "the NeMo YAML")
     except yaml.YAMLError as e:

@@ -23,7 +23,7 @@ from backend.importers.imported import ConfigImportError, ImportedConfig, safe_n
 from backend.importers.torchtitan_models import flavor_model
 from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
                                               precision, schedule)
-from backend.spec.user_text import MAX_JSON_FILE_BYTES
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 _BOOKKEEPING = "job bookkeeping, profiling, metrics, checkpointing or communication timeouts: no effect on memory or step time"
 _NUMERICS = "optimizer / schedule / data numerics: no effect on memory or step time per step"
 
@@ -97,7 +97,7 @@ WHEN_ON = {  # booleans reported only when switched on
 def parse(text: str | bytes) -> dict[str, Any]:
     size = len(text.encode() if isinstance(text, str) else text)
     if size > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the TOML is {size:,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit for a config"])
+        raise ConfigImportError([over_limit("the TOML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
         return parse_bounded(tomllib.loads, text.decode("utf-8") if isinstance(text, bytes) else text, "the TOML")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

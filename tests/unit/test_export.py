@@ -205,7 +205,8 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
                                                      "heartbeat_at", "peak_bytes_max")}
     assert old_names | {"tags"} <= set(header) and header.count("tags") == 1  # every existing column name kept
     assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
-    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s"}
+    # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference
+    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity"}
     rows = {r["name"]: r for r in _rows(text)}
     assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
         ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
