@@ -319,9 +319,10 @@ def stack_blockers(spec: Any) -> list[str]:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
                    + " where this engine keeps " + ", ".join(f"{engine.values[k]}" for k in dtypes)
                    + " for this layout")
-    hint = f"; prediction only (stack {r.stack}: set stack shardlab to run this layout on this engine)" \
-        if r.stack != runner.train.stack else "; prediction only"
-    return [f"{b}{hint}" for b in out]
+    if out:  # the remedy once, after the last reason
+        out[-1] += (f" (stack {r.stack}: set stack {runner.train.stack} to run this layout on this engine)"
+                    if r.stack != runner.train.stack else "")
+    return out
 
 
 def _words(value: Any) -> str:

@@ -14,6 +14,7 @@ from dashboard import family_form
 from dashboard import import_box
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
@@ -153,6 +154,7 @@ def _train_inputs() -> None:
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
     if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "

@@ -88,7 +88,8 @@ def test_what_this_engine_cannot_run_is_prediction_only_with_the_reason():
     assert problems, "run/submit must refuse a stack this engine does not run"
     assert run_blockers(_spec()) == []
     assert run_blockers(_spec({"elementwise": "compiled"})) == [
-        "elementwise=compiled (set in the spec, stack shardlab): this engine runs eager only; prediction only"]
+        "elementwise=compiled (set in the spec, stack shardlab): this engine runs eager only"]
+    assert blockers[-1].endswith("(stack megatron: set stack shardlab to run this layout on this engine)")
     assert not run_blockers(_spec({"stack": "torchtitan", "loss_parallel": False}, {"strategy": "zero3", "tp": 1,
                                                                                     "sequence_parallel": False}))
 
