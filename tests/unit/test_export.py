@@ -238,8 +238,10 @@ def test_the_stack_column_reads_the_stored_spec(store_urls):
     """Issue 34: runs carry their stack in the spec JSON (no column of its own); the CSV's `stack` reads it, and a spec
     stored before stacks existed (no train.stack) exports as shardlab."""
     engine = store_urls.engine()
+    from backend.spec.choices import Stack
+
     s = spec("titan").model_copy(deep=True)
-    s.train.stack = "torchtitan"
+    s.train.stack = Stack.TORCHTITAN
     eid = q.submit_experiment(engine, s)
     old = q.submit_experiment(engine, spec("old"))
     with engine.begin() as c:  # what a store written before issue 34 holds: a spec without train.stack
