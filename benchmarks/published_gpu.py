@@ -166,7 +166,7 @@ def breakdown(r: dict) -> dict:
     m, t = spec.model, spec.train
     layout, rc = Layout.of(spec), 1 if str(t.recompute) == "full" else 0
     w = weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2],
-                      t.micro_batch * m.seq_len)
+                      t.micro_batch * m.seq_len // spec.parallel.cp, knobs.fp8_gemms)
     a, e = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, impl)
     h = head_pass(m, layout, hw, vocab_shards=knobs.vocab_shards)
     mb, layers = t.microbatches, m.n_layers / spec.parallel.pp
