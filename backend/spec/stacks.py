@@ -302,8 +302,8 @@ def stack_blockers(spec: Any) -> list[str]:
     """Why this engine cannot run a spec's stack settings (prediction only): settings whose value the engine does not
     run, and dtypes other than the engine's own for the layout."""
     runs = "deepspeed" if str(getattr(spec, "framework", "torch")) == "deepspeed" else "shardlab"
-    if str(spec.train.stack) == runs and not any(getattr(spec.train, k) is not None for k in SETTINGS):
-        return []
+    if str(spec.train.stack) in ("shardlab", runs) and not any(getattr(spec.train, k) is not None for k in SETTINGS):
+        return []  # the default stack is what runs it here (framework=deepspeed: DeepSpeed's own engine)
     runner = _Runner(spec)
     r = resolve_stack(spec, "sm90")  # the device the stacks are built for: Hopper picks TE's cuDNN attention
     engine = resolve_stack(runner, "sm90")

@@ -214,6 +214,8 @@ def _step_time_panel(spec) -> None:
         return
     c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
               help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    with st.expander(f"Stack {spec.train.stack} as resolved on {hardware}", expanded=False):
+        st.dataframe(stack_form.resolved_rows(spec, steptime_view.device_class(hardware)), hide_index=True)
     st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
                f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
 
