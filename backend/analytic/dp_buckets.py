@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.vector import ceil_div
-from backend.spec.stacks import megatron_distributed_optimizer
+from backend.spec.stack_rules import megatron_distributed_optimizer
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
 

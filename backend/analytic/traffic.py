@@ -20,7 +20,7 @@ from backend.analytic.params import ModelKey, block_param_list, is_gated, model_
 from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
-from backend.spec.stacks import loss_parallel_on
+from backend.spec.stack_rules import loss_parallel_on
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2

@@ -12,7 +12,7 @@ import re
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
 from backend.spec.run_rules import blocking_reasons
-from backend.spec.stacks import stack_problems
+from backend.spec.stack_rules import stack_problems
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from backend.spec.choices import ZERO_STAGE, Schedule
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
-from backend.spec.stacks import stack_blockers
+from backend.spec.stack_rules import stack_blockers
 
 SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
 
