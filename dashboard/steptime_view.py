@@ -42,6 +42,12 @@ def predict(spec: Any, hardware: str, engine: Any = None, gpus_per_node: int | N
     return {**summary, "hardware": hardware, "calibration": cal["id"] if cal else None}, None
 
 
+def device_class(hardware: str) -> str:
+    """The device class a stack's defaults resolve on (spec/stacks.DEVICE_CLASSES): the profile's, cpu without one."""
+    profiles = load_profiles()
+    return profiles[hardware].device_class if hardware in profiles else "cpu"
+
+
 def breakdown_text(summary: dict) -> str:
     parts = " + ".join(f"{label} {summary[key]:.3g} s" for key, label in BREAKDOWN if summary.get(key))
     return f"= {parts}" if parts else ""

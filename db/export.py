@@ -1,6 +1,6 @@
 """CSV and JSON export of the experiment store (same filters as `db.queries.list_experiments`).
 
-CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, strategy,
+CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, stack, strategy,
 degrees, tags as a JSON list), then model and training columns, step time measured and predicted
 (`step_time_predicted_s`: RunResult's, from the step-time model at run time; `step_time_error_pct` = (predicted -
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
@@ -34,7 +34,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
-from sqlalchemy import Engine, String, Text, case, func, literal, select, type_coerce
+from sqlalchemy import JSON, Engine, String, Text, case, cast, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES, PARITY_BOUND, PARITY_FAILS, PARITY_OK, parity_bound
 from db.filters import filtered, tags_for
@@ -43,7 +43,7 @@ from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the predicted step time
-    "id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate",
+    "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate",
     "cp_load_balance", "zero_stage",
     "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
@@ -92,6 +92,9 @@ def _exp_columns(dialect: str, safe: bool) -> list:
     (CSV), timestamps as text, fields that do not apply blank (NOT_APPLICABLE)."""
     out = []
     for k in EXP_COLUMNS:
+        if k == "stack":
+            out.append(stack_sql(dialect).label(k))
+            continue
         col = DERIVED[k]() if k in DERIVED else getattr(Experiment, k)
         if k in NOT_APPLICABLE:
             gate = getattr(Experiment, NOT_APPLICABLE[k])
@@ -99,6 +102,16 @@ def _exp_columns(dialect: str, safe: bool) -> list:
         out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
                    else col.label(k))
     return out
+
+
+def stack_sql(dialect: str):
+    """The spec's train.stack read from the stored spec JSON in SQL (no column of its own: issue 34), "shardlab" for
+    specs stored before stacks existed."""
+    if dialect == "postgresql":
+        value = func.json_extract_path_text(cast(Experiment.spec_json, JSON), "train", "stack")
+    else:
+        value = func.json_extract(Experiment.spec_json, "$.train.stack")
+    return func.coalesce(value, literal("shardlab", String))
 
 
 def _step_time_error_pct():

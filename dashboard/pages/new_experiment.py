@@ -15,6 +15,7 @@ from dashboard import import_box
 from dashboard import messages
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
@@ -154,6 +155,7 @@ def _train_inputs() -> None:
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
     if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
@@ -213,6 +215,8 @@ def _step_time_panel(spec) -> None:
         return
     c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
               help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    with st.expander(f"Stack {spec.train.stack} as resolved on {hardware}", expanded=False):
+        st.dataframe(stack_form.resolved_rows(spec, steptime_view.device_class(hardware)), hide_index=True)
     st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
                f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
 

@@ -10,6 +10,7 @@ from dashboard import import_box
 from dashboard import messages
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
@@ -65,7 +66,14 @@ def _load_imported(imported) -> None:
     st.session_state["pl_saved"] = {**st.session_state.get("pl_saved", {}), **values}
     # its training settings too (planner/held.py): precision (the select above, preset to it), recompute policy, fp8
     st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"], dict(spec["train"]))
+    # and its stack with the settings it states (issue 34): the Stack select and its settings, preset to them
+    from backend.spec.sections import TrainSpec
 
+    st.session_state.update({STACK_KEY + k: v for k, v in stack_form.to_form(TrainSpec(**{
+        k: v for k, v in spec["train"].items() if k in TrainSpec.model_fields})).items()})
+
+
+STACK_KEY = "pl_stack_"
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
@@ -162,7 +170,10 @@ precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
                          help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
                               "it to its own.")
 top = c3.slider("Layouts to show", 1, 50, key="pl_top")
+stack_form.render(st, STACK_KEY)  # issue 34: every layout trains with this stack (its kernels and overlaps)
+chosen = stack_form.to_spec(stack_form.read(st, STACK_KEY))
 held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
+held = held.with_stack(chosen.pop("stack"), chosen)
 st.markdown(f"**Planned with {kernel} attention**")  # kernel: flash or math; the reasons below are plain text
 st.text(f"{kernel_why[0].upper()}{kernel_why[1:]}. Every layout trains with {held.words()}.")
 include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
