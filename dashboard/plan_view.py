@@ -156,7 +156,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
                      "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
-                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"],
+                     "tokens/s": round(t["tokens_per_s"]), "TFLOP/s per GPU": t["tflops_per_gpu"],
                      "extrapolation": "; ".join(_flags(p, i)) or None})
     return pd.DataFrame(rows)
 

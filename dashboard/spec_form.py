@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Any
 
 from backend.spec import Framework, Offload, dims  # issue 14
+from dashboard import stack_form
 from backend.hf_config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
@@ -125,6 +126,7 @@ def default_form() -> dict[str, Any]:
         source_model=None,
     )
     v.update(framework="torch", offload="none")
+    v.update(stack_form.defaults())  # issue 34: the stack and its settings (dashboard/stack_form.py)
     return v
 
 
@@ -176,7 +178,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "name": name,
         "model": model,
         "train": {k: val(k) for k in TRAIN_KEYS if k in v} | (
-            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {}),
+            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {})
+        | (stack_form.to_spec(v) if "stack" in v else {}),
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
@@ -263,6 +266,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v["name"], v["timeout_s"], v["preset"] = spec.name, spec.runtime.timeout_s, preset_of(v)
     v["framework"], v["offload"] = str(spec.framework), str(p.offload)
     v["executor"], v["nnodes"] = str(spec.runtime.executor), spec.runtime.nnodes
+    v.update(stack_form.to_form(t))
     return v
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.vector import ceil_div
+from backend.spec.stack_rules import megatron_distributed_optimizer
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
@@ -23,9 +24,10 @@ def bucket_of(name: str) -> tuple[int, str]:
 
 
 def used_by(spec: Any) -> bool:
-    """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec)."""
+    """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec): zero1 x tp / pp
+    here, and every zero1 of the megatron stack (spec/stacks.megatron_distributed_optimizer)."""
     p = spec.parallel
-    return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1) and p.ep == 1
+    return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1 or megatron_distributed_optimizer(spec)) and p.ep == 1
 
 
 def padded(numel: Any, dp: Any) -> Any:

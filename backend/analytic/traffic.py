@@ -20,6 +20,7 @@ from backend.analytic.params import ModelKey, block_param_list, is_gated, model_
 from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
+from backend.spec.stack_rules import loss_parallel_on
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2
@@ -143,8 +144,13 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
             rs, ag = rs + bsh + sh, ag + bsh + sh  # backward all-gathers the sharded output grads
         else:
             ar += bsh + sh
-    if n_stages - 1 in stages:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
-        ag += t.micro_batch * s * m.vocab_size * cb
+    if n_stages - 1 in stages:
+        if loss_parallel_on(spec):  # vocab-parallel loss: the logits stay sharded; it all-reduces per token the max,
+            # the sum of exponentials and the target logit (torch's loss_parallel _log_softmax / _nll_loss_forward,
+            # Megatron's VocabParallelCrossEntropy): 3 fp32 all-reduces of b*s values
+            ar += 3 * t.micro_batch * s * MASTER_BYTES
+        else:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
+            ag += t.micro_batch * s * m.vocab_size * cb
         if sp:
             ag, rs = ag + bsh, rs + bsh  # Shard(1) input gathered fwd, grad reduce-scattered bwd
         else:

@@ -12,7 +12,7 @@ from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
 from backend.spec.user_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec.fields import FLAGS, SWITCHES
+from backend.spec.fields import FLAGS, STACK_SWITCHES, SWITCHES
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,13 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
                         default=None, help="spec model.tie_embeddings (lm_head shares tok_emb's weight)")
     parser.add_argument("--shared-expert-gate", dest="spec_shared_expert_gate", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.shared_expert_gate")
+    for flag, field in STACK_SWITCHES.items():
+        parser.add_argument(flag, dest=f"spec_{field}", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"spec train.{field} (default: the stack's)")
+    parser.add_argument("--async-tp", dest="spec_tp_overlap", action="store_const", const=True,
+                        help="torchtitan's name for --tp-comm-overlap")
+    parser.add_argument("--compile", dest="spec_compile", action="store_true", default=None,
+                        help="torch.compile: --elementwise compiled")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
@@ -57,6 +64,12 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         _put(data, "parallel", f.name, getattr(args, f"spec_{f.name}", None))
     _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
     _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
+    for field in STACK_SWITCHES.values():
+        _put(data, "train", field, getattr(args, f"spec_{field}", None))
+    if getattr(args, "spec_compile", None):
+        if getattr(args, "spec_elementwise", None) not in (None, "compiled"):
+            raise InputError(f"--compile means --elementwise compiled; --elementwise {args.spec_elementwise} contradicts it")
+        _put(data, "train", "elementwise", "compiled")
     return data
 
 

@@ -209,6 +209,10 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
     notes.append("every layout trains with " + held.words())
+    if held.stack != "shardlab" or held.stack_settings:
+        notes.append(f"stack {held.stack}: each layout is timed with that stack's kernels and overlaps "
+                     "(spec/stacks.py); layouts whose stack settings this engine does not run are ranked, marked "
+                     "prediction only with the reason")
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")

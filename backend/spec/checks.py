@@ -14,6 +14,7 @@ from backend.spec import dims
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
 from backend.spec.run_rules import blocking_reasons
+from backend.spec.stack_rules import stack_problems
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 
 
@@ -34,6 +35,7 @@ def derive_and_check(s: SpecParts) -> list[str]:
     problems += _check_degrees(m, p)
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
+    problems += stack_problems(s)
     problems += [RunOnly(reason) for reason in blocking_reasons(s)]
     if t.recompute_ops is not None and t.recompute != "op":
         problems.append(f"recompute_ops lists the ops `op` recompute saves; recompute is {t.recompute!r}, not 'op'")

@@ -9,6 +9,7 @@ from typing import Any
 from backend.spec import dims
 from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer,
                                   Positions, Precision, Strategy)
+from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
 
 
 def dim_flags(dimensions: tuple[dims.Dim, ...]) -> dict[str, tuple[str, str, Any]]:
@@ -64,6 +65,23 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--expert-ffn": ("model", "expert_ffn_hidden", int),
     "--shared-experts": ("model", "n_shared_experts", int),
     "--shared-ffn": ("model", "shared_ffn_hidden", int),
+    "--stack": ("train", "stack", list(STACK_CHOICES)),
+    "--attention-kernel": ("train", "attention_kernel", list(KERNEL_CHOICES)),
+    "--elementwise": ("train", "elementwise", list(ELEMENTWISE_CHOICES)),
+    "--param-dtype": ("train", "param_dtype", [d for d in DTYPE_CHOICES if d != "none"]),
+    "--grad-reduce-dtype": ("train", "grad_reduce_dtype", ["fp32", "bf16", "fp16"]),
+    "--master-dtype": ("train", "master_dtype", ["fp32", "bf16", "none"]),
 }
 
 SWITCHES = dim_switches(dims.DIMS)
+
+STACK_SWITCHES: dict[str, str] = {
+    "--loss-parallel": "loss_parallel",
+    "--tp-comm-overlap": "tp_overlap",
+    "--overlap-grad-reduce": "grad_reduce_overlap",
+    "--overlap-param-gather": "param_gather_overlap",
+    "--pp-overlap": "pp_overlap",
+    "--optimizer-over-cp": "optimizer_over_cp",
+}
+"""On / off stack settings (train.<field>; --no-<flag> sets False, neither keeps the stack's default). --async-tp is
+--tp-comm-overlap under torchtitan's name, --compile is --elementwise compiled."""

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from backend.spec.choices import ZERO_STAGE, Schedule
 from backend.spec.dims import DIMS, degree_names
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
+from backend.spec.stack_rules import stack_blockers
 
 SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
 
@@ -113,9 +114,10 @@ RULES = LAYOUT_RULES + MODEL_RULES
 
 
 def blocking_reasons(spec: SpecParts) -> list[str]:
-    """The sentence of every rule that blocks this spec, in RULES order."""
+    """The sentence of every rule that blocks this spec, in RULES order, then the stack settings this engine does not
+    run (stacks.stack_blockers: one plan holds one stack, so the planner applies them to all its layouts at once)."""
     view = LayoutView.of_spec(spec.parallel, spec.train.precision, spec.model)
-    return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))]
+    return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))] + stack_blockers(spec)
 
 
 def rule_hits(view: LayoutView) -> dict[str, Any]:

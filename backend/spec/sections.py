@@ -8,10 +8,10 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
-from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, Backend, Bias, Device, Executor,
-                                  Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions, Precision,
-                                  Recompute, RouterScore, Strategy, WindowKind)
 from backend.spec import dims
+from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, Device,
+                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions,
+                                  Precision, Recompute, RouterScore, Stack, StackDtype, Strategy, WindowKind)
 from backend.spec.dims import MAX_WORLD
 from backend.spec.user_text import source_problem
 
@@ -216,6 +216,34 @@ class TrainSpec(SpecSection):
     (recompute_policy.DEFAULT_SAC_OPS)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
+    stack: Stack = Stack.SHARDLAB
+    """The software stack the job trains with (backend/spec/stacks.py): shardlab (this engine), torchtitan, megatron
+    (Megatron-Core + Transformer Engine) or deepspeed. It gives the default of every setting below (None = its default)."""
+    attention_kernel: AttentionKernel | None = None
+    """The attention core's kernel: eager, flash2, flash3, cudnn (TE / cuDNN fused), efficient, flash1, flash-triton."""
+    elementwise: Elementwise | None = None
+    """Element-wise work: eager (one kernel per operator), compiled (torch.compile) or fused (TE / Apex kernels)."""
+    param_dtype: StackDtype | None = None
+    """The dtype the persistent parameters are kept in (FSDP2: fp32 shards; Megatron / DeepSpeed: 16-bit; fp8 with
+    Megatron's --fp8-param-gather)."""
+    grad_reduce_dtype: StackDtype | None = None
+    """The dtype gradients are accumulated and reduced in (FSDP2 reduce_dtype; Megatron's main-grad buffer, bf16 with
+    --grad-reduce-in-bf16; DeepSpeed's grad_accum_dtype)."""
+    master_dtype: StackDtype | None = None
+    """The optimizer's master weights: fp32 copies of 16-bit params, or none (the params are the master)."""
+    loss_parallel: bool | None = None
+    """Vocab-parallel cross-entropy over tp: the logits stay sharded (V/tp per rank), no all-gather."""
+    tp_overlap: bool | None = None
+    """TP collectives hidden behind the matmuls they feed (torchtitan's async TP, Megatron's --tp-comm-overlap);
+    needs sequence parallelism."""
+    grad_reduce_overlap: bool | None = None
+    """Data-parallel gradient reduction overlapped with backward (Megatron --overlap-grad-reduce)."""
+    param_gather_overlap: bool | None = None
+    """Data-parallel parameter all-gather overlapped with forward (Megatron --overlap-param-gather, FSDP prefetch)."""
+    pp_overlap: bool | None = None
+    """Pipeline send / recv overlapped with compute (Megatron's overlap_p2p_comm)."""
+    optimizer_over_cp: bool | None = None
+    """Optimizer state sharded over dp x cp (Megatron's data_parallel_group_with_cp) rather than dp alone."""
 
 
     @field_validator("recompute", mode="before")
@@ -255,9 +283,9 @@ class ParallelHead(SpecSection):
 
 
 ParallelDegrees = dims.spec_model(dims.DIMS, ParallelHead)
-_DEGREES = dims.degree_names(dims.DIMS)
 """`ParallelHead` and every field of the dimension table: the degrees dp, tp, pp, ep, cp and their options
 (sequence_parallel, pp_schedule, virtual_stages, cp_rotate, cp_load_balance), each with its bounds and docstring."""
+_DEGREES = dims.degree_names(dims.DIMS)
 
 
 class ParallelSpec(ParallelDegrees):

@@ -12,8 +12,10 @@ from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form
 from dashboard import import_box
+from dashboard import messages
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
@@ -70,15 +72,15 @@ def _model_inputs() -> None:
                  help="Published shapes count their published parameters exactly; edit any dimension below")
     st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
                      type=["json"], key="hf_upload", on_change=_apply_upload)
-    if st.session_state.get("hf_error"):
-        st.error(st.session_state["hf_error"])
+    if st.session_state.get("hf_error"):  # the file's name and its keys: the user's text
+        messages.box("error", "This config.json cannot be used:", [st.session_state["hf_error"]])
     for note in st.session_state.get("hf_notes") or []:
-        st.caption(f":material/info: {note}")
+        messages.note(note)
     src = st.session_state.get(P + "source")
     if src:
         label = src.get("preset") or src.get("file") or "config.json"
-        st.caption(f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
-                   + " — stored with the run.")
+        line = f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "") + " — stored with the run."
+        (st.caption if src.get("preset") else st.text)(line)  # an uploaded file's name is the user's text: plain
     st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
               help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
                    "type (norm, MLP, positions, MoE), fewer and narrower layers.")
@@ -161,6 +163,7 @@ def _train_inputs() -> None:
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
     if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
@@ -220,6 +223,8 @@ def _step_time_panel(spec) -> None:
         return
     c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
               help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    with st.expander(f"Stack {spec.train.stack} as resolved on {hardware}", expanded=False):
+        st.dataframe(stack_form.resolved_rows(spec, steptime_view.device_class(hardware)), hide_index=True)
     st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
                f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
 
@@ -229,7 +234,7 @@ def _prediction(spec, device_gb: float) -> None:
     try:
         est, rows = _predict(spec.to_json())
     except Exception as e:  # noqa: BLE001 - a formula gap is shown, not raised
-        st.error(f"The analytic model cannot predict this spec: {e}")
+        messages.box("error", "The analytic model cannot predict this spec:", [str(e)])
         return
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
@@ -257,10 +262,10 @@ def _prediction(spec, device_gb: float) -> None:
                   help="Activations of the fullest rank with the explicit softmax(QK^T)V attention")
         c2.metric("flash attention", fmt_bytes_short(cmp["flash"]),
                   help="Activations of the fullest rank with the fused (flash) attention kernel")
-        c3.metric("flash saves", fmt_bytes_short(cmp["math"] - cmp["flash"]),
-                  help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
-    for note in getattr(est, "notes", []) or []:
-        st.caption(f":material/info: {note}")
+        label, value, why = pv.flash_saving(cmp, str(spec.train.recompute))
+        c3.metric(label, value, help=why)
+    for note in getattr(est, "notes", []) or []:  # may quote the model's source (a config's keys)
+        messages.note(note)
 
 
 def _load_imported(imported) -> None:
@@ -294,8 +299,8 @@ with right:
 
         if (problem := cluster_problem(spec)) is not None:
             spec, problems = None, [problem]
-    if problems:
-        st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
+    if problems:  # a problem quotes the value it refuses: a name is shown as typed, never as markdown
+        messages.box("error", "This spec cannot run:", problems)
     else:
         if blockers:
             st.warning("Prediction only: " + "; ".join(blockers), icon=":material/visibility:")

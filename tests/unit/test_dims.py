@@ -60,9 +60,9 @@ def test_the_real_table_keeps_the_contracts():
     assert list(ParallelSpec.model_fields) == ["strategy", "world_size", "dp", "tp", "sequence_parallel", "pp",
                                                "pp_schedule", "virtual_stages", "ep", "cp", "cp_rotate",
                                                "cp_load_balance", "offload"]
-    assert EXP_COLUMNS[:19] == ["id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp",
-                                "ep", "cp", "cp_rotate", "cp_load_balance", "zero_stage", "schedule", "microbatches",
-                                "virtual_stages", "sequence_parallel"]
+    assert EXP_COLUMNS[:20] == ["id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp",
+                                "tp", "pp", "ep", "cp", "cp_rotate", "cp_load_balance", "zero_stage", "schedule",
+                                "microbatches", "virtual_stages", "sequence_parallel"]
     assert ROW_KEYS[:17] == ("id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp",
                              "cp_rotate", "cp_load_balance", "zero_stage", "schedule", "microbatches", "virtual_stages",
                              "sequence_parallel")

@@ -74,3 +74,19 @@ def test_bad_flag_values(args, needle, capsys):
 def test_unreadable_spec_file(tmp_path, capsys):
     assert main(["estimate", "--spec", str(tmp_path / "missing.json")]) == 2
     assert "cannot read --spec" in capsys.readouterr().err
+
+
+def test_a_failed_step_time_check_is_named_not_a_traceback(monkeypatch, capsys):
+    """The step-time model's own sum check (InconsistentStepTime) reaches `estimate --hardware` as a named failure with
+    exit 2, as `plan` reports it, never a traceback."""
+    import backend.analytic.steptime.model as model
+
+    def broken(*_a, **_k):
+        raise model.InconsistentStepTime("compute 1.0 + exposed comm 0.5 != step 2.0")
+
+    monkeypatch.setattr(model, "step_time", broken)
+    rc = main(["estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--world", "2", "--strategy", "ddp",
+               "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "failed its own check" in err and "compute 1.0 + exposed comm 0.5 != step 2.0" in err
+    assert "Traceback" not in err
