@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from backend.analytic.units import MiB
 from backend.result import RunResult
-from backend.spec import ExperimentSpec, Strategy, validate_spec
+from backend.spec import ExperimentSpec, Strategy, dims, validate_spec
 from backend.readable_numbers import fmt_bytes, fmt_frac, fmt_seconds
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
@@ -28,6 +28,10 @@ def _comm_total(result: RunResult) -> float:
     return max((sum(s.bytes for s in r.comm.values()) for r in result.per_rank), default=0.0)
 
 
+_LABELLED = ("dp", "tp", "pp", "ep", "cp")
+"""The degrees the "degrees" row names itself; any other dimension above 1 is appended (backend/spec/dims.py)."""
+
+
 def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows = properties, columns = '#id name'. `runs` are get_experiment dicts (spec, result, status)."""
     cols: dict[str, dict[str, str]] = {}
@@ -39,7 +43,8 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             "status": str(e.get("status")),
             "framework / offload": f"{s.framework} / {p.offload}",  # issue 14
             "strategy": str(p.strategy), "world size": str(p.world_size),
-            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})" + (f" cp{p.cp} {p.cp_rotate}" if p.cp > 1 else ""),
+            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})" + (f" cp{p.cp} {p.cp_rotate}" if p.cp > 1 else "")
+            + "".join(f" {x}" for x in dims.unnamed_parts(dims.DIMS, p.degrees(), _LABELLED)),
             "pp schedule / microbatches": f"{p.pp_schedule if p.pp > 1 else '–'} / {t.microbatches}",
             "model h×L, heads, seq": f"{m.d_model}×{m.n_layers}, {m.n_heads}, {m.seq_len}",
             "precision / optimizer / recompute": f"{t.precision} / {t.optimizer} / {t.recompute}",

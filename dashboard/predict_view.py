@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
 from backend.readable_numbers import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
+from backend.spec import dims
 from dashboard.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 
@@ -25,10 +26,13 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
+_DEGREES = frozenset(dims.degree_names(dims.DIMS))
+
+
 def coords_label(coords: dict[str, int] | None) -> str:
     if not coords:
         return ""
-    return " ".join(f"{k}{v}" for k, v in coords.items() if k in ("pp", "dp", "cp", "tp", "ep"))
+    return " ".join(f"{k}{v}" for k, v in coords.items() if k in _DEGREES)
 
 
 def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:

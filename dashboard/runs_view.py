@@ -9,13 +9,16 @@ import pandas as pd
 
 from backend.analytic.units import MiB
 from backend.result import PARITY_FAILS, parity_verdict
+from backend.spec.dims import DIMS, degree_names
+
+DEGREES = degree_names(DIMS)
 
 ACTIVE = ("queued", "running")
 COLUMNS = ["id", "status", "loss parity", "progress", "name", "framework", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
            "tokens/s", "peak (MiB)", "created"]
 # The list_experiments columns table_frame reads (26 of the columns plus tags).
 TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
-              "dp", "tp", "pp", "ep", "cp", "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
+              *DEGREES, "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
               "tokens_per_s", "peak_bytes_max", "created_at", "kind",
               "framework", "source_framework", "diverged", "loss_max_abs_diff", "precision")
 DIVERGED = "ok, diverged"
@@ -44,8 +47,8 @@ def progress_fraction(row: dict[str, Any]) -> float | None:
 
 def degrees_text(row: dict[str, Any]) -> str:
     parts = [f"dp{row.get('dp')}"]
-    for k in ("tp", "pp", "ep", "cp"):
-        if (row.get(k) or 1) > 1:
+    for k in DEGREES:  # tp, pp, ep, cp (backend/spec/dims.py), each when split
+        if k != "dp" and (row.get(k) or 1) > 1:
             parts.append(f"{k}{row[k]}")
     if row.get("sequence_parallel"):
         parts.append("sp")

@@ -37,25 +37,27 @@ from typing import Any, Iterator, TextIO
 from sqlalchemy import JSON, Engine, String, Text, case, cast, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES, PARITY_BOUND, PARITY_FAILS, PARITY_OK, parity_bound
+from backend.spec.dims import DIMS, not_applicable, placed_columns
+from db.degrees import DEGREE_COLUMNS, column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentSummary, RankResultRow
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the predicted step time
-    "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate",
-    "cp_load_balance", "zero_stage",
-    "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
+EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the
+    # predicted step time; the parallel dimensions' columns placed by their table (backend/spec/dims.py)
+    "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "zero_stage",
+    "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s", "mfu",
     "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
-    "started_at", "finished_at", "worker_id", "host"]
+    "started_at", "finished_at", "worker_id", "host"], DIMS)
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
 """The tags column sits after the identifying columns (the select has no tags; rows get the cell inserted here)."""
-NOT_APPLICABLE = {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts",
-                  "cp_rotate": "cp", "cp_load_balance": "cp"}
-"""Blank unless that column is > 1 (pp, tp) / > 0 (n_experts)."""
+NOT_APPLICABLE = {**not_applicable(DIMS), "top_k": "n_experts"}
+"""Blank unless that column is > 1 (a dimension's options: pp's schedule, tp's sequence parallel, cp's rotation and
+balancing) / > 0 (n_experts)."""
 MEM_COLUMNS = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
 ERR_COLUMNS = [f"error_pct_{c}" for c in ERROR_CATEGORIES]
 COMM_COLUMNS = ["comm_bytes", "comm_wire_bytes", "comm_predicted_bytes", "comm_seconds", *[f"comm_{c}_bytes" for c in COLLECTIVES]]
@@ -95,9 +97,9 @@ def _exp_columns(dialect: str, safe: bool) -> list:
         if k == "stack":
             out.append(stack_sql(dialect).label(k))
             continue
-        col = DERIVED[k]() if k in DERIVED else getattr(Experiment, k)
+        col = DERIVED[k]() if k in DERIVED else column(k)
         if k in NOT_APPLICABLE:
-            gate = getattr(Experiment, NOT_APPLICABLE[k])
+            gate = column(NOT_APPLICABLE[k])
             col = case((gate > (0 if k == "top_k" else 1), col), else_=None)
         out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
                    else col.label(k))
@@ -269,8 +271,8 @@ def _tag_cell(tags: list[str] | None, cache: dict) -> str | None:
 
 
 def _text_keys() -> frozenset[str]:
-    cols = [getattr(Experiment, k) for k in EXP_COLUMNS if hasattr(Experiment, k)]
-    return frozenset([c.key for c in cols if isinstance(c.type, (String, Text))] + ["coords", *VERSION_COLUMNS])
+    cols = {k: column(k) for k in EXP_COLUMNS if k in DEGREE_COLUMNS or hasattr(Experiment, k)}
+    return frozenset([k for k, c in cols.items() if isinstance(c.type, (String, Text))] + ["coords", *VERSION_COLUMNS])
 
 
 _TEXT_KEYS = _text_keys()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule
+from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, step_time
@@ -116,8 +116,8 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 def _run_view(layouts: Layout, model: Any) -> LayoutView:
     split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
-    return LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
-                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
+    return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
+                      split_backward=split, precision=str(layouts.precision), model=model)
 
 
 def run_rule_hits(layouts: Layout, model: Any) -> dict[str, np.ndarray]:

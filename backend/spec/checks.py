@@ -7,8 +7,10 @@ complete and runnable or raises `SpecError` with all problems at once.
 
 from __future__ import annotations
 
+import math
 import re
 
+from backend.spec import dims
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
 from backend.spec.run_rules import blocking_reasons
@@ -153,12 +155,13 @@ def _check_window(m: ModelSpec) -> list[str]:
 
 def _derive_degrees(p: ParallelSpec) -> list[str]:
     st = p.strategy
-    pure = {Strategy.TP: "tp", Strategy.PP: "pp", Strategy.EP: "ep"}
-    if st in pure and getattr(p, pure[st]) == 1 and p.world_size:
+    if st in dims.pure_strategies(dims.DIMS) and getattr(p, st) == 1 and p.world_size:
         # `--strategy tp --world 4` means tp = 4: the pure strategy's degree is the whole world.
-        setattr(p, pure[st], p.world_size)
-    model_parallel = p.tp * p.pp * p.cp
-    named = f"tp({p.tp}) * pp({p.pp})" + (f" * cp({p.cp})" if p.cp > 1 else "")
+        setattr(p, st, p.world_size)
+    # world = dp x the other in-world degrees (tp, pp, cp), each named in the arithmetic (cp only when > 1)
+    others = [d for d in dims.DIMS if d.in_world and not d.remainder]
+    model_parallel = math.prod(getattr(p, d.name) for d in others)
+    named = " * ".join(f"{d.name}({getattr(p, d.name)})" for d in others if d.always_named or getattr(p, d.name) > 1)
     if p.dp is None:
         if p.world_size is None:
             p.dp = p.ep if st == Strategy.EP else 1
@@ -175,7 +178,7 @@ def _derive_degrees(p: ParallelSpec) -> list[str]:
 
 def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
     out = []
-    for name in ("tp", "pp", "ep"):
+    for name in dims.pure_strategies(dims.DIMS):
         if p.strategy == name and getattr(p, name) < 2:
             out.append(f"strategy {name} needs {name} >= 2 (got {name}={getattr(p, name)}, world_size={p.world_size})")
     if p.tp > 1:

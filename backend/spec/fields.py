@@ -1,13 +1,27 @@
 """Short names of the experiment spec's fields (`--world` -> parallel.world_size), shared by the CLI's flags
-(backend/cli/spec_flags.py) and sweep grids (backend/sweep.py: `{"world": [2, 4]}`)."""
+(backend/cli/spec_flags.py) and sweep grids (backend/sweep.py: `{"world": [2, 4]}`). The parallel dimensions' flags
+come from their table (backend/spec/dims.py): value flags here, switches and toggles in `SWITCHES`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, Norm, Offload,
-                                  Optimizer, Positions, Precision, Schedule, Strategy)
+from backend.spec import dims
+from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer,
+                                  Positions, Precision, Strategy)
 from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
+
+
+def dim_flags(dimensions: tuple[dims.Dim, ...]) -> dict[str, tuple[str, str, Any]]:
+    """The dimensions' value flags as FLAGS entries (`--cp` -> ("parallel", "cp", int))."""
+    return {flag: ("parallel", f.name, dims.flag_choices(f)) for flag, f in dims.cli_flags(dimensions).items()
+            if f.flag_kind == "value"}
+
+
+def dim_switches(dimensions: tuple[dims.Dim, ...]) -> dict[str, dims.SpecField]:
+    """The dimensions' boolean flags: switches (`--sequence-parallel`) and toggles (`--[no-]cp-load-balance`)."""
+    return {flag: f for flag, f in dims.cli_flags(dimensions).items() if f.flag_kind != "value"}
+
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -33,14 +47,7 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--seed": ("train", "seed", int),
     "--strategy": ("parallel", "strategy", [v.value for v in Strategy]),
     "--world": ("parallel", "world_size", int),
-    "--dp": ("parallel", "dp", int),
-    "--tp": ("parallel", "tp", int),
-    "--pp": ("parallel", "pp", int),
-    "--ep": ("parallel", "ep", int),
-    "--cp": ("parallel", "cp", int),
-    "--cp-rotate": ("parallel", "cp_rotate", [v.value for v in CpRotate]),
-    "--schedule": ("parallel", "pp_schedule", [v.value for v in Schedule]),
-    "--virtual-stages": ("parallel", "virtual_stages", int),
+    **dim_flags(dims.DIMS),
     "--backend": ("runtime", "backend", [v.value for v in Backend]),
     "--nnodes": ("runtime", "nnodes", int),
     "--node-rank": ("runtime", "node_rank", int),
@@ -65,6 +72,9 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--grad-reduce-dtype": ("train", "grad_reduce_dtype", ["fp32", "bf16", "fp16"]),
     "--master-dtype": ("train", "master_dtype", ["fp32", "bf16", "none"]),
 }
+
+SWITCHES = dim_switches(dims.DIMS)
+
 STACK_SWITCHES: dict[str, str] = {
     "--loss-parallel": "loss_parallel",
     "--tp-comm-overlap": "tp_overlap",

@@ -9,10 +9,12 @@ ring attention computes) are scalars in both cases: a plan searches one model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.spec.choices import ZERO_STAGE, Schedule
+from backend.spec.dims import DIMS, degree_names
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
 from backend.spec.stack_rules import stack_blockers
 
@@ -21,13 +23,11 @@ SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
 
 @dataclass(frozen=True)
 class LayoutView:
-    """The fields the run rules read: each a scalar (one spec) or a numpy array (one entry per layout)."""
+    """The fields the run rules read: each a scalar (one spec) or a numpy array (one entry per layout). The degrees
+    of backend/spec/dims.py read as attributes (`v.tp`, `v.cp`)."""
 
-    tp: Any
-    pp: Any
-    dp: Any
-    ep: Any
-    cp: Any
+    degrees: Mapping[str, Any]
+    """{dimension: degree} for every dimension of the table."""
     zero_stage: Any
     """0 ddp, 1 zero1 (ZeroRedundancyOptimizer, or the distributed optimizer under tp/pp), 2 zero2, 3 zero3/fsdp."""
     split_backward: Any
@@ -35,9 +35,15 @@ class LayoutView:
     precision: str
     model: ModelSpec
 
+    def __getattr__(self, name: str) -> Any:
+        degrees = self.__dict__.get("degrees", {})
+        if name in degrees:
+            return degrees[name]
+        raise AttributeError(f"LayoutView has no field or degree {name!r}")
+
     @classmethod
     def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> "LayoutView":
-        return cls(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, ep=parallel.ep, cp=parallel.cp,
+        return cls(degrees={d: getattr(parallel, d) for d in degree_names(DIMS)},
                    zero_stage=ZERO_STAGE[parallel.dp_flavour], split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES,
                    precision=str(precision), model=model)
 

@@ -8,17 +8,17 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
-from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, CpRotate,
-                                  Device, Elementwise, Executor, Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer,
-                                  Positions, Precision, Recompute, RouterScore, Schedule, Stack, StackDtype, Strategy,
-                                  WindowKind)
+from backend.spec import dims
+from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, Device,
+                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions,
+                                  Precision, Recompute, RouterScore, Stack, StackDtype, Strategy, WindowKind)
+from backend.spec.dims import MAX_WORLD
 from backend.spec.user_text import source_problem
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
 MAX_VOCAB = 10_000_000
 MAX_SEQ = 10_000_000
-MAX_WORLD = 1_000_000
 MAX_BATCH = 100_000_000
 MAX_STEPS = 1_000_000
 
@@ -273,33 +273,22 @@ class TrainSpec(SpecSection):
         return tuple(self.recompute_ops) if self.recompute_ops is not None else DEFAULT_SAC_OPS
 
 
-class ParallelSpec(SpecSection):
+class ParallelHead(SpecSection):
+    """The fields of `ParallelSpec` before the dimensions' (backend/spec/dims.py)."""
+
     strategy: Strategy = Strategy.DDP
     """Headline strategy; mixes combine a data-parallel flavour (ddp..fsdp) with tp/pp/ep degrees."""
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD)
     """Total ranks; None means dp * cp * tp * pp."""
-    dp: int | None = Field(None, ge=1, le=MAX_WORLD)
-    """Data-parallel degree (batch split); None derives world_size / (cp * tp * pp)."""
-    tp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Tensor-parallel degree."""
-    pp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Pipeline-parallel degree (stages = pp * virtual_stages)."""
-    ep: int = Field(1, ge=1, le=MAX_WORLD)
-    """Expert-parallel degree; experts are split over ep ranks carved out of the dp x cp ranks."""
-    cp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Context-parallel degree: every sequence is split over cp ranks (ring attention); they hold the same
-    parameters, so gradients are averaged and FSDP / ZeRO state is sharded over dp x cp (torchtitan's dp_shard_cp)."""
-    cp_rotate: CpRotate = CpRotate.ALLGATHER
-    """How K/V reach the other cp ranks: allgather (once per attention call) or alltoall (round the ring)."""
-    cp_load_balance: bool = True
-    """Causal load balancing: rank i holds sequence chunks i and 2cp-1-i of 2cp (head-tail, as torchtitan and
-    Megatron), so every cp rank does the same attention work; off: contiguous chunks (the last rank does most)."""
-    sequence_parallel: bool = False
-    """Shard norms/dropout activations along the sequence (needs tp > 1)."""
-    pp_schedule: Schedule = Schedule.ONE_F_ONE_B
-    """Pipeline schedule (used when pp > 1)."""
-    virtual_stages: int = Field(1, ge=1, le=1024)
-    """Model chunks per pipeline rank (interleaved schedules need >= 2)."""
+
+
+ParallelDegrees = dims.spec_model(dims.DIMS, ParallelHead)
+"""`ParallelHead` and every field of the dimension table: the degrees dp, tp, pp, ep, cp and their options
+(sequence_parallel, pp_schedule, virtual_stages, cp_rotate, cp_load_balance), each with its bounds and docstring."""
+_DEGREES = dims.degree_names(dims.DIMS)
+
+
+class ParallelSpec(ParallelDegrees):
     offload: Offload = Offload.NONE
     """Host (CPU) offload: optimizer (DeepSpeed offload_optimizer) or params (params, grads and optimizer
     state: DeepSpeed offload_param + offload_optimizer, torch FSDP2 CPUOffloadPolicy for zero2/zero3)."""
@@ -308,17 +297,15 @@ class ParallelSpec(SpecSection):
     def zero_stage(self) -> int:
         return ZERO_STAGE.get(self.strategy, 0)
 
+    def degrees(self) -> dict[str, int]:
+        """{dimension: degree} (an underived dp counts as 1)."""
+        return {d: getattr(self, d) or 1 for d in _DEGREES}
+
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank. The mesh is (pp, dp, cp, tp), row-major, tp fastest-varying (torchtitan's
         order); "cp" is present when cp > 1. Expert-parallel groups are consecutive blocks of ep ranks along the
-        data-parallel index dp * cp + cp index (`data_parallel_index`)."""
-        tp, cp, dp = self.tp, self.cp, self.dp or 1
-        c = {"pp": rank // (dp * cp * tp), "dp": (rank // (tp * cp)) % dp}
-        if cp > 1:
-            c["cp"] = (rank // tp) % cp
-        c["tp"] = rank % tp
-        c["ep"] = self.data_parallel_index(rank) % self.ep
-        return c
+        data-parallel index dp * cp + cp index (`data_parallel_index`). Laid out by backend/spec/dims.py."""
+        return dims.coords(dims.DIMS, self.degrees(), rank)
 
     @property
     def dp_cp(self) -> int:
@@ -330,9 +317,9 @@ class ParallelSpec(SpecSection):
         """The rank's index in its dp x cp group (dp index * cp + cp index): its FSDP shard and ZeRO-1 share."""
         return (rank // self.tp) % self.dp_cp
 
-    def rank_at(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
-        """The global rank at these mesh coordinates (inverse of `coords`)."""
-        return ((pp * (self.dp or 1) + dp) * self.cp + cp) * self.tp + tp
+    def rank_at(self, **at: int) -> int:
+        """The global rank at these mesh coordinates (rank_at(pp=0, dp=1, cp=0, tp=1); inverse of `coords`)."""
+        return dims.rank_at(dims.DIMS, self.degrees(), at)
 
     @property
     def dp_flavour(self) -> Strategy:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
-from backend.spec import ExperimentSpec
+from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form
 from dashboard import import_box
@@ -20,7 +20,7 @@ from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
 from backend.readable_numbers import fmt_bytes_short
-from dashboard.glossary import HELP, schedule_label
+from dashboard.glossary import HELP
 
 P = "f_"  # widget key prefix
 
@@ -115,20 +115,15 @@ def _model_inputs() -> None:
 
 def _parallel_inputs() -> None:
     st.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
-    c1, c2, c3, c4 = st.columns(4)
-    c1.number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
-    c2.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="Tensor parallel: 1 for the pure tp strategy means tp = world size")
-    c3.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="Pipeline parallel: 1 for the pure pp strategy means pp = world size")
-    c4.number_input("EP degree", 1, 1_000_000, key=P + "ep", help="Expert parallel: MoE experts split over this many ranks")
-    st.checkbox("Sequence parallel (with TP)", key=P + "sequence_parallel", help=HELP["sequence parallel"])
-    c1, c2, c3 = st.columns(3)
-    c1.number_input("CP degree", 1, 1_000_000, key=P + "cp", help=HELP["context parallel"])
-    c2.selectbox("CP K/V rotation", sf.CP_ROTATES, key=P + "cp_rotate", format_func=lambda s: sf.CP_ROTATE_HELP.get(s, s),
-                 help=HELP["cp rotate"])
-    c3.checkbox("CP load balancing (head-tail)", key=P + "cp_load_balance", help=HELP["cp load balance"])
-    c1, c2 = st.columns(2)
-    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule", format_func=schedule_label, help=HELP["schedule"])
-    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages", help=HELP["virtual stages"])
+    degrees = [d.degree for d in dims.DIMS if d.degree.widget]  # one row: the world, then each degree
+    cols = st.columns(1 + len(degrees))
+    cols[0].number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
+    for col, f in zip(cols[1:], degrees):
+        _dim_widget(col, f)
+    for d in dims.DIMS:  # a row per dimension with options: pp's schedule and stages, cp's rotation and balancing
+        options = [f for f in d.options if f.widget]
+        for col, f in zip(st.columns(max(2, len(options))) if options else (), options):
+            _dim_widget(col, f)
     st.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
     st.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
     c1, c2 = st.columns(2)
@@ -136,6 +131,19 @@ def _parallel_inputs() -> None:
     if st.session_state[P + "executor"] == "slurm":
         c2.number_input("Nodes", 1, 100_000, key=P + "nnodes", help="ranks per node = world size / nodes")
         c2.caption(sf.placement({k: st.session_state[P + k] for k in ("executor", "nnodes", "world_size")}))
+
+
+def _dim_widget(col, f: dims.SpecField) -> None:
+    """A parallel dimension's field as its table entry describes it (backend/spec/dims.py)."""
+    w = f.widget
+    tip = HELP[w.glossary] if w.glossary else w.help
+    if f.kind is bool:
+        col.checkbox(w.label, key=P + f.name, help=tip)
+    elif f.kind is int:
+        col.number_input(w.label, f.ge or 0, f.le or dims.MAX_WORLD, key=P + f.name, help=tip)
+    else:
+        col.selectbox(w.label, [v.value for v in f.kind], key=P + f.name, format_func=lambda s: w.words.get(s, s),
+                      help=tip)
 
 
 def _train_inputs() -> None:
