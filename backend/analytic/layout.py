@@ -38,13 +38,13 @@ class RecomputeMode:
 
 
 class PipelineSchedule:
-    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV = range(5)
-    ALL = range(5)
+    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV, DUALPIPEV = range(6)
+    ALL = range(6)
 
 
 ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
 RECOMPUTE_NAMES = KINDS
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 CHOICES = ("tp", "pp", "dp", "ep", "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages",
            "sequence_parallel", "cp", "recompute_layers")
 """The per-layout fields, in the planner table's column order."""
@@ -196,8 +196,10 @@ class Layout:
 
     @cached_property
     def zbv(self) -> Any:
-        """ZBV's V placement (rank r holds stages r and 2p-1-r); without pipelining the schedule is ignored."""
-        return _settled(logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1))
+        """The V placement of ZBV and DualPipeV (rank r holds stages r and 2p-1-r); without pipelining the schedule is
+        ignored."""
+        return _settled(logical_and(logical_or(self.schedule == PipelineSchedule.ZBV,
+                                               self.schedule == PipelineSchedule.DUALPIPEV), self.pp > 1))
 
     @cached_property
     def is_mix(self) -> Any:

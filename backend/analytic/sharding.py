@@ -81,9 +81,9 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) ->
     """Stage indices held by pipeline rank `pp_rank`.
 
     Looped/interleaved (Narayanan et al. 2021, Sec 2.2): rank r holds r, r+p, r+2p, ...
-    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape): rank r holds r and 2p-1-r.
+    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape) and DualPipeV: rank r holds r and 2p-1-r.
     """
-    if str(schedule) == "zbv" and pp > 1:  # the schedule is ignored without pipelining
+    if str(schedule) in ("zbv", "dualpipev") and pp > 1:  # the schedule is ignored without pipelining
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(virtual_stages)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, Norm, Offload,
+from backend.spec.choices import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, MoeDispatcher, Norm, Offload,
                                   Optimizer, Positions, Precision, Schedule, Strategy)
 from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
 
@@ -21,6 +21,9 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--seq": ("model", "seq_len", int),
     "--experts": ("model", "n_experts", int),
     "--top-k": ("model", "top_k", int),
+    "--capacity-factor": ("model", "capacity_factor", float),
+    "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float),
+    "--moe-dispatcher": ("model", "moe_dispatcher", [v.value for v in MoeDispatcher]),
     "--global-batch": ("train", "global_batch", int),
     "--micro-batch": ("train", "micro_batch", int),
     "--microbatches": ("train", "microbatches", int),

@@ -16,7 +16,7 @@ from backend.spec.choices import ZERO_STAGE, Schedule
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
 from backend.spec.stack_rules import stack_blockers
 
-SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ Stage 0 also holds tok_emb + pos_emb, stage S−1 holds norm + lm_head.
 Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
   gpipe, 1f1b                      : stage r
   interleaved_1f1b, zero_bubble    : stages r, r + p, ..., r + (v−1)p   (looped placement)
-  zbv                              : stages r and 2p − 1 − r            (V shape; rank 0 holds first and last)
+  zbv, dualpipev                   : stages r and 2p − 1 − r            (V shape; rank 0 holds first and last)
 
 Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
-zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. The schedule splits this dp
+zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble, dualpipev → ScheduleDualPipeV (its
+OVERLAP_F_B pairs run their forward and backward one after the other in torch 2.13: no overlap). The schedule splits this dp
 rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale: `ScaledLoss`)
 runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the
 dp-share mean.
@@ -34,6 +35,7 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
@@ -55,6 +57,7 @@ SCHEDULES = {
     Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
     Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble,
     Schedule.ZBV: ScheduleZBVZeroBubble,
+    Schedule.DUALPIPEV: ScheduleDualPipeV,
 }
 SINGLE_STAGE = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
 
