@@ -36,6 +36,7 @@ from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
 from backend.strategies.materialize import check_placement, is_meta, materialize
+from backend.strategies.moe_stats import CapacityStats, moes
 from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, LoopStyle, MicrobatchStep, OptimizerTail
 from backend.strategies.tp import NOTES as TP_NOTES
@@ -78,13 +79,14 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         for m in mods:
             register_grad_hooks(m)
     usage = ExpertUsage(mods)
+    extra: dict = {}
+    capacity = moe_capacity_stats(ctx, mods, extra)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
     opt = distributed or dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
     float8.after_step(spec, mods, opt, fsdp=dpar.uses_fsdp2(spec))
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
-    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
+    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling, after_backward=capacity)
     timeline: list[dict] = []
-    extra: dict = {}
     if p.pp > 1:
         step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline, distributed=distributed)
     else:
@@ -101,6 +103,18 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
                     notes=_notes(ctx, ids, ep, distributed), extra=extra)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
+
+
+def moe_capacity_stats(ctx: RankContext, mods: list[nn.Module], extra: dict) -> CapacityStats | None:
+    """The MoE layers' load-balancing loss over the cp shards, and the capacity limit's per-step record."""
+    spec, p = ctx.spec, ctx.spec.parallel
+    if spec.model.moe_aux_loss_coeff and p.cp > 1:
+        group = ctx.cp_mesh()["cp"].get_group()
+        for moe in moes(mods):
+            moe.aux_group = group
+    if spec.model.capacity_factor is None:
+        return None
+    return CapacityStats(spec, mods, extra, tokens=spec.train.micro_batch * spec.model.seq_len // p.cp)
 
 
 def loop_style(spec) -> LoopStyle:

@@ -49,6 +49,7 @@ from backend.strategies import timeline
 from backend.strategies.context import LocalLoss, RankContext, autocast
 from backend.strategies.data_parallel import uses_autocast
 from backend.strategies.distributed_optimizer import DistributedOptimizer
+from backend.strategies.moe_stats import set_aux_loss_scale
 from backend.strategies.step import OptimizerTail
 
 SCHEDULES = {
@@ -181,7 +182,7 @@ class PipelineStep:
                             n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling),
                             scale_grads=distributed is None)
         self.use_autocast = uses_autocast(ctx.spec)
-        self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
+        self.ctx, self.tail, self.timeline, self.mods = ctx, tail, timeline_out, mods
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
         self.record_call = timeline.capture_call(ctx.spec.train.warmup_steps, ctx.spec.train.steps)
@@ -192,6 +193,8 @@ class PipelineStep:
         losses: list = []
         kwargs = {"target": y, "losses": losses} if self.last else {}
         args = (x,) if self.first else ()
+        if self.ctx.spec.model.moe_aux_loss_coeff:  # the schedule divides the grads by the microbatches afterwards
+            set_aux_loss_scale(self.mods, self.tail.scaling.scale_value())
         with autocast(self.ctx.spec, self.ctx.device) if self.use_autocast else nullcontext():
             # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
             # alive until the step ends, only to concatenate them for a return value we do not use.
