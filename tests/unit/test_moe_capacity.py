@@ -115,3 +115,15 @@ def test_dropless_defaults_keep_the_original_dispatch():
     x = torch.randint(0, 64, (1, 16))
     model(x)
     assert calls == [] and moe.capacity_log == []
+
+
+def test_assembled_tokens_dropped_counts_each_tp_column_once():
+    from backend.engine.assemble import tokens_dropped
+
+    rec = {"routed": 64, "dropped": 5, "tokens": 32, "capacity_factor": 1.0, "pad": True}
+    ranks = [{"rank": r, "coords": {"tp": r % 2}, "extra": {"moe_capacity": rec | {"dropped": 5 + r}}} for r in range(4)]
+    dropped, notes = tokens_dropped(ranks)
+    assert dropped == 5 + 7  # ranks 0 and 2 (tp index 0)
+    assert notes == ["Capacity factor 1 padded to capacity: 12 of 128 routed token-slots dropped in one step (9.38%), "
+                     "per rank on 32 tokens per MoE call (Megatron's per-rank limit, lowest router probability first)."]
+    assert tokens_dropped([{"rank": 0, "extra": {}}]) == (None, [])
