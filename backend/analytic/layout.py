@@ -214,9 +214,10 @@ class Layout:
 
     @cached_property
     def distributed_optimizer(self) -> Any:
-        """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
-        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1),
-                                    self.ep == 1))
+        """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
+        the experts in buckets of their own over edp)."""
+        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1,
+                                                                                   self.ep > 1)))
 
     @cached_property
     def half_params(self) -> Any:

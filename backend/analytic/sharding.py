@@ -455,7 +455,8 @@ def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: in
     # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
     ep_expert = expert and ep > 1
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
-    local = _tp_local(shape, style, bias, tp, tp_rank)
+    # ep > 1: whole experts on every tp rank (expert_layout.ExpertLayout: etp = 1), the rest split by its tp style
+    local = shape if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

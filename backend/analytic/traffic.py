@@ -85,7 +85,11 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
         if q.dp_group > 1:
             by_group.setdefault(q.dp_group, []).append(q)
     experts = [q for q in params if q.is_expert and p.ep > 1]
-    if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
+    if experts and experts[0].dp_group > 1 and used_by(spec):  # the distributed optimizer's expert buckets over edp
+        edp = experts[0].dp_group
+        total = sum(bucket_numels(experts, edp, edp))
+        out += [("reduce_scatter", MASTER_BYTES * total, edp), ("all_gather", compute_bytes(t.precision) * total, edp)]
+    elif experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
         if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
@@ -130,7 +134,8 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
         # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
         # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        ar += mats * moe * bsh * m.top_k
+        if p.ep == 1:  # ep > 1: whole routed experts on every tp rank (expert_layout.py, etp 1): no tp collective
+            ar += mats * moe * bsh * m.top_k
         if getattr(m, "n_shared_experts", 0):
             ar += mats * moe * bsh
     if sp:  # tp.py `MoESequenceParallel`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and
@@ -240,7 +245,7 @@ def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
     microbatches skip it): once per step, over the dp x cp ranks. The only buffer is DeepSeek-V3's per-expert balance
     bias (fp32, n_experts per MoE block), replicated like the router."""
     p, m = spec.parallel, spec.model
-    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1
+    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1 and not (p.zero_stage == 1 and p.ep > 1)
     if not (classic and getattr(m, "router_balance_bias", False)):
         return []
     return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp_cp)]

@@ -64,7 +64,8 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     out = [(PipelineSchedule.ONE_F_ONE_B, 1), (PipelineSchedule.GPIPE, 1)]
     out += [(PipelineSchedule.INTERLEAVED_1F1B, v) for v in virtual_stages if pp * v <= n_layers]
     out += [(PipelineSchedule.ZERO_BUBBLE, v) for v in virtual_stages[:1] if pp * v <= n_layers]  # torch's ZB-H1
-    return out + ([(PipelineSchedule.ZBV, 2)] if pp * 2 <= n_layers else [])
+    # the V schedules: ZBV and DualPipeV (DeepSeek-V3's, DeepSeek-V3 report Sec 3.2.1), 2 stages per rank
+    return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
 def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -> list[DegreePair]:
@@ -77,9 +78,10 @@ def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -
             if pp > model.n_layers:
                 continue
             rest = gpus // (tp * pp)  # dp x cp: the ranks holding the same parameters
-            # ep carved out of dp x cp (ep | dp x cp, ep | n_experts), with or without pipelining as Megatron and
-            # torchtitan allow (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
-            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
+            # ep carved out of dp x cp (ep | dp x cp, ep | n_experts), with or without pipelining and with tp as
+            # Megatron and torchtitan allow (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole
+            # experts on every tp rank (analytic/expert_layout.py: etp 1)
+            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe else [1]
             schedules = _schedules(pp, model.n_layers, limits.virtual_stages)
             for cp in _cp_degrees(model, rest, limits):
                 pairs.append(DegreePair(tp, pp, rest // cp, cp, eps, schedules))
@@ -127,6 +129,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = (ep > 0) & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
+    ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
     kind = kinds[recompute]
     searched = recompute < len(SEARCHED_RECOMPUTE)

@@ -193,14 +193,11 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"tp={p.tp} does not divide n_kv_heads={m.kv_heads}")
         if m.ffn % p.tp:
             out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
-        if m.is_moe and m.expert_ffn % p.tp:
+        if m.is_moe and p.ep == 1 and m.expert_ffn % p.tp:  # ep > 1: whole experts on every tp rank (etp = 1)
             out.append(f"tp={p.tp} does not divide expert_ffn_hidden={m.expert_ffn} ({m.expert_ffn} % {p.tp} = {m.expert_ffn % p.tp})")
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
-    if p.ep > 1 and p.tp > 1:
-        out.append(f"ep={p.ep} with tp={p.tp} is not modelled: expert parallelism runs over the dp dimension with "
-                   "whole experts (tp=1)")
     if p.sequence_parallel and p.tp < 2:
         out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
     if p.ep > 1:

@@ -5,7 +5,8 @@
                                         extra stage); every later step applies to each stage module, as
                                         torchtitan's pipeline_llm does
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
-                                        ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
+                                        ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed, in
+                                        every stage module; whole experts on every tp rank (etp 1)
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
                                         sequence share is cut by `local_batch`)
@@ -46,9 +47,6 @@ LOSS_NOTE = "Returned loss: one 16-byte all_reduce per step over the world (mean
 
 
 def check_supported(ctx: RankContext) -> None:
-    p = ctx.spec.parallel
-    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
-        raise ValueError(f"ep={p.ep} with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
     dpar.check_flavour(ctx.spec)
 
 
@@ -59,7 +57,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if not meta:
         model.to(ctx.device)
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
-    ep = ExpertParallel(ctx, model) if p.ep > 1 else None
+    ep = ExpertParallel(ctx, mods) if p.ep > 1 else None
     shard = context_parallel.context_shard(ctx)
     for m in mods:
         float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
@@ -73,8 +71,13 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if meta:
         materialize(mods, ctx.placement, spec.train.seed)
     # rebinds every parameter to a view of its bucket: before any hook is registered on them
-    distributed = dpar.distributed_optimizer(ctx, mods) if dpar.uses_distributed_optimizer(spec) else None
     experts = ep.params() if ep else []
+    distributed = None
+    if dpar.uses_distributed_optimizer(spec):
+        distributed = dpar.distributed_optimizer(ctx, mods, experts, ep.replica_group if ep else None)
+        if ep:
+            ep.grads_by_optimizer = True
+            experts = ep.params()  # rebound to bucket views
     if p.tp > 1:
         for m in mods:
             register_grad_hooks(m)

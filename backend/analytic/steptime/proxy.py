@@ -388,13 +388,21 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
 
 def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Any, *, backward_s: Any) -> Any:
     """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
-    group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only."""
+    group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only; under the
+    distributed optimizer (zero1) a reduce-scatter of the expert buckets over edp behind the last backward and the
+    all-gather of their params after the step."""
     group = layout.dp_cp // np.maximum(layout.ep, 1)
     intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
-    whole = bandwidth_s(hw, intra, "all_reduce", grads, group, link_bytes_per_s=link)
-    last = bandwidth_s(hw, intra, "all_reduce", minimum(grads, DDP_BUCKET_BYTES), group, link_bytes_per_s=link)
-    exposed = maximum(whole - hw.tune.overlap_efficiency * backward_s, last)
+
+    def coll(kind: str, payload: Any) -> Any:
+        return bandwidth_s(hw, intra, kind, payload, group, link_bytes_per_s=link)
+
+    eta = hw.tune.overlap_efficiency
+    exposed = maximum(coll("all_reduce", grads) - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
+    distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, coll("reduce_scatter", minimum(
+        grads, DDP_BUCKET_BYTES))) + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * experts)
+    exposed = where(layout.distributed_optimizer, distributed, exposed)
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 
