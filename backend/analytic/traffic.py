@@ -15,6 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
 from backend.analytic.tp_placement import module_rule
@@ -195,6 +197,9 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
         # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
         per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
+        if not is_uniform_dropless(m):  # dispatch sends `sent` rows, combine sends back `received` (moe_rows.py)
+            rows = expert_rows_of(m, tokens)
+            per = 2 * (rows.sent + rows.received) * m.d_model * MASTER_BYTES
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:

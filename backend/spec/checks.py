@@ -128,7 +128,8 @@ def _check_routing(m: ModelSpec) -> list[str]:
                "capacity_factor": m.capacity_factor, "moe_pad_to_capacity": m.moe_pad_to_capacity or None,
                "moe_aux_loss_coeff": m.moe_aux_loss_coeff or None,
                "moe_dispatcher": None if m.moe_dispatcher == "alltoall" else m.moe_dispatcher,
-               "moe_grouped_gemm": m.moe_grouped_gemm or None}
+               "moe_grouped_gemm": m.moe_grouped_gemm or None,
+               "moe_imbalance": None if m.moe_imbalance == 1.0 else m.moe_imbalance}
     if not m.is_moe:
         return [f"{k}={v} needs a MoE model (n_experts > 0, got n_experts=0)" for k, v in routing.items() if v is not None]
     out = []

@@ -24,6 +24,7 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--capacity-factor": ("model", "capacity_factor", float),
     "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float),
     "--moe-dispatcher": ("model", "moe_dispatcher", [v.value for v in MoeDispatcher]),
+    "--moe-imbalance": ("model", "moe_imbalance", float),
     "--global-batch": ("train", "global_batch", int),
     "--micro-batch": ("train", "micro_batch", int),
     "--microbatches": ("train", "microbatches", int),

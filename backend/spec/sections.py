@@ -137,6 +137,10 @@ class ModelSpec(SpecSection):
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """MoE under ep > 1: alltoall (the routed rows over the ep group) or allgather (every token to every ep rank, the
     combined output reduce-scattered back; Megatron-Core's --moe-token-dispatcher-type)."""
+    moe_imbalance: float = Field(1.0, ge=1, le=1_000)
+    """MoE prediction: the busiest rank's expert load over the uniform load (1 = uniform routing, the default). A run
+    measures its own (its per-rank routing note); dispatch buffers, all-to-all volume and expert GEMMs scale with it
+    unless a capacity factor bounds them (backend/analytic/moe_rows.py)."""
     moe_grouped_gemm: bool = False
     """MoE: a rank's local experts run as one grouped GEMM per expert weight (torch.nn.functional.grouped_mm;
     Megatron-Core's --moe-grouped-gemm) where the shapes allow it, else one GEMM per expert (the reason in the notes)."""

@@ -31,6 +31,8 @@ from backend.analytic.steptime.compute import (attention_pass, default_implement
 from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
@@ -124,6 +126,8 @@ def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: 
     if hit is None:
         tokens = mb * (model.seq_len // cp)
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
+        if model.is_moe and ep > 1 and not is_uniform_dropless(model):  # the busiest rank's rows per local expert
+            routed = expert_rows_of(model, tokens).received * ep / model.n_experts
         f = b = 0.0
         fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
         seen: dict[tuple[int, int, bool], tuple[float, float]] = {}  # a MoE block repeats each expert's shapes E times
@@ -345,6 +349,9 @@ def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, 
     tokens = layout.micro_batch * layout.seq_local(model)
     payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
         tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
+    if not is_uniform_dropless(model):  # the capacity limit / imbalance (moe_rows.py), per distinct tokens
+        per_mb = np.vectorize(lambda t: 2 * (lambda r: r.sent + r.received)(expert_rows_of(model, int(t))))(tokens)
+        payload = layout.microbatches * moe_blocks * per_mb * model.d_model * MASTER_BYTES
     intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
     return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep), 0.0)
 
