@@ -242,6 +242,10 @@ class RunResult(_R):
     """fp16-mixed only: the engine's steps (0 = first warm-up step, then timed, memory and comm-timing steps in
     order) whose optimizer step the dynamic loss scaler skipped on every rank because some rank's gradients held
     inf/NaN (the scale was halved, the parameters left unchanged); None when no loss scaling ran."""
+    tokens_dropped: int | None = None
+    """MoE with a capacity factor: (token, expert) slots the capacity limit dropped in one training step (the
+    memory-tracked one), over every MoE layer, microbatch and dp x cp rank (tp replicas, which route the same tokens,
+    counted once); None when nothing can drop (dropless or dense)."""
     timeline: list[TimelineEvent] = Field(default_factory=list)
     bubble_measured: float | None = None
     bubble_predicted: float | None = None

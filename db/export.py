@@ -1,7 +1,9 @@
 """CSV and JSON export of the experiment store (same filters as `db.queries.list_experiments`).
 
 CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, stack, strategy,
-degrees, tags as a JSON list), then model and training columns, step time measured and predicted
+degrees, tags as a JSON list), then model and training columns, the MoE capacity factor and the
+token-slots it dropped (`capacity_factor`, `tokens_dropped`: read from the stored spec / result JSON), step time
+measured and predicted
 (`step_time_predicted_s`: RunResult's, from the step-time model at run time; `step_time_error_pct` = (predicted -
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
 against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
@@ -34,7 +36,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
-from sqlalchemy import JSON, Engine, String, Text, case, cast, func, literal, select, type_coerce
+from sqlalchemy import JSON, Engine, Float, Integer, String, Text, case, cast, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES, PARITY_BOUND, PARITY_FAILS, PARITY_OK, parity_bound
 from backend.spec.dims import DIMS, not_applicable, placed_columns
@@ -48,7 +50,8 @@ EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue 
     # predicted step time; the parallel dimensions' columns placed by their table (backend/spec/dims.py)
     "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "zero_stage",
     "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads",
-    "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
+    "ffn", "seq_len", "vocab", "n_experts", "top_k", "capacity_factor", "tokens_dropped",
+    "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s", "mfu",
     "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
@@ -97,6 +100,9 @@ def _exp_columns(dialect: str, safe: bool) -> list:
         if k == "stack":
             out.append(stack_sql(dialect).label(k))
             continue
+        if k in JSON_FIELDS:
+            out.append(JSON_FIELDS[k](dialect).label(k))
+            continue
         col = DERIVED[k]() if k in DERIVED else column(k)
         if k in NOT_APPLICABLE:
             gate = column(NOT_APPLICABLE[k])
@@ -114,6 +120,21 @@ def stack_sql(dialect: str):
     else:
         value = func.json_extract(Experiment.spec_json, "$.train.stack")
     return func.coalesce(value, literal("shardlab", String))
+
+
+def json_number_sql(dialect: str, column, *path: str, kind=Float):
+    """A number inside a stored JSON column, read in SQL (NULL where absent: older runs)."""
+    if dialect == "postgresql":
+        return cast(func.json_extract_path_text(cast(column, JSON), *path), kind)
+    return cast(func.json_extract(column, "$." + ".".join(path)), kind)
+
+
+JSON_FIELDS = {
+    "capacity_factor": lambda dialect: json_number_sql(dialect, Experiment.spec_json, "model", "capacity_factor"),
+    "tokens_dropped": lambda dialect: json_number_sql(dialect, Experiment.result_json, "tokens_dropped", kind=Integer),
+}
+"""Export columns read from the stored spec / result JSON (issue 35: no column of their own, no migration):
+model.capacity_factor (blank = dropless) and RunResult.tokens_dropped (blank = nothing could drop)."""
 
 
 def _step_time_error_pct():

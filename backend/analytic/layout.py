@@ -40,13 +40,13 @@ class RecomputeMode:
 
 
 class PipelineSchedule:
-    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV = range(5)
-    ALL = range(5)
+    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV, DUALPIPEV = range(6)
+    ALL = range(6)
 
 
 ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
 RECOMPUTE_NAMES = KINDS
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 DEGREES = dims.degree_names(dims.DIMS)
 """The parallel degrees (dp, tp, pp, ep, cp): one `Layout` field each, from the dimension table."""
 WORLD_DEGREES = tuple(d.name for d in dims.world_dims(dims.DIMS))
@@ -199,8 +199,10 @@ class Layout(LayoutDegrees):
 
     @cached_property
     def zbv(self) -> Any:
-        """ZBV's V placement (rank r holds stages r and 2p-1-r); without pipelining the schedule is ignored."""
-        return _settled(logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1))
+        """The V placement of ZBV and DualPipeV (rank r holds stages r and 2p-1-r); without pipelining the schedule is
+        ignored."""
+        return _settled(logical_and(logical_or(self.schedule == PipelineSchedule.ZBV,
+                                               self.schedule == PipelineSchedule.DUALPIPEV), self.pp > 1))
 
     @cached_property
     def is_mix(self) -> Any:
@@ -215,9 +217,10 @@ class Layout(LayoutDegrees):
 
     @cached_property
     def distributed_optimizer(self) -> Any:
-        """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
-        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1),
-                                    self.ep == 1))
+        """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
+        the experts in buckets of their own over edp)."""
+        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1,
+                                                                                   self.ep > 1)))
 
     @cached_property
     def half_params(self) -> Any:

@@ -34,6 +34,10 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
                         default=None, help="spec model.tie_embeddings (lm_head shares tok_emb's weight)")
     parser.add_argument("--shared-expert-gate", dest="spec_shared_expert_gate", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.shared_expert_gate")
+    parser.add_argument("--moe-pad-to-capacity", dest="spec_moe_pad_to_capacity", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.moe_pad_to_capacity (every expert's input padded to its capacity)")
+    parser.add_argument("--moe-grouped-gemm", dest="spec_moe_grouped_gemm", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.moe_grouped_gemm (local experts as one grouped GEMM)")
     for flag, field in STACK_SWITCHES.items():
         parser.add_argument(flag, dest=f"spec_{field}", action=argparse.BooleanOptionalAction, default=None,
                             help=f"spec train.{field} (default: the stack's)")
@@ -64,6 +68,8 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         _put(data, "parallel", f.name, getattr(args, f"spec_{f.name}", None))
     _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
     _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
+    _put(data, "model", "moe_pad_to_capacity", getattr(args, "spec_moe_pad_to_capacity", None))
+    _put(data, "model", "moe_grouped_gemm", getattr(args, "spec_moe_grouped_gemm", None))
     for field in STACK_SWITCHES.values():
         _put(data, "train", field, getattr(args, f"spec_{field}", None))
     if getattr(args, "spec_compile", None):

@@ -137,7 +137,8 @@ def routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: l
             f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
             f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
             f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
-            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}).")
+            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}); a prediction "
+            f"at this load: model.moe_imbalance={max(adj.load, 1.0):.2f} (analytic/moe_rows.py).")
     return notes
 
 

@@ -115,7 +115,8 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 
 def _run_view(layouts: Layout, model: Any) -> LayoutView:
-    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
+    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV) \
+        | (layouts.schedule == PipelineSchedule.DUALPIPEV)
     return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
                       split_backward=split, precision=str(layouts.precision), model=model)
 

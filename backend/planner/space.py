@@ -70,10 +70,10 @@ def _cp_admitted(s: Search, cp: int, at: dict[str, int]) -> bool:
 
 
 def _ep_admitted(s: Search, ep: int, at: dict[str, int]) -> bool:
-    """Whole experts (tp = 1) dividing n_experts, with or without pipelining as Megatron and torchtitan allow
-    (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2)."""
+    """ep dividing n_experts, with or without pipelining and with tp as Megatron and torchtitan allow (DeepSeek-V3
+    trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts on every tp rank (analytic/expert_layout.py)."""
     m = s.model
-    return m.n_experts % ep == 0 if m.is_moe and at["tp"] == 1 else ep == 1
+    return m.n_experts % ep == 0 if m.is_moe else ep == 1
 
 
 ADMITS: dict[str, Callable[[Search, int, dict[str, int]], bool]] = {
@@ -137,7 +137,8 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     out = [(PipelineSchedule.ONE_F_ONE_B, 1), (PipelineSchedule.GPIPE, 1)]
     out += [(PipelineSchedule.INTERLEAVED_1F1B, v) for v in virtual_stages if pp * v <= n_layers]
     out += [(PipelineSchedule.ZERO_BUBBLE, v) for v in virtual_stages[:1] if pp * v <= n_layers]  # torch's ZB-H1
-    return out + ([(PipelineSchedule.ZBV, 2)] if pp * 2 <= n_layers else [])
+    # the V schedules: ZBV and DualPipeV (DeepSeek-V3's, DeepSeek-V3 report Sec 3.2.1), 2 stages per rank
+    return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
@@ -178,6 +179,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ep & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
+    ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
     kind = kinds[recompute]
     searched = recompute < len(SEARCHED_RECOMPUTE)

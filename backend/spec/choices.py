@@ -27,6 +27,7 @@ class Schedule(StrEnum):
     INTERLEAVED_1F1B = "interleaved_1f1b"
     ZERO_BUBBLE = "zero_bubble"  # ScheduleInterleavedZeroBubble
     ZBV = "zbv"  # ScheduleZBVZeroBubble (V-shaped, 2 stages per rank)
+    DUALPIPEV = "dualpipev"  # ScheduleDualPipeV (DeepSeek's DualPipe in a V: 2 stages per rank, microbatches >= 2 pp)
 
 
 class Precision(StrEnum):
@@ -139,6 +140,14 @@ class Positions(StrEnum):
     ROPE = "rope"  # rotary q/k rotation (Su et al. 2021), no parameters
 
 
+class MoeDispatcher(StrEnum):
+    """How an expert-parallel MoE layer moves its tokens to the experts' ranks (Megatron-Core's
+    --moe-token-dispatcher-type; token_dispatcher.py @ core_v0.19.0)."""
+
+    ALLTOALL = "alltoall"  # MoEAlltoAllTokenDispatcher: the routed rows only, by all_to_all over the ep group
+    ALLGATHER = "allgather"  # MoEAllGatherTokenDispatcher: every token to every ep rank, reduce-scatter back
+
+
 class Bias(StrEnum):
     """Which Linear layers of the blocks carry a bias (lm_head and the MoE router never do)."""
 
@@ -154,7 +163,9 @@ class AttentionImpl(StrEnum):
 
 DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
-MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
+V_SHAPE_SCHEDULES = (Schedule.ZBV, Schedule.DUALPIPEV)
+"""Rank r holds stages r and 2pp - 1 - r (torch's generate_stage_to_rank_mapping(style="v")): exactly 2 per rank."""
 
 
 class Stack(StrEnum):

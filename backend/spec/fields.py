@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec import dims
-from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, Norm, Offload, Optimizer,
-                                  Positions, Precision, Strategy)
+from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, MoeDispatcher, Norm, Offload,
+                                  Optimizer, Positions, Precision, Strategy)
 from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
 
 
@@ -35,6 +35,10 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--seq": ("model", "seq_len", int),
     "--experts": ("model", "n_experts", int),
     "--top-k": ("model", "top_k", int),
+    "--capacity-factor": ("model", "capacity_factor", float),
+    "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float),
+    "--moe-dispatcher": ("model", "moe_dispatcher", [v.value for v in MoeDispatcher]),
+    "--moe-imbalance": ("model", "moe_imbalance", float),
     "--global-batch": ("train", "global_batch", int),
     "--micro-batch": ("train", "micro_batch", int),
     "--microbatches": ("train", "microbatches", int),

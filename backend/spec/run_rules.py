@@ -18,7 +18,7 @@ from backend.spec.dims import DIMS, degree_names
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
 from backend.spec.stack_rules import stack_blockers
 
-SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,6 @@ def _ring_misses(m: ModelSpec) -> list[str]:
 
 
 LAYOUT_RULES = (
-    RunRule("zero1 x ep", lambda v: (v.zero_stage == 1) & (v.ep > 1),
-            lambda p, m: f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
-            "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
-            "zero3/fsdp for the dp dimension of an expert-parallel layout"),
-    # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
-    RunRule("ep x pp", lambda v: (v.ep > 1) & (v.pp > 1),
-            lambda p, m: f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"),
     RunRule("fp8 x tp", lambda v: (v.precision == "fp8") & (v.tp > 1),
             lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
             "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),

@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
 from backend.spec import dims
 from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, Device,
-                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions,
-                                  Precision, Recompute, RouterScore, Stack, StackDtype, Strategy, WindowKind)
+                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, MoeDispatcher, Norm, Offload,
+                                  Optimizer, Positions, Precision, Recompute, RouterScore, Stack, StackDtype, Strategy,
+                                  WindowKind)
 from backend.spec.dims import MAX_WORLD
 from backend.spec.user_text import source_problem
 
@@ -123,6 +124,27 @@ class ModelSpec(SpecSection):
     from its best topk_groups groups; 1 = no limit."""
     topk_groups: int = Field(1, ge=1, le=100_000)
     """MoE: groups a token may route into (expert_groups > 1)."""
+    capacity_factor: float | None = Field(None, gt=0, le=1_000)
+    """MoE: expert capacity factor (Megatron-Core's --moe-expert-capacity-factor): per MoE layer and microbatch each rank
+    lets at most C = ceil(T k / E x capacity_factor) of its T tokens' k slots reach one expert and drops the rest,
+    lowest router probability first (moe_utils.apply_router_token_dropping, drop policy "probs"); None = dropless."""
+    moe_pad_to_capacity: bool = False
+    """MoE: every expert takes exactly C rows per rank, padded with zero-weight rows (Megatron-Core's
+    --moe-pad-expert-input-to-capacity): static dispatch shapes, E x C rows sent. Needs capacity_factor."""
+    moe_aux_loss_coeff: float = Field(0.0, ge=0, le=1_000)
+    """MoE: the router's load-balancing loss coeff x E / (k T^2) x sum_i P_i c_i (Switch Transformer; Megatron-Core's
+    switch_load_balancing_loss_func and --moe-aux-loss-coeff) is added to the training loss, computed before dropping;
+    0 = off (Megatron's default; its recipes set 1e-2)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """MoE under ep > 1: alltoall (the routed rows over the ep group) or allgather (every token to every ep rank, the
+    combined output reduce-scattered back; Megatron-Core's --moe-token-dispatcher-type)."""
+    moe_imbalance: float = Field(1.0, ge=1, le=1_000)
+    """MoE prediction: the busiest rank's expert load over the uniform load (1 = uniform routing, the default). A run
+    measures its own (its per-rank routing note); dispatch buffers, all-to-all volume and expert GEMMs scale with it
+    unless a capacity factor bounds them (backend/analytic/moe_rows.py)."""
+    moe_grouped_gemm: bool = False
+    """MoE: a rank's local experts run as one grouped GEMM per expert weight (torch.nn.functional.grouped_mm;
+    Megatron-Core's --moe-grouped-gemm) where the shapes allow it, else one GEMM per expert (the reason in the notes)."""
     window: int | None = Field(None, ge=1, le=MAX_SEQ)
     """Windowed attention: tokens a query sees (sliding) or the chunk length (chunked) on the windowed layers; None
     means every layer attends to the whole causal prefix."""

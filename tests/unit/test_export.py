@@ -10,6 +10,7 @@ import pytest
 
 from sqlalchemy import select, update
 
+from backend.spec import ExperimentSpec
 from db import queries as q
 from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise, table
 from db.models import Experiment, ExperimentTag
@@ -208,7 +209,9 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
     assert old_names | {"tags"} <= set(header) and header.count("tags") == 1  # every existing column name kept
     assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
     # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference; issue 34: the stack
-    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack"}
+    # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON)
+    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack",
+                                            "capacity_factor", "tokens_dropped"}
     rows = {r["name"]: r for r in _rows(text)}
     assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
         ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
@@ -253,3 +256,26 @@ def test_the_stack_column_reads_the_stored_spec(store_urls):
     rows = {r["name"]: r for r in _rows(export_csv(engine))}
     assert rows["titan"]["stack"] == "torchtitan" and rows["old"]["stack"] == "shardlab"
     assert eid != old
+
+
+def test_capacity_factor_and_tokens_dropped_read_the_stored_spec_and_result(store_urls):
+    """Issue 35: a MoE run with a capacity factor exports it and the slots it dropped (RunResult.tokens_dropped, kept in
+    the stored result JSON: no column, no migration); a dropless run and a run stored before issue 35 leave them blank;
+    the JSON export carries tokens_dropped inside "result"."""
+    engine = store_urls.engine()
+    moe = ExperimentSpec.model_validate({"name": "capped", "model": {"n_experts": 4, "capacity_factor": 1.25},
+                                         "parallel": {"strategy": "ep", "world_size": 2}})
+    eid = q.submit_experiment(engine, moe)
+    res = fake_result(moe)
+    res.tokens_dropped = 37
+    q.store_result(engine, eid, res)
+    plain = q.submit_experiment(engine, spec("dropless"))
+    q.store_result(engine, plain, fake_result(spec("dropless")))
+    rows = {r["name"]: r for r in _rows(export_csv(engine))}
+    assert (float(rows["capped"]["capacity_factor"]), int(rows["capped"]["tokens_dropped"])) == (1.25, 37)
+    assert rows["dropless"]["capacity_factor"] == rows["dropless"]["tokens_dropped"] == ""
+    _, table_rows = table(engine)
+    got = {r["name"]: (r["capacity_factor"], r["tokens_dropped"]) for r in table_rows}
+    assert got == {"capped": (1.25, 37), "dropless": (None, None)}
+    data = {d["name"]: d for d in json.loads(export_json(engine))}
+    assert data["capped"]["result"]["tokens_dropped"] == 37 and data["dropless"]["result"]["tokens_dropped"] is None

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
@@ -120,6 +122,8 @@ def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int,
     fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
     m, p = spec.model, spec.parallel
     routed = tokens * m.top_k * p.ep / m.n_experts if m.n_experts else tokens  # _gemm_rows of an expert's weight
+    if m.n_experts and p.ep > 1 and not is_uniform_dropless(m):  # capacity / imbalance: the busiest rank (moe_rows.py)
+        routed = expert_rows_of(m, tokens).received * p.ep / m.n_experts
     out = PassCost()
     # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once;
     # the sums still add every weight's seconds one by one, in order

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from backend.analytic.dp_buckets import bucket_numels, used_by
+from backend.analytic.dp_buckets import bucket_groups, used_by
 from backend.analytic.sharding import derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
@@ -84,7 +84,8 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             exposure.append(("grad", s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif distributed:  # the distributed optimizer: per bucket, once per step
-            buckets = len(bucket_numels(params, n))
+            edp = p.dp_cp // p.ep if p.ep > 1 else None  # the expert buckets reduce over edp, the rest over dp x cp
+            buckets = max(1, sum(1 for _, g in bucket_groups(params, p.dp_cp, edp) if g == n))
             s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
             one = coll_s(tier, kind, payload / buckets, n, per_node=k)
             if kind == "reduce_scatter":  # launched as each bucket completes in the last backward; the last one exposed
