@@ -242,6 +242,10 @@ class RunResult(_R):
     """fp16-mixed only: the engine's steps (0 = first warm-up step, then timed, memory and comm-timing steps in
     order) whose optimizer step the dynamic loss scaler skipped on every rank because some rank's gradients held
     inf/NaN (the scale was halved, the parameters left unchanged); None when no loss scaling ran."""
+    tokens_dropped: int | None = None
+    """MoE with a capacity factor: (token, expert) slots the capacity limit dropped in one training step (the
+    memory-tracked one), over every MoE layer, microbatch and dp x cp rank (tp replicas, which route the same tokens,
+    counted once); None when nothing can drop (dropless or dense)."""
     timeline: list[TimelineEvent] = Field(default_factory=list)
     bubble_measured: float | None = None
     bubble_predicted: float | None = None
@@ -279,3 +283,28 @@ class RunResult(_R):
 
 def error_pct(measured: float, predicted: float) -> float | None:
     return None if not predicted else (measured - predicted) / predicted * 100.0
+
+
+PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2, "fp8": 5e-2}
+"""Largest |loss - single-process reference| of a correct run, by precision. fp32 runs match to ~1e-6; 16-bit autocast
+rounds differently per shard. fp8 runs bf16 autocast around its float8 linears, so bf16's rounding applies: FSDP2's
+MixedPrecisionPolicy casts the weights to bf16 before their float8 cast where the reference casts fp32 weights
+(tests/multiprocess/test_fp8.py measured 1.2e-3 after 2 steps), which fp32's 1e-4 called a failed parity."""
+PARITY_FAILS, PARITY_OK = "fails", "ok"
+
+
+def parity_bound(precision: str) -> float:
+    return PARITY_BOUND.get(str(precision), PARITY_BOUND["fp32"])
+
+
+def parity_verdict(precision: str, diff: float | None) -> str | None:
+    """'ok', 'fails' (over the precision's bound, or not a number) or None (no reference ran): the run's loss parity,
+    the same everywhere it is shown (Runs, Run detail, the CLI, the export)."""
+    if diff is None:
+        return None
+    return PARITY_OK if diff <= parity_bound(precision) else PARITY_FAILS  # NaN compares False: fails
+
+
+def parity_failure_text(precision: str, diff: float) -> str:
+    return (f"LOSS PARITY FAILS: max |loss - single-process reference| = {diff:.3g} > {parity_bound(precision):g} "
+            f"({precision}): this distributed run does not compute the same training step as one process.")

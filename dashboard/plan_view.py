@@ -17,7 +17,7 @@ from backend.planner.held import HeldTraining
 from backend.planner.search import Plan, budget_bytes, plan, planned_attention
 from backend.planner.space import light_spec
 from backend.planner.why import explain_first, why_text
-from backend.spec import ExperimentSpec, ModelSpec
+from backend.spec import ExperimentSpec, ModelSpec, dims
 from backend.spec.choices import AttentionImpl
 from backend.analytic.units import GiB
 from dashboard.glossary import schedule_label
@@ -148,8 +148,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
     rows = []
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
-        rows.append({"#": i + 1, "strategy": c["strategy"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "ep": par["ep"],
-                     "cp": par.get("cp", 1),
+        rows.append({"#": i + 1, "strategy": c["strategy"], **{d: par.get(d, 1) for d in dims.degree_names(dims.DIMS)},
                      "memory GiB": c["mem_bytes_max"] / GiB, "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
                      "runs": "yes" if c.get("runnable", True) else "prediction only",
@@ -157,7 +156,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
                      "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
-                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"],
+                     "tokens/s": round(t["tokens_per_s"]), "TFLOP/s per GPU": t["tflops_per_gpu"],
                      "extrapolation": "; ".join(_flags(p, i)) or None})
     return pd.DataFrame(rows)
 

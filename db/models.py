@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -55,6 +55,11 @@ class Experiment(Base):
     # Filter columns, copied from the validated spec (derived degrees filled in).
     strategy: Mapped[str] = mapped_column(String(16))
     world_size: Mapped[int] = mapped_column(Integer)
+    degrees_json: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")  # revision 0011
+    """Every field of the parallel-dimension table (backend/spec/dims.py) as {spec field: value}: the degrees and
+    their options. Rows, sorts and the export read them from here (db/degrees.py), so a new dimension needs no
+    column. The per-degree columns below (dp .. cp_load_balance, schedule, virtual_stages, sequence_parallel) are
+    kept with every value a store holds and still written, but no longer read."""
     dp: Mapped[int] = mapped_column(Integer)
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)

@@ -19,7 +19,7 @@ from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
-from backend.analytic.dp_buckets import bucket_numels
+from backend.analytic.dp_buckets import bucket_groups
 from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.params import count_params, param_list
@@ -102,7 +102,8 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
     params = local_params(spec, rank)
     cuda = layout.device == CUDA
     if layout.distributed_optimizer:  # one fp32 tensor per bucket: this rank's slice
-        shards = [n // p.dp for n in bucket_numels(params, p.dp)]
+        edp = p.dp_cp // p.ep if p.ep > 1 else None  # ep: the experts' buckets shard over edp
+        shards = [n // g for n, g in bucket_groups(params, p.dp, edp)]
         r.optimizer_temp_bytes = step_temp_bytes(shards, layout.optimizer, foreach=cuda)
     elif p.zero_stage == ZeroStage.ZERO1:
         r.optimizer_temp_bytes = zero1_shares_of(spec.model, layout, position, memory.parts).bytes(

@@ -81,9 +81,9 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) ->
     """Stage indices held by pipeline rank `pp_rank`.
 
     Looped/interleaved (Narayanan et al. 2021, Sec 2.2): rank r holds r, r+p, r+2p, ...
-    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape): rank r holds r and 2p-1-r.
+    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape) and DualPipeV: rank r holds r and 2p-1-r.
     """
-    if str(schedule) == "zbv" and pp > 1:  # the schedule is ignored without pipelining
+    if str(schedule) in ("zbv", "dualpipev") and pp > 1:  # the schedule is ignored without pipelining
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(virtual_stages)]
 
@@ -455,7 +455,8 @@ def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: in
     # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
     ep_expert = expert and ep > 1
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
-    local = _tp_local(shape, style, bias, tp, tp_rank)
+    # ep > 1: whole experts on every tp rank (expert_layout.ExpertLayout: etp = 1), the rest split by its tp style
+    local = shape if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

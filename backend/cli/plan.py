@@ -26,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
+from backend.spec.stacks import KERNEL_CHOICES, STACK_CHOICES
 
 MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_layers", "--heads": "n_heads",
                "--kv-heads": "n_kv_heads", "--ffn": "ffn_hidden", "--experts": "n_experts", "--top-k": "top_k"}
+
+
+
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
     p.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"),
                    help="training precision (default: the --spec's, an imported config's own, else bf16-mixed)")
+    p.add_argument("--stack", choices=STACK_CHOICES,
+                   help="the software stack every layout trains with (default: the --spec's, else shardlab)")
+    p.add_argument("--attention-kernel", choices=KERNEL_CHOICES, help="the stack's attention kernel set on its own")
+    p.add_argument("--compile", action="store_true", help="torch.compile (elementwise compiled)")
     p.add_argument("--attention", choices=("math", "flash"),
                    help="attention kernel (default: flash on a GPU profile unless the model has attention sinks, else "
                         "the model's); context parallelism is searched with flash only")
@@ -148,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     spec_train = getattr(args, "spec_train", None)
     held = HeldTraining.of_train(spec_train, precision=args.precision, source=f"--spec {args.spec}") if spec_train \
         else HeldTraining(precision=args.precision or "bf16-mixed")
+    held = held.with_stack(args.stack, {"attention_kernel": args.attention_kernel,
+                                        "elementwise": "compiled" if args.compile else None})
     attention, why = planned_attention(model, hw, args.attention)
     attention_why = f"attention kernel: {attention} ({why})"
     model = model.model_copy(update={"attention": AttentionImpl(attention)})
@@ -174,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         return code
     print(used["line"])
     print(attention_why)
+    print(f"stack: {held.stack}" + (f" ({', '.join(f'{k} {v}' for k, v in held.stack_settings)})"
+                                     if held.stack_settings else ""))
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
     print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GiB':>7} {'step s':>8} {'MFU':>6} runs")

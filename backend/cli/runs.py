@@ -11,6 +11,7 @@ import sys
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
+from backend.result import PARITY_FAILS, parity_verdict, parity_bound
 from backend.spec.user_text import InputError, printable
 
 
@@ -78,6 +79,10 @@ def cmd_show(args) -> int:
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env", "diverged"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
+    precision = str(spec.train.precision)
+    if (parity := parity_verdict(precision, row.get("loss_max_abs_diff"))) is not None:
+        print(f"{'loss_parity':>18}: {parity.upper() if parity == PARITY_FAILS else parity} "
+              f"(bound {parity_bound(precision):g} for {precision})")
     if (line := diverged_line(result, row.get("diverged"))) is not None:
         print(f"{'diverged':>18}: {line}")
     if unreadable:
@@ -118,7 +123,8 @@ def experiment_json(row: dict) -> dict:
     spec, result = row.pop("spec"), row.pop("result")
     if row.get("result_error") is None:
         row.pop("result_error", None)  # only a row whose stored result does not read has the key
-    return {**row, "spec": spec.model_dump(mode="json"),
+    parity = parity_verdict(str(spec.train.precision), row.get("loss_max_abs_diff"))
+    return {**row, "loss_parity": parity, "spec": spec.model_dump(mode="json"),
             "result": result.model_dump(mode="json", by_alias=True) if result else None}
 
 

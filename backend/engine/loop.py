@@ -123,7 +123,7 @@ def has_split_backward(ctx: RankContext) -> bool:
     """Schedules whose backward runs autograd.grad(inputs=...), which module-hook trackers break; decided
     before the step on every rank alike (a tracker failing mid-step would leave the peers hanging)."""
     p = ctx.spec.parallel
-    return p.pp > 1 and p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+    return p.pp > 1 and p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:

@@ -9,7 +9,8 @@ from typing import Any
 
 from backend.analytic.measured.moe_routing import adjustment
 from backend.analytic.params import param_list
-from backend.result import COLLECTIVES, MEMORY_CATEGORIES, RankResult, RoutingAdjusted, error_pct, first_non_finite
+from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, PARITY_BOUND, PARITY_FAILS, RankResult,  # noqa: F401 - re-exported
+                            RoutingAdjusted, error_pct, first_non_finite, parity_failure_text, parity_verdict)
 from backend.spec import ExperimentSpec
 from backend.strategies.base import module_name_for
 
@@ -26,10 +27,6 @@ WHY = {
     "activations_bytes": "the tracker counts every tensor created in forward that is still alive at the peak "
                          "(incl. temporaries held by the caller), the formula only what autograd saves for backward",
 }
-
-
-# fp32 runs match the reference to ~1e-6; 16-bit autocast rounds differently per shard.
-PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2}
 
 
 def loss_parity(loss: list[float], ref: list[float]) -> float | None:
@@ -61,11 +58,8 @@ def divergence_notes(loss: list[float], ref: list[float]) -> list[str]:
 
 
 def parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
-    bound = PARITY_BOUND.get(str(spec.train.precision), 1e-4)
-    if diff is None or diff <= bound:
-        return []
-    return [f"LOSS PARITY FAILS: max |loss - single-process reference| = {diff:.3g} > {bound:g} ({spec.train.precision}): "
-            "this distributed run does not compute the same training step as one process."]
+    precision = str(spec.train.precision)
+    return [parity_failure_text(precision, diff)] if parity_verdict(precision, diff) == PARITY_FAILS else []
 
 
 def comm_error_pct(rr: RankResult) -> dict[str, float | None]:
@@ -143,7 +137,8 @@ def routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: l
             f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
             f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
             f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
-            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}).")
+            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}); a prediction "
+            f"at this load: model.moe_imbalance={max(adj.load, 1.0):.2f} (analytic/moe_rows.py).")
     return notes
 
 

@@ -20,7 +20,7 @@ from backend.importers.imported import ConfigImportError, ImportedConfig, safe_n
 from backend.importers.megatron_fields import (OFF_VALUES, PREFIXES, TABLE, given_vocab, literal, model_and_layout,
                                                training)
 from backend.importers.shell_script import read as read_script
-from backend.spec.user_text import MAX_JSON_FILE_BYTES
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 BLOCK_START = re.compile(r"-{4,} arguments -{4,}")
 BLOCK_END = re.compile(r"-{4,} end of arguments -{4,}")
@@ -47,8 +47,11 @@ def parse(text: str | bytes) -> tuple[dict[str, Any], str, Launcher | None, list
     raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
     if BLOCK_START.search(raw):
         return _block(raw), "megatron-log-args", None, []
-    if len(raw.encode()) > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the argument list is {len(raw.encode()):,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit"])
+    # The file's size, not its re-encoded text's: a file read with errors="replace" (read_config_file, an upload) has
+    # a 3-byte U+FFFD where it had an undecodable byte (a 5.0 MiB binary file re-encodes to 9.0 MiB).
+    size = len(text) if isinstance(text, bytes) else len(raw.encode()) - 2 * raw.count("\ufffd")
+    if size > MAX_JSON_FILE_BYTES:
+        raise ConfigImportError([over_limit("the argument list", size, MAX_JSON_FILE_BYTES)])
     command = read_script(raw)
     tokens = command.words
     script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), -1)

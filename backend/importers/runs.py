@@ -171,7 +171,7 @@ def _notes(imported: ImportedConfig, measured: Measured, facts: ImportFacts, hw:
 
 def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     """tokens/s, ShardLab's MFU / HFU on the profile's peak, and the step-time prediction with its breakdown."""
-    from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.model import step_time, untimed_reason
     from backend.analytic.model_flops import training_flops_per_step
     from backend.analytic.recompute_cost import flops_rerun
 
@@ -188,6 +188,9 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     result.achieved_flops = flops / step
     from backend.calibration.fit import extrapolation
 
+    if (why := untimed_reason(spec, hw.profile.kind)) is not None:  # (fp8 on a CPU profile)
+        result.notes.append(f"No step-time prediction: {why}.")
+        return
     st = step_time(spec, hw.profile, band=hw.band).summary
     result.step_time_predicted_s = st["step_s"]
     cal = hw.calibration

@@ -174,8 +174,14 @@ def assembled_result(spec: ExperimentSpec, workdir: Path, assemble: Assembler | 
 
 def predicted_step_s(spec: ExperimentSpec, result: RunResult) -> float | None:
     """The step-time model on the 'cpu' profile for a run whose ranks ran on the CPU (None otherwise, or without a
-    profile: backend/bench/cpu_profile.py); never fails the run."""
+    profile: backend/bench/cpu_profile.py); never fails the run. A spec the model does not time on CPU ranks (fp8)
+    gets None and a note saying so."""
     if "cpu" not in str(result.env.get("device", "cpu")).lower():
+        return None
+    from backend.analytic.steptime.model import untimed_reason
+
+    if (why := untimed_reason(spec, "cpu")) is not None:
+        result.notes.append(f"No step-time prediction: {why}.")
         return None
     try:
         from backend.analytic.steptime.hardware import CPU, load_profiles

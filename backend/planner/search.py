@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule
+from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, step_time
@@ -115,9 +115,10 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
 
 def _run_view(layouts: Layout, model: Any) -> LayoutView:
-    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
-    return LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
-                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
+    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV) \
+        | (layouts.schedule == PipelineSchedule.DUALPIPEV)
+    return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
+                      split_backward=split, precision=str(layouts.precision), model=model)
 
 
 def run_rule_hits(layouts: Layout, model: Any) -> dict[str, np.ndarray]:
@@ -209,6 +210,10 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
     notes.append("every layout trains with " + held.words())
+    if held.stack != "shardlab" or held.stack_settings:
+        notes.append(f"stack {held.stack}: each layout is timed with that stack's kernels and overlaps "
+                     "(spec/stacks.py); layouts whose stack settings this engine does not run are ranked, marked "
+                     "prediction only with the reason")
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")

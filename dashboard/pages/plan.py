@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import import_box
+from dashboard import messages
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
@@ -31,10 +34,19 @@ def _plan_columns() -> dict:
     return cols
 
 
-@st.fragment(run_every=2.0)
-def _verify_table(tag: str) -> None:
-    """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
+def _verifying(tag: str) -> bool:
+    """A proxy run of this layout is still queued or running."""
+    return bool(store_access.list_runs(store_access.db_url(), status=("queued", "running"), tag=tag, limit=1))
+
+
+def _verify_table(tag: str, active: bool) -> None:
+    """The proxy runs of the verified layout, re-read every 2 s while one is queued or running (a run goes queued ->
+    running -> ok here, no click); once they have ended the page reruns once and nothing re-runs while idle."""
     from backend.bench import cpu_profile
+
+    if active and not _verifying(tag):
+        store_access.changed()
+        st.rerun(scope="app")
 
     df = pv.verify_frame(store_access.engine(), tag)
     st.dataframe(df, hide_index=True, placeholder="–", column_config={
@@ -54,7 +66,14 @@ def _load_imported(imported) -> None:
     st.session_state["pl_saved"] = {**st.session_state.get("pl_saved", {}), **values}
     # its training settings too (planner/held.py): precision (the select above, preset to it), recompute policy, fp8
     st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"], dict(spec["train"]))
+    # and its stack with the settings it states (issue 34): the Stack select and its settings, preset to them
+    from backend.spec.sections import TrainSpec
 
+    st.session_state.update({STACK_KEY + k: v for k, v in stack_form.to_form(TrainSpec(**{
+        k: v for k, v in spec["train"].items() if k in TrainSpec.model_fields})).items()})
+
+
+STACK_KEY = "pl_stack_"
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
@@ -94,7 +113,6 @@ else:
 
 def _calibration_box() -> None:
     """Fit a profile of your cluster from tagged runs (imported and own): `python -m backend calibrate` on a button."""
-    from backend.calibration.calibrate import calibrate
     from backend.calibration.records import latest_named
     from dashboard import calibration_view as cv
 
@@ -111,10 +129,12 @@ def _calibration_box() -> None:
         tag = c1.text_input("Runs tagged", key="pl_cal_tag", placeholder="ourcluster")
         base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"], key="pl_cal_hw")
         name = c3.text_input("Profile name", key="pl_cal_name", placeholder="h100-ourcluster")
-        if st.button("Calibrate", disabled=not tag or not name, key="pl_cal_go", icon=":material/tune:"):
+        read_only = access.read_only_reason(access.visitor())
+        if st.button("Calibrate", disabled=not tag or not name or bool(read_only), key="pl_cal_go", icon=":material/tune:",
+                     help=read_only):
             with st.spinner("Fitting (a fit, then one refit per run left out)..."):
                 try:
-                    out = calibrate(engine, hardware=base, tag=tag, name=name)
+                    out = store_access.calibrate(hardware=base, tag=tag, name=name)
                 except ValueError as e:
                     st.error("Nothing stored:")
                     st.text(str(e))
@@ -150,7 +170,10 @@ precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
                          help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
                               "it to its own.")
 top = c3.slider("Layouts to show", 1, 50, key="pl_top")
+stack_form.render(st, STACK_KEY)  # issue 34: every layout trains with this stack (its kernels and overlaps)
+chosen = stack_form.to_spec(stack_form.read(st, STACK_KEY))
 held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
+held = held.with_stack(chosen.pop("stack"), chosen)
 st.markdown(f"**Planned with {kernel} attention**")  # kernel: flash or math; the reasons below are plain text
 st.text(f"{kernel_why[0].upper()}{kernel_why[1:]}. Every layout trains with {held.words()}.")
 include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
@@ -160,8 +183,8 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
     + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "")
-if problem:
-    st.error(problem)
+if problem:  # names the config's keys and values: the user's text
+    messages.box("error", "This model cannot be planned:", [problem])
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
@@ -176,7 +199,8 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
 res = st.session_state.get("pl_result")
 if res is not None:
     if st.session_state.get("pl_result_for") != inputs:
-        st.warning(f"These results are for {st.session_state.get('pl_result_for')}; press Search for the inputs above.")
+        messages.box("warning", "Press Search for the inputs above:",  # the label holds a file name: the user's text
+                     [f"These results are for {st.session_state.get('pl_result_for')}."])
     used = getattr(res, "profile_used", None)
     if used is not None:
         (st.info if used["profile"]["calibration"] else st.caption)(used["line"][0].upper() + used["line"][1:] + ".")
@@ -215,9 +239,10 @@ if res is not None:
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
             st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("dashboard/pages/new_experiment.py")
-        if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
-                     help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
-                          "measured step time with the prediction"):
+        read_only = access.read_only_reason(access.visitor())
+        if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:", key="pl_verify",
+                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and "
+                                       "compare its measured step time with the prediction"):
             proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
             if proxy is None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))
@@ -228,7 +253,9 @@ if res is not None:
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
             st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
-            _verify_table(st.session_state["pl_verify_tag"])
+            tag = st.session_state["pl_verify_tag"]
+            active = _verifying(tag)
+            st.fragment(_verify_table, run_every=2.0 if active else None)(tag, active)
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")

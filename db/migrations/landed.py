@@ -40,4 +40,6 @@ LANDED: tuple[Landed, ...] = (
     Landed("0009", "0009_imported_runs.py", "imported runs' columns, calibrations.name / details_json", "7426cff",
            None),
     Landed("0010", "0010_context_parallel.py", "experiments.cp, cp_rotate, cp_load_balance", "2c58e3e", None),
+    Landed("0011", "0011_degrees_json.py", "experiments.degrees_json: the parallel dimensions' fields (issue 33)",
+           "8f788ce", None),
 )

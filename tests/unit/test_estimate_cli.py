@@ -101,3 +101,19 @@ def test_invalid_spec_exits_2_with_arithmetic():
 def test_unknown_choice_is_usage_error():
     p = cli("estimate", "--strategy", "zero9")
     assert p.code == 2 and "invalid choice" in p.err
+
+
+def test_a_failed_step_time_check_is_named_not_a_traceback(monkeypatch, capsys):
+    """The step-time model's own sum check (InconsistentStepTime) reaches `estimate --hardware` as a named failure with
+    exit 2, as `plan` reports it, never a traceback."""
+    import backend.analytic.steptime.model as model
+
+    def broken(*_a, **_k):
+        raise model.InconsistentStepTime("compute 1.0 + exposed comm 0.5 != step 2.0")
+
+    monkeypatch.setattr(model, "step_time", broken)
+    rc = main(["estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--world", "2", "--strategy", "ddp",
+               "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "failed its own check" in err and "compute 1.0 + exposed comm 0.5 != step 2.0" in err
+    assert "Traceback" not in err

@@ -9,6 +9,9 @@ change today. A schema that cannot be upgraded is a SchemaError (exit 2, named r
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import shutil
 import sqlite3
 import time
@@ -40,6 +43,8 @@ COVERS = {  # fixture -> (its Alembic stamp, the landed revision at its head: wh
     "s0009_cp_fdd846f": ("0009", "0009_context_parallel.py"),
     "s0009_imported_038ae18": ("0009", "0009_imported_runs.py"),
     "s0010_f5f41f2": ("0010", "0010_context_parallel.py"),
+    "s0010_6711c58": ("0010", "0010_context_parallel.py"),
+    "s0011_8f788ce": ("0011", "0011_degrees_json.py"),
 }
 NEVER_A_HEAD = {"0001_initial.py", "0002_workers_requeue.py", "0005_calibrations.py"}
 """Landed revisions no commit ever had as its newest (the first commit had 0001-0003; 0005 and 0006 came together)."""
@@ -102,6 +107,42 @@ def test_a_store_an_older_version_wrote_opens_with_every_value(fixture, tmp_path
         if got["status"] == "ok":
             assert got["result"] is not None and got["result"].status == "ok"
     assert export_csv(engine).count("\r\n") == len(listed) + 1 and export_json(engine).startswith("[")
+
+
+DEGREE_COLUMNS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "cp_rotate": "cp_rotate",
+                  "cp_load_balance": "cp_load_balance", "sequence_parallel": "sequence_parallel",
+                  "pp_schedule": "schedule", "virtual_stages": "virtual_stages"}
+"""spec field -> the experiments column that held it before revision 0011 (issue 33)."""
+
+
+@pytest.mark.parametrize("fixture", sorted(COVERS))
+def test_the_degrees_read_from_degrees_json_are_the_values_the_columns_held(fixture, tmp_path):
+    """Issue 33: since revision 0011 rows, sorts and the export read the parallel dimensions from
+    experiments.degrees_json; every value listed and exported is the one the old columns held (the spec's default
+    where the store predates the column: cp 1, allgather, balanced), and the one the run's own spec JSON holds."""
+    copy, before = opened(fixture, tmp_path)
+    engine = open_db(f"sqlite:///{copy}")
+    after = snapshot(copy)["experiments"]
+    defaults = {"cp": 1, "cp_rotate": "allgather", "cp_load_balance": 1}
+    listed = {r["id"]: r for r in q.list_experiments(engine)}
+    exported = {int(r["id"]): r for r in csv.DictReader(io.StringIO(export_csv(engine)))}
+    for (eid,), old in before["experiments"].items():
+        held = {field: old.get(col, defaults.get(col)) for field, col in DEGREE_COLUMNS.items()}
+        assert {f: after[(eid,)][c] for f, c in DEGREE_COLUMNS.items()} == held  # the columns themselves are kept
+        as_json = json.loads(after[(eid,)]["degrees_json"])
+        assert as_json == {f: bool(v) if f in ("cp_load_balance", "sequence_parallel") else v for f, v in held.items()}
+        row = listed[eid]
+        assert {f: row[c] for f, c in DEGREE_COLUMNS.items()} == as_json, eid
+        parallel = q.get_experiment(engine, eid)["spec"].parallel
+        assert {f: (str(v) if isinstance(v, str) else v) for f in DEGREE_COLUMNS for v in [getattr(parallel, f)]} \
+            == as_json, f"{fixture} #{eid}: the spec JSON and the columns disagree"
+        gate = {"cp_rotate": "cp", "cp_load_balance": "cp", "pp_schedule": "pp", "virtual_stages": "pp",
+                "sequence_parallel": "tp"}
+        for f, c in DEGREE_COLUMNS.items():
+            blank = f in gate and held[gate[f]] == 1
+            assert exported[eid][c] == ("" if blank else str(as_json[f])), (eid, c)
+    by_cp = [r["id"] for r in q.list_experiments(engine, order_by="cp", descending=True, columns=["id"])]
+    assert by_cp == sorted(listed, key=lambda i: (-listed[i]["cp"], -i))
 
 
 def test_a_new_run_goes_into_an_upgraded_store_under_a_new_id(tmp_path):

@@ -58,6 +58,8 @@ class PartSums(NamedTuple):
     ep_expert_numel: Any
     """Routed experts' elements under ep > 1: outside FSDP2 / ZeRO (ignored_params), their grads all-reduced over the
     expert-replica group (traffic.dp_traffic, ep.sync_expert_grads)."""
+    cuda_ep_expert_bytes: Any
+    """Their 512-B-rounded fp32 storages (CUDA ranks)."""
 
 
 @lru_cache(maxsize=256)
@@ -141,7 +143,8 @@ def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, .
         row = (1, local_numel, storage, real, ugrad, storage * group if managed else 0, ugrad if managed else 0,
                local_numel if block and len(c.shape) == 2 else 0, local_numel if block_bias else 0,
                local_numel if lm_head else 0, local_numel if tok_emb else 0, rounded(MASTER_BYTES * local_numel),
-               rounded(MASTER_BYTES * storage), rounded(MASTER_BYTES * real), 0 if managed else local_numel)
+               rounded(MASTER_BYTES * storage), rounded(MASTER_BYTES * real), 0 if managed else local_numel,
+               0 if managed else rounded(MASTER_BYTES * local_numel))
         totals = [t + count * v for t, v in zip(totals, row)]
     return PartSums(*totals)
 

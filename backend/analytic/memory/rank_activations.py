@@ -242,7 +242,8 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
-                                                       layout.schedule == PipelineSchedule.ZBV))
+                                                       layout.schedule == PipelineSchedule.ZBV,
+                                                       layout.schedule == PipelineSchedule.DUALPIPEV))
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
     one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
