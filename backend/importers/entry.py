@@ -101,7 +101,8 @@ class Importer:
     label: str
     """The pages' name for it ("Megatron-LM / NeMo"), in the Import config box's Format select."""
     reads: str
-    """The files it reads, in words ("a job .toml or the Trainer.Config dump"): detection's error and the box's caption."""
+    """The files it reads, in words ("a job .toml or the Trainer.Config dump"): detection's error, --format's help and
+    the box's caption."""
     model_config_use: str
     """What the model's config.json does for its configs, for --model-config's help and the box's upload help."""
     formats: tuple[SourceFormat, ...]

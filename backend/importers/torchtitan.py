@@ -68,6 +68,10 @@ def _in_log(probe: Probe) -> bool:
     return MARKER in probe.text
 
 
+def _toml_sections(probe: Probe) -> bool:
+    return any(s in probe.text for s in ("[model]", "[parallelism]", "[training]"))
+
+
 def _forced(probe: Probe) -> str:
     dump = probe.text.lstrip().startswith("{") or _in_log(probe)
     return "torchtitan-config-dump" if dump else "torchtitan-toml"
@@ -90,6 +94,6 @@ IMPORTER = Importer(
             Clue(20, "torchtitan-toml", lambda p: p.named(".toml")),
             Clue(30, "torchtitan-config-dump", _dump_json),
             Clue(40, "torchtitan-config-dump", _in_log),
-            Clue(60, "torchtitan-toml", lambda p: any(s in p.text for s in ("[model]", "[parallelism]", "[training]")))),
+            Clue(60, "torchtitan-toml", _toml_sections)),
     forced=_forced, parse_log=_log, log_records="metrics lines (step: N  loss: ...  tps: ...)",
     rank_order=("pp", "dp", "cp", "tp"), log_gpus=log_gpus)
