@@ -113,5 +113,6 @@ class _Runner:
 
     def __init__(self, spec: Any):
         self.model, self.parallel, self.framework = spec.model, spec.parallel, getattr(spec, "framework", "torch")
+        self.megatron_zero1 = megatron_distributed_optimizer(spec)  # the engine runs it as Megatron's optimizer
         stack = Stack.DEEPSPEED if str(self.framework) == "deepspeed" else Stack.SHARDLAB
         self.train = spec.train.model_copy(update={"stack": stack, **{k: None for k in SETTINGS}})
