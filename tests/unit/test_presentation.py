@@ -81,7 +81,7 @@ def test_plan_table_words_formats_why_and_chart():
     cols = _columns(table)
     for name in ("step s", "step s (low)", "step s (high)", "memory GiB", "MFU %", "tokens/s", "TFLOP/s per GPU"):
         assert cols[name]["type_config"].get("format"), f"{name} is shown as a raw float"
-    for name in ("schedule", "virtual stages", "sequence parallel", "step s (low)", "MFU %", "runs"):
+    for name in ("schedule", "virtual stages", "sequence parallel", "step s (low)", "MFU %", "runs", "fullest at"):
         assert cols[name].get("help"), f"{name} has no tooltip"
     assert table.proto.placeholder == "–"
     assert "zbv" not in set(table.value["schedule"].dropna())
