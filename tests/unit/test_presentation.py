@@ -90,7 +90,7 @@ def test_plan_table_words_formats_why_and_chart():
     assert breakdown["data"][0]["x"][:2] == ["#1", "#2"] and breakdown["layout"]["xaxis"]["type"] == "category"
     assert _legend_beside_the_plot(breakdown)
     pareto = next(f for t, f in _figs(at).items() if t.startswith("Memory vs predicted step time"))
-    assert pareto["layout"]["yaxis"]["title"]["text"] == "worst-rank memory (GiB)"
+    assert pareto["layout"]["yaxis"]["title"]["text"] == "worst rank at its fullest moment (GiB)"
 
 
 def test_runs_compare_detail_and_formulas_words():
