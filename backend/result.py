@@ -7,10 +7,12 @@ and plotted by the dashboard. Keys named in the issues (`status`, `per_rank[].me
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backend.spec import ExperimentSpec
 
@@ -33,7 +35,24 @@ FINISHED = (Status.OK, Status.FAILED, Status.TIMEOUT, Status.OOM, Status.CANCELL
 
 
 class _R(BaseModel):
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    # A diverged run's losses are NaN or inf: JSON has no such numbers, and pydantic's default wrote them as null,
+    # which no float field reads back (issue 31). "NaN" / "Infinity" / "-Infinity" strings are valid JSON, and
+    # pydantic reads them (and the bare NaN / Infinity tokens Python's json writes) back as the same floats.
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True, ser_json_inf_nan="strings")
+
+
+def _null_loss_is_nan(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+Loss = Annotated[float, BeforeValidator(_null_loss_is_nan)]
+"""One step's loss, possibly NaN or +-inf (a diverged run). A null in a loss list was written by a version that
+turned every non-finite number into null: it reads as NaN (which non-finite value it was is lost)."""
+
+
+def first_non_finite(values: Sequence[float]) -> int | None:
+    """Index of the first NaN or +-inf in values, None when all are finite."""
+    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
 
 
 class MemoryBreakdown(_R):
@@ -215,13 +234,18 @@ class RunResult(_R):
     """Hardware FLOPs utilization: flops_per_step (recompute included) per second / peak; = mfu without recompute."""
     model_flops_per_step: float | None = None
     """Model FLOPs per optimizer step (6N + attention per token, recompute excluded): MFU's numerator."""
-    loss: list[float] = Field(default_factory=list)
-    loss_reference: list[float] = Field(default_factory=list)
+    loss: list[Loss] = Field(default_factory=list)
+    """The global mean loss of each step (warm-up, then timed), NaN / inf kept as such when the run diverged."""
+    loss_reference: list[Loss] = Field(default_factory=list)
     loss_max_abs_diff: float | None = None
     loss_scaling_skipped_steps: list[int] | None = None
     """fp16-mixed only: the engine's steps (0 = first warm-up step, then timed, memory and comm-timing steps in
     order) whose optimizer step the dynamic loss scaler skipped on every rank because some rank's gradients held
     inf/NaN (the scale was halved, the parameters left unchanged); None when no loss scaling ran."""
+    tokens_dropped: int | None = None
+    """MoE with a capacity factor: (token, expert) slots the capacity limit dropped in one training step (the
+    memory-tracked one), over every MoE layer, microbatch and dp x cp rank (tp replicas, which route the same tokens,
+    counted once); None when nothing can drop (dropless or dense)."""
     timeline: list[TimelineEvent] = Field(default_factory=list)
     bubble_measured: float | None = None
     bubble_predicted: float | None = None
@@ -235,6 +259,20 @@ class RunResult(_R):
     finished_at: str | None = None
     wall_s: float | None = None
 
+    @property
+    def diverged_at(self) -> int | None:
+        """Index of the first loss that is NaN or +-inf (the run diverged there); None when every loss is finite."""
+        return first_non_finite(self.loss)
+
+    def divergence(self) -> str | None:
+        """'the loss is nan from step 2 of 11 on (10 steps not finite)' (steps 1-based, warm-up first), or None."""
+        at = self.diverged_at
+        if at is None:
+            return None
+        bad = sum(not math.isfinite(v) for v in self.loss)
+        return (f"the loss is {self.loss[at]} from step {at + 1} of {len(self.loss)} on ({bad} step{'s' if bad != 1 else ''} "
+                "not finite)")
+
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
 
@@ -245,3 +283,28 @@ class RunResult(_R):
 
 def error_pct(measured: float, predicted: float) -> float | None:
     return None if not predicted else (measured - predicted) / predicted * 100.0
+
+
+PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2, "fp8": 5e-2}
+"""Largest |loss - single-process reference| of a correct run, by precision. fp32 runs match to ~1e-6; 16-bit autocast
+rounds differently per shard. fp8 runs bf16 autocast around its float8 linears, so bf16's rounding applies: FSDP2's
+MixedPrecisionPolicy casts the weights to bf16 before their float8 cast where the reference casts fp32 weights
+(tests/multiprocess/test_fp8.py measured 1.2e-3 after 2 steps), which fp32's 1e-4 called a failed parity."""
+PARITY_FAILS, PARITY_OK = "fails", "ok"
+
+
+def parity_bound(precision: str) -> float:
+    return PARITY_BOUND.get(str(precision), PARITY_BOUND["fp32"])
+
+
+def parity_verdict(precision: str, diff: float | None) -> str | None:
+    """'ok', 'fails' (over the precision's bound, or not a number) or None (no reference ran): the run's loss parity,
+    the same everywhere it is shown (Runs, Run detail, the CLI, the export)."""
+    if diff is None:
+        return None
+    return PARITY_OK if diff <= parity_bound(precision) else PARITY_FAILS  # NaN compares False: fails
+
+
+def parity_failure_text(precision: str, diff: float) -> str:
+    return (f"LOSS PARITY FAILS: max |loss - single-process reference| = {diff:.3g} > {parity_bound(precision):g} "
+            f"({precision}): this distributed run does not compute the same training step as one process.")

@@ -17,15 +17,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec.fields import FLAGS
+from backend.spec import dims
+from backend.spec.fields import FLAGS, SWITCHES
 from backend.spec.user_text import MAX_NAME_CHARS
 
 MAX_POINTS = 10_000
 SECTIONS = ("model", "train", "parallel", "runtime")
-WORLD_PATHS = {"parallel.world_size", "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.cp",
-               "parallel.strategy"}
+WORLD_PATHS = dims.world_paths(dims.DIMS)
 BATCH_PATHS = {"train.global_batch", "train.micro_batch"}
-PURE_DEGREE = {"tp": "tp", "pp": "pp", "ep": "ep"}
+PURE_DEGREE = {name: name for name in dims.pure_strategies(dims.DIMS)}
 
 
 def _aliases() -> dict[str, str]:
@@ -33,13 +33,12 @@ def _aliases() -> dict[str, str]:
     for section in SECTIONS:
         for field in ExperimentSpec.model_fields[section].annotation.model_fields:
             out.setdefault(field, f"{section}.{field}")
-    for flag, (section, field, _) in FLAGS.items():
-        path = f"{section}.{field}" if section else field
+    flags = {flag: f"{section}.{field}" if section else field for flag, (section, field, _) in FLAGS.items()}
+    flags |= {flag: f"parallel.{f.name}" for flag, f in SWITCHES.items()}
+    for flag, path in flags.items():
         out[flag.lstrip("-")] = path
         out[flag.lstrip("-").replace("-", "_")] = path
-    out.update({"name": "name", "world": "parallel.world_size", "sequence_parallel": "parallel.sequence_parallel",
-                "sequence-parallel": "parallel.sequence_parallel", "schedule": "parallel.pp_schedule",
-                "zero-stage": "zero_stage", "zero_stage": "zero_stage"})
+    out.update({"name": "name", "world": "parallel.world_size", "zero-stage": "zero_stage", "zero_stage": "zero_stage"})
     return out
 
 

@@ -24,6 +24,8 @@
   ("FlashAttention Triton": flash_attn/flash_attn_triton.py, the file MosaicML's llm-foundry copies as its
   `attn_impl: triton`). The figures give forward + backward only, so forward and backward get the same fraction
   (their sum, 3.5x the forward FLOPs, is then timed exactly). Bars whose label the legend hides are left out.
+- "fa3-paper-h100": FlashAttention-3 (kernel flash3) on H100 SXM5 from the FlashAttention-3 paper
+  (benchmarks/op_tables_fa3.py says which figures and how the backward is derived).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend.analytic.steptime.op_tables import table_json, tables_from_measured  # noqa: E402
+from benchmarks.op_tables_fa3 import fa3_table  # noqa: E402
 
 OUT = ROOT / "backend" / "analytic" / "steptime" / "op_tables.json"
 PROBE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
@@ -122,6 +125,7 @@ def main() -> None:
     tables["fa2-a100"] = {"attention": FA2_A100}
     tables["fa2-paper-fig4-a100"] = {"attention": fa2_paper_table("fa2-paper-fig4-a100", ("flash", "flash1", "flash-triton"))}
     tables["fa2-paper-fig7-h100"] = {"attention": fa2_paper_table("fa2-paper-fig7-h100", ("flash1",))}
+    tables["fa3-paper-h100"] = {"attention": fa3_table()}
     OUT.write_text(json.dumps({"_doc": "Named operation tables (backend/analytic/steptime/op_tables.py) the profiles of "
                                        "hardware.json use; written by benchmarks/op_tables_build.py.", "tables": tables},
                               separators=(",", ":")) + "\n")

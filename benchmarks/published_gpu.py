@@ -1,7 +1,13 @@
 """Predicted against published end-to-end GPU training step times (H100 and A100), and the real world-1 GPU-check
-runs, with the step-time model as it is now and as it was before the per-device operation tables (issue 22 C).
+runs, with the step-time model as it is now and as it was before the per-device operation tables (issue 22 C), with
+mean and worst |error| per stack and per GPU (issue 34).
 
   .venv/bin/python benchmarks/published_gpu.py [--json] [--record-before] [--breakdown N]
+
+Every row is predicted through its spec alone (`step_time(spec, hardware)`, the stack and its settings in
+`spec.train`), the same path as `python -m backend estimate --spec ROW.json --hardware HW`: no private knob.
+Peak memory: "n/a until memory per stack" where the source publishes one (the memory model per stack is issue 34's
+memory part); no number is printed for it until that model exists.
 
 Rows: backend/analytic/steptime/published_gpu.json (each quotes its source with the URL) + Narayanan et al. 2021
 Table 1 (backend/analytic/steptime/published.py); GPU check: benchmarks/results/gpu/2026-11-26-h200-run2 (5 real
@@ -27,11 +33,11 @@ sys.path.insert(0, str(ROOT))
 
 from backend.analytic.sharding import local_params_shared  # noqa: E402
 from backend.analytic.layout import Layout  # noqa: E402
-from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass,  # noqa: E402
-                                               head_pass, weights_cost)
+from backend.analytic.steptime.compute import attention_pass, elementwise_pass, head_pass, weights_cost  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
+from backend.analytic.steptime.stack_knobs import stack_knobs  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 
 GPU_CHECK = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run2" / "report.json"
@@ -39,9 +45,9 @@ BEFORE = ROOT / "benchmarks" / "results" / "published_gpu_before.json"
 MEASURED_PROFILE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
 
 
-def _predict(spec: dict, hardware: str, attention: str | None, implementation: str | None) -> float:
-    kw = {"attention": attention, "implementation": implementation}
-    return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware), **kw).summary["step_s"]
+def _predict(spec: dict, hardware: str) -> float:
+    """The row's step time through its spec alone (the stack and its settings in spec.train): what `estimate` prints."""
+    return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware)).summary["step_s"]
 
 
 def gpu_check_rows() -> list[dict]:
@@ -56,14 +62,14 @@ def gpu_check_rows() -> list[dict]:
         for hw in ("h200", measured_key):
             out.append({"id": f"gpu-check-{name}@{hw}", "group": "H200 (world 1)", "hardware": hw,
                         "source": "ShardLab GPU check 2026-11-26 run 2 (NVIDIA H200, torch 2.11)", "layout": name,
-                        "spec": run["spec"], "attention": None, "implementation": None,
+                        "spec": run["spec"], "stack": "shardlab", "memory_gib": None,
                         "published": run["step_time"]["measured_step_s"]})
     return out
 
 
 def published() -> list[dict]:
     return [{"id": r.id, "group": r.group, "hardware": r.hardware, "source": r.source, "layout": r.layout, "spec": r.spec,
-             "attention": r.attention, "implementation": r.implementation, "published": r.step_s}
+             "stack": r.stack, "memory_gib": r.memory_gib, "published": r.step_s}
             for r in published_rows()]
 
 
@@ -71,8 +77,9 @@ def rows() -> list[dict]:
     before = json.loads(BEFORE.read_text())["step_s"] if BEFORE.exists() else {}
     out = []
     for r in published() + gpu_check_rows():
-        pred = _predict(r["spec"], r["hardware"], r["attention"], r["implementation"])
-        out.append({**{k: r[k] for k in ("id", "group", "hardware", "source", "layout", "published")},
+        pred = _predict(r["spec"], r["hardware"])
+        out.append({**{k: r[k] for k in ("id", "group", "hardware", "source", "layout", "published", "stack",
+                                         "memory_gib")},
                     "before": before.get(r["id"]), "predicted": pred,
                     "error_pct": (pred - r["published"]) / r["published"] * 100,
                     "before_error_pct": ((before[r["id"]] - r["published"]) / r["published"] * 100
@@ -88,18 +95,33 @@ def _summary(data: list[dict], key: str) -> str:
     return f"mean |err| {statistics.mean(errs):5.1f}%  mean {statistics.mean(signed):+5.1f}%  worst {max(errs):5.1f}%"
 
 
+MEMORY_NA = "n/a until memory per stack"
+
+
 def print_table(data: list[dict]) -> None:
-    print(f"{'row':44s} {'hardware':22s} {'published s':>11s} {'before s':>9s} {'err':>7s} {'now s':>9s} {'err':>7s}  source")
+    print(f"{'row':50s} {'stack':10s} {'hardware':22s} {'published s':>11s} {'before s':>9s} {'err':>7s} {'now s':>9s} "
+          f"{'err':>7s}  {'peak mem GiB (published / predicted)':36s}  source")
     for r in data:
         b = f"{r['before']:9.3f} {r['before_error_pct']:+6.1f}%" if r["before"] is not None else f"{'-':>9s} {'-':>7s}"
-        print(f"{r['id']:44s} {r['hardware']:22s} {r['published']:11.3f} {b} {r['predicted']:9.3f} {r['error_pct']:+6.1f}%  "
-              f"{r['source']}")
+        mem = f"{r['memory_gib']:.1f} / {MEMORY_NA}" if r.get("memory_gib") else "-"
+        print(f"{r['id']:50s} {r['stack']:10s} {r['hardware']:22s} {r['published']:11.3f} {b} {r['predicted']:9.3f} "
+              f"{r['error_pct']:+6.1f}%  {mem:36s}  {r['source']}")
     print()
     for group in dict.fromkeys(r["group"] for r in data):
         sel = [r for r in data if r["group"] == group]
         print(f"{group:16s} {len(sel):2d} rows  before: {_summary(sel, 'before_error_pct')}   now: {_summary(sel, 'error_pct')}")
+    print("\nStep time per stack and GPU (|error| of the predicted step; H100 target: mean <= 8%, worst <= 15%); peak "
+          f"memory: {MEMORY_NA}")
+    for stack in dict.fromkeys(r["stack"] for r in data):
+        for gpu in dict.fromkeys(r["hardware"] for r in data if r["stack"] == stack):
+            sel = [r for r in data if r["stack"] == stack and r["hardware"] == gpu]
+            print(f"  {stack:10s} {gpu:22s} {len(sel):3d} rows  {_summary(sel, 'error_pct')}")
+        sel = [r for r in data if r["stack"] == stack and r["group"].startswith("H100")]
+        if sel:
+            print(f"  {stack:10s} {'all H100':22s} {len(sel):3d} rows  {_summary(sel, 'error_pct')}")
     t5 = [r for r in data if r["id"].startswith("korthikanti-t5-")]
-    print(f"Korthikanti 2022 Table 5 ({len(t5)} rows): now {_summary(t5, 'error_pct')} (bounds: mean 5%, worst 10%)")
+    print(f"Korthikanti 2022 Table 5 ({len(t5)} rows, stack megatron): now {_summary(t5, 'error_pct')} (bounds: mean 5%, "
+          "worst 10%)")
 
 
 def gemm_gap(r: dict) -> dict:
@@ -107,8 +129,7 @@ def gemm_gap(r: dict) -> dict:
     efficiency the published step implies if every other term of the model were right."""
     spec = ExperimentSpec.for_prediction(r["spec"])
     hw = get_hardware(r["hardware"])
-    impl = r["implementation"] or default_implementation(hw)
-    step = step_time(spec, hw, attention=r["attention"], implementation=impl).summary["step_s"]
+    step = step_time(spec, hw).summary["step_s"]
     m, t = spec.model, spec.train
     tokens = t.micro_batch * m.seq_len
     w = weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2], tokens)
@@ -138,15 +159,16 @@ def breakdown(r: dict) -> dict:
     the loss (the rest of compute: per-microbatch parameter casts, dispatch), data-parallel collectives before
     overlap and exposed, optimizer, other."""
     spec, hw = ExperimentSpec.for_prediction(r["spec"]), get_hardware(r["hardware"])
-    impl = r["implementation"] or default_implementation(hw)
-    attention = r["attention"] or "flash"
-    st = step_time(spec, hw, attention=attention, implementation=impl)
+    knobs = stack_knobs(spec, hw)
+    impl, attention = knobs.implementation, knobs.attention
+    st = step_time(spec, hw)
     s, rank = st.summary, st.per_rank[0]
     m, t = spec.model, spec.train
     layout, rc = Layout.of(spec), 1 if str(t.recompute) == "full" else 0
     w = weights_cost(spec, hw, [q for q in local_params_shared(spec, 0) if len(q.local_shape) == 2],
-                      t.micro_batch * m.seq_len)
-    a, e, h = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, impl), head_pass(m, layout, hw)
+                      t.micro_batch * m.seq_len // spec.parallel.cp, knobs.fp8_gemms)
+    a, e = attention_pass(m, layout, hw, attention), elementwise_pass(m, layout, hw, impl)
+    h = head_pass(m, layout, hw, vocab_shards=knobs.vocab_shards)
     mb, layers = t.microbatches, m.n_layers / spec.parallel.pp
     out = {"gemm": mb * (w.fwd_s * (1 + rc) + w.bwd_s), "attention": mb * layers * (a.fwd_s * (1 + rc) + a.bwd_s),
            "elementwise": mb * layers * (e.fwd_s * (1 + rc) + e.bwd_s), "loss": mb * (h.fwd_s + h.bwd_s)}
@@ -162,10 +184,10 @@ def print_breakdown(data: list[dict], rows: list[dict], n: int) -> None:
     keys = ("gemm", "attention", "elementwise", "loss", "compute_rest", "dp_comm", "exposed_comm", "optimizer", "other",
             "step", "published")
     print(f"\nStep-time terms of the {n} worst H100 rows (s; dp_comm before overlap, not added to the step)")
-    print(f"{'row':42s} {'attn kernel':12s} " + " ".join(f"{k[:9]:>9s}" for k in keys))
+    print(f"{'row':50s} {'stack':10s} " + " ".join(f"{k[:9]:>9s}" for k in keys))
     for r in worst:
         b = breakdown(by_id[r["id"]])
-        print(f"{r['id']:42s} {by_id[r['id']]['attention'] or 'flash':12s} " + " ".join(f"{b[k]:9.3f}" for k in keys))
+        print(f"{r['id']:50s} {r['stack']:10s} " + " ".join(f"{b[k]:9.3f}" for k in keys))
 
 
 def record_before(data: list[dict]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
@@ -9,7 +10,7 @@ import plotly.graph_objects as go
 
 from backend.analytic.units import MiB
 from backend.result import RunResult
-from backend.spec import ExperimentSpec, Strategy, validate_spec
+from backend.spec import ExperimentSpec, Strategy, dims, validate_spec
 from backend.readable_numbers import fmt_bytes, fmt_frac, fmt_seconds
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
@@ -27,6 +28,10 @@ def _comm_total(result: RunResult) -> float:
     return max((sum(s.bytes for s in r.comm.values()) for r in result.per_rank), default=0.0)
 
 
+_LABELLED = ("dp", "tp", "pp", "ep", "cp")
+"""The degrees the "degrees" row names itself; any other dimension above 1 is appended (backend/spec/dims.py)."""
+
+
 def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows = properties, columns = '#id name'. `runs` are get_experiment dicts (spec, result, status)."""
     cols: dict[str, dict[str, str]] = {}
@@ -38,7 +43,8 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
             "status": str(e.get("status")),
             "framework / offload": f"{s.framework} / {p.offload}",  # issue 14
             "strategy": str(p.strategy), "world size": str(p.world_size),
-            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})" + (f" cp{p.cp} {p.cp_rotate}" if p.cp > 1 else ""),
+            "degrees dp×tp×pp (ep)": f"{p.dp}×{p.tp}×{p.pp} ({p.ep})" + (f" cp{p.cp} {p.cp_rotate}" if p.cp > 1 else "")
+            + "".join(f" {x}" for x in dims.unnamed_parts(dims.DIMS, p.degrees(), _LABELLED)),
             "pp schedule / microbatches": f"{p.pp_schedule if p.pp > 1 else '–'} / {t.microbatches}",
             "model h×L, heads, seq": f"{m.d_model}×{m.n_layers}, {m.n_heads}, {m.seq_len}",
             "precision / optimizer / recompute": f"{t.precision} / {t.optimizer} / {t.recompute}",
@@ -109,12 +115,13 @@ def analytic_curve(spec: ExperimentSpec, worlds: list[int]) -> tuple[list[int], 
 
 
 def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
+    """Per series (runs that differ only in world size, `series`): its formula curve and its measured points."""
     fig = go.Figure()
-    by_strategy = _ok_by_strategy(runs)
-    max_world = max((e["spec"].parallel.world_size for es in by_strategy.values() for e in es), default=1)
+    by_series = series(runs)
+    max_world = max((e["spec"].parallel.world_size for es in by_series.values() for e in es), default=1)
     worlds = [w for w in (1, 2, 3, 4, 6, 8, 12, 16) if w <= max(2 * max_world, 4)]
-    for st, es in by_strategy.items():
-        color = STRATEGY_COLOR.get(st, "#333")
+    for st, es in by_series.items():
+        color = STRATEGY_COLOR.get(es[0]["spec"].parallel.strategy, "#333")
         xs, ys = analytic_curve(es[0]["spec"], worlds)
         if xs:
             fig.add_scatter(name=f"{st} formula", x=xs, y=[y / MiB for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
@@ -140,23 +147,47 @@ def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
 
 
 def throughput_fig(runs: list[dict[str, Any]]) -> go.Figure:
+    """A line joins only the runs of one series (`series`); a run alone in its series is a marker."""
     fig = go.Figure()
-    for st, es in _ok_by_strategy(runs).items():
+    for st, es in series(runs).items():
         pts = sorted((e for e in es if e["result"].tokens_per_s), key=lambda e: e["spec"].parallel.world_size)
         if not pts:
             continue
         fig.add_scatter(name=st, x=[e["spec"].parallel.world_size for e in pts], y=[e["result"].tokens_per_s for e in pts],
-                        mode="lines+markers", line_color=STRATEGY_COLOR.get(st, "#333"), customdata=[e["id"] for e in pts],
+                        mode="lines+markers" if len(pts) > 1 else "markers",
+                        line_color=STRATEGY_COLOR.get(es[0]["spec"].parallel.strategy, "#333"), customdata=[e["id"] for e in pts],
                         hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:,.0f}} tokens/s<extra></extra>")
     fig.update_layout(title="Measured throughput vs world size", xaxis_title="world size (ranks)", yaxis_title="throughput (tokens/s)", **LAYOUT)
     fig.update_xaxes(dtick=1)
     return fig
 
 
-def _ok_by_strategy(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+SCALING_FREE = {"parallel": ("world_size", "dp"), "train": ("global_batch", "microbatches", "steps", "warmup_steps", "seed")}
+"""What may differ between the runs of one scaling series: the world size and what follows from it (dp, the global
+batch and its microbatches), and how long or with which seed it ran; also the name and the runtime."""
+
+
+def series_key(spec: ExperimentSpec) -> str:
+    """Runs with equal keys are one scaling series: the same model, strategy, degrees, per-rank batch and precision."""
+    data = spec.model_dump(mode="json")
+    for section, keys in SCALING_FREE.items():
+        for k in keys:
+            data[section].pop(k, None)
+    data.pop("name", None)
+    data.pop("runtime", None)
+    return json.dumps(data, sort_keys=True)
+
+
+def series(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Finished runs with measurements by scaling series, named by strategy ('ddp'), or by strategy and run ids
+    ('ddp · #3, #7') where a strategy has more than one series: two unrelated runs never share a line."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in runs:
         res = e.get("result")
         if res is not None and str(res.status) == "ok" and res.per_rank:
-            out.setdefault(str(e["spec"].parallel.strategy), []).append(e)
-    return out
+            groups.setdefault((str(e["spec"].parallel.strategy), series_key(e["spec"])), []).append(e)
+    per_strategy: dict[str, int] = {}
+    for st, _ in groups:
+        per_strategy[st] = per_strategy.get(st, 0) + 1
+    return {(st if per_strategy[st] == 1 else f"{st} · " + ", ".join(f"#{e['id']}" for e in es)): es
+            for (st, _), es in groups.items()}

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.result import MEMORY_CATEGORIES, RunResult, error_pct
+from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, parity_verdict
 from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
 from dashboard.predict_view import byte_scale, coords_label
 from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
@@ -178,7 +178,7 @@ def headline(result: RunResult) -> dict[str, str]:
         "step time (median)": fmt_seconds(med),
         "tokens / s": f"{result.tokens_per_s:,.0f}" if result.tokens_per_s else "–",
         "peak memory (max rank)": fmt_bytes(peak),
-        "loss max |Δ| vs reference": f"{result.loss_max_abs_diff:.2e}" if result.loss_max_abs_diff is not None else "–",
+        "loss max |Δ| vs reference": _parity_cell(result),
         **_skipped(result),
         "wall time": fmt_seconds(result.wall_s),
         "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
@@ -195,6 +195,15 @@ HEADLINE_HELP = {
                                  "seed and data: 0 up to float rounding when the sharding is right.",
     "peak memory (max rank)": "True peak of the tracked bytes in the step on the fullest rank.",
 }
+
+
+def _parity_cell(result: RunResult) -> str:
+    diff = result.loss_max_abs_diff
+    if diff is None:
+        return "–"
+    precision = str(result.spec.train.precision)
+    fails = parity_verdict(precision, diff) == PARITY_FAILS
+    return f"{diff:.2e}" + (" ⚠ fails" if fails else "")  # the bound is in the warning above: a metric cuts long text
 
 
 def _skipped(result: RunResult) -> dict[str, str]:

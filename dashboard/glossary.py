@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-SCHEDULE_LABEL = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "zero_bubble": "zero bubble",
-                  "zbv": "zero-bubble V"}
+from backend.spec.dims import SCHEDULE_WORDS
+
+SCHEDULE_LABEL = SCHEDULE_WORDS
 
 HELP = {
     "schedule": ("Pipeline schedule: GPipe (all forwards, then all backwards), 1F1B (one forward, one backward), "

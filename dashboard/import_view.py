@@ -8,6 +8,7 @@ markdown), so it is shown, not interpreted."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -25,23 +26,59 @@ MEMORY_LABEL = ("measured: the allocator peaks the log prints (torch.cuda max al
                 "category, so the comparison is predicted total vs measured peak allocated.")
 
 
-def import_uploaded(config: bytes, name: str, *, fmt: str | None, gpus: int | None, model_config: bytes | None = None,
-                    seq_len: int | None = None):
-    """(ImportedConfig, None) or (None, [problems]) for an uploaded config (and model config.json)."""
+@dataclass(frozen=True)
+class ImportRequest:
+    """What the Import config box was given: the uploaded files and the fields beside them."""
+    config: bytes
+    name: str
+    fmt: str | None = None
+    gpus: int | None = None
+    model_config: bytes | None = None
+    vocab_size: int | None = None
+    seq_len: int | None = None
+
+
+@dataclass(frozen=True)
+class ImportOutcome:
+    imported: Any = None
+    problems: tuple[str, ...] = ()
+    """Every problem, in the importer's words."""
+    needs: tuple[str, ...] = ()
+    """What the person could supply (importers.imported.VOCAB_SIZE): the box asks for it with a field."""
+
+    def shown_problems(self) -> list[str]:
+        """The problems the page lists as errors: not those it asks about in its own words (the vocabulary size)."""
+        from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
+
+        asked = VOCAB_SIZE in self.needs
+        return [p for p in self.problems if not (asked and p.startswith(VOCAB_UNKNOWN))]
+
+
+def import_request(request: ImportRequest) -> ImportOutcome:
+    """The spec of an uploaded config (and model config.json), or every problem and what the person could supply."""
     from backend.hf_config import HFConfigError, parse_hf_config
     from backend.importers import ConfigImportError, import_config_text
 
     cfg = None
-    if model_config is not None:
+    if request.model_config is not None:
         try:
-            cfg = parse_hf_config(model_config, name="the model's config.json")
+            cfg = parse_hf_config(request.model_config, name="the model's config.json")
         except HFConfigError as e:
-            return None, [str(e)]
+            return ImportOutcome(problems=(str(e),))
     try:
-        text = config.decode("utf-8", "replace")
-        return import_config_text(text, name=name, fmt=fmt, gpus=gpus, model_config=cfg, seq_len=seq_len), None
+        text = request.config.decode("utf-8", "replace")
+        return ImportOutcome(imported=import_config_text(text, name=request.name, fmt=request.fmt, gpus=request.gpus,
+                                                         model_config=cfg, seq_len=request.seq_len,
+                                                         vocab_size=request.vocab_size))
     except ConfigImportError as e:
-        return None, e.problems
+        return ImportOutcome(problems=tuple(e.problems), needs=e.needs)
+
+
+def import_uploaded(config: bytes, name: str, *, fmt: str | None, gpus: int | None, model_config: bytes | None = None,
+                    seq_len: int | None = None):
+    """(ImportedConfig, None) or (None, [problems]) for an uploaded config (and model config.json)."""
+    out = import_request(ImportRequest(config, name, fmt, gpus, model_config, seq_len=seq_len))
+    return (out.imported, None) if out.imported is not None else (None, list(out.problems))
 
 
 def fields_frame(entries: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -56,9 +93,12 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def summary_line(imported) -> str:
+    """One line: framework, GPUs = every degree (dp x cp x tp x pp, ep), strategy, shape, batch, precision."""
+    from backend.importers.imported import layout_text
+
     p, t, m = imported.spec["parallel"], imported.spec["train"], imported.spec["model"]
-    return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p['strategy']}, dp {p['dp']} x tp "
-            f"{p['tp']} x pp {p['pp']}, {m['n_layers']} layers x {m['d_model']}, seq {m['seq_len']}, global batch "
+    return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs = {layout_text(p)}: "
+            f"{p['strategy']}, {m['n_layers']} layers x {m['d_model']}, seq {m['seq_len']}, global batch "
             f"{t['global_batch']}, {t['precision']}, recompute {t['recompute']}")
 
 
@@ -141,7 +181,8 @@ def facts_lines(res: Any) -> list[str]:
                      + ", ".join(f"{names.get(k, k)} {v:,.2f}" for k, v in f.reported.items())
                      + "; ShardLab's MFU above is model FLOPs / the profile's peak (PaLM App. B).")
     if f.lines.get("truncated_last_line") or f.lines.get("overlong_lines_skipped") or f.lines.get("garbled_step_lines"):
-        lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} garbled step "
-                     f"lines, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
+        first = f" (first at line {f.lines['first_garbled_line']})" if f.lines.get("first_garbled_line") else ""
+        lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} lines not "
+                     f"understood{first}, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
                      f"{bool(f.lines.get('truncated_last_line'))}.")
     return lines

@@ -12,9 +12,13 @@ import plotly.graph_objects as go
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
-from backend.planner.search import Plan, budget_bytes, plan
+from backend.planner.held import PRECISIONS as HELD_PRECISIONS
+from backend.planner.held import HeldTraining
+from backend.planner.search import Plan, budget_bytes, plan, planned_attention
 from backend.planner.space import light_spec
-from backend.spec import ExperimentSpec, ModelSpec
+from backend.planner.why import explain_first, why_text
+from backend.spec import ExperimentSpec, ModelSpec, dims
+from backend.spec.choices import AttentionImpl
 from backend.analytic.units import GiB
 from dashboard.glossary import schedule_label
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
@@ -62,23 +66,72 @@ def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
         raise ValueError("config.json: " + "; ".join(f"{x['loc'][0]}: {x['msg']}" for x in e.errors())) from None
 
 
+DEFAULT_KERNEL = "default"
+KERNEL_CHOICES = [DEFAULT_KERNEL, "flash", "math"]
+"""The Plan page's attention choices: the default (planner.search.planned_attention: flash on a GPU profile) or one."""
+PRECISIONS = list(HELD_PRECISIONS)
+CP_NOT_SEARCHED = "context parallelism not searched"
+
+
+def planned_kernel(model: ModelSpec | None, hardware: str, choice: str | None, db_url: str | None = None) -> tuple[str, str]:
+    """(kernel, why) the page plans with for its choice (DEFAULT_KERNEL: planned_attention's rule on that profile)."""
+    from backend.calibration.records import resolve
+
+    asked = None if choice in (None, DEFAULT_KERNEL) else choice
+    try:
+        hw, _, _ = resolve(hardware, None, db_url)
+    except ValueError as e:
+        return asked or "flash", str(e)
+    return planned_attention(model if model is not None else ModelSpec(vocab_size=2, d_model=2, n_layers=1, n_heads=1),
+                             hw, asked)
+
+
+def held_training(precision: str, imported: tuple | None) -> HeldTraining:
+    """What every layout trains with: the page's precision, and a loaded config's own recompute policy, optimizer and
+    fp8 recipe (imported = the page's (model, framework, name, train) of "Plan this model")."""
+    if imported is None:
+        return HeldTraining(precision=precision)
+    _, framework, name, train = imported
+    return HeldTraining.of_train(train, precision=precision, source=f"the imported {framework} config")
+
+
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
              memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False,
-             attention: str | None = None) -> Plan:
+             attention: str | None = None, held: HeldTraining | None = None) -> Plan:
     """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
-    carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation).
-    `attention`: the kernel to plan with (None: the model's); context parallelism is searched with flash only."""
+    carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation) and
+    `attention_why`. `attention`: the kernel to plan with (None: planner.search.planned_attention's default, flash on a
+    GPU profile); context parallelism is searched with flash only. `held`: the training settings (planner/held.py)."""
     from backend.calibration.records import resolve
     from backend.calibration.usage import calibration_used
 
     hw, band, cal = resolve(hardware, None, db_url)
-    if attention:
-        model = model.model_copy(update={"attention": attention})
+    kernel, why = planned_attention(model, hw, attention)
+    model = model.model_copy(update={"attention": AttentionImpl(kernel)})
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
-               include_predicted=include_predicted)
+               include_predicted=include_predicted, held=held)
     res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
+    res.attention_why = why
+    res.why_first = explain_first(res.configs, hw, gpus_per_node, res.budget_bytes)
     return res
+
+
+def planned_line(p: Plan) -> str:
+    """What the shown plan was searched with, in words: the attention kernel (and why) and the held settings."""
+    held = next((n for n in p.notes if n.startswith("every layout trains with ")), "")
+    why = getattr(p, "attention_why", "")
+    return f"Planned with {p.attention} attention" + (f" ({why})" if why else "") + (f"; {held}." if held else ".")
+
+
+def warning_notes(p: Plan) -> list[str]:
+    """The notes a person must not miss: cp not searched (a long sequence without flash) and failed internal checks."""
+    return [n[0].upper() + n[1:] for n in p.notes if n.startswith((CP_NOT_SEARCHED, "internal check failed"))]
+
+
+def other_notes(p: Plan) -> list[str]:
+    shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed")
+    return [n for n in p.notes if not n.startswith(shown)]
 
 
 def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str, global_batch: int,
@@ -100,8 +153,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
     rows = []
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
-        rows.append({"#": i + 1, "strategy": c["strategy"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "ep": par["ep"],
-                     "cp": par.get("cp", 1),
+        rows.append({"#": i + 1, "strategy": c["strategy"], **{d: par.get(d, 1) for d in dims.degree_names(dims.DIMS)},
                      "memory GiB": c["mem_bytes_max"] / GiB, "fullest at": MOMENT_LABEL.get(c.get("fullest_moment"), "–"),
                      "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
@@ -110,7 +162,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "schedule": schedule_label(par["pp_schedule"]) if par["pp"] > 1 else None,
                      "virtual stages": par["virtual_stages"] if par["pp"] > 1 else None,
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
-                     "tokens/s": t["tokens_per_s"], "TFLOP/s per GPU": t["tflops_per_gpu"],
+                     "tokens/s": round(t["tokens_per_s"]), "TFLOP/s per GPU": t["tflops_per_gpu"],
                      "extrapolation": "; ".join(_flags(p, i)) or None})
     return pd.DataFrame(rows)
 
@@ -121,21 +173,9 @@ def _flags(p: Plan, i: int) -> list[str]:
 
 
 def why_fastest(p: Plan) -> str | None:
-    """Why #1 wins, in its own terms: the dominant part of its step and where #2 loses time."""
-    if not p.configs:
-        return None
-    t = p.configs[0]["step_time"]
-    parts = {label: t[key] for key, label in BREAKDOWN}
-    top = max(parts, key=parts.get)
-    text = (f"#1 is the fastest at {t['step_s']:.3g} s per step; {top} is {parts[top] / t['step_s']:.0%} of it "
-            f"({parts[top]:.3g} s).")
-    if len(p.configs) > 1:
-        t2 = p.configs[1]["step_time"]
-        gaps = {label: t2[key] - t[key] for key, label in BREAKDOWN}
-        worst = max(gaps, key=gaps.get)
-        text += (f" #2 takes {t2['step_s'] - t['step_s']:.3g} s more ({(t2['step_s'] / t['step_s'] - 1):.1%}), most of it in "
-                 f"{worst} (+{gaps[worst]:.3g} s).")
-    return text
+    """Why #1 wins (planner/why.py): its largest part, then #2's difference in layout terms and by part of the step,
+    signed parts that add up to it (run_plan walks from #1 to #2 on the same profile)."""
+    return why_text(p.configs, getattr(p, "why_first", None))
 
 
 def prediction_only_notes(p: Plan) -> list[str]:

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
 from backend.readable_numbers import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
+from backend.spec import dims
 from dashboard.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 
@@ -25,10 +26,13 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
+_DEGREES = frozenset(dims.degree_names(dims.DIMS))
+
+
 def coords_label(coords: dict[str, int] | None) -> str:
     if not coords:
         return ""
-    return " ".join(f"{k}{v}" for k, v in coords.items() if k in ("pp", "dp", "cp", "tp", "ep"))
+    return " ".join(f"{k}{v}" for k, v in coords.items() if k in _DEGREES)
 
 
 def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:
@@ -208,3 +212,21 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     for row, r in zip(rows, shown):
         row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
     return est, rows
+
+
+def flash_saving(cmp: dict[str, int], recompute: str) -> tuple[str, str, str]:
+    """(label, value, help) of the third attention metric (spec_form.attention_comparison): what flash saves, or what
+    it keeps beyond math, never a negative saving. Under op-level recompute flash keeps more: the op list saves
+    the flash kernel's output and logsumexp (so it is not re-run) but not math attention's bmm outputs, which backward
+    re-runs (memory/activations.op_sac_saved_bytes)."""
+    diff = cmp["math"] - cmp["flash"]
+    if diff > 0:
+        return ("flash saves", fmt_bytes_short(diff),
+                "math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
+    if diff == 0:
+        return ("flash saves", fmt_bytes_short(0), f"nothing under {recompute} recompute: the attention core is "
+                "re-run in backward with either kernel, so neither keeps its tensors")
+    why = ("op-level recompute keeps the outputs of the ops on its list: the flash kernel is on it (its output and "
+           "logsumexp are kept so it is not re-run), math attention's matmuls are not (they are re-run in backward)"
+           if recompute == "op" else "flash keeps q, k, v, out and a logsumexp where math keeps less here")
+    return "flash keeps more", fmt_bytes_short(-diff), why

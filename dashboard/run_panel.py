@@ -8,9 +8,9 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import spec_form as sf
 from dashboard import store_access
-from dashboard import trace_view as tv
 from dashboard.sweep_form import expand_sweep
 
 
@@ -39,6 +39,7 @@ def _host_check(spec) -> Any:
 
 
 def submit_one(spec, blockers: list[str]) -> None:
+    read_only = access.read_only_reason(access.visitor())
     if blockers:
         st.info("This layout is for prediction only: this engine cannot run it (" + "; ".join(blockers) + ").",
                 icon=":material/visibility:")
@@ -46,11 +47,12 @@ def submit_one(spec, blockers: list[str]) -> None:
     else:
         verdict = _host_check(spec)
         why = verdict.refusal()
+    why = read_only or why
     c1, c2 = st.columns([2, 1])
     tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
     if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one",
                  disabled=bool(why), help=why or None):
-        eid = store_access.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))
+        eid = store_access.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))  # checks rights
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
         st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
@@ -59,9 +61,9 @@ def submit_one(spec, blockers: list[str]) -> None:
 def trace(spec, blockers: list[str]) -> None:
     st.caption("Or trace its memory at full size: the real set-up and train step on fake tensors (no allocation), "
                "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
-    why = "prediction only: " + "; ".join(blockers) if blockers else None
+    why = access.read_only_reason(access.visitor()) or ("prediction only: " + "; ".join(blockers) if blockers else None)
     if st.button("Trace at full size", icon=":material/memory:", key="trace_full", disabled=bool(why), help=why):
-        eid = tv.start_trace(spec, store_access.db_url())
+        eid = store_access.start_trace(spec)
         st.session_state["run_id"] = eid
         st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
         st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
@@ -75,9 +77,11 @@ def sweep(v: dict) -> None:
         mbs = c3.multiselect("Microbatches (empty = from the batch)", [1, 2, 4, 8, 16], default=[], key="sweep_mbs")
         specs, problems = expand_sweep(v, strategies=strategies, worlds=worlds, microbatches=mbs)
         st.write(f"**{len(specs)} valid runs** in the grid" + (f", {len(problems)} combinations skipped:" if problems else "."))
-        for p in problems:
-            st.caption(f":material/block: {p}")
-        if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs, key="submit_sweep"):
+        for p in problems:  # a problem may quote the spec's name
+            st.text(f"⊘ {p}")
+        read_only = access.read_only_reason(access.visitor())
+        if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs or bool(read_only), key="submit_sweep",
+                     help=read_only):
             sweep_id = uuid.uuid4().hex[:12]
             ids = [store_access.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
             st.success(f"Queued {len(ids)} runs (sweep {sweep_id}): #{ids[0]}–#{ids[-1]}.")

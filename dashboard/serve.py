@@ -3,9 +3,12 @@
 The dashboard binds 127.0.0.1 by default. Any other address (0.0.0.0, a LAN IP, a host name) starts only
 when remote access is set up on purpose, one of:
   1. OIDC login: `.streamlit/secrets.toml` (or ~/.streamlit/secrets.toml) has an `[auth]` section with
-     redirect_uri, cookie_secret, client_id, client_secret, server_metadata_url (Streamlit's `st.login`;
-     app.py then shows nothing but a log-in button until the user is logged in), see README;
-  2. a trusted network behind an authenticating reverse proxy: `SHARDLAB_TRUSTED_PROXY=1`.
+     redirect_uri, a strong cookie_secret, client_id, client_secret, server_metadata_url (Streamlit's `st.login`;
+     app.py then shows nothing but a log-in button until the user is logged in), and an `[access]` allow-list of
+     operators and viewers (dashboard/access_policy.py): login alone would let in anyone the identity provider
+     accepts. See README, "Remote access";
+  2. a trusted network behind an authenticating reverse proxy: `SHARDLAB_TRUSTED_PROXY=1` (with an [access] list,
+     the user the proxy names in its header must be on it).
 Otherwise it exits with status 2 and says how to do either, before Streamlit starts.
 
     python -m dashboard.serve [--host 127.0.0.1] [--port 8501]
@@ -19,6 +22,8 @@ import os
 import sys
 import tomllib
 from pathlib import Path
+
+from dashboard.access_policy import cookie_secret_problem, parse_policy, read_secrets
 
 REPO = Path(__file__).resolve().parents[1]
 TRUSTED_PROXY_ENV = "SHARDLAB_TRUSTED_PROXY"
@@ -58,25 +63,44 @@ def auth_problem(paths: list[Path]) -> str | None:
         providers = [auth] + [v for v in auth.values() if isinstance(v, dict)]
         if not any(all(p.get(k) for k in PROVIDER_KEYS) for p in providers):
             missing.append("client_id/client_secret/server_metadata_url (in [auth] or an [auth.<provider>])")
-        if not missing:
+        if missing:
+            problems.append(f"{path}: [auth] lacks {', '.join(missing)}")
+        elif (weak := cookie_secret_problem(auth.get("cookie_secret"))) is not None:
+            problems.append(f"{path}: {weak}")
+        else:
             return None
-        problems.append(f"{path}: [auth] lacks {', '.join(missing)}")
     return "; ".join(problems) or "no .streamlit/secrets.toml with an [auth] section"
+
+
+def access_problem(paths: list[Path], *, required: bool) -> str | None:
+    """What is wrong with the [access] allow-list (None when usable; a missing one only when `required`)."""
+    secrets, unreadable = read_secrets(paths)
+    policy, problems = parse_policy(secrets.get("access"))
+    problems = unreadable + problems
+    if not problems and required and not policy.configured:
+        problems.append("OIDC login alone lets in anyone your identity provider accepts: list who may use the "
+                        "dashboard in [access] operators = [...] (may submit, cancel and delete runs) and / or viewers = "
+                        "[...] (may look), as e-mail addresses or @domains")
+    return "; ".join(problems) or None
 
 
 def remote_access_problem(host: str, *, env: dict[str, str] | None = None, paths: list[Path] | None = None) -> str | None:
     """Why binding `host` is refused (None when allowed)."""
     env = os.environ if env is None else env
-    if is_loopback(host) or env.get(TRUSTED_PROXY_ENV) == "1":
+    paths = secrets_paths() if paths is None else paths
+    if is_loopback(host):
         return None
-    why = auth_problem(secrets_paths() if paths is None else paths)
+    if env.get(TRUSTED_PROXY_ENV) == "1":
+        why = access_problem(paths, required=False)
+        return None if why is None else f"refusing to serve the dashboard on {host or 'all interfaces'}: {why}"
+    why = auth_problem(paths) or access_problem(paths, required=True)
     if why is None:
         return None
     shown = host or "all interfaces"
-    return (f"refusing to serve the dashboard on {shown!s}: it would be reachable from other machines without a login "
-            f"({why}). Either configure OIDC login for st.login in .streamlit/secrets.toml [auth] (README: "
-            f"'Remote access'), or, on a trusted network behind an authenticating proxy, set {TRUSTED_PROXY_ENV}=1. "
-            f"Or bind 127.0.0.1 (the default) and use an SSH tunnel.")
+    return (f"refusing to serve the dashboard on {shown!s}: it would be reachable from other machines without a safe "
+            f"login ({why}). Either configure OIDC login for st.login in .streamlit/secrets.toml [auth] with an [access] "
+            f"allow-list (README: 'Remote access'), or, on a trusted network behind an authenticating proxy, set "
+            f"{TRUSTED_PROXY_ENV}=1. Or bind 127.0.0.1 (the default) and use an SSH tunnel.")
 
 
 def streamlit_argv(host: str, port: int) -> list[str]:

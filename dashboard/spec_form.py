@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
-from backend.spec import Framework, Offload  # issue 14
+from backend.spec import Framework, Offload, dims  # issue 14
+from dashboard import stack_form
 from backend.hf_config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
@@ -13,7 +15,6 @@ from backend.recompute_policy import parse as parse_recompute
 from backend.spec import (
     AttentionImpl,
     Bias,
-    CpRotate,
     ExperimentSpec,
     Mlp,
     Norm,
@@ -21,7 +22,6 @@ from backend.spec import (
     Optimizer,
     Precision,
     RouterScore,
-    Schedule,
     Strategy,
     WindowKind,
     validate_spec,
@@ -67,8 +67,9 @@ MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn
               "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
               "recompute", "seed")
-PARALLEL_KEYS = ("strategy", "world_size", "tp", "pp", "ep", "sequence_parallel", "pp_schedule", "virtual_stages", "cp",
-                 "cp_rotate", "cp_load_balance")
+PARALLEL_FIELDS = dims.form_fields(dims.DIMS)
+"""The parallel dimensions' fields the form shows (backend/spec/dims.py: degrees, then their options)."""
+PARALLEL_KEYS = ("strategy", "world_size", *(f.name for f in PARALLEL_FIELDS))
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
                    "q_lora_rank", "kv_lora_rank", "window"}
@@ -81,14 +82,10 @@ for _name in PUBLISHED:
     PRESET_SOURCES[preset_label(_name)] = _name
 
 STRATEGIES = [s.value for s in Strategy]
-SCHEDULES = [s.value for s in Schedule]
 PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in Optimizer]
 RECOMPUTES = list(KINDS)
 """Recompute policies (backend/recompute_policy.py); layers / block / uniform take the form's `recompute_layers`."""
-CP_ROTATES = [r.value for r in CpRotate]
-CP_ROTATE_HELP = {"allgather": "all-gather K/V once per attention call (torch's default)",
-                  "alltoall": "pass K/V round the ring, one hop per block (overlaps each block)"}
 
 STRATEGY_HELP = {
     "ddp": "DDP: full replica per rank, gradients all-reduced",
@@ -121,14 +118,15 @@ OFFLOAD_HELP = {
 def default_form() -> dict[str, Any]:
     v: dict[str, Any] = dict(PRESETS[DEFAULT_PRESET])
     v.update(
-        name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2, tp=1, pp=1, ep=1,
-        sequence_parallel=False, pp_schedule="1f1b", virtual_stages=1, cp=1, cp_rotate="allgather", cp_load_balance=True,
+        name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2,
+        **{f.name: str(f.default) if isinstance(f.default, StrEnum) else f.default for f in PARALLEL_FIELDS},
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
         timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
         source_model=None,
     )
     v.update(framework="torch", offload="none")
+    v.update(stack_form.defaults())  # issue 34: the stack and its settings (dashboard/stack_form.py)
     return v
 
 
@@ -180,7 +178,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "name": name,
         "model": model,
         "train": {k: val(k) for k in TRAIN_KEYS if k in v} | (
-            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {}),
+            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {})
+        | (stack_form.to_spec(v) if "stack" in v else {}),
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
@@ -255,18 +254,19 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
-    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "pp_schedule", "router_score", "window_kind",
-              "cp_rotate"):
+    for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "router_score", "window_kind",
+              *(f.name for f in PARALLEL_FIELDS if issubclass(f.kind, StrEnum))):
         v[k] = str(v[k])
     v["recompute"], layers = parse_recompute(v["recompute"])
     v["recompute_layers"] = layers or 2
     # A derived degree is re-derived from world_size for the pure strategies.
-    if p.strategy in (Strategy.TP, Strategy.PP, Strategy.EP):
+    if p.strategy in dims.pure_strategies(dims.DIMS):
         v[p.strategy.value] = 1 if getattr(p, p.strategy.value) == p.world_size else getattr(p, p.strategy.value)
     v["microbatches"] = 0
     v["name"], v["timeout_s"], v["preset"] = spec.name, spec.runtime.timeout_s, preset_of(v)
     v["framework"], v["offload"] = str(spec.framework), str(p.offload)
     v["executor"], v["nnodes"] = str(spec.runtime.executor), spec.runtime.nnodes
+    v.update(stack_form.to_form(t))
     return v
 
 
@@ -309,7 +309,7 @@ def describe(spec: ExperimentSpec) -> str:
         parts.append(f"ep{p.ep}")
     if p.cp > 1:
         parts.append(f"cp{p.cp} {p.cp_rotate}" + ("" if p.cp_load_balance else " contiguous"))
-    return " · ".join(parts)
+    return " · ".join(parts + dims.unnamed_parts(dims.DIMS, p.degrees(), ("dp", "tp", "pp", "ep", "cp")))
 
 
 RUN_ON = {"local": "This machine (the worker's torchrun)", "slurm": "SLURM cluster (sbatch; shardlab.toml [slurm])"}

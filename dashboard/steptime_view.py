@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.steptime.hardware import CPU, get_hardware, load_profiles
-from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.model import NotTimed, step_time
 from backend.bench.cpu_profile import MISSING
 
 BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
@@ -35,8 +35,17 @@ def predict(spec: Any, hardware: str, engine: Any = None, gpus_per_node: int | N
     if hardware not in load_profiles():
         return None, MISSING if hardware == CPU else f"no hardware profile {hardware!r}"
     hw, band, cal = _calibrated(hardware, engine)
-    summary = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary
+    try:
+        summary = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary
+    except NotTimed as e:  # said instead of a misleading number
+        return None, str(e)
     return {**summary, "hardware": hardware, "calibration": cal["id"] if cal else None}, None
+
+
+def device_class(hardware: str) -> str:
+    """The device class a stack's defaults resolve on (spec/stacks.DEVICE_CLASSES): the profile's, cpu without one."""
+    profiles = load_profiles()
+    return profiles[hardware].device_class if hardware in profiles else "cpu"
 
 
 def breakdown_text(summary: dict) -> str:

@@ -1,5 +1,6 @@
 """The dashboard's access to the experiment store: one cached engine, short-TTL cached reads, and writes
-that clear the read cache so the next rerun shows them."""
+that clear the read cache so the next rerun shows them. Every write first checks that the session's user may change
+the store (dashboard/access.py `require_operator`: viewers may only read), whatever button or request asked for it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import streamlit as st
 
 from backend.spec import ExperimentSpec
+from dashboard.access import require_operator
 
 LIST_TTL_S = 2.0
 DETAIL_TTL_S = 2.0
@@ -107,6 +109,7 @@ def measured_checks(url: str, limit: int = 100):
 
 
 def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | None = None) -> int:
+    require_operator("submit runs")
     from db import queries
 
     kw: dict[str, Any] = {"tags": tags}
@@ -119,6 +122,7 @@ def submit(spec: ExperimentSpec, *, tags: tuple[str, ...] = (), sweep_id: str | 
 
 def cancel(ids: list[int]) -> dict[int, str]:
     """Cancel each run ({id: "cancelled" | "cancelling" | ...}); caches refreshed."""
+    require_operator("cancel runs")
     from db import queries
 
     out = {int(i): queries.cancel_experiment(engine(), int(i)) for i in ids}
@@ -128,6 +132,7 @@ def cancel(ids: list[int]) -> dict[int, str]:
 
 def requeue(ids: list[int]) -> tuple[list[int], list[str]]:
     """Queue each run's spec again as a new run: (new ids, errors)."""
+    require_operator("re-run runs")
     from db import queries
 
     done, errors = [], []
@@ -142,6 +147,7 @@ def requeue(ids: list[int]) -> tuple[list[int], list[str]]:
 
 def set_tags(ids: list[int], text: str) -> None:
     """Replace the tags of each run with the comma-separated `text`."""
+    require_operator("tag runs")
     from db import queries
 
     tags = [t.strip() for t in text.split(",") if t.strip()]
@@ -152,6 +158,7 @@ def set_tags(ids: list[int], text: str) -> None:
 
 def delete(ids: list[int]) -> list[str]:
     """Delete each run and its run folder (as `delete` on the CLI); returns the errors (e.g. a run still active)."""
+    require_operator("delete runs")
     from backend.worker.cleanup import delete_run, runs_dirs
 
     errors = []
@@ -162,3 +169,21 @@ def delete(ids: list[int]) -> list[str]:
             errors.append(str(e))
     changed()
     return errors
+
+
+def start_trace(spec: ExperimentSpec) -> int:
+    """Trace the spec at full size as a new run (kind traced); its id."""
+    require_operator("start traces")
+    from dashboard.trace_view import start_trace as start
+
+    eid = start(spec, db_url())
+    changed()
+    return eid
+
+
+def calibrate(**kwargs: Any) -> dict[str, Any]:
+    """Fit and store a calibration (backend.calibration.calibrate.calibrate's arguments, on this store)."""
+    require_operator("store calibrations")
+    from backend.calibration.calibrate import calibrate as fit_and_store
+
+    return fit_and_store(engine(), **kwargs)

@@ -1,8 +1,13 @@
 """CSV and JSON export of the experiment store (same filters as `db.queries.list_experiments`).
 
-CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, strategy,
-degrees, tags as a JSON list), then model and training columns, step time measured and predicted
-(`step_time_predicted_s`: RunResult's, from the step-time model at run time), tokens/s, bubble fractions, errors,
+CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, stack, strategy,
+degrees, tags as a JSON list), then model and training columns, the MoE capacity factor and the
+token-slots it dropped (`capacity_factor`, `tokens_dropped`: read from the stored spec / result JSON), step time
+measured and predicted
+(`step_time_predicted_s`: RunResult's, from the step-time model at run time; `step_time_error_pct` = (predicted -
+step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
+against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
+(`diverged`: some loss was NaN or inf; the losses themselves are in the JSON, as "NaN" / "Infinity"),
 bookkeeping and timestamps (an imported run: source_framework, the torchtitan / megatron / deepspeed log it came from,
 and the peak allocated / reserved bytes that log reports; its per-category measured columns are blank, as it measured
 none), then per memory category the measured and predicted bytes (max over ranks) and the
@@ -19,7 +24,7 @@ formats each experiment's cells once for all its ranks.
 Text cells starting with = + - @ TAB or CR get a leading single quote so spreadsheets do not run them as
 formulas; numbers are never touched (a negative number stays a number).
 
-JSON: a list of {id, name, status, tags, sweep_id, requeue_of, timestamps, worker, error, "env",
+JSON: a list of {id, name, status, tags, sweep_id, requeue_of, timestamps, worker, error, loss_parity, "env",
 "spec", "result"} with the stored env, spec and result JSON spliced in verbatim.
 """
 
@@ -31,28 +36,31 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
-from sqlalchemy import Engine, String, Text, case, func, literal, select, type_coerce
+from sqlalchemy import JSON, Engine, Float, Integer, String, Text, case, cast, func, literal, select, type_coerce
 
-from backend.result import COLLECTIVES
+from backend.result import COLLECTIVES, PARITY_BOUND, PARITY_FAILS, PARITY_OK, parity_bound
+from backend.spec.dims import DIMS, not_applicable, placed_columns
+from db.degrees import DEGREE_COLUMNS, column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentSummary, RankResultRow
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-EXP_COLUMNS = [  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the predicted step time
-    "id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate",
-    "cp_load_balance", "zero_stage",
-    "schedule", "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads",
-    "ffn", "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
-    "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "tokens_per_s", "mfu",
-    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff",
+EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue bookkeeping) in export order, + the
+    # predicted step time; the parallel dimensions' columns placed by their table (backend/spec/dims.py)
+    "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "zero_stage",
+    "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads",
+    "ffn", "seq_len", "vocab", "n_experts", "top_k", "capacity_factor", "tokens_dropped",
+    "global_batch", "micro_batch", "steps", "precision", "optimizer",
+    "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s", "mfu",
+    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
-    "started_at", "finished_at", "worker_id", "host"]
+    "started_at", "finished_at", "worker_id", "host"], DIMS)
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
 """The tags column sits after the identifying columns (the select has no tags; rows get the cell inserted here)."""
-NOT_APPLICABLE = {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts",
-                  "cp_rotate": "cp", "cp_load_balance": "cp"}
-"""Blank unless that column is > 1 (pp, tp) / > 0 (n_experts)."""
+NOT_APPLICABLE = {**not_applicable(DIMS), "top_k": "n_experts"}
+"""Blank unless that column is > 1 (a dimension's options: pp's schedule, tp's sequence parallel, cp's rotation and
+balancing) / > 0 (n_experts)."""
 MEM_COLUMNS = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
 ERR_COLUMNS = [f"error_pct_{c}" for c in ERROR_CATEGORIES]
 COMM_COLUMNS = ["comm_bytes", "comm_wire_bytes", "comm_predicted_bytes", "comm_seconds", *[f"comm_{c}_bytes" for c in COLLECTIVES]]
@@ -89,13 +97,63 @@ def _exp_columns(dialect: str, safe: bool) -> list:
     (CSV), timestamps as text, fields that do not apply blank (NOT_APPLICABLE)."""
     out = []
     for k in EXP_COLUMNS:
-        col = ExperimentSummary.step_time_predicted_s if k == "step_time_predicted_s" else getattr(Experiment, k)
+        if k == "stack":
+            out.append(stack_sql(dialect).label(k))
+            continue
+        if k in JSON_FIELDS:
+            out.append(JSON_FIELDS[k](dialect).label(k))
+            continue
+        col = DERIVED[k]() if k in DERIVED else column(k)
         if k in NOT_APPLICABLE:
-            gate = getattr(Experiment, NOT_APPLICABLE[k])
+            gate = column(NOT_APPLICABLE[k])
             col = case((gate > (0 if k == "top_k" else 1), col), else_=None)
         out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
                    else col.label(k))
     return out
+
+
+def stack_sql(dialect: str):
+    """The spec's train.stack read from the stored spec JSON in SQL (no column of its own: issue 34), "shardlab" for
+    specs stored before stacks existed."""
+    if dialect == "postgresql":
+        value = func.json_extract_path_text(cast(Experiment.spec_json, JSON), "train", "stack")
+    else:
+        value = func.json_extract(Experiment.spec_json, "$.train.stack")
+    return func.coalesce(value, literal("shardlab", String))
+
+
+def json_number_sql(dialect: str, column, *path: str, kind=Float):
+    """A number inside a stored JSON column, read in SQL (NULL where absent: older runs)."""
+    if dialect == "postgresql":
+        return cast(func.json_extract_path_text(cast(column, JSON), *path), kind)
+    return cast(func.json_extract(column, "$." + ".".join(path)), kind)
+
+
+JSON_FIELDS = {
+    "capacity_factor": lambda dialect: json_number_sql(dialect, Experiment.spec_json, "model", "capacity_factor"),
+    "tokens_dropped": lambda dialect: json_number_sql(dialect, Experiment.result_json, "tokens_dropped", kind=Integer),
+}
+"""Export columns read from the stored spec / result JSON (issue 35: no column of their own, no migration):
+model.capacity_factor (blank = dropless) and RunResult.tokens_dropped (blank = nothing could drop)."""
+
+
+def _step_time_error_pct():
+    """(predicted - measured median) / measured median x 100, as Run detail's "% vs measured"; blank without both."""
+    predicted, measured = ExperimentSummary.step_time_predicted_s, Experiment.step_s_median
+    return case((measured > 0, (predicted - measured) / measured * 100.0), else_=None)
+
+
+def _loss_parity():
+    """backend.result.parity_verdict in SQL: 'fails' over the precision's bound, 'ok' within it, blank without a
+    reference. A non-number (NaN) difference is not <= the bound: fails."""
+    diff = Experiment.loss_max_abs_diff
+    bound = case(*[(Experiment.precision == p, literal(b)) for p, b in PARITY_BOUND.items()], else_=literal(parity_bound("")))
+    return case((diff.is_(None), None), (diff <= bound, literal(PARITY_OK, String)), else_=literal(PARITY_FAILS, String))
+
+
+DERIVED = {"step_time_predicted_s": lambda: ExperimentSummary.step_time_predicted_s,
+           "step_time_error_pct": _step_time_error_pct, "loss_parity": _loss_parity}
+"""Export columns that are not an experiments column: from experiment_summaries, or computed by the database."""
 
 
 def _safe(col, key: str, safe: bool):
@@ -234,21 +292,22 @@ def _tag_cell(tags: list[str] | None, cache: dict) -> str | None:
 
 
 def _text_keys() -> frozenset[str]:
-    cols = [getattr(Experiment, k) for k in EXP_COLUMNS if hasattr(Experiment, k)]
-    return frozenset([c.key for c in cols if isinstance(c.type, (String, Text))] + ["coords", *VERSION_COLUMNS])
+    cols = {k: column(k) for k in EXP_COLUMNS if k in DEGREE_COLUMNS or hasattr(Experiment, k)}
+    return frozenset([k for k, c in cols.items() if isinstance(c.type, (String, Text))] + ["coords", *VERSION_COLUMNS])
 
 
 _TEXT_KEYS = _text_keys()
 _TIME_IDX = frozenset(i for i, k in enumerate(EXP_COLUMNS) if k in TIME_KEYS)
 _JSON = json.JSONEncoder(ensure_ascii=False)  # == json.dumps(..., ensure_ascii=False), built once not per row
 JSON_KEYS = ("id", "name", "status", "sweep_id", "requeue_of", "created_at", "started_at", "finished_at", "worker_id",
-             "host", "error", "failing_rank")
+             "host", "error", "failing_rank", "loss_parity")
 
 
 def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | None:
     """Full results as a JSON list; env, spec and result JSON spliced verbatim from the store."""
     dialect = engine.dialect.name
-    cols = [_time_sql(getattr(Experiment, k), k, dialect) if k in TIME_KEYS else getattr(Experiment, k) for k in JSON_KEYS]
+    cols = [_time_sql(getattr(Experiment, k), k, dialect) if k in TIME_KEYS else
+            DERIVED[k]().label(k) if k in DERIVED else getattr(Experiment, k) for k in JSON_KEYS]
     stmt = filtered(select(*cols, Experiment.env_json, Experiment.spec_json, Experiment.result_json), **filters)
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(Experiment.id)).all()

@@ -12,8 +12,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+import sqlalchemy as sa
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, true
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 
@@ -54,6 +55,11 @@ class Experiment(Base):
     # Filter columns, copied from the validated spec (derived degrees filled in).
     strategy: Mapped[str] = mapped_column(String(16))
     world_size: Mapped[int] = mapped_column(Integer)
+    degrees_json: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")  # revision 0011
+    """Every field of the parallel-dimension table (backend/spec/dims.py) as {spec field: value}: the degrees and
+    their options. Rows, sorts and the export read them from here (db/degrees.py), so a new dimension needs no
+    column. The per-degree columns below (dp .. cp_load_balance, schedule, virtual_stages, sequence_parallel) are
+    kept with every value a store holds and still written, but no longer read."""
     dp: Mapped[int] = mapped_column(Integer)
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)
@@ -264,6 +270,17 @@ class LossRecord(Base):
     loss_reference: Mapped[float | None] = mapped_column(Float)
 
 
+FLOAT_MAX = 1.7976931348623157e308
+
+
+def _diverged(experiment_id) -> sa.Exists:
+    """Some stored loss is not finite: NULL (SQLite stores NaN as NULL; a loss row exists only for a step that had
+    a loss), beyond the largest float (+-inf; PostgreSQL sorts NaN above every number, so NaN too)."""
+    loss = LossRecord.loss
+    return sa.exists().where(LossRecord.experiment_id == experiment_id,
+                             sa.or_(loss.is_(None), loss > FLOAT_MAX, loss < -FLOAT_MAX))
+
+
 class TimelineRecord(Base):
     __tablename__ = "timeline_events"
 
@@ -317,3 +334,7 @@ class Calibration(Base):
     """Revision 0009: a calibrated profile's name ("h100-ourcluster"), usable as --hardware; NULL for older rows."""
     details_json: Mapped[str | None] = mapped_column(Text)
     """Revision 0009: {"residuals": [...], "loo": [...], "kinds": {...}} of the fit."""
+
+
+Experiment.diverged = column_property(_diverged(Experiment.id).label("diverged"), deferred=True)
+"""Whether the run diverged (a loss NaN or +-inf): computed from its loss rows, in SQL, for lists and the export."""

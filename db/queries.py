@@ -21,7 +21,9 @@ from sqlalchemy import Engine, delete, func, insert, select
 from backend.result import FINISHED, RunResult, Status
 from backend.spec import ExperimentSpec
 from backend.spec.user_text import clean_tags
+from backend.spec.dims import DIMS, placed_columns
 from db import result_rows as rr
+from db.degrees import column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentTag, utcnow
 from db.session import reader, writer
@@ -29,10 +31,10 @@ from db.transitions import (NotFound, cancel_requested, claim_next, heartbeat, m
                             recover_stale, release_claim, store_finished_run, store_result, update_progress)
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 
-ROW_KEYS = (
-    "id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp", "cp_rotate", "cp_load_balance",
-    "zero_stage", "schedule",
-    "microbatches", "virtual_stages", "sequence_parallel", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn",
+ROW_KEYS = tuple(placed_columns((  # + the parallel dimensions' columns (backend/spec/dims.py, read by db/degrees.py)
+    "id", "name", "status", "strategy", "world_size",
+    "zero_stage",
+    "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn",
     "seq_len", "vocab", "n_experts", "top_k", "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "sweep_id", "requeue_of", "cancel_requested", "created_at", "started_at", "finished_at",
     "heartbeat_at", "worker_id", "host", "progress_step", "progress_total", "progress_phase", "error",
@@ -41,7 +43,8 @@ ROW_KEYS = (
     "kind",  # revision 0004: measured | traced | imported (issue 25)
     "framework",
     "source_framework", "peak_allocated_bytes", "peak_reserved_bytes",  # revision 0009: imported runs
-)
+    "diverged",  # a loss NaN or inf (issue 31): computed from the losses rows (models.Experiment.diverged)
+), DIMS))
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
 
@@ -110,8 +113,8 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
     if order_by not in ORDER_KEYS:
         raise ValueError(f"order_by={order_by!r} is not a column; choose one of {sorted(ORDER_KEYS)}")
     keys, with_tags = _row_keys(columns)
-    col = getattr(Experiment, order_by)
-    stmt = filtered(select(*[getattr(Experiment, k) for k in keys]), status=status, strategy=strategy, tag=tag,
+    col = column(order_by)
+    stmt = filtered(select(*[column(k) for k in keys]), status=status, strategy=strategy, tag=tag,
                      sweep_id=sweep_id, search=search, framework=framework)
     stmt = stmt.order_by(col.desc() if descending else col.asc(), Experiment.id.desc() if descending else Experiment.id.asc())
     if limit is not None:
@@ -147,11 +150,12 @@ def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, s
 
 
 def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
-    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None)."""
+    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None),
+    "result_error" (why a stored result does not read, else None)."""
 
     extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json,
              Experiment.run_uid)
-    stmt = select(*[getattr(Experiment, k) for k in ROW_KEYS], *extra).where(Experiment.id == experiment_id)
+    stmt = select(*[column(k) for k in ROW_KEYS], *extra).where(Experiment.id == experiment_id)
     with engine.connect() as conn:
         row = conn.execute(stmt).first()
         if row is None:
@@ -162,9 +166,20 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
     # A stored spec was validated when stored; an imported run's may be one this engine only predicts (Megatron's
     # distributed optimizer = ZeRO-1 x TP/PP), so it is read back with the prediction checks.
     out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"), context=READ_BACK)
-    result_json = out.pop("result_json")
-    out["result"] = RunResult.model_validate_json(result_json, context=READ_BACK) if result_json else None
+    out["result"], out["result_error"] = read_result(out.pop("result_json"))
     return out
+
+
+def read_result(result_json: str | None) -> tuple[RunResult | None, str | None]:
+    """(the stored result, None), or (None, why it does not read): one unreadable row must never break a page or
+    a command that shows it (issue 31: a NaN loss written as null made `show` fail before losses were kept)."""
+    if not result_json:
+        return None, None
+    try:
+        return RunResult.model_validate_json(result_json, context=READ_BACK), None
+    except ValueError as e:  # pydantic's ValidationError, or JSON that does not parse
+        first = str(e).strip().splitlines()
+        return None, f"the stored result does not read ({type(e).__name__}: {'; '.join(first[:3])[:400]})"
 
 
 def get_status(engine: Engine, experiment_id: int) -> str | None:

@@ -8,20 +8,24 @@ from typing import Any
 
 from backend.result import COLLECTIVES, RunResult
 from backend.spec import ExperimentSpec
+from backend.spec.dims import DIMS, spec_fields
+from db.degrees import spec_values
+from db.models import Experiment
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "peak")
 ERROR_CATEGORIES = ("params", "grads", "optimizer", "activations", "peak")
 
 
 def spec_columns(spec: ExperimentSpec) -> dict[str, Any]:
-    """The experiments filter columns of a validated spec (derived degrees already filled in)."""
+    """The experiments filter columns of a validated spec (derived degrees already filled in): the parallel
+    dimensions in degrees_json, and in the per-degree columns older revisions made (kept, db/models.py)."""
     m, t, p = spec.model, spec.train, spec.parallel
+    degrees = spec_values(p)
     return {
         "name": spec.name, "spec_json": spec.model_dump_json(),
-        "strategy": str(p.strategy), "world_size": p.world_size, "dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep, "cp": p.cp,
-        "cp_rotate": str(p.cp_rotate), "cp_load_balance": p.cp_load_balance,
-        "zero_stage": p.zero_stage, "schedule": str(p.pp_schedule), "microbatches": t.microbatches,
-        "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
+        "strategy": str(p.strategy), "world_size": p.world_size, "degrees_json": degrees,
+        **{f.key: degrees[f.name] for f in spec_fields(DIMS) if f.key in _EXPERIMENT_COLUMNS},
+        "zero_stage": p.zero_stage, "microbatches": t.microbatches,
         "d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads, "ffn": m.ffn,
         "seq_len": m.seq_len, "vocab": m.vocab_size, "n_experts": m.n_experts, "top_k": m.top_k,
         "global_batch": t.global_batch, "micro_batch": t.micro_batch, "steps": t.steps,
@@ -29,6 +33,8 @@ def spec_columns(spec: ExperimentSpec) -> dict[str, Any]:
         "framework": str(spec.framework),
     }
 
+
+_EXPERIMENT_COLUMNS = frozenset(Experiment.__table__.c.keys())
 
 PHASE_CHARS = 32  # experiments.progress_phase is VARCHAR(32)
 

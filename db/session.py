@@ -30,6 +30,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from db.errors import StoreError
 from db.transactions import begin_statement, write_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,11 +50,9 @@ _engines: dict[str, Engine] = {}
 _migrated: set[str] = set()
 _identity: dict[str, tuple[int, int]] = {}
 """SQLite URL -> (st_dev, st_ino) of the file its cached engine opened."""
+_wait_until: dict[str, float] = {}
+"""SQLite URL -> time.monotonic() after which no transaction waits for a lock (bound_waits)."""
 _lock = threading.Lock()
-
-
-class StoreError(RuntimeError):
-    """The configured store cannot be used as it is; the message says what happened and what to do."""
 
 
 class StoreMissing(StoreError):
@@ -171,7 +171,27 @@ def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None, identit
     def _on_begin(conn) -> None:
         if path is not None:
             check_store_file(path, identity)
+        _bounded_busy_timeout(conn)
         conn.exec_driver_sql(begin_statement(conn))
+
+
+def bound_waits(engine: Engine, until: float | None) -> None:
+    """Transactions that begin from now on wait for a SQLite lock until `until` (time.monotonic()) at most, not
+    busy_timeout: a stopping worker's last writes end within its stop grace (issue 31: 123 s to exit while another
+    process held the lock, 30 s per write). None: busy_timeout again. SQLite only (PostgreSQL's waits are unchanged)."""
+    if until is None:
+        _wait_until.pop(str(engine.url), None)
+    else:
+        _wait_until[str(engine.url)] = until
+
+
+def _bounded_busy_timeout(conn) -> None:
+    until, info = _wait_until.get(str(conn.engine.url)), conn.connection.info
+    if until is not None:
+        info["busy_ms"] = max(0, min(BUSY_TIMEOUT_MS, int((until - time.monotonic()) * 1000)))
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={info['busy_ms']}")
+    elif info.pop("busy_ms", None) is not None:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def writer(engine: Engine) -> Session:
@@ -208,3 +228,4 @@ def forget_engines() -> None:
         _engines.clear()
         _migrated.clear()
         _identity.clear()
+        _wait_until.clear()

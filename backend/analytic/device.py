@@ -94,7 +94,8 @@ def with_device(spec: Any, device: str | None) -> Any:
     dev = device or resolve_device(str(spec.runtime.device), cuda_available=False)
     if str(spec.runtime.device) == dev:
         return spec
-    return spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"device": dev})})
+    device_type = type(spec.runtime.device)  # the spec's own enum: a str there warns on every dump
+    return spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"device": device_type(dev)})})
 
 
 def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.analytic.device import CUDA, CUDA_MIN_BLOCK_BYTES, adamw_step_on_device
 from backend.analytic.dp_buckets import padded
+from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.optimizer_state import STEP_TENSOR_BYTES
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import ceil_div, where
@@ -33,8 +34,12 @@ def _storage(nbytes: Any, cuda: bool) -> Any:
 def model_state_bytes(layout: Any, parts: Any) -> tuple[Any, Any, Any]:
     """(params, grads, optimizer) bytes of a rank: sums over its buckets ((n_blocks - n_alt) x block + n_alt x the
     other MLP kind's block (mixed stacks: DeepSeek's dense prefix, Llama 4's interleave) + first x embeddings +
-    last x head), each padded to a multiple of dp; on CUDA every buffer is its own 512-B-rounded storage."""
+    last x head), each padded to a multiple of dp; on CUDA every buffer is its own 512-B-rounded storage. Under
+    ep > 1 a MoE block's routed experts are a bucket of their own (Megatron's expert buffer), padded to a multiple
+    of edp = dp x cp / ep and sharded over it: 2 + 4 + 12 / edp bytes per expert element in bf16 (moe.md Sec 2.4,
+    Megatron's theoretical_memory_usage.compute_weight_and_optimizer_memory)."""
     cuda, dp, s = layout.device == CUDA, layout.dp, parts.stages
+    edp = ExpertLayout.of(layout.tp, layout.dp_cp, layout.ep).edp
     half = layout.half_params
     pb = param_bytes(layout)
     state_tensors = 2 if layout.optimizer == "adamw" else 1
@@ -42,12 +47,13 @@ def model_state_bytes(layout: Any, parts: Any) -> tuple[Any, Any, Any]:
     buckets = ((s.n_blocks - s.n_alt, parts.block), (s.n_alt, parts.alt_block), (s.first, parts.embeddings),
                (s.last, parts.head))
     for count, part in buckets:
-        n = padded(part.local_numel, dp)
-        shard = n // dp
-        holds = part.tensors > 0
-        master = where(half, _storage(MASTER_BYTES * shard, cuda), 0)
-        step = STEP_TENSOR_BYTES * holds if layout.optimizer == "adamw" and adamw_step_on_device(layout.device) else 0
-        optimizer = master + state_tensors * _storage(MASTER_BYTES * shard, cuda) + step
-        for i, value in enumerate((_storage(pb * n, cuda), _storage(MASTER_BYTES * n, cuda), optimizer)):
-            totals[i] = totals[i] + count * value
+        experts = part.ep_expert_numel
+        for numel, group, holds in ((part.local_numel - experts, dp, part.tensors > 0), (experts, edp, experts > 0)):
+            n = padded(numel, group)
+            shard = n // group
+            master = where(half, _storage(MASTER_BYTES * shard, cuda), 0)
+            step = STEP_TENSOR_BYTES * holds if layout.optimizer == "adamw" and adamw_step_on_device(layout.device) else 0
+            optimizer = master + state_tensors * _storage(MASTER_BYTES * shard, cuda) + step
+            for i, value in enumerate((_storage(pb * n, cuda), _storage(MASTER_BYTES * n, cuda), optimizer)):
+                totals[i] = totals[i] + count * value
     return totals[0], totals[1], totals[2]

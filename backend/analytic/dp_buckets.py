@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.vector import ceil_div
+from backend.spec.stack_rules import megatron_distributed_optimizer
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
@@ -23,9 +24,10 @@ def bucket_of(name: str) -> tuple[int, str]:
 
 
 def used_by(spec: Any) -> bool:
-    """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec)."""
+    """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec): zero1 x tp / pp / ep
+    here, and every zero1 of the megatron stack (spec/stacks.megatron_distributed_optimizer)."""
     p = spec.parallel
-    return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1) and p.ep == 1
+    return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1 or megatron_distributed_optimizer(spec))
 
 
 def padded(numel: Any, dp: Any) -> Any:
@@ -33,10 +35,22 @@ def padded(numel: Any, dp: Any) -> Any:
     return ceil_div(numel, dp) * dp
 
 
-def bucket_numels(params: list[Any], dp: int) -> list[int]:
-    """Padded elements per bucket of a rank's local parameters (LocalParam: name, local_numel), bucket order."""
-    sizes: dict[tuple[int, str], int] = {}
+def bucket_numels(params: list[Any], dp: int, edp: int | None = None) -> list[int]:
+    """Padded elements per bucket of a rank's local parameters (LocalParam: name, local_numel, is_expert), bucket
+    order. edp (ep > 1): an ep rank's experts of a block are a bucket of their own, padded to a multiple of edp
+    (`expert_buckets` lists them apart)."""
+    return [n for n, _ in bucket_groups(params, dp, edp)]
+
+
+def bucket_groups(params: list[Any], dp: int, edp: int | None = None) -> list[tuple[int, int]]:
+    """(padded elements, the group it shards over: dp, or edp for an expert bucket) per bucket, bucket order."""
+    sizes: dict[tuple[float, str], int] = {}
     for q in params:
-        key = bucket_of(q.name)
+        order, name = bucket_of(q.name)
+        key = (order + 0.5, f"{name}.experts") if edp is not None and q.is_expert else (order, name)
         sizes[key] = sizes.get(key, 0) + q.local_numel
-    return [padded(sizes[k], dp) for k in sorted(sizes)]
+    out = []
+    for k in sorted(sizes):
+        group = edp if k[1].endswith(".experts") else dp
+        out.append((padded(sizes[k], group), group))
+    return out

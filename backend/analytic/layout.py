@@ -14,7 +14,8 @@ Context parallelism: dp is the batch split and cp the sequence split; the dp x c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import math
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 from backend.analytic.vector import logical_and, logical_not, logical_or
 from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
+from backend.spec import dims
 
 
 class ZeroStage:
@@ -38,32 +40,33 @@ class RecomputeMode:
 
 
 class PipelineSchedule:
-    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV = range(5)
-    ALL = range(5)
+    ONE_F_ONE_B, GPIPE, INTERLEAVED_1F1B, ZERO_BUBBLE, ZBV, DUALPIPEV = range(6)
+    ALL = range(6)
 
 
 ZERO_STAGE_NAMES = ("ddp", "zero1", "zero2", "zero3")
 RECOMPUTE_NAMES = KINDS
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv")
-CHOICES = ("tp", "pp", "dp", "ep", "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages",
-           "sequence_parallel", "cp", "recompute_layers")
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
+DEGREES = dims.degree_names(dims.DIMS)
+"""The parallel degrees (dp, tp, pp, ep, cp): one `Layout` field each, from the dimension table."""
+WORLD_DEGREES = tuple(d.name for d in dims.world_dims(dims.DIMS))
+"""The degrees whose product is the world size."""
+CHOICES = (*DEGREES, "zero_stage", "micro_batch", "recompute", "schedule", "virtual_stages", "sequence_parallel",
+           "recompute_layers")
 """The per-layout fields, in the planner table's column order."""
+
+LayoutDegrees = make_dataclass("LayoutDegrees", [(d, Any, field(default=1)) for d in DEGREES], frozen=True)
+"""A degree field per dimension of backend/spec/dims.py (1 by default); `Layout` adds the per-layout choices."""
 
 
 @dataclass(frozen=True)
-class Layout:
-    tp: Any = 1
-    pp: Any = 1
-    dp: Any = 1
-    ep: Any = 1
+class Layout(LayoutDegrees):
     zero_stage: Any = ZeroStage.DDP
     micro_batch: Any = 1
     recompute: Any = RecomputeMode.NONE
     schedule: Any = PipelineSchedule.ONE_F_ONE_B
     virtual_stages: Any = 1
     sequence_parallel: Any = False
-    cp: Any = 1
-    """Context-parallel degree: the sequence split over cp ranks (ring attention)."""
     recompute_layers: Any = 0
     """K of layers:K, N of block:N / uniform:N (0 for the other policies)."""
     microbatches: Any = 1
@@ -101,23 +104,23 @@ class Layout:
         p, t = spec.parallel, spec.train
         device = str(spec.runtime.device)
         kind, layers = parse_recompute(str(t.recompute))
-        return cls(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
+        return cls(**{d: getattr(p, d) for d in DEGREES}, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
                    recompute=RECOMPUTE_NAMES.index(kind), recompute_layers=layers,
                    schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
-                   virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel), cp=p.cp,
+                   virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel),
                    microbatches=t.microbatches, global_batch=t.global_batch, precision=str(t.precision),
                    optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
                    device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)))
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
-              device: str = "cpu") -> Layout:
+              device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         cols = {name: columns[:, i] for i, name in enumerate(CHOICES)}
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
         mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                   device=device)
+                   device=device, sac_ops=tuple(sac_ops))
 
     def take(self, index: Any, *, with_memo: bool = False) -> Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their
@@ -170,7 +173,7 @@ class Layout:
     # ---- derived facts, elementwise (a scalar when every layout agrees) ----
     @cached_property
     def world_size(self) -> Any:
-        return _settled(self.tp * self.pp * self.dp * self.cp)
+        return _settled(math.prod(getattr(self, d) for d in WORLD_DEGREES))
 
     @cached_property
     def dp_cp(self) -> Any:
@@ -196,8 +199,10 @@ class Layout:
 
     @cached_property
     def zbv(self) -> Any:
-        """ZBV's V placement (rank r holds stages r and 2p-1-r); without pipelining the schedule is ignored."""
-        return _settled(logical_and(self.schedule == PipelineSchedule.ZBV, self.pp > 1))
+        """The V placement of ZBV and DualPipeV (rank r holds stages r and 2p-1-r); without pipelining the schedule is
+        ignored."""
+        return _settled(logical_and(logical_or(self.schedule == PipelineSchedule.ZBV,
+                                               self.schedule == PipelineSchedule.DUALPIPEV), self.pp > 1))
 
     @cached_property
     def is_mix(self) -> Any:
@@ -212,9 +217,10 @@ class Layout:
 
     @cached_property
     def distributed_optimizer(self) -> Any:
-        """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
-        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1),
-                                    self.ep == 1))
+        """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
+        the experts in buckets of their own over edp)."""
+        return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1,
+                                                                                   self.ep > 1)))
 
     @cached_property
     def half_params(self) -> Any:
@@ -245,15 +251,17 @@ class Layout:
 
     def spec_dict(self, model: Any) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout."""
-        tp, pp, dp, ep, cp, zero = (int(x) for x in (self.tp, self.pp, self.dp, self.ep, self.cp, self.zero_stage))
-        extra = ("·ep" + str(ep) if ep > 1 else "") + ("·cp" + str(cp) if cp > 1 else "")
+        degrees = {d: int(getattr(self, d)) for d in DEGREES}
+        tp, pp, dp, zero = degrees["tp"], degrees["pp"], degrees["dp"], int(self.zero_stage)
+        extra = "".join(f"·{d}{n}" for d, n in degrees.items() if d not in ("dp", "tp", "pp") and n > 1)
         return {"name": f"plan dp{dp}·tp{tp}·pp{pp}{extra} {ZERO_STAGE_NAMES[zero]}",
                 "model": model.model_dump(),
                 "train": {"global_batch": self.global_batch, "micro_batch": int(self.micro_batch),
                           "precision": self.precision, "optimizer": self.optimizer,
                           "recompute": spelled(RECOMPUTE_NAMES[int(self.recompute)], int(self.recompute_layers))},
-                "parallel": {"strategy": ZERO_STAGE_NAMES[zero], "world_size": tp * pp * dp * cp, "dp": dp, "tp": tp,
-                             "pp": pp, "ep": ep, "cp": cp, "sequence_parallel": bool(self.sequence_parallel),
+                "parallel": {"strategy": ZERO_STAGE_NAMES[zero],
+                             "world_size": math.prod(degrees[d] for d in WORLD_DEGREES), **degrees,
+                             "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
                              "virtual_stages": int(self.virtual_stages)}}
 

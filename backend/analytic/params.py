@@ -152,7 +152,8 @@ def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
 
 def block_param_list(m: Any, layer: int) -> list[ParamInfo]:
     """One transformer block: ln1, attn.*, [ln1_post], ln2, then mlp.{fc_in,fc_out | gate,up,down} or the MoE
-    (mlp.router, mlp.experts.E.*, mlp.shared.*, mlp.shared_gate), [ln2_post]; `layer` picks dense or MoE."""
+    (mlp.router, mlp.experts.E.*, mlp.shared.*, mlp.shared_gate), [ln2_post]; `layer` picks dense or MoE and names the
+    parameters, nothing else (param_tuple builds one block per MLP kind and renames it)."""
     _, h, _, _, f, n_experts = _dims(m)
     norm, kind, all_b = _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "bias", "all") == "all"
     sandwich = getattr(m, "sandwich_norm", False)
@@ -231,8 +232,16 @@ def param_tuple(key: ModelKey) -> tuple[ParamInfo, ...]:
     out = [ParamInfo("tok_emb.weight", (V, h))]
     if key.positions == "learned":
         out.append(ParamInfo("pos_emb.weight", (s, h)))
+    # block_param_list reads the layer only for its name prefix and its MLP kind: one block per kind, renamed (a
+    # DeepSeek-V3 has 47k block parameters; tests/unit/test_plan_usability.py checks this against the plain build)
+    kinds: dict[bool, list[tuple[str, tuple[int, ...]]]] = {}
     for i in range(key.n_layers):
-        out += block_param_list(key, i)
+        moe = layer_is_moe(key, i)
+        if moe not in kinds:
+            cut = len(f"layers.{i}.")
+            kinds[moe] = [(q.name[cut:], q.shape) for q in block_param_list(key, i)]
+        prefix = f"layers.{i}."
+        out += [ParamInfo(prefix + rest, shape) for rest, shape in kinds[moe]]
     out += _norm("norm", h, key.norm)
     # tied: lm_head.weight IS tok_emb.weight, which named_parameters() reports once, under tok_emb
     return tuple(out if key.tie_embeddings else out + _linear("lm_head", h, V, bias=False))

@@ -18,6 +18,8 @@ from functools import lru_cache
 from math import ceil, prod
 from typing import Any
 
+import numpy as np
+
 from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
 from backend.analytic.tp_placement import REPLICATE, ROWWISE, VOCAB_ROWWISE, module_placement
 
@@ -79,9 +81,9 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) ->
     """Stage indices held by pipeline rank `pp_rank`.
 
     Looped/interleaved (Narayanan et al. 2021, Sec 2.2): rank r holds r, r+p, r+2p, ...
-    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape): rank r holds r and 2p-1-r.
+    ZBV (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec 6 V-shape) and DualPipeV: rank r holds r and 2p-1-r.
     """
-    if str(schedule) == "zbv" and pp > 1:  # the schedule is ignored without pipelining
+    if str(schedule) in ("zbv", "dualpipev") and pp > 1:  # the schedule is ignored without pipelining
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(virtual_stages)]
 
@@ -133,30 +135,45 @@ def _param_places(key: ModelKey) -> tuple[tuple[int, int], ...]:
     """Per parameter of param_tuple(key): (0, layer) for a transformer block's, (1, -1) for the embeddings (first
     stage), (2, -1) for the rest (last stage); parsed once per model, not once per pipeline rank."""
     out = []
+    block, prefix = (0, -1), "\0"
     for p in param_tuple(key):
+        if p.name.startswith(prefix):  # the block of the parameter before (blocks are contiguous)
+            out.append(block)
+            continue
         parts = p.name.split(".")
         top = parts[0]
-        out.append((0, int(parts[1])) if top == "layers" else (1, -1) if top in ("tok_emb", "pos_emb") else (2, -1))
+        if top == "layers":
+            block, prefix = (0, int(parts[1])), f"layers.{parts[1]}."
+            out.append(block)
+        else:
+            out.append((1, -1) if top in ("tok_emb", "pos_emb") else (2, -1))
     return tuple(out)
 
 
 @lru_cache(maxsize=1 << 16)
 def tp_style(name: str) -> str:
-    """TP placement of a parameter (by its module's rule in tp_placement.TP_PLACEMENT)."""
-    return module_placement(name.rsplit(".", 1)[0])
+    """TP placement of a parameter (by its module's rule in tp_placement.TP_PLACEMENT, whose patterns take any layer
+    and expert id: each distinct module is matched once with its ids set to 0)."""
+    return module_placement(_IDS.sub("0", name.rsplit(".", 1)[0]))
+
+
+_IDS = re.compile(r"(?<=^layers\.)\d+|(?<=\.experts\.)\d+")
 
 
 def tp_local_shape(p: ParamInfo, tp: int, tp_rank: int) -> tuple[int, ...]:
     """Local DTensor shape under the TP plan (Shard(d) uses torch.chunk sizes: ceil, last ranks smaller)."""
     if tp == 1:
         return p.shape
-    style = tp_style(p.name)
-    if style == REPLICATE or (style == ROWWISE and p.name.endswith(".bias")):
-        return p.shape
+    return _tp_local(p.shape, tp_style(p.name), p.name.endswith(".bias"), tp, tp_rank)
+
+
+def _tp_local(shape: tuple[int, ...], style: str, bias: bool, tp: int, tp_rank: int) -> tuple[int, ...]:
+    if tp == 1 or style == REPLICATE or (style == ROWWISE and bias):
+        return shape
     # Linear colwise and Embedding rowwise shard dim 0 (rows); Linear rowwise shards dim 1 (in-features)
     dim = 1 if style == ROWWISE else 0
-    _, real = chunk_rows(p.shape[dim], tp, tp_rank)
-    return p.shape[:dim] + (real,) + p.shape[dim + 1:]
+    _, real = chunk_rows(shape[dim], tp, tp_rank)
+    return shape[:dim] + (real,) + shape[dim + 1:]
 
 
 @lru_cache(maxsize=1 << 16)
@@ -167,7 +184,10 @@ def expert_of(name: str) -> int | None:
 
 def ep_keeps(name: str, n_experts: int, ep: int, ep_rank: int) -> bool:
     """Expert parallelism (Lepikhin et al. 2020, GShard Sec 2.2): experts split evenly, the rest replicated."""
-    e = expert_of(name)
+    return _ep_keeps(expert_of(name), n_experts, ep, ep_rank)
+
+
+def _ep_keeps(e: int | None, n_experts: int, ep: int, ep_rank: int) -> bool:
     if e is None or ep == 1:
         return True
     per = n_experts // ep
@@ -187,37 +207,179 @@ def zero1_partition(numels: list[int], n: int) -> list[int]:
 def zero1_owners_in_order(numels_desc: list[int], n: int) -> list[int]:
     """Owner rank of each parameter of a list already in the partition's order (largest first): each to the rank
     with the smallest running total (first on ties); a heap of (running total, rank) gives that same minimum in
-    O(log n). Ranks beyond len(numels) are never the smallest popped, so every owner is < len(numels)."""
-    if n >= len(numels_desc) and (not numels_desc or numels_desc[-1] > 0):  # every rank still empty at its turn
-        return list(range(len(numels_desc)))
-    heap = [(0, k) for k in range(min(n, len(numels_desc)))]
-    owner = [0] * len(numels_desc)
-    for i, size_i in enumerate(numels_desc):
-        size, r = heapq.heappop(heap)
-        owner[i] = r
-        heapq.heappush(heap, (size + size_i, r))
+    O(log n). Ranks beyond len(numels) are never the smallest popped, so every owner is < len(numels).
+
+    A run of k equal sizes x (a MoE block's experts) goes round the ranks in (total, rank) order, k // n whole rounds
+    then the first k % n, once every rank's (total + x, rank) sorts after every other's (total, rank): each pick then
+    lands behind all the others, so the heap would pop them in that order too (checked every n pops)."""
+    count = len(numels_desc)
+    if n >= count and (not numels_desc or numels_desc[-1] > 0):  # every rank still empty at its turn
+        return list(range(count))
+    heap = [(0, k) for k in range(min(n, count))]
+    ranks = len(heap)
+    owner = [0] * count
+    i = 0
+    while i < count:
+        x = numels_desc[i]
+        end = i
+        while end < count and numels_desc[end] == x:
+            end += 1
+        since_check = ranks
+        while i < end:
+            if x > 0 and end - i >= ranks and since_check >= ranks:
+                since_check = 0
+                ordered = sorted(heap)
+                if all((t + x, r) > ordered[-1] for t, r in ordered[:-1]):
+                    rounds, rest = divmod(end - i, ranks)
+                    order = [r for _, r in ordered]
+                    owner[i:end] = order * rounds + order[:rest]
+                    heap = [(t + (rounds + (k < rest)) * x, r) for k, (t, r) in enumerate(ordered)]
+                    heapq.heapify(heap)
+                    i = end
+                    break
+            if x > 0 and end - i >= _MERGE_RUN:
+                owner[i:end], heap = _merge_run(heap, x, end - i)
+                i = end
+                break
+            size, r = heapq.heappop(heap)
+            owner[i] = r
+            heapq.heappush(heap, (size + x, r))
+            i += 1
+            since_check += 1
     return owner
-    heap = [(0, k) for k in range(min(n, len(numels)))]  # ranks beyond len(numels) are never the smallest popped
-    for i in order:
-        size, r = heapq.heappop(heap)
-        owner[i] = r
-        heapq.heappush(heap, (size + numels[i], r))
-    return owner
+
+
+_MERGE_RUN = 256
+"""Runs of equal sizes at least this long are placed by _merge_run (numpy) instead of one heap pop each."""
+
+
+def _merge_run(heap: list[tuple[int, int]], x: int, k: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The owners of k parameters of size x > 0 and the heap after them. The heap pops the k smallest keys of the
+    merged sequences (total + j·x, rank), j >= 0, one per rank (each rank's next key enters as its last leaves):
+    count each rank's keys up to the smallest bound that holds k of them, sort those, keep the first k."""
+    totals = np.array([t for t, _ in heap], dtype=np.int64)
+    ranks = np.array([r for _, r in heap], dtype=np.int64)
+    lo, hi = int(totals.min()), int(totals.max()) + (k // len(heap) + 1) * x
+
+    def held(bound: int) -> np.ndarray:
+        return np.where(totals <= bound, (bound - totals) // x + 1, 0)
+
+    while lo < hi:  # the smallest bound with at least k keys <= it
+        mid = (lo + hi) // 2
+        if int(held(mid).sum()) >= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = held(lo)
+    who = np.repeat(np.arange(len(heap)), counts)
+    step = np.arange(len(who)) - np.repeat(np.cumsum(counts) - counts, counts)
+    keys = totals[who] + step * x
+    first = who[np.lexsort((ranks[who], keys))[:k]]
+    taken = np.bincount(first, minlength=len(heap))
+    after = [(int(t), int(r)) for t, r in zip(totals + taken * x, ranks)]
+    heapq.heapify(after)
+    return ranks[first].tolist(), after
 
 
 def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:
     """This rank's parameters after pp -> tp/ep -> data-parallel flavour sharding (dp_shard=False stops at tp/ep); the
-    data-parallel group is dp x cp (every rank with the same parameters)."""
+    data-parallel group is dp x cp (every rank with the same parameters). Built run by run (the embeddings, each
+    block, the head: _place_runs), each run's split taken from the first run of the same shapes and placement rules
+    (_run_splits): a MoE block's hundreds of expert tensors are placed once per placement, not once per layer."""
     m, p = spec.model, spec.parallel
     c = p.coords(rank)
-    fsdp = dp_shard and p.zero_stage >= 2
-    out = []
-    for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule):
-        q = shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp_cp, ep=p.ep, tp_rank=c["tp"],
-                        dp_rank=p.data_parallel_index(rank), ep_rank=c["ep"], fsdp=fsdp)
-        if q is not None:
-            out.append(q)
+    key = model_key(m)
+    placement = (key.n_experts, p.tp, p.dp_cp, p.ep, c["tp"], p.data_parallel_index(rank), c["ep"],
+                 dp_shard and p.zero_stage >= 2)
+    out: list[LocalParam] = []
+    for run, signature in _rank_runs(key, c["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)):
+        out += _local_run(run, signature, placement)
     return out
+
+
+_RUN_LOCALS: dict[tuple, tuple[tuple[ParamInfo, ...], tuple[LocalParam, ...]]] = {}
+_RUN_LOCALS_MAX = 1 << 19
+"""LocalParams the run memo holds at most (~80 MB; a DeepSeek-V3 rank of ep 1 holds 47k)."""
+_run_locals_held = [0]
+
+
+def _local_run(run: tuple[ParamInfo, ...], signature: int, placement: tuple) -> tuple[LocalParam, ...]:
+    """A run's LocalParams at a placement, shared by every rank and layout that holds the run there (the runs are
+    cached tuples: memoised on the object, which the entry keeps alive)."""
+    hit = _RUN_LOCALS.get((id(run), placement))
+    if hit is None or hit[0] is not run:
+        if _run_locals_held[0] + len(run) > _RUN_LOCALS_MAX:
+            _RUN_LOCALS.clear()
+            _run_locals_held[0] = 0
+        _run_locals_held[0] += len(run)
+        hit = _RUN_LOCALS[(id(run), placement)] = (run, tuple(
+            LocalParam(info.name, info.shape, *split) for info, split in zip(run, _run_splits(signature, placement))
+            if split is not None))
+    return hit[1]
+
+
+@lru_cache(maxsize=64)
+def _place_runs(key: ModelKey) -> tuple[tuple[int, int, tuple[ParamInfo, ...], int], ...]:
+    """param_tuple(key) cut into runs of one place each (sharding._param_places: (0, layer) a block's, (1, -1) the
+    embeddings, (2, -1) the rest), in order, each with its signature id (_signature_id)."""
+    runs: list[tuple[int, int, list[ParamInfo]]] = []
+    for info, place in zip(param_tuple(key), _param_places(key)):
+        if not runs or runs[-1][:2] != place:
+            runs.append((*place, []))
+        runs[-1][2].append(info)
+    templates: dict[tuple, int] = {}  # a block's parameters past its "layers.<i>." prefix, and shapes -> signature id
+    out = []
+    for kind, layer, params in runs:
+        if kind == 0:
+            cut = len(f"layers.{layer}.")
+            form = tuple((q.name[cut:], q.shape) for q in params)
+            if form not in templates:  # tp_style / expert_of read nothing else of a block parameter's name
+                templates[form] = _signature_id(params)
+            out.append((kind, layer, tuple(params), templates[form]))
+        else:
+            out.append((kind, layer, tuple(params), _signature_id(params)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _rank_runs(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> tuple[tuple[tuple[ParamInfo, ...], int], ...]:
+    """The runs of _pp_params with their signature ids (the same parameters, in the same order; a tied copy of the
+    word embedding its own run)."""
+    n_stages = pp * virtual_stages
+    layers: set[int] = set()
+    first = last = False
+    for s in stages_of_rank(pp_rank, pp, virtual_stages, schedule):
+        rng, f, la = stage_modules(key, s, n_stages)
+        layers.update(rng)
+        first, last = first or f, last or la
+    runs = tuple((params, signature) for kind, layer, params, signature in _place_runs(key)
+                 if (layer in layers if kind == 0 else first if kind == 1 else last))
+    if key.tie_embeddings and last and n_stages > 1:
+        copy = (ParamInfo("lm_head.weight", (key.vocab_size, key.d_model)),)
+        runs += ((copy, _signature_id(copy)),)
+    return runs
+
+
+_SIGNATURE_IDS: dict[tuple, int] = {}
+_SIGNATURE_OF: list[tuple] = []
+
+
+def _signature_id(run: Any) -> int:
+    """What shard_param reads of each parameter of a run (shape, tp style, bias or not, expert index), as a small id:
+    runs that read the same share their splits (_run_splits)."""
+    signature = tuple((q.shape, tp_style(q.name), q.name.endswith(".bias"), expert_of(q.name)) for q in run)
+    if signature not in _SIGNATURE_IDS:
+        _SIGNATURE_IDS[signature] = len(_SIGNATURE_OF)
+        _SIGNATURE_OF.append(signature)
+    return _SIGNATURE_IDS[signature]
+
+
+@lru_cache(maxsize=4096)
+def _run_splits(signature: int, placement: tuple) -> tuple[tuple | None, ...]:
+    """shard_param's split (None: another ep rank's expert) of each parameter of a run with this signature."""
+    n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp = placement
+    return tuple(shard_split(*read, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank, dp_rank=dp_rank,
+                              ep_rank=ep_rank, fsdp=fsdp) for read in _SIGNATURE_OF[signature])
 
 
 _LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}
@@ -267,13 +429,13 @@ def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, t
     """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's expert)."""
     name = info.name
     # everything below reads the name only through these three (every layer's q/k/v/... shard alike): memoised
-    key = (info.shape, tp_style(name), name.endswith(".bias"), expert_of(name), n_experts, tp, dp, ep, tp_rank, dp_rank,
-           ep_rank, fsdp)
+    read = (info.shape, tp_style(name), name.endswith(".bias"), expert_of(name))
+    key = (*read, n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp)
     split = _SPLIT.get(key, _MISS)
     if split is _MISS:
         if len(_SPLIT) >= 1 << 15:
             _SPLIT.clear()
-        split = _SPLIT[key] = _shard_split(info, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank,
+        split = _SPLIT[key] = shard_split(*read, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank,
                                            dp_rank=dp_rank, ep_rank=ep_rank, fsdp=fsdp)
     return None if split is None else LocalParam(name, info.shape, *split)
 
@@ -282,18 +444,19 @@ _SPLIT: dict[tuple, tuple | None] = {}
 _MISS = object()
 
 
-def _shard_split(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
-                 fsdp: bool) -> tuple | None:
-    """shard_param's fields after name and shape; it reads the name only through tp_style, the .bias suffix and
-    expert_of, so shard_param memoises it on those."""
-    if not ep_keeps(info.name, n_experts, ep, ep_rank):
+def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: int | None, *, n_experts: int, tp: int,
+                 dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int, fsdp: bool) -> tuple | None:
+    """shard_param's fields after name and shape, from what it reads of the name: its tp style, the .bias suffix and
+    its expert index (so shard_param and _run_splits memoise it on those)."""
+    if not _ep_keeps(expert_index, n_experts, ep, ep_rank):
         return None
-    expert = expert_of(info.name) is not None
+    expert = expert_index is not None
     # expert replicas: the dp ranks with the same ep coordinate (dp index // ep within them); the ep
     # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
     ep_expert = expert and ep > 1
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
-    local = tp_local_shape(info, tp, tp_rank)
+    # ep > 1: whole experts on every tp rank (expert_layout.ExpertLayout: etp = 1), the rest split by its tp style
+    local = shape if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

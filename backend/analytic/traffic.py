@@ -15,11 +15,14 @@ from functools import lru_cache
 from typing import Any
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
 from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
+from backend.spec.stack_rules import loss_parallel_on
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2
@@ -84,7 +87,11 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
         if q.dp_group > 1:
             by_group.setdefault(q.dp_group, []).append(q)
     experts = [q for q in params if q.is_expert and p.ep > 1]
-    if experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
+    if experts and experts[0].dp_group > 1 and used_by(spec):  # the distributed optimizer's expert buckets over edp
+        edp = experts[0].dp_group
+        total = sum(bucket_numels(experts, edp, edp))
+        out += [("reduce_scatter", MASTER_BYTES * total, edp), ("all_gather", compute_bytes(t.precision) * total, edp)]
+    elif experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
         out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
     for n, group in by_group.items():
         if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
@@ -129,7 +136,8 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
         # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
         # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        ar += mats * moe * bsh * m.top_k
+        if p.ep == 1:  # ep > 1: whole routed experts on every tp rank (expert_layout.py, etp 1): no tp collective
+            ar += mats * moe * bsh * m.top_k
         if getattr(m, "n_shared_experts", 0):
             ar += mats * moe * bsh
     if sp:  # tp.py `MoESequenceParallel`: Shard(1)->Replicate input (fwd all-gather, bwd local slice) and
@@ -143,8 +151,13 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
             rs, ag = rs + bsh + sh, ag + bsh + sh  # backward all-gathers the sharded output grads
         else:
             ar += bsh + sh
-    if n_stages - 1 in stages:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
-        ag += t.micro_batch * s * m.vocab_size * cb
+    if n_stages - 1 in stages:
+        if loss_parallel_on(spec):  # vocab-parallel loss: the logits stay sharded; it all-reduces per token the max,
+            # the sum of exponentials and the target logit (torch's loss_parallel _log_softmax / _nll_loss_forward,
+            # Megatron's VocabParallelCrossEntropy): 3 fp32 all-reduces of b*s values
+            ar += 3 * t.micro_batch * s * MASTER_BYTES
+        else:  # ColwiseParallel lm_head with Replicate output: logits all-gathered
+            ag += t.micro_batch * s * m.vocab_size * cb
         if sp:
             ag, rs = ag + bsh, rs + bsh  # Shard(1) input gathered fwd, grad reduce-scattered bwd
         else:
@@ -184,6 +197,9 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
         # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
         per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
+        if not is_uniform_dropless(m):  # dispatch sends `sent` rows, combine sends back `received` (moe_rows.py)
+            rows = expert_rows_of(m, tokens)
+            per = 2 * (rows.sent + rows.received) * m.d_model * MASTER_BYTES
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:
@@ -234,7 +250,7 @@ def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
     microbatches skip it): once per step, over the dp x cp ranks. The only buffer is DeepSeek-V3's per-expert balance
     bias (fp32, n_experts per MoE block), replicated like the router."""
     p, m = spec.parallel, spec.model
-    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1
+    classic = p.dp_cp > 1 and p.zero_stage <= 1 and p.tp == 1 and p.pp == 1 and not (p.zero_stage == 1 and p.ep > 1)
     if not (classic and getattr(m, "router_balance_bias", False)):
         return []
     return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp_cp)]

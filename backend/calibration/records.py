@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from backend.analytic.steptime.hardware import Hardware, get_hardware, load_profiles
+from backend.analytic.steptime.model import untimed_reason
 from backend.calibration.fit import Fit, Sample
 from db import queries as q
 from db.models import Calibration
@@ -59,6 +60,9 @@ def samples(engine: Engine, *, tag: str | None = None, ids: list[int] | None = N
         ran_on = run_profile(res)
         if hardware is not None and ran_on is not None and ran_on != hardware:
             problems.append(f"run {i} ran on {ran_on!r}, not {hardware!r}: left out")
+            continue
+        if ran_on == "cpu" and (why := untimed_reason(d["spec"], "cpu")) is not None:
+            problems.append(f"run {i} left out: {why}")
             continue
         waits = [k for k, v in (res.imported.unmapped if res.imported else {}).items() if isinstance(v, dict) and v.get("pending")]
         if waits:

@@ -1,14 +1,22 @@
 """`python -m backend <command>`: the scriptable twin of the dashboard.
 
 Each command lives in its own module exposing `register(subparsers)`; the handler it sets as
-`func` returns the process exit code. Bad flags exit 2 with the reason on stderr.
+`func` returns the process exit code. Bad flags exit 2 with the reason on stderr. A reader that stops early
+(`show 1 | head`) ends the command quietly with 141, as a program killed by SIGPIPE would.
+
+Commands that only read or queue (submit, list, show, export, estimate, ...) never import torch (~3 s and ~275 MB):
+tests/multiprocess/test_cli_process.py checks it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a program that a closed pipe stopped."""
 
 COMMAND_MODULES = ("estimate", "run", "submit", "runs", "export", "worker", "trace", "hardware", "plan", "calibrate", "ingest",
                    "import_config", "import_run")
@@ -29,8 +37,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed it: point stdout at /dev/null, so the flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def fail(message: str) -> int:

@@ -69,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from backend.engine.device_facts import host_device  # `auto` resolved as the engine would on this host
 
     from backend.spec.checks import run_blockers
+    from backend.spec.stacks import resolve_stack
 
     data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(offset=args.rank_offset,
                                                                                 max_ranks=args.rank_limit)
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
+    data["stack"] = resolve_stack(spec, "cpu" if host_device(str(spec.runtime.device)) == "cpu" else "gpu").to_json()
     if args.hardware or args.calibration is not None:
         problem = _add_step_time(args, spec, data)
         if problem:
@@ -85,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str | None:
     """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
-    from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
     from backend.calibration.fit import extrapolation
     from backend.calibration.records import resolve
+    from backend.spec.stacks import resolve_stack
 
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         return f"--gpus-per-node must be >= 1 (got {args.gpus_per_node})"
@@ -95,7 +98,14 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return str(e)
-    st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
+    data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
+    try:
+        st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
+    except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
+        data["step_time"], data["step_time_detail"] = None, {"hardware": hw.key, "not_timed": str(e)}
+        return None
+    except InconsistentStepTime as e:  # a failed internal check, named, never a traceback
+        return f"the step-time model failed its own check on this layout: {e}"
     data["step_time"] = st.summary
     g = args.gpus_per_node or hw.gpus_per_node
     data["step_time_detail"] = {"hardware": hw.key, "calibration": cal["id"] if cal else None,
@@ -149,9 +159,16 @@ def _training_table(d: dict[str, Any]) -> str:
     z = d["zero_textbook"]
     lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
+    if "stack" in d:
+        st = d["stack"]
+        lines.append(f"stack {st['name']} on {st['device']}: " + ", ".join(
+            f"{k} {v['value']}" + ("*" if v["set_by"] != "stack default" else "") for k, v in st["settings"].items())
+            + " (* set in the spec)")
     if d.get("why_not"):
         lines.append(f"prediction only (run/submit refuse it): {d['why_not']}")
-    if "step_time" in d:
+    if d.get("step_time") is None and "step_time_detail" in d:
+        lines.append(f"step time on {d['step_time_detail']['hardware']}: not timed: {d['step_time_detail']['not_timed']}")
+    elif "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
         lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
                      f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + exposed comm "

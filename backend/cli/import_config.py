@@ -3,12 +3,14 @@
   python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json     # torchtitan job TOML
   python -m backend import-config train.log --format torchtitan --gpus 64          # Trainer.Config dump in a log
   python -m backend import-config pretrain_llama70b.sh --gpus 64                   # Megatron arguments (or a NeMo .yaml)
+  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000         # a launch script (arrays, variables)
   python -m backend import-config ds_config.json --model-config config.json --gpus 16
   python -m backend estimate --spec spec.json --hardware h100-sxm                  # estimate/plan/trace/submit take it
 
 --json prints {"spec": {...}, "ignored": {...}, "unmapped": {...}} (+ "framework", "source_format", "gpus", "notes"):
 every source field that is not in the spec is listed by name with its value and the reason. The config is read as
-data; nothing in it is executed. Exit 2 with the arithmetic for a config ShardLab cannot express.
+data; nothing in it is executed (a launch script's variables, arrays and branches are followed, never run). Exit 2
+with the arithmetic for a config ShardLab cannot express, and with what to give (--vocab N) where it lacks a value.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def add_import_flags(p: argparse.ArgumentParser, *, config_flag: bool = False) -
     p.add_argument("--model-config", type=Path, metavar="FILE",
                    help="the model's Hugging Face config.json (DeepSpeed needs it; replaces a torchtitan flavor)")
     p.add_argument("--seq", type=int, metavar="N", help="sequence length where the config has none (DeepSpeed)")
+    p.add_argument("--vocab", type=int, metavar="N", help="vocabulary size where a Megatron / NeMo config leaves it to "
+                   "the tokenizer")
 
 
 def imported_from_args(args: argparse.Namespace):
@@ -46,9 +50,18 @@ def imported_from_args(args: argparse.Namespace):
 
     path = getattr(args, "config", None) or args.file
     try:
-        return import_config(path, fmt=args.format, gpus=args.gpus, model_config=args.model_config, seq_len=args.seq), None
+        return import_config(path, fmt=args.format, gpus=args.gpus, model_config=args.model_config, seq_len=args.seq,
+                             vocab_size=args.vocab), None
     except ConfigImportError as e:
-        return None, f"cannot import {path}:\n  " + "\n  ".join(e.problems)
+        return None, f"cannot import {path}:\n  " + "\n  ".join(e.problems + needs_hints(e.needs))
+
+
+def needs_hints(needs: tuple[str, ...]) -> list[str]:
+    """How to supply, on the command line, what an import needs."""
+    from backend.importers.imported import VOCAB_SIZE
+
+    return ["give the vocabulary size with --vocab N, or the model's config.json with --model-config FILE"
+            for need in needs if need == VOCAB_SIZE]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,13 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
 def summary_text(imported) -> str:
     from backend.analytic.params import count_params
+    from backend.importers.imported import layout_text
     from backend.spec import ExperimentSpec
     from backend.spec.user_text import printable
 
     spec = ExperimentSpec.for_prediction(imported.spec)
     p, t = spec.parallel, spec.train
     lines = [f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p.strategy} world {p.world_size} "
-             f"= dp {p.dp} x tp {p.tp} x pp {p.pp} (ep {p.ep}); {count_params(spec.model):,} parameters, seq "
+             f"= {layout_text(imported.spec['parallel'])}; {count_params(spec.model):,} parameters, seq "
              f"{spec.model.seq_len}, global batch {t.global_batch} = micro {t.micro_batch} x {t.microbatches} microbatches "
              f"x dp {p.dp}, {t.precision}, recompute {t.recompute}"]
     for key, entry in imported.unmapped.items():

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from backend.cli import fail
-from backend.cli.import_config import add_import_flags
+from backend.cli.import_config import add_import_flags, needs_hints
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
         engine = open_db(args.db)
         eid = import_run(engine, config=args.config, log=args.log, fmt=args.format, gpus=args.gpus,
                          hardware=args.hardware, tags=args.tag, model_config=args.model_config, seq_len=args.seq,
-                         warmup_steps=args.warmup_steps, db_url=args.db)
+                         warmup_steps=args.warmup_steps, db_url=args.db, vocab_size=args.vocab)
     except ConfigImportError as e:
-        return fail("nothing stored:\n  " + "\n  ".join(e.problems))
+        return fail("nothing stored:\n  " + "\n  ".join(e.problems + needs_hints(e.needs)))
     except (InputError, StoreError) as e:
         return fail(f"nothing stored: {e}")
     row = q.get_experiment(engine, eid)

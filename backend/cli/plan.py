@@ -6,23 +6,34 @@
                                         #   "fullest_moment", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
-Searches dp x tp x pp x ep x cp (flash attention only: --attention flash) x dp flavour (ddp, zero1 incl. with TP/PP =
+Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with TP/PP =
 Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
 the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
-buffers and fragmentation (--reserve-gb, --fragmentation).
+buffers and fragmentation (--reserve-gb, --fragmentation). With --spec (or `import-config --json` output) every layout
+trains as that spec does: its precision (fp8 with its recipe), optimizer, and its recompute policy searched besides the
+planner's own, so the spec's own layout ranks as `estimate --spec` predicts it.
+
+A layout on which the prediction fails one of its own consistency checks (a defect of ShardLab, not of the input) is
+left out of the ranking and named on stderr and in "failed_checks"; the exit code is 0 when layouts are still
+reported, 1 when those failures left none.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
+from backend.spec.stacks import KERNEL_CHOICES, STACK_CHOICES
 
 MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_layers", "--heads": "n_heads",
                "--kv-heads": "n_kv_heads", "--ffn": "ffn_hidden", "--experts": "n_experts", "--top-k": "top_k"}
+
+
+
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,9 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
     p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
     p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
-    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"))
+    p.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"),
+                   help="training precision (default: the --spec's, an imported config's own, else bf16-mixed)")
+    p.add_argument("--stack", choices=STACK_CHOICES,
+                   help="the software stack every layout trains with (default: the --spec's, else shardlab)")
+    p.add_argument("--attention-kernel", choices=KERNEL_CHOICES, help="the stack's attention kernel set on its own")
+    p.add_argument("--compile", action="store_true", help="torch.compile (elementwise compiled)")
     p.add_argument("--attention", choices=("math", "flash"),
-                   help="attention kernel (default: the model's); context parallelism is searched with flash only")
+                   help="attention kernel (default: flash on a GPU profile unless the model has attention sinks, else "
+                        "the model's); context parallelism is searched with flash only")
     p.add_argument("--max-cp", type=int, metavar="N", help="largest context-parallel degree searched (default 32)")
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
@@ -82,8 +99,6 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
             return None, str(e).strip("'\"")
     data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
     data["seq_len"] = args.seq
-    if args.attention:
-        data["attention"] = args.attention
     try:
         return ModelSpec(**data), None
     except ValueError as e:
@@ -107,12 +122,16 @@ def _from_spec(args: argparse.Namespace) -> str | None:
     args.gpus = args.gpus or spec.parallel.world_size
     args.global_batch = args.global_batch or spec.train.global_batch
     args.seq = args.seq or spec.model.seq_len
+    args.spec_train = spec.train.model_dump(mode="json")  # its precision, optimizer, recompute policy, fp8 recipe
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
-    from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan
+    from backend.planner.held import HeldTraining
+    from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan, planned_attention
+    from backend.planner.why import explain_first, why_text
+    from backend.spec.choices import AttentionImpl
     from backend.planner.space import Limits
 
     problem = _from_spec(args)
@@ -135,22 +154,39 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail(str(e))
     g = args.gpus_per_node or hw.gpus_per_node
+    spec_train = getattr(args, "spec_train", None)
+    held = HeldTraining.of_train(spec_train, precision=args.precision, source=f"--spec {args.spec}") if spec_train \
+        else HeldTraining(precision=args.precision or "bf16-mixed")
+    held = held.with_stack(args.stack, {"attention_kernel": args.attention_kernel,
+                                        "elementwise": "compiled" if args.compile else None})
+    attention, why = planned_attention(model, hw, args.attention)
+    attention_why = f"attention kernel: {attention} ({why})"
+    model = model.model_copy(update={"attention": AttentionImpl(attention)})
     res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
-               memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, precision=args.precision,
+               memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, held=held,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
                fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
                limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
     used = calibration_used(hw, cal, res.configs, g)
+    why = explain_first(res.configs, hw, g, res.budget_bytes)
+    for f in res.failed_checks:
+        print(f"error: internal check failed, layout left out of the ranking: {f['why']}", file=sys.stderr)
+    code = 1 if res.failed_checks and not res.configs else 0
     if args.json:
         out = res.to_dict()
+        out["notes"].insert(0, attention_why)
         out["profile"] = used["profile"]
         for config, flags in zip(out["configs"], used["extrapolation"]):
             config["extrapolation"] = flags
+        out["why_first"] = why  # planner/why.py: #2 against #1 by layout choice and by part, signed seconds that add up
         print(json.dumps(out))
-        return 0
+        return code
     print(used["line"])
+    print(attention_why)
+    print(f"stack: {held.stack}" + (f" ({', '.join(f'{k} {v}' for k, v in held.stack_settings)})"
+                                     if held.stack_settings else ""))
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
     print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GiB':>7} "
@@ -162,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
               f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 2**30:>7.1f} "
               f"{c['fullest_moment']:<15} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
               f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
-    for why in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):
-        print(f"prediction only: {why}")
+    if text := why_text(res.configs, why):
+        print(text)
+    for why_not in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):
+        print(f"prediction only: {why_not}")
     for n in res.notes:
         print(f"note: {n}")
-    return 0
+    return code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from backend.result import RankResult, RunResult, Status
+from backend.result import PARITY_FAILS, RankResult, RunResult, Status, parity_verdict, parity_bound
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
@@ -63,8 +63,13 @@ def _loss_lines(res: RunResult) -> list[str]:
     if not res.loss:
         return []
     lines = [f"loss: {res.loss[0]:.4f} -> {res.loss[-1]:.4f} over {len(res.loss)} steps"]
+    if res.diverged_at is not None:
+        lines.append(f"DIVERGED: the loss is {res.loss[res.diverged_at]} from step {res.diverged_at + 1} on")
     if res.loss_max_abs_diff is not None:
-        lines.append(f"loss parity vs single-process reference: max |diff| = {res.loss_max_abs_diff:.2e}")
+        precision = str(res.spec.train.precision)
+        verdict = "FAILS" if parity_verdict(precision, res.loss_max_abs_diff) == PARITY_FAILS else "ok"
+        lines.append(f"loss parity vs single-process reference: max |diff| = {res.loss_max_abs_diff:.2e}: {verdict} "
+                     f"(bound {parity_bound(precision):g} for {precision})")
     return lines
 
 

@@ -11,6 +11,7 @@ import sys
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
+from backend.result import PARITY_FAILS, parity_verdict, parity_bound
 from backend.spec.user_text import InputError, printable
 
 
@@ -58,7 +59,8 @@ def cmd_list(args) -> int:
         step = f"{r['step_s_median']:.4f}" if r["step_s_median"] is not None else "-"
         tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] is not None else "-"
         tags = f" [{', '.join(printable(t) for t in r['tags'])}]" if r["tags"] else ""
-        print(f"{r['id']:>5} {r['status']:<11} {r['strategy']:<8} {r['world_size']:>5} {degrees:<12} {printable(prog):<14} "
+        status = f"{r['status']}{DIVERGED_MARK if r.get('diverged') else ''}"
+        print(f"{r['id']:>5} {status:<11} {r['strategy']:<8} {r['world_size']:>5} {degrees:<12} {printable(prog):<14} "
               f"{step:>8} {tps:>9}  {printable(r['name'])}{tags}")
     return 0
 
@@ -73,10 +75,18 @@ def cmd_show(args) -> int:
     if args.json:
         print(dump_json(experiment_json(row)))
         return 0
-    spec, result = row.pop("spec"), row.pop("result")
+    spec, result, unreadable = row.pop("spec"), row.pop("result"), row.pop("result_error", None)
     for k, v in row.items():
-        if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env"):
+        if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env", "diverged"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
+    precision = str(spec.train.precision)
+    if (parity := parity_verdict(precision, row.get("loss_max_abs_diff"))) is not None:
+        print(f"{'loss_parity':>18}: {parity.upper() if parity == PARITY_FAILS else parity} "
+              f"(bound {parity_bound(precision):g} for {precision})")
+    if (line := diverged_line(result, row.get("diverged"))) is not None:
+        print(f"{'diverged':>18}: {line}")
+    if unreadable:
+        print(f"{'result':>18}: {printable(unreadable)}")
     if result is not None and result.imported is not None:  # a log's allocator peaks, not tracked categories
         print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  step_s_median")
         for r in result.per_rank:
@@ -95,11 +105,26 @@ def cmd_show(args) -> int:
     return 0
 
 
+DIVERGED_MARK = " diverged"
+"""After the status in `list` ("ok diverged"): a loss of this run was NaN or inf."""
+
+
+def diverged_line(result, diverged: bool | None) -> str | None:
+    """Where the loss stopped being finite (`show`), or None for a run that did not diverge."""
+    where = result.divergence() if result is not None else None
+    if where is None:
+        return "yes: a stored loss is NaN or inf" if diverged else None
+    return f"yes: {where}"
+
+
 def experiment_json(row: dict) -> dict:
     """`show ID --json`: the row's columns, its spec and its result as JSON (import-run --json prints the same)."""
     row = dict(row)
     spec, result = row.pop("spec"), row.pop("result")
-    return {**row, "spec": spec.model_dump(mode="json"),
+    if row.get("result_error") is None:
+        row.pop("result_error", None)  # only a row whose stored result does not read has the key
+    parity = parity_verdict(str(spec.train.precision), row.get("loss_max_abs_diff"))
+    return {**row, "loss_parity": parity, "spec": spec.model_dump(mode="json"),
             "result": result.model_dump(mode="json", by_alias=True) if result else None}
 
 

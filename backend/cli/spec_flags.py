@@ -12,7 +12,7 @@ from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
 from backend.spec.user_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec.fields import FLAGS
+from backend.spec.fields import FLAGS, STACK_SWITCHES, SWITCHES
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
@@ -25,15 +25,26 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
             kw["type"] = typ
             kw["metavar"] = {int: "N", float: "X", str: "TEXT"}[typ]
         parser.add_argument(flag, help=f"spec {section + '.' if section else ''}{field}", **kw)
-    parser.add_argument("--sequence-parallel", dest="spec_sequence_parallel", action="store_true", default=None)
-    parser.add_argument("--cp-load-balance", dest="spec_cp_load_balance", action=argparse.BooleanOptionalAction,
-                        default=None, help="spec parallel.cp_load_balance (head-tail sequence chunks; default on)")
+    for flag, f in SWITCHES.items():
+        action = "store_true" if f.flag_kind == "switch" else argparse.BooleanOptionalAction
+        parser.add_argument(flag, dest=f"spec_{f.name}", action=action, default=None, help=f.flag_help)
     parser.add_argument("--zero-stage", dest="zero_stage", type=int, choices=[0, 1, 2, 3],
                         help="shorthand for --strategy ddp|zero1|zero2|zero3")
     parser.add_argument("--tie-embeddings", dest="spec_tie_embeddings", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.tie_embeddings (lm_head shares tok_emb's weight)")
     parser.add_argument("--shared-expert-gate", dest="spec_shared_expert_gate", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.shared_expert_gate")
+    parser.add_argument("--moe-pad-to-capacity", dest="spec_moe_pad_to_capacity", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.moe_pad_to_capacity (every expert's input padded to its capacity)")
+    parser.add_argument("--moe-grouped-gemm", dest="spec_moe_grouped_gemm", action=argparse.BooleanOptionalAction,
+                        default=None, help="spec model.moe_grouped_gemm (local experts as one grouped GEMM)")
+    for flag, field in STACK_SWITCHES.items():
+        parser.add_argument(flag, dest=f"spec_{field}", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"spec train.{field} (default: the stack's)")
+    parser.add_argument("--async-tp", dest="spec_tp_overlap", action="store_const", const=True,
+                        help="torchtitan's name for --tp-comm-overlap")
+    parser.add_argument("--compile", dest="spec_compile", action="store_true", default=None,
+                        help="torch.compile: --elementwise compiled")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
@@ -53,10 +64,18 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[args.zero_stage]
     for flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
-    _put(data, "parallel", "sequence_parallel", getattr(args, "spec_sequence_parallel", None))
-    _put(data, "parallel", "cp_load_balance", getattr(args, "spec_cp_load_balance", None))
+    for f in SWITCHES.values():
+        _put(data, "parallel", f.name, getattr(args, f"spec_{f.name}", None))
     _put(data, "model", "tie_embeddings", getattr(args, "spec_tie_embeddings", None))
     _put(data, "model", "shared_expert_gate", getattr(args, "spec_shared_expert_gate", None))
+    _put(data, "model", "moe_pad_to_capacity", getattr(args, "spec_moe_pad_to_capacity", None))
+    _put(data, "model", "moe_grouped_gemm", getattr(args, "spec_moe_grouped_gemm", None))
+    for field in STACK_SWITCHES.values():
+        _put(data, "train", field, getattr(args, f"spec_{field}", None))
+    if getattr(args, "spec_compile", None):
+        if getattr(args, "spec_elementwise", None) not in (None, "compiled"):
+            raise InputError(f"--compile means --elementwise compiled; --elementwise {args.spec_elementwise} contradicts it")
+        _put(data, "train", "elementwise", "compiled")
     return data
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from backend.cli import fail
@@ -56,4 +57,21 @@ def guarded(func):
 
 
 def dump_json(obj) -> str:
-    return json.dumps(obj, indent=2, ensure_ascii=False, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
+    """Standard JSON: NaN and +-inf (a diverged run's losses) as the strings "NaN", "Infinity", "-Infinity", as
+    RunResult writes them (pydantic reads them back as floats); never the bare NaN token strict parsers refuse."""
+    return json.dumps(finite_json(obj), indent=2, ensure_ascii=False, allow_nan=False,
+                      default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
+
+
+NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def finite_json(obj):
+    """obj with every non-finite float replaced by its JSON string (NON_FINITE); lists and dicts copied."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else NON_FINITE[str(obj)]
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj

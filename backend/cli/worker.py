@@ -27,6 +27,8 @@ def register(sub) -> None:
                    "space (default 64)")
     p.add_argument("--max-backoff-s", type=float, default=30.0, help="longest wait between tries while the store is "
                    "unavailable (default 30)")
+    p.add_argument("--stop-grace-s", type=float, default=10.0, help="after SIGTERM / SIGINT, how long the worker's "
+                   "last store writes may take before it exits (default 10; a result not stored stays in result.json)")
     p.set_defaults(func=guarded(cmd_worker))
 
     p = sub.add_parser("gc", help="remove folders finished or deleted runs left behind (run folders, temp folders)")
@@ -49,7 +51,7 @@ def cmd_worker(args) -> int:
     worker = Worker(get_engine(args.db), runs_dir=args.runs_dir, poll_s=args.poll_s, heartbeat_s=args.heartbeat_s,
                     stale_after_s=args.stale_after_s, recover_every_s=args.recover_every_s,
                     min_free_bytes=int(args.min_free_mb * 2**20))
-    worker.max_backoff_s = args.max_backoff_s
+    worker.max_backoff_s, worker.stop_grace_s = args.max_backoff_s, args.stop_grace_s
     install_signal_handlers(worker)
     if args.exit_with is not None:
         follow_parent(args.exit_with, worker.stop)

@@ -26,7 +26,7 @@ from backend.cluster.slurm_config import SlurmConfig, load
 from backend.cluster.reattach import Detached
 from backend.cluster.script import SCRIPT_NAME, build_script, output_path
 from backend.launch import outcome
-from backend.launch.launcher import assembled_result, clear_outputs, failed_result
+from backend.launch.launcher import assembled_result, clear_outputs, failed_result, keep_result
 from backend.launch.outcome import Failure
 from backend.result import RunResult, Status
 from backend.runtime.protocol import any_rank_error, progress_reader, ranks_path
@@ -65,7 +65,7 @@ def run_on_slurm(spec: ExperimentSpec, *, workdir: Path, on_progress: Callable[[
         result = _follow(spec, workdir, job_id, launch, on_progress, cancel, detach)
     result.started_at, result.finished_at = started_at, _now()
     result.wall_s = time.monotonic() - t0
-    write_atomic(workdir / "result.json", result.to_json())
+    keep_result(workdir, result)  # a full disk costs result.json, never the finished job's result
     return result
 
 

@@ -25,8 +25,8 @@ from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
 from backend.engine.device_facts import utilization
 from backend.engine.notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
-                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, memory_notes,
-                                  parity_notes, recompute_notes, routing_notes)
+                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, divergence_notes,
+                                  loss_parity, memory_notes, parity_notes, recompute_notes, routing_notes)
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 
@@ -61,10 +61,12 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     env = merge_env([r.get("env", {}) for r in ranks])
     achieved = est.flops_per_step / step_med if step_med else None
     timeline = [ev for r in ranks for ev in r.get("timeline", [])]
-    diff = max((abs(a - b) for a, b in zip(loss, ref)), default=None) if ref and loss else None
-    notes += parity_notes(spec, diff)
+    diff = loss_parity(loss, ref)
+    notes += divergence_notes(loss, ref) + parity_notes(spec, diff)
     skipped, scaling_notes = _loss_scaling(ranks)
     notes += scaling_notes
+    dropped, capacity_notes = tokens_dropped(ranks)
+    notes += capacity_notes
     model_flops = model_flops_per_step(spec)
     mfu, hfu = utilization(model_flops, est.flops_per_step, step_med, env, str(spec.train.precision),
                            spec.parallel.world_size)
@@ -74,7 +76,7 @@ def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
         flops_per_step=est.flops_per_step, achieved_flops=achieved, mfu=mfu, hfu=hfu,
         model_flops_per_step=model_flops,
         loss=loss, loss_reference=ref,
-        loss_max_abs_diff=diff, loss_scaling_skipped_steps=skipped,
+        loss_max_abs_diff=diff, loss_scaling_skipped_steps=skipped, tokens_dropped=dropped,
         timeline=timeline, bubble_measured=_bubble(timeline), bubble_predicted=est.bubble_fraction, notes=notes,
     )
 
@@ -95,6 +97,22 @@ def _loss_scaling(ranks: list[dict[str, Any]]) -> tuple[list[int] | None, list[s
         notes.append(f"LOSS SCALING DISAGREES across ranks (skipped steps per rank: {sorted(map(str, seen))}): the "
                      "ranks did not take the same optimizer steps.")
     return skipped, notes
+
+
+def tokens_dropped(ranks: list[dict[str, Any]]) -> tuple[int | None, list[str]]:
+    """The capacity limit's dropped slots of the memory-tracked step (strategies/moe_stats.py), summed over the ranks of
+    tp index 0 (tp ranks route the same tokens), and a note with the share of routed slots."""
+    records = [r["extra"]["moe_capacity"] for r in ranks
+               if r.get("extra", {}).get("moe_capacity") and r.get("coords", {}).get("tp", 0) == 0]
+    if not records:
+        return None, []
+    dropped, routed = sum(int(x["dropped"]) for x in records), sum(int(x["routed"]) for x in records)
+    first = records[0]
+    share = f" ({100 * dropped / routed:.2f}%)" if routed else ""
+    return dropped, [f"Capacity factor {first['capacity_factor']:g}" + (" padded to capacity" if first["pad"] else "")
+                     + f": {dropped:,} of {routed:,} routed token-slots dropped in one step{share}, per rank on "
+                     f"{first['tokens']:,} tokens per MoE call (Megatron's per-rank limit, lowest router probability "
+                     "first)."]
 
 
 def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:

@@ -17,7 +17,7 @@ from backend.bench.comm_hooks import KernelCommCounter
 from backend.bench import memory, timing
 from backend.engine.data import global_batch
 from backend.runtime.faults import maybe_inject
-from backend.runtime.protocol import Progress, emit_progress
+from backend.runtime.protocol import Progress, emit_progress, mark_progress
 from backend.spec import Schedule
 from backend.strategies.base import Prepared, RankContext, global_mean_loss, local_batch
 from backend.strategies.materialize import check_placement
@@ -28,7 +28,9 @@ COMM_STEPS = 3
 
 def progress(ctx: RankContext | None, step: int, of: int, phase: str) -> None:
     """One progress line on stderr from rank 0 (or a one-process program: ctx None) when step `step` (1-based)
-    of `of` in `phase` has finished."""
+    of `of` in `phase` has finished; every rank marks its own progress file (the launcher's hang report)."""
+    if ctx is not None:
+        mark_progress(phase, step, of)
     if ctx is None or ctx.rank == 0:
         emit_progress(Progress(step=step, of=of, phase=phase))
 
@@ -121,7 +123,7 @@ def has_split_backward(ctx: RankContext) -> bool:
     """Schedules whose backward runs autograd.grad(inputs=...), which module-hook trackers break; decided
     before the step on every rank alike (a tracker failing mid-step would leave the peers hanging)."""
     p = ctx.spec.parallel
-    return p.pp > 1 and p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+    return p.pp > 1 and p.pp_schedule in (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:

@@ -1,6 +1,7 @@
 """Process group and the device mesh for one rank: named dims (pp, dp, tp), where dp holds dp x cp ranks (all that
 share the parameters). Expert parallelism views the same mesh with dp unflattened into (dp_mod_ep, ep)
-(backend/strategies/ep_mesh.py), context parallelism into (dp_mod_cp, cp) (backend/strategies/cp_layout.py)."""
+(backend/strategies/ep_mesh.py), context parallelism into (dp_mod_cp, cp) (backend/strategies/cp_layout.py). The
+dimensions, their order and what folds into which come from backend/spec/dims.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from backend.runtime.timeouts import group_timeout_s
-from backend.spec import Backend, Device, ExperimentSpec
+from backend.spec import Backend, Device, ExperimentSpec, dims
 
-MESH_DIMS = ("pp", "dp", "tp")
+MESH_DIMS = dims.mesh_dims(dims.DIMS)
+"""("pp", "dp", "tp")"""
 
 
 def pick_backend_device(spec: ExperimentSpec, local_rank: int) -> tuple[str, torch.device]:
@@ -47,4 +49,4 @@ def build_mesh(spec: ExperimentSpec, device: torch.device):  # -> DeviceMesh | N
     p = spec.parallel
     if p.world_size == 1:
         return None
-    return init_device_mesh(device.type, (p.pp, p.dp_cp, p.tp), mesh_dim_names=MESH_DIMS)
+    return init_device_mesh(device.type, dims.mesh_shape(dims.DIMS, p.degrees()), mesh_dim_names=MESH_DIMS)

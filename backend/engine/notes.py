@@ -3,12 +3,14 @@ where and why, never hidden; the bounds they check; loss parity. Used by backend
 
 from __future__ import annotations
 
+import math
 from statistics import median
 from typing import Any
 
 from backend.analytic.measured.moe_routing import adjustment
 from backend.analytic.params import param_list
-from backend.result import COLLECTIVES, MEMORY_CATEGORIES, RankResult, RoutingAdjusted, error_pct
+from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, PARITY_BOUND, PARITY_FAILS, RankResult,  # noqa: F401 - re-exported
+                            RoutingAdjusted, error_pct, first_non_finite, parity_failure_text, parity_verdict)
 from backend.spec import ExperimentSpec
 from backend.strategies.base import module_name_for
 
@@ -27,16 +29,37 @@ WHY = {
 }
 
 
-# fp32 runs match the reference to ~1e-6; 16-bit autocast rounds differently per shard.
-PARITY_BOUND = {"fp32": 1e-4, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2}
+def loss_parity(loss: list[float], ref: list[float]) -> float | None:
+    """max |loss - reference| over the steps both have. Two non-finite losses alike (both NaN, or the same inf) agree:
+    the run and the reference diverged together; one finite and one not is inf. None without a common step."""
+    diffs = []
+    for a, b in zip(loss, ref):
+        if math.isfinite(a) and math.isfinite(b):
+            diffs.append(abs(a - b))
+        elif not (math.isnan(a) and math.isnan(b)) and a != b:
+            diffs.append(math.inf)
+    return max(diffs, default=0.0) if loss and ref else None
+
+
+def divergence_notes(loss: list[float], ref: list[float]) -> list[str]:
+    """A run whose loss became NaN or inf diverged: say from which step (1-based, warm-up first) and what the
+    reference did. The run stays ok: it ran and measured; its losses are kept as they are."""
+    at = first_non_finite(loss)
+    if at is None:
+        return []
+    bad = sum(not math.isfinite(v) for v in loss)
+    ref_at = first_non_finite(ref) if ref else None
+    same = ("the single-process reference diverged at the same step" if ref_at == at else
+            f"the single-process reference diverged at step {ref_at + 1}" if ref_at is not None else
+            "the single-process reference stayed finite" if ref else "no single-process reference ran")
+    return [f"DIVERGED: the loss is {loss[at]} from step {at + 1} of {len(loss)} on ({bad} of {len(loss)} steps not "
+            f"finite); {same}. Memory and step time were measured as usual; loss parity compares the steps where "
+            "both losses are finite."]
 
 
 def parity_notes(spec: ExperimentSpec, diff: float | None) -> list[str]:
-    bound = PARITY_BOUND.get(str(spec.train.precision), 1e-4)
-    if diff is None or diff <= bound:
-        return []
-    return [f"LOSS PARITY FAILS: max |loss - single-process reference| = {diff:.3g} > {bound:g} ({spec.train.precision}): "
-            "this distributed run does not compute the same training step as one process."]
+    precision = str(spec.train.precision)
+    return [parity_failure_text(precision, diff)] if parity_verdict(precision, diff) == PARITY_FAILS else []
 
 
 def comm_error_pct(rr: RankResult) -> dict[str, float | None]:
@@ -114,7 +137,8 @@ def routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: l
             f"routing-adjusted {g.all_to_all_bytes:,.0f} B ({_pct(error_pct(a2a, g.all_to_all_bytes))}); "
             f"activations {act:,} B vs uniform {rr.predicted.activations_bytes:,} B ({_pct(e_act)}) vs "
             f"routing-adjusted {g.activations_bytes:,} B ({_pct(error_pct(act, g.activations_bytes))}: the all-to-all "
-            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}).")
+            f"dispatch's saved tensors at the counts of the heaviest microbatch, {adj.peak_microbatch}); a prediction "
+            f"at this load: model.moe_imbalance={max(adj.load, 1.0):.2f} (analytic/moe_rows.py).")
     return notes
 
 

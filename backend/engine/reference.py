@@ -26,6 +26,8 @@ from backend.models.gpt import build_model
 from backend.spec import ExperimentSpec
 from backend.strategies import float8
 from backend.strategies.context import make_optimizer
+from backend.strategies.cp_layout import sequence_positions
+from backend.strategies.moe_stats import moes
 from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, MicrobatchStep, OptimizerTail
 
@@ -45,6 +47,7 @@ def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu"
     t = spec.train
     model = float8.convert(spec, build_model(spec.model, seed=t.seed, recompute=t.recompute, device=device,
                                              recompute_ops=t.sac_ops))  # fp8: the same float8 linears and casts
+    set_capacity_groups(spec, model)
     opt = make_optimizer(model.parameters(), spec)
     tail = OptimizerTail([model], opt, ExpertUsage([model]), scaling=LossScaling(spec, device, distributed=False))
     step = MicrobatchStep(model, spec, device, tail, use_autocast=True, chunks=t.global_batch // t.micro_batch)
@@ -56,6 +59,19 @@ def reference_losses(spec: ExperimentSpec, *, device: torch.device | str = "cpu"
         if on_step:
             on_step(k + 1, n_steps)
     return losses
+
+
+def set_capacity_groups(spec: ExperimentSpec, model: torch.nn.Module) -> None:
+    """The capacity limit applies per rank (models/moe_capacity.py): a reference microbatch is one dp rank's, split
+    over cp ranks by sequence position, so each MoE limits each cp rank's positions on their own."""
+    p = spec.parallel
+    if spec.model.capacity_factor is None or p.cp == 1:
+        return
+    groups = torch.empty(spec.model.seq_len, dtype=torch.int64, device=next(model.parameters()).device)
+    for r in range(p.cp):
+        groups[sequence_positions(spec, r)] = r
+    for moe in moes([model]):
+        moe.capacity_groups = groups
 
 
 def one_rank_spec(spec: ExperimentSpec) -> ExperimentSpec:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from backend.importers.bounded import parse_bounded
 from backend.importers.imported import FRAMEWORKS, ConfigImportError, ImportedConfig
 
 MAX_CONFIG_BYTES = 8 << 20
@@ -25,7 +26,19 @@ MAX_CONFIG_BYTES = 8 << 20
 
 
 def detect(name: str, text: str) -> tuple[str, str]:
-    """(framework, source_format) of a config from its name and content."""
+    """(framework, source_format) of a config from its name and content; ConfigImportError when neither tells."""
+    found = sniff(name, text)
+    if found is None:
+        raise ConfigImportError([f"cannot tell which framework {name!r} is for: give --format torchtitan|megatron|"
+                                 "deepspeed (torchtitan: a job .toml or the Trainer.Config dump; megatron: pretrain_gpt.py "
+                                 "arguments, a launch script, a Megatron log, or a NeMo .yaml; deepspeed: ds_config.json "
+                                 "with --model-config)"])
+    return found
+
+
+def sniff(name: str, text: str) -> tuple[str, str] | None:
+    """(framework, source_format) as the name and content suggest, None when they do not; ConfigImportError only for
+    content no format may hold (JSON nested too deep)."""
     from backend.importers.deepspeed_config import looks_like_ds_config
     from backend.importers.megatron_args import looks_like_args
     from backend.importers.torchtitan_dump import MARKER
@@ -38,7 +51,7 @@ def detect(name: str, text: str) -> tuple[str, str]:
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
+            data = parse_bounded(json.loads, stripped, f"the JSON of {name!r}")
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict) and "parallelism" in data and "training" in data:
@@ -47,13 +60,11 @@ def detect(name: str, text: str) -> tuple[str, str]:
             return "deepspeed", "deepspeed-json"
     if MARKER in text:
         return "torchtitan", "torchtitan-config-dump"
-    if looks_like_args(text):
+    if looks_like_args(text) or "pretrain_gpt.py" in text:
         return "megatron", "megatron-args"
     if "[model]" in text or "[parallelism]" in text or "[training]" in text:
         return "torchtitan", "torchtitan-toml"
-    raise ConfigImportError([f"cannot tell which framework {name!r} is for: give --format torchtitan|megatron|deepspeed "
-                             "(torchtitan: a job .toml or the Trainer.Config dump; megatron: pretrain_gpt.py arguments, "
-                             "a Megatron log, or a NeMo .yaml; deepspeed: ds_config.json with --model-config)"])
+    return None
 
 
 def wandb_config(text: str) -> dict[str, Any] | None:
@@ -63,29 +74,28 @@ def wandb_config(text: str) -> dict[str, Any] | None:
         return None
     import yaml
 
-    from backend.importers.fields import check_nodes
-
     try:
-        data = yaml.safe_load(text)
-        check_nodes(data, "the W&B config")
+        data = parse_bounded(yaml.safe_load, text, "the W&B config")
     except yaml.YAMLError:
         return None
-    except ValueError as e:
-        raise ConfigImportError([str(e)]) from None
     if not isinstance(data, dict) or "_wandb" not in data:
         return None
     return {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in data.items() if k != "_wandb"}
 
 
 def import_config_text(text: str, *, name: str = "config", fmt: str | None = None, gpus: int | None = None,
-                       model_config: dict[str, Any] | None = None, seq_len: int | None = None) -> ImportedConfig:
-    """The spec of a framework config given as text. Raises ConfigImportError (every problem, with the arithmetic)."""
+                       model_config: dict[str, Any] | None = None, seq_len: int | None = None,
+                       vocab_size: int | None = None) -> ImportedConfig:
+    """The spec of a framework config given as text. Raises ConfigImportError (every problem, with the arithmetic;
+    `needs` names what the caller could supply, such as the vocabulary size of a Megatron script)."""
     if gpus is not None and gpus < 1:
         raise ConfigImportError([f"--gpus must be >= 1 (got {gpus})"])
+    if vocab_size is not None and vocab_size < 1:
+        raise ConfigImportError([f"the vocabulary size must be >= 1 (got {vocab_size})"])
     if fmt is not None and fmt not in FRAMEWORKS:
         raise ConfigImportError([f"--format {fmt!r}: expected one of {', '.join(FRAMEWORKS)}"])
-    framework, source_format = detect(name, text)
-    if fmt is not None and fmt != framework:
+    framework, source_format = detect(name, text) if fmt is None else (sniff(name, text) or (None, None))
+    if fmt is not None and fmt != framework:  # --format wins over what the file suggests, or when it suggests nothing
         source_format = {"torchtitan": "torchtitan-toml", "megatron": "megatron-args", "deepspeed": "deepspeed-json"}[fmt]
         framework = fmt
         if fmt == "torchtitan" and (text.lstrip().startswith("{") or "Running with configs:" in text):
@@ -93,6 +103,11 @@ def import_config_text(text: str, *, name: str = "config", fmt: str | None = Non
         if fmt == "megatron" and name.lower().endswith((".yaml", ".yml")):
             source_format = "nemo-yaml"
     kwargs: dict[str, Any] = {"gpus": gpus, "model_config": model_config, "file": name}
+    if vocab_size is not None:
+        if source_format not in ("megatron-args", "nemo-yaml"):
+            raise ConfigImportError([f"a vocabulary size is given for Megatron-LM / NeMo configs, which leave it to the "
+                                     f"tokenizer; a {framework} config has its own (or takes the model's config.json)"])
+        kwargs["vocab_size"] = vocab_size
     if source_format == "torchtitan-config-dump" and (unwrapped := wandb_config(text)) is not None:
         text = json.dumps(unwrapped)
     if source_format == "torchtitan-toml":
@@ -127,7 +142,8 @@ def read_config_file(path: str | Path) -> str:
 
 
 def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None = None,
-                  model_config: str | Path | None = None, seq_len: int | None = None) -> ImportedConfig:
+                  model_config: str | Path | None = None, seq_len: int | None = None,
+                  vocab_size: int | None = None) -> ImportedConfig:
     """The spec of a framework config file (and the model's config.json where the format needs one)."""
     cfg = None
     if model_config is not None:
@@ -138,7 +154,7 @@ def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None 
         except HFConfigError as e:
             raise ConfigImportError([f"--model-config: {e}"]) from None
     return import_config_text(read_config_file(path), name=Path(path).name, fmt=fmt, gpus=gpus, model_config=cfg,
-                              seq_len=seq_len)
+                              seq_len=seq_len, vocab_size=vocab_size)
 
 
-__all__ = ["ConfigImportError", "ImportedConfig", "FRAMEWORKS", "detect", "import_config", "import_config_text"]
+__all__ = ["ConfigImportError", "ImportedConfig", "FRAMEWORKS", "detect", "import_config", "import_config_text", "sniff"]

@@ -27,6 +27,7 @@ def resolve_dp(flat: Flat, gpus: int | None) -> tuple[int, int]:
         raise ConfigImportError([f"--gpus {gpus} contradicts the config's {config_gpus} GPUs "
                                  f"({flat.source_of('gpus')})"])
     total = gpus if gpus is not None else config_gpus
+    shown = f"GPUs({total})" if gpus is not None or config_gpus is None else f"GPUs({total}, {flat.source_of('gpus')})"
     names = ("dp", *DEGREES[2:]) if "dp" in flat.canonical else DEGREES
     values = {d: flat.get(d, 1) for d in names}
     auto = [d for d, v in values.items() if v == -1]
@@ -40,13 +41,13 @@ def resolve_dp(flat: Flat, gpus: int | None) -> tuple[int, int]:
                                      f"({text.replace(f'{auto[0]}(-1)', f'{auto[0]}(?)')} = N)"])
         fixed = math.prod(v for v in values.values() if v != -1)
         if total % fixed:
-            raise ConfigImportError([f"{text} != GPUs({total}): the other degrees multiply to {fixed}, which does not "
+            raise ConfigImportError([f"{text} != {shown}: the other degrees multiply to {fixed}, which does not "
                                      f"divide {total} ({total} % {fixed} = {total % fixed})"])
         values[auto[0]] = total // fixed
         flat.put(auto[0], total // fixed, flat.source_of(auto[0]))
     product = math.prod(values.values())
     if total is not None and product != total:
-        raise ConfigImportError([f"{' * '.join(f'{d}({v})' for d, v in values.items())} = {product} != GPUs({total})"])
+        raise ConfigImportError([f"{' * '.join(f'{d}({v})' for d, v in values.items())} = {product} != {shown}"])
     return math.prod(v for d, v in values.items() if d.startswith("dp")), product
 
 
@@ -67,7 +68,7 @@ def batch(flat: Flat, dp: int) -> tuple[int, int, list[str]]:
 def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: int | None) -> ImportedConfig:
     """The ImportedConfig of a flattened, mapped config. Raises ConfigImportError (every problem at once)."""
     if flat.problems:
-        raise ConfigImportError(flat.problems)
+        raise ConfigImportError(flat.problems, flat.needs)
     dp, world = resolve_dp(flat, gpus)
     glob, micro, notes = batch(flat, dp)
     spec: dict[str, Any] = {"name": name, "framework": "torch",

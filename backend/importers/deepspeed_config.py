@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, flatten
+from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flag, flatten
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
 from backend.spec.user_text import InputError, load_json_text
 
@@ -60,12 +60,21 @@ TABLE: dict[str, Any] = {
     "activation_checkpointing.cpu_checkpointing": Unmappable("activation checkpoints on the CPU are not modelled"),
     "pipeline": Unmappable("DeepSpeed's pipeline engine needs the model's PipelineModule: not read"),
     "elasticity.enabled": Unmappable("elastic training changes the batch and world as it runs"),
+    "data_types.grad_accum_dtype": To("grad_reduce_dtype", choice({"fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
+                                                                   "float32": "fp32", "bfloat16": "bf16"})),
+    "zero_optimization.overlap_comm": To("grad_reduce_overlap", flag),
+    **{f"zero_optimization.{k}": Unmappable(f"{k}: DeepSpeed's bucket / prefetch buffer bytes are not modelled "
+                                            "(defaults assumed)") for k in (
+        "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+        "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size", "contiguous_gradients")},
+    "communication_data_type": Unmappable("the gradient all-reduce dtype apart from the accumulation dtype: predicted "
+                                          "as grad_accum_dtype"),
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in (
         "optimizer.params", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
         "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "memory_breakdown",
-        "dump_state", "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "data_types",
+        "dump_state", "prescale_gradients", "gradient_predivide_factor", "data_types",
         "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "bf16", "fp16", "amp", "activation_checkpointing",
         "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "seq_parallel_communication_data_type",
         "checkpoint", "load_universal_checkpoint", "use_node_local_storage", "torch_autocast", "timers",
@@ -146,6 +155,7 @@ def _batch(flat: Flat, gpus: int | None) -> list[str]:
 
 def _layout(flat: Flat) -> list[str]:
     notes = []
+    flat.put("stack", "deepspeed", "ds_config.json")
     flat.put("dp_flavour", flat.get("dp_flavour", "ddp"), "zero_optimization.stage")
     bf16, fp16 = flat.get("ds_bf16") is True, flat.get("ds_fp16") is True
     flat.put("precision", "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32", "bf16.enabled / fp16.enabled")

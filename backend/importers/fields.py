@@ -11,13 +11,17 @@ Canonical fields then reach the spec through ONE table, `SPEC_FIELDS` (canonical
 the spec has no such field yet). Wiring a new spec field later is a one-line change there: replace the `Pending(...)`
 by the spec path. Context parallelism (cp, cp_rotate), fp8 (precision fp8, fp8_recipe, fp8_all_gather) and the
 activation-checkpointing policies (recompute op / layers:K / block:N / uniform:N) are spec fields now: each
-framework's rules write them as canonical cp / cp_rotate / precision / fp8_recipe / recompute.
+framework's rules write them as canonical cp / cp_rotate / precision / fp8_recipe / recompute. The stack and its
+settings (spec/stacks.py: attention_kernel, elementwise, the dtypes, loss_parallel, the overlaps) are canonical
+fields of the same names: an importer sets `stack` and every setting its config states.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from backend.spec.stacks import SETTINGS as STACK_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ SPEC_FIELDS: dict[str, str | Pending] = {
     "fp8_all_gather": "train.fp8_all_gather",
     "cp": "parallel.cp",
     "cp_rotate": "parallel.cp_rotate",
+    **{f: f"train.{f}" for f in ("stack", *STACK_SETTINGS)},
 }
 """The ONE table from canonical fields to the spec. The degree and batch arithmetic (importers/assemble.py) reads
 tp, pp, cp, ep and the dp degrees itself, so a Pending degree still counts in `tp x pp x cp x dp = GPUs`."""
@@ -92,6 +97,8 @@ class Flat:
     ignored: dict[str, dict[str, Any]] = field(default_factory=dict)
     unmapped: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    needs: set[str] = field(default_factory=set)
+    """What the person importing could supply to clear a problem (imported.VOCAB_SIZE)."""
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.canonical[name][0] if name in self.canonical else default
@@ -205,7 +212,7 @@ def choice(mapping: dict[Any, Any]) -> Callable[[Any], Any]:
     """A converter from the framework's words to ours (case-insensitive for text)."""
     def convert(value: Any) -> Any:
         key = value.lower() if isinstance(value, str) else value
-        if key not in mapping:
+        if isinstance(key, (list, dict)) or key not in mapping:  # a flag given twice or with several values
             raise ValueError(f"expected one of {', '.join(map(str, mapping))}")
         return mapping[key]
     return convert

@@ -6,14 +6,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
+VOCAB_SIZE = "vocab_size"
+"""A need (ConfigImportError.needs): the vocabulary size, which Megatron-LM and NeMo read from the tokenizer."""
+VOCAB_UNKNOWN = "the vocabulary size is unknown"
+"""How the problem behind VOCAB_SIZE starts (a page asking for the size in its own words leaves that line out)."""
 
 
 class ConfigImportError(ValueError):
-    """A config that cannot become a spec: every problem, each with the field and the arithmetic."""
+    """A config that cannot become a spec: every problem, each with the field and the arithmetic. `needs` names what
+    the person importing can supply to get past a problem (VOCAB_SIZE: the vocabulary a Megatron script leaves to its
+    tokenizer); the CLI and the dashboard each ask for it in their own words."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], needs: tuple[str, ...] | set[str] = ()):
         self.problems = list(problems)
+        self.needs = tuple(sorted(needs))
         super().__init__("; ".join(self.problems))
+
+
+class LogImportError(ConfigImportError):
+    """A log that cannot be imported: the reason, with line numbers."""
 
 
 @dataclass
@@ -37,6 +48,12 @@ class ImportedConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "ignored": self.ignored, "unmapped": self.unmapped, "framework": self.framework,
                 "source_format": self.source_format, "gpus": self.gpus, "notes": self.notes}
+
+
+def layout_text(parallel: dict[str, Any]) -> str:
+    """Every degree of an imported layout, in the frameworks' mesh order: "dp 1 x cp 2 x tp 4 x pp 2, ep 1"."""
+    return (f"dp {parallel['dp']} x cp {parallel.get('cp', 1)} x tp {parallel['tp']} x pp {parallel['pp']}, "
+            f"ep {parallel.get('ep', 1)}")
 
 
 def safe_name(text: object, limit: int = 120) -> str:

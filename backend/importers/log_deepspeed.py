@@ -21,15 +21,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from backend.importers import log_values as v
 from backend.importers.imported import ImportedConfig
 from backend.importers.log_series import Collector
 from backend.importers.log_stream import read_lines
 
-TIMERS = re.compile(r"time \(ms\) \| fwd: ([\d.]+) \| bwd: ([\d.]+) \|.*\| step: ([\d.]+)")
-THROUGHPUT = re.compile(r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=(\S+), "
-                        r"CurrSamplesPerSec=(\S+), MemAllocated=([\d.]+)GB, MaxMemAllocated=([\d.]+)GB")
-SEE_MEMORY = re.compile(r"^MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB")
+TIMERS = re.compile(r"time \(ms\) \| fwd: (\S+) \| bwd: (\S+) \|.*\| step: (\S+)")
+THROUGHPUT = re.compile(r"epoch=(\S+?)/micro_step=(\S+?)/global_step=(\S+?), RunningAvgSamplesPerSec=(\S+), "
+                        r"CurrSamplesPerSec=(\S+), MemAllocated=(\S*?)GB, MaxMemAllocated=(\S*?)GB")
+SEE_MEMORY = re.compile(r"^MA (\S+) GB\s+Max_MA (\S+) GB\s+CA (\S+) GB\s+Max_CA (\S+) GB")
 PROFILER = re.compile(r"^(iter latency|world size|samples/second|FLOPS per GPU = [^:]+):\s+(\S+)\s*(\S*)")
+PROFILE_STEP = "Profile Summary at step "
 START = "DeepSpeed info: version="
 UNIT = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "u": 1e-6}
 GiB = 1 << 30
@@ -37,64 +39,83 @@ GiB = 1 << 30
 
 def parse(path: str | Path, imported: ImportedConfig) -> Collector:
     batch = imported.spec["train"]["global_batch"]
-    c = Collector("deepspeed")
+    c = Collector("deepspeed", world=imported.gpus or imported.spec["parallel"]["world_size"])
+    fallback = Collector("deepspeed", world=c.world)  # the throughput timer's steps, used without engine timers
     timer_steps: dict[int | None, int] = {}
-    throughput: list[tuple[int | None, int, float, int]] = []
+    profiled: list[tuple[float, int]] = []
     for line in read_lines(path, c.stats):
         text = line.text
-        if "time (ms) | fwd:" in text:
-            m = TIMERS.search(text)
-            if m is None:
-                c.unparsed += 1
-                continue
-            step = timer_steps[line.rank] = timer_steps.get(line.rank, 0) + 1
-            c.add(line.rank, step, (float(m.group(1)) + float(m.group(2)) + float(m.group(3))) / 1000.0, line.number)
-        elif "CurrSamplesPerSec=" in text:
-            m = THROUGHPUT.search(text)
-            if m is None or not _positive(m.group(5)):
-                c.unparsed += 1
-                continue
-            throughput.append((line.rank, int(m.group(3)), batch / float(m.group(5)), line.number))
-            c.peak(line.rank, "allocated_bytes", float(m.group(7)) * GiB)
-        elif m := SEE_MEMORY.search(text):
-            c.peak(line.rank, "allocated_bytes", float(m.group(2)) * GiB)
-            c.peak(line.rank, "reserved_bytes", float(m.group(4)) * GiB)
-            c.facts["reserved_rounding"] = "Max_CA is rounded to a whole GiB by DeepSpeed"
-        elif m := PROFILER.search(text.strip()):
-            c.facts.setdefault("flops_profiler", {})[m.group(1)] = f"{m.group(2)} {m.group(3)}".strip()
-        elif text.startswith("Profile Summary at step "):
-            c.facts["profile_step"] = int(text.rsplit(" ", 1)[1].rstrip(":") or 0)
-        elif START in text:
-            c.start(line.rank, line.number)
-    if not c.series and throughput:  # no wall_clock_breakdown: the throughput timer's steps
-        for rank, step, seconds, number in throughput:
-            c.add(rank, step, seconds, number)
+        try:
+            if "time (ms) | fwd:" in text:
+                _timers(c, timer_steps, line.rank, text, line.number)
+            elif "CurrSamplesPerSec=" in text:
+                _throughput(c, fallback, batch, line.rank, text, line.number)
+            elif m := SEE_MEMORY.search(text):
+                c.peak(line.rank, "allocated_bytes", v.memory_bytes(m.group(2), GiB, "Max_MA (GB)", line.number))
+                c.peak(line.rank, "reserved_bytes", v.memory_bytes(m.group(4), GiB, "Max_CA (GB)", line.number))
+                c.facts["reserved_rounding"] = "Max_CA is rounded to a whole GiB by DeepSpeed"
+            elif m := PROFILER.search(text.strip()):
+                if m.group(1) == "iter latency":
+                    profiled[:] = [(_latency_s(m.group(2), m.group(3), line.number), line.number)]
+                c.facts.setdefault("flops_profiler", {})[m.group(1)] = f"{m.group(2)} {m.group(3)}".strip()
+            elif text.startswith(PROFILE_STEP):
+                step_text = text[len(PROFILE_STEP):].strip().removesuffix(":")
+                c.facts["profile_step"] = v.integer(step_text, "the profile step", line.number)
+            elif START in text:
+                c.start(line.rank, line.number)
+        except v.Garbled:
+            c.garbled(line.number)
+    if not c.series and fallback.series:  # no wall_clock_breakdown: the throughput timer's steps
+        c.series, c.duplicates = fallback.series, c.duplicates + fallback.duplicates
         c.facts["step_source"] = "throughput timer: train_batch_size / CurrSamplesPerSec (that step's seconds)"
     elif c.series:
         c.facts["step_source"] = "engine timers: fwd + bwd + step per optimizer step (wall_clock_breakdown)"
-    _profiler_step(c)
+    _profiler_step(c, profiled)
     c.facts["memory_source"] = ("DeepSpeed: MaxMemAllocated of the throughput timer (torch.cuda.max_memory_allocated, "
                                 "GiB with 2 decimals) and see_memory_usage's Max_MA / Max_CA where memory_breakdown "
                                 "printed them; rank 0 only")
     return c
 
 
-def _profiler_step(c: Collector) -> None:
+def _timers(c: Collector, timer_steps: dict[int | None, int], rank: int | None, text: str, number: int) -> None:
+    m = TIMERS.search(text)
+    if m is None:
+        raise v.Garbled(text)
+    parts = [v.non_negative(m.group(i), name, number) for i, name in ((1, "fwd (ms)"), (2, "bwd (ms)"), (3, "step (ms)"))]
+    seconds = v.step_seconds(sum(parts) / 1000.0, "fwd + bwd + step", f"{m.group(1)} + {m.group(2)} + {m.group(3)} ms",
+                             number)
+    step = timer_steps[rank] = timer_steps.get(rank, 0) + 1
+    c.add(rank, step, seconds, number)
+
+
+def _throughput(c: Collector, fallback: Collector, batch: int, rank: int | None, text: str, number: int) -> None:
+    m = THROUGHPUT.search(text)
+    if m is None:
+        raise v.Garbled(text)
+    step = v.integer(m.group(3), "global_step", number)
+    samples_per_s = v.positive(m.group(5), "CurrSamplesPerSec", number)
+    seconds = v.step_seconds(batch / samples_per_s, "train_batch_size / CurrSamplesPerSec", m.group(5), number)
+    allocated = v.memory_bytes(m.group(7), GiB, "MaxMemAllocated (GB)", number)
+    fallback.add(rank, step, seconds, number)
+    c.peak(rank, "allocated_bytes", allocated)
+
+
+def _latency_s(value: str, unit: str, number: int) -> float:
+    """The flops profiler's "iter latency: 1.23 s" (or ms, us) in seconds; refused when impossible."""
+    scale = UNIT.get(unit[:-1] if unit.endswith("s") else unit)
+    if scale is None:
+        raise v.Garbled(unit)
+    seconds = v.positive(value, "iter latency", number) * scale
+    return v.step_seconds(seconds, "iter latency", f"{value} {unit}", number)
+
+
+def _profiler_step(c: Collector, profiled: list[tuple[float, int]]) -> None:
     """With no per-step lines at all, the flops profiler's iter latency at its profile step is the one record."""
-    prof = c.facts.get("flops_profiler") or {}
-    if c.series or "iter latency" not in prof:
+    if c.series or not profiled:
         return
-    value, _, unit = prof["iter latency"].partition(" ")
-    seconds = float(value) * UNIT.get(unit[:-1] if unit.endswith("s") else unit, 1.0)
+    seconds, number = profiled[-1]
     step = c.facts.get("profile_step") or 1
-    c.add(None, step, seconds, 0)
+    c.add(None, step, seconds, number)
     c.facts["single_profiled_step"] = step
     c.facts["step_source"] = (f"flops profiler: iter latency (fwd + bwd + step) of step {step}, the only step this log "
                               "times (no warm-up cut: a warm profile_step is the user's choice)")
-
-
-def _positive(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False

@@ -16,50 +16,67 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from backend.importers import log_values as v
 from backend.importers.imported import ImportedConfig
 from backend.importers.log_series import Collector
 from backend.importers.log_stream import read_lines
 
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
-MEMORY = re.compile(r"\[Rank (\d+)\] .*?memory \(MB\) \| allocated: ([\d.]+) \| max allocated: ([\d.]+) \| "
-                    r"reserved: ([\d.]+) \| max reserved: ([\d.]+)")
+ITERATION = re.compile(r"iteration\s+(\S+?)/\s*(\S+?)\s*\|(.*)$")
+MEMORY = re.compile(r"\[Rank (\d+)\] .*?memory \(MB\) \| allocated: (\S+) \| max allocated: (\S+) \| "
+                    r"reserved: (\S+) \| max reserved: (\S+)")
 START = re.compile(r"-{4,} arguments -{4,}")
+STEP_MS = "elapsed time per iteration (ms)"
+TFLOPS = "throughput per GPU (TFLOP/s/GPU)"
 MiB = 1 << 20
 
 
 def parse(path: str | Path, imported: ImportedConfig) -> Collector:
-    c = Collector("megatron")
+    c = Collector("megatron", world=imported.gpus or imported.spec["parallel"]["world_size"])
     for line in read_lines(path, c.stats):
         text = line.text
-        if "iteration" in text and "elapsed time per iteration" in text:
-            m = ITERATION.search(text)
-            fields = _fields(m.group(3)) if m else {}
-            try:
-                step_ms = float(fields["elapsed time per iteration (ms)"])
-            except (KeyError, ValueError):
-                c.unparsed += 1
-                continue
-            extra = {}
-            if "throughput per GPU (TFLOP/s/GPU)" in fields:
-                extra["tflops_per_device"] = _num(fields["throughput per GPU (TFLOP/s/GPU)"])
-            loss = _num(fields.get("lm loss", "nan"))
-            c.add(line.rank, int(m.group(1)), step_ms / 1000.0, line.number, loss, extra)
-            c.facts.setdefault("train_iters", int(m.group(2)))
-        elif "memory (MB)" in text:
-            m = MEMORY.search(text)
-            if m is None:
-                c.unparsed += 1
-                continue
-            rank = int(m.group(1))
-            c.peak(rank, "allocated_bytes", float(m.group(3)) * MiB)
-            c.peak(rank, "reserved_bytes", float(m.group(5)) * MiB)
-        elif START.search(text):
-            c.start(line.rank, line.number)
-        elif "[after training is done]" in text:
-            c.facts["completed"] = True
+        try:
+            if "iteration" in text and "elapsed time per iteration" in text:
+                _iteration(c, line.rank, text, line.number)
+            elif "memory (MB)" in text:
+                _memory(c, text, line.number)
+            elif START.search(text):
+                c.start(line.rank, line.number)
+            elif "[after training is done]" in text:
+                c.facts["completed"] = True
+        except v.Garbled:
+            c.garbled(line.number)
     c.facts["memory_source"] = ("Megatron's report_memory: torch.cuda.max_memory_allocated / max_memory_reserved per "
                                 "reporting rank (MB = MiB, 2 decimals)")
     return c
+
+
+def _iteration(c: Collector, rank: int | None, text: str, number: int) -> None:
+    m = ITERATION.search(text)
+    fields = _fields(m.group(3)) if m else {}
+    if STEP_MS not in fields:
+        raise v.Garbled(text)
+    step = v.integer(m.group(1), "the iteration", number)
+    total = v.integer(m.group(2), "the iteration count", number)
+    ms = v.positive(fields[STEP_MS], STEP_MS, number)
+    step_s = v.step_seconds(ms / 1000.0, STEP_MS, fields[STEP_MS], number)
+    extra = {}
+    if TFLOPS in fields:
+        extra["tflops_per_device"] = v.non_negative(fields[TFLOPS], TFLOPS, number)
+    loss = v.loss(fields["lm loss"]) if "lm loss" in fields else None
+    c.add(rank, step, step_s, number, loss, extra)
+    c.facts.setdefault("train_iters", total)
+
+
+def _memory(c: Collector, text: str, number: int) -> None:
+    m = MEMORY.search(text)
+    if m is None:
+        raise v.Garbled(text)
+    rank = v.integer(m.group(1), "the memory report's rank", number)
+    c.check_rank(rank, number, f"the memory report '[Rank {rank}]'")
+    allocated = v.memory_bytes(m.group(3), MiB, "max allocated (MB)", number)
+    reserved = v.memory_bytes(m.group(5), MiB, "max reserved (MB)", number)
+    c.peak(rank, "allocated_bytes", allocated)
+    c.peak(rank, "reserved_bytes", reserved)
 
 
 def _fields(tail: str) -> dict[str, str]:
@@ -69,10 +86,3 @@ def _fields(tail: str) -> dict[str, str]:
         if sep:
             out[key.strip()] = value.strip()
     return out
-
-
-def _num(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")

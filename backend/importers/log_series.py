@@ -20,8 +20,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.importers.imported import ConfigImportError
-from backend.importers.log_stream import LineStats
+from backend.importers.imported import LogImportError
+from backend.importers.log_stream import LineStats, rank_outside
 
 WARMUP_FRACTION = 0.05
 WARMUP_RULE = ("warm-up excluded: every logged step up to max(the first logged step, 5% of the last logged step) "
@@ -31,10 +31,10 @@ STORED_STEPS = 4096
 MAX_RECORDS = 1 << 17
 """Records kept per rank (~64 B each: 8 MiB); beyond it every other one is dropped and then only every 2nd, 4th, ...
 record kept, so a log of any length reads in bounded memory (the median is then over that uniform subsample)."""
-
-
-class LogImportError(ConfigImportError):
-    """A log that cannot be imported: the reason, with line numbers."""
+MAX_TOTAL_RECORDS = 1 << 21
+"""Records kept over all ranks (~128 MiB): a world of W ranks keeps MAX_TOTAL_RECORDS // W per rank (at least
+MIN_RECORDS_PER_RANK, at most MAX_RECORDS), so memory is bounded by the world size, never by the log's length."""
+MIN_RECORDS_PER_RANK = 1024
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Series:
     steps: array = field(default_factory=lambda: array("q"))
     step_s: array = field(default_factory=lambda: array("d"))
     loss: array = field(default_factory=lambda: array("d"))
+    has_loss: array = field(default_factory=lambda: array("b"))
+    """1 where the record printed a loss (NaN and inf included: a diverged run), 0 where it printed none."""
     lines: array = field(default_factory=lambda: array("q"))
     reported: dict[str, array] = field(default_factory=dict)
     """Framework-reported numbers per record (tps, tflops, mfu %), NaN where a record lacks one."""
@@ -50,11 +52,11 @@ class Series:
     count: int = 0
     """Records seen (kept or not)."""
     stride: int = 1
-    """Every stride-th record is kept (1 until MAX_RECORDS were kept)."""
+    """Every stride-th record is kept (1 until the cap was reached)."""
 
     def thin(self) -> None:
         """Keep every other record (the newest kept) and from now on every 2 x stride-th."""
-        for name in ("steps", "step_s", "loss", "lines"):
+        for name in ("steps", "step_s", "loss", "has_loss", "lines"):
             setattr(self, name, getattr(self, name)[::-2][::-1])
         self.reported = {k: v[::-2][::-1] for k, v in self.reported.items()}
         self.stride *= 2
@@ -63,24 +65,48 @@ class Series:
 @dataclass
 class Collector:
     framework: str
+    world: int | None = None
+    """GPUs of the config: a rank outside 0..world-1 (a rank prefix, Megatron's "[Rank N]") refuses the log."""
     stats: LineStats = field(default_factory=LineStats)
     series: dict[int | None, Series] = field(default_factory=dict)
-    starts: dict[int | None, list[int]] = field(default_factory=dict)
+    starts: dict[int | None, int] = field(default_factory=dict)
+    """The first start-of-run line of each rank."""
     duplicates: int = 0
     memory: dict[int | None, dict[str, int]] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
     unparsed: int = 0
-    """Lines that looked like a step record but did not parse (a garbled or interleaved line)."""
+    """Lines that looked like a record but did not parse (a garbled or interleaved line): skipped and counted."""
+    first_unparsed_line: int = 0
+
+    def __post_init__(self) -> None:
+        self.stats.world = self.world
+
+    @property
+    def records_cap(self) -> int:
+        """Records kept per rank before thinning."""
+        share = MAX_TOTAL_RECORDS // self.world if self.world else MAX_RECORDS
+        return min(MAX_RECORDS, max(MIN_RECORDS_PER_RANK, share))
+
+    def garbled(self, line: int) -> None:
+        """A line that looked like a record and was not one: skipped, counted, the first one remembered."""
+        self.unparsed += 1
+        if not self.first_unparsed_line:
+            self.first_unparsed_line = line
+
+    def check_rank(self, rank: int, line: int, where: str) -> None:
+        """LogImportError for a rank outside the config's world."""
+        if self.world is not None and not 0 <= rank < self.world:
+            raise LogImportError([rank_outside(rank, self.world, line, where)])
 
     def start(self, rank: int | None, line: int) -> None:
-        seen = self.starts.setdefault(rank, [])
-        seen.append(line)
-        if len(seen) > 1 and self.series.get(rank) and len(self.series[rank].steps):
+        first = self.starts.setdefault(rank, line)
+        if first != line and self.series.get(rank) and len(self.series[rank].steps):
             raise LogImportError([f"the log holds more than one run: {_who(rank)} starts again at line {line} (first "
-                                  f"start at line {seen[0]}); split the file and import each run"])
+                                  f"start at line {first}); split the file and import each run"])
 
-    def add(self, rank: int | None, step: int, step_s: float, line: int, loss: float = math.nan,
+    def add(self, rank: int | None, step: int, step_s: float, line: int, loss: float | None = None,
             reported: dict[str, float] | None = None) -> None:
+        """One step record; `loss` None when the line printed none (NaN / inf are a diverged run's, kept)."""
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = Series()
@@ -101,11 +127,12 @@ class Collector:
         n = len(s.steps)
         s.steps.append(step)
         s.step_s.append(step_s)
-        s.loss.append(loss)
+        s.loss.append(math.nan if loss is None else loss)
+        s.has_loss.append(loss is not None)
         s.lines.append(line)
         if reported or s.reported:
             _append_reported(s, n, reported or {})
-        if n + 1 > MAX_RECORDS:
+        if n + 1 > self.records_cap:
             s.thin()
 
     def peak(self, rank: int | None, key: str, value_bytes: float) -> None:
@@ -167,7 +194,7 @@ def summarise(c: Collector, *, warmup_steps: int | None = None, what: str = "ste
         medians.append(statistics.median(times))
         per_rank[0 if rank is None else rank] = times[-STORED_STEPS:]
         if not losses:
-            losses = [s.loss[i] for i in used if not math.isnan(s.loss[i])][-STORED_STEPS:]
+            losses = [s.loss[i] for i in used if s.has_loss[i]][-STORED_STEPS:]
         for key, column in s.reported.items():
             values = [column[i] for i in used if not math.isnan(column[i])]
             if values and key not in reported:
@@ -188,7 +215,8 @@ def summarise(c: Collector, *, warmup_steps: int | None = None, what: str = "ste
     if c.stats.overlong:
         partial.append(f"{c.stats.overlong} lines over {64} KiB were skipped")
     if c.unparsed:
-        partial.append(f"{c.unparsed} step lines could not be read (garbled or interleaved)")
+        partial.append(f"{c.unparsed:,} line{'s' if c.unparsed > 1 else ''} not understood (garbled or interleaved), "
+                       f"first at line {c.first_unparsed_line}")
     memory = {0 if r is None else r: v for r, v in c.memory.items()}
     return Measured(step_s_median=max(medians), per_rank_step_s=per_rank, losses=losses, warmup_cut_step=cut,
                     records_total=total, records_used=used_total, first_step=first, last_step=last, memory=memory,

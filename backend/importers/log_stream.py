@@ -4,7 +4,9 @@
   a missing newline; it is skipped and counted), decoded as UTF-8 with replacement, ANSI colour codes removed
   (torchtitan colours its metrics).
 - A rank prefix is split off: torchrun's `--tee` / `--local-ranks-filter` output "[default3]:" and "[rank3]:".
-  DeepSpeed's own "[Rank 0] " sits inside the message and is read by its parser.
+  DeepSpeed's own "[Rank 0] " sits inside the message and is read by its parser. With `LineStats.world` set (the
+  config's GPUs), a prefix naming a rank outside it refuses the log at that line: the ranks kept (and the memory
+  they take) are bounded by the world, never by what the log claims.
 - A last line without its newline is what a killed or still-running job (or a cut file) leaves: it is not parsed,
   and the import says it is partial.
 Nothing is kept but counters: the parsers keep what they need per step (a few numbers per logged step).
@@ -16,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
+
+from backend.importers.imported import LogImportError
 
 MAX_LINE_BYTES = 64 * 1024
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -31,6 +35,8 @@ class LineStats:
     truncated_last_line: bool = False
     """The file ends inside a line (no final newline): that line was not parsed."""
     ranks_prefixed: set[int] = field(default_factory=set)
+    world: int | None = None
+    """The config's GPUs: a rank prefix outside 0..world-1 raises LogImportError."""
 
     def to_dict(self) -> dict[str, object]:
         return {"lines": self.lines, "bytes": self.bytes, "overlong_lines_skipped": self.overlong,
@@ -79,7 +85,15 @@ def split_line(number: int, text: str, stats: LineStats | None = None) -> Line:
     rank = None
     if text.startswith("[") and (m := RANK_PREFIX.match(text)):
         rank = int(m.group(1))
+        if stats is not None and stats.world is not None and rank >= stats.world:
+            raise LogImportError([rank_outside(rank, stats.world, number, f"the prefix {m.group(0).strip()!r}")])
         text = text[m.end():]
         if stats is not None:
             stats.ranks_prefixed.add(rank)
     return Line(number, rank, text)
+
+
+def rank_outside(rank: int, world: int, line: int, where: str) -> str:
+    """Why a log naming `rank` is refused for a config of `world` GPUs."""
+    return (f"line {line}: {where} names rank {rank}, outside the config's {world} GPUs (ranks 0..{world - 1}): is this "
+            "the log of this config's run? Nothing stored")

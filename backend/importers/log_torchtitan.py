@@ -18,13 +18,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from backend.importers import log_values as v
 from backend.importers.imported import ImportedConfig
 from backend.importers.log_series import Collector
 from backend.importers.log_stream import read_lines
 
-METRICS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)\s+(?:grad_norm:\s*\S+\s+)?"
-                     r"memory:\s*([\d.]+)GiB\(\s*([\d.]+)%\)\s+(tps|wps):\s*([\d,]+)\s+"
-                     r"(?:tflops:\s*([\d,.]+)\s+)?mfu:\s*(N/A|[\d.]+%)")
+METRICS = re.compile(r"step:\s*(\S+)\s+loss:\s*(\S+)\s+(?:grad_norm:\s*\S+\s+)?"
+                     r"memory:\s*(\S*?)GiB\(\s*([^)]*?)%\)\s+(tps|wps):\s*(\S*)\s+"
+                     r"(?:tflops:\s*(\S*)\s+)?mfu:\s*(\S*)")
 DEVICE = re.compile(r"(?:CUDA|GPU|ROCM|XPU) capacity: (.+?) with ([\d.]+)GiB memory")
 PARAMS = re.compile(r"Model (\S+) (\S+) size: ([\d,]+) total parameters")
 START = "Training starts at step"
@@ -34,42 +35,43 @@ GiB = 1 << 30
 def parse(path: str | Path, imported: ImportedConfig) -> Collector:
     tokens = imported.spec["train"]["global_batch"] * imported.spec["model"]["seq_len"]
     gpus = imported.gpus or imported.spec["parallel"]["world_size"]
-    c = Collector("torchtitan")
+    c = Collector("torchtitan", world=gpus)
     for line in read_lines(path, c.stats):
         text = line.text
         at = text.find("step:")
-        if at >= 0 and "loss:" in text and "validate step:" not in text:
-            m = METRICS.match(text, at)
-            if m is None:
-                c.unparsed += 1
-                continue
-            tps = float(m.group(6).replace(",", ""))
-            if tps <= 0:
-                c.unparsed += 1
-                continue
-            extra = {"tps_per_device": tps}
-            if m.group(7):
-                extra["tflops_per_device"] = float(m.group(7).replace(",", ""))
-            if m.group(8) != "N/A":
-                extra["mfu_pct"] = float(m.group(8).rstrip("%"))
-            c.add(line.rank, int(m.group(1)), tokens / (tps * gpus), line.number, _float(m.group(2)), extra)
-            c.peak(line.rank, "reserved_bytes", float(m.group(3)) * GiB)
-        elif START in text:
-            c.start(line.rank, line.number)
-        elif m := DEVICE.search(text):
-            c.facts.setdefault("device_name", m.group(1).strip())
-            c.facts.setdefault("device_memory_gib", float(m.group(2)))
-        elif m := PARAMS.search(text):
-            c.facts.setdefault("framework_param_count", int(m.group(3).replace(",", "")))
-        elif "Training completed" in text:
-            c.facts["completed"] = True
+        try:
+            if at >= 0 and "loss:" in text and "validate step:" not in text:
+                _metrics(c, line.rank, text, at, line.number, tokens, gpus)
+            elif START in text:
+                c.start(line.rank, line.number)
+            elif m := DEVICE.search(text):
+                c.facts.setdefault("device_name", m.group(1).strip())
+                c.facts.setdefault("device_memory_gib", v.non_negative(m.group(2), "the device memory (GiB)", line.number))
+            elif m := PARAMS.search(text):
+                c.facts.setdefault("framework_param_count", int(m.group(3).replace(",", "") or 0))
+            elif "Training completed" in text:
+                c.facts["completed"] = True
+        except v.Garbled:
+            c.garbled(line.number)
     c.facts["memory_source"] = ("peak reserved: torchtitan's memory GiB (reserved_bytes.all.peak since the previous "
                                 "metrics line, 2 decimals); torchtitan logs no allocated peak")
     return c
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")
+def _metrics(c: Collector, rank: int | None, text: str, at: int, number: int, tokens: int, gpus: int) -> None:
+    m = METRICS.match(text, at)
+    if m is None:
+        raise v.Garbled(text)
+    step = v.integer(m.group(1), "the step", number)
+    loss = v.loss(m.group(2))
+    reserved = v.memory_bytes(m.group(3), GiB, "memory (GiB)", number)
+    tps = v.positive(m.group(6), m.group(5), number, commas=True)
+    step_s = v.step_seconds(tokens / (tps * gpus), f"the step time from {m.group(5)} (global tokens / ({m.group(5)} x "
+                            f"{gpus} GPUs))", m.group(6), number)
+    extra = {"tps_per_device": tps}
+    if m.group(7) is not None:
+        extra["tflops_per_device"] = v.non_negative(m.group(7), "tflops", number, commas=True)
+    if m.group(8) != "N/A":
+        extra["mfu_pct"] = v.non_negative(m.group(8).removesuffix("%"), "mfu", number)
+    c.add(rank, step, step_s, number, loss, extra)
+    c.peak(rank, "reserved_bytes", reserved)

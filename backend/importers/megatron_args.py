@@ -1,22 +1,26 @@
-"""Megatron-LM's `pretrain_gpt.py` arguments -> a ShardLab spec, from a shell line, a file of them, or the
-"arguments" block a Megatron log prints at start (megatron/training/arguments.py `_print_args`: one
+"""Megatron-LM's `pretrain_gpt.py` arguments -> a ShardLab spec, from a launch script, a shell line, a file of them, or
+the "arguments" block a Megatron log prints at start (megatron/training/arguments.py `_print_args`: one
 "  name .......... value" line per argument between "---- arguments ----" and "---- end of arguments ----").
 
-The line is split with shlex (POSIX rules, backslash-newline continuations joined) and never run: a launcher
-before the script (torchrun --nproc-per-node N --nnodes M) gives the GPU count, shell variables are not expanded.
+A script is read as data by shell_script.py (bash arrays, string variables, `${X:-default}`, `export`, `if` / `case`
+on the script's own values; nothing is run) down to its training command; a launcher before the script (torchrun /
+python -m torch.distributed.run --nproc-per-node N --nnodes M) gives the GPU count. A script that trains another
+kind of model (pretrain_bert.py, pretrain_t5.py, a hybrid Mamba model, a vision-language model) is refused by name.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from backend.importers.assemble import to_spec
 from backend.importers.fields import Flat, apply_table
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import OFF_VALUES, PREFIXES, TABLE, literal, model_and_layout, training
-from backend.spec.user_text import MAX_JSON_FILE_BYTES
+from backend.importers.megatron_fields import (OFF_VALUES, PREFIXES, TABLE, given_vocab, literal, model_and_layout,
+                                               training)
+from backend.importers.shell_script import read as read_script
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 BLOCK_START = re.compile(r"-{4,} arguments -{4,}")
 BLOCK_END = re.compile(r"-{4,} end of arguments -{4,}")
@@ -28,25 +32,36 @@ def looks_like_args(text: str) -> bool:
     return bool(BLOCK_START.search(text)) or "--num-layers" in text or "--hidden-size" in text
 
 
-def parse(text: str | bytes) -> tuple[dict[str, Any], str, int | None]:
-    """({--flag: value}, source_format, GPUs from the launcher or the printed world_size)."""
+@dataclass(frozen=True)
+class Launcher:
+    """The GPU count a launcher line states (torchrun --nproc-per-node N --nnodes M)."""
+    gpus: int
+    how: str
+    """In the script's words: "--nproc_per_node 8 x --nnodes 1"."""
+    env: frozenset[str] = frozenset()
+    """Variables the script leaves to its environment whose defaults the count holds (${SLURM_NNODES:-1})."""
+
+
+def parse(text: str | bytes) -> tuple[dict[str, Any], str, Launcher | None, list[str]]:
+    """({--flag: value}, source_format, the launcher's GPU count, notes on how the script was read)."""
     raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
     if BLOCK_START.search(raw):
-        return _block(raw), "megatron-log-args", None
-    if len(raw.encode()) > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the argument list is {len(raw.encode()):,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit"])
-    joined = re.sub(r"\\\r?\n", " ", raw)
-    try:
-        tokens = shlex.split(joined, comments=True)
-    except ValueError as e:
-        raise ConfigImportError([f"cannot split the argument list as a shell line: {e}"]) from None
-    return _flags(tokens)
-
-
-def _flags(tokens: list[str]) -> tuple[dict[str, Any], str, int | None]:
+        return _block(raw), "megatron-log-args", None, []
+    # The file's size, not its re-encoded text's: a file read with errors="replace" (read_config_file, an upload) has
+    # a 3-byte U+FFFD where it had an undecodable byte (a 5.0 MiB binary file re-encodes to 9.0 MiB).
+    size = len(text) if isinstance(text, bytes) else len(raw.encode()) - 2 * raw.count("\ufffd")
+    if size > MAX_JSON_FILE_BYTES:
+        raise ConfigImportError([over_limit("the argument list", size, MAX_JSON_FILE_BYTES)])
+    command = read_script(raw)
+    tokens = command.words
     script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), -1)
-    launcher, args = tokens[:script + 1] if script >= 0 else [], tokens[script + 1:] if script >= 0 else tokens
-    gpus = _launcher_gpus(launcher)
+    if script >= 0:
+        _check_script(tokens[script])
+    launcher = _launcher(tokens[:script + 1], command.defaults[:script + 1]) if script >= 0 else None
+    return _flags(tokens[script + 1:]), "megatron-args", launcher, command.notes
+
+
+def _flags(args: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     key = None
     for token in args:
@@ -63,18 +78,38 @@ def _flags(tokens: list[str]) -> tuple[dict[str, Any], str, int | None]:
             raise ConfigImportError([f"{token!r} is not an argument (--name value): only pretrain_gpt.py's flags are read"])
     if not out:
         raise ConfigImportError(["no --arguments found: give the pretrain_gpt.py command line or a file of its flags"])
-    return out, "megatron-args", gpus
+    return out
 
 
-def _launcher_gpus(tokens: list[str]) -> int | None:
-    found: dict[str, int] = {}
+NOT_GPT = {"pretrain_bert": "a BERT encoder", "pretrain_t5": "a T5 encoder-decoder",
+           "pretrain_hybrid": "a hybrid Mamba-Transformer model", "pretrain_mamba": "a Mamba model",
+           "pretrain_vlm": "a vision-language model", "pretrain_vision": "a vision model",
+           "pretrain_retro": "a RETRO retrieval model", "pretrain_ict": "a retriever (ICT)",
+           "pretrain_mimo": "a multimodal model"}
+
+
+def _check_script(script: str) -> None:
+    """ConfigImportError for a Megatron script that trains something other than a GPT-like decoder."""
+    stem = script.rsplit("/", 1)[-1].removesuffix(".py")
+    kind = NOT_GPT.get(stem) or ("a vision-language model" if stem.startswith("pretrain_vlm") else None)
+    if kind:
+        raise ConfigImportError([f"{stem}.py trains {kind}: ShardLab models decoder-only GPT-like transformers "
+                                 "(Megatron-LM's pretrain_gpt.py), so this script cannot become a spec"])
+
+
+def _launcher(tokens: list[str], defaults: list[frozenset[str]]) -> Launcher | None:
+    found: dict[str, tuple[int, str, frozenset[str]]] = {}
     for i, token in enumerate(tokens[:-1]):
         name, eq, value = token.partition("=")
         if name in LAUNCHER_GPUS:
-            text = value if eq else tokens[i + 1]
-            if text.isdigit():
-                found[LAUNCHER_GPUS[name]] = int(text)
-    return found["per_node"] * found.get("nodes", 1) if "per_node" in found else None
+            text, env = (value, defaults[i]) if eq else (tokens[i + 1], defaults[i + 1])
+            if text.isdigit() and len(text) <= 7:
+                found[LAUNCHER_GPUS[name]] = (int(text), f"{name} {text}", env)
+    if "per_node" not in found:
+        return None
+    parts = [found["per_node"]] + ([found["nodes"]] if "nodes" in found else [])
+    return Launcher(gpus=parts[0][0] * (parts[1][0] if len(parts) > 1 else 1), how=" x ".join(p[1] for p in parts),
+                    env=frozenset().union(*(p[2] for p in parts)))
 
 
 def _block(text: str) -> dict[str, Any]:
@@ -101,25 +136,41 @@ def _namespace_to_flags(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def import_args(text: str | bytes, *, gpus: int | None = None, model_config: dict[str, Any] | None = None,
-                file: str = "args") -> ImportedConfig:
-    flags, source_format, launcher_gpus = parse(text)
+                file: str = "args", vocab_size: int | None = None) -> ImportedConfig:
+    flags, source_format, launcher, script_notes = parse(text)
     block = source_format == "megatron-log-args"
     flat = Flat(flags)
     apply_table(flat, TABLE, prefixes=PREFIXES)
     if block:  # Megatron prints every argument: an unknown one that is unset is not worth a line
         for key in [k for k, v in flat.unmapped.items() if v["value"] in OFF_VALUES and k not in TABLE]:
             flat.ignore(key, flat.unmapped.pop(key)["value"], "unset in the printed arguments")
-    if launcher_gpus is not None and flat.get("gpus") is None:
-        flat.put("gpus", launcher_gpus, "the launcher's --nproc-per-node x --nnodes")
+    launcher_notes = _launcher_gpus(flat, launcher, gpus) if launcher is not None and flat.get("gpus") is None else []
     if model_config is not None:
         _hf_vocab(flat, model_config)
+    if vocab_size is not None:
+        given_vocab(flat, vocab_size)
     flat.put("dp", -1 if flat.get("mg_dp") is None else flat.get("mg_dp"), "data-parallel size (WORLD_SIZE / (tp * pp * cp))")
-    notes = model_and_layout(flat) + training(flat)
+    notes = model_and_layout(flat) + training(flat) + launcher_notes + script_notes
     flat.put("notes", notes, "megatron")
     if flat.problems:
-        raise ConfigImportError(flat.problems)
+        raise ConfigImportError(flat.problems, flat.needs)
     name = f"Megatron {flat.get('n_layers')} layers x {flat.get('d_model')} ({safe_name(file, 60)})"
-    return to_spec(flat, framework="megatron", source_format=source_format, name=name, gpus=gpus)
+    try:
+        return to_spec(flat, framework="megatron", source_format=source_format, name=name, gpus=gpus)
+    except ConfigImportError as e:  # a layout that does not fit the launcher's default GPU count: say where it came from
+        raise ConfigImportError(e.problems + launcher_notes, e.needs) from None
+
+
+def _launcher_gpus(flat: Flat, launcher: Launcher, gpus: int | None) -> list[str]:
+    """The launcher's GPU count is the config's, unless it holds an environment default (${SLURM_NNODES:-1}) and the
+    GPUs are given on import: then those decide."""
+    env = ", ".join(sorted(launcher.env))
+    if launcher.env and gpus is not None:
+        return [f"{gpus} GPUs as given, not the launcher's {launcher.gpus} ({launcher.how}, with the script's default "
+                f"for {env})"] if gpus != launcher.gpus else []
+    flat.put("gpus", launcher.gpus, f"the launcher's {launcher.how}")
+    return [f"{launcher.gpus} GPUs: the launcher's {launcher.how}, with the script's default for {env} (give the GPU "
+            "count to import it for another cluster)"] if launcher.env else []
 
 
 def _hf_vocab(flat: Flat, cfg: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import ast
 from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
+from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -65,7 +66,7 @@ TABLE: dict[str, Any] = {
     "--num-layers": To("n_layers", pos_int), "--hidden-size": To("d_model", pos_int),
     "--num-attention-heads": To("n_heads", pos_int), "--num-query-groups": To("mg_query_groups", opt_int),
     "--group-query-attention": To("mg_gqa", as_flag), "--ffn-hidden-size": To("ffn_hidden", opt_int),
-    "--kv-channels": To("mg_kv_channels"), "--seq-length": To("seq_len", pos_int),
+    "--kv-channels": To("mg_kv_channels", opt_int), "--seq-length": To("seq_len", pos_int),
     "--max-position-embeddings": To("mg_max_positions", opt_int), "--vocab-size": To("mg_vocab", opt_int),
     "--padded-vocab-size": To("mg_padded_vocab", opt_int),
     "--make-vocab-size-divisible-by": To("mg_vocab_multiple", pos_int),
@@ -76,11 +77,9 @@ TABLE: dict[str, Any] = {
     "--disable-bias-linear": To("mg_no_bias", as_flag), "--add-bias-linear": To("mg_bias", as_flag),
     "--add-qkv-bias": To("mg_qkv_bias", as_flag),
     "--use-flash-attn": To("mg_flash", as_flag),
-    "--attention-backend": To("attention", choice({"flash": "flash", "fused": "flash", "auto": "flash",
-                                                   "unfused": "math", "local": "math",
-                                                   "attnbackend.flash": "flash", "attnbackend.fused": "flash",
-                                                   "attnbackend.auto": "flash", "attnbackend.unfused": "math",
-                                                   "attnbackend.local": "math"})),
+    "--attention-backend": To("mg_attention_backend", choice({
+        **{k: k for k in ("flash", "fused", "auto", "unfused", "local")},
+        **{f"attnbackend.{k}": k for k in ("flash", "fused", "auto", "unfused", "local")}})),
     "--num-experts": To("n_experts", opt_int), "--moe-router-topk": To("top_k", pos_int),
     "--moe-ffn-hidden-size": To("expert_ffn_hidden", opt_int), "--moe-shared-expert-intermediate-size": To("mg_shared_ffn", opt_int),
     "--micro-batch-size": To("micro_batch", pos_int), "--global-batch-size": To("global_batch", opt_int),
@@ -88,19 +87,37 @@ TABLE: dict[str, Any] = {
     "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
     "--cp-comm-type": To("mg_cp_comm", choice({"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a",
                                                "a2a+p2p": "a2a+p2p"})),
-    "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual"),
-    "--num-virtual-stages-per-pipeline-rank": To("mg_virtual"),
-    "--virtual-pipeline-model-parallel-size": To("mg_virtual"),
+    "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual", opt_int),
+    "--num-virtual-stages-per-pipeline-rank": To("mg_virtual", opt_int),
+    "--virtual-pipeline-model-parallel-size": To("mg_virtual", opt_int),
     "--sequence-parallel": To("sequence_parallel", as_flag),
     "--use-distributed-optimizer": To("mg_dist_opt", as_flag),
     "--use-torch-fsdp2": To("mg_fsdp", as_flag), "--use-megatron-fsdp": To("mg_fsdp", as_flag),
     "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
-    "--recompute-num-layers": To("mg_recompute_layers"), "--recompute-activations": To("mg_recompute_activations", as_flag),
+    "--recompute-num-layers": To("mg_recompute_layers", opt_int), "--recompute-activations": To("mg_recompute_activations", as_flag),
     "--bf16": To("mg_bf16", as_flag), "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"),
     "--fp8": To("fp8"), "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
     "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})),
     "--world-size": To("gpus", pos_int), "--data-parallel-size": To("mg_dp", pos_int),
     "--cpu-offloading": To("mg_act_offload", as_flag),
+    "--transformer-impl": To("mg_transformer_impl", choice({"transformer_engine": "transformer_engine", "local": "local",
+                                                           "inference_optimized": "inference_optimized"})),
+    "--overlap-grad-reduce": To("grad_reduce_overlap", as_flag),
+    "--overlap-param-gather": To("param_gather_overlap", as_flag),
+    "--overlap-p2p-comm": To("pp_overlap", as_flag),
+    "--no-overlap-p2p-communication": To("mg_no_p2p_overlap", as_flag),
+    "--tp-comm-overlap": To("tp_overlap", as_flag),
+    "--accumulate-allreduce-grads-in-fp32": To("mg_grads_fp32", as_flag),
+    "--grad-reduce-in-bf16": To("mg_grads_bf16", as_flag),
+    "--main-grads-dtype": To("mg_main_grads", choice({"fp32": "fp32", "bf16": "bf16"})),
+    "--main-params-dtype": To("mg_main_params", choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"})),
+    "--use-precision-aware-optimizer": To("mg_precision_aware", as_flag),
+    "--fp8-param-gather": To("mg_fp8_params", as_flag),
+    "--fp8-margin": Ignore("the fp8 scaling margin: numerics only"),
+    "--fp8-interval": Ignore("the fp8 scale update interval: numerics only"),
+    "--fp8-amax-history-len": Ignore("delayed scaling's amax history (a few floats per tensor): numerics only"),
+    "--fp8-amax-compute-algo": Ignore("how delayed scaling reads its amax history: numerics only"),
+    "--fp8-wgrad": To("mg_fp8_wgrad", as_flag),
     "--optimizer-cpu-offload": To("mg_opt_offload", as_flag),
 }
 PREFIXES: dict[str, Any] = {
@@ -113,38 +130,71 @@ PREFIXES: dict[str, Any] = {
         "--rotary-", "--rope-", "--no-", "--use-checkpoint", "--ckpt", "--dist-ckpt", "--async-save", "--num-workers",
         "--dataloader-", "--mock-data", "--distributed-backend", "--distributed-timeout", "--manual-gc",
         "--micro-batch-size-per", "--rampup-batch-size", "--decrease-batch-size", "--profile", "--record-memory",
-        "--memory-snapshot", "--use-mcore-models", "--use-legacy-models", "--spec", "--transformer-impl", "--local-rank",
-        "--accumulate-allreduce-grads-in-fp32", "--apply-query-key-layer-scaling", "--attention-softmax-in-fp32",
+        "--memory-snapshot", "--use-mcore-models", "--use-legacy-models", "--spec", "--local-rank",
+        "--apply-query-key-layer-scaling", "--attention-softmax-in-fp32",
         "--bias-", "--masked-softmax-fusion", "--gradient-accumulation-fusion", "--apply-residual-connection",
         "--fp32-residual-connection", "--deterministic", "--check-for-nan", "--calculate-per-token-loss",
-        "--log-throughput", "--iteration", "--consumed-", "--padded", "--rank", "--async-tensor-model-parallel",
+        "--log-throughput", "--iteration", "--consumed-", "--padded", "--rank", 
         "--num-dataset-builder-threads", "--object-storage", "--squared-relu", "--openai-gelu", "--onnx-safe",
         "--bert", "--ict", "--titles", "--retro", "--vision", "--fp8-margin", "--fp8-interval", "--fp8-amax",
-        "--fp8-wgrad", "--fp8-param", "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
+        "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
         "--moe-router-load-balancing", "--moe-input-jitter", "--moe-token-dispatcher", "--moe-grouped-gemm",
         "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
         "--moe-token-drop", "--moe-expert-capacity", "--moe-pad-expert", "--moe-router-enable-expert-bias",
         "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups", "--moe-router-group-topk",
-        "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization", "--empty-unused-memory",
-        "--cross-entropy", "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
+        "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization", 
+        "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
         "--inprocess", "--high-priority-stream", "--nccl-", "--use-ring-exchange", "--barrier-with-l1",
         "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
-        "--num-distributed-optimizer-instances", "--wgrad-deferral", "--delay-wgrad",
+        "--wgrad-deferral", "--delay-wgrad",
         "--hierarchical-context-parallel", "--encoder-", "--decoder-first", "--decoder-last", "--use-tp-pp-dp-mapping",
         "--expert-tensor-parallel-size", "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
-        "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train", "--ddp-",
-        "--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg",
+        "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train", 
+        
         "--store-param-remainders", "--qk-layernorm", "--qk-l2-norm", "--use-rope-scaling", "--disable-",
         "--mtp-", "--te-", "--kitchen", "--group-query-attention-", "--num-layers-at-", "--account-for-",
         "--pipeline-model-parallel-layout", "--decoupled-lr", "--decoupled-min-lr", "--override-opt-param",
         "--lr-", "--weight-decay-incr-style", "--global-batch-size-ramp", "--adlr-autoresume", "--export-",
         "--num-channels", "--patch-dim", "--img-", "--dino", "--inference", "--flash-decode", "--enable-cuda-graph",
         "--cuda-graph", "--external-cuda-graph", "--wandb-", "--tensorboard-", "--log-")},
-    **{p: Ignore(_SPEED) for p in ("--overlap-grad-reduce", "--overlap-param-gather", "--align-grad-reduce",
-                                   "--align-param-gather", "--defer-embedding-wgrad", "--overlap-p2p-comm",
-                                   "--batch-p2p-comm", "--use-pytorch-profiler", "--tp-comm-", "--grad-reduce-in-bf16",
-                                   "--bucket-size", "--check-weight-hash", "--use-fused", "--apply-rope-fusion",
-                                   "--persist-layer-norm", "--no-persist-layer-norm", "--recompute-modules")},
+    **{p: Ignore(reason) for p, reason in (
+        ("--use-pytorch-profiler", "profiling: no effect on memory or step time"),
+        ("--check-weight-hash", "a consistency check, off the step"),
+        ("--apply-rope-fusion", "the megatron stack's fused element-wise work already counts a fused RoPE"),
+        ("--persist-layer-norm", "the megatron stack's fused element-wise work already counts fused norms"))},
+    **{p: Unmappable(reason) for p, reason in (
+        ("--align-grad-reduce", "when grad reductions launch across pipeline stages: not modelled"),
+        ("--align-param-gather", "when param gathers launch across pipeline stages: not modelled"),
+        ("--defer-embedding-wgrad", "the embedding's weight gradient deferred into the pipeline bubble: not modelled"),
+        ("--batch-p2p-comm", "batched p2p send / recv: not modelled"),
+        ("--tp-comm-", "Transformer Engine userbuffer tuning: the TP overlap is modelled as hiding each collective behind "
+                       "the GEMMs it feeds, whatever the split or the bulk overlaps"),
+        ("--bucket-size", "bucket size: the model reduces ShardLab's per-block buckets"),
+        ("--use-fused", "a fused kernel beyond the stack's element-wise accounting: not modelled"),
+        ("--no-persist-layer-norm", "a non-persistent norm kernel: not modelled"),
+        ("--recompute-modules", "selective recompute of modules other than core attention: predicted as core "
+                                "attention's (Megatron's default ['core_attn'])"),
+        ("--distribute-saved-activations", "checkpoints distributed over tp: not modelled"),
+        ("--cross-entropy-loss-fusion", "the fused vocab-parallel cross-entropy: predicted as the unfused one (its "
+                                        "kernels and temporaries are not modelled)"),
+        ("--cross-entropy-fusion-impl", "the fused cross-entropy's implementation: not modelled"),
+        ("--ddp-", "DistributedDataParallelConfig tuning (bucket sizes, padding, fp32 reduce-scatter accumulation): "
+                   "buffers and bucket counts not modelled"),
+        ("--num-distributed-optimizer-instances", "several distributed-optimizer instances shard over dp x cp / "
+                                                  "instances: predicted as one (the whole dp x cp group)"),
+        ("--async-tensor-model-parallel", "the legacy async TP all-reduce overlap: not modelled"),
+        ("--exp-avg", "Adam states in a lower precision (precision-aware optimizer): predicted in fp32"),
+        ("--fp8-param", "an fp8 parameter option beyond --fp8-param-gather: not modelled"),
+        ("--no-gradient-accumulation-fusion", "weight gradients accumulated outside the GEMM: not modelled"),
+        ("--no-masked-softmax-fusion", "a fusion turned off: the fused element-wise accounting assumes it on"),
+        ("--no-bias-dropout-fusion", "a fusion turned off: the fused element-wise accounting assumes it on"),
+        ("--no-bias-gelu-fusion", "a fusion turned off: the fused element-wise accounting assumes it on"),
+        ("--no-bias-swiglu-fusion", "a fusion turned off: the fused element-wise accounting assumes it on"),
+        ("--no-rope-fusion", "a fusion turned off: the fused element-wise accounting assumes it on"),
+        ("--no-fp8-wgrad", "weight-gradient GEMMs in bf16 under fp8: predicted in fp8"),
+        ("--no-align-", "when DP collectives launch across pipeline stages: not modelled"),
+        ("--empty-unused-memory", "torch.cuda.empty_cache() in the step: lowers reserved memory, adds time; not "
+                                  "modelled"))},
     "--moe-layer-freq": Unmappable("MoE on only some layers: ShardLab models every layer MoE or none"),
     "--num-experts-per-layer": Unmappable("per-layer expert counts are not modelled"),
     "--multi-latent-attention": Unmappable("multi-latent attention (MLA) is not modelled"),
@@ -187,14 +237,35 @@ def model_and_layout(flat: Flat) -> list[str]:
     if flat.get("positions") == "learned" and max_pos and max_pos != flat.get("seq_len"):
         notes.append(f"learned positions: Megatron allocates --max-position-embeddings {max_pos} rows, ShardLab seq_len "
                      f"{flat.get('seq_len')} ({(max_pos - flat.get('seq_len')) * h:+,} parameters)")
-    if flat.get("attention") is None:
-        flat.put("attention", "flash", "--attention-backend")
-        notes.append("attention kernel: Megatron's default backend (auto: Transformer Engine flash / fused) saves no "
-                     "(s x s) probabilities -> flash")
+    notes += _attention(flat)
     notes += _vocab(flat, tp)
     notes += _moe(flat)
     notes += _context_parallel(flat)
     return notes
+
+
+BACKEND_KERNELS = {"flash": "flash2", "fused": "cudnn", "unfused": "eager", "local": "eager", "auto": None}
+"""--attention-backend -> the stack's attention_kernel (None: auto, Transformer Engine's choice by device:
+spec/stacks.py, cuDNN fused attention on Hopper); Megatron maps the backend to NVTE_FLASH_ATTN / NVTE_FUSED_ATTN
+(megatron/core/models/common/language_module/language_module.py 126-148 @d98e8a6)."""
+
+
+def _attention(flat: Flat) -> list[str]:
+    """The attention kernel from --transformer-impl, --attention-backend and --use-flash-attn, and the model's
+    attention (flash: no (s x s) probabilities saved; math: Megatron's unfused core attention saves them)."""
+    impl = flat.get("mg_transformer_impl", "transformer_engine")
+    backend = flat.get("mg_attention_backend", "auto")
+    source = flat.source_of("mg_attention_backend") if "mg_attention_backend" in flat.canonical else "--attention-backend"
+    if impl == "local" and backend == "auto":  # the local spec runs Megatron's own DotProductAttention
+        kernel = "flash2" if flat.get("mg_flash") else "eager"
+        source = "--use-flash-attn" if flat.get("mg_flash") else "--transformer-impl"
+    else:
+        kernel = BACKEND_KERNELS[backend]
+    if kernel is not None:
+        flat.put("attention_kernel", kernel, source)
+    flat.put("attention", "math" if kernel == "eager" else "flash", source)
+    shown = kernel or "Transformer Engine's choice (cuDNN fused attention on Hopper, flash-attn before)"
+    return [f"attention: --transformer-impl {impl}, --attention-backend {backend} -> {shown}"]
 
 
 def _context_parallel(flat: Flat) -> list[str]:
@@ -212,14 +283,25 @@ def _context_parallel(flat: Flat) -> list[str]:
             "balances causal work over 2 x cp chunks (cp_load_balance true)"]
 
 
+def given_vocab(flat: Flat, vocab: int) -> None:
+    """The vocabulary size the person importing gave (the CLI's --vocab, the dashboard's field), where the config has
+    none; a contradiction with the config's own --vocab-size is a problem."""
+    own = flat.get("mg_vocab")
+    if own is not None and own != vocab:
+        flat.problems.append(f"the vocabulary size given ({vocab:,}) contradicts the config's {own:,} "
+                             f"({flat.source_of('mg_vocab')})")
+    elif own is None and flat.get("mg_padded_vocab") is None:
+        flat.put("mg_vocab", vocab, "the vocabulary size given on import")
+
+
 def _vocab(flat: Flat, tp: int) -> list[str]:
     if flat.get("mg_padded_vocab") is not None:
         flat.put("vocab_size", flat.get("mg_padded_vocab"), flat.source_of("mg_padded_vocab"))
         return []
     vocab = flat.get("mg_vocab") or flat.get("vocab_size")
     if vocab is None:
-        flat.problems.append("the vocabulary size is unknown: Megatron reads it from the tokenizer; add --vocab-size N to "
-                             "the arguments or give the model's config.json with --model-config")
+        flat.problems.append(f"{VOCAB_UNKNOWN}: Megatron reads it from the tokenizer, which the config only names")
+        flat.needs.add(VOCAB_SIZE)
         return []
     multiple = flat.get("mg_vocab_multiple", 128) * tp
     padded = -(-vocab // multiple) * multiple
@@ -255,16 +337,17 @@ def training(flat: Flat) -> list[str]:
     if flavour == "zero1" and (flat.get("tp", 1) > 1 or flat.get("pp", 1) > 1):
         notes.append("--use-distributed-optimizer with tp/pp: zero1, which ShardLab runs and predicts as Megatron's "
                      "distributed optimizer (16-bit params, fp32 main grads in contiguous buckets reduce-scattered over "
-                     "dp, fp32 masters and Adam states sharded over dp, params all-gathered after the step)")
+                     "dp x cp, fp32 masters and Adam states sharded over dp x cp, params all-gathered after the step)")
     elif flavour == "zero1":
-        notes.append("--use-distributed-optimizer without tp/pp: zero1 (torch's ZeroRedundancyOptimizer: optimizer "
-                     "state sharded over dp by whole parameters, so per-rank optimizer bytes are uneven where Megatron "
-                     "splits its flat buffer evenly)")
+        notes.append("--use-distributed-optimizer without tp/pp: zero1, predicted under the megatron stack as Megatron's "
+                     "distributed optimizer (grad buckets reduce-scattered, params all-gathered over dp x cp); this "
+                     "engine's own dp-only zero1 is torch's ZeroRedundancyOptimizer")
     if flat.get("sequence_parallel") and flat.get("tp", 1) == 1:
         flat.put("sequence_parallel", False, flat.source_of("sequence_parallel"))
         notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the spec")
     notes += _recompute(flat)
     notes += _pipeline(flat)
+    notes += _stack(flat)
     for key, what in (("mg_act_offload", "activation / weight CPU offloading"), ("mg_opt_offload", "optimizer CPU offload")):
         if flat.get(key):
             flat.unmap(flat.source_of(key), True, f"Megatron's {what} is not modelled")
@@ -302,6 +385,34 @@ def _recompute(flat: Flat) -> list[str]:
     return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: recompute "
             f"{method}:{layers_n} (" + ("consecutive groups of" if method == "uniform" else "the first")
             + f" {layers_n} blocks of each pipeline stage module)"]
+
+
+def _stack(flat: Flat) -> list[str]:
+    """stack megatron and the settings the arguments state (spec/stacks.py gives the rest its defaults, Megatron's)."""
+    flat.put("stack", "megatron", "pretrain_gpt.py (Megatron-Core)")
+    notes = []
+    if flat.get("mg_transformer_impl", "transformer_engine") == "local":
+        notes.append("--transformer-impl local: Megatron's own modules with its fused kernels (element-wise fused); "
+                     "float8 GEMMs need Transformer Engine")
+    if flat.get("mg_grads_bf16") or flat.get("mg_main_grads") == "bf16":
+        flat.put("grad_reduce_dtype", "bf16", "--grad-reduce-in-bf16" if flat.get("mg_grads_bf16") else "--main-grads-dtype")
+    elif flat.get("mg_grads_fp32") or flat.get("mg_main_grads") == "fp32":
+        flat.put("grad_reduce_dtype", "fp32", flat.source_of("mg_grads_fp32"))
+    if flat.get("mg_main_params") not in (None, "fp32"):
+        if flat.get("mg_precision_aware"):
+            flat.put("master_dtype", flat.get("mg_main_params"), "--main-params-dtype")
+        else:
+            flat.unmap("--main-params-dtype", flat.get("mg_main_params"), "takes effect with "
+                       "--use-precision-aware-optimizer only: predicted as fp32")
+    if flat.get("mg_fp8_params"):
+        flat.put("param_dtype", "fp8", "--fp8-param-gather")
+    if flat.get("mg_no_p2p_overlap"):
+        flat.put("pp_overlap", False, "--no-overlap-p2p-communication")
+    if flat.get("mg_fp8_wgrad") is False:
+        flat.unmap("--fp8-wgrad", False, "weight-gradient GEMMs in bf16 under fp8: predicted in fp8")
+    if flat.get("tp_overlap") and flat.get("tp", 1) > 1 and not flat.get("sequence_parallel"):
+        flat.problems.append("--tp-comm-overlap needs --sequence-parallel (Megatron asserts it: arguments.py 1441-1442)")
+    return notes
 
 
 MEGATRON_FP8_RECIPES = {"delayed": "tensorwise", "tensorwise": "tensorwise", "blockwise": "rowwise", "mxfp8": "rowwise"}

@@ -16,10 +16,12 @@ import re
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, check_nodes, choice, flatten
+from backend.importers.bounded import parse_bounded
+from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import TABLE as MEGATRON, as_flag, model_and_layout, opt_int, pos_int, training
-from backend.spec.user_text import MAX_JSON_FILE_BYTES, check_depth
+from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
+                                               pos_int, training)
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")
 _IGNORED = "training numerics, data, logging, checkpointing or kernel fusion: no effect on memory or step time per step"
@@ -29,6 +31,10 @@ SAME_AS_MEGATRON = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attenti
                     "context_parallel_size", "expert_model_parallel_size", "sequence_parallel", "moe_router_topk",
                     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "normalization",
                     "position_embedding_type")
+FUSIONS = ("gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_add_fusion", "masked_softmax_fusion",
+           "apply_rope_fusion")
+"""Megatron's fusions (on by default): the megatron stack's fused element-wise accounting assumes them; one turned off
+is reported."""
 RENAMED = {"encoder_seq_length": "--seq-length", "num_moe_experts": "--num-experts",
            "virtual_pipeline_model_parallel_size": "--virtual-pipeline-model-parallel-size",
            "activations_checkpoint_granularity": "--recompute-granularity",
@@ -57,6 +63,11 @@ TABLE: dict[str, Any] = {
     "model.attention_type": To("nemo_attention_type", choice({"multihead": "multihead"})),
     "model.transformer_block_type": To("nemo_block", choice({"pre_ln": "pre_ln"})),
     "model.headscale": To("nemo_headscale", lambda v: _off(v, "headscale adds per-head parameters")),
+    "model.overlap_p2p_comm": To("pp_overlap", as_flag),
+    "model.ub_tp_comm_overlap": To("tp_overlap", as_flag),
+    "model.optim.overlap_grad_sync": To("grad_reduce_overlap", as_flag),
+    "model.optim.overlap_param_sync": To("param_gather_overlap", as_flag),
+    **{f"model.{k}": To(f"nemo_fusion.{k}", as_flag) for k in FUSIONS},
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in (
@@ -66,17 +77,15 @@ PREFIXES: dict[str, Any] = {
         "model.init_method_std", "model.use_scaled_init_method", "model.hidden_dropout", "model.attention_dropout",
         "model.ffn_dropout", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
         "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.persist_layer_norm",
-        "model.openai_gelu", "model.normalize_attention_scores", "model.rotary_percentage", "model.overlap_p2p_comm",
+        "model.openai_gelu", "model.normalize_attention_scores", "model.rotary_percentage",
         "model.batch_p2p_comm", "model.seq_len_interpolation_factor", "model.scale_positional_embedding",
         "model.reset_lr", "model.native_amp", "model.hysteresis", "model.fp32_residual_connection",
         "model.fp16_lm_cross_entropy", "model.megatron_amp_O2", "model.grad_allreduce_chunk_size_mb",
-        "model.grad_div_ar_fusion", "model.gradient_accumulation_fusion", "model.bias_activation_fusion",
-        "model.bias_dropout_add_fusion", "model.masked_softmax_fusion", "model.get_attention_mask_from_fusion",
-        "model.apply_rope_fusion", "model.seed", "model.use_cpu_initialization", "model.onnx_safe",
+        "model.grad_div_ar_fusion", "model.get_attention_mask_from_fusion", "model.seed", "model.use_cpu_initialization", "model.onnx_safe",
         "model.apex_transformer_log_level", "model.gradient_as_bucket_view", "model.sync_batch_comm",
         "model.nccl_communicator_config_path", "model.validation_param_sync_overlap", "model.fsdp_",
         "model.mcore_gpt", "model.fp8_margin", "model.fp8_interval", "model.fp8_amax",
-        "model.reduce_amax", "model.use_emha", "model.ub_tp_comm_overlap", "model.cpu_offloading_",
+        "model.reduce_amax", "model.use_emha", "model.cpu_offloading_",
         "model.sharp", "model.enable_megatron_timers", "model.gc_interval", "model.drop_layers",
         "model.precision", "model.resume", "model.moe_aux_loss_coeff", "model.moe_token_dispatcher_type",
         "model.moe_grouped_gemm", "model.moe_router_load_balancing_type", "model.moe_z_loss_coeff",
@@ -95,13 +104,9 @@ def parse(text: str | bytes) -> dict[str, Any]:
 
     size = len(text.encode() if isinstance(text, str) else text)
     if size > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the YAML is {size:,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit for a config"])
+        raise ConfigImportError([over_limit("the YAML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
-        data = yaml.safe_load(text)
-        check_nodes(data, "the NeMo YAML")
-        check_depth(data, "the NeMo YAML")
-    except ValueError as e:
-        raise ConfigImportError([str(e)]) from None
+        data = parse_bounded(yaml.safe_load, text, "the NeMo YAML")
     except yaml.YAMLError as e:
         raise ConfigImportError([f"not a YAML file: {str(e).splitlines()[0]}"]) from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
@@ -128,15 +133,17 @@ def resolve(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def import_yaml(text: str | bytes, *, gpus: int | None = None, model_config: dict[str, Any] | None = None,
-                file: str = "config.yaml") -> ImportedConfig:
+                file: str = "config.yaml", vocab_size: int | None = None) -> ImportedConfig:
     data = parse(text)
     flat = Flat(resolve(flatten(data)))
     apply_table(flat, TABLE, prefixes=PREFIXES)
     notes = _nemo(flat, model_config)
+    if vocab_size is not None:
+        given_vocab(flat, vocab_size)
     notes += model_and_layout(flat) + training(flat)
     flat.put("notes", notes, "nemo")
     if flat.problems:
-        raise ConfigImportError(flat.problems)
+        raise ConfigImportError(flat.problems, flat.needs)
     name = f"NeMo {safe_name(data.get('name') or 'megatron_gpt', 60)} ({safe_name(file, 60)})"
     return to_spec(flat, framework="megatron", source_format="nemo-yaml", name=name, gpus=gpus)
 
@@ -155,10 +162,12 @@ def _nemo(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
     optim = flat.get("nemo_optim", "fused_adam")
     flat.put("mg_dist_opt", optim.startswith("distributed_fused_adam"), "model.optim.name")
     flat.put("optimizer", "sgd" if optim == "sgd" else "adamw", "model.optim.name")
-    if not flat.get("nemo_te", False) and not flat.get("mg_flash", False):
-        flat.put("attention", "math", "model.transformer_engine")
-        notes.append("attention kernel: without Transformer Engine or use_flash_attention NeMo runs Megatron's local "
-                     "(unfused) attention, which saves the (s x s) probabilities -> math")
+    flat.put("mg_transformer_impl", "transformer_engine" if flat.get("nemo_te", False) else "local",
+             "model.transformer_engine")  # without TE: Megatron's local attention (unfused, or flash-attn)
+    for k in FUSIONS:
+        if flat.get(f"nemo_fusion.{k}") is False:
+            flat.unmap(f"model.{k}", False, "a fusion turned off: the megatron stack's fused element-wise accounting "
+                       "assumes Megatron's fusions on")
     if model_config is not None and isinstance(model_config.get("vocab_size"), int):
         flat.put("mg_vocab", model_config["vocab_size"], "--model-config vocab_size")
     elif flat.get("mg_vocab") is None and flat.get("mg_padded_vocab") is None:

@@ -124,6 +124,7 @@ def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Ha
         peak_allocated_bytes=max(allocated) if allocated else None, peak_reserved_bytes=max(reserved) if reserved else None,
         memory_source=collector.facts.get("memory_source", ""), reported=measured.reported, unmapped=imported.unmapped,
         ignored=imported.ignored, lines={**collector.stats.to_dict(), "garbled_step_lines": collector.unparsed,
+                                         "first_garbled_line": collector.first_unparsed_line or None,
                                          "repeated_step_lines": collector.duplicates},
         facts={k: v for k, v in collector.facts.items() if k not in ("device_name", "memory_source")})
     # an imported layout may be one this engine only predicts (Megatron's distributed optimizer = ZeRO-1 x TP/PP)
@@ -170,7 +171,7 @@ def _notes(imported: ImportedConfig, measured: Measured, facts: ImportFacts, hw:
 
 def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     """tokens/s, ShardLab's MFU / HFU on the profile's peak, and the step-time prediction with its breakdown."""
-    from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.model import step_time, untimed_reason
     from backend.analytic.model_flops import training_flops_per_step
     from backend.analytic.recompute_cost import flops_rerun
 
@@ -187,6 +188,9 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     result.achieved_flops = flops / step
     from backend.calibration.fit import extrapolation
 
+    if (why := untimed_reason(spec, hw.profile.kind)) is not None:  # (fp8 on a CPU profile)
+        result.notes.append(f"No step-time prediction: {why}.")
+        return
     st = step_time(spec, hw.profile, band=hw.band).summary
     result.step_time_predicted_s = st["step_s"]
     cal = hw.calibration
@@ -198,7 +202,8 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
 
 def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None = None, gpus: int | None = None,
                hardware: str | None = None, tags: list[str] | tuple[str, ...] = (), model_config: str | Path | None = None,
-               seq_len: int | None = None, warmup_steps: int | None = None, db_url: str | None = None) -> int:
+               seq_len: int | None = None, warmup_steps: int | None = None, db_url: str | None = None,
+               vocab_size: int | None = None) -> int:
     """Import one run and store it (one transaction); its experiment id. ConfigImportError / LogImportError (nothing
     stored) with the reason."""
     from backend.importers import import_config
@@ -207,7 +212,8 @@ def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None =
 
     if gpus is None and Path(log).is_file():
         gpus = sniff_gpus(log)
-    imported = import_config(config, fmt=fmt, gpus=gpus, model_config=model_config, seq_len=seq_len)
+    imported = import_config(config, fmt=fmt, gpus=gpus, model_config=model_config, seq_len=seq_len,
+                             vocab_size=vocab_size)
     collector, measured = parse_log(log, imported, warmup_steps=warmup_steps)
     hw = resolve_hardware(hardware, collector.facts.get("device_name"), db_url)
     result = build_result(imported, collector, measured, hw, config_file=_shown(config), log_file=_shown(log))

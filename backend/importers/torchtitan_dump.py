@@ -35,7 +35,7 @@ TABLE: dict[str, Any] = {
     "training.num_tokens_per_train_step": To("tt_step_tokens", int),
     "training.max_context_length": To("seq_len", positive_int),
     "training.mixed_precision_param": To("tt_param_dtype", choice({"bfloat16": "bf16-mixed", "float32": "fp32"})),
-    "training.mixed_precision_reduce": Ignore("gradient reduction dtype fp32: ShardLab's bf16-mixed reduces in fp32 too"),
+    "training.mixed_precision_reduce": To("grad_reduce_dtype", choice({"float32": "fp32", "bfloat16": "bf16"})),
     "training.dtype": To("tt_dtype", str),
     "training.enable_cpu_offload": To("tt_cpu_offload", flag),
     "parallelism.data_parallel_replicate_degree": To("dp_replicate", degree),
@@ -55,6 +55,9 @@ TABLE: dict[str, Any] = {
     "parallelism.expert_parallel_degree": To("ep", positive_int),
     "activation_checkpoint": To("tt_ac"),
     "compile.enable": To("tt_compile", flag),
+    "compile.components": To("tt_compile_components"),
+    "compile.backend": To("tt_compile_backend", str),
+    "parallelism.enable_async_tensor_parallel": To("tp_overlap", flag),
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader",

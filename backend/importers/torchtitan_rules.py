@@ -5,7 +5,8 @@ torchtitan/models/llama3/infra/parallelize.py and distributed/pipeline.py of v0.
 - dp_replicate > 1 with FSDP is HSDP, which ShardLab predicts as FSDP over the whole dp group (reported);
 - mixed_precision_param applies only under FSDP: DDP / TP-only training runs in fp32;
 - the Llama TP plan always shards the norms over the sequence (sequence parallel) and, unless
-  disable_loss_parallel, computes the loss on vocab-sharded logits (loss parallel; ShardLab gathers them);
+  disable_loss_parallel, computes the loss on vocab-sharded logits (loss parallel: the spec's loss_parallel);
+- the stack is torchtitan (spec/stacks.py): compile is the element-wise setting "compiled", async TP tp_overlap;
 - a multi-stage pipeline schedule runs 2 stages per rank unless pipeline_parallel_layers_per_stage says otherwise.
 """
 
@@ -44,11 +45,11 @@ def data_parallel(flat: Flat) -> None:
     tp = flat.get("tp", 1)
     if tp > 1 and flat.get("sequence_parallel") is None:
         flat.put("sequence_parallel", True, flat.source_of("tp"))
+    flat.put("stack", "torchtitan", "torchtitan job config")
     loss_parallel = flat.get("tt_loss_parallel", True) and not flat.get("tt_no_loss_parallel", False)
-    if tp > 1 and loss_parallel:
-        flat.unmap("parallelism.disable_loss_parallel", False, "torchtitan's loss parallel keeps the logits sharded over "
-                   f"tp; ShardLab's TP gathers the full (batch, seq, vocab) logits on every rank, so they are predicted "
-                   f"{tp} times larger")
+    source = flat.source_of("tt_no_loss_parallel") if "tt_no_loss_parallel" in flat.canonical else \
+        flat.source_of("tt_loss_parallel") if "tt_loss_parallel" in flat.canonical else "parallelism.disable_loss_parallel"
+    flat.put("loss_parallel", bool(loss_parallel), source)  # torchtitan train.py 314-318: loss parallel whenever tp > 1
 
 
 def precision(flat: Flat) -> list[str]:
@@ -117,9 +118,17 @@ def compile_and_early_step(flat: Flat) -> None:
     if flat.get("tt_early_step"):
         flat.unmap(flat.source_of("tt_early_step"), True, "steps and frees each gradient during backward: gradients "
                    "are predicted as if all were held until the optimizer step")
-    if flat.get("tt_compile"):
-        flat.unmap(flat.source_of("tt_compile"), True, "torch.compile fuses element-wise kernels: the step-time model "
-                   "assumes eager kernels (a calibrated profile absorbs the difference)")
+    if flat.get("tt_compile"):  # apply_compile: torch.compile(transformer_block, fullgraph=True) per block
+        flat.put("elementwise", "compiled", flat.source_of("tt_compile"))
+        if "loss" in (flat.get("tt_compile_components") or []):
+            flat.unmap("compile.components", flat.get("tt_compile_components"), "the compiled loss fuses the "
+                       "cross-entropy's temporaries: predicted as the eager loss")
+        if flat.get("tt_compile_backend", "inductor") != "inductor":
+            flat.unmap("compile.backend", flat.get("tt_compile_backend"), "a torch.compile backend other than inductor: "
+                       "predicted as inductor's fused kernels")
+    if flat.get("tp_overlap") and not flat.get("tt_compile"):
+        flat.unmap(flat.source_of("tp_overlap"), True, "async TP needs compile (torchtitan maybe_enable_async_tp "
+                   "refuses it without): predicted with the overlap")
 
 
 def activation_checkpoint(flat: Flat) -> list[str]:

@@ -17,12 +17,13 @@ import tomllib
 from typing import Any
 
 from backend.importers.assemble import to_spec
+from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.torchtitan_models import flavor_model
 from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
                                               precision, schedule)
-from backend.spec.user_text import MAX_JSON_FILE_BYTES
+from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 _BOOKKEEPING = "job bookkeeping, profiling, metrics, checkpointing or communication timeouts: no effect on memory or step time"
 _NUMERICS = "optimizer / schedule / data numerics: no effect on memory or step time per step"
 
@@ -44,9 +45,22 @@ TABLE: dict[str, Any] = {
     "training.tensor_parallel_degree": To("tp", positive_int),
     "training.enable_loss_parallel": To("tt_loss_parallel", flag),
     "training.mixed_precision_param": To("tt_param_dtype", choice({"bfloat16": "bf16-mixed", "float32": "fp32"})),
-    "training.mixed_precision_reduce": Ignore("gradient reduction dtype fp32: ShardLab's bf16-mixed reduces in fp32 too"),
+    "training.mixed_precision_reduce": To("grad_reduce_dtype", choice({"float32": "fp32", "bfloat16": "bf16"})),
     "training.enable_cpu_offload": To("tt_cpu_offload", flag),
     "training.compile": To("tt_compile", flag),
+    "compile.enable": To("tt_compile", flag),
+    "compile.components": To("tt_compile_components"),
+    "compile.backend": To("tt_compile_backend", str),
+    "parallelism.enable_async_tensor_parallel": To("tp_overlap", flag),
+    "experimental.enable_async_tensor_parallel": To("tp_overlap", flag),
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": To("tt_fp8_all_gather", flag),
+    "quantize.linear.float8.recipe_name": To("tt_fp8_recipe"),
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": Ignore(
+        "one amax all-reduce for all float8 weights after the optimizer step instead of one per weight: a few floats"),
+    "quantize.linear.float8.force_recompute_fp8_weight_in_bwd": Unmappable(
+        "the fp8 weight recast in backward instead of kept: its bytes and time are not modelled"),
+    "quantize.linear.float8.filter_fqns": Unmappable("float8 linears filtered by name: ShardLab keeps every block "
+                                                     "linear in float8 and lm_head in bf16"),
     "parallelism.data_parallel_replicate_degree": To("dp_replicate", degree),
     "parallelism.data_parallel_shard_degree": To("dp_shard", degree),
     "parallelism.fsdp_reshard_after_forward": To("tt_reshard", choice({"default": "default", "always": "always",
@@ -76,13 +90,11 @@ PREFIXES: dict[str, Any] = {
                                       "training.max_norm", "training.steps", "training.warmup_steps", "training.gc_freq",
                                       "training.gc_debug", "training.seed", "training.deterministic")},
     "float8": Ignore("details of the float8 recipe (fp8 itself is model.converters / enable_float8_linear)"),
+    "quantize": Ignore("details of the quantization recipe (fp8 itself is model.converters)"),
     "mx": Ignore("details of the MX recipe (MX itself is model.converters)"),
     "fault_tolerance": Unmappable("torchft fault tolerance replicas are not modelled"),
 }
 WHEN_ON = {  # booleans reported only when switched on
-    "parallelism.enable_async_tensor_parallel": "async TP overlaps the TP collectives with the matmuls: not modelled "
-                                                "(exposed TP communication predicted as without it)",
-    "experimental.enable_async_tensor_parallel": "async TP: not modelled",
     "parallelism.enable_compiled_autograd": "compiled autograd: not modelled",
     "experimental.enable_compiled_autograd": "compiled autograd: not modelled",
     "experimental.custom_import": "custom code: ShardLab never imports a config's module; its effect is unknown",
@@ -96,9 +108,9 @@ WHEN_ON = {  # booleans reported only when switched on
 def parse(text: str | bytes) -> dict[str, Any]:
     size = len(text.encode() if isinstance(text, str) else text)
     if size > MAX_JSON_FILE_BYTES:
-        raise ConfigImportError([f"the TOML is {size:,} bytes, over the {MAX_JSON_FILE_BYTES:,}-byte limit for a config"])
+        raise ConfigImportError([over_limit("the TOML", size, MAX_JSON_FILE_BYTES) + " for a config"])
     try:
-        return tomllib.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        return parse_bounded(tomllib.loads, text.decode("utf-8") if isinstance(text, bytes) else text, "the TOML")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigImportError([f"not a TOML file: {e}"]) from None
 
@@ -162,8 +174,9 @@ def _batch(flat: Flat) -> list[str]:
 
 def _numerics(flat: Flat) -> list[str]:
     converters = flat.get("tt_converters") or []
-    if "float8" in converters:
+    float8 = ("float8", "quantize.linear.float8")
+    if any(c in float8 for c in converters):
         flat.put("fp8", True, "model.converters")
-    if other := [c for c in converters if c != "float8"]:
+    if other := [c for c in converters if c not in float8]:
         flat.unmap("model.converters", converters, f"model converters {other} (MX, other quantization) are not modelled")
     return []

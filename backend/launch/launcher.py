@@ -5,12 +5,14 @@ backend.engine.rank --spec ... --out workdir` in its own session, streams its ou
 `on_progress`, everything to `workdir/log.txt`), and ends the whole process tree on the first failing
 rank, on `spec.runtime.timeout_s`, or on `cancel`. It always returns a result and writes it atomically
 to `workdir/result.json`: ok (assembled from `ranks.json`), or failed/oom/timeout/cancelled with the
-first failing rank, its traceback, the log tail and the predicted memory per rank. What the ranks write and
-print is read through backend/runtime/protocol.py.
+first failing rank, its traceback, the log tail and the predicted memory per rank. A disk that cannot take
+result.json costs the file, never the finished run (the caller stores the returned result). What the ranks write
+and print is read through backend/runtime/protocol.py.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
@@ -30,6 +32,7 @@ from backend.runtime.protocol import (RANKS_FILE, ProtocolError, any_rank_error,
                                      ranks_path, read_ranks)
 from backend.spec import Device, ExperimentSpec
 
+log = logging.getLogger("shardlab.launch")
 POLL_S = 0.2
 GRACE_S = 5.0
 """SIGTERM -> SIGKILL grace when the launcher ends a job."""
@@ -76,8 +79,18 @@ def run_experiment(
         result = _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0, rank_module)
     result.started_at, result.finished_at = started_at, _now()
     result.wall_s = time.monotonic() - t0
-    write_atomic(workdir / "result.json", result.to_json())
+    keep_result(workdir, result)
     return result
+
+
+def keep_result(workdir: Path, result: RunResult) -> None:
+    """Write result.json; a disk that cannot take it (full, read-only) must not cost the finished run: the result is
+    returned all the same and the caller stores it from memory (the worker retries the file too)."""
+    try:
+        write_atomic(workdir / "result.json", result.to_json())
+    except OSError as e:
+        log.warning("%s/result.json not written (%s): the %s result is kept in memory for the caller to store",
+                    workdir, e, result.status)
 
 
 def _run_job(spec, workdir, cmd, env, job_id, launch, on_progress, cancel, assemble, t0, rank_module) -> RunResult:
@@ -161,8 +174,14 @@ def assembled_result(spec: ExperimentSpec, workdir: Path, assemble: Assembler | 
 
 def predicted_step_s(spec: ExperimentSpec, result: RunResult) -> float | None:
     """The step-time model on the 'cpu' profile for a run whose ranks ran on the CPU (None otherwise, or without a
-    profile: backend/bench/cpu_profile.py); never fails the run."""
+    profile: backend/bench/cpu_profile.py); never fails the run. A spec the model does not time on CPU ranks (fp8)
+    gets None and a note saying so."""
     if "cpu" not in str(result.env.get("device", "cpu")).lower():
+        return None
+    from backend.analytic.steptime.model import untimed_reason
+
+    if (why := untimed_reason(spec, "cpu")) is not None:
+        result.notes.append(f"No step-time prediction: {why}.")
         return None
     try:
         from backend.analytic.steptime.hardware import CPU, load_profiles

@@ -2,15 +2,18 @@
 (backend/runtime/protocol.py: `enable_stack_dump`, `read_stacks`).
 
 On timeout the launcher sends the signal to the job's rank processes (`Job.dump_stacks`), waits a moment, then
-ends the job. `hang_report` reads the dumps: a rank whose innermost frame is outside torch (e.g. sleeping in our
-own code) while its peers sit inside torch (blocked in a collective) is the one holding the job up.
+ends the job. `hang_report` reads the dumps and each rank's progress file (`rank-<r>.progress`: steps finished).
+The rank holding the job up, the first of these that names exactly one: the rank whose innermost frame is outside
+torch (e.g. sleeping in our own code) while its peers sit inside torch (blocked in a collective); the rank that did
+not answer the stack-dump signal at all while its peers did (stopped by SIGSTOP or a debugger, stuck in the kernel,
+swapped out: its peers wait for it in a collective); the rank that finished fewer steps than every peer.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from backend.runtime.protocol import RankStack, read_stacks
+from backend.runtime.protocol import RankProgress, RankStack, read_progress_marks, read_stacks, stack_dump_ranks
 
 
 def in_torch(stack: RankStack) -> bool:
@@ -40,11 +43,37 @@ def _short(path: str) -> str:
 def hang_report(out_dir: Path) -> tuple[str, int | None] | None:
     """(one-line summary of where every rank was, the rank holding the job up if exactly one) or None."""
     stacks = read_stacks(out_dir)
-    if not stacks:
+    if not stacks:  # nobody answered (or nobody was asked: the one-process JAX program is not signalled)
         return None
+    marks = read_progress_marks(out_dir)
+    answered = {s.rank for s in stacks}
+    silent = [r for r in stack_dump_ranks(out_dir) if r not in answered and not (r in marks and marks[r].finished)]
     outside = [s for s in stacks if not in_torch(s)]
     waiting = [s for s in stacks if in_torch(s)]
-    culprit = outside[0].rank if len(outside) == 1 and waiting else None
-    parts = [f"rank {s.rank} {where(s)}" for s in (outside + waiting)]
-    lead = f"rank {culprit} is holding the job up; " if culprit is not None else ""
-    return f"{lead}stacks at the timeout: " + "; ".join(parts), culprit
+    culprit, why = None, ""
+    if len(outside) == 1 and waiting:
+        culprit, why = outside[0].rank, "outside torch while its peers wait inside it"
+    elif len(silent) == 1:
+        culprit, why = silent[0], "did not answer the stack-dump signal (stopped, or stuck in the kernel)"
+    elif (behind := _behind(marks)) is not None:
+        culprit, why = behind, "stopped making progress first"
+    parts = [f"rank {s.rank} {where(s)}" for s in (outside + waiting)] + [f"rank {r} gave no stack" for r in silent]
+    lead = f"rank {culprit} is holding the job up ({why}); " if culprit is not None else ""
+    return f"{lead}stacks at the timeout: " + "; ".join(parts) + _progress_text(marks), culprit
+
+
+def _behind(marks: dict[int, RankProgress]) -> int | None:
+    """The one rank that finished fewer steps than all its peers, if there is exactly one."""
+    live = [m for m in marks.values() if not m.finished]
+    if len(marks) < 2 or not live:
+        return None
+    least = min(m.steps_done for m in live)
+    at_least = [m.rank for m in live if m.steps_done == least]
+    return at_least[0] if len(at_least) == 1 and any(m.steps_done > least for m in marks.values()) else None
+
+
+def _progress_text(marks: dict[int, RankProgress]) -> str:
+    if not marks:
+        return ""
+    return "; steps finished: " + ", ".join(f"rank {m.rank} {m.steps_done} ({m.last})" for m in
+                                             sorted(marks.values(), key=lambda m: m.rank))

@@ -33,9 +33,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from backend.models.checkpointing import op_policy, resolve_ops, run_blocks
+from backend.models.moe_capacity import AuxLossScaler, aux_scores, capacity_keep, load_balancing_loss
+from backend.models.moe_sorted import dense_dispatch
 from backend.recompute_policy import DEFAULT_SAC_OPS, parse
 from backend.spec import AttentionImpl, Bias, Mlp, ModelSpec, Norm, Positions, RouterScore, WindowKind
-from backend.torch_compat import is_fake_tensor
+from backend.torch_compat import current_graph_task_id, is_fake_tensor
 
 INIT_THREADS_ENV = "SHARDLAB_INIT_THREADS"
 
@@ -292,7 +294,8 @@ def make_mlp(m: ModelSpec, ffn: int) -> nn.Module:
 
 
 class MoE(nn.Module):
-    """Top-k routed experts, no capacity limit (every token reaches its k experts: exact, droppless), plus
+    """Top-k routed experts, dropless unless `capacity_factor` is set (Megatron's per-rank limit and drop policy:
+    models/moe_capacity.py), plus
     optional always-on shared experts (DeepSeekMoE, Dai et al. 2024 Sec 3.2), fused into one MLP `shared` of
     n_shared_experts x shared_ffn_hidden, optionally scaled by sigmoid(shared_gate(x)) (Qwen2-MoE).
 
@@ -314,12 +317,30 @@ class MoE(nn.Module):
         reducers need every rank to produce the same parameter set; the reference keeps None grads."""
         self.shared = make_mlp(m, m.shared_ffn) if m.shared_ffn else None
         self.shared_gate = nn.Linear(m.d_model, 1, bias=False) if m.shared_ffn and m.shared_expert_gate else None
+        self.usage: Any = None
+        self.grouped_reason: str | None = None
+        """Why the last call ran the per-expert loop although moe_grouped_gemm is on (None: grouped, or off)."""
+        """step.ExpertUsage: told which experts real rows reached (`mark_used`)."""
+        self.aux_loss_scale = 1.0
+        """The main loss's backward scale per microbatch (moe_capacity.set_aux_loss_scale)."""
+        self.aux_group: Any = None
+        """The sequence shards' process group (cp) the load-balancing loss sums its counts over; None: one shard."""
+        self.capacity_groups: torch.Tensor | None = None
+        """Per sequence position, the rank that holds it (the reference under cp: the capacity limit is per rank)."""
+        self.capacity_log: list[tuple[int, torch.Tensor]] = []
+        """(routed slots, dropped slots as a 0-dim tensor) per first forward since the last reset (activation
+        checkpointing's re-runs are not counted); read and cleared by the step's owner."""
 
     def reset_buffers(self) -> None:
         if hasattr(self, "balance_bias"):
             self.balance_bias.zero_()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, idx, _ = self.route_scores(x)
+        return weights, idx
+
+    def route_scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights (N, k), expert ids (N, k), scores (N, E)) of the N tokens x."""
         logits = self.router(x)  # (N, E)
         m = self.spec
         scores = torch.sigmoid(logits) if m.router_score == RouterScore.SIGMOID else torch.softmax(logits, dim=-1)
@@ -333,7 +354,7 @@ class MoE(nn.Module):
             # w / w is exactly 1, so its true gradient is 0; autograd's g/w - g*w/w^2 leaves ~1e-10 of rounding
             # that differs between the dense and all-to-all dispatch, and Adam scales that noise up to full steps.
             weights.register_hook(torch.zeros_like)
-        return weights, idx
+        return weights, idx, scores
 
     def _group_limited(self, choice: torch.Tensor) -> torch.Tensor:
         """DeepSeek's group-limited routing: only the experts of each token's best topk_groups groups stay eligible
@@ -349,8 +370,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         flat = x.reshape(-1, C)  # (N, C)
-        weights, idx = self.route(flat)
-        out = self.dispatch(flat, weights, idx)
+        m = self.spec
+        if m.capacity_factor is None and not m.moe_aux_loss_coeff and not m.moe_grouped_gemm:
+            weights, idx = self.route(flat)
+            out = self.dispatch(flat, weights, idx)
+        else:
+            out = self._routed(flat, T)
         if self.shared is not None:
             shared = self.shared(flat)  # (N, C)
             if self.shared_gate is not None:
@@ -358,10 +383,35 @@ class MoE(nn.Module):
             out = out + shared
         return out.view(B, T, C)
 
-    def dispatch(self, flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    def _routed(self, flat: torch.Tensor, T: int) -> torch.Tensor:
+        """forward's MoE part with the capacity limit, the load-balancing loss or grouped GEMMs (models/moe_capacity.py)."""
+        m = self.spec
+        weights, idx, scores = self.route_scores(flat)
+        aux = None
+        if m.moe_aux_loss_coeff:
+            aux = load_balancing_loss(aux_scores(None, scores, m.router_score == RouterScore.SIGMOID), idx,
+                                      self.n_experts, m.moe_aux_loss_coeff, self.aux_group)
+        kept = None
+        if m.capacity_factor is not None:
+            groups = None if self.capacity_groups is None else self.capacity_groups.repeat(flat.shape[0] // T)
+            kept = capacity_keep(weights, idx, self.n_experts, m.capacity_factor, m.moe_pad_to_capacity, groups)
+            if current_graph_task_id() == -1:  # a first forward, not activation checkpointing's re-run
+                self.capacity_log.append((idx.numel(), kept.dropped))
+        out = self.dispatch(flat, weights, idx, kept)
+        return out if aux is None else AuxLossScaler.apply(out, aux, self.aux_loss_scale)
+
+    def mark_used(self, expert: nn.Module) -> None:
+        if self.usage is not None:
+            self.usage.mark(expert)
+
+    def dispatch(self, flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, kept: Any = None) -> torch.Tensor:
+        if kept is not None or self.spec.moe_grouped_gemm:
+            return dense_dispatch(self, flat, weights, idx, kept)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             tok, slot = (idx == e).nonzero(as_tuple=True)
+            if tok.numel():
+                self.mark_used(expert)
             if not tok.numel() and not self.run_empty_experts:
                 continue
             # Under a data-parallel wrapper an expert no token reached still runs (on 0 rows): its grads are zeros,

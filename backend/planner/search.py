@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import ZERO_STAGE_NAMES, Layout, PipelineSchedule
+from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.model import InconsistentStepTime, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
+from backend.planner.held import HeldTraining
 from backend.planner.space import Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
 
@@ -53,13 +54,38 @@ class Plan:
     confirm_seconds: float = 0.0
     """Re-timing the pool and confirming the reported layouts' memory with the core on each alone."""
     notes: list[str] = field(default_factory=list)
+    attention: str = "math"
+    """The attention kernel every layout was planned with (the model's `attention`)."""
+    budget_bytes: float = 0.0
+    """The memory budget per GPU a layout fits in (device x (1 - fragmentation) - reserve)."""
+    failed_checks: list[dict[str, str]] = field(default_factory=list)
+    """[{"layout": name, "why": ...}]: pool layouts left out because an internal consistency check of the prediction
+    failed on them (a defect of ShardLab's model, named here instead of a traceback)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
                 "predicted_only_left_out": self.predicted_only_left_out,
                 "predicted_only_by_rule": self.predicted_only_by_rule,
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
-                "confirm_seconds": self.confirm_seconds, "notes": self.notes}
+                "confirm_seconds": self.confirm_seconds, "notes": self.notes, "failed_checks": self.failed_checks,
+                "attention": self.attention, "budget_bytes": self.budget_bytes}
+
+
+def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tuple[str, str]:
+    """(attention kernel, why, in words) a plan uses: the one asked for; else flash on a GPU profile (what GPU
+    training runs, and the kernel context parallelism needs: a long sequence planned with the math kernel never sees
+    a cp layout), unless the model has attention sinks (no flash kernel with sinks in this engine: every flash layout
+    would be prediction-only); else the model's own."""
+    own = str(getattr(model, "attention", "math"))
+    if asked:
+        return asked, "chosen"
+    if hw.kind != "gpu":
+        return own, "the model's; flash is the default on GPU profiles only"
+    if getattr(model, "attention_sinks", False):
+        return own, ("the model's: its attention sinks have no flash kernel in this engine, so every flash layout would "
+                     "be prediction-only; choose flash to plan it anyway")
+    return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; math " \
+                    "stays a choice"
 
 
 def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION) -> float:
@@ -67,23 +93,33 @@ def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BY
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, budget: float,
-           precision: str = "bf16-mixed", limits: Limits = Limits()) -> tuple[Layout, np.ndarray, np.ndarray]:
+           precision: str = "bf16-mixed", limits: Limits = Limits(),
+           held: HeldTraining | None = None) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit, fastest first by the proxy): the per-layout
-    work of a plan (benchmarks/planner_speed.py times exactly this)."""
+    work of a plan (benchmarks/planner_speed.py times exactly this). held: the training settings every layout keeps
+    (planner/held.py; its precision replaces `precision`)."""
+    held = held or HeldTraining(precision=precision)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
-                                precision=precision)
+                                precision=held.precision, optimizer=held.optimizer,
+                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops)
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
     memory, _ = worst_rank_memory(model, layouts)
-    step = proxy_step_s(model, layouts, hw, gpus_per_node=gpus_per_node)
     keep = np.nonzero(memory <= budget)[0]
-    return layouts, memory, keep[np.argsort(step[keep], kind="stable")]
+    if not len(keep):
+        return layouts, memory, keep
+    # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;
+    # a MoE search keeps a few hundred of ~200k); their memoised part sums come along
+    step = np.broadcast_to(proxy_step_s(model, layouts.take(keep, with_memo=True), hw, gpus_per_node=gpus_per_node),
+                           (len(keep),))
+    return layouts, memory, keep[np.argsort(step, kind="stable")]
 
 
 def _run_view(layouts: Layout, model: Any) -> LayoutView:
-    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV)
-    return LayoutView(tp=layouts.tp, pp=layouts.pp, dp=layouts.dp, ep=layouts.ep, cp=layouts.cp,
-                      zero_stage=layouts.zero_stage, split_backward=split, precision=str(layouts.precision), model=model)
+    split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV) \
+        | (layouts.schedule == PipelineSchedule.DUALPIPEV)
+    return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
+                      split_backward=split, precision=str(layouts.precision), model=model)
 
 
 def run_rule_hits(layouts: Layout, model: Any) -> dict[str, np.ndarray]:
@@ -96,6 +132,14 @@ def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
     """True where this engine cannot run the layout. tests/unit/test_prediction_only.py checks it against run_blockers
     on every enumerated layout."""
     return np.logical_or.reduce(list(run_rule_hits(layouts, model).values()))
+
+
+def layout_label(data: dict[str, Any]) -> str:
+    """A planned layout in full, in words: degrees and flavour, micro-batch, recompute, schedule, SP."""
+    t, p = data["train"], data["parallel"]
+    schedule = f", {p['pp_schedule']} v={p['virtual_stages']}" if p["pp"] > 1 else ""
+    return (f"{data['name'].removeprefix('plan ')}, b={t['micro_batch']}, recompute {t['recompute']}{schedule}"
+            + (", SP" if p.get("sequence_parallel") else ""))
 
 
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
@@ -112,17 +156,22 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
-         limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False) -> Plan:
+         limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False,
+         held: HeldTraining | None = None) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
-    ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not")."""
+    ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the
+    training settings every layout keeps (planner/held.py: precision, optimizer, a recompute policy searched too, fp8
+    recipe; an imported config's); without it, `precision` and the defaults."""
     t0 = time.perf_counter()
+    held = held or HeldTraining(precision=precision)
     device_bytes = memory_bytes or hw.memory_bytes
     budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
     layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                                    budget=budget, precision=precision, limits=limits)
+                                    budget=budget, limits=limits, held=held)
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
-                    notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"])
+                    notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"],
+                    attention=str(getattr(model, "attention", "math")))
     left_out, fitting, by_rule = 0, order, {}
     if not include_predicted:
         hits = run_rule_hits(layouts, model)
@@ -131,11 +180,15 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[fitting])))}
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
-    timed = []
+    timed, failed = [], []
     for i in pool:
         data = layouts.take(int(i)).spec_dict(model)
+        data["train"].update(held.spec_train(data["train"]["recompute"]))
         spec = light_spec(data)
-        timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
+        try:
+            timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
+        except InconsistentStepTime as e:
+            failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
     timed.sort(key=lambda x: x[0]["step_s"])
     configs, mismatch = [], []
     for st, i, data, spec in timed[:top]:
@@ -156,6 +209,12 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
              "their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
+    notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
+    notes.append("every layout trains with " + held.words())
+    if held.stack != "shardlab" or held.stack_settings:
+        notes.append(f"stack {held.stack}: each layout is timed with that stack's kernels and overlaps "
+                     "(spec/stacks.py); layouts whose stack settings this engine does not run are ranked, marked "
+                     "prediction only with the reason")
     if str(getattr(model, "attention", "math")) != "flash":
         notes.append(f"context parallelism not searched: attention={model.attention} (ring attention needs flash "
                      "attention; plan with flash to search cp)")
@@ -166,4 +225,5 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
-                confirm_seconds=seconds - t_search, notes=notes)
+                confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed,
+                attention=str(getattr(model, "attention", "math")), budget_bytes=budget)

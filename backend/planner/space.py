@@ -1,20 +1,25 @@
 """The search space: every layout of a model on N GPUs that the analytic model can predict (pure Python + numpy).
 
-`enumerate_layouts` returns one `Layout` whose fields are arrays, one entry per candidate: tp, pp, dp, ep, cp, ZeRO
-stage, micro-batch, recompute, pipeline schedule, virtual stages, sequence parallel (analytic/layout.py). Only
+`enumerate_layouts` returns one `Layout` whose fields are arrays, one entry per candidate: the degrees of the dimension
+table (backend/spec/dims.py: dp, tp, pp, ep, cp, from `degree_space`), ZeRO stage, micro-batch, recompute, pipeline
+schedule, virtual stages, sequence parallel (analytic/layout.py). Only
 arithmetic constraints are applied here (divisibility, the spec's schedule rules); "runnable on this machine" is
 not a constraint (ExperimentSpec.for_prediction).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
-from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec
+from backend.recompute_policy import KINDS
+from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
 
 
 @dataclass(frozen=True)
@@ -30,14 +35,83 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class DegreePair:
-    """A (tp, pp, cp) split with its dp, the ep degrees and the (schedule, virtual stages) it admits."""
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    eps: list[int]
+class DegreePoint:
+    """A split of the GPUs over the in-world degrees (tp, pp, cp; dp takes the ranks they leave), every combination
+    of the carved degrees it admits (ep, carved out of dp x cp) and the (schedule, virtual stages) pairs it admits."""
+    degrees: dict[str, int]
+    carved: list[tuple[int, ...]]
+    """One degree per carved dimension (dims.DIMS order), per admitted combination."""
     schedules: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Search:
+    """What a model admits of its degrees on one search: the model, the limits, the GPUs of a node."""
+    model: Any
+    limits: Limits
+    gpus_per_node: int
+
+
+def _tp_admitted(s: Search, tp: int, at: dict[str, int]) -> bool:
+    """At most a node (TP across nodes is never competitive, Narayanan 2021 Sec 3.3), dividing heads, KV heads, MLP."""
+    m = s.model
+    return tp <= (s.limits.max_tp or s.gpus_per_node) and not (m.n_heads % tp or m.kv_heads % tp or m.ffn % tp)
+
+
+def _pp_admitted(s: Search, pp: int, at: dict[str, int]) -> bool:
+    return pp <= s.model.n_layers
+
+
+def _cp_admitted(s: Search, cp: int, at: dict[str, int]) -> bool:
+    """spec.checks._check_context_parallel: ring attention needs flash and seq_len in 2cp equal chunks."""
+    if str(getattr(s.model, "attention", "math")) != "flash":
+        return cp == 1
+    return cp <= s.limits.max_cp and s.model.seq_len % (2 * cp) == 0
+
+
+def _ep_admitted(s: Search, ep: int, at: dict[str, int]) -> bool:
+    """ep dividing n_experts, with or without pipelining and with tp as Megatron and torchtitan allow (DeepSeek-V3
+    trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts on every tp rank (analytic/expert_layout.py)."""
+    m = s.model
+    return m.n_experts % ep == 0 if m.is_moe else ep == 1
+
+
+ADMITS: dict[str, Callable[[Search, int, dict[str, int]], bool]] = {
+    "tp": _tp_admitted, "pp": _pp_admitted, "cp": _cp_admitted, "ep": _ep_admitted}
+"""What a model admits of a degree (given the degrees chosen before it): spec.checks' arithmetic and the search's
+limits. A dimension without an entry is searched over every divisor of the ranks it splits."""
+
+
+def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpus_per_node: int,
+                 limits: Limits) -> list[DegreePoint]:
+    """Every split of `gpus` over the dimensions' degrees the model admits: the in-world ones but the remainder in
+    table order (tp outermost), each a divisor of the ranks the earlier ones leave, the remainder (dp) taking the
+    rest; then each carved degree a divisor of the ranks it is carved out of (ep of dp x cp)."""
+    search = Search(model, limits, gpus_per_node)
+    split = [d for d in dimensions if d.in_world and not d.remainder]
+    rest = dims.remainder(dimensions).name
+    carved = [d for d in dimensions if not d.in_world]
+    points: list[DegreePoint] = []
+
+    def walk(i: int, left: int, at: dict[str, int]) -> None:
+        if i < len(split):
+            admits = ADMITS.get(split[i].name, _any_divisor)
+            for degree in _divisors(left):
+                if admits(search, degree, at):
+                    walk(i + 1, left // degree, {**at, split[i].name: degree})
+            return
+        at = {**at, rest: left}
+        options = [[e for e in _divisors(math.prod(at[n] for n in d.carved_from))
+                    if ADMITS.get(d.name, _any_divisor)(search, e, at)] for d in carved]
+        points.append(DegreePoint(at, list(itertools.product(*options)),
+                                  _schedules(at["pp"], model.n_layers, limits.virtual_stages)))
+
+    walk(0, gpus, {})
+    return points
+
+
+def _any_divisor(s: Search, degree: int, at: dict[str, int]) -> bool:
+    return True
 
 
 SEARCHED_RECOMPUTE = (RecomputeMode.NONE, RecomputeMode.SELECTIVE, RecomputeMode.FULL, RecomputeMode.OP,
@@ -63,70 +137,63 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     out = [(PipelineSchedule.ONE_F_ONE_B, 1), (PipelineSchedule.GPIPE, 1)]
     out += [(PipelineSchedule.INTERLEAVED_1F1B, v) for v in virtual_stages if pp * v <= n_layers]
     out += [(PipelineSchedule.ZERO_BUBBLE, v) for v in virtual_stages[:1] if pp * v <= n_layers]  # torch's ZB-H1
-    return out + ([(PipelineSchedule.ZBV, 2)] if pp * 2 <= n_layers else [])
-
-
-def degree_pairs(model: Any, *, gpus: int, gpus_per_node: int, limits: Limits) -> list[DegreePair]:
-    max_tp = limits.max_tp or gpus_per_node
-    pairs = []
-    for tp in _divisors(gpus):
-        if tp > max_tp or model.n_heads % tp or model.kv_heads % tp or model.ffn % tp:
-            continue
-        for pp in _divisors(gpus // tp):
-            if pp > model.n_layers:
-                continue
-            rest = gpus // (tp * pp)  # dp x cp: the ranks holding the same parameters
-            # ep carved out of dp x cp (ep | dp x cp, ep | n_experts), with or without pipelining as Megatron and
-            # torchtitan allow (DeepSeek-V3 trained PP16 x EP64, DeepSeek-V3 report Sec 3.2); whole experts: tp = 1
-            eps = [e for e in _divisors(rest) if model.n_experts % e == 0] if model.is_moe and tp == 1 else [1]
-            schedules = _schedules(pp, model.n_layers, limits.virtual_stages)
-            for cp in _cp_degrees(model, rest, limits):
-                pairs.append(DegreePair(tp, pp, rest // cp, cp, eps, schedules))
-    return pairs
-
-
-def _cp_degrees(model: Any, ranks: int, limits: Limits) -> list[int]:
-    """Context-parallel degrees a model admits on `ranks` data-parallel ranks (spec.checks._check_context_parallel)."""
-    if str(getattr(model, "attention", "math")) != "flash":
-        return [1]
-    return [cp for cp in _divisors(ranks) if cp <= limits.max_cp and model.seq_len % (2 * cp) == 0]
+    # the V schedules: ZBV and DualPipeV (DeepSeek-V3's, DeepSeek-V3 report Sec 3.2.1), 2 stages per rank
+    return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
-                      precision: str = "bf16-mixed", optimizer: str = "adamw") -> Layout:
-    """Every valid layout: the degree pairs in Python, then one boolean grid over (pair, ep, flavour, micro-batch,
-    schedule, recompute, SP) with the pair-dependent choices padded and masked, rows in that nesting order."""
-    pairs = degree_pairs(model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
+                      precision: str = "bf16-mixed", optimizer: str = "adamw",
+                      extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None) -> Layout:
+    """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
+    boolean grid over (point, carved degrees (ep), flavour, micro-batch, schedule, recompute, SP) with the
+    point-dependent choices padded and masked, rows in that nesting order.
+    extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
+    a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list)."""
+    pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
+    table = {} if sac_ops is None else {"sac_ops": tuple(sac_ops)}
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
-                            optimizer=optimizer)
-    n_eps, n_schedules = max(len(x.eps) for x in pairs), max(len(x.schedules) for x in pairs)
-    tp, pp, dp, cp = (np.array([getattr(x, d) for x in pairs], dtype=np.int64) for d in ("tp", "pp", "dp", "cp"))
-    eps = np.array([x.eps + [0] * (n_eps - len(x.eps)) for x in pairs], dtype=np.int64)  # 0 = padding
+                            optimizer=optimizer, **table)
+    n_eps, n_schedules = max(len(x.carved) for x in pairs), max(len(x.schedules) for x in pairs)
+    degree = {d: np.array([x.degrees[d] for x in pairs], dtype=np.int64) for d in pairs[0].degrees}
+    tp, pp, dp = degree["tp"], degree["pp"], degree["dp"]
+    carved = [d.name for d in dims.DIMS if not d.in_world]
+    eps = np.array([x.carved + [(0,) * len(carved)] * (n_eps - len(x.carved)) for x in pairs],  # 0 = padding
+                   dtype=np.int64).reshape(len(pairs), n_eps, len(carved))
     schedules = np.array([x.schedules + [(-1, 0)] * (n_schedules - len(x.schedules)) for x in pairs], dtype=np.int64)
     micro_batches = np.array(limits.micro_batches, dtype=np.int64)
+    kinds = np.asarray(SEARCHED_RECOMPUTE + tuple(RecomputeMode.ALL[KINDS.index(k)] for k, _ in extra_recompute),
+                       dtype=np.int64)
+    held_layers = np.asarray([0] * len(SEARCHED_RECOMPUTE) + [n for _, n in extra_recompute], dtype=np.int64)
     # axes: pair, ep, flavour, micro-batch, schedule, recompute, SP (flavour and recompute constrain nothing)
-    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(SEARCHED_RECOMPUTE), 2)
+    shape = (len(pairs), n_eps, len(ZeroStage.ALL), len(micro_batches), n_schedules, len(kinds), 2)
     axis = lambda a, i: a.reshape([-1 if k == i else 1 for k in range(len(shape))])  # noqa: E731
     pair_tp, pair_pp, pair_dp = axis(tp, 0), axis(pp, 0), axis(dp, 0)
-    ep = eps.reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)
+    ep = (eps > 0).all(axis=2).reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)  # a combination, not padding
     schedule = schedules[:, :, 0].reshape(len(pairs), 1, 1, 1, n_schedules, 1, 1)
     b, sp = axis(micro_batches, 3), axis(np.arange(2), 6)
     divides = global_batch % (b * pair_dp) == 0
     microbatches = np.where(divides, global_batch // (b * pair_dp), 0)
     needs_divisible = (schedule == PipelineSchedule.INTERLEAVED_1F1B) | (schedule == PipelineSchedule.ZERO_BUBBLE) \
         | (schedule == PipelineSchedule.ZBV)
-    ok = (ep > 0) & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
+    ok = ep & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
+    ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
-    kind = np.asarray(SEARCHED_RECOMPUTE, dtype=np.int64)[recompute]
-    columns = dict(tp=tp[pair_at], pp=pp[pair_at], dp=dp[pair_at], cp=cp[pair_at], ep=eps[pair_at, ep_at], zero_stage=zero,
+    kind = kinds[recompute]
+    searched = recompute < len(SEARCHED_RECOMPUTE)
+    columns = dict(**{d: v[pair_at] for d, v in degree.items()},
+                   **{d: eps[pair_at, ep_at, i] for i, d in enumerate(carved)}, zero_stage=zero,
                    micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
                    virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
-                   recompute_layers=recompute_layers(kind, pp[pair_at], model.n_layers))
-    return Layout.table(np.stack([columns[c] for c in CHOICES], axis=1), global_batch=global_batch, precision=precision,
-                        optimizer=optimizer)
+                   recompute_layers=np.where(searched, recompute_layers(kind, pp[pair_at], model.n_layers),
+                                             held_layers[recompute]))
+    rows = np.stack([columns[c] for c in CHOICES], axis=1)
+    if extra_recompute:  # a held policy equal to a searched one (layers:2, or block:N at half a stage) once
+        _, first = np.unique(rows, axis=0, return_index=True)
+        rows = rows[np.sort(first)]
+    return Layout.table(rows, global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
 
 
 def light_spec(data: dict[str, Any]) -> ExperimentSpec:

@@ -1,7 +1,7 @@
 """The one `main` of every rank program (`python -m backend.engine.rank`, `backend.frameworks.deepspeed.rank`,
-`backend.frameworks.jax.run`): `--spec S.json --out DIR`, the rank from torchrun's environment, a stack dump
-registered for the launcher's timeout diagnosis, and on any failure DIR/rank-<r>.error.json and exit code 1,
-so the launcher can always say which rank failed and why (protocol.py).
+`backend.frameworks.jax.run`): `--spec S.json --out DIR`, the rank from torchrun's environment, a stack dump and
+a progress file registered for the launcher's timeout diagnosis, and on any failure DIR/rank-<r>.error.json and exit
+code 1, so the launcher can always say which rank failed and why (protocol.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from backend.runtime.protocol import RankError, enable_stack_dump, write_rank_error
+from backend.runtime.protocol import (RankError, enable_progress_marks, enable_stack_dump, mark_finished,
+                                      write_rank_error)
 from backend.spec import ExperimentSpec
 
 RunRank = Callable[[ExperimentSpec, int, int, int, Path], None]
@@ -42,8 +43,10 @@ def rank_main(run: RunRank, prog: str, argv: list[str] | None = None, *, one_pro
     rank, world, local_rank = (0, 1, 0) if one_process else env_ranks()
     args.out.mkdir(parents=True, exist_ok=True)
     enable_stack_dump(args.out, rank)  # the launcher asks for the stacks when the job times out
+    enable_progress_marks(args.out, rank)  # and reads how far each rank got
     try:
         run(ExperimentSpec.from_json(args.spec.read_text()), rank, world, local_rank, args.out)
+        mark_finished()
     except BaseException as e:  # noqa: BLE001 - every failure must leave its error file for the launcher
         if isinstance(e, SystemExit) and not e.code:
             raise

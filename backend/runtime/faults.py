@@ -1,5 +1,5 @@
 """Test-only fault injection: the rank named by SHARDLAB_FAULT="kind:rank=R:step=S" (protocol.Fault) injects
-it at the start of step S (kind: raise | kill | hang | oom).
+it at the start of step S (kind: raise | kill | hang | stop | oom).
 
 Every rank program calls `maybe_inject(rank, step)` at the start of every step; it does nothing unless the
 variable is set, so production runs never pay for it. Used by the launcher's failure tests.
@@ -27,3 +27,5 @@ def maybe_inject(rank: int, step: int) -> None:
     if fault.kind == "hang":
         while True:
             time.sleep(1)
+    if fault.kind == "stop":  # frozen as by SIGSTOP (a debugger, a swapped-out or preempted host): no stack dump
+        os.kill(os.getpid(), signal.SIGSTOP)

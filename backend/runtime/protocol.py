@@ -5,6 +5,7 @@ In the run folder DIR (the rank program's `--out`):
   ranks.json           `RanksFile`   global rank 0, once, on success   `write_ranks`         `read_ranks`
   rank-<r>.error.json  `RankError`   a rank that failed                `write_rank_error`    `read_rank_errors`
   rank-<r>.stack.txt   `RankStack`   faulthandler, on STACK_SIGNAL     `enable_stack_dump`   `read_stacks`
+  rank-<r>.progress    `RankProgress` every rank, after each step       `mark_progress`       `read_progress_marks`
 On stderr (rank 0):
   SHARDLAB_PROGRESS {"step", "of", "phase"}   `Progress`       `emit_progress`   `progress_reader`
 In the environment (tests only):
@@ -39,6 +40,7 @@ PAYLOAD_VERSION = 1
 RANKS_FILE = "ranks.json"
 ERROR_GLOB = "rank-*.error.json"
 STACK_GLOB = "rank-*.stack.txt"
+PROGRESS_GLOB = "rank-*.progress"
 PROGRESS_TAG = "SHARDLAB_PROGRESS"
 FAULT_ENV = "SHARDLAB_FAULT"
 STACK_SIGNAL = signal.SIGUSR1
@@ -189,7 +191,7 @@ def any_rank_error(out_dir: Path) -> bool:
 
 def clear_rank_outputs(out_dir: Path) -> None:
     """A reused run folder must not let a previous run's files speak for this one."""
-    for pattern in (RANKS_FILE, ERROR_GLOB, STACK_GLOB):
+    for pattern in (RANKS_FILE, ERROR_GLOB, STACK_GLOB, PROGRESS_GLOB):
         for path in Path(out_dir).glob(pattern):
             path.unlink(missing_ok=True)
 
@@ -232,9 +234,73 @@ def progress_reader(on_progress: Callable[[dict], None]) -> Callable[[str], None
     return on_line
 
 
+# ---- rank-<r>.progress ---------------------------------------------------------------------------------------
+
+MARK_BYTES = 64
+_MARK: list[int] = []  # [fd, steps done] of this process's progress file, once enabled
+
+
+@dataclass
+class RankProgress:
+    """How far rank `rank` got: steps finished (every phase counted, in order), the last one ("timed 3/10"), and
+    whether the rank program finished. A hung job's rank that stopped making progress is the one behind."""
+
+    rank: int
+    steps_done: int
+    last: str = ""
+    finished: bool = False
+
+
+def progress_mark_path(out_dir: Path, rank: int) -> Path:
+    return Path(out_dir) / f"rank-{rank}.progress"
+
+
+def enable_progress_marks(out_dir: Path, rank: int) -> None:
+    """Open rank-<r>.progress; every later mark_progress rewrites its one line in place (one pwrite, no fsync:
+    the launcher reads it while the process is alive or hung, so the page cache is enough)."""
+    fd = os.open(progress_mark_path(out_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if _MARK:
+        os.close(_MARK[0])  # a second rank_main in one process (tests)
+    _MARK[:] = [fd, 0]
+    _write_mark("started")
+
+
+def mark_progress(phase: str, step: int, of: int) -> None:
+    """This rank finished step `step` of `of` in `phase` (no-op unless enabled, e.g. in a one-process program)."""
+    if _MARK:
+        _MARK[1] += 1
+        _write_mark(f"{phase} {step}/{of}")
+
+
+def mark_finished() -> None:
+    if _MARK:
+        _write_mark("finished")
+
+
+def _write_mark(last: str) -> None:
+    line = f"{_MARK[1]} {last}".encode("utf-8", "replace")[:MARK_BYTES - 1].ljust(MARK_BYTES - 1) + b"\n"
+    try:
+        os.pwrite(_MARK[0], line, 0)
+    except OSError:
+        pass  # a full disk must not fail the step; the hang report then just lacks this rank's count
+
+
+def read_progress_marks(out_dir: Path) -> dict[int, RankProgress]:
+    """Every rank's progress file in DIR that parses, by rank."""
+    out = {}
+    for path in Path(out_dir).glob(PROGRESS_GLOB):
+        try:
+            rank = int(path.name.split("-")[1].split(".")[0])
+            done, _, last = path.read_text(encoding="utf-8", errors="replace").strip().partition(" ")
+            out[rank] = RankProgress(rank, int(done), last.strip(), last.strip() == "finished")
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 # ---- SHARDLAB_FAULT ------------------------------------------------------------------------------------------
 
-FaultKind = Literal["raise", "kill", "hang", "oom"]
+FaultKind = Literal["raise", "kill", "hang", "stop", "oom"]
 
 
 class Fault(BaseModel):
@@ -259,7 +325,7 @@ def read_fault(environ: dict[str, str] | None = None) -> Fault | None:
         key, sep, value = pair.partition("=")
         if not sep or key not in ("rank", "step"):
             raise ProtocolError(f"{FAULT_ENV}={text!r}: {pair!r} is not rank=R or step=S "
-                                "(expected kind:rank=R:step=S, kind one of raise|kill|hang|oom)")
+                                "(expected kind:rank=R:step=S, kind one of raise|kill|hang|stop|oom)")
         fields[key] = value
     return _validated(Fault, fields, f"{FAULT_ENV}={text!r}")
 
@@ -310,6 +376,11 @@ def parse_dump(text: str) -> list[list[StackFrame]]:
 
 def _is_ours(frame: StackFrame) -> bool:
     return "/backend/" in frame.file or "/tests/" in frame.file
+
+
+def stack_dump_ranks(out_dir: Path) -> list[int]:
+    """The ranks that registered a stack dump (their file exists, empty until they answer STACK_SIGNAL)."""
+    return sorted(int(p.name.split("-")[1].split(".")[0]) for p in Path(out_dir).glob(STACK_GLOB))
 
 
 def read_stacks(out_dir: Path) -> list[RankStack]:

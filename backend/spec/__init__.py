@@ -7,7 +7,7 @@ The names below are the spec's public API: `from backend.spec import ExperimentS
 """
 
 from backend.spec.choices import (DP_FLAVOURS, GATED_MLPS, MULTI_STAGE_SCHEDULES, ZERO_STAGE, AttentionImpl, Backend,
-                                  Bias, CpRotate, Device, Executor, Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions,
+                                  Bias, CpRotate, Device, Executor, Fp8Recipe, Framework, Mlp, MoeDispatcher, Norm, Offload, Optimizer, Positions,
                                   Precision, Recompute, RouterScore, Schedule, Strategy, WindowKind)
 from backend.spec.experiment import ExperimentSpec, SpecError, validate_spec
 from backend.spec.sections import (MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB, MAX_WORLD, ModelSpec,
@@ -15,7 +15,7 @@ from backend.spec.sections import (MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_
 
 __all__ = [
     "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate", "Device",
-    "Executor", "Fp8Recipe", "Framework", "Mlp", "Norm", "Offload", "Optimizer", "Positions", "Precision", "Recompute",
+    "Executor", "Fp8Recipe", "Framework", "Mlp", "MoeDispatcher", "Norm", "Offload", "Optimizer", "Positions", "Precision", "Recompute",
     "RouterScore", "Schedule", "Strategy", "WindowKind",
     "ExperimentSpec", "SpecError", "validate_spec", "MAX_BATCH", "MAX_DIM", "MAX_LAYERS", "MAX_SEQ", "MAX_STEPS",
     "MAX_VOCAB", "MAX_WORLD", "ModelSpec", "ParallelSpec", "RuntimeSpec", "TrainSpec",

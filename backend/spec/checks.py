@@ -7,11 +7,14 @@ complete and runnable or raises `SpecError` with all problems at once.
 
 from __future__ import annotations
 
+import math
 import re
 
-from backend.spec.choices import MULTI_STAGE_SCHEDULES, Schedule, Strategy
+from backend.spec import dims
+from backend.spec.choices import MULTI_STAGE_SCHEDULES, V_SHAPE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
 from backend.spec.run_rules import blocking_reasons
+from backend.spec.stack_rules import stack_problems
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 
 
@@ -32,6 +35,7 @@ def derive_and_check(s: SpecParts) -> list[str]:
     problems += _check_degrees(m, p)
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
+    problems += stack_problems(s)
     problems += [RunOnly(reason) for reason in blocking_reasons(s)]
     if t.recompute_ops is not None and t.recompute != "op":
         problems.append(f"recompute_ops lists the ops `op` recompute saves; recompute is {t.recompute!r}, not 'op'")
@@ -122,10 +126,19 @@ def _check_routing(m: ModelSpec) -> list[str]:
                "router_score": None if m.router_score == "softmax" else m.router_score,
                "router_bias": m.router_bias or None, "router_balance_bias": m.router_balance_bias or None,
                "expert_groups": None if m.expert_groups == 1 else m.expert_groups,
-               "topk_groups": None if m.topk_groups == 1 else m.topk_groups}
+               "topk_groups": None if m.topk_groups == 1 else m.topk_groups,
+               "capacity_factor": m.capacity_factor, "moe_pad_to_capacity": m.moe_pad_to_capacity or None,
+               "moe_aux_loss_coeff": m.moe_aux_loss_coeff or None,
+               "moe_dispatcher": None if m.moe_dispatcher == "alltoall" else m.moe_dispatcher,
+               "moe_grouped_gemm": m.moe_grouped_gemm or None,
+               "moe_imbalance": None if m.moe_imbalance == 1.0 else m.moe_imbalance}
     if not m.is_moe:
         return [f"{k}={v} needs a MoE model (n_experts > 0, got n_experts=0)" for k, v in routing.items() if v is not None]
     out = []
+    if m.moe_pad_to_capacity and m.capacity_factor is None:
+        # Megatron-Core transformer_config.py @ core_v0.19.0 l. 1686-1690 refuses the same
+        out.append("moe_pad_to_capacity pads every expert's input to its capacity: it needs capacity_factor "
+                   "(got None = dropless)")
     if not any(m.layer_is_moe(i) for i in range(m.n_layers)):
         out.append(f"no MoE block: first_dense_layers={m.first_dense_layers}, moe_every={m.moe_every} leave all "
                    f"n_layers={m.n_layers} blocks dense")
@@ -151,12 +164,13 @@ def _check_window(m: ModelSpec) -> list[str]:
 
 def _derive_degrees(p: ParallelSpec) -> list[str]:
     st = p.strategy
-    pure = {Strategy.TP: "tp", Strategy.PP: "pp", Strategy.EP: "ep"}
-    if st in pure and getattr(p, pure[st]) == 1 and p.world_size:
+    if st in dims.pure_strategies(dims.DIMS) and getattr(p, st) == 1 and p.world_size:
         # `--strategy tp --world 4` means tp = 4: the pure strategy's degree is the whole world.
-        setattr(p, pure[st], p.world_size)
-    model_parallel = p.tp * p.pp * p.cp
-    named = f"tp({p.tp}) * pp({p.pp})" + (f" * cp({p.cp})" if p.cp > 1 else "")
+        setattr(p, st, p.world_size)
+    # world = dp x the other in-world degrees (tp, pp, cp), each named in the arithmetic (cp only when > 1)
+    others = [d for d in dims.DIMS if d.in_world and not d.remainder]
+    model_parallel = math.prod(getattr(p, d.name) for d in others)
+    named = " * ".join(f"{d.name}({getattr(p, d.name)})" for d in others if d.always_named or getattr(p, d.name) > 1)
     if p.dp is None:
         if p.world_size is None:
             p.dp = p.ep if st == Strategy.EP else 1
@@ -173,7 +187,7 @@ def _derive_degrees(p: ParallelSpec) -> list[str]:
 
 def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
     out = []
-    for name in ("tp", "pp", "ep"):
+    for name in dims.pure_strategies(dims.DIMS):
         if p.strategy == name and getattr(p, name) < 2:
             out.append(f"strategy {name} needs {name} >= 2 (got {name}={getattr(p, name)}, world_size={p.world_size})")
     if p.tp > 1:
@@ -183,14 +197,11 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"tp={p.tp} does not divide n_kv_heads={m.kv_heads}")
         if m.ffn % p.tp:
             out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
-        if m.is_moe and m.expert_ffn % p.tp:
+        if m.is_moe and p.ep == 1 and m.expert_ffn % p.tp:  # ep > 1: whole experts on every tp rank (etp = 1)
             out.append(f"tp={p.tp} does not divide expert_ffn_hidden={m.expert_ffn} ({m.expert_ffn} % {p.tp} = {m.expert_ffn % p.tp})")
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
-    if p.ep > 1 and p.tp > 1:
-        out.append(f"ep={p.ep} with tp={p.tp} is not modelled: expert parallelism runs over the dp dimension with "
-                   "whole experts (tp=1)")
     if p.sequence_parallel and p.tp < 2:
         out.append(f"sequence_parallel needs tp >= 2 (got tp={p.tp})")
     if p.ep > 1:
@@ -258,14 +269,18 @@ def _check_pipeline(m: ModelSpec, t: TrainSpec, p: ParallelSpec) -> list[str]:
         out.append(f"{p.pp_schedule} needs virtual_stages >= 2 (got {p.virtual_stages})")
     if not multi and p.virtual_stages > 1:
         out.append(f"{p.pp_schedule} runs one stage per rank: virtual_stages must be 1 (got {p.virtual_stages})")
-    if p.pp_schedule == Schedule.ZBV and p.virtual_stages != 2:
-        out.append(f"zbv runs exactly 2 stages per rank (got virtual_stages={p.virtual_stages})")
+    if p.pp_schedule in V_SHAPE_SCHEDULES and p.virtual_stages != 2:
+        out.append(f"{p.pp_schedule} runs exactly 2 stages per rank (got virtual_stages={p.virtual_stages})")
     stages = p.pp * p.virtual_stages
     if m.n_layers < stages:
         out.append(f"n_layers={m.n_layers} < pp({p.pp}) * virtual_stages({p.virtual_stages}) = {stages} stages: every stage needs a layer")
     mb = t.microbatches or 0
     if p.pp_schedule != Schedule.GPIPE and mb < p.pp:
         out.append(f"{p.pp_schedule.upper()} needs microbatches >= pp (got microbatches={mb}, pp={p.pp})")
-    if multi and mb % p.pp:
+    if p.pp_schedule == Schedule.DUALPIPEV and mb < stages:
+        # torch 2.13 ScheduleDualPipeV.__init__ (schedules.py l. 3439) raises the same
+        out.append(f"dualpipev needs microbatches >= pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} stages "
+                   f"(got microbatches={mb})")
+    if multi and p.pp_schedule != Schedule.DUALPIPEV and mb % p.pp:
         out.append(f"{p.pp_schedule} needs microbatches divisible by pp (got {mb} % {p.pp} = {mb % p.pp})")
     return out

@@ -27,6 +27,7 @@ class Schedule(StrEnum):
     INTERLEAVED_1F1B = "interleaved_1f1b"
     ZERO_BUBBLE = "zero_bubble"  # ScheduleInterleavedZeroBubble
     ZBV = "zbv"  # ScheduleZBVZeroBubble (V-shaped, 2 stages per rank)
+    DUALPIPEV = "dualpipev"  # ScheduleDualPipeV (DeepSeek's DualPipe in a V: 2 stages per rank, microbatches >= 2 pp)
 
 
 class Precision(StrEnum):
@@ -139,6 +140,14 @@ class Positions(StrEnum):
     ROPE = "rope"  # rotary q/k rotation (Su et al. 2021), no parameters
 
 
+class MoeDispatcher(StrEnum):
+    """How an expert-parallel MoE layer moves its tokens to the experts' ranks (Megatron-Core's
+    --moe-token-dispatcher-type; token_dispatcher.py @ core_v0.19.0)."""
+
+    ALLTOALL = "alltoall"  # MoEAlltoAllTokenDispatcher: the routed rows only, by all_to_all over the ep group
+    ALLGATHER = "allgather"  # MoEAllGatherTokenDispatcher: every token to every ep rank, reduce-scatter back
+
+
 class Bias(StrEnum):
     """Which Linear layers of the blocks carry a bias (lm_head and the MoE router never do)."""
 
@@ -154,4 +163,45 @@ class AttentionImpl(StrEnum):
 
 DP_FLAVOURS = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 ZERO_STAGE = {Strategy.DDP: 0, Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.FSDP: 3}
-MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV)
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
+V_SHAPE_SCHEDULES = (Schedule.ZBV, Schedule.DUALPIPEV)
+"""Rank r holds stages r and 2pp - 1 - r (torch's generate_stage_to_rank_mapping(style="v")): exactly 2 per rank."""
+
+
+class Stack(StrEnum):
+    """The software stack a job trains with (backend/spec/stacks.py: one entry each, its defaults and their sources)."""
+
+    SHARDLAB = "shardlab"  # ShardLab's own eager-torch engine (backend/strategies): what every run here measures
+    TORCHTITAN = "torchtitan"  # pytorch/torchtitan: FSDP2 / DTensor TP, torch.compile, torchao float8, async TP
+    MEGATRON = "megatron"  # Megatron-Core with Transformer Engine (Megatron-LM, NeMo)
+    DEEPSPEED = "deepspeed"  # DeepSpeed's ZeRO engine around a torch model
+
+
+class AttentionKernel(StrEnum):
+    """The attention core's kernel, as the step-time model times it (steptime/ops.attention_time)."""
+
+    EAGER = "eager"  # explicit softmax(QK^T)V: two batched GEMMs and the (s x s) softmax through memory
+    FLASH2 = "flash2"  # FlashAttention-2 (flash-attn 2.x, torch SDPA's flash backend)
+    FLASH3 = "flash3"  # FlashAttention-3 (Hopper only; Shah et al. 2024)
+    CUDNN = "cudnn"  # cuDNN fused attention (Transformer Engine's FusedAttention, torch SDPA's cuDNN backend)
+    EFFICIENT = "efficient"  # xformers / torch SDPA's memory-efficient kernel
+    FLASH1 = "flash1"  # FlashAttention v1 (Dao et al. 2022), the kernel of 2022-2023 runs
+    FLASH_TRITON = "flash-triton"  # FlashAttention's Triton port (MosaicML's attn_impl: triton)
+
+
+class Elementwise(StrEnum):
+    """How the element-wise work (norms, activations, RoPE, residual adds, casts) runs."""
+
+    EAGER = "eager"  # one kernel per PyTorch operator
+    COMPILED = "compiled"  # torch.compile (inductor) fuses each chain of point-wise / reduction ops into one kernel
+    FUSED = "fused"  # hand-fused kernels (Megatron / Transformer Engine / Apex)
+
+
+class StackDtype(StrEnum):
+    """A dtype a framework keeps parameters, gradient reduction or master weights in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    NONE = "none"  # master weights only: no separate master copy (the parameters are fp32 themselves)

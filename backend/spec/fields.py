@@ -1,12 +1,27 @@
 """Short names of the experiment spec's fields (`--world` -> parallel.world_size), shared by the CLI's flags
-(backend/cli/spec_flags.py) and sweep grids (backend/sweep.py: `{"world": [2, 4]}`)."""
+(backend/cli/spec_flags.py) and sweep grids (backend/sweep.py: `{"world": [2, 4]}`). The parallel dimensions' flags
+come from their table (backend/spec/dims.py): value flags here, switches and toggles in `SWITCHES`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import (AttentionImpl, Backend, Bias, CpRotate, Executor, Framework, Mlp, Norm, Offload,
-                                  Optimizer, Positions, Precision, Schedule, Strategy)
+from backend.spec import dims
+from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, MoeDispatcher, Norm, Offload,
+                                  Optimizer, Positions, Precision, Strategy)
+from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
+
+
+def dim_flags(dimensions: tuple[dims.Dim, ...]) -> dict[str, tuple[str, str, Any]]:
+    """The dimensions' value flags as FLAGS entries (`--cp` -> ("parallel", "cp", int))."""
+    return {flag: ("parallel", f.name, dims.flag_choices(f)) for flag, f in dims.cli_flags(dimensions).items()
+            if f.flag_kind == "value"}
+
+
+def dim_switches(dimensions: tuple[dims.Dim, ...]) -> dict[str, dims.SpecField]:
+    """The dimensions' boolean flags: switches (`--sequence-parallel`) and toggles (`--[no-]cp-load-balance`)."""
+    return {flag: f for flag, f in dims.cli_flags(dimensions).items() if f.flag_kind != "value"}
+
 
 # flag -> (section, field, type); a flag left unset keeps the --spec file's value or the spec default.
 FLAGS: dict[str, tuple[str, str, Any]] = {
@@ -20,6 +35,10 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--seq": ("model", "seq_len", int),
     "--experts": ("model", "n_experts", int),
     "--top-k": ("model", "top_k", int),
+    "--capacity-factor": ("model", "capacity_factor", float),
+    "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float),
+    "--moe-dispatcher": ("model", "moe_dispatcher", [v.value for v in MoeDispatcher]),
+    "--moe-imbalance": ("model", "moe_imbalance", float),
     "--global-batch": ("train", "global_batch", int),
     "--micro-batch": ("train", "micro_batch", int),
     "--microbatches": ("train", "microbatches", int),
@@ -32,14 +51,7 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--seed": ("train", "seed", int),
     "--strategy": ("parallel", "strategy", [v.value for v in Strategy]),
     "--world": ("parallel", "world_size", int),
-    "--dp": ("parallel", "dp", int),
-    "--tp": ("parallel", "tp", int),
-    "--pp": ("parallel", "pp", int),
-    "--ep": ("parallel", "ep", int),
-    "--cp": ("parallel", "cp", int),
-    "--cp-rotate": ("parallel", "cp_rotate", [v.value for v in CpRotate]),
-    "--schedule": ("parallel", "pp_schedule", [v.value for v in Schedule]),
-    "--virtual-stages": ("parallel", "virtual_stages", int),
+    **dim_flags(dims.DIMS),
     "--backend": ("runtime", "backend", [v.value for v in Backend]),
     "--nnodes": ("runtime", "nnodes", int),
     "--node-rank": ("runtime", "node_rank", int),
@@ -57,4 +69,23 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--expert-ffn": ("model", "expert_ffn_hidden", int),
     "--shared-experts": ("model", "n_shared_experts", int),
     "--shared-ffn": ("model", "shared_ffn_hidden", int),
+    "--stack": ("train", "stack", list(STACK_CHOICES)),
+    "--attention-kernel": ("train", "attention_kernel", list(KERNEL_CHOICES)),
+    "--elementwise": ("train", "elementwise", list(ELEMENTWISE_CHOICES)),
+    "--param-dtype": ("train", "param_dtype", [d for d in DTYPE_CHOICES if d != "none"]),
+    "--grad-reduce-dtype": ("train", "grad_reduce_dtype", ["fp32", "bf16", "fp16"]),
+    "--master-dtype": ("train", "master_dtype", ["fp32", "bf16", "none"]),
 }
+
+SWITCHES = dim_switches(dims.DIMS)
+
+STACK_SWITCHES: dict[str, str] = {
+    "--loss-parallel": "loss_parallel",
+    "--tp-comm-overlap": "tp_overlap",
+    "--overlap-grad-reduce": "grad_reduce_overlap",
+    "--overlap-param-gather": "param_gather_overlap",
+    "--pp-overlap": "pp_overlap",
+    "--optimizer-over-cp": "optimizer_over_cp",
+}
+"""On / off stack settings (train.<field>; --no-<flag> sets False, neither keeps the stack's default). --async-tp is
+--tp-comm-overlap under torchtitan's name, --compile is --elementwise compiled."""

@@ -5,12 +5,17 @@ Pure Python (imported by spec validation): no torch, deepspeed or jax here.
 
 from __future__ import annotations
 
+from backend.spec import dims
 from backend.spec.sections import SpecParts
 
 DEEPSPEED_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """ShardLab strategy -> DeepSpeed `zero_optimization.stage` (ddp is stage 0: plain data parallelism)."""
 JAX_STRATEGIES = {"ddp": "dp", "zero3": "fsdp", "fsdp": "fsdp", "tp": "tp"}
 """ShardLab strategy -> the GSPMD layout it is written as (backend/frameworks/jax/named_shardings.py)."""
+JAX_DIMS = ("dp", "tp")
+"""The parallel dimensions the JAX layouts shard over; any other above 1 is refused."""
+_BEYOND_DP = tuple(d.name for d in dims.DIMS if not d.remainder)
+"""Every degree but dp: DeepSpeed and torch's offload run pure data parallelism here."""
 JAX_GPT_FAMILY = {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "bias": "all", "tie_embeddings": False,
                   "norm_eps": 1e-5}
 """The one model family the JAX twin writes (backend/frameworks/jax/gpt.py: LayerNorm with bias, eps 1e-5, GELU MLP,
@@ -34,8 +39,9 @@ def _torch(s: SpecParts) -> list[str]:
     if p.offload == "optimizer":
         out.append("torch FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the optimizer step "
                    "to the host together: use offload=params (offload=optimizer alone is DeepSpeed's, --framework deepspeed)")
-    if p.tp > 1 or p.pp > 1 or p.ep > 1 or p.cp > 1:
-        out.append(f"offload on torch runs pure data parallelism here (got tp={p.tp}, pp={p.pp}, ep={p.ep}, cp={p.cp})")
+    if any(getattr(p, d) > 1 for d in _BEYOND_DP):
+        out.append("offload on torch runs pure data parallelism here (got "
+                   + ", ".join(f"{d}={getattr(p, d)}" for d in _BEYOND_DP) + ")")
     return out
 
 
@@ -46,7 +52,7 @@ def _deepspeed(s: SpecParts) -> list[str]:
     if st not in DEEPSPEED_STAGE:
         hint = " (DeepSpeed's ZeRO-3 is --strategy zero3)" if st == "fsdp" else ""
         out.append(f"framework deepspeed runs ZeRO stages 0-3 (strategy ddp, zero1, zero2, zero3); got {st}{hint}")
-    mp = {k: v for k, v in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep), ("cp", p.cp)) if v > 1}
+    mp = {k: getattr(p, k) for k in _BEYOND_DP if getattr(p, k) > 1}
     if mp:
         out.append("framework deepspeed runs ZeRO data parallelism only here (its TP/PP/MoE/sequence engines are not wired): "
                    + ", ".join(f"{k}={v}" for k, v in mp.items()) + " must be 1")
@@ -75,9 +81,10 @@ def _jax(s: SpecParts) -> list[str]:
     if st not in JAX_STRATEGIES:
         out.append(f"framework jax runs dp (ddp), fsdp (zero3/fsdp) and tp layouts and their dp x tp mix; got {st}: "
                    "GSPMD shards parameters and optimizer state together, so ZeRO-1/2 have no layout of their own")
-    if p.pp > 1 or p.ep > 1 or p.cp > 1:
-        out.append(f"framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX here "
-                   f"(pp={p.pp}, ep={p.ep}, cp={p.cp})")
+    unwritten = [d for d in _BEYOND_DP if d not in JAX_DIMS]
+    if any(getattr(p, d) > 1 for d in unwritten):
+        out.append("framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX "
+                   "here (" + ", ".join(f"{d}={getattr(p, d)}" for d in unwritten) + ")")
     if st in ("zero3", "fsdp") and p.tp > 1:
         out.append(f"framework jax: fsdp x tp is not wired (got tp={p.tp}); run fsdp with tp=1 or tp with ddp")
     if m.is_moe:

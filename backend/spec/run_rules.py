@@ -9,24 +9,25 @@ ring attention computes) are scalars in both cases: a plan searches one model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.spec.choices import ZERO_STAGE, Schedule
+from backend.spec.dims import DIMS, degree_names
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
+from backend.spec.stack_rules import stack_blockers
 
-SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV)
+SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 @dataclass(frozen=True)
 class LayoutView:
-    """The fields the run rules read: each a scalar (one spec) or a numpy array (one entry per layout)."""
+    """The fields the run rules read: each a scalar (one spec) or a numpy array (one entry per layout). The degrees
+    of backend/spec/dims.py read as attributes (`v.tp`, `v.cp`)."""
 
-    tp: Any
-    pp: Any
-    dp: Any
-    ep: Any
-    cp: Any
+    degrees: Mapping[str, Any]
+    """{dimension: degree} for every dimension of the table."""
     zero_stage: Any
     """0 ddp, 1 zero1 (ZeroRedundancyOptimizer, or the distributed optimizer under tp/pp), 2 zero2, 3 zero3/fsdp."""
     split_backward: Any
@@ -34,9 +35,15 @@ class LayoutView:
     precision: str
     model: ModelSpec
 
+    def __getattr__(self, name: str) -> Any:
+        degrees = self.__dict__.get("degrees", {})
+        if name in degrees:
+            return degrees[name]
+        raise AttributeError(f"LayoutView has no field or degree {name!r}")
+
     @classmethod
     def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> "LayoutView":
-        return cls(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, ep=parallel.ep, cp=parallel.cp,
+        return cls(degrees={d: getattr(parallel, d) for d in degree_names(DIMS)},
                    zero_stage=ZERO_STAGE[parallel.dp_flavour], split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES,
                    precision=str(precision), model=model)
 
@@ -62,13 +69,6 @@ def _ring_misses(m: ModelSpec) -> list[str]:
 
 
 LAYOUT_RULES = (
-    RunRule("zero1 x ep", lambda v: (v.zero_stage == 1) & (v.ep > 1),
-            lambda p, m: f"zero1 with ep={p.ep} is not supported here: neither ZeroRedundancyOptimizer nor the distributed "
-            "optimizer (zero1 x tp/pp) shards expert parameters over the expert-replica group; use ddp, zero2 or "
-            "zero3/fsdp for the dp dimension of an expert-parallel layout"),
-    # Megatron / torchtitan pipeline EP layouts (DeepSeek-V3 trained PP16 x EP64)
-    RunRule("ep x pp", lambda v: (v.ep > 1) & (v.pp > 1),
-            lambda p, m: f"ep={p.ep} with pp={p.pp}: this engine runs expert parallelism without pipelining"),
     RunRule("fp8 x tp", lambda v: (v.precision == "fp8") & (v.tp > 1),
             lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
             "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),
@@ -107,9 +107,10 @@ RULES = LAYOUT_RULES + MODEL_RULES
 
 
 def blocking_reasons(spec: SpecParts) -> list[str]:
-    """The sentence of every rule that blocks this spec, in RULES order."""
+    """The sentence of every rule that blocks this spec, in RULES order, then the stack settings this engine does not
+    run (stacks.stack_blockers: one plan holds one stack, so the planner applies them to all its layouts at once)."""
     view = LayoutView.of_spec(spec.parallel, spec.train.precision, spec.model)
-    return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))]
+    return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))] + stack_blockers(spec)
 
 
 def rule_hits(view: LayoutView) -> dict[str, Any]:

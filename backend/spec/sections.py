@@ -8,16 +8,18 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
-from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, Backend, Bias, CpRotate, Device, Executor,
-                                  Fp8Recipe, Framework, Mlp, Norm, Offload, Optimizer, Positions, Precision, Recompute,
-                                  RouterScore, Schedule, Strategy, WindowKind)
+from backend.spec import dims
+from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, Device,
+                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, MoeDispatcher, Norm, Offload,
+                                  Optimizer, Positions, Precision, Recompute, RouterScore, Stack, StackDtype, Strategy,
+                                  WindowKind)
+from backend.spec.dims import MAX_WORLD
 from backend.spec.user_text import source_problem
 
 MAX_DIM = 1_000_000
 MAX_LAYERS = 10_000
 MAX_VOCAB = 10_000_000
 MAX_SEQ = 10_000_000
-MAX_WORLD = 1_000_000
 MAX_BATCH = 100_000_000
 MAX_STEPS = 1_000_000
 
@@ -122,6 +124,27 @@ class ModelSpec(SpecSection):
     from its best topk_groups groups; 1 = no limit."""
     topk_groups: int = Field(1, ge=1, le=100_000)
     """MoE: groups a token may route into (expert_groups > 1)."""
+    capacity_factor: float | None = Field(None, gt=0, le=1_000)
+    """MoE: expert capacity factor (Megatron-Core's --moe-expert-capacity-factor): per MoE layer and microbatch each rank
+    lets at most C = ceil(T k / E x capacity_factor) of its T tokens' k slots reach one expert and drops the rest,
+    lowest router probability first (moe_utils.apply_router_token_dropping, drop policy "probs"); None = dropless."""
+    moe_pad_to_capacity: bool = False
+    """MoE: every expert takes exactly C rows per rank, padded with zero-weight rows (Megatron-Core's
+    --moe-pad-expert-input-to-capacity): static dispatch shapes, E x C rows sent. Needs capacity_factor."""
+    moe_aux_loss_coeff: float = Field(0.0, ge=0, le=1_000)
+    """MoE: the router's load-balancing loss coeff x E / (k T^2) x sum_i P_i c_i (Switch Transformer; Megatron-Core's
+    switch_load_balancing_loss_func and --moe-aux-loss-coeff) is added to the training loss, computed before dropping;
+    0 = off (Megatron's default; its recipes set 1e-2)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """MoE under ep > 1: alltoall (the routed rows over the ep group) or allgather (every token to every ep rank, the
+    combined output reduce-scattered back; Megatron-Core's --moe-token-dispatcher-type)."""
+    moe_imbalance: float = Field(1.0, ge=1, le=1_000)
+    """MoE prediction: the busiest rank's expert load over the uniform load (1 = uniform routing, the default). A run
+    measures its own (its per-rank routing note); dispatch buffers, all-to-all volume and expert GEMMs scale with it
+    unless a capacity factor bounds them (backend/analytic/moe_rows.py)."""
+    moe_grouped_gemm: bool = False
+    """MoE: a rank's local experts run as one grouped GEMM per expert weight (torch.nn.functional.grouped_mm;
+    Megatron-Core's --moe-grouped-gemm) where the shapes allow it, else one GEMM per expert (the reason in the notes)."""
     window: int | None = Field(None, ge=1, le=MAX_SEQ)
     """Windowed attention: tokens a query sees (sliding) or the chunk length (chunked) on the windowed layers; None
     means every layer attends to the whole causal prefix."""
@@ -215,6 +238,34 @@ class TrainSpec(SpecSection):
     (recompute_policy.DEFAULT_SAC_OPS)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
+    stack: Stack = Stack.SHARDLAB
+    """The software stack the job trains with (backend/spec/stacks.py): shardlab (this engine), torchtitan, megatron
+    (Megatron-Core + Transformer Engine) or deepspeed. It gives the default of every setting below (None = its default)."""
+    attention_kernel: AttentionKernel | None = None
+    """The attention core's kernel: eager, flash2, flash3, cudnn (TE / cuDNN fused), efficient, flash1, flash-triton."""
+    elementwise: Elementwise | None = None
+    """Element-wise work: eager (one kernel per operator), compiled (torch.compile) or fused (TE / Apex kernels)."""
+    param_dtype: StackDtype | None = None
+    """The dtype the persistent parameters are kept in (FSDP2: fp32 shards; Megatron / DeepSpeed: 16-bit; fp8 with
+    Megatron's --fp8-param-gather)."""
+    grad_reduce_dtype: StackDtype | None = None
+    """The dtype gradients are accumulated and reduced in (FSDP2 reduce_dtype; Megatron's main-grad buffer, bf16 with
+    --grad-reduce-in-bf16; DeepSpeed's grad_accum_dtype)."""
+    master_dtype: StackDtype | None = None
+    """The optimizer's master weights: fp32 copies of 16-bit params, or none (the params are the master)."""
+    loss_parallel: bool | None = None
+    """Vocab-parallel cross-entropy over tp: the logits stay sharded (V/tp per rank), no all-gather."""
+    tp_overlap: bool | None = None
+    """TP collectives hidden behind the matmuls they feed (torchtitan's async TP, Megatron's --tp-comm-overlap);
+    needs sequence parallelism."""
+    grad_reduce_overlap: bool | None = None
+    """Data-parallel gradient reduction overlapped with backward (Megatron --overlap-grad-reduce)."""
+    param_gather_overlap: bool | None = None
+    """Data-parallel parameter all-gather overlapped with forward (Megatron --overlap-param-gather, FSDP prefetch)."""
+    pp_overlap: bool | None = None
+    """Pipeline send / recv overlapped with compute (Megatron's overlap_p2p_comm)."""
+    optimizer_over_cp: bool | None = None
+    """Optimizer state sharded over dp x cp (Megatron's data_parallel_group_with_cp) rather than dp alone."""
 
 
     @field_validator("recompute", mode="before")
@@ -244,33 +295,22 @@ class TrainSpec(SpecSection):
         return tuple(self.recompute_ops) if self.recompute_ops is not None else DEFAULT_SAC_OPS
 
 
-class ParallelSpec(SpecSection):
+class ParallelHead(SpecSection):
+    """The fields of `ParallelSpec` before the dimensions' (backend/spec/dims.py)."""
+
     strategy: Strategy = Strategy.DDP
     """Headline strategy; mixes combine a data-parallel flavour (ddp..fsdp) with tp/pp/ep degrees."""
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD)
     """Total ranks; None means dp * cp * tp * pp."""
-    dp: int | None = Field(None, ge=1, le=MAX_WORLD)
-    """Data-parallel degree (batch split); None derives world_size / (cp * tp * pp)."""
-    tp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Tensor-parallel degree."""
-    pp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Pipeline-parallel degree (stages = pp * virtual_stages)."""
-    ep: int = Field(1, ge=1, le=MAX_WORLD)
-    """Expert-parallel degree; experts are split over ep ranks carved out of the dp x cp ranks."""
-    cp: int = Field(1, ge=1, le=MAX_WORLD)
-    """Context-parallel degree: every sequence is split over cp ranks (ring attention); they hold the same
-    parameters, so gradients are averaged and FSDP / ZeRO state is sharded over dp x cp (torchtitan's dp_shard_cp)."""
-    cp_rotate: CpRotate = CpRotate.ALLGATHER
-    """How K/V reach the other cp ranks: allgather (once per attention call) or alltoall (round the ring)."""
-    cp_load_balance: bool = True
-    """Causal load balancing: rank i holds sequence chunks i and 2cp-1-i of 2cp (head-tail, as torchtitan and
-    Megatron), so every cp rank does the same attention work; off: contiguous chunks (the last rank does most)."""
-    sequence_parallel: bool = False
-    """Shard norms/dropout activations along the sequence (needs tp > 1)."""
-    pp_schedule: Schedule = Schedule.ONE_F_ONE_B
-    """Pipeline schedule (used when pp > 1)."""
-    virtual_stages: int = Field(1, ge=1, le=1024)
-    """Model chunks per pipeline rank (interleaved schedules need >= 2)."""
+
+
+ParallelDegrees = dims.spec_model(dims.DIMS, ParallelHead)
+"""`ParallelHead` and every field of the dimension table: the degrees dp, tp, pp, ep, cp and their options
+(sequence_parallel, pp_schedule, virtual_stages, cp_rotate, cp_load_balance), each with its bounds and docstring."""
+_DEGREES = dims.degree_names(dims.DIMS)
+
+
+class ParallelSpec(ParallelDegrees):
     offload: Offload = Offload.NONE
     """Host (CPU) offload: optimizer (DeepSpeed offload_optimizer) or params (params, grads and optimizer
     state: DeepSpeed offload_param + offload_optimizer, torch FSDP2 CPUOffloadPolicy for zero2/zero3)."""
@@ -279,17 +319,15 @@ class ParallelSpec(SpecSection):
     def zero_stage(self) -> int:
         return ZERO_STAGE.get(self.strategy, 0)
 
+    def degrees(self) -> dict[str, int]:
+        """{dimension: degree} (an underived dp counts as 1)."""
+        return {d: getattr(self, d) or 1 for d in _DEGREES}
+
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank. The mesh is (pp, dp, cp, tp), row-major, tp fastest-varying (torchtitan's
         order); "cp" is present when cp > 1. Expert-parallel groups are consecutive blocks of ep ranks along the
-        data-parallel index dp * cp + cp index (`data_parallel_index`)."""
-        tp, cp, dp = self.tp, self.cp, self.dp or 1
-        c = {"pp": rank // (dp * cp * tp), "dp": (rank // (tp * cp)) % dp}
-        if cp > 1:
-            c["cp"] = (rank // tp) % cp
-        c["tp"] = rank % tp
-        c["ep"] = self.data_parallel_index(rank) % self.ep
-        return c
+        data-parallel index dp * cp + cp index (`data_parallel_index`). Laid out by backend/spec/dims.py."""
+        return dims.coords(dims.DIMS, self.degrees(), rank)
 
     @property
     def dp_cp(self) -> int:
@@ -301,9 +339,9 @@ class ParallelSpec(SpecSection):
         """The rank's index in its dp x cp group (dp index * cp + cp index): its FSDP shard and ZeRO-1 share."""
         return (rank // self.tp) % self.dp_cp
 
-    def rank_at(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
-        """The global rank at these mesh coordinates (inverse of `coords`)."""
-        return ((pp * (self.dp or 1) + dp) * self.cp + cp) * self.tp + tp
+    def rank_at(self, **at: int) -> int:
+        """The global rank at these mesh coordinates (rank_at(pp=0, dp=1, cp=0, tp=1); inverse of `coords`)."""
+        return dims.rank_at(dims.DIMS, self.degrees(), at)
 
     @property
     def dp_flavour(self) -> Strategy:

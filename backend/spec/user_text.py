@@ -29,6 +29,23 @@ MAX_SOURCE_BYTES = 32 * 1024
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
 
+def size_text(size: int) -> str:
+    """A file's size for a person: '812 bytes', '4.96 MiB (5,200,000 bytes)'."""
+    if size < 1024:
+        return f"{size:,} bytes"
+    value, unit = float(size), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.3g} {unit} ({size:,} bytes)"
+
+
+def over_limit(what: str, size: int, limit: int) -> str:
+    """'the TOML is 4.96 MiB (5,200,000 bytes), over the 1,048,576-byte limit (1 MiB)'."""
+    return f"{what} is {size_text(size)}, over the {limit:,}-byte limit ({size_text(limit).split(' (')[0]})"
+
+
 class InputError(ValueError):
     """User input refused before anything is stored or launched; the message says why, with the numbers."""
 
@@ -100,7 +117,7 @@ def load_json_text(text: str | bytes, what: str, *, max_bytes: int = MAX_JSON_FI
     too deep or not JSON."""
     size = len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
     if size > max_bytes:
-        raise InputError(f"{what} is {size:,} bytes, over the {max_bytes:,}-byte limit")
+        raise InputError(over_limit(what, size, max_bytes))
     try:
         value = json.loads(text)
     except RecursionError:
@@ -118,7 +135,7 @@ def load_json_file(path: Path | str, what: str, *, max_bytes: int = MAX_JSON_FIL
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise InputError(f"{what} {path} is {size:,} bytes, over the {max_bytes:,}-byte limit")
+            raise InputError(over_limit(f"{what} {path}", size, max_bytes))
         data = path.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read {what} {path}: {e}") from None
@@ -137,7 +154,7 @@ def source_problem(source: dict[str, Any] | None) -> str | None:
     except (TypeError, ValueError, UnicodeEncodeError) as e:
         return f"model.source is not plain JSON: {e}"
     if size > MAX_SOURCE_BYTES:
-        return (f"model.source is {size:,} bytes, over the {MAX_SOURCE_BYTES:,}-byte limit: a run keeps the parsed "
+        return (over_limit("model.source", size, MAX_SOURCE_BYTES) + ": a run keeps the parsed "
                 "fields of a config, not the whole file")
     for text in _strings(source):
         if problem := text_problem(text, "model.source text", MAX_SOURCE_BYTES):

@@ -2,9 +2,9 @@
 
 | flavour      | alone (no tp/pp/ep)                                  | in a tp / pp mix                        | with ep                                   |
 |--------------|------------------------------------------------------|-----------------------------------------|-------------------------------------------|
-| ddp          | DistributedDataParallel, gradient_as_bucket_view     | FSDP2-style `replicate` per block + root| DDP with the experts left out of its reducer |
-| zero1        | ZeroRedundancyOptimizer over DDP                     | Megatron's distributed optimizer        | rejected                                  |
-|              |                                                      | (distributed_optimizer.py)              |                                           |
+| ddp          | DistributedDataParallel, gradient_as_bucket_view     | FSDP2-style `replicate` per block + root| DDP with the experts left out of its reducer (tp / pp mixes: replicate, experts ignored) |
+| zero1        | ZeroRedundancyOptimizer over DDP                     | Megatron's distributed optimizer        | the distributed optimizer, experts in     |
+|              |                                                      | (distributed_optimizer.py)              | buckets of their own over the edp group   |
 | zero2        | fully_shard(reshard_after_forward=False), mp_policy  | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
 | zero3 / fsdp | fully_shard(reshard_after_forward=True), mp_policy   | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
 
@@ -40,7 +40,7 @@ def uses_fsdp2(spec: ExperimentSpec) -> bool:
     p = spec.parallel
     if p.dp_flavour in SHARDED:
         return p.dp_cp > 1 or is_pure_dp(spec)
-    return p.dp_cp > 1 and p.dp_flavour == Strategy.DDP and p.ep == 1 and not is_pure_dp(spec)
+    return p.dp_cp > 1 and p.dp_flavour == Strategy.DDP and (p.tp > 1 or p.pp > 1)
 
 
 def uses_autocast(spec: ExperimentSpec) -> bool:
@@ -52,15 +52,14 @@ def uses_autocast(spec: ExperimentSpec) -> bool:
 
 
 def uses_distributed_optimizer(spec: ExperimentSpec) -> bool:
-    """zero1 on the dp dimension of a tp / pp mix: Megatron's distributed optimizer (distributed_optimizer.py)."""
+    """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
+    with ep its expert buckets shard over the expert data-parallel group)."""
     p = spec.parallel
-    return p.dp_flavour == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1) and p.ep == 1
+    return p.dp_flavour == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1 or p.ep > 1)
 
 
 def check_flavour(spec: ExperimentSpec) -> None:
-    p = spec.parallel
-    if p.dp_flavour == Strategy.ZERO1 and p.ep > 1:
-        raise ValueError(f"zero1 with ep={p.ep} is not supported: use ddp, zero2 or zero3/fsdp for the dp dimension")
+    del spec  # every flavour runs with every degree now (zero1 x ep: the distributed optimizer's expert buckets)
 
 
 def blocks(module: nn.Module) -> list[nn.Module]:
@@ -100,7 +99,8 @@ def classic_wrap(ctx: RankContext, model: nn.Module, experts: list[nn.Parameter]
     """DistributedDataParallel over mesh["dp"] for pure ddp / zero1 and for ddp with ep (experts excluded from the
     reducer: their grads are reduced over the expert-replica group instead); needs materialized parameters."""
     p = ctx.spec.parallel
-    if p.dp_cp == 1 or p.dp_flavour not in (Strategy.DDP, Strategy.ZERO1) or p.tp > 1 or p.pp > 1:
+    if p.dp_cp == 1 or p.dp_flavour not in (Strategy.DDP, Strategy.ZERO1) or p.tp > 1 or p.pp > 1 \
+            or uses_distributed_optimizer(ctx.spec):
         return model
     if experts:
         ids = {id(q) for q in experts}
@@ -109,9 +109,11 @@ def classic_wrap(ctx: RankContext, model: nn.Module, experts: list[nn.Parameter]
     return DDP(model, process_group=ctx.mesh["dp"].get_group(), gradient_as_bucket_view=True, **kw)
 
 
-def distributed_optimizer(ctx: RankContext, modules: list[nn.Module]) -> DistributedOptimizer:
+def distributed_optimizer(ctx: RankContext, modules: list[nn.Module], experts: list[nn.Parameter] | None = None,
+                          expert_group=None) -> DistributedOptimizer:
     """Megatron's distributed optimizer over mesh["dp"] for the materialized stage modules (rebinds their
-    parameters to bucket views: build it before any hook is registered on them)."""
+    parameters to bucket views: build it before any hook is registered on them); with ep the experts' buckets over
+    `expert_group` (the expert data-parallel group; None: edp = 1, nothing to shard)."""
     spec, p = ctx.spec, ctx.spec.parallel
     pipelined = p.pp > 1
     tied = ("tok_emb.weight", "lm_head.weight") if pipelined and spec.model.tie_embeddings else ()
@@ -119,7 +121,8 @@ def distributed_optimizer(ctx: RankContext, modules: list[nn.Module]) -> Distrib
                                 dp_group=ctx.mesh["dp"].get_group(), tp_group=ctx.mesh["tp"].get_group(),
                                 microbatches=spec.train.microbatches or 1,
                                 grad_divisor=p.dp_cp * (spec.train.microbatches if pipelined else 1),
-                                param_dtype=compute_dtype(spec) or torch.float32, held_names=tied)
+                                param_dtype=compute_dtype(spec) or torch.float32, held_names=tied,
+                                experts=set(map(id, experts or [])), expert_group=expert_group)
 
 
 def dp_optimizer(ctx: RankContext, params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -48,6 +48,9 @@ class Bucket:
     grad_data: torch.Tensor
     dp: int
     dp_rank: int
+    group: Any = None
+    """The group its gradients reduce-scatter and its params all-gather over: dp (x cp), or for an expert bucket the
+    expert data-parallel group (None: edp = 1, no collective)."""
     master: torch.Tensor | None = None
     expected: int = 0
     """Gradient arrivals that complete the bucket on the last microbatch (params x microbatches)."""
@@ -68,6 +71,14 @@ class Bucket:
     def view(self, data: torch.Tensor, i: int) -> torch.Tensor:
         local = _local(self.params[i])
         return data[self.offsets[i]:self.offsets[i] + local.numel()].view(local.shape)
+
+
+class _Done:
+    """The finished work of a reduction that needed no collective."""
+
+    @staticmethod
+    def wait() -> None:
+        return None
 
 
 def _local(q: torch.Tensor) -> torch.Tensor:
@@ -91,9 +102,13 @@ class DistributedOptimizer:
 
     def __init__(self, modules: list[nn.Module], *, make_inner: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
                  dp_group: Any, tp_group: Any, microbatches: int, grad_divisor: float, param_dtype: torch.dtype,
-                 overlap: bool = True, held_names: tuple[str, ...] = ()):
+                 overlap: bool = True, held_names: tuple[str, ...] = (), experts: set[int] = frozenset(),
+                 expert_group: Any = None):
         self.dp_group, self.tp_group = dp_group, tp_group
         self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+        self.experts, self.expert_group = experts, expert_group
+        self.edp = dist.get_world_size(expert_group) if expert_group is not None else 1
+        self.edp_rank = dist.get_rank(expert_group) if expert_group is not None else 0
         self.grad_divisor, self.overlap = grad_divisor, overlap
         self.buckets: list[Bucket] = []
         self._grad_of: dict[int, tuple[Bucket, int]] = {}
@@ -116,6 +131,8 @@ class DistributedOptimizer:
             if id(q) in seen:  # a tied slot: point it at the same rebuilt parameter
                 continue
             order, key = bucket_of(name)
+            if id(q) in self.experts:  # Megatron's expert buffer: its own bucket per block, over edp
+                order, key = order + 0.5, f"{key}.experts"
             groups.setdefault(key, (order, []))[1].append((name, q))
             seen[id(q)] = q
         replaced: dict[int, nn.Parameter] = {}
@@ -131,9 +148,12 @@ class DistributedOptimizer:
 
     def _bucket(self, key: str, members: list[tuple[str, nn.Parameter]], dtype: torch.dtype,
                 replaced: dict[int, nn.Parameter]) -> Bucket:
+        expert = id(members[0][1]) in self.experts
+        dp, dp_rank, group = (self.edp, self.edp_rank, self.expert_group) if expert else (self.dp, self.dp_rank,
+                                                                                           self.dp_group)
         sizes = [_local(q).numel() for _, q in members]
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-        padded = -(-sum(sizes) // self.dp) * self.dp
+        padded = -(-sum(sizes) // dp) * dp
         device = _local(members[0][1]).device
         param_data = torch.zeros(padded, dtype=dtype, device=device)
         grad_data = torch.zeros(padded, dtype=torch.float32, device=device)
@@ -151,7 +171,7 @@ class DistributedOptimizer:
             new = nn.Parameter(value, requires_grad=q.requires_grad)
             replaced[id(q)] = new
             params.append(new)
-        bucket = Bucket(key, params, offsets, param_data, grad_data, self.dp, self.dp_rank)
+        bucket = Bucket(key, params, offsets, param_data, grad_data, dp, dp_rank, group)
         for i, q in enumerate(params):
             self._grad_of[id(q)] = (bucket, i)
             q.register_post_accumulate_grad_hook(self._hook(bucket, i))
@@ -183,8 +203,11 @@ class DistributedOptimizer:
     def _launch(self, bucket: Bucket) -> None:
         for i in sorted(bucket.partial):
             dist.all_reduce(bucket.view(bucket.grad_data, i), group=self.tp_group)
+        if bucket.group is None:  # an expert bucket with edp = 1: the all-to-all backward already summed it
+            bucket.work = _Done()
+            return
         bucket.work = dist.reduce_scatter_tensor(bucket.shard(bucket.grad_data), bucket.grad_data,
-                                                 group=self.dp_group, async_op=True)
+                                                 group=bucket.group, async_op=True)
 
     def sweep(self) -> None:
         """Gradients assigned by hand (no hook fired) join the main-grad buffers."""
@@ -209,7 +232,8 @@ class DistributedOptimizer:
             own = bucket.shard(bucket.param_data)
             if self.half:
                 own.copy_(bucket.master)
-            gathers.append(dist.all_gather_into_tensor(bucket.param_data, own, group=self.dp_group, async_op=True))
+            if bucket.group is not None:
+                gathers.append(dist.all_gather_into_tensor(bucket.param_data, own, group=bucket.group, async_op=True))
         for work in gathers:
             work.wait()
 
@@ -226,7 +250,11 @@ class DistributedOptimizer:
 
     def notes(self) -> list[str]:
         sizes = [b.grad_data.numel() for b in self.buckets]
-        return [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets (embeddings, one "
+        experts = [b for b in self.buckets if b.name.endswith(".experts")]
+        extra = ([f"Expert buckets (Megatron's expert buffers): one per MoE block, padded to a multiple of edp={self.edp}, "
+                  f"their fp32 main grads reduce-scattered and optimizer state sharded over the expert data-parallel "
+                  f"group ({len(experts)} buckets)."] if experts else [])
+        return extra + [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets (embeddings, one "
                 f"per block, head) of {min(sizes):,}-{max(sizes):,} elements padded to a multiple of dp; fp32 "
                 "main grads reduce-scattered (a bucket complete on the last microbatch overlaps the rest of backward), "
                 "the owned slices stepped" + (" on fp32 masters" if self.half else "") + ", params all-gathered."]

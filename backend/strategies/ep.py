@@ -40,24 +40,37 @@ def expert_groups(ctx: RankContext) -> tuple[dist.ProcessGroup, dist.ProcessGrou
 
 
 class ExpertParallel:
-    """Shards every MoE layer's experts over ep_mesh["ep"] and reduces their grads over ep_mesh["dp_mod_ep"]."""
+    """Shards every MoE layer's experts over ep_mesh["ep"] and reduces their grads over ep_mesh["dp_mod_ep"] (the
+    distributed optimizer reduce-scatters them over that group itself: `grads_by_optimizer`)."""
 
-    def __init__(self, ctx: RankContext, model: nn.Module):
+    def __init__(self, ctx: RankContext, modules: list[nn.Module]):
         p = ctx.spec.parallel
-        self.ctx, self.model = ctx, model
+        self.ctx, self.modules = ctx, modules
         self.extra: dict = {}
         ep_group, self.replica_group = expert_groups(ctx)
         self.ep_rank = dist.get_rank(ep_group)
         self.log = moe_dispatch.RoutingLog()
-        self.moe_names = []
-        for name, block in model.layers.items():
-            if isinstance(block.mlp, MoE):
-                moe_dispatch.install(block.mlp, ep_group, p.ep, self.ep_rank, self.log, name)
-                self.moe_names.append(name)
+        self.moes: list[MoE] = []
+        self.grads_by_optimizer = False
+        for module in modules:
+            for name, block in module.layers.items():
+                if isinstance(block.mlp, MoE):
+                    moe_dispatch.install(block.mlp, ep_group, p.ep, self.ep_rank, self.log, name)
+                    self.moes.append(block.mlp)
+        if p.pp > 1:  # the schedule runs each stage's forwards in microbatch order: count them per stage
+            self.forwards = [0] * len(modules)
+            for i, module in enumerate(modules):
+                module.register_forward_pre_hook(self._stage_forward(i))
+
+    def _stage_forward(self, i: int):
+        def hook(module: nn.Module, args) -> None:
+            self.log.microbatch = self.forwards[i]
+            self.forwards[i] += 1
+        return hook
 
     def params(self) -> list[nn.Parameter]:
         """This rank's expert parameters (the live objects: call again after materialization)."""
-        return [q for name in self.moe_names for q in self.model.layers[name].mlp.experts.parameters()]
+        return [q for moe in self.moes for q in moe.experts.parameters()]
 
     def on_microbatch(self, i: int) -> None:
         if i == 0:
@@ -69,16 +82,25 @@ class ExpertParallel:
         self.extra = extra
 
     def sync_grads(self, used: list[float]) -> list[float]:
-        """After the last backward (OptimizerTail): expert grads over the replicas; records this step's routing."""
+        """After the last backward (OptimizerTail): expert grads over the replicas (unless the distributed optimizer
+        reduce-scatters them); records this step's routing."""
         p = self.ctx.spec.parallel
-        flags = sync_expert_grads(self.params(), used, self.replica_group, p.dp_cp, self.ctx.device)
+        if self.grads_by_optimizer:
+            flags = used
+        else:
+            flags = sync_expert_grads(self.params(), used, self.replica_group, p.dp_cp, self.ctx.device)
         self.extra["moe_routing"] = self.routing_payload()
+        if p.pp > 1:
+            self.log.start_step()
+            self.forwards = [0] * len(self.modules)
         return flags
 
     def notes(self) -> list[str]:
         m, p = self.ctx.spec.model, self.ctx.spec.parallel
-        return [f"EP: {m.n_experts // p.ep} of {m.n_experts} experts per MoE layer on this rank; "
-                f"expert grads all-reduced over {p.dp_cp // p.ep} replica(s).",
+        how = ("reduce-scattered by the distributed optimizer" if self.grads_by_optimizer else "all-reduced")
+        return [f"EP: {m.n_experts // p.ep} of {m.n_experts} experts per MoE layer on this rank"
+                + (f", whole on each of the {p.tp} tp ranks (etp 1)" if p.tp > 1 else "")
+                + f"; expert grads {how} over {p.dp_cp // p.ep} replica(s) (edp).",
                 "Token dispatch: all_to_all of E int64 counts + 2 all_to_alls of routed rows per MoE layer and "
                 "microbatch (x2 in backward)."]
 

@@ -19,12 +19,14 @@ over the group, backward the same 2 all_to_alls again.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from backend.models.gpt import MoE
+from backend.strategies import moe_sorted_dispatch
 from backend.torch_compat import all_to_all_single_autograd
 
 
@@ -51,15 +53,25 @@ class RoutingLog:
         self.microbatch = 0
         self._seen: set[tuple[int, str]] = set()
 
-    def add(self, layer: str, counts: torch.Tensor, recv_counts: torch.Tensor, ep: int) -> None:
+    def add(self, layer: str, counts: torch.Tensor, recv_counts: torch.Tensor, ep: int,
+            routed: torch.Tensor | None = None, padded: int = 0) -> None:
+        """routed: rows per expert before the capacity limit (only when one applies); padded: rows every expert
+        takes from every rank under pad_to_capacity (the wire rows then: E x padded out, ep x E/ep x padded in)."""
         key = (self.microbatch, layer)
-        self.records.append({"microbatch": self.microbatch, "layer": layer, "sent": counts.tolist(),
-                             "received": recv_counts.view(ep, -1).tolist(), "recompute": key in self._seen})
+        record = {"microbatch": self.microbatch, "layer": layer, "sent": counts.tolist(),
+                  "received": recv_counts.view(ep, -1).tolist(), "recompute": key in self._seen}
+        if routed is not None:
+            record["routed"] = routed.tolist()
+        if padded:
+            record["padded"] = padded
+        self.records.append(record)
         self._seen.add(key)
 
 
 def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int, log: RoutingLog | None, layer: str,
-                        flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+                        flat: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, kept: Any = None) -> torch.Tensor:
+    if kept is not None or moe.spec.moe_grouped_gemm:
+        return moe_sorted_dispatch.sorted_dispatch(moe, group, ep, log, layer, flat, weights, idx, kept)
     N, C = flat.shape  # (N, C) tokens of this rank
     k, E = idx.shape[1], moe.n_experts
     n_local = E // ep
@@ -80,6 +92,7 @@ def all_to_all_dispatch(moe: MoE, group: dist.ProcessGroup, ep: int, log: Routin
     for j, expert_mod in enumerate(moe.experts.values()):
         rows = (local_expert == j).nonzero(as_tuple=True)[0]
         if rows.numel():
+            moe.mark_used(expert_mod)
             y = y.index_add(0, rows, expert_mod(x[rows]).to(y.dtype))  # autocast: 16-bit out, fp32 rows (as dense)
     if x.requires_grad and not y.requires_grad:
         # No local expert received a row: y would leave the autograd graph and this rank would skip both

@@ -5,7 +5,8 @@
                                         extra stage); every later step applies to each stage module, as
                                         torchtitan's pipeline_llm does
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
-                                        ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed
+                                        ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed, in
+                                        every stage module; whole experts on every tp rank (etp 1)
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
                                         sequence share is cut by `local_batch`)
@@ -36,6 +37,7 @@ from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
 from backend.strategies.materialize import check_placement, is_meta, materialize
+from backend.strategies.moe_stats import CapacityStats, moes
 from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, LoopStyle, MicrobatchStep, OptimizerTail
 from backend.strategies.tp import NOTES as TP_NOTES
@@ -45,9 +47,6 @@ LOSS_NOTE = "Returned loss: one 16-byte all_reduce per step over the world (mean
 
 
 def check_supported(ctx: RankContext) -> None:
-    p = ctx.spec.parallel
-    if p.ep > 1 and (p.tp > 1 or p.pp > 1):
-        raise ValueError(f"ep={p.ep} with tp={p.tp} or pp={p.pp} is not supported: ep runs with dp only")
     dpar.check_flavour(ctx.spec)
 
 
@@ -58,7 +57,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if not meta:
         model.to(ctx.device)
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
-    ep = ExpertParallel(ctx, model) if p.ep > 1 else None
+    ep = ExpertParallel(ctx, mods) if p.ep > 1 else None
     shard = context_parallel.context_shard(ctx)
     for m in mods:
         float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
@@ -72,19 +71,25 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if meta:
         materialize(mods, ctx.placement, spec.train.seed)
     # rebinds every parameter to a view of its bucket: before any hook is registered on them
-    distributed = dpar.distributed_optimizer(ctx, mods) if dpar.uses_distributed_optimizer(spec) else None
     experts = ep.params() if ep else []
+    distributed = None
+    if dpar.uses_distributed_optimizer(spec):
+        distributed = dpar.distributed_optimizer(ctx, mods, experts, ep.replica_group if ep else None)
+        if ep:
+            ep.grads_by_optimizer = True
+            experts = ep.params()  # rebound to bucket views
     if p.tp > 1:
         for m in mods:
             register_grad_hooks(m)
     usage = ExpertUsage(mods)
+    extra: dict = {}
+    capacity = moe_capacity_stats(ctx, mods, extra)
     mods = [dpar.classic_wrap(ctx, m, experts) for m in mods]
     opt = distributed or dpar.dp_optimizer(ctx, [q for m in mods for q in m.parameters()])
     float8.after_step(spec, mods, opt, fsdp=dpar.uses_fsdp2(spec))
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
-    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling)
+    tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling, after_backward=capacity)
     timeline: list[dict] = []
-    extra: dict = {}
     if p.pp > 1:
         step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline, distributed=distributed)
     else:
@@ -101,6 +106,18 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
                     notes=_notes(ctx, ids, ep, distributed), extra=extra)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
+
+
+def moe_capacity_stats(ctx: RankContext, mods: list[nn.Module], extra: dict) -> CapacityStats | None:
+    """The MoE layers' load-balancing loss over the cp shards, and the capacity limit's per-step record."""
+    spec, p = ctx.spec, ctx.spec.parallel
+    if spec.model.moe_aux_loss_coeff and p.cp > 1:
+        group = ctx.cp_mesh()["cp"].get_group()
+        for moe in moes(mods):
+            moe.aux_group = group
+    if spec.model.capacity_factor is None:
+        return None
+    return CapacityStats(spec, mods, extra, tokens=spec.train.micro_batch * spec.model.seq_len // p.cp)
 
 
 def loop_style(spec) -> LoopStyle:

@@ -6,10 +6,11 @@ Stage 0 also holds tok_emb + pos_emb, stage S−1 holds norm + lm_head.
 Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
   gpipe, 1f1b                      : stage r
   interleaved_1f1b, zero_bubble    : stages r, r + p, ..., r + (v−1)p   (looped placement)
-  zbv                              : stages r and 2p − 1 − r            (V shape; rank 0 holds first and last)
+  zbv, dualpipev                   : stages r and 2p − 1 − r            (V shape; rank 0 holds first and last)
 
 Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
-zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble. The schedule splits this dp
+zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble, dualpipev → ScheduleDualPipeV (its
+OVERLAP_F_B pairs run their forward and backward one after the other in torch 2.13: no overlap). The schedule splits this dp
 rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale: `ScaledLoss`)
 runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the
 dp-share mean.
@@ -34,6 +35,7 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
@@ -47,6 +49,7 @@ from backend.strategies import timeline
 from backend.strategies.context import LocalLoss, RankContext, autocast
 from backend.strategies.data_parallel import uses_autocast
 from backend.strategies.distributed_optimizer import DistributedOptimizer
+from backend.strategies.moe_stats import set_aux_loss_scale
 from backend.strategies.step import OptimizerTail
 
 SCHEDULES = {
@@ -55,6 +58,7 @@ SCHEDULES = {
     Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
     Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble,
     Schedule.ZBV: ScheduleZBVZeroBubble,
+    Schedule.DUALPIPEV: ScheduleDualPipeV,
 }
 SINGLE_STAGE = (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
 
@@ -178,7 +182,7 @@ class PipelineStep:
                             n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling),
                             scale_grads=distributed is None)
         self.use_autocast = uses_autocast(ctx.spec)
-        self.ctx, self.tail, self.timeline = ctx, tail, timeline_out
+        self.ctx, self.tail, self.timeline, self.mods = ctx, tail, timeline_out, mods
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
         self.record_call = timeline.capture_call(ctx.spec.train.warmup_steps, ctx.spec.train.steps)
@@ -189,6 +193,8 @@ class PipelineStep:
         losses: list = []
         kwargs = {"target": y, "losses": losses} if self.last else {}
         args = (x,) if self.first else ()
+        if self.ctx.spec.model.moe_aux_loss_coeff:  # the schedule divides the grads by the microbatches afterwards
+            set_aux_loss_scale(self.mods, self.tail.scaling.scale_value())
         with autocast(self.ctx.spec, self.ctx.device) if self.use_autocast else nullcontext():
             # return_outputs=False: the last stage would otherwise keep every microbatch's logits (b, s, V)
             # alive until the step ends, only to concatenate them for a return value we do not use.

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from backend.models.gpt import loss_fn
 from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import LocalLoss, autocast
+from backend.strategies.moe_stats import set_aux_loss_scale
 from backend.strategies.scaler import LossScaling
 
 SYNC_EVERY_MICROBATCH = (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
@@ -55,11 +56,12 @@ class ExpertUsage:
                 parent = name.rsplit(".", 2)
                 if len(parent) == 3 and parent[1] == "experts":
                     self.experts.append((sub, list(sub.parameters())))
-                    sub.register_forward_pre_hook(self._mark)
+                if hasattr(sub, "mark_used"):  # gpt.MoE: its dispatch names the experts real rows reached
+                    sub.usage = self
 
-    def _mark(self, module: nn.Module, args) -> None:
-        if args and args[0].shape[0] > 0:  # experts also run on 0 rows (gpt.MoE.dispatch): that is not a use
-            self.used.add(id(module))
+    def mark(self, expert: nn.Module) -> None:
+        """An expert received real rows (not the 0 rows of an unused expert under a dp wrapper, nor padding)."""
+        self.used.add(id(expert))
 
     def flags(self) -> list[float]:
         """1.0 per expert parameter tensor whose expert ran since the last `skip_unused`."""
@@ -135,11 +137,14 @@ class OptimizerTail:
     unscale, skip the step on every rank when any rank's grads overflowed), zero the persistent grads."""
 
     def __init__(self, modules: list[nn.Module], optimizer: torch.optim.Optimizer, usage: ExpertUsage,
-                 expert_sync: Callable[[list[float]], list[float]] | None = None, *, scaling: LossScaling):
+                 expert_sync: Callable[[list[float]], list[float]] | None = None, *, scaling: LossScaling,
+                 after_backward: Callable[[], None] | None = None):
         self.modules, self.optimizer, self.usage, self.expert_sync = modules, optimizer, usage, expert_sync
-        self.scaling = scaling
+        self.scaling, self.after_backward = scaling, after_backward
 
     def __call__(self) -> None:
+        if self.after_backward is not None:
+            self.after_backward()
         used = self.expert_sync(self.usage.flags()) if self.expert_sync else None
         partial = reduce_partial_grads(self.modules)
         hidden = self.usage.skip_unused(used)
@@ -185,6 +190,8 @@ class MicrobatchStep:
         xs = split_microbatches(inputs, self.spec, self.chunks)
         ys = split_microbatches(targets, self.spec, self.chunks)
         n = len(xs)
+        if self.spec.model.moe_aux_loss_coeff:  # the load-balancing loss's gradient at the main loss's scale
+            set_aux_loss_scale([self.model], self.tail.scaling.scale_value() / n)
         total = torch.zeros((), device=self.device)  # summed on the device: one host sync per step
         logits = loss = None  # loop-scoped on purpose: see LoopStyle
         for i, (x, y) in enumerate(zip(xs, ys)):

@@ -71,12 +71,15 @@ from backend.strategies.context import RankContext
 from backend.torch_compat import ParallelStyle
 
 
-def tp_plan(model: nn.Module, sp: bool) -> dict:
+def tp_plan(model: nn.Module, sp: bool, whole_experts: bool = False) -> dict:
     """The plan for whatever part of the GPT lives on this rank (pipeline stages have None holes): every module the
     placement table (backend/analytic/tp_placement.py) splits, as its DTensor style, plus the activation layouts
-    around each block's attention and MLP."""
+    around each block's attention and MLP. whole_experts (ep > 1: analytic/expert_layout.py, etp = 1): the routed
+    experts stay plain, unsplit modules on every tp rank."""
     plan: dict = {}
     for name, _ in model.named_modules():
+        if whole_experts and ".mlp.experts." in name:
+            continue
         rule = module_rule(name)
         style = _style(rule, sp) if rule is not None else None
         if style is not None:
@@ -152,7 +155,7 @@ def apply_tp(ctx: RankContext, model: nn.Module) -> nn.Module:
     """parallelize_module with `tp_plan` over mesh["tp"] (works on a meta model)."""
     p = ctx.spec.parallel
     if p.tp > 1:
-        parallelize_module(model, ctx.mesh["tp"], tp_plan(model, p.sequence_parallel))
+        parallelize_module(model, ctx.mesh["tp"], tp_plan(model, p.sequence_parallel, whole_experts=p.ep > 1))
         tie_weights(model)  # parallelize_module distributed the tied weight twice (both Shard(0)): tie them again
     return model
 

@@ -33,7 +33,7 @@ WORKER_ENV = recovery.WORKER_ENV
 class JobExecution:
     def _retry(self, fn, what: str, give_up_after_stop_s: float = 0.0):
         return retry(fn, what, stop=self.stopping, give_up_after_stop_s=give_up_after_stop_s, engine=self.engine,
-                     backoff=Backoff(max_s=self.max_backoff_s))
+                     backoff=Backoff(max_s=self.max_backoff_s), stopped_at=lambda: self.stopped_at)
 
     def execute(self, experiment_id: int, worker_id: str, *, adopted: bool = False) -> RunResult | None:
         """Run a claimed experiment to its end and store the result (never raises for a failed run)."""
@@ -64,6 +64,8 @@ class JobExecution:
         beat.start()
         tmp = recovery.job_tmpdir(experiment_id) if local else None
         try:
+            with self._lock:
+                self._jobs_running += 1
             result = self._run(spec, experiment_id, worker_id, cancel, run_uid=row["run_uid"], adopted=adopted, tmpdir=tmp)
         except Detached:
             log.info("experiment %s: worker stopping, its SLURM job keeps running (the next worker re-attaches)", experiment_id)
@@ -71,8 +73,10 @@ class JobExecution:
         except OSError as e:  # the launch failed because of the host (full disk, unwritable folder)
             return self._environment_failure(experiment_id, worker_id, e)
         finally:
+            with self._lock:
+                self._jobs_running -= 1  # the job's processes have ended (the runner returned or raised)
             beat_stop.set()
-            beat.join(timeout=10)
+            beat.join(timeout=self.grace_left(10.0))  # a heartbeat waiting on a lock must not hold up a stop
             recovery.remove_job_tmpdir(tmp)
             with self._lock:
                 self._cancels.pop(experiment_id, None)
@@ -113,27 +117,31 @@ class JobExecution:
             log.warning("worker state not updated: store unavailable (%s)", short(e))
 
     def _store(self, experiment_id: int, result: RunResult, workdir: Path | None) -> None:
-        """Store the result; until that succeeds it stays in workdir/result.json (the source of truth)."""
-        path = workdir / "result.json" if workdir is not None else None
-        if path is not None:
-            try:
-                write_atomic(path, result.to_json())
-            except OSError as e:
-                log.warning("experiment %s: result.json not written (%s); storing from memory", experiment_id, e)
+        """Store the result; until that succeeds it stays in workdir/result.json (the source of truth) and in
+        memory: a disk too full for result.json does not stop it from being stored, and while the store is away
+        too, each retry tries the file again (issue 31: a finished run is never thrown away)."""
+        kept = ResultFile(workdir / "result.json" if workdir is not None else None, experiment_id)
+        kept.write(result)
+
+        def store() -> None:
+            kept.write(result)  # no-op once written; a retry after space came back leaves the file for the next worker
+            q.store_result(self.engine, experiment_id, result)
+
         try:
-            self._retry(lambda: q.store_result(self.engine, experiment_id, result),
-                        f"storing the result of experiment {experiment_id}", give_up_after_stop_s=10.0)
+            self._retry(store, f"storing the result of experiment {experiment_id}",
+                        give_up_after_stop_s=self.stop_grace_s)
         except Exception as e:  # noqa: BLE001
             if isinstance(e, StoreError):
-                log.error("experiment %s: result not stored; it stays in %s", experiment_id, path or "its run folder")
+                log.error("experiment %s: result not stored; %s", experiment_id, kept.where())
                 raise
             if is_transient(e):
-                log.error("experiment %s: the store is still away as the worker stops; the result stays in %s and the "
-                          "next worker imports it", experiment_id, path or "its run folder")
+                log.error("experiment %s: the store is still away as the worker stops; %s", experiment_id,
+                          kept.where())
                 return
             log.exception("experiment %s: the store refused its result", experiment_id)
+            kept_in = kept.path if kept.written and kept.path else "its run folder"
             refused = RunResult(status=Status.FAILED, spec=result.spec, error=f"the store refused this run's "
-                                f"{result.status} result ({short(e)}); the full result is kept in {path or 'its run folder'}")
+                                f"{result.status} result ({short(e)}); the full result is kept in {kept_in}")
             self._retry(lambda: q.store_result(self.engine, experiment_id, refused), "storing a refused result")
         log.info("experiment %s: %s%s", experiment_id, result.status, f" ({result.error})" if result.error else "")
 
@@ -199,6 +207,34 @@ class JobExecution:
                     log.warning("heartbeat of experiment %s skipped %d time(s): store unavailable (%s)",
                                 experiment_id, failures, short(e))
 
+
+
+class ResultFile:
+    """A finished run's result.json: written once the disk takes it, and where the result is if it is not stored."""
+
+    def __init__(self, path: Path | None, experiment_id: int):
+        self.path, self.experiment_id = path, experiment_id
+        self.written, self.error = path is None, None
+
+    def write(self, result: RunResult) -> None:
+        if self.written:
+            return
+        try:
+            write_atomic(self.path, result.to_json())
+            self.written = True
+            if self.error is not None:
+                log.warning("experiment %s: result.json written after all (%s)", self.experiment_id, self.path)
+        except OSError as e:
+            if self.error is None:
+                log.warning("experiment %s: result.json not written (%s); storing from memory", self.experiment_id, e)
+            self.error = e
+
+    def where(self) -> str:
+        if self.path is None:
+            return "the result stays in its run folder for the next worker"
+        if self.written:
+            return f"the result stays in {self.path} and the next worker imports it"
+        return f"the result could not be written to {self.path} either ({self.error}): it is lost with this worker"
 
 
 def local_capacity_refusal(spec: ExperimentSpec) -> str | None:

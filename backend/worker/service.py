@@ -13,7 +13,10 @@ vanished or was replaced stops the worker with exit code 2. A runs folder that c
 read-only) pauses claiming with the reason logged; a job whose launch failed that way goes back to the queue.
 
 SIGTERM/SIGINT stop the worker cleanly: the current job's processes are ended and it is stored as
-`interrupted` (error "worker stopped ..."), so it can be re-queued; a user's cancel stays `cancelled`.
+`interrupted` (error "worker stopped ..."), so it can be re-queued; a user's cancel stays `cancelled`. Store calls
+after the stop get `stop_grace_s` (10 s) in all: a lock held by another process is waited for only that long
+(db.session.bound_waits), and once the grace is over and no job's processes run, the worker exits without waiting
+for the store (a result it could not store stays in result.json for the next worker).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from backend.result import RunResult
 from backend.worker.store_guard import MAX_WAIT_S, Backoff, is_transient, short
 from backend.worker.job import EXPERIMENT_ENV, JobExecution  # noqa: F401 - EXPERIMENT_ENV is part of the API
 from db import queries as q
-from db.session import StoreError
+from db.session import StoreError, bound_waits
 
 log = logging.getLogger("shardlab.worker")
 WORKER_ENV = recovery.WORKER_ENV
@@ -45,6 +48,8 @@ DEFAULT_MIN_FREE_BYTES = 64 * 2**20
 EXIT_STORE_ERROR = 2
 EXIT_BUG = 1
 RUNS_DIR_CHECK_S = 5.0
+STOP_GRACE_S = 10.0
+"""How long a stopping worker's store calls may take in all, counted from the stop (SIGTERM)."""
 
 
 class Worker(JobExecution):
@@ -58,6 +63,11 @@ class Worker(JobExecution):
         self.min_free_bytes = min_free_bytes
         self.max_backoff_s = MAX_WAIT_S
         """Longest wait between two tries of an unavailable store (and between two looks at a full runs folder)."""
+        self.stop_grace_s = STOP_GRACE_S
+        """After a stop, store calls (the interrupted result, the worker rows) get this long in all."""
+        self.stopped_at: float | None = None
+        """time.monotonic() of the first stop() (None while running)."""
+        self._jobs_running = 0
         self._host_backoff = Backoff(first_s=1.0)
         """Launches failing in a row because of the host: 1, 2, 4 ... 30 s between claims."""
         self.runner = runner
@@ -99,11 +109,20 @@ class Worker(JobExecution):
             self._store_up_since = time.monotonic()
 
     def stop(self) -> None:
-        """Stop after the current job; the running job is cancelled and stored as interrupted."""
-        self.stopping.set()
+        """Stop after the current job; the running job is cancelled and stored as interrupted, within stop_grace_s."""
         with self._lock:
+            if self.stopped_at is None:
+                self.stopped_at = time.monotonic()
+                bound_waits(self.engine, self.stopped_at + self.stop_grace_s)
+            self.stopping.set()
             for event in self._cancels.values():
                 event.set()
+
+    def grace_left(self, cap_s: float) -> float:
+        """Seconds left of the stop grace (cap_s while not stopping)."""
+        if self.stopped_at is None:
+            return cap_s
+        return max(0.0, min(cap_s, self.stopped_at + self.stop_grace_s - time.monotonic()))
 
     def fail(self, error: BaseException) -> None:
         """Stop the whole worker for an error no retry can fix (exit code 2 for the store, 1 for anything else)."""
@@ -131,6 +150,10 @@ class Worker(JobExecution):
         while any(t.is_alive() for t in slots + self._following):
             for t in slots + self._following:
                 t.join(timeout=0.5)
+            if self.stopping.is_set() and self.grace_left(1.0) == 0.0 and not self._jobs_running:
+                log.warning("stop grace of %g s is over: exiting without waiting for the store any longer (a result "
+                            "not stored stays in its run folder's result.json for the next worker)", self.stop_grace_s)
+                return self.exit_code
             if not once and not self.stopping.is_set() and time.monotonic() - last_check >= self.recover_every_s:
                 self._housekeeping()
                 last_check = time.monotonic()

@@ -4,8 +4,10 @@ A PostgreSQL restart, a SQLite lock held past busy_timeout, a full or read-only 
 surfaces as an OperationalError / InterfaceError / pool timeout that goes away by itself, so the worker keeps
 retrying, with exponential backoff and one log line per failure ("store unavailable ... retrying in 4 s").
 A store file that vanished (db.session.StoreGone / StoreMissing) or a URL that cannot work is a configuration
-error: it is raised at once, and the worker stops with a non-zero exit. Anything else (a value the database
-refuses) is permanent for that write and is raised too, for the caller to record.
+error: it is raised at once, and the worker stops with a non-zero exit; so is a schema this code cannot use (a failed
+upgrade, db.errors.SchemaError, exit 2), although SQLite reports "duplicate column name" as an OperationalError
+too (db.errors.is_outage tells them apart by SQLite's result code / PostgreSQL's SQLSTATE). Anything else (a value
+the database refuses) is permanent for that write and is raised too, for the caller to record.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from sqlalchemy import exc as sa_exc
-
-from db.session import StoreError
+from db.errors import is_outage
 
 log = logging.getLogger("shardlab.store")
 T = TypeVar("T")
@@ -27,12 +27,9 @@ MAX_WAIT_S = 30.0
 
 
 def is_transient(error: BaseException) -> bool:
-    """An outage that ends by itself (connection refused or lost, locked, disk I/O or full, pool exhausted)."""
-    if isinstance(error, StoreError):
-        return False
-    if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)):
-        return True
-    return isinstance(error, sa_exc.DBAPIError) and bool(error.connection_invalidated)
+    """An outage that ends by itself (connection refused or lost, locked, disk I/O or full, pool exhausted); a
+    schema error SQLite reports as OperationalError ("duplicate column name") is not one (db.errors.is_outage)."""
+    return is_outage(error)
 
 
 def short(error: BaseException) -> str:
@@ -58,9 +55,10 @@ class Backoff:
 
 
 def retry(fn: Callable[[], T], what: str, *, stop: threading.Event | None = None, give_up_after_stop_s: float = 0.0,
-          backoff: Backoff | None = None, engine=None) -> T:
+          backoff: Backoff | None = None, engine=None, stopped_at: Callable[[], float | None] | None = None) -> T:
     """Call fn until it succeeds, waiting out transient store errors. Permanent errors are raised at once. Once
-    `stop` is set, retries go on for at most give_up_after_stop_s more seconds, then the last error is raised.
+    `stop` is set, retries go on for at most give_up_after_stop_s more seconds (counted from `stopped_at()`, the
+    monotonic time of the stop, when given; else from the first failure seen after it), then the last error is raised.
     With `engine`, its pooled connections are dropped after each failure: a SQLite connection opened while the
     file was read-only stays read-only, and a PostgreSQL connection from before a restart is dead."""
     backoff = backoff or Backoff()
@@ -75,7 +73,7 @@ def retry(fn: Callable[[], T], what: str, *, stop: threading.Event | None = None
                 engine.dispose()
             now = time.monotonic()
             if stop is not None and stop.is_set():
-                stop_seen = stop_seen or now
+                stop_seen = stop_seen or (stopped_at() if stopped_at is not None else None) or now
                 if now - stop_seen >= give_up_after_stop_s:
                     raise
             wait = backoff.wait_s() if stop_seen is None else 1.0

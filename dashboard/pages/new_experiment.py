@@ -8,17 +8,19 @@ import streamlit as st
 
 from backend.analytic.units import GB
 from backend.hf_config import HFConfigError, parse_hf_config
-from backend.spec import ExperimentSpec
+from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form
 from dashboard import import_box
+from dashboard import messages
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
 from backend.readable_numbers import fmt_bytes_short
-from dashboard.glossary import HELP, schedule_label
+from dashboard.glossary import HELP
 
 P = "f_"  # widget key prefix
 
@@ -70,15 +72,15 @@ def _model_inputs() -> None:
                  help="Published shapes count their published parameters exactly; edit any dimension below")
     st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
                      type=["json"], key="hf_upload", on_change=_apply_upload)
-    if st.session_state.get("hf_error"):
-        st.error(st.session_state["hf_error"])
+    if st.session_state.get("hf_error"):  # the file's name and its keys: the user's text
+        messages.box("error", "This config.json cannot be used:", [st.session_state["hf_error"]])
     for note in st.session_state.get("hf_notes") or []:
-        st.caption(f":material/info: {note}")
+        messages.note(note)
     src = st.session_state.get(P + "source")
     if src:
         label = src.get("preset") or src.get("file") or "config.json"
-        st.caption(f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
-                   + " — stored with the run.")
+        line = f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "") + " — stored with the run."
+        (st.caption if src.get("preset") else st.text)(line)  # an uploaded file's name is the user's text: plain
     st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
               help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
                    "type (norm, MLP, positions, MoE), fewer and narrower layers.")
@@ -113,20 +115,15 @@ def _model_inputs() -> None:
 
 def _parallel_inputs() -> None:
     st.selectbox("Strategy", sf.STRATEGIES, key=P + "strategy", format_func=lambda s: sf.STRATEGY_HELP.get(s, s))
-    c1, c2, c3, c4 = st.columns(4)
-    c1.number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
-    c2.number_input("TP degree", 1, 1_000_000, key=P + "tp", help="Tensor parallel: 1 for the pure tp strategy means tp = world size")
-    c3.number_input("PP degree", 1, 1_000_000, key=P + "pp", help="Pipeline parallel: 1 for the pure pp strategy means pp = world size")
-    c4.number_input("EP degree", 1, 1_000_000, key=P + "ep", help="Expert parallel: MoE experts split over this many ranks")
-    st.checkbox("Sequence parallel (with TP)", key=P + "sequence_parallel", help=HELP["sequence parallel"])
-    c1, c2, c3 = st.columns(3)
-    c1.number_input("CP degree", 1, 1_000_000, key=P + "cp", help=HELP["context parallel"])
-    c2.selectbox("CP K/V rotation", sf.CP_ROTATES, key=P + "cp_rotate", format_func=lambda s: sf.CP_ROTATE_HELP.get(s, s),
-                 help=HELP["cp rotate"])
-    c3.checkbox("CP load balancing (head-tail)", key=P + "cp_load_balance", help=HELP["cp load balance"])
-    c1, c2 = st.columns(2)
-    c1.selectbox("Pipeline schedule", sf.SCHEDULES, key=P + "pp_schedule", format_func=schedule_label, help=HELP["schedule"])
-    c2.number_input("Virtual stages per rank", 1, 1024, key=P + "virtual_stages", help=HELP["virtual stages"])
+    degrees = [d.degree for d in dims.DIMS if d.degree.widget]  # one row: the world, then each degree
+    cols = st.columns(1 + len(degrees))
+    cols[0].number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
+    for col, f in zip(cols[1:], degrees):
+        _dim_widget(col, f)
+    for d in dims.DIMS:  # a row per dimension with options: pp's schedule and stages, cp's rotation and balancing
+        options = [f for f in d.options if f.widget]
+        for col, f in zip(st.columns(max(2, len(options))) if options else (), options):
+            _dim_widget(col, f)
     st.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
     st.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
     c1, c2 = st.columns(2)
@@ -134,6 +131,19 @@ def _parallel_inputs() -> None:
     if st.session_state[P + "executor"] == "slurm":
         c2.number_input("Nodes", 1, 100_000, key=P + "nnodes", help="ranks per node = world size / nodes")
         c2.caption(sf.placement({k: st.session_state[P + k] for k in ("executor", "nnodes", "world_size")}))
+
+
+def _dim_widget(col, f: dims.SpecField) -> None:
+    """A parallel dimension's field as its table entry describes it (backend/spec/dims.py)."""
+    w = f.widget
+    tip = HELP[w.glossary] if w.glossary else w.help
+    if f.kind is bool:
+        col.checkbox(w.label, key=P + f.name, help=tip)
+    elif f.kind is int:
+        col.number_input(w.label, f.ge or 0, f.le or dims.MAX_WORLD, key=P + f.name, help=tip)
+    else:
+        col.selectbox(w.label, [v.value for v in f.kind], key=P + f.name, format_func=lambda s: w.words.get(s, s),
+                      help=tip)
 
 
 def _train_inputs() -> None:
@@ -153,6 +163,7 @@ def _train_inputs() -> None:
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
+    stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
     if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
@@ -212,6 +223,8 @@ def _step_time_panel(spec) -> None:
         return
     c2.metric("step time (predicted)", f"{pred['step_s']:.3g} s",
               help=f"interval {pred['low_s']:.3g} – {pred['high_s']:.3g} s; {steptime_view.band_text(pred)}")
+    with st.expander(f"Stack {spec.train.stack} as resolved on {hardware}", expanded=False):
+        st.dataframe(stack_form.resolved_rows(spec, steptime_view.device_class(hardware)), hide_index=True)
     st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
                f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
 
@@ -221,7 +234,7 @@ def _prediction(spec, device_gb: float) -> None:
     try:
         est, rows = _predict(spec.to_json())
     except Exception as e:  # noqa: BLE001 - a formula gap is shown, not raised
-        st.error(f"The analytic model cannot predict this spec: {e}")
+        messages.box("error", "The analytic model cannot predict this spec:", [str(e)])
         return
     cols = st.columns(3) + st.columns(3)
     for col, (k, v) in zip(cols, pv.headline(est).items()):
@@ -249,10 +262,10 @@ def _prediction(spec, device_gb: float) -> None:
                   help="Activations of the fullest rank with the explicit softmax(QK^T)V attention")
         c2.metric("flash attention", fmt_bytes_short(cmp["flash"]),
                   help="Activations of the fullest rank with the fused (flash) attention kernel")
-        c3.metric("flash saves", fmt_bytes_short(cmp["math"] - cmp["flash"]),
-                  help="math saves the (b, a, s, s) probabilities; flash keeps q, k, v, out and a logsumexp")
-    for note in getattr(est, "notes", []) or []:
-        st.caption(f":material/info: {note}")
+        label, value, why = pv.flash_saving(cmp, str(spec.train.recompute))
+        c3.metric(label, value, help=why)
+    for note in getattr(est, "notes", []) or []:  # may quote the model's source (a config's keys)
+        messages.note(note)
 
 
 def _load_imported(imported) -> None:
@@ -286,8 +299,8 @@ with right:
 
         if (problem := cluster_problem(spec)) is not None:
             spec, problems = None, [problem]
-    if problems:
-        st.error("This spec cannot run:\n\n" + "\n".join(f"- {p}" for p in problems))
+    if problems:  # a problem quotes the value it refuses: a name is shown as typed, never as markdown
+        messages.box("error", "This spec cannot run:", problems)
     else:
         if blockers:
             st.warning("Prediction only: " + "; ".join(blockers), icon=":material/visibility:")

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import import_box
+from dashboard import messages
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
+from dashboard import stack_form
 from dashboard import store_access
 
-DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": list(sf.PRESETS)[-1], "pl_hw": "h100-sxm", "pl_gpus": 64,
-            "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": "math", "pl_predicted": False}
+DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
+            "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": pv.DEFAULT_KERNEL,
+            "pl_precision": "bf16-mixed", "pl_predicted": False}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -30,10 +34,19 @@ def _plan_columns() -> dict:
     return cols
 
 
-@st.fragment(run_every=2.0)
-def _verify_table(tag: str) -> None:
-    """The proxy runs of the verified layout, re-read every 2 s (a run goes queued -> running -> ok here, no click)."""
+def _verifying(tag: str) -> bool:
+    """A proxy run of this layout is still queued or running."""
+    return bool(store_access.list_runs(store_access.db_url(), status=("queued", "running"), tag=tag, limit=1))
+
+
+def _verify_table(tag: str, active: bool) -> None:
+    """The proxy runs of the verified layout, re-read every 2 s while one is queued or running (a run goes queued ->
+    running -> ok here, no click); once they have ended the page reruns once and nothing re-runs while idle."""
     from backend.bench import cpu_profile
+
+    if active and not _verifying(tag):
+        store_access.changed()
+        st.rerun(scope="app")
 
     df = pv.verify_frame(store_access.engine(), tag)
     st.dataframe(df, hide_index=True, placeholder="–", column_config={
@@ -47,11 +60,20 @@ def _load_imported(imported) -> None:
     """The Import box's button callback: the imported model, GPUs, batch and sequence length become the search's inputs."""
     spec = imported.spec
     values = {"pl_source": "imported config", "pl_seq": spec["model"]["seq_len"], "pl_gpus": imported.gpus or
-              spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"]}
+              spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"],
+              "pl_precision": str(spec["train"].get("precision") or "bf16-mixed")}
     st.session_state.update(values)
     st.session_state["pl_saved"] = {**st.session_state.get("pl_saved", {}), **values}
-    st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"])
+    # its training settings too (planner/held.py): precision (the select above, preset to it), recompute policy, fp8
+    st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"], dict(spec["train"]))
+    # and its stack with the settings it states (issue 34): the Stack select and its settings, preset to them
+    from backend.spec.sections import TrainSpec
 
+    st.session_state.update({STACK_KEY + k: v for k, v in stack_form.to_form(TrainSpec(**{
+        k: v for k, v in spec["train"].items() if k in TrainSpec.model_fields})).items()})
+
+
+STACK_KEY = "pl_stack_"
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
@@ -74,7 +96,7 @@ if source == "preset":
     except ValueError as e:
         problem = str(e)
 elif source == "imported config":
-    shape, framework, model_name = st.session_state["pl_imported"]
+    shape, framework, model_name, imported_train = st.session_state["pl_imported"]
     c2.text(f"from the {framework} config: {model_name}")
     try:
         model = pv.ModelSpec(**{**shape, "seq_len": seq})
@@ -91,7 +113,6 @@ else:
 
 def _calibration_box() -> None:
     """Fit a profile of your cluster from tagged runs (imported and own): `python -m backend calibrate` on a button."""
-    from backend.calibration.calibrate import calibrate
     from backend.calibration.records import latest_named
     from dashboard import calibration_view as cv
 
@@ -108,10 +129,12 @@ def _calibration_box() -> None:
         tag = c1.text_input("Runs tagged", key="pl_cal_tag", placeholder="ourcluster")
         base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"], key="pl_cal_hw")
         name = c3.text_input("Profile name", key="pl_cal_name", placeholder="h100-ourcluster")
-        if st.button("Calibrate", disabled=not tag or not name, key="pl_cal_go", icon=":material/tune:"):
+        read_only = access.read_only_reason(access.visitor())
+        if st.button("Calibrate", disabled=not tag or not name or bool(read_only), key="pl_cal_go", icon=":material/tune:",
+                     help=read_only):
             with st.spinner("Fitting (a fit, then one refit per run left out)..."):
                 try:
-                    out = calibrate(engine, hardware=base, tag=tag, name=name)
+                    out = store_access.calibrate(hardware=base, tag=tag, name=name)
                 except ValueError as e:
                     st.error("Nothing stored:")
                     st.text(str(e))
@@ -136,26 +159,39 @@ node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
 mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
                       help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
-c1, c2 = st.columns([1, 3])
-attention = c1.selectbox("Attention kernel", ["math", "flash"], key="pl_attention",
-                         help="flash: SDPA's fused kernel (no s x s scores saved); context parallelism (cp) is searched "
-                              "with flash only, since ring attention merges flash blocks")
-top = c2.slider("Layouts to show", 1, 50, key="pl_top")
+c1, c2, c3 = st.columns([1, 1, 2])
+kernel, kernel_why = pv.planned_kernel(model, hardware, st.session_state.get("pl_attention"), store_access.db_url())
+attention = c1.selectbox("Attention kernel", pv.KERNEL_CHOICES, key="pl_attention",
+                         format_func=lambda k: f"{kernel} (default)" if k == pv.DEFAULT_KERNEL else k,
+                         help="Default: flash on a GPU profile (what GPU training runs; context parallelism is searched "
+                              "with flash only, since ring attention merges flash blocks), the model's own elsewhere or "
+                              "with attention sinks. math: the explicit softmax, its s x s scores saved.")
+precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
+                         help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
+                              "it to its own.")
+top = c3.slider("Layouts to show", 1, 50, key="pl_top")
+stack_form.render(st, STACK_KEY)  # issue 34: every layout trains with this stack (its kernels and overlaps)
+chosen = stack_form.to_spec(stack_form.read(st, STACK_KEY))
+held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
+held = held.with_stack(chosen.pop("stack"), chosen)
+st.markdown(f"**Planned with {kernel} attention**")  # kernel: flash or math; the reasons below are plain text
+st.text(f"{kernel_why[0].upper()}{kernel_why[1:]}. Every layout trains with {held.words()}.")
 include_predicted = st.toggle("Include prediction-only layouts", key="pl_predicted",
                               help="Also rank layouts this machine's engine cannot run (each row says why); by default "
                                    "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
-    + f", {attention} attention" + (" incl. prediction-only" if include_predicted else "")
-if problem:
-    st.error(problem)
+    + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "")
+if problem:  # names the config's keys and values: the user's text
+    messages.box("error", "This model cannot be planned:", [problem])
 if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
                                                     db_url=store_access.db_url(), include_predicted=bool(include_predicted),
-                                                    attention=attention)
+                                                    attention=None if attention == pv.DEFAULT_KERNEL else attention,
+                                                    held=held)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
@@ -163,10 +199,14 @@ if st.button("Search", type="primary", disabled=model is None, icon=":material/t
 res = st.session_state.get("pl_result")
 if res is not None:
     if st.session_state.get("pl_result_for") != inputs:
-        st.warning(f"These results are for {st.session_state.get('pl_result_for')}; press Search for the inputs above.")
+        messages.box("warning", "Press Search for the inputs above:",  # the label holds a file name: the user's text
+                     [f"These results are for {st.session_state.get('pl_result_for')}."])
     used = getattr(res, "profile_used", None)
     if used is not None:
         (st.info if used["profile"]["calibration"] else st.caption)(used["line"][0].upper() + used["line"][1:] + ".")
+    st.info(pv.planned_line(res))
+    for line in pv.warning_notes(res):
+        st.warning(line)
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
@@ -199,9 +239,10 @@ if res is not None:
             st.session_state["clone_spec"] = pv.spec_for_form(res, rows[0])
             st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("dashboard/pages/new_experiment.py")
-        if b2.button("Verify scaled-down", disabled=not rows, icon=":material/fact_check:", key="pl_verify",
-                     help="queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and compare its "
-                          "measured step time with the prediction"):
+        read_only = access.read_only_reason(access.visitor())
+        if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:", key="pl_verify",
+                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and "
+                                       "compare its measured step time with the prediction"):
             proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
             if proxy is None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))
@@ -212,9 +253,11 @@ if res is not None:
                 st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
             st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
-            _verify_table(st.session_state["pl_verify_tag"])
+            tag = st.session_state["pl_verify_tag"]
+            active = _verifying(tag)
+            st.fragment(_verify_table, run_every=2.0 if active else None)(tag, active)
         c1, c2 = st.columns(2)
         c1.plotly_chart(pv.pareto_fig(res), key="pl_pareto")
         c2.plotly_chart(pv.breakdown_fig(res), key="pl_breakdown")
-    for n in res.notes:
+    for n in pv.other_notes(res):
         st.caption(n)

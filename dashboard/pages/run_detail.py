@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import access
 from dashboard import detail_view as dv
 from dashboard import runs_view as rv
 from dashboard import spec_form as sf
@@ -11,6 +12,7 @@ from dashboard import store_access
 from dashboard import timeline_view as tv
 from dashboard import trace_view
 from backend.readable_numbers import fmt_frac
+from backend.result import PARITY_FAILS, parity_verdict, parity_failure_text
 from dashboard.import_view import banner as import_banner
 from dashboard.theme import STATUS_ICON
 
@@ -235,7 +237,11 @@ if e is None:
 spec, res = e["spec"], e.get("result")
 # User text (name, tags, errors, notes) goes into st.text: markdown would render a name's ![image](url) (the browser
 # fetches it) and turn any URL into a link, even backslash-escaped (issue 21).
-st.markdown(f"### {STATUS_ICON.get(e['status'], '')} #{rid}")
+parity = parity_verdict(str(spec.train.precision), res.loss_max_abs_diff) if res is not None else None
+icon = ":material/warning:" if parity == PARITY_FAILS else STATUS_ICON.get(e["status"], "")
+st.markdown(f"### {icon} #{rid}")
+if parity == PARITY_FAILS:  # a wrong training step is not "ok": said at the top, not only in a note at the bottom
+    st.warning(parity_failure_text(str(spec.train.precision), res.loss_max_abs_diff), icon=":material/warning:")
 if spec.name:
     st.text(spec.name)
 st.caption(sf.describe(spec))
@@ -243,10 +249,17 @@ if e.get("tags"):
     st.text("tags: " + ", ".join(e["tags"]))
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
-    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel"):
+    read_only = access.read_only_reason(access.visitor())
+    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel", disabled=bool(read_only), help=read_only):
         st.toast(f"#{rid}: {store_access.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
+if e.get("result_error"):
+    st.error("This run's stored result cannot be shown; the run is kept, with its spec below.", icon=":material/error:")
+    st.text(e["result_error"])
+if res is not None and (where := res.divergence()) is not None:
+    st.warning(f"Diverged: {where}. Memory and step time were measured as usual; the loss chart has gaps where the "
+               "loss is not a number.", icon=":material/trending_up:")
 if res is not None and (line := trace_view.banner(res)):
     st.info(line, icon=":material/memory:")
 if res is not None and getattr(res, "imported", None) is not None:

@@ -6,6 +6,8 @@ import streamlit as st
 
 from backend.result import Status
 from backend.spec import Framework, Strategy
+from dashboard import access
+from dashboard import messages
 from dashboard import runs_view as rv
 from dashboard import selection
 from dashboard import store_access
@@ -46,13 +48,13 @@ def _live_progress(url: str, active_ids: list[int]) -> None:
     if {r["id"] for r in rows} != set(active_ids):
         store_access.changed()  # the table below must not show the cached 'running' of a run that ended
         st.rerun(scope="app")
-    for r in rows:
-        frac = rv.progress_fraction(r)
-        label = f"#{r['id']} {r.get('name') or r['strategy']} (world {r['world_size']}): {rv.progress_text(r)}"
-        st.progress(frac or 0.0, text=label)
+    for r in rows:  # a progress bar's text is markdown: the name and a rank's or SLURM's words go to st.text
+        st.text(f"#{r['id']} {r.get('name') or r['strategy']} (world {r['world_size']}): {rv.progress_text(r)}")
+        st.progress(rv.progress_fraction(r) or 0.0)
 
 
 def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None:
+    ro = access.read_only_reason(access.visitor())  # a hint; store_access refuses a viewer's write whatever asks
     c1, c2, c3, c4, c5 = st.columns(5)
     if c1.button("Open detail", icon=":material/search:", disabled=len(selected) != 1, key="act_open"):
         st.session_state["run_id"] = selected[0]
@@ -60,27 +62,29 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     if c2.button("Compare", icon=":material/bar_chart:", disabled=len(selected) < 2, key="act_compare"):
         st.session_state["compare_ids"] = list(selected)
         st.switch_page("dashboard/pages/compare.py")
-    if c3.button("Cancel", icon=":material/cancel:", disabled=not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected), key="act_cancel"):
+    if c3.button("Cancel", icon=":material/cancel:", disabled=bool(ro) or not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected),
+                 key="act_cancel", help=ro):
         out = store_access.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
         st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
-    if c4.button("Re-run", icon=":material/replay:", disabled=not selected, key="act_rerun", help="queue the same spec again as a new run"):
+    if c4.button("Re-run", icon=":material/replay:", disabled=bool(ro) or not selected, key="act_rerun",
+                 help=ro or "queue the same spec again as a new run"):
         done, errs = store_access.requeue(selected)
         if done:
             st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
-        for e in errs:
-            st.warning(e)
+        if errs:
+            messages.box("warning", "Not queued again:", errs)
     if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
         st.session_state["clone_spec"] = store_access.get_run(url, selected[0])["spec"]
         st.switch_page("dashboard/pages/new_experiment.py")
     c1, c2 = st.columns([3, 2])
     tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
-    if c1.button("Apply tags", icon=":material/sell:", disabled=not selected, key="act_tag_apply"):
+    if c1.button("Apply tags", icon=":material/sell:", disabled=bool(ro) or not selected, key="act_tag_apply", help=ro):
         store_access.set_tags(selected, tags)
         st.rerun()
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
-    if c2.button("Delete", icon=":material/delete:", disabled=not (selected and confirm), key="act_delete"):
-        for err in store_access.delete(selected):
-            st.warning(err)
+    if c2.button("Delete", icon=":material/delete:", disabled=bool(ro) or not (selected and confirm), key="act_delete", help=ro):
+        if errs := store_access.delete(selected):
+            messages.box("warning", "Not deleted:", errs)
         st.session_state.pop("runs_selected", None)
         store_access.changed()
         st.rerun()

@@ -16,7 +16,7 @@ target_metadata = Base.metadata
 def _run(connection: Connection) -> None:
     # SQLite DDL is transactional: the whole upgrade commits or rolls back with the caller's transaction.
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True, compare_type=True,
-                      transactional_ddl=True)
+                      transactional_ddl=True, on_version_apply=config.attributes.get("on_version_apply", ()))
     with context.begin_transaction():
         context.run_migrations()
 

@@ -13,6 +13,9 @@ revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = ${repr(branch_labels)}
 depends_on = ${repr(depends_on)}
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py. Use an id never
+# used before (db/migrations/landed.py lists every one, add this one there) and db/migrations/additive.py's operations.
+ADDS = {}
 
 
 def upgrade() -> None:

@@ -63,6 +63,17 @@ def test_hung_collective_times_out(tmp_path: Path) -> None:
     assert res.wall_s < 20 + 5 + 15  # timeout + SIGTERM grace + slack for a loaded machine
 
 
+def test_a_frozen_rank_is_named_when_its_peer_hangs_in_a_collective(tmp_path: Path) -> None:
+    """Issue 31: rank 1 frozen (SIGSTOP) at step 1; rank 0 blocks in the step's collective. Both ranks' stacks cannot
+    be had (a stopped process does not run its signal handler), so the one that gave none is the culprit."""
+    res, _ = _run(tmp_path, "stop:rank=1:step=1", timeout_s=45)  # the ranks must reach step 1 on a loaded host
+    assert res.status == Status.TIMEOUT, res.error
+    assert res.failing_rank == 1, res.error
+    assert "rank 1 is holding the job up (did not answer the stack-dump signal" in res.error
+    assert "rank 0 inside torch" in res.error and "rank 1 gave no stack" in res.error, res.error
+    assert res.wall_s < 45 + 5 + 15
+
+
 def test_cancel_mid_run(tmp_path: Path) -> None:
     env, job_id = job_env("hang:rank=0:step=2")  # never finishes on its own
     cancel = threading.Event()

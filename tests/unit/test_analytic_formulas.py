@@ -133,6 +133,19 @@ def test_zero_bubble_paper_zbh1_third_of_1f1b():
         bubble_over_ideal("zbv", p=4, m=8, v=1)
 
 
+def test_dualpipev_bubble_and_memory_from_the_dualpipe_readme():
+    """deepseek-ai/DualPipe README: DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages, PP + 1 stage chunks of
+    activations per device. torch runs F&B as F then B, so in the ZB unit costs (F = W = 1, B = 2 per chunk) the
+    bubble is 2(p - 1) units over m x 2 chunks x 3 units: (p - 1) / (3m)."""
+    p, m = 4, 8
+    F, B, W = 1, 2, 1
+    bubble_units = (p - 1) * ((F + B) + B - 3 * W)
+    assert bubble_over_ideal("dualpipev", p=p, m=m, v=2) == pytest.approx(bubble_units / (m * 2 * (F + B)))
+    assert [in_flight_microbatches("dualpipev", p=p, m=m, stage=r, v=2) for r in range(p)] == [2 * p + 1] * p
+    with pytest.raises(ValueError, match="dualpipev"):
+        bubble_over_ideal("dualpipev", p=4, m=8, v=1)
+
+
 def test_in_flight_microbatches_gpipe_1f1b():
     """GPipe holds all m; 1F1B (Narayanan 2021 Sec 2.2.1) holds p - stage, at most m."""
     assert in_flight_microbatches("gpipe", p=4, m=8, stage=0) == 8
@@ -306,10 +319,13 @@ def _torch_schedule_peak(cls_name: str, p: int, m: int, v: int, rank: int) -> in
     obj.pp_group_size, obj.n_local_stages, obj._n_microbatches, obj.rank = p, v, m, rank
     obj.number_of_rounds = max(1, m // p)
     obj.microbatches_per_round = m // obj.number_of_rounds
-    obj.num_stages = p * v
+    obj.num_stages = obj._num_stages = p * v
     release = {S._ComputationType.FULL_BACKWARD, S._ComputationType.BACKWARD_WEIGHT}
     held = peak = 0
+    flat = []
     for action in obj._calculate_single_rank_operations(rank):
+        flat += list(action.sub_actions) if action is not None and action.sub_actions else [action]
+    for action in flat:
         if action is None:
             continue
         if action.computation_type == S._ComputationType.FORWARD:
@@ -324,13 +340,14 @@ def _torch_schedule_peak(cls_name: str, p: int, m: int, v: int, rank: int) -> in
 @pytest.mark.parametrize(("schedule", "cls_name", "v"), [("interleaved_1f1b", "ScheduleInterleaved1F1B", 2),
                                                           ("interleaved_1f1b", "ScheduleInterleaved1F1B", 3),
                                                           ("zero_bubble", "ScheduleInterleavedZeroBubble", 2),
-                                                          ("zbv", "ScheduleZBVZeroBubble", 2)])
+                                                          ("zbv", "ScheduleZBVZeroBubble", 2),
+                                                          ("dualpipev", "ScheduleDualPipeV", 2)])
 def test_in_flight_matches_torch_pipelining_plans(schedule, cls_name, v):
     """in_flight_microbatches equals the peak of torch.distributed.pipelining's own action lists."""
     pytest.importorskip("torch")
     for p in (2, 4):
         for m in (p, 2 * p, 3 * p, 6, 8):
-            if schedule == "zbv" and m < 2 * p - 1:
+            if schedule == "zbv" and m < 2 * p - 1 or schedule == "dualpipev" and m < 2 * p:
                 continue
             if m % max(1, m // p):
                 continue  # torch rejects microbatches that are not a multiple of the rounds

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.dp_buckets import bucket_of, bucket_numels, padded
+from backend.analytic.dp_buckets import bucket_groups, bucket_of, bucket_numels, padded
 from backend.analytic.estimate import estimate
+from backend.analytic.layout import Layout
 from backend.analytic.sharding import local_params
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.checks import run_blockers
@@ -59,10 +60,16 @@ def test_mixed_stack_buckets_count_each_block_kind():
         assert r.params_bytes + r.grads_bytes == pytest.approx(6 * r.params_count, rel=1e-6)
 
 
-def test_fp16_and_expert_parallel_stay_prediction_only():
+def test_fp16_stays_prediction_only_and_zero1_x_ep_runs_the_distributed_optimizer():
     fp16 = ExperimentSpec.for_prediction({"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2,
                                                                     "precision": "fp16-mixed"},
                                           "parallel": {"strategy": "zero1", "world_size": 4, "tp": 2}})
     assert "fp16 loss scaling" in run_blockers(fp16)[0]
-    ep = {"model": {**MODEL, "n_experts": 4}, "parallel": {"strategy": "zero1", "world_size": 2, "ep": 2}}
-    assert "zero1 with ep=2 is not supported here" in validate_spec(ep)[1][0]
+    # issue 35: zero1 x ep is Megatron's distributed optimizer with the experts' buckets over edp = dp x cp / ep
+    ep = {"model": {**MODEL, "n_experts": 4}, "parallel": {"strategy": "zero1", "world_size": 4, "ep": 2}}
+    spec, problems = validate_spec(ep)
+    assert problems == [] and run_blockers(spec) == [] and Layout.of(spec).distributed_optimizer
+    params = local_params(spec, 0)
+    groups = bucket_groups(params, 4, edp=2)
+    assert [g for _, g in groups].count(2) == 2  # one expert bucket per MoE block, over edp = 2
+    assert all(n % g == 0 for n, g in groups)

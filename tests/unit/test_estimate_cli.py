@@ -94,3 +94,19 @@ def test_json_gives_each_rank_and_rank_class_its_fullest_moment(capsys):
     assert main(["estimate", *args, "--json", "--rank-limit", "2"]) == 0
     paged = json.loads(capsys.readouterr().out)
     assert all({"fullest_bytes", "fullest_moment"} <= c.keys() for c in paged["rank_classes"])
+
+
+def test_a_failed_step_time_check_is_named_not_a_traceback(monkeypatch, capsys):
+    """The step-time model's own sum check (InconsistentStepTime) reaches `estimate --hardware` as a named failure with
+    exit 2, as `plan` reports it, never a traceback."""
+    import backend.analytic.steptime.model as model
+
+    def broken(*_a, **_k):
+        raise model.InconsistentStepTime("compute 1.0 + exposed comm 0.5 != step 2.0")
+
+    monkeypatch.setattr(model, "step_time", broken)
+    rc = main(["estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--world", "2", "--strategy", "ddp",
+               "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "failed its own check" in err and "compute 1.0 + exposed comm 0.5 != step 2.0" in err
+    assert "Traceback" not in err

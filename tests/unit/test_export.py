@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
+from backend.spec import ExperimentSpec
 from db import queries as q
 from db.export import LONG_HEADER, WIDE_HEADER, export_csv, export_json, neutralise, table
 from db.models import Experiment, ExperimentTag
@@ -199,18 +200,24 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
         q.store_result(engine, ids[s.name], res)
     text = export_csv(engine)
     header = next(csv.reader(io.StringIO(text)))
-    assert header[:11] == ["id", "name", "status", "kind", "framework", "strategy", "world_size", "dp", "tp", "pp", "ep"]
+    # issue 34: the stack the run trains with (from the stored spec) sits with the framework
+    assert header[:12] == ["id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp", "tp",
+                           "pp", "ep"]
     assert header.index("tags") < header.index("d_model") and header[0] != "tags"
     old_names = {k for k in q.ROW_KEYS if k not in ("cancel_requested", "progress_step", "progress_total", "progress_phase",
                                                      "heartbeat_at", "peak_bytes_max")}
     assert old_names | {"tags"} <= set(header) and header.count("tags") == 1  # every existing column name kept
     assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
-    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s"}
+    # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference; issue 34: the stack
+    # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON)
+    assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack",
+                                            "capacity_factor", "tokens_dropped"}
     rows = {r["name"]: r for r in _rows(text)}
     assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
         ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
     assert (rows["pp"]["schedule"], rows["pp"]["virtual_stages"]) == ("gpipe", "1")
     assert float(rows["dense"]["step_time_predicted_s"]) == 0.42 and rows["pp"]["step_time_predicted_s"] == ""
+    assert rows["dense"]["stack"] == rows["pp"]["stack"] == "shardlab"
     for long in (False, True):  # the long CSV and table() agree
         assert export_csv(engine, long=long) == _reference_csv(engine, long)
 
@@ -229,3 +236,46 @@ def test_a_cpu_run_carries_its_predicted_step_time(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(tmp_path / "cpu.json"))
     assert predicted_step_s(s, res) > 0
     assert predicted_step_s(s, RunResult(status="ok", spec=s, env={"device": "NVIDIA H100 80GB HBM3"})) is None
+
+
+def test_the_stack_column_reads_the_stored_spec(store_urls):
+    """Issue 34: runs carry their stack in the spec JSON (no column of its own); the CSV's `stack` reads it, and a spec
+    stored before stacks existed (no train.stack) exports as shardlab."""
+    engine = store_urls.engine()
+    from backend.spec.choices import Stack
+
+    s = spec("titan").model_copy(deep=True)
+    s.train.stack = Stack.TORCHTITAN
+    eid = q.submit_experiment(engine, s)
+    old = q.submit_experiment(engine, spec("old"))
+    with engine.begin() as c:  # what a store written before issue 34 holds: a spec without train.stack
+        row = c.execute(select(Experiment.spec_json).where(Experiment.id == old)).scalar_one()
+        data = json.loads(row)
+        data["train"].pop("stack", None)
+        c.execute(update(Experiment).where(Experiment.id == old).values(spec_json=json.dumps(data)))
+    rows = {r["name"]: r for r in _rows(export_csv(engine))}
+    assert rows["titan"]["stack"] == "torchtitan" and rows["old"]["stack"] == "shardlab"
+    assert eid != old
+
+
+def test_capacity_factor_and_tokens_dropped_read_the_stored_spec_and_result(store_urls):
+    """Issue 35: a MoE run with a capacity factor exports it and the slots it dropped (RunResult.tokens_dropped, kept in
+    the stored result JSON: no column, no migration); a dropless run and a run stored before issue 35 leave them blank;
+    the JSON export carries tokens_dropped inside "result"."""
+    engine = store_urls.engine()
+    moe = ExperimentSpec.model_validate({"name": "capped", "model": {"n_experts": 4, "capacity_factor": 1.25},
+                                         "parallel": {"strategy": "ep", "world_size": 2}})
+    eid = q.submit_experiment(engine, moe)
+    res = fake_result(moe)
+    res.tokens_dropped = 37
+    q.store_result(engine, eid, res)
+    plain = q.submit_experiment(engine, spec("dropless"))
+    q.store_result(engine, plain, fake_result(spec("dropless")))
+    rows = {r["name"]: r for r in _rows(export_csv(engine))}
+    assert (float(rows["capped"]["capacity_factor"]), int(rows["capped"]["tokens_dropped"])) == (1.25, 37)
+    assert rows["dropless"]["capacity_factor"] == rows["dropless"]["tokens_dropped"] == ""
+    _, table_rows = table(engine)
+    got = {r["name"]: (r["capacity_factor"], r["tokens_dropped"]) for r in table_rows}
+    assert got == {"capped": (1.25, 37), "dropless": (None, None)}
+    data = {d["name"]: d for d in json.loads(export_json(engine))}
+    assert data["capped"]["result"]["tokens_dropped"] == 37 and data["dropless"]["result"]["tokens_dropped"] is None

@@ -25,24 +25,24 @@ def _model(name: str, seq: int = 4096) -> ModelSpec:
     return ModelSpec(**(preset_model(name) | {"seq_len": seq}))
 
 
-def test_ep_with_pipelining_is_predictable_not_runnable_and_ep_with_tp_refused():
-    data = {"model": {"n_experts": 4, "n_layers": 4}, "parallel": {"strategy": "zero3", "world_size": 4, "ep": 2, "pp": 2}}
-    spec, _ = validate_spec(data, predict_only=True)
-    assert spec is not None and run_blockers(spec) == ["ep=2 with pp=2: this engine runs expert parallelism without "
-                                                       "pipelining"]
-    _, problems = validate_spec(data | {"parallel": {"strategy": "zero3", "world_size": 4, "ep": 2, "tp": 2}},
-                                predict_only=True)
-    assert problems == ["ep=2 with tp=2 is not modelled: expert parallelism runs over the dp dimension with whole "
-                        "experts (tp=1)"]
+def test_ep_with_pipelining_and_with_tp_runs():
+    """Issue 35: ep x pp (DeepSeek-V3's pp x ep x ZeRO-1 dp) and ep x tp (whole experts on every tp rank) run here."""
+    data = {"model": {"n_experts": 4, "n_layers": 4}, "parallel": {"strategy": "zero1", "world_size": 4, "ep": 2, "pp": 2}}
+    spec, problems = validate_spec(data)
+    assert problems == [] and run_blockers(spec) == []
+    spec, problems = validate_spec(data | {"parallel": {"strategy": "zero3", "world_size": 4, "ep": 2, "tp": 2}})
+    assert problems == [] and run_blockers(spec) == []
 
 
 def test_the_ep_space_reaches_the_experts_and_pipelines():
     """DeepSeek-V3 on 256 GPUs: ep from 2 to 256 (= n_experts) without pipelining, and with pp (the published PP16 x
-    EP64 layout's shape, DeepSeek-V3 report Sec 3.2, on 256 GPUs: pp 16 x ep 16); never with tp > 1."""
+    EP64 layout's shape, DeepSeek-V3 report Sec 3.2, on 256 GPUs: pp 16 x ep 16), and with tp (issue 35: whole experts
+    on every tp rank, ep | dp x cp)."""
     layouts = enumerate_layouts(_model("deepseek-v3"), gpus=256, gpus_per_node=8, global_batch=1024)
-    ep, pp, tp = layouts.ep, layouts.pp, layouts.tp
+    ep, pp, tp, dp, cp = layouts.ep, layouts.pp, layouts.tp, layouts.dp, layouts.cp
     assert ep.max() == 256 and set(ep[pp == 1].tolist()) == {1, 2, 4, 8, 16, 32, 64, 128, 256}
-    assert np.any((pp == 16) & (ep == 16)) and not np.any((tp > 1) & (ep > 1))
+    assert np.any((pp == 16) & (ep == 16)) and np.any((tp > 1) & (ep > 1))
+    assert np.all((dp * cp) % ep == 0)
 
 
 def test_zero3_ep256_activations_are_the_autocast_weight_casts():
@@ -69,9 +69,7 @@ def test_zero3_ep256_activations_are_the_autocast_weight_casts():
 
 @pytest.mark.parametrize("name,gpus,batch", [("deepseek-v3", 512, 1024), ("gpt-oss-120b", 64, 256)])
 def test_plan_returns_ep_layouts(name, gpus, batch):
-    # EP x PP is predictable, not runnable here: the ranking shows it with include_predicted (plan --include-predicted)
-    res = plan(_model(name), gpus=gpus, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=batch, top=10,
-               include_predicted=True)
+    # issue 35: EP x PP and zero1 x EP run here, so the default (runnable-only) plan offers EP layouts
+    res = plan(_model(name), gpus=gpus, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=batch, top=10)
     with_ep = [c for c in res.configs if c["spec"]["parallel"]["ep"] > 1]
-    assert with_ep and all(c["fits_exact"] for c in with_ep)
-    assert all(not c["runnable"] for c in with_ep if c["spec"]["parallel"]["pp"] > 1)
+    assert with_ep and all(c["fits_exact"] and c["runnable"] for c in with_ep)

@@ -58,7 +58,16 @@ def test_megatron_70b_tp_pp_cp_round_trip(capsys, tmp_path):
     est = _estimate(capsys, tmp_path, out)
     padding = (32768 - 32000) * 8192 * 2  # vocabulary padded to 128 x tp 8 = 1024: embedding and untied output rows
     assert est["params_total"] == PRESETS["llama-2-70b"].published_params + padding == 68_989_231_104
-    assert est["runnable"] is True  # zero1 x tp / pp runs as Megatron's distributed optimizer (issue 26)
+    # issue 34: the import is stack megatron (TE's fused kernels, vocab-parallel loss): prediction only here, with the
+    # reason; the same layout on this engine's stack runs (zero1 x tp / pp = Megatron's distributed optimizer, issue 26)
+    assert out["spec"]["train"]["stack"] == "megatron"
+    assert est["runnable"] is False and "stack megatron: set stack shardlab to run this layout" in est["why_not"]
+    from backend.spec import ExperimentSpec
+    from backend.spec.checks import run_blockers
+    from backend.spec.stacks import SETTINGS
+
+    train = {**out["spec"]["train"], "stack": "shardlab", **{k: None for k in SETTINGS}}
+    assert run_blockers(ExperimentSpec.for_prediction({**out["spec"], "train": train})) == []
 
 
 def test_deepspeed_zero3_round_trip(capsys, tmp_path):
@@ -79,7 +88,9 @@ def test_torchtitan_trainer_config_dump(capsys):
     from backend.spec import ExperimentSpec
 
     assert count_params(ExperimentSpec.for_prediction(out["spec"]).model) == 8_030_261_248
-    assert "parallelism.disable_loss_parallel" in out["unmapped"]  # torchtitan's loss parallel vs ShardLab's TP
+    # issue 34: torchtitan's loss parallel (on whenever tp > 1) is the spec's loss_parallel, no longer unmapped
+    assert out["spec"]["train"]["loss_parallel"] is True and out["spec"]["train"]["stack"] == "torchtitan"
+    assert "parallelism.disable_loss_parallel" not in out["unmapped"]
 
 
 def test_torchtitan_dump_inside_a_log():
@@ -211,9 +222,15 @@ def test_megatron_distributed_optimizer_is_the_distributed_optimizer():
     from backend.spec import ExperimentSpec
     from backend.spec.checks import run_blockers
 
+    from backend.spec.stacks import SETTINGS
+
     spec = ExperimentSpec.for_prediction(_megatron().spec)
     assert spec.parallel.strategy == "zero1" and Layout.of(spec).distributed_optimizer
-    assert run_blockers(spec) == []
+    # issue 34: stack megatron is prediction only here; the layout on this engine's own stack runs
+    assert run_blockers(spec) and all("stack megatron" in b for b in run_blockers(spec))
+    engine = spec.model_copy(update={"train": spec.train.model_copy(update={"stack": "shardlab",
+                                                                             **{k: None for k in SETTINGS}})})
+    assert run_blockers(engine) == []
     assert any("which ShardLab runs and predicts as Megatron's distributed optimizer" in n for n in _megatron().notes)
     assert _megatron(**{"--use-distributed-optimizer ": ""}).spec["parallel"]["strategy"] == "ddp"
 

@@ -79,12 +79,13 @@ def test_fa2_paper_attention_tables(profile, kernel, tflops):
 
 
 def test_h100_attention_joins_the_probe_and_the_paper():
-    """h100-sxm lists two attention tables: flash / efficient / cudnn from the GPU-check probe, flash1 from the
-    FlashAttention-2 paper's Fig. 7; flash-triton (no H100 row) stands in as flash1; a kernel in two tables is refused."""
+    """h100-sxm lists three attention tables: flash / efficient / cudnn from the GPU-check probe, flash1 from the
+    FlashAttention-2 paper's Fig. 7, flash3 from the FlashAttention-3 paper (issue 34); flash-triton (no H100 row)
+    stands in as flash1; a kernel in two tables is refused."""
     from backend.analytic.steptime.hardware import merged_attention_tables, get_hardware
     from backend.analytic.steptime.ops import attention_efficiency
     hw = get_hardware("h100-sxm")
-    assert set(hw.tables.attention.kernels()) == {"flash", "efficient", "cudnn", "flash1"}
+    assert set(hw.tables.attention.kernels()) == {"flash", "efficient", "cudnn", "flash1", "flash3"}
     assert attention_efficiency(hw, "flash-triton", 2048, 128) == attention_efficiency(hw, "flash1", 2048, 128)
     assert "GPU check" in hw.tables.attention.source and "Fig. 7" in hw.tables.attention.source
     row = {"kernel": "flash", "seq": 2048, "head_dim": 128, "causal": True, "fwd": 0.3, "bwd": 0.3}

@@ -120,3 +120,81 @@ def test_plan_page_says_why_when_every_fitting_layout_is_prediction_only():
     assert not any("No layout fits" in w for w in warnings)
     assert any(w.startswith(f"Every one of the {res.feasible:,} fitting layouts is prediction-only here")
                and "attention sinks under flash attention" in w for w in warnings)
+
+
+def test_plan_page_plans_long_contexts_with_flash_by_default_and_says_so():
+    """Issue 30 items 2 and 9: the page opens on a common dense model (not llama-4-maverick), plans with flash on a
+    GPU profile (cp layouts at 32k; math stays a choice), says which kernel in bold above the Search button and in the
+    results, and explains #1 in layout terms."""
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.switch_page("dashboard/pages/plan.py").run()
+    assert not at.exception
+    assert at.selectbox(key="pl_preset").value == sf.preset_label("llama-3-70b")
+    kernel = at.selectbox(key="pl_attention")
+    assert kernel.value == pv.DEFAULT_KERNEL and kernel.format_func(kernel.value) == "flash (default)"
+    assert "math" in kernel.options
+    assert any(m.value == "**Planned with flash attention**" for m in at.markdown)
+    at.number_input(key="pl_seq").set_value(32768)
+    at.number_input(key="pl_gpus").set_value(128)
+    at.button(key="pl_go").click().run()
+    assert not at.exception
+    res = at.session_state["pl_result"]
+    assert res.attention == "flash" and res.configs[0]["spec"]["parallel"]["cp"] > 1
+    assert any(i.value.startswith("Planned with flash attention (the default on GPU profiles") for i in at.info)
+    why = next(m.value for m in at.markdown if m.value.startswith("#1 is the fastest at"))
+    assert "In layout terms, #2 has" in why and "By part of the step:" in why
+    at.selectbox(key="pl_attention").set_value("math").run()
+    at.button(key="pl_go").click().run()
+    res = at.session_state["pl_result"]
+    assert res.attention == "math" and all(c["spec"]["parallel"]["cp"] == 1 for c in res.configs)
+    assert any(w.value.startswith("Context parallelism not searched") for w in at.warning)
+
+
+def test_plan_this_model_keeps_the_imported_precision_and_recompute(tmp_path):
+    """Issue 30 item 3: "Plan this model" from an imported torchtitan config with float8 planned in bf16 (the page had
+    no precision control), so the imported layout ranked at another step time than when opened directly. Now the
+    page's precision follows the import, its recompute policy is searched too, and the imported layout ranks at the
+    step time New experiment / `estimate` gives it."""
+    from backend.analytic.steptime.hardware import get_hardware
+    from backend.analytic.steptime.model import step_time
+    from backend.spec import ExperimentSpec
+    from tests.unit.test_plan_usability import _imported_fp8, _same_layout
+
+    imported = _imported_fp8(tmp_path)
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.session_state["pl_imp_result"] = imported
+    at.switch_page("dashboard/pages/plan.py").run()
+    next(b for b in at.button if b.key == "pl_imp_load").click().run()
+    assert not at.exception and at.radio(key="pl_source").value == "imported config"
+    assert at.selectbox(key="pl_precision").value == "fp8"
+    assert any("precision fp8" in t.value and "recompute layers:3" in t.value for t in at.text)
+    at.slider(key="pl_top").set_value(50)
+    at.button(key="pl_go").click().run()
+    assert not at.exception
+    res = at.session_state["pl_result"]
+    own = [c for c in res.configs if _same_layout(c, imported.spec)]
+    direct = step_time(ExperimentSpec.for_prediction(imported.spec), get_hardware("h100-sxm"), gpus_per_node=8)
+    assert len(own) == 1 and own[0]["step_time"]["step_s"] == pytest.approx(direct.summary["step_s"], rel=1e-12)
+    assert all(c["spec"]["train"]["precision"] == "fp8" for c in res.configs)
+
+
+def test_plan_page_names_a_layout_that_fails_an_internal_check(monkeypatch):
+    """Issue 30 item 4: an internal inconsistency is a failed check with the layout named (a warning on the page), the
+    other layouts still ranked; never a traceback."""
+    from backend.planner import search as planner_search
+    from tests.unit.test_plan_usability import _broken_if
+
+    monkeypatch.setattr(planner_search, "step_time", _broken_if(lambda spec: str(spec.parallel.strategy) == "zero1"))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("dashboard/pages/plan.py").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
+    at.number_input(key="pl_seq").set_value(1024)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(32)
+    at.button(key="pl_go").click().run()
+    assert not at.exception
+    res = at.session_state["pl_result"]
+    assert res.configs and res.failed_checks
+    assert all(c["spec"]["parallel"]["strategy"] != "zero1" for c in res.configs)
+    assert any(w.value.startswith("Internal check failed, layout left out of the ranking: ") and "zero1" in w.value
+               for w in at.warning)

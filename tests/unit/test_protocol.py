@@ -182,7 +182,7 @@ def test_rank_main_leaves_the_error_file_and_exit_code(tmp_path, monkeypatch):
 
 
 def test_clear_rank_outputs_removes_only_protocol_files(tmp_path):
-    for name in ("ranks.json", "rank-0.error.json", "rank-1.stack.txt", "spec.json", "log.txt"):
+    for name in ("ranks.json", "rank-0.error.json", "rank-1.stack.txt", "rank-1.progress", "spec.json", "log.txt"):
         (tmp_path / name).write_text("{}")
     protocol.clear_rank_outputs(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt", "spec.json"]

@@ -15,12 +15,17 @@ from backend.spec import validate_spec
 HOSTILE = ["$(rm -rf /)", "`touch /tmp/pwned`", "a'b\"c", "line1\nline2", "; -- DROP", "x && reboot", "--help", "$HOME"]
 TINY = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16, "vocab_size": 64},
         "train": {"global_batch": 4, "micro_batch": 2, "steps": 2}}
-AUTH = """[auth]
+SECRET = "9f2c4e7a1b8d3f6052a9c1e4b7d0f3a6"  # hex: 16 different characters (issue 31: "a" was accepted)
+AUTH = f"""[auth]
 redirect_uri = "https://shardlab.example.com/oauth2callback"
-cookie_secret = "a-long-random-string"
+cookie_secret = "{SECRET}9c8b7a6d5e4f"
 client_id = "shardlab"
 client_secret = "s3cret"
 server_metadata_url = "https://idp.example.com/.well-known/openid-configuration"
+
+[access]
+operators = ["alice@example.com"]
+viewers = ["@example.com"]
 """
 
 
@@ -44,7 +49,7 @@ def test_a_complete_auth_section_allows_and_an_incomplete_one_says_what_is_missi
     secrets = tmp_path / "secrets.toml"
     secrets.write_text(AUTH)
     assert remote_access_problem("0.0.0.0", env={}, paths=[secrets]) is None
-    secrets.write_text(AUTH.replace('cookie_secret = "a-long-random-string"\n', ""))
+    secrets.write_text(AUTH.replace(f'cookie_secret = "{SECRET}9c8b7a6d5e4f"\n', ""))
     assert "lacks cookie_secret" in remote_access_problem("0.0.0.0", env={}, paths=[secrets])
     provider = AUTH.replace('client_id = "shardlab"\n', "").replace('client_secret = "s3cret"\n', "")
     provider = provider.replace('server_metadata_url = "https://idp.example.com/.well-known/openid-configuration"\n', "")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = "backend/runtime/protocol.py"
-PROTOCOL_WORDS = ("SHARDLAB_PROGRESS", "SHARDLAB_FAULT", ".error.json", ".stack.txt")
+PROTOCOL_WORDS = ("SHARDLAB_PROGRESS", "SHARDLAB_FAULT", ".error.json", ".stack.txt", ".progress")
 
 
 def _modules(folder: str) -> dict[str, ast.Module]:

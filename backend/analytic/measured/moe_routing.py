@@ -9,7 +9,8 @@ and the activation term is the one the prediction uses for ep > 1 (memory/moe_by
 
 Sources: Lepikhin et al. 2021, GShard, Sec 3.1 / Algorithm 2 (dispatch and combine as AllToAll, forward and
 backward); Fedus et al. 2022, Switch Transformer, Sec 2.2 (each expert's computation scales with the tokens
-routed to it: "expert capacity"; here unbounded, every routed token is kept).
+routed to it: "expert capacity"; unbounded unless the spec sets a capacity factor: then each record also carries
+the rows routed before the limit and the padded rows, `dropped_given_routing` recomputes the drops from them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from backend.analytic.layout import Layout
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes, mlp_elems
 from backend.analytic.memory.moe_bytes import ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.moe_capacity import dropped_slots
 
 COUNT_BYTES = 8  # moe_dispatch exchanges E int64 counts before the rows
 
@@ -35,6 +37,10 @@ class Dispatch:
     """Rows each ep peer s sent to this rank's local expert j: received[s][j]."""
     recompute: bool = False
     """A forward re-run by activation checkpointing (its all-to-alls happen again, nothing more is saved)."""
+    routed: list[int] | None = None
+    """Under a capacity factor: rows routed to each expert before the limit (sent: after it)."""
+    padded: int = 0
+    """Under pad_to_capacity: the rows every expert takes from every rank (the real ones + zero rows)."""
 
     @property
     def sent_rows(self) -> int:
@@ -44,11 +50,21 @@ class Dispatch:
     def received_rows(self) -> int:
         return sum(map(sum, self.received))
 
+    @property
+    def wire_sent_rows(self) -> int:
+        """Rows on the wire out of this rank: the padded buffer under pad_to_capacity."""
+        return self.padded * len(self.sent) if self.padded else self.sent_rows
+
+    @property
+    def wire_received_rows(self) -> int:
+        return self.padded * sum(map(len, self.received)) if self.padded else self.received_rows
+
 
 def dispatches(routing: dict[str, Any]) -> list[Dispatch]:
     """The ep strategy's payload entry (backend/strategies/ep.routing_payload) as Dispatch records."""
     return [Dispatch(microbatch=r["microbatch"], layer=str(r["layer"]), sent=list(r["sent"]),
-                     received=[list(x) for x in r["received"]], recompute=bool(r.get("recompute", False)))
+                     received=[list(x) for x in r["received"]], recompute=bool(r.get("recompute", False)),
+                     routed=list(r["routed"]) if r.get("routed") is not None else None, padded=int(r.get("padded", 0)))
             for r in routing["records"]]
 
 
@@ -64,11 +80,12 @@ def all_to_all_call_bytes(d: Dispatch, *, h: int, dtype_bytes: float, n_experts:
     """all_to_all payload (input buffers, as backend/bench/comm.py counts) of one dispatch call on this rank;
     dtype_bytes: of the routed rows (`row_bytes`)."""
     row = h * dtype_bytes
+    rows = d.wire_sent_rows + d.wire_received_rows
     # GShard Alg. 2: the E counts, then dispatch (S rows leave) and combine (R rows go back)
-    fwd = COUNT_BYTES * n_experts + (d.sent_rows + d.received_rows) * row
+    fwd = COUNT_BYTES * n_experts + rows * row
     if d.recompute:
         return fwd
-    return fwd + (d.sent_rows + d.received_rows) * row  # GShard Sec 3.1: backward runs both transposed (S and R)
+    return fwd + rows * row  # GShard Sec 3.1: backward runs both transposed (S and R)
 
 
 def all_to_all_bytes(ds: list[Dispatch], *, h: int, dtype_bytes: float, n_experts: int) -> float:
@@ -96,7 +113,9 @@ def peak_microbatch(ds: list[Dispatch], **kw: Any) -> tuple[float, int, int | No
     per_mb: dict[int, list[float]] = {}
     for d in ds:
         if not d.recompute:
-            per_mb.setdefault(d.microbatch, []).append(ep_moe_layer_bytes(received_rows=d.received_rows, **kw))
+            capped = {} if d.routed is None else {"kept_rows": d.sent_rows, "padded": bool(d.padded)}
+            per_mb.setdefault(d.microbatch, []).append(ep_moe_layer_bytes(received_rows=d.wire_received_rows,
+                                                                          **capped, **kw))
     if not per_mb:
         return 0.0, 0, None
     mb = max(per_mb, key=lambda k: sum(per_mb[k]))
@@ -140,3 +159,10 @@ def adjustment(spec: Any, routing: dict[str, Any]) -> RoutingAdjustment:
     return RoutingAdjustment(all_to_all_bytes=a2a, activations_delta_bytes=act,
                              received_slots=sum(d.received_rows for d in first), uniform_slots=uniform,
                              peak_microbatch=mb)
+
+
+def dropped_given_routing(routing: dict[str, Any], factor: float | None) -> int:
+    """The slots Megatron's capacity limit drops for this rank's measured routing: over its first forwards, sum_e
+    max(0, routed_e - C) (analytic/moe_capacity.dropped_slots) at its T tokens per MoE call."""
+    return sum(dropped_slots(d.routed, tokens=routing["tokens"], top_k=routing["top_k"], factor=factor)
+               for d in dispatches(routing) if not d.recompute and d.routed is not None)

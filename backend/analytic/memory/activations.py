@@ -16,6 +16,7 @@ from backend.analytic.layout import Layout
 from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
                                                   mlp_elems, rms_norm_extra_bytes)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.moe_rows import expert_rows
 from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe
 from backend.recompute_policy import DEFAULT_SAC_OPS
 
@@ -78,6 +79,11 @@ class LayerShape:
     """This block kind applies no rotary position (Llama 4's NoPE global layers): no cos / sin tables."""
     windowed: bool = False
     """This block kind attends in a window: flash attention gets (and keeps) an (s, s) additive mask."""
+    capacity_factor: float | None = None
+    """MoE: the capacity factor (None: dropless) and padding to capacity (moe_rows.py)."""
+    pad_to_capacity: bool = False
+    moe_imbalance: float = 1.0
+    """MoE: the busiest rank's expert load over uniform."""
 
     @classmethod
     def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
@@ -95,7 +101,8 @@ class LayerShape:
                    top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
                    device="cuda" if device == "cuda" else "cpu", bias=_fam(model, "bias", "all"),
                    kv_heads=getattr(model, "kv_heads", model.n_heads), sac_ops=tuple(sac_ops), **family,
-                   **head_widths(model), nope=family["rope"] and not rope, windowed=windowed)
+                   **head_widths(model), nope=family["rope"] and not rope, windowed=windowed,
+                   **(_capacity_kwargs(model) if moe else {}))
 
     @classmethod
     def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False,
@@ -209,9 +216,14 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                       shared_gate=shape.shared_gate, device=shape.device)
     mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
     hidden = hidden_saved(shape.mlp)
-    if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py) under uniform routing: N·k rows per rank
-        moe = ep_moe_layer_bytes(tokens=s * b, received_rows=s * b * top_k, h=h, ffn=ffn, n_experts=n_experts,
-                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden)
+    if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py): N·k rows per rank under uniform routing,
+        # what the capacity limit keeps and pads, the busiest rank's share under an imbalance (moe_rows.py)
+        rows = expert_rows(tokens=s * b, top_k=top_k, n_experts=n_experts, factor=shape.capacity_factor,
+                           pad=shape.pad_to_capacity, imbalance=shape.moe_imbalance)
+        moe = ep_moe_layer_bytes(tokens=s * b, received_rows=rows.received, h=h, ffn=ffn, n_experts=n_experts,
+                                 top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden,
+                                 kept_rows=None if shape.capacity_factor is None else rows.kept,
+                                 padded=shape.pad_to_capacity)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
         moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
@@ -442,6 +454,11 @@ def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: fl
 def _fam(m: Any, name: str, default: Any) -> Any:
     v = getattr(m, name, default)
     return str(v) if hasattr(v, "value") else v
+
+
+def _capacity_kwargs(m: Any) -> dict[str, Any]:
+    return dict(capacity_factor=_fam(m, "capacity_factor", None), pad_to_capacity=bool(_fam(m, "moe_pad_to_capacity", False)),
+                moe_imbalance=float(_fam(m, "moe_imbalance", 1.0)))
 
 
 def family_kwargs(m: Any) -> dict[str, Any]:

@@ -60,9 +60,12 @@ def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: 
     grads = where(logical_or(in_buckets, not cuda), per_param, params)
     replicate = layout.uses_replicate
     if any_true(replicate):
-        params = where(replicate, 2 * params, params)
+        # replicate's unsharded copy and accumulated grads cover what it manages: not ep's experts (ignored_params)
+        experts = parts.total("ep_expert_numel")
+        expert_bytes = parts.total("cuda_ep_expert_bytes") if cuda else MASTER_BYTES * experts
+        params = where(replicate, 2 * params - expert_bytes, params)
         grads = where(logical_and(replicate, layout.microbatches > 1),
-                      grads + MASTER_BYTES * parts.total("unsharded_grad_numel"), grads)
+                      grads + MASTER_BYTES * (parts.total("unsharded_grad_numel") - experts), grads)
     def optimizer(lay: Layout, pos: RankPosition, prt: RankParts, zero1: bool) -> Any:
         if zero1:
             return zero1_optimizer_bytes(model, lay, pos, prt)

@@ -28,14 +28,17 @@ def row_bytes(dtype_bytes: float, autocast: bool) -> float:
 
 
 def moe_sender_bytes(*, tokens: int, h: int, n_experts: int, top_k: int, dtype_bytes: float,
-                     autocast: bool = False) -> float:
+                     autocast: bool = False, kept_rows: float | None = None, padded: bool = False) -> float:
     """Saved bytes of one EP MoE layer that scale with this rank's OWN N tokens (rows = N·k), read off
     moe_dispatch.all_to_all_dispatch: router softmax (N, E); top-k values (N, k) and their sum (N, 1); the
     combine's mul operands, returned rows (rows, h) and weights (rows, 1), and index_add's source (rows, h);
-    int64 indices: top-k ids, the sort order and the token of each sorted slot (rows each)."""
+    int64 indices: top-k ids, the sort order and the token of each sorted slot (rows each). Under a capacity limit
+    (moe_sorted_dispatch.py) the combine and the sort keep only the `kept_rows` slots within capacity (the top-k ids
+    stay N·k); padded: + the kept rows' places in the padded buffer (int64)."""
     rows = tokens * top_k
-    elems = tokens * n_experts + rows + tokens + (rows * h + rows) + rows * h
-    return elems * row_bytes(dtype_bytes, autocast) + 3 * rows * INDEX_BYTES
+    kept = rows if kept_rows is None else kept_rows
+    elems = tokens * n_experts + rows + tokens + (kept * h + kept) + kept * h
+    return elems * row_bytes(dtype_bytes, autocast) + (rows + 2 * kept + (kept if padded else 0)) * INDEX_BYTES
 
 
 def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False,
@@ -50,13 +53,14 @@ def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: flo
 
 
 def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n_experts: int, top_k: int,
-                       dtype_bytes: float, autocast: bool = False, hidden: int = 2) -> float:
+                       dtype_bytes: float, autocast: bool = False, hidden: int = 2, kept_rows: float | None = None,
+                       padded: bool = False) -> float:
     """One MoE layer's saved bytes on an ep rank whose experts received `received_rows` token-slots.
     With received_rows = N·k this is the dense dispatch's MoE term + N·k·h·dtype_bytes (the expert output
     index_add keeps: the dense path keeps its weighted product instead, counted already) + N·k int64 (the sort
     order): see `ep_only_uniform_bytes` (without autocast)."""
     return (moe_sender_bytes(tokens=tokens, h=h, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
-                             autocast=autocast)
+                             autocast=autocast, kept_rows=kept_rows, padded=padded)
             + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast,
                                hidden=hidden))
 

@@ -81,15 +81,18 @@ def _plain_temp(key: ModelKey, pp_rank: int, pp: int, v: int, zbv: bool, first: 
 
 @lru_cache(maxsize=65536)
 def _bucket_temp(key: ModelKey, pp_rank: int, pp: int, v: int, zbv: bool, first: bool, last: bool, tied: bool,
-                 placement: tuple[int, ...], dp: int, optimizer: str, foreach: bool) -> int:
+                 placement: tuple[int, ...], dp: int, edp: int, optimizer: str, foreach: bool) -> int:
     """The distributed optimizer: one fp32 slice per bucket (its padded elements / dp), in bucket order (embeddings,
-    each block, the head)."""
-    def shard(part: str) -> int:
-        return padded(part_sums(key, part, tied and part == "head", placement, False).local_numel, dp) // dp
+    each block, the head); under ep > 1 a block's routed experts follow it as a bucket of their own, sharded over
+    edp = dp x cp / ep (dp_buckets.bucket_groups, distributed_optimizer.model_state_bytes)."""
+    def shards(part: str) -> list[int]:
+        sums = part_sums(key, part, tied and part == "head", placement, False)
+        experts = sums.ep_expert_numel
+        return [padded(sums.local_numel - experts, dp) // dp, padded(experts, edp) // edp]
 
-    slices = ([shard("embeddings")] if first else []) + [shard(ALT_PART if alt else "block")
-                                                        for alt in _block_kinds(key, pp, v, zbv, pp_rank)]
-    slices = [n for n in slices + ([shard("head")] if last else []) if n]
+    slices = (shards("embeddings") if first else []) + [n for alt in _block_kinds(key, pp, v, zbv, pp_rank)
+                                                       for n in shards(ALT_PART if alt else "block")]
+    slices = [n for n in slices + (shards("head") if last else []) if n]
     return step_temp_bytes(slices, optimizer, foreach=foreach)
 
 
@@ -108,10 +111,10 @@ def step_temp_bytes_of(model: Any, layout: Layout, position: RankPosition, parts
             return zero1_optimizer_step(model, lay, pos, prt)
         st, tied = prt.stages, tied_copy(model, lay)
         if k == _BUCKETS:
-            return per_distinct(lambda pp_rank, pp, v, zbv, first, last, tie, tp, tp_i, dp: _bucket_temp(
-                key, pp_rank, pp, v, bool(zbv), bool(first), bool(last), bool(tie), (tp, 1, 1, 0, tp_i, 0, 0), dp, opt,
-                foreach), pos.pp_rank, lay.pp, lay.virtual_stages, lay.zbv, st.first, st.last, tied, lay.tp,
-                pos.tp_index, lay.dp_cp)
+            return per_distinct(lambda pp_rank, pp, v, zbv, first, last, tie, tp, tp_i, ep, ep_i, dp, dp_cp: _bucket_temp(
+                key, pp_rank, pp, v, bool(zbv), bool(first), bool(last), bool(tie), (tp, 1, ep, 0, tp_i, 0, ep_i), dp,
+                dp_cp // ep, opt, foreach), pos.pp_rank, lay.pp, lay.virtual_stages, lay.zbv, st.first, st.last, tied,
+                lay.tp, pos.tp_index, lay.ep, pos.ep_index, lay.dp, lay.dp_cp)
         if foreach:  # _foreach_sqrt of every exp_avg_sq: the owned elements
             return MASTER_BYTES * prt.total("real_numel") if opt == "adamw" else 0
         return per_distinct(lambda pp_rank, pp, v, zbv, first, last, tie, *placement: _plain_temp(

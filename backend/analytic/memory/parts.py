@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -19,7 +20,9 @@ from backend.analytic.device import cuda_storage_bytes
 from backend.analytic.layout import Layout, RankPosition
 from backend.analytic.params import (ModelKey, ParamInfo, block_param_list, layer_attention_kind, layer_is_moe, model_key,
                                      param_tuple)
-from backend.analytic.sharding import LocalParam, layer_split, shard_param, stages_of_rank, unsharded_grad_numel
+from backend.analytic.sharding import (LocalParam, expert_of, layer_split, shard_param, shard_split, stages_of_rank,
+                                       tp_style)
+from backend.analytic.tp_placement import VOCAB_ROWWISE
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
 
@@ -55,6 +58,8 @@ class PartSums(NamedTuple):
     ep_expert_numel: Any
     """Routed experts' elements under ep > 1: outside FSDP2 / ZeRO (ignored_params), their grads all-reduced over the
     expert-replica group (traffic.dp_traffic, ep.sync_expert_grads)."""
+    cuda_ep_expert_bytes: Any
+    """Their 512-B-rounded fp32 storages (CUDA ranks)."""
 
 
 @lru_cache(maxsize=256)
@@ -85,23 +90,63 @@ def local_part(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, 
     return tuple(q for q in out if q is not None)
 
 
+class _ParamClass(NamedTuple):
+    """Parameters of a part that shard_param places alike and part_sums counts alike (a MoE block's E experts' w1,
+    ...): what shard_param reads of the name, part_sums' name flags, and the expert ids (empty: not an expert)."""
+    shape: tuple[int, ...]
+    style: str
+    bias: bool
+    flags: tuple[bool, bool, bool, bool]
+    """(in a block, a block's Linear bias, lm_head's, tok_emb.weight)."""
+    count: int
+    experts: tuple[int, ...]
+
+
+@lru_cache(maxsize=256)
+def _param_classes(key: ModelKey, part: str, tied_copy: bool) -> tuple[_ParamClass, ...]:
+    classes: dict[tuple, list[int]] = {}
+    for q in part_params(key, part, tied_copy):
+        name, expert = q.name, expert_of(q.name)
+        block = name.startswith("layers.")
+        flags = (block, block and name.endswith(".bias") and ".ln" not in name, name.startswith("lm_head."),
+                 name == "tok_emb.weight")
+        members = classes.setdefault((q.shape, tp_style(name), name.endswith(".bias"), flags, expert is not None), [])
+        members.append(-1 if expert is None else expert)
+    return tuple(_ParamClass(shape, style, bias, flags, len(ids), tuple(ids) if is_expert else ())
+                 for (shape, style, bias, flags, is_expert), ids in classes.items())
+
+
 @lru_cache(maxsize=8192)
 def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...], cuda: bool = True) -> PartSums:
-    """One part's sums at a placement (cuda=False: the 512-B-rounded sums, read only for CUDA ranks, left 0)."""
-    tp, ep = placement[0], placement[2]
+    """One part's sums at a placement (cuda=False: the 512-B-rounded sums, read only for CUDA ranks, left 0): each
+    class of alike parameters placed once (sharding.shard_param's rules) and counted as often as this rank holds it."""
+    tp, dp, ep, fsdp, tp_index, dp_index, ep_index = placement
     rounded = cuda_storage_bytes if cuda else _zero
-    rows = []
-    for q in local_part(key, part, tied_copy, placement):
-        ugrad, name, local = unsharded_grad_numel(q, tp), q.name, q.local_numel
-        managed = not (q.is_expert and ep > 1)
-        block = name.startswith("layers.")
-        rows.append((1, local, q.storage_numel, q.real_numel, ugrad, q.storage_numel * q.dp_group if managed else 0,
-                     ugrad if managed else 0, local if block and len(q.shape) == 2 else 0,
-                     local if block and name.endswith(".bias") and ".ln" not in name else 0,
-                     local if name.startswith("lm_head.") else 0, local if name == "tok_emb.weight" else 0,
-                     rounded(MASTER_BYTES * local), rounded(MASTER_BYTES * q.storage_numel),
-                     rounded(MASTER_BYTES * q.real_numel), 0 if managed else local))
-    return PartSums(*(sum(column) for column in zip(*rows))) if rows else PartSums(*([0] * len(PartSums._fields)))
+    totals = [0] * len(PartSums._fields)
+    for c in _param_classes(key, part, tied_copy):
+        if c.experts and ep > 1:  # sharding.ep_keeps: this ep rank's n_experts / ep experts
+            per = key.n_experts // ep
+            kept = [e for e in c.experts if ep_index * per <= e < (ep_index + 1) * per]
+        else:
+            kept = c.experts or [None]
+        count = len(kept) if c.experts else c.count
+        if not count:
+            continue
+        local, storage, real, group, _, is_expert = shard_split(
+            c.shape, c.style, c.bias, kept[0], n_experts=key.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_index,
+            dp_rank=dp_index, ep_rank=ep_index, fsdp=bool(fsdp))
+        local_numel = prod(local)
+        # sharding.unsharded_grad_numel: DTensor's vocab-parallel embedding backward gives the full tensor
+        ugrad = prod(c.shape) if tp > 1 and c.style == VOCAB_ROWWISE else local_numel
+        managed = not (is_expert and ep > 1)
+        block, block_bias, lm_head, tok_emb = c.flags
+        row = (1, local_numel, storage, real, ugrad, storage * group if managed else 0, ugrad if managed else 0,
+               local_numel if block and len(c.shape) == 2 else 0, local_numel if block_bias else 0,
+               local_numel if lm_head else 0, local_numel if tok_emb else 0, rounded(MASTER_BYTES * local_numel),
+               rounded(MASTER_BYTES * storage), rounded(MASTER_BYTES * real), 0 if managed else local_numel,
+               0 if managed else rounded(MASTER_BYTES * local_numel))
+        totals = [t + count * v for t, v in zip(totals, row)]
+    return PartSums(*totals)
 
 
 def _zero(_: int) -> int:
@@ -218,12 +263,13 @@ class RankParts:
         return self._part(3) if has else PartSums(*([0] * k))
 
     @cached_property
-    def last_block(self) -> PartSums:
-        """The rank's last block's sums (its kind: block or alt_block)."""
+    def last_block(self) -> Any:
+        """The rank's last block's sums (its kind: block or alt_block), PartSums' fields by name; on arrays each field
+        is chosen when first read (the callers read a few of them)."""
         last_alt = self.stages.last_alt
         if not _nonzero(last_alt):
             return self.block
-        return PartSums(*(where(last_alt, a, b) for a, b in zip(self.alt_block, self.block)))
+        return _Chosen(last_alt, self.alt_block, self.block)
 
     def take(self, rows: Any) -> RankParts:
         """The parts of the layouts at `rows` (vector.per_value)."""
@@ -245,6 +291,20 @@ class RankParts:
                     hit = hit + count * value
             self._totals[name] = hit
         return hit
+
+
+class _Chosen:
+    """PartSums' fields read as where(condition, a.field, b.field), each computed on its first read."""
+
+    def __init__(self, condition: Any, a: PartSums, b: PartSums):
+        self._condition, self._a, self._b = condition, a, b
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in PartSums._fields:
+            raise AttributeError(name)
+        value = where(self._condition, getattr(self._a, name), getattr(self._b, name))
+        setattr(self, name, value)
+        return value
 
 
 def _nonzero(value: Any) -> bool:

@@ -11,6 +11,7 @@ microbatch's loss graph. The per-block and head terms come from activations.py, 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
@@ -31,13 +32,25 @@ def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, .
     """(a non-checkpointed block's saved bytes (selective: its own), a checkpoint unit's saved bytes (its input; op:
     + the saved op outputs), one block while it is re-run (no recompute's bytes; op: + what is still cached), the
     embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard)."""
-    head = shape.head_kwargs(vocab)
     kind = RECOMPUTE_NAMES[recompute]
-    plain = layer_activation_bytes(shape, "selective" if kind == "selective" else "none")
-    unit = layer_activation_bytes(shape, "op" if kind == "op" else "full")
-    rerun_block = layer_activation_bytes(shape, "none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
-    return (plain, unit, rerun_block, model_embedding_head_activation_bytes(**head),
-            model_head_freed_in_backward_bytes(**head),
+    plain = _block_bytes(shape, "selective" if kind == "selective" else "none")
+    unit = _block_bytes(shape, "op" if kind == "op" else "full")
+    rerun_block = _block_bytes(shape, "none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
+    return (plain, unit, rerun_block, *_head_terms(shape, vocab))
+
+
+@lru_cache(maxsize=1 << 14)
+def _block_bytes(shape: LayerShape, recompute: str) -> float:
+    """layer_activation_bytes, once per shape and policy (the recompute kinds of one shape share most of them)."""
+    return layer_activation_bytes(shape, recompute)
+
+
+@lru_cache(maxsize=1 << 14)
+def _head_terms(shape: LayerShape, vocab: int) -> tuple[float, float, float]:
+    """layer_terms' embedding + head bytes, the head's share its backward frees, the TP logits shard: the same for
+    every recompute kind."""
+    head = shape.head_kwargs(vocab)
+    return (model_embedding_head_activation_bytes(**head), model_head_freed_in_backward_bytes(**head),
             tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp, dtype_bytes=shape.dtype_bytes))
 
 
@@ -86,12 +99,17 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
             _TERMS.clear()
         memo = _TERMS[(proto, vocab)] = {}
 
+    shapes: dict[tuple[int, ...], LayerShape] = {}  # the recompute kinds of a row share its shape
+
     def terms(*row: int) -> tuple[float, ...]:
         hit = memo.get(row)
         if hit is None:
             b, tp, sp, rc, ac, ep, cp = row
-            shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
-                            ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
+            shape = shapes.get((b, tp, sp, ac, ep, cp))
+            if shape is None:
+                shape = shapes[(b, tp, sp, ac, ep, cp)] = replace(
+                    proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
+                    ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
             hit = memo[row] = layer_terms(shape, rc, vocab)
         return hit
 
@@ -206,7 +224,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
-                                                       layout.schedule == PipelineSchedule.ZBV))
+                                                       layout.schedule == PipelineSchedule.ZBV,
+                                                       layout.schedule == PipelineSchedule.DUALPIPEV))
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
     one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;

@@ -22,7 +22,7 @@ from backend.analytic.memory.backward_moment import backward_moment_bytes, logit
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.optimizer_step import step_temp_bytes_of
-from backend.analytic.memory.parts import RankParts, rank_parts
+from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.vector import as_int, is_array, maximum, per_value, where
 
@@ -142,6 +142,8 @@ def worst_rank_memory(model: Any, layout: Layout) -> tuple[Any, Any]:
     whole = RankPosition(largest_zero1_share=True)
     rank_parts(model, layout, whole)  # every layout's part sums and block terms at once (memoised per layout):
     rank_activation_terms(model, layout)  # each group below takes its rows of them
+    if is_mixed(model):
+        rank_activation_terms(model, layout, alt=True)  # the other MLP kind's blocks too
     for pp in np.unique(layout.pp).tolist():
         for fsdp in (False, True):  # one flavour family per call: each computes only its own branch
             rows = np.nonzero((layout.pp == pp) & (layout.fsdp == fsdp))[0]

@@ -27,23 +27,30 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
-from backend.analytic.sharding import LocalParam, derived, expert_of, stage_layers
+from backend.analytic.sharding import LocalParam, derived, stage_layers
 from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
-                                                   Widths, fused_layer_passes, layer_passes, param_passes)
+                                                   Widths, compiled_layer_passes, fused_layer_passes, layer_passes,
+                                                   param_passes)
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
 from backend.analytic.steptime.ops import (FLASH_BWD_FACTOR, attention_time, curve_fraction, float8_gemm_time, gemm_time,
                                           passes_time)
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
 
-ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton")
+ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton", "flash3")
 """eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2); flash1 =
 FlashAttention v1 (Dao 2022, CUDA) and flash-triton = its Triton port (flash_attn/flash_attn_triton.py, MosaicML's
-`attn_impl: triton`): the kernels of 2022-2023 runs, timed from the FlashAttention-2 paper's figures (op_tables.json)."""
+`attn_impl: triton`): the kernels of 2022-2023 runs, timed from the FlashAttention-2 paper's figures (op_tables.json);
+flash3 = FlashAttention-3 (Shah et al. 2024, Hopper), from that paper's figures (op_tables.json fa3-paper-h100)."""
+PARAM_PASS_IMPLEMENTATIONS = ("torch", "compiled")
+"""Implementations whose autocast casts and gradient accumulation run as kernels of their own (param_passes)."""
 __all__ = ["ATTENTION", "FLASH_BWD_FACTOR", "IMPLEMENTATIONS", "PassCost", "curve_fraction", "gemm_s", "memory_s",
            "attention_pass", "elementwise_pass", "head_pass", "stage_cost", "default_implementation"]
 
@@ -93,43 +100,54 @@ def default_implementation(hw: Hardware) -> str:
     return "fused" if hw.kind == "cpu" else "torch"
 
 
-def _gemm_rows(spec: Any, q: LocalParam, tokens: int) -> float:
-    """Tokens that go through a weight: experts see tokens·top_k·ep/E each under uniform routing (GShard Sec 3.1)."""
-    m, p = spec.model, spec.parallel
-    if expert_of(q.name) is not None:
-        return tokens * m.top_k * p.ep / m.n_experts
-    return tokens
-
-
 def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float,
-                   float8: bool = False) -> tuple[Any, Any]:
+                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Any, Any]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
-    float8: a torchao float8 linear under fp8 (ops.float8_gemm_time)."""
+    float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time) or Transformer Engine's (fp8_gemms
+    "transformer_engine": stack_kernels.te_float8_gemm_time)."""
+    if float8 and fp8_gemms == "transformer_engine":
+        return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
+                te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
     if float8:
         return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out)
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
 
-def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int) -> PassCost:
+def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int, fp8_gemms: str = "torchao") -> PassCost:
     """Forward and backward seconds and FLOPs of the given Linear weights' GEMMs (forward, dgrad, wgrad at their own
-    shapes) for `tokens` tokens; benchmarks/published_gpu.py prints it per layer."""
+    shapes) for `tokens` tokens (experts see tokens·top_k·ep/E each under uniform routing, GShard Sec 3.1);
+    benchmarks/published_gpu.py prints it per layer."""
     cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
     fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
+    m, p = spec.model, spec.parallel
+    routed = tokens * m.top_k * p.ep / m.n_experts if m.n_experts else tokens  # _gemm_rows of an expert's weight
+    if m.n_experts and p.ep > 1 and not is_uniform_dropless(m):  # capacity / imbalance: the busiest rank (moe_rows.py)
+        routed = expert_rows_of(m, tokens).received * p.ep / m.n_experts
     out = PassCost()
-    seen: dict[tuple, tuple[float, float]] = {}  # a model's blocks repeat the same weight shapes: same inputs, same seconds
+    # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once;
+    # the sums still add every weight's seconds one by one, in order
+    seen: dict[tuple, tuple[float, float, float]] = {}
+    fwd = bwd = flops = 0.0  # plain += in order (not sum(): Python 3.12's sum compensates, other floats)
     for q in params:
-        if len(q.local_shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
+        shape = q.local_shape
+        if len(shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
-        n_out, k = q.local_shape  # nn.Linear weight (out, in)
-        rows = _gemm_rows(spec, q, tokens)
         float8 = fp8 and is_float8_weight(q)
-        f = seen.get((rows, k, n_out, float8))
+        f = seen.get((shape, q.is_expert, float8))
         if f is None:
-            f = seen[(rows, k, n_out, float8)] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8)
-        out.fwd_s += f[0]
-        out.bwd_s += f[1]
-        out.fwd_flops += 2 * rows * k * n_out
+            n_out, k = shape  # nn.Linear weight (out, in)
+            rows = routed if q.is_expert else tokens
+            key = ("weight gemms", precision, rows, k, n_out, cb, float8) + ((fp8_gemms,) if float8 and fp8_gemms !=
+                                                                               "torchao" else ())  # same on every layout
+            timed = hw.memo.get(key)
+            if timed is None:
+                timed = hw.memo[key] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8, fp8_gemms)
+            f = seen[(shape, q.is_expert, float8)] = (*timed, 2 * rows * k * n_out)
+        fwd += f[0]
+        bwd += f[1]
+        flops += f[2]
+    out.fwd_s, out.bwd_s, out.fwd_flops = fwd, bwd, flops
     return out
 
 
@@ -173,8 +191,8 @@ def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: s
     tokens."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation {implementation!r} not in {IMPLEMENTATIONS}")
-    if implementation == "torch":
-        return _torch_elementwise(model, layout, hw)
+    if implementation in ("torch", "compiled"):
+        return _torch_elementwise(model, layout, hw, implementation)
     if implementation == "fused":
         kb = per_distinct(lambda b, tp, sp, cp: korthikanti_layer_bytes(  # selective: without 5as²b
             s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
@@ -184,10 +202,12 @@ def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: s
     raise AssertionError(implementation)
 
 
-def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
-    """elementwise.layer_passes timed once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile
-    (hw.memo); the combinations not seen before are timed together on arrays."""
-    tag = ("elementwise", model_key(model), layout.precision)
+def _torch_elementwise(model: Any, layout: Layout, hw: Hardware, implementation: str = "torch") -> PassCost:
+    """elementwise.layer_passes (compiled_layer_passes under "compiled") timed once per distinct (micro-batch, tp,
+    sequence parallel, autocast, cp) and profile (hw.memo); the combinations not seen before are timed together on
+    arrays."""
+    passes = compiled_layer_passes if implementation == "compiled" else layer_passes
+    tag = ("elementwise", model_key(model), layout.precision) + (("compiled",) if implementation == "compiled" else ())
     missing: list[tuple[int, int, int, int, int]] = []
 
     def one(*row: int) -> tuple[float, float]:
@@ -201,8 +221,8 @@ def _torch_elementwise(model: Any, layout: Layout, hw: Hardware) -> PassCost:
     both = per_distinct(one, *columns)
     if missing:
         b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing))
-        fwd, bwd = layer_passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
-                                                                 precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
+        fwd, bwd = passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
+                                                           precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
         f, bk = (np.broadcast_to(passes_time(hw, x), b.shape).tolist() for x in (fwd, bwd))
         hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk))
         both = per_distinct(one, *columns)
@@ -223,10 +243,14 @@ def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
                   ffn=mlp / tp, act=act, residual=where(layout.uses_autocast if autocast is None else autocast, 4, act))
 
 
-def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True) -> PassCost:
-    """Cross-entropy over the (b·s, V/t) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
+def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True,
+              vocab_shards: Any = None) -> PassCost:
+    """Cross-entropy over the (b·s, V/vocab_shards) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
+    vocab_shards: tp under loss parallel, 1 over gathered logits; None: tp (what this model always counted for
+    ShardLab's engine, which gathers the logits: kept for the shardlab stack's unchanged predictions);
     kernel_launches=False: the memory traffic alone (the planner's proxy)."""
-    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / layout.tp
+    shards = layout.tp if vocab_shards is None else vocab_shards
+    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / shards
     kernels = 4 if kernel_launches else 0
     return PassCost(fwd_s=memory_s(hw, CE_FWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"),
                     bwd_s=memory_s(hw, CE_BWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"))
@@ -239,7 +263,7 @@ def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], i
     weight elements, other elements, GEMM weights, other tensors) of the group (part_param_sizes); `autocast`:
     the layout's unless given."""
     autocast = layout.uses_autocast if autocast is None else autocast
-    if implementation != "torch" or autocast is False:
+    if implementation not in PARAM_PASS_IMPLEMENTATIONS or autocast is False:
         return PassCost()
     fwd, bwd = param_passes(*sizes, autocast=autocast)
     f = passes_time(hw, fwd)
@@ -262,7 +286,7 @@ def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[Local
     m, p = spec.model, spec.parallel
     n_stages = p.pp * p.virtual_stages
     layers = stage_layers(m.n_layers, n_stages, stage)
-    if implementation != "torch" or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
+    if implementation not in PARAM_PASS_IMPLEMENTATIONS or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
         return PassCost()
     is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
     out = PassCost()
@@ -304,9 +328,10 @@ def _no_recompute(c: PassCost) -> PassCost:
 
 
 def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
-               implementation: str = "fused") -> PassCost:
+               implementation: str = "fused", *, fp8_gemms: str = "torchao", vocab_shards: Any = None) -> PassCost:
     """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head, and the
-    per-microbatch passes over its parameters (`layout` = Layout.of(spec))."""
+    per-microbatch passes over its parameters (`layout` = Layout.of(spec)); fp8_gemms: whose float8 GEMMs
+    (weight_gemms_s), vocab_shards: the loss's logits split (head_pass)."""
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r} not in {ATTENTION}")
     m, t, p = spec.model, spec.train, spec.parallel
@@ -318,11 +343,11 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
 
     def weights(ps: Any) -> PassCost:
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
-        return weights_cost(spec, hw, mine, tokens)
+        return weights_cost(spec, hw, mine, tokens, fp8_gemms)
 
     # memoised per shared params tuple on every input weights_cost reads
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
-                                    m.n_experts), weights, keep=hw))
+                                    m.n_experts) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()), weights, keep=hw))
     elem = elementwise_pass(m, layout, hw, implementation)
     n_windowed = sum(layer_attention_kind(m, i)[1] for i in layers)  # the rest attend globally
     n = len(layers) - n_windowed
@@ -337,7 +362,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     elif rc == "selective":
         cost.recompute_s = n * attn.fwd_s + n_windowed * win.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
     elif rc != "none":  # the shares of recompute_cost.py (the head's GEMM is never re-run)
-        share = rerun_share(m, layout, flash=attention == "flash")
+        share = rerun_share(m, layout, flash=attention != "eager")  # every fused kernel saves no (s x s) scores
         attention_fwd_s = n * attn.fwd_s + n_windowed * win.fwd_s
         elementwise_fwd_s = (n + n_windowed) * elem.fwd_s
         gemm_fwd = cost.fwd_s - attention_fwd_s - elementwise_fwd_s
@@ -351,5 +376,5 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
         cost.fwd_flops += 2 * tokens * m.d_model * m.vocab_size / p.tp
     cost.add(stage_param_pass(spec, hw, layout, params, stage, implementation, tied_head))
     if last:
-        cost.add(head_pass(m, layout, hw))
+        cost.add(head_pass(m, layout, hw, vocab_shards=vocab_shards))
     return cost

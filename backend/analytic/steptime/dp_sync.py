@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from backend.analytic.dp_buckets import bucket_numels, used_by
+from backend.analytic.dp_buckets import bucket_groups, used_by
 from backend.analytic.sharding import derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
@@ -35,9 +35,12 @@ class DpColls:
     total_s: float
     kinds: dict[str, float]
     """Seconds by collective kind (all_reduce, broadcast, all_gather, reduce_scatter)."""
-    exposure: tuple[tuple[bool, float, float], ...]
-    """In traffic order: (True, seconds, last bucket's seconds) of an all-reduce that overlaps the last backward,
-    or (False, seconds, 0) always exposed (ZeRO-1's broadcast, FSDP2's copy-in / copy-out)."""
+    exposure: tuple[tuple[str, float, float], ...]
+    """In traffic order: (role, seconds, the part that cannot overlap). Roles: "grad", a gradient reduction that
+    overlaps the last backward but its last bucket (DDP's all-reduce, the distributed optimizer's reduce-scatters);
+    "gather", a parameter gather after the step (ZeRO-1's broadcast: tail = all of it; the distributed optimizer's
+    all-gather: tail = one bucket's, for a stack that overlaps it with the next forward); "copy", FSDP2's copy-in /
+    copy-out, always exposed."""
     fsdp_s: float
     fsdp_tail_s: float
     """The largest single FSDP2 gather / reduce-scatter (one unit's, per call)."""
@@ -56,7 +59,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     p, mb = spec.parallel, spec.train.microbatches
     total = fsdp = fsdp_tail = 0.0
     kinds: dict[str, float] = {}
-    exposure: list[tuple[bool, float, float]] = []
+    exposure: list[tuple[str, float, float]] = []
     traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec), spec.train.fp8_gathers),
                       lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
     seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
@@ -79,19 +82,21 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             buckets = max(1, ceil(payload / DDP_BUCKET_BYTES))
             s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
             last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
-            exposure.append((True, s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
+            exposure.append(("grad", s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif distributed:  # the distributed optimizer: per bucket, once per step
-            buckets = len(bucket_numels(params, n))
+            edp = p.dp_cp // p.ep if p.ep > 1 else None  # the expert buckets reduce over edp, the rest over dp x cp
+            buckets = max(1, sum(1 for _, g in bucket_groups(params, p.dp_cp, edp) if g == n))
             s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
+            one = coll_s(tier, kind, payload / buckets, n, per_node=k)
             if kind == "reduce_scatter":  # launched as each bucket completes in the last backward; the last one exposed
-                exposure.append((True, s, coll_s(tier, kind, payload / buckets, n, per_node=k)))
+                exposure.append(("grad", s, one))
             else:  # the all-gather of the updated params follows the step
-                exposure.append((False, s, 0.0))
+                exposure.append(("gather", s, one))
         elif kind == "broadcast":
             # ZeroRedundancyOptimizer._sync_params runs after step(), exposed; it issues every parameter's broadcast
             # async and then waits for all (torch/distributed/optim/zero_redundancy_optimizer.py), so one latency
             s = coll_s(tier, kind, payload, n, calls=1, per_node=k)
-            exposure.append((False, s, 0.0))
+            exposure.append(("gather", s, s))
         else:
             calls = fsdp_gathers_per_step(p.zero_stage, mb, pipelined=p.pp > 1) if kind == "all_gather" else (
                 1 if p.pp > 1 else mb)
@@ -101,13 +106,13 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
             copy = seen.get(("copy", payload, calls))
             if copy is None:
                 copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
-            exposure.append((False, copy, 0.0))
+            exposure.append(("copy", copy, copy))
             fsdp += s
             fsdp_tail = max(fsdp_tail, s / calls)
         total += s
         kinds[kind] = kinds.get(kind, 0.0) + s
     if not traffic and p.zero_stage >= 2 and p.tp == p.pp == p.ep == 1:  # FSDP2 on one rank: the copies alone
-        exposure.extend((False, c, 0.0) for c in _solo_fsdp_copies(spec, hw, params))
+        exposure.extend(("copy", c, c) for c in _solo_fsdp_copies(spec, hw, params))
     return DpColls(total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
 
 
@@ -135,17 +140,31 @@ def fsdp_host_s(spec: Any, hw: Hardware, params: list) -> float:
 
 
 def dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,
-               kinds: dict[str, float] | None = None) -> tuple[float, float]:
+               kinds: dict[str, float] | None = None, *, grad_overlap: bool | None = None,
+               gather_overlap: bool | None = None) -> tuple[float, float]:
     """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring); the seconds
-    before overlap are also summed by collective into `kinds`."""
+    before overlap are also summed by collective into `kinds`. grad_overlap / gather_overlap: a stack's
+    grad_reduce_overlap / param_gather_overlap (spec/stacks.py), None = this engine's behaviour: gradient reductions
+    behind the last backward, parameter gathers after the step. A gather that overlaps hides behind the next step's
+    first microbatch forward (Megatron's --overlap-param-gather: forward pre-hooks, distributed_data_parallel.py
+    _make_forward_pre_hook) but for one bucket's; a reduction that does not overlap waits for the end of backward
+    (Megatron without --overlap-grad-reduce: one bucket per buffer, distributed_data_parallel.py 164-171). FSDP2's
+    prefetched gathers and reduce-scatters keep their own window below."""
     kinds = {} if kinds is None else kinds
     colls = dp_colls(spec, hw, g, params)
     for k, v in colls.kinds.items():
         kinds[k] = kinds.get(k, 0.0) + v
     eta, bwd = hw.tune.overlap_efficiency, pass_total.bwd_s
+    grads = True if grad_overlap is None else grad_overlap
+    gathers = False if gather_overlap is None else gather_overlap
     exposed = 0.0
-    for overlaps, s, last in colls.exposure:
-        exposed += max(s - eta * bwd, last) if overlaps else s
+    for role, s, tail in colls.exposure:
+        if role == "grad" and grads:
+            exposed += max(s - eta * bwd, tail)
+        elif role == "gather" and gathers:
+            exposed += max(s - eta * pass_total.fwd_s, tail)
+        else:
+            exposed += s
     if colls.fsdp_s:
         window = spec.train.microbatches * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
         exposed += max(colls.fsdp_s - eta * window, 2 * colls.fsdp_tail_s)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter

@@ -13,6 +13,14 @@ Two implementations (`IMPLEMENTATIONS`, chosen per profile by compute.default_im
   scale+mask+softmax; 16-bit residual stream; gradient accumulation fused into the weight-gradient GEMM): each
   activation of Korthikanti 2022 Table 2 written once and read once in forward, backward twice that.
 
+- "compiled": torch.compile of each block (torchtitan's apply_compile, models/llama3/infra/parallelize.py 256-269
+  @e347b1e: `torch.compile(transformer_block, fullgraph=True)`): inductor fuses every chain of point-wise and
+  reduction operators between two extern kernels (matmuls, SDPA) into one kernel that reads the chain's inputs once
+  and writes its outputs once (`compiled_layer_passes`). The per-microbatch parameter passes stay as "torch"'s.
+  No published kernel table compares compiled with eager element-wise kernels (research notes, gap 7): the fused
+  kernels are timed at the same measured per-class bandwidths as the eager ones, so what compile changes is the
+  bytes and the kernel count, counted from the block's operators.
+
 Each kernel takes max(bytes / (HBM peak x its class's measured fraction), the device's kernel floor): small
 kernels cost their launch floor, large ones their traffic (Williams et al. 2009, "Roofline", Sec 2).
 """
@@ -24,7 +32,7 @@ from typing import Any
 
 from backend.analytic.vector import maximum
 
-IMPLEMENTATIONS = ("torch", "fused")
+IMPLEMENTATIONS = ("torch", "fused", "compiled")
 CE_FWD_BYTES_PER_LOGIT = 8
 CE_BWD_BYTES_PER_LOGIT = 12
 """Cross-entropy over fp32 logits: forward reads the logits and writes the log-softmax (8 B), backward reads
@@ -98,6 +106,39 @@ def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
     else:
         fwd.append(Pass(act, 2 * c * t * w.ffn))
         bwd.append(Pass(act, 3 * c * t * w.ffn))
+    return fwd, bwd
+
+
+def compiled_layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
+    """(forward, backward) kernels of one block under torch.compile (module docstring): the fused regions between
+    its matmuls and its attention core, each reading its inputs and writing its outputs once. Forward: norm 1;
+    RoPE on q and k (with the GQA repeat of k and v); the attention output's transpose; the residual add fused into
+    norm 2; the gated activation (or GELU); the closing residual add. Backward: each region's gradient kernel reads
+    what its forward read plus the upstream gradient and writes the gradients of its inputs (the residual stream's
+    two gradient paths summed inside the norms' backward)."""
+    norm = "rmsnorm" if str(model.norm) == "rmsnorm" else "layernorm"
+    gated = str(model.mlp) in ("swiglu", "geglu", "swiglu_clamped")
+    c, r, t, tn = w.act, w.residual, w.tokens, w.norm_tokens
+    fwd = [Pass(norm, (r + c) * tn * w.h),  # x -> ln1(x)
+           Pass("copy", (2 * r + 2 * c) * tn * w.h),  # x + attn_out -> h, ln2(h): the add inside norm 2's kernel
+           Pass("copy", (2 * r + c) * tn * w.h),  # h + mlp_out
+           Pass("copy", 2 * c * t * w.q)]  # the attention output's transpose + reshape
+    bwd = [Pass(norm, (2 * r + 2 * c) * tn * w.h),  # ln1: read x, dy, the residual grad; write dx
+           Pass(norm, (3 * r + 2 * c) * tn * w.h),  # ln2 with the add: read h, dy, d_out; write dh, d_attn_out
+           Pass("copy", 2 * c * t * w.q)]
+    rope = str(model.positions) == "rope"
+    repeat = model.kv_heads < model.n_heads
+    if rope or repeat:  # one kernel: RoPE on q and k, k and v repeated to the q heads; reads the projections it
+        read = (w.q if rope else 0) + (2 * w.kv if repeat else w.kv)  # needs, writes SDPA's inputs
+        written = (w.q if rope else 0) + (2 * w.q if repeat else w.kv)
+        fwd.append(Pass("copy", c * t * (read + written)))
+        bwd.append(Pass("copy", c * t * (read + written)))
+    if gated:  # act(gate) * up: read gate, up, write the product; backward reads both and d, writes d_gate, d_up
+        fwd.append(Pass("swiglu", 3 * c * t * w.ffn))
+        bwd.append(Pass("swiglu", 5 * c * t * w.ffn))
+    else:
+        fwd.append(Pass("gelu", 2 * c * t * w.ffn))
+        bwd.append(Pass("gelu", 3 * c * t * w.ffn))
     return fwd, bwd
 
 

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from backend.analytic.steptime.op_tables import OpTables, table_json, tables_from_json, tables_from_measured
+from backend.spec.stacks import DEVICE_CLASSES
 
 DATA_FILE = Path(__file__).with_name("hardware.json")
 TABLES_FILE = Path(__file__).with_name("op_tables.json")
@@ -95,6 +96,23 @@ class Hardware:
     """Where each value comes from: the datasheet, a measurement, a publication (by value or table name)."""
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """Seconds already computed on this profile (compute.py, by their inputs); a changed profile starts empty."""
+    arch: str = ""
+    """GPU generation (sm80 Ampere, sm90 Hopper, sm100 Blackwell, cdna3 AMD; hardware.json "arch"); empty: read from
+    the name (`device_class`)."""
+
+    @property
+    def device_class(self) -> str:
+        """What a stack's defaults depend on (spec/stacks.DEVICE_CLASSES): cpu, the GPU generation, or gpu."""
+        if self.kind == CPU:
+            return "cpu"
+        if self.arch in DEVICE_CLASSES:
+            return self.arch
+        name = f"{self.key} {self.name}".upper()
+        for marks, arch in ((("H100", "H200", "GH100", "GH200"), "sm90"), (("A100", "A10", "A30", "A40"), "sm80"),
+                            (("B200", "B100", "GB200", "B300"), "sm100"), (("MI300",), "cdna3")):
+            if any(m in name for m in marks):
+                return arch
+        return "gpu"
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s of the matmul dtype: bf16/fp16 mixed precision runs GEMMs in 16 bit; fp8 runs everything but
@@ -191,7 +209,7 @@ def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], kind_defau
                     hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]), intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
                     inter_bytes_per_s=float(entry["inter_bytes_per_s"]), gpus_per_node=int(entry.get("gpus_per_node", 8)),
                     source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry),
-                    tables=tables, provenance=provenance)
+                    tables=tables, provenance=provenance, arch=str(entry.get("arch", "")))
 
 
 @lru_cache(maxsize=1)

@@ -26,7 +26,7 @@ from backend.analytic.vector import is_array, maximum
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32", "fp8": "bf16"}
 """The matmul dtype of a precision; fp8 runs all but its float8 linears in bf16 (those: `float8_gemm_time`)."""
-OPTIMIZER_IMPL = {"torch": "foreach", "fused": "fused"}
+OPTIMIZER_IMPL = {"torch": "foreach", "fused": "fused", "compiled": "foreach"}
 FALLBACK = {"flash-triton": ("flash1",)}
 """Attention kernels a profile's table may lack, and the measured kernel that stands in (attention_efficiency)."""
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""

@@ -31,6 +31,8 @@ from backend.analytic.steptime.compute import (attention_pass, default_implement
 from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
@@ -124,12 +126,16 @@ def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: 
     if hit is None:
         tokens = mb * (model.seq_len // cp)
         routed = tokens * model.top_k * ep / max(model.n_experts, 1)
+        if model.is_moe and ep > 1 and not is_uniform_dropless(model):  # the busiest rank's rows per local expert
+            routed = expert_rows_of(model, tokens).received * ep / model.n_experts
         f = b = 0.0
         fp8 = layout.precision == "fp8"  # the block's dense Linears are float8 (strategies/float8.py); experts are not
-        for n_out, k, expert in _block_linears(key, tp, part, ep if model.is_moe else 1):
-            sf, sb = weight_gemms_s(hw, layout.precision, routed if expert else tokens, k, n_out, layout.compute_bytes,
-                                    float8=fp8 and not expert)
-            f, b = f + sf, b + sb
+        seen: dict[tuple[int, int, bool], tuple[float, float]] = {}  # a MoE block repeats each expert's shapes E times
+        for shape in _block_linears(key, tp, part, ep if model.is_moe else 1):
+            sf, sb = seen.get(shape) or seen.setdefault(shape, weight_gemms_s(
+                hw, layout.precision, routed if shape[2] else tokens, shape[1], shape[0], layout.compute_bytes,
+                float8=fp8 and not shape[2]))
+            f, b = f + sf, b + sb  # added one by one, in the block's order: the same floats as timing each
         hit = hw.memo[memo_key] = (f, b)
     return hit
 
@@ -343,6 +349,9 @@ def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, 
     tokens = layout.micro_batch * layout.seq_local(model)
     payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
         tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
+    if not is_uniform_dropless(model):  # the capacity limit / imbalance (moe_rows.py), per distinct tokens
+        per_mb = np.vectorize(lambda t: 2 * (lambda r: r.sent + r.received)(expert_rows_of(model, int(t))))(tokens)
+        payload = layout.microbatches * moe_blocks * per_mb * model.d_model * MASTER_BYTES
     intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
     return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep), 0.0)
 
@@ -386,13 +395,21 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
 
 def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Any, *, backward_s: Any) -> Any:
     """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
-    group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only."""
+    group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only; under the
+    distributed optimizer (zero1) a reduce-scatter of the expert buckets over edp behind the last backward and the
+    all-gather of their params after the step."""
     group = layout.dp_cp // np.maximum(layout.ep, 1)
     intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
-    whole = bandwidth_s(hw, intra, "all_reduce", grads, group, link_bytes_per_s=link)
-    last = bandwidth_s(hw, intra, "all_reduce", minimum(grads, DDP_BUCKET_BYTES), group, link_bytes_per_s=link)
-    exposed = maximum(whole - hw.tune.overlap_efficiency * backward_s, last)
+
+    def coll(kind: str, payload: Any) -> Any:
+        return bandwidth_s(hw, intra, kind, payload, group, link_bytes_per_s=link)
+
+    eta = hw.tune.overlap_efficiency
+    exposed = maximum(coll("all_reduce", grads) - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
+    distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, coll("reduce_scatter", minimum(
+        grads, DDP_BUCKET_BYTES))) + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * experts)
+    exposed = where(layout.distributed_optimizer, distributed, exposed)
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 

@@ -8,6 +8,12 @@ et al. 2021 Table 1 rows come from `published.PTDP_TABLE1` (TFLOP/s per GPU, Eq.
 These rows are the TEST of the model, never its training set: no hardware value is fitted to them
 (benchmarks/published_gpu.py prints predicted against published; tests/unit/test_published_gpu.py pins Korthikanti
 2022 Table 5).
+
+Each row's spec carries the stack its source ran (`train.stack`, spec/stacks.py) and every stack setting the source
+states (attention kernel, element-wise, fp8, overlaps...) as spec fields: the row is predicted through exactly the
+settings a person has (`estimate --spec` on the row's spec prints the same step time). A row's older top-level
+`attention` / `implementation` (what the run used) are written into its spec as attention_kernel / elementwise.
+`published.memory_gib` is the source's peak memory where it gives one (printed beside the step time).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from backend.analytic.textbook.flops import narayanan_flops_per_iteration
+from backend.analytic.textbook.flops import megatron_flops_per_iteration, narayanan_flops_per_iteration
 from backend.analytic.steptime.published import PTDP_TABLE1, SEQ, VOCAB, ptdp_spec_dict
 from backend.presets import preset_model
 
@@ -45,6 +51,12 @@ class PublishedRow:
     attention: str = "flash"
     implementation: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    memory_gib: float | None = None
+    """The source's published peak memory per GPU (GiB; torchtitan: max reserved), None where it gives none."""
+
+    @property
+    def stack(self) -> str:
+        return str(self.spec.get("train", {}).get("stack", "shardlab"))
 
 
 def _model(model: dict[str, Any]) -> dict[str, Any]:
@@ -64,30 +76,59 @@ def _step_s(row: dict[str, Any]) -> tuple[float, str]:
                                                                  f"tokens/s per GPU x {pub['gpus']} GPUs)")
     if metric == "iteration_s":
         return value, "published iteration time"
+    if metric == "tflops_per_gpu_megatron":  # Megatron-LM's logged TFLOP/s: its own FLOPs count per iteration
+        m = _model(row["spec"]["model"])
+        flops = megatron_flops_per_iteration(
+            batch=row["spec"]["train"]["global_batch"], seq=m["seq_len"], layers=m["n_layers"], hidden=m["d_model"],
+            heads=m["n_heads"], kv_heads=m.get("n_kv_heads") or m["n_heads"], ffn=m.get("ffn_hidden") or 4 * m["d_model"],
+            vocab=m["vocab_size"], gated=m.get("mlp", "gelu") != "gelu")
+        return flops / (value * 1e12 * pub["gpus"]), (f"Megatron's FLOPs per iteration {flops:.4g} (training.py "
+                                                      f"num_floating_point_operations) / ({value:g} TFLOP/s x "
+                                                      f"{pub['gpus']} GPUs)")
     raise ValueError(f"row {row['id']}: unknown published metric {metric!r}")
 
 
+KERNEL_SETTING = {"flash": "flash2", "eager": "eager", "flash-triton": "flash-triton", "flash1": "flash1",
+                  "cudnn": "cudnn", "efficient": "efficient", "flash3": "flash3"}
+"""A row's `attention` (the step-time model's kernel names) -> the spec's attention_kernel."""
+ELEMENTWISE_SETTING = {"fused": "fused", "torch": "eager", "compiled": "compiled"}
+
+
+def row_spec(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's spec with its model preset expanded and the kernels the run used written as stack settings."""
+    train = dict(row["spec"].get("train", {}))
+    if "attention" in row and "attention_kernel" not in train:
+        train["attention_kernel"] = KERNEL_SETTING[row["attention"]]
+    if row.get("implementation") and "elementwise" not in train:
+        train["elementwise"] = ELEMENTWISE_SETTING[row["implementation"]]
+    return {**row["spec"], "model": _model(row["spec"]["model"]), "train": train}
+
+
 def _from_json(row: dict[str, Any]) -> PublishedRow:
-    spec = {**row["spec"], "model": _model(row["spec"]["model"])}
+    spec = row_spec(row)
     step_s, how = _step_s(row)
     return PublishedRow(id=row["id"], group=row["group"], hardware=row["hardware"], source=row["source"], url=row["url"],
                         quote=row["quote"], layout=row["layout"], spec=spec, step_s=step_s, derivation=how,
                         attention=row.get("attention", "flash"), implementation=row.get("implementation"),
-                        notes=tuple(row.get("notes", ())))
+                        notes=tuple(row.get("notes", ())), memory_gib=row["published"].get("memory_gib"))
 
 
 def _ptdp(row: tuple) -> PublishedRow:
     params_b, heads, h, layers, t, p, gpus, batch, tflops = row
     flops = narayanan_flops_per_iteration(B=batch, s=SEQ, l=layers, h=h, V=VOCAB)
+    spec = ptdp_spec_dict(row)
+    spec["train"].update(stack="megatron", attention_kernel="eager")  # Megatron-LM 2021: no FlashAttention
     return PublishedRow(id=f"ptdp-t1-{params_b}B", group="A100", hardware="a100-80gb-sxm",
                         source="Narayanan et al. 2021 (SC'21), Table 1 (Selene, DGX A100 80GB)", url=PTDP_URL,
                         quote=f"{params_b}B: {heads} heads, hidden {h}, {layers} layers, TP {t}, PP {p}, {gpus} GPUs, "
                               f"batch {batch}, {tflops} TFLOP/s per GPU",
-                        layout=f"TP {t} x PP {p} x DP {gpus // (t * p)} + full recompute", spec=ptdp_spec_dict(row),
+                        layout=f"TP {t} x PP {p} x DP {gpus // (t * p)} + full recompute", spec=spec,
                         step_s=flops / (tflops * 1e12 * gpus),
                         derivation="Eq. 3 FLOPs per iteration / (published TFLOP/s per GPU x GPUs)", attention="eager",
                         implementation="fused",
-                        notes=("b = 1 and non-interleaved 1F1B assumed (Table 1 gives neither)",))
+                        notes=("b = 1 and non-interleaved 1F1B assumed (Table 1 gives neither)",
+                               "stack megatron (Megatron-LM 2021: fused kernels, fused Adam, vocab-parallel loss), "
+                               "attention eager (no FlashAttention then)"))
 
 
 @lru_cache(maxsize=1)

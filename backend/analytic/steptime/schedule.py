@@ -40,35 +40,48 @@ def _action_plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, int,
     round-robin over ranks, each running its actions until one is not ready, visits them in; readiness depends on
     the action orders only, not on the costs, so it is computed once per (schedule, p, v, m)."""
     n_stages = p * v
-    orders = [rank_order(schedule, p, v, m, r) for r in range(p)]
-    f_at: dict[tuple[int, int], int] = {}
-    b_at: dict[tuple[int, int], int] = {}
-    nxt, f_count, b_count = [0] * p, [0] * n_stages, [0] * n_stages
+    orders = [[(s, kind == "F") for s, kind in rank_order(schedule, p, v, m, r)] for r in range(p)]
+    f_at: list[list[int]] = [[] for _ in range(n_stages)]  # f_at[s][k]: the index of F(s, k) once placed
+    b_at: list[list[int]] = [[] for _ in range(n_stages)]
+    nxt = [0] * p
     out: list[tuple[int, int, bool, int, int, bool]] = []
     remaining = sum(len(o) for o in orders)
+    last = n_stages - 1
     while remaining:
         progressed = False
         for r in range(p):
-            while nxt[r] < len(orders[r]):
-                s, kind = orders[r][nxt[r]]
-                if kind == "F":
-                    k = f_count[s]
-                    dep = -1 if s == 0 else f_at.get((s - 1, k))
-                    if dep is None:
+            order, i = orders[r], nxt[r]
+            while i < len(order):
+                s, forward = order[i]
+                if forward:
+                    done = f_at[s]
+                    k = len(done)
+                    if s == 0:
+                        dep = -1
+                    elif k < len(f_at[s - 1]):
+                        dep = f_at[s - 1][k]
+                    else:
                         break
-                    f_at[(s, k)], f_count[s] = len(out), k + 1
+                    done.append(len(out))
                     out.append((r, s, True, dep, -1, s > 0))
                 else:
-                    k = b_count[s]
-                    own = f_at.get((s, k))
-                    dep = own if s == n_stages - 1 else b_at.get((s + 1, k))
-                    if own is None or dep is None:
+                    done = b_at[s]
+                    k = len(done)
+                    if k >= len(f_at[s]):
                         break
-                    b_at[(s, k)], b_count[s] = len(out), k + 1
-                    out.append((r, s, False, dep, own, s < n_stages - 1))
-                nxt[r] += 1
+                    own = f_at[s][k]
+                    if s == last:
+                        dep = own
+                    elif k < len(b_at[s + 1]):
+                        dep = b_at[s + 1][k]
+                    else:
+                        break
+                    done.append(len(out))
+                    out.append((r, s, False, dep, own, s < last))
+                i += 1
                 remaining -= 1
                 progressed = True
+            nxt[r] = i
         if not progressed:
             raise RuntimeError(f"{schedule} action order deadlocks for p={p}, v={v}, m={m}")
     return tuple(out)
@@ -80,17 +93,24 @@ def makespan(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s
     Each action starts when its rank is free and its inputs are ready (+ p2p_s when they cross a stage boundary):
     one pass over `_action_plan`'s order."""
     plan = _action_plan(schedule, p, v, m)
-    end = [0.0] * len(plan)
+    end: list[float] = []
     free = [0.0] * p
     busy = [0.0] * p
-    for i, (r, s, is_f, dep, own, hop) in enumerate(plan):
+    for r, s, is_f, dep, own, hop in plan:  # max() as comparisons, as in makespan_pair
+        start = free[r]
         if is_f:
-            start = max(free[r], (0.0 if dep < 0 else end[dep]) + (p2p_s if hop else 0.0))
+            ready = (0.0 if dep < 0 else end[dep]) + (p2p_s if hop else 0.0)
+            if ready > start:
+                start = ready
             e = start + fwd_s[s]
         else:
-            start = max(free[r], end[own], end[dep] + (p2p_s if hop else 0.0))
+            if end[own] > start:
+                start = end[own]
+            ready = end[dep] + (p2p_s if hop else 0.0)
+            if ready > start:
+                start = ready
             e = start + bwd_s[s]
-        end[i] = e
+        end.append(e)
         busy[r] += e - start
         free[r] = e
     return max(free), busy
@@ -100,19 +120,40 @@ def makespan_pair(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], 
                   p2p_s: float) -> tuple[float, list[float], float]:
     """(makespan without p2p, busy per rank without p2p, makespan with p2p_s per hop): `makespan` twice, in one pass."""
     plan = _action_plan(schedule, p, v, m)
-    end0, end1 = [0.0] * len(plan), [0.0] * len(plan)
+    end0: list[float] = []
+    end1: list[float] = []
     free0, free1, busy = [0.0] * p, [0.0] * p, [0.0] * p
-    for i, (r, s, is_f, dep, own, hop) in enumerate(plan):
+    # max() written out as comparisons (the same value, the first of equals, as max returns): the loop runs once per
+    # action, p x m x 2 of them (1F1B on pp 32 with 1,024 microbatches: 65,536)
+    for r, s, is_f, dep, own, hop in plan:
+        extra = p2p_s if hop else 0.0
         if is_f:
             c = fwd_s[s]
-            start0 = max(free0[r], (0.0 if dep < 0 else end0[dep]) + 0.0)
-            start1 = max(free1[r], (0.0 if dep < 0 else end1[dep]) + (p2p_s if hop else 0.0))
+            ready0 = (0.0 if dep < 0 else end0[dep]) + 0.0
+            ready1 = (0.0 if dep < 0 else end1[dep]) + extra
+            start0 = free0[r]
+            if ready0 > start0:
+                start0 = ready0
+            start1 = free1[r]
+            if ready1 > start1:
+                start1 = ready1
         else:
             c = bwd_s[s]
-            start0 = max(free0[r], end0[own], end0[dep] + 0.0)
-            start1 = max(free1[r], end1[own], end1[dep] + (p2p_s if hop else 0.0))
+            start0 = free0[r]
+            if end0[own] > start0:
+                start0 = end0[own]
+            ready0 = end0[dep] + 0.0
+            if ready0 > start0:
+                start0 = ready0
+            start1 = free1[r]
+            if end1[own] > start1:
+                start1 = end1[own]
+            ready1 = end1[dep] + extra
+            if ready1 > start1:
+                start1 = ready1
         e0, e1 = start0 + c, start1 + c
-        end0[i], end1[i] = e0, e1
+        end0.append(e0)
+        end1.append(e1)
         busy[r] += e0 - start0
         free0[r], free1[r] = e0, e1
     return max(free0), busy, max(free1)

@@ -59,3 +59,14 @@ def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int, rec
     if recompute:
         return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan 2021 Eq. 3
     return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))  # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
+
+
+def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, heads: int, kv_heads: int,
+                                 ffn: int, vocab: int, gated: bool) -> float:
+    """The FLOPs Megatron-LM's throughput line counts per iteration (megatron/training/training.py
+    num_floating_point_operations, dense non-MLA branch): 12·B·s·L·h²·((1 + g/a + s/h)·(q/h) + (f/h)·(3/2 if
+    gated) + V/(2·L·h)), with q = h (query projection = heads x head dim); no recompute counted."""
+    gated_multiplier = 3 / 2 if gated else 1
+    return (12 * batch * seq * layers * hidden * hidden
+            * ((1 + kv_heads / heads + seq / hidden) + (ffn / hidden) * gated_multiplier
+               + vocab / (2 * layers * hidden)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 
 
 def _check(schedule: str, p: int, m: int, v: int) -> str:
@@ -22,8 +22,8 @@ def _check(schedule: str, p: int, m: int, v: int) -> str:
         raise ValueError(f"schedule {schedule!r} not in {SCHEDULES}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"need p >= 1, m >= 1, v >= 1; got p={p}, m={m}, v={v}")
-    if schedule == "zbv" and v != 2:
-        raise ValueError(f"zbv places exactly 2 chunks per rank (V shape); got v={v}")
+    if schedule in ("zbv", "dualpipev") and v != 2:
+        raise ValueError(f"{schedule} places exactly 2 chunks per rank (V shape); got v={v}")
     return schedule
 
 
@@ -42,6 +42,13 @@ def bubble_formula(schedule: str, *, p: Any, m: Any, v: Any = 1) -> Any:
     if schedule == "zero_bubble":
         # Qi 2023 Sec 2.1 (ZB-H1, torch's ZB1P): bubble (p-1)(T_F+T_B-T_W) = 1/3 of 1F1B's (p-1)(T_F+T_B+T_W); /v interleaved
         return (p - 1) / (3 * v * m)
+    if schedule == "dualpipev":
+        # deepseek-ai/DualPipe @ 3da1bbea README, "Pipeline Bubbles and Memory Usage Comparison": DualPipeV's bubble is
+        # (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages = (p - 1)(F&B + B - 3W) per stage chunk. torch 2.13's
+        # ScheduleDualPipeV runs an OVERLAP_F_B action's forward and backward one after the other (schedules.py
+        # l. 2632-2636), so F&B = F + B; in the ZB unit costs (F = W = 1, full backward B = 2, one chunk) that is
+        # 2(p - 1), over an ideal of m microbatches x 2 chunks x 3 units: (p - 1) / (3m).
+        return (p - 1) / (3 * m) + 0.0 * v
     # Qi 2023 Sec 6 (ZB-V): zero bubble when T_F = T_B = T_W, with 1F1B's peak activation memory
     return 0.0 * p
 
@@ -92,6 +99,10 @@ def in_flight_terms(schedule: str, *, p: Any, m: Any, v: Any = 1) -> tuple[Any, 
     if schedule == "zero_bubble":
         # Qi 2023 Sec 2.1 (ZB-H1 peak = 1F1B's first stage, p): warm-up (v-1)·p + (p-stage-1), W deferred by `stage`
         return m * v, (v - 1) * per_round + p, 0
+    if schedule == "dualpipev":
+        # DualPipe README: PP + 1 = 2p + 1 stage chunks in flight per device, as torch's ScheduleDualPipeV action
+        # lists give on every rank (tests/unit/test_analytic_formulas.py)
+        return m * v, p * v + 1, 0
     # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks
     return m * v, p * v, 0
 

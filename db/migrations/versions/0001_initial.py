@@ -14,6 +14,8 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {t: () for t in ("experiments", "experiment_tags", "rank_results", "comm_records", "losses", "timeline_events")}
 
 
 def _bytes(name: str) -> sa.Column:

@@ -8,18 +8,20 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
 from db.models import UTCDateTime
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("requeue_of",), "workers": ()}
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("experiments") as batch:
-        batch.add_column(sa.Column("requeue_of", sa.Integer(), nullable=True))
-    op.create_table(
+    additive.add_column("experiments", sa.Column("requeue_of", sa.Integer(), nullable=True))
+    additive.create_table(
         "workers",
         sa.Column("id", sa.String(128), primary_key=True),
         sa.Column("pid", sa.Integer(), nullable=False),

@@ -9,6 +9,8 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -21,12 +23,15 @@ COMM_TOTALS = {"comm_bytes": "bytes", "comm_wire_bytes": "wire_bytes", "comm_pre
                "comm_seconds": "seconds"}
 RANK_COMM = [*COMM_TOTALS, *[f"comm_{c}_bytes" for c in COLLECTIVES]]
 MEM = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"rank_results": tuple(RANK_COMM), "experiment_summaries": ()}
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("rank_results") as batch:
-        for name in RANK_COMM:
-            batch.add_column(sa.Column(name, sa.Float(), nullable=True))
+    if additive.has_table("experiment_summaries"):
+        return  # a store that has it was upgraded and backfilled already
+    for name in RANK_COMM:
+        additive.add_column("rank_results", sa.Column(name, sa.Float(), nullable=True))
     op.create_table(
         "experiment_summaries",
         sa.Column("experiment_id", sa.Integer(), sa.ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True),

@@ -9,15 +9,18 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("kind",)}
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("experiments") as batch:
-        batch.add_column(sa.Column("kind", sa.String(16), nullable=False, server_default="measured"))
+    additive.add_column("experiments", sa.Column("kind", sa.String(16), nullable=False, server_default="measured"))
 
 
 def downgrade() -> None:

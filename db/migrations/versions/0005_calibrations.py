@@ -8,14 +8,19 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"calibrations": ()}
 
 
 def upgrade() -> None:
-    op.create_table(
+    # a store from branch i13 (01078c6) has it already, made by that branch's "0004" (the same table)
+    additive.create_table(
         "calibrations",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("created_at", sa.DateTime(), nullable=False),

@@ -9,16 +9,20 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("framework",)}
 
 
 def upgrade() -> None:
-    # A plain ADD COLUMN (no batch copy of experiments: recreating it would cascade-delete its child rows).
-    op.add_column("experiments", sa.Column("framework", sa.String(16), nullable=False, server_default="torch"))
-    op.create_index("ix_experiments_framework", "experiments", ["framework"])
+    # A store from branch i14 (476d74b) has both already, made by that branch's "0004" (the same column and index).
+    additive.add_column("experiments", sa.Column("framework", sa.String(16), nullable=False, server_default="torch"))
+    additive.create_index("ix_experiments_framework", "experiments", ["framework"])
 
 
 def downgrade() -> None:

@@ -14,10 +14,14 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("run_uid",)}
 
 RANDOM_UID = {"sqlite": "(lower(hex(randomblob(16))))", "postgresql": "md5(random()::text || clock_timestamp()::text)"}
 
@@ -25,6 +29,8 @@ RANDOM_UID = {"sqlite": "(lower(hex(randomblob(16))))", "postgresql": "md5(rando
 def upgrade() -> None:
     conn = op.get_bind()
     dialect = conn.dialect.name
+    if additive.has_column("experiments", "run_uid"):
+        return
     # a volatile default is evaluated once per existing row: every old run gets its own uid
     column = sa.Column("run_uid", sa.String(32), nullable=False, server_default=sa.text(RANDOM_UID.get(dialect, "''")))
     if dialect == "sqlite":

@@ -13,21 +13,26 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("source_framework", "peak_allocated_bytes", "peak_reserved_bytes"),
+        "rank_results": ("cuda_max_reserved_bytes",), "calibrations": ("name", "details_json")}
 
 
 def upgrade() -> None:
     # Plain ADD COLUMNs (a batch copy of experiments would cascade-delete its child rows on SQLite).
-    op.add_column("experiments", sa.Column("source_framework", sa.String(32), nullable=True))
-    op.add_column("experiments", sa.Column("peak_allocated_bytes", sa.BigInteger(), nullable=True))
-    op.add_column("experiments", sa.Column("peak_reserved_bytes", sa.BigInteger(), nullable=True))
-    op.add_column("rank_results", sa.Column("cuda_max_reserved_bytes", sa.BigInteger(), nullable=True))
-    op.add_column("calibrations", sa.Column("name", sa.String(64), nullable=True))
-    op.add_column("calibrations", sa.Column("details_json", sa.Text(), nullable=True))
-    op.create_index("ix_calibrations_name", "calibrations", ["name"])
+    additive.add_column("experiments", sa.Column("source_framework", sa.String(32), nullable=True))
+    additive.add_column("experiments", sa.Column("peak_allocated_bytes", sa.BigInteger(), nullable=True))
+    additive.add_column("experiments", sa.Column("peak_reserved_bytes", sa.BigInteger(), nullable=True))
+    additive.add_column("rank_results", sa.Column("cuda_max_reserved_bytes", sa.BigInteger(), nullable=True))
+    additive.add_column("calibrations", sa.Column("name", sa.String(64), nullable=True))
+    additive.add_column("calibrations", sa.Column("details_json", sa.Text(), nullable=True))
+    additive.create_index("ix_calibrations_name", "calibrations", ["name"])
 
 
 def downgrade() -> None:

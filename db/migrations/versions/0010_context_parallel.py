@@ -9,17 +9,22 @@ Create Date: 2026-11-27
 import sqlalchemy as sa
 from alembic import op
 
+from db.migrations import additive
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
+# what this revision adds, table -> its new columns (() = the table itself): db/migrations/audit.py
+ADDS = {"experiments": ("cp", "cp_rotate", "cp_load_balance")}
 
 
 def upgrade() -> None:
-    # Plain ADD COLUMNs (no batch copy of experiments: recreating it would cascade-delete its child rows).
-    op.add_column("experiments", sa.Column("cp", sa.Integer(), nullable=False, server_default="1"))
-    op.add_column("experiments", sa.Column("cp_rotate", sa.String(16), nullable=False, server_default="allgather"))
-    op.add_column("experiments", sa.Column("cp_load_balance", sa.Boolean(), nullable=False, server_default=sa.true()))
+    # Plain ADD COLUMNs. Stores from the cp branch (bba3d1e..fdd846f) have them already, stamped "0009": that
+    # revision was renumbered to 0010 when 0009_imported_runs landed first.
+    additive.add_column("experiments", sa.Column("cp", sa.Integer(), nullable=False, server_default="1"))
+    additive.add_column("experiments", sa.Column("cp_rotate", sa.String(16), nullable=False, server_default="allgather"))
+    additive.add_column("experiments", sa.Column("cp_load_balance", sa.Boolean(), nullable=False, server_default=sa.true()))
 
 
 def downgrade() -> None:

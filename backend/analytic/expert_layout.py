@@ -1,0 +1,49 @@
+"""Where the routed experts live: the expert layout of a spec (or of arrays of layouts), beside the dense one.
+
+Megatron-Core builds two grids over the same ranks (parallel_state.py @ core_v0.19.0 l. 815-897): the dense
+tp x cp x dp x pp and the expert etp x ep x edp x pp, with edp = world / (etp x ep x pp); torchtitan's sparse mesh is
+(pp, dp_replicate, efsdp, ep, etp) (parallel_dims.py @ v0.2.2). ShardLab today:
+- ep = 1: the experts split over tp like the dense MLP (each expert's fc_in / gate / up colwise, fc_out / down
+  rowwise: etp = tp, Megatron's default etp);
+- ep > 1: whole experts (etp = 1), E / ep per rank, carved out of the dp x cp ranks (ep | dp x cp), and replicated
+  over tp: every tp rank routes the same tokens (the MoE input is the whole microbatch on each) and runs the same
+  experts, so their gradients agree over tp and reduce over the ep group's replicas only.
+edp (expert data-parallel degree) = the ranks holding the same experts within one tp column = dp x cp / ep; the
+expert gradients reduce over edp (an all-reduce, or the distributed optimizer's reduce-scatter: Megatron's
+_EXPERT_DATA_PARALLEL_GROUP) and zero1 shards the experts' optimizer state over it.
+A later expert tensor parallel (etp > 1, EP folded over tp) changes this one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend.analytic.vector import where
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    ep: Any
+    """Expert-parallel degree: each rank holds n_experts / ep routed experts of every MoE layer."""
+    etp: Any
+    """Expert tensor-parallel degree: the tp ranks each expert's weights are split over (1: whole experts)."""
+    edp: Any
+    """Expert data-parallel degree: ranks of one tp column holding the same experts (dp x cp / ep)."""
+    tp_replicas: Any
+    """tp ranks that hold the same experts whole and compute the same expert gradients (tp / etp)."""
+
+    @classmethod
+    def of(cls, tp: Any, dp_cp: Any, ep: Any) -> ExpertLayout:
+        etp = where(ep > 1, 1, tp)
+        return cls(ep=ep, etp=etp, edp=dp_cp // ep, tp_replicas=tp // etp)
+
+    @classmethod
+    def of_spec(cls, spec: Any) -> ExpertLayout:
+        p = spec.parallel
+        return cls.of(p.tp, p.dp_cp, p.ep)
+
+    @property
+    def whole_experts(self) -> Any:
+        """Each expert's weights unsplit on the rank (etp = 1 under ep > 1)."""
+        return self.ep > 1

@@ -1,0 +1,71 @@
+"""What a spec's stack (spec/stacks.py, resolved on a profile's device class) sets in the step-time model (pure Python):
+the attention kernel and element-wise implementation it times, whose fp8 GEMMs, how the loss splits the vocabulary,
+and which collectives overlap compute. The shardlab stack with nothing set gives exactly the model's knobs from
+before stacks (FlashAttention-2 on GPUs, eager on CPU; eager PyTorch element-wise on GPUs; no TP / PP overlap; DDP
+and the distributed optimizer's grad reduction behind backward, its param gathers after the step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.analytic.steptime.compute import default_implementation
+from backend.analytic.steptime.hardware import Hardware
+from backend.spec.stacks import SPEC_DEFAULT, ResolvedStack, resolve_stack
+
+KERNEL = {"eager": "eager", "flash2": "flash", "flash3": "flash3", "cudnn": "cudnn", "efficient": "efficient",
+          "flash1": "flash1", "flash-triton": "flash-triton"}
+"""The spec's attention kernels -> the step-time model's names (compute.ATTENTION; FlashAttention-2 is "flash")."""
+HOPPER = ("sm90", "sm100")
+
+
+@dataclass(frozen=True)
+class StackKnobs:
+    attention: str
+    implementation: str
+    fp8_gemms: str
+    vocab_shards: Any
+    """The loss's logits split: tp under loss parallel, 1 over gathered logits, None = the legacy tp (shardlab)."""
+    tp_overlap: bool
+    grad_overlap: bool | None
+    """None: the model's behaviour before stacks (dp_sync.dp_exposed defaults)."""
+    gather_overlap: bool | None
+    pp_overlap: bool
+    resolved: ResolvedStack
+    notes: list[str] = field(default_factory=list)
+
+
+def stack_knobs(spec: Any, hw: Hardware) -> StackKnobs:
+    """The step-time knobs of a spec's stack on `hw` (module docstring)."""
+    r = resolve_stack(spec, hw.device_class)
+    p = spec.parallel
+    v = r.values
+    implementation = {"eager": default_implementation(hw), "compiled": "compiled", "fused": "fused"}[v["elementwise"]]
+    notes: list[str] = []
+    if not r.is_default:
+        notes.append(f"stack={r.stack}: " + ", ".join(f"{k}={_word(v[k])}" for k in v))
+    attention = KERNEL[v["attention_kernel"]]
+    if attention == "flash3" and hw.device_class not in HOPPER:
+        notes.append(f"FlashAttention-3 runs on Hopper; {hw.key} ({hw.device_class}) times it as FlashAttention-2")
+        attention = "flash"
+    tp_overlap = bool(v["tp_overlap"]) and p.tp > 1 and bool(p.sequence_parallel)
+    if v["tp_overlap"] and p.tp > 1 and not p.sequence_parallel:
+        notes.append("tp_overlap needs sequence parallelism: TP collectives predicted exposed")
+    legacy_loss = r.stack == "shardlab" and r.set_by["loss_parallel"] == SPEC_DEFAULT
+    vocab_shards = None if legacy_loss else (p.tp if v["loss_parallel"] else 1)
+    default_dp = r.stack == "shardlab"
+    multi_stage = p.virtual_stages > 1
+    if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
+        notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
+    pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
+    return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=r.fp8_gemms,
+                      vocab_shards=vocab_shards, tp_overlap=tp_overlap,
+                      grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
+                      else bool(v["grad_reduce_overlap"]),
+                      gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
+                      else bool(v["param_gather_overlap"]),
+                      pp_overlap=pp_overlap, resolved=r, notes=notes)
+
+
+def _word(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)

@@ -1,0 +1,95 @@
+"""TP collectives hidden behind the GEMMs they feed (pure Python): torchtitan's async TP and Transformer Engine's TP
+comm overlap (Megatron --tp-comm-overlap), the `tp_overlap` setting of spec/stacks.py.
+
+Under sequence parallelism every block runs, per microbatch, an all-gather of the (b, s, h) activations before each
+column-parallel input projection (q / k / v, the MLP's gate / up or fc_in) and a reduce-scatter after each
+row-parallel output projection (o, down / fc_out), and their mirror images in backward (Korthikanti et al. 2022
+Sec 4.2.2). Both overlap mechanisms split the collective and the GEMM into chunks and pipeline them:
+- torch's micro-pipeline TP (torch/_inductor/fx_passes/micro_pipeline_tp.py @5f65158, enabled by torchtitan's
+  maybe_enable_async_tp, distributed/tensor_parallel.py 16-27 @e347b1e) fuses all-gather -> matmul and
+  matmul -> reduce-scatter into symmetric-memory pipelined ops;
+- TE's userbuffers (Megatron initialize.py 217-246 initialize_ub) overlap the same collectives with the same GEMMs.
+So each collective is hidden up to the time of the GEMMs it is paired with: forward, the projections it feeds or
+drains; backward, those projections' dgrad GEMMs (whose inputs / outputs are the backward collectives). A pair
+exposes max(0, collective - overlap_efficiency x GEMMs), the same efficiency the data-parallel overlap uses
+(dp_sync.py: a GEMM sharing the SMs with a collective runs a little slower). MoE blocks hide only the attention's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend.analytic.sharding import LocalParam
+from backend.analytic.steptime.collectives import collective_s, dim_tier
+from backend.analytic.steptime.compute import gemm_s
+from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.ops import float8_gemm_time
+from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
+from backend.analytic.traffic import compute_bytes, is_float8_weight
+
+OUTPUT_PROJECTIONS = ("attn.o.", "mlp.down.", "mlp.fc_out.")
+"""Row-parallel linears: a reduce-scatter follows them; every other block linear is fed by an all-gather."""
+
+
+@dataclass(frozen=True)
+class HiddenTp:
+    """Seconds of TP collectives hidden per block and microbatch, forward and backward."""
+
+    attention_fwd_s: float = 0.0
+    attention_bwd_s: float = 0.0
+    mlp_fwd_s: float = 0.0
+    mlp_bwd_s: float = 0.0
+
+    def per_layer(self, dense: bool) -> tuple[float, float]:
+        """(forward, backward) hidden seconds of one block: a MoE block only its attention's."""
+        if dense:
+            return self.attention_fwd_s + self.mlp_fwd_s, self.attention_bwd_s + self.mlp_bwd_s
+        return self.attention_fwd_s, self.attention_bwd_s
+
+
+def _linear_s(spec: Any, hw: Hardware, q: LocalParam, rows: int, fp8_gemms: str) -> tuple[float, float]:
+    """(forward, dgrad) seconds of one linear weight over `rows` tokens, as compute.weights_cost times them."""
+    n_out, k = q.local_shape
+    precision, cb = str(spec.train.precision), compute_bytes(spec.train.precision)
+    if precision == "fp8" and is_float8_weight(q):
+        if fp8_gemms == "transformer_engine":
+            return te_float8_gemm_time(hw, "fprop", rows, k, n_out), te_float8_gemm_time(hw, "dgrad", rows, n_out, k)
+        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k)
+    return gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision)
+
+
+def hidden_tp(spec: Any, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
+              fp8_gemms: str = "torchao") -> HiddenTp:
+    """The seconds of one block's SP collectives (module docstring) its GEMMs hide, per microbatch, on this rank
+    (`layer` names the block whose local weights are paired: blocks of one kind have the same shapes)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    rows = t.micro_batch * m.seq_len // p.cp
+    bsh = rows * m.d_model * compute_bytes(t.precision)
+    tier = dim_tier(spec, "tp", p.tp, gpus_per_node)
+    gather, scatter = (collective_s(hw, tier, kind, bsh, p.tp) for kind in ("all_gather", "reduce_scatter"))
+    eta = hw.tune.overlap_efficiency
+    prefix = f"layers.{layer}."
+    sides: dict[str, list[float]] = {"attn": [0.0, 0.0, 0.0, 0.0], "mlp": [0.0, 0.0, 0.0, 0.0]}
+    for q in params:
+        if not q.name.startswith(prefix) or len(q.local_shape) != 2 or q.is_expert:
+            continue
+        local = q.name[len(prefix):]
+        side = "attn" if local.startswith("attn.") else "mlp" if local.startswith("mlp.") else None
+        if side is None or ".shared" in local or ".router" in local or ".gate_proj" in local:
+            continue
+        fwd, dgrad = _linear_s(spec, hw, q, rows, fp8_gemms)
+        out = local.startswith(OUTPUT_PROJECTIONS)
+        acc = sides[side]
+        acc[2 if out else 0] += fwd
+        acc[3 if out else 1] += dgrad
+
+    def hide(acc: list[float]) -> tuple[float, float]:
+        fin, din, fout, dout = acc
+        # forward: gather -> input GEMMs, output GEMM -> scatter; backward: input dgrad -> scatter, gather -> output dgrad
+        fwd = min(gather, eta * fin) + min(scatter, eta * fout)
+        bwd = min(scatter, eta * din) + min(gather, eta * dout)
+        return fwd, bwd
+
+    a, b = hide(sides["attn"]), hide(sides["mlp"])
+    return HiddenTp(attention_fwd_s=a[0], attention_bwd_s=a[1], mlp_fwd_s=b[0], mlp_bwd_s=b[1])

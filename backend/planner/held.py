@@ -1,0 +1,90 @@
+"""What a plan holds fixed while it searches the layouts: the training settings every candidate trains with.
+
+The Plan page's controls and the CLI's flags set them, or an imported config (torchtitan, Megatron-LM, DeepSpeed)
+brings its own: its precision (fp8 with its recipe and float8 all-gather), its optimizer, and its recompute policy,
+which is searched besides the planner's own (planner/space.SEARCHED_RECOMPUTE) so that the imported layout itself is
+one of the candidates and ranks as it predicts when opened directly. The software stack (spec/stacks.py: its kernels,
+dtypes and overlaps, the stack's defaults or the settings a config or a person set) is held the same way: every planned
+spec carries it, so the step-time model times each layout as that stack runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from backend.recompute_policy import parse as parse_recompute
+from backend.spec.choices import Precision
+from backend.spec.stacks import SETTINGS as STACK_SETTINGS
+
+PRECISIONS = tuple(p.value for p in Precision)
+
+
+@dataclass(frozen=True)
+class HeldTraining:
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    recompute: str | None = None
+    """A recompute policy searched besides the planner's own (an imported config's: uniform:4, block:2, ...)."""
+    recompute_ops: tuple[str, ...] | None = None
+    """The ops `op` recompute saves (None: torchtitan's list)."""
+    fp8_recipe: str | None = None
+    fp8_all_gather: bool | None = None
+    source: str | None = None
+    """Where the settings come from, in words (an imported config), or None (the page's / the flags' choices)."""
+    stack: str = "shardlab"
+    """The stack every layout trains with (spec/stacks.py)."""
+    stack_settings: tuple[tuple[str, Any], ...] = ()
+    """The stack settings set on their own ((name, value) of spec/stacks.SETTINGS); the rest are the stack's defaults."""
+
+    @classmethod
+    def of_train(cls, train: dict[str, Any], *, precision: str | None = None, source: str | None = None) -> HeldTraining:
+        """The settings of a spec's `train` section (a dict, as import-config writes it); `precision` overrides."""
+        ops = train.get("recompute_ops")
+        return cls(precision=str(precision or train.get("precision") or "bf16-mixed"),
+                   optimizer=str(train.get("optimizer") or "adamw"), recompute=train.get("recompute"),
+                   recompute_ops=tuple(ops) if ops is not None else None,
+                   fp8_recipe=train.get("fp8_recipe"), fp8_all_gather=train.get("fp8_all_gather"), source=source,
+                   stack=str(train.get("stack") or "shardlab"),
+                   stack_settings=tuple((k, train[k]) for k in STACK_SETTINGS if train.get(k) is not None))
+
+    def with_stack(self, stack: str | None, settings: dict[str, Any] | None = None) -> HeldTraining:
+        """The same settings with another stack (None: keep) and these settings set on their own (added to, and
+        replacing, the held ones)."""
+        merged = {**dict(self.stack_settings), **{k: v for k, v in (settings or {}).items() if v is not None}}
+        return replace(self, stack=stack or self.stack,
+                       stack_settings=tuple((k, merged[k]) for k in STACK_SETTINGS if k in merged))
+
+    def extra_recompute(self) -> tuple[tuple[str, int], ...]:
+        """The held policy as (kind, K), for planner/space.enumerate_layouts (() when none is held)."""
+        return (parse_recompute(self.recompute),) if self.recompute else ()
+
+    def spec_train(self, recompute: str) -> dict[str, Any]:
+        """The train fields every planned config's spec carries beyond the layout's own (recompute_ops only with op)."""
+        out: dict[str, Any] = {}
+        if self.fp8_recipe is not None:
+            out["fp8_recipe"] = self.fp8_recipe
+        if self.fp8_all_gather is not None:
+            out["fp8_all_gather"] = self.fp8_all_gather
+        if self.recompute_ops is not None and recompute == "op":
+            out["recompute_ops"] = list(self.recompute_ops)
+        if self.stack != "shardlab":
+            out["stack"] = self.stack
+        out.update(dict(self.stack_settings))
+        return out
+
+    def words(self) -> str:
+        """The held settings, for the plan's notes."""
+        parts = [f"precision {self.precision}", f"optimizer {self.optimizer}"]
+        if self.precision == "fp8" and self.fp8_recipe:
+            parts.append(f"fp8 recipe {self.fp8_recipe}" + ("" if self.fp8_all_gather is None else
+                                                           f", float8 all-gather {'on' if self.fp8_all_gather else 'off'}"))
+        if self.recompute:
+            parts.append(f"recompute {self.recompute} searched besides the planner's policies")
+        parts.append(f"stack {self.stack}" + (" (" + ", ".join(f"{k} {_word(v)}" for k, v in self.stack_settings) + ")"
+                                               if self.stack_settings else ""))
+        return ", ".join(parts) + (f" (from {self.source})" if self.source else "")
+
+
+def _word(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)

@@ -1,0 +1,102 @@
+"""What a spec's stack settings contradict, and what this engine cannot run of them (pure Python; the types layer):
+the cross-field checks of the settings (`stack_problems`, part of checks.derive_and_check), the prediction-only
+reasons (`stack_blockers`, part of run_rules.blocking_reasons), and the two settings whose effect the prediction core
+reads without a device (`loss_parallel_on`, `megatron_distributed_optimizer`). The registry is stacks.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.spec.choices import Stack
+from backend.spec.stacks import SETTINGS, STACKS, resolve_stack
+
+
+def loss_parallel_on(spec: Any) -> bool:
+    """The loss runs on vocab-sharded logits (tp > 1 and the stack's loss_parallel): no device dependence."""
+    if spec.parallel.tp == 1:
+        return False
+    own = getattr(spec.train, "loss_parallel", None)
+    if own is not None:
+        return bool(own)
+    return bool(STACKS[Stack(getattr(spec.train, "stack", Stack.SHARDLAB))].defaults["loss_parallel"].of(spec, "gpu"))
+
+
+def megatron_distributed_optimizer(spec: Any) -> bool:
+    """Megatron-Core's zero1 is its DistributedOptimizer whatever the tp / pp degrees (reduce-scatter of the grad
+    buckets, all-gather of the params: distrib_optimizer.py), where this engine's dp-only zero1 is torch's
+    ZeroRedundancyOptimizer (all-reduce + broadcast)."""
+    return str(getattr(spec.train, "stack", "shardlab")) == "megatron" and spec.parallel.zero_stage == 1
+
+
+def stack_problems(spec: Any) -> list[str]:
+    """What a spec's stack settings contradict (its precision, its layout), with the values."""
+    t, p = spec.train, spec.parallel
+    problems = []
+    precision = str(t.precision)
+    allowed = {"fp32": ("fp32",), "bf16-mixed": ("fp32", "bf16"), "fp16-mixed": ("fp32", "fp16"),
+               "fp8": ("fp32", "bf16", "fp8")}[precision]
+    if t.param_dtype is not None and str(t.param_dtype) not in allowed:
+        problems.append(f"param_dtype={t.param_dtype} with precision={precision}: params of a {precision} run are kept "
+                        f"in {' or '.join(allowed)}")
+    if t.param_dtype == "none" or t.grad_reduce_dtype == "none":
+        problems.append("'none' is a master_dtype only (no separate master copy); params and gradients have a dtype")
+    if t.grad_reduce_dtype is not None and str(t.grad_reduce_dtype) in ("fp8",):
+        problems.append("grad_reduce_dtype=fp8: gradients are reduced in fp32, bf16 or fp16")
+    if t.master_dtype is not None and str(t.master_dtype) == "fp8":
+        problems.append("master_dtype=fp8: master weights are fp32, bf16 or none")
+    if t.tp_overlap and p.tp > 1 and not p.sequence_parallel:
+        problems.append(f"tp_overlap with tp={p.tp} needs sequence_parallel: it overlaps SP's all-gathers and "
+                        "reduce-scatters with the matmuls they feed (Megatron asserts --tp-comm-overlap needs "
+                        "--sequence-parallel, arguments.py 1441-1442; torch's async TP fuses all-gather -> matmul and "
+                        "matmul -> reduce-scatter)")
+    if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
+        problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
+    return problems
+
+
+ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False,),
+               "tp_overlap": (False,)}
+"""The values of the kernel and TP settings this engine runs (a CPU rank runs whatever attention the model names)."""
+TP_SETTINGS = ("loss_parallel", "tp_overlap")
+"""Settings that change nothing at tp = 1."""
+
+
+def stack_blockers(spec: Any) -> list[str]:
+    """Why this engine cannot run a spec's stack settings (prediction only): settings whose value the engine does not
+    run, and dtypes other than the engine's own for the layout."""
+    runs = "deepspeed" if str(getattr(spec, "framework", "torch")) == "deepspeed" else "shardlab"
+    if str(spec.train.stack) in ("shardlab", runs) and not any(getattr(spec.train, k) is not None for k in SETTINGS):
+        return []  # the default stack is what runs it here (framework=deepspeed: DeepSpeed's own engine)
+    runner = _Runner(spec)
+    r = resolve_stack(spec, "sm90")  # the device the stacks are built for: Hopper picks TE's cuDNN attention
+    engine = resolve_stack(runner, "sm90")
+    out = []
+    for name, runs in ENGINE_RUNS.items():
+        if name in TP_SETTINGS and spec.parallel.tp == 1:
+            continue  # nothing to shard or overlap over one tp rank
+        if r.values[name] not in runs:
+            out.append(f"{name}={_words(r.values[name])} ({r.set_by[name]}, stack {r.stack}): this engine runs "
+                       f"{' / '.join(_words(v) for v in runs)} only")
+    dtypes = [k for k in ("param_dtype", "grad_reduce_dtype", "master_dtype") if r.values[k] != engine.values[k]]
+    if dtypes:
+        out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
+                   + " where this engine keeps " + ", ".join(f"{engine.values[k]}" for k in dtypes)
+                   + " for this layout")
+    if out:  # the remedy once, after the last reason
+        out[-1] += (f" (stack {r.stack}: set stack {runner.train.stack} to run this layout on this engine)"
+                    if r.stack != runner.train.stack else "")
+    return out
+
+
+def _words(value: Any) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
+class _Runner:
+    """A spec's parts with the stack of what runs it here and no settings: ShardLab's engine, or DeepSpeed's for
+    framework=deepspeed (backend/frameworks/deepspeed keeps DeepSpeed's own dtypes)."""
+
+    def __init__(self, spec: Any):
+        self.model, self.parallel, self.framework = spec.model, spec.parallel, getattr(spec, "framework", "torch")
+        stack = Stack.DEEPSPEED if str(self.framework) == "deepspeed" else Stack.SHARDLAB
+        self.train = spec.train.model_copy(update={"stack": stack, **{k: None for k in SETTINGS}})

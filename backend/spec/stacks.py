@@ -1,0 +1,248 @@
+"""The software stacks a job trains with, one table per concept: each stack is ONE entry giving its default for every
+setting, with the source that default is read from (pure Python; the types layer).
+
+A spec names its stack (`train.stack`) and may set any setting on its own (`train.attention_kernel`, ...; None = the
+stack's default), so a person can describe their own mix. `resolve_stack(spec, device)` gives every setting as it
+resolves for that spec on that device class, and says for each whether the stack's default or the spec set it.
+The step-time model reads the resolved kernels and overlaps (backend/analytic/steptime/model.py); the memory model
+reads the dtypes and loss parallel; `estimate --json` prints the whole object as "stack".
+
+Pinned sources (docs/ and the research notes cite the same commits):
+- Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553, TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b;
+- torchtitan 9dec370ad26b5f8e9a7333a0e36165018262644b (the 2024-12 benchmark) and e347b1e5e6b6941d789d16d340145294d82dc71e
+  (the last TOML JobConfig);
+- DeepSpeed edaa7221267243c7be7fb49c5d5f5c4fb97b4641; pytorch 01d5c2cc8ac53ec6f45d10e2b90f7387df1f1ac4 (_fsdp_api.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from backend.spec.choices import AttentionKernel, Elementwise, Stack, StackDtype
+
+DEVICE_CLASSES = ("cpu", "gpu", "sm80", "sm90", "sm100", "cdna3")
+"""What a setting's default may depend on: CPU ranks, a GPU of unknown generation, Ampere, Hopper, Blackwell, AMD
+CDNA3 (hardware profiles carry theirs: steptime/hardware.py `Hardware.device_class`)."""
+SETTINGS = ("attention_kernel", "elementwise", "param_dtype", "grad_reduce_dtype", "master_dtype", "loss_parallel",
+            "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp")
+"""Every setting a stack gives a default for; each is a `train` field of the spec of the same name."""
+SPEC_DEFAULT = "stack default"
+SPEC_SET = "set in the spec"
+
+
+@dataclass(frozen=True)
+class Default:
+    """A stack's default for one setting: a value, or a rule over the spec and device class, and where it is read."""
+
+    value: Any
+    """The value, or a function (SpecParts, device class) -> value."""
+    source: str
+
+    def of(self, spec: Any, device: str) -> Any:
+        return self.value(spec, device) if callable(self.value) else self.value
+
+
+@dataclass(frozen=True)
+class StackEntry:
+    stack: Stack
+    what: str
+    defaults: dict[str, Default]
+
+
+def _by_device(cpu: str, gpu: str, hopper: str | None = None) -> Callable[[Any, str], str]:
+    """A kernel that depends on the device: CPU ranks, GPUs, and Hopper or newer (sm90, sm100) where it differs."""
+    def pick(spec: Any, device: str) -> str:
+        if device == "cpu":
+            return cpu
+        return hopper if hopper is not None and device in ("sm90", "sm100") else gpu
+    return pick
+
+
+def _half(spec: Any) -> str | None:
+    """The 16-bit compute dtype of a precision (fp8 keeps bf16 outside its float8 GEMMs), None in fp32."""
+    return {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8": "bf16"}.get(str(spec.train.precision))
+
+
+def _shardlab_params(spec: Any, device: str) -> str:
+    p = spec.parallel
+    half = _half(spec)
+    distributed_optimizer = p.zero_stage == 1 and (p.tp > 1 or p.pp > 1)
+    return half if half and distributed_optimizer else "fp32"
+
+
+def _master_if_half(params: Callable[[Any, str], str]) -> Callable[[Any, str], str]:
+    return lambda spec, device: "fp32" if params(spec, device) != "fp32" else "none"
+
+
+def _half_params(spec: Any, device: str) -> str:
+    return _half(spec) or "fp32"
+
+
+def _deepspeed_reduce(spec: Any, device: str) -> str:
+    return _half(spec) or "fp32"
+
+
+def _fsdp_only(spec: Any, device: str) -> bool:
+    return spec.parallel.zero_stage >= 2
+
+
+def _deepspeed_overlap(spec: Any, device: str) -> bool:
+    return spec.parallel.zero_stage == 3
+
+
+ENGINE = "backend/strategies (this engine)"
+STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
+    StackEntry(Stack.SHARDLAB, "ShardLab's own eager-torch engine (what a run here measures)", {
+        "attention_kernel": Default(_by_device("eager", "flash2"), "steptime/model.py step_time's default: the engine's "
+                                    "math attention on CPU ranks, torch SDPA's FlashAttention-2 backend on GPUs"),
+        "elementwise": Default("eager", "backend/models/gpt.py: one kernel per operator (no torch.compile, no fused "
+                               "kernels); CPU profiles time it with the accounting their probe fitted "
+                               "(steptime/compute.default_implementation)"),
+        "param_dtype": Default(_shardlab_params, f"{ENGINE}: autocast keeps fp32 params (ddp, zero1), FSDP2's "
+                               "MixedPrecisionPolicy shards fp32 params (zero2/3), the distributed optimizer (zero1 x "
+                               "tp/pp, strategies/distributed_optimizer.py) keeps 16-bit params"),
+        "grad_reduce_dtype": Default("fp32", f"{ENGINE}: autocast grads are fp32, FSDP2 reduce_dtype fp32, the "
+                                     "distributed optimizer's main-grad buffer fp32"),
+        "master_dtype": Default(_master_if_half(_shardlab_params), f"{ENGINE}: an fp32 master only where params are "
+                                "16-bit (the distributed optimizer)"),
+        "loss_parallel": Default(False, "strategies/tp.py: lm_head ColwiseParallel with Replicate output, the full "
+                                 "logits on every tp rank"),
+        "tp_overlap": Default(False, "strategies/tp.py: DTensor's TP collectives run before / after their matmuls"),
+        "grad_reduce_overlap": Default(True, "DDP's bucketed all-reduce overlaps backward (Li et al. 2020 Sec 3.2.3); "
+                                       "FSDP2 reduce-scatters and the distributed optimizer's bucket reduce-scatters "
+                                       "run behind backward"),
+        "param_gather_overlap": Default(_fsdp_only, "FSDP2 prefetches the next unit's all-gather (zero2/3); ZeRO-1's "
+                                        "broadcast and the distributed optimizer's all-gather follow the step"),
+        "pp_overlap": Default(False, "torch.distributed.pipelining's schedules wait on each send / recv"),
+        "optimizer_over_cp": Default(True, "engine/mesh.py: the 'dp' mesh dimension is dp x cp, so ZeRO / FSDP state "
+                                     "is sharded over both"),
+    }),
+    StackEntry(Stack.TORCHTITAN, "pytorch/torchtitan: FSDP2, DTensor TP with loss parallel, torch.compile, torchao "
+               "float8, async TP", {
+        "attention_kernel": Default(_by_device("eager", "flash2"), "torchtitan models/llama3 Attention calls "
+                                    "F.scaled_dot_product_attention: torch SDPA's FlashAttention-2 backend on GPUs"),
+        "elementwise": Default("eager", "torchtitan JobConfig compile.enable / training.compile: off by default "
+                               "(e347 job_config.py 722; 9dec370 config_manager.py 399-402)"),
+        "param_dtype": Default("fp32", "torchtitan parallelize.py apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, "
+                               "reduce_dtype=fp32); FSDP2 keeps the sharded params in their original fp32 (pytorch "
+                               "01d5c2c _fsdp_api.py MixedPrecisionPolicy docstring); without FSDP training runs fp32"),
+        "grad_reduce_dtype": Default("fp32", "training.mixed_precision_reduce, default float32 (e347 job_config.py "
+                                     "290; 9dec370 config_manager.py 389)"),
+        "master_dtype": Default("none", "FSDP2: 'the optimizer step uses the sharded parameter in the original dtype', "
+                                "no separate master copy (_fsdp_api.py MixedPrecisionPolicy)"),
+        "loss_parallel": Default(True, "torchtitan train.py 314-318: loss_parallel_enabled = tp_enabled and not "
+                                 "parallelism.disable_loss_parallel (default False); 9dec370 parallel_dims.py 119-120"),
+        "tp_overlap": Default(False, "parallelism.enable_async_tensor_parallel, default False (e347 job_config.py "
+                              "357; 9dec370 experimental.enable_async_tensor_parallel 288)"),
+        "grad_reduce_overlap": Default(True, "FSDP2 reduce-scatters each unit's grads on a separate stream behind "
+                                       "backward (Zhao et al. 2023 Sec 3.3)"),
+        "param_gather_overlap": Default(True, "FSDP2 prefetches the next unit's all-gather (torchtitan apply_fsdp)"),
+        "pp_overlap": Default(False, "torch.distributed.pipelining's schedules wait on each send / recv"),
+        "optimizer_over_cp": Default(True, "torchtitan parallel_dims.py 137: the FSDP mesh is dp_shard x cp"),
+    }),
+    StackEntry(Stack.MEGATRON, "Megatron-Core with Transformer Engine (Megatron-LM, NeMo)", {
+        "attention_kernel": Default(_by_device("eager", "flash2", hopper="cudnn"), "Megatron transformer_config.py "
+                                    "151: attention_backend auto; TE attention/dot_product_attention/utils.py "
+                                    "get_attention_backend 1647-1653 prefers FusedAttention (cuDNN) over flash-attn on "
+                                    "compute capability >= 9.0, flash-attn below"),
+        "elementwise": Default("fused", "Megatron arguments.py 2887-2905: masked-softmax, bias-dropout, RoPE, "
+                               "bias-SwiGLU / GeLU fusions on by default; TE LayerNormLinear fuses the norms "
+                               "(gpt_layer_specs.py get_gpt_layer_with_transformer_engine_submodules 180-340)"),
+        "param_dtype": Default(_half_params, "Megatron: --bf16 / --fp16 models hold 16-bit params "
+                               "(docs/user-guide/features/dist_optimizer.md table)"),
+        "grad_reduce_dtype": Default("fp32", "Megatron arguments.py 1204-1217 validate_args: bf16 forces "
+                                     "accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16; "
+                                     "param_and_grad_buffer.py group_params_for_buffers 924 (fp32 main-grad buffer)"),
+        "master_dtype": Default(_master_if_half(_half_params), "Megatron distrib_optimizer.py "
+                                "_build_model_and_main_param_groups 444 (fp32 shard of the main params); optimizer.py "
+                                "964-1012 without the distributed optimizer"),
+        "loss_parallel": Default(True, "Megatron tensor_parallel/cross_entropy.py VocabParallelCrossEntropy: the "
+                                 "output layer is column-parallel over the vocabulary and the loss runs on V/tp logits"),
+        "tp_overlap": Default(False, "Megatron model_parallel_config.py 265: tp_comm_overlap False (--tp-comm-overlap, "
+                              "needs --sequence-parallel, arguments.py 1441-1442)"),
+        "grad_reduce_overlap": Default(False, "Megatron arguments.py 3121: --overlap-grad-reduce, default False (one "
+                                       "bucket per buffer, reduced after backward: distributed_data_parallel.py "
+                                       "164-171)"),
+        "param_gather_overlap": Default(False, "Megatron arguments.py 3148: --overlap-param-gather, default False"),
+        "pp_overlap": Default(True, "Megatron arguments.py 3118: --no-overlap-p2p-communication clears "
+                              "overlap_p2p_comm, on by default (interleaved schedules)"),
+        "optimizer_over_cp": Default(True, "Megatron distributed_data_parallel.py 149 / optimizer/__init__.py "
+                                     "1204-1205: the distributed optimizer's group is intra_dp_cp_group (dp x cp)"),
+    }),
+    StackEntry(Stack.DEEPSPEED, "DeepSpeed's ZeRO engine around a torch model", {
+        "attention_kernel": Default(_by_device("eager", "flash2"), "DeepSpeed keeps the model's own attention: "
+                                    "ShardLab's GPT runs torch SDPA (FlashAttention-2 on GPUs)"),
+        "elementwise": Default("eager", "DeepSpeed does not fuse the model's element-wise operators"),
+        "param_dtype": Default(_half_params, "DeepSpeed bf16 / fp16: the module's params are 16-bit (engine.py "
+                               "1978-2021; zero/stage_1_and_2.py flat bit16 groups)"),
+        "grad_reduce_dtype": Default(_deepspeed_reduce, "DeepSpeed engine.py get_data_types: grad_accum_dtype "
+                                     "defaults to the model dtype"),
+        "master_dtype": Default(_master_if_half(_half_params), "DeepSpeed stage_1_and_2.py 490-509 "
+                                "single_partition_of_fp32_groups; bf16_optimizer.py 170-196"),
+        "loss_parallel": Default(False, "DeepSpeed runs the model's own loss on full logits"),
+        "tp_overlap": Default(False, "DeepSpeed AutoTP runs its all-reduces after the row-parallel matmuls"),
+        "grad_reduce_overlap": Default(_deepspeed_overlap, "DeepSpeed zero/config.py 383-385: overlap_comm None is "
+                                       "True only for stage 3"),
+        "param_gather_overlap": Default(_deepspeed_overlap, "DeepSpeed stage 3 prefetches parameters "
+                                        "(stage3_prefetch_bucket_size); stages 1-2 all-gather after the step"),
+        "pp_overlap": Default(False, "not modelled for DeepSpeed's pipeline engine"),
+        "optimizer_over_cp": Default(True, "DeepSpeed shards over its whole data-parallel group"),
+    }),
+)}
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    """Every setting of a spec's stack as it resolves on a device class."""
+
+    stack: Stack
+    device: str
+    values: dict[str, Any]
+    set_by: dict[str, str]
+    """SPEC_DEFAULT or SPEC_SET per setting."""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_default(self) -> bool:
+        """The shardlab stack with nothing set: what the model predicted before stacks existed."""
+        return self.stack == Stack.SHARDLAB and all(v == SPEC_DEFAULT for v in self.set_by.values())
+
+    @property
+    def fp8_gemms(self) -> str:
+        """Whose float8 GEMMs the stack runs under precision fp8: Transformer Engine's (Megatron) or torchao's."""
+        return "transformer_engine" if self.stack == Stack.MEGATRON else "torchao"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": str(self.stack), "what": STACKS[self.stack].what, "device": self.device,
+                "settings": {k: {"value": _plain(self.values[k]), "set_by": self.set_by[k], "source": self.sources[k]}
+                             for k in SETTINGS},
+                "derived": {"fp8_gemms": self.fp8_gemms}}
+
+
+def _plain(value: Any) -> Any:
+    return value.value if hasattr(value, "value") else value
+
+
+def resolve_stack(spec: Any, device: str = "gpu") -> ResolvedStack:
+    """Every setting of the spec's stack (spec: an ExperimentSpec or its parts: model, train, parallel) on `device`
+    (DEVICE_CLASSES): the spec's own value where it sets one, else the stack's default."""
+    if device not in DEVICE_CLASSES:
+        raise ValueError(f"device class {device!r}: expected one of {', '.join(DEVICE_CLASSES)}")
+    t = spec.train
+    entry = STACKS[Stack(t.stack)]
+    values, set_by, sources = {}, {}, {}
+    for name in SETTINGS:
+        own = getattr(t, name)
+        if own is not None:
+            values[name], set_by[name], sources[name] = _plain(own), SPEC_SET, f"train.{name}"
+        else:
+            d = entry.defaults[name]
+            values[name], set_by[name], sources[name] = _plain(d.of(spec, device)), SPEC_DEFAULT, d.source
+    return ResolvedStack(stack=entry.stack, device=device, values=values, set_by=set_by, sources=sources)
+
+
+STACK_CHOICES = tuple(s.value for s in Stack)
+KERNEL_CHOICES = tuple(k.value for k in AttentionKernel)
+ELEMENTWISE_CHOICES = tuple(e.value for e in Elementwise)
+DTYPE_CHOICES = tuple(d.value for d in StackDtype)

@@ -1,0 +1,47 @@
+"""Issue 34: `plan` searches within one stack and says which. The held training settings (planner/held.py) carry the
+stack and its settings into every planned spec, so each layout is timed as that stack runs it."""
+
+from __future__ import annotations
+
+import json
+
+from backend.analytic.steptime.hardware import get_hardware
+from backend.cli import main
+from backend.planner.held import HeldTraining
+from backend.planner.search import plan
+from backend.spec import ModelSpec
+
+MODEL = ModelSpec(vocab_size=32000, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_hidden=2816, seq_len=2048,
+                  norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", attention="flash")
+
+
+def _plan(held: HeldTraining):
+    return plan(MODEL, gpus=16, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=32, top=3, held=held)
+
+
+def test_plan_holds_the_stack_and_says_which():
+    mega = _plan(HeldTraining(stack="megatron"))
+    own = _plan(HeldTraining())
+    assert all(c["spec"]["train"]["stack"] == "megatron" for c in mega.configs)
+    assert all(not c["runnable"] and "stack megatron" in c["why_not"] for c in mega.configs)
+    assert any("stack megatron" in n for n in mega.notes) and any(n.endswith("stack shardlab") for n in own.notes)
+    assert all(c["runnable"] for c in own.configs) and "stack" not in own.configs[0]["spec"]["train"]
+    assert mega.configs[0]["step_time"]["step_s"] != own.configs[0]["step_time"]["step_s"]
+
+
+def test_held_settings_from_a_spec_and_on_their_own():
+    held = HeldTraining.of_train({"precision": "bf16-mixed", "stack": "torchtitan", "elementwise": "compiled"})
+    assert held.stack == "torchtitan" and dict(held.stack_settings) == {"elementwise": "compiled"}
+    held = held.with_stack("megatron", {"attention_kernel": "flash3"})
+    assert held.spec_train("none") == {"stack": "megatron", "attention_kernel": "flash3", "elementwise": "compiled"}
+    assert "stack megatron (attention_kernel flash3, elementwise compiled)" in held.words()
+
+
+def test_plan_cli_stack(capsys):
+    assert main(["plan", "--vocab", "32000", "--hidden", "1024", "--layers", "8", "--heads", "16", "--gpus", "16",
+                 "--global-batch", "32", "--seq", "2048", "--hardware", "h100-sxm", "--top", "2", "--stack", "torchtitan",
+                 "--compile", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(c["spec"]["train"]["stack"] == "torchtitan" and c["spec"]["train"]["elementwise"] == "compiled"
+               for c in out["configs"])
+    assert any("stack torchtitan (elementwise compiled)" in n for n in out["notes"])

@@ -1,0 +1,85 @@
+"""Issue 34 item 4: published evidence per stack. Each recipe row of the research notes (Sec 7: NeMo 24.07 and
+Megatron-Bridge performance summaries, Megatron-LM's H100 weak scaling, torchtitan's benchmark files) is its quoted
+configuration with the stack settings its source states, predicted through its spec alone (what `estimate` prints)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.published_gpu import published_rows, raw_rows
+from backend.importers.megatron_args import import_args
+from backend.spec import ExperimentSpec
+
+NEMO = [r for r in raw_rows() if r["id"].startswith("nemo2407-")]
+TITAN = [r for r in raw_rows() if r["id"].startswith("titan-")]
+
+
+def _cells(quote: str) -> list[str]:
+    return [c.strip() for c in quote.strip().strip("|").split("|")]
+
+
+@pytest.mark.parametrize("row", NEMO, ids=[r["id"] for r in NEMO])
+def test_nemo_rows_are_the_quoted_configs(row):
+    """| Model | #-GPUs | GBS | MBS | Sequence Length | TP | PP | CP | VP | Tokens / sec / GPU | ... |"""
+    c = _cells(row["quote"])
+    s = ExperimentSpec.for_prediction(published_row(row["id"]).spec)
+    p = s.parallel
+    assert (p.world_size, s.train.global_batch, s.train.micro_batch, s.model.seq_len, p.tp, p.pp, p.cp,
+            p.virtual_stages) == tuple(int(x) for x in c[1:9])
+    assert row["published"]["value"] == int(c[9]) and str(s.train.stack) == "megatron" and str(s.train.precision) == "fp8"
+
+
+def published_row(rid: str):
+    return next(r for r in published_rows() if r.id == rid)
+
+
+def test_torchtitan_rows_name_their_stack_settings():
+    """torch.compile rows are elementwise compiled, Float8 rows fp8, AsyncTP rows tp_overlap; the Grand Teton rows
+    run on the 96 GB / 500 W profile, with the published peak memory kept for the memory model."""
+    assert len(TITAN) >= 30
+    for row in TITAN:
+        t = row["spec"]["train"]
+        assert t["stack"] == "torchtitan", row["id"]
+        assert ("compile" in row["id"] or "asynctp" in row["id"] or "trainy" in row["id"] or "-t2-" in row["id"]
+                or "-t4-" in row["id"] or "-t5-" in row["id"] or "-t6-" in row["id"]) == (t.get("elementwise") == "compiled")
+        asynctp = ("async" in row["id"] and "vanilla" not in row["id"]) or "-t5-" in row["id"] or "-t6-" in row["id"]
+        assert asynctp == bool(t.get("tp_overlap")), row["id"]  # Tables 5 and 6 name "+ AsyncTP" in their headings
+        assert row["hardware"] == ("h200" if "trainy" in row["id"] else "h100-96gb-hbm2e-500w")
+    t4 = published_row("titan-202412-t4-70b-2d")
+    assert t4.memory_gib == 71.9 and t4.spec["parallel"]["tp"] == 8 and t4.spec["train"]["precision"] == "fp8"
+
+
+def test_grand_teton_profile_is_its_own():
+    gt, sxm = get_hardware("h100-96gb-hbm2e-500w"), get_hardware("h100-sxm")
+    assert gt.hbm_bytes_per_s == 2.4e12 and gt.memory_bytes == 96e9 and gt.device_class == "sm90"
+    assert "500W power limit" in gt.source and "2.4 TB/sec" in gt.source and gt.hbm_bytes_per_s < sxm.hbm_bytes_per_s
+
+
+def test_megatron_h100_rows_within_the_mean_target():
+    """Stack megatron on H100 (NeMo 24.07, Megatron-Bridge, Megatron-LM README rows): mean |error| <= 8%, the
+    issue's target (the worst row is not within 15%: benchmarks/published_gpu.py prints it)."""
+    errs = []
+    for r in published_rows():
+        if r.stack == "megatron" and r.hardware == "h100-sxm":
+            pred = step_time(ExperimentSpec.for_prediction(r.spec), get_hardware(r.hardware)).summary["step_s"]
+            errs.append(abs(pred - r.step_s) / r.step_s)
+    assert len(errs) >= 25 and statistics.mean(errs) <= 0.08, statistics.mean(errs)
+
+
+def test_the_issues_megatron_script_in_fp8_is_within_10pct_of_nemos_row():
+    """The only published number for the issue's recipe (Llama 3 8B, 8 H100, tp 1, pp 1, cp 2, mbs 1, gbs 128, seq 8192)
+    is NeMo 24.07's FP8 row: the imported script with --fp8-format hybrid is predicted within 10% of it. No BF16 number
+    is published for the script as given (research gap 1)."""
+    script = (Path(__file__).resolve().parents[1] / "fixtures" / "imports" / "megatron_llama31_8b_cp2.sh").read_text()
+    hw = get_hardware("h100-sxm")
+    fp8 = ExperimentSpec.for_prediction(import_args(script.rstrip() + " --fp8-format hybrid\n").spec)
+    bf16 = ExperimentSpec.for_prediction(import_args(script).spec)
+    published = published_row("nemo2407-h100-llama3-8b-g8").step_s
+    pred = step_time(fp8, hw).summary["step_s"]
+    assert abs(pred - published) / published <= 0.10, (pred, published)
+    assert step_time(bf16, hw).summary["step_s"] > pred
