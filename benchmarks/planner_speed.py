@@ -86,7 +86,7 @@ def main() -> None:
     print(f"  worst-rank memory one layout at a time (estimate.worst_rank_bytes): {len(sample) / w2:,.1f} layouts/s wall "
           f"({len(sample) / c2:,.1f} CPU)")
     idx = random.Random(0).sample(range(n), 25)
-    exact, w3, c3 = timed(lambda: [max(r.total_bytes for r in estimate(ExperimentSpec.for_prediction(
+    exact, w3, c3 = timed(lambda: [max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(
         layouts.take(i).spec_dict(LLAMA70B))).per_rank) for i in idx], repeats=1)
     print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
     rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]

@@ -20,7 +20,11 @@ HELP = {
                   "alltoall (one hop round the ring per block, hidden behind that block's attention)."),
     "cp load balance": ("Head-tail chunks: cp rank r holds chunks r and 2cp-1-r of the sequence, so causal attention "
                         "costs every rank the same; without it the last rank does (2cp-1)/cp of the average."),
-    "memory GiB": "Worst rank's memory at its fullest moment (GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB).",
+    "memory GiB": ("Worst rank's memory at its fullest moment, the number New experiment's fit check and `estimate` give "
+                   "(GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB)."),
+    "fullest at": ("Which moment of the step is the worst rank's fullest: the end of forward (activation peak), the start "
+                   "of the loss's backward, inside backward (the re-run block with its gradients; FSDP's gathered "
+                   "parameters and reduce-scatter buffers) or optimizer.step."),
     "step s": "Predicted seconds per optimizer step on the slowest rank.",
     "step s (low)": "Low end of the predicted interval (the calibration's spread of errors; ±20% without a calibration).",
     "step s (high)": "High end of the predicted interval (the calibration's spread of errors; ±20% without a calibration).",

@@ -143,13 +143,19 @@ def search_label(name: str, model: ModelSpec | None, *, gpus: int, hardware: str
     return f"{name}, seq {model.seq_len}, on {gpus} × {hardware}{mem}, global batch {global_batch}"
 
 
+MOMENT_LABEL = {"activation_peak": "end of forward", "optimizer_step": "optimizer.step",
+                "loss_backward": "loss's backward", "backward": "inside backward"}
+"""RankEstimate.moments keys as the Plan table shows them (column "fullest at")."""
+
+
 def results_frame(p: Plan) -> pd.DataFrame:
     """One row per layout; the column names are glossary.HELP keys (the page shows each as a tooltip)."""
     rows = []
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], **{d: par.get(d, 1) for d in dims.degree_names(dims.DIMS)},
-                     "memory GiB": c["mem_bytes_max"] / GiB, "step s": t["step_s"],
+                     "memory GiB": c["mem_bytes_max"] / GiB, "fullest at": MOMENT_LABEL.get(c.get("fullest_moment"), "–"),
+                     "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
                      "runs": "yes" if c.get("runnable", True) else "prediction only",
                      "micro-batch": s["train"]["micro_batch"], "recompute": s["train"]["recompute"],
@@ -198,7 +204,7 @@ def pareto_fig(p: Plan) -> go.Figure:
         fig.add_scatter(name="Pareto front", mode="lines", x=[c["step_time"]["step_s"] for c in front],
                         y=[c["mem_bytes_max"] / GiB for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
     fig.update_layout(title="Memory vs predicted step time (layouts that fit)", xaxis_title="step time (s)",
-                      yaxis_title="worst-rank memory (GiB)", **LAYOUT)
+                      yaxis_title="worst rank at its fullest moment (GiB)", **LAYOUT)
     return fig
 
 

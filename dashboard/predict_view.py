@@ -43,6 +43,11 @@ def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:
         for c in CATEGORIES:
             row[c] = float(_get(r, c, 0) or 0)
         row["total_bytes"] = float(_get(r, "total_bytes", None) or sum(row[c] for c in CATEGORIES))
+        fullest = _get(r, "fullest_bytes", None)
+        if callable(fullest):  # a RankEstimate: its own fullest moment (never recomputed here)
+            row["fullest_bytes"], row["fullest_moment"] = float(fullest()), r.fullest_moment()
+        elif fullest is not None:  # its JSON form
+            row["fullest_bytes"], row["fullest_moment"] = float(fullest), str(_get(r, "fullest_moment", "activation_peak"))
         rows.append(row)
     return rows
 
@@ -76,10 +81,18 @@ class Fit:
     device_bytes: float
     overhead: dict[str, float] | None = None
     """CUDA only: the runtime allowance included in worst_bytes (analytic/device.runtime_overhead_bytes)."""
-    optimizer_step: bool = False
-    """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
-    loss_backward: bool = False
-    """The fullest moment is the start of the loss's backward (the log-probs' and logits' fp32 gradients)."""
+    moment: str = "activation_peak"
+    """Which of RankEstimate.moments is the fullest rank's fullest (RankEstimate.fullest_moment)."""
+
+    @property
+    def optimizer_step(self) -> bool:
+        """The fullest moment is inside optimizer.step (its foreach temporaries), not the activation peak."""
+        return self.moment == "optimizer_step"
+
+    @property
+    def loss_backward(self) -> bool:
+        """The fullest moment is the start of the loss's backward (the log-probs' and logits' fp32 gradients)."""
+        return self.moment == "loss_backward"
 
     def message(self) -> str:
         need = fmt_bytes(self.worst_bytes)
@@ -92,9 +105,7 @@ class Fit:
                 f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}){why}.")
 
     def _breakdown(self) -> str:
-        parts = ["at optimizer.step (foreach temporaries)"] if self.optimizer_step else []
-        if self.loss_backward:
-            parts.append("at the start of the loss's backward (fp32 gradients of the log-probs and logits)")
+        parts = [MOMENT_WHY[self.moment]] if self.moment in MOMENT_WHY else []
         o = self.overhead or {}
         if o.get("total"):
             parts.append(f"incl. CUDA context {fmt_bytes(o['cuda_context'])}, NCCL buffers {fmt_bytes(o['nccl_buffers'])}, "
@@ -103,13 +114,22 @@ class Fit:
         return f"; {'; '.join(parts)}" if parts else ""
 
 
+MOMENT_WHY = {
+    "optimizer_step": "at optimizer.step (foreach temporaries)",
+    "loss_backward": "at the start of the loss's backward (fp32 gradients of the log-probs and logits)",
+    "backward": "inside backward (the block being back-propagated re-materialised with its gradients; under FSDP the "
+                "gathered parameters, unsharded gradients and reduce-scatter buffer)",
+}
+"""What holds the memory at each non-default fullest moment (RankEstimate.moments), for the fit message."""
+
+
 def _need(r: dict[str, Any]) -> tuple[float, str]:
-    """(bytes the rank needs at its fullest moment incl. the runtime allowance, which moment: RankEstimate.moments)."""
-    moments = {"activation_peak": float(r["total_bytes"]),
-               "optimizer_step": float(r.get("optimizer_step_bytes", 0.0) or 0.0),
-               "loss_backward": float(r.get("loss_backward_bytes", 0.0) or 0.0)}
-    moment = max(moments, key=moments.__getitem__)
-    return moments[moment] + float((r.get("overhead") or {}).get("total", 0.0)), moment
+    """(bytes the rank needs at its fullest moment incl. the runtime allowance, which moment): the estimate's own
+    `fullest_bytes` / `fullest_moment` of the rank (rank_rows), never recomputed here."""
+    fullest = r.get("fullest_bytes")
+    base, moment = (float(fullest), str(r.get("fullest_moment"))) if fullest is not None else \
+        (float(r["total_bytes"]), "activation_peak")
+    return base + float((r.get("overhead") or {}).get("total", 0.0)), moment
 
 
 def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
@@ -117,8 +137,7 @@ def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
         return Fit(True, 0, 0.0, device_mem_bytes)
     worst = max(rows, key=lambda r: _need(r)[0])
     need, moment = _need(worst)
-    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"),
-               optimizer_step=moment == "optimizer_step", loss_backward=moment == "loss_backward")
+    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"), moment=moment)
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
@@ -191,9 +210,6 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     shown = shown_ranks(est)
     rows = rank_rows(shown)
     for row, r in zip(rows, shown):
-        moments = r.moments()
-        row["optimizer_step_bytes"] = float(moments["optimizer_step"])
-        row["loss_backward_bytes"] = float(moments["loss_backward"])
         row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
     return est, rows
 

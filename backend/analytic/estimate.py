@@ -13,14 +13,12 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from backend.analytic.device import CUDA, device_notes, with_device
+from backend.analytic.device import device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
-from backend.analytic.dp_buckets import bucket_groups
-from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.params import count_params, param_list
 from backend.analytic.recompute_cost import flops_rerun
@@ -54,8 +52,14 @@ class RankEstimate:
     optimizer_temp_bytes: int = 0
     """Transient bytes inside optimizer.step (not in total_bytes: the step runs after activations are freed)."""
     loss_backward_temp_bytes: int = 0
-    """What the start of the loss's backward holds beyond total_bytes (the log-probs' and logits' fp32 gradients,
-    activations.loss_backward_extra_bytes), on the rank with the loss; 0 elsewhere."""
+    """What the start of the loss's backward adds to the end of forward + loss (the log-probs' and logits' fp32
+    gradients, activations.loss_backward_extra_bytes), on the rank with the loss; 0 elsewhere."""
+    loss_backward_bytes: int = 0
+    """Total bytes at the start of the loss's backward (the end of forward + loss_backward_temp_bytes; under
+    recompute the activation peak is later, in backward), on the rank with the loss; 0 elsewhere."""
+    backward_bytes: int = 0
+    """Total bytes at the fullest moment inside backward: the working block re-materialised with its backward's
+    tensors, FSDP2's gathered parameters, unsharded gradients and reduce-scatter input (memory/backward_moment.py)."""
     comm_bytes: dict[str, float] = field(default_factory=dict)
     """Payload bytes per step per collective (size of the buffers handed to it)."""
     comm_wire_bytes: dict[str, float] = field(default_factory=dict)
@@ -63,27 +67,35 @@ class RankEstimate:
 
     def moments(self) -> dict[str, int]:
         """Bytes at each moment that can be this rank's fullest: the activation peak (total_bytes), inside
-        optimizer.step (activations freed, the update's temporaries alive), the start of the loss's backward."""
+        optimizer.step (activations freed, the update's temporaries alive), the start of the loss's backward, the
+        fullest moment inside backward."""
         return {"activation_peak": self.total_bytes,
                 "optimizer_step": self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes,
-                "loss_backward": self.total_bytes + self.loss_backward_temp_bytes}
+                "loss_backward": self.loss_backward_bytes, "backward": self.backward_bytes}
 
     def fullest_bytes(self) -> int:
         """The "fits" check's need before the runtime allowance: the largest of `moments`."""
         return max(self.moments().values())
 
+    def fullest_moment(self) -> str:
+        """Which of `moments` is the fullest (the first of equals, in `moments` order)."""
+        moments = self.moments()
+        return max(moments, key=moments.__getitem__)
+
     def to_dict(self) -> dict[str, Any]:
-        """dataclasses.asdict's result, built directly (a page of a million-rank estimate prints 1,024 of these)."""
+        """dataclasses.asdict's result, built directly (a page of a million-rank estimate prints 1,024 of these), with
+        `fullest_bytes` and `fullest_moment`."""
         out = {f: getattr(self, f) for f in _RANK_FIELDS}
         for f in ("coords", "comm_bytes", "comm_wire_bytes"):
             out[f] = dict(out[f])
         out["stages"], out["layers"] = list(self.stages), list(self.layers)
+        out["fullest_bytes"], out["fullest_moment"] = self.fullest_bytes(), self.fullest_moment()
         return out
 
 
 _RANK_FIELDS = ("rank", "coords", "stages", "layers", "params_count", "params_bytes", "grads_bytes", "optimizer_bytes",
                 "activations_bytes", "other_bytes", "total_bytes", "optimizer_temp_bytes", "loss_backward_temp_bytes",
-                "comm_bytes", "comm_wire_bytes")
+                "loss_backward_bytes", "backward_bytes", "comm_bytes", "comm_wire_bytes")
 
 
 def estimate_rank(spec: Any, rank: int) -> RankEstimate:
@@ -98,19 +110,10 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
                      params_count=memory.parts.total("real_numel" if fsdp else "local_numel"),
                      params_bytes=memory.params_bytes, grads_bytes=memory.grads_bytes,
                      optimizer_bytes=memory.optimizer_bytes, activations_bytes=memory.activations_bytes,
-                     other_bytes=memory.other_bytes, total_bytes=memory.total_bytes)
+                     other_bytes=memory.other_bytes, total_bytes=memory.total_bytes,
+                     loss_backward_bytes=int(memory.loss_backward_bytes), backward_bytes=int(memory.backward_bytes))
     params = local_params(spec, rank)
-    cuda = layout.device == CUDA
-    if layout.distributed_optimizer:  # one fp32 tensor per bucket: this rank's slice
-        edp = p.dp_cp // p.ep if p.ep > 1 else None  # ep: the experts' buckets shard over edp
-        shards = [n // g for n, g in bucket_groups(params, p.dp, edp)]
-        r.optimizer_temp_bytes = step_temp_bytes(shards, layout.optimizer, foreach=cuda)
-    elif p.zero_stage == ZeroStage.ZERO1:
-        r.optimizer_temp_bytes = zero1_shares_of(spec.model, layout, position, memory.parts).bytes(
-            position.dp_index, layout.optimizer, layout.device)[1]
-    else:
-        elements = [q.real_numel if fsdp else q.local_numel for q in params]  # in the local optimizer's order
-        r.optimizer_temp_bytes = step_temp_bytes(elements, layout.optimizer, foreach=cuda)
+    r.optimizer_temp_bytes = int(memory.optimizer_temp_bytes)  # memory/optimizer_step.py: the local optimizer's order
     if layout.n_stages - 1 in stages:
         r.loss_backward_temp_bytes = int(loss_backward_extra_bytes(
             s=spec.model.seq_len, b=layout.micro_batch, vocab=spec.model.vocab_size, dtype_bytes=layout.compute_bytes,
@@ -138,6 +141,9 @@ class ClassEstimate:
             r.optimizer_bytes, r.optimizer_temp_bytes = self.zero1_shares.bytes(
                 spec.parallel.data_parallel_index(rank), str(spec.train.optimizer), str(spec.runtime.device))
             r.total_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.activations_bytes + r.other_bytes
+            shift = r.optimizer_bytes - d.optimizer_bytes  # the other moments hold the same optimizer state
+            r.backward_bytes += shift
+            r.loss_backward_bytes += shift if r.loss_backward_bytes else 0
         return r
 
     def distinct(self, spec: Any) -> list[tuple[RankEstimate, int]]:
@@ -218,8 +224,9 @@ class Estimate:
         return [x for c in self.rank_classes for x in c.distinct(self.spec)]
 
     def worst(self, key: Any = None) -> RankEstimate:
-        """The fullest rank (by total_bytes, or by `key`), the lowest-numbered among equals."""
-        key = key or (lambda r: r.total_bytes)
+        """The fullest rank (by its fullest moment, `RankEstimate.fullest_bytes`, or by `key`), the lowest-numbered
+        among equals."""
+        key = key or (lambda r: r.fullest_bytes())
         return max((r for r, _ in self.distinct_ranks), key=lambda r: (key(r), -r.rank))
 
     def to_dict(self, *, offset: int = 0, max_ranks: int | None = None) -> dict[str, Any]:
@@ -287,9 +294,10 @@ def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, opt
 
 
 def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
-    """(total bytes, breakdown) of the fullest rank of a spec's layout, from memory/rank_memory.worst_rank_memory: the
-    rank at tp / dp / ep index 0 of the pipeline rank that peaks, with ZeRO-1's largest optimizer share (the
-    planner's confirmation of what it reports; `rank` is that pipeline rank's first rank)."""
+    """(bytes at its fullest moment, breakdown at its activation peak) of the fullest rank of a spec's layout, from
+    memory/rank_memory.worst_rank_memory: the rank at tp / dp / ep index 0 of the pipeline rank that peaks, with ZeRO-1's
+    largest optimizer share (the planner's confirmation of what it reports; `rank` is that pipeline rank's first
+    rank, its `moments` those of that position)."""
     p = spec.parallel
     layout = Layout.of(spec)
     total, pp_rank = worst_rank_memory(spec.model, layout)
@@ -301,4 +309,7 @@ def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
                                     params_count=memory.parts.total("real_numel" if fsdp else "local_numel"),
                                     params_bytes=memory.params_bytes, grads_bytes=memory.grads_bytes,
                                     optimizer_bytes=memory.optimizer_bytes, activations_bytes=memory.activations_bytes,
-                                    other_bytes=memory.other_bytes, total_bytes=memory.total_bytes)
+                                    other_bytes=memory.other_bytes, total_bytes=memory.total_bytes,
+                                    optimizer_temp_bytes=int(memory.optimizer_temp_bytes),
+                                    loss_backward_bytes=int(memory.loss_backward_bytes),
+                                    backward_bytes=int(memory.backward_bytes))

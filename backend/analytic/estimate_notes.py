@@ -45,6 +45,10 @@ def estimate_notes(spec: Any) -> list[str]:
                      "(predicted_given_routing)")
     if p.cp > 1:
         notes.append(cp_note(spec))
+    if str(t.recompute) == "op":
+        why = op_policy_note(spec)
+        if why:
+            notes.append(why)
     if Layout.of(spec).uses_replicate and p.tp > 1 and spec.train.microbatches > 1:
         notes.append("DDP x TP: every microbatch's forward reaches the same activation bytes (to a few bytes); the "
                      "peak is predicted at the last one, after earlier no-sync backwards accumulated unsharded "
@@ -58,6 +62,28 @@ def estimate_notes(spec: Any) -> list[str]:
                      "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "
                      "are fewer peaks at the loss instead and measures only the sharded storage")
     return notes
+
+
+def op_policy_note(spec: Any) -> str | None:
+    """Why `recompute op` keeps exactly what `full` keeps, when it does (None otherwise): its policy saves the outputs
+    of the listed ops (torchtitan b39377f9f, torchtitan/distributed/activation_checkpoint.py `_apply_op_sac`, the list
+    in torchtitan/models/llama3/infra/parallelize.py `_op_sac_save_list`): aten.mm (every second one), the SDPA kernels
+    (flash / efficient / cudnn; `_scaled_dot_product_attention_math` is a CompositeImplicitAutograd op, decomposed
+    before the policy's dispatch mode sees it), reduce-scatter, max. This model's math attention runs matmul /
+    softmax (aten.bmm), and a Linear with a bias runs aten.addmm, neither listed."""
+    from backend.analytic.memory.activations import LayerShape, op_sac_saved_bytes
+
+    shape = LayerShape.of_spec(spec)
+    if op_sac_saved_bytes(shape):
+        return None
+    linears = "every block Linear has a bias (aten.addmm)" if str(spec.model.bias) == "all" else \
+        "its Linears without a bias run aten.mm, but none is saved here"
+    return (f"recompute op = full here, to the byte: op-level SAC saves the outputs of {', '.join(spec.train.sac_ops)} "
+            f"(every second aten.mm), and this model saves none of them: {linears} and math attention runs "
+            "matmul / softmax (aten.bmm), while torchtitan's Llama has no Linear bias and its SDPA attention (flash, "
+            "efficient, cudnn) is saved; math SDPA decomposes before the policy sees it (torchtitan "
+            "torchtitan/distributed/activation_checkpoint.py `_apply_op_sac` at b39377f9f). To keep more, list "
+            "aten.addmm.default / aten.bmm.default in recompute_ops or use flash attention")
 
 
 def cp_note(spec: Any) -> str:

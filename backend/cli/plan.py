@@ -2,7 +2,8 @@
 
   python -m backend plan --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 \\
       --gpus 1024 --gpus-per-node 8 --hardware h100-sxm --global-batch 1024 --seq 4096 --top 5
-  python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max", "step_time"}]}
+  python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max",
+                                        #   "fullest_moment", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with TP/PP =
@@ -190,12 +191,14 @@ def run(args: argparse.Namespace) -> int:
                                      if held.stack_settings else ""))
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
-    print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GiB':>7} {'step s':>8} {'MFU':>6} runs")
+    print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GiB':>7} "
+          f"{'fullest at':<15} {'step s':>8} {'MFU':>6} runs")
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]
         print(f"{i:>2} {s['name'][5:]:<40} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
               f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
-              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 2**30:>7.1f} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
+              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 2**30:>7.1f} "
+              f"{c['fullest_moment']:<15} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
               f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
     if text := why_text(res.configs, why):
         print(text)

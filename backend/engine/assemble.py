@@ -122,7 +122,7 @@ def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:
                                high_water=mem.get("high_water", {}))
     predicted = MemoryBreakdown(params_bytes=pred.params_bytes, grads_bytes=pred.grads_bytes,
                                 optimizer_bytes=pred.optimizer_bytes, activations_bytes=pred.activations_bytes,
-                                other_bytes=pred.other_bytes, peak_bytes=pred.total_bytes)
+                                other_bytes=pred.other_bytes, peak_bytes=pred.fullest_bytes())  # the fullest moment
     errs = {k: error_pct(getattr(measured, k), getattr(predicted, k)) for k in MEMORY_CATEGORIES}
     errs["peak_bytes"] = error_pct(measured.peak_bytes, predicted.peak_bytes)
     return RankResult(

@@ -80,15 +80,14 @@ def memory_fit(spec: Any, result: RunResult, device_bytes: float | None) -> dict
 
     rows = estimate(spec, device=str(spec.runtime.device)).per_rank
     worst: dict[str, Any] = {}
-    for r in rows:  # the fullest moment: the activation peak, optimizer.step, the start of the loss's backward
-        moments = r.moments()
-        fullest = max(moments, key=moments.__getitem__)
-        overhead = runtime_overhead_bytes(spec, moments[fullest])
-        need = moments[fullest] + overhead["total"]
+    for r in rows:  # the estimate's own fullest moment of each rank (RankEstimate.fullest_bytes / fullest_moment)
+        fullest, moment = r.fullest_bytes(), r.fullest_moment()
+        overhead = runtime_overhead_bytes(spec, fullest)
+        need = fullest + overhead["total"]
         if need > worst.get("need_bytes", -1):
-            worst = {"rank": r.rank, "need_bytes": need, "reserve_bytes": overhead, "moment": fullest,
-                     "at_optimizer_step": fullest == "optimizer_step", "predicted_peak_bytes": r.total_bytes,
-                     "predicted_fullest_bytes": moments[fullest]}
+            worst = {"rank": r.rank, "need_bytes": need, "reserve_bytes": overhead, "moment": moment,
+                     "at_optimizer_step": moment == "optimizer_step", "predicted_peak_bytes": r.total_bytes,
+                     "predicted_fullest_bytes": fullest}
     alloc = max((r.cuda_max_allocated_bytes or 0 for r in result.per_rank), default=0) or None
     reserved = max((r.cuda_max_reserved_bytes or 0 for r in result.per_rank), default=0) or None
     fits = bool(device_bytes) and worst.get("need_bytes", 0) <= device_bytes

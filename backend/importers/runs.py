@@ -131,7 +131,7 @@ def _rank(rank: int, predicted, measured: Measured) -> RankResult:
     mem = measured.memory.get(rank, {})
     pred = MemoryBreakdown(params_bytes=predicted.params_bytes, grads_bytes=predicted.grads_bytes,
                            optimizer_bytes=predicted.optimizer_bytes, activations_bytes=predicted.activations_bytes,
-                           other_bytes=predicted.other_bytes, peak_bytes=predicted.total_bytes)
+                           other_bytes=predicted.other_bytes, peak_bytes=predicted.fullest_bytes())
     allocated = mem.get("allocated_bytes")
     return RankResult(rank=rank, predicted=pred, step_s=measured.per_rank_step_s.get(rank, []),
                       cuda_max_allocated_bytes=allocated, cuda_max_reserved_bytes=mem.get("reserved_bytes"),

@@ -3,7 +3,8 @@ analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of anal
 that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
 ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
-Fits = worst-rank bytes + reserve <= device memory. The reserve (RESERVE_DOC) covers what the estimator does
+Fits = the worst rank's bytes at its fullest moment (the activation peak, optimizer.step, the start of the loss's
+backward or inside backward: `estimate`'s RankEstimate.fullest_bytes, the same number) + reserve <= device memory. The reserve (RESERVE_DOC) covers what the estimator does
 not count on a GPU: the CUDA context, NCCL's buffers and allocator fragmentation.
 """
 
@@ -200,8 +201,8 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         worst, rank = worst_rank_bytes(spec)  # the same core on this layout alone
         if abs(worst - memory[i]) > 0.005 * worst:
             mismatch.append(f"{data['name']}: array path {memory[i]:.0f} B vs one layout {worst} B")
-        configs.append({"spec": data, "mem_bytes_max": int(worst), "step_time": st,
-                        "strategy": ZERO_STAGE_NAMES[int(layouts.zero_stage[i])],
+        configs.append({"spec": data, "mem_bytes_max": int(worst), "fullest_moment": rank.fullest_moment(),
+                        "step_time": st, "strategy": ZERO_STAGE_NAMES[int(layouts.zero_stage[i])],
                         "worst_rank": rank.rank, "fits_exact": worst <= budget,
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                                           "activations_bytes", "other_bytes")}})

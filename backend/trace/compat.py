@@ -111,6 +111,22 @@ def init_fake_pg(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
 
 
+def leave_fake_pg() -> None:
+    """End a traced rank's fake world so the next spec can be traced in the same process: destroy the fake process
+    group and clear DTensor's sharding-propagation caches, whose entries hold the old DeviceMesh (a new mesh of the
+    same shape compares equal and would resolve the destroyed groups' names:
+    torch/distributed/tensor/_sharding_prop.py `propagate_op_sharding` (a LocalLRUCache), `_propagate_tensor_meta_cached`,
+    and the C++ fast path's cache, `torch._C._clear_DTensor_sharding_propagator_cache`)."""
+    from torch.distributed.tensor import DTensor
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's copy of the same
+
+
 def to_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     return mode.from_tensor(t)
 

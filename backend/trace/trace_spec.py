@@ -5,7 +5,8 @@
   {"status": "ok"|"failed"|"unsupported", "error", "spec", "per_rank": [{"rank", "coords", "traced": {...},
    "predicted": {...}, "error_pct": {...}, "seconds", "max_rss_bytes"}], "seconds", "notes", "kind": "traced"}
 with traced/predicted keys params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes
-(plus other_bytes).
+(plus other_bytes). The traced peak_bytes is the tracker's peak over the whole step; the predicted one is the
+estimate's fullest moment (RankEstimate.fullest_bytes), and "predicted_moment" says which moment that is.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def predicted_for(spec: ExperimentSpec, device: str | None = None) -> dict[int, 
 
     return {r.rank: {"params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
                      "optimizer_bytes": r.optimizer_bytes, "activations_bytes": r.activations_bytes,
-                     "other_bytes": r.other_bytes, "peak_bytes": r.total_bytes}
+                     "other_bytes": r.other_bytes, "peak_bytes": r.fullest_bytes(), "fullest_moment": r.fullest_moment()}
             for r in estimate(spec, device=device).per_rank}
 
 
@@ -108,9 +109,12 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
     return assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0)
 
 
-def _rank_row(out: dict[str, Any], pred: dict[str, int]) -> dict[str, Any]:
+def _rank_row(out: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
     traced = out["traced"]
+    pred = dict(pred)
+    moment = pred.pop("fullest_moment", None)
     return {"rank": out["rank"], "coords": out.get("coords", {}), "traced": traced, "predicted": pred,
+            "predicted_moment": moment,
             "error_pct": error_pct(traced, pred), "seconds": out.get("seconds", {}),
             "max_rss_bytes": out.get("max_rss_bytes"), "memory": out.get("memory", {}),
             "strategy_module": out.get("strategy_module")}

@@ -29,7 +29,7 @@ def _plan_columns() -> dict:
     formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
                "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
     cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
-    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("schedule", "virtual stages", "sequence parallel", "runs",
+    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs",
                                                                        "extrapolation")})
     return cols
 

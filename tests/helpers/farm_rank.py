@@ -61,31 +61,14 @@ def trace(payload: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _trace_rank(spec_path: Path, rank: int, out: Path, timeout_s: float, device: str) -> dict[str, Any]:
+    from backend.trace.compat import leave_fake_pg
     from backend.trace.rank import main
 
     try:
         main(["--spec", str(spec_path), "--rank", str(rank), "--out", str(out), "--device", device])
     finally:
-        _leave_fake_world()
+        leave_fake_pg()  # the next spec is traced in this process
     return json.loads(out.read_text())
-
-
-def _leave_fake_world() -> None:
-    """End a traced rank's fake world so the next one can be traced in this process: destroy the fake process group
-    and clear DTensor's sharding-propagation caches, whose entries hold the old DeviceMesh (a later mesh of the same
-    shape compares equal and resolves the destroyed groups' names: "Could not resolve the process group registered
-    under the name 7" on a cp x tp trace after others; torch/distributed/tensor/_sharding_prop.py). The same as
-    backend.trace.compat.leave_fake_pg on branch i32fit, which this should call once that is merged."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.propagate_op_sharding.cache_clear()
-    propagator._propagate_tensor_meta_cached.cache_clear()
-    torch._C._clear_DTensor_sharding_propagator_cache()
 
 
 def selftest(payload: dict[str, Any], out: Path) -> int:

@@ -98,6 +98,6 @@ def test_planner_searches_cp_and_its_arrays_agree_with_one_layout():
     for i in random.Random(5).sample(with_cp, 150):
         spec = ExperimentSpec.for_prediction(layouts.take(i).spec_dict(model))
         assert spec.parallel.cp == layouts.cp[i]
-        assert fast[i] == worst_rank_bytes(spec)[0] == max(r.total_bytes for r, _ in estimate(spec).distinct_ranks)
+        assert fast[i] == worst_rank_bytes(spec)[0] == max(r.fullest_bytes() for r, _ in estimate(spec).distinct_ranks)
     math = ModelSpec(**{**SMALL, "attention": "math"})
     assert set(enumerate_layouts(math, gpus=16, gpus_per_node=8, global_batch=16).cp.tolist()) == {1}

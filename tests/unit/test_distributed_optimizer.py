@@ -20,9 +20,15 @@ from tests.helpers.specs import tiny
 MODEL = {"vocab_size": 128, "d_model": 64, "n_layers": 2, "n_heads": 4, "seq_len": 32}
 
 
-def _spec(precision: str, **parallel) -> ExperimentSpec:
-    return ExperimentSpec.model_validate({"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2,
-                                                                     "precision": precision},
+MEGATRON = {"stack": "megatron", "attention_kernel": "flash2", "elementwise": "eager"}
+"""Megatron-Core's memory layout as an engine option (issue 34 part 4): the megatron stack with the kernels this
+engine runs; its zero1 is the distributed optimizer whatever the degrees, sharded over dp x cp."""
+
+
+def _spec(precision: str, train: dict | None = None, model: dict | None = None, **parallel) -> ExperimentSpec:
+    return ExperimentSpec.model_validate({"model": MODEL | (model or {}),
+                                          "train": {"global_batch": 8, "micro_batch": 2, "precision": precision,
+                                                    **(train or {})},
                                           "parallel": {"strategy": "zero1", "world_size": 4, **parallel}})
 
 
@@ -82,7 +88,9 @@ def test_fp16_stays_prediction_only_and_zero1_x_ep_runs_the_distributed_optimize
 # ---- in ranks (the farm): traced on fake tensors, and torchrun runs against the reference ---------------------
 
 TRACES = {"dp2xtp2-sp": trace_job(_spec("bf16-mixed", tp=2, sequence_parallel=True)),
-          "dp2xpp2": trace_job(_spec("bf16-mixed", pp=2))}
+          "dp2xpp2": trace_job(_spec("bf16-mixed", pp=2)),
+          "megatron-dp4": trace_job(_spec("bf16-mixed", train=MEGATRON)),
+          "megatron-dp2xcp2": trace_job(_spec("bf16-mixed", cp=2, train=MEGATRON, model={"attention": "flash"}))}
 
 
 @pytest.mark.parametrize("layout", params(TRACES))
@@ -104,6 +112,9 @@ PARITY = {s.name: parity_job(s, timeout_s=400) for s in [
     # split backward: the weight passes assign .grad by hand (no hook fires), swept in at step
     tiny("zero1_dp2_pp2_zbv", model={"n_layers": 4}, strategy="zero1", world_size=4, pp=2, pp_schedule="zbv",
          virtual_stages=2, train={"global_batch": 8, "micro_batch": 1}),
+    # the megatron stack's zero1 without tp / pp: the distributed optimizer over dp, and over dp x cp
+    tiny("megatron_zero1_dp4", strategy="zero1", world_size=4, train=MEGATRON),
+    tiny("megatron_zero1_dp2_cp2", model={"attention": "flash"}, strategy="zero1", world_size=4, cp=2, train=MEGATRON),
 ]}
 
 

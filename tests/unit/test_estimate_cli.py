@@ -103,6 +103,26 @@ def test_unknown_choice_is_usage_error():
     assert p.code == 2 and "invalid choice" in p.err
 
 
+def test_json_gives_each_rank_and_rank_class_its_fullest_moment(capsys):
+    """Issue 32: `estimate --json` carries each rank's fullest moment and which one it is, so no caller recomputes it:
+    `fullest_bytes` = the largest of the moments (activation peak, optimizer.step, the start of the loss's backward,
+    inside backward), `fullest_moment` its name; the per-class summary of a paged world carries them too. zero3 with
+    full recompute peaks inside backward (the re-run block, the gathered parameters, the reduce-scatter input)."""
+    args = ["--strategy", "zero3", "--world", "4", "--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "256",
+            "--global-batch", "4", "--micro-batch", "1", "--recompute", "full"]
+    assert main(["estimate", *args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for row in d["per_rank"]:
+        moments = {"activation_peak": row["total_bytes"],
+                   "optimizer_step": row["total_bytes"] - row["activations_bytes"] + row["optimizer_temp_bytes"],
+                   "loss_backward": row["loss_backward_bytes"], "backward": row["backward_bytes"]}
+        assert row["fullest_bytes"] == max(moments.values()) and moments[row["fullest_moment"]] == row["fullest_bytes"]
+        assert row["fullest_moment"] == "backward" and row["backward_bytes"] > row["total_bytes"]
+    assert main(["estimate", *args, "--json", "--rank-limit", "2"]) == 0
+    paged = json.loads(capsys.readouterr().out)
+    assert all({"fullest_bytes", "fullest_moment"} <= c.keys() for c in paged["rank_classes"])
+
+
 def test_a_failed_step_time_check_is_named_not_a_traceback(monkeypatch, capsys):
     """The step-time model's own sum check (InconsistentStepTime) reaches `estimate --hardware` as a named failure with
     exit 2, as `plan` reports it, never a traceback."""

@@ -434,7 +434,7 @@ def test_fit_on_cuda_counts_context_nccl_and_fragmentation():
     assert comms == 3  # world, dp, tp
     assert o["nccl_buffers"] == comms * D.RuntimeOverhead().nccl_bytes_per_communicator()
     assert o["cuda_context"] == D.RuntimeOverhead().cuda_context_bytes and o["fragmentation"] > 0
-    need = max(rows[0]["total_bytes"], rows[0]["optimizer_step_bytes"], rows[0]["loss_backward_bytes"]) + o["total"]
+    need = rows[0]["fullest_bytes"] + o["total"]  # the estimate's own fullest moment (RankEstimate.fullest_bytes)
     fit = pv.fit_check(rows, need - 1)
     assert not fit.fits and "CUDA context" in fit.message() and "NCCL buffers" in fit.message()
     assert pv.fit_check(rows, need).fits

@@ -36,9 +36,16 @@ from backend.spec import ExperimentSpec, ModelSpec
 # instead of all-reduce + ZeroRedundancyOptimizer's broadcast; 16-bit params under bf16). Compared entry by entry with
 # 4a157ac's values: the 15 estimates / step times and the 18 planner rows that moved are all MoE zero1 x ep layouts;
 # every dense number is identical.
-ESTIMATES_BEFORE = "87e63b4bb3e3524abbc3"
+# Issue 32 (the fullest moment) moved ESTIMATES_BEFORE (main's 87e63b4bb3e3524abbc3) and PLANNER_BEFORE (main's
+# bf1eee46254808b9f9af), compared entry by entry with main at the merge: in all 846 estimates no existing field
+# changed (optimizer_temp_bytes included, now from memory/optimizer_step.py); each rank only gains loss_backward_bytes,
+# backward_bytes, fullest_bytes and fullest_moment. The planner's worst-rank bytes are now the fullest moment: on every
+# row of the five cases the activation peak (rank_memory(...).total_bytes, pipeline rank by it) equals main's value
+# byte for byte, and the new value is >= it on every row (higher on 26,077 of 26,952; the worst pipeline rank moved on
+# 1,992). STEP_TIMES_BEFORE is unchanged.
+ESTIMATES_BEFORE = "062b716c4ef3cfcec9a5"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "bf1eee46254808b9f9af"
+PLANNER_BEFORE = "54fe0a942a45161561f6"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

@@ -81,7 +81,7 @@ def test_plan_table_words_formats_why_and_chart():
     cols = _columns(table)
     for name in ("step s", "step s (low)", "step s (high)", "memory GiB", "MFU %", "tokens/s", "TFLOP/s per GPU"):
         assert cols[name]["type_config"].get("format"), f"{name} is shown as a raw float"
-    for name in ("schedule", "virtual stages", "sequence parallel", "step s (low)", "MFU %", "runs"):
+    for name in ("schedule", "virtual stages", "sequence parallel", "step s (low)", "MFU %", "runs", "fullest at"):
         assert cols[name].get("help"), f"{name} has no tooltip"
     assert table.proto.placeholder == "–"
     assert "zbv" not in set(table.value["schedule"].dropna())
@@ -90,7 +90,7 @@ def test_plan_table_words_formats_why_and_chart():
     assert breakdown["data"][0]["x"][:2] == ["#1", "#2"] and breakdown["layout"]["xaxis"]["type"] == "category"
     assert _legend_beside_the_plot(breakdown)
     pareto = next(f for t, f in _figs(at).items() if t.startswith("Memory vs predicted step time"))
-    assert pareto["layout"]["yaxis"]["title"]["text"] == "worst-rank memory (GiB)"
+    assert pareto["layout"]["yaxis"]["title"]["text"] == "worst rank at its fullest moment (GiB)"
 
 
 def test_runs_compare_detail_and_formulas_words():

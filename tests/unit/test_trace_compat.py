@@ -130,6 +130,23 @@ def test_ddp_standin_buckets_equal_real_ddp_buckets() -> None:
     assert all(p.grad.untyped_storage().data_ptr() in storages for p in stand.module.parameters())
 
 
+def test_leave_fake_pg_clears_the_dtensor_sharding_caches() -> None:
+    """compat.leave_fake_pg: the caches whose entries hold a destroyed world's DeviceMesh exist (a later spec's mesh of
+    the same shape compares equal and would resolve the destroyed groups' names: seen as 'Could not resolve the
+    process group registered under the name 9' on the second spec of a shared-process trace,
+    tests/multiprocess/test_fullest_moment.py), and leaving empties them."""
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    assert callable(propagator.propagate_op_sharding.cache_clear)
+    assert callable(propagator._propagate_tensor_meta_cached.cache_clear)
+    assert callable(torch._C._clear_DTensor_sharding_propagator_cache)
+    compat.init_fake_pg(0, 2)
+    compat.leave_fake_pg()
+    assert not dist.is_initialized()
+    assert propagator._propagate_tensor_meta_cached.cache_info().currsize == 0
+
+
 LAST_STAGE = trace_job(ExperimentSpec.model_validate({
     "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256},
     "train": {"global_batch": 4, "micro_batch": 1},

@@ -99,6 +99,29 @@ def test_prediction_figure_and_fit():
     assert list(comm["collective"]) == ["all_reduce"]
 
 
+def test_fit_reads_the_estimates_fullest_moment_and_names_it():
+    """Issue 32: the New-experiment fit message reads each rank's `fullest_bytes` / `fullest_moment` from the
+    estimate (JSON or RankEstimate), never recomputes them, and says which moment it is; the issue's zero3 + full
+    recompute layout is short inside backward where the activation peak alone would fit."""
+    from backend.analytic.estimate import estimate
+    from backend.spec import ExperimentSpec
+
+    rows = pv.rank_rows([r | {"fullest_bytes": r["total_bytes"] + 2**20, "fullest_moment": "backward"}
+                         for r in _estimate_like()])
+    fit = pv.fit_check(rows, 9 * 2**20)
+    assert not fit.fits and fit.moment == "backward" and "inside backward" in fit.message()
+    s = ExperimentSpec.model_validate({"model": {"n_layers": 4, "d_model": 256, "n_heads": 4, "seq_len": 256},
+                                       "train": {"global_batch": 4, "micro_batch": 1, "recompute": "full",
+                                                 "precision": "bf16-mixed"},
+                                       "parallel": {"strategy": "zero3", "world_size": 4}})
+    est = estimate(s)
+    rows = pv.rank_rows(est.per_rank)
+    worst = est.worst()
+    assert rows[0]["fullest_bytes"] == worst.fullest_bytes() > worst.total_bytes
+    assert not pv.fit_check(rows, worst.total_bytes + 1).fits
+    assert pv.fit_check(rows, worst.fullest_bytes()).fits and pv.fit_check(rows, worst.fullest_bytes()).moment == "backward"
+
+
 def test_real_estimate_feeds_the_figure():
     spec, _ = sf.form_to_spec(dict(sf.default_form(), strategy="zero3", world_size=4, global_batch=8, micro_batch=1))
     est, rows = pv.predict(spec)

@@ -92,6 +92,23 @@ def _zero1_state_bytes(key: Any, optimizer: str, device: str, largest: bool, tp:
     return shares.largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[0]
 
 
+def zero1_optimizer_step(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+    """ZeRO-1: optimizer.step's temporaries of the rank's share; with position.largest_zero1_share the largest state +
+    temporaries of any share minus the largest state (zero1_share.Zero1Shares.step_over_largest)."""
+    key, s = model_key(model), parts.stages
+    fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
+    return per_distinct(lambda *row: _zero1_step_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep, position.tp_index,
+                        position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt)
+
+
+@lru_cache(maxsize=65536)
+def _zero1_step_bytes(key: Any, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int, tp_index: int,
+                      ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int, n_alt: int = 0) -> int:
+    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index), n_blocks, bool(first), bool(last), bool(tied), dp,
+                          n_alt)
+    return shares.step_over_largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[1]
+
+
 def zero1_shares_of(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """The partition a scalar ZeRO-1 rank's dp group shares (rank classes answer per dp index from it)."""
     return zero1_shares(*zero1_share_args(model_key(model), layout, parts, position, tied_copy(model, layout)))

@@ -14,18 +14,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
-from backend.analytic.layout import RECOMPUTE_NAMES, SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode
+from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
 from backend.analytic.memory.activations import (LOSS_BYTES, LayerShape, layer_activation_bytes, op_sac_rerun_extra_bytes,
                                                  model_embedding_head_activation_bytes,
                                                  model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
 from backend.analytic.memory.family_bytes import attention_constant_bytes
-from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
-from backend.analytic.textbook.pipeline import in_flight_terms
+from backend.analytic.memory.pipeline_activations import pipeline_saved
 from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not, logical_or, maximum, minimum, per_distinct,
-                                    per_value, select_present, take_rows, where)
+                                    per_value, take_rows, where)
 
 
 TERMS = 6
@@ -119,56 +116,6 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
     return terms
 
 
-def in_flight(layout: Layout, pp_rank: Any) -> Any:
-    """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
-    layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
-    pipeline ranks."""
-    present = np.unique(layout.schedule).tolist() if isinstance(layout.schedule, np.ndarray) else [layout.schedule]
-    terms = {k: in_flight_terms(SCHEDULE_NAMES[k], p=layout.pp, m=layout.microbatches, v=layout.virtual_stages)
-             for k in present}
-    if len(present) == 1:
-        cap, base, per_stage = terms[present[0]]
-    else:
-        cap, base, per_stage = (select_present(layout.schedule, {k: t[i] for k, t in terms.items()}) for i in range(3))
-    return minimum(cap, base + per_stage * (layout.pp - pp_rank))
-
-
-def _held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: Any) -> Any:
-    """pipelining.held_stage_outputs: the stage outputs a rank keeps alive for the stages that send to another rank
-    (looped ranks: every stage but the last; ZBV's V turn hands stage p-1's output over locally)."""
-    mb, sched = layout.microbatches, layout.schedule
-    senders = layout.virtual_stages - parts.stages.last - logical_and(layout.zbv, pp_rank == layout.pp - 1)
-    kept = where(sched == PipelineSchedule.GPIPE, mb,
-                 where(sched == PipelineSchedule.ONE_F_ONE_B, minimum(mb, units + 1), mb * senders))
-    return where(senders == 0, 0, kept)
-
-
-def _pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
-    """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
-    loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
-    shard) with blocks = all of the rank's blocks of one microbatch."""
-    blocks, emb_head, shard = terms
-    stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
-    units = in_flight(layout, pp_rank)
-    # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
-    seq = layout.seq_local(model)
-    buf = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
-        * where(autocast, 4, layout.compute_bytes)
-    non_first = v - stages.first
-    total = blocks * units / v  # in-flight chunks, each chunk's input included
-    total = total - units * buf * non_first / v  # non-first inputs: counted as held inputs
-    total = total + buf * (mb * non_first + _held_stage_outputs(layout, parts, units, pp_rank))
-    learned_pos = str(getattr(model, "positions", "learned")) == "learned"
-    if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage
-        total = total + where(stages.first, units / v * seq * INDEX_BYTES, 0.0)
-    head = emb_head - seq * INDEX_BYTES * learned_pos - LOSS_BYTES
-    head = head + shard
-    k = where(layout.schedule == PipelineSchedule.GPIPE, mb, 1)  # textbook/pipeline.last_stage_in_flight
-    # fp32 scalars: every microbatch's loss (kept to the step's end), nll_loss's total_weight per in-flight loss
-    # graph, the ones_like loss seed of the backward (_backward.py stage_backward)
-    return where(stages.last, total + k * head + 4 * (mb + k + 1), total)
-
-
 def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
     """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
     cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
@@ -198,8 +145,42 @@ def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tupl
     return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(TERMS))
 
 
+@dataclass(frozen=True)
+class ActivationMoments:
+    """A rank's activation bytes at the moments the memory model compares (scalars or arrays): `peak` the activation
+    peak (the categories' moment), `forward` the end of the last forward + loss (what the loss's backward starts
+    from), and the terms the moments inside backward are built from (memory/backward_moment.py)."""
+    peak: Any
+    forward: Any
+    forward_loss: Any
+    """The end of forward once the loss is computed (autocast's cache freed): what the loss's backward starts from."""
+    held: Any
+    """Saved tensors held when a backward of the rank's stage starts: every in-flight microbatch, the stage buffers,
+    under autocast the plain blocks' 16-bit weight copies (the head's tensors included: its backward frees them)."""
+    blocks: Any
+    """One microbatch's saved bytes of all the rank's blocks under the policy."""
+    head_freed: Any
+    """What the head's backward frees (the stage with the logits; 0 elsewhere)."""
+    plain: Any
+    unit: Any
+    none: Any
+    """Saved bytes of one plain block, one checkpoint unit (its input), one block with nothing recomputed."""
+    one_block_casts: Any
+    """autocast: one block's 16-bit weight and bias copies (a re-run block makes them again)."""
+    cached_casts: Any
+    """autocast: every block's 16-bit weight and bias copies beyond the plain blocks' (what autocast's cache holds while
+    its region lasts: through the backwards too under pipelining, whose schedule runs inside one autocast region)."""
+    ck: Checkpointing
+
+
 def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
-    """Activation bytes of one rank (module docstring); layout fields and pp_rank broadcast together."""
+    """Activation bytes of one rank at its activation peak (module docstring); layout fields and pp_rank broadcast
+    together."""
+    return rank_activation_moments(model, layout, pp_rank, parts).peak
+
+
+def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> ActivationMoments:
+    """`ActivationMoments` of one rank; layout fields and pp_rank broadcast together."""
     cb, autocast = layout.compute_bytes, layout.uses_autocast
     terms = rank_activation_terms(model, layout)
     plain_b, unit_b, none_b, emb_head, head_freed_bytes, shard = terms
@@ -215,7 +196,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
         if pipe:
-            return _pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
+            return pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
         blocks_, emb_head_, shard_ = rows_terms.values
         return blocks_ + emb_head_ + shard_
 
@@ -235,6 +216,7 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     sbv = seq * layout.micro_batch * model.vocab_size
     loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
     forward_last = total + w_head + kept_casts + loss_copy
+    forward_loss = forward_last
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
     inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
@@ -258,7 +240,10 @@ def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
-    return as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+    peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+    return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
+                             blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
+                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts, ck=ck)
 
 
 def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:

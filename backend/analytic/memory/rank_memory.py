@@ -18,11 +18,13 @@ import numpy as np
 
 from backend.analytic.distributed_optimizer import model_state_bytes as distributed_optimizer_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.memory.fsdp_state import unsharded_at_peak
+from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held
+from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
+from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
-from backend.analytic.memory.rank_activations import rank_activation_bytes, rank_activation_terms
-from backend.analytic.vector import is_array, per_value, where
+from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
+from backend.analytic.vector import as_int, is_array, maximum, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = True
@@ -33,7 +35,8 @@ the CPU at world 2: ddp, zero3 1,024 B = 2 x 4 x 16 x 8; tp 2,048 B = its whole 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """Bytes per category (scalars, or arrays shaped like the layout x position broadcast)."""
+    """Bytes per category at the activation peak (scalars, or arrays shaped like the layout x position broadcast), and
+    the totals at the other moments that can be the rank's fullest."""
     params_bytes: Any
     grads_bytes: Any
     optimizer_bytes: Any
@@ -41,6 +44,26 @@ class RankMemory:
     other_bytes: Any
     total_bytes: Any
     parts: RankParts
+    loss_backward_bytes: Any = 0
+    """At the start of the loss's backward (the end of forward + loss, with log_softmax's backward tensors)."""
+    backward_bytes: Any = 0
+    """At the fullest moment inside backward (memory/backward_moment.py)."""
+    optimizer_temp_bytes: Any = 0
+    """optimizer.step's temporaries (memory/optimizer_step.py); the optimizer.step moment is total - activations +
+    these."""
+
+    @property
+    def moments(self) -> tuple[Any, Any, Any, Any]:
+        """(activation peak, optimizer.step, start of the loss's backward, inside backward): estimate.RankEstimate's
+        `moments`, in its order."""
+        return (self.total_bytes, self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes,
+                self.loss_backward_bytes, self.backward_bytes)
+
+    @property
+    def fullest_bytes(self) -> Any:
+        """The largest of `moments`: what "does it fit" needs before the runtime allowance."""
+        a, b, c, d = self.moments
+        return maximum(maximum(a, b), maximum(c, d))
 
 
 def dp_slice_batch_bytes(rows: Any, seq: int) -> Any:
@@ -54,13 +77,15 @@ def input_batch_bytes(batch: int, seq: int) -> int:
     return (seq + 1) * INDEX_BYTES if batch == 1 else 2 * batch * seq * INDEX_BYTES
 
 
-def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
+def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+                unsharded: bool = True) -> ModelStateBytes:
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
     (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
-    layouts)."""
+    layouts). unsharded=False: FSDP2 with nothing unsharded (the moments inside backward add their own)."""
     def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
         if kind == _SHARDED:
-            out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt))
+            out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt) if unsharded
+                                else UnshardedAtPeak(0, 0))
         elif kind == _DISTRIBUTED:
             return distributed_optimizer_bytes(lay, prt)
         else:
@@ -80,20 +105,37 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     parts = rank_parts(model, layout, position)
     state = model_state(model, layout, position, parts)
     params, grads, optimizer = state.params_bytes, state.grads_bytes, state.optimizer_bytes
-    activations = rank_activation_bytes(model, layout, position.pp_rank, parts)
+    acts = rank_activation_moments(model, layout, position.pp_rank, parts)
+    activations = acts.peak
     other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
              else input_batch_bytes(layout.global_batch, model.seq_len))
-    return RankMemory(params, grads, optimizer, activations, other, params + grads + optimizer + activations + other,
-                      parts)
+    total = params + grads + optimizer + activations + other
+    loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout), 0)
+    resting = model_state(model, layout, position, parts, unsharded=False)
+    backward = backward_moment_bytes(model, layout, position.pp_rank, parts, acts,
+                                     resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
+    temp = step_temp_bytes_of(model, layout, position, parts)
+    return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
+
+
+def loss_backward_extra(model: Any, layout: Layout) -> Any:
+    """activations.loss_backward_extra_bytes on layouts (the logits held by the loop: `logits_held`)."""
+    held = logits_held(layout)
+    n = layout.seq_local(model) * layout.micro_batch * model.vocab_size
+    cb = layout.compute_bytes
+    freed = (0 if cb == 4 else 4 * n) + where(held, 0, n * cb)
+    return maximum(0.0, 2 * 4 * n - freed)
 
 
 def worst_rank_memory(model: Any, layout: Layout) -> tuple[Any, Any]:
-    """(total bytes, pipeline rank) of each layout's fullest rank. The worst rank sits at tp index 0 and FSDP dp
+    """(bytes at its fullest moment, pipeline rank) of each layout's fullest rank: `RankMemory.fullest_bytes`, the
+    number `estimate` gives each rank (RankEstimate.fullest_bytes). The worst rank sits at tp index 0 and FSDP dp
     index 0 (torch.chunk gives the first chunks the most rows) and, under ZeRO-1, at the dp index that owns the
-    largest optimizer share; which pipeline rank peaks depends on the schedule, so every one is evaluated: one call
-    per pipeline degree and flavour family on (layouts x pipeline ranks) arrays."""
+    largest optimizer share (the optimizer.step moment: the share with the largest state + temporaries); which
+    pipeline rank peaks depends on the schedule, so every one is evaluated: one call per pipeline degree and flavour
+    family on (layouts x pipeline ranks) arrays."""
     if not is_array(layout.pp):
-        totals = rank_memory(model, layout, RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).total_bytes
+        totals = rank_memory(model, layout, RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).fullest_bytes
         at = int(np.argmax(totals))
         return int(totals[at]), at
     worst, at = np.zeros(len(layout)), np.zeros(len(layout), dtype=np.int64)
@@ -108,7 +150,7 @@ def worst_rank_memory(model: Any, layout: Layout) -> tuple[Any, Any]:
             if not len(rows):
                 continue
             totals = rank_memory(model, layout.group(rows),
-                                 RankPosition(pp_rank=np.arange(pp)[None, :], largest_zero1_share=True)).total_bytes
+                                 RankPosition(pp_rank=np.arange(pp)[None, :], largest_zero1_share=True)).fullest_bytes
             at[rows] = np.argmax(totals, axis=1)
             worst[rows] = totals[np.arange(len(rows)), at[rows]]
     return worst, at

@@ -59,6 +59,13 @@ class Zero1Shares:
         return int(state_bytes_from_sums(elements=elements[held], tensors=tensors[held], cuda_bytes=0,
                                          optimizer=optimizer, device=device).max())
 
+    def step_over_largest(self, optimizer: str, device: str) -> int:
+        """The largest (state + optimizer.step temporaries) of any share minus the largest state: what the worst rank's
+        optimizer.step moment adds to its (largest-share) optimizer bytes."""
+        if not self.numels:
+            return 0
+        return max(sum(self.bytes(index, optimizer, device)) for index in self.shares) - self.largest(optimizer, device)
+
     def groups(self, optimizer: str, device: str) -> dict[tuple[int, int], list[int]]:
         """{(state bytes, temporaries): the non-empty dp indices with those}; every other dp index owns nothing."""
         out: dict[tuple[int, int], list[int]] = {}

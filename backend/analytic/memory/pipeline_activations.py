@@ -1,0 +1,67 @@
+"""A pipeline rank's saved activations when they peak: its in-flight microbatches (textbook/pipeline.py in-flight
+counts under its schedule), every non-first stage's input buffers, the stage outputs it keeps for the sends
+(analytic/pipelining.py) and, on the last stage, each in-flight microbatch's loss graph. One layout or arrays of
+them (rank_activations.py calls it per layout with pipelining)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule
+from backend.analytic.memory.activations import LOSS_BYTES
+from backend.analytic.memory.moe_bytes import INDEX_BYTES
+from backend.analytic.memory.parts import RankParts
+from backend.analytic.textbook.pipeline import in_flight_terms
+from backend.analytic.vector import logical_and, minimum, select_present, where
+
+
+def in_flight(layout: Layout, pp_rank: Any) -> Any:
+    """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
+    layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
+    pipeline ranks."""
+    present = np.unique(layout.schedule).tolist() if isinstance(layout.schedule, np.ndarray) else [layout.schedule]
+    terms = {k: in_flight_terms(SCHEDULE_NAMES[k], p=layout.pp, m=layout.microbatches, v=layout.virtual_stages)
+             for k in present}
+    if len(present) == 1:
+        cap, base, per_stage = terms[present[0]]
+    else:
+        cap, base, per_stage = (select_present(layout.schedule, {k: t[i] for k, t in terms.items()}) for i in range(3))
+    return minimum(cap, base + per_stage * (layout.pp - pp_rank))
+
+
+def held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: Any) -> Any:
+    """pipelining.held_stage_outputs: the stage outputs a rank keeps alive for the stages that send to another rank
+    (looped ranks: every stage but the last; ZBV's V turn hands stage p-1's output over locally)."""
+    mb, sched = layout.microbatches, layout.schedule
+    senders = layout.virtual_stages - parts.stages.last - logical_and(layout.zbv, pp_rank == layout.pp - 1)
+    kept = where(sched == PipelineSchedule.GPIPE, mb,
+                 where(sched == PipelineSchedule.ONE_F_ONE_B, minimum(mb, units + 1), mb * senders))
+    return where(senders == 0, 0, kept)
+
+
+def pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
+    """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
+    loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
+    shard) with blocks = all of the rank's blocks of one microbatch."""
+    blocks, emb_head, shard = terms
+    stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
+    units = in_flight(layout, pp_rank)
+    # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
+    seq = layout.seq_local(model)
+    buf = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
+        * where(autocast, 4, layout.compute_bytes)
+    non_first = v - stages.first
+    total = blocks * units / v  # in-flight chunks, each chunk's input included
+    total = total - units * buf * non_first / v  # non-first inputs: counted as held inputs
+    total = total + buf * (mb * non_first + held_stage_outputs(layout, parts, units, pp_rank))
+    learned_pos = str(getattr(model, "positions", "learned")) == "learned"
+    if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage
+        total = total + where(stages.first, units / v * seq * INDEX_BYTES, 0.0)
+    head = emb_head - seq * INDEX_BYTES * learned_pos - LOSS_BYTES
+    head = head + shard
+    k = where(layout.schedule == PipelineSchedule.GPIPE, mb, 1)  # textbook/pipeline.last_stage_in_flight
+    # fp32 scalars: every microbatch's loss (kept to the step's end), nll_loss's total_weight per in-flight loss
+    # graph, the ones_like loss seed of the backward (_backward.py stage_backward)
+    return where(stages.last, total + k * head + 4 * (mb + k + 1), total)
