@@ -12,7 +12,7 @@ memory part); no number is printed for it until that model exists.
 Rows: backend/analytic/steptime/published_gpu.json (each quotes its source with the URL) + Narayanan et al. 2021
 Table 1 (backend/analytic/steptime/published.py); GPU check: benchmarks/results/gpu/2026-11-26-h200-run2 (5 real
 runs on one H200, measured step = median of 6 timed steps); the mixture-of-experts rows (group "H100 MoE": Megatron-Bridge's
-Qwen3-30B-A3B and GPT-OSS 120B, dgxc-benchmarking's Grok-1 314B) are summarised apart from the dense rows and their
+DeepSeek-V3, Qwen3-30B-A3B and GPT-OSS 120B, dgxc-benchmarking's Grok-1 314B) are summarised apart from the dense rows and their
 target (issue 35). Error % = (predicted - published) / published:
 negative = the model is too fast. Nothing here is fitted to these numbers: they are the test.
 `--record-before` writes the "before" column's snapshot (benchmarks/results/published_gpu_before.json).
