@@ -19,6 +19,9 @@ from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
+from backend.analytic.memory.model_state import ModelStateBytes
+from backend.analytic.memory.stack_activations import stack_loss_backward_extra
+from backend.analytic.memory.stack_states import step_temp_bytes_of_stack
 from backend.analytic.dp_buckets import bucket_groups
 from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.model_flops import training_flops_per_step
@@ -101,7 +104,10 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
                      other_bytes=memory.other_bytes, total_bytes=memory.total_bytes)
     params = local_params(spec, rank)
     cuda = layout.device == CUDA
-    if layout.distributed_optimizer:  # one fp32 tensor per bucket: this rank's slice
+    if layout.stack is not None:  # a non-default stack's own buffers (memory/stack_states.py)
+        r.optimizer_temp_bytes = step_temp_bytes_of_stack(layout, ModelStateBytes(
+            memory.params_bytes, memory.grads_bytes, memory.optimizer_bytes))
+    elif layout.distributed_optimizer:  # one fp32 tensor per bucket: this rank's slice
         edp = p.dp_cp // p.ep if p.ep > 1 else None  # ep: the experts' buckets shard over edp
         shards = [n // g for n, g in bucket_groups(params, p.dp, edp)]
         r.optimizer_temp_bytes = step_temp_bytes(shards, layout.optimizer, foreach=cuda)
@@ -111,7 +117,9 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
     else:
         elements = [q.real_numel if fsdp else q.local_numel for q in params]  # in the local optimizer's order
         r.optimizer_temp_bytes = step_temp_bytes(elements, layout.optimizer, foreach=cuda)
-    if layout.n_stages - 1 in stages:
+    if layout.n_stages - 1 in stages and layout.stack is not None:
+        r.loss_backward_temp_bytes = int(stack_loss_backward_extra(spec.model, layout))
+    elif layout.n_stages - 1 in stages:
         r.loss_backward_temp_bytes = int(loss_backward_extra_bytes(
             s=spec.model.seq_len, b=layout.micro_batch, vocab=spec.model.vocab_size, dtype_bytes=layout.compute_bytes,
             logits_held=logits_held_in_backward(layout)))
@@ -252,7 +260,7 @@ def _class_estimates(spec: Any) -> tuple[RankClasses, dict[tuple, ClassEstimate]
         rep = estimate_rank(spec, c.representative(spec.parallel))
         shares = None
         layout = Layout.of(spec)
-        if spec.parallel.zero_stage == ZeroStage.ZERO1 and not layout.distributed_optimizer:
+        if spec.parallel.zero_stage == ZeroStage.ZERO1 and not layout.distributed_optimizer and layout.stack is None:
             position = RankPosition.of_rank(spec, rep.rank)
             shares = zero1_shares_of(spec.model, layout, position, rank_memory(spec.model, layout, position).parts)
         out[key] = ClassEstimate(c, rep, c.ranks, shares)

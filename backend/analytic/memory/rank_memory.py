@@ -22,6 +22,8 @@ from backend.analytic.memory.fsdp_state import unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_bytes, rank_activation_terms
+from backend.analytic.memory.stack_activations import stack_activation_bytes
+from backend.analytic.memory.stack_states import stack_model_state
 from backend.analytic.vector import is_array, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
@@ -57,7 +59,10 @@ def input_batch_bytes(batch: int, seq: int) -> int:
 def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
     (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
-    layouts)."""
+    layouts). A non-default stack keeps its own (stack_states.py)."""
+    if layout.stack is not None:
+        return stack_model_state(model, layout, position, parts)
+
     def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
         if kind == _SHARDED:
             out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt))
@@ -80,7 +85,8 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     parts = rank_parts(model, layout, position)
     state = model_state(model, layout, position, parts)
     params, grads, optimizer = state.params_bytes, state.grads_bytes, state.optimizer_bytes
-    activations = rank_activation_bytes(model, layout, position.pp_rank, parts)
+    activations = (rank_activation_bytes(model, layout, position.pp_rank, parts) if layout.stack is None
+                   else stack_activation_bytes(model, layout, position.pp_rank, parts))
     other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
              else input_batch_bytes(layout.global_batch, model.seq_len))
     return RankMemory(params, grads, optimizer, activations, other, params + grads + optimizer + activations + other,
