@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from backend.spec.checks import run_blockers
     from backend.spec.stacks import resolve_stack
 
-    data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(offset=args.rank_offset,
-                                                                                max_ranks=args.rank_limit)
+    est = estimate(spec, device=host_device(str(spec.runtime.device)))
+    data = est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit)
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     data["stack"] = resolve_stack(spec, "cpu" if host_device(str(spec.runtime.device)) == "cpu" else "gpu").to_json()
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         problem = _add_step_time(args, spec, data)
         if problem:
             return fail(problem)
+        data["fit"] = fit_on(est, data["step_time_detail"]["hardware"])
     elif args.gpus_per_node is not None:
         return fail("--gpus-per-node needs --hardware")
     return _emit(args, data, _training_table)
@@ -112,6 +113,24 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
                                 "extrapolation": extrapolation(spec, cal["ranges"], g) if cal else [],
                                 "per_rank": [vars(r) for r in st.per_rank], "notes": st.notes}
     return None
+
+
+def fit_on(est: Any, hardware: str) -> dict[str, Any]:
+    """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
+    terms) + the runtime allowance (analytic/device.runtime_overhead_bytes: CUDA context, NCCL buffers, allocator
+    slack; zero on CPU ranks) <= the profile's memory."""
+    from backend.analytic.device import runtime_overhead_bytes
+    from backend.analytic.steptime.hardware import get_hardware
+
+    worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
+    moments = worst.moments()
+    fullest = worst.fullest_bytes()
+    overhead = runtime_overhead_bytes(est.spec, fullest)
+    device = get_hardware(hardware).memory_bytes
+    need = fullest + overhead["total"]
+    return {"hardware": hardware, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
+            "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
+            "fits": bool(device) and need <= device}
 
 
 def _run_raw(args: argparse.Namespace) -> int:
@@ -175,6 +194,12 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + other "
                      f"{t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s per GPU, MFU {t['mfu']:.1%}")
         lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
+    if d.get("fit"):
+        f, o = d["fit"], d["fit"]["overhead_bytes"]
+        lines.append(f"fit on {f['hardware']}: rank {f['rank']} needs {_fmt(f['need_bytes'])} = fullest moment "
+                     f"({f['moment']}) {_fmt(f['fullest_bytes'])} + CUDA context {_fmt(o['cuda_context'])} + NCCL "
+                     f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of {_fmt(f['device_bytes'])}: "
+                     + ("fits" if f["fits"] else "does not fit"))
     return "\n".join(lines)
 
 

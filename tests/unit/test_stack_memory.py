@@ -163,3 +163,44 @@ def test_planner_computes_estimates_number_on_stack_layouts(stack):
         one = light_spec(data)
         assert Layout.of(one).stack == L.stack
         assert worst_rank_bytes(one)[0] == pytest.approx(memory[i], rel=1e-12), data["name"]
+
+
+def _published_spec(row_id: str, tmp_path) -> tuple[dict, str]:
+    import json
+
+    from backend.analytic.steptime.published_gpu import published_rows
+
+    row = next(r for r in published_rows() if r.id == row_id)
+    data = ExperimentSpec.for_prediction(row.spec).model_dump(mode="json")
+    data["runtime"]["device"] = "cuda"
+    path = tmp_path / f"{row_id}.json"
+    path.write_text(json.dumps(data))
+    return row, str(path)
+
+
+def test_torchtitan_70b_recipe_through_the_cli_is_the_benchmarks_number(tmp_path, capsys):
+    """Issue 34 done-when: `estimate --stack torchtitan --loss-parallel` on torchtitan's Llama-3-70B recipe (FSDP 32 x
+    TP 8 + SP, local batch 16, seq 8192, full AC, float8) predicts at most the published 71.9 GiB peak reserved; the
+    benchmark reads the same number through the same spec (no private knob)."""
+    import json
+
+    from backend.cli import main
+    from benchmarks.published_gpu import memory_prediction
+
+    row, path = _published_spec("titan-202412-t4-70b-2d", tmp_path)
+    assert main(["estimate", "--spec", path, "--stack", "torchtitan", "--loss-parallel", "--hardware", row.hardware,
+                 "--json", "--rank-limit", "1"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    fullest_gib = fit["fullest_bytes"] / 2**30
+    assert fullest_gib <= row.memory_gib
+    assert fit["fits"] and fit["moment"] == "loss_backward"
+    assert memory_prediction(row.spec, row.hardware)["fullest_gib"] == pytest.approx(fullest_gib, rel=1e-12)
+
+
+def test_estimate_prints_the_fit_with_the_stacks_terms(tmp_path, capsys):
+    from backend.cli import main
+
+    row, path = _published_spec("nemo2407-h100-llama3-8b-g8", tmp_path)
+    assert main(["estimate", "--spec", path, "--hardware", "h100-sxm", "--rank-limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fit on h100-sxm: rank 0 needs" in out and "fullest moment (activation_peak)" in out
