@@ -204,3 +204,19 @@ def step_temp_bytes_of_stack(layout: Layout, state: ModelStateBytes) -> int:
     if s.master_bytes and s.grad_bytes < 4 and s.mechanism != "fsdp2":
         temp += 4 * owned
     return int(temp)
+
+
+def stack_memory_note(s: StackMemory) -> str:
+    """What estimate says about a stack rank's memory terms."""
+    master = f" + fp32 master {s.master_bytes} B" if s.master_bytes else ", no master copy"
+    who = {"megatron": "Megatron-Core's param / grad buffers and DistributedOptimizer (zero1; ddp: "
+                       "Float16OptimizerWithFloat16Params), padded as Megatron pads",
+           "fsdp2": "FSDP2 with MixedPrecisionPolicy (sharded params and grads in param_dtype, the unsharded copy in the "
+                    "16-bit compute dtype)",
+           "deepspeed": "DeepSpeed ZeRO's flat buffers, fp32 master partition and IPG bucket"}[s.mechanism]
+    layer = ("Transformer Engine's saved tensors per layer" if s.te_layer and s.fused_attention
+             else "eager torch blocks without autocast")
+    loss = "vocab-parallel loss (logits / tp)" if s.loss_parallel else "full logits on every tp rank"
+    return (f"memory as the stack keeps it (memory/stack_states.py, stack_activations.py): {who}; params "
+            f"{s.param_bytes} B, grads {s.grad_bytes} B{master}, optimizer state sharded over "
+            f"{'dp x cp' if s.optimizer_over_cp else 'dp'}; activations: {layer}, {loss}")
