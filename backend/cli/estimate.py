@@ -77,17 +77,17 @@ def run(args: argparse.Namespace) -> int:
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     data["stack"] = resolve_stack(spec, "cpu" if host_device(str(spec.runtime.device)) == "cpu" else "gpu").to_json()
     if args.hardware or args.calibration is not None:
-        problem = _add_step_time(args, spec, data)
+        problem = _add_step_time(args, spec, data, est)
         if problem:
             return fail(problem)
-        data["fit"] = fit_on(est, data["step_time_detail"]["hardware"])
     elif args.gpus_per_node is not None:
         return fail("--gpus-per-node needs --hardware")
     return _emit(args, data, _training_table)
 
 
-def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str | None:
-    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
+def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: Any = None) -> str | None:
+    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS), "step_time_detail" and, with `est`, "fit" (on the
+    resolved profile's memory) to `data`."""
     from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
     from backend.calibration.fit import extrapolation
     from backend.calibration.records import resolve
@@ -100,6 +100,8 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
     except ValueError as e:
         return str(e)
     data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
+    if est is not None:
+        data["fit"] = fit_on(est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
     except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
@@ -115,20 +117,19 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
     return None
 
 
-def fit_on(est: Any, hardware: str) -> dict[str, Any]:
+def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
     terms) + the runtime allowance (analytic/device.runtime_overhead_bytes: CUDA context, NCCL buffers, allocator
     slack; zero on CPU ranks) <= the profile's memory."""
     from backend.analytic.device import runtime_overhead_bytes
-    from backend.analytic.steptime.hardware import get_hardware
 
     worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
     moments = worst.moments()
     fullest = worst.fullest_bytes()
     overhead = runtime_overhead_bytes(est.spec, fullest)
-    device = get_hardware(hardware).memory_bytes
+    device = hw.memory_bytes
     need = fullest + overhead["total"]
-    return {"hardware": hardware, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
+    return {"hardware": hw.key, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
             "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
             "fits": bool(device) and need <= device}
 
