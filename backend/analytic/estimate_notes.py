@@ -7,12 +7,16 @@ from typing import Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
+from backend.analytic.memory.stack_states import stack_memory_note
 
 
 def estimate_notes(spec: Any) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
     where = peak_inside_forward(spec)  # None under pipelining
-    if str(t.precision) != "fp32":
+    stack = Layout.of(spec).stack
+    if stack is not None:
+        notes.append(stack_memory_note(stack))
+    elif str(t.precision) != "fp32":
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
     if p.zero_stage >= 2:
