@@ -136,9 +136,18 @@ def _stack_rank_memory(model: Any, layout: Layout, position: RankPosition, parts
              else input_batch_bytes(layout.global_batch, model.seq_len))
     total = state.params_bytes + state.grads_bytes + state.optimizer_bytes + activations + other
     loss = where(parts.stages.last, total + stack_loss_backward_extra(model, layout), 0)
-    temp = step_temp_bytes_of_stack(layout, state)
+    temp = _per_distinct_value(lambda opt: step_temp_bytes_of_stack(layout, ModelStateBytes(0, 0, opt)),
+                               state.optimizer_bytes)
     return RankMemory(state.params_bytes, state.grads_bytes, state.optimizer_bytes, activations, other, total, parts,
                       as_int(loss), 0, temp)
+
+
+def _per_distinct_value(fn: Any, values: Any) -> Any:
+    """fn of a scalar, on a scalar or elementwise on an array (once per distinct value)."""
+    if not is_array(values):
+        return fn(values)
+    distinct, at = np.unique(values, return_inverse=True)
+    return np.array([fn(v) for v in distinct.tolist()], dtype=np.int64)[at].reshape(np.shape(values))
 
 
 def loss_backward_extra(model: Any, layout: Layout) -> Any:
