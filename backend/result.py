@@ -160,9 +160,9 @@ class RankResult(_R):
 class ImportFacts(_R):
     """A run measured elsewhere and imported from its framework's config and log (issue 25, backend/importers/)."""
     framework: str
-    """torchtitan, megatron or deepspeed."""
+    """The importer's name (backend/importers/registry.py): torchtitan, megatron, deepspeed, ..."""
     source_format: str = ""
-    """How the config was written: torchtitan-toml, torchtitan-config-dump, megatron-args, nemo-yaml, deepspeed-json..."""
+    """How the config was written, one of its importer's formats: torchtitan-toml, megatron-args, nemo-yaml, ..."""
     config_file: str = ""
     log_file: str = ""
     gpus: int | None = None

@@ -16,26 +16,20 @@ import streamlit as st
 from backend.importers.imported import VOCAB_SIZE
 from dashboard import import_view as iv
 
-MODEL_FILE_HELP = ("The model's Hugging Face config.json. A DeepSpeed config needs it for the model's shape; it "
-                   "replaces a torchtitan flavor; it gives a Megatron-LM or NeMo config the vocabulary size that "
-                   "their tokenizer holds.")
-
-
 def box(prefix: str, on_load: Callable[[Any], None], *, load_label: str) -> None:
-    with st.expander("Import config — torchtitan, Megatron-LM / NeMo, DeepSpeed", expanded=False):
-        st.caption("The file is read as data, never run: a torchtitan job .toml or Trainer.Config dump (or the log "
-                   "that prints it), a Megatron-LM launch script (pretrain_gpt.py and its arguments) or a Megatron "
-                   "log, a NeMo .yaml, a ds_config.json.")
+    with st.expander(f"Import config — {iv.frameworks_text()}", expanded=False):
+        st.caption(f"The file is read as data, never run. {iv.reads_text()}.")
         up = st.file_uploader("Framework config", key=f"{prefix}imp_cfg")
         c1, c2 = st.columns(2)
-        fmt = c1.selectbox("Format", list(iv.FORMATS), key=f"{prefix}imp_fmt")
+        formats = iv.formats()
+        fmt = c1.selectbox("Format", list(formats), key=f"{prefix}imp_fmt")
         gpus = c2.number_input("GPUs (0 = what the config says)", 0, 1_000_000, 0, key=f"{prefix}imp_gpus",
                                help="Resolves degrees written as -1 or auto (torchtitan's dp_shard, Megatron's dp), "
                                     "and replaces a node count a launch script takes from its environment")
         model = st.file_uploader("Model config.json (optional)", type=["json"], key=f"{prefix}imp_model",
-                                 help=MODEL_FILE_HELP)
+                                 help=iv.model_file_help())
         if st.button("Import", disabled=up is None, key=f"{prefix}imp_go", icon=":material/upload_file:"):
-            request = iv.ImportRequest(up.getvalue(), up.name, fmt=iv.FORMATS[fmt], gpus=int(gpus) or None,
+            request = iv.ImportRequest(up.getvalue(), up.name, fmt=formats.get(fmt), gpus=int(gpus) or None,
                                        model_config=model.getvalue() if model is not None else None)
             _run(prefix, request)
         _ask(prefix)

@@ -17,13 +17,42 @@ import plotly.graph_objects as go
 from backend.analytic.units import GiB
 from dashboard.theme import LAYOUT
 
-FORMATS = {"auto (from the file)": None, "torchtitan": "torchtitan", "Megatron-LM / NeMo": "megatron",
-           "DeepSpeed": "deepspeed"}
+AUTO = "auto (from the file)"
 BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
              ("optimizer_s", "optimizer step"), ("other_s", "other"))
 MEMORY_LABEL = ("measured: the allocator peaks the log prints (torch.cuda max allocated / max reserved), per rank it "
                 "reports; predicted: ShardLab's categories at the activation peak on CUDA ranks. The log measures no "
                 "category, so the comparison is predicted total vs measured peak allocated.")
+
+
+def formats() -> dict[str, str | None]:
+    """The Format select of the Import config box: its label -> the --format value (None: auto-detection), one per
+    importer in the registry."""
+    from backend.importers import registry
+
+    return {AUTO: None, **{i.label: i.name for i in registry.IMPORTERS}}
+
+
+def frameworks_text() -> str:
+    """"torchtitan, Megatron-LM / NeMo, DeepSpeed": what the box imports."""
+    from backend.importers import registry
+
+    return ", ".join(i.label for i in registry.IMPORTERS)
+
+
+def reads_text() -> str:
+    """What each framework's files are, in the page's words (no CLI flag)."""
+    from backend.importers import registry
+
+    return "; ".join(f"{i.label}: {i.reads}" + (" with the model's config.json" if i.needs_model_config else "")
+                     for i in registry.IMPORTERS)
+
+
+def model_file_help() -> str:
+    """The model config.json upload's help: what it does for each framework's configs."""
+    from backend.importers import registry
+
+    return "The model's Hugging Face config.json: " + "; ".join(registry.model_config_uses()) + "."
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ measured and predicted
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
 against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
 (`diverged`: some loss was NaN or inf; the losses themselves are in the JSON, as "NaN" / "Infinity"),
-bookkeeping and timestamps (an imported run: source_framework, the torchtitan / megatron / deepspeed log it came from,
+bookkeeping and timestamps (an imported run: source_framework, the name of the importer whose log it came from,
 and the peak allocated / reserved bytes that log reports; its per-category measured columns are blank, as it measured
 none), then per memory category the measured and predicted bytes (max over ranks) and the
 error % of those maxima, comm bytes (per-rank totals per step, max over ranks; and per collective), versions.

@@ -23,25 +23,37 @@ from backend.cli import fail
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-config", help="turn a torchtitan / Megatron / NeMo / DeepSpeed config into a spec",
+    p = sub.add_parser("import-config", help=f"turn a {framework_words()} config into a spec",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_import_flags(p)
     p.add_argument("--json", action="store_true", help='print {"spec", "ignored", "unmapped"} as JSON')
     p.set_defaults(func=run)
 
 
+def framework_words() -> str:
+    """The frameworks import-config and import-run read, in the registry's order: "torchtitan / Megatron-LM / NeMo /
+    DeepSpeed"."""
+    from backend.importers import registry
+
+    return " / ".join(i.label for i in registry.IMPORTERS)
+
+
 def add_import_flags(p: argparse.ArgumentParser, *, config_flag: bool = False) -> None:
+    from backend.importers import registry
+
     if config_flag:
         p.add_argument("--config", type=Path, required=True, metavar="FILE", help="the run's framework config")
     else:
         p.add_argument("file", type=Path, help="the framework's config (TOML, arguments, YAML, JSON, or a log holding it)")
-    p.add_argument("--format", choices=("torchtitan", "megatron", "deepspeed"), help="default: told from the file")
+    p.add_argument("--format", choices=registry.names(),
+                   help=f"default: told from the file ({registry.what_each_reads()})")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs of the job: resolves degrees written as -1 or auto")
-    p.add_argument("--model-config", type=Path, metavar="FILE",
-                   help="the model's Hugging Face config.json (DeepSpeed needs it; replaces a torchtitan flavor)")
-    p.add_argument("--seq", type=int, metavar="N", help="sequence length where the config has none (DeepSpeed)")
-    p.add_argument("--vocab", type=int, metavar="N", help="vocabulary size where a Megatron / NeMo config leaves it to "
-                   "the tokenizer")
+    p.add_argument("--model-config", type=Path, metavar="FILE", help="the model's Hugging Face config.json ("
+                   + "; ".join(registry.model_config_uses()) + ")")
+    p.add_argument("--seq", type=int, metavar="N", help="sequence length where the config has none "
+                   f"({registry.labels_where(lambda f: f.takes_seq)})")
+    p.add_argument("--vocab", type=int, metavar="N", help="vocabulary size where a "
+                   f"{registry.labels_where(lambda f: f.takes_vocab)} config leaves it to the tokenizer")
 
 
 def imported_from_args(args: argparse.Namespace):

@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
                limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
+    if res.untimed:
+        return fail(f"plan cannot rank the {res.feasible} layouts that fit on {args.hardware}: {res.untimed}")
     used = calibration_used(hw, cal, res.configs, g)
     why = explain_first(res.configs, hw, g, res.budget_bytes)
     for f in res.failed_checks:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
 VOCAB_SIZE = "vocab_size"
 """A need (ConfigImportError.needs): the vocabulary size, which Megatron-LM and NeMo read from the tokenizer."""
 VOCAB_UNKNOWN = "the vocabulary size is unknown"
@@ -30,9 +29,9 @@ class LogImportError(ConfigImportError):
 @dataclass
 class ImportedConfig:
     framework: str
-    """torchtitan, megatron (Megatron-LM argument list or NeMo YAML) or deepspeed."""
+    """The importer's name (importers/registry.py): torchtitan, megatron (Megatron-LM arguments or NeMo YAML), ..."""
     source_format: str
-    """torchtitan-toml, torchtitan-config-dump, megatron-args, megatron-log-args, nemo-yaml, deepspeed-json."""
+    """One of its formats (registry.source_formats()): torchtitan-toml, megatron-args, nemo-yaml, deepspeed-json, ..."""
     spec: dict[str, Any]
     """A valid ExperimentSpec as JSON (for prediction: `ExperimentSpec.for_prediction` accepts it)."""
     ignored: dict[str, dict[str, Any]] = field(default_factory=dict)

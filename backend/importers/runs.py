@@ -11,12 +11,11 @@ Everything is built before anything is stored, and stored in one transaction (db
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backend.importers import registry
 from backend.importers.imported import ImportedConfig
 from backend.importers.log_series import LogImportError, Measured, summarise
 from backend.result import ImportFacts, MemoryBreakdown, RankResult, RunResult, Status, error_pct
@@ -47,27 +46,21 @@ def resolve_hardware(name: str | None, device_name: str | None, db_url: str | No
 
 
 SNIFF_LINES = 5000
-MESH = re.compile(r"Building \d+-D device mesh with \[.*?\], \[([\d, ]+)\]")  # torchtitan v0.1.0 parallel_dims
-MESH_NEW = re.compile(r"Building device mesh with parallelism: pp=(\d+), dp_replicate=(\d+), dp_shard=(\d+), "
-                      r"cp=(\d+), tp=(\d+)")  # torchtitan 2026
-WORLD = re.compile(r"using world size: (\d+)")  # Megatron arguments.py
 
 
 def sniff_gpus(path: str | Path) -> int | None:
-    """The GPU count a log states near its top (torchtitan's device mesh line, Megatron's "using world size"); None
-    when the first SNIFF_LINES lines do not say."""
+    """The GPU count a log states near its top (each importer's `log_gpus`: torchtitan's device mesh line,
+    Megatron's "using world size"); None when the first SNIFF_LINES lines do not say."""
     from backend.importers.log_stream import LineStats, read_lines
 
+    readers = [i.log_gpus for i in registry.IMPORTERS if i.log_gpus is not None]
     try:
         for line in read_lines(path, LineStats()):
             if line.number > SNIFF_LINES:
                 return None
-            if m := MESH.search(line.text):
-                return math.prod(int(x) for x in m.group(1).split(",") if x.strip())
-            if m := MESH_NEW.search(line.text):
-                return math.prod(int(x) for x in m.groups())
-            if m := WORLD.search(line.text):
-                return int(m.group(1))
+            for read in readers:
+                if (gpus := read(line.text)) is not None:
+                    return gpus
     except OSError:
         return None
     return None
@@ -75,32 +68,29 @@ def sniff_gpus(path: str | Path) -> int | None:
 
 def parse_log(path: str | Path, imported: ImportedConfig, *, warmup_steps: int | None = None):
     """(the parser's Collector, Measured) of a log file; LogImportError with line numbers."""
-    from backend.importers import log_deepspeed, log_megatron, log_torchtitan
-
     path = Path(path)
     if not path.is_file():
         raise LogImportError([f"--log {path}: no such file"])
-    parser = {"torchtitan": log_torchtitan, "megatron": log_megatron, "deepspeed": log_deepspeed}[imported.framework]
-    collector = parser.parse(path, imported)
+    importer = registry.by_name(imported.framework)
+    collector = importer.parse_log(path, imported)
     if warmup_steps is None and collector.facts.get("single_profiled_step"):
         warmup_steps = collector.facts["single_profiled_step"] - 1
-    what = {"torchtitan": "metrics lines (step: N  loss: ...  tps: ...)",
-            "megatron": "iteration lines (iteration N/M | ... elapsed time per iteration (ms): ...)",
-            "deepspeed": "step timings (wall_clock_breakdown 'time (ms) | fwd: ...', the throughput timer's "
-                         "CurrSamplesPerSec, or the flops profiler's iter latency)"}[imported.framework]
-    return collector, summarise(collector, warmup_steps=warmup_steps, what=what)
+    return collector, summarise(collector, warmup_steps=warmup_steps, what=importer.log_records)
 
 
-def spec_rank(framework: str, rank: int, spec: Any, cp: int) -> int:
-    """The spec's rank of a framework's global rank: Megatron's and torchtitan's meshes put tp fastest, then cp, then
-    dp, then pp, as ShardLab's (pp, dp x cp, tp) mesh does; `cp` > 1 only for a spec without the cp degree (GPUs /
-    world_size), whose cp coordinate is then dropped."""
+def spec_rank(rank_order: tuple[str, ...], rank: int, spec: Any, cp: int) -> int:
+    """The spec's rank of a framework's global rank, its ranks laid out in `rank_order` (the importer's; Megatron's
+    and torchtitan's put tp fastest, then cp, then dp, then pp, as ShardLab's (pp, dp x cp, tp) mesh does); `cp` > 1
+    only for a spec without the cp degree (GPUs / world_size), whose cp coordinate is then dropped."""
     p = spec.parallel
-    if framework == "deepspeed" or cp <= 1:
+    if "cp" not in rank_order or cp <= 1:
         return rank % p.world_size
-    tp_i, rest = rank % p.tp, rank // p.tp
-    dp_i, pp_i = (rest // cp) % p.dp, rest // (cp * p.dp)
-    return (pp_i * p.dp * p.tp + dp_i * p.tp + tp_i) % p.world_size
+    size = {"pp": p.pp, "dp": p.dp, "cp": cp, "tp": p.tp}
+    at, rest = {}, rank
+    for name in reversed(rank_order[1:]):
+        at[name], rest = rest % size[name], rest // size[name]
+    at[rank_order[0]] = rest
+    return (at.get("pp", 0) * p.dp * p.tp + at.get("dp", 0) * p.tp + at.get("tp", 0)) % p.world_size
 
 
 def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Hardware, *, config_file: str,
@@ -112,7 +102,8 @@ def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Ha
     est = estimate(spec, device="cuda")
     cp = imported.gpus // spec.parallel.world_size if imported.gpus else 1
     ranks = sorted(set(measured.per_rank_step_s) | set(measured.memory)) or [0]
-    per_rank = [_rank(r, est.per_rank[spec_rank(imported.framework, r, spec, cp)], measured) for r in ranks]
+    order = registry.by_name(imported.framework).rank_order
+    per_rank = [_rank(r, est.per_rank[spec_rank(order, r, spec, cp)], measured) for r in ranks]
     allocated = [m["allocated_bytes"] for m in measured.memory.values() if "allocated_bytes" in m]
     reserved = [m["reserved_bytes"] for m in measured.memory.values() if "reserved_bytes" in m]
     facts = ImportFacts(

@@ -591,4 +591,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Mean cross-entropy in fp32. Vocab-sharded DTensor logits (loss parallel, strategies/tp.loss_context) give a
+    replicated DTensor loss: its local value is the loss, the backward still runs through the DTensor ops."""
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    return loss.to_local() if hasattr(loss, "to_local") else loss

@@ -20,7 +20,7 @@ from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.model import InconsistentStepTime, step_time
+from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.held import HeldTraining
 from backend.planner.space import Limits, enumerate_layouts, light_spec
@@ -61,6 +61,9 @@ class Plan:
     failed_checks: list[dict[str, str]] = field(default_factory=list)
     """[{"layout": name, "why": ...}]: pool layouts left out because an internal consistency check of the prediction
     failed on them (a defect of ShardLab's model, named here instead of a traceback)."""
+    untimed: str | None = None
+    """Why no layout could be ranked: the step-time model does not time the held training on this profile
+    (steptime.model.untimed_reason, e.g. fp8 on a CPU profile); the layouts that fit are counted, none is ranked."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
@@ -180,7 +183,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[fitting])))}
     pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
     t_search = time.perf_counter() - t0
-    timed, failed = [], []
+    timed, failed, untimed = [], [], None
     for i in pool:
         data = layouts.take(int(i)).spec_dict(model)
         data["train"].update(held.spec_train(data["train"]["recompute"]))
@@ -189,6 +192,9 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
             timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
         except InconsistentStepTime as e:
             failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
+        except NotTimed as e:  # held training: the same reason for every layout
+            untimed = str(e)
+            break
     timed.sort(key=lambda x: x[0]["step_s"])
     configs, mismatch = [], []
     for st, i, data, spec in timed[:top]:
@@ -225,5 +231,5 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
-                confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed,
+                confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed, untimed=untimed,
                 attention=str(getattr(model, "attention", "math")), budget_bytes=budget)

@@ -54,7 +54,7 @@ def stack_problems(spec: Any) -> list[str]:
     return problems
 
 
-ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False,),
+ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False, True),
                "tp_overlap": (False,)}
 """The values of the kernel and TP settings this engine runs (a CPU rank runs whatever attention the model names)."""
 TP_SETTINGS = ("loss_parallel", "tp_overlap")
@@ -64,8 +64,8 @@ TP_SETTINGS = ("loss_parallel", "tp_overlap")
 def stack_blockers(spec: Any) -> list[str]:
     """Why this engine cannot run a spec's stack settings (prediction only): settings whose value the engine does not
     run, and dtypes other than the engine's own for the layout."""
-    runs = "deepspeed" if str(getattr(spec, "framework", "torch")) == "deepspeed" else "shardlab"
-    if str(spec.train.stack) in ("shardlab", runs) and not any(getattr(spec.train, k) is not None for k in SETTINGS):
+    runner_stack = "deepspeed" if str(getattr(spec, "framework", "torch")) == "deepspeed" else "shardlab"
+    if str(spec.train.stack) in ("shardlab", runner_stack) and not any(getattr(spec.train, k) is not None for k in SETTINGS):
         return []  # the default stack is what runs it here (framework=deepspeed: DeepSpeed's own engine)
     runner = _Runner(spec)
     r = resolve_stack(spec, "sm90")  # the device the stacks are built for: Hopper picks TE's cuDNN attention
@@ -77,6 +77,8 @@ def stack_blockers(spec: Any) -> list[str]:
         if r.values[name] not in runs:
             out.append(f"{name}={_words(r.values[name])} ({r.set_by[name]}, stack {r.stack}): this engine runs "
                        f"{' / '.join(_words(v) for v in runs)} only")
+    if r.values["loss_parallel"] and spec.parallel.tp > 1 and (problem := _loss_parallel_blocker(spec, runner_stack)):
+        out.append(problem)
     dtypes = [k for k in ("param_dtype", "grad_reduce_dtype", "master_dtype") if r.values[k] != engine.values[k]]
     if dtypes:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
@@ -86,6 +88,19 @@ def stack_blockers(spec: Any) -> list[str]:
         out[-1] += (f" (stack {r.stack}: set stack {runner.train.stack} to run this layout on this engine)"
                     if r.stack != runner.train.stack else "")
     return out
+
+
+def _loss_parallel_blocker(spec: Any, runs: str) -> str | None:
+    """Where this engine's loss parallel (strategies/tp.loss_context around the microbatch loop) does not reach."""
+    p = spec.parallel
+    if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
+        return f"loss_parallel=on: {spec.framework} runs its model's own loss on full logits here"
+    if p.pp > 1:
+        return (f"loss_parallel=on with pp={p.pp}: this engine runs the vocab-parallel loss outside pipelining only "
+                "(the pipeline schedule calls its loss_fn outside loss_parallel())")
+    if p.cp > 1:
+        return f"loss_parallel=on with cp={p.cp}: this engine runs the vocab-parallel loss without context parallelism only"
+    return None
 
 
 def _words(value: Any) -> str:
@@ -98,5 +113,6 @@ class _Runner:
 
     def __init__(self, spec: Any):
         self.model, self.parallel, self.framework = spec.model, spec.parallel, getattr(spec, "framework", "torch")
+        self.megatron_zero1 = megatron_distributed_optimizer(spec)  # the engine runs it as Megatron's optimizer
         stack = Stack.DEEPSPEED if str(self.framework) == "deepspeed" else Stack.SHARDLAB
         self.train = spec.train.model_copy(update={"stack": stack, **{k: None for k in SETTINGS}})

@@ -67,7 +67,10 @@ def _half(spec: Any) -> str | None:
 def _shardlab_params(spec: Any, device: str) -> str:
     p = spec.parallel
     half = _half(spec)
-    distributed_optimizer = p.zero_stage == 1 and (p.tp > 1 or p.pp > 1)
+    # the engine's distributed optimizer (strategies/data_parallel.uses_distributed_optimizer): zero1 in a tp / pp / ep
+    # mix, or any zero1 that the megatron stack describes (_Runner keeps that fact as `megatron_zero1`)
+    megatron = str(getattr(spec.train, "stack", "shardlab")) == "megatron" or getattr(spec, "megatron_zero1", False)
+    distributed_optimizer = p.zero_stage == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1 or megatron)
     return half if half and distributed_optimizer else "fp32"
 
 

@@ -23,6 +23,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backend.spec import ExperimentSpec, Strategy
+from backend.spec.stack_rules import megatron_distributed_optimizer
 from backend.strategies.context import RankContext, compute_dtype, make_optimizer, optimizer_class, optimizer_kwargs
 from backend.strategies.distributed_optimizer import DistributedOptimizer
 from backend.torch_compat import ddp_ignore_params, replicate
@@ -52,10 +53,13 @@ def uses_autocast(spec: ExperimentSpec) -> bool:
 
 
 def uses_distributed_optimizer(spec: ExperimentSpec) -> bool:
-    """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
-    with ep its expert buckets shard over the expert data-parallel group)."""
+    """zero1 on the dp dimension of a tp / pp / ep mix, or any zero1 of the megatron stack (its memory layout as an
+    engine option: bf16 params, an fp32 main-grad buffer, fp32 master and Adam state over dp x cp;
+    spec/stack_rules.megatron_distributed_optimizer): Megatron's distributed optimizer (distributed_optimizer.py;
+    with ep its expert buckets shard over the expert data-parallel group). The same rule as the prediction's
+    (analytic/dp_buckets.used_by)."""
     p = spec.parallel
-    return p.dp_flavour == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1 or p.ep > 1)
+    return p.dp_flavour == Strategy.ZERO1 and (p.tp > 1 or p.pp > 1 or p.ep > 1 or megatron_distributed_optimizer(spec))
 
 
 def check_flavour(spec: ExperimentSpec) -> None:

@@ -40,8 +40,8 @@ from backend.strategies.materialize import check_placement, is_meta, materialize
 from backend.strategies.moe_stats import CapacityStats, moes
 from backend.strategies.scaler import LossScaling
 from backend.strategies.step import ExpertUsage, LoopStyle, MicrobatchStep, OptimizerTail
-from backend.strategies.tp import NOTES as TP_NOTES
 from backend.strategies.tp import apply_tp, register_grad_hooks
+from backend.strategies.tp import notes as tp_notes
 
 LOSS_NOTE = "Returned loss: one 16-byte all_reduce per step over the world (mean of the dp shares)."
 
@@ -135,7 +135,7 @@ def _notes(ctx: RankContext, ids: list[int], ep: ExpertParallel | None, distribu
     if str(ctx.spec.train.precision) == "fp8":
         out += float8.NOTES
     if p.tp > 1:
-        out += TP_NOTES
+        out += tp_notes(ctx.spec)
     out += context_parallel.notes(ctx)
     if ep:
         out += ep.notes()

@@ -28,6 +28,7 @@ from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import LocalLoss, autocast
 from backend.strategies.moe_stats import set_aux_loss_scale
 from backend.strategies.scaler import LossScaling
+from backend.strategies.tp import loss_context
 
 SYNC_EVERY_MICROBATCH = (Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 """Sharded-gradient flavours reduce-scatter after every microbatch (grads stay sharded, as ZeRO-2/3
@@ -197,7 +198,7 @@ class MicrobatchStep:
         for i, (x, y) in enumerate(zip(xs, ys)):
             if self.on_microbatch:
                 self.on_microbatch(i)
-            with grad_sync(self.model, self.spec, last=i == n - 1):
+            with grad_sync(self.model, self.spec, last=i == n - 1), loss_context(self.spec):
                 # Each branch is one expression on purpose: the previous microbatch's `loss` stays bound
                 # until the new one is assigned, exactly as the calibrated loops had it.
                 if st.hold_logits:

@@ -25,14 +25,19 @@ DTensor shards like torch.chunk, so a dimension not divisible by t gives the fir
 | MoE router (E, C)      | replicated plain param                          | replicated plain param                                 | E × C                | -             |
 | MoE experts.e fc_in/out| Colwise / Rowwise (as mlp)                      | Colwise / Rowwise; MoE output Replicate -> Shard(1)    | as mlp, per expert   | as mlp        |
 | lm_head (V, C)         | ColwiseParallel(out Replicate)                  | ColwiseParallel(in Shard(1), out Replicate)            | V/t rows × C         | -             |
+| lm_head, loss parallel | ColwiseParallel(out Shard(-1), DTensor out)     | ColwiseParallel(in Shard(1), out Shard(-1), DTensor)   | V/t rows × C         | -             |
 
 Gradients have the parameter's per-rank size: DTensor computes the vocab-parallel embedding weight grad
 Replicate (full (V, h) on every rank); a grad hook slices it back to this rank's rows (`GradLikeParam`).
 SP LayerNorm grads stay Partial over tp through the microbatches and are all-reduced once per step.
 
 Activations: without SP every rank holds full (B, T, C) residual/LayerNorm activations; with SP those are
-(B, T/t, C). lm_head gathers the full logits (B, T, V) on every tp rank (Replicate output, no loss_parallel),
-so the cross-entropy runs on full logits; the attention scores (B, a/t, T, T) and MLP hidden (B, T, F/t)
+(B, T/t, C). lm_head gathers the full logits (B, T, V) on every tp rank (Replicate output), so the cross-entropy
+runs on full logits, unless the spec's loss parallel is on (`vocab_parallel_loss`: train.loss_parallel, or a stack
+that defaults it, spec/stack_rules.loss_parallel_on): then the logits stay (B, T, V/t) DTensors and the loss runs
+under torch's `loss_parallel()` (forward and backward, as torchtitan's train context does: torchtitan
+train.py get_train_context at 9dec370), all-reducing per token the max, the sum of exponentials and the target
+logit instead of gathering the logits; the attention scores (B, a/t, T, T) and MLP hidden (B, T, F/t)
 are split.
 
 Comm per microbatch (b = micro_batch, s = seq_len, h = d_model, V = vocab; payload bytes, fp32 = 4 B):
@@ -53,6 +58,8 @@ Comm per microbatch (b = micro_batch, s = seq_len, h = d_model, V = vocab; paylo
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
@@ -62,20 +69,34 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
 from backend.analytic.tp_placement import COLWISE, HEADS, POSITIONS, REPLICATE, SEQUENCE, TpRule, module_rule
 from backend.models.gpt import MoE, tie_weights
+from backend.spec import ExperimentSpec
+from backend.spec.stack_rules import loss_parallel_on
 from backend.strategies.context import RankContext
 from backend.torch_compat import ParallelStyle
 
 
-def tp_plan(model: nn.Module, sp: bool, whole_experts: bool = False) -> dict:
+def vocab_parallel_loss(spec: ExperimentSpec) -> bool:
+    """The loss runs on vocab-sharded logits: tp > 1 and loss parallel on (spec/stack_rules.loss_parallel_on)."""
+    return spec.parallel.tp > 1 and loss_parallel_on(spec)
+
+
+def loss_context(spec: ExperimentSpec) -> AbstractContextManager:
+    """torch's `loss_parallel()` around a microbatch's forward and backward when the loss is vocab-parallel."""
+    return loss_parallel() if vocab_parallel_loss(spec) else nullcontext()
+
+
+def tp_plan(model: nn.Module, sp: bool, whole_experts: bool = False, sharded_logits: bool = False) -> dict:
     """The plan for whatever part of the GPT lives on this rank (pipeline stages have None holes): every module the
     placement table (backend/analytic/tp_placement.py) splits, as its DTensor style, plus the activation layouts
     around each block's attention and MLP. whole_experts (ep > 1: analytic/expert_layout.py, etp = 1): the routed
-    experts stay plain, unsplit modules on every tp rank."""
+    experts stay plain, unsplit modules on every tp rank. sharded_logits (loss parallel): lm_head's output stays a
+    DTensor sharded over the vocabulary, for `loss_context`."""
     plan: dict = {}
     for name, _ in model.named_modules():
         if whole_experts and ".mlp.experts." in name:
@@ -91,6 +112,9 @@ def tp_plan(model: nn.Module, sp: bool, whole_experts: bool = False) -> dict:
             plan[f"{pre}.mlp"] = _gather_input(sp)
         elif sp:
             plan[f"{pre}.mlp"] = MoESequenceParallel()
+    if sharded_logits and "lm_head" in plan:
+        plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                                          use_local_output=False)
     return plan
 
 
@@ -155,7 +179,8 @@ def apply_tp(ctx: RankContext, model: nn.Module) -> nn.Module:
     """parallelize_module with `tp_plan` over mesh["tp"] (works on a meta model)."""
     p = ctx.spec.parallel
     if p.tp > 1:
-        parallelize_module(model, ctx.mesh["tp"], tp_plan(model, p.sequence_parallel, whole_experts=p.ep > 1))
+        plan = tp_plan(model, p.sequence_parallel, whole_experts=p.ep > 1, sharded_logits=vocab_parallel_loss(ctx.spec))
+        parallelize_module(model, ctx.mesh["tp"], plan)
         tie_weights(model)  # parallelize_module distributed the tied weight twice (both Shard(0)): tie them again
     return model
 
@@ -183,4 +208,9 @@ class GradLikeParam:
         return DTensor.from_local(local, q.device_mesh, q.placements, run_check=False, shape=q.shape, stride=q.stride())
 
 
-NOTES = ["TP: lm_head all-gathers full logits (B, T, V) on every tp rank (Replicate output, no loss_parallel)."]
+def notes(spec: ExperimentSpec) -> list[str]:
+    if vocab_parallel_loss(spec):
+        return ["TP: loss parallel: lm_head keeps the logits sharded over the vocabulary (B, T, V/tp) and the "
+                "cross-entropy runs under torch's loss_parallel() (per-token max, sum of exponentials and target "
+                "logit all-reduced over tp)."]
+    return ["TP: lm_head all-gathers full logits (B, T, V) on every tp rank (Replicate output, no loss_parallel)."]

@@ -215,7 +215,9 @@ if res is not None:
     if left_out and res.configs:
         st.caption(f"{left_out:,} fitting layouts this engine cannot run are left out of the ranking ({why_left_out}); "
                    "turn on 'Include prediction-only layouts' to rank them too, marked.")
-    if not res.configs and left_out:
+    if res.untimed:
+        st.warning(f"None of the {res.feasible:,} layouts that fit can be ranked here: {res.untimed}.")
+    elif not res.configs and left_out:
         st.warning(f"Every one of the {left_out:,} fitting layouts is prediction-only here ({why_left_out}): turn on "
                    "'Include prediction-only layouts' to rank them, marked with the reason.")
     elif not res.configs:

@@ -12,13 +12,21 @@ from tests.helpers.mp_launch import assert_parity, run_specs, tiny
 MODEL = {"vocab_size": 128, "d_model": 64, "n_layers": 2, "n_heads": 4, "seq_len": 32}
 
 
-def spec_of(precision: str, **parallel) -> ExperimentSpec:
-    return ExperimentSpec.model_validate({"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2,
-                                                                     "precision": precision},
+MEGATRON = {"stack": "megatron", "attention_kernel": "flash2", "elementwise": "eager"}
+"""Megatron-Core's memory layout as an engine option (issue 34 part 4): the megatron stack with the kernels this
+engine runs; its zero1 is the distributed optimizer whatever the degrees, sharded over dp x cp."""
+
+
+def spec_of(precision: str, train: dict | None = None, model: dict | None = None, **parallel) -> ExperimentSpec:
+    return ExperimentSpec.model_validate({"model": MODEL | (model or {}),
+                                          "train": {"global_batch": 8, "micro_batch": 2, "precision": precision,
+                                                    **(train or {})},
                                           "parallel": {"strategy": "zero1", "world_size": 4, **parallel}})
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2, "sequence_parallel": True}, {"pp": 2}], ids=["dp2xtp2-sp", "dp2xpp2"])
+@pytest.mark.parametrize("parallel", [{"tp": 2, "sequence_parallel": True}, {"pp": 2},
+                                      {"train": MEGATRON}, {"cp": 2, "train": MEGATRON, "model": {"attention": "flash"}}],
+                         ids=["dp2xtp2-sp", "dp2xpp2", "megatron-dp4", "megatron-dp2xcp2"])
 def test_traced_model_states_equal_the_prediction(parallel):
     """The engine's own set-up and tracker on fake tensors (the real bf16 run at world 4 gave the same bytes: dp2 x tp2
     params 119,424 / grads 238,848 / optimizer 358,288 on every rank)."""
@@ -37,6 +45,9 @@ SPECS = [
     # split backward: the weight passes assign .grad by hand (no hook fires), swept in at step
     tiny("zero1_dp2_pp2_zbv", model={"n_layers": 4}, strategy="zero1", world_size=4, pp=2, pp_schedule="zbv",
          virtual_stages=2, train={"global_batch": 8, "micro_batch": 1}),
+    # the megatron stack's zero1 without tp / pp: the distributed optimizer over dp, and over dp x cp
+    tiny("megatron_zero1_dp4", strategy="zero1", world_size=4, train=MEGATRON),
+    tiny("megatron_zero1_dp2_cp2", model={"attention": "flash"}, strategy="zero1", world_size=4, cp=2, train=MEGATRON),
 ]
 
 

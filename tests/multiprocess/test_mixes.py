@@ -1,4 +1,5 @@
-"""2D mixes and a 4-stage pipeline at world 4, in one launch: FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP."""
+"""2D mixes and a 4-stage pipeline at world 4, in one launch: FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP, and
+zero1×TP(+SP) with the vocab-parallel loss (issue 34: torch's loss_parallel)."""
 
 import pytest
 
@@ -12,6 +13,8 @@ SPECS = [
     tiny("pp4_1f1b", model={"n_layers": 4}, strategy="pp", world_size=4),
     tiny("dp4_x_ep2", model={"n_experts": 4, "top_k": 2}, strategy="ep", world_size=4, ep=2,
          train={"optimizer": "sgd", "lr": 0.5}),
+    tiny("zero1_x_tp_sp_loss_parallel", strategy="zero1", world_size=4, tp=2, sequence_parallel=True,
+         train={"loss_parallel": True}),
 ]
 
 

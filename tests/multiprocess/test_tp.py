@@ -10,6 +10,10 @@ SPECS = [
     # SGD with a large step: a Partial (unreduced) LayerNorm grad under SP would show in the parameters
     tiny("tp_sp", strategy="tp", world_size=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
     tiny("tp_moe_sp", model={"n_experts": 4, "top_k": 2}, strategy="tp", world_size=2, sequence_parallel=True),
+    # issue 34: the vocab-parallel loss (torch's loss_parallel over lm_head's vocab-sharded DTensor logits)
+    tiny("tp_loss_parallel", strategy="tp", world_size=2, train={"loss_parallel": True}),
+    tiny("tp_sp_loss_parallel", strategy="tp", world_size=2, sequence_parallel=True,
+         train={"loss_parallel": True, "optimizer": "sgd", "lr": 0.5}),
 ]
 
 
@@ -22,3 +26,10 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("name", [s.name for s in SPECS])
 def test_tp_parity(results, name):
     assert_parity(results[name])
+
+
+@pytest.mark.slow
+def test_loss_parallel_keeps_the_logits_sharded(results):
+    for name in ("tp_loss_parallel", "tp_sp_loss_parallel"):
+        assert any("loss parallel: lm_head keeps the logits sharded" in n for n in results[name]["notes"]), name
+    assert any("all-gathers full logits" in n for n in results["tp"]["notes"])

@@ -108,3 +108,16 @@ def test_calibration_leaves_fp8_cpu_runs_out():
     got, problems = samples(engine, ids=ids, hardware="cpu")
     assert [x.run_id for x in got] == [ids[1]]
     assert any(f"run {ids[0]} left out: fp8 on CPU ranks is not timed" in p for p in problems)
+
+
+def test_plan_with_fp8_on_the_cpu_profile_says_why_it_ranks_nothing(capsys):
+    """Before: `plan --precision fp8 --hardware cpu` ended in a NotTimed traceback inside the planner's re-timing."""
+    from backend.cli import main
+
+    flags = ["plan", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "64", "--gpus", "2",
+             "--global-batch", "4", "--hardware", "cpu", "--memory-gb", "8"]
+    assert main([*flags, "--precision", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "plan cannot rank the" in err and "fp8 on CPU ranks is not timed" in err and "Traceback" not in err
+    assert main([*flags, "--precision", "bf16-mixed", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["configs"]

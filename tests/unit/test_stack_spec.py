@@ -82,7 +82,9 @@ def test_what_this_engine_cannot_run_is_prediction_only_with_the_reason():
     blockers = run_blockers(_spec({"stack": "megatron"}))
     assert any(b.startswith("attention_kernel=cudnn") for b in blockers), blockers
     assert any(b.startswith("elementwise=fused") for b in blockers)
-    assert any("loss_parallel=on" in b for b in blockers)
+    assert not any("loss_parallel" in b for b in blockers), "the engine runs the vocab-parallel loss (strategies/tp.py)"
+    pipelined = run_blockers(_spec({"loss_parallel": True, "microbatches": 2}, {"pp": 2, "world_size": 8}))
+    assert any(b.startswith("loss_parallel=on with pp=2") for b in pipelined), pipelined
     assert any(b.startswith("stack megatron keeps param_dtype=bf16") for b in _blockers_dp_only()), _blockers_dp_only()
     _, problems = validate_spec(_spec({"stack": "megatron"}).model_dump(mode="json"))
     assert problems, "run/submit must refuse a stack this engine does not run"
@@ -137,3 +139,17 @@ def test_every_stack_predicts(stack):
 def _blockers_dp_only() -> list[str]:
     """Megatron's 16-bit params under dp-only zero1, where this engine keeps fp32 (ZeroRedundancyOptimizer)."""
     return run_blockers(_spec({"stack": "megatron"}, {"tp": 1, "sequence_parallel": False}))
+
+
+def test_loss_parallel_plans_vocab_sharded_logits():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from backend.models.gpt import build_model
+    from backend.strategies.tp import tp_plan, vocab_parallel_loss
+
+    spec = _spec({"loss_parallel": True})
+    assert vocab_parallel_loss(spec) and not vocab_parallel_loss(_spec())
+    model = build_model(spec.model, seed=0, device="meta")
+    head = tp_plan(model, sp=True, sharded_logits=True)["lm_head"]
+    assert head.output_layouts == (Shard(-1),) and head.use_local_output is False
+    assert tp_plan(model, sp=True)["lm_head"].output_layouts == (Replicate(),)

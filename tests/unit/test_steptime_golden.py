@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from backend.analytic.layout import RecomputeMode
+from backend.analytic.layout import PipelineSchedule, RecomputeMode
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.schedule import SIMULATED
@@ -15,8 +15,11 @@ from backend.analytic.estimate import worst_rank_bytes
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "53c5df1cb32fb680a578"
-"""Re-recorded when merged with the FSDP2 pipeline peak-state rules (fsdp_state) and `other` = the dp slice
+DIGEST_BEFORE = "13baa88a62c36977edfe"
+"""Issue 32 moved worst_rank_bytes on purpose (the fullest moment inside backward: all-gathered and prefetched blocks,
+unsharded grads before their reduce-scatter, the re-run block's activations); compared row by row with 53c5df1cb32f,
+80 of the 86 rows grew (+0.03% to +124%), none shrank, the worst rank and the step_time rows are unchanged.
+Before that: re-recorded when merged with the FSDP2 pipeline peak-state rules (fsdp_state) and `other` = the dp slice
 (OTHER_IS_DP_SLICE): worst_rank_bytes moved by those on purpose; the step_time rows alone hash the same as at
 78cae89 (345a23988e991f141f0b), so the speed work still changes no number."""
 STEP_DIGEST_BEFORE = "135e568f55f6b9206eb0"
@@ -36,7 +39,8 @@ def _digest(rows: list) -> str:
 def test_step_time_and_worst_rank_unchanged_on_70b_layouts():
     hw = get_hardware("h100-sxm")
     L = enumerate_layouts(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, global_batch=BATCH)
-    L = L.take(L.recompute <= RecomputeMode.FULL)  # the recompute policies searched when the digests were recorded
+    # the recompute policies and schedules searched when the digests were recorded (dualpipev came later)
+    L = L.take((L.recompute <= RecomputeMode.FULL) & (L.schedule != PipelineSchedule.DUALPIPEV))
     rows, schedules = [], set()
     for _ in range(2):  # the second pass answers from the memos: it must give the same numbers
         rows = []
