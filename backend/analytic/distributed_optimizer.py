@@ -39,7 +39,7 @@ def model_state_bytes(layout: Any, parts: Any) -> tuple[Any, Any, Any]:
     of edp = dp x cp / ep and sharded over it: 2 + 4 + 12 / edp bytes per expert element in bf16 (moe.md Sec 2.4,
     Megatron's theoretical_memory_usage.compute_weight_and_optimizer_memory)."""
     cuda, dp, s = layout.device == CUDA, layout.dp, parts.stages
-    edp = ExpertLayout.of(layout.tp, layout.dp_cp, layout.ep).edp
+    edp = ExpertLayout.of(layout.tp, layout.dp_cp, layout.ep, layout.etp).edp
     half = layout.half_params
     pb = param_bytes(layout)
     state_tensors = 2 if layout.optimizer == "adamw" else 1

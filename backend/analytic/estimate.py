@@ -19,6 +19,7 @@ from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
+from backend.analytic.memory.stack_activations import stack_loss_backward_extra
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.params import count_params, param_list
 from backend.analytic.recompute_cost import flops_rerun
@@ -114,7 +115,9 @@ def estimate_rank(spec: Any, rank: int) -> RankEstimate:
                      loss_backward_bytes=int(memory.loss_backward_bytes), backward_bytes=int(memory.backward_bytes))
     params = local_params(spec, rank)
     r.optimizer_temp_bytes = int(memory.optimizer_temp_bytes)  # memory/optimizer_step.py: the local optimizer's order
-    if layout.n_stages - 1 in stages:
+    if layout.n_stages - 1 in stages and layout.stack is not None:  # a non-default stack's loss (stack_activations.py)
+        r.loss_backward_temp_bytes = int(stack_loss_backward_extra(spec.model, layout))
+    elif layout.n_stages - 1 in stages:
         r.loss_backward_temp_bytes = int(loss_backward_extra_bytes(
             s=spec.model.seq_len, b=layout.micro_batch, vocab=spec.model.vocab_size, dtype_bytes=layout.compute_bytes,
             logits_held=logits_held_in_backward(layout)))
@@ -259,7 +262,7 @@ def _class_estimates(spec: Any) -> tuple[RankClasses, dict[tuple, ClassEstimate]
         rep = estimate_rank(spec, c.representative(spec.parallel))
         shares = None
         layout = Layout.of(spec)
-        if spec.parallel.zero_stage == ZeroStage.ZERO1 and not layout.distributed_optimizer:
+        if spec.parallel.zero_stage == ZeroStage.ZERO1 and not layout.distributed_optimizer and layout.stack is None:
             position = RankPosition.of_rank(spec, rep.rank)
             shares = zero1_shares_of(spec.model, layout, position, rank_memory(spec.model, layout, position).parts)
         out[key] = ClassEstimate(c, rep, c.ranks, shares)

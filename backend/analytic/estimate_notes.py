@@ -7,12 +7,16 @@ from typing import Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
+from backend.analytic.memory.stack_states import stack_memory_note
 
 
 def estimate_notes(spec: Any) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
     where = peak_inside_forward(spec)  # None under pipelining
-    if str(t.precision) != "fp32":
+    stack = Layout.of(spec).stack
+    if stack is not None:
+        notes.append(stack_memory_note(stack))
+    elif str(t.precision) != "fp32":
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
     if p.zero_stage >= 2:
@@ -43,6 +47,12 @@ def estimate_notes(spec: Any) -> list[str]:
         notes.append("EP all_to_all and MoE activations are predicted for uniform routing (incl. the 8·E-byte count "
                      "exchange); each rank's result also carries the prediction for the routing it measured "
                      "(predicted_given_routing)")
+    if p.ep > 1 and p.etp > 1:
+        notes.append(f"etp={p.etp}: each rank holds its {spec.model.n_experts // p.ep} experts split over etp "
+                     f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; edp = dp x cp / ep = "
+                     f"{p.dp_cp // p.ep}); the MoE input is whole on every tp rank, so the all-to-all is that of etp 1 "
+                     f"and the experts' all-reduces run over etp; the expert intermediate activations are counted "
+                     f"unsplit (an upper bound)")
     if p.cp > 1:
         notes.append(cp_note(spec))
     if str(t.recompute) == "op":

@@ -2,16 +2,20 @@
 
 Megatron-Core builds two grids over the same ranks (parallel_state.py @ core_v0.19.0 l. 815-897): the dense
 tp x cp x dp x pp and the expert etp x ep x edp x pp, with edp = world / (etp x ep x pp); torchtitan's sparse mesh is
-(pp, dp_replicate, efsdp, ep, etp) (parallel_dims.py @ v0.2.2). ShardLab today:
+(pp, dp_replicate, efsdp, ep, etp) (parallel_dims.py @ v0.2.2). ShardLab lays the experts out as etp x ep x edp over a stage's tp x cp x dp ranks:
 - ep = 1: the experts split over tp like the dense MLP (each expert's fc_in / gate / up colwise, fc_out / down
   rowwise: etp = tp, Megatron's default etp);
-- ep > 1: whole experts (etp = 1), E / ep per rank, carved out of the dp x cp ranks (ep | dp x cp), and replicated
-  over tp: every tp rank routes the same tokens (the MoE input is the whole microbatch on each) and runs the same
-  experts, so their gradients agree over tp and reduce over the ep group's replicas only.
-edp (expert data-parallel degree) = the ranks holding the same experts within one tp column = dp x cp / ep; the
-expert gradients reduce over edp (an all-reduce, or the distributed optimizer's reduce-scatter: Megatron's
-_EXPERT_DATA_PARALLEL_GROUP) and zero1 shards the experts' optimizer state over it.
-A later expert tensor parallel (etp > 1, EP folded over tp) changes this one object.
+- ep > 1: E / ep experts per rank, ep carved out of the dp x cp ranks (ep | dp x cp); each expert split over
+  `parallel.etp` ranks of the tp group (etp | tp; 1: whole experts, the default). The MoE input is the whole
+  microbatch on every tp rank (all-gathered over tp under sequence parallelism: the all-gather over etp before
+  dispatch is that block-level one, as torchtitan's ExpertTensorParallel, expert_parallel.py @ v0.2.2), so the
+  tp / etp ranks holding the same expert shard (`tp_replicas`) compute the same gradients and reduce over the ep
+  group's replicas only; at etp = tp this is Megatron's default fold (etp = tp, ep over dp x cp).
+edp (expert data-parallel degree) = the ranks holding the same expert shard within one tp column = dp x cp / ep
+(Megatron: world / (etp x ep x pp) at etp = tp); the expert gradients reduce over edp (an all-reduce, or the
+distributed optimizer's reduce-scatter: Megatron's _EXPERT_DATA_PARALLEL_GROUP) and zero1 shards the experts'
+optimizer state over it. Megatron's fold of ep over the tp ranks (etp < tp with distinct tokens per tp rank) is not
+modelled (spec/checks.py says so with the arithmetic).
 """
 
 from __future__ import annotations
@@ -34,16 +38,17 @@ class ExpertLayout:
     """tp ranks that hold the same experts whole and compute the same expert gradients (tp / etp)."""
 
     @classmethod
-    def of(cls, tp: Any, dp_cp: Any, ep: Any) -> ExpertLayout:
-        etp = where(ep > 1, 1, tp)
+    def of(cls, tp: Any, dp_cp: Any, ep: Any, etp: Any = 1) -> ExpertLayout:
+        etp = where(ep > 1, etp, tp)
         return cls(ep=ep, etp=etp, edp=dp_cp // ep, tp_replicas=tp // etp)
 
     @classmethod
     def of_spec(cls, spec: Any) -> ExpertLayout:
         p = spec.parallel
-        return cls.of(p.tp, p.dp_cp, p.ep)
+        return cls.of(p.tp, p.dp_cp, p.ep, p.etp)
 
     @property
     def whole_experts(self) -> Any:
         """Each expert's weights unsplit on the rank (etp = 1 under ep > 1)."""
-        return self.ep > 1
+        return (self.ep > 1) & (self.etp == 1)
+

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.stack_memory import stack_memory
 from backend.analytic.vector import logical_and, logical_not, logical_or
 from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
@@ -80,6 +81,9 @@ class Layout(LayoutDegrees):
     """Where the ranks run ("cpu" or "cuda"): CUDA rounds storages to 512 B and keeps AdamW's step on the host."""
     sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS
     """The ops `op` recompute saves (recompute_policy.py)."""
+    stack: Any = None
+    """analytic/stack_memory.StackMemory: what a non-default stack keeps (memory/stack_states.py,
+    stack_activations.py); None = this engine's own model."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -110,7 +114,8 @@ class Layout(LayoutDegrees):
                    virtual_stages=p.virtual_stages, sequence_parallel=bool(p.sequence_parallel),
                    microbatches=t.microbatches, global_batch=t.global_batch, precision=str(t.precision),
                    optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
-                   device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)))
+                   device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)),
+                   stack=stack_memory(spec, "cuda" if device == "cuda" else "cpu"))
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",

@@ -290,7 +290,7 @@ def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalPa
     c = p.coords(rank)
     key = model_key(m)
     placement = (key.n_experts, p.tp, p.dp_cp, p.ep, c["tp"], p.data_parallel_index(rank), c["ep"],
-                 dp_shard and p.zero_stage >= 2)
+                 dp_shard and p.zero_stage >= 2, p.etp)
     out: list[LocalParam] = []
     for run, signature in _rank_runs(key, c["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)):
         out += _local_run(run, signature, placement)
@@ -377,9 +377,9 @@ def _signature_id(run: Any) -> int:
 @lru_cache(maxsize=4096)
 def _run_splits(signature: int, placement: tuple) -> tuple[tuple | None, ...]:
     """shard_param's split (None: another ep rank's expert) of each parameter of a run with this signature."""
-    n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp = placement
+    n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp, etp = placement
     return tuple(shard_split(*read, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank, dp_rank=dp_rank,
-                              ep_rank=ep_rank, fsdp=fsdp) for read in _SIGNATURE_OF[signature])
+                              ep_rank=ep_rank, fsdp=fsdp, etp=etp) for read in _SIGNATURE_OF[signature])
 
 
 _LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}
@@ -392,7 +392,8 @@ def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
     (the model's parameter list, the degrees, the schedule's stage placement, FSDP or not, the rank): the planner
     and the step-time model ask for the same ranks of the same layouts again and again. LocalParam is frozen."""
     m, p = spec.model, spec.parallel
-    key = (model_key(m), p.tp, p.pp, p.dp, p.cp, p.ep, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2, rank)
+    key = (model_key(m), p.tp, p.pp, p.dp, p.cp, p.ep, p.etp, p.virtual_stages, str(p.pp_schedule), p.zero_stage >= 2,
+           rank)
     hit = _LOCAL_MEMO.get(key)
     if hit is None:
         if len(_LOCAL_MEMO) >= _MEMO_MAX:
@@ -425,18 +426,18 @@ def derived(params: Any, tag: Any, fn: Any, keep: Any = None) -> Any:
 
 
 def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
-                fsdp: bool) -> LocalParam | None:
+                fsdp: bool, etp: int = 1) -> LocalParam | None:
     """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's expert)."""
     name = info.name
     # everything below reads the name only through these three (every layer's q/k/v/... shard alike): memoised
     read = (info.shape, tp_style(name), name.endswith(".bias"), expert_of(name))
-    key = (*read, n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp)
+    key = (*read, n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp, etp)
     split = _SPLIT.get(key, _MISS)
     if split is _MISS:
         if len(_SPLIT) >= 1 << 15:
             _SPLIT.clear()
         split = _SPLIT[key] = shard_split(*read, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank,
-                                           dp_rank=dp_rank, ep_rank=ep_rank, fsdp=fsdp)
+                                           dp_rank=dp_rank, ep_rank=ep_rank, fsdp=fsdp, etp=etp)
     return None if split is None else LocalParam(name, info.shape, *split)
 
 
@@ -445,7 +446,7 @@ _MISS = object()
 
 
 def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: int | None, *, n_experts: int, tp: int,
-                 dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int, fsdp: bool) -> tuple | None:
+                 dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int, fsdp: bool, etp: int = 1) -> tuple | None:
     """shard_param's fields after name and shape, from what it reads of the name: its tp style, the .bias suffix and
     its expert index (so shard_param and _run_splits memoise it on those)."""
     if not _ep_keeps(expert_index, n_experts, ep, ep_rank):
@@ -455,8 +456,9 @@ def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: in
     # strategy keeps them out of the dp wrapper (DDP ignore list / fully_shard ignored_params)
     ep_expert = expert and ep > 1
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
-    # ep > 1: whole experts on every tp rank (expert_layout.ExpertLayout: etp = 1), the rest split by its tp style
-    local = shape if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
+    # ep > 1: experts split over etp ranks of the tp group by their tp style, whole at etp 1 (expert_layout.py); the
+    # rest split over tp by its tp style
+    local = _tp_local(shape, style, bias, etp, tp_rank % etp) if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

@@ -163,6 +163,9 @@ def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
         else:
             ar += bsh  # Replicate input: grad all-reduced in backward
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
+    if moe and p.ep > 1 and p.etp > 1:  # experts split over etp (expert_layout.py): their colwise / rowwise all-reduces
+        # over the etp group, of the routed rows every etp rank holds alike (the MoE input is whole on each tp rank)
+        out.append(("all_reduce", mats * moe * bsh * m.top_k * mb, p.etp))
     block, final = partial_grad_numel(model_key(m), sp)
     partial = block * L + final * (n_stages - 1 in stages)
     if partial:  # Partial grads over tp: one fp32 all-reduce per tensor per step (step.reduce_partial_grads)

@@ -71,13 +71,13 @@ def run(args: argparse.Namespace) -> int:
     from backend.spec.checks import run_blockers
     from backend.spec.stacks import resolve_stack
 
-    data = estimate(spec, device=host_device(str(spec.runtime.device))).to_dict(offset=args.rank_offset,
-                                                                                max_ranks=args.rank_limit)
+    est = estimate(spec, device=host_device(str(spec.runtime.device)))
+    data = est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit)
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     data["stack"] = resolve_stack(spec, "cpu" if host_device(str(spec.runtime.device)) == "cpu" else "gpu").to_json()
     if args.hardware or args.calibration is not None:
-        problem = _add_step_time(args, spec, data)
+        problem = _add_step_time(args, spec, data, est)
         if problem:
             return fail(problem)
     elif args.gpus_per_node is not None:
@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     return _emit(args, data, _training_table)
 
 
-def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str | None:
-    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS) and "step_time_detail" to `data`."""
+def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: Any = None) -> str | None:
+    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS), "step_time_detail" and, with `est`, "fit" (on the
+    resolved profile's memory) to `data`."""
     from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
     from backend.calibration.fit import extrapolation
     from backend.calibration.records import resolve
@@ -99,6 +100,8 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
     except ValueError as e:
         return str(e)
     data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
+    if est is not None:
+        data["fit"] = fit_on(est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
     except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
@@ -112,6 +115,23 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any]) -> str 
                                 "extrapolation": extrapolation(spec, cal["ranges"], g) if cal else [],
                                 "per_rank": [vars(r) for r in st.per_rank], "notes": st.notes}
     return None
+
+
+def fit_on(est: Any, hw: Any) -> dict[str, Any]:
+    """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
+    terms) + the runtime allowance (analytic/device.runtime_overhead_bytes: CUDA context, NCCL buffers, allocator
+    slack; zero on CPU ranks) <= the profile's memory."""
+    from backend.analytic.device import runtime_overhead_bytes
+
+    worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
+    moments = worst.moments()
+    fullest = worst.fullest_bytes()
+    overhead = runtime_overhead_bytes(est.spec, fullest)
+    device = hw.memory_bytes
+    need = fullest + overhead["total"]
+    return {"hardware": hw.key, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
+            "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
+            "fits": bool(device) and need <= device}
 
 
 def _run_raw(args: argparse.Namespace) -> int:
@@ -175,6 +195,12 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + other "
                      f"{t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s per GPU, MFU {t['mfu']:.1%}")
         lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
+    if d.get("fit"):
+        f, o = d["fit"], d["fit"]["overhead_bytes"]
+        lines.append(f"fit on {f['hardware']}: rank {f['rank']} needs {_fmt(f['need_bytes'])} = fullest moment "
+                     f"({f['moment']}) {_fmt(f['fullest_bytes'])} + CUDA context {_fmt(o['cuda_context'])} + NCCL "
+                     f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of {_fmt(f['device_bytes'])}: "
+                     + ("fits" if f["fits"] else "does not fit"))
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
 from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
+from backend.importers.megatron_moe import capacity, moe
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -85,6 +86,11 @@ TABLE: dict[str, Any] = {
     "--micro-batch-size": To("micro_batch", pos_int), "--global-batch-size": To("global_batch", opt_int),
     "--tensor-model-parallel-size": To("tp", pos_int), "--pipeline-model-parallel-size": To("pp", pos_int),
     "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
+    "--expert-tensor-parallel-size": To("etp", opt_int),
+    "--moe-expert-capacity-factor": To("capacity_factor", capacity),
+    "--moe-pad-expert-input-to-capacity": To("moe_pad_to_capacity", as_flag),
+    "--moe-token-dispatcher-type": To("mg_dispatcher"), "--moe-grouped-gemm": To("moe_grouped_gemm", as_flag),
+    "--moe-aux-loss-coeff": To("moe_aux_loss_coeff"), "--moe-router-load-balancing-type": To("mg_lb_type"),
     "--cp-comm-type": To("mg_cp_comm", choice({"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a",
                                                "a2a+p2p": "a2a+p2p"})),
     "--num-layers-per-virtual-pipeline-stage": To("mg_layers_per_virtual", opt_int),
@@ -137,10 +143,10 @@ PREFIXES: dict[str, Any] = {
         "--log-throughput", "--iteration", "--consumed-", "--padded", "--rank", 
         "--num-dataset-builder-threads", "--object-storage", "--squared-relu", "--openai-gelu", "--onnx-safe",
         "--bert", "--ict", "--titles", "--retro", "--vision", "--fp8-margin", "--fp8-interval", "--fp8-amax",
-        "--first-last-layers-bf16", "--moe-aux-loss", "--moe-z-loss",
-        "--moe-router-load-balancing", "--moe-input-jitter", "--moe-token-dispatcher", "--moe-grouped-gemm",
+        "--first-last-layers-bf16", "--moe-z-loss",
+        "--moe-input-jitter",
         "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
-        "--moe-token-drop", "--moe-expert-capacity", "--moe-pad-expert", "--moe-router-enable-expert-bias",
+        "--moe-token-drop", "--moe-router-enable-expert-bias",
         "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups", "--moe-router-group-topk",
         "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization", 
         "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
@@ -148,7 +154,7 @@ PREFIXES: dict[str, Any] = {
         "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
         "--wgrad-deferral", "--delay-wgrad",
         "--hierarchical-context-parallel", "--encoder-", "--decoder-first", "--decoder-last", "--use-tp-pp-dp-mapping",
-        "--expert-tensor-parallel-size", "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
+        "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
         "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train", 
         
         "--store-param-remainders", "--qk-layernorm", "--qk-l2-norm", "--use-rope-scaling", "--disable-",
@@ -239,7 +245,7 @@ def model_and_layout(flat: Flat) -> list[str]:
                      f"{flat.get('seq_len')} ({(max_pos - flat.get('seq_len')) * h:+,} parameters)")
     notes += _attention(flat)
     notes += _vocab(flat, tp)
-    notes += _moe(flat)
+    notes += moe(flat)
     notes += _context_parallel(flat)
     return notes
 
@@ -308,20 +314,6 @@ def _vocab(flat: Flat, tp: int) -> list[str]:
     flat.put("vocab_size", padded, flat.source_of("mg_vocab"))
     return [f"vocabulary {vocab:,} padded to {padded:,} (a multiple of make-vocab-size-divisible-by "
             f"{flat.get('mg_vocab_multiple', 128)} x tp {tp}), as Megatron does"] if padded != vocab else []
-
-
-def _moe(flat: Flat) -> list[str]:
-    if not flat.get("n_experts"):
-        flat.canonical.pop("n_experts", None)
-        flat.canonical.pop("top_k", None)
-        flat.canonical.pop("expert_ffn_hidden", None)
-        return []
-    if flat.get("expert_ffn_hidden") is None:
-        flat.canonical.pop("expert_ffn_hidden", None)
-    if flat.get("mg_shared_ffn") is not None:
-        flat.put("n_shared_experts", 1, flat.source_of("mg_shared_ffn"))
-        flat.put("shared_ffn_hidden", flat.get("mg_shared_ffn"), flat.source_of("mg_shared_ffn"))
-    return []
 
 
 def training(flat: Flat) -> list[str]:

@@ -30,7 +30,9 @@ SAME_AS_MEGATRON = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attenti
                     "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                     "context_parallel_size", "expert_model_parallel_size", "sequence_parallel", "moe_router_topk",
                     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "normalization",
-                    "position_embedding_type")
+                    "position_embedding_type", "expert_tensor_parallel_size", "moe_expert_capacity_factor",
+                    "moe_pad_expert_input_to_capacity", "moe_token_dispatcher_type", "moe_grouped_gemm",
+                    "moe_aux_loss_coeff", "moe_router_load_balancing_type")
 FUSIONS = ("gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_add_fusion", "masked_softmax_fusion",
            "apply_rope_fusion")
 """Megatron's fusions (on by default): the megatron stack's fused element-wise accounting assumes them; one turned off
@@ -87,8 +89,7 @@ PREFIXES: dict[str, Any] = {
         "model.mcore_gpt", "model.fp8_margin", "model.fp8_interval", "model.fp8_amax",
         "model.reduce_amax", "model.use_emha", "model.cpu_offloading_",
         "model.sharp", "model.enable_megatron_timers", "model.gc_interval", "model.drop_layers",
-        "model.precision", "model.resume", "model.moe_aux_loss_coeff", "model.moe_token_dispatcher_type",
-        "model.moe_grouped_gemm", "model.moe_router_load_balancing_type", "model.moe_z_loss_coeff",
+        "model.precision", "model.resume", "model.moe_z_loss_coeff",
         "model.moe_input_jitter_eps", "model.moe_token_dropping")},
 }
 

@@ -18,6 +18,8 @@ from typing import Any
 from backend.importers.assemble import to_spec
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
+from backend.importers.torchtitan_moe import experts
 from backend.importers.torchtitan_models import dumped_model
 from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
                                                 precision, schedule)
@@ -52,7 +54,6 @@ TABLE: dict[str, Any] = {
     "parallelism.pipeline_parallel_layers_per_stage": To("tt_layers_per_stage"),
     "parallelism.context_parallel_degree": To("cp", positive_int),
     "parallelism.context_parallel_rotate_method": To("cp_rotate", choice({"allgather": "allgather", "alltoall": "alltoall"})),
-    "parallelism.expert_parallel_degree": To("ep", positive_int),
     "activation_checkpoint": To("tt_ac"),
     "compile.enable": To("tt_compile", flag),
     "compile.components": To("tt_compile_components"),
@@ -108,10 +109,11 @@ def import_dump(text: str | bytes, *, gpus: int | None = None, model_config: dic
                 file: str = "config.json") -> ImportedConfig:
     data = parse(text)
     flat = Flat(flatten(data, keep=("model_spec.model", "activation_checkpoint")))
-    apply_table(flat, TABLE, prefixes=PREFIXES)
+    apply_table(flat, {**TABLE, **MOE_TABLE}, prefixes=PREFIXES)
     notes = _model(flat, model_config) + _batch(flat)
     data_parallel(flat)
     notes += _ac(flat) + precision(flat)
+    notes += experts(flat)
     compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     name = f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')} (torchtitan)"

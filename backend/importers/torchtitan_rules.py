@@ -16,15 +16,15 @@ from backend.importers.fields import Flat
 from backend.importers.imported import ConfigImportError
 
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved_1f1b",
-             "interleavedzerobubble": "zero_bubble", "zbvzerobubble": "zbv"}
-MULTI_STAGE = ("interleaved_1f1b", "zero_bubble", "zbv")
+             "interleavedzerobubble": "zero_bubble", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}
+MULTI_STAGE = ("interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 
 
 def schedule(value: object) -> str:
     key = str(value).lower().replace("_", "").replace("-", "")
     if key not in SCHEDULES:
-        raise ValueError("expected one of 1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble "
-                         "(LoopedBFS, DualPipeV and CSV schedules are not modelled)")
+        raise ValueError("expected one of 1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, "
+                         "DualPipeV (LoopedBFS and CSV schedules are not modelled)")
     return SCHEDULES[key]
 
 

@@ -20,6 +20,8 @@ from backend.importers.assemble import to_spec
 from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
 from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
+from backend.importers.torchtitan_moe import experts
 from backend.importers.torchtitan_models import flavor_model
 from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
                                               precision, schedule)
@@ -123,10 +125,11 @@ def import_toml(text: str | bytes, *, gpus: int | None = None, model_config: dic
     for key in WHEN_ON.keys() & values.keys():
         (flat.unmap if values[key] not in (False, None, "", []) else flat.ignore)(
             key, values[key], WHEN_ON[key] if values[key] not in (False, None, "", []) else "off")
-    apply_table(flat, TABLE, prefixes=PREFIXES)
+    apply_table(flat, {**TABLE, **MOE_TABLE}, prefixes=PREFIXES)
     notes = _model(flat, model_config) + _batch(flat)
     data_parallel(flat)
     notes += activation_checkpoint(flat) + _numerics(flat) + precision(flat)
+    notes += experts(flat)
     compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     description = (data.get("job") or {}).get("description") or f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')}"

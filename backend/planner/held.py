@@ -55,6 +55,16 @@ class HeldTraining:
         return replace(self, stack=stack or self.stack,
                        stack_settings=tuple((k, merged[k]) for k in STACK_SETTINGS if k in merged))
 
+    def stack_memory(self, model: Any, device: str) -> Any:
+        """analytic/stack_memory.StackMemory of the held stack and settings (None for shardlab): the same settings
+        `Layout.of` resolves from each planned spec."""
+        from backend.analytic.stack_memory import stack_memory_of_train
+        from backend.spec.sections import TrainSpec
+
+        train = TrainSpec.model_validate({"precision": self.precision, "optimizer": self.optimizer,
+                                          **self.spec_train("none")})
+        return stack_memory_of_train(train, model, device)
+
     def extra_recompute(self) -> tuple[tuple[str, int], ...]:
         """The held policy as (kind, K), for planner/space.enumerate_layouts (() when none is held)."""
         return (parse_recompute(self.recompute),) if self.recompute else ()

@@ -11,7 +11,7 @@ not count on a GPU: the CUDA context, NCCL's buffers and allocator fragmentation
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,7 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
                                 extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops)
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
+    layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))  # estimate's own stack terms
     memory, _ = worst_rank_memory(model, layouts)
     keep = np.nonzero(memory <= budget)[0]
     if not len(keep):

@@ -76,10 +76,22 @@ def _ep_admitted(s: Search, ep: int, at: dict[str, int]) -> bool:
     return m.n_experts % ep == 0 if m.is_moe else ep == 1
 
 
+def _etp_admitted(s: Search, etp: int, at: dict[str, int]) -> bool:
+    """spec.checks._check_expert_tp: etp | tp (a divisor of the tp ranks it is carved out of) and | expert_ffn."""
+    m = s.model
+    return m.expert_ffn % etp == 0 if m.is_moe else etp == 1
+
+
 ADMITS: dict[str, Callable[[Search, int, dict[str, int]], bool]] = {
-    "tp": _tp_admitted, "pp": _pp_admitted, "cp": _cp_admitted, "ep": _ep_admitted}
+    "tp": _tp_admitted, "pp": _pp_admitted, "cp": _cp_admitted, "ep": _ep_admitted, "etp": _etp_admitted}
 """What a model admits of a degree (given the degrees chosen before it): spec.checks' arithmetic and the search's
 limits. A dimension without an entry is searched over every divisor of the ranks it splits."""
+
+
+def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...]) -> bool:
+    """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp)."""
+    at = dict(zip(names, combo))
+    return at.get("etp", 1) == 1 or at.get("ep", 1) > 1
 
 
 def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpus_per_node: int,
@@ -103,7 +115,8 @@ def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpu
         at = {**at, rest: left}
         options = [[e for e in _divisors(math.prod(at[n] for n in d.carved_from))
                     if ADMITS.get(d.name, _any_divisor)(search, e, at)] for d in carved]
-        points.append(DegreePoint(at, list(itertools.product(*options)),
+        names = tuple(d.name for d in carved)
+        points.append(DegreePoint(at, [c for c in itertools.product(*options) if _carved_admitted(names, c)],
                                   _schedules(at["pp"], model.n_layers, limits.virtual_stages)))
 
     walk(0, gpus, {})

@@ -211,8 +211,47 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
             out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = {m.n_experts % p.ep})")
         if p.dp_cp % p.ep:
             group = f"dp * cp = {p.dp} * {p.cp} = {p.dp_cp}" if p.cp > 1 else f"dp={p.dp}"
-            out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel ranks)")
+            out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel "
+                       f"ranks){_fold_note(p)}")
+    out += _check_expert_tp(m, p)
     out += _check_context_parallel(m, p)
+    return out
+
+
+def _fold_note(p: ParallelSpec) -> str:
+    """Where ep does not fit in dp x cp: Megatron-Core's folding would place it over the tp ranks too; say so."""
+    ranks = p.tp * p.dp_cp
+    if p.tp == 1 or ranks % (p.etp * p.ep):
+        return ""
+    return (f"; Megatron-Core's MoE parallel folding would lay the experts out as etp({p.etp}) x ep({p.ep}) x "
+            f"edp({ranks // (p.etp * p.ep)}) over the tp({p.tp}) x cp({p.cp}) x dp({p.dp}) = {ranks} ranks of a stage "
+            "(ep spanning tp, each tp rank routing its own sequence-parallel tokens: parallel_state."
+            "initialize_model_parallel @ core_v0.19.0, expert RankGenerator order tp-ep-dp-pp), which is not modelled "
+            "here: ep is carved out of dp x cp and the tp / etp ranks of a group hold the same experts")
+
+
+def _check_expert_tp(m: ModelSpec, p: ParallelSpec) -> list[str]:
+    """The expert layout etp x ep x edp over a stage's tp x cp x dp ranks (analytic/expert_layout.py): etp splits each
+    expert over ranks of the tp group (etp | tp, torchtitan's ExpertTensorParallel at etp = tp; Megatron-Core allows
+    any etp with world % (etp x ep x pp) == 0, parallel_state.py @ core_v0.19.0 l. 871-897), ep is carved out of
+    dp x cp, edp = dp x cp / ep, and tp / etp ranks hold the same expert shards."""
+    if p.etp == 1:
+        return []
+    if not m.is_moe:
+        return [f"etp={p.etp} needs a MoE model (n_experts > 0, got n_experts=0)"]
+    if p.ep == 1:
+        if p.etp == p.tp:
+            return []
+        return [f"etp={p.etp} with ep=1: without expert parallelism the routed experts are split over tp like the "
+                f"dense MLP (etp = tp = {p.tp}, Megatron's default); set ep > 1 for another expert tensor-parallel degree"]
+    out = []
+    if p.tp % p.etp:
+        out.append(f"etp={p.etp} does not divide tp={p.tp} ({p.tp} % {p.etp} = {p.tp % p.etp}): each expert is split over "
+                   f"etp ranks of the tp group, so the expert layout etp x ep x edp = {p.etp} x {p.ep} x edp must "
+                   f"fold into tp x cp x dp = {p.tp} x {p.cp} x {p.dp} with etp | tp (torchtitan: etp in {{1, tp}})")
+    if m.expert_ffn % p.etp:
+        out.append(f"etp={p.etp} does not divide expert_ffn_hidden={m.expert_ffn} "
+                   f"({m.expert_ffn} % {p.etp} = {m.expert_ffn % p.etp})")
     return out
 
 

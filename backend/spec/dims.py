@@ -173,8 +173,19 @@ CP = Dim(
                   flag_help="spec parallel.cp_load_balance (head-tail sequence chunks; default on)",
                   widget=Widget("CP load balancing (head-tail)", glossary="cp load balance"))),
     rank_order=2, mesh="dp")
+ETP = Dim(
+    "etp", SpecField("etp", int, 1, "Expert tensor-parallel degree (ep > 1): each routed expert's weights are split "
+                     "over etp ranks of the tp group (colwise / rowwise, as the dense MLP over tp), whole at 1; the "
+                     "other tp / etp ranks of the group hold the same expert shards (analytic/expert_layout.py). At "
+                     "ep = 1 the experts are split over tp like the dense MLP (etp = tp, Megatron's default).",
+                     ge=1, le=MAX_WORLD, flag="--etp", column_after="sequence_parallel",
+                     widget=Widget("Expert TP degree", help="Expert tensor parallel (with EP): each expert's weights "
+                                   "split over this many of the tp ranks; 1 keeps experts whole")),
+    in_world=False, carved_from=("tp",), changes_world=False)
+"""Carved out of the tp ranks: a rank's etp index is its tp index modulo etp (Megatron-Core's expert grid puts etp
+fastest, order tp-ep-dp-pp)."""
 
-DIMS: tuple[Dim, ...] = (DP, TP, PP, EP, CP)
+DIMS: tuple[Dim, ...] = (DP, TP, PP, EP, CP, ETP)
 """The dimensions in spec, CLI and export order."""
 
 
@@ -226,7 +237,9 @@ def coords(dims: Sequence[Dim], degrees: Mapping[str, int], rank: int) -> dict[s
         index[name] = (rank // stride) % degrees[name]
         stride *= degrees[name]
     out = {name: index[name] for name, always in world if always or degrees[name] > 1}
-    for name, within in carved:
+    for name, within, always in carved:
+        if not (always or degrees[name] > 1):
+            continue
         flat = 0
         for n in within:
             flat = flat * degrees[n] + index[n]
@@ -235,11 +248,14 @@ def coords(dims: Sequence[Dim], degrees: Mapping[str, int], rank: int) -> dict[s
 
 
 @cache
-def _rank_layout(dims: tuple[Dim, ...]) -> tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
-    """((in-world name, always named) in rank order, (carved name, the names it is carved from in rank order))."""
+def _rank_layout(dims: tuple[Dim, ...]) -> tuple[tuple[tuple[str, bool], ...],
+                                                 tuple[tuple[str, tuple[str, ...], bool], ...]]:
+    """((in-world name, always named) in rank order, (carved name, the names it is carved from in rank order, always
+    named))."""
     world = world_dims(dims)
     return (tuple((d.name, d.always_named) for d in world),
-            tuple((d.name, tuple(w.name for w in world if w.name in d.carved_from)) for d in dims if not d.in_world))
+            tuple((d.name, tuple(w.name for w in world if w.name in d.carved_from), d.always_named)
+                  for d in dims if not d.in_world))
 
 
 def rank_at(dims: Sequence[Dim], degrees: Mapping[str, int], at: Mapping[str, int]) -> int:

@@ -6,7 +6,7 @@ Pure Python (imported by spec validation): no torch, deepspeed or jax here.
 from __future__ import annotations
 
 from backend.spec import dims
-from backend.spec.sections import SpecParts
+from backend.spec.sections import ParallelSpec, SpecParts
 
 DEEPSPEED_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """ShardLab strategy -> DeepSpeed `zero_optimization.stage` (ddp is stage 0: plain data parallelism)."""
@@ -15,6 +15,12 @@ JAX_STRATEGIES = {"ddp": "dp", "zero3": "fsdp", "fsdp": "fsdp", "tp": "tp"}
 JAX_DIMS = ("dp", "tp")
 """The parallel dimensions the JAX layouts shard over; any other above 1 is refused."""
 _BEYOND_DP = tuple(d.name for d in dims.DIMS if not d.remainder)
+_QUIET_AT_1 = tuple(d.name for d in dims.DIMS if not (d.always_named or d.in_world))
+"""Carved dimensions named only above 1 (etp), as in a rank's coords: a message lists them only when set."""
+
+
+def _degrees_text(p: ParallelSpec, names: tuple[str, ...]) -> str:
+    return ", ".join(f"{d}={getattr(p, d)}" for d in names if d not in _QUIET_AT_1 or getattr(p, d) > 1)
 """Every degree but dp: DeepSpeed and torch's offload run pure data parallelism here."""
 JAX_GPT_FAMILY = {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "bias": "all", "tie_embeddings": False,
                   "norm_eps": 1e-5}
@@ -40,8 +46,7 @@ def _torch(s: SpecParts) -> list[str]:
         out.append("torch FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the optimizer step "
                    "to the host together: use offload=params (offload=optimizer alone is DeepSpeed's, --framework deepspeed)")
     if any(getattr(p, d) > 1 for d in _BEYOND_DP):
-        out.append("offload on torch runs pure data parallelism here (got "
-                   + ", ".join(f"{d}={getattr(p, d)}" for d in _BEYOND_DP) + ")")
+        out.append("offload on torch runs pure data parallelism here (got " + _degrees_text(p, _BEYOND_DP) + ")")
     return out
 
 
@@ -84,7 +89,7 @@ def _jax(s: SpecParts) -> list[str]:
     unwritten = [d for d in _BEYOND_DP if d not in JAX_DIMS]
     if any(getattr(p, d) > 1 for d in unwritten):
         out.append("framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX "
-                   "here (" + ", ".join(f"{d}={getattr(p, d)}" for d in unwritten) + ")")
+                   "here (" + _degrees_text(p, tuple(unwritten)) + ")")
     if st in ("zero3", "fsdp") and p.tp > 1:
         out.append(f"framework jax: fsdp x tp is not wired (got tp={p.tp}); run fsdp with tp=1 or tp with ddp")
     if m.is_moe:

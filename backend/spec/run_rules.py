@@ -74,6 +74,10 @@ LAYOUT_RULES = (
             "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),
     RunRule("fp8 x ep", lambda v: (v.precision == "fp8") & (v.ep > 1),
             lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"),
+    RunRule("etp x ep", lambda v: (v.etp > 1) & (v.ep > 1),
+            lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only: the engine runs whole experts under ep (its tp "
+            "plan leaves the experts plain, strategies/tp.py); splitting each expert colwise / rowwise over etp ranks "
+            "inside the ep dispatch is not wired, use etp=1 to run it"),
     RunRule("zero1 x tp/pp under fp16-mixed",
             lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
             lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "

@@ -32,9 +32,14 @@ def test_traced_model_states_equal_the_prediction(parallel):
     params 119,424 / grads 238,848 / optimizer 358,288 on every rank)."""
     res = trace_spec(spec_of("bf16-mixed", **parallel))
     assert res["status"] == "ok", res
+    # The megatron stack is predicted as Megatron-Core keeps it on a GPU (memory/stack_states.megatron_state): AdamW's
+    # `step` on the host. On CPU ranks torch keeps one 4-B step tensor per optimizer tensor on the device: one per
+    # bucket of this engine's distributed optimizer (each block, the embeddings, the head).
+    steps = 4 * (MODEL["n_layers"] + 2) if parallel.get("train") == MEGATRON else 0
     for row in res["per_rank"]:
         for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
-            assert row["traced"][key] == row["predicted"][key], (row["rank"], key, row)
+            extra = steps if key == "optimizer_bytes" else 0
+            assert row["traced"][key] == row["predicted"][key] + extra, (row["rank"], key, row)
 
 
 SPECS = [

@@ -49,23 +49,24 @@ def test_the_real_table_keeps_the_contracts():
     from db.export import EXP_COLUMNS, NOT_APPLICABLE
     from db.queries import ROW_KEYS
 
-    assert dims.degree_names(dims.DIMS) == ("dp", "tp", "pp", "ep", "cp")
+    # issue 35 added etp last: every column / key before it keeps its place
+    assert dims.degree_names(dims.DIMS) == ("dp", "tp", "pp", "ep", "cp", "etp")
     assert {f: (s, n) for f, (s, n, _) in FLAGS.items() if s == "parallel" and n not in ("strategy", "world_size",
                                                                                           "offload")} == {
         "--dp": ("parallel", "dp"), "--tp": ("parallel", "tp"), "--pp": ("parallel", "pp"), "--ep": ("parallel", "ep"),
         "--cp": ("parallel", "cp"), "--cp-rotate": ("parallel", "cp_rotate"), "--schedule": ("parallel", "pp_schedule"),
-        "--virtual-stages": ("parallel", "virtual_stages")}
+        "--virtual-stages": ("parallel", "virtual_stages"), "--etp": ("parallel", "etp")}
     assert {f: (s.name, s.flag_kind) for f, s in SWITCHES.items()} == {
         "--sequence-parallel": ("sequence_parallel", "switch"), "--cp-load-balance": ("cp_load_balance", "toggle")}
     assert list(ParallelSpec.model_fields) == ["strategy", "world_size", "dp", "tp", "sequence_parallel", "pp",
                                                "pp_schedule", "virtual_stages", "ep", "cp", "cp_rotate",
-                                               "cp_load_balance", "offload"]
-    assert EXP_COLUMNS[:20] == ["id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp",
+                                               "cp_load_balance", "etp", "offload"]
+    assert EXP_COLUMNS[:21] == ["id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp",
                                 "tp", "pp", "ep", "cp", "cp_rotate", "cp_load_balance", "zero_stage", "schedule",
-                                "microbatches", "virtual_stages", "sequence_parallel"]
-    assert ROW_KEYS[:17] == ("id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp",
+                                "microbatches", "virtual_stages", "sequence_parallel", "etp"]
+    assert ROW_KEYS[:18] == ("id", "name", "status", "strategy", "world_size", "dp", "tp", "pp", "ep", "cp",
                              "cp_rotate", "cp_load_balance", "zero_stage", "schedule", "microbatches", "virtual_stages",
-                             "sequence_parallel")
+                             "sequence_parallel", "etp")
     assert NOT_APPLICABLE == {"schedule": "pp", "virtual_stages": "pp", "sequence_parallel": "tp", "top_k": "n_experts",
                               "cp_rotate": "cp", "cp_load_balance": "cp"}
     assert MESH_DIMS == ("pp", "dp", "tp") and PURE_DEGREE == {"tp": "tp", "pp": "pp", "ep": "ep"}
@@ -129,7 +130,7 @@ def test_the_form_shows_a_new_dimension(monkeypatch):
     from dashboard import spec_form as sf
 
     fields = dims.form_fields(WITH_XP)
-    assert [f.name for f in fields] == ["tp", "pp", "ep", "cp", "xp", "sequence_parallel", "pp_schedule",
+    assert [f.name for f in fields] == ["tp", "pp", "ep", "cp", "etp", "xp", "sequence_parallel", "pp_schedule",
                                         "virtual_stages", "cp_rotate", "cp_load_balance", "xp_mode"]
     monkeypatch.setattr(sf, "PARALLEL_FIELDS", fields)
     monkeypatch.setattr(sf, "PARALLEL_KEYS", ("strategy", "world_size", *(f.name for f in fields)))
@@ -149,7 +150,8 @@ def test_the_planner_space_searches_a_new_dimension():
         assert point.degrees["dp"] * point.degrees["tp"] * point.degrees["pp"] * point.degrees["cp"] \
             * point.degrees["xp"] == 8
         dp_cp = point.degrees["dp"] * point.degrees["cp"]
-        assert all(dp_cp % ep == 0 and 4 % ep == 0 for (ep,) in point.carved)
+        assert all(dp_cp % ep == 0 and 4 % ep == 0 and point.degrees["tp"] % etp == 0 and (ep > 1 or etp == 1)
+                   for ep, etp in point.carved)
     assert {p.degrees["xp"] for p in with_xp} == {1, 2, 4, 8}
     assert [p for p in with_xp if p.degrees["xp"] == 1] == [
         type(p)({**p.degrees, "xp": 1}, p.carved, p.schedules) for p in real]
@@ -157,19 +159,19 @@ def test_the_planner_space_searches_a_new_dimension():
     for p, r in zip(folded, real, strict=True):  # xf carved out of dp x tp, beside ep carved out of dp x cp
         dp_tp = p.degrees["dp"] * p.degrees["tp"]
         assert p.degrees == r.degrees
-        assert p.carved == [(ep, xf) for (ep,) in r.carved for xf in range(1, dp_tp + 1) if dp_tp % xf == 0]
+        assert p.carved == [(ep, etp, xf) for ep, etp in r.carved for xf in range(1, dp_tp + 1) if dp_tp % xf == 0]
 
 
 def test_the_mesh_the_rank_layout_and_the_run_rules_take_a_new_dimension():
     from backend.spec.run_rules import LayoutView
 
-    degrees = {"dp": 2, "tp": 2, "pp": 1, "ep": 2, "cp": 1, "xp": 2}
+    degrees = {"dp": 2, "tp": 2, "pp": 1, "ep": 2, "cp": 1, "etp": 1, "xp": 2}
     assert dims.mesh_dims(WITH_XP) == ("pp", "dp", "tp", "xp")
     assert dims.mesh_shape(WITH_XP, degrees) == (1, 2, 2, 2)
     seen = [dims.coords(WITH_XP, degrees, r) for r in range(8)]
     assert [c["xp"] for c in seen] == [0, 1] * 4 and [c["tp"] for c in seen] == [0, 0, 1, 1] * 2
     for r, c in enumerate(seen):
-        assert dims.rank_at(WITH_XP, degrees, {k: v for k, v in c.items() if k != "ep"}) == r
+        assert dims.rank_at(WITH_XP, degrees, {k: v for k, v in c.items() if k not in ("ep", "etp")}) == r
     assert "xp" not in dims.coords(WITH_XP, {**degrees, "xp": 1}, 0)  # a newer dimension is named only above 1
     folded = {**degrees, "xf": 4}
     assert [dims.coords((*WITH_XP, XP_FOLDED), folded, r)["xf"] for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]

@@ -110,7 +110,7 @@ def test_proxy_has_the_ep_all_to_alls_and_each_block_kind():
 
     m = _model("deepseek-v3")
     row = dict(tp=1, pp=1, dp=256, ep=1, zero_stage=3, micro_batch=1, recompute=2, schedule=0, virtual_stages=1,
-               sequence_parallel=0, cp=1, recompute_layers=0)
+               sequence_parallel=0, cp=1, recompute_layers=0, etp=1)  # etp: the planner's column since 29e7aea
     table = np.array([[row[c] for c in CHOICES], [(row | {"ep": 32})[c] for c in CHOICES]])
     layouts = Layout.table(table, global_batch=512, device="cuda")
     hw = get_hardware("h100-sxm")

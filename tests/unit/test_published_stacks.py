@@ -62,10 +62,11 @@ def test_grand_teton_profile_is_its_own():
 
 def test_megatron_h100_rows_within_the_mean_target():
     """Stack megatron on H100 (NeMo 24.07, Megatron-Bridge, Megatron-LM README rows): mean |error| <= 8%, the
-    issue's target (the worst row is not within 15%: benchmarks/published_gpu.py prints it)."""
+    issue's target (the worst row is not within 15%: benchmarks/published_gpu.py prints it). Dense rows (group H100):
+    the MoE rows (group H100 MoE, issue 35) are reported beside them, with no target yet."""
     errs = []
     for r in published_rows():
-        if r.stack == "megatron" and r.hardware == "h100-sxm":
+        if r.stack == "megatron" and r.hardware == "h100-sxm" and r.group == "H100":
             pred = step_time(ExperimentSpec.for_prediction(r.spec), get_hardware(r.hardware)).summary["step_s"]
             errs.append(abs(pred - r.step_s) / r.step_s)
     assert len(errs) >= 25 and statistics.mean(errs) <= 0.08, statistics.mean(errs)

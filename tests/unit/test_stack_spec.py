@@ -85,7 +85,8 @@ def test_what_this_engine_cannot_run_is_prediction_only_with_the_reason():
     assert not any("loss_parallel" in b for b in blockers), "the engine runs the vocab-parallel loss (strategies/tp.py)"
     pipelined = run_blockers(_spec({"loss_parallel": True, "microbatches": 2}, {"pp": 2, "world_size": 8}))
     assert any(b.startswith("loss_parallel=on with pp=2") for b in pipelined), pipelined
-    assert any(b.startswith("stack megatron keeps param_dtype=bf16") for b in _blockers_dp_only()), _blockers_dp_only()
+    assert any(b.startswith("stack megatron keeps grad_reduce_dtype=bf16") for b in _blockers_dp_only()), \
+        _blockers_dp_only()
     _, problems = validate_spec(_spec({"stack": "megatron"}).model_dump(mode="json"))
     assert problems, "run/submit must refuse a stack this engine does not run"
     assert run_blockers(_spec()) == []
@@ -137,8 +138,20 @@ def test_every_stack_predicts(stack):
 
 
 def _blockers_dp_only() -> list[str]:
-    """Megatron's 16-bit params under dp-only zero1, where this engine keeps fp32 (ZeroRedundancyOptimizer)."""
-    return run_blockers(_spec({"stack": "megatron"}, {"tp": 1, "sequence_parallel": False}))
+    """Megatron's bf16 grad reduction under dp-only zero1, where this engine's distributed optimizer keeps an fp32
+    main-grad buffer. (Its bf16 params and fp32 master are what the engine's distributed optimizer keeps: the megatron
+    stack's zero1 runs on it whatever the degrees, test_megatron_zero1_runs_as_the_distributed_optimizer.)"""
+    return run_blockers(_spec({"stack": "megatron", "grad_reduce_dtype": "bf16"}, {"tp": 1, "sequence_parallel": False}))
+
+
+def test_megatron_zero1_runs_as_the_distributed_optimizer():
+    """Issue 34 part 4: the megatron stack's dp-only zero1 keeps Megatron's memory layout in this engine too."""
+    from backend.strategies.data_parallel import uses_distributed_optimizer
+
+    spec = _spec({"stack": "megatron", "attention_kernel": "flash2", "elementwise": "eager"},
+                 {"tp": 1, "sequence_parallel": False})
+    assert run_blockers(spec) == [] and uses_distributed_optimizer(spec)
+    assert not uses_distributed_optimizer(_spec({}, {"tp": 1, "sequence_parallel": False}))
 
 
 def test_loss_parallel_plans_vocab_sharded_logits():

@@ -81,13 +81,15 @@ def zero1_optimizer_bytes(model: Any, layout: Layout, position: RankPosition, pa
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
     return per_distinct(lambda *row: _zero1_state_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep, position.tp_index,
-                        position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt)
+                        position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt,
+                        layout.etp)
 
 
 @lru_cache(maxsize=65536)
 def _zero1_state_bytes(key: Any, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int, tp_index: int,
-                       ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int, n_alt: int = 0) -> int:
-    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index), n_blocks, bool(first), bool(last), bool(tied), dp,
+                       ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int, n_alt: int = 0,
+                       etp: int = 1) -> int:
+    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index, etp), n_blocks, bool(first), bool(last), bool(tied), dp,
                           n_alt)
     return shares.largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[0]
 

@@ -83,10 +83,11 @@ def part_params(key: ModelKey, part: str, tied_copy: bool) -> tuple[ParamInfo, .
 
 @lru_cache(maxsize=8192)
 def local_part(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...]) -> tuple[LocalParam, ...]:
-    """One part's parameters on a rank. placement = (tp, dp, ep, fsdp, tp_index, dp_index, ep_index)."""
-    tp, dp, ep, fsdp, tp_index, dp_index, ep_index = placement
+    """One part's parameters on a rank. placement = (tp, dp, ep, fsdp, tp_index, dp_index, ep_index[, etp])."""
+    tp, dp, ep, fsdp, tp_index, dp_index, ep_index, *etp = placement
     out = (shard_param(q, n_experts=key.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_index, dp_rank=dp_index,
-                       ep_rank=ep_index, fsdp=bool(fsdp)) for q in part_params(key, part, tied_copy))
+                       ep_rank=ep_index, fsdp=bool(fsdp), etp=int(etp[0]) if etp else 1)
+           for q in part_params(key, part, tied_copy))
     return tuple(q for q in out if q is not None)
 
 
@@ -120,7 +121,8 @@ def _param_classes(key: ModelKey, part: str, tied_copy: bool) -> tuple[_ParamCla
 def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, ...], cuda: bool = True) -> PartSums:
     """One part's sums at a placement (cuda=False: the 512-B-rounded sums, read only for CUDA ranks, left 0): each
     class of alike parameters placed once (sharding.shard_param's rules) and counted as often as this rank holds it."""
-    tp, dp, ep, fsdp, tp_index, dp_index, ep_index = placement
+    tp, dp, ep, fsdp, tp_index, dp_index, ep_index, *etp = placement
+    etp = int(etp[0]) if etp else 1
     rounded = cuda_storage_bytes if cuda else _zero
     totals = [0] * len(PartSums._fields)
     for c in _param_classes(key, part, tied_copy):
@@ -134,7 +136,7 @@ def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, .
             continue
         local, storage, real, group, _, is_expert = shard_split(
             c.shape, c.style, c.bias, kept[0], n_experts=key.n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_index,
-            dp_rank=dp_index, ep_rank=ep_index, fsdp=bool(fsdp))
+            dp_rank=dp_index, ep_rank=ep_index, fsdp=bool(fsdp), etp=etp)
         local_numel = prod(local)
         # sharding.unsharded_grad_numel: DTensor's vocab-parallel embedding backward gives the full tensor
         ugrad = prod(c.shape) if tp > 1 and c.style == VOCAB_ROWWISE else local_numel
@@ -325,13 +327,13 @@ def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any 
 
     parts = PARTS + ((ALT_PART,) if alt_layers(key) else ())
 
-    def three(tp, dp, ep, fs, tpi, dpi, epi, tied):
-        placement = (tp, dp, ep, fs, tpi, dpi, epi)
+    def three(tp, dp, ep, fs, tpi, dpi, epi, tied, etp):
+        placement = (tp, dp, ep, fs, tpi, dpi, epi, etp)
         return sum((part_sums(key, part, bool(tied) and part == "head", placement, cuda) for part in parts), ())
 
     def compute() -> Any:
         return per_distinct(three, layout.tp, layout.dp_cp, layout.ep, fsdp, position.tp_index,
-                            maximum(position.dp_index, 0), position.ep_index, tied_copy(model, layout))
+                            maximum(position.dp_index, 0), position.ep_index, tied_copy(model, layout), layout.etp)
 
     indices = (position.tp_index, position.dp_index, position.ep_index)
     if any(isinstance(i, np.ndarray) for i in indices) or isinstance(fsdp, np.ndarray) and not own_flavour:

@@ -24,6 +24,8 @@ from backend.analytic.memory.model_state import ModelStateBytes, replicated_stat
 from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
+from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
+from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
 from backend.analytic.vector import as_int, is_array, maximum, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
@@ -81,7 +83,11 @@ def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankP
                 unsharded: bool = True) -> ModelStateBytes:
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
     (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
-    layouts). unsharded=False: FSDP2 with nothing unsharded (the moments inside backward add their own)."""
+    layouts). unsharded=False: FSDP2 with nothing unsharded (the moments inside backward add their own). A
+    non-default stack keeps its own (stack_states.py)."""
+    if layout.stack is not None:
+        return stack_model_state(model, layout, position, parts)
+
     def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
         if kind == _SHARDED:
             out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt) if unsharded
@@ -105,6 +111,8 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     parts = rank_parts(model, layout, position)
     state = model_state(model, layout, position, parts)
     params, grads, optimizer = state.params_bytes, state.grads_bytes, state.optimizer_bytes
+    if layout.stack is not None:
+        return _stack_rank_memory(model, layout, position, parts, state)
     acts = rank_activation_moments(model, layout, position.pp_rank, parts)
     activations = acts.peak
     other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
@@ -116,6 +124,30 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
                                      resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
     temp = step_temp_bytes_of(model, layout, position, parts)
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
+
+
+def _stack_rank_memory(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+                       state: ModelStateBytes) -> RankMemory:
+    """A non-default stack's moments: its activation peak (stack_activations.py), the start of its loss's backward
+    (the activations held plus its loss's own extra) and its optimizer step (stack_states.py). The moment inside
+    backward (memory/backward_moment.py) is this engine's and is not counted for a stack (0)."""
+    activations = stack_activation_bytes(model, layout, position.pp_rank, parts)
+    other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
+             else input_batch_bytes(layout.global_batch, model.seq_len))
+    total = state.params_bytes + state.grads_bytes + state.optimizer_bytes + activations + other
+    loss = where(parts.stages.last, total + stack_loss_backward_extra(model, layout), 0)
+    temp = _per_distinct_value(lambda opt: step_temp_bytes_of_stack(layout, ModelStateBytes(0, 0, opt)),
+                               state.optimizer_bytes)
+    return RankMemory(state.params_bytes, state.grads_bytes, state.optimizer_bytes, activations, other, total, parts,
+                      as_int(loss), 0, temp)
+
+
+def _per_distinct_value(fn: Any, values: Any) -> Any:
+    """fn of a scalar, on a scalar or elementwise on an array (once per distinct value)."""
+    if not is_array(values):
+        return fn(values)
+    distinct, at = np.unique(values, return_inverse=True)
+    return np.array([fn(v) for v in distinct.tolist()], dtype=np.int64)[at].reshape(np.shape(values))
 
 
 def loss_backward_extra(model: Any, layout: Layout) -> Any:

@@ -79,8 +79,8 @@ def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first
                  dp: int, n_alt: int = 0) -> Zero1Shares:
     """The partition of a rank holding n_blocks blocks (n_alt of them of the other MLP kind; + embeddings, + head) at
     `placement` (parts.local_part)."""
-    tp, _, ep, _, tp_index, _, ep_index = placement
-    local = (tp, 1, ep, 0, tp_index, 0, ep_index)  # tp / ep-local sizes: the dp degree changes none of them
+    tp, _, ep, _, tp_index, _, ep_index, *etp = placement
+    local = (tp, 1, ep, 0, tp_index, 0, ep_index, *etp)  # tp / ep-local sizes: the dp degree changes none of them
     counts: dict[int, int] = {}
     for part, times in (("embeddings", int(first)), ("block", n_blocks - n_alt), ("head", int(last)), (ALT_PART, n_alt)):
         if not times:
@@ -102,6 +102,7 @@ def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int
 
 def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:
     """The zero1_shares arguments of a scalar rank."""
-    placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index))
+    placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index),
+                 int(layout.etp))
     s = parts.stages
     return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp), int(s.n_alt)

@@ -1,0 +1,80 @@
+"""The stack settings the memory model reads (issue 34 part 2), resolved once per spec or per plan: a per-call
+constant of `Layout` (`Layout.stack`), like its precision. None = ShardLab's own engine (the exact, measured model
+of backend/analytic/memory is used unchanged).
+
+What each framework keeps is read from its source at the commits pinned in backend/spec/stacks.py (and
+/work/wt/research/stacks.md); memory/stack_states.py and memory/stack_activations.py hold the terms. The
+*mechanism* (whose buffers: Megatron-Core's param and grad buffers, FSDP2's sharded parameters, DeepSpeed's ZeRO
+partitions) follows the stack; every byte count follows the resolved settings (param / grad / master dtypes,
+optimizer over dp x cp, loss parallel, attention kernel, element-wise fusion), so a person's own mix is priced as
+set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
+MECHANISMS = ("megatron", "fsdp2", "deepspeed")
+
+
+@dataclass(frozen=True)
+class StackMemory:
+    """The resolved settings of a non-default stack that change memory (hashable: memo keys use it)."""
+
+    mechanism: str
+    """Whose buffers: megatron (Megatron-Core DDP param / grad buffers + DistributedOptimizer or
+    Float16OptimizerWithFloat16Params), fsdp2 (torchtitan's fully_shard + MixedPrecisionPolicy), deepspeed (ZeRO)."""
+    param_bytes: int
+    """Bytes per persistent parameter element (param_dtype)."""
+    grad_bytes: int
+    """Bytes per gradient element as accumulated / reduced (grad_reduce_dtype)."""
+    master_bytes: int
+    """Bytes per fp32 master element (master_dtype; 0 = none, the params are the master)."""
+    optimizer_over_cp: bool
+    """The optimizer state is sharded over dp x cp (Megatron's intra_dp_cp_group), not dp alone."""
+    loss_parallel: bool
+    """Vocab-parallel cross-entropy: logits and their gradients are V / tp per rank."""
+    te_layer: bool
+    """Transformer Engine's fused modules (elementwise = fused): LayerNormLinear saves the norm input and output."""
+    fused_attention: bool
+    """A flash / cuDNN / memory-efficient attention kernel: Q, K, V, O and an fp32 logsumexp are saved, no scores."""
+    fp8: bool
+    """precision fp8: float8 GEMMs (TE under megatron, torchao otherwise)."""
+    fp8_all_gather: bool
+    """FSDP2 all-gathers float8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather)."""
+
+    def optimizer_group(self, layout: Any) -> Any:
+        """Ranks the optimizer state is sharded over: dp x cp, or dp alone."""
+        return layout.dp_cp if self.optimizer_over_cp else layout.dp
+
+
+def stack_memory(spec: Any, device: str) -> StackMemory | None:
+    """The memory settings of a spec's stack on `device` ("cpu" or "cuda"), None for stack shardlab (this engine's
+    own model, whatever its settings: the engine's measured memory is what its settings change)."""
+    from backend.spec.stacks import resolve_stack
+
+    stack = str(getattr(spec.train, "stack", "shardlab"))
+    if stack == "shardlab":
+        return None
+    r = resolve_stack(spec, "gpu" if device == "cuda" else "cpu").values
+    kernel = str(r["attention_kernel"])
+    flash_model = str(getattr(spec.model, "attention", "math")) == "flash"
+    t = spec.train
+    fp8 = str(t.precision) == "fp8"
+    return StackMemory(mechanism={"megatron": "megatron", "torchtitan": "fsdp2", "deepspeed": "deepspeed"}[stack],
+                       param_bytes=DTYPE_BYTES[str(r["param_dtype"])], grad_bytes=DTYPE_BYTES[str(r["grad_reduce_dtype"])],
+                       master_bytes=DTYPE_BYTES[str(r["master_dtype"])], optimizer_over_cp=bool(r["optimizer_over_cp"]),
+                       loss_parallel=bool(r["loss_parallel"]), te_layer=str(r["elementwise"]) == "fused",
+                       fused_attention=kernel != "eager" or flash_model, fp8=fp8,
+                       fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)))
+
+
+def stack_memory_of_train(train: Any, model: Any, device: str) -> StackMemory | None:
+    """`stack_memory` for a train section alone (the planner: every layout keeps these settings; no stack default
+    the memory reads depends on the layout)."""
+    spec = SimpleNamespace(train=train, model=model,
+                           parallel=SimpleNamespace(zero_stage=0, tp=1, pp=1, dp=1, cp=1, ep=1, sequence_parallel=False))
+    return stack_memory(spec, device)

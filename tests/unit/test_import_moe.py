@@ -1,0 +1,158 @@
+"""Issue 35 "Importers": Megatron's MoE arguments (--expert-tensor-parallel-size, --moe-expert-capacity-factor,
+--moe-pad-expert-input-to-capacity, --moe-token-dispatcher-type, --moe-grouped-gemm, --moe-aux-loss-coeff) and
+torchtitan's MoE settings (expert_parallel_degree, expert_tensor_parallel_degree, expert_parallel_comm_backend) reach
+the spec's MoE fields and parallel.etp, with the frameworks' defaults (Megatron-Core core_v0.19.0, torchtitan v0.2.2;
+importers/megatron_moe.py, importers/torchtitan_moe.py), and an unmappable value is reported or refused, never dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.importers import ConfigImportError, import_config_text
+
+pytestmark = pytest.mark.unit
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+MOE = ("capacity_factor", "moe_pad_to_capacity", "moe_dispatcher", "moe_grouped_gemm", "moe_aux_loss_coeff")
+ARGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+        "--micro-batch-size 1 --global-batch-size 64 --vocab-size 32000 --swiglu --bf16 --use-distributed-optimizer "
+        "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 2048 --world-size 16 ")
+
+
+def _megatron(extra: str):
+    return import_config_text(ARGS + extra, name="args.txt")
+
+
+def _moe(imported) -> tuple:
+    return tuple(imported.spec["model"][k] for k in MOE)
+
+
+def test_megatron_moe_arguments_are_spec_fields():
+    """NVIDIA's MoE recipe settings (capacity 1.0 with padding, alltoall, grouped GEMMs, aux loss 1e-2); etp unset
+    with ep > 1 is tp (Megatron's default, arguments.py l. 569-570), named in the notes."""
+    imported = _megatron("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 4 "
+                         "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-grouped-gemm "
+                         "--moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2")
+    par = imported.spec["parallel"]
+    assert (par["tp"], par["ep"], par["etp"], par["dp"]) == (2, 4, 2, 8)
+    assert _moe(imported) == (1.0, True, "alltoall", True, 0.01)
+    assert any("--expert-tensor-parallel-size not given" in n and "core_v0.19.0" in n for n in imported.notes)
+    assert not {"--moe-expert-capacity-factor", "--moe-grouped-gemm", "--expert-tensor-parallel-size"} & (
+        set(imported.ignored) | set(imported.unmapped))
+    explicit = _megatron("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 4 "
+                         "--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall")
+    assert explicit.spec["parallel"]["etp"] == 1
+
+
+def test_megatron_moe_defaults_are_megatrons():
+    """Nothing given: dropless, allgather (transformer_config.py l. 862), no grouped GEMM, no aux loss; a negative
+    capacity factor is dropless too (l. 1661-1662)."""
+    imported = _megatron("--expert-model-parallel-size 2 --moe-expert-capacity-factor -1")
+    assert _moe(imported) == (None, False, "allgather", False, 0.0)
+    assert any("token dispatcher allgather" in n for n in imported.notes)
+    assert imported.spec["parallel"]["etp"] == 1
+
+
+def test_megatron_flex_dispatcher_is_reported_and_a_bad_one_refused():
+    imported = _megatron("--expert-model-parallel-size 2 --moe-token-dispatcher-type flex")
+    assert imported.spec["model"]["moe_dispatcher"] == "alltoall"
+    assert "not modelled" in imported.unmapped["--moe-token-dispatcher-type"]["reason"]
+    with pytest.raises(ConfigImportError, match="expected one of allgather, alltoall, flex"):
+        _megatron("--expert-model-parallel-size 2 --moe-token-dispatcher-type ring")
+    with pytest.raises(ConfigImportError, match="capacity factor of 0"):
+        _megatron("--expert-model-parallel-size 2 --moe-expert-capacity-factor 0")
+    with pytest.raises(ConfigImportError, match="moe_pad_to_capacity"):  # Megatron refuses it too (l. 1686-1690)
+        _megatron("--expert-model-parallel-size 2 --moe-pad-expert-input-to-capacity")
+
+
+def test_megatron_etp_other_than_tp_at_ep_1_is_reported():
+    imported = _megatron("--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1")
+    assert imported.spec["parallel"]["etp"] == 1 and imported.spec["parallel"]["ep"] == 1
+    assert "etp = tp = 2" in imported.unmapped["--expert-tensor-parallel-size"]["reason"]
+
+
+def _block(args: dict) -> str:
+    lines = ["------------------------ arguments ------------------------"]
+    lines += [f"  {k} {'.' * (48 - len(k))} {args[k]}" for k in sorted(args)]
+    return "\n".join(lines + ["-------------------- end of arguments ---------------------"])
+
+
+LOG = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 2048,
+       "max_position_embeddings": 2048, "micro_batch_size": 1, "global_batch_size": 64, "padded_vocab_size": 32000,
+       "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+       "world_size": 8, "data_parallel_size": 8, "swiglu": True, "ffn_hidden_size": 2816, "bf16": True,
+       "expert_tensor_parallel_size": 1, "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": False,
+       "moe_expert_capacity_factor": None, "moe_pad_expert_input_to_capacity": False, "moe_aux_loss_coeff": [0.01],
+       "moe_router_load_balancing_type": ["aux_loss"]}
+
+
+def test_megatron_log_block_moe_arguments():
+    """The printed namespace: a one-element coefficient list is that value (arguments.py l. 1608-1609); under load
+    balancing 'none' the coefficient adds no loss; a dense model's printed MoE defaults leave no MoE field."""
+    moe = import_config_text(_block({**LOG, "num_experts": 8, "moe_router_topk": 2, "expert_model_parallel_size": 4}),
+                             name="megatron.log")
+    assert _moe(moe) == (None, False, "alltoall", False, 0.01) and moe.spec["parallel"]["ep"] == 4
+    none = import_config_text(_block({**LOG, "num_experts": 8, "moe_router_topk": 2, "expert_model_parallel_size": 4,
+                                      "moe_router_load_balancing_type": "none"}), name="megatron.log")
+    assert none.spec["model"]["moe_aux_loss_coeff"] == 0.0
+    assert any("no aux loss under --moe-router-load-balancing-type none" in n for n in none.notes)
+    dense = import_config_text(_block({**LOG, "num_experts": None, "expert_model_parallel_size": 1}), name="megatron.log")
+    assert dense.spec["model"]["n_experts"] == 0 and _moe(dense) == (None, False, "alltoall", False, 0.0)
+
+
+TOML = """
+[model]
+name = "qwen3"
+flavor = "30B-A3B"
+[training]
+local_batch_size = 4
+seq_len = 4096
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = {tp}
+expert_parallel_degree = {ep}
+expert_tensor_parallel_degree = {etp}
+"""
+
+
+def _titan(tp: int = 1, ep: int = 8, etp: int = 1, extra: str = "", model: str = "qwen3-30b-a3b.json"):
+    text = TOML.format(tp=tp, ep=ep, etp=etp) + extra
+    return import_config_text(text, name="qwen3_moe.toml", gpus=64, model_config=json.loads((HF / model).read_text()))
+
+
+def test_torchtitan_expert_degrees_and_moe_defaults():
+    """job_config.py @ v0.2.2 (l. 454, 464): ep over dp_shard, etp = tp or 1; MoEArgs: grouped GEMMs, dropless,
+    all-to-all, aux-loss-free (no loss term)."""
+    imported = _titan()
+    par = imported.spec["parallel"]
+    assert (par["dp"], par["ep"], par["etp"], par["strategy"]) == (64, 8, 1, "zero3")
+    assert _moe(imported) == (None, False, "alltoall", True, 0.0)
+    assert any("aux-loss-free" in n for n in imported.notes)
+    assert "parallelism.expert_parallel_degree" not in imported.unmapped
+    assert _titan(tp=2, etp=2).spec["parallel"]["etp"] == 2
+
+
+def test_torchtitan_expert_settings_it_cannot_hold_are_named():
+    with pytest.raises(ConfigImportError, match=r"etp = tp \(4\) or etp = 1 only"):
+        _titan(tp=4, etp=2)
+    spans_tp = _titan(tp=2, etp=1)  # torchtitan's "[partial dp + all tp -> ep] etp = 1"
+    assert "ShardLab's ep spans dp x cp only" in spans_tp.unmapped["parallelism.expert_tensor_parallel_degree"]["reason"]
+    deepep = _titan(extra='expert_parallel_comm_backend = "deepep"\n')
+    assert "DeepEP" in deepep.unmapped["parallelism.expert_parallel_comm_backend"]["reason"]
+
+
+def test_torchtitan_dense_model_ignores_expert_degrees_and_dualpipev_is_a_schedule():
+    """"No effect for non-MoE models" (job_config.py l. 454); pipeline_parallel_schedule DualPipeV is the spec's
+    dualpipev (2 stages per rank)."""
+    dense = _titan(ep=4, model="llama-3-8b.json")
+    assert dense.spec["parallel"]["ep"] == 1 and dense.spec["model"]["moe_grouped_gemm"] is False
+    text = TOML.format(tp=1, ep=8, etp=1).replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 8\n"
+                                                  "pipeline_parallel_degree = 8\npipeline_parallel_schedule = "
+                                                  '"DualPipeV"\npipeline_parallel_microbatch_size = 1')
+    text = text.replace("local_batch_size = 4", "local_batch_size = 16")
+    par = import_config_text(text, name="q.toml", gpus=64,
+                             model_config=json.loads((HF / "qwen3-30b-a3b.json").read_text())).spec["parallel"]
+    assert (par["pp_schedule"], par["virtual_stages"], par["pp"], par["ep"]) == ("dualpipev", 2, 8, 8)

@@ -1,0 +1,206 @@
+"""Memory per stack (issue 34 part 2): each term of memory/stack_states.py and memory/stack_activations.py against
+the framework source's own arithmetic (research notes /work/wt/research/stacks.md Sec 1-5), the default stack
+untouched, and the planner's vectorised path equal to estimate's on stack layouts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from backend.analytic.estimate import estimate, worst_rank_bytes
+from backend.analytic.layout import Layout, RankPosition
+from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
+from backend.analytic.memory.stack_activations import TeLayer, head_bytes, te_layer_bytes
+from backend.analytic.memory.stack_states import DEEPSPEED_REDUCE_BUCKET, megatron_buffer_numel
+from backend.analytic.params import count_params
+from backend.planner.held import HeldTraining
+from backend.planner.space import enumerate_layouts, light_spec
+from backend.spec import ExperimentSpec
+
+pytestmark = pytest.mark.unit
+
+SMALL = {"vocab_size": 1024, "d_model": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2, "ffn_hidden": 640,
+         "seq_len": 512, "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none", "attention": "flash",
+         "tie_embeddings": False}
+
+
+def _spec(train: dict, parallel: dict) -> ExperimentSpec:
+    return ExperimentSpec.for_prediction({"model": SMALL, "train": {"global_batch": 8, "micro_batch": 1,
+                                                                    "precision": "bf16-mixed", **train},
+                                          "parallel": parallel, "runtime": {"device": "cpu"}})
+
+
+def _rank(spec: ExperimentSpec, rank: int = 0):
+    layout = Layout.of(spec)
+    return layout, rank_memory(spec.model, layout, RankPosition.of_rank(spec, rank))
+
+
+MEGATRON_CP = {"strategy": "zero1", "world_size": 8, "tp": 1, "pp": 1, "cp": 2}
+
+
+def test_default_stack_has_no_stack_terms():
+    spec = _spec({}, {"strategy": "zero1", "world_size": 2})
+    assert Layout.of(spec).stack is None
+
+
+def test_megatron_distributed_optimizer_is_2_4_12_over_dp_cp_with_megatron_padding():
+    """Megatron dist_optimizer.md table (bf16 params + fp32 grads: 6 + 12/d) with d = dp x cp (intra_dp_cp_group),
+    over the buffer Megatron pads: 64-element param starts, an end on a multiple of lcm(d, 128)."""
+    spec = _spec({"stack": "megatron"}, MEGATRON_CP)
+    layout, m = _rank(spec)
+    d = 8
+    p = count_params(spec.model)
+    n = m.params_bytes // 2
+    assert m.grads_bytes == 4 * n and m.optimizer_bytes == 12 * n // d
+    assert n % math.lcm(d, 128) == 0 and p <= n < p + 64 * 40 + math.lcm(d, 128)
+    # dp alone when the optimizer is not sharded over cp
+    _, alone = _rank(_spec({"stack": "megatron", "optimizer_over_cp": False}, MEGATRON_CP))
+    assert alone.optimizer_bytes == 12 * (alone.params_bytes // 2) // 4
+
+
+def test_megatron_grad_reduce_in_bf16_halves_the_grad_buffer():
+    _, m = _rank(_spec({"stack": "megatron", "grad_reduce_dtype": "bf16"}, MEGATRON_CP))
+    assert m.grads_bytes == m.params_bytes
+
+
+def test_megatron_without_distributed_optimizer_is_18_bytes_unpadded():
+    """Float16OptimizerWithFloat16Params: bf16 param 2 + fp32 main grad 4 + fp32 main param 4 + Adam 8."""
+    spec = _spec({"stack": "megatron"}, {"strategy": "ddp", "world_size": 2})
+    _, m = _rank(spec)
+    p = count_params(spec.model)
+    assert (m.params_bytes, m.grads_bytes, m.optimizer_bytes) == (2 * p, 4 * p, 12 * p)
+
+
+def test_megatron_buffer_end_alignment():
+    assert megatron_buffer_numel(1000, 8) == 1024
+    assert megatron_buffer_numel(np.array([1000, 129]), np.array([3, 8])).tolist() == [1152, 256]
+
+
+def test_torchtitan_fsdp2_keeps_fp32_shards_and_adam_without_master():
+    """MixedPrecisionPolicy: sharded fp32 params and grads, AdamW on the shard (16/N B per param), no master."""
+    spec = _spec({"stack": "torchtitan"}, {"strategy": "zero3", "world_size": 4})
+    layout, m = _rank(spec)
+    real = m.parts.total("real_numel")
+    storage = m.parts.total("storage_numel")
+    assert m.optimizer_bytes == 8 * real
+    assert m.params_bytes == 4 * storage  # zero3 after the root's forward: nothing unsharded
+    assert m.grads_bytes == 4 * storage
+
+
+def test_torchtitan_zero2_unsharded_copy_is_bf16():
+    spec = _spec({"stack": "torchtitan"}, {"strategy": "zero2", "world_size": 4})
+    _, m = _rank(spec)
+    storage, unsharded = m.parts.total("storage_numel"), m.parts.total("fsdp_unsharded_numel")
+    assert m.params_bytes == 4 * storage + 2 * unsharded
+
+
+@pytest.mark.parametrize("strategy,zero", [("ddp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)])
+def test_deepspeed_zero_stages(strategy, zero):
+    """DeepSpeed bf16 (grad_accum_dtype = the model dtype): stage 0 2+2+12, stage 1 2+2+12/N, stage 2 2+2/N+12/N
+    + one IPG bucket, stage 3 (2+2+12)/N + one IPG bucket (N = 4)."""
+    spec = _spec({"stack": "deepspeed"}, {"strategy": strategy, "world_size": 4})
+    _, m = _rank(spec)
+    p = count_params(spec.model)
+    flat = -(-p // 8) * 8
+    shard = -(-p // 4)
+    expect = {0: (2 * p, 2 * p, 12 * p), 1: (2 * flat, 2 * flat, 12 * flat // 4),
+              2: (2 * flat, 2 * flat // 4 + 2 * DEEPSPEED_REDUCE_BUCKET, 12 * flat // 4),
+              3: (2 * shard, 2 * shard + 2 * DEEPSPEED_REDUCE_BUCKET, 12 * shard)}[zero]
+    assert (m.params_bytes, m.grads_bytes, m.optimizer_bytes) == expect
+
+
+def test_te_layer_is_34h_per_token_for_llama_3_1_8b():
+    """Research notes Sec 2.3: bf16 TE block of Llama-3.1-8B (h 4096, h_kv 1024, f 14336, SwiGLU) saves
+    12h + 4h_kv + 6f = 139,264 B per token beyond the fp32 norm stats and the softmax stats; fp8: 11h + 4h_kv + 5f."""
+    layer = TeLayer(s=4096, b=1, h=4096, q=4096, kv=1024, a=32, f=14336, gated=True, t=1, sp=False, norm_stats=1, c=2,
+                    fp8=False)
+    stats = 2 * 4 + 4 * 32
+    assert te_layer_bytes(layer) == 4096 * (139_264 + stats)
+    fp8 = TeLayer(**{**layer.__dict__, "fp8": True})
+    assert te_layer_bytes(fp8) == 4096 * (11 * 4096 + 4 * 1024 + 5 * 14336 + stats)
+    gpt = TeLayer(s=1, b=1, h=1024, q=1024, kv=1024, a=16, f=4096, gated=False, t=4, sp=True, norm_stats=2, c=2,
+                  fp8=False)
+    assert te_layer_bytes(gpt) == 32 * 1024 / 4 + (2 * 2 * 4) / 4 + 4 * 16 / 4  # Korthikanti's 34 sbh minus the masks
+
+
+def test_loss_parallel_divides_logits_and_their_gradients_by_tp():
+    tp = {"strategy": "tp", "world_size": 2, "tp": 2, "sequence_parallel": True}
+    on, off = (_spec({"stack": "torchtitan", "loss_parallel": v}, tp) for v in (True, False))
+    lon, loff = Layout.of(on), Layout.of(off)
+    h_on, h_off = head_bytes(on.model, lon), head_bytes(off.model, loff)
+    assert h_off.logits == 2 * h_on.logits == 512 * 1 * 1024
+    _, m_on = _rank(on)
+    _, m_off = _rank(off)
+    assert m_off.activations_bytes - m_on.activations_bytes == (2 + 4 + 8) * (h_off.logits - h_on.logits)
+    e_on, e_off = estimate(on).per_rank[0], estimate(off).per_rank[0]
+    assert e_on.loss_backward_temp_bytes == 2 * h_on.logits  # torch loss: 16 B at backward vs 14 B at forward
+    assert e_off.loss_backward_temp_bytes == 2 * e_on.loss_backward_temp_bytes
+
+
+def test_megatron_cross_entropy_peaks_at_6_bytes_per_logit():
+    spec = _spec({"stack": "megatron"}, {"strategy": "zero1", "world_size": 4, "tp": 2, "sequence_parallel": True})
+    h = head_bytes(spec.model, Layout.of(spec))
+    assert (h.forward_peak_per_logit, h.backward_peak_per_logit) == (6, 6)
+    assert h.logits == 512 * 1024 / 2
+    assert estimate(spec).per_rank[0].loss_backward_temp_bytes == 0
+
+
+@pytest.mark.parametrize("stack", ["megatron", "torchtitan", "deepspeed"])
+def test_planner_computes_estimates_number_on_stack_layouts(stack):
+    """One model called by everything: the planner's worst-rank bytes on arrays of layouts equal worst_rank_bytes
+    (estimate's core) on each planned spec alone."""
+    spec = _spec({"stack": stack}, {"strategy": "ddp", "world_size": 8})
+    held = HeldTraining.of_train(spec.train.model_dump(mode="json"))
+    L = enumerate_layouts(spec.model, gpus=8, gpus_per_node=8, global_batch=8, precision="bf16-mixed")
+    from dataclasses import replace
+    L = replace(L, stack=held.stack_memory(spec.model, L.device))
+    memory, _ = worst_rank_memory(spec.model, L)
+    for i in range(0, len(L), max(1, len(L) // 25)):
+        data = L.take(i).spec_dict(spec.model)
+        data["train"].update(held.spec_train(data["train"]["recompute"]))
+        one = light_spec(data)
+        assert Layout.of(one).stack == L.stack
+        assert worst_rank_bytes(one)[0] == pytest.approx(memory[i], rel=1e-12), data["name"]
+
+
+def _published_spec(row_id: str, tmp_path) -> tuple[dict, str]:
+    import json
+
+    from backend.analytic.steptime.published_gpu import published_rows
+
+    row = next(r for r in published_rows() if r.id == row_id)
+    data = ExperimentSpec.for_prediction(row.spec).model_dump(mode="json")
+    data["runtime"]["device"] = "cuda"
+    path = tmp_path / f"{row_id}.json"
+    path.write_text(json.dumps(data))
+    return row, str(path)
+
+
+def test_torchtitan_70b_recipe_through_the_cli_is_the_benchmarks_number(tmp_path, capsys):
+    """Issue 34 done-when: `estimate --stack torchtitan --loss-parallel` on torchtitan's Llama-3-70B recipe (FSDP 32 x
+    TP 8 + SP, local batch 16, seq 8192, full AC, float8) predicts at most the published 71.9 GiB peak reserved; the
+    benchmark reads the same number through the same spec (no private knob)."""
+    import json
+
+    from backend.cli import main
+    from benchmarks.published_gpu import memory_prediction
+
+    row, path = _published_spec("titan-202412-t4-70b-2d", tmp_path)
+    assert main(["estimate", "--spec", path, "--stack", "torchtitan", "--loss-parallel", "--hardware", row.hardware,
+                 "--json", "--rank-limit", "1"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    fullest_gib = fit["fullest_bytes"] / 2**30
+    assert fullest_gib <= row.memory_gib
+    assert fit["fits"] and fit["moment"] == "loss_backward"
+    assert memory_prediction(row.spec, row.hardware)["fullest_gib"] == pytest.approx(fullest_gib, rel=1e-12)
+
+
+def test_estimate_prints_the_fit_with_the_stacks_terms(tmp_path, capsys):
+    from backend.cli import main
+
+    row, path = _published_spec("nemo2407-h100-llama3-8b-g8", tmp_path)
+    assert main(["estimate", "--spec", path, "--hardware", "h100-sxm", "--rank-limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fit on h100-sxm: rank 0 needs" in out and "fullest moment (activation_peak)" in out
