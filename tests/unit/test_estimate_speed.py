@@ -94,9 +94,22 @@ def test_fast_path_equals_reference_on_256_ranks_sampled():
         assert asdict(fast[rank]) == asdict(estimate_rank(s, rank))
 
 
+ISSUE_32_KEYS = frozenset({"loss_backward_bytes", "backward_bytes", "fullest_bytes", "fullest_moment"})
+"""The per-rank moments issue 32 added (RankEstimate): new numbers, left out so the digests still cover every number
+that existed before, unchanged (tests/unit/test_estimate_cli.py and test_planner_core.py test the new ones)."""
+
+
+def _without(keys: frozenset, obj):
+    if isinstance(obj, dict):
+        return {k: _without(keys, v) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [_without(keys, v) for v in obj]
+    return obj
+
+
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_outputs_unchanged_since_before_fast_path(name):
-    numbers = {k: v for k, v in estimate(make(name)).to_dict().items() if k != "notes"}
+    numbers = _without(ISSUE_32_KEYS, {k: v for k, v in estimate(make(name)).to_dict().items() if k != "notes"})
     got = hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()[:20]
     assert got == BEFORE[name]
 
