@@ -59,16 +59,16 @@ slurm:
 	fi
 
 # Two passes, the whole suite between them, each on 2 pytest-xdist workers: the unit tests (one process, no server),
-# test by test; then everything else (tests/multiprocess, tests/e2e: browser, PostgreSQL, SLURM; unit tests marked slow
-# or serial) a file at a time (--dist loadfile: a file's tests, and its module fixtures such as the SLURM cluster, stay
-# on one worker, in order). That pass waits on servers, schedulers and rendezvous about half of its time: serially it
-# kept 1.1 of the 2 cores busy.
+# test by test; then everything else (multiprocess and e2e tests: ranks, workers, browser, PostgreSQL, SLURM; unit
+# tests marked slow or serial) a file at a time (--dist loadfile: a file's tests, and its module fixtures such as the
+# SLURM cluster, stay on one worker, in order). The tests' rank programs run on the farm (tests/helpers/farm.py: one
+# torchrun launch per world size, in a thread of one worker, overlapping the other files).
 UNIT_TESTS := unit and not slow and not serial
 test: $(VENV)/.installed-test browser postgres slurm
 	@rc=0; $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
 	  $(PY) -m pytest -q -n 2 --dist loadfile -m "not ($(UNIT_TESTS))" --durations=25 || rc=$$?; exit $$rc
 
-# The unit tests (tests/unit/: one process, pure Python) but the few slow ones: under 2 minutes on 2 cores.
+# The unit tests (one process, pure Python; tests/conftest.py says how a test's kind is found) but the few slow ones.
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -n 2 -m "unit and not slow"
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 from backend.spec import ExperimentSpec  # noqa: E402
 from benchmarks.mp_accuracy import misses  # noqa: E402
-from tests.helpers.engine_batch import launch  # noqa: E402
+from tests.helpers.farm import engine_job, run_now  # noqa: E402
 
 _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", n_kv_heads=2, attention="flash")
 FAMILIES: dict[str, dict] = {
@@ -90,7 +90,7 @@ def main() -> int:
         if not specs:
             continue
         with tempfile.TemporaryDirectory() as d:
-            runs = launch(world, specs, Path(d), timeout_s=3600)
+            runs = run_now([engine_job(s, 3600) for s in specs], Path(d))
         for s in specs:
             res = runs[s.name]["result"]
             miss = misses(res)

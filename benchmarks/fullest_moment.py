@@ -68,7 +68,7 @@ def traced_rows(items: list[tuple[ExperimentSpec, int]]) -> list[dict[str, Any]]
 
 
 def toy_rows(policies: tuple[str, ...]) -> list[dict[str, Any]]:
-    from tests.helpers.engine_batch import launch
+    from tests.helpers.farm import engine_job, run_now
 
     rows = []
     toy_policies = tuple("block:2" if rc == "block:16" else rc for rc in policies)
@@ -79,7 +79,7 @@ def toy_rows(policies: tuple[str, ...]) -> list[dict[str, Any]]:
                       {"strategy": strategy, "world_size": world} | parallel)
                  for strategy in strategies for rc in toy_policies]
         with tempfile.TemporaryDirectory(prefix="shardlab-fullest-toy-") as tmp:
-            out = launch(world, specs, Path(tmp), timeout_s=6 * 3600)
+            out = run_now([engine_job(s, 3600) for s in specs], Path(tmp))  # one torchrun launch for the world
         for s in specs:
             for rr in out[s.name]["result"].per_rank:
                 rows.append(row(s, rr.rank, rr.measured.peak_bytes, "measured (gloo)", None))

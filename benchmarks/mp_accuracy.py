@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.engine.assemble import BOUNDS_PCT, COMM_BOUND_PCT, comm_error_pct  # noqa: E402
 from backend.result import error_pct  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
-from tests.helpers.engine_batch import launch  # noqa: E402
+from tests.helpers.farm import engine_job, run_now  # noqa: E402
 
 MOE = {"n_experts": 4, "top_k": 2}
 
@@ -98,7 +98,7 @@ def main() -> int:
         if not specs:
             continue
         with tempfile.TemporaryDirectory(prefix="mpacc-") as d:
-            runs = launch(world, specs, Path(d), timeout_s=1800)
+            runs = run_now([engine_job(s, 1800) for s in specs], Path(d))
         for s in specs:
             found = misses(runs[s.name]["result"])
             bad += bool(found)

@@ -40,17 +40,14 @@ def spec_for(schedule: str, pp: int, m: int, layers_per_stage: int) -> Experimen
 
 
 def run_harness(args) -> int:
-    import os
-
     from backend.analytic.measured.bubble_measure import measured_bubble_fraction
     from backend.analytic.textbook.pipeline import bubble_fraction
-    from tests.helpers.mp_launch import run_specs
+    from tests.helpers.farm import parity_job, run_now
 
-    os.environ["MP_STEPS"] = "2"
     for schedule in args.schedules:
         specs = [spec_for(schedule, args.pp, m, args.layers_per_stage) for m in args.m]
         with tempfile.TemporaryDirectory(prefix="bubble-") as d:
-            res = run_specs(args.pp, specs, Path(d), timeout_s=900)
+            res = run_now([parity_job(s, steps=2, timeout_s=900) for s in specs], Path(d))
         for s in specs:
             r, p = res[s.name], s.parallel
             meas = measured_bubble_fraction(r["timeline"])

@@ -1,12 +1,17 @@
-"""The suite's shared set-up: test kinds by folder, the environment every test runs in, no stray workers, and the
-experiment store on SQLite and PostgreSQL.
+"""The suite's shared set-up: test kinds, the environment every test runs in, no stray workers, the experiment
+store on SQLite and PostgreSQL, and the farm of rank programs (tests/helpers/farm.py).
 
-Kinds (pytest.ini; `make test-fast` runs `-m "unit and not slow"`):
-- tests/unit/: one process, pure Python (torch in-process, Streamlit's AppTest, the worker's loop on threads);
-- tests/multiprocess/: the code under test runs in several processes: torchrun ranks on gloo, trace ranks, a
-  worker, the CLI or the dashboard in a subprocess;
-- tests/e2e/: against a real browser, SLURM cluster, PostgreSQL server or GPU. The PostgreSQL variant of a store
-  test in tests/unit/ (`store_urls`' postgresql parameter) is end-to-end too.
+Kinds (pytest.ini; `make test`'s first pass runs `-m "unit and not slow and not serial"`, the second the rest):
+- unit: one process, pure Python (torch in-process, Streamlit's AppTest, the worker's loop on threads, the CLI's
+  `main(argv)`);
+- multiprocess: the code under test runs in several processes: torchrun ranks on gloo, trace ranks, a worker, the
+  CLI or the dashboard in a subprocess;
+- e2e: against a real browser, SLURM cluster, PostgreSQL server or GPU. The PostgreSQL variant of a store test
+  (`store_urls`' postgresql parameter) is end-to-end too.
+A test file holds one subject; its tests may be of several kinds. A test's kind is the strongest of: its own mark
+(`@pytest.mark.multiprocess` on the test, its class or the module's `pytestmark`), else its folder's default
+(tests/unit, tests/multiprocess, tests/e2e); the kind of the fixtures it uses (FIXTURE_KINDS: the farm is
+multiprocess, a PostgreSQL server e2e); and e2e for the `postgres` mark (store_urls' postgresql parameter).
 `slow` marks tests that take tens of seconds; they stay out of `make test-fast`.
 """
 
@@ -18,19 +23,35 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-KINDS = ("unit", "multiprocess", "e2e")
+KINDS = ("unit", "multiprocess", "e2e")  # weakest first
+FIXTURE_KINDS = {"farm": "multiprocess", "pg_server": "e2e"}
+"""Fixtures that make a test of at least that kind, wherever it lives."""
 
 
+def kind_of(item) -> str:
+    """The kind of one collected test (see the module docstring)."""
+    path = Path(str(item.path)).resolve()
+    folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+    if folder not in KINDS:
+        raise pytest.UsageError(f"{item.nodeid}: test files live in tests/unit, tests/multiprocess or tests/e2e")
+    needed = [FIXTURE_KINDS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_KINDS]
+    needed += ["e2e"] if item.get_closest_marker("postgres") else []
+    marked = [k for k in KINDS if item.get_closest_marker(k)]
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: marked {' and '.join(marked)}: one kind per test")
+    return max([marked[0] if marked else folder, *needed], key=KINDS.index)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its folder's kind (a PostgreSQL-backed variant of a unit test is e2e)."""
+    """Mark every test with its kind before `-m` selects (tryfirst: the mark plugin deselects after us)."""
     for item in items:
-        path = Path(str(item.path)).resolve()
-        kind = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
-        if kind not in KINDS:
-            raise pytest.UsageError(f"{item.nodeid}: test files live in tests/unit, tests/multiprocess or tests/e2e")
-        if kind == "unit" and item.get_closest_marker("postgres"):
-            kind = "e2e"
-        item.add_marker(getattr(pytest.mark, kind))
+        kind = kind_of(item)
+        if not item.get_closest_marker(kind):
+            item.add_marker(getattr(pytest.mark, kind))
+    from tests.helpers.farm import order_items
+
+    order_items(items)
 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -147,3 +168,33 @@ def store_urls(request, tmp_path):
     urls = StoreUrls(request.param, tmp_path, server)
     yield urls
     urls.close()
+
+
+# ---- the farm of rank programs (tests/helpers/farm.py) ----------------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def _farm_session(request, tmp_path_factory):
+    """Start the farm for the jobs the selected tests declare, before the first test; at the end wait for it (the
+    other pytest-xdist worker may still read it)."""
+    from tests.helpers.farm import Farm, farm_root, jobs_of
+
+    jobs = jobs_of(request.session.items)
+    if not jobs:
+        yield None
+        return
+    farm = Farm(farm_root(tmp_path_factory.getbasetemp()), jobs)
+    farm.start()
+    try:
+        yield farm
+        if farm.thread is not None:
+            farm.thread.join()
+    finally:
+        farm.stop()
+
+
+@pytest.fixture(scope="session")
+def farm(_farm_session):
+    """The session's farm: `farm.result(job)` for a job the test declares with `tests.helpers.farm.uses(job)`."""
+    if _farm_session is None:
+        pytest.fail("no test declares a farm job (tests.helpers.farm.uses)")
+    return _farm_session

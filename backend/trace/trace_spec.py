@@ -78,11 +78,16 @@ def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = R
             "log_tail": tail}
 
 
+RankRunner = Callable[[Path, int, Path, float, str], dict[str, Any]]
+"""(spec_path, rank, out, timeout_s, device) -> the rank's trace JSON (backend/trace/rank.py's output)."""
+
+
 def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
                on_rank: Callable[[int, int, int], None] | None = None, *, device: str = "cpu",
-               rank_timeout_s: float = RANK_TIMEOUT_S) -> dict[str, Any]:
+               rank_timeout_s: float = RANK_TIMEOUT_S, rank_runner: RankRunner = run_rank_process) -> dict[str, Any]:
     """Trace `ranks` (default: representative_ranks) one process at a time; on_rank(k, n, rank) before each.
-    device "cuda": fake CUDA tensors, predicted for CUDA ranks (needs a CUDA build of torch, no GPU memory)."""
+    device "cuda": fake CUDA tensors, predicted for CUDA ranks (needs a CUDA build of torch, no GPU memory).
+    rank_runner: how one rank is traced (default: its own process; the test suite traces many in one process)."""
     t0 = time.perf_counter()
     world = spec.parallel.world_size
     bad = [r for r in (ranks or []) if not 0 <= r < world]
@@ -97,7 +102,7 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
         for k, r in enumerate(ranks):
             if on_rank:
                 on_rank(k + 1, len(ranks), r)
-            out = run_rank_process(spec_path, r, Path(tmp) / f"rank-{r}.json", rank_timeout_s, device)
+            out = rank_runner(spec_path, r, Path(tmp) / f"rank-{r}.json", rank_timeout_s, device)
             outcomes.append(out)
             if out.get("status") == "ok":
                 per_rank.append(_rank_row(out, predicted[r]))

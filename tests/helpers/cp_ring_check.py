@@ -1,17 +1,13 @@
-"""torchrun program for tests/multiprocess/test_ring_attention.py: ShardLab's CPU ring attention on every variant (allgather /
-alltoall K/V rotation, head-tail / contiguous chunks) against one process's causal SDPA on the whole sequence.
+"""The farm's ring-attention job (tests/helpers/farm.py, `program_job("ring_attention", world)`): ShardLab's CPU ring
+attention on every variant (allgather / alltoall K/V rotation, head-tail / contiguous chunks) against one process's
+causal SDPA on the whole sequence.
 
-    python -m torch.distributed.run --standalone --nproc-per-node W -m tests.helpers.cp_ring_check OUT.json
-
-Rank 0 writes OUT.json: [{"rotate", "load_balance", "dtype", "out", "dq", "dk", "dv"}] with each max |difference| over
-the ranks (output and the input grads of this rank's tokens).
+Value: [{"rotate", "load_balance", "dtype", "out", "dq", "dk", "dv"}] with each max |difference| over the ranks (output
+and the input grads of this rank's tokens).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -42,17 +38,6 @@ def check(rotate: str, load_balance: bool, dtype: torch.dtype) -> dict:
             **dict(zip(("out", "dq", "dk", "dv"), errs.tolist()))}
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rows = [check(rotate, lb, dtype) for rotate in ("allgather", "alltoall") for lb in (True, False)
+def run_job(payload: dict, out: Path) -> list[dict]:
+    return [check(rotate, lb, dtype) for rotate in ("allgather", "alltoall") for lb in (True, False)
             for dtype in (torch.float32, torch.bfloat16)]
-    if dist.get_rank() == 0:
-        Path(sys.argv[1]).write_text(json.dumps(rows))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
-    sys.stdout.flush()
-    os._exit(0)

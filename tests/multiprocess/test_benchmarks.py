@@ -2,14 +2,10 @@
 same processes). No timing is asserted here — speed targets live in the benchmarks themselves."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.launch import ROOT, torchrun
 
 
 @pytest.mark.slow
@@ -18,10 +14,8 @@ def test_side_by_side_job_reports_both_sides_every_round(tmp_path):
 
     spec = bench_spec(2)
     (tmp_path / "spec.json").write_text(spec.to_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(tmp_path / "spec.json"), "--rounds", "2"]
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    script = ROOT / "benchmarks" / "side_by_side.py"
+    out = torchrun(2, [str(script), "--spec", str(tmp_path / "spec.json"), "--rounds", "2"], timeout_s=300)
     assert out.returncode == 0, out.stderr[-3000:]
     blocks = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")).split(" ", 1)[1])["blocks"]
     assert [(b["round"], b["which"]) for b in blocks] == [(0, "engine"), (0, "bare"), (1, "bare"), (1, "engine")]

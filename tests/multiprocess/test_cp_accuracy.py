@@ -1,4 +1,4 @@
-"""Context parallelism through the real engine at world 4 (one torchrun launch), judged like benchmarks/mp_accuracy.py
+"""Context parallelism through the real engine at world 4 (the farm's engine jobs), judged like benchmarks/mp_accuracy.py
 and tighter: loss parity with the single-process reference, model states and comm payloads exact, activations
 within 0.1% (the prediction is the non-CP one at seq_len / cp tokens per rank: ring attention saves what the flash
 kernel saves; the TP+SP layout misses by 256 B, as it does without cp at seq 32: that is TP+SP's own), and the K/V
@@ -16,6 +16,7 @@ from mp_accuracy import misses  # noqa: E402
 
 from backend.engine.notes import PARITY_BOUND  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
+from tests.helpers.farm import engine_job, params  # noqa: E402
 
 LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none"}
 
@@ -26,19 +27,12 @@ def _spec(name: str, model: dict, train: dict, **parallel) -> ExperimentSpec:
     return ExperimentSpec.model_validate({"name": name, "model": m, "train": t, "parallel": {"world_size": 4, **parallel}})
 
 
-SPECS = [
+JOBS = {s.name: engine_job(s, 1200) for s in [
     _spec("cp2_x_fsdp2_llama_gqa", LLAMA | {"n_kv_heads": 2}, {}, strategy="fsdp", cp=2),
     _spec("cp2_x_tp2_sp_alltoall", {}, {"micro_batch": 2}, strategy="tp", tp=2, cp=2, sequence_parallel=True,
           cp_rotate="alltoall"),
     _spec("cp4_contiguous_bf16", {}, {"precision": "bf16-mixed"}, strategy="ddp", cp=4, cp_load_balance=False),
-]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from tests.helpers.engine_batch import launch
-
-    return launch(4, SPECS, tmp_path_factory.mktemp("cp_acc"), timeout_s=1200)
+]}
 
 
 def _ring_backward_moment(spec, rr) -> bool:
@@ -55,9 +49,11 @@ def _ring_backward_moment(spec, rr) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
-def test_cp_memory_and_comm_match_the_prediction(runs, spec):
-    res = runs[spec.name]["result"]
+@pytest.mark.parametrize("name", params(JOBS))
+def test_cp_memory_and_comm_match_the_prediction(farm, name):
+    run = farm.result(JOBS[name])
+    res = run["result"]
+    spec = res.spec
     bound = PARITY_BOUND[str(spec.train.precision)]  # misses() asks fp32's 1e-4 of every run
     assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff <= bound, (res.loss, res.loss_reference)
     backward_moment = {rr.rank for rr in res.per_rank if _ring_backward_moment(spec, rr)}
@@ -73,6 +69,6 @@ def test_cp_memory_and_comm_match_the_prediction(runs, spec):
         for kind, stat in rr.comm.items():
             assert stat.bytes == rr.comm_predicted[kind], (rr.rank, kind, stat.bytes, rr.comm_predicted)
     ring = ("all_to_all", "all_gather") if str(spec.parallel.cp_rotate) == "allgather" else ("all_to_all",)
-    for payload in runs[spec.name]["ranks"]:  # the ring's collectives run on the cp group
+    for payload in run["ranks"]:  # the ring's collectives run on the cp group
         assert all(spec.parallel.cp in payload["comm_group_sizes"][kind] for kind in ring), payload["comm_group_sizes"]
     assert any(n.startswith(f"CP: each sequence split over cp={spec.parallel.cp}") for n in res.notes)

@@ -9,7 +9,8 @@ import pytest
 
 from backend.launch.launcher import run_experiment
 from backend.result import RunResult, Status
-from tests.helpers.launch_helpers import assert_no_orphans, engine_kwargs, job_env, tiny_spec
+from tests.helpers.launch import assert_no_orphans, job_env
+from tests.helpers.specs import tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +19,7 @@ TIMEOUT_S = 180.0  # generous: a failure must end the job long before this
 
 def _run(tmp_path: Path, fault: str, timeout_s: float = TIMEOUT_S) -> tuple[RunResult, str]:
     env, job_id = job_env(fault)
-    res = run_experiment(tiny_spec(timeout_s=timeout_s), workdir=tmp_path, extra_env=env, **engine_kwargs())
+    res = run_experiment(tiny_spec(timeout_s=timeout_s), workdir=tmp_path, extra_env=env)
     on_disk = RunResult.from_json((tmp_path / "result.json").read_text())
     assert on_disk.status == res.status and on_disk.error == res.error
     assert res.spec.parallel.world_size == 2 and res.log_tail
@@ -78,7 +79,7 @@ def test_cancel_mid_run(tmp_path: Path) -> None:
     env, job_id = job_env("hang:rank=0:step=2")  # never finishes on its own
     cancel = threading.Event()
     res = run_experiment(tiny_spec(timeout_s=TIMEOUT_S), workdir=tmp_path, extra_env=env, cancel=cancel,
-                         on_progress=lambda event: cancel.set(), **engine_kwargs())
+                         on_progress=lambda event: cancel.set())
     assert res.status == Status.CANCELLED, res.error
     assert res.wall_s < TIMEOUT_S / 2
     assert_no_orphans(res, job_id)

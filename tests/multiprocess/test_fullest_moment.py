@@ -1,7 +1,8 @@
 """Issue 32: the predicted fullest moment (RankEstimate.fullest_bytes: the activation peak, optimizer.step, the start of
-the loss's backward or inside backward) equals the step's peak within 3%: traced at full shapes on fake tensors (a grid
-of layouts, one process: backend/trace/batch.py) and measured by the engine on gloo (one torchrun launch per world:
-tests/helpers/engine_batch.py), for every data-parallel flavour and recompute policy, with and without pipelining.
+the loss's backward or inside backward) equals the step's peak within 3%: traced at full shapes on fake tensors (a
+grid of layouts, one process: backend/trace/batch.py) and measured by the engine on gloo (engine jobs of the test
+farm, tests/helpers/farm.py: one torchrun launch per world), for every data-parallel flavour and recompute policy,
+with and without pipelining.
 The full-size grid (a 7B-shaped model at world 64 and zero3 x tp8 x pp4) is benchmarks/fullest_moment.py."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from backend.analytic.estimate import estimate
 from backend.spec import ExperimentSpec
 from backend.trace.batch import trace_many
+from tests.helpers.farm import Job, engine_job, uses
 
 POLICIES = ("none", "selective", "full", "op", "layers:2", "block:2", "uniform:2")
 BOUND_PCT = 3.0
@@ -72,24 +74,26 @@ a larger miss, or an under-prediction, fails; the 3% bound applies to every othe
 TOY_MODEL = {"vocab_size": 256, "d_model": 64, "n_layers": 4, "n_heads": 4, "seq_len": 32}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("world, parallel, strategies, policies", [
-    (2, {}, ("ddp", "zero1", "zero2", "zero3"), POLICIES),
-    (4, {"pp": 2, "pp_schedule": "1f1b"}, ("ddp", "zero3"), ("none", "full", "uniform:2")),
-], ids=["world2", "world4-pp2"])
-def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(tmp_path: Path, world: int, parallel: dict,
-                                                              strategies: tuple, policies: tuple) -> None:
-    from tests.helpers.engine_batch import launch
-
+def gloo_grid(world: int, parallel: dict, strategies: tuple, policies: tuple) -> dict[str, Job]:
     specs = [spec(f"{strategy}-{rc}", TOY_MODEL, {"global_batch": 8, "micro_batch": 1, "steps": 1, "warmup_steps": 1,
                                                   "recompute": rc},
                   {"strategy": strategy, "world_size": world} | parallel)
              for strategy in strategies for rc in policies]
-    out = launch(world, specs, tmp_path, timeout_s=1800)
+    return {s.name: engine_job(s) for s in specs}
+
+
+GLOO_GRIDS = {"world2": gloo_grid(2, {}, ("ddp", "zero1", "zero2", "zero3"), POLICIES),
+              "world4-pp2": gloo_grid(4, {"pp": 2, "pp_schedule": "1f1b"}, ("ddp", "zero3"),
+                                      ("none", "full", "uniform:2"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [pytest.param(k, marks=uses(*jobs.values()), id=k) for k, jobs in GLOO_GRIDS.items()])
+def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(farm, grid: str) -> None:
     misses = []
-    for s in specs:
-        for rr in out[s.name]["result"].per_rank:
+    for job in GLOO_GRIDS[grid].values():
+        s = ExperimentSpec.from_json(job.payload)
+        for rr in farm.result(job)["result"].per_rank:
             assert rr.predicted.peak_bytes == estimate(s).per_rank[rr.rank].fullest_bytes()
             pct, moment = off_pct(rr.measured.peak_bytes, s, rr.rank)
             if abs(pct) > BOUND_PCT:

@@ -1,11 +1,12 @@
-"""2D mixes and a 4-stage pipeline at world 4, in one launch: FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP, and
-zero1×TP(+SP) with the vocab-parallel loss (issue 34: torch's loss_parallel)."""
+"""2D mixes and a 4-stage pipeline at world 4 (the farm's ranks): FSDP×TP, DDP×TP(+SP), PP×DP, PP×TP, PP(4), DP×EP,
+and zero1×TP(+SP) with the vocab-parallel loss (issue 34: torch's loss_parallel)."""
 
 import pytest
 
-from tests.helpers.mp_launch import assert_parity, run_specs, tiny
+from tests.helpers.farm import assert_parity, params, parity_job
+from tests.helpers.specs import tiny
 
-SPECS = [
+PARITY = {s.name: parity_job(s) for s in [
     tiny("fsdp_x_tp", strategy="fsdp", world_size=4, tp=2),
     tiny("ddp_x_tp_sp", strategy="ddp", world_size=4, tp=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
     tiny("pp_x_dp", strategy="ddp", world_size=4, pp=2),
@@ -15,15 +16,10 @@ SPECS = [
          train={"optimizer": "sgd", "lr": 0.5}),
     tiny("zero1_x_tp_sp_loss_parallel", strategy="zero1", world_size=4, tp=2, sequence_parallel=True,
          train={"loss_parallel": True}),
-]
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_specs(4, SPECS, tmp_path_factory.mktemp("mix"), timeout_s=400)
+]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in SPECS])
-def test_mix_parity(results, name):
-    assert_parity(results[name])
+@pytest.mark.parametrize("name", params(PARITY))
+def test_mix_parity(farm, name):
+    assert_parity(farm.result(PARITY[name]))

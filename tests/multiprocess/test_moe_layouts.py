@@ -1,11 +1,11 @@
-"""Issue 35: the MoE layouts that run now, one engine run each at world 4 in ONE torchrun launch (tests/helpers/
-engine_batch.py): zero1 x ep (Megatron's distributed optimizer, the experts' buckets over edp), ep x pp with 1F1B,
-interleaved 1F1B and DualPipeV under zero1 (DeepSeek-V3's pp x ep x ZeRO-1 dp), ep x tp (whole experts on every tp
-rank, ddp = replicate with the experts ignored), ep x cp, and a capacity-factor run that drops tokens (padded to
-capacity, grouped GEMMs, the load-balancing loss). Each: loss parity with the single-process reference (fp32 noise),
-model states exact to the byte against the prediction (one documented moment tie), activations and the all-to-all
-within the bounds of the prediction for the routing the run measured, and the capacity run's dropped slots equal to
-the ones Megatron's rule gives for the routing it recorded."""
+"""Issue 35: the MoE layouts that run now, one engine run each at world 4 on the farm (tests/helpers/farm.py: the
+session's one world-4 torchrun launch): zero1 x ep (Megatron's distributed optimizer, the experts' buckets over edp),
+ep x pp with 1F1B, interleaved 1F1B and DualPipeV under zero1 (DeepSeek-V3's pp x ep x ZeRO-1 dp), ep x tp (whole
+experts on every tp rank, ddp = replicate with the experts ignored), ep x cp, and a capacity-factor run that drops
+tokens (padded to capacity, grouped GEMMs, the load-balancing loss). Each: loss parity with the single-process
+reference (fp32 noise), model states exact to the byte against the prediction (one documented moment tie),
+activations and the all-to-all within the bounds of the prediction for the routing the run measured, and the capacity
+run's dropped slots equal to the ones Megatron's rule gives for the routing it recorded."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from backend.analytic.sharding import local_params, rank_layers, rank_stages
 from backend.analytic.traffic import cp_traffic
 from backend.engine.assemble import BOUNDS_PCT, COMM_BOUND_PCT, comm_error_pct
 from backend.result import error_pct
-from tests.helpers.mp_launch import tiny
+from tests.helpers.farm import engine_job, uses
+from tests.helpers.specs import tiny
 
 MOE = {"n_experts": 4, "top_k": 2}
 L4 = {"n_layers": 4}
@@ -34,14 +35,8 @@ SPECS = [
                                              "moe_grouped_gemm": True, "moe_aux_loss_coeff": 0.01},
          strategy="ep", world_size=4, ep=2, train=T),
 ]
+JOBS = {s.name: engine_job(s) for s in SPECS}
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from tests.helpers.engine_batch import launch
-
-    return launch(4, SPECS, tmp_path_factory.mktemp("moe_layouts"), timeout_s=1500)
 
 
 def _first_microbatch_grads(spec, rank: int) -> int:
@@ -56,9 +51,9 @@ def rr_layers(spec, rank: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
-def test_moe_layout_parity_and_memory(runs, spec):
-    res = runs[spec.name]["result"]
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=uses(JOBS[s.name]), id=s.name) for s in SPECS])
+def test_moe_layout_parity_and_memory(farm, spec):
+    res = farm.result(JOBS[spec.name])["result"]
     assert res.status == "ok", res.error
     assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff <= 1e-5, (res.loss, res.loss_reference)
     for rr in res.per_rank:
@@ -80,9 +75,10 @@ def test_moe_layout_parity_and_memory(runs, spec):
 
 
 @pytest.mark.slow
-def test_capacity_drops_what_megatrons_rule_gives_for_the_recorded_routing(runs):
+@uses(JOBS[SPECS[-1].name])
+def test_capacity_drops_what_megatrons_rule_gives_for_the_recorded_routing(farm):
     spec = SPECS[-1]
-    run = runs[spec.name]
+    run = farm.result(JOBS[spec.name])
     res = run["result"]
     recomputed = sum(dropped_given_routing(p["extra"]["moe_routing"], spec.model.capacity_factor)
                      for p in run["ranks"] if p["coords"]["tp"] == 0)

@@ -18,7 +18,8 @@ import torch
 from backend.launch.launcher import run_experiment
 from backend.result import RunResult, Status
 from backend.spec import ExperimentSpec
-from tests.helpers.launch_helpers import assert_no_orphans, engine_kwargs, job_env, tiny_spec
+from tests.helpers.launch import assert_no_orphans, job_env
+from tests.helpers.specs import tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def _standalone(workdir: Path) -> RunResult:
     env, job_id = job_env()
     events: list[dict] = []
     spec = tiny_spec(timeout_s=150)
-    res = run_experiment(spec, workdir=workdir, on_progress=events.append, extra_env=env, **engine_kwargs())
+    res = run_experiment(spec, workdir=workdir, on_progress=events.append, extra_env=env)
     assert res.status == Status.OK, f"{res.error}\n{res.traceback}\n{res.log_tail}"
     assert [r.rank for r in res.per_rank] == [0, 1]
     assert all(len(r.step_s) == spec.train.steps for r in res.per_rank)
@@ -68,7 +69,7 @@ def test_two_nodes_match_a_standalone_run(tmp_path: Path) -> None:
     def node(rank: int) -> None:
         env, jobs[rank] = job_env()
         spec = tiny_spec(nnodes=2, node_rank=rank, rdzv_endpoint=endpoint, timeout_s=150)
-        results[rank] = run_experiment(spec, workdir=tmp_path / f"node{rank}", extra_env=env, **engine_kwargs())
+        results[rank] = run_experiment(spec, workdir=tmp_path / f"node{rank}", extra_env=env)
 
     threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
     for t in threads:

@@ -1,26 +1,15 @@
 """The full in-rank engine (warm-up, timed step, memory-tracked step, reference) on the cases whose memory
 step used to crash: multi-stage pipelines (interleaved, zero-bubble, ZBV), PP×FSDP with two stages per
 rank, and FSDP with EP experts as ignored params. Loss parity with the single-process reference, and the
-tracked params / grads / optimizer bytes against the analytic prediction.
-
-Several specs share one torchrun launch: this file is also the rank program
-(`torch.distributed.run ... -m tests.multiprocess.test_pp_engine OUTDIR SPEC.json...`), calling the engine's own
-`backend.engine.rank.run_rank` per spec, exactly as `python -m backend.engine.rank` does."""
+tracked params / grads / optimizer bytes against the analytic prediction (the farm's engine jobs)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from backend.analytic.sharding import local_params
 from backend.spec import ExperimentSpec
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.farm import engine_job, params, uses
 
 STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
 LOSS_TOL = 1e-4
@@ -34,46 +23,13 @@ def spec(name: str, *, model: dict | None = None, **parallel) -> ExperimentSpec:
 
 
 PP2 = {"strategy": "pp", "world_size": 2, "virtual_stages": 2}
-WORLD2 = [
+JOBS = {s.name: engine_job(s) for s in [
     spec("interleaved", **PP2, pp_schedule="interleaved_1f1b"),
     spec("zero_bubble", **PP2, pp_schedule="zero_bubble"),
     spec("zbv", **PP2, pp_schedule="zbv"),
     spec("zero3_ep", model={"n_experts": 4, "n_layers": 2}, strategy="zero3", world_size=2, ep=2),
-]
-WORLD4 = [
     spec("fsdp_pp_interleaved", strategy="fsdp", world_size=4, pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b"),
-]
-
-
-def launch(world: int, specs: list[ExperimentSpec], tmp: Path) -> dict[str, dict]:
-    """{spec name: {"result": RunResult, "ranks": per-rank payloads}} for specs run in one torchrun launch."""
-    from backend.engine.assemble import assemble_result
-
-    paths = []
-    for i, s in enumerate(specs):
-        (tmp / str(i)).mkdir()
-        paths.append(tmp / f"{i}.json")
-        paths[-1].write_text(s.to_json())
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "tests.multiprocess.test_pp_engine", str(tmp), *map(str, paths)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    out = {}
-    for i, s in enumerate(specs):
-        payload = json.loads((tmp / str(i) / "ranks.json").read_text())
-        out[s.name] = {"result": assemble_result(s, payload), "ranks": payload["ranks"]}
-    return out
-
-
-@pytest.fixture(scope="module")
-def world2(tmp_path_factory):
-    return launch(2, WORLD2, tmp_path_factory.mktemp("pp_engine2"))
-
-
-@pytest.fixture(scope="module")
-def world4(tmp_path_factory):
-    return launch(4, WORLD4, tmp_path_factory.mktemp("pp_engine4"))
+]}
 
 
 def _ok_and_parity(run: dict) -> None:
@@ -92,11 +48,11 @@ def _within(measured: int, predicted: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["interleaved", "zero_bubble", "zbv"])
-def test_multi_stage_pipelines_measure_state_like_the_estimate(world2, name):
+@pytest.mark.parametrize("name", params({k: JOBS[k] for k in ("interleaved", "zero_bubble", "zbv")}))
+def test_multi_stage_pipelines_measure_state_like_the_estimate(farm, name):
     """Bug 1 (interleaved: a stage's backward after the other stage's next forward) and bug 2 (split
     backward: hookless tracker); two stage modules per rank, both counted."""
-    run = world2[name]
+    run = farm.result(JOBS[name])
     _ok_and_parity(run)
     for r in run["result"].per_rank:
         for cat in STATE:
@@ -105,9 +61,10 @@ def test_multi_stage_pipelines_measure_state_like_the_estimate(world2, name):
 
 
 @pytest.mark.slow
-def test_fsdp_ignored_expert_params_are_counted(world2):
+@uses(JOBS["zero3_ep"])
+def test_fsdp_ignored_expert_params_are_counted(farm):
     """Bug 4: EP experts are fully_shard's ignored_params; they are this rank's own params and grads."""
-    run = world2["zero3_ep"]
+    run = farm.result(JOBS["zero3_ep"])
     _ok_and_parity(run)
     for r, payload in zip(run["result"].per_rank, run["ranks"]):
         raw = payload["memory"]["tracker_at_activation_peak"]
@@ -121,10 +78,11 @@ def test_fsdp_ignored_expert_params_are_counted(world2):
 
 
 @pytest.mark.slow
-def test_pp_fsdp_tracks_every_local_stage(world4, name="fsdp_pp_interleaved"):
+@uses(JOBS["fsdp_pp_interleaved"])
+def test_pp_fsdp_tracks_every_local_stage(farm, name="fsdp_pp_interleaved"):
     """Bug 3: both stage modules of a rank are FSDP-instrumented (before: only the first). The sharded
     state matches the estimate; FSDP's unsharded / in-flight buffers are reported next to it."""
-    run = world4[name]
+    run = farm.result(JOBS[name])
     _ok_and_parity(run)
     for r, payload in zip(run["result"].per_rank, run["ranks"]):
         raw = payload["memory"]["tracker_at_activation_peak"]
@@ -133,25 +91,3 @@ def test_pp_fsdp_tracks_every_local_stage(world4, name="fsdp_pp_interleaved"):
         assert _within(raw["Sharded Grad"], storage), (name, r.rank, raw, storage)
         for cat in ("params_bytes", "optimizer_bytes"):  # grads at m=2: see the PP x FSDP note in estimate._notes
             assert _within(getattr(r.measured, cat), getattr(r.predicted, cat)), (name, r.rank, cat, r.measured, r.predicted)
-
-
-def main() -> None:
-    import torch.distributed as dist
-
-    from backend.engine import mesh as mesh_mod
-    from backend.engine.rank import run_rank
-    from backend.runtime.entry import env_ranks
-
-    out, spec_paths = Path(sys.argv[1]), sys.argv[2:]
-    rank, world, local_rank = env_ranks()
-    try:
-        for i, path in enumerate(spec_paths):
-            run_rank(ExperimentSpec.from_json(Path(path).read_text()), rank, world, local_rank, out / str(i))
-            dist.barrier()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

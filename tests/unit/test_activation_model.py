@@ -1,4 +1,5 @@
-"""Our model's activation formula vs torch's MemTracker (single process, fp32, tiny shapes).
+"""Our model's activation formula vs torch's MemTracker (single process, fp32, tiny shapes), and the TP + SP layer
+formula vs the tensors the ranks of a real gloo run save for backward (a farm job, tests/helpers/tp_saved_tensors.py).
 
 Activations = bytes MemTracker attributes to "Activation" right after forward + loss, i.e. everything
 autograd saved for backward plus the logits the caller holds.
@@ -16,6 +17,7 @@ from backend.analytic.memory.activations import (LayerShape, full_recompute_peak
 from backend.models.gpt import build_model, loss_fn
 from backend.spec import ModelSpec, Recompute
 from tests.helpers.activation_peak import engine_step_activation_peak
+from tests.helpers.farm import program_job, uses
 
 TOL = 0.05  # the formula is derived op by op; the brief's bound is 15%
 
@@ -171,3 +173,18 @@ def test_autocast_saved_tensors_are_what_the_formula_counts():
     per_block = model_layer_activation_bytes(s=32, b=2, h=64, a=4, kv_heads=4, ffn=256, dtype_bytes=2, autocast=True)
     assert activations == per_block + w_blocks / spec.model.n_layers
     assert sum(nb for nb, dt, p in seen.values() if dt == torch.float32 and not p) == 2 * 2 * 32 * 64 * 4 + 4 * 2 * 32 * 4
+
+
+TP_SAVED = program_job("tp_saved_tensors", 2)
+
+
+@pytest.mark.slow
+@uses(TP_SAVED)
+def test_tp_sp_layer_formula_matches_saved_tensors(farm):
+    """TP=2 (Megatron plan via parallelize_module), with and without SP: per-rank saved bytes of one block."""
+    rows = farm.result(TP_SAVED)
+    assert len(rows) == 4
+    for row in rows:
+        pred = model_layer_activation_bytes(s=32, b=2, h=64, a=4, kv_heads=row["kv"], ffn=256, dtype_bytes=4,
+                                            t=row["t"], sp=row["sp"])
+        assert pred == pytest.approx(row["bytes"], rel=TOL), row

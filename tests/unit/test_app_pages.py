@@ -1,4 +1,5 @@
-"""Drive every dashboard page with Streamlit's AppTest: empty store, queued, failed and real finished runs."""
+"""Drive every dashboard page with Streamlit's AppTest: empty store, queued, failed and real finished runs (measured
+by the engine's ranks: farm jobs): measured vs predicted, pipeline timelines, every page of a full store."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from backend.result import RunResult, Status
 from backend.spec import validate_spec
 from dashboard import spec_form as sf
+from tests.helpers.farm import engine_job, uses
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGES = ("dashboard/pages/new_experiment.py", "dashboard/pages/runs.py", "dashboard/pages/run_detail.py", "dashboard/pages/compare.py", "dashboard/pages/formulas.py")
@@ -213,3 +215,84 @@ def test_formulas_page_without_runs():
     zero = figs[0]
     ddp = next(t for t in zero["data"] if t["name"].startswith("DDP"))
     assert ddp["y"][0] == pytest.approx(16 * 70e9 / 2**30)  # 70B, bf16 + Adam: 16 bytes per parameter, in GiB
+
+
+# ---- real measured runs ---------------------------------------------------------------------------
+
+REAL = {"ddp": engine_job(_spec("ddp")), "pp": engine_job(_spec("pp", 2, pp_schedule="gpipe"))}
+
+
+@pytest.fixture
+def real_results(farm) -> dict[str, RunResult]:
+    """One tiny real DDP run and one tiny real PP run (the engine's rank program, as the launcher runs it)."""
+    out = {}
+    for name, job in REAL.items():
+        res = farm.result(job)["result"]
+        assert res.status == Status.OK, (name, res.status, res.error)
+        out[name] = res
+    return out
+
+
+def _store(results: dict[str, RunResult]) -> dict[str, int]:
+    from db import queries
+
+    eng = _engine()
+    ids = {}
+    for name, res in results.items():
+        ids[name] = queries.submit_experiment(eng, res.spec, tags=["real"])
+        queries.store_result(eng, ids[name], res)
+    return ids
+
+
+@pytest.mark.slow
+@uses(*REAL.values())
+def test_detail_of_a_real_run_shows_measured_vs_predicted(real_results):
+    ids = _store(real_results)
+    at = _app()
+    at.query_params["run"] = str(ids["ddp"])
+    at.switch_page("dashboard/pages/run_detail.py")
+    _ok(at.run())
+    figs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    mvp = next(f for t, f in figs.items() if t.startswith("Memory per rank"))
+    params = next(t for t in mvp["data"] if t["name"] == "parameters")
+    assert len(params["y"]) == 4 and all(y > 0 for y in params["y"])  # 2 ranks x (measured, predicted)
+    assert any(t.startswith("Training loss") for t in figs)
+    assert "all_reduce" in set(at.dataframe[1].value["collective"])
+
+
+@pytest.mark.slow
+@uses(*REAL.values())
+def test_pp_run_shows_measured_and_ideal_timelines(real_results):
+    ids = _store(real_results)
+    at = _app()
+    at.query_params["run"] = str(ids["pp"])
+    at.switch_page("dashboard/pages/run_detail.py")
+    _ok(at.run())
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert any(t.startswith("Ideal schedule") for t in titles)
+    if real_results["pp"].timeline:
+        assert any(t.startswith("Measured: gpipe") for t in titles)
+    assert [m.label for m in at.metric if "bubble" in m.label]
+
+
+@pytest.mark.slow
+@uses(*REAL.values())
+def test_full_store_renders_every_page_and_compares(real_results):
+    ids = _store(real_results)
+    at = _app().switch_page("dashboard/pages/runs.py").run()
+    _ok(at)
+    assert at.dataframe[0].value["step time (ms)"].notna().all()
+    at.session_state["compare_ids"] = [ids["ddp"], ids["pp"]]
+    at.switch_page("dashboard/pages/compare.py")
+    _ok(at.run())
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    mem = figs[0]
+    measured = [t for t in mem["data"] if t["name"].endswith("measured")]
+    assert {t["name"] for t in measured} == {"ddp measured", "pp measured"}
+    assert all(y > 0 for t in measured for y in t["y"])
+    for page in PAGES:
+        _ok(at.switch_page(page).run())
+    if real_results["pp"].bubble_measured is not None:  # the Formulas page checks the stored pp run's bubble
+        at.switch_page("dashboard/pages/formulas.py").run()
+        checks = [d.value for d in at.dataframe if "check" in d.value.columns]
+        assert checks and any(c.startswith("pipeline bubble, gpipe") for c in checks[0]["check"]), checks

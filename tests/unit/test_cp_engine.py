@@ -1,8 +1,14 @@
-"""Context parallelism's engine set-up in one process (fake process group): a CUDA rank takes torch's
-_ContextParallel, a CPU rank the hand-written ring. The torchrun parity runs: tests/multiprocess/test_cp_engine.py."""
+"""Context parallelism through the engine's parallelize(). In one process (fake process group): a CUDA rank takes
+torch's _ContextParallel, a CPU rank the hand-written ring. In the farm's ranks: loss and final parameters equal the
+single-process reference at world 2 (cp alone, both K/V rotations and chunk layouts) and at world 4 (cp alone,
+cp x fsdp, cp x tp with SP, cp x pp, cp x ep)."""
 
-from tests.helpers.mp_launch import tiny
-from tests.multiprocess.test_cp_engine import FLASH
+import pytest
+
+from tests.helpers.farm import assert_parity, params, parity_job
+from tests.helpers.specs import tiny
+
+FLASH = {"attention": "flash"}
 
 
 def test_cuda_ranks_use_torchs_context_parallel(monkeypatch):
@@ -33,3 +39,32 @@ def test_cuda_ranks_use_torchs_context_parallel(monkeypatch):
         cp_attention._disable_context_parallel_dispatcher()
         cp_attention._cp_options.rotate_method, cp_attention._cp_options.enable_load_balance = saved
         dist.destroy_process_group()
+
+
+WORLD2 = {s.name: parity_job(s) for s in [
+    tiny("cp2", model=FLASH, world_size=2, cp=2),
+    tiny("cp2_alltoall_contiguous_rope", model=FLASH | {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
+         world_size=2, cp=2, cp_rotate="alltoall", cp_load_balance=False),
+]}
+WORLD4 = {s.name: parity_job(s, timeout_s=500) for s in [
+    tiny("cp4", model=FLASH, world_size=4, cp=4),
+    tiny("cp2_x_fsdp2", model=FLASH, strategy="fsdp", world_size=4, cp=2),
+    tiny("cp2_x_tp2_sp", model=FLASH, strategy="tp", world_size=4, cp=2, tp=2, sequence_parallel=True),
+    tiny("cp2_x_pp2", model=FLASH, world_size=4, cp=2, pp=2),
+    tiny("cp2_x_ep2", model=FLASH | {"n_experts": 4, "top_k": 2}, strategy="ep", world_size=4, cp=2, ep=2,
+         train={"optimizer": "sgd", "lr": 0.5}),
+]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", params(WORLD2))
+def test_cp_parity_world2(farm, name):
+    result = farm.result(WORLD2[name])
+    assert_parity(result)
+    assert any(n.startswith("CP: each sequence split over cp=2") for n in result["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", params(WORLD4))
+def test_cp_parity_world4(farm, name):
+    assert_parity(farm.result(WORLD4[name]))

@@ -1,6 +1,6 @@
 """Context parallelism on every surface besides run / trace / estimate: the New-experiment form (round trip, the page
-with cp set), the Plan table and its scaled-down verify run, the runs table, sweeps, the CSV export and plan -> estimate in
-process (the CLI in a subprocess: tests/multiprocess/test_cp_surfaces.py)."""
+with cp set), the Plan table and its scaled-down verify run, the runs table, sweeps, the CSV export, plan -> estimate,
+and the estimate and plan JSON of the CLI (a bad cp degree refused with its arithmetic)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dashboard import plan_view, runs_view
 from dashboard import spec_form as sf
 from db import queries as q
 from db.export import export_csv
+from tests.helpers.launch import cli
 from tests.helpers.store_helpers import TINY, fake_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +102,20 @@ def test_estimate_accepts_200_plan_outputs_with_cp(capsys):
         spec = ExperimentSpec.for_prediction(c["spec"])
         est = estimate(spec, device="cuda")
         assert est.per_rank and all(r.total_bytes > 0 for r in est.per_rank)
+
+
+def test_cli_estimate_and_plan_json_carry_cp():
+    est = cli("estimate", "--world", "4", "--cp", "2", "--cp-rotate", "alltoall", "--no-cp-load-balance",
+              "--attention", "flash", "--seq", "32", "--json")
+    assert est.code == 0, est.err
+    out = json.loads(est.out)
+    assert out["per_rank"][1]["coords"] == {"pp": 0, "dp": 0, "cp": 1, "tp": 0, "ep": 0}
+    assert "all_to_all" in out["comm_bytes_per_step"]
+    bad = cli("estimate", "--world", "4", "--cp", "3", "--attention", "flash", "--json")
+    assert bad.code == 2 and "is not divisible by tp(1) * pp(1) * cp(3) = 3" in bad.err + bad.out
+    plan = cli("plan", "--preset", "llama-3-8b", "--gpus", "64", "--global-batch", "16", "--seq", "65536",
+               "--hardware", "h100-sxm", "--attention", "flash", "--top", "3", "--json")
+    assert plan.code == 0, plan.err
+    configs = json.loads(plan.out)["configs"]
+    assert configs and all("cp" in c["spec"]["parallel"] for c in configs)
+    assert any(c["spec"]["parallel"]["cp"] > 1 for c in configs)  # 64k context: the planner picks cp

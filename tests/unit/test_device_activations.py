@@ -2,7 +2,8 @@
 its input and an fp32 rstd, the CPU composite keeps fp32 input, rstd and normalised x (analytic/device.py
 rms_norm_saved_bytes). The CUDA side is judged on the committed H200 measurements
 (benchmarks/results/gpu/2026-11-26-h200-run{1,2}/report.json: the saved-tensor listings of one block, and the real
-runs' per-category bytes), the CPU side by running torch here."""
+runs' per-category bytes), the CPU side by running torch here, and through the real engine on the CPU (a farm
+engine job)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from backend.analytic.device import rms_norm_saved_bytes
 from backend.analytic.estimate import estimate
 from backend.spec import ExperimentSpec
+from tests.helpers.farm import engine_job, uses
 
 GPU_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
 H200_RUNS = ("2026-11-26-h200-run1", "2026-11-26-h200-run2")
@@ -100,3 +102,23 @@ def test_cuda_estimate_says_rmsnorm_is_fused():
     spec = ExperimentSpec.model_validate(run["spec"])
     assert any("RMSNorm runs torch's fused kernel" in n for n in estimate(spec, device="cuda").notes)
     assert not any("RMSNorm" in n for n in estimate(spec, device="cpu").notes)
+
+
+ZERO3_BF16 = engine_job(ExperimentSpec.model_validate({
+    "name": "zero3-bf16-rmsnorm",
+    "model": {"vocab_size": 256, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128,
+              "seq_len": 64, "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
+              "attention": "flash", "tie_embeddings": True},
+    "train": {"global_batch": 2, "micro_batch": 1, "steps": 1, "warmup_steps": 1, "precision": "bf16-mixed"},
+    "parallel": {"strategy": "zero3", "world_size": 1}}))
+
+
+@uses(ZERO3_BF16)
+def test_cpu_zero3_bf16_params_run_measures_the_predicted_activations(farm):
+    """The engine on the CPU (gloo, world 1): FSDP2 with bf16 MixedPrecisionPolicy runs the norms on bf16 inputs,
+    which the CPU composite upcasts (the CPU GPU-check kit's zero3 runs were +16.7% before)."""
+    result = farm.result(ZERO3_BF16)["result"]
+    assert result.status == "ok", result.error
+    rank = result.per_rank[0]
+    for cat in CATEGORIES:
+        assert getattr(rank.measured, cat) == pytest.approx(getattr(rank.predicted, cat), rel=1e-3), cat

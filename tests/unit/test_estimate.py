@@ -14,6 +14,8 @@ from backend.analytic.estimate import estimate, estimate_raw, zero_textbook
 from backend.analytic.inference import estimate_inference
 from backend.analytic.params import count_params, param_list
 from backend.spec import ExperimentSpec
+from tests.helpers.engine_measure import on_fake_pg
+from tests.helpers.farm import program_job, uses
 
 GB = 1e9
 MODEL = dict(vocab_size=250, d_model=96, n_layers=3, n_heads=4, seq_len=32)
@@ -165,32 +167,6 @@ def test_inference_weights_and_kv_cache():
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes")
 
 
-def _engine_measure(spec_json: str, rank: int, store: str | None) -> dict:
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from backend.engine import loop, mesh
-    from backend.models.gpt import build_model
-    from backend.strategies.base import RankContext, prepare
-
-    s = ExperimentSpec.from_json(spec_json)
-    torch.set_num_threads(1)
-    if store:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=s.parallel.world_size)
-    else:
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=s.parallel.world_size)
-    try:
-        dev = torch.device("cpu")
-        ctx = RankContext(spec=s, rank=rank, world_size=s.parallel.world_size, local_rank=0, device=dev,
-                          mesh=mesh.build_mesh(s, dev))
-        prep = prepare(ctx, build_model(s.model, seed=0, recompute=s.train.recompute))
-        out = loop.run_loop(ctx, prep)
-        return {"memory": out["memory"]["categories"], "comm": {k: v["bytes"] for k, v in out["comm"].items()}}
-    finally:
-        dist.destroy_process_group()
-
-
 def _check(s: ExperimentSpec, rank: int, got: dict, comm_keys: tuple[str, ...]) -> None:
     pred = estimate(s).per_rank[rank]
     for k in CATS:
@@ -207,7 +183,7 @@ def test_fsdp_matches_engine_on_fake_pg(strategy, rank, monkeypatch):
     monkeypatch.setattr(loop, "progress", lambda *a, **k: None)
     # vocab 250 over 4 ranks: padded dim-0 shards; seq 64 keeps the activation peak at the end of forward
     s = spec({"strategy": strategy, "world_size": 4}, model=dict(MODEL, seq_len=64))
-    _check(s, rank, _engine_measure(s.to_json(), rank, None), ("all_gather", "reduce_scatter"))
+    _check(s, rank, on_fake_pg(s, rank), ("all_gather", "reduce_scatter"))
 
 
 def test_tp_sp_matches_engine_on_fake_pg(monkeypatch):
@@ -215,7 +191,7 @@ def test_tp_sp_matches_engine_on_fake_pg(monkeypatch):
 
     monkeypatch.setattr(loop, "progress", lambda *a, **k: None)
     s = spec({"strategy": "tp", "world_size": 2, "sequence_parallel": True}, global_batch=1)
-    got = _engine_measure(s.to_json(), 1, None)
+    got = on_fake_pg(s, 1)
     pred = estimate(s).per_rank[1]
     for k in ("params_bytes", "optimizer_bytes", "other_bytes"):
         assert got["memory"][k] == getattr(pred, k), k
@@ -231,8 +207,31 @@ def test_tp_dp_mix_matches_engine_on_fake_pg(strategy, monkeypatch):
 
     monkeypatch.setattr(loop, "progress", lambda *a, **k: None)
     s = spec({"strategy": strategy, "world_size": 4, "tp": 2}, model=dict(MODEL, n_layers=2, seq_len=64), global_batch=2)
-    got = _engine_measure(s.to_json(), 3, None)
+    got = on_fake_pg(s, 3)
     pred = estimate(s).per_rank[3]
     for k in CATS:
         assert got["memory"][k] == getattr(pred, k), k
     assert got["comm"] == pytest.approx(pred.comm_bytes)
+
+
+# ---- on 2 real gloo ranks (a farm job) ----
+
+TINY = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=2, seq_len=16)
+GLOO_SPECS = [spec({"strategy": st, "world_size": 2}, model=TINY, global_batch=4) for st in ("ddp", "zero1", "pp")]
+GLOO = program_job("engine_measure", 2, specs=[s.to_json() for s in GLOO_SPECS])
+
+
+@pytest.mark.slow
+@uses(GLOO)
+def test_gloo_ddp_zero1_pp_match_engine(farm):
+    """One 2-rank gloo launch runs ddp, zero1 and pp (1F1B) through the real engine path."""
+    specs = GLOO_SPECS
+    got = {int(r): runs for r, runs in farm.result(GLOO).items()}
+    for r in range(2):
+        _check(specs[0], r, got[r][0], ("all_reduce",))
+        _check(specs[1], r, got[r][1], ("all_reduce", "broadcast"))
+        # pipelining: activations are not exact (stage buffers), states and p2p are
+        pred = estimate(specs[2]).per_rank[r]
+        for k in ("params_bytes", "optimizer_bytes"):
+            assert got[r][2]["memory"][k] == getattr(pred, k), (r, k)
+        assert got[r][2]["comm"] == pytest.approx(pred.comm_bytes)

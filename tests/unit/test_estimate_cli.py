@@ -1,4 +1,5 @@
-"""`python -m backend estimate`: table, --json contract, ZeRO paper numbers, inference mode, errors."""
+"""`python -m backend estimate`: table, --json contract, ZeRO paper numbers, inference mode, errors; the CLI in-process
+(`backend.cli.main`), and once as the program itself (the entry point: `python -m backend` in a process)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import pytest
 
 from backend.cli import main
+from tests.helpers.launch import cli, cli_process
 
 
 @pytest.mark.parametrize("stage,gb", [(0, "120.0"), (1, "31.4"), (2, "16.6"), (3, "1.9")])
@@ -74,6 +76,31 @@ def test_bad_flag_values(args, needle, capsys):
 def test_unreadable_spec_file(tmp_path, capsys):
     assert main(["estimate", "--spec", str(tmp_path / "missing.json")]) == 2
     assert "cannot read --spec" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_json_contract_subprocess():
+    """The entry point itself: `python -m backend estimate --json` as a program prints exactly one JSON object."""
+    p = cli_process("estimate", "--strategy", "zero3", "--world", "4", "--layers", "2", "--global-batch", "8",
+                    "--micro-batch", "1", "--json", timeout_s=120)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)  # exactly one JSON object on stdout
+    assert [r["rank"] for r in d["per_rank"]] == [0, 1, 2, 3]
+    for row in d["per_rank"]:
+        assert {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"} <= set(row)
+    assert set(d["comm_bytes_per_step"]) == {"all_gather", "reduce_scatter"}
+    assert d["bubble_fraction"] is None and d["flops_per_step"] > 0
+
+
+def test_invalid_spec_exits_2_with_arithmetic():
+    p = cli("estimate", "--dp", "2", "--tp", "3", "--world", "4")
+    assert p.code == 2 and p.out == ""
+    assert "dp(2) * tp(3) * pp(1) = 6 != world_size(4)" in p.err
+
+
+def test_unknown_choice_is_usage_error():
+    p = cli("estimate", "--strategy", "zero9")
+    assert p.code == 2 and "invalid choice" in p.err
 
 
 def test_json_gives_each_rank_and_rank_class_its_fullest_moment(capsys):

@@ -1,6 +1,7 @@
 """Issue 21 items 8-10: one validation of user text and uploads for both stores, every sweep value validated like
-a single run, and clear errors (exit 2) instead of tracebacks for hostile files; `list` never prints raw control
-characters. Each case runs on SQLite and on a real PostgreSQL server (store_urls)."""
+a single run, and clear errors (exit 2) instead of tracebacks for hostile files (a wrong config.json, an odd spec
+file); `list` never prints raw control characters. Each store case runs on SQLite and on a real PostgreSQL server
+(store_urls)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 from sqlalchemy import update
 
 from backend.cli import main
-from backend.hf_config import from_hf_config
+from backend.hf_config import HFConfigError, from_hf_config
 from backend.spec import validate_spec
 from backend.spec.user_text import MAX_SOURCE_BYTES, MAX_TAG_CHARS
 from db import queries as q
 from db.models import Experiment
 from db.session import REPO, open_db
+from tests.helpers.launch import cli
 from tests.helpers.store_helpers import TINY
 
 FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
@@ -139,3 +141,28 @@ def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeyp
     plain = "\n".join(str(e.value) for e in at.get("text"))
     for shown in (s.name, "![t](http://evil.example/t.png)", "see ![e](", "[note](http://evil.example/note)"):
         assert shown in plain, shown
+
+
+def test_wrong_typed_or_incomplete_config_json_is_an_error_not_a_traceback(tmp_path):
+    for bad, said in ((dict(LLAMA, hidden_size="big"), "hidden_size='big' must be an integer >= 1"),
+                      (dict(LLAMA, num_attention_heads=[2]), "num_attention_heads=[2]"),
+                      ({k: v for k, v in LLAMA.items() if k != "vocab_size"}, "config.json lacks vocab_size"),
+                      (dict(LLAMA, tie_word_embeddings="yes"), "must be true or false")):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(bad))
+        done = cli("estimate", "--hf-config", str(path), "--world", "2")
+        assert done.code == 2 and said in done.err and "Traceback" not in done.err, done.err[-500:]
+    with pytest.raises(HFConfigError, match="a JSON object"):
+        from_hf_config([1, 2])  # type: ignore[arg-type]
+
+
+def test_deeply_nested_or_odd_spec_files_exit_2_with_the_reason(tmp_path):
+    cases = {"deep.json": ('{"model": ' * 50_000 + "{}" + "}" * 50_000, "nests too deep"),
+             "deep2.json": (json.dumps({"model": {"source": json.loads("[" * 60 + "]" * 60)}}), "levels deep"),
+             "list.json": ("[1, 2]", "not an object of spec sections"),
+             "section.json": ('{"parallel": 5}', "section 'parallel' is a JSON int")}
+    for name, (text, said) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        done = cli("estimate", "--spec", str(path), "--world", "2")
+        assert done.code == 2 and said in done.err and "Traceback" not in done.err, (name, done.err[-500:])

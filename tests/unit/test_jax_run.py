@@ -1,7 +1,8 @@
 """JAX/XLA GSPMD on 4 virtual CPU devices: dp, fsdp, tp and dp x tp, each with loss parity ≤ 1e-4 vs the torch
 reference (same seeded weights by name, same data), XLA's argument bytes per device equal to the analytic
 params + optimizer state + data (backend/analytic/frameworks/gspmd.py), and the HLO's collectives listed.
-Also the pure parts: the layout arithmetic, HLO parsing, and what jax refuses before launch."""
+Also the pure parts: the layout arithmetic, HLO parsing, and what jax refuses before launch. The runs are farm jobs
+(one process for every JAX run: N virtual devices); a failing run's error file comes from the program itself."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from backend.analytic.frameworks.gspmd import layout, predicted_bytes
 from backend.frameworks.jax.hlo import collectives, group_size
 from backend.spec import ExperimentSpec, validate_spec
+from tests.helpers.farm import engine_job, params, uses
+from tests.helpers.launch import ROOT
 
 MODES = {"dp": ("ddp", 1), "fsdp": ("zero3", 1), "tp": ("tp", 4), "dp x tp": ("tp", 2)}
 HLO = """
@@ -70,3 +73,52 @@ def test_a_family_the_jax_gpt_does_not_write_is_refused_before_launch(family) ->
                                     "parallel": {"strategy": "ddp", "world_size": 2}})
     assert spec is None and any("GPT family only" in p and next(iter(family)) in p for p in problems), problems
 
+
+# ---- end to end (the farm: one process, virtual CPU devices) -----------------------------------------------------
+
+RUNS = {mode: engine_job(_spec(mode)) for mode in MODES}
+
+
+def _run(farm, mode: str):
+    pytest.importorskip("jax")
+    res = farm.result(RUNS[mode])["result"]
+    assert res.status == "ok", (res.error, res.traceback, (res.log_tail or "")[-2000:])
+    assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff <= 1e-4
+    facts = res.framework_facts
+    assert facts["memory_analysis"]["argument_size_in_bytes"] == facts["argument_bytes_predicted"]
+    assert len(res.per_rank) == 4
+    for rr in res.per_rank:
+        assert rr.measured.params_bytes == rr.predicted.params_bytes
+        assert rr.measured.optimizer_bytes == rr.predicted.optimizer_bytes
+    assert any("ONE process" in n for n in res.notes)
+    return res, facts["collectives"]
+
+
+@uses(RUNS["fsdp"])
+def test_fsdp_end_to_end(farm) -> None:
+    """The default suite's one JAX run: fsdp's all-gathers and XLA's all-reduce where torch reduce-scatters."""
+    res, coll = _run(farm, "fsdp")
+    assert coll["all_gather"]["calls"] > 0 and "reduce_scatter" not in coll
+    assert coll["all_reduce"]["group_sizes"] == [4]
+    assert any("XLA CPU emits no reduce-scatter" in n for n in res.notes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", params({m: RUNS[m] for m in ("dp", "tp", "dp x tp")}))
+def test_modes_end_to_end(farm, mode: str) -> None:
+    res, coll = _run(farm, mode)
+    assert coll["all_reduce"]["calls"] >= 1 and coll["all_reduce"]["bytes"] > 0
+    if mode == "dp":
+        assert "all_gather" not in coll
+
+
+@pytest.mark.multiprocess  # the rank program's own process: its entry writes the error file
+def test_a_failing_jax_run_leaves_the_engines_error_file(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "backend.frameworks.jax.run", "--spec", str(tmp_path / "missing.json"),
+                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    err = json.loads((tmp_path / "rank-0.error.json").read_text())
+    assert r.returncode == 1 and err["rank"] == 0 and err["error"].startswith("FileNotFoundError") and err["traceback"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from backend.analytic.estimate import estimate
 from backend.engine import reference
 from backend.spec import ExperimentSpec
@@ -25,3 +27,13 @@ def test_skipped_with_the_arithmetic_when_over_budget(monkeypatch):
     assert losses == [] and note.startswith("Loss reference skipped") and "GiB" in note
     monkeypatch.setenv(reference.BUDGET_ENV, str(need.total_bytes + need.optimizer_temp_bytes))
     assert reference.skip_reason(s) is None
+
+
+# ---- in processes of their own ----------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_isolated_reference_equals_in_process():
+    s = ExperimentSpec(**TINY, parallel={"strategy": "ddp", "world_size": 2})
+    losses, note = reference.run_isolated(s)
+    assert note is None and losses == reference.reference_losses(s)

@@ -1,16 +1,22 @@
 """Remote access: `make run` (dashboard/serve.py) refuses a non-loopback bind unless login or a trusted proxy
-is configured on purpose; hostile names, tags and endpoints never reach a command line or batch script."""
+is configured on purpose; hostile names, tags and endpoints never reach a command line or batch script. As a program
+(multiprocess): a non-loopback bind is refused, the trusted-proxy opt-out starts it."""
 
 from __future__ import annotations
 
 import shlex
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from dashboard.serve import is_loopback, remote_access_problem
 from backend.spec import validate_spec
+from dashboard.serve import is_loopback, remote_access_problem
+from db.session import REPO
 
 HOSTILE = ["$(rm -rf /)", "`touch /tmp/pwned`", "a'b\"c", "line1\nline2", "; -- DROP", "x && reboot", "--help", "$HOME"]
 TINY = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16, "vocab_size": 64},
@@ -107,3 +113,43 @@ def test_the_cli_passes_a_hostile_name_as_one_argument_to_the_store(tmp_path, ca
     assert row["name"] == name and sorted(row["tags"]) == sorted(plain)
     assert not Path("/tmp/pwned").exists()
     assert shlex.quote(name) != name  # (the check above would be vacuous for a harmless name)
+
+
+# ---- in processes of their own ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_make_run_refuses_to_start_on_all_interfaces(tmp_path):
+    port = _free_port()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHARDLAB_NO_WORKER": "1"}
+    done = subprocess.run(["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", f"PORT={port}", f"PY={sys.executable}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "refusing to serve the dashboard on 0.0.0.0" in done.stderr, done.stderr
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "something listens: the dashboard started anyway"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_the_trusted_proxy_opt_out_starts_the_dashboard(tmp_path):
+    port = _free_port()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHARDLAB_NO_WORKER": "1", "SHARDLAB_TRUSTED_PROXY": "1",
+           "SHARDLAB_DB_URL": f"sqlite:///{tmp_path / 'ui.db'}"}
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--host", "0.0.0.0", "--port", str(port)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, ok = time.monotonic() + 120, False
+        while time.monotonic() < deadline and not ok and proc.poll() is None:
+            try:
+                ok = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok"
+            except OSError:
+                time.sleep(0.5)
+        assert ok, proc.stdout.read1().decode() if proc.poll() is not None else "no health answer"
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -1,5 +1,6 @@
 """The step-time prediction can be checked in the UI (issue 20 item 4): the 'cpu' profile is measured by the worker on
-first need (or the pages say what to run), and New experiment, Run detail and Plan's Verify show the predicted step."""
+first need (or the pages say what to run), and New experiment, Run detail and Plan's Verify show the predicted step.
+The worker's real probe runs in a child process, once, before its first local run (multiprocess)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,30 @@ def test_verify_table_has_numbers_or_reasons(env):
     df = pv.verify_frame(_engine(), "verify-x").set_index("run")
     assert df.loc[done, "predicted s"] > 0 and df.loc[done, "measured s"] == pytest.approx(0.140625)  # min over steps of the slowest rank
     assert df.loc[done, "note"] == ""
+
+
+# ---- in processes of their own ----------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_worker_measures_this_host_once_before_its_first_local_run(tmp_path, monkeypatch):
+    """The real probe (hw_probe in a child process, ~10 s) writes the profile the step-time model loads as 'cpu'."""
+    from backend.analytic.steptime.hardware import get_hardware
+    from backend.worker.service import Worker
+    from db import queries as q
+    from db.session import open_db
+
+    path = tmp_path / "hardware_cpu.json"
+    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(path))
+    monkeypatch.setenv(cpu_profile.AUTO_ENV, "1")
+    engine = open_db(f"sqlite:///{tmp_path / 'w.db'}")
+    ids = [q.submit_experiment(engine, spec(name)) for name in ("first", "second")]
+    seen = []
+
+    def runner(s, **kw):
+        seen.append(path.exists())
+        return fake_result(s)
+
+    Worker(engine, runs_dir=tmp_path / "runs", runner=runner).serve(drain=True)
+    assert seen == [True, True] and all(q.get_status(engine, i) == "ok" for i in ids)
+    assert get_hardware("cpu").kind == "cpu"

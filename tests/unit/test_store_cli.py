@@ -1,4 +1,5 @@
-"""`python -m backend submit|list|show|cancel|requeue|delete|tag|export` against a real SQLite file."""
+"""`python -m backend submit|list|show|cancel|requeue|delete|tag|export` against a real SQLite file (and PostgreSQL),
+the database given by --db or by SHARDLAB_DB_URL."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from backend.cli import main
 from db import queries as q
 from db.session import open_db
+from tests.helpers.launch import cli
 from tests.helpers.store_helpers import TINY, fake_result
 
 FLAGS = ["--world", "2", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
@@ -98,3 +100,12 @@ def test_export_to_file_with_filters(capsys, db, tmp_path):
     assert [r["name"] for r in rows] == ["'=1+2", "plain"]
     code, out, _ = run(capsys, "export", "--db", db, "--format", "json", "--tag", "=1+2")
     assert [d["name"] for d in json.loads(out)] == ["=1+2"]
+
+
+def test_db_url_comes_from_the_environment(store_urls, tmp_path):
+    url = store_urls.url("env.db")
+    sub = cli("submit", *FLAGS, env={"SHARDLAB_DB_URL": url})
+    assert sub.code == 0, sub.err
+    listed = cli("list", "--json", env={"SHARDLAB_DB_URL": url})
+    assert [r["id"] for r in json.loads(listed.out)] == [int(sub.out)]
+    assert store_urls.backend != "sqlite" or (tmp_path / "env.db").exists()

@@ -2,13 +2,15 @@
 the disk are stored however long the store is away (a real PostgreSQL server stopped and started, a full
 tmpfs under the SQLite file) or by the next worker; workers ride out outages (a PostgreSQL restart, a SQLite
 lock past busy_timeout, an immutable file); a removed or replaced SQLite file stops the worker (exit 2) and is
-never silently re-created; live workers recover dead workers' jobs while they poll."""
+never silently re-created; live workers recover dead workers' jobs while they poll. Met by a worker process
+(multiprocess): an immutable store file is waited out; a removed or replaced one stops it and is not re-created."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -21,10 +23,11 @@ import psutil
 import pytest
 
 from backend.cli import main
+from backend.spec import ExperimentSpec
 from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
-from tests.helpers.store_helpers import SmallFs, fake_result, spec
+from tests.helpers.store_helpers import SmallFs, TINY, fake_result, spec
 from tests.helpers.worker_helpers import FakeRunner, wait_for
 
 PY = sys.executable
@@ -299,7 +302,7 @@ def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_p
     old = int(cli("submit", *tiny, "--name", "OLD", "--seed", "1", "--steps", "3"))
     worker_once()
     old_row = q.get_experiment(open_db(url), old)
-    assert old_row["status"] == "ok" and len(old_row["result"].per_rank[0].step_s) == 3
+    assert old_row["status"] == "ok" and len(old_row["result"].per_rank[0].step_s) == 3, old_row["error"]
     runs = tmp_path / "cluster-runs"
     left_behind = tmp_path / "old-folder"
     shutil.copytree(runs / str(old), left_behind)
@@ -352,3 +355,131 @@ def test_a_live_workers_result_on_disk_is_left_to_it(store_urls, tmp_path):
     (tmp_path / "runs" / str(eid) / "result.json").write_text(fake_result(spec("mine to store")).to_json())
     Worker(engine, runs_dir=tmp_path / "runs", runner=FakeRunner()).recover()
     assert q.get_status(engine, eid) == "running"  # its live worker stores it (importing raced with it)
+
+
+# ---- in processes of their own ----------------------------------------------------------------------------
+
+def start_worker(url: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "0.5", *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_an_immutable_store_file_is_waited_out(tmp_path):
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    url = f"sqlite:///{tmp_path / 'frozen.db'}"
+    engine = open_db(url)
+    # fails in the launcher's preflight (no CUDA here): the worker's run ends at once, no process is started
+    eid = q.submit_experiment(engine, ExperimentSpec.model_validate(
+        {**TINY, "name": "frozen", "runtime": {"device": "cuda", "backend": "nccl"}}))
+    forget_engines()
+    db_file = tmp_path / "frozen.db"
+    if subprocess.run(["chattr", "+i", str(db_file)], capture_output=True).returncode != 0:
+        pytest.skip("this file system does not take the immutable flag")
+    lines: list[str] = []
+    try:
+        proc = start_worker(url, "--once", "--runs-dir", str(tmp_path / "runs"), "--max-backoff-s", "1")
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()
+        # until the worker has met the read-only store (its start-up alone can take seconds on a loaded host), then a
+        # few of its 1 s retries more
+        wait_for(lambda: any("store unavailable" in line for line in lines) or proc.poll() is not None, timeout_s=120)
+        time.sleep(3)
+        assert proc.poll() is None, "the worker quit on an immutable store"
+    finally:
+        subprocess.run(["chattr", "-i", str(db_file)])
+    try:
+        proc.wait(timeout=120)  # --once: it runs the job once the file is writable, then exits
+        reader.join(timeout=30)
+    finally:
+        out = "".join(lines) if proc.poll() is not None else stop(proc)
+    assert proc.returncode == 0 and "store unavailable" in out and "readonly" in out, out[-2000:]
+    row = q.get_experiment(open_db(url), eid)
+    assert row["status"] == "failed" and "needs CUDA" in row["error"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_removed_or_replaced_store_file_stops_the_worker_and_is_not_recreated(tmp_path, capsys, how):
+    db_file = tmp_path / "store.db"
+    url = f"sqlite:///{db_file}"
+    open_db(url)
+    forget_engines()
+    proc = start_worker(url, "--runs-dir", str(tmp_path / "runs"))
+    try:
+        wait_for(lambda: fresh_heartbeat(open_db(url)), timeout_s=60)
+        forget_engines()
+        if how == "removed":
+            db_file.unlink()
+        else:
+            shutil.copy(db_file, tmp_path / "copy.db")
+            os.replace(tmp_path / "copy.db", db_file)
+        proc.wait(timeout=60)
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 2, out[-3000:]
+    assert f"the SQLite store {db_file} {'was removed' if how == 'removed' else 'was replaced'}" in out
+    if how == "removed":
+        assert main(["list", "--db", url]) == 2
+        assert "is gone" in capsys.readouterr().err and not db_file.exists()
+
+
+# ---- a real PostgreSQL server restarted (e2e) --------------------------------------------------------------
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_result_finished_during_a_postgres_restart_is_stored_when_it_is_back(pg_server, tmp_path):
+    url = pg_server.url(pg_server.new_database())
+    engine = open_db(url)
+    eid = q.submit_experiment(engine, spec("across a restart"))
+    runner = FakeRunner(block=True)
+    worker = quick(Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.1, heartbeat_s=0.5, runner=runner))
+    t, out = _serve(worker, once=True)
+    wait_for(lambda: q.get_status(engine, eid) == "running")
+    pg_server.pause()
+    try:
+        runner.release.set()  # the run ends while the server is down
+        time.sleep(9.5)  # longer than the 5 tries 2 s apart the worker used to make
+        assert t.is_alive()
+        assert json.loads((tmp_path / "runs" / str(eid) / "result.json").read_text())["status"] == "ok"
+    finally:
+        pg_server.resume()
+    t.join(60)
+    assert not t.is_alive() and out["code"] == 0
+    row = q.get_experiment(engine, eid)
+    assert row["status"] == "ok" and row["result"] == fake_result(spec("across a restart"))
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_an_idle_worker_survives_a_postgres_restart(pg_server):
+    url = pg_server.url(pg_server.new_database())
+    engine = open_db(url)
+    proc = start_worker(url, "--max-backoff-s", "1")
+    try:
+        wait_for(lambda: fresh_heartbeat(engine), timeout_s=60)
+        pg_server.pause()
+        time.sleep(5)
+        assert proc.poll() is None, "the worker quit during the outage"
+        pg_server.resume()
+        time.sleep(1.5)
+        wait_for(lambda: fresh_heartbeat(engine, 1.5), timeout_s=40)
+        assert proc.poll() is None
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0 and "store unavailable" in out, out[-2000:]

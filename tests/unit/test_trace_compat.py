@@ -1,4 +1,5 @@
-"""backend/trace/compat.py: one test per private torch symbol it touches, and what each stand-in does."""
+"""backend/trace/compat.py: one test per private torch symbol it touches, and what each stand-in does; the local
+stand-in for pipelining's meta exchange on a traced last stage (a farm trace job)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from backend.spec import ExperimentSpec
 from backend.trace import compat
+from tests.helpers.farm import trace_job, uses
 
 
 def test_private_symbols_exist() -> None:
@@ -142,3 +145,20 @@ def test_leave_fake_pg_clears_the_dtensor_sharding_caches() -> None:
     compat.leave_fake_pg()
     assert not dist.is_initialized()
     assert propagator._propagate_tensor_meta_cached.cache_info().currsize == 0
+
+
+LAST_STAGE = trace_job(ExperimentSpec.model_validate({
+    "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256},
+    "train": {"global_batch": 4, "micro_batch": 1},
+    "parallel": {"strategy": "pp", "world_size": 2, "pp": 2, "pp_schedule": "1f1b"}}), ranks=[1])
+
+
+@uses(LAST_STAGE)
+def test_pipeline_last_stage_traces_with_the_local_meta_exchange(farm) -> None:
+    """The receiving stage (rank 1 of pp=2) traced end to end through the installed torch's exchange."""
+    res = farm.result(LAST_STAGE)
+    assert res["status"] == "ok", res
+    (row,) = res["per_rank"]
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert abs(row["error_pct"][key]) <= 1.0, (key, row["traced"], row["predicted"])
+    assert abs(row["error_pct"]["activations_bytes"]) <= 10.0, (row["traced"], row["predicted"])

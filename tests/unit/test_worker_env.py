@@ -1,12 +1,14 @@
 """Issue 21 items 12-13: a launch that fails because of the host puts the job back in the queue; nothing is left
 behind by a full disk (no empty temp files, the log reader keeps draining); each run's temp folder (torchelastic's
-log folders) is removed after it; `gc` removes what finished or deleted runs left and nothing a live run uses. A
-full runs folder pausing the worker, with the real launcher: tests/multiprocess/test_worker_env.py."""
+log folders) is removed after it; `gc` removes what finished or deleted runs left and nothing a live run uses. With
+the real launcher (multiprocess): a full runs folder pauses the worker without burning a job, then the job runs once
+there is space; a real run through it leaves no torchelastic folder behind."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -21,8 +23,9 @@ from backend.cli import main
 from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
+from tests.helpers.launch import cli_process
 from tests.helpers.store_helpers import SmallFs, fake_result, spec
-from tests.helpers.worker_helpers import FakeRunner
+from tests.helpers.worker_helpers import FakeRunner, wait_for
 
 PY = sys.executable
 
@@ -136,3 +139,52 @@ def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_p
     assert all(not p.exists() for p in gone) and all(p.exists() for p in keep)
     assert 1000 * len(gone) <= report.bytes < 1200 * len(gone) and report.kept_in_use >= 2
     assert {r["path"] for r in planned["removed"]} >= {str(p) for p in gone if p.parent == runs}
+
+
+# ---- in processes of their own ----------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+def test_a_full_runs_folder_pauses_the_worker_and_burns_no_job(small_fs, tmp_path, caplog):
+    engine = open_db(f"sqlite:///{tmp_path / 'store.db'}")
+    ids = q.submit_experiments(engine, [spec(str(i)) for i in range(4)])
+    small_fs.fill()
+    worker = Worker(engine, runs_dir=small_fs.path / "runs", poll_s=0.05)  # the real launcher
+    worker.min_free_bytes, worker.max_backoff_s = 1 << 20, 0.5
+    caplog.set_level(logging.WARNING, logger="shardlab.worker")
+    t = threading.Thread(target=worker.serve, daemon=True)
+    t.start()
+    try:
+        time.sleep(3)
+        assert [q.get_status(engine, i) for i in ids] == ["queued"] * 4
+        assert "No space left on device" in caplog.text or "MiB free" in caplog.text
+        assert not list(small_fs.path.rglob("*.tmp")) and not list(small_fs.path.rglob(".*.tmp"))
+        small_fs.free()
+        wait_for(lambda: q.get_status(engine, ids[0]) != "queued", timeout_s=30)
+    finally:
+        small_fs.free()
+        worker.stop()
+        t.join(60)
+    assert [q.get_status(engine, i) for i in ids[1:]] == ["queued"] * 3
+    assert q.get_status(engine, ids[0]) in ("interrupted", "ok")
+    assert "claiming jobs again" in caplog.text
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_real_run_through_the_worker_leaves_no_torchelastic_folder(tmp_path):
+    # The worker's own temp root: other tests' killed workers leave shardlab-job-1-* in the shared one for gc.
+    worker_tmp = tmp_path / "tmp"
+    worker_tmp.mkdir()
+
+    def elastic() -> set[str]:
+        return {p.name for p in worker_tmp.glob("torchelastic_*")}
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    eid = q.submit_experiment(open_db(url), spec("real"))
+    before = elastic()
+    done = cli_process("worker", "--db", url, "--once", "--runs-dir", str(tmp_path / "runs"), timeout_s=300,
+                       env={"TMPDIR": str(worker_tmp)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert q.get_status(open_db(url), eid) == "ok"
+    assert elastic() - before == set()
+    assert not list(worker_tmp.glob(f"shardlab-job-{eid}-*"))

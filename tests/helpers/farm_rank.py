@@ -1,0 +1,153 @@
+"""The farm's rank program (tests/helpers/farm.py): `python -m tests.helpers.farm_rank PLAN.json`, under torchrun or
+(the trace jobs) as one plain process.
+
+PLAN.json: {"torchrun": bool, "jobs": [{"key", "kind", "payload", "timeout_s", "dir"}]}. One gloo process group for
+the launch; each job runs its function (JOBS) with stdout and stderr in DIR/rank-<r>.log, then every rank meets at a
+barrier and rank 0 writes DIR/outcome.json {"status": "ok", "value"}. A job that raises on a rank writes that rank's
+error file (backend/runtime/protocol.py, as every rank program does) and ends the process with exit code 1: its
+peers fail at their next collective, torchrun ends the launch, and the driver launches the jobs after it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+JOBS = {
+    "engine": "tests.helpers.farm_rank:engine",
+    "jax": "tests.helpers.farm_rank:engine",
+    "parity": "tests.helpers.mp_harness:run_job",
+    "fp16_inject": "tests.helpers.fp16_inject:run_job",
+    "ring_attention": "tests.helpers.cp_ring_check:run_job",
+    "tp_saved_tensors": "tests.helpers.tp_saved_tensors:run_job",
+    "engine_measure": "tests.helpers.engine_measure:run_job",
+    "trace": "tests.helpers.farm_rank:trace",
+    "selftest": "tests.helpers.farm_rank:selftest",
+}
+"""kind -> "module:function(payload: dict, out: Path) -> JSON value" (rank 0's value is the job's)."""
+
+
+def engine(payload: dict[str, Any], out: Path) -> None:
+    """The spec's rank program as the launcher picks it (backend/launch/torchrun.rank_module_for: the engine's
+    backend.engine.rank, or DeepSpeed's or JAX's), its `run_rank` called as its `python -m` main calls it; rank 0
+    writes out/ranks.json."""
+    from backend.launch.torchrun import rank_module_for
+    from backend.runtime.entry import env_ranks
+    from backend.runtime.protocol import enable_progress_marks, mark_finished
+    from backend.spec import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate(payload)
+    rank, world, local_rank = env_ranks()  # JAX: rank 0 of 1, its world in virtual devices
+    enable_progress_marks(out, rank)
+    importlib.import_module(rank_module_for(spec)).run_rank(spec, rank, world, local_rank, out)
+    mark_finished()
+
+
+def trace(payload: dict[str, Any], out: Path) -> dict[str, Any]:
+    """backend.trace.trace_spec with each rank traced in this process (backend.trace.rank.main, then its fake
+    process group left), not one process per rank."""
+    from backend.spec import ExperimentSpec
+    from backend.trace.trace_spec import trace_spec
+
+    return trace_spec(ExperimentSpec.from_json(payload["spec"]), ranks=payload["ranks"], rank_runner=_trace_rank)
+
+
+def _trace_rank(spec_path: Path, rank: int, out: Path, timeout_s: float, device: str) -> dict[str, Any]:
+    from backend.trace.compat import leave_fake_pg
+    from backend.trace.rank import main
+
+    try:
+        main(["--spec", str(spec_path), "--rank", str(rank), "--out", str(out), "--device", device])
+    finally:
+        leave_fake_pg()  # the next spec is traced in this process
+    return json.loads(out.read_text())
+
+
+def selftest(payload: dict[str, Any], out: Path) -> int:
+    """The farm's own test (tests/multiprocess/test_farm.py): an all-reduce, or a raise / hang on one rank."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if payload.get("raise_on") == rank:
+        raise RuntimeError(f"selftest raised on rank {rank}")
+    if payload.get("hang_on") == rank:
+        time.sleep(3600)
+    x = torch.ones(1) * (rank + 1)
+    dist.all_reduce(x)
+    return int(x.item())
+
+
+def _function(kind: str):
+    module, name = JOBS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2: children and C++ too) into `path`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from backend.atomic_io import write_json_atomic
+    from backend.runtime.entry import env_ranks, is_oom
+    from backend.runtime.protocol import RankError, enable_stack_dump, write_rank_error
+
+    plan = json.loads(Path(argv[0]).read_text())
+    rank = env_ranks()[0]
+    torch.set_num_threads(1)
+    if plan["torchrun"]:
+        longest = max(j["timeout_s"] for j in plan["jobs"])
+        dist.init_process_group("gloo", timeout=timedelta(seconds=longest + 60))
+    for job in plan["jobs"]:
+        out = Path(job["dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        enable_stack_dump(out, rank)  # the driver asks for the stacks when the job runs past its timeout
+        with _output_to(out / f"rank-{rank}.log"):
+            try:
+                value = _function(job["kind"])(json.loads(job["payload"]), out)
+                if plan["torchrun"]:
+                    dist.barrier()  # every rank finished this job
+            except BaseException as e:  # noqa: BLE001 - every failure is this job's, with its rank's record
+                write_rank_error(out, RankError.from_exception(rank, e, oom=is_oom(e)))
+                traceback.print_exc()
+                return 1
+        if rank == 0:
+            write_json_atomic(out / "outcome.json", {"status": "ok", "value": value})
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from backend.runtime.entry import exit_now
+
+    exit_now(main(sys.argv[1:]))  # no interpreter teardown after gloo (backend/engine/rank.py says why)
