@@ -279,13 +279,16 @@ def preset_of(v: dict[str, Any]) -> str:
 
 def attention_comparison(spec: ExperimentSpec) -> dict[str, int] | None:
     """Largest per-rank predicted activation bytes with math vs flash attention for this spec (None when the
-    other variant does not validate): what the attention kernel choice changes."""
+    other variant does not validate): what the attention kernel choice changes. A stack other than shardlab keeps
+    what its attention kernel saves (memory/stack_activations.py), so its kernel follows: eager vs flash2."""
     from backend.analytic.estimate import estimate
 
     out = {}
     for impl in ("math", "flash"):
         data = spec.model_dump()
         data["model"]["attention"] = impl
+        if str(spec.train.stack) != "shardlab":
+            data["train"]["attention_kernel"] = "eager" if impl == "math" else "flash2"
         other, problems = validate_spec(data, predict_only=True)
         if other is None:
             return None
