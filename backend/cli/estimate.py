@@ -101,7 +101,8 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
         return str(e)
     data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
     if est is not None:
-        data["fit"] = fit_on(est, hw)
+        gpu = hw.kind != "cpu" and str(spec.runtime.device) == "auto"  # the fit on a GPU is the memory on CUDA ranks
+        data["fit"] = fit_on(estimate(spec, device="cuda") if gpu else est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
     except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why

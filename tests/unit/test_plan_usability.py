@@ -168,6 +168,14 @@ def test_planned_attention_rule():
 
 # --- item 3: precision and the imported config's training settings reach Plan ---
 
+MEMORY_GB = 96
+"""The imported torchtitan layout (zero3 dp8, float8, layer SAC every 3rd block) is priced with torchtitan's own
+memory terms (issue 34). The planner prices its layouts as on CPU ranks (Layout.table's device, where the stack
+resolves its CPU settings): 69.97 GiB, over an 80 GB H100's plan budget (68.5 GiB), where `estimate` on the imported
+spec's CUDA ranks gives 61.72 GiB (an open defect of issue 32, named in its note). The plans here run on the 96 GB
+H100 of torchtitan's own benchmarks, so the layout is ranked either way."""
+
+
 def _imported_fp8(tmp_path):
     """The torchtitan Llama 3 8B fixture with the float8 converter (no float8 all-gather) and layer SAC every 3rd
     block, imported for 8 GPUs."""
@@ -203,7 +211,8 @@ def test_plan_cli_spec_carries_precision_and_recompute(tmp_path, capsys):
     spec_file.write_text(json.dumps({"spec": imported.spec, "ignored": {}, "unmapped": {}}))
     assert main(["estimate", "--spec", str(spec_file), "--hardware", "h100-sxm", "--json"]) == 0
     direct = json.loads(capsys.readouterr().out)["step_time"]["step_s"]
-    assert main(["plan", "--spec", str(spec_file), "--hardware", "h100-sxm", "--top", "40", "--json"]) == 0
+    assert main(["plan", "--spec", str(spec_file), "--hardware", "h100-sxm", "--top", "40", "--json",
+                 "--memory-gb", str(MEMORY_GB)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(c["spec"]["train"]["precision"] == "fp8" and c["spec"]["train"]["fp8_all_gather"] is False
                for c in out["configs"])
@@ -260,3 +269,21 @@ def test_param_tuple_by_renamed_blocks_equals_every_block_built():
         key = model_key(m)
         blocks = [q for i in range(key.n_layers) for q in block_param_list(key, i)]
         assert [q for q in param_tuple(key) if q.name.startswith("layers.")] == blocks, m
+
+
+def test_estimate_fit_on_a_gpu_profile_is_the_memory_on_cuda_ranks(tmp_path, capsys):
+    """`estimate --hardware h100-sxm` on a spec with device auto: the fit on a GPU profile is the memory of CUDA ranks
+    (here the imported spec names cuda itself; a spec with device auto took the host's CPU ranks before)."""
+    import json
+
+    from backend.analytic.estimate import estimate
+    from backend.spec import ExperimentSpec
+
+    imported = _imported_fp8(tmp_path)
+    imported.spec["runtime"]["device"] = "auto"
+    spec_file = tmp_path / "imported.json"
+    spec_file.write_text(json.dumps({"spec": imported.spec, "ignored": {}, "unmapped": {}}))
+    assert main(["estimate", "--spec", str(spec_file), "--hardware", "h100-sxm", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    cuda = estimate(ExperimentSpec.for_prediction(imported.spec), device="cuda").worst(key=lambda r: r.fullest_bytes())
+    assert fit["fullest_bytes"] == cuda.fullest_bytes()
