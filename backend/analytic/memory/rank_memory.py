@@ -115,8 +115,7 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
         return _stack_rank_memory(model, layout, position, parts, state)
     acts = rank_activation_moments(model, layout, position.pp_rank, parts)
     activations = acts.peak
-    other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
-             else input_batch_bytes(layout.global_batch, model.seq_len))
+    other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
     loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout), 0)
     resting = model_state(model, layout, position, parts, unsharded=False)
@@ -126,14 +125,19 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
 
 
+def other_bytes(model: Any, layout: Layout) -> Any:
+    """The rank's input batch (this dp rank's slice, OTHER_IS_DP_SLICE, or the whole global batch)."""
+    return (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
+            else input_batch_bytes(layout.global_batch, model.seq_len))
+
+
 def _stack_rank_memory(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
                        state: ModelStateBytes) -> RankMemory:
     """A non-default stack's moments: its activation peak (stack_activations.py), the start of its loss's backward
     (the activations held plus its loss's own extra) and its optimizer step (stack_states.py). The moment inside
     backward (memory/backward_moment.py) is this engine's and is not counted for a stack (0)."""
     activations = stack_activation_bytes(model, layout, position.pp_rank, parts)
-    other = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
-             else input_batch_bytes(layout.global_batch, model.seq_len))
+    other = other_bytes(model, layout)
     total = state.params_bytes + state.grads_bytes + state.optimizer_bytes + activations + other
     loss = where(parts.stages.last, total + stack_loss_backward_extra(model, layout), 0)
     temp = _per_distinct_value(lambda opt: step_temp_bytes_of_stack(layout, ModelStateBytes(0, 0, opt)),
