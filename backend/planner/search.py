@@ -19,6 +19,7 @@ import numpy as np
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
+from backend.analytic.memory.state_floor import state_floor_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
@@ -97,10 +98,13 @@ def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BY
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, budget: float,
            precision: str = "bf16-mixed", limits: Limits = Limits(),
-           held: HeldTraining | None = None) -> tuple[Layout, np.ndarray, np.ndarray]:
+           held: HeldTraining | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit, fastest first by the proxy): the per-layout
     work of a plan (benchmarks/planner_speed.py times exactly this). held: the training settings every layout keeps
-    (planner/held.py; its precision replaces `precision`)."""
+    (planner/held.py; its precision replaces `precision`). prune: drop the layouts that cannot fit before the full
+    memory model, by two lower bounds of their worst-rank bytes (memory/state_floor.py's resting model state, then
+    the full model at the first and last pipeline rank only); a pruned layout's bytes are that bound (over the
+    budget). The layouts that fit, their bytes and their order are the same as without (tests/unit/test_state_floor.py)."""
     held = held or HeldTraining(precision=precision)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
                                 precision=held.precision, optimizer=held.optimizer,
@@ -108,12 +112,22 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
     layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))  # estimate's own stack terms
-    memory, _ = worst_rank_memory(model, layouts)
+    memory, unknown = np.zeros(len(layouts)), None  # unknown: the layouts whose bytes are still to compute (None: all)
+    if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
+        memory = state_floor_bytes(model, layouts)
+        near = np.nonzero(memory <= budget)[0]
+        if len(near):
+            memory[near], _ = worst_rank_memory(model, layouts.take(near), ends_only=True)  # exact where pp <= 2
+        unknown = near[(memory[near] <= budget) & (layouts.pp[near] > 2)]
+    if unknown is None:
+        memory, _ = worst_rank_memory(model, layouts)
+    elif len(unknown):
+        memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
     keep = np.nonzero(memory <= budget)[0]
     if not len(keep):
         return layouts, memory, keep
     # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;
-    # a MoE search keeps a few hundred of ~200k); their memoised part sums come along
+    # a MoE search keeps a few thousand of ~1M); their memoised part sums come along
     step = np.broadcast_to(proxy_step_s(model, layouts.take(keep, with_memo=True), hw, gpus_per_node=gpus_per_node),
                            (len(keep),))
     return layouts, memory, keep[np.argsort(step, kind="stable")]
@@ -161,17 +175,18 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
          reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
          limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False,
-         held: HeldTraining | None = None) -> Plan:
+         held: HeldTraining | None = None, prune: bool = True) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
     ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the
     training settings every layout keeps (planner/held.py: precision, optimizer, a recompute policy searched too, fp8
-    recipe; an imported config's); without it, `precision` and the defaults."""
+    recipe; an imported config's); without it, `precision` and the defaults. prune: search()'s (the same plan
+    either way; False only to check that)."""
     t0 = time.perf_counter()
     held = held or HeldTraining(precision=precision)
     device_bytes = memory_bytes or hw.memory_bytes
     budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
     layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                                    budget=budget, limits=limits, held=held)
+                                    budget=budget, limits=limits, held=held, prune=prune)
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"],
