@@ -117,7 +117,8 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         memory = state_floor_bytes(model, layouts)
         near = np.nonzero(memory <= budget)[0]
         if len(near):
-            memory[near], _ = worst_rank_memory(model, layouts.take(near), ends_only=True)  # exact where pp <= 2
+            ends, _ = worst_rank_memory(model, layouts.take(near), ends_only=True)  # exact where pp <= 2
+            memory[near] = np.maximum(memory[near], ends)  # two lower bounds: the larger is one
         unknown = near[(memory[near] <= budget) & (layouts.pp[near] > 2)]
     if unknown is None:
         memory, _ = worst_rank_memory(model, layouts)

@@ -84,9 +84,10 @@ def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankP
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
     (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
     layouts). unsharded=False: FSDP2 with nothing unsharded (the moments inside backward add their own). A
-    non-default stack keeps its own (stack_states.py)."""
+    non-default stack keeps its own (stack_states.py; unsharded=False there only for memory/state_floor.py: its
+    moments keep the unsharded state)."""
     if layout.stack is not None:
-        return stack_model_state(model, layout, position, parts)
+        return stack_model_state(model, layout, position, parts, unsharded)
 
     def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
         if kind == _SHARDED:

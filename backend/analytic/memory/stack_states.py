@@ -50,7 +50,7 @@ from typing import Any
 
 from backend.analytic.device import CUDA
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
-from backend.analytic.memory.fsdp_state import unsharded_at_peak
+from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes
 from backend.analytic.memory.parts import ALT_PART, RankParts, local_part, tied_copy
 from backend.analytic.optimizer_state import step_temp_bytes
@@ -75,16 +75,18 @@ def adam_state_tensors(optimizer: str) -> int:
     return 2 if optimizer == "adamw" else 1
 
 
-def stack_model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
-    """The rank's params, grads and optimizer bytes as layout.stack keeps them (module docstring)."""
+def stack_model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+                      unsharded: bool = True) -> ModelStateBytes:
+    """The rank's params, grads and optimizer bytes as layout.stack keeps them (module docstring); unsharded=False:
+    FSDP2 with nothing unsharded (memory/state_floor.py's resting state)."""
     s: StackMemory = layout.stack
     if s.mechanism == "megatron":
         def megatron(lay: Layout, pos: RankPosition, prt: RankParts, fsdp: bool) -> tuple[Any, Any, Any]:
-            out = fsdp2_state(model, lay, pos, prt) if fsdp else megatron_state(model, lay, pos, prt)
+            out = fsdp2_state(model, lay, pos, prt, unsharded) if fsdp else megatron_state(model, lay, pos, prt)
             return out.params_bytes, out.grads_bytes, out.optimizer_bytes
         return ModelStateBytes(*per_value(layout.fsdp, megatron, layout, position, parts))
     if s.mechanism == "fsdp2":
-        return fsdp2_state(model, layout, position, parts)
+        return fsdp2_state(model, layout, position, parts, unsharded)
     return deepspeed_state(layout, parts)
 
 
@@ -149,7 +151,8 @@ def key_has_alt(key: ModelKey) -> bool:
 
 # ---- FSDP2 (torchtitan) ----
 
-def fsdp2_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
+def fsdp2_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+                unsharded: bool = True) -> ModelStateBytes:
     """fully_shard with MixedPrecisionPolicy (zero2 / zero3); replicated (ddp / zero1) otherwise."""
     s: StackMemory = layout.stack
     per_state = 4 * adam_state_tensors(layout.optimizer) + s.master_bytes
@@ -160,7 +163,7 @@ def fsdp2_state(model: Any, layout: Layout, position: RankPosition, parts: RankP
     zero1 = logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1)
     optimizer = per_state * where(zero1, local / s.optimizer_group(layout), local)
     if any_true(fsdp):
-        unsharded = unsharded_at_peak(model, layout, position.pp_rank, parts)
+        unsharded = unsharded_at_peak(model, layout, position.pp_rank, parts) if unsharded else UnshardedAtPeak(0, 0)
         storage = parts.total("storage_numel")
         cb = layout.compute_bytes  # MixedPrecisionPolicy.param_dtype: the run's 16-bit dtype (fp8: bf16 outside the
         # float8 GEMMs; torchao's fp8 all-gather of the linear weights, 1 B, is not counted)

@@ -1,0 +1,110 @@
+"""Issue 30 item 5: the planner drops layouts that cannot fit before the full memory model, by lower bounds of each
+layout's worst-rank bytes (memory/state_floor.py's resting model state, then the full model at the first and last
+pipeline rank only: worst_rank_memory(ends_only=True)). A bound must never exceed the full model's number (a pruned
+layout that fits would vanish from the plan), and the plan must be the same with and without pruning.
+
+Models: DeepSeek-V3 and Mixtral-8x7B as published (tests/fixtures/hf, the benchmark's MoE cases), Llama-3-8B (dense),
+a small MoE with shared experts and a tied GPT in fp32 (tests/unit/test_planner_core.py's shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend.analytic.layout import PipelineSchedule, ZeroStage
+from backend.analytic.memory.rank_memory import worst_rank_memory
+from backend.analytic.memory.state_floor import state_floor_bytes
+from backend.analytic.steptime.hardware import get_hardware
+from backend.hf_config import from_hf_config, load_hf_config
+from backend.planner.held import HeldTraining
+from backend.planner.search import budget_bytes, plan, search
+from backend.planner.space import enumerate_layouts
+from backend.spec import ModelSpec
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none")
+MOE = ModelSpec(vocab_size=32000, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=8, ffn_hidden=2816, seq_len=1024,
+                n_experts=8, top_k=2, n_shared_experts=1, shared_expert_gate=True, attention="flash", **LLAMA)
+GPT_TIED = ModelSpec(vocab_size=50257, d_model=1536, n_layers=12, n_heads=12, seq_len=1024, tie_embeddings=True)
+H100 = get_hardware("h100-sxm")
+
+
+def _hf(name: str, attention: str = "flash", seq: int = 4096) -> ModelSpec:
+    fields, _ = from_hf_config(load_hf_config(str(HF / f"{name}.json")), seq_len=seq)
+    return ModelSpec(**{**fields, "seq_len": seq, "attention": attention})
+
+
+# (model, GPUs, global batch, precision, held stack): dense, MoE (ep, etp), pp schedules, cp, every ZeRO stage, stacks
+CASES = [(_hf("llama-3-8b"), 32, 64, "bf16-mixed", "shardlab"), (MOE, 32, 64, "bf16-mixed", "shardlab"),
+         (GPT_TIED, 16, 32, "fp32", "shardlab"), (_hf("mixtral-8x7b", seq=2048), 32, 64, "bf16-mixed", "shardlab"),
+         (_hf("deepseek-v3", seq=1024), 64, 128, "bf16-mixed", "shardlab"),
+         (MOE, 32, 64, "bf16-mixed", "megatron"), (MOE, 32, 64, "bf16-mixed", "torchtitan"),
+         (MOE, 16, 32, "bf16-mixed", "deepspeed")]
+
+
+@pytest.mark.parametrize("model,gpus,batch,precision,stack", CASES,
+                         ids=["llama3-8b", "moe", "gpt-tied-fp32", "mixtral", "deepseek-v3", "moe-megatron",
+                              "moe-torchtitan", "moe-deepspeed"])
+def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, precision, stack):
+    """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the ends-only pass are each
+    <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the ends pass two)."""
+    held = HeldTraining(precision=precision, stack=stack)
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision)
+    layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))
+    if len(layouts) > 20_000:
+        layouts = layouts.take(np.sort(np.random.default_rng(30).choice(len(layouts), 20_000, replace=False)))
+    full, _ = worst_rank_memory(model, layouts)
+    floor = state_floor_bytes(model, layouts)
+    ends, _ = worst_rank_memory(model, layouts, ends_only=True)
+    assert (floor > 0).all()
+    assert (floor <= full).all() and (ends <= full).all(), "a bound over the full model would prune a fitting layout"
+    exact = layouts.pp <= 2
+    assert np.array_equal(ends[exact], full[exact])  # the planner keeps these without a second pass
+    if model.is_moe:
+        assert (layouts.ep > 1).any() and (layouts.cp > 1).any() == (str(model.attention) == "flash")
+    assert {int(z) for z in np.unique(layouts.zero_stage)} == set(ZeroStage.ALL)
+    assert (layouts.pp > 2).any() and (layouts.schedule == PipelineSchedule.DUALPIPEV).any()
+
+
+def test_plan_prune_floor_is_tight_where_it_matters():
+    """The floor is the model state itself, not a loose constant: at DeepSeek-V3 on 256 H100 it rules out most
+    layouts on its own (the point of computing it), and the ends-only pass most of the rest."""
+    model = _hf("deepseek-v3")
+    layouts = enumerate_layouts(model, gpus=256, gpus_per_node=8, global_batch=1024)
+    budget = budget_bytes(H100.memory_bytes)
+    floor = state_floor_bytes(model, layouts)
+    assert np.count_nonzero(floor <= budget) < 0.2 * len(layouts)
+
+
+def _same_plan(model: ModelSpec, gpus: int, batch: int, include_predicted: bool) -> None:
+    kw = dict(gpus=gpus, gpus_per_node=8, hw=H100, global_batch=batch, top=10, include_predicted=include_predicted)
+    pruned, full = plan(model, **kw), plan(model, prune=False, **kw)
+    assert (pruned.searched, pruned.feasible, pruned.predicted_only_left_out) == \
+        (full.searched, full.feasible, full.predicted_only_left_out)
+    assert pruned.configs == full.configs and pruned.failed_checks == full.failed_checks
+
+
+def test_plan_prune_same_search_small_moe():
+    """search(): the same layouts fit, with the same bytes, in the same order; a pruned layout's bytes are a bound
+    over the budget. The budget is the median layout's bytes: half of them fit."""
+    for model, gpus in ((MOE, 16), (_hf("mixtral-8x7b", seq=2048), 16)):
+        layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=2 * gpus)
+        budget = float(np.median(worst_rank_memory(model, layouts)[0]))
+        kw = dict(gpus=gpus, gpus_per_node=8, hw=H100, global_batch=2 * gpus, budget=budget)
+        (_, mem_p, order_p), (_, mem_f, order_f) = search(model, **kw), search(model, prune=False, **kw)
+        assert np.array_equal(order_p, order_f) and np.array_equal(mem_p[order_f], mem_f[order_f])
+        assert ((mem_p <= mem_f) & ((mem_p > budget) | (mem_p == mem_f))).all()
+        assert len(order_f) and (mem_f > budget).any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,gpus,batch", [("deepseek-v3", 256, 1024), ("mixtral-8x7b", 64, 512)])
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_plan_prune_same_plan_benchmark_moe_cases(name, gpus, batch, attention):
+    """benchmarks/planner_speed.py --moe's cases: the ranked list is identical with and without pruning."""
+    for include_predicted in (False, True):
+        _same_plan(_hf(name, attention), gpus, batch, include_predicted)
