@@ -21,8 +21,10 @@ whether the target is met; the end-to-end rates are printed beside it, not hidde
 MoE plans (issue 30 item 5): DeepSeek-V3 (tests/fixtures/hf/deepseek-v3.json, 61 layers, 256 routed experts) on 256
 H100 at global batch 1,024 and sequence 4,096, `plan` end to end cold in a fresh process each (as the CLI runs it,
 imports not counted), with flash attention (the GPU default: cp searched) and math, ranking only runnable layouts
-and with --include-predicted; Mixtral-8x7B on 64 H100 beside them. Target: each under 3 s cold (wall; CPU printed
-beside it, the steadier number on this shared machine).
+and with --include-predicted; Mixtral-8x7B on 64 H100 beside them. Each case runs twice, side by side: without the
+planner's pruning (--no-prune: the full memory model on every layout, the path before issue 30 item 5) and with it.
+Target: each under 3 s cold (wall; CPU printed beside it, the steadier number on this shared machine). Written to
+benchmarks/results/planner_moe.json.
 """
 
 from __future__ import annotations
@@ -113,25 +115,50 @@ def main() -> None:
 
 MOE_CASES = (("deepseek-v3", 256, 1024), ("mixtral-8x7b", 64, 512))
 MOE_TARGET_S = 3.0
+MOE_RESULTS = Path(__file__).resolve().parent / "results" / "planner_moe.json"
 
 
 def moe_plans() -> None:
-    """Each MoE case cold in a fresh process (flash and math; runnable only and --include-predicted)."""
-    print("MoE plans, end to end, COLD (a fresh process each; target < 3 s):")
-    worst = 0.0
+    """Each MoE case cold in a fresh process (flash and math; runnable only and --include-predicted), side by side
+    without pruning (search(prune=False): the full memory model on every layout, as before issue 30 item 5) and with
+    it (the default); the same best layout either way. Writes MOE_RESULTS."""
+    import json
+    import os
+
+    print("MoE plans, end to end, COLD (a fresh process each; target < 3 s); unpruned | pruned:")
+    worst, rows = 0.0, []
     for name, gpus, batch in MOE_CASES:
         for attention in ("flash", "math"):
             for predicted in (False, True):
-                args = [sys.executable, __file__, "--cold-moe", name, str(gpus), str(batch), attention] \
-                    + (["--include-predicted"] if predicted else [])
-                out = subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
-                worst = max(worst, float(out.split(" s wall")[0].rsplit(" ", 1)[-1]))
-                print("  " + out)
-    print(f"  TARGET MoE plans < {MOE_TARGET_S:.0f} s cold: {'met' if worst < MOE_TARGET_S else 'MISSED'} "
-          f"(slowest {worst:.2f} s wall)")
+                runs = {}
+                for prune in (False, True):
+                    args = [sys.executable, __file__, "--cold-moe", name, str(gpus), str(batch), attention] \
+                        + (["--include-predicted"] if predicted else []) + ([] if prune else ["--no-prune"])
+                    load = os.getloadavg()[0]
+                    runs[prune] = {**json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout),
+                                   "load_avg_1m_before": round(load, 2)}
+                before, after = runs[False], runs[True]
+                worst = max(worst, after["wall_s"])
+                same = before["best"] == after["best"] and before["feasible"] == after["feasible"]
+                print(f"  {after['case']}: unpruned {before['wall_s']:.2f} s wall / {before['cpu_s']:.2f} s CPU | pruned "
+                      f"{after['wall_s']:.2f} s wall / {after['cpu_s']:.2f} s CPU (search {after['search_s']:.2f} s, "
+                      f"{after['confirmed']} re-timed {after['confirm_s']:.2f} s); {after['searched']:,} layouts, "
+                      f"{after['feasible']:,} fit; best {after['best']}{'' if same else ' (DIFFERS from unpruned)'}; "
+                      f"load {before['load_avg_1m_before']} / {after['load_avg_1m_before']}")
+                rows.append({"case": after["case"], "unpruned": before, "pruned": after, "same_best_and_feasible": same})
+    met = worst < MOE_TARGET_S
+    print(f"  TARGET MoE plans < {MOE_TARGET_S:.0f} s cold: {'met' if met else 'MISSED'} (slowest {worst:.2f} s wall)")
+    MOE_RESULTS.write_text(json.dumps({
+        "script": "benchmarks/planner_speed.py --moe", "host": f"{os.cpu_count()} cores, shared with other jobs "
+        "(load_avg_1m_before: the 1-minute load average when each run started; CPU time is the steadier number)",
+        "target_s": MOE_TARGET_S, "target_met": met, "slowest_pruned_wall_s": worst, "cases": rows}, indent=2) + "\n")
+    print(f"  written: {MOE_RESULTS.relative_to(Path(__file__).resolve().parents[1])}")
 
 
-def cold_moe(name: str, gpus: int, batch: int, attention: str, predicted: bool) -> None:
+def cold_moe(name: str, gpus: int, batch: int, attention: str, predicted: bool, prune: bool = True) -> None:
+    """One MoE plan, timed from a fresh process (imports not counted); prints one JSON line."""
+    import json
+
     from backend.hf_config import from_hf_config, load_hf_config
 
     fields, _ = from_hf_config(load_hf_config(str(Path(__file__).resolve().parents[1] / "tests/fixtures/hf" / f"{name}.json")),
@@ -139,11 +166,14 @@ def cold_moe(name: str, gpus: int, batch: int, attention: str, predicted: bool) 
     model = ModelSpec(**{**fields, "seq_len": 4096, "attention": attention})
     hw = get_hardware("h100-sxm")
     w, c = time.perf_counter(), time.process_time()
-    res = plan(model, gpus=gpus, gpus_per_node=NODE, hw=hw, global_batch=batch, top=10, include_predicted=predicted)
+    res = plan(model, gpus=gpus, gpus_per_node=NODE, hw=hw, global_batch=batch, top=10, include_predicted=predicted,
+               prune=prune)
     w, c = time.perf_counter() - w, time.process_time() - c
-    print(f"{name} on {gpus} H100, {attention}{', --include-predicted' if predicted else ''}: {w:.2f} s wall, {c:.2f} s CPU "
-          f"(search {res.searched:,} layouts {res.search_seconds:.2f} s, {res.confirmed} re-timed {res.confirm_seconds:.2f} s); "
-          f"best {res.configs[0]['spec']['name'] if res.configs else '-'}")
+    print(json.dumps({"case": f"{name} on {gpus} H100, {attention}{', --include-predicted' if predicted else ''}",
+                      "prune": prune, "wall_s": round(w, 3), "cpu_s": round(c, 3), "searched": res.searched,
+                      "feasible": res.feasible, "search_s": round(res.search_seconds, 3), "confirmed": res.confirmed,
+                      "confirm_s": round(res.confirm_seconds, 3),
+                      "best": res.configs[0]["spec"]["name"] if res.configs else "-"}))
 
 
 def cold_plan() -> None:
@@ -162,7 +192,7 @@ if __name__ == "__main__":
     elif "--cold-moe" in sys.argv:
         at = sys.argv.index("--cold-moe")
         cold_moe(sys.argv[at + 1], int(sys.argv[at + 2]), int(sys.argv[at + 3]), sys.argv[at + 4],
-                 "--include-predicted" in sys.argv)
+                 "--include-predicted" in sys.argv, prune="--no-prune" not in sys.argv)
     elif "--moe" in sys.argv:
         moe_plans()
     else:

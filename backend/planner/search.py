@@ -103,7 +103,7 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     work of a plan (benchmarks/planner_speed.py times exactly this). held: the training settings every layout keeps
     (planner/held.py; its precision replaces `precision`). prune: drop the layouts that cannot fit before the full
     memory model, by two lower bounds of their worst-rank bytes (memory/state_floor.py's resting model state, then
-    the full model at the first and last pipeline rank only); a pruned layout's bytes are that bound (over the
+    the full model at pipeline rank 0 alone); a pruned layout's bytes are that bound (over the
     budget). The layouts that fit, their bytes and their order are the same as without (tests/unit/test_state_floor.py)."""
     held = held or HeldTraining(precision=precision)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
@@ -117,9 +117,9 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         memory = state_floor_bytes(model, layouts)
         near = np.nonzero(memory <= budget)[0]
         if len(near):
-            ends, _ = worst_rank_memory(model, layouts.take(near), ends_only=True)  # exact where pp <= 2
-            memory[near] = np.maximum(memory[near], ends)  # two lower bounds: the larger is one
-        unknown = near[(memory[near] <= budget) & (layouts.pp[near] > 2)]
+            first, _ = worst_rank_memory(model, layouts.take(near), first_rank_only=True)  # exact where pp == 1
+            memory[near] = np.maximum(memory[near], first)  # two lower bounds: the larger is one
+        unknown = near[(memory[near] <= budget) & (layouts.pp[near] > 1)]
     if unknown is None:
         memory, _ = worst_rank_memory(model, layouts)
     elif len(unknown):

@@ -1,6 +1,6 @@
 """Issue 30 item 5: the planner drops layouts that cannot fit before the full memory model, by lower bounds of each
-layout's worst-rank bytes (memory/state_floor.py's resting model state, then the full model at the first and last
-pipeline rank only: worst_rank_memory(ends_only=True)). A bound must never exceed the full model's number (a pruned
+layout's worst-rank bytes (memory/state_floor.py's resting model state, then the full model at pipeline rank 0
+alone: worst_rank_memory(first_rank_only=True)). A bound must never exceed the full model's number (a pruned
 layout that fits would vanish from the plan), and the plan must be the same with and without pruning.
 
 Models: DeepSeek-V3 and Mixtral-8x7B as published (tests/fixtures/hf, the benchmark's MoE cases), Llama-3-8B (dense),
@@ -50,8 +50,8 @@ CASES = [(_hf("llama-3-8b"), 32, 64, "bf16-mixed", "shardlab"), (MOE, 32, 64, "b
                          ids=["llama3-8b", "moe", "gpt-tied-fp32", "mixtral", "deepseek-v3", "moe-megatron",
                               "moe-torchtitan", "moe-deepspeed"])
 def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, precision, stack):
-    """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the ends-only pass are each
-    <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the ends pass two)."""
+    """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the first-rank pass are each
+    <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the other pass one)."""
     held = HeldTraining(precision=precision, stack=stack)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision)
     layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))
@@ -59,11 +59,11 @@ def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, preci
         layouts = layouts.take(np.sort(np.random.default_rng(30).choice(len(layouts), 20_000, replace=False)))
     full, _ = worst_rank_memory(model, layouts)
     floor = state_floor_bytes(model, layouts)
-    ends, _ = worst_rank_memory(model, layouts, ends_only=True)
+    first, _ = worst_rank_memory(model, layouts, first_rank_only=True)
     assert (floor > 0).all()
-    assert (floor <= full).all() and (ends <= full).all(), "a bound over the full model would prune a fitting layout"
-    exact = layouts.pp <= 2
-    assert np.array_equal(ends[exact], full[exact])  # the planner keeps these without a second pass
+    assert (floor <= full).all() and (first <= full).all(), "a bound over the full model would prune a fitting layout"
+    exact = layouts.pp == 1
+    assert np.array_equal(first[exact], full[exact])  # the planner keeps these without a second pass
     if model.is_moe:
         assert (layouts.ep > 1).any() and (layouts.cp > 1).any() == (str(model.attention) == "flash")
     assert {int(z) for z in np.unique(layouts.zero_stage)} == set(ZeroStage.ALL)
@@ -72,7 +72,7 @@ def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, preci
 
 def test_plan_prune_floor_is_tight_where_it_matters():
     """The floor is the model state itself, not a loose constant: at DeepSeek-V3 on 256 H100 it rules out most
-    layouts on its own (the point of computing it), and the ends-only pass most of the rest."""
+    layouts on its own (the point of computing it)."""
     model = _hf("deepseek-v3")
     layouts = enumerate_layouts(model, gpus=256, gpus_per_node=8, global_batch=1024)
     budget = budget_bytes(H100.memory_bytes)
