@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.analytic.estimate import estimate, worst_rank_bytes  # noqa: E402
 from backend.analytic.memory.rank_memory import worst_rank_memory  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware  # noqa: E402
-from backend.planner.search import budget_bytes, plan, search  # noqa: E402
+from backend.planner.search import plan, search  # noqa: E402
 from backend.planner.space import light_spec  # noqa: E402
 from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 
@@ -65,17 +65,15 @@ def main() -> None:
     import random
 
     hw = get_hardware("h100-sxm")
-    budget = budget_bytes(hw.memory_bytes)
-
     def searched():  # plan()'s per-layout work, before it re-times its pool
-        return search(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, budget=budget)
+        return search(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, memory_bytes=hw.memory_bytes)
 
     (layouts, _, order), cold_w, cold_c = timed(searched, repeats=1)
     _, wall, cpu = timed(searched)
     n = len(layouts)
     cps = sorted(set(layouts.cp.tolist())) if hasattr(layouts, "cp") else [1]
     print(f"70B (Llama-2-70B shape, {LLAMA70B.attention} attention) on {GPUS} GPUs, batch {BATCH}: {n} layouts "
-          f"(cp {cps}), {len(order)} fit {budget / 1e9:.1f} GB")
+          f"(cp {cps}), {len(order)} fit {hw.memory_bytes / 1e9:.1f} GB with their allowance")
     print(f"  search (enumerate + core memory on arrays + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
           f"-> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
     print(f"  search, cold (first call): {cold_w:.3f} s wall, {cold_c:.3f} s CPU -> {n / cold_w:,.0f} /s wall, "

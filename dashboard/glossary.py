@@ -22,6 +22,8 @@ HELP = {
                         "costs every rank the same; without it the last rank does (2cp-1)/cp of the average."),
     "memory GiB": ("Worst rank's memory at its fullest moment, the number New experiment's fit check and `estimate` give "
                    "(GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB)."),
+    "needs GiB": ("Memory at the fullest moment + the CUDA context, NCCL buffers and allocator slack: what must fit the "
+                  "GPU's memory (the fit rule of New experiment and `estimate --hardware`, analytic/device.py)."),
     "fullest at": ("Which moment of the step is the worst rank's fullest: the end of forward (activation peak), the start "
                    "of the loss's backward, inside backward (the re-run block with its gradients; FSDP's gathered "
                    "parameters and reduce-scatter buffers) or optimizer.step."),

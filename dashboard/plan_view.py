@@ -14,7 +14,7 @@ from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
 from backend.planner.held import PRECISIONS as HELD_PRECISIONS
 from backend.planner.held import HeldTraining
-from backend.planner.search import Plan, budget_bytes, plan, planned_attention
+from backend.planner.search import Plan, plan, planned_attention
 from backend.planner.space import light_spec
 from backend.planner.why import explain_first, why_text
 from backend.spec import ExperimentSpec, ModelSpec, dims
@@ -113,7 +113,7 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
                include_predicted=include_predicted, held=held)
     res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
     res.attention_why = why
-    res.why_first = explain_first(res.configs, hw, gpus_per_node, res.budget_bytes)
+    res.why_first = explain_first(res.configs, hw, gpus_per_node, res.device_bytes, res.overhead)
     return res
 
 
@@ -122,6 +122,18 @@ def planned_line(p: Plan) -> str:
     held = next((n for n in p.notes if n.startswith("every layout trains with ")), "")
     why = getattr(p, "attention_why", "")
     return f"Planned with {p.attention} attention" + (f" ({why})" if why else "") + (f"; {held}." if held else ".")
+
+
+def fit_rule_line(p: Plan) -> str:
+    """How the page judged "fits", in words: estimate's and New experiment's one rule (analytic/device.fits_device)."""
+    o = p.overhead
+    if p.device != "cuda":
+        return f"A layout fits when its worst rank's memory at its fullest moment fits the {p.device_bytes / GiB:.1f} GiB per GPU."
+    return (f"A layout fits when its worst rank's memory at its fullest moment + the CUDA context "
+            f"({o.cuda_context_bytes / 2**20:.0f} MiB) + NCCL buffers ({o.nccl_bytes_per_communicator() / 2**20:.0f} MiB "
+            f"per communicator) + allocator slack ({o.fragmentation_frac:.0%} of the fullest moment) fits the "
+            f"{p.device_bytes / GiB:.1f} GiB per GPU (column 'needs GiB'): the rule of New experiment's fit check and "
+            "`estimate --hardware`.")
 
 
 def warning_notes(p: Plan) -> list[str]:
@@ -155,6 +167,7 @@ def results_frame(p: Plan) -> pd.DataFrame:
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], **{d: par.get(d, 1) for d in dims.degree_names(dims.DIMS)},
                      "memory GiB": c["mem_bytes_max"] / GiB, "fullest at": MOMENT_LABEL.get(c.get("fullest_moment"), "–"),
+                     "needs GiB": c["need_bytes"] / GiB if "need_bytes" in c else None,
                      "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
                      "runs": "yes" if c.get("runnable", True) else "prediction only",
@@ -241,20 +254,25 @@ SCENARIOS = [
 
 def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, micro_batch: int = 1,
                       recompute: str = "full", with_best: bool = True) -> list[dict[str, Any]]:
-    """Each seed scenario: fits or not (exact worst-rank memory vs the device minus the reserve), predicted step time,
-    and the planner's own best layout for the same model, GPUs and batch."""
+    """Each seed scenario: fits or not (its exact worst rank on the profile's ranks by the plan's and estimate's one rule,
+    analytic/device.fits_device; "budget GiB": the largest fullest moment that fits it), predicted step time, and the
+    planner's own best layout for the same model, GPUs and batch."""
+    from backend.analytic.device import fits_device, fullest_budget_bytes, profile_device
+
     hw = get_hardware(hardware)
-    budget = budget_bytes(hw.memory_bytes)
+    device = profile_device(hw.kind)
     out, bests = [], {}
     for sc in SCENARIOS:
         par = {**sc["parallel"], "world_size": sc["gpus"], "pp_schedule": "1f1b", "virtual_stages": 1}
         data = {"name": sc["claim"], "model": sc["model"], "parallel": par,
                 "train": {"global_batch": sc["global_batch"], "micro_batch": micro_batch, "precision": "bf16-mixed",
-                          "recompute": recompute}}
+                          "recompute": recompute}, "runtime": {"device": device}}
         spec = ExperimentSpec.for_prediction(data)
         worst, _ = worst_rank_bytes(light_spec(spec.model_dump(mode="json")))
         st = step_time(spec, hw, gpus_per_node=gpus_per_node).summary
-        row = {"claim": sc["claim"], "fits": worst <= budget, "memory GiB": worst / GiB, "budget GiB": budget / GiB,
+        budget = fullest_budget_bytes(spec.parallel, device, hw.memory_bytes)
+        row = {"claim": sc["claim"], "fits": bool(fits_device(worst, spec.parallel, device, hw.memory_bytes)),
+               "memory GiB": worst / GiB, "budget GiB": budget / GiB,
                "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GiB": None}
         if with_best:
             key = (json.dumps(sc["model"], sort_keys=True), sc["gpus"], sc["global_batch"])

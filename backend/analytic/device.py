@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 CPU, CUDA = "cpu", "cuda"
 CUDA_MIN_BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize; MemTracker _PYTORCH_MIN_ALLOCATE
 
@@ -154,24 +156,66 @@ class RuntimeOverhead:
         return self.nccl_channels * self.nccl_peers * self.nccl_buffsize_bytes
 
 
-def communicators(parallel: Any) -> int:
+def communicators(parallel: Any) -> Any:
     """NCCL communicators one rank creates: the world, each mesh dimension of size > 1, and under PP the two
-    point-to-point pairs with the neighbouring stages (ProcessGroupNCCL creates one per send/recv peer)."""
+    point-to-point pairs with the neighbouring stages (ProcessGroupNCCL creates one per send/recv peer). `parallel`:
+    a spec's ParallelSpec (an int) or the planner's Layout of many layouts (an array, one count per layout)."""
     p = parallel
-    if p.world_size <= 1:
-        return 0
-    dims = [d for d in (p.dp_cp, p.tp, p.pp, p.ep, p.cp) if d > 1 and d != p.world_size]
-    return 1 + len(dims) + (2 if p.pp > 1 else 0)
+    world = np.asarray(p.world_size)
+    dims = sum(np.logical_and(np.asarray(d) > 1, np.asarray(d) != world).astype(np.int64)
+               for d in (p.dp_cp, p.tp, p.pp, p.ep, p.cp))
+    n = np.where(world <= 1, 0, 1 + dims + 2 * (np.asarray(p.pp) > 1))
+    return int(n) if np.ndim(n) == 0 else n
+
+
+def profile_device(kind: str) -> str:
+    """Where a hardware profile's ranks run: CUDA ranks on a GPU profile, CPU ranks on a "cpu" one (what `estimate
+    --hardware`'s fit and the planner both price a layout on)."""
+    return CPU if str(kind) == CPU else CUDA
+
+
+def allowance_bytes(fullest_bytes: Any, parallel: Any, device: str,
+                    overhead: RuntimeOverhead | None = None) -> dict[str, Any]:
+    """{cuda_context, nccl_buffers, fragmentation, total}: the runtime allowance of ranks whose fullest moment is
+    fullest_bytes (a number, or one per layout of the planner's arrays); all zero on cpu (the tracker's bytes are what
+    the host allocator hands out). The one "does it fit" rule (`fits_device`) adds it to the fullest moment."""
+    o = overhead or RuntimeOverhead()
+    if str(device) != CUDA:
+        return {"cuda_context": 0.0, "nccl_buffers": 0.0, "fragmentation": 0.0, "total": 0.0}
+    parts = {"cuda_context": float(o.cuda_context_bytes),
+             "nccl_buffers": communicators(parallel) * float(o.nccl_bytes_per_communicator()),
+             "fragmentation": o.fragmentation_frac * (np.asarray(fullest_bytes, dtype=np.float64)
+                                                      if np.ndim(fullest_bytes) else float(fullest_bytes))}
+    parts["total"] = parts["cuda_context"] + parts["nccl_buffers"] + parts["fragmentation"]
+    return parts
+
+
+def need_bytes(fullest_bytes: Any, parallel: Any, device: str, overhead: RuntimeOverhead | None = None) -> Any:
+    """Device memory a rank needs: its fullest moment + the runtime allowance (allowance_bytes)."""
+    return fullest_bytes + allowance_bytes(fullest_bytes, parallel, device, overhead)["total"]
+
+
+def fits_device(fullest_bytes: Any, parallel: Any, device: str, device_bytes: float,
+                overhead: RuntimeOverhead | None = None) -> Any:
+    """The one "does it fit" rule: need_bytes <= the device's memory (a device of unknown memory fits nothing).
+    `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk and the Plan page call it; New experiment's
+    fit check and the GPU check's memory_fit add the same allowance to the same fullest moment (runtime_overhead_bytes).
+    Its terms (RuntimeOverhead) are measured (context, allocator slack: the H200 runs) or documented (NCCL_BUFFSIZE),
+    where the planner's former budget (device x 0.95 - 2.5 GB) was assumed."""
+    return np.logical_and(bool(device_bytes), need_bytes(fullest_bytes, parallel, device, overhead) <= device_bytes)
+
+
+def fullest_budget_bytes(parallel: Any, device: str, device_bytes: float, overhead: RuntimeOverhead | None = None) -> Any:
+    """The largest fullest moment that fits (fits_device solved for it), in words for the Plan page: the device less
+    the CUDA context and NCCL buffers, over 1 + the allocator slack; the device itself on cpu."""
+    o = overhead or RuntimeOverhead()
+    fixed = allowance_bytes(0.0, parallel, device, o)
+    if str(device) != CUDA:
+        return float(device_bytes)
+    return (device_bytes - fixed["cuda_context"] - fixed["nccl_buffers"]) / (1 + o.fragmentation_frac)
 
 
 def runtime_overhead_bytes(spec: Any, peak_bytes: float, overhead: RuntimeOverhead | None = None) -> dict[str, float]:
-    """{cuda_context, nccl_buffers, fragmentation, total} bytes for one rank whose predicted peak is peak_bytes;
-    all zero on cpu (the tracker's bytes are what the host allocator hands out)."""
-    o = overhead or RuntimeOverhead()
-    if str(spec.runtime.device) != CUDA:
-        return {"cuda_context": 0.0, "nccl_buffers": 0.0, "fragmentation": 0.0, "total": 0.0}
-    parts = {"cuda_context": float(o.cuda_context_bytes),
-             "nccl_buffers": float(communicators(spec.parallel) * o.nccl_bytes_per_communicator()),
-             "fragmentation": o.fragmentation_frac * float(peak_bytes)}
-    parts["total"] = sum(parts.values())
-    return parts
+    """{cuda_context, nccl_buffers, fragmentation, total} bytes for one rank of a spec whose predicted peak is
+    peak_bytes (allowance_bytes on the spec's device)."""
+    return {k: float(v) for k, v in allowance_bytes(peak_bytes, spec.parallel, str(spec.runtime.device), overhead).items()}

@@ -255,7 +255,8 @@ class Layout(LayoutDegrees):
         return np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray) else (4 if mix else self.compute_bytes)
 
     def spec_dict(self, model: Any) -> dict[str, Any]:
-        """The full experiment spec (as a dict) of a scalar layout."""
+        """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its
+        memory was priced on)."""
         degrees = {d: int(getattr(self, d)) for d in DEGREES}
         tp, pp, dp, zero = degrees["tp"], degrees["pp"], degrees["dp"], int(self.zero_stage)
         extra = "".join(f"·{d}{n}" for d, n in degrees.items() if d not in ("dp", "tp", "pp") and n > 1)
@@ -268,7 +269,8 @@ class Layout(LayoutDegrees):
                              "world_size": math.prod(degrees[d] for d in WORLD_DEGREES), **degrees,
                              "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
-                             "virtual_stages": int(self.virtual_stages)}}
+                             "virtual_stages": int(self.virtual_stages)},
+                "runtime": {"device": self.device}}
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))

@@ -101,7 +101,9 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
         return str(e)
     data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
     if est is not None:
-        gpu = hw.kind != "cpu" and str(spec.runtime.device) == "auto"  # the fit on a GPU is the memory on CUDA ranks
+        from backend.analytic.device import profile_device
+
+        gpu = profile_device(hw.kind) == "cuda" and str(spec.runtime.device) == "auto"  # a GPU's fit: CUDA ranks
         data["fit"] = fit_on(estimate(spec, device="cuda") if gpu else est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
@@ -120,9 +122,9 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
 
 def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
-    terms) + the runtime allowance (analytic/device.runtime_overhead_bytes: CUDA context, NCCL buffers, allocator
-    slack; zero on CPU ranks) <= the profile's memory."""
-    from backend.analytic.device import runtime_overhead_bytes
+    terms) + the runtime allowance (CUDA context, NCCL buffers, allocator slack; zero on CPU ranks) <= the profile's
+    memory: analytic/device.fits_device, the rule the planner applies too."""
+    from backend.analytic.device import fits_device, runtime_overhead_bytes
 
     worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
     moments = worst.moments()
@@ -132,7 +134,7 @@ def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     need = fullest + overhead["total"]
     return {"hardware": hw.key, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
             "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
-            "fits": bool(device) and need <= device}
+            "fits": bool(fits_device(fullest, est.spec.parallel, str(est.spec.runtime.device), device))}
 
 
 def _run_raw(args: argparse.Namespace) -> int:

@@ -8,8 +8,9 @@
 
 Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with TP/PP =
 Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
-the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. Memory allows a reserve for the CUDA context, NCCL
-buffers and fragmentation (--reserve-gb, --fragmentation). With --spec (or `import-config --json` output) every layout
+the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. A layout is priced on
+the profile's ranks (CUDA on a GPU profile) and fits by `estimate --hardware`'s rule: fullest moment + CUDA context +
+NCCL buffers + allocator slack <= device memory (--reserve-gb, --fragmentation override the allowance). With --spec (or `import-config --json` output) every layout
 trains as that spec does: its precision (fp8 with its recipe), optimizer, and its recompute policy searched besides the
 planner's own, so the spec's own layout ranks as `estimate --spec` predicts it.
 
@@ -53,8 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, help="sequences per step (required without --spec)")
     p.add_argument("--seq", type=int, help="sequence length (required without --spec)")
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
-    p.add_argument("--reserve-gb", type=float, help="fixed reserve for CUDA context + NCCL buffers (default 2.5)")
-    p.add_argument("--fragmentation", type=float, help="share of memory lost to fragmentation (default 0.05)")
+    p.add_argument("--reserve-gb", type=float, help="a fixed reserve per GPU instead of the CUDA context + NCCL buffers "
+                   "(default: 527 MiB context + 64 MiB per NCCL communicator, analytic/device.RuntimeOverhead)")
+    p.add_argument("--fragmentation", type=float, help="allocator slack as a fraction of the fullest moment (default 0.13, "
+                   "measured on the H200)")
     p.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"),
                    help="training precision (default: the --spec's, an imported config's own, else bf16-mixed)")
     p.add_argument("--stack", choices=STACK_CHOICES,
@@ -129,7 +132,7 @@ def _from_spec(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
     from backend.planner.held import HeldTraining
-    from backend.planner.search import RESERVE_FIXED_BYTES, RESERVE_FRACTION, plan, planned_attention
+    from backend.planner.search import plan, planned_attention
     from backend.planner.why import explain_first, why_text
     from backend.spec.choices import AttentionImpl
     from backend.planner.space import Limits
@@ -164,15 +167,15 @@ def run(args: argparse.Namespace) -> int:
     model = model.model_copy(update={"attention": AttentionImpl(attention)})
     res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
                memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, held=held,
-               band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else RESERVE_FIXED_BYTES,
-               fragmentation=args.fragmentation if args.fragmentation is not None else RESERVE_FRACTION,
+               band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else None,
+               fragmentation=args.fragmentation,
                limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
     from backend.calibration.usage import calibration_used
 
     if res.untimed:
         return fail(f"plan cannot rank the {res.feasible} layouts that fit on {args.hardware}: {res.untimed}")
     used = calibration_used(hw, cal, res.configs, g)
-    why = explain_first(res.configs, hw, g, res.budget_bytes)
+    why = explain_first(res.configs, hw, g, res.device_bytes, res.overhead)
     for f in res.failed_checks:
         print(f"error: internal check failed, layout left out of the ranking: {f['why']}", file=sys.stderr)
     code = 1 if res.failed_checks and not res.configs else 0

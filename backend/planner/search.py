@@ -3,9 +3,12 @@ analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of anal
 that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
 ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
-Fits = the worst rank's bytes at its fullest moment (the activation peak, optimizer.step, the start of the loss's
-backward or inside backward: `estimate`'s RankEstimate.fullest_bytes, the same number) + reserve <= device memory. The reserve (RESERVE_DOC) covers what the estimator does
-not count on a GPU: the CUDA context, NCCL's buffers and allocator fragmentation.
+Each layout is priced on the ranks of the profile (analytic/device.profile_device: CUDA ranks on a GPU profile, as
+`estimate --hardware` prices its fit), and its spec says so (runtime.device).
+Fits = analytic/device.fits_device, the one rule `estimate`'s fit line applies too: the worst rank's bytes at its
+fullest moment (the activation peak, optimizer.step, the start of the loss's backward or inside backward: `estimate`'s
+RankEstimate.fullest_bytes, the same number) + the runtime allowance (CUDA context, NCCL buffers per communicator,
+allocator slack: analytic/device.RuntimeOverhead, measured on the H200) <= device memory.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.device import RuntimeOverhead, allowance_bytes, fits_device, fullest_budget_bytes, profile_device
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
@@ -27,11 +31,11 @@ from backend.planner.held import HeldTraining
 from backend.planner.space import Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
 
-RESERVE_FIXED_BYTES = 2.5e9
-RESERVE_FRACTION = 0.05
-RESERVE_DOC = ("reserve = 2.5 GB = 2.33 GiB (CUDA context ~0.5-1 GB, NCCL buffers ~1-1.5 GB per communicator set; PyTorch "
-               "CUDA semantics docs / NCCL_BUFFSIZE 4 MiB x channels x peers) + 5% of the device for allocator fragmentation; "
-               "override with --reserve-gb / --fragmentation")
+ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory, the rule of "
+                 "`estimate --hardware`'s fit line (analytic/device.fits_device; RuntimeOverhead: context 527 MiB and "
+                 "slack 13% of the fullest moment measured on the H200, NCCL_BUFFSIZE 4 MiB x 8 channels x 2 peers per "
+                 "communicator from the NCCL docs); --reserve-gb / --fragmentation override the context + NCCL and "
+                 "the slack")
 POOL_FACTOR, POOL_MIN = 3, 10
 """Layouts re-timed with steptime.model: the POOL_FACTOR x top fastest by the vectorised proxy (at least POOL_MIN)."""
 
@@ -40,7 +44,7 @@ POOL_FACTOR, POOL_MIN = 3, 10
 class Plan:
     searched: int
     feasible: int
-    """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits the budget: all of them, not a sample."""
+    """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits (fits_device): all of them, not a sample."""
     seconds: float
     configs: list[dict[str, Any]]
     predicted_only_left_out: int = 0
@@ -57,8 +61,12 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     attention: str = "math"
     """The attention kernel every layout was planned with (the model's `attention`)."""
-    budget_bytes: float = 0.0
-    """The memory budget per GPU a layout fits in (device x (1 - fragmentation) - reserve)."""
+    device_bytes: float = 0.0
+    """The device memory per GPU each layout's need (fullest moment + allowance: fits_device) must fit in."""
+    overhead: RuntimeOverhead = field(default_factory=RuntimeOverhead)
+    """The runtime allowance the fit rule adds (analytic/device.RuntimeOverhead; the flags' overrides)."""
+    device: str = "cpu"
+    """Where the layouts' ranks run ("cuda" on a GPU profile: analytic/device.profile_device); no allowance on cpu."""
     failed_checks: list[dict[str, str]] = field(default_factory=list)
     """[{"layout": name, "why": ...}]: pool layouts left out because an internal consistency check of the prediction
     failed on them (a defect of ShardLab's model, named here instead of a traceback)."""
@@ -72,7 +80,10 @@ class Plan:
                 "predicted_only_by_rule": self.predicted_only_by_rule,
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
                 "confirm_seconds": self.confirm_seconds, "notes": self.notes, "failed_checks": self.failed_checks,
-                "attention": self.attention, "budget_bytes": self.budget_bytes}
+                "attention": self.attention, "device_bytes": self.device_bytes, "device": self.device,
+                "allowance": {"cuda_context_bytes": self.overhead.cuda_context_bytes,
+                              "nccl_bytes_per_communicator": self.overhead.nccl_bytes_per_communicator(),
+                              "fragmentation_frac": self.overhead.fragmentation_frac}}
 
 
 def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tuple[str, str]:
@@ -92,39 +103,53 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
                     "stays a choice"
 
 
-def budget_bytes(memory_bytes: float, *, reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION) -> float:
-    return memory_bytes * (1 - fragmentation) - reserve_bytes
+def overhead_of(reserve_bytes: float | None = None, fragmentation: float | None = None) -> RuntimeOverhead:
+    """The runtime allowance with the flags' overrides: reserve_bytes replaces the CUDA context + NCCL buffers (a fixed
+    amount per GPU), fragmentation the allocator slack (a fraction of the fullest moment)."""
+    o = RuntimeOverhead()
+    if reserve_bytes is not None:
+        o = replace(o, cuda_context_bytes=int(reserve_bytes), nccl_buffsize_bytes=0)
+    if fragmentation is not None:
+        o = replace(o, fragmentation_frac=float(fragmentation))
+    return o
 
 
-def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, budget: float,
-           precision: str = "bf16-mixed", limits: Limits = Limits(),
-           held: HeldTraining | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
-    """(every layout, its worst-rank bytes, the indices of those that fit, fastest first by the proxy): the per-layout
-    work of a plan (benchmarks/planner_speed.py times exactly this). held: the training settings every layout keeps
-    (planner/held.py; its precision replaces `precision`). prune: drop the layouts that cannot fit before the full
-    memory model, by two lower bounds of their worst-rank bytes (memory/state_floor.py's resting model state, then
-    the full model at pipeline rank 0 alone); a pruned layout's bytes are that bound (over the
-    budget). The layouts that fit, their bytes and their order are the same as without (tests/unit/test_state_floor.py)."""
+def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
+           precision: str = "bf16-mixed", limits: Limits = Limits(), held: HeldTraining | None = None,
+           overhead: RuntimeOverhead | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
+    """(every layout, its worst-rank bytes, the indices of those that fit memory_bytes per GPU (fits_device), fastest
+    first by the proxy): the per-layout work of a plan (benchmarks/planner_speed.py times exactly this). held: the
+    training settings every layout keeps (planner/held.py; its precision replaces `precision`). The layouts are priced
+    on the profile's ranks (profile_device: CUDA on a GPU profile), as `estimate --hardware` prices its fit.
+    prune: drop the layouts that cannot fit before the full memory model, by two lower bounds of their worst-rank
+    bytes (memory/state_floor.py's resting model state, then the full model at pipeline rank 0 alone; fits_device
+    grows with the bytes, so a bound that does not fit rules the layout out); a pruned layout's bytes are that bound.
+    The layouts that fit, their bytes and their order are the same as without (tests/unit/test_plan_prune.py)."""
     held = held or HeldTraining(precision=precision)
+    device = profile_device(hw.kind)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
                                 precision=held.precision, optimizer=held.optimizer,
-                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops)
+                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device)
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
-    layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))  # estimate's own stack terms
+    layouts = replace(layouts, stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
+
+    def fits(nbytes: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(fits_device(nbytes, layouts, device, memory_bytes, overhead), nbytes.shape)
+
     memory, unknown = np.zeros(len(layouts)), None  # unknown: the layouts whose bytes are still to compute (None: all)
     if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
         memory = state_floor_bytes(model, layouts)
-        near = np.nonzero(memory <= budget)[0]
+        near = np.nonzero(fits(memory))[0]
         if len(near):
             first, _ = worst_rank_memory(model, layouts.take(near), first_rank_only=True)  # exact where pp == 1
             memory[near] = np.maximum(memory[near], first)  # two lower bounds: the larger is one
-        unknown = near[(memory[near] <= budget) & (layouts.pp[near] > 1)]
+        unknown = near[fits(memory)[near] & (layouts.pp[near] > 1)]
     if unknown is None:
         memory, _ = worst_rank_memory(model, layouts)
     elif len(unknown):
         memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
-    keep = np.nonzero(memory <= budget)[0]
+    keep = np.nonzero(fits(memory))[0]
     if not len(keep):
         return layouts, memory, keep
     # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;
@@ -174,24 +199,26 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
 
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
          top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
-         reserve_bytes: float = RESERVE_FIXED_BYTES, fragmentation: float = RESERVE_FRACTION,
+         reserve_bytes: float | None = None, fragmentation: float | None = None,
          limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False,
          held: HeldTraining | None = None, prune: bool = True) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
     ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the
     training settings every layout keeps (planner/held.py: precision, optimizer, a recompute policy searched too, fp8
-    recipe; an imported config's); without it, `precision` and the defaults. prune: search()'s (the same plan
-    either way; False only to check that)."""
+    recipe; an imported config's); without it, `precision` and the defaults. reserve_bytes / fragmentation: override
+    the fit rule's allowance (overhead_of). prune: search()'s (the same plan either way; False only to check that)."""
     t0 = time.perf_counter()
     held = held or HeldTraining(precision=precision)
     device_bytes = memory_bytes or hw.memory_bytes
-    budget = budget_bytes(device_bytes, reserve_bytes=reserve_bytes, fragmentation=fragmentation)
+    overhead = overhead_of(reserve_bytes, fragmentation)
     layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                                    budget=budget, limits=limits, held=held, prune=prune)
+                                    memory_bytes=device_bytes, limits=limits, held=held, overhead=overhead,
+                                    prune=prune)
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"],
-                    attention=str(getattr(model, "attention", "math")))
+                    attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes, overhead=overhead,
+                    device=profile_device(hw.kind))
     left_out, fitting, by_rule = 0, order, {}
     if not include_predicted:
         hits = run_rule_hits(layouts, model)
@@ -218,15 +245,22 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         worst, rank = worst_rank_bytes(spec)  # the same core on this layout alone
         if abs(worst - memory[i]) > 0.005 * worst:
             mismatch.append(f"{data['name']}: array path {memory[i]:.0f} B vs one layout {worst} B")
+        allowance = allowance_bytes(worst, spec.parallel, str(spec.runtime.device), overhead)
         configs.append({"spec": data, "mem_bytes_max": int(worst), "fullest_moment": rank.fullest_moment(),
                         "step_time": st, "strategy": ZERO_STAGE_NAMES[int(layouts.zero_stage[i])],
-                        "worst_rank": rank.rank, "fits_exact": worst <= budget,
+                        "worst_rank": rank.rank,
+                        "fits_exact": bool(fits_device(worst, spec.parallel, str(spec.runtime.device), device_bytes,
+                                                       overhead)),
+                        "need_bytes": worst + allowance["total"], "allowance_bytes": allowance,
+                        "fullest_budget_bytes": fullest_budget_bytes(spec.parallel, str(spec.runtime.device),
+                                                                     device_bytes, overhead),
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                                           "activations_bytes", "other_bytes")}})
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
     fit_note = f" ({left_out} of them prediction-only, left out)" if left_out else ""
-    notes = [RESERVE_DOC, f"budget {budget / 2**30:.1f} GiB of {device_bytes / 2**30:.1f} GiB (a {device_bytes / 1e9:.0f} GB device)",
+    notes = [ALLOWANCE_DOC, f"layouts priced on {layouts.device} ranks, each fitting {device_bytes / 2**30:.1f} GiB "
+             f"(a {device_bytes / 1e9:.0f} GB device) with its allowance",
              f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
              f"own model, on arrays of layouts), {len(fitting)} fit{fit_note}; the {len(pool)} fastest by a step-time proxy re-timed "
              f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
@@ -249,4 +283,5 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
                 screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
                 confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed, untimed=untimed,
-                attention=str(getattr(model, "attention", "math")), budget_bytes=budget)
+                attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes, overhead=overhead,
+                device=profile_device(hw.kind))

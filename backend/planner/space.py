@@ -20,6 +20,7 @@ import numpy as np
 from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
+from backend.spec.choices import Device
 
 
 @dataclass(frozen=True)
@@ -156,14 +157,16 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
                       precision: str = "bf16-mixed", optimizer: str = "adamw",
-                      extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None) -> Layout:
+                      extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
+                      device: str = "cpu") -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
     boolean grid over (point, carved degrees (ep), flavour, micro-batch, schedule, recompute, SP) with the
     point-dependent choices padded and masked, rows in that nesting order.
     extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
-    a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list)."""
+    a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
+    ("cuda" on a GPU profile: planner.search)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
-    table = {} if sac_ops is None else {"sac_ops": tuple(sac_ops)}
+    table: dict[str, Any] = {"device": device} | ({} if sac_ops is None else {"sac_ops": tuple(sac_ops)})
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer, **table)
@@ -217,4 +220,13 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
     return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),
                                           train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **train}),
                                           parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **parallel}),
-                                          runtime=RuntimeSpec())
+                                          runtime=RuntimeSpec.model_construct(**{**RuntimeSpec().model_dump(),
+                                                                                   **_runtime(data)}))
+
+
+def _runtime(data: dict[str, Any]) -> dict[str, Any]:
+    """The planned spec's runtime fields, its device as the spec's own enum (Layout.spec_dict writes a string)."""
+    runtime = dict(data.get("runtime") or {})
+    if "device" in runtime:
+        runtime["device"] = Device(runtime["device"])
+    return runtime

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.analytic.device import RuntimeOverhead, fits_device, need_bytes
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, step_time
@@ -47,27 +48,29 @@ def _words(name: str, first: dict[str, Any], second: dict[str, Any]) -> str:
     return f"{label}{_choice(second, key)} instead of {label}{_choice(first, key)}"
 
 
-def _timed(data: dict[str, Any], hw: Hardware, gpus_per_node: int) -> tuple[float, int] | None:
-    """(step seconds, worst-rank bytes) of a layout on the walk, None where it is not a valid layout."""
+def _timed(data: dict[str, Any], hw: Hardware, gpus_per_node: int) -> tuple[float, int, Any] | None:
+    """(step seconds, worst-rank bytes, spec) of a layout on the walk, None where it is not a valid layout."""
     try:
         spec = ExperimentSpec.for_prediction(data)
-        return step_time(spec, hw, gpus_per_node=gpus_per_node).summary["step_s"], worst_rank_bytes(spec)[0]
+        return step_time(spec, hw, gpus_per_node=gpus_per_node).summary["step_s"], worst_rank_bytes(spec)[0], spec
     except (ValueError, InconsistentStepTime):
         return None
 
 
-def explain_first(configs: list[dict[str, Any]], hw: Hardware, gpus_per_node: int,
-                  budget: float | None = None) -> dict[str, Any] | None:
-    """{"difference_s", "by_choice": [{"change", "seconds", "mem_bytes", "fits"}], "by_part": {label: seconds}} of #2
-    against #1 (None with fewer than two). Each choice is timed on the layout the walk reaches with it (#1 with #2's
-    choices so far) and its worst-rank memory checked against `budget`: a faster layout on the way that does not fit
-    is why #1 does not take that choice. A choice whose layout alone is not valid (SP without tp, a schedule without
-    pp) is taken together with the next one."""
+def explain_first(configs: list[dict[str, Any]], hw: Hardware, gpus_per_node: int, device_bytes: float | None = None,
+                  overhead: RuntimeOverhead | None = None) -> dict[str, Any] | None:
+    """{"difference_s", "by_choice": [{"change", "seconds", "mem_bytes", "need_bytes", "fits"}], "by_part": {label:
+    seconds}} of #2 against #1 (None with fewer than two). Each choice is timed on the layout the walk reaches with it
+    (#1 with #2's choices so far, on #1's ranks) and its worst rank checked against `device_bytes` by the plan's fit
+    rule (analytic/device.fits_device with `overhead`): a faster layout on the way that does not fit is why #1 does
+    not take that choice. A choice whose layout alone is not valid (SP without tp, a schedule without pp) is taken
+    together with the next one."""
     if len(configs) < 2:
         return None
     first, second = configs[0]["spec"], configs[1]["spec"]
     t1, t2 = configs[0]["step_time"], configs[1]["step_time"]
-    current = {"model": first["model"], "train": dict(first["train"]), "parallel": dict(first["parallel"])}
+    current = {"model": first["model"], "train": dict(first["train"]), "parallel": dict(first["parallel"]),
+               "runtime": dict(first.get("runtime") or {})}
     start = _timed(current, hw, gpus_per_node)
     before = start[0] if start else None
     steps: list[dict[str, Any]] = []
@@ -83,13 +86,16 @@ def explain_first(configs: list[dict[str, Any]], hw: Hardware, gpus_per_node: in
         after = _timed(current, hw, gpus_per_node)
         if after is None or before is None:
             continue
+        device = str(after[2].runtime.device)
         steps.append({"change": "; ".join(pending), "seconds": after[0] - before, "mem_bytes": after[1],
-                      "fits": None if budget is None else bool(after[1] <= budget)})
+                      "need_bytes": float(need_bytes(after[1], after[2].parallel, device, overhead)),
+                      "fits": None if device_bytes is None else
+                      bool(fits_device(after[1], after[2].parallel, device, device_bytes, overhead))})
         before, pending = after[0], []
     if pending or before is None:  # the walk ended on a layout it could not time: one step for what is left
         steps.append({"change": "; ".join(pending) or "the layout", "seconds": t2["step_s"] - t1["step_s"]
-                      - sum(s["seconds"] for s in steps), "mem_bytes": None, "fits": None})
-    return {"difference_s": t2["step_s"] - t1["step_s"], "by_choice": steps, "budget_bytes": budget,
+                      - sum(s["seconds"] for s in steps), "mem_bytes": None, "need_bytes": None, "fits": None})
+    return {"difference_s": t2["step_s"] - t1["step_s"], "by_choice": steps, "device_bytes": device_bytes,
             "by_part": {label: t2[key] - t1[key] for key, label in PARTS}}
 
 
@@ -142,6 +148,7 @@ def why_text(configs: list[dict[str, Any]], why: dict[str, Any] | None) -> str |
         if s["fits"] is False and gained < 0:
             so_far = "; ".join(x["change"] for x in steps[:k + 1])
             text += (f" #1 with {so_far} (its other choices kept) would save {abs(gained):.{decimals}f} s per step, but "
-                     f"needs {s['mem_bytes'] / 2**30:.1f} GiB per GPU, over the {why['budget_bytes'] / 2**30:.1f} GiB "
-                     "budget: that is why #1 does not take it.")
+                     f"needs {s['need_bytes'] / 2**30:.1f} GiB per GPU ({s['mem_bytes'] / 2**30:.1f} GiB at its fullest "
+                     "moment + CUDA context, NCCL buffers and allocator slack), over the "
+                     f"{why['device_bytes'] / 2**30:.1f} GiB of the device: that is why #1 does not take it.")
     return text

@@ -76,8 +76,8 @@ with tab_claims:
                        "(see each run's caveat); compare them with the formula on a host with a core per rank.")
 
 st.subheader("Seed scenarios: planner verdicts")
-st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory (minus the CUDA/NCCL/fragmentation "
-           "reserve) and the step-time model on A100 80GB (b = 1, full recompute, bf16), next to the planner's own best "
+st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory on CUDA ranks (with the CUDA context, "
+           "NCCL buffers and allocator slack: the fit rule of Plan and estimate) and the step-time model on A100 80GB (b = 1, full recompute, bf16), next to the planner's own best "
            "layout for the same model, GPUs and batch. Computing them takes a minute on this machine.")
 if st.button("Compute planner verdicts", icon=":material/travel_explore:", key="fx_verdicts"):
     from dashboard.plan_view import scenario_verdicts

@@ -26,7 +26,7 @@ def _plan_columns() -> dict:
     """Number formats (no raw floats) and a plain-words tooltip on every column that needs one."""
     from dashboard.glossary import HELP
 
-    formats = {"memory GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
+    formats = {"memory GiB": "%.1f", "needs GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
                "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
     cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
     cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs",
@@ -210,6 +210,7 @@ if res is not None:
     st.write(f"Searched **{res.searched:,}** layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched): "
              f"**{res.feasible:,}** fit (worst-rank memory of every layout); the {res.confirmed} fastest re-timed "
              "with the step-time model, the shown ones' memory confirmed with the exact estimator.")
+    st.caption(pv.fit_rule_line(res))
     left_out = getattr(res, "predicted_only_left_out", 0)
     why_left_out = ", ".join(f"{label}: {n:,}" for label, n in getattr(res, "predicted_only_by_rule", {}).items())
     if left_out and res.configs:

@@ -1,6 +1,7 @@
 """A session-wide farm of rank programs: every job the selected tests declare runs in as few launches as possible, one
 torchrun launch per world size (one plain process for the trace jobs, one for the JAX runs), and each job's outcome
-stays its own.
+stays its own. The torchrun launches run one after the other, and so do the plain processes, the two lanes side by
+side.
 
 A test declares its jobs with a `farm` mark (`@uses(job, ...)`, or `params(jobs)` for a parametrized test) and reads
 them with the `farm` fixture: `farm.result(job)` waits for that job and returns its value, or fails the test with the
@@ -148,7 +149,8 @@ class Farm:
         # the environment now: tests change os.environ while the farm's thread launches (SHARDLAB_FAULT, store URLs)
         self.env = {k: v for k, v in rank_env().items() if k != "SHARDLAB_FAULT"}
         self.thread: threading.Thread | None = None
-        self.proc: subprocess.Popen | None = None
+        self.procs: set[subprocess.Popen] = set()
+        """The launches running now: one per lane."""
 
     # ---- the driver -------------------------------------------------------------------------------------------
 
@@ -164,18 +166,35 @@ class Farm:
         self.thread.start()
 
     def run(self) -> None:
+        """Two lanes side by side: the torchrun launches one after the other, and the one-process launches (traces,
+        JAX) one after the other in a thread of their own. A trace keeps one core busy while a launch's ranks wait on
+        each other in their collectives."""
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            for group in dict.fromkeys(j.group for j in self.jobs):
-                self._run_group([j for j in self.jobs if j.group == group])
+            lanes = [threading.Thread(target=self._run_lane, args=(one,), name=f"farm-lane-{one}", daemon=True)
+                     for one in (True, False)]
+            for lane in lanes:
+                lane.start()
+            for lane in lanes:
+                lane.join()
         finally:
             (self.root / "done").touch()
 
+    def _run_lane(self, one_process: bool) -> None:
+        jobs = [j for j in self.jobs if j.one_process == one_process]
+        for group in dict.fromkeys(j.group for j in jobs):
+            self._run_group([j for j in jobs if j.group == group])
+
     def stop(self) -> None:
-        """End the farm's launch now (session interrupted)."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        """End the farm's launches now (session interrupted)."""
+        for proc in list(self.procs):
+            self._kill(proc)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _run_group(self, jobs: list[Job]) -> None:
         attempt, first = 0, jobs[0]
@@ -190,37 +209,41 @@ class Farm:
             cmd = [sys.executable, *program] if first.one_process else torchrun_cmd(first.world, program)
             log = self.root / f"launch-{tag}.log"
             with open(log, "w") as out:
-                self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
-            timed_out = self._watch(pending)
-            code = self.proc.wait()
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            self.procs.add(proc)
+            try:
+                timed_out = self._watch(proc, pending)
+                code = proc.wait()
+            finally:
+                self.procs.discard(proc)
             for job in pending:
                 if not self._outcome_path(job).exists():
                     self._write_failure(job, code, log, timed_out)
                     break
 
-    def _watch(self, pending: list[Job]) -> Job | None:
+    def _watch(self, proc: subprocess.Popen, pending: list[Job]) -> Job | None:
         """Wait for the launch; kill it when its current job runs past its timeout, and return that job."""
         current, since = None, time.monotonic()
-        while self.proc.poll() is None:
+        while proc.poll() is None:
             self._beat()
             job = next((j for j in pending if not self._outcome_path(j).exists()), None)
             if job is not current:
                 current, since = job, time.monotonic()
             if job is not None and time.monotonic() - since > job.timeout_s:
-                self._dump_stacks()
-                self.stop()
+                self._dump_stacks(proc)
+                self._kill(proc)
                 return job
             time.sleep(0.5)
         return None
 
-    def _dump_stacks(self) -> None:
+    def _dump_stacks(self, proc: subprocess.Popen) -> None:
         """Ask every rank for its Python stacks (farm_rank enables the dump per job), as the launcher does."""
         import psutil
 
         from backend.runtime.protocol import STACK_SIGNAL
 
-        for p in psutil.Process(self.proc.pid).children(recursive=True):
+        for p in psutil.Process(proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if "tests.helpers.farm_rank" in p.cmdline() and "torch.distributed.run" not in p.cmdline():
                     p.send_signal(STACK_SIGNAL)

@@ -7,6 +7,7 @@ The full-size grid (a 7B-shaped model at world 64 and zero3 x tp8 x pp4) is benc
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from backend.analytic.estimate import estimate
 from backend.spec import ExperimentSpec
 from backend.trace.batch import trace_many
-from tests.helpers.farm import Job, engine_job, uses
+from tests.helpers.farm import Job, engine_job, run_now, uses
 
 POLICIES = ("none", "selective", "full", "op", "layers:2", "block:2", "uniform:2")
 BOUND_PCT = 3.0
@@ -71,9 +72,11 @@ def test_traced_peak_is_the_predicted_fullest_moment_on_a_grid_of_layouts(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=False, reason="issue 32, open: the traced peaks of pipelined tp2 x pp2 layouts under full / "
-                   "uniform:2 recompute missed the 3% bound by -3.5% to +13% (inside backward, at the loss's backward), "
-                   "and not the same layouts from one run to the next; the cause is not found")
+@pytest.mark.xfail(strict=True, reason="issue 32, open: the model's moment inside backward for pipelined layouts under "
+                   "full / uniform:2 recompute is above the trace (rank 0: zero3 full +6.0%, ddp full +4.5%, zero3 "
+                   "uniform:2 +13.2%, ddp uniform:2 +9.9%; ddp full rank 4 -3.5%), the same bytes in two runs. Suspects: "
+                   "a re-run block's weight casts counted again though the schedule's autocast cache serves them, and the "
+                   "later backwards' held 16-bit weight grads under recompute")
 def test_traced_peak_of_pipelined_tp_layouts_is_the_predicted_fullest_moment(tmp_path: Path) -> None:
     assert not (misses := grid_misses(trace_grid(pipelined=True), tmp_path)), misses
 
@@ -94,15 +97,26 @@ GLOO_GRIDS = {"world2": gloo_grid(2, {}, ("ddp", "zero1", "zero2", "zero3"), POL
                                       ("none", "full", "uniform:2"))}
 
 
+def measured_misses(s: ExperimentSpec, result: dict) -> list[str]:
+    misses = []
+    for rr in result["result"].per_rank:
+        assert rr.predicted.peak_bytes == estimate(s).per_rank[rr.rank].fullest_bytes()
+        pct, moment = off_pct(rr.measured.peak_bytes, s, rr.rank)
+        if abs(pct) > BOUND_PCT:
+            misses.append(f"{s.name} rank {rr.rank}: {pct:+.2f}% ({moment})")
+    return misses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [pytest.param(k, marks=uses(*jobs.values()), id=k) for k, jobs in GLOO_GRIDS.items()])
-def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(farm, grid: str) -> None:
-    misses = []
-    for job in GLOO_GRIDS[grid].values():
-        s = ExperimentSpec.from_json(job.payload)
-        for rr in farm.result(job)["result"].per_rank:
-            assert rr.predicted.peak_bytes == estimate(s).per_rank[rr.rank].fullest_bytes()
-            pct, moment = off_pct(rr.measured.peak_bytes, s, rr.rank)
-            if abs(pct) > BOUND_PCT:
-                misses.append(f"{s.name} rank {rr.rank}: {pct:+.2f}% ({moment})")
-    assert not misses, misses
+def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(farm, grid: str, tmp_path: Path) -> None:
+    """A layout that misses is run once more in a launch of its own and must hold there: one CI run measured zero2 /
+    none 3.45% above the prediction on rank 0 only (rank 1 held), a miss that 27 runs here did not repeat (idle, under load,
+    pinned to one core, after the farm's 92 world-2 jobs: always -0.22%). A model error repeats and fails."""
+    specs = {name: ExperimentSpec.from_json(job.payload) for name, job in GLOO_GRIDS[grid].items()}
+    first = {name: m for name, job in GLOO_GRIDS[grid].items() if (m := measured_misses(specs[name], farm.result(job)))}
+    if not first:
+        return
+    warnings.warn(f"measured peak missed the {BOUND_PCT}% bound, run again: {first}")
+    again = run_now([engine_job(specs[name]) for name in first], tmp_path / "again")
+    assert not (still := [m for name in first for m in measured_misses(specs[name], again[name])]), (first, still)

@@ -21,7 +21,8 @@ from backend.analytic.memory.state_floor import state_floor_bytes
 from backend.analytic.steptime.hardware import get_hardware
 from backend.hf_config import from_hf_config, load_hf_config
 from backend.planner.held import HeldTraining
-from backend.planner.search import budget_bytes, plan, search
+from backend.analytic.device import fits_device, need_bytes
+from backend.planner.search import plan, search
 from backend.planner.space import enumerate_layouts
 from backend.spec import ModelSpec
 
@@ -38,23 +39,25 @@ def _hf(name: str, attention: str = "flash", seq: int = 4096) -> ModelSpec:
     return ModelSpec(**{**fields, "seq_len": seq, "attention": attention})
 
 
-# (model, GPUs, global batch, precision, held stack): dense, MoE (ep, etp), pp schedules, cp, every ZeRO stage, stacks
-CASES = [(_hf("llama-3-8b"), 32, 64, "bf16-mixed", "shardlab"), (MOE, 32, 64, "bf16-mixed", "shardlab"),
-         (GPT_TIED, 16, 32, "fp32", "shardlab"), (_hf("mixtral-8x7b", seq=2048), 32, 64, "bf16-mixed", "shardlab"),
-         (_hf("deepseek-v3", seq=1024), 64, 128, "bf16-mixed", "shardlab"),
-         (MOE, 32, 64, "bf16-mixed", "megatron"), (MOE, 32, 64, "bf16-mixed", "torchtitan"),
-         (MOE, 16, 32, "bf16-mixed", "deepspeed")]
+# (model, GPUs, global batch, precision, held stack, device): dense, MoE (ep, etp), pp schedules, cp, every ZeRO
+# stage, stacks, CUDA ranks (what a plan on a GPU profile prices) and CPU ranks
+CASES = [(_hf("llama-3-8b"), 32, 64, "bf16-mixed", "shardlab", "cuda"), (MOE, 32, 64, "bf16-mixed", "shardlab", "cuda"),
+         (MOE, 32, 64, "bf16-mixed", "shardlab", "cpu"), (GPT_TIED, 16, 32, "fp32", "shardlab", "cpu"),
+         (_hf("mixtral-8x7b", seq=2048), 32, 64, "bf16-mixed", "shardlab", "cuda"),
+         (_hf("deepseek-v3", seq=1024), 64, 128, "bf16-mixed", "shardlab", "cuda"),
+         (MOE, 32, 64, "bf16-mixed", "megatron", "cuda"), (MOE, 32, 64, "bf16-mixed", "torchtitan", "cuda"),
+         (MOE, 16, 32, "bf16-mixed", "deepspeed", "cuda")]
 
 
-@pytest.mark.parametrize("model,gpus,batch,precision,stack", CASES,
-                         ids=["llama3-8b", "moe", "gpt-tied-fp32", "mixtral", "deepseek-v3", "moe-megatron",
-                              "moe-torchtitan", "moe-deepspeed"])
-def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, precision, stack):
+@pytest.mark.parametrize("model,gpus,batch,precision,stack,device", CASES,
+                         ids=["llama3-8b", "moe", "moe-cpu", "gpt-tied-fp32-cpu", "mixtral", "deepseek-v3",
+                              "moe-megatron", "moe-torchtitan", "moe-deepspeed"])
+def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, precision, stack, device):
     """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the first-rank pass are each
     <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the other pass one)."""
     held = HeldTraining(precision=precision, stack=stack)
-    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision)
-    layouts = replace(layouts, stack=held.stack_memory(model, layouts.device))
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision, device=device)
+    layouts = replace(layouts, stack=held.stack_memory(model, device))
     if len(layouts) > 20_000:
         layouts = layouts.take(np.sort(np.random.default_rng(30).choice(len(layouts), 20_000, replace=False)))
     full, _ = worst_rank_memory(model, layouts)
@@ -74,10 +77,9 @@ def test_plan_prune_floor_is_tight_where_it_matters():
     """The floor is the model state itself, not a loose constant: at DeepSeek-V3 on 256 H100 it rules out most
     layouts on its own (the point of computing it)."""
     model = _hf("deepseek-v3")
-    layouts = enumerate_layouts(model, gpus=256, gpus_per_node=8, global_batch=1024)
-    budget = budget_bytes(H100.memory_bytes)
+    layouts = enumerate_layouts(model, gpus=256, gpus_per_node=8, global_batch=1024, device="cuda")
     floor = state_floor_bytes(model, layouts)
-    assert np.count_nonzero(floor <= budget) < 0.2 * len(layouts)
+    assert np.count_nonzero(fits_device(floor, layouts, "cuda", H100.memory_bytes)) < 0.2 * len(layouts)
 
 
 def _same_plan(model: ModelSpec, gpus: int, batch: int, include_predicted: bool) -> None:
@@ -90,15 +92,16 @@ def _same_plan(model: ModelSpec, gpus: int, batch: int, include_predicted: bool)
 
 def test_plan_prune_same_search_small_moe():
     """search(): the same layouts fit, with the same bytes, in the same order; a pruned layout's bytes are a bound
-    over the budget. The budget is the median layout's bytes: half of them fit."""
+    that does not fit. The device is the median layout's need (fits_device's): half of them fit."""
     for model, gpus in ((MOE, 16), (_hf("mixtral-8x7b", seq=2048), 16)):
-        layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=2 * gpus)
-        budget = float(np.median(worst_rank_memory(model, layouts)[0]))
-        kw = dict(gpus=gpus, gpus_per_node=8, hw=H100, global_batch=2 * gpus, budget=budget)
-        (_, mem_p, order_p), (_, mem_f, order_f) = search(model, **kw), search(model, prune=False, **kw)
+        layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=2 * gpus, device="cuda")
+        device_bytes = float(np.median(need_bytes(worst_rank_memory(model, layouts)[0], layouts, "cuda")))
+        kw = dict(gpus=gpus, gpus_per_node=8, hw=H100, global_batch=2 * gpus, memory_bytes=device_bytes)
+        (lay, mem_p, order_p), (_, mem_f, order_f) = search(model, **kw), search(model, prune=False, **kw)
         assert np.array_equal(order_p, order_f) and np.array_equal(mem_p[order_f], mem_f[order_f])
-        assert ((mem_p <= mem_f) & ((mem_p > budget) | (mem_p == mem_f))).all()
-        assert len(order_f) and (mem_f > budget).any()
+        fits = np.broadcast_to(fits_device(mem_p, lay, "cuda", device_bytes), mem_p.shape)
+        assert ((mem_p <= mem_f) & (~fits | (mem_p == mem_f))).all()
+        assert len(order_f) and len(order_f) < len(lay)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import STEP_KEYS
 from backend.cli import main
 from backend.analytic.estimate import worst_rank_bytes
-from backend.planner.search import budget_bytes, plan
+from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec, validate_spec
 
@@ -54,10 +54,10 @@ def test_plan_ranks_fitting_layouts_fastest_first():
     res = plan(MODEL, gpus=16, gpus_per_node=8, hw=hw, global_batch=32, top=5, memory_bytes=4e9)
     steps = [c["step_time"]["step_s"] for c in res.configs]
     assert res.searched > 1000 and res.feasible >= len(res.configs) == 5 and steps == sorted(steps)
-    assert all(c["mem_bytes_max"] <= budget_bytes(4e9) for c in res.configs)
+    assert all(c["fits_exact"] and c["mem_bytes_max"] < c["need_bytes"] <= 4e9 for c in res.configs)
     # issue 20 item 12: one unit on the Plan page (GiB), the device named as sold (decimal GB)
-    budget_note = next(n for n in res.notes if n.startswith("budget "))
-    assert budget_note == f"budget {budget_bytes(4e9) / 2**30:.1f} GiB of 3.7 GiB (a 4 GB device)"
+    budget_note = next(n for n in res.notes if n.startswith("layouts priced on "))
+    assert budget_note == "layouts priced on cuda ranks, each fitting 3.7 GiB (a 4 GB device) with its allowance"
 
 
 def test_plan_cli_json_contract(capsys):

@@ -23,7 +23,8 @@ from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s, step_proxy
-from backend.planner.search import budget_bytes, plan
+from backend.analytic.device import fits_device
+from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 
@@ -110,9 +111,9 @@ def test_array_memory_equals_the_estimator_at_70b_on_1024_gpus():
 def test_plan_feasible_is_every_fitting_layout_and_order_is_the_step_time_models():
     hw = get_hardware("a100-80gb-sxm")
     res = plan(TINYLLAMA, gpus=32, gpus_per_node=8, hw=hw, global_batch=64, top=5, memory_bytes=20e9)
-    layouts = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64)
+    layouts = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64, device="cuda")  # a GPU profile's
     mem, _ = worst_rank_memory(TINYLLAMA, layouts)
-    assert res.searched == len(layouts) and res.feasible == int((mem <= budget_bytes(20e9)).sum()) > 0
+    assert res.searched == len(layouts) and res.feasible == int(fits_device(mem, layouts, "cuda", 20e9).sum()) > 0
     steps = [c["step_time"]["step_s"] for c in res.configs]
     assert len(steps) == 5 and steps == sorted(steps) and all(c["fits_exact"] for c in res.configs)
     for c in res.configs:  # the reported step time is steptime.model's, not the proxy's
@@ -124,10 +125,10 @@ def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
     fastest fitting layouts, the exact model's 5 fastest are within the proxy's first 15 (the pool of
     `plan --top 5`), so the plan reports them in the exact model's order."""
     hw = get_hardware("a100-80gb-sxm")
-    layouts = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64)
+    layouts = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64, device="cuda")
     mem, _ = worst_rank_memory(TINYLLAMA, layouts)
     proxy = proxy_step_s(TINYLLAMA, layouts, hw, gpus_per_node=8)
-    keep = np.nonzero(mem <= budget_bytes(20e9))[0]
+    keep = np.nonzero(fits_device(mem, layouts, "cuda", 20e9))[0]
     order = keep[np.argsort(proxy[keep], kind="stable")][:200]
     exact = [step_time(light_spec(layouts.take(int(i)).spec_dict(TINYLLAMA)), hw, gpus_per_node=8).summary["step_s"]
              for i in order]
@@ -193,17 +194,19 @@ def test_plan_memory_is_the_estimators_fullest_moment_on_the_issue_32_scenario()
     """Issue 32's steps: Plan with llama-3-70b at seq 32768 on 128 H100s (global batch 256, flash attention) printed
     zero1 dp2·tp8·pp4·cp2 at 68.2 GiB (its activation peak) against a 68.5 GiB budget, while `estimate` and New
     experiment said 76.74 GiB at the start of the loss's backward. Every layout Plan prints now carries `estimate`'s
-    fullest moment of its fullest rank, to the byte, and fits the budget at it."""
+    fullest moment of its fullest rank, to the byte, priced on CUDA ranks as `estimate --hardware` prices its fit, and
+    fits by that fit rule (analytic/device.fits_device)."""
     from backend.presets import PRESETS
 
     model = ModelSpec(**(PRESETS["llama-3-70b"].model | {"seq_len": 32768, "attention": "flash"}))
     hw = get_hardware("h100-sxm")
     res = plan(model, gpus=128, gpus_per_node=8, hw=hw, global_batch=256, top=10)
-    budget = budget_bytes(hw.memory_bytes)
     assert len(res.configs) == 10
     for c in res.configs:
-        worst = estimate(ExperimentSpec.for_prediction(c["spec"])).worst()
-        assert c["mem_bytes_max"] == worst.fullest_bytes() <= budget, c["spec"]["name"]
+        spec = ExperimentSpec.for_prediction(c["spec"])  # its ranks: CUDA (the profile's), as the planner priced it
+        worst = estimate(spec).worst()
+        assert c["mem_bytes_max"] == worst.fullest_bytes(), c["spec"]["name"]
+        assert fits_device(worst.fullest_bytes(), spec.parallel, "cuda", hw.memory_bytes), c["spec"]["name"]
         assert c["fullest_moment"] == worst.fullest_moment()
     layouts = enumerate_layouts(model, gpus=128, gpus_per_node=8, global_batch=256)
     mem, _ = worst_rank_memory(model, layouts)
