@@ -344,14 +344,17 @@ def test_plan_memory_is_estimates_fit_on_a_gpu_profile(source, tmp_path, capsys)
             fit = _estimate_fit({**c["spec"], "runtime": {"device": device}}, tmp_path, capsys)
             assert fit["fullest_bytes"] == c["mem_bytes_max"], (device, c["spec"]["name"])
             assert fit["fits"] is c["fits_exact"] is True and fit["need_bytes"] == c["need_bytes"]
-    layouts, memory, _ = search(model, gpus=gpus, gpus_per_node=8, hw=hw, global_batch=batch,
-                                memory_bytes=hw.memory_bytes, held=held)
+    # every layout's bytes: search without its prune (with it, a layout that cannot fit keeps a lower bound, checked too)
+    kw = dict(gpus=gpus, gpus_per_node=8, hw=hw, global_batch=batch, memory_bytes=hw.memory_bytes, held=held)
+    layouts, memory, _ = search(model, prune=False, **kw)
+    _, pruned, fitting = search(model, **kw)
     for i in range(0, len(layouts), 500):
         data = layouts.take(i).spec_dict(model)
         data["train"].update(held.spec_train(data["train"]["recompute"]))
         est = estimate(ExperimentSpec.for_prediction({**data, "runtime": {"device": "auto"}}), device="cuda")
         assert memory[i] == fit_on(est, hw)["fullest_bytes"], data["name"]
     assert np.all(memory > 0)
+    assert np.array_equal(pruned[fitting], memory[fitting]) and np.all(pruned <= memory)
 
 
 def test_plan_and_estimate_judge_a_layout_by_one_rule():
