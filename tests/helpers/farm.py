@@ -192,9 +192,18 @@ class Farm:
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        """SIGKILL the launch: torchrun's ranks first (each leads a process group of its own, which the launch's
+        group signal misses: a hung rank was left running), then torchrun's group."""
+        import psutil
+
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def _run_group(self, jobs: list[Job]) -> None:
         attempt, first = 0, jobs[0]

@@ -3,6 +3,7 @@ its own error, while the jobs after it run in a new launch."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from tests.helpers.farm import Farm, JobFailed, program_job
@@ -24,3 +25,6 @@ def test_a_raising_or_hanging_job_fails_alone_and_the_rest_still_run(tmp_path):
                                                      r"rank 0 is holding the job up"):
         farm.result(hangs)
     assert len(list(tmp_path.glob("launch-w2-*.log"))) == 3  # ok + raises, hangs, after
+    plan = str(tmp_path)  # every rank's command line names its launch's plan file, under tmp_path
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if plan in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"ranks of the killed launch still running: {left}"
