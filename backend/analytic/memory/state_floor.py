@@ -6,7 +6,7 @@ unsharded) plus the rank's input batch (other_bytes), of each pipeline rank at t
 largest over the pipeline ranks. Why it never exceeds the full model's number: at a pipeline rank, the
 optimizer.step moment (RankMemory.moments[1]) = params + grads + optimizer (with FSDP's unsharded state, >= the
 resting one) + other + optimizer.step's temporaries (>= 0) >= this rank's bound, and fullest_bytes is the largest
-of the moments; the worst rank is the largest over the same pipeline ranks. tests/unit/test_state_floor.py checks
+of the moments; the worst rank is the largest over the same pipeline ranks. tests/unit/test_plan_prune.py checks
 bound <= worst_rank_memory on every layout of dense, MoE and stack searches.
 
 It is cheap because the resting state does not read the per-layout choices that multiply the layouts: micro-batch
