@@ -1,7 +1,6 @@
 """A session-wide farm of rank programs: every job the selected tests declare runs in as few launches as possible, one
 torchrun launch per world size (one plain process for the trace jobs, one for the JAX runs), and each job's outcome
-stays its own. The torchrun launches run one after the other, and so do the plain processes, the two lanes side by
-side.
+stays its own.
 
 A test declares its jobs with a `farm` mark (`@uses(job, ...)`, or `params(jobs)` for a parametrized test) and reads
 them with the `farm` fixture: `farm.result(job)` waits for that job and returns its value, or fails the test with the
@@ -150,7 +149,7 @@ class Farm:
         self.env = {k: v for k, v in rank_env().items() if k != "SHARDLAB_FAULT"}
         self.thread: threading.Thread | None = None
         self.procs: set[subprocess.Popen] = set()
-        """The launches running now: one per lane."""
+        """The launch running now (a set: stop() may run while a launch starts or ends)."""
 
     # ---- the driver -------------------------------------------------------------------------------------------
 
@@ -166,24 +165,12 @@ class Farm:
         self.thread.start()
 
     def run(self) -> None:
-        """Two lanes side by side: the torchrun launches one after the other, and the one-process launches (traces,
-        JAX) one after the other in a thread of their own. A trace keeps one core busy while a launch's ranks wait on
-        each other in their collectives."""
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            lanes = [threading.Thread(target=self._run_lane, args=(one,), name=f"farm-lane-{one}", daemon=True)
-                     for one in (True, False)]
-            for lane in lanes:
-                lane.start()
-            for lane in lanes:
-                lane.join()
+            for group in dict.fromkeys(j.group for j in self.jobs):
+                self._run_group([j for j in self.jobs if j.group == group])
         finally:
             (self.root / "done").touch()
-
-    def _run_lane(self, one_process: bool) -> None:
-        jobs = [j for j in self.jobs if j.one_process == one_process]
-        for group in dict.fromkeys(j.group for j in jobs):
-            self._run_group([j for j in jobs if j.group == group])
 
     def stop(self) -> None:
         """End the farm's launches now (session interrupted)."""
