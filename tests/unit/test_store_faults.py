@@ -249,13 +249,16 @@ def test_a_live_worker_recovers_dead_and_stale_jobs_while_it_polls(store_urls, t
 
 
 FAKE_SBATCH = """#!/bin/bash
-# sbatch --parsable SCRIPT: runs the job's ranks right here (one node, standalone torchrun), prints the job id
+# sbatch --parsable SCRIPT: starts the job's ranks right here in the background (one node, standalone torchrun) and
+# prints the job id at once, as sbatch does (run inside sbatch, a loaded machine took the job past the client's
+# 30 s call timeout); scontrol says RUNNING until the ranks end
 script="${@: -1}"
 eval "$(grep '^RUN_DIR=' "$script")"
 id=$(( $(cat "$FAKE_SLURM/next" 2>/dev/null || echo 0) + 1 )); echo "$id" > "$FAKE_SLURM/next"
-cd "$FAKE_SLURM_REPO" && "$FAKE_SLURM_PY" -m torch.distributed.run --standalone --nproc-per-node 1 \\
+echo RUNNING > "$FAKE_SLURM/$id"
+(cd "$FAKE_SLURM_REPO" && "$FAKE_SLURM_PY" -m torch.distributed.run --standalone --nproc-per-node 1 \\
     -m backend.engine.rank --spec "$RUN_DIR/spec.json" --out "$RUN_DIR" > "$RUN_DIR/slurm-$id.out" 2>&1
-[ $? = 0 ] && echo COMPLETED > "$FAKE_SLURM/$id" || echo FAILED > "$FAKE_SLURM/$id"
+ [ $? = 0 ] && echo COMPLETED > "$FAKE_SLURM/$id" || echo FAILED > "$FAKE_SLURM/$id") </dev/null >/dev/null 2>&1 &
 echo "$id"
 """
 FAKE_SCONTROL = """#!/bin/bash
