@@ -7,6 +7,7 @@ code 1, so the launcher can always say which rank failed and why (protocol.py).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -44,6 +45,7 @@ def rank_main(run: RunRank, prog: str, argv: list[str] | None = None, *, one_pro
     args.out.mkdir(parents=True, exist_ok=True)
     enable_stack_dump(args.out, rank)  # the launcher asks for the stacks when the job times out
     enable_progress_marks(args.out, rank)  # and reads how far each rank got
+    gc.freeze()  # the imported modules are never scanned by a collection: a full one inside the run stays short
     try:
         run(ExperimentSpec.from_json(args.spec.read_text()), rank, world, local_rank, args.out)
         mark_finished()

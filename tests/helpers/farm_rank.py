@@ -11,6 +11,7 @@ peers fail at their next collective, torchrun ends the launch, and the driver la
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -142,6 +143,8 @@ def main(argv: list[str]) -> int:
                 return 1
         if rank == 0:
             write_json_atomic(out / "outcome.json", {"status": "ok", "value": value})
+        gc.collect()
+        gc.freeze()  # what outlives a job (modules, caches) is never scanned again: the next job's collections are short
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -56,14 +56,15 @@ def test_fsdp_all_gather_hooks_are_not_the_activation_peak():
         pass
 
     t = T()
-    t._act_peak, t.at_act_peak, t.others_at_act_peak = {}, {}, {}
+    t._act_peak, t.at_act_peak, t.others_at_act_peak, t._peak_mem, t._peak_mem_snap = {}, {}, {}, {}, {}
     t.high_water = {"cpu": {}}
     for state, act in [(FSDPState.FW, 300), (FSDPState.PRE_FW, 500), (FSDPState.FW, 400), (FSDPState.PRE_BW, 450)]:
-        t._fsdp_state, t._curr_mem_snap = state, {"cpu": {"Activation": act, "All Gather": 0}}
-        t.high_water["cpu"] = {"Activation": 0, "All Gather": 0} | t.high_water["cpu"]
+        t._fsdp_state, t._curr_mem_snap = state, {"cpu": {"Activation": act, "All Gather": 0, "Total": act}}
+        t.high_water["cpu"] = {"Activation": 0, "All Gather": 0, "Total": 0} | t.high_water["cpu"]
         t._update_peak_stats(None)
     assert t._act_peak == {"cpu": 400} and t.at_act_peak["cpu"]["Activation"] == 400
     assert t.high_water["cpu"]["Activation"] == 500  # the category's own maximum still sees the transient
+    assert t._peak_mem == {"cpu": 500} and t._peak_mem_snap["cpu"]["Activation"] == 500  # and so does the total peak
 
 
 def test_extra_describes_the_memory_tracked_step():

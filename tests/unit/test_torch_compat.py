@@ -58,6 +58,8 @@ def test_mem_tracker_internals():
     for attr in ("track_external", "get_tracker_snapshot", "_update_peak_stats", "_pre_fw_hook", "reset_mod_stats"):
         assert callable(getattr(t, attr)), attr
     assert hasattr(t, "_mod_tracker") and hasattr(t, "_curr_mem_snap") and hasattr(t, "memory_tracking")
+    assert t._peak_mem == {} and t._peak_mem_snap == {}  # bench/memory.py's _update_peak_stats keeps the peak in these
+    assert "_peak_mem_snap" in inspect.getsource(tc.MemTracker.get_tracker_snapshot)
     assert callable(t._mod_tracker.get_known_fqn)
     assert inspect.isclass(tc.ModMemStats)
 
