@@ -129,6 +129,18 @@ def _from_spec(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _allowance_problem(args: argparse.Namespace) -> str | None:
+    """The fit rule's overrides, refused before searching when they cannot describe a device."""
+    if args.memory_gb is not None and args.memory_gb <= 0:
+        return f"--memory-gb must be > 0 (got {args.memory_gb:g})"
+    if args.reserve_gb is not None and args.reserve_gb < 0:
+        return f"--reserve-gb must be >= 0 GB per GPU (got {args.reserve_gb:g})"
+    if args.fragmentation is not None and not 0 <= args.fragmentation <= 1:
+        return (f"--fragmentation must be between 0 and 1, a fraction of the fullest moment (0.13 adds 13%); got "
+                f"{args.fragmentation:g}")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
     from backend.planner.held import HeldTraining
@@ -142,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.max_cp is not None and args.max_cp < 1:
         return fail(f"--max-cp must be >= 1 (got {args.max_cp})")
+    problem = _allowance_problem(args)
+    if problem:
+        return fail(problem)
     for name in ("gpus", "global_batch", "seq", "top"):
         if getattr(args, name) is None:
             return fail(f"--{name.replace('_', '-')} is required (or give --spec)")
@@ -156,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return fail(str(e))
+    device_bytes = args.memory_gb * 1e9 if args.memory_gb else hw.memory_bytes
+    if args.reserve_gb is not None and args.reserve_gb * 1e9 >= device_bytes:
+        return fail(f"--reserve-gb {args.reserve_gb:g} GB is not less than the {device_bytes / 1e9:g} GB per GPU of "
+                    f"{args.hardware}{' (--memory-gb)' if args.memory_gb else ''}: no layout could fit")
     g = args.gpus_per_node or hw.gpus_per_node
     spec_train = getattr(args, "spec_train", None)
     held = HeldTraining.of_train(spec_train, precision=args.precision, source=f"--spec {args.spec}") if spec_train \

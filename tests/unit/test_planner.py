@@ -71,3 +71,34 @@ def test_plan_cli_json_contract(capsys):
     assert ExperimentSpec.for_prediction(c["spec"]).parallel.world_size == 8
     assert main(argv[:-1] + ["--preset", "llama"]) == 2  # not a preset: refused before searching, naming the known ones
     assert "unknown preset 'llama'" in (err := capsys.readouterr().err) and "llama-2-70b" in err
+
+
+def test_plan_reserve_and_fragmentation_flags_replace_the_allowance(capsys):
+    """--reserve-gb replaces the CUDA context + NCCL buffers with one fixed reserve per GPU; --fragmentation replaces
+    the allocator slack's fraction; every printed layout's need is its fullest moment + exactly that allowance."""
+    argv = ["plan", "--vocab", "1000", "--hidden", "128", "--layers", "8", "--heads", "8", "--gpus", "8",
+            "--gpus-per-node", "8", "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "3", "--json"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["allowance"]["cuda_context_bytes"] == 527 * 2**20 and default["allowance"]["fragmentation_frac"] == 0.13
+    assert main(argv + ["--reserve-gb", "2", "--fragmentation", "0.25"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allowance"] == {"cuda_context_bytes": 2_000_000_000, "nccl_bytes_per_communicator": 0,
+                              "fragmentation_frac": 0.25}
+    assert d["configs"]
+    for c in d["configs"]:
+        a = c["allowance_bytes"]
+        assert a["cuda_context"] == 2e9 and a["nccl_buffers"] == 0
+        assert a["fragmentation"] == pytest.approx(0.25 * c["mem_bytes_max"])
+        assert c["need_bytes"] == pytest.approx(c["mem_bytes_max"] * 1.25 + 2e9)
+        assert c["fullest_budget_bytes"] == pytest.approx((d["device_bytes"] - 2e9) / 1.25)
+    # overrides that cannot describe a device are refused before searching (a negative slack divided by zero)
+    for flags, said in ((["--reserve-gb", "200"], "--reserve-gb 200 GB is not less than the 80 GB per GPU of h100-sxm"),
+                        (["--reserve-gb", "20", "--memory-gb", "16"], "not less than the 16 GB per GPU of h100-sxm (--memory-gb)"),
+                        (["--reserve-gb", "-1"], "--reserve-gb must be >= 0"),
+                        (["--fragmentation", "-1"], "--fragmentation must be between 0 and 1"),
+                        (["--fragmentation", "1.5"], "got 1.5"),
+                        (["--memory-gb", "0"], "--memory-gb must be > 0")):
+        assert main(argv + flags) == 2, flags
+        out, err = capsys.readouterr()
+        assert said in err and not out, (flags, err)
