@@ -75,7 +75,7 @@ def step_time_block(spec: Any, measured_s: float | None, datasheet_key: str | No
 
 def memory_fit(spec: Any, result: RunResult, device_bytes: float | None) -> dict[str, Any]:
     """The "fits" verdict for the fullest rank vs the measured CUDA peaks of that run (None off CUDA)."""
-    from backend.analytic.device import runtime_overhead_bytes
+    from backend.analytic.device import fits_device, runtime_overhead_bytes
     from backend.analytic.estimate import estimate
 
     rows = estimate(spec, device=str(spec.runtime.device)).per_rank
@@ -90,7 +90,8 @@ def memory_fit(spec: Any, result: RunResult, device_bytes: float | None) -> dict
                      "predicted_fullest_bytes": fullest}
     alloc = max((r.cuda_max_allocated_bytes or 0 for r in result.per_rank), default=0) or None
     reserved = max((r.cuda_max_reserved_bytes or 0 for r in result.per_rank), default=0) or None
-    fits = bool(device_bytes) and worst.get("need_bytes", 0) <= device_bytes
+    fits = bool(device_bytes and worst and fits_device(worst["predicted_fullest_bytes"], spec.parallel,
+                                                       str(spec.runtime.device), device_bytes))
     return {**worst, "device_bytes": device_bytes, "fits": fits if device_bytes else None,
             "measured_peak_allocated_bytes": alloc, "measured_peak_reserved_bytes": reserved,
             "fits_claim_ok": None if not (device_bytes and reserved) else not (fits and reserved > device_bytes),
