@@ -72,11 +72,6 @@ def test_traced_peak_is_the_predicted_fullest_moment_on_a_grid_of_layouts(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason="issue 32, open: the model's moment inside backward for pipelined layouts under "
-                   "full / uniform:2 recompute is above the trace (rank 0: zero3 full +6.0%, ddp full +4.5%, zero3 "
-                   "uniform:2 +13.2%, ddp uniform:2 +9.9%; ddp full rank 4 -3.5%), the same bytes in two runs. Suspects: "
-                   "a re-run block's weight casts counted again though the schedule's autocast cache serves them, and the "
-                   "later backwards' held 16-bit weight grads under recompute")
 def test_traced_peak_of_pipelined_tp_layouts_is_the_predicted_fullest_moment(tmp_path: Path) -> None:
     assert not (misses := grid_misses(trace_grid(pipelined=True), tmp_path)), misses
 

@@ -150,30 +150,44 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # casts, shared by every microbatch's graph: a later backward leaves each block's 16-bit weight grads with the
     # shared cast's node (one block's casts' worth per block back-propagated, measured) ---
     pipe = pipeline_backward(layout, pp_rank)
-    pipe_base = base + acts.cached_casts
+    pipe_base = base + acts.cached_casts + acts.head_casts  # the head's copy is cached too
     gathered_top = where(zero3, root + blk + where(n > 1, blk, 0), units)
     all_unsharded = where(fsdp, pb * units, 0)
     grads_all = where(fsdp, grad_bytes * all_grads, 0)
-    bottom_w = where(uniform, minimum(k, n) * group + e_plain_none, w_ckpt)
-    held_wgrads = n * one  # a later backward's 16-bit weight grads, one block's casts' worth per block back-propagated
+    # a re-run block's weight casts come out of the autocast cache (pipe_base holds them), and a plain block's are in
+    # what the stage holds: the working blocks add their activations and backward tensors only
+    pipe_top_w = where(top_ckpt, ck.rerun_blocks * acts.none + e_plain_none, w_plain)
+    reruns = where(uniform, minimum(k, n), 1)  # blocks re-run at the last group's start (uniform) or working alone
+    bottom_w = reruns * acts.none + e_plain_none
+    # a later backward's 16-bit weight grads wait for the shared cast's node (made by the first microbatch's forward,
+    # so the autograd engine runs it last): one block's casts' worth per block back-propagated before the working ones
+    # (tests/multiprocess/test_fullest_moment.py's pipelined grid, read op by op: they are copied out after the
+    # embeddings' backward)
+    held_wgrads = (n - reruns) * one + acts.head_casts  # the head's 16-bit grad waits the same way
+    held_all = n * one + acts.head_casts
     # the first backward: every in-flight microbatch, gradients made as it goes
     emb_grads = where(fsdp, grad_bytes * stages.first * parts.embeddings.fsdp_unsharded_grad_numel, 0)
-    first_top = pipe_base - top_saved + top_w + where(fsdp, pb * gathered_top, 0)
+    first_top = pipe_base - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0)
     first_bottom = pipe_base - acts.blocks + bottom_w + all_unsharded + grads_all - emb_grads  # embeddings' come last
     # a later one: a steady-state backward follows a forward (which resharded every zero3 unit) with as many in
     # flight; a cool-down one follows the previous backward with one fewer, every unit still unsharded
     steady = pipe_base + grads_all
     cool = pipe_base - acts.blocks + grads_all
-    later_top = maximum(where(pipe.steady, steady - top_saved + top_w + where(fsdp, pb * gathered_top, 0), 0),
-                        cool - top_saved + top_w + all_unsharded)
+    later_top = acts.head_casts + maximum(
+        where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
+        cool - top_saved + pipe_top_w + all_unsharded)
     later_bottom = maximum(where(pipe.steady, steady, cool) - acts.blocks + bottom_w + held_wgrads + all_unsharded,
                            cool - acts.blocks + bottom_w + held_wgrads + all_unsharded)
+    # uniform: the stage's first block back-propagated alone, the group's other blocks' grads held
+    first_block = where(pipe.steady, steady, cool) - acts.blocks + acts.none + e_plain_none + (n - 1) * one \
+        + acts.head_casts + all_unsharded
+    later_bottom = maximum(later_bottom, where(uniform, first_block, 0))
     piped = maximum(maximum(first_top, first_bottom), where(pipe.has_later, maximum(later_top, later_bottom), 0))
     # the first stage's embeddings: their dense gradient is made (the first backward: it becomes the root's
     # unsharded gradient; a later one: added into it)
     dense = embedding_grad_bytes(layout, parts)
     first_emb = pipe_base - acts.blocks + dense + all_unsharded + grads_all - emb_grads
-    later_emb = where(pipe.steady, steady, cool) - acts.blocks + dense + held_wgrads + all_unsharded
+    later_emb = where(pipe.steady, steady, cool) - acts.blocks + dense + held_all + all_unsharded
     piped = maximum(piped, where(stages.first, maximum(first_emb, where(pipe.has_later, later_emb, 0)), 0))
 
     blocks_moment = where(n > 0, where(layout.pipelined, piped, alone_best), 0)

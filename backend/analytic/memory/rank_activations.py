@@ -153,7 +153,8 @@ class ActivationMoments:
     peak: Any
     forward: Any
     forward_loss: Any
-    """The end of forward once the loss is computed (autocast's cache freed): what the loss's backward starts from."""
+    """The end of forward once the loss is computed (autocast's cache freed, except inside a pipeline schedule's one
+    autocast region): what the loss's backward starts from."""
     held: Any
     """Saved tensors held when a backward of the rank's stage starts: every in-flight microbatch, the stage buffers,
     under autocast the plain blocks' 16-bit weight copies (the head's tensors included: its backward frees them)."""
@@ -170,6 +171,8 @@ class ActivationMoments:
     cached_casts: Any
     """autocast: every block's 16-bit weight and bias copies beyond the plain blocks' (what autocast's cache holds while
     its region lasts: through the backwards too under pipelining, whose schedule runs inside one autocast region)."""
+    head_casts: Any
+    """autocast: the lm_head weight's 16-bit copy on the stage with the head (0 elsewhere)."""
     ck: Checkpointing
 
 
@@ -216,7 +219,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     sbv = seq * layout.micro_batch * model.vocab_size
     loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
     forward_last = total + w_head + kept_casts + loss_copy
-    forward_loss = forward_last
+    # a pipeline schedule computes the loss inside its one autocast region: the checkpointed blocks' casts stay cached
+    forward_loss = forward_last + where(pipelined, w_blocks + b_blocks - kept_casts, 0)
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
     inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
@@ -243,7 +247,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
-                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts, ck=ck)
+                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts, head_casts=w_head,
+                             ck=ck)
 
 
 def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:
