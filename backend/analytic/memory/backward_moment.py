@@ -147,8 +147,7 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
 
     # --- pipelining: FSDP2 units stay unsharded after their backward, grads accumulate unsharded (no sync until the
     # last microbatch); the schedule runs inside one autocast region, so autocast's cache keeps every block's weight
-    # casts, shared by every microbatch's graph: a later backward leaves each block's 16-bit weight grads with the
-    # shared cast's node (one block's casts' worth per block back-propagated, measured) ---
+    # casts (and the head's), shared by every microbatch's graph ---
     pipe = pipeline_backward(layout, pp_rank)
     pipe_base = base + acts.cached_casts + acts.head_casts  # the head's copy is cached too
     gathered_top = where(zero3, root + blk + where(n > 1, blk, 0), units)
@@ -179,9 +178,9 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     later_bottom = maximum(where(pipe.steady, steady, cool) - acts.blocks + bottom_w + held_wgrads + all_unsharded,
                            cool - acts.blocks + bottom_w + held_wgrads + all_unsharded)
     # uniform: the stage's first block back-propagated alone, the group's other blocks' grads held
-    first_block = where(pipe.steady, steady, cool) - acts.blocks + acts.none + e_plain_none + (n - 1) * one \
+    alone_first = where(pipe.steady, steady, cool) - acts.blocks + acts.none + e_plain_none + (n - 1) * one \
         + acts.head_casts + all_unsharded
-    later_bottom = maximum(later_bottom, where(uniform, first_block, 0))
+    later_bottom = maximum(later_bottom, where(uniform, alone_first, 0))
     piped = maximum(maximum(first_top, first_bottom), where(pipe.has_later, maximum(later_top, later_bottom), 0))
     # the first stage's embeddings: their dense gradient is made (the first backward: it becomes the root's
     # unsharded gradient; a later one: added into it)
