@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root, for its packages
 
 from backend.spec import ExperimentSpec  # noqa: E402
-from benchmarks.mp_accuracy import misses  # noqa: E402
+from benchmarks.mp_accuracy import batch, misses  # noqa: E402
 from tests.helpers.farm import engine_job, run_now  # noqa: E402
 
 _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", n_kv_heads=2, attention="flash")
@@ -59,9 +59,10 @@ MIX_3D_FSDP = MIX_3D | dict(strategy="fsdp")
 MIXES_3D = {"3d": MIX_3D, "3d_fsdp": MIX_3D_FSDP}
 
 
-def spec(family: str, strategy: str, parallel: dict, world: int) -> ExperimentSpec:
+def spec(family: str, strategy: str, parallel: dict, world: int, batch_size: dict | None = None) -> ExperimentSpec:
+    """The family's accuracy case; batch_size: its train batch fields (default: mp_accuracy.batch)."""
     m = {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "seq_len": 16} | FAMILIES[family]
-    t = {"global_batch": 8, "micro_batch": 1, "steps": 2, "warmup_steps": 1}
+    t = (batch(parallel) if batch_size is None else batch_size) | {"steps": 2, "warmup_steps": 1}
     return ExperimentSpec.model_validate({"name": f"{family}:{strategy}", "model": m, "train": t,
                                           "parallel": parallel | {"world_size": world}})
 

@@ -96,7 +96,7 @@ def test_step_time_attention_pass_of_mla_times_its_own_widths():
 def test_ep_all_to_all_per_moe_block():
     """Llama 4 scaled down (MoE every 2nd block): 4 microbatches x 2 MoE blocks x (dispatch + combine, fwd + bwd of
     16 tokens x top-1 x 32 fp32 = 8,192 B, + 4 int64 counts); it was counted for all 4 blocks (263,168 B)."""
-    s = spec("llama4", "ep", STRATEGIES["ep"], 2)
+    s = spec("llama4", "ep", STRATEGIES["ep"], 2, {"global_batch": 8, "micro_batch": 1})
     assert estimate(s).per_rank[0].comm_bytes["all_to_all"] == 4 * 2 * (4 * 16 * 1 * 32 * 4 + 8 * 4)
 
 
