@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.analytic.device import RuntimeOverhead
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
@@ -97,11 +98,14 @@ def held_training(precision: str, imported: tuple | None) -> HeldTraining:
 
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
              memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False,
-             attention: str | None = None, held: HeldTraining | None = None) -> Plan:
+             attention: str | None = None, held: HeldTraining | None = None, reserve_gb: float | None = None,
+             fragmentation: float | None = None) -> Plan:
     """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
     carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation) and
     `attention_why`. `attention`: the kernel to plan with (None: planner.search.planned_attention's default, flash on a
-    GPU profile); context parallelism is searched with flash only. `held`: the training settings (planner/held.py)."""
+    GPU profile); context parallelism is searched with flash only. `held`: the training settings (planner/held.py).
+    reserve_gb / fragmentation: the fit rule's overrides (`plan --reserve-gb / --fragmentation`; check them first with
+    allowance_check)."""
     from backend.calibration.records import resolve
     from backend.calibration.usage import calibration_used
 
@@ -110,11 +114,37 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
     model = model.model_copy(update={"attention": AttentionImpl(kernel)})
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
-               include_predicted=include_predicted, held=held)
+               include_predicted=include_predicted, held=held, fragmentation=fragmentation,
+               reserve_bytes=None if reserve_gb is None else reserve_gb * 1e9)
     res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
     res.attention_why = why
     res.why_first = explain_first(res.configs, hw, gpus_per_node, res.device_bytes, res.overhead)
     return res
+
+
+DEFAULT_SLACK = RuntimeOverhead().fragmentation_frac
+RESERVE_LABEL = "Reserve per GPU, GB (empty = CUDA context + NCCL buffers)"
+SLACK_LABEL = "Allocator slack, fraction of the fullest moment"
+FIELD_NAMES = {"memory": "GPU memory", "reserve": "Reserve per GPU", "fragmentation": "Allocator slack"}
+"""The page's fields as its messages name them (the CLI names its flags: planner/allowance.FLAGS)."""
+
+
+def allowance_check(hardware: str, *, memory_gb: float | None, reserve_gb: float | None, fragmentation: float | None,
+                    db_url: str | None = None) -> str | None:
+    """Why the page's allowance fields cannot describe a device, or None: `plan`'s own checks (planner/allowance.py),
+    on the device size the plan would use (the GB field, else the profile's)."""
+    from backend.calibration.records import resolve
+    from backend.planner.allowance import allowance_problem, device_bytes_of, reserve_problem
+
+    problem = allowance_problem(memory_gb, reserve_gb, fragmentation, FIELD_NAMES)
+    if problem or reserve_gb is None:
+        return problem
+    try:
+        hw, _, _ = resolve(hardware, None, db_url)
+    except ValueError:  # the Search says why the profile is unknown
+        return None
+    return reserve_problem(reserve_gb, device_bytes_of(hw, memory_gb * 1e9 if memory_gb else None), hardware,
+                           bool(memory_gb), FIELD_NAMES)
 
 
 def planned_line(p: Plan) -> str:
@@ -125,13 +155,17 @@ def planned_line(p: Plan) -> str:
 
 
 def fit_rule_line(p: Plan) -> str:
-    """How the page judged "fits", in words: estimate's and New experiment's one rule (analytic/device.fits_device)."""
+    """How the page judged "fits", in words: estimate's and New experiment's one rule (analytic/device.fits_device),
+    with the allowance the plan used (a reserve field's: planner/allowance.overhead_of, no NCCL term)."""
     o = p.overhead
     if p.device != "cuda":
         return f"A layout fits when its worst rank's memory at its fullest moment fits the {p.device_bytes / GiB:.1f} GiB per GPU."
-    return (f"A layout fits when its worst rank's memory at its fullest moment + the CUDA context "
-            f"({o.cuda_context_bytes / 2**20:.0f} MiB) + NCCL buffers ({o.nccl_bytes_per_communicator() / 2**20:.0f} MiB "
-            f"per communicator) + allocator slack ({o.fragmentation_frac:.0%} of the fullest moment) fits the "
+    fixed = (f"the CUDA context ({o.cuda_context_bytes / 2**20:.0f} MiB) + NCCL buffers "
+             f"({o.nccl_bytes_per_communicator() / 2**20:.0f} MiB per communicator)" if o.nccl_bytes_per_communicator()
+             else f"a reserve of {o.cuda_context_bytes / 1e9:g} GB per GPU (in place of the CUDA context and NCCL "
+                  "buffers)")
+    return (f"A layout fits when its worst rank's memory at its fullest moment + {fixed} + allocator slack "
+            f"({o.fragmentation_frac * 100:.3g}% of the fullest moment) fits the "
             f"{p.device_bytes / GiB:.1f} GiB per GPU (column 'needs GiB'): the rule of New experiment's fit check and "
             "`estimate --hardware`.")
 

@@ -80,7 +80,7 @@ class Fit:
     worst_bytes: float
     device_bytes: float
     overhead: dict[str, float] | None = None
-    """CUDA only: the runtime allowance included in worst_bytes (analytic/device.runtime_overhead_bytes)."""
+    """The runtime allowance included in worst_bytes (analytic/device.allowance_bytes; all zero on cpu ranks)."""
     moment: str = "activation_peak"
     """Which of RankEstimate.moments is the fullest rank's fullest (RankEstimate.fullest_moment)."""
 
@@ -123,21 +123,29 @@ MOMENT_WHY = {
 """What holds the memory at each non-default fullest moment (RankEstimate.moments), for the fit message."""
 
 
-def _need(r: dict[str, Any]) -> tuple[float, str]:
-    """(bytes the rank needs at its fullest moment incl. the runtime allowance, which moment): the estimate's own
-    `fullest_bytes` / `fullest_moment` of the rank (rank_rows), never recomputed here."""
+def _fullest(r: dict[str, Any]) -> tuple[float, str]:
+    """(bytes the rank holds at its fullest moment, which moment): the estimate's own `fullest_bytes` /
+    `fullest_moment` of the rank (rank_rows), never recomputed here."""
     fullest = r.get("fullest_bytes")
-    base, moment = (float(fullest), str(r.get("fullest_moment"))) if fullest is not None else \
-        (float(r["total_bytes"]), "activation_peak")
-    return base + float((r.get("overhead") or {}).get("total", 0.0)), moment
+    if fullest is None:
+        return float(r["total_bytes"]), "activation_peak"
+    return float(fullest), str(r.get("fullest_moment"))
 
 
 def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
+    """Does the fullest rank fit device_mem_bytes: analytic/device.fits_device, the one rule `estimate --hardware` and
+    Plan apply, on the rank's fullest moment, with the ranks' layout and device as `predict` put them on the rows (a
+    row without them: cpu ranks, no allowance). Its need and breakdown are that rule's need_bytes / allowance_bytes."""
+    from backend.analytic.device import CPU, allowance_bytes, fits_device
+
     if not rows:
         return Fit(True, 0, 0.0, device_mem_bytes)
-    worst = max(rows, key=lambda r: _need(r)[0])
-    need, moment = _need(worst)
-    return Fit(need <= device_mem_bytes, worst["rank"], need, device_mem_bytes, worst.get("overhead"), moment=moment)
+    worst = max(rows, key=lambda r: _fullest(r)[0])  # the allowance grows with the fullest moment: the same rank
+    fullest, moment = _fullest(worst)
+    parallel, device = worst.get("parallel"), str(worst.get("device", CPU))
+    allowance = allowance_bytes(fullest, parallel, device)
+    return Fit(bool(fits_device(fullest, parallel, device, device_mem_bytes)), worst["rank"],
+               fullest + allowance["total"], device_mem_bytes, allowance, moment=moment)
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:
@@ -209,8 +217,9 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     est = estimate(spec)
     shown = shown_ranks(est)
     rows = rank_rows(shown)
-    for row, r in zip(rows, shown):
+    for row, r in zip(rows, shown):  # what fit_check hands the one fit rule, and the allowance the chart shows
         row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
+        row["parallel"], row["device"] = spec.parallel, str(spec.runtime.device)
     return est, rows
 
 

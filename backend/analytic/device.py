@@ -198,9 +198,8 @@ def need_bytes(fullest_bytes: Any, parallel: Any, device: str, overhead: Runtime
 def fits_device(fullest_bytes: Any, parallel: Any, device: str, device_bytes: float,
                 overhead: RuntimeOverhead | None = None) -> Any:
     """The one "does it fit" rule: need_bytes <= the device's memory (a device of unknown memory fits nothing).
-    `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk, the Plan page and the GPU check's memory_fit
-    call it; New experiment's fit check adds the same allowance to the same fullest moment (runtime_overhead_bytes)
-    on rows it caches before the device size is chosen.
+    `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk, the Plan page, New experiment's fit check
+    (dashboard/predict_view.fit_check) and the GPU check's memory_fit call it.
     Its terms (RuntimeOverhead) are measured (context, allocator slack: the H200 runs) or documented (NCCL_BUFFSIZE),
     where the planner's former budget (device x 0.95 - 2.5 GB) was assumed."""
     return np.logical_and(bool(device_bytes), need_bytes(fullest_bytes, parallel, device, overhead) <= device_bytes)

@@ -129,20 +129,9 @@ def _from_spec(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _allowance_problem(args: argparse.Namespace) -> str | None:
-    """The fit rule's overrides, refused before searching when they cannot describe a device."""
-    if args.memory_gb is not None and args.memory_gb <= 0:
-        return f"--memory-gb must be > 0 (got {args.memory_gb:g})"
-    if args.reserve_gb is not None and args.reserve_gb < 0:
-        return f"--reserve-gb must be >= 0 GB per GPU (got {args.reserve_gb:g})"
-    if args.fragmentation is not None and not 0 <= args.fragmentation <= 1:
-        return (f"--fragmentation must be between 0 and 1, a fraction of the fullest moment (0.13 adds 13%); got "
-                f"{args.fragmentation:g}")
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
+    from backend.planner.allowance import allowance_problem, device_bytes_of, reserve_problem
     from backend.planner.held import HeldTraining
     from backend.planner.search import plan, planned_attention
     from backend.planner.why import explain_first, why_text
@@ -154,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.max_cp is not None and args.max_cp < 1:
         return fail(f"--max-cp must be >= 1 (got {args.max_cp})")
-    problem = _allowance_problem(args)
+    problem = allowance_problem(args.memory_gb, args.reserve_gb, args.fragmentation)  # the Plan page's check too
     if problem:
         return fail(problem)
     for name in ("gpus", "global_batch", "seq", "top"):
@@ -171,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
         return fail(str(e))
-    device_bytes = args.memory_gb * 1e9 if args.memory_gb else hw.memory_bytes
-    if args.reserve_gb is not None and args.reserve_gb * 1e9 >= device_bytes:
-        return fail(f"--reserve-gb {args.reserve_gb:g} GB is not less than the {device_bytes / 1e9:g} GB per GPU of "
-                    f"{args.hardware}{' (--memory-gb)' if args.memory_gb else ''}: no layout could fit")
+    memory_bytes = args.memory_gb * 1e9 if args.memory_gb else None
+    problem = reserve_problem(args.reserve_gb, device_bytes_of(hw, memory_bytes), args.hardware, bool(args.memory_gb))
+    if problem:
+        return fail(problem)
     g = args.gpus_per_node or hw.gpus_per_node
     spec_train = getattr(args, "spec_train", None)
     held = HeldTraining.of_train(spec_train, precision=args.precision, source=f"--spec {args.spec}") if spec_train \
@@ -185,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     attention_why = f"attention kernel: {attention} ({why})"
     model = model.model_copy(update={"attention": AttentionImpl(attention)})
     res = plan(model, gpus=args.gpus, gpus_per_node=g, hw=hw, global_batch=args.global_batch,
-               memory_bytes=args.memory_gb * 1e9 if args.memory_gb else None, top=args.top, held=held,
+               memory_bytes=memory_bytes, top=args.top, held=held,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else None,
                fragmentation=args.fragmentation,
                limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)

@@ -27,6 +27,7 @@ from backend.analytic.memory.state_floor import state_floor_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
+from backend.planner.allowance import device_bytes_of, overhead_of
 from backend.planner.held import HeldTraining
 from backend.planner.space import Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
@@ -101,17 +102,6 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
                      "be prediction-only; choose flash to plan it anyway")
     return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; math " \
                     "stays a choice"
-
-
-def overhead_of(reserve_bytes: float | None = None, fragmentation: float | None = None) -> RuntimeOverhead:
-    """The runtime allowance with the flags' overrides: reserve_bytes replaces the CUDA context + NCCL buffers (a fixed
-    amount per GPU), fragmentation the allocator slack (a fraction of the fullest moment)."""
-    o = RuntimeOverhead()
-    if reserve_bytes is not None:
-        o = replace(o, cuda_context_bytes=int(reserve_bytes), nccl_buffsize_bytes=0)
-    if fragmentation is not None:
-        o = replace(o, fragmentation_frac=float(fragmentation))
-    return o
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
@@ -209,7 +199,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
     the fit rule's allowance (overhead_of). prune: search()'s (the same plan either way; False only to check that)."""
     t0 = time.perf_counter()
     held = held or HeldTraining(precision=precision)
-    device_bytes = memory_bytes or hw.memory_bytes
+    device_bytes = device_bytes_of(hw, memory_bytes)
     overhead = overhead_of(reserve_bytes, fragmentation)
     layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                                     memory_bytes=device_bytes, limits=limits, held=held, overhead=overhead,

@@ -15,7 +15,7 @@ from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
             "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": pv.DEFAULT_KERNEL,
-            "pl_precision": "bf16-mixed", "pl_predicted": False}
+            "pl_precision": "bf16-mixed", "pl_predicted": False, "pl_reserve": None, "pl_slack": pv.DEFAULT_SLACK}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
 # results then say what they were for).
@@ -159,6 +159,15 @@ node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
 mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
                       help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
+c1, c2 = st.columns(2)  # the fit rule's allowance, as `plan --reserve-gb / --fragmentation` override it
+reserve = c1.number_input(pv.RESERVE_LABEL, value=None, step=0.5, format="%.2f", key="pl_reserve",
+                          help="A fixed amount per GPU outside the tensors, in place of the CUDA context (527 MiB, "
+                               "measured on the H200) and NCCL buffers (64 MiB per communicator): `plan --reserve-gb`.")
+slack = c2.number_input(pv.SLACK_LABEL, step=0.01, format="%.3f", key="pl_slack",
+                        help="The caching allocator's reserved - allocated, as a fraction of the fullest moment (0.13 "
+                             "measured on the H200; 0.13 adds 13%): `plan --fragmentation`.")
+allowance_problem = pv.allowance_check(hardware, memory_gb=mem or None, reserve_gb=reserve, fragmentation=slack,
+                                       db_url=store_access.db_url())
 c1, c2, c3 = st.columns([1, 1, 2])
 kernel, kernel_why = pv.planned_kernel(model, hardware, st.session_state.get("pl_attention"), store_access.db_url())
 attention = c1.selectbox("Attention kernel", pv.KERNEL_CHOICES, key="pl_attention",
@@ -182,16 +191,20 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
-    + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "")
+    + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "") \
+    + (f", reserve {reserve:g} GB per GPU" if reserve is not None else "") + f", allocator slack {slack:g}"
 if problem:  # names the config's keys and values: the user's text
     messages.box("error", "This model cannot be planned:", [problem])
-if st.button("Search", type="primary", disabled=model is None, icon=":material/travel_explore:", key="pl_go"):
+if allowance_problem:  # plan's own check and words (planner/allowance.py); may name a calibrated profile: user text
+    messages.box("error", "These memory settings cannot describe a GPU:", [allowance_problem])
+if st.button("Search", type="primary", disabled=model is None or bool(allowance_problem),
+             icon=":material/travel_explore:", key="pl_go") and not allowance_problem:
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
                                                     db_url=store_access.db_url(), include_predicted=bool(include_predicted),
                                                     attention=None if attention == pv.DEFAULT_KERNEL else attention,
-                                                    held=held)
+                                                    held=held, reserve_gb=reserve, fragmentation=slack)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
