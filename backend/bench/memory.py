@@ -145,13 +145,12 @@ class _HighWater:
     def _update_peak_stats(self, peak_state: Any) -> None:  # overrides the tracker's hook, called after every op
         # Only the tracker-wide peak is kept: the torch hook also walks every module's stats on every op to keep
         # module-wise peaks, which nothing here reads; that walk was about half the memory step's time.
+        skip = self.in_reduce_grad or self.unsharding or (
+            self.skip_gathers and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             if self._peak_mem.get(dev, 0) < snap[_TOTAL]:  # type: ignore[attr-defined]
                 self._peak_mem[dev] = snap[_TOTAL]  # type: ignore[attr-defined]
                 self._peak_mem_snap[dev] = dict(snap)  # type: ignore[attr-defined]
-        skip = self.in_reduce_grad or self.unsharding or (
-            self.skip_gathers and getattr(self, "_fsdp_state", None) in _GATHER_STATES)
-        for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             hw = self.high_water[dev]
             act = 0
             for k, v in snap.items():

@@ -42,7 +42,8 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
                           env=rank_env(backend, device), notes=list(prep.notes), timeline=list(prep.timeline),
                           extra=dict(prep.extra), **measured)
     del prep
-    gc.collect()
+    gc.collect()  # the training state's cycles freed before the reference is forked (it inherits this memory;
+    # its budget reads the host's available memory) and before empty_cache; the farm collects again after the job
     if device.type == "cuda":
         torch.cuda.empty_cache()
     gathered: list[Any] | None = [None] * world if rank == 0 else None

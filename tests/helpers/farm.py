@@ -148,8 +148,10 @@ class Farm:
         # the environment now: tests change os.environ while the farm's thread launches (SHARDLAB_FAULT, store URLs)
         self.env = {k: v for k, v in rank_env().items() if k != "SHARDLAB_FAULT"}
         self.thread: threading.Thread | None = None
-        self.procs: set[subprocess.Popen] = set()
-        """The launch running now (a set: stop() may run while a launch starts or ends)."""
+        self.proc: subprocess.Popen | None = None
+        """The launch running now (one at a time); set and cleared under `_lock`, which stop() takes too."""
+        self._lock = threading.Lock()
+        self._stopped = False
 
     # ---- the driver -------------------------------------------------------------------------------------------
 
@@ -173,9 +175,20 @@ class Farm:
             (self.root / "done").touch()
 
     def stop(self) -> None:
-        """End the farm's launches now (session interrupted)."""
-        for proc in list(self.procs):
+        """End the farm's launch now and start no other (session interrupted); safe from another thread while a
+        launch starts or ends: a launch whose Popen returns after this is killed as it registers (`_started`)."""
+        with self._lock:
+            self._stopped, proc = True, self.proc
+        if proc is not None:
             self._kill(proc)
+
+    def _started(self, proc: subprocess.Popen) -> None:
+        """Register the launch as the running one, or kill it if stop() came first."""
+        with self._lock:
+            if not self._stopped:
+                self.proc = proc
+                return
+        self._kill(proc)
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -194,7 +207,7 @@ class Farm:
 
     def _run_group(self, jobs: list[Job]) -> None:
         attempt, first = 0, jobs[0]
-        while pending := [j for j in jobs if not self._outcome_path(j).exists()]:
+        while (pending := [j for j in jobs if not self._outcome_path(j).exists()]) and not self._stopped:
             attempt += 1
             tag = f"{first.group}-{attempt}"
             plan = self.root / f"plan-{tag}.json"
@@ -207,12 +220,13 @@ class Farm:
             with open(log, "w") as out:
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-            self.procs.add(proc)
+            self._started(proc)
             try:
                 timed_out = self._watch(proc, pending)
                 code = proc.wait()
             finally:
-                self.procs.discard(proc)
+                with self._lock:
+                    self.proc = None
             for job in pending:
                 if not self._outcome_path(job).exists():
                     self._write_failure(job, code, log, timed_out)

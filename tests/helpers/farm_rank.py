@@ -143,6 +143,8 @@ def main(argv: list[str]) -> int:
                 return 1
         if rank == 0:
             write_json_atomic(out / "outcome.json", {"status": "ok", "value": value})
+        # not the engine's collection again (run_rank's precedes its reference fork): what died as the job returned,
+        # ~100 cyclic objects per engine job (hook closures, autograd nodes), collected rather than frozen for good
         gc.collect()
         gc.freeze()  # what outlives a job (modules, caches) is never scanned again: the next job's collections are short
     if dist.is_initialized():

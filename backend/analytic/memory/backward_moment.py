@@ -162,7 +162,6 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # so the autograd engine runs it last): one block's casts' worth per block back-propagated before the working ones
     # (tests/multiprocess/test_fullest_moment.py's pipelined grid, read op by op: they are copied out after the
     # embeddings' backward)
-    held_wgrads = (n - reruns) * one + acts.head_casts  # the head's 16-bit grad waits the same way
     held_all = n * one + acts.head_casts
     # the first backward: every in-flight microbatch, gradients made as it goes
     emb_grads = where(fsdp, grad_bytes * stages.first * parts.embeddings.fsdp_unsharded_grad_numel, 0)
@@ -175,12 +174,18 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     later_top = acts.head_casts + maximum(
         where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
         cool - top_saved + pipe_top_w + all_unsharded)
-    later_bottom = maximum(where(pipe.steady, steady, cool) - acts.blocks + bottom_w + held_wgrads + all_unsharded,
-                           cool - acts.blocks + bottom_w + held_wgrads + all_unsharded)
-    # uniform: the stage's first block back-propagated alone, the group's other blocks' grads held
-    alone_first = where(pipe.steady, steady, cool) - acts.blocks + acts.none + e_plain_none + (n - 1) * one \
-        + acts.head_casts + all_unsharded
-    later_bottom = maximum(later_bottom, where(uniform, alone_first, 0))
+
+    def later_bottom_at(working: Any) -> Any:
+        """A later backward at the stage's first block, `working` blocks re-run at once: the grads of the n - working
+        blocks back-propagated before it held (the head's 16-bit grad waits the same way)."""
+        work = working * acts.none + e_plain_none
+        held_wgrads = (n - working) * one + acts.head_casts
+        return maximum(where(pipe.steady, steady, cool) - acts.blocks + work + held_wgrads + all_unsharded,
+                       cool - acts.blocks + work + held_wgrads + all_unsharded)
+
+    # uniform: the last group's blocks re-run at once, then the stage's first block back-propagated alone (the
+    # group's other blocks' grads held)
+    later_bottom = maximum(later_bottom_at(reruns), where(uniform, later_bottom_at(1), 0))
     piped = maximum(maximum(first_top, first_bottom), where(pipe.has_later, maximum(later_top, later_bottom), 0))
     # the first stage's embeddings: their dense gradient is made (the first backward: it becomes the root's
     # unsharded gradient; a later one: added into it)
