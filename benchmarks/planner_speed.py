@@ -157,7 +157,7 @@ def cold_moe(name: str, gpus: int, batch: int, attention: str, predicted: bool, 
     """One MoE plan, timed from a fresh process (imports not counted); prints one JSON line."""
     import json
 
-    from backend.hf_config import from_hf_config, load_hf_config
+    from backend.hf.config import from_hf_config, load_hf_config
 
     fields, _ = from_hf_config(load_hf_config(str(Path(__file__).resolve().parents[1] / "tests/fixtures/hf" / f"{name}.json")),
                                seq_len=4096)

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, parity_verdict
-from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
+from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
 from dashboard.predict_view import byte_scale, coords_label
 from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 

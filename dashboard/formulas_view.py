@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import GB, GiB
-from backend.readable_numbers import fmt_bytes
+from backend.number_format import fmt_bytes
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
 ZERO_CURVES = (("ddp", 0, "DDP (ZeRO-0)"), ("zero1", 1, "ZeRO-1 (P_os)"), ("zero2", 2, "ZeRO-2 (P_os+g)"), ("zero3", 3, "ZeRO-3 / FSDP (P_os+g+p)"))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from backend.importers.imported import VOCAB_SIZE
+from backend.importers.import_result import VOCAB_SIZE
 from dashboard import import_view as iv
 
 def box(prefix: str, on_load: Callable[[Any], None], *, load_label: str) -> None:

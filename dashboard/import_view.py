@@ -77,7 +77,7 @@ class ImportOutcome:
 
     def shown_problems(self) -> list[str]:
         """The problems the page lists as errors: not those it asks about in its own words (the vocabulary size)."""
-        from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
+        from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
 
         asked = VOCAB_SIZE in self.needs
         return [p for p in self.problems if not (asked and p.startswith(VOCAB_UNKNOWN))]
@@ -85,7 +85,7 @@ class ImportOutcome:
 
 def import_request(request: ImportRequest) -> ImportOutcome:
     """The spec of an uploaded config (and model config.json), or every problem and what the person could supply."""
-    from backend.hf_config import HFConfigError, parse_hf_config
+    from backend.hf.config import HFConfigError, parse_hf_config
     from backend.importers import ConfigImportError, import_config_text
 
     cfg = None
@@ -123,7 +123,7 @@ def _short(value: Any, limit: int = 120) -> str:
 
 def summary_line(imported) -> str:
     """One line: framework, GPUs = every degree (dp x cp x tp x pp, ep), strategy, shape, batch, precision."""
-    from backend.importers.imported import layout_text
+    from backend.importers.import_result import layout_text
 
     p, t, m = imported.spec["parallel"], imported.spec["train"], imported.spec["model"]
     return (f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs = {layout_text(p)}: "

@@ -42,10 +42,10 @@ def hardware_options(engine: Any = None) -> list[str]:
 
 
 def model_from_config(text: str | bytes, seq: int) -> ModelSpec:
-    """A Hugging Face config.json's model. A real config (it names its `model_type`) goes through backend.hf_config,
+    """A Hugging Face config.json's model. A real config (it names its `model_type`) goes through backend.hf.config,
     the one import the CLI and New experiment use (exact family, refused fields named); a bare dict of shape keys
     without a model_type gets a plain GPT block of that shape. Raises ValueError with the reason."""
-    from backend.hf_config import from_hf_config, parse_hf_config
+    from backend.hf.config import from_hf_config, parse_hf_config
 
     cfg = parse_hf_config(text)
     if "model_type" in cfg:

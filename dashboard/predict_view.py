@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import GiB, KiB, MiB, to_gb
-from backend.readable_numbers import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
+from backend.number_format import fmt_bytes, fmt_bytes_short, fmt_count_short, fmt_frac
 from backend.spec import dims
 from dashboard.theme import CATEGORIES, CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 

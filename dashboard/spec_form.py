@@ -7,7 +7,7 @@ from typing import Any
 
 from backend.spec import Framework, Offload, dims  # issue 14
 from dashboard import stack_form
-from backend.hf_config import from_hf_config
+from backend.hf.config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
 from backend.recompute_policy import KINDS, WITH_LAYERS, spelled

@@ -8,7 +8,7 @@ Re-queueing clones: `requeue_experiment` inserts a NEW queued row with the same 
 (`requeue_of` points at the original), so a failed/interrupted run stays in the history as a result.
 
 This module holds what people do with runs (submit, read, tag, cancel, re-queue, delete); it also re-exports the
-queue's transitions (db/transitions.py) and the worker rows (db/workers.py), so callers need this one module.
+queue's transitions (db/run_queue.py) and the worker rows (db/workers.py), so callers need this one module.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from db.degrees import column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentTag, utcnow
 from db.session import reader, writer
-from db.transitions import (NotFound, cancel_requested, claim_next, heartbeat, mark_interrupted,  # noqa: F401 - API
+from db.run_queue import (NotFound, cancel_requested, claim_next, heartbeat, mark_interrupted,  # noqa: F401 - API
                             recover_stale, release_claim, store_finished_run, store_result, update_progress)
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 

@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from db.errors import StoreError
-from db.transactions import begin_statement, write_engine
+from db.begin_immediate import begin_statement, write_engine
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DB_PATH = REPO / "data" / "shardlab.db"

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, delete, select, update
 from backend.result import Status
 from db.models import Experiment, Worker, utcnow
 from db.session import writer
-from db.transitions import mark_interrupted
+from db.run_queue import mark_interrupted
 
 
 PRUNE_AFTER = timedelta(days=7)

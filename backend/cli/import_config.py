@@ -70,7 +70,7 @@ def imported_from_args(args: argparse.Namespace):
 
 def needs_hints(needs: tuple[str, ...]) -> list[str]:
     """How to supply, on the command line, what an import needs."""
-    from backend.importers.imported import VOCAB_SIZE
+    from backend.importers.import_result import VOCAB_SIZE
 
     return ["give the vocabulary size with --vocab N, or the model's config.json with --model-config FILE"
             for need in needs if need == VOCAB_SIZE]
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def summary_text(imported) -> str:
     from backend.analytic.params import count_params
-    from backend.importers.imported import layout_text
+    from backend.importers.import_result import layout_text
     from backend.spec import ExperimentSpec
     from backend.spec.user_text import printable
 

@@ -90,7 +90,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
         except InputError as e:
             return None, str(e)
     elif args.preset or args.hf_config:
-        from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+        from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
         from backend.presets import preset_model
 
         try:

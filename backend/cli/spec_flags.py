@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
 from backend.spec.user_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec

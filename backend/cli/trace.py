@@ -91,7 +91,7 @@ def public(result: dict) -> dict:
 
 
 def table(result: dict) -> str:
-    from backend.readable_numbers import fmt_bytes
+    from backend.number_format import fmt_bytes
 
     lines = [f"trace: {result['status']}" + (f"  ({result['error']})" if result.get("error") else ""),
              f"{'rank':>5} {'category':<18} {'traced':>12} {'predicted':>12} {'error':>9}"]

@@ -23,7 +23,7 @@ _PUBLIC = {
     "run_isolated": ("backend.engine.reference", "run_isolated"),
     "reference_losses": ("backend.engine.reference", "reference_losses"),
     "assemble_result": ("backend.engine.assemble", "assemble_result"),
-    "BOUNDS_PCT": ("backend.engine.notes", "BOUNDS_PCT"),
+    "BOUNDS_PCT": ("backend.engine.accuracy_notes", "BOUNDS_PCT"),
     "host_device": ("backend.engine.device_facts", "host_device"),
 }
 __all__ = sorted(_PUBLIC)
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from backend.engine.loop import comm_payload, comm_steps, has_split_backward, progress, run_loop, timed_steps
     from backend.engine.mesh import build_mesh
     from backend.engine.mesh import init as init_distributed
-    from backend.engine.notes import BOUNDS_PCT
+    from backend.engine.accuracy_notes import BOUNDS_PCT
     from backend.engine.reference import reference_losses, run_isolated
 
 

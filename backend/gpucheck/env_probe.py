@@ -4,7 +4,7 @@ one JSON object on stdout) so the kit's own process never holds a CUDA context:
 - versions: Python, torch, CUDA, cuDNN, NCCL, the driver, and the packages the engine path imports;
 - the device: name, SMs, memory, compute capability, L2, clocks and power limit (nvidia-smi, when present);
 - the torch APIs the GPU path uses, each present or not (torch 2.11 on the device vs 2.13 here), and whether
-  ShardLab's private-API modules import (backend/torch_compat.py, backend/trace/compat.py);
+  ShardLab's private-API modules import (backend/torch_compat.py, backend/trace/torch_private.py);
 - which heavy product dependencies are importable (the engine path must not need them).
 """
 
@@ -33,7 +33,7 @@ TORCH_APIS = (
     "torch.distributed.distributed_c10d._resolve_process_group", "torch.cuda.Event",
     "torch.utils.checkpoint.create_selective_checkpoint_contexts",
 )
-PRODUCT_MODULES = ("backend.torch_compat", "backend.trace.compat", "backend.engine.rank", "backend.launch.launcher",
+PRODUCT_MODULES = ("backend.torch_compat", "backend.trace.torch_private", "backend.engine.rank", "backend.launch.launcher",
                    "backend.frameworks.assemblers")
 PACKAGES = ("torch", "numpy", "psutil", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
             "typing_inspection", "pytest", "pytest_timeout", "transformers", "sqlalchemy", "streamlit", "plotly",

@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.importers import registry
 from backend.importers.entry import ConfigRequest, Importer, Probe, SourceFormat
-from backend.importers.imported import ConfigImportError, ImportedConfig
+from backend.importers.import_result import ConfigImportError, ImportedConfig
 
 MAX_CONFIG_BYTES = 8 << 20
 """A config (or the head of a log holding one) is read up to 8 MiB; a Megatron log's argument block is near its top."""
@@ -97,7 +97,7 @@ def import_config(path: str | Path, *, fmt: str | None = None, gpus: int | None 
     """The spec of a framework config file (and the model's config.json where the format needs one)."""
     cfg = None
     if model_config is not None:
-        from backend.hf_config import HFConfigError, load_hf_config
+        from backend.hf.config import HFConfigError, load_hf_config
 
         try:
             cfg = load_hf_config(model_config)

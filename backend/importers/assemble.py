@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from backend.importers.fields import SPEC_FIELDS, Flat, Pending
-from backend.importers.imported import ConfigImportError, ImportedConfig
+from backend.importers.import_result import ConfigImportError, ImportedConfig
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 """torchtitan's names; a framework with one data-parallel degree (Megatron, DeepSpeed) sets "dp" instead."""

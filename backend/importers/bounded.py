@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from backend.importers.fields import check_nodes
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 from backend.spec.user_text import MAX_JSON_DEPTH, check_depth
 
 

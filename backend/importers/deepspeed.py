@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from backend.importers.entry import Clue, ConfigRequest, Importer, Probe, SourceFormat
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from backend.importers.assemble import to_spec
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flag, flatten
-from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
 from backend.spec.user_text import InputError, load_json_text
 
 _IGNORED = "numerics, logging, monitoring or buffer sizing: no effect on the memory categories or step time predicted"
@@ -118,7 +118,7 @@ def import_ds_config(text: str | bytes, *, gpus: int | None = None, model_config
 
 
 def _model(flat: Flat, cfg: dict[str, Any], seq_len: int | None) -> list[str]:
-    from backend.hf_config import HFConfigError, from_hf_config
+    from backend.hf.config import HFConfigError, from_hf_config
 
     try:
         model, notes = from_hf_config(cfg, seq_len=seq_len, file="config.json")

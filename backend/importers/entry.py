@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 
 

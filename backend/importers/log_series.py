@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.importers.imported import LogImportError
+from backend.importers.import_result import LogImportError
 from backend.importers.log_stream import LineStats, rank_outside
 
 WARMUP_FRACTION = 0.05

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from backend.importers.imported import LogImportError
+from backend.importers.import_result import LogImportError
 
 MAX_LINE_BYTES = 64 * 1024
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from backend.importers import log_values as v
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 from backend.importers.log_stream import read_lines
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from backend.importers.imported import LogImportError
+from backend.importers.import_result import LogImportError
 
 MAX_STEP = 10 ** 12
 """A step number past a trillion is no training run (a step per millisecond for 30 years)."""

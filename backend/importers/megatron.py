@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from backend.importers.entry import Clue, ConfigRequest, Importer, Probe, SourceFormat
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 
 WORLD = re.compile(r"using world size: (\d+)")  # Megatron arguments.py

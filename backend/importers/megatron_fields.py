@@ -15,7 +15,7 @@ import ast
 from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
-from backend.importers.imported import VOCAB_SIZE, VOCAB_UNKNOWN
+from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
 from backend.importers.megatron_moe import capacity, moe
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"

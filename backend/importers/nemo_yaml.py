@@ -18,7 +18,7 @@ from typing import Any
 from backend.importers.assemble import to_spec
 from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
-from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
                                                pos_int, training)
 from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit

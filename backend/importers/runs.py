@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.importers import registry
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import LogImportError, Measured, summarise
 from backend.result import ImportFacts, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 
@@ -214,12 +214,12 @@ def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None =
 
 
 def _shown_text(text: str | None) -> str | None:
-    from backend.importers.imported import safe_name
+    from backend.importers.import_result import safe_name
 
     return None if text is None else safe_name(text, 200)
 
 
 def _shown(path: str | Path) -> str:
-    from backend.importers.imported import safe_name
+    from backend.importers.import_result import safe_name
 
     return safe_name(Path(path).name, 200)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 from backend.importers.shell_parse import ArrayAssign
 from backend.importers.shell_tests import arithmetic
 from backend.importers.shell_words import Part, Word, word_parts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 from backend.importers.shell_words import REDIRECTS, ArrayStart, Op, Token, Word
 
 MAX_DEPTH = 64

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from backend.importers import shell_parse as sp
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 from backend.importers.shell_expand import ASSIGNMENT, Variables, is_assignment
 from backend.importers.shell_tests import Test, Undecided
 from backend.importers.shell_words import Word, tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 
 OPERATORS = (";;", "&&", "||", ">>", "<<", "&>", ">&", "<&", ">|", ";", "&", "|", "(", ")", "<", ">", "\n")
 REDIRECTS = frozenset({">>", "<<", "&>", ">&", "<&", ">|", "<", ">"})

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.importers.entry import Clue, ConfigRequest, Importer, Probe, SourceFormat
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 
 MESH = re.compile(r"Building \d+-D device mesh with \[.*?\], \[([\d, ]+)\]")  # torchtitan v0.1.0 parallel_dims

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 
 _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", tie_embeddings=False, bias="none", attention="flash")
 # name -> (vocab size of its tokenizer, {flavor: (dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier, multiple_of)})

@@ -13,7 +13,7 @@ torchtitan/models/llama3/infra/parallelize.py and distributed/pipeline.py of v0.
 from __future__ import annotations
 
 from backend.importers.fields import Flat
-from backend.importers.imported import ConfigImportError
+from backend.importers.import_result import ConfigImportError
 
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved_1f1b",
              "interleavedzerobubble": "zero_bubble", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}

@@ -19,7 +19,7 @@ from typing import Any
 from backend.importers.assemble import to_spec
 from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
-from backend.importers.imported import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
 from backend.importers.torchtitan_moe import experts
 from backend.importers.torchtitan_models import flavor_model
@@ -140,7 +140,7 @@ def import_toml(text: str | bytes, *, gpus: int | None = None, model_config: dic
 def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
     seq = flat.get("seq_len", 2048)  # torchtitan's default training.seq_len
     if model_config is not None:
-        from backend.hf_config import HFConfigError, from_hf_config
+        from backend.hf.config import HFConfigError, from_hf_config
 
         try:
             model, notes = from_hf_config(model_config, seq_len=seq, file="config.json")

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from backend.trace.compat import ddp_bucket_assignment
+from backend.trace.torch_private import ddp_bucket_assignment
 
 NOTE = ("Classic DDP traced with a stand-in for its C++ Reducer (which reads parameter storage, absent on fake "
         "tensors): DDP's own gradient buckets (bucket assignment of dist._compute_bucket_assignment_by_size, "

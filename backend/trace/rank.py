@@ -54,7 +54,7 @@ def unsupported_reason(e: BaseException) -> str | None:
     """The torch limitation behind an exception, or None when it is an ordinary failure."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-    from backend.trace.compat import DataDependentShape
+    from backend.trace.torch_private import DataDependentShape
 
     if isinstance(e, DataDependentShape):
         return str(e)
@@ -86,23 +86,23 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     from backend.models.gpt import build_model
     from backend.strategies.base import RankContext, module_name_for
     from backend.strategies.context import local_batch
-    from backend.trace import compat, ddp_standin
+    from backend.trace import torch_private, ddp_standin
 
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     world = spec.parallel.world_size
     torch.set_num_threads(1)
-    compat.init_fake_pg(rank, world)
+    torch_private.init_fake_pg(rank, world)
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     # The mesh's rank tensor is real: build it outside the fake mode (torchtitan's estimator does the same).
     ctx = RankContext(spec=spec, rank=rank, world_size=world, local_rank=0, device=device,
                       mesh=build_mesh(spec, device))
     real = [local_batch(ctx, *global_batch(spec, i)) for i in range(2)]  # this dp rank's (B/dp, T) int64 rows
-    with ddp_standin.standing_in(), compat.fake_world(hidden_meta_fn(spec)) as mode:
+    with ddp_standin.standing_in(), torch_private.fake_world(hidden_meta_fn(spec)) as mode:
         model = build_model(spec.model, seed=spec.train.seed, recompute=spec.train.recompute, device="meta")
         prep = setup(ctx, model)
         seconds["setup"] = time.perf_counter() - t0
-        batches = [tuple(compat.to_fake(mode, x) for x in b) for b in real]
+        batches = [tuple(torch_private.to_fake(mode, x) for x in b) for b in real]
         t = time.perf_counter()
         prep.train_step(*batches[0])
         seconds["step0"] = time.perf_counter() - t

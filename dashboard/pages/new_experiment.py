@@ -7,7 +7,7 @@ import json
 import streamlit as st
 
 from backend.analytic.units import GB
-from backend.hf_config import HFConfigError, parse_hf_config
+from backend.hf.config import HFConfigError, parse_hf_config
 from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form
@@ -19,7 +19,7 @@ from dashboard import stack_form
 from dashboard import store_access
 from dashboard import run_panel
 from dashboard import workflow
-from backend.readable_numbers import fmt_bytes_short
+from backend.number_format import fmt_bytes_short
 from dashboard.glossary import HELP
 
 P = "f_"  # widget key prefix

@@ -11,7 +11,7 @@ from dashboard import spec_form as sf
 from dashboard import store_access
 from dashboard import timeline_view as tv
 from dashboard import trace_view
-from backend.readable_numbers import fmt_frac
+from backend.number_format import fmt_frac
 from backend.result import PARITY_FAILS, parity_verdict, parity_failure_text
 from dashboard.import_view import banner as import_banner
 from dashboard.theme import STATUS_ICON

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine
 
 from db.errors import SchemaError, is_outage
 from db.migrations import audit as audit_
-from db.transactions import write_engine
+from db.begin_immediate import write_engine
 
 HERE = Path(__file__).resolve().parent
 INI = HERE.parent / "alembic.ini"

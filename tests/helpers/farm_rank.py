@@ -62,7 +62,7 @@ def trace(payload: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _trace_rank(spec_path: Path, rank: int, out: Path, timeout_s: float, device: str) -> dict[str, Any]:
-    from backend.trace.compat import leave_fake_pg
+    from backend.trace.torch_private import leave_fake_pg
     from backend.trace.rank import main
 
     try:

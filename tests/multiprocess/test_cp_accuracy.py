@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from mp_accuracy import misses  # noqa: E402
 
-from backend.engine.notes import PARITY_BOUND  # noqa: E402
+from backend.engine.accuracy_notes import PARITY_BOUND  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 from tests.helpers.farm import engine_job, params  # noqa: E402
 

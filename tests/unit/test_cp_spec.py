@@ -88,21 +88,21 @@ def test_ring_blocks_balance_causal_work():
 
 
 def test_cp_note_reports_the_ring_wait_of_the_timed_steps(monkeypatch):
-    """engine/notes.cp_notes: the busiest rank's median wait over the timed steps (warm-up, memory and comm steps left
+    """engine/accuracy_notes.cp_notes: the busiest rank's median wait over the timed steps (warm-up, memory and comm steps left
     out), its share of the step, and the step-time model's exposed ring time when a cpu profile exists."""
-    from backend.engine import notes
+    from backend.engine import accuracy_notes
 
     spec = ExperimentSpec.model_validate({**_spec(world_size=2, cp=2), "train": {"global_batch": 8, "micro_batch": 2,
                                                                                   "steps": 3, "warmup_steps": 1}})
     ranks = [{"rank": 0, "step_s": [0.1, 0.1, 0.1], "extra": {"cp_ring": {"wait_s": [9.0, 0.01, 0.03, 0.02, 9.0]}}},
              {"rank": 1, "step_s": [0.1, 0.1, 0.1], "extra": {"cp_ring": {"wait_s": [9.0, 0.04, 0.05, 0.06, 9.0]}}}]
-    monkeypatch.setattr(notes, "_predicted_cp_exposed_s", lambda s: 0.012)
-    (note,) = notes.cp_notes(spec, ranks)
+    monkeypatch.setattr(accuracy_notes, "_predicted_cp_exposed_s", lambda s: 0.012)
+    (note,) = accuracy_notes.cp_notes(spec, ranks)
     assert note.startswith("CP ring: rank 1 waited 50.0 ms per step") and "50% of its step" in note
     assert "predicts 12.0 ms exposed on the cpu profile" in note
-    monkeypatch.setattr(notes, "_predicted_cp_exposed_s", lambda s: None)
-    assert "no cpu profile" in notes.cp_notes(spec, ranks)[0]
-    assert notes.cp_notes(ExperimentSpec.model_validate(_spec(world_size=2)), ranks) == []
+    monkeypatch.setattr(accuracy_notes, "_predicted_cp_exposed_s", lambda s: None)
+    assert "no cpu profile" in accuracy_notes.cp_notes(spec, ranks)[0]
+    assert accuracy_notes.cp_notes(ExperimentSpec.model_validate(_spec(world_size=2)), ranks) == []
 
 
 def test_windows_sinks_and_mla_under_cp_are_prediction_only():

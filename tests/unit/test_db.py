@@ -122,15 +122,15 @@ def test_claim_takes_the_oldest_queued_once(engine):
 
 
 def test_heartbeat_updates_experiment_and_worker_in_one_call(engine, monkeypatch):
-    from db import transitions
+    from db import run_queue
     from db import workers as wk
 
     exp = q.submit_experiment(engine, spec())
     assert q.claim_next(engine, "w1") == exp
     q.register_worker(engine, "w1", pid=123, host="h", pid_started=None)
     writes = []
-    real = transitions.writer  # heartbeat is a queue transition (db/transitions.py), re-exported by db.queries
-    monkeypatch.setattr(transitions, "writer", lambda e: writes.append(1) or real(e))
+    real = run_queue.writer  # heartbeat is a queue transition (db/run_queue.py), re-exported by db.queries
+    monkeypatch.setattr(run_queue, "writer", lambda e: writes.append(1) or real(e))
     assert q.heartbeat(engine, exp, worker_id="w1") is False
     assert len(writes) == 1  # one write transaction for both rows
     w = {r["id"]: r for r in q.worker_heartbeats(engine)}["w1"]

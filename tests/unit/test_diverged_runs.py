@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from backend.cli import main
-from backend.engine.notes import divergence_notes, loss_parity
+from backend.engine.accuracy_notes import divergence_notes, loss_parity
 from backend.result import RunResult
 from db import queries as q
 from db.export import export_csv, export_json

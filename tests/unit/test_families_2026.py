@@ -46,7 +46,7 @@ import pytest
 import torch
 
 from backend.analytic.params import count_params, param_list
-from backend.hf_config import from_hf_config, load_hf_config
+from backend.hf.config import from_hf_config, load_hf_config
 from backend.models.gpt import build_model, loss_fn
 from backend.presets import scaled_for_cpu
 from backend.spec import ModelSpec, validate_spec
@@ -173,7 +173,7 @@ def test_attn_head_dim_and_sinks_flash_prediction_only():
 
 
 def test_unmodelled_keys_refused_by_name():
-    from backend.hf_config import HFConfigError
+    from backend.hf.config import HFConfigError
 
     cfg = load_hf_config(HF / "qwen3-30b-a3b.json")
     with pytest.raises(HFConfigError, match="mlp_only_layers"):

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.analytic.params import count_params
-from backend.hf_config import HFConfigError, parsed_fields
+from backend.hf.config import HFConfigError, parsed_fields
 from dashboard import spec_form as sf
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")

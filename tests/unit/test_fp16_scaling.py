@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.notes import PARITY_BOUND
+from backend.engine.accuracy_notes import PARITY_BOUND
 from tests.helpers.farm import engine_job, fp16_inject_job, params, uses
 from tests.helpers.specs import tiny
 

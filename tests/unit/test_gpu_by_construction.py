@@ -531,15 +531,15 @@ def fake_cuda_world(fake_cuda, monkeypatch):
     (FakeTensorMode makes CUDA tensors on this CPU build; autograd on them cannot run here, so no step)."""
     import torch.distributed as dist
 
-    from backend.trace import compat
+    from backend.trace import torch_private
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     assert not dist.is_initialized()
-    compat.init_fake_pg(0, 2)
+    torch_private.init_fake_pg(0, 2)
     try:
-        with compat.fake_world(lambda: None):
+        with torch_private.fake_world(lambda: None):
             yield torch.device("cuda", 0)
     finally:
         dist.destroy_process_group()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backend.analytic.params import count_params
-from backend.hf_config import HFConfigError, from_hf_config, load_hf_config, parsed_fields
+from backend.hf.config import HFConfigError, from_hf_config, load_hf_config, parsed_fields
 from backend.presets import PRESETS, preset_model
 from backend.spec import ModelSpec
 

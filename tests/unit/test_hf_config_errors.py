@@ -12,7 +12,7 @@ from hypothesis import strategies as hs
 from streamlit.testing.v1 import AppTest
 
 from backend.cli import main
-from backend.hf_config import FAMILIES, HFConfigError, from_hf_config, parse_hf_config
+from backend.hf.config import FAMILIES, HFConfigError, from_hf_config, parse_hf_config
 from backend.spec import ModelSpec
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import update
 
 from backend.cli import main
-from backend.hf_config import HFConfigError, from_hf_config
+from backend.hf.config import HFConfigError, from_hf_config
 from backend.spec import validate_spec
 from backend.spec.user_text import MAX_SOURCE_BYTES, MAX_TAG_CHARS
 from db import queries as q

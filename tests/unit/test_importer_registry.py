@@ -19,7 +19,7 @@ import pytest
 from backend.cli import build_parser, main
 from backend.importers import ConfigImportError, import_config, import_config_text, registry
 from backend.importers.entry import Clue, ConfigRequest, Importer, Probe, SourceFormat
-from backend.importers.imported import ImportedConfig
+from backend.importers.import_result import ImportedConfig
 from backend.importers.log_series import Collector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,7 +278,7 @@ def test_the_recipe_names_the_files_the_registry_says_a_framework_takes():
     assert {"backend/importers/registry.py", "backend/importers/<name>.py", "tests/fixtures/imports/<name>_*"} <= named
     concrete = {p for p in named if "<" not in p and "*" not in p}
     assert [p for p in sorted(concrete) if not (ROOT / p).exists()] == []
-    plumbing = {"backend/importers/__init__.py", "backend/importers/imported.py", "backend/importers/runs.py",
+    plumbing = {"backend/importers/__init__.py", "backend/importers/import_result.py", "backend/importers/runs.py",
                 "backend/cli/import_config.py", "backend/cli/import_run.py", "dashboard/import_view.py",
                 "dashboard/import_box.py", "backend/importers/entry.py"}
     edited = recipe[:recipe.index("Derived from the registry")]

@@ -19,7 +19,7 @@ import pytest
 
 from backend.cli import main
 from backend.importers import ConfigImportError, import_config, import_config_text
-from backend.importers.imported import VOCAB_SIZE
+from backend.importers.import_result import VOCAB_SIZE
 from backend.importers.shell_script import read
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "imports"

@@ -253,7 +253,7 @@ def test_param_tuple_by_renamed_blocks_equals_every_block_built():
     from pathlib import Path
 
     from backend.analytic.params import block_param_list, model_key, param_tuple
-    from backend.hf_config import HFConfigError, from_hf_config, load_hf_config
+    from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
     from backend.presets import PRESETS, preset_model
 
     models = [ModelSpec(**{**preset_model(name), "seq_len": 64}) for name in PRESETS]

@@ -163,7 +163,7 @@ def test_is_fake_tensor_and_fsdp_reset_after_parameter_replacement():
     from torch.distributed.fsdp import fully_shard
 
     from backend.strategies.materialize import to_empty_by_assignment
-    from backend.trace.compat import FakeMode
+    from backend.trace.torch_private import FakeMode
 
     dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=2)
     try:

@@ -1,4 +1,4 @@
-"""backend/trace/compat.py: one test per private torch symbol it touches, and what each stand-in does; the local
+"""backend/trace/torch_private.py: one test per private torch symbol it touches, and what each stand-in does; the local
 stand-in for pipelining's meta exchange on a traced last stage (a farm trace job)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.spec import ExperimentSpec
-from backend.trace import compat
+from backend.trace import torch_private
 from tests.helpers.farm import trace_job, uses
 
 
@@ -25,12 +25,12 @@ def test_private_symbols_exist() -> None:
 
 
 def test_pipeline_meta_exchange_has_one_of_the_two_known_forms() -> None:
-    """compat._pipeline_patches stands in for torch 2.13's `_recv_meta`/`_send_meta` or torch 2.11's
+    """torch_private._pipeline_patches stands in for torch 2.13's `_recv_meta`/`_send_meta` or torch 2.11's
     `_shape_inference` object lists; a torch with neither is refused by name."""
     from torch.distributed.pipelining import stage
 
     assert hasattr(stage.PipelineStage, "_recv_meta") or hasattr(stage.PipelineStage, "_shape_inference")
-    patched = {name for _, name, _ in compat._pipeline_patches(lambda: torch.empty(1, 4, 8))}
+    patched = {name for _, name, _ in torch_private._pipeline_patches(lambda: torch.empty(1, 4, 8))}
     assert patched in ({"_recv_meta", "_send_meta", "_warmup_p2p"}, {"send_object_list", "recv_object_list"})
 
 
@@ -59,7 +59,7 @@ def test_object_list_shape_inference_torch_2_11() -> None:
     source = inspect.getsource(stage.PipelineStage._shape_inference)
     assert "dist.recv_object_list(" in source and "dist.send_object_list(" in source
     assert "recv_args = objects[0]" in source
-    with compat.fake_world(lambda: torch.empty(2, 16, 8, dtype=torch.float32, requires_grad=True)):
+    with torch_private.fake_world(lambda: torch.empty(2, 16, 8, dtype=torch.float32, requires_grad=True)):
         objects: list = [None]
         dist.recv_object_list(objects, src=0)
         dist.send_object_list([objects[0]], dst=1)
@@ -68,35 +68,35 @@ def test_object_list_shape_inference_torch_2_11() -> None:
 
 
 def test_fake_mode_float_item_is_nan_and_integer_item_raises() -> None:
-    with compat.FakeMode():
+    with torch_private.FakeMode():
         x = torch.ones(3)
-        assert compat.is_fake(x)
+        assert torch_private.is_fake(x)
         assert math.isnan(float(x.sum()))
-        with pytest.raises(compat.DataDependentShape, match="integer value"):
+        with pytest.raises(torch_private.DataDependentShape, match="integer value"):
             int(torch.ones(3, dtype=torch.int64).sum())
 
 
 def test_fake_mode_runs_all_real_ops_for_real() -> None:
     real = torch.arange(6, dtype=torch.int32).view(2, 3)
-    with compat.FakeMode():
+    with torch_private.FakeMode():
         out = real[1]  # a DeviceMesh slices its real rank tensor like this inside the mode
-        assert not compat.is_fake(out) and out.tolist() == [3, 4, 5]
-        assert not compat.is_fake(torch.arange(4)) and compat.is_fake(torch.arange(4.0))
+        assert not torch_private.is_fake(out) and out.tolist() == [3, 4, 5]
+        assert not torch_private.is_fake(torch.arange(4)) and torch_private.is_fake(torch.arange(4.0))
 
 
 def test_balanced_routing_spreads_slots_evenly() -> None:
-    idx = compat.balanced_routing(4, torch.Size([6, 2]))
+    idx = torch_private.balanced_routing(4, torch.Size([6, 2]))
     assert idx.tolist()[:3] == [[0, 1], [2, 3], [0, 1]]
     assert torch.bincount(idx.flatten(), minlength=4).tolist() == [3, 3, 3, 3]
-    with compat.FakeMode():
+    with torch_private.FakeMode():
         values, i = torch.topk(torch.rand(6, 4), 2, dim=-1)
-        assert compat.is_fake(values) and not compat.is_fake(i) and i.shape == (6, 2)
+        assert torch_private.is_fake(values) and not torch_private.is_fake(i) and i.shape == (6, 2)
 
 
 def test_module_to_same_device_keeps_fake_parameters() -> None:
-    with compat.fake_world(lambda: torch.empty(1)):
+    with torch_private.fake_world(lambda: torch.empty(1)):
         m = nn.Linear(2, 2)
-        assert m.to(torch.device("cpu")) is m and compat.is_fake(m.weight)
+        assert m.to(torch.device("cpu")) is m and torch_private.is_fake(m.weight)
     assert nn.Module.to is not None and nn.Linear(2, 2).to("cpu").weight.device.type == "cpu"
 
 
@@ -131,7 +131,7 @@ def test_ddp_standin_buckets_equal_real_ddp_buckets() -> None:
 
 
 def test_leave_fake_pg_clears_the_dtensor_sharding_caches() -> None:
-    """compat.leave_fake_pg: the caches whose entries hold a destroyed world's DeviceMesh exist (a later spec's mesh of
+    """torch_private.leave_fake_pg: the caches whose entries hold a destroyed world's DeviceMesh exist (a later spec's mesh of
     the same shape compares equal and would resolve the destroyed groups' names: seen as 'Could not resolve the
     process group registered under the name 9' on the second spec of a shared-process trace,
     tests/multiprocess/test_fullest_moment.py), and leaving empties them."""
@@ -141,8 +141,8 @@ def test_leave_fake_pg_clears_the_dtensor_sharding_caches() -> None:
     assert callable(propagator.propagate_op_sharding.cache_clear)
     assert callable(propagator._propagate_tensor_meta_cached.cache_clear)
     assert callable(torch._C._clear_DTensor_sharding_propagator_cache)
-    compat.init_fake_pg(0, 2)
-    compat.leave_fake_pg()
+    torch_private.init_fake_pg(0, 2)
+    torch_private.leave_fake_pg()
     assert not dist.is_initialized()
     assert propagator._propagate_tensor_meta_cached.cache_info().currsize == 0
 

@@ -18,7 +18,7 @@ from dashboard import runs_view as rv
 from dashboard import spec_form as sf
 from dashboard import timeline_view as tv
 from dashboard import worker_ctl
-from backend.readable_numbers import fmt_bytes, fmt_pct, fmt_seconds
+from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
 from dashboard.sweep_form import expand_sweep
 
 

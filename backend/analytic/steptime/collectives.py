@@ -100,6 +100,6 @@ def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float,
 def collective_efficiency(hw: Hardware, collective: str) -> float:
     """Bandwidth of this collective relative to the tier's all-reduce-derived one. NCCL runs every ring collective at
     the same bus bandwidth (1.0); gloo on CPU runs reduce-scatter as an all-reduce of the whole buffer (≈2x the ring's
-    wire bytes, backend/engine/notes.py) and all-gather by its own algorithm, so hw_probe measures these or calibrate fits them."""
+    wire bytes, backend/engine/accuracy_notes.py) and all-gather by its own algorithm, so hw_probe measures these or calibrate fits them."""
     t = hw.tune
     return {"all_gather": t.all_gather_efficiency, "reduce_scatter": t.reduce_scatter_efficiency}.get(collective, 1.0)

@@ -1,4 +1,4 @@
-"""Typed reads of config.json keys for backend/hf_config.py and backend/hf_families.py: each names the key it
+"""Typed reads of config.json keys for backend/hf/config.py and backend/hf/families.py: each names the key it
 cannot use (HFConfigError), never a bare KeyError or TypeError."""
 
 from __future__ import annotations

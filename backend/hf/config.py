@@ -1,7 +1,7 @@
 """Hugging Face `config.json` -> ModelSpec fields, offline (the user gives the file).
 
 Families: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox here; deepseek_v3, deepseek_v2, qwen3, qwen3_moe,
-gpt_oss, gemma3_text and llama4_text (and llama4's text_config) in backend/hf_families.py. Every key of the config is either
+gpt_oss, gemma3_text and llama4_text (and llama4's text_config) in backend/hf/families.py. Every key of the config is either
 mapped to a ModelSpec field, checked to hold the one value ShardLab models, listed as not changing the
 shapes, memory or FLOPs ShardLab predicts (token ids, init, numerics such as rope_theta), or refused with
 its name. Nothing is silently ignored: accepted-but-unmodelled numerics are returned as notes.
@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backend.hf_families import NEW_FAMILIES, new_family_model
-from backend.hf_reads import DEFAULT_SEQ_CAP, HFConfigError, read_flag as _flag, read_int as _int, read_num as _num
-from backend.hf_reads import read_seq as _seq
+from backend.hf.families import NEW_FAMILIES, new_family_model
+from backend.hf.reads import DEFAULT_SEQ_CAP, HFConfigError, read_flag as _flag, read_int as _int, read_num as _num
+from backend.hf.reads import read_seq as _seq
 from backend.spec.user_text import InputError, check_depth, load_json_file, load_json_text
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox") + tuple(NEW_FAMILIES)

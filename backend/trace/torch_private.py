@@ -158,7 +158,7 @@ def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any
     if hasattr(stage.PipelineStage, "_shape_inference"):
         return _object_list_patches(hidden_meta)
     raise NotImplementedError("this torch's PipelineStage has neither _recv_meta (2.13) nor _shape_inference (2.11): "
-                              "backend/trace/compat.py cannot stand in for its stage-metadata exchange")
+                              "backend/trace/torch_private.py cannot stand in for its stage-metadata exchange")
 
 
 def _stage_meta_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:

@@ -1,4 +1,4 @@
-"""config.json -> ModelSpec fields for the 2026 families (backend/hf_config.py holds the older ones and the common
+"""config.json -> ModelSpec fields for the 2026 families (backend/hf/config.py holds the older ones and the common
 checks): deepseek_v3, deepseek_v2 (MLA, dense prefix, shared experts, sigmoid / group-limited routing), qwen3,
 qwen3_moe (q/k norms, own head width, mlp_only_layers / decoder_sparse_step), gpt_oss (sinks, alternating
 sliding / full layers, biased router and clamped SwiGLU experts), gemma3_text (sandwich norms, 5:1 local / global,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.hf_reads import (HFConfigError, read_flag, read_int, read_int_list, read_num, read_seq, read_str)
+from backend.hf.reads import (HFConfigError, read_flag, read_int, read_int_list, read_num, read_seq, read_str)
 
 _BASE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
          "intermediate_size")
