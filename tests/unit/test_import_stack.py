@@ -149,3 +149,20 @@ def test_deepspeed_json_is_stack_deepspeed():
     assert t["stack"] == "deepspeed" and t["grad_reduce_dtype"] == "fp32" and t["grad_reduce_overlap"] is True
     assert "zero_optimization.reduce_bucket_size" in imported.unmapped
     assert "data_types.grad_accum_dtype" not in imported.ignored
+
+
+@pytest.mark.parametrize("extra, fits", [("--grad-reduce-in-bf16", True), ("", False)])
+def test_the_issues_megatron_recipe_fits_80gb_as_nvidia_runs_it(tmp_path, capsys, extra, fits):
+    """The script transcribes Megatron-Bridge's llama3_8b_pretrain_8gpu_h100_bf16_config, whose _perf_precision("bf16")
+    and _benchmark_common both set grad_reduce_in_fp32 = False (Megatron-Bridge 007282e perf_recipes/_common.py):
+    Megatron-LM's --grad-reduce-in-bf16. Run that way, `estimate --hardware h100-sxm` says it fits an 80 GB H100
+    (2 B param + 2 B grad buffer + 12 / (dp x cp) B optimizer per parameter, TE's saved tensors at s = 8,192 / cp 2).
+    As the fixture writes it, without the flag, Megatron-LM keeps fp32 main grads for --bf16 (arguments.py 1204-1217:
+    accumulate_allreduce_grads_in_fp32), a 4 B x 8.03 B = 32 GB grad buffer, and the same estimate says it does not."""
+    from backend.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_megatron(extra).spec))
+    assert main(["estimate", "--spec", str(spec), "--hardware", "h100-sxm", "--json", "--rank-limit", "1"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    assert fit["fits"] is fits and fit["device_bytes"] == 80e9, fit

@@ -38,6 +38,7 @@ def _rank(spec: ExperimentSpec, rank: int = 0):
 
 
 MEGATRON_CP = {"strategy": "zero1", "world_size": 8, "tp": 1, "pp": 1, "cp": 2}
+SMALL_MODEL = _spec({}, {"strategy": "ddp", "world_size": 1}).model
 
 
 def test_default_stack_has_no_stack_terms():
@@ -63,6 +64,22 @@ def test_megatron_distributed_optimizer_is_2_4_12_over_dp_cp_with_megatron_paddi
 def test_megatron_grad_reduce_in_bf16_halves_the_grad_buffer():
     _, m = _rank(_spec({"stack": "megatron", "grad_reduce_dtype": "bf16"}, MEGATRON_CP))
     assert m.grads_bytes == m.params_bytes
+
+
+def test_megatron_fp8_params_are_the_weights_plus_their_transpose_and_no_workspace():
+    """--fp8-param-gather: TE's linear weights are Float8Tensors (1 B in the uint8 buffer) used as they are, no cached
+    workspace (TE quantize_weight: "Already-quantized weight"), plus their columnwise transpose (1 B on Hopper); every
+    other param stays bf16. So 1 + 1 B per linear weight element and 2 B per other element: 2 B per buffer element,
+    where it was 1 B per element + a 2 B workspace per linear weight element (22 GB instead of 16 GB for 8B)."""
+    from backend.analytic.memory.parts import rank_parts
+
+    train = {"stack": "megatron", "precision": "fp8", "grad_reduce_dtype": "bf16"}
+    layout, fp8_params = _rank(_spec(train | {"param_dtype": "fp8"}, MEGATRON_CP))
+    n = fp8_params.grads_bytes // 2
+    assert fp8_params.params_bytes == 2 * n
+    workspace_layout, workspace = _rank(_spec(train, MEGATRON_CP))
+    linear = rank_parts(SMALL_MODEL, workspace_layout, RankPosition()).total("linear_weight_numel")
+    assert workspace.params_bytes == 2 * n + 2 * linear and 0 < linear < n
 
 
 def test_megatron_without_distributed_optimizer_is_18_bytes_unpadded():

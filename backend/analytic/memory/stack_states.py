@@ -68,6 +68,10 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """zero/config.py reduce_bucket_size default (elements)."""
 FP8_WEIGHT_CACHE_BYTES = 2
 """TE's cached fp8 weight, rowwise + columnwise, per block linear weight element (research notes Sec 2.5)."""
+FP8_PARAM_BYTES = 1
+"""A Float8Tensor parameter's rowwise data (Megatron's uint8 param buffer)."""
+FP8_TRANSPOSE_BYTES = 1
+"""Its columnwise copy for dgrad / wgrad: a materialised fp8 transpose on Hopper (research notes Sec 2.5)."""
 
 
 def adam_state_tensors(optimizer: str) -> int:
@@ -106,10 +110,23 @@ def megatron_state(model: Any, layout: Layout, position: RankPosition, parts: Ra
     numel = where(dist_opt, dense_buf + expert_buf, local)  # no padding without the distributed optimizer (M6)
     per_master = s.master_bytes + 4 * adam_state_tensors(layout.optimizer)
     owned = where(dist_opt, dense_buf / d + expert_buf / edp, local)
+    return ModelStateBytes(params_bytes=megatron_param_bytes(layout, numel, parts.total("linear_weight_numel")),
+                           grads_bytes=s.grad_bytes * numel, optimizer_bytes=per_master * owned)
+
+
+def megatron_param_bytes(layout: Layout, numel: Any, linear: Any) -> Any:
+    """The param buffer(s) of `numel` elements, `linear` of them block linear weights. fp8 params (--fp8-param-gather,
+    param_dtype fp8): only TE's linear weights are Float8Tensors, in the uint8 buffer (1 B), and TE uses them as they
+    are, no workspace (TransformerEngine d0067d0 module/base.py quantize_weight 835-845: "Already-quantized weight
+    (primary FP8 parameters)"), adding their columnwise copy for the backward GEMMs (update_usage, module/linear.py
+    1046-1051: the transpose on Hopper, 1 B); every other param (embedding, output layer, norms) stays in a 16-bit
+    buffer (param_and_grad_buffer.py group_params_for_buffers: one buffer per param dtype). fp8 without fp8 params:
+    16-bit params plus TE's cached fp8 weight workspace (module docstring)."""
+    s: StackMemory = layout.stack
+    if s.fp8 and s.param_bytes == FP8_PARAM_BYTES:
+        return FP8_PARAM_BYTES * linear + layout.compute_bytes * (numel - linear) + FP8_TRANSPOSE_BYTES * linear
     params = s.param_bytes * numel
-    if s.fp8:
-        params = params + FP8_WEIGHT_CACHE_BYTES * parts.total("linear_weight_numel")
-    return ModelStateBytes(params_bytes=params, grads_bytes=s.grad_bytes * numel, optimizer_bytes=per_master * owned)
+    return params + FP8_WEIGHT_CACHE_BYTES * linear if s.fp8 else params
 
 
 def megatron_buffer_numel(numel: Any, group: Any) -> Any:
