@@ -4,10 +4,13 @@ and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
@@ -23,7 +26,7 @@ def bucket_of(name: str) -> tuple[int, str]:
     return (1 << 30, "head")
 
 
-def used_by(spec: Any) -> bool:
+def used_by(spec: ExperimentSpec) -> bool:
     """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec): zero1 x tp / pp / ep
     here, and every zero1 of the megatron stack (spec/stacks.megatron_distributed_optimizer)."""
     p = spec.parallel

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
 
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
-def estimate_notes(spec: Any) -> list[str]:
+
+def estimate_notes(spec: ExperimentSpec) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
     where = peak_inside_forward(spec)  # None under pipelining
     stack = Layout.of(spec).stack
@@ -74,7 +77,7 @@ def estimate_notes(spec: Any) -> list[str]:
     return notes
 
 
-def op_policy_note(spec: Any) -> str | None:
+def op_policy_note(spec: ExperimentSpec) -> str | None:
     """Why `recompute op` keeps exactly what `full` keeps, when it does (None otherwise): its policy saves the outputs
     of the listed ops (torchtitan b39377f9f, torchtitan/distributed/activation_checkpoint.py `_apply_op_sac`, the list
     in torchtitan/models/llama3/infra/parallelize.py `_op_sac_save_list`): aten.mm (every second one), the SDPA kernels
@@ -96,7 +99,7 @@ def op_policy_note(spec: Any) -> str | None:
             "aten.addmm.default / aten.bmm.default in recompute_ops or use flash attention")
 
 
-def cp_note(spec: Any) -> str:
+def cp_note(spec: ExperimentSpec) -> str:
     """What context parallelism divides and what it does not, with the ring's transient buffers in bytes."""
     from backend.analytic.traffic import cp_kv_bytes
 
