@@ -108,7 +108,8 @@ def stage_modules(m: ModelKey, stage: int, n_stages: int) -> tuple[range, bool, 
     return layer_split(m.n_layers, n_stages)[stage], stage == 0, stage == n_stages - 1
 
 
-def pp_param_list(m: ModelSpec, pp_rank: int, pp: int, virtual_stages: int = 1, schedule: str = "1f1b") -> list[ParamInfo]:
+def pp_param_list(m: ModelSpec, pp_rank: int, pp: int, virtual_stages: int = 1,
+                  schedule: str = "1f1b") -> list[ParamInfo]:
     """Parameters on pipeline rank `pp_rank`, in the full model's `named_parameters()` order."""
     return list(_pp_params(model_key(m), pp_rank, pp, virtual_stages, str(schedule)))
 

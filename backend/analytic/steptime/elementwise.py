@@ -28,9 +28,12 @@ kernels cost their launch floor, large ones their traffic (Williams et al. 2009,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.vector import maximum
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 IMPLEMENTATIONS = ("torch", "fused", "compiled")
 CE_FWD_BYTES_PER_LOGIT = 8
@@ -73,7 +76,7 @@ class Widths:
     """Bytes of the residual stream and the norms' output (fp32 under autocast)."""
 
 
-def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
+def layer_passes(model: ModelSpec, w: Widths) -> tuple[list[Pass], list[Pass]]:
     """(forward, backward) kernels of one layer of ShardLab's GPT in eager PyTorch (module docstring)."""
     norm = "rmsnorm" if str(model.norm) == "rmsnorm" else "layernorm"
     swiglu = str(model.mlp) == "swiglu"
@@ -109,7 +112,7 @@ def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
     return fwd, bwd
 
 
-def compiled_layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
+def compiled_layer_passes(model: ModelSpec, w: Widths) -> tuple[list[Pass], list[Pass]]:
     """(forward, backward) kernels of one block under torch.compile (module docstring): the fused regions between
     its matmuls and its attention core, each reading its inputs and writing its outputs once. Forward: norm 1;
     RoPE on q and k (with the GQA repeat of k and v); the attention output's transpose; the residual add fused into
