@@ -513,7 +513,7 @@ def unsharded_grad_numel(q: LocalParam, tp: int) -> int:
     return prod(q.shape) if tp > 1 and tp_style(q.name) == VOCAB_ROWWISE else q.local_numel
 
 
-def fsdp_units(m: ModelSpec, params: list[LocalParam]) -> dict[str, list[LocalParam]]:
+def fsdp_units(m: ModelSpec, params: Sequence[LocalParam]) -> dict[str, list[LocalParam]]:
     """FSDP2 units as the engine wraps them: one per transformer block, the rest in the root."""
     units: dict[str, list[LocalParam]] = {}
     for q in params:

@@ -12,7 +12,7 @@ which syncs on the last backward only; it all-gathers a unit at each sharded -> 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.moe_rows import is_uniform_dropless
@@ -79,7 +79,7 @@ def is_float8_weight(q: LocalParam) -> bool:
         and ".mlp.router" not in name and ".experts." not in name and not name.endswith("shared_gate.weight")
 
 
-def dp_traffic(spec: ExperimentSpec, params: list[LocalParam]) -> Traffic:
+def dp_traffic(spec: ExperimentSpec, params: Sequence[LocalParam]) -> Traffic:
     """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
     p, t = spec.parallel, spec.train
     out: Traffic = []

@@ -49,7 +49,7 @@ def fsdp2_wrapped(spec: ExperimentSpec) -> bool:
     return p.dp_cp > 1 and flavour == "ddp" and p.ep == 1 and not pure
 
 
-def dtensor_params(spec: ExperimentSpec, params: list[LocalParam]) -> int:
+def dtensor_params(spec: ExperimentSpec, params: Sequence[LocalParam]) -> int:
     """Parameters of this rank that are DTensors: all under FSDP2; under TP all but the plain LayerNorms (plain
     unless sequence parallel) and the replicated MoE router (backend/strategies/tp.py plan table)."""
     p = spec.parallel
