@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backend.spec.choices import Optimizer
+
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
     from backend.spec import ExperimentSpec, ParallelSpec
@@ -111,7 +113,7 @@ def device_notes(spec: ExperimentSpec, *, n_param_tensors: int, autocast: bool) 
     notes = ["CUDA: every parameter, gradient and optimizer-state storage is predicted rounded up to 512 B "
              "(the caching allocator's block, as MemTracker counts it), except gradients that are views of one "
              "buffer (classic DDP's buckets, FSDP2's per-unit reduce-scatter output)"]
-    if str(spec.train.optimizer) == "adamw":
+    if spec.train.optimizer == Optimizer.ADAMW:
         notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} B) "
                      "live on the host (capturable=False), so they are not in the device's optimizer bytes")
     if autocast and str(spec.train.recompute) == "none":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.analytic.params import param_list
+from backend.spec.choices import Optimizer
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -64,7 +65,7 @@ def deepspeed_rank(spec: ExperimentSpec, *, bucket_elements: int, persistence_th
     b = _dtype_bytes(precision)
     numels = [q.numel for q in param_list(spec.model)]
     total = sum(numels)
-    adam = str(spec.train.optimizer) == "adamw"
+    adam = spec.train.optimizer == Optimizer.ADAMW
     states = 2 if adam else 1
     if stage == 3:
         part = sum(-(-k // n) for k in numels)  # ceil(numel / N) per parameter

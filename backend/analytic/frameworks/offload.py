@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.analytic.sharding import local_params
+from backend.spec.choices import Optimizer
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -25,7 +26,7 @@ def host_bytes(spec: ExperimentSpec, rank: int) -> int:
     """Host-resident bytes of this rank under offload=params: sharded params, their grads, optimizer states."""
     params = local_params(spec, rank)
     shard = sum(q.storage_numel for q in params)
-    steps = FP32_BYTES * len(params) if str(spec.train.optimizer) == "adamw" else 0  # torch AdamW: one step tensor per param
+    steps = FP32_BYTES * len(params) if spec.train.optimizer == Optimizer.ADAMW else 0  # torch AdamW: one step tensor per param
     return FP32_BYTES * shard * (2 + OPT_STATES[str(spec.train.optimizer)]) + steps
 
 
