@@ -18,9 +18,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from backend.spec.choices import Optimizer
+
+if TYPE_CHECKING:
+    from backend.analytic.layout import Layout
+    from backend.spec import ExperimentSpec, ParallelSpec
 
 CPU, CUDA = "cpu", "cuda"
 CUDA_MIN_BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize; MemTracker _PYTORCH_MIN_ALLOCATE
@@ -89,7 +95,7 @@ def rms_norm_saved_bytes(*, sbh: float, sb: float, input_bytes: float, device: s
     return FP32_BYTES * (2 * sbh + sb)
 
 
-def with_device(spec: Any, device: str | None) -> Any:
+def with_device(spec: ExperimentSpec, device: str | None) -> ExperimentSpec:
     """The spec with runtime.device resolved to "cpu"/"cuda": `device` when the caller knows where the ranks run
     (the engine: its ctx.device; a UI/CLI host: backend.engine.device_facts.host_device), else
     spec.runtime.device with `auto` read as a host without CUDA."""
@@ -100,14 +106,14 @@ def with_device(spec: Any, device: str | None) -> Any:
     return spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"device": device_type(dev)})})
 
 
-def device_notes(spec: Any, *, n_param_tensors: int, autocast: bool) -> list[str]:
+def device_notes(spec: ExperimentSpec, *, n_param_tensors: int, autocast: bool) -> list[str]:
     """What the CUDA prediction does differently (none for cpu)."""
     if str(spec.runtime.device) != CUDA:
         return []
     notes = ["CUDA: every parameter, gradient and optimizer-state storage is predicted rounded up to 512 B "
              "(the caching allocator's block, as MemTracker counts it), except gradients that are views of one "
              "buffer (classic DDP's buckets, FSDP2's per-unit reduce-scatter output)"]
-    if str(spec.train.optimizer) == "adamw":
+    if spec.train.optimizer == Optimizer.ADAMW:
         notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} B) "
                      "live on the host (capturable=False), so they are not in the device's optimizer bytes")
     if autocast and str(spec.train.recompute) == "none":
@@ -156,7 +162,7 @@ class RuntimeOverhead:
         return self.nccl_channels * self.nccl_peers * self.nccl_buffsize_bytes
 
 
-def communicators(parallel: Any) -> Any:
+def communicators(parallel: ParallelSpec | Layout) -> Any:
     """NCCL communicators one rank creates: the world, each mesh dimension of size > 1, and under PP the two
     point-to-point pairs with the neighbouring stages (ProcessGroupNCCL creates one per send/recv peer). `parallel`:
     a spec's ParallelSpec (an int) or the planner's Layout of many layouts (an array, one count per layout)."""
@@ -174,11 +180,12 @@ def profile_device(kind: str) -> str:
     return CPU if str(kind) == CPU else CUDA
 
 
-def allowance_bytes(fullest_bytes: Any, parallel: Any, device: str,
+def allowance_bytes(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str,
                     overhead: RuntimeOverhead | None = None) -> dict[str, Any]:
     """{cuda_context, nccl_buffers, fragmentation, total}: the runtime allowance of ranks whose fullest moment is
     fullest_bytes (a number, or one per layout of the planner's arrays); all zero on cpu (the tracker's bytes are what
-    the host allocator hands out). The one "does it fit" rule (`fits_device`) adds it to the fullest moment."""
+    the host allocator hands out). The one "does it fit" rule (`fits_device`) adds it to the fullest moment.
+    `parallel` None: a row without its layout (New experiment's cpu ranks), read only on cuda."""
     o = overhead or RuntimeOverhead()
     if str(device) != CUDA:
         return {"cuda_context": 0.0, "nccl_buffers": 0.0, "fragmentation": 0.0, "total": 0.0}
@@ -190,12 +197,13 @@ def allowance_bytes(fullest_bytes: Any, parallel: Any, device: str,
     return parts
 
 
-def need_bytes(fullest_bytes: Any, parallel: Any, device: str, overhead: RuntimeOverhead | None = None) -> Any:
+def need_bytes(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str,
+               overhead: RuntimeOverhead | None = None) -> Any:
     """Device memory a rank needs: its fullest moment + the runtime allowance (allowance_bytes)."""
     return fullest_bytes + allowance_bytes(fullest_bytes, parallel, device, overhead)["total"]
 
 
-def fits_device(fullest_bytes: Any, parallel: Any, device: str, device_bytes: float,
+def fits_device(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,
                 overhead: RuntimeOverhead | None = None) -> Any:
     """The one "does it fit" rule: need_bytes <= the device's memory (a device of unknown memory fits nothing).
     `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk, the Plan page, New experiment's fit check
@@ -205,7 +213,8 @@ def fits_device(fullest_bytes: Any, parallel: Any, device: str, device_bytes: fl
     return np.logical_and(bool(device_bytes), need_bytes(fullest_bytes, parallel, device, overhead) <= device_bytes)
 
 
-def fullest_budget_bytes(parallel: Any, device: str, device_bytes: float, overhead: RuntimeOverhead | None = None) -> Any:
+def fullest_budget_bytes(parallel: ParallelSpec | Layout, device: str, device_bytes: float,
+                         overhead: RuntimeOverhead | None = None) -> Any:
     """The largest fullest moment that fits (fits_device solved for it), in words for the Plan page: the device less
     the CUDA context and NCCL buffers, over 1 + the allocator slack; the device itself on cpu."""
     o = overhead or RuntimeOverhead()
@@ -215,7 +224,8 @@ def fullest_budget_bytes(parallel: Any, device: str, device_bytes: float, overhe
     return (device_bytes - fixed["cuda_context"] - fixed["nccl_buffers"]) / (1 + o.fragmentation_frac)
 
 
-def runtime_overhead_bytes(spec: Any, peak_bytes: float, overhead: RuntimeOverhead | None = None) -> dict[str, float]:
+def runtime_overhead_bytes(spec: ExperimentSpec, peak_bytes: float,
+                           overhead: RuntimeOverhead | None = None) -> dict[str, float]:
     """{cuda_context, nccl_buffers, fragmentation, total} bytes for one rank of a spec whose predicted peak is
     peak_bytes (allowance_bytes on the spec's device)."""
     return {k: float(v) for k, v in allowance_bytes(peak_bytes, spec.parallel, str(spec.runtime.device), overhead).items()}

@@ -12,7 +12,7 @@ docs/source/api-guide/dist_optimizer.md table). Bucket rules: dp_buckets.py; tra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA, CUDA_MIN_BLOCK_BYTES, adamw_step_on_device
 from backend.analytic.dp_buckets import padded
@@ -21,8 +21,12 @@ from backend.analytic.optimizer_state import STEP_TENSOR_BYTES
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import ceil_div, where
 
+if TYPE_CHECKING:
+    from backend.analytic.layout import Layout
+    from backend.analytic.memory.parts import RankParts
 
-def param_bytes(layout: Any) -> Any:
+
+def param_bytes(layout: Layout) -> Any:
     """Bytes per parameter element: the 16-bit compute dtype under mixed precision, else fp32."""
     return where(layout.half_params, layout.compute_bytes, MASTER_BYTES)
 
@@ -31,7 +35,7 @@ def _storage(nbytes: Any, cuda: bool) -> Any:
     return ceil_div(nbytes, CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES if cuda else nbytes
 
 
-def model_state_bytes(layout: Any, parts: Any) -> tuple[Any, Any, Any]:
+def model_state_bytes(layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
     """(params, grads, optimizer) bytes of a rank: sums over its buckets ((n_blocks - n_alt) x block + n_alt x the
     other MLP kind's block (mixed stacks: DeepSeek's dense prefix, Llama 4's interleave) + first x embeddings +
     last x head), each padded to a multiple of dp; on CUDA every buffer is its own 512-B-rounded storage. Under

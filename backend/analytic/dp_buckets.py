@@ -4,10 +4,13 @@ and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
@@ -23,7 +26,7 @@ def bucket_of(name: str) -> tuple[int, str]:
     return (1 << 30, "head")
 
 
-def used_by(spec: Any) -> bool:
+def used_by(spec: ExperimentSpec) -> bool:
     """A validated spec runs the distributed optimizer (Layout.distributed_optimizer for one spec): zero1 x tp / pp / ep
     here, and every zero1 of the megatron stack (spec/stacks.megatron_distributed_optimizer)."""
     p = spec.parallel
@@ -35,14 +38,14 @@ def padded(numel: Any, dp: Any) -> Any:
     return ceil_div(numel, dp) * dp
 
 
-def bucket_numels(params: list[Any], dp: int, edp: int | None = None) -> list[int]:
+def bucket_numels(params: Sequence[Any], dp: int, edp: int | None = None) -> list[int]:
     """Padded elements per bucket of a rank's local parameters (LocalParam: name, local_numel, is_expert), bucket
     order. edp (ep > 1): an ep rank's experts of a block are a bucket of their own, padded to a multiple of edp
     (`expert_buckets` lists them apart)."""
     return [n for n, _ in bucket_groups(params, dp, edp)]
 
 
-def bucket_groups(params: list[Any], dp: int, edp: int | None = None) -> list[tuple[int, int]]:
+def bucket_groups(params: Sequence[Any], dp: int, edp: int | None = None) -> list[tuple[int, int]]:
     """(padded elements, the group it shards over: dp, or edp for an expert bucket) per bucket, bucket order."""
     sizes: dict[tuple[float, str], int] = {}
     for q in params:

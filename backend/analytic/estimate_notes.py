@@ -3,20 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
+from backend.spec.choices import Bias, Precision
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 
-def estimate_notes(spec: Any) -> list[str]:
+def estimate_notes(spec: ExperimentSpec) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
     where = peak_inside_forward(spec)  # None under pipelining
     stack = Layout.of(spec).stack
     if stack is not None:
         notes.append(stack_memory_note(stack))
-    elif str(t.precision) != "fp32":
+    elif t.precision != Precision.FP32:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
     if p.zero_stage >= 2:
@@ -74,7 +78,7 @@ def estimate_notes(spec: Any) -> list[str]:
     return notes
 
 
-def op_policy_note(spec: Any) -> str | None:
+def op_policy_note(spec: ExperimentSpec) -> str | None:
     """Why `recompute op` keeps exactly what `full` keeps, when it does (None otherwise): its policy saves the outputs
     of the listed ops (torchtitan b39377f9f, torchtitan/distributed/activation_checkpoint.py `_apply_op_sac`, the list
     in torchtitan/models/llama3/infra/parallelize.py `_op_sac_save_list`): aten.mm (every second one), the SDPA kernels
@@ -86,7 +90,7 @@ def op_policy_note(spec: Any) -> str | None:
     shape = LayerShape.of_spec(spec)
     if op_sac_saved_bytes(shape):
         return None
-    linears = "every block Linear has a bias (aten.addmm)" if str(spec.model.bias) == "all" else \
+    linears = "every block Linear has a bias (aten.addmm)" if spec.model.bias == Bias.ALL else \
         "its Linears without a bias run aten.mm, but none is saved here"
     return (f"recompute op = full here, to the byte: op-level SAC saves the outputs of {', '.join(spec.train.sac_ops)} "
             f"(every second aten.mm), and this model saves none of them: {linears} and math attention runs "
@@ -96,7 +100,7 @@ def op_policy_note(spec: Any) -> str | None:
             "aten.addmm.default / aten.bmm.default in recompute_ops or use flash attention")
 
 
-def cp_note(spec: Any) -> str:
+def cp_note(spec: ExperimentSpec) -> str:
     """What context parallelism divides and what it does not, with the ring's transient buffers in bytes."""
     from backend.analytic.traffic import cp_kv_bytes
 

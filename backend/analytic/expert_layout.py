@@ -21,9 +21,12 @@ modelled (spec/checks.py says so with the arithmetic).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.vector import where
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class ExpertLayout:
         return cls(ep=ep, etp=etp, edp=dp_cp // ep, tp_replicas=tp // etp)
 
     @classmethod
-    def of_spec(cls, spec: Any) -> ExpertLayout:
+    def of_spec(cls, spec: ExperimentSpec) -> ExpertLayout:
         p = spec.parallel
         return cls.of(p.tp, p.dp_cp, p.ep, p.etp)
 

@@ -16,7 +16,7 @@ from backend.analytic.textbook.kv_cache import kv_cache_bytes
 from backend.analytic.traffic import compute_bytes
 
 if TYPE_CHECKING:
-    from backend.spec import ExperimentSpec
+    from backend.spec import ExperimentSpec, ModelSpec
 
 
 def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset: int = 0,
@@ -56,7 +56,8 @@ def estimate_inference(spec: ExperimentSpec, *, batch: int, context: int, offset
     return out
 
 
-def layers_kv_cache_bytes(m: Any, layers: list[int], *, batch: int, context: int, dtype_bytes: float, tp: int) -> float:
+def layers_kv_cache_bytes(m: ModelSpec, layers: list[int], *, batch: int, context: int, dtype_bytes: float,
+                          tp: int) -> float:
     """KV cache of the given blocks. A plain layer caches K and V per kv head (textbook/kv_cache.py, vLLM Sec 3);
     a windowed one (sliding or chunked) at most `window` positions (Mistral's rolling buffer, Jiang et al. 2023 Sec 2);
     MLA caches one compressed latent (kv_lora_rank) plus the shared rope key (qk_rope_head_dim) per token and layer,

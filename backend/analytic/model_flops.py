@@ -12,24 +12,27 @@ chunked attention: block-diagonal, s / c chunks of c x c); a global block s.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.params import head_dim, layer_attention_kind, matmul_params, v_head_dim
 from backend.analytic.textbook.flops import training_flops_per_token
 
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
-def kv_lengths(m: Any) -> list[int]:
+
+def kv_lengths(m: ModelSpec) -> list[int]:
     """Keys scored per query in each block (window or the whole sequence)."""
     window = getattr(m, "window", None)
     return [min(window, m.seq_len) if layer_attention_kind(m, i)[1] else m.seq_len for i in range(m.n_layers)]
 
 
-def attention_fwd_flops_per_token(m: Any) -> int:
+def attention_fwd_flops_per_token(m: ModelSpec) -> int:
     """Forward FLOPs of QK^T and P.V for one token, summed over the blocks."""
     return sum(2 * m.n_heads * s_kv * (head_dim(m) + v_head_dim(m)) for s_kv in kv_lengths(m))
 
 
-def training_flops_per_step(m: Any, *, tokens: int, recompute: str = "none",
+def training_flops_per_step(m: ModelSpec, *, tokens: int, recompute: str = "none",
                             rerun: tuple[float, float] | None = None) -> float:
     """FLOPs per optimizer step (forward + backward [+ recompute]) of `tokens` tokens of model `m`; `rerun` as in
     textbook/flops.training_flops_per_token (recompute policies beyond none / selective / full)."""

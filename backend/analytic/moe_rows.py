@@ -15,9 +15,12 @@ received / (E / ep) rows each.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.moe_capacity import expert_capacity, rows_per_expert_padded
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,13 @@ def expert_rows(*, tokens: int, top_k: int, n_experts: int, factor: float | None
     return ExpertRows(sent=kept, received=min(rows * imbalance, n_experts * cap), kept=kept)
 
 
-def of_model(model: Any, tokens: int) -> ExpertRows:
+def of_model(model: ModelSpec, tokens: int) -> ExpertRows:
     """The rows of a ModelSpec's MoE (its capacity_factor, moe_pad_to_capacity, moe_imbalance) for `tokens` tokens."""
     return expert_rows(tokens=tokens, top_k=model.top_k, n_experts=max(model.n_experts, 1),
                        factor=getattr(model, "capacity_factor", None), pad=bool(getattr(model, "moe_pad_to_capacity", False)),
                        imbalance=float(getattr(model, "moe_imbalance", 1.0)))
 
 
-def is_uniform_dropless(model: Any) -> bool:
+def is_uniform_dropless(model: ModelSpec) -> bool:
     """No capacity and uniform routing: every formula keeps its T k rows (the golden predictions)."""
     return getattr(model, "capacity_factor", None) is None and float(getattr(model, "moe_imbalance", 1.0)) == 1.0

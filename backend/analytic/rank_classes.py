@@ -15,9 +15,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from math import ceil
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from backend.analytic.params import param_list
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ParallelSpec
 
 
 def chunk_intervals(dims: set[int], n: int) -> list[int]:
@@ -66,7 +69,7 @@ class RankClass:
     def ranks(self) -> int:
         return self.dp_count * len(self.tp_indices)
 
-    def representative(self, parallel: Any) -> int:
+    def representative(self, parallel: ParallelSpec) -> int:
         """The class's lowest rank."""
         dp = next(self.dp_members())
         return (self.pp_rank * parallel.dp_cp + dp) * parallel.tp + self.tp_indices.start
@@ -75,7 +78,7 @@ class RankClass:
 @dataclass(frozen=True)
 class RankClasses:
     """Every class of a spec's ranks and the lookup rank -> class."""
-    parallel: Any
+    parallel: ParallelSpec
     tp_starts: list[int]
     dp_starts: list[int]
     classes: dict[tuple[int, int, int, int], RankClass]
@@ -89,7 +92,7 @@ class RankClasses:
         return self.classes[self.key(rank)]
 
 
-def rank_classes(spec: Any) -> RankClasses:
+def rank_classes(spec: ExperimentSpec) -> RankClasses:
     """The classes of a validated spec's ranks: tp intervals over every parameter dim; FSDP dp intervals over the
     dims after the tp split (other flavours replicate or partition whole tensors: one dp interval)."""
     p = spec.parallel

@@ -11,11 +11,14 @@ shares of its weight GEMMs, its attention core and its element-wise work (scalar
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, is_gated
 from backend.analytic.vector import maximum, minimum, where
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
              "aten._scaled_dot_product_efficient_attention.default"}
@@ -27,7 +30,7 @@ class RerunShare(NamedTuple):
     elementwise: Any
 
 
-def _linears(model: Any) -> list[tuple[float, bool]]:
+def _linears(model: ModelSpec) -> list[tuple[float, bool]]:
     """(width, biased) of one block's linears in forward order, width = the dimension other than h (FLOPs are
     proportional to it)."""
     h, a = model.d_model, model.n_heads
@@ -39,7 +42,7 @@ def _linears(model: Any) -> list[tuple[float, bool]]:
     return [(h, qkv), (kv, qkv), (kv, qkv), (h, other)] + mlp
 
 
-def op_gemm_share(model: Any, ops: tuple[str, ...]) -> float:
+def op_gemm_share(model: ModelSpec, ops: tuple[str, ...]) -> float:
     """The FLOPs share of a block's linears that op-level SAC re-runs (every linear has h inputs or outputs: FLOPs
     are proportional to the width)."""
     ops_set, count, rerun = set(ops), 0, 0.0
@@ -53,7 +56,7 @@ def op_gemm_share(model: Any, ops: tuple[str, ...]) -> float:
     return rerun / sum(width for width, _ in linears)
 
 
-def checkpointed_share(model: Any, kind: Any, layers: Any, n_stages: Any) -> Any:
+def checkpointed_share(model: ModelSpec, kind: Any, layers: Any, n_stages: Any) -> Any:
     """Share of all blocks whose forward is re-run by layers:K / block:N / uniform:N (per stage module)."""
     q, extra = model.n_layers // n_stages, model.n_layers % n_stages
     k = maximum(layers, 1)
@@ -65,7 +68,7 @@ def checkpointed_share(model: Any, kind: Any, layers: Any, n_stages: Any) -> Any
     return share
 
 
-def rerun_share(model: Any, layout: Any, *, flash: bool) -> RerunShare:
+def rerun_share(model: ModelSpec, layout: Layout, *, flash: bool) -> RerunShare:
     """Per layout: the shares of the block forward re-run in backward (layout.recompute, recompute_layers)."""
     kind = layout.recompute
     whole = where((kind == RecomputeMode.FULL) | (kind == RecomputeMode.UNIFORM), 1.0,
@@ -77,12 +80,12 @@ def rerun_share(model: Any, layout: Any, *, flash: bool) -> RerunShare:
     return RerunShare(gemm=gemm, attention=attention, elementwise=where(op, 1.0, whole))
 
 
-def rerun_share_of(spec: Any) -> RerunShare:
+def rerun_share_of(spec: ExperimentSpec) -> RerunShare:
     """rerun_share of a validated spec's own layout and attention kernel."""
     return rerun_share(spec.model, Layout.of(spec), flash=str(getattr(spec.model, "attention", "math")) == "flash")
 
 
-def flops_rerun(spec: Any) -> tuple[float, float] | None:
+def flops_rerun(spec: ExperimentSpec) -> tuple[float, float] | None:
     """training_flops_per_step's `rerun` for a spec: None for none / selective / full (the textbook's own cases)."""
     if str(spec.train.recompute) in ("none", "selective", "full"):
         return None

@@ -16,12 +16,15 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, prod
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from backend.analytic.params import ModelKey, ParamInfo, model_key, param_tuple
 from backend.analytic.tp_placement import REPLICATE, ROWWISE, VOCAB_ROWWISE, module_placement
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 # The TP split of every module comes from THE placement table (tp_placement.py), which strategies/tp.py builds its
 # DTensor plan from too.
@@ -88,24 +91,25 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int, schedule: str) ->
     return [pp_rank + k * pp for k in range(virtual_stages)]
 
 
-def rank_stages(spec: Any, rank: int) -> list[int]:
+def rank_stages(spec: ExperimentSpec, rank: int) -> list[int]:
     """Pipeline stage indices a global rank holds (its pp coordinate under the spec's schedule)."""
     p = spec.parallel
     return sorted(stages_of_rank(p.coords(rank)["pp"], p.pp, p.virtual_stages, str(p.pp_schedule)))
 
 
-def rank_layers(spec: Any, stages: list[int]) -> list[int]:
+def rank_layers(spec: ExperimentSpec, stages: list[int]) -> list[int]:
     """Transformer block indices of those stages."""
     split = layer_split(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages)
     return sorted(i for s in stages for i in split[s])
 
 
-def stage_modules(m: Any, stage: int, n_stages: int) -> tuple[range, bool, bool]:
+def stage_modules(m: ModelKey, stage: int, n_stages: int) -> tuple[range, bool, bool]:
     """(layers, has embeddings, has final norm + lm_head) of one stage."""
     return layer_split(m.n_layers, n_stages)[stage], stage == 0, stage == n_stages - 1
 
 
-def pp_param_list(m: Any, pp_rank: int, pp: int, virtual_stages: int = 1, schedule: str = "1f1b") -> list[ParamInfo]:
+def pp_param_list(m: ModelSpec, pp_rank: int, pp: int, virtual_stages: int = 1,
+                  schedule: str = "1f1b") -> list[ParamInfo]:
     """Parameters on pipeline rank `pp_rank`, in the full model's `named_parameters()` order."""
     return list(_pp_params(model_key(m), pp_rank, pp, virtual_stages, str(schedule)))
 
@@ -281,7 +285,7 @@ def _merge_run(heap: list[tuple[int, int]], x: int, k: int) -> tuple[list[int], 
     return ranks[first].tolist(), after
 
 
-def local_params(spec: Any, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:
+def local_params(spec: ExperimentSpec, rank: int, *, dp_shard: bool = True) -> list[LocalParam]:
     """This rank's parameters after pp -> tp/ep -> data-parallel flavour sharding (dp_shard=False stops at tp/ep); the
     data-parallel group is dp x cp (every rank with the same parameters). Built run by run (the embeddings, each
     block, the head: _place_runs), each run's split taken from the first run of the same shapes and placement rules
@@ -364,7 +368,7 @@ _SIGNATURE_IDS: dict[tuple, int] = {}
 _SIGNATURE_OF: list[tuple] = []
 
 
-def _signature_id(run: Any) -> int:
+def _signature_id(run: Sequence[ParamInfo]) -> int:
     """What shard_param reads of each parameter of a run (shape, tp style, bias or not, expert index), as a small id:
     runs that read the same share their splits (_run_splits)."""
     signature = tuple((q.shape, tp_style(q.name), q.name.endswith(".bias"), expert_of(q.name)) for q in run)
@@ -387,7 +391,7 @@ _DERIVED: dict[tuple, tuple[Any, Any]] = {}
 _MEMO_MAX = 512  # rank lists: a 30-layout pool of a 70B model holds ~500 of them (~10 MB)
 
 
-def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
+def local_params_shared(spec: ExperimentSpec, rank: int) -> tuple[LocalParam, ...]:
     """`local_params(spec, rank)` as one shared tuple per distinct input, memoised on everything local_params reads
     (the model's parameter list, the degrees, the schedule's stage placement, FSDP or not, the rank): the planner
     and the step-time model ask for the same ranks of the same layouts again and again. LocalParam is frozen."""
@@ -403,12 +407,12 @@ def local_params_shared(spec: Any, rank: int) -> tuple[LocalParam, ...]:
     return hit
 
 
-def local_params_cached(spec: Any, rank: int) -> list[LocalParam]:
+def local_params_cached(spec: ExperimentSpec, rank: int) -> list[LocalParam]:
     """`local_params(spec, rank)` from local_params_shared's memo (a fresh list)."""
     return list(local_params_shared(spec, rank))
 
 
-def derived(params: Any, tag: Any, fn: Any, keep: Any = None) -> Any:
+def derived(params: Sequence[LocalParam], tag: Any, fn: Callable[[Sequence[LocalParam]], Any], keep: Any = None) -> Any:
     """fn(params), memoised per (params object, tag) when `params` is a shared tuple (local_params_shared); the memo
     holds the tuple itself, so its id cannot be reused while the entry lives, and `keep` likewise (an object whose
     id(...) the tag carries, e.g. the hardware). Any other sequence: fn(params)."""
@@ -509,7 +513,7 @@ def unsharded_grad_numel(q: LocalParam, tp: int) -> int:
     return prod(q.shape) if tp > 1 and tp_style(q.name) == VOCAB_ROWWISE else q.local_numel
 
 
-def fsdp_units(m: Any, params: list[LocalParam]) -> dict[str, list[LocalParam]]:
+def fsdp_units(m: ModelSpec, params: Sequence[LocalParam]) -> dict[str, list[LocalParam]]:
     """FSDP2 units as the engine wraps them: one per transformer block, the rest in the root."""
     units: dict[str, list[LocalParam]] = {}
     for q in params:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec, TrainSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 MECHANISMS = ("megatron", "fsdp2", "deepspeed")
@@ -47,13 +50,15 @@ class StackMemory:
     """FSDP2 all-gathers float8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather)."""
 
     def optimizer_group(self, layout: Any) -> Any:
-        """Ranks the optimizer state is sharded over: dp x cp, or dp alone."""
+        """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout (Any:
+        layout.py imports this module, so naming it here would be an import cycle)."""
         return layout.dp_cp if self.optimizer_over_cp else layout.dp
 
 
 def stack_memory(spec: Any, device: str) -> StackMemory | None:
     """The memory settings of a spec's stack on `device` ("cpu" or "cuda"), None for stack shardlab (this engine's
-    own model, whatever its settings: the engine's measured memory is what its settings change)."""
+    own model, whatever its settings: the engine's measured memory is what its settings change). `spec`: an
+    ExperimentSpec, or stack_memory_of_train's stand-in (train, model and a default parallel section)."""
     from backend.spec.stacks import resolve_stack
 
     stack = str(getattr(spec.train, "stack", "shardlab"))
@@ -72,7 +77,7 @@ def stack_memory(spec: Any, device: str) -> StackMemory | None:
                        fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)))
 
 
-def stack_memory_of_train(train: Any, model: Any, device: str) -> StackMemory | None:
+def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:
     """`stack_memory` for a train section alone (the planner: every layout keeps these settings; no stack default
     the memory reads depends on the layout)."""
     spec = SimpleNamespace(train=train, model=model,

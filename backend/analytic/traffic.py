@@ -12,7 +12,7 @@ which syncs on the last backward only; it all-gathers a unit at each sharded -> 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.moe_rows import is_uniform_dropless
@@ -23,6 +23,9 @@ from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.vector import where
 from backend.spec.stack_rules import loss_parallel_on
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2
@@ -36,20 +39,20 @@ def compute_bytes(precision: str) -> int:
     return 4 if str(precision) == "fp32" else 2
 
 
-def uses_replicate(spec: Any) -> bool:
+def uses_replicate(spec: ExperimentSpec) -> bool:
     """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (data_parallel.composable_wrap); ep alone uses classic DDP."""
     p = spec.parallel
     return p.dp_cp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
 
 
-def is_mix(spec: Any) -> bool:
+def is_mix(spec: ExperimentSpec) -> bool:
     """tp/pp/ep > 1: the dp dimension is wrapped by backend/strategies/data_parallel.composable_wrap (FSDP2 `replicate`
     for ddp, `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
     p = spec.parallel
     return p.tp > 1 or p.pp > 1 or p.ep > 1
 
 
-def fsdp_param_bytes(spec: Any) -> int:
+def fsdp_param_bytes(spec: ExperimentSpec) -> int:
     """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies
     (backend/strategies/data_parallel.py), fp32 in the mixes (no policy)."""
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
@@ -76,7 +79,7 @@ def is_float8_weight(q: LocalParam) -> bool:
         and ".mlp.router" not in name and ".experts." not in name and not name.endswith("shared_gate.weight")
 
 
-def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
+def dp_traffic(spec: ExperimentSpec, params: Sequence[LocalParam]) -> Traffic:
     """(collective, payload bytes, group size) of data-parallel gradient / parameter traffic per step."""
     p, t = spec.parallel, spec.train
     out: Traffic = []
@@ -119,7 +122,7 @@ def dp_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
     return out
 
 
-def tp_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
+def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Traffic:
     """TP activation collectives per step, following backend/strategies/tp.py `tp_plan`."""
     m, t, p = spec.model, spec.train, spec.parallel
     cb, mb, n = compute_bytes(t.precision), t.microbatches, p.tp
@@ -188,7 +191,7 @@ def partial_grad_numel(key: ModelKey, sp: bool) -> tuple[int, int]:
     return block, final
 
 
-def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> Traffic:
+def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Traffic:
     m, t, p = spec.model, spec.train, spec.parallel
     tokens = t.micro_batch * m.seq_len // p.cp  # this rank's tokens of a microbatch
     act = tokens * m.d_model * compute_bytes(t.precision)  # one (b, s, h) activation
@@ -214,7 +217,7 @@ def model_parallel_traffic(spec: Any, layers: list[int], stages: list[int]) -> T
     return out
 
 
-def cp_kv_bytes(spec: Any) -> tuple[float, float]:
+def cp_kv_bytes(spec: ExperimentSpec) -> tuple[float, float]:
     """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): b * s/cp * a/t * d_head
     each; GQA K/V are repeated to a heads before the core, which is what the ring moves (as torch's does)."""
     m, t, p = spec.model, spec.train, spec.parallel
@@ -222,7 +225,7 @@ def cp_kv_bytes(spec: Any) -> tuple[float, float]:
     return elems * compute_bytes(t.precision), elems * MASTER_BYTES
 
 
-def cp_traffic(spec: Any, n_layers: int) -> Traffic:
+def cp_traffic(spec: ExperimentSpec, n_layers: int) -> Traffic:
     """Ring attention's K/V traffic per step over the cp group (strategies/ring_attention.py, torch's
     _templated_ring_attention): per layer and microbatch, forward allgather = 1 all_gather (output cp x K/V) or
     alltoall = cp - 1 all_to_all of K/V; backward the same again plus cp all_to_all of the fp32 dK/dV accumulators.
@@ -240,14 +243,14 @@ def cp_traffic(spec: Any, n_layers: int) -> Traffic:
     return out + [("all_to_all", a2a, p.cp)]
 
 
-def rank_traffic(spec: Any, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
+def rank_traffic(spec: ExperimentSpec, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
     """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations + CP's K/V."""
     ring = cp_traffic(spec, len(layers)) if spec.parallel.cp > 1 else []
     return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages) + ring
             + tied_embedding_traffic(spec, params))
 
 
-def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
+def buffer_traffic(spec: ExperimentSpec, layers: list[int]) -> Traffic:
     """Classic DistributedDataParallel (data_parallel.classic_wrap: pure ddp / zero1, and ddp with ep) broadcasts the
     module buffers from rank 0 before the first forward after a synced backward (broadcast_buffers=True; the no_sync
     microbatches skip it): once per step, over the dp x cp ranks. The only buffer is DeepSeek-V3's per-expert balance
@@ -259,7 +262,7 @@ def buffer_traffic(spec: Any, layers: list[int]) -> Traffic:
     return [("broadcast", MASTER_BYTES * m.n_experts * n_moe_layers(m, layers), p.dp_cp)]
 
 
-def tied_embedding_traffic(spec: Any, params: list[LocalParam]) -> Traffic:
+def tied_embedding_traffic(spec: ExperimentSpec, params: list[LocalParam]) -> Traffic:
     """Tied embeddings under PP (backend/strategies/pp.py `tied_embedding_sync`, Megatron's embedding-group
     all-reduce): the first stage's tok_emb grad and the last stage's lm_head copy are all-reduced once per step
     between the two ranks, fp32 local (TP- and FSDP-sharded) grad, unless one rank holds both stages."""

@@ -21,9 +21,13 @@ precision Adam; §5.1-5.3 for P_os, P_os+g, P_os+g+p) applied to the buffers Dee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.params import param_list
+from backend.spec.choices import Optimizer
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 ALIGN = 2  # DeepSpeed stage_1_and_2.py: nccl_start_alignment_factor = 2
 STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
@@ -53,7 +57,7 @@ def _dtype_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def deepspeed_rank(spec: Any, *, bucket_elements: int, persistence_threshold: int) -> DeepSpeedRank:
+def deepspeed_rank(spec: ExperimentSpec, *, bucket_elements: int, persistence_threshold: int) -> DeepSpeedRank:
     """One rank's model states (all ranks alike: DeepSpeed pads so every partition has the same size)."""
     stage = STAGE[str(spec.parallel.strategy)]
     n = spec.parallel.world_size
@@ -61,7 +65,7 @@ def deepspeed_rank(spec: Any, *, bucket_elements: int, persistence_threshold: in
     b = _dtype_bytes(precision)
     numels = [q.numel for q in param_list(spec.model)]
     total = sum(numels)
-    adam = str(spec.train.optimizer) == "adamw"
+    adam = spec.train.optimizer == Optimizer.ADAMW
     states = 2 if adam else 1
     if stage == 3:
         part = sum(-(-k // n) for k in numels)  # ceil(numel / N) per parameter

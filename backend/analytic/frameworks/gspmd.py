@@ -14,25 +14,28 @@ layout the run actually used:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.params import ParamInfo, param_list
 from backend.analytic.sharding import tp_style
 from backend.analytic.tp_placement import REPLICATE, ROWWISE
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 FP32_BYTES = 4
 TOKEN_BYTES = 4  # int32 token ids (JAX's default integer without x64)
 OPT_STATES = {"adamw": 2, "sgd": 1}  # Adam m and v (Kingma & Ba 2015 Alg. 1); SGD momentum buffer
 
 
-def layout(spec: Any) -> dict[str, tuple[int | None, str | None]]:
+def layout(spec: ExperimentSpec) -> dict[str, tuple[int | None, str | None]]:
     """name -> (sharded dimension or None, mesh axis or None)."""
     p = spec.parallel
     fsdp = str(p.strategy) in ("zero3", "fsdp")
     return {q.name: _rule(q, fsdp, p.dp, p.tp) for q in param_list(spec.model)}
 
 
-def mode(spec: Any) -> str:
+def mode(spec: ExperimentSpec) -> str:
     """dp, fsdp, tp or dp x tp, as the run page names the layout."""
     p = spec.parallel
     if str(p.strategy) in ("zero3", "fsdp"):
@@ -54,16 +57,16 @@ def _rule(q: ParamInfo, fsdp: bool, dp: int, tp: int) -> tuple[int | None, str |
     return (d, "tp") if q.shape[d] % tp == 0 else (None, None)
 
 
-def axis_size(spec: Any, axis: str | None) -> int:
+def axis_size(spec: ExperimentSpec, axis: str | None) -> int:
     return {"dp": spec.parallel.dp, "tp": spec.parallel.tp}.get(axis or "", 1)
 
 
-def param_numel_per_device(spec: Any) -> int:
+def param_numel_per_device(spec: ExperimentSpec) -> int:
     lay = layout(spec)
     return sum(q.numel // axis_size(spec, lay[q.name][1]) for q in param_list(spec.model))
 
 
-def predicted_bytes(spec: Any) -> dict[str, int]:
+def predicted_bytes(spec: ExperimentSpec) -> dict[str, int]:
     """Per device: params, optimizer state, the step's input data, and their sum (XLA's argument bytes)."""
     n = param_numel_per_device(spec)
     params = n * FP32_BYTES

@@ -10,23 +10,27 @@ parameters of the units in use, unsharded gradients before their reduce-scatter,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.sharding import local_params
+from backend.spec.choices import Optimizer
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 FP32_BYTES = 4
 OPT_STATES = {"adamw": 2, "sgd": 1}
 
 
-def host_bytes(spec: Any, rank: int) -> int:
+def host_bytes(spec: ExperimentSpec, rank: int) -> int:
     """Host-resident bytes of this rank under offload=params: sharded params, their grads, optimizer states."""
     params = local_params(spec, rank)
     shard = sum(q.storage_numel for q in params)
-    steps = FP32_BYTES * len(params) if str(spec.train.optimizer) == "adamw" else 0  # torch AdamW: one step tensor per param
+    steps = FP32_BYTES * len(params) if spec.train.optimizer == Optimizer.ADAMW else 0  # torch AdamW: one step tensor per param
     return FP32_BYTES * shard * (2 + OPT_STATES[str(spec.train.optimizer)]) + steps
 
 
-def split(spec: Any, rank: int, total_bytes: int) -> dict[str, int]:
+def split(spec: ExperimentSpec, rank: int, total_bytes: int) -> dict[str, int]:
     """{"host_bytes", "device_bytes"} of a predicted per-rank total (ShardLab's estimate at the activation peak)."""
     host = host_bytes(spec, rank)
     return {"host_bytes": host, "device_bytes": max(total_bytes - host, 0)}

@@ -16,12 +16,15 @@ the rows routed before the limit and the padded rows, `dropped_given_routing` re
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes, mlp_elems
 from backend.analytic.memory.moe_bytes import ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.moe_capacity import dropped_slots
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 COUNT_BYTES = 8  # moe_dispatch exchanges E int64 counts before the rows
 
@@ -93,7 +96,7 @@ def all_to_all_bytes(ds: list[Dispatch], *, h: int, dtype_bytes: float, n_expert
     return sum(all_to_all_call_bytes(d, h=h, dtype_bytes=dtype_bytes, n_experts=n_experts) for d in ds)
 
 
-def predicted_moe_layer_bytes(spec: Any) -> float:
+def predicted_moe_layer_bytes(spec: ExperimentSpec) -> float:
     """The MoE term inside the uniform prediction's per-layer bytes: memory/activations' block bytes with experts
     minus without (+ the dense MLP term that replaces them), so a change of that model is followed here.
     For ep > 1 it is `ep_moe_layer_bytes` at uniform counts."""
@@ -140,7 +143,7 @@ class RoutingAdjustment:
         return self.received_slots / self.uniform_slots if self.uniform_slots else 0.0
 
 
-def adjustment(spec: Any, routing: dict[str, Any]) -> RoutingAdjustment:
+def adjustment(spec: ExperimentSpec, routing: dict[str, Any]) -> RoutingAdjustment:
     """This rank's all_to_all payload and MoE activation bytes for its measured routing, with the EP dispatch's
     own saved tensors and row dtype. Full recompute keeps no MoE tensors across the step: no activation
     adjustment then."""

@@ -9,7 +9,7 @@ parallel. The published per-layer formula is textbook/korthikanti.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
@@ -19,6 +19,9 @@ from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, h
 from backend.analytic.moe_rows import expert_rows
 from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe
 from backend.recompute_policy import DEFAULT_SAC_OPS
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 RECOMPUTE = ("none", "selective", "full", "op")
 """Per-block saved-tensor policies; layers:K, block:N and uniform:N mix `none` and `full` blocks (rank_activations)."""
@@ -86,8 +89,8 @@ class LayerShape:
     """MoE: the busiest rank's expert load over uniform."""
 
     @classmethod
-    def of(cls, model: Any, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int, autocast: bool,
-           ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
+    def of(cls, model: ModelSpec, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int,
+           autocast: bool, ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
            cp: int = 1) -> LayerShape:
         """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks); a cp rank's seq_len / cp."""
         moe = layer_is_moe(model, 0) != alt if model.is_moe else False
@@ -105,7 +108,7 @@ class LayerShape:
                    **(_capacity_kwargs(model) if moe else {}))
 
     @classmethod
-    def prototype(cls, model: Any, *, dtype_bytes: int, device: str, alt: bool = False,
+    def prototype(cls, model: ModelSpec, *, dtype_bytes: int, device: str, alt: bool = False,
                   sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> LayerShape:
         """The model's shape at micro-batch 1 without any split (memoised per model object: callers `replace` the
         per-layout fields)."""
@@ -120,7 +123,7 @@ class LayerShape:
         return hit[1]
 
     @classmethod
-    def of_spec(cls, spec: Any, *, moe_block: bool = False) -> LayerShape:
+    def of_spec(cls, spec: ExperimentSpec, *, moe_block: bool = False) -> LayerShape:
         """The shape of a validated spec's block 0 (moe_block: of its MoE blocks, wherever a dense prefix or an
         interleave puts them)."""
         layout = Layout.of(spec)
@@ -396,7 +399,7 @@ def ep_dispatch_peak_bytes(*, s: int, b: int, h: int, n_experts: int, top_k: int
     return 3 * rows * h * rb + s * b * (n_experts + top_k) * rb + (rows * h * dtype_bytes if autocast else 0)
 
 
-def dispatch_outweighs_head(model: Any, shape: LayerShape) -> bool:
+def dispatch_outweighs_head(model: ModelSpec, shape: LayerShape) -> bool:
     """EP: the activation peak of the stage with the logits falls inside its last MoE block's dispatch (its
     buffers outweigh what the head and loss add after the blocks) rather than at the loss. Ties keep the loss
     (the tracker keeps the later moment)."""
@@ -405,7 +408,7 @@ def dispatch_outweighs_head(model: Any, shape: LayerShape) -> bool:
                                   top_k=model.top_k, dtype_bytes=shape.dtype_bytes, autocast=shape.autocast) > head
 
 
-def ep_peaks_in_last_block(spec: Any) -> bool:
+def ep_peaks_in_last_block(spec: ExperimentSpec) -> bool:
     """`dispatch_outweighs_head` for a validated spec."""
     return dispatch_outweighs_head(spec.model, LayerShape.of_spec(spec))
 
@@ -435,7 +438,7 @@ def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float,
     return max(0.0, 2 * 4 * n - freed)
 
 
-def logits_held_in_backward(layout: Any) -> bool:
+def logits_held_in_backward(layout: Layout) -> bool:
     """Whether the logits are still alive when the loss's backward starts (scalar layout): the training loop holds
     them in pure ddp / zero1 and the ep / dp mixes, a pipeline schedule keeps its last stage's output, the pure
     FSDP strategies and tp mixes let them go (backend/strategies/parallelize.loop_style)."""
@@ -451,17 +454,17 @@ def tp_logits_shard_bytes(*, s: int, b: int, vocab: int, t: int, dtype_bytes: fl
     return b * s * -(-vocab // t) * dtype_bytes if t > 1 else 0.0
 
 
-def _fam(m: Any, name: str, default: Any) -> Any:
+def _fam(m: ModelSpec, name: str, default: Any) -> Any:
     v = getattr(m, name, default)
     return str(v) if hasattr(v, "value") else v
 
 
-def _capacity_kwargs(m: Any) -> dict[str, Any]:
+def _capacity_kwargs(m: ModelSpec) -> dict[str, Any]:
     return dict(capacity_factor=_fam(m, "capacity_factor", None), pad_to_capacity=bool(_fam(m, "moe_pad_to_capacity", False)),
                 moe_imbalance=float(_fam(m, "moe_imbalance", 1.0)))
 
 
-def family_kwargs(m: Any) -> dict[str, Any]:
+def family_kwargs(m: ModelSpec) -> dict[str, Any]:
     """The ModelSpec family fields as model_layer_activation_bytes keywords (GPT defaults for older objects)."""
     return dict(norm=_fam(m, "norm", "layernorm"), mlp=_fam(m, "mlp", "gelu"), rope=_fam(m, "positions", "learned") == "rope",
                 flash=_fam(m, "attention", "math") == "flash", shared_ffn=_fam(m, "shared_ffn", 0),

@@ -6,11 +6,14 @@ norm / MLP / shared-expert terms (`family_extra_bytes`). Pure Python, each read 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import rms_norm_saved_bytes
 from backend.analytic.memory.moe_bytes import hidden_saved
 from backend.analytic.params import head_dim, is_gated, v_head_dim
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
 
@@ -23,7 +26,7 @@ def mlp_elems(*, s, b, h, ffn, t, hidden: int = 2) -> float:
     return hidden * s * b * ffn / t
 
 
-def head_widths(m: Any) -> dict[str, int]:
+def head_widths(m: ModelSpec) -> dict[str, int]:
     """LayerShape's q_width / v_width / rope_width: the attention's own widths when they differ from d_model."""
     q, v = m.n_heads * head_dim(m), m.n_heads * v_head_dim(m)
     rope = m.qk_rope_head_dim if getattr(m, "kv_lora_rank", None) is not None else head_dim(m)
@@ -46,7 +49,7 @@ def attention_constant_bytes(shape: Any, recompute: str, *, rope: bool, windowed
     return out
 
 
-def feature_elems(m: Any) -> dict[str, int]:
+def feature_elems(m: ModelSpec) -> dict[str, int]:
     """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
     normalised x and rstd): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's q_a / kv_a outputs
     through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from backend.analytic.memory.parts import RankParts
 from backend.analytic.pipelining import interleaved_order
 from backend.analytic.sharding import layer_split
 from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, minimum, per_distinct, take_rows, where
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class HeadPeak:
     """In the root after the last block (tp, fp32 logits: lm_head's all-gather)."""
 
 
-def head_peak(model: Any, layout: Layout) -> HeadPeak:
+def head_peak(model: ModelSpec, layout: Layout) -> HeadPeak:
     in_block = False
     if model.is_moe:
         proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
@@ -65,7 +68,7 @@ class PipelinePeakState:
     """A backward of this step ran before: unsharded gradients accumulate (no sync until the last one)."""
 
 
-def pipeline_peak_state(model: Any, layout: Layout, pp_rank: Any, last_stage: Any) -> PipelinePeakState:
+def pipeline_peak_state(model: ModelSpec, layout: Layout, pp_rank: Any, last_stage: Any) -> PipelinePeakState:
     """Last stage: the peak is the start of a backward (loss seed made, every in-flight forward held): under 1F1B
     each backward starts with one microbatch in flight and the last such moment (after m-1 backwards) is the one
     the engine keeps; under GPipe the first backward; where `head_peak` places it inside the forward, inside that
@@ -162,7 +165,7 @@ class UnshardedAtPeak:
     grads_numel: Any
 
 
-def unsharded_at_peak(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> UnshardedAtPeak:
+def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> UnshardedAtPeak:
     """Every unit is unsharded under zero2; under zero3 none once the root's forward ended. Inside a forward
     (`head_peak` without pipelining, `pipeline_peak_state`, or an interleaved rank's peak forward) the last block's
     gather output, and under zero3 the root and the last block, are added. ep experts are FSDP2 ignored_params."""
@@ -216,7 +219,7 @@ def unsharded_at_peak(model: Any, layout: Layout, pp_rank: Any, parts: RankParts
 
 # ---- the spec-level views of the same rules (notes, tests) ----
 
-def peak_inside_forward(spec: Any) -> str | None:
+def peak_inside_forward(spec: ExperimentSpec) -> str | None:
     """Where the activation peak of a dp-mix without pipelining falls when inside the FSDP2 root's forward:
     "block", "root", or None (after the root's forward: the loss); None under pipelining."""
     if spec.parallel.pp > 1:
@@ -233,7 +236,7 @@ class PipelinePeak:
     after_backward: bool
 
 
-def pipeline_peak(spec: Any, stages: list[int]) -> PipelinePeak | None:
+def pipeline_peak(spec: ExperimentSpec, stages: list[int]) -> PipelinePeak | None:
     """`pipeline_peak_state` for the rank holding `stages` (None where it does not apply)."""
     layout = Layout.of(spec)
     if len(stages) != 1:
@@ -266,7 +269,8 @@ def multi_stage_peak(spec: Any, stages: list[int]) -> dict[int, StageState] | No
     leaves its units unsharded (stage.py `backward_maybe_with_nosync`: reshard_after_backward=False) until the
     stage's next forward, whose post_forward reshards them (zero3, also on the stage root). A non-last peak
     forward's own stage is inside its last block (all-gathered unless its latest action was a backward); a last
-    stage counts after it."""
+    stage counts after it. `spec`: anything with an ExperimentSpec's parallel and train.microbatches (Any: the
+    planner's test hands it a SimpleNamespace)."""
     p = spec.parallel
     if p.pp == 1 or p.zero_stage < 2 or str(p.pp_schedule) != "interleaved_1f1b" or len(stages) < 2:
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
@@ -24,9 +24,12 @@ from backend.analytic.memory.fsdp_state import UnshardedAtPeak
 from backend.analytic.memory.parts import RankParts, tied_copy
 from backend.analytic.memory.zero1_share import zero1_share_args, zero1_shares
 from backend.analytic.optimizer_state import state_bytes_from_sums
-from backend.analytic.params import model_key
+from backend.analytic.params import ModelKey, model_key
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, per_distinct, per_value, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def sharded_state(layout: Layout, parts: RankParts, unsharded: UnshardedAtPeak) 
                            optimizer_bytes=_optimizer_over(parts, layout, owned="real_numel", cuda="cuda_real_bytes"))
 
 
-def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
+def replicated_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
     """DDP, ZeRO-1 and FSDP2 `replicate`."""
     cuda = layout.device == CUDA
     per_param = MASTER_BYTES * parts.total("local_numel")
@@ -76,7 +79,7 @@ def replicated_state(model: Any, layout: Layout, position: RankPosition, parts: 
     return ModelStateBytes(params, grads, optimizer)
 
 
-def zero1_optimizer_bytes(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_optimizer_bytes(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """ZeRO-1: the optimizer state of the rank's share (or the largest share: position.largest_zero1_share)."""
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
@@ -86,15 +89,15 @@ def zero1_optimizer_bytes(model: Any, layout: Layout, position: RankPosition, pa
 
 
 @lru_cache(maxsize=65536)
-def _zero1_state_bytes(key: Any, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int, tp_index: int,
-                       ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int, n_alt: int = 0,
-                       etp: int = 1) -> int:
+def _zero1_state_bytes(key: ModelKey, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int,
+                       tp_index: int, ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int,
+                       n_alt: int = 0, etp: int = 1) -> int:
     shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index, etp), n_blocks, bool(first), bool(last), bool(tied), dp,
                           n_alt)
     return shares.largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[0]
 
 
-def zero1_optimizer_step(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_optimizer_step(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """ZeRO-1: optimizer.step's temporaries of the rank's share; with position.largest_zero1_share the largest state +
     temporaries of any share minus the largest state (zero1_share.Zero1Shares.step_over_largest)."""
     key, s = model_key(model), parts.stages
@@ -104,13 +107,14 @@ def zero1_optimizer_step(model: Any, layout: Layout, position: RankPosition, par
 
 
 @lru_cache(maxsize=65536)
-def _zero1_step_bytes(key: Any, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int, tp_index: int,
-                      ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int, n_alt: int = 0) -> int:
+def _zero1_step_bytes(key: ModelKey, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int,
+                      tp_index: int, ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int,
+                      n_alt: int = 0) -> int:
     shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index), n_blocks, bool(first), bool(last), bool(tied), dp,
                           n_alt)
     return shares.step_over_largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[1]
 
 
-def zero1_shares_of(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_shares_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """The partition a scalar ZeRO-1 rank's dp group shares (rank classes answer per dp index from it)."""
     return zero1_shares(*zero1_share_args(model_key(model), layout, parts, position, tied_copy(model, layout)))

@@ -10,7 +10,7 @@ per-bucket slices (dp_buckets.py: embeddings, each block, the head). Each distin
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA
 from backend.analytic.dp_buckets import padded
@@ -22,6 +22,9 @@ from backend.analytic.params import ModelKey, model_key
 from backend.analytic.sharding import layer_split, stages_of_rank
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import logical_and, maximum, per_distinct, per_value, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 _PLAIN, _ZERO1, _BUCKETS = range(3)
 
@@ -96,7 +99,7 @@ def _bucket_temp(key: ModelKey, pp_rank: int, pp: int, v: int, zbv: bool, first:
     return step_temp_bytes(slices, optimizer, foreach=foreach)
 
 
-def step_temp_bytes_of(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def step_temp_bytes_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """optimizer.step's temporaries of a rank. ZeRO-1 with `position.largest_zero1_share` (the worst rank, whose
     optimizer bytes are the largest share's): the largest state + temporaries of any share minus that largest state,
     so that optimizer bytes + this is the fullest optimizer.step of any dp index."""

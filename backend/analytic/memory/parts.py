@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from math import prod
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from backend.analytic.sharding import (LocalParam, expert_of, layer_split, shard
 from backend.analytic.tp_placement import VOCAB_ROWWISE
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 PARTS = ("block", "embeddings", "head")
 ALT_PART = "alt_block"
@@ -162,7 +165,7 @@ def alt_layers(key: ModelKey) -> tuple[int, ...]:
     return tuple(i for i in range(key.n_layers) if layer_is_moe(key, i) != first)
 
 
-def is_mixed(model: Any) -> bool:
+def is_mixed(model: ModelSpec) -> bool:
     return bool(alt_layers(model_key(model)))
 
 
@@ -184,7 +187,7 @@ def attention_composition(kinds: tuple[tuple[bool, bool], ...], pp: int, virtual
     return sum(kinds[i][0] for i in layers), sum(kinds[i][1] for i in layers)
 
 
-def attention_kind_counts(model: Any, layout: Layout, pp_rank: Any) -> tuple[Any, Any] | None:
+def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Any) -> tuple[Any, Any] | None:
     """(rotary blocks, windowed blocks) a rank holds when the model's blocks differ in attention kind (windows with
     global layers, NoPE layers); None when every block is like block 0."""
     kinds = tuple(layer_attention_kind(model, i) for i in range(model.n_layers))
@@ -211,7 +214,7 @@ class StageComposition:
                                                                    self.last_alt)))
 
 
-def stage_composition(model: Any, layout: Layout, pp_rank: Any) -> StageComposition:
+def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Any) -> StageComposition:
     """sharding.stages_of_rank + layer_split in closed form: looped ranks hold stages r + k·pp (the first
     n_layers % n_stages stages get one more layer), ZBV rank r holds r and 2pp-1-r."""
     pp, v = layout.pp, layout.virtual_stages
@@ -313,12 +316,12 @@ def _nonzero(value: Any) -> bool:
     return bool(value.any()) if isinstance(value, np.ndarray) else bool(value)
 
 
-def tied_copy(model: Any, layout: Layout) -> Any:
+def tied_copy(model: ModelSpec, layout: Layout) -> Any:
     """The last stage holds its own copy of a tied word embedding when the model is split into stages."""
     return logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages > 1)
 
 
-def rank_parts(model: Any, layout: Layout, position: RankPosition, *, fsdp: Any = None) -> RankParts:
+def rank_parts(model: ModelSpec, layout: Layout, position: RankPosition, *, fsdp: Any = None) -> RankParts:
     """Part sums at the rank's placement; fsdp=False gives the tp / ep split only (ZeRO-1 and serving)."""
     key = model_key(model)
     own_flavour = fsdp is None

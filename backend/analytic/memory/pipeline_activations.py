@@ -5,7 +5,7 @@ them (rank_activations.py calls it per layout with pipelining)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.vector import logical_and, minimum, select_present, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 
 def in_flight(layout: Layout, pp_rank: Any) -> Any:
@@ -41,7 +44,8 @@ def held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: An
     return where(senders == 0, 0, kept)
 
 
-def pipeline_saved(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple, autocast: Any) -> Any:
+def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple,
+                   autocast: Any) -> Any:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
     loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
     shard) with blocks = all of the rank's blocks of one microbatch."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout
 from backend.analytic.memory.activations import STAT_BYTES, LayerShape, layer_activation_bytes
@@ -43,6 +43,9 @@ from backend.analytic.memory.rank_activations import checkpointing
 from backend.analytic.params import head_dim, is_gated
 from backend.analytic.stack_memory import StackMemory
 from backend.analytic.vector import as_int, logical_and, maximum, per_distinct, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 LSE_BYTES = 4  # fp32 softmax statistics per head and token (cuDNN softmaxStats, flash's lse)
 
@@ -84,7 +87,7 @@ def te_layer_bytes(layer: TeLayer) -> float:
     return sb * (replicated / t_sp + split / t + stats)
 
 
-def te_layer_of(model: Any, layout: Layout, s: int, b: int, t: int, sp: bool) -> TeLayer:
+def te_layer_of(model: ModelSpec, layout: Layout, s: int, b: int, t: int, sp: bool) -> TeLayer:
     hd = head_dim(model)
     return TeLayer(s=s, b=b, h=model.d_model, q=model.n_heads * hd, kv=model.kv_heads * hd, a=model.n_heads,
                    f=model.ffn, gated=is_gated(getattr(model, "mlp", "gelu")), t=t, sp=bool(sp),
@@ -92,7 +95,7 @@ def te_layer_of(model: Any, layout: Layout, s: int, b: int, t: int, sp: bool) ->
                    c=layout.compute_bytes, fp8=bool(layout.stack.fp8))
 
 
-def uses_te(model: Any, stack: StackMemory) -> bool:
+def uses_te(model: ModelSpec, stack: StackMemory) -> bool:
     """TE's layer formula: fused element-wise work and fused attention on dense blocks (MoE blocks keep the eager
     block model)."""
     return stack.te_layer and stack.fused_attention and not model.is_moe
@@ -111,7 +114,7 @@ def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int) -> tuple
     return plain, unit, layer_activation_bytes(shape, "none")
 
 
-def block_terms(model: Any, layout: Layout) -> tuple[Any, Any, Any]:
+def block_terms(model: ModelSpec, layout: Layout) -> tuple[Any, Any, Any]:
     """`_block_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, ep, cp)."""
     stack: StackMemory = layout.stack
     proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
@@ -140,7 +143,7 @@ class HeadBytes:
     backward_peak_per_logit: float
 
 
-def head_bytes(model: Any, layout: Layout) -> HeadBytes:
+def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     stack: StackMemory = layout.stack
     c = layout.compute_bytes
     s, b, h, t = layout.seq_local(model), layout.micro_batch, model.d_model, layout.tp
@@ -156,7 +159,7 @@ def head_bytes(model: Any, layout: Layout) -> HeadBytes:
     return HeadBytes(norm + c * sbh, logits, c + copy + 8, 4, 16)
 
 
-def stack_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
+def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
     """Activation bytes of one rank at its activation peak: the end of the last microbatch's forward with the loss's
     forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
     tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks
@@ -174,7 +177,7 @@ def stack_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: Rank
     return as_int(where(checkpointed, maximum(forward, rerun), forward))
 
 
-def stack_loss_backward_extra(model: Any, layout: Layout) -> Any:
+def stack_loss_backward_extra(model: ModelSpec, layout: Layout) -> Any:
     """What the start of the loss's backward holds beyond the activation peak's forward moment on the stage with the
     logits: (backward peak - forward peak) bytes per logit, at least 0."""
     head = head_bytes(model, layout)

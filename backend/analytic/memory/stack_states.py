@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
@@ -57,6 +57,9 @@ from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.params import ModelKey, model_key
 from backend.analytic.stack_memory import StackMemory
 from backend.analytic.vector import any_true, ceil_div, logical_and, per_distinct, per_value, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 MEGATRON_PARAM_ALIGN = 64
 """optimizer/param_layout.py pad_param_start: "Align parameter start index to a 64-element boundary"."""
@@ -79,7 +82,7 @@ def adam_state_tensors(optimizer: str) -> int:
     return 2 if optimizer == "adamw" else 1
 
 
-def stack_model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+def stack_model_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
                       unsharded: bool = True) -> ModelStateBytes:
     """The rank's params, grads and optimizer bytes as layout.stack keeps them (module docstring); unsharded=False:
     FSDP2 with nothing unsharded (memory/state_floor.py's resting state)."""
@@ -96,7 +99,7 @@ def stack_model_state(model: Any, layout: Layout, position: RankPosition, parts:
 
 # ---- Megatron-Core ----
 
-def megatron_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
+def megatron_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> ModelStateBytes:
     """DDP buffers + DistributedOptimizer (zero1) or Float16OptimizerWithFloat16Params (ddp)."""
     s: StackMemory = layout.stack
     d = s.optimizer_group(layout)
@@ -135,7 +138,7 @@ def megatron_buffer_numel(numel: Any, group: Any) -> Any:
     return ceil_div(numel, align) * align
 
 
-def megatron_aligned_numel(model: Any, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def megatron_aligned_numel(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
     """The rank's non-expert local elements with every param start rounded up to 64 elements: per part, once per
     distinct (tp, ep, tp index, ep index, tied copy)."""
     key, st = model_key(model), parts.stages
@@ -168,7 +171,7 @@ def key_has_alt(key: ModelKey) -> bool:
 
 # ---- FSDP2 (torchtitan) ----
 
-def fsdp2_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+def fsdp2_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
                 unsharded: bool = True) -> ModelStateBytes:
     """fully_shard with MixedPrecisionPolicy (zero2 / zero3); replicated (ddp / zero1) otherwise."""
     s: StackMemory = layout.stack

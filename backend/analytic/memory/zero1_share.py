@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backend.analytic.device import CUDA
-from backend.analytic.memory.parts import ALT_PART, local_part
+from backend.analytic.memory.parts import ALT_PART, RankParts, local_part
 from backend.analytic.optimizer_state import state_bytes, state_bytes_from_sums, step_temp_bytes
 from backend.analytic.params import ModelKey
 from backend.analytic.sharding import zero1_owners_in_order
+
+if TYPE_CHECKING:
+    from backend.analytic.layout import Layout, RankPosition
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int
     return counts
 
 
-def zero1_share_args(model_key: ModelKey, layout: Any, parts: Any, position: Any, tied: Any) -> tuple:
+def zero1_share_args(model_key: ModelKey, layout: Layout, parts: RankParts, position: RankPosition, tied: Any) -> tuple:
     """The zero1_shares arguments of a scalar rank."""
     placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index),
                  int(layout.etp))

@@ -12,11 +12,14 @@ data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-stride
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.vector import logical_or, maximum, minimum, where
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 INTRA, INTER = "intra", "inter"
 
@@ -37,7 +40,7 @@ def group_stride(tp: Any, dp: Any, dim: str) -> Any:
     return {"tp": 1, "dp": tp, "ep": tp, "cp": tp, "pp": tp * dp}[dim]
 
 
-def dim_stride(spec: Any, dim: str) -> int:
+def dim_stride(spec: ExperimentSpec, dim: str) -> int:
     p = spec.parallel
     return group_stride(p.tp, p.dp_cp, dim)
 
@@ -49,7 +52,7 @@ def within_node(stride: Any, size: Any, dim: str, gpus_per_node: int) -> Any:
     return logical_or(size <= 1, span <= gpus_per_node)
 
 
-def dim_tier(spec: Any, dim: str, size: int, gpus_per_node: int) -> str:
+def dim_tier(spec: ExperimentSpec, dim: str, size: int, gpus_per_node: int) -> str:
     """intra if every member of the group fits in one node."""
     return INTRA if within_node(dim_stride(spec, dim), size, dim, gpus_per_node) else INTER
 
@@ -59,7 +62,7 @@ def node_members(stride: Any, size: Any, gpus_per_node: int) -> Any:
     return where(stride < gpus_per_node, maximum(1, minimum(size, gpus_per_node // stride)), 1)
 
 
-def members_per_node(spec: Any, dim: str, size: int, gpus_per_node: int) -> int:
+def members_per_node(spec: ExperimentSpec, dim: str, size: int, gpus_per_node: int) -> int:
     return node_members(dim_stride(spec, dim), size, gpus_per_node)
 
 

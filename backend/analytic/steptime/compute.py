@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from backend.analytic.steptime.ops import (FLASH_BWD_FACTOR, attention_time, cur
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton", "flash3")
 """eager: explicit softmax(QKᵀ)V; the fused SDPA kernels by name (flash = FlashAttention-2); flash1 =
@@ -114,7 +117,8 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, 
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
 
-def weights_cost(spec: Any, hw: Hardware, params: list[LocalParam], tokens: int, fp8_gemms: str = "torchao") -> PassCost:
+def weights_cost(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], tokens: int,
+                 fp8_gemms: str = "torchao") -> PassCost:
     """Forward and backward seconds and FLOPs of the given Linear weights' GEMMs (forward, dgrad, wgrad at their own
     shapes) for `tokens` tokens (experts see tokens·top_k·ep/E each under uniform routing, GShard Sec 3.1);
     benchmarks/published_gpu.py prints it per layer."""
@@ -158,7 +162,8 @@ def cp_imbalance(layout: Layout) -> Any:
     return 1.0 if layout.cp_load_balance else (2 * layout.cp - 1) / layout.cp
 
 
-def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str, *, windowed: bool = False) -> PassCost:
+def attention_pass(model: ModelSpec, layout: Layout, hw: Hardware, attention: str, *,
+                   windowed: bool = False) -> PassCost:
     """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic), with the block's
     own widths (d_qk: MLA's nope + rope; d_v: its v_head_dim); fwd_flops is the PaLM count (no causal saving), as
     MFU counts it. A windowed block (model_flops.kv_lengths) scores min(window, s) keys per query: its FLOPs, and a
@@ -184,7 +189,7 @@ def attention_pass(model: Any, layout: Layout, hw: Hardware, attention: str, *, 
     return PassCost(fwd_s=skew * (bmm + soft), bwd_s=2 * skew * (bmm + soft), fwd_flops=flops)
 
 
-def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: str = "fused") -> PassCost:
+def elementwise_pass(model: ModelSpec, layout: Layout, hw: Hardware, implementation: str = "fused") -> PassCost:
     """The memory-bound kernels of one layer and microbatch (elementwise.py): "fused": 2x Korthikanti Table 2
     bytes without the attention-score term (counted in attention_pass); "torch": eager PyTorch's kernels, timed
     once per distinct (micro-batch, tp, sequence parallel, autocast, cp) and profile; a cp rank's seq_len / cp
@@ -202,7 +207,7 @@ def elementwise_pass(model: Any, layout: Layout, hw: Hardware, implementation: s
     raise AssertionError(implementation)
 
 
-def _torch_elementwise(model: Any, layout: Layout, hw: Hardware, implementation: str = "torch") -> PassCost:
+def _torch_elementwise(model: ModelSpec, layout: Layout, hw: Hardware, implementation: str = "torch") -> PassCost:
     """elementwise.layer_passes (compiled_layer_passes under "compiled") timed once per distinct (micro-batch, tp,
     sequence parallel, autocast, cp) and profile (hw.memo); the combinations not seen before are timed together on
     arrays."""
@@ -231,7 +236,7 @@ def _torch_elementwise(model: Any, layout: Layout, hw: Hardware, implementation:
     return PassCost(fwd_s=both[..., 0], bwd_s=both[..., 1])
 
 
-def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
+def layer_widths(model: ModelSpec, layout: Layout, autocast: Any = None) -> Widths:
     """Per-rank sizes of one layer and microbatch (elementwise.Widths): heads and the MLP split by tp, norm and
     residual tokens by tp under sequence parallelism; MoE MLP activations over top_k experts' rows per token; a cp
     rank's seq_len / cp tokens."""
@@ -243,7 +248,7 @@ def layer_widths(model: Any, layout: Layout, autocast: Any = None) -> Widths:
                   ffn=mlp / tp, act=act, residual=where(layout.uses_autocast if autocast is None else autocast, 4, act))
 
 
-def head_pass(model: Any, layout: Layout, hw: Hardware, *, kernel_launches: bool = True,
+def head_pass(model: ModelSpec, layout: Layout, hw: Hardware, *, kernel_launches: bool = True,
               vocab_shards: Any = None) -> PassCost:
     """Cross-entropy over the (b·s, V/vocab_shards) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
     vocab_shards: tp under loss parallel, 1 over gathered logits; None: tp (what this model always counted for
@@ -270,7 +275,8 @@ def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], i
     return PassCost(fwd_s=f, bwd_s=passes_time(hw, bwd), recompute_s=where(layout.recompute == RecomputeMode.FULL, f, 0.0))
 
 
-def part_param_sizes(params: Any, gemm_names: Any) -> tuple[int, int, int, int]:
+def part_param_sizes(params: Sequence[LocalParam], gemm_names: Callable[[LocalParam], bool]) -> tuple[int, int, int,
+                     int]:
     """(GEMM weight elements, other elements, GEMM weights, other tensors) of a group of local parameters;
     gemm_names(q) says which are GEMM weights."""
     gemm = [q for q in params if gemm_names(q)]
@@ -278,8 +284,8 @@ def part_param_sizes(params: Any, gemm_names: Any) -> tuple[int, int, int, int]:
     return g, sum(q.local_numel for q in params) - g, len(gemm), len(params) - len(gemm)
 
 
-def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[LocalParam], stage: int, implementation: str,
-                     tied_head: bool) -> PassCost:
+def stage_param_pass(spec: ExperimentSpec, hw: Hardware, layout: Layout, params: list[LocalParam], stage: int,
+                     implementation: str, tied_head: bool) -> PassCost:
     """param_pass of one stage, part by part (the planner's proxy sums the same parts): its blocks (each the same),
     the embeddings on the first stage (tok_emb is the head's GEMM weight when tied on one stage), norm and lm_head on
     the last."""
@@ -306,7 +312,8 @@ def stage_param_pass(spec: Any, hw: Hardware, layout: Layout, params: list[Local
     return out
 
 
-def _block_kinds(params: Any, layers: Any, is_gemm: Any) -> dict[tuple[int, int, int, int], int]:
+def _block_kinds(params: Sequence[LocalParam], layers: Sequence[int],
+                 is_gemm: Callable[[LocalParam], bool]) -> dict[tuple[int, int, int, int], int]:
     """part_param_sizes of each layer, counted by distinct sizes."""
     by_layer: dict[int, list[LocalParam]] = {}
     wanted = set(layers)
@@ -327,7 +334,7 @@ def _no_recompute(c: PassCost) -> PassCost:
     return replace(c, recompute_s=0.0)
 
 
-def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
+def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
                implementation: str = "fused", *, fp8_gemms: str = "torchao", vocab_shards: Any = None) -> PassCost:
     """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head, and the
     per-microbatch passes over its parameters (`layout` = Layout.of(spec)); fp8_gemms: whose float8 GEMMs
@@ -341,7 +348,7 @@ def stage_cost(spec: Any, hw: Hardware, stage: int, params: list[LocalParam], at
     last = stage == n_stages - 1
     tokens = t.micro_batch * m.seq_len // p.cp  # this rank's share of each sequence
 
-    def weights(ps: Any) -> PassCost:
+    def weights(ps: Sequence[LocalParam]) -> PassCost:
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
         return weights_cost(spec, hw, mine, tokens, fp8_gemms)
 

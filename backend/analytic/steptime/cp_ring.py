@@ -16,7 +16,7 @@ Recompute (full, or selective's checkpointed core) runs the forward's ring again
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, node_members, within_node
@@ -24,6 +24,9 @@ from backend.analytic.steptime.compute import PassCost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import maximum, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,13 @@ class RingTime:
     all_to_all_s: Any
 
 
-def kv_bytes(model: Any, layout: Layout) -> tuple[Any, Any]:
+def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Any, Any]:
     """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): traffic.cp_kv_bytes."""
     elems = 2 * layout.micro_batch * layout.seq_local(model) * (model.n_heads // layout.tp) * model.head_dim
     return elems * layout.compute_bytes, elems * MASTER_BYTES
 
 
-def ring_time(model: Any, layout: Layout, hw: Hardware, attention: PassCost, *, rotate: str,
+def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCost, *, rotate: str,
               gpus_per_node: int) -> RingTime:
     """`attention`: one layer and microbatch's attention pass on this rank (compute.attention_pass)."""
     cp, eta = layout.cp, hw.tune.overlap_efficiency

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from backend.analytic.dp_buckets import bucket_groups, used_by
-from backend.analytic.sharding import derived, fsdp_units, unsharded_numel
+from backend.analytic.sharding import LocalParam, derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import DDP_BUCKET_BYTES, dp_traffic, fsdp_gathers_per_step, fsdp_param_bytes
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class DpColls:
     """The largest single FSDP2 gather / reduce-scatter (one unit's, per call)."""
 
 
-def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
+def dp_colls(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[LocalParam]) -> DpColls:
     """The rank's DpColls, memoised per shared params tuple on every input it reads (the params fix the model,
     the degrees, the schedule's placement and the rank; the key adds the flavour, microbatches, pp, the FSDP
     parameter bytes, the node size and the hardware)."""
@@ -55,7 +58,7 @@ def dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     return derived(params, key, lambda ps: _dp_colls(spec, hw, g, ps), keep=hw)
 
 
-def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
+def _dp_colls(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[LocalParam]) -> DpColls:
     p, mb = spec.parallel, spec.train.microbatches
     total = fsdp = fsdp_tail = 0.0
     kinds: dict[str, float] = {}
@@ -116,7 +119,7 @@ def _dp_colls(spec: Any, hw: Hardware, g: int, params: list) -> DpColls:
     return DpColls(total_s=total, kinds=kinds, exposure=tuple(exposure), fsdp_s=fsdp, fsdp_tail_s=fsdp_tail)
 
 
-def _solo_fsdp_copies(spec: Any, hw: Hardware, params: list) -> list[float]:
+def _solo_fsdp_copies(spec: ExperimentSpec, hw: Hardware, params: Sequence[LocalParam]) -> list[float]:
     """Seconds of FSDP2's copy-in / copy-out per unit on a group of one: the payloads dp_traffic would all-gather
     (param dtype) and reduce-scatter (fp32), copied as they are for a real collective."""
     p, mb = spec.parallel, spec.train.microbatches
@@ -129,7 +132,7 @@ def _solo_fsdp_copies(spec: Any, hw: Hardware, params: list) -> list[float]:
     return out
 
 
-def fsdp_host_s(spec: Any, hw: Hardware, params: list) -> float:
+def fsdp_host_s(spec: ExperimentSpec, hw: Hardware, params: Sequence[LocalParam]) -> float:
     """Exposed host seconds of zero3's pre-backward re-gathers per step (module docstring): one hook per FSDP2 unit
     and microbatch."""
     p = spec.parallel
@@ -139,7 +142,7 @@ def fsdp_host_s(spec: Any, hw: Hardware, params: list) -> float:
     return hw.tune.fsdp_unit_host_s * units * spec.train.microbatches
 
 
-def dp_exposed(spec: Any, hw: Hardware, g: int, params: list, pass_total: PassCost,
+def dp_exposed(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[LocalParam], pass_total: PassCost,
                kinds: dict[str, float] | None = None, *, grad_overlap: bool | None = None,
                gather_overlap: bool | None = None) -> tuple[float, float]:
     """(seconds before overlap, exposed seconds) of data-parallel sync for one rank (module docstring); the seconds

@@ -28,9 +28,13 @@ kernels cost their launch floor, large ones their traffic (Williams et al. 2009,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.vector import maximum
+from backend.spec.choices import GATED_MLPS, Mlp, Norm, Positions
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 IMPLEMENTATIONS = ("torch", "fused", "compiled")
 CE_FWD_BYTES_PER_LOGIT = 8
@@ -73,10 +77,10 @@ class Widths:
     """Bytes of the residual stream and the norms' output (fp32 under autocast)."""
 
 
-def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
+def layer_passes(model: ModelSpec, w: Widths) -> tuple[list[Pass], list[Pass]]:
     """(forward, backward) kernels of one layer of ShardLab's GPT in eager PyTorch (module docstring)."""
-    norm = "rmsnorm" if str(model.norm) == "rmsnorm" else "layernorm"
-    swiglu = str(model.mlp) == "swiglu"
+    norm = "rmsnorm" if model.norm == Norm.RMSNORM else "layernorm"
+    swiglu = model.mlp == Mlp.SWIGLU
     c, r, t, tn = w.act, w.residual, w.tokens, w.norm_tokens
     casts = r != c  # autocast: fp32 norm outputs cast to 16 bit per Linear input (an array over layouts)
     fwd, bwd = [], []
@@ -89,7 +93,7 @@ def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
         bwd.append(Pass("copy", 3 * r * t * w.h, inputs - 1))  # the inputs' gradients summed
         fwd.append(Pass("copy", (2 * r + c) * tn * w.h))  # residual add
         bwd.append(Pass("copy", 3 * r * tn * w.h))  # the residual's two gradient paths summed
-    if str(model.positions) == "rope":  # apply_rope: x*cos, -x2, cat, *sin, add on q and k
+    if model.positions == Positions.ROPE:  # apply_rope: x*cos, -x2, cat, *sin, add on q and k
         for width in (w.q, w.kv):
             for units in (2, 1, 2, 2, 3):
                 fwd.append(Pass("copy", units * c * t * width))
@@ -109,15 +113,15 @@ def layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
     return fwd, bwd
 
 
-def compiled_layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]]:
+def compiled_layer_passes(model: ModelSpec, w: Widths) -> tuple[list[Pass], list[Pass]]:
     """(forward, backward) kernels of one block under torch.compile (module docstring): the fused regions between
     its matmuls and its attention core, each reading its inputs and writing its outputs once. Forward: norm 1;
     RoPE on q and k (with the GQA repeat of k and v); the attention output's transpose; the residual add fused into
     norm 2; the gated activation (or GELU); the closing residual add. Backward: each region's gradient kernel reads
     what its forward read plus the upstream gradient and writes the gradients of its inputs (the residual stream's
     two gradient paths summed inside the norms' backward)."""
-    norm = "rmsnorm" if str(model.norm) == "rmsnorm" else "layernorm"
-    gated = str(model.mlp) in ("swiglu", "geglu", "swiglu_clamped")
+    norm = "rmsnorm" if model.norm == Norm.RMSNORM else "layernorm"
+    gated = model.mlp in GATED_MLPS
     c, r, t, tn = w.act, w.residual, w.tokens, w.norm_tokens
     fwd = [Pass(norm, (r + c) * tn * w.h),  # x -> ln1(x)
            Pass("copy", (2 * r + 2 * c) * tn * w.h),  # x + attn_out -> h, ln2(h): the add inside norm 2's kernel
@@ -126,7 +130,7 @@ def compiled_layer_passes(model: Any, w: Widths) -> tuple[list[Pass], list[Pass]
     bwd = [Pass(norm, (2 * r + 2 * c) * tn * w.h),  # ln1: read x, dy, the residual grad; write dx
            Pass(norm, (3 * r + 2 * c) * tn * w.h),  # ln2 with the add: read h, dy, d_out; write dh, d_attn_out
            Pass("copy", 2 * c * t * w.q)]
-    rope = str(model.positions) == "rope"
+    rope = model.positions == Positions.ROPE
     repeat = model.kv_heads < model.n_heads
     if rope or repeat:  # one kernel: RoPE on q and k, k and v repeated to the q heads; reads the projections it
         read = (w.q if rope else 0) + (2 * w.kv if repeat else w.kv)  # needs, writes SDPA's inputs

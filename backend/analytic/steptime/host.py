@@ -17,9 +17,12 @@ gloo, fp32, world 2; counts do not depend on machine load):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Sequence
 
 from backend.analytic.sharding import LocalParam, derived
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 DISPATCH_PER_TP_LINEAR = 18
 DISPATCH_PER_SP_LAYER = 10
@@ -35,7 +38,7 @@ def _router(name: str) -> bool:
     return ".router" in name or ".shared_gate" in name
 
 
-def fsdp2_wrapped(spec: Any) -> bool:
+def fsdp2_wrapped(spec: ExperimentSpec) -> bool:
     """Parameters are FSDP2 DTensors: fully_shard (zero2/zero3) or, in a tp/pp mix with dp > 1, `replicate`
     (backend/strategies/data_parallel.py uses_fsdp2)."""
     p = spec.parallel
@@ -46,7 +49,7 @@ def fsdp2_wrapped(spec: Any) -> bool:
     return p.dp_cp > 1 and flavour == "ddp" and p.ep == 1 and not pure
 
 
-def dtensor_params(spec: Any, params: list[LocalParam]) -> int:
+def dtensor_params(spec: ExperimentSpec, params: Sequence[LocalParam]) -> int:
     """Parameters of this rank that are DTensors: all under FSDP2; under TP all but the plain LayerNorms (plain
     unless sequence parallel) and the replicated MoE router (backend/strategies/tp.py plan table)."""
     p = spec.parallel
@@ -57,7 +60,7 @@ def dtensor_params(spec: Any, params: list[LocalParam]) -> int:
     return sum(1 for q in params if not _router(q.name) and (p.sequence_parallel or not _norm(q.name)))
 
 
-def tp_dispatch_per_layer(spec: Any, params: list[LocalParam], layer: int) -> int:
+def tp_dispatch_per_layer(spec: ExperimentSpec, params: list[LocalParam], layer: int) -> int:
     """DTensor dispatches of one layer and microbatch, forward + backward (module docstring)."""
     p = spec.parallel
     if p.tp == 1:
@@ -67,7 +70,7 @@ def tp_dispatch_per_layer(spec: Any, params: list[LocalParam], layer: int) -> in
     return DISPATCH_PER_TP_LINEAR * linears + (DISPATCH_PER_SP_LAYER if p.sequence_parallel else 0)
 
 
-def optimizer_dispatch(spec: Any, params: list[LocalParam]) -> int:
+def optimizer_dispatch(spec: ExperimentSpec, params: list[LocalParam]) -> int:
     """DTensor dispatches of optimizer.step + zero_grad on this rank."""
     p = spec.parallel
     n = derived(params, ("dtensor_params", fsdp2_wrapped(spec), p.tp, bool(p.sequence_parallel)),
@@ -75,7 +78,7 @@ def optimizer_dispatch(spec: Any, params: list[LocalParam]) -> int:
     return DISPATCH_PER_PARAM.get(str(spec.train.optimizer), DISPATCH_PER_PARAM["adamw"]) * n
 
 
-def tp_dispatch_layers(spec: Any, params: Any, layers: Any) -> int:
+def tp_dispatch_layers(spec: ExperimentSpec, params: Sequence[LocalParam], layers: Sequence[int]) -> int:
     """sum(tp_dispatch_per_layer(spec, params, i) for i in layers), from one pass over the parameters (memoised
     per shared params tuple, sharding.derived)."""
     p = spec.parallel
@@ -86,7 +89,7 @@ def tp_dispatch_layers(spec: Any, params: Any, layers: Any) -> int:
     return DISPATCH_PER_TP_LINEAR * linears + (DISPATCH_PER_SP_LAYER * len(layers) if p.sequence_parallel else 0)
 
 
-def _tp_linears_per_layer(params: Any) -> dict[int, int]:
+def _tp_linears_per_layer(params: Sequence[LocalParam]) -> dict[int, int]:
     """TP-sharded linear weights per layer index (tp_dispatch_per_layer's count)."""
     out: dict[int, int] = {}
     for q in params:

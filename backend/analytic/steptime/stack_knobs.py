@@ -7,11 +7,14 @@ and the distributed optimizer's grad reduction behind backward, its param gather
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.steptime.compute import default_implementation
 from backend.analytic.steptime.hardware import Hardware
 from backend.spec.stacks import SPEC_DEFAULT, ResolvedStack, resolve_stack
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 KERNEL = {"eager": "eager", "flash2": "flash", "flash3": "flash3", "cudnn": "cudnn", "efficient": "efficient",
           "flash1": "flash1", "flash-triton": "flash-triton"}
@@ -35,7 +38,7 @@ class StackKnobs:
     notes: list[str] = field(default_factory=list)
 
 
-def stack_knobs(spec: Any, hw: Hardware) -> StackKnobs:
+def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     """The step-time knobs of a spec's stack on `hw` (module docstring)."""
     r = resolve_stack(spec, hw.device_class)
     p = spec.parallel

@@ -18,7 +18,7 @@ exposes max(0, collective - overlap_efficiency x GEMMs), the same efficiency the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.sharding import LocalParam
 from backend.analytic.steptime.collectives import collective_s, dim_tier
@@ -27,6 +27,9 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import float8_gemm_time
 from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
 from backend.analytic.traffic import compute_bytes, is_float8_weight
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 OUTPUT_PROJECTIONS = ("attn.o.", "mlp.down.", "mlp.fc_out.")
 """Row-parallel linears: a reduce-scatter follows them; every other block linear is fed by an all-gather."""
@@ -48,7 +51,7 @@ class HiddenTp:
         return self.attention_fwd_s, self.attention_bwd_s
 
 
-def _linear_s(spec: Any, hw: Hardware, q: LocalParam, rows: int, fp8_gemms: str) -> tuple[float, float]:
+def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_gemms: str) -> tuple[float, float]:
     """(forward, dgrad) seconds of one linear weight over `rows` tokens, as compute.weights_cost times them."""
     n_out, k = q.local_shape
     precision, cb = str(spec.train.precision), compute_bytes(spec.train.precision)
@@ -59,7 +62,7 @@ def _linear_s(spec: Any, hw: Hardware, q: LocalParam, rows: int, fp8_gemms: str)
     return gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision)
 
 
-def hidden_tp(spec: Any, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
+def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
               fp8_gemms: str = "torchao") -> HiddenTp:
     """The seconds of one block's SP collectives (module docstring) its GEMMs hide, per microbatch, on this rank
     (`layer` names the block whose local weights are paired: blocks of one kind have the same shapes)."""
