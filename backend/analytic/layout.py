@@ -121,7 +121,15 @@ class Layout(LayoutDegrees):
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
               device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
-        cols = {name: columns[:, i] for i, name in enumerate(CHOICES)}
+        by_column = np.ascontiguousarray(columns.T)  # one contiguous array per field: strided columns are ~4x slower
+        return cls.of_columns(dict(zip(CHOICES, by_column)), global_batch=global_batch, precision=precision,
+                              optimizer=optimizer, device=device, sac_ops=sac_ops)
+
+    @classmethod
+    def of_columns(cls, columns: dict[str, np.ndarray], *, global_batch: int, precision: str = "bf16-mixed",
+                   optimizer: str = "adamw", device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS) -> Layout:
+        """Many layouts from one int array per CHOICES field (contiguous: every field is read over all layouts)."""
+        cols = {name: columns[name] for name in CHOICES}
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
         mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,

@@ -124,22 +124,24 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
     layouts = replace(layouts, stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
 
-    def fits(nbytes: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(fits_device(nbytes, layouts, device, memory_bytes, overhead), nbytes.shape)
+    def fits(nbytes: np.ndarray, of: Layout) -> np.ndarray:  # elementwise: a subset's rows are its own layouts'
+        return np.broadcast_to(fits_device(nbytes, of, device, memory_bytes, overhead), nbytes.shape)
 
-    memory, unknown = np.zeros(len(layouts)), None  # unknown: the layouts whose bytes are still to compute (None: all)
     if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
         memory = state_floor_bytes(model, layouts)
-        near = np.nonzero(fits(memory))[0]
+        near = np.nonzero(fits(memory, layouts))[0]
         if len(near):
-            first, _ = worst_rank_memory(model, layouts.take(near), first_rank_only=True)  # exact where pp == 1
+            first, _ = worst_rank_memory(model, nearby := layouts.take(near), first_rank_only=True)  # exact where pp == 1
             memory[near] = np.maximum(memory[near], first)  # two lower bounds: the larger is one
-        unknown = near[fits(memory)[near] & (layouts.pp[near] > 1)]
-    if unknown is None:
+            near = near[fits(memory[near], nearby)]  # only these may fit: the others' bound does not
+        unknown = near[layouts.pp[near] > 1]
+        if len(unknown):
+            memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
+            near = near[fits(memory[near], layouts.take(near))]
+        keep = near
+    else:
         memory, _ = worst_rank_memory(model, layouts)
-    elif len(unknown):
-        memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
-    keep = np.nonzero(fits(memory))[0]
+        keep = np.nonzero(fits(memory, layouts))[0]
     if not len(keep):
         return layouts, memory, keep
     # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;

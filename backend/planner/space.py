@@ -205,11 +205,13 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
                    virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
                    recompute_layers=np.where(searched, recompute_layers(kind, pp[pair_at], model.n_layers),
                                              held_layers[recompute]))
-    rows = np.stack([columns[c] for c in CHOICES], axis=1)
     if extra_recompute:  # a held policy equal to a searched one (layers:2, or block:N at half a stage) once
+        rows = np.stack([columns[c] for c in CHOICES], axis=1)
         _, first = np.unique(rows, axis=0, return_index=True)
-        rows = rows[np.sort(first)]
-    return Layout.table(rows, global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
+        return Layout.table(rows[np.sort(first)], global_batch=global_batch, precision=precision, optimizer=optimizer,
+                            **table)
+    return Layout.of_columns({c: np.ascontiguousarray(columns[c], dtype=np.int64) for c in CHOICES},
+                             global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
 
 
 def light_spec(data: dict[str, Any]) -> ExperimentSpec:
