@@ -114,6 +114,7 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     prune: drop the layouts that cannot fit before the full memory model, by two lower bounds of their worst-rank
     bytes (memory/state_floor.py's resting model state, then the full model at pipeline rank 0 alone; fits_device
     grows with the bytes, so a bound that does not fit rules the layout out); a pruned layout's bytes are that bound.
+    The layouts left with pp > 1 then get their later pipeline ranks (the worst rank: the larger of rank 0 and those).
     The layouts that fit, their bytes and their order are the same as without (tests/unit/test_plan_prune.py)."""
     held = held or HeldTraining(precision=precision)
     device = profile_device(hw.kind)
@@ -129,16 +130,18 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
 
     if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
         memory = state_floor_bytes(model, layouts)
-        near = np.nonzero(fits(memory, layouts))[0]
-        if len(near):
-            first, _ = worst_rank_memory(model, nearby := layouts.take(near), first_rank_only=True)  # exact where pp == 1
-            memory[near] = np.maximum(memory[near], first)  # two lower bounds: the larger is one
-            near = near[fits(memory[near], nearby)]  # only these may fit: the others' bound does not
-        unknown = near[layouts.pp[near] > 1]
-        if len(unknown):
-            memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
-            near = near[fits(memory[near], layouts.take(near))]
-        keep = near
+        keep = np.nonzero(fits(memory, layouts))[0]
+        if len(keep):
+            first, _ = worst_rank_memory(model, nearby := layouts.take(keep), first_rank_only=True)  # exact where pp == 1
+            memory[keep] = np.maximum(memory[keep], first)  # two lower bounds: the larger is one
+            maybe = fits(memory[keep], nearby).copy()  # only these may fit: the others' bound does not
+            later = maybe & (nearby.pp > 1)  # the worst rank may be a later pipeline rank: those ranks too
+            if later.any():
+                rest = nearby.take(np.nonzero(later)[0], with_memo=True)  # its part sums and block terms come along
+                worst = np.maximum(first[later], worst_rank_memory(model, rest, later_ranks_only=True)[0])
+                memory[keep[later]] = worst
+                maybe[later] = fits(worst, rest)
+            keep = keep[maybe]
     else:
         memory, _ = worst_rank_memory(model, layouts)
         keep = np.nonzero(fits(memory, layouts))[0]

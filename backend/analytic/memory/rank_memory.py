@@ -164,14 +164,17 @@ def loss_backward_extra(model: Any, layout: Layout) -> Any:
     return maximum(0.0, 2 * 4 * n - freed)
 
 
-def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False) -> tuple[Any, Any]:
+def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False,
+                      later_ranks_only: bool = False) -> tuple[Any, Any]:
     """(bytes at its fullest moment, pipeline rank) of each layout's fullest rank: `RankMemory.fullest_bytes`, the
     number `estimate` gives each rank (RankEstimate.fullest_bytes). The worst rank sits at tp index 0 and FSDP dp
     index 0 (torch.chunk gives the first chunks the most rows) and, under ZeRO-1, at the dp index that owns the
     largest optimizer share (the optimizer.step moment: the share with the largest state + temporaries); which
     pipeline rank peaks depends on the schedule, so every one is evaluated: one call per pipeline degree and flavour
     family on (layouts x pipeline ranks) arrays. first_rank_only: pipeline rank 0 alone (the planner's prune: one
-    rank's bytes are a lower bound of the worst rank's, at a fraction of the work; exact without pipelining)."""
+    rank's bytes are a lower bound of the worst rank's, at a fraction of the work; exact without pipelining).
+    later_ranks_only: pipeline ranks 1.. alone (the planner's second pass, after the first: the larger of the two is
+    the worst rank's; a layout without pipelining gets 0 bytes at rank 0)."""
     if not is_array(layout.pp):
         totals = rank_memory(model, layout, RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).fullest_bytes
         at = int(np.argmax(totals))
@@ -187,7 +190,9 @@ def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False)
             rows = np.nonzero((layout.pp == pp) & (layout.fsdp == fsdp))[0]
             if not len(rows):
                 continue
-            ranks = np.arange(1 if first_rank_only else pp)
+            ranks = np.arange(1 if later_ranks_only else 0, 1 if first_rank_only else pp)
+            if not len(ranks):
+                continue
             totals = rank_memory(model, layout.group(rows),
                                  RankPosition(pp_rank=ranks[None, :], largest_zero1_share=True)).fullest_bytes
             best = np.argmax(totals, axis=1)
