@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from backend.analytic.pipelining import interleaved_order
+from backend.analytic.steptime.schedule_levels import LEVELLED, levelled_plan
 
 SIMULATED = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -38,7 +39,10 @@ def _action_plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, int,
     is the index of the action it waits for across stages (F(s-1, k) / B(s+1, k); -1: none), `own` the index of
     F(s, k) for a backward, `hop` whether the wait crosses a stage boundary (pays p2p). The order is the one a
     round-robin over ranks, each running its actions until one is not ready, visits them in; readiness depends on
-    the action orders only, not on the costs, so it is computed once per (schedule, p, v, m)."""
+    the action orders only, not on the costs, so it is computed once per (schedule, p, v, m). GPipe and 1F1B: in
+    level order instead (schedule_levels.py: the same makespans, built on arrays)."""
+    if v == 1 and schedule in LEVELLED and (levelled := levelled_plan(schedule, p, m)) is not None:
+        return levelled
     n_stages = p * v
     orders = [[(s, kind == "F") for s, kind in rank_order(schedule, p, v, m, r)] for r in range(p)]
     f_at: list[list[int]] = [[] for _ in range(n_stages)]  # f_at[s][k]: the index of F(s, k) once placed
