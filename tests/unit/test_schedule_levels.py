@@ -20,8 +20,8 @@ def test_levelled_plan_passes_its_check(schedule):
     for p in (1, 2, 3, 4, 5, 7, 8, 16, 32, 61):
         for m in (1, 2, 3, 4, 5, 8, 15, 16, 31, 32, 64, 100):
             plan = levelled_plan(schedule, p, m)
-            assert plan is not None and len(plan) == 2 * p * m
-            assert all(dep < i and own < i for i, (_, _, _, dep, own, _) in enumerate(plan))
+            assert plan is not None and all(len(column) == 2 * p * m for column in plan)
+            assert all(dep < i and own < i for i, (_, _, _, dep, own, _) in enumerate(zip(*plan)))
 
 
 @pytest.mark.parametrize("schedule,p,m", [("1f1b", 16, 64), ("1f1b", 32, 40), ("1f1b", 32, 100), ("gpipe", 16, 33),

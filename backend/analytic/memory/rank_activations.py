@@ -28,18 +28,18 @@ from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not,
 TERMS = 6
 
 
-def layer_terms(shape: LayerShape, recompute: int, vocab: int,
-                block: Callable[[str], float] | None = None) -> tuple[float, ...]:
+def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[str], float] | None = None,
+                head: tuple[float, float, float] | None = None) -> tuple[float, ...]:
     """(a non-checkpointed block's saved bytes (selective: its own), a checkpoint unit's saved bytes (its input; op:
     + the saved op outputs), one block while it is re-run (no recompute's bytes; op: + what is still cached), the
     embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard).
-    block: _block_bytes of this shape by policy name (a caller's memo of it)."""
+    block, head: _block_bytes of this shape by policy name and its _head_terms (a caller's memo of them)."""
     kind = RECOMPUTE_NAMES[recompute]
     block = block or (lambda policy: _block_bytes(shape, policy))
     plain = block("selective" if kind == "selective" else "none")
     unit = block("op" if kind == "op" else "full")
     rerun_block = block("none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
-    return (plain, unit, rerun_block, *_head_terms(shape, vocab))
+    return (plain, unit, rerun_block, *(head or _head_terms(shape, vocab)))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -104,7 +104,7 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
 
     # the recompute kinds of a row share its shape, and its block bytes by policy (a dict on the policy name: the
     # lru caches hash every field of the shape on each call)
-    shapes: dict[tuple[int, ...], tuple[LayerShape, Callable[[str], float]]] = {}
+    shapes: dict[tuple[int, ...], tuple[LayerShape, Callable[[str], float], tuple[float, float, float]]] = {}
 
     def terms(*row: int) -> tuple[float, ...]:
         hit = memo.get(row)
@@ -114,8 +114,8 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
             if entry is None:
                 shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
                                 ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
-                entry = shapes[(b, tp, sp, ac, ep, cp)] = (shape, _policy_memo(shape))
-            hit = memo[row] = layer_terms(entry[0], rc, vocab, entry[1])
+                entry = shapes[(b, tp, sp, ac, ep, cp)] = (shape, _policy_memo(shape), _head_terms(shape, vocab))
+            hit = memo[row] = layer_terms(*entry[:1], rc, vocab, *entry[1:])
         return hit
 
     return terms

@@ -16,6 +16,8 @@ import numpy as np
 
 LEVELLED = ("gpipe", "1f1b")
 """Schedules whose levels are built here (virtual_stages == 1)."""
+PlanColumns = tuple[list[int], list[int], list[bool], list[int], list[int], list[bool]]
+"""An action plan as columns (rank, stage, is_forward, dep, own, hop), one entry per action (zip them to walk it)."""
 
 
 def _candidate_levels(schedule: str, p: int, m: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -38,8 +40,8 @@ def _candidate_levels(schedule: str, p: int, m: int) -> tuple[np.ndarray, np.nda
     return fwd, bwd, orders
 
 
-def levelled_plan(schedule: str, p: int, m: int) -> tuple[tuple[int, int, bool, int, int, bool], ...] | None:
-    """schedule._action_plan's tuples (rank, stage, is_forward, dep, own, hop) for GPipe / 1F1B in level order,
+def levelled_plan(schedule: str, p: int, m: int) -> PlanColumns | None:
+    """schedule._action_plan's columns (rank, stage, is_forward, dep, own, hop) for GPipe / 1F1B in level order,
     built on arrays; None when the closed form fails its check (a dependency not on an earlier level, or a rank's
     actions not on increasing levels)."""
     fwd, bwd, orders = _candidate_levels(schedule, p, m)
@@ -59,4 +61,5 @@ def levelled_plan(schedule: str, p: int, m: int) -> tuple[tuple[int, int, bool, 
     b_dep = np.where(rank < p - 1, at[n:].reshape(p, m)[np.minimum(rank + 1, p - 1), micro], own)
     dep = np.where(is_f, f_dep, b_dep)
     hop = np.where(is_f, rank > 0, rank < p - 1)
-    return tuple(zip(rank.tolist(), rank.tolist(), is_f.tolist(), dep.tolist(), own.tolist(), hop.tolist()))
+    ranks = rank.tolist()
+    return ranks, ranks, is_f.tolist(), dep.tolist(), own.tolist(), hop.tolist()
