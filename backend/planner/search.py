@@ -14,7 +14,7 @@ allocator slack: analytic/device.RuntimeOverhead, measured on the H200) <= devic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -120,10 +120,10 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     device = profile_device(hw.kind)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
                                 precision=held.precision, optimizer=held.optimizer,
-                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device)
+                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device,
+                                stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
-    layouts = replace(layouts, stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
 
     def fits(nbytes: np.ndarray, of: Layout) -> np.ndarray:  # elementwise: a subset's rows are its own layouts'
         return np.broadcast_to(fits_device(nbytes, of, device, memory_bytes, overhead), nbytes.shape)
