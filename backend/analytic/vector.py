@@ -76,6 +76,8 @@ def logical_not(value: Any) -> Any:
 
 def ceil_div(a: Any, b: Any) -> Any:
     """ceil(a / b) for non-negative ints (exact, arrays or scalars)."""
+    if isinstance(a, np.ndarray) and a.dtype.kind == "f" and type(b) is int and b > 0 and not b & (b - 1):
+        return np.ceil(a / b)  # a / 2^k is exact in floats: the same value, without the slow float floor division
     return -((-a) // b)
 
 
