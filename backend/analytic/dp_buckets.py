@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
 
@@ -32,6 +34,10 @@ def used_by(spec: Any) -> bool:
 
 def padded(numel: Any, dp: Any) -> Any:
     """A bucket's elements rounded up to a multiple of dp (every dp rank owns an equal contiguous slice)."""
+    if isinstance(numel, np.ndarray) and numel.dtype.kind == "f":
+        # element counts held as floats (the planner's part sums): integer-valued and < 2^53, so the rounded quotient's
+        # ceil is the exact one (ceil_div's value) without the float floor division, the slowest op of the bucket sums
+        return np.ceil(numel / dp) * dp
     return ceil_div(numel, dp) * dp
 
 
