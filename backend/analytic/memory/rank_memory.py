@@ -26,7 +26,7 @@ from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
-from backend.analytic.vector import as_int, is_array, maximum, per_value, where
+from backend.analytic.vector import any_true, as_int, is_array, maximum, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = True
@@ -119,7 +119,9 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
     loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout), 0)
-    resting = model_state(model, layout, position, parts, unsharded=False)
+    # nothing is unsharded without FSDP2: the resting state is the state itself (the planner's groups are one flavour
+    # family each)
+    resting = model_state(model, layout, position, parts, unsharded=False) if any_true(layout.fsdp) else state
     backward = backward_moment_bytes(model, layout, position.pp_rank, parts, acts,
                                      resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
     temp = step_temp_bytes_of(model, layout, position, parts)
