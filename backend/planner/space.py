@@ -198,17 +198,20 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
-    kind = kinds[recompute]
-    searched = recompute < len(SEARCHED_RECOMPUTE)
+    # every column a 1-D gather from a small per-point table (2-D fancy indexing over ~1M rows is several times slower)
+    pair_ep, pair_schedule = pair_at * n_eps + ep_at, pair_at * n_schedules + schedule_at
+    searched = np.arange(len(kinds)) < len(SEARCHED_RECOMPUTE)
+    layers_at = np.where(searched[None, :], recompute_layers(kinds[None, :], pp[:, None], model.n_layers),
+                         held_layers[None, :])  # (point, recompute)
     columns = dict(**{d: v[pair_at] for d, v in degree.items()},
-                   **{d: eps[pair_at, ep_at, i] for i, d in enumerate(carved)}, zero_stage=zero,
-                   micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
-                   virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
-                   recompute_layers=np.where(searched, recompute_layers(kind, pp[pair_at], model.n_layers),
-                                             held_layers[recompute]))
+                   **{d: eps[:, :, i].reshape(-1)[pair_ep] for i, d in enumerate(carved)}, zero_stage=zero,
+                   micro_batch=micro_batches[b_at], recompute=kinds[recompute],
+                   schedule=schedules[:, :, 0].reshape(-1)[pair_schedule],
+                   virtual_stages=schedules[:, :, 1].reshape(-1)[pair_schedule], sequence_parallel=sp_at,
+                   recompute_layers=layers_at.reshape(-1)[pair_at * len(kinds) + recompute])
     # the state floor's grouping (memory/state_floor.py), from the grid: degrees (pair, ep), flavour, schedule, and
     # whether there is more than one microbatch
-    state = (((pair_at * n_eps + ep_at) * len(ZeroStage.ALL) + zero) * n_schedules + schedule_at) * 2 \
+    state = ((pair_ep * len(ZeroStage.ALL) + zero) * n_schedules + schedule_at) * 2 \
         + (microbatches > 1).reshape(len(pairs), len(micro_batches))[pair_at, b_at]
     if extra_recompute:  # a held policy equal to a searched one (layers:2, or block:N at half a stage) once
         rows = np.stack([columns[c] for c in CHOICES], axis=1)
