@@ -23,7 +23,7 @@ from backend.analytic.device import RuntimeOverhead, allowance_bytes, fits_devic
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
-from backend.analytic.memory.state_floor import state_floor_bytes
+from backend.analytic.memory.state_floor import state_floor_groups
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
@@ -129,8 +129,8 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         return np.broadcast_to(fits_device(nbytes, of, device, memory_bytes, overhead), nbytes.shape)
 
     if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
-        memory = state_floor_bytes(model, layouts)
-        keep = np.nonzero(fits(memory, layouts))[0]
+        floor, states, state_of = state_floor_groups(model, layouts)  # the fit rule reads the bytes and degrees:
+        memory, keep = floor[state_of], np.nonzero(fits(floor, states)[state_of])[0]  # once per distinct state
         if len(keep):
             first, _ = worst_rank_memory(model, nearby := layouts.take(keep), first_rank_only=True)  # exact where pp == 1
             memory[keep] = np.maximum(memory[keep], first)  # two lower bounds: the larger is one

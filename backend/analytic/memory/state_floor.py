@@ -65,6 +65,14 @@ def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def state_floor_bytes(model: Any, layout: Layout) -> np.ndarray:
     """A lower bound of worst_rank_memory(model, layout)[0], layout by layout (arrays of layouts)."""
+    floor, _, inverse = state_floor_groups(model, layout)
+    return floor[inverse]
+
+
+def state_floor_groups(model: Any, layout: Layout) -> tuple[np.ndarray, Layout, np.ndarray]:
+    """(the floor of each distinct state, a layout of each (its degrees and flavour are its rows'), each layout's
+    distinct state): state_floor_bytes = floor[inverse]; a function of the bytes and the degrees alone (the fit rule)
+    is the same on a distinct state as on each of its layouts."""
     first, inverse = _distinct(layout.memoised(STATE_KEY, lambda: _state_key(layout)))
     distinct = layout.take(first)
     floor = np.zeros(len(first))
@@ -75,4 +83,4 @@ def state_floor_bytes(model: Any, layout: Layout) -> np.ndarray:
         state: ModelStateBytes = model_state(model, group, position, rank_parts(model, group, position), unsharded=False)
         resting = state.params_bytes + state.grads_bytes + state.optimizer_bytes + other_bytes(model, group)
         floor[rows] = np.broadcast_to(resting, (len(rows), pp)).max(axis=1)
-    return floor[inverse]
+    return floor, distinct, inverse
