@@ -4,6 +4,7 @@ and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from backend.spec.stack_rules import megatron_distributed_optimizer
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
 
+@lru_cache(maxsize=1 << 17)  # a name's bucket is asked for once per rank and layout that holds it
 def bucket_of(name: str) -> tuple[int, str]:
     """(order, bucket) of a parameter name: embeddings first, blocks in layer order, then the head."""
     top = name.split(".")[0]
