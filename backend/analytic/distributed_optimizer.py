@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from backend.analytic.device import CUDA, CUDA_MIN_BLOCK_BYTES, adamw_step_on_device
 from backend.analytic.dp_buckets import padded
 from backend.analytic.expert_layout import ExpertLayout
@@ -54,7 +56,7 @@ def model_state_bytes(layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
         experts = part.ep_expert_numel
         for numel, group, holds in ((part.local_numel - experts, dp, part.tensors > 0), (experts, edp, experts > 0)):
             n = padded(numel, group)
-            shard = n // group
+            shard = n / group if isinstance(n, np.ndarray) and n.dtype.kind == "f" else n // group  # exact: padded
             master = where(half, _storage(MASTER_BYTES * shard, cuda), 0)
             step = STEP_TENSOR_BYTES * holds if layout.optimizer == "adamw" and adamw_step_on_device(layout.device) else 0
             optimizer = master + state_tensors * _storage(MASTER_BYTES * shard, cuda) + step

@@ -4,7 +4,10 @@ and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
 
 from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
@@ -15,6 +18,7 @@ if TYPE_CHECKING:
 EMBEDDINGS = ("tok_emb", "pos_emb")
 
 
+@lru_cache(maxsize=1 << 17)  # a name's bucket is asked for once per rank and layout that holds it
 def bucket_of(name: str) -> tuple[int, str]:
     """(order, bucket) of a parameter name: embeddings first, blocks in layer order, then the head."""
     top = name.split(".")[0]
@@ -35,6 +39,10 @@ def used_by(spec: ExperimentSpec) -> bool:
 
 def padded(numel: Any, dp: Any) -> Any:
     """A bucket's elements rounded up to a multiple of dp (every dp rank owns an equal contiguous slice)."""
+    if isinstance(numel, np.ndarray) and numel.dtype.kind == "f":
+        # element counts held as floats (the planner's part sums): integer-valued and < 2^53, so the rounded quotient's
+        # ceil is the exact one (ceil_div's value) without the float floor division, the slowest op of the bucket sums
+        return np.ceil(numel / dp) * dp
     return ceil_div(numel, dp) * dp
 
 

@@ -313,8 +313,19 @@ def matmul_params(m: Any, *, active: bool = False) -> int:
 _MATMUL: dict[tuple, int] = {}
 
 
+def _matmul_weights(m: Any) -> int:
+    """Elements of the 2-D weights other than the embeddings' (a pass over every parameter: a DeepSeek-V3 has ~47k;
+    the active and the total count share it)."""
+    key = ("weights", model_key(m))
+    hit = _MATMUL.get(key)
+    if hit is None:
+        hit = _MATMUL[key] = sum(q.numel for q in param_list(m) if len(q.shape) == 2
+                                 and not q.name.startswith(("tok_emb", "pos_emb")))
+    return hit
+
+
 def _matmul_params(m: Any, *, active: bool) -> int:
-    n = sum(q.numel for q in param_list(m) if len(q.shape) == 2 and not q.name.startswith(("tok_emb", "pos_emb")))
+    n = _matmul_weights(m)
     if getattr(m, "tie_embeddings", False):
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
     if active and m.is_moe:

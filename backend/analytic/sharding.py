@@ -317,8 +317,7 @@ def _local_run(run: tuple[ParamInfo, ...], signature: int, placement: tuple) -> 
             _run_locals_held[0] = 0
         _run_locals_held[0] += len(run)
         hit = _RUN_LOCALS[(id(run), placement)] = (run, tuple(
-            LocalParam(info.name, info.shape, *split) for info, split in zip(run, _run_splits(signature, placement))
-            if split is not None))
+            LocalParam(run[i].name, run[i].shape, *split) for i, split in _run_kept(signature, placement)))
     return hit[1]
 
 
@@ -384,6 +383,13 @@ def _run_splits(signature: int, placement: tuple) -> tuple[tuple | None, ...]:
     n_experts, tp, dp, ep, tp_rank, dp_rank, ep_rank, fsdp, etp = placement
     return tuple(shard_split(*read, n_experts=n_experts, tp=tp, dp=dp, ep=ep, tp_rank=tp_rank, dp_rank=dp_rank,
                               ep_rank=ep_rank, fsdp=fsdp, etp=etp) for read in _SIGNATURE_OF[signature])
+
+
+@lru_cache(maxsize=4096)
+def _run_kept(signature: int, placement: tuple) -> tuple[tuple[int, tuple], ...]:
+    """(index in the run, split) of the parameters this placement keeps (_run_splits without the None: a MoE block's
+    run holds every expert, an ep rank keeps n_experts / ep of them)."""
+    return tuple((i, split) for i, split in enumerate(_run_splits(signature, placement)) if split is not None)
 
 
 _LOCAL_MEMO: dict[tuple, tuple[LocalParam, ...]] = {}

@@ -14,7 +14,7 @@ allocator slack: analytic/device.RuntimeOverhead, measured on the H200) <= devic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from backend.analytic.device import RuntimeOverhead, allowance_bytes, fits_devic
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
-from backend.analytic.memory.state_floor import state_floor_bytes
+from backend.analytic.memory.state_floor import state_floor_groups
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
@@ -114,32 +114,37 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     prune: drop the layouts that cannot fit before the full memory model, by two lower bounds of their worst-rank
     bytes (memory/state_floor.py's resting model state, then the full model at pipeline rank 0 alone; fits_device
     grows with the bytes, so a bound that does not fit rules the layout out); a pruned layout's bytes are that bound.
+    The layouts left with pp > 1 then get their later pipeline ranks (the worst rank: the larger of rank 0 and those).
     The layouts that fit, their bytes and their order are the same as without (tests/unit/test_plan_prune.py)."""
     held = held or HeldTraining(precision=precision)
     device = profile_device(hw.kind)
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
                                 precision=held.precision, optimizer=held.optimizer,
-                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device)
+                                extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device,
+                                stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
-    layouts = replace(layouts, stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
 
-    def fits(nbytes: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(fits_device(nbytes, layouts, device, memory_bytes, overhead), nbytes.shape)
+    def fits(nbytes: np.ndarray, of: Layout) -> np.ndarray:  # elementwise: a subset's rows are its own layouts'
+        return np.broadcast_to(fits_device(nbytes, of, device, memory_bytes, overhead), nbytes.shape)
 
-    memory, unknown = np.zeros(len(layouts)), None  # unknown: the layouts whose bytes are still to compute (None: all)
     if prune:  # lower bounds first, cheapest first: the full model sees only layouts that may fit
-        memory = state_floor_bytes(model, layouts)
-        near = np.nonzero(fits(memory))[0]
-        if len(near):
-            first, _ = worst_rank_memory(model, layouts.take(near), first_rank_only=True)  # exact where pp == 1
-            memory[near] = np.maximum(memory[near], first)  # two lower bounds: the larger is one
-        unknown = near[fits(memory)[near] & (layouts.pp[near] > 1)]
-    if unknown is None:
+        floor, states, state_of = state_floor_groups(model, layouts)  # the fit rule reads the bytes and degrees:
+        memory, keep = floor[state_of], np.nonzero(fits(floor, states)[state_of])[0]  # once per distinct state
+        if len(keep):
+            first, _ = worst_rank_memory(model, nearby := layouts.take(keep), first_rank_only=True)  # exact where pp == 1
+            memory[keep] = np.maximum(memory[keep], first)  # two lower bounds: the larger is one
+            maybe = fits(memory[keep], nearby).copy()  # only these may fit: the others' bound does not
+            later = maybe & (nearby.pp > 1)  # the worst rank may be a later pipeline rank: those ranks too
+            if later.any():
+                rest = nearby.take(np.nonzero(later)[0], with_memo=True)  # its part sums and block terms come along
+                worst = np.maximum(first[later], worst_rank_memory(model, rest, later_ranks_only=True)[0])
+                memory[keep[later]] = worst
+                maybe[later] = fits(worst, rest)
+            keep = keep[maybe]
+    else:
         memory, _ = worst_rank_memory(model, layouts)
-    elif len(unknown):
-        memory[unknown], _ = worst_rank_memory(model, layouts.take(unknown))
-    keep = np.nonzero(fits(memory))[0]
+        keep = np.nonzero(fits(memory, layouts))[0]
     if not len(keep):
         return layouts, memory, keep
     # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
+from backend.analytic.memory.state_floor import STATE_KEY
 from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
 from backend.spec.choices import Device
@@ -158,15 +159,15 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
                       precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
-                      device: str = "cpu") -> Layout:
+                      device: str = "cpu", stack: Any = None) -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
     boolean grid over (point, carved degrees (ep), flavour, micro-batch, schedule, recompute, SP) with the
     point-dependent choices padded and masked, rows in that nesting order.
     extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
-    ("cuda" on a GPU profile: planner.search)."""
+    ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
-    table: dict[str, Any] = {"device": device} | ({} if sac_ops is None else {"sac_ops": tuple(sac_ops)})
+    table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None else {"sac_ops": tuple(sac_ops)})
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer, **table)
@@ -197,19 +198,32 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))
     pair_at, ep_at, zero, b_at, schedule_at, recompute, sp_at = np.nonzero(np.broadcast_to(ok, shape))
-    kind = kinds[recompute]
-    searched = recompute < len(SEARCHED_RECOMPUTE)
+    # every column a 1-D gather from a small per-point table (2-D fancy indexing over ~1M rows is several times slower)
+    pair_ep, pair_schedule = pair_at * n_eps + ep_at, pair_at * n_schedules + schedule_at
+    searched = np.arange(len(kinds)) < len(SEARCHED_RECOMPUTE)
+    layers_at = np.where(searched[None, :], recompute_layers(kinds[None, :], pp[:, None], model.n_layers),
+                         held_layers[None, :])  # (point, recompute)
     columns = dict(**{d: v[pair_at] for d, v in degree.items()},
-                   **{d: eps[pair_at, ep_at, i] for i, d in enumerate(carved)}, zero_stage=zero,
-                   micro_batch=micro_batches[b_at], recompute=kind, schedule=schedules[pair_at, schedule_at, 0],
-                   virtual_stages=schedules[pair_at, schedule_at, 1], sequence_parallel=sp_at,
-                   recompute_layers=np.where(searched, recompute_layers(kind, pp[pair_at], model.n_layers),
-                                             held_layers[recompute]))
-    rows = np.stack([columns[c] for c in CHOICES], axis=1)
+                   **{d: eps[:, :, i].reshape(-1)[pair_ep] for i, d in enumerate(carved)}, zero_stage=zero,
+                   micro_batch=micro_batches[b_at], recompute=kinds[recompute],
+                   schedule=schedules[:, :, 0].reshape(-1)[pair_schedule],
+                   virtual_stages=schedules[:, :, 1].reshape(-1)[pair_schedule], sequence_parallel=sp_at,
+                   recompute_layers=layers_at.reshape(-1)[pair_at * len(kinds) + recompute])
+    # the state floor's grouping (memory/state_floor.py), from the grid: degrees (pair, ep), flavour, schedule, and
+    # whether there is more than one microbatch
+    state = ((pair_ep * len(ZeroStage.ALL) + zero) * n_schedules + schedule_at) * 2 \
+        + (microbatches > 1).reshape(len(pairs), len(micro_batches))[pair_at, b_at]
     if extra_recompute:  # a held policy equal to a searched one (layers:2, or block:N at half a stage) once
+        rows = np.stack([columns[c] for c in CHOICES], axis=1)
         _, first = np.unique(rows, axis=0, return_index=True)
-        rows = rows[np.sort(first)]
-    return Layout.table(rows, global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
+        out = Layout.table(rows[np.sort(first)], global_batch=global_batch, precision=precision, optimizer=optimizer,
+                           **table)
+        state = state[np.sort(first)]
+    else:
+        out = Layout.of_columns({c: np.ascontiguousarray(columns[c], dtype=np.int64) for c in CHOICES},
+                                global_batch=global_batch, precision=precision, optimizer=optimizer, **table)
+    out.memoised(STATE_KEY, lambda: state)
+    return out
 
 
 def light_spec(data: dict[str, Any]) -> ExperimentSpec:

@@ -111,3 +111,34 @@ def test_plan_prune_same_plan_benchmark_moe_cases(name, gpus, batch, attention):
     """benchmarks/planner_speed.py --moe's cases: the ranked list is identical with and without pruning."""
     for include_predicted in (False, True):
         _same_plan(_hf(name, attention), gpus, batch, include_predicted)
+
+
+@pytest.mark.parametrize("model,gpus,batch,precision,stack,device", CASES[:6],
+                         ids=["llama3-8b", "moe", "moe-cpu", "gpt-tied-fp32-cpu", "mixtral", "deepseek-v3"])
+def test_plan_prune_later_ranks_complete_the_first(model, gpus, batch, precision, stack, device):
+    """search()'s second pass evaluates pipeline ranks 1.. only (later_ranks_only), on a table restricted with its
+    memoised terms (take(with_memo=True)), and takes the larger of that and rank 0's: byte for byte the full model's
+    worst rank, on every pipelined layout (up to 5,000 drawn)."""
+    held = HeldTraining(precision=precision, stack=stack)
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision, device=device)
+    layouts = replace(layouts, stack=held.stack_memory(model, device))
+    piped = np.nonzero(layouts.pp > 1)[0]
+    layouts = layouts.take(np.sort(np.random.default_rng(5).choice(piped, min(5_000, len(piped)), replace=False)))
+    full, at = worst_rank_memory(model, layouts)
+    first, _ = worst_rank_memory(model, layouts, first_rank_only=True)
+    later, later_at = worst_rank_memory(model, layouts.take(np.arange(len(layouts)), with_memo=True), later_ranks_only=True)
+    assert np.array_equal(np.maximum(first, later), full)
+    assert np.array_equal(np.where(first >= later, 0, later_at), at)
+
+
+@pytest.mark.parametrize("model,gpus,batch,precision,stack,device", [CASES[0], CASES[5], CASES[6]],
+                         ids=["llama3-8b", "deepseek-v3", "moe-megatron"])
+def test_plan_prune_enumeration_state_key_is_the_floors_grouping(model, gpus, batch, precision, stack, device):
+    """enumerate_layouts stores the state floor's grouping from its grid (memoised on the table); the floor through it
+    is the floor through state_floor's own key (a copy of the table drops the memo), byte for byte."""
+    held = HeldTraining(precision=precision, stack=stack)
+    kw = dict(gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision, device=device)
+    layouts = enumerate_layouts(model, stack=held.stack_memory(model, device), **kw)
+    assert np.array_equal(state_floor_bytes(model, layouts), state_floor_bytes(model, replace(layouts)))
+    held_policy = enumerate_layouts(model, extra_recompute=(("block", 1), ("layers", 2)), **kw)  # dedupes rows
+    assert np.array_equal(state_floor_bytes(model, held_policy), state_floor_bytes(model, replace(held_policy)))

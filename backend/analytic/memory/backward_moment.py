@@ -55,12 +55,26 @@ def block_extra(shape: LayerShape, held: bool) -> tuple[float, float]:
     return block_backward_extra(**kw), block_backward_extra(selective=True, **kw)
 
 
+_EXTRA: dict[LayerShape, dict[tuple[int, ...], tuple[float, float]]] = {}
+
+
 def _extra_at(proto: LayerShape, layout: Layout) -> Any:
-    """`block_extra` of every layout, once per distinct (micro-batch, tp, SP, autocast, cp, dtype, held weight grads)."""
-    def extra(b: int, tp: int, sp: int, ac: int, cp: int, cb: int, held: int) -> tuple[float, float]:
-        shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), dtype_bytes=cb,
-                        seq_len=proto.seq_len // cp)
-        return block_extra(shape, bool(held))
+    """`block_extra` of every layout, once per distinct (micro-batch, tp, SP, autocast, cp, dtype, held weight grads)
+    and model (memoised across calls: the planner asks once per group of layouts, the groups share most rows)."""
+    memo = _EXTRA.get(proto)
+    if memo is None:
+        if len(_EXTRA) > 64:
+            _EXTRA.clear()
+        memo = _EXTRA[proto] = {}
+
+    def extra(*row: int) -> tuple[float, float]:
+        hit = memo.get(row)
+        if hit is None:
+            b, tp, sp, ac, cp, cb, held = row
+            shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), dtype_bytes=cb,
+                            seq_len=proto.seq_len // cp)
+            hit = memo[row] = block_extra(shape, bool(held))
+        return hit
 
     held = logical_or(layout.fsdp, layout.uses_replicate)
     out = per_distinct(extra, layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp,

@@ -286,16 +286,36 @@ class RankParts:
         hit = self._totals.get(name)
         if hit is None:
             s = self.stages
-            terms = [(count, getattr(part, name)) for count, part in
-                     ((s.n_blocks - s.n_alt, self.block), (s.first, self.embeddings), (s.last, self.head))]
-            if _nonzero(s.n_alt):
-                terms.append((s.n_alt, getattr(self.alt_block, name)))
+            terms = [(count, j) for j, count in enumerate((s.n_blocks - s.n_alt, s.first, s.last))]
+            if self._has_alt:
+                terms.append((s.n_alt, 3))
+            parts = (self.block, self.embeddings, self.head, self.alt_block)
             hit = 0
-            for count, value in terms:
-                if _nonzero(value):
-                    hit = hit + count * value
+            for count, j in terms:
+                if self._live(j, name):
+                    hit = hit + count * getattr(parts[j], name)
             self._totals[name] = hit
         return hit
+
+    @cached_property
+    def _has_alt(self) -> bool:
+        return _nonzero(self.stages.n_alt)
+
+    @cached_property
+    def _live_columns(self) -> list[bool] | None:
+        """Per column of an array `sums`: whether some row holds a nonzero (one pass over the contiguous array; a
+        column read alone is a strided view). None for scalar sums."""
+        if isinstance(self.sums, tuple):
+            return None
+        return (self.sums != 0).reshape(-1, self.sums.shape[-1]).any(axis=0).tolist()
+
+    def _live(self, j: int, name: str) -> bool:
+        """Whether part j's `name` is nonzero for some layout (total() skips it otherwise)."""
+        live = self._live_columns
+        if live is None:
+            return _nonzero(getattr((self.block, self.embeddings, self.head, self.alt_block)[j], name))
+        column = j * len(PartSums._fields) + PartSums._fields.index(name)
+        return column < len(live) and live[column]
 
 
 class _Chosen:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
 from backend.analytic.memory.activations import (LOSS_BYTES, LayerShape, layer_activation_bytes, op_sac_rerun_extra_bytes,
@@ -28,15 +28,18 @@ from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not,
 TERMS = 6
 
 
-def layer_terms(shape: LayerShape, recompute: int, vocab: int) -> tuple[float, ...]:
+def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[str], float] | None = None,
+                head: tuple[float, float, float] | None = None) -> tuple[float, ...]:
     """(a non-checkpointed block's saved bytes (selective: its own), a checkpoint unit's saved bytes (its input; op:
     + the saved op outputs), one block while it is re-run (no recompute's bytes; op: + what is still cached), the
-    embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard)."""
+    embedding + head bytes at the end of forward, the head's share freed by its backward, the TP logits shard).
+    block, head: _block_bytes of this shape by policy name and its _head_terms (a caller's memo of them)."""
     kind = RECOMPUTE_NAMES[recompute]
-    plain = _block_bytes(shape, "selective" if kind == "selective" else "none")
-    unit = _block_bytes(shape, "op" if kind == "op" else "full")
-    rerun_block = _block_bytes(shape, "none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
-    return (plain, unit, rerun_block, *_head_terms(shape, vocab))
+    block = block or (lambda policy: _block_bytes(shape, policy))
+    plain = block("selective" if kind == "selective" else "none")
+    unit = block("op" if kind == "op" else "full")
+    rerun_block = block("none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
+    return (plain, unit, rerun_block, *(head or _head_terms(shape, vocab)))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -99,21 +102,36 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
             _TERMS.clear()
         memo = _TERMS[(proto, vocab)] = {}
 
-    shapes: dict[tuple[int, ...], LayerShape] = {}  # the recompute kinds of a row share its shape
+    # the recompute kinds of a row share its shape, and its block bytes by policy (a dict on the policy name: the
+    # lru caches hash every field of the shape on each call)
+    shapes: dict[tuple[int, ...], tuple[LayerShape, Callable[[str], float], tuple[float, float, float]]] = {}
 
     def terms(*row: int) -> tuple[float, ...]:
         hit = memo.get(row)
         if hit is None:
             b, tp, sp, rc, ac, ep, cp = row
-            shape = shapes.get((b, tp, sp, ac, ep, cp))
-            if shape is None:
-                shape = shapes[(b, tp, sp, ac, ep, cp)] = replace(
-                    proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
-                    ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
-            hit = memo[row] = layer_terms(shape, rc, vocab)
+            entry = shapes.get((b, tp, sp, ac, ep, cp))
+            if entry is None:
+                shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
+                                ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
+                entry = shapes[(b, tp, sp, ac, ep, cp)] = (shape, _policy_memo(shape), _head_terms(shape, vocab))
+            hit = memo[row] = layer_terms(*entry[:1], rc, vocab, *entry[1:])
         return hit
 
     return terms
+
+
+def _policy_memo(shape: LayerShape) -> Callable[[str], float]:
+    """_block_bytes(shape, policy), memoised on the policy name."""
+    saved: dict[str, float] = {}
+
+    def block(policy: str) -> float:
+        hit = saved.get(policy)
+        if hit is None:
+            hit = saved[policy] = _block_bytes(shape, policy)
+        return hit
+
+    return block
 
 
 def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
@@ -138,8 +156,9 @@ def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tupl
                                  sac_ops=layout.sac_ops)
 
     def compute() -> Any:
+        ep = layout.ep if proto.n_experts else 1  # a dense block's shape does not read ep (_layer_terms_at)
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
-                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, layout.ep, layout.cp)
+                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, ep, layout.cp)
 
     values = layout.memoised(("layer terms", proto, model.vocab_size), compute)
     return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(TERMS))

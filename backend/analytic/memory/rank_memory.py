@@ -26,7 +26,7 @@ from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
-from backend.analytic.vector import as_int, is_array, maximum, per_value, where
+from backend.analytic.vector import any_true, as_int, is_array, maximum, per_value, where
 
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = True
@@ -119,7 +119,9 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
     loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout), 0)
-    resting = model_state(model, layout, position, parts, unsharded=False)
+    # nothing is unsharded without FSDP2: the resting state is the state itself (the planner's groups are one flavour
+    # family each)
+    resting = model_state(model, layout, position, parts, unsharded=False) if any_true(layout.fsdp) else state
     backward = backward_moment_bytes(model, layout, position.pp_rank, parts, acts,
                                      resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
     temp = step_temp_bytes_of(model, layout, position, parts)
@@ -164,14 +166,17 @@ def loss_backward_extra(model: Any, layout: Layout) -> Any:
     return maximum(0.0, 2 * 4 * n - freed)
 
 
-def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False) -> tuple[Any, Any]:
+def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False,
+                      later_ranks_only: bool = False) -> tuple[Any, Any]:
     """(bytes at its fullest moment, pipeline rank) of each layout's fullest rank: `RankMemory.fullest_bytes`, the
     number `estimate` gives each rank (RankEstimate.fullest_bytes). The worst rank sits at tp index 0 and FSDP dp
     index 0 (torch.chunk gives the first chunks the most rows) and, under ZeRO-1, at the dp index that owns the
     largest optimizer share (the optimizer.step moment: the share with the largest state + temporaries); which
     pipeline rank peaks depends on the schedule, so every one is evaluated: one call per pipeline degree and flavour
     family on (layouts x pipeline ranks) arrays. first_rank_only: pipeline rank 0 alone (the planner's prune: one
-    rank's bytes are a lower bound of the worst rank's, at a fraction of the work; exact without pipelining)."""
+    rank's bytes are a lower bound of the worst rank's, at a fraction of the work; exact without pipelining).
+    later_ranks_only: pipeline ranks 1.. alone (the planner's second pass, after the first: the larger of the two is
+    the worst rank's; a layout without pipelining gets 0 bytes at rank 0)."""
     if not is_array(layout.pp):
         totals = rank_memory(model, layout, RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).fullest_bytes
         at = int(np.argmax(totals))
@@ -187,7 +192,9 @@ def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False)
             rows = np.nonzero((layout.pp == pp) & (layout.fsdp == fsdp))[0]
             if not len(rows):
                 continue
-            ranks = np.arange(1 if first_rank_only else pp)
+            ranks = np.arange(1 if later_ranks_only else 0, 1 if first_rank_only else pp)
+            if not len(ranks):
+                continue
             totals = rank_memory(model, layout.group(rows),
                                  RankPosition(pp_rank=ranks[None, :], largest_zero1_share=True)).fullest_bytes
             best = np.argmax(totals, axis=1)

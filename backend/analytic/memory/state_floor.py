@@ -29,6 +29,9 @@ NOT_IN_STATE = ("micro_batch", "recompute", "recompute_layers", "sequence_parall
 """Layout choices the resting model state does not read (memory/model_state.py, distributed_optimizer.py,
 stack_states.py, parts.py: the parameters' placement is the degrees', the flavour's and the stages')."""
 STATE_COLUMNS = tuple(c for c in CHOICES if c not in NOT_IN_STATE)
+STATE_KEY = "state key"
+"""Layout.memoised key of the per-layout state key (`_state_key`'s grouping; the planner's enumeration stores its
+own from the grid it builds the layouts from: equal exactly where the state columns and "> 1 microbatch" are)."""
 
 
 def _state_key(layout: Layout) -> np.ndarray:
@@ -43,9 +46,34 @@ def _state_key(layout: Layout) -> np.ndarray:
     return key
 
 
+def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a row of each distinct key, each row's distinct key's index): np.unique's return_index and return_inverse,
+    through a table instead of a sort when the keys span a small range."""
+    span = int(key.max()) + 1
+    if span > 4 * len(key):
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
+    at = np.empty(span, dtype=np.int64)
+    at[key[::-1]] = np.arange(len(key) - 1, -1, -1)  # a row of each key (any serves: the key is its state columns)
+    seen = np.zeros(span, dtype=bool)
+    seen[key] = True
+    keys = np.nonzero(seen)[0]
+    index = np.zeros(span, dtype=np.int64)
+    index[keys] = np.arange(len(keys))
+    return at[keys], index[key]
+
+
 def state_floor_bytes(model: Any, layout: Layout) -> np.ndarray:
     """A lower bound of worst_rank_memory(model, layout)[0], layout by layout (arrays of layouts)."""
-    _, first, inverse = np.unique(_state_key(layout), return_index=True, return_inverse=True)
+    floor, _, inverse = state_floor_groups(model, layout)
+    return floor[inverse]
+
+
+def state_floor_groups(model: Any, layout: Layout) -> tuple[np.ndarray, Layout, np.ndarray]:
+    """(the floor of each distinct state, a layout of each (its degrees and flavour are its rows'), each layout's
+    distinct state): state_floor_bytes = floor[inverse]; a function of the bytes and the degrees alone (the fit rule)
+    is the same on a distinct state as on each of its layouts."""
+    first, inverse = _distinct(layout.memoised(STATE_KEY, lambda: _state_key(layout)))
     distinct = layout.take(first)
     floor = np.zeros(len(first))
     for pp in np.unique(distinct.pp).tolist():
@@ -55,4 +83,4 @@ def state_floor_bytes(model: Any, layout: Layout) -> np.ndarray:
         state: ModelStateBytes = model_state(model, group, position, rank_parts(model, group, position), unsharded=False)
         resting = state.params_bytes + state.grads_bytes + state.optimizer_bytes + other_bytes(model, group)
         floor[rows] = np.broadcast_to(resting, (len(rows), pp)).max(axis=1)
-    return floor[inverse.reshape(-1)]
+    return floor, distinct, inverse

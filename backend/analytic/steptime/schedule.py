@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from backend.analytic.pipelining import interleaved_order
+from backend.analytic.steptime.schedule_levels import LEVELLED, PlanColumns, levelled_plan
 
 SIMULATED = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -33,12 +34,15 @@ def rank_order(schedule: str, p: int, v: int, m: int, rank: int) -> list[tuple[i
 
 
 @lru_cache(maxsize=256)
-def _action_plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, int, bool, int, int, bool], ...]:
-    """Every action of one step in a dependency-respecting order, as (rank, stage, is_forward, dep, own, hop): `dep`
+def _action_plan(schedule: str, p: int, v: int, m: int) -> PlanColumns:
+    """Every action of one step in a dependency-respecting order, as columns (rank, stage, is_forward, dep, own, hop): `dep`
     is the index of the action it waits for across stages (F(s-1, k) / B(s+1, k); -1: none), `own` the index of
     F(s, k) for a backward, `hop` whether the wait crosses a stage boundary (pays p2p). The order is the one a
     round-robin over ranks, each running its actions until one is not ready, visits them in; readiness depends on
-    the action orders only, not on the costs, so it is computed once per (schedule, p, v, m)."""
+    the action orders only, not on the costs, so it is computed once per (schedule, p, v, m). GPipe and 1F1B: in
+    level order instead (schedule_levels.py: the same makespans, built on arrays)."""
+    if v == 1 and schedule in LEVELLED and (levelled := levelled_plan(schedule, p, m)) is not None:
+        return levelled
     n_stages = p * v
     orders = [[(s, kind == "F") for s, kind in rank_order(schedule, p, v, m, r)] for r in range(p)]
     f_at: list[list[int]] = [[] for _ in range(n_stages)]  # f_at[s][k]: the index of F(s, k) once placed
@@ -84,7 +88,8 @@ def _action_plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, int,
             nxt[r] = i
         if not progressed:
             raise RuntimeError(f"{schedule} action order deadlocks for p={p}, v={v}, m={m}")
-    return tuple(out)
+    r_col, s_col, f_col, dep_col, own_col, hop_col = (list(column) for column in zip(*out))
+    return r_col, s_col, f_col, dep_col, own_col, hop_col
 
 
 def makespan(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s: list[float],
@@ -96,7 +101,7 @@ def makespan(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s
     end: list[float] = []
     free = [0.0] * p
     busy = [0.0] * p
-    for r, s, is_f, dep, own, hop in plan:  # max() as comparisons, as in makespan_pair
+    for r, s, is_f, dep, own, hop in zip(*plan):  # max() as comparisons, as in makespan_pair
         start = free[r]
         if is_f:
             ready = (0.0 if dep < 0 else end[dep]) + (p2p_s if hop else 0.0)
@@ -125,7 +130,7 @@ def makespan_pair(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], 
     free0, free1, busy = [0.0] * p, [0.0] * p, [0.0] * p
     # max() written out as comparisons (the same value, the first of equals, as max returns): the loop runs once per
     # action, p x m x 2 of them (1F1B on pp 32 with 1,024 microbatches: 65,536)
-    for r, s, is_f, dep, own, hop in plan:
+    for r, s, is_f, dep, own, hop in zip(*plan):
         extra = p2p_s if hop else 0.0
         if is_f:
             c = fwd_s[s]
