@@ -38,10 +38,12 @@ class FakeRunner:
         self.block, self.raises = block, raises
         self.calls: list[dict] = []
         self.release = threading.Event()
+        self.started = threading.Event()  # set once the run is under way (progress reported)
 
     def __call__(self, spec, *, workdir, on_progress=None, cancel=None, extra_env=None) -> RunResult:
         self.calls.append({"workdir": Path(workdir), "extra_env": extra_env})
         on_progress({"step": 1, "of": 3, "phase": "timed"})
+        self.started.set()
         if self.raises:
             raise self.raises
         if self.block:

@@ -173,6 +173,7 @@ def test_a_full_disk_under_the_sqlite_file_delays_the_result_instead_of_dropping
     worker = quick(Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.1, heartbeat_s=0.5, runner=runner))
     t, out = _serve(worker, once=True)
     wait_for(lambda: q.get_status(engine, eid) == "running")
+    wait_for(runner.started.is_set)  # "running" is stored at the claim, before the worker has read the spec
     small_fs.fill()
     try:
         runner.release.set()
@@ -454,6 +455,7 @@ def test_a_result_finished_during_a_postgres_restart_is_stored_when_it_is_back(p
     worker = quick(Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.1, heartbeat_s=0.5, runner=runner))
     t, out = _serve(worker, once=True)
     wait_for(lambda: q.get_status(engine, eid) == "running")
+    wait_for(runner.started.is_set)  # "running" is stored at the claim, before the worker has read the spec
     pg_server.pause()
     try:
         runner.release.set()  # the run ends while the server is down
