@@ -13,11 +13,10 @@ from __future__ import annotations
 import copy
 import itertools
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from backend.spec import ExperimentSpec, validate_spec
-from backend.spec import dims
+from backend.spec import ExperimentSpec, dims, validate_spec
 from backend.spec.fields import FLAGS, SWITCHES
 from backend.spec.user_text import MAX_NAME_CHARS
 
@@ -117,7 +116,7 @@ def expand_grid(base: ExperimentSpec | dict, grid: dict[str, list]) -> tuple[lis
     base_name = str(template.get("name") or "")
     valid, invalid = [], []
     for combo in itertools.product(*grid.values()):
-        point = dict(zip(grid.keys(), combo))
+        point = dict(zip(grid.keys(), combo, strict=False))
         data = copy.deepcopy(template)
         try:
             for key, value in point.items():
@@ -137,7 +136,7 @@ def expand_grid(base: ExperimentSpec | dict, grid: dict[str, list]) -> tuple[lis
 
 
 def new_sweep_id() -> str:
-    return f"sweep-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    return f"sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 def submit_sweep(engine, base: ExperimentSpec | dict, grid: dict[str, list], tags=()) -> tuple[str, list[int], list[dict]]:

@@ -12,7 +12,6 @@ import torch
 import torch.distributed._functional_collectives as functional_collectives
 import torch.distributed._tools.fsdp2_mem_tracker as fsdp2_mem_tracker
 import torch.distributed._tools.mem_tracker as mem_tracker
-import torch.distributed.pipelining.schedules as pipelining_schedules
 import torch.distributed.pipelining.stage as pipelining_stage
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -137,7 +136,7 @@ def host_chunk(full: torch.Tensor, mesh, placements) -> torch.Tensor | None:
     if any(type(pl) not in (Shard, Replicate) for pl in placements):
         return None
     shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
-    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=False))]
 
 
 def is_fake_tensor(t: torch.Tensor) -> bool:

@@ -41,7 +41,7 @@ def main() -> None:
     for k, v in result.params.items():
         print(f"  {k:<22} {getattr(hw.tune, k):>11.4g} -> {v:.4g}")
     print(f"{'run':>4} {'strategy':<8} {'world':>5} {'measured s':>10} {'LOO pred s':>10} {'error':>7}")
-    for s, r in zip(fit_samples, result.loo):
+    for s, r in zip(fit_samples, result.loo, strict=False):
         print(f"{s.run_id:>4} {str(s.spec.parallel.strategy):<8} {s.spec.parallel.world_size:>5} {r['measured_s']:>10.3f} "
               f"{r['predicted_s']:>10.3f} {r['error_pct']:>+6.1f}%")
     print(f"leave-one-out MAPE {result.loo_mape:.1f}% (target <= 15%); interval {result.band[0]:+.0%}..{result.band[1]:+.0%}")

@@ -167,7 +167,7 @@ class RatioStats(NamedTuple):
 
 
 def ratio_stats(engine: list[list[float]], bare: list[list[float]]) -> RatioStats:
-    ratios = [statistics.median(e) / statistics.median(b) for e, b in zip(engine, bare)]
+    ratios = [statistics.median(e) / statistics.median(b) for e, b in zip(engine, bare, strict=False)]
     lo, hi = bootstrap_median(ratios)
     return RatioStats(ratios, statistics.median(ratios), lo, hi, statistics.median(s for r in engine for s in r),
                       statistics.median(s for r in bare for s in r))

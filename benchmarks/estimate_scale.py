@@ -73,8 +73,9 @@ def measure(case: str, world: int) -> dict:
     from dashboard.predict_view import comm_frame, fit_check, predict, shown_ranks
 
     model, parallel = CASES[case]
-    import backend.engine.device_facts  # noqa: F401  (torch, imported by the CLI's device resolution: not per world)
     import torch  # noqa: F401
+
+    import backend.engine.device_facts  # noqa: F401  (torch, imported by the CLI's device resolution: not per world)
 
     build_parser()  # imports every command's module once
 
@@ -87,7 +88,7 @@ def measure(case: str, world: int) -> dict:
     printed = len(json.loads(buf.getvalue())["per_rank"])
     del buf
     cli_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-    data = dict(zip(model[::2], model[1::2]))
+    data = dict(zip(model[::2], model[1::2], strict=False))
     spec_model = {"vocab_size": int(data["--vocab"]), "d_model": int(data["--hidden"]), "n_layers": int(data["--layers"]),
                   "n_heads": int(data["--heads"]), "n_kv_heads": int(data["--kv-heads"]), "ffn_hidden": int(data["--ffn"]),
                   "seq_len": int(data["--seq"]), "n_experts": int(data.get("--experts", 0)),

@@ -28,8 +28,16 @@ from backend.result import RunResult  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
 from db import result_rows as rr  # noqa: E402
 from db.export import export_csv, export_json  # noqa: E402
-from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow,  # noqa: E402
-                       TimelineRecord, utcnow)
+from db.models import (  # noqa: E402
+    CommRecord,
+    Experiment,
+    ExperimentSummary,
+    ExperimentTag,
+    LossRecord,
+    RankResultRow,
+    TimelineRecord,
+    utcnow,
+)
 from db.queries import count_experiments, list_experiments  # noqa: E402
 from db.session import open_db, writer  # noqa: E402
 

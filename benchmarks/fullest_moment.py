@@ -61,7 +61,7 @@ def traced_rows(items: list[tuple[ExperimentSpec, int]]) -> list[dict[str, Any]]
         records = trace_many([{"spec": s.model_dump(mode="json"), "rank": r} for s, r in items], Path(tmp),
                              timeout_s=24 * 3600)
     rows = []
-    for (s, rank), rec in zip(items, records):
+    for (s, rank), rec in zip(items, records, strict=False):
         peak = rec.get("traced", {}).get("peak_bytes") if rec.get("status") == "ok" else None
         rows.append(row(s, rank, peak, "traced", rec.get("error")))
     return rows

@@ -84,7 +84,7 @@ def fa2_paper_table(name: str, kernels: tuple[str, ...]) -> dict:
     """One FlashAttention-2 paper figure (FA2_PAPER) as an attention table of `kernels`."""
     fig, gpu, png, peak, panels = FA2_PAPER[name]
     rows = [{"kernel": k, "seq": s, "head_dim": d, "causal": c, "fwd": round(v / peak, 4), "bwd": round(v / peak, 4)}
-            for (c, d), by in panels.items() for k in kernels for s, v in zip(FA2_PAPER_SEQS, by.get(k, ())) if v]
+            for (c, d), by in panels.items() for k in kernels for s, v in zip(FA2_PAPER_SEQS, by.get(k, ()), strict=False) if v]
     return {"rows": rows, "source": "published: " + FA2_PAPER_URL.format(fig=fig, gpu=gpu, png=png, peak=peak)}
 
 

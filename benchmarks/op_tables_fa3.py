@@ -44,7 +44,7 @@ def fa3_table() -> dict:
     """{"rows": [{kernel, seq, head_dim, causal, fwd, bwd}], "source"} (module docstring)."""
     rows = []
     for (head_dim, causal), tflops in FORWARD.items():
-        for i, (seq, fwd) in enumerate(zip(SEQS, tflops)):
+        for i, (seq, fwd) in enumerate(zip(SEQS, tflops, strict=False)):
             if fwd is None:
                 continue
             rows.append({"kernel": "flash3", "seq": seq, "head_dim": head_dim, "causal": causal,

@@ -89,7 +89,7 @@ def main() -> None:
     exact, w3, c3 = timed(lambda: [max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(
         layouts.take(i).spec_dict(LLAMA70B))).per_rank) for i in idx], repeats=1)
     print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
-    rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact)]
+    rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact, strict=False)]
     print(f"  agreement on {len(idx)} random layouts: array path vs estimate.estimate worst rank, max |rel err| "
           f"{max(rel):.2e} (tests/unit/test_planner_core.py checks 1,000 byte for byte)")
     cold = subprocess.run([sys.executable, __file__, "--cold-plan", "--attention", str(LLAMA70B.attention)],

@@ -38,16 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.analytic.sharding import local_params_shared  # noqa: E402
+from backend.analytic.device import runtime_overhead_bytes, with_device  # noqa: E402
+from backend.analytic.estimate import estimate  # noqa: E402
 from backend.analytic.layout import Layout  # noqa: E402
+from backend.analytic.sharding import local_params_shared  # noqa: E402
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, head_pass, weights_cost  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
 from backend.analytic.steptime.stack_knobs import stack_knobs  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
-from backend.analytic.device import runtime_overhead_bytes, with_device  # noqa: E402
-from backend.analytic.estimate import estimate  # noqa: E402
 
 GPU_CHECK = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run2" / "report.json"
 BEFORE = ROOT / "benchmarks" / "results" / "published_gpu_before.json"

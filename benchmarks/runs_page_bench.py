@@ -101,9 +101,8 @@ def time_apptest(n: int, repeats: int) -> tuple[tuple[float, float], tuple[float
     for an empty script, which a live server does not pay per page view. Each timed rerun then executes
     the whole page script; "uncached" clears the read cache first (the page right after a write).
     """
-    from streamlit.testing.v1 import AppTest
-
     import streamlit as st
+    from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "views" / "runs.py"), default_timeout=60)
     at.session_state["runs_page_size"] = n

@@ -128,7 +128,7 @@ def check(engine, ids: list[int], specs: list[ExperimentSpec], logs: list[Path])
     starts = Counter(int(m.group(1)) for log in logs for m in START_LINE.finditer(log.read_text(errors="replace")))
     rows = {r["id"]: r for r in q.list_experiments(engine)}
     status, lost, no_reason, mixed, examples = Counter(), [], [], [], {}
-    for eid, spec in zip(ids, specs):
+    for eid, spec in zip(ids, specs, strict=False):
         row = rows.get(eid)
         if row is None or row["status"] not in FINAL:
             lost.append(eid)

@@ -9,9 +9,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.analytic.units import MiB
+from backend.number_format import fmt_bytes, fmt_frac, fmt_seconds
 from backend.result import RunResult
 from backend.spec import ExperimentSpec, Strategy, dims, validate_spec
-from backend.number_format import fmt_bytes, fmt_frac, fmt_seconds
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")

@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, parity_verdict
 from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
+from backend.result import MEMORY_CATEGORIES, PARITY_FAILS, RunResult, error_pct, parity_verdict
 from dashboard.predict_view import byte_scale, coords_label
 from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
@@ -50,7 +50,7 @@ def measured_vs_predicted_fig(result: RunResult) -> go.Figure:
         errs = [_err_text(r, c) for r in ranks for _ in (0, 1)]
         fig.add_bar(
             name=CATEGORY_LABEL[c], x=[x0, x1], y=[v / div for v in vals], marker_color=CATEGORY_COLOR[c],
-            customdata=[[fmt_bytes(v), e] for v, e in zip(vals, errs)],
+            customdata=[[fmt_bytes(v), e] for v, e in zip(vals, errs, strict=False)],
             hovertemplate=f"%{{x}}<br>{CATEGORY_LABEL[c]}: %{{y:.3f}} {unit} (%{{customdata[0]}})<br>error vs prediction: %{{customdata[1]}}<extra></extra>",
         )
     fig.update_layout(barmode="stack", title="Memory per rank at the step's peak: measured vs predicted",

@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.result import MEMORY_CATEGORIES, RunResult, error_pct
 from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
+from backend.result import MEMORY_CATEGORIES, RunResult, error_pct
 from dashboard.theme import CATEGORY_COLOR, CATEGORY_LABEL, LAYOUT
 
 ESTIMATE_COLUMN = "DeepSpeed's estimate"

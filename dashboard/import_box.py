@@ -8,13 +8,15 @@ tokenizer) is asked here in the page's words, with a field, as the CLI asks for 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import streamlit as st
 
 from backend.importers.import_result import VOCAB_SIZE
 from dashboard import import_view as iv
+
 
 def box(prefix: str, on_load: Callable[[Any], None], *, load_label: str) -> None:
     with st.expander(f"Import config — {iv.frameworks_text()}", expanded=False):

@@ -13,6 +13,7 @@ from backend.analytic.device import RuntimeOverhead
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
+from backend.analytic.units import GiB
 from backend.planner.held import PRECISIONS as HELD_PRECISIONS
 from backend.planner.held import HeldTraining
 from backend.planner.search import Plan, plan, planned_attention
@@ -20,7 +21,6 @@ from backend.planner.space import light_spec
 from backend.planner.why import explain_first, why_text
 from backend.spec import ExperimentSpec, ModelSpec, dims
 from backend.spec.choices import AttentionImpl
-from backend.analytic.units import GiB
 from dashboard.glossary import schedule_label
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 

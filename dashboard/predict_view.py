@@ -217,7 +217,7 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     est = estimate(spec)
     shown = shown_ranks(est)
     rows = rank_rows(shown)
-    for row, r in zip(rows, shown):  # what fit_check hands the one fit rule, and the allowance the chart shows
+    for row, r in zip(rows, shown, strict=False):  # what fit_check hands the one fit rule, and the allowance the chart shows
         row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
         row["parallel"], row["device"] = spec.parallel, str(spec.runtime.device)
     return est, rows

@@ -8,9 +8,8 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import access
+from dashboard import access, store_access
 from dashboard import spec_form as sf
-from dashboard import store_access
 from dashboard.sweep_form import expand_sweep
 
 

@@ -63,12 +63,12 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """One display row per experiment, built column-wise (10,000 rows in tens of ms); numbers stay numbers.
     Needs only TABLE_KEYS of each row (list_experiments(columns=TABLE_KEYS) reads just those)."""
     col = lambda k: [r.get(k) for r in rows]  # noqa: E731
-    status = [DIVERGED if st == "ok" and r.get("diverged") else st for r, st in zip(rows, col("status"))]
+    status = [DIVERGED if st == "ok" and r.get("diverged") else st for r, st in zip(rows, col("status"), strict=False)]
     data = {
         "id": [int(r["id"]) for r in rows],
         "status": status,
         "loss parity": [PARITY_MARK[parity_of(r)] for r in rows],
-        "progress": ["" if st in ("ok", DIVERGED) else progress_text(r) for r, st in zip(rows, status)],
+        "progress": ["" if st in ("ok", DIVERGED) else progress_text(r) for r, st in zip(rows, status, strict=False)],
         "name": [_KIND_MARK.get(r.get("kind"), "") + (r.get("name") or "") for r in rows],
         "framework": [f"{r['source_framework']} (imported)" if r.get("kind") == "imported" and r.get("source_framework")
                       else r.get("framework") or "torch" for r in rows],

@@ -5,27 +5,29 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from backend.spec import Framework, Offload, dims  # issue 14
-from dashboard import stack_form
 from backend.hf.config import from_hf_config
 from backend.presets import PRESETS as PUBLISHED
 from backend.presets import scaled_for_cpu
-from backend.recompute_policy import KINDS, WITH_LAYERS, spelled
+from backend.recompute_policy import KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
-from backend.spec import (
+from backend.spec import (  # issue 14
     AttentionImpl,
     Bias,
     ExperimentSpec,
+    Framework,
     Mlp,
     Norm,
-    Positions,
+    Offload,
     Optimizer,
+    Positions,
     Precision,
     RouterScore,
     Strategy,
     WindowKind,
+    dims,
     validate_spec,
 )
+from dashboard import stack_form
 
 _GPT = dict(n_kv_heads=0, ffn_hidden=0, n_experts=0, top_k=2, norm="layernorm", mlp="gelu", positions="learned",
             tie_embeddings=False, bias="all", attention="math", expert_ffn_hidden=0, n_shared_experts=0,

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.stacks import (DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, SETTINGS, STACK_CHOICES, STACKS,
-                                 resolve_stack)
 from backend.spec.choices import Stack
+from backend.spec.stacks import (
+    DTYPE_CHOICES,
+    ELEMENTWISE_CHOICES,
+    KERNEL_CHOICES,
+    SETTINGS,
+    STACK_CHOICES,
+    STACKS,
+    resolve_stack,
+)
 
 DEFAULT = "stack default"
 BOOLEAN = ("loss_parallel", "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp")

@@ -14,7 +14,7 @@ def steps() -> None:
     """Four page links in a row, each with what it is for (plain labels when a page runs outside app.py's navigation)."""
     from streamlit.errors import StreamlitAPIException
 
-    for col, (page, label, icon, what) in zip(st.columns(len(STEPS)), STEPS):
+    for col, (page, label, icon, what) in zip(st.columns(len(STEPS)), STEPS, strict=False):
         try:
             col.page_link(page, label=label, icon=icon, help=what)
         except StreamlitAPIException:

@@ -33,8 +33,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime, timezone
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 from sqlalchemy import JSON, Engine, Float, Integer, String, Text, case, cast, func, literal, select, type_coerce
 
@@ -197,7 +198,7 @@ def _iso(value: Any) -> Any:
     if isinstance(value, str):  # SQLite stores naive UTC "YYYY-MM-DD HH:MM:SS.ffffff"
         return value.replace(" ", "T", 1) + "+00:00"
     if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
     return value
 
 
@@ -212,7 +213,7 @@ def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], 
         tags = tags_for(conn, sorted({r[0] for r in rows}))
     out = []
     for r in rows:
-        d = dict(zip(keys, r))
+        d = dict(zip(keys, r, strict=False))
         if dialect != "sqlite":  # SQLite gave ISO text already (_time_sql)
             d.update({k: _iso(d[k]) for k in TIME_KEYS})
         d["tags"] = tags.get(d["id"], [])
@@ -320,7 +321,7 @@ def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | N
         head = list(r[:n])
         for j in time_idx:
             head[j] = _iso(head[j])
-        obj = dict(zip(JSON_KEYS, head), tags=tags.get(r[0], []))
+        obj = dict(zip(JSON_KEYS, head, strict=False), tags=tags.get(r[0], []))
         env_json, spec_json, result_json = r[n:]
         pieces += [",\n" if i else "\n", encode(obj)[:-1], ', "env": ', env_json or "{}",
                    ', "spec": ', spec_json, ', "result": ', result_json or "null", "}"]

@@ -14,21 +14,32 @@ queue's transitions (db/run_queue.py) and the worker rows (db/workers.py), so ca
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select
 
 from backend.result import FINISHED, RunResult, Status
 from backend.spec import ExperimentSpec
-from backend.spec.user_text import clean_tags
 from backend.spec.dims import DIMS, placed_columns
+from backend.spec.user_text import clean_tags
 from db import result_rows as rr
 from db.degrees import column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentTag, utcnow
+from db.run_queue import (  # noqa: F401 - API
+    NotFound,
+    cancel_requested,
+    claim_next,
+    heartbeat,
+    mark_interrupted,
+    recover_stale,
+    release_claim,
+    store_finished_run,
+    store_result,
+    update_progress,
+)
 from db.session import reader, writer
-from db.run_queue import (NotFound, cancel_requested, claim_next, heartbeat, mark_interrupted,  # noqa: F401 - API
-                            recover_stale, release_claim, store_finished_run, store_result, update_progress)
 from db.workers import recover_dead_workers, register_worker, set_worker_state, worker_heartbeats  # noqa: F401 - API
 
 ROW_KEYS = tuple(placed_columns((  # + the parallel dimensions' columns (backend/spec/dims.py, read by db/degrees.py)
@@ -122,7 +133,7 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
     if offset:
         stmt = stmt.offset(offset)
     with engine.connect() as conn:
-        rows = [dict(zip(keys, r)) for r in conn.execute(stmt).all()]  # one fetchall, not a fetchone per row
+        rows = [dict(zip(keys, r, strict=False)) for r in conn.execute(stmt).all()]  # one fetchall, not a fetchone per row
         if with_tags:
             tags = tags_for(conn, [r["id"] for r in rows])
             for r in rows:

@@ -5,16 +5,26 @@ interrupt runs whose worker stopped. Every write that reads first runs in a BEGI
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any
 
 from sqlalchemy import Engine, delete, insert, or_, select, update
 
 from backend.result import RunResult, Status
 from backend.spec.user_text import clean_tags
 from db import result_rows as rr
-from db.models import (CommRecord, Experiment, ExperimentSummary, ExperimentTag, LossRecord, RankResultRow, TimelineRecord,
-                       Worker, utcnow)
+from db.models import (
+    CommRecord,
+    Experiment,
+    ExperimentSummary,
+    ExperimentTag,
+    LossRecord,
+    RankResultRow,
+    TimelineRecord,
+    Worker,
+    utcnow,
+)
 from db.session import writer
 
 

@@ -31,15 +31,15 @@ import os
 import sqlite3
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from db.errors import StoreError
 from db.begin_immediate import begin_statement, write_engine
+from db.errors import StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DB_PATH = REPO / "data" / "shardlab.db"
@@ -119,7 +119,7 @@ def _first_use_or_refuse(path: Path) -> None:
         sqlite3.connect(path).close()
     if not marker.exists():
         try:
-            marker.write_text(json.dumps({"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            marker.write_text(json.dumps({"created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                                           "path": str(path)}))
         except OSError:
             pass  # a read-only folder: the store still works, its loss just is not remembered

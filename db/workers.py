@@ -11,9 +11,8 @@ from sqlalchemy import Engine, delete, select, update
 
 from backend.result import Status
 from db.models import Experiment, Worker, utcnow
-from db.session import writer
 from db.run_queue import mark_interrupted
-
+from db.session import writer
 
 PRUNE_AFTER = timedelta(days=7)
 

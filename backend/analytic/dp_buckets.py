@@ -4,8 +4,9 @@ and the traffic model (traffic.py). Pure Python; `padded` takes arrays too."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

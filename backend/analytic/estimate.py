@@ -9,9 +9,10 @@ read, and `Estimate.page` / `to_dict(max_ranks=...)` expand one page, so a milli
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
@@ -22,8 +23,8 @@ from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
 from backend.analytic.memory.stack_activations import stack_loss_backward_extra
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.params import count_params, param_list
-from backend.analytic.recompute_cost import flops_rerun
 from backend.analytic.rank_classes import RankClass, RankClasses, rank_classes
+from backend.analytic.recompute_cost import flops_rerun
 from backend.analytic.sharding import local_params, rank_layers, rank_stages
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.textbook.pipeline import bubble_fraction

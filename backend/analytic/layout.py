@@ -122,7 +122,7 @@ class Layout(LayoutDegrees):
               device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS, stack: Any = None) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         by_column = np.ascontiguousarray(columns.T)  # one contiguous array per field: strided columns are ~4x slower
-        return cls.of_columns(dict(zip(CHOICES, by_column)), global_batch=global_batch, precision=precision,
+        return cls.of_columns(dict(zip(CHOICES, by_column, strict=False)), global_batch=global_batch, precision=precision,
                               optimizer=optimizer, device=device, sac_ops=sac_ops, stack=stack)
 
     @classmethod

@@ -43,4 +43,4 @@ def step_temp_bytes(elements: list[int] | tuple[int, ...], optimizer: str, *, fo
     if foreach:
         return MASTER_BYTES * sum(elements)
     prev = [0] + list(elements[:-1])
-    return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elements)), default=0)
+    return MASTER_BYTES * max((a + 2 * b for a, b in zip(prev, elements, strict=False)), default=0)

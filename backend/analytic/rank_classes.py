@@ -13,9 +13,10 @@ parameters: FSDP shards and ZeRO-1 shares run over it); ep groups are consecutiv
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
 from math import ceil
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from backend.analytic.params import param_list
 
@@ -99,8 +100,8 @@ def rank_classes(spec: ExperimentSpec) -> RankClasses:
     dims = {d for q in param_list(spec.model) for d in q.shape}
     tp_starts = chunk_intervals(dims, p.tp)
     dp_starts = chunk_intervals(_local_dims(dims, p.tp), p.dp_cp) if p.zero_stage >= 2 else [0]
-    tp_ranges = [range(a, b) for a, b in zip(tp_starts, tp_starts[1:] + [p.tp])]
-    dp_ranges = [range(a, b) for a, b in zip(dp_starts, dp_starts[1:] + [p.dp_cp])]
+    tp_ranges = [range(a, b) for a, b in zip(tp_starts, tp_starts[1:] + [p.tp], strict=False)]
+    dp_ranges = [range(a, b) for a, b in zip(dp_starts, dp_starts[1:] + [p.dp_cp], strict=False)]
     classes = {}
     for pp_rank in range(p.pp):
         for i, tp_range in enumerate(tp_ranges):

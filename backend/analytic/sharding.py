@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, prod
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def _pp_params(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedu
         rng, f, la = stage_modules(key, s, n_stages)
         layers.update(rng)
         first, last = first or f, last or la
-    keep = [p for p, (kind, layer) in zip(param_tuple(key), _param_places(key))
+    keep = [p for p, (kind, layer) in zip(param_tuple(key), _param_places(key), strict=False)
             if (layer in layers if kind == 0 else first if kind == 1 else last)]
     if key.tie_embeddings and last and n_stages > 1:
         # Tied embeddings across pipeline stages (Shoeybi et al. 2019 / Megatron-LM `shared_embedding`): the
@@ -203,7 +204,7 @@ def zero1_partition(numels: list[int], n: int) -> list[int]:
     Stable sort by numel descending, then `zero1_owners_in_order`."""
     order = sorted(range(len(numels)), key=numels.__getitem__, reverse=True)
     owner = [0] * len(numels)
-    for i, r in zip(order, zero1_owners_in_order([numels[i] for i in order], n)):
+    for i, r in zip(order, zero1_owners_in_order([numels[i] for i in order], n), strict=False):
         owner[i] = r
     return owner
 
@@ -280,7 +281,7 @@ def _merge_run(heap: list[tuple[int, int]], x: int, k: int) -> tuple[list[int], 
     keys = totals[who] + step * x
     first = who[np.lexsort((ranks[who], keys))[:k]]
     taken = np.bincount(first, minlength=len(heap))
-    after = [(int(t), int(r)) for t, r in zip(totals + taken * x, ranks)]
+    after = [(int(t), int(r)) for t, r in zip(totals + taken * x, ranks, strict=False)]
     heapq.heapify(after)
     return ranks[first].tolist(), after
 
@@ -326,7 +327,7 @@ def _place_runs(key: ModelKey) -> tuple[tuple[int, int, tuple[ParamInfo, ...], i
     """param_tuple(key) cut into runs of one place each (sharding._param_places: (0, layer) a block's, (1, -1) the
     embeddings, (2, -1) the rest), in order, each with its signature id (_signature_id)."""
     runs: list[tuple[int, int, list[ParamInfo]]] = []
-    for info, place in zip(param_tuple(key), _param_places(key)):
+    for info, place in zip(param_tuple(key), _param_places(key), strict=False):
         if not runs or runs[-1][:2] != place:
             runs.append((*place, []))
         runs[-1][2].append(info)

@@ -11,16 +11,17 @@ which syncs on the last backward only; it all-gathers a unit at each sharded -> 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
-from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
-from backend.analytic.tp_placement import module_rule
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
+from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
+from backend.analytic.tp_placement import module_rule
 from backend.analytic.vector import where
 from backend.spec.stack_rules import loss_parallel_on
 

@@ -9,8 +9,9 @@ The same idea as Calculon's search (Isaev et al. SC'23), which calls the very mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import repeat
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -172,7 +173,7 @@ def per_distinct(fn: Callable[..., Any], *columns: Any) -> Any:
     for j in range(len(varying) - 2, -1, -1):
         radix[j] = radix[j + 1] * tops[j + 1]
     key = 0
-    for c, r in zip(codes, radix):
+    for c, r in zip(codes, radix, strict=False):
         key = key + c * r
     shape = key.shape
     span = radix[0] * tops[0]
@@ -187,7 +188,7 @@ def per_distinct(fn: Callable[..., Any], *columns: Any) -> Any:
     else:
         distinct, inverse = np.unique(flat, return_inverse=True)
     decoded = iter([(palette[(distinct // r) % t] if palette is not None else (distinct // r) % t).tolist()
-                    for r, t, palette in zip(radix, tops, palettes)])
+                    for r, t, palette in zip(radix, tops, palettes, strict=False)])
     arguments = [next(decoded) if isinstance(c, np.ndarray) else repeat(c, len(distinct)) for c in columns]
-    values = np.array([fn(*row) for row in zip(*arguments)], dtype=np.float64)
+    values = np.array([fn(*row) for row in zip(*arguments, strict=False)], dtype=np.float64)
     return values[inverse.ravel()].reshape(shape + values.shape[1:])

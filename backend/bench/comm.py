@@ -26,8 +26,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -107,6 +108,7 @@ def op_group_size(args: tuple, kwargs: dict) -> int:
 
 def functional_op_group_size(name: str, args: tuple) -> int:
     import torch.distributed as dist
+
     from backend.torch_compat import resolve_process_group as _resolve_process_group
 
     for a in args:

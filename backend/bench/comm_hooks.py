@@ -21,8 +21,14 @@ from typing import Any
 
 import torch
 
-from backend.bench.comm import (C10D_OPS, FUNCTIONAL_OPS, Tally, functional_op_group_size, op_group_size,
-                                op_payload_bytes)
+from backend.bench.comm import (
+    C10D_OPS,
+    FUNCTIONAL_OPS,
+    Tally,
+    functional_op_group_size,
+    op_group_size,
+    op_payload_bytes,
+)
 
 _LIBS: list[Any] = []
 _TALLY: Tally | None = None
@@ -81,7 +87,7 @@ class KernelCommCounter(Tally):
     """`with KernelCommCounter() as c:` counts c10d and functional collectives (calls, bytes, seconds); the
     hooks exist only inside the outermost such block, so code outside it runs torch's own kernels untouched."""
 
-    def __enter__(self) -> "KernelCommCounter":
+    def __enter__(self) -> KernelCommCounter:
         global _TALLY
         if not _LIBS:
             import torch.distributed._functional_collectives  # noqa: F401 - registers the ops we hook

@@ -110,7 +110,7 @@ def _fit(res: list[tuple[int, float]]) -> tuple[float, float]:
     n = len(res)
     xs, ys = [s for s, _ in res], [t for _, t in res]
     mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / sum((x - mx) ** 2 for x in xs)
     return my - slope * mx, slope
 
 

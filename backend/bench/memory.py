@@ -43,17 +43,22 @@ forward, so recomputed activations count as Temp (other), not Activation.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import wraps
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
-from backend.torch_compat import FSDPMemTracker, FSDPModMemStats as _FSDPModMemStats, FSDPRefType as _FSDPRefType
+from torch.utils.weak import WeakIdKeyDictionary
+
+from backend.torch_compat import FSDPMemTracker, MemTracker
+from backend.torch_compat import FSDPModMemStats as _FSDPModMemStats
+from backend.torch_compat import FSDPRefType as _FSDPRefType
 from backend.torch_compat import FSDPState as _FSDPState
 from backend.torch_compat import MemRefType as _MemRefType
-from backend.torch_compat import MemTracker, ModMemStats as _ModMemStats, PipelineStageBase as _PipelineStageBase
-from torch.utils.weak import WeakIdKeyDictionary
+from backend.torch_compat import ModMemStats as _ModMemStats
+from backend.torch_compat import PipelineStageBase as _PipelineStageBase
 
 _TOTAL = "Total"
 CATEGORY_OF = {
@@ -111,7 +116,7 @@ class _NoModules:
     def clear_user_hooks(self) -> None:
         pass
 
-    def __enter__(self) -> "_NoModules":
+    def __enter__(self) -> _NoModules:
         return self
 
     def __exit__(self, *args: Any) -> None:

@@ -22,9 +22,10 @@ import platform
 import re
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from statistics import median
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

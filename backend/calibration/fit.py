@@ -18,8 +18,9 @@ interval; with n runs its nominal coverage is about 1 - 2/(n+1)).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def apply(hw: Hardware, params: dict[str, float]) -> Hardware:
 
 def _params(hw: Hardware, x: np.ndarray, names: tuple[str, ...] = FITTED) -> dict[str, float]:
     out = {}
-    for k, v in zip(names, x):
+    for k, v in zip(names, x, strict=False):
         val = getattr(hw.tune, k) * math.exp(float(v))
         lo, hi = BOUNDS.get(k, (0.0, math.inf))
         out[k] = min(max(val, lo), hi)

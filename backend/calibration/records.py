@@ -15,7 +15,6 @@ from backend.calibration.fit import Fit, Sample
 from db import queries as q
 from db.models import Calibration
 
-
 DEVICE_PROFILES = {  # torch.cuda.get_device_name() (lower case) -> the hardware.json profile of that part
     "nvidia h100 80gb hbm3": "h100-sxm", "nvidia h100 sxm5 80gb": "h100-sxm", "nvidia h100 pcie": "h100-pcie",
     "nvidia h200": "h200", "nvidia a100-sxm4-80gb": "a100-80gb-sxm", "nvidia a100-sxm4-40gb": "a100-40gb-sxm",

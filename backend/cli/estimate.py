@@ -67,7 +67,6 @@ def run(args: argparse.Namespace) -> int:
     if args.batch is not None or args.context is not None:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
     from backend.engine.device_facts import host_device  # `auto` resolved as the engine would on this host
-
     from backend.spec.checks import run_blockers
     from backend.spec.stacks import resolve_stack
 
@@ -172,8 +171,8 @@ def _training_table(d: dict[str, Any]) -> str:
             for r in d["per_rank"]]
     head = [c.replace("_bytes", "") for c in cols]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=False))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=False)) for row in rows]
     lines += _page_lines(d)
     lines.append(f"params_total {d['params_total']:,}  tokens/step {d['tokens_per_step']:,}  "
                  f"FLOPs/step {d['flops_per_step']:.3e}  bubble {d['bubble_fraction'] if d['bubble_fraction'] is not None else '-'}")

@@ -134,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
     from backend.planner.allowance import allowance_problem, device_bytes_of, reserve_problem
     from backend.planner.held import HeldTraining
     from backend.planner.search import plan, planned_attention
+    from backend.planner.space import Limits
     from backend.planner.why import explain_first, why_text
     from backend.spec.choices import AttentionImpl
-    from backend.planner.space import Limits
 
     problem = _from_spec(args)
     if problem:
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         out = res.to_dict()
         out["notes"].insert(0, attention_why)
         out["profile"] = used["profile"]
-        for config, flags in zip(out["configs"], used["extrapolation"]):
+        for config, flags in zip(out["configs"], used["extrapolation"], strict=False):
             config["extrapolation"] = flags
         out["why_first"] = why  # planner/why.py: #2 against #1 by layout choice and by part, signed seconds that add up
         print(json.dumps(out))

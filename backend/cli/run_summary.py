@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from backend.result import PARITY_FAILS, RankResult, RunResult, Status, parity_verdict, parity_bound
+from backend.result import PARITY_FAILS, RankResult, RunResult, Status, parity_bound, parity_verdict
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
@@ -20,8 +20,8 @@ def _pct(measured: float, predicted: float) -> str:
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=False))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) for r in rows]
     return out
 
 

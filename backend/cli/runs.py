@@ -11,7 +11,7 @@ import sys
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
-from backend.result import PARITY_FAILS, parity_verdict, parity_bound
+from backend.result import PARITY_FAILS, parity_bound, parity_verdict
 from backend.spec.user_text import InputError, printable
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
-from backend.spec.user_text import InputError, load_json_file
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.fields import FLAGS, STACK_SWITCHES, SWITCHES
+from backend.spec.user_text import InputError, load_json_file
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from backend import run_folders
 from backend.atomic_io import write_atomic
 from backend.cluster import slurm
-from backend.cluster.slurm_config import SlurmConfig, load
 from backend.cluster.reattach import Detached
 from backend.cluster.script import SCRIPT_NAME, build_script, output_path
+from backend.cluster.slurm_config import SlurmConfig, load
 from backend.launch import outcome
 from backend.launch.launcher import assembled_result, clear_outputs, failed_result, keep_result
 from backend.launch.outcome import Failure

@@ -29,13 +29,13 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
+    from backend.engine.accuracy_notes import BOUNDS_PCT
     from backend.engine.assemble import assemble_result
     from backend.engine.data import global_batch
     from backend.engine.device_facts import host_device
     from backend.engine.loop import comm_payload, comm_steps, has_split_backward, progress, run_loop, timed_steps
     from backend.engine.mesh import build_mesh
     from backend.engine.mesh import init as init_distributed
-    from backend.engine.accuracy_notes import BOUNDS_PCT
     from backend.engine.reference import reference_losses, run_isolated
 
 

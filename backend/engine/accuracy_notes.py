@@ -9,8 +9,18 @@ from typing import Any
 
 from backend.analytic.measured.moe_routing import adjustment
 from backend.analytic.params import param_list
-from backend.result import (COLLECTIVES, MEMORY_CATEGORIES, PARITY_BOUND, PARITY_FAILS, RankResult,  # noqa: F401 - re-exported
-                            RoutingAdjusted, error_pct, first_non_finite, parity_failure_text, parity_verdict)
+from backend.result import (  # noqa: F401 - re-exported
+    COLLECTIVES,
+    MEMORY_CATEGORIES,
+    PARITY_BOUND,
+    PARITY_FAILS,
+    RankResult,
+    RoutingAdjusted,
+    error_pct,
+    first_non_finite,
+    parity_failure_text,
+    parity_verdict,
+)
 from backend.spec import ExperimentSpec
 from backend.strategies.base import module_name_for
 
@@ -33,7 +43,7 @@ def loss_parity(loss: list[float], ref: list[float]) -> float | None:
     """max |loss - reference| over the steps both have. Two non-finite losses alike (both NaN, or the same inf) agree:
     the run and the reference diverged together; one finite and one not is inf. None without a common step."""
     diffs = []
-    for a, b in zip(loss, ref):
+    for a, b in zip(loss, ref, strict=False):
         if math.isfinite(a) and math.isfinite(b):
             diffs.append(abs(a - b))
         elif not (math.isnan(a) and math.isnan(b)) and a != b:
@@ -113,7 +123,7 @@ def routing_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]], per_rank: l
     """EP: set each rank's routing-adjusted prediction and explain, per rank where the uniform-routing prediction
     misses a bound, how far the measured routing was from uniform and how the adjusted prediction fares."""
     notes = []
-    for r, rr in zip(ranks, per_rank):
+    for r, rr in zip(ranks, per_rank, strict=False):
         routing = r.get("extra", {}).get("moe_routing")
         if not routing or not routing.get("records"):
             continue

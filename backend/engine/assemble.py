@@ -18,15 +18,29 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.analytic.estimate import estimate
+from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.analytic.model_flops import training_flops_per_step
 from backend.bench.env import merge as merge_env
 from backend.bench.timing import step_s_median
+from backend.engine.accuracy_notes import (  # noqa: F401 - re-exported
+    BOUNDS_PCT,
+    COMM_BOUND_PCT,
+    PARITY_BOUND,
+    WHY,
+    autocast_notes,
+    comm_error_pct,
+    comm_notes,
+    cp_notes,
+    dedupe,
+    divergence_notes,
+    loss_parity,
+    memory_notes,
+    parity_notes,
+    recompute_notes,
+    routing_notes,
+)
 from backend.engine.device_facts import utilization
-from backend.engine.accuracy_notes import (BOUNDS_PCT, COMM_BOUND_PCT, PARITY_BOUND, WHY,  # noqa: F401 - re-exported
-                                  autocast_notes, comm_error_pct, comm_notes, cp_notes, dedupe, divergence_notes,
-                                  loss_parity, memory_notes, parity_notes, recompute_notes, routing_notes)
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
 

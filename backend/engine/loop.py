@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from backend.bench import comm as comm_bench
-from backend.bench.comm_hooks import KernelCommCounter
 from backend.bench import memory, timing
+from backend.bench.comm_hooks import KernelCommCounter
 from backend.engine.data import global_batch
 from backend.runtime.faults import maybe_inject
 from backend.runtime.protocol import Progress, emit_progress, mark_progress

@@ -13,8 +13,8 @@ import argparse
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -3,10 +3,10 @@ time, comm, measured memory) with the framework's own prediction in place of the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from backend.result import (MEMORY_CATEGORIES, FrameworkEstimate, MemoryBreakdown, ModelStates, RunResult,
-                            error_pct)
+from backend.result import MEMORY_CATEGORIES, FrameworkEstimate, MemoryBreakdown, ModelStates, RunResult, error_pct
 from backend.spec import ExperimentSpec
 
 MODEL_STATE_BOUND_PCT = 2.0

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from backend.gpucheck.kit_context import KitContext
-from backend.gpucheck.phases import child_env, run_child
 from backend.gpucheck.kit_runs import INIT_THREADS_ENV
+from backend.gpucheck.phases import child_env, run_child
 
 PROFILE_RUNS = "ddp,zero3"
 PART_MAX_S = {"saved_device": 60.0, "profile": 150.0, "saved_host": 60.0}

@@ -87,7 +87,7 @@ def nvidia_smi(timeout_s: float = 15.0) -> dict[str, Any]:
                               capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    rows = [dict(zip(NVIDIA_SMI_FIELDS, (v.strip() for v in line.split(",")))) for line in proc.stdout.splitlines()
+    rows = [dict(zip(NVIDIA_SMI_FIELDS, (v.strip() for v in line.split(",")), strict=False)) for line in proc.stdout.splitlines()
             if line.strip()]
     return {"gpus": rows, "returncode": proc.returncode, "stderr": proc.stderr[-500:]}
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from bisect import insort
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 CATEGORIES = ("gemm", "attention_fwd", "attention_bwd", "norm_elementwise", "cross_entropy", "optimizer", "nccl",
               "memcpy_memset_copies", "other")

@@ -16,14 +16,15 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from backend.atomic_io import write_atomic, write_json_atomic
 from backend.gpucheck import phases
-from backend.gpucheck.kit_context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
 from backend.gpucheck.diag import diag_phase
+from backend.gpucheck.kit_context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
 from backend.gpucheck.summary import render
 
 FAULT_ENV = "SHARDLAB_GPU_CHECK_FAULT"

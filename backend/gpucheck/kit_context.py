@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PHASES = ("env", "probe", "runs", "diag", "trace", "tests", "late_runs")
 """Priority order: what matters most comes first, so a budget that runs out costs the least."""

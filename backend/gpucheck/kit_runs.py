@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from backend.gpucheck.specs import KitRun, spec_for
 from backend.result import RunResult, Status

@@ -142,8 +142,11 @@ def listing(shape: dict[str, Any], device: torch.device, mode: str) -> dict[str,
 
 def analytic(shape: dict[str, Any], device: str, mode: str) -> dict[str, float]:
     """The analytic model's per-block and head terms for this shape (micro_batch 1, tp 1) in this mode."""
-    from backend.analytic.memory.activations import (family_kwargs, model_embedding_head_activation_bytes,
-                                                     model_layer_activation_bytes)
+    from backend.analytic.memory.activations import (
+        family_kwargs,
+        model_embedding_head_activation_bytes,
+        model_layer_activation_bytes,
+    )
     from backend.spec import ModelSpec
 
     m = ModelSpec.model_validate({k: v for k, v in shape.items() if k != "source"})

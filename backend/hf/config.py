@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from backend.hf.families import NEW_FAMILIES, new_family_model
-from backend.hf.reads import DEFAULT_SEQ_CAP, HFConfigError, read_flag as _flag, read_int as _int, read_num as _num
+from backend.hf.reads import DEFAULT_SEQ_CAP, HFConfigError
+from backend.hf.reads import read_flag as _flag
+from backend.hf.reads import read_int as _int
+from backend.hf.reads import read_num as _num
 from backend.hf.reads import read_seq as _seq
 from backend.spec.user_text import InputError, check_depth, load_json_file, load_json_text
 

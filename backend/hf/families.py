@@ -10,10 +10,11 @@ ShardLab does not model are refused by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from backend.hf.reads import (HFConfigError, read_flag, read_int, read_int_list, read_num, read_seq, read_str)
+from backend.hf.reads import HFConfigError, read_flag, read_int, read_int_list, read_num, read_seq, read_str
 
 _BASE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
          "intermediate_size")

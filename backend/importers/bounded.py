@@ -5,7 +5,8 @@ spec loader does for a --spec file or a config.json (spec/user_text.load_json_te
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from backend.importers.fields import check_nodes
 from backend.importers.import_result import ConfigImportError

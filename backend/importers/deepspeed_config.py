@@ -191,8 +191,8 @@ def _layout(flat: Flat) -> list[str]:
 
 def _engine_or_torch(imported: ImportedConfig) -> ImportedConfig:
     """framework deepspeed when ShardLab's DeepSpeed engine runs this layout, else the same layout as a torch spec."""
-    from backend.spec.framework_support import check_framework
     from backend.spec import ExperimentSpec
+    from backend.spec.framework_support import check_framework
 
     spec = ExperimentSpec.for_prediction(imported.spec)
     why = check_framework(spec.model_copy(update={"framework": "deepspeed"}))

@@ -18,8 +18,9 @@ fields of the same names: an importer sets `stack` and every setting its config 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from backend.spec.stacks import SETTINGS as STACK_SETTINGS
 

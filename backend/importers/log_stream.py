@@ -15,9 +15,10 @@ Nothing is kept but counters: the parsers keep what they need per step (a few nu
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from backend.importers.import_result import LogImportError
 

@@ -17,8 +17,15 @@ from typing import Any
 from backend.importers.assemble import to_spec
 from backend.importers.fields import Flat, apply_table
 from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import (OFF_VALUES, PREFIXES, TABLE, given_vocab, literal, model_and_layout,
-                                               training)
+from backend.importers.megatron_fields import (
+    OFF_VALUES,
+    PREFIXES,
+    TABLE,
+    given_vocab,
+    literal,
+    model_and_layout,
+    training,
+)
 from backend.importers.shell_script import read as read_script
 from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 

@@ -107,7 +107,7 @@ def _aux_loss(flat: Flat) -> list[str]:
     except (TypeError, ValueError):
         flat.problems.append(f"--moe-aux-loss-coeff={coeff!r}: expected a number (or one per load-balancing type)")
         return []
-    losses = [(k, c) for k, c in zip(kinds, values) if k in AUX_LOSS_TYPES and c > 0] if len(kinds) == len(values) \
+    losses = [(k, c) for k, c in zip(kinds, values, strict=False) if k in AUX_LOSS_TYPES and c > 0] if len(kinds) == len(values) \
         else [(kinds[0], v) for v in values]
     if len(losses) > 1:
         flat.unmap("--moe-aux-loss-coeff", coeff, f"several load-balancing losses ({kinds}): predicted as one "

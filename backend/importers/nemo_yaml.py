@@ -19,8 +19,8 @@ from backend.importers.assemble import to_spec
 from backend.importers.bounded import parse_bounded
 from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, flatten
 from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
-from backend.importers.megatron_fields import (TABLE as MEGATRON, as_flag, given_vocab, model_and_layout, opt_int,
-                                               pos_int, training)
+from backend.importers.megatron_fields import TABLE as MEGATRON
+from backend.importers.megatron_fields import as_flag, given_vocab, model_and_layout, opt_int, pos_int, training
 from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
 _REF = re.compile(r"^\$\{(\.?[A-Za-z_][A-Za-z0-9_.]*)\}$")

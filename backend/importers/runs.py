@@ -162,9 +162,9 @@ def _notes(imported: ImportedConfig, measured: Measured, facts: ImportFacts, hw:
 
 def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     """tokens/s, ShardLab's MFU / HFU on the profile's peak, and the step-time prediction with its breakdown."""
-    from backend.analytic.steptime.model import step_time, untimed_reason
     from backend.analytic.model_flops import training_flops_per_step
     from backend.analytic.recompute_cost import flops_rerun
+    from backend.analytic.steptime.model import step_time, untimed_reason
 
     m, step = spec.model, result.step_s_median
     result.tokens_per_s = spec.tokens_per_step / step

@@ -37,7 +37,7 @@ class Value:
     def per_element(self) -> list[tuple[str, frozenset[str]]]:
         items = self.text if isinstance(self.text, list) else [self.text]
         held = self.element_defaults or [self.defaults] * len(items)
-        return list(zip(items, held))
+        return list(zip(items, held, strict=False))
 
 
 class Variables:

@@ -16,13 +16,30 @@ import json
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, Ignore, To, Unmappable, apply_table, choice, degree, flag, flatten, positive_int
+from backend.importers.fields import (
+    Flat,
+    Ignore,
+    To,
+    Unmappable,
+    apply_table,
+    choice,
+    degree,
+    flag,
+    flatten,
+    positive_int,
+)
 from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
+from backend.importers.torchtitan_models import dumped_model
 from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
 from backend.importers.torchtitan_moe import experts
-from backend.importers.torchtitan_models import dumped_model
-from backend.importers.torchtitan_rules import (activation_checkpoint, compile_and_early_step, data_parallel, pipeline,
-                                                precision, schedule)
+from backend.importers.torchtitan_rules import (
+    activation_checkpoint,
+    compile_and_early_step,
+    data_parallel,
+    pipeline,
+    precision,
+    schedule,
+)
 from backend.spec.user_text import InputError, check_depth, load_json_text
 
 MARKER = "Running with configs:"

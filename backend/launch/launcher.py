@@ -28,8 +28,15 @@ from backend.launch import nccl, outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
 from backend.result import MEMORY_CATEGORIES, MemoryBreakdown, RankResult, RunResult, Status
-from backend.runtime.protocol import (RANKS_FILE, ProtocolError, any_rank_error, clear_rank_outputs, progress_reader,
-                                     ranks_path, read_ranks)
+from backend.runtime.protocol import (
+    RANKS_FILE,
+    ProtocolError,
+    any_rank_error,
+    clear_rank_outputs,
+    progress_reader,
+    ranks_path,
+    read_ranks,
+)
 from backend.spec import Device, ExperimentSpec
 
 log = logging.getLogger("shardlab.launch")

@@ -6,8 +6,9 @@ torchtitan's `_apply_op_sac` (torchtitan/distributed/activation_checkpoint.py) d
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts

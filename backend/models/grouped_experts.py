@@ -87,11 +87,11 @@ class GroupedLinear(torch.autograd.Function):
         grad_x = F.grouped_mm(grad, w, offs=offs).to(ctx.x_dtype)
         del w
         grad_w = F.grouped_mm(grad.t(), xd, offs=offs)  # (G, out, in): groups along the rows (K)
-        grads = [g.to(q.dtype) for g, q in zip(grad_w.unbind(0), weights)]
+        grads = [g.to(q.dtype) for g, q in zip(grad_w.unbind(0), weights, strict=False)]
         if ctx.biased:
             sums = torch.zeros(len(weights), grad.shape[1], dtype=torch.float32, device=grad.device)
             sums.index_add_(0, _group_ids(offs, grad.shape[0]), grad.float())
-            grads += [s.to(q.dtype) for s, q in zip(sums.unbind(0), weights)]
+            grads += [s.to(q.dtype) for s, q in zip(sums.unbind(0), weights, strict=False)]
         if not ctx.zero_empty:  # an expert no row reached keeps grad None, as its Linear would (ExpertUsage)
             empty = (_sizes(offs) == 0).tolist()
             grads = [None if empty[i % len(weights)] else g for i, g in enumerate(grads)]

@@ -92,7 +92,7 @@ limits. A dimension without an entry is searched over every divisor of the ranks
 
 def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...]) -> bool:
     """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp)."""
-    at = dict(zip(names, combo))
+    at = dict(zip(names, combo, strict=False))
     return at.get("etp", 1) == 1 or at.get("ep", 1) > 1
 
 

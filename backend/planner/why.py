@@ -117,7 +117,7 @@ def signed(values: dict[str, float], decimals: int, total: float) -> tuple[str, 
     """('a: +1.20 s, b: −0.30 s', the shown values): largest first, zeros left out, adding up to `total`."""
     names = sorted(values, key=lambda k: -abs(values[k]))
     parts = rounded_parts([values[k] for k in names], decimals, total)
-    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts) if v), dict(zip(names, parts))
+    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts, strict=False) if v), dict(zip(names, parts, strict=False))
 
 
 def _s(seconds: float, decimals: int) -> str:

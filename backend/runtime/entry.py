@@ -13,8 +13,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from backend.runtime.protocol import (RankError, enable_progress_marks, enable_stack_dump, mark_finished,
-                                      write_rank_error)
+from backend.runtime.protocol import (
+    RankError,
+    enable_progress_marks,
+    enable_stack_dump,
+    mark_finished,
+    write_rank_error,
+)
 from backend.spec import ExperimentSpec
 
 RunRank = Callable[[ExperimentSpec, int, int, int, Path], None]

@@ -6,12 +6,46 @@ whole spec and `validate_spec`; `fields` names the fields for CLI flags and swee
 The names below are the spec's public API: `from backend.spec import ExperimentSpec, validate_spec`.
 """
 
-from backend.spec.choices import (DP_FLAVOURS, GATED_MLPS, MULTI_STAGE_SCHEDULES, ZERO_STAGE, AttentionImpl, Backend,
-                                  Bias, CpRotate, Device, Executor, Fp8Recipe, Framework, Mlp, MoeDispatcher, Norm, Offload, Optimizer, Positions,
-                                  Precision, Recompute, RouterScore, Schedule, Strategy, WindowKind)
+from backend.spec.choices import (
+                                  DP_FLAVOURS,
+                                  GATED_MLPS,
+                                  MULTI_STAGE_SCHEDULES,
+                                  ZERO_STAGE,
+                                  AttentionImpl,
+                                  Backend,
+                                  Bias,
+                                  CpRotate,
+                                  Device,
+                                  Executor,
+                                  Fp8Recipe,
+                                  Framework,
+                                  Mlp,
+                                  MoeDispatcher,
+                                  Norm,
+                                  Offload,
+                                  Optimizer,
+                                  Positions,
+                                  Precision,
+                                  Recompute,
+                                  RouterScore,
+                                  Schedule,
+                                  Strategy,
+                                  WindowKind,
+)
 from backend.spec.experiment import ExperimentSpec, SpecError, validate_spec
-from backend.spec.sections import (MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB, MAX_WORLD, ModelSpec,
-                                   ParallelSpec, RuntimeSpec, TrainSpec)
+from backend.spec.sections import (
+                                  MAX_BATCH,
+                                  MAX_DIM,
+                                  MAX_LAYERS,
+                                  MAX_SEQ,
+                                  MAX_STEPS,
+                                  MAX_VOCAB,
+                                  MAX_WORLD,
+                                  ModelSpec,
+                                  ParallelSpec,
+                                  RuntimeSpec,
+                                  TrainSpec,
+)
 
 __all__ = [
     "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate", "Device",

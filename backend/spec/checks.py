@@ -14,9 +14,8 @@ from backend.spec import dims
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, V_SHAPE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
 from backend.spec.run_rules import blocking_reasons
-from backend.spec.stack_rules import stack_problems
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
-
+from backend.spec.stack_rules import stack_problems
 
 _ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
 

@@ -7,8 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec import dims
-from backend.spec.choices import (AttentionImpl, Backend, Bias, Executor, Framework, Mlp, MoeDispatcher, Norm, Offload,
-                                  Optimizer, Positions, Precision, Strategy)
+from backend.spec.choices import (
+    AttentionImpl,
+    Backend,
+    Bias,
+    Executor,
+    Framework,
+    Mlp,
+    MoeDispatcher,
+    Norm,
+    Offload,
+    Optimizer,
+    Positions,
+    Precision,
+    Strategy,
+)
 from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
 
 

@@ -9,9 +9,9 @@ ring attention computes) are scalars in both cases: a plan searches one model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from backend.spec.choices import ZERO_STAGE, Schedule
 from backend.spec.dims import DIMS, degree_names
@@ -42,7 +42,7 @@ class LayoutView:
         raise AttributeError(f"LayoutView has no field or degree {name!r}")
 
     @classmethod
-    def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> "LayoutView":
+    def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> LayoutView:
         return cls(degrees={d: getattr(parallel, d) for d in degree_names(DIMS)},
                    zero_stage=ZERO_STAGE[parallel.dp_flavour], split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES,
                    precision=str(precision), model=model)

@@ -9,10 +9,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from backend.recompute_policy import DEFAULT_SAC_OPS, ops_problem, parse, spelled
 from backend.spec import dims
-from backend.spec.choices import (DP_FLAVOURS, ZERO_STAGE, AttentionImpl, AttentionKernel, Backend, Bias, Device,
-                                  Elementwise, Executor, Fp8Recipe, Framework, Mlp, MoeDispatcher, Norm, Offload,
-                                  Optimizer, Positions, Precision, Recompute, RouterScore, Stack, StackDtype, Strategy,
-                                  WindowKind)
+from backend.spec.choices import (
+    DP_FLAVOURS,
+    ZERO_STAGE,
+    AttentionImpl,
+    AttentionKernel,
+    Backend,
+    Bias,
+    Device,
+    Elementwise,
+    Executor,
+    Fp8Recipe,
+    Framework,
+    Mlp,
+    MoeDispatcher,
+    Norm,
+    Offload,
+    Optimizer,
+    Positions,
+    Precision,
+    Recompute,
+    RouterScore,
+    Stack,
+    StackDtype,
+    Strategy,
+    WindowKind,
+)
 from backend.spec.dims import MAX_WORLD
 from backend.spec.user_text import source_problem
 

@@ -16,8 +16,9 @@ Pinned sources (docs/ and the research notes cite the same commits):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from backend.spec.choices import AttentionKernel, Elementwise, Stack, StackDtype
 

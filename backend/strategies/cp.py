@@ -23,7 +23,7 @@ in the compute dtype, fp32 for the dK/dV accumulators):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -28,8 +28,9 @@ Megatron's 6 + 12/dp (fp32 params: 4 + 4 + 8/dp), plus each bucket's padding and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from backend.analytic.dp_buckets import bucket_of
+
 
 @dataclass
 class Bucket:
@@ -158,7 +160,7 @@ class DistributedOptimizer:
         param_data = torch.zeros(padded, dtype=dtype, device=device)
         grad_data = torch.zeros(padded, dtype=torch.float32, device=device)
         params = []
-        for (name, q), offset, n in zip(members, offsets, sizes):
+        for (name, q), offset, n in zip(members, offsets, sizes, strict=False):
             local = _local(q)
             view = param_data[offset:offset + n].view(local.shape)
             with torch.no_grad():

@@ -140,7 +140,7 @@ def sync_expert_grads(params: list[nn.Parameter], used: list[float], replica_gro
                 continue
             flat = flatten_dense_tensors(bucket)
             dist.all_reduce(flat, group=replica_group)
-            for t, synced in zip(bucket, unflatten_dense_tensors(flat, bucket)):
+            for t, synced in zip(bucket, unflatten_dense_tensors(flat, bucket), strict=False):
                 t.copy_(synced)
     for g in grads:
         g.div_(dp)

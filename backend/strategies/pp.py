@@ -93,7 +93,7 @@ def build_stage_modules(ctx: RankContext, model: nn.Module) -> tuple[list[int], 
     meta = any(q.is_meta for q in model.parameters())
     extra = [build_model(ctx.spec.model, seed=ctx.spec.train.seed, recompute=ctx.spec.train.recompute, device="meta")
              if meta else copy.deepcopy(model) for _ in ids[:-1]]
-    return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(extra + [model], ids)]
+    return ids, [strip_to_stage(m, s, n_stages, split[s]) for m, s in zip(extra + [model], ids, strict=False)]
 
 
 def tied_embedding_sync(ctx: RankContext, ids: list[int], mods: list[nn.Module], grad_of=None):
@@ -174,7 +174,7 @@ class PipelineStep:
         p = ctx.spec.parallel
         n_stages = p.pp * p.virtual_stages
         group = ctx.mesh["pp"].get_group()
-        stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods)]
+        stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for s, m in zip(ids, mods, strict=False)]
         cls = SCHEDULES[p.pp_schedule]
         # the distributed optimizer divides its main grads by the microbatch count itself (the schedule would scale
         # only the .grad a split-backward weight pass leaves, before the optimizer sweeps them in)

@@ -14,10 +14,9 @@ the dense reference (grad None) skips them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -72,7 +71,7 @@ class ExpertUsage:
         """Hide the grads of unused experts (grad None) for optimizer.step; returns them for `restore`."""
         flags = self.flags() if flags is None else flags
         params = [q for _, ps in self.experts for q in ps]
-        hidden = [(q, q.grad) for q, f in zip(params, flags) if f == 0 and q.grad is not None]
+        hidden = [(q, q.grad) for q, f in zip(params, flags, strict=False) if f == 0 and q.grad is not None]
         for q, _ in hidden:
             q.grad = None
         self.used.clear()
@@ -195,7 +194,7 @@ class MicrobatchStep:
             set_aux_loss_scale([self.model], self.tail.scaling.scale_value() / n)
         total = torch.zeros((), device=self.device)  # summed on the device: one host sync per step
         logits = loss = None  # loop-scoped on purpose: see LoopStyle
-        for i, (x, y) in enumerate(zip(xs, ys)):
+        for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
             if self.on_microbatch:
                 self.on_microbatch(i)
             with grad_sync(self.model, self.spec, last=i == n - 1), loss_context(self.spec):

@@ -23,12 +23,14 @@ Capture a step after the first timed one (`capture_call`): the first steps run l
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import wraps
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from backend.torch_compat import pipelining_schedules as _schedules
 from backend.torch_compat import pipelining_stage as _stage
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
-import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def trace_items(items: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
     """Trace each item in this process (the batch program's body)."""
     from backend.spec import ExperimentSpec
-    from backend.trace.torch_private import leave_fake_pg
     from backend.trace.rank import trace_rank, unsupported_reason
+    from backend.trace.torch_private import leave_fake_pg
 
     records: list[dict[str, Any]] = []
     for item in items:

@@ -17,8 +17,9 @@ trace's own process only; the prediction it is compared with is the analytic mod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn

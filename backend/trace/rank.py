@@ -86,7 +86,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     from backend.models.gpt import build_model
     from backend.strategies.base import RankContext, module_name_for
     from backend.strategies.context import local_batch
-    from backend.trace import torch_private, ddp_standin
+    from backend.trace import ddp_standin, torch_private
 
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}

@@ -31,8 +31,9 @@ below is what the real program would compute, for memory purposes, and is instal
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -163,7 +164,12 @@ def _pipeline_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any
 
 def _stage_meta_patches(hidden_meta: Callable[[], torch.Tensor]) -> list[tuple[Any, str, Any]]:
     from torch.distributed.pipelining import schedules, stage
-    from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta, _StageForwardMeta, extract_tensor_meta
+    from torch.distributed.pipelining._utils import (
+        InferenceMode,
+        _StageBackwardMeta,
+        _StageForwardMeta,
+        extract_tensor_meta,
+    )
 
     def recv_meta(self: Any, src_stage: int) -> Any:
         meta = extract_tensor_meta(hidden_meta())

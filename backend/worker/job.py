@@ -16,11 +16,11 @@ import traceback
 from pathlib import Path
 
 from backend import run_folders
-from backend.worker import recovery
 from backend.atomic_io import write_atomic
 from backend.cluster.reattach import Detached
 from backend.result import RunResult, Status
 from backend.spec import ExperimentSpec
+from backend.worker import recovery
 from backend.worker.store_guard import Backoff, is_transient, retry, short
 from db import queries as q
 from db.session import StoreError

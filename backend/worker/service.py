@@ -32,10 +32,10 @@ from pathlib import Path
 import psutil
 
 from backend import run_folders
-from backend.worker import recovery
 from backend.result import RunResult
-from backend.worker.store_guard import MAX_WAIT_S, Backoff, is_transient, short
+from backend.worker import recovery
 from backend.worker.job import EXPERIMENT_ENV, JobExecution  # noqa: F401 - EXPERIMENT_ENV is part of the API
+from backend.worker.store_guard import MAX_WAIT_S, Backoff, is_transient, short
 from db import queries as q
 from db.session import StoreError, bound_waits
 

@@ -6,8 +6,7 @@ import streamlit as st
 
 from dashboard import compare_view as cv
 from dashboard import runs_view as rv
-from dashboard import selection
-from dashboard import store_access
+from dashboard import selection, store_access
 
 st.title("Compare runs")
 url = store_access.db_url()

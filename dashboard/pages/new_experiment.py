@@ -8,18 +8,12 @@ import streamlit as st
 
 from backend.analytic.units import GB
 from backend.hf.config import HFConfigError, parse_hf_config
+from backend.number_format import fmt_bytes_short
 from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
-from dashboard import family_form
-from dashboard import import_box
-from dashboard import messages
+from dashboard import family_form, import_box, messages, run_panel, stack_form, store_access, workflow
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
-from dashboard import stack_form
-from dashboard import store_access
-from dashboard import run_panel
-from dashboard import workflow
-from backend.number_format import fmt_bytes_short
 from dashboard.glossary import HELP
 
 P = "f_"  # widget key prefix
@@ -118,11 +112,11 @@ def _parallel_inputs() -> None:
     degrees = [d.degree for d in dims.DIMS if d.degree.widget]  # one row: the world, then each degree
     cols = st.columns(1 + len(degrees))
     cols[0].number_input("World size", 1, 1_000_000, key=P + "world_size", help="Ranks (processes) in the job")
-    for col, f in zip(cols[1:], degrees):
+    for col, f in zip(cols[1:], degrees, strict=False):
         _dim_widget(col, f)
     for d in dims.DIMS:  # a row per dimension with options: pp's schedule and stages, cp's rotation and balancing
         options = [f for f in d.options if f.widget]
-        for col, f in zip(st.columns(max(2, len(options))) if options else (), options):
+        for col, f in zip(st.columns(max(2, len(options))) if options else (), options, strict=False):
             _dim_widget(col, f)
     st.selectbox("Framework", sf.FRAMEWORKS, key=P + "framework", format_func=lambda s: sf.FRAMEWORK_HELP.get(s, s))
     st.selectbox("Offload to CPU", sf.OFFLOADS, key=P + "offload", format_func=lambda s: sf.OFFLOAD_HELP.get(s, s))
@@ -237,7 +231,7 @@ def _prediction(spec, device_gb: float) -> None:
         messages.box("error", "The analytic model cannot predict this spec:", [str(e)])
         return
     cols = st.columns(3) + st.columns(3)
-    for col, (k, v) in zip(cols, pv.headline(est).items()):
+    for col, (k, v) in zip(cols, pv.headline(est).items(), strict=False):
         col.metric(k, v, help=pv.HEADLINE_HELP.get(k))
     _step_time_panel(spec)
     fit = pv.fit_check(rows, device_gb * GB)

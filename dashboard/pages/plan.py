@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import access
-from dashboard import import_box
-from dashboard import messages
+from dashboard import access, import_box, messages, stack_form, store_access
 from dashboard import plan_view as pv
 from dashboard import spec_form as sf
-from dashboard import stack_form
-from dashboard import store_access
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
             "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": pv.DEFAULT_KERNEL,

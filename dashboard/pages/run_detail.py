@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import access
+from backend.number_format import fmt_frac
+from backend.result import PARITY_FAILS, parity_failure_text, parity_verdict
+from dashboard import access, store_access, trace_view
 from dashboard import detail_view as dv
 from dashboard import runs_view as rv
 from dashboard import spec_form as sf
-from dashboard import store_access
 from dashboard import timeline_view as tv
-from dashboard import trace_view
-from backend.number_format import fmt_frac
-from backend.result import PARITY_FAILS, parity_verdict, parity_failure_text
 from dashboard.import_view import banner as import_banner
 from dashboard.theme import STATUS_ICON
 
@@ -116,7 +114,7 @@ def _imported(res, rid: int) -> None:
     f = res.imported
     head = {"step time measured (median)": f"{res.step_s_median:.3f} s", "tokens / s": f"{res.tokens_per_s:,.0f}",
             "MFU (ShardLab)": "–" if res.mfu is None else f"{res.mfu:.1%}"}
-    for col, (k, v) in zip(st.columns(3), head.items()):
+    for col, (k, v) in zip(st.columns(3), head.items(), strict=False):
         col.metric(k, v)
     st.subheader("Step time: predicted vs measured")
     try:
@@ -169,7 +167,7 @@ def _result(res) -> None:
         return
     head = dv.headline(res)
     cols = [c for _ in range(-(-len(head) // 3)) for c in st.columns(3)]  # rows of 3 (fp16 runs add one metric)
-    for col, (k, v) in zip(cols, head.items()):
+    for col, (k, v) in zip(cols, head.items(), strict=False):
         col.metric(k, v, help=dv.HEADLINE_HELP.get(k))
     _step_prediction(res)
     if res.per_rank:

@@ -6,11 +6,8 @@ import streamlit as st
 
 from backend.result import Status
 from backend.spec import Framework, Strategy
-from dashboard import access
-from dashboard import messages
+from dashboard import access, messages, selection, store_access
 from dashboard import runs_view as rv
-from dashboard import selection
-from dashboard import store_access
 from db import export
 
 ORDER = {"created": "created_at", "id": "id", "status": "status", "strategy": "strategy", "world size": "world_size",
@@ -23,7 +20,7 @@ def _labels(df, ids: list[int]) -> dict[int, str]:
     """Picker labels for just these ids (a pandas row lookup per option costs ~1 ms each)."""
     sub = df[df["id"].isin(ids)]
     return {int(i): f"#{i} {n or s} · world {w} · {st}"
-            for i, n, s, w, st in zip(sub["id"], sub["name"], sub["strategy"], sub["world"], sub["status"])}
+            for i, n, s, w, st in zip(sub["id"], sub["name"], sub["strategy"], sub["world"], sub["status"], strict=False)}
 
 
 def _filters() -> dict:

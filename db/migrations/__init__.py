@@ -22,9 +22,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
+from db.begin_immediate import write_engine
 from db.errors import SchemaError, is_outage
 from db.migrations import audit as audit_
-from db.begin_immediate import write_engine
 
 HERE = Path(__file__).resolve().parent
 INI = HERE.parent / "alembic.ini"

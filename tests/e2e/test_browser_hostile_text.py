@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from tests.helpers.store_helpers import fake_result
 from tests.e2e.test_browser import CHROME_ARGS, CHROMIUM, _shot, dashboard  # noqa: F401 - the fixture is used by name
+from tests.helpers.store_helpers import fake_result
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -78,9 +78,8 @@ def test_two_processes_opening_a_fresh_database_migrate_it_once(pg, tmp_path):
 
 
 def test_the_dashboard_submits_lists_and_cancels_on_postgres(pg, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
     import streamlit as st
+    from streamlit.testing.v1 import AppTest
 
     url = pg()
     monkeypatch.setenv("SHARDLAB_DB_URL", url)
@@ -122,7 +121,6 @@ def copy_store(src, dst) -> None:
 @pytest.mark.slow
 def test_10000_run_export_is_the_same_on_sqlite_and_postgres(pg, tmp_path):
     from benchmarks.export_bench import fill
-
     from db.export import export_csv, export_json
 
     n = 10_000

@@ -232,9 +232,8 @@ def test_a_stopped_worker_leaves_its_slurm_job_running_and_the_next_worker_reatt
 
 
 def test_dashboard_submission_runs_2_nodes_x_2_ranks_on_slurm(env, tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
     import streamlit as st
+    from streamlit.testing.v1 import AppTest
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     monkeypatch.setenv("SHARDLAB_DB_URL", url)

@@ -35,7 +35,7 @@ def check(rotate: str, load_balance: bool, dtype: torch.dtype) -> dict:
                           (vl.grad, v.grad[:, :, mine]))], dtype=torch.float64)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
     return {"rotate": rotate, "load_balance": load_balance, "dtype": str(dtype).split(".")[-1],
-            **dict(zip(("out", "dq", "dk", "dv"), errs.tolist()))}
+            **dict(zip(("out", "dq", "dk", "dv"), errs.tolist(), strict=False))}
 
 
 def run_job(payload: dict, out: Path) -> list[dict]:

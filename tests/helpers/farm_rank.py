@@ -62,8 +62,8 @@ def trace(payload: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _trace_rank(spec_path: Path, rank: int, out: Path, timeout_s: float, device: str) -> dict[str, Any]:
-    from backend.trace.torch_private import leave_fake_pg
     from backend.trace.rank import main
+    from backend.trace.torch_private import leave_fake_pg
 
     try:
         main(["--spec", str(spec_path), "--rank", str(rank), "--out", str(out), "--device", device])

@@ -73,17 +73,17 @@ MEGATRON_ARGS = {  # a subset of the ~500 arguments megatron/training/arguments.
 def megatron_iteration(it: int, total: int, ms: float, tflops: float, loss: float, second: int) -> str:
     """training.py training_log (2025+: timestamp, throughput with --log-throughput)."""
     s = f" [2026-03-01 10:{second // 60 % 60:02d}:{second % 60:02d}.{(it * 7919) % 1000000:06d}]"
-    s += " iteration {:8d}/{:8d} |".format(it, total)
-    s += " consumed samples: {:12d} |".format(it * 256)
-    s += " elapsed time per iteration (ms): {:.1f} |".format(ms)
+    s += f" iteration {it:8d}/{total:8d} |"
+    s += f" consumed samples: {it * 256:12d} |"
+    s += f" elapsed time per iteration (ms): {ms:.1f} |"
     s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
     s += f" learning rate: {1.5e-4 * min(1.0, it / 10):.6E} |"
     s += f" global batch size: {256:5d} |"
-    s += " lm loss: {:.6E} |".format(loss)
+    s += f" lm loss: {loss:.6E} |"
     s += f" loss scale: {1.0:.1f} |"
     s += f" grad norm: {1.0 + 3 / it:.3f} |"
-    s += " number of skipped iterations: {:3d} |".format(0)
-    s += " number of nan iterations: {:3d} |".format(0)
+    s += f" number of skipped iterations: {0:3d} |"
+    s += f" number of nan iterations: {0:3d} |"
     return s
 
 
@@ -94,7 +94,7 @@ def megatron_memory(rank: int, it: int, alloc: float, max_alloc: float, reserved
     string += f" | max allocated: {max_alloc:.2f}"
     string += f" | reserved: {reserved:.2f}"
     string += f" | max reserved: {max_reserved:.2f}"
-    return "[Rank {}] {}".format(rank, string)
+    return f"[Rank {rank}] {string}"
 
 
 def megatron_log(iters: int = 50, *, ms: float = 9120.0) -> list[str]:
@@ -134,20 +134,18 @@ def deepspeed_log(steps: int = 40, *, gas: int = 4, step_ms: float = 5900.0, pro
     for step in range(1, steps + 1):
         slow = 1.9 if step == 1 else 1.0 + 0.005 * math.sin(step)
         for _ in range(gas):
-            lines.append("[Rank 0] time (ms) | fwd_microstep: {:.2f} | bwd_microstep: {:.2f} | bwd_inner_microstep: {:.2f} "
-                         "| bwd_allreduce_microstep: {:.2f} | step_microstep: {:.2f}".format(
-                             fwd * slow / gas, bwd * slow / gas, 0.8 * bwd * slow / gas, 0.2 * bwd * slow / gas, 0.0))
+            lines.append(f"[Rank 0] time (ms) | fwd_microstep: {fwd * slow / gas:.2f} | bwd_microstep: {bwd * slow / gas:.2f} | bwd_inner_microstep: {0.8 * bwd * slow / gas:.2f} "
+                         f"| bwd_allreduce_microstep: {0.2 * bwd * slow / gas:.2f} | step_microstep: {0.0:.2f}")
         if step == profile_step:
             lines += _flops_profile(step, fwd * slow, bwd * slow, opt * slow)
-        lines.append("[Rank 0] time (ms) | fwd: {:.2f} | bwd: {:.2f} | bwd_inner: {:.2f} | bwd_allreduce: {:.2f} | "
-                     "step: {:.2f}".format(fwd * slow, bwd * slow, 0.8 * bwd * slow, 0.2 * bwd * slow, opt * slow))
+        lines.append(f"[Rank 0] time (ms) | fwd: {fwd * slow:.2f} | bwd: {bwd * slow:.2f} | bwd_inner: {0.8 * bwd * slow:.2f} | bwd_allreduce: {0.2 * bwd * slow:.2f} | "
+                     f"step: {opt * slow:.2f}")
         if step % 10 == 0:
             samples = 256 / ((fwd + bwd + opt) * slow / 1000)
             lines.append(ds_prefix(60 + step * 6, "logging.py:128:log_dist") + f"[Rank 0] step={step}, skipped=0, "
                          f"lr=[0.0003], mom=[(0.9, 0.95)]")
-            lines.append(ds_prefix(60 + step * 6, "timer.py:264:stop") + "epoch=0/micro_step={}/global_step={}, "
-                         "RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, MemAllocated={}GB, MaxMemAllocated={}GB".format(
-                             step * gas, step, samples * 0.998, samples, 14.21, 61.87))
+            lines.append(ds_prefix(60 + step * 6, "timer.py:264:stop") + f"epoch=0/micro_step={step * gas}/global_step={step}, "
+                         f"RunningAvgSamplesPerSec={samples * 0.998}, CurrSamplesPerSec={samples}, MemAllocated={14.21}GB, MaxMemAllocated={61.87}GB")
     return lines
 
 

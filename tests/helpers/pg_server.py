@@ -71,7 +71,7 @@ class PgServer:
     def _cmd(self, *args: str) -> list[str]:
         return ["runuser", "-u", "postgres", "--", *args] if self.as_root else list(args)
 
-    def start(self) -> "PgServer":
+    def start(self) -> PgServer:
         if self.as_root:
             shutil.chown(self.root, "postgres")
         self.root.chmod(0o755)

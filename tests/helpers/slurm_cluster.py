@@ -44,7 +44,7 @@ class SlurmCluster:
         self.cpus = cpus_per_node
         self.procs: dict[str, subprocess.Popen] = {}
         ctld, *nodes = _free_ports(1 + len(NODES))
-        self.ports = dict(zip(NODES, nodes))
+        self.ports = dict(zip(NODES, nodes, strict=False))
         self.ctld_port = ctld
 
     def env(self) -> dict[str, str]:
@@ -94,7 +94,7 @@ PartitionName=debug Nodes={','.join(self.ports)} Default=YES MaxTime=INFINITE St
         self.procs[name] = subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         self.write_conf()
         self._daemon("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])
         for n in NODES:

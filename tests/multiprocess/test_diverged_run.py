@@ -11,6 +11,7 @@ import re
 import pytest
 
 from tests.helpers.launch import cli, cli_process
+
 ISSUE_STEPS = ["--strategy", "ddp", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32",
                "--world", "2", "--steps", "10", "--lr", "10", "--precision", "fp16-mixed"]
 

@@ -56,7 +56,7 @@ def trace_grid(pipelined: bool) -> list[tuple[ExperimentSpec, int]]:
 def grid_misses(items: list[tuple[ExperimentSpec, int]], tmp_path: Path) -> list[str]:
     records = trace_many([{"spec": s.model_dump(mode="json"), "rank": r} for s, r in items], tmp_path)
     misses = []
-    for (s, rank), rec in zip(items, records):
+    for (s, rank), rec in zip(items, records, strict=False):
         assert rec["status"] == "ok", (s.name, rec.get("error"))
         pct, moment = off_pct(rec["traced"]["peak_bytes"], s, rank)
         if abs(pct) > BOUND_PCT:

@@ -66,7 +66,7 @@ def test_fsdp_ignored_expert_params_are_counted(farm):
     """Bug 4: EP experts are fully_shard's ignored_params; they are this rank's own params and grads."""
     run = farm.result(JOBS["zero3_ep"])
     _ok_and_parity(run)
-    for r, payload in zip(run["result"].per_rank, run["ranks"]):
+    for r, payload in zip(run["result"].per_rank, run["ranks"], strict=False):
         raw = payload["memory"]["tracker_at_activation_peak"]
         storage = _storage(run, r.rank)  # fp32 sharded + ignored experts
         assert _within(raw["Sharded Param"], storage), (raw, storage)
@@ -84,7 +84,7 @@ def test_pp_fsdp_tracks_every_local_stage(farm, name="fsdp_pp_interleaved"):
     state matches the estimate; FSDP's unsharded / in-flight buffers are reported next to it."""
     run = farm.result(JOBS[name])
     _ok_and_parity(run)
-    for r, payload in zip(run["result"].per_rank, run["ranks"]):
+    for r, payload in zip(run["result"].per_rank, run["ranks"], strict=False):
         raw = payload["memory"]["tracker_at_activation_peak"]
         storage = _storage(run, r.rank)
         assert _within(raw["Sharded Param"], storage), (name, r.rank, raw, storage)

@@ -15,6 +15,7 @@ from backend.cli.run_summary import summary
 from backend.result import RunResult
 from tests.helpers.launch import assert_no_orphans, cli, rank_env
 from tests.helpers.specs import tiny_spec
+
 TINY_FLAGS = ["--strategy", "ddp", "--world", "2", "--steps", "2", "--warmup-steps", "1", "--layers", "2",
               "--hidden", "32", "--heads", "2", "--seq", "16", "--vocab", "64", "--global-batch", "4",
               "--micro-batch", "2", "--timeout", "180"]

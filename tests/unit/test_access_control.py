@@ -7,7 +7,6 @@ OIDC login is seeded through AppTest.user (st.login cannot run offline); the bro
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 

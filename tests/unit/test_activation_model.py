@@ -11,9 +11,13 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from backend.analytic.memory.activations import (LayerShape, full_recompute_peak_extra_bytes,
-                                                 model_backward_head_transient_bytes, model_embedding_head_activation_bytes,
-                                                 model_layer_activation_bytes)
+from backend.analytic.memory.activations import (
+    LayerShape,
+    full_recompute_peak_extra_bytes,
+    model_backward_head_transient_bytes,
+    model_embedding_head_activation_bytes,
+    model_layer_activation_bytes,
+)
 from backend.models.gpt import build_model, loss_fn
 from backend.spec import ModelSpec, Recompute
 from tests.helpers.activation_peak import engine_step_activation_peak

@@ -7,17 +7,32 @@ import math
 import pytest
 
 from backend.analytic.memory.activations import model_layer_activation_bytes
+from backend.analytic.textbook.comm_volume import (
+    dp_allreduce_wire_bytes,
+    ep_all_to_all_payload_bytes,
+    pp_p2p_bytes,
+    pp_stage_p2p_bytes_per_step,
+    ring_wire_bytes,
+    tp_layer_wire_bytes,
+    zero3_wire_bytes,
+    zero12_wire_bytes,
+)
+from backend.analytic.textbook.flops import (
+    narayanan_flops_per_iteration,
+    narayanan_param_count,
+    training_flops_per_step,
+    training_flops_per_token,
+)
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
-from backend.analytic.textbook.comm_volume import (dp_allreduce_wire_bytes, ep_all_to_all_payload_bytes, pp_p2p_bytes,
-                                   pp_stage_p2p_bytes_per_step, ring_wire_bytes, tp_layer_wire_bytes,
-                                   zero12_wire_bytes, zero3_wire_bytes)
-from backend.analytic.textbook.flops import (narayanan_flops_per_iteration, narayanan_param_count, training_flops_per_step,
-                                    training_flops_per_token)
 from backend.analytic.textbook.kv_cache import kv_cache_bytes, kv_cache_bytes_per_token
-from backend.analytic.textbook.pipeline import (bubble_fraction, bubble_over_ideal, in_flight_microbatches,
-                                       in_flight_stage_activations)
-from backend.analytic.units import GB, GiB, MiB
+from backend.analytic.textbook.pipeline import (
+    bubble_fraction,
+    bubble_over_ideal,
+    in_flight_microbatches,
+    in_flight_stage_activations,
+)
 from backend.analytic.textbook.zero import precision_bytes, zero_memory_reduction, zero_model_state_bytes
+from backend.analytic.units import GB, GiB, MiB
 
 # ---------------------------------------------------------------- ZeRO (Rajbhandari et al. 2020)
 
@@ -55,7 +70,7 @@ ZERO_TABLE1 = [
 @pytest.mark.parametrize(("psi", "n", "expected"), ZERO_TABLE1)
 def test_zero_paper_table1(psi, n, expected):
     """ZeRO Table 1 cells reproduce to the paper's rounding (3 significant digits)."""
-    for stage, published in zip((1, 2, 3), expected):
+    for stage, published in zip((1, 2, 3), expected, strict=False):
         got = _zero_gb(psi, n, stage)
         assert got == pytest.approx(published, rel=5e-3, abs=0.01), (psi, n, stage, got)
 

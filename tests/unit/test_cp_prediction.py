@@ -43,7 +43,7 @@ def test_cp_rank_is_the_same_layout_at_seq_over_cp_with_dp_times_cp_sharing_the_
             without = estimate(_spec({**SMALL, "seq_len": SMALL["seq_len"] // 4}, strategy=flavour, dp=8,
                                      train={"precision": precision, "global_batch": 32}, **extra))
             assert len(with_cp.distinct_ranks) == len(without.distinct_ranks)
-            for a, b in zip(with_cp.distinct_ranks, without.distinct_ranks):  # other: 4 rows x 64 tokens in both
+            for a, b in zip(with_cp.distinct_ranks, without.distinct_ranks, strict=False):  # other: 4 rows x 64 tokens in both
                 for cat in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"):
                     assert getattr(a[0], cat) == getattr(b[0], cat), (flavour, precision, cat)
 

@@ -258,7 +258,7 @@ def test_recover_stale_interrupts_only_silent_running_jobs(engine):
 
 def test_tags_and_names_with_sql_quotes_and_unicode_are_verbatim(engine):
     eids = [q.submit_experiment(engine, spec(name), tags=[name, "plain"]) for name in NASTY]
-    for name, eid in zip(NASTY, eids):
+    for name, eid in zip(NASTY, eids, strict=False):
         row = q.get_experiment(engine, eid)
         assert row["name"] == name and sorted(row["tags"]) == sorted([name, "plain"])
         assert [r["id"] for r in q.list_experiments(engine, tag=name)] == [eid]

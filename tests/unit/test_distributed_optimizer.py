@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.dp_buckets import bucket_groups, bucket_of, bucket_numels, padded
+from backend.analytic.dp_buckets import bucket_groups, bucket_numels, bucket_of, padded
 from backend.analytic.estimate import estimate
 from backend.analytic.layout import Layout
 from backend.analytic.sharding import local_params

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def same(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == y for x, y in zip(a, b))
+    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == y for x, y in zip(a, b, strict=False))
 
 
 def diverged_result(name: str = "diverged") -> RunResult:
@@ -106,7 +106,6 @@ def test_a_diverged_run_is_stored_listed_shown_and_exported(store_urls, capsys):
 
 
 def test_a_row_whose_result_does_not_read_breaks_nothing(tmp_path, capsys):
-    from sqlalchemy import text
 
     from dashboard.runs_view import table_frame
 
@@ -126,9 +125,9 @@ def test_a_row_whose_result_does_not_read_breaks_nothing(tmp_path, capsys):
 
 
 def test_the_runs_page_and_run_detail_mark_a_diverged_run(tmp_path, monkeypatch):
+    import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import streamlit as st
     from dashboard.runs_view import table_frame
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"

@@ -111,7 +111,7 @@ def test_ep_routing_adjusted_prediction_world2(farm):
     for name, run in runs.items():
         res, payloads = run["result"], run["ranks"]
         s = res.spec
-        for rr, payload in zip(res.per_rank, payloads):
+        for rr, payload in zip(res.per_rank, payloads, strict=False):
             assert "extra" in payload, "backend/engine/rank.py must put Prepared.extra in the rank payload"
             records = payload["extra"]["moe_routing"]["records"]
             assert len(records) == 4 * s.train.microbatches  # every MoE layer of every microbatch, once

@@ -77,7 +77,7 @@ def test_chunk_intervals_group_equal_torch_chunk_sizes():
     for dims in ({10}, {5, 7}, {32000, 8192, 28672}, {3, 251, 90, 333}):
         for n in (1, 2, 3, 4, 7, 16, 1000):
             starts = chunk_intervals(dims, n) + [n]
-            for a, b in zip(starts, starts[1:]):
+            for a, b in zip(starts, starts[1:], strict=False):
                 sizes = {tuple(chunk_rows(d, n, r)[1] for d in sorted(dims)) for r in range(a, b)}
                 assert len(sizes) == 1, (dims, n, a, b)
 

@@ -7,7 +7,6 @@ import io
 import json
 
 import pytest
-
 from sqlalchemy import select, update
 
 from backend.spec import ExperimentSpec
@@ -107,7 +106,7 @@ def test_long_csv_has_one_row_per_rank(stored):
         res = ids[eid]
         mine = sorted((r for r in rows if int(r["id"]) == eid), key=lambda r: int(r["rank"]))
         assert [int(r["rank"]) for r in mine] == [0, 1]
-        for r, rank in zip(mine, res.per_rank):
+        for r, rank in zip(mine, res.per_rank, strict=False):
             assert int(r["predicted_optimizer_bytes"]) == rank.predicted.optimizer_bytes
             assert float(r["comm_all_reduce_bytes"]) == rank.comm["all_reduce"].bytes
             assert float(r["comm_seconds"]) == pytest.approx(sum(c.seconds for c in rank.comm.values()))

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.memory.activations import family_kwargs, model_embedding_head_activation_bytes, model_layer_activation_bytes
+from backend.analytic.memory.activations import (
+    family_kwargs,
+    model_embedding_head_activation_bytes,
+    model_layer_activation_bytes,
+)
 from backend.spec import ModelSpec, Recompute
 from tests.unit.test_activation_model import _measured_activation_bytes
 

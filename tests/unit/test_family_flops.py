@@ -5,7 +5,6 @@ from the same functions (model_flops, compute.attention_pass, traffic.model_para
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -20,7 +19,6 @@ from backend.analytic.steptime.proxy import step_proxy
 from backend.analytic.textbook.flops import training_flops_per_token
 from backend.presets import preset_model
 from backend.spec import ExperimentSpec, ModelSpec
-
 from benchmarks.family_accuracy import STRATEGIES, spec
 
 
@@ -103,10 +101,9 @@ def test_ep_all_to_all_per_moe_block():
 def test_proxy_has_the_ep_all_to_alls_and_each_block_kind():
     """The planner's proxy: EP all-to-alls (4 x tokens x top_k x h per MoE block and microbatch) and, for mixed stacks,
     the dense blocks' GEMMs apart from the MoE blocks' (DeepSeek-V3's 3 dense blocks of ffn 18,432)."""
-    from backend.analytic.steptime.proxy import _layer_gemm_s
-    from backend.analytic.memory.parts import ALT_PART
-
     from backend.analytic.layout import CHOICES
+    from backend.analytic.memory.parts import ALT_PART
+    from backend.analytic.steptime.proxy import _layer_gemm_s
 
     m = _model("deepseek-v3")
     row = dict(tp=1, pp=1, dp=256, ep=1, zero_stage=3, micro_batch=1, recompute=2, schedule=0, virtual_stages=1,

@@ -4,14 +4,11 @@ each fixed at its root and pinned here to the value the gloo run MEASURED on the
 
 from __future__ import annotations
 
-
 import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.measured import moe_routing
-
 from benchmarks.family_accuracy import STRATEGIES, spec
-
 
 EIGHT = {"global_batch": 8, "micro_batch": 1}
 """The batch these byte counts were worked out for: 8 sequences (8 microbatches under tp, 4 per rank under dp 2)."""
@@ -61,8 +58,9 @@ def test_uniform_routing_of_a_mixed_stack_changes_no_activation_byte(family):
 def _saved_bytes_per_block(family: str) -> list[tuple[int, float]]:
     """(saved bytes autograd holds for each block of the family's accuracy model, as saved_tensors_hooks see them
     (distinct storages, parameters excluded), the formula for that block's kinds)."""
-    import torch
     from dataclasses import replace
+
+    import torch
 
     from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
     from backend.analytic.params import layer_attention_kind
@@ -109,9 +107,9 @@ def test_rank_blocks_sum_each_block_kind(family):
     the estimate's blocks equal the sum of the per-block formulas over the rank's blocks, windowed and global alike."""
     from dataclasses import replace as dc_replace
 
+    from backend.analytic.layout import Layout
     from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
     from backend.analytic.memory.rank_activations import attention_kind_correction
-    from backend.analytic.layout import Layout
 
     s = spec(family, "zero3", STRATEGIES["zero3"], 2)
     per_block = [p for _, p in _saved_bytes_per_block(family)]

@@ -68,11 +68,12 @@ def test_estimate_on_the_cpu_profile_says_not_timed(capsys):
 
 
 def test_run_detail_and_new_experiment_show_the_reason_not_a_number(monkeypatch):
+    import os
+
     from streamlit.testing.v1 import AppTest
 
     from db import queries as q
     from db.session import open_db
-    import os
 
     engine = open_db(os.environ["SHARDLAB_DB_URL"])
     s = _fp8()
@@ -91,10 +92,11 @@ def test_run_detail_and_new_experiment_show_the_reason_not_a_number(monkeypatch)
 
 
 def test_calibration_leaves_fp8_cpu_runs_out():
+    import os
+
     from backend.calibration.records import samples
     from db import queries as q
     from db.session import open_db
-    import os
 
     engine = open_db(os.environ["SHARDLAB_DB_URL"])
     ids = []

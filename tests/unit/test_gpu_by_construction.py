@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from backend.analytic.memory import activations as A
 from backend.analytic import device as D
 from backend.analytic.estimate import estimate
+from backend.analytic.memory import activations as A
 from backend.analytic.params import param_list
 from backend.spec import ExperimentSpec
 

@@ -116,9 +116,9 @@ def test_list_and_show_escape_control_characters_stored_before_the_rules(capsys,
 
 def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeypatch):
     """The fast twin of tests/e2e/test_browser_hostile_text.py: no markdown element carries a name, tag or error."""
+    import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import streamlit as st
     from tests.helpers.store_helpers import fake_result, spec
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"

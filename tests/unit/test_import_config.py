@@ -221,7 +221,6 @@ def test_megatron_distributed_optimizer_is_the_distributed_optimizer():
     from backend.analytic.layout import Layout
     from backend.spec import ExperimentSpec
     from backend.spec.checks import run_blockers
-
     from backend.spec.stacks import SETTINGS
 
     spec = ExperimentSpec.for_prediction(_megatron().spec)
@@ -322,7 +321,8 @@ def test_torchtitan_config_as_wandb_stored_it(tmp_path):
                                                                    fromlist=["PRESETS"]).PRESETS}))
 def test_torchtitan_flavors_are_the_presets_they_name(key):
     """torchtitan's own flavor args (FeedForward rule) give exactly the shape of the preset the import names."""
-    from backend.importers.torchtitan_models import PRESETS as FLAVOR_PRESETS, flavor_model
+    from backend.importers.torchtitan_models import PRESETS as FLAVOR_PRESETS
+    from backend.importers.torchtitan_models import flavor_model
 
     model, _ = flavor_model(*key, seq_len=4096)
     preset = PRESETS[FLAVOR_PRESETS[key]].model

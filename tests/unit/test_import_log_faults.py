@@ -154,7 +154,7 @@ def test_nan_and_inf_losses_are_a_diverged_run_kept_as_floats(tmp_path):
     collector, measured = parse_log(path, imported)
     used_steps = range(measured.warmup_cut_step + 1, measured.last_step + 1)
     assert len(measured.losses) == len(used_steps)
-    at = {step: loss for step, loss in zip(used_steps, measured.losses)}
+    at = {step: loss for step, loss in zip(used_steps, measured.losses, strict=False)}
     assert at[30] == math.inf and math.isnan(at[31]) and math.isfinite(at[32])
     result = build_result(imported, collector, measured, resolve_hardware("h100-sxm", None), config_file="c",
                           log_file="l")
@@ -169,8 +169,8 @@ def test_nan_and_inf_losses_are_a_diverged_run_kept_as_floats(tmp_path):
 
 def _store_keeps_nonfinite_losses(tmp_path: Path) -> bool:
     """Whether this checkout's store reads back a run with a NaN loss (issue 31 item 2, the store side)."""
-    from backend.spec import ExperimentSpec
     from backend.result import RunResult, Status
+    from backend.spec import ExperimentSpec
     from db.session import open_db
 
     engine = open_db(f"sqlite:///{tmp_path / 'probe.db'}")

@@ -48,7 +48,7 @@ def expected_local(full: torch.Tensor, param: torch.Tensor, coords: dict[str, in
     if not isinstance(param, DTensor):
         return full
     names = param.device_mesh.mesh_dim_names
-    for name, pl in reversed(list(zip(names, param.placements))):
+    for name, pl in reversed(list(zip(names, param.placements, strict=False))):
         if pl.is_shard() or type(pl).__name__ == "_StridedShard":
             full = _chunk(full, pl.dim, param.device_mesh.size(names.index(name)), coords[name])
     return full
@@ -85,7 +85,7 @@ def test_build_model_is_init_weights_of_a_meta_model():
     meta = build_model(m, seed=3, device="meta")
     meta.to_empty(device="cpu")
     init_weights(meta, 3)
-    for (n, a), (_, b) in zip(ref.named_parameters(), meta.named_parameters()):
+    for (n, a), (_, b) in zip(ref.named_parameters(), meta.named_parameters(), strict=False):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
 
 
@@ -96,7 +96,7 @@ def test_init_threads_draw_the_same_weights_and_refuse_a_bad_value(monkeypatch):
     ref = build_model(m, seed=5)
     monkeypatch.setenv("SHARDLAB_INIT_THREADS", "3")
     threaded = build_model(m, seed=5)
-    for (n, a), (_, b) in zip(ref.named_parameters(), threaded.named_parameters()):
+    for (n, a), (_, b) in zip(ref.named_parameters(), threaded.named_parameters(), strict=False):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
     assert threaded.lm_head.weight is threaded.tok_emb.weight
     monkeypatch.setenv("SHARDLAB_INIT_THREADS", "zero")

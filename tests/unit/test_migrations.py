@@ -45,13 +45,13 @@ def test_models_match_the_migrated_schema(store_urls):
 
 
 def test_backfill_of_export_summaries_matches_what_new_results_store(store_urls):
+    from alembic import command
     from sqlalchemy import select
 
     from db.migrations import alembic_config
     from db.models import ExperimentSummary, RankResultRow
     from db.session import write_engine
     from tests.helpers.store_helpers import fake_result, spec
-    from alembic import command
 
     engine = init_db(get_engine(store_urls.url("fill.db", blank=True)))
     stored = {}
@@ -76,7 +76,7 @@ def test_backfill_of_export_summaries_matches_what_new_results_store(store_urls)
     assert current_revision(engine) == "0002"
     upgrade(engine, "head")
     again = snapshot()
-    for before, after in zip(stored[0] + stored[1], again[0] + again[1]):
+    for before, after in zip(stored[0] + stored[1], again[0] + again[1], strict=False):
         assert before.keys() == after.keys()
         for k in before:
             if isinstance(before[k], float):

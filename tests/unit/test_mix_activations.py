@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analytic.memory import activations as A
 from backend.analytic.estimate import estimate
+from backend.analytic.memory import activations as A
 from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
 from backend.spec import ExperimentSpec
 from tests.helpers.farm import engine_job, uses

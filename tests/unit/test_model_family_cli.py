@@ -42,8 +42,9 @@ def test_run_here_scales_down_keeping_family(capsys):
 
 
 def test_family_flags_override_preset():
-    from backend.cli.spec_flags import add_spec_flags, spec_dict_from_args
     import argparse
+
+    from backend.cli.spec_flags import add_spec_flags, spec_dict_from_args
 
     p = argparse.ArgumentParser()
     add_spec_flags(p)

@@ -3,10 +3,10 @@ reduce to the uniform formulas, hand-made skewed counts give hand-computed bytes
 
 import pytest
 
-from backend.analytic.memory import activations as A
-from backend.analytic.measured import moe_routing as MR
-from backend.analytic.memory import moe_bytes
 from backend.analytic.estimate import estimate
+from backend.analytic.measured import moe_routing as MR
+from backend.analytic.memory import activations as A
+from backend.analytic.memory import moe_bytes
 from backend.engine.assemble import routing_notes
 from backend.result import MemoryBreakdown, RankResult, RoutingAdjusted, RunResult
 from backend.spec import ExperimentSpec

@@ -5,7 +5,6 @@ serializer warnings (the server log's `attention` ones)."""
 from __future__ import annotations
 
 import ast
-import os
 import warnings
 from pathlib import Path
 

@@ -9,8 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.analytic.steptime.op_tables import (AttentionRow, AttentionTable, GemmTable, table_json,
-                                                 tables_from_json, tables_from_measured)
+from backend.analytic.steptime.op_tables import (
+    AttentionRow,
+    AttentionTable,
+    GemmTable,
+    table_json,
+    tables_from_json,
+    tables_from_measured,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = json.loads((ROOT / "backend" / "analytic" / "steptime" / "op_tables.json").read_text())["tables"]
@@ -31,7 +37,7 @@ def test_gemm_exact_rows_between_and_beyond():
 def test_gemm_arrays_equal_scalars():
     m, k, n = np.array([1024, 3000, 8192]), np.array([1024, 2048, 8192]), np.array([4096, 3000, 512])
     arr = TABLE.efficiency(m, k, n)
-    assert arr.shape == (3,) and list(arr) == [TABLE.efficiency(int(a), int(b), int(c)) for a, b, c in zip(m, k, n)]
+    assert arr.shape == (3,) and list(arr) == [TABLE.efficiency(int(a), int(b), int(c)) for a, b, c in zip(m, k, n, strict=False)]
 
 
 def test_attention_lookup_by_kernel_and_causality():
@@ -82,7 +88,7 @@ def test_h100_attention_joins_the_probe_and_the_paper():
     """h100-sxm lists three attention tables: flash / efficient / cudnn from the GPU-check probe, flash1 from the
     FlashAttention-2 paper's Fig. 7, flash3 from the FlashAttention-3 paper (issue 34); flash-triton (no H100 row)
     stands in as flash1; a kernel in two tables is refused."""
-    from backend.analytic.steptime.hardware import merged_attention_tables, get_hardware
+    from backend.analytic.steptime.hardware import get_hardware, merged_attention_tables
     from backend.analytic.steptime.ops import attention_efficiency
     hw = get_hardware("h100-sxm")
     assert set(hw.tables.attention.kernels()) == {"flash", "efficient", "cudnn", "flash1", "flash3"}

@@ -69,7 +69,7 @@ def test_runs_marks_the_run_and_run_detail_warns_at_the_top(store):
     at.switch_page("dashboard/pages/runs.py").run()
     assert not at.exception, [e.message for e in at.exception]
     df = at.dataframe[0].value
-    assert dict(zip(df["name"], df["loss parity"])) == {"drifts": "⚠ fails", "matches": "ok", "waits": ""}
+    assert dict(zip(df["name"], df["loss parity"], strict=False)) == {"drifts": "⚠ fails", "matches": "ok", "waits": ""}
     at.query_params["run"] = "1"
     at.switch_page("dashboard/pages/run_detail.py").run()
     assert not at.exception, [e.message for e in at.exception]

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backend.analytic.device import fits_device, need_bytes
 from backend.analytic.layout import PipelineSchedule, ZeroStage
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.memory.state_floor import state_floor_bytes
 from backend.analytic.steptime.hardware import get_hardware
 from backend.hf.config import from_hf_config, load_hf_config
 from backend.planner.held import HeldTraining
-from backend.analytic.device import fits_device, need_bytes
 from backend.planner.search import plan, search
 from backend.planner.space import enumerate_layouts
 from backend.spec import ModelSpec

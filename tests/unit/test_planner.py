@@ -7,11 +7,10 @@ import random
 
 import pytest
 
-from backend.analytic.estimate import estimate
+from backend.analytic.estimate import estimate, worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import STEP_KEYS
 from backend.cli import main
-from backend.analytic.estimate import worst_rank_bytes
 from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec, validate_spec

@@ -17,13 +17,13 @@ import random
 import numpy as np
 import pytest
 
+from backend.analytic.device import fits_device
 from backend.analytic.estimate import estimate, worst_rank_bytes
 from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.proxy import proxy_step_s, step_proxy
-from backend.analytic.device import fits_device
 from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec

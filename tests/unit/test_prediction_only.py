@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from streamlit.testing.v1 import AppTest
 
 from backend.cli import main

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend.runtime import entry, protocol
-from backend.runtime.protocol import (Fault, Progress, ProtocolError, RankError, RankPayload, RanksFile, StackFrame)
+from backend.runtime.protocol import Fault, Progress, ProtocolError, RankError, RankPayload, RanksFile, StackFrame
 from backend.spec import ExperimentSpec
 
 OLD_RUNS = Path(__file__).parents[1] / "fixtures" / "ranks_v1"

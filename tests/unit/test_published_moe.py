@@ -26,7 +26,7 @@ def test_there_are_moe_rows_and_each_is_a_moe_model():
 @pytest.mark.parametrize("row", [r for r in MOE if r["id"].startswith("bridge")], ids=lambda r: r["id"])
 def test_megatron_bridge_moe_rows_are_the_quoted_configs(row):
     """The quoted table row, read through the row's own column header (the archive's tables differ by container)."""
-    c = dict(zip(_cells(row["columns"]), _cells(row["quote"])))
+    c = dict(zip(_cells(row["columns"]), _cells(row["quote"]), strict=False))
     par, train = row["spec"]["parallel"], row["spec"]["train"]
     assert int(c["#-GPUs"]) == par["world_size"] == row["published"]["gpus"]
     assert c.get("System", "DGX-H100") == "DGX-H100" and (c.get("Precision") == "BF16") == (train["precision"] == "bf16-mixed")

@@ -65,8 +65,8 @@ def test_a_complete_auth_section_allows_and_an_incomplete_one_says_what_is_missi
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_hostile_names_and_tags_never_reach_a_command_line_or_batch_script(text, tmp_path):
-    from backend.cluster.slurm_config import SlurmConfig
     from backend.cluster.script import build_script
+    from backend.cluster.slurm_config import SlurmConfig
     from backend.launch.torchrun import build_command
 
     spec, problems = validate_spec({**TINY, "name": text, "parallel": {"strategy": "ddp", "world_size": 2}})

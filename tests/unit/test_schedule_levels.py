@@ -21,7 +21,7 @@ def test_levelled_plan_passes_its_check(schedule):
         for m in (1, 2, 3, 4, 5, 8, 15, 16, 31, 32, 64, 100):
             plan = levelled_plan(schedule, p, m)
             assert plan is not None and all(len(column) == 2 * p * m for column in plan)
-            assert all(dep < i and own < i for i, (_, _, _, dep, own, _) in enumerate(zip(*plan)))
+            assert all(dep < i and own < i for i, (_, _, _, dep, own, _) in enumerate(zip(*plan, strict=False)))
 
 
 @pytest.mark.parametrize("schedule,p,m", [("1f1b", 16, 64), ("1f1b", 32, 40), ("1f1b", 32, 100), ("gpipe", 16, 33),

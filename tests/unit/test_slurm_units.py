@@ -3,19 +3,19 @@ of gone workers (on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import psutil
 import pytest
 
-from backend.cluster.slurm_config import ClusterConfigError, SlurmConfig, load
 from backend.cluster.reattach import adopt
 from backend.cluster.script import build_script, time_limit
+from backend.cluster.slurm_config import ClusterConfigError, SlurmConfig, load
 from backend.spec import validate_spec
 from db import queries as q
 from tests.helpers.worker_helpers import SLURM_TINY, slurm_spec
+
 
 def test_the_script_takes_the_rendezvous_from_nodeaddr_and_parses(tmp_path):
     cfg = SlurmConfig(partition="gpu", account="ml-infra", gpus_per_node=2, extra_sbatch=["#SBATCH --exclusive"])
@@ -62,7 +62,7 @@ def test_a_starting_worker_adopts_only_slurm_runs_of_gone_workers(store_urls):
     q.register_worker(engine, "alive", pid=me.pid, host="h", pid_started=me.create_time())
     local, _ = validate_spec({**SLURM_TINY, "parallel": {"strategy": "ddp", "world_size": 2}})
     ids = q.submit_experiments(engine, [slurm_spec(), slurm_spec(), local])
-    for eid, wid in zip(ids, ("gone", "alive", "gone")):
+    for eid, wid in zip(ids, ("gone", "alive", "gone"), strict=False):
         assert q.claim_next(engine, wid, host="h") == eid
     q.set_worker_state(engine, "gone", "stopped")
     q.register_worker(engine, "new", pid=me.pid, host="h", pid_started=me.create_time())  # as Worker.serve does

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.steptime import collectives as CO
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import STEP_KEYS, step_time
 from backend.analytic.steptime.published import PTDP_TABLE1, ptdp_predicted_tflops, ptdp_spec_dict
 from backend.analytic.steptime.schedule import makespan
+from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.spec import ExperimentSpec
 
 

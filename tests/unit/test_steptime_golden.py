@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import PipelineSchedule, RecomputeMode
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.schedule import SIMULATED
-from backend.analytic.estimate import worst_rank_bytes
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 

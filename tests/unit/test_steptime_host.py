@@ -84,7 +84,7 @@ def test_per_collective_seconds_and_stage_times_for_the_fit():
     assert set(tp.comm_by_collective_s) == {"all_reduce", "all_gather"}  # f/g all-reduces + lm_head's logits gather
     assert sum(tp.comm_by_collective_s.values()) == pytest.approx(tp.comm_s["tp"])
     pp = step_time(_spec("pp", pp_schedule="interleaved_1f1b", virtual_stages=2), hw)
-    assert len(pp.stage_fwd_s) == len(pp.stage_bwd_s) == 4 and all(b > f > 0 for f, b in zip(pp.stage_fwd_s, pp.stage_bwd_s))
+    assert len(pp.stage_fwd_s) == len(pp.stage_bwd_s) == 4 and all(b > f > 0 for f, b in zip(pp.stage_fwd_s, pp.stage_bwd_s, strict=False))
 
 
 def test_fit_loss_counts_collectives_and_phases():

@@ -27,7 +27,7 @@ from backend.spec import ExperimentSpec
 from backend.worker.service import Worker
 from db import queries as q
 from db.session import REPO, forget_engines, open_db
-from tests.helpers.store_helpers import SmallFs, TINY, fake_result, spec
+from tests.helpers.store_helpers import TINY, SmallFs, fake_result, spec
 from tests.helpers.worker_helpers import FakeRunner, wait_for
 
 PY = sys.executable

@@ -62,7 +62,7 @@ def snapshot(path: Path) -> dict[str, dict[tuple, dict]]:
             pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5]] or ["rowid"]
             cur = con.execute(f"SELECT {', '.join(pk)}, * FROM {table}")
             names = [d[0] for d in cur.description][len(pk):]
-            out[table] = {tuple(r[:len(pk)]): dict(zip(names, r[len(pk):])) for r in cur}
+            out[table] = {tuple(r[:len(pk)]): dict(zip(names, r[len(pk):], strict=False)) for r in cur}
         return out
     finally:
         con.close()

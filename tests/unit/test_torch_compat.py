@@ -26,7 +26,7 @@ def test_flatten_unflatten_round_trip():
     ts = [torch.arange(3.0, device="cpu"), torch.ones(2, 2, device="cpu")]
     flat = tc.flatten_dense_tensors(ts)
     assert flat.shape == (7,)
-    for a, b in zip(tc.unflatten_dense_tensors(flat, ts), ts):
+    for a, b in zip(tc.unflatten_dense_tensors(flat, ts), ts, strict=False):
         torch.testing.assert_close(a, b)
 
 
@@ -195,7 +195,7 @@ def test_cpu_flash_attention_returns_the_logsumexp_and_its_backward_the_grads():
     grad = torch.randn(1, 2, 6, 4, generator=g)
     ref.backward(grad)
     got = tc.cpu_flash_attention_backward(grad, q.detach(), k.detach(), v.detach(), out, lse, causal=True)
-    for mine, theirs in zip(got, (q.grad, k.grad, v.grad)):
+    for mine, theirs in zip(got, (q.grad, k.grad, v.grad), strict=False):
         torch.testing.assert_close(mine, theirs)
 
 
@@ -203,8 +203,8 @@ def test_torch_context_parallel_switches():
     """torch.distributed.tensor.experimental._attention: `_ContextParallel(seq_dim, attention_type=AttentionType.SDPA)`
     (a ParallelStyle), `_enable_context_parallel_dispatcher`, `set_rotate_method("allgather" | "alltoall")` and
     `_cp_options.enable_load_balance`: the CUDA path of strategies/cp.py (enable_torch_context_parallel)."""
-    from torch.distributed.tensor.experimental import _attention as cp_attention
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import _attention as cp_attention
 
     assert issubclass(cp_attention._ContextParallel, tc.ParallelStyle)
     assert cp_attention._ContextParallel.AttentionType.SDPA.value == "scaled_dot_product_attention"

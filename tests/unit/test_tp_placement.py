@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel)
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
 from backend.analytic.sharding import tp_style
 from backend.analytic.tp_placement import COLWISE, REPLICATE, ROWWISE, VOCAB_ROWWISE, module_rule

@@ -17,6 +17,7 @@ from backend.spec import ExperimentSpec
 from backend.trace.trace_spec import UNEXPLAINED, representative_ranks
 from tests.helpers.farm import engine_job, params, trace_job, uses
 from tests.helpers.launch import cli
+
 TINY = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256}
 STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
 
@@ -161,7 +162,7 @@ def test_zero3_trace_equals_a_real_measured_run(farm) -> None:
     real = farm.result(ZERO3_RUN)["result"]  # the engine's rank program, as the launcher runs it
     assert str(real.status) == "ok", real.error
     traced = farm.result(ZERO3_TRACE)
-    for row, measured in zip(traced["per_rank"], real.per_rank):
+    for row, measured in zip(traced["per_rank"], real.per_rank, strict=False):
         for k in STATE:
             assert row["traced"][k] == getattr(measured.measured, k), k
         m_act = measured.measured.activations_bytes

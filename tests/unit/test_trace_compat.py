@@ -39,8 +39,12 @@ def test_stage_meta_symbols_torch_2_13() -> None:
 
     if not hasattr(stage.PipelineStage, "_recv_meta"):
         pytest.skip(f"torch {torch.__version__} exchanges stage metadata by object lists (test below)")
-    from torch.distributed.pipelining._utils import (InferenceMode, _StageBackwardMeta, _StageForwardMeta,  # noqa: F401
-                                                     extract_tensor_meta)
+    from torch.distributed.pipelining._utils import (  # noqa: F401
+        InferenceMode,
+        _StageBackwardMeta,
+        _StageForwardMeta,
+        extract_tensor_meta,
+    )
 
     for obj, name in ((stage.PipelineStage, "_recv_meta"), (stage.PipelineStage, "_send_meta"),
                       (schedules._PipelineSchedule, "_warmup_p2p"), (InferenceMode, "needs_dynamic")):

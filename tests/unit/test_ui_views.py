@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
 from backend.result import MemoryBreakdown, RankResult, RunResult, Status, TimelineEvent
 from backend.spec import validate_spec
 from dashboard import compare_view as cv
@@ -18,7 +19,6 @@ from dashboard import runs_view as rv
 from dashboard import spec_form as sf
 from dashboard import timeline_view as tv
 from dashboard import worker_ctl
-from backend.number_format import fmt_bytes, fmt_pct, fmt_seconds
 from dashboard.sweep_form import expand_sweep
 
 

@@ -13,8 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import softmax_saved_bytes_per_score
 from backend.analytic.layout import Layout
-from backend.analytic.memory.family_bytes import (STAT_BYTES, attention_constant_bytes, family_extra_bytes, head_widths,
-                                                  mlp_elems, rms_norm_extra_bytes)
+from backend.analytic.memory.family_bytes import (
+    STAT_BYTES,
+    attention_constant_bytes,
+    family_extra_bytes,
+    head_widths,
+    mlp_elems,
+    rms_norm_extra_bytes,
+)
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.moe_rows import expert_rows
 from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe

@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from backend.analytic.device import CUDA, rms_norm_saved_bytes
 from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.activations import LayerShape
 from backend.analytic.memory.block_backward import block_backward_extra, weight_grads
 from backend.analytic.memory.parts import RankParts
-from backend.analytic.device import CUDA, rms_norm_saved_bytes
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
 

@@ -27,7 +27,16 @@ from backend.analytic.memory.activations import LayerShape, dispatch_outweighs_h
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.pipelining import interleaved_order
 from backend.analytic.sharding import layer_split
-from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, minimum, per_distinct, take_rows, where
+from backend.analytic.vector import (
+    any_true,
+    logical_and,
+    logical_not,
+    logical_or,
+    minimum,
+    per_distinct,
+    take_rows,
+    where,
+)
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec, ModelSpec

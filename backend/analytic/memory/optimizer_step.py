@@ -36,7 +36,7 @@ def _part_run(key: ModelKey, part: str, tied: bool, placement: tuple[int, ...], 
     elements = [q.real_numel if owned else q.local_numel for q in local_part(key, part, tied, placement)]
     if not elements:
         return 0, 0, 0
-    inner = max((a + 2 * b for a, b in zip(elements, elements[1:])), default=0)
+    inner = max((a + 2 * b for a, b in zip(elements, elements[1:], strict=False)), default=0)
     return elements[0], elements[-1], inner
 
 

@@ -18,10 +18,24 @@ import numpy as np
 
 from backend.analytic.device import cuda_storage_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.params import (ModelKey, ParamInfo, block_param_list, layer_attention_kind, layer_is_moe, model_key,
-                                     param_tuple)
-from backend.analytic.sharding import (LocalParam, expert_of, layer_split, shard_param, shard_split, stages_of_rank,
-                                       tp_style)
+from backend.analytic.params import (
+    ModelKey,
+    ParamInfo,
+    block_param_list,
+    layer_attention_kind,
+    layer_is_moe,
+    model_key,
+    param_tuple,
+)
+from backend.analytic.sharding import (
+    LocalParam,
+    expert_of,
+    layer_split,
+    shard_param,
+    shard_split,
+    stages_of_rank,
+    tp_style,
+)
 from backend.analytic.tp_placement import VOCAB_ROWWISE
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
@@ -150,7 +164,7 @@ def part_sums(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int, .
                local_numel if lm_head else 0, local_numel if tok_emb else 0, rounded(MASTER_BYTES * local_numel),
                rounded(MASTER_BYTES * storage), rounded(MASTER_BYTES * real), 0 if managed else local_numel,
                0 if managed else rounded(MASTER_BYTES * local_numel))
-        totals = [t + count * v for t, v in zip(totals, row)]
+        totals = [t + count * v for t, v in zip(totals, row, strict=False)]
     return PartSums(*totals)
 
 

@@ -10,20 +10,37 @@ microbatch's loss graph. The per-block and head terms come from activations.py, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
-from backend.analytic.memory.activations import (LOSS_BYTES, LayerShape, layer_activation_bytes, op_sac_rerun_extra_bytes,
-                                                 model_embedding_head_activation_bytes,
-                                                 model_head_freed_in_backward_bytes, tp_logits_shard_bytes)
+from backend.analytic.memory.activations import (
+    LOSS_BYTES,
+    LayerShape,
+    layer_activation_bytes,
+    model_embedding_head_activation_bytes,
+    model_head_freed_in_backward_bytes,
+    op_sac_rerun_extra_bytes,
+    tp_logits_shard_bytes,
+)
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.memory.pipeline_activations import pipeline_saved
-from backend.analytic.vector import (as_int, ceil_div, logical_and, logical_not, logical_or, maximum, minimum, per_distinct,
-                                    per_value, take_rows, where)
-
+from backend.analytic.vector import (
+    as_int,
+    ceil_div,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    per_distinct,
+    per_value,
+    take_rows,
+    where,
+)
 
 TERMS = 6
 

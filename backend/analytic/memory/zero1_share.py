@@ -36,7 +36,7 @@ class Zero1Shares:
     def shares(self) -> dict[int, tuple[int, ...]]:
         """{dp index: elements per owned tensor, largest first} of the non-empty shares."""
         out: dict[int, list[int]] = {}
-        for n, k in zip(self.numels, self.owner):
+        for n, k in zip(self.numels, self.owner, strict=False):
             out.setdefault(k, []).append(n)
         return {k: tuple(v) for k, v in out.items()}
 

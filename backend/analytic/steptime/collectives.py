@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.textbook.comm_volume import ring_wire_bytes
 from backend.analytic.vector import logical_or, maximum, minimum, where
 
 if TYPE_CHECKING:

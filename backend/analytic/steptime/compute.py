@@ -22,24 +22,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
-from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import LocalParam, derived, stage_layers
-from backend.analytic.steptime.elementwise import (CE_BWD_BYTES_PER_LOGIT, CE_FWD_BYTES_PER_LOGIT, IMPLEMENTATIONS,
-                                                   Widths, compiled_layer_passes, fused_layer_passes, layer_passes,
-                                                   param_passes)
+from backend.analytic.steptime.elementwise import (
+    CE_BWD_BYTES_PER_LOGIT,
+    CE_FWD_BYTES_PER_LOGIT,
+    IMPLEMENTATIONS,
+    Widths,
+    compiled_layer_passes,
+    fused_layer_passes,
+    layer_passes,
+    param_passes,
+)
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.ops import (
+    FLASH_BWD_FACTOR,
+    attention_time,
+    curve_fraction,
+    float8_gemm_time,
+    gemm_time,
+    passes_time,
+)
 from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
-from backend.analytic.steptime.ops import (FLASH_BWD_FACTOR, attention_time, curve_fraction, float8_gemm_time, gemm_time,
-                                          passes_time)
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
@@ -225,11 +239,11 @@ def _torch_elementwise(model: ModelSpec, layout: Layout, hw: Hardware, implement
     columns = (layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
     both = per_distinct(one, *columns)
     if missing:
-        b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing))
+        b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing, strict=False))
         fwd, bwd = passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
                                                            precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
         f, bk = (np.broadcast_to(passes_time(hw, x), b.shape).tolist() for x in (fwd, bwd))
-        hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk))
+        hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk, strict=False))
         both = per_distinct(one, *columns)
     if isinstance(both, tuple):
         return PassCost(fwd_s=both[0], bwd_s=both[1])

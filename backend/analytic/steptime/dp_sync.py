@@ -17,9 +17,10 @@ evaluated per call (`dp_exposed`), replaying the same additions in the same orde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import ceil
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.dp_buckets import bucket_groups, used_by
 from backend.analytic.sharding import LocalParam, derived, fsdp_units, unsharded_numel

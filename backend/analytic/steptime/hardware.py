@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from backend.analytic.steptime.op_tables import OpTables, table_json, tables_from_json, tables_from_measured

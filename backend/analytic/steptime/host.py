@@ -17,7 +17,8 @@ gloo, fp32, world 2; counts do not depend on machine load):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from backend.analytic.sharding import LocalParam, derived
 

@@ -20,22 +20,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
+from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
-from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
-from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
-from backend.analytic.steptime.compute import (ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s,
-                                               stage_cost)
+from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
 from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
-from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
+from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
 from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
 from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
+from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.traffic import compute_bytes, model_parallel_traffic
 
 UNCALIBRATED_BAND = 0.2

@@ -66,7 +66,7 @@ class GemmTable:
             return hit
         mm, kk, nn = np.broadcast_arrays(np.asarray(m, float), np.asarray(k, float), np.asarray(n, float))
         if mm.size <= 64:  # a few shapes: a dictionary lookup each beats sorting them
-            keys = list(zip(mm.ravel().tolist(), kk.ravel().tolist(), nn.ravel().tolist()))
+            keys = list(zip(mm.ravel().tolist(), kk.ravel().tolist(), nn.ravel().tolist(), strict=False))
             self._fill(list(dict.fromkeys(q for q in keys if q not in self._memo)))
             return np.asarray([self._memo[q] for q in keys], dtype=float).reshape(mm.shape)
         rows, inverse = np.unique(np.stack([mm.ravel(), kk.ravel(), nn.ravel()], axis=1), axis=0, return_inverse=True)
@@ -88,7 +88,7 @@ class GemmTable:
         exact = dn[:, 0] < 1e-12
         w = 1.0 / np.where(exact[:, None], 1.0, dn)
         out = np.where(exact, vals[:, 0], (w * vals).sum(axis=1) / w.sum(axis=1))
-        self._memo.update(zip(keys, out.tolist()))
+        self._memo.update(zip(keys, out.tolist(), strict=False))
 
 
 def per_unique(fn: Any, *columns: Any) -> Any:
@@ -105,7 +105,7 @@ def per_unique(fn: Any, *columns: Any) -> Any:
     rows = []
     for d in distinct.tolist():
         row = [float(c) if not np.ndim(c) else 0.0 for c in columns]
-        for i, values in zip(reversed(varying), reversed(codes)):
+        for i, values in zip(reversed(varying), reversed(codes), strict=False):
             d, r = divmod(d, len(values))
             row[i] = float(values[r])
         rows.append(fn(*row))

@@ -53,7 +53,7 @@ def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> floa
     values outside them (Calculon, Isaev et al. SC'23 Sec 4: measured per-size efficiency tables)."""
     if flops <= curve[0][0]:
         return curve[0][1]
-    for (f0, e0), (f1, e1) in zip(curve, curve[1:]):
+    for (f0, e0), (f1, e1) in zip(curve, curve[1:], strict=False):
         if flops <= f1:
             w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
             return e0 + w * (e1 - e0)

@@ -20,23 +20,47 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
-from backend.analytic.memory.parts import (ALT_PART, attention_kind_counts, is_mixed, local_part, part_sums, rank_parts,
-                                           stage_composition)
+from backend.analytic.memory.parts import (
+    ALT_PART,
+    attention_kind_counts,
+    is_mixed,
+    local_part,
+    part_sums,
+    rank_parts,
+    stage_composition,
+)
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
-from backend.analytic.steptime.compute import (attention_pass, default_implementation, elementwise_pass, head_pass,
-                                               memory_s, param_pass, weight_gemms_s)
+from backend.analytic.steptime.compute import (
+    attention_pass,
+    default_implementation,
+    elementwise_pass,
+    head_pass,
+    memory_s,
+    param_pass,
+    weight_gemms_s,
+)
 from backend.analytic.steptime.cp_ring import ring_time
-from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.moe_rows import is_uniform_dropless
-from backend.analytic.moe_rows import of_model as expert_rows_of
+from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, maximum, minimum, per_distinct, select_present, where
+from backend.analytic.vector import (
+    any_true,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    per_distinct,
+    select_present,
+    where,
+)
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""

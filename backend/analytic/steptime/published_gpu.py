@@ -24,8 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from backend.analytic.textbook.flops import megatron_flops_per_iteration, narayanan_flops_per_iteration
 from backend.analytic.steptime.published import PTDP_TABLE1, SEQ, VOCAB, ptdp_spec_dict
+from backend.analytic.textbook.flops import megatron_flops_per_iteration, narayanan_flops_per_iteration
 from backend.presets import preset_model
 
 DATA_FILE = Path(__file__).with_name("published_gpu.json")

@@ -88,7 +88,7 @@ def _action_plan(schedule: str, p: int, v: int, m: int) -> PlanColumns:
             nxt[r] = i
         if not progressed:
             raise RuntimeError(f"{schedule} action order deadlocks for p={p}, v={v}, m={m}")
-    r_col, s_col, f_col, dep_col, own_col, hop_col = (list(column) for column in zip(*out))
+    r_col, s_col, f_col, dep_col, own_col, hop_col = (list(column) for column in zip(*out, strict=False))
     return r_col, s_col, f_col, dep_col, own_col, hop_col
 
 
@@ -101,7 +101,7 @@ def makespan(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], bwd_s
     end: list[float] = []
     free = [0.0] * p
     busy = [0.0] * p
-    for r, s, is_f, dep, own, hop in zip(*plan):  # max() as comparisons, as in makespan_pair
+    for r, s, is_f, dep, own, hop in zip(*plan, strict=False):  # max() as comparisons, as in makespan_pair
         start = free[r]
         if is_f:
             ready = (0.0 if dep < 0 else end[dep]) + (p2p_s if hop else 0.0)
@@ -130,7 +130,7 @@ def makespan_pair(schedule: str, *, p: int, v: int, m: int, fwd_s: list[float], 
     free0, free1, busy = [0.0] * p, [0.0] * p, [0.0] * p
     # max() written out as comparisons (the same value, the first of equals, as max returns): the loop runs once per
     # action, p x m x 2 of them (1F1B on pp 32 with 1,024 microbatches: 65,536)
-    for r, s, is_f, dep, own, hop in zip(*plan):
+    for r, s, is_f, dep, own, hop in zip(*plan, strict=False):
         extra = p2p_s if hop else 0.0
         if is_f:
             c = fwd_s[s]

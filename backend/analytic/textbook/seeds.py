@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 from backend.analytic.textbook.kv_cache import kv_cache_bytes
 from backend.analytic.textbook.pipeline import pipeline_utilisation
-from backend.analytic.units import GB
 from backend.analytic.textbook.zero import precision_bytes, zero_memory_reduction, zero_model_state_bytes
+from backend.analytic.units import GB
 
 SEED_000 = "seed 000 (Model Sharding)"
 SEED_003 = "seed 003 (Ch. 11 Data Parallelism & Sharding)"

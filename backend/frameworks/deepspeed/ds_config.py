@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.framework_support import DEEPSPEED_STAGE
 from backend.spec import ExperimentSpec
+from backend.spec.framework_support import DEEPSPEED_STAGE
 
 BUCKET_ELEMENTS = 5_000_000
 """reduce/allgather/prefetch bucket size in elements. DeepSpeed's default 5e8 allocates a ~2 GB bucket on

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.params import param_list
-from backend.spec.framework_support import DEEPSPEED_STAGE
 from backend.spec import ExperimentSpec
+from backend.spec.framework_support import DEEPSPEED_STAGE
 
 
 def deepspeed_estimate(spec: ExperimentSpec) -> dict[str, Any] | None:

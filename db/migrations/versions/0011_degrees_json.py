@@ -41,7 +41,7 @@ def upgrade() -> None:
     for eid, held, *values in rows:
         if held not in (None, "", "{}"):  # written by this revision's code already (a store upgraded before)
             continue
-        degrees = dict(zip(FIELDS, values))
+        degrees = dict(zip(FIELDS, values, strict=False))
         degrees.update({k: bool(degrees[k]) for k in BOOLEANS})
         filled.append({"eid": eid, "degrees": degrees})
     if filled:
