@@ -13,14 +13,16 @@ the held activations and the working block:
 - under pipelining the stage's first block too: FSDP2 keeps every unit unsharded after its backward
   (reshard_after_backward=False) and accumulates unsharded gradients (no sync until the last microbatch), so the
   end of a stage's backward holds every block's parameters; in the first backward with every in-flight microbatch,
-  in a later one with the accumulated gradients;
+  in a later one with the accumulated gradients; under layers:K the stage's lowest checkpoint, re-run above the K - 1
+  plain blocks' saved tensors (`lowest_checkpoint`); a later 1F1B backward of a stage past the first also holds the
+  previous backward's stage-input gradient (`sent_grad_bytes`);
 - the embeddings' backward (the stage with them): their dense gradient, then the root's post-backward
   reduce-scatter input (its fp32 unsharded size).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.analytic.device import CUDA, rms_norm_saved_bytes
@@ -185,7 +187,8 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # flight; a cool-down one follows the previous backward with one fewer, every unit still unsharded
     steady = pipe_base + grads_all
     cool = pipe_base - acts.blocks + grads_all
-    later_top = acts.head_casts + maximum(
+    sent_grad = sent_grad_bytes(model, layout, parts)
+    later_top = acts.head_casts + sent_grad + maximum(
         where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
         cool - top_saved + pipe_top_w + all_unsharded)
 
@@ -193,7 +196,7 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
         """A later backward at the stage's first block, `working` blocks re-run at once: the grads of the n - working
         blocks back-propagated before it held (the head's 16-bit grad waits the same way)."""
         work = working * acts.none + e_plain_none
-        held_wgrads = (n - working) * one + acts.head_casts
+        held_wgrads = (n - working) * one + acts.head_casts + sent_grad
         return maximum(where(pipe.steady, steady, cool) - acts.blocks + work + held_wgrads + all_unsharded,
                        cool - acts.blocks + work + held_wgrads + all_unsharded)
 
@@ -201,6 +204,9 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     # group's other blocks' grads held)
     later_bottom = maximum(later_bottom_at(reruns), where(uniform, later_bottom_at(1), 0))
     piped = maximum(maximum(first_top, first_bottom), where(pipe.has_later, maximum(later_top, later_bottom), 0))
+    piped = maximum(piped, lowest_checkpoint(layout, acts, n, PipeTerms(pipe_base, steady, cool, grads_all - emb_grads,
+                                                                        all_unsharded, sent_grad, pipe), e_plain_none,
+                                             parts, grad_bytes))
     # the first stage's embeddings: their dense gradient is made (the first backward: it becomes the root's
     # unsharded gradient; a later one: added into it)
     dense = embedding_grad_bytes(layout, parts)
@@ -210,6 +216,64 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
 
     blocks_moment = where(n > 0, where(layout.pipelined, piped, alone_best), 0)
     return maximum(blocks_moment, where(layout.pipelined, 0, embedding_moment(layout, parts, base, acts, grad_bytes, pb)))
+
+
+def sent_grad_bytes(model: Any, layout: Layout, parts: RankParts) -> Any:
+    """1F1B: what a later backward of a stage that sends gradients (every stage but the first) still holds of the
+    previous backward: its stage-input gradient, referenced by the schedule's `bwd_sends` (steady state) / `send_work`
+    (cool-down) until the next backward returns (torch/distributed/pipelining/schedules.py
+    Schedule1F1B._step_microbatches). Read tensor by tensor at the traced peaks of the 7B zero3 x tp8 x pp4 layout: one
+    fp32 (b, s, h) made by the previous backward, in the middle stages' later backwards and the last stage's last loss
+    backward. 0 without a previous backward (one microbatch) and under the other schedules."""
+    seq = layout.seq_local(model)
+    grad = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
+        * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes)
+    sends = logical_and(logical_and(layout.schedule == PipelineSchedule.ONE_F_ONE_B, layout.pipelined),
+                        logical_and(logical_not(parts.stages.first), layout.microbatches > 1))
+    return where(sends, grad, 0)
+
+
+@dataclass(frozen=True)
+class PipeTerms:
+    """What a pipelined stage's backward candidates share (backward_moment_bytes): `base` what the stage holds when a
+    backward starts (autocast's cached casts included), `steady` / `cool` a later backward's start in the steady state /
+    the cool-down (the accumulated unsharded gradients included), `grads` the first backward's unsharded block
+    gradients once every block is back-propagated, `unsharded` every FSDP2 unit's parameters, `sent_grad` the previous
+    backward's stage-input gradient a later backward still holds."""
+    base: Any
+    steady: Any
+    cool: Any
+    grads: Any
+    unsharded: Any
+    sent_grad: Any
+    pipe: _PipeBackward
+
+
+def lowest_checkpoint(layout: Layout, acts: Any, n: Any, t: PipeTerms, e_plain_none: Any, parts: RankParts,
+                      grad_bytes: Any) -> Any:
+    """layers:K under pipelining: the stage's lowest checkpoint (its K-th block) re-run while the K - 1 plain blocks
+    below it still hold their saved tensors. Going down, each block frees its saved tensors but, in a pipelined
+    backward, leaves its FSDP2 unit unsharded, its unsharded gradients (the first backward) or its 16-bit weight grads
+    (a later one) behind; a plain block saves more than that, so under layers:K this moment beats the stage's first
+    block (the 7B zero3 x tp8 x pp4 layers:2 trace peaks in the middle stages' second block, at its LayerNorm's
+    backward: 2.8-3.3% above the first block's moment). 0 for the other policies and where no such block exists."""
+    k = maximum(layout.recompute_layers, 1)
+    exists = logical_and(logical_and(layout.recompute == RecomputeMode.LAYERS, k > 1), acts.ck.units > 0)
+    fsdp, zero3, pb = layout.fsdp, layout.zero_stage == ZeroStage.ZERO3, layout.fsdp_param_bytes
+    blk = parts.last_block.fsdp_unsharded_numel
+    stages = parts.stages
+    root = stages.first * parts.embeddings.fsdp_unsharded_numel + stages.last * parts.head.fsdp_unsharded_numel
+    # zero3 after a forward: the backward gathered the blocks from the working one up, and prefetched the one below
+    units = parts.total("fsdp_unsharded_numel")
+    gathered = where(fsdp, pb * where(zero3, root + minimum(n - k + 2, n) * blk, units), 0)
+    work = (k - 1) * acts.plain + acts.none + e_plain_none - acts.blocks
+    # the first backward: the K - 1 blocks below have made no gradients yet
+    below_grads = where(fsdp, (k - 1) * grad_bytes * parts.last_block.fsdp_unsharded_grad_numel, 0)
+    first = t.base + work + gathered + t.grads - below_grads
+    # a later one: the 16-bit weight grads of the n - K blocks above wait for the shared casts' node
+    held = (n - k) * acts.one_block_casts + acts.head_casts + t.sent_grad
+    later = maximum(where(t.pipe.steady, t.steady + gathered, t.cool + t.unsharded), t.cool + t.unsharded) + work + held
+    return where(exists, maximum(first, where(t.pipe.has_later, later, 0)), 0)
 
 
 def logits_held(layout: Layout) -> Any:

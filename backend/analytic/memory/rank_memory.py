@@ -18,7 +18,7 @@ import numpy as np
 
 from backend.analytic.distributed_optimizer import model_state_bytes as distributed_optimizer_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held
+from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held, sent_grad_bytes
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.optimizer_step import step_temp_bytes_of
@@ -118,7 +118,8 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     activations = acts.peak
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
-    loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout), 0)
+    loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout)
+                 + sent_grad_bytes(model, layout, parts), 0)
     # nothing is unsharded without FSDP2: the resting state is the state itself (the planner's groups are one flavour
     # family each)
     resting = model_state(model, layout, position, parts, unsharded=False) if any_true(layout.fsdp) else state
