@@ -85,7 +85,7 @@ def test_traced_peak_of_a_three_stage_layers_policy_is_the_predicted_fullest_mom
     """layers:2 on zero3 x tp2 x pp3 1F1B (4 blocks a stage, every stage): the stages peak in their second block's
     re-run, the first block's saved tensors still alive, and the later backwards of the stages that send gradients hold
     the previous backward's input gradient (memory/backward_moment.py lowest_checkpoint, sent_grad_bytes). Before those
-    terms: rank 0 -2.03%, rank 4 -3.95%, rank 8 -3.23%; after: +0.00%, +0.00%, +0.61%. ~3 min of one core."""
+    terms: rank 0 -2.03%, rank 4 -3.95%, rank 8 -3.23%; after: +0.00%, +0.00%, +0.61%. ~1 min of one core."""
     s = spec("zero3 tp2 pp3 layers:2", THREE_STAGES, TRACE_TRAIN | {"global_batch": 8, "microbatches": 4,
                                                                     "recompute": "layers:2"},
              {"strategy": "zero3", "world_size": 12, "tp": 2, "pp": 3, "pp_schedule": "1f1b"})
