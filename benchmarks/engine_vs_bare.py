@@ -100,7 +100,8 @@ def run_rounds(spec: ExperimentSpec, rounds: int) -> tuple[list[list[float]], li
         for r in range(rounds):
             order = ("engine", "bare") if r % 2 == 0 else ("bare", "engine")
             for which in order:
-                run = ((lambda: engine_steps(spec, Path(tmp) / f"engine{r}")) if which == "engine"
+                # once_retried calls run before the loop moves on, so the closure sees this round's r
+                run = ((lambda: engine_steps(spec, Path(tmp) / f"engine{r}")) if which == "engine"  # noqa: B023
                        else (lambda: bare_steps(spec_path)))
                 (engine if which == "engine" else bare).append(once_retried(which, run))
             e, b = statistics.median(engine[-1]), statistics.median(bare[-1])

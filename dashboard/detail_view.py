@@ -118,7 +118,8 @@ def comm_frame(result: RunResult) -> pd.DataFrame:
     n = max(len(result.per_rank), 1)
     for k in colls:
         stats = [r.comm.get(k) for r in result.per_rank]
-        mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731
+        # mean is called only within this iteration, so it sees this collective's stats
+        mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731, B023
         timed = [s.seconds for s in stats if s is not None and s.seconds is not None]
         untimed = any(s is not None and s.seconds is None for s in stats)
         pred = sum(float(r.comm_predicted.get(k, 0) or 0) for r in result.per_rank) / n
