@@ -149,8 +149,8 @@ def test_zero_bubble_paper_zbh1_third_of_1f1b():
 
 
 def test_dualpipev_bubble_and_memory_from_the_dualpipe_readme():
-    """deepseek-ai/DualPipe README: DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages, PP + 1 stage chunks of
-    activations per device. torch runs F&B as F then B, so in the ZB unit costs (F = W = 1, B = 2 per chunk) the
+    """deepseek-ai/DualPipe README: DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages, PP + 1 stage chunks
+    of activations per device. torch runs F&B as F then B, so in the ZB unit costs (F = W = 1, B = 2 per chunk) the
     bubble is 2(p - 1) units over m x 2 chunks x 3 units: (p - 1) / (3m)."""
     p, m = 4, 8
     F, B, W = 1, 2, 1
@@ -311,8 +311,8 @@ def test_analytic_modules_are_pure_python():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "backend" / "analytic"
-    numpy_free = {"textbook/zero", "memory/activations", "memory/moe_bytes", "textbook/korthikanti", "textbook/kv_cache",
-                  "textbook/pipeline", "pipelining", "textbook/flops", "textbook/comm_volume",
+    numpy_free = {"textbook/zero", "memory/activations", "memory/moe_bytes", "textbook/korthikanti",
+                  "textbook/kv_cache", "textbook/pipeline", "pipelining", "textbook/flops", "textbook/comm_volume",
                   "textbook/seeds", "units"}
     files = sorted(root.rglob("*.py"))
     assert {f"{n}.py" for n in numpy_free} <= {str(f.relative_to(root)) for f in files}
