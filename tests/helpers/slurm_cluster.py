@@ -140,7 +140,7 @@ PartitionName=debug Nodes={','.join(self.ports)} Default=YES MaxTime=INFINITE St
 
     def stop(self) -> None:
         subprocess.run(["scancel", "--full", "-u", "root"], env=self.env(), capture_output=True, timeout=30)
-        for name, proc in list(self.procs.items()):
+        for proc in list(self.procs.values()):
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -112,6 +112,6 @@ def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(farm, grid: str, 
     first = {name: m for name, job in GLOO_GRIDS[grid].items() if (m := measured_misses(specs[name], farm.result(job)))}
     if not first:
         return
-    warnings.warn(f"measured peak missed the {BOUND_PCT}% bound, run again: {first}")
+    warnings.warn(f"measured peak missed the {BOUND_PCT}% bound, run again: {first}", stacklevel=1)
     again = run_now([engine_job(specs[name]) for name in first], tmp_path / "again")
     assert not (still := [m for name in first for m in measured_misses(specs[name], again[name])]), (first, still)

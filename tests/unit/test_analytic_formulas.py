@@ -110,7 +110,7 @@ NARAYANAN_TABLE1 = [(1.7, 24, 2304, 24), (3.6, 32, 3072, 30), (7.5, 32, 4096, 36
 
 
 @pytest.mark.parametrize(("billions", "heads", "h", "l"), NARAYANAN_TABLE1)
-def test_narayanan_eq2_param_count_table1(billions, heads, h, l):
+def test_narayanan_eq2_param_count_table1(billions, heads, h, l):  # noqa: E741 - the paper's l (layers)
     """Narayanan 2021 Eq. 2 reproduces Table 1's parameter counts to the paper's 0.1B rounding."""
     got = narayanan_param_count(l=l, h=h, V=51200, s=2048) / 1e9
     assert abs(got - billions) <= 0.051 + 1e-3 * billions, got
@@ -180,7 +180,7 @@ def test_interleaved_in_flight_korthikanti_sec423():
 
 def test_flops_narayanan_eq3_with_full_recompute():
     """Narayanan 2021 Eq. 3 (96 B s l h² (...)) vs 8N + 16 l s h per token for GPT-3 175B, batch 1536."""
-    l, h, V, s, B = 96, 12288, 51200, 2048, 1536
+    l, h, V, s, B = 96, 12288, 51200, 2048, 1536  # noqa: E741 - the paper's l (layers)
     n = narayanan_param_count(l=l, h=h, V=V, s=s)
     ours = training_flops_per_step(n_params_dense=n, tokens=B * s, n_layers=l, seq_len=s, d_model=h, recompute="full")
     assert ours == pytest.approx(narayanan_flops_per_iteration(B=B, s=s, l=l, h=h, V=V), rel=2e-3)
@@ -188,7 +188,7 @@ def test_flops_narayanan_eq3_with_full_recompute():
 
 def test_flops_palm_appendix_b_no_recompute():
     """PaLM App. B: 6N + 12·L·h·s per token; equals Narayanan's 72 B s l h² (...) form."""
-    l, h, V, s = 96, 12288, 51200, 2048
+    l, h, V, s = 96, 12288, 51200, 2048  # noqa: E741 - the paper's l (layers)
     n = narayanan_param_count(l=l, h=h, V=V, s=s)
     per_token = training_flops_per_token(n_params_dense=n, n_layers=l, seq_len=s, d_model=h)
     assert per_token == 6 * n + 12 * l * s * h

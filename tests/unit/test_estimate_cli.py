@@ -17,7 +17,7 @@ def test_zero_paper_table(stage, gb, capsys):
                  "fp16-mixed"]) == 0
     out = capsys.readouterr().out
     marked = [line for line in out.splitlines() if line.startswith("*")]
-    assert marked == [l for l in out.splitlines() if f"ZeRO stage {stage}:" in l and l.startswith("*")]
+    assert marked == [line for line in out.splitlines() if f"ZeRO stage {stage}:" in line and line.startswith("*")]
     assert f"total {gb} GB per device" in marked[0]
 
 

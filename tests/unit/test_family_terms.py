@@ -74,10 +74,10 @@ def _saved_bytes_per_block(family: str) -> list[tuple[int, float]]:
         params = {q.untyped_storage().data_ptr() for q in block.parameters()}
         seen: dict[int, int] = {}
 
-        def pack(t):
+        def pack(t):  # called only by this iteration's forward below (no backward runs)
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in params and t.dim() > 0:  # 0-dim: Python scalars wrapped by mul, not activations
-                seen.setdefault(ptr, t.untyped_storage().nbytes())
+            if ptr not in params and t.dim() > 0:  # noqa: B023 (0-dim: Python scalars wrapped by mul, not activations)
+                seen.setdefault(ptr, t.untyped_storage().nbytes())  # noqa: B023
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -334,12 +334,12 @@ def test_two_writers_storing_the_same_result_follow_each_other(store_urls):
     for _ in range(10):
         go, errors = threading.Barrier(4), []
 
-        def store() -> None:
-            go.wait()
+        def store() -> None:  # run by the threads joined at the end of this iteration
+            go.wait()  # noqa: B023
             try:
                 q.store_result(engine, eid, result)
             except Exception as e:  # noqa: BLE001 - collected for the assertion
-                errors.append(e)
+                errors.append(e)  # noqa: B023 - a thread still running after join(30) reports into the next round
 
         threads = [threading.Thread(target=store) for _ in range(4)]
         for t in threads:

@@ -32,9 +32,11 @@ def one_f_one_b_records(p: int, m: int, t: float = 1.0) -> list[dict]:
         seq = [("F", i) for i in range(warm)]
         f, b = warm, 0
         while b < m:
-            seq.append(("B", b)); b += 1
+            seq.append(("B", b))
+            b += 1
             if f < m:
-                seq.append(("F", f)); f += 1
+                seq.append(("F", f))
+                f += 1
         order.append(seq)
     recs, pos = [], [0] * p
     while any(pos[s] < len(order[s]) for s in range(p)):
