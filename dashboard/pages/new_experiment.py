@@ -9,6 +9,7 @@ import streamlit as st
 from backend.analytic.units import GB
 from backend.hf.config import HFConfigError, parse_hf_config
 from backend.number_format import fmt_bytes_short
+from backend.recompute_policy import WITH_LAYERS
 from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form, import_box, messages, run_panel, stack_form, store_access, workflow
@@ -161,7 +162,7 @@ def _train_inputs() -> None:
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
     stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
-    if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
+    if st.session_state[P + "recompute"] in WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
                              "groups of N blocks")
