@@ -46,7 +46,8 @@ def _fam(m: Any, name: str, default: Any) -> Any:
 
 
 GATED = ("swiglu", "geglu", "swiglu_clamped")
-"""MLP kinds with three matrices gate, up, down (Shazeer 2020 Eq. 6; the clamped gpt-oss variant has the same shapes)."""
+"""MLP kinds with three matrices gate, up, down (Shazeer 2020 Eq. 6; the clamped gpt-oss variant has the same
+shapes)."""
 
 
 def is_gated(kind: Any) -> bool:
@@ -330,5 +331,6 @@ def _matmul_params(m: Any, *, active: bool) -> int:
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
     if active and m.is_moe:
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        n -= n_moe_layers(m) * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
+        # top_k experts per token
+        n -= n_moe_layers(m) * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)
     return n

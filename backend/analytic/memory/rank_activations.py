@@ -71,7 +71,8 @@ def _head_terms(shape: LayerShape, vocab: int) -> tuple[float, float, float]:
     every recompute kind."""
     head = shape.head_kwargs(vocab)
     return (model_embedding_head_activation_bytes(**head), model_head_freed_in_backward_bytes(**head),
-            tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp, dtype_bytes=shape.dtype_bytes))
+            tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp,
+                                  dtype_bytes=shape.dtype_bytes))
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class Checkpointing:
 
 
 def checkpointing(model: Any, layout: Layout, n_blocks: Any) -> Checkpointing:
-    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks (models/checkpointing.groups)."""
+    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks
+    (models/checkpointing.groups)."""
     v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
     q = model.n_layers // layout.n_stages
     big = n_blocks - v * q
@@ -111,8 +113,8 @@ _TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] =
 
 
 def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
-    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast, ep,
-    cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
+    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast,
+    ep, cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
     memo = _TERMS.get((proto, vocab))
     if memo is None:
         if len(_TERMS) > 64:
@@ -283,8 +285,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
-                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts, head_casts=w_head,
-                             ck=ck)
+                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts,
+                             head_casts=w_head, ck=ck)
 
 
 def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:

@@ -58,7 +58,8 @@ def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int, rec
     """96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) with full recompute (Narayanan 2021 Eq. 3); 72·... without."""
     if recompute:
         return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan 2021 Eq. 3
-    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))  # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
+    # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
+    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
 def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, heads: int, kv_heads: int,
