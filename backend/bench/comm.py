@@ -263,7 +263,8 @@ class CommCounter(Tally, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if _DTensor is not None and any(t is _DTensor for t in types):
-            return NotImplemented  # let DTensor desugar to local ops (and functional collectives) first, as MemTracker does
+            # let DTensor desugar to local ops (and functional collectives) first, as MemTracker does
+            return NotImplemented
         ns = func.namespace
         name = func._schema.name.split("::", 1)[-1]
         if name == "wait_tensor" and ns == "_c10d_functional":
