@@ -18,12 +18,13 @@ import sys
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a program that a closed pipe stopped."""
 
-COMMAND_MODULES = ("estimate", "run", "submit", "runs", "export", "worker", "trace", "hardware", "plan", "calibrate", "ingest",
-                   "import_config", "import_run")
+COMMAND_MODULES = ("estimate", "run", "submit", "runs", "export", "worker", "trace", "hardware", "plan", "calibrate",
+                   "ingest", "import_config", "import_run")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m backend", description="ShardLab: measure and predict sharded training.")
+    parser = argparse.ArgumentParser(prog="python -m backend", description="ShardLab: measure and predict sharded "
+                                                                           "training.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
