@@ -233,7 +233,8 @@ def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: 
     return probs[..., :-1] @ v
 
 
-def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
     # torch SDPA restricted to its fused kernels (CPU: the flash kernel; CUDA: flash or memory-efficient): autograd
     # saves q, k, v, the output and the (B, a, T) logsumexp, never a (T, T) tensor (Dao et al. 2022, Sec 3.1); a
     # windowed layer passes its (T, T) bool mask, which the kernel keeps for backward.
@@ -384,7 +385,8 @@ class MoE(nn.Module):
         return out.view(B, T, C)
 
     def _routed(self, flat: torch.Tensor, T: int) -> torch.Tensor:
-        """forward's MoE part with the capacity limit, the load-balancing loss or grouped GEMMs (models/moe_capacity.py)."""
+        """forward's MoE part with the capacity limit, the load-balancing loss or grouped GEMMs
+        (models/moe_capacity.py)."""
         m = self.spec
         weights, idx, scores = self.route_scores(flat)
         aux = None
