@@ -167,7 +167,8 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
     ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
-    table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None else {"sac_ops": tuple(sac_ops)})
+    table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None
+                                                                  else {"sac_ops": tuple(sac_ops)})
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer, **table)
