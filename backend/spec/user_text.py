@@ -70,7 +70,8 @@ def clean_tags(tags) -> list[str]:
     if isinstance(tags, str):
         tags = [tags]
     clean = list(dict.fromkeys(str(t) for t in tags if t))
-    problems = [p for i, t in enumerate(clean) if (p := text_problem(t, f"tag {i + 1} ({printable(t)[:40]!s})", MAX_TAG_CHARS))]
+    problems = [p for i, t in enumerate(clean) if (p := text_problem(t, f"tag {i + 1} ({printable(t)[:40]!s})",
+                                                                     MAX_TAG_CHARS))]
     if len(clean) > MAX_TAGS:
         problems.append(f"{len(clean)} tags, over the limit of {MAX_TAGS} per run")
     if problems:
@@ -83,7 +84,8 @@ def printable(text: Any) -> str:
     s = "" if text is None else str(text)
     if not any(_forbidden(ch) for ch in s):
         return s
-    return "".join((f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") if _forbidden(ch) else ch for ch in s)
+    return "".join((f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") if _forbidden(ch) else ch
+                   for ch in s)
 
 
 def json_depth(value: Any) -> int:
