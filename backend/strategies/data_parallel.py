@@ -121,7 +121,8 @@ def distributed_optimizer(ctx: RankContext, modules: list[nn.Module], experts: l
     spec, p = ctx.spec, ctx.spec.parallel
     pipelined = p.pp > 1
     tied = ("tok_emb.weight", "lm_head.weight") if pipelined and spec.model.tie_embeddings else ()
-    return DistributedOptimizer(modules, make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
+    return DistributedOptimizer(modules,
+                                make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
                                 dp_group=ctx.mesh["dp"].get_group(), tp_group=ctx.mesh["tp"].get_group(),
                                 microbatches=spec.train.microbatches or 1,
                                 grad_divisor=p.dp_cp * (spec.train.microbatches if pipelined else 1),

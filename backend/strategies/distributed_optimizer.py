@@ -253,10 +253,11 @@ class DistributedOptimizer:
     def notes(self) -> list[str]:
         sizes = [b.grad_data.numel() for b in self.buckets]
         experts = [b for b in self.buckets if b.name.endswith(".experts")]
-        extra = ([f"Expert buckets (Megatron's expert buffers): one per MoE block, padded to a multiple of edp={self.edp}, "
-                  f"their fp32 main grads reduce-scattered and optimizer state sharded over the expert data-parallel "
-                  f"group ({len(experts)} buckets)."] if experts else [])
-        return extra + [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets (embeddings, one "
-                f"per block, head) of {min(sizes):,}-{max(sizes):,} elements padded to a multiple of dp; fp32 "
-                "main grads reduce-scattered (a bucket complete on the last microbatch overlaps the rest of backward), "
-                "the owned slices stepped" + (" on fp32 masters" if self.half else "") + ", params all-gathered."]
+        extra = (["Expert buckets (Megatron's expert buffers): one per MoE block, padded to a multiple of "
+                  f"edp={self.edp}, their fp32 main grads reduce-scattered and optimizer state sharded over the expert "
+                  f"data-parallel group ({len(experts)} buckets)."] if experts else [])
+        return extra + [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets "
+                f"(embeddings, one per block, head) of {min(sizes):,}-{max(sizes):,} elements padded to a multiple of "
+                "dp; fp32 main grads reduce-scattered (a bucket complete on the last microbatch overlaps the rest of "
+                "backward), the owned slices stepped" + (" on fp32 masters" if self.half else "") + ", params "
+                                                                                                    "all-gathered."]
