@@ -100,7 +100,8 @@ class Worker(JobExecution):
             mine = set(self._cancels)
         up = self._store_up_since
         stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else None
-        return recovery.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
+        return recovery.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine,
+                                orphans_done=self._orphans_done)
 
     def _store_seen(self, up: bool) -> None:
         if not up:
@@ -168,8 +169,8 @@ class Worker(JobExecution):
         self.assign_gpus(concurrency)
         me = psutil.Process()
         # a live row first, so that a worker starting beside this one does not adopt the same jobs again
-        self._retry(lambda: q.register_worker(self.engine, f"{self.host}:{os.getpid()}:adopt", pid=me.pid, host=self.host,
-                                              pid_started=me.create_time()), "registering the worker")
+        self._retry(lambda: q.register_worker(self.engine, f"{self.host}:{os.getpid()}:adopt", pid=me.pid,
+                                              host=self.host, pid_started=me.create_time()), "registering the worker")
         self._retry(self._adopt_and_recover, "recovering the work of gone workers")
 
     def _housekeeping(self) -> None:
@@ -230,7 +231,8 @@ class Worker(JobExecution):
         me = psutil.Process()
         backoff, last_beat = Backoff(max_s=self.max_backoff_s), 0.0
         try:
-            self._retry(lambda: q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time()),
+            self._retry(lambda: q.register_worker(self.engine, wid, pid=me.pid, host=self.host,
+                                                  pid_started=me.create_time()),
                         "registering the worker")
             while not self.stopping.is_set():
                 problem = self._runs_dir_problem()
