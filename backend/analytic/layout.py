@@ -263,7 +263,8 @@ class Layout(LayoutDegrees):
         """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies,
         fp32 in the mixes (no policy)."""
         mix = self.is_mix
-        return np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray) else (4 if mix else self.compute_bytes)
+        return (np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray)
+                else (4 if mix else self.compute_bytes))
 
     def spec_dict(self, model: Any) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its

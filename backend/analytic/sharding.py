@@ -471,7 +471,8 @@ def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: in
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
     # ep > 1: experts split over etp ranks of the tp group by their tp style, whole at etp 1 (expert_layout.py); the
     # rest split over tp by its tp style
-    local = _tp_local(shape, style, bias, etp, tp_rank % etp) if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
+    local = (_tp_local(shape, style, bias, etp, tp_rank % etp) if ep_expert
+             else _tp_local(shape, style, bias, tp, tp_rank))
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

@@ -194,7 +194,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     recompute = _check_recompute(recompute)
     s, b, h, a, ffn, dtype_bytes, t = (shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.ffn,
                                        shape.dtype_bytes, shape.tp)
-    sp, autocast, flash, n_experts, top_k = shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts, shape.top_k
+    sp, autocast, flash, n_experts, top_k = (shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts,
+                                             shape.top_k)
     sb, sbh = s * b, s * b * h
     qh, vh = sb * (shape.q_width or h), sb * (shape.v_width or shape.q_width or h)  # sbh of q / k and of v
     norm_div = t if sp else 1
@@ -277,7 +278,8 @@ def _linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
     linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
     if not shape.n_experts:
         f = shape.ffn / t
-        linears += [(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp) else [(f, other_bias)] * 2 + [(h, other_bias)]
+        linears += ([(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp)
+                    else [(f, other_bias)] * 2 + [(h, other_bias)])
     return linears
 
 

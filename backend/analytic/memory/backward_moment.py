@@ -116,8 +116,8 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     replicate = layout.uses_replicate
     # the head's backward freed its saved tensors, and the logits unless the loop holds them
     logits = layout.seq_local(model) * layout.micro_batch * model.vocab_size * layout.compute_bytes
-    base = state + other + acts.held - acts.head_freed - where(logical_and(stages.last, logical_not(logits_held(layout))),
-                                                               logits, 0)
+    base = state + other + acts.held - acts.head_freed - where(
+        logical_and(stages.last, logical_not(logits_held(layout))), logits, 0)
 
     # --- without pipelining: the first blocks back-propagated ---
     head_wg = where(logical_or(fsdp, replicate), grad_bytes * head_grads, 0)  # the root's grads wait for the end
@@ -144,8 +144,8 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
                                      logical_and(earlier == 1, n > r + 1), True), 0)
     # the first block's post-backward: it resharded, the reduce-scatter's fp32 input made while its unsharded grads
     # are still alive (_fsdp_collectives.foreach_reduce: copied in, then cleared), its input's grad flowing
-    flow = layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
-        * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes)
+    flow = (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
+            * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes))
     reduce_now = where(logical_or(fsdp, replicate), grad_bytes * parts.last_block.fsdp_unsharded_grad_numel
                        + rs_prev, 0)
     post_top = alone(top_saved, flow + reduce_now, 0, 1, n > 1, False)

@@ -114,7 +114,8 @@ def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
     return -1 if q2 < 0 else upper if q2 == q else q2 * per_round + per_round - 1
 
 
-def interleaved_peak_states(p: int, v: int, m: int, rank: int, zero: int = 3) -> dict[int, tuple[bool, bool, bool, bool]]:
+def interleaved_peak_states(p: int, v: int, m: int, rank: int,
+                            zero: int = 3) -> dict[int, tuple[bool, bool, bool, bool]]:
     """`multi_stage_peak`'s {stage: (unsharded, grads, in_forward, gathered)} in closed form (tests: equal on a
     grid). In `interleaved_order` the peak is always the rank's last forward (op m·v - 1: the in-flight count is
     warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every earlier forward and

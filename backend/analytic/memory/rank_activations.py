@@ -261,7 +261,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     forward_loss = forward_last + where(pipelined, w_blocks + b_blocks - kept_casts, 0)
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
-    inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
+    inside_autocast = (total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks
+                       + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
@@ -276,8 +277,10 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     # uniform groups under autocast: one more fp32 (b, s, h) while a group re-runs (measured on the CPU: uniform:2 /
     # uniform:3, GPT and Llama blocks); not applied to the per-block policies, unmeasured there at their re-run peak
     residual_copy = where(logical_and(autocast, layout.recompute == RecomputeMode.UNIFORM),
-                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1), 0)
-    rerun_peak = total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block + residual_copy
+                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1),
+                          0)
+    rerun_peak = (total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block
+                  + residual_copy)
     k = maximum(layout.recompute_layers, 1)
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy

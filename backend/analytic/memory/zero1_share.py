@@ -109,4 +109,5 @@ def zero1_share_args(model_key: ModelKey, layout: Layout, parts: RankParts, posi
     placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0,
                  int(position.ep_index), int(layout.etp))
     s = parts.stages
-    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp), int(s.n_alt)
+    return (model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp),
+            int(s.n_alt))

@@ -127,7 +127,8 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, 
         return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
                 te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
     if float8:
-        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out)
+        return (float8_gemm_time(hw, rows, k, n_out),
+                float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out))
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
@@ -312,7 +313,8 @@ def stage_param_pass(spec: ExperimentSpec, hw: Hardware, layout: Layout, params:
     m, p = spec.model, spec.parallel
     n_stages = p.pp * p.virtual_stages
     layers = stage_layers(m.n_layers, n_stages, stage)
-    if implementation not in PARAM_PASS_IMPLEMENTATIONS or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
+    if (implementation not in PARAM_PASS_IMPLEMENTATIONS or layout.uses_autocast is False
+            or not layers and stage not in (0, n_stages - 1)):
         return PassCost()
     is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
     out = PassCost()
