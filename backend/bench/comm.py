@@ -271,7 +271,8 @@ class CommCounter(Tally, TorchDispatchMode):
             out = func(*args, **kwargs)
             self.waited(args[0])
             return out
-        table = C10D_OPS if ns == "c10d" else FUNCTIONAL_OPS if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
+        table = C10D_OPS if ns == "c10d" else \
+            FUNCTIONAL_OPS if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
         if table is None or name not in table:
             return func(*args, **kwargs)
         key, how = table[name]

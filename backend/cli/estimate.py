@@ -199,8 +199,10 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"{d['step_time_detail']['not_timed']}")
     elif "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
-        lines.append("step time on "
-                     f"{det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: {t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + exposed comm "
+        lines.append(f"step time on {det['hardware']}"
+                     f"{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
+                     f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + "
+                     "exposed comm "
                      f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + "
                      f"other {t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s "
                      f"per GPU, MFU {t['mfu']:.1%}")

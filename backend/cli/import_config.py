@@ -1,11 +1,11 @@
 """`python -m backend import-config FILE`: a torchtitan, Megatron-LM / NeMo or DeepSpeed config as a ShardLab spec.
 
-  python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json     # torchtitan job TOML
-  python -m backend import-config train.log --format torchtitan --gpus 64          # Trainer.Config dump in a log
-  python -m backend import-config pretrain_llama70b.sh --gpus 64                   # Megatron arguments (or a NeMo .yaml)
-  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000         # a launch script (arrays, variables)
+  python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json    # torchtitan job TOML
+  python -m backend import-config train.log --format torchtitan --gpus 64         # Trainer.Config dump in a log
+  python -m backend import-config pretrain_llama70b.sh --gpus 64                  # Megatron arguments (or a NeMo .yaml)
+  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000        # a launch script (arrays, variables)
   python -m backend import-config ds_config.json --model-config config.json --gpus 16
-  python -m backend estimate --spec spec.json --hardware h100-sxm                  # estimate/plan/trace/submit take it
+  python -m backend estimate --spec spec.json --hardware h100-sxm                 # estimate/plan/trace/submit take it
 
 --json prints {"spec": {...}, "ignored": {...}, "unmapped": {...}} (+ "framework", "source_format", "gpus", "notes"):
 every source field that is not in the spec is listed by name with its value and the reason. The config is read as

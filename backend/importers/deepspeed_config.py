@@ -204,5 +204,6 @@ def _engine_or_torch(imported: ImportedConfig) -> ImportedConfig:
         imported.notes.append("predicted as a torch spec of the same layout: ShardLab's DeepSpeed engine does not run "
                               f"it ({'; '.join(why)})")
     else:
-        imported.spec = ExperimentSpec.for_prediction({**imported.spec, "framework": "deepspeed"}).model_dump(mode="json")
+        imported.spec = ExperimentSpec.for_prediction({**imported.spec,
+                                                       "framework": "deepspeed"}).model_dump(mode="json")
     return imported

@@ -264,7 +264,8 @@ def _attention(flat: Flat) -> list[str]:
     attention (flash: no (s x s) probabilities saved; math: Megatron's unfused core attention saves them)."""
     impl = flat.get("mg_transformer_impl", "transformer_engine")
     backend = flat.get("mg_attention_backend", "auto")
-    source = flat.source_of("mg_attention_backend") if "mg_attention_backend" in flat.canonical else "--attention-backend"
+    source = (flat.source_of("mg_attention_backend") if "mg_attention_backend" in flat.canonical
+              else "--attention-backend")
     if impl == "local" and backend == "auto":  # the local spec runs Megatron's own DotProductAttention
         kernel = "flash2" if flat.get("mg_flash") else "eager"
         source = "--use-flash-attn" if flat.get("mg_flash") else "--transformer-impl"

@@ -49,7 +49,8 @@ def data_parallel(flat: Flat) -> None:
     flat.put("stack", "torchtitan", "torchtitan job config")
     loss_parallel = flat.get("tt_loss_parallel", True) and not flat.get("tt_no_loss_parallel", False)
     source = flat.source_of("tt_no_loss_parallel") if "tt_no_loss_parallel" in flat.canonical else \
-        flat.source_of("tt_loss_parallel") if "tt_loss_parallel" in flat.canonical else "parallelism.disable_loss_parallel"
+        flat.source_of("tt_loss_parallel") if "tt_loss_parallel" in flat.canonical else \
+        "parallelism.disable_loss_parallel"
     flat.put("loss_parallel", bool(loss_parallel), source)  # torchtitan train.py 314-318: loss parallel whenever tp > 1
 
 

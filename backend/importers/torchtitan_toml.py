@@ -170,7 +170,8 @@ def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
             raise ConfigImportError([f"--model-config: {e}"]) from None
         model["attention"] = "flash"
     else:
-        model, notes = flavor_model(str(flat.get("tt_model_name", "llama3")), str(flat.get("tt_flavor", "debugmodel")), seq)
+        model, notes = flavor_model(str(flat.get("tt_model_name", "llama3")), str(flat.get("tt_flavor", "debugmodel")),
+                                    seq)
     norm = flat.get("tt_norm_type")
     if norm is not None and norm not in ("rmsnorm", "fused_rmsnorm"):
         flat.unmap(flat.source_of("tt_norm_type"), norm, "ShardLab's Llama blocks use RMSNorm (layernorm / "

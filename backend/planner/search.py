@@ -101,8 +101,8 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
     if getattr(model, "attention_sinks", False):
         return own, ("the model's: its attention sinks have no flash kernel in this engine, so every flash layout "
                      "would be prediction-only; choose flash to plan it anyway")
-    return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; math " \
-                    "stays a choice"
+    return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; " \
+                    "math stays a choice"
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,

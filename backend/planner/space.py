@@ -234,7 +234,8 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
     train.setdefault("microbatches", train["global_batch"] // (train["micro_batch"] * parallel["dp"]))
     return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),
                                           train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **train}),
-                                          parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **parallel}),
+                                          parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(),
+                                                                                     **parallel}),
                                           runtime=RuntimeSpec.model_construct(**{**RuntimeSpec().model_dump(),
                                                                                    **_runtime(data)}))
 

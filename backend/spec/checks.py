@@ -17,7 +17,8 @@ from backend.spec.run_rules import blocking_reasons
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 from backend.spec.stack_rules import stack_problems
 
-_ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
+_ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):"
+                       r"(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
 
 
 class RunOnly(str):
@@ -88,7 +89,8 @@ def _check_family(m: ModelSpec) -> list[str]:
         out.append(f"shared_ffn_hidden={m.shared_ffn_hidden} needs n_shared_experts >= 1 (got 0)")
     if m.shared_expert_gate and not m.n_shared_experts:
         out.append("shared_expert_gate needs n_shared_experts >= 1 (got 0)")
-    if m.positions == "rope" and not m.is_mla and m.attn_head_dim is None and m.d_model % m.n_heads == 0 and m.head_dim % 2:
+    if (m.positions == "rope" and not m.is_mla and m.attn_head_dim is None and m.d_model % m.n_heads == 0
+            and m.head_dim % 2):
         out.append(f"rope rotates pairs of channels: head_dim = d_model / n_heads = {m.d_model} / {m.n_heads} = "
                    f"{m.head_dim} must be even")
     if m.positions == "rope" and m.attn_head_dim is not None and m.attn_head_dim % 2:

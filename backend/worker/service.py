@@ -59,7 +59,8 @@ class Worker(JobExecution):
         self.engine = engine
         self.runs_dir = Path(runs_dir) if runs_dir else default_runs_dir(engine)
         self.poll_s, self.heartbeat_s, self.stale_after_s = poll_s, heartbeat_s, stale_after_s
-        self.recover_every_s = recover_every_s if recover_every_s is not None else min(30.0, max(2.0, stale_after_s / 4))
+        self.recover_every_s = (recover_every_s if recover_every_s is not None
+                                else min(30.0, max(2.0, stale_after_s / 4)))
         self.min_free_bytes = min_free_bytes
         self.max_backoff_s = MAX_WAIT_S
         """Longest wait between two tries of an unavailable store (and between two looks at a full runs folder)."""
