@@ -12,6 +12,7 @@ import torch
 import torch.distributed._functional_collectives as functional_collectives
 import torch.distributed._tools.fsdp2_mem_tracker as fsdp2_mem_tracker
 import torch.distributed._tools.mem_tracker as mem_tracker
+import torch.distributed.pipelining.schedules as pipelining_schedules  # noqa: F401 - re-exported (strategies/timeline)
 import torch.distributed.pipelining.stage as pipelining_stage
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed._composable.replicate_with_fsdp import replicate
