@@ -155,7 +155,7 @@ class ClassEstimate:
         optimizer share)."""
         if self.zero1_shares is None:
             return [(self.representative, self.ranks)]
-        p, c = spec.parallel, self.members
+        c = self.members
         tp_count = len(c.tp_indices)
         groups = self.zero1_shares.groups(str(spec.train.optimizer), str(spec.runtime.device))
         owning = {dp for dps in groups.values() for dp in dps}

@@ -133,7 +133,7 @@ def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
     _, h, _, kv_dim, _, _ = _dims(m)
     bias = _fam(m, "bias", "all")
     qkv_b, all_b = bias in ("all", "qkv"), bias == "all"
-    a, norm = m.n_heads, _fam(m, "norm", "layernorm")
+    a = m.n_heads
     if is_mla(m):
         qk, rope, lora = head_dim(m), m.qk_rope_head_dim, m.kv_lora_rank
         q_lora = getattr(m, "q_lora_rank", None)

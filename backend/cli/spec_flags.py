@@ -65,7 +65,7 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         data["model"] = model_src
     if getattr(args, "zero_stage", None) is not None:
         data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[args.zero_stage]
-    for flag, (section, field, _) in FLAGS.items():
+    for _flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
     for f in SWITCHES.values():
         _put(data, "parallel", f.name, getattr(args, f"spec_{f.name}", None))

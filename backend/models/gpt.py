@@ -547,7 +547,7 @@ def init_weights(model: nn.Module, seed: int, local_slice=None) -> None:
         # a last pipeline stage's lm_head is the reference's tok_emb.weight (tied): draw it from that name
         return full_init("tok_emb.weight" if tied and name == "lm_head.weight" else name, p.shape, seed)
 
-    for (name, p), full in zip(params, _drawn(params, draw), strict=False):
+    for (_name, p), full in zip(params, _drawn(params, draw), strict=False):
         local = full if local_slice is None else local_slice(p, full)
         dst = p.to_local() if hasattr(p, "to_local") else p
         dst.copy_(local.to(device=dst.device, dtype=dst.dtype))

@@ -34,7 +34,7 @@ def size_text(size: int) -> str:
     if size < 1024:
         return f"{size:,} bytes"
     value, unit = float(size), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB"):  # noqa: B007 - the unit reached is read after the loop
         value /= 1024
         if value < 1024:
             break

@@ -129,7 +129,7 @@ class DistributedOptimizer:
     def _build(self, module: nn.Module, dtype: torch.dtype, microbatches: int, held: tuple[str, ...]) -> list[Bucket]:
         groups: dict[str, tuple[int, list]] = {}
         seen: dict[int, nn.Parameter] = {}
-        for name, owner, attr, q in _slots(module):
+        for name, _owner, _attr, q in _slots(module):
             if id(q) in seen:  # a tied slot: point it at the same rebuilt parameter
                 continue
             order, key = bucket_of(name)
@@ -160,7 +160,7 @@ class DistributedOptimizer:
         param_data = torch.zeros(padded, dtype=dtype, device=device)
         grad_data = torch.zeros(padded, dtype=torch.float32, device=device)
         params = []
-        for (name, q), offset, n in zip(members, offsets, sizes, strict=False):
+        for (_name, q), offset, n in zip(members, offsets, sizes, strict=False):
             local = _local(q)
             view = param_data[offset:offset + n].view(local.shape)
             with torch.no_grad():

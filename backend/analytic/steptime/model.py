@@ -233,7 +233,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop, overlap=knobs.pp_overlap)
     out = []
-    for k, (r, params, stages, layers, comm, tot, kinds, hidden_mb) in enumerate(info):
+    for k, (r, params, _stages, layers, comm, tot, kinds, hidden_mb) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
         dp_kinds: dict[str, float] = {}
         dp_total, dp_exp = dp_exposed(spec, hw, g, params, tot, dp_kinds, grad_overlap=knobs.grad_overlap,
