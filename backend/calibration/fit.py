@@ -199,9 +199,10 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
         for i, s in enumerate(samples):
             rest = samples[:i] + samples[i + 1:]
             if cold_loo:  # the left-out run never shapes its own prediction
-                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)  # noqa: B023 - run here
             else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
-                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2, iters=max(20, iters // 4))
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2,  # noqa: B023 - run here
+                                 iters=max(20, iters // 4))
             pred = predict(apply(hw, _params(hw, xi, names)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
