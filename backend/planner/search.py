@@ -29,7 +29,7 @@ from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
 from backend.planner.held import HeldTraining
-from backend.planner.space import Limits, enumerate_layouts, light_spec
+from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
 
 ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory, the rule of "
@@ -106,7 +106,7 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
-           precision: str = "bf16-mixed", limits: Limits = Limits(), held: HeldTraining | None = None,
+           precision: str = "bf16-mixed", limits: Limits = DEFAULT_LIMITS, held: HeldTraining | None = None,
            overhead: RuntimeOverhead | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit memory_bytes per GPU (fits_device), fastest
     first by the proxy): the per-layout work of a plan (benchmarks/planner_speed.py times exactly this). held: the
@@ -197,7 +197,7 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
          memory_bytes: float | None = None, top: int = 10, precision: str = "bf16-mixed",
          band: tuple[float, float] | None = None, reserve_bytes: float | None = None,
-         fragmentation: float | None = None, limits: Limits = Limits(), enough: int | None = None,
+         fragmentation: float | None = None, limits: Limits = DEFAULT_LIMITS, enough: int | None = None,
          include_predicted: bool = False, held: HeldTraining | None = None, prune: bool = True) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
     ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the

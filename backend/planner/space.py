@@ -36,6 +36,10 @@ class Limits:
     and where the sequence splits into 2cp equal chunks."""
 
 
+DEFAULT_LIMITS = Limits()
+"""The search limits when a caller gives none (one frozen instance, as the former `Limits()` default was)."""
+
+
 @dataclass(frozen=True)
 class DegreePoint:
     """A split of the GPUs over the in-world degrees (tp, pp, cp; dp takes the ranks they leave), every combination
@@ -156,8 +160,8 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
-def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
-                      precision: str = "bf16-mixed", optimizer: str = "adamw",
+def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int,
+                      limits: Limits = DEFAULT_LIMITS, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
                       device: str = "cpu", stack: Any = None) -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
