@@ -126,7 +126,7 @@ def megatron_param_bytes(layout: Layout, numel: Any, linear: Any) -> Any:
     buffer (param_and_grad_buffer.py group_params_for_buffers: one buffer per param dtype). fp8 without fp8 params:
     16-bit params plus TE's cached fp8 weight workspace (module docstring)."""
     s: StackMemory = layout.stack
-    if s.fp8 and s.param_bytes == FP8_PARAM_BYTES:
+    if s.fp8_params:
         return FP8_PARAM_BYTES * linear + layout.compute_bytes * (numel - linear) + FP8_TRANSPOSE_BYTES * linear
     params = s.param_bytes * numel
     return params + FP8_WEIGHT_CACHE_BYTES * linear if s.fp8 else params
