@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run test test-fast worker browser clean postgres slurm gpu-check gpu-wheels
+.PHONY: run test test-fast lint worker browser clean postgres slurm gpu-check gpu-wheels
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,8 +65,13 @@ slurm:
 # torchrun launch per world size, in a thread of one worker, overlapping the other files).
 UNIT_TESTS := unit and not slow and not serial
 test: $(VENV)/.installed-test browser postgres slurm
-	@rc=0; $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
+	@rc=0; $(PY) -m ruff check . || rc=$$?; \
+	  $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
 	  $(PY) -m pytest -q -n 2 --dist loadfile -m "not ($(UNIT_TESTS))" --durations=25 || rc=$$?; exit $$rc
+
+# ruff.toml's rules (line length 120; pycodestyle, pyflakes, isort, bugbear, pyupgrade); `make test` runs it first.
+lint: $(VENV)/.installed-test
+	$(PY) -m ruff check .
 
 # The unit tests (one process, pure Python; tests/conftest.py says how a test's kind is found) but the few slow ones.
 test-fast: $(VENV)/.installed-test

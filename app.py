@@ -13,7 +13,8 @@ visitor = access.gate()  # every page: log in, then only the [access] list's use
 # In the workflow's order (dashboard/workflow.py: Plan -> New experiment -> Run -> Compare); New experiment stays home.
 PAGES = [
     st.Page("dashboard/pages/plan.py", title="Plan", icon=":material/travel_explore:", url_path="plan"),
-    st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home", default=True),
+    st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="home",
+            default=True),
     st.Page("dashboard/pages/runs.py", title="Runs", icon=":material/list:", url_path="runs"),
     st.Page("dashboard/pages/run_detail.py", title="Run detail", icon=":material/search:", url_path="detail"),
     st.Page("dashboard/pages/compare.py", title="Compare", icon=":material/bar_chart:", url_path="compare"),
@@ -22,8 +23,9 @@ PAGES = [
     st.Page("dashboard/pages/new_experiment.py", title="New experiment", icon=":material/science:", url_path="new",
             visibility="hidden"),
 ]
-# Page files live in dashboard/pages/, not pages/: Streamlit treats a pages/ directory next to the entry script as legacy
-# multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation) ever ran.
+# Page files live in dashboard/pages/, not pages/: Streamlit treats a pages/ directory next to the entry script as
+# legacy multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation)
+# ever ran.
 nav = st.navigation(PAGES)
 
 WORKER_REFRESH_S = 5.0

@@ -33,7 +33,8 @@ class Preset:
 
 _GPT2 = dict(norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True, bias="all", vocab_size=50257)
 _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", tie_embeddings=False, bias="none")
-_KERAS = "keras-hub presets (keras_hub/src/models/{}_presets.py, \"params\" of {}), = Hugging Face Hub safetensors total of {}"
+_KERAS = ("keras-hub presets (keras_hub/src/models/{}_presets.py, \"params\" of {}), = Hugging Face Hub safetensors "
+          "total of {}")
 _HF = "Hugging Face Hub safetensors parameter total of {} (config.json shape as given)"
 _TF = ("Hugging Face transformers 5.24 {cls} built on the meta device from {repo}'s published config.json "
        "(tests/fixtures/hf/{file}; tests/unit/test_families_2026.py). {card}")
@@ -41,9 +42,9 @@ _DS = dict(_LLAMA, n_kv_heads=None, router_score="sigmoid", router_balance_bias=
 _OSS = dict(_LLAMA, bias="all", mlp="swiglu_clamped", n_heads=64, n_kv_heads=8, attn_head_dim=64, attention_sinks=True,
             router_bias=True, window=128, global_every=2, vocab_size=201088, d_model=2880, ffn_hidden=2880,
             expert_ffn_hidden=2880, top_k=4, seq_len=4096)
-_L4 = dict(_LLAMA, vocab_size=202048, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, ffn_hidden=16384, seq_len=8192,
-           top_k=1, expert_ffn_hidden=8192, n_shared_experts=1, shared_ffn_hidden=8192, router_score="sigmoid",
-           window=8192, window_kind="chunked", global_every=4, global_layers_nope=True)
+_L4 = dict(_LLAMA, vocab_size=202048, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, ffn_hidden=16384,
+           seq_len=8192, top_k=1, expert_ffn_hidden=8192, n_shared_experts=1, shared_ffn_hidden=8192,
+           router_score="sigmoid", window=8192, window_kind="chunked", global_every=4, global_layers_nope=True)
 _Q3 = dict(_LLAMA, qk_norm=True, vocab_size=151936, seq_len=4096)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
@@ -59,7 +60,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                               seq_len=4096), 6_738_415_616,
            _KERAS.format("llama/llama", "llama2_7b_en", "meta-llama/Llama-2-7b-hf"), hf_family="llama"),
     Preset("llama-2-13b", dict(_LLAMA, vocab_size=32000, d_model=5120, n_layers=40, n_heads=40, ffn_hidden=13824,
-                               seq_len=4096), 13_015_864_320, _HF.format("meta-llama/Llama-2-13b-hf"), hf_family="llama"),
+                               seq_len=4096), 13_015_864_320, _HF.format("meta-llama/Llama-2-13b-hf"),
+           hf_family="llama"),
     Preset("llama-2-70b", dict(_LLAMA, vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                                ffn_hidden=28672, seq_len=4096), 68_976_648_192,
            _HF.format("meta-llama/Llama-2-70b-hf"), hf_family="llama"),
@@ -94,10 +96,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                   "top-4, plus one always-on shared expert of 5632 = 4 x 1408.",)),
     # issue 24: the 2026 families (counts = transformers' model of the published config.json, to the parameter)
     Preset("deepseek-v3", dict(_DS, vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, ffn_hidden=18432,
-                               seq_len=4096, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                               v_head_dim=128, n_experts=256, top_k=8, expert_ffn_hidden=2048, first_dense_layers=3,
-                               expert_groups=8, topk_groups=4, n_shared_experts=1, shared_ffn_hidden=2048),
-           671_026_404_352, _TF.format(cls="DeepseekV3ForCausalLM", repo="deepseek-ai/DeepSeek-V3", file="deepseek-v3.json",
+                               seq_len=4096, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                               qk_rope_head_dim=64, v_head_dim=128, n_experts=256, top_k=8, expert_ffn_hidden=2048,
+                               first_dense_layers=3, expert_groups=8, topk_groups=4, n_shared_experts=1,
+                               shared_ffn_hidden=2048),
+           671_026_404_352,
+           _TF.format(cls="DeepseekV3ForCausalLM", repo="deepseek-ai/DeepSeek-V3", file="deepseek-v3.json",
                                        card="Model card: 671B total, 37B active."), hf_family="deepseek_v3",
            notes=("MLA, 256 routed experts top-8 in 8 groups (top-4 groups), sigmoid scores with the balance bias, one "
                   "shared expert, 3 dense blocks first.",
@@ -106,10 +110,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                   "trains the next-token objective only) and the 58 x 256 e_score_correction_bias buffer values (the "
                   "main model's safetensors total 671,026,419,200).")),
     Preset("deepseek-v2.5", dict(_LLAMA, n_kv_heads=None, vocab_size=102400, d_model=5120, n_layers=60, n_heads=128,
-                                 ffn_hidden=12288, seq_len=4096, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                                 qk_rope_head_dim=64, v_head_dim=128, n_experts=160, top_k=6, expert_ffn_hidden=1536,
-                                 first_dense_layers=1, expert_groups=8, topk_groups=3, n_shared_experts=2,
-                                 shared_ffn_hidden=1536),
+                                 ffn_hidden=12288, seq_len=4096, q_lora_rank=1536, kv_lora_rank=512,
+                                 qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_experts=160, top_k=6,
+                                 expert_ffn_hidden=1536, first_dense_layers=1, expert_groups=8, topk_groups=3,
+                                 n_shared_experts=2, shared_ffn_hidden=1536),
            235_741_434_880, _TF.format(cls="DeepseekV2ForCausalLM", repo="deepseek-ai/DeepSeek-V2.5",
                                        file="deepseek-v2.5.json", card="Model card: 236B total, 21B active."),
            hf_family="deepseek_v2"),
@@ -138,8 +142,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                       card="Model card: 1B."), hf_family="gemma3_text"),
     Preset("llama-4-scout", dict(_L4, n_experts=16), 107_769_861_120,
            _TF.format(cls="Llama4ForCausalLM", repo="meta-llama/Llama-4-Scout-17B-16E",
-                      file="llama-4-scout-17b-16e.text.json", card="Model card: 109B total with the vision encoder, 17B "
-                      "active."), hf_family="llama4_text", notes=("The text model only (Llama 4's text_config).",)),
+                      file="llama-4-scout-17b-16e.text.json", card="Model card: 109B total with the vision encoder, "
+                      "17B active."), hf_family="llama4_text", notes=("The text model only (Llama 4's text_config).",)),
     Preset("llama-4-maverick", dict(_L4, n_experts=128, moe_every=2), 400_711_848_960,
            _TF.format(cls="Llama4ForCausalLM", repo="meta-llama/Llama-4-Maverick-17B-128E",
                       file="llama-4-maverick-17b-128e.json", card="Model card: 400B total, 17B active."),
@@ -180,8 +184,9 @@ def scaled_for_cpu(model: dict[str, Any], *, d_model: int = 64, n_layers: int = 
         scale = d_model / h0
         out.update(kv_lora_rank=max(4, round(model["kv_lora_rank"] * scale)),
                    q_lora_rank=max(4, round(model["q_lora_rank"] * scale)) if model.get("q_lora_rank") else None,
-                   qk_nope_head_dim=max(2, d_model // n_heads // 2), qk_rope_head_dim=max(2, 2 * (d_model // n_heads // 8)),
-                   v_head_dim=max(2, d_model // n_heads // 2), n_kv_heads=None)
+                   qk_nope_head_dim=max(2, d_model // n_heads // 2),
+                   qk_rope_head_dim=max(2, 2 * (d_model // n_heads // 8)), v_head_dim=max(2, d_model // n_heads // 2),
+                   n_kv_heads=None)
     if model.get("window"):
         out["window"] = max(2, min(model["window"], seq_len // 2))
     if model.get("global_every"):

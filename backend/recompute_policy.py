@@ -1,19 +1,19 @@
 """Activation-recompute policies as the frameworks configure them: the spec value's grammar and the op list of
 op-level selective checkpointing (pure Python: the spec, the analytic model and the engine share it).
 
-| spec value  | what is checkpointed (torch.utils.checkpoint, non-reentrant)                         | framework                    |
-|-------------|--------------------------------------------------------------------------------------|------------------------------|
-| none        | nothing                                                                              |                              |
-| selective   | the attention core (QK^T, softmax, xV) of every block                                | Korthikanti et al. 2022      |
-| full        | every block (its input saved, the block re-run in backward)                          | torchtitan mode=full         |
-| op          | every block, saving the outputs of the ops in `recompute_ops` except every second    | torchtitan selective_ac_     |
-|             | aten.mm (create_selective_checkpoint_contexts)                                       | option="op"                  |
-| layers:K    | every K-th block of each stage module (K-th, 2K-th, ...)                            | torchtitan selective_ac_     |
-|             |                                                                                      | option="K"                   |
-| block:N     | the first N blocks of each stage module, one checkpoint each                         | Megatron --recompute-method  |
-|             |                                                                                      | block --recompute-num-layers N|
-| uniform:N   | consecutive groups of N blocks of each stage module, one checkpoint per group        | Megatron --recompute-method  |
-|             |                                                                                      | uniform --recompute-num-layers N|
+| spec value  | what is checkpointed (torch.utils.checkpoint, non-reentrant)       | framework                        |
+|-------------|--------------------------------------------------------------------|----------------------------------|
+| none        | nothing                                                            |                                  |
+| selective   | the attention core (QK^T, softmax, xV) of every block              | Korthikanti et al. 2022          |
+| full        | every block (its input saved, the block re-run in backward)        | torchtitan mode=full             |
+| op          | every block, saving the outputs of the ops in `recompute_ops`      | torchtitan selective_ac_         |
+|             | except every second aten.mm (create_selective_checkpoint_contexts) | option="op"                      |
+| layers:K    | every K-th block of each stage module (K-th, 2K-th, ...)           | torchtitan selective_ac_         |
+|             |                                                                    | option="K"                       |
+| block:N     | the first N blocks of each stage module, one checkpoint each       | Megatron --recompute-method      |
+|             |                                                                    | block --recompute-num-layers N   |
+| uniform:N   | consecutive groups of N blocks of each stage module, one           | Megatron --recompute-method      |
+|             | checkpoint per group                                               | uniform --recompute-num-layers N |
 
 torchtitan counts layer-SAC blocks with one counter per process across its model chunks; here the count restarts in
 every stage module (the same for one chunk per rank).

@@ -154,7 +154,8 @@ class RankResult(_R):
     model_states_predicted: ModelStates | None = None
     """DeepSpeed runs: the same from backend/analytic/frameworks/deepspeed_layout.py."""
     offload: OffloadSplit | None = None
-    """torch offload=params runs: host vs device bytes, measured and predicted (backend/analytic/frameworks/offload.py)."""
+    """torch offload=params runs: host vs device bytes, measured and predicted
+    (backend/analytic/frameworks/offload.py)."""
 
 
 class ImportFacts(_R):
@@ -190,7 +191,8 @@ class ImportFacts(_R):
     reported: dict[str, float] = Field(default_factory=dict)
     """The framework's own figures (medians over the used steps): tps_per_device, tflops_per_device, mfu_pct."""
     step_prediction: dict[str, Any] = Field(default_factory=dict)
-    """The step-time model on `hardware` at import: step_s, low_s, high_s and its breakdown, calibration, extrapolation."""
+    """The step-time model on `hardware` at import: step_s, low_s, high_s and its breakdown, calibration,
+    extrapolation."""
     unmapped: dict[str, Any] = Field(default_factory=dict)
     """Config fields the spec does not hold (import-config's "unmapped"): the prediction ignores them."""
     ignored: dict[str, Any] = Field(default_factory=dict)
@@ -270,8 +272,8 @@ class RunResult(_R):
         if at is None:
             return None
         bad = sum(not math.isfinite(v) for v in self.loss)
-        return (f"the loss is {self.loss[at]} from step {at + 1} of {len(self.loss)} on ({bad} step{'s' if bad != 1 else ''} "
-                "not finite)")
+        return (f"the loss is {self.loss[at]} from step {at + 1} of {len(self.loss)} on ({bad} "
+                f"step{'s' if bad != 1 else ''} not finite)")
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -98,7 +98,8 @@ def _set(data: dict[str, Any], path: str, value: Any) -> None:
     (data.setdefault(section, {}) if section else data)[field] = value
 
 
-def expand_grid(base: ExperimentSpec | dict, grid: dict[str, list]) -> tuple[list[ExperimentSpec], list[dict[str, Any]]]:
+def expand_grid(base: ExperimentSpec | dict,
+                grid: dict[str, list]) -> tuple[list[ExperimentSpec], list[dict[str, Any]]]:
     """(valid specs, invalid points as {"point": {key: value}, "problems": [...]}) in grid order."""
     if not isinstance(grid, dict) or not grid:
         raise ValueError("a sweep grid is a non-empty JSON object {key: [values, ...]}")
@@ -139,7 +140,8 @@ def new_sweep_id() -> str:
     return f"sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
-def submit_sweep(engine, base: ExperimentSpec | dict, grid: dict[str, list], tags=()) -> tuple[str, list[int], list[dict]]:
+def submit_sweep(engine, base: ExperimentSpec | dict, grid: dict[str, list],
+                 tags=()) -> tuple[str, list[int], list[dict]]:
     """Queue every valid point under one sweep id (one transaction); invalid points are returned, not queued."""
     from db.queries import submit_experiments
 

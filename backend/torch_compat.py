@@ -12,7 +12,7 @@ import torch
 import torch.distributed._functional_collectives as functional_collectives
 import torch.distributed._tools.fsdp2_mem_tracker as fsdp2_mem_tracker
 import torch.distributed._tools.mem_tracker as mem_tracker
-import torch.distributed.pipelining.schedules as pipelining_schedules  # noqa: F401 (re-exported: strategies/timeline.py)
+import torch.distributed.pipelining.schedules as pipelining_schedules  # noqa: F401 - re-exported (strategies/timeline)
 import torch.distributed.pipelining.stage as pipelining_stage
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -47,7 +47,8 @@ MemRefType = mem_tracker._MemRefType  # GRAD / OPT: the categories `track_as` bo
 FSDPMemTracker = fsdp2_mem_tracker.FSDPMemTracker
 FSDPModMemStats = fsdp2_mem_tracker._FSDPModMemStats
 FSDPRefType = fsdp2_mem_tracker._FSDPRefType
-FSDPState = fsdp2_mem_tracker._FSDPState  # the tracker's `_fsdp_state`: PRE_FW / PRE_BW = inside FSDP's all-gather hooks
+# the tracker's `_fsdp_state`: PRE_FW / PRE_BW = inside FSDP's all-gather hooks
+FSDPState = fsdp2_mem_tracker._FSDPState
 
 # A custom tensor-parallel style overrides ParallelStyle._apply (the MoE sequence-parallel gather/scatter).
 ParallelStyle = ParallelStyle
@@ -117,7 +118,8 @@ class LocalShardGradScaler(ShardedGradScaler):
         return flags or {found_inf.device: found_inf}  # no local grads: still takes part in the flag's all-reduce
 
 
-def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...], backend_override: dict | None = None):
+def unflatten_mesh(mesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...],
+                   backend_override: dict | None = None):
     """`mesh` with its dim `dim` split into `names` of `sizes` (row-major), sharing the root mesh and its other dims'
     process groups; new groups for the new dims, collective on every rank (the private `DeviceMesh._unflatten`, as
     torchtitan's ParallelDims builds its EP computation mesh). `backend_override` {name: backend} forces fresh groups

@@ -54,7 +54,8 @@ TORCHTITAN = [
     ("T3", "FSDP + compile + Float8", "llama-3-8b", 128, {"strategy": "fsdp"}, 2, 8192, "op", True, True, 61.8),
     ("T4", "2D (FSDP 32, TP 8)", "llama-3-70b", 256, {"strategy": "fsdp", "tp": 8}, 16, 8192, "full", True, True, 71.9),
 ]
-NOT_COMPARABLE = {"T4": "loss_parallel: torchtitan keeps the logits vocab-sharded under TP, ShardLab's engine gathers them"}
+NOT_COMPARABLE = {"T4": "loss_parallel: torchtitan keeps the logits vocab-sharded under TP, ShardLab's engine gathers "
+                        "them"}
 
 
 def torchtitan_spec(preset: str, gpus: int, parallel: dict, local_batch: int, seq: int, recompute: str,

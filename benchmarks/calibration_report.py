@@ -1,6 +1,7 @@
 """Calibration evidence on this machine: fit on stored world-2 runs, leave-one-out error, then predict world 3-4 runs.
 
-  SHARDLAB_DB_URL=sqlite:////tmp/i13.db .venv/bin/python benchmarks/calibration_report.py --fit-tag cal-w2 --test-tag cal-w34
+  SHARDLAB_DB_URL=sqlite:////tmp/i13.db .venv/bin/python benchmarks/calibration_report.py
+      --fit-tag cal-w2 --test-tag cal-w34
 
 The runs are produced with `python -m backend submit ... --tag cal-w2` + `python -m backend worker --drain`
 (small CPU models, several strategies). Prints the fitted parameters, each fit run's leave-one-out
@@ -35,23 +36,26 @@ def main() -> None:
     fit_samples, problems = records.samples(engine, tag=args.fit_tag)
     test_samples, _ = records.samples(engine, tag=args.test_tag)
     print(f"fit on {len(fit_samples)} runs tagged {args.fit_tag!r} ({hw.key}); {'; '.join(problems) or 'all usable'}")
-    result = F.fit(hw, fit_samples, cold_loo=True)  # the evidence: each left-out run is predicted by a fit that never saw it
+    # the evidence: each left-out run is predicted by a fit that never saw it
+    result = F.fit(hw, fit_samples, cold_loo=True)
     cal_id = records.save(engine, hw.key, result, [s.run_id for s in fit_samples])
     print(f"calibration id {cal_id}; parameters:")
     for k, v in result.params.items():
         print(f"  {k:<22} {getattr(hw.tune, k):>11.4g} -> {v:.4g}")
     print(f"{'run':>4} {'strategy':<8} {'world':>5} {'measured s':>10} {'LOO pred s':>10} {'error':>7}")
     for s, r in zip(fit_samples, result.loo, strict=False):
-        print(f"{s.run_id:>4} {str(s.spec.parallel.strategy):<8} {s.spec.parallel.world_size:>5} {r['measured_s']:>10.3f} "
-              f"{r['predicted_s']:>10.3f} {r['error_pct']:>+6.1f}%")
-    print(f"leave-one-out MAPE {result.loo_mape:.1f}% (target <= 15%); interval {result.band[0]:+.0%}..{result.band[1]:+.0%}")
+        print(f"{s.run_id:>4} {str(s.spec.parallel.strategy):<8} {s.spec.parallel.world_size:>5} "
+              f"{r['measured_s']:>10.3f} {r['predicted_s']:>10.3f} {r['error_pct']:>+6.1f}%")
+    print(f"leave-one-out MAPE {result.loo_mape:.1f}% (target <= 15%); interval "
+          f"{result.band[0]:+.0%}..{result.band[1]:+.0%}")
     if not test_samples:
         print(f"no runs tagged {args.test_tag!r} to predict")
         return
     hwc = F.apply(hw, result.params)
     inside, errs = 0, []
     print(f"\npredicted from calibration {cal_id}: runs tagged {args.test_tag!r}")
-    print(f"{'run':>4} {'strategy':<8} {'world':>5} {'measured s':>10} {'predicted s':>11} {'error':>7} {'interval':>17} in  extrapolation")
+    print(f"{'run':>4} {'strategy':<8} {'world':>5} {'measured s':>10} {'predicted s':>11} {'error':>7} "
+          f"{'interval':>17} in  extrapolation")
     for s in test_samples:
         st = step_time(s.spec, hwc, band=result.band)
         pred, lo, hi = st.summary["step_s"], st.summary["low_s"], st.summary["high_s"]
@@ -60,8 +64,8 @@ def main() -> None:
         inside += ok
         errs.append(abs(err))
         flags = "; ".join(F.extrapolation(s.spec, result.ranges, hw.gpus_per_node)) or "-"
-        print(f"{s.run_id:>4} {str(s.spec.parallel.strategy):<8} {s.spec.parallel.world_size:>5} {s.step_s:>10.3f} {pred:>11.3f} "
-              f"{err:>+6.1f}% [{lo:>6.3f}, {hi:>6.3f}] {'y' if ok else 'n':>2}  {flags}")
+        print(f"{s.run_id:>4} {str(s.spec.parallel.strategy):<8} {s.spec.parallel.world_size:>5} {s.step_s:>10.3f} "
+              f"{pred:>11.3f} {err:>+6.1f}% [{lo:>6.3f}, {hi:>6.3f}] {'y' if ok else 'n':>2}  {flags}")
     print(f"world 3-4: MAPE {sum(errs) / len(errs):.1f}%, interval coverage {inside}/{len(test_samples)}")
 
 

@@ -100,7 +100,9 @@ def run_rounds(spec: ExperimentSpec, rounds: int) -> tuple[list[list[float]], li
         for r in range(rounds):
             order = ("engine", "bare") if r % 2 == 0 else ("bare", "engine")
             for which in order:
-                run = (lambda: engine_steps(spec, Path(tmp) / f"engine{r}")) if which == "engine" else (lambda: bare_steps(spec_path))
+                # once_retried calls run before the loop moves on, so the closure sees this round's r
+                run = ((lambda: engine_steps(spec, Path(tmp) / f"engine{r}")) if which == "engine"  # noqa: B023
+                       else (lambda: bare_steps(spec_path)))
                 (engine if which == "engine" else bare).append(once_retried(which, run))
             e, b = statistics.median(engine[-1]), statistics.median(bare[-1])
             print(f"round {r + 1} ({order[0]} first): engine {e * 1e3:.2f} ms/step, bare {b * 1e3:.2f} ms/step, "
@@ -133,7 +135,8 @@ def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: b
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                    str(ROOT / "benchmarks" / "side_by_side.py"), "--spec", str(spec_path), "--rounds", str(rounds),
                    "--block", str(block)] + (["--pin"] if pin else []) + (["--null"] if null else [])
-            out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, start_new_session=True)
+            out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                                 start_new_session=True)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")]
             if out.returncode or not lines:
                 raise RuntimeError(f"side-by-side job failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -145,8 +148,8 @@ def side_by_side_rounds(spec: ExperimentSpec, rounds: int, launches: int, pin: b
                     cpu[side].append([s for b in mine for s in b["cpu_s"]])
                 e, b = statistics.median(wall[0][-1]), statistics.median(wall[1][-1])
                 print(f"launch {launch + 1} round {r + 1}: engine {e * 1e3:.2f} ms/step, bare {b * 1e3:.2f} ms/step, "
-                      f"ratio {e / b:.3f}x (CPU time ratio {statistics.median(cpu[0][-1]) / statistics.median(cpu[1][-1]):.3f}x)",
-                      flush=True)
+                      f"ratio {e / b:.3f}x (CPU time ratio "
+                      f"{statistics.median(cpu[0][-1]) / statistics.median(cpu[1][-1]):.3f}x)", flush=True)
     return wall, cpu
 
 
@@ -183,7 +186,8 @@ def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[floa
     print(f"mode {mode}: DDP world 2, d_model {m.d_model}, {m.n_layers} layers, seq {m.seq_len}, global batch "
           f"{t.global_batch}, {t.steps} timed steps x {len(w.ratios)} rounds each{blocks}, "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {wall_s:.0f} s")
-    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in w.ratios)} (min {min(w.ratios):.3f}, max {max(w.ratios):.3f})")
+    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in w.ratios)} (min {min(w.ratios):.3f}, max "
+          f"{max(w.ratios):.3f})")
     print(f"median of per-round ratios: {w.median:.3f}x (90% bootstrap interval over rounds {w.lo:.3f}-{w.hi:.3f})")
     print(f"pooled median step: engine {w.engine_s * 1e3:.2f} ms, bare torch DDP {w.bare_s * 1e3:.2f} ms, "
           f"ratio of medians {w.pooled:.3f}x")
@@ -192,8 +196,10 @@ def report(spec: ExperimentSpec, engine: list[list[float]], bare: list[list[floa
         print(f"process CPU seconds per step (the work each side does, blind to time-sharing): median of per-round "
               f"ratios {c.median:.3f}x (90% interval {c.lo:.3f}-{c.hi:.3f}), pooled {c.pooled:.3f}x")
     ok = w.median <= TARGET and w.pooled <= TARGET
-    resolved = "" if w.hi <= TARGET or w.lo > TARGET else f"; the interval straddles {TARGET:.2f}x: not resolved at this noise"
-    print(f"verdict: {'PASS' if ok else 'FAIL'} (target engine <= {TARGET:.2f}x bare; both ratios must meet it{resolved})")
+    resolved = ("" if w.hi <= TARGET or w.lo > TARGET
+                else f"; the interval straddles {TARGET:.2f}x: not resolved at this noise")
+    print(f"verdict: {'PASS' if ok else 'FAIL'} (target engine <= {TARGET:.2f}x bare; both ratios must meet "
+          f"it{resolved})")
 
 
 def main() -> None:
@@ -204,7 +210,8 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=2, help="side-by-side jobs (each runs --rounds rounds)")
     ap.add_argument("--pin", action="store_true", help="side-by-side: pin rank r to core r (both sides alike)")
     ap.add_argument("--block", type=int, default=1,
-                    help="side-by-side: steps per alternating engine/bare block (1 = pair single steps; must divide --steps)")
+                    help="side-by-side: steps per alternating engine/bare block (1 = pair single steps; must divide "
+                         "--steps)")
     ap.add_argument("--null", action="store_true",
                     help="side-by-side A/A check: a second bare loop stands in for the engine (shows the noise floor)")
     args = ap.parse_args()

@@ -89,8 +89,9 @@ def measure(case: str, world: int) -> dict:
     del buf
     cli_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
     data = dict(zip(model[::2], model[1::2], strict=False))
-    spec_model = {"vocab_size": int(data["--vocab"]), "d_model": int(data["--hidden"]), "n_layers": int(data["--layers"]),
-                  "n_heads": int(data["--heads"]), "n_kv_heads": int(data["--kv-heads"]), "ffn_hidden": int(data["--ffn"]),
+    spec_model = {"vocab_size": int(data["--vocab"]), "d_model": int(data["--hidden"]),
+                  "n_layers": int(data["--layers"]), "n_heads": int(data["--heads"]),
+                  "n_kv_heads": int(data["--kv-heads"]), "ffn_hidden": int(data["--ffn"]),
                   "seq_len": int(data["--seq"]), "n_experts": int(data.get("--experts", 0)),
                   "top_k": int(data.get("--top-k", 2)), "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope",
                   "bias": "none"}
@@ -118,11 +119,13 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--case", case, str(world)], cwd=ROOT, capture_output=True,
                                  text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            ok = target < 1_000_000 or max(r["cli_s"], r["ui_s"]) < TARGET_S and max(r["cli_mb"], r["ui_mb"]) < TARGET_MB
+            ok = (target < 1_000_000
+                  or max(r["cli_s"], r["ui_s"]) < TARGET_S and max(r["cli_mb"], r["ui_mb"]) < TARGET_MB)
             met &= ok
             print(f"  {case:16s} world {world:>9,}: CLI {r['cli_s']:.3f} s +{r['cli_mb']:.0f} MB ({r['printed']} ranks "
                   f"printed) | dashboard {r['ui_s']:.3f} s +{r['ui_mb']:.0f} MB ({r['rows']} chart rows) | "
-                  f"{r['classes']} distinct predictions, worst {r['worst_gb']:.1f} GB{'' if ok else '  <- over target'}")
+                  f"{r['classes']} distinct predictions, worst {r['worst_gb']:.1f} "
+                  f"GB{'' if ok else '  <- over target'}")
     print(f"  TARGET estimate for 1,000,000 ranks < {TARGET_S:.0f} s and < {TARGET_MB:.0f} MB (CLI and dashboard): "
           f"{'met' if met else 'MISSED'}")
 

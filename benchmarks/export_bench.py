@@ -59,17 +59,21 @@ def make_result(spec: ExperimentSpec, i: int, rng: random.Random) -> RunResult:
     status = "ok" if i % 10 else rng.choice(["failed", "oom", "timeout"])
     ranks = []
     for r in range(spec.parallel.world_size):
-        pred = {k: rng.randrange(10**5, 10**8) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")}
+        pred = {k: rng.randrange(10**5, 10**8) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                         "activations_bytes")}
         pred["peak_bytes"] = sum(pred.values())
         meas = {k: int(v * rng.uniform(0.95, 1.1)) for k, v in pred.items()}
         ranks.append({"rank": r, "coords": spec.parallel.coords(r), "measured": meas, "predicted": pred,
                       "error_pct": {k: (meas[k] - pred[k]) / pred[k] * 100 for k in pred},
                       "step_s": [rng.uniform(0.1, 2.0) for _ in range(spec.train.steps)],
                       "comm": {c: {"calls": 4.0, "bytes": rng.uniform(1e5, 1e8), "wire_bytes": rng.uniform(1e5, 1e8),
-                                   "seconds": rng.uniform(0.001, 0.5)} for c in ("all_reduce", "all_gather", "broadcast")},
-                      "comm_predicted": {"all_reduce": rng.uniform(1e5, 1e8)}, "rss_bytes": rng.randrange(3 * 10**8, 6 * 10**8)})
+                                   "seconds": rng.uniform(0.001, 0.5)}
+                               for c in ("all_reduce", "all_gather", "broadcast")},
+                      "comm_predicted": {"all_reduce": rng.uniform(1e5, 1e8)},
+                      "rss_bytes": rng.randrange(3 * 10**8, 6 * 10**8)})
     timeline = [{"rank": r, "stage": r, "microbatch": m, "pass": p, "start_s": m * 0.01, "end_s": m * 0.01 + 0.005}
-                for r in range(spec.parallel.pp) for m in range(spec.train.microbatches) for p in "FB"] if spec.parallel.pp > 1 else []
+                for r in range(spec.parallel.pp) for m in range(spec.train.microbatches)
+                for p in "FB"] if spec.parallel.pp > 1 else []
     loss = [4.0 - 0.1 * s for s in range(spec.train.steps)]
     return RunResult.model_validate({
         "status": status, "spec": spec.model_dump(mode="json"), "per_rank": ranks, "loss": loss, "loss_reference": loss,
@@ -100,7 +104,8 @@ def fill(engine, n: int, seed: int = 0) -> None:
         columns, children = pool[(i - 1) % len(pool)]
         created = now - timedelta(seconds=n - i)
         exps.append({**columns, "id": i, "name": f"{columns['name']} #{i}", "cancel_requested": False,
-                     "sweep_id": f"sweep-{i // 50}", "created_at": created, "started_at": created, "finished_at": created})
+                     "sweep_id": f"sweep-{i // 50}", "created_at": created, "started_at": created,
+                     "finished_at": created})
         for model, rows in children.items():
             tables[model] += [{**row, "experiment_id": i} for row in rows]
         tables[ExperimentTag] += [{"experiment_id": i, "tag": t} for t in ("bench", f"t{i % 7}")]
@@ -124,7 +129,8 @@ def timed(label: str, fn, repeat: int = 5) -> tuple[float, float]:
         c0, w0 = time.process_time(), time.perf_counter()
         out = fn()
         best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
-    size = f" ({len(out) / 1e6:.1f} MB)" if isinstance(out, str) else f" ({len(out)} rows)" if isinstance(out, list) else ""
+    size = (f" ({len(out) / 1e6:.1f} MB)" if isinstance(out, str) else f" ({len(out)} rows)" if isinstance(out, list)
+            else "")
     print(f"{label:<48} cpu {best_cpu:7.3f} s   wall {best_wall:7.3f} s{size}")
     return best_cpu, best_wall
 
@@ -152,7 +158,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
-    ap.add_argument("--db", type=Path, help="scratch SQLite file to fill (or reuse when it already holds n rows); default: a temp dir")
+    ap.add_argument("--db", type=Path, help="scratch SQLite file to fill (or reuse when it already holds n rows); "
+                                            "default: a temp dir")
     ap.add_argument("--judge", choices=("wall", "cpu"), default="wall",
                     help="clock for the verdict: wall (what a user waits) or cpu (the same on an idle machine)")
     args = ap.parse_args()
@@ -165,14 +172,17 @@ def main() -> int:
             print(f"filled {args.n} experiments in {time.perf_counter() - t0:.1f} s")
         print(f"{args.n} experiments, {path.stat().st_size / 1e6:.0f} MB SQLite file; best of 5 runs each")
         results = {
-            "list_experiments (all rows)": timed("list_experiments (all rows, 51 columns)", lambda: list_experiments(engine)),
+            "list_experiments (all rows)": timed("list_experiments (all rows, 51 columns)",
+                                                 lambda: list_experiments(engine)),
             "export_csv": timed("export_csv (one row/experiment)", lambda: export_csv(engine)),
             "export_json": timed("export_json (full results)", lambda: export_json(engine)),
         }
-        timed(f"list_experiments (all rows, Runs table's {len(TABLE_KEYS)})", lambda: list_experiments(engine, columns=TABLE_KEYS))
+        timed(f"list_experiments (all rows, Runs table's {len(TABLE_KEYS)})",
+              lambda: list_experiments(engine, columns=TABLE_KEYS))
         timed("list_experiments (limit 50)", lambda: list_experiments(engine, limit=50))
         timed("count_experiments(status=ok)", lambda: count_experiments(engine, status="ok"))
-        bare = timed("  floor: bare sqlite3+csv.writerows, same SELECT", lambda: bare_csv(path, wide_select("sqlite", False, {})))
+        bare = timed("  floor: bare sqlite3+csv.writerows, same SELECT",
+                     lambda: bare_csv(path, wide_select("sqlite", False, {})))
         wide = results["export_csv"]
         print(f"  export_csv / floor: cpu {wide[0] / bare[0]:.2f}x, wall {wide[1] / bare[1]:.2f}x")
         long_s = timed("export_csv long (one row/rank)", lambda: export_csv(engine, long=True))
@@ -181,10 +191,11 @@ def main() -> int:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall above cpu = waiting for a core)")
         for clock, i in (("cpu", 0), ("wall", 1)):
             slowest = max(v[i] for v in results.values())
-            print(f"target: list, CSV and JSON export of {args.n} experiments each < 1 s by {clock}: slowest {slowest:.3f} s -> "
+            print(f"target: list, CSV and JSON export of {args.n} experiments each < 1 s by {clock}: slowest "
+                  f"{slowest:.3f} s -> "
                   f"{'PASS' if slowest < 1.0 else 'FAIL'}{'  <- verdict' if clock == args.judge else ''}")
-        print(f"long CSV (~{args.n * 4.6:.0f} rank rows, ~37 numbers each) is outside the target: cpu {long_s[0]:.3f} s, "
-              f"wall {long_s[1]:.3f} s ({'under' if long_s[k] < 1.0 else 'over'} 1 s)")
+        print(f"long CSV (~{args.n * 4.6:.0f} rank rows, ~37 numbers each) is outside the target: cpu {long_s[0]:.3f} "
+              f"s, wall {long_s[1]:.3f} s ({'under' if long_s[k] < 1.0 else 'over'} 1 s)")
         return 0 if worst < 1.0 else 1
 
 

@@ -113,7 +113,8 @@ def main() -> int:
     for r in rows:
         peak = f"{r['peak_bytes'] / GIB:10.3f}" if r["peak_bytes"] else f"{'-':>10}"
         err = f"{r['error_pct']:+6.2f}%" if r["error_pct"] is not None else f"{'-':>7}"
-        before = f"{(r['activation_peak_bytes'] - r['peak_bytes']) / r['peak_bytes'] * 100:+8.1f}%" if r["peak_bytes"] else ""
+        before = (f"{(r['activation_peak_bytes'] - r['peak_bytes']) / r['peak_bytes'] * 100:+8.1f}%" if r["peak_bytes"]
+                  else "")
         print(f"{r['layout']:<40} {r['rank']:>4} {r['kind']:<16} {peak} {r['fullest_bytes'] / GIB:11.3f} "
               f"{r['fullest_moment']:<15} {err} {before}" + (f"  {r['error']}" if r["error"] else ""))
         if r["error_pct"] is None or abs(r["error_pct"]) > BOUND_PCT:

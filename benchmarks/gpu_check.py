@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for report.json, summary.md, profile.json, kit.log")
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole check (default 330)")
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per run; >= 4 adds the TP and PP mixes")
-    ap.add_argument("--phases", default=None, help="comma-separated subset of env,probe,runs,diag,trace,tests,late_runs")
+    ap.add_argument("--phases", default=None, help="comma-separated subset of "
+                                                   "env,probe,runs,diag,trace,tests,late_runs")
     ap.add_argument("--runs", default=None, help="comma-separated subset of the runs (default: all that fit)")
     ap.add_argument("--profile", type=Path, default=None, help="reuse a measured profile.json (skip the probe)")
     ap.add_argument("--wheels", type=Path, default=None, help="folder of wheels to unpack and use first (.gpu-wheels)")

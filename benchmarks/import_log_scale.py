@@ -69,16 +69,16 @@ def main() -> int:
     tracemalloc.stop()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if eid is None:
-        print(f"log {log.stat().st_size / 1e6:.1f} MB with {args.rank_prefixes:,} rank prefixes: refused in {wall:.2f} s "
-              f"wall, peak Python allocations {peak / 2**20:.2f} MiB, process peak RSS {rss / 2**20:.0f} MiB (before "
+        print(f"log {log.stat().st_size / 1e6:.1f} MB with {args.rank_prefixes:,} rank prefixes: refused in {wall:.2f} "
+              f"s wall, peak Python allocations {peak / 2**20:.2f} MiB, process peak RSS {rss / 2**20:.0f} MiB (before "
               f"{rss0 / 2**20:.0f} MiB): {refused}")
         if not args.keep:
             log.unlink()
         return 0
     res = q.get_experiment(engine, eid)["result"]
     size = log.stat().st_size
-    print(f"log {size / 1e6:.1f} MB, {steps - 2:,} metrics lines: imported as run {eid} in {wall:.1f} s wall, {cpu:.1f} s "
-          f"CPU (tracemalloc on)")
+    print(f"log {size / 1e6:.1f} MB, {steps - 2:,} metrics lines: imported as run {eid} in {wall:.1f} s wall, "
+          f"{cpu:.1f} s CPU (tracemalloc on)")
     print(f"peak Python allocations {peak / 2**20:.1f} MiB ({peak / size:.1%} of the file); process peak RSS "
           f"{rss / 2**20:.0f} MiB (before the import {rss0 / 2**20:.0f} MiB)")
     print(f"records used {res.imported.records_used:,} of {res.imported.records_total:,}; median step "

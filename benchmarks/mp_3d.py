@@ -24,7 +24,8 @@ def spec_3d(flavour: str, sp: bool, schedule: str, layers: int) -> ExperimentSpe
         "model": {"vocab_size": 128, "d_model": 64, "n_layers": layers, "n_heads": 4, "seq_len": 32},
         "train": {"global_batch": 8, "micro_batch": 2, "steps": 2, "warmup_steps": 1},
         "parallel": {"strategy": flavour, "world_size": 8, "pp": 2, "tp": 2, "sequence_parallel": sp,
-                     "pp_schedule": schedule, "virtual_stages": 2 if schedule in ("interleaved_1f1b", "zero_bubble", "zbv") else 1},
+                     "pp_schedule": schedule,
+                     "virtual_stages": 2 if schedule in ("interleaved_1f1b", "zero_bubble", "zbv") else 1},
         "runtime": {"timeout_s": 900},
     })
 

@@ -83,7 +83,8 @@ def misses(res) -> list[str]:
                 pred = routed.activations_bytes
                 e = error_pct(getattr(rr.measured, cat), pred)
             if e is None or abs(e) > bound:
-                out.append(f"r{rr.rank} {cat} {getattr(rr.measured, cat):,} vs {pred:,} ({e if e is None else f'{e:+.1f}%'})")
+                out.append(f"r{rr.rank} {cat} {getattr(rr.measured, cat):,} vs {pred:,} "
+                           f"({e if e is None else f'{e:+.1f}%'})")
         for k, e in comm_error_pct(rr).items():
             pred = rr.comm_predicted.get(k, 0)
             m = rr.comm[k].bytes if k in rr.comm else 0

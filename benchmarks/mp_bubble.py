@@ -1,7 +1,8 @@
 """Measured vs predicted pipeline bubble for every schedule at several microbatch counts, through the
 real engine (one run per point; the timeline of the first timed step is measured).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mp_bubble.py [--pp 2] [--m 2 4 8] [--schedules gpipe 1f1b ...] [--no-engine]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mp_bubble.py [--pp 2] [--m 2 4 8] [--schedules gpipe 1f1b ...]
+        [--no-engine]
 
 --no-engine runs every point of a schedule in ONE torchrun job through tests/helpers/mp_harness.py
 (prepare + 2 steps, timeline of step 1, no memory-tracked step): faster, and it also covers the schedules
@@ -32,7 +33,8 @@ def spec_for(schedule: str, pp: int, m: int, layers_per_stage: int) -> Experimen
     v = 2 if schedule in MULTI_STAGE_SCHEDULES else 1
     return ExperimentSpec.model_validate({
         "name": f"bubble-{schedule}-p{pp}-m{m}",
-        "model": {"vocab_size": 128, "d_model": 128, "n_layers": pp * v * layers_per_stage, "n_heads": 4, "seq_len": 64},
+        "model": {"vocab_size": 128, "d_model": 128, "n_layers": pp * v * layers_per_stage, "n_heads": 4,
+                  "seq_len": 64},
         "train": {"global_batch": 2 * m, "micro_batch": 2, "steps": 1, "warmup_steps": 1},
         "parallel": {"strategy": "pp", "world_size": pp, "pp": pp, "pp_schedule": schedule, "virtual_stages": v},
         "runtime": {"timeout_s": 600},
@@ -52,8 +54,8 @@ def run_harness(args) -> int:
             r, p = res[s.name], s.parallel
             meas = measured_bubble_fraction(r["timeline"])
             pred = bubble_fraction(str(p.pp_schedule), p=p.pp, m=s.train.microbatches, v=p.virtual_stages)
-            print(f"{schedule:18} {p.pp:>2} {s.train.microbatches:>3} {meas:>9.3f} {pred:>9.3f} {r['loss_max_abs_diff']:>10.1e} -",
-                  flush=True)
+            print(f"{schedule:18} {p.pp:>2} {s.train.microbatches:>3} {meas:>9.3f} {pred:>9.3f} "
+                  f"{r['loss_max_abs_diff']:>10.1e} -", flush=True)
     return 0
 
 
@@ -80,8 +82,8 @@ def main() -> int:
                 continue
             meas = f"{r.bubble_measured:.3f}" if r.bubble_measured is not None else "-"
             pred = f"{r.bubble_predicted:.3f}" if r.bubble_predicted is not None else "-"
-            print(f"{schedule:18} {args.pp:>2} {m:>3} {meas:>9} {pred:>9} {r.loss_max_abs_diff:>10.1e} {r.step_s_median:.3f}",
-                  flush=True)
+            print(f"{schedule:18} {args.pp:>2} {m:>3} {meas:>9} {pred:>9} {r.loss_max_abs_diff:>10.1e} "
+                  f"{r.step_s_median:.3f}", flush=True)
     return 1 if bad else 0
 
 

@@ -44,18 +44,18 @@ from benchmarks.op_tables_fa3 import fa3_table  # noqa: E402
 
 OUT = ROOT / "backend" / "analytic" / "steptime" / "op_tables.json"
 PROBE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
-PROBE_SOURCE = ("measured: GPU check 2026-11-26 run 1, backend/bench/hw_probe.py --device cuda on an NVIDIA H200 (GH100), "
-                "torch 2.11.0+cu130, CUDA 13.0 (benchmarks/results/gpu/2026-11-26-h200-run1/profile.json)")
-XLA_SOURCE = ("published: OpenXLA xla/service/gpu/model/matmul_interpolator_data.h ({arch}, commit {commit}, Aug 2025): "
-              "measured GEMM FLOP/s by (m, n, k), b = 1 rows, / the dense {dtype} peak")
+PROBE_SOURCE = ("measured: GPU check 2026-11-26 run 1, backend/bench/hw_probe.py --device cuda on an NVIDIA H200 "
+                "(GH100), torch 2.11.0+cu130, CUDA 13.0 (benchmarks/results/gpu/2026-11-26-h200-run1/profile.json)")
+XLA_SOURCE = ("published: OpenXLA xla/service/gpu/model/matmul_interpolator_data.h ({arch}, commit {commit}, Aug "
+              "2025): measured GEMM FLOP/s by (m, n, k), b = 1 rows, / the dense {dtype} peak")
 XLA = {"xla-sm90": ("sm_90", "b2766086ec", {"bf16": ("bf16xbf16->bf16", 989.4e12)}),
        "xla-sm100": ("sm_100_B200", "1088d5ab75", {"bf16": ("bf16xbf16->bf16", 2.25e15),
                                                   "fp8": ("f8e4m3fnxf8e4m3fn->bf16", 4.5e15)})}
 FA2_A100 = {"rows": [{"kernel": "flash", "seq": 512, "head_dim": 64, "causal": False, "fwd": 0.50, "bwd": 0.43},
                      {"kernel": "flash", "seq": 16384, "head_dim": 128, "causal": False, "fwd": 0.73, "bwd": 0.63}],
-            "source": "published: Dao 2023 (FlashAttention-2), abstract and Sec 4.1: 50-73% of the A100's peak, forward "
-                      "up to 73%, backward up to 63% (long sequences, head dim 128); the short-sequence backward is the "
-                      "same 63/73 ratio of the 50% forward"}
+            "source": "published: Dao 2023 (FlashAttention-2), abstract and Sec 4.1: 50-73% of the A100's peak, "
+                      "forward up to 73%, backward up to 63% (long sequences, head dim 128); the short-sequence "
+                      "backward is the same 63/73 ratio of the 50% forward"}
 
 
 FA2_PAPER_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -84,14 +84,16 @@ def fa2_paper_table(name: str, kernels: tuple[str, ...]) -> dict:
     """One FlashAttention-2 paper figure (FA2_PAPER) as an attention table of `kernels`."""
     fig, gpu, png, peak, panels = FA2_PAPER[name]
     rows = [{"kernel": k, "seq": s, "head_dim": d, "causal": c, "fwd": round(v / peak, 4), "bwd": round(v / peak, 4)}
-            for (c, d), by in panels.items() for k in kernels for s, v in zip(FA2_PAPER_SEQS, by.get(k, ()), strict=False) if v]
+            for (c, d), by in panels.items() for k in kernels
+            for s, v in zip(FA2_PAPER_SEQS, by.get(k, ()), strict=False) if v]
     return {"rows": rows, "source": "published: " + FA2_PAPER_URL.format(fig=fig, gpu=gpu, png=png, peak=peak)}
 
 
 def _xla_rows(text: str, arch: str, key: str, peak: float) -> list[list[float]]:
     block = text.split(f'key: "{arch}"', 1)[1].split('\n  entries {\n    key: "', 1)[0]
     rows = []
-    for e in re.finditer(r"entries \{\s*b: (\d+)\s*m: (\d+)\s*n: (\d+)\s*k: (\d+)\s*((?:flops \{[^}]*\}\s*)+)\}", block):
+    for e in re.finditer(r"entries \{\s*b: (\d+)\s*m: (\d+)\s*n: (\d+)\s*k: (\d+)\s*((?:flops \{[^}]*\}\s*)+)\}",
+                         block):
         b, m, n, k = map(int, e.groups()[:4])
         flops = dict(re.findall(r'key: "([^"]+)" value: (\d+)', e.group(5)))
         if b == 1 and key in flops:
@@ -117,17 +119,19 @@ def main() -> None:
             tables[name] = old["tables"][name]
     gh = tables["gh100-probe-2026-11-26"]
     copy = gh["elementwise"]["fractions"]["copy"]
-    why = ("copy 0.9 of the HBM peak (the former memory_efficiency); other classes x their ratio to copy measured on the "
-           "GH100 probe (gh100-probe-2026-11-26)")
+    why = ("copy 0.9 of the HBM peak (the former memory_efficiency); other classes x their ratio to copy measured on "
+           "the GH100 probe (gh100-probe-2026-11-26)")
     tables["copy90-relative-gh100"] = {
         part: {"fractions": {k: round(0.9 * v / copy, 4) for k, v in gh[part]["fractions"].items()}, "source": why}
         for part in ("elementwise", "optimizer")}
     tables["fa2-a100"] = {"attention": FA2_A100}
-    tables["fa2-paper-fig4-a100"] = {"attention": fa2_paper_table("fa2-paper-fig4-a100", ("flash", "flash1", "flash-triton"))}
+    tables["fa2-paper-fig4-a100"] = {"attention": fa2_paper_table("fa2-paper-fig4-a100",
+                                                                  ("flash", "flash1", "flash-triton"))}
     tables["fa2-paper-fig7-h100"] = {"attention": fa2_paper_table("fa2-paper-fig7-h100", ("flash1",))}
     tables["fa3-paper-h100"] = {"attention": fa3_table()}
-    OUT.write_text(json.dumps({"_doc": "Named operation tables (backend/analytic/steptime/op_tables.py) the profiles of "
-                                       "hardware.json use; written by benchmarks/op_tables_build.py.", "tables": tables},
+    OUT.write_text(json.dumps({"_doc": "Named operation tables (backend/analytic/steptime/op_tables.py) the profiles "
+                                       "of hardware.json use; written by benchmarks/op_tables_build.py.",
+                               "tables": tables},
                               separators=(",", ":")) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes): {', '.join(tables)}")
 

@@ -44,7 +44,8 @@ from backend.planner.search import plan, search  # noqa: E402
 from backend.planner.space import light_spec  # noqa: E402
 from backend.spec import ExperimentSpec, ModelSpec  # noqa: E402
 
-LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096,
+LLAMA70B = ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
+                     seq_len=4096,
                      norm="rmsnorm", mlp="swiglu", positions="rope", bias="none")  # Touvron 2023 (Llama 2) Table 1
 GPUS, NODE, BATCH = 1024, 8, 1024
 if "--attention" in sys.argv:  # flash attention admits context parallelism: the planner searches cp as well
@@ -83,12 +84,13 @@ def main() -> None:
     print(f"  worst-rank memory on arrays alone: {n / w1:,.0f} layouts/s wall, {n / c1:,.0f} CPU")
     sample = [layouts.take(i).spec_dict(LLAMA70B) for i in range(0, n, max(1, n // 20))][:20]
     _, w2, c2 = timed(lambda: [worst_rank_bytes(light_spec(d)) for d in sample], repeats=1)
-    print(f"  worst-rank memory one layout at a time (estimate.worst_rank_bytes): {len(sample) / w2:,.1f} layouts/s wall "
-          f"({len(sample) / c2:,.1f} CPU)")
+    print(f"  worst-rank memory one layout at a time (estimate.worst_rank_bytes): {len(sample) / w2:,.1f} layouts/s "
+          f"wall ({len(sample) / c2:,.1f} CPU)")
     idx = random.Random(0).sample(range(n), 25)
     exact, w3, c3 = timed(lambda: [max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(
         layouts.take(i).spec_dict(LLAMA70B))).per_rank) for i in idx], repeats=1)
-    print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall ({len(idx) / c3:,.2f} CPU)")
+    print(f"  full estimator (estimate.estimate, every rank): {len(idx) / w3:,.2f} layouts/s wall "
+          f"({len(idx) / c3:,.2f} CPU)")
     rel = [abs(mem[i] - e) / e for i, e in zip(idx, exact, strict=False)]
     print(f"  agreement on {len(idx)} random layouts: array path vs estimate.estimate worst rank, max |rel err| "
           f"{max(rel):.2e} (tests/unit/test_planner_core.py checks 1,000 byte for byte)")
@@ -97,18 +99,21 @@ def main() -> None:
     print("  " + cold.stdout.strip())
     for top in (5, 10):
         for label in ("first call here (search caches warm, new pool)", "warm (same plan again: every cache filled)"):
-            res, w, c = timed(lambda: plan(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, top=top),
+            # timed calls the lambda before the loop moves on, so it sees this iteration's top
+            res, w, c = timed(lambda: plan(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH,
+                                           top=top),  # noqa: B023
                               repeats=1 if label.startswith("first") else 3)
             print(f"  end-to-end plan --top {top}, {label}: {w:.3f} s wall, {c:.3f} s CPU -> {res.searched / w:,.0f} "
                   f"layouts/s wall, {res.searched / c:,.0f} CPU; search {res.search_seconds:.3f} s + "
-                  f"re-timing {res.confirmed} and confirming {len(res.configs)} exactly {res.confirm_seconds:.3f} s (wall); "
-                  f"{res.feasible} fit")
+                  f"re-timing {res.confirmed} and confirming {len(res.configs)} exactly {res.confirm_seconds:.3f} s "
+                  f"(wall); {res.feasible} fit")
     met = min(n / wall, n / cold_w) >= 1e5
     print(f"  TARGET >= 1e5 layouts/s searched (search, cold and warm): {'met' if met else 'MISSED'} "
           f"(cold {n / cold_w:,.0f}/s, warm {n / wall:,.0f}/s)")
     best = res.configs[0]
-    print(f"  best: {best['spec']['name']}, b={best['spec']['train']['micro_batch']}, {best['spec']['train']['recompute']}, "
-          f"{best['step_time']['step_s']:.2f} s/step, MFU {best['step_time']['mfu']:.1%}, {best['mem_bytes_max'] / 1e9:.1f} GB")
+    print(f"  best: {best['spec']['name']}, b={best['spec']['train']['micro_batch']}, "
+          f"{best['spec']['train']['recompute']}, {best['step_time']['step_s']:.2f} s/step, MFU "
+          f"{best['step_time']['mfu']:.1%}, {best['mem_bytes_max'] / 1e9:.1f} GB")
 
 
 MOE_CASES = (("deepseek-v3", 256, 1024), ("mixtral-8x7b", 64, 512))
@@ -133,17 +138,20 @@ def moe_plans() -> None:
                     args = [sys.executable, __file__, "--cold-moe", name, str(gpus), str(batch), attention] \
                         + (["--include-predicted"] if predicted else []) + ([] if prune else ["--no-prune"])
                     load = os.getloadavg()[0]
-                    runs[prune] = {**json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout),
+                    runs[prune] = {**json.loads(subprocess.run(args, capture_output=True, text=True,
+                                                               check=True).stdout),
                                    "load_avg_1m_before": round(load, 2)}
                 before, after = runs[False], runs[True]
                 worst = max(worst, after["wall_s"])
                 same = before["best"] == after["best"] and before["feasible"] == after["feasible"]
-                print(f"  {after['case']}: unpruned {before['wall_s']:.2f} s wall / {before['cpu_s']:.2f} s CPU | pruned "
-                      f"{after['wall_s']:.2f} s wall / {after['cpu_s']:.2f} s CPU (search {after['search_s']:.2f} s, "
-                      f"{after['confirmed']} re-timed {after['confirm_s']:.2f} s); {after['searched']:,} layouts, "
-                      f"{after['feasible']:,} fit; best {after['best']}{'' if same else ' (DIFFERS from unpruned)'}; "
-                      f"load {before['load_avg_1m_before']} / {after['load_avg_1m_before']}")
-                rows.append({"case": after["case"], "unpruned": before, "pruned": after, "same_best_and_feasible": same})
+                print(f"  {after['case']}: unpruned {before['wall_s']:.2f} s wall / {before['cpu_s']:.2f} s CPU | "
+                      f"pruned {after['wall_s']:.2f} s wall / {after['cpu_s']:.2f} s CPU (search "
+                      f"{after['search_s']:.2f} s, {after['confirmed']} re-timed {after['confirm_s']:.2f} s); "
+                      f"{after['searched']:,} layouts, {after['feasible']:,} fit; best "
+                      f"{after['best']}{'' if same else ' (DIFFERS from unpruned)'}; load "
+                      f"{before['load_avg_1m_before']} / {after['load_avg_1m_before']}")
+                rows.append({"case": after["case"], "unpruned": before, "pruned": after,
+                             "same_best_and_feasible": same})
     met = worst < MOE_TARGET_S
     print(f"  TARGET MoE plans < {MOE_TARGET_S:.0f} s cold: {'met' if met else 'MISSED'} (slowest {worst:.2f} s wall)")
     MOE_RESULTS.write_text(json.dumps({
@@ -159,7 +167,8 @@ def cold_moe(name: str, gpus: int, batch: int, attention: str, predicted: bool, 
 
     from backend.hf.config import from_hf_config, load_hf_config
 
-    fields, _ = from_hf_config(load_hf_config(str(Path(__file__).resolve().parents[1] / "tests/fixtures/hf" / f"{name}.json")),
+    fields, _ = from_hf_config(load_hf_config(str(Path(__file__).resolve().parents[1] / "tests/fixtures/hf" /
+                                                  f"{name}.json")),
                                seq_len=4096)
     model = ModelSpec(**{**fields, "seq_len": 4096, "attention": attention})
     hw = get_hardware("h100-sxm")
@@ -181,7 +190,8 @@ def cold_plan() -> None:
     res = plan(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, hw=hw, global_batch=BATCH, top=10)
     w, c = time.perf_counter() - w, time.process_time() - c
     print(f"end-to-end plan --top 10, COLD (first call in a fresh process): {w:.3f} s wall, {c:.3f} s CPU -> "
-          f"{res.searched / w:,.0f} layouts/s wall, {res.searched / c:,.0f} CPU (incl. the fixed re-timing of its pool)")
+          f"{res.searched / w:,.0f} layouts/s wall, {res.searched / c:,.0f} CPU (incl. the fixed re-timing of its "
+          "pool)")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ tuned to these numbers.
 
 Rows: backend/analytic/steptime/published_gpu.json (each quotes its source with the URL) + Narayanan et al. 2021
 Table 1 (backend/analytic/steptime/published.py); GPU check: benchmarks/results/gpu/2026-11-26-h200-run2 (5 real
-runs on one H200, measured step = median of 6 timed steps); the mixture-of-experts rows (group "H100 MoE": Megatron-Bridge's
-DeepSeek-V3, Qwen3-30B-A3B and GPT-OSS 120B, dgxc-benchmarking's Grok-1 314B) are summarised apart from the dense rows and their
-target (issue 35). Error % = (predicted - published) / published:
+runs on one H200, measured step = median of 6 timed steps); the mixture-of-experts rows (group "H100 MoE":
+Megatron-Bridge's DeepSeek-V3, Qwen3-30B-A3B and GPT-OSS 120B, dgxc-benchmarking's Grok-1 314B) are summarised apart
+from the dense rows and their target (issue 35). Error % = (predicted - published) / published:
 negative = the model is too fast. Nothing here is fitted to these numbers: they are the test.
 `--record-before` writes the "before" column's snapshot (benchmarks/results/published_gpu_before.json).
 `--breakdown N` prints the step-time terms of the N worst H100 rows (seconds per step on the slowest rank).
@@ -77,8 +77,8 @@ def gpu_check_rows() -> list[dict]:
 
 
 def published() -> list[dict]:
-    return [{"id": r.id, "group": r.group, "hardware": r.hardware, "source": r.source, "layout": r.layout, "spec": r.spec,
-             "stack": r.stack, "memory_gib": r.memory_gib, "published": r.step_s}
+    return [{"id": r.id, "group": r.group, "hardware": r.hardware, "source": r.source, "layout": r.layout,
+             "spec": r.spec, "stack": r.stack, "memory_gib": r.memory_gib, "published": r.step_s}
             for r in published_rows()]
 
 
@@ -154,16 +154,18 @@ def print_table(data: list[dict]) -> None:
     print()
     for group in dict.fromkeys(r["group"] for r in data):
         sel = [r for r in data if r["group"] == group]
-        print(f"{group:16s} {len(sel):2d} rows  before: {_summary(sel, 'before_error_pct')}   now: {_summary(sel, 'error_pct')}")
+        print(f"{group:16s} {len(sel):2d} rows  before: {_summary(sel, 'before_error_pct')}   now: "
+              f"{_summary(sel, 'error_pct')}")
     print("\nStep time per stack and GPU (|error| of the predicted step; H100 target: mean <= 8%, worst <= 15%)")
     dense = [r for r in data if not r["group"].endswith(MOE)]
     _per_stack(dense)
     print_memory_summary(data)
     t5 = [r for r in data if r["id"].startswith("korthikanti-t5-")]
-    print(f"Korthikanti 2022 Table 5 ({len(t5)} rows, stack megatron): now {_summary(t5, 'error_pct')} (bounds: mean 5%, "
-          "worst 10%)")
+    print(f"Korthikanti 2022 Table 5 ({len(t5)} rows, stack megatron): now {_summary(t5, 'error_pct')} (bounds: mean "
+          "5%, worst 10%)")
     moe = [r for r in data if r["group"].endswith(MOE)]
-    print(f"\nMixture-of-experts rows ({len(moe)}, group 'H100 {MOE}': NVIDIA's MoE recipes), the same summary per stack")
+    print(f"\nMixture-of-experts rows ({len(moe)}, group 'H100 {MOE}': NVIDIA's MoE recipes), the same summary per "
+          "stack")
     _per_stack(moe)
 
 
@@ -196,15 +198,17 @@ def gemm_gap(r: dict) -> dict:
 
 
 def print_gemm_gap(rows: list[dict]) -> None:
-    print("\nWhy the published H100 steps are slower: per group, the model's GEMM share of the step, the GEMM efficiency"
+    print("\nWhy the published H100 steps are slower: per group, the model's GEMM share of the step, the GEMM "
+          "efficiency"
           "\nof its table, and the GEMM efficiency the published step implies if every non-GEMM term were right")
     for group in ("H100", "A100"):
         gaps = [gemm_gap(r) for r in rows if r["group"] == group and not r["id"].startswith(("ptdp", "korthikanti"))]
         if gaps:
-            print(f"  {group}: {len(gaps)} rows (FSDP, FSDP x TP), GEMM share {statistics.mean(g['gemm_share'] for g in gaps):.2f}, "
-                  f"model GEMM efficiency {statistics.mean(g['model_eff'] for g in gaps):.3f}, implied "
-                  f"{statistics.mean(g['implied_eff'] for g in gaps):.3f} (min {min(g['implied_eff'] for g in gaps):.3f}, "
-                  f"max {max(g['implied_eff'] for g in gaps):.3f})")
+            print(f"  {group}: {len(gaps)} rows (FSDP, FSDP x TP), GEMM share "
+                  f"{statistics.mean(g['gemm_share'] for g in gaps):.2f}, model GEMM efficiency "
+                  f"{statistics.mean(g['model_eff'] for g in gaps):.3f}, implied "
+                  f"{statistics.mean(g['implied_eff'] for g in gaps):.3f} (min "
+                  f"{min(g['implied_eff'] for g in gaps):.3f}, max {max(g['implied_eff'] for g in gaps):.3f})")
 
 
 def breakdown(r: dict) -> dict:
@@ -246,8 +250,8 @@ def print_breakdown(data: list[dict], rows: list[dict], n: int) -> None:
 def print_memory_summary(data: list[dict]) -> None:
     """Per stack and GPU: rows with a published peak reserved, how many have the predicted fullest moment at or under
     it, the predicted reserved's |error|, and how many are predicted to fit their GPU."""
-    print("\nPeak memory per stack and GPU (targets: fullest <= published peak reserved; reserved = fullest + allocator "
-          "slack within 10%; every row fits its GPU)")
+    print("\nPeak memory per stack and GPU (targets: fullest <= published peak reserved; reserved = fullest + "
+          "allocator slack within 10%; every row fits its GPU)")
     for stack in dict.fromkeys(r["stack"] for r in data):
         for gpu in dict.fromkeys(r["hardware"] for r in data if r["stack"] == stack):
             sel = [r for r in data if r["stack"] == stack and r["hardware"] == gpu and r.get("memory_gib")]
@@ -259,10 +263,13 @@ def print_memory_summary(data: list[dict]) -> None:
 
 
 def record_before(data: list[dict]) -> None:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    BEFORE.write_text(json.dumps({"_doc": f"step_s predicted by the step-time model at commit {commit}, before the per-device "
-                                          "operation tables (issue 22 B); benchmarks/published_gpu.py --record-before",
-                                  "commit": commit, "step_s": {r["id"]: r["predicted"] for r in data}}, indent=1) + "\n")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    BEFORE.write_text(json.dumps({"_doc": f"step_s predicted by the step-time model at commit {commit}, before the "
+                                          "per-device operation tables (issue 22 B); benchmarks/published_gpu.py "
+                                          "--record-before",
+                                  "commit": commit, "step_s": {r["id"]: r["predicted"] for r in data}}, indent=1)
+                      + "\n")
 
 
 def main() -> None:

@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--block", type=int, default=0, help="steps per alternating block (default: spec.train.steps)")
     ap.add_argument("--null", action="store_true", help="A/A: a second bare model stands in for the engine")
-    ap.add_argument("--pin", action="store_true", help="pin rank r to CPU core r (less scheduler jitter for both sides)")
+    ap.add_argument("--pin", action="store_true", help="pin rank r to CPU core r (less scheduler jitter for both "
+                                                       "sides)")
     args = ap.parse_args()
     spec = ExperimentSpec.from_json(args.spec.read_text())
     torch.set_num_threads(1)

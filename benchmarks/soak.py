@@ -144,8 +144,9 @@ def check(engine, ids: list[int], specs: list[ExperimentSpec], logs: list[Path])
                 (row["status"] == "ok" and len(result.per_rank) != spec.parallel.world_size):
             mixed.append(eid)
     duplicated = sorted({e for e, n in starts.items() if n > 1} | (set(rows) - set(ids)))
-    return {"runs": len(ids), "ok": status.get("ok", 0), "not_ok_with_reason": sum(status.values()) - status.get("ok", 0)
-            - len(no_reason), "by_status": dict(status), "without_reason": no_reason, "lost": lost,
+    return {"runs": len(ids), "ok": status.get("ok", 0),
+            "not_ok_with_reason": sum(status.values()) - status.get("ok", 0) - len(no_reason),
+            "by_status": dict(status), "without_reason": no_reason, "lost": lost,
             "duplicated": duplicated, "mixed_up": mixed, "examples": examples}
 
 

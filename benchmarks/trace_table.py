@@ -9,7 +9,8 @@ Bounds: params / grads / optimizer within 1 %, activations within 10 % (or the g
 note, printed below the table); each 7B-class trace within 120 s and 4 GiB RSS. Exits 1 on a miss
 that no note explains.
 
-    .venv/bin/python benchmarks/trace_table.py [--only zero3 ddp_tp8 ...] [--ranks 70b_zero3_tp8_pp8=0] [--json OUT.json]
+    .venv/bin/python benchmarks/trace_table.py [--only zero3 ddp_tp8 ...] [--ranks 70b_zero3_tp8_pp8=0]
+        [--json OUT.json]
     .venv/bin/python benchmarks/trace_table.py --only 405b_cp16_128k --ranks 405b_cp16_128k=0   # CP's first stage
 
 `--ranks NAME=R,R` traces only those ranks of one spec (e.g. the 70B's first pipeline stage); the default is
@@ -101,7 +102,8 @@ def main() -> int:
                       f"{'' if e is None else f'{e:+.2f}%':>8} {sec.get('total', 0):>7.1f} {sec.get('cpu', 0):>6.1f} "
                       f"{rss:>7.2f}", flush=True)
             misses = row_misses(row)
-            explained = [n for n in res["notes"] if n.startswith(f"rank {row['rank']}:") and not n.endswith(UNEXPLAINED)]
+            explained = [n for n in res["notes"] if n.startswith(f"rank {row['rank']}:")
+                         and not n.endswith(UNEXPLAINED)]
             if misses and not explained:
                 bad.append(f"{name} rank {row['rank']}: {misses}")
             if name not in LARGE and (rss > 4 or sec.get("cpu", 0) > 120):

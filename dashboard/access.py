@@ -85,7 +85,8 @@ def _oidc(policy: Policy, auth: dict) -> Visitor:
         return Visitor(user, None, "oidc", "this dashboard lists no one in [access]: OIDC login alone would let in "
                                            "anyone the identity provider accepts")
     role = policy.role(user)
-    return Visitor(user, role, "oidc", "" if role else f"{user or 'this account'} is not on this dashboard's [access] list")
+    return Visitor(user, role, "oidc",
+                   "" if role else f"{user or 'this account'} is not on this dashboard's [access] list")
 
 
 def _proxy(policy: Policy) -> Visitor:

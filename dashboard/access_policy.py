@@ -112,7 +112,8 @@ def cookie_secret_problem(secret: Any) -> str | None:
     if not isinstance(secret, str) or not secret:
         return "[auth] cookie_secret is missing"
     why = None
-    period = next((p for p in range(1, len(secret) // 2 + 1) if secret == (secret[:p] * len(secret))[:len(secret)]), None)
+    period = next((p for p in range(1, len(secret) // 2 + 1) if secret == (secret[:p] * len(secret))[:len(secret)]),
+                  None)
     if len(secret) < MIN_SECRET_CHARS:
         why = f"is {len(secret)} character{'s' * (len(secret) != 1)} long"
     elif len(set(secret)) < MIN_SECRET_DISTINCT:

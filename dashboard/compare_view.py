@@ -56,8 +56,8 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
                 "source": f"imported from {imported.framework} ({imported.gpus} GPUs)",
                 "step time (median)": fmt_seconds(res.step_s_median),
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
-                "memory, fullest rank: measured": f"peak allocated {fmt_bytes(imported.peak_allocated_bytes)}, reserved "
-                                                  f"{fmt_bytes(imported.peak_reserved_bytes)} (log)",
+                "memory, fullest rank: measured": f"peak allocated {fmt_bytes(imported.peak_allocated_bytes)}, "
+                                                  f"reserved {fmt_bytes(imported.peak_reserved_bytes)} (log)",
                 "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
                 **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": "– (not in the log)" for c in CATS},
             })
@@ -67,10 +67,12 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
                 "memory, fullest rank: measured": fmt_bytes(_max_rank(res, "measured")),
                 "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
-                **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c)) for c in CATS},
+                **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c))
+                   for c in CATS},
                 "comm payload / step (busiest rank)": fmt_bytes(_comm_total(res)),
                 "bubble measured / predicted": f"{fmt_frac(res.bubble_measured)} / {fmt_frac(res.bubble_predicted)}",
-                "loss max |Δ| vs reference": f"{res.loss_max_abs_diff:.2e}" if res.loss_max_abs_diff is not None else "–",
+                "loss max |Δ| vs reference": (f"{res.loss_max_abs_diff:.2e}" if res.loss_max_abs_diff is not None
+                                              else "–"),
             })
         cols[f"#{e['id']} {s.name}".strip()] = col
     return pd.DataFrame(cols)
@@ -124,10 +126,12 @@ def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
         color = STRATEGY_COLOR.get(es[0]["spec"].parallel.strategy, "#333")
         xs, ys = analytic_curve(es[0]["spec"], worlds)
         if xs:
-            fig.add_scatter(name=f"{st} formula", x=xs, y=[y / MiB for y in ys], mode="lines+markers", line=dict(color=color, dash="dash"),
-                            marker=dict(size=5, symbol="circle-open"),
-                            hovertemplate=f"{st} formula<br>world %{{x}}: %{{y:.2f}} MiB on the fullest rank<extra></extra>")
-        imported = sorted((e for e in es if e["result"].imported is not None and e["result"].imported.peak_allocated_bytes),
+            fig.add_scatter(name=f"{st} formula", x=xs, y=[y / MiB for y in ys], mode="lines+markers",
+                            line=dict(color=color, dash="dash"), marker=dict(size=5, symbol="circle-open"),
+                            hovertemplate=f"{st} formula<br>world %{{x}}: %{{y:.2f}} MiB on the fullest "
+                                          "rank<extra></extra>")
+        imported = sorted((e for e in es if e["result"].imported is not None
+                           and e["result"].imported.peak_allocated_bytes),
                           key=lambda e: e["spec"].parallel.world_size)
         if imported:  # a log's allocator peak, not the categories: its own marker
             fig.add_scatter(name=f"{st} imported (peak allocated)", x=[e["spec"].parallel.world_size for e in imported],
@@ -137,11 +141,13 @@ def memory_scaling_fig(runs: list[dict[str, Any]]) -> go.Figure:
                                           "allocated (log)<extra></extra>")
         pts = sorted((e for e in es if e["result"].imported is None), key=lambda e: e["spec"].parallel.world_size)
         fig.add_scatter(name=f"{st} measured", x=[e["spec"].parallel.world_size for e in pts],
-                        y=[_max_rank(e["result"], "measured") / MiB for e in pts], mode="markers", marker=dict(color=color, size=11),
-                        customdata=[e["id"] for e in pts],
-                        hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:.2f}} MiB measured<extra></extra>")
+                        y=[_max_rank(e["result"], "measured") / MiB for e in pts], mode="markers",
+                        marker=dict(color=color, size=11), customdata=[e["id"] for e in pts],
+                        hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:.2f}} MiB "
+                                      "measured<extra></extra>")
     fig.update_layout(title="Per-rank memory vs world size (fullest rank)",
-                      xaxis_title="world size (ranks)", yaxis_title="params+grads+optimizer+activations (MiB)", **LAYOUT)
+                      xaxis_title="world size (ranks)", yaxis_title="params+grads+optimizer+activations (MiB)",
+                      **LAYOUT)
     fig.update_xaxes(dtick=1)
     return fig
 
@@ -153,16 +159,19 @@ def throughput_fig(runs: list[dict[str, Any]]) -> go.Figure:
         pts = sorted((e for e in es if e["result"].tokens_per_s), key=lambda e: e["spec"].parallel.world_size)
         if not pts:
             continue
-        fig.add_scatter(name=st, x=[e["spec"].parallel.world_size for e in pts], y=[e["result"].tokens_per_s for e in pts],
-                        mode="lines+markers" if len(pts) > 1 else "markers",
-                        line_color=STRATEGY_COLOR.get(es[0]["spec"].parallel.strategy, "#333"), customdata=[e["id"] for e in pts],
+        fig.add_scatter(name=st, x=[e["spec"].parallel.world_size for e in pts],
+                        y=[e["result"].tokens_per_s for e in pts], mode="lines+markers" if len(pts) > 1 else "markers",
+                        line_color=STRATEGY_COLOR.get(es[0]["spec"].parallel.strategy, "#333"),
+                        customdata=[e["id"] for e in pts],
                         hovertemplate=f"{st} run #%{{customdata}}<br>world %{{x}}: %{{y:,.0f}} tokens/s<extra></extra>")
-    fig.update_layout(title="Measured throughput vs world size", xaxis_title="world size (ranks)", yaxis_title="throughput (tokens/s)", **LAYOUT)
+    fig.update_layout(title="Measured throughput vs world size", xaxis_title="world size (ranks)",
+                      yaxis_title="throughput (tokens/s)", **LAYOUT)
     fig.update_xaxes(dtick=1)
     return fig
 
 
-SCALING_FREE = {"parallel": ("world_size", "dp"), "train": ("global_batch", "microbatches", "steps", "warmup_steps", "seed")}
+SCALING_FREE = {"parallel": ("world_size", "dp"),
+                "train": ("global_batch", "microbatches", "steps", "warmup_steps", "seed")}
 """What may differ between the runs of one scaling series: the world size and what follows from it (dp, the global
 batch and its microbatches), and how long or with which seed it ran; also the name and the runtime."""
 

@@ -18,7 +18,8 @@ CATS = MEMORY_CATEGORIES + ("other_bytes",)
 
 def measured_anything(result: RunResult) -> bool:
     """Whether any rank recorded measurements (a run that failed before measuring keeps only its prediction)."""
-    return any(r.step_s or r.comm or any(getattr(r.measured, c) for c in CATS + ("peak_bytes",)) for r in result.per_rank)
+    return any(r.step_s or r.comm or any(getattr(r.measured, c) for c in CATS + ("peak_bytes",))
+               for r in result.per_rank)
 
 
 def log_tail_of(run: dict[str, Any], runs_dir: Any, lines: int = 40) -> tuple[str | None, str]:
@@ -38,7 +39,8 @@ def log_tail_of(run: dict[str, Any], runs_dir: Any, lines: int = 40) -> tuple[st
 def measured_vs_predicted_fig(result: RunResult) -> go.Figure:
     """Stacked bars per category, measured beside predicted for every rank (x = rank / source)."""
     ranks = result.per_rank
-    peak = max([sum(getattr(r.measured, c) for c in CATS) for r in ranks] + [sum(getattr(r.predicted, c) for c in CATS) for r in ranks] + [1])
+    peak = max([sum(getattr(r.measured, c) for c in CATS) for r in ranks]
+               + [sum(getattr(r.predicted, c) for c in CATS) for r in ranks] + [1])
     div, unit = byte_scale(peak)
     x0 = [f"rank {r.rank}" for r in ranks for _ in (0, 1)]
     x1 = ["measured", "predicted"] * len(ranks)
@@ -51,7 +53,8 @@ def measured_vs_predicted_fig(result: RunResult) -> go.Figure:
         fig.add_bar(
             name=CATEGORY_LABEL[c], x=[x0, x1], y=[v / div for v in vals], marker_color=CATEGORY_COLOR[c],
             customdata=[[fmt_bytes(v), e] for v, e in zip(vals, errs, strict=False)],
-            hovertemplate=f"%{{x}}<br>{CATEGORY_LABEL[c]}: %{{y:.3f}} {unit} (%{{customdata[0]}})<br>error vs prediction: %{{customdata[1]}}<extra></extra>",
+            hovertemplate=f"%{{x}}<br>{CATEGORY_LABEL[c]}: %{{y:.3f}} {unit} (%{{customdata[0]}})<br>error vs "
+                          "prediction: %{customdata[1]}<extra></extra>",
         )
     fig.update_layout(barmode="stack", title="Memory per rank at the step's peak: measured vs predicted",
                       xaxis_title="rank / source", yaxis_title=f"memory ({unit})", **LAYOUT)
@@ -95,7 +98,8 @@ def routing_frame(result: RunResult) -> pd.DataFrame:
         act = r.measured.activations_bytes
         rows.append({
             "rank": r.rank, "coords": coords_label(r.coords),
-            "token-slots received": f"{g.received_token_slots:,} ({g.received_token_slots / g.uniform_token_slots:.2f}× uniform)"
+            "token-slots received": f"{g.received_token_slots:,} "
+                                    f"({g.received_token_slots / g.uniform_token_slots:.2f}× uniform)"
             if g.uniform_token_slots else f"{g.received_token_slots:,}",
             "activations measured": fmt_bytes(act),
             "vs uniform routing": fmt_pct(error_pct(act, r.predicted.activations_bytes)),
@@ -114,7 +118,8 @@ def comm_frame(result: RunResult) -> pd.DataFrame:
     n = max(len(result.per_rank), 1)
     for k in colls:
         stats = [r.comm.get(k) for r in result.per_rank]
-        mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731
+        # mean is called only within this iteration, so it sees this collective's stats
+        mean = lambda f: sum(getattr(s, f) for s in stats if s is not None) / n  # noqa: E731, B023
         timed = [s.seconds for s in stats if s is not None and s.seconds is not None]
         untimed = any(s is not None and s.seconds is None for s in stats)
         pred = sum(float(r.comm_predicted.get(k, 0) or 0) for r in result.per_rank) / n
@@ -132,7 +137,8 @@ def comm_frame(result: RunResult) -> pd.DataFrame:
 def comm_caption(result: RunResult) -> str:
     """What the comm table's time column means on this run's backend (backend/bench/comm.py)."""
     head = "Payload = the buffer handed to the collective; wire = what a ring algorithm sends per rank. "
-    tail = ", averaged over up to 3 comm-timing steps run after the timed ones, so counting never slows the timed steps."
+    tail = (", averaged over up to 3 comm-timing steps run after the timed ones, so counting never slows the timed "
+            "steps.")
     if (result.env or {}).get("backend") == "nccl":
         notes = sorted({c.seconds_note for r in result.per_rank for c in r.comm.values() if c.seconds_note})
         return (head + "Time = the collective's own duration on NCCL's stream (CUDA events, Work._get_duration)" + tail
@@ -146,13 +152,16 @@ def loss_fig(result: RunResult) -> go.Figure | None:
         return None
     fig = go.Figure()
     if result.loss:
-        fig.add_scatter(name=f"{result.spec.parallel.strategy} (world {result.spec.parallel.world_size})", y=result.loss, x=list(range(1, len(result.loss) + 1)), mode="lines+markers",
+        fig.add_scatter(name=f"{result.spec.parallel.strategy} (world {result.spec.parallel.world_size})",
+                        y=result.loss, x=list(range(1, len(result.loss) + 1)), mode="lines+markers",
                         hovertemplate="step %{x}: loss %{y:.6f}<extra></extra>")
     if result.loss_reference:
-        fig.add_scatter(name="single-process reference", y=result.loss_reference, x=list(range(1, len(result.loss_reference) + 1)),
-                        mode="lines+markers", line_dash="dash", hovertemplate="step %{x}: reference loss %{y:.6f}<extra></extra>")
+        fig.add_scatter(name="single-process reference", y=result.loss_reference,
+                        x=list(range(1, len(result.loss_reference) + 1)), mode="lines+markers", line_dash="dash",
+                        hovertemplate="step %{x}: reference loss %{y:.6f}<extra></extra>")
     sub = f" (max |Δ| = {result.loss_max_abs_diff:.2e})" if result.loss_max_abs_diff is not None else ""
-    fig.update_layout(title="Training loss vs single-process reference" + sub, xaxis_title="step", yaxis_title="cross-entropy loss (nats)", **LAYOUT)
+    fig.update_layout(title="Training loss vs single-process reference" + sub, xaxis_title="step",
+                      yaxis_title="cross-entropy loss (nats)", **LAYOUT)
     fig.update_xaxes(dtick=1)
     return fig
 
@@ -164,8 +173,10 @@ def step_time_fig(result: RunResult) -> go.Figure | None:
     for r in result.per_rank:
         if r.step_s:
             fig.add_scatter(name=f"rank {r.rank}", x=list(range(1, len(r.step_s) + 1)), y=[s * 1e3 for s in r.step_s],
-                            mode="lines+markers", hovertemplate=f"rank {r.rank} step %{{x}}: %{{y:.1f}} ms<extra></extra>")
-    fig.update_layout(title="Wall time of each timed step", xaxis_title="timed step", yaxis_title="step time (ms)", **LAYOUT)
+                            mode="lines+markers",
+                            hovertemplate=f"rank {r.rank} step %{{x}}: %{{y:.1f}} ms<extra></extra>")
+    fig.update_layout(title="Wall time of each timed step", xaxis_title="timed step", yaxis_title="step time (ms)",
+                      **LAYOUT)
     fig.update_xaxes(dtick=1)
     return fig
 
@@ -181,7 +192,8 @@ def headline(result: RunResult) -> dict[str, str]:
         "loss max |Δ| vs reference": _parity_cell(result),
         **_skipped(result),
         "wall time": fmt_seconds(result.wall_s),
-        "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops else "–")
+        "achieved FLOP/s (MFU · HFU)": (f"{result.achieved_flops:.3g}".replace("e+", "e") if result.achieved_flops
+                                        else "–")
         + _utilization(result),
     }
 
@@ -209,7 +221,8 @@ def _parity_cell(result: RunResult) -> str:
 def _skipped(result: RunResult) -> dict[str, str]:
     """fp16-mixed runs: how many optimizer steps the loss scaler skipped (inf/NaN gradients on some rank)."""
     skipped = getattr(result, "loss_scaling_skipped_steps", None)
-    return {} if skipped is None else {"fp16 steps skipped (overflow)": f"{len(skipped)}" + (f" {skipped}" if skipped else "")}
+    return {} if skipped is None else {"fp16 steps skipped (overflow)": f"{len(skipped)}"
+                                       + (f" {skipped}" if skipped else "")}
 
 
 def _utilization(result: RunResult) -> str:

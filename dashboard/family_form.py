@@ -18,7 +18,8 @@ def attention_inputs(prefix: str) -> None:
     c1.number_input("head width (0 = h / a)", 0, MAX_DIM, key=prefix + "attn_head_dim",
                     help="Own q / k / v head width (Qwen3, Gemma 3, gpt-oss, Llama 4): q is a x this wide")
     c2.checkbox("q / k norm", key=prefix + "qk_norm", help="Per-head RMSNorm of q and k (Qwen3, Gemma 3)")
-    c3.checkbox("attention sinks", key=prefix + "attention_sinks", help="A learned logit per head in every softmax (gpt-oss)")
+    c3.checkbox("attention sinks", key=prefix + "attention_sinks",
+                help="A learned logit per head in every softmax (gpt-oss)")
     c1.checkbox("sandwich norms", key=prefix + "sandwich_norm", help="Norms after attention and MLP too (Gemma 2/3)")
     c2.checkbox("scaled embeddings", key=prefix + "scale_embeddings", help="Token embeddings times sqrt(h) (Gemma)")
 

@@ -11,7 +11,8 @@ from backend.analytic.units import GB, GiB
 from backend.number_format import fmt_bytes
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
-ZERO_CURVES = (("ddp", 0, "DDP (ZeRO-0)"), ("zero1", 1, "ZeRO-1 (P_os)"), ("zero2", 2, "ZeRO-2 (P_os+g)"), ("zero3", 3, "ZeRO-3 / FSDP (P_os+g+p)"))
+ZERO_CURVES = (("ddp", 0, "DDP (ZeRO-0)"), ("zero1", 1, "ZeRO-1 (P_os)"), ("zero2", 2, "ZeRO-2 (P_os+g)"),
+               ("zero3", 3, "ZeRO-3 / FSDP (P_os+g+p)"))
 
 
 def worlds(lo: int, hi: int) -> list[int]:
@@ -29,7 +30,8 @@ def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int]
     pb, gb, k = precision_bytes(precision, optimizer)
     fig = go.Figure()
     for key, stage, label in ZERO_CURVES:
-        ys = [zero_model_state_bytes(psi, n=n, stage=stage, k=k, param_bytes=pb, grad_bytes=gb)["total_bytes"] / GiB for n in ns]
+        ys = [zero_model_state_bytes(psi, n=n, stage=stage, k=k, param_bytes=pb, grad_bytes=gb)["total_bytes"] / GiB
+              for n in ns]
         fig.add_scatter(name=label, x=ns, y=ys, mode="lines+markers", line_color=STRATEGY_COLOR[key],
                         hovertemplate=f"{label}<br>N=%{{x}} GPUs: %{{y:,.2f}} GiB per GPU<extra></extra>")
     if device_gb:
@@ -41,7 +43,8 @@ def zero_memory_fig(psi: float, *, precision: str, optimizer: str, ns: list[int]
     per_param = pb + gb + k
     fig.update_layout(title=f"Model-state memory per GPU, Ψ = {psi / 1e9:g}B params, {precision}/{optimizer}: "
                             f"{pb:g} + {gb:g} + K = {per_param:g} bytes per parameter (K = {k:g} optimizer bytes)",
-                      xaxis_title="data-parallel GPUs N (log)", yaxis_title="params + grads + optimizer per GPU (GiB, log)", **LAYOUT)
+                      xaxis_title="data-parallel GPUs N (log)",
+                      yaxis_title="params + grads + optimizer per GPU (GiB, log)", **LAYOUT)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
@@ -56,8 +59,10 @@ def activation_fig(*, seqs: list[int], b: int, h: int, a: int, layers: int, t: i
         ys = [korthikanti_layer_bytes(s=s, b=b, h=h, a=a, t=t, sp=sp, recompute=mode) * layers / GiB for s in seqs]
         fig.add_scatter(name=f"recompute={mode}", x=seqs, y=ys, mode="lines+markers",
                         hovertemplate=f"recompute={mode}<br>s=%{{x}}: %{{y:,.3f}} GiB<extra></extra>")
-    fig.update_layout(title=f"Activation memory per GPU (Korthikanti 2022), b={b}, h={h}, a={a}, L={layers}, t={t}" + (", SP" if sp else ""),
-                      xaxis_title="sequence length s (tokens, log)", yaxis_title="activations per GPU (GiB, log)", **LAYOUT)
+    fig.update_layout(title=f"Activation memory per GPU (Korthikanti 2022), b={b}, h={h}, a={a}, L={layers}, "
+                            f"t={t}" + (", SP" if sp else ""),
+                      xaxis_title="sequence length s (tokens, log)", yaxis_title="activations per GPU (GiB, log)",
+                      **LAYOUT)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
@@ -79,8 +84,8 @@ def bubble_fig(*, p: int, ms: list[int], v: int) -> go.Figure:
         if xs:
             fig.add_scatter(name=f"{sched}" + (f" (v={vv})" if vv > 1 else ""), x=xs, y=ys, mode="lines+markers",
                             hovertemplate=f"{sched}<br>m=%{{x}} microbatches: bubble %{{y:.1f}} %<extra></extra>")
-    fig.update_layout(title=f"Pipeline bubble fraction vs microbatches, p = {p} stages", xaxis_title="microbatches per step m",
-                      yaxis_title="idle fraction of the step (%)", **LAYOUT)
+    fig.update_layout(title=f"Pipeline bubble fraction vs microbatches, p = {p} stages",
+                      xaxis_title="microbatches per step m", yaxis_title="idle fraction of the step (%)", **LAYOUT)
     return fig
 
 
@@ -138,14 +143,16 @@ def measured_checks(runs: list[tuple[int, Any]]) -> pd.DataFrame:
         st = str(r.spec.parallel.strategy)
         if st in ("zero1", "zero2", "zero3", "fsdp") and _shape_key(r) in ddp:
             base = _model_state(ddp[_shape_key(r)])
-            cur, pred_cur, pred_base = _model_state(r), _model_state(r, "predicted"), _model_state(ddp[_shape_key(r)], "predicted")
+            cur, pred_cur, pred_base = (_model_state(r), _model_state(r, "predicted"),
+                                        _model_state(ddp[_shape_key(r)], "predicted"))
             rows.append({"check": f"{st} saves model-state memory vs DDP (world {r.spec.parallel.world_size})",
                          "measured": f"{base / cur:.2f}× ({fmt_bytes(base)} → {fmt_bytes(cur)})" if cur else "–",
                          "formula": f"{pred_base / pred_cur:.2f}×" if pred_cur else "–", "run": ids[id(r)]})
         if r.bubble_measured is not None and r.bubble_predicted is not None:
-            rows.append({"check": f"pipeline bubble, {r.spec.parallel.pp_schedule} p={r.spec.parallel.pp} m={r.spec.train.microbatches}",
-                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %", "run": ids[id(r)],
-                         "caveat": bubble_caveat(r)})
+            rows.append({"check": f"pipeline bubble, {r.spec.parallel.pp_schedule} p={r.spec.parallel.pp} "
+                                  f"m={r.spec.train.microbatches}",
+                         "measured": f"{r.bubble_measured * 100:.1f} %", "formula": f"{r.bubble_predicted * 100:.1f} %",
+                         "run": ids[id(r)], "caveat": bubble_caveat(r)})
     return pd.DataFrame(rows, columns=["check", "measured", "formula", "run", "caveat"])
 
 
@@ -160,4 +167,5 @@ def _shape_key(r: Any) -> tuple:
 
 
 def _model_state(r: Any, which: str = "measured") -> float:
-    return max(sum(getattr(getattr(x, which), c) for c in ("params_bytes", "grads_bytes", "optimizer_bytes")) for x in r.per_rank)
+    return max(sum(getattr(getattr(x, which), c) for c in ("params_bytes", "grads_bytes", "optimizer_bytes"))
+               for x in r.per_rank)

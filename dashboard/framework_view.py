@@ -55,8 +55,10 @@ def offload_frame(result: RunResult) -> pd.DataFrame:
 
 def xla_collectives_frame(result: RunResult) -> pd.DataFrame:
     coll = (result.framework_facts or {}).get("collectives", {})
-    return pd.DataFrame([{"collective": k, "count per step": v.get("calls"), "payload per device": fmt_bytes(v.get("bytes", 0)),
-                          "group sizes": ", ".join(map(str, v.get("group_sizes", []))) or "—"} for k, v in coll.items()])
+    return pd.DataFrame([{"collective": k, "count per step": v.get("calls"),
+                          "payload per device": fmt_bytes(v.get("bytes", 0)),
+                          "group sizes": ", ".join(map(str, v.get("group_sizes", []))) or "—"}
+                         for k, v in coll.items()])
 
 
 def three_frameworks_frame(results: list[tuple[int, RunResult]]) -> pd.DataFrame:
@@ -94,4 +96,5 @@ def three_frameworks_fig(results: list[tuple[int, RunResult]]) -> go.Figure:
 def same_model_and_strategy(results: list[tuple[int, RunResult]]) -> str | None:
     """None when the runs share model shape and strategy; else what differs (the comparison is only fair then)."""
     keys = {(r.spec.model.model_dump_json(), str(r.spec.parallel.strategy)) for _, r in results}
-    return None if len(keys) <= 1 else "these runs differ in model shape or strategy: the comparison mixes more than the framework"
+    return None if len(keys) <= 1 else ("these runs differ in model shape or strategy: the comparison mixes more than "
+                                        "the framework")

@@ -138,11 +138,13 @@ def is_imported(res: Any) -> bool:
 def banner(res: Any) -> str:
     f = res.imported
     line = (f"Imported from {f.framework}: measured elsewhere ({f.gpus} GPUs"
-            + (f", {f.device_name}" if f.device_name else "") + f"), read from {f.log_file} with config {f.config_file}.")
+            + (f", {f.device_name}" if f.device_name else "")
+            + f"), read from {f.log_file} with config {f.config_file}.")
     return line + (" Partial import: " + "; ".join(f.partial_reasons) if f.partial else "")
 
 
-def step_comparison(res: Any, engine: Any = None, run_id: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def step_comparison(res: Any, engine: Any = None,
+                    run_id: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """Measured (median after warm-up) vs the step-time model on the run's hardware profile with the newest calibration
     of that profile: (comparison, None) or (None, why not)."""
     from backend.analytic.steptime.hardware import get_hardware, load_profiles
@@ -177,7 +179,8 @@ def step_fig(cmp: dict[str, Any]) -> go.Figure:
     fig.add_bar(name="measured (median after warm-up)", x=["measured"], y=[cmp["measured_s"]], marker_color="#333",
                 hovertemplate="measured: %{y:.3f} s<extra></extra>")
     fig.add_scatter(name="prediction interval", x=["predicted", "predicted"], y=[cmp["low_s"], cmp["high_s"]],
-                    mode="lines+markers", line=dict(color="black", width=3), marker=dict(symbol="line-ew-open", size=16))
+                    mode="lines+markers", line=dict(color="black", width=3),
+                    marker=dict(symbol="line-ew-open", size=16))
     fig.update_layout(barmode="stack", title="Step time: predicted (where the time goes) vs measured",
                       yaxis_title="seconds per step", **LAYOUT)
     return fig
@@ -212,6 +215,6 @@ def facts_lines(res: Any) -> list[str]:
     if f.lines.get("truncated_last_line") or f.lines.get("overlong_lines_skipped") or f.lines.get("garbled_step_lines"):
         first = f" (first at line {f.lines['first_garbled_line']})" if f.lines.get("first_garbled_line") else ""
         lines.append(f"Read {f.lines.get('lines', 0):,} lines: {f.lines.get('garbled_step_lines', 0)} lines not "
-                     f"understood{first}, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last line: "
-                     f"{bool(f.lines.get('truncated_last_line'))}.")
+                     f"understood{first}, {f.lines.get('overlong_lines_skipped', 0)} over-long lines skipped, cut last "
+                     f"line: {bool(f.lines.get('truncated_last_line'))}.")
     return lines

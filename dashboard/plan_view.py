@@ -74,7 +74,8 @@ PRECISIONS = list(HELD_PRECISIONS)
 CP_NOT_SEARCHED = "context parallelism not searched"
 
 
-def planned_kernel(model: ModelSpec | None, hardware: str, choice: str | None, db_url: str | None = None) -> tuple[str, str]:
+def planned_kernel(model: ModelSpec | None, hardware: str, choice: str | None,
+                   db_url: str | None = None) -> tuple[str, str]:
     """(kernel, why) the page plans with for its choice (DEFAULT_KERNEL: planned_attention's rule on that profile)."""
     from backend.calibration.records import resolve
 
@@ -159,7 +160,8 @@ def fit_rule_line(p: Plan) -> str:
     with the allowance the plan used (a reserve field's: planner/allowance.overhead_of, no NCCL term)."""
     o = p.overhead
     if p.device != "cuda":
-        return f"A layout fits when its worst rank's memory at its fullest moment fits the {p.device_bytes / GiB:.1f} GiB per GPU."
+        return ("A layout fits when its worst rank's memory at its fullest moment fits the "
+                f"{p.device_bytes / GiB:.1f} GiB per GPU.")
     fixed = (f"the CUDA context ({o.cuda_context_bytes / 2**20:.0f} MiB) + NCCL buffers "
              f"({o.nccl_bytes_per_communicator() / 2**20:.0f} MiB per communicator)" if o.nccl_bytes_per_communicator()
              else f"a reserve of {o.cuda_context_bytes / 1e9:g} GB per GPU (in place of the CUDA context and NCCL "
@@ -200,7 +202,8 @@ def results_frame(p: Plan) -> pd.DataFrame:
     for i, c in enumerate(p.configs):
         s, t, par = c["spec"], c["step_time"], c["spec"]["parallel"]
         rows.append({"#": i + 1, "strategy": c["strategy"], **{d: par.get(d, 1) for d in dims.degree_names(dims.DIMS)},
-                     "memory GiB": c["mem_bytes_max"] / GiB, "fullest at": MOMENT_LABEL.get(c.get("fullest_moment"), "–"),
+                     "memory GiB": c["mem_bytes_max"] / GiB,
+                     "fullest at": MOMENT_LABEL.get(c.get("fullest_moment"), "–"),
                      "needs GiB": c["need_bytes"] / GiB if "need_bytes" in c else None,
                      "step s": t["step_s"],
                      "step s (low)": t["low_s"], "step s (high)": t["high_s"], "MFU %": 100 * t["mfu"],
@@ -241,7 +244,8 @@ def pareto_fig(p: Plan) -> go.Figure:
         cs = [c for c in p.configs if c["strategy"] == strat]
         fig.add_scatter(name=strat, mode="markers", x=[c["step_time"]["step_s"] for c in cs],
                         y=[c["mem_bytes_max"] / GiB for c in cs], marker=dict(color=STRATEGY_COLOR.get(strat), size=10),
-                        text=[c["spec"]["name"] for c in cs], hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GiB<extra></extra>")
+                        text=[c["spec"]["name"] for c in cs],
+                        hovertemplate="%{text}<br>%{x:.3f} s/step, %{y:.1f} GiB<extra></extra>")
     front, best = [], float("inf")
     for c in sorted(p.configs, key=lambda c: (c["step_time"]["step_s"], c["mem_bytes_max"])):
         if c["mem_bytes_max"] < best:
@@ -249,20 +253,23 @@ def pareto_fig(p: Plan) -> go.Figure:
             front.append(c)
     if front:
         fig.add_scatter(name="Pareto front", mode="lines", x=[c["step_time"]["step_s"] for c in front],
-                        y=[c["mem_bytes_max"] / GiB for c in front], line=dict(color="black", dash="dot"), hoverinfo="skip")
+                        y=[c["mem_bytes_max"] / GiB for c in front], line=dict(color="black", dash="dot"),
+                        hoverinfo="skip")
     fig.update_layout(title="Memory vs predicted step time (layouts that fit)", xaxis_title="step time (s)",
                       yaxis_title="worst rank at its fullest moment (GiB)", **LAYOUT)
     return fig
 
 
 def breakdown_fig(p: Plan) -> go.Figure:
-    labels = [f"#{i + 1}" for i in range(len(p.configs))]  # the table's row numbers: short, never rotated into the legend
+    labels = [f"#{i + 1}"
+              for i in range(len(p.configs))]  # the table's row numbers: short, never rotated into the legend
     names = [c["spec"]["name"][5:] for c in p.configs]
     fig = go.Figure()
     for key, name in BREAKDOWN:
         fig.add_bar(name=name, x=labels, y=[c["step_time"][key] for c in p.configs], customdata=names,
                     hovertemplate=f"%{{x}} %{{customdata}}<br>{name}: %{{y:.3f}} s<extra></extra>")
-    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)", xaxis_title="layout (# in the table)",
+    fig.update_layout(barmode="stack", title="Predicted step time by component (slowest rank)",
+                      xaxis_title="layout (# in the table)",
                       yaxis_title="seconds", **LAYOUT)
     fig.update_xaxes(type="category")
     return fig
@@ -273,7 +280,8 @@ def spec_for_form(p: Plan, index: int) -> ExperimentSpec:
     return ExperimentSpec.for_prediction(p.configs[index]["spec"])
 
 
-# The seeds' scenarios (backend/analytic/textbook/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB; GPT-3 175B on 64.
+# The seeds' scenarios (backend/analytic/textbook/seeds.py: SEED_003): Llama-70B on 4 nodes x 8 A100-80GB;
+# GPT-3 175B on 64.
 LLAMA70B = dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, seq_len=4096)
 GPT3 = dict(vocab_size=51200, d_model=12288, n_layers=96, n_heads=96, seq_len=2048)
 SCENARIOS = [
@@ -288,9 +296,9 @@ SCENARIOS = [
 
 def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, micro_batch: int = 1,
                       recompute: str = "full", with_best: bool = True) -> list[dict[str, Any]]:
-    """Each seed scenario: fits or not (its exact worst rank on the profile's ranks by the plan's and estimate's one rule,
-    analytic/device.fits_device; "budget GiB": the largest fullest moment that fits it), predicted step time, and the
-    planner's own best layout for the same model, GPUs and batch."""
+    """Each seed scenario: fits or not (its exact worst rank on the profile's ranks by the plan's and estimate's one
+    rule, analytic/device.fits_device; "budget GiB": the largest fullest moment that fits it), predicted step time, and
+    the planner's own best layout for the same model, GPUs and batch."""
     from backend.analytic.device import fits_device, fullest_budget_bytes, profile_device
 
     hw = get_hardware(hardware)
@@ -307,7 +315,8 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
         budget = fullest_budget_bytes(spec.parallel, device, hw.memory_bytes)
         row = {"claim": sc["claim"], "fits": bool(fits_device(worst, spec.parallel, device, hw.memory_bytes)),
                "memory GiB": worst / GiB, "budget GiB": budget / GiB,
-               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None, "best memory GiB": None}
+               "step s": st["step_s"], "MFU %": 100 * st["mfu"], "planner best": "", "best step s": None,
+               "best memory GiB": None}
         if with_best:
             key = (json.dumps(sc["model"], sort_keys=True), sc["gpus"], sc["global_batch"])
             if key not in bests:
@@ -317,7 +326,8 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
             if best.configs:
                 c = best.configs[0]
                 s = c["spec"]
-                row.update({"planner best": f"{s['name'][5:]}, b={s['train']['micro_batch']}, {s['train']['recompute']} recompute"
+                row.update({"planner best": f"{s['name'][5:]}, b={s['train']['micro_batch']}, "
+                                            f"{s['train']['recompute']} recompute"
                             + (f", {s['parallel']['pp_schedule']}" if s["parallel"]["pp"] > 1 else ""),
                             "best step s": c["step_time"]["step_s"], "best memory GiB": c["mem_bytes_max"] / GiB})
         out.append(row)
@@ -331,7 +341,8 @@ PROXY_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=6
 def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, list[str]]:
     """The layout's family (dp flavour, tp/pp/ep > 1 or not, schedule, v, SP, recompute) on <= 4 CPU ranks and a
     small model: (spec, []) or (None, why it cannot run here, with the run checks' arithmetic). At most 4 ranks: a
-    layout with tp, pp and dp > 1 keeps tp = pp = 2 and drops dp to 1, so its data-parallel sharding goes unexercised."""
+    layout with tp, pp and dp > 1 keeps tp = pp = 2 and drops dp to 1, so its data-parallel sharding goes
+    unexercised."""
     from backend.spec import validate_spec
 
     s, par = config["spec"], config["spec"]["parallel"]
@@ -369,7 +380,8 @@ def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
         d = q.get_experiment(engine, r["id"])
         pred, why = run_comparison(d["result"], engine) if d["status"] == "ok" else (None, _pending(d))
         rows.append({"run": r["id"], "status": r["status"], "world": r["world_size"],
-                     "measured s": pred["measured_s"] if pred else None, "predicted s": pred["predicted_s"] if pred else None,
+                     "measured s": pred["measured_s"] if pred else None,
+                     "predicted s": pred["predicted_s"] if pred else None,
                      "error %": pred["error_pct"] if pred else None,
                      "interval s": f"{pred['low_s']:.3f} – {pred['high_s']:.3f}" if pred else "",
                      "inside": ("yes" if pred["inside"] else "no") if pred else "", "note": why or ""})

@@ -47,12 +47,14 @@ def rank_rows(per_rank: list[Any]) -> list[dict[str, Any]]:
         if callable(fullest):  # a RankEstimate: its own fullest moment (never recomputed here)
             row["fullest_bytes"], row["fullest_moment"] = float(fullest()), r.fullest_moment()
         elif fullest is not None:  # its JSON form
-            row["fullest_bytes"], row["fullest_moment"] = float(fullest), str(_get(r, "fullest_moment", "activation_peak"))
+            row["fullest_bytes"], row["fullest_moment"] = float(fullest), str(_get(r, "fullest_moment",
+                                                                                   "activation_peak"))
         rows.append(row)
     return rows
 
 
-def per_rank_memory_fig(rows: list[dict[str, Any]], *, device_mem_bytes: float | None = None, title: str = "Predicted memory per rank") -> go.Figure:
+def per_rank_memory_fig(rows: list[dict[str, Any]], *, device_mem_bytes: float | None = None,
+                        title: str = "Predicted memory per rank") -> go.Figure:
     max_total = max((r["total_bytes"] for r in rows), default=0.0)
     div, unit = byte_scale(max(max_total, 1.0))
     x = [f"rank {r['rank']}" + (f" ({r['coords']})" if r["coords"] else "") for r in rows]
@@ -69,7 +71,8 @@ def per_rank_memory_fig(rows: list[dict[str, Any]], *, device_mem_bytes: float |
     if device_mem_bytes and device_mem_bytes <= 3 * max(max_total, 1.0):
         fig.add_hline(y=device_mem_bytes / div, line_dash="dash", line_color="black",
                       annotation_text=f"device memory {fmt_bytes(device_mem_bytes)}")
-    fig.update_layout(barmode="stack", title=title, xaxis_title="rank (mesh coordinates)", yaxis_title=f"memory per rank ({unit})", **LAYOUT)
+    fig.update_layout(barmode="stack", title=title, xaxis_title="rank (mesh coordinates)",
+                      yaxis_title=f"memory per rank ({unit})", **LAYOUT)
     return fig
 
 
@@ -108,9 +111,10 @@ class Fit:
         parts = [MOMENT_WHY[self.moment]] if self.moment in MOMENT_WHY else []
         o = self.overhead or {}
         if o.get("total"):
-            parts.append(f"incl. CUDA context {fmt_bytes(o['cuda_context'])}, NCCL buffers {fmt_bytes(o['nccl_buffers'])}, "
-                         f"allocator fragmentation {fmt_bytes(o['fragmentation'])} (assumed: backend/analytic/device.py "
-                         "RuntimeOverhead; calibrate with a run's CUDA reserved memory)")
+            parts.append(f"incl. CUDA context {fmt_bytes(o['cuda_context'])}, NCCL buffers "
+                         f"{fmt_bytes(o['nccl_buffers'])}, allocator fragmentation {fmt_bytes(o['fragmentation'])} "
+                         "(assumed: backend/analytic/device.py RuntimeOverhead; calibrate with a run's CUDA reserved "
+                         "memory)")
         return f"; {'; '.join(parts)}" if parts else ""
 
 
@@ -187,7 +191,8 @@ def headline(est: Any) -> dict[str, str]:
 
 HEADLINE_HELP = {
     "parameters": "All parameters of the model (every rank together holds at least one copy).",
-    "comm / step": "Payload of every collective of the busiest rank per optimizer step (the table below breaks it down).",
+    "comm / step": "Payload of every collective of the busiest rank per optimizer step (the table below breaks it "
+                   "down).",
     "pipeline bubble": "Share of the step a pipeline stage idles: (p - 1) / (m + p - 1) for GPipe and 1F1B.",
     "FLOPs / step": "Model FLOPs of one optimizer step over all ranks (6 x parameters x tokens + attention).",
     "tokens / step": "Global batch x sequence length.",
@@ -217,7 +222,8 @@ def predict(spec: Any) -> tuple[Any, list[dict[str, Any]]]:
     est = estimate(spec)
     shown = shown_ranks(est)
     rows = rank_rows(shown)
-    for row, r in zip(rows, shown, strict=False):  # what fit_check hands the one fit rule, and the allowance the chart shows
+    # what fit_check hands the one fit rule, and the allowance the chart shows
+    for row, r in zip(rows, shown, strict=False):
         row["overhead"] = runtime_overhead_bytes(spec, r.fullest_bytes())
         row["parallel"], row["device"] = spec.parallel, str(spec.runtime.device)
     return est, rows

@@ -54,7 +54,8 @@ def submit_one(spec, blockers: list[str]) -> None:
         eid = store_access.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))  # checks rights
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
-        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:",
+                     query_params={"run": str(eid)})
 
 
 def trace(spec, blockers: list[str]) -> None:
@@ -65,17 +66,21 @@ def trace(spec, blockers: list[str]) -> None:
         eid = store_access.start_trace(spec)
         st.session_state["run_id"] = eid
         st.success(f"Tracing as run #{eid} (kind traced); it appears on the Runs page.")
-        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:", query_params={"run": str(eid)})
+        st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:",
+                     query_params={"run": str(eid)})
 
 
 def sweep(v: dict) -> None:
     with st.expander("Sweep: submit a grid of runs"):
         c1, c2, c3 = st.columns(3)
         strategies = c1.multiselect("Strategies", sf.STRATEGIES, default=[v["strategy"]], key="sweep_strategies")
-        worlds = c2.multiselect("World sizes", [1, 2, 3, 4, 6, 8], default=[v["world_size"]] if v["world_size"] in (1, 2, 3, 4, 6, 8) else [2], key="sweep_worlds")
+        worlds = c2.multiselect("World sizes", [1, 2, 3, 4, 6, 8],
+                                default=[v["world_size"]] if v["world_size"] in (1, 2, 3, 4, 6, 8) else [2],
+                                key="sweep_worlds")
         mbs = c3.multiselect("Microbatches (empty = from the batch)", [1, 2, 4, 8, 16], default=[], key="sweep_mbs")
         specs, problems = expand_sweep(v, strategies=strategies, worlds=worlds, microbatches=mbs)
-        st.write(f"**{len(specs)} valid runs** in the grid" + (f", {len(problems)} combinations skipped:" if problems else "."))
+        st.write(f"**{len(specs)} valid runs** in the grid"
+                 + (f", {len(problems)} combinations skipped:" if problems else "."))
         for p in problems:  # a problem may quote the spec's name
             st.text(f"⊘ {p}")
         read_only = access.read_only_reason(access.visitor())

@@ -14,11 +14,11 @@ from backend.spec.dims import DIMS, degree_names
 DEGREES = degree_names(DIMS)
 
 ACTIVE = ("queued", "running")
-COLUMNS = ["id", "status", "loss parity", "progress", "name", "framework", "strategy", "world", "degrees", "schedule", "tags", "step time (ms)",
-           "tokens/s", "peak (MiB)", "created"]
+COLUMNS = ["id", "status", "loss parity", "progress", "name", "framework", "strategy", "world", "degrees", "schedule",
+           "tags", "step time (ms)", "tokens/s", "peak (MiB)", "created"]
 # The list_experiments columns table_frame reads (26 of the columns plus tags).
-TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy", "world_size",
-              *DEGREES, "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
+TABLE_KEYS = ("id", "status", "progress_step", "progress_total", "progress_phase", "error", "name", "strategy",
+              "world_size", *DEGREES, "sequence_parallel", "schedule", "microbatches", "tags", "step_s_median",
               "tokens_per_s", "peak_bytes_max", "created_at", "kind",
               "framework", "source_framework", "diverged", "loss_max_abs_diff", "precision")
 DIVERGED = "ok, diverged"

@@ -79,12 +79,13 @@ def access_problem(paths: list[Path], *, required: bool) -> str | None:
     problems = unreadable + problems
     if not problems and required and not policy.configured:
         problems.append("OIDC login alone lets in anyone your identity provider accepts: list who may use the "
-                        "dashboard in [access] operators = [...] (may submit, cancel and delete runs) and / or viewers = "
-                        "[...] (may look), as e-mail addresses or @domains")
+                        "dashboard in [access] operators = [...] (may submit, cancel and delete runs) and / or viewers "
+                        "= [...] (may look), as e-mail addresses or @domains")
     return "; ".join(problems) or None
 
 
-def remote_access_problem(host: str, *, env: dict[str, str] | None = None, paths: list[Path] | None = None) -> str | None:
+def remote_access_problem(host: str, *, env: dict[str, str] | None = None,
+                          paths: list[Path] | None = None) -> str | None:
     """Why binding `host` is refused (None when allowed)."""
     env = os.environ if env is None else env
     paths = secrets_paths() if paths is None else paths
@@ -98,9 +99,9 @@ def remote_access_problem(host: str, *, env: dict[str, str] | None = None, paths
         return None
     shown = host or "all interfaces"
     return (f"refusing to serve the dashboard on {shown!s}: it would be reachable from other machines without a safe "
-            f"login ({why}). Either configure OIDC login for st.login in .streamlit/secrets.toml [auth] with an [access] "
-            f"allow-list (README: 'Remote access'), or, on a trusted network behind an authenticating proxy, set "
-            f"{TRUSTED_PROXY_ENV}=1. Or bind 127.0.0.1 (the default) and use an SSH tunnel.")
+            f"login ({why}). Either configure OIDC login for st.login in .streamlit/secrets.toml [auth] with an "
+            "[access] allow-list (README: 'Remote access'), or, on a trusted network behind an authenticating proxy, "
+            f"set {TRUSTED_PROXY_ENV}=1. Or bind 127.0.0.1 (the default) and use an SSH tunnel.")
 
 
 def streamlit_argv(host: str, port: int) -> list[str]:

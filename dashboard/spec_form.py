@@ -59,23 +59,25 @@ def preset_label(name: str) -> str:
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny (runs in seconds on CPU)": dict(_GPT, vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32),
     "small (4 layers)": dict(_GPT, vocab_size=512, d_model=128, n_layers=4, n_heads=4, seq_len=64),
-    "tiny MoE (4 experts, top-2)": dict(_GPT, vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32, n_experts=4),
+    "tiny MoE (4 experts, top-2)": dict(_GPT, vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32,
+                                        n_experts=4),
 }
 PRESET_SOURCES: dict[str, str] = {}  # form label -> backend.presets name
 DEFAULT_PRESET = next(iter(PRESETS))
 
-MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts", "top_k",
-              "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden", "n_shared_experts",
-              "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
-TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe", "optimizer", "lr",
-              "recompute", "seed")
+MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts",
+              "top_k", "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden",
+              "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
+TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe",
+              "optimizer", "lr", "recompute", "seed")
 PARALLEL_FIELDS = dims.form_fields(dims.DIMS)
 """The parallel dimensions' fields the form shows (backend/spec/dims.py: degrees, then their options)."""
 PARALLEL_KEYS = ("strategy", "world_size", *(f.name for f in PARALLEL_FIELDS))
 # Widgets use 0 for "derive it": None in the spec.
-ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden", "attn_head_dim",
-                   "q_lora_rank", "kv_lora_rank", "window"}
-FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp], "positions": [v.value for v in Positions],
+ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden",
+                   "attn_head_dim", "q_lora_rank", "kv_lora_rank", "window"}
+FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp],
+                  "positions": [v.value for v in Positions],
                   "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl],
                   "router_score": [v.value for v in RouterScore], "window_kind": [v.value for v in WindowKind]}
 
@@ -123,8 +125,8 @@ def default_form() -> dict[str, Any]:
         name="", preset=DEFAULT_PRESET, strategy="ddp", world_size=2,
         **{f.name: str(f.default) if isinstance(f.default, StrEnum) else f.default for f in PARALLEL_FIELDS},
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
-        precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2, seed=0,
-        timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
+        precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2,
+        seed=0, timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
         source_model=None,
     )
     v.update(framework="torch", offload="none")
@@ -180,7 +182,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "name": name,
         "model": model,
         "train": {k: val(k) for k in TRAIN_KEYS if k in v} | (
-            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v else {})
+            {"recompute": spelled(str(v["recompute"]), int(v.get("recompute_layers") or 1))} if "recompute" in v
+            else {})
         | (stack_form.to_spec(v) if "stack" in v else {}),
         "parallel": parallel,
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
@@ -204,9 +207,11 @@ def run_here_rows(v: dict[str, Any]) -> list[dict[str, str]]:
     small = form_to_spec_dict(v | {"run_here": True})["model"]
     moe_only = ("n_experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden")
     rows = [{"field": label, "full size": _shape_value(full, k), "runs here": _shape_value(small, k)}
-            for k, label in SHAPE_ROWS if (full.get(k) or small.get(k)) and (full.get("n_experts") or k not in moe_only)]
+            for k, label in SHAPE_ROWS if (full.get(k) or small.get(k))
+            and (full.get("n_experts") or k not in moe_only)]
     try:
-        counts = [f"{count_params(ModelSpec(**{k: x for k, x in m.items() if k != 'source'})):,}" for m in (full, small)]
+        counts = [f"{count_params(ModelSpec(**{k: x for k, x in m.items() if k != 'source'})):,}"
+                  for m in (full, small)]
     except ValueError:
         counts = ["–", "–"]
     return rows + [{"field": "parameters", "full size": counts[0], "runs here": counts[1]}]
@@ -218,8 +223,8 @@ def gqa_note(v: dict[str, Any]) -> str | None:
     small = form_to_spec_dict(v | {"run_here": True})["model"]
     heads, kv = full.get("n_heads") or 1, full.get("n_kv_heads")
     if kv and kv != heads and not small.get("n_kv_heads"):
-        return (f"GQA: the full model's {heads // kv} query heads per KV head do not divide the {small['n_heads']} heads "
-                "that run here, so the scaled model uses plain multi-head attention.")
+        return (f"GQA: the full model's {heads // kv} query heads per KV head do not divide the {small['n_heads']} "
+                "heads that run here, so the scaled model uses plain multi-head attention.")
     return None
 
 

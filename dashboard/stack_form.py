@@ -18,7 +18,8 @@ from backend.spec.stacks import (
 )
 
 DEFAULT = "stack default"
-BOOLEAN = ("loss_parallel", "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp")
+BOOLEAN = ("loss_parallel", "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap",
+           "optimizer_over_cp")
 CHOICES: dict[str, list[str]] = {
     "attention_kernel": [DEFAULT, *KERNEL_CHOICES],
     "elementwise": [DEFAULT, *ELEMENTWISE_CHOICES],
@@ -28,8 +29,8 @@ CHOICES: dict[str, list[str]] = {
     **{k: [DEFAULT, "on", "off"] for k in BOOLEAN},
 }
 LABELS = {"attention_kernel": "Attention kernel", "elementwise": "Element-wise work (eager / compiled / fused)",
-          "param_dtype": "Parameter dtype", "grad_reduce_dtype": "Gradient reduce dtype", "master_dtype": "Master weights",
-          "loss_parallel": "Loss parallel (vocab-parallel cross-entropy)",
+          "param_dtype": "Parameter dtype", "grad_reduce_dtype": "Gradient reduce dtype",
+          "master_dtype": "Master weights", "loss_parallel": "Loss parallel (vocab-parallel cross-entropy)",
           "tp_overlap": "TP comm overlap (async TP / TE userbuffers)", "grad_reduce_overlap": "DP grad-reduce overlap",
           "param_gather_overlap": "DP param-gather overlap", "pp_overlap": "PP p2p overlap",
           "optimizer_over_cp": "Optimizer sharded over dp x cp"}
@@ -52,7 +53,8 @@ def to_form(train: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"stack": str(getattr(train, "stack", "shardlab"))}
     for k in SETTINGS:
         x = getattr(train, k, None)
-        out[k] = DEFAULT if x is None else ("on" if x else "off") if k in BOOLEAN else str(x.value if hasattr(x, "value") else x)
+        out[k] = (DEFAULT if x is None else ("on" if x else "off") if k in BOOLEAN
+                  else str(x.value if hasattr(x, "value") else x))
     return out
 
 
@@ -63,7 +65,8 @@ def defaults() -> dict[str, Any]:
 def resolved_rows(spec: Any, device: str) -> list[dict[str, str]]:
     """One row per setting as it resolves (value, set by, source): the table under the settings."""
     r = resolve_stack(spec, device)
-    return [{"setting": k, "value": _word(r.values[k]), "set by": r.set_by[k], "source": r.sources[k]} for k in SETTINGS]
+    return [{"setting": k, "value": _word(r.values[k]), "set by": r.set_by[k], "source": r.sources[k]}
+            for k in SETTINGS]
 
 
 def _word(value: Any) -> str:

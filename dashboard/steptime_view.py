@@ -29,7 +29,8 @@ def _calibrated(hardware: str, engine: Any) -> tuple[Any, tuple[float, float] | 
     return hw, (tuple(cal["band"]) if cal else None), cal
 
 
-def predict(spec: Any, hardware: str, engine: Any = None, gpus_per_node: int | None = None) -> tuple[dict | None, str | None]:
+def predict(spec: Any, hardware: str, engine: Any = None,
+            gpus_per_node: int | None = None) -> tuple[dict | None, str | None]:
     """(step-time summary + "hardware", "calibration", None) or (None, why not) for a spec on a profile, with the
     newest calibration for that profile."""
     if hardware not in load_profiles():
@@ -78,4 +79,5 @@ def run_comparison(res: Any, engine: Any) -> tuple[dict | None, str | None]:
     return {"hardware": CPU, "calibration": cal_id, "predicted_s": pred["step_s"], "low_s": pred["low_s"],
             "high_s": pred["high_s"], "measured_s": measured, "error_pct": (pred["step_s"] - measured) / measured * 100,
             "inside": pred["low_s"] <= measured <= pred["high_s"],
-            "extrapolation": extrapolation(res.spec, cal["ranges"], get_hardware(CPU).gpus_per_node) if cal else []}, None
+            "extrapolation": (extrapolation(res.spec, cal["ranges"], get_hardware(CPU).gpus_per_node) if cal
+                              else [])}, None

@@ -47,14 +47,16 @@ def list_runs(url: str, **filters: Any) -> list[dict[str, Any]]:
 
 
 def _list_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, ...] = (), tag: str | None = None,
-               search: str | None = None, limit: int = 200, offset: int = 0, order_by: str = "created_at", descending: bool = True,
+               search: str | None = None, limit: int = 200, offset: int = 0, order_by: str = "created_at",
+               descending: bool = True,
                columns: tuple[str, ...] | None = None, framework: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """list_experiments' plain dicts (no spec/result objects: those come only from get_run)."""
     from db import queries
 
-    return queries.list_experiments(_engine_for(url), status=list(status) or None, strategy=list(strategy) or None, tag=tag or None,
-                                    search=search or None, limit=limit, offset=offset, order_by=order_by, descending=descending,
-                                    columns=columns, framework=list(framework) or None)
+    return queries.list_experiments(_engine_for(url), status=list(status) or None, strategy=list(strategy) or None,
+                                    tag=tag or None, search=search or None, limit=limit, offset=offset,
+                                    order_by=order_by, descending=descending, columns=columns,
+                                    framework=list(framework) or None)
 
 
 @st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
@@ -67,8 +69,8 @@ def runs_table(url: str, **filters: Any):
 
 
 @st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
-def count_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, ...] = (), tag: str | None = None, search: str | None = None,
-               framework: tuple[str, ...] = ()) -> int:
+def count_runs(url: str, *, status: tuple[str, ...] = (), strategy: tuple[str, ...] = (), tag: str | None = None,
+               search: str | None = None, framework: tuple[str, ...] = ()) -> int:
     from db import queries
 
     return int(queries.count_experiments(_engine_for(url), status=list(status) or None, strategy=list(strategy) or None,

@@ -20,7 +20,8 @@ def expand_sweep(
     """
     specs: list[ExperimentSpec] = []
     problems: list[str] = []
-    for st, world, m in itertools.product(strategies or [base["strategy"]], worlds or [base["world_size"]], microbatches or [0]):
+    for st, world, m in itertools.product(strategies or [base["strategy"]], worlds or [base["world_size"]],
+                                          microbatches or [0]):
         label = f"{st} world={world}" + (f" microbatches={m}" if m else "")
         spec, errs = _one(base, st, int(world), int(m))
         if spec is None:

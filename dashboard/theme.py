@@ -29,4 +29,5 @@ STATUS_ICON = {
 }
 # No template: st.plotly_chart applies the Streamlit theme, and setting a template costs ~130 ms per figure.
 # The legend stands right of the plot, where plotly makes room for it: below it, it covered rotated tick labels.
-LAYOUT = dict(margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"))
+LAYOUT = dict(margin=dict(l=60, r=20, t=50, b=50),
+              legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"))

@@ -18,8 +18,10 @@ COMPUTE = ("F", "B", "W")
 
 def _ev(e: Any) -> dict[str, Any]:
     if isinstance(e, dict):
-        return {"rank": e["rank"], "stage": e["stage"], "microbatch": e["microbatch"], "pass": e.get("pass", e.get("pass_")), "start_s": e["start_s"], "end_s": e["end_s"]}
-    return {"rank": e.rank, "stage": e.stage, "microbatch": e.microbatch, "pass": e.pass_, "start_s": e.start_s, "end_s": e.end_s}
+        return {"rank": e["rank"], "stage": e["stage"], "microbatch": e["microbatch"],
+                "pass": e.get("pass", e.get("pass_")), "start_s": e["start_s"], "end_s": e["end_s"]}
+    return {"rank": e.rank, "stage": e.stage, "microbatch": e.microbatch, "pass": e.pass_, "start_s": e.start_s,
+            "end_s": e.end_s}
 
 
 def normalize(events: list[Any]) -> list[dict[str, Any]]:
@@ -50,15 +52,21 @@ def gantt_fig(events: list[dict[str, Any]], *, title: str, time_unit: str = "ms"
         if not evs:
             continue
         fig.add_bar(
-            name={"F": "forward", "B": "backward (input grad)" if any(x["pass"] == "W" for x in events) else "backward", "W": "backward (weight grad)"}.get(p, p),
-            orientation="h", base=[e["start_s"] * scale for e in evs], x=[(e["end_s"] - e["start_s"]) * scale for e in evs],
+            name={"F": "forward",
+                  "B": "backward (input grad)" if any(x["pass"] == "W" for x in events) else "backward",
+                  "W": "backward (weight grad)"}.get(p, p),
+            orientation="h", base=[e["start_s"] * scale for e in evs],
+            x=[(e["end_s"] - e["start_s"]) * scale for e in evs],
             y=[f"rank {e['rank']}" for e in evs], marker_color=PASS_COLOR.get(p, "#999"), marker_line_width=0.5,
             text=[f"{p}{e['microbatch']}" for e in evs], textposition="inside", insidetextanchor="middle",
             customdata=[[e["stage"], e["microbatch"], e["start_s"] * scale, e["end_s"] * scale] for e in evs],
-            hovertemplate=f"%{{y}} stage %{{customdata[0]}} microbatch %{{customdata[1]}}<br>{p}: %{{customdata[2]:.2f}}–%{{customdata[3]:.2f}} {time_unit} (%{{x:.2f}} {time_unit})<extra></extra>",
+            hovertemplate=f"%{{y}} stage %{{customdata[0]}} microbatch %{{customdata[1]}}<br>{p}: "
+                          f"%{{customdata[2]:.2f}}–%{{customdata[3]:.2f}} {time_unit} (%{{x:.2f}} "
+                          f"{time_unit})<extra></extra>",
         )
     ranks = sorted({e["rank"] for e in events})
-    fig.update_layout(barmode="overlay", title=title, xaxis_title=f"time ({time_unit})", yaxis_title="pipeline rank", **LAYOUT)
+    fig.update_layout(barmode="overlay", title=title, xaxis_title=f"time ({time_unit})", yaxis_title="pipeline rank",
+                      **LAYOUT)
     fig.update_yaxes(categoryorder="array", categoryarray=[f"rank {r}" for r in reversed(ranks)])
     return fig
 
@@ -110,7 +118,8 @@ def simulate(order: dict[int, list[tuple[str, int, int]]]) -> list[dict[str, Any
                     break
                 start = max([free[r]] + [done[d] for d in deps])
                 done[(p, s, mb)] = free[r] = start + cost[p]
-                out.append({"rank": r, "stage": s, "microbatch": mb, "pass": p, "start_s": start, "end_s": start + cost[p]})
+                out.append({"rank": r, "stage": s, "microbatch": mb, "pass": p, "start_s": start,
+                            "end_s": start + cost[p]})
                 pos[r] += 1
                 progressed = True
     return out

@@ -64,7 +64,8 @@ def _private_dir(path: Path) -> None:
     info = os.lstat(path)
     why = ("is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a folder" if not stat.S_ISDIR(info.st_mode)
            else f"belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})" if info.st_uid != os.geteuid()
-           else f"has mode {stat.S_IMODE(info.st_mode):o}: others may write or read it" if info.st_mode & 0o077 else None)
+           else f"has mode {stat.S_IMODE(info.st_mode):o}: others may write or read it" if info.st_mode & 0o077
+           else None)
     if why:
         raise UnsafeStateDir(f"the dashboard's state folder {path} {why}; it must be a private folder (mode 700) of "
                              "this user. Remove it (another user may have planted it), then reload the page.")
@@ -114,7 +115,8 @@ def _pid_alive(pid_file: Path) -> int | None:
     try:
         pid = int(text.strip())
         p = psutil.Process(pid)
-        if p.status() != psutil.STATUS_ZOMBIE and "backend" in " ".join(p.cmdline()) and "worker" in " ".join(p.cmdline()):
+        if (p.status() != psutil.STATUS_ZOMBIE and "backend" in " ".join(p.cmdline())
+                and "worker" in " ".join(p.cmdline())):
             return pid
     except (OSError, ValueError, psutil.Error):
         pass

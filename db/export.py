@@ -53,8 +53,8 @@ EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue 
     "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads",
     "ffn", "seq_len", "vocab", "n_experts", "top_k", "capacity_factor", "tokens_dropped",
     "global_batch", "micro_batch", "steps", "precision", "optimizer",
-    "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s", "mfu",
-    "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
+    "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s",
+    "mfu", "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
     "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
     "started_at", "finished_at", "worker_id", "host"], DIMS)
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
@@ -64,7 +64,8 @@ NOT_APPLICABLE = {**not_applicable(DIMS), "top_k": "n_experts"}
 balancing) / > 0 (n_experts)."""
 MEM_COLUMNS = [f"{kind}_{c}_bytes" for c in CATEGORIES for kind in ("measured", "predicted")]
 ERR_COLUMNS = [f"error_pct_{c}" for c in ERROR_CATEGORIES]
-COMM_COLUMNS = ["comm_bytes", "comm_wire_bytes", "comm_predicted_bytes", "comm_seconds", *[f"comm_{c}_bytes" for c in COLLECTIVES]]
+COMM_COLUMNS = ["comm_bytes", "comm_wire_bytes", "comm_predicted_bytes", "comm_seconds",
+                *[f"comm_{c}_bytes" for c in COLLECTIVES]]
 VERSION_COLUMNS = ["torch_version", "python_version"]
 TIME_KEYS = ("created_at", "started_at", "finished_at")
 RANK_COLUMNS = ["rank", "coords", "steps_timed", "rank_step_s_median", "rank_step_s_mean", "rank_step_s_min",
@@ -90,7 +91,8 @@ def _time_sql(col, key: str, dialect: str):
     """A timestamp as ISO 8601 text. SQLite stores naive UTC text "YYYY-MM-DD HH:MM:SS.ffffff", turned into
     "YYYY-MM-DDTHH:MM:SS.ffffff+00:00" in SQL; other databases return datetimes that _iso converts."""
     text = type_coerce(col, String)
-    return (func.replace(text, " ", "T") + literal("+00:00", String)).label(key) if dialect == "sqlite" else text.label(key)
+    return ((func.replace(text, " ", "T") + literal("+00:00", String)).label(key) if dialect == "sqlite"
+            else text.label(key))
 
 
 def _exp_columns(dialect: str, safe: bool) -> list:
@@ -108,7 +110,8 @@ def _exp_columns(dialect: str, safe: bool) -> list:
         if k in NOT_APPLICABLE:
             gate = column(NOT_APPLICABLE[k])
             col = case((gate > (0 if k == "top_k" else 1), col), else_=None)
-        out.append(_time_sql(col, k, dialect) if k in TIME_KEYS else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
+        out.append(_time_sql(col, k, dialect) if k in TIME_KEYS
+                   else _neutralised_sql(col, k) if safe and k in _TEXT_KEYS
                    else col.label(k))
     return out
 
@@ -148,8 +151,10 @@ def _loss_parity():
     """backend.result.parity_verdict in SQL: 'fails' over the precision's bound, 'ok' within it, blank without a
     reference. A non-number (NaN) difference is not <= the bound: fails."""
     diff = Experiment.loss_max_abs_diff
-    bound = case(*[(Experiment.precision == p, literal(b)) for p, b in PARITY_BOUND.items()], else_=literal(parity_bound("")))
-    return case((diff.is_(None), None), (diff <= bound, literal(PARITY_OK, String)), else_=literal(PARITY_FAILS, String))
+    bound = case(*[(Experiment.precision == p, literal(b)) for p, b in PARITY_BOUND.items()],
+                 else_=literal(parity_bound("")))
+    return case((diff.is_(None), None), (diff <= bound, literal(PARITY_OK, String)),
+                else_=literal(PARITY_FAILS, String))
 
 
 DERIVED = {"step_time_predicted_s": lambda: ExperimentSummary.step_time_predicted_s,
@@ -181,7 +186,8 @@ def _rank_columns(safe: bool) -> list:
 def _ranks_select(safe: bool, filters: dict):
     """The rank rows of the experiments the filters select, by experiment then rank (experiment_id first)."""
     R = RankResultRow
-    stmt = select(R.experiment_id, *_rank_columns(safe)).select_from(R).join(Experiment, Experiment.id == R.experiment_id)
+    stmt = (select(R.experiment_id, *_rank_columns(safe)).select_from(R)
+            .join(Experiment, Experiment.id == R.experiment_id))
     return filtered(stmt, **filters).order_by(R.experiment_id, R.rank)
 
 
@@ -229,7 +235,8 @@ def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False,
     dialect = engine.dialect.name
     target = out if out is not None else io.StringIO()
     with engine.connect() as conn:
-        exp_rows = conn.execute(wide_select(dialect, True, filters) if not long else _long_exp_select(dialect, filters)).all()
+        exp_rows = conn.execute(wide_select(dialect, True, filters) if not long
+                                else _long_exp_select(dialect, filters)).all()
         tags = tags_for(conn, [r[0] for r in exp_rows])
         rank_rows = conn.execute(_ranks_select(True, filters)).all() if long else None
     if dialect != "sqlite":

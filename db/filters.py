@@ -8,7 +8,8 @@ from sqlalchemy import Select, exists, or_, select
 from db.models import Experiment, ExperimentTag
 
 
-def filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None) -> Select:
+def filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
+             framework=None) -> Select:
     if framework:
         stmt = stmt.where(Experiment.framework.in_(as_list(framework)))
     if status:
@@ -23,7 +24,8 @@ def filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=Non
     if search:
         tag_hit = exists().where(ExperimentTag.experiment_id == Experiment.id,
                                  ExperimentTag.tag.icontains(search, autoescape=True))
-        conds = [Experiment.name.icontains(search, autoescape=True), Experiment.error.icontains(search, autoescape=True),
+        conds = [Experiment.name.icontains(search, autoescape=True),
+                 Experiment.error.icontains(search, autoescape=True),
                  Experiment.sweep_id.icontains(search, autoescape=True), tag_hit]
         if str(search).strip().isdigit():
             conds.append(Experiment.id == int(str(search).strip()))
@@ -38,7 +40,8 @@ def as_list(value) -> list[str]:
 def tags_for(conn, ids: list[int]) -> dict[int, list[str]]:
     if not ids:
         return {}
-    stmt = select(ExperimentTag.experiment_id, ExperimentTag.tag).order_by(ExperimentTag.experiment_id, ExperimentTag.tag)
+    stmt = (select(ExperimentTag.experiment_id, ExperimentTag.tag)
+            .order_by(ExperimentTag.experiment_id, ExperimentTag.tag))
     if len(ids) <= 500:
         stmt = stmt.where(ExperimentTag.experiment_id.in_(ids))
     else:

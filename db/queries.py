@@ -114,8 +114,8 @@ def _require(s, experiment_id: int) -> Experiment:
 
 # ---- reading ---------------------------------------------------------------------------------------
 
-def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None, framework=None,
-                     limit: int | None = None, offset: int = 0, order_by: str = "created_at",
+def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sweep_id=None, search=None,
+                     framework=None, limit: int | None = None, offset: int = 0, order_by: str = "created_at",
                      descending: bool = True, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """Flat rows (ROW_KEYS + "tags": list[str]). status/strategy/tag accept one value or a list
     (tag: every listed tag must be present); search matches name, error, sweep id, tags or the id.
@@ -127,13 +127,15 @@ def list_experiments(engine: Engine, *, status=None, strategy=None, tag=None, sw
     col = column(order_by)
     stmt = filtered(select(*[column(k) for k in keys]), status=status, strategy=strategy, tag=tag,
                      sweep_id=sweep_id, search=search, framework=framework)
-    stmt = stmt.order_by(col.desc() if descending else col.asc(), Experiment.id.desc() if descending else Experiment.id.asc())
+    stmt = stmt.order_by(col.desc() if descending else col.asc(),
+                         Experiment.id.desc() if descending else Experiment.id.asc())
     if limit is not None:
         stmt = stmt.limit(limit)
     if offset:
         stmt = stmt.offset(offset)
     with engine.connect() as conn:
-        rows = [dict(zip(keys, r, strict=False)) for r in conn.execute(stmt).all()]  # one fetchall, not a fetchone per row
+        rows = [dict(zip(keys, r, strict=False))
+                for r in conn.execute(stmt).all()]  # one fetchall, not a fetchone per row
         if with_tags:
             tags = tags_for(conn, [r["id"] for r in rows])
             for r in rows:
@@ -164,8 +166,8 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
     """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None),
     "result_error" (why a stored result does not read, else None)."""
 
-    extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json, Experiment.result_json,
-             Experiment.run_uid)
+    extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json,
+             Experiment.result_json, Experiment.run_uid)
     stmt = select(*[column(k) for k in ROW_KEYS], *extra).where(Experiment.id == experiment_id)
     with engine.connect() as conn:
         row = conn.execute(stmt).first()
@@ -223,7 +225,8 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
             raise ValueError(f"experiment {experiment_id} was imported from a {exp.source_framework} log: it ran "
                              "elsewhere, so it cannot be re-queued here (Open in New experiment to run its spec)")
         if exp.status not in REQUEUEABLE:
-            raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs ({', '.join(REQUEUEABLE)}) can be re-queued")
+            raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs "
+                             f"({', '.join(REQUEUEABLE)}) can be re-queued")
         spec, tags, sweep = ExperimentSpec.model_validate_json(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id
     return submit_experiment(engine, spec, tags=tags, sweep_id=sweep, requeue_of=experiment_id)
 

@@ -144,8 +144,8 @@ def _text(value: Any) -> str | None:
 def _step_stats(step_s: list[float]) -> dict[str, Any]:
     if not step_s:
         return {"steps_timed": 0, "step_s_median": None, "step_s_mean": None, "step_s_min": None, "step_s_max": None}
-    return {"steps_timed": len(step_s), "step_s_median": statistics.median(step_s), "step_s_mean": statistics.fmean(step_s),
-            "step_s_min": min(step_s), "step_s_max": max(step_s)}
+    return {"steps_timed": len(step_s), "step_s_median": statistics.median(step_s),
+            "step_s_mean": statistics.fmean(step_s), "step_s_min": min(step_s), "step_s_max": max(step_s)}
 
 
 def comm_rows(experiment_id: int, result: RunResult) -> list[dict[str, Any]]:

@@ -52,7 +52,8 @@ def release_claim(engine: Engine, experiment_id: int, worker_id: str) -> bool:
     -> queued, only while this worker still holds it. True when it went back."""
     with writer(engine) as s, s.begin():
         done = s.execute(update(Experiment).where(
-            Experiment.id == experiment_id, Experiment.status == Status.RUNNING, Experiment.worker_id == worker_id).values(
+            Experiment.id == experiment_id, Experiment.status == Status.RUNNING,
+            Experiment.worker_id == worker_id).values(
             status=str(Status.QUEUED), worker_id=None, host=None, started_at=None, heartbeat_at=None,
             progress_step=None, progress_total=None, progress_phase=None))
         return done.rowcount == 1
@@ -103,7 +104,8 @@ def _write_result(s, experiment_id: int, result: RunResult) -> None:
         **rr.summary_columns(result), finished_at=utcnow()))
     ranks = rr.rank_rows(experiment_id, result)
     for model, rows in ((RankResultRow, ranks), (CommRecord, rr.comm_rows(experiment_id, result)),
-                        (LossRecord, rr.loss_rows(experiment_id, result)), (TimelineRecord, rr.timeline_rows(experiment_id, result)),
+                        (LossRecord, rr.loss_rows(experiment_id, result)),
+                        (TimelineRecord, rr.timeline_rows(experiment_id, result)),
                         (ExperimentSummary, [rr.summary_row(experiment_id, result, ranks)])):
         if rows:
             s.execute(insert(model), rows)
@@ -132,7 +134,8 @@ def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:
             Experiment.status == Status.RUNNING,
             or_(Experiment.heartbeat_at < cutoff, Experiment.heartbeat_at.is_(None)))).all()
         if stale:
-            mark_interrupted(s, stale, f"no heartbeat for more than {stale_after_s:g} s: the worker stopped (killed or crashed)")
+            mark_interrupted(s, stale, f"no heartbeat for more than {stale_after_s:g} s: the worker stopped "
+                                       "(killed or crashed)")
     return list(stale)
 
 

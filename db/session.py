@@ -155,7 +155,8 @@ def check_store_file(path: Path, identity: tuple[int, int] | None) -> None:
                     "is written to a file nobody will read (results already on disk stay in their run folders)")
 
 
-def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None, identity: tuple[int, int] | None = None) -> None:
+def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None,
+                 identity: tuple[int, int] | None = None) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None

@@ -63,7 +63,8 @@ def mark_dead_workers(engine: Engine, host: str) -> list[str]:
     """Mark `dead` the workers on `host` whose process no longer exists; returns their ids. Workers already
     marked stopped or dead are not looked at again."""
     with writer(engine) as s, s.begin():
-        workers = s.execute(select(Worker).where(Worker.host == host, Worker.state.not_in(("stopped", "dead")))).scalars().all()
+        workers = s.execute(select(Worker).where(Worker.host == host,
+                                                 Worker.state.not_in(("stopped", "dead")))).scalars().all()
         dead = [w for w in workers if _process_gone(w.pid, w.pid_started)]
         for w in dead:
             w.state = "dead"
@@ -75,7 +76,8 @@ def interrupt_jobs_of_dead_workers(engine: Engine, host: str) -> list[int]:
     importing the results those workers left on disk (backend/worker/recovery.py)."""
     with writer(engine) as s, s.begin():
         dead = select(Worker.id).where(Worker.host == host, Worker.state == "dead")
-        ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING, Experiment.worker_id.in_(dead))).all()
+        ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING,
+                                                    Experiment.worker_id.in_(dead))).all()
         if ids:
             mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)")
         return list(ids)
@@ -99,5 +101,6 @@ def gone_worker_ids(engine: Engine, host: str, stale_after_s: float | None) -> s
     with engine.connect() as conn:
         rows = conn.execute(select(Worker.id, Worker.host, Worker.pid, Worker.pid_started, Worker.state,
                                    Worker.heartbeat_at)).all()
-    return {r.id for r in rows if r.state in ("stopped", "dead") or (r.host == host and _process_gone(r.pid, r.pid_started))
+    return {r.id for r in rows if r.state in ("stopped", "dead")
+            or (r.host == host and _process_gone(r.pid, r.pid_started))
             or (stale_after_s is not None and (now - r.heartbeat_at).total_seconds() > stale_after_s)}

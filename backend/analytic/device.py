@@ -114,14 +114,15 @@ def device_notes(spec: ExperimentSpec, *, n_param_tensors: int, autocast: bool) 
              "(the caching allocator's block, as MemTracker counts it), except gradients that are views of one "
              "buffer (classic DDP's buckets, FSDP2's per-unit reduce-scatter output)"]
     if spec.train.optimizer == Optimizer.ADAMW:
-        notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} B) "
-                     "live on the host (capturable=False), so they are not in the device's optimizer bytes")
+        notes.append(f"CUDA: AdamW's 0-dim `step` tensors (4 B per local parameter tensor, ≤ {4 * n_param_tensors:,} "
+                     "B) live on the host (capturable=False), so they are not in the device's optimizer bytes")
     if autocast and str(spec.train.recompute) == "none":
         notes.append("CUDA autocast runs softmax in fp32: the attention probabilities are saved in fp32 and again as "
                      "the 16-bit copy probs @ v saves (6 B per score instead of 2 B on CPU)")
     if str(getattr(spec.model, "norm", "layernorm")) == "rmsnorm":
         notes.append("CUDA: RMSNorm runs torch's fused kernel, which keeps only its input and an fp32 rstd per row for "
-                     "backward (the CPU composite also keeps an fp32 normalised copy, and an fp32 copy of a 16-bit input)")
+                     "backward (the CPU composite also keeps an fp32 normalised copy, and an fp32 copy of a 16-bit "
+                     "input)")
     if spec.parallel.pp > 1:
         notes.append("CUDA + PP: the sent stage outputs held per rank (analytic/pipelining.py) are calibrated on gloo, "
                      "whose send Works finish when sent; NCCL keeps a sent tensor until its watchdog retires the Work, "
@@ -228,4 +229,5 @@ def runtime_overhead_bytes(spec: ExperimentSpec, peak_bytes: float,
                            overhead: RuntimeOverhead | None = None) -> dict[str, float]:
     """{cuda_context, nccl_buffers, fragmentation, total} bytes for one rank of a spec whose predicted peak is
     peak_bytes (allowance_bytes on the spec's device)."""
-    return {k: float(v) for k, v in allowance_bytes(peak_bytes, spec.parallel, str(spec.runtime.device), overhead).items()}
+    return {k: float(v) for k, v in allowance_bytes(peak_bytes, spec.parallel, str(spec.runtime.device),
+                                                    overhead).items()}

@@ -58,7 +58,8 @@ def model_state_bytes(layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
             n = padded(numel, group)
             shard = n / group if isinstance(n, np.ndarray) and n.dtype.kind == "f" else n // group  # exact: padded
             master = where(half, _storage(MASTER_BYTES * shard, cuda), 0)
-            step = STEP_TENSOR_BYTES * holds if layout.optimizer == "adamw" and adamw_step_on_device(layout.device) else 0
+            step = (STEP_TENSOR_BYTES * holds if layout.optimizer == "adamw" and adamw_step_on_device(layout.device)
+                    else 0)
             optimizer = master + state_tensors * _storage(MASTER_BYTES * shard, cuda) + step
             for i, value in enumerate((_storage(pb * n, cuda), _storage(MASTER_BYTES * n, cuda), optimizer)):
                 totals[i] = totals[i] + count * value

@@ -155,7 +155,7 @@ class ClassEstimate:
         optimizer share)."""
         if self.zero1_shares is None:
             return [(self.representative, self.ranks)]
-        p, c = spec.parallel, self.members
+        c = self.members
         tp_count = len(c.tp_indices)
         groups = self.zero1_shares.groups(str(spec.train.optimizer), str(spec.runtime.device))
         owning = {dp for dps in groups.values() for dp in dps}
@@ -238,8 +238,9 @@ class Estimate:
         "per_rank_page" says which, and "rank_classes" summarises every class of equivalent ranks)."""
         paged = max_ranks is not None and (offset > 0 or len(self.per_rank) > max_ranks)
         out = {"per_rank": [r.to_dict() for r in (self.page(offset, max_ranks) if paged else self.per_rank)]}
-        out.update({k: getattr(self, k) for k in ("params_total", "tokens_per_step", "flops_per_step", "bubble_fraction",
-                                                   "comm_bytes_per_step", "comm_wire_bytes_per_step")})
+        out.update({k: getattr(self, k) for k in ("params_total", "tokens_per_step", "flops_per_step",
+                                                  "bubble_fraction", "comm_bytes_per_step",
+                                                  "comm_wire_bytes_per_step")})
         out["zero_textbook"], out["notes"] = self.zero_textbook, list(self.notes)
         if paged:
             shown = out["per_rank"]
@@ -286,22 +287,24 @@ def estimate(spec: ExperimentSpec, *, device: str | None = None) -> Estimate:
         flops_per_step=flops, bubble_fraction=bubble,
         comm_bytes_per_step={k: max(r.comm_bytes.get(k, 0.0) for r in reps) for k in kinds},
         comm_wire_bytes_per_step={k: max(r.comm_wire_bytes.get(k, 0.0) for r in reps) for k in kinds},
-        zero_textbook=zero_textbook(psi, dp=p.dp_cp, stage=p.zero_stage, precision=str(t.precision), optimizer=str(t.optimizer)),
+        zero_textbook=zero_textbook(psi, dp=p.dp_cp, stage=p.zero_stage, precision=str(t.precision),
+                                    optimizer=str(t.optimizer)),
         notes=estimate_notes(spec) + device_notes(spec, n_param_tensors=len(param_list(m)),
                                                     autocast=bool(Layout.of(spec).uses_autocast)),
         rank_classes=list(by_key.values()), spec=spec)
 
 
-def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str, optimizer: str = "adamw") -> dict[str, Any]:
+def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str,
+                 optimizer: str = "adamw") -> dict[str, Any]:
     """Model-state bytes per device for a raw parameter count (ZeRO Sec 5): the `--params` CLI path."""
     return zero_textbook(params, dp=dp, stage=zero_stage, precision=precision, optimizer=optimizer)
 
 
 def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
     """(bytes at its fullest moment, breakdown at its activation peak) of the fullest rank of a spec's layout, from
-    memory/rank_memory.worst_rank_memory: the rank at tp / dp / ep index 0 of the pipeline rank that peaks, with ZeRO-1's
-    largest optimizer share (the planner's confirmation of what it reports; `rank` is that pipeline rank's first
-    rank, its `moments` those of that position)."""
+    memory/rank_memory.worst_rank_memory: the rank at tp / dp / ep index 0 of the pipeline rank that peaks, with
+    ZeRO-1's largest optimizer share (the planner's confirmation of what it reports; `rank` is that pipeline rank's
+    first rank, its `moments` those of that position)."""
     p = spec.parallel
     layout = Layout.of(spec)
     total, pp_rank = worst_rank_memory(spec.model, layout)

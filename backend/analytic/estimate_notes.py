@@ -24,8 +24,9 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
     if p.zero_stage >= 2:
-        notes.append(f"FSDP2 params at the end of forward: sharded storage{' + every unit unsharded (zero2)' if p.zero_stage == 2 else ''}; "
-                     "all_gather / reduce_scatter payloads include dim-0 padding to a multiple of dp")
+        notes.append("FSDP2 params at the end of forward: sharded "
+                     f"storage{' + every unit unsharded (zero2)' if p.zero_stage == 2 else ''}; all_gather / "
+                     "reduce_scatter payloads include dim-0 padding to a multiple of dp")
     if p.tp > 1:
         notes.append("TP comm: 4 (b, s, h) collectives per layer and microbatch (an SP MoE block: 2 all-gathers, no "
                      "reduce-scatter) + embedding / lm_head collectives (full logits all-gathered) + SP LayerNorm "
@@ -34,12 +35,12 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
         notes.append("PP x FSDP: all-gathers per unit and step = sharded->unsharded transitions (zero3 1 + "
                      "microbatches, zero2 1); unsharded gradients accumulate until the last backward (torch "
                      "pipelining/stage.py backward_maybe_with_nosync: no sync, no reshard after each backward). The "
-                     "FSDP2 state at the activation peak follows the schedule's action order (fsdp_state.py): a non-last "
-                     "stage peaks inside the last block of its last forward at the largest in-flight count (zero3: the "
-                     "stage root and that block unsharded, + its all-gather output when that forward gathered); under "
-                     "1F1B with more microbatches than the warm-up that forward follows backwards, so the stage's "
-                     "unsharded gradients are held too (sharded + dp x sharded gradient bytes); where several moments "
-                     "tie (few microbatches) the tracker may keep an earlier one"
+                     "FSDP2 state at the activation peak follows the schedule's action order (fsdp_state.py): a "
+                     "non-last stage peaks inside the last block of its last forward at the largest in-flight count "
+                     "(zero3: the stage root and that block unsharded, + its all-gather output when that forward "
+                     "gathered); under 1F1B with more microbatches than the warm-up that forward follows backwards, so "
+                     "the stage's unsharded gradients are held too (sharded + dp x sharded gradient bytes); where "
+                     "several moments tie (few microbatches) the tracker may keep an earlier one"
                      + ("; and a rank may still hold the all-gather output of the unit it unsharded last (gloo "
                         "frees it asynchronously; seen: the embedding root on the first stage of an interleaved "
                         "schedule, + 4 B x its numel)" if p.zero_stage == 3 else ""))
@@ -113,6 +114,6 @@ def cp_note(spec: ExperimentSpec) -> str:
             f"blocks, the logits, RoPE tables, positions, the batch copy); ring attention saves what flash saves. Not "
             f"divided by cp: parameters / gradients / optimizer state are {states}; the ring's K/V buffers live only "
             f"inside an attention call ({held:,.0f} B of K/V in flight in forward ({p.cp_rotate}), + {2 * dkv:,.0f} B "
-            f"of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward moment "
-            f"can top it by up to those dK/dV bytes); K/V traffic per layer "
+            "of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward "
+            f"moment can top it by up to those dK/dV bytes); K/V traffic per layer "
             f"and microbatch: traffic.cp_traffic")

@@ -2,7 +2,8 @@
 
 Megatron-Core builds two grids over the same ranks (parallel_state.py @ core_v0.19.0 l. 815-897): the dense
 tp x cp x dp x pp and the expert etp x ep x edp x pp, with edp = world / (etp x ep x pp); torchtitan's sparse mesh is
-(pp, dp_replicate, efsdp, ep, etp) (parallel_dims.py @ v0.2.2). ShardLab lays the experts out as etp x ep x edp over a stage's tp x cp x dp ranks:
+(pp, dp_replicate, efsdp, ep, etp) (parallel_dims.py @ v0.2.2). ShardLab lays the experts out as etp x ep x edp over a
+stage's tp x cp x dp ranks:
 - ep = 1: the experts split over tp like the dense MLP (each expert's fc_in / gate / up colwise, fc_out / down
   rowwise: etp = tp, Megatron's default etp);
 - ep > 1: E / ep experts per rank, ep carved out of the dp x cp ranks (ep | dp x cp); each expert split over

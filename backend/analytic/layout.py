@@ -122,8 +122,8 @@ class Layout(LayoutDegrees):
               device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS, stack: Any = None) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         by_column = np.ascontiguousarray(columns.T)  # one contiguous array per field: strided columns are ~4x slower
-        return cls.of_columns(dict(zip(CHOICES, by_column, strict=False)), global_batch=global_batch, precision=precision,
-                              optimizer=optimizer, device=device, sac_ops=sac_ops, stack=stack)
+        return cls.of_columns(dict(zip(CHOICES, by_column, strict=False)), global_batch=global_batch,
+                              precision=precision, optimizer=optimizer, device=device, sac_ops=sac_ops, stack=stack)
 
     @classmethod
     def of_columns(cls, columns: dict[str, np.ndarray], *, global_batch: int, precision: str = "bf16-mixed",
@@ -191,7 +191,8 @@ class Layout(LayoutDegrees):
 
     @cached_property
     def dp_cp(self) -> Any:
-        """Ranks holding the same parameters (dp x cp): FSDP / ZeRO shard over them, gradients are averaged over them."""
+        """Ranks holding the same parameters (dp x cp): FSDP / ZeRO shard over them, gradients are averaged over
+        them."""
         return _settled(self.dp * self.cp)
 
     def seq_local(self, model: Any) -> Any:
@@ -227,7 +228,8 @@ class Layout(LayoutDegrees):
     @cached_property
     def uses_replicate(self) -> Any:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
-        return _settled(logical_and(self.dp_cp > 1, self.zero_stage == ZeroStage.DDP, logical_or(self.tp > 1, self.pp > 1)))
+        return _settled(logical_and(self.dp_cp > 1, self.zero_stage == ZeroStage.DDP,
+                                    logical_or(self.tp > 1, self.pp > 1)))
 
     @cached_property
     def distributed_optimizer(self) -> Any:
@@ -261,7 +263,8 @@ class Layout(LayoutDegrees):
         """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies,
         fp32 in the mixes (no policy)."""
         mix = self.is_mix
-        return np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray) else (4 if mix else self.compute_bytes)
+        return (np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray)
+                else (4 if mix else self.compute_bytes))
 
     def spec_dict(self, model: Any) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its
@@ -323,4 +326,5 @@ class RankPosition:
     @classmethod
     def of_rank(cls, spec: Any, rank: int) -> RankPosition:
         c = spec.parallel.coords(rank)
-        return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=spec.parallel.data_parallel_index(rank), ep_index=c["ep"])
+        return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=spec.parallel.data_parallel_index(rank),
+                   ep_index=c["ep"])

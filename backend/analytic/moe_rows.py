@@ -51,7 +51,8 @@ def expert_rows(*, tokens: int, top_k: int, n_experts: int, factor: float | None
 def of_model(model: ModelSpec, tokens: int) -> ExpertRows:
     """The rows of a ModelSpec's MoE (its capacity_factor, moe_pad_to_capacity, moe_imbalance) for `tokens` tokens."""
     return expert_rows(tokens=tokens, top_k=model.top_k, n_experts=max(model.n_experts, 1),
-                       factor=getattr(model, "capacity_factor", None), pad=bool(getattr(model, "moe_pad_to_capacity", False)),
+                       factor=getattr(model, "capacity_factor", None),
+                       pad=bool(getattr(model, "moe_pad_to_capacity", False)),
                        imbalance=float(getattr(model, "moe_imbalance", 1.0)))
 
 

@@ -46,7 +46,8 @@ def _fam(m: Any, name: str, default: Any) -> Any:
 
 
 GATED = ("swiglu", "geglu", "swiglu_clamped")
-"""MLP kinds with three matrices gate, up, down (Shazeer 2020 Eq. 6; the clamped gpt-oss variant has the same shapes)."""
+"""MLP kinds with three matrices gate, up, down (Shazeer 2020 Eq. 6; the clamped gpt-oss variant has the same
+shapes)."""
 
 
 def is_gated(kind: Any) -> bool:
@@ -115,7 +116,8 @@ def _norm(prefix: str, h: int, kind: str = "layernorm") -> list[ParamInfo]:
 
 def _mlp(prefix: str, h: int, f: int, kind: str = "gelu", bias: bool = True) -> list[ParamInfo]:
     if is_gated(kind):  # Shazeer 2020 Eq. 6 FFN_SwiGLU: down(silu(x W_gate) * x W_up)
-        return _linear(f"{prefix}.gate", h, f, bias) + _linear(f"{prefix}.up", h, f, bias) + _linear(f"{prefix}.down", f, h, bias)
+        return (_linear(f"{prefix}.gate", h, f, bias) + _linear(f"{prefix}.up", h, f, bias)
+                + _linear(f"{prefix}.down", f, h, bias))
     return _linear(f"{prefix}.fc_in", h, f, bias) + _linear(f"{prefix}.fc_out", f, h, bias)
 
 
@@ -131,12 +133,13 @@ def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
     _, h, _, kv_dim, _, _ = _dims(m)
     bias = _fam(m, "bias", "all")
     qkv_b, all_b = bias in ("all", "qkv"), bias == "all"
-    a, norm = m.n_heads, _fam(m, "norm", "layernorm")
+    a = m.n_heads
     if is_mla(m):
         qk, rope, lora = head_dim(m), m.qk_rope_head_dim, m.kv_lora_rank
         q_lora = getattr(m, "q_lora_rank", None)
         out = (_linear(f"{p}.attn.q_a", h, q_lora, qkv_b) + _norm(f"{p}.attn.q_a_norm", q_lora, "rmsnorm")
-               + _linear(f"{p}.attn.q_b", q_lora, a * qk, qkv_b)) if q_lora else _linear(f"{p}.attn.q", h, a * qk, qkv_b)
+               + _linear(f"{p}.attn.q_b", q_lora, a * qk, qkv_b)) if q_lora \
+            else _linear(f"{p}.attn.q", h, a * qk, qkv_b)
         out += _linear(f"{p}.attn.kv_a", h, lora + rope, qkv_b) + _norm(f"{p}.attn.kv_a_norm", lora, "rmsnorm")
         out += _linear(f"{p}.attn.kv_b", lora, a * (m.qk_nope_head_dim + m.v_head_dim), False)
         return out + _linear(f"{p}.attn.o", a * m.v_head_dim, h, all_b)
@@ -290,7 +293,8 @@ def breakdown(m: Any) -> dict[str, int]:
     for p in param_list(m):
         parts = p.name.split(".")
         if parts[0] == "layers":
-            key = "norms" if parts[2] in ("ln1", "ln2", "ln1_post", "ln2_post") else parts[2] if parts[2] == "attn" else (
+            key = "norms" if parts[2] in ("ln1", "ln2", "ln1_post", "ln2_post") else \
+                parts[2] if parts[2] == "attn" else (
                 "router" if parts[3] == "router" else "experts" if parts[3] == "experts" else
                 "shared_experts" if parts[3] in ("shared", "shared_gate") else "mlp")
         else:
@@ -330,5 +334,6 @@ def _matmul_params(m: Any, *, active: bool) -> int:
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight
     if active and m.is_moe:
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        n -= n_moe_layers(m) * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)  # top_k experts per token
+        # top_k experts per token
+        n -= n_moe_layers(m) * (m.n_experts - m.top_k) * mats * m.d_model * getattr(m, "expert_ffn", m.ffn)
     return n

@@ -20,8 +20,8 @@ from backend.analytic.vector import maximum, minimum, where
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec, ModelSpec
 
-FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_flash_attention.default",
-             "aten._scaled_dot_product_efficient_attention.default"}
+FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+             "aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_efficient_attention.default"}
 
 
 class RerunShare(NamedTuple):

@@ -346,7 +346,8 @@ def _place_runs(key: ModelKey) -> tuple[tuple[int, int, tuple[ParamInfo, ...], i
 
 
 @lru_cache(maxsize=4096)
-def _rank_runs(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> tuple[tuple[tuple[ParamInfo, ...], int], ...]:
+def _rank_runs(key: ModelKey, pp_rank: int, pp: int, virtual_stages: int,
+               schedule: str) -> tuple[tuple[tuple[ParamInfo, ...], int], ...]:
     """The runs of _pp_params with their signature ids (the same parameters, in the same order; a tied copy of the
     word embedding its own run)."""
     n_stages = pp * virtual_stages
@@ -438,7 +439,8 @@ def derived(params: Sequence[LocalParam], tag: Any, fn: Callable[[Sequence[Local
 
 def shard_param(info: ParamInfo, *, n_experts: int, tp: int, dp: int, ep: int, tp_rank: int, dp_rank: int, ep_rank: int,
                 fsdp: bool, etp: int = 1) -> LocalParam | None:
-    """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's expert)."""
+    """One parameter on one rank after the tp/ep split and the data-parallel flavour (None: another ep rank's
+    expert)."""
     name = info.name
     # everything below reads the name only through these three (every layer's q/k/v/... shard alike): memoised
     read = (info.shape, tp_style(name), name.endswith(".bias"), expert_of(name))
@@ -469,7 +471,8 @@ def shard_split(shape: tuple[int, ...], style: str, bias: bool, expert_index: in
     group, idx = (dp // ep, dp_rank // ep) if ep_expert else (dp, dp_rank)
     # ep > 1: experts split over etp ranks of the tp group by their tp style, whole at etp 1 (expert_layout.py); the
     # rest split over tp by its tp style
-    local = _tp_local(shape, style, bias, etp, tp_rank % etp) if ep_expert else _tp_local(shape, style, bias, tp, tp_rank)
+    local = (_tp_local(shape, style, bias, etp, tp_rank % etp) if ep_expert
+             else _tp_local(shape, style, bias, tp, tp_rank))
     if fsdp and not ep_expert:
         rows, real = chunk_rows(local[0], group, idx)
         rest = prod(local[1:])

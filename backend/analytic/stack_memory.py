@@ -48,6 +48,8 @@ class StackMemory:
     """precision fp8: float8 GEMMs (TE under megatron, torchao otherwise)."""
     fp8_all_gather: bool
     """FSDP2 all-gathers float8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather)."""
+    fp8_params: bool
+    """param_dtype fp8 under fp8 precision: Megatron's --fp8-param-gather (TE's linear weights are Float8Tensors)."""
 
     def optimizer_group(self, layout: Any) -> Any:
         """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout (Any:
@@ -70,16 +72,19 @@ def stack_memory(spec: Any, device: str) -> StackMemory | None:
     t = spec.train
     fp8 = str(t.precision) == "fp8"
     return StackMemory(mechanism={"megatron": "megatron", "torchtitan": "fsdp2", "deepspeed": "deepspeed"}[stack],
-                       param_bytes=DTYPE_BYTES[str(r["param_dtype"])], grad_bytes=DTYPE_BYTES[str(r["grad_reduce_dtype"])],
+                       param_bytes=DTYPE_BYTES[str(r["param_dtype"])],
+                       grad_bytes=DTYPE_BYTES[str(r["grad_reduce_dtype"])],
                        master_bytes=DTYPE_BYTES[str(r["master_dtype"])], optimizer_over_cp=bool(r["optimizer_over_cp"]),
                        loss_parallel=bool(r["loss_parallel"]), te_layer=str(r["elementwise"]) == "fused",
                        fused_attention=kernel != "eager" or flash_model, fp8=fp8,
-                       fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)))
+                       fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)),
+                       fp8_params=fp8 and str(r["param_dtype"]) == "fp8")
 
 
 def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:
     """`stack_memory` for a train section alone (the planner: every layout keeps these settings; no stack default
     the memory reads depends on the layout)."""
     spec = SimpleNamespace(train=train, model=model,
-                           parallel=SimpleNamespace(zero_stage=0, tp=1, pp=1, dp=1, cp=1, ep=1, sequence_parallel=False))
+                           parallel=SimpleNamespace(zero_stage=0, tp=1, pp=1, dp=1, cp=1, ep=1,
+                                                    sequence_parallel=False))
     return stack_memory(spec, device)

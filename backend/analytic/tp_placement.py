@@ -42,7 +42,8 @@ class TpRule:
     sequence_norm: bool = False
     """A norm whose replicated parameters see sequence-sharded activations under SP (SequenceParallel)."""
     local_output: bool = False
-    """SequenceParallel hands back a local tensor (Gemma's post-sublayer norms, whose output meets the local residual)."""
+    """SequenceParallel hands back a local tensor (Gemma's post-sublayer norms, whose output meets the local
+    residual)."""
     partial_grads: bool = False
     """Replicated parameters applied to head-split activations (q / k norms, MLA's latent projections): each tp rank's
     gradient is a partial sum, so they are Replicate DTensors whose grads are summed over tp (Megatron all-reduces

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
+# torch DDP bucket_cap_mb=25 (Li et al. 2020 Sec 3.2.3); ep.sync_expert_grads buckets alike
+DDP_BUCKET_BYTES = 25 * 2**20
 
 Traffic = list[tuple[str, float, int]]
 
@@ -41,7 +42,8 @@ def compute_bytes(precision: str) -> int:
 
 
 def uses_replicate(spec: ExperimentSpec) -> bool:
-    """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (data_parallel.composable_wrap); ep alone uses classic DDP."""
+    """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate` (data_parallel.composable_wrap); ep alone uses
+    classic DDP."""
     p = spec.parallel
     return p.dp_cp > 1 and p.zero_stage == 0 and (p.tp > 1 or p.pp > 1)
 
@@ -96,7 +98,8 @@ def dp_traffic(spec: ExperimentSpec, params: Sequence[LocalParam]) -> Traffic:
         total = sum(bucket_numels(experts, edp, edp))
         out += [("reduce_scatter", MASTER_BYTES * total, edp), ("all_gather", compute_bytes(t.precision) * total, edp)]
     elif experts and experts[0].dp_group > 1:  # ep.sync_expert_grads: 25 MB buckets + a 4 B flag per tensor
-        out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)), experts[0].dp_group))
+        out.append(("all_reduce", MASTER_BYTES * (sum(q.local_numel for q in experts) + len(experts)),
+                    experts[0].dp_group))
     for n, group in by_group.items():
         if used_by(spec):  # the distributed optimizer: per bucket one reduce-scatter of the fp32 grads (payload = the
             total = sum(bucket_numels(group, n))  # padded bucket), one all-gather of the params (the gathered output)
@@ -115,7 +118,8 @@ def dp_traffic(spec: ExperimentSpec, params: Sequence[LocalParam]) -> Traffic:
         for unit in fsdp_units(spec.model, group).values():
             full = unsharded_numel(unit)
             # fp8 all-gather (torchao enable_fsdp_float8_all_gather): the float8 linears' weights travel as 1-byte
-            gathered = full * cb - (unsharded_numel([q for q in unit if is_float8_weight(q)]) * (cb - FP8_BYTES) if fp8 else 0)
+            gathered = full * cb - (unsharded_numel([q for q in unit if is_float8_weight(q)]) * (cb - FP8_BYTES) if fp8
+                                    else 0)
             out.append(("all_gather", gathers * gathered, n))  # payload = gathered output (ZeRO Sec 7.2.2)
             out.append(("reduce_scatter", syncs * full * MASTER_BYTES, n))  # payload = full padded gradient input
         if fp8:  # precompute_float8_dynamic_scale_for_fsdp: one all-reduce of every float8 weight's fp32 amax per step
@@ -201,7 +205,8 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
-        # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run), moe_routing.row_bytes
+        # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run),
+        # moe_routing.row_bytes
         per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
                                             dtype_bytes=MASTER_BYTES)
         if not is_uniform_dropless(m):  # dispatch sends `sent` rows, combine sends back `received` (moe_rows.py)
@@ -247,7 +252,8 @@ def cp_traffic(spec: ExperimentSpec, n_layers: int) -> Traffic:
 def rank_traffic(spec: ExperimentSpec, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:
     """All of one rank's traffic: data-parallel sync of its local tensors + TP / EP / PP activations + CP's K/V."""
     ring = cp_traffic(spec, len(layers)) if spec.parallel.cp > 1 else []
-    return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages) + ring
+    return (dp_traffic(spec, params) + buffer_traffic(spec, layers) + model_parallel_traffic(spec, layers, stages)
+            + ring
             + tied_embedding_traffic(spec, params))
 
 

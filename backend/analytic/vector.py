@@ -109,7 +109,8 @@ def per_value(column: Any, fn: Callable[..., Any], *tables: Any) -> Any:
     flat = np.asarray(column).reshape(len(column), -1)[:, 0]
     if flat.dtype == bool:
         values = [v for v, present in ((False, not flat.all()), (True, flat.any())) if present]
-    elif flat.dtype.kind in "iu" and len(flat) and 0 <= flat.min() and flat.max() < 4096:  # a few small choices: a count
+    # a few small choices: a count
+    elif flat.dtype.kind in "iu" and len(flat) and 0 <= flat.min() and flat.max() < 4096:
         values = np.nonzero(np.bincount(flat))[0].tolist()  # np.unique's sorted values, without sorting every row
     else:
         values = np.unique(flat).tolist()

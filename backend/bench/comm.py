@@ -263,14 +263,16 @@ class CommCounter(Tally, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if _DTensor is not None and any(t is _DTensor for t in types):
-            return NotImplemented  # let DTensor desugar to local ops (and functional collectives) first, as MemTracker does
+            # let DTensor desugar to local ops (and functional collectives) first, as MemTracker does
+            return NotImplemented
         ns = func.namespace
         name = func._schema.name.split("::", 1)[-1]
         if name == "wait_tensor" and ns == "_c10d_functional":
             out = func(*args, **kwargs)
             self.waited(args[0])
             return out
-        table = C10D_OPS if ns == "c10d" else FUNCTIONAL_OPS if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
+        table = C10D_OPS if ns == "c10d" else \
+            FUNCTIONAL_OPS if ns in ("_c10d_functional", "_c10d_functional_autograd") else None
         if table is None or name not in table:
             return func(*args, **kwargs)
         key, how = table[name]

@@ -55,7 +55,7 @@ def gemm_curve() -> list[tuple[float, float]]:
     for n in GEMM_SIZES:
         a, b = torch.randn(n, n), torch.randn(n, n)
         reps = max(1, int(1e8 // (2 * n**3)))
-        t = _best(lambda: [a @ b for _ in range(reps)]) / reps
+        t = _best(lambda: [a @ b for _ in range(reps)]) / reps  # noqa: B023 - _best calls it here
         out.append((2.0 * n**3, 2.0 * n**3 / t))
     return out
 
@@ -78,9 +78,10 @@ def _collective_times(collective: str) -> list[tuple[int, float]]:
     for size in AR_BYTES:
         full = torch.zeros(size // 4)
         shard = torch.zeros(full.numel() // 2)
-        fn = {"all_reduce": lambda: dist.all_reduce(full),
-              "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-              "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}[collective]
+        # the closures run in this iteration (_best below), so the loop variables are the current ones
+        fn = {"all_reduce": lambda: dist.all_reduce(full),  # noqa: B023
+              "all_gather": lambda: dist.all_gather_into_tensor(full, shard),  # noqa: B023
+              "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}[collective]  # noqa: B023
         dist.barrier()
         out.append((size, _best(fn, repeats=5)))
     return out
@@ -153,7 +154,8 @@ def probe() -> dict:
                      "intra_latency_s": alpha, "inter_latency_s": alpha, "attention_flash_efficiency": 1.0,
                      "dtensor_op_s": dtensor_s, "all_gather_efficiency": eff["all_gather"],
                      "reduce_scatter_efficiency": eff["reduce_scatter"]},
-            "source": f"backend/bench/hw_probe.py at {datetime.now(UTC).isoformat(timespec='seconds')}, torch {torch.__version__}",
+            "source": f"backend/bench/hw_probe.py at {datetime.now(UTC).isoformat(timespec='seconds')}, torch "
+                      f"{torch.__version__}",
             "measured": {"gemm_flops_by_size": curve, "gloo_all_reduce_s_by_bytes": coll["all_reduce"],
                          "gloo_all_gather_s_by_bytes": coll["all_gather"],
                          "gloo_reduce_scatter_s_by_bytes": coll["reduce_scatter"]}}
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m backend.bench.hw_probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("-o", "--output", type=Path, default=None, help="default: $SHARDLAB_CPU_PROFILE or data/hardware_cpu.json")
+    ap.add_argument("-o", "--output", type=Path, default=None, help="default: $SHARDLAB_CPU_PROFILE or "
+                                                                    "data/hardware_cpu.json")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the GPU operation tables (implies --tables); cpu (default): this machine's CPU profile")
     ap.add_argument("--tables", action="store_true", help="the operation tables instead of the CPU profile")
@@ -177,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output or cpu_profile_path()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(prof, indent=2))  # a page or worker reading it never sees half a profile
-    print(json.dumps(prof, indent=2) if args.json else f"wrote {out}: peak {prof['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s per core, "
-          f"memory {prof['hbm_bytes_per_s'] / 1e9:.1f} GB/s, gloo α {prof['tune']['intra_latency_s'] * 1e6:.1f} µs, "
-          f"β {prof['intra_bytes_per_s'] / 1e9:.2f} GB/s")
+    print(json.dumps(prof, indent=2) if args.json else f"wrote {out}: peak {prof['peak_flops']['fp32'] / 1e9:.1f} "
+          f"GFLOP/s per core, memory {prof['hbm_bytes_per_s'] / 1e9:.1f} GB/s, gloo α "
+          f"{prof['tune']['intra_latency_s'] * 1e6:.1f} µs, β {prof['intra_bytes_per_s'] / 1e9:.2f} GB/s")
     return 0
 
 

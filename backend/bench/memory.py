@@ -169,7 +169,8 @@ class _HighWater:
             # pre-forward unshard (`unsharding`, set by the FSDP tracker: its parameter bytes are booked as Activation)
             # FSDP2's pre-forward / pre-backward all-gather: its output buffer is `torch.empty`'d (booked as Activation)
             # one op before FSDPMemTracker re-types it All Gather at `_allgather_base_`; no activation is made there.
-            # Not under pipelining (skip_gathers False): analytic/memory/fsdp_state.py models that moment for PP x FSDP peaks
+            # Not under pipelining (skip_gathers False): analytic/memory/fsdp_state.py models that moment for PP x FSDP
+            # peaks
             if act > 0 and not skip and act >= self._act_peak.get(dev, 0):
                 self._act_peak[dev] = act
                 self.at_act_peak[dev] = dict(snap)

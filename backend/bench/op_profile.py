@@ -50,8 +50,9 @@ def datasheet_key(device_name: str | None) -> str | None:
 
 def device_facts(device: torch.device) -> dict[str, Any]:
     """Name, memory and versions of the probed device (the profile's provenance)."""
-    facts: dict[str, Any] = {"device_type": device.type, "torch": torch.__version__, "python": platform.python_version(),
-                             "host": socket.gethostname(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    facts: dict[str, Any] = {"device_type": device.type, "torch": torch.__version__,
+                             "python": platform.python_version(), "host": socket.gethostname(),
+                             "date": datetime.now(UTC).isoformat(timespec="seconds")}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         facts.update(device_name=torch.cuda.get_device_name(device), memory_bytes=int(props.total_memory),
@@ -61,8 +62,9 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     else:
         from backend.bench.env import cpu_name
 
-        facts.update(device_name=cpu_name(), memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-                     cores=os.cpu_count(), threads=torch.get_num_threads())
+        facts.update(device_name=cpu_name(),
+                     memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), cores=os.cpu_count(),
+                     threads=torch.get_num_threads())
     return facts
 
 
@@ -78,7 +80,8 @@ def fp8_supported(device: torch.device) -> tuple[bool, str | None]:
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return False, f"torch {torch.__version__} has no torch._scaled_mm / float8_e4m3fn"
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        return False, f"fp8 GEMMs need compute capability >= 8.9 (this device: {torch.cuda.get_device_capability(device)})"
+        return False, ("fp8 GEMMs need compute capability >= 8.9 (this device: "
+                       f"{torch.cuda.get_device_capability(device)})")
     return True, None
 
 

@@ -5,9 +5,9 @@ CUDA: a pair of CUDA events around each repeat on the current stream, read after
 BURST_S of device time: the GPU records the start event at once and then waits for the first call's host launch,
 so a single-call span would hold that launch too (probes before this timing, `measured.timing` absent, are
 corrected for it by analytic/steptime/op_tables.py); in a burst only the first call's launch is inside, shared by
-all. CPU: perf_counter around each call. Inputs are random (never zeros: a zero operand can take a faster path in some kernels), and where one
-input set would sit in the L2 cache the probe allocates several and rotates through them, so each repeat
-reads from HBM as a training step does (the same idea as triton.testing.do_bench's cache flush, without the
+all. CPU: perf_counter around each call. Inputs are random (never zeros: a zero operand can take a faster path in some
+kernels), and where one input set would sit in the L2 cache the probe allocates several and rotates through them, so
+each repeat reads from HBM as a training step does (the same idea as triton.testing.do_bench's cache flush, without the
 flush kernel's own time in the span).
 
 A `Deadline` bounds a whole table: each measurement checks it first, and a table that runs out of time keeps

@@ -53,6 +53,6 @@ def calibrate(engine, *, hardware: str, tag: str | None = None, ids: list[int] |
         kind = (q.get_experiment(engine, i) or {}).get("kind", "measured")
         kinds[kind] = kinds.get(kind, 0) + 1
     cal_id = records.save(engine, hw.key, result, run_ids, name=name, kinds=kinds)
-    return {"id": cal_id, "name": name, "hardware": hw.key, "params": result.params, "fit_runs": run_ids, "kinds": kinds,
-            "residuals": result.residuals, "loo": result.loo, "loo_mape": result.loo_mape, "interval": list(result.band),
-            "ranges": result.ranges, "notes": result.notes + problems}
+    return {"id": cal_id, "name": name, "hardware": hw.key, "params": result.params, "fit_runs": run_ids,
+            "kinds": kinds, "residuals": result.residuals, "loo": result.loo, "loo_mape": result.loo_mape,
+            "interval": list(result.band), "ranges": result.ranges, "notes": result.notes + problems}

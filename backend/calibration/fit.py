@@ -9,8 +9,8 @@ per collective: rank 0's seconds before overlap (model.RankTime.comm_by_collecti
 Parameters (`fitted_params(profile)`: the GEMM
 scale, kernel floor, link efficiency and latency, overlap, fixed overhead, DTensor dispatch, all-gather /
 reduce-scatter bandwidth, and a scale on each operation table the profile has: attention, element-wise,
-optimizer) are fitted in log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method for function
-minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
+optimizer) are fitted in log space as multipliers of the base profile's values (Nelder & Mead 1965, "A simplex method
+for function minimization", Computer Journal 7: the simplex moves below, with the standard coefficients 1, 2, 0.5, 0.5).
 Interval: the 5th/95th percentiles of the leave-one-out relative errors (a residual-based prediction
 interval; with n runs its nominal coverage is about 1 - 2/(n+1)).
 """
@@ -30,13 +30,15 @@ from backend.analytic.steptime.model import step_time
 FITTED = ("gemm_scale", "kernel_launch_s", "intra_efficiency", "intra_latency_s", "overlap_efficiency",
           "step_overhead_s", "dtensor_op_s", "all_gather_efficiency", "reduce_scatter_efficiency")
 """Fitted on every profile; gemm_scale multiplies its GEMM table or size curve."""
-TABLE_SCALES = (("attention", "attention_scale"), ("elementwise", "elementwise_scale"), ("optimizer", "optimizer_scale"))
+TABLE_SCALES = (("attention", "attention_scale"), ("elementwise", "elementwise_scale"),
+                ("optimizer", "optimizer_scale"))
 """Fitted too where the profile has that operation table."""
 COMM_WEIGHT = 0.1
 PHASE_WEIGHT = 0.5
 BOUNDS = {"gemm_scale": (1e-3, 10.0), "gemm_efficiency_max": (1e-3, 1.0), "intra_efficiency": (1e-4, 1.0),
-          "overlap_efficiency": (0.0, 1.0), "all_gather_efficiency": (1e-3, 10.0), "reduce_scatter_efficiency": (1e-3, 10.0),
-          "inter_efficiency": (1e-4, 1.0), "attention_flash_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0)}
+          "overlap_efficiency": (0.0, 1.0), "all_gather_efficiency": (1e-3, 10.0),
+          "reduce_scatter_efficiency": (1e-3, 10.0), "inter_efficiency": (1e-4, 1.0),
+          "attention_flash_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0)}
 
 
 @dataclass
@@ -197,9 +199,10 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
         for i, s in enumerate(samples):
             rest = samples[:i] + samples[i + 1:]
             if cold_loo:  # the left-out run never shapes its own prediction
-                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), x0, iters=iters)  # noqa: B023 - run here
             else:  # warm start from the all-runs fit: ~10x cheaper, slightly optimistic
-                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2, iters=max(20, iters // 4))
+                xi = nelder_mead(lambda x: _loss(hw, rest, x, names), best, step=0.2,  # noqa: B023 - run here
+                                 iters=max(20, iters // 4))
             pred = predict(apply(hw, _params(hw, xi, names)), s)
             rel.append((s.step_s - pred) / pred)
             rows.append({"run_id": s.run_id, "measured_s": s.step_s, "predicted_s": pred,
@@ -210,4 +213,5 @@ def fit(hw: Hardware, samples: list[Sample], *, loo: bool = True, iters: int = 1
                residuals=residuals, profile=fitted,
                notes=[f"fitted {', '.join(names)} as multipliers of profile {hw.key!r}",
                       "interval: 5th..95th percentile of leave-one-out relative errors",
-                      f"leave-one-out refits start from {'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])
+                      "leave-one-out refits start from "
+                      f"{'the profile (cold)' if cold_loo else 'the all-runs fit (warm)'}"])

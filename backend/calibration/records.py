@@ -63,9 +63,11 @@ def samples(engine: Engine, *, tag: str | None = None, ids: list[int] | None = N
         if ran_on == "cpu" and (why := untimed_reason(d["spec"], "cpu")) is not None:
             problems.append(f"run {i} left out: {why}")
             continue
-        waits = [k for k, v in (res.imported.unmapped if res.imported else {}).items() if isinstance(v, dict) and v.get("pending")]
+        waits = [k for k, v in (res.imported.unmapped if res.imported else {}).items() if isinstance(v, dict)
+                 and v.get("pending")]
         if waits:
-            problems.append(f"run {i} left out: its prediction ignores {', '.join(waits)} (the spec has no such field yet)")
+            problems.append(f"run {i} left out: its prediction ignores {', '.join(waits)} (the spec has no such field "
+                            "yet)")
             continue
         if res.imported is not None:  # a log's step time is a median of interval means; no per-collective seconds
             out.append(Sample(run_id=i, spec=d["spec"], step_s=float(res.step_s_median), comm_s=None))

@@ -11,9 +11,9 @@ def calibration_used(hw, cal: dict | None, configs: list[dict[str, Any]], gpus_p
     from backend.calibration.fit import extrapolation
     from backend.spec import ExperimentSpec
 
-    profile = {"hardware": hw.key, "base": cal["hardware"] if cal else hw.key, "calibration": cal["id"] if cal else None,
-               "loo_mape": cal["loo_mape"] if cal else None, "interval": list(cal["band"]) if cal else None,
-               "fit_runs": len(cal["fit_runs"]) if cal else 0}
+    profile = {"hardware": hw.key, "base": cal["hardware"] if cal else hw.key,
+               "calibration": cal["id"] if cal else None, "loo_mape": cal["loo_mape"] if cal else None,
+               "interval": list(cal["band"]) if cal else None, "fit_runs": len(cal["fit_runs"]) if cal else 0}
     flags = [extrapolation(ExperimentSpec.for_prediction(c["spec"]), cal["ranges"], gpus_per_node) if cal else []
              for c in configs]
     if cal:

@@ -18,14 +18,24 @@ import sys
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a program that a closed pipe stopped."""
 
-COMMAND_MODULES = ("estimate", "run", "submit", "runs", "export", "worker", "trace", "hardware", "plan", "calibrate", "ingest",
-                   "import_config", "import_run")
+COMMANDS: dict[str, str] = {
+    "estimate": "estimate", "run": "run", "submit": "submit", "list": "runs", "show": "runs", "cancel": "runs",
+    "requeue": "runs", "delete": "runs", "tag": "runs", "export": "export", "worker": "worker", "gc": "worker",
+    "trace": "trace", "hardware": "hardware", "plan": "plan", "calibrate": "calibrate", "ingest": "ingest",
+    "import-config": "import_config", "import-run": "import_run",
+}
+"""Each command and the module under backend/cli that registers it: a command's own module is the only one imported
+to run it (importing all of them costs about a second of CPU per call); `--help` and unknown commands import all."""
+
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m backend", description="ShardLab: measure and predict sharded training.")
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with `command` only when it is a known command (faster to build)."""
+    parser = argparse.ArgumentParser(prog="python -m backend",
+                                     description="ShardLab: measure and predict sharded training.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
         try:
             mod = importlib.import_module(f"backend.cli.{name}")
         except ModuleNotFoundError as e:
@@ -38,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return code

@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ids", help="comma-separated run ids")
     p.add_argument("--hardware", default="cpu", help="profile to calibrate (default: cpu), or a calibrated profile's "
                    "name to refit it")
-    p.add_argument("--name", help=f"store it as a named profile (<= {MAX_NAME} characters: letters, digits, . _ -) that "
-                   "--hardware accepts, e.g. h100-ourcluster")
+    p.add_argument("--name", help=f"store it as a named profile (<= {MAX_NAME} characters: letters, digits, . _ -) "
+                   "that --hardware accepts, e.g. h100-ourcluster")
     p.add_argument("--db", metavar="URL", help="database URL (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
     p.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits (no MAPE, default interval)")
     p.add_argument("--json", action="store_true")
@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     for r in out["residuals"]:
         left_out = loo.get(r["run_id"])
         print(f"  run {r['run_id']}: measured {r['measured_s']:.3f} s, fit {r['predicted_s']:.3f} s "
-              f"({r['residual_pct']:+.1f}%)" + (f", left out {left_out['predicted_s']:.3f} s ({left_out['error_pct']:+.1f}%)"
+              f"({r['residual_pct']:+.1f}%)" + (f", left out {left_out['predicted_s']:.3f} s "
+                                                f"({left_out['error_pct']:+.1f}%)"
                                                 if left_out else ""))
     for n in out["notes"]:
         print(f"  note: {n}")

@@ -42,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"ranks printed (default {RANK_PAGE}; a larger world prints a page and a per-class summary)")
     p.add_argument("--hardware", help="predict the step time on this profile (`python -m backend hardware` lists them)")
     p.add_argument("--gpus-per-node", type=int, help="node size for link tiers (default: the profile's)")
-    p.add_argument("--calibration", type=int, metavar="ID", help="apply a stored calibration (`python -m backend calibrate`)")
-    p.add_argument("--db", metavar="URL", help="database of --calibration (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
+    p.add_argument("--calibration", type=int, metavar="ID", help="apply a stored calibration (`python -m backend "
+                                                                 "calibrate`)")
+    p.add_argument("--db", metavar="URL", help="database of --calibration (default: $SHARDLAB_DB_URL or "
+                                               "<repo>/data/shardlab.db)")
     p.set_defaults(func=run)
 
 
@@ -144,10 +146,11 @@ def _run_raw(args: argparse.Namespace) -> int:
     dp = args.spec_dp or args.spec_world_size or 1
     if dp < 1:
         return fail(f"--dp must be >= 1 (got {dp})")
-    stage = args.zero_stage if args.zero_stage is not None else {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(
-        args.spec_strategy or "ddp")
+    stage = args.zero_stage if args.zero_stage is not None else {
+        "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(args.spec_strategy or "ddp")
     if stage is None:
-        return fail(f"--params needs a data-parallel strategy (ddp, zero1..3, fsdp) or --zero-stage, got {args.spec_strategy}")
+        return fail("--params needs a data-parallel strategy (ddp, zero1..3, fsdp) or --zero-stage, got "
+                    f"{args.spec_strategy}")
     out = estimate_raw(params=args.params, dp=dp, zero_stage=stage, precision=args.spec_precision or "fp16-mixed",
                        optimizer=args.spec_optimizer or "adamw")
     return _emit(args, out, _raw_table)
@@ -175,11 +178,14 @@ def _training_table(d: dict[str, Any]) -> str:
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=False)) for row in rows]
     lines += _page_lines(d)
     lines.append(f"params_total {d['params_total']:,}  tokens/step {d['tokens_per_step']:,}  "
-                 f"FLOPs/step {d['flops_per_step']:.3e}  bubble {d['bubble_fraction'] if d['bubble_fraction'] is not None else '-'}")
+                 f"FLOPs/step {d['flops_per_step']:.3e}  bubble "
+                 f"{d['bubble_fraction'] if d['bubble_fraction'] is not None else '-'}")
     for kind, payload in d["comm_bytes_per_step"].items():
-        lines.append(f"comm {kind:>14}: payload {_fmt(payload)}/step, ring wire {_fmt(d['comm_wire_bytes_per_step'][kind])}/step")
+        lines.append(f"comm {kind:>14}: payload {_fmt(payload)}/step, ring wire "
+                     f"{_fmt(d['comm_wire_bytes_per_step'][kind])}/step")
     z = d["zero_textbook"]
-    lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): {_fmt(z['total_bytes'])} model states")
+    lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): "
+                 f"{_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
     if "stack" in d:
         st = d["stack"]
@@ -189,19 +195,24 @@ def _training_table(d: dict[str, Any]) -> str:
     if d.get("why_not"):
         lines.append(f"prediction only (run/submit refuse it): {d['why_not']}")
     if d.get("step_time") is None and "step_time_detail" in d:
-        lines.append(f"step time on {d['step_time_detail']['hardware']}: not timed: {d['step_time_detail']['not_timed']}")
+        lines.append(f"step time on {d['step_time_detail']['hardware']}: not timed: "
+                     f"{d['step_time_detail']['not_timed']}")
     elif "step_time" in d:
         t, det = d["step_time"], d["step_time_detail"]
-        lines.append(f"step time on {det['hardware']}{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
-                     f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + exposed comm "
-                     f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + other "
-                     f"{t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s per GPU, MFU {t['mfu']:.1%}")
+        lines.append(f"step time on {det['hardware']}"
+                     f"{' (calibration ' + str(det['calibration']) + ')' if det['calibration'] else ''}: "
+                     f"{t['step_s']:.4g} s [{t['low_s']:.4g}, {t['high_s']:.4g}] = compute {t['compute_s']:.4g} + "
+                     "exposed comm "
+                     f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + "
+                     f"other {t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s "
+                     f"per GPU, MFU {t['mfu']:.1%}")
         lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
     if d.get("fit"):
         f, o = d["fit"], d["fit"]["overhead_bytes"]
         lines.append(f"fit on {f['hardware']}: rank {f['rank']} needs {_fmt(f['need_bytes'])} = fullest moment "
                      f"({f['moment']}) {_fmt(f['fullest_bytes'])} + CUDA context {_fmt(o['cuda_context'])} + NCCL "
-                     f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of {_fmt(f['device_bytes'])}: "
+                     f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of "
+                     f"{_fmt(f['device_bytes'])}: "
                      + ("fits" if f["fits"] else "does not fit"))
     return "\n".join(lines)
 
@@ -215,13 +226,14 @@ def _page_lines(d: dict[str, Any]) -> list[str]:
     lines = [f"ranks {page['offset']}..{last} of {page['world_size']:,} shown (--rank-offset / --rank-limit); "
              f"{len(d['rank_classes'])} distinct predictions:"]
     for c in d["rank_classes"]:
-        lines.append(f"  {c['ranks']:>9,} ranks like rank {c['rank']} ({','.join(f'{k}{v}' for k, v in c['coords'].items())}): "
-                     f"total {_fmt(c['total_bytes'])}")
+        lines.append(f"  {c['ranks']:>9,} ranks like rank {c['rank']} "
+                     f"({','.join(f'{k}{v}' for k, v in c['coords'].items())}): total {_fmt(c['total_bytes'])}")
     return lines
 
 
 def _raw_table(d: dict[str, Any]) -> str:
-    lines = [f"Ψ={d['psi']:.4g} params, N={d['n']}, K={d['k']} (params {d['param_bytes']} B, grads {d['grad_bytes']} B)"]
+    lines = [f"Ψ={d['psi']:.4g} params, N={d['n']}, K={d['k']} (params {d['param_bytes']} B, grads "
+             f"{d['grad_bytes']} B)"]
     for s, v in d["by_stage"].items():
         mark = "*" if int(s) == d["stage"] else " "
         lines.append(f"{mark} ZeRO stage {s}: params {_fmt(v['params_bytes'])}  grads {_fmt(v['grads_bytes'])}  "

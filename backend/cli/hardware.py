@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: v.to_dict() for k, v in profiles.items()}))
         return 0
-    head = f"{'key':<14} {'name':<34} {'bf16 TF/s':>9} {'fp32 TF/s':>9} {'mem GB':>7} {'HBM GB/s':>8} {'intra GB/s':>10} {'inter GB/s':>10}"
+    head = (f"{'key':<14} {'name':<34} {'bf16 TF/s':>9} {'fp32 TF/s':>9} {'mem GB':>7} {'HBM GB/s':>8} "
+            f"{'intra GB/s':>10} {'inter GB/s':>10}")
     print(head)
     for k, h in profiles.items():
         print(f"{k:<14} {h.name[:34]:<34} {h.peak('bf16-mixed') / 1e12:>9.1f} {h.peak('fp32') / 1e12:>9.2f} "

@@ -1,11 +1,11 @@
 """`python -m backend import-config FILE`: a torchtitan, Megatron-LM / NeMo or DeepSpeed config as a ShardLab spec.
 
-  python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json     # torchtitan job TOML
-  python -m backend import-config train.log --format torchtitan --gpus 64          # Trainer.Config dump in a log
-  python -m backend import-config pretrain_llama70b.sh --gpus 64                   # Megatron arguments (or a NeMo .yaml)
-  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000         # a launch script (arrays, variables)
+  python -m backend import-config llama3_8b.toml --gpus 64 --json > spec.json    # torchtitan job TOML
+  python -m backend import-config train.log --format torchtitan --gpus 64         # Trainer.Config dump in a log
+  python -m backend import-config pretrain_llama70b.sh --gpus 64                  # Megatron arguments (or a NeMo .yaml)
+  python -m backend import-config train_mixtral.sh --gpus 32 --vocab 32000        # a launch script (arrays, variables)
   python -m backend import-config ds_config.json --model-config config.json --gpus 16
-  python -m backend estimate --spec spec.json --hardware h100-sxm                  # estimate/plan/trace/submit take it
+  python -m backend estimate --spec spec.json --hardware h100-sxm                 # estimate/plan/trace/submit take it
 
 --json prints {"spec": {...}, "ignored": {...}, "unmapped": {...}} (+ "framework", "source_format", "gpus", "notes"):
 every source field that is not in the spec is listed by name with its value and the reason. The config is read as
@@ -44,7 +44,8 @@ def add_import_flags(p: argparse.ArgumentParser, *, config_flag: bool = False) -
     if config_flag:
         p.add_argument("--config", type=Path, required=True, metavar="FILE", help="the run's framework config")
     else:
-        p.add_argument("file", type=Path, help="the framework's config (TOML, arguments, YAML, JSON, or a log holding it)")
+        p.add_argument("file", type=Path, help="the framework's config (TOML, arguments, YAML, JSON, or a log holding "
+                                               "it)")
     p.add_argument("--format", choices=registry.names(),
                    help=f"default: told from the file ({registry.what_each_reads()})")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs of the job: resolves degrees written as -1 or auto")
@@ -95,10 +96,10 @@ def summary_text(imported) -> str:
 
     spec = ExperimentSpec.for_prediction(imported.spec)
     p, t = spec.parallel, spec.train
-    lines = [f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p.strategy} world {p.world_size} "
-             f"= {layout_text(imported.spec['parallel'])}; {count_params(spec.model):,} parameters, seq "
-             f"{spec.model.seq_len}, global batch {t.global_batch} = micro {t.micro_batch} x {t.microbatches} microbatches "
-             f"x dp {p.dp}, {t.precision}, recompute {t.recompute}"]
+    lines = [f"{imported.framework} ({imported.source_format}), {imported.gpus} GPUs: {p.strategy} world "
+             f"{p.world_size} = {layout_text(imported.spec['parallel'])}; {count_params(spec.model):,} parameters, seq "
+             f"{spec.model.seq_len}, global batch {t.global_batch} = micro {t.micro_batch} x {t.microbatches} "
+             f"microbatches x dp {p.dp}, {t.precision}, recompute {t.recompute}"]
     for key, entry in imported.unmapped.items():
         lines.append(f"unmapped {printable(key)} = {printable(json.dumps(entry['value'], default=str))[:80]}: "
                      f"{printable(entry['reason'])}")

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import-run", help=f"store a {framework_words()} run from its config and log",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_import_flags(p, config_flag=True)
-    p.add_argument("--log", type=Path, required=True, metavar="FILE", help="the run's training log (stdout of rank 0 or all)")
+    p.add_argument("--log", type=Path, required=True, metavar="FILE", help="the run's training log (stdout of rank 0 "
+                                                                           "or all)")
     p.add_argument("--hardware", metavar="NAME", help="step-time profile (default: the device the log names), or a "
                    "calibrated profile's name")
     p.add_argument("--tag", action="append", default=[], help="repeatable")

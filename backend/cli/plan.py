@@ -6,11 +6,12 @@
                                         #   "fullest_moment", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
-Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with TP/PP =
-Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP. Ranks only
-the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the prediction-only ones too, marked. A layout is priced on
-the profile's ranks (CUDA on a GPU profile) and fits by `estimate --hardware`'s rule: fullest moment + CUDA context +
-NCCL buffers + allocator slack <= device memory (--reserve-gb, --fragmentation override the allowance). With --spec (or `import-config --json` output) every layout
+Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with
+TP/PP = Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP.
+Ranks only the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the
+prediction-only ones too, marked. A layout is priced on the profile's ranks (CUDA on a GPU profile) and fits by
+`estimate --hardware`'s rule: fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory
+(--reserve-gb, --fragmentation override the allowance). With --spec (or `import-config --json` output) every layout
 trains as that spec does: its precision (fp8 with its recipe), optimizer, and its recompute policy searched besides the
 planner's own, so the spec's own layout ranks as `estimate --spec` predicts it.
 
@@ -42,22 +43,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
-    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
-    src.add_argument("--spec", type=Path, metavar="FILE", help="a spec JSON (or `import-config --json` output): its model, "
-                     "and its GPUs, global batch and sequence length unless given")
+    src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, "
+                                         "gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, "
+                                         "llama4_text)")
+    src.add_argument("--spec", type=Path, metavar="FILE", help="a spec JSON (or `import-config --json` output): its "
+                     "model, and its GPUs, global batch and sequence length unless given")
     for flag, field in MODEL_FLAGS.items():
         p.add_argument(flag, dest=f"m_{field}", type=int, metavar="N", help=f"model.{field}")
     p.add_argument("--gpus", type=int, help="GPUs to plan for (required without --spec)")
     p.add_argument("--gpus-per-node", type=int, help="default: the hardware profile's")
-    p.add_argument("--hardware", required=True, help="a profile (`python -m backend hardware`) or a calibrated profile's name "
-                   "(`python -m backend calibrate --name`)")
+    p.add_argument("--hardware", required=True, help="a profile (`python -m backend hardware`) or a calibrated "
+                   "profile's name (`python -m backend calibrate --name`)")
     p.add_argument("--global-batch", type=int, help="sequences per step (required without --spec)")
     p.add_argument("--seq", type=int, help="sequence length (required without --spec)")
     p.add_argument("--memory-gb", type=float, help="device memory in GB (default: the profile's)")
-    p.add_argument("--reserve-gb", type=float, help="a fixed reserve per GPU instead of the CUDA context + NCCL buffers "
-                   "(default: 527 MiB context + 64 MiB per NCCL communicator, analytic/device.RuntimeOverhead)")
-    p.add_argument("--fragmentation", type=float, help="allocator slack as a fraction of the fullest moment (default 0.13, "
-                   "measured on the H200)")
+    p.add_argument("--reserve-gb", type=float, help="a fixed reserve per GPU instead of the CUDA context + NCCL "
+                   "buffers (default: 527 MiB context + 64 MiB per NCCL communicator, analytic/device.RuntimeOverhead)")
+    p.add_argument("--fragmentation", type=float, help="allocator slack as a fraction of the fullest moment (default "
+                   "0.13, measured on the H200)")
     p.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "fp8"),
                    help="training precision (default: the --spec's, an imported config's own, else bf16-mixed)")
     p.add_argument("--stack", choices=STACK_CHOICES,
@@ -97,7 +100,8 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
             if args.preset:
                 data = preset_model(args.preset)
             else:
-                data, _notes = from_hf_config(load_hf_config(args.hf_config), seq_len=args.seq, file=str(args.hf_config))
+                data, _notes = from_hf_config(load_hf_config(args.hf_config), seq_len=args.seq,
+                                              file=str(args.hf_config))
         except (KeyError, HFConfigError) as e:
             return None, str(e).strip("'\"")
     data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
@@ -155,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         return fail(problem)
     if model.attn_head_dim is None and not model.is_mla and model.d_model % model.n_heads:
-        return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
+        return fail(f"n_heads={model.n_heads} does not divide d_model={model.d_model} ({model.d_model} % "
+                    f"{model.n_heads} = {model.d_model % model.n_heads})")
     try:
         hw, band, cal = resolve(args.hardware, args.calibration, args.db)
     except ValueError as e:
@@ -207,10 +212,11 @@ def run(args: argparse.Namespace) -> int:
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]
         print(f"{i:>2} {s['name'][5:]:<40} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "
-              f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} {s['parallel']['virtual_stages']:>1} "
-              f"{'y' if s['parallel']['sequence_parallel'] else 'n':>2} {c['mem_bytes_max'] / 2**30:>7.1f} "
-              f"{c['fullest_moment']:<15} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
-              f"{'yes' if c['runnable'] else 'prediction only'}" + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
+              f"{s['parallel']['pp_schedule'] if s['parallel']['pp'] > 1 else '-':<16} "
+              f"{s['parallel']['virtual_stages']:>1} {'y' if s['parallel']['sequence_parallel'] else 'n':>2} "
+              f"{c['mem_bytes_max'] / 2**30:>7.1f} {c['fullest_moment']:<15} {st['step_s']:>8.3f} {st['mfu']:>6.1%} "
+              f"{'yes' if c['runnable'] else 'prediction only'}"
+              + (" [extrapolation]" if used["extrapolation"][i - 1] else ""))
     if text := why_text(res.configs, why):
         print(text)
     for why_not in dict.fromkeys(c["why_not"] for c in res.configs if not c["runnable"]):

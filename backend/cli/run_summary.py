@@ -42,7 +42,8 @@ def _speed_lines(res: RunResult) -> list[str]:
             lines.append(f"rank {r.rank}: step median {med * 1e3:.1f} ms over {len(r.step_s)} timed steps")
     if res.step_s_median is not None:
         lines.append(f"step median {res.step_s_median * 1e3:.1f} ms, tokens/s "
-                     f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else f"step median {res.step_s_median * 1e3:.1f} ms")
+                     f"{res.tokens_per_s:,.0f}" if res.tokens_per_s
+                     else f"step median {res.step_s_median * 1e3:.1f} ms")
     if res.mfu is not None:
         lines.append(f"MFU {res.mfu * 100:.2f}%" + (f", HFU {res.hfu * 100:.2f}% (recompute included)"
                                                      if res.hfu is not None and res.hfu != res.mfu else ""))
@@ -55,7 +56,8 @@ def _comm_lines(res: RunResult) -> list[str]:
         for kind, c in sorted(r.comm.items()):
             pred = r.comm_predicted.get(kind)
             vs = f" (predicted {_mib(pred)} MiB, {_pct(c.bytes, pred)})" if pred else ""
-            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, {'n/a' if c.seconds is None else f'{c.seconds * 1e3:.1f}'} ms / step")
+            lines.append(f"rank {r.rank} {kind}: {c.calls:.3g} calls, {_mib(c.bytes)} MiB payload{vs}, "
+                         f"{'n/a' if c.seconds is None else f'{c.seconds * 1e3:.1f}'} ms / step")
     return lines
 
 
@@ -79,13 +81,15 @@ def _framework_lines(res: RunResult) -> list[str]:
     for r in res.per_rank:
         m, p, est, o = r.model_states_measured, r.model_states_predicted, r.framework_estimate, r.offload
         if m is not None and p is not None:
-            line = f"rank {r.rank} model states: {m.total_bytes:,} B measured, {p.total_bytes:,} B predicted ({_pct(m.total_bytes, p.total_bytes)})"
+            line = (f"rank {r.rank} model states: {m.total_bytes:,} B measured, {p.total_bytes:,} B predicted "
+                    f"({_pct(m.total_bytes, p.total_bytes)})")
             if est is not None:
                 line += f"; DeepSpeed's estimate {est.device_bytes:,} B ({_pct(m.total_bytes, est.device_bytes)})"
             lines.append(line)
         if o is not None:
-            lines.append(f"rank {r.rank} offload: host {o.host_bytes_measured:,} B measured / {o.host_bytes_predicted:,} B "
-                         f"predicted, device {o.device_bytes_measured:,} / {o.device_bytes_predicted:,} B")
+            lines.append(f"rank {r.rank} offload: host {o.host_bytes_measured:,} B measured / "
+                         f"{o.host_bytes_predicted:,} B predicted, device {o.device_bytes_measured:,} / "
+                         f"{o.device_bytes_predicted:,} B")
     return lines
 
 
@@ -98,7 +102,8 @@ def summary(res: RunResult, workdir: Path | None = None) -> str:
         head += f", wall {res.wall_s:.1f} s"
     lines = [head]
     if res.status != Status.OK:
-        lines.append(f"error: {res.error}" + (f" (failing rank {res.failing_rank})" if res.failing_rank is not None else ""))
+        lines.append(f"error: {res.error}"
+                     + (f" (failing rank {res.failing_rank})" if res.failing_rank is not None else ""))
         if res.traceback:
             lines += ["traceback (last lines):", *res.traceback.strip().splitlines()[-8:]]
     if res.per_rank:

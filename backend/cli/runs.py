@@ -88,7 +88,8 @@ def cmd_show(args) -> int:
     if unreadable:
         print(f"{'result':>18}: {printable(unreadable)}")
     if result is not None and result.imported is not None:  # a log's allocator peaks, not tracked categories
-        print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  step_s_median")
+        print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  "
+              "step_s_median")
         for r in result.per_rank:
             med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
             print(f"{r.rank:>4}  {r.cuda_max_allocated_bytes if r.cuda_max_allocated_bytes is not None else '-':>14}  "
@@ -98,7 +99,8 @@ def cmd_show(args) -> int:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
             med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
-            print(f"{r.rank:>4}  {r.measured.peak_bytes:>13}  {r.predicted.peak_bytes:>14}  {med if med is not None else '-'}")
+            print(f"{r.rank:>4}  {r.measured.peak_bytes:>13}  {r.predicted.peak_bytes:>14}  "
+                  f"{med if med is not None else '-'}")
     if row.get("log_tail") and row["status"] != "ok":
         print("\nlog tail:\n" + row["log_tail"])
     print("\nspec:\n" + spec.to_json())

@@ -35,7 +35,8 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-expert-gate", dest="spec_shared_expert_gate", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.shared_expert_gate")
     parser.add_argument("--moe-pad-to-capacity", dest="spec_moe_pad_to_capacity", action=argparse.BooleanOptionalAction,
-                        default=None, help="spec model.moe_pad_to_capacity (every expert's input padded to its capacity)")
+                        default=None, help="spec model.moe_pad_to_capacity (every expert's input padded to its "
+                                           "capacity)")
     parser.add_argument("--moe-grouped-gemm", dest="spec_moe_grouped_gemm", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.moe_grouped_gemm (local experts as one grouped GEMM)")
     for flag, field in STACK_SWITCHES.items():
@@ -46,9 +47,11 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", dest="spec_compile", action="store_true", default=None,
                         help="torch.compile: --elementwise compiled")
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--preset", choices=preset_names(), help="model shape of a published model (exact parameter count)")
+    src.add_argument("--preset", choices=preset_names(),
+                     help="model shape of a published model (exact parameter count)")
     src.add_argument("--hf-config", type=Path, metavar="FILE",
-                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
+                     help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, "
+                          "deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)")
     parser.add_argument("--run-here", action="store_true",
                         help="scale the --preset/--hf-config model down for this CPU, keeping its family")
 
@@ -62,7 +65,7 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         data["model"] = model_src
     if getattr(args, "zero_stage", None) is not None:
         data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[args.zero_stage]
-    for flag, (section, field, _) in FLAGS.items():
+    for _flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
     for f in SWITCHES.values():
         _put(data, "parallel", f.name, getattr(args, f"spec_{f.name}", None))
@@ -74,7 +77,8 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
         _put(data, "train", field, getattr(args, f"spec_{field}", None))
     if getattr(args, "spec_compile", None):
         if getattr(args, "spec_elementwise", None) not in (None, "compiled"):
-            raise InputError(f"--compile means --elementwise compiled; --elementwise {args.spec_elementwise} contradicts it")
+            raise InputError(f"--compile means --elementwise compiled; --elementwise {args.spec_elementwise} "
+                             "contradicts it")
         _put(data, "train", "elementwise", "compiled")
     return data
 
@@ -87,7 +91,8 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     data = unwrap_imported(data, path)
     for section in ("model", "train", "parallel", "runtime"):
         if section in data and not isinstance(data[section], dict):
-            raise InputError(f"--spec {path}: section {section!r} is a JSON {type(data[section]).__name__}, not an object")
+            raise InputError(f"--spec {path}: section {section!r} is a JSON {type(data[section]).__name__}, not an "
+                             "object")
     return data
 
 

@@ -28,7 +28,8 @@ def add_filter_flags(p: argparse.ArgumentParser) -> None:
 
 
 def filter_kwargs(args) -> dict:
-    return {"status": args.status, "strategy": args.strategy, "tag": args.tag, "sweep_id": args.sweep_id, "search": args.search}
+    return {"status": args.status, "strategy": args.strategy, "tag": args.tag, "sweep_id": args.sweep_id,
+            "search": args.search}
 
 
 def open_store(args):

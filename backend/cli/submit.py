@@ -22,7 +22,8 @@ def register(sub) -> None:
     add_spec_flags(p)
     add_db_flag(p)
     p.add_argument("--tag", action="append", default=[], help="repeatable")
-    p.add_argument("--sweep", type=Path, metavar="GRID.json", help='grid {"strategy": ["ddp", "zero2"], "world": [2, 4]}')
+    p.add_argument("--sweep", type=Path, metavar="GRID.json",
+                   help='grid {"strategy": ["ddp", "zero2"], "world": [2, 4]}')
     p.add_argument("--strict", action="store_true", help="with --sweep: queue nothing if any point is invalid")
     p.add_argument("--json", action="store_true", help="print {sweep_id, ids, invalid} as JSON")
     p.set_defaults(func=guarded(cmd_submit))

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         engine = open_db(args.db)
         exp_id = args.experiment_id or begin_trace(engine, spec)
     try:
-        result = trace_spec(spec, ranks, on_rank=lambda k, n, r: print(f"tracing rank {r} ({k}/{n})", file=sys.stderr, flush=True))
+        result = trace_spec(spec, ranks,
+                            on_rank=lambda k, n, r: print(f"tracing rank {r} ({k}/{n})", file=sys.stderr, flush=True))
     except BaseException as e:
         result = {"status": "failed", "error": f"{type(e).__name__}: {e}", "spec": json.loads(spec.to_json()),
                   "per_rank": [], "seconds": None, "notes": [], "kind": "traced"}

@@ -17,7 +17,8 @@ def register(sub) -> None:
     p.add_argument("--poll-s", type=float, default=1.0, help="queue poll interval (default 1)")
     p.add_argument("--concurrency", type=int, default=1, help="jobs at once (default 1)")
     p.add_argument("--heartbeat-s", type=float, default=5.0)
-    p.add_argument("--stale-after-s", type=float, default=60.0, help="a running job without heartbeat this long is interrupted")
+    p.add_argument("--stale-after-s", type=float, default=60.0, help="a running job without heartbeat this long is "
+                                                                     "interrupted")
     p.add_argument("--runs-dir", type=Path, help="job work folders (default: runs/ beside the SQLite file)")
     p.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID exits, as on SIGTERM (the "
                    "dashboard passes its own pid to the worker it starts)")
@@ -33,7 +34,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("gc", help="remove folders finished or deleted runs left behind (run folders, temp folders)")
     add_db_flag(p)
-    p.add_argument("--runs-dir", type=Path, help="run folders (default: runs/ beside the SQLite file; the SLURM run_dir too)")
+    p.add_argument("--runs-dir", type=Path, help="run folders (default: runs/ beside the SQLite file; the SLURM "
+                                                 "run_dir too)")
     p.add_argument("--older-than-h", type=float, default=1.0, help="temp folders must be this old (default 1)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p.add_argument("--json", action="store_true")
@@ -62,7 +64,8 @@ def cmd_gc(args) -> int:
     from backend.worker.cleanup import collect, runs_dirs
 
     engine = open_store(args)
-    report = collect(engine, runs_dirs(engine, args.runs_dir), older_than_s=args.older_than_h * 3600, dry_run=args.dry_run)
+    report = collect(engine, runs_dirs(engine, args.runs_dir), older_than_s=args.older_than_h * 3600,
+                     dry_run=args.dry_run)
     if args.json:
         print(dump_json({"removed": report.removed, "bytes": report.bytes, "kept_in_use": report.kept_in_use,
                      "dry_run": report.dry_run}))
@@ -70,6 +73,7 @@ def cmd_gc(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for r in report.removed:
         print(f"{verb} {r['path']} ({r['bytes'] / 2**20:.1f} MiB): {r['why']}")
-    print(f"{verb} {len(report.removed)} folder(s), {report.bytes / 2**20:.1f} MiB; kept {report.kept_in_use} in use or recent",
+    print(f"{verb} {len(report.removed)} folder(s), {report.bytes / 2**20:.1f} MiB; kept {report.kept_in_use} in use "
+          "or recent",
           file=sys.stderr)
     return 0

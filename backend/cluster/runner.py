@@ -119,7 +119,8 @@ def _follow(spec, workdir: Path, job_id: str, launch: dict, on_progress, cancel,
     return _collect(spec, workdir, job_id, state, launch, _tail(out), cancelled)
 
 
-def _collect(spec, workdir: Path, job_id: str, state: slurm.JobState, launch: dict, tail: str, cancelled: bool) -> RunResult:
+def _collect(spec, workdir: Path, job_id: str, state: slurm.JobState, launch: dict, tail: str,
+             cancelled: bool) -> RunResult:
     if state.state == "COMPLETED" and ranks_path(workdir).exists():
         return assembled_result(spec, workdir, None, launch, tail)
     said = f"SLURM job {job_id} {state.state}" + (f" (reason: {state.reason})" if state.reason else "")
@@ -132,7 +133,8 @@ def _collect(spec, workdir: Path, job_id: str, state: slurm.JobState, launch: di
     status = STATUS.get(state.state, Status.FAILED)
     if own is not None:
         status = Status.OOM if own.status == Status.OOM else status
-        return failed_result(spec, Failure(status, f"{said}; {own.error}", own.failing_rank, own.traceback), launch, tail)
+        return failed_result(spec, Failure(status, f"{said}; {own.error}", own.failing_rank, own.traceback), launch,
+                             tail)
     return failed_result(spec, Failure(status, f"{said}; no rank reported an error (see log tail)"), launch, tail)
 
 

@@ -56,12 +56,14 @@ def build_script(spec: ExperimentSpec, cfg: SlurmConfig, *, experiment_id: int, 
         sbatch.append(f"--cpus-per-task={per_node}")
     q = shlex.quote
     torchrun = [q(cfg.python), "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
-                "--rdzv-backend", "c10d", '--rdzv-endpoint "$2"', f'--rdzv-id "shardlab-{int(experiment_id)}-$SLURM_JOB_ID"',
+                "--rdzv-backend", "c10d", '--rdzv-endpoint "$2"', '--rdzv-id '
+                                                                  f'"shardlab-{int(experiment_id)}-$SLURM_JOB_ID"',
                 '--local-addr "$(node_addr "$SLURMD_NODENAME")"', "--max-restarts", "0",
                 "-m", RANK_MODULE, '--spec "$RUN_DIR/spec.json"', '--out "$RUN_DIR"']
     lines = [
         "#!/bin/bash",
-        f"# ShardLab experiment {int(experiment_id)}: world {spec.parallel.world_size} = {nodes} node(s) x {per_node} rank(s).",
+        f"# ShardLab experiment {int(experiment_id)}: world {spec.parallel.world_size} = {nodes} node(s) x {per_node} "
+        "rank(s).",
         f"# Resubmit by hand: SLURM_CONF=... sbatch {q(str(workdir / SCRIPT_NAME))}",
         *[f"#SBATCH {opt}" for opt in sbatch],
         *cfg.extra_sbatch,
@@ -79,6 +81,7 @@ def build_script(spec: ExperimentSpec, cfg: SlurmConfig, *, experiment_id: int, 
         'HEAD_ADDR=$(node_addr "$HEAD_NODE")',
         "PORT=$((20000 + SLURM_JOB_ID % 20000))",
         'echo "SHARDLAB_SLURM job $SLURM_JOB_ID nodes $SLURM_JOB_NODELIST rendezvous $HEAD_ADDR:$PORT"',
-        f'srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$RUN_DIR/{SCRIPT_NAME}" --node "$HEAD_ADDR:$PORT"',
+        f'srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$RUN_DIR/{SCRIPT_NAME}" --node '
+        '"$HEAD_ADDR:$PORT"',
     ]
     return "\n".join(lines) + "\n"

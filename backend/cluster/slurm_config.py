@@ -10,8 +10,8 @@
     extra_sbatch = ["#SBATCH --exclusive", "#SBATCH --constraint=h100"]
     python = "/shared/venvs/shardlab/bin/python"   # interpreter on the nodes (default: this one)
 
-Every value is checked here, before it can reach a script: names are [A-Za-z0-9_.,-] (not starting with '-'), extra lines are single
-`#SBATCH --option[=value]` lines.
+Every value is checked here, before it can reach a script: names are [A-Za-z0-9_.,-] (not starting with '-'), extra
+lines are single `#SBATCH --option[=value]` lines.
 """
 
 from __future__ import annotations

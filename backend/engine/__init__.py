@@ -28,15 +28,21 @@ _PUBLIC = {
 }
 __all__ = sorted(_PUBLIC)
 
-if TYPE_CHECKING:
-    from backend.engine.accuracy_notes import BOUNDS_PCT
-    from backend.engine.assemble import assemble_result
-    from backend.engine.data import global_batch
-    from backend.engine.device_facts import host_device
-    from backend.engine.loop import comm_payload, comm_steps, has_split_backward, progress, run_loop, timed_steps
-    from backend.engine.mesh import build_mesh
-    from backend.engine.mesh import init as init_distributed
-    from backend.engine.reference import reference_losses, run_isolated
+if TYPE_CHECKING:  # `x as x`: explicit re-exports (ruff cannot read __all__ = sorted(_PUBLIC))
+    from backend.engine.accuracy_notes import BOUNDS_PCT as BOUNDS_PCT
+    from backend.engine.assemble import assemble_result as assemble_result
+    from backend.engine.data import global_batch as global_batch
+    from backend.engine.device_facts import host_device as host_device
+    from backend.engine.loop import comm_payload as comm_payload
+    from backend.engine.loop import comm_steps as comm_steps
+    from backend.engine.loop import has_split_backward as has_split_backward
+    from backend.engine.loop import progress as progress
+    from backend.engine.loop import run_loop as run_loop
+    from backend.engine.loop import timed_steps as timed_steps
+    from backend.engine.mesh import build_mesh as build_mesh
+    from backend.engine.mesh import init as init_distributed  # noqa: F401 - re-exported under _PUBLIC's name
+    from backend.engine.reference import reference_losses as reference_losses
+    from backend.engine.reference import run_isolated as run_isolated
 
 
 def __getattr__(name: str) -> Any:

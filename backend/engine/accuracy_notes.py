@@ -92,7 +92,8 @@ def memory_notes(per_rank: list[RankResult]) -> list[str]:
             notes.append(f"rank {rr.rank}: the step's total tracked peak ({rr.measured.peak_bytes:,} B) is "
                          f"{rr.measured.peak_bytes / at_act - 1:.0%} above the categories' sum at the activation peak "
                          f"({at_act:,} B), where categories are measured; at the total peak: "
-                         + ", ".join(f"{k} {v:,}" for k, v in (getattr(rr.measured, "at_peak", None) or {}).items()) + ".")
+                         + ", ".join(f"{k} {v:,}" for k, v in (getattr(rr.measured, "at_peak", None) or {}).items())
+                         + ".")
     return notes
 
 
@@ -103,10 +104,11 @@ def autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str
     off = [rr for rr in per_rank if (rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"]]
     if not off:
         return []
-    cache = 2 * sum(q.numel for q in param_list(spec.model) if q.name.startswith(("layers.", "lm_head")) and ".ln" not in q.name)
+    cache = 2 * sum(q.numel for q in param_list(spec.model) if q.name.startswith(("layers.", "lm_head"))
+                    and ".ln" not in q.name)
     return [f"mixed precision here is torch.autocast: it caches a 16-bit copy of every Linear weight and bias for the "
-            f"whole forward (≈{cache:,} B, tracked as activations) and keeps LayerNorm/softmax outputs and the residual "
-            f"stream in fp32, while the formula counts every saved activation at 2 B."]
+            f"whole forward (≈{cache:,} B, tracked as activations) and keeps LayerNorm/softmax outputs and the "
+            f"residual stream in fp32, while the formula counts every saved activation at 2 B."]
 
 
 def recompute_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
@@ -165,7 +167,8 @@ def comm_notes(ranks: list[dict[str, Any]], per_rank: list[RankResult], backend:
             if e is None and measured:
                 notes.append(f"rank {rr.rank}: {k} {measured:,.0f} B/step measured but not predicted.")
             elif e is not None and abs(e) > COMM_BOUND_PCT:
-                notes.append(f"rank {rr.rank}: {k} payload {measured:,.0f} vs predicted {rr.comm_predicted.get(k, 0):,.0f} B/step ({e:+.1f}%).")
+                notes.append(f"rank {rr.rank}: {k} payload {measured:,.0f} vs predicted "
+                             f"{rr.comm_predicted.get(k, 0):,.0f} B/step ({e:+.1f}%).")
     if backend == "gloo" and any("reduce_scatter" in r.get("comm", {}) for r in ranks):
         notes.append("gloo implements reduce_scatter as an all-reduce: bytes actually sent are ≈2× the ring "
                      "reduce-scatter wire_bytes reported (payload and wire_bytes are the algorithmic values).")
@@ -190,8 +193,9 @@ def _kernel_vs_tracked_notes(ranks: list[dict[str, Any]]) -> list[str]:
     for (k, a, b), who in gaps.items():
         why = (" (DDP rebuilds its buckets once, broadcasting the new order, in its 2nd iteration)"
                if k == "broadcast" and a < 4096 and not b else "")
-        notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on the "
-                     f"comm-timing steps (kernel hooks) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes are from the tracked step.")
+        notes.append(f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {k} {a:,.0f} B/step counted on "
+                     f"the comm-timing steps (kernel hooks) vs {b:,.0f} B on the memory-tracked step{why}; comm bytes "
+                     "are from the tracked step.")
     return notes
 
 
@@ -221,7 +225,8 @@ def cp_notes(spec: ExperimentSpec, ranks: list[dict[str, Any]]) -> list[str]:
     wait, step, rank = max(waits)
     share = f", {wait / step:.0%} of its step" if step else ""
     predicted = _predicted_cp_exposed_s(spec)
-    pred = (f"; the step-time model predicts {predicted * 1e3:.1f} ms exposed on the cpu profile" if predicted is not None
+    pred = (f"; the step-time model predicts {predicted * 1e3:.1f} ms exposed on the cpu profile"
+            if predicted is not None
             else "; no cpu profile to predict it from")
     return [f"CP ring: rank {rank} waited {wait * 1e3:.1f} ms per step on K/V and dK/dV transfers (median of the timed "
             f"steps, the most of any rank{share}): the ring communication its attention blocks did not hide{pred}."]

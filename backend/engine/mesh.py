@@ -40,7 +40,8 @@ def init(spec: ExperimentSpec, rank: int, world_size: int, local_rank: int) -> t
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=group_timeout_s(spec.runtime.timeout_s, backend,
-                                                                scheduler_limit=str(spec.runtime.executor) == "slurm")), **kwargs)
+                                                                scheduler_limit=str(spec.runtime.executor) == "slurm")),
+                                **kwargs)
     return backend, device
 
 

@@ -42,7 +42,8 @@ def assemble_torch_offload(spec: ExperimentSpec, payload: dict[str, Any]) -> Run
                                   host_bytes_predicted=pred["host_bytes"], device_bytes_predicted=pred["device_bytes"])
     res.notes.append("offload=params: FSDP2 CPUOffloadPolicy(pin_memory=False) keeps sharded parameters, their "
                      "gradients and the optimizer step on the host; on a CPU-only host 'device' and host are the same "
-                     "memory, so the split is by role (FSDPMemTracker's Sharded Param / Sharded Grad / OptState = host).")
+                     "memory, so the split is by role (FSDPMemTracker's Sharded Param / Sharded Grad / OptState = "
+                     "host).")
     return res
 
 
@@ -108,7 +109,8 @@ def _category_notes(res: RunResult) -> list[str]:
             detail = ", ".join(f"rank {r}: {m:,} vs {p:,} B ({e:+.1f}%)" for r, e, m, p in off[:4])
             why = (" The activation prediction is the torch engine's formula for the same model and microbatch; the "
                    "tracker books every tensor DeepSpeed creates during forward as an activation (e.g. ZeRO-3's "
-                   "re-gathered parameters); this gap is measured, not yet modelled." if cat == "activations_bytes" else "")
+                   "re-gathered parameters); this gap is measured, not yet modelled." if cat == "activations_bytes"
+                   else "")
             notes.append(f"{cat} misses the ±{bound:g}% bound ({detail}).{why}")
     return notes
 
@@ -179,5 +181,6 @@ def _jax_notes(spec: ExperimentSpec, xla: dict[str, Any], arg: int | None, pb: d
         notes.append("some collectives sit inside a while loop: their count is per program, not per step.")
     listed = ", ".join(f"{k} ×{v['calls']} ({v['bytes']:,} B)" for k, v in coll.items()) or "none"
     notes.append(f"collectives in the compiled HLO, per device per step: {listed}. Their seconds are not measured "
-                 "(the comm table shows none): XLA times collectives only under its profiler, which ShardLab does not run.")
+                 "(the comm table shows none): XLA times collectives only under its profiler, which ShardLab does not "
+                 "run.")
     return notes

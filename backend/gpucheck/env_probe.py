@@ -33,8 +33,8 @@ TORCH_APIS = (
     "torch.distributed.distributed_c10d._resolve_process_group", "torch.cuda.Event",
     "torch.utils.checkpoint.create_selective_checkpoint_contexts",
 )
-PRODUCT_MODULES = ("backend.torch_compat", "backend.trace.torch_private", "backend.engine.rank", "backend.launch.launcher",
-                   "backend.frameworks.assemblers")
+PRODUCT_MODULES = ("backend.torch_compat", "backend.trace.torch_private", "backend.engine.rank",
+                   "backend.launch.launcher", "backend.frameworks.assemblers")
 PACKAGES = ("torch", "numpy", "psutil", "pydantic", "pydantic_core", "annotated_types", "typing_extensions",
             "typing_inspection", "pytest", "pytest_timeout", "transformers", "sqlalchemy", "streamlit", "plotly",
             "pandas")
@@ -87,7 +87,8 @@ def nvidia_smi(timeout_s: float = 15.0) -> dict[str, Any]:
                               capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    rows = [dict(zip(NVIDIA_SMI_FIELDS, (v.strip() for v in line.split(",")), strict=False)) for line in proc.stdout.splitlines()
+    rows = [dict(zip(NVIDIA_SMI_FIELDS, (v.strip() for v in line.split(",")),
+                     strict=False)) for line in proc.stdout.splitlines()
             if line.strip()]
     return {"gpus": rows, "returncode": proc.returncode, "stderr": proc.stderr[-500:]}
 

@@ -75,7 +75,8 @@ def ingest_report(engine, report: dict[str, Any]) -> list[dict[str, Any]]:
         tag = run_tag(check_id, name)
         seen = list_experiments(engine, tag=tag, columns=["id"])
         if seen:
-            out.append({"run": name, "status": entry.get("status"), "experiment_id": seen[0]["id"], "action": "already"})
+            out.append({"run": name, "status": entry.get("status"), "experiment_id": seen[0]["id"],
+                        "action": "already"})
             continue
         result = RunResult.model_validate(entry)
         experiment_id = _insert_row(engine, result)

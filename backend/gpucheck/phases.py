@@ -20,7 +20,8 @@ from backend.gpucheck.specs import runs_for, spec_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TEST_FILES = ("tests/e2e/test_gpu.py",)
-COMPAT_TEST_FILES = ("tests/unit/test_torch_compat.py", "tests/unit/test_trace_compat.py", "tests/multiprocess/test_trace_compat.py")
+COMPAT_TEST_FILES = ("tests/unit/test_torch_compat.py", "tests/unit/test_trace_compat.py",
+                     "tests/multiprocess/test_trace_compat.py")
 """The private torch symbols ShardLab uses, checked against the device's torch (2.11 there, 2.13 here)."""
 RUN_MIN_S = {"cuda": 30.0, "cpu": 8.0}
 """A run is not started with less time left than this (run 1: 28-42 s per run, ~24 s of it set-up)."""
@@ -140,9 +141,9 @@ def run_line(res: dict[str, Any]) -> str:
     if res.get("status") != "ok":
         return f"{res.get('status')}: {str(res.get('error'))[:300]}"
     return (f"ok step {res.get('step_s_median') or float('nan'):.3f} s (predicted datasheet/measured {pred}), "
-            f"MFU {res.get('mfu') or float('nan'):.3f}, peak alloc/reserved {gib(fit.get('measured_peak_allocated_bytes'))}/"
-            f"{gib(fit.get('measured_peak_reserved_bytes'))} GiB, fits {fit.get('fits')}, "
-            f"{res.get('gpu_check', {}).get('seconds', 0):.0f} s")
+            f"MFU {res.get('mfu') or float('nan'):.3f}, peak alloc/reserved "
+            f"{gib(fit.get('measured_peak_allocated_bytes'))}/{gib(fit.get('measured_peak_reserved_bytes'))} GiB, fits "
+            f"{fit.get('fits')}, {res.get('gpu_check', {}).get('seconds', 0):.0f} s")
 
 
 def trace_phase(ctx: KitContext, budget_s: float) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ def build(shape: dict[str, Any], device: torch.device, mode: str) -> nn.Module:
     model.to_empty(device=device)
     tie_weights(model)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
     return model.to(torch.bfloat16) if mode == "bf16_params" else model
 

@@ -18,7 +18,8 @@ LLAMA_1B = dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_h
                 attention="flash", norm_eps=1e-5,
                 source={"shape_of": "meta-llama/Llama-3.2-1B config.json", "file": "backend/gpucheck/specs.py"})
 TINY_LLAMA = dict(LLAMA_1B, vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128,
-                  seq_len=64, source={"shape_of": "Llama-3.2-1B family, scaled for the CPU", "file": "backend/gpucheck/specs.py"})
+                  seq_len=64,
+                  source={"shape_of": "Llama-3.2-1B family, scaled for the CPU", "file": "backend/gpucheck/specs.py"})
 STEPS, WARMUP_STEPS = 6, 1
 """Six timed steps: run 1 (three) saw 0.272 / 0.289 / 0.359 s for zero3, too few for a stable median."""
 

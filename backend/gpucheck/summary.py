@@ -8,9 +8,9 @@ from typing import Any
 
 from backend.result import MEMORY_CATEGORIES
 
-COLUMNS = ("run", "status", "step s", "timed steps (min-max s)", "pred. datasheet s (err %)", "pred. measured s (err %)", "MFU",
-           "peak alloc GiB", "peak reserved GiB", "predicted need GiB (fits)", "worst category err %",
-           "trace peak GiB (err % vs measured)")
+COLUMNS = ("run", "status", "step s", "timed steps (min-max s)", "pred. datasheet s (err %)",
+           "pred. measured s (err %)", "MFU", "peak alloc GiB", "peak reserved GiB", "predicted need GiB (fits)",
+           "worst category err %", "trace peak GiB (err % vs measured)")
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
@@ -105,18 +105,20 @@ def diag_lines(diag: dict[str, Any]) -> list[str]:
     lines = ["", "## Diag", "", "Parts: " + ", ".join(f"{k} {v.get('status')} ({v.get('seconds', 0):.0f} s)"
                                                        for k, v in (diag.get("parts") or {}).items()), "",
              "Saved tensors of one block (backend/gpucheck/saved_tensors.py; weight casts apart):", "",
-             "| device | shape | mode | saved MiB | analytic MiB | diff % | weight casts MiB |", "|---|---|---|---|---|---|---|"]
+             "| device | shape | mode | saved MiB | analytic MiB | diff % | weight casts MiB |",
+             "|---|---|---|---|---|---|---|"]
     for b in gap.get("blocks", []):
         lines.append(f"| {b['device']} | {b['shape']} | {b['mode']} | {_mib(b['saved_block_bytes'])} | "
-                     f"{_mib(b['analytic_block_bytes'])} | {_f(b['diff_pct'], '+.1f')} | {_mib(b['weight_cast_bytes'])} |")
+                     f"{_mib(b['analytic_block_bytes'])} | {_f(b['diff_pct'], '+.1f')} | "
+                     f"{_mib(b['weight_cast_bytes'])} |")
     if gap.get("runs"):
         lines += ["", "Runs, measured - predicted activations per layer (MiB): " + ", ".join(
             f"{r['run']} {r['diff_per_layer_bytes'] / 2**20:+.1f}" for r in gap["runs"])]
     prof = diag.get("step_profile") or []
     if prof:
         head = ["run", "step s", "profiled wall s", "busy s", "idle s", *CATEGORIES]
-        lines += ["", "One profiled step at world 1 (backend/gpucheck/step_profile.py), device seconds by category:", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["", "One profiled step at world 1 (backend/gpucheck/step_profile.py), device seconds by category:",
+                  "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in prof:
             if r.get("status") != "ok":
                 lines.append(f"| {r.get('run')} | {r.get('status')}: {str(r.get('error'))[:80]} |")

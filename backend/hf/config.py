@@ -1,8 +1,8 @@
 """Hugging Face `config.json` -> ModelSpec fields, offline (the user gives the file).
 
 Families: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox here; deepseek_v3, deepseek_v2, qwen3, qwen3_moe,
-gpt_oss, gemma3_text and llama4_text (and llama4's text_config) in backend/hf/families.py. Every key of the config is either
-mapped to a ModelSpec field, checked to hold the one value ShardLab models, listed as not changing the
+gpt_oss, gemma3_text and llama4_text (and llama4's text_config) in backend/hf/families.py. Every key of the config is
+either mapped to a ModelSpec field, checked to hold the one value ShardLab models, listed as not changing the
 shapes, memory or FLOPs ShardLab predicts (token ids, init, numerics such as rope_theta), or refused with
 its name. Nothing is silently ignored: accepted-but-unmodelled numerics are returned as notes.
 
@@ -105,7 +105,8 @@ def from_hf_config(cfg: dict[str, Any], *, seq_len: int | None = None, file: str
     except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         if isinstance(e, HFConfigError):
             raise
-        raise HFConfigError(f"model_type {family}: a field has a value ShardLab cannot use ({type(e).__name__}: {e})") from None
+        raise HFConfigError(f"model_type {family}: a field has a value ShardLab cannot use "
+                            f"({type(e).__name__}: {e})") from None
     notes += [f"{k}={cfg[k]!r}: dropout is not modelled (ShardLab trains without dropout)"
               for k in _DROPOUT if cfg.get(k)]
     numerics = sorted(k for k in cfg if k in ("rope_theta", "rope_scaling", "norm_topk_prob", "rotary_pct",
@@ -183,9 +184,11 @@ def _llama_like(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any
     _act(cfg, "hidden_act", ("silu",))
     window = _int(cfg, "sliding_window", None)
     windowed = window is not None and (family in ("mistral", "mixtral") or _flag(cfg, "use_sliding_window", False))
-    if seq_len is None and windowed and window < min(_int(cfg, "max_position_embeddings", None) or DEFAULT_SEQ_CAP, DEFAULT_SEQ_CAP):
+    if seq_len is None and windowed and window < min(_int(cfg, "max_position_embeddings", None) or DEFAULT_SEQ_CAP,
+                                                     DEFAULT_SEQ_CAP):
         seq_len = window
-        notes.append(f"seq_len={window}: the sliding window (every key inside it, so full causal attention); set --seq to change")
+        notes.append(f"seq_len={window}: the sliding window (every key inside it, so full causal attention); set --seq "
+                     "to change")
     seq = _seq(cfg, seq_len, "max_position_embeddings", notes)
     if windowed and window < seq:
         raise HFConfigError(f"sliding_window={window} < seq_len={seq}: windowed attention is not modelled "
@@ -207,7 +210,8 @@ def _llama_like(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any
         model.update(n_experts=_int(cfg, "num_local_experts"), top_k=_int(cfg, "num_experts_per_tok"))
     if family == "qwen2_moe":
         if _int(cfg, "decoder_sparse_step", 1) != 1:
-            raise HFConfigError(f"decoder_sparse_step={cfg['decoder_sparse_step']}: only every layer MoE (1) is modelled")
+            raise HFConfigError(f"decoder_sparse_step={cfg['decoder_sparse_step']}: only every layer MoE (1) is "
+                                "modelled")
         if cfg.get("mlp_only_layers"):
             raise HFConfigError(f"mlp_only_layers={cfg['mlp_only_layers']!r}: mixed dense/MoE stacks are not modelled")
         shared = _int(cfg, "shared_expert_intermediate_size", 0, minimum=0)
@@ -225,7 +229,8 @@ def _gpt2(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], lis
     _act(cfg, "activation_function", ("gelu_new", "gelu", "gelu_pytorch_tanh"))
     n_pos = _int(cfg, "n_positions")
     if seq_len is not None and seq_len != n_pos:
-        notes.append(f"seq_len={seq_len}: learned positions get {seq_len} rows (the checkpoint has n_positions={n_pos})")
+        notes.append(f"seq_len={seq_len}: learned positions get {seq_len} rows (the checkpoint has "
+                     f"n_positions={n_pos})")
     model = dict(vocab_size=_int(cfg, "vocab_size"), d_model=h, n_layers=_int(cfg, "n_layer"), n_heads=heads,
                  ffn_hidden=_int(cfg, "n_inner", 4 * h), seq_len=seq_len or n_pos, norm="layernorm", mlp="gelu",
                  positions="learned", bias="all", tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
@@ -236,8 +241,8 @@ def _gpt2(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], lis
 def _neox(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     if _flag(cfg, "use_parallel_residual", True):
-        raise HFConfigError("use_parallel_residual=true: parallel attention + MLP blocks (x + attn(ln1 x) + mlp(ln2 x)) "
-                            "are not modelled; ShardLab's blocks are sequential")
+        raise HFConfigError("use_parallel_residual=true: parallel attention + MLP blocks (x + attn(ln1 x) + mlp(ln2 "
+                            "x)) are not modelled; ShardLab's blocks are sequential")
     h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     _heads(cfg, h, heads)
     _act(cfg, "hidden_act", ("gelu", "gelu_new", "gelu_fast"))
@@ -254,8 +259,8 @@ def _neox(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], lis
 
 
 _LLAMA_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
-                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "ffn_hidden",
-                 "max_position_embeddings": "seq_len", "rms_norm_eps": "norm_eps"}
+                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
+                 "intermediate_size": "ffn_hidden", "max_position_embeddings": "seq_len", "rms_norm_eps": "norm_eps"}
 _FIELD_NAMES: dict[str, dict[str, str]] = {  # config key -> ModelSpec field, to name errors by the config's key
     **{f: _LLAMA_FIELDS for f in ("llama", "mistral", "qwen2")},
     "mixtral": _LLAMA_FIELDS | {"num_local_experts": "n_experts", "num_experts_per_tok": "top_k"},

@@ -87,7 +87,8 @@ def _layer_types(cfg: dict[str, Any], n_layers: int, windowed: str) -> int | Non
     types = cfg.get("layer_types")
     if types in (None, []):
         return None
-    if not isinstance(types, list) or len(types) != n_layers or any(t not in (windowed, "full_attention") for t in types):
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in (windowed, "full_attention")
+                                                                    for t in types):
         raise HFConfigError(f"layer_types={types!r}: expected {n_layers} entries of {windowed} / full_attention")
     return _pattern(types, "full_attention", "layer_types")
 
@@ -169,9 +170,10 @@ def _llama4(cfg: dict[str, Any], seq_len: int | None) -> tuple[dict[str, Any], l
         raise HFConfigError(f"moe_layers={moe_layers!r}: only every interleave_moe_layer_step-th layer "
                             f"({expected[:4]}...) is modelled")
     expert_ffn = read_int(cfg, "intermediate_size")
-    model.update(ffn_hidden=read_int(cfg, "intermediate_size_mlp", expert_ffn), n_experts=read_int(cfg, "num_local_experts"),
-                 top_k=read_int(cfg, "num_experts_per_tok"), expert_ffn_hidden=expert_ffn, n_shared_experts=1,
-                 shared_ffn_hidden=expert_ffn, moe_every=step, router_score="sigmoid")
+    model.update(ffn_hidden=read_int(cfg, "intermediate_size_mlp", expert_ffn),
+                 n_experts=read_int(cfg, "num_local_experts"), top_k=read_int(cfg, "num_experts_per_tok"),
+                 expert_ffn_hidden=expert_ffn, n_shared_experts=1, shared_ffn_hidden=expert_ffn, moe_every=step,
+                 router_score="sigmoid")
     interval = read_int(cfg, "no_rope_layer_interval", 4)
     rope_flags = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
     if not isinstance(rope_flags, list) or len(rope_flags) != layers or any(f not in (0, 1) for f in rope_flags):
@@ -235,8 +237,8 @@ def mtp_note(model: dict[str, Any], modules: int) -> str:
         unique, stored = mtp_module_params(ModelSpec(**{k: v for k, v in model.items() if k != "source"}))
     except ValueError:  # an invalid shape: from_hf_config's own check names the key
         return f"num_nextn_predict_layers={modules}: the multi-token-prediction module is not modelled"
-    return (f"num_nextn_predict_layers={modules}: the multi-token-prediction module (model.layers.{model['n_layers']} in "
-            "the checkpoint) is not modelled: ShardLab trains the next-token objective only, as transformers builds "
+    return (f"num_nextn_predict_layers={modules}: the multi-token-prediction module (model.layers.{model['n_layers']} "
+            "in the checkpoint) is not modelled: ShardLab trains the next-token objective only, as transformers builds "
             f"the model; counted apart: {modules} x {unique:,} parameters (enorm, hnorm, eh_proj, one MoE block, "
             f"shared_head.norm), {modules} x {stored:,} stored with its embedding and head copies (DeepSeek-V3 "
             "README_WEIGHTS.md: 11.5B unique + 0.9B + 0.9B)")
@@ -248,7 +250,8 @@ NEW_FAMILIES: dict[str, NewFamily] = {
     "qwen3": NewFamily(_QWEN3_KEYS, _BASE_FIELDS | {"intermediate_size": "ffn_hidden"}, _qwen3),
     "qwen3_moe": NewFamily(_QWEN3_KEYS + ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                           "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob"),
-                           _BASE_FIELDS | _MOE_FIELDS | {"num_experts": "n_experts", "decoder_sparse_step": "moe_every"},
+                           _BASE_FIELDS | _MOE_FIELDS | {"num_experts": "n_experts",
+                                                         "decoder_sparse_step": "moe_every"},
                            _qwen3),
     "gpt_oss": NewFamily(_BASE + ("head_dim", "num_local_experts", "num_experts_per_tok", "experts_per_token",
                                   "sliding_window", "layer_types", "swiglu_limit", "initial_context_length",

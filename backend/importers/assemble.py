@@ -33,8 +33,8 @@ def resolve_dp(flat: Flat, gpus: int | None) -> tuple[int, int]:
     auto = [d for d, v in values.items() if v == -1]
     text = " * ".join(f"{d}({v})" for d, v in values.items())
     if len(auto) > 1:
-        raise ConfigImportError([f"{' and '.join(f'{d}={flat.source_of(d)}' for d in auto)} are all -1/auto: at most one "
-                                 "degree can take the rest of the GPUs"])
+        raise ConfigImportError([f"{' and '.join(f'{d}={flat.source_of(d)}' for d in auto)} are all -1/auto: at most "
+                                 "one degree can take the rest of the GPUs"])
     if auto:
         if total is None:
             raise ConfigImportError([f"{flat.source_of(auto[0])} = -1/auto takes the rest of the GPUs: pass --gpus N "
@@ -72,7 +72,8 @@ def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: 
     dp, world = resolve_dp(flat, gpus)
     glob, micro, notes = batch(flat, dp)
     spec: dict[str, Any] = {"name": name, "framework": "torch",
-                            "model": dict(flat.get("model_base") or {}), "train": {"global_batch": glob, "micro_batch": micro},
+                            "model": dict(flat.get("model_base") or {}),
+                            "train": {"global_batch": glob, "micro_batch": micro},
                             "parallel": {"strategy": flat.get("dp_flavour", "ddp"), "dp": dp},
                             "runtime": {"device": "cuda", "backend": "nccl"}}
     for canon, (value, source) in flat.canonical.items():

@@ -55,8 +55,8 @@ TABLE: dict[str, Any] = {
     "zero_optimization.zero_quantized_weights": Unmappable("ZeRO++ quantized weights (qwZ) are not modelled"),
     "zero_optimization.zero_quantized_gradients": Unmappable("ZeRO++ quantized gradients (qgZ) are not modelled"),
     "zero_optimization.mics_shard_size": To("ds_mics"),
-    "activation_checkpointing.partition_activations": Unmappable("partitioned activation checkpoints (Megatron-DeepSpeed "
-                                                                 "models) are not modelled"),
+    "activation_checkpointing.partition_activations": Unmappable("partitioned activation checkpoints "
+                                                                 "(Megatron-DeepSpeed models) are not modelled"),
     "activation_checkpointing.cpu_checkpointing": Unmappable("activation checkpoints on the CPU are not modelled"),
     "pipeline": Unmappable("DeepSpeed's pipeline engine needs the model's PipelineModule: not read"),
     "elasticity.enabled": Unmappable("elastic training changes the batch and world as it runs"),
@@ -75,10 +75,11 @@ PREFIXES: dict[str, Any] = {
         "optimizer.params", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
         "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "memory_breakdown",
         "dump_state", "prescale_gradients", "gradient_predivide_factor", "data_types",
-        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "bf16", "fp16", "amp", "activation_checkpointing",
-        "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "seq_parallel_communication_data_type",
-        "checkpoint", "load_universal_checkpoint", "use_node_local_storage", "torch_autocast", "timers",
-        "aio", "sparse_gradients", "disable_allgather", "train_micro_batch_size", "zero_optimization")},
+        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "bf16", "fp16", "amp",
+        "activation_checkpointing", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
+        "seq_parallel_communication_data_type", "checkpoint", "load_universal_checkpoint", "use_node_local_storage",
+        "torch_autocast", "timers", "aio", "sparse_gradients", "disable_allgather", "train_micro_batch_size",
+        "zero_optimization")},
     "compression_training": Unmappable("compression training changes the model as it trains: not modelled"),
     "curriculum_learning": Unmappable("curriculum learning changes the sequence length as it trains: predicted at the "
                                       "given length"),
@@ -106,14 +107,16 @@ def import_ds_config(text: str | bytes, *, gpus: int | None = None, model_config
                      file: str = "ds_config.json", seq_len: int | None = None) -> ImportedConfig:
     data = parse(text)
     if model_config is None:
-        raise ConfigImportError(["a ds_config.json describes no model: give the model's config.json with --model-config"])
+        raise ConfigImportError(["a ds_config.json describes no model: give the model's config.json with "
+                                 "--model-config"])
     flat = Flat(flatten(data))
     apply_table(flat, TABLE, prefixes=PREFIXES)
     notes = _model(flat, model_config, seq_len) + _batch(flat, gpus) + _layout(flat)
     flat.put("notes", notes, "deepspeed")
     imported = to_spec(flat, framework="deepspeed", source_format="deepspeed-json",
-                       name=safe_name(f"{model_config.get('model_type', 'model')} ZeRO-{data.get('zero_optimization', {}).get('stage', 0)} "
-                                      f"({file}, DeepSpeed)"), gpus=gpus)
+                       name=safe_name(f"{model_config.get('model_type', 'model')} "
+                                      f"ZeRO-{data.get('zero_optimization', {}).get('stage', 0)} ({file}, DeepSpeed)"),
+                       gpus=gpus)
     return _engine_or_torch(imported)
 
 
@@ -144,7 +147,8 @@ def _batch(flat: Flat, gpus: int | None) -> list[str]:
                                      f"gradient_accumulation_steps {gas} x dp (not a whole multiple of {micro * gas})"])
         flat.put("dp", glob // (micro * gas), "train_batch_size / (micro x gas)")
         flat.put("global_batch", glob, "train_batch_size")
-        return [f"dp = train_batch_size {glob} / (micro {micro} x gradient accumulation {gas}) = {glob // (micro * gas)}"]
+        return [f"dp = train_batch_size {glob} / (micro {micro} x gradient accumulation {gas}) = "
+                f"{glob // (micro * gas)}"]
     flat.put("dp", -1, "data-parallel world (--gpus)")
     if glob not in (None, -1):
         flat.put("global_batch", glob, "train_batch_size")
@@ -197,8 +201,9 @@ def _engine_or_torch(imported: ImportedConfig) -> ImportedConfig:
     spec = ExperimentSpec.for_prediction(imported.spec)
     why = check_framework(spec.model_copy(update={"framework": "deepspeed"}))
     if why:
-        imported.notes.append("predicted as a torch spec of the same layout: ShardLab's DeepSpeed engine does not run it "
-                              f"({'; '.join(why)})")
+        imported.notes.append("predicted as a torch spec of the same layout: ShardLab's DeepSpeed engine does not run "
+                              f"it ({'; '.join(why)})")
     else:
-        imported.spec = ExperimentSpec.for_prediction({**imported.spec, "framework": "deepspeed"}).model_dump(mode="json")
+        imported.spec = ExperimentSpec.for_prediction({**imported.spec,
+                                                       "framework": "deepspeed"}).model_dump(mode="json")
     return imported

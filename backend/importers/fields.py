@@ -62,8 +62,8 @@ Mapper = To | Ignore | Unmappable
 
 # Canonical field -> spec path ("section.field") or Pending. Model fields are "model.<ModelSpec field>".
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts",
-                "top_k", "expert_ffn_hidden", "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate", "norm", "mlp",
-                "positions", "tie_embeddings", "bias", "attention", "capacity_factor", "moe_pad_to_capacity",
+                "top_k", "expert_ffn_hidden", "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate", "norm",
+                "mlp", "positions", "tie_embeddings", "bias", "attention", "capacity_factor", "moe_pad_to_capacity",
                 "moe_dispatcher", "moe_grouped_gemm", "moe_aux_loss_coeff")
 SPEC_FIELDS: dict[str, str | Pending] = {
     **{f: f"model.{f}" for f in MODEL_FIELDS},

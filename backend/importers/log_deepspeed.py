@@ -81,7 +81,8 @@ def _timers(c: Collector, timer_steps: dict[int | None, int], rank: int | None, 
     m = TIMERS.search(text)
     if m is None:
         raise v.Garbled(text)
-    parts = [v.non_negative(m.group(i), name, number) for i, name in ((1, "fwd (ms)"), (2, "bwd (ms)"), (3, "step (ms)"))]
+    parts = [v.non_negative(m.group(i), name, number) for i, name in ((1, "fwd (ms)"), (2, "bwd (ms)"),
+                                                                      (3, "step (ms)"))]
     seconds = v.step_seconds(sum(parts) / 1000.0, "fwd + bwd + step", f"{m.group(1)} + {m.group(2)} + {m.group(3)} ms",
                              number)
     step = timer_steps[rank] = timer_steps.get(rank, 0) + 1

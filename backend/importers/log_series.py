@@ -200,8 +200,8 @@ def summarise(c: Collector, *, warmup_steps: int | None = None, what: str = "ste
             if values and key not in reported:
                 reported[key] = statistics.median(values)
     if not medians:
-        raise LogImportError([f"every logged step is warm-up (steps {first}..{last}, cut at step {cut}): the run is too "
-                              "short to measure; give --warmup-steps to lower the cut"])
+        raise LogImportError([f"every logged step is warm-up (steps {first}..{last}, cut at step {cut}): the run is "
+                              "too short to measure; give --warmup-steps to lower the cut"])
     notes = [WARMUP_RULE + f": cut at step {cut}, {used_total} of {total} records used"]
     if thinned := [r for r, s in ranks.items() if s.stride > 1]:
         notes.append(f"a long log: {_who(thinned[0])} logged {ranks[thinned[0]].count:,} steps; every "

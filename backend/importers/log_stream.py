@@ -96,5 +96,5 @@ def split_line(number: int, text: str, stats: LineStats | None = None) -> Line:
 
 def rank_outside(rank: int, world: int, line: int, where: str) -> str:
     """Why a log naming `rank` is refused for a config of `world` GPUs."""
-    return (f"line {line}: {where} names rank {rank}, outside the config's {world} GPUs (ranks 0..{world - 1}): is this "
-            "the log of this config's run? Nothing stored")
+    return (f"line {line}: {where} names rank {rank}, outside the config's {world} GPUs (ranks 0..{world - 1}): is "
+            "this the log of this config's run? Nothing stored")

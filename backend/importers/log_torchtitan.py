@@ -46,7 +46,8 @@ def parse(path: str | Path, imported: ImportedConfig) -> Collector:
                 c.start(line.rank, line.number)
             elif m := DEVICE.search(text):
                 c.facts.setdefault("device_name", m.group(1).strip())
-                c.facts.setdefault("device_memory_gib", v.non_negative(m.group(2), "the device memory (GiB)", line.number))
+                c.facts.setdefault("device_memory_gib",
+                                   v.non_negative(m.group(2), "the device memory (GiB)", line.number))
             elif m := PARAMS.search(text):
                 c.facts.setdefault("framework_param_count", int(m.group(3).replace(",", "") or 0))
             elif "Training completed" in text:

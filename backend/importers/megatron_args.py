@@ -80,9 +80,11 @@ def _flags(args: list[str]) -> dict[str, Any]:
                 key = None
         elif key is not None:
             current = out[key]
-            out[key] = token if current is True else (current + [token] if isinstance(current, list) else [current, token])
+            out[key] = token if current is True else (current + [token] if isinstance(current, list)
+                                                      else [current, token])
         else:
-            raise ConfigImportError([f"{token!r} is not an argument (--name value): only pretrain_gpt.py's flags are read"])
+            raise ConfigImportError([f"{token!r} is not an argument (--name value): only pretrain_gpt.py's flags are "
+                                     "read"])
     if not out:
         raise ConfigImportError(["no --arguments found: give the pretrain_gpt.py command line or a file of its flags"])
     return out
@@ -156,7 +158,8 @@ def import_args(text: str | bytes, *, gpus: int | None = None, model_config: dic
         _hf_vocab(flat, model_config)
     if vocab_size is not None:
         given_vocab(flat, vocab_size)
-    flat.put("dp", -1 if flat.get("mg_dp") is None else flat.get("mg_dp"), "data-parallel size (WORLD_SIZE / (tp * pp * cp))")
+    flat.put("dp", -1 if flat.get("mg_dp") is None else flat.get("mg_dp"), "data-parallel size (WORLD_SIZE / (tp * pp "
+                                                                           "* cp))")
     notes = model_and_layout(flat) + training(flat) + launcher_notes + script_notes
     flat.put("notes", notes, "megatron")
     if flat.problems:
@@ -164,7 +167,8 @@ def import_args(text: str | bytes, *, gpus: int | None = None, model_config: dic
     name = f"Megatron {flat.get('n_layers')} layers x {flat.get('d_model')} ({safe_name(file, 60)})"
     try:
         return to_spec(flat, framework="megatron", source_format=source_format, name=name, gpus=gpus)
-    except ConfigImportError as e:  # a layout that does not fit the launcher's default GPU count: say where it came from
+    # a layout that does not fit the launcher's default GPU count: say where it came from
+    except ConfigImportError as e:
         raise ConfigImportError(e.problems + launcher_notes, e.needs) from None
 
 

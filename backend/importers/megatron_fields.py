@@ -31,7 +31,8 @@ def as_int(value: Any) -> int:
     try:
         return int(str(value))
     except ValueError:
-        raise ValueError("expected an integer (shell variables such as $TP are not expanded: give the values)") from None
+        raise ValueError("expected an integer (shell variables such as $TP are not expanded: give the "
+                         "values)") from None
 
 
 def pos_int(value: Any) -> int:
@@ -82,7 +83,8 @@ TABLE: dict[str, Any] = {
         **{k: k for k in ("flash", "fused", "auto", "unfused", "local")},
         **{f"attnbackend.{k}": k for k in ("flash", "fused", "auto", "unfused", "local")}})),
     "--num-experts": To("n_experts", opt_int), "--moe-router-topk": To("top_k", pos_int),
-    "--moe-ffn-hidden-size": To("expert_ffn_hidden", opt_int), "--moe-shared-expert-intermediate-size": To("mg_shared_ffn", opt_int),
+    "--moe-ffn-hidden-size": To("expert_ffn_hidden", opt_int),
+    "--moe-shared-expert-intermediate-size": To("mg_shared_ffn", opt_int),
     "--micro-batch-size": To("micro_batch", pos_int), "--global-batch-size": To("global_batch", opt_int),
     "--tensor-model-parallel-size": To("tp", pos_int), "--pipeline-model-parallel-size": To("pp", pos_int),
     "--context-parallel-size": To("cp", pos_int), "--expert-model-parallel-size": To("ep", pos_int),
@@ -100,13 +102,14 @@ TABLE: dict[str, Any] = {
     "--use-distributed-optimizer": To("mg_dist_opt", as_flag),
     "--use-torch-fsdp2": To("mg_fsdp", as_flag), "--use-megatron-fsdp": To("mg_fsdp", as_flag),
     "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
-    "--recompute-num-layers": To("mg_recompute_layers", opt_int), "--recompute-activations": To("mg_recompute_activations", as_flag),
-    "--bf16": To("mg_bf16", as_flag), "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"),
-    "--fp8": To("fp8"), "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
-    "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})),
-    "--world-size": To("gpus", pos_int), "--data-parallel-size": To("mg_dp", pos_int),
-    "--cpu-offloading": To("mg_act_offload", as_flag),
-    "--transformer-impl": To("mg_transformer_impl", choice({"transformer_engine": "transformer_engine", "local": "local",
+    "--recompute-num-layers": To("mg_recompute_layers", opt_int),
+    "--recompute-activations": To("mg_recompute_activations", as_flag), "--bf16": To("mg_bf16", as_flag),
+    "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"), "--fp8": To("fp8"),
+    "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
+    "--optimizer": To("optimizer", choice({"adam": "adamw", "sgd": "sgd"})), "--world-size": To("gpus", pos_int),
+    "--data-parallel-size": To("mg_dp", pos_int), "--cpu-offloading": To("mg_act_offload", as_flag),
+    "--transformer-impl": To("mg_transformer_impl",
+                             choice({"transformer_engine": "transformer_engine", "local": "local",
                                                            "inference_optimized": "inference_optimized"})),
     "--overlap-grad-reduce": To("grad_reduce_overlap", as_flag),
     "--overlap-param-gather": To("param_gather_overlap", as_flag),
@@ -147,8 +150,8 @@ PREFIXES: dict[str, Any] = {
         "--moe-input-jitter",
         "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
         "--moe-token-drop", "--moe-router-enable-expert-bias",
-        "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups", "--moe-router-group-topk",
-        "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization",
+        "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups",
+        "--moe-router-group-topk", "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization",
         "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
         "--inprocess", "--high-priority-stream", "--nccl-", "--use-ring-exchange", "--barrier-with-l1",
         "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
@@ -173,8 +176,8 @@ PREFIXES: dict[str, Any] = {
         ("--align-param-gather", "when param gathers launch across pipeline stages: not modelled"),
         ("--defer-embedding-wgrad", "the embedding's weight gradient deferred into the pipeline bubble: not modelled"),
         ("--batch-p2p-comm", "batched p2p send / recv: not modelled"),
-        ("--tp-comm-", "Transformer Engine userbuffer tuning: the TP overlap is modelled as hiding each collective behind "
-                       "the GEMMs it feeds, whatever the split or the bulk overlaps"),
+        ("--tp-comm-", "Transformer Engine userbuffer tuning: the TP overlap is modelled as hiding each collective "
+                       "behind the GEMMs it feeds, whatever the split or the bulk overlaps"),
         ("--bucket-size", "bucket size: the model reduces ShardLab's per-block buckets"),
         ("--use-fused", "a fused kernel beyond the stack's element-wise accounting: not modelled"),
         ("--no-persist-layer-norm", "a non-persistent norm kernel: not modelled"),
@@ -223,8 +226,8 @@ def model_and_layout(flat: Flat) -> list[str]:
         return notes
     kv = flat.get("mg_kv_channels")
     if kv not in (None, "None") and as_int(kv) != h // heads:
-        flat.problems.append(f"--kv-channels {kv} != hidden / heads = {h} / {heads} = {h // heads}: decoupled head sizes "
-                             "are not modelled")
+        flat.problems.append(f"--kv-channels {kv} != hidden / heads = {h} / {heads} = {h // heads}: decoupled head "
+                             "sizes are not modelled")
     if flat.get("mg_gqa") and flat.get("mg_query_groups"):
         flat.put("n_kv_heads", flat.get("mg_query_groups"), flat.source_of("mg_query_groups"))
     swiglu = bool(flat.get("mg_swiglu"))
@@ -241,8 +244,8 @@ def model_and_layout(flat: Flat) -> list[str]:
     flat.put("positions", flat.get("positions", "learned"), flat.source_of("positions"))
     max_pos = flat.get("mg_max_positions")
     if flat.get("positions") == "learned" and max_pos and max_pos != flat.get("seq_len"):
-        notes.append(f"learned positions: Megatron allocates --max-position-embeddings {max_pos} rows, ShardLab seq_len "
-                     f"{flat.get('seq_len')} ({(max_pos - flat.get('seq_len')) * h:+,} parameters)")
+        notes.append(f"learned positions: Megatron allocates --max-position-embeddings {max_pos} rows, ShardLab "
+                     f"seq_len {flat.get('seq_len')} ({(max_pos - flat.get('seq_len')) * h:+,} parameters)")
     notes += _attention(flat)
     notes += _vocab(flat, tp)
     notes += moe(flat)
@@ -261,7 +264,8 @@ def _attention(flat: Flat) -> list[str]:
     attention (flash: no (s x s) probabilities saved; math: Megatron's unfused core attention saves them)."""
     impl = flat.get("mg_transformer_impl", "transformer_engine")
     backend = flat.get("mg_attention_backend", "auto")
-    source = flat.source_of("mg_attention_backend") if "mg_attention_backend" in flat.canonical else "--attention-backend"
+    source = (flat.source_of("mg_attention_backend") if "mg_attention_backend" in flat.canonical
+              else "--attention-backend")
     if impl == "local" and backend == "auto":  # the local spec runs Megatron's own DotProductAttention
         kernel = "flash2" if flat.get("mg_flash") else "eager"
         source = "--use-flash-attn" if flat.get("mg_flash") else "--transformer-impl"
@@ -328,19 +332,22 @@ def training(flat: Flat) -> list[str]:
     flat.put("dp_flavour", flavour, "--use-distributed-optimizer")
     if flavour == "zero1" and (flat.get("tp", 1) > 1 or flat.get("pp", 1) > 1):
         notes.append("--use-distributed-optimizer with tp/pp: zero1, which ShardLab runs and predicts as Megatron's "
-                     "distributed optimizer (16-bit params, fp32 main grads in contiguous buckets reduce-scattered over "
-                     "dp x cp, fp32 masters and Adam states sharded over dp x cp, params all-gathered after the step)")
+                     "distributed optimizer (16-bit params, fp32 main grads in contiguous buckets reduce-scattered "
+                     "over dp x cp, fp32 masters and Adam states sharded over dp x cp, params all-gathered after the "
+                     "step)")
     elif flavour == "zero1":
-        notes.append("--use-distributed-optimizer without tp/pp: zero1, predicted under the megatron stack as Megatron's "
-                     "distributed optimizer (grad buckets reduce-scattered, params all-gathered over dp x cp); this "
-                     "engine's own dp-only zero1 is torch's ZeroRedundancyOptimizer")
+        notes.append("--use-distributed-optimizer without tp/pp: zero1, predicted under the megatron stack as "
+                     "Megatron's distributed optimizer (grad buckets reduce-scattered, params all-gathered over dp x "
+                     "cp); this engine's own dp-only zero1 is torch's ZeroRedundancyOptimizer")
     if flat.get("sequence_parallel") and flat.get("tp", 1) == 1:
         flat.put("sequence_parallel", False, flat.source_of("sequence_parallel"))
-        notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the spec")
+        notes.append("--sequence-parallel with tensor-model-parallel-size 1: Megatron turns it off, and so does the "
+                     "spec")
     notes += _recompute(flat)
     notes += _pipeline(flat)
     notes += _stack(flat)
-    for key, what in (("mg_act_offload", "activation / weight CPU offloading"), ("mg_opt_offload", "optimizer CPU offload")):
+    for key, what in (("mg_act_offload", "activation / weight CPU offloading"),
+                      ("mg_opt_offload", "optimizer CPU offload")):
         if flat.get(key):
             flat.unmap(flat.source_of(key), True, f"Megatron's {what} is not modelled")
     return notes
@@ -371,7 +378,8 @@ def _recompute(flat: Flat) -> list[str]:
         return ["--recompute-granularity full without --recompute-method (Megatron-core refuses it): every block "
                 "recomputed (ShardLab's full recompute)"]
     if method not in ("uniform", "block"):
-        flat.problems.append(f"--recompute-method={method!r}: expected uniform or block with --recompute-granularity full")
+        flat.problems.append(f"--recompute-method={method!r}: expected uniform or block with --recompute-granularity "
+                             "full")
         return []
     flat.put("recompute", f"{method}:{layers_n}", flat.source_of("mg_recompute_method"))
     return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: recompute "
@@ -387,7 +395,8 @@ def _stack(flat: Flat) -> list[str]:
         notes.append("--transformer-impl local: Megatron's own modules with its fused kernels (element-wise fused); "
                      "float8 GEMMs need Transformer Engine")
     if flat.get("mg_grads_bf16") or flat.get("mg_main_grads") == "bf16":
-        flat.put("grad_reduce_dtype", "bf16", "--grad-reduce-in-bf16" if flat.get("mg_grads_bf16") else "--main-grads-dtype")
+        flat.put("grad_reduce_dtype", "bf16",
+                 "--grad-reduce-in-bf16" if flat.get("mg_grads_bf16") else "--main-grads-dtype")
     elif flat.get("mg_grads_fp32") or flat.get("mg_main_grads") == "fp32":
         flat.put("grad_reduce_dtype", "fp32", flat.source_of("mg_grads_fp32"))
     if flat.get("mg_main_params") not in (None, "fp32"):
@@ -403,7 +412,8 @@ def _stack(flat: Flat) -> list[str]:
     if flat.get("mg_fp8_wgrad") is False:
         flat.unmap("--fp8-wgrad", False, "weight-gradient GEMMs in bf16 under fp8: predicted in fp8")
     if flat.get("tp_overlap") and flat.get("tp", 1) > 1 and not flat.get("sequence_parallel"):
-        flat.problems.append("--tp-comm-overlap needs --sequence-parallel (Megatron asserts it: arguments.py 1441-1442)")
+        flat.problems.append("--tp-comm-overlap needs --sequence-parallel (Megatron asserts it: arguments.py "
+                             "1441-1442)")
     return notes
 
 
@@ -421,10 +431,11 @@ def _fp8(flat: Flat, fmt: object) -> list[str]:
         flat.problems.append(f"--fp8-recipe={recipe!r}: expected one of {', '.join(MEGATRON_FP8_RECIPES)}")
         return []
     flat.put("precision", "fp8", flat.source_of("fp8"))
-    flat.put("fp8_recipe", ours, flat.source_of("mg_fp8_recipe") if flat.get("mg_fp8_recipe") else flat.source_of("fp8"))
+    flat.put("fp8_recipe", ours,
+             flat.source_of("mg_fp8_recipe") if flat.get("mg_fp8_recipe") else flat.source_of("fp8"))
     if recipe in ("blockwise", "mxfp8"):
-        flat.unmap("--fp8-recipe", recipe, f"{recipe} scaling (per block of elements) is predicted as torchao's rowwise "
-                   "recipe: the scales' bytes and the quantization kernels differ")
+        flat.unmap("--fp8-recipe", recipe, f"{recipe} scaling (per block of elements) is predicted as torchao's "
+                   "rowwise recipe: the scales' bytes and the quantization kernels differ")
     return [f"fp8 format {fmt} ({recipe} scaling): precision fp8 with the {ours} recipe (float8 block linears, bf16 "
             "elsewhere); Transformer Engine's fp8 GEMMs are timed at the profile's fp8 peak like torchao's"]
 

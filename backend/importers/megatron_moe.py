@@ -81,8 +81,8 @@ def _dispatcher(flat: Flat) -> list[str]:
     if flat.get("ep", 1) == 1:
         return []
     if kind == "flex":
-        flat.unmap("--moe-token-dispatcher-type", given, "the flex dispatcher (DeepEP / HybridEP fused kernels over the "
-                   "etp x ep group) is not modelled: predicted as alltoall (the routed rows over the ep group)")
+        flat.unmap("--moe-token-dispatcher-type", given, "the flex dispatcher (DeepEP / HybridEP fused kernels over "
+                   "the etp x ep group) is not modelled: predicted as alltoall (the routed rows over the ep group)")
         kind = "alltoall"
     elif kind not in DISPATCHERS:
         flat.problems.append(f"--moe-token-dispatcher-type={given!r}: expected one of allgather, alltoall, flex")
@@ -107,7 +107,8 @@ def _aux_loss(flat: Flat) -> list[str]:
     except (TypeError, ValueError):
         flat.problems.append(f"--moe-aux-loss-coeff={coeff!r}: expected a number (or one per load-balancing type)")
         return []
-    losses = [(k, c) for k, c in zip(kinds, values, strict=False) if k in AUX_LOSS_TYPES and c > 0] if len(kinds) == len(values) \
+    losses = [(k, c) for k, c in zip(kinds, values, strict=False) if k in AUX_LOSS_TYPES
+              and c > 0] if len(kinds) == len(values) \
         else [(kinds[0], v) for v in values]
     if len(losses) > 1:
         flat.unmap("--moe-aux-loss-coeff", coeff, f"several load-balancing losses ({kinds}): predicted as one "

@@ -112,9 +112,10 @@ def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Ha
         warmup_cut_step=measured.warmup_cut_step, records_used=measured.records_used,
         records_total=measured.records_total, first_step=measured.first_step, last_step=measured.last_step,
         partial=bool(measured.partial_reasons), partial_reasons=measured.partial_reasons,
-        peak_allocated_bytes=max(allocated) if allocated else None, peak_reserved_bytes=max(reserved) if reserved else None,
-        memory_source=collector.facts.get("memory_source", ""), reported=measured.reported, unmapped=imported.unmapped,
-        ignored=imported.ignored, lines={**collector.stats.to_dict(), "garbled_step_lines": collector.unparsed,
+        peak_allocated_bytes=max(allocated) if allocated else None,
+        peak_reserved_bytes=max(reserved) if reserved else None, memory_source=collector.facts.get("memory_source", ""),
+        reported=measured.reported, unmapped=imported.unmapped, ignored=imported.ignored,
+        lines={**collector.stats.to_dict(), "garbled_step_lines": collector.unparsed,
                                          "first_garbled_line": collector.first_unparsed_line or None,
                                          "repeated_step_lines": collector.duplicates},
         facts={k: v for k, v in collector.facts.items() if k not in ("device_name", "memory_source")})
@@ -185,16 +186,17 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     st = step_time(spec, hw.profile, band=hw.band).summary
     result.step_time_predicted_s = st["step_s"]
     cal = hw.calibration
-    result.imported.hardware = cal["hardware"] if cal else hw.profile.key  # the device's profile, not a calibration name
+    # the device's profile, not a calibration name
+    result.imported.hardware = cal["hardware"] if cal else hw.profile.key
     result.imported.step_prediction = {**st, "hardware": hw.profile.key, "calibration": cal["id"] if cal else None,
                                        "extrapolation": extrapolation(spec, cal["ranges"], hw.profile.gpus_per_node)
                                        if cal else []}
 
 
 def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None = None, gpus: int | None = None,
-               hardware: str | None = None, tags: list[str] | tuple[str, ...] = (), model_config: str | Path | None = None,
-               seq_len: int | None = None, warmup_steps: int | None = None, db_url: str | None = None,
-               vocab_size: int | None = None) -> int:
+               hardware: str | None = None, tags: list[str] | tuple[str, ...] = (),
+               model_config: str | Path | None = None, seq_len: int | None = None, warmup_steps: int | None = None,
+               db_url: str | None = None, vocab_size: int | None = None) -> int:
     """Import one run and store it (one transaction); its experiment id. ConfigImportError / LogImportError (nothing
     stored) with the reason."""
     from backend.importers import import_config

@@ -197,7 +197,8 @@ class Variables:
         value, known, held = self.vars[name], name not in self.unknown, self.defaults.get(name, frozenset())
         items = value if isinstance(value, list) else [value]
         per = held if isinstance(held, list) and len(held) == len(items) else [frozenset().union(*held) if
-                                                                               isinstance(held, list) else held] * len(items)
+                                                                               isinstance(held, list)
+                                                                               else held] * len(items)
         if index in ("@", "*"):
             return Value(items, known, defaults=frozenset().union(*per), element_defaults=per)
         i = 0 if index is None else arithmetic(self, index)

@@ -152,7 +152,8 @@ def arithmetic(reader: Expander, text: str) -> int | None:
             items.append(int(number))
             continue
         value = reader.lookup(braced or name, None)
-        if value is None or not value.known or not isinstance(value.text, str) or not value.text.strip().lstrip("-").isdigit():
+        if (value is None or not value.known or not isinstance(value.text, str)
+                or not value.text.strip().lstrip("-").isdigit()):
             return None
         items.append(int(value.text))
     try:
@@ -181,7 +182,8 @@ class _Arith:
             op = self.items[self.i]
             self.i += 1
             right = self.power()
-            value = value * right if op == "*" else int(value / right) if op == "/" else value - right * int(value / right)
+            value = (value * right if op == "*" else int(value / right) if op == "/"
+                     else value - right * int(value / right))
             if abs(value) > 1 << 63:
                 raise OverflowError()
         return value

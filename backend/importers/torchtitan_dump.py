@@ -48,8 +48,8 @@ _IGNORED = "bookkeeping, data, numerics or logging: no effect on memory or step 
 TABLE: dict[str, Any] = {
     "model_spec.name": To("tt_model_name", str), "model_spec.flavor": To("tt_flavor", str),
     "model_spec.model": To("tt_model"),
-    "training.local_batch_size": To("local_batch", positive_int), "training.global_batch_size": To("tt_global_batch", int),
-    "training.seq_len": To("seq_len", positive_int),
+    "training.local_batch_size": To("local_batch", positive_int),
+    "training.global_batch_size": To("tt_global_batch", int), "training.seq_len": To("seq_len", positive_int),
     "training.num_tokens_per_microbatch_per_dp_rank": To("tt_micro_tokens", positive_int),
     "training.num_tokens_per_train_step": To("tt_step_tokens", int),
     "training.max_context_length": To("seq_len", positive_int),
@@ -70,7 +70,8 @@ TABLE: dict[str, Any] = {
     "parallelism.num_pp_microbatches": To("tt_pp_microbatches", positive_int),
     "parallelism.pipeline_parallel_layers_per_stage": To("tt_layers_per_stage"),
     "parallelism.context_parallel_degree": To("cp", positive_int),
-    "parallelism.context_parallel_rotate_method": To("cp_rotate", choice({"allgather": "allgather", "alltoall": "alltoall"})),
+    "parallelism.context_parallel_rotate_method": To("cp_rotate",
+                                                     choice({"allgather": "allgather", "alltoall": "alltoall"})),
     "activation_checkpoint": To("tt_ac"),
     "compile.enable": To("tt_compile", flag),
     "compile.components": To("tt_compile_components"),
@@ -79,10 +80,12 @@ TABLE: dict[str, Any] = {
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader",
-                                     "optimizer", "lr_scheduler", "checkpoint", "comm", "validator", "debug", "override",
-                                     "loss", "training.max_norm", "training.steps", "training.gc_freq", "training.gc_debug",
-                                     "compile.components", "compile.backend", "training.disable_cuda_graphs")},
-    "parallelism": Ignore("placement detail (split points, load balancer, backend): predicted with ShardLab's even split"),
+                                     "optimizer", "lr_scheduler", "checkpoint", "comm", "validator", "debug",
+                                     "override", "loss", "training.max_norm", "training.steps", "training.gc_freq",
+                                     "training.gc_debug", "compile.components", "compile.backend",
+                                     "training.disable_cuda_graphs")},
+    "parallelism": Ignore("placement detail (split points, load balancer, backend): predicted with ShardLab's even "
+                          "split"),
     "compile": Ignore("compile options (compile itself is compile.enable)"),
     "fault_tolerance": Unmappable("torchft fault tolerance replicas are not modelled"),
 }
@@ -95,7 +98,8 @@ def config_from_log_text(text: str) -> dict[str, Any]:
         raise ConfigImportError([f"no {MARKER!r} block: torchtitan prints it with --debug.print_config (or give the "
                                  "file written by --debug.save_config_file)"])
     rest = text[at + len(MARKER):].lstrip()
-    lines = [line.split("]:", 1)[1] if line.startswith("[") and "]:" in line[:16] else line for line in rest.splitlines()]
+    lines = [line.split("]:", 1)[1] if line.startswith("[") and "]:" in line[:16] else line
+             for line in rest.splitlines()]
     try:
         obj, _ = json.JSONDecoder().raw_decode("\n".join(lines))
         check_depth(obj, f"the {MARKER!r} block")
@@ -134,7 +138,8 @@ def import_dump(text: str | bytes, *, gpus: int | None = None, model_config: dic
     compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     name = f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')} (torchtitan)"
-    return to_spec(flat, framework="torchtitan", source_format="torchtitan-config-dump", name=safe_name(name), gpus=gpus)
+    return to_spec(flat, framework="torchtitan", source_format="torchtitan-config-dump", name=safe_name(name),
+                   gpus=gpus)
 
 
 def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
@@ -162,8 +167,8 @@ def _batch(flat: Flat) -> list[str]:
     if flat.get("tt_micro_tokens") is not None:  # token-based TrainingConfig
         tokens = flat.get("tt_micro_tokens")
         if tokens % seq:
-            raise ConfigImportError([f"training.num_tokens_per_microbatch_per_dp_rank={tokens} is not a whole number of "
-                                     f"sequences of max_context_length {seq}"])
+            raise ConfigImportError([f"training.num_tokens_per_microbatch_per_dp_rank={tokens} is not a whole number "
+                                     f"of sequences of max_context_length {seq}"])
         micro, count = tokens // seq, flat.get("tt_pp_microbatches", 1)
         notes.append(f"micro batch = {tokens} tokens / context {seq} = {micro} sequences (packed)")
         local = micro * count

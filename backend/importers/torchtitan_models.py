@@ -55,7 +55,8 @@ def flavor_model(name: str, flavor: str, seq_len: int) -> tuple[dict[str, Any], 
                  source={"torchtitan": {"name": name, "flavor": flavor}})
     if (name, flavor) in PRESETS:
         model["source"]["preset"] = PRESETS[(name, flavor)]
-    notes = [f"torchtitan {name} {flavor}" + (f" = ShardLab's preset {PRESETS[(name, flavor)]}" if (name, flavor) in PRESETS
+    notes = [f"torchtitan {name} {flavor}"
+             + (f" = ShardLab's preset {PRESETS[(name, flavor)]}" if (name, flavor) in PRESETS
                                               else "") + f": dim {dim}, {layers} layers, {heads} heads, "
              f"{kv or heads} kv heads, MLP {model['ffn_hidden']} (torchtitan's FeedForward rule), vocabulary {vocab:,} "
              f"(the {'Llama 3 tiktoken' if vocab == 128256 else 'Llama 2 sentencepiece'} tokenizer's n_words)"]
@@ -76,13 +77,14 @@ def dumped_model(model: dict[str, Any], *, name: str, flavor: str, seq_len: int)
         if isinstance(model, dict) and model.get("layers") and "moe" in (model["layers"][0] or {}):
             raise ConfigImportError(["model_spec.model: mixture-of-experts decoders of the Trainer.Config dump are not "
                                      "mapped yet; give the model's config.json with --model-config"]) from None
-        raise ConfigImportError([f"model_spec.model is not a decoder config ShardLab can read ({type(e).__name__}: {e}); "
-                                 "give the model's config.json with --model-config"]) from None
-    shapes = {(layer.get("attention", {}).get("n_heads"), layer.get("feed_forward", {}).get("w1", {}).get("out_features"))
+        raise ConfigImportError([f"model_spec.model is not a decoder config ShardLab can read ({type(e).__name__}: "
+                                 f"{e}); give the model's config.json with --model-config"]) from None
+    shapes = {(layer.get("attention", {}).get("n_heads"),
+               layer.get("feed_forward", {}).get("w1", {}).get("out_features"))
               for layer in layers if isinstance(layer, dict)}
     if len(shapes) != 1:
-        raise ConfigImportError([f"model_spec.model.layers hold {len(shapes)} different layer shapes: ShardLab models a "
-                                 "stack of identical blocks"])
+        raise ConfigImportError([f"model_spec.model.layers hold {len(shapes)} different layer shapes: ShardLab models "
+                                 "a stack of identical blocks"])
     head_dim = attn.get("head_dim")
     if head_dim not in (None, dim // heads):
         raise ConfigImportError([f"model_spec.model.layers[0].attention.head_dim={head_dim} != dim / n_heads = "

@@ -44,13 +44,14 @@ def experts(flat: Flat) -> list[str]:
         return notes
     if etp not in (1, tp):
         flat.problems.append(f"{flat.source_of('tt_etp')}={etp} with tensor_parallel_degree {tp}: torchtitan supports "
-                             f"etp = tp ({tp}) or etp = 1 only (parallel_dims.py: \"Currently we only support ETP=TP or "
+                             f"etp = tp ({tp}) or etp = 1 only (parallel_dims.py: \"Currently we only support ETP=TP "
+                             "or "
                              "ETP=1\")")
         return notes
     flat.put("etp", etp, flat.source_of("tt_etp"))
     if etp == 1 and tp > 1:
         flat.unmap(flat.source_of("tt_etp"), etp, f"torchtitan's etp 1 with tp {tp} makes every tp rank part of ep "
-                   "(ep % (cp x tp) == 0, efsdp = dp_shard x cp x tp / ep); ShardLab's ep spans dp x cp only: predicted "
-                   "with ep over dp x cp and each expert whole on every tp rank (under FSDP, expert state tp times "
-                   "torchtitan's)")
+                   "(ep % (cp x tp) == 0, efsdp = dp_shard x cp x tp / ep); ShardLab's ep spans dp x cp only: "
+                   "predicted with ep over dp x cp and each expert whole on every tp rank (under FSDP, expert state tp "
+                   "times torchtitan's)")
     return notes

@@ -39,7 +39,8 @@ def data_parallel(flat: Flat) -> None:
     if fsdp and replicate != 1:
         flat.unmap(flat.source_of("dp_replicate"), replicate,
                    "HSDP (replicate x shard) is predicted as FSDP over the whole data-parallel group: ShardLab has no "
-                   "hybrid sharding, so parameter, gradient and optimizer bytes per rank are predicted lower than HSDP's")
+                   "hybrid sharding, so parameter, gradient and optimizer bytes per rank are predicted lower than "
+                   "HSDP's")
     if flat.get("tt_cpu_offload"):
         flat.put("offload", "params", flat.source_of("tt_cpu_offload"))
     tp = flat.get("tp", 1)
@@ -48,7 +49,8 @@ def data_parallel(flat: Flat) -> None:
     flat.put("stack", "torchtitan", "torchtitan job config")
     loss_parallel = flat.get("tt_loss_parallel", True) and not flat.get("tt_no_loss_parallel", False)
     source = flat.source_of("tt_no_loss_parallel") if "tt_no_loss_parallel" in flat.canonical else \
-        flat.source_of("tt_loss_parallel") if "tt_loss_parallel" in flat.canonical else "parallelism.disable_loss_parallel"
+        flat.source_of("tt_loss_parallel") if "tt_loss_parallel" in flat.canonical else \
+        "parallelism.disable_loss_parallel"
     flat.put("loss_parallel", bool(loss_parallel), source)  # torchtitan train.py 314-318: loss parallel whenever tp > 1
 
 
@@ -57,7 +59,8 @@ def precision(flat: Flat) -> list[str]:
     notes = []
     if dtype == "bf16-mixed" and flat.get("dp_shard") == 1:
         dtype = "fp32"
-        notes.append("mixed_precision_param applies only under FSDP in torchtitan: without dp_shard the run trains in fp32")
+        notes.append("mixed_precision_param applies only under FSDP in torchtitan: without dp_shard the run trains in "
+                     "fp32")
     flat.put("precision", dtype, flat.source_of("tt_param_dtype"))
     if flat.get("fp8"):
         notes += _float8(flat, dtype)
@@ -79,8 +82,8 @@ def _float8(flat: Flat, dtype: str) -> list[str]:
     flat.put("fp8_recipe", FLOAT8_RECIPES[recipe], flat.source_of("tt_fp8_recipe"))
     flat.put("fp8_all_gather", bool(flat.get("tt_fp8_all_gather", False)), flat.source_of("tt_fp8_all_gather"))
     if recipe == "rowwise_with_gw_hp":
-        flat.unmap(flat.source_of("tt_fp8_recipe"), recipe, "rowwise with the weight gradient's GEMM in high precision: "
-                   "predicted as rowwise (every float8 GEMM at the fp8 rate)")
+        flat.unmap(flat.source_of("tt_fp8_recipe"), recipe, "rowwise with the weight gradient's GEMM in high "
+                   "precision: predicted as rowwise (every float8 GEMM at the fp8 rate)")
     notes = [f"float8 converter ({recipe}): precision fp8, torchao's float8 linears (lm_head excluded, as "
              "float8.filter_fqns' default 'output'), bf16 elsewhere"]
     if dtype == "fp32":
@@ -109,8 +112,8 @@ def _stages_per_rank(flat: Flat, pp: int) -> int:
     if per_stage is None:
         return 2
     if layers % (pp * per_stage):
-        raise ConfigImportError([f"pipeline_parallel_layers_per_stage={per_stage}: {layers} layers are not pp({pp}) x a "
-                                 f"whole number of stages of {per_stage} layers"])
+        raise ConfigImportError([f"pipeline_parallel_layers_per_stage={per_stage}: {layers} layers are not pp({pp}) x "
+                                 f"a whole number of stages of {per_stage} layers"])
     return layers // (pp * per_stage)
 
 
@@ -124,8 +127,8 @@ def compile_and_early_step(flat: Flat) -> None:
             flat.unmap("compile.components", flat.get("tt_compile_components"), "the compiled loss fuses the "
                        "cross-entropy's temporaries: predicted as the eager loss")
         if flat.get("tt_compile_backend", "inductor") != "inductor":
-            flat.unmap("compile.backend", flat.get("tt_compile_backend"), "a torch.compile backend other than inductor: "
-                       "predicted as inductor's fused kernels")
+            flat.unmap("compile.backend", flat.get("tt_compile_backend"), "a torch.compile backend other than "
+                       "inductor: predicted as inductor's fused kernels")
     if flat.get("tp_overlap") and not flat.get("tt_compile"):
         flat.unmap(flat.source_of("tp_overlap"), True, "async TP needs compile (torchtitan maybe_enable_async_tp "
                    "refuses it without): predicted with the overlap")
@@ -138,7 +141,8 @@ def activation_checkpoint(flat: Flat) -> list[str]:
         flat.put("recompute", "full", flat.source_of("tt_ac_mode"))
     elif mode == "selective":
         if option != "op" and not option.isdigit():
-            flat.problems.append(f"activation_checkpoint.selective_ac_option={option!r}: expected 'op' or a block count")
+            flat.problems.append(f"activation_checkpoint.selective_ac_option={option!r}: expected 'op' or a "
+                                 "block count")
             return []
         policy = "op" if option == "op" else f"layers:{option}"
         flat.put("recompute", policy, flat.source_of("tt_ac_option"))

@@ -44,7 +44,8 @@ from backend.importers.torchtitan_rules import (
 )
 from backend.spec.user_text import MAX_JSON_FILE_BYTES, over_limit
 
-_BOOKKEEPING = "job bookkeeping, profiling, metrics, checkpointing or communication timeouts: no effect on memory or step time"
+_BOOKKEEPING = ("job bookkeeping, profiling, metrics, checkpointing or communication timeouts: no effect on memory or "
+                "step time")
 _NUMERICS = "optimizer / schedule / data numerics: no effect on memory or step time per step"
 
 TABLE: dict[str, Any] = {
@@ -57,12 +58,12 @@ TABLE: dict[str, Any] = {
     "optimizer.early_step_in_backward": To("tt_early_step", flag),
     "optimizer.fused": Ignore("kernel choice of the optimizer step: same memory"),
     "optimizer.implementation": Ignore("kernel choice of the optimizer step (for-loop, foreach, fused): same state"),
-    "training.batch_size": To("local_batch", positive_int), "training.local_batch_size": To("local_batch", positive_int),
+    "training.batch_size": To("local_batch", positive_int),
+    "training.local_batch_size": To("local_batch", positive_int),
     "training.global_batch_size": To("tt_global_batch", int), "training.seq_len": To("seq_len", positive_int),
     "training.data_parallel_replicate_degree": To("dp_replicate", degree),
     "training.data_parallel_shard_degree": To("dp_shard", degree),
-    "training.data_parallel_degree": To("dp_shard", degree),
-    "training.tensor_parallel_degree": To("tp", positive_int),
+    "training.data_parallel_degree": To("dp_shard", degree), "training.tensor_parallel_degree": To("tp", positive_int),
     "training.enable_loss_parallel": To("tt_loss_parallel", flag),
     "training.mixed_precision_param": To("tt_param_dtype", choice({"bfloat16": "bf16-mixed", "float32": "fp32"})),
     "training.mixed_precision_reduce": To("grad_reduce_dtype", choice({"float32": "fp32", "bfloat16": "bf16"})),
@@ -96,7 +97,8 @@ TABLE: dict[str, Any] = {
     "parallelism.pipeline_parallel_layers_per_stage": To("tt_layers_per_stage"),
     "parallelism.context_parallel_degree": To("cp", positive_int),
     "experimental.context_parallel_degree": To("cp", positive_int),
-    "parallelism.context_parallel_rotate_method": To("cp_rotate", choice({"allgather": "allgather", "alltoall": "alltoall"})),
+    "parallelism.context_parallel_rotate_method": To("cp_rotate",
+                                                     choice({"allgather": "allgather", "alltoall": "alltoall"})),
     "activation_checkpoint.mode": To("tt_ac_mode", choice({"none": "none", "selective": "selective", "full": "full"})),
     "activation_checkpoint.selective_ac_option": To("tt_ac_option", str),
     "float8.enable_float8_linear": To("fp8", flag),
@@ -107,8 +109,9 @@ PREFIXES: dict[str, Any] = {
     **{p: Ignore(_BOOKKEEPING) for p in ("job", "profiling", "metrics", "checkpoint", "comm", "memory_estimation",
                                          "validation")},
     **{p: Ignore(_NUMERICS) for p in ("optimizer", "lr_scheduler", "training.dataset", "training.dataset_path",
-                                      "training.max_norm", "training.steps", "training.warmup_steps", "training.gc_freq",
-                                      "training.gc_debug", "training.seed", "training.deterministic")},
+                                      "training.max_norm", "training.steps", "training.warmup_steps",
+                                      "training.gc_freq", "training.gc_debug", "training.seed",
+                                      "training.deterministic")},
     "float8": Ignore("details of the float8 recipe (fp8 itself is model.converters / enable_float8_linear)"),
     "quantize": Ignore("details of the quantization recipe (fp8 itself is model.converters)"),
     "mx": Ignore("details of the MX recipe (MX itself is model.converters)"),
@@ -150,7 +153,8 @@ def import_toml(text: str | bytes, *, gpus: int | None = None, model_config: dic
     notes += experts(flat)
     compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
-    description = (data.get("job") or {}).get("description") or f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')}"
+    description = (data.get("job") or {}).get("description") or (f"{flat.get('tt_model_name', 'model')} "
+                                                                 f"{flat.get('tt_flavor', '')}")
     return to_spec(flat, framework="torchtitan", source_format="torchtitan-toml",
                    name=safe_name(f"{description} (torchtitan)"), gpus=gpus)
 
@@ -166,11 +170,12 @@ def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
             raise ConfigImportError([f"--model-config: {e}"]) from None
         model["attention"] = "flash"
     else:
-        model, notes = flavor_model(str(flat.get("tt_model_name", "llama3")), str(flat.get("tt_flavor", "debugmodel")), seq)
+        model, notes = flavor_model(str(flat.get("tt_model_name", "llama3")), str(flat.get("tt_flavor", "debugmodel")),
+                                    seq)
     norm = flat.get("tt_norm_type")
     if norm is not None and norm not in ("rmsnorm", "fused_rmsnorm"):
-        flat.unmap(flat.source_of("tt_norm_type"), norm, "ShardLab's Llama blocks use RMSNorm (layernorm / np_layernorm "
-                   "change the norm's parameters slightly: predicted as RMSNorm)")
+        flat.unmap(flat.source_of("tt_norm_type"), norm, "ShardLab's Llama blocks use RMSNorm (layernorm / "
+                   "np_layernorm change the norm's parameters slightly: predicted as RMSNorm)")
     flat.put("model_base", model, "model")
     return notes
 
@@ -199,5 +204,6 @@ def _numerics(flat: Flat) -> list[str]:
     if any(c in float8 for c in converters):
         flat.put("fp8", True, "model.converters")
     if other := [c for c in converters if c not in float8]:
-        flat.unmap("model.converters", converters, f"model converters {other} (MX, other quantization) are not modelled")
+        flat.unmap("model.converters", converters,
+                   f"model converters {other} (MX, other quantization) are not modelled")
     return []

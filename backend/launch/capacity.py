@@ -4,9 +4,9 @@ SLURM runs are bounded by the cluster config instead (backend/cluster/submit.clu
 
 Memory: a CPU rank holds its parameters, gradients, optimizer state and activations in host RAM: the analytic
 estimate's fullest moment per rank (the activation peak, optimizer.step or the start of the loss's backward:
-RankEstimate.moments, as the New-experiment fit check) plus the torch runtime of one rank process (RANK_RUNTIME_BYTES). A GPU rank keeps its
-tensors on its device, so only its runtime counts here. The loss reference is not counted: it skips itself when
-it would not fit (engine/reference.py). The sum must stay within the available RAM minus a headroom.
+RankEstimate.moments, as the New-experiment fit check) plus the torch runtime of one rank process (RANK_RUNTIME_BYTES).
+A GPU rank keeps its tensors on its device, so only its runtime counts here. The loss reference is not counted: it skips
+itself when it would not fit (engine/reference.py). The sum must stay within the available RAM minus a headroom.
 
 Ranks: more ranks than cores time-share the cores (a warning: step times stretch, the cpu profile models it);
 beyond `ranks_per_core` x cores (at least MIN_RANK_LIMIT) the job is refused, because every rank is a process of

@@ -133,6 +133,7 @@ def _flight_recorder_hint(out_dir: Path) -> str:
     dumps = sorted(p.name for p in Path(out_dir).glob(TRACE_FILE_PREFIX + "*"))
     if dumps:
         return (f"NCCL flight-recorder dumps in the run folder ({', '.join(dumps[:8])}): the culprit is the first "
-                "collective (by sequence number) some rank never entered; the Python stacks only show where hosts waited")
+                "collective (by sequence number) some rank never entered; the Python stacks only show where hosts "
+                "waited")
     return ("nccl: the Python stacks show where hosts waited, not which collective hung, and NCCL's watchdog wrote no "
             "flight-recorder dump before the job was killed")

@@ -233,7 +233,8 @@ def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: 
     return probs[..., :-1] @ v
 
 
-def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
     # torch SDPA restricted to its fused kernels (CPU: the flash kernel; CUDA: flash or memory-efficient): autograd
     # saves q, k, v, the output and the (B, a, T) logsumexp, never a (T, T) tensor (Dao et al. 2022, Sec 3.1); a
     # windowed layer passes its (T, T) bool mask, which the kernel keeps for backward.
@@ -384,7 +385,8 @@ class MoE(nn.Module):
         return out.view(B, T, C)
 
     def _routed(self, flat: torch.Tensor, T: int) -> torch.Tensor:
-        """forward's MoE part with the capacity limit, the load-balancing loss or grouped GEMMs (models/moe_capacity.py)."""
+        """forward's MoE part with the capacity limit, the load-balancing loss or grouped GEMMs
+        (models/moe_capacity.py)."""
         m = self.spec
         weights, idx, scores = self.route_scores(flat)
         aux = None
@@ -545,7 +547,7 @@ def init_weights(model: nn.Module, seed: int, local_slice=None) -> None:
         # a last pipeline stage's lm_head is the reference's tok_emb.weight (tied): draw it from that name
         return full_init("tok_emb.weight" if tied and name == "lm_head.weight" else name, p.shape, seed)
 
-    for (name, p), full in zip(params, _drawn(params, draw), strict=False):
+    for (_name, p), full in zip(params, _drawn(params, draw), strict=False):
         local = full if local_slice is None else local_slice(p, full)
         dst = p.to_local() if hasattr(p, "to_local") else p
         dst.copy_(local.to(device=dst.device, dtype=dst.dtype))

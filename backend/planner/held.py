@@ -35,10 +35,12 @@ class HeldTraining:
     stack: str = "shardlab"
     """The stack every layout trains with (spec/stacks.py)."""
     stack_settings: tuple[tuple[str, Any], ...] = ()
-    """The stack settings set on their own ((name, value) of spec/stacks.SETTINGS); the rest are the stack's defaults."""
+    """The stack settings set on their own ((name, value) of spec/stacks.SETTINGS); the rest are the stack's
+    defaults."""
 
     @classmethod
-    def of_train(cls, train: dict[str, Any], *, precision: str | None = None, source: str | None = None) -> HeldTraining:
+    def of_train(cls, train: dict[str, Any], *, precision: str | None = None,
+                 source: str | None = None) -> HeldTraining:
         """The settings of a spec's `train` section (a dict, as import-config writes it); `precision` overrides."""
         ops = train.get("recompute_ops")
         return cls(precision=str(precision or train.get("precision") or "bf16-mixed"),
@@ -88,7 +90,8 @@ class HeldTraining:
         parts = [f"precision {self.precision}", f"optimizer {self.optimizer}"]
         if self.precision == "fp8" and self.fp8_recipe:
             parts.append(f"fp8 recipe {self.fp8_recipe}" + ("" if self.fp8_all_gather is None else
-                                                           f", float8 all-gather {'on' if self.fp8_all_gather else 'off'}"))
+                                                           ", float8 all-gather "
+                                                           f"{'on' if self.fp8_all_gather else 'off'}"))
         if self.recompute:
             parts.append(f"recompute {self.recompute} searched besides the planner's policies")
         parts.append(f"stack {self.stack}" + (" (" + ", ".join(f"{k} {_word(v)}" for k, v in self.stack_settings) + ")"

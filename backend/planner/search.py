@@ -1,6 +1,6 @@
 """Plan: enumerate layouts (space.py), evaluate them all at once with the prediction core (the worst-rank memory of
-analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every layout
-that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
+analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every
+layout that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
 ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
 Each layout is priced on the ranks of the profile (analytic/device.profile_device: CUDA ranks on a GPU profile, as
@@ -29,7 +29,7 @@ from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
 from backend.planner.held import HeldTraining
-from backend.planner.space import Limits, enumerate_layouts, light_spec
+from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
 
 ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory, the rule of "
@@ -45,7 +45,8 @@ POOL_FACTOR, POOL_MIN = 3, 10
 class Plan:
     searched: int
     feasible: int
-    """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits (fits_device): all of them, not a sample."""
+    """Layouts whose worst-rank memory (the core's, on arrays of layouts) fits (fits_device): all of them, not a
+    sample."""
     seconds: float
     configs: list[dict[str, Any]]
     predicted_only_left_out: int = 0
@@ -79,10 +80,10 @@ class Plan:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
                 "predicted_only_left_out": self.predicted_only_left_out,
                 "predicted_only_by_rule": self.predicted_only_by_rule,
-                "screened_per_s": self.screened_per_s, "confirmed": self.confirmed, "search_seconds": self.search_seconds,
-                "confirm_seconds": self.confirm_seconds, "notes": self.notes, "failed_checks": self.failed_checks,
-                "attention": self.attention, "device_bytes": self.device_bytes, "device": self.device,
-                "allowance": {"cuda_context_bytes": self.overhead.cuda_context_bytes,
+                "screened_per_s": self.screened_per_s, "confirmed": self.confirmed,
+                "search_seconds": self.search_seconds, "confirm_seconds": self.confirm_seconds, "notes": self.notes,
+                "failed_checks": self.failed_checks, "attention": self.attention, "device_bytes": self.device_bytes,
+                "device": self.device, "allowance": {"cuda_context_bytes": self.overhead.cuda_context_bytes,
                               "nccl_bytes_per_communicator": self.overhead.nccl_bytes_per_communicator(),
                               "fragmentation_frac": self.overhead.fragmentation_frac}}
 
@@ -98,14 +99,14 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
     if hw.kind != "gpu":
         return own, "the model's; flash is the default on GPU profiles only"
     if getattr(model, "attention_sinks", False):
-        return own, ("the model's: its attention sinks have no flash kernel in this engine, so every flash layout would "
-                     "be prediction-only; choose flash to plan it anyway")
-    return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; math " \
-                    "stays a choice"
+        return own, ("the model's: its attention sinks have no flash kernel in this engine, so every flash layout "
+                     "would be prediction-only; choose flash to plan it anyway")
+    return "flash", "the default on GPU profiles: what GPU training runs, and the kernel context parallelism needs; " \
+                    "math stays a choice"
 
 
 def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
-           precision: str = "bf16-mixed", limits: Limits = Limits(), held: HeldTraining | None = None,
+           precision: str = "bf16-mixed", limits: Limits = DEFAULT_LIMITS, held: HeldTraining | None = None,
            overhead: RuntimeOverhead | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit memory_bytes per GPU (fits_device), fastest
     first by the proxy): the per-layout work of a plan (benchmarks/planner_speed.py times exactly this). held: the
@@ -132,7 +133,8 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         floor, states, state_of = state_floor_groups(model, layouts)  # the fit rule reads the bytes and degrees:
         memory, keep = floor[state_of], np.nonzero(fits(floor, states)[state_of])[0]  # once per distinct state
         if len(keep):
-            first, _ = worst_rank_memory(model, nearby := layouts.take(keep), first_rank_only=True)  # exact where pp == 1
+            # exact where pp == 1
+            first, _ = worst_rank_memory(model, nearby := layouts.take(keep), first_rank_only=True)
             memory[keep] = np.maximum(memory[keep], first)  # two lower bounds: the larger is one
             maybe = fits(memory[keep], nearby).copy()  # only these may fit: the others' bound does not
             later = maybe & (nearby.pp > 1)  # the worst rank may be a later pipeline rank: those ranks too
@@ -192,11 +194,11 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
         c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
 
 
-def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float | None = None,
-         top: int = 10, precision: str = "bf16-mixed", band: tuple[float, float] | None = None,
-         reserve_bytes: float | None = None, fragmentation: float | None = None,
-         limits: Limits = Limits(), enough: int | None = None, include_predicted: bool = False,
-         held: HeldTraining | None = None, prune: bool = True) -> Plan:
+def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
+         memory_bytes: float | None = None, top: int = 10, precision: str = "bf16-mixed",
+         band: tuple[float, float] | None = None, reserve_bytes: float | None = None,
+         fragmentation: float | None = None, limits: Limits = DEFAULT_LIMITS, enough: int | None = None,
+         include_predicted: bool = False, held: HeldTraining | None = None, prune: bool = True) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
     ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the
     training settings every layout keeps (planner/held.py: precision, optimizer, a recompute policy searched too, fp8
@@ -249,17 +251,18 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                         "need_bytes": worst + allowance["total"], "allowance_bytes": allowance,
                         "fullest_budget_bytes": fullest_budget_bytes(spec.parallel, str(spec.runtime.device),
                                                                      device_bytes, overhead),
-                        "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                                          "activations_bytes", "other_bytes")}})
+                        "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes",
+                                                                          "optimizer_bytes", "activations_bytes",
+                                                                          "other_bytes")}})
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
     fit_note = f" ({left_out} of them prediction-only, left out)" if left_out else ""
     notes = [ALLOWANCE_DOC, f"layouts priced on {layouts.device} ranks, each fitting {device_bytes / 2**30:.1f} GiB "
              f"(a {device_bytes / 1e9:.0f} GB device) with its allowance",
              f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
-             f"own model, on arrays of layouts), {len(fitting)} fit{fit_note}; the {len(pool)} fastest by a step-time proxy re-timed "
-             f"with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that model reported, "
-             "their memory confirmed on each layout alone"]
+             f"own model, on arrays of layouts), {len(fitting)} fit{fit_note}; the {len(pool)} fastest by a step-time "
+             f"proxy re-timed with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that "
+             "model reported, their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
     notes.append("every layout trains with " + held.words())
@@ -272,11 +275,11 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                      "attention; plan with flash to search cp)")
     if left_out:
         why = ", ".join(f"{label}: {n}" for label, n in by_rule.items())
-        notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking ({why}); "
-                     "--include-predicted (the Plan page's toggle) ranks them too, marked")
+        notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking "
+                     f"({why}); --include-predicted (the Plan page's toggle) ranks them too, marked")
     return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
-                screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool), search_seconds=t_search,
-                confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed, untimed=untimed,
-                attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes, overhead=overhead,
-                device=profile_device(hw.kind))
+                screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool),
+                search_seconds=t_search, confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed,
+                untimed=untimed, attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes,
+                overhead=overhead, device=profile_device(hw.kind))

@@ -36,6 +36,10 @@ class Limits:
     and where the sequence splits into 2cp equal chunks."""
 
 
+DEFAULT_LIMITS = Limits()
+"""The search limits when a caller gives none (one frozen instance, as the former `Limits()` default was)."""
+
+
 @dataclass(frozen=True)
 class DegreePoint:
     """A split of the GPUs over the in-world degrees (tp, pp, cp; dp takes the ranks they leave), every combination
@@ -156,8 +160,8 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
-def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int, limits: Limits = Limits(),
-                      precision: str = "bf16-mixed", optimizer: str = "adamw",
+def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int,
+                      limits: Limits = DEFAULT_LIMITS, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
                       device: str = "cpu", stack: Any = None) -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
@@ -167,7 +171,8 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
     ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
-    table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None else {"sac_ops": tuple(sac_ops)})
+    table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None
+                                                                  else {"sac_ops": tuple(sac_ops)})
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer, **table)
@@ -233,7 +238,8 @@ def light_spec(data: dict[str, Any]) -> ExperimentSpec:
     train.setdefault("microbatches", train["global_batch"] // (train["micro_batch"] * parallel["dp"]))
     return ExperimentSpec.model_construct(name=data.get("name", ""), model=ModelSpec.model_construct(**data["model"]),
                                           train=TrainSpec.model_construct(**{**TrainSpec().model_dump(), **train}),
-                                          parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(), **parallel}),
+                                          parallel=ParallelSpec.model_construct(**{**ParallelSpec().model_dump(),
+                                                                                     **parallel}),
                                           runtime=RuntimeSpec.model_construct(**{**RuntimeSpec().model_dump(),
                                                                                    **_runtime(data)}))
 

@@ -117,7 +117,8 @@ def signed(values: dict[str, float], decimals: int, total: float) -> tuple[str, 
     """('a: +1.20 s, b: −0.30 s', the shown values): largest first, zeros left out, adding up to `total`."""
     names = sorted(values, key=lambda k: -abs(values[k]))
     parts = rounded_parts([values[k] for k in names], decimals, total)
-    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts, strict=False) if v), dict(zip(names, parts, strict=False))
+    return ", ".join(f"{k}: {_s(v, decimals)}" for k, v in zip(names, parts, strict=False)
+                     if v), dict(zip(names, parts, strict=False))
 
 
 def _s(seconds: float, decimals: int) -> str:
@@ -132,7 +133,8 @@ def why_text(configs: list[dict[str, Any]], why: dict[str, Any] | None) -> str |
     t = configs[0]["step_time"]
     parts = {label: t[key] for key, label in PARTS}
     top = max(parts, key=parts.get)
-    text = f"#1 is the fastest at {t['step_s']:.3g} s per step; {top} is {parts[top] / t['step_s']:.0%} of it ({parts[top]:.3g} s)."
+    text = (f"#1 is the fastest at {t['step_s']:.3g} s per step; {top} is {parts[top] / t['step_s']:.0%} of it "
+            f"({parts[top]:.3g} s).")
     if why is None:
         return text
     d = why["difference_s"]
@@ -147,8 +149,8 @@ def why_text(configs: list[dict[str, Any]], why: dict[str, Any] | None) -> str |
         gained = round(sum(shown_choice[x["change"]] for x in steps[:k + 1]), decimals)  # as the reader adds them
         if s["fits"] is False and gained < 0:
             so_far = "; ".join(x["change"] for x in steps[:k + 1])
-            text += (f" #1 with {so_far} (its other choices kept) would save {abs(gained):.{decimals}f} s per step, but "
-                     f"needs {s['need_bytes'] / 2**30:.1f} GiB per GPU ({s['mem_bytes'] / 2**30:.1f} GiB at its fullest "
-                     "moment + CUDA context, NCCL buffers and allocator slack), over the "
+            text += (f" #1 with {so_far} (its other choices kept) would save {abs(gained):.{decimals}f} s per step, "
+                     f"but needs {s['need_bytes'] / 2**30:.1f} GiB per GPU ({s['mem_bytes'] / 2**30:.1f} GiB at its "
+                     "fullest moment + CUDA context, NCCL buffers and allocator slack), over the "
                      f"{why['device_bytes'] / 2**30:.1f} GiB of the device: that is why #1 does not take it.")
     return text

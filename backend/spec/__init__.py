@@ -48,9 +48,9 @@ from backend.spec.sections import (
 )
 
 __all__ = [
-    "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate", "Device",
-    "Executor", "Fp8Recipe", "Framework", "Mlp", "MoeDispatcher", "Norm", "Offload", "Optimizer", "Positions", "Precision", "Recompute",
-    "RouterScore", "Schedule", "Strategy", "WindowKind",
+    "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate",
+    "Device", "Executor", "Fp8Recipe", "Framework", "Mlp", "MoeDispatcher", "Norm", "Offload", "Optimizer", "Positions",
+    "Precision", "Recompute", "RouterScore", "Schedule", "Strategy", "WindowKind",
     "ExperimentSpec", "SpecError", "validate_spec", "MAX_BATCH", "MAX_DIM", "MAX_LAYERS", "MAX_SEQ", "MAX_STEPS",
     "MAX_VOCAB", "MAX_WORLD", "ModelSpec", "ParallelSpec", "RuntimeSpec", "TrainSpec",
 ]

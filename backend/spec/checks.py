@@ -17,7 +17,8 @@ from backend.spec.run_rules import blocking_reasons
 from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
 from backend.spec.stack_rules import stack_problems
 
-_ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
+_ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):"
+                       r"(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")
 
 
 class RunOnly(str):
@@ -66,8 +67,8 @@ def _check_backend_device(s: SpecParts) -> list[str]:
 def _check_model(m: ModelSpec) -> list[str]:
     out = []
     if m.d_model % m.n_heads and m.attn_head_dim is None and not m.is_mla:
-        out.append(f"n_heads={m.n_heads} does not divide d_model={m.d_model} ({m.d_model} % {m.n_heads} = {m.d_model % m.n_heads}); "
-                   "set attn_head_dim for heads of their own width")
+        out.append(f"n_heads={m.n_heads} does not divide d_model={m.d_model} ({m.d_model} % {m.n_heads} = "
+                   f"{m.d_model % m.n_heads}); set attn_head_dim for heads of their own width")
     if m.kv_heads > m.n_heads or m.n_heads % m.kv_heads:
         out.append(f"n_kv_heads={m.kv_heads} must divide n_heads={m.n_heads} (GQA groups query heads evenly)")
     if m.is_moe and m.top_k > m.n_experts:
@@ -88,7 +89,8 @@ def _check_family(m: ModelSpec) -> list[str]:
         out.append(f"shared_ffn_hidden={m.shared_ffn_hidden} needs n_shared_experts >= 1 (got 0)")
     if m.shared_expert_gate and not m.n_shared_experts:
         out.append("shared_expert_gate needs n_shared_experts >= 1 (got 0)")
-    if m.positions == "rope" and not m.is_mla and m.attn_head_dim is None and m.d_model % m.n_heads == 0 and m.head_dim % 2:
+    if (m.positions == "rope" and not m.is_mla and m.attn_head_dim is None and m.d_model % m.n_heads == 0
+            and m.head_dim % 2):
         out.append(f"rope rotates pairs of channels: head_dim = d_model / n_heads = {m.d_model} / {m.n_heads} = "
                    f"{m.head_dim} must be even")
     if m.positions == "rope" and m.attn_head_dim is not None and m.attn_head_dim % 2:
@@ -121,18 +123,19 @@ def _check_mla(m: ModelSpec) -> list[str]:
 
 def _check_routing(m: ModelSpec) -> list[str]:
     """The MoE routing fields (dense prefix, interleave, scores, groups) against the expert count."""
-    routing = {"first_dense_layers": m.first_dense_layers or None, "moe_every": None if m.moe_every == 1 else m.moe_every,
+    routing = {"first_dense_layers": m.first_dense_layers or None,
+               "moe_every": None if m.moe_every == 1 else m.moe_every,
                "router_score": None if m.router_score == "softmax" else m.router_score,
                "router_bias": m.router_bias or None, "router_balance_bias": m.router_balance_bias or None,
                "expert_groups": None if m.expert_groups == 1 else m.expert_groups,
-               "topk_groups": None if m.topk_groups == 1 else m.topk_groups,
-               "capacity_factor": m.capacity_factor, "moe_pad_to_capacity": m.moe_pad_to_capacity or None,
-               "moe_aux_loss_coeff": m.moe_aux_loss_coeff or None,
+               "topk_groups": None if m.topk_groups == 1 else m.topk_groups, "capacity_factor": m.capacity_factor,
+               "moe_pad_to_capacity": m.moe_pad_to_capacity or None, "moe_aux_loss_coeff": m.moe_aux_loss_coeff or None,
                "moe_dispatcher": None if m.moe_dispatcher == "alltoall" else m.moe_dispatcher,
                "moe_grouped_gemm": m.moe_grouped_gemm or None,
                "moe_imbalance": None if m.moe_imbalance == 1.0 else m.moe_imbalance}
     if not m.is_moe:
-        return [f"{k}={v} needs a MoE model (n_experts > 0, got n_experts=0)" for k, v in routing.items() if v is not None]
+        return [f"{k}={v} needs a MoE model (n_experts > 0, got n_experts=0)" for k, v in routing.items()
+                if v is not None]
     out = []
     if m.moe_pad_to_capacity and m.capacity_factor is None:
         # Megatron-Core transformer_config.py @ core_v0.19.0 l. 1686-1690 refuses the same
@@ -197,7 +200,8 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if m.ffn % p.tp:
             out.append(f"tp={p.tp} does not divide ffn_hidden={m.ffn}")
         if m.is_moe and p.ep == 1 and m.expert_ffn % p.tp:  # ep > 1: whole experts on every tp rank (etp = 1)
-            out.append(f"tp={p.tp} does not divide expert_ffn_hidden={m.expert_ffn} ({m.expert_ffn} % {p.tp} = {m.expert_ffn % p.tp})")
+            out.append(f"tp={p.tp} does not divide expert_ffn_hidden={m.expert_ffn} ({m.expert_ffn} % {p.tp} = "
+                       f"{m.expert_ffn % p.tp})")
         if m.shared_ffn % p.tp:
             out.append(f"tp={p.tp} does not divide the shared-expert hidden n_shared_experts * shared_ffn_hidden = "
                        f"{m.shared_ffn} ({m.shared_ffn} % {p.tp} = {m.shared_ffn % p.tp})")
@@ -207,7 +211,8 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if not m.is_moe:
             out.append(f"ep={p.ep} needs a MoE model (n_experts > 0, got n_experts=0)")
         elif m.n_experts % p.ep:
-            out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = {m.n_experts % p.ep})")
+            out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = "
+                       f"{m.n_experts % p.ep})")
         if p.dp_cp % p.ep:
             group = f"dp * cp = {p.dp} * {p.cp} = {p.dp_cp}" if p.cp > 1 else f"dp={p.dp}"
             out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel "
@@ -242,11 +247,12 @@ def _check_expert_tp(m: ModelSpec, p: ParallelSpec) -> list[str]:
         if p.etp == p.tp:
             return []
         return [f"etp={p.etp} with ep=1: without expert parallelism the routed experts are split over tp like the "
-                f"dense MLP (etp = tp = {p.tp}, Megatron's default); set ep > 1 for another expert tensor-parallel degree"]
+                f"dense MLP (etp = tp = {p.tp}, Megatron's default); set ep > 1 for another expert tensor-parallel "
+                "degree"]
     out = []
     if p.tp % p.etp:
-        out.append(f"etp={p.etp} does not divide tp={p.tp} ({p.tp} % {p.etp} = {p.tp % p.etp}): each expert is split over "
-                   f"etp ranks of the tp group, so the expert layout etp x ep x edp = {p.etp} x {p.ep} x edp must "
+        out.append(f"etp={p.etp} does not divide tp={p.tp} ({p.tp} % {p.etp} = {p.tp % p.etp}): each expert is split "
+                   f"over etp ranks of the tp group, so the expert layout etp x ep x edp = {p.etp} x {p.ep} x edp must "
                    f"fold into tp x cp x dp = {p.tp} x {p.cp} x {p.dp} with etp | tp (torchtitan: etp in {{1, tp}})")
     if m.expert_ffn % p.etp:
         out.append(f"etp={p.etp} does not divide expert_ffn_hidden={m.expert_ffn} "
@@ -285,13 +291,15 @@ def _derive_batch(t: TrainSpec, p: ParallelSpec) -> list[str]:
         # only the microbatch count was given: it fixes the global batch (the default 8 must not veto it)
         t.global_batch = t.microbatches * per_step
     if t.global_batch % per_step:
-        return [f"global batch {t.global_batch} is not divisible by micro-batch {t.micro_batch} * dp {p.dp} = {per_step}"]
+        return [f"global batch {t.global_batch} is not divisible by micro-batch {t.micro_batch} * dp {p.dp} = "
+                f"{per_step}"]
     derived = t.global_batch // per_step
     if t.microbatches is None:
         t.microbatches = derived
     elif t.microbatches != derived:
         return [
-            f"microbatches={t.microbatches} != global batch {t.global_batch} / (micro-batch {t.micro_batch} * dp {p.dp}) = {derived}"
+            f"microbatches={t.microbatches} != global batch {t.global_batch} / (micro-batch {t.micro_batch} * dp "
+            f"{p.dp}) = {derived}"
         ]
     return []
 
@@ -311,14 +319,15 @@ def _check_pipeline(m: ModelSpec, t: TrainSpec, p: ParallelSpec) -> list[str]:
         out.append(f"{p.pp_schedule} runs exactly 2 stages per rank (got virtual_stages={p.virtual_stages})")
     stages = p.pp * p.virtual_stages
     if m.n_layers < stages:
-        out.append(f"n_layers={m.n_layers} < pp({p.pp}) * virtual_stages({p.virtual_stages}) = {stages} stages: every stage needs a layer")
+        out.append(f"n_layers={m.n_layers} < pp({p.pp}) * virtual_stages({p.virtual_stages}) = {stages} stages: every "
+                   "stage needs a layer")
     mb = t.microbatches or 0
     if p.pp_schedule != Schedule.GPIPE and mb < p.pp:
         out.append(f"{p.pp_schedule.upper()} needs microbatches >= pp (got microbatches={mb}, pp={p.pp})")
     if p.pp_schedule == Schedule.DUALPIPEV and mb < stages:
         # torch 2.13 ScheduleDualPipeV.__init__ (schedules.py l. 3439) raises the same
-        out.append(f"dualpipev needs microbatches >= pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} stages "
-                   f"(got microbatches={mb})")
+        out.append(f"dualpipev needs microbatches >= pp * virtual_stages = {p.pp} * {p.virtual_stages} = {stages} "
+                   f"stages (got microbatches={mb})")
     if multi and p.pp_schedule != Schedule.DUALPIPEV and mb % p.pp:
         out.append(f"{p.pp_schedule} needs microbatches divisible by pp (got {mb} % {p.pp} = {mb % p.pp})")
     return out

@@ -114,7 +114,8 @@ class Mlp(StrEnum):
     GELU = "gelu"  # fc_in (h -> f), GELU, fc_out (f -> h): 2 matrices
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)): 3 matrices (Shazeer 2020, "GLU Variants")
     GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)): 3 matrices (Shazeer 2020; Gemma)
-    SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss: gate clamped <= 7, up to [-7, 7], down(gate*sigmoid(1.702 gate)*(up+1))
+    # gpt-oss: gate clamped <= 7, up to [-7, 7], down(gate*sigmoid(1.702 gate)*(up+1))
+    SWIGLU_CLAMPED = "swiglu_clamped"
 
 
 GATED_MLPS = (Mlp.SWIGLU, Mlp.GEGLU, Mlp.SWIGLU_CLAMPED)

@@ -43,8 +43,9 @@ def _torch(s: SpecParts) -> list[str]:
         out.append(f"offload={p.offload} on torch is FSDP2's CPUOffloadPolicy: it needs strategy zero2, zero3 or fsdp "
                    f"(got {p.strategy})")
     if p.offload == "optimizer":
-        out.append("torch FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the optimizer step "
-                   "to the host together: use offload=params (offload=optimizer alone is DeepSpeed's, --framework deepspeed)")
+        out.append("torch FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the optimizer "
+                   "step to the host together: use offload=params (offload=optimizer alone is DeepSpeed's, --framework "
+                   "deepspeed)")
     if any(getattr(p, d) > 1 for d in _BEYOND_DP):
         out.append("offload on torch runs pure data parallelism here (got " + _degrees_text(p, _BEYOND_DP) + ")")
     return out
@@ -59,7 +60,8 @@ def _deepspeed(s: SpecParts) -> list[str]:
         out.append(f"framework deepspeed runs ZeRO stages 0-3 (strategy ddp, zero1, zero2, zero3); got {st}{hint}")
     mp = {k: getattr(p, k) for k in _BEYOND_DP if getattr(p, k) > 1}
     if mp:
-        out.append("framework deepspeed runs ZeRO data parallelism only here (its TP/PP/MoE/sequence engines are not wired): "
+        out.append("framework deepspeed runs ZeRO data parallelism only here (its TP/PP/MoE/sequence engines are not "
+                   "wired): "
                    + ", ".join(f"{k}={v}" for k, v in mp.items()) + " must be 1")
     if m.is_moe:
         out.append(f"framework deepspeed runs dense models only here (got n_experts={m.n_experts})")
@@ -68,9 +70,11 @@ def _deepspeed(s: SpecParts) -> list[str]:
                    "checkpointing API); use recompute=none")
     stage = DEEPSPEED_STAGE.get(st, 0)
     if p.offload != "none" and stage == 0:
-        out.append(f"offload={p.offload} needs ZeRO stage >= 1 (DeepSpeed offloads ZeRO partitions; got {st} = stage 0)")
+        out.append(f"offload={p.offload} needs ZeRO stage >= 1 (DeepSpeed offloads ZeRO partitions; got {st} = "
+                   "stage 0)")
     if p.offload == "params" and stage != 3:
-        out.append(f"offload=params is DeepSpeed's offload_param, which only ZeRO stage 3 has (got {st} = stage {stage})")
+        out.append(f"offload=params is DeepSpeed's offload_param, which only ZeRO stage 3 has (got {st} = stage "
+                   f"{stage})")
     if str(t.precision) == "fp8":
         out.append("framework deepspeed: precision fp8 is torchao's float8 training, wired for framework torch only")
     if str(s.runtime.device) != "cuda" and str(t.precision) == "fp16-mixed":

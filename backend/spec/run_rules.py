@@ -44,8 +44,9 @@ class LayoutView:
     @classmethod
     def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> LayoutView:
         return cls(degrees={d: getattr(parallel, d) for d in degree_names(DIMS)},
-                   zero_stage=ZERO_STAGE[parallel.dp_flavour], split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES,
-                   precision=str(precision), model=model)
+                   zero_stage=ZERO_STAGE[parallel.dp_flavour],
+                   split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES, precision=str(precision),
+                   model=model)
 
 
 @dataclass(frozen=True)
@@ -73,20 +74,21 @@ LAYOUT_RULES = (
             lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
             "Float8RowwiseParallel) are not applied; use tp=1 (dp / fsdp / pp) to run fp8"),
     RunRule("fp8 x ep", lambda v: (v.precision == "fp8") & (v.ep > 1),
-            lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears only"),
+            lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears "
+                         "only"),
     RunRule("etp x ep", lambda v: (v.etp > 1) & (v.ep > 1),
-            lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only: the engine runs whole experts under ep (its tp "
-            "plan leaves the experts plain, strategies/tp.py); splitting each expert colwise / rowwise over etp ranks "
-            "inside the ep dispatch is not wired, use etp=1 to run it"),
+            lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only: the engine runs whole experts under ep (its "
+            "tp plan leaves the experts plain, strategies/tp.py); splitting each expert colwise / rowwise over etp "
+            "ranks inside the ep dispatch is not wired, use etp=1 to run it"),
     RunRule("zero1 x tp/pp under fp16-mixed",
             lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
-            lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 loss "
-            "scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"),
+            lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 "
+            "loss scaling over its fp32 main-grad buffers is not implemented; use bf16-mixed"),
     # Measured on torch 2.13: the split input/weight backward leaves the last stage's FSDP2 grads unset.
     RunRule("zero_bubble / zbv x FSDP2 on dp > 1",
             lambda v: (v.pp > 1) & v.split_backward & (v.dp > 1) & (v.zero_stage >= 2),
-            lambda p, m: f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward drops "
-            "FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"),
+            lambda p, m: f"{p.pp_schedule} with {p.strategy} on dp={p.dp} is not supported: torch's split backward "
+            "drops FSDP2 gradients of the last stage; use ddp for the dp dimension or a 1f1b/interleaved schedule"),
 )
 """Layouts the engine cannot run, whatever the model."""
 

@@ -147,8 +147,8 @@ class ModelSpec(SpecSection):
     topk_groups: int = Field(1, ge=1, le=100_000)
     """MoE: groups a token may route into (expert_groups > 1)."""
     capacity_factor: float | None = Field(None, gt=0, le=1_000)
-    """MoE: expert capacity factor (Megatron-Core's --moe-expert-capacity-factor): per MoE layer and microbatch each rank
-    lets at most C = ceil(T k / E x capacity_factor) of its T tokens' k slots reach one expert and drops the rest,
+    """MoE: expert capacity factor (Megatron-Core's --moe-expert-capacity-factor): per MoE layer and microbatch each
+    rank lets at most C = ceil(T k / E x capacity_factor) of its T tokens' k slots reach one expert and drops the rest,
     lowest router probability first (moe_utils.apply_router_token_dropping, drop policy "probs"); None = dropless."""
     moe_pad_to_capacity: bool = False
     """MoE: every expert takes exactly C rows per rank, padded with zero-weight rows (Megatron-Core's
@@ -166,7 +166,8 @@ class ModelSpec(SpecSection):
     unless a capacity factor bounds them (backend/analytic/moe_rows.py)."""
     moe_grouped_gemm: bool = False
     """MoE: a rank's local experts run as one grouped GEMM per expert weight (torch.nn.functional.grouped_mm;
-    Megatron-Core's --moe-grouped-gemm) where the shapes allow it, else one GEMM per expert (the reason in the notes)."""
+    Megatron-Core's --moe-grouped-gemm) where the shapes allow it, else one GEMM per expert (the reason in the
+    notes)."""
     window: int | None = Field(None, ge=1, le=MAX_SEQ)
     """Windowed attention: tokens a query sees (sliding) or the chunk length (chunked) on the windowed layers; None
     means every layer attends to the whole causal prefix."""
@@ -262,7 +263,8 @@ class TrainSpec(SpecSection):
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
     stack: Stack = Stack.SHARDLAB
     """The software stack the job trains with (backend/spec/stacks.py): shardlab (this engine), torchtitan, megatron
-    (Megatron-Core + Transformer Engine) or deepspeed. It gives the default of every setting below (None = its default)."""
+    (Megatron-Core + Transformer Engine) or deepspeed. It gives the default of every setting below (None = its
+    default)."""
     attention_kernel: AttentionKernel | None = None
     """The attention core's kernel: eager, flash2, flash3, cudnn (TE / cuDNN fused), efficient, flash1, flash-triton."""
     elementwise: Elementwise | None = None

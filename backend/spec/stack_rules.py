@@ -65,7 +65,8 @@ def stack_blockers(spec: Any) -> list[str]:
     """Why this engine cannot run a spec's stack settings (prediction only): settings whose value the engine does not
     run, and dtypes other than the engine's own for the layout."""
     runner_stack = "deepspeed" if str(getattr(spec, "framework", "torch")) == "deepspeed" else "shardlab"
-    if str(spec.train.stack) in ("shardlab", runner_stack) and not any(getattr(spec.train, k) is not None for k in SETTINGS):
+    if str(spec.train.stack) in ("shardlab", runner_stack) and not any(getattr(spec.train, k) is not None
+                                                                       for k in SETTINGS):
         return []  # the default stack is what runs it here (framework=deepspeed: DeepSpeed's own engine)
     runner = _Runner(spec)
     r = resolve_stack(spec, "sm90")  # the device the stacks are built for: Hopper picks TE's cuDNN attention
@@ -99,7 +100,8 @@ def _loss_parallel_blocker(spec: Any, runs: str) -> str | None:
         return (f"loss_parallel=on with pp={p.pp}: this engine runs the vocab-parallel loss outside pipelining only "
                 "(the pipeline schedule calls its loss_fn outside loss_parallel())")
     if p.cp > 1:
-        return f"loss_parallel=on with cp={p.cp}: this engine runs the vocab-parallel loss without context parallelism only"
+        return (f"loss_parallel=on with cp={p.cp}: this engine runs the vocab-parallel loss without context "
+                "parallelism only")
     return None
 
 

@@ -9,8 +9,8 @@ reads the dtypes and loss parallel; `estimate --json` prints the whole object as
 
 Pinned sources (docs/ and the research notes cite the same commits):
 - Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553, TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b;
-- torchtitan 9dec370ad26b5f8e9a7333a0e36165018262644b (the 2024-12 benchmark) and e347b1e5e6b6941d789d16d340145294d82dc71e
-  (the last TOML JobConfig);
+- torchtitan 9dec370ad26b5f8e9a7333a0e36165018262644b (the 2024-12 benchmark) and
+  e347b1e5e6b6941d789d16d340145294d82dc71e (the last TOML JobConfig);
 - DeepSpeed edaa7221267243c7be7fb49c5d5f5c4fb97b4641; pytorch 01d5c2cc8ac53ec6f45d10e2b90f7387df1f1ac4 (_fsdp_api.py).
 """
 
@@ -98,8 +98,9 @@ def _deepspeed_overlap(spec: Any, device: str) -> bool:
 ENGINE = "backend/strategies (this engine)"
 STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
     StackEntry(Stack.SHARDLAB, "ShardLab's own eager-torch engine (what a run here measures)", {
-        "attention_kernel": Default(_by_device("eager", "flash2"), "steptime/model.py step_time's default: the engine's "
-                                    "math attention on CPU ranks, torch SDPA's FlashAttention-2 backend on GPUs"),
+        "attention_kernel": Default(_by_device("eager", "flash2"), "steptime/model.py step_time's default: the "
+                                    "engine's math attention on CPU ranks, torch SDPA's FlashAttention-2 backend on "
+                                    "GPUs"),
         "elementwise": Default("eager", "backend/models/gpt.py: one kernel per operator (no torch.compile, no fused "
                                "kernels); CPU profiles time it with the accounting their probe fitted "
                                "(steptime/compute.default_implementation)"),
@@ -162,7 +163,8 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
                                 "_build_model_and_main_param_groups 444 (fp32 shard of the main params); optimizer.py "
                                 "964-1012 without the distributed optimizer"),
         "loss_parallel": Default(True, "Megatron tensor_parallel/cross_entropy.py VocabParallelCrossEntropy: the "
-                                 "output layer is column-parallel over the vocabulary and the loss runs on V/tp logits"),
+                                 "output layer is column-parallel over the vocabulary and the loss runs on V/tp "
+                                 "logits"),
         "tp_overlap": Default(False, "Megatron model_parallel_config.py 265: tp_comm_overlap False (--tp-comm-overlap, "
                               "needs --sequence-parallel, arguments.py 1441-1442)"),
         "grad_reduce_overlap": Default(False, "Megatron arguments.py 3121: --overlap-grad-reduce, default False (one "

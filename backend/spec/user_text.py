@@ -34,7 +34,7 @@ def size_text(size: int) -> str:
     if size < 1024:
         return f"{size:,} bytes"
     value, unit = float(size), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB"):  # noqa: B007 - the unit reached is read after the loop
         value /= 1024
         if value < 1024:
             break
@@ -70,7 +70,8 @@ def clean_tags(tags) -> list[str]:
     if isinstance(tags, str):
         tags = [tags]
     clean = list(dict.fromkeys(str(t) for t in tags if t))
-    problems = [p for i, t in enumerate(clean) if (p := text_problem(t, f"tag {i + 1} ({printable(t)[:40]!s})", MAX_TAG_CHARS))]
+    problems = [p for i, t in enumerate(clean) if (p := text_problem(t, f"tag {i + 1} ({printable(t)[:40]!s})",
+                                                                     MAX_TAG_CHARS))]
     if len(clean) > MAX_TAGS:
         problems.append(f"{len(clean)} tags, over the limit of {MAX_TAGS} per run")
     if problems:
@@ -83,7 +84,8 @@ def printable(text: Any) -> str:
     s = "" if text is None else str(text)
     if not any(_forbidden(ch) for ch in s):
         return s
-    return "".join((f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") if _forbidden(ch) else ch for ch in s)
+    return "".join((f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") if _forbidden(ch) else ch
+                   for ch in s)
 
 
 def json_depth(value: Any) -> int:

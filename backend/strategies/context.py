@@ -42,7 +42,8 @@ class RankContext:
     device: torch.device
     mesh: Any = None
     """DeviceMesh of shape (pp, dp x cp, tp) named ("pp", "dp", "tp") (size-1 dims kept), laid out as
-    `ParallelSpec.coords`: its "dp" dim holds every rank with the same parameters (dp x cp); None when world_size == 1."""
+    `ParallelSpec.coords`: its "dp" dim holds every rank with the same parameters (dp x cp); None when world_size ==
+    1."""
     _ep_mesh: Any = field(default=None, repr=False)
     _cp_mesh: Any = field(default=None, repr=False)
 
@@ -142,7 +143,8 @@ def optimizer_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
 def compute_dtype(spec: ExperimentSpec) -> torch.dtype | None:
     """The 16-bit compute dtype of bf16/fp16 mixed precision (autocast, FSDP2 MixedPrecisionPolicy; fp8: bf16 around its
     float8 linears); None for fp32."""
-    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp8": torch.bfloat16}.get(str(spec.train.precision))
+    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16,
+            "fp8": torch.bfloat16}.get(str(spec.train.precision))
 
 
 def autocast(spec: ExperimentSpec, device: torch.device):

@@ -1,12 +1,18 @@
 """The data-parallel flavour on the dp mesh dimension: every wrapper ShardLab uses, in one place.
 
-| flavour      | alone (no tp/pp/ep)                                  | in a tp / pp mix                        | with ep                                   |
-|--------------|------------------------------------------------------|-----------------------------------------|-------------------------------------------|
-| ddp          | DistributedDataParallel, gradient_as_bucket_view     | FSDP2-style `replicate` per block + root| DDP with the experts left out of its reducer (tp / pp mixes: replicate, experts ignored) |
-| zero1        | ZeroRedundancyOptimizer over DDP                     | Megatron's distributed optimizer        | the distributed optimizer, experts in     |
-|              |                                                      | (distributed_optimizer.py)              | buckets of their own over the edp group   |
-| zero2        | fully_shard(reshard_after_forward=False), mp_policy  | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
-| zero3 / fsdp | fully_shard(reshard_after_forward=True), mp_policy   | same, no mp_policy (autocast instead)   | same, experts as ignored_params           |
+| flavour      | alone (no tp/pp/ep)                       | in a tp / pp mix           | with ep                      |
+|--------------|-------------------------------------------|----------------------------|------------------------------|
+| ddp          | DistributedDataParallel,                  | FSDP2-style `replicate`    | DDP with the experts left    |
+|              | gradient_as_bucket_view                   | per block + root           | out of its reducer (tp / pp  |
+|              |                                           |                            | mixes: replicate, experts    |
+|              |                                           |                            | ignored)                     |
+| zero1        | ZeroRedundancyOptimizer over DDP          | Megatron's distributed     | the distributed optimizer,   |
+|              |                                           | optimizer                  | experts in buckets of their  |
+|              |                                           | (distributed_optimizer.py) | own over the edp group       |
+| zero2        | fully_shard(reshard_after_forward=False), | same, no mp_policy         | same, experts as             |
+|              | mp_policy                                 | (autocast instead)         | ignored_params               |
+| zero3 / fsdp | fully_shard(reshard_after_forward=True),  | same, no mp_policy         | same, experts as             |
+|              | mp_policy                                 | (autocast instead)         | ignored_params               |
 
 Classic DDP does not take DTensor (TP) parameters and the pipelining stages drive `replicate`/`fully_shard`
 modules through their own hooks, hence `replicate` in tp/pp mixes (torchtitan's choice). The FSDP2-style
@@ -121,7 +127,8 @@ def distributed_optimizer(ctx: RankContext, modules: list[nn.Module], experts: l
     spec, p = ctx.spec, ctx.spec.parallel
     pipelined = p.pp > 1
     tied = ("tok_emb.weight", "lm_head.weight") if pipelined and spec.model.tie_embeddings else ()
-    return DistributedOptimizer(modules, make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
+    return DistributedOptimizer(modules,
+                                make_inner=lambda masters: optimizer_class(spec)(masters, **optimizer_kwargs(spec)),
                                 dp_group=ctx.mesh["dp"].get_group(), tp_group=ctx.mesh["tp"].get_group(),
                                 microbatches=spec.train.microbatches or 1,
                                 grad_divisor=p.dp_cp * (spec.train.microbatches if pipelined else 1),

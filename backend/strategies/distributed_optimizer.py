@@ -129,7 +129,7 @@ class DistributedOptimizer:
     def _build(self, module: nn.Module, dtype: torch.dtype, microbatches: int, held: tuple[str, ...]) -> list[Bucket]:
         groups: dict[str, tuple[int, list]] = {}
         seen: dict[int, nn.Parameter] = {}
-        for name, owner, attr, q in _slots(module):
+        for name, _owner, _attr, q in _slots(module):
             if id(q) in seen:  # a tied slot: point it at the same rebuilt parameter
                 continue
             order, key = bucket_of(name)
@@ -160,7 +160,7 @@ class DistributedOptimizer:
         param_data = torch.zeros(padded, dtype=dtype, device=device)
         grad_data = torch.zeros(padded, dtype=torch.float32, device=device)
         params = []
-        for (name, q), offset, n in zip(members, offsets, sizes, strict=False):
+        for (_name, q), offset, n in zip(members, offsets, sizes, strict=False):
             local = _local(q)
             view = param_data[offset:offset + n].view(local.shape)
             with torch.no_grad():
@@ -253,10 +253,11 @@ class DistributedOptimizer:
     def notes(self) -> list[str]:
         sizes = [b.grad_data.numel() for b in self.buckets]
         experts = [b for b in self.buckets if b.name.endswith(".experts")]
-        extra = ([f"Expert buckets (Megatron's expert buffers): one per MoE block, padded to a multiple of edp={self.edp}, "
-                  f"their fp32 main grads reduce-scattered and optimizer state sharded over the expert data-parallel "
-                  f"group ({len(experts)} buckets)."] if experts else [])
-        return extra + [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets (embeddings, one "
-                f"per block, head) of {min(sizes):,}-{max(sizes):,} elements padded to a multiple of dp; fp32 "
-                "main grads reduce-scattered (a bucket complete on the last microbatch overlaps the rest of backward), "
-                "the owned slices stepped" + (" on fp32 masters" if self.half else "") + ", params all-gathered."]
+        extra = (["Expert buckets (Megatron's expert buffers): one per MoE block, padded to a multiple of "
+                  f"edp={self.edp}, their fp32 main grads reduce-scattered and optimizer state sharded over the expert "
+                  f"data-parallel group ({len(experts)} buckets)."] if experts else [])
+        return extra + [f"ZeRO-1 = Megatron's distributed optimizer over dp={self.dp}: {len(sizes)} buckets "
+                f"(embeddings, one per block, head) of {min(sizes):,}-{max(sizes):,} elements padded to a multiple of "
+                "dp; fp32 main grads reduce-scattered (a bucket complete on the last microbatch overlaps the rest of "
+                "backward), the owned slices stepped" + (" on fp32 masters" if self.half else "") + ", params "
+                                                                                                    "all-gathered."]

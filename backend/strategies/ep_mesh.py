@@ -13,10 +13,10 @@ EP_MESH_DIMS = ("pp", "dp_mod_ep", "ep", "tp")
 
 
 def build_ep_mesh(spec: ExperimentSpec, mesh):  # -> DeviceMesh
-    """`mesh` (pp, dp, tp) (dp: the dp x cp ranks) viewed as EP_MESH_DIMS = (pp, dp_mod_ep, ep, tp): mesh["dp"] keeps the full data-parallel
-    dim (FSDP2 / DDP still shard and reduce over all of dp); ep groups are consecutive dp ranks ({0..ep-1},
-    {ep..2ep-1}, ...), expert-replica groups (dp_mod_ep) the ranks holding the same experts ({j, j+ep, ...}).
-    Collective (creates process groups): every rank calls it once, in the same order. The ep groups are always
+    """`mesh` (pp, dp, tp) (dp: the dp x cp ranks) viewed as EP_MESH_DIMS = (pp, dp_mod_ep, ep, tp): mesh["dp"] keeps
+    the full data-parallel dim (FSDP2 / DDP still shard and reduce over all of dp); ep groups are consecutive dp ranks
+    ({0..ep-1}, {ep..2ep-1}, ...), expert-replica groups (dp_mod_ep) the ranks holding the same experts ({j, j+ep,
+    ...}). Collective (creates process groups): every rank calls it once, in the same order. The ep groups are always
     fresh: a dim spanning the world would otherwise reuse the default group, which DDP's gradient all-reduce
     may use, and that all-reduce and the dispatch all-to-all must not share a gloo group (their order differs
     by rank)."""

@@ -89,7 +89,8 @@ def to_empty_by_assignment(module: nn.Module, where: Placement | torch.device) -
             for key, p in m._parameters.items():
                 if p is not None:
                     if id(p) not in new:
-                        new[id(p)] = nn.Parameter(torch.empty_like(p, device=where.states), requires_grad=p.requires_grad)
+                        new[id(p)] = nn.Parameter(torch.empty_like(p, device=where.states),
+                                                  requires_grad=p.requires_grad)
                     m._parameters[key] = new[id(p)]
             for key, b in m._buffers.items():
                 if b is not None:

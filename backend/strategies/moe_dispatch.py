@@ -11,9 +11,9 @@ contiguous experts [j·E/ep, (j+1)·E/ep). `MoE.dispatch(flat, weights, idx)` is
   6. combine: weight each returned row by its router probability and index_add into its token.
 Droppless (no capacity factor), so the result equals the dense `MoE.dispatch` up to float summation order.
 Routing is data-dependent: a `RoutingLog` records, per call, the rows this rank sent to each expert and the
-rows each ep peer sent to this rank's experts (the counts exchanged in step 2), for backend/analytic/measured/moe_routing.py.
-Comm per MoE layer and microbatch: forward 8·E bytes (counts) + 2 all_to_alls of N·k·C·4 bytes in total
-over the group, backward the same 2 all_to_alls again.
+rows each ep peer sent to this rank's experts (the counts exchanged in step 2), for
+backend/analytic/measured/moe_routing.py. Comm per MoE layer and microbatch: forward 8·E bytes (counts) + 2 all_to_alls
+of N·k·C·4 bytes in total over the group, backward the same 2 all_to_alls again.
 """
 
 from __future__ import annotations

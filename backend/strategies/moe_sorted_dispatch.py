@@ -34,7 +34,8 @@ def padded_positions(counts: torch.Tensor, per_expert: int) -> torch.Tensor:
     return torch.arange(int(counts.sum()), device=counts.device) - starts[expert] + expert * per_expert
 
 
-def run_local_experts(moe: Any, x: torch.Tensor, rows_per: torch.Tensor, real_per: torch.Tensor, ep: int) -> torch.Tensor:
+def run_local_experts(moe: Any, x: torch.Tensor, rows_per: torch.Tensor, real_per: torch.Tensor,
+                      ep: int) -> torch.Tensor:
     """The local experts on the rows x that arrived (rows_per[s * n_local + j] from peer s for local expert j)."""
     experts = list(moe.experts.values())
     n_local = len(experts)

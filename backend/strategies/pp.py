@@ -10,10 +10,10 @@ Stage → rank (pp coordinate r, p = pp, v = virtual_stages):
 
 Schedules: gpipe → ScheduleGPipe, 1f1b → Schedule1F1B, interleaved_1f1b → ScheduleInterleaved1F1B,
 zero_bubble → ScheduleInterleavedZeroBubble, zbv → ScheduleZBVZeroBubble, dualpipev → ScheduleDualPipeV (its
-OVERLAP_F_B pairs run their forward and backward one after the other in torch 2.13: no overlap). The schedule splits this dp
-rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale: `ScaledLoss`)
-runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are the
-dp-share mean.
+OVERLAP_F_B pairs run their forward and backward one after the other in torch 2.13: no overlap). The schedule splits
+this dp rank's rows into `microbatches` chunks; loss_fn (mean over a microbatch, times the fp16 loss scale:
+`ScaledLoss`) runs on the last stage and scale_grads divides the accumulated grads by the microbatch count, so grads are
+the dp-share mean.
 
 PP×DP: each stage module gets the dp flavour on mesh["dp"] (`data_parallel.composable_wrap`: replicate for ddp,
 fully_shard for zero2/zero3/fsdp; torchtitan's choice). The pipelining stages turn gradient sync off
@@ -149,7 +149,8 @@ def _cpu_note(ctx: RankContext) -> str:
 def notes(ctx: RankContext, ids: list[int]) -> list[str]:
     spec, p = ctx.spec, ctx.spec.parallel
     n_stages = p.pp * p.virtual_stages
-    return [f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers {stage_layers(spec.model.n_layers, n_stages)}.",
+    return [f"PP {p.pp_schedule}: stages {ids} of {n_stages} on this rank; layers "
+            f"{stage_layers(spec.model.n_layers, n_stages)}.",
             f"Timeline: call {timeline.capture_call(spec.train.warmup_steps, spec.train.steps)} of train_step (a timed "
             "step after the first, which may still run lazy initialisation) is recorded.",
             *filter(None, [_cpu_note(ctx)])]

@@ -173,11 +173,16 @@ class LoopStyle:
     """backward() from loss / chunks and sum those (else backward of loss / chunks, sum the unscaled losses)."""
 
 
+DEFAULT_LOOP_STYLE = LoopStyle()
+"""The loop of pure ddp / zero1 / reference runs when a caller gives no style (one frozen instance, as the former
+`LoopStyle()` default was)."""
+
+
 class MicrobatchStep:
     """One optimizer step over this rank's rows (x, y), both (rows, T) on the model's device."""
 
     def __init__(self, model: nn.Module, spec: ExperimentSpec, device: torch.device, tail: OptimizerTail, *,
-                 use_autocast: bool, style: LoopStyle = LoopStyle(), chunks: int | None = None,
+                 use_autocast: bool, style: LoopStyle = DEFAULT_LOOP_STYLE, chunks: int | None = None,
                  on_microbatch: Callable[[int], None] | None = None):
         self.model, self.spec, self.device, self.tail = model, spec, device, tail
         self.use_autocast, self.style, self.chunks, self.on_microbatch = use_autocast, style, chunks, on_microbatch

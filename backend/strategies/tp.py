@@ -6,26 +6,40 @@ table below summarises it.
 Per-rank parameter layout (t = tp degree; "rows" = dim 0 of the weight as nn.Linear/nn.Embedding store it;
 DTensor shards like torch.chunk, so a dimension not divisible by t gives the first ranks ceil(n/t)):
 
-| module                 | plan (no SP)                                   | plan (SP)                                             | weight per rank      | bias per rank |
-|------------------------|------------------------------------------------|-------------------------------------------------------|----------------------|---------------|
-| tok_emb (V, C)         | RowwiseParallel(in Replicate, out Replicate)    | RowwiseParallel(in Replicate, out Shard(1))            | V/t rows × C         | -             |
-| pos_emb (S, C)         | RowwiseParallel(in Replicate, out Replicate)    | RowwiseParallel(in Replicate, out Shard(0))            | S/t rows × C         | -             |
-| ln1, ln2, norm         | replicated plain params                         | SequenceParallel (replicated DTensor params)           | C                    | C             |
-| attn (module input)    | PrepareModuleInput(Replicate, DTensor out)      | PrepareModuleInput(Shard(1) -> Replicate, DTensor out) |                      |               |
-| attn.q (C, C)          | ColwiseParallel                                 | ColwiseParallel                                        | C/t rows × C         | C/t           |
-| attn.k, attn.v (kv, C) | ColwiseParallel                                 | ColwiseParallel                                        | kv/t rows × C        | kv/t          |
-| attn.o (C, C)          | RowwiseParallel                                 | RowwiseParallel(out Shard(1))                          | C × C/t cols         | C (replicated)|
-| mlp (module input)     | PrepareModuleInput(Replicate, DTensor out)      | PrepareModuleInput(Shard(1) -> Replicate, DTensor out) |                      |               |
-| mlp.fc_in (F, C)       | ColwiseParallel                                 | ColwiseParallel                                        | F/t rows × C         | F/t           |
-| mlp.fc_out (C, F)      | RowwiseParallel                                 | RowwiseParallel(out Shard(1))                          | C × F/t cols         | C (replicated)|
-| mlp.gate, mlp.up (F,C) | ColwiseParallel (SwiGLU)                        | ColwiseParallel                                        | F/t rows × C         | F/t           |
-| mlp.down (C, F)        | RowwiseParallel (SwiGLU)                        | RowwiseParallel(out Shard(1))                          | C × F/t cols         | C (replicated)|
-| MoE shared.* (shared experts) | as the (expert) MLP                      | as the (expert) MLP, inside the MoE's gather/scatter   | as mlp               | as mlp        |
-| MoE router, shared_gate| replicated plain params                         | replicated plain params                                |                      |               |
-| MoE router (E, C)      | replicated plain param                          | replicated plain param                                 | E × C                | -             |
-| MoE experts.e fc_in/out| Colwise / Rowwise (as mlp)                      | Colwise / Rowwise; MoE output Replicate -> Shard(1)    | as mlp, per expert   | as mlp        |
-| lm_head (V, C)         | ColwiseParallel(out Replicate)                  | ColwiseParallel(in Shard(1), out Replicate)            | V/t rows × C         | -             |
-| lm_head, loss parallel | ColwiseParallel(out Shard(-1), DTensor out)     | ColwiseParallel(in Shard(1), out Shard(-1), DTensor)   | V/t rows × C         | -             |
+| module                 | plan (no SP)                  | plan (SP)                    | weight per    | bias per     |
+|                        |                               |                              | rank          | rank         |
+|------------------------|-------------------------------|------------------------------|---------------|--------------|
+| tok_emb (V, C)         | RowwiseParallel(in Replicate, | RowwiseParallel(in           | V/t rows × C  | -            |
+|                        | out Replicate)                | Replicate, out Shard(1))     |               |              |
+| pos_emb (S, C)         | RowwiseParallel(in Replicate, | RowwiseParallel(in           | S/t rows × C  | -            |
+|                        | out Replicate)                | Replicate, out Shard(0))     |               |              |
+| ln1, ln2, norm         | replicated plain params       | SequenceParallel (replicated | C             | C            |
+|                        |                               | DTensor params)              |               |              |
+| attn (module input)    | PrepareModuleInput(Replicate, | PrepareModuleInput(Shard(1)  |               |              |
+|                        | DTensor out)                  | -> Replicate, DTensor out)   |               |              |
+| attn.q (C, C)          | ColwiseParallel               | ColwiseParallel              | C/t rows × C  | C/t          |
+| attn.k, attn.v (kv, C) | ColwiseParallel               | ColwiseParallel              | kv/t rows × C | kv/t         |
+| attn.o (C, C)          | RowwiseParallel               | RowwiseParallel(out          | C × C/t cols  | C            |
+|                        |                               | Shard(1))                    |               | (replicated) |
+| mlp (module input)     | PrepareModuleInput(Replicate, | PrepareModuleInput(Shard(1)  |               |              |
+|                        | DTensor out)                  | -> Replicate, DTensor out)   |               |              |
+| mlp.fc_in (F, C)       | ColwiseParallel               | ColwiseParallel              | F/t rows × C  | F/t          |
+| mlp.fc_out (C, F)      | RowwiseParallel               | RowwiseParallel(out          | C × F/t cols  | C            |
+|                        |                               | Shard(1))                    |               | (replicated) |
+| mlp.gate, mlp.up (F,C) | ColwiseParallel (SwiGLU)      | ColwiseParallel              | F/t rows × C  | F/t          |
+| mlp.down (C, F)        | RowwiseParallel (SwiGLU)      | RowwiseParallel(out          | C × F/t cols  | C            |
+|                        |                               | Shard(1))                    |               | (replicated) |
+| MoE shared.* (shared   | as the (expert) MLP           | as the (expert) MLP, inside  | as mlp        | as mlp       |
+| experts)               |                               | the MoE's gather/scatter     |               |              |
+| MoE router,            | replicated plain params       | replicated plain params      |               |              |
+| shared_gate            |                               |                              |               |              |
+| MoE router (E, C)      | replicated plain param        | replicated plain param       | E × C         | -            |
+| MoE experts.e          | Colwise / Rowwise (as mlp)    | Colwise / Rowwise; MoE       | as mlp, per   | as mlp       |
+| fc_in/out              |                               | output Replicate -> Shard(1) | expert        |              |
+| lm_head (V, C)         | ColwiseParallel(out           | ColwiseParallel(in Shard(1), | V/t rows × C  | -            |
+|                        | Replicate)                    | out Replicate)               |               |              |
+| lm_head, loss parallel | ColwiseParallel(out           | ColwiseParallel(in Shard(1), | V/t rows × C  | -            |
+|                        | Shard(-1), DTensor out)       | out Shard(-1), DTensor)      |               |              |
 
 Gradients have the parameter's per-rank size: DTensor computes the vocab-parallel embedding weight grad
 Replicate (full (V, h) on every rank); a grad hook slices it back to this rank's rows (`GradLikeParam`).

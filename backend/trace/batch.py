@@ -1,9 +1,10 @@
 """Trace many (spec, rank) pairs in ONE process: `python -m backend.trace.batch --items ITEMS.json --out OUT.json`.
 
-A traced rank pays ~10 s of process start-up and imports before its step; a grid of layouts (benchmarks/fullest_moment.py,
-tests/multiprocess/test_fullest_moment.py) traces them one after the other in the same process instead, leaving each
-fake world before the next (compat.leave_fake_pg). Each item's record is `trace.rank.trace_rank`'s, or a failed one
-with its reason; the out file is rewritten after every item, so a timeout keeps what was traced.
+A traced rank pays ~10 s of process start-up and imports before its step; a grid of layouts
+(benchmarks/fullest_moment.py, tests/multiprocess/test_fullest_moment.py) traces them one after the other in the same
+process instead, leaving each fake world before the next (compat.leave_fake_pg). Each item's record is
+`trace.rank.trace_rank`'s, or a failed one with its reason; the out file is rewritten after every item, so a timeout
+keeps what was traced.
 
 ITEMS.json: [{"spec": <ExperimentSpec JSON>, "rank": R}, ...]; OUT.json: the same order, one record per item.
 """

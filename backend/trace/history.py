@@ -37,7 +37,8 @@ def to_run_result(spec: ExperimentSpec, trace: dict[str, Any]) -> RunResult:
     import torch
 
     ok = trace["status"] == "ok"
-    error = None if ok else (f"unsupported: {trace.get('error')}" if trace["status"] == "unsupported" else trace.get("error"))
+    error = None if ok else (f"unsupported: {trace.get('error')}" if trace["status"] == "unsupported"
+                             else trace.get("error"))
     failures = trace.get("failures") or []
     per_rank = [RankResult(rank=r["rank"], coords=r.get("coords", {}),
                            measured=MemoryBreakdown(**_mem(r["traced"]), moment="activation_peak"),

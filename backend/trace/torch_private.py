@@ -88,7 +88,8 @@ def balanced_routing(n_experts: int, shape: torch.Size) -> torch.Tensor:
 
 
 def _all_to_all_single(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def all_to_all_single(output: torch.Tensor, input: torch.Tensor, *args: Any, group: Any = None, **kwargs: Any) -> Any:
+    def all_to_all_single(output: torch.Tensor, input: torch.Tensor, *args: Any, group: Any = None,
+                          **kwargs: Any) -> Any:
         if isinstance(output, FakeTensor) or isinstance(input, FakeTensor) or args or kwargs.get("async_op"):
             return orig(output, input, *args, group=group, **kwargs)
         n, me = dist.get_world_size(group), dist.get_rank(group)
@@ -116,8 +117,9 @@ def leave_fake_pg() -> None:
     """End a traced rank's fake world so the next spec can be traced in the same process: destroy the fake process
     group and clear DTensor's sharding-propagation caches, whose entries hold the old DeviceMesh (a new mesh of the
     same shape compares equal and would resolve the destroyed groups' names:
-    torch/distributed/tensor/_sharding_prop.py `propagate_op_sharding` (a LocalLRUCache), `_propagate_tensor_meta_cached`,
-    and the C++ fast path's cache, `torch._C._clear_DTensor_sharding_propagator_cache`)."""
+    torch/distributed/tensor/_sharding_prop.py `propagate_op_sharding` (a LocalLRUCache),
+    `_propagate_tensor_meta_cached`, and the C++ fast path's cache,
+    `torch._C._clear_DTensor_sharding_propagator_cache`)."""
     from torch.distributed.tensor import DTensor
 
     if dist.is_initialized():

@@ -53,7 +53,8 @@ def predicted_for(spec: ExperimentSpec, device: str | None = None) -> dict[int, 
 
     return {r.rank: {"params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
                      "optimizer_bytes": r.optimizer_bytes, "activations_bytes": r.activations_bytes,
-                     "other_bytes": r.other_bytes, "peak_bytes": r.fullest_bytes(), "fullest_moment": r.fullest_moment()}
+                     "other_bytes": r.other_bytes, "peak_bytes": r.fullest_bytes(),
+                     "fullest_moment": r.fullest_moment()}
             for r in estimate(spec, device=device).per_rank}
 
 
@@ -152,18 +153,18 @@ def bound_notes(per_rank: list[dict[str, Any]]) -> list[str]:
                        "flat all-gather buffer of the unit unsharded last, freed only when the next unshard waits "
                        "(real runs show the same tie); the analytic model does not count it.")
             if k == "grads_bytes" and raw.get("Unsharded Grad") and v > 0:
-                why = (f" The tracker holds {raw['Unsharded Grad']:,} B of FSDP2 'Unsharded Grad' at that moment: under "
-                       "pipelining gradient sync is off until the last microbatch, so a backward that ran before the "
-                       "peak left unsharded gradients. In 1F1B the activation maximum is reached twice with the same "
-                       "microbatches in flight (before and after the first backward); the tracker keeps the later "
+                why = (f" The tracker holds {raw['Unsharded Grad']:,} B of FSDP2 'Unsharded Grad' at that moment: "
+                       "under pipelining gradient sync is off until the last microbatch, so a backward that ran before "
+                       "the peak left unsharded gradients. In 1F1B the activation maximum is reached twice with the "
+                       "same microbatches in flight (before and after the first backward); the tracker keeps the later "
                        "moment (bench/memory.py, >=), the analytic model the earlier one.")
             if k == "params_bytes" and v < 0 and not raw.get("Unsharded Param") and not raw.get("All Gather"):
                 why = (" At the tracker's moment no unsharded FSDP2 parameter or all-gather buffer is resident: the "
-                       "activation maximum was reached (again) after the root's forward resharded, and the tracker keeps "
-                       "the later moment (bench/memory.py, >=); the analytic model places the peak inside the root's "
-                       "forward, with the root and the last block still unsharded.")
-            notes.append(f"rank {row['rank']}: traced {k} {row['traced'][k]:,} B vs predicted {row['predicted'][k]:,} B "
-                         f"({v:+.2f} %, bound ±{bound:g} %).{why or UNEXPLAINED}")
+                       "activation maximum was reached (again) after the root's forward resharded, and the tracker "
+                       "keeps the later moment (bench/memory.py, >=); the analytic model places the peak inside the "
+                       "root's forward, with the root and the last block still unsharded.")
+            notes.append(f"rank {row['rank']}: traced {k} {row['traced'][k]:,} B vs predicted {row['predicted'][k]:,} "
+                         f"B ({v:+.2f} %, bound ±{bound:g} %).{why or UNEXPLAINED}")
     return notes
 
 

@@ -97,7 +97,8 @@ def collect(engine, runs_dirs: list[Path], *, tmp_dir: Path | None = None, older
     candidates: list[tuple[Path, str]] = []
     for runs_dir in dict.fromkeys(Path(d).resolve() for d in runs_dirs):
         if runs_dir.is_dir():
-            candidates += [(f, why) for f in sorted(runs_dir.iterdir()) if (why := run_folder_verdict(f, uids, running))]
+            candidates += [(f, why) for f in sorted(runs_dir.iterdir())
+                           if (why := run_folder_verdict(f, uids, running))]
     tmp = Path(tmp_dir or tempfile.gettempdir())
     cutoff = time.time() - older_than_s
     in_use = _paths_in_use()
@@ -128,7 +129,8 @@ def _tmp_verdict(folder: Path, running: set[int]) -> str | None:
     m = _TMP_DIR.match(folder.name)
     if m is None or int(m.group(1)) in running:
         return None
-    return "temp folder of a finished run" if folder.name.startswith(JOB_TMP_PREFIX) else "dashboard trace folder of a finished trace"
+    return "temp folder of a finished run" if folder.name.startswith(JOB_TMP_PREFIX) else ("dashboard trace folder of "
+                                                                                           "a finished trace")
 
 
 def runs_dirs(engine, runs_dir: Path | None = None) -> list[Path]:

@@ -58,7 +58,8 @@ class JobExecution:
         if self.stopping.is_set():
             cancel.set()
         self._beat_running(worker_id, experiment_id)
-        log.info("experiment %s: %s world %s on %s", experiment_id, spec.parallel.strategy, spec.parallel.world_size, worker_id)
+        log.info("experiment %s: %s world %s on %s", experiment_id, spec.parallel.strategy, spec.parallel.world_size,
+                 worker_id)
         beat_stop = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(experiment_id, worker_id, cancel, beat_stop), daemon=True)
         beat.start()
@@ -66,9 +67,11 @@ class JobExecution:
         try:
             with self._lock:
                 self._jobs_running += 1
-            result = self._run(spec, experiment_id, worker_id, cancel, run_uid=row["run_uid"], adopted=adopted, tmpdir=tmp)
+            result = self._run(spec, experiment_id, worker_id, cancel, run_uid=row["run_uid"], adopted=adopted,
+                               tmpdir=tmp)
         except Detached:
-            log.info("experiment %s: worker stopping, its SLURM job keeps running (the next worker re-attaches)", experiment_id)
+            log.info("experiment %s: worker stopping, its SLURM job keeps running (the next worker re-attaches)",
+                     experiment_id)
             return None
         except OSError as e:  # the launch failed because of the host (full disk, unwritable folder)
             return self._environment_failure(experiment_id, worker_id, e)
@@ -93,8 +96,8 @@ class JobExecution:
         back = self._retry(lambda: q.release_claim(self.engine, experiment_id, worker_id), "re-queueing a job")
         wait = self._host_backoff.wait_s()
         log.warning("experiment %s: launch failed because of this host (%s); %s; %d such failure(s) in a row, claiming "
-                    "again in %.1f s", experiment_id, error, "put back in the queue" if back else "it was no longer ours",
-                    self._host_backoff.failures, wait)
+                    "again in %.1f s", experiment_id, error,
+                    "put back in the queue" if back else "it was no longer ours", self._host_backoff.failures, wait)
         self.stopping.wait(wait)  # and the next loop round checks the runs folder before claiming
         return None
 
@@ -155,7 +158,8 @@ class JobExecution:
 
         def on_progress(event: dict) -> None:
             try:
-                if q.update_progress(self.engine, experiment_id, event.get("step"), event.get("of"), event.get("phase")):
+                if q.update_progress(self.engine, experiment_id, event.get("step"), event.get("of"),
+                                     event.get("phase")):
                     cancel.set()
             except Exception as e:  # noqa: BLE001 - a busy database must not break the run; the heartbeat retries
                 log.warning("progress update skipped (%s)", short(e))

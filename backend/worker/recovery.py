@@ -43,8 +43,8 @@ def runs_dir_problem(runs_dir: Path, min_free_bytes: int) -> str | None:
         Path(runs_dir).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(runs_dir).free
         if free < min_free_bytes:
-            return (f"runs folder {runs_dir} has {free / 2**20:.1f} MiB free, below the {min_free_bytes / 2**20:.0f} MiB "
-                    "a run needs (worker --min-free-mb)")
+            return (f"runs folder {runs_dir} has {free / 2**20:.1f} MiB free, below the {min_free_bytes / 2**20:.0f} "
+                    "MiB a run needs (worker --min-free-mb)")
         with open(probe, "wb") as f:
             f.write(b"\0" * PROBE_BYTES)
             f.flush()
@@ -74,7 +74,8 @@ def remove_job_tmpdir(path: Path | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def import_results(engine, runs_dir: Path, host: str, stale_after_s: float | None, skip: set[int] = frozenset()) -> list[int]:
+def import_results(engine, runs_dir: Path, host: str, stale_after_s: float | None,
+                   skip: set[int] = frozenset()) -> list[int]:
     """Store every bound result.json under runs_dir whose experiment is still running and whose worker is gone
     (it died, or was stopped while the store was away); returns the imported ids. A live worker's run is its own
     to store (db.workers.gone_worker_ids says which are gone; stale heartbeats only with stale_after_s)."""
@@ -83,7 +84,8 @@ def import_results(engine, runs_dir: Path, host: str, stale_after_s: float | Non
     running = q.list_experiments(engine, status=str(Status.RUNNING), columns=["id", "worker_id"])
     gone = gone_worker_ids(engine, host, stale_after_s)
     known = {w["id"] for w in q.worker_heartbeats(engine)}
-    orphaned = [r["id"] for r in running if r["id"] not in skip and (r["worker_id"] in gone or r["worker_id"] not in known)]
+    orphaned = [r["id"] for r in running if r["id"] not in skip
+                and (r["worker_id"] in gone or r["worker_id"] not in known)]
     uids = q.run_uids(engine, orphaned) if orphaned else {}
     imported = []
     for eid, uid in sorted(uids.items()):

@@ -59,7 +59,8 @@ class Worker(JobExecution):
         self.engine = engine
         self.runs_dir = Path(runs_dir) if runs_dir else default_runs_dir(engine)
         self.poll_s, self.heartbeat_s, self.stale_after_s = poll_s, heartbeat_s, stale_after_s
-        self.recover_every_s = recover_every_s if recover_every_s is not None else min(30.0, max(2.0, stale_after_s / 4))
+        self.recover_every_s = (recover_every_s if recover_every_s is not None
+                                else min(30.0, max(2.0, stale_after_s / 4)))
         self.min_free_bytes = min_free_bytes
         self.max_backoff_s = MAX_WAIT_S
         """Longest wait between two tries of an unavailable store (and between two looks at a full runs folder)."""
@@ -100,7 +101,8 @@ class Worker(JobExecution):
             mine = set(self._cancels)
         up = self._store_up_since
         stale_s = self.stale_after_s if up is not None and time.monotonic() - up >= self.stale_after_s else None
-        return recovery.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine, orphans_done=self._orphans_done)
+        return recovery.recover(self.engine, self.runs_dir, self.host, stale_s, skip=mine,
+                                orphans_done=self._orphans_done)
 
     def _store_seen(self, up: bool) -> None:
         if not up:
@@ -168,8 +170,8 @@ class Worker(JobExecution):
         self.assign_gpus(concurrency)
         me = psutil.Process()
         # a live row first, so that a worker starting beside this one does not adopt the same jobs again
-        self._retry(lambda: q.register_worker(self.engine, f"{self.host}:{os.getpid()}:adopt", pid=me.pid, host=self.host,
-                                              pid_started=me.create_time()), "registering the worker")
+        self._retry(lambda: q.register_worker(self.engine, f"{self.host}:{os.getpid()}:adopt", pid=me.pid,
+                                              host=self.host, pid_started=me.create_time()), "registering the worker")
         self._retry(self._adopt_and_recover, "recovering the work of gone workers")
 
     def _housekeeping(self) -> None:
@@ -230,7 +232,8 @@ class Worker(JobExecution):
         me = psutil.Process()
         backoff, last_beat = Backoff(max_s=self.max_backoff_s), 0.0
         try:
-            self._retry(lambda: q.register_worker(self.engine, wid, pid=me.pid, host=self.host, pid_started=me.create_time()),
+            self._retry(lambda: q.register_worker(self.engine, wid, pid=me.pid, host=self.host,
+                                                  pid_started=me.create_time()),
                         "registering the worker")
             while not self.stopping.is_set():
                 problem = self._runs_dir_problem()

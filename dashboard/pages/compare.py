@@ -12,7 +12,8 @@ st.title("Compare runs")
 url = store_access.db_url()
 recent = store_access.list_runs(url, limit=cv.RECENT_RUNS)
 if store_access.count_runs(url) < 2:
-    st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at world 2 and 4).")
+    st.info("Comparing needs at least two runs. Submit a sweep on **New experiment** (e.g. ddp, zero1, zero2, zero3 at "
+            "world 2 and 4).")
     st.page_link("dashboard/pages/new_experiment.py", label="New experiment", icon=":material/science:")
     st.stop()
 labels = {r["id"]: rv.run_label(r) for r in recent}
@@ -35,7 +36,8 @@ if len(ids) < 2:
 runs = [e for e in (store_access.get_run(url, i) for i in ids) if e is not None]
 df = cv.compare_frame(runs)
 st.markdown("**Side by side** — cells that differ from the first run are highlighted")
-st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch", height=35 * (len(df) + 1) + 3,
+st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch",
+             height=35 * (len(df) + 1) + 3,
              placeholder="–", column_config={"_index": st.column_config.TextColumn("property", width="large")})
 ok = [e for e in runs if e.get("result") is not None and e["status"] == "ok"]
 if not ok:

@@ -11,20 +11,23 @@ st.title("Formulas")
 st.caption("Explore the analytic model at scales this machine cannot run. Every curve is a formula with its source; "
            "measured runs check them at small scale.")
 
-tab_mem, tab_act, tab_bub, tab_claims = st.tabs(["ZeRO memory vs GPUs", "Activations vs sequence", "Pipeline bubble", "Seed claims"])
+tab_mem, tab_act, tab_bub, tab_claims = st.tabs(["ZeRO memory vs GPUs", "Activations vs sequence", "Pipeline bubble",
+                                                 "Seed claims"])
 with tab_mem:
     c1, c2, c3, c4 = st.columns(4)
     psi_b = c1.number_input("Model size (billion parameters)", 0.001, 100_000.0, 70.0, key="fx_psi")
     prec = c2.selectbox("Precision", ["bf16-mixed", "fp16-mixed", "fp32"], key="fx_prec")
     opt = c3.selectbox("Optimizer", ["adamw", "sgd"], key="fx_opt")
-    dev = c4.number_input("GPU memory, GB as sold", 1.0, 10_000.0, 80.0, key="fx_dev", help="80 GB = 74.5 GiB; the charts are in GiB")
+    dev = c4.number_input("GPU memory, GB as sold", 1.0, 10_000.0, 80.0, key="fx_dev",
+                          help="80 GB = 74.5 GiB; the charts are in GiB")
     lo, hi = st.select_slider("GPUs N", options=fv.worlds(1, 4096), value=(8, 1024), key="fx_n")
-    st.plotly_chart(fv.zero_memory_fig(psi_b * 1e9, precision=prec, optimizer=opt, ns=fv.worlds(lo, hi), device_gb=dev), key="fx_zero")
-    st.caption("ZeRO (Rajbhandari et al. 2020, Sec 3.1 and 5): model states 2Ψ + 2Ψ + KΨ bytes for Ψ parameters: 2 bytes "
-               "each of 16-bit parameters and gradients, and K bytes of optimizer state (mixed-precision Adam: fp32 master "
-               "copy, momentum and variance, 4 + 4 + 4 = 12), so 16 bytes per parameter without sharding. Stage 1 shards "
-               "the KΨ optimizer states, stage 2 also the gradients, stage 3 (= FSDP) also the parameters. Activations "
-               "come on top (next tab).")
+    st.plotly_chart(fv.zero_memory_fig(psi_b * 1e9, precision=prec, optimizer=opt, ns=fv.worlds(lo, hi), device_gb=dev),
+                    key="fx_zero")
+    st.caption("ZeRO (Rajbhandari et al. 2020, Sec 3.1 and 5): model states 2Ψ + 2Ψ + KΨ bytes for Ψ parameters: 2 "
+               "bytes each of 16-bit parameters and gradients, and K bytes of optimizer state (mixed-precision Adam: "
+               "fp32 master copy, momentum and variance, 4 + 4 + 4 = 12), so 16 bytes per parameter without sharding. "
+               "Stage 1 shards the KΨ optimizer states, stage 2 also the gradients, stage 3 (= FSDP) also the "
+               "parameters. Activations come on top (next tab).")
 with tab_act:
     c1, c2, c3, c4 = st.columns(4)
     h = c1.number_input("hidden h", 1, 1_000_000, 8192, key="fx_h")
@@ -35,9 +38,11 @@ with tab_act:
     t = c1.number_input("tensor-parallel t", 1, 1024, 8, key="fx_t")
     sp = c2.checkbox("sequence parallel", True, key="fx_sp")
     try:
-        st.plotly_chart(fv.activation_fig(seqs=fv.worlds(512, 131072), b=b, h=h, a=a, layers=layers, t=t, sp=sp), key="fx_act")
+        st.plotly_chart(fv.activation_fig(seqs=fv.worlds(512, 131072), b=b, h=h, a=a, layers=layers, t=t, sp=sp),
+                        key="fx_act")
         st.caption("Korthikanti et al. 2022, Table 2: per layer s·b·h·(34 + 5·a·s/h) bytes without parallelism; "
-                   "selective recompute drops the 5as/h attention term, full recompute keeps only the 2sbh layer input.")
+                   "selective recompute drops the 5as/h attention term, full recompute keeps only the 2sbh layer "
+                   "input.")
     except Exception as e:  # noqa: BLE001
         st.error(f"activation formula unavailable: {e}")
 with tab_bub:
@@ -46,8 +51,9 @@ with tab_bub:
     v = c2.number_input("virtual stages v (interleaved)", 2, 64, 2, key="fx_v")
     try:
         st.plotly_chart(fv.bubble_fig(p=p, ms=list(range(1, 65)), v=v), key="fx_bubble")
-        st.caption("GPipe / 1F1B: (p−1)/(m+p−1) of the step is idle (Narayanan et al. 2021 Sec 2.2); interleaving divides the "
-                   "bubble by v; zero-bubble schedules split B into input- and weight-gradient passes (Qi et al. 2023).")
+        st.caption("GPipe / 1F1B: (p−1)/(m+p−1) of the step is idle (Narayanan et al. 2021 Sec 2.2); interleaving "
+                   "divides the bubble by v; zero-bubble schedules split B into input- and weight-gradient passes (Qi "
+                   "et al. 2023).")
     except Exception as e:  # noqa: BLE001
         st.error(f"bubble formula unavailable: {e}")
 with tab_claims:
@@ -66,19 +72,21 @@ with tab_claims:
     st.subheader("Checked on measured runs")
     checks = store_access.measured_checks(store_access.db_url())
     if checks.empty:
-        st.info("No measured check yet: run ddp and zero1/zero2/zero3 at the same world size (a sweep on New experiment), "
-                "or a pp run, and the comparison appears here.")
+        st.info("No measured check yet: run ddp and zero1/zero2/zero3 at the same world size (a sweep on New "
+                "experiment), or a pp run, and the comparison appears here.")
     else:
         st.dataframe(checks, hide_index=True, width="stretch")
         if checks["caveat"].astype(bool).any():
-            st.caption("Measured bubbles of CPU runs: when the ranks do not each get a core, pipeline stages time-share "
-                       "the CPU and cannot overlap, so the measured bubble tends to 1 − 1/pp whatever the schedule "
-                       "(see each run's caveat); compare them with the formula on a host with a core per rank.")
+            st.caption("Measured bubbles of CPU runs: when the ranks do not each get a core, pipeline stages "
+                       "time-share the CPU and cannot overlap, so the measured bubble tends to 1 − 1/pp whatever the "
+                       "schedule (see each run's caveat); compare them with the formula on a host with a core per "
+                       "rank.")
 
 st.subheader("Seed scenarios: planner verdicts")
-st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory on CUDA ranks (with the CUDA context, "
-           "NCCL buffers and allocator slack: the fit rule of Plan and estimate) and the step-time model on A100 80GB (b = 1, full recompute, bf16), next to the planner's own best "
-           "layout for the same model, GPUs and batch. Computing them takes a minute on this machine.")
+st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory on CUDA ranks (with the CUDA "
+           "context, NCCL buffers and allocator slack: the fit rule of Plan and estimate) and the step-time model on "
+           "A100 80GB (b = 1, full recompute, bf16), next to the planner's own best layout for the same model, GPUs "
+           "and batch. Computing them takes a minute on this machine.")
 if st.button("Compute planner verdicts", icon=":material/travel_explore:", key="fx_verdicts"):
     from dashboard.plan_view import scenario_verdicts
 

@@ -9,6 +9,7 @@ import streamlit as st
 from backend.analytic.units import GB
 from backend.hf.config import HFConfigError, parse_hf_config
 from backend.number_format import fmt_bytes_short
+from backend.recompute_policy import WITH_LAYERS
 from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
 from dashboard import family_form, import_box, messages, run_panel, stack_form, store_access, workflow
@@ -64,7 +65,8 @@ def _apply_upload() -> None:
 def _model_inputs() -> None:
     st.selectbox("Model preset", list(sf.PRESETS) + ["custom"], key=P + "preset", on_change=_apply_preset,
                  help="Published shapes count their published parameters exactly; edit any dimension below")
-    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
+    st.file_uploader("…or a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox, "
+                     "deepseek_v3, deepseek_v2, qwen3, qwen3_moe, gpt_oss, gemma3_text, llama4_text)",
                      type=["json"], key="hf_upload", on_change=_apply_upload)
     if st.session_state.get("hf_error"):  # the file's name and its keys: the user's text
         messages.box("error", "This config.json cannot be used:", [st.session_state["hf_error"]])
@@ -73,7 +75,8 @@ def _model_inputs() -> None:
     src = st.session_state.get(P + "source")
     if src:
         label = src.get("preset") or src.get("file") or "config.json"
-        line = f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "") + " — stored with the run."
+        line = (f"Model source: {label}" + (" (edited)" if sf.model_source(_values()) != src else "")
+                + " — stored with the run.")
         (st.caption if src.get("preset") else st.text)(line)  # an uploaded file's name is the user's text: plain
     st.toggle("Run it here (scaled down for CPU ranks)", key=P + "run_here",
               help="Off: the full model, for prediction. On: what this machine's CPU ranks will run: the same block "
@@ -150,7 +153,8 @@ def _train_inputs() -> None:
     c2.number_input("Warm-up steps", 0, 1_000_000, key=P + "warmup_steps")
     c3.number_input("Seed", 0, 2**31 - 1, key=P + "seed")
     c1.selectbox("Precision", sf.PRECISIONS, key=P + "precision",
-                 help="fp8: torchao float8 linears (bf16 elsewhere); FSDP2 all-gathers their weights in fp8 (tensorwise)")
+                 help="fp8: torchao float8 linears (bf16 elsewhere); FSDP2 all-gathers their weights in fp8 "
+                      "(tensorwise)")
     if st.session_state[P + "precision"] == "fp8":
         c1.selectbox("FP8 scaling", ["tensorwise", "rowwise"], key=P + "fp8_recipe")
     c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
@@ -158,7 +162,7 @@ def _train_inputs() -> None:
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
     stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
-    if st.session_state[P + "recompute"] in sf.WITH_LAYERS:
+    if st.session_state[P + "recompute"] in WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
                              "groups of N blocks")
@@ -180,16 +184,16 @@ def _framework_prediction(spec) -> None:
         from backend.frameworks.deepspeed.ds_config import BUCKET_ELEMENTS, PERSISTENCE_THRESHOLD
 
         r = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
-        st.info(f"DeepSpeed layout per rank: params {r.params_bytes:,} B + fp32 master {r.master_bytes:,} B + optimizer "
-                f"state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce bucket "
-                f"{BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
+        st.info(f"DeepSpeed layout per rank: params {r.params_bytes:,} B + fp32 master {r.master_bytes:,} B + "
+                f"optimizer state {r.optimizer_state_bytes:,} B = {r.model_state_bytes:,} B of model states; reduce "
+                f"bucket {BUCKET_ELEMENTS:.0e} elements. The run also shows DeepSpeed's own estimate beside it.")
     elif str(spec.framework) == "jax":
         from backend.analytic.frameworks.gspmd import mode, predicted_bytes
 
         b = predicted_bytes(spec)
-        st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer {b['optimizer_bytes']:,} B "
-                f"+ data {b['data_bytes']:,} B = XLA argument bytes {b['argument_bytes']:,} B (checked against "
-                "compiled.memory_analysis()).")
+        st.info(f"JAX GSPMD {mode(spec)} per device: params {b['params_bytes']:,} B + optimizer "
+                f"{b['optimizer_bytes']:,} B + data {b['data_bytes']:,} B = XLA argument bytes {b['argument_bytes']:,} "
+                "B (checked against compiled.memory_analysis()).")
 
 
 @st.cache_data(max_entries=64, ttl=30, show_spinner=False)
@@ -238,8 +242,8 @@ def _prediction(spec, device_gb: float) -> None:
     (st.success if fit.fits else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
     if len(rows) < spec.parallel.world_size:
-        st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class of "
-                   "identical ranks (the fullest rank is always shown).")
+        st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class "
+                   "of identical ranks (the fullest rank is always shown).")
     comm = pv.comm_frame(pv.shown_ranks(est))
     st.markdown("**Communication per step (analytic, bytes per step)**")
     if comm.empty:
@@ -269,7 +273,8 @@ def _load_imported(imported) -> None:
 
 _init_state()
 st.title("New experiment")
-st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the arithmetic.")
+st.caption("Design a sharded training run. The prediction on the right updates as you type; validation errors show the "
+           "arithmetic.")
 workflow.steps()
 left, right = st.columns([5, 6], gap="large")
 with left:
@@ -285,9 +290,10 @@ spec, problems = sf.form_to_spec(values, predict_only=True)
 blockers = run_blockers(spec) if spec is not None else []
 with right:
     st.subheader("Prediction")
-    device_gb = st.number_input("GPU memory to check against, GB as sold", 0.1, 100_000.0, key=P + "device_mem_gb", step=8.0,
-                                help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); the charts and checks below use GiB. "
-                                     "A local CPU run is checked against this host's RAM under Run it.")
+    device_gb = st.number_input("GPU memory to check against, GB as sold", 0.1, 100_000.0, key=P + "device_mem_gb",
+                                step=8.0,
+                                help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); the charts and checks below use "
+                                     "GiB. A local CPU run is checked against this host's RAM under Run it.")
     if spec is not None and spec.runtime.executor == "slurm":
         from backend.cluster.submit import cluster_problem
 

@@ -10,7 +10,8 @@ from dashboard import plan_view as pv
 from dashboard import spec_form as sf
 
 DEFAULTS = {"pl_source": "preset", "pl_seq": 4096, "pl_preset": sf.preset_label("llama-3-70b"), "pl_hw": "h100-sxm",
-            "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15, "pl_attention": pv.DEFAULT_KERNEL,
+            "pl_gpus": 64, "pl_node": 8, "pl_batch": 256, "pl_mem": 0.0, "pl_top": 15,
+            "pl_attention": pv.DEFAULT_KERNEL,
             "pl_precision": "bf16-mixed", "pl_predicted": False, "pl_reserve": None, "pl_slack": pv.DEFAULT_SLACK}
 # Streamlit drops a page's widget values when another page runs, while the results stay in session state: restore
 # the inputs that go with them, so coming back shows both (an uploaded config.json cannot be restored; the
@@ -22,11 +23,11 @@ def _plan_columns() -> dict:
     """Number formats (no raw floats) and a plain-words tooltip on every column that needs one."""
     from dashboard.glossary import HELP
 
-    formats = {"memory GiB": "%.1f", "needs GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f", "step s (high)": "%.3f",
-               "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
+    formats = {"memory GiB": "%.1f", "needs GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f",
+               "step s (high)": "%.3f", "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
     cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
-    cols.update({k: st.column_config.Column(k, help=HELP[k]) for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs",
-                                                                       "extrapolation")})
+    cols.update({k: st.column_config.Column(k, help=HELP[k])
+                 for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs", "extrapolation")})
     return cols
 
 
@@ -46,14 +47,16 @@ def _verify_table(tag: str, active: bool) -> None:
 
     df = pv.verify_frame(store_access.engine(), tag)
     st.dataframe(df, hide_index=True, placeholder="–", column_config={
-        "measured s": st.column_config.NumberColumn(format="%.3f"), "predicted s": st.column_config.NumberColumn(format="%.3f"),
+        "measured s": st.column_config.NumberColumn(format="%.3f"),
+        "predicted s": st.column_config.NumberColumn(format="%.3f"),
         "error %": st.column_config.NumberColumn(format="%+.1f")})
     if not cpu_profile.exists():
         st.caption(cpu_profile.MISSING)
 
 
 def _load_imported(imported) -> None:
-    """The Import box's button callback: the imported model, GPUs, batch and sequence length become the search's inputs."""
+    """The Import box's button callback: the imported model, GPUs, batch and sequence length become the search's
+    inputs."""
     spec = imported.spec
     values = {"pl_source": "imported config", "pl_seq": spec["model"]["seq_len"], "pl_gpus": imported.gpus or
               spec["parallel"]["world_size"], "pl_batch": spec["train"]["global_batch"],
@@ -73,7 +76,8 @@ STACK_KEY = "pl_stack_"
 
 st.title("Plan")
 st.caption("Search dp × tp × pp × ep × cp × ZeRO stage × micro-batch × recompute × schedule × virtual stages × SP on a "
-           "cluster you describe; only layouts this engine runs are ranked unless you include the prediction-only ones.")
+           "cluster you describe; only layouts this engine runs are ranked unless you include the prediction-only "
+           "ones.")
 
 import_box.box("pl_", _load_imported, load_label="Plan this model")
 c1, c2, c3 = st.columns(3)
@@ -116,18 +120,20 @@ def _calibration_box() -> None:
         engine = store_access.engine()
         df = cv.profiles_frame(engine)
         if df.empty:
-            st.caption("None yet. Import runs (`python -m backend import-run --tag ourcluster ...`), then calibrate below.")
+            st.caption("None yet. Import runs (`python -m backend import-run --tag ourcluster ...`), then calibrate "
+                       "below.")
         else:
             st.dataframe(df, hide_index=True, width="stretch", placeholder="–")
             pick = st.selectbox("Runs of profile", list(df["profile"]), key="pl_cal_pick")
             st.dataframe(cv.runs_frame(latest_named(engine, pick)), hide_index=True, width="stretch", placeholder="–")
         c1, c2, c3 = st.columns(3)
         tag = c1.text_input("Runs tagged", key="pl_cal_tag", placeholder="ourcluster")
-        base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"], key="pl_cal_hw")
+        base = c2.selectbox("Device profile", [k for k in pv.hardware_options() if k != "cpu"] + ["cpu"],
+                            key="pl_cal_hw")
         name = c3.text_input("Profile name", key="pl_cal_name", placeholder="h100-ourcluster")
         read_only = access.read_only_reason(access.visitor())
-        if st.button("Calibrate", disabled=not tag or not name or bool(read_only), key="pl_cal_go", icon=":material/tune:",
-                     help=read_only):
+        if st.button("Calibrate", disabled=not tag or not name or bool(read_only), key="pl_cal_go",
+                     icon=":material/tune:", help=read_only):
             with st.spinner("Fitting (a fit, then one refit per run left out)..."):
                 try:
                     out = store_access.calibrate(hardware=base, tag=tag, name=name)
@@ -148,8 +154,8 @@ hw_options = pv.hardware_options(store_access.engine())
 if st.session_state.get("pl_hw") not in hw_options:
     st.session_state["pl_hw"] = "h100-sxm"
 hardware = c1.selectbox("Hardware", hw_options, key="pl_hw",
-                        help="A published profile, or a calibrated profile of your cluster (`python -m backend calibrate "
-                             "--name`, fitted on your imported and own runs)")
+                        help="A published profile, or a calibrated profile of your cluster (`python -m backend "
+                             "calibrate --name`, fitted on your imported and own runs)")
 gpus = c2.number_input("GPUs", 1, 1_000_000, key="pl_gpus")
 node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
@@ -168,9 +174,9 @@ c1, c2, c3 = st.columns([1, 1, 2])
 kernel, kernel_why = pv.planned_kernel(model, hardware, st.session_state.get("pl_attention"), store_access.db_url())
 attention = c1.selectbox("Attention kernel", pv.KERNEL_CHOICES, key="pl_attention",
                          format_func=lambda k: f"{kernel} (default)" if k == pv.DEFAULT_KERNEL else k,
-                         help="Default: flash on a GPU profile (what GPU training runs; context parallelism is searched "
-                              "with flash only, since ring attention merges flash blocks), the model's own elsewhere or "
-                              "with attention sinks. math: the explicit softmax, its s x s scores saved.")
+                         help="Default: flash on a GPU profile (what GPU training runs; context parallelism is "
+                              "searched with flash only, since ring attention merges flash blocks), the model's own "
+                              "elsewhere or with attention sinks. math: the explicit softmax, its s x s scores saved.")
 precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
                          help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
                               "it to its own.")
@@ -186,7 +192,8 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
                                    "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
-inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch), memory_gb=mem or None) \
+inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch),
+                         memory_gb=mem or None) \
     + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "") \
     + (f", reserve {reserve:g} GB per GPU" if reserve is not None else "") + f", allocator slack {slack:g}"
 if problem:  # names the config's keys and values: the user's text
@@ -198,7 +205,8 @@ if st.button("Search", type="primary", disabled=model is None or bool(allowance_
     with st.spinner("Searching layouts..."):
         st.session_state["pl_result"] = pv.run_plan(model, gpus=int(gpus), gpus_per_node=int(node), hardware=hardware,
                                                     global_batch=int(batch), memory_gb=mem or None, top=int(top),
-                                                    db_url=store_access.db_url(), include_predicted=bool(include_predicted),
+                                                    db_url=store_access.db_url(),
+                                                    include_predicted=bool(include_predicted),
                                                     attention=None if attention == pv.DEFAULT_KERNEL else attention,
                                                     held=held, reserve_gb=reserve, fragmentation=slack)
         st.session_state["pl_result_for"] = inputs
@@ -252,9 +260,10 @@ if res is not None:
             st.session_state["clone_hardware"] = st.session_state.get("pl_result_hw")  # its step time on the same GPUs
             st.switch_page("dashboard/pages/new_experiment.py")
         read_only = access.read_only_reason(access.visitor())
-        if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:", key="pl_verify",
-                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) and "
-                                       "compare its measured step time with the prediction"):
+        if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:",
+                     key="pl_verify",
+                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) "
+                                       "and compare its measured step time with the prediction"):
             proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
             if proxy is None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))

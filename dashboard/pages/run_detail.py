@@ -28,7 +28,8 @@ def _selected_id(url: str) -> int | None:
         options.insert(0, current)
     labels = {r["id"]: rv.run_label(r) for r in recent}
     idx = options.index(current) if current in options else 0
-    rid = st.selectbox("Run", options, index=idx, format_func=lambda i: labels.get(i, f"#{i}"), key=f"detail_pick_{current}")
+    rid = st.selectbox("Run", options, index=idx, format_func=lambda i: labels.get(i, f"#{i}"),
+                       key=f"detail_pick_{current}")
     if rid != current:
         st.session_state["run_id"] = rid
     st.query_params["run"] = str(rid)
@@ -77,15 +78,18 @@ def _timeline(res) -> None:
     measured = tv.normalize(res.timeline) if res.timeline else []
     ideal = tv.ideal_events(measured or None, schedule=str(p.pp_schedule), p=p.pp, m=res.spec.train.microbatches or 1)
     c1, c2, c3 = st.columns(3)
-    c1.metric("bubble measured", fmt_frac(res.bubble_measured if res.bubble_measured is not None else tv.bubble_of(measured)))
+    c1.metric("bubble measured", fmt_frac(res.bubble_measured if res.bubble_measured is not None
+                                          else tv.bubble_of(measured)))
     c2.metric("bubble predicted (formula)", fmt_frac(res.bubble_predicted))
     c3.metric("bubble of the ideal replay", fmt_frac(tv.bubble_of(ideal)))
     left, right = st.columns(2)
     if measured:
-        left.plotly_chart(tv.gantt_fig(measured, title=f"Measured: {p.pp_schedule}, p={p.pp}, m={res.spec.train.microbatches}"), key="gantt_measured")
+        left.plotly_chart(tv.gantt_fig(measured, title=f"Measured: {p.pp_schedule}, p={p.pp}, "
+                                                       f"m={res.spec.train.microbatches}"), key="gantt_measured")
     else:
         left.info("This run recorded no per-microbatch timeline.")
-    right.plotly_chart(tv.gantt_fig(ideal, title="Ideal schedule (unit costs F=1, B=2; dependencies only)", time_unit="units"), key="gantt_ideal")
+    right.plotly_chart(tv.gantt_fig(ideal, title="Ideal schedule (unit costs F=1, B=2; dependencies only)",
+                                    time_unit="units"), key="gantt_ideal")
 
 
 def _step_prediction(res) -> None:
@@ -100,11 +104,15 @@ def _step_prediction(res) -> None:
         return
     c1, c2, c3 = st.columns(3)
     c1.metric("step time measured (min over steps)", f"{pred['measured_s']:.3f} s")
-    c2.metric("step time predicted", f"{pred['predicted_s']:.3f} s", f"{pred['error_pct']:+.1f}% vs measured", delta_color="off")
-    c3.metric("prediction interval", f"{pred['low_s']:.3f} – {pred['high_s']:.3f} s", "measured inside" if pred["inside"] else "measured outside",
+    c2.metric("step time predicted", f"{pred['predicted_s']:.3f} s", f"{pred['error_pct']:+.1f}% vs measured",
+              delta_color="off")
+    c3.metric("prediction interval", f"{pred['low_s']:.3f} – {pred['high_s']:.3f} s",
+              "measured inside" if pred["inside"] else "measured outside",
               delta_color="normal" if pred["inside"] else "inverse")
-    cal = f"calibration {pred['calibration']}" if pred["calibration"] else "no calibration yet (`python -m backend calibrate`): ±20% band"
-    st.caption(f"Step-time model on the '{pred['hardware']}' profile, {cal}." + (" Extrapolation: " + "; ".join(pred["extrapolation"]) if pred["extrapolation"] else ""))
+    cal = (f"calibration {pred['calibration']}" if pred["calibration"]
+           else "no calibration yet (`python -m backend calibrate`): ±20% band")
+    st.caption(f"Step-time model on the '{pred['hardware']}' profile, {cal}."
+               + (" Extrapolation: " + "; ".join(pred["extrapolation"]) if pred["extrapolation"] else ""))
 
 
 def _imported(res, rid: int) -> None:
@@ -126,9 +134,11 @@ def _imported(res, rid: int) -> None:
     else:
         c1, c2, c3 = st.columns(3)
         c1.metric("measured (median after warm-up)", f"{cmp['measured_s']:.3f} s")
-        c2.metric("predicted", f"{cmp['predicted_s']:.3f} s", f"{cmp['error_pct']:+.1f}% vs measured", delta_color="off")
+        c2.metric("predicted", f"{cmp['predicted_s']:.3f} s", f"{cmp['error_pct']:+.1f}% vs measured",
+                  delta_color="off")
         c3.metric("prediction interval", f"{cmp['low_s']:.3f} – {cmp['high_s']:.3f} s",
-                  "measured inside" if cmp["inside"] else "measured outside", delta_color="normal" if cmp["inside"] else "inverse")
+                  "measured inside" if cmp["inside"] else "measured outside",
+                  delta_color="normal" if cmp["inside"] else "inverse")
         st.plotly_chart(iv.step_fig(cmp), key="imp_step")
         if cmp["calibration"]:
             mape = "–" if cmp["loo_mape"] is None else f"{cmp['loo_mape']:.1f}%"
@@ -137,13 +147,15 @@ def _imported(res, rid: int) -> None:
                        + f", leave-one-out error {mape}" + (" — this run is in that calibration's fit set, so the "
                                                             "comparison is in-sample" if cmp["in_fit"] else "") + ".")
         else:
-            st.caption(f"Profile '{cmp['hardware']}', uncalibrated (±20% band): `python -m backend calibrate` fits one.")
+            st.caption(f"Profile '{cmp['hardware']}', uncalibrated (±20% band): `python -m backend calibrate` fits "
+                       "one.")
         for x in cmp["extrapolation"]:
             st.caption(f"Extrapolation: {x}")
     st.subheader("Memory: predicted categories beside the log's peaks")
     st.caption(iv.MEMORY_LABEL)
     st.dataframe(iv.memory_frame(res), hide_index=True, width="stretch", placeholder="–", column_config={
-        c: st.column_config.NumberColumn(c, format="%.2f" if "%" not in c else "%+.1f") for c in iv.memory_frame(res).columns
+        c: st.column_config.NumberColumn(c, format="%.2f" if "%" not in c else "%+.1f")
+        for c in iv.memory_frame(res).columns
         if c != "rank"})
     for line in iv.facts_lines(res):
         st.text(line)
@@ -248,7 +260,8 @@ if e.get("tags"):
 if e["status"] in rv.ACTIVE:
     _live(url, rid)
     read_only = access.read_only_reason(access.visitor())
-    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel", disabled=bool(read_only), help=read_only):
+    if st.button("Cancel this run", icon=":material/cancel:", key="detail_cancel", disabled=bool(read_only),
+                 help=read_only):
         st.toast(f"#{rid}: {store_access.cancel([rid])[rid]}")
 elif e["status"] != "ok":
     _failure(e)
@@ -273,4 +286,5 @@ with st.expander("Environment"):
     env = res.env if res is not None and res.env else e.get("env") or {}
     st.json(env) if env else st.caption("No environment recorded yet.")
 if res is not None:
-    st.download_button("result.json", icon=":material/download:", data=res.to_json(), file_name=f"shardlab_run_{rid}.json", mime="application/json", key="dl_result")
+    st.download_button("result.json", icon=":material/download:", data=res.to_json(),
+                       file_name=f"shardlab_run_{rid}.json", mime="application/json", key="dl_result")

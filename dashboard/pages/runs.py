@@ -20,7 +20,8 @@ def _labels(df, ids: list[int]) -> dict[int, str]:
     """Picker labels for just these ids (a pandas row lookup per option costs ~1 ms each)."""
     sub = df[df["id"].isin(ids)]
     return {int(i): f"#{i} {n or s} · world {w} · {st}"
-            for i, n, s, w, st in zip(sub["id"], sub["name"], sub["strategy"], sub["world"], sub["status"], strict=False)}
+            for i, n, s, w, st in zip(sub["id"], sub["name"], sub["strategy"], sub["world"], sub["status"],
+                                      strict=False)}
 
 
 def _filters() -> dict:
@@ -59,7 +60,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     if c2.button("Compare", icon=":material/bar_chart:", disabled=len(selected) < 2, key="act_compare"):
         st.session_state["compare_ids"] = list(selected)
         st.switch_page("dashboard/pages/compare.py")
-    if c3.button("Cancel", icon=":material/cancel:", disabled=bool(ro) or not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected),
+    if c3.button("Cancel", icon=":material/cancel:",
+                 disabled=bool(ro) or not any(rows_by_id[i]["status"] in rv.ACTIVE for i in selected),
                  key="act_cancel", help=ro):
         out = store_access.cancel([i for i in selected if rows_by_id[i]["status"] in rv.ACTIVE])
         st.toast("; ".join(f"#{i}: {s}" for i, s in out.items()))
@@ -70,7 +72,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
             st.toast(f"Queued {', '.join(f'#{d}' for d in done)}")
         if errs:
             messages.box("warning", "Not queued again:", errs)
-    if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone", help="load the spec into the New-experiment form"):
+    if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone",
+                 help="load the spec into the New-experiment form"):
         st.session_state["clone_spec"] = store_access.get_run(url, selected[0])["spec"]
         st.switch_page("dashboard/pages/new_experiment.py")
     c1, c2 = st.columns([3, 2])
@@ -79,7 +82,8 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
         store_access.set_tags(selected, tags)
         st.rerun()
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
-    if c2.button("Delete", icon=":material/delete:", disabled=bool(ro) or not (selected and confirm), key="act_delete", help=ro):
+    if c2.button("Delete", icon=":material/delete:", disabled=bool(ro) or not (selected and confirm), key="act_delete",
+                 help=ro):
         if errs := store_access.delete(selected):
             messages.box("warning", "Not deleted:", errs)
         st.session_state.pop("runs_selected", None)
@@ -122,7 +126,8 @@ kept, dropped = selection.split_in_view(st.session_state.get("runs_selected", []
 st.session_state["runs_selected"] = kept
 if dropped:
     st.warning(selection.dropped_message(dropped, "not in this view (filter, sort or page changed); actions apply only "
-                                                  "to the runs listed under Selected runs"), icon=":material/filter_alt:")
+                                                  "to the runs listed under Selected runs"),
+               icon=":material/filter_alt:")
 # The picker offers the selected runs and the first rows of this view (a 10,000-option widget would be slow).
 options = list(dict.fromkeys(st.session_state["runs_selected"] + df["id"].head(PICKER_ROWS).tolist()))
 labels = _labels(df, options)
@@ -131,8 +136,11 @@ _actions(url, selected, {i: {"status": by_id.at[i, "status"]} for i in selected}
 c1, c2 = st.columns(2)
 filters = dict(status=list(f["status"]) or None, strategy=list(f["strategy"]) or None, tag=f["tag"], search=f["search"],
                framework=list(f["framework"]) or None)
-c1.download_button("CSV of this filtered view", icon=":material/download:", data=lambda: export.export_csv(store_access.engine(), **filters),
+c1.download_button("CSV of this filtered view", icon=":material/download:",
+                   data=lambda: export.export_csv(store_access.engine(), **filters),
                    file_name="shardlab_runs.csv", mime="text/csv", key="dl_csv",
                    help="one row per run: measured and predicted bytes per category, comm, timing")
-c2.download_button("JSON of this filtered view", icon=":material/download:", data=lambda: export.export_json(store_access.engine(), **filters),
-                   file_name="shardlab_runs.json", mime="application/json", key="dl_json", help="full spec and result of every run")
+c2.download_button("JSON of this filtered view", icon=":material/download:",
+                   data=lambda: export.export_json(store_access.engine(), **filters),
+                   file_name="shardlab_runs.json", mime="application/json", key="dl_json",
+                   help="full spec and result of every run")

@@ -35,7 +35,8 @@ def _online() -> None:
         return
     from db.session import get_engine, write_engine
 
-    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url") or os.environ.get("SHARDLAB_DB_URL")
+    url = (context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+           or os.environ.get("SHARDLAB_DB_URL"))
     with write_engine(get_engine(url)).begin() as conn:
         _run(conn)
 

@@ -19,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
-CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run"]
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -61,12 +61,16 @@ def dashboard(tmp_path):
         pytest.skip(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="python playwright is not installed (requirements-test.txt)")
     port = _free_port()
-    env = dict(os.environ, SHARDLAB_DB_URL=f"sqlite:///{tmp_path / 'browser.db'}", SHARDLAB_NO_WORKER="1", OMP_NUM_THREADS="1")
-    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port),
+    env = dict(os.environ, SHARDLAB_DB_URL=f"sqlite:///{tmp_path / 'browser.db'}", SHARDLAB_NO_WORKER="1",
+               OMP_NUM_THREADS="1")
+    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
+                            "--server.port", str(port),
                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                           cwd=ROOT, env=env, stdout=open(tmp_path / "app.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                           cwd=ROOT, env=env, stdout=open(tmp_path / "app.log", "wb"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
     worker = subprocess.Popen([sys.executable, "-m", "backend", "worker"], cwd=ROOT, env=env,
-                              stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                              stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}", 90)
         yield f"http://127.0.0.1:{port}", env["SHARDLAB_DB_URL"], tmp_path
@@ -98,10 +102,12 @@ def test_submit_watch_and_inspect_in_a_real_browser(dashboard):
     from playwright.sync_api import expect, sync_playwright
 
     url, db_url, tmp = dashboard
-    expect.set_options(timeout=90_000)  # the first script run imports torch-free but plotly/pandas-heavy modules on a busy CPU
+    # the first script run imports torch-free but plotly/pandas-heavy modules on a busy CPU
+    expect.set_options(timeout=90_000)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 2000})  # Streamlit scrolls inside the page: tall viewport
+        # Streamlit scrolls inside the page: tall viewport
+        page = browser.new_page(viewport={"width": 1500, "height": 2000})
         page.set_default_timeout(60_000)
         page.goto(url)
         expect(page.get_by_text("New experiment").first).to_be_visible()

@@ -33,8 +33,8 @@ def served(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, SHARDLAB_DB_URL=url, SHARDLAB_NO_WORKER="1", OMP_NUM_THREADS="1", SHARDLAB_TRUSTED_PROXY="1")
     app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
-                            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                            "--secrets.files", str(tmp / "secrets.toml")],
+                            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats",
+                            "false", "--secrets.files", str(tmp / "secrets.toml")],
                            cwd=ROOT, env=env, stdout=open(tmp / "app.log", "wb"), stderr=subprocess.STDOUT,
                            start_new_session=True)
     try:
@@ -99,8 +99,8 @@ def test_an_operator_submits_and_may_cancel_a_viewer_may_only_look(served, chrom
     assert q.get_experiment(open_db(db_url), 1)["status"] == "queued"
 
 
-@pytest.mark.parametrize("user, why", [("mallory@evil-example.com", "mallory@evil-example.com is not on this dashboard's "
-                                                                   "[access] list"),
+@pytest.mark.parametrize("user, why", [("mallory@evil-example.com",
+                                        "mallory@evil-example.com is not on this dashboard's [access] list"),
                                        (None, "the proxy sent no X-Forwarded-Email header naming the user")])
 def test_anyone_else_sees_only_the_refusal_on_every_page(served, chromium, user, why):
     from playwright.sync_api import expect

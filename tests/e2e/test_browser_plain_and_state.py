@@ -39,8 +39,8 @@ def served(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, SHARDLAB_DB_URL=url, SHARDLAB_NO_WORKER="1", OMP_NUM_THREADS="1")
     app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
-                            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                           cwd=ROOT, env=env, stdout=open(tmp / "app.log", "wb"), stderr=subprocess.STDOUT,
+                            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats",
+                            "false"], cwd=ROOT, env=env, stdout=open(tmp / "app.log", "wb"), stderr=subprocess.STDOUT,
                            start_new_session=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}", 90)

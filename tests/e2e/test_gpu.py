@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs CUDA (torch.cuda.is_available() is False)")]
 
 TINY = {"model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "seq_len": 32, "vocab_size": 256, "norm": "rmsnorm",
                   "mlp": "swiglu", "positions": "rope", "bias": "none", "attention": "flash"},
@@ -63,7 +64,8 @@ def test_offload_params_keeps_the_model_states_on_the_host_and_steps(nccl_world_
     from backend.strategies.base import RankContext, local_batch, prepare
     from backend.strategies.materialize import misplaced
 
-    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 1, "offload": "params"}})
+    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 1,
+                                                               "offload": "params"}})
     ctx = RankContext(spec=spec, rank=0, world_size=1, local_rank=0, device=nccl_world_1, mesh=None)
     prep = prepare(ctx, build_model(spec.model, seed=0, recompute="none", device="meta"))
     assert all(p.to_local().device.type == "cpu" for p in prep.modules[0].parameters())
@@ -79,7 +81,8 @@ def test_a_tiny_offload_run_measures_its_host_states(tmp_path):
     from backend.launch.launcher import run_experiment
     from backend.spec import ExperimentSpec
 
-    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 1, "offload": "params"}})
+    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 1,
+                                                               "offload": "params"}})
     result = run_experiment(spec, workdir=tmp_path / "run", extra_env={"SHARDLAB_REFERENCE_MAX_BYTES": "0"})
     assert result.status == "ok", (result.error, result.log_tail)
     split = result.per_rank[0].offload

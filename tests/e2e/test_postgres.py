@@ -66,7 +66,8 @@ def test_two_processes_opening_a_fresh_database_migrate_it_once(pg, tmp_path):
     url = pg(blank=True)
     go = tmp_path / "go"
     script = OPENER.format(url=url, go=str(go))
-    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
              for _ in range(2)]
     time.sleep(2.0)
     go.touch()
@@ -138,6 +139,7 @@ def test_10000_run_export_is_the_same_on_sqlite_and_postgres(pg, tmp_path):
         on_sqlite = export(sqlite)
         t1 = time.perf_counter()
         on_postgres = export(postgres)
-        print(f"{label}: SQLite {t1 - t0:.2f} s, PostgreSQL {time.perf_counter() - t1:.2f} s, {len(on_sqlite) / 1e6:.1f} MB")
+        print(f"{label}: SQLite {t1 - t0:.2f} s, PostgreSQL {time.perf_counter() - t1:.2f} s, "
+              f"{len(on_sqlite) / 1e6:.1f} MB")
         assert on_postgres == on_sqlite, label
     assert on_sqlite.count('"id":') >= n

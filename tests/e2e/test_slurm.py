@@ -58,8 +58,8 @@ def job_processes() -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if ("backend.engine.rank" in cmd or "job.sbatch" in cmd) and p.environ().get("SHARDLAB_TEST_SESSION") == tag \
-                    and p.status() != psutil.STATUS_ZOMBIE:
+            if ("backend.engine.rank" in cmd or "job.sbatch" in cmd) \
+                    and p.environ().get("SHARDLAB_TEST_SESSION") == tag and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.Error:
             continue
@@ -79,8 +79,8 @@ def submit(capsys, url: str, *flags: str) -> int:
 
 
 def worker(url: str, env: dict, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "1", *args],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "1",
+                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def run_once(url: str, env: dict, timeout: float = 300) -> str:
@@ -108,7 +108,8 @@ def shape(result) -> list[tuple]:
 @pytest.mark.parametrize("world,nodes", [(2, 2), (4, 2)], ids=["2x1", "2x2"])
 def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, capsys, tmp_path, world, nodes):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    eid = submit(capsys, url, "--world", str(world), "--nodes", str(nodes), "--global-batch", str(world), "--name", "x; `id`")
+    eid = submit(capsys, url, "--world", str(world), "--nodes", str(nodes), "--global-batch", str(world), "--name",
+                 "x; `id`")
     run_once(url, env)
     engine = open_db(url)
     row = q.get_experiment(engine, eid)
@@ -120,7 +121,8 @@ def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, capsys, tmp_path
     script = (run_dir / "job.sbatch").read_text()
     assert f"#SBATCH --nodes={nodes}" in script and f"--nproc-per-node {world // nodes}" in script
     assert "`id`" not in script and "#SBATCH --exclusive" in script
-    assert len(res.per_rank) == world and all(r.measured.params_bytes > 0 and r.predicted.params_bytes > 0 for r in res.per_rank)
+    assert (len(res.per_rank) == world
+            and all(r.measured.params_bytes > 0 and r.predicted.params_bytes > 0 for r in res.per_rank))
     assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff < 1e-4
     # the same spec run locally: identical result shape, identical (deterministic) measured parameter bytes
     local_url = f"sqlite:///{tmp_path / 'local.db'}"
@@ -250,7 +252,8 @@ def test_dashboard_submission_runs_2_nodes_x_2_ranks_on_slurm(env, tmp_path, mon
     at.run()
     assert not at.exception and any("Queued run #1" in s.value for s in at.success), [e.value for e in at.error]
     engine = open_db(url)
-    assert (q.get_experiment(engine, 1)["spec"].runtime.executor, q.get_experiment(engine, 1)["spec"].runtime.nnodes) == ("slurm", 2)
+    assert (q.get_experiment(engine, 1)["spec"].runtime.executor,
+            q.get_experiment(engine, 1)["spec"].runtime.nnodes) == ("slurm", 2)
     run_once(url, env)
     row = q.get_experiment(engine, 1)
     assert row["status"] == "ok", (row["error"], row["log_tail"])

@@ -1,1 +1,2 @@
-"""Helper modules of the test suite: launch helpers, torchrun rank programs, store fixtures, PostgreSQL and SLURM servers."""
+"""Helper modules of the test suite: launch helpers, torchrun rank programs, store fixtures, PostgreSQL and SLURM
+servers."""

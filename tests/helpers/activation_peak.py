@@ -9,9 +9,9 @@ from backend.models.gpt import build_model, loss_fn
 
 
 def engine_step_activation_peak(spec) -> int:
-    """One rank of the engine's microbatch step (backend/strategies/step.py) under pure ddp without the process group: microbatches under
-    strategies.base.autocast, `logits` bound in the loop through backward, loss / n; the engine's own tracker
-    (backend.bench.memory.CategoryMemTracker) read at its activation peak, as the engine reports it."""
+    """One rank of the engine's microbatch step (backend/strategies/step.py) under pure ddp without the process group:
+    microbatches under strategies.base.autocast, `logits` bound in the loop through backward, loss / n; the engine's own
+    tracker (backend.bench.memory.CategoryMemTracker) read at its activation peak, as the engine reports it."""
     from backend.bench.memory import CategoryMemTracker, breakdown
     from backend.strategies.base import autocast
 

@@ -273,7 +273,8 @@ class Farm:
             f = classify_exit(job_dir, code, log_text)
             failure = {"status": str(f.status), "error": f.error, "failing_rank": f.failing_rank,
                        "traceback": f.traceback}
-        tails = [f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(job_dir.glob("rank-*.log"))]
+        tails = [f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
+                 for p in sorted(job_dir.glob("rank-*.log"))]
         failure["log_tail"] = "\n".join(tails) or log_text[-4000:]
         _write_json(self._outcome_path(job), failure)
 

@@ -146,7 +146,8 @@ def main(argv: list[str]) -> int:
         # not the engine's collection again (run_rank's precedes its reference fork): what died as the job returned,
         # ~100 cyclic objects per engine job (hook closures, autograd nodes), collected rather than frozen for good
         gc.collect()
-        gc.freeze()  # what outlives a job (modules, caches) is never scanned again: the next job's collections are short
+        # what outlives a job (modules, caches) is never scanned again: the next job's collections are short
+        gc.freeze()
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -20,7 +20,8 @@ class Color:  # torchtitan/tools/utils.py Color
 
 def titan_prefix(second: int) -> str:
     """torchtitan/tools/logging.py: "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"."""
-    return f"[titan] 2025-06-20 10:{second // 60 % 60:02d}:{second % 60:02d},{(second * 37) % 1000:03d} - root - INFO - "
+    return (f"[titan] 2025-06-20 10:{second // 60 % 60:02d}:{second % 60:02d},{(second * 37) % 1000:03d} "
+            "- root - INFO - ")
 
 
 def titan_metrics(step: int, loss: float, grad_norm: float, reserved_gib: float, capacity_gib: float, tps: float,
@@ -39,7 +40,8 @@ def torchtitan_log(steps: int = 100, *, tps: float = 5800.0, log_freq: int = 10,
              titan_prefix(1) + "Building 1-D device mesh with ['dp_shard'], [8]",
              titan_prefix(2) + "Building llama3 8B with TransformerModelArgs(dim=4096, n_layers=32, n_heads=32, "
                                "n_kv_heads=8, vocab_size=128256, multiple_of=1024, ffn_dim_multiplier=1.3)",
-             titan_prefix(3) + f"{Color.blue}Model llama3 8B {Color.red}size: 8,030,261,248 total parameters{Color.reset}",
+             titan_prefix(3) + f"{Color.blue}Model llama3 8B {Color.red}size: 8,030,261,248 total "
+                               f"parameters{Color.reset}",
              titan_prefix(4) + "Applied full activation checkpointing to the model",
              titan_prefix(5) + "Applied FSDP to the model",
              titan_prefix(6) + "Peak FLOPS used for computing MFU: 9.890e+14",
@@ -51,8 +53,9 @@ def torchtitan_log(steps: int = 100, *, tps: float = 5800.0, log_freq: int = 10,
         warm = step == 1
         rate = tps * (0.18 if warm else 1.0 + 0.01 * math.sin(step))
         loss = 12.25 - 2.1 * math.log1p(step / 10)
-        lines.append(titan_prefix(10 + step) + titan_metrics(step, loss, 1.5 + 1 / step, 63.21 if not warm else 51.70, cap,
-                                                             rate, rate * 6 * 8.03e9 / 1e12 * 1.08, rate * 6 * 8.03e9 * 1.08 / 9.89e12))
+        lines.append(titan_prefix(10 + step) + titan_metrics(step, loss, 1.5 + 1 / step, 63.21 if not warm else 51.70,
+                                                             cap, rate, rate * 6 * 8.03e9 / 1e12 * 1.08,
+                                                             rate * 6 * 8.03e9 * 1.08 / 9.89e12))
     lines.append(titan_prefix(10 + steps + 1) + "Sleeping 2 seconds for other ranks to complete")
     lines.append(titan_prefix(10 + steps + 3) + "Training completed")
     return lines
@@ -134,18 +137,22 @@ def deepspeed_log(steps: int = 40, *, gas: int = 4, step_ms: float = 5900.0, pro
     for step in range(1, steps + 1):
         slow = 1.9 if step == 1 else 1.0 + 0.005 * math.sin(step)
         for _ in range(gas):
-            lines.append(f"[Rank 0] time (ms) | fwd_microstep: {fwd * slow / gas:.2f} | bwd_microstep: {bwd * slow / gas:.2f} | bwd_inner_microstep: {0.8 * bwd * slow / gas:.2f} "
+            lines.append(f"[Rank 0] time (ms) | fwd_microstep: {fwd * slow / gas:.2f} | bwd_microstep: "
+                         f"{bwd * slow / gas:.2f} | bwd_inner_microstep: {0.8 * bwd * slow / gas:.2f} "
                          f"| bwd_allreduce_microstep: {0.2 * bwd * slow / gas:.2f} | step_microstep: {0.0:.2f}")
         if step == profile_step:
             lines += _flops_profile(step, fwd * slow, bwd * slow, opt * slow)
-        lines.append(f"[Rank 0] time (ms) | fwd: {fwd * slow:.2f} | bwd: {bwd * slow:.2f} | bwd_inner: {0.8 * bwd * slow:.2f} | bwd_allreduce: {0.2 * bwd * slow:.2f} | "
+        lines.append(f"[Rank 0] time (ms) | fwd: {fwd * slow:.2f} | bwd: {bwd * slow:.2f} | bwd_inner: "
+                     f"{0.8 * bwd * slow:.2f} | bwd_allreduce: {0.2 * bwd * slow:.2f} | "
                      f"step: {opt * slow:.2f}")
         if step % 10 == 0:
             samples = 256 / ((fwd + bwd + opt) * slow / 1000)
             lines.append(ds_prefix(60 + step * 6, "logging.py:128:log_dist") + f"[Rank 0] step={step}, skipped=0, "
                          f"lr=[0.0003], mom=[(0.9, 0.95)]")
-            lines.append(ds_prefix(60 + step * 6, "timer.py:264:stop") + f"epoch=0/micro_step={step * gas}/global_step={step}, "
-                         f"RunningAvgSamplesPerSec={samples * 0.998}, CurrSamplesPerSec={samples}, MemAllocated={14.21}GB, MaxMemAllocated={61.87}GB")
+            lines.append(ds_prefix(60 + step * 6, "timer.py:264:stop")
+                         + f"epoch=0/micro_step={step * gas}/global_step={step}, "
+                         f"RunningAvgSamplesPerSec={samples * 0.998}, CurrSamplesPerSec={samples}, "
+                         f"MemAllocated={14.21}GB, MaxMemAllocated={61.87}GB")
     return lines
 
 

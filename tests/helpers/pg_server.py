@@ -82,8 +82,8 @@ class PgServer:
 
     def pause(self) -> None:
         """Stop the server, keeping its data (a real outage: clients see connections refused until resume)."""
-        subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"),
-                       check=True, capture_output=True, timeout=90)
+        subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60",
+                                 "stop"), check=True, capture_output=True, timeout=90)
 
     def resume(self) -> None:
         """Start the server (again) on the same port and data."""

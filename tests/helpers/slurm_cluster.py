@@ -54,7 +54,8 @@ class SlurmCluster:
         r = self.root
         for d in ("state", "spool", "log"):
             (r / d).mkdir(exist_ok=True)
-        nodes = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} "
+                          "State=UNKNOWN"
                           for n, p in self.ports.items())
         self.conf.write_text(f"""ClusterName=shardlabtest
 SlurmctldHost=localhost(127.0.0.1)
@@ -117,7 +118,8 @@ PartitionName=debug Nodes={','.join(self.ports)} Default=YES MaxTime=INFINITE St
         proc.wait(10)
 
     def sinfo(self) -> str:
-        return subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T"], env=self.env(), capture_output=True, text=True).stdout
+        return subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T"], env=self.env(), capture_output=True,
+                              text=True).stdout
 
     def idle_nodes(self) -> set[str]:
         return {line.split()[0] for line in self.sinfo().splitlines() if line.split()[1:] == ["idle"]}
@@ -138,7 +140,7 @@ PartitionName=debug Nodes={','.join(self.ports)} Default=YES MaxTime=INFINITE St
 
     def stop(self) -> None:
         subprocess.run(["scancel", "--full", "-u", "root"], env=self.env(), capture_output=True, timeout=30)
-        for name, proc in list(self.procs.items()):
+        for proc in list(self.procs.values()):
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -43,10 +43,11 @@ def fake_result(s: ExperimentSpec, status: str = "ok", *, seed: int = 0) -> RunR
         })
     return RunResult.model_validate({
         "status": status, "spec": s.model_dump(mode="json"), "per_rank": ranks,
-        "error": None if status == "ok" else f"rank 1 raised: boom {seed}", "failing_rank": None if status == "ok" else 1,
-        "log_tail": "line 1\nline 2" if status != "ok" else None,
+        "error": None if status == "ok" else f"rank 1 raised: boom {seed}",
+        "failing_rank": None if status == "ok" else 1, "log_tail": "line 1\nline 2" if status != "ok" else None,
         "env": {"torch": "2.13.0+cpu", "python": "3.11.9", "hostname": "h"},
-        "step_s_median": 0.1875 + seed / 1000, "tokens_per_s": 341.3 + seed, "loss": [4.5, 4.25], "loss_reference": [4.5, 4.2500001],
+        "step_s_median": 0.1875 + seed / 1000, "tokens_per_s": 341.3 + seed, "loss": [4.5, 4.25],
+        "loss_reference": [4.5, 4.2500001],
         "loss_max_abs_diff": 1e-7, "bubble_measured": -0.015625 if seed % 2 else 0.25, "bubble_predicted": 0.2,
         "timeline": [{"rank": 0, "stage": 0, "microbatch": 0, "pass": "F", "start_s": 0.0, "end_s": 0.01},
                      {"rank": 1, "stage": 1, "microbatch": 0, "pass": "B", "start_s": 0.01, "end_s": 0.03}],

@@ -17,7 +17,8 @@ def test_side_by_side_job_reports_both_sides_every_round(tmp_path):
     script = ROOT / "benchmarks" / "side_by_side.py"
     out = torchrun(2, [str(script), "--spec", str(tmp_path / "spec.json"), "--rounds", "2"], timeout_s=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    blocks = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("SIDE_BY_SIDE ")).split(" ", 1)[1])["blocks"]
+    blocks = json.loads(next(ln for ln in out.stdout.splitlines()
+                             if ln.startswith("SIDE_BY_SIDE ")).split(" ", 1)[1])["blocks"]
     assert [(b["round"], b["which"]) for b in blocks] == [(0, "engine"), (0, "bare"), (1, "bare"), (1, "engine")]
     assert all(len(b["step_s"]) == 2 and all(s > 0 for s in b["step_s"]) for b in blocks)
     assert all(len(b["cpu_s"]) == 2 and all(s > 0 for s in b["cpu_s"]) for b in blocks)

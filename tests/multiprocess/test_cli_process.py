@@ -50,26 +50,28 @@ import json, sys
 from backend.cli import main
 url = sys.argv[1]
 tiny = json.loads(sys.argv[2])
-codes = [main(["submit", "--db", url, *tiny, "--tag", "light"]), main(["list", "--db", url]), main(["show", "1", "--db", url]),
-         main(["export", "--db", url]), main(["export", "--db", url, "--format", "json"]), main(["estimate", *tiny]),
+codes = [main(["submit", "--db", url, *tiny, "--tag", "light"]), main(["list", "--db", url]),
+         main(["show", "1", "--db", url]), main(["export", "--db", url]),
+         main(["export", "--db", url, "--format", "json"]), main(["estimate", *tiny]),
          main(["estimate", "--preset", "llama-3-8b", "--world", "8", "--global-batch", "16", "--hardware", "h100-sxm"])]
-print(json.dumps({"codes": codes, "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))[:5]}),
+print(json.dumps({"codes": codes,
+                  "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))[:5]}),
       file=sys.stderr)
 """
 
 
 def test_submit_list_show_export_and_estimate_never_import_torch(store):
     """All in one process: a queue insert and the reads need the spec and the store, not torch."""
-    done = subprocess.run([sys.executable, "-c", LIGHT, store, json.dumps(TINY)], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", LIGHT, store, json.dumps(TINY)], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=120)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report == {"codes": [0] * 7, "torch": []}, done.stderr[-2000:]
 
 
 def test_the_submit_entry_point_imports_no_torch(store):
     """`python -m backend submit` itself (the entry point and every module it loads), read off -X importtime."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "backend", "submit", "--db", store, *TINY], cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "backend", "submit", "--db", store, *TINY],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "backend.cli.spec_flags" in imported and "db.queries" in imported  # (the list is read right)

@@ -1,8 +1,8 @@
-"""Context parallelism through the real engine at world 4 (the farm's engine jobs), judged like benchmarks/mp_accuracy.py
-and tighter: loss parity with the single-process reference, model states and comm payloads exact, activations
-within 0.1% (the prediction is the non-CP one at seq_len / cp tokens per rank: ring attention saves what the flash
-kernel saves; the TP+SP layout misses by 256 B, as it does without cp at seq 32: that is TP+SP's own), and the K/V
-traffic on the cp group as strategies/cp.py documents it."""
+"""Context parallelism through the real engine at world 4 (the farm's engine jobs), judged like
+benchmarks/mp_accuracy.py and tighter: loss parity with the single-process reference, model states and comm payloads
+exact, activations within 0.1% (the prediction is the non-CP one at seq_len / cp tokens per rank: ring attention saves
+what the flash kernel saves; the TP+SP layout misses by 256 B, as it does without cp at seq 32: that is TP+SP's own),
+and the K/V traffic on the cp group as strategies/cp.py documents it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none"
 def _spec(name: str, model: dict, train: dict, **parallel) -> ExperimentSpec:
     m = {"vocab_size": 128, "d_model": 64, "n_layers": 2, "n_heads": 4, "seq_len": 64, "attention": "flash"} | model
     t = {"global_batch": 4, "micro_batch": 1, "steps": 2, "warmup_steps": 1} | train
-    return ExperimentSpec.model_validate({"name": name, "model": m, "train": t, "parallel": {"world_size": 4, **parallel}})
+    return ExperimentSpec.model_validate({"name": name, "model": m, "train": t,
+                                          "parallel": {"world_size": 4, **parallel}})
 
 
 JOBS = {s.name: engine_job(s, 1200) for s in [

@@ -1,7 +1,7 @@
-"""The 2026 families (issue 24) through the real engine on gloo (the farm's engine jobs), one run per family: loss parity with the
-single-process reference (<= 1e-4) and measured = predicted parameters, gradients and optimizer state per rank, to
-the byte. benchmarks/family_accuracy.py runs each new family under fsdp (zero3), tp+sp, ep and pp 1f1b with the full
-bounds (activations ±15%, comm ±5%); DeepSeek runs under TP+SP here: MLA's latent projections are replicated
+"""The 2026 families (issue 24) through the real engine on gloo (the farm's engine jobs), one run per family: loss
+parity with the single-process reference (<= 1e-4) and measured = predicted parameters, gradients and optimizer state
+per rank, to the byte. benchmarks/family_accuracy.py runs each new family under fsdp (zero3), tp+sp, ep and pp 1f1b with
+the full bounds (activations ±15%, comm ±5%); DeepSeek runs under TP+SP here: MLA's latent projections are replicated
 over tp with head-split inputs, where a gradient summed twice over tp once cost loss parity (8.4e-3)."""
 
 from __future__ import annotations

@@ -122,12 +122,12 @@ def measured_misses(s: ExperimentSpec, result: dict) -> list[str]:
 @pytest.mark.parametrize("grid", [pytest.param(k, marks=uses(*jobs.values()), id=k) for k, jobs in GLOO_GRIDS.items()])
 def test_measured_peak_on_gloo_is_the_predicted_fullest_moment(farm, grid: str, tmp_path: Path) -> None:
     """A layout that misses is run once more in a launch of its own and must hold there: one CI run measured zero2 /
-    none 3.45% above the prediction on rank 0 only (rank 1 held), a miss that 27 runs here did not repeat (idle, under load,
-    pinned to one core, after the farm's 92 world-2 jobs: always -0.22%). A model error repeats and fails."""
+    none 3.45% above the prediction on rank 0 only (rank 1 held), a miss that 27 runs here did not repeat (idle, under
+    load, pinned to one core, after the farm's 92 world-2 jobs: always -0.22%). A model error repeats and fails."""
     specs = {name: ExperimentSpec.from_json(job.payload) for name, job in GLOO_GRIDS[grid].items()}
     first = {name: m for name, job in GLOO_GRIDS[grid].items() if (m := measured_misses(specs[name], farm.result(job)))}
     if not first:
         return
-    warnings.warn(f"measured peak missed the {BOUND_PCT}% bound, run again: {first}")
+    warnings.warn(f"measured peak missed the {BOUND_PCT}% bound, run again: {first}", stacklevel=1)
     again = run_now([engine_job(specs[name]) for name in first], tmp_path / "again")
     assert not (still := [m for name in first for m in measured_misses(specs[name], again[name])]), (first, still)

@@ -8,7 +8,8 @@ from tests.helpers.specs import tiny
 
 PARITY = {s.name: parity_job(s) for s in [
     tiny("fsdp_x_tp", strategy="fsdp", world_size=4, tp=2),
-    tiny("ddp_x_tp_sp", strategy="ddp", world_size=4, tp=2, sequence_parallel=True, train={"optimizer": "sgd", "lr": 0.5}),
+    tiny("ddp_x_tp_sp", strategy="ddp", world_size=4, tp=2, sequence_parallel=True,
+         train={"optimizer": "sgd", "lr": 0.5}),
     tiny("pp_x_dp", strategy="ddp", world_size=4, pp=2),
     tiny("pp_x_tp", strategy="pp", world_size=4, pp=2, tp=2, pp_schedule="gpipe", train={"global_batch": 4}),
     tiny("pp4_1f1b", model={"n_layers": 4}, strategy="pp", world_size=4),

@@ -59,7 +59,8 @@ def test_moe_layout_parity_and_memory(farm, spec):
     for rr in res.per_rank:
         for cat in STATES:
             measured, predicted = getattr(rr.measured, cat), getattr(rr.predicted, cat)
-            if cat == "grads_bytes" and spec.name == "ep2_x_tp2_ddp" and measured == _first_microbatch_grads(spec, rr.rank):
+            if (cat == "grads_bytes" and spec.name == "ep2_x_tp2_ddp"
+                    and measured == _first_microbatch_grads(spec, rr.rank)):
                 continue
             assert measured == predicted, (spec.name, rr.rank, cat, measured, predicted)
         g = rr.predicted_given_routing

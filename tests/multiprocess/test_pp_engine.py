@@ -56,7 +56,8 @@ def test_multi_stage_pipelines_measure_state_like_the_estimate(farm, name):
     _ok_and_parity(run)
     for r in run["result"].per_rank:
         for cat in STATE:
-            assert _within(getattr(r.measured, cat), getattr(r.predicted, cat)), (name, r.rank, cat, r.measured, r.predicted)
+            assert _within(getattr(r.measured, cat), getattr(r.predicted, cat)), (name, r.rank, cat, r.measured,
+                                                                                  r.predicted)
         assert r.measured.activations_bytes > 0
 
 
@@ -73,7 +74,8 @@ def test_fsdp_ignored_expert_params_are_counted(farm):
         assert _within(raw["Sharded Grad"], r.predicted.grads_bytes), (raw, r.predicted)
         # the peak is predicted inside the last MoE block (root + block unsharded); a rank whose routed tokens are
         # fewer peaks at the loss instead and holds only the sharded storage (estimate notes say so)
-        assert any(_within(r.measured.params_bytes, p) for p in (r.predicted.params_bytes, storage)), (r.measured, r.predicted)
+        assert any(_within(r.measured.params_bytes, p) for p in (r.predicted.params_bytes, storage)), (
+            r.measured, r.predicted)
         assert _within(r.measured.optimizer_bytes, r.predicted.optimizer_bytes), (r.measured, r.predicted)
 
 
@@ -90,4 +92,5 @@ def test_pp_fsdp_tracks_every_local_stage(farm, name="fsdp_pp_interleaved"):
         assert _within(raw["Sharded Param"], storage), (name, r.rank, raw, storage)
         assert _within(raw["Sharded Grad"], storage), (name, r.rank, raw, storage)
         for cat in ("params_bytes", "optimizer_bytes"):  # grads at m=2: see the PP x FSDP note in estimate._notes
-            assert _within(getattr(r.measured, cat), getattr(r.predicted, cat)), (name, r.rank, cat, r.measured, r.predicted)
+            assert _within(getattr(r.measured, cat), getattr(r.predicted, cat)), (name, r.rank, cat, r.measured,
+                                                                                  r.predicted)

@@ -38,7 +38,8 @@ def test_flags_json_ok(tmp_path: Path) -> None:
     assert data["status"] == "ok" and data["error"] is None
     assert data["spec"]["parallel"]["world_size"] == 2
     for r in data["per_rank"]:
-        assert {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"} <= r["measured"].keys()
+        assert ({"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"}
+                <= r["measured"].keys())
         assert r["measured"]["params_bytes"] > 0 and r["predicted"]["params_bytes"] > 0
         assert r["step_s"] and {"calls", "bytes", "seconds"} <= r["comm"]["all_reduce"].keys()
     assert data["tokens_per_s"] > 0 and data["loss"] and data["loss_reference"]

@@ -38,7 +38,8 @@ def test_entries_match_users_and_exact_domains():
     assert matches("@example.com", "x@example.com") and not matches("@example.com", "x@example.com.evil")
 
 
-@pytest.mark.parametrize("section, says", [({"viewers": ["*"]}, "no wildcards"), ({"operators": "alice@x.com"}, "a list"),
+@pytest.mark.parametrize("section, says", [({"viewers": ["*"]}, "no wildcards"),
+                                           ({"operators": "alice@x.com"}, "a list"),
                                            ({"viewers": ["@localhost"]}, "not an @domain"),
                                            ({"operator": ["a@x.com"]}, "unknown keys operator")])
 def test_a_wrong_list_says_what_is_wrong(section, says):
@@ -55,7 +56,8 @@ def test_weak_cookie_secrets_are_refused_with_the_reason(secret, says):
 
 
 def test_random_secrets_pass():
-    assert cookie_secret_problem(secrets.token_hex(16)) is None and cookie_secret_problem(secrets.token_urlsafe(32)) is None
+    assert (cookie_secret_problem(secrets.token_hex(16)) is None
+            and cookie_secret_problem(secrets.token_urlsafe(32)) is None)
 
 
 def _toml(auth: dict | None, access: dict | None) -> str:
@@ -102,7 +104,8 @@ def store(tmp_path, monkeypatch):
     return engine
 
 
-def _app(user: dict | None, auth: dict | None = AUTH, access: dict | None = ACCESS, script: str | None = None) -> AppTest:
+def _app(user: dict | None, auth: dict | None = AUTH, access: dict | None = ACCESS,
+         script: str | None = None) -> AppTest:
     at = AppTest.from_string(script, default_timeout=60) if script else AppTest.from_file(APP, default_timeout=60)
     if auth is not None:
         at.secrets["auth"] = auth

@@ -176,7 +176,8 @@ def test_autocast_saved_tensors_are_what_the_formula_counts():
     w_blocks, _, _ = autocast_casts(spec.model, layout, rank_parts(spec.model, layout, RankPosition()))
     per_block = model_layer_activation_bytes(s=32, b=2, h=64, a=4, kv_heads=4, ffn=256, dtype_bytes=2, autocast=True)
     assert activations == per_block + w_blocks / spec.model.n_layers
-    assert sum(nb for nb, dt, p in seen.values() if dt == torch.float32 and not p) == 2 * 2 * 32 * 64 * 4 + 4 * 2 * 32 * 4
+    assert (sum(nb for nb, dt, p in seen.values() if dt == torch.float32 and not p)
+            == 2 * 2 * 32 * 64 * 4 + 4 * 2 * 32 * 4)
 
 
 TP_SAVED = program_job("tp_saved_tensors", 2)

@@ -110,7 +110,7 @@ NARAYANAN_TABLE1 = [(1.7, 24, 2304, 24), (3.6, 32, 3072, 30), (7.5, 32, 4096, 36
 
 
 @pytest.mark.parametrize(("billions", "heads", "h", "l"), NARAYANAN_TABLE1)
-def test_narayanan_eq2_param_count_table1(billions, heads, h, l):
+def test_narayanan_eq2_param_count_table1(billions, heads, h, l):  # noqa: E741 - the paper's l (layers)
     """Narayanan 2021 Eq. 2 reproduces Table 1's parameter counts to the paper's 0.1B rounding."""
     got = narayanan_param_count(l=l, h=h, V=51200, s=2048) / 1e9
     assert abs(got - billions) <= 0.051 + 1e-3 * billions, got
@@ -149,8 +149,8 @@ def test_zero_bubble_paper_zbh1_third_of_1f1b():
 
 
 def test_dualpipev_bubble_and_memory_from_the_dualpipe_readme():
-    """deepseek-ai/DualPipe README: DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages, PP + 1 stage chunks of
-    activations per device. torch runs F&B as F then B, so in the ZB unit costs (F = W = 1, B = 2 per chunk) the
+    """deepseek-ai/DualPipe README: DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2p stages, PP + 1 stage chunks
+    of activations per device. torch runs F&B as F then B, so in the ZB unit costs (F = W = 1, B = 2 per chunk) the
     bubble is 2(p - 1) units over m x 2 chunks x 3 units: (p - 1) / (3m)."""
     p, m = 4, 8
     F, B, W = 1, 2, 1
@@ -180,7 +180,7 @@ def test_interleaved_in_flight_korthikanti_sec423():
 
 def test_flops_narayanan_eq3_with_full_recompute():
     """Narayanan 2021 Eq. 3 (96 B s l h² (...)) vs 8N + 16 l s h per token for GPT-3 175B, batch 1536."""
-    l, h, V, s, B = 96, 12288, 51200, 2048, 1536
+    l, h, V, s, B = 96, 12288, 51200, 2048, 1536  # noqa: E741 - the paper's l (layers)
     n = narayanan_param_count(l=l, h=h, V=V, s=s)
     ours = training_flops_per_step(n_params_dense=n, tokens=B * s, n_layers=l, seq_len=s, d_model=h, recompute="full")
     assert ours == pytest.approx(narayanan_flops_per_iteration(B=B, s=s, l=l, h=h, V=V), rel=2e-3)
@@ -188,7 +188,7 @@ def test_flops_narayanan_eq3_with_full_recompute():
 
 def test_flops_palm_appendix_b_no_recompute():
     """PaLM App. B: 6N + 12·L·h·s per token; equals Narayanan's 72 B s l h² (...) form."""
-    l, h, V, s = 96, 12288, 51200, 2048
+    l, h, V, s = 96, 12288, 51200, 2048  # noqa: E741 - the paper's l (layers)
     n = narayanan_param_count(l=l, h=h, V=V, s=s)
     per_token = training_flops_per_token(n_params_dense=n, n_layers=l, seq_len=s, d_model=h)
     assert per_token == 6 * n + 12 * l * s * h
@@ -311,8 +311,8 @@ def test_analytic_modules_are_pure_python():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "backend" / "analytic"
-    numpy_free = {"textbook/zero", "memory/activations", "memory/moe_bytes", "textbook/korthikanti", "textbook/kv_cache",
-                  "textbook/pipeline", "pipelining", "textbook/flops", "textbook/comm_volume",
+    numpy_free = {"textbook/zero", "memory/activations", "memory/moe_bytes", "textbook/korthikanti",
+                  "textbook/kv_cache", "textbook/pipeline", "pipelining", "textbook/flops", "textbook/comm_volume",
                   "textbook/seeds", "units"}
     files = sorted(root.rglob("*.py"))
     assert {f"{n}.py" for n in numpy_free} <= {str(f.relative_to(root)) for f in files}

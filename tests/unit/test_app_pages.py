@@ -16,7 +16,8 @@ from dashboard import spec_form as sf
 from tests.helpers.farm import engine_job, uses
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGES = ("dashboard/pages/new_experiment.py", "dashboard/pages/runs.py", "dashboard/pages/run_detail.py", "dashboard/pages/compare.py", "dashboard/pages/formulas.py")
+PAGES = ("dashboard/pages/new_experiment.py", "dashboard/pages/runs.py", "dashboard/pages/run_detail.py",
+         "dashboard/pages/compare.py", "dashboard/pages/formulas.py")
 TINY = {"model": {"vocab_size": 128, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},
         "train": {"global_batch": 4, "micro_batch": 2, "steps": 2, "warmup_steps": 1}}
 
@@ -54,7 +55,8 @@ def _spec(strategy="ddp", world=2, **parallel):
 
 
 def _texts(at: AppTest) -> str:
-    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text") for e in at.get(kind)]
+    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text")
+             for e in at.get(kind)]
     parts += [c.value for c in at.code]
     return "\n".join(str(p) for p in parts)
 
@@ -194,8 +196,9 @@ def test_failed_run_shows_error_rank_and_log_tail():
     eng = _engine()
     eid = queries.submit_experiment(eng, _spec())
     # Synthetic failure: only the failure rendering is under test here.
-    queries.store_result(eng, eid, RunResult(status=Status.FAILED, error="RuntimeError: injected fault at step 1", failing_rank=1,
-                                             traceback="Traceback (most recent call last):\n  ...", log_tail="rank 1 raised", spec=_spec()))
+    queries.store_result(eng, eid, RunResult(status=Status.FAILED, error="RuntimeError: injected fault at step 1",
+                                             failing_rank=1, traceback="Traceback (most recent call last):\n  ...",
+                                             log_tail="rank 1 raised", spec=_spec()))
     at = _app()
     at.query_params["run"] = str(eid)
     at.switch_page("dashboard/pages/run_detail.py")
@@ -252,7 +255,8 @@ def test_detail_of_a_real_run_shows_measured_vs_predicted(real_results):
     at.query_params["run"] = str(ids["ddp"])
     at.switch_page("dashboard/pages/run_detail.py")
     _ok(at.run())
-    figs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    figs = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
     mvp = next(f for t, f in figs.items() if t.startswith("Memory per rank"))
     params = next(t for t in mvp["data"] if t["name"] == "parameters")
     assert len(params["y"]) == 4 and all(y > 0 for y in params["y"])  # 2 ranks x (measured, predicted)

@@ -22,12 +22,14 @@ def fake_payload(spec, *, scale=1.0, step_s=((0.1, 0.3, 0.2), (0.2, 0.1, 0.4)), 
         comm.update(extra_comm or {})
         ranks.append({"rank": r, "coords": spec.parallel.coords(r), "losses": [2.0, 1.5, 1.25, 1.0],
                       "step_s": list(step_s[r]), "comm": comm, "comm_kernel": comm, "comm_excluded": {"all_reduce": 4},
-                      "memory": {"categories": cats, "peak_bytes": sum(cats.values()), "at_peak": cats, "high_water": cats,
-                                 "moment": "activation_peak", "rss_bytes": 1, "cuda_max_allocated_bytes": None},
+                      "memory": {"categories": cats, "peak_bytes": sum(cats.values()), "at_peak": cats,
+                                 "high_water": cats, "moment": "activation_peak", "rss_bytes": 1,
+                                 "cuda_max_allocated_bytes": None},
                       "env": {"hostname": f"h{r}", "device_type": device, "device_name": "NVIDIA H100 80GB HBM3"
                               if device == "cuda" else "cpu", "torch": "2.13.0"},
                       "notes": ["strategy note"], "timeline": []})
-    return {"version": 1, "world_size": 2, "backend": "gloo", "ranks": ranks, "loss_reference": [2.0, 1.5, 1.25, 1.00005]}
+    return {"version": 1, "world_size": 2, "backend": "gloo", "ranks": ranks,
+            "loss_reference": [2.0, 1.5, 1.25, 1.00005]}
 
 
 @pytest.fixture
@@ -40,7 +42,8 @@ def test_exact_payload_gives_zero_error_and_right_arithmetic(spec):
     assert isinstance(res, RunResult) and res.status == Status.OK
     RunResult.from_json(res.to_json())  # round-trips through the JSON contract
     for rr in res.per_rank:
-        assert all(rr.error_pct[k] == 0 for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+        assert all(rr.error_pct[k] == 0 for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                  "activations_bytes"))
         assert all(e == 0 for e in comm_error_pct(rr).values())
     # per step the slowest rank counts: max(0.1,0.2)=0.2, max(0.3,0.1)=0.3, max(0.2,0.4)=0.4 -> median 0.3
     assert res.step_s_median == pytest.approx(0.3)
@@ -63,7 +66,8 @@ def test_category_over_bound_is_explained(spec):
 
 
 def test_unpredicted_collective_is_noted(spec):
-    res = assemble_result(spec, fake_payload(spec, extra_comm={"broadcast": {"calls": 1, "bytes": 64, "wire_bytes": 64, "seconds": 0}}))
+    res = assemble_result(spec, fake_payload(spec, extra_comm={"broadcast": {"calls": 1, "bytes": 64, "wire_bytes": 64,
+                                                                             "seconds": 0}}))
     assert comm_error_pct(res.per_rank[0])["broadcast"] is None
     assert any("broadcast 64 B/step measured but not predicted" in n for n in res.notes)
 

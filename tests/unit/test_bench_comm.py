@@ -111,7 +111,8 @@ def test_timed_steps_run_uninstrumented_and_comm_steps_counted(pg, monkeypatch):
         dist.all_reduce(torch.ones(4))
         return LocalLoss(1.0)
 
-    ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), spec=SimpleNamespace(train=SimpleNamespace(steps=2, warmup_steps=1)))
+    ctx = SimpleNamespace(rank=0, device=torch.device("cpu"),
+                          spec=SimpleNamespace(train=SimpleNamespace(steps=2, warmup_steps=1)))
     prep = SimpleNamespace(train_step=train_step)
     assert len(loop.timed_steps(ctx, prep, [])) == 2 and seen == [False, False]
     counter = loop.comm_steps(ctx, prep, first=4, n=3)

@@ -39,7 +39,8 @@ def store(tmp_path: Path, monkeypatch):
 
 def test_calibrate_named_profile_from_imported_runs(store, capsys):
     url, engine, (tt, ds, mg) = store
-    assert main(["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm", "--name", "h100-ourcluster", "--json"]) == 0
+    assert main(["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm", "--name", "h100-ourcluster",
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["name"] == "h100-ourcluster" and out["hardware"] == "h100-sxm"
     assert sorted(out["fit_runs"]) == [tt, ds] and out["kinds"] == {"imported": 2}
@@ -50,11 +51,13 @@ def test_calibrate_named_profile_from_imported_runs(store, capsys):
     for row in out["residuals"]:
         assert row["residual_pct"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"] * 100)
 
-    spec = json.loads(_capture(capsys, ["import-config", str(FIX / "torchtitan_llama3_8b.toml"), "--gpus", "8", "--json"]))
+    spec = json.loads(_capture(capsys, ["import-config", str(FIX / "torchtitan_llama3_8b.toml"), "--gpus", "8",
+                                        "--json"]))
     path = Path(url.removeprefix("sqlite:///")).with_name("s.json")
     path.write_text(json.dumps(spec))
     est = json.loads(_capture(capsys, ["estimate", "--spec", str(path), "--hardware", "h100-ourcluster", "--json"]))
-    assert est["step_time_detail"]["hardware"] == "h100-ourcluster" and est["step_time_detail"]["calibration"] == out["id"]
+    assert (est["step_time_detail"]["hardware"] == "h100-ourcluster"
+            and est["step_time_detail"]["calibration"] == out["id"])
     plan = json.loads(_capture(capsys, ["plan", "--preset", "llama-3-70b", "--gpus", "64", "--global-batch", "64",
                                         "--seq", "8192", "--hardware", "h100-ourcluster", "--top", "2", "--json"]))
     assert plan["profile"]["calibration"] == out["id"] and plan["profile"]["loo_mape"] == pytest.approx(out["loo_mape"])
@@ -80,7 +83,8 @@ def test_fit_profile_is_the_one_fitting_function(store):
     hw = get_hardware("h100-sxm")
     result = fit_profile(hw, samples)
     assert set(result.params) == {"gemm_scale"} and len(result.loo) == 2
-    assert fitted_parameters(hw, 20) == gpu_order(hw) and fitted_parameters(get_hardware("h100-sxm"), 3) == gpu_order(hw)[:2]
+    assert (fitted_parameters(hw, 20) == gpu_order(hw)
+            and fitted_parameters(get_hardware("h100-sxm"), 3) == gpu_order(hw)[:2])
     with pytest.raises(ValueError, match="need at least 2 runs"):
         fit_profile(hw, samples[:1])
 

@@ -20,7 +20,8 @@ from db.session import open_db
 BASE = {"model": {"vocab_size": 256, "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64},
         "train": {"global_batch": 8, "micro_batch": 2}}
 LAYOUTS = [("ddp", {}), ("zero1", {}), ("zero2", {}), ("zero3", {}), ("tp", {}), ("pp", {"pp_schedule": "gpipe"}),
-           ("pp", {"pp_schedule": "1f1b"}), ("ddp", {"d_model": 256}), ("zero3", {"d_model": 256}), ("tp", {"d_model": 256})]
+           ("pp", {"pp_schedule": "1f1b"}), ("ddp", {"d_model": 256}), ("zero3", {"d_model": 256}),
+           ("tp", {"d_model": 256})]
 TRUE = {"gemm_efficiency_max": 0.4, "kernel_launch_s": 2e-5, "step_overhead_s": 0.01}
 
 
@@ -53,9 +54,10 @@ def test_fit_recovers_synthetic_parameters_and_cli_applies_it(tmp_path, capsys):
     assert result.loo_mape is not None and result.loo_mape < 3.0, result.loo
     assert main(["calibrate", "--tag", "syn", "--hardware", "a100-80gb-sxm", "--db", url, "--no-loo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"id", "hardware", "params", "fit_runs", "loo_mape", "notes"} <= set(out) and len(out["fit_runs"]) == len(LAYOUTS)
-    est = ["estimate", "--strategy", "ddp", "--world", "4", "--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "64",
-           "--vocab", "256", "--calibration", str(out["id"]), "--db", url, "--json"]
+    assert ({"id", "hardware", "params", "fit_runs", "loo_mape", "notes"} <= set(out)
+            and len(out["fit_runs"]) == len(LAYOUTS))
+    est = ["estimate", "--strategy", "ddp", "--world", "4", "--layers", "4", "--hidden", "128", "--heads", "4", "--seq",
+           "64", "--vocab", "256", "--calibration", str(out["id"]), "--db", url, "--json"]
     assert main(est) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["step_time_detail"]["calibration"] == out["id"]

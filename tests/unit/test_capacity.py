@@ -50,7 +50,8 @@ def test_ranks_against_cores_warn_then_refuse_and_the_limit_is_configurable(monk
                                 "set SHARDLAB_MAX_LOCAL_RANKS to change it, or submit to SLURM)"]
     assert verdict.need_bytes is None  # refused before any per-rank estimate
     monkeypatch.setenv("SHARDLAB_MAX_LOCAL_RANKS", "3")
-    assert capacity.check(small, HOST).problems[0].startswith("4 local ranks > 3 this host can run (SHARDLAB_MAX_LOCAL_RANKS")
+    assert capacity.check(small, HOST).problems[0].startswith("4 local ranks > 3 this host can run "
+                                                              "(SHARDLAB_MAX_LOCAL_RANKS")
 
 
 def test_slurm_runs_are_not_bounded_by_this_host():
@@ -129,7 +130,8 @@ def test_failed_run_page_shows_the_log_tail_and_no_empty_charts(ui_env):
     eid = q.submit_experiment(engine, spec)
     # as the launcher stores a job that died without a word: the prediction per rank, nothing measured, no stored tail
     q.store_result(engine, eid, RunResult(status=Status.FAILED, spec=spec, per_rank=predicted_ranks(spec),
-                                          error="torchrun exited with code 1; no rank reported an error (see log tail)"))
+                                          error="torchrun exited with code 1; no rank reported an error "
+                                                "(see log tail)"))
     log = default_runs_dir(engine) / str(eid) / "log.txt"
     log.parent.mkdir(parents=True)
     log.write_text("starting\nrank 0: Killed\n")

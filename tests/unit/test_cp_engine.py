@@ -13,7 +13,8 @@ FLASH = {"attention": "flash"}
 
 def test_cuda_ranks_use_torchs_context_parallel(monkeypatch):
     """By construction (no GPU here): a CUDA rank's ContextShard wraps an SDPA core module with torch's
-    _ContextParallel and sets torch's rotation and load balancing from the spec; a CPU rank gets the hand-written ring."""
+    _ContextParallel and sets torch's rotation and load balancing from the spec; a CPU rank gets the hand-written
+    ring."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor.experimental import _attention as cp_attention

@@ -2,8 +2,8 @@
 step-time terms (ring exposure, imbalance without load balancing, smaller per-rank GEMMs), and the planner's array
 path against the single-layout core on layouts with cp.
 
-The memory identity the engine measures (tests/multiprocess/test_cp_accuracy.py): a cp rank holds what a rank of the same layout
-without cp holds at seq_len / cp tokens, with the parameters shared by dp x cp ranks."""
+The memory identity the engine measures (tests/multiprocess/test_cp_accuracy.py): a cp rank holds what a rank of the
+same layout without cp holds at seq_len / cp tokens, with the parameters shared by dp x cp ranks."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_cp_rank_is_the_same_layout_at_seq_over_cp_with_dp_times_cp_sharing_the_
             without = estimate(_spec({**SMALL, "seq_len": SMALL["seq_len"] // 4}, strategy=flavour, dp=8,
                                      train={"precision": precision, "global_batch": 32}, **extra))
             assert len(with_cp.distinct_ranks) == len(without.distinct_ranks)
-            for a, b in zip(with_cp.distinct_ranks, without.distinct_ranks, strict=False):  # other: 4 rows x 64 tokens in both
+            # other: 4 rows x 64 tokens in both
+            for a, b in zip(with_cp.distinct_ranks, without.distinct_ranks, strict=False):
                 for cat in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"):
                     assert getattr(a[0], cat) == getattr(b[0], cat), (flavour, precision, cat)
 
@@ -84,8 +85,8 @@ def test_step_time_has_the_cp_terms():
     slow = step_time(_spec(LLAMA3_8B.model_dump(), cp=8, **base), hw, gpus_per_node=1)
     assert slow.per_rank[0].exposed_by_dim_s["cp"] > r.exposed_by_dim_s["cp"]
     # smaller per-rank GEMMs: 8 ranks of cp take more than 1/8 of one rank's GEMM time at the same total tokens
-    one = step_time(_spec(LLAMA3_8B.model_dump(), cp=1, **{**base, "train": {"global_batch": 1, "precision": "bf16-mixed"}}),
-                    hw, gpus_per_node=8)
+    one = step_time(_spec(LLAMA3_8B.model_dump(), cp=1,
+                          **{**base, "train": {"global_batch": 1, "precision": "bf16-mixed"}}), hw, gpus_per_node=8)
     assert balanced.summary["compute_s"] > one.summary["compute_s"] / 8
 
 

@@ -88,8 +88,8 @@ def test_ring_blocks_balance_causal_work():
 
 
 def test_cp_note_reports_the_ring_wait_of_the_timed_steps(monkeypatch):
-    """engine/accuracy_notes.cp_notes: the busiest rank's median wait over the timed steps (warm-up, memory and comm steps left
-    out), its share of the step, and the step-time model's exposed ring time when a cpu profile exists."""
+    """engine/accuracy_notes.cp_notes: the busiest rank's median wait over the timed steps (warm-up, memory and comm
+    steps left out), its share of the step, and the step-time model's exposed ring time when a cpu profile exists."""
     from backend.engine import accuracy_notes
 
     spec = ExperimentSpec.model_validate({**_spec(world_size=2, cp=2), "train": {"global_batch": 8, "micro_batch": 2,

@@ -54,15 +54,18 @@ def test_submit_and_get_round_trip_the_spec_and_filter_columns(engine):
     row = q.get_experiment(engine, eid)
     assert row["spec"] == s and row["result"] is None
     assert row["tags"] == ["a", "b"] and row["sweep_id"] == "sw1"
-    assert (row["status"], row["strategy"], row["zero_stage"], row["dp"], row["world_size"]) == ("queued", "zero2", 2, 2, 2)
-    assert (row["d_model"], row["n_layers"], row["seq_len"], row["ffn"], row["vocab"], row["microbatches"]) == (32, 2, 16, 128, 64, 1)
+    assert (row["status"], row["strategy"], row["zero_stage"], row["dp"],
+            row["world_size"]) == ("queued", "zero2", 2, 2, 2)
+    assert ((row["d_model"], row["n_layers"], row["seq_len"], row["ffn"], row["vocab"], row["microbatches"])
+            == (32, 2, 16, 128, 64, 1))
     assert row["created_at"].tzinfo is not None
     assert set(q.ROW_KEYS) <= set(q.list_experiments(engine)[0])
     assert q.get_experiment(engine, eid + 100) is None
 
 
 def test_filters_search_order_and_paging(engine):
-    ids = [q.submit_experiment(engine, spec(f"run {chr(97 + i)}", strategy=st), tags=[f"t{i % 2}"], sweep_id="sw" if i < 2 else None)
+    ids = [q.submit_experiment(engine, spec(f"run {chr(97 + i)}", strategy=st), tags=[f"t{i % 2}"],
+                               sweep_id="sw" if i < 2 else None)
            for i, st in enumerate(["ddp", "zero1", "fsdp", "ddp"])]
     q.submit_experiment(engine, spec("100% done_x"))
     assert {r["id"] for r in q.list_experiments(engine, strategy="ddp")} == {ids[0], ids[3], ids[3] + 1}
@@ -82,11 +85,13 @@ def test_filters_search_order_and_paging(engine):
 
 
 def test_list_with_columns_reads_only_those_and_agrees_with_full_rows(engine):
-    ids = [q.submit_experiment(engine, spec(f"r{i}", strategy=st), tags=["b", "a"] if i else []) for i, st in enumerate(["ddp", "pp", "fsdp"])]
+    ids = [q.submit_experiment(engine, spec(f"r{i}", strategy=st), tags=["b", "a"] if i else [])
+           for i, st in enumerate(["ddp", "pp", "fsdp"])]
     q.claim_next(engine, "w")
     q.store_result(engine, ids[0], fake_result(spec("r0"), "failed", seed=3))
     full = {r["id"]: r for r in q.list_experiments(engine)}
-    lean = q.list_experiments(engine, columns=["status", "created_at", "tags", "peak_bytes_max"], order_by="id", descending=False)
+    lean = q.list_experiments(engine, columns=["status", "created_at", "tags", "peak_bytes_max"], order_by="id",
+                              descending=False)
     assert [r["id"] for r in lean] == ids
     for r in lean:
         assert list(r) == ["id", "status", "created_at", "peak_bytes_max", "tags"]
@@ -197,8 +202,10 @@ def test_store_result_fills_every_table(engine):
         comm = c.execute(select(CommRecord.rank, CommRecord.collective, CommRecord.bytes, CommRecord.predicted_bytes)
                          .order_by(CommRecord.rank, CommRecord.collective)).all()
         assert comm[0] == (0, "all_gather", None, 12.5)  # predicted but never called
-        assert comm[1] == (0, "all_reduce", res.per_rank[0].comm["all_reduce"].bytes, res.per_rank[0].comm_predicted["all_reduce"])
-        assert c.execute(select(LossRecord.step, LossRecord.loss, LossRecord.loss_reference)).all() == [(0, 4.5, 4.5), (1, 4.25, 4.2500001)]
+        assert comm[1] == (0, "all_reduce", res.per_rank[0].comm["all_reduce"].bytes,
+                           res.per_rank[0].comm_predicted["all_reduce"])
+        assert (c.execute(select(LossRecord.step, LossRecord.loss, LossRecord.loss_reference)).all()
+                == [(0, 4.5, 4.5), (1, 4.25, 4.2500001)])
         assert c.execute(select(TimelineRecord.pass_, TimelineRecord.end_s)).all() == [("F", 0.01), ("B", 0.03)]
     q.store_result(engine, eid, res)  # storing again replaces, never duplicates
     assert _count(engine, RankResultRow) == 2 and _count(engine, LossRecord) == 2 and _count(engine, CommRecord) == 6

@@ -23,9 +23,12 @@ def _spec(strategy: str, world: int = 2, **parallel):
 @pytest.mark.parametrize("data, needle", [
     ({"parallel": {"strategy": "fsdp", "world_size": 2}}, "DeepSpeed's ZeRO-3 is --strategy zero3"),
     ({"parallel": {"strategy": "tp", "world_size": 2}}, "tp=2 must be 1"),
-    ({"parallel": {"strategy": "ddp", "world_size": 2, "offload": "optimizer"}}, "needs ZeRO stage >= 1 (DeepSpeed offloads ZeRO partitions; got ddp = stage 0)"),
-    ({"parallel": {"strategy": "zero2", "world_size": 2, "offload": "params"}}, "only ZeRO stage 3 has (got zero2 = stage 2)"),
-    ({"parallel": {"strategy": "zero2", "world_size": 2}, "train": {"precision": "fp16-mixed"}}, "does not support fp16"),
+    ({"parallel": {"strategy": "ddp", "world_size": 2, "offload": "optimizer"}},
+     "needs ZeRO stage >= 1 (DeepSpeed offloads ZeRO partitions; got ddp = stage 0)"),
+    ({"parallel": {"strategy": "zero2", "world_size": 2, "offload": "params"}},
+     "only ZeRO stage 3 has (got zero2 = stage 2)"),
+    ({"parallel": {"strategy": "zero2", "world_size": 2}, "train": {"precision": "fp16-mixed"}},
+     "does not support fp16"),
 ])
 def test_refused_before_launch_with_the_reason(data, needle) -> None:
     spec, problems = validate_spec({"framework": "deepspeed", **data})
@@ -37,7 +40,8 @@ def test_ds_config_has_the_seed_shape() -> None:
     cfg = ds_config(_spec("zero3", offload="params"))
     z = cfg["zero_optimization"]
     assert z["stage"] == 3 and z["offload_optimizer"]["device"] == "cpu" and z["offload_param"]["device"] == "cpu"
-    assert z["reduce_bucket_size"] == BUCKET_ELEMENTS and z["stage3_param_persistence_threshold"] == PERSISTENCE_THRESHOLD
+    assert (z["reduce_bucket_size"] == BUCKET_ELEMENTS
+            and z["stage3_param_persistence_threshold"] == PERSISTENCE_THRESHOLD)
     assert cfg["train_batch_size"] == 8 and cfg["train_micro_batch_size_per_gpu"] == 2
     assert cfg["gradient_accumulation_steps"] == 2  # 8 / (micro 2 * dp 2)
     assert "offload_optimizer" not in ds_config(_spec("zero2"))["zero_optimization"]
@@ -110,6 +114,7 @@ def test_layout_bf16_matches_what_deepspeed_0_19_8_allocated() -> None:
         s, problems = validate_spec({**TINY, "framework": "deepspeed", "train": {"precision": "bf16-mixed"},
                                      "parallel": {"strategy": strategy, "world_size": 2}})
         assert not problems
-        return deepspeed_rank(s, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD).model_state_bytes
+        return deepspeed_rank(s, bucket_elements=BUCKET_ELEMENTS,
+                              persistence_threshold=PERSISTENCE_THRESHOLD).model_state_bytes
 
     assert (total("zero2"), total("zero3"), total("ddp")) == (3_764_228, 4_234_756, 6_587_540)

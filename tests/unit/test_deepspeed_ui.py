@@ -46,8 +46,10 @@ def test_runs_table_and_filter_show_framework(tmp_path) -> None:
 
 def _with_estimate(res: RunResult) -> RunResult:
     for rr in res.per_rank:
-        rr.model_states_measured = ModelStates(params_bytes=100, master_bytes=50, optimizer_state_bytes=100, total_bytes=250)
-        rr.model_states_predicted = ModelStates(params_bytes=100, master_bytes=50, optimizer_state_bytes=100, total_bytes=250)
+        rr.model_states_measured = ModelStates(params_bytes=100, master_bytes=50, optimizer_state_bytes=100,
+                                               total_bytes=250)
+        rr.model_states_predicted = ModelStates(params_bytes=100, master_bytes=50, optimizer_state_bytes=100,
+                                                total_bytes=250)
         rr.framework_estimate = FrameworkEstimate(source="DeepSpeed 0.19.8 estimate_zero2_model_states_mem_needs",
                                                   device_bytes=500, host_bytes=900)
     return res
@@ -80,7 +82,8 @@ def test_new_experiment_page_predicts_the_frameworks_layout(tmp_path, monkeypatc
     monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
     monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
     st.cache_data.clear()
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "new_experiment.py"), default_timeout=60).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "new_experiment.py"),
+                           default_timeout=60).run()
     at.selectbox(key="f_framework").set_value("deepspeed")
     at.selectbox(key="f_strategy").set_value("zero2")
     at.run()

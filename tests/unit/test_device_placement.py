@@ -31,7 +31,8 @@ def factory_calls_without_device(source: str) -> list[tuple[int, str]]:
 
 
 def test_lint_catches_a_factory_without_device():
-    assert factory_calls_without_device("import torch\nx = torch.zeros(3)\ny = torch.ones(2, device=d)\n") == [(2, "zeros")]
+    assert (factory_calls_without_device("import torch\nx = torch.zeros(3)\ny = torch.ones(2, device=d)\n")
+            == [(2, "zeros")])
 
 
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: str(p.relative_to(ROOT)))

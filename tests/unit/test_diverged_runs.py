@@ -115,7 +115,8 @@ def test_a_row_whose_result_does_not_read_breaks_nothing(tmp_path, capsys):
     q.claim_next(engine, "w")
     q.store_result(engine, eid, fake_result(spec("garbled")))
     with engine.begin() as c:  # a result this version cannot read (a field of the wrong type)
-        c.exec_driver_sql("UPDATE experiments SET result_json = replace(result_json, '\"wall_s\":12.5', '\"wall_s\":\"x\"')")
+        c.exec_driver_sql("UPDATE experiments SET result_json = replace(result_json, '\"wall_s\":12.5', "
+                          "'\"wall_s\":\"x\"')")
     row = q.get_experiment(engine, eid)
     assert row["result"] is None and "wall_s" in row["result_error"]
     assert main(["show", str(eid), "--db", url]) == 0

@@ -22,7 +22,8 @@ def test_error_kind_and_atomic_write(tmp_path):
     assert is_oom(MemoryError("x")) and is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_oom(RuntimeError("Connection closed by peer"))
     write_json_atomic(tmp_path / "a.json", {"rank": 1})
-    assert json.loads((tmp_path / "a.json").read_text()) == {"rank": 1} and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    assert (json.loads((tmp_path / "a.json").read_text()) == {"rank": 1}
+            and [p.name for p in tmp_path.iterdir()] == ["a.json"])
 
 
 def dp_job(strategy: str, world: int):

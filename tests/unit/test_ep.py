@@ -16,7 +16,8 @@ def test_shard_experts_keeps_global_names():
     spec = tiny("names", model=MOE, strategy="ep", world_size=2)
     moe = build_model(spec.model, seed=0).layers["0"].mlp
     assert shard_experts(moe, ep=2, ep_rank=1) == [2, 3]
-    assert sorted(n.split(".")[1] for n, _ in moe.named_parameters() if n.startswith("experts.")) == ["2"] * 4 + ["3"] * 4
+    assert (sorted(n.split(".")[1] for n, _ in moe.named_parameters() if n.startswith("experts."))
+            == ["2"] * 4 + ["3"] * 4)
 
 
 def test_expert_grad_sync_buckets_and_skips_without_replicas(monkeypatch):
@@ -78,7 +79,8 @@ def test_ep_world2_parity(farm):
 
 TOP1_ADAMW = parity_job(tiny("ep_top1_adamw", model={"n_experts": 4, "top_k": 1, "n_layers": 4, "d_model": 64,
                                                      "n_heads": 4, "vocab_size": 256, "seq_len": 32},
-                             train={"micro_batch": 2, "optimizer": "adamw"}, strategy="ep", world_size=2, ep=2), steps=4)
+                             train={"micro_batch": 2, "optimizer": "adamw"}, strategy="ep", world_size=2, ep=2),
+                        steps=4)
 
 
 @pytest.mark.slow
@@ -121,9 +123,11 @@ def test_ep_routing_adjusted_prediction_world2(farm):
             # the routing and the comm counter describe the same (memory-tracked) step: equal to the byte
             assert rr.comm["all_to_all"].bytes == pytest.approx(g.all_to_all_bytes, rel=1e-9), (name, rr.rank)
             assert abs(error_pct(rr.measured.activations_bytes, g.activations_bytes)) <= BOUNDS_PCT["activations_bytes"]
-            uniform_misses = (abs(error_pct(rr.comm["all_to_all"].bytes, rr.comm_predicted["all_to_all"])) > COMM_BOUND_PCT
+            uniform_misses = (abs(error_pct(rr.comm["all_to_all"].bytes,
+                                            rr.comm_predicted["all_to_all"])) > COMM_BOUND_PCT
                               or abs(rr.error_pct["activations_bytes"]) > BOUNDS_PCT["activations_bytes"])
-            noted = any(n.startswith(f"rank {rr.rank}: the prediction assumes uniform expert routing") for n in res.notes)
+            noted = any(n.startswith(f"rank {rr.rank}: the prediction assumes uniform expert routing")
+                        for n in res.notes)
             assert noted == uniform_misses, (name, rr.rank, res.notes)
         # token-slots are conserved over the ep group: what one rank's experts miss, the other's receive
         assert sum(rr.predicted_given_routing.received_token_slots for rr in res.per_rank) == sum(

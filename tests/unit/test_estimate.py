@@ -139,7 +139,8 @@ def test_to_dict_json_contract():
 
 GRID = [
     {"strategy": "ddp", "world_size": 4}, {"strategy": "zero2", "world_size": 4, "tp": 2},
-    {"strategy": "fsdp", "world_size": 8, "tp": 2, "pp": 2}, {"strategy": "pp", "world_size": 4, "pp_schedule": "gpipe"},
+    {"strategy": "fsdp", "world_size": 8, "tp": 2, "pp": 2},
+    {"strategy": "pp", "world_size": 4, "pp_schedule": "gpipe"},
     {"strategy": "pp", "world_size": 2, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2},
     {"strategy": "pp", "world_size": 2, "pp_schedule": "zero_bubble", "virtual_stages": 2},
     {"strategy": "tp", "world_size": 4, "sequence_parallel": True},
@@ -206,7 +207,8 @@ def test_tp_dp_mix_matches_engine_on_fake_pg(strategy, monkeypatch):
     from backend.engine import loop
 
     monkeypatch.setattr(loop, "progress", lambda *a, **k: None)
-    s = spec({"strategy": strategy, "world_size": 4, "tp": 2}, model=dict(MODEL, n_layers=2, seq_len=64), global_batch=2)
+    s = spec({"strategy": strategy, "world_size": 4, "tp": 2}, model=dict(MODEL, n_layers=2, seq_len=64),
+             global_batch=2)
     got = on_fake_pg(s, 3)
     pred = estimate(s).per_rank[3]
     for k in CATS:

@@ -13,21 +13,24 @@ from tests.helpers.launch import cli, cli_process
 
 @pytest.mark.parametrize("stage,gb", [(0, "120.0"), (1, "31.4"), (2, "16.6"), (3, "1.9")])
 def test_zero_paper_table(stage, gb, capsys):
-    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", str(stage), "--precision", "fp16-mixed"]) == 0
+    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", str(stage), "--precision",
+                 "fp16-mixed"]) == 0
     out = capsys.readouterr().out
     marked = [line for line in out.splitlines() if line.startswith("*")]
-    assert marked == [l for l in out.splitlines() if f"ZeRO stage {stage}:" in l and l.startswith("*")]
+    assert marked == [line for line in out.splitlines() if f"ZeRO stage {stage}:" in line and line.startswith("*")]
     assert f"total {gb} GB per device" in marked[0]
 
 
 def test_zero_paper_json(capsys):
-    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", "1", "--precision", "fp16-mixed", "--json"]) == 0
+    assert main(["estimate", "--params", "7.5e9", "--dp", "64", "--zero-stage", "1", "--precision", "fp16-mixed",
+                 "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert round(d["total_bytes"] / 1e9, 1) == 31.4 and d["k"] == 12
 
 
 def test_table_lists_every_rank(capsys):
-    assert main(["estimate", "--strategy", "pp", "--world", "2", "--layers", "4", "--global-batch", "4", "--micro-batch", "1"]) == 0
+    assert main(["estimate", "--strategy", "pp", "--world", "2", "--layers", "4", "--global-batch", "4",
+                 "--micro-batch", "1"]) == 0
     out = capsys.readouterr().out
     assert "optimizer" in out and "bubble 0.2" in out and "send" in out
     assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]) == 2

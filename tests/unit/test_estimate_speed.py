@@ -1,6 +1,7 @@
 """estimate()'s per-class path (`Estimate.per_rank`, expanded from one estimate per class of equivalent ranks) must
-equal the prediction computed at each rank's own position (`estimate_rank`) field for field on every rank, and the fp32 dense specs must still give the
-outputs recorded before the fast path existed (sha256 of Estimate.to_dict() without its notes)."""
+equal the prediction computed at each rank's own position (`estimate_rank`) field for field on every rank, and the fp32
+dense specs must still give the outputs recorded before the fast path existed (sha256 of Estimate.to_dict() without its
+notes)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ CASES = {
     "ep2_moe_zero2_w6": (MOE, dict(strategy="zero2", world_size=6, ep=2), dict(global_batch=6)),
     "3d_tp3_pp2_dp2_zero2": (ODD, dict(strategy="zero2", world_size=12, tp=3, pp=2),
                              dict(global_batch=12, precision="bf16-mixed", recompute="full")),
-    "3d_selective_ddp": (T, dict(strategy="ddp", world_size=12, tp=2, pp=3), dict(global_batch=12, recompute="selective")),
+    "3d_selective_ddp": (T, dict(strategy="ddp", world_size=12, tp=2, pp=3),
+                         dict(global_batch=12, recompute="selective")),
     "70b_fsdp8": (L70, dict(strategy="fsdp", world_size=8), {}),
     "70b_zero1_w16": (L70, dict(strategy="zero1", world_size=16), dict(global_batch=16)),
     "70b_tp8pp8dp4": (L70, dict(strategy="zero2", world_size=256, tp=8, pp=8), dict(global_batch=64)),
@@ -147,7 +149,8 @@ def test_first_short_chunk():
             assert S.first_short_chunk({d}, n) == (short[0] if short else n)
 
 
-@pytest.mark.parametrize("name", ["tp3_odd", "3d_tp3_pp2_dp2_zero2", "ep2_moe_zero2_w6", "pp2_interleaved_fsdp", "pp2_zbv_ddp"])
+@pytest.mark.parametrize("name", ["tp3_odd", "3d_tp3_pp2_dp2_zero2", "ep2_moe_zero2_w6", "pp2_interleaved_fsdp",
+                                  "pp2_zbv_ddp"])
 def test_inference_estimate_shares_per_position(name):
     from backend.analytic.inference import estimate_inference
     from backend.analytic.textbook.kv_cache import kv_cache_bytes

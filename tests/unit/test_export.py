@@ -47,7 +47,8 @@ def _rows(text: str) -> list[dict]:
 def test_neutralise_only_text():
     assert neutralise("=1+1") == "'=1+1" and neutralise("-x") == "'-x" and neutralise("\tx") == "'\tx"
     assert neutralise("\rx") == "'\rx" and neutralise("@x") == "'@x" and neutralise("+x") == "'+x"
-    assert neutralise(-1.5) == -1.5 and neutralise(-3) == -3 and neutralise("safe") == "safe" and neutralise(None) is None
+    assert (neutralise(-1.5) == -1.5 and neutralise(-3) == -3 and neutralise("safe") == "safe"
+            and neutralise(None) is None)
 
 
 def test_wide_csv_holds_the_stored_values(stored):
@@ -61,7 +62,8 @@ def test_wide_csv_holds_the_stored_values(stored):
             assert r["status"] == "queued" and r["measured_peak_bytes"] == "" and r["name"] == "'\rqueued"
             continue
         assert r["status"] == str(res.status) and r["strategy"] == str(res.spec.parallel.strategy)
-        assert int(r["world_size"]) == 2 and int(r["d_model"]) == 32 and int(r["zero_stage"]) == res.spec.parallel.zero_stage
+        assert (int(r["world_size"]) == 2 and int(r["d_model"]) == 32
+                and int(r["zero_stage"]) == res.spec.parallel.zero_stage)
         assert int(r["predicted_peak_bytes"]) == max(x.predicted.peak_bytes for x in res.per_rank)
         assert float(r["step_s_median"]) == res.step_s_median and float(r["tokens_per_s"]) == res.tokens_per_s
         assert float(r["bubble_measured"]) == res.bubble_measured  # -0.015625 stays a number for seed 1
@@ -122,12 +124,13 @@ def _reference_csv(engine, long: bool, **filters) -> str:
     w = csv.writer(buf)
     w.writerow(header)
     for d in rows:  # tags (a JSON list) where the header has them: after the identifying columns
-        w.writerow([(json.dumps(d["tags"], ensure_ascii=False) if d["tags"] else None) if k == "tags" else neutralise(d[k])
-                    for k in header])
+        w.writerow([(json.dumps(d["tags"], ensure_ascii=False) if d["tags"] else None) if k == "tags"
+                    else neutralise(d[k]) for k in header])
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("filters", [{}, {"status": "ok"}, {"tag": TAGS[0]}, {"search": "queued"}, {"strategy": "nothing"}])
+@pytest.mark.parametrize("filters", [{}, {"status": "ok"}, {"tag": TAGS[0]}, {"search": "queued"},
+                                     {"strategy": "nothing"}])
 def test_csv_equals_the_cell_by_cell_reference(stored, filters):
     """export_csv guards text in SQL and, for the long CSV, formats each experiment's cells once for all its
     ranks: byte for byte what the straightforward join + Python guard gives, CR/LF and commas included."""
@@ -137,7 +140,8 @@ def test_csv_equals_the_cell_by_cell_reference(stored, filters):
     q.store_result(engine, eid, fake_result(s, "ok", seed=7))
     with engine.begin() as c:  # CR/LF in text: only in rows stored before issue 21's text rules (see `stored`)
         c.execute(update(Experiment).where(Experiment.id == eid).values(name="a,b\r\n=c"))
-        c.execute(update(ExperimentTag).where(ExperimentTag.experiment_id == eid, ExperimentTag.tag == "x y").values(tag="x\ny"))
+        c.execute(update(ExperimentTag).where(ExperimentTag.experiment_id == eid, ExperimentTag.tag == "x y")
+                  .values(tag="x\ny"))
     for long in (False, True):
         text = export_csv(engine, long=long, **filters)
         assert text == _reference_csv(engine, long, **filters)
@@ -163,7 +167,8 @@ def test_export_filters_match_list_experiments(stored):
         r["id"] for r in q.list_experiments(engine, strategy="zero1")}
     assert {int(r["id"]) for r in _rows(export_csv(engine, status=["queued"]))} == {
         r["id"] for r in q.list_experiments(engine, status="queued")}
-    assert [x["id"] for x in json.loads(export_json(engine, tag=TAGS[0]))] == [r["id"] for r in q.list_experiments(engine, tag=TAGS[0])]
+    assert ([x["id"] for x in json.loads(export_json(engine, tag=TAGS[0]))]
+            == [r["id"] for r in q.list_experiments(engine, tag=TAGS[0])])
 
 
 def test_json_export_is_the_full_stored_result(stored):
@@ -203,11 +208,12 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
     assert header[:12] == ["id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "dp", "tp",
                            "pp", "ep"]
     assert header.index("tags") < header.index("d_model") and header[0] != "tags"
-    old_names = {k for k in q.ROW_KEYS if k not in ("cancel_requested", "progress_step", "progress_total", "progress_phase",
-                                                     "heartbeat_at", "peak_bytes_max")}
+    old_names = {k for k in q.ROW_KEYS if k not in ("cancel_requested", "progress_step", "progress_total",
+                                                    "progress_phase", "heartbeat_at", "peak_bytes_max")}
     assert old_names | {"tags"} <= set(header) and header.count("tags") == 1  # every existing column name kept
     assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
-    # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference; issue 34: the stack
+    # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference;
+    # issue 34: the stack
     # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON)
     assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack",
                                             "capacity_factor", "tokens_dropped"}

@@ -21,9 +21,9 @@ compared key for key with public copies of the published config.json):
 - NOT obtained verbatim, rebuilt from a published sibling plus the differences public sources quote:
   gpt-oss-120b.json = gpt-oss-20b's file with num_hidden_layers 36, num_local_experts 128 and 36 alternating
   layer_types (transformers' GptOssConfig defaults are the 120b's: 36 layers, 128 experts);
-  llama-4-scout-17b-16e.text.json = Maverick's text_config with Scout's num_local_experts 16, interleave_moe_layer_step 1, max_position_embeddings
-  10485760, use_qk_norm true and the llama3 rope_scaling (factor 16). Their counts equal the model cards' (116.83B,
-  109B with the vision encoder).
+  llama-4-scout-17b-16e.text.json = Maverick's text_config with Scout's num_local_experts 16,
+  interleave_moe_layer_step 1, max_position_embeddings 10485760, use_qk_norm true and the llama3 rope_scaling
+  (factor 16). Their counts equal the model cards' (116.83B, 109B with the vision encoder).
 - deepseek-v2.5.json: from the first round, not re-verified (not among the families this round re-checked).
 
 What the published model-card totals count differently from transformers (and from ShardLab):
@@ -164,11 +164,11 @@ def test_family_fields_refused_with_the_arithmetic(model, needle):
 
 
 def test_attn_head_dim_and_sinks_flash_prediction_only():
-    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16, "attention_sinks": True,
-                                              "attention": "flash"}})
+    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16,
+                                              "attention_sinks": True, "attention": "flash"}})
     assert spec is None and any("attention_sinks with attention=flash" in p for p in problems)
-    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16, "attention_sinks": True,
-                                              "attention": "flash"}}, predict_only=True)
+    spec, problems = validate_spec({"model": {"d_model": 100, "n_heads": 4, "attn_head_dim": 16,
+                                              "attention_sinks": True, "attention": "flash"}}, predict_only=True)
     assert spec is not None and spec.model.head_dim == 16
 
 

@@ -128,7 +128,8 @@ def test_proxy_times_only_the_ranks_own_experts(ep):
     from backend.spec import ExperimentSpec
 
     m = _model("gpt-oss-120b")
-    spec = ExperimentSpec.for_prediction({"model": m.model_dump(), "parallel": {"strategy": "zero3", "world_size": 64, "ep": ep},
+    spec = ExperimentSpec.for_prediction({"model": m.model_dump(),
+                                          "parallel": {"strategy": "zero3", "world_size": 64, "ep": ep},
                                           "train": {"global_batch": 256, "micro_batch": 2, "precision": "bf16-mixed"},
                                           "runtime": {"device": "cuda"}})
     hw = get_hardware("h100-sxm")

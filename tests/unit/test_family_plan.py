@@ -27,7 +27,8 @@ def _model(name: str, seq: int = 4096) -> ModelSpec:
 
 def test_ep_with_pipelining_and_with_tp_runs():
     """Issue 35: ep x pp (DeepSeek-V3's pp x ep x ZeRO-1 dp) and ep x tp (whole experts on every tp rank) run here."""
-    data = {"model": {"n_experts": 4, "n_layers": 4}, "parallel": {"strategy": "zero1", "world_size": 4, "ep": 2, "pp": 2}}
+    data = {"model": {"n_experts": 4, "n_layers": 4},
+            "parallel": {"strategy": "zero1", "world_size": 4, "ep": 2, "pp": 2}}
     spec, problems = validate_spec(data)
     assert problems == [] and run_blockers(spec) == []
     spec, problems = validate_spec(data | {"parallel": {"strategy": "zero3", "world_size": 4, "ep": 2, "tp": 2}})
@@ -55,7 +56,8 @@ def test_zero3_ep256_activations_are_the_autocast_weight_casts():
     RMSNorm keeps only the rstd (device.rms_norm_saved_bytes): the final norm's fp32 normalised x, s·h·4 =
     117,440,512 B, is gone (47.06 GB with device cpu)."""
     m = _model("deepseek-v3")
-    spec = ExperimentSpec.for_prediction({"model": m.model_dump(), "train": {"precision": "bf16-mixed", "micro_batch": 1,
+    spec = ExperimentSpec.for_prediction({"model": m.model_dump(),
+                                          "train": {"precision": "bf16-mixed", "micro_batch": 1,
                                                                              "global_batch": 1024, "recompute": "full"},
                                           "parallel": {"strategy": "zero3", "world_size": 256, "ep": 256},
                                           "runtime": {"device": "cuda"}})

@@ -74,10 +74,10 @@ def _saved_bytes_per_block(family: str) -> list[tuple[int, float]]:
         params = {q.untyped_storage().data_ptr() for q in block.parameters()}
         seen: dict[int, int] = {}
 
-        def pack(t):
+        def pack(t):  # called only by this iteration's forward below (no backward runs)
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in params and t.dim() > 0:  # 0-dim: Python scalars wrapped by mul, not activations
-                seen.setdefault(ptr, t.untyped_storage().nbytes())
+            if ptr not in params and t.dim() > 0:  # noqa: B023 (0-dim: Python scalars wrapped by mul, not activations)
+                seen.setdefault(ptr, t.untyped_storage().nbytes())  # noqa: B023
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -94,17 +94,18 @@ def _saved_bytes_per_block(family: str) -> list[tuple[int, float]]:
 def test_block_saved_tensors_equal_the_formula_per_block_kind(family):
     """Every block's saved bytes, exactly, per kind (dense / MoE, windowed / global, rotary / NoPE). The misses this
     fixes: gpt-oss's clamped SwiGLU saves 7 (rows, ffn) tensors, not SwiGLU's 4 (+13 KB a block, the +15-24% of its
-    rows); the rotary tables are one head's width (own head width, MLA's rope dims) and absent on NoPE layers; a windowed
-    flash layer keeps its (s, s) additive mask; MLA's v is a view of kv_b's whole output and its q / k concatenations
-    are the tensors the matmuls save (DeepSeek was 5 KB a block over)."""
+    rows); the rotary tables are one head's width (own head width, MLA's rope dims) and absent on NoPE layers; a
+    windowed flash layer keeps its (s, s) additive mask; MLA's v is a view of kv_b's whole output and its q / k
+    concatenations are the tensors the matmuls save (DeepSeek was 5 KB a block over)."""
     for measured, predicted in _saved_bytes_per_block(family):
         assert measured == predicted
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "llama4", "gemma3"])
 def test_rank_blocks_sum_each_block_kind(family):
-    """The rank's activation term adds each block's own per-layer constants (rank_activations.attention_kind_correction):
-    the estimate's blocks equal the sum of the per-block formulas over the rank's blocks, windowed and global alike."""
+    """The rank's activation term adds each block's own per-layer constants
+    (rank_activations.attention_kind_correction): the estimate's blocks equal the sum of the per-block formulas over the
+    rank's blocks, windowed and global alike."""
     from dataclasses import replace as dc_replace
 
     from backend.analytic.layout import Layout

@@ -33,11 +33,13 @@ def test_published_preset_keeps_count_and_source():
 
 
 def test_run_here_scales_down_keeping_the_family():
-    v = _form(**(sf.apply_preset(sf.preset_label("qwen1.5-moe-a2.7b")) | dict(run_here=True, strategy="ep", world_size=2)))
+    v = _form(**(sf.apply_preset(sf.preset_label("qwen1.5-moe-a2.7b"))
+                 | dict(run_here=True, strategy="ep", world_size=2)))
     spec, problems = sf.form_to_spec(v)
     assert problems == [], problems
     m = spec.model
-    assert (str(m.norm), str(m.mlp), str(m.bias), m.n_shared_experts, m.shared_expert_gate) == ("rmsnorm", "swiglu", "qkv", 1, True)
+    assert (str(m.norm), str(m.mlp), str(m.bias), m.n_shared_experts,
+            m.shared_expert_gate) == ("rmsnorm", "swiglu", "qkv", 1, True)
     assert count_params(m) < 5_000_000 and m.source["scaled_for_cpu"]
 
 

@@ -56,7 +56,8 @@ def test_attention_group():
 def test_latent_attention_group():
     at = _page("deepseek-v2.5")
     assert [at.number_input(key=f"f_{k}").value for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-                                                            "qk_rope_head_dim", "v_head_dim")] == [512, 1536, 128, 64, 128]
+                                                            "qk_rope_head_dim",
+                                                            "v_head_dim")] == [512, 1536, 128, 64, 128]
     at.number_input(key="f_kv_lora_rank").set_value(256).run()
     spec, problems = _spec(at)
     assert not at.exception and problems == [] and spec.model.kv_lora_rank == 256 and spec.model.is_mla

@@ -53,7 +53,8 @@ def test_need_covers_the_measured_reserved_peak(name, run, device_bytes):
     assert fit["need_bytes"] >= reserved, (name, fit)
     assert fit["fits_claim_ok"] and fit["fits"]  # 141 GB H200: the runs ran
     for frac in (0.5, 0.9, 0.99, 0.999999):
-        smaller = memory_fit(spec, RunResult.model_validate({k: v for k, v in run.items() if k in RunResult.model_fields}),
+        smaller = memory_fit(spec,
+                             RunResult.model_validate({k: v for k, v in run.items() if k in RunResult.model_fields}),
                              reserved * frac)
         assert smaller["fits"] is False and smaller["fits_claim_ok"], (name, frac)
 

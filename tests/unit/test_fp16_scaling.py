@@ -20,7 +20,8 @@ def test_loss_scaling_note_and_field():
     rep = {"skipped_steps": [1], "steps": 5, "scale": 32768.0}
     skipped, notes = _loss_scaling([{"extra": {"loss_scaling": rep}}, {"extra": {"loss_scaling": rep}}])
     assert skipped == [1] and "1 of 5 optimizer steps skipped" in notes[0] and len(notes) == 1
-    _, notes = _loss_scaling([{"extra": {"loss_scaling": rep}}, {"extra": {"loss_scaling": rep | {"skipped_steps": []}}}])
+    _, notes = _loss_scaling([{"extra": {"loss_scaling": rep}},
+                              {"extra": {"loss_scaling": rep | {"skipped_steps": []}}}])
     assert "DISAGREES" in notes[-1]
     assert _loss_scaling([{"extra": {}}]) == (None, [])
 

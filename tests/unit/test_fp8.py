@@ -40,7 +40,8 @@ def test_torchao_float8_runs_on_this_cpu():
 
 def test_what_runs_and_what_is_prediction_only():
     assert not run_blockers(_spec()) and not run_blockers(_spec("fsdp"))
-    tp = ExperimentSpec.for_prediction({"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2, "precision": "fp8"},
+    tp = ExperimentSpec.for_prediction({"model": MODEL,
+                                        "train": {"global_batch": 8, "micro_batch": 2, "precision": "fp8"},
                                         "parallel": {"strategy": "fsdp", "world_size": 4, "tp": 2}})
     assert "fp8 with tp=2 is not wired here" in run_blockers(tp)[0]
     ds = validate_spec({"model": MODEL, "train": {"precision": "fp8"}, "framework": "deepspeed"})[1]

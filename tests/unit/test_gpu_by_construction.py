@@ -108,8 +108,10 @@ def test_pipeline_spans_on_cuda_are_events_relative_to_the_barrier(fake_cuda):
         fwd(Stage(), 3)
         assert "start_s" not in out[0]  # not read before the step's work has run
     assert out == [
-        {"rank": 0, "stage": -1, "microbatch": -1, "pass": "wait", "step": 2, "start_s": pytest.approx(0.010), "end_s": pytest.approx(0.015)},
-        {"rank": 0, "stage": 1, "microbatch": 3, "pass": "F", "step": 2, "start_s": pytest.approx(0.015), "end_s": pytest.approx(0.055)},
+        {"rank": 0, "stage": -1, "microbatch": -1, "pass": "wait", "step": 2, "start_s": pytest.approx(0.010),
+         "end_s": pytest.approx(0.015)},
+        {"rank": 0, "stage": 1, "microbatch": 3, "pass": "F", "step": 2, "start_s": pytest.approx(0.015),
+         "end_s": pytest.approx(0.055)},
     ]
     assert fake_cuda.calls.count("synchronize") >= 2  # before t0 and before the spans are read
 
@@ -459,7 +461,8 @@ def test_other_is_the_dp_slice_once_the_engine_moves_only_it(monkeypatch):
     from backend.analytic.memory import rank_memory
 
     s = spec({"strategy": "ddp", "world_size": 2})
-    assert rank_memory.OTHER_IS_DP_SLICE  # the engine copies only this rank's rows, on the CPU too (context.local_batch)
+    # the engine copies only this rank's rows, on the CPU too (context.local_batch)
+    assert rank_memory.OTHER_IS_DP_SLICE
     assert estimate(s).per_rank[0].other_bytes == 2 * (4 // 2) * 8 * 8
     monkeypatch.setattr(rank_memory, "OTHER_IS_DP_SLICE", False)
     assert estimate(s).per_rank[0].other_bytes == rank_memory.input_batch_bytes(4, 8)  # before: the global batch
@@ -569,7 +572,8 @@ def test_offload_params_on_cuda_materializes_the_sharded_params_on_the_host(fake
                           for p in params.values())
     root._get_fsdp_state()._lazy_init()  # raised on the H200 before
     assert misplaced(ctx.placement, prep.modules, prep.optimizer) == []
-    assert len(misplaced(dev, prep.modules)) == len(params)  # every parameter is where a plain CUDA run would not want it
+    # every parameter is where a plain CUDA run would not want it
+    assert len(misplaced(dev, prep.modules)) == len(params)
 
 
 def test_offload_measurement_adds_the_host_states_at_the_device_activation_peak():

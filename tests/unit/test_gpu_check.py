@@ -124,7 +124,8 @@ def test_kernel_categories_tie_kernels_to_their_launching_ops_and_measure_idle_t
 
     trace = {"traceEvents": [
         cpu("aten::linear", 0, 50), cpu("aten::mm", 10, 20), launch(1, 15), kernel("nvjet_tst_128x256", 1, 100, 300),
-        cpu("aten::_scaled_dot_product_flash_attention", 60, 20), launch(2, 65), kernel("flash_fwd_kernel", 2, 400, 100),
+        cpu("aten::_scaled_dot_product_flash_attention", 60, 20), launch(2, 65),
+        kernel("flash_fwd_kernel", 2, 400, 100),
         {"ph": "X", "cat": "user_annotation", "name": "FSDP::pre_backward (layers.3)", "ts": 90, "dur": 40, "tid": 2},
         cpu("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 100, 30, tid=2),
         launch(3, 110, tid=2), kernel("flash_bwd_dq_dk_dv_loop_kernel", 3, 600, 200),
@@ -139,7 +140,8 @@ def test_kernel_categories_tie_kernels_to_their_launching_ops_and_measure_idle_t
     assert out["device_busy_without_nccl_s"] == pytest.approx(630e-6)
     assert out["top_kernels"][0]["name"] == "nvjet_tst_128x256" and out["basis"] == "cuda kernels"
     assert out["cpu_ranges"] == {"FSDP::pre_backward": {"seconds": 40e-6, "count": 1}}
-    assert category("multi_tensor_apply_kernel<...>", ["Optimizer.step#AdamW.step", "aten::_foreach_lerp_"]) == "optimizer"
+    assert (category("multi_tensor_apply_kernel<...>", ["Optimizer.step#AdamW.step", "aten::_foreach_lerp_"])
+            == "optimizer")
     assert category("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", ["aten::add"]) == \
         "norm_elementwise"
 
@@ -191,7 +193,8 @@ def test_device_path_imports_none_of_the_dashboard_packages():
     import must not pull in the store or the dashboard (pydantic travels as a wheel)."""
     code = ("import sys; import backend.gpucheck.kit, backend.gpucheck.kit_runs, backend.gpucheck.env_probe, "
             "backend.bench.hw_probe, backend.bench.op_profile, backend.engine.rank, backend.launch.launcher, "
-            "backend.frameworks.assemblers, backend.trace.trace_spec, backend.trace.rank, backend.analytic.steptime.model; "
+            "backend.frameworks.assemblers, backend.trace.trace_spec, backend.trace.rank, "
+            "backend.analytic.steptime.model; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -233,7 +236,8 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
         result = RunResult.model_validate(run)
         assert result.status == Status.OK and result.step_s_median > 0
         assert result.per_rank[0].measured.params_bytes > 0 and result.per_rank[0].predicted.params_bytes > 0
-        assert run["step_time"]["measured_profile"]["step_s"] > 0 and run["step_time"]["measured_profile"]["hardware"] == key
+        assert (run["step_time"]["measured_profile"]["step_s"] > 0
+                and run["step_time"]["measured_profile"]["hardware"] == key)
     assert [r["per_rank"][0]["step_s"].__len__() for r in report["runs"]] == [6, 1]  # offload: one timed step
     # diag: the saved-tensor listing of one block in both precision modes, the autocast block equal to the analytic
     # term on the CPU (the model was validated there), and a profiled step of ddp and zero3 by category

@@ -42,8 +42,8 @@ def test_grok1_recipe_is_predicted_not_refused(etp):
 def test_grok1_recipe_on_the_cli(capsys):
     code = main(["estimate", "--layers", "64", "--hidden", "6144", "--heads", "48", "--kv-heads", "8", "--ffn", "32768",
                  "--vocab", "128256", "--experts", "8", "--top-k", "2", "--mlp", "geglu", "--norm", "rmsnorm",
-                 "--positions", "rope", "--no-tie-embeddings", "--seq", "8192", "--attention", "flash", "--world", "512",
-                 "--tp", "4", "--pp", "8", "--cp", "2", "--ep", "8", "--etp", "4", "--virtual-stages", "8",
+                 "--positions", "rope", "--no-tie-embeddings", "--seq", "8192", "--attention", "flash", "--world",
+                 "512", "--tp", "4", "--pp", "8", "--cp", "2", "--ep", "8", "--etp", "4", "--virtual-stages", "8",
                  "--schedule", "interleaved_1f1b", "--strategy", "zero1", "--sequence-parallel", "--capacity-factor",
                  "1.0", "--moe-pad-to-capacity", "--moe-dispatcher", "alltoall", "--moe-aux-loss-coeff", "0.01",
                  "--micro-batch", "1", "--global-batch", "1024", "--precision", "bf16-mixed", "--hardware", "h100-sxm"])

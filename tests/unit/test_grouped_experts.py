@@ -72,7 +72,8 @@ def test_a_model_whose_widths_break_the_stride_rule_runs_the_loop_and_says_why()
     loss_fn(model(x), x).backward()
     moe = model.layers["0"].mlp
     assert isinstance(moe, MoE)
-    assert moe.grouped_reason == "fc_in's in_features=30 x 4 B = 120 B is not a multiple of 16 B (grouped_mm's row stride)"
+    assert (moe.grouped_reason
+            == "fc_in's in_features=30 x 4 B = 120 B is not a multiple of 16 B (grouped_mm's row stride)")
 
 
 def test_clamped_constants_are_gpt_oss_clamped_swiglu():

@@ -21,7 +21,8 @@ MISSING_KEY = {"model_type": "llama", "hidden_size": 4096}  # the issue's exampl
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 JSON_VALUES = hs.recursive(hs.none() | hs.booleans() | hs.integers(-2**70, 2**70) | hs.floats() | hs.text(max_size=8),
-                           lambda inner: hs.lists(inner, max_size=3) | hs.dictionaries(hs.text(max_size=6), inner, max_size=3),
+                           lambda inner: hs.lists(inner, max_size=3)
+                           | hs.dictionaries(hs.text(max_size=6), inner, max_size=3),
                            max_leaves=6)
 KNOWN_KEYS = sorted({k for cfg in REAL.values() for k in cfg})
 
@@ -42,7 +43,8 @@ def test_the_issue_example_names_the_missing_field():
         from_hf_config(MISSING_KEY)
     with pytest.raises(HFConfigError, match=r"hidden_size='4096' must be an integer >= 1"):
         from_hf_config({**REAL["llama-2-7b.json"], "hidden_size": "4096"})
-    with pytest.raises(HFConfigError, match=r"vocab_size=20000000: .*less than or equal to 10000000 \(ShardLab's vocab_size\)"):
+    with pytest.raises(HFConfigError, match=r"vocab_size=20000000: .*less than or equal to 10000000 \(ShardLab's "
+                                            r"vocab_size\)"):
         from_hf_config({**REAL["gpt2.json"], "vocab_size": 20_000_000})
 
 

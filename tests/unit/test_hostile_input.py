@@ -136,7 +136,8 @@ def test_run_detail_puts_user_text_in_plain_text_elements_only(tmp_path, monkeyp
     at.query_params["run"] = str(eid)
     at.switch_page("dashboard/pages/run_detail.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    rendered = [str(e.value) for kind in ("markdown", "caption", "error", "info", "warning", "success") for e in at.get(kind)]
+    rendered = [str(e.value) for kind in ("markdown", "caption", "error", "info", "warning", "success")
+                for e in at.get(kind)]
     assert not [m for m in rendered if "evil.example" in m], rendered
     plain = "\n".join(str(e.value) for e in at.get("text"))
     for shown in (s.name, "![t](http://evil.example/t.png)", "see ![e](", "[note](http://evil.example/note)"):

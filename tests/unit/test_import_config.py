@@ -128,7 +128,8 @@ def test_megatron_arguments_block_of_a_log():
             "world_size": 16, "data_parallel_size": 8, "swiglu": True, "ffn_hidden_size": 11008,
             "normalization": "RMSNorm", "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True,
             "add_bias_linear": False, "bf16": True, "fp16": False, "use_distributed_optimizer": False,
-            "recompute_granularity": None, "num_experts": None, "some_future_argument": 3, "unset_future_argument": None}
+            "recompute_granularity": None, "num_experts": None, "some_future_argument": 3,
+            "unset_future_argument": None}
     for k in sorted(args):
         lines.append(f"  {k} {'.' * (48 - len(k))} {args[k]}")
     lines.append("-------------------- end of arguments ---------------------")
@@ -361,7 +362,8 @@ def test_torchtitan_context_parallel_degree_is_parallel_cp():
     imported = import_config_text(toml, name="cp.toml", gpus=64)
     par = imported.spec["parallel"]
     assert (par["world_size"], par["dp"], par["cp"], par["cp_rotate"]) == (64, 32, 2, "alltoall")
-    assert imported.spec["model"]["attention"] == "flash" and "parallelism.context_parallel_degree" not in imported.unmapped
+    assert (imported.spec["model"]["attention"] == "flash"
+            and "parallelism.context_parallel_degree" not in imported.unmapped)
     with pytest.raises(ConfigImportError, match="expected one of allgather, alltoall"):
         import_config_text(toml.replace('"alltoall"', '"ring"'), name="bad.toml", gpus=64)
 

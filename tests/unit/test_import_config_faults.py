@@ -1,5 +1,5 @@
-"""Issue 31 items 4 and 9e: configs nested 1,000 deep (2-6 KB of JSON, TOML or YAML) are refused with the reason, exit 2,
-never a RecursionError; `--format` imports a file whose kind auto-detection cannot tell."""
+"""Issue 31 items 4 and 9e: configs nested 1,000 deep (2-6 KB of JSON, TOML or YAML) are refused with the reason, exit
+2, never a RecursionError; `--format` imports a file whose kind auto-detection cannot tell."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 --moe-pad-expert-input-to-capacity, --moe-token-dispatcher-type, --moe-grouped-gemm, --moe-aux-loss-coeff) and
 torchtitan's MoE settings (expert_parallel_degree, expert_tensor_parallel_degree, expert_parallel_comm_backend) reach
 the spec's MoE fields and parallel.etp, with the frameworks' defaults (Megatron-Core core_v0.19.0, torchtitan v0.2.2;
-importers/megatron_moe.py, importers/torchtitan_moe.py), and an unmappable value is reported or refused, never dropped."""
+importers/megatron_moe.py, importers/torchtitan_moe.py), and an unmappable value is reported or refused, never
+dropped."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def test_megatron_log_block_moe_arguments():
                                       "moe_router_load_balancing_type": "none"}), name="megatron.log")
     assert none.spec["model"]["moe_aux_loss_coeff"] == 0.0
     assert any("no aux loss under --moe-router-load-balancing-type none" in n for n in none.notes)
-    dense = import_config_text(_block({**LOG, "num_experts": None, "expert_model_parallel_size": 1}), name="megatron.log")
+    dense = import_config_text(_block({**LOG, "num_experts": None, "expert_model_parallel_size": 1}),
+                               name="megatron.log")
     assert dense.spec["model"]["n_experts"] == 0 and _moe(dense) == (None, False, "alltoall", False, 0.0)
 
 
@@ -139,7 +141,8 @@ def test_torchtitan_expert_settings_it_cannot_hold_are_named():
     with pytest.raises(ConfigImportError, match=r"etp = tp \(4\) or etp = 1 only"):
         _titan(tp=4, etp=2)
     spans_tp = _titan(tp=2, etp=1)  # torchtitan's "[partial dp + all tp -> ep] etp = 1"
-    assert "ShardLab's ep spans dp x cp only" in spans_tp.unmapped["parallelism.expert_tensor_parallel_degree"]["reason"]
+    assert ("ShardLab's ep spans dp x cp only"
+            in spans_tp.unmapped["parallelism.expert_tensor_parallel_degree"]["reason"])
     deepep = _titan(extra='expert_parallel_comm_backend = "deepep"\n')
     assert "DeepEP" in deepep.unmapped["parallelism.expert_parallel_comm_backend"]["reason"]
 

@@ -208,7 +208,8 @@ def test_a_long_log_streams_in_bounded_memory(tmp_path, monkeypatch):
     assert measured.records_total > 45_000 and 1_000 <= measured.records_used <= 2_001
     assert measured.step_s_median == pytest.approx(8 * 8192 / (5800 * 8))
     assert any("every 32th is used" in n or "uniform subsample" in n for n in measured.notes)
-    assert peak < 4_000_000, f"{peak / 2**20:.1f} MiB allocated while reading a {path.stat().st_size / 2**20:.0f} MiB log"
+    assert peak < 4_000_000, (f"{peak / 2**20:.1f} MiB allocated while reading a "
+                              f"{path.stat().st_size / 2**20:.0f} MiB log")
 
 
 def test_gpus_from_the_log_and_a_megatron_log_as_its_own_config(db):
@@ -216,7 +217,8 @@ def test_gpus_from_the_log_and_a_megatron_log_as_its_own_config(db):
     Megatron log's printed arguments are a config (world_size 128 = tp 8 x pp 4 x cp 2 x dp 2)."""
     eid = import_run(db, config=TT["config"], log=FIX / "torchtitan_llama3_8b.log")
     assert q.get_experiment(db, eid)["result"].imported.gpus == 8
-    eid = import_run(db, config=FIX / "megatron_llama2_70b.log", log=FIX / "megatron_llama2_70b.log", hardware="h100-sxm")
+    eid = import_run(db, config=FIX / "megatron_llama2_70b.log", log=FIX / "megatron_llama2_70b.log",
+                     hardware="h100-sxm")
     res = q.get_experiment(db, eid)["result"]
     assert res.imported.source_format == "megatron-log-args" and res.imported.gpus == 128
     assert (res.spec.parallel.tp, res.spec.parallel.pp, res.spec.parallel.dp) == (8, 4, 2)

@@ -75,7 +75,8 @@ def test_megatron_local_attention_and_tp_overlap():
     assert plain.spec["train"]["attention_kernel"] == "eager" and plain.spec["model"]["attention"] == "math"
     flash = import_args(text.replace("--transformer-impl local", "--transformer-impl local --use-flash-attn"))
     assert flash.spec["train"]["attention_kernel"] == "flash2" and flash.spec["model"]["attention"] == "flash"
-    tp = import_args(text.replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2 --sequence-parallel "
+    tp = import_args(text.replace("--tensor-model-parallel-size 1",
+                                  "--tensor-model-parallel-size 2 --sequence-parallel "
                                   "--tp-comm-overlap --tp-comm-bulk-wgrad"))
     assert tp.spec["train"]["tp_overlap"] is True and "--tp-comm-bulk-wgrad" in tp.unmapped
 

@@ -46,7 +46,8 @@ def _ok(at: AppTest) -> AppTest:
 
 
 def _texts(at: AppTest) -> str:
-    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text") for e in at.get(kind)]
+    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text")
+             for e in at.get(kind)]
     return "\n".join(str(p) for p in parts)
 
 
@@ -141,9 +142,11 @@ def test_plan_page_imports_a_config_and_shows_the_calibrated_profile(ui_env):
     _ok(at.run())
     _ok(next(b for b in at.button if b.key == "pl_go").click().run())
     text = _texts(at)
-    assert f"calibration {out['id']} of h100-sxm on 2 runs" in text.lower() or f"calibration {out['id']} of h100-sxm" in text
+    assert (f"calibration {out['id']} of h100-sxm on 2 runs" in text.lower()
+            or f"calibration {out['id']} of h100-sxm" in text)
     assert "leave-one-out error" in text
-    profiles = next(d.value for d in at.dataframe if "leave-one-out error %" in d.value.columns and "profile" in d.value.columns)
+    profiles = next(d.value for d in at.dataframe
+                    if "leave-one-out error %" in d.value.columns and "profile" in d.value.columns)
     assert list(profiles["profile"]) == ["h100-ourcluster"]
     assert profiles["leave-one-out error %"].iloc[0] == pytest.approx(out["loo_mape"])
 

@@ -29,7 +29,8 @@ def _ok(at: AppTest) -> AppTest:
 
 
 def _texts(at: AppTest) -> str:
-    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text") for e in at.get(kind)]
+    parts = [e.value for kind in ("error", "info", "success", "warning", "markdown", "caption", "text")
+             for e in at.get(kind)]
     return "\n".join(str(p) for p in parts)
 
 

@@ -229,7 +229,8 @@ def test_the_real_registry_keeps_the_contracts():
         "deepspeed": ("deepspeed-json",)}
     assert [(c.order, i.name, c.source_format) for c, i in registry.clues()] == [
         (10, "torchtitan", "torchtitan-config-dump"), (11, "megatron", "nemo-yaml"),
-        (20, "torchtitan", "torchtitan-toml"), (30, "torchtitan", "torchtitan-config-dump"), (31, "deepspeed", "deepspeed-json"),
+        (20, "torchtitan", "torchtitan-toml"), (30, "torchtitan", "torchtitan-config-dump"),
+        (31, "deepspeed", "deepspeed-json"),
         (40, "torchtitan", "torchtitan-config-dump"), (50, "megatron", "megatron-args"),
         (60, "torchtitan", "torchtitan-toml")]
     assert registry.undetected("x") == (

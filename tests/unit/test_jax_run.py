@@ -21,7 +21,7 @@ ENTRY %main.1 (p0: f32[8,4]) -> f32[8,4] {
   %all-reduce.39 = (f32[128]{0}, /*index=1*/f32[16,8]{1,0}) all-reduce(%a, %b), replica_groups={{0,1},{2,3}}, to_apply=%add
   %rs = f32[32]{0} reduce-scatter(f32[128]{0} %x), replica_groups=[1,4]<=[4], dimensions={0}
 }
-"""
+"""  # noqa: E501 (XLA's HLO text, as jax dumps it: one instruction a line)
 
 
 def _spec(mode: str, world: int = 4, **extra) -> ExperimentSpec:

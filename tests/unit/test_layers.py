@@ -16,7 +16,8 @@ FOLDERS = ("backend", "db", "dashboard", "benchmarks")
 SCRIPTS = ("app.py",)
 
 LAYERS = (
-    ("entry points: scripts, the dashboard, the CLI", ("benchmarks", "app", "dashboard", "backend.cli", "backend.__main__")),
+    ("entry points: scripts, the dashboard, the CLI",
+     ("benchmarks", "app", "dashboard", "backend.cli", "backend.__main__")),
     ("services: the queue worker, SLURM, the planner, calibration, imports of other frameworks' runs, the GPU check, "
      "sweeps, the full-size trace",
      ("backend.worker", "backend.run_folders", "backend.cluster", "backend.planner", "backend.calibration",
@@ -46,7 +47,8 @@ def modules() -> dict[str, Path]:
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT)
-            if "__pycache__" in rel.parts or rel.parts[:3] == ("db", "migrations", "versions") or "results" in rel.parts:
+            if ("__pycache__" in rel.parts or rel.parts[:3] == ("db", "migrations", "versions")
+                    or "results" in rel.parts):
                 continue
             name = ".".join(rel.with_suffix("").parts)
             out[name.removesuffix(".__init__")] = path
@@ -185,7 +187,8 @@ def test_no_private_name_is_imported_across_modules():
                 found.append(f"{module}:{line} imports {target}.{name}")
         for node in ast.walk(tree(module)):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != module):
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases[node.value.id] != module):
                 found.append(f"{module}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
     assert found == []
 
@@ -198,7 +201,8 @@ def test_every_import_of_a_project_module_resolves():
         for target, name, line in imports(module):
             if target not in modules():
                 missing.append(f"{module}:{line} imports {target}: no such module")
-            elif name is not None and name != "*" and (names := _top_level_names(target)) is not None and name not in names:
+            elif (name is not None and name != "*" and (names := _top_level_names(target)) is not None
+                    and name not in names):
                 missing.append(f"{module}:{line} imports {name} from {target}, which does not define it")
     assert missing == []
 
@@ -215,7 +219,8 @@ def test_each_layer_imports_only_its_own_and_the_layers_below():
     layer_of = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}
     unplaced = sorted({unit(m) for m in modules()} - set(layer_of))
     assert unplaced == [], f"place these in a layer of LAYERS: {unplaced}"
-    upward = sorted(f"{source} ({LAYERS[layer_of[unit(source)]][0]}) imports {target} ({LAYERS[layer_of[unit(target)]][0]})"
+    upward = sorted(f"{source} ({LAYERS[layer_of[unit(source)]][0]}) imports {target} "
+                    f"({LAYERS[layer_of[unit(target)]][0]})"
                     for source, targets in graph().items() for target in targets
                     if layer_of[unit(target)] < layer_of[unit(source)])
     assert upward == []

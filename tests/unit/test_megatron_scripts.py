@@ -63,7 +63,8 @@ def test_llama3_8b_fp8_example_imports():
 
 def test_megatron_fsdp_example_imports_as_zero3():
     spec = _spec("megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh")
-    assert spec["parallel"]["strategy"] == "zero3" and spec["parallel"]["dp"] == 8 and spec["train"]["precision"] == "fp8"
+    assert (spec["parallel"]["strategy"] == "zero3" and spec["parallel"]["dp"] == 8
+            and spec["train"]["precision"] == "fp8")
 
 
 def test_mixtral_example_takes_its_gpus_from_the_environment_default():
@@ -105,8 +106,10 @@ def test_gpt_oss_example_imports_and_names_what_it_cannot_hold():
     assert {"--softmax-type", "--window-size", "--quick-geglu"} <= set(imported.unmapped)
 
 
-@pytest.mark.parametrize("name, kind", [("bert/train_bert_340m_distributed.sh", "pretrain_bert.py trains a BERT encoder"),
-                                        ("t5/train_t5_220m_distributed.sh", "pretrain_t5.py trains a T5 encoder-decoder"),
+@pytest.mark.parametrize("name, kind", [("bert/train_bert_340m_distributed.sh",
+                                         "pretrain_bert.py trains a BERT encoder"),
+                                        ("t5/train_t5_220m_distributed.sh",
+                                         "pretrain_t5.py trains a T5 encoder-decoder"),
                                         ("mamba/train.sh", "pretrain_hybrid.py trains a hybrid Mamba-Transformer")])
 def test_examples_that_are_not_gpt_like_are_refused_by_name(capsys, name, kind):
     assert main(["import-config", str(EXAMPLES / name)]) == 2
@@ -182,9 +185,10 @@ def test_bash_semantics_the_reader_follows():
     assert _words('while [[ $# -gt 0 ]]; do shift; done\nexport E=1 F\nunset E\nrun.py --e ${E:-gone} \\\n  --f\n') == \
         ["run.py", "--e", "gone", "--f"]
     assert _words("cat <<EOF\npretrain_gpt.py --num-layers 1\nEOF\nrun.py --x 1\n") == ["run.py", "--x", "1"]
-    assert _words("--num-layers 2\n--hidden-size 64 # a file of flags\n") == ["--num-layers", "2", "--hidden-size", "64"]
-    assert _words("python other.py\ntorchrun a/pretrain_gpt.py --x\npython eval.py\n") == ["torchrun", "a/pretrain_gpt.py",
-                                                                                           "--x"]
+    assert (_words("--num-layers 2\n--hidden-size 64 # a file of flags\n")
+            == ["--num-layers", "2", "--hidden-size", "64"])
+    assert (_words("python other.py\ntorchrun a/pretrain_gpt.py --x\npython eval.py\n")
+            == ["torchrun", "a/pretrain_gpt.py", "--x"])
 
 
 def test_what_the_reader_cannot_know_is_kept_as_written_and_said(tmp_path):

@@ -16,7 +16,8 @@ from backend.strategies.ep_mesh import EP_MESH_DIMS, build_ep_mesh
 
 def _spec(world: int, ep: int, pp: int = 1, tp: int = 1, strategy: str = "zero3") -> ExperimentSpec:
     return ExperimentSpec.model_validate({
-        "model": {"d_model": 32, "n_heads": 4, "n_layers": 2, "seq_len": 16, "vocab_size": 64, "n_experts": 4, "top_k": 2},
+        "model": {"d_model": 32, "n_heads": 4, "n_layers": 2, "seq_len": 16, "vocab_size": 64, "n_experts": 4,
+                  "top_k": 2},
         "train": {"global_batch": 8, "micro_batch": 1},
         "parallel": {"strategy": strategy, "world_size": world, "ep": ep, "pp": pp, "tp": tp}})
 

@@ -22,16 +22,18 @@ def test_first_revision_database_upgrades_and_keeps_its_rows(store_urls):
     with engine.begin() as c:
         c.execute(text(
             "INSERT INTO experiments (name, spec_json, strategy, world_size, dp, tp, pp, ep, zero_stage, schedule, "
-            "microbatches, virtual_stages, sequence_parallel, d_model, n_layers, n_heads, n_kv_heads, ffn, seq_len, vocab, "
-            "n_experts, top_k, global_batch, micro_batch, steps, precision, optimizer, recompute, status, cancel_requested, "
-            "created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', 2, 1, :no, 32, 2, 2, 2, 128, "
-            "16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', :no, '2026-01-02 03:04:05.000000', 0.5)"),
+            "microbatches, virtual_stages, sequence_parallel, d_model, n_layers, n_heads, n_kv_heads, ffn, seq_len, "
+            "vocab, n_experts, top_k, global_batch, micro_batch, steps, precision, optimizer, recompute, status, "
+            "cancel_requested, created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', "
+            "2, 1, :no, 32, 2, 2, 2, 128, 16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', :no, "
+            "'2026-01-02 03:04:05.000000', 0.5)"),
             {"spec": '{"name": "old run", "parallel": {"world_size": 2}}', "no": False})
         c.execute(text("INSERT INTO experiment_tags (experiment_id, tag) VALUES (1, 'kept')"))
     init_db(engine)
     assert current_revision(engine) == head_revision() != "0001"
     (row,) = q.list_experiments(engine)
-    assert (row["id"], row["name"], row["status"], row["step_s_median"], row["tags"]) == (1, "old run", "ok", 0.5, ["kept"])
+    assert (row["id"], row["name"], row["status"], row["step_s_median"],
+            row["tags"]) == (1, "old run", "ok", 0.5, ["kept"])
     assert row["requeue_of"] is None and row["created_at"].year == 2026
     assert q.get_experiment(engine, 1)["spec"].parallel.world_size == 2
     assert q.worker_heartbeats(engine) == []  # the table added by a later revision exists
@@ -63,7 +65,8 @@ def test_backfill_of_export_summaries_matches_what_new_results_store(store_urls)
 
     def snapshot():
         with engine.connect() as c:
-            summaries = [dict(r._mapping) for r in c.execute(select(ExperimentSummary).order_by(ExperimentSummary.experiment_id))]
+            summaries = [dict(r._mapping)
+                         for r in c.execute(select(ExperimentSummary).order_by(ExperimentSummary.experiment_id))]
             ranks = [dict(r._mapping) for r in c.execute(select(RankResultRow).order_by(RankResultRow.id))]
         return summaries, ranks
 

@@ -255,10 +255,13 @@ def test_fixed_mixes_match_the_engine(farm):
                 if cat == "params_bytes" and ep_tie and rr.measured.params_bytes == 4 * sum(
                         q.storage_numel for q in S.local_params(s, rr.rank)):
                     continue  # the documented EP tie: fewer routed tokens, the peak at the loss, sharded storage only
-                if cat == "params_bytes" and s.name == "pp_x_fsdp_interleaved" and s.parallel.coords(rr.rank)["pp"] == 0 \
-                        and rr.measured.params_bytes == rr.predicted.params_bytes + 4 * root_numel(first=True, last=False):
-                    continue  # the documented async-free tie: 0B0's last all-gather output (the embedding root's) still held
-                if cat == "grads_bytes" and s.name == "ddp_x_tp" and 2 * rr.measured.grads_bytes == rr.predicted.params_bytes:
+                if cat == "params_bytes" and s.name == "pp_x_fsdp_interleaved" \
+                        and s.parallel.coords(rr.rank)["pp"] == 0 and rr.measured.params_bytes \
+                        == rr.predicted.params_bytes + 4 * root_numel(first=True, last=False):
+                    # the documented async-free tie: 0B0's last all-gather output (the embedding root's) still held
+                    continue
+                if cat == "grads_bytes" and s.name == "ddp_x_tp" \
+                        and 2 * rr.measured.grads_bytes == rr.predicted.params_bytes:
                     continue  # the documented microbatch tie: the first forward, before any accumulated unsharded grad
                 if e is None or abs(e) > 2:
                     bad.append(f"{s.name} r{rr.rank} {cat} {getattr(rr.measured, cat)} vs {getattr(rr.predicted, cat)}")

@@ -74,6 +74,7 @@ def test_family_checks_show_arithmetic(model, needle):
 
 def test_tp_must_divide_expert_and_shared_hidden():
     _, problems = validate_spec({"model": {"n_experts": 4, "expert_ffn_hidden": 30, "n_shared_experts": 1,
-                                           "shared_ffn_hidden": 6}, "parallel": {"strategy": "tp", "tp": 4, "world_size": 4}})
+                                           "shared_ffn_hidden": 6},
+                                 "parallel": {"strategy": "tp", "tp": 4, "world_size": 4}})
     assert any("expert_ffn_hidden=30 (30 % 4 = 2)" in p for p in problems), problems
     assert any("shared-expert hidden" in p and "6 % 4 = 2" in p for p in problems), problems

@@ -55,7 +55,8 @@ def test_keep_equals_megatrons_token_dropping(factor):
     assert torch.equal(kept.keep, want.gather(1, idx))
     counts = torch.bincount(idx.reshape(-1), minlength=e).tolist()
     assert int(kept.dropped) == dropped_slots(counts, tokens=n, top_k=k, factor=factor)
-    assert capacity_keep(w, idx, e, factor, pad=True, groups=None).padded_rows == rows_per_expert_padded(n, k, e, factor)
+    assert (capacity_keep(w, idx, e, factor, pad=True, groups=None).padded_rows
+            == rows_per_expert_padded(n, k, e, factor))
 
 
 def test_groups_limit_each_group_on_its_own():
@@ -121,7 +122,8 @@ def test_assembled_tokens_dropped_counts_each_tp_column_once():
     from backend.engine.assemble import tokens_dropped
 
     rec = {"routed": 64, "dropped": 5, "tokens": 32, "capacity_factor": 1.0, "pad": True}
-    ranks = [{"rank": r, "coords": {"tp": r % 2}, "extra": {"moe_capacity": rec | {"dropped": 5 + r}}} for r in range(4)]
+    ranks = [{"rank": r, "coords": {"tp": r % 2}, "extra": {"moe_capacity": rec | {"dropped": 5 + r}}}
+             for r in range(4)]
     dropped, notes = tokens_dropped(ranks)
     assert dropped == 5 + 7  # ranks 0 and 2 (tp index 0)
     assert notes == ["Capacity factor 1 padded to capacity: 12 of 128 routed token-slots dropped in one step (9.38%), "

@@ -93,9 +93,11 @@ def test_skewed_routing_hand_computed():
 def test_autocast_keeps_the_rows_fp32_and_the_expert_linears_16_bit():
     # R=3 rows, h=4, ffn=16, bf16 autocast: fc_in's 16-bit input cast 3x4 + GELU / fc_out inputs 2x3x16 at 2 B,
     # the expert output cast back to the fp32 rows (index_add source) 3x4 at 4 B, 3 int64 row indices
-    assert moe_bytes.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=2, autocast=True) == 108 * 2 + 12 * 4 + 24
+    assert (moe_bytes.moe_expert_bytes(received_rows=3, h=4, ffn=16, dtype_bytes=2, autocast=True)
+            == 108 * 2 + 12 * 4 + 24)
     # everything on the sender side is fp32 (softmax output, top-k values, returned rows, weights, products)
-    assert moe_bytes.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=2, autocast=True) == 30 * 4 + 6 * 8
+    assert moe_bytes.moe_sender_bytes(tokens=2, h=4, n_experts=4, top_k=1, dtype_bytes=2,
+                                      autocast=True) == 30 * 4 + 6 * 8
     assert moe_bytes.row_bytes(2, autocast=True) == 4 and moe_bytes.row_bytes(2, autocast=False) == 2
 
 
@@ -118,9 +120,11 @@ def test_adjustment_of_a_skewed_rank():
     adj = MR.adjustment(spec, _routing(spec, [heavy, light]))
     row = 32 * 4
     uniform = _uniform_a2a(spec, [heavy, light])  # the same 6 calls, uniform counts
-    assert adj.all_to_all_bytes == uniform + 2 * row * (3 * 8 - 3 * 12)  # 2 all-to-alls carry R: combine fwd, dispatch bwd
+    # 2 all-to-alls carry R: combine fwd, dispatch bwd
+    assert adj.all_to_all_bytes == uniform + 2 * row * (3 * 8 - 3 * 12)
     per_row = (2 * 32 + 2 * 128) * 4 + 8
-    assert adj.activations_delta_bytes == 3 * 8 * per_row  # the heavy microbatch (8 rows over uniform per layer) sets the peak
+    # the heavy microbatch (8 rows over uniform per layer) sets the peak
+    assert adj.activations_delta_bytes == 3 * 8 * per_row
     assert (adj.received_slots, adj.uniform_slots, adj.peak_microbatch) == (180, 192, 0)
 
 

@@ -53,10 +53,12 @@ def test_dualpipev_needs_two_stages_per_rank_and_two_microbatches_per_rank():
 def test_cli_flags_set_the_moe_fields():
     ap = argparse.ArgumentParser()
     add_spec_flags(ap)
-    args = ap.parse_args(["--experts", "4", "--capacity-factor", "1.25", "--moe-pad-to-capacity", "--moe-aux-loss-coeff",
-                          "0.01", "--moe-dispatcher", "allgather", "--moe-grouped-gemm", "--schedule", "dualpipev"])
+    args = ap.parse_args(["--experts", "4", "--capacity-factor", "1.25", "--moe-pad-to-capacity",
+                          "--moe-aux-loss-coeff", "0.01", "--moe-dispatcher", "allgather", "--moe-grouped-gemm",
+                          "--schedule", "dualpipev"])
     spec, problems = spec_from_args(args, predict_only=True)
     assert problems == []
     data = spec.model
     assert (data.capacity_factor, data.moe_pad_to_capacity, data.moe_aux_loss_coeff,
-                                 str(data.moe_dispatcher), data.moe_grouped_gemm) == (1.25, True, 0.01, "allgather", True)
+                                 str(data.moe_dispatcher), data.moe_grouped_gemm) == (1.25, True, 0.01, "allgather",
+                                                                                      True)

@@ -37,7 +37,8 @@ def test_config_size_limits_speak_mib(module, what):
 
     with pytest.raises(ConfigImportError) as e:
         parse(b"x" * 3_000_000)
-    assert e.value.problems == [f"the {what} is 2.86 MiB (3,000,000 bytes), over the 1,048,576-byte limit (1 MiB) for a config"]
+    assert e.value.problems == [f"the {what} is 2.86 MiB (3,000,000 bytes), over the 1,048,576-byte limit (1 MiB) for "
+                                "a config"]
 
 
 def test_tokens_per_second_are_whole_numbers():
@@ -58,7 +59,8 @@ def test_the_navigation_lists_the_workflow_pages_in_the_workflow_order():
     from dashboard.workflow import STEPS
 
     tree = ast.parse((ROOT / "app.py").read_text())
-    pages = [n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "Page"
+    pages = [n.args[0].value for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "Page"
              and not any(k.arg == "visibility" for k in n.keywords)]
     order = [p for p in pages if p in {s[0] for s in STEPS}]
     assert order == list(dict.fromkeys(s[0] for s in STEPS)) and pages[0] == "dashboard/pages/plan.py", pages
@@ -83,14 +85,16 @@ def test_throughput_joins_only_runs_of_one_series():
     assert [(t.name, t.mode, len(t.x)) for t in fig.data] == [("ddp · #1", "markers", 1), ("ddp · #2", "markers", 1)]
     series = [_run(3, "w2", 2, tokens=100.0), _run(4, "w4", 4, tokens=180.0), _run(5, "z", 2, strategy="zero2")]
     fig = cv.throughput_fig(series)
-    assert [(t.name, t.mode, tuple(t.x)) for t in fig.data] == [("ddp", "lines+markers", (2, 4)), ("zero2", "markers", (2,))]
+    assert [(t.name, t.mode, tuple(t.x)) for t in fig.data] == [("ddp", "lines+markers", (2, 4)),
+                                                                ("zero2", "markers", (2,))]
     mem = cv.memory_scaling_fig(unrelated)  # one formula curve per series, from that series' own model
     assert [t.name for t in mem.data if t.name.endswith("formula")] == ["ddp · #1 formula", "ddp · #2 formula"]
 
 
 def test_flash_never_saves_a_negative_amount():
     """Under op-level recompute flash keeps more than math (its kernel output and logsumexp are on the op list, math's
-    matmuls are not): "flash saves −2.03 GiB" for an imported Llama-3-8B config. It says what flash keeps more, and why."""
+    matmuls are not): "flash saves −2.03 GiB" for an imported Llama-3-8B config. It says what flash keeps more, and
+    why."""
     from backend.importers import import_config
     from backend.spec import ExperimentSpec
     from dashboard import spec_form as sf
@@ -112,7 +116,8 @@ def test_the_plan_and_the_pages_dump_specs_without_serializer_warnings(tmp_path,
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plan = plan_view.run_plan(plan_view.ModelSpec(**{**plan_view.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8,
+        plan = plan_view.run_plan(plan_view.ModelSpec(**{**plan_view.LLAMA70B, "seq_len": 4096}), gpus=64,
+                                  gpus_per_node=8,
                                   hardware="h100-sxm", global_batch=128, memory_gb=None, top=3, attention="flash")
         plan_view.results_frame(plan)
         plan_view.spec_for_form(plan, 0).model_dump_json()

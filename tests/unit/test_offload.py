@@ -27,7 +27,8 @@ def test_refused(parallel, needle) -> None:
 
 def test_host_bytes_is_the_sharded_model_state() -> None:
     """ZeRO-Offload (Ren et al. 2021 §4): fp32 params, grads and Adam's two moments of this rank's shard on the host."""
-    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 2, "offload": "params"}})
+    spec = ExperimentSpec.model_validate({**TINY, "parallel": {"strategy": "zero3", "world_size": 2,
+                                                               "offload": "params"}})
     from backend.analytic.sharding import local_params
 
     params = local_params(spec, 0)

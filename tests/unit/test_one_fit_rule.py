@@ -112,7 +112,8 @@ def test_plan_and_its_cli_size_the_device_with_one_function(capsys):
 def test_the_cli_and_the_plan_page_refuse_the_same_values_in_the_same_words(memory_gb, reserve_gb, fragmentation,
                                                                              said):
     cli = allowance_problem(memory_gb, reserve_gb, fragmentation)
-    page = plan_view.allowance_check("h100-sxm", memory_gb=memory_gb, reserve_gb=reserve_gb, fragmentation=fragmentation)
+    page = plan_view.allowance_check("h100-sxm", memory_gb=memory_gb, reserve_gb=reserve_gb,
+                                     fragmentation=fragmentation)
     assert cli and page and said in cli and said in page
     for key in FLAGS:  # word for word but the name: the CLI's flag, the page's field
         cli = cli.replace(FLAGS[key], "X")

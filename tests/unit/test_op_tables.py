@@ -23,7 +23,8 @@ SHIPPED = json.loads((ROOT / "backend" / "analytic" / "steptime" / "op_tables.js
 PROBE = next(iter(json.loads((ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json")
                              .read_text())["profiles"].values()))
 
-TABLE = GemmTable(rows=((1024, 1024, 1024, 0.25), (1024, 1024, 4096, 0.5), (4096, 4096, 4096, 0.8), (2048, 2048, 2048, 0.6)))
+TABLE = GemmTable(rows=((1024, 1024, 1024, 0.25), (1024, 1024, 4096, 0.5), (4096, 4096, 4096, 0.8),
+                        (2048, 2048, 2048, 0.6)))
 
 
 def test_gemm_exact_rows_between_and_beyond():
@@ -37,11 +38,13 @@ def test_gemm_exact_rows_between_and_beyond():
 def test_gemm_arrays_equal_scalars():
     m, k, n = np.array([1024, 3000, 8192]), np.array([1024, 2048, 8192]), np.array([4096, 3000, 512])
     arr = TABLE.efficiency(m, k, n)
-    assert arr.shape == (3,) and list(arr) == [TABLE.efficiency(int(a), int(b), int(c)) for a, b, c in zip(m, k, n, strict=False)]
+    assert (arr.shape == (3,)
+            and list(arr) == [TABLE.efficiency(int(a), int(b), int(c)) for a, b, c in zip(m, k, n, strict=False)])
 
 
 def test_attention_lookup_by_kernel_and_causality():
-    t = AttentionTable(rows=(AttentionRow("flash", 4096, 64, True, 0.25, 0.22), AttentionRow("cudnn", 4096, 128, False, 0.66, 0.55)))
+    t = AttentionTable(rows=(AttentionRow("flash", 4096, 64, True, 0.25, 0.22),
+                             AttentionRow("cudnn", 4096, 128, False, 0.66, 0.55)))
     assert t.efficiency("flash", 4096, 64, True) == (0.25, 0.22)
     assert t.efficiency("cudnn", 4096, 128, True) == (0.66, 0.55)  # no causal row: the kernel's other rows
     assert t.efficiency("fa3", 4096, 128) is None

@@ -101,7 +101,8 @@ def test_tp_split_sums_to_full():
 
 def test_ep_splits_experts():
     m = dict(SHAPES["moe"])
-    spec = ExperimentSpec(model=m, train=dict(global_batch=8, micro_batch=1), parallel=dict(strategy="ep", ep=2, world_size=2))
+    spec = ExperimentSpec(model=m, train=dict(global_batch=8, micro_batch=1),
+                          parallel=dict(strategy="ep", ep=2, world_size=2))
     e0 = {S.expert_of(q.name) for q in S.local_params(spec, 0)} - {None}
     e1 = {S.expert_of(q.name) for q in S.local_params(spec, 1)} - {None}
     assert e0 == {0, 1} and e1 == {2, 3}
@@ -143,13 +144,15 @@ def test_zero1_partition_matches_torch(fake_pg, world):
 def test_fsdp2_storage_matches_torch(fake_pg, world, rank):
     from torch.distributed.fsdp import fully_shard
 
-    spec_d = dict(model=SHAPES["odd"], train=dict(global_batch=world, micro_batch=1), parallel=dict(strategy="zero3", world_size=world))
+    spec_d = dict(model=SHAPES["odd"], train=dict(global_batch=world, micro_batch=1),
+                  parallel=dict(strategy="zero3", world_size=world))
     spec = ExperimentSpec(**spec_d)
     fake_pg(rank, world)
     model = build_model(spec.model, seed=0)
     for block in model.layers.values():
         fully_shard(block)
     fully_shard(model)
-    got = {n: (t._local_tensor.untyped_storage().nbytes() // 4, t._local_tensor.numel()) for n, t in model.named_parameters()}
+    got = {n: (t._local_tensor.untyped_storage().nbytes() // 4, t._local_tensor.numel())
+           for n, t in model.named_parameters()}
     want = {q.name: (q.storage_numel, q.real_numel) for q in S.local_params(spec, rank)}
     assert got == want

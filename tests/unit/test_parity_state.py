@@ -43,7 +43,8 @@ def store(tmp_path, monkeypatch):
 
 
 def test_the_verdict_follows_the_precision_bound():
-    assert parity_verdict("fp32", 2e-2) == "fails" and parity_verdict("fp32", 5e-5) == "ok" and parity_verdict("fp32", None) is None
+    assert (parity_verdict("fp32", 2e-2) == "fails" and parity_verdict("fp32", 5e-5) == "ok"
+            and parity_verdict("fp32", None) is None)
     assert parity_verdict("bf16-mixed", 2e-2) == "ok" and parity_verdict("fp32", float("nan")) == "fails"
     # fp8 runs bf16 around its float8 linears: FSDP's bf16 weight cast gave 1.2e-3 (test_fp8.py), not a broken step
     assert parity_verdict("fp8", 1.2e-3) == "ok" and parity_verdict("fp8", 0.2) == "fails"
@@ -89,8 +90,10 @@ def test_show_says_fails(store, capsys):
     assert main(["show", "1", "--db", url]) == 0
     out = capsys.readouterr().out
     assert "loss_parity: FAILS (bound 0.0001 for fp32)" in out
-    assert main(["show", "1", "--db", url, "--json"]) == 0 and json.loads(capsys.readouterr().out)["loss_parity"] == "fails"
-    assert main(["show", "2", "--db", url]) == 0 and "loss_parity: ok (bound 0.0001 for fp32)" in capsys.readouterr().out
+    assert (main(["show", "1", "--db", url, "--json"]) == 0
+            and json.loads(capsys.readouterr().out)["loss_parity"] == "fails")
+    assert (main(["show", "2", "--db", url]) == 0
+            and "loss_parity: ok (bound 0.0001 for fp32)" in capsys.readouterr().out)
 
 
 def test_the_run_summary_says_fails():

@@ -55,8 +55,8 @@ def test_hf_config_mapping_names_missing_keys():
 
 
 def test_seed_scenario_verdicts():
-    """Seed 003's scenarios (backend/analytic/textbook/seeds.py): Llama-70B TP8·DP4 does not fit 80 GB with plain DDP model
-    states (the seed's own correction: 140 GB of model states per GPU), TP8·PP4 fits; GPT-3 175B DP8·PP4·TP2 +
+    """Seed 003's scenarios (backend/analytic/textbook/seeds.py): Llama-70B TP8·DP4 does not fit 80 GB with plain DDP
+    model states (the seed's own correction: 140 GB of model states per GPU), TP8·PP4 fits; GPT-3 175B DP8·PP4·TP2 +
     ZeRO-2 keeps each stage's units unsharded (FSDP2 reshard_after_forward=False) and does not fit."""
     rows = {r["claim"]: r for r in pv.scenario_verdicts(with_best=False)}
     assert not rows["Llama 70B on 4 nodes x 8 GPUs: TP8 · DP4"]["fits"]

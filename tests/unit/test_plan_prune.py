@@ -56,7 +56,8 @@ def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, preci
     """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the first-rank pass are each
     <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the other pass one)."""
     held = HeldTraining(precision=precision, stack=stack)
-    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision, device=device)
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision,
+                                device=device)
     layouts = replace(layouts, stack=held.stack_memory(model, device))
     if len(layouts) > 20_000:
         layouts = layouts.take(np.sort(np.random.default_rng(30).choice(len(layouts), 20_000, replace=False)))
@@ -120,13 +121,15 @@ def test_plan_prune_later_ranks_complete_the_first(model, gpus, batch, precision
     memoised terms (take(with_memo=True)), and takes the larger of that and rank 0's: byte for byte the full model's
     worst rank, on every pipelined layout (up to 5,000 drawn)."""
     held = HeldTraining(precision=precision, stack=stack)
-    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision, device=device)
+    layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=8, global_batch=batch, precision=precision,
+                                device=device)
     layouts = replace(layouts, stack=held.stack_memory(model, device))
     piped = np.nonzero(layouts.pp > 1)[0]
     layouts = layouts.take(np.sort(np.random.default_rng(5).choice(piped, min(5_000, len(piped)), replace=False)))
     full, at = worst_rank_memory(model, layouts)
     first, _ = worst_rank_memory(model, layouts, first_rank_only=True)
-    later, later_at = worst_rank_memory(model, layouts.take(np.arange(len(layouts)), with_memo=True), later_ranks_only=True)
+    later, later_at = worst_rank_memory(model, layouts.take(np.arange(len(layouts)), with_memo=True),
+                                        later_ranks_only=True)
     assert np.array_equal(np.maximum(first, later), full)
     assert np.array_equal(np.where(first >= later, 0, later_at), at)
 

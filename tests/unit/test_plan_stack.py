@@ -39,8 +39,8 @@ def test_held_settings_from_a_spec_and_on_their_own():
 
 def test_plan_cli_stack(capsys):
     assert main(["plan", "--vocab", "32000", "--hidden", "1024", "--layers", "8", "--heads", "16", "--gpus", "16",
-                 "--global-batch", "32", "--seq", "2048", "--hardware", "h100-sxm", "--top", "2", "--stack", "torchtitan",
-                 "--compile", "--json"]) == 0
+                 "--global-batch", "32", "--seq", "2048", "--hardware", "h100-sxm", "--top", "2", "--stack",
+                 "torchtitan", "--compile", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(c["spec"]["train"]["stack"] == "torchtitan" and c["spec"]["train"]["elementwise"] == "compiled"
                for c in out["configs"])

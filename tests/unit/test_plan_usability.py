@@ -16,7 +16,8 @@ from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 
 LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias="none", attention="flash")
-ODD_LAYERS = dict(vocab_size=256, d_model=128, n_layers=5, n_heads=8, n_kv_heads=2, ffn_hidden=256, seq_len=256, **LLAMA)
+ODD_LAYERS = dict(vocab_size=256, d_model=128, n_layers=5, n_heads=8, n_kv_heads=2, ffn_hidden=256, seq_len=256,
+                  **LLAMA)
 
 
 def test_cp_ring_time_counts_each_pipeline_ranks_own_layers():
@@ -37,7 +38,8 @@ def test_every_cp_pp_layout_adds_up():
     rows = [i for i in range(len(layouts)) if layouts.cp[i] > 1 and layouts.pp[i] > 1]
     hw = get_hardware("h100-sxm")
     for i in random.Random(3).sample(rows, 60):
-        step_time(light_spec(layouts.take(i).spec_dict(model)), hw, gpus_per_node=8)  # raises if the parts do not add up
+        # raises if the parts do not add up
+        step_time(light_spec(layouts.take(i).spec_dict(model)), hw, gpus_per_node=8)
 
 
 def _broken_if(bad):
@@ -123,8 +125,9 @@ def test_local_params_run_by_run_equal_shard_param_one_by_one():
         p, m = spec.parallel, spec.model
         for rank in range(p.world_size):
             c = p.coords(rank)
-            one_by_one = [q for q in (shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp_cp, ep=p.ep, tp_rank=c["tp"],
-                                                  dp_rank=p.data_parallel_index(rank), ep_rank=c["ep"], fsdp=p.zero_stage >= 2)
+            one_by_one = [q for q in (shard_param(info, n_experts=m.n_experts, tp=p.tp, dp=p.dp_cp, ep=p.ep,
+                                                  tp_rank=c["tp"], dp_rank=p.data_parallel_index(rank), ep_rank=c["ep"],
+                                                  fsdp=p.zero_stage >= 2)
                                       for info in pp_param_list(m, c["pp"], p.pp, p.virtual_stages, p.pp_schedule))
                           if q is not None]
             assert local_params(spec, rank) == one_by_one
@@ -344,7 +347,8 @@ def test_plan_memory_is_estimates_fit_on_a_gpu_profile(source, tmp_path, capsys)
             fit = _estimate_fit({**c["spec"], "runtime": {"device": device}}, tmp_path, capsys)
             assert fit["fullest_bytes"] == c["mem_bytes_max"], (device, c["spec"]["name"])
             assert fit["fits"] is c["fits_exact"] is True and fit["need_bytes"] == c["need_bytes"]
-    # every layout's bytes: search without its prune (with it, a layout that cannot fit keeps a lower bound, checked too)
+    # every layout's bytes: search without its prune (with it, a layout that cannot fit keeps a lower bound, checked
+    # too)
     kw = dict(gpus=gpus, gpus_per_node=8, hw=hw, global_batch=batch, memory_bytes=hw.memory_bytes, held=held)
     layouts, memory, _ = search(model, prune=False, **kw)
     _, pruned, fitting = search(model, **kw)
@@ -375,7 +379,8 @@ def test_plan_and_estimate_judge_a_layout_by_one_rule():
     model = ModelSpec(**{**preset_model("llama-3-8b"), "seq_len": 4096, "attention": "flash"})
     for device_bytes, old_fits in ((20e9, False), (80e9, True)):
         hw = replace(get_hardware("h100-sxm"), memory_bytes=device_bytes)
-        layouts, memory, keep = search(model, gpus=16, gpus_per_node=8, hw=hw, global_batch=32, memory_bytes=device_bytes)
+        layouts, memory, keep = search(model, gpus=16, gpus_per_node=8, hw=hw, global_batch=32,
+                                       memory_bytes=device_bytes)
         old = memory <= device_bytes * 0.95 - 2.5e9
         kept = np.zeros(len(layouts), dtype=bool)
         kept[keep] = True
@@ -383,4 +388,5 @@ def test_plan_and_estimate_judge_a_layout_by_one_rule():
         assert len(between) and bool(old[between].all()) is old_fits, device_bytes
         for i in between[:: max(1, len(between) // 12)]:
             est = estimate(ExperimentSpec.for_prediction(layouts.take(int(i)).spec_dict(model)))
-            assert fit_on(est, hw)["fits"] is bool(kept[i]) is not old_fits, layouts.take(int(i)).spec_dict(model)["name"]
+            assert fit_on(est, hw)["fits"] is bool(kept[i]) is not old_fits, (
+                layouts.take(int(i)).spec_dict(model)["name"])

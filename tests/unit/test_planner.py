@@ -23,13 +23,15 @@ def test_fast_memory_matches_exact_estimator_on_1000_random_layouts():
     """Issue 13: worst-rank memory of the planner's path within 0.5% of estimate.estimate on 1,000 random layouts
     (ddp/zero1/zero2/zero3 x tp x pp x schedules x micro-batch x recompute x SP, 8 and 16 GPUs)."""
     rng = random.Random(13)
-    rows = [(g, lay.take(i)) for g in (8, 16) for lay in [enumerate_layouts(MODEL, gpus=g, gpus_per_node=8, global_batch=32)]
+    rows = [(g, lay.take(i)) for g in (8, 16) for lay in [enumerate_layouts(MODEL, gpus=g, gpus_per_node=8,
+                                                                            global_batch=32)]
             for i in range(len(lay))]
     worst = 0.0
     for _, row in rng.sample(rows, 1000):
         data = row.spec_dict(MODEL)
         fast, _ = worst_rank_bytes(light_spec(data))
-        exact = max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(data)).per_rank)  # its fullest moment
+        # its fullest moment
+        exact = max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(data)).per_rank)
         worst = max(worst, abs(fast - exact) / exact)
         assert abs(fast - exact) <= 0.005 * exact, (row, fast, exact)
     assert worst <= 0.005
@@ -60,8 +62,9 @@ def test_plan_ranks_fitting_layouts_fastest_first():
 
 
 def test_plan_cli_json_contract(capsys):
-    argv = ["plan", "--vocab", "1000", "--hidden", "128", "--layers", "8", "--heads", "8", "--gpus", "8", "--gpus-per-node", "8",
-            "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "3", "--json"]
+    argv = ["plan", "--vocab", "1000", "--hidden", "128", "--layers", "8", "--heads", "8", "--gpus", "8",
+            "--gpus-per-node", "8", "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "3",
+            "--json"]
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert {"searched", "feasible", "seconds", "configs"} <= set(d) and len(d["configs"]) == 3
@@ -76,10 +79,12 @@ def test_plan_reserve_and_fragmentation_flags_replace_the_allowance(capsys):
     """--reserve-gb replaces the CUDA context + NCCL buffers with one fixed reserve per GPU; --fragmentation replaces
     the allocator slack's fraction; every printed layout's need is its fullest moment + exactly that allowance."""
     argv = ["plan", "--vocab", "1000", "--hidden", "128", "--layers", "8", "--heads", "8", "--gpus", "8",
-            "--gpus-per-node", "8", "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "3", "--json"]
+            "--gpus-per-node", "8", "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "3",
+            "--json"]
     assert main(argv) == 0
     default = json.loads(capsys.readouterr().out)
-    assert default["allowance"]["cuda_context_bytes"] == 527 * 2**20 and default["allowance"]["fragmentation_frac"] == 0.13
+    assert (default["allowance"]["cuda_context_bytes"] == 527 * 2**20
+            and default["allowance"]["fragmentation_frac"] == 0.13)
     assert main(argv + ["--reserve-gb", "2", "--fragmentation", "0.25"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["allowance"] == {"cuda_context_bytes": 2_000_000_000, "nccl_bytes_per_communicator": 0,
@@ -93,7 +98,8 @@ def test_plan_reserve_and_fragmentation_flags_replace_the_allowance(capsys):
         assert c["fullest_budget_bytes"] == pytest.approx((d["device_bytes"] - 2e9) / 1.25)
     # overrides that cannot describe a device are refused before searching (a negative slack divided by zero)
     for flags, said in ((["--reserve-gb", "200"], "--reserve-gb 200 GB is not less than the 80 GB per GPU of h100-sxm"),
-                        (["--reserve-gb", "20", "--memory-gb", "16"], "not less than the 16 GB per GPU of h100-sxm (--memory-gb)"),
+                        (["--reserve-gb", "20", "--memory-gb", "16"],
+                         "not less than the 16 GB per GPU of h100-sxm (--memory-gb)"),
                         (["--reserve-gb", "-1"], "--reserve-gb must be >= 0"),
                         (["--fragmentation", "-1"], "--fragmentation must be between 0 and 1"),
                         (["--fragmentation", "1.5"], "got 1.5"),

@@ -43,7 +43,8 @@ CASES = [(TINYLLAMA, 32, 64, "bf16-mixed"), (TINYLLAMA, 64, 128, "bf16-mixed"), 
 def _exact(model: ModelSpec, layouts: Layout, i: int) -> int:
     """The estimator's fullest rank at its fullest moment (RankEstimate.fullest_bytes: the activation peak,
     optimizer.step, the start of the loss's backward, inside backward), every rank."""
-    return max(r.fullest_bytes() for r in estimate(ExperimentSpec.for_prediction(layouts.take(i).spec_dict(model))).per_rank)
+    return max(r.fullest_bytes()
+               for r in estimate(ExperimentSpec.for_prediction(layouts.take(i).spec_dict(model))).per_rank)
 
 
 def test_array_and_single_layout_memory_agree_on_1000_random_layouts():

@@ -39,7 +39,8 @@ def test_array_and_scalar_calls_agree_on_every_category_and_pipeline_rank(model,
                 for c in CATEGORIES:
                     value = getattr(scalar, c)
                     assert isinstance(value, int), (c, type(value))
-                    assert np.broadcast_to(getattr(table, c), np.shape(table.total_bytes))[k, rank] == value, (i, rank, c)
+                    assert (np.broadcast_to(getattr(table, c), np.shape(table.total_bytes))[k, rank]
+                            == value), (i, rank, c)
     assert {int(z) for z in layouts.zero_stage[rows]} == set(ZeroStage.ALL)
 
 

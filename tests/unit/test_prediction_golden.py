@@ -23,7 +23,8 @@ from backend.spec import ExperimentSpec, ModelSpec
 # ESTIMATES_BEFORE / PLANNER_BEFORE re-recorded once since (issue 22 C, RMSNorm saved bytes per device:
 # analytic/device.rms_norm_saved_bytes): only activations_bytes / total_bytes of RMSNorm models moved (171 of 846
 # estimates: every CUDA one with saved norms, CPU bf16 under FSDP2's bf16 params; 30 planner rows). Then the per-rank
-# field loss_backward_temp_bytes was added (without it the digest is 084ca46d2234eeed73e9, every other number as before).
+# field loss_backward_temp_bytes was added (without it the digest is 084ca46d2234eeed73e9, every other number as
+# before).
 # STEP_TIMES_BEFORE re-recorded with the per-device operation tables (issue 22 B): the step times on h100-sxm moved
 # on purpose; the RMSNorm change (issue 22 C) moved no step time.
 # Then issue 26 moved all three (main's b1db28418adc6a03115b, 16ab12f230336f1eceff, 6776c972a54ebb4c7d41 before):
@@ -83,8 +84,8 @@ PLANNER_CASES = {
     "l70": (ModelSpec(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
                       seq_len=4096, **LLAMA), 1024, 1024, "bf16-mixed"),
 }
-DEGREES = ((1, 1, 1, 1), (2, 1, 1, 1), (3, 1, 1, 1), (4, 2, 1, 1), (4, 1, 2, 1), (6, 3, 1, 1), (8, 2, 2, 1), (4, 1, 1, 2),
-           (4, 1, 1, 4), (8, 1, 1, 2), (12, 3, 2, 1), (8, 1, 4, 1))
+DEGREES = ((1, 1, 1, 1), (2, 1, 1, 1), (3, 1, 1, 1), (4, 2, 1, 1), (4, 1, 2, 1), (6, 3, 1, 1), (8, 2, 2, 1),
+           (4, 1, 1, 2), (4, 1, 1, 4), (8, 1, 1, 2), (12, 3, 2, 1), (8, 1, 4, 1))
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zero_bubble", 2), ("zbv", 2))
 
 

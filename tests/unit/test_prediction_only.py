@@ -20,7 +20,8 @@ from tests.helpers.farm import TOL, parity_job, uses
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 ZBV_FSDP = {"model": {"vocab_size": 1000, "d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64},
             "train": {"global_batch": 16, "micro_batch": 1},
-            "parallel": {"strategy": "fsdp", "world_size": 8, "tp": 2, "pp": 2, "pp_schedule": "zbv", "virtual_stages": 2}}
+            "parallel": {"strategy": "fsdp", "world_size": 8, "tp": 2, "pp": 2, "pp_schedule": "zbv",
+                         "virtual_stages": 2}}
 FLAGS = ["--strategy", "fsdp", "--tp", "2", "--pp", "2", "--world", "8", "--layers", "8", "--hidden", "128", "--heads",
          "8", "--vocab", "1000", "--seq", "64", "--global-batch", "16", "--micro-batch", "1", "--schedule", "zbv",
          "--virtual-stages", "2"]
@@ -53,8 +54,8 @@ def test_estimate_predicts_it_and_run_submit_refuse(capsys, tmp_path):
 
 def test_plan_json_marks_every_config(capsys):
     argv = ["plan", "--vocab", "1000", "--hidden", "128", "--layers", "8", "--heads", "8", "--gpus", "8",
-            "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "40", "--json", "--include-predicted",
-            "--precision", "fp16-mixed",  # fastest here: zero1 x pp, prediction only under fp16
+            "--hardware", "h100-sxm", "--global-batch", "16", "--seq", "64", "--top", "40", "--json",
+            "--include-predicted", "--precision", "fp16-mixed",  # fastest here: zero1 x pp, prediction only under fp16
             "--attention", "math"]  # the layouts this was written for (flash, the GPU default since issue 30, adds cp)
     assert main(argv) == 0
     configs = json.loads(capsys.readouterr().out)["configs"]
@@ -68,7 +69,8 @@ def test_form_shows_the_prediction_of_a_prediction_only_layout(tmp_path, monkeyp
     monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
     monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
     at = AppTest.from_file(APP, default_timeout=60).run()
-    at.session_state["clone_spec"] = ExperimentSpec.for_prediction(ZBV_FSDP)  # what Plan's "Open in New experiment" does
+    # what Plan's "Open in New experiment" does
+    at.session_state["clone_spec"] = ExperimentSpec.for_prediction(ZBV_FSDP)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     assert not [e for e in at.error if "cannot run" in e.value]
@@ -104,7 +106,8 @@ def test_plan_leaves_out_what_the_model_cannot_run_and_says_which_rule():
     from backend.planner.search import plan
     from backend.spec import ModelSpec
 
-    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True, attention="flash")
+    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True,
+                      attention="flash")
     res = plan(sinks, gpus=8, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=16, top=5)
     assert res.configs == [] and res.predicted_only_left_out == res.feasible > 0
     (note,) = [n for n in res.notes if "left out of the ranking" in n]
@@ -115,9 +118,9 @@ def test_plan_leaves_out_what_the_model_cannot_run_and_says_which_rule():
 
 
 def test_array_run_check_equals_run_blockers_on_every_layout():
-    """planner.search.run_blocked (arrays) and backend.spec.checks.run_blockers (one spec) agree on every enumerated layout
-    of a dense, a MoE, a windowed flash (cp searched: ring attention has no window) and a sinks model, in bf16, fp16
-    (blocks zero1 x tp/pp) and fp8 (blocks tp and ep). Both read the one rule table, backend/spec/run_rules.py."""
+    """planner.search.run_blocked (arrays) and backend.spec.checks.run_blockers (one spec) agree on every enumerated
+    layout of a dense, a MoE, a windowed flash (cp searched: ring attention has no window) and a sinks model, in bf16,
+    fp16 (blocks zero1 x tp/pp) and fp8 (blocks tp and ep). Both read the one rule table, backend/spec/run_rules.py."""
     import numpy as np
 
     from backend.planner.search import run_blocked
@@ -127,7 +130,8 @@ def test_array_run_check_equals_run_blockers_on_every_layout():
     dense = ModelSpec(vocab_size=1000, d_model=128, n_layers=8, n_heads=8, seq_len=64)
     moe = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, n_experts=4, top_k=2)
     windowed = ModelSpec(vocab_size=1000, d_model=128, n_layers=8, n_heads=8, seq_len=64, window=16, attention="flash")
-    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True, attention="flash")
+    sinks = ModelSpec(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, seq_len=32, attention_sinks=True,
+                      attention="flash")
     checked, mixed = 0, 0
     for model in (dense, moe, windowed, sinks):
         for precision in ("bf16-mixed", "fp16-mixed", "fp8"):
@@ -149,10 +153,12 @@ def test_estimate_accepts_200_random_plan_outputs(capsys):
     configs: list[dict] = []
     while len(configs) < 200:
         heads = rng.choice([4, 8, 16])
-        argv = ["plan", "--vocab", str(rng.choice([500, 1000, 32000])), "--hidden", str(heads * rng.choice([16, 32, 64])),
-                "--layers", str(rng.choice([4, 6, 8, 12])), "--heads", str(heads), "--gpus", str(rng.choice([4, 8, 16, 32])),
-                "--hardware", rng.choice(["h100-sxm", "a100-80gb-sxm"]), "--global-batch", str(rng.choice([16, 32, 64])),
-                "--seq", str(rng.choice([64, 256, 1024])), "--precision", rng.choice(["bf16-mixed", "fp16-mixed", "fp32"]),
+        argv = ["plan", "--vocab", str(rng.choice([500, 1000, 32000])),
+                "--hidden", str(heads * rng.choice([16, 32, 64])), "--layers", str(rng.choice([4, 6, 8, 12])),
+                "--heads", str(heads),
+                "--gpus", str(rng.choice([4, 8, 16, 32])), "--hardware", rng.choice(["h100-sxm", "a100-80gb-sxm"]),
+                "--global-batch", str(rng.choice([16, 32, 64])), "--seq", str(rng.choice([64, 256, 1024])),
+                "--precision", rng.choice(["bf16-mixed", "fp16-mixed", "fp32"]),
                 "--top", "25", "--include-predicted", "--json"]
         if rng.random() < 0.3:
             argv += ["--experts", "4", "--top-k", "2"]

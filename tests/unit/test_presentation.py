@@ -56,7 +56,8 @@ def test_home_page_workflow_short_metrics_gib_and_tooltips():
     values = {m.label: m.value for m in at.metric}
     assert values["comm / step"] == "527 KiB" and values["parameters"] == "135k", "three digits: nothing to cut off"
     assert all(len(v) <= 10 for v in values.values()), values
-    assert all(m.help for m in at.metric if m.label in ("parameters", "comm / step", "pipeline bubble")), "each term explained"
+    assert all(m.help for m in at.metric
+               if m.label in ("parameters", "comm / step", "pipeline bubble")), "each term explained"
     fit = next(s.value for s in at.success if s.value.startswith("Fits"))
     assert "of 74.51 GiB (80 GB as sold)" in fit
     mem = next(f for t, f in _figs(at).items() if t.startswith("Predicted memory per rank"))

@@ -23,7 +23,8 @@ PUBLISHED = [
     ("mixtral-8x7b", 46_702_792_704, "keras-hub mixtral_presets.py mixtral_8_7b_en; HF mistralai/Mixtral-8x7B-v0.1"),
     ("mixtral-8x22b", 140_620_634_112, "HF mistral-community/Mixtral-8x22B-v0.1 safetensors total"),
     ("qwen2.5-0.5b", 494_032_768, "keras-hub qwen_presets.py qwen2.5_0.5b_en; HF Qwen/Qwen2.5-0.5B"),
-    ("qwen1.5-moe-a2.7b", 14_315_784_192, "keras-hub qwen_moe_presets.py qwen1.5_moe_2.7b_en; HF Qwen/Qwen1.5-MoE-A2.7B"),
+    ("qwen1.5-moe-a2.7b", 14_315_784_192,
+     "keras-hub qwen_moe_presets.py qwen1.5_moe_2.7b_en; HF Qwen/Qwen1.5-MoE-A2.7B"),
     # issue 24: transformers 5.24's model of each published config.json on the meta device (test_families_2026.py
     # says what the model-card totals count differently: DeepSeek-V3's MTP module, Llama 4's vision encoder)
     ("deepseek-v3", 671_026_404_352, "transformers DeepseekV3ForCausalLM, deepseek-ai/DeepSeek-V3 config.json"),

@@ -28,8 +28,8 @@ def _cells(quote: str) -> list[str]:
 @pytest.mark.parametrize("row", MPT, ids=[r["id"] for r in MPT])
 def test_mpt_rows_are_the_quoted_configs(row):
     """MosaicML llm-foundry MPT benchmark rows (scripts/train/benchmarking/README.md): the spec is the quoted row
-    (seq len, GPUs, micro batch, grad accumulation, global batch, sharding strategy, activation checkpointing) and ShardLab's
-    parameter count of the MPT shape equals the row's NumParams exactly."""
+    (seq len, GPUs, micro batch, grad accumulation, global batch, sharding strategy, activation checkpointing) and
+    ShardLab's parameter count of the MPT shape equals the row's NumParams exactly."""
     c = _cells(row["quote"])
     spec = ExperimentSpec.for_prediction(row["spec"])
     assert (spec.model.seq_len, spec.parallel.world_size, spec.train.micro_batch, spec.train.microbatches,
@@ -79,7 +79,8 @@ def test_gpu_check_world1_runs_within_10pct(monkeypatch):
         spec = ExperimentSpec.model_validate(run["spec"])
         for key in ("h200", "measured-nvidia-h200"):
             pred = step_time(spec, get_hardware(key)).summary["step_s"]
-            errors[(run["gpu_check"]["run"], key)] = (pred - run["step_time"]["measured_step_s"]) / run["step_time"]["measured_step_s"]
+            errors[(run["gpu_check"]["run"], key)] = ((pred - run["step_time"]["measured_step_s"])
+                                                      / run["step_time"]["measured_step_s"])
     assert len(errors) == 10 and max(abs(e) for e in errors.values()) <= 0.10, errors
 
 

@@ -29,7 +29,8 @@ def test_megatron_bridge_moe_rows_are_the_quoted_configs(row):
     c = dict(zip(_cells(row["columns"]), _cells(row["quote"]), strict=False))
     par, train = row["spec"]["parallel"], row["spec"]["train"]
     assert int(c["#-GPUs"]) == par["world_size"] == row["published"]["gpus"]
-    assert c.get("System", "DGX-H100") == "DGX-H100" and (c.get("Precision") == "BF16") == (train["precision"] == "bf16-mixed")
+    assert (c.get("System", "DGX-H100") == "DGX-H100"
+            and (c.get("Precision") == "BF16") == (train["precision"] == "bf16-mixed"))
     assert (int(c["GBS"]), int(c["MBS"]), int(c["Sequence Length"])) == (train["global_batch"], train["micro_batch"],
                                                                          row["spec"]["model"]["seq_len"])
     assert (int(c["TP"]), int(c["PP"]), int(c["CP"]), int(c["EP"])) == (par["tp"], par["pp"], par["cp"], par["ep"])

@@ -31,7 +31,8 @@ def test_nemo_rows_are_the_quoted_configs(row):
     p = s.parallel
     assert (p.world_size, s.train.global_batch, s.train.micro_batch, s.model.seq_len, p.tp, p.pp, p.cp,
             p.virtual_stages) == tuple(int(x) for x in c[1:9])
-    assert row["published"]["value"] == int(c[9]) and str(s.train.stack) == "megatron" and str(s.train.precision) == "fp8"
+    assert (row["published"]["value"] == int(c[9]) and str(s.train.stack) == "megatron"
+            and str(s.train.precision) == "fp8")
 
 
 def published_row(rid: str):
@@ -46,7 +47,8 @@ def test_torchtitan_rows_name_their_stack_settings():
         t = row["spec"]["train"]
         assert t["stack"] == "torchtitan", row["id"]
         assert ("compile" in row["id"] or "asynctp" in row["id"] or "trainy" in row["id"] or "-t2-" in row["id"]
-                or "-t4-" in row["id"] or "-t5-" in row["id"] or "-t6-" in row["id"]) == (t.get("elementwise") == "compiled")
+                or "-t4-" in row["id"] or "-t5-" in row["id"]
+                or "-t6-" in row["id"]) == (t.get("elementwise") == "compiled")
         asynctp = ("async" in row["id"] and "vanilla" not in row["id"]) or "-t5-" in row["id"] or "-t6-" in row["id"]
         assert asynctp == bool(t.get("tp_overlap")), row["id"]  # Tables 5 and 6 name "+ AsyncTP" in their headings
         assert row["hardware"] == ("h200" if "trainy" in row["id"] else "h100-96gb-hbm2e-500w")

@@ -19,7 +19,8 @@ POLICIES = ("op", "layers:2", "layers:3", "block:1", "block:3", "uniform:2", "un
 
 
 def _spec(recompute: str, precision: str = "fp32", **family) -> ExperimentSpec:
-    return ExperimentSpec(model={"n_layers": 4, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 128, **family},
+    return ExperimentSpec(model={"n_layers": 4, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 128,
+                                 **family},
                           train={"global_batch": 4, "micro_batch": 2, "recompute": recompute, "precision": precision},
                           parallel={"strategy": "ddp", "world_size": 1})
 
@@ -80,7 +81,8 @@ def test_the_policies_order_memory_and_flops_as_expected():
     assert act["none"] > act["layers:2"] > act["full"] and act["none"] > act["op"] > act["full"]
     assert act["uniform:2"] > act["full"]
     flops = {rc: e.flops_per_step for rc, e in rows.items()}
-    assert flops["none"] < flops["op"] < flops["full"] == flops["uniform:2"] and flops["none"] < flops["layers:2"] < flops["full"]
+    assert (flops["none"] < flops["op"] < flops["full"] == flops["uniform:2"]
+            and flops["none"] < flops["layers:2"] < flops["full"])
 
 
 def test_planner_searches_the_framework_policies():

@@ -58,8 +58,10 @@ def test_a_complete_auth_section_allows_and_an_incomplete_one_says_what_is_missi
     secrets.write_text(AUTH.replace(f'cookie_secret = "{SECRET}9c8b7a6d5e4f"\n', ""))
     assert "lacks cookie_secret" in remote_access_problem("0.0.0.0", env={}, paths=[secrets])
     provider = AUTH.replace('client_id = "shardlab"\n', "").replace('client_secret = "s3cret"\n', "")
-    provider = provider.replace('server_metadata_url = "https://idp.example.com/.well-known/openid-configuration"\n', "")
-    secrets.write_text(provider + '[auth.okta]\nclient_id = "c"\nclient_secret = "s"\nserver_metadata_url = "https://o"\n')
+    provider = provider.replace('server_metadata_url = "https://idp.example.com/.well-known/openid-configuration"\n',
+                                "")
+    secrets.write_text(provider + '[auth.okta]\nclient_id = "c"\nclient_secret = "s"\nserver_metadata_url = '
+                                  '"https://o"\n')
     assert remote_access_problem("0.0.0.0", env={}, paths=[secrets]) is None
 
 
@@ -89,9 +91,11 @@ def test_hostile_values_are_refused_by_the_spec_and_the_cluster_config(text):
 
     from backend.cluster.slurm_config import SlurmConfig
 
-    _, problems = validate_spec({**TINY, "parallel": {"world_size": 2}, "runtime": {"nnodes": 2, "rdzv_endpoint": f"{text}:29500"}})
+    _, problems = validate_spec({**TINY, "parallel": {"world_size": 2},
+                                 "runtime": {"nnodes": 2, "rdzv_endpoint": f"{text}:29500"}})
     assert any("is not host:port" in p for p in problems)
-    for field in ({"partition": text}, {"account": text}, {"extra_sbatch": [f"#SBATCH --x={text}"]}, {"time_limit": text}):
+    for field in ({"partition": text}, {"account": text}, {"extra_sbatch": [f"#SBATCH --x={text}"]},
+                  {"time_limit": text}):
         with pytest.raises(ValidationError):
             SlurmConfig(**field)
 
@@ -127,8 +131,8 @@ def _free_port() -> int:
 def test_make_run_refuses_to_start_on_all_interfaces(tmp_path):
     port = _free_port()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHARDLAB_NO_WORKER": "1"}
-    done = subprocess.run(["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", f"PORT={port}", f"PY={sys.executable}"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", f"PORT={port}",
+                           f"PY={sys.executable}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "refusing to serve the dashboard on 0.0.0.0" in done.stderr, done.stderr
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "something listens: the dashboard started anyway"
@@ -140,8 +144,8 @@ def test_the_trusted_proxy_opt_out_starts_the_dashboard(tmp_path):
     port = _free_port()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHARDLAB_NO_WORKER": "1", "SHARDLAB_TRUSTED_PROXY": "1",
            "SHARDLAB_DB_URL": f"sqlite:///{tmp_path / 'ui.db'}"}
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--host", "0.0.0.0", "--port", str(port)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--host", "0.0.0.0", "--port", str(port)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, ok = time.monotonic() + 120, False
         while time.monotonic() < deadline and not ok and proc.poll() is None:

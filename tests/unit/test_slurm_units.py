@@ -20,8 +20,9 @@ from tests.helpers.worker_helpers import SLURM_TINY, slurm_spec
 def test_the_script_takes_the_rendezvous_from_nodeaddr_and_parses(tmp_path):
     cfg = SlurmConfig(partition="gpu", account="ml-infra", gpus_per_node=2, extra_sbatch=["#SBATCH --exclusive"])
     script = build_script(slurm_spec(timeout_s=90.5), cfg, experiment_id=12, workdir=tmp_path / "12")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu", "#SBATCH --account=ml-infra",
-                 "#SBATCH --gpus-per-node=2", "#SBATCH --time=1:31", "#SBATCH --no-requeue", "#SBATCH --exclusive"):
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=ml-infra", "#SBATCH --gpus-per-node=2", "#SBATCH --time=1:31",
+                 "#SBATCH --no-requeue", "#SBATCH --exclusive"):
         assert line in script.splitlines(), line
     assert "NodeAddr" in script and "--local-addr" in script and "--nproc-per-node 2" in script
     assert "-m backend.engine.rank" in script and "srun --nodes=2" in script

@@ -15,7 +15,8 @@ from backend.spec import ExperimentSpec, Schedule, Strategy, validate_spec
 WEIRD_INTS = st.one_of(st.integers(-3, 12), st.sampled_from([0, -1, 2**31, 10**12, -(10**12), 10**30]))
 ANY_SCALAR = st.one_of(WEIRD_INTS, st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=8),
                        st.lists(st.integers(), max_size=2))
-STRATEGY_NAMES = st.one_of(st.sampled_from([s.value for s in Strategy]), st.sampled_from(["", "ZERO3", "zero4", "dp", "tp "]))
+STRATEGY_NAMES = st.one_of(st.sampled_from([s.value for s in Strategy]),
+                           st.sampled_from(["", "ZERO3", "zero4", "dp", "tp "]))
 SCHEDULES = st.one_of(st.sampled_from([s.value for s in Schedule]), st.sampled_from(["1F1B", "pipedream", ""]))
 VALUE = st.one_of(WEIRD_INTS, WEIRD_INTS, ANY_SCALAR)
 
@@ -68,13 +69,16 @@ def consistent(draw) -> dict:
     v = 2 if sched in ("interleaved_1f1b", "zero_bubble", "zbv") else 1
     mb = draw(st.integers(1, 2))
     micro = pp * draw(st.integers(1, 2))
-    return {"model": {"d_model": 16, "n_heads": 4, "n_kv_heads": draw(st.sampled_from([2, 4])), "n_layers": pp * v * draw(st.integers(1, 2)),
+    return {"model": {"d_model": 16, "n_heads": 4, "n_kv_heads": draw(st.sampled_from([2, 4])),
+                      "n_layers": pp * v * draw(st.integers(1, 2)),
                       "vocab_size": draw(st.integers(5, 33)), "seq_len": draw(st.integers(2, 9)),
                       "n_experts": 4 if moe else 0, "top_k": 2},
-            "train": {"global_batch": micro * mb * dp, "micro_batch": mb, "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+            "train": {"global_batch": micro * mb * dp, "micro_batch": mb,
+                      "recompute": draw(st.sampled_from(["none", "selective", "full"])),
                       "precision": draw(st.sampled_from(["fp32", "bf16-mixed"]))},
             "parallel": {"strategy": strategy, "world_size": tp * pp * dp, "tp": tp, "pp": pp, "ep": ep,
-                         "sequence_parallel": tp > 1 and draw(st.booleans()), "pp_schedule": sched, "virtual_stages": v}}
+                         "sequence_parallel": tp > 1 and draw(st.booleans()), "pp_schedule": sched,
+                         "virtual_stages": v}}
 
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -154,8 +158,8 @@ def test_rejections_name_the_offending_values(parallel):
     ({"parallel": {"strategy": "tp", "world_size": 1}}, "strategy tp needs tp >= 2"),
     ({"parallel": {"sequence_parallel": True}}, "sequence_parallel needs tp >= 2"),
     ({"parallel": {"ep": 2}}, "ep=2 needs a MoE model"),
-    ({"model": {"n_layers": 2}, "parallel": {"strategy": "pp", "pp": 4}, "train": {"global_batch": 4, "micro_batch": 1}},
-     "n_layers=2 < pp(4) * virtual_stages(1) = 4 stages"),
+    ({"model": {"n_layers": 2}, "parallel": {"strategy": "pp", "pp": 4},
+      "train": {"global_batch": 4, "micro_batch": 1}}, "n_layers=2 < pp(4) * virtual_stages(1) = 4 stages"),
     ({"parallel": {"strategy": "pp", "pp": 2, "pp_schedule": "zbv", "virtual_stages": 3},
       "model": {"n_layers": 6}, "train": {"global_batch": 4, "micro_batch": 1}}, "zbv runs exactly 2 stages per rank"),
     ({"train": {"microbatches": 3, "global_batch": 8, "micro_batch": 2}},

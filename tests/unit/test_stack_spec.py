@@ -41,7 +41,8 @@ def test_megatron_attention_follows_transformer_engine_by_device():
     assert resolve_stack(s, "sm80").values["attention_kernel"] == "flash2"
     assert resolve_stack(s, "cpu").values["attention_kernel"] == "eager"
     r = resolve_stack(s, "sm90")
-    assert r.values["elementwise"] == "fused" and r.values["param_dtype"] == "bf16" and r.values["master_dtype"] == "fp32"
+    assert (r.values["elementwise"] == "fused" and r.values["param_dtype"] == "bf16"
+            and r.values["master_dtype"] == "fp32")
     assert r.values["grad_reduce_overlap"] is False and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
     assert "arguments.py 3121" in r.sources["grad_reduce_overlap"]
 
@@ -56,7 +57,8 @@ def test_a_setting_set_in_the_spec_wins_and_says_so():
 
 def test_torchtitan_dtypes_and_loss_parallel():
     r = resolve_stack(_spec({"stack": "torchtitan"}, {"strategy": "zero3"}), "sm90")
-    assert (r.values["param_dtype"], r.values["grad_reduce_dtype"], r.values["master_dtype"]) == ("fp32", "fp32", "none")
+    assert (r.values["param_dtype"], r.values["grad_reduce_dtype"],
+            r.values["master_dtype"]) == ("fp32", "fp32", "none")
     assert r.values["loss_parallel"] is True and r.values["param_gather_overlap"] is True
 
 
@@ -69,7 +71,8 @@ def test_shardlab_resolves_to_what_the_engine_keeps():
 
 
 def test_contradictions_are_refused_with_the_values():
-    _, problems = validate_spec({"model": LLAMA, "train": {"precision": "fp32", "param_dtype": "bf16"}}, predict_only=True)
+    _, problems = validate_spec({"model": LLAMA, "train": {"precision": "fp32", "param_dtype": "bf16"}},
+                                predict_only=True)
     assert any("param_dtype=bf16 with precision=fp32" in p for p in problems), problems
     _, problems = validate_spec({"model": LLAMA, "parallel": {"world_size": 2, "tp": 2},
                                  "train": {"global_batch": 2, "tp_overlap": True}}, predict_only=True)
@@ -108,8 +111,8 @@ def test_estimate_json_gives_the_resolved_stack(capsys):
     d = _estimate(capsys, "--stack", "megatron", "--hardware", "h100-sxm")
     stack = d["stack"]
     assert stack["name"] == "megatron" and stack["device"] == "sm90" and set(stack["settings"]) == set(SETTINGS)
-    assert stack["settings"]["attention_kernel"] == {"value": "cudnn", "set_by": SPEC_DEFAULT,
-                                                     "source": STACKS[Stack.MEGATRON].defaults["attention_kernel"].source}
+    assert stack["settings"]["attention_kernel"] == {
+        "value": "cudnn", "set_by": SPEC_DEFAULT, "source": STACKS[Stack.MEGATRON].defaults["attention_kernel"].source}
     assert d["runnable"] is False and "elementwise=fused" in d["why_not"]
     assert "stack=megatron" in " ".join(d["step_time_detail"]["notes"])
     d = _estimate(capsys)
@@ -141,7 +144,8 @@ def _blockers_dp_only() -> list[str]:
     """Megatron's bf16 grad reduction under dp-only zero1, where this engine's distributed optimizer keeps an fp32
     main-grad buffer. (Its bf16 params and fp32 master are what the engine's distributed optimizer keeps: the megatron
     stack's zero1 runs on it whatever the degrees, test_megatron_zero1_runs_as_the_distributed_optimizer.)"""
-    return run_blockers(_spec({"stack": "megatron", "grad_reduce_dtype": "bf16"}, {"tp": 1, "sequence_parallel": False}))
+    return run_blockers(_spec({"stack": "megatron", "grad_reduce_dtype": "bf16"},
+                              {"tp": 1, "sequence_parallel": False}))
 
 
 def test_megatron_zero1_runs_as_the_distributed_optimizer():

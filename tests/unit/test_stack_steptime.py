@@ -23,7 +23,8 @@ from backend.spec import ExperimentSpec
 
 H100 = "h100-sxm"
 LLAMA8 = {"vocab_size": 128256, "d_model": 4096, "n_layers": 8, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336,
-          "seq_len": 8192, "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none", "attention": "flash"}
+          "seq_len": 8192, "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
+          "attention": "flash"}
 
 
 def _spec(train: dict | None = None, parallel: dict | None = None, model: dict | None = None) -> ExperimentSpec:
@@ -96,10 +97,12 @@ def test_loss_parallel_keeps_the_logits_sharded():
     """No all-gather of the (b, s, V) logits, and the cross-entropy over V/tp; off: over V."""
     on, off = _spec({"stack": "torchtitan"}), _spec({"stack": "torchtitan", "loss_parallel": False})
     gathered = off.train.micro_batch * off.model.seq_len * off.model.vocab_size * 2 * off.train.microbatches
-    ag_on, ag_off = (estimate(s, device="cuda").to_dict()["comm_bytes_per_step"].get("all_gather", 0) for s in (on, off))
+    ag_on, ag_off = (estimate(s, device="cuda").to_dict()["comm_bytes_per_step"].get("all_gather", 0)
+                     for s in (on, off))
     assert ag_off - ag_on == gathered
     hw, layout = get_hardware(H100), Layout.of(on)
-    assert head_pass(on.model, layout, hw, vocab_shards=1).fwd_s > 7 * head_pass(on.model, layout, hw, vocab_shards=8).fwd_s
+    assert (head_pass(on.model, layout, hw, vocab_shards=1).fwd_s
+            > 7 * head_pass(on.model, layout, hw, vocab_shards=8).fwd_s)
     assert _st(on).summary["step_s"] < _st(off).summary["step_s"]
 
 
@@ -123,16 +126,18 @@ def test_megatron_dp_only_zero1_is_the_distributed_optimizer():
 
 
 def test_pp_overlap_hides_interleaved_hops_only():
-    par = {"strategy": "ddp", "world_size": 16, "tp": 2, "pp": 8, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2,
-           "sequence_parallel": True}
+    par = {"strategy": "ddp", "world_size": 16, "tp": 2, "pp": 8, "pp_schedule": "interleaved_1f1b",
+           "virtual_stages": 2, "sequence_parallel": True}
     train = {"stack": "megatron", "global_batch": 16, "micro_batch": 1}
     model = {"n_layers": 32}
-    on, off = (_st(_spec({**train, "pp_overlap": v}, par, model)).per_rank[0].exposed_by_dim_s["pp"] for v in (True, False))
+    on, off = (_st(_spec({**train, "pp_overlap": v}, par, model)).per_rank[0].exposed_by_dim_s["pp"]
+               for v in (True, False))
     assert 0 < on < off
     one = {**par, "pp_schedule": "1f1b", "virtual_stages": 1}
     st = _st(_spec(train, one, model))
     assert any("interleaved schedules only" in n for n in st.notes)
-    assert st.per_rank[0].exposed_by_dim_s["pp"] == _st(_spec({**train, "pp_overlap": False}, one, model)).per_rank[0].exposed_by_dim_s["pp"]
+    assert (st.per_rank[0].exposed_by_dim_s["pp"]
+            == _st(_spec({**train, "pp_overlap": False}, one, model)).per_rank[0].exposed_by_dim_s["pp"])
 
 
 TABLE5 = [r for r in published_rows() if r.id.startswith("korthikanti-t5-")]

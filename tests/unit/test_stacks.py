@@ -107,8 +107,8 @@ def test_faulthandler_dump_round_trips(tmp_path):
             f"enable_stack_dump({str(tmp_path)!r}, 3)\n"
             "print('ready', flush=True)\n"
             "time.sleep(30)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         os.kill(proc.pid, signal.SIGUSR1)

@@ -16,8 +16,8 @@ from db.session import open_db
 from tests.helpers.store_helpers import fake_result, spec
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-CAVEAT = ("Bubble: 2 ranks on 2 CPU cores at load average 3.1; when the ranks do not each get a core, stages time-share "
-          "the CPU and cannot overlap, so the measured bubble tends to 1 - 1/pp whatever the schedule.")
+CAVEAT = ("Bubble: 2 ranks on 2 CPU cores at load average 3.1; when the ranks do not each get a core, stages "
+          "time-share the CPU and cannot overlap, so the measured bubble tends to 1 - 1/pp whatever the schedule.")
 
 
 @pytest.fixture(autouse=True)

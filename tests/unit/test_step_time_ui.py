@@ -17,8 +17,8 @@ from tests.helpers.store_helpers import fake_result, spec
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PROFILE = {"name": "test host", "kind": "cpu", "peak_flops": {"fp32": 5e10, "bf16": 5e10, "fp16": 5e10},
-           "hbm_bytes_per_s": 1e10, "intra_bytes_per_s": 1e9, "inter_bytes_per_s": 1e9, "gpus_per_node": 4096, "cores": 2,
-           "tune": {"intra_latency_s": 1e-4, "inter_latency_s": 1e-4, "dtensor_op_s": 1e-4}}
+           "hbm_bytes_per_s": 1e10, "intra_bytes_per_s": 1e9, "inter_bytes_per_s": 1e9, "gpus_per_node": 4096,
+           "cores": 2, "tune": {"intra_latency_s": 1e-4, "inter_latency_s": 1e-4, "dtensor_op_s": 1e-4}}
 
 
 @pytest.fixture
@@ -77,7 +77,8 @@ def test_plan_layout_keeps_its_hardware_in_new_experiment(env):
     _ok(at.run())
     assert at.selectbox(key="f_step_hw").value == "h100-sxm"
     shown = float(next(m for m in at.metric if m.label == "step time (predicted)").value.split()[0])
-    assert shown == pytest.approx(res.configs[0]["step_time"]["step_s"], rel=1e-2), "Plan's step time survives the hand-over"
+    assert shown == pytest.approx(res.configs[0]["step_time"]["step_s"], rel=1e-2), (
+        "Plan's step time survives the hand-over")
 
 
 def test_run_detail_says_why_there_is_no_step_comparison_then_shows_it(env):
@@ -116,7 +117,8 @@ def test_verify_table_has_numbers_or_reasons(env):
     assert df.loc[failed, "note"] == "failed: rank 1 raised"
     _write_profile(env)
     df = pv.verify_frame(_engine(), "verify-x").set_index("run")
-    assert df.loc[done, "predicted s"] > 0 and df.loc[done, "measured s"] == pytest.approx(0.140625)  # min over steps of the slowest rank
+    # min over steps of the slowest rank
+    assert df.loc[done, "predicted s"] > 0 and df.loc[done, "measured s"] == pytest.approx(0.140625)
     assert df.loc[done, "note"] == ""
 
 

@@ -27,7 +27,8 @@ def test_ptdp_table1_within_10pct(row):
     assert abs(pred - row[8]) / row[8] <= 0.10, (row, pred)
 
 
-@pytest.mark.parametrize(("schedule", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)])
+@pytest.mark.parametrize(("schedule", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2),
+                                             ("interleaved_1f1b", 4)])
 def test_simulated_bubble_matches_narayanan_when_stages_equal(schedule, v):
     """Equal stages, m divisible by p: the action-order makespan gives Narayanan 2021 Sec 2.2's (p-1)/(v·m)."""
     p, m = 4, 8
@@ -52,7 +53,8 @@ def test_alpha_beta_ring_all_reduce():
 
 def test_dp_group_spanning_nodes_is_inter_tier():
     spec = ExperimentSpec.model_validate({"parallel": {"strategy": "ddp", "world_size": 32, "tp": 8},
-                                          "model": {"n_heads": 8, "d_model": 128}, "train": {"global_batch": 8, "micro_batch": 2}})
+                                          "model": {"n_heads": 8, "d_model": 128},
+                                          "train": {"global_batch": 8, "micro_batch": 2}})
     assert CO.dim_tier(spec, "tp", 8, 8) == CO.INTRA
     assert CO.dim_tier(spec, "dp", 4, 8) == CO.INTER
     assert CO.members_per_node(spec, "dp", 4, 8) == 1

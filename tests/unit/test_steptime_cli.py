@@ -14,8 +14,8 @@ def _json(capsys, argv):
 
 
 def test_estimate_hardware_adds_step_time_with_exact_keys(capsys):
-    d = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "4", "--layers", "4", "--hardware", "a100-80gb-sxm",
-                       "--gpus-per-node", "2", "--json"])
+    d = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "4", "--layers", "4", "--hardware",
+                       "a100-80gb-sxm", "--gpus-per-node", "2", "--json"])
     assert tuple(d["step_time"]) == STEP_KEYS
     assert d["step_time"]["low_s"] <= d["step_time"]["step_s"] <= d["step_time"]["high_s"]
     assert d["step_time_detail"]["hardware"] == "a100-80gb-sxm" and len(d["step_time_detail"]["per_rank"]) == 1
@@ -43,7 +43,8 @@ def test_measured_gpu_profile_is_one_hardware_entry(capsys, monkeypatch):
     `estimate --hardware` predicts with it; every shipped GPU profile says where its tables come from."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
+    path = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1"
+            / "profile.json")
     monkeypatch.setenv("SHARDLAB_HARDWARE", str(path))
     d = _json(capsys, ["hardware", "--json"])
     measured = d["measured-nvidia-h200"]
@@ -51,7 +52,7 @@ def test_measured_gpu_profile_is_one_hardware_entry(capsys, monkeypatch):
     assert measured["tables"]["gemm"]["bf16"]["rows"] == 224 and "flash" in measured["tables"]["attention"]["kernels"]
     for key in ("h100-sxm", "h200", "b200"):
         assert d[key]["tables"]["gemm"]["bf16"]["source"] and d[key]["provenance"], key
-    est = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "8", "--layers", "4", "--hidden", "2048", "--heads",
-                         "16", "--seq", "4096", "--global-batch", "16", "--precision", "bf16-mixed",
+    est = _json(capsys, ["estimate", "--strategy", "zero3", "--world", "8", "--layers", "4", "--hidden", "2048",
+                         "--heads", "16", "--seq", "4096", "--global-batch", "16", "--precision", "bf16-mixed",
                          "--hardware", "measured-nvidia-h200", "--json"])
     assert est["step_time_detail"]["hardware"] == "measured-nvidia-h200" and est["step_time"]["step_s"] > 0

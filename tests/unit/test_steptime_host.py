@@ -84,7 +84,8 @@ def test_per_collective_seconds_and_stage_times_for_the_fit():
     assert set(tp.comm_by_collective_s) == {"all_reduce", "all_gather"}  # f/g all-reduces + lm_head's logits gather
     assert sum(tp.comm_by_collective_s.values()) == pytest.approx(tp.comm_s["tp"])
     pp = step_time(_spec("pp", pp_schedule="interleaved_1f1b", virtual_stages=2), hw)
-    assert len(pp.stage_fwd_s) == len(pp.stage_bwd_s) == 4 and all(b > f > 0 for f, b in zip(pp.stage_fwd_s, pp.stage_bwd_s, strict=False))
+    assert len(pp.stage_fwd_s) == len(pp.stage_bwd_s) == 4 and all(
+        b > f > 0 for f, b in zip(pp.stage_fwd_s, pp.stage_bwd_s, strict=False))
 
 
 def test_fit_loss_counts_collectives_and_phases():
@@ -104,8 +105,10 @@ def test_fit_loss_counts_collectives_and_phases():
 
 
 def test_measured_phases_are_per_stage_medians():
-    ev = [{"rank": 0, "stage": 0, "microbatch": k, "pass": "F", "start_s": 0.0, "end_s": d} for k, d in enumerate((1, 2, 9))]
-    ev += [{"rank": 0, "stage": 0, "microbatch": k, "pass": "B", "start_s": 1.0, "end_s": 1.0 + d} for k, d in enumerate((3, 4, 5))]
+    ev = [{"rank": 0, "stage": 0, "microbatch": k, "pass": "F", "start_s": 0.0, "end_s": d}
+          for k, d in enumerate((1, 2, 9))]
+    ev += [{"rank": 0, "stage": 0, "microbatch": k, "pass": "B", "start_s": 1.0, "end_s": 1.0 + d}
+           for k, d in enumerate((3, 4, 5))]
     ev += [{"rank": 0, "stage": -1, "microbatch": 0, "pass": "wait", "start_s": 0.0, "end_s": 7.0}]
     res = RunResult.model_validate({"status": "ok", "spec": _spec("pp").model_dump(mode="json"), "timeline": ev})
     assert measured_phases(res) == {0: (2.0, 4.0)}

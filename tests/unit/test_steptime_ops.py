@@ -38,7 +38,8 @@ def test_layer_passes_follow_the_block():
     bf16, _ = layer_passes(LLAMA, _widths(LLAMA, residual=2))  # FSDP2 MixedPrecisionPolicy: no casts
     gbf16, _ = layer_passes(GPT, _widths(GPT, residual=2))
     assert kernels(fwd) - kernels(bf16) == 5 and kernels(gfwd) - kernels(gbf16) == 4
-    assert len([p for p in fwd if p.cls == "copy"]) - len([p for p in gfwd if p.cls == "copy"]) == 10 + 1  # rope + repeat
+    # rope + repeat
+    assert len([p for p in fwd if p.cls == "copy"]) - len([p for p in gfwd if p.cls == "copy"]) == 10 + 1
     double, _ = layer_passes(LLAMA, _widths(LLAMA, tokens=8192))
     assert _bytes(double) == pytest.approx(2 * _bytes(fwd))
 
@@ -51,7 +52,8 @@ def test_kernel_floor_and_bandwidth():
     hw = get_hardware("h100-sxm")
     assert passes_time(hw, [Pass("copy", 1.0, 3)]) == pytest.approx(3 * hw.tune.kernel_launch_s)
     big = 1e10
-    assert passes_time(hw, [Pass("rmsnorm", big)]) == pytest.approx(big / (hw.hbm_bytes_per_s * hw.tables.elementwise["rmsnorm"]))
+    assert (passes_time(hw, [Pass("rmsnorm", big)])
+            == pytest.approx(big / (hw.hbm_bytes_per_s * hw.tables.elementwise["rmsnorm"])))
 
 
 def test_causal_attention_counts_half_the_flops():

@@ -235,7 +235,8 @@ def test_a_live_worker_recovers_dead_and_stale_jobs_while_it_polls(store_urls, t
     far = running_row(engine, spec("other host"), "elsewhere:1:0")
     dead = subprocess.Popen(["sleep", "60"])
     host = socket.gethostname()
-    q.register_worker(engine, f"{host}:{dead.pid}:0", pid=dead.pid, host=host, pid_started=psutil.Process(dead.pid).create_time())
+    q.register_worker(engine, f"{host}:{dead.pid}:0", pid=dead.pid, host=host,
+                      pid_started=psutil.Process(dead.pid).create_time())
     near = running_row(engine, spec("this host"), f"{host}:{dead.pid}:0")
     t0 = time.monotonic()
     dead.kill()
@@ -282,7 +283,8 @@ def fake_slurm(tmp_path):
         (bin_dir / name).chmod(0o755)
     cfg = tmp_path / "shardlab.toml"
     cfg.write_text(f'[slurm]\nrun_dir = "{tmp_path / "cluster-runs"}"\n')
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SLURM": str(state), "FAKE_SLURM_REPO": str(REPO),
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SLURM": str(state),
+            "FAKE_SLURM_REPO": str(REPO),
             "FAKE_SLURM_PY": PY, "SHARDLAB_CLUSTER_CONFIG": str(cfg), "OMP_NUM_THREADS": "1"}
 
 
@@ -332,12 +334,12 @@ def test_two_writers_storing_the_same_result_follow_each_other(store_urls):
     for _ in range(10):
         go, errors = threading.Barrier(4), []
 
-        def store() -> None:
-            go.wait()
+        def store() -> None:  # run by the threads joined at the end of this iteration
+            go.wait()  # noqa: B023
             try:
                 q.store_result(engine, eid, result)
             except Exception as e:  # noqa: BLE001 - collected for the assertion
-                errors.append(e)
+                errors.append(e)  # noqa: B023 - a thread still running after join(30) reports into the next round
 
         threads = [threading.Thread(target=store) for _ in range(4)]
         for t in threads:
@@ -364,8 +366,8 @@ def test_a_live_workers_result_on_disk_is_left_to_it(store_urls, tmp_path):
 # ---- in processes of their own ----------------------------------------------------------------------------
 
 def start_worker(url: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "0.5", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "0.5",
+                             *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

@@ -97,7 +97,8 @@ def test_a_store_an_older_version_wrote_opens_with_every_value(fixture, tmp_path
             assert kept == row, f"{table} {key}"
     with engine.connect() as c:
         assert compare_metadata(MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata) == []
-    uids = [row["run_uid"] for row in (q.get_experiment(engine, i) for i in sorted(k[0] for k in before["experiments"]))]
+    uids = [row["run_uid"]
+            for row in (q.get_experiment(engine, i) for i in sorted(k[0] for k in before["experiments"]))]
     assert len(set(uids)) == len(uids) and all(uids)  # today's 0007 reached even the stores stamped with the old one
     listed = q.list_experiments(engine)
     assert sorted(r["id"] for r in listed) == sorted(k[0] for k in before["experiments"])
@@ -175,7 +176,8 @@ def test_a_kill_during_the_upgrade_leaves_the_store_as_the_old_version_wrote_it(
 
 
 def test_a_diverged_run_main_stored_before_issue_31_shows(tmp_path, capsys):
-    """Issue 31 item 2: main (f5f41f2) stored the issue's fp16 / lr 10 run with its NaN losses as null; it reads as NaN."""
+    """Issue 31 item 2: main (f5f41f2) stored the issue's fp16 / lr 10 run with its NaN losses as null; it reads as
+    NaN."""
     copy, _ = opened("s0010_f5f41f2", tmp_path)
     engine = open_db(f"sqlite:///{copy}")
     (eid,) = [r["id"] for r in q.list_experiments(engine, tag="diverged")]
@@ -256,10 +258,11 @@ OLD_REVISIONS = {  # a revision as it was before it was renumbered (its file, fr
     "0004_calibrations.py": "0003", "0004_framework.py": "0003", "0007_step_time_predicted.py": "0006",
     "0009_context_parallel.py": "0008"}
 OLD_ROW = ("INSERT INTO experiments (name, spec_json, strategy, world_size, dp, tp, pp, ep, zero_stage, schedule, "
-           "microbatches, virtual_stages, sequence_parallel, d_model, n_layers, n_heads, n_kv_heads, ffn, seq_len, vocab, "
-           "n_experts, top_k, global_batch, micro_batch, steps, precision, optimizer, recompute, status, cancel_requested, "
-           "created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', 2, 1, :no, 32, 2, 2, 2, "
-           "128, 16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', :no, '2026-01-02 03:04:05.000000', 0.5)")
+           "microbatches, virtual_stages, sequence_parallel, d_model, n_layers, n_heads, n_kv_heads, ffn, seq_len, "
+           "vocab, n_experts, top_k, global_batch, micro_batch, steps, precision, optimizer, recompute, status, "
+           "cancel_requested, created_at, step_s_median) VALUES ('old run', :spec, 'ddp', 2, 2, 1, 1, 1, 0, '1f1b', "
+           "2, 1, :no, 32, 2, 2, 2, 128, 16, 64, 0, 2, 4, 2, 2, 'fp32', 'adamw', 'none', 'ok', :no, "
+           "'2026-01-02 03:04:05.000000', 0.5)")
 
 
 def run_old_revision(engine, file: str) -> str:

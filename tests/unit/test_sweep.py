@@ -69,5 +69,6 @@ def test_submit_sweep_queues_only_valid_points_under_one_id(tmp_path):
     assert "strategy tp needs tp >= 2" in invalid[0]["problems"][0]
     rows = q.list_experiments(engine, sweep_id=sweep_id, order_by="id", descending=False)
     assert [r["id"] for r in rows] == ids and len(ids) == 5
-    assert [(r["strategy"], r["world_size"]) for r in rows] == [("ddp", 1), ("ddp", 2), ("zero2", 1), ("zero2", 2), ("tp", 2)]
+    assert [(r["strategy"], r["world_size"]) for r in rows] == [("ddp", 1), ("ddp", 2), ("zero2", 1), ("zero2", 2),
+                                                                ("tp", 2)]
     assert all(r["tags"] == ["grid"] and r["status"] == "queued" for r in rows)

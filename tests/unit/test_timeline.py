@@ -11,11 +11,13 @@ def gpipe_records(p: int, m: int, tf: float = 1.0, tb: float = 2.0) -> list[dict
     recs = []
     for s in range(p):
         for i in range(m):
-            recs.append({"rank": s, "stage": s, "microbatch": i, "pass": "F", "start_s": (s + i) * tf, "end_s": (s + i + 1) * tf})
+            recs.append({"rank": s, "stage": s, "microbatch": i, "pass": "F", "start_s": (s + i) * tf,
+                         "end_s": (s + i + 1) * tf})
         t_fwd_done = (m + p - 1) * tf
         for i in range(m):
             start = t_fwd_done + (p - 1 - s + i) * tb
-            recs.append({"rank": s, "stage": s, "microbatch": m - 1 - i, "pass": "B", "start_s": start, "end_s": start + tb})
+            recs.append({"rank": s, "stage": s, "microbatch": m - 1 - i, "pass": "B", "start_s": start,
+                         "end_s": start + tb})
     return recs
 
 
@@ -30,9 +32,11 @@ def one_f_one_b_records(p: int, m: int, t: float = 1.0) -> list[dict]:
         seq = [("F", i) for i in range(warm)]
         f, b = warm, 0
         while b < m:
-            seq.append(("B", b)); b += 1
+            seq.append(("B", b))
+            b += 1
             if f < m:
-                seq.append(("F", f)); f += 1
+                seq.append(("F", f))
+                f += 1
         order.append(seq)
     recs, pos = [], [0] * p
     while any(pos[s] < len(order[s]) for s in range(p)):
@@ -64,7 +68,8 @@ def test_ideal_gpipe_matches_textbook(p, m):
 
 @pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8)])
 def test_ideal_1f1b_matches_textbook(p, m):
-    assert measured_bubble_fraction(one_f_one_b_records(p, m)) == pytest.approx(bubble_fraction("1f1b", p=p, m=m), abs=1e-12)
+    assert measured_bubble_fraction(one_f_one_b_records(p, m)) == pytest.approx(bubble_fraction("1f1b", p=p, m=m),
+                                                                                abs=1e-12)
 
 
 def test_wait_records_are_idle_and_overlaps_count_once():

@@ -16,7 +16,8 @@ def test_plan_covers_every_linear_and_embedding():
     plan = tp_plan(model, sp=True)
     sharded = {"tok_emb", "pos_emb", "lm_head", "norm"}
     for i in range(spec.model.n_layers):
-        sharded |= {f"layers.{i}.{n}" for n in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc_in", "mlp.fc_out", "ln1", "ln2")}
+        sharded |= {f"layers.{i}.{n}" for n in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc_in", "mlp.fc_out",
+                                                "ln1", "ln2")}
     assert sharded <= set(plan)
     no_sp = tp_plan(model, sp=False)
     assert "norm" not in no_sp and "layers.0.ln1" not in no_sp

@@ -52,8 +52,10 @@ def test_megatron_layouts_with_and_without_sequence_parallel():
         assert _layouts(dense["tok_emb"]) == ((Replicate(),), (seq,))
         assert _layouts(dense["pos_emb"]) == ((Replicate(),), ((Shard(0) if sp else Replicate()),))
         assert _layouts(dense["lm_head"]) == ((seq,), (Replicate(),))  # logits gathered for the loss
-        assert type(dense["layers.0.attn.q"]) is ColwiseParallel and type(dense["layers.1.mlp.fc_in"]) is ColwiseParallel
-        assert dense["layers.0.attn.o"].output_layouts == (seq,) and dense["layers.0.mlp.fc_out"].output_layouts == (seq,)
+        assert (type(dense["layers.0.attn.q"]) is ColwiseParallel
+                and type(dense["layers.1.mlp.fc_in"]) is ColwiseParallel)
+        assert (dense["layers.0.attn.o"].output_layouts == (seq,)
+                and dense["layers.0.mlp.fc_out"].output_layouts == (seq,))
         # experts and shared experts: split like the MLP, inside the MoE's own gather / scatter (no SP output)
         assert plan["layers.0.mlp.experts.3.down"].output_layouts == (Replicate(),)
         assert type(plan["layers.0.mlp.shared.gate"]) is ColwiseParallel

@@ -58,7 +58,8 @@ EP_SPEC = dict(parallel={"strategy": "zero3", "world_size": 4, "ep": 2}, model={
 
 
 def _first_representative(case: dict) -> object:
-    spec = tiny(case["parallel"], case["model"], **({"micro_batch": case["micro_batch"]} if "micro_batch" in case else {}))
+    spec = tiny(case["parallel"], case["model"],
+                **({"micro_batch": case["micro_batch"]} if "micro_batch" in case else {}))
     return trace_job(spec, ranks=representative_ranks(spec)[:1])
 
 

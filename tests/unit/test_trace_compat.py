@@ -135,8 +135,8 @@ def test_ddp_standin_buckets_equal_real_ddp_buckets() -> None:
 
 
 def test_leave_fake_pg_clears_the_dtensor_sharding_caches() -> None:
-    """torch_private.leave_fake_pg: the caches whose entries hold a destroyed world's DeviceMesh exist (a later spec's mesh of
-    the same shape compares equal and would resolve the destroyed groups' names: seen as 'Could not resolve the
+    """torch_private.leave_fake_pg: the caches whose entries hold a destroyed world's DeviceMesh exist (a later spec's
+    mesh of the same shape compares equal and would resolve the destroyed groups' names: seen as 'Could not resolve the
     process group registered under the name 9' on the second spec of a shared-process trace,
     tests/multiprocess/test_fullest_moment.py), and leaving empties them."""
     from torch.distributed.tensor import DTensor

@@ -9,7 +9,8 @@ from dashboard import runs_view, trace_view
 from db import queries
 from db.session import open_db
 
-SPEC = ExperimentSpec.model_validate({"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 256},
+SPEC = ExperimentSpec.model_validate({"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32,
+                                                "vocab_size": 256},
                                       "train": {"global_batch": 8, "micro_batch": 2},
                                       "parallel": {"strategy": "zero3", "world_size": 4}})
 MEM = {"params_bytes": 100, "grads_bytes": 100, "optimizer_bytes": 204, "activations_bytes": 1000, "other_bytes": 8,
@@ -20,9 +21,11 @@ def _trace(status: str = "ok") -> dict:
     rows = [{"rank": 0, "coords": {"dp": 0}, "traced": MEM, "predicted": MEM | {"activations_bytes": 980},
              "error_pct": {"params_bytes": 0.0, "activations_bytes": 2.04, "other_bytes": 0.0},
              "seconds": {"total": 3.0}, "max_rss_bytes": 300 << 20}] if status == "ok" else []
-    fail = [] if status == "ok" else [{"rank": 0, "status": status, "error": "torch C++ code read a fake tensor's storage",
+    fail = [] if status == "ok" else [{"rank": 0, "status": status,
+                                       "error": "torch C++ code read a fake tensor's storage",
                                        "traceback": "Traceback ..."}]
-    return {"status": status, "error": None if status == "ok" else "rank 0: torch C++ code read a fake tensor's storage",
+    return {"status": status,
+            "error": None if status == "ok" else "rank 0: torch C++ code read a fake tensor's storage",
             "spec": {}, "per_rank": rows, "seconds": 3.5, "notes": ["traced note"], "kind": "traced", "failures": fail}
 
 

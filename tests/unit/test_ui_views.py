@@ -79,8 +79,8 @@ def test_sweep_grid_expands_and_lists_invalid_points():
 
 
 def _estimate_like():
-    mk = lambda r, p: {"rank": r, "coords": {"dp": r}, "params_bytes": p, "grads_bytes": p, "optimizer_bytes": 2 * p,  # noqa: E731
-                       "activations_bytes": 100, "other_bytes": 0, "total_bytes": 4 * p + 100,
+    mk = lambda r, p: {"rank": r, "coords": {"dp": r}, "params_bytes": p, "grads_bytes": p,  # noqa: E731
+                       "optimizer_bytes": 2 * p, "activations_bytes": 100, "other_bytes": 0, "total_bytes": 4 * p + 100,
                        "comm_bytes": {"all_reduce": 4.0 * p}, "comm_wire_bytes": {"all_reduce": 4.0 * p}}
     return [mk(0, 2**20), mk(1, 2**21)]
 
@@ -119,7 +119,8 @@ def test_fit_reads_the_estimates_fullest_moment_and_names_it():
     worst = est.worst()
     assert rows[0]["fullest_bytes"] == worst.fullest_bytes() > worst.total_bytes
     assert not pv.fit_check(rows, worst.total_bytes + 1).fits
-    assert pv.fit_check(rows, worst.fullest_bytes()).fits and pv.fit_check(rows, worst.fullest_bytes()).moment == "backward"
+    assert (pv.fit_check(rows, worst.fullest_bytes()).fits
+            and pv.fit_check(rows, worst.fullest_bytes()).moment == "backward")
 
 
 def test_real_estimate_feeds_the_figure():
@@ -132,7 +133,8 @@ def test_real_estimate_feeds_the_figure():
     assert set(pv.headline(est)) >= {"parameters", "comm / step"}
 
 
-@pytest.mark.parametrize("schedule, p, m", [(s, p, m) for s in ("gpipe", "1f1b") for p, m in ((2, 2), (4, 4), (4, 8))] + [("gpipe", 8, 3)])
+@pytest.mark.parametrize("schedule, p, m", [(s, p, m) for s in ("gpipe", "1f1b")
+                                            for p, m in ((2, 2), (4, 4), (4, 8))] + [("gpipe", 8, 3)])
 def test_ideal_schedule_bubble_matches_the_formula(schedule, p, m):
     from backend.analytic.textbook.pipeline import bubble_fraction
 
@@ -168,8 +170,10 @@ def test_detail_views_tolerate_a_failed_run_without_measurements():
 
 def test_measured_vs_predicted_figure_shape():
     spec, _ = validate_spec({"parallel": {"strategy": "ddp", "world_size": 2}})
-    ranks = [RankResult(rank=r, measured=MemoryBreakdown(params_bytes=1000, grads_bytes=1000, activations_bytes=50, peak_bytes=2050),
-                        predicted=MemoryBreakdown(params_bytes=1000, grads_bytes=900, activations_bytes=0)) for r in range(2)]
+    ranks = [RankResult(rank=r, measured=MemoryBreakdown(params_bytes=1000, grads_bytes=1000, activations_bytes=50,
+                                                         peak_bytes=2050),
+                        predicted=MemoryBreakdown(params_bytes=1000, grads_bytes=900, activations_bytes=0))
+             for r in range(2)]
     res = RunResult(status=Status.OK, spec=spec, per_rank=ranks)  # synthetic: only the rendering is under test
     fig = dv.measured_vs_predicted_fig(res)
     grads = next(t for t in fig.data if t.name == "gradients")
@@ -183,7 +187,8 @@ def test_routing_frame_shows_uniform_and_measured_routing_errors():
     from backend.result import CommStat, RoutingAdjusted
 
     spec, _ = validate_spec({"model": {"n_experts": 4}, "parallel": {"strategy": "ep", "world_size": 2}})
-    rr = RankResult(rank=1, measured=MemoryBreakdown(activations_bytes=1200), predicted=MemoryBreakdown(activations_bytes=1000),
+    rr = RankResult(rank=1, measured=MemoryBreakdown(activations_bytes=1200),
+                    predicted=MemoryBreakdown(activations_bytes=1000),
                     comm={"all_to_all": CommStat(calls=4, bytes=1100.0)}, comm_predicted={"all_to_all": 1000.0},
                     predicted_given_routing=RoutingAdjusted(activations_bytes=1200, all_to_all_bytes=1100.0,
                                                             received_token_slots=584, uniform_token_slots=512))
@@ -198,9 +203,11 @@ def test_routing_frame_shows_uniform_and_measured_routing_errors():
 def test_runs_table():
     rows = [
         {"id": 2, "status": "running", "progress_step": 3, "progress_total": 5, "progress_phase": "timed", "name": "a",
-         "strategy": "zero2", "world_size": 4, "dp": 4, "tp": 1, "pp": 1, "ep": 1, "tags": ["x", "y"], "step_s_median": None},
-        {"id": 1, "status": "failed", "error": "RuntimeError: boom", "name": "", "strategy": "pp", "world_size": 2, "dp": 1,
-         "tp": 1, "pp": 2, "ep": 1, "schedule": "1f1b", "microbatches": 4, "tags": [], "step_s_median": 0.5, "peak_bytes_max": 2**20},
+         "strategy": "zero2", "world_size": 4, "dp": 4, "tp": 1, "pp": 1, "ep": 1, "tags": ["x", "y"],
+         "step_s_median": None},
+        {"id": 1, "status": "failed", "error": "RuntimeError: boom", "name": "", "strategy": "pp", "world_size": 2,
+         "dp": 1, "tp": 1, "pp": 2, "ep": 1, "schedule": "1f1b", "microbatches": 4, "tags": [], "step_s_median": 0.5,
+         "peak_bytes_max": 2**20},
     ]
     df = rv.table_frame(rows)
     assert list(df["progress"]) == ["step 3/5 (timed)", "RuntimeError: boom"]
@@ -234,10 +241,10 @@ def test_formula_figures():
 
 
 def test_claims_frame_marks_verdicts():
-    claims = [{"id": "a", "source": "s", "text": "t", "claimed_value": 140, "unit": "GB", "formula_value": 140.0, "formula": "2Ψ",
-               "holds": True, "tolerance": 0.05, "explanation": "e"},
-              {"id": "b", "source": "s", "text": "t", "claimed_value": 810, "unit": "GB", "formula_value": 810.0, "formula": "2Ψ",
-               "holds": False, "tolerance": 0.05, "explanation": "e"}]
+    claims = [{"id": "a", "source": "s", "text": "t", "claimed_value": 140, "unit": "GB", "formula_value": 140.0,
+               "formula": "2Ψ", "holds": True, "tolerance": 0.05, "explanation": "e"},
+              {"id": "b", "source": "s", "text": "t", "claimed_value": 810, "unit": "GB", "formula_value": 810.0,
+               "formula": "2Ψ", "holds": False, "tolerance": 0.05, "explanation": "e"}]
     df = fv.claims_frame(claims)
     assert list(df["verdict"]) == ["holds", "does NOT hold"]
     assert df.loc[0, "claimed"] == "140 GB"

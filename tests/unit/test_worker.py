@@ -147,7 +147,8 @@ def test_two_processes_never_claim_the_same_job(engine, tmp_path):
     ids = q.submit_experiments(engine, [spec(str(i)) for i in range(30)])
     go = tmp_path / "go"
     script = CLAIMER.format(url=url, go=str(go))
-    procs = [subprocess.Popen([PY, "-c", script, f"w{i}"], cwd=REPO, stdout=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [subprocess.Popen([PY, "-c", script, f"w{i}"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+             for i in range(2)]
     time.sleep(2.0)  # both import and open the database, then start together
     go.touch()
     claimed = [set(map(int, p.communicate(timeout=120)[0].split())) for p in procs]
@@ -200,8 +201,8 @@ TINY_FLAGS = ["--world", "2", "--strategy", "ddp", "--hidden", "32", "--layers",
 
 
 def start_worker(url: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "1", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen([PY, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "1",
+                             *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
@@ -219,7 +220,8 @@ def job_processes(worker_id_prefix: str) -> list[psutil.Process]:
 def ranks_started(worker: subprocess.Popen) -> list[psutil.Process]:
     """The worker's job processes once torchrun and both ranks run (empty list until then)."""
     procs = job_processes(f"{os.uname().nodename}:{worker.pid}:")
-    ranks = [p for p in procs if "backend.engine.rank" in " ".join(_cmdline(p)) and "torch.distributed.run" not in " ".join(_cmdline(p))]
+    ranks = [p for p in procs
+             if "backend.engine.rank" in " ".join(_cmdline(p)) and "torch.distributed.run" not in " ".join(_cmdline(p))]
     return procs if len(ranks) >= 2 else []
 
 

@@ -113,11 +113,12 @@ def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_p
         return path
 
     keep = [folder(runs / str(kept), uids[kept]), folder(runs / str(running), "whatever: it is running"),
-            folder(runs / "notes"), folder(tmp / f"shardlab-job-{running}-abc"), folder(tmp / "torchelastic_new", old=False),
-            folder(tmp / "torchelastic_in_use"), folder(tmp / "unrelated")]
+            folder(runs / "notes"), folder(tmp / f"shardlab-job-{running}-abc"),
+            folder(tmp / "torchelastic_new", old=False), folder(tmp / "torchelastic_in_use"), folder(tmp / "unrelated")]
     gone = [folder(runs / str(deleted), uids[deleted]), folder(runs / f"{kept}.stale-123"),
             folder(runs / "999", "a deleted run's uid"), folder(runs / str(kept + 1000)),
-            folder(tmp / f"shardlab-job-{kept}-xyz"), folder(tmp / f"shardlab-trace-{deleted}-q1"), folder(tmp / "torchelastic_old")]
+            folder(tmp / f"shardlab-job-{kept}-xyz"), folder(tmp / f"shardlab-trace-{deleted}-q1"),
+            folder(tmp / "torchelastic_old")]
     q.delete_experiment(engine, deleted)
     q.claim_next(engine, "w")  # kept -> running, then finished
     q.store_result(engine, kept, fake_result(spec("kept")))

@@ -61,9 +61,9 @@ def _wait(predicate, timeout_s: float = 60.0):
 
 
 def _worker(url: str, parent: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2", "--heartbeat-s", "1",
-                             "--exit-with", str(parent)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen([sys.executable, "-m", "backend", "worker", "--db", url, "--poll-s", "0.2",
+                             "--heartbeat-s", "1", "--exit-with", str(parent)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.multiprocess

@@ -76,12 +76,13 @@ def deepspeed_rank(spec: ExperimentSpec, *, bucket_elements: int, persistence_th
     if stage == 0:
         steps = 4 * len(numels) if adam else 0
         if precision == "fp32":
-            return DeepSpeedRank(params_bytes=4 * total, master_bytes=0, optimizer_state_bytes=4 * states * total + steps,
-                                 grad_bucket_bytes=0, persistent_params=0)
+            return DeepSpeedRank(params_bytes=4 * total, master_bytes=0,
+                                 optimizer_state_bytes=4 * states * total + steps, grad_bucket_bytes=0,
+                                 persistent_params=0)
         # 16-bit without ZeRO: DeepSpeed's DDP_BFLOAT16 / FP16 path (FP16_UnfusedOptimizer) keeps a whole fp32 copy
         # of every parameter, stepped per parameter (one AdamW step counter each)
-        return DeepSpeedRank(params_bytes=b * total, master_bytes=4 * total, optimizer_state_bytes=4 * states * total + steps,
-                             grad_bucket_bytes=0, persistent_params=0)
+        return DeepSpeedRank(params_bytes=b * total, master_bytes=4 * total,
+                             optimizer_state_bytes=4 * states * total + steps, grad_bucket_bytes=0, persistent_params=0)
     padded = -(-total // (ALIGN * n)) * ALIGN * n  # one flat group, padded to a multiple of 2N
     part = padded // n
     return DeepSpeedRank(params_bytes=b * padded, master_bytes=4 * part,

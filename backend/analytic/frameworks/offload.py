@@ -26,7 +26,8 @@ def host_bytes(spec: ExperimentSpec, rank: int) -> int:
     """Host-resident bytes of this rank under offload=params: sharded params, their grads, optimizer states."""
     params = local_params(spec, rank)
     shard = sum(q.storage_numel for q in params)
-    steps = FP32_BYTES * len(params) if spec.train.optimizer == Optimizer.ADAMW else 0  # torch AdamW: one step tensor per param
+    # torch AdamW: one step tensor per param
+    steps = FP32_BYTES * len(params) if spec.train.optimizer == Optimizer.ADAMW else 0
     return FP32_BYTES * shard * (2 + OPT_STATES[str(spec.train.optimizer)]) + steps
 
 

@@ -2,9 +2,9 @@
 for the embeddings / head, read off the ops it runs (no dropout, explicit softmax or SDPA attention). Pure Python,
 one set of sizes at a time: the rank-level model (rank_activations.py) evaluates these once per distinct
 (micro-batch, tp, SP, recompute, autocast) and spreads them over arrays of layouts.
-Symbols inside the formulas: s sequence (this rank's share: seq_len / cp under context parallelism), b microbatch, h hidden, a heads, t tensor-parallel degree, sp sequence
-parallel. The published per-layer formula is textbook/korthikanti.py.
-"""
+Symbols inside the formulas: s sequence (this rank's share: seq_len / cp under context parallelism), b microbatch, h
+hidden, a heads, t tensor-parallel degree, sp sequence parallel. The published per-layer formula is
+textbook/korthikanti.py. """
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ class LayerShape:
     whole_elems: int = 0
     """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
     rope_width: int = 0
-    """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model / heads."""
+    """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model /
+    heads."""
     nope: bool = False
     """This block kind applies no rotary position (Llama 4's NoPE global layers): no cos / sin tables."""
     windowed: bool = False
@@ -134,9 +135,10 @@ class LayerShape:
         interleave puts them)."""
         layout = Layout.of(spec)
         alt = moe_block and spec.model.is_moe and not layer_is_moe(spec.model, 0)
-        return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                      dtype_bytes=layout.compute_bytes, autocast=layout.uses_autocast, ep=layout.ep, device=layout.device,
-                      alt=alt, sac_ops=spec.train.sac_ops, cp=layout.cp)
+        return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp,
+                      sequence_parallel=layout.sequence_parallel, dtype_bytes=layout.compute_bytes,
+                      autocast=layout.uses_autocast, ep=layout.ep, device=layout.device, alt=alt,
+                      sac_ops=spec.train.sac_ops, cp=layout.cp)
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
@@ -192,7 +194,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     recompute = _check_recompute(recompute)
     s, b, h, a, ffn, dtype_bytes, t = (shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.ffn,
                                        shape.dtype_bytes, shape.tp)
-    sp, autocast, flash, n_experts, top_k = shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts, shape.top_k
+    sp, autocast, flash, n_experts, top_k = (shape.sequence_parallel, shape.autocast, shape.flash, shape.n_experts,
+                                             shape.top_k)
     sb, sbh = s * b, s * b * h
     qh, vh = sb * (shape.q_width or h), sb * (shape.v_width or shape.q_width or h)  # sbh of q / k and of v
     norm_div = t if sp else 1
@@ -223,7 +226,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                       residual_bytes=residual_bytes, autocast=autocast, norm=shape.norm, mlp=shape.mlp,
                                       rope=shape.rope, n_experts=n_experts, shared_ffn=shape.shared_ffn,
                                       shared_gate=shape.shared_gate, device=shape.device)
-    mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope, windowed=shape.windowed)
+    mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope,
+                                           windowed=shape.windowed)
     hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py): N·k rows per rank under uniform routing,
         # what the capacity limit keeps and pads, the busiest rank's share under an imbalance (moe_rows.py)
@@ -235,8 +239,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                  padded=shape.pad_to_capacity)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
-        moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes, t=t,
-                                    hidden=hidden)
+        moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
+                                    t=t, hidden=hidden)
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes
@@ -274,7 +278,8 @@ def _linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
     linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
     if not shape.n_experts:
         f = shape.ffn / t
-        linears += [(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp) else [(f, other_bias)] * 2 + [(h, other_bias)]
+        linears += ([(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp)
+                    else [(f, other_bias)] * 2 + [(h, other_bias)])
     return linears
 
 
@@ -309,9 +314,9 @@ def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: in
     """`layer_activation_bytes` in the paper's symbols (the formula tests' form). kv_heads does not change the
     bytes: GQA k/v are repeat_interleave'd to a heads before the matmuls and only the repeated copies are saved."""
     del kv_heads
-    return layer_activation_bytes(LayerShape(seq_len=s, micro_batch=b, d_model=h, n_heads=a, ffn=ffn, dtype_bytes=dtype_bytes,
-                                             tp=t, sequence_parallel=sp, n_experts=n_experts, top_k=top_k, ep=ep,
-                                             autocast=autocast, device=device, norm=norm, mlp=mlp,
+    return layer_activation_bytes(LayerShape(seq_len=s, micro_batch=b, d_model=h, n_heads=a, ffn=ffn,
+                                             dtype_bytes=dtype_bytes, tp=t, sequence_parallel=sp, n_experts=n_experts,
+                                             top_k=top_k, ep=ep, autocast=autocast, device=device, norm=norm, mlp=mlp,
                                              rope=rope, flash=flash, shared_ffn=shared_ffn, shared_gate=shared_gate),
                                   recompute)
 
@@ -367,7 +372,8 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     loss = LOSS_BYTES  # nll_loss saves total_weight; the loss scalar itself
     norm_div = t if sp else 1
     norm_in_bytes = 4 if autocast else dtype_bytes
-    head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES  # lm_head in, norm in, stats
+    # lm_head in, norm in, stats
+    head = s * b * h * (dtype_bytes + norm_in_bytes / norm_div) + 2 * s * b / norm_div * STAT_BYTES
     if norm == "rmsnorm":  # see family_bytes.family_extra_bytes
         head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
                                      device=device)
@@ -466,12 +472,13 @@ def _fam(m: ModelSpec, name: str, default: Any) -> Any:
 
 
 def _capacity_kwargs(m: ModelSpec) -> dict[str, Any]:
-    return dict(capacity_factor=_fam(m, "capacity_factor", None), pad_to_capacity=bool(_fam(m, "moe_pad_to_capacity", False)),
+    return dict(capacity_factor=_fam(m, "capacity_factor", None),
+                pad_to_capacity=bool(_fam(m, "moe_pad_to_capacity", False)),
                 moe_imbalance=float(_fam(m, "moe_imbalance", 1.0)))
 
 
 def family_kwargs(m: ModelSpec) -> dict[str, Any]:
     """The ModelSpec family fields as model_layer_activation_bytes keywords (GPT defaults for older objects)."""
-    return dict(norm=_fam(m, "norm", "layernorm"), mlp=_fam(m, "mlp", "gelu"), rope=_fam(m, "positions", "learned") == "rope",
-                flash=_fam(m, "attention", "math") == "flash", shared_ffn=_fam(m, "shared_ffn", 0),
-                shared_gate=bool(_fam(m, "shared_expert_gate", False)))
+    return dict(norm=_fam(m, "norm", "layernorm"), mlp=_fam(m, "mlp", "gelu"),
+                rope=_fam(m, "positions", "learned") == "rope", flash=_fam(m, "attention", "math") == "flash",
+                shared_ffn=_fam(m, "shared_ffn", 0), shared_gate=bool(_fam(m, "shared_expert_gate", False)))

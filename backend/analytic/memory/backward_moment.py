@@ -52,7 +52,8 @@ def block_extra(shape: LayerShape, held: bool) -> tuple[float, float]:
               q_width=shape.q_width, v_width=shape.v_width,
               kv_heads=shape.kv_heads if shape.kv_heads != shape.n_heads else 0,
               wg=weight_grads(dtype_bytes=cb, autocast=shape.autocast, held=held),
-              norm_saved=rms_norm_saved_bytes(sbh=norm, sb=norm / h, input_bytes=rb, device=shape.device) if rms else None,
+              norm_saved=rms_norm_saved_bytes(sbh=norm, sb=norm / h, input_bytes=rb,
+                                              device=shape.device) if rms else None,
               norm_temp=RMS_CPU_TEMPS * norm * 4 if rms and shape.device != CUDA else 0.0)
     return block_backward_extra(**kw), block_backward_extra(selective=True, **kw)
 
@@ -117,8 +118,8 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     replicate = layout.uses_replicate
     # the head's backward freed its saved tensors, and the logits unless the loop holds them
     logits = layout.seq_local(model) * layout.micro_batch * model.vocab_size * layout.compute_bytes
-    base = state + other + acts.held - acts.head_freed - where(logical_and(stages.last, logical_not(logits_held(layout))),
-                                                               logits, 0)
+    base = state + other + acts.held - acts.head_freed - where(
+        logical_and(stages.last, logical_not(logits_held(layout))), logits, 0)
 
     # --- without pipelining: the first blocks back-propagated ---
     head_wg = where(logical_or(fsdp, replicate), grad_bytes * head_grads, 0)  # the root's grads wait for the end
@@ -145,9 +146,10 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
                                      logical_and(earlier == 1, n > r + 1), True), 0)
     # the first block's post-backward: it resharded, the reduce-scatter's fp32 input made while its unsharded grads
     # are still alive (_fsdp_collectives.foreach_reduce: copied in, then cleared), its input's grad flowing
-    flow = layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
-        * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes)
-    reduce_now = where(logical_or(fsdp, replicate), grad_bytes * parts.last_block.fsdp_unsharded_grad_numel + rs_prev, 0)
+    flow = (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
+            * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes))
+    reduce_now = where(logical_or(fsdp, replicate), grad_bytes * parts.last_block.fsdp_unsharded_grad_numel
+                       + rs_prev, 0)
     post_top = alone(top_saved, flow + reduce_now, 0, 1, n > 1, False)
     uni_post = alone(acts.unit, (r - 1) * group + flow + reduce_now, r - 1, 1, logical_and(r <= 2, n > r), False)
     unaligned = maximum(maximum(per_top, per_second), post_top)
@@ -215,7 +217,8 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
     piped = maximum(piped, where(stages.first, maximum(first_emb, where(pipe.has_later, later_emb, 0)), 0))
 
     blocks_moment = where(n > 0, where(layout.pipelined, piped, alone_best), 0)
-    return maximum(blocks_moment, where(layout.pipelined, 0, embedding_moment(layout, parts, base, acts, grad_bytes, pb)))
+    return maximum(blocks_moment,
+                   where(layout.pipelined, 0, embedding_moment(layout, parts, base, acts, grad_bytes, pb)))
 
 
 def sent_grad_bytes(model: Any, layout: Layout, parts: RankParts) -> Any:
@@ -317,7 +320,8 @@ def embedding_moment(layout: Layout, parts: RankParts, base: Any, acts: Any, gra
     root = stages.first * parts.embeddings.fsdp_unsharded_numel + stages.last * parts.head.fsdp_unsharded_numel
     units = parts.total("fsdp_unsharded_numel")
     held = base - acts.blocks
-    made = held + embedding_grad_bytes(layout, parts) + where(fsdp, pb * where(zero3, root, units) + grad_bytes * head_grad
+    made = held + embedding_grad_bytes(layout, parts) + where(fsdp,
+                                                              pb * where(zero3, root, units) + grad_bytes * head_grad
                                                               + MASTER_BYTES * parts.last_block.fsdp_unsharded_numel, 0)
     post = held + grad_bytes * (emb_grad + head_grad) + MASTER_BYTES * root + where(zero3, 0, pb * (units - root))
     return where(stages.first, maximum(made, where(fsdp, post, 0)), 0)

@@ -21,8 +21,8 @@ STAT_BYTES = 4  # LayerNorm mean/rstd are fp32
 def mlp_elems(*, s, b, h, ffn, t, hidden: int = 2) -> float:
     # fc_in saves its input (ln2 output; counted in the block), GELU saves fc_in output (s·b·ffn),
     # fc_out saves GELU output (s·b·ffn). SwiGLU (Shazeer 2020 Eq. 6): silu saves gate's output, the product saves
-    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op, tests/unit/test_family_activations.py);
-    # gpt-oss's clamped SwiGLU 7 (moe_bytes.hidden_saved)
+    # silu's output and up's output, down saves the product: 4·s·b·ffn (measured op by op,
+    # tests/unit/test_family_activations.py); gpt-oss's clamped SwiGLU 7 (moe_bytes.hidden_saved)
     return hidden * s * b * ffn / t
 
 
@@ -38,8 +38,8 @@ def attention_constant_bytes(shape: Any, recompute: str, *, rope: bool, windowed
     """`shape`: an activations.LayerShape. A block's saved bytes that do not scale with tokens and differ between a
     model's attention kinds: the rotary (s, width) cos and sin tables the rotation's muls keep (in q's dtype; not
     under full recompute), and the (s, s) additive mask a windowed layer hands flash attention, which the kernel
-    keeps for backward in q's dtype (no recompute: selective re-makes it inside the checkpoint). Read off the autograd graph
-    (tests/unit/test_family_terms.py); the math path keeps an (s, s) bool mask on every layer alike."""
+    keeps for backward in q's dtype (no recompute: selective re-makes it inside the checkpoint). Read off the autograd
+    graph (tests/unit/test_family_terms.py); the math path keeps an (s, s) bool mask on every layer alike."""
     if recompute == "full":
         return 0.0
     s = shape.seq_len

@@ -56,8 +56,9 @@ def head_peak(model: ModelSpec, layout: Layout) -> HeadPeak:
     if model.is_moe:
         proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
         outweighs = per_distinct(lambda b, tp, sp, ac, cp: dispatch_outweighs_head(model, replace(
-            proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), ep=2, seq_len=proto.seq_len // cp)),
-            layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
+            proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), ep=2,
+            seq_len=proto.seq_len // cp)), layout.micro_batch, layout.tp, layout.sequence_parallel,
+                                 layout.uses_autocast, layout.cp)
         in_block = logical_and(layout.ep > 1, outweighs != 0)
     in_root = logical_and(logical_not(in_block), layout.tp > 1, layout.compute_bytes == 4)
     return HeadPeak(in_block, in_root)
@@ -99,7 +100,8 @@ def pipeline_peak_state(model: ModelSpec, layout: Layout, pp_rank: Any, last_sta
         applies=applies,
         in_block=logical_and(applies, where(last_stage, head.in_block, where(zero2, first_forward, True))),
         in_root=logical_and(applies, last_stage, head.in_root),
-        gathered=logical_and(applies, where(last_stage, gathered_last, where(zero2, first_forward, logical_not(steady)))),
+        gathered=logical_and(applies,
+                             where(last_stage, gathered_last, where(zero2, first_forward, logical_not(steady)))),
         after_backward=logical_and(applies, where(last_stage, after_last, steady)))
 
 
@@ -112,7 +114,8 @@ def _last_in(upper: int, per_round: int, v: int, chunk: int) -> int:
     return -1 if q2 < 0 else upper if q2 == q else q2 * per_round + per_round - 1
 
 
-def interleaved_peak_states(p: int, v: int, m: int, rank: int, zero: int = 3) -> dict[int, tuple[bool, bool, bool, bool]]:
+def interleaved_peak_states(p: int, v: int, m: int, rank: int,
+                            zero: int = 3) -> dict[int, tuple[bool, bool, bool, bool]]:
     """`multi_stage_peak`'s {stage: (unsharded, grads, in_forward, gathered)} in closed form (tests: equal on a
     grid). In `interleaved_order` the peak is always the rank's last forward (op m·v - 1: the in-flight count is
     warm-up + 1 at every steady-state forward, the warm-up's at its last); before it run every earlier forward and
@@ -160,8 +163,10 @@ def interleaved_rank_counts(pp: int, v: int, mb: int, zero: int, rank: int, n_la
     root = 0 if 0 in stages else last if last in stages else None
     forward = [s for s in stages if states[s][2]]
     zero3 = zero != ZeroStage.ZERO2
-    forward_blocks = sum(int(states[s][3]) + zero3 for s in forward if len(split[s]))  # its gather output + (zero3) the block
-    forward_root = sum(zero3 for s in forward if s == 0)  # zero3: the stage root (embeddings; never the last stage here)
+    # its gather output + (zero3) the block
+    forward_blocks = sum(int(states[s][3]) + zero3 for s in forward if len(split[s]))
+    # zero3: the stage root (embeddings; never the last stage here)
+    forward_root = sum(zero3 for s in forward if s == 0)
     return (sum(len(split[s]) for s in stages if states[s][0]), root is not None and states[root][0],
             sum(len(split[s]) for s in stages if states[s][1]), 0 in stages and states[0][1],
             last in stages and states[last][1], forward_blocks, forward_root)

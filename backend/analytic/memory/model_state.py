@@ -74,8 +74,8 @@ def replicated_state(model: ModelSpec, layout: Layout, position: RankPosition, p
             return zero1_optimizer_bytes(model, lay, pos, prt)
         return _optimizer_over(prt, lay, owned="local_numel", cuda="cuda_local_bytes")
 
-    optimizer = per_value(logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1), optimizer, layout, position,
-                          parts)
+    optimizer = per_value(logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1), optimizer, layout,
+                          position, parts)
     return ModelStateBytes(params, grads, optimizer)
 
 
@@ -83,17 +83,17 @@ def zero1_optimizer_bytes(model: ModelSpec, layout: Layout, position: RankPositi
     """ZeRO-1: the optimizer state of the rank's share (or the largest share: position.largest_zero1_share)."""
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
-    return per_distinct(lambda *row: _zero1_state_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep, position.tp_index,
-                        position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt,
-                        layout.etp)
+    return per_distinct(lambda *row: _zero1_state_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep,
+                        position.tp_index, position.ep_index, position.dp_index, s.n_blocks, s.first, s.last,
+                        tied_copy(model, layout), s.n_alt, layout.etp)
 
 
 @lru_cache(maxsize=65536)
 def _zero1_state_bytes(key: ModelKey, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int,
                        tp_index: int, ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int,
                        n_alt: int = 0, etp: int = 1) -> int:
-    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index, etp), n_blocks, bool(first), bool(last), bool(tied), dp,
-                          n_alt)
+    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index, etp), n_blocks, bool(first), bool(last),
+                          bool(tied), dp, n_alt)
     return shares.largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[0]
 
 
@@ -102,16 +102,17 @@ def zero1_optimizer_step(model: ModelSpec, layout: Layout, position: RankPositio
     temporaries of any share minus the largest state (zero1_share.Zero1Shares.step_over_largest)."""
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
-    return per_distinct(lambda *row: _zero1_step_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep, position.tp_index,
-                        position.ep_index, position.dp_index, s.n_blocks, s.first, s.last, tied_copy(model, layout), s.n_alt)
+    return per_distinct(lambda *row: _zero1_step_bytes(*fixed, *row), layout.tp, layout.dp_cp, layout.ep,
+                        position.tp_index, position.ep_index, position.dp_index, s.n_blocks, s.first, s.last,
+                        tied_copy(model, layout), s.n_alt)
 
 
 @lru_cache(maxsize=65536)
 def _zero1_step_bytes(key: ModelKey, optimizer: str, device: str, largest: bool, tp: int, dp: int, ep: int,
                       tp_index: int, ep_index: int, dp_index: int, n_blocks: int, first: int, last: int, tied: int,
                       n_alt: int = 0) -> int:
-    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index), n_blocks, bool(first), bool(last), bool(tied), dp,
-                          n_alt)
+    shares = zero1_shares(key, (tp, dp, ep, 0, tp_index, 0, ep_index), n_blocks, bool(first), bool(last), bool(tied),
+                          dp, n_alt)
     return shares.step_over_largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[1]
 
 

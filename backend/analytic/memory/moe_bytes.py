@@ -10,8 +10,8 @@ from __future__ import annotations
 
 INDEX_BYTES = 8  # int64 indices autograd saves for index ops (topk, nonzero, the sort order)
 HIDDEN_SAVED = {"gelu": 2, "swiglu": 4, "geglu": 4, "swiglu_clamped": 7}
-"""(tokens, ffn) tensors an MLP saves per hidden unit, read off its autograd graph (tests/unit/test_family_terms.py): GELU
-its input and fc_out's input; SwiGLU / GeGLU the gate output, the activation's output, up's output and the product
+"""(tokens, ffn) tensors an MLP saves per hidden unit, read off its autograd graph (tests/unit/test_family_terms.py):
+GELU its input and fc_out's input; SwiGLU / GeGLU the gate output, the activation's output, up's output and the product
 (Shazeer 2020 Eq. 5-6); gpt-oss's clamped SwiGLU both clamps' inputs, the clamped gate, its sigmoid, gate x sigmoid,
 up + 1 and the product down reads."""
 

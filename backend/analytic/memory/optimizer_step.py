@@ -114,7 +114,8 @@ def step_temp_bytes_of(model: ModelSpec, layout: Layout, position: RankPosition,
             return zero1_optimizer_step(model, lay, pos, prt)
         st, tied = prt.stages, tied_copy(model, lay)
         if k == _BUCKETS:
-            return per_distinct(lambda pp_rank, pp, v, zbv, first, last, tie, tp, tp_i, ep, ep_i, dp, dp_cp: _bucket_temp(
+            return per_distinct(
+                lambda pp_rank, pp, v, zbv, first, last, tie, tp, tp_i, ep, ep_i, dp, dp_cp: _bucket_temp(
                 key, pp_rank, pp, v, bool(zbv), bool(first), bool(last), bool(tie), (tp, 1, ep, 0, tp_i, 0, ep_i), dp,
                 dp_cp // ep, opt, foreach), pos.pp_rank, lay.pp, lay.virtual_stages, lay.zbv, st.first, st.last, tied,
                 lay.tp, pos.tp_index, lay.ep, pos.ep_index, lay.dp, lay.dp_cp)

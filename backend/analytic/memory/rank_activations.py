@@ -71,7 +71,8 @@ def _head_terms(shape: LayerShape, vocab: int) -> tuple[float, float, float]:
     every recompute kind."""
     head = shape.head_kwargs(vocab)
     return (model_embedding_head_activation_bytes(**head), model_head_freed_in_backward_bytes(**head),
-            tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp, dtype_bytes=shape.dtype_bytes))
+            tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp,
+                                  dtype_bytes=shape.dtype_bytes))
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class Checkpointing:
 
 
 def checkpointing(model: Any, layout: Layout, n_blocks: Any) -> Checkpointing:
-    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks (models/checkpointing.groups)."""
+    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks
+    (models/checkpointing.groups)."""
     v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
     q = model.n_layers // layout.n_stages
     big = n_blocks - v * q
@@ -111,8 +113,8 @@ _TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] =
 
 
 def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
-    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast, ep,
-    cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
+    """A memoised `row -> layer_terms` for one model and dtype: row = (micro-batch, tp, SP, recompute kind, autocast,
+    ep, cp); the prototype holds the whole sequence, a cp rank seq_len / cp of it."""
     memo = _TERMS.get((proto, vocab))
     if memo is None:
         if len(_TERMS) > 64:
@@ -259,7 +261,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     forward_loss = forward_last + where(pipelined, w_blocks + b_blocks - kept_casts, 0)
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
-    inside_autocast = total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks + where(layout.microbatches > 1, sbv * cb, 0)
+    inside_autocast = (total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks
+                       + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
@@ -274,8 +277,10 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     # uniform groups under autocast: one more fp32 (b, s, h) while a group re-runs (measured on the CPU: uniform:2 /
     # uniform:3, GPT and Llama blocks); not applied to the per-block policies, unmeasured there at their re-run peak
     residual_copy = where(logical_and(autocast, layout.recompute == RecomputeMode.UNIFORM),
-                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1), 0)
-    rerun_peak = total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block + residual_copy
+                          layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1),
+                          0)
+    rerun_peak = (total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block
+                  + residual_copy)
     k = maximum(layout.recompute_layers, 1)
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
@@ -283,8 +288,8 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
     peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
-                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts, head_casts=w_head,
-                             ck=ck)
+                             one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts,
+                             head_casts=w_head, ck=ck)
 
 
 def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:

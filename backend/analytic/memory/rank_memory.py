@@ -179,7 +179,8 @@ def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False,
     later_ranks_only: pipeline ranks 1.. alone (the planner's second pass, after the first: the larger of the two is
     the worst rank's; a layout without pipelining gets 0 bytes at rank 0)."""
     if not is_array(layout.pp):
-        totals = rank_memory(model, layout, RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).fullest_bytes
+        totals = rank_memory(model, layout,
+                             RankPosition(pp_rank=np.arange(layout.pp), largest_zero1_share=True)).fullest_bytes
         at = int(np.argmax(totals))
         return int(totals[at]), at
     worst, at = np.zeros(len(layout)), np.zeros(len(layout), dtype=np.int64)

@@ -126,7 +126,7 @@ def megatron_param_bytes(layout: Layout, numel: Any, linear: Any) -> Any:
     buffer (param_and_grad_buffer.py group_params_for_buffers: one buffer per param dtype). fp8 without fp8 params:
     16-bit params plus TE's cached fp8 weight workspace (module docstring)."""
     s: StackMemory = layout.stack
-    if s.fp8 and s.param_bytes == FP8_PARAM_BYTES:
+    if s.fp8_params:
         return FP8_PARAM_BYTES * linear + layout.compute_bytes * (numel - linear) + FP8_TRANSPOSE_BYTES * linear
     params = s.param_bytes * numel
     return params + FP8_WEIGHT_CACHE_BYTES * linear if s.fp8 else params
@@ -150,7 +150,8 @@ def megatron_aligned_numel(model: ModelSpec, layout: Layout, position: RankPosit
 
 
 @lru_cache(maxsize=4096)
-def _aligned_parts(key: ModelKey, tp: int, ep: int, tp_index: int, ep_index: int, tied: int) -> tuple[int, int, int, int]:
+def _aligned_parts(key: ModelKey, tp: int, ep: int, tp_index: int, ep_index: int,
+                   tied: int) -> tuple[int, int, int, int]:
     placement = (tp, 1, ep, 0, tp_index, 0, ep_index)
     out = []
     for part in ("block", "embeddings", "head", ALT_PART):
@@ -205,7 +206,8 @@ def deepspeed_state(layout: Layout, parts: RankParts) -> ModelStateBytes:
     per_master = s.master_bytes + 4 * adam_state_tensors(layout.optimizer)
     pb = s.param_bytes
     bucket = DEEPSPEED_REDUCE_BUCKET * pb
-    params = where(stage == ZeroStage.ZERO3, pb * ceil_div(local, n), where(stage == ZeroStage.DDP, pb * local, pb * flat))
+    params = where(stage == ZeroStage.ZERO3, pb * ceil_div(local, n),
+                   where(stage == ZeroStage.DDP, pb * local, pb * flat))
     grads = where(stage == ZeroStage.DDP, s.grad_bytes * local,
                   where(stage == ZeroStage.ZERO1, s.grad_bytes * flat,
                         where(stage == ZeroStage.ZERO2, s.grad_bytes * flat / n + bucket,
@@ -234,8 +236,8 @@ def stack_memory_note(s: StackMemory) -> str:
     master = f" + fp32 master {s.master_bytes} B" if s.master_bytes else ", no master copy"
     who = {"megatron": "Megatron-Core's param / grad buffers and DistributedOptimizer (zero1; ddp: "
                        "Float16OptimizerWithFloat16Params), padded as Megatron pads",
-           "fsdp2": "FSDP2 with MixedPrecisionPolicy (sharded params and grads in param_dtype, the unsharded copy in the "
-                    "16-bit compute dtype)",
+           "fsdp2": "FSDP2 with MixedPrecisionPolicy (sharded params and grads in param_dtype, the unsharded copy in "
+                    "the 16-bit compute dtype)",
            "deepspeed": "DeepSpeed ZeRO's flat buffers, fp32 master partition and IPG bucket"}[s.mechanism]
     layer = ("Transformer Engine's saved tensors per layer" if s.te_layer and s.fused_attention
              else "eager torch blocks without autocast")

@@ -80,7 +80,8 @@ def state_floor_groups(model: Any, layout: Layout) -> tuple[np.ndarray, Layout, 
         rows = np.nonzero(distinct.pp == pp)[0]
         group = distinct.group(rows)
         position = RankPosition(pp_rank=np.arange(pp)[None, :], largest_zero1_share=True)
-        state: ModelStateBytes = model_state(model, group, position, rank_parts(model, group, position), unsharded=False)
+        state: ModelStateBytes = model_state(model, group, position, rank_parts(model, group, position),
+                                             unsharded=False)
         resting = state.params_bytes + state.grads_bytes + state.optimizer_bytes + other_bytes(model, group)
         floor[rows] = np.broadcast_to(resting, (len(rows), pp)).max(axis=1)
     return floor, distinct, inverse

@@ -85,7 +85,8 @@ def zero1_shares(key: ModelKey, placement: tuple[int, ...], n_blocks: int, first
     tp, _, ep, _, tp_index, _, ep_index, *etp = placement
     local = (tp, 1, ep, 0, tp_index, 0, ep_index, *etp)  # tp / ep-local sizes: the dp degree changes none of them
     counts: dict[int, int] = {}
-    for part, times in (("embeddings", int(first)), ("block", n_blocks - n_alt), ("head", int(last)), (ALT_PART, n_alt)):
+    for part, times in (("embeddings", int(first)), ("block", n_blocks - n_alt), ("head", int(last)),
+                        (ALT_PART, n_alt)):
         if not times:
             continue
         for size, n in _size_counts(key, part, tied_copy and part == "head", local).items():
@@ -105,7 +106,8 @@ def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int
 
 def zero1_share_args(model_key: ModelKey, layout: Layout, parts: RankParts, position: RankPosition, tied: Any) -> tuple:
     """The zero1_shares arguments of a scalar rank."""
-    placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0, int(position.ep_index),
-                 int(layout.etp))
+    placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0,
+                 int(position.ep_index), int(layout.etp))
     s = parts.stages
-    return model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp), int(s.n_alt)
+    return (model_key, placement, int(s.n_blocks), bool(s.first), bool(s.last), bool(tied), int(layout.dp_cp),
+            int(s.n_alt))

@@ -6,8 +6,8 @@ ring steps: all-reduce 2(n-1), all-gather / reduce-scatter / all-to-all / broadc
 IJHPCA, Sec 4; Patarasuk & Yuan 2009). A group whose ranks sit on more than one node runs at the
 inter-node tier (each GPU's own NIC is the ring's bottleneck link, Narayanan 2021 Sec 4.1).
 
-Mesh order is (pp, dp, cp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node; the
-data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-strided ranks like the cp group.
+Mesh order is (pp, dp, cp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node;
+the data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-strided ranks like the cp group.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float,
 def collective_efficiency(hw: Hardware, collective: str) -> float:
     """Bandwidth of this collective relative to the tier's all-reduce-derived one. NCCL runs every ring collective at
     the same bus bandwidth (1.0); gloo on CPU runs reduce-scatter as an all-reduce of the whole buffer (≈2x the ring's
-    wire bytes, backend/engine/accuracy_notes.py) and all-gather by its own algorithm, so hw_probe measures these or calibrate fits them."""
+    wire bytes, backend/engine/accuracy_notes.py) and all-gather by its own algorithm, so hw_probe measures these or
+    calibrate fits them."""
     t = hw.tune
     return {"all_gather": t.all_gather_efficiency, "reduce_scatter": t.reduce_scatter_efficiency}.get(collective, 1.0)

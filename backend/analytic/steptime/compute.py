@@ -4,9 +4,9 @@
   FLOPs = 2·M·K·N (Narayanan 2021 Sec 5.1). Forward (M, K, N), backward its dgrad (M, N, K) and wgrad (K, M, N),
   each timed at its own shape's efficiency (ops.gemm_time: the profile's GEMM table, else gemm_efficiency_max x a
   size curve), never faster than the bytes it moves (the roofline, Williams et al. 2009, CACM, Sec 2).
-- attention core: fused kernels (flash, efficient, cudnn, flash1, flash-triton) at the profile's attention table efficiency for the
-  kernel, (seq, head_dim), causal (ops.attention_time: FlashAttention-2's FLOP count, masked blocks skipped);
-  eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the softmax on the
+- attention core: fused kernels (flash, efficient, cudnn, flash1, flash-triton) at the profile's attention table
+  efficiency for the kernel, (seq, head_dim), causal (ops.attention_time: FlashAttention-2's FLOP count, masked blocks
+  skipped); eager = two batched GEMMs (QKᵀ, P·V: 2·2·b·(a/t)·s²·d_head FLOPs, PaLM App. B) plus the softmax on the
   (b, a/t, s, s) scores as memory traffic.
 - element-wise: elementwise.py, kernel by kernel, per implementation: "torch" (eager PyTorch, ShardLab's engine:
   norms, casts, RoPE, GQA repeat, residual adds, activations, and under autocast the per-microbatch casts of every
@@ -102,7 +102,8 @@ def gemm_s(hw: Hardware, peak: float, m: Any, k: Any, n: Any, dtype_bytes: float
         fraction = flops / (flops + t.gemm_half_flops)
     eff = t.gemm_efficiency_max * fraction * t.gemm_scale
     moved = (m * k + k * n + m * n) * dtype_bytes
-    return maximum(flops / (peak * eff), moved / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy"))) + t.kernel_launch_s
+    return maximum(flops / (peak * eff),
+                   moved / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy"))) + t.kernel_launch_s
 
 
 def memory_s(hw: Hardware, n_bytes: float, kernels: int = 1, cls: str = "copy") -> float:
@@ -126,7 +127,8 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, 
         return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
                 te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
     if float8:
-        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out)
+        return (float8_gemm_time(hw, rows, k, n_out),
+                float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out))
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
@@ -156,8 +158,9 @@ def weights_cost(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], t
         if f is None:
             n_out, k = shape  # nn.Linear weight (out, in)
             rows = routed if q.is_expert else tokens
+            # same on every layout
             key = ("weight gemms", precision, rows, k, n_out, cb, float8) + ((fp8_gemms,) if float8 and fp8_gemms !=
-                                                                               "torchao" else ())  # same on every layout
+                                                                               "torchao" else ())
             timed = hw.memo.get(key)
             if timed is None:
                 timed = hw.memo[key] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8, fp8_gemms)
@@ -190,7 +193,8 @@ def attention_pass(model: ModelSpec, layout: Layout, hw: Hardware, attention: st
     d_qk, d_v = head_dim(model), v_head_dim(model)
     s_kv = min(model.window, s) if windowed else s
     rows, skew = s // layout.cp, cp_imbalance(layout)
-    flops = 2 * b * a * rows * s_kv * (d_qk + d_v)  # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
+    # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
+    flops = 2 * b * a * rows * s_kv * (d_qk + d_v)
     if attention != "eager":
         fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, (d_qk + d_v) / 2, causal=True)
         band = (2 * s * s_kv - s_kv * s_kv) / (s * s)  # 1 for a global block
@@ -217,7 +221,8 @@ def elementwise_pass(model: ModelSpec, layout: Layout, hw: Hardware, implementat
             s=model.seq_len // cp, b=b, h=model.d_model, a=model.n_heads, t=tp, sp=bool(sp), recompute="selective"),
             layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
         fwd, bwd = fused_layer_passes(kb, layout.compute_bytes)
-        return PassCost(fwd_s=memory_s(hw, fwd.bytes, kernels=fwd.count), bwd_s=memory_s(hw, bwd.bytes, kernels=bwd.count))
+        return PassCost(fwd_s=memory_s(hw, fwd.bytes, kernels=fwd.count),
+                        bwd_s=memory_s(hw, bwd.bytes, kernels=bwd.count))
     raise AssertionError(implementation)
 
 
@@ -241,7 +246,8 @@ def _torch_elementwise(model: ModelSpec, layout: Layout, hw: Hardware, implement
     if missing:
         b, tp, sp, ac, cp = (np.asarray(c) for c in zip(*missing, strict=False))
         fwd, bwd = passes(model, layer_widths(model, Layout(tp=tp, micro_batch=b, sequence_parallel=sp.astype(bool),
-                                                           precision=layout.precision, cp=cp), autocast=ac.astype(bool)))
+                                                           precision=layout.precision, cp=cp),
+                                              autocast=ac.astype(bool)))
         f, bk = (np.broadcast_to(passes_time(hw, x), b.shape).tolist() for x in (fwd, bwd))
         hw.memo.update(((tag, *row), (x, y)) for row, x, y in zip(missing, f, bk, strict=False))
         both = per_distinct(one, *columns)
@@ -286,7 +292,8 @@ def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], i
         return PassCost()
     fwd, bwd = param_passes(*sizes, autocast=autocast)
     f = passes_time(hw, fwd)
-    return PassCost(fwd_s=f, bwd_s=passes_time(hw, bwd), recompute_s=where(layout.recompute == RecomputeMode.FULL, f, 0.0))
+    return PassCost(fwd_s=f, bwd_s=passes_time(hw, bwd),
+                    recompute_s=where(layout.recompute == RecomputeMode.FULL, f, 0.0))
 
 
 def part_param_sizes(params: Sequence[LocalParam], gemm_names: Callable[[LocalParam], bool]) -> tuple[int, int, int,
@@ -306,7 +313,8 @@ def stage_param_pass(spec: ExperimentSpec, hw: Hardware, layout: Layout, params:
     m, p = spec.model, spec.parallel
     n_stages = p.pp * p.virtual_stages
     layers = stage_layers(m.n_layers, n_stages, stage)
-    if implementation not in PARAM_PASS_IMPLEMENTATIONS or layout.uses_autocast is False or not layers and stage not in (0, n_stages - 1):
+    if (implementation not in PARAM_PASS_IMPLEMENTATIONS or layout.uses_autocast is False
+            or not layers and stage not in (0, n_stages - 1)):
         return PassCost()
     is_gemm = lambda q: len(q.local_shape) == 2  # noqa: E731
     out = PassCost()
@@ -317,7 +325,8 @@ def stage_param_pass(spec: ExperimentSpec, hw: Hardware, layout: Layout, params:
             out.add(PassCost(fwd_s=count * one.fwd_s, bwd_s=count * one.bwd_s, recompute_s=count * one.recompute_s))
     if stage == 0:
         emb = derived(params, ("embedding param sizes", tied_head), lambda ps: part_param_sizes(
-            [q for q in ps if q.name.startswith(("tok_emb", "pos_emb"))], lambda q: tied_head and q.name.startswith("tok_emb")))
+            [q for q in ps if q.name.startswith(("tok_emb", "pos_emb"))],
+            lambda q: tied_head and q.name.startswith("tok_emb")))
         out.add(_no_recompute(param_pass(hw, layout, emb, implementation)))
     if stage == n_stages - 1:
         head = derived(params, "head param sizes", lambda ps: part_param_sizes(

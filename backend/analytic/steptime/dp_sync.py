@@ -64,8 +64,10 @@ def _dp_colls(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[Local
     total = fsdp = fsdp_tail = 0.0
     kinds: dict[str, float] = {}
     exposure: list[tuple[str, float, float]] = []
-    traffic = derived(params, ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec), spec.train.fp8_gathers),
-                      lambda ps: dp_traffic(spec, ps))  # memoised on every input dp_traffic reads (params fix the model)
+    # memoised on every input dp_traffic reads (params fix the model)
+    traffic = derived(params,
+                      ("dp_traffic", p.ep, p.zero_stage, mb, p.pp, fsdp_param_bytes(spec), spec.train.fp8_gathers),
+                      lambda ps: dp_traffic(spec, ps))
     seen: dict[tuple, float] = {}  # FSDP2 units repeat the same (collective, payload, group): same inputs, same seconds
 
     def coll_s(*args: Any, **kw: Any) -> float:
@@ -106,7 +108,8 @@ def _dp_colls(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[Local
                 1 if p.pp > 1 else mb)
             s = coll_s(tier, kind, payload, n, calls=calls, per_node=k)
             # FSDP2 copies every unit into / out of the flat collective buffer on the compute stream
-            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter copy-in)
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / _copy_out; reduce-scatter
+            # copy-in)
             copy = seen.get(("copy", payload, calls))
             if copy is None:
                 copy = seen[("copy", payload, calls)] = memory_s(hw, 2 * payload, kernels=calls * 2)
@@ -171,5 +174,6 @@ def dp_exposed(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[Loca
             exposed += s
     if colls.fsdp_s:
         window = spec.train.microbatches * (pass_total.fwd_s + pass_total.bwd_s + pass_total.recompute_s)
-        exposed += max(colls.fsdp_s - eta * window, 2 * colls.fsdp_tail_s)  # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
+        # Zhao 2023 Sec 3.3: first gather, last reduce-scatter
+        exposed += max(colls.fsdp_s - eta * window, 2 * colls.fsdp_tail_s)
     return colls.total_s, exposed

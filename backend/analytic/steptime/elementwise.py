@@ -162,6 +162,7 @@ def param_passes(gemm_numel: Any, other_numel: Any, n_gemm: Any, n_other: Any, a
     `autocast` may be an array over layouts. Tensor sizes are the stage's mean per tensor."""
     g_each, o_each = gemm_numel / maximum(n_gemm, 1), other_numel / maximum(n_other, 1)
     fwd = [Pass("copy", CAST_BYTES * g_each, n_gemm * autocast)]
-    bwd = [Pass("copy", CAST_BYTES * g_each, n_gemm * autocast), Pass("copy", ACCUMULATE_BYTES * g_each, n_gemm * autocast),
+    bwd = [Pass("copy", CAST_BYTES * g_each, n_gemm * autocast),
+           Pass("copy", ACCUMULATE_BYTES * g_each, n_gemm * autocast),
            Pass("copy", ACCUMULATE_BYTES * o_each, n_other * autocast)]
     return fwd, bwd

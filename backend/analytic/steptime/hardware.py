@@ -54,7 +54,8 @@ class Tunables:
     reduce_scatter_efficiency: float = 1.0
     """The same for reduce-scatter (gloo has no ring reduce-scatter: it reduces the whole buffer)."""
     gemm_fp8_efficiency_max: float = 0.0
-    """The float8 GEMMs' efficiency under fp8 (0: unmeasured, bf16's gemm_efficiency_max is used: Hardware.peak_note)."""
+    """The float8 GEMMs' efficiency under fp8 (0: unmeasured, bf16's gemm_efficiency_max is used:
+    Hardware.peak_note)."""
     gemm_scale: float = 1.0
     """Multiplier on the GEMM efficiency (table or curve): what a calibration fits."""
     attention_scale: float = 1.0
@@ -164,7 +165,8 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as `hardware --json` lists it: values, tunables, provenance and a summary of each table."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tune", "gemm_curve", "tables", "memo")}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("tune", "gemm_curve", "tables", "memo")}
         d["tune"] = {f.name: getattr(self.tune, f.name) for f in fields(Tunables)}
         d["tables"] = tables_summary(self.tables)
         return d
@@ -177,7 +179,8 @@ def tables_summary(t: OpTables) -> dict[str, Any]:
         out["gemm"] = {d: {"rows": len(g.rows), "max_efficiency": max(r[3] for r in g.rows), "source": g.source}
                        for d, g in t.gemm.items()}
     if t.attention:
-        out["attention"] = {"kernels": list(t.attention.kernels()), "rows": len(t.attention.rows), "source": t.attention.source}
+        out["attention"] = {"kernels": list(t.attention.kernels()), "rows": len(t.attention.rows),
+                            "source": t.attention.source}
     full = table_json(t)
     for part in ("elementwise", "optimizer", "overhead"):
         if part in full:
@@ -191,7 +194,8 @@ def _read(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read hardware profiles from {path}: {e}") from e
 
 
-def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], kind_defaults_by: dict[str, dict[str, Any]]) -> Hardware:
+def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any],
+           kind_defaults_by: dict[str, dict[str, Any]]) -> Hardware:
     known = {f.name for f in fields(Tunables)}
     kind_defaults = kind_defaults_by.get(entry.get("kind", "gpu"), {})
     need = ("name", "peak_flops", "hbm_bytes_per_s", "intra_bytes_per_s", "inter_bytes_per_s")
@@ -200,16 +204,20 @@ def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any], kind_defau
         raise ValueError(f"hardware profile {key!r} lacks {', '.join(missing)}")
     tables = _tables(key, entry)
     measured_floor = {"kernel_launch_s": tables.kernel_s} if tables.kernel_s else {}
-    tune = Tunables(**{k: float(v) for k, v in {**defaults, **kind_defaults, **measured_floor, **entry.get("tune", {})}.items()
+    tune = Tunables(**{k: float(v) for k, v in {**defaults, **kind_defaults, **measured_floor,
+                                                **entry.get("tune", {})}.items()
                        if k in known})
     provenance = {**{k: v for k, v in entry.get("provenance", {}).items() if isinstance(v, str)},
                   **{f"tables.{k}": v for k, v in tables.sources.items()}}
-    return Hardware(key=key, name=entry["name"], kind=entry.get("kind", "gpu"), memory_bytes=float(entry.get("memory_bytes", 0)),
+    return Hardware(key=key, name=entry["name"], kind=entry.get("kind", "gpu"),
+                    memory_bytes=float(entry.get("memory_bytes", 0)),
                     peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
-                    hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]), intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
-                    inter_bytes_per_s=float(entry["inter_bytes_per_s"]), gpus_per_node=int(entry.get("gpus_per_node", 8)),
-                    source=entry.get("source", ""), tune=tune, cores=entry.get("cores"), gemm_curve=_curve(entry),
-                    tables=tables, provenance=provenance, arch=str(entry.get("arch", "")))
+                    hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]),
+                    intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
+                    inter_bytes_per_s=float(entry["inter_bytes_per_s"]),
+                    gpus_per_node=int(entry.get("gpus_per_node", 8)), source=entry.get("source", ""), tune=tune,
+                    cores=entry.get("cores"), gemm_curve=_curve(entry), tables=tables, provenance=provenance,
+                    arch=str(entry.get("arch", "")))
 
 
 @lru_cache(maxsize=1)
@@ -228,7 +236,9 @@ def _tables(key: str, entry: dict[str, Any]) -> OpTables:
             if part == "gemm":
                 resolved["gemm"] = {d: _named(key, r, "gemm")[d] if isinstance(r, str) else r for d, r in ref.items()}
             elif part == "attention" and isinstance(ref, list):
-                resolved[part] = merged_attention_tables(key, [_named(key, r, part) if isinstance(r, str) else r for r in ref])
+                resolved[part] = merged_attention_tables(key,
+                                                         [_named(key, r, part) if isinstance(r, str) else r
+                                                          for r in ref])
             else:
                 resolved[part] = _named(key, ref, part) if isinstance(ref, str) else ref
         return tables_from_json(resolved)
@@ -245,9 +255,11 @@ def merged_attention_tables(key: str, parts: list[dict[str, Any]]) -> dict[str, 
     for part in parts:
         kernels = {r["kernel"] for r in part["rows"]}
         if kernels & seen:
-            raise ValueError(f"hardware profile {key!r}: attention kernels {sorted(kernels & seen)} in two of its tables")
+            raise ValueError(f"hardware profile {key!r}: attention kernels {sorted(kernels & seen)} in two of its "
+                             "tables")
         seen |= kernels
-    return {"rows": [r for part in parts for r in part["rows"]], "source": "; ".join(part.get("source", "") for part in parts)}
+    return {"rows": [r for part in parts for r in part["rows"]],
+            "source": "; ".join(part.get("source", "") for part in parts)}
 
 
 def _named(key: str, name: str, part: str) -> Any:

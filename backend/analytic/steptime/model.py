@@ -106,7 +106,8 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
         if kind in ("send", "recv"):
             continue  # pp: per hop in the schedule (p2p_hop_s)
         dim = "ep" if kind == "all_to_all" else "tp"
-        calls = max(1, 4 * len(layers) * m)  # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
+        # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
+        calls = max(1, 4 * len(layers) * m)
         sec = collective_s(hw, dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
         out[dim] += sec
         if kinds is not None:
@@ -226,12 +227,13 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
             hidden_mb += hid_f * (2 if full else 1) + hid_b
             fwd[s] = (c.fwd_s + per_mb / 2 * share_s - hid_f + n_stage * ring.fwd_exposed_s) * share
             rc_comm = per_mb / 2 * share_s - hid_f if full else 0.0  # the re-run forward's collectives
-            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s - hid_b + rc_comm) + n_stage * ring.bwd_exposed_s) * share
+            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s - hid_b + rc_comm)
+                      + n_stage * ring.bwd_exposed_s) * share
         info.append((r, params, stages, layers, comm, tot, kinds, hidden_mb))
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop, overlap=knobs.pp_overlap)
     out = []
-    for k, (r, params, stages, layers, comm, tot, kinds, hidden_mb) in enumerate(info):
+    for k, (r, params, _stages, layers, comm, tot, kinds, hidden_mb) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
         dp_kinds: dict[str, float] = {}
         dp_total, dp_exp = dp_exposed(spec, hw, g, params, tot, dp_kinds, grad_overlap=knobs.grad_overlap,
@@ -240,8 +242,10 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
         compute = mb * (tot.fwd_s + tot.bwd_s + tot.recompute_s) * share
         comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}
         cp_exp = mb * len(layers) * (ring.fwd_exposed_s + ring.bwd_exposed_s) * share
-        cp_kinds = {"all_gather": mb * len(layers) * ring.all_gather_s, "all_to_all": mb * len(layers) * ring.all_to_all_s}
-        kinds = {c: kinds.get(c, 0.0) + cp_kinds.get(c, 0.0) * share for c in {*kinds, *(k for k, v in cp_kinds.items() if v)}}
+        cp_kinds = {"all_gather": mb * len(layers) * ring.all_gather_s,
+                    "all_to_all": mb * len(layers) * ring.all_to_all_s}
+        kinds = {c: kinds.get(c, 0.0) + cp_kinds.get(c, 0.0) * share
+                 for c in {*kinds, *(k for k, v in cp_kinds.items() if v)}}
         tp_exp = (comm["tp"] - mb * hidden_mb) * share if hidden_mb else comm["tp"] * share
         mp_exp = tp_exp + comm["ep"] * share + cp_exp
         exposed = {"tp": tp_exp, "ep": comm["ep"] * share, **({"cp": cp_exp} if p.cp > 1 else {}),
@@ -261,7 +265,8 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
                  "exposed dp": exposed["dp"], "optimizer": opt, "other": other}
         check_parts_sum(r, parts, step)
     slow = max(out, key=lambda x: x.step_s)
-    notes = [f"attention={attention}", f"implementation={implementation}", f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
+    notes = [f"attention={attention}", f"implementation={implementation}",
+             f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
     notes += knobs.notes
     notes += [n for n in [hw.peak_note(spec.train.precision)] if n]

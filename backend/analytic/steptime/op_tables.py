@@ -98,7 +98,8 @@ def per_unique(fn: Any, *columns: Any) -> Any:
     varying = [i for i, c in enumerate(columns) if np.ndim(c)]
     codes, key = [], np.zeros(int(np.prod(shape)), dtype=np.int64)
     for i in varying:
-        values, code = np.unique(np.broadcast_to(np.asarray(columns[i], dtype=float), shape).ravel(), return_inverse=True)
+        values, code = np.unique(np.broadcast_to(np.asarray(columns[i], dtype=float), shape).ravel(),
+                                 return_inverse=True)
         codes.append(values)
         key = key * len(values) + code
     distinct, inverse = np.unique(key, return_inverse=True) if len(varying) > 1 else (np.arange(len(codes[0])), key)
@@ -190,7 +191,8 @@ def _device_s(seconds: float, launch_s: float) -> float:
     return max(seconds - launch_s, 0.5 * seconds)
 
 
-def gemm_rows(rows: list[dict[str, Any]], peak: float, launch_s: float = 0.0) -> tuple[tuple[int, int, int, float], ...]:
+def gemm_rows(rows: list[dict[str, Any]], peak: float,
+              launch_s: float = 0.0) -> tuple[tuple[int, int, int, float], ...]:
     """The probe's GEMM rows {m, k, n, flops, seconds} as (m, k, n, fraction of `peak`)."""
     out = [(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops"]) / _device_s(float(r["seconds"]), launch_s) / peak)
            for r in rows if r.get("seconds") and r.get("flops") and not r.get("error")]
@@ -211,7 +213,8 @@ def attention_rows(rows: list[dict[str, Any]], peak: float, launch_s: float = 0.
                  for (k, s, d, c), g in sorted(groups.items()))
 
 
-def elementwise_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float, launch_s: float = 0.0) -> dict[str, float]:
+def elementwise_fractions(rows: list[dict[str, Any]], hbm_bytes_per_s: float,
+                          launch_s: float = 0.0) -> dict[str, float]:
     """Median bytes/s per class (rmsnorm_fwd -> rmsnorm, cross_entropy_fwd_bwd -> cross_entropy) / HBM peak."""
     by: dict[str, list[float]] = {}
     for r in rows:
@@ -243,10 +246,11 @@ def tables_from_measured(measured: dict[str, Any], peak_flops: dict[str, float],
     attn = attention_rows((measured.get("attention") or {}).get("rows", []), peak_flops.get("bf16", 0), in_span) \
         if peak_flops.get("bf16") else ()
     return OpTables(gemm=gemm, attention=AttentionTable(rows=attn, source=source) if attn else None,
-                    elementwise=elementwise_fractions((measured.get("elementwise") or {}).get("rows", []), hbm_bytes_per_s,
-                                                      in_span),
+                    elementwise=elementwise_fractions((measured.get("elementwise") or {}).get("rows", []),
+                                                      hbm_bytes_per_s, in_span),
                     optimizer=optimizer_fractions((measured.get("optimizer") or {}).get("rows", []), hbm_bytes_per_s),
-                    kernel_s=max(launch.get("device_s_per_kernel") or 0.0, launch.get("host_s_per_launch") or 0.0) or None,
+                    kernel_s=max(launch.get("device_s_per_kernel") or 0.0,
+                                 launch.get("host_s_per_launch") or 0.0) or None,
                     host_launch_s=launch.get("host_s_per_launch"),
                     sources={k: source for k in ("gemm", "attention", "elementwise", "optimizer", "overhead")})
 
@@ -261,7 +265,8 @@ def tables_from_json(entry: dict[str, Any]) -> OpTables:
     attn = AttentionTable(rows=tuple(AttentionRow(**r) for r in a["rows"]), source=a.get("source", "")) if a else None
     el, opt, over = entry.get("elementwise") or {}, entry.get("optimizer") or {}, entry.get("overhead") or {}
     sources = {"gemm": "; ".join(f"{d}: {t.source}" for d, t in gemm.items()), "attention": attn.source if attn else "",
-               "elementwise": el.get("source", ""), "optimizer": opt.get("source", ""), "overhead": over.get("source", "")}
+               "elementwise": el.get("source", ""), "optimizer": opt.get("source", ""),
+               "overhead": over.get("source", "")}
     return OpTables(gemm=gemm, attention=attn, elementwise=dict(el.get("fractions", {})),
                     optimizer=dict(opt.get("fractions", {})), kernel_s=over.get("kernel_s"),
                     host_launch_s=over.get("host_launch_s"), sources={k: v for k, v in sources.items() if v})
@@ -279,7 +284,8 @@ def table_json(t: OpTables) -> dict[str, Any]:
     if t.optimizer:
         out["optimizer"] = {"fractions": t.optimizer, "source": t.sources.get("optimizer", "")}
     if t.kernel_s is not None or t.host_launch_s is not None:
-        out["overhead"] = {"kernel_s": t.kernel_s, "host_launch_s": t.host_launch_s, "source": t.sources.get("overhead", "")}
+        out["overhead"] = {"kernel_s": t.kernel_s, "host_launch_s": t.host_launch_s,
+                           "source": t.sources.get("overhead", "")}
     return out
 
 

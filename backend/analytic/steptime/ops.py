@@ -96,7 +96,8 @@ def attention_efficiency(hw: Hardware, kernel: str, seq: Any, head_dim: Any, cau
         for k in dict.fromkeys((kernel, *FALLBACK.get(kernel, ()), "flash")):
             if k in t.kernels():
                 if is_array(seq, head_dim):
-                    both = per_unique(lambda a, b: t.efficiency(k, a, b, causal), seq, head_dim)
+                    # per_unique calls the lambda right here, in this iteration
+                    both = per_unique(lambda a, b: t.efficiency(k, a, b, causal), seq, head_dim)  # noqa: B023
                     return both[..., 0] * scale, both[..., 1] * scale
                 fwd, bwd = t.efficiency(k, seq, head_dim, causal)
                 return fwd * scale, bwd * scale

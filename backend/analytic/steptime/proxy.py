@@ -4,11 +4,11 @@ head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arra
 
 What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
-rank's layers at one layer's cost per block kind: dense / MoE, global / windowed attention), the host's DTensor dispatch, the kernel launches of the optimizer and of the
-loss's softmax passes, and, under full recompute, lm_head's GEMM re-run in backward (recompute_cost.py shares). The planner
-ranks every layout with it, then re-times a pool of the fastest with model.step_time, which it reports.
-Measured agreement with step_time over every fitting layout: see tests/unit/test_planner_core.py and
-benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
+rank's layers at one layer's cost per block kind: dense / MoE, global / windowed attention), the host's DTensor
+dispatch, the kernel launches of the optimizer and of the loss's softmax passes, and, under full recompute, lm_head's
+GEMM re-run in backward (recompute_cost.py shares). The planner ranks every layout with it, then re-times a pool of the
+fastest with model.step_time, which it reports. Measured agreement with step_time over every fitting layout: see
+tests/unit/test_planner_core.py and benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> N
     hw.memo[done] = True
     queries = []
     for tp in tps:
-        shapes = [(n, k) for n, k, expert in _block_linears(key, tp) if not expert] + [(model.vocab_size / tp, model.d_model)]
+        shapes = [(n, k) for n, k, expert in _block_linears(key, tp)
+                  if not expert] + [(model.vocab_size / tp, model.d_model)]
         for mb in mbs:
             for cp in cps:
                 t = mb * (model.seq_len // cp)
@@ -207,8 +208,9 @@ def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: flo
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
     mb, tp, cp = np.broadcast_arrays(np.asarray(layout.micro_batch), np.asarray(layout.tp), np.asarray(layout.cp))
     rep, group = _groups(mb, tp, cp)
-    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * (model.seq_len // int(cp.flat[i])), model.d_model,
-                                       model.vocab_size / int(tp.flat[i]), cb) for i in rep.tolist()], dtype=float)
+    pairs = np.asarray([weight_gemms_s(hw, layout.precision, int(mb.flat[i]) * (model.seq_len // int(cp.flat[i])),
+                                       model.d_model, model.vocab_size / int(tp.flat[i]), cb) for i in rep.tolist()],
+                       dtype=float)
     return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
 
 
@@ -234,8 +236,8 @@ def _param_pass_s(model: Any, layout: Layout, hw: Hardware, stages: Any, impleme
                            _local_linears(key, tp, ep, part), b.tensors - _local_linears(key, tp, ep, part))
                           for b, part in ((blk, "block"), (alt, ALT_PART if mixed else "block"))) + (
                      (e_gemm, emb.local_numel - e_gemm, int(e_gemm > 0), emb.tensors - int(e_gemm > 0)),
-                     (head.head_weight_numel, head.local_numel - head.head_weight_numel, int(head.head_weight_numel > 0),
-                      head.tensors - int(head.head_weight_numel > 0)))
+                     (head.head_weight_numel, head.local_numel - head.head_weight_numel,
+                      int(head.head_weight_numel > 0), head.tensors - int(head.head_weight_numel > 0)))
             costs = [param_pass(hw, one, sz, implementation, autocast=bool(autocast)) for sz in sizes]
             block_s = [c.fwd_s + c.bwd_s + c.recompute_s for c in costs[:2]]
             hit = hw.memo[memo_key] = (block_s[0], costs[2].fwd_s + costs[2].bwd_s, costs[3].fwd_s + costs[3].bwd_s,
@@ -309,7 +311,8 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
 
 def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
     """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
-    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3, logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
+    wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3,
+                          logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
     return where(wrapped, hw.tune.fsdp_unit_host_s * (stages.n_blocks + 1) * layout.microbatches, 0.0)
 
 
@@ -325,7 +328,8 @@ class _BlockCosts:
         windowed = attention_pass(model, layout, hw, "flash", windowed=True) \
             if getattr(model, "window", None) is not None else attention
         self.attention = (attention, windowed)
-        self.gemm = (_layer_gemm_s(model, layout, hw), _layer_gemm_s(model, layout, hw, ALT_PART) if self.mixed else (0.0, 0.0))
+        self.gemm = (_layer_gemm_s(model, layout, hw),
+                     _layer_gemm_s(model, layout, hw, ALT_PART) if self.mixed else (0.0, 0.0))
 
     @property
     def backward_s(self) -> Any:
@@ -391,8 +395,9 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
                 compute_s: Any) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
     25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
-    reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step; FSDP2's gathers / reduce-scatters behind
-    the whole step's compute (the first gather and last reduce-scatter exposed) plus their copy-in / copy-out."""
+    reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step;
+    FSDP2's gathers / reduce-scatters behind the whole step's compute (the first gather and last reduce-scatter exposed)
+    plus their copy-in / copy-out."""
     dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     intra, link = _dp_link(layout, hw, gpus_per_node, dp)
 
@@ -430,9 +435,11 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
         return bandwidth_s(hw, intra, kind, payload, group, link_bytes_per_s=link)
 
     eta = hw.tune.overlap_efficiency
-    exposed = maximum(coll("all_reduce", grads) - eta * backward_s, coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
+    exposed = maximum(coll("all_reduce", grads) - eta * backward_s,
+                      coll("all_reduce", minimum(grads, DDP_BUCKET_BYTES)))
     distributed = maximum(coll("reduce_scatter", grads) - eta * backward_s, coll("reduce_scatter", minimum(
-        grads, DDP_BUCKET_BYTES))) + coll("all_gather", where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * experts)
+        grads, DDP_BUCKET_BYTES))) + coll("all_gather",
+                                          where(layout.half_params, layout.compute_bytes, MASTER_BYTES) * experts)
     exposed = where(layout.distributed_optimizer, distributed, exposed)
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 

@@ -72,16 +72,16 @@ def _step_s(row: dict[str, Any]) -> tuple[float, str]:
     if metric == "tokens_per_s":
         return pub["tokens_per_step"] / value, f"{pub['tokens_per_step']} tokens per step / {value:g} tokens/s"
     if metric == "tokens_per_s_per_gpu":
-        return pub["tokens_per_step"] / (value * pub["gpus"]), (f"{pub['tokens_per_step']} tokens per step / ({value:g} "
-                                                                 f"tokens/s per GPU x {pub['gpus']} GPUs)")
+        return pub["tokens_per_step"] / (value * pub["gpus"]), (f"{pub['tokens_per_step']} tokens per step / "
+                                                                f"({value:g} tokens/s per GPU x {pub['gpus']} GPUs)")
     if metric == "iteration_s":
         return value, "published iteration time"
     if metric == "tflops_per_gpu_megatron":  # Megatron-LM's logged TFLOP/s: its own FLOPs count per iteration
         m = _model(row["spec"]["model"])
         flops = megatron_flops_per_iteration(
             batch=row["spec"]["train"]["global_batch"], seq=m["seq_len"], layers=m["n_layers"], hidden=m["d_model"],
-            heads=m["n_heads"], kv_heads=m.get("n_kv_heads") or m["n_heads"], ffn=m.get("ffn_hidden") or 4 * m["d_model"],
-            vocab=m["vocab_size"], gated=m.get("mlp", "gelu") != "gelu")
+            heads=m["n_heads"], kv_heads=m.get("n_kv_heads") or m["n_heads"],
+            ffn=m.get("ffn_hidden") or 4 * m["d_model"], vocab=m["vocab_size"], gated=m.get("mlp", "gelu") != "gelu")
         return flops / (value * 1e12 * pub["gpus"]), (f"Megatron's FLOPs per iteration {flops:.4g} (training.py "
                                                       f"num_floating_point_operations) / ({value:g} TFLOP/s x "
                                                       f"{pub['gpus']} GPUs)")
@@ -107,10 +107,11 @@ def row_spec(row: dict[str, Any]) -> dict[str, Any]:
 def _from_json(row: dict[str, Any]) -> PublishedRow:
     spec = row_spec(row)
     step_s, how = _step_s(row)
-    return PublishedRow(id=row["id"], group=row["group"], hardware=row["hardware"], source=row["source"], url=row["url"],
-                        quote=row["quote"], layout=row["layout"], spec=spec, step_s=step_s, derivation=how,
-                        attention=row.get("attention", "flash"), implementation=row.get("implementation"),
-                        notes=tuple(row.get("notes", ())), memory_gib=row["published"].get("memory_gib"))
+    return PublishedRow(id=row["id"], group=row["group"], hardware=row["hardware"], source=row["source"],
+                        url=row["url"], quote=row["quote"], layout=row["layout"], spec=spec, step_s=step_s,
+                        derivation=how, attention=row.get("attention", "flash"),
+                        implementation=row.get("implementation"), notes=tuple(row.get("notes", ())),
+                        memory_gib=row["published"].get("memory_gib"))
 
 
 def _ptdp(row: tuple) -> PublishedRow:

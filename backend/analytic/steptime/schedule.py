@@ -35,8 +35,8 @@ def rank_order(schedule: str, p: int, v: int, m: int, rank: int) -> list[tuple[i
 
 @lru_cache(maxsize=256)
 def _action_plan(schedule: str, p: int, v: int, m: int) -> PlanColumns:
-    """Every action of one step in a dependency-respecting order, as columns (rank, stage, is_forward, dep, own, hop): `dep`
-    is the index of the action it waits for across stages (F(s-1, k) / B(s+1, k); -1: none), `own` the index of
+    """Every action of one step in a dependency-respecting order, as columns (rank, stage, is_forward, dep, own, hop):
+    `dep` is the index of the action it waits for across stages (F(s-1, k) / B(s+1, k); -1: none), `own` the index of
     F(s, k) for a backward, `hop` whether the wait crosses a stage boundary (pays p2p). The order is the one a
     round-robin over ranks, each running its actions until one is not ready, visits them in; readiness depends on
     the action orders only, not on the costs, so it is computed once per (schedule, p, v, m). GPipe and 1F1B: in

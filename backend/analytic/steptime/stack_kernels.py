@@ -19,9 +19,9 @@ from backend.analytic.steptime.ops import dtype_gemm_time
 
 TE_FP8_GEMM_MS = {
     "source": "NVIDIA TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst (d0067d0d, lines 233-300; the "
-              "same text at 8f2e6357), 'Worked Example: 5B Model on H200': GEMM Benchmark (Model Config Mode) on NVIDIA "
-              "H200 NVL, Autocast (includes quantization overhead), hidden 4096, intermediate 16384, MBS 31 x seq 512, "
-              "per-layer GEMM time in ms",
+              "same text at 8f2e6357), 'Worked Example: 5B Model on H200': GEMM Benchmark (Model Config Mode) on "
+              "NVIDIA H200 NVL, Autocast (includes quantization overhead), hidden 4096, intermediate 16384, MBS 31 x "
+              "seq 512, per-layer GEMM time in ms",
     "bf16": {"fprop": 10.653, "dgrad": 10.813, "wgrad": 10.548},
     "fp8_delayed": {"fprop": 6.188, "dgrad": 6.306, "wgrad": 6.484},
     "fp8_current": {"fprop": 6.503, "dgrad": 6.795, "wgrad": 6.987},

@@ -89,7 +89,8 @@ def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], laye
 
     def hide(acc: list[float]) -> tuple[float, float]:
         fin, din, fout, dout = acc
-        # forward: gather -> input GEMMs, output GEMM -> scatter; backward: input dgrad -> scatter, gather -> output dgrad
+        # forward: gather -> input GEMMs, output GEMM -> scatter; backward: input dgrad -> scatter, gather -> output
+        # dgrad
         fwd = min(gather, eta * fin) + min(scatter, eta * fout)
         bwd = min(scatter, eta * din) + min(gather, eta * dout)
         return fwd, bwd

@@ -10,7 +10,7 @@ from __future__ import annotations
 RECOMPUTE = ("none", "selective", "full")
 
 
-def narayanan_param_count(*, l: int, h: int, V: int, s: int) -> float:
+def narayanan_param_count(*, l: int, h: int, V: int, s: int) -> float:  # noqa: E741 - the paper's symbol, a keyword
     """P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12lh)) (Narayanan 2021 Sec 5.1, Eq. 2)."""
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))  # Narayanan 2021 Eq. 2
 
@@ -54,11 +54,13 @@ def training_flops_per_step(*, n_params_dense: float, tokens: float, n_layers: i
                                              rerun=rerun)
 
 
-def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int, recompute: bool = True) -> float:
+def narayanan_flops_per_iteration(*, B: int, s: int, l: int, h: int, V: int,  # noqa: E741 - the paper's symbols
+                                  recompute: bool = True) -> float:
     """96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) with full recompute (Narayanan 2021 Eq. 3); 72·... without."""
     if recompute:
         return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan 2021 Eq. 3
-    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))  # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
+    # Narayanan 2021 Eq. 3 derivation with 3 passes, not 4
+    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
 def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, heads: int, kv_heads: int,

@@ -13,8 +13,10 @@ def kv_cache_bytes(*, batch: int, context: int, n_layers: int, n_kv_heads: int, 
     """Per-rank KV-cache bytes; TP splits KV heads across ranks (replicated when n_kv_heads < tp)."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    heads_per_rank = n_kv_heads / tp if n_kv_heads >= tp else 1  # Megatron TP: heads split, else each rank keeps one replica
-    return 2 * batch * context * n_layers * heads_per_rank * head_dim * dtype_bytes  # vLLM Sec 3: K and V per token per layer
+    # Megatron TP: heads split, else each rank keeps one replica
+    heads_per_rank = n_kv_heads / tp if n_kv_heads >= tp else 1
+    # vLLM Sec 3: K and V per token per layer
+    return 2 * batch * context * n_layers * heads_per_rank * head_dim * dtype_bytes
 
 
 def kv_cache_bytes_per_token(*, n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: float) -> float:

@@ -40,7 +40,8 @@ def bubble_formula(schedule: str, *, p: Any, m: Any, v: Any = 1) -> Any:
     if schedule == "interleaved_1f1b":
         return (p - 1) / (v * m)  # Narayanan 2021 Sec 2.2.2: bubble shrinks by v
     if schedule == "zero_bubble":
-        # Qi 2023 Sec 2.1 (ZB-H1, torch's ZB1P): bubble (p-1)(T_F+T_B-T_W) = 1/3 of 1F1B's (p-1)(T_F+T_B+T_W); /v interleaved
+        # Qi 2023 Sec 2.1 (ZB-H1, torch's ZB1P): bubble (p-1)(T_F+T_B-T_W) = 1/3 of 1F1B's (p-1)(T_F+T_B+T_W); /v
+        # interleaved
         return (p - 1) / (3 * v * m)
     if schedule == "dualpipev":
         # deepseek-ai/DualPipe @ 3da1bbea README, "Pipeline Bubbles and Memory Usage Comparison": DualPipeV's bubble is

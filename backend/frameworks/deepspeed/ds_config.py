@@ -29,7 +29,8 @@ def ds_config(spec: ExperimentSpec) -> dict[str, Any]:
         "overlap_comm": False,
     }
     if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=BUCKET_ELEMENTS, stage3_param_persistence_threshold=PERSISTENCE_THRESHOLD,
+        zero.update(stage3_prefetch_bucket_size=BUCKET_ELEMENTS,
+                    stage3_param_persistence_threshold=PERSISTENCE_THRESHOLD,
                     stage3_max_live_parameters=BUCKET_ELEMENTS, stage3_max_reuse_distance=BUCKET_ELEMENTS)
     if p.offload in ("optimizer", "params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}

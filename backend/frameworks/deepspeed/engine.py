@@ -82,8 +82,9 @@ def prepare(ctx: RankContext, model: nn.Module) -> tuple[Prepared, Any]:
 
     notes = [f"DeepSpeed {_version()} ZeRO stage {cfg['zero_optimization']['stage']}"
              + (f", offload {ctx.spec.parallel.offload} to CPU" if ctx.spec.parallel.offload != "none" else "")
-             + f": the engine partitions and communicates; buckets {cfg['zero_optimization']['reduce_bucket_size']:.0e} "
-             "elements; client torch optimizer (not DeepSpeed's JIT-built CPU Adam)."]
+             + ": the engine partitions and communicates; buckets "
+             f"{cfg['zero_optimization']['reduce_bucket_size']:.0e} elements; client torch optimizer (not DeepSpeed's "
+             "JIT-built CPU Adam)."]
     prep = Prepared(modules=[engine.module], optimizer=inner_optimizer(engine), train_step=train_step, notes=notes,
                     extra={"ds_config": cfg})
     return prep, engine

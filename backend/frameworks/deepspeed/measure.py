@@ -33,7 +33,8 @@ def make_tracker(prep: Prepared, engine: Any) -> memory.CategoryMemTracker:
     return tracker
 
 
-def memory_step(ctx: RankContext, prep: Prepared, engine: Any, step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:
+def memory_step(ctx: RankContext, prep: Prepared, engine: Any,
+                step: int) -> tuple[dict[str, Any], comm_bench.CommCounter]:
     maybe_inject(ctx.rank, step)
     batch = local_batch(ctx, *global_batch(ctx.spec, step))
     tracker = make_tracker(prep, engine)
@@ -69,7 +70,8 @@ def model_state_bytes(engine: Any) -> dict[str, int]:
     params = partitions(engine) + [p for p in engine.module.parameters() if p.numel()]
     opt = engine.optimizer
     states = [v for st in _inner(opt).state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    return {"params_bytes": size(params), "master_bytes": size(master_tensors(engine)), "optimizer_state_bytes": size(states)}
+    return {"params_bytes": size(params), "master_bytes": size(master_tensors(engine)),
+            "optimizer_state_bytes": size(states)}
 
 
 def _inner(opt: Any) -> torch.optim.Optimizer:

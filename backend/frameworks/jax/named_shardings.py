@@ -1,4 +1,5 @@
-"""NamedShardings over a ("dp", "tp") Mesh of virtual CPU devices, from the layout in backend/analytic/frameworks/gspmd.py."""
+"""NamedShardings over a ("dp", "tp") Mesh of virtual CPU devices, from the layout in
+backend/analytic/frameworks/gspmd.py."""
 
 from __future__ import annotations
 

@@ -88,7 +88,8 @@ def upgrade() -> None:
         sa.Column("coords_json", sa.Text(), nullable=True),
         *[_bytes(f"measured_{c}_bytes") for c in cats],
         *[_bytes(f"predicted_{c}_bytes") for c in cats],
-        *[sa.Column(f"error_pct_{c}", sa.Float(), nullable=True) for c in ["params", "grads", "optimizer", "activations", "peak"]],
+        *[sa.Column(f"error_pct_{c}", sa.Float(), nullable=True)
+          for c in ["params", "grads", "optimizer", "activations", "peak"]],
         sa.Column("steps_timed", sa.Integer(), nullable=False),
         *[sa.Column(f"step_s_{s}", sa.Float(), nullable=True) for s in ["median", "mean", "min", "max"]],
         sa.Column("tokens_per_s_share", sa.Float(), nullable=True),
@@ -101,7 +102,8 @@ def upgrade() -> None:
         _parent(),
         sa.Column("rank", sa.Integer(), nullable=False),
         sa.Column("collective", sa.String(32), nullable=False),
-        *[sa.Column(c, sa.Float(), nullable=True) for c in ["calls", "bytes", "wire_bytes", "seconds", "predicted_bytes"]],
+        *[sa.Column(c, sa.Float(), nullable=True) for c in ["calls", "bytes", "wire_bytes", "seconds",
+                                                            "predicted_bytes"]],
     )
     op.create_table(
         "losses",

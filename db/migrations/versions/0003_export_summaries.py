@@ -54,10 +54,11 @@ def _backfill() -> None:
     cols = [*MEM, *RANK_COMM]
     op.execute(f"INSERT INTO experiment_summaries (experiment_id, {', '.join(cols)}) "
                f"SELECT experiment_id, {', '.join(f'MAX({c})' for c in cols)} FROM rank_results GROUP BY experiment_id")
-    op.execute("INSERT INTO experiment_summaries (experiment_id) SELECT id FROM experiments WHERE result_json IS NOT NULL "
-               "AND id NOT IN (SELECT experiment_id FROM experiment_summaries)")
+    op.execute("INSERT INTO experiment_summaries (experiment_id) SELECT id FROM experiments WHERE result_json IS NOT "
+               "NULL AND id NOT IN (SELECT experiment_id FROM experiment_summaries)")
     errors = [f"error_pct_{c} = CASE WHEN predicted_{c}_bytes > 0 AND measured_{c}_bytes IS NOT NULL THEN "
-              f"(measured_{c}_bytes - predicted_{c}_bytes) * 1.0 / predicted_{c}_bytes * 100.0 END" for c in ERROR_CATEGORIES]
+              f"(measured_{c}_bytes - predicted_{c}_bytes) * 1.0 / predicted_{c}_bytes * 100.0 END"
+              for c in ERROR_CATEGORIES]
     op.execute("UPDATE experiment_summaries SET " + ", ".join(errors))
     if op.get_bind().dialect.name == "sqlite":
         env = "(SELECT e.env_json FROM experiments e WHERE e.id = experiment_summaries.experiment_id)"

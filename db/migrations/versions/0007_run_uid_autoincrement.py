@@ -38,7 +38,8 @@ def upgrade() -> None:
         if fk_on:
             raise RuntimeError("revision 0007 rebuilds `experiments`: run it through db.migrations.upgrade "
                                "(foreign keys off), or the rebuild would cascade-delete every run's results")
-        with op.batch_alter_table("experiments", recreate="always", table_kwargs={"sqlite_autoincrement": True}) as batch:
+        with op.batch_alter_table("experiments", recreate="always",
+                                  table_kwargs={"sqlite_autoincrement": True}) as batch:
             batch.add_column(column)
     else:
         op.add_column("experiments", column)

@@ -23,8 +23,10 @@ def upgrade() -> None:
     # Plain ADD COLUMNs. Stores from the cp branch (bba3d1e..fdd846f) have them already, stamped "0009": that
     # revision was renumbered to 0010 when 0009_imported_runs landed first.
     additive.add_column("experiments", sa.Column("cp", sa.Integer(), nullable=False, server_default="1"))
-    additive.add_column("experiments", sa.Column("cp_rotate", sa.String(16), nullable=False, server_default="allgather"))
-    additive.add_column("experiments", sa.Column("cp_load_balance", sa.Boolean(), nullable=False, server_default=sa.true()))
+    additive.add_column("experiments", sa.Column("cp_rotate", sa.String(16), nullable=False,
+                                                 server_default="allgather"))
+    additive.add_column("experiments", sa.Column("cp_load_balance", sa.Boolean(), nullable=False,
+                                                 server_default=sa.true()))
 
 
 def downgrade() -> None:
