@@ -15,8 +15,12 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "57a88abc0f3c2416cdaa"
-"""Issue 32 moved worst_rank_bytes again (13baa88a62c36977edfe before): pipelined bf16-mixed layouts' moment inside
+DIGEST_BEFORE = "f44613e5ca8c76dd8af1"
+"""Issue 32 moved worst_rank_bytes a third time (57a88abc0f3c2416cdaa before): a later 1F1B backward of a stage past
+the first holds the previous backward's stage-input gradient, and layers:K's lowest checkpoint is a moment of its own;
+compared row by row with 7077052, one row moved, plan dp64·tp8·pp2 zero3 1F1B (63.831 -> 63.965 GB, +0.21%, the same
+worst rank 512), the step_time rows and the 85 others are unchanged.
+Issue 32 moved worst_rank_bytes again (13baa88a62c36977edfe before): pipelined bf16-mixed layouts' moment inside
 backward (re-run blocks' casts come from autocast's cache, later backwards hold the blocks before's and the head's
 16-bit grads); compared row by row with aa6324e, the 30 rows that moved are all pipelined (-5.2% .. +2.9%), the
 step_time rows and the 56 others are unchanged.
