@@ -9,7 +9,7 @@ read, and `Estimate.page` / `to_dict(max_ranks=...)` expand one page, so a milli
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from backend.analytic.textbook.zero import precision_bytes, zero_model_state_byt
 from backend.analytic.traffic import rank_traffic
 
 if TYPE_CHECKING:
+    from backend.analytic.memory.zero1_share import Zero1Shares
     from backend.spec import ExperimentSpec
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
@@ -100,7 +101,7 @@ _RANK_FIELDS = ("rank", "coords", "stages", "layers", "params_count", "params_by
                 "loss_backward_bytes", "backward_bytes", "comm_bytes", "comm_wire_bytes")
 
 
-def estimate_rank(spec: Any, rank: int) -> RankEstimate:
+def estimate_rank(spec: ExperimentSpec, rank: int) -> RankEstimate:
     """One rank of a device-resolved spec, computed at its own position (the definition every rank of its class
     shares: Estimate.per_rank must reproduce it field for field)."""
     p = spec.parallel
@@ -134,10 +135,10 @@ class ClassEstimate:
     members: RankClass
     representative: RankEstimate
     ranks: int
-    zero1_shares: Any = None
+    zero1_shares: Zero1Shares | None = None
     """ZeRO-1: the partition its dp indices share (memory/zero1_share.Zero1Shares); None otherwise."""
 
-    def at(self, rank: int, coords: dict[str, int], spec: Any) -> RankEstimate:
+    def at(self, rank: int, coords: dict[str, int], spec: ExperimentSpec) -> RankEstimate:
         d = self.representative
         r = replace(d, rank=rank, coords=coords, stages=list(d.stages), layers=list(d.layers),
                     comm_bytes=dict(d.comm_bytes), comm_wire_bytes=dict(d.comm_wire_bytes))
@@ -150,7 +151,7 @@ class ClassEstimate:
             r.loss_backward_bytes += shift if r.loss_backward_bytes else 0
         return r
 
-    def distinct(self, spec: Any) -> list[tuple[RankEstimate, int]]:
+    def distinct(self, spec: ExperimentSpec) -> list[tuple[RankEstimate, int]]:
         """(estimate of the lowest rank, rank count) per distinct prediction inside the class (ZeRO-1: per
         optimizer share)."""
         if self.zero1_shares is None:
@@ -170,7 +171,7 @@ class ClassEstimate:
             out.append((self._rank_at(first, spec), empty * tp_count))
         return out
 
-    def _rank_at(self, dp: int, spec: Any) -> RankEstimate:
+    def _rank_at(self, dp: int, spec: ExperimentSpec) -> RankEstimate:
         p = spec.parallel
         rank = (self.members.pp_rank * p.dp_cp + dp) * p.tp + self.members.tp_indices.start
         return self.at(rank, p.coords(rank), spec)
@@ -179,13 +180,13 @@ class ClassEstimate:
 class RankRows(Sequence):
     """Estimate.per_rank: every rank's RankEstimate, built from its class when read (len is the world size)."""
 
-    def __init__(self, spec: Any, classes: RankClasses, by_key: dict[tuple, ClassEstimate]):
+    def __init__(self, spec: ExperimentSpec, classes: RankClasses, by_key: dict[tuple, ClassEstimate]):
         self._spec, self._classes, self._by_key = spec, classes, by_key
 
     def __len__(self) -> int:
         return self._spec.parallel.world_size
 
-    def __getitem__(self, index: Any) -> Any:
+    def __getitem__(self, index: int | slice) -> RankEstimate | list[RankEstimate]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
@@ -211,7 +212,7 @@ class Estimate:
     zero_textbook: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     rank_classes: list[ClassEstimate] = field(default_factory=list, repr=False)
-    spec: Any = field(default=None, repr=False)
+    spec: ExperimentSpec | None = field(default=None, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -227,7 +228,7 @@ class Estimate:
         """(estimate, rank count) per distinct prediction, lowest rank first within each: what every rank is."""
         return [x for c in self.rank_classes for x in c.distinct(self.spec)]
 
-    def worst(self, key: Any = None) -> RankEstimate:
+    def worst(self, key: Callable[[RankEstimate], float] | None = None) -> RankEstimate:
         """The fullest rank (by its fullest moment, `RankEstimate.fullest_bytes`, or by `key`), the lowest-numbered
         among equals."""
         key = key or (lambda r: r.fullest_bytes())
@@ -257,7 +258,7 @@ def zero_textbook(psi: float, *, dp: int, stage: int, precision: str, optimizer:
             **by_stage[stage], "by_stage": by_stage}
 
 
-def _class_estimates(spec: Any) -> tuple[RankClasses, dict[tuple, ClassEstimate]]:
+def _class_estimates(spec: ExperimentSpec) -> tuple[RankClasses, dict[tuple, ClassEstimate]]:
     classes = rank_classes(spec)
     out = {}
     for key, c in classes.classes.items():
@@ -300,7 +301,7 @@ def estimate_raw(*, params: float, dp: int, zero_stage: int, precision: str,
     return zero_textbook(params, dp=dp, stage=zero_stage, precision=precision, optimizer=optimizer)
 
 
-def worst_rank_bytes(spec: Any) -> tuple[int, RankEstimate]:
+def worst_rank_bytes(spec: ExperimentSpec) -> tuple[int, RankEstimate]:
     """(bytes at its fullest moment, breakdown at its activation peak) of the fullest rank of a spec's layout, from
     memory/rank_memory.worst_rank_memory: the rank at tp / dp / ep index 0 of the pipeline rank that peaks, with
     ZeRO-1's largest optimizer share (the planner's confirmation of what it reports; `rank` is that pipeline rank's

@@ -15,17 +15,21 @@ Context parallelism: dp is the batch split and cp the sequence split; the dp x c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backend.analytic.stack_memory import stack_memory
-from backend.analytic.vector import logical_and, logical_not, logical_or
+from backend.analytic.stack_memory import StackMemory, stack_memory
+from backend.analytic.vector import Num, logical_and, logical_not, logical_or
 from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
 from backend.spec import dims
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec, ModelSpec
 
 
 class ZeroStage:
@@ -56,21 +60,21 @@ CHOICES = (*DEGREES, "zero_stage", "micro_batch", "recompute", "schedule", "virt
            "recompute_layers")
 """The per-layout fields, in the planner table's column order."""
 
-LayoutDegrees = make_dataclass("LayoutDegrees", [(d, Any, field(default=1)) for d in DEGREES], frozen=True)
+LayoutDegrees = make_dataclass("LayoutDegrees", [(d, Num, field(default=1)) for d in DEGREES], frozen=True)
 """A degree field per dimension of backend/spec/dims.py (1 by default); `Layout` adds the per-layout choices."""
 
 
 @dataclass(frozen=True)
 class Layout(LayoutDegrees):
-    zero_stage: Any = ZeroStage.DDP
-    micro_batch: Any = 1
-    recompute: Any = RecomputeMode.NONE
-    schedule: Any = PipelineSchedule.ONE_F_ONE_B
-    virtual_stages: Any = 1
-    sequence_parallel: Any = False
-    recompute_layers: Any = 0
+    zero_stage: Num = ZeroStage.DDP
+    micro_batch: Num = 1
+    recompute: Num = RecomputeMode.NONE
+    schedule: Num = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: Num = 1
+    sequence_parallel: Num = False
+    recompute_layers: Num = 0
     """K of layers:K, N of block:N / uniform:N (0 for the other policies)."""
-    microbatches: Any = 1
+    microbatches: Num = 1
     """Microbatches per step = global_batch / (micro_batch · dp)."""
     global_batch: int = 1
     precision: str = "fp32"
@@ -81,14 +85,14 @@ class Layout(LayoutDegrees):
     """Where the ranks run ("cpu" or "cuda"): CUDA rounds storages to 512 B and keeps AdamW's step on the host."""
     sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS
     """The ops `op` recompute saves (recompute_policy.py)."""
-    stack: Any = None
-    """analytic/stack_memory.StackMemory: what a non-default stack keeps (memory/stack_states.py,
+    stack: StackMemory | None = None
+    """What a non-default stack keeps (memory/stack_states.py,
     stack_activations.py); None = this engine's own model."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
 
-    def memoised(self, key: Any, compute: Any) -> Any:
+    def memoised(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """compute(), once per key for this table of layouts; restricting the table (take) restricts the stored
         per-layout values along with it, so a value computed for every layout serves each group of them."""
         hit = self._memo.get(key)
@@ -96,14 +100,14 @@ class Layout(LayoutDegrees):
             hit = self._memo[key] = compute()
         return hit
 
-    def _carry_memo(self, out: Layout, rows: Any, reshape: bool) -> Layout:
+    def _carry_memo(self, out: Layout, rows: np.ndarray | slice, reshape: bool) -> Layout:
         n = len(self)
         for key, value in self._memo.items():
             out._memo[key] = _rows_of(value, rows, n, reshape)
         return out
 
     @classmethod
-    def of(cls, spec: Any) -> Layout:
+    def of(cls, spec: ExperimentSpec) -> Layout:
         """The layout of a validated spec (runtime.device read as given: `auto` counts as cpu)."""
         p, t = spec.parallel, spec.train
         device = str(spec.runtime.device)
@@ -119,7 +123,8 @@ class Layout(LayoutDegrees):
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
-              device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS, stack: Any = None) -> Layout:
+              device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
+              stack: StackMemory | None = None) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         by_column = np.ascontiguousarray(columns.T)  # one contiguous array per field: strided columns are ~4x slower
         return cls.of_columns(dict(zip(CHOICES, by_column, strict=False)), global_batch=global_batch,
@@ -128,7 +133,7 @@ class Layout(LayoutDegrees):
     @classmethod
     def of_columns(cls, columns: dict[str, np.ndarray], *, global_batch: int, precision: str = "bf16-mixed",
                    optimizer: str = "adamw", device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
-                   stack: Any = None) -> Layout:
+                   stack: StackMemory | None = None) -> Layout:
         """Many layouts from one int array per CHOICES field (contiguous: every field is read over all layouts)."""
         cols = {name: columns[name] for name in CHOICES}
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
@@ -136,7 +141,7 @@ class Layout(LayoutDegrees):
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
                    device=device, sac_ops=tuple(sac_ops), stack=stack)
 
-    def take(self, index: Any, *, with_memo: bool = False) -> Layout:
+    def take(self, index: int | np.ndarray | slice, *, with_memo: bool = False) -> Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their
         rows of every memoised per-layout value too."""
         out = {}
@@ -186,60 +191,60 @@ class Layout(LayoutDegrees):
 
     # ---- derived facts, elementwise (a scalar when every layout agrees) ----
     @cached_property
-    def world_size(self) -> Any:
+    def world_size(self) -> Num:
         return _settled(math.prod(getattr(self, d) for d in WORLD_DEGREES))
 
     @cached_property
-    def dp_cp(self) -> Any:
+    def dp_cp(self) -> Num:
         """Ranks holding the same parameters (dp x cp): FSDP / ZeRO shard over them, gradients are averaged over
         them."""
         return _settled(self.dp * self.cp)
 
-    def seq_local(self, model: Any) -> Any:
+    def seq_local(self, model: ModelSpec) -> Num:
         """Tokens of each sequence on one rank: seq_len / cp (spec.checks makes it exact)."""
         return model.seq_len // self.cp
 
     @cached_property
-    def n_stages(self) -> Any:
+    def n_stages(self) -> Num:
         return _settled(self.pp * self.virtual_stages)
 
     @cached_property
-    def pipelined(self) -> Any:
+    def pipelined(self) -> Num:
         return _settled(self.pp > 1)
 
     @cached_property
-    def fsdp(self) -> Any:
+    def fsdp(self) -> Num:
         """FSDP2 (zero2 / zero3) shards parameters, gradients and optimizer state."""
         return _settled(self.zero_stage >= ZeroStage.ZERO2)
 
     @cached_property
-    def zbv(self) -> Any:
+    def zbv(self) -> Num:
         """The V placement of ZBV and DualPipeV (rank r holds stages r and 2p-1-r); without pipelining the schedule is
         ignored."""
         return _settled(logical_and(logical_or(self.schedule == PipelineSchedule.ZBV,
                                                self.schedule == PipelineSchedule.DUALPIPEV), self.pp > 1))
 
     @cached_property
-    def is_mix(self) -> Any:
+    def is_mix(self) -> Num:
         """tp/pp/ep > 1: the dp dimension is wrapped by data_parallel.composable_wrap (FSDP2 `replicate` for ddp,
         `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""
         return _settled(logical_or(self.tp > 1, self.pp > 1, self.ep > 1))
 
     @cached_property
-    def uses_replicate(self) -> Any:
+    def uses_replicate(self) -> Num:
         """ddp on the dp dimension of a tp/pp mix is FSDP2 `replicate`; ep alone uses classic DDP."""
         return _settled(logical_and(self.dp_cp > 1, self.zero_stage == ZeroStage.DDP,
                                     logical_or(self.tp > 1, self.pp > 1)))
 
     @cached_property
-    def distributed_optimizer(self) -> Any:
+    def distributed_optimizer(self) -> Num:
         """zero1 on the dp dimension of a tp / pp / ep mix: Megatron's distributed optimizer (distributed_optimizer.py;
         the experts in buckets of their own over edp)."""
         return _settled(logical_and(self.zero_stage == ZeroStage.ZERO1, logical_or(self.tp > 1, self.pp > 1,
                                                                                    self.ep > 1)))
 
     @cached_property
-    def half_params(self) -> Any:
+    def half_params(self) -> Num:
         """Parameters stored in the 16-bit compute dtype (the distributed optimizer under mixed precision: its
         module runs in that dtype without autocast, fp32 masters in the optimizer)."""
         return False if self.precision == "fp32" else self.distributed_optimizer
@@ -250,7 +255,7 @@ class Layout(LayoutDegrees):
         return 4 if self.precision == "fp32" else 2
 
     @cached_property
-    def uses_autocast(self) -> Any:
+    def uses_autocast(self) -> Num:
         """16-bit precision through torch.autocast: ddp / zero1 and every tp/pp/ep mix; the pure FSDP strategies
         cast through MixedPrecisionPolicy instead (the saved weight is the unsharded parameter itself) and the
         distributed optimizer's module holds 16-bit parameters (`half_params`)."""
@@ -259,14 +264,14 @@ class Layout(LayoutDegrees):
         return _settled(logical_not(logical_or(logical_and(self.fsdp, logical_not(self.is_mix)), self.half_params)))
 
     @cached_property
-    def fsdp_param_bytes(self) -> Any:
+    def fsdp_param_bytes(self) -> Num:
         """Bytes per unsharded FSDP2 element: MixedPrecisionPolicy.param_dtype in the pure fsdp/zero2 strategies,
         fp32 in the mixes (no policy)."""
         mix = self.is_mix
         return (np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray)
                 else (4 if mix else self.compute_bytes))
 
-    def spec_dict(self, model: Any) -> dict[str, Any]:
+    def spec_dict(self, model: ModelSpec) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its
         memory was priced on)."""
         degrees = {d: int(getattr(self, d)) for d in DEGREES}
@@ -288,14 +293,14 @@ class Layout(LayoutDegrees):
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))
 
 
-def _settled(value: Any) -> Any:
+def _settled(value: Num) -> Num:
     """A derived fact the same for every layout as that scalar (its choices then branch once, not per layout)."""
     if isinstance(value, np.ndarray) and value.size and (value == value.flat[0]).all():
         return value.flat[0].item()
     return value
 
 
-def _rows_of(value: Any, rows: Any, n: int, column: bool) -> Any:
+def _rows_of(value: Any, rows: np.ndarray | slice, n: int, column: bool) -> Any:
     """A memoised per-layout value (an array whose first axis runs over the layouts) restricted to `rows`
     (column=True: with a unit axis after the rows, so that it broadcasts against a trailing rank axis)."""
     if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
@@ -308,15 +313,15 @@ def _rows_of(value: Any, rows: Any, n: int, column: bool) -> Any:
 class RankPosition:
     """Which rank of a layout: pipeline rank and tp / dp / ep indices (scalars, or arrays that broadcast
     against the layout's (n, 1) columns, e.g. every pipeline rank as a (1, pp) row)."""
-    pp_rank: Any = 0
-    tp_index: Any = 0
-    dp_index: Any = 0
+    pp_rank: Num = 0
+    tp_index: Num = 0
+    dp_index: Num = 0
     """Index in the dp x cp group (`ParallelSpec.data_parallel_index`): the FSDP shard and ZeRO-1 share."""
-    ep_index: Any = 0
+    ep_index: Num = 0
     largest_zero1_share: bool = False
     """ZeRO-1: the optimizer share of the dp index that owns the most (the worst rank), not dp_index's own."""
 
-    def take(self, rows: Any) -> RankPosition:
+    def take(self, rows: np.ndarray) -> RankPosition:
         """The positions at `rows` of a table whose rows they run along (an array whose first axis has length 1,
         or a scalar, is shared by every row)."""
         pick = lambda v: v[rows] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] > 1 else v  # noqa: E731
@@ -324,7 +329,7 @@ class RankPosition:
                        ep_index=pick(self.ep_index))
 
     @classmethod
-    def of_rank(cls, spec: Any, rank: int) -> RankPosition:
+    def of_rank(cls, spec: ExperimentSpec, rank: int) -> RankPosition:
         c = spec.parallel.coords(rank)
         return cls(pp_rank=c["pp"], tp_index=c["tp"], dp_index=spec.parallel.data_parallel_index(rank),
                    ep_index=c["ep"])

@@ -10,10 +10,15 @@ splits) works on individual parameters, not on a total.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from backend.analytic.model_shape import ModelShape
+    from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -32,14 +37,14 @@ class ParamInfo:
         return self.name.rsplit(".", 1)[0]
 
 
-def _dims(m: Any) -> tuple[int, int, int, int, int, int]:
-    """(V, h, s, kv_dim, ffn, n_experts) from a ModelSpec (or any object with the same fields)."""
+def _dims(m: ModelShape) -> tuple[int, int, int, int, int, int]:
+    """(V, h, s, kv_dim, ffn, n_experts) from a ModelSpec or its ModelKey."""
     kv_heads = m.n_kv_heads or m.n_heads
     kv_dim = kv_heads * head_dim(m)
     return m.vocab_size, m.d_model, m.seq_len, kv_dim, m.ffn_hidden or 4 * m.d_model, m.n_experts
 
 
-def _fam(m: Any, name: str, default: Any) -> Any:
+def _fam(m: ModelShape, name: str, default: Any) -> Any:
     """A family field as a plain string/value (objects from before the family fields get GPT's defaults)."""
     v = getattr(m, name, default)
     return str(v) if hasattr(v, "value") else v
@@ -50,33 +55,33 @@ GATED = ("swiglu", "geglu", "swiglu_clamped")
 shapes)."""
 
 
-def is_gated(kind: Any) -> bool:
+def is_gated(kind: str) -> bool:
     return str(getattr(kind, "value", kind)) in GATED
 
 
-def is_mla(m: Any) -> bool:
+def is_mla(m: ModelShape) -> bool:
     return getattr(m, "kv_lora_rank", None) is not None
 
 
-def head_dim(m: Any) -> int:
+def head_dim(m: ModelShape) -> int:
     """Width of one q / k head: MLA nope + rope, else attn_head_dim or d_model / n_heads."""
     if is_mla(m):
         return m.qk_nope_head_dim + m.qk_rope_head_dim
     return getattr(m, "attn_head_dim", None) or m.d_model // m.n_heads
 
 
-def v_head_dim(m: Any) -> int:
+def v_head_dim(m: ModelSpec) -> int:
     """Width of one value head (MLA's v_head_dim, else head_dim)."""
     return m.v_head_dim if is_mla(m) else head_dim(m)
 
 
-def layer_is_moe(m: Any, layer: int) -> bool:
+def layer_is_moe(m: ModelShape, layer: int) -> bool:
     """ModelSpec.layer_is_moe on any object with the fields: the dense prefix, then every moe_every-th block."""
     return bool(m.n_experts) and layer >= getattr(m, "first_dense_layers", 0) \
         and (layer + 1) % getattr(m, "moe_every", 1) == 0
 
 
-def layer_attention_kind(m: Any, layer: int) -> tuple[bool, bool]:
+def layer_attention_kind(m: ModelSpec, layer: int) -> tuple[bool, bool]:
     """(block `layer` applies rotary positions, block `layer` attends in a window): ModelSpec.layer_is_global and
     Llama 4's NoPE global layers, on any object with the fields."""
     window = getattr(m, "window", None)
@@ -87,16 +92,16 @@ def layer_attention_kind(m: Any, layer: int) -> tuple[bool, bool]:
     return rope, not is_global
 
 
-def n_moe_layers(m: Any, layers: Any = None) -> int:
+def n_moe_layers(m: ModelSpec, layers: Iterable[int] | None = None) -> int:
     """MoE blocks among `layers` (default all)."""
     return sum(layer_is_moe(m, i) for i in (range(m.n_layers) if layers is None else layers))
 
 
-def expert_ffn(m: Any) -> int:
+def expert_ffn(m: ModelShape) -> int:
     return getattr(m, "expert_ffn_hidden", None) or m.ffn_hidden or 4 * m.d_model
 
 
-def shared_ffn(m: Any) -> int:
+def shared_ffn(m: ModelShape) -> int:
     """Hidden size of the fused shared-expert MLP (n_shared_experts x one shared expert's hidden)."""
     n = getattr(m, "n_shared_experts", 0)
     return n * (getattr(m, "shared_ffn_hidden", None) or expert_ffn(m)) if n else 0
@@ -125,7 +130,7 @@ def _mlp_numel(h: int, f: int, kind: str, bias: bool) -> int:
     return (3 * h * f + (2 * f + h) * bias) if is_gated(kind) else (2 * h * f + (f + h) * bias)
 
 
-def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
+def attention_param_list(m: ModelShape, p: str) -> list[ParamInfo]:
     """One block's attention: q, k, v, o (+ per-head q/k norms, + sinks), or MLA's low-rank projections
     (DeepSeek-V2 Sec 2.1.2-2.1.3, as Hugging Face's DeepseekV3Attention holds them): q_a (h -> q_lora) + q_a_norm + q_b
     (q_lora -> a*(nope + rope)) or q (h -> a*(nope + rope)); kv_a (h -> kv_lora + rope: the latent and the shared rope
@@ -153,7 +158,7 @@ def attention_param_list(m: Any, p: str) -> list[ParamInfo]:
     return out
 
 
-def block_param_list(m: Any, layer: int) -> list[ParamInfo]:
+def block_param_list(m: ModelShape, layer: int) -> list[ParamInfo]:
     """One transformer block: ln1, attn.*, [ln1_post], ln2, then mlp.{fc_in,fc_out | gate,up,down} or the MoE
     (mlp.router, mlp.experts.E.*, mlp.shared.*, mlp.shared_gate), [ln2_post]; `layer` picks dense or MoE and names the
     parameters, nothing else (param_tuple builds one block per MLP kind and renames it)."""
@@ -218,7 +223,7 @@ _KEY_FAMILY = ("attn_head_dim", "qk_norm", "attention_sinks", "sandwich_norm", "
                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_dense_layers", "moe_every", "router_bias")
 
 
-def model_key(m: Any) -> ModelKey:
+def model_key(m: ModelSpec) -> ModelKey:
     defaults = ModelKey._field_defaults
     return ModelKey(m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.seq_len, m.n_experts,
                     _fam(m, "norm", "layernorm"), _fam(m, "mlp", "gelu"), _fam(m, "positions", "learned"),
@@ -250,24 +255,24 @@ def param_tuple(key: ModelKey) -> tuple[ParamInfo, ...]:
     return tuple(out if key.tie_embeddings else out + _linear("lm_head", h, V, bias=False))
 
 
-def param_list(m: Any) -> list[ParamInfo]:
+def param_list(m: ModelSpec) -> list[ParamInfo]:
     """Every parameter of `build_model(m)` in `named_parameters()` order."""
     return list(param_tuple(model_key(m)))
 
 
-def block_params(m: Any, layer: int | None = None) -> int:
+def block_params(m: ModelSpec, layer: int | None = None) -> int:
     """Parameters of one block: block `layer`, or (None) the first MoE block of a MoE model, else the dense one."""
     if layer is None:
         layer = next((i for i in range(m.n_layers) if layer_is_moe(m, i)), 0)
     return sum(q.numel for q in block_param_list(model_key(m), layer))
 
 
-def count_params(m: Any) -> int:
+def count_params(m: ModelSpec) -> int:
     """Total parameters: embeddings V*h (+ s*h learned positions), every block, final norm, lm_head h*V unless tied."""
     return sum(q.numel for q in param_tuple(model_key(m)))
 
 
-def active_params(m: Any) -> int:
+def active_params(m: ModelSpec) -> int:
     """Parameters one token touches (MoE: router + top_k routed experts + shared experts instead of all experts)."""
     _, h, _, kv, f, n_experts = _dims(m)
     if not n_experts:
@@ -277,7 +282,7 @@ def active_params(m: Any) -> int:
     return count_params(m) - n_moe_layers(m) * inactive
 
 
-def mtp_module_params(m: Any) -> tuple[int, int]:
+def mtp_module_params(m: ModelSpec) -> tuple[int, int]:
     """(unique, stored) parameters of ONE DeepSeek-V3 multi-token-prediction module (num_nextn_predict_layers), which
     ShardLab does not build: enorm and hnorm (h each), eh_proj (2h -> h, no bias), one decoder block like the last
     main block, shared_head.norm (h); stored adds the checkpoint's copies of the embedding and the output head, which
@@ -287,7 +292,7 @@ def mtp_module_params(m: Any) -> tuple[int, int]:
     return unique, unique + 2 * m.vocab_size * h
 
 
-def breakdown(m: Any) -> dict[str, int]:
+def breakdown(m: ModelSpec) -> dict[str, int]:
     """Totals per component: embeddings, attention, norms, mlp (or router + experts), lm_head."""
     out: dict[str, int] = {}
     for p in param_list(m):
@@ -303,7 +308,7 @@ def breakdown(m: Any) -> dict[str, int]:
     return out
 
 
-def matmul_params(m: Any, *, active: bool = False) -> int:
+def matmul_params(m: ModelSpec, *, active: bool = False) -> int:
     """Weights that enter a matmul (Linear weights incl. lm_head; embeddings are lookups, biases adds)."""
     key = (model_key(m), getattr(m, "top_k", None), active)  # every field _matmul_params reads (memoised: per step)
     hit = _MATMUL.get(key)
@@ -317,7 +322,7 @@ def matmul_params(m: Any, *, active: bool = False) -> int:
 _MATMUL: dict[tuple, int] = {}
 
 
-def _matmul_weights(m: Any) -> int:
+def _matmul_weights(m: ModelSpec) -> int:
     """Elements of the 2-D weights other than the embeddings' (a pass over every parameter: a DeepSeek-V3 has ~47k;
     the active and the total count share it)."""
     key = ("weights", model_key(m))
@@ -328,7 +333,7 @@ def _matmul_weights(m: Any) -> int:
     return hit
 
 
-def _matmul_params(m: Any, *, active: bool) -> int:
+def _matmul_params(m: ModelSpec, *, active: bool) -> int:
     n = _matmul_weights(m)
     if getattr(m, "tie_embeddings", False):
         n += m.vocab_size * m.d_model  # lm_head multiplies by the tied tok_emb weight

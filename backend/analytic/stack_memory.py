@@ -14,13 +14,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec, TrainSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 MECHANISMS = ("megatron", "fsdp2", "deepspeed")
+
+
+class DpGroups(Protocol):
+    """The data-parallel group sizes of an analytic/layout.Layout (a Protocol: layout.py imports this module, so
+    naming Layout here would be an import cycle)."""
+
+    @property
+    def dp(self) -> Num: ...
+    @property
+    def dp_cp(self) -> Num: ...
+
+
+class StackSource(Protocol):
+    """What `stack_memory` reads of a spec: an ExperimentSpec, or stack_memory_of_train's stand-in (its train and
+    model sections and a default parallel section)."""
+
+    @property
+    def train(self) -> TrainSpec: ...
+    @property
+    def model(self) -> ModelSpec: ...
 
 
 @dataclass(frozen=True)
@@ -51,13 +72,12 @@ class StackMemory:
     fp8_params: bool
     """param_dtype fp8 under fp8 precision: Megatron's --fp8-param-gather (TE's linear weights are Float8Tensors)."""
 
-    def optimizer_group(self, layout: Any) -> Any:
-        """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout (Any:
-        layout.py imports this module, so naming it here would be an import cycle)."""
+    def optimizer_group(self, layout: DpGroups) -> Num:
+        """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout."""
         return layout.dp_cp if self.optimizer_over_cp else layout.dp
 
 
-def stack_memory(spec: Any, device: str) -> StackMemory | None:
+def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
     """The memory settings of a spec's stack on `device` ("cpu" or "cuda"), None for stack shardlab (this engine's
     own model, whatever its settings: the engine's measured memory is what its settings change). `spec`: an
     ExperimentSpec, or stack_memory_of_train's stand-in (train, model and a default parallel section)."""

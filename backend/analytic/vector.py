@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+
+Num: TypeAlias = int | float | np.ndarray
+"""A per-layout quantity: a Python scalar (one layout; bools included) or a numpy array (one entry per layout of a
+table, or broadcast against a rank axis)."""
 
 
 def is_array(*values: Any) -> bool:
