@@ -23,7 +23,7 @@ the held activations and the working block:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA, rms_norm_saved_bytes
 from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode, ZeroStage
@@ -32,6 +32,10 @@ from backend.analytic.memory.block_backward import block_backward_extra, weight_
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
+
+if TYPE_CHECKING:
+    from backend.analytic.memory.rank_activations import ActivationMoments
+    from backend.spec import ModelSpec
 
 RMS_CPU_TEMPS = 3
 """The CPU's composite RMSNorm backward: fp32 (tokens, h) intermediates alive at once (measured op by op,
@@ -85,7 +89,7 @@ def _extra_at(proto: LayerShape, layout: Layout) -> Any:
     return out if isinstance(out, tuple) else (out[..., 0], out[..., 1])
 
 
-def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts, acts: Any, state: Any,
+def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts, acts: ActivationMoments, state: Any,
                           other: Any) -> Any:
     """Total bytes of the rank's fullest moment inside backward. `acts`: rank_activations.ActivationMoments; `state`:
     (params, grads, optimizer) bytes without FSDP2's unsharded state (model_state with nothing unsharded); `other`:
@@ -221,7 +225,7 @@ def backward_moment_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankP
                    where(layout.pipelined, 0, embedding_moment(layout, parts, base, acts, grad_bytes, pb)))
 
 
-def sent_grad_bytes(model: Any, layout: Layout, parts: RankParts) -> Any:
+def sent_grad_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Any:
     """1F1B: what a later backward of a stage that sends gradients (every stage but the first) still holds of the
     previous backward: its stage-input gradient, referenced by the schedule's `bwd_sends` (steady state) / `send_work`
     (cool-down) until the next backward returns (torch/distributed/pipelining/schedules.py
@@ -252,7 +256,7 @@ class PipeTerms:
     pipe: _PipeBackward
 
 
-def lowest_checkpoint(layout: Layout, acts: Any, n: Any, t: PipeTerms, e_plain_none: Any, parts: RankParts,
+def lowest_checkpoint(layout: Layout, acts: ActivationMoments, n: Any, t: PipeTerms, e_plain_none: Any, parts: RankParts,
                       grad_bytes: Any) -> Any:
     """layers:K under pipelining: the stage's lowest checkpoint (its K-th block) re-run while the K - 1 plain blocks
     below it still hold their saved tensors. Going down, each block frees its saved tensors but, in a pipelined
@@ -309,7 +313,7 @@ def embedding_grad_bytes(layout: Layout, parts: RankParts) -> Any:
     return parts.stages.first * elems * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes)
 
 
-def embedding_moment(layout: Layout, parts: RankParts, base: Any, acts: Any, grad_bytes: Any, pb: Any) -> Any:
+def embedding_moment(layout: Layout, parts: RankParts, base: Any, acts: ActivationMoments, grad_bytes: Any, pb: Any) -> Any:
     """Without pipelining, the stage with the embeddings at the end of its backward: their dense gradient made, then
     (FSDP2) the root's post-backward: its unsharded parameters freed, its gradients copied into the reduce-scatter's
     fp32 input. Every block's saved tensors are gone; the root's head gradients were held since the head's backward."""

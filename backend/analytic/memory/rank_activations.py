@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
 from backend.analytic.memory.activations import (
@@ -41,6 +41,9 @@ from backend.analytic.vector import (
     take_rows,
     where,
 )
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 TERMS = 6
 
@@ -88,7 +91,7 @@ class Checkpointing:
     rerun_blocks: Any
 
 
-def checkpointing(model: Any, layout: Layout, n_blocks: Any) -> Checkpointing:
+def checkpointing(model: ModelSpec, layout: Layout, n_blocks: Any) -> Checkpointing:
     """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks
     (models/checkpointing.groups)."""
     v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
@@ -153,7 +156,7 @@ def _policy_memo(shape: LayerShape) -> Callable[[str], float]:
     return block
 
 
-def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
+def autocast_casts(model: ModelSpec, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
     """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
     cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
     autocast's cache until the autocast region exits. A tied model without pipeline stages runs lm_head on
@@ -168,7 +171,7 @@ def autocast_casts(model: Any, layout: Layout, parts: RankParts) -> tuple[Any, A
     return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
 
 
-def rank_activation_terms(model: Any, layout: Layout, alt: bool = False) -> tuple:
+def rank_activation_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple:
     """`layer_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, autocast, ep and cp; memoised
     on the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
     proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
@@ -214,13 +217,13 @@ class ActivationMoments:
     ck: Checkpointing
 
 
-def rank_activation_bytes(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
+def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
     """Activation bytes of one rank at its activation peak (module docstring); layout fields and pp_rank broadcast
     together."""
     return rank_activation_moments(model, layout, pp_rank, parts).peak
 
 
-def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: RankParts) -> ActivationMoments:
+def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> ActivationMoments:
     """`ActivationMoments` of one rank; layout fields and pp_rank broadcast together."""
     cb, autocast = layout.compute_bytes, layout.uses_autocast
     terms = rank_activation_terms(model, layout)
@@ -292,7 +295,7 @@ def rank_activation_moments(model: Any, layout: Layout, pp_rank: Any, parts: Ran
                              head_casts=w_head, ck=ck)
 
 
-def attention_kind_correction(model: Any, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:
+def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:
     """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
     layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
     block: sum over the rank's blocks minus n_blocks x block 0's. Checkpointed blocks (full, op, and the units of

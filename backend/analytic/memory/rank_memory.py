@@ -12,7 +12,7 @@ planner once per pipeline degree on arrays of every candidate layout and every p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from backend.analytic.memory.rank_activations import rank_activation_moments, ra
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
 from backend.analytic.vector import any_true, as_int, is_array, maximum, per_value, where
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 INDEX_BYTES = 8  # int64 token ids
 OTHER_IS_DP_SLICE = True
@@ -79,7 +82,7 @@ def input_batch_bytes(batch: int, seq: int) -> int:
     return (seq + 1) * INDEX_BYTES if batch == 1 else 2 * batch * seq * INDEX_BYTES
 
 
-def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+def model_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
                 unsharded: bool = True) -> ModelStateBytes:
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
     (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
@@ -106,7 +109,7 @@ def model_state(model: Any, layout: Layout, position: RankPosition, parts: RankP
 _REPLICATED, _SHARDED, _DISTRIBUTED = range(3)
 
 
-def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemory:
+def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> RankMemory:
     """Every category of one rank (`layout` and `position` fields broadcast together: the planner passes
     layout.broadcast() columns and pipeline ranks as a row)."""
     parts = rank_parts(model, layout, position)
@@ -129,13 +132,13 @@ def rank_memory(model: Any, layout: Layout, position: RankPosition) -> RankMemor
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
 
 
-def other_bytes(model: Any, layout: Layout) -> Any:
+def other_bytes(model: ModelSpec, layout: Layout) -> Any:
     """The rank's input batch (this dp rank's slice, OTHER_IS_DP_SLICE, or the whole global batch)."""
     return (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
             else input_batch_bytes(layout.global_batch, model.seq_len))
 
 
-def _stack_rank_memory(model: Any, layout: Layout, position: RankPosition, parts: RankParts,
+def _stack_rank_memory(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
                        state: ModelStateBytes) -> RankMemory:
     """A non-default stack's moments: its activation peak (stack_activations.py), the start of its loss's backward
     (the activations held plus its loss's own extra) and its optimizer step (stack_states.py). The moment inside
@@ -158,7 +161,7 @@ def _per_distinct_value(fn: Any, values: Any) -> Any:
     return np.array([fn(v) for v in distinct.tolist()], dtype=np.int64)[at].reshape(np.shape(values))
 
 
-def loss_backward_extra(model: Any, layout: Layout) -> Any:
+def loss_backward_extra(model: ModelSpec, layout: Layout) -> Any:
     """activations.loss_backward_extra_bytes on layouts (the logits held by the loop: `logits_held`)."""
     held = logits_held(layout)
     n = layout.seq_local(model) * layout.micro_batch * model.vocab_size
@@ -167,7 +170,7 @@ def loss_backward_extra(model: Any, layout: Layout) -> Any:
     return maximum(0.0, 2 * 4 * n - freed)
 
 
-def worst_rank_memory(model: Any, layout: Layout, first_rank_only: bool = False,
+def worst_rank_memory(model: ModelSpec, layout: Layout, first_rank_only: bool = False,
                       later_ranks_only: bool = False) -> tuple[Any, Any]:
     """(bytes at its fullest moment, pipeline rank) of each layout's fullest rank: `RankMemory.fullest_bytes`, the
     number `estimate` gives each rank (RankEstimate.fullest_bytes). The worst rank sits at tp index 0 and FSDP dp

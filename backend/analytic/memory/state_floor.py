@@ -16,7 +16,7 @@ parallel. It is computed once per distinct row of the other columns (STATE_COLUM
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from backend.analytic.layout import CHOICES, Layout, RankPosition
 from backend.analytic.memory.model_state import ModelStateBytes
 from backend.analytic.memory.parts import rank_parts
 from backend.analytic.memory.rank_memory import model_state, other_bytes
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 NOT_IN_STATE = ("micro_batch", "recompute", "recompute_layers", "sequence_parallel")
 """Layout choices the resting model state does not read (memory/model_state.py, distributed_optimizer.py,
@@ -63,13 +66,13 @@ def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return at[keys], index[key]
 
 
-def state_floor_bytes(model: Any, layout: Layout) -> np.ndarray:
+def state_floor_bytes(model: ModelSpec, layout: Layout) -> np.ndarray:
     """A lower bound of worst_rank_memory(model, layout)[0], layout by layout (arrays of layouts)."""
     floor, _, inverse = state_floor_groups(model, layout)
     return floor[inverse]
 
 
-def state_floor_groups(model: Any, layout: Layout) -> tuple[np.ndarray, Layout, np.ndarray]:
+def state_floor_groups(model: ModelSpec, layout: Layout) -> tuple[np.ndarray, Layout, np.ndarray]:
     """(the floor of each distinct state, a layout of each (its degrees and flavour are its rows'), each layout's
     distinct state): state_floor_bytes = floor[inverse]; a function of the bytes and the degrees alone (the fit rule)
     is the same on a distinct state as on each of its layouts."""

@@ -18,7 +18,7 @@ tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 202
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
@@ -36,6 +36,9 @@ from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
 from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.traffic import compute_bytes, model_parallel_traffic
+
+if TYPE_CHECKING:
+    from backend.spec import ExperimentSpec
 
 UNCALIBRATED_BAND = 0.2
 """Relative half-width of low_s/high_s without a calibration (no fit, so no residuals to draw on)."""
@@ -92,11 +95,11 @@ def check_parts_sum(rank: int, parts: dict[str, float], step_s: float) -> None:
                                    f"!= step {step_s:.6g} s")
 
 
-def _timeshare(spec: Any, hw: Hardware) -> float:
+def _timeshare(spec: ExperimentSpec, hw: Hardware) -> float:
     return max(1.0, spec.parallel.world_size / hw.cores) if hw.kind == "cpu" and hw.cores else 1.0
 
 
-def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[int],
+def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stages: list[int],
              kinds: dict[str, float] | None = None) -> dict[str, float]:
     """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension; also
     summed by collective into `kinds`."""
@@ -115,7 +118,7 @@ def _mp_comm(spec: Any, hw: Hardware, g: int, layers: list[int], stages: list[in
     return out
 
 
-def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
+def p2p_hop_s(spec: ExperimentSpec, hw: Hardware, g: int) -> float:
     """One microbatch activation (b, s, h) crossing one stage boundary. Across nodes with tp > 1 each tp rank
     sends 1/t of it and the next stage all-gathers over NVLink (Narayanan 2021 Sec 4.1 scatter/gather)."""
     p, t, m = spec.parallel, spec.train, spec.model
@@ -128,7 +131,7 @@ def p2p_hop_s(spec: Any, hw: Hardware, g: int) -> float:
     return collective_s(hw, tier, "send", act, 2)
 
 
-def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
+def _add_dispatch(spec: ExperimentSpec, hw: Hardware, c: PassCost, params: list, stage: int) -> None:
     """Host DTensor dispatch of one microbatch through this stage (host.py): 1/3 in forward, 2/3 in backward
     (as its GEMMs: dgrad + wgrad), and the forward's share again under full recompute."""
     host_s = hw.tune.dtensor_op_s * tp_dispatch_layers(spec, params, _layers(spec, stage))
@@ -141,7 +144,7 @@ def _add_dispatch(spec: Any, hw: Hardware, c: PassCost, params: list, stage: int
         c.recompute_s += host_s / 3 * float(rerun_share_of(spec).gemm)
 
 
-def _optimizer_s(spec: Any, hw: Hardware, params: list, implementation: str) -> float:
+def _optimizer_s(spec: ExperimentSpec, hw: Hardware, params: list, implementation: str) -> float:
     """AdamW reads p, g, m, v and writes p, m, v (28 B per fp32 element; SGD 20 B), memory bound
     (Loshchilov & Hutter 2019 Alg. 2); ZeRO-1 owns 1/dp of the local elements (Rajbhandari 2020 Sec 5.1). GPUs run
     it at the implementation's measured bandwidth (ops.optimizer_time); CPU ranks run single-tensor AdamW, ~5 ops
@@ -176,14 +179,14 @@ FP8_ON_CPU = ("fp8 on CPU ranks is not timed: the 'cpu' profile times every GEMM
 took 48 ms forward and backward against 8.6 ms under bf16 autocast alone (about 5 ms more per Linear, one thread)."""
 
 
-def untimed_reason(spec: Any, kind: str) -> str | None:
+def untimed_reason(spec: ExperimentSpec, kind: str) -> str | None:
     """Why a spec's step is not timed on a profile of this kind ("cpu" or "gpu"), or None."""
     if kind == "cpu" and str(spec.train.precision) == "fp8":
         return FP8_ON_CPU
     return None
 
 
-def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
+def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
               band: tuple[float, float] | None = None, implementation: str | None = None) -> StepTime:
     """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS).
     The spec's stack (spec/stacks.py, resolved on the profile's device class: stack_knobs.py) gives the attention
@@ -274,7 +277,7 @@ def step_time(spec: Any, hw: Hardware, *, gpus_per_node: int | None = None, atte
                     stage_fwd_s=fwd, stage_bwd_s=bwd)
 
 
-def _tp_hidden(spec: Any, hw: Hardware, g: int, params: list, layers: list[int], knobs: StackKnobs) -> HiddenTp | None:
+def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers: list[int], knobs: StackKnobs) -> HiddenTp | None:
     """The TP collectives one block hides behind its GEMMs (tp_overlap.py), None without the overlap."""
     if not knobs.tp_overlap or not layers:
         return None
@@ -283,7 +286,7 @@ def _tp_hidden(spec: Any, hw: Hardware, g: int, params: list, layers: list[int],
     return hidden_tp(spec, hw, params, (dense or layers)[0], g, knobs.fp8_gemms)
 
 
-def _stage_hidden(spec: Any, hidden: HiddenTp | None, layers: range) -> tuple[float, float]:
+def _stage_hidden(spec: ExperimentSpec, hidden: HiddenTp | None, layers: range) -> tuple[float, float]:
     """(forward, backward) TP seconds the stage's blocks hide per microbatch."""
     if hidden is None:
         return 0.0, 0.0
@@ -294,17 +297,17 @@ def _stage_hidden(spec: Any, hidden: HiddenTp | None, layers: range) -> tuple[fl
     return f, b
 
 
-def _ring(spec: Any, hw: Hardware, g: int, attention: str, layout: Layout) -> RingTime:
+def _ring(spec: ExperimentSpec, hw: Hardware, g: int, attention: str, layout: Layout) -> RingTime:
     """CP's ring transfers per layer and microbatch against this rank's attention blocks (cp_ring.py)."""
     return ring_time(spec.model, layout, hw, attention_pass(spec.model, layout, hw, attention),
                      rotate=str(spec.parallel.cp_rotate), gpus_per_node=g)
 
 
-def _layers(spec: Any, stage: int) -> range:
+def _layers(spec: ExperimentSpec, stage: int) -> range:
     return stage_layers(spec.model.n_layers, spec.parallel.pp * spec.parallel.virtual_stages, stage)
 
 
-def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float,
+def _pipeline(spec: ExperimentSpec, fwd: list[float], bwd: list[float], hop: float,
               overlap: bool = False) -> tuple[float, list[float], float]:
     """(makespan without p2p, busy per pp rank, makespan with p2p). overlap: the p2p runs behind compute in the
     steady state (Megatron's overlap_p2p_comm), so only the ramp up and down crosses its p - 1 hops each way."""
@@ -326,13 +329,13 @@ def _pipeline(spec: Any, fwd: list[float], bwd: list[float], hop: float,
     return span0, busy, span0 + 2 * (p.pp - 1) * hop  # ramp up and down cross p-1 hops each (Narayanan 2021 Sec 2.2.1)
 
 
-def model_flops_per_step(spec: Any, *, recompute: bool) -> float:
+def model_flops_per_step(spec: ExperimentSpec, *, recompute: bool) -> float:
     m, t = spec.model, spec.train
     return training_flops_per_step(m, tokens=spec.tokens_per_step, recompute=str(t.recompute) if recompute else "none",
                                    rerun=flops_rerun(spec) if recompute else None)
 
 
-def summarise(spec: Any, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:
+def summarise(spec: ExperimentSpec, hw: Hardware, r: RankTime, band: tuple[float, float] | None) -> dict[str, float]:
     n, peak = spec.parallel.world_size, hw.peak(spec.train.precision)
     lo, hi = band or (-UNCALIBRATED_BAND, UNCALIBRATED_BAND)
     step = r.step_s

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import (
     ALT_PART,
+    StageComposition,
     attention_kind_counts,
     is_mixed,
     local_part,
@@ -61,6 +62,9 @@ from backend.analytic.vector import (
     select_present,
     where,
 )
+
+if TYPE_CHECKING:
+    from backend.spec import ModelSpec
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 """AdamW reads p, g, m, v and writes p, m, v (7 fp32 tensors); SGD with momentum 5 (model._optimizer_s)."""
@@ -124,7 +128,7 @@ def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     return groups, lookup[key]
 
 
-def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Any, Any]:
+def _layer_gemm_s(model: ModelSpec, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Any, Any]:
     """One layer's (forward, backward) GEMMs (compute.weights_cost: forward, dgrad and wgrad shapes; experts see
     tokens·top_k·ep/E rows under uniform routing; a cp rank's seq_len / cp tokens), added in the block's parameter
     order; timed once per distinct (tp, micro-batch, ep, cp) and profile. part: as _block_linears."""
@@ -141,7 +145,7 @@ def _layer_gemm_s(model: Any, layout: Layout, hw: Hardware, part: str = "block")
     return pairs[group, 0], pairs[group, 1]
 
 
-def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int, int],
+def _one_layer_gemms(model: ModelSpec, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int, int],
                      part: str) -> tuple[float, float]:
     """sizes: (tp, micro-batch, ep, cp)."""
     tp, mb, ep, cp = sizes
@@ -164,7 +168,7 @@ def _one_layer_gemms(model: Any, layout: Layout, hw: Hardware, key: Any, sizes: 
     return hit
 
 
-def _prefill_gemm_table(model: Any, layout: Layout, hw: Hardware, key: Any) -> None:
+def _prefill_gemm_table(model: ModelSpec, layout: Layout, hw: Hardware, key: Any) -> None:
     """Interpolate every dense GEMM shape of the layouts (forward, dgrad, wgrad of each block weight and lm_head) in
     one batch, so the per-shape lookups below find them in the table's memo."""
     table = hw.tables.gemm_table(PRECISION_DTYPE.get(layout.precision, layout.precision))
@@ -202,7 +206,7 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct, lookup[v]
 
 
-def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: float) -> tuple[Any, Any]:
+def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: ModelSpec, cb: float) -> tuple[Any, Any]:
     """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp, cp)."""
     if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
@@ -214,7 +218,7 @@ def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: Any, cb: flo
     return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
 
 
-def _param_pass_s(model: Any, layout: Layout, hw: Hardware, stages: Any, implementation: str) -> Any:
+def _param_pass_s(model: ModelSpec, layout: Layout, hw: Hardware, stages: StageComposition, implementation: str) -> Any:
     """compute.stage_param_pass of a pipeline rank with composition `stages`, part by part: blocks x one block's
     passes (a mixed stack's other kind: its own block's), the embeddings on the first stage, norm and lm_head on the
     last; each part timed once per distinct (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes
@@ -264,7 +268,7 @@ def _bubble(layout: Layout) -> Any:
     return where(layout.pp > 1, select_present(layout.schedule, by_schedule), 0.0)
 
 
-def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
+def step_proxy(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
     """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
     implementation = default_implementation(hw)
@@ -309,7 +313,7 @@ def step_proxy(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) 
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
 
 
-def _fsdp_host_s(layout: Layout, hw: Hardware, stages: Any) -> Any:
+def _fsdp_host_s(layout: Layout, hw: Hardware, stages: StageComposition) -> Any:
     """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
     wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3,
                           logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
@@ -320,7 +324,7 @@ class _BlockCosts:
     """Seconds of one microbatch through a rank's blocks, per kind: dense / MoE blocks (mixed stacks: the alt part's
     GEMMs) and global / windowed attention (compute.attention_pass with windowed=True)."""
 
-    def __init__(self, model: Any, layout: Layout, hw: Hardware, implementation: str, *, rerun: Any):
+    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, implementation: str, *, rerun: Any):
         self.model, self.layout, self.rerun = model, layout, rerun
         self.mixed = is_mixed(model)
         attention = attention_pass(model, layout, hw, "flash")
@@ -343,7 +347,7 @@ class _BlockCosts:
         return forward + backward + rerun.gemm * gemm[0] + rerun.attention * attention.fwd_s \
             + rerun.elementwise * self.elementwise.fwd_s
 
-    def of_rank(self, stages: Any, pp_rank: Any) -> Any:
+    def of_rank(self, stages: StageComposition, pp_rank: Any) -> Any:
         """The blocks of a pipeline rank (StageComposition) at its own kinds."""
         layer = self._per_layer(self.gemm[0], self.attention[0])
         counts = attention_kind_counts(self.model, self.layout, pp_rank)
@@ -360,14 +364,14 @@ class _BlockCosts:
             total = total + (n_windowed - stages.n_blocks * layer_attention_kind(self.model, 0)[1]) * delta
         return total
 
-    def moe_blocks(self, stages: Any) -> Any:
+    def moe_blocks(self, stages: StageComposition) -> Any:
         """MoE blocks of a pipeline rank."""
         if not self.model.is_moe:
             return 0
         return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
 
 
-def _ep_comm_s(model: Any, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
+def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
     """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
     tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
     (strided by tp, carved out of dp), at the link steptime.model._mp_comm times them on: across nodes each rank's
@@ -444,6 +448,6 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 
-def proxy_step_s(model: Any, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Any:
+def proxy_step_s(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Any:
     return step_proxy(model, layout, hw, gpus_per_node=gpus_per_node).step_s
 
