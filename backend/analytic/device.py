@@ -26,6 +26,7 @@ from backend.spec.choices import Optimizer
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec, ParallelSpec
 
 CPU, CUDA = "cpu", "cuda"
@@ -181,7 +182,7 @@ def profile_device(kind: str) -> str:
     return CPU if str(kind) == CPU else CUDA
 
 
-def allowance_bytes(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str,
+def allowance_bytes(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, device: str,
                     overhead: RuntimeOverhead | None = None) -> dict[str, Any]:
     """{cuda_context, nccl_buffers, fragmentation, total}: the runtime allowance of ranks whose fullest moment is
     fullest_bytes (a number, or one per layout of the planner's arrays); all zero on cpu (the tracker's bytes are what
@@ -198,13 +199,13 @@ def allowance_bytes(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, 
     return parts
 
 
-def need_bytes(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str,
+def need_bytes(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, device: str,
                overhead: RuntimeOverhead | None = None) -> Any:
     """Device memory a rank needs: its fullest moment + the runtime allowance (allowance_bytes)."""
     return fullest_bytes + allowance_bytes(fullest_bytes, parallel, device, overhead)["total"]
 
 
-def fits_device(fullest_bytes: Any, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,
+def fits_device(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,
                 overhead: RuntimeOverhead | None = None) -> Any:
     """The one "does it fit" rule: need_bytes <= the device's memory (a device of unknown memory fits nothing).
     `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk, the Plan page, New experiment's fit check

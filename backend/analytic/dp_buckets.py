@@ -14,6 +14,7 @@ from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec
 
 EMBEDDINGS = ("tok_emb", "pos_emb")
@@ -38,7 +39,7 @@ def used_by(spec: ExperimentSpec) -> bool:
     return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1 or megatron_distributed_optimizer(spec))
 
 
-def padded(numel: Any, dp: Any) -> Any:
+def padded(numel: Num, dp: Num) -> Any:
     """A bucket's elements rounded up to a multiple of dp (every dp rank owns an equal contiguous slice)."""
     if isinstance(numel, np.ndarray) and numel.dtype.kind == "f":
         # element counts held as floats (the planner's part sums): integer-valued and < 2^53, so the rounded quotient's

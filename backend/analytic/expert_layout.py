@@ -27,22 +27,23 @@ from typing import TYPE_CHECKING, Any
 from backend.analytic.vector import where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    ep: Any
+    ep: Num
     """Expert-parallel degree: each rank holds n_experts / ep routed experts of every MoE layer."""
-    etp: Any
+    etp: Num
     """Expert tensor-parallel degree: the tp ranks each expert's weights are split over (1: whole experts)."""
-    edp: Any
+    edp: Num
     """Expert data-parallel degree: ranks of one tp column holding the same experts (dp x cp / ep)."""
-    tp_replicas: Any
+    tp_replicas: Num
     """tp ranks that hold the same experts whole and compute the same expert gradients (tp / etp)."""
 
     @classmethod
-    def of(cls, tp: Any, dp_cp: Any, ep: Any, etp: Any = 1) -> ExpertLayout:
+    def of(cls, tp: Num, dp_cp: Num, ep: Num, etp: Num = 1) -> ExpertLayout:
         etp = where(ep > 1, etp, tp)
         return cls(ep=ep, etp=etp, edp=dp_cp // ep, tp_replicas=tp // etp)
 

@@ -18,6 +18,7 @@ from backend.analytic.params import head_dim, is_gated
 from backend.analytic.vector import maximum, minimum, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -56,7 +57,7 @@ def op_gemm_share(model: ModelSpec, ops: tuple[str, ...]) -> float:
     return rerun / sum(width for width, _ in linears)
 
 
-def checkpointed_share(model: ModelSpec, kind: Any, layers: Any, n_stages: Any) -> Any:
+def checkpointed_share(model: ModelSpec, kind: Any, layers: Any, n_stages: Num) -> Any:
     """Share of all blocks whose forward is re-run by layers:K / block:N / uniform:N (per stage module)."""
     q, extra = model.n_layers // n_stages, model.n_layers % n_stages
     k = maximum(layers, 1)

@@ -26,6 +26,7 @@ from backend.analytic.vector import where
 from backend.spec.stack_rules import loss_parallel_on
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
@@ -61,7 +62,7 @@ def fsdp_param_bytes(spec: ExperimentSpec) -> int:
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
 
 
-def fsdp_gathers_per_step(zero_stage: Any, microbatches: Any, *, pipelined: Any) -> Any:
+def fsdp_gathers_per_step(zero_stage: Num, microbatches: Num, *, pipelined: Num) -> Any:
     """All-gathers of one FSDP2 unit per step = its sharded -> unsharded transitions.
 
     Without pipelining every microbatch gathers before forward, and zero3 (reshard_after_forward=True)

@@ -35,6 +35,7 @@ from backend.analytic.vector import logical_and, logical_not, logical_or, maximu
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 RMS_CPU_TEMPS = 3
@@ -89,8 +90,8 @@ def _extra_at(proto: LayerShape, layout: Layout) -> Any:
     return out if isinstance(out, tuple) else (out[..., 0], out[..., 1])
 
 
-def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts, acts: ActivationMoments, state: Any,
-                          other: Any) -> Any:
+def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, acts: ActivationMoments,
+                          state: Num, other: Num) -> Any:
     """Total bytes of the rank's fullest moment inside backward. `acts`: rank_activations.ActivationMoments; `state`:
     (params, grads, optimizer) bytes without FSDP2's unsharded state (model_state with nothing unsharded); `other`:
     the inputs."""
@@ -129,7 +130,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts:
     head_wg = where(logical_or(fsdp, replicate), grad_bytes * head_grads, 0)  # the root's grads wait for the end
     rs_prev = where(logical_or(fsdp, replicate), MASTER_BYTES * blk, 0)  # the reduce-scatter input of the block before
 
-    def alone(removed: Any, work: Any, gathered: Any, done: Any, below: Any, rs: Any) -> Any:
+    def alone(removed: Num, work: Num, gathered: Num, done: Num, below: Num, rs: Num) -> Any:
         """Blocks' saved bytes `removed` from what the backward started with, the working set `work`; zero3 holds the
         root, the `gathered` blocks and the prefetched next one (`below`: whether that one is not gathered yet),
         zero2 every unit but the `done` ones; `rs`: the reduce-scatter input of the block before."""
@@ -198,7 +199,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts:
         where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
         cool - top_saved + pipe_top_w + all_unsharded)
 
-    def later_bottom_at(working: Any) -> Any:
+    def later_bottom_at(working: Num) -> Any:
         """A later backward at the stage's first block, `working` blocks re-run at once: the grads of the n - working
         blocks back-propagated before it held (the head's 16-bit grad waits the same way)."""
         work = working * acts.none + e_plain_none
@@ -247,17 +248,17 @@ class PipeTerms:
     the cool-down (the accumulated unsharded gradients included), `grads` the first backward's unsharded block
     gradients once every block is back-propagated, `unsharded` every FSDP2 unit's parameters, `sent_grad` the previous
     backward's stage-input gradient a later backward still holds."""
-    base: Any
-    steady: Any
-    cool: Any
-    grads: Any
-    unsharded: Any
-    sent_grad: Any
+    base: Num
+    steady: Num
+    cool: Num
+    grads: Num
+    unsharded: Num
+    sent_grad: Num
     pipe: _PipeBackward
 
 
-def lowest_checkpoint(layout: Layout, acts: ActivationMoments, n: Any, t: PipeTerms, e_plain_none: Any, parts: RankParts,
-                      grad_bytes: Any) -> Any:
+def lowest_checkpoint(layout: Layout, acts: ActivationMoments, n: Num, t: PipeTerms, e_plain_none: Num,
+                      parts: RankParts, grad_bytes: Num) -> Any:
     """layers:K under pipelining: the stage's lowest checkpoint (its K-th block) re-run while the K - 1 plain blocks
     below it still hold their saved tensors. Going down, each block frees its saved tensors but, in a pipelined
     backward, leaves its FSDP2 unit unsharded, its unsharded gradients (the first backward) or its 16-bit weight grads
@@ -291,11 +292,11 @@ def logits_held(layout: Layout) -> Any:
 
 
 class _PipeBackward:
-    def __init__(self, steady: Any, has_later: Any):
+    def __init__(self, steady: Num, has_later: Num):
         self.steady, self.has_later = steady, has_later
 
 
-def pipeline_backward(layout: Layout, pp_rank: Any) -> _PipeBackward:
+def pipeline_backward(layout: Layout, pp_rank: Num) -> _PipeBackward:
     """`steady`: a later backward follows a forward with as many microbatches in flight as the first (1F1B with more
     microbatches than the warm-up); `has_later`: the stage runs more than one backward (otherwise, and in the
     cool-down, consecutive backwards hold one microbatch fewer each)."""
@@ -313,7 +314,8 @@ def embedding_grad_bytes(layout: Layout, parts: RankParts) -> Any:
     return parts.stages.first * elems * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes)
 
 
-def embedding_moment(layout: Layout, parts: RankParts, base: Any, acts: ActivationMoments, grad_bytes: Any, pb: Any) -> Any:
+def embedding_moment(layout: Layout, parts: RankParts, base: Num, acts: ActivationMoments, grad_bytes: Num,
+                     pb: Num) -> Any:
     """Without pipelining, the stage with the embeddings at the end of its backward: their dense gradient made, then
     (FSDP2) the root's post-backward: its unsharded parameters freed, its gradients copied into the reduce-scatter's
     fp32 input. Every block's saved tensors are gone; the root's head gradients were held since the head's backward."""

@@ -39,15 +39,16 @@ from backend.analytic.vector import (
 )
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 
 @dataclass(frozen=True)
 class HeadPeak:
     """Where the peak of the stage with the logits falls when inside its forward (scalars or arrays)."""
-    in_block: Any
+    in_block: Num
     """Inside the last MoE block (ep: its all_to_all dispatch buffers outweigh the head and loss)."""
-    in_root: Any
+    in_root: Num
     """In the root after the last block (tp, fp32 logits: lm_head's all-gather)."""
 
 
@@ -67,18 +68,18 @@ def head_peak(model: ModelSpec, layout: Layout) -> HeadPeak:
 @dataclass(frozen=True)
 class PipelinePeakState:
     """FSDP2 state of a gpipe / 1f1b pipeline rank (one stage) at its activation peak (scalars or arrays)."""
-    applies: Any
-    in_block: Any
+    applies: Num
+    in_block: Num
     """The peak is inside the stage's last block's forward (zero3: the stage root and that block unsharded)."""
-    in_root: Any
+    in_root: Num
     """In the root after the last block (the last stage, as `head_peak`)."""
-    gathered: Any
+    gathered: Num
     """That forward all-gathered: the last block's flat all-gather output is still referenced too."""
-    after_backward: Any
+    after_backward: Num
     """A backward of this step ran before: unsharded gradients accumulate (no sync until the last one)."""
 
 
-def pipeline_peak_state(model: ModelSpec, layout: Layout, pp_rank: Any, last_stage: Any) -> PipelinePeakState:
+def pipeline_peak_state(model: ModelSpec, layout: Layout, pp_rank: Num, last_stage: Num) -> PipelinePeakState:
     """Last stage: the peak is the start of a backward (loss seed made, every in-flight forward held): under 1F1B
     each backward starts with one microbatch in flight and the last such moment (after m-1 backwards) is the one
     the engine keeps; under GPipe the first backward; where `head_peak` places it inside the forward, inside that
@@ -175,11 +176,11 @@ def interleaved_rank_counts(pp: int, v: int, mb: int, zero: int, rank: int, n_la
 @dataclass(frozen=True)
 class UnshardedAtPeak:
     """Elements alive at the activation peak beyond the FSDP2 shards (scalars or arrays)."""
-    params_numel: Any
-    grads_numel: Any
+    params_numel: Num
+    grads_numel: Num
 
 
-def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> UnshardedAtPeak:
+def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> UnshardedAtPeak:
     """Every unit is unsharded under zero2; under zero3 none once the root's forward ended. Inside a forward
     (`head_peak` without pipelining, `pipeline_peak_state`, or an interleaved rank's peak forward) the last block's
     gather output, and under zero3 the root and the last block, are added. ep experts are FSDP2 ignored_params."""
@@ -190,7 +191,7 @@ def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Any, parts: Ran
     root_unsh = stages.first * emb_unsh + stages.last * head_unsh
     last_block = where(stages.n_blocks > 0, block_unsh, 0)
 
-    def forward_peak(in_block: Any, gathered: Any) -> Any:
+    def forward_peak(in_block: Num, gathered: Num) -> Any:
         """Unsharded elements beyond zero2's when the peak is inside the forward of the rank's units."""
         return where(gathered, last_block, 0) + where(zero3, root_unsh + where(in_block, last_block, 0), 0)
 

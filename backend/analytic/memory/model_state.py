@@ -29,14 +29,15 @@ from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, per_distinct, per_value, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class ModelStateBytes:
-    params_bytes: Any
-    grads_bytes: Any
-    optimizer_bytes: Any
+    params_bytes: Num
+    grads_bytes: Num
+    optimizer_bytes: Num
 
 
 def _optimizer_over(parts: RankParts, layout: Layout, *, owned: str, cuda: str) -> Any:

@@ -41,6 +41,7 @@ from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 PARTS = ("block", "embeddings", "head")
@@ -50,32 +51,32 @@ ALT_PART = "alt_block"
 
 class PartSums(NamedTuple):
     """Sums over one part's local parameters (elements unless named bytes)."""
-    tensors: Any
-    local_numel: Any
+    tensors: Num
+    local_numel: Num
     """After the tp / ep split (what DDP, ZeRO-1 and the autocast casts see)."""
-    storage_numel: Any
+    storage_numel: Num
     """This rank's storage (FSDP2: the padded dim-0 chunk)."""
-    real_numel: Any
+    real_numel: Num
     """Elements this rank owns (FSDP2: unpadded rows)."""
-    unsharded_grad_numel: Any
+    unsharded_grad_numel: Num
     """sharding.unsharded_grad_numel: the gradient of the unsharded (tp-local) parameter."""
-    fsdp_unsharded_numel: Any
+    fsdp_unsharded_numel: Num
     """FSDP2-managed tensors all-gathered (group x padded shard); ep experts are ignored_params."""
-    fsdp_unsharded_grad_numel: Any
-    linear_weight_numel: Any
+    fsdp_unsharded_grad_numel: Num
+    linear_weight_numel: Num
     """Blocks' 2-D (Linear) weights: autocast saves a 16-bit copy of each."""
-    linear_bias_numel: Any
+    linear_bias_numel: Num
     """Blocks' Linear biases: autocast caches a 16-bit copy of each."""
-    head_weight_numel: Any
-    token_embedding_numel: Any
-    cuda_local_bytes: Any
+    head_weight_numel: Num
+    token_embedding_numel: Num
+    cuda_local_bytes: Num
     """Sum of 512-B-rounded fp32 storages of local_numel (device.cuda_storage_bytes), likewise below."""
-    cuda_storage_bytes: Any
-    cuda_real_bytes: Any
-    ep_expert_numel: Any
+    cuda_storage_bytes: Num
+    cuda_real_bytes: Num
+    ep_expert_numel: Num
     """Routed experts' elements under ep > 1: outside FSDP2 / ZeRO (ignored_params), their grads all-reduced over the
     expert-replica group (traffic.dp_traffic, ep.sync_expert_grads)."""
-    cuda_ep_expert_bytes: Any
+    cuda_ep_expert_bytes: Num
     """Their 512-B-rounded fp32 storages (CUDA ranks)."""
 
 
@@ -201,7 +202,7 @@ def attention_composition(kinds: tuple[tuple[bool, bool], ...], pp: int, virtual
     return sum(kinds[i][0] for i in layers), sum(kinds[i][1] for i in layers)
 
 
-def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Any) -> tuple[Any, Any] | None:
+def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Num) -> tuple[Any, Any] | None:
     """(rotary blocks, windowed blocks) a rank holds when the model's blocks differ in attention kind (windows with
     global layers, NoPE layers); None when every block is like block 0."""
     kinds = tuple(layer_attention_kind(model, i) for i in range(model.n_layers))
@@ -215,12 +216,12 @@ def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Any) -> tup
 @dataclass(frozen=True)
 class StageComposition:
     """What a pipeline rank holds: blocks, and whether it holds the first / last stage (scalars or arrays)."""
-    n_blocks: Any
-    first: Any
-    last: Any
-    n_alt: Any = 0
+    n_blocks: Num
+    first: Num
+    last: Num
+    n_alt: Num = 0
     """Of n_blocks, those of the alt kind (mixed stacks; 0 otherwise)."""
-    last_alt: Any = 0
+    last_alt: Num = 0
     """The rank's last block is of the alt kind (the block FSDP2 holds unsharded inside the forward)."""
 
     def take(self, rows: Any, n: int) -> StageComposition:
@@ -228,7 +229,7 @@ class StageComposition:
                                                                    self.last_alt)))
 
 
-def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Any) -> StageComposition:
+def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Num) -> StageComposition:
     """sharding.stages_of_rank + layer_split in closed form: looped ranks hold stages r + k·pp (the first
     n_layers % n_stages stages get one more layer), ZBV rank r holds r and 2pp-1-r."""
     pp, v = layout.pp, layout.virtual_stages
@@ -335,7 +336,7 @@ class RankParts:
 class _Chosen:
     """PartSums' fields read as where(condition, a.field, b.field), each computed on its first read."""
 
-    def __init__(self, condition: Any, a: PartSums, b: PartSums):
+    def __init__(self, condition: Num, a: PartSums, b: PartSums):
         self._condition, self._a, self._b = condition, a, b
 
     def __getattr__(self, name: str) -> Any:
@@ -355,7 +356,7 @@ def tied_copy(model: ModelSpec, layout: Layout) -> Any:
     return logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages > 1)
 
 
-def rank_parts(model: ModelSpec, layout: Layout, position: RankPosition, *, fsdp: Any = None) -> RankParts:
+def rank_parts(model: ModelSpec, layout: Layout, position: RankPosition, *, fsdp: Num | None = None) -> RankParts:
     """Part sums at the rank's placement; fsdp=False gives the tp / ep split only (ZeRO-1 and serving)."""
     key = model_key(model)
     own_flavour = fsdp is None

@@ -17,10 +17,11 @@ from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.vector import logical_and, minimum, select_present, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 
-def in_flight(layout: Layout, pp_rank: Any) -> Any:
+def in_flight(layout: Layout, pp_rank: Num) -> Any:
     """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
     layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
     pipeline ranks."""
@@ -34,7 +35,7 @@ def in_flight(layout: Layout, pp_rank: Any) -> Any:
     return minimum(cap, base + per_stage * (layout.pp - pp_rank))
 
 
-def held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: Any) -> Any:
+def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Num) -> Any:
     """pipelining.held_stage_outputs: the stage outputs a rank keeps alive for the stages that send to another rank
     (looped ranks: every stage but the last; ZBV's V turn hands stage p-1's output over locally)."""
     mb, sched = layout.microbatches, layout.schedule
@@ -44,8 +45,8 @@ def held_stage_outputs(layout: Layout, parts: RankParts, units: Any, pp_rank: An
     return where(senders == 0, 0, kept)
 
 
-def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts, terms: tuple,
-                   autocast: Any) -> Any:
+def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, terms: tuple,
+                   autocast: Num) -> Any:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
     loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
     shard) with blocks = all of the rank's blocks of one microbatch."""

@@ -43,6 +43,7 @@ from backend.analytic.vector import (
 )
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 TERMS = 6
@@ -85,13 +86,13 @@ class Checkpointing:
     after `after` plain blocks have freed theirs, re-materialising `rerun_blocks` blocks at once. Chunks of one rank
     hold q or q+1 blocks (q = n_layers // n_stages); the extra layers sit on the earliest stages, so its last chunk
     holds q+1 only when all do."""
-    units: Any
-    plain: Any
-    after: Any
-    rerun_blocks: Any
+    units: Num
+    plain: Num
+    after: Num
+    rerun_blocks: Num
 
 
-def checkpointing(model: ModelSpec, layout: Layout, n_blocks: Any) -> Checkpointing:
+def checkpointing(model: ModelSpec, layout: Layout, n_blocks: Num) -> Checkpointing:
     """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks
     (models/checkpointing.groups)."""
     v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
@@ -191,39 +192,39 @@ class ActivationMoments:
     """A rank's activation bytes at the moments the memory model compares (scalars or arrays): `peak` the activation
     peak (the categories' moment), `forward` the end of the last forward + loss (what the loss's backward starts
     from), and the terms the moments inside backward are built from (memory/backward_moment.py)."""
-    peak: Any
-    forward: Any
-    forward_loss: Any
+    peak: Num
+    forward: Num
+    forward_loss: Num
     """The end of forward once the loss is computed (autocast's cache freed, except inside a pipeline schedule's one
     autocast region): what the loss's backward starts from."""
-    held: Any
+    held: Num
     """Saved tensors held when a backward of the rank's stage starts: every in-flight microbatch, the stage buffers,
     under autocast the plain blocks' 16-bit weight copies (the head's tensors included: its backward frees them)."""
-    blocks: Any
+    blocks: Num
     """One microbatch's saved bytes of all the rank's blocks under the policy."""
-    head_freed: Any
+    head_freed: Num
     """What the head's backward frees (the stage with the logits; 0 elsewhere)."""
-    plain: Any
-    unit: Any
-    none: Any
+    plain: Num
+    unit: Num
+    none: Num
     """Saved bytes of one plain block, one checkpoint unit (its input), one block with nothing recomputed."""
-    one_block_casts: Any
+    one_block_casts: Num
     """autocast: one block's 16-bit weight and bias copies (a re-run block makes them again)."""
-    cached_casts: Any
+    cached_casts: Num
     """autocast: every block's 16-bit weight and bias copies beyond the plain blocks' (what autocast's cache holds while
     its region lasts: through the backwards too under pipelining, whose schedule runs inside one autocast region)."""
-    head_casts: Any
+    head_casts: Num
     """autocast: the lm_head weight's 16-bit copy on the stage with the head (0 elsewhere)."""
     ck: Checkpointing
 
 
-def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
+def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Any:
     """Activation bytes of one rank at its activation peak (module docstring); layout fields and pp_rank broadcast
     together."""
     return rank_activation_moments(model, layout, pp_rank, parts).peak
 
 
-def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> ActivationMoments:
+def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> ActivationMoments:
     """`ActivationMoments` of one rank; layout fields and pp_rank broadcast together."""
     cb, autocast = layout.compute_bytes, layout.uses_autocast
     terms = rank_activation_terms(model, layout)
@@ -295,7 +296,8 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Any, part
                              head_casts=w_head, ck=ck)
 
 
-def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Any, n_blocks: Any, plain_blocks: Any = None) -> Any:
+def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Num, n_blocks: Num,
+                              plain_blocks: Num | None = None) -> Any:
     """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
     layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
     block: sum over the rank's blocks minus n_blocks x block 0's. Checkpointed blocks (full, op, and the units of

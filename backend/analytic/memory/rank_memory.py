@@ -29,6 +29,7 @@ from backend.analytic.memory.stack_states import stack_model_state, step_temp_by
 from backend.analytic.vector import any_true, as_int, is_array, maximum, per_value, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 INDEX_BYTES = 8  # int64 token ids
@@ -42,18 +43,18 @@ the CPU at world 2: ddp, zero3 1,024 B = 2 x 4 x 16 x 8; tp 2,048 B = its whole 
 class RankMemory:
     """Bytes per category at the activation peak (scalars, or arrays shaped like the layout x position broadcast), and
     the totals at the other moments that can be the rank's fullest."""
-    params_bytes: Any
-    grads_bytes: Any
-    optimizer_bytes: Any
-    activations_bytes: Any
-    other_bytes: Any
-    total_bytes: Any
+    params_bytes: Num
+    grads_bytes: Num
+    optimizer_bytes: Num
+    activations_bytes: Num
+    other_bytes: Num
+    total_bytes: Num
     parts: RankParts
-    loss_backward_bytes: Any = 0
+    loss_backward_bytes: Num = 0
     """At the start of the loss's backward (the end of forward + loss, with log_softmax's backward tensors)."""
-    backward_bytes: Any = 0
+    backward_bytes: Num = 0
     """At the fullest moment inside backward (memory/backward_moment.py)."""
-    optimizer_temp_bytes: Any = 0
+    optimizer_temp_bytes: Num = 0
     """optimizer.step's temporaries (memory/optimizer_step.py); the optimizer.step moment is total - activations +
     these."""
 

@@ -45,6 +45,7 @@ from backend.analytic.stack_memory import StackMemory
 from backend.analytic.vector import as_int, logical_and, maximum, per_distinct, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 LSE_BYTES = 4  # fp32 softmax statistics per head and token (cuDNN softmaxStats, flash's lse)
@@ -159,7 +160,7 @@ def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     return HeadBytes(norm + c * sbh, logits, c + copy + 8, 4, 16)
 
 
-def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Any, parts: RankParts) -> Any:
+def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Any:
     """Activation bytes of one rank at its activation peak: the end of the last microbatch's forward with the loss's
     forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
     tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks

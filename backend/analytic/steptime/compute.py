@@ -59,6 +59,7 @@ from backend.analytic.traffic import compute_bytes, is_float8_weight
 from backend.analytic.vector import maximum, per_distinct, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton", "flash3")
@@ -88,7 +89,7 @@ class PassCost:
         self.fwd_flops += other.fwd_flops
 
 
-def gemm_s(hw: Hardware, peak: float, m: Any, k: Any, n: Any, dtype_bytes: float, precision: str | None = None) -> Any:
+def gemm_s(hw: Hardware, peak: float, m: Num, k: Num, n: Num, dtype_bytes: float, precision: str | None = None) -> Any:
     """One (m, k) x (k, n) GEMM (module docstring); sizes may be arrays (one GEMM per entry). With `precision` the
     matmul dtype's peak and table; without, `peak` and the profile's size curve (its table is per dtype)."""
     if precision is not None:
@@ -118,7 +119,7 @@ def default_implementation(hw: Hardware) -> str:
     return "fused" if hw.kind == "cpu" else "torch"
 
 
-def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Any, n_out: Any, cb: float,
+def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Num, n_out: Num, cb: float,
                    float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Any, Any]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
     float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time) or Transformer Engine's (fp8_gemms
@@ -256,7 +257,7 @@ def _torch_elementwise(model: ModelSpec, layout: Layout, hw: Hardware, implement
     return PassCost(fwd_s=both[..., 0], bwd_s=both[..., 1])
 
 
-def layer_widths(model: ModelSpec, layout: Layout, autocast: Any = None) -> Widths:
+def layer_widths(model: ModelSpec, layout: Layout, autocast: Num | None = None) -> Widths:
     """Per-rank sizes of one layer and microbatch (elementwise.Widths): heads and the MLP split by tp, norm and
     residual tokens by tp under sequence parallelism; MoE MLP activations over top_k experts' rows per token; a cp
     rank's seq_len / cp tokens."""
@@ -282,7 +283,7 @@ def head_pass(model: ModelSpec, layout: Layout, hw: Hardware, *, kernel_launches
 
 
 def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], implementation: str,
-               autocast: Any = None) -> PassCost:
+               autocast: Num | None = None) -> PassCost:
     """Per-microbatch passes over a group of parameters under autocast ("torch" only, elementwise.param_passes):
     weight casts forward (again in a full recompute), gradient casts and accumulation backward. `sizes`: (GEMM
     weight elements, other elements, GEMM weights, other tensors) of the group (part_param_sizes); `autocast`:

@@ -26,19 +26,20 @@ from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import maximum, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class RingTime:
     """Seconds per layer and microbatch on one rank (scalars or arrays)."""
-    fwd_exposed_s: Any
-    bwd_exposed_s: Any
+    fwd_exposed_s: Num
+    bwd_exposed_s: Num
     """Including the re-run forward's ring under recompute."""
-    comm_s: Any
+    comm_s: Num
     """Every transfer before overlap (forward, backward, re-run forward)."""
-    all_gather_s: Any
-    all_to_all_s: Any
+    all_gather_s: Num
+    all_to_all_s: Num
 
 
 def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from backend.analytic.vector import maximum
 from backend.spec.choices import GATED_MLPS, Mlp, Norm, Positions
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 IMPLEMENTATIONS = ("torch", "fused", "compiled")
@@ -54,7 +55,7 @@ class Pass:
     cls: str
     """Bandwidth class (op_tables.ELEMENTWISE_CLASSES): copy, rmsnorm, layernorm, swiglu, gelu, cross_entropy."""
     bytes: Any
-    count: Any = 1
+    count: Num = 1
     """Kernels of this size (an array where the kernel runs in some layouts only)."""
 
 
@@ -62,15 +63,15 @@ class Pass:
 class Widths:
     """Per-rank sizes of one layer and microbatch (scalars or arrays)."""
 
-    tokens: Any
+    tokens: Num
     """Tokens through the attention and MLP of this rank (b·s)."""
-    norm_tokens: Any
+    norm_tokens: Num
     """Tokens of the norm / residual regions (b·s/tp under sequence parallelism)."""
     h: int
-    q: Any
+    q: Num
     """Local query width: heads/tp x head_dim."""
-    kv: Any
-    ffn: Any
+    kv: Num
+    ffn: Num
     act: float
     """Bytes of a 16-bit (or fp32) activation."""
     residual: float
@@ -146,7 +147,7 @@ def compiled_layer_passes(model: ModelSpec, w: Widths) -> tuple[list[Pass], list
     return fwd, bwd
 
 
-def fused_layer_passes(korthikanti_bytes: Any, act_bytes: float) -> tuple[Pass, Pass]:
+def fused_layer_passes(korthikanti_bytes: Num, act_bytes: float) -> tuple[Pass, Pass]:
     """(forward, backward) of a fused layer: Korthikanti 2022 Table 2's activations (16-bit units, without the
     5as²b scores counted with the attention) written once and read once over 12 kernels, backward twice that.
     `bytes` is the total over the `count` kernels (compute.memory_s adds one floor per kernel)."""
@@ -154,7 +155,7 @@ def fused_layer_passes(korthikanti_bytes: Any, act_bytes: float) -> tuple[Pass, 
     return Pass("copy", f, 12), Pass("copy", 2 * f, 24)
 
 
-def param_passes(gemm_numel: Any, other_numel: Any, n_gemm: Any, n_other: Any, autocast: Any
+def param_passes(gemm_numel: Num, other_numel: Num, n_gemm: Num, n_other: Num, autocast: Num
                  ) -> tuple[list[Pass], list[Pass]]:
     """(forward, backward) per-microbatch passes over one stage's parameters under autocast (module docstring):
     each GEMM weight cast to 16 bit in forward; in backward its gradient cast back and accumulated into .grad,

@@ -277,7 +277,8 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
                     stage_fwd_s=fwd, stage_bwd_s=bwd)
 
 
-def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers: list[int], knobs: StackKnobs) -> HiddenTp | None:
+def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers: list[int],
+               knobs: StackKnobs) -> HiddenTp | None:
     """The TP collectives one block hides behind its GEMMs (tp_overlap.py), None without the overlap."""
     if not knobs.tp_overlap or not layers:
         return None

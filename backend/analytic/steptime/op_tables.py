@@ -27,9 +27,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from backend.analytic.vector import Num
 
 NEIGHBOURS = 4
 ADAMW_BYTES_PER_PARAM = 28
@@ -54,7 +57,7 @@ class GemmTable:
         object.__setattr__(self, "_values", np.asarray([r[3] for r in self.rows], dtype=float))
         object.__setattr__(self, "_memo", {})
 
-    def efficiency(self, m: Any, k: Any, n: Any) -> Any:
+    def efficiency(self, m: Num, k: Num, n: Num) -> Any:
         """Fraction of peak of (m, k) x (k, n) GEMMs; scalars or arrays (broadcast; one lookup per distinct shape,
         the shapes not seen before interpolated together)."""
         if not any(isinstance(v, np.ndarray) for v in (m, k, n)):

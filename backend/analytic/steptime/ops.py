@@ -13,7 +13,7 @@ scalar tunables (pure Python + numpy; sizes may be arrays, one entry per layout)
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.op_tables import ADAMW_BYTES_PER_PARAM, per_unique
 from backend.analytic.traffic import FP8_BYTES
 from backend.analytic.vector import is_array, maximum
+
+if TYPE_CHECKING:
+    from backend.analytic.vector import Num
 
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32", "fp8": "bf16"}
@@ -32,7 +35,7 @@ FALLBACK = {"flash-triton": ("flash1",)}
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""
 
 
-def gemm_efficiency(hw: Hardware, dtype: str, m: Any, k: Any, n: Any) -> Any:
+def gemm_efficiency(hw: Hardware, dtype: str, m: Num, k: Num, n: Num) -> Any:
     """Fraction of the dtype's peak a (m, k) x (k, n) GEMM reaches on `hw` (module docstring)."""
     table = hw.tables.gemm_table(dtype)
     if table is not None:
@@ -60,18 +63,18 @@ def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> floa
     return curve[-1][1]
 
 
-def gemm_time(hw: Hardware, precision: str, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
+def gemm_time(hw: Hardware, precision: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Any:
     """Seconds of one (m, k) x (k, n) GEMM in the matmul dtype of `precision` (module docstring)."""
     return dtype_gemm_time(hw, PRECISION_DTYPE.get(str(precision), str(precision)), m, k, n, dtype_bytes)
 
 
-def float8_gemm_time(hw: Hardware, m: Any, k: Any, n: Any) -> Any:
+def float8_gemm_time(hw: Hardware, m: Num, k: Num, n: Num) -> Any:
     """Seconds of one float8 linear's GEMM (torchao's float8 matmul, 1-byte operands): at the fp8 peak and table, or
     bf16's where the profile has no fp8 peak (Hardware.peak_note says so)."""
     return dtype_gemm_time(hw, "fp8" if hw.peak_flops.get("fp8") else "bf16", m, k, n, FP8_BYTES)
 
 
-def dtype_gemm_time(hw: Hardware, dtype: str, m: Any, k: Any, n: Any, dtype_bytes: float) -> Any:
+def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Any:
     """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32)."""
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     moved = (m * k + k * n + m * n) * dtype_bytes
@@ -82,12 +85,12 @@ def dtype_gemm_time(hw: Hardware, dtype: str, m: Any, k: Any, n: Any, dtype_byte
     return maximum(compute, memory) + hw.tune.kernel_launch_s
 
 
-def attention_flops(b: Any, heads: Any, seq: Any, head_dim: Any, causal: bool = True) -> Any:
+def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Any, causal: bool = True) -> Any:
     """Forward FLOPs of one fused attention call as FlashAttention-2 counts them (halved when causal)."""
     return 4 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
-def attention_efficiency(hw: Hardware, kernel: str, seq: Any, head_dim: Any, causal: bool = True) -> tuple[Any, Any]:
+def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Any, causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) fraction of peak of a fused attention kernel: the profile's table (the kernel, else its
     flash rows), else attention_flash_efficiency for both. flash-triton falls back to flash1 before flash: the
     FlashAttention-2 paper measures the Triton port within 10% of FlashAttention v1 (Dao 2023 Fig. 4, A100)."""
@@ -105,7 +108,7 @@ def attention_efficiency(hw: Hardware, kernel: str, seq: Any, head_dim: Any, cau
     return e, e
 
 
-def attention_time(hw: Hardware, precision: str, kernel: str, b: Any, heads: Any, seq: Any, head_dim: Any,
+def attention_time(hw: Hardware, precision: str, kernel: str, b: Num, heads: Num, seq: Num, head_dim: Any,
                    causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) seconds of one fused attention call on one rank (module docstring)."""
     peak = hw.peak_of(PRECISION_DTYPE.get(str(precision), "fp32"))
@@ -117,7 +120,7 @@ def attention_time(hw: Hardware, precision: str, kernel: str, b: Any, heads: Any
 
 def passes_time(hw: Hardware, passes: list[Pass]) -> Any:
     """Seconds of memory-bound kernels: each max(bytes / class bandwidth, kernel floor), times its count."""
-    total: Any = 0.0
+    total: Num = 0.0
     floor = hw.tune.kernel_launch_s
     for p in passes:
         if isinstance(p.count, (int, float)) and p.count == 0:
@@ -126,7 +129,7 @@ def passes_time(hw: Hardware, passes: list[Pass]) -> Any:
     return total
 
 
-def optimizer_time(hw: Hardware, elements: Any, implementation: str, per_element_bytes: float = ADAMW_BYTES_PER_PARAM,
+def optimizer_time(hw: Hardware, elements: Num, implementation: str, per_element_bytes: float = ADAMW_BYTES_PER_PARAM,
                    kernels: int = 0) -> Any:
     """Seconds of an optimizer step over `elements` fp32 elements: the implementation's measured fraction of the HBM
     peak (foreach: torch's default on CUDA; fused), else memory_efficiency; plus `kernels` kernel floors."""

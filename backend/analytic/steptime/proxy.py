@@ -64,6 +64,7 @@ from backend.analytic.vector import (
 )
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
@@ -73,21 +74,21 @@ OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 @dataclass(frozen=True)
 class StepProxy:
     """Seconds per step of every layout (arrays), by term."""
-    compute_s: Any
+    compute_s: Num
     """All microbatches through the busiest pipeline rank: GEMMs, attention, element-wise, head (+ recompute)."""
-    tp_comm_s: Any
+    tp_comm_s: Num
     """TP activation all-reduces (4 per layer and microbatch), bandwidth only, all exposed."""
-    ep_comm_s: Any
+    ep_comm_s: Num
     """EP all-to-alls (4 per MoE block and microbatch), bandwidth only, all exposed."""
-    cp_comm_s: Any
+    cp_comm_s: Num
     """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; allgather, torch's default)."""
-    bubble: Any
+    bubble: Num
     """Pipeline idle time / ideal time of the schedule (textbook/pipeline.bubble_over_ideal)."""
-    dp_exposed_s: Any
+    dp_exposed_s: Num
     """Data-parallel sync the compute does not hide (DDP's last bucket, FSDP2's first gather / last scatter)."""
-    optimizer_s: Any
+    optimizer_s: Num
     """The optimizer's and zero_grad's memory passes."""
-    overhead_s: Any
+    overhead_s: Num
     """The fixed step overhead and zero3's exposed FSDP2 hook time."""
 
     @property
@@ -206,7 +207,7 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct, lookup[v]
 
 
-def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Any, model: ModelSpec, cb: float) -> tuple[Any, Any]:
+def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Num, model: ModelSpec, cb: float) -> tuple[Any, Any]:
     """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp, cp)."""
     if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
@@ -324,7 +325,7 @@ class _BlockCosts:
     """Seconds of one microbatch through a rank's blocks, per kind: dense / MoE blocks (mixed stacks: the alt part's
     GEMMs) and global / windowed attention (compute.attention_pass with windowed=True)."""
 
-    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, implementation: str, *, rerun: Any):
+    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, implementation: str, *, rerun: Num):
         self.model, self.layout, self.rerun = model, layout, rerun
         self.mixed = is_mixed(model)
         attention = attention_pass(model, layout, hw, "flash")
@@ -347,7 +348,7 @@ class _BlockCosts:
         return forward + backward + rerun.gemm * gemm[0] + rerun.attention * attention.fwd_s \
             + rerun.elementwise * self.elementwise.fwd_s
 
-    def of_rank(self, stages: StageComposition, pp_rank: Any) -> Any:
+    def of_rank(self, stages: StageComposition, pp_rank: Num) -> Any:
         """The blocks of a pipeline rank (StageComposition) at its own kinds."""
         layer = self._per_layer(self.gemm[0], self.attention[0])
         counts = attention_kind_counts(self.model, self.layout, pp_rank)
@@ -371,7 +372,7 @@ class _BlockCosts:
         return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
 
 
-def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Any) -> Any:
+def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Any:
     """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
     tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
     (strided by tp, carved out of dp), at the link steptime.model._mp_comm times them on: across nodes each rank's
@@ -395,8 +396,8 @@ def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tu
     return intra, link_bandwidth(hw, intra, node_members(stride, group, gpus_per_node))
 
 
-def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_blocks: Any, *, backward_s: Any,
-                compute_s: Any) -> Any:
+def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Num, n_blocks: Num, *, backward_s: Num,
+                compute_s: Num) -> Any:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
     25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
     reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step;
@@ -405,7 +406,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     intra, link = _dp_link(layout, hw, gpus_per_node, dp)
 
-    def coll(kind: str, payload: Any) -> Any:
+    def coll(kind: str, payload: Num) -> Any:
         return bandwidth_s(hw, intra, kind, payload, dp, link_bytes_per_s=link)
 
     grads = MASTER_BYTES * local
@@ -426,7 +427,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Any, n_
     return where(dp > 1, where(layout.fsdp, fsdp, ddp), 0.0)
 
 
-def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Any, *, backward_s: Any) -> Any:
+def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Num, *, backward_s: Num) -> Any:
     """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
     group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only; under the
     distributed optimizer (zero1) a reduce-scatter of the expert buckets over edp behind the last backward and the
@@ -435,7 +436,7 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
 
-    def coll(kind: str, payload: Any) -> Any:
+    def coll(kind: str, payload: Num) -> Any:
         return bandwidth_s(hw, intra, kind, payload, group, link_bytes_per_s=link)
 
     eta = hw.tune.overlap_efficiency

@@ -8,12 +8,15 @@ Patarasuk & Yuan 2009). Element counts are turned into bytes by dtype_bytes, exp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.analytic.vector import Num
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
-def ring_wire_bytes(collective: str, payload_bytes: Any, n: Any) -> Any:
+def ring_wire_bytes(collective: str, payload_bytes: Num, n: Num) -> Any:
     """Bytes one rank sends for a collective over n ranks with payload S (payload and n may be numpy arrays)."""
     collective = str(collective)
     if collective not in COLLECTIVES:

@@ -11,7 +11,10 @@ Zero-bubble schedules assume the ZB paper's unit costs T_F = T_B = T_W (Qi et al
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.analytic.vector import Num
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 
@@ -33,7 +36,7 @@ def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
     return bubble_formula(schedule, p=p, m=m, v=v)
 
 
-def bubble_formula(schedule: str, *, p: Any, m: Any, v: Any = 1) -> Any:
+def bubble_formula(schedule: str, *, p: Num, m: Num, v: Num = 1) -> Any:
     """`bubble_over_ideal` without the checks, elementwise on ints or numpy arrays."""
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / m  # Narayanan 2021 Sec 2.2.1: t_pb / t_id = (p-1)/m
@@ -80,12 +83,12 @@ def in_flight_microbatches(schedule: str, *, p: int, m: int, stage: int, v: int 
     return int(in_flight_formula(schedule, p=p, m=m, stage=stage, v=v))
 
 
-def _minimum(a: Any, b: Any) -> Any:
+def _minimum(a: Num, b: Num) -> Any:
     """min(a, b) elementwise for ints and numpy int arrays alike (this module stays numpy-free)."""
     return b + (a - b) * (a < b)
 
 
-def in_flight_terms(schedule: str, *, p: Any, m: Any, v: Any = 1) -> tuple[Any, Any, Any]:
+def in_flight_terms(schedule: str, *, p: Num, m: Num, v: Num = 1) -> tuple[Any, Any, Any]:
     """(cap, base, per_stage): rank `stage` holds min(cap, base + per_stage · (p - stage)) forwards at its peak
     (ints or numpy int arrays; the stage enters only through p - stage)."""
     if schedule == "gpipe":
@@ -108,7 +111,7 @@ def in_flight_terms(schedule: str, *, p: Any, m: Any, v: Any = 1) -> tuple[Any, 
     return m * v, p * v, 0
 
 
-def in_flight_formula(schedule: str, *, p: Any, m: Any, stage: Any, v: Any = 1) -> Any:
+def in_flight_formula(schedule: str, *, p: Num, m: Num, stage: Num, v: Num = 1) -> Any:
     """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays."""
     cap, base, per_stage = in_flight_terms(schedule, p=p, m=m, v=v)
     return _minimum(cap, base + per_stage * (p - stage))
