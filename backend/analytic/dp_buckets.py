@@ -14,6 +14,7 @@ from backend.analytic.vector import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
 
 if TYPE_CHECKING:
+    from backend.analytic.sharding import LocalParam
     from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec
 
@@ -48,14 +49,14 @@ def padded(numel: Num, dp: Num) -> Any:
     return ceil_div(numel, dp) * dp
 
 
-def bucket_numels(params: Sequence[Any], dp: int, edp: int | None = None) -> list[int]:
+def bucket_numels(params: Sequence[LocalParam], dp: int, edp: int | None = None) -> list[int]:
     """Padded elements per bucket of a rank's local parameters (LocalParam: name, local_numel, is_expert), bucket
     order. edp (ep > 1): an ep rank's experts of a block are a bucket of their own, padded to a multiple of edp
     (`expert_buckets` lists them apart)."""
     return [n for n, _ in bucket_groups(params, dp, edp)]
 
 
-def bucket_groups(params: Sequence[Any], dp: int, edp: int | None = None) -> list[tuple[int, int]]:
+def bucket_groups(params: Sequence[LocalParam], dp: int, edp: int | None = None) -> list[tuple[int, int]]:
     """(padded elements, the group it shards over: dp, or edp for an expert bucket) per bucket, bucket order."""
     sizes: dict[tuple[float, str], int] = {}
     for q in params:

@@ -26,9 +26,9 @@ FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default",
 
 
 class RerunShare(NamedTuple):
-    gemm: Any
-    attention: Any
-    elementwise: Any
+    gemm: Num
+    attention: Num
+    elementwise: Num
 
 
 def _linears(model: ModelSpec) -> list[tuple[float, bool]]:
@@ -57,7 +57,7 @@ def op_gemm_share(model: ModelSpec, ops: tuple[str, ...]) -> float:
     return rerun / sum(width for width, _ in linears)
 
 
-def checkpointed_share(model: ModelSpec, kind: Any, layers: Any, n_stages: Num) -> Any:
+def checkpointed_share(model: ModelSpec, kind: Num, layers: Num, n_stages: Num) -> Any:
     """Share of all blocks whose forward is re-run by layers:K / block:N / uniform:N (per stage module)."""
     q, extra = model.n_layers // n_stages, model.n_layers % n_stages
     k = maximum(layers, 1)

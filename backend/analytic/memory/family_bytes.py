@@ -6,7 +6,7 @@ norm / MLP / shared-expert terms (`family_extra_bytes`). Pure Python, each read 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from backend.analytic.device import rms_norm_saved_bytes
 from backend.analytic.memory.moe_bytes import hidden_saved
@@ -34,7 +34,25 @@ def head_widths(m: ModelSpec) -> dict[str, int]:
                 rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
 
 
-def attention_constant_bytes(shape: Any, recompute: str, *, rope: bool, windowed: bool) -> float:
+class AttentionShape(Protocol):
+    """What `attention_constant_bytes` reads of an activations.LayerShape (a Protocol: activations.py imports this
+    module, so naming LayerShape here would be an import cycle)."""
+
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def rope_width(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def dtype_bytes(self) -> float: ...
+    @property
+    def flash(self) -> bool: ...
+
+
+def attention_constant_bytes(shape: AttentionShape, recompute: str, *, rope: bool, windowed: bool) -> float:
     """`shape`: an activations.LayerShape. A block's saved bytes that do not scale with tokens and differ between a
     model's attention kinds: the rotary (s, width) cos and sin tables the rotation's muls keep (in q's dtype; not
     under full recompute), and the (s, s) additive mask a windowed layer hands flash attention, which the kernel

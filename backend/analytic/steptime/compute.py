@@ -270,7 +270,7 @@ def layer_widths(model: ModelSpec, layout: Layout, autocast: Num | None = None) 
 
 
 def head_pass(model: ModelSpec, layout: Layout, hw: Hardware, *, kernel_launches: bool = True,
-              vocab_shards: Any = None) -> PassCost:
+              vocab_shards: Num | None = None) -> PassCost:
     """Cross-entropy over the (b·s, V/vocab_shards) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
     vocab_shards: tp under loss parallel, 1 over gathered logits; None: tp (what this model always counted for
     ShardLab's engine, which gathers the logits: kept for the shardlab stack's unchanged predictions);
@@ -359,7 +359,8 @@ def _no_recompute(c: PassCost) -> PassCost:
 
 
 def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[LocalParam], attention: str, layout: Layout,
-               implementation: str = "fused", *, fp8_gemms: str = "torchao", vocab_shards: Any = None) -> PassCost:
+               implementation: str = "fused", *, fp8_gemms: str = "torchao",
+               vocab_shards: Num | None = None) -> PassCost:
     """One microbatch through one stage of this rank: its layers' weights, attention, element-wise, head, and the
     per-microbatch passes over its parameters (`layout` = Layout.of(spec)); fp8_gemms: whose float8 GEMMs
     (weight_gemms_s), vocab_shards: the loss's logits split (head_pass)."""

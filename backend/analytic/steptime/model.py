@@ -17,13 +17,14 @@ tflops_per_gpu counts the FLOPs actually executed incl. recompute (Narayanan 202
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
-from backend.analytic.sharding import derived, local_params_shared, rank_stages, stage_layers
+from backend.analytic.sharding import LocalParam, derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
 from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
@@ -162,7 +163,7 @@ def _optimizer_s(spec: ExperimentSpec, hw: Hardware, params: list, implementatio
     return optimizer_time(hw, elems, OPTIMIZER_IMPL[implementation], per_element_bytes=per, kernels=1) + dispatch
 
 
-def _numel_sums(params: Any) -> tuple[int, int, int]:
+def _numel_sums(params: Sequence[LocalParam]) -> tuple[int, int, int]:
     """(real, local, storage) elements of a rank's parameters."""
     return (sum(q.real_numel for q in params), sum(q.local_numel for q in params), sum(q.storage_numel for q in params))
 

@@ -85,12 +85,12 @@ def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_byte
     return maximum(compute, memory) + hw.tune.kernel_launch_s
 
 
-def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Any, causal: bool = True) -> Any:
+def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Num, causal: bool = True) -> Any:
     """Forward FLOPs of one fused attention call as FlashAttention-2 counts them (halved when causal)."""
     return 4 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
-def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Any, causal: bool = True) -> tuple[Any, Any]:
+def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Num, causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) fraction of peak of a fused attention kernel: the profile's table (the kernel, else its
     flash rows), else attention_flash_efficiency for both. flash-triton falls back to flash1 before flash: the
     FlashAttention-2 paper measures the Triton port within 10% of FlashAttention v1 (Dao 2023 Fig. 4, A100)."""
@@ -108,7 +108,7 @@ def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Any, cau
     return e, e
 
 
-def attention_time(hw: Hardware, precision: str, kernel: str, b: Num, heads: Num, seq: Num, head_dim: Any,
+def attention_time(hw: Hardware, precision: str, kernel: str, b: Num, heads: Num, seq: Num, head_dim: Num,
                    causal: bool = True) -> tuple[Any, Any]:
     """(forward, backward) seconds of one fused attention call on one rank (module docstring)."""
     peak = hw.peak_of(PRECISION_DTYPE.get(str(precision), "fp32"))

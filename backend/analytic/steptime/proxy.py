@@ -32,7 +32,7 @@ from backend.analytic.memory.parts import (
 )
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
-from backend.analytic.params import layer_attention_kind, layer_is_moe, model_key
+from backend.analytic.params import ModelKey, layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
@@ -98,7 +98,7 @@ class StepProxy:
 
 
 @lru_cache(maxsize=256)
-def _block_linears(key: Any, tp: int, part: str = "block", ep: int = 1) -> tuple[tuple[int, int, bool], ...]:
+def _block_linears(key: ModelKey, tp: int, part: str = "block", ep: int = 1) -> tuple[tuple[int, int, bool], ...]:
     """(out, in, is_expert) of one block's local Linear weights at tp index 0 (the core's placement: an ep rank holds
     n_experts / ep experts); part: block (block 0's MLP kind) or parts.ALT_PART (the other kind's, mixed stacks)."""
     return tuple((*q.local_shape, expert_of(q.name) is not None)
@@ -146,7 +146,7 @@ def _layer_gemm_s(model: ModelSpec, layout: Layout, hw: Hardware, part: str = "b
     return pairs[group, 0], pairs[group, 1]
 
 
-def _one_layer_gemms(model: ModelSpec, layout: Layout, hw: Hardware, key: Any, sizes: tuple[int, int, int, int],
+def _one_layer_gemms(model: ModelSpec, layout: Layout, hw: Hardware, key: ModelKey, sizes: tuple[int, int, int, int],
                      part: str) -> tuple[float, float]:
     """sizes: (tp, micro-batch, ep, cp)."""
     tp, mb, ep, cp = sizes
@@ -169,7 +169,7 @@ def _one_layer_gemms(model: ModelSpec, layout: Layout, hw: Hardware, key: Any, s
     return hit
 
 
-def _prefill_gemm_table(model: ModelSpec, layout: Layout, hw: Hardware, key: Any) -> None:
+def _prefill_gemm_table(model: ModelSpec, layout: Layout, hw: Hardware, key: ModelKey) -> None:
     """Interpolate every dense GEMM shape of the layouts (forward, dgrad, wgrad of each block weight and lm_head) in
     one batch, so the per-shape lookups below find them in the table's memo."""
     table = hw.tables.gemm_table(PRECISION_DTYPE.get(layout.precision, layout.precision))
@@ -255,7 +255,7 @@ def _param_pass_s(model: ModelSpec, layout: Layout, hw: Hardware, stages: StageC
 
 
 @lru_cache(maxsize=4096)
-def _local_linears(key: Any, tp: int, ep: int, part: str = "block") -> int:
+def _local_linears(key: ModelKey, tp: int, ep: int, part: str = "block") -> int:
     """2-D weights of one block (part: as _block_linears) on a rank of (tp, ep) (compute.stage_param_pass counts the
     same)."""
     return sum(1 for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)

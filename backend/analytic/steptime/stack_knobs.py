@@ -27,7 +27,7 @@ class StackKnobs:
     attention: str
     implementation: str
     fp8_gemms: str
-    vocab_shards: Any
+    vocab_shards: int | None
     """The loss's logits split: tp under loss parallel, 1 over gathered logits, None = the legacy tp (shardlab)."""
     tp_overlap: bool
     grad_overlap: bool | None
