@@ -253,7 +253,7 @@ class RankParts:
     """A rank's composition and each part's sums at its placement: `sums` is a tuple of 3 x len(PartSums._fields)
     scalars, or one array whose last axis holds them (views per field, one index to restrict rows)."""
 
-    def __init__(self, stages: StageComposition, sums: Any, rows: int = 1):
+    def __init__(self, stages: StageComposition, sums: tuple[Num, ...] | np.ndarray, rows: int = 1):
         self.stages, self.sums, self.rows = stages, sums, rows
         self._totals: dict[str, Any] = {}
 

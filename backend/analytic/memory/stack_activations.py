@@ -137,8 +137,8 @@ def block_terms(model: ModelSpec, layout: Layout) -> tuple[Any, Any, Any]:
 class HeadBytes:
     """The stage with the logits, one microbatch: what the final norm and output layer save, and per logit the
     loss's bytes at its forward peak, kept after it, and at its backward peak."""
-    norm_and_output: Any
-    logits: Any
+    norm_and_output: Num
+    logits: Num
     forward_peak_per_logit: float
     kept_per_logit: float
     backward_peak_per_logit: float

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from backend.analytic.sharding import zero1_owners_in_order
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout, RankPosition
+    from backend.analytic.vector import Num
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def _size_counts(key: ModelKey, part: str, tied_copy: bool, placement: tuple[int
     return counts
 
 
-def zero1_share_args(model_key: ModelKey, layout: Layout, parts: RankParts, position: RankPosition, tied: Any) -> tuple:
+def zero1_share_args(model_key: ModelKey, layout: Layout, parts: RankParts, position: RankPosition, tied: Num) -> tuple:
     """The zero1_shares arguments of a scalar rank."""
     placement = (int(layout.tp), int(layout.dp_cp), int(layout.ep), 0, int(position.tp_index), 0,
                  int(position.ep_index), int(layout.etp))
