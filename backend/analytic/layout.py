@@ -86,8 +86,7 @@ class Layout(LayoutDegrees):
     sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS
     """The ops `op` recompute saves (recompute_policy.py)."""
     stack: StackMemory | None = None
-    """What a non-default stack keeps (memory/stack_states.py,
-    stack_activations.py); None = this engine's own model."""
+    """What a non-default stack keeps (memory/stack_states.py, stack_activations.py); None = this engine's own model."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})

@@ -284,8 +284,8 @@ def multi_stage_peak(spec: ExperimentSpec, stages: list[int]) -> dict[int, Stage
     leaves its units unsharded (stage.py `backward_maybe_with_nosync`: reshard_after_backward=False) until the
     stage's next forward, whose post_forward reshards them (zero3, also on the stage root). A non-last peak
     forward's own stage is inside its last block (all-gathered unless its latest action was a backward); a last
-    stage counts after it. It reads `spec.parallel` (pp, zero_stage,
-    pp_schedule, virtual_stages) and `spec.train.microbatches` (the planner's test hands it a stand-in with those)."""
+    stage counts after it. It reads `spec.parallel` (pp, zero_stage, pp_schedule, virtual_stages) and
+    `spec.train.microbatches` (the planner's test hands it a stand-in with those)."""
     p = spec.parallel
     if p.pp == 1 or p.zero_stage < 2 or str(p.pp_schedule) != "interleaved_1f1b" or len(stages) < 2:
         return None
