@@ -164,7 +164,7 @@ class RuntimeOverhead:
         return self.nccl_channels * self.nccl_peers * self.nccl_buffsize_bytes
 
 
-def communicators(parallel: ParallelSpec | Layout) -> Any:
+def communicators(parallel: ParallelSpec | Layout) -> Num:
     """NCCL communicators one rank creates: the world, each mesh dimension of size > 1, and under PP the two
     point-to-point pairs with the neighbouring stages (ProcessGroupNCCL creates one per send/recv peer). `parallel`:
     a spec's ParallelSpec (an int) or the planner's Layout of many layouts (an array, one count per layout)."""
@@ -200,13 +200,13 @@ def allowance_bytes(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, 
 
 
 def need_bytes(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, device: str,
-               overhead: RuntimeOverhead | None = None) -> Any:
+               overhead: RuntimeOverhead | None = None) -> Num:
     """Device memory a rank needs: its fullest moment + the runtime allowance (allowance_bytes)."""
     return fullest_bytes + allowance_bytes(fullest_bytes, parallel, device, overhead)["total"]
 
 
 def fits_device(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,
-                overhead: RuntimeOverhead | None = None) -> Any:
+                overhead: RuntimeOverhead | None = None) -> Num:
     """The one "does it fit" rule: need_bytes <= the device's memory (a device of unknown memory fits nothing).
     `estimate --hardware`'s fit line, the planner's filter, its why-#1 walk, the Plan page, New experiment's fit check
     (dashboard/predict_view.fit_check) and the GPU check's memory_fit call it.
@@ -216,7 +216,7 @@ def fits_device(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, devi
 
 
 def fullest_budget_bytes(parallel: ParallelSpec | Layout, device: str, device_bytes: float,
-                         overhead: RuntimeOverhead | None = None) -> Any:
+                         overhead: RuntimeOverhead | None = None) -> Num:
     """The largest fullest moment that fits (fits_device solved for it), in words for the Plan page: the device less
     the CUDA context and NCCL buffers, over 1 + the allocator slack; the device itself on cpu."""
     o = overhead or RuntimeOverhead()

@@ -26,14 +26,15 @@ from backend.analytic.vector import ceil_div, where
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
     from backend.analytic.memory.parts import RankParts
+    from backend.analytic.vector import Num
 
 
-def param_bytes(layout: Layout) -> Any:
+def param_bytes(layout: Layout) -> Num:
     """Bytes per parameter element: the 16-bit compute dtype under mixed precision, else fp32."""
     return where(layout.half_params, layout.compute_bytes, MASTER_BYTES)
 
 
-def _storage(nbytes: Any, cuda: bool) -> Any:
+def _storage(nbytes: Any, cuda: bool) -> Num:
     return ceil_div(nbytes, CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES if cuda else nbytes
 
 

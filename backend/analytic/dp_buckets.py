@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,7 +40,7 @@ def used_by(spec: ExperimentSpec) -> bool:
     return p.zero_stage == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1 or megatron_distributed_optimizer(spec))
 
 
-def padded(numel: Num, dp: Num) -> Any:
+def padded(numel: Num, dp: Num) -> Num:
     """A bucket's elements rounded up to a multiple of dp (every dp rank owns an equal contiguous slice)."""
     if isinstance(numel, np.ndarray) and numel.dtype.kind == "f":
         # element counts held as floats (the planner's part sums): integer-valued and < 2^53, so the rounded quotient's

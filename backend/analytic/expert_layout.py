@@ -22,7 +22,7 @@ modelled (spec/checks.py says so with the arithmetic).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.vector import where
 
@@ -53,7 +53,7 @@ class ExpertLayout:
         return cls.of(p.tp, p.dp_cp, p.ep, p.etp)
 
     @property
-    def whole_experts(self) -> Any:
+    def whole_experts(self) -> Num:
         """Each expert's weights unsplit on the rank (etp = 1 under ep > 1)."""
         return (self.ep > 1) & (self.etp == 1)
 

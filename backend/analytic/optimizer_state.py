@@ -8,7 +8,7 @@ Inputs are the owned elements per tensor (`state_bytes`) or their sums (`state_b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.device import CPU, CUDA, adamw_step_on_device, storage_bytes
 from backend.analytic.traffic import MASTER_BYTES
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 
 
-def state_bytes_from_sums(*, elements: Num, tensors: Num, cuda_bytes: Num, optimizer: str, device: str) -> Any:
+def state_bytes_from_sums(*, elements: Num, tensors: Num, cuda_bytes: Num, optimizer: str, device: str) -> Num:
     """Optimizer state of tensors whose owned elements sum to `elements` (`cuda_bytes`: the sum of their
     512-B-rounded fp32 storages, used on CUDA)."""
     states = cuda_bytes if device == CUDA else MASTER_BYTES * elements

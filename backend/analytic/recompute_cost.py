@@ -11,7 +11,7 @@ shares of its weight GEMMs, its attention core and its element-wise work (scalar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, is_gated
@@ -57,7 +57,7 @@ def op_gemm_share(model: ModelSpec, ops: tuple[str, ...]) -> float:
     return rerun / sum(width for width, _ in linears)
 
 
-def checkpointed_share(model: ModelSpec, kind: Num, layers: Num, n_stages: Num) -> Any:
+def checkpointed_share(model: ModelSpec, kind: Num, layers: Num, n_stages: Num) -> Num:
     """Share of all blocks whose forward is re-run by layers:K / block:N / uniform:N (per stage module)."""
     q, extra = model.n_layers // n_stages, model.n_layers % n_stages
     k = maximum(layers, 1)

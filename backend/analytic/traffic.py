@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.moe_rows import is_uniform_dropless
@@ -62,7 +62,7 @@ def fsdp_param_bytes(spec: ExperimentSpec) -> int:
     return MASTER_BYTES if is_mix(spec) else compute_bytes(spec.train.precision)
 
 
-def fsdp_gathers_per_step(zero_stage: Num, microbatches: Num, *, pipelined: Num) -> Any:
+def fsdp_gathers_per_step(zero_stage: Num, microbatches: Num, *, pipelined: Num) -> Num:
     """All-gathers of one FSDP2 unit per step = its sharded -> unsharded transitions.
 
     Without pipelining every microbatch gathers before forward, and zero3 (reshard_after_forward=True)

@@ -91,7 +91,7 @@ def _extra_at(proto: LayerShape, layout: Layout) -> Any:
 
 
 def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, acts: ActivationMoments,
-                          state: Num, other: Num) -> Any:
+                          state: Num, other: Num) -> Num:
     """Total bytes of the rank's fullest moment inside backward. `acts`: rank_activations.ActivationMoments; `state`:
     (params, grads, optimizer) bytes without FSDP2's unsharded state (model_state with nothing unsharded); `other`:
     the inputs."""
@@ -130,7 +130,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     head_wg = where(logical_or(fsdp, replicate), grad_bytes * head_grads, 0)  # the root's grads wait for the end
     rs_prev = where(logical_or(fsdp, replicate), MASTER_BYTES * blk, 0)  # the reduce-scatter input of the block before
 
-    def alone(removed: Num, work: Num, gathered: Num, done: Num, below: Num, rs: Num) -> Any:
+    def alone(removed: Num, work: Num, gathered: Num, done: Num, below: Num, rs: Num) -> Num:
         """Blocks' saved bytes `removed` from what the backward started with, the working set `work`; zero3 holds the
         root, the `gathered` blocks and the prefetched next one (`below`: whether that one is not gathered yet),
         zero2 every unit but the `done` ones; `rs`: the reduce-scatter input of the block before."""
@@ -199,7 +199,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
         where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
         cool - top_saved + pipe_top_w + all_unsharded)
 
-    def later_bottom_at(working: Num) -> Any:
+    def later_bottom_at(working: Num) -> Num:
         """A later backward at the stage's first block, `working` blocks re-run at once: the grads of the n - working
         blocks back-propagated before it held (the head's 16-bit grad waits the same way)."""
         work = working * acts.none + e_plain_none
@@ -226,7 +226,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
                    where(layout.pipelined, 0, embedding_moment(layout, parts, base, acts, grad_bytes, pb)))
 
 
-def sent_grad_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Any:
+def sent_grad_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Num:
     """1F1B: what a later backward of a stage that sends gradients (every stage but the first) still holds of the
     previous backward: its stage-input gradient, referenced by the schedule's `bwd_sends` (steady state) / `send_work`
     (cool-down) until the next backward returns (torch/distributed/pipelining/schedules.py
@@ -258,7 +258,7 @@ class PipeTerms:
 
 
 def lowest_checkpoint(layout: Layout, acts: ActivationMoments, n: Num, t: PipeTerms, e_plain_none: Num,
-                      parts: RankParts, grad_bytes: Num) -> Any:
+                      parts: RankParts, grad_bytes: Num) -> Num:
     """layers:K under pipelining: the stage's lowest checkpoint (its K-th block) re-run while the K - 1 plain blocks
     below it still hold their saved tensors. Going down, each block frees its saved tensors but, in a pipelined
     backward, leaves its FSDP2 unit unsharded, its unsharded gradients (the first backward) or its 16-bit weight grads
@@ -284,7 +284,7 @@ def lowest_checkpoint(layout: Layout, acts: ActivationMoments, n: Num, t: PipeTe
     return where(exists, maximum(first, where(t.pipe.has_later, later, 0)), 0)
 
 
-def logits_held(layout: Layout) -> Any:
+def logits_held(layout: Layout) -> Num:
     """activations.logits_held_in_backward on layouts: the training loop (or a pipeline schedule) still holds the
     logits in backward, except under the pure FSDP strategies and tp mixes."""
     return logical_or(layout.pipelined, logical_and(layout.tp == 1, logical_not(logical_and(layout.fsdp,
@@ -306,7 +306,7 @@ def pipeline_backward(layout: Layout, pp_rank: Num) -> _PipeBackward:
                          has_later=mb > 1)
 
 
-def embedding_grad_bytes(layout: Layout, parts: RankParts) -> Any:
+def embedding_grad_bytes(layout: Layout, parts: RankParts) -> Num:
     """The embeddings' dense gradient their backward makes (fp32 under autocast: the lookup runs in fp32), on the stage
     with them: the full (V, h) under a vocab-parallel split (sharding.unsharded_grad_numel)."""
     elems = where(logical_or(layout.fsdp, layout.uses_replicate), parts.embeddings.fsdp_unsharded_grad_numel,
@@ -315,7 +315,7 @@ def embedding_grad_bytes(layout: Layout, parts: RankParts) -> Any:
 
 
 def embedding_moment(layout: Layout, parts: RankParts, base: Num, acts: ActivationMoments, grad_bytes: Num,
-                     pb: Num) -> Any:
+                     pb: Num) -> Num:
     """Without pipelining, the stage with the embeddings at the end of its backward: their dense gradient made, then
     (FSDP2) the root's post-backward: its unsharded parameters freed, its gradients copied into the reduce-scatter's
     fp32 input. Every block's saved tensors are gone; the root's head gradients were held since the head's backward."""

@@ -191,7 +191,7 @@ def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Num, parts: Ran
     root_unsh = stages.first * emb_unsh + stages.last * head_unsh
     last_block = where(stages.n_blocks > 0, block_unsh, 0)
 
-    def forward_peak(in_block: Num, gathered: Num) -> Any:
+    def forward_peak(in_block: Num, gathered: Num) -> Num:
         """Unsharded elements beyond zero2's when the peak is inside the forward of the rank's units."""
         return where(gathered, last_block, 0) + where(zero3, root_unsh + where(in_block, last_block, 0), 0)
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.device import CUDA
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak
 from backend.analytic.memory.parts import RankParts, tied_copy
-from backend.analytic.memory.zero1_share import zero1_share_args, zero1_shares
+from backend.analytic.memory.zero1_share import Zero1Shares, zero1_share_args, zero1_shares
 from backend.analytic.optimizer_state import state_bytes_from_sums
 from backend.analytic.params import ModelKey, model_key
 from backend.analytic.traffic import MASTER_BYTES
@@ -40,7 +40,7 @@ class ModelStateBytes:
     optimizer_bytes: Num
 
 
-def _optimizer_over(parts: RankParts, layout: Layout, *, owned: str, cuda: str) -> Any:
+def _optimizer_over(parts: RankParts, layout: Layout, *, owned: str, cuda: str) -> Num:
     return state_bytes_from_sums(elements=parts.total(owned), tensors=parts.total("tensors"),
                                  cuda_bytes=parts.total(cuda) if layout.device == CUDA else 0,
                                  optimizer=layout.optimizer, device=layout.device)
@@ -70,7 +70,7 @@ def replicated_state(model: ModelSpec, layout: Layout, position: RankPosition, p
         params = where(replicate, 2 * params - expert_bytes, params)
         grads = where(logical_and(replicate, layout.microbatches > 1),
                       grads + MASTER_BYTES * (parts.total("unsharded_grad_numel") - experts), grads)
-    def optimizer(lay: Layout, pos: RankPosition, prt: RankParts, zero1: bool) -> Any:
+    def optimizer(lay: Layout, pos: RankPosition, prt: RankParts, zero1: bool) -> Num:
         if zero1:
             return zero1_optimizer_bytes(model, lay, pos, prt)
         return _optimizer_over(prt, lay, owned="local_numel", cuda="cuda_local_bytes")
@@ -80,7 +80,7 @@ def replicated_state(model: ModelSpec, layout: Layout, position: RankPosition, p
     return ModelStateBytes(params, grads, optimizer)
 
 
-def zero1_optimizer_bytes(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_optimizer_bytes(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Num:
     """ZeRO-1: the optimizer state of the rank's share (or the largest share: position.largest_zero1_share)."""
     key, s = model_key(model), parts.stages
     fixed = (key, layout.optimizer, layout.device, bool(position.largest_zero1_share))
@@ -98,7 +98,7 @@ def _zero1_state_bytes(key: ModelKey, optimizer: str, device: str, largest: bool
     return shares.largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[0]
 
 
-def zero1_optimizer_step(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_optimizer_step(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Num:
     """ZeRO-1: optimizer.step's temporaries of the rank's share; with position.largest_zero1_share the largest state +
     temporaries of any share minus the largest state (zero1_share.Zero1Shares.step_over_largest)."""
     key, s = model_key(model), parts.stages
@@ -117,6 +117,6 @@ def _zero1_step_bytes(key: ModelKey, optimizer: str, device: str, largest: bool,
     return shares.step_over_largest(optimizer, device) if largest else shares.bytes(dp_index, optimizer, device)[1]
 
 
-def zero1_shares_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def zero1_shares_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Zero1Shares:
     """The partition a scalar ZeRO-1 rank's dp group shares (rank classes answer per dp index from it)."""
     return zero1_shares(*zero1_share_args(model_key(model), layout, parts, position, tied_copy(model, layout)))

@@ -10,7 +10,7 @@ per-bucket slices (dp_buckets.py: embeddings, each block, the head). Each distin
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.device import CUDA
 from backend.analytic.dp_buckets import padded
@@ -24,6 +24,7 @@ from backend.analytic.traffic import MASTER_BYTES
 from backend.analytic.vector import logical_and, maximum, per_distinct, per_value, where
 
 if TYPE_CHECKING:
+    from backend.analytic.vector import Num
     from backend.spec import ModelSpec
 
 _PLAIN, _ZERO1, _BUCKETS = range(3)
@@ -99,7 +100,7 @@ def _bucket_temp(key: ModelKey, pp_rank: int, pp: int, v: int, zbv: bool, first:
     return step_temp_bytes(slices, optimizer, foreach=foreach)
 
 
-def step_temp_bytes_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def step_temp_bytes_of(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Num:
     """optimizer.step's temporaries of a rank. ZeRO-1 with `position.largest_zero1_share` (the worst rank, whose
     optimizer bytes are the largest share's): the largest state + temporaries of any share minus that largest state,
     so that optimizer bytes + this is the fullest optimizer.step of any dp index."""
@@ -109,7 +110,7 @@ def step_temp_bytes_of(model: ModelSpec, layout: Layout, position: RankPosition,
     zero1 = logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1)
     kind = where(layout.distributed_optimizer, _BUCKETS, where(zero1, _ZERO1, _PLAIN))
 
-    def temp(lay: Layout, pos: RankPosition, prt: RankParts, k: int) -> Any:
+    def temp(lay: Layout, pos: RankPosition, prt: RankParts, k: int) -> Num:
         if k == _ZERO1:
             return zero1_optimizer_step(model, lay, pos, prt)
         st, tied = prt.stages, tied_copy(model, lay)

@@ -295,7 +295,7 @@ class RankParts:
         """The parts of the layouts at `rows` (vector.per_value)."""
         return RankParts(self.stages.take(rows, self.rows), take_rows(self.sums, rows, self.rows), rows=len(rows))
 
-    def total(self, name: str) -> Any:
+    def total(self, name: str) -> Num:
         """The rank's sum of `name`: n_blocks x block + first x embeddings + last x head (parts whose sum is zero
         everywhere skipped: most fields live in one part only)."""
         hit = self._totals.get(name)
@@ -351,7 +351,7 @@ def _nonzero(value: Any) -> bool:
     return bool(value.any()) if isinstance(value, np.ndarray) else bool(value)
 
 
-def tied_copy(model: ModelSpec, layout: Layout) -> Any:
+def tied_copy(model: ModelSpec, layout: Layout) -> Num:
     """The last stage holds its own copy of a tied word embedding when the model is split into stages."""
     return logical_and(bool(getattr(model, "tie_embeddings", False)), layout.n_stages > 1)
 

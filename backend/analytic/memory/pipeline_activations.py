@@ -5,7 +5,7 @@ them (rank_activations.py calls it per layout with pipelining)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from backend.spec import ModelSpec
 
 
-def in_flight(layout: Layout, pp_rank: Num) -> Any:
+def in_flight(layout: Layout, pp_rank: Num) -> Num:
     """Peak (microbatch, chunk) forwards a pipeline rank holds under its schedule (textbook/pipeline.py): each
     layout's schedule picks its terms (only the schedules present are evaluated), then one expression over the
     pipeline ranks."""
@@ -35,7 +35,7 @@ def in_flight(layout: Layout, pp_rank: Num) -> Any:
     return minimum(cap, base + per_stage * (layout.pp - pp_rank))
 
 
-def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Num) -> Any:
+def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Num) -> Num:
     """pipelining.held_stage_outputs: the stage outputs a rank keeps alive for the stages that send to another rank
     (looped ranks: every stage but the last; ZBV's V turn hands stage p-1's output over locally)."""
     mb, sched = layout.microbatches, layout.schedule
@@ -46,7 +46,7 @@ def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Nu
 
 
 def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, terms: tuple,
-                   autocast: Num) -> Any:
+                   autocast: Num) -> Num:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
     loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
     shard) with blocks = all of the rank's blocks of one microbatch."""

@@ -218,7 +218,7 @@ class ActivationMoments:
     ck: Checkpointing
 
 
-def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Any:
+def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
     """Activation bytes of one rank at its activation peak (module docstring); layout fields and pp_rank broadcast
     together."""
     return rank_activation_moments(model, layout, pp_rank, parts).peak
@@ -239,7 +239,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     blocks = blocks + attention_kind_correction(model, layout, pp_rank, stages.n_blocks, ck.plain)
     pipelined = layout.pipelined
 
-    def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Any:
+    def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Num:
         if pipe:
             return pipeline_saved(model, lay, rank.values, prt, rows_terms.values, ac.values)
         blocks_, emb_head_, shard_ = rows_terms.values
@@ -297,7 +297,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
 
 
 def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Num, n_blocks: Num,
-                              plain_blocks: Num | None = None) -> Any:
+                              plain_blocks: Num | None = None) -> Num:
     """The rank's blocks' per-layer constants (family_bytes.attention_constant_bytes: rotary tables, a windowed flash
     layer's mask) where its blocks differ from block 0's attention kind, which the block term counts for every
     block: sum over the rank's blocks minus n_blocks x block 0's. Checkpointed blocks (full, op, and the units of

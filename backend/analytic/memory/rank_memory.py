@@ -66,13 +66,13 @@ class RankMemory:
                 self.loss_backward_bytes, self.backward_bytes)
 
     @property
-    def fullest_bytes(self) -> Any:
+    def fullest_bytes(self) -> Num:
         """The largest of `moments`: what "does it fit" needs before the runtime allowance."""
         a, b, c, d = self.moments
         return maximum(maximum(a, b), maximum(c, d))
 
 
-def dp_slice_batch_bytes(rows: Any, seq: int) -> Any:
+def dp_slice_batch_bytes(rows: Any, seq: int) -> Num:
     """This rank's dp share of (inputs, targets), each copied to its own (rows, s) int64 storage on the device."""
     return 2 * rows * seq * INDEX_BYTES
 
@@ -133,7 +133,7 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
 
 
-def other_bytes(model: ModelSpec, layout: Layout) -> Any:
+def other_bytes(model: ModelSpec, layout: Layout) -> Num:
     """The rank's input batch (this dp rank's slice, OTHER_IS_DP_SLICE, or the whole global batch)."""
     return (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
             else input_batch_bytes(layout.global_batch, model.seq_len))
@@ -154,7 +154,7 @@ def _stack_rank_memory(model: ModelSpec, layout: Layout, position: RankPosition,
                       as_int(loss), 0, temp)
 
 
-def _per_distinct_value(fn: Any, values: Any) -> Any:
+def _per_distinct_value(fn: Any, values: Any) -> Num:
     """fn of a scalar, on a scalar or elementwise on an array (once per distinct value)."""
     if not is_array(values):
         return fn(values)
@@ -162,7 +162,7 @@ def _per_distinct_value(fn: Any, values: Any) -> Any:
     return np.array([fn(v) for v in distinct.tolist()], dtype=np.int64)[at].reshape(np.shape(values))
 
 
-def loss_backward_extra(model: ModelSpec, layout: Layout) -> Any:
+def loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:
     """activations.loss_backward_extra_bytes on layouts (the logits held by the loop: `logits_held`)."""
     held = logits_held(layout)
     n = layout.seq_local(model) * layout.micro_batch * model.vocab_size

@@ -160,7 +160,7 @@ def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     return HeadBytes(norm + c * sbh, logits, c + copy + 8, 4, 16)
 
 
-def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Any:
+def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
     """Activation bytes of one rank at its activation peak: the end of the last microbatch's forward with the loss's
     forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
     tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks
@@ -178,7 +178,7 @@ def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts
     return as_int(where(checkpointed, maximum(forward, rerun), forward))
 
 
-def stack_loss_backward_extra(model: ModelSpec, layout: Layout) -> Any:
+def stack_loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:
     """What the start of the loss's backward holds beyond the activation peak's forward moment on the stage with the
     logits: (backward peak - forward peak) bytes per logit, at least 0."""
     head = head_bytes(model, layout)

@@ -118,7 +118,7 @@ def megatron_state(model: ModelSpec, layout: Layout, position: RankPosition, par
                            grads_bytes=s.grad_bytes * numel, optimizer_bytes=per_master * owned)
 
 
-def megatron_param_bytes(layout: Layout, numel: Num, linear: Num) -> Any:
+def megatron_param_bytes(layout: Layout, numel: Num, linear: Num) -> Num:
     """The param buffer(s) of `numel` elements, `linear` of them block linear weights. fp8 params (--fp8-param-gather,
     param_dtype fp8): only TE's linear weights are Float8Tensors, in the uint8 buffer (1 B), and TE uses them as they
     are, no workspace (TransformerEngine d0067d0 module/base.py quantize_weight 835-845: "Already-quantized weight
@@ -133,13 +133,13 @@ def megatron_param_bytes(layout: Layout, numel: Num, linear: Num) -> Any:
     return params + FP8_WEIGHT_CACHE_BYTES * linear if s.fp8 else params
 
 
-def megatron_buffer_numel(numel: Num, group: Num) -> Any:
+def megatron_buffer_numel(numel: Num, group: Num) -> Num:
     """A buffer of `numel` (64-aligned) elements ending on a multiple of lcm(group, 128)."""
     align = per_distinct(lambda g: math.lcm(int(g), MEGATRON_BUCKET_ALIGN), group)
     return ceil_div(numel, align) * align
 
 
-def megatron_aligned_numel(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Any:
+def megatron_aligned_numel(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts) -> Num:
     """The rank's non-expert local elements with every param start rounded up to 64 elements: per part, once per
     distinct (tp, ep, tp index, ep index, tied copy)."""
     key, st = model_key(model), parts.stages

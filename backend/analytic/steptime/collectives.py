@@ -12,7 +12,7 @@ the data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
@@ -36,7 +36,7 @@ def ring_steps(collective: str, n: int) -> int:
     return n - 1
 
 
-def group_stride(tp: Num, dp: Num, dim: str) -> Any:
+def group_stride(tp: Num, dp: Num, dim: str) -> Num:
     """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays; dp = the dp x cp ranks)."""
     return {"tp": 1, "dp": tp, "ep": tp, "cp": tp, "pp": tp * dp}[dim]
 
@@ -46,7 +46,7 @@ def dim_stride(spec: ExperimentSpec, dim: str) -> int:
     return group_stride(p.tp, p.dp_cp, dim)
 
 
-def within_node(stride: Num, size: Num, dim: str, gpus_per_node: int) -> Any:
+def within_node(stride: Num, size: Num, dim: str, gpus_per_node: int) -> Num:
     """Every member of the group (stride · size consecutive ranks; pp: only neighbouring stages talk) fits in one
     node."""
     span = stride * (size if dim != "pp" else 2)
@@ -58,7 +58,7 @@ def dim_tier(spec: ExperimentSpec, dim: str, size: int, gpus_per_node: int) -> s
     return INTRA if within_node(dim_stride(spec, dim), size, dim, gpus_per_node) else INTER
 
 
-def node_members(stride: Num, size: Num, gpus_per_node: int) -> Any:
+def node_members(stride: Num, size: Num, gpus_per_node: int) -> Num:
     """Members of one group on the same node (stride < node size: node/stride of them, at most the group)."""
     return where(stride < gpus_per_node, maximum(1, minimum(size, gpus_per_node // stride)), 1)
 
@@ -67,7 +67,7 @@ def members_per_node(spec: ExperimentSpec, dim: str, size: int, gpus_per_node: i
     return node_members(dim_stride(spec, dim), size, gpus_per_node)
 
 
-def link_bandwidth(hw: Hardware, intra: Num, per_node: Num = 1) -> Any:
+def link_bandwidth(hw: Hardware, intra: Num, per_node: Num = 1) -> Num:
     """Effective bytes/s per rank inside a node, or across nodes: a group with k members per node drives k NICs
     (NCCL lays one ring channel per NIC), so the node boundary carries k·B_NIC, capped by the intra-node link
     (Jeaugey 2019, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA)."""
@@ -83,7 +83,7 @@ def link(hw: Hardware, tier: str, per_node: int = 1) -> tuple[float, float]:
 
 
 def bandwidth_s(hw: Hardware, intra: Num, collective: str, payload_bytes: Num, n: Num, per_node: Num = 1, *,
-                link_bytes_per_s: Num | None = None) -> Any:
+                link_bytes_per_s: Num | None = None) -> Num:
     """The bandwidth term of `collective_s`: ring wire bytes over the link (payloads and groups may be arrays;
     link_bytes_per_s: `link_bandwidth(hw, intra, per_node)` when the caller has it already)."""
     wire = ring_wire_bytes(collective, payload_bytes, n)

@@ -89,7 +89,7 @@ class PassCost:
         self.fwd_flops += other.fwd_flops
 
 
-def gemm_s(hw: Hardware, peak: float, m: Num, k: Num, n: Num, dtype_bytes: float, precision: str | None = None) -> Any:
+def gemm_s(hw: Hardware, peak: float, m: Num, k: Num, n: Num, dtype_bytes: float, precision: str | None = None) -> Num:
     """One (m, k) x (k, n) GEMM (module docstring); sizes may be arrays (one GEMM per entry). With `precision` the
     matmul dtype's peak and table; without, `peak` and the profile's size curve (its table is per dtype)."""
     if precision is not None:
@@ -173,7 +173,7 @@ def weights_cost(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], t
     return out
 
 
-def cp_imbalance(layout: Layout) -> Any:
+def cp_imbalance(layout: Layout) -> Num:
     """The busiest cp rank's causal attention work over the average: 1 with head-tail chunks (each rank's two chunks
     cost the same in sum, torch's load-balance note); contiguous chunks give rank r r + 1/2 blocks of cp/2 on
     average, so the last rank does (cp - 1/2) / (cp / 2) = (2cp - 1) / cp of it."""

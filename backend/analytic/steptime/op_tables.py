@@ -57,7 +57,7 @@ class GemmTable:
         object.__setattr__(self, "_values", np.asarray([r[3] for r in self.rows], dtype=float))
         object.__setattr__(self, "_memo", {})
 
-    def efficiency(self, m: Num, k: Num, n: Num) -> Any:
+    def efficiency(self, m: Num, k: Num, n: Num) -> Num:
         """Fraction of peak of (m, k) x (k, n) GEMMs; scalars or arrays (broadcast; one lookup per distinct shape,
         the shapes not seen before interpolated together)."""
         if not any(isinstance(v, np.ndarray) for v in (m, k, n)):

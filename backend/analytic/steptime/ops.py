@@ -35,7 +35,7 @@ FALLBACK = {"flash-triton": ("flash1",)}
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""
 
 
-def gemm_efficiency(hw: Hardware, dtype: str, m: Num, k: Num, n: Num) -> Any:
+def gemm_efficiency(hw: Hardware, dtype: str, m: Num, k: Num, n: Num) -> Num:
     """Fraction of the dtype's peak a (m, k) x (k, n) GEMM reaches on `hw` (module docstring)."""
     table = hw.tables.gemm_table(dtype)
     if table is not None:
@@ -63,18 +63,18 @@ def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> floa
     return curve[-1][1]
 
 
-def gemm_time(hw: Hardware, precision: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Any:
+def gemm_time(hw: Hardware, precision: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Num:
     """Seconds of one (m, k) x (k, n) GEMM in the matmul dtype of `precision` (module docstring)."""
     return dtype_gemm_time(hw, PRECISION_DTYPE.get(str(precision), str(precision)), m, k, n, dtype_bytes)
 
 
-def float8_gemm_time(hw: Hardware, m: Num, k: Num, n: Num) -> Any:
+def float8_gemm_time(hw: Hardware, m: Num, k: Num, n: Num) -> Num:
     """Seconds of one float8 linear's GEMM (torchao's float8 matmul, 1-byte operands): at the fp8 peak and table, or
     bf16's where the profile has no fp8 peak (Hardware.peak_note says so)."""
     return dtype_gemm_time(hw, "fp8" if hw.peak_flops.get("fp8") else "bf16", m, k, n, FP8_BYTES)
 
 
-def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Any:
+def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Num:
     """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32)."""
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     moved = (m * k + k * n + m * n) * dtype_bytes
@@ -85,7 +85,7 @@ def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_byte
     return maximum(compute, memory) + hw.tune.kernel_launch_s
 
 
-def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Num, causal: bool = True) -> Any:
+def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Num, causal: bool = True) -> Num:
     """Forward FLOPs of one fused attention call as FlashAttention-2 counts them (halved when causal)."""
     return 4 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
@@ -118,7 +118,7 @@ def attention_time(hw: Hardware, precision: str, kernel: str, b: Num, heads: Num
     return maximum(flops / (peak * fwd_eff), floor), maximum(FLASH_BWD_FACTOR * flops / (peak * bwd_eff), floor)
 
 
-def passes_time(hw: Hardware, passes: list[Pass]) -> Any:
+def passes_time(hw: Hardware, passes: list[Pass]) -> Num:
     """Seconds of memory-bound kernels: each max(bytes / class bandwidth, kernel floor), times its count."""
     total: Num = 0.0
     floor = hw.tune.kernel_launch_s
@@ -130,7 +130,7 @@ def passes_time(hw: Hardware, passes: list[Pass]) -> Any:
 
 
 def optimizer_time(hw: Hardware, elements: Num, implementation: str, per_element_bytes: float = ADAMW_BYTES_PER_PARAM,
-                   kernels: int = 0) -> Any:
+                   kernels: int = 0) -> Num:
     """Seconds of an optimizer step over `elements` fp32 elements: the implementation's measured fraction of the HBM
     peak (foreach: torch's default on CUDA; fused), else memory_efficiency; plus `kernels` kernel floors."""
     fraction = hw.tables.optimizer.get(implementation) or hw.tune.memory_efficiency

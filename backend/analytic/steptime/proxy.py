@@ -92,7 +92,7 @@ class StepProxy:
     """The fixed step overhead and zero3's exposed FSDP2 hook time."""
 
     @property
-    def step_s(self) -> Any:
+    def step_s(self) -> Num:
         return (self.compute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s) * (1 + self.bubble) \
             + self.dp_exposed_s + self.optimizer_s + self.overhead_s
 
@@ -219,7 +219,7 @@ def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Num, model: ModelSpec, c
     return pairs[group, 0].reshape(mb.shape), pairs[group, 1].reshape(mb.shape)
 
 
-def _param_pass_s(model: ModelSpec, layout: Layout, hw: Hardware, stages: StageComposition, implementation: str) -> Any:
+def _param_pass_s(model: ModelSpec, layout: Layout, hw: Hardware, stages: StageComposition, implementation: str) -> Num:
     """compute.stage_param_pass of a pipeline rank with composition `stages`, part by part: blocks x one block's
     passes (a mixed stack's other kind: its own block's), the embeddings on the first stage, norm and lm_head on the
     last; each part timed once per distinct (tp, ep, autocast, recompute, one stage) from its tp / ep-local sizes
@@ -261,7 +261,7 @@ def _local_linears(key: ModelKey, tp: int, ep: int, part: str = "block") -> int:
     return sum(1 for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.local_shape) == 2)
 
 
-def _bubble(layout: Layout) -> Any:
+def _bubble(layout: Layout) -> Num:
     """textbook/pipeline.bubble_formula of each layout's schedule (0 without pipelining)."""
     m = np.maximum(layout.microbatches, 1)
     present = np.unique(layout.schedule).tolist()
@@ -314,7 +314,7 @@ def step_proxy(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node:
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
 
 
-def _fsdp_host_s(layout: Layout, hw: Hardware, stages: StageComposition) -> Any:
+def _fsdp_host_s(layout: Layout, hw: Hardware, stages: StageComposition) -> Num:
     """dp_sync.fsdp_host_s: zero3's pre-backward hook per FSDP2 unit (blocks + root) and microbatch."""
     wrapped = logical_and(layout.zero_stage == ZeroStage.ZERO3,
                           logical_or(layout.dp_cp > 1, logical_not(layout.is_mix)))
@@ -337,18 +337,18 @@ class _BlockCosts:
                      _layer_gemm_s(model, layout, hw, ALT_PART) if self.mixed else (0.0, 0.0))
 
     @property
-    def backward_s(self) -> Any:
+    def backward_s(self) -> Num:
         """One block 0's backward (what DDP's bucketed all-reduce overlaps with, per block)."""
         return self.gemm[0][1] + self.attention[0].bwd_s + self.elementwise.bwd_s
 
-    def _per_layer(self, gemm: tuple[Any, Any], attention: Any) -> Any:
+    def _per_layer(self, gemm: tuple[Any, Any], attention: Any) -> Num:
         forward = gemm[0] + attention.fwd_s + self.elementwise.fwd_s
         backward = gemm[1] + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
         rerun = self.rerun  # recompute_cost.RerunShare: the shares of the forward re-run in backward
         return forward + backward + rerun.gemm * gemm[0] + rerun.attention * attention.fwd_s \
             + rerun.elementwise * self.elementwise.fwd_s
 
-    def of_rank(self, stages: StageComposition, pp_rank: Num) -> Any:
+    def of_rank(self, stages: StageComposition, pp_rank: Num) -> Num:
         """The blocks of a pipeline rank (StageComposition) at its own kinds."""
         layer = self._per_layer(self.gemm[0], self.attention[0])
         counts = attention_kind_counts(self.model, self.layout, pp_rank)
@@ -365,14 +365,14 @@ class _BlockCosts:
             total = total + (n_windowed - stages.n_blocks * layer_attention_kind(self.model, 0)[1]) * delta
         return total
 
-    def moe_blocks(self, stages: StageComposition) -> Any:
+    def moe_blocks(self, stages: StageComposition) -> Num:
         """MoE blocks of a pipeline rank."""
         if not self.model.is_moe:
             return 0
         return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
 
 
-def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Any:
+def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Num:
     """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
     tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
     (strided by tp, carved out of dp), at the link steptime.model._mp_comm times them on: across nodes each rank's
@@ -397,7 +397,7 @@ def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tu
 
 
 def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Num, n_blocks: Num, *, backward_s: Num,
-                compute_s: Num) -> Any:
+                compute_s: Num) -> Num:
     """dp_sync.dp_exposed without latency: DDP / ZeRO-1's bucketed all-reduce behind the last backward (its last
     25 MB bucket exposed) and ZeRO-1's parameter broadcast after the step; the distributed optimizer's
     reduce-scatter behind the last backward (one block's bucket exposed) and its param all-gather after the step;
@@ -406,7 +406,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Num, n_
     dp, eta = layout.dp_cp, hw.tune.overlap_efficiency
     intra, link = _dp_link(layout, hw, gpus_per_node, dp)
 
-    def coll(kind: str, payload: Num) -> Any:
+    def coll(kind: str, payload: Num) -> Num:
         return bandwidth_s(hw, intra, kind, payload, dp, link_bytes_per_s=link)
 
     grads = MASTER_BYTES * local
@@ -427,7 +427,7 @@ def _dp_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, local: Num, n_
     return where(dp > 1, where(layout.fsdp, fsdp, ddp), 0.0)
 
 
-def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Num, *, backward_s: Num) -> Any:
+def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, experts: Num, *, backward_s: Num) -> Num:
     """ep.sync_expert_grads as dp_sync times it: the routed experts' fp32 grads all-reduced over the expert-replica
     group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only; under the
     distributed optimizer (zero1) a reduce-scatter of the expert buckets over edp behind the last backward and the
@@ -436,7 +436,7 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
 
-    def coll(kind: str, payload: Num) -> Any:
+    def coll(kind: str, payload: Num) -> Num:
         return bandwidth_s(hw, intra, kind, payload, group, link_bytes_per_s=link)
 
     eta = hw.tune.overlap_efficiency
@@ -449,6 +449,6 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 
-def proxy_step_s(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Any:
+def proxy_step_s(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Num:
     return step_proxy(model, layout, hw, gpus_per_node=gpus_per_node).step_s
 

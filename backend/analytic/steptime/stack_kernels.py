@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import dtype_gemm_time
@@ -34,7 +34,7 @@ TE_FP8_SPEEDUP = {p: TE_FP8_GEMM_MS["bf16"][p] / TE_FP8_GEMM_MS["fp8_delayed"][p
 """BF16 over FP8 delayed-scaling time per pass: fprop 1.722, dgrad 1.715, wgrad 1.627."""
 
 
-def te_float8_gemm_time(hw: Hardware, gemm_pass: str, m: Num, k: Num, n: Num) -> Any:
+def te_float8_gemm_time(hw: Hardware, gemm_pass: str, m: Num, k: Num, n: Num) -> Num:
     """Seconds of one Transformer Engine fp8 GEMM of `gemm_pass` (fprop, dgrad, wgrad): the profile's bf16 GEMM of that
     shape at TE's measured fp8 speedup for the pass (module docstring)."""
     return dtype_gemm_time(hw, "bf16", m, k, n, 2) / TE_FP8_SPEEDUP[gemm_pass]

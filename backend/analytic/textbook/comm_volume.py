@@ -8,7 +8,7 @@ Patarasuk & Yuan 2009). Element counts are turned into bytes by dtype_bytes, exp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backend.analytic.vector import Num
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
-def ring_wire_bytes(collective: str, payload_bytes: Num, n: Num) -> Any:
+def ring_wire_bytes(collective: str, payload_bytes: Num, n: Num) -> Num:
     """Bytes one rank sends for a collective over n ranks with payload S (payload and n may be numpy arrays)."""
     collective = str(collective)
     if collective not in COLLECTIVES:

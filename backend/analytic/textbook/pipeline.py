@@ -36,7 +36,7 @@ def bubble_over_ideal(schedule: str, *, p: int, m: int, v: int = 1) -> float:
     return bubble_formula(schedule, p=p, m=m, v=v)
 
 
-def bubble_formula(schedule: str, *, p: Num, m: Num, v: Num = 1) -> Any:
+def bubble_formula(schedule: str, *, p: Num, m: Num, v: Num = 1) -> Num:
     """`bubble_over_ideal` without the checks, elementwise on ints or numpy arrays."""
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / m  # Narayanan 2021 Sec 2.2.1: t_pb / t_id = (p-1)/m
@@ -83,7 +83,7 @@ def in_flight_microbatches(schedule: str, *, p: int, m: int, stage: int, v: int 
     return int(in_flight_formula(schedule, p=p, m=m, stage=stage, v=v))
 
 
-def _minimum(a: Num, b: Num) -> Any:
+def _minimum(a: Num, b: Num) -> Num:
     """min(a, b) elementwise for ints and numpy int arrays alike (this module stays numpy-free)."""
     return b + (a - b) * (a < b)
 
@@ -111,7 +111,7 @@ def in_flight_terms(schedule: str, *, p: Num, m: Num, v: Num = 1) -> tuple[Any, 
     return m * v, p * v, 0
 
 
-def in_flight_formula(schedule: str, *, p: Num, m: Num, stage: Num, v: Num = 1) -> Any:
+def in_flight_formula(schedule: str, *, p: Num, m: Num, stage: Num, v: Num = 1) -> Num:
     """`in_flight_microbatches` without the checks, elementwise on ints or numpy int arrays."""
     cap, base, per_stage = in_flight_terms(schedule, p=p, m=m, v=v)
     return _minimum(cap, base + per_stage * (p - stage))
