@@ -18,11 +18,12 @@ import numpy as np
 
 from backend.analytic.distributed_optimizer import model_state_bytes as distributed_optimizer_bytes
 from backend.analytic.layout import Layout, RankPosition
-from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held, sent_grad_bytes
+from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
+from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
