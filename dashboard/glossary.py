@@ -37,6 +37,12 @@ HELP = {
     "TFLOP/s per GPU": "Executed FLOPs per second per GPU, recompute included (Narayanan et al. 2021, Eq. 3).",
     "MFU %": "Model FLOPs utilization: model FLOPs per second (recompute not counted) / the GPUs' peak (PaLM, App. B).",
     "HFU": "Hardware FLOPs utilization: like MFU, but the recomputed forward passes count too.",
+    "capacity factor": ("The expert capacity factor of the layout (Megatron's --moe-expert-capacity-factor): each rank "
+                        "lets at most ceil(T·k/E × factor) of its tokens' slots reach one expert and drops the rest "
+                        "(padded: every expert takes exactly that many rows). dropless: no limit. Dropping changes "
+                        "what the model learns, not only its speed."),
+    "dropped %": ("Routed token-slots the capacity limit drops, predicted under uniform routing (every expert gets "
+                  "T·k/E): 0 for a factor >= 1. Real routing is uneven and drops more; a run counts its own."),
     "runs": "yes: this engine can run the layout (given as many ranks); prediction only: it can predict it, not run "
             "it.",
     "payload": "Payload: the size of the buffer handed to the collective.",

@@ -14,6 +14,8 @@ from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.steptime.hardware import get_hardware, load_profiles
 from backend.analytic.steptime.model import step_time
 from backend.analytic.units import GiB
+from backend.planner.capacity import NOTE_PREFIX as CAPACITY_NOTE
+from backend.planner.capacity import Factor
 from backend.planner.held import PRECISIONS as HELD_PRECISIONS
 from backend.planner.held import HeldTraining
 from backend.planner.search import Plan, plan, planned_attention
@@ -100,13 +102,13 @@ def held_training(precision: str, imported: tuple | None) -> HeldTraining:
 def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, global_batch: int,
              memory_gb: float | None, top: int, db_url: str | None = None, include_predicted: bool = False,
              attention: str | None = None, held: HeldTraining | None = None, reserve_gb: float | None = None,
-             fragmentation: float | None = None) -> Plan:
+             fragmentation: float | None = None, capacity_factors: tuple[Factor, ...] | None = None) -> Plan:
     """The planner on a profile, or on a calibrated profile's name (its fitted parameters and interval); the plan
     carries `profile_used` (calibration/usage.calibration_used: profile, calibration, LOO error, extrapolation) and
     `attention_why`. `attention`: the kernel to plan with (None: planner.search.planned_attention's default, flash on a
     GPU profile); context parallelism is searched with flash only. `held`: the training settings (planner/held.py).
     reserve_gb / fragmentation: the fit rule's overrides (`plan --reserve-gb / --fragmentation`; check them first with
-    allowance_check)."""
+    allowance_check). capacity_factors: a MoE model's factors to search (capacity_choice; None: its own)."""
     from backend.calibration.records import resolve
     from backend.calibration.usage import calibration_used
 
@@ -116,7 +118,7 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
     res = plan(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
                memory_bytes=memory_gb * 1e9 if memory_gb else None, top=top, band=band,
                include_predicted=include_predicted, held=held, fragmentation=fragmentation,
-               reserve_bytes=None if reserve_gb is None else reserve_gb * 1e9)
+               reserve_bytes=None if reserve_gb is None else reserve_gb * 1e9, capacity_factors=capacity_factors)
     res.profile_used = calibration_used(hw, cal, res.configs, gpus_per_node)
     res.attention_why = why
     res.why_first = explain_first(res.configs, hw, gpus_per_node, res.device_bytes, res.overhead)
@@ -177,8 +179,42 @@ def warning_notes(p: Plan) -> list[str]:
     return [n[0].upper() + n[1:] for n in p.notes if n.startswith((CP_NOT_SEARCHED, "internal check failed"))]
 
 
+CAPACITY_OPTIONS: tuple[Factor, ...] = (None, 0.5, 0.75, 1.0, 1.1, 1.25, 1.5, 2.0)
+"""The Plan page's capacity factors to pick from (None: dropless), with the model's own added."""
+
+
+def capacity_options(model: ModelSpec) -> list[Factor]:
+    """Dropless first, then ascending; the model's own factor among them."""
+    chosen = set(CAPACITY_OPTIONS) | {model.capacity_factor}
+    return [None] * (None in chosen) + sorted(f for f in chosen if f is not None)
+
+
+def capacity_label(factor: Factor) -> str:
+    return "none (dropless)" if factor is None else f"{factor:g}"
+
+
+def capacity_choice(model: ModelSpec | None, picked: list[Factor] | None) -> tuple[Factor, ...] | None:
+    """The factors to search for the page's pick: None (the model's own alone, the default plan) for a dense model,
+    an empty pick or the model's own factor alone."""
+    if model is None or not model.is_moe or not picked or list(picked) == [model.capacity_factor]:
+        return None
+    return tuple(picked)
+
+
+def capacity_shown(p: Plan) -> bool:
+    """The table shows the capacity factor where one was searched or a layout has one."""
+    return len(getattr(p, "capacity_factors", [None])) > 1 or any(c.get("capacity_factor") is not None
+                                                                   for c in p.configs)
+
+
+def capacity_note(p: Plan) -> str | None:
+    """The plan's note on ranked layouts that drop tokens (planner/capacity.drop_note), capitalised; None if none."""
+    note = next((n for n in p.notes if n.startswith(CAPACITY_NOTE)), None)
+    return None if note is None else note[0].upper() + note[1:]
+
+
 def other_notes(p: Plan) -> list[str]:
-    shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed")
+    shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed", CAPACITY_NOTE)
     return [n for n in p.notes if not n.startswith(shown)]
 
 
@@ -214,7 +250,16 @@ def results_frame(p: Plan) -> pd.DataFrame:
                      "sequence parallel": ("yes" if par["sequence_parallel"] else "no") if par["tp"] > 1 else None,
                      "tokens/s": round(t["tokens_per_s"]), "TFLOP/s per GPU": t["tflops_per_gpu"],
                      "extrapolation": "; ".join(_flags(p, i)) or None})
+        if capacity_shown(p):
+            rows[-1].update(_capacity_columns(c))
     return pd.DataFrame(rows)
+
+
+def _capacity_columns(c: dict[str, Any]) -> dict[str, Any]:
+    factor, share = c.get("capacity_factor"), c.get("predicted_dropped_share")
+    padded = " padded" if factor is not None and c["spec"]["model"].get("moe_pad_to_capacity") else ""
+    return {"capacity factor": "dropless" if factor is None else f"{factor:g}{padded}",
+            "dropped %": None if share is None else 100 * share}
 
 
 def _flags(p: Plan, i: int) -> list[str]:
@@ -358,8 +403,9 @@ def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, lis
                          "pp_schedule": par["pp_schedule"], "virtual_stages": v}}
     if cp > 1:  # ring attention runs over flash attention
         data["model"]["attention"] = "flash"
-    if ep > 1:
-        data["model"].update(n_experts=4, top_k=2)
+    if ep > 1:  # the layout's capacity factor too (a drop at the proxy's own T·k/E)
+        data["model"].update(n_experts=4, top_k=2, capacity_factor=s["model"].get("capacity_factor"),
+                             moe_pad_to_capacity=bool(s["model"].get("moe_pad_to_capacity")))
     return validate_spec(data)
 
 

@@ -56,6 +56,12 @@ def of_model(model: ModelSpec, tokens: int) -> ExpertRows:
                        imbalance=float(getattr(model, "moe_imbalance", 1.0)))
 
 
+def moe_rows_key(model: ModelSpec) -> tuple[float | None, bool, float]:
+    """The fields of_model reads beyond top_k and n_experts: a memo of anything computed from the rows keys on them."""
+    return (getattr(model, "capacity_factor", None), bool(getattr(model, "moe_pad_to_capacity", False)),
+            float(getattr(model, "moe_imbalance", 1.0)))
+
+
 def is_uniform_dropless(model: ModelSpec) -> bool:
     """No capacity and uniform routing: every formula keeps its T k rows (the golden predictions)."""
     return getattr(model, "capacity_factor", None) is None and float(getattr(model, "moe_imbalance", 1.0)) == 1.0

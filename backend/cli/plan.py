@@ -7,7 +7,9 @@
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
 
 Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with
-TP/PP = Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP.
+TP/PP = Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP, and
+for a MoE model etp and, with --capacity-factors none,1.0,1.25, the expert capacity factor (each layout's
+"capacity_factor", null = dropless; a factor drops tokens, a note says so).
 Ranks only the layouts this engine runs (each config: "runnable", "why_not"); --include-predicted ranks the
 prediction-only ones too, marked. A layout is priced on the profile's ranks (CUDA on a GPU profile) and fits by
 `estimate --hardware`'s rule: fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory
@@ -71,6 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention kernel (default: flash on a GPU profile unless the model has attention sinks, else "
                         "the model's); context parallelism is searched with flash only")
     p.add_argument("--max-cp", type=int, metavar="N", help="largest context-parallel degree searched (default 32)")
+    p.add_argument("--capacity-factors", metavar="LIST",
+                   help="MoE only: the expert capacity factors to search, a comma list such as none,1.0,1.25 (none = "
+                        "dropless; default: the model's own). A factor drops tokens (a quality change): each layout "
+                        "row carries capacity_factor and its predicted dropped share (uniform routing)")
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
@@ -133,6 +139,16 @@ def _from_spec(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _capacity_factors(args: argparse.Namespace, model: Any) -> tuple[tuple[float | None, ...] | None, str | None]:
+    """--capacity-factors parsed and checked against the model (dense: refused), or (None, None) without it."""
+    if args.capacity_factors is None:
+        return None, None
+    from backend.planner.capacity import capacity_problem, parse_capacity_factors
+
+    factors, problem = parse_capacity_factors(args.capacity_factors)
+    return (None, problem) if problem else (factors, capacity_problem(model, factors))
+
+
 def run(args: argparse.Namespace) -> int:
     from backend.calibration.records import resolve
     from backend.planner.allowance import allowance_problem, device_bytes_of, reserve_problem
@@ -156,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     model, problem = _model(args)
+    if problem:
+        return fail(problem)
+    factors, problem = _capacity_factors(args, model)
     if problem:
         return fail(problem)
     if model.attn_head_dim is None and not model.is_mla and model.d_model % model.n_heads:
@@ -182,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
                memory_bytes=memory_bytes, top=args.top, held=held,
                band=band, reserve_bytes=args.reserve_gb * 1e9 if args.reserve_gb is not None else None,
                fragmentation=args.fragmentation,
-               limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted)
+               limits=Limits(max_cp=args.max_cp) if args.max_cp else Limits(), include_predicted=args.include_predicted,
+               capacity_factors=factors)
     from backend.calibration.usage import calibration_used
 
     if res.untimed:

@@ -28,6 +28,7 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.proxy import proxy_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
+from backend.planner.capacity import candidates, capacity_problem, drop_note, dropped_share, factor_label, with_factor
 from backend.planner.held import HeldTraining
 from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts, light_spec
 from backend.spec.run_rules import LayoutView, rule_hits
@@ -72,6 +73,8 @@ class Plan:
     failed_checks: list[dict[str, str]] = field(default_factory=list)
     """[{"layout": name, "why": ...}]: pool layouts left out because an internal consistency check of the prediction
     failed on them (a defect of ShardLab's model, named here instead of a traceback)."""
+    capacity_factors: list[float | None] = field(default_factory=lambda: [None])
+    """The capacity factors searched (planner/capacity.py; None = dropless): the model's own unless asked for more."""
     untimed: str | None = None
     """Why no layout could be ranked: the step-time model does not time the held training on this profile
     (steptime.model.untimed_reason, e.g. fp8 on a CPU profile); the layouts that fit are counted, none is ranked."""
@@ -83,6 +86,7 @@ class Plan:
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed,
                 "search_seconds": self.search_seconds, "confirm_seconds": self.confirm_seconds, "notes": self.notes,
                 "failed_checks": self.failed_checks, "attention": self.attention, "device_bytes": self.device_bytes,
+                "capacity_factors": self.capacity_factors,
                 "device": self.device, "allowance": {"cuda_context_bytes": self.overhead.cuda_context_bytes,
                               "nccl_bytes_per_communicator": self.overhead.nccl_bytes_per_communicator(),
                               "fragmentation_frac": self.overhead.fragmentation_frac}}
@@ -194,57 +198,95 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
         c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
 
 
+@dataclass
+class _Screened:
+    """One capacity factor's search (planner/capacity.py): its model, every layout with its worst-rank bytes, the
+    fitting ones fastest first by the proxy (runnable only unless include_predicted) and the pool to re-time."""
+    model: Any
+    layouts: Layout
+    memory: np.ndarray
+    order: np.ndarray
+    fitting: int
+    left_out: int
+    by_rule: dict[str, int]
+    pool: np.ndarray
+
+
+def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> _Screened:
+    layouts, memory, order = search(model, **kw)
+    left_out, fitting, by_rule = 0, len(order), {}
+    if len(layouts) and not include_predicted:
+        hits = run_rule_hits(layouts, model)
+        runnable = order[~np.logical_or.reduce(list(hits.values()))[order]]
+        by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[order])))}
+        left_out, order = len(order) - len(runnable), runnable
+    return _Screened(model, layouts, memory, order, fitting, left_out, by_rule, order[:pool_size])
+
+
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
          memory_bytes: float | None = None, top: int = 10, precision: str = "bf16-mixed",
          band: tuple[float, float] | None = None, reserve_bytes: float | None = None,
          fragmentation: float | None = None, limits: Limits = DEFAULT_LIMITS, enough: int | None = None,
-         include_predicted: bool = False, held: HeldTraining | None = None, prune: bool = True) -> Plan:
+         include_predicted: bool = False, held: HeldTraining | None = None, prune: bool = True,
+         capacity_factors: tuple[float | None, ...] | None = None) -> Plan:
     """`enough`: pool size override (default max(POOL_FACTOR x top, POOL_MIN)). Only layouts this engine runs are
     ranked unless `include_predicted` (the others come back marked "runnable": false with "why_not"). `held`: the
     training settings every layout keeps (planner/held.py: precision, optimizer, a recompute policy searched too, fp8
     recipe; an imported config's); without it, `precision` and the defaults. reserve_bytes / fragmentation: override
-    the fit rule's allowance (overhead_of). prune: search()'s (the same plan either way; False only to check that)."""
+    the fit rule's allowance (overhead_of). prune: search()'s (the same plan either way; False only to check that).
+    capacity_factors: a MoE model's capacity factors to search (None in it: dropless; planner/capacity.py), each a
+    search of the model with that factor and its own pool, ranked together; None: the model's own factor only."""
     t0 = time.perf_counter()
     held = held or HeldTraining(precision=precision)
     device_bytes = device_bytes_of(hw, memory_bytes)
     overhead = overhead_of(reserve_bytes, fragmentation)
-    layouts, memory, order = search(model, gpus=gpus, gpus_per_node=gpus_per_node, hw=hw, global_batch=global_batch,
-                                    memory_bytes=device_bytes, limits=limits, held=held, overhead=overhead,
-                                    prune=prune)
+    if problem := capacity_problem(model, capacity_factors):
+        raise ValueError(problem)
+    factors = candidates(model, capacity_factors)
+    pool_size = enough or max(POOL_FACTOR * top, POOL_MIN)
+    screens = [_screen(with_factor(model, f), include_predicted, pool_size, gpus=gpus, gpus_per_node=gpus_per_node,
+                       hw=hw, global_batch=global_batch, memory_bytes=device_bytes, limits=limits, held=held,
+                       overhead=overhead, prune=prune) for f in factors]
+    layouts = screens[0].layouts  # the same layouts at every factor: a factor changes no degree
     if not len(layouts):
         return Plan(searched=0, feasible=0, seconds=time.perf_counter() - t0, configs=[],
                     notes=[f"no layout of {gpus} GPUs divides the model and batch {global_batch}"],
                     attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes, overhead=overhead,
-                    device=profile_device(hw.kind))
-    left_out, fitting, by_rule = 0, order, {}
-    if not include_predicted:
-        hits = run_rule_hits(layouts, model)
-        runnable = order[~np.logical_or.reduce(list(hits.values()))[order]]
-        left_out, order = len(order) - len(runnable), runnable
-        by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[fitting])))}
-    pool = order[:enough or max(POOL_FACTOR * top, POOL_MIN)]
+                    device=profile_device(hw.kind), capacity_factors=list(factors))
+    left_out, fitting = sum(x.left_out for x in screens), sum(x.fitting for x in screens)
+    by_rule: dict[str, int] = {}
+    for x in screens:
+        for label, n in x.by_rule.items():
+            by_rule[label] = by_rule.get(label, 0) + n
+    searched, pooled = sum(len(x.layouts) for x in screens), sum(len(x.pool) for x in screens)
     t_search = time.perf_counter() - t0
     timed, failed, untimed = [], [], None
-    for i in pool:
-        data = layouts.take(int(i)).spec_dict(model)
-        data["train"].update(held.spec_train(data["train"]["recompute"]))
-        spec = light_spec(data)
-        try:
-            timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec))
-        except InconsistentStepTime as e:
-            failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
-        except NotTimed as e:  # held training: the same reason for every layout
-            untimed = str(e)
+    for screen in screens:
+        for i in screen.pool:
+            data = screen.layouts.take(int(i)).spec_dict(screen.model)
+            data["train"].update(held.spec_train(data["train"]["recompute"]))
+            if len(factors) > 1:
+                data["name"] += f" {factor_label(screen.model.capacity_factor)}"
+            spec = light_spec(data)
+            try:
+                timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec,
+                              screen))
+            except InconsistentStepTime as e:
+                failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
+            except NotTimed as e:  # held training: the same reason for every layout
+                untimed = str(e)
+                break
+        if untimed:
             break
     timed.sort(key=lambda x: x[0]["step_s"])
     configs, mismatch = [], []
-    for st, i, data, spec in timed[:top]:
+    for st, i, data, spec, screen in timed[:top]:
         worst, rank = worst_rank_bytes(spec)  # the same core on this layout alone
-        if abs(worst - memory[i]) > 0.005 * worst:
-            mismatch.append(f"{data['name']}: array path {memory[i]:.0f} B vs one layout {worst} B")
+        if abs(worst - screen.memory[i]) > 0.005 * worst:
+            mismatch.append(f"{data['name']}: array path {screen.memory[i]:.0f} B vs one layout {worst} B")
         allowance = allowance_bytes(worst, spec.parallel, str(spec.runtime.device), overhead)
         configs.append({"spec": data, "mem_bytes_max": int(worst), "fullest_moment": rank.fullest_moment(),
-                        "step_time": st, "strategy": ZERO_STAGE_NAMES[int(layouts.zero_stage[i])],
+                        "step_time": st, "strategy": ZERO_STAGE_NAMES[int(screen.layouts.zero_stage[i])],
                         "worst_rank": rank.rank,
                         "fits_exact": bool(fits_device(worst, spec.parallel, str(spec.runtime.device), device_bytes,
                                                        overhead)),
@@ -253,16 +295,21 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
                                                                      device_bytes, overhead),
                         "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes",
                                                                           "optimizer_bytes", "activations_bytes",
-                                                                          "other_bytes")}})
+                                                                          "other_bytes")},
+                        "capacity_factor": data["model"].get("capacity_factor"),
+                        "predicted_dropped_share": dropped_share(data)})
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
     fit_note = f" ({left_out} of them prediction-only, left out)" if left_out else ""
+    by_factor = f" ({len(layouts)} at each of {len(factors)} capacity factors: " \
+        f"{', '.join(map(factor_label, factors))})" if len(factors) > 1 else ""
+    per_factor = " (per capacity factor)" if len(factors) > 1 else ""
     notes = [ALLOWANCE_DOC, f"layouts priced on {layouts.device} ranks, each fitting {device_bytes / 2**30:.1f} GiB "
              f"(a {device_bytes / 1e9:.0f} GB device) with its allowance",
-             f"searched {len(layouts)} layouts in {t_search:.3f} s: worst-rank memory of every layout (the estimator's "
-             f"own model, on arrays of layouts), {len(fitting)} fit{fit_note}; the {len(pool)} fastest by a step-time "
-             f"proxy re-timed with the step-time model in {seconds - t_search:.3f} s, the top {len(configs)} by that "
-             "model reported, their memory confirmed on each layout alone"]
+             f"searched {searched} layouts{by_factor} in {t_search:.3f} s: worst-rank memory of every layout (the "
+             f"estimator's own model, on arrays of layouts), {fitting} fit{fit_note}; the {pooled} fastest by a "
+             f"step-time proxy{per_factor} re-timed with the step-time model in {seconds - t_search:.3f} s, the top "
+             f"{len(configs)} by that model reported, their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
     notes.append("every layout trains with " + held.words())
@@ -277,9 +324,11 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
         why = ", ".join(f"{label}: {n}" for label, n in by_rule.items())
         notes.append(f"{left_out} fitting layouts this engine cannot run (prediction only) left out of the ranking "
                      f"({why}); --include-predicted (the Plan page's toggle) ranks them too, marked")
-    return Plan(searched=len(layouts), feasible=len(order) + left_out, seconds=seconds, configs=configs,
+    if dropping := drop_note(configs):
+        notes.append(dropping)
+    return Plan(searched=searched, feasible=fitting, seconds=seconds, configs=configs,
                 predicted_only_left_out=left_out, predicted_only_by_rule=by_rule,
-                screened_per_s=len(layouts) / t_search if t_search else 0.0, confirmed=len(pool),
+                screened_per_s=searched / t_search if t_search else 0.0, confirmed=pooled,
                 search_seconds=t_search, confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed,
                 untimed=untimed, attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes,
-                overhead=overhead, device=profile_device(hw.kind))
+                overhead=overhead, device=profile_device(hw.kind), capacity_factors=list(factors))

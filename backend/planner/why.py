@@ -1,8 +1,9 @@
 """Why #1 of a plan beats #2, in layout terms: walk from #1's layout to #2's one choice at a time (the degrees, the
-data-parallel flavour, the micro-batch, the recompute policy, the pipeline schedule, sequence parallelism), time each
-layout on the way with the step-time model, and give each choice the seconds it adds; the steps telescope, so the
-signed parts add up to the difference. Beside it, the same difference by part of the step (compute, exposed
-communication, bubble, optimizer, other), which adds up too (steptime.model: the parts sum to the step).
+data-parallel flavour, the micro-batch, the recompute policy, the pipeline schedule, sequence parallelism, a searched
+capacity factor), time each layout on the way with the step-time model, and give each choice the seconds it adds; the
+steps telescope, so the signed parts add up to the difference. Beside it, the same difference by part of the step
+(compute, exposed communication, bubble, optimizer, other), which adds up too (steptime.model: the parts sum to the
+step).
 """
 
 from __future__ import annotations
@@ -15,20 +16,26 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, step_time
 from backend.spec import ExperimentSpec
 
+MODEL_CHOICES = ("capacity_factor", "moe_pad_to_capacity")
+"""The model fields a plan searches (planner/capacity.py): a layout choice kept in the spec's model."""
 CHANGES = (("degrees", ("dp", "tp", "pp", "cp", "ep")), ("flavour", ("strategy",)), ("micro-batch", ("micro_batch",)),
            ("recompute", ("recompute",)), ("schedule", ("pp_schedule", "virtual_stages")),
-           ("sequence parallel", ("sequence_parallel",)))
+           ("sequence parallel", ("sequence_parallel",)), ("capacity factor", MODEL_CHOICES))
 """The layout choices, in the order the walk changes them (degrees first: the others may depend on them)."""
 PARTS = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),
          ("optimizer_s", "optimizer step"), ("other_s", "other"))
 
 
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return data["model"] if key in MODEL_CHOICES else data["train"] if key in data["train"] else data["parallel"]
+
+
 def _choice(data: dict[str, Any], key: str) -> Any:
-    return data["train"][key] if key in data["train"] else data["parallel"].get(key)
+    return _section(data, key).get(key)
 
 
 def _set(data: dict[str, Any], key: str, value: Any) -> None:
-    (data["train"] if key in data["train"] else data["parallel"])[key] = value
+    _section(data, key)[key] = value
 
 
 def _words(name: str, first: dict[str, Any], second: dict[str, Any]) -> str:
@@ -43,9 +50,17 @@ def _words(name: str, first: dict[str, Any], second: dict[str, Any]) -> str:
                 f"{_choice(first, 'pp_schedule')} (v={_choice(first, 'virtual_stages')})")
     if name == "sequence parallel":
         return "sequence parallel " + ("on" if _choice(second, "sequence_parallel") else "off")
+    if name == "capacity factor":
+        return f"{_capacity_words(second)} instead of {_capacity_words(first)}"
     key = dict(CHANGES)[name][0]
     label = {"strategy": "", "micro_batch": "micro-batch ", "recompute": "recompute "}[key]
     return f"{label}{_choice(second, key)} instead of {label}{_choice(first, key)}"
+
+
+def _capacity_words(data: dict[str, Any]) -> str:
+    factor = _choice(data, "capacity_factor")
+    return "dropless" if factor is None else f"capacity factor {factor:g}" + (
+        " padded" if _choice(data, "moe_pad_to_capacity") else "")
 
 
 def _timed(data: dict[str, Any], hw: Hardware, gpus_per_node: int) -> tuple[float, int, Any] | None:
@@ -69,7 +84,7 @@ def explain_first(configs: list[dict[str, Any]], hw: Hardware, gpus_per_node: in
         return None
     first, second = configs[0]["spec"], configs[1]["spec"]
     t1, t2 = configs[0]["step_time"], configs[1]["step_time"]
-    current = {"model": first["model"], "train": dict(first["train"]), "parallel": dict(first["parallel"]),
+    current = {"model": dict(first["model"]), "train": dict(first["train"]), "parallel": dict(first["parallel"]),
                "runtime": dict(first.get("runtime") or {})}
     start = _timed(current, hw, gpus_per_node)
     before = start[0] if start else None

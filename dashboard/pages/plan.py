@@ -24,10 +24,12 @@ def _plan_columns() -> dict:
     from dashboard.glossary import HELP
 
     formats = {"memory GiB": "%.1f", "needs GiB": "%.1f", "step s": "%.3f", "step s (low)": "%.3f",
-               "step s (high)": "%.3f", "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f"}
+               "step s (high)": "%.3f", "tokens/s": "localized", "TFLOP/s per GPU": "%.0f", "MFU %": "%.1f",
+               "dropped %": "%.1f"}
     cols = {k: st.column_config.NumberColumn(k, format=f, help=HELP.get(k)) for k, f in formats.items()}
     cols.update({k: st.column_config.Column(k, help=HELP[k])
-                 for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs", "extrapolation")})
+                 for k in ("fullest at", "schedule", "virtual stages", "sequence parallel", "runs", "extrapolation",
+                           "capacity factor")})
     return cols
 
 
@@ -181,6 +183,17 @@ precision = c2.selectbox("Precision", pv.PRECISIONS, key="pl_precision",
                          help="What every layout trains in (fp8: float8 linears, bf16 elsewhere). A loaded config sets "
                               "it to its own.")
 top = c3.slider("Layouts to show", 1, 50, key="pl_top")
+capacity = None
+if model is not None and model.is_moe:  # the capacity factors to search (`plan --capacity-factors`)
+    options = pv.capacity_options(model)
+    saved = st.session_state.get("pl_saved", {}).get("pl_capacity", [])  # restored as DEFAULTS' are
+    picked = [f for f in st.session_state.get("pl_capacity", saved) if f in options]
+    st.session_state["pl_capacity"] = picked or [model.capacity_factor]
+    capacity = pv.capacity_choice(model, st.multiselect(
+        "Capacity factors", options, key="pl_capacity", format_func=pv.capacity_label,
+        help="MoE: the expert capacity factors to search (`plan --capacity-factors`); the model's own by default. A "
+             "factor caps each expert's tokens per rank and drops the rest: a change to what the model learns, not "
+             "only to its speed (the table shows each layout's factor and its predicted dropped share)."))
 stack_form.render(st, STACK_KEY)  # issue 34: every layout trains with this stack (its kernels and overlaps)
 chosen = stack_form.to_spec(stack_form.read(st, STACK_KEY))
 held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
@@ -191,11 +204,13 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
                               help="Also rank layouts this machine's engine cannot run (each row says why); by default "
                                    "only layouts that train correctly here are ranked.")
 
-st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS}
+st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS} | (
+    {"pl_capacity": list(st.session_state["pl_capacity"])} if "pl_capacity" in st.session_state else {})
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch),
                          memory_gb=mem or None) \
     + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "") \
-    + (f", reserve {reserve:g} GB per GPU" if reserve is not None else "") + f", allocator slack {slack:g}"
+    + (f", reserve {reserve:g} GB per GPU" if reserve is not None else "") + f", allocator slack {slack:g}" \
+    + (f", capacity factors {', '.join(map(pv.capacity_label, capacity))}" if capacity else "")
 if problem:  # names the config's keys and values: the user's text
     messages.box("error", "This model cannot be planned:", [problem])
 if allowance_problem:  # plan's own check and words (planner/allowance.py); may name a calibrated profile: user text
@@ -208,7 +223,8 @@ if st.button("Search", type="primary", disabled=model is None or bool(allowance_
                                                     db_url=store_access.db_url(),
                                                     include_predicted=bool(include_predicted),
                                                     attention=None if attention == pv.DEFAULT_KERNEL else attention,
-                                                    held=held, reserve_gb=reserve, fragmentation=slack)
+                                                    held=held, reserve_gb=reserve, fragmentation=slack,
+                                                    capacity_factors=capacity)
         st.session_state["pl_result_for"] = inputs
         st.session_state["pl_result_hw"] = (hardware, int(node))
         st.session_state["pl_serial"] = st.session_state.get("pl_serial", 0) + 1
@@ -248,6 +264,8 @@ if res is not None:
         event = st.dataframe(df, hide_index=True, on_select="rerun", selection_mode="single-row", placeholder="–",
                              key=f"pl_table_{st.session_state.get('pl_serial', 0)}", column_config=_plan_columns())
         rows = [i for i in (event.selection.rows if event and event.selection else []) if i < len(res.configs)]
+        if note := pv.capacity_note(res):  # dropped tokens are a quality change: said under the table
+            st.caption(note)
         if notes := pv.prediction_only_notes(res):
             with st.expander(f"Prediction only ({sum(n.count('#') for n in notes)} of {len(res.configs)} layouts): "
                              "this engine can predict them but not run them; why"):

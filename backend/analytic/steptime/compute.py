@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backend.analytic.layout import Layout, RecomputeMode
-from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import is_uniform_dropless, moe_rows_key
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
@@ -377,9 +377,10 @@ def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[Loca
         mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
         return weights_cost(spec, hw, mine, tokens, fp8_gemms)
 
-    # memoised per shared params tuple on every input weights_cost reads
+    # memoised per shared params tuple on every input weights_cost reads (the expert rows: moe_rows.of_model's fields)
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
-                                    m.n_experts) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()), weights, keep=hw))
+                                    m.n_experts, *moe_rows_key(m)) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()),
+                           weights, keep=hw))
     elem = elementwise_pass(m, layout, hw, implementation)
     n_windowed = sum(layer_attention_kind(m, i)[1] for i in layers)  # the rest attend globally
     n = len(layers) - n_windowed

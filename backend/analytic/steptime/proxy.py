@@ -30,7 +30,7 @@ from backend.analytic.memory.parts import (
     rank_parts,
     stage_composition,
 )
-from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import is_uniform_dropless, moe_rows_key
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import ModelKey, layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.recompute_cost import rerun_share
@@ -150,7 +150,8 @@ def _one_layer_gemms(model: ModelSpec, layout: Layout, hw: Hardware, key: ModelK
                      part: str) -> tuple[float, float]:
     """sizes: (tp, micro-batch, ep, cp)."""
     tp, mb, ep, cp = sizes
-    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp, part)
+    memo_key = ("layer gemms", key, layout.precision, tp, mb, ep if model.is_moe else 0, cp, part, model.top_k,
+                *moe_rows_key(model))  # the expert rows read more than the parameter shapes (moe_rows.of_model)
     hit = hw.memo.get(memo_key)
     if hit is None:
         tokens = mb * (model.seq_len // cp)
