@@ -5,7 +5,7 @@
   .venv/bin/python benchmarks/planner_speed.py --moe               # only the MoE plans (issue 30: under 3 s cold)
 
 Prints, side by side: the search (enumerate + the prediction core's worst-rank memory of every layout on arrays +
-the step-time proxy + feasibility + ranking), the array memory alone, the same core on one layout at a time
+the step-time screen + feasibility + ranking), the array memory alone, the same core on one layout at a time
 (estimate.worst_rank_bytes, and the full estimate.estimate), the end-to-end `plan` (search + re-timing the pool with
 steptime.model + confirming the reported memory), and an agreement check of the array path against
 estimate.estimate on a random sample. Wall and CPU time: this machine is shared, CPU time is the steadier one.
@@ -75,8 +75,8 @@ def main() -> None:
     cps = sorted(set(layouts.cp.tolist())) if hasattr(layouts, "cp") else [1]
     print(f"70B (Llama-2-70B shape, {LLAMA70B.attention} attention) on {GPUS} GPUs, batch {BATCH}: {n} layouts "
           f"(cp {cps}), {len(order)} fit {hw.memory_bytes / 1e9:.1f} GB with their allowance")
-    print(f"  search (enumerate + core memory on arrays + step proxy + rank), warm: {wall:.3f} s wall, {cpu:.3f} s CPU "
-          f"-> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
+    print(f"  search (enumerate + core memory on arrays + step-time screen + rank), warm: {wall:.3f} s wall, "
+          f"{cpu:.3f} s CPU -> {n / wall:,.0f} layouts/s wall, {n / cpu:,.0f} layouts/s CPU (target 1e5)")
     print(f"  search, cold (first call): {cold_w:.3f} s wall, {cold_c:.3f} s CPU -> {n / cold_w:,.0f} /s wall, "
           f"{n / cold_c:,.0f} /s CPU")
     # a fresh copy each time: the layouts' memoised per-layout terms would make repeats cheaper than a search's call

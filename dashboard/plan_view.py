@@ -379,8 +379,8 @@ def scenario_verdicts(hardware: str = "a100-80gb-sxm", gpus_per_node: int = 8, m
     return out
 
 
-# "Verify scaled-down": a CPU proxy of a planned layout, same parallel family, small enough to run here.
-PROXY_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=64)
+# "Verify scaled-down": a scaled-down run of a planned layout, same parallel family, small enough to run here.
+SCALED_DOWN_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=64)
 
 
 def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, list[str]]:
@@ -396,14 +396,14 @@ def scaled_down_spec(config: dict[str, Any]) -> tuple[ExperimentSpec | None, lis
     dp = max(1, ep // cp, min(par["dp"], 4 // (tp * pp * cp)))
     v = par["virtual_stages"]
     mb = pp * 2 if pp > 1 else 2
-    data = {"name": f"verify {s['name'][5:]}", "model": {**PROXY_MODEL, "n_layers": max(4, pp * v)},
+    data = {"name": f"verify {s['name'][5:]}", "model": {**SCALED_DOWN_MODEL, "n_layers": max(4, pp * v)},
             "train": {"global_batch": 2 * dp * mb, "micro_batch": 2, "recompute": s["train"]["recompute"], "steps": 5},
             "parallel": {"strategy": par["strategy"], "world_size": tp * pp * dp * cp, "dp": dp, "tp": tp, "pp": pp,
                          "ep": ep, "cp": cp, "sequence_parallel": par["sequence_parallel"] and tp > 1,
                          "pp_schedule": par["pp_schedule"], "virtual_stages": v}}
     if cp > 1:  # ring attention runs over flash attention
         data["model"]["attention"] = "flash"
-    if ep > 1:  # the layout's capacity factor too (a drop at the proxy's own T·k/E)
+    if ep > 1:  # the layout's capacity factor too (a drop at the scaled-down run's own T·k/E)
         data["model"].update(n_experts=4, top_k=2, capacity_factor=s["model"].get("capacity_factor"),
                              moe_pad_to_capacity=bool(s["model"].get("moe_pad_to_capacity")))
     return validate_spec(data)
@@ -416,8 +416,8 @@ def verify_tag(config: dict[str, Any]) -> str:
 
 
 def verify_frame(engine: Any, tag: str) -> pd.DataFrame:
-    """The proxy runs of one layout: status, measured vs predicted step time with the interval, and why a number is
-    missing (still queued or running, failed, no 'cpu' profile yet)."""
+    """The verification runs of one layout: status, measured vs predicted step time with the interval, and why a number
+    is missing (still queued or running, failed, no 'cpu' profile yet)."""
     from dashboard.steptime_view import run_comparison
     from db import queries as q
 

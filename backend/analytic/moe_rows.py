@@ -1,6 +1,6 @@
 """Rows an expert-parallel MoE layer moves and computes per microbatch on its busiest rank: the capacity factor, padding
 to capacity and the routing imbalance in one place (pure Python: activations, traffic, the step-time model and its
-proxy read it; moe_capacity.py has Megatron's capacity formula).
+screen read it; moe_capacity.py has Megatron's capacity formula).
 
 Uniform routing (the default, imbalance 1) gives every expert T k / E of a rank's T tokens' slots. An imbalance
 rho >= 1 (`model.moe_imbalance`: the busiest rank's experts receive rho x the uniform load; a run measures its own,

@@ -3,8 +3,8 @@
 A capacity factor is a model field (ModelSpec.capacity_factor, None = dropless), so each candidate is the model with
 that factor, searched through the same core as `estimate` prices a spec with it: the padded dispatch buffers, the
 all-to-all rows and the expert GEMM rows all come from analytic/moe_rows.py (memory/activations.py, traffic.py,
-steptime/compute.py and the planner's proxy read it). The default is the model's own factor alone (one search, the
-plan as before).
+steptime/compute.py and the planner's step-time screen read it). The default is the model's own factor alone (one
+search, the plan as before).
 
 Dropped tokens change what the model learns, not only its speed. The prediction assumes uniform routing (every expert
 gets T k / E of a rank's T tokens' k slots per microbatch; `model.moe_imbalance` scales the busiest experts' load), so

@@ -1,5 +1,5 @@
 """Plan: enumerate layouts (space.py), evaluate them all at once with the prediction core (the worst-rank memory of
-analytic/memory/rank_memory.py on arrays of layouts, the step-time proxy of analytic/steptime/proxy.py), keep every
+analytic/memory/rank_memory.py on arrays of layouts, the step-time screen of analytic/steptime/screen.py), keep every
 layout that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
 ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
 
@@ -26,7 +26,7 @@ from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.memory.state_floor import state_floor_groups
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
-from backend.analytic.steptime.proxy import proxy_step_s
+from backend.analytic.steptime.screen import screen_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
 from backend.planner.capacity import candidates, capacity_problem, drop_note, dropped_share, factor_label, with_factor
 from backend.planner.held import HeldTraining
@@ -39,7 +39,8 @@ ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocato
                  "communicator from the NCCL docs); --reserve-gb / --fragmentation override the context + NCCL and "
                  "the slack")
 POOL_FACTOR, POOL_MIN = 3, 10
-"""Layouts re-timed with steptime.model: the POOL_FACTOR x top fastest by the vectorised proxy (at least POOL_MIN)."""
+"""Layouts re-timed with steptime.model: the POOL_FACTOR x top fastest by the vectorised step-time screen (at least
+POOL_MIN)."""
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Plan:
     predicted_only_by_rule: dict[str, int] = field(default_factory=dict)
     """{run rule label (backend/spec/run_rules.py): fitting layouts it leaves out}; a layout may count under two."""
     screened_per_s: float = 0.0
-    """searched / search_seconds: every layout's memory and proxy time, feasibility and ranking."""
+    """searched / search_seconds: every layout's memory and screen time, feasibility and ranking."""
     confirmed: int = 0
     """Layouts re-timed with steptime.model (the pool)."""
     search_seconds: float = 0.0
@@ -113,7 +114,7 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
            precision: str = "bf16-mixed", limits: Limits = DEFAULT_LIMITS, held: HeldTraining | None = None,
            overhead: RuntimeOverhead | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit memory_bytes per GPU (fits_device), fastest
-    first by the proxy): the per-layout work of a plan (benchmarks/planner_speed.py times exactly this). held: the
+    first by the screen): the per-layout work of a plan (benchmarks/planner_speed.py times exactly this). held: the
     training settings every layout keeps (planner/held.py; its precision replaces `precision`). The layouts are priced
     on the profile's ranks (profile_device: CUDA on a GPU profile), as `estimate --hardware` prices its fit.
     prune: drop the layouts that cannot fit before the full memory model, by two lower bounds of their worst-rank
@@ -153,9 +154,9 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
         keep = np.nonzero(fits(memory, layouts))[0]
     if not len(keep):
         return layouts, memory, keep
-    # the proxy of the layouts that fit only (each layout's proxy is its own row's: the same numbers as on all of them;
-    # a MoE search keeps a few thousand of ~1M); their memoised part sums come along
-    step = np.broadcast_to(proxy_step_s(model, layouts.take(keep, with_memo=True), hw, gpus_per_node=gpus_per_node),
+    # the screen of the layouts that fit only (each layout's screen is its own row's: the same numbers as on all of
+    # them; a MoE search keeps a few thousand of ~1M); their memoised part sums come along
+    step = np.broadcast_to(screen_step_s(model, layouts.take(keep, with_memo=True), hw, gpus_per_node=gpus_per_node),
                            (len(keep),))
     return layouts, memory, keep[np.argsort(step, kind="stable")]
 
@@ -201,7 +202,7 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
 @dataclass
 class _Screened:
     """One capacity factor's search (planner/capacity.py): its model, every layout with its worst-rank bytes, the
-    fitting ones fastest first by the proxy (runnable only unless include_predicted) and the pool to re-time."""
+    fitting ones fastest first by the screen (runnable only unless include_predicted) and the pool to re-time."""
     model: Any
     layouts: Layout
     memory: np.ndarray
@@ -308,7 +309,7 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
              f"(a {device_bytes / 1e9:.0f} GB device) with its allowance",
              f"searched {searched} layouts{by_factor} in {t_search:.3f} s: worst-rank memory of every layout (the "
              f"estimator's own model, on arrays of layouts), {fitting} fit{fit_note}; the {pooled} fastest by a "
-             f"step-time proxy{per_factor} re-timed with the step-time model in {seconds - t_search:.3f} s, the top "
+             f"step-time screen{per_factor} re-timed with the step-time model in {seconds - t_search:.3f} s, the top "
              f"{len(configs)} by that model reported, their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]

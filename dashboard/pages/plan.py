@@ -34,13 +34,14 @@ def _plan_columns() -> dict:
 
 
 def _verifying(tag: str) -> bool:
-    """A proxy run of this layout is still queued or running."""
+    """A verification run of this layout is still queued or running."""
     return bool(store_access.list_runs(store_access.db_url(), status=("queued", "running"), tag=tag, limit=1))
 
 
 def _verify_table(tag: str, active: bool) -> None:
-    """The proxy runs of the verified layout, re-read every 2 s while one is queued or running (a run goes queued ->
-    running -> ok here, no click); once they have ended the page reruns once and nothing re-runs while idle."""
+    """The verification runs of the verified layout, re-read every 2 s while one is queued or running (a run goes
+    queued -> running -> ok here, no click); once they have ended the page reruns once and nothing re-runs while
+    idle."""
     from backend.bench import cpu_profile
 
     if active and not _verifying(tag):
@@ -280,18 +281,18 @@ if res is not None:
         read_only = access.read_only_reason(access.visitor())
         if b2.button("Verify scaled-down", disabled=not rows or bool(read_only), icon=":material/fact_check:",
                      key="pl_verify",
-                     help=read_only or "queue a CPU proxy run of the same parallel family (<= 4 ranks, small model) "
-                                       "and compare its measured step time with the prediction"):
-            proxy, why = pv.scaled_down_spec(res.configs[rows[0]])
-            if proxy is None:
+                     help=read_only or "queue a scaled-down CPU run of the same parallel family (<= 4 ranks, small "
+                                       "model) and compare its measured step time with the prediction"):
+            scaled_down, why = pv.scaled_down_spec(res.configs[rows[0]])
+            if scaled_down is None:
                 st.error("This family cannot run on this machine: " + "; ".join(why))
             else:
                 tag = pv.verify_tag(res.configs[rows[0]])
-                eid = store_access.submit(proxy, tags=(tag, "verify-plan"))
+                eid = store_access.submit(scaled_down, tags=(tag, "verify-plan"))
                 st.session_state["pl_verify_tag"] = tag
-                st.success(f"Queued proxy run #{eid} ({proxy.parallel.world_size} ranks), tag {tag}.")
+                st.success(f"Queued verification run #{eid} ({scaled_down.parallel.world_size} ranks), tag {tag}.")
         if st.session_state.get("pl_verify_tag"):
-            st.markdown("**Scaled-down verification** (CPU proxy runs: measured vs predicted on the 'cpu' profile)")
+            st.markdown("**Scaled-down verification** (runs on CPU: measured vs predicted on the 'cpu' profile)")
             tag = st.session_state["pl_verify_tag"]
             active = _verifying(tag)
             st.fragment(_verify_table, run_every=2.0 if active else None)(tag, active)

@@ -1,7 +1,7 @@
 """FLOPs, EP traffic and step-time terms of the 2026 families (issue 24): a windowed block's attention scores
 min(window, s) keys, MLA's attention has its own q / k and v widths, MoE FLOPs go through the active experts only,
-and EP's all-to-alls move tokens x top_k x h per MoE block; the step-time model and the planner's proxy take them
-from the same functions (model_flops, compute.attention_pass, traffic.model_parallel_traffic)."""
+and EP's all-to-alls move tokens x top_k x h per MoE block; the step-time model and the planner's step-time screen
+take them from the same functions (model_flops, compute.attention_pass, traffic.model_parallel_traffic)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from backend.analytic.params import active_params, matmul_params
 from backend.analytic.steptime.compute import attention_pass
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.ops import attention_time
-from backend.analytic.steptime.proxy import step_proxy
+from backend.analytic.steptime.screen import step_screen
 from backend.analytic.textbook.flops import training_flops_per_token
 from backend.presets import preset_model
 from backend.spec import ExperimentSpec, ModelSpec
@@ -98,12 +98,12 @@ def test_ep_all_to_all_per_moe_block():
     assert estimate(s).per_rank[0].comm_bytes["all_to_all"] == 4 * 2 * (4 * 16 * 1 * 32 * 4 + 8 * 4)
 
 
-def test_proxy_has_the_ep_all_to_alls_and_each_block_kind():
-    """The planner's proxy: EP all-to-alls (4 x tokens x top_k x h per MoE block and microbatch) and, for mixed stacks,
-    the dense blocks' GEMMs apart from the MoE blocks' (DeepSeek-V3's 3 dense blocks of ffn 18,432)."""
+def test_screen_has_the_ep_all_to_alls_and_each_block_kind():
+    """The planner's step-time screen: EP all-to-alls (4 x tokens x top_k x h per MoE block and microbatch) and, for
+    mixed stacks, the dense blocks' GEMMs apart from the MoE blocks' (DeepSeek-V3's 3 dense blocks of ffn 18,432)."""
     from backend.analytic.layout import CHOICES
     from backend.analytic.memory.parts import ALT_PART
-    from backend.analytic.steptime.proxy import _layer_gemm_s
+    from backend.analytic.steptime.screen import _layer_gemm_s
 
     m = _model("deepseek-v3")
     row = dict(tp=1, pp=1, dp=256, ep=1, zero_stage=3, micro_batch=1, recompute=2, schedule=0, virtual_stages=1,
@@ -111,17 +111,17 @@ def test_proxy_has_the_ep_all_to_alls_and_each_block_kind():
     table = np.array([[row[c] for c in CHOICES], [(row | {"ep": 32})[c] for c in CHOICES]])
     layouts = Layout.table(table, global_batch=512, device="cuda")
     hw = get_hardware("h100-sxm")
-    proxy = step_proxy(m, layouts, hw, gpus_per_node=8)
-    assert proxy.ep_comm_s[0] == 0 and proxy.ep_comm_s[1] > 0
+    screen = step_screen(m, layouts, hw, gpus_per_node=8)
+    assert screen.ep_comm_s[0] == 0 and screen.ep_comm_s[1] > 0
     # forward and backward GEMMs of each kind (main's _layer_gemm_s returns the pair)
     dense, moe = np.asarray(_layer_gemm_s(m, layouts, hw)), np.asarray(_layer_gemm_s(m, layouts, hw, ALT_PART))
     assert np.all(dense != moe)
 
 
 @pytest.mark.parametrize("ep", [1, 8])
-def test_proxy_times_only_the_ranks_own_experts(ep):
-    """The planner's proxy times an ep rank's n_experts / ep local experts, each at tokens x top_k x ep / E rows, as
-    the step-time model does: its compute stays within 20% of the model's (it once timed all 128 experts of
+def test_screen_times_only_the_ranks_own_experts(ep):
+    """The planner's step-time screen times an ep rank's n_experts / ep local experts, each at tokens x top_k x ep / E
+    rows, as the step-time model does: its compute stays within 20% of the model's (it once timed all 128 experts of
     gpt-oss-120b at ep 8: 8x the expert GEMMs, 9.7 s against the model's 1.9 s, so the planner's pool lost the
     fastest EP layouts)."""
     from backend.analytic.steptime.model import step_time
@@ -133,13 +133,13 @@ def test_proxy_times_only_the_ranks_own_experts(ep):
                                           "train": {"global_batch": 256, "micro_batch": 2, "precision": "bf16-mixed"},
                                           "runtime": {"device": "cuda"}})
     hw = get_hardware("h100-sxm")
-    proxy = step_proxy(m, Layout.of(spec), hw, gpus_per_node=8)
-    assert float(proxy.compute_s) == pytest.approx(step_time(spec, hw).summary["compute_s"], rel=0.2)
+    screen = step_screen(m, Layout.of(spec), hw, gpus_per_node=8)
+    assert float(screen.compute_s) == pytest.approx(step_time(spec, hw).summary["compute_s"], rel=0.2)
 
 
 @pytest.mark.parametrize("strategy,ep", [("zero3", 64), ("zero3", 8), ("ddp", 8)])
-def test_proxy_times_ep_and_its_dp_sync_like_the_model(strategy, ep):
-    """gpt-oss-120b on 64 H100s, full recompute: the proxy's EP all-to-alls and data-parallel sync come within 10% /
+def test_screen_times_ep_and_its_dp_sync_like_the_model(strategy, ep):
+    """gpt-oss-120b on 64 H100s, full recompute: the screen's EP all-to-alls and data-parallel sync come within 10% /
     0.05 s of steptime.model's. It once drove each inter-node all-to-all over 8 NICs (a ring's node boundary; an
     all-to-all rank sends its rows through its own NIC) and left out the re-run forward's, 0.30 s against 3.76 s at
     ep 64; and it FSDP-gathered the routed experts over all 64 ranks (0.57 s against 0.11 s exposed at ep 8), where
@@ -153,7 +153,7 @@ def test_proxy_times_ep_and_its_dp_sync_like_the_model(strategy, ep):
                                                     "recompute": "full"},
                                           "runtime": {"device": "cuda"}})
     hw = get_hardware("h100-sxm")
-    proxy = step_proxy(m, Layout.of(spec), hw, gpus_per_node=8)
+    screen = step_screen(m, Layout.of(spec), hw, gpus_per_node=8)
     exposed = step_time(spec, hw, gpus_per_node=8).per_rank[0].exposed_by_dim_s
-    assert float(proxy.ep_comm_s) == pytest.approx(exposed["ep"], rel=0.1)  # the model adds the ring latency
-    assert float(proxy.dp_exposed_s) == pytest.approx(exposed["dp"], abs=0.05)
+    assert float(screen.ep_comm_s) == pytest.approx(exposed["ep"], rel=0.1)  # the model adds the ring latency
+    assert float(screen.dp_exposed_s) == pytest.approx(exposed["dp"], abs=0.05)

@@ -71,11 +71,13 @@ def test_plans_verification_table_stops_refreshing_when_its_runs_have_ended(time
     at.button(key="pl_go").click().run()
     assert not at.exception
     engine = open_db(os.environ["SHARDLAB_DB_URL"])
-    eid = q.submit_experiment(engine, spec("proxy"), tags=["verify-x", "verify-plan"])
+    eid = q.submit_experiment(engine, spec("scaled-down"), tags=["verify-x", "verify-plan"])
     at.session_state["pl_verify_tag"] = "verify-x"
     st.cache_data.clear()
     at.run()
-    assert timers["_verify_table"] == 2.0  # the proxy run is queued: watched
+    assert timers["_verify_table"] == 2.0  # the verification run is queued: watched
+    heading = [m.value for m in at.markdown if "Scaled-down verification" in m.value]
+    assert heading and "runs on CPU" in heading[0] and "proxy" not in heading[0]  # one name, not three
     _finish(engine, eid)
     st.cache_data.clear()
     at.run()

@@ -147,14 +147,14 @@ def test_plan_cli_capacity_factors(capsys, tmp_path):
 
 
 def test_step_time_memos_key_on_the_capacity_factor():
-    """The step-time model's memo of a stage's weight GEMMs and the proxy's per-layer GEMMs were keyed on the
+    """The step-time model's memo of a stage's weight GEMMs and the screen's per-layer GEMMs were keyed on the
     parameter shapes, top_k and ep but not on the expert rows' capacity factor, padding and imbalance: a spec timed
     after the same layout at another factor took that factor's seconds (plan dp8·ep8 zero1 at cf 0.5: 0.0556 s after
     a dropless search, 0.0484 s alone). Each factor now times as in a fresh process (a fresh profile object)."""
     import dataclasses
 
     from backend.analytic.steptime.model import step_time
-    from backend.analytic.steptime.proxy import proxy_step_s
+    from backend.analytic.steptime.screen import screen_step_s
     from backend.planner.space import enumerate_layouts
 
     hw = dataclasses.replace(HW, memo={})
@@ -165,10 +165,10 @@ def test_step_time_memos_key_on_the_capacity_factor():
         spec["model"].update(capacity_factor=factor, moe_pad_to_capacity=factor is not None)
         model = with_factor(MOE, factor)
         warm = step_time(light_spec(spec), hw, gpus_per_node=8).summary["step_s"]
-        warm_proxy = proxy_step_s(model, layouts, hw, gpus_per_node=8)
+        warm_screen = screen_step_s(model, layouts, hw, gpus_per_node=8)
         fresh = dataclasses.replace(HW, memo={})
         assert warm == step_time(light_spec(spec), fresh, gpus_per_node=8).summary["step_s"], factor
-        assert (warm_proxy == proxy_step_s(model, layouts, fresh, gpus_per_node=8)).all(), factor
+        assert (warm_screen == screen_step_s(model, layouts, fresh, gpus_per_node=8)).all(), factor
 
 
 def test_plan_page_capacity_multiselect_for_moe_models_only(tmp_path, monkeypatch):

@@ -65,19 +65,19 @@ def test_seed_scenario_verdicts():
     assert all(r["step s"] > 0 for r in rows.values())
 
 
-def test_scaled_down_proxy_keeps_the_family_or_says_why(tmp_path):
+def test_scaled_down_run_keeps_the_family_or_says_why(tmp_path):
     from db.session import open_db
 
     res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
                       global_batch=128, memory_gb=None, top=10)
     for c in res.configs:
-        proxy, why = pv.scaled_down_spec(c)
+        scaled_down, why = pv.scaled_down_spec(c)
         par = c["spec"]["parallel"]
-        if proxy is None:
+        if scaled_down is None:
             assert why and any(k in " ".join(why) for k in ("zero1", "split backward", "not supported"))
             continue
-        assert proxy.parallel.world_size <= 4 and str(proxy.parallel.strategy) == par["strategy"]
-        assert (proxy.parallel.tp > 1) == (par["tp"] > 1) and (proxy.parallel.pp > 1) == (par["pp"] > 1)
+        assert scaled_down.parallel.world_size <= 4 and str(scaled_down.parallel.strategy) == par["strategy"]
+        assert (scaled_down.parallel.tp > 1) == (par["tp"] > 1) and (scaled_down.parallel.pp > 1) == (par["pp"] > 1)
     engine = open_db(f"sqlite:///{tmp_path / 'v.db'}")
     assert pv.verify_frame(engine, "verify-none").empty
 

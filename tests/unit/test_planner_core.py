@@ -1,7 +1,7 @@
 """Issue 23: the planner calls the prediction core itself. The worst-rank memory of arrays of layouts
 (analytic/memory/rank.worst_rank_memory) equals, byte for byte, the same core on one layout (estimate.worst_rank_bytes)
 and the full estimator's worst rank (estimate.estimate, every rank) on 1,000 random enumerated layouts and at 70B /
-1,024 GPUs; the step-time proxy is a named approximation whose fields come from the step-time model's functions; the
+1,024 GPUs; the step-time screen is a named approximation whose fields come from the step-time model's functions; the
 plan's reported order is the step-time model's.
 
 Model shapes: Llama-70B (Touvron et al. 2023, "Llama 2", Table 1 / Appendix: 80 layers, d_model 8192, 64 heads,
@@ -23,7 +23,7 @@ from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
-from backend.analytic.steptime.proxy import proxy_step_s, step_proxy
+from backend.analytic.steptime.screen import screen_step_s, step_screen
 from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec
@@ -117,20 +117,20 @@ def test_plan_feasible_is_every_fitting_layout_and_order_is_the_step_time_models
     assert res.searched == len(layouts) and res.feasible == int(fits_device(mem, layouts, "cuda", 20e9).sum()) > 0
     steps = [c["step_time"]["step_s"] for c in res.configs]
     assert len(steps) == 5 and steps == sorted(steps) and all(c["fits_exact"] for c in res.configs)
-    for c in res.configs:  # the reported step time is steptime.model's, not the proxy's
+    for c in res.configs:  # the reported step time is steptime.model's, not the screen's
         assert c["step_time"]["step_s"] == step_time(light_spec(c["spec"]), hw, gpus_per_node=8).summary["step_s"]
 
 
-def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
-    """The proxy only picks the pool that steptime.model re-times. Its documented tolerance: among the proxy's 200
-    fastest fitting layouts, the exact model's 5 fastest are within the proxy's first 15 (the pool of
+def test_step_screen_keeps_the_exact_models_best_inside_the_pool():
+    """The screen only picks the pool that steptime.model re-times. Its documented tolerance: among the screen's 200
+    fastest fitting layouts, the exact model's 5 fastest are within the screen's first 15 (the pool of
     `plan --top 5`), so the plan reports them in the exact model's order."""
     hw = get_hardware("a100-80gb-sxm")
     layouts = enumerate_layouts(TINYLLAMA, gpus=32, gpus_per_node=8, global_batch=64, device="cuda")
     mem, _ = worst_rank_memory(TINYLLAMA, layouts)
-    proxy = proxy_step_s(TINYLLAMA, layouts, hw, gpus_per_node=8)
+    screen = screen_step_s(TINYLLAMA, layouts, hw, gpus_per_node=8)
     keep = np.nonzero(fits_device(mem, layouts, "cuda", 20e9))[0]
-    order = keep[np.argsort(proxy[keep], kind="stable")][:200]
+    order = keep[np.argsort(screen[keep], kind="stable")][:200]
     exact = [step_time(light_spec(layouts.take(int(i)).spec_dict(TINYLLAMA)), hw, gpus_per_node=8).summary["step_s"]
              for i in order]
     assert max(np.argsort(exact, kind="stable")[:5]) < 15
@@ -138,8 +138,8 @@ def test_step_proxy_keeps_the_exact_models_best_inside_the_pool():
     assert [c["step_time"]["step_s"] for c in res.configs] == sorted(exact)[:5]
 
 
-def test_proxy_compute_is_the_step_time_models_compute_without_what_it_leaves_out():
-    """The proxy's compute field is step_time's compute (the same compute.* functions) for a one-stage layout,
+def test_screen_compute_is_the_step_time_models_compute_without_what_it_leaves_out():
+    """The screen's compute field is step_time's compute (the same compute.* functions) for a one-stage layout,
     except what it leaves out by design: the 2 x 4 kernel launches of the loss's softmax passes per microbatch and,
     under the recompute policies that re-run weight GEMMs, their share of lm_head's GEMM re-run in backward."""
     from backend.analytic.layout import RecomputeMode
@@ -150,7 +150,7 @@ def test_proxy_compute_is_the_step_time_models_compute_without_what_it_leaves_ou
     hw = get_hardware("h100-sxm")
     layouts = enumerate_layouts(TINYLLAMA, gpus=8, gpus_per_node=8, global_batch=16)
     rows = np.nonzero(layouts.pp == 1)[0][::7]
-    proxy = step_proxy(TINYLLAMA, layouts, hw, gpus_per_node=8)
+    screen = step_screen(TINYLLAMA, layouts, hw, gpus_per_node=8)
     assert {int(layouts.recompute[i]) for i in rows} == set(SEARCHED_RECOMPUTE)
     for i in rows.tolist():
         one = layouts.take(i)
@@ -160,15 +160,15 @@ def test_proxy_compute_is_the_step_time_models_compute_without_what_it_leaves_ou
             left_out += float(rerun_share(TINYLLAMA, one, flash=True).gemm) * gemm_s(
                 hw, hw.peak(one.precision), one.micro_batch * TINYLLAMA.seq_len, TINYLLAMA.d_model,
                 TINYLLAMA.vocab_size / one.tp, one.compute_bytes, one.precision)
-        assert proxy.compute_s[i] == pytest.approx(exact.compute_s - one.microbatches * left_out, rel=1e-12), i
+        assert screen.compute_s[i] == pytest.approx(exact.compute_s - one.microbatches * left_out, rel=1e-12), i
 
 
-def test_proxy_on_a_table_equals_the_proxy_of_each_layout_alone():
+def test_screen_on_a_table_equals_the_screen_of_each_layout_alone():
     hw = get_hardware("a100-80gb-sxm")
     layouts = enumerate_layouts(MOE, gpus=32, gpus_per_node=8, global_batch=64)
-    table = proxy_step_s(MOE, layouts, hw, gpus_per_node=8)
+    table = screen_step_s(MOE, layouts, hw, gpus_per_node=8)
     for i in range(0, len(layouts), 97):
-        alone = proxy_step_s(MOE, layouts.take(np.array([i])), hw, gpus_per_node=8)
+        alone = screen_step_s(MOE, layouts.take(np.array([i])), hw, gpus_per_node=8)
         assert alone[0] == table[i], i
 
 

@@ -109,7 +109,7 @@ def test_verify_table_has_numbers_or_reasons(env):
     from db import queries as q
 
     done = _ok_run(("verify-x",))
-    waiting = q.submit_experiment(_engine(), spec("proxy"), tags=["verify-x"])
+    waiting = q.submit_experiment(_engine(), spec("scaled-down"), tags=["verify-x"])
     failed = q.submit_experiment(_engine(), spec("broken"), tags=["verify-x"])
     q.store_result(_engine(), failed, RunResult(status=Status.FAILED, spec=spec("broken"), error="rank 1 raised"))
     df = pv.verify_frame(_engine(), "verify-x").set_index("run")

@@ -274,7 +274,7 @@ def head_pass(model: ModelSpec, layout: Layout, hw: Hardware, *, kernel_launches
     """Cross-entropy over the (b·s, V/vocab_shards) fp32 logits, 4 kernels each way (the lm_head GEMM is a weight);
     vocab_shards: tp under loss parallel, 1 over gathered logits; None: tp (what this model always counted for
     ShardLab's engine, which gathers the logits: kept for the shardlab stack's unchanged predictions);
-    kernel_launches=False: the memory traffic alone (the planner's proxy)."""
+    kernel_launches=False: the memory traffic alone (the planner's step-time screen)."""
     shards = layout.tp if vocab_shards is None else vocab_shards
     logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size / shards
     kernels = 4 if kernel_launches else 0
@@ -308,9 +308,9 @@ def part_param_sizes(params: Sequence[LocalParam], gemm_names: Callable[[LocalPa
 
 def stage_param_pass(spec: ExperimentSpec, hw: Hardware, layout: Layout, params: list[LocalParam], stage: int,
                      implementation: str, tied_head: bool) -> PassCost:
-    """param_pass of one stage, part by part (the planner's proxy sums the same parts): its blocks (each the same),
-    the embeddings on the first stage (tok_emb is the head's GEMM weight when tied on one stage), norm and lm_head on
-    the last."""
+    """param_pass of one stage, part by part (the planner's step-time screen sums the same parts): its blocks (each
+    the same), the embeddings on the first stage (tok_emb is the head's GEMM weight when tied on one stage), norm and
+    lm_head on the last."""
     m, p = spec.model, spec.parallel
     n_stages = p.pp * p.virtual_stages
     layers = stage_layers(m.n_layers, n_stages, stage)

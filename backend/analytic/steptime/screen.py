@@ -1,6 +1,6 @@
-"""A cheaper step-time estimate for ranking many layouts at once: a named approximation of model.step_time whose
-fields are computed by the step-time model's own functions (compute.gemm_s / attention_pass / elementwise_pass /
-head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arrays of layouts.
+"""The step-time screen: a cheaper step-time estimate for ranking many layouts at once, a named approximation of
+model.step_time whose fields are computed by the step-time model's own functions (compute.gemm_s / attention_pass /
+elementwise_pass / head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_over_ideal) on arrays of layouts.
 
 What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
@@ -72,7 +72,7 @@ OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}
 
 
 @dataclass(frozen=True)
-class StepProxy:
+class StepScreen:
     """Seconds per step of every layout (arrays), by term."""
     compute_s: Num
     """All microbatches through the busiest pipeline rank: GEMMs, attention, element-wise, head (+ recompute)."""
@@ -270,8 +270,8 @@ def _bubble(layout: Layout) -> Num:
     return where(layout.pp > 1, select_present(layout.schedule, by_schedule), 0.0)
 
 
-def step_proxy(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepProxy:
-    """The proxy's terms for every layout of an array Layout (flash attention, as on a GPU)."""
+def step_screen(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> StepScreen:
+    """The screen's terms for every layout of an array Layout (flash attention, as on a GPU)."""
     tokens, cb, mb = layout.micro_batch * layout.seq_local(model), layout.compute_bytes, layout.microbatches
     implementation = default_implementation(hw)
     head = head_pass(model, layout, hw, kernel_launches=False)
@@ -310,8 +310,8 @@ def step_proxy(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node:
         optimizer_time(hw, owned, OPTIMIZER_IMPL[implementation], per_element_bytes=per_element)
     optimizer = step + memory_s(hw, MASTER_BYTES * rank0.total("storage_numel"), kernels=0)  # zero_grad
     ep_comm = rerun_comm * _ep_comm_s(model, layout, hw, gpus_per_node, moe_blocks=blocks.moe_blocks(first_rank))
-    return StepProxy(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm, bubble=_bubble(layout),
-                     dp_exposed_s=dp_exposed, optimizer_s=optimizer,
+    return StepScreen(compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm, cp_comm_s=cp_comm,
+                      bubble=_bubble(layout), dp_exposed_s=dp_exposed, optimizer_s=optimizer,
                      overhead_s=hw.tune.step_overhead_s + _fsdp_host_s(layout, hw, first_rank))
 
 
@@ -450,6 +450,6 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     return where((layout.ep > 1) & (group > 1), exposed, 0.0)
 
 
-def proxy_step_s(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Num:
-    return step_proxy(model, layout, hw, gpus_per_node=gpus_per_node).step_s
+def screen_step_s(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node: int) -> Num:
+    return step_screen(model, layout, hw, gpus_per_node=gpus_per_node).step_s
 
