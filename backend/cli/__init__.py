@@ -1,8 +1,9 @@
 """`python -m backend <command>`: the scriptable twin of the dashboard.
 
-Each command lives in its own module exposing `register(subparsers)`; the handler it sets as
-`func` returns the process exit code. Bad flags exit 2 with the reason on stderr. A reader that stops early
-(`show 1 | head`) ends the command quietly with 141, as a program killed by SIGPIPE would.
+Each command is one entry of COMMANDS (its name, help line and module) plus the function in its module that adds
+its flags and sets its handler as `func`; the handler returns the process exit code. Bad flags exit 2 with the
+reason on stderr. A reader that stops early (`show 1 | head`) ends the command quietly with 141, as a program killed
+by SIGPIPE would.
 
 Commands that only read or queue (submit, list, show, export, estimate, ...) never import torch (~3 s and ~275 MB):
 tests/multiprocess/test_cli_process.py checks it.
@@ -14,20 +15,53 @@ import argparse
 import importlib
 import os
 import sys
+from dataclasses import dataclass
 
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a program that a closed pipe stopped."""
 
-COMMANDS: dict[str, str] = {
-    "estimate": "estimate", "run": "run", "submit": "submit", "list": "runs", "show": "runs", "cancel": "runs",
-    "requeue": "runs", "delete": "runs", "tag": "runs", "export": "export", "worker": "worker", "gc": "worker",
-    "trace": "trace", "hardware": "hardware", "plan": "plan", "calibrate": "calibrate", "ingest": "ingest",
-    "import-config": "import_config", "import-run": "import_run",
-}
-"""Each command and the module under backend/cli that registers it: a command's own module is the only one imported
-to run it (importing all of them costs about a second of CPU per call); `--help` and unknown commands import all."""
 
-COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+@dataclass(frozen=True)
+class Command:
+    """One `python -m backend` command: build_parser adds it from this entry alone."""
+
+    name: str
+    """What a person types: `python -m backend <name>`."""
+    module: str
+    """The module under backend/cli holding its flags and handler: the only command module imported to run it."""
+    help: str
+    """Its line in `python -m backend --help`; `{frameworks}` stands for the importers' labels ("torchtitan / ...")."""
+    flags: str = "add_flags"
+    """The module's function that adds the command's flags to its parser and sets its handler as `func`."""
+    described: bool = False
+    """Its module's docstring is its `--help` description, printed as written."""
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("estimate", "estimate", "predict per-rank memory and communication (no torch run)", described=True),
+    Command("run", "run", "run one experiment on real ranks and compare with the prediction", described=True),
+    Command("submit", "submit", "queue an experiment (or a sweep) for the worker"),
+    Command("list", "runs", "list experiments, newest first", flags="add_list_flags"),
+    Command("show", "runs", "one experiment with its spec and result", flags="add_show_flags"),
+    Command("cancel", "runs", "cancel a queued or running experiment", flags="add_cancel_flags"),
+    Command("requeue", "runs", "queue a finished experiment again (as a new row)", flags="add_requeue_flags"),
+    Command("delete", "runs", "delete an experiment and its results", flags="add_delete_flags"),
+    Command("tag", "runs", "replace an experiment's tags", flags="add_tag_flags"),
+    Command("export", "export", "export experiments as CSV or JSON"),
+    Command("worker", "worker", "run queued experiments one at a time", flags="add_worker_flags"),
+    Command("gc", "worker", "remove folders finished or deleted runs left behind (run folders, temp folders)",
+            flags="add_gc_flags"),
+    Command("trace", "trace", "trace per-rank memory at full size on fake tensors (no allocation)", described=True),
+    Command("hardware", "hardware", "list hardware profiles for step-time prediction", described=True),
+    Command("plan", "plan", "search parallel layouts and rank them by predicted step time", described=True),
+    Command("calibrate", "calibrate", "fit step-time parameters to stored runs", described=True),
+    Command("ingest", "ingest", "store a GPU check's runs (its --out folder) as results", described=True),
+    Command("import-config", "import_config", "turn a {frameworks} config into a spec", described=True),
+    Command("import-run", "import_run", "store a {frameworks} run from its config and log", described=True),
+)
+"""Every command, in `--help` order: the only place a command is named (no module under backend/cli calls
+add_parser). A call imports its own command's module only (importing all of them costs about a second of CPU);
+`--help` and unknown commands import all."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -35,15 +69,31 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m backend",
                                      description="ShardLab: measure and predict sharded training.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"backend.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"backend.cli.{name}":
-                raise
-            continue
-        mod.register(sub)
+    for entry in [c for c in COMMANDS if c.name == command] or COMMANDS:
+        add_command(sub, entry)
     return parser
+
+
+def add_command(sub: argparse._SubParsersAction, entry: Command) -> None:
+    """Add `entry`'s parser to `sub`, its flags and handler from its module (skipped if the module is absent)."""
+    try:
+        mod = importlib.import_module(f"backend.cli.{entry.module}")
+    except ModuleNotFoundError as e:
+        if e.name != f"backend.cli.{entry.module}":
+            raise
+        return
+    described = ({"description": mod.__doc__, "formatter_class": argparse.RawDescriptionHelpFormatter}
+                 if entry.described else {})
+    getattr(mod, entry.flags)(sub.add_parser(entry.name, help=help_line(entry), **described))
+
+
+def help_line(entry: Command) -> str:
+    """`entry.help` with `{frameworks}` filled in from the importer registry (imported only for such a line)."""
+    if "{frameworks}" not in entry.help:
+        return entry.help
+    from backend.importers import registry
+
+    return entry.help.format(frameworks=" / ".join(i.label for i in registry.IMPORTERS))
 
 
 def main(argv: list[str] | None = None) -> int:

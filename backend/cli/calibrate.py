@@ -23,9 +23,7 @@ from backend.cli import fail
 
 MAX_NAME = 64
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("calibrate", help="fit step-time parameters to stored runs", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tag", help="use the ok runs with this tag")
     g.add_argument("--ids", help="comma-separated run ids")

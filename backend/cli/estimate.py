@@ -28,9 +28,7 @@ RANK_PAGE = 1024
 """Ranks printed by default: every rank of a world up to this size, a page of a larger one."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("estimate", help="predict per-rank memory and communication (no torch run)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_spec_flags(p)
     p.add_argument("--params", type=float, help="raw model size Ψ (e.g. 7.5e9): ZeRO model states only")
     p.add_argument("--mode", choices=("training", "inference"), default="training")

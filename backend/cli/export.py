@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from backend.cli.store_options import add_db_flag, add_filter_flags, filter_kwargs, guarded, open_store
 
 
-def register(sub) -> None:
-    p = sub.add_parser("export", help="export experiments as CSV or JSON")
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     add_filter_flags(p)
     p.add_argument("--format", choices=("csv", "json"), default="csv")

@@ -16,9 +16,7 @@ from backend.analytic.steptime.hardware import load_profiles
 from backend.cli import fail
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("hardware", help="list hardware profiles for step-time prediction",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object {key: profile}")
     p.set_defaults(func=run)
 

@@ -22,20 +22,10 @@ from pathlib import Path
 from backend.cli import fail
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-config", help=f"turn a {framework_words()} config into a spec",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_import_flags(p)
     p.add_argument("--json", action="store_true", help='print {"spec", "ignored", "unmapped"} as JSON')
     p.set_defaults(func=run)
-
-
-def framework_words() -> str:
-    """The frameworks import-config and import-run read, in the registry's order: "torchtitan / Megatron-LM / NeMo /
-    DeepSpeed"."""
-    from backend.importers import registry
-
-    return " / ".join(i.label for i in registry.IMPORTERS)
 
 
 def add_import_flags(p: argparse.ArgumentParser, *, config_flag: bool = False) -> None:

@@ -15,12 +15,10 @@ import argparse
 from pathlib import Path
 
 from backend.cli import fail
-from backend.cli.import_config import add_import_flags, framework_words, needs_hints
+from backend.cli.import_config import add_import_flags, needs_hints
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-run", help=f"store a {framework_words()} run from its config and log",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_import_flags(p, config_flag=True)
     p.add_argument("--log", type=Path, required=True, metavar="FILE", help="the run's training log (stdout of rank 0 "
                                                                            "or all)")

@@ -13,9 +13,7 @@ from pathlib import Path
 from backend.cli import fail
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ingest", help="store a GPU check's runs (its --out folder) as results",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("folder", type=Path, help="the folder holding the check's report.json")
     p.add_argument("--db", metavar="URL", help="database URL (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
     p.add_argument("--json", action="store_true", help="print one JSON list: {run, status, experiment_id, action}")

@@ -40,9 +40,7 @@ MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_la
 
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="search parallel layouts and rank them by predicted step time", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="model preset name (published shape, exact parameter count)")
     src.add_argument("--hf-config", help="Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, "

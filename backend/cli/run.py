@@ -25,9 +25,7 @@ from backend.result import RunResult, Status
 RUNS_DIR = Path(".shardlab") / "runs"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run one experiment on real ranks and compare with the prediction",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_spec_flags(p)
     p.add_argument("--json", action="store_true", help="print RunResult JSON (one object) instead of a table")
     p.add_argument("--workdir", type=Path, help="run directory (spec.json, log.txt, ranks.json, result.json); kept")

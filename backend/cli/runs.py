@@ -6,8 +6,10 @@ fake rows. `delete` also removes the run's folders that are bound to it (backend
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
@@ -15,29 +17,41 @@ from backend.result import PARITY_FAILS, parity_bound, parity_verdict
 from backend.spec.user_text import InputError, printable
 
 
-def register(sub) -> None:
-    p = sub.add_parser("list", help="list experiments, newest first")
+def add_list_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     add_filter_flags(p)
     p.add_argument("--limit", type=int, default=50, help="rows (0 = all; default 50)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=guarded(cmd_list))
 
-    p = sub.add_parser("show", help="one experiment with its spec and result")
+
+def add_show_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     p.add_argument("id", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=guarded(cmd_show))
 
-    for name, func, help_ in (("cancel", cmd_cancel, "cancel a queued or running experiment"),
-                              ("requeue", cmd_requeue, "queue a finished experiment again (as a new row)"),
-                              ("delete", cmd_delete, "delete an experiment and its results")):
-        p = sub.add_parser(name, help=help_)
-        add_db_flag(p)
-        p.add_argument("id", type=int)
-        p.set_defaults(func=guarded(func))
 
-    p = sub.add_parser("tag", help="replace an experiment's tags")
+def add_cancel_flags(p: argparse.ArgumentParser) -> None:
+    add_id_flags(p, cmd_cancel)
+
+
+def add_requeue_flags(p: argparse.ArgumentParser) -> None:
+    add_id_flags(p, cmd_requeue)
+
+
+def add_delete_flags(p: argparse.ArgumentParser) -> None:
+    add_id_flags(p, cmd_delete)
+
+
+def add_id_flags(p: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
+    """A command that acts on one experiment by id."""
+    add_db_flag(p)
+    p.add_argument("id", type=int)
+    p.set_defaults(func=guarded(handler))
+
+
+def add_tag_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     p.add_argument("id", type=int)
     p.add_argument("tags", nargs="*")

@@ -7,6 +7,7 @@ this host (backend/launch/capacity.py) and a SLURM one the cluster config, else 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,8 +18,7 @@ from backend.cli.store_options import add_db_flag, dump_json, guarded, open_stor
 from backend.spec.user_text import InputError, load_json_file
 
 
-def register(sub) -> None:
-    p = sub.add_parser("submit", help="queue an experiment (or a sweep) for the worker")
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_spec_flags(p)
     add_db_flag(p)
     p.add_argument("--tag", action="append", default=[], help="repeatable")

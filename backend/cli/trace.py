@@ -17,9 +17,7 @@ from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_from_args
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="trace per-rank memory at full size on fake tensors (no allocation)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_spec_flags(p)
     p.add_argument("--ranks", help="comma-separated ranks to trace (default: one per class of equivalent ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

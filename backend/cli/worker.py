@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -9,8 +10,7 @@ from pathlib import Path
 from backend.cli.store_options import add_db_flag, dump_json, guarded, open_store
 
 
-def register(sub) -> None:
-    p = sub.add_parser("worker", help="run queued experiments one at a time")
+def add_worker_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     p.add_argument("--once", action="store_true", help="run at most one job, then exit")
     p.add_argument("--drain", action="store_true", help="run until the queue is empty, then exit")
@@ -32,7 +32,8 @@ def register(sub) -> None:
                    "last store writes may take before it exits (default 10; a result not stored stays in result.json)")
     p.set_defaults(func=guarded(cmd_worker))
 
-    p = sub.add_parser("gc", help="remove folders finished or deleted runs left behind (run folders, temp folders)")
+
+def add_gc_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     p.add_argument("--runs-dir", type=Path, help="run folders (default: runs/ beside the SQLite file; the SLURM "
                                                  "run_dir too)")

@@ -150,7 +150,9 @@ class Farm:
         self.thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         """The launch running now (one at a time); set and cleared under `_lock`, which stop() takes too."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Held while a launch starts, so stop() either comes first (no launch) or finds the launch started. Reentrant:
+        a stop() on the driver's own thread (a signal handler) must not wait for itself."""
         self._stopped = False
 
     # ---- the driver -------------------------------------------------------------------------------------------
@@ -175,20 +177,27 @@ class Farm:
             (self.root / "done").touch()
 
     def stop(self) -> None:
-        """End the farm's launch now and start no other (session interrupted); safe from another thread while a
-        launch starts or ends: a launch whose Popen returns after this is killed as it registers (`_started`)."""
+        """End the farm's launch now and start no other (session interrupted); idempotent, and safe from another
+        thread while a launch starts or ends: a launch starting now is waited for (`_launch` holds the lock) and
+        killed, so once stop() returns no launch runs and none will."""
         with self._lock:
             self._stopped, proc = True, self.proc
         if proc is not None:
             self._kill(proc)
 
-    def _started(self, proc: subprocess.Popen) -> None:
-        """Register the launch as the running one, or kill it if stop() came first."""
+    def _launch(self, cmd: list[str], log: Path) -> subprocess.Popen | None:
+        """Start the launch and register it as the running one, unless the farm is stopped (None: nothing started).
+        The check and the start are one step under the lock that stop() takes."""
         with self._lock:
-            if not self._stopped:
-                self.proc = proc
-                return
-        self._kill(proc)
+            if self._stopped:
+                return None
+            with open(log, "w") as out:
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            self.proc = proc
+            if self._stopped:  # stop() ran on this thread during Popen (the lock is reentrant) and saw no launch
+                self._kill(proc)
+            return proc
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -217,10 +226,8 @@ class Farm:
             program = ["-m", "tests.helpers.farm_rank", str(plan)]
             cmd = [sys.executable, *program] if first.one_process else torchrun_cmd(first.world, program)
             log = self.root / f"launch-{tag}.log"
-            with open(log, "w") as out:
-                proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-            self._started(proc)
+            if (proc := self._launch(cmd, log)) is None:
+                return
             try:
                 timed_out = self._watch(proc, pending)
                 code = proc.wait()
