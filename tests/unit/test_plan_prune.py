@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from backend.analytic.device import fits_device, need_bytes
-from backend.analytic.layout import PipelineSchedule, ZeroStage
-from backend.analytic.memory.rank_memory import worst_rank_memory
+from backend.analytic.layout import PipelineSchedule, RankPosition, ZeroStage
+from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
 from backend.analytic.memory.state_floor import state_floor_bytes
 from backend.analytic.steptime.hardware import get_hardware
 from backend.hf.config import from_hf_config, load_hf_config
@@ -81,6 +81,19 @@ def test_plan_prune_floor_is_tight_where_it_matters():
     layouts = enumerate_layouts(model, gpus=256, gpus_per_node=8, global_batch=1024, device="cuda")
     floor = state_floor_bytes(model, layouts)
     assert np.count_nonzero(fits_device(floor, layouts, "cuda", H100.memory_bytes)) < 0.2 * len(layouts)
+
+
+def test_plan_prune_floor_is_the_optimizer_step_moment_without_pipelining():
+    """The floor is the optimizer.step moment's own bytes (resting state, input batch and the update's temporaries)
+    where that moment has nothing more: one pipeline rank, no FSDP unsharding (its temporaries count: on CUDA ranks
+    the foreach update's, as large as the owned fp32 state)."""
+    model = _hf("mixtral-8x7b", seq=2048)
+    layouts = enumerate_layouts(model, gpus=32, gpus_per_node=8, global_batch=64, device="cuda")
+    layouts = layouts.take(np.nonzero((layouts.pp == 1) & ~np.asarray(layouts.fsdp, dtype=bool))[0])
+    assert len(layouts) > 100
+    step = rank_memory(model, layouts.group(np.arange(len(layouts))),
+                       RankPosition(pp_rank=np.arange(1)[None, :], largest_zero1_share=True)).moments[1]
+    assert np.array_equal(state_floor_bytes(model, layouts), np.asarray(step).reshape(-1))
 
 
 def _same_plan(model: ModelSpec, gpus: int, batch: int, include_predicted: bool) -> None:

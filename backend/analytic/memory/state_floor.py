@@ -2,12 +2,13 @@
 planner drops the layouts whose bound is over the budget before the full model (and the step-time model) sees them.
 
 The bound is the model's own resting model state (params + grads + optimizer, model_state.model_state with nothing
-unsharded) plus the rank's input batch (other_bytes), of each pipeline rank at the worst rank's position, the
-largest over the pipeline ranks. Why it never exceeds the full model's number: at a pipeline rank, the
+unsharded) plus the rank's input batch (other_bytes) plus optimizer.step's temporaries (optimizer_step.py; not for a
+non-default stack, whose temporaries read its unsharded state), of each pipeline rank at the worst rank's position,
+the largest over the pipeline ranks. Why it never exceeds the full model's number: at a pipeline rank, the
 optimizer.step moment (RankMemory.moments[1]) = params + grads + optimizer (with FSDP's unsharded state, >= the
-resting one) + other + optimizer.step's temporaries (>= 0) >= this rank's bound, and fullest_bytes is the largest
-of the moments; the worst rank is the largest over the same pipeline ranks. tests/unit/test_plan_prune.py checks
-bound <= worst_rank_memory on every layout of dense, MoE and stack searches.
+resting one) + other + optimizer.step's temporaries (the same ones; a stack's >= 0) >= this rank's bound, and
+fullest_bytes is the largest of the moments; the worst rank is the largest over the same pipeline ranks.
+tests/unit/test_plan_prune.py checks bound <= worst_rank_memory on every layout of dense, MoE and stack searches.
 
 It is cheap because the resting state does not read the per-layout choices that multiply the layouts: micro-batch
 (only whether there is more than one microbatch: `replicate` accumulates gradients then), recompute and sequence
@@ -22,6 +23,7 @@ import numpy as np
 
 from backend.analytic.layout import CHOICES, Layout, RankPosition
 from backend.analytic.memory.model_state import ModelStateBytes
+from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import rank_parts
 from backend.analytic.memory.rank_memory import model_state, other_bytes
 
@@ -83,8 +85,10 @@ def state_floor_groups(model: ModelSpec, layout: Layout) -> tuple[np.ndarray, La
         rows = np.nonzero(distinct.pp == pp)[0]
         group = distinct.group(rows)
         position = RankPosition(pp_rank=np.arange(pp)[None, :], largest_zero1_share=True)
-        state: ModelStateBytes = model_state(model, group, position, rank_parts(model, group, position),
-                                             unsharded=False)
+        parts = rank_parts(model, group, position)
+        state: ModelStateBytes = model_state(model, group, position, parts, unsharded=False)
         resting = state.params_bytes + state.grads_bytes + state.optimizer_bytes + other_bytes(model, group)
+        if group.stack is None:  # the optimizer.step moment's own temporaries (a stack's read its unsharded state)
+            resting = resting + step_temp_bytes_of(model, group, position, parts)
         floor[rows] = np.broadcast_to(resting, (len(rows), pp)).max(axis=1)
     return floor, distinct, inverse
