@@ -134,41 +134,56 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Num, n_out: Num, 
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 
 
-def weights_cost(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], tokens: int,
+def weights_cost(spec: ExperimentSpec, hw: Hardware, params: Sequence[LocalParam], tokens: int,
                  fp8_gemms: str = "torchao") -> PassCost:
     """Forward and backward seconds and FLOPs of the given Linear weights' GEMMs (forward, dgrad, wgrad at their own
     shapes) for `tokens` tokens (experts see tokens·top_k·ep/E each under uniform routing, GShard Sec 3.1);
     benchmarks/published_gpu.py prints it per layer."""
-    cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
-    fp8 = precision == "fp8"  # float8 linears at the fp8 peak with 1-byte operands (strategies/float8.py)
-    m, p = spec.model, spec.parallel
-    routed = tokens * m.top_k * p.ep / m.n_experts if m.n_experts else tokens  # _gemm_rows of an expert's weight
-    if m.n_experts and p.ep > 1 and not is_uniform_dropless(m):  # capacity / imbalance: the busiest rank (moe_rows.py)
-        routed = expert_rows_of(m, tokens).received * p.ep / m.n_experts
-    out = PassCost()
-    # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once;
-    # the sums still add every weight's seconds one by one, in order
-    seen: dict[tuple, tuple[float, float, float]] = {}
-    fwd = bwd = flops = 0.0  # plain += in order (not sum(): Python 3.12's sum compensates, other floats)
+    return weight_kinds_cost(spec, hw, weight_kinds(params, str(spec.train.precision) == "fp8"), tokens, fp8_gemms)
+
+
+def weight_kinds(params: Sequence[LocalParam], fp8: bool) -> tuple[tuple[tuple, ...], tuple[int, ...]]:
+    """(the distinct (local shape, expert or not, float8 or not) of the GEMM weights among `params`, each GEMM
+    weight's index into them, in order): what weights_cost reads of the parameters, whatever the tokens (stage_cost
+    memoises it per stage, every micro-batch reuses it)."""
+    kinds: dict[tuple, int] = {}
+    ids: list[int] = []
     for q in params:
         shape = q.local_shape
         if len(shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
-        float8 = fp8 and is_float8_weight(q)
-        f = seen.get((shape, q.is_expert, float8))
-        if f is None:
-            n_out, k = shape  # nn.Linear weight (out, in)
-            rows = routed if q.is_expert else tokens
-            # same on every layout
-            key = ("weight gemms", precision, rows, k, n_out, cb, float8) + ((fp8_gemms,) if float8 and fp8_gemms !=
-                                                                               "torchao" else ())
-            timed = hw.memo.get(key)
-            if timed is None:
-                timed = hw.memo[key] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8, fp8_gemms)
-            f = seen[(shape, q.is_expert, float8)] = (*timed, 2 * rows * k * n_out)
+        kind = (shape, q.is_expert, fp8 and is_float8_weight(q))  # float8 linears: the fp8 peak, 1-byte operands
+        ids.append(kinds.setdefault(kind, len(kinds)))
+    return tuple(kinds), tuple(ids)
+
+
+def weight_kinds_cost(spec: ExperimentSpec, hw: Hardware, weights: tuple[tuple[tuple, ...], tuple[int, ...]],
+                      tokens: int, fp8_gemms: str = "torchao") -> PassCost:
+    """weights_cost of weight_kinds(params): each kind timed once, the sums adding every weight's seconds one by one,
+    in order."""
+    cb, precision = compute_bytes(spec.train.precision), str(spec.train.precision)
+    m, p = spec.model, spec.parallel
+    routed = tokens * m.top_k * p.ep / m.n_experts if m.n_experts else tokens  # _gemm_rows of an expert's weight
+    if m.n_experts and p.ep > 1 and not is_uniform_dropless(m):  # capacity / imbalance: the busiest rank (moe_rows.py)
+        routed = expert_rows_of(m, tokens).received * p.ep / m.n_experts
+    # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once
+    timed_kinds = []
+    for (n_out, k), is_expert, float8 in weights[0]:  # nn.Linear weight (out, in)
+        rows = routed if is_expert else tokens
+        # same on every layout
+        key = ("weight gemms", precision, rows, k, n_out, cb, float8) + ((fp8_gemms,) if float8 and fp8_gemms !=
+                                                                           "torchao" else ())
+        timed = hw.memo.get(key)
+        if timed is None:
+            timed = hw.memo[key] = weight_gemms_s(hw, precision, rows, k, n_out, cb, float8, fp8_gemms)
+        timed_kinds.append((*timed, 2 * rows * k * n_out))
+    fwd = bwd = flops = 0.0  # plain += in order (not sum(): Python 3.12's sum compensates, other floats)
+    for i in weights[1]:
+        f = timed_kinds[i]
         fwd += f[0]
         bwd += f[1]
         flops += f[2]
+    out = PassCost()
     out.fwd_s, out.bwd_s, out.fwd_flops = fwd, bwd, flops
     return out
 
@@ -373,14 +388,14 @@ def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[Loca
     last = stage == n_stages - 1
     tokens = t.micro_batch * m.seq_len // p.cp  # this rank's share of each sequence
 
-    def weights(ps: Sequence[LocalParam]) -> PassCost:
-        mine = [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))]
-        return weights_cost(spec, hw, mine, tokens, fp8_gemms)
-
+    fp8 = str(t.precision) == "fp8"
+    # the stage's GEMM weights by kind, once per shared params tuple and stage (every micro-batch reads the same)
+    kinds = derived(params, ("weight kinds", stage, n_stages, fp8), lambda ps: weight_kinds(
+        [q for q in ps if q.name.startswith(names) or (last and q.name.startswith("lm_head"))], fp8))
     # memoised per shared params tuple on every input weights_cost reads (the expert rows: moe_rows.of_model's fields)
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts, *moe_rows_key(m)) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()),
-                           weights, keep=hw))
+                           lambda ps: weight_kinds_cost(spec, hw, kinds, tokens, fp8_gemms), keep=hw))
     elem = elementwise_pass(m, layout, hw, implementation)
     n_windowed = sum(layer_attention_kind(m, i)[1] for i in layers)  # the rest attend globally
     n = len(layers) - n_windowed
