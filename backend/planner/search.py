@@ -1,7 +1,7 @@
 """Plan: enumerate layouts (space.py), evaluate them all at once with the prediction core (the worst-rank memory of
 analytic/memory/rank_memory.py on arrays of layouts, the step-time screen of analytic/steptime/screen.py), keep every
 layout that fits, then re-time a pool of the fastest with the step-time model (steptime.model) and confirm the reported
-ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model.
+ones' memory with the same core on each one alone (estimate.worst_rank_bytes), fastest first by that model (retime.py).
 
 Each layout is priced on the ranks of the profile (analytic/device.profile_device: CUDA ranks on a GPU profile, as
 `estimate --hardware` prices its fit), and its spec says so (runtime.device).
@@ -19,18 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from backend.analytic.device import RuntimeOverhead, allowance_bytes, fits_device, fullest_budget_bytes, profile_device
-from backend.analytic.estimate import worst_rank_bytes
-from backend.analytic.layout import DEGREES, ZERO_STAGE_NAMES, Layout, PipelineSchedule
+from backend.analytic.device import RuntimeOverhead, fits_device, profile_device
+from backend.analytic.layout import DEGREES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.memory.state_floor import state_floor_groups
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
 from backend.analytic.steptime.screen import screen_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
-from backend.planner.capacity import candidates, capacity_problem, drop_note, dropped_share, factor_label, with_factor
+from backend.planner.capacity import candidates, capacity_problem, drop_note, factor_label, with_factor
 from backend.planner.held import HeldTraining
-from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts, light_spec
+from backend.planner.retime import Screened, config_row, retime_pools
+from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts
 from backend.spec.run_rules import LayoutView, rule_hits
 
 ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory, the rule of "
@@ -180,14 +179,6 @@ def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
     return np.logical_or.reduce(list(run_rule_hits(layouts, model).values()))
 
 
-def layout_label(data: dict[str, Any]) -> str:
-    """A planned layout in full, in words: degrees and flavour, micro-batch, recompute, schedule, SP."""
-    t, p = data["train"], data["parallel"]
-    schedule = f", {p['pp_schedule']} v={p['virtual_stages']}" if p["pp"] > 1 else ""
-    return (f"{data['name'].removeprefix('plan ')}, b={t['micro_batch']}, recompute {t['recompute']}{schedule}"
-            + (", SP" if p.get("sequence_parallel") else ""))
-
-
 def mark_runnable(configs: list[dict[str, Any]]) -> None:
     """Post-step on the reported layouts: "runnable" (this engine can run the layout, given as many ranks) and
     "why_not" (backend.spec.checks.run_blockers, joined; None when runnable)."""
@@ -199,21 +190,7 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
         c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
 
 
-@dataclass
-class _Screened:
-    """One capacity factor's search (planner/capacity.py): its model, every layout with its worst-rank bytes, the
-    fitting ones fastest first by the screen (runnable only unless include_predicted) and the pool to re-time."""
-    model: Any
-    layouts: Layout
-    memory: np.ndarray
-    order: np.ndarray
-    fitting: int
-    left_out: int
-    by_rule: dict[str, int]
-    pool: np.ndarray
-
-
-def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> _Screened:
+def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> Screened:
     layouts, memory, order = search(model, **kw)
     left_out, fitting, by_rule = 0, len(order), {}
     if len(layouts) and not include_predicted:
@@ -221,7 +198,7 @@ def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> _
         runnable = order[~np.logical_or.reduce(list(hits.values()))[order]]
         by_rule = {label: n for label, where in hits.items() if (n := int(np.count_nonzero(where[order])))}
         left_out, order = len(order) - len(runnable), runnable
-    return _Screened(model, layouts, memory, order, fitting, left_out, by_rule, order[:pool_size])
+    return Screened(model, layouts, memory, order, fitting, left_out, by_rule, order[:pool_size])
 
 
 def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
@@ -261,44 +238,14 @@ def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batc
             by_rule[label] = by_rule.get(label, 0) + n
     searched, pooled = sum(len(x.layouts) for x in screens), sum(len(x.pool) for x in screens)
     t_search = time.perf_counter() - t0
-    timed, failed, untimed = [], [], None
-    for screen in screens:
-        for i in screen.pool:
-            data = screen.layouts.take(int(i)).spec_dict(screen.model)
-            data["train"].update(held.spec_train(data["train"]["recompute"]))
-            if len(factors) > 1:
-                data["name"] += f" {factor_label(screen.model.capacity_factor)}"
-            spec = light_spec(data)
-            try:
-                timed.append((step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary, int(i), data, spec,
-                              screen))
-            except InconsistentStepTime as e:
-                failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
-            except NotTimed as e:  # held training: the same reason for every layout
-                untimed = str(e)
-                break
-        if untimed:
-            break
-    timed.sort(key=lambda x: x[0]["step_s"])
+    retimed = retime_pools(screens, held, named_by_factor=len(factors) > 1, hw=hw, gpus_per_node=gpus_per_node,
+                      band=band)
+    failed, untimed = retimed.failed, retimed.untimed
     configs, mismatch = [], []
-    for st, i, data, spec, screen in timed[:top]:
-        worst, rank = worst_rank_bytes(spec)  # the same core on this layout alone
-        if abs(worst - screen.memory[i]) > 0.005 * worst:
-            mismatch.append(f"{data['name']}: array path {screen.memory[i]:.0f} B vs one layout {worst} B")
-        allowance = allowance_bytes(worst, spec.parallel, str(spec.runtime.device), overhead)
-        configs.append({"spec": data, "mem_bytes_max": int(worst), "fullest_moment": rank.fullest_moment(),
-                        "step_time": st, "strategy": ZERO_STAGE_NAMES[int(screen.layouts.zero_stage[i])],
-                        "worst_rank": rank.rank,
-                        "fits_exact": bool(fits_device(worst, spec.parallel, str(spec.runtime.device), device_bytes,
-                                                       overhead)),
-                        "need_bytes": worst + allowance["total"], "allowance_bytes": allowance,
-                        "fullest_budget_bytes": fullest_budget_bytes(spec.parallel, str(spec.runtime.device),
-                                                                     device_bytes, overhead),
-                        "breakdown_bytes": {k: getattr(rank, k) for k in ("params_bytes", "grads_bytes",
-                                                                          "optimizer_bytes", "activations_bytes",
-                                                                          "other_bytes")},
-                        "capacity_factor": data["model"].get("capacity_factor"),
-                        "predicted_dropped_share": dropped_share(data)})
+    for t in retimed.timed[:top]:
+        row, miss = config_row(t, device_bytes, overhead)
+        configs.append(row)
+        mismatch += miss
     mark_runnable(configs)
     seconds = time.perf_counter() - t0
     fit_note = f" ({left_out} of them prediction-only, left out)" if left_out else ""

@@ -182,10 +182,10 @@ def test_plan_this_model_keeps_the_imported_precision_and_recompute(tmp_path):
 def test_plan_page_names_a_layout_that_fails_an_internal_check(monkeypatch):
     """Issue 30 item 4: an internal inconsistency is a failed check with the layout named (a warning on the page), the
     other layouts still ranked; never a traceback."""
-    from backend.planner import search as planner_search
+    from backend.planner import retime as planner_retime
     from tests.unit.test_plan_usability import _broken_if
 
-    monkeypatch.setattr(planner_search, "step_time", _broken_if(lambda spec: str(spec.parallel.strategy) == "zero1"))
+    monkeypatch.setattr(planner_retime, "step_time", _broken_if(lambda spec: str(spec.parallel.strategy) == "zero1"))
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page("dashboard/pages/plan.py").run()
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()

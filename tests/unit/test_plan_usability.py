@@ -10,7 +10,7 @@ import pytest
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import InconsistentStepTime, step_time
 from backend.cli import main
-from backend.planner import search as planner_search
+from backend.planner import retime as planner_retime
 from backend.planner.search import plan
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec
@@ -57,7 +57,7 @@ def _broken_for(bad_pp: int):
 
 def test_plan_names_a_layout_that_fails_an_internal_check_and_ranks_the_rest(monkeypatch):
     model = ModelSpec(**{**ODD_LAYERS, "n_layers": 4})
-    monkeypatch.setattr(planner_search, "step_time", _broken_for(2))
+    monkeypatch.setattr(planner_retime, "step_time", _broken_for(2))
     res = plan(model, gpus=8, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=16, top=5, enough=60)
     assert res.configs and all(c["spec"]["parallel"]["pp"] != 2 for c in res.configs)
     assert res.failed_checks and all("pp2" in f["layout"] and "stand-in" in f["why"] for f in res.failed_checks)
@@ -68,11 +68,11 @@ def test_plan_names_a_layout_that_fails_an_internal_check_and_ranks_the_rest(mon
 def test_plan_cli_reports_a_failed_check_without_a_traceback(monkeypatch, capsys):
     argv = ["plan", "--vocab", "256", "--hidden", "128", "--layers", "4", "--heads", "8", "--gpus", "2",
             "--gpus-per-node", "2", "--hardware", "h100-sxm", "--global-batch", "8", "--seq", "256", "--top", "3"]
-    monkeypatch.setattr(planner_search, "step_time", _broken_for(2))
+    monkeypatch.setattr(planner_retime, "step_time", _broken_for(2))
     assert main(argv) == 0  # the other layouts are still ranked
     out, err = capsys.readouterr()
     assert "error: internal check failed, layout left out of the ranking: " in err and "Traceback" not in err + out
-    monkeypatch.setattr(planner_search, "step_time", lambda *a, **k: (_ for _ in ()).throw(InconsistentStepTime("x")))
+    monkeypatch.setattr(planner_retime, "step_time", lambda *a, **k: (_ for _ in ()).throw(InconsistentStepTime("x")))
     assert main(argv) == 1  # nothing left to report
     assert "internal check failed" in capsys.readouterr().err
 
