@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
+from backend.analytic.ep_dispatch import Dispatch
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
@@ -206,13 +207,13 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
     if p.ep > 1 and m.is_moe:
-        # the routed rows are the ln2 output: fp32 in fp32 and under autocast (every 16-bit ep run),
-        # moe_routing.row_bytes
-        per = ep_all_to_all_payload_bytes(tokens=tokens, h=m.d_model, top_k=m.top_k,
-                                            dtype_bytes=MASTER_BYTES)
+        # the rows and their dtype as the stack's dispatcher sends them (ep_dispatch.py)
+        dispatch = Dispatch.of_spec(spec)
+        sent, row_bytes = dispatch.tokens(tokens, p.tp, p.sequence_parallel), dispatch.row_bytes(t.precision)
+        per = ep_all_to_all_payload_bytes(tokens=sent, h=m.d_model, top_k=m.top_k, dtype_bytes=row_bytes)
         if not is_uniform_dropless(m):  # dispatch sends `sent` rows, combine sends back `received` (moe_rows.py)
-            rows = expert_rows_of(m, tokens)
-            per = 2 * (rows.sent + rows.received) * m.d_model * MASTER_BYTES
+            rows = expert_rows_of(m, sent)
+            per = 2 * (rows.sent + rows.received) * m.d_model * row_bytes
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:

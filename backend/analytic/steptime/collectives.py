@@ -91,6 +91,17 @@ def bandwidth_s(hw: Hardware, intra: Num, collective: str, payload_bytes: Num, n
     return wire / (bw * collective_efficiency(hw, collective))
 
 
+def all_to_all_bandwidth_s(hw: Hardware, payload_bytes: Num, n: Num, on_node: Num) -> Num:
+    """The bandwidth term of an all-to-all over n ranks, `on_node` of them on each node: every rank sends payload / n
+    to each peer at once (NCCL's all-to-all is one grouped send / recv per peer), the on_node - 1 on its own node over
+    the intra-node link and the n - on_node others through its own NIC; the slower path sets the time. One node
+    (on_node = n) is the ring's (n - 1) / n at the intra-node tier, one member per node the same at the NIC's."""
+    t = hw.tune
+    inside = (on_node - 1) / n * payload_bytes / (hw.intra_bytes_per_s * t.intra_efficiency)
+    across = (n - on_node) / n * payload_bytes / (hw.inter_bytes_per_s * t.inter_efficiency)
+    return where(n > 1, maximum(inside, across), 0.0)
+
+
 def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float, n: int, calls: float = 1.0,
                  per_node: int = 1) -> float:
     """Seconds for `calls` collectives moving `payload_bytes` in total over a group of n (α–β, module doc)."""

@@ -25,7 +25,16 @@ from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
 from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.sharding import LocalParam, derived, local_params_shared, rank_stages, stage_layers
-from backend.analytic.steptime.collectives import INTER, INTRA, collective_s, dim_tier
+from backend.analytic.steptime.collectives import (
+    INTER,
+    INTRA,
+    all_to_all_bandwidth_s,
+    collective_s,
+    dim_tier,
+    link,
+    members_per_node,
+    ring_steps,
+)
 from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
 from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
@@ -112,7 +121,12 @@ def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stag
         dim = "ep" if kind == "all_to_all" else "tp"
         # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
         calls = max(1, 4 * len(layers) * m)
-        sec = collective_s(hw, dim_tier(spec, dim, n, g), kind, payload, n, calls=calls)
+        tier = dim_tier(spec, dim, n, g)
+        if kind == "all_to_all":  # each peer its own rows: the node's members over NVLink, the others over the NIC
+            sec = calls * ring_steps(kind, n) * link(hw, tier)[1] + all_to_all_bandwidth_s(
+                hw, payload, n, members_per_node(spec, dim, n, g))
+        else:
+            sec = collective_s(hw, tier, kind, payload, n, calls=calls)
         out[dim] += sec
         if kinds is not None:
             kinds[kind] = kinds.get(kind, 0.0) + sec

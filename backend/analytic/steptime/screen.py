@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backend.analytic.ep_dispatch import Dispatch
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import (
     ALT_PART,
@@ -35,7 +36,14 @@ from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import ModelKey, layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.sharding import expert_of
-from backend.analytic.steptime.collectives import bandwidth_s, group_stride, link_bandwidth, node_members, within_node
+from backend.analytic.steptime.collectives import (
+    all_to_all_bandwidth_s,
+    bandwidth_s,
+    group_stride,
+    link_bandwidth,
+    node_members,
+    within_node,
+)
 from backend.analytic.steptime.compute import (
     attention_pass,
     default_implementation,
@@ -380,14 +388,16 @@ def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: in
     own NIC (an all-to-all sends every peer its own rows; no ring shares a node boundary)."""
     if not model.is_moe:
         return 0.0
-    tokens = layout.micro_batch * layout.seq_local(model)
+    dispatch = Dispatch.of_layout(layout)  # the rows and their dtype as the stack's dispatcher sends them
+    tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
+    row_bytes = dispatch.row_bytes(str(layout.precision))
     payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
-        tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=MASTER_BYTES)
+        tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=row_bytes)
     if not is_uniform_dropless(model):  # the capacity limit / imbalance (moe_rows.py), per distinct tokens
         per_mb = np.vectorize(lambda t: 2 * (lambda r: r.sent + r.received)(expert_rows_of(model, int(t))))(tokens)
-        payload = layout.microbatches * moe_blocks * per_mb * model.d_model * MASTER_BYTES
-    intra = within_node(layout.tp, layout.ep, "ep", gpus_per_node)
-    return where(layout.ep > 1, bandwidth_s(hw, intra, "all_to_all", payload, layout.ep), 0.0)
+        payload = layout.microbatches * moe_blocks * per_mb * model.d_model * row_bytes
+    on_node = node_members(group_stride(layout.tp, layout.dp, "ep"), layout.ep, gpus_per_node)
+    return where(layout.ep > 1, all_to_all_bandwidth_s(hw, payload, layout.ep, on_node), 0.0)
 
 
 def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Any, Any]:

@@ -1,0 +1,62 @@
+"""What one rank's expert-parallel all-to-alls carry, by stack (pure Python): how many of its tokens it dispatches and
+how many bytes each row's element takes. The step-time model (traffic.model_parallel_traffic) and the planner's screen
+(steptime/screen.py) both read it.
+
+- ShardLab's engine (stack shardlab) routes every token of its (b, s/cp) microbatch, and the rows are the ln2
+  output: fp32 under torch.autocast (memory/moe_bytes.row_bytes; strategies/moe_dispatch.py).
+- Megatron-Core's alltoall dispatcher (Megatron-LM d98e8a64ddf3, megatron/core/transformer/moe/token_dispatcher.py):
+  the A2A over the EP group moves this rank's local tokens, "num_local_tokens: S/TP*B" under sequence parallelism
+  (module notation, l. 55-58; MoEAlltoAllTokenDispatcher.token_dispatch, l. 705-717), in the layer's 16-bit dtype;
+  expert TP all-gathers the received rows after it (dispatch_postprocess, l. 741-749), and FP8 is cast inside
+  Transformer Engine's grouped GEMMs, after the all-to-all. Without sequence parallelism (Megatron warns that EP with
+  TP needs it: core/model_parallel_config.py l. 560-565) every tp rank holds and sends the whole sequence.
+- torchtitan (FSDP2's MixedPrecisionPolicy computes in bf16) and DeepSpeed (a 16-bit module) hold 16-bit
+  activations and dispatch their (b, s/cp) tokens, as this engine does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from backend.analytic.vector import logical_and, where
+
+if TYPE_CHECKING:
+    from backend.analytic.layout import Layout
+    from backend.analytic.vector import Num
+    from backend.spec import ExperimentSpec
+
+ENGINE_ROW_BYTES = 4
+"""The engine's routed rows under autocast: layer_norm's fp32 output (memory/moe_bytes.row_bytes)."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Whose dispatcher moves the routed rows."""
+
+    engine: bool
+    """ShardLab's own engine (stack shardlab): fp32 rows under autocast, the whole local sequence."""
+    megatron: bool
+    """Megatron-Core's alltoall dispatcher: 16-bit rows, the sequence-parallel shard of the tokens."""
+
+    @classmethod
+    def of_spec(cls, spec: ExperimentSpec) -> Dispatch:
+        stack = str(getattr(spec.train, "stack", "shardlab"))
+        return cls(engine=stack == "shardlab", megatron=stack == "megatron")
+
+    @classmethod
+    def of_layout(cls, layout: Layout) -> Dispatch:
+        stack = layout.stack
+        return cls(engine=stack is None, megatron=stack is not None and stack.mechanism == "megatron")
+
+    def row_bytes(self, precision: str) -> int:
+        """Bytes per element of a dispatched row: fp32 for the engine's autocast rows and for fp32 training, else the
+        16-bit activations (fp8 GEMMs cast their inputs after the all-to-all)."""
+        return 4 if self.engine or str(precision) == "fp32" else 2
+
+    def tokens(self, tokens: Num, tp: Num, sequence_parallel: Num) -> Num:
+        """This rank's dispatched tokens of a microbatch, from its (b, s/cp) `tokens`: Megatron's sequence-parallel
+        shard (tokens / tp) where tp > 1 and sequence parallelism is on, else all of them."""
+        if not self.megatron:
+            return tokens
+        return where(logical_and(tp > 1, sequence_parallel), tokens // tp, tokens)

@@ -1,0 +1,94 @@
+"""Issue 35: what EP's all-to-alls carry by stack (analytic/ep_dispatch.py) and how long an all-to-all over nodes takes
+(steptime/collectives.all_to_all_bandwidth_s), in the step-time model and the planner's screen alike."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from backend.analytic.ep_dispatch import Dispatch
+from backend.analytic.layout import Layout
+from backend.analytic.steptime.collectives import all_to_all_bandwidth_s, bandwidth_s
+from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.published_gpu import published_rows
+from backend.analytic.traffic import model_parallel_traffic
+from backend.spec import ExperimentSpec
+
+H100 = get_hardware("h100-sxm")
+
+
+def qwen3_row() -> ExperimentSpec:
+    """Megatron-Bridge's Qwen3-30B-A3B on 16 H100s: ep 16 over two nodes, tp 1, FP8, the megatron stack."""
+    row = next(r for r in published_rows() if r.id == "bridge260401-h100-qwen3-30b-a3b-g16")
+    return ExperimentSpec.for_prediction(row.spec)
+
+
+def with_(spec: ExperimentSpec, train: dict | None = None, parallel: dict | None = None) -> ExperimentSpec:
+    data = spec.model_dump(mode="json")
+    data["train"].update(train or {})
+    data["parallel"].update(parallel or {})
+    return ExperimentSpec.for_prediction(data)
+
+
+def ep_payload(spec: ExperimentSpec) -> float:
+    return sum(b for kind, b, n in model_parallel_traffic(spec, [0], [0]) if kind == "all_to_all" and n == spec.parallel.ep)
+
+
+@pytest.mark.parametrize("n", [2, 8, 16, 64])
+def test_an_all_to_all_inside_one_node_or_one_member_per_node_is_the_ring_term(n):
+    payload = 3e9
+    assert all_to_all_bandwidth_s(H100, payload, n, n) == pytest.approx(bandwidth_s(H100, True, "all_to_all", payload, n))
+    assert all_to_all_bandwidth_s(H100, payload, n, 1) == pytest.approx(bandwidth_s(H100, False, "all_to_all", payload, n))
+
+
+def test_over_nodes_only_the_peers_on_other_nodes_go_through_the_nic():
+    """ep 16 over two nodes of 8: 8 of the 16 slices leave the node (the ring term sent 15 of 16 at the NIC's speed)."""
+    payload, t = 4e9, H100.tune
+    nic = payload * 8 / 16 / (H100.inter_bytes_per_s * t.inter_efficiency)
+    assert all_to_all_bandwidth_s(H100, payload, 16, 8) == pytest.approx(nic)
+    assert all_to_all_bandwidth_s(H100, payload, 16, 8) < 0.6 * bandwidth_s(H100, False, "all_to_all", payload, 16)
+    arrays = all_to_all_bandwidth_s(H100, np.array([payload] * 3), np.array([16, 16, 1]), np.array([8, 16, 1]))
+    assert arrays.tolist() == pytest.approx([nic, bandwidth_s(H100, True, "all_to_all", payload, 16), 0.0])
+
+
+def test_each_stack_dispatches_its_own_rows():
+    """The engine: fp32 autocast rows of the whole (b, s/cp) sequence; Megatron: 16-bit rows of its sequence-parallel
+    shard (token_dispatcher.py), fp8 included; torchtitan: 16-bit rows of the whole sequence."""
+    spec = qwen3_row()
+    m, tokens = spec.model, spec.train.micro_batch * spec.model.seq_len
+    rows = 4 * m.top_k * m.d_model * spec.train.microbatches  # dispatch + combine, forward + backward
+    counts = 8 * m.n_experts * spec.train.microbatches
+    assert ep_payload(spec) == rows * tokens * 2 + counts  # megatron, fp8: bf16 rows
+    assert ep_payload(with_(spec, {"stack": "shardlab", "precision": "bf16-mixed"})) == rows * tokens * 4 + counts
+    assert ep_payload(with_(spec, {"stack": "torchtitan", "precision": "bf16-mixed"})) == rows * tokens * 2 + counts
+    assert ep_payload(with_(spec, {"precision": "fp32"})) == rows * tokens * 4 + counts
+    sp = with_(spec, parallel={"tp": 2, "sequence_parallel": True, "world_size": 32})
+    assert ep_payload(sp) == rows * tokens // 2 * 2 + counts
+    assert ep_payload(with_(sp, {"stack": "torchtitan"})) == rows * tokens * 2 + counts
+    assert Dispatch.of_spec(with_(spec, {"stack": "shardlab"})) == Dispatch(engine=True, megatron=False)
+
+
+def test_the_screen_prices_ep_like_the_model():
+    """The planner's screen times EP with the same rows, bytes and node split as steptime.model (one term each)."""
+    from backend.analytic.steptime.screen import screen_step_s
+
+    spec = qwen3_row()
+    layout = Layout.of(spec)
+    assert Dispatch.of_layout(layout) == Dispatch.of_spec(spec) == Dispatch(engine=False, megatron=True)
+    model_ep_s = step_time(spec, H100).per_rank[0].comm_s["ep"]
+    engine = with_(spec, {"stack": "shardlab", "precision": "bf16-mixed"})
+    assert step_time(engine, H100).per_rank[0].comm_s["ep"] > 1.9 * model_ep_s  # fp32 rows: twice the bytes
+    fast = screen_step_s(spec.model, layout, H100, gpus_per_node=8)
+    slow = screen_step_s(spec.model, dataclasses.replace(layout, stack=None), H100, gpus_per_node=8)
+    assert float(np.asarray(slow).ravel()[0]) > float(np.asarray(fast).ravel()[0])
+
+
+def test_megatrons_qwen3_moe_recipe_is_no_longer_dominated_by_the_all_to_all():
+    """Before: 68.1 s of EP all-to-all in an 86.0 s step (published 29.3 s): fp32 rows, and 15 of 16 slices at the
+    NIC's speed. Now the rows are bf16 and half the peers share the node: the EP term is 4 x smaller."""
+    st = step_time(qwen3_row(), H100)
+    ep_s = st.per_rank[0].comm_s["ep"]
+    assert ep_s < 0.3 * 68.147
