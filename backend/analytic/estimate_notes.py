@@ -56,8 +56,8 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
         notes.append(f"etp={p.etp}: each rank holds its {spec.model.n_experts // p.ep} experts split over etp "
                      f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; edp = dp x cp / ep = "
                      f"{p.dp_cp // p.ep}); the MoE input is whole on every tp rank, so the all-to-all is that of etp 1 "
-                     f"and the experts' all-reduces run over etp; the expert intermediate activations are counted "
-                     f"unsplit (an upper bound)")
+                     f"and the experts' all-reduces run over etp; each local expert's (rows, ffn) activations are "
+                     f"split over etp too")
     if p.cp > 1:
         notes.append(cp_note(spec))
     if str(t.recompute) == "op":

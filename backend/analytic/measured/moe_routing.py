@@ -153,7 +153,8 @@ def adjustment(spec: ExperimentSpec, routing: dict[str, Any]) -> RoutingAdjustme
     ds = dispatches(routing)
     n, k, e = routing["tokens"], routing["top_k"], routing["n_experts"]
     a2a = all_to_all_bytes(ds, h=m.d_model, dtype_bytes=row_bytes(cb, ac), n_experts=e)
-    layer_kw = dict(tokens=n, h=m.d_model, ffn=m.expert_ffn, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac,
+    etp = spec.parallel.etp if spec.parallel.ep > 1 else 1  # each local expert's (rows, ffn) tensors split over etp
+    layer_kw = dict(tokens=n, h=m.d_model, ffn=m.expert_ffn // etp, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac,
                     hidden=hidden_saved(m.mlp))
     measured, n_layers, mb = peak_microbatch(ds, **layer_kw)
     act = 0.0 if str(t.recompute) == "full" else measured - n_layers * predicted_moe_layer_bytes(spec)

@@ -58,6 +58,9 @@ class LayerShape:
     n_experts: int = 0
     top_k: int = 1
     ep: int = 1
+    etp: int = 1
+    """MoE under ep: the expert tensor-parallel degree; each local expert's (rows, ffn) tensors are split over it
+    (Colwise fc_in / Rowwise fc_out over etp, strategies/tp.py)."""
     autocast: bool = False
     device: str = "cpu"
     """Where the ranks run ("cpu" or "cuda"): CUDA autocast's fp32 softmax, CUDA's fused RMSNorm."""
@@ -98,7 +101,7 @@ class LayerShape:
     @classmethod
     def of(cls, model: ModelSpec, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int,
            autocast: bool, ep: int, device: str, alt: bool = False, sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
-           cp: int = 1) -> LayerShape:
+           cp: int = 1, etp: int = 1) -> LayerShape:
         """The shape of block 0's kind (alt: of the other MLP kind's blocks, mixed stacks); a cp rank's seq_len / cp."""
         moe = layer_is_moe(model, 0) != alt if model.is_moe else False
         family = family_kwargs(model)
@@ -108,7 +111,7 @@ class LayerShape:
         return cls(seq_len=model.seq_len // cp, micro_batch=micro_batch, d_model=model.d_model, n_heads=model.n_heads,
                    ffn=_fam(model, "expert_ffn", model.ffn) if moe else model.ffn, dtype_bytes=dtype_bytes,
                    tp=tp, sequence_parallel=sequence_parallel, n_experts=model.n_experts if moe else 0,
-                   top_k=model.top_k, ep=ep if moe else 1, autocast=autocast,
+                   top_k=model.top_k, ep=ep if moe else 1, etp=etp if moe and ep > 1 else 1, autocast=autocast,
                    device="cuda" if device == "cuda" else "cpu", bias=_fam(model, "bias", "all"),
                    kv_heads=getattr(model, "kv_heads", model.n_heads), sac_ops=tuple(sac_ops), **family,
                    **head_widths(model), nope=family["rope"] and not rope, windowed=windowed,
@@ -138,7 +141,7 @@ class LayerShape:
         return cls.of(spec.model, micro_batch=layout.micro_batch, tp=layout.tp,
                       sequence_parallel=layout.sequence_parallel, dtype_bytes=layout.compute_bytes,
                       autocast=layout.uses_autocast, ep=layout.ep, device=layout.device, alt=alt,
-                      sac_ops=spec.train.sac_ops, cp=layout.cp)
+                      sac_ops=spec.train.sac_ops, cp=layout.cp, etp=int(layout.etp))
 
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
@@ -233,7 +236,8 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         # what the capacity limit keeps and pads, the busiest rank's share under an imbalance (moe_rows.py)
         rows = expert_rows(tokens=s * b, top_k=top_k, n_experts=n_experts, factor=shape.capacity_factor,
                            pad=shape.pad_to_capacity, imbalance=shape.moe_imbalance)
-        moe = ep_moe_layer_bytes(tokens=s * b, received_rows=rows.received, h=h, ffn=ffn, n_experts=n_experts,
+        moe = ep_moe_layer_bytes(tokens=s * b, received_rows=rows.received, h=h, ffn=ffn // shape.etp,
+                                 n_experts=n_experts,
                                  top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden,
                                  kept_rows=None if shape.capacity_factor is None else rows.kept,
                                  padded=shape.pad_to_capacity)

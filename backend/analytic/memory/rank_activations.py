@@ -132,12 +132,12 @@ def _layer_terms_at(proto: LayerShape, vocab: int) -> Any:
     def terms(*row: int) -> tuple[float, ...]:
         hit = memo.get(row)
         if hit is None:
-            b, tp, sp, rc, ac, ep, cp = row
-            entry = shapes.get((b, tp, sp, ac, ep, cp))
+            b, tp, sp, rc, ac, ep, cp, etp = row
+            entry = shapes.get((b, tp, sp, ac, ep, cp, etp))
             if entry is None:
                 shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac),
-                                ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
-                entry = shapes[(b, tp, sp, ac, ep, cp)] = (shape, _policy_memo(shape), _head_terms(shape, vocab))
+                                ep=ep if proto.n_experts else 1, etp=etp, seq_len=proto.seq_len // cp)
+                entry = shapes[(b, tp, sp, ac, ep, cp, etp)] = (shape, _policy_memo(shape), _head_terms(shape, vocab))
             hit = memo[row] = layer_terms(*entry[:1], rc, vocab, *entry[1:])
         return hit
 
@@ -180,8 +180,9 @@ def rank_activation_terms(model: ModelSpec, layout: Layout, alt: bool = False) -
 
     def compute() -> Any:
         ep = layout.ep if proto.n_experts else 1  # a dense block's shape does not read ep (_layer_terms_at)
+        etp = where(ep > 1, layout.etp, 1)  # nor etp, which splits the experts only under ep
         return per_distinct(_layer_terms_at(proto, model.vocab_size), layout.micro_batch, layout.tp,
-                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, ep, layout.cp)
+                            layout.sequence_parallel, layout.recompute, layout.uses_autocast, ep, layout.cp, etp)
 
     values = layout.memoised(("layer terms", proto, model.vocab_size), compute)
     return values if isinstance(values, tuple) else tuple(values[..., i] for i in range(TERMS))

@@ -122,14 +122,15 @@ def block_terms(model: ModelSpec, layout: Layout) -> tuple[Any, Any, Any]:
     proto = replace(proto, flash=stack.fused_attention)
     te = uses_te(model, stack)
 
-    def terms(b: int, tp: int, sp: int, rc: int, ep: int, cp: int) -> tuple[float, float, float]:
+    def terms(b: int, tp: int, sp: int, rc: int, ep: int, cp: int, etp: int) -> tuple[float, float, float]:
         shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=False,
-                        ep=ep if proto.n_experts else 1, seq_len=proto.seq_len // cp)
+                        ep=ep if proto.n_experts else 1, etp=etp if proto.n_experts and ep > 1 else 1,
+                        seq_len=proto.seq_len // cp)
         layer = te_layer_of(model, layout, proto.seq_len // cp, b, tp, bool(sp)) if te else None
         return _block_terms(shape, layer, rc)
 
     out = per_distinct(terms, layout.micro_batch, layout.tp, layout.sequence_parallel, layout.recompute, layout.ep,
-                       layout.cp)
+                       layout.cp, layout.etp)
     return out if isinstance(out, tuple) else tuple(out[..., i] for i in range(3))
 
 
