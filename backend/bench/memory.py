@@ -240,10 +240,13 @@ def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hook
             return flagged
 
         def _track_ignored_params(self) -> None:
-            """Params no FSDP group manages (ignored_params): rank-local state, counted as sharded."""
+            """Params no FSDP group manages (ignored_params: plain experts, or experts split over tp by etp, which are
+            DTensors FSDP does not own): rank-local state, counted as sharded. An FSDP group's sharded params are
+            tracked already (`_instrument_fsdp_sharded_params_grads`)."""
             for root in self._roots:
                 for q in root.parameters():
-                    if isinstance(q, DTensor):  # FSDP-managed (sharded / replicated)
+                    local = q.to_local() if isinstance(q, DTensor) else q
+                    if local.untyped_storage() in self._WINFO:  # FSDP-managed (sharded / replicated)
                         continue
                     self._update_and_maybe_create_winfos(q, _FSDPRefType.SHARDED_PARAM)
                     if q.grad is not None:

@@ -76,10 +76,10 @@ LAYOUT_RULES = (
     RunRule("fp8 x ep", lambda v: (v.precision == "fp8") & (v.ep > 1),
             lambda p, m: f"fp8 with ep={p.ep} is not wired here: the experts' all-to-all dispatch runs bf16 linears "
                          "only"),
-    RunRule("etp x ep", lambda v: (v.etp > 1) & (v.ep > 1),
-            lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only: the engine runs whole experts under ep (its "
-            "tp plan leaves the experts plain, strategies/tp.py); splitting each expert colwise / rowwise over etp "
-            "ranks inside the ep dispatch is not wired, use etp=1 to run it"),
+    RunRule("etp < tp x ep", lambda v: (v.etp > 1) & (v.ep > 1) & (v.etp != v.tp),
+            lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only at tp={p.tp}: the engine splits each expert "
+            "colwise / rowwise over the whole tp mesh dimension (etp = tp, strategies/tp.py) or not at all (etp = 1); "
+            "an expert-tp group smaller than tp is not wired"),
     RunRule("zero1 x tp/pp under fp16-mixed",
             lambda v: (v.zero_stage == 1) & ((v.tp > 1) | (v.pp > 1)) & (v.precision == "fp16-mixed"),
             lambda p, m: f"zero1 with tp={p.tp}, pp={p.pp} (the distributed optimizer) runs fp32 and bf16-mixed: fp16 "

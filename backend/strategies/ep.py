@@ -99,7 +99,8 @@ class ExpertParallel:
         m, p = self.ctx.spec.model, self.ctx.spec.parallel
         how = ("reduce-scattered by the distributed optimizer" if self.grads_by_optimizer else "all-reduced")
         return [f"EP: {m.n_experts // p.ep} of {m.n_experts} experts per MoE layer on this rank"
-                + (f", whole on each of the {p.tp} tp ranks (etp 1)" if p.tp > 1 else "")
+                + ((f", split colwise / rowwise over the {p.tp} tp ranks (etp {p.etp})" if p.etp > 1 else
+                    f", whole on each of the {p.tp} tp ranks (etp 1)") if p.tp > 1 else "")
                 + f"; expert grads {how} over {p.dp_cp // p.ep} replica(s) (edp).",
                 "Token dispatch: all_to_all of E int64 counts + 2 all_to_alls of routed rows per MoE layer and "
                 "microbatch (x2 in backward)."]

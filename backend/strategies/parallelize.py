@@ -6,7 +6,8 @@
                                         torchtitan's pipeline_llm does
   1. expert parallel  (ep.py)          experts sharded over ctx.ep_mesh()["ep"] (dp unflattened into dp_mod_ep x
                                         ep, strategies/ep_mesh.build_ep_mesh), all-to-all dispatch installed, in
-                                        every stage module; whole experts on every tp rank (etp 1)
+                                        every stage module; whole experts on every tp rank (etp 1), or
+                                        each split over the tp dim (etp = tp, by the TP step)
   2. tensor parallel  (tp.py)          DTensor `parallelize_module` with `tp_plan` (+ SP) over mesh["tp"]
   3. context parallel (cp.py)          positions and ring attention over ctx.cp_mesh()["cp"] (the batch's
                                         sequence share is cut by `local_batch`)

@@ -192,7 +192,8 @@ def apply_tp(ctx: RankContext, model: nn.Module) -> nn.Module:
     """parallelize_module with `tp_plan` over mesh["tp"] (works on a meta model)."""
     p = ctx.spec.parallel
     if p.tp > 1:
-        plan = tp_plan(model, p.sequence_parallel, whole_experts=p.ep > 1, sharded_logits=vocab_parallel_loss(ctx.spec))
+        plan = tp_plan(model, p.sequence_parallel, whole_experts=p.ep > 1 and p.etp == 1,
+                       sharded_logits=vocab_parallel_loss(ctx.spec))
         parallelize_module(model, ctx.mesh["tp"], plan)
         tie_weights(model)  # parallelize_module distributed the tied weight twice (both Shard(0)): tie them again
     return model

@@ -1,6 +1,7 @@
 """Issue 35: expert tensor parallelism (`parallel.etp`, `--etp`): the expert layout etp x ep x edp over a stage's
 tp x cp x dp ranks (backend/analytic/expert_layout.py), checked with the arithmetic, predicted (expert weights, grads
-and optimizer state over etp x ep x edp, the experts' all-reduces over etp) and prediction-only in the engine."""
+and optimizer state over etp x ep x edp, the experts' all-reduces over etp); the engine runs etp = tp, and an etp
+below tp is prediction-only."""
 
 from __future__ import annotations
 
@@ -75,9 +76,12 @@ def test_the_experts_all_reduce_over_etp():
     assert any(n.startswith("etp=2:") for n in split.notes)
 
 
-def test_etp_with_ep_is_prediction_only_with_the_reason():
+def test_etp_below_tp_with_ep_is_prediction_only_with_the_reason():
+    """etp = tp runs (each expert colwise / rowwise over the tp mesh dim: tests/multiprocess/test_moe_layouts.py
+    etp2_x_ep2_ddp); an expert-tp group smaller than tp does not."""
     why = run_blockers(spec(world_size=16, tp=4, ep=2, etp=2))
-    assert any("etp=2 with ep=2 is prediction-only" in w for w in why), why
+    assert any("etp=2 with ep=2 is prediction-only at tp=4" in w for w in why), why
+    assert not any("etp" in w for w in run_blockers(spec(world_size=16, tp=4, ep=2, etp=4)))
     assert not any("etp" in w for w in run_blockers(spec(world_size=16, tp=4, ep=2)))
     assert not any("etp" in w for w in run_blockers(spec(world_size=8, tp=4, etp=4)))  # ep 1: etp = tp as before
 

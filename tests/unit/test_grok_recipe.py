@@ -36,7 +36,7 @@ def test_grok1_recipe_is_predicted_not_refused(etp):
     assert len(est.per_rank) == 512 and all(math.isfinite(r.total_bytes) and r.total_bytes > 0
                                             for r in est.per_rank[:8])
     blockers = run_blockers(spec)  # the engine cannot run it here (a prediction, with the reasons), but it is valid
-    assert (etp == 4) == any("etp=4 with ep=8 is prediction-only" in b for b in blockers)
+    assert not any("etp=" in b for b in blockers)  # etp = tp (4) and etp 1 are both wired in the engine
 
 
 def test_grok1_recipe_on_the_cli(capsys):
@@ -48,4 +48,5 @@ def test_grok1_recipe_on_the_cli(capsys):
                  "1.0", "--moe-pad-to-capacity", "--moe-dispatcher", "alltoall", "--moe-aux-loss-coeff", "0.01",
                  "--micro-batch", "1", "--global-batch", "1024", "--precision", "bf16-mixed", "--hardware", "h100-sxm"])
     out = capsys.readouterr().out
-    assert code == 0 and "step time on h100-sxm:" in out and "prediction only" in out
+    assert code == 0 and "step time on h100-sxm:" in out
+    assert "prediction only" not in out  # etp = tp runs in the engine (strategies/tp.py splits each expert over tp)
