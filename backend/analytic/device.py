@@ -26,7 +26,7 @@ from backend.spec.choices import Optimizer
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec, ParallelSpec
 
 CPU, CUDA = "cpu", "cuda"

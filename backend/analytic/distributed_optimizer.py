@@ -20,13 +20,13 @@ from backend.analytic.device import CUDA, CUDA_MIN_BLOCK_BYTES, adamw_step_on_de
 from backend.analytic.dp_buckets import padded
 from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.optimizer_state import STEP_TENSOR_BYTES
+from backend.analytic.scalar_or_array import ceil_div, where
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import ceil_div, where
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
     from backend.analytic.memory.parts import RankParts
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
 
 
 def param_bytes(layout: Layout) -> Num:

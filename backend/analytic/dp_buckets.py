@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backend.analytic.vector import ceil_div
+from backend.analytic.scalar_or_array import ceil_div
 from backend.spec.stack_rules import megatron_distributed_optimizer
 
 if TYPE_CHECKING:
+    from backend.analytic.scalar_or_array import Num
     from backend.analytic.sharding import LocalParam
-    from backend.analytic.vector import Num
     from backend.spec import ExperimentSpec
 
 EMBEDDINGS = ("tok_emb", "pos_emb")

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backend.analytic.vector import logical_and, where
+from backend.analytic.scalar_or_array import logical_and, where
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec
 
 ENGINE_ROW_BYTES = 4

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backend.analytic.scalar_or_array import Num, logical_and, logical_not, logical_or
 from backend.analytic.stack_memory import StackMemory, stack_memory
-from backend.analytic.vector import Num, logical_and, logical_not, logical_or
 from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
 from backend.spec import dims

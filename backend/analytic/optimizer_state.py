@@ -14,7 +14,7 @@ from backend.analytic.device import CPU, CUDA, adamw_step_on_device, storage_byt
 from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
 
 STEP_TENSOR_BYTES = 4  # AdamW's per-parameter 0-dim fp32 `step`
 

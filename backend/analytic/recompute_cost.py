@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import head_dim, is_gated
-from backend.analytic.vector import maximum, minimum, where
+from backend.analytic.scalar_or_array import maximum, minimum, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 FLASH_OPS = {"aten._scaled_dot_product_flash_attention_for_cpu.default",

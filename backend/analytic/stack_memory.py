@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec, TrainSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}

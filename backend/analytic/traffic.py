@@ -20,14 +20,14 @@ from backend.analytic.ep_dispatch import Dispatch
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
+from backend.analytic.scalar_or_array import where
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.tp_placement import module_rule
-from backend.analytic.vector import where
 from backend.spec.stack_rules import loss_parallel_on
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode

@@ -306,7 +306,8 @@ def test_units():
 
 def test_analytic_modules_are_pure_python():
     """The prediction model imports neither torch nor streamlit (project standard); the textbook formulas and the
-    per-block activation formulas import no numpy either (the core's array path lives in vector.py / layout.py)."""
+    per-block activation formulas import no numpy either (the core's array path lives in scalar_or_array.py /
+    layout.py)."""
     import ast
     from pathlib import Path
 

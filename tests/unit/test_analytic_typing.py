@@ -69,7 +69,7 @@ def untyped(root: Path) -> list[str]:
 def test_no_spec_model_or_layout_parameter_is_any():
     found = untyped(ANALYTIC)
     assert not found, ("annotated Any where a type exists (ExperimentSpec, ModelSpec, Layout, Hardware, StackMemory, "
-                       "params.ModelShape, vector.Num, ...):\n" + "\n".join(found))
+                       "params.ModelShape, scalar_or_array.Num, ...):\n" + "\n".join(found))
 
 
 def test_the_check_sees_each_spelling_of_any(tmp_path):

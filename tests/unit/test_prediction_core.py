@@ -1,6 +1,6 @@
 """Issue 23: the prediction core takes one layout (Python scalars) or arrays of layouts through the same code.
 Every memory category of every pipeline rank agrees between the array call and the scalar call, on CPU and CUDA
-storage rules; the scalar-or-array helpers (analytic/vector.py) and the named Layout behave alike on both."""
+storage rules; the scalar-or-array helpers (analytic/scalar_or_array.py) and the named Layout behave alike on both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from backend.analytic.layout import CHOICES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
-from backend.analytic.vector import maximum, per_distinct, per_value, select, where
+from backend.analytic.scalar_or_array import maximum, per_distinct, per_value, select, where
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec, ModelSpec
 

@@ -37,12 +37,12 @@ from backend.analytic.memory.pipelined_backward import (
     sent_grad_bytes,
     stage_grad_bytes,
 )
+from backend.analytic.scalar_or_array import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 RMS_CPU_TEMPS = 3

@@ -26,8 +26,7 @@ from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.activations import LayerShape, dispatch_outweighs_head
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.pipelining import interleaved_order
-from backend.analytic.sharding import layer_split
-from backend.analytic.vector import (
+from backend.analytic.scalar_or_array import (
     any_true,
     logical_and,
     logical_not,
@@ -37,9 +36,10 @@ from backend.analytic.vector import (
     take_rows,
     where,
 )
+from backend.analytic.sharding import layer_split
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 

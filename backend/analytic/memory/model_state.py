@@ -25,11 +25,19 @@ from backend.analytic.memory.parts import RankParts, tied_copy
 from backend.analytic.memory.zero1_share import Zero1Shares, zero1_share_args, zero1_shares
 from backend.analytic.optimizer_state import state_bytes_from_sums
 from backend.analytic.params import ModelKey, model_key
+from backend.analytic.scalar_or_array import (
+    any_true,
+    logical_and,
+    logical_not,
+    logical_or,
+    per_distinct,
+    per_value,
+    where,
+)
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import any_true, logical_and, logical_not, logical_or, per_distinct, per_value, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 

@@ -19,12 +19,12 @@ from backend.analytic.memory.model_state import zero1_optimizer_step
 from backend.analytic.memory.parts import ALT_PART, RankParts, alt_layers, local_part, part_sums, tied_copy
 from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.params import ModelKey, model_key
+from backend.analytic.scalar_or_array import logical_and, maximum, per_distinct, per_value, where
 from backend.analytic.sharding import layer_split, stages_of_rank
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import logical_and, maximum, per_distinct, per_value, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 _PLAIN, _ZERO1, _BUCKETS = range(3)

@@ -27,6 +27,16 @@ from backend.analytic.params import (
     model_key,
     param_tuple,
 )
+from backend.analytic.scalar_or_array import (
+    any_true,
+    ceil_div,
+    logical_and,
+    maximum,
+    minimum,
+    per_distinct,
+    take_rows,
+    where,
+)
 from backend.analytic.sharding import (
     LocalParam,
     expert_of,
@@ -38,10 +48,9 @@ from backend.analytic.sharding import (
 )
 from backend.analytic.tp_placement import VOCAB_ROWWISE
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import any_true, ceil_div, logical_and, maximum, minimum, per_distinct, take_rows, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 PARTS = ("block", "embeddings", "head")
@@ -292,7 +301,7 @@ class RankParts:
         return _Chosen(last_alt, self.alt_block, self.block)
 
     def take(self, rows: Any) -> RankParts:
-        """The parts of the layouts at `rows` (vector.per_value)."""
+        """The parts of the layouts at `rows` (scalar_or_array.per_value)."""
         return RankParts(self.stages.take(rows, self.rows), take_rows(self.sums, rows, self.rows), rows=len(rows))
 
     def total(self, name: str) -> Num:

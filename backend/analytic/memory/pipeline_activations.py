@@ -13,11 +13,11 @@ from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.activations import LOSS_BYTES
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts
+from backend.analytic.scalar_or_array import logical_and, minimum, select_present, where
 from backend.analytic.textbook.pipeline import in_flight_terms
-from backend.analytic.vector import logical_and, minimum, select_present, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.parts import RankParts
+from backend.analytic.scalar_or_array import logical_and, logical_not, maximum, minimum, where
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import logical_and, logical_not, maximum, minimum, where
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 

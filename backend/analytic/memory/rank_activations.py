@@ -28,7 +28,7 @@ from backend.analytic.memory.activations import (
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.memory.pipeline_activations import pipeline_saved
-from backend.analytic.vector import (
+from backend.analytic.scalar_or_array import (
     as_int,
     ceil_div,
     logical_and,
@@ -43,7 +43,7 @@ from backend.analytic.vector import (
 )
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 TERMS = 6
@@ -324,7 +324,7 @@ def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Num, n_
 
 
 class _Rows:
-    """Per-layout values carried through vector.per_value (restricted with the table's rows)."""
+    """Per-layout values carried through scalar_or_array.per_value (restricted with the table's rows)."""
 
     def __init__(self, values: Any, n: int):
         self.values, self.n = values, n

@@ -27,10 +27,10 @@ from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
-from backend.analytic.vector import any_true, as_int, is_array, maximum, per_value, where
+from backend.analytic.scalar_or_array import any_true, as_int, is_array, maximum, per_value, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 INDEX_BYTES = 8  # int64 token ids
@@ -87,7 +87,7 @@ def input_batch_bytes(batch: int, seq: int) -> int:
 def model_state(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
                 unsharded: bool = True) -> ModelStateBytes:
     """FSDP2 layouts through sharded_state, the distributed optimizer (zero1 x tp/pp) through its buckets
-    (analytic/distributed_optimizer.py), the others through replicated_state (vector.per_value: each on its own
+    (analytic/distributed_optimizer.py), the others through replicated_state (scalar_or_array.per_value: each on its own
     layouts). unsharded=False: FSDP2 with nothing unsharded (the moments inside backward add their own). A
     non-default stack keeps its own (stack_states.py; unsharded=False there only for memory/state_floor.py: its
     moments keep the unsharded state)."""

@@ -41,11 +41,11 @@ from backend.analytic.memory.parts import RankParts
 from backend.analytic.memory.pipeline_activations import in_flight
 from backend.analytic.memory.rank_activations import checkpointing
 from backend.analytic.params import head_dim, is_gated
+from backend.analytic.scalar_or_array import as_int, logical_and, maximum, per_distinct, where
 from backend.analytic.stack_memory import StackMemory
-from backend.analytic.vector import as_int, logical_and, maximum, per_distinct, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 LSE_BYTES = 4  # fp32 softmax statistics per head and token (cuDNN softmaxStats, flash's lse)

@@ -55,11 +55,11 @@ from backend.analytic.memory.model_state import ModelStateBytes
 from backend.analytic.memory.parts import ALT_PART, RankParts, local_part, tied_copy
 from backend.analytic.optimizer_state import step_temp_bytes
 from backend.analytic.params import ModelKey, model_key
+from backend.analytic.scalar_or_array import any_true, ceil_div, logical_and, per_distinct, per_value, where
 from backend.analytic.stack_memory import StackMemory
-from backend.analytic.vector import any_true, ceil_div, logical_and, per_distinct, per_value, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 MEGATRON_PARAM_ALIGN = 64

@@ -23,7 +23,7 @@ from backend.analytic.sharding import zero1_owners_in_order
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout, RankPosition
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
 
 
 @dataclass(frozen=True)

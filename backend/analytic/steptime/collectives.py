@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from backend.analytic.scalar_or_array import logical_or, maximum, minimum, where
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
-from backend.analytic.vector import logical_or, maximum, minimum, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec
 
 INTRA, INTER = "intra", "inter"

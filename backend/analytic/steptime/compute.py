@@ -33,6 +33,7 @@ from backend.analytic.moe_rows import is_uniform_dropless, moe_rows_key
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import head_dim, layer_attention_kind, model_key, v_head_dim
 from backend.analytic.recompute_cost import rerun_share
+from backend.analytic.scalar_or_array import maximum, per_distinct, where
 from backend.analytic.sharding import LocalParam, derived, stage_layers
 from backend.analytic.steptime.elementwise import (
     CE_BWD_BYTES_PER_LOGIT,
@@ -56,10 +57,9 @@ from backend.analytic.steptime.ops import (
 from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
-from backend.analytic.vector import maximum, per_distinct, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec, ModelSpec
 
 ATTENTION = ("eager", "flash", "efficient", "cudnn", "flash1", "flash-triton", "flash3")

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import Layout, RecomputeMode
+from backend.analytic.scalar_or_array import maximum, where
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, node_members, within_node
 from backend.analytic.steptime.compute import PassCost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.traffic import MASTER_BYTES
-from backend.analytic.vector import maximum, where
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backend.analytic.vector import maximum
+from backend.analytic.scalar_or_array import maximum
 from backend.spec.choices import GATED_MLPS, Mlp, Norm, Positions
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 IMPLEMENTATIONS = ("torch", "fused", "compiled")

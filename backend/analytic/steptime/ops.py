@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backend.analytic.scalar_or_array import is_array, maximum
 from backend.analytic.steptime.elementwise import Pass
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.op_tables import ADAMW_BYTES_PER_PARAM, per_unique
 from backend.analytic.traffic import FP8_BYTES
-from backend.analytic.vector import is_array, maximum
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
 
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32", "fp8": "bf16"}

@@ -35,6 +35,17 @@ from backend.analytic.moe_rows import is_uniform_dropless, moe_rows_key
 from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.params import ModelKey, layer_attention_kind, layer_is_moe, model_key
 from backend.analytic.recompute_cost import rerun_share
+from backend.analytic.scalar_or_array import (
+    any_true,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    per_distinct,
+    select_present,
+    where,
+)
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import (
     all_to_all_bandwidth_s,
@@ -59,20 +70,9 @@ from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optim
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
-from backend.analytic.vector import (
-    any_true,
-    logical_and,
-    logical_not,
-    logical_or,
-    maximum,
-    minimum,
-    per_distinct,
-    select_present,
-    where,
-)
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 28, "sgd": 20}

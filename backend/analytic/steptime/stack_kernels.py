@@ -18,7 +18,7 @@ from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import dtype_gemm_time
 
 if TYPE_CHECKING:
-    from backend.analytic.vector import Num
+    from backend.analytic.scalar_or_array import Num
 
 TE_FP8_GEMM_MS = {
     "source": "NVIDIA TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst (d0067d0d, lines 233-300; the "
