@@ -61,7 +61,7 @@ class HeldTraining:
         """analytic/stack_memory.StackMemory of the held stack and settings (None for shardlab): the same settings
         `Layout.of` resolves from each planned spec."""
         from backend.analytic.stack_memory import stack_memory_of_train
-        from backend.spec.sections import TrainSpec
+        from backend.spec.train_spec import TrainSpec
 
         train = TrainSpec.model_validate({"precision": self.precision, "optimizer": self.optimizer,
                                           **self.spec_train("none")})

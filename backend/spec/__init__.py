@@ -32,20 +32,13 @@ from backend.spec.choices import (
                                   Strategy,
                                   WindowKind,
 )
+from backend.spec.dims import MAX_WORLD
 from backend.spec.experiment import ExperimentSpec, SpecError, validate_spec
-from backend.spec.sections import (
-                                  MAX_BATCH,
-                                  MAX_DIM,
-                                  MAX_LAYERS,
-                                  MAX_SEQ,
-                                  MAX_STEPS,
-                                  MAX_VOCAB,
-                                  MAX_WORLD,
-                                  ModelSpec,
-                                  ParallelSpec,
-                                  RuntimeSpec,
-                                  TrainSpec,
-)
+from backend.spec.model_spec import ModelSpec
+from backend.spec.parallel_spec import ParallelSpec
+from backend.spec.runtime_spec import RuntimeSpec
+from backend.spec.section_base import MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB
+from backend.spec.train_spec import TrainSpec
 
 __all__ = [
     "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate",

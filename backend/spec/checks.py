@@ -13,9 +13,12 @@ import re
 from backend.spec import dims
 from backend.spec.choices import MULTI_STAGE_SCHEDULES, V_SHAPE_SCHEDULES, Schedule, Strategy
 from backend.spec.framework_support import check_framework
+from backend.spec.model_spec import ModelSpec
+from backend.spec.parallel_spec import ParallelSpec
 from backend.spec.run_rules import blocking_reasons
-from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts, TrainSpec
+from backend.spec.spec_parts import SpecParts
 from backend.spec.stack_rules import stack_problems
+from backend.spec.train_spec import TrainSpec
 
 _ENDPOINT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):"
                        r"(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})")

@@ -12,7 +12,11 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from backend.spec.checks import RunOnly, derive_and_check
 from backend.spec.choices import Framework
-from backend.spec.sections import ModelSpec, ParallelSpec, RuntimeSpec, SpecSection, TrainSpec
+from backend.spec.model_spec import ModelSpec
+from backend.spec.parallel_spec import ParallelSpec
+from backend.spec.runtime_spec import RuntimeSpec
+from backend.spec.section_base import SpecSection
+from backend.spec.train_spec import TrainSpec
 from backend.spec.user_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, text_problem
 
 

@@ -6,7 +6,8 @@ Pure Python (imported by spec validation): no torch, deepspeed or jax here.
 from __future__ import annotations
 
 from backend.spec import dims
-from backend.spec.sections import ParallelSpec, SpecParts
+from backend.spec.parallel_spec import ParallelSpec
+from backend.spec.spec_parts import SpecParts
 
 DEEPSPEED_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """ShardLab strategy -> DeepSpeed `zero_optimization.stage` (ddp is stage 0: plain data parallelism)."""

@@ -15,7 +15,9 @@ from typing import Any
 
 from backend.spec.choices import ZERO_STAGE, Schedule
 from backend.spec.dims import DIMS, degree_names
-from backend.spec.sections import ModelSpec, ParallelSpec, SpecParts
+from backend.spec.model_spec import ModelSpec
+from backend.spec.parallel_spec import ParallelSpec
+from backend.spec.spec_parts import SpecParts
 from backend.spec.stack_rules import stack_blockers
 
 SPLIT_BACKWARD_SCHEDULES = (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)

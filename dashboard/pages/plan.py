@@ -69,7 +69,7 @@ def _load_imported(imported) -> None:
     # its training settings too (planner/held.py): precision (the select above, preset to it), recompute policy, fp8
     st.session_state["pl_imported"] = (dict(spec["model"]), imported.framework, spec["name"], dict(spec["train"]))
     # and its stack with the settings it states (issue 34): the Stack select and its settings, preset to them
-    from backend.spec.sections import TrainSpec
+    from backend.spec.train_spec import TrainSpec
 
     st.session_state.update({STACK_KEY + k: v for k, v in stack_form.to_form(TrainSpec(**{
         k: v for k, v in spec["train"].items() if k in TrainSpec.model_fields})).items()})

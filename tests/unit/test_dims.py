@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from backend.spec import dims
-from backend.spec.sections import ParallelHead, ParallelSpec
+from backend.spec.parallel_spec import ParallelHead, ParallelSpec
 
 
 class XpMode(StrEnum):

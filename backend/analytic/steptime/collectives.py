@@ -6,8 +6,8 @@ ring steps: all-reduce 2(n-1), all-gather / reduce-scatter / all-to-all / broadc
 IJHPCA, Sec 4; Patarasuk & Yuan 2009). A group whose ranks sit on more than one node runs at the
 inter-node tier (each GPU's own NIC is the ring's bottleneck link, Narayanan 2021 Sec 4.1).
 
-Mesh order is (pp, dp, cp, tp), tp fastest (backend/spec/sections.py ParallelSpec.coords), ranks filled node by node;
-the data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-strided ranks like the cp group.
+Mesh order is (pp, dp, cp, tp), tp fastest (backend/spec/parallel_spec.py ParallelSpec.coords), ranks filled node by
+node; the data-parallel group ("dp") is the dp x cp ranks, which are consecutive tp-strided ranks like the cp group.
 """
 
 from __future__ import annotations
