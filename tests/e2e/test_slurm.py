@@ -15,20 +15,41 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.cli import main
+from backend.cli import build_parser, main
+from backend.cli.spec_flags import spec_from_args
 from db import queries as q
 from db.session import REPO, open_db
+from tests.helpers.farm import engine_job, uses
+from tests.helpers.slurm_cluster import SlurmCluster, unavailable_reason
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PY = sys.executable
 TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "2", "--heads", "2", "--seq", "16", "--vocab", "64",
         "--micro-batch", "1", "--steps", "2", "--warmup-steps", "1"]
+NAME = "x; `id`"
+
+
+def local_twin(world: int):
+    """The farm job of what `submit` queues for `world` ranks on this host (executor local, one node): the local run
+    a SLURM run is compared with. The farm runs it in its launch of that world size, beside the other tests' jobs,
+    instead of a worker process and a torchrun launch of its own (~25-40 CPU-s of imports each)."""
+    args = build_parser("submit").parse_args(["submit", *TINY, "--world", str(world), "--global-batch", str(world),
+                                              "--name", NAME])
+    spec, problems = spec_from_args(args)
+    assert not problems, problems
+    return engine_job(spec)
+
+
+LOCAL_TWINS = {world: local_twin(world) for world in (2, 4)}
+
+
+def twin_of(world: int) -> tuple:
+    """The farm mark of the local twin, none where the tests have no cluster (they skip: the farm need not run it)."""
+    return () if unavailable_reason() else (uses(LOCAL_TWINS[world]),)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from tests.helpers.slurm_cluster import SlurmCluster, unavailable_reason
-
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -105,11 +126,12 @@ def shape(result) -> list[tuple]:
              sorted(r.comm), sorted(r.comm_predicted)) for r in result.per_rank]
 
 
-@pytest.mark.parametrize("world,nodes", [(2, 2), (4, 2)], ids=["2x1", "2x2"])
-def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, capsys, tmp_path, world, nodes):
+@pytest.mark.parametrize("world,nodes", [pytest.param(2, 2, marks=twin_of(2), id="2x1"),
+                                         pytest.param(4, 2, marks=twin_of(4), id="2x2")])
+def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, farm, capsys, tmp_path, world, nodes):
     url = f"sqlite:///{tmp_path / 's.db'}"
     eid = submit(capsys, url, "--world", str(world), "--nodes", str(nodes), "--global-batch", str(world), "--name",
-                 "x; `id`")
+                 NAME)
     run_once(url, env)
     engine = open_db(url)
     row = q.get_experiment(engine, eid)
@@ -124,14 +146,15 @@ def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, capsys, tmp_path
     assert (len(res.per_rank) == world
             and all(r.measured.params_bytes > 0 and r.predicted.params_bytes > 0 for r in res.per_rank))
     assert res.loss_max_abs_diff is not None and res.loss_max_abs_diff < 1e-4
-    # the same spec run locally: identical result shape, identical (deterministic) measured parameter bytes
-    local_url = f"sqlite:///{tmp_path / 'local.db'}"
+    # the same spec run locally (the farm's run of it; a local run through the worker and the store is
+    # tests/unit/test_worker.py's test_submit_then_worker_once_stores_a_real_run): identical result shape, identical
+    # (deterministic) measured parameter bytes
     data = row["spec"].model_dump(mode="json")
     data["runtime"].update(executor="local", nnodes=1)
     local_spec = type(row["spec"]).model_validate(data)
-    local_id = q.submit_experiment(open_db(local_url), local_spec)
-    run_once(local_url, env)
-    local = q.get_experiment(open_db(local_url), local_id)["result"]
+    twin = LOCAL_TWINS[world]
+    assert type(local_spec).from_json(twin.payload) == local_spec, "the farm's local run is not this spec"
+    local = farm.result(twin)["result"]
     assert local.status == "ok" and shape(local) == shape(res)
     assert [r.measured.params_bytes for r in local.per_rank] == [r.measured.params_bytes for r in res.per_rank]
     assert [r.predicted.model_dump() for r in local.per_rank] == [r.predicted.model_dump() for r in res.per_rank]
