@@ -89,10 +89,15 @@ def _bucket_temp(key: ModelKey, pp_rank: int, pp: int, v: int, zbv: bool, first:
     """The distributed optimizer: one fp32 slice per bucket (its padded elements / dp), in bucket order (embeddings,
     each block, the head); under ep > 1 a block's routed experts follow it as a bucket of their own, sharded over
     edp = dp x cp / ep (dp_buckets.bucket_groups, distributed_optimizer.model_state_bytes)."""
-    def shards(part: str) -> list[int]:
-        sums = part_sums(key, part, tied and part == "head", placement, False)
-        experts = sums.ep_expert_numel
-        return [padded(sums.local_numel - experts, dp) // dp, padded(experts, edp) // edp]
+    memo: dict[str, list[int]] = {}
+
+    def shards(part: str) -> list[int]:  # the same for every block of a kind: once per part
+        hit = memo.get(part)
+        if hit is None:
+            sums = part_sums(key, part, tied and part == "head", placement, False)
+            experts = sums.ep_expert_numel
+            hit = memo[part] = [padded(sums.local_numel - experts, dp) // dp, padded(experts, edp) // edp]
+        return hit
 
     slices = (shards("embeddings") if first else []) + [n for alt in _block_kinds(key, pp, v, zbv, pp_rank)
                                                        for n in shards(ALT_PART if alt else "block")]
