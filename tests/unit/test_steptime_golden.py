@@ -15,8 +15,13 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "f44613e5ca8c76dd8af1"
-"""Issue 32 moved worst_rank_bytes a third time (57a88abc0f3c2416cdaa before): a later 1F1B backward of a stage past
+DIGEST_BEFORE = "544d9c154e68a847b6ec"
+"""Issue 32 moved worst_rank_bytes a fourth time (f44613e5ca8c76dd8af1 before): GPipe and interleaved 1F1B backwards
+(memory/schedule_backward.py: no TP logits shard held per loss graph, a finished GPipe microbatch's loss graph
+released, GPipe's later loss backward, one chunk's weight grads and units per interleaved backward); compared row by
+row with 03452e5, the 15 rows that moved are all GPipe (9) or interleaved 1F1B (6, v 2 and 4), all down (-0.02% ..
+-7.90%), the same worst rank; the step_time rows and the 71 others are unchanged.
+Issue 32 moved worst_rank_bytes a third time (57a88abc0f3c2416cdaa before): a later 1F1B backward of a stage past
 the first holds the previous backward's stage-input gradient, and layers:K's lowest checkpoint is a moment of its own;
 compared row by row with 7077052, one row moved, plan dp64·tp8·pp2 zero3 1F1B (63.831 -> 63.965 GB, +0.21%, the same
 worst rank 512), the step_time rows and the 85 others are unchanged.

@@ -15,7 +15,8 @@ the held activations and the working block:
   end of a stage's backward holds every block's parameters; in the first backward with every in-flight microbatch,
   in a later one with the accumulated gradients; under layers:K the stage's lowest checkpoint, re-run above the K - 1
   plain blocks' saved tensors; a later 1F1B backward of a stage past the first also holds the previous backward's
-  stage-input gradient (both in pipelined_backward.py);
+  stage-input gradient (both in pipelined_backward.py); GPipe's later loss backwards on the last stage, and what
+  GPipe's finished microbatches and the looped schedules' one-chunk backwards hold otherwise (schedule_backward.py);
 - the embeddings' backward (the stage with them): their dense gradient, then the root's post-backward
   reduce-scatter input (its fp32 unsharded size).
 """
@@ -36,6 +37,14 @@ from backend.analytic.memory.pipelined_backward import (
     pipeline_backward,
     sent_grad_bytes,
     stage_grad_bytes,
+)
+from backend.analytic.memory.schedule_backward import (
+    chunk_blocks,
+    finished_microbatch_bytes,
+    kept_stage_input,
+    later_loss_bytes,
+    later_units_bytes,
+    stale_logits_shards,
 )
 from backend.analytic.scalar_or_array import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
 from backend.analytic.traffic import MASTER_BYTES
@@ -130,7 +139,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     replicate = layout.uses_replicate
     # the head's backward freed its saved tensors, and the logits unless the loop holds them
     logits = layout.seq_local(model) * layout.micro_batch * model.vocab_size * layout.compute_bytes
-    base = state + other + acts.held - acts.head_freed - where(
+    base = state + other + acts.held - acts.head_freed - stale_logits_shards(model, layout, parts) - where(
         logical_and(stages.last, logical_not(logits_held(layout))), logits, 0)
 
     # --- without pipelining: the first blocks back-propagated ---
@@ -191,7 +200,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     # so the autograd engine runs it last): one block's casts' worth per block back-propagated before the working ones
     # (tests/multiprocess/test_fullest_moment.py's pipelined grid, read op by op: they are copied out after the
     # embeddings' backward)
-    held_all = n * one + acts.head_casts
+    held_all = chunk_blocks(layout, parts) * one + acts.head_casts  # looped: the working chunk's only
     # the first backward: every in-flight microbatch, gradients made as it goes
     emb_grads = where(fsdp, grad_bytes * stages.first * parts.embeddings.fsdp_unsharded_grad_numel, 0)
     first_top = pipe_base - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0)
@@ -199,7 +208,8 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     # a later one: a steady-state backward follows a forward (which resharded every zero3 unit) with as many in
     # flight; a cool-down one follows the previous backward with one fewer, every unit still unsharded
     steady = pipe_base + grads_all
-    cool = pipe_base - acts.blocks + grads_all
+    cool = pipe_base - finished_microbatch_bytes(model, layout, parts, acts) + grads_all
+    kept_input = kept_stage_input(model, layout, parts)  # GPipe: the working microbatch's stays too
     sent_grad = sent_grad_bytes(model, layout, parts)
     later_top = acts.head_casts + sent_grad + maximum(
         where(pipe.steady, steady - top_saved + pipe_top_w + where(fsdp, pb * gathered_top, 0), 0),
@@ -209,9 +219,10 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
         """A later backward at the stage's first block, `working` blocks re-run at once: the grads of the n - working
         blocks back-propagated before it held (the head's 16-bit grad waits the same way)."""
         work = working * acts.none + e_plain_none
-        held_wgrads = (n - working) * one + acts.head_casts + sent_grad
-        return maximum(where(pipe.steady, steady, cool) - acts.blocks + work + held_wgrads + all_unsharded,
-                       cool - acts.blocks + work + held_wgrads + all_unsharded)
+        held_wgrads = (chunk_blocks(layout, parts) - working) * one + acts.head_casts + sent_grad
+        freed = acts.blocks - kept_input
+        return maximum(where(pipe.steady, steady, cool) - freed + work + held_wgrads + all_unsharded,
+                       cool - freed + work + held_wgrads + all_unsharded)
 
     # uniform: the last group's blocks re-run at once, then the stage's first block back-propagated alone (the
     # group's other blocks' grads held)
@@ -220,11 +231,13 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     terms = PipeTerms(base=pipe_base, steady=steady, cool=cool, grads=grads_all - emb_grads, unsharded=all_unsharded,
                       sent_grad=sent_grad, pipe=pipe, n_blocks=n, rerun_extra=e_plain_none, grad_bytes=grad_bytes)
     piped = maximum(piped, lowest_checkpoint(layout, acts, parts, terms))
+    piped = maximum(piped, later_loss_bytes(model, layout, parts, cool, all_unsharded, pipe, acts))
     # the first stage's embeddings: their dense gradient is made (the first backward: it becomes the root's
     # unsharded gradient; a later one: added into it)
     dense = embedding_grad_bytes(layout, parts)
     first_emb = pipe_base - acts.blocks + dense + all_unsharded + grads_all - emb_grads
-    later_emb = where(pipe.steady, steady, cool) - acts.blocks + dense + held_all + all_unsharded
+    later_emb = (where(pipe.steady, steady, cool) - acts.blocks + dense + held_all
+                 + later_units_bytes(layout, parts, all_unsharded))
     piped = maximum(piped, where(stages.first, maximum(first_emb, where(pipe.has_later, later_emb, 0)), 0))
 
     blocks_moment = where(n > 0, where(layout.pipelined, piped, alone_best), 0)
