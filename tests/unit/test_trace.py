@@ -63,13 +63,17 @@ def _first_representative(case: dict) -> object:
     return trace_job(spec, ranks=representative_ranks(spec)[:1])
 
 
-EVERY_CATEGORY = {"pp_tp_zero3": _first_representative(PP_SPEC), "moe_ep_zero3": _first_representative(EP_SPEC)}
+ETP_SPEC = dict(parallel={"strategy": "ddp", "world_size": 4, "tp": 2, "ep": 2, "etp": 2},
+                model={"n_experts": 4, "top_k": 2})
+EVERY_CATEGORY = {"pp_tp_zero3": _first_representative(PP_SPEC), "moe_ep_zero3": _first_representative(EP_SPEC),
+                  "moe_etp_ep_ddp": _first_representative(ETP_SPEC)}
 
 
 @pytest.mark.parametrize("case", params(EVERY_CATEGORY))
 def test_pipeline_and_moe_ep_trace_every_state_category(farm, case: str) -> None:
-    """pp (1f1b, with tp and zero3 on the other dims) and MoE with ep: gradients and optimizer state exact,
-    activations within 10 %; where params miss (FSDP2 buffers at the moment of the peak) a note says why."""
+    """pp (1f1b, with tp and zero3 on the other dims), MoE with ep, and MoE with each expert split over tp (etp = tp):
+    gradients and optimizer state exact, activations within 10 %; where params miss (FSDP2 buffers at the moment of
+    the peak) a note says why."""
     for res in (farm.result(EVERY_CATEGORY[case]),):
         assert res["status"] == "ok", res
         (row,) = res["per_rank"]
