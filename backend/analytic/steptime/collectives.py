@@ -102,6 +102,13 @@ def all_to_all_bandwidth_s(hw: Hardware, payload_bytes: Num, n: Num, on_node: Nu
     return where(n > 1, maximum(inside, across), 0.0)
 
 
+def all_to_all_s(hw: Hardware, tier: str, payload_bytes: float, n: int, on_node: int, calls: float = 1.0) -> float:
+    """Seconds for `calls` all-to-alls moving `payload_bytes` in total over n ranks, `on_node` of them per node: the
+    tier's latency per ring step, and the node-split bandwidth term (all_to_all_bandwidth_s)."""
+    alpha = hw.tune.intra_latency_s if tier == INTRA else hw.tune.inter_latency_s
+    return calls * ring_steps("all_to_all", n) * alpha + all_to_all_bandwidth_s(hw, payload_bytes, n, on_node)
+
+
 def collective_s(hw: Hardware, tier: str, collective: str, payload_bytes: float, n: int, calls: float = 1.0,
                  per_node: int = 1) -> float:
     """Seconds for `calls` collectives moving `payload_bytes` in total over a group of n (α–β, module doc)."""

@@ -28,12 +28,10 @@ from backend.analytic.sharding import LocalParam, derived, local_params_shared, 
 from backend.analytic.steptime.collectives import (
     INTER,
     INTRA,
-    all_to_all_bandwidth_s,
+    all_to_all_s,
     collective_s,
     dim_tier,
-    link,
     members_per_node,
-    ring_steps,
 )
 from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
@@ -123,8 +121,7 @@ def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stag
         calls = max(1, 4 * len(layers) * m)
         tier = dim_tier(spec, dim, n, g)
         if kind == "all_to_all":  # each peer its own rows: the node's members over NVLink, the others over the NIC
-            sec = calls * ring_steps(kind, n) * link(hw, tier)[1] + all_to_all_bandwidth_s(
-                hw, payload, n, members_per_node(spec, dim, n, g))
+            sec = all_to_all_s(hw, tier, payload, n, members_per_node(spec, dim, n, g), calls=calls)
         else:
             sec = collective_s(hw, tier, kind, payload, n, calls=calls)
         out[dim] += sec
