@@ -1,6 +1,6 @@
-"""What one rank's expert-parallel all-to-alls carry, by stack (pure Python): how many of its tokens it dispatches and
-how many bytes each row's element takes. The step-time model (traffic.model_parallel_traffic) and the planner's screen
-(steptime/screen.py) both read it.
+"""What one rank's expert-parallel dispatch carries, by stack (pure Python): how many of its tokens it dispatches, how
+many bytes each row's element takes, the all-to-alls' payload, and (Megatron) the expert-TP gather and scatter around
+them. The step-time model (traffic.model_parallel_traffic) and the planner's screen (steptime/screen.py) both read it.
 
 - ShardLab's engine (stack shardlab) routes every token of its (b, s/cp) microbatch, and the rows are the ln2
   output: fp32 under torch.autocast (memory/moe_bytes.row_bytes; strategies/moe_dispatch.py).
@@ -10,6 +10,12 @@ how many bytes each row's element takes. The step-time model (traffic.model_para
   expert TP all-gathers the received rows after it (dispatch_postprocess, l. 741-749), and FP8 is cast inside
   Transformer Engine's grouped GEMMs, after the all-to-all. Without sequence parallelism (Megatron warns that EP with
   TP needs it: core/model_parallel_config.py l. 560-565) every tp rank holds and sends the whole sequence.
+  With expert TP (etp; tp when ep is 1) the dispatcher all-gathers the all-to-all's output over the expert tp group
+  (`dispatch_postprocess`, gather_from_sequence_parallel_region) and reduce-scatters the experts' output before the
+  combine all-to-all (`combine_preprocess`, reduce_scatter_to_sequence_parallel_region): Megatron-LM 0014f137,
+  megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher. Backward runs each as the other.
+  The experts' column / row-parallel GEMMs issue no collective of their own. ShardLab's engine instead all-reduces
+  each expert's colwise / rowwise DTensor over etp (traffic.tp_traffic).
 - torchtitan (FSDP2's MixedPrecisionPolicy computes in bf16) and DeepSpeed (a 16-bit module) hold 16-bit
   activations and dispatch their (b, s/cp) tokens, as this engine does.
 """
@@ -19,12 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from backend.analytic.moe_rows import is_uniform_dropless
+from backend.analytic.moe_rows import of_model as expert_rows_of
 from backend.analytic.scalar_or_array import logical_and, where
+from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
     from backend.analytic.scalar_or_array import Num
-    from backend.spec import ExperimentSpec
+    from backend.spec import ExperimentSpec, ModelSpec
 
 ENGINE_ROW_BYTES = 4
 """The engine's routed rows under autocast: layer_norm's fp32 output (memory/moe_bytes.row_bytes)."""
@@ -60,3 +71,22 @@ class Dispatch:
         if not self.megatron:
             return tokens
         return where(logical_and(tp > 1, sequence_parallel), tokens // tp, tokens)
+
+
+def all_to_all_payload_bytes(model: ModelSpec, sent_tokens: Num, row_bytes: int) -> Num:
+    """One MoE block's all-to-all input bytes for one microbatch, dispatch and combine, forward and backward (GShard
+    Sec 3.1): `sent_tokens` x top_k rows each way under uniform dropless routing, else the rows the capacity limit and
+    the imbalance leave (moe_rows.py: dispatch sends `sent`, combine sends back `received`)."""
+    if is_uniform_dropless(model):
+        return ep_all_to_all_payload_bytes(tokens=sent_tokens, h=model.d_model, top_k=model.top_k,
+                                           dtype_bytes=row_bytes)
+    rows = np.vectorize(lambda t: (lambda r: r.sent + r.received)(expert_rows_of(model, int(t))))(sent_tokens)
+    return 2 * rows * model.d_model * row_bytes
+
+
+def megatron_expert_tp_bytes(model: ModelSpec, sent_tokens: int, row_bytes: int, group: int) -> float:
+    """Megatron's expert-TP all-gather (and, the same size, its reduce-scatter) of one MoE block and microbatch, in
+    either pass: the rows this rank received from the all-to-all, gathered over the `group` expert tp ranks (payload =
+    the gathered output, as traffic.py counts an all-gather)."""
+    received = sent_tokens * model.top_k if is_uniform_dropless(model) else expert_rows_of(model, sent_tokens).received
+    return received * group * model.d_model * row_bytes

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
-from backend.spec.choices import Bias, Precision
+from backend.spec.choices import Bias, Precision, Stack
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -55,9 +55,8 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
     if p.ep > 1 and p.etp > 1:
         notes.append(f"etp={p.etp}: each rank holds its {spec.model.n_experts // p.ep} experts split over etp "
                      f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; edp = dp x cp / ep = "
-                     f"{p.dp_cp // p.ep}); the MoE input is whole on every tp rank, so the all-to-all is that of etp 1 "
-                     f"and the experts' all-reduces run over etp; each local expert's (rows, ffn) activations are "
-                     f"split over etp too")
+                     f"{p.dp_cp // p.ep}); " + _etp_comm_words(spec) + "; each local expert's (rows, ffn) "
+                     "activations are split over etp too")
     if p.cp > 1:
         notes.append(cp_note(spec))
     if str(t.recompute) == "op":
@@ -117,3 +116,12 @@ def cp_note(spec: ExperimentSpec) -> str:
             "of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward "
             f"moment can top it by up to those dK/dV bytes); K/V traffic per layer "
             f"and microbatch: traffic.cp_traffic")
+
+
+def _etp_comm_words(spec: ExperimentSpec) -> str:
+    """How expert TP communicates on this spec's stack (ep_dispatch.py)."""
+    if spec.train.stack == Stack.MEGATRON:
+        return ("Megatron's dispatcher all-gathers the all-to-all's output over etp before the experts and "
+                "reduce-scatters their output after them (token_dispatcher.py)")
+    return "the MoE input is whole on every tp rank, so the all-to-all is that of etp 1 and the experts' all-reduces " \
+           "run over etp"

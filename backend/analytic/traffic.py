@@ -16,13 +16,10 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
-from backend.analytic.ep_dispatch import Dispatch
-from backend.analytic.moe_rows import is_uniform_dropless
-from backend.analytic.moe_rows import of_model as expert_rows_of
+from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, megatron_expert_tp_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
 from backend.analytic.scalar_or_array import where
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
-from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.tp_placement import module_rule
 from backend.spec.stack_rules import loss_parallel_on
 
@@ -138,6 +135,7 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
     if str(getattr(m, "positions", "learned")) == "rope":
         sh = 0  # no pos_emb: RoPE has no parameters and no collective
     sp, L = p.sequence_parallel, len(layers)
+    megatron = Dispatch.of_spec(spec).megatron
     moe = n_moe_layers(m, layers)  # each block by its own kind: a dense prefix / interleave mixes the two
     ar = ag = rs = 0.0
     # Shoeybi 2019 Sec 3: per layer f/g operators, 2 all-reduces fwd (o, fc_out) + 2 bwd (qkv, fc_in inputs);
@@ -146,7 +144,7 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
         # SwiGLU experts: gate and up each turn their plain input into a Replicate DTensor, so the backward
         # all-reduces twice (3 per expert call); the shared experts are one more such MLP on all b*s tokens
         mats = 3 if is_gated(getattr(m, "mlp", "gelu")) else 2
-        if p.ep == 1:  # ep > 1: whole routed experts on every tp rank (expert_layout.py, etp 1): no tp collective
+        if p.ep == 1 and not megatron:  # ep > 1: whole routed experts on every tp rank (expert_layout.py, etp 1)
             ar += mats * moe * bsh * m.top_k
         if getattr(m, "n_shared_experts", 0):
             ar += mats * moe * bsh
@@ -173,8 +171,13 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
         else:
             ar += bsh  # Replicate input: grad all-reduced in backward
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
-    if moe and p.ep > 1 and p.etp > 1:  # experts split over etp (expert_layout.py): their colwise / rowwise all-reduces
-        # over the etp group, of the routed rows every etp rank holds alike (the MoE input is whole on each tp rank)
+    etp = p.tp if p.ep == 1 else p.etp
+    if moe and etp > 1 and megatron:  # the dispatcher's gather before the experts, scatter after (ep_dispatch.py)
+        sent = Dispatch.of_spec(spec).tokens(t.micro_batch * s, p.tp, sp)
+        gathered = 2 * moe * mb * megatron_expert_tp_bytes(m, sent, cb, etp)  # forward and backward
+        out += [("all_gather", gathered, etp), ("reduce_scatter", gathered, etp)]
+    elif moe and p.ep > 1 and p.etp > 1:  # experts split over etp (expert_layout.py): their colwise / rowwise
+        # all-reduces over the etp group, of the routed rows every etp rank holds alike (the MoE input is whole)
         out.append(("all_reduce", mats * moe * bsh * m.top_k * mb, p.etp))
     block, final = partial_grad_numel(model_key(m), sp)
     partial = block * L + final * (n_stages - 1 in stages)
@@ -210,10 +213,7 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
         # the rows and their dtype as the stack's dispatcher sends them (ep_dispatch.py)
         dispatch = Dispatch.of_spec(spec)
         sent, row_bytes = dispatch.tokens(tokens, p.tp, p.sequence_parallel), dispatch.row_bytes(t.precision)
-        per = ep_all_to_all_payload_bytes(tokens=sent, h=m.d_model, top_k=m.top_k, dtype_bytes=row_bytes)
-        if not is_uniform_dropless(m):  # dispatch sends `sent` rows, combine sends back `received` (moe_rows.py)
-            rows = expert_rows_of(m, sent)
-            per = 2 * (rows.sent + rows.received) * m.d_model * row_bytes
+        per = float(all_to_all_payload_bytes(m, sent, row_bytes))
         counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
         out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
     if p.pp > 1:

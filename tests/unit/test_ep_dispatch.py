@@ -95,3 +95,30 @@ def test_megatrons_qwen3_moe_recipe_is_no_longer_dominated_by_the_all_to_all():
     st = step_time(qwen3_row(), H100)
     ep_s = st.per_rank[0].comm_s["ep"]
     assert ep_s < 0.3 * 68.147
+
+
+def grok_row(stack: str = "megatron") -> ExperimentSpec:
+    """dgxc-benchmarking's Grok-1 (bf16): tp 4, expert tp 4, ep 8, sequence parallel, gated GELU experts."""
+    row = next(r for r in published_rows() if r.id == "dgxc2504-h100-grok1-314b-g512-bf16")
+    return with_(ExperimentSpec.for_prediction(row.spec), train={"stack": stack})
+
+
+
+def test_megatrons_expert_tp_gathers_before_the_experts_and_scatters_after():
+    """Megatron's alltoall dispatcher all-gathers the all-to-all's output over the expert tp group and reduce-scatters
+    the experts' output (token_dispatcher.py dispatch_postprocess / combine_preprocess): per MoE block and microbatch,
+    forward and backward, one all-gather and one reduce-scatter of the received rows x etp, 16-bit. The engine's
+    DTensor experts all-reduce each GEMM instead (3 for gated experts)."""
+    spec = grok_row()
+    m, t, p = spec.model, spec.train, spec.parallel
+    sent = t.micro_batch * m.seq_len // p.cp // p.tp  # Megatron dispatches its sequence-parallel shard
+    gathered = 2 * t.microbatches * sent * m.top_k * p.etp * m.d_model * 2
+    traffic = model_parallel_traffic(spec, [0], [1])
+    sp_block = 4 * t.micro_batch * (m.seq_len // p.cp) * m.d_model * 2 * t.microbatches  # the block's own SP gathers
+    assert ("all_gather", gathered, p.etp) in traffic and ("reduce_scatter", gathered, p.etp) in traffic
+    assert not [e for e in traffic if e[0] == "all_reduce" and e[2] == p.etp and e[1] > sp_block]
+    engine = model_parallel_traffic(with_(spec, train={"stack": "shardlab"}), [0], [1])
+    per_gemm = t.micro_batch * (m.seq_len // p.cp) * m.d_model * 2 * m.top_k * t.microbatches
+    assert ("all_reduce", 3 * per_gemm, p.etp) in engine
+    # the same wire bytes as 2 all-reduces of one gathered tensor, not the engine's 3
+    assert gathered == 2 * per_gemm

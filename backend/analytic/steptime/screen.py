@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backend.analytic.ep_dispatch import Dispatch
+from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import (
     ALT_PART,
@@ -67,7 +67,6 @@ from backend.analytic.steptime.compute import (
 from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
-from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 from backend.analytic.textbook.pipeline import bubble_formula
 from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
 
@@ -391,11 +390,7 @@ def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: in
     dispatch = Dispatch.of_layout(layout)  # the rows and their dtype as the stack's dispatcher sends them
     tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
     row_bytes = dispatch.row_bytes(str(layout.precision))
-    payload = layout.microbatches * moe_blocks * ep_all_to_all_payload_bytes(
-        tokens=tokens, h=model.d_model, top_k=model.top_k, dtype_bytes=row_bytes)
-    if not is_uniform_dropless(model):  # the capacity limit / imbalance (moe_rows.py), per distinct tokens
-        per_mb = np.vectorize(lambda t: 2 * (lambda r: r.sent + r.received)(expert_rows_of(model, int(t))))(tokens)
-        payload = layout.microbatches * moe_blocks * per_mb * model.d_model * row_bytes
+    payload = layout.microbatches * moe_blocks * all_to_all_payload_bytes(model, tokens, row_bytes)
     on_node = node_members(group_stride(layout.tp, layout.dp, "ep"), layout.ep, gpus_per_node)
     return where(layout.ep > 1, all_to_all_bandwidth_s(hw, payload, layout.ep, on_node), 0.0)
 
