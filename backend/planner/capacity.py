@@ -77,10 +77,10 @@ def factor_label(factor: Factor) -> str:
 def dropped_share(spec: dict[str, Any]) -> float | None:
     """Share of a rank's routed token-slots its capacity limit drops per MoE layer and microbatch under uniform routing
     (moe_rows.expert_rows' kept rows of T = micro-batch x seq / cp tokens); None for dropless or dense."""
-    m, t, p = spec["model"], spec["train"], spec["parallel"]
+    m = spec["model"]
     if m.get("capacity_factor") is None or not m.get("n_experts"):
         return None
-    tokens = t["micro_batch"] * m["seq_len"] // p.get("cp", 1)
+    tokens = _tokens(spec)
     rows = tokens * m["top_k"]
     kept = expert_rows(tokens=tokens, top_k=m["top_k"], n_experts=m["n_experts"], factor=m["capacity_factor"],
                        pad=bool(m.get("moe_pad_to_capacity"))).kept
@@ -90,8 +90,8 @@ def dropped_share(spec: dict[str, Any]) -> float | None:
 def busiest_share(spec: dict[str, Any]) -> float:
     """Share of the busiest experts' slots dropped when they get `moe_imbalance` x the uniform load: 1 - E C /
     (rho T k) where the limit applies (C <= T)."""
-    m, t, p = spec["model"], spec["train"], spec["parallel"]
-    tokens, rho = t["micro_batch"] * m["seq_len"] // p.get("cp", 1), float(m.get("moe_imbalance") or 1.0)
+    m = spec["model"]
+    tokens, rho = _tokens(spec), float(m.get("moe_imbalance") or 1.0)
     factor, k, e = m["capacity_factor"], m["top_k"], m["n_experts"]
     if factor is None or not drops(tokens, k, e, factor):
         return 0.0
@@ -120,3 +120,8 @@ def drop_note(configs: list[dict[str, Any]]) -> str | None:
             + "; ".join(parts) + busiest + ". The prediction assumes uniform routing (every expert gets T·k/E of a "
             "rank's T tokens' k slots per microbatch), under which a factor >= 1 drops nothing in expectation; real "
             "routing is uneven and drops at such factors too: a run counts its drops (tokens_dropped).")
+
+
+def _tokens(spec: dict[str, Any]) -> int:
+    """T: a rank's tokens of one microbatch (micro-batch x seq / cp), which its router dispatches."""
+    return spec["train"]["micro_batch"] * spec["model"]["seq_len"] // spec["parallel"].get("cp", 1)
