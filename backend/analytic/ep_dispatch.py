@@ -65,6 +65,14 @@ class Dispatch:
         16-bit activations (fp8 GEMMs cast their inputs after the all-to-all)."""
         return 4 if self.engine or str(precision) == "fp32" else 2
 
+    def ep_stride(self, tp: Num, etp: Num) -> Num:
+        """Rank distance between neighbours of an EP group. This engine carves ep out of dp x cp, so its groups are
+        strided by tp (expert_layout.py). Megatron lays the experts out on their own mesh, etp innermost, then ep
+        (Megatron-LM parallel_state.py `initialize_model_parallel`: the expert RankGenerator with tp = etp, cp = 1,
+        order tp-cp-ep-dp-pp): its groups are strided by etp, so with etp < tp an EP group folds over the tp ranks
+        and fills a node with more members."""
+        return etp if self.megatron else tp
+
     def tokens(self, tokens: Num, tp: Num, sequence_parallel: Num) -> Num:
         """This rank's dispatched tokens of a microbatch, from its (b, s/cp) `tokens`: Megatron's sequence-parallel
         shard (tokens / tp) where tp > 1 and sequence parallelism is on, else all of them."""

@@ -15,8 +15,10 @@ stage's tp x cp x dp ranks:
 edp (expert data-parallel degree) = the ranks holding the same expert shard within one tp column = dp x cp / ep
 (Megatron: world / (etp x ep x pp) at etp = tp); the expert gradients reduce over edp (an all-reduce, or the
 distributed optimizer's reduce-scatter: Megatron's _EXPERT_DATA_PARALLEL_GROUP) and zero1 shards the experts'
-optimizer state over it. Megatron's fold of ep over the tp ranks (etp < tp with distinct tokens per tp rank) is not
-modelled (spec/checks.py says so with the arithmetic).
+optimizer state over it. Megatron's fold of ep over the tp ranks (ep larger than dp x cp, etp < tp with distinct tokens
+per tp rank) is not modelled (spec/checks.py says so with the arithmetic). Where ep fits in dp x cp, the megatron
+stack's EP all-to-all is still placed on Megatron's groups, strided by etp rather than tp
+(ep_dispatch.Dispatch.ep_stride); the sizes here are the same at uniform routing.
 """
 
 from __future__ import annotations

@@ -122,3 +122,24 @@ def test_megatrons_expert_tp_gathers_before_the_experts_and_scatters_after():
     assert ("all_reduce", 3 * per_gemm, p.etp) in engine
     # the same wire bytes as 2 all-reduces of one gathered tensor, not the engine's 3
     assert gathered == 2 * per_gemm
+
+
+def deepseek_row() -> ExperimentSpec:
+    """Megatron-Bridge's DeepSeek-V3 on 1,024 H100s: tp 2, etp 1, ep 64, pp 8."""
+    row = next(r for r in published_rows() if r.id == "bridge2509-h100-deepseek-v3-g1024")
+    return ExperimentSpec.for_prediction(row.spec)
+
+
+def test_megatrons_ep_group_folds_over_tp_when_etp_is_below_tp():
+    """Megatron's expert mesh puts etp innermost, then ep (parallel_state.py's expert RankGenerator, order
+    tp-cp-ep-dp-pp with tp = etp): at tp 2, etp 1 an EP group is 64 consecutive ranks, 8 on each node. This engine
+    carves ep out of dp x cp, strided by tp: 4 on each node. More members on a node send fewer rows through the NIC."""
+    from backend.analytic.steptime.collectives import members_per_node
+
+    spec = deepseek_row()
+    engine = with_(spec, train={"stack": "shardlab"})
+    assert members_per_node(spec, "ep", 64, 8) == 8 and members_per_node(engine, "ep", 64, 8) == 4
+    megatron_s = step_time(spec, H100).per_rank[0].comm_s["ep"]
+    strided_s = step_time(with_(spec, parallel={"etp": 2}), H100).per_rank[0].comm_s["ep"]
+    # etp = tp: Megatron's groups are strided by tp as well (4 a node); the rows each rank sends are the same
+    assert megatron_s == pytest.approx(strided_s * (64 - 8) / (64 - 4), rel=0.02)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from backend.analytic.ep_dispatch import Dispatch
 from backend.analytic.scalar_or_array import logical_or, maximum, minimum, where
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.textbook.comm_volume import ring_wire_bytes
@@ -43,6 +44,8 @@ def group_stride(tp: Num, dp: Num, dim: str) -> Num:
 
 def dim_stride(spec: ExperimentSpec, dim: str) -> int:
     p = spec.parallel
+    if dim == "ep":  # by the stack's expert mesh (ep_dispatch.py)
+        return Dispatch.of_spec(spec).ep_stride(p.tp, p.etp)
     return group_stride(p.tp, p.dp_cp, dim)
 
 

@@ -383,15 +383,16 @@ class _BlockCosts:
 def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Num:
     """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
     tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
-    (strided by tp, carved out of dp), at the link steptime.model._mp_comm times them on: across nodes each rank's
-    own NIC (an all-to-all sends every peer its own rows; no ring shares a node boundary)."""
+    (strided as the stack lays out its experts: ep_dispatch.Dispatch.ep_stride), at the link steptime.model._mp_comm
+    times them on: across nodes each rank's own NIC (an all-to-all sends every peer its own rows; no ring shares a
+    node boundary)."""
     if not model.is_moe:
         return 0.0
     dispatch = Dispatch.of_layout(layout)  # the rows and their dtype as the stack's dispatcher sends them
     tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
     row_bytes = dispatch.row_bytes(str(layout.precision))
     payload = layout.microbatches * moe_blocks * all_to_all_payload_bytes(model, tokens, row_bytes)
-    on_node = node_members(group_stride(layout.tp, layout.dp, "ep"), layout.ep, gpus_per_node)
+    on_node = node_members(dispatch.ep_stride(layout.tp, layout.etp), layout.ep, gpus_per_node)
     return where(layout.ep > 1, all_to_all_bandwidth_s(hw, payload, layout.ep, on_node), 0.0)
 
 
