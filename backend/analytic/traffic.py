@@ -135,7 +135,8 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
     if str(getattr(m, "positions", "learned")) == "rope":
         sh = 0  # no pos_emb: RoPE has no parameters and no collective
     sp, L = p.sequence_parallel, len(layers)
-    megatron = Dispatch.of_spec(spec).megatron
+    dispatch = Dispatch.of_spec(spec)
+    megatron = dispatch.megatron
     moe = n_moe_layers(m, layers)  # each block by its own kind: a dense prefix / interleave mixes the two
     ar = ag = rs = 0.0
     # Shoeybi 2019 Sec 3: per layer f/g operators, 2 all-reduces fwd (o, fc_out) + 2 bwd (qkv, fc_in inputs);
@@ -173,7 +174,7 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
     etp = p.tp if p.ep == 1 else p.etp
     if moe and etp > 1 and megatron:  # the dispatcher's gather before the experts, scatter after (ep_dispatch.py)
-        sent = Dispatch.of_spec(spec).tokens(t.micro_batch * s, p.tp, sp)
+        sent = dispatch.tokens(t.micro_batch * s, p.tp, sp)
         gathered = 2 * moe * mb * megatron_expert_tp_bytes(m, sent, cb, etp)  # forward and backward
         out += [("all_gather", gathered, etp), ("reduce_scatter", gathered, etp)]
     elif moe and p.ep > 1 and p.etp > 1:  # experts split over etp (expert_layout.py): their colwise / rowwise

@@ -38,8 +38,9 @@ def ring_steps(collective: str, n: int) -> int:
 
 
 def group_stride(tp: Num, dp: Num, dim: str) -> Num:
-    """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays; dp = the dp x cp ranks)."""
-    return {"tp": 1, "dp": tp, "ep": tp, "cp": tp, "pp": tp * dp}[dim]
+    """Rank distance between neighbours of a mesh dimension (ints or per-layout arrays; dp = the dp x cp ranks); ep's
+    depends on the stack (ep_dispatch.Dispatch.ep_stride)."""
+    return {"tp": 1, "dp": tp, "cp": tp, "pp": tp * dp}[dim]
 
 
 def dim_stride(spec: ExperimentSpec, dim: str) -> int:
