@@ -59,6 +59,19 @@ def ddp_ignore_params(module: torch.nn.Module, names: list[str]) -> None:
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
 
 
+def completed_work(value: list[torch.Tensor]) -> torch.ScriptObject:
+    """A c10d Work that is already complete with `value` (its future's result), boxed as a c10d op returns it
+    (backend/bench/settle.py hands it back in place of gloo's reduce-scatter Work)."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(value)
+    return torch._C._distributed_c10d._create_work_from_future(future).boxed()
+
+
+def tensor_use_count(t: torch.Tensor) -> int:
+    """Holders of the tensor's TensorImpl, C++ ones included (a c10d Work holds its buffers until it is destroyed)."""
+    return t._use_count()
+
+
 def current_graph_task_id() -> int:
     """-1 outside a backward pass (the memory tracker uses it to tell forward from backward work)."""
     return torch._C._current_graph_task_id()

@@ -15,6 +15,7 @@ import torch
 from backend.bench import comm as comm_bench
 from backend.bench import memory, timing
 from backend.bench.comm_hooks import KernelCommCounter
+from backend.bench.settle import SettledCollectives
 from backend.engine.data import global_batch
 from backend.runtime.faults import maybe_inject
 from backend.runtime.protocol import Progress, emit_progress, mark_progress
@@ -137,7 +138,8 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     memory.track_inputs(tracker, batch)
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
-    with memory.tracking(tracker, prep.modules), full:
+    # entered first: the innermost mode, below the tracker (backend/bench/settle.py says why)
+    with SettledCollectives(ctx.device), memory.tracking(tracker, prep.modules), full:
         prep.train_step(*batch)
     timing.fence(ctx.device)  # let async collectives' completion callbacks land
     out = memory.breakdown(tracker, ctx.device, ctx.placement.states)

@@ -90,6 +90,24 @@ def test_ddp_ignore_params_marks_the_module():
     assert set(m._ddp_params_and_buffers_to_ignore) == {"bias"}
 
 
+def test_completed_work_is_a_boxed_done_work_with_its_value():
+    value = [torch.ones(3)]
+    work = dist.distributed_c10d.Work.unbox(tc.completed_work(value))
+    assert work.is_completed() and work.wait()
+    assert work.get_future().value()[0] is value[0]
+
+
+def test_tensor_use_count_sees_a_cpp_holder():
+    t = torch.ones(2, requires_grad=True)
+    before = tc.tensor_use_count(t)
+    also = [t, t]  # more Python references to the same tensor are not more holders of its TensorImpl
+    assert tc.tensor_use_count(also[0]) == before
+    y = (t * t).sum()  # autograd's saved variables hold it in C++, as a c10d Work holds its buffers
+    assert tc.tensor_use_count(t) > before
+    del y
+    assert tc.tensor_use_count(t) == before
+
+
 def test_current_graph_task_id_tells_backward_from_forward():
     seen = []
     x = torch.ones(2, requires_grad=True, device="cpu")
