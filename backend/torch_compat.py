@@ -61,7 +61,7 @@ def ddp_ignore_params(module: torch.nn.Module, names: list[str]) -> None:
 
 def completed_work(value: list[torch.Tensor]) -> torch.ScriptObject:
     """A c10d Work that is already complete with `value` (its future's result), boxed as a c10d op returns it
-    (backend/bench/settle.py hands it back in place of gloo's reduce-scatter Work)."""
+    (backend/bench/settle.py hands it back in place of a settled gloo all-gather's or reduce-scatter's Work)."""
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(value)
     return torch._C._distributed_c10d._create_work_from_future(future).boxed()

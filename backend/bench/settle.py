@@ -46,14 +46,15 @@ class SettledCollectives(TorchDispatchMode):
         """Collectives ended as issued (a test reads it)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if not (self.active and func.namespace == "c10d" and _op_name(func) in SETTLED):
+        name = func._schema.name.split("::", 1)[-1]
+        if not (self.active and func.namespace == "c10d" and name in SETTLED):
             return func(*args, **(kwargs or {}))
         output, buffers = args[0], args[:2]
         before = [tensor_use_count(t) for t in buffers]
         out = func(*args, **(kwargs or {}))
         out[1].wait()
         del out
-        _until_let_go(buffers, before, _op_name(func))
+        _until_let_go(buffers, before, name)
         self.settled += 1
         return output, completed_work([output])
 
@@ -67,7 +68,3 @@ def _until_let_go(buffers: tuple[torch.Tensor, ...], before: list[int], op: str)
             raise RuntimeError(f"gloo still held the buffers of a finished {op} after {LET_GO_S:.0f} s "
                                f"(use counts {[tensor_use_count(t) for t in buffers]}, before the op {before})")
         time.sleep(1e-4)
-
-
-def _op_name(func: torch._ops.OpOverload) -> str:
-    return func._schema.name.split("::", 1)[-1]
