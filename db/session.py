@@ -36,6 +36,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from db.begin_immediate import begin_statement, write_engine
@@ -45,6 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DB_PATH = REPO / "data" / "shardlab.db"
 ENV_URL = "SHARDLAB_DB_URL"
 BUSY_TIMEOUT_MS = 30_000
+BUSY_SLICE_MS = 500
+"""A BEGIN waits for a lock in slices this long, re-reading the stop bound between them (_begin_within_bound)."""
 
 _engines: dict[str, Engine] = {}
 _migrated: set[str] = set()
@@ -172,8 +175,7 @@ def _tune_sqlite(engine: Engine, *, wal: bool, path: Path | None = None,
     def _on_begin(conn) -> None:
         if path is not None:
             check_store_file(path, identity)
-        _bounded_busy_timeout(conn)
-        conn.exec_driver_sql(begin_statement(conn))
+        _begin_within_bound(conn)
 
 
 def bound_waits(engine: Engine, until: float | None) -> None:
@@ -186,13 +188,28 @@ def bound_waits(engine: Engine, until: float | None) -> None:
         _wait_until[str(engine.url)] = until
 
 
-def _bounded_busy_timeout(conn) -> None:
-    until, info = _wait_until.get(str(conn.engine.url)), conn.connection.info
-    if until is not None:
-        info["busy_ms"] = max(0, min(BUSY_TIMEOUT_MS, int((until - time.monotonic()) * 1000)))
-        conn.exec_driver_sql(f"PRAGMA busy_timeout={info['busy_ms']}")
-    elif info.pop("busy_ms", None) is not None:
-        conn.exec_driver_sql(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+def _begin_within_bound(conn) -> None:
+    """BEGIN, waiting for a SQLite lock busy_timeout at most, or until the bound_waits bound, even one set while it
+    waits (a worker stopped while its job's write waited for another process's lock took 30 s, not its 3 s grace).
+    SQLite reads busy_timeout as a statement starts and sqlite3's interrupt() does not end a busy wait, so the BEGIN
+    waits in slices and reads the bound between them. The transaction's statements wait as before: busy_timeout, or
+    until the bound."""
+    url, give_up = str(conn.engine.url), time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        left_ms = _ms_left(min(give_up, _wait_until.get(url, give_up)))
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={min(left_ms, BUSY_SLICE_MS)}")
+        try:
+            conn.exec_driver_sql(begin_statement(conn))
+            break
+        except OperationalError as e:
+            if "database is locked" not in str(e.orig) or left_ms <= BUSY_SLICE_MS:
+                raise
+    bound = _wait_until.get(url)
+    conn.exec_driver_sql(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS if bound is None else _ms_left(bound)}")
+
+
+def _ms_left(until: float) -> int:
+    return max(0, min(BUSY_TIMEOUT_MS, int((until - time.monotonic()) * 1000)))
 
 
 def writer(engine: Engine) -> Session:

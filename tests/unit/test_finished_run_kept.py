@@ -109,6 +109,43 @@ def test_with_the_store_on_the_full_disk_too_the_result_waits_in_memory_and_is_s
     assert on_disk["status"] == "ok"  # written once space came back, as the next worker would need it
 
 
+def test_a_write_already_waiting_for_the_lock_gives_up_at_a_bound_set_while_it_waits(tmp_path):
+    """The race behind a 30 s stop: a job's write began (busy_timeout 30 s) just before the worker's stop bounded the
+    waits; that write must end at the bound too."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from db.session import bound_waits, writer
+
+    engine = open_db(f"sqlite:///{tmp_path / 'locked.db'}")
+    holder = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    outcome: dict[str, object] = {}
+
+    def write() -> None:
+        t0 = time.monotonic()
+        try:
+            with writer(engine) as s, s.begin():
+                s.execute(text("SELECT 1"))
+            outcome["error"] = None
+        except OperationalError as e:
+            outcome["error"] = str(e.orig)
+        outcome["took_s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=write, daemon=True)
+    try:
+        t.start()
+        time.sleep(1.0)  # its BEGIN IMMEDIATE waits for the holder now
+        bound_waits(engine, time.monotonic() + 1.0)
+        t.join(20)
+    finally:
+        bound_waits(engine, None)
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert not t.is_alive() and outcome["error"] == "database is locked", outcome
+    assert outcome["took_s"] < 4.0, outcome
+
+
 def test_a_worker_stopped_while_another_process_holds_the_lock_exits_within_its_grace(tmp_path):
     path = tmp_path / "locked.db"
     engine = open_db(f"sqlite:///{path}")
