@@ -1,12 +1,12 @@
 """A session-wide farm of rank programs: every job the selected tests declare runs in as few launches as possible, one
-torchrun launch per world size (one plain process for the trace jobs, one for the JAX runs), and each job's outcome
-stays its own.
+torchrun launch per world size (one plain process for the trace jobs, one for the JAX runs, beside the torchrun
+launches), and each job's outcome stays its own.
 
 A test declares its jobs with a `farm` mark (`@uses(job, ...)`, or `params(jobs)` for a parametrized test) and reads
 them with the `farm` fixture: `farm.result(job)` waits for that job and returns its value, or fails the test with the
 job's own error, traceback and log tail. The session starts the farm before the first test (tests/conftest.py), in a
 thread of one pytest process (under pytest-xdist: the worker that claims it first; the other reads the same folder),
-and `make test`'s order puts the tests that read it last (`order_items`), so the launches overlap the other tests.
+and the launches overlap the other tests (`order_items` says in what order the files that read it come).
 
 Inside a launch each rank runs the jobs in order (tests/helpers/farm_rank.py): the process group is made once per
 launch, every job builds its own mesh (the engine's `run_rank`, as `python -m backend.engine.rank` does). A job that
@@ -148,8 +148,8 @@ class Farm:
         # the environment now: tests change os.environ while the farm's thread launches (SHARDLAB_FAULT, store URLs)
         self.env = {k: v for k, v in rank_env().items() if k != "SHARDLAB_FAULT"}
         self.thread: threading.Thread | None = None
-        self.proc: subprocess.Popen | None = None
-        """The launch running now (one at a time); set and cleared under `_lock`, which stop() takes too."""
+        self.procs: set[subprocess.Popen] = set()
+        """The launches running now (one per lane); added and removed under `_lock`, which stop() takes too."""
         self._lock = threading.RLock()
         """Held while a launch starts, so stop() either comes first (no launch) or finds the launch started. Reentrant:
         a stop() on the driver's own thread (a signal handler) must not wait for itself."""
@@ -169,24 +169,36 @@ class Farm:
         self.thread.start()
 
     def run(self) -> None:
+        """Every group, in two lanes at once: the torchrun launches one after another, and beside them the
+        one-process groups (a trace or JAX process uses one core; alone at the end of the farm it left the other
+        idle while a test waited for it)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        groups = list(dict.fromkeys(j.group for j in self.jobs))
+        one_process = {j.group for j in self.jobs if j.one_process}
+        beside = threading.Thread(target=self._run_lane, args=([g for g in groups if g in one_process],),
+                                  name="farm-one-process", daemon=True)
         try:
-            for group in dict.fromkeys(j.group for j in self.jobs):
-                self._run_group([j for j in self.jobs if j.group == group])
+            beside.start()
+            self._run_lane([g for g in groups if g not in one_process])
+            beside.join()
         finally:
             (self.root / "done").touch()
 
+    def _run_lane(self, groups: list[str]) -> None:
+        for group in groups:
+            self._run_group([j for j in self.jobs if j.group == group])
+
     def stop(self) -> None:
-        """End the farm's launch now and start no other (session interrupted); idempotent, and safe from another
+        """End the farm's launches now and start no other (session interrupted); idempotent, and safe from another
         thread while a launch starts or ends: a launch starting now is waited for (`_launch` holds the lock) and
         killed, so once stop() returns no launch runs and none will."""
         with self._lock:
-            self._stopped, proc = True, self.proc
-        if proc is not None:
+            self._stopped, procs = True, list(self.procs)
+        for proc in procs:
             self._kill(proc)
 
     def _launch(self, cmd: list[str], log: Path) -> subprocess.Popen | None:
-        """Start the launch and register it as the running one, unless the farm is stopped (None: nothing started).
+        """Start the launch and register it as a running one, unless the farm is stopped (None: nothing started).
         The check and the start are one step under the lock that stop() takes."""
         with self._lock:
             if self._stopped:
@@ -194,7 +206,7 @@ class Farm:
             with open(log, "w") as out:
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-            self.proc = proc
+            self.procs.add(proc)
             if self._stopped:  # stop() ran on this thread during Popen (the lock is reentrant) and saw no launch
                 self._kill(proc)
             return proc
@@ -233,7 +245,7 @@ class Farm:
                 code = proc.wait()
             finally:
                 with self._lock:
-                    self.proc = None
+                    self.procs.discard(proc)
             for job in pending:
                 if not self._outcome_path(job).exists():
                     self._write_failure(job, code, log, timed_out)
@@ -338,9 +350,10 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def order_items(items: list[pytest.Item]) -> None:
-    """Files whose tests read the farm go last, by the launch group they read first (under `--dist loadfile` a file
-    is scheduled where its first test is): the farm runs while the other files run. A test waiting for the farm may
-    wait longer than pytest-timeout's default: its job's own timeout bounds it."""
+    """Files whose tests read the farm go last, by the launch group they read first: the farm runs while the other
+    files run. pytest-xdist's `--dist loadfile` then hands out files by test count, most first, so under `make test`
+    this order only breaks ties (a tried `--no-loadscope-reorder` left the SLURM file as a 265 s tail). A test waiting
+    for the farm may wait longer than pytest-timeout's default: its job's own timeout bounds it."""
     groups = list(dict.fromkeys(j.group for j in jobs_of(items)))
     file_rank: dict[str, int] = {}
     for item in items:
