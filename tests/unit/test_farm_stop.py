@@ -44,7 +44,7 @@ def test_stop_while_a_launch_starts_kills_it_and_launches_no_other(tmp_path, mon
     farm.run()
     assert time.monotonic() - t0 < 15 and len(started) == 1  # killed at once; the second job not launched again
     assert started[0].returncode is not None and not psutil.pid_exists(started[0].pid)
-    assert farm.proc is None
+    assert not farm.procs
     with pytest.raises(JobFailed, match=r"failed: torchrun killed by SIGKILL"):
         farm.result(jobs[0])
     with pytest.raises(JobFailed, match="finished without running"):
@@ -77,7 +77,7 @@ def test_stop_just_before_the_launch_starts_starts_nothing(tmp_path, monkeypatch
     monkeypatch.setattr(farm_mod, "torchrun_cmd", cmd_then_stop)
     started = _fake_launches(monkeypatch)
     farm.run()
-    assert started == [] and farm.proc is None and not list(tmp_path.glob("launch-*.log"))
+    assert started == [] and not farm.procs and not list(tmp_path.glob("launch-*.log"))
 
 
 def test_stop_from_another_thread_while_a_launch_starts_returns_with_it_killed(tmp_path, monkeypatch):
@@ -108,7 +108,7 @@ def test_stop_from_another_thread_while_a_launch_starts_returns_with_it_killed(t
     driver.join(10)
     assert not driver.is_alive() and not stopping.is_alive()
     assert len(started) == 1 and events == [("stop returned", 1)]  # the launch had started when stop() returned
-    assert started[0].returncode == -signal.SIGKILL and farm.proc is None  # killed by stop(): it would sleep 30 s
+    assert started[0].returncode == -signal.SIGKILL and not farm.procs  # killed by stop(): it would sleep 30 s
 
 
 def test_stop_twice_and_from_two_threads_at_once_kills_the_launch_without_error(tmp_path, monkeypatch):
@@ -117,9 +117,9 @@ def test_stop_twice_and_from_two_threads_at_once_kills_the_launch_without_error(
     driver = threading.Thread(target=farm.run, daemon=True)
     driver.start()
     deadline = time.monotonic() + 5
-    while farm.proc is None and time.monotonic() < deadline:
+    while not farm.procs and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert farm.proc is not None
+    assert farm.procs
     errors: list[BaseException] = []
 
     def stop_catching():
