@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# uv installs the same pinned set as pip in ~33 s where pip takes ~100 s (this host, a fresh venv, warm caches). It is
+# uv installs the same pinned set as pip in ~45 s where pip takes ~100 s (this host, a fresh venv, warm caches). It is
 # given pip's own find-links and constraint (the local CPU torch wheel). It compiles bytecode as pip does: this machine
 # sets PYTHONDONTWRITEBYTECODE, so every process would otherwise compile torch anew (pass 2 took 1.5x as long).
 # Where uv cannot be had or fails, pip installs.

@@ -189,23 +189,38 @@ def bound_waits(engine: Engine, until: float | None) -> None:
 
 
 def _begin_within_bound(conn) -> None:
-    """BEGIN, waiting for a SQLite lock busy_timeout at most, or until the bound_waits bound, even one set while it
-    waits (a worker stopped while its job's write waited for another process's lock took 30 s, not its 3 s grace).
-    SQLite reads busy_timeout as a statement starts and sqlite3's interrupt() does not end a busy wait, so the BEGIN
-    waits in slices and reads the bound between them. The transaction's statements wait as before: busy_timeout, or
-    until the bound."""
-    url, give_up = str(conn.engine.url), time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    """BEGIN, then the transaction's statements wait for a SQLite lock busy_timeout at most, or until the bound_waits
+    bound. A BEGIN that takes the write lock waits in slices and re-reads the bound between them, so a bound set while
+    it waits ends the wait too (a worker stopped while its job's write waited for another process's lock took 30 s,
+    not its 3 s grace): SQLite reads busy_timeout as a statement starts, and sqlite3's interrupt() does not end a busy
+    wait. A deferred BEGIN takes no lock."""
+    url, statement = str(conn.engine.url), begin_statement(conn)
+    if statement == "BEGIN DEFERRED":
+        conn.exec_driver_sql(statement)
+    else:
+        _begin_writing(conn, statement, give_up=time.monotonic() + BUSY_TIMEOUT_MS / 1000)
+    bound = _wait_until.get(url)
+    _set_busy_ms(conn, BUSY_TIMEOUT_MS if bound is None else _ms_left(bound))
+
+
+def _begin_writing(conn, statement: str, give_up: float) -> None:
     while True:
-        left_ms = _ms_left(min(give_up, _wait_until.get(url, give_up)))
-        conn.exec_driver_sql(f"PRAGMA busy_timeout={min(left_ms, BUSY_SLICE_MS)}")
+        left_ms = _ms_left(min(give_up, _wait_until.get(str(conn.engine.url), give_up)))
+        _set_busy_ms(conn, min(left_ms, BUSY_SLICE_MS))
         try:
-            conn.exec_driver_sql(begin_statement(conn))
-            break
+            conn.exec_driver_sql(statement)
+            return
         except OperationalError as e:
             if "database is locked" not in str(e.orig) or left_ms <= BUSY_SLICE_MS:
                 raise
-    bound = _wait_until.get(url)
-    conn.exec_driver_sql(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS if bound is None else _ms_left(bound)}")
+
+
+def _set_busy_ms(conn, busy_ms: int) -> None:
+    """PRAGMA busy_timeout, only when the connection's differs (it is BUSY_TIMEOUT_MS from connect)."""
+    info = conn.connection.info
+    if info.get("busy_ms", BUSY_TIMEOUT_MS) != busy_ms:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={busy_ms}")
+        info["busy_ms"] = busy_ms
 
 
 def _ms_left(until: float) -> int:
