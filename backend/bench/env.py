@@ -6,13 +6,15 @@ import os
 import platform
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def rank_env(backend: str, device: torch.device) -> dict[str, Any]:
     """This rank's view of its environment (gathered from every rank, merged by `merge`)."""
+    import torch  # here: `merge` runs where the result is assembled (a worker or the CLI), which need not load torch
     out: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),

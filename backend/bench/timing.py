@@ -6,7 +6,6 @@ time for the step's queued work, which the host clock would miss (kernels still 
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,10 +43,3 @@ def _timed_cuda(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     torch.cuda.synchronize(device)  # other streams (NCCL) too, so the next step starts from a quiet device
     return out, start.elapsed_time(end) / 1e3  # elapsed_time is in ms
 
-
-def step_s_median(per_rank_step_s: list[list[float]]) -> float | None:
-    """Median over steps of the slowest rank's time for that step (a step ends when its last rank does)."""
-    if not per_rank_step_s or not all(per_rank_step_s):
-        return None
-    n = min(len(s) for s in per_rank_step_s)
-    return statistics.median(max(s[i] for s in per_rank_step_s) for i in range(n))

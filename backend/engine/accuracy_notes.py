@@ -22,7 +22,6 @@ from backend.result import (  # noqa: F401 - re-exported
     parity_verdict,
 )
 from backend.spec import ExperimentSpec
-from backend.strategies.base import module_name_for
 
 BOUNDS_PCT = {"params_bytes": 2.0, "grads_bytes": 2.0, "optimizer_bytes": 2.0, "activations_bytes": 15.0}
 COMM_BOUND_PCT = 5.0
@@ -99,7 +98,7 @@ def memory_notes(per_rank: list[RankResult]) -> list[str]:
 
 def autocast_notes(spec: ExperimentSpec, per_rank: list[RankResult]) -> list[str]:
     """DDP / ZeRO-1 run mixed precision under torch.autocast, whose activation memory the 16-bit formula misses."""
-    if str(spec.train.precision) == "fp32" or module_name_for(spec) not in ("ddp", "zero1"):
+    if str(spec.train.precision) == "fp32" or spec.parallel.strategy_module not in ("ddp", "zero1"):
         return []
     off = [rr for rr in per_rank if (rr.error_pct.get("activations_bytes") or 0) > BOUNDS_PCT["activations_bytes"]]
     if not off:

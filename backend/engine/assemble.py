@@ -22,7 +22,6 @@ from backend.analytic.estimate import estimate
 from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.analytic.model_flops import training_flops_per_step
 from backend.bench.env import merge as merge_env
-from backend.bench.timing import step_s_median
 from backend.engine.accuracy_notes import (  # noqa: F401 - re-exported
     BOUNDS_PCT,
     COMM_BOUND_PCT,
@@ -157,3 +156,11 @@ def _bubble(timeline: list[dict[str, Any]]) -> float | None:
         steps.setdefault(ev.get("step"), []).append(ev)
     values = [v for v in (measured_bubble_fraction(evs) for evs in steps.values()) if v is not None]
     return median(values) if values else None
+
+
+def step_s_median(per_rank_step_s: list[list[float]]) -> float | None:
+    """Median over steps of the slowest rank's time for that step (a step ends when its last rank does)."""
+    if not per_rank_step_s or not all(per_rank_step_s):
+        return None
+    n = min(len(s) for s in per_rank_step_s)
+    return median(max(s[i] for s in per_rank_step_s) for i in range(n))

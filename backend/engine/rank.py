@@ -24,7 +24,7 @@ from backend.models.gpt import build_model
 from backend.runtime.entry import exit_now, rank_main
 from backend.runtime.protocol import PAYLOAD_VERSION, RankPayload, RanksFile, write_ranks
 from backend.spec import ExperimentSpec
-from backend.strategies.base import RankContext, module_name_for, prepare
+from backend.strategies.base import RankContext, prepare
 
 
 def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: Path) -> None:
@@ -38,7 +38,7 @@ def run_rank(spec: ExperimentSpec, rank: int, world: int, local_rank: int, out: 
     prep = prepare(ctx, model)
     del model
     measured = run_loop(ctx, prep)
-    payload = RankPayload(rank=rank, coords=ctx.coords(), strategy_module=module_name_for(spec),
+    payload = RankPayload(rank=rank, coords=ctx.coords(), strategy_module=spec.parallel.strategy_module,
                           env=rank_env(backend, device), notes=list(prep.notes), timeline=list(prep.timeline),
                           extra=dict(prep.extra), **measured)
     del prep

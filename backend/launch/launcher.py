@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -243,6 +244,8 @@ def preflight(spec: ExperimentSpec) -> str | None:
         return None
     if r.device == Device.CPU and r.backend == "nccl":
         return "backend=nccl needs device=cuda (got device=cpu)"
+    if not wants_cuda and not _cuda_available():
+        return None
     import torch
 
     available = torch.cuda.is_available()
@@ -262,6 +265,12 @@ def _auto_needs_cuda_check(spec: ExperimentSpec) -> bool:
 
 
 def _cuda_available() -> bool:
+    """torch.cuda.is_available(); a CPU-only build of torch answers False without being imported (the worker and the
+    CLI launch a run without torch: ~2 s of CPU a run)."""
+    from backend.engine.device_facts import torch_build_has_gpu
+
+    if "torch" not in sys.modules and not torch_build_has_gpu():
+        return False
     import torch
 
     return torch.cuda.is_available()

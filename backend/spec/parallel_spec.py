@@ -68,3 +68,15 @@ class ParallelSpec(ParallelDegrees):
     def dp_flavour(self) -> Strategy:
         """The data-parallel wrapper used for the dp dimension (plain DDP for the pure tp/pp/ep strategies)."""
         return self.strategy if self.strategy in DP_FLAVOURS else Strategy.DDP
+
+    @property
+    def strategy_module(self) -> str:
+        """The name a rank reports as its "strategy_module": the outermost model-parallel dimension of the mix, else
+        the dp flavour (zero3 and fsdp are both "fsdp")."""
+        if self.pp > 1:
+            return "pp"
+        if self.tp > 1:
+            return "tp"
+        if self.ep > 1:
+            return "ep"
+        return "fsdp" if self.dp_flavour in (Strategy.ZERO3, Strategy.FSDP) else str(self.dp_flavour)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from backend.spec import ExperimentSpec, Strategy
 from backend.strategies.context import (  # noqa: F401 - re-exported
     LocalLoss,
     Prepared,
@@ -20,20 +19,6 @@ from backend.strategies.context import (  # noqa: F401 - re-exported
     optimizer_kwargs,
 )
 from backend.strategies.parallelize import parallelize
-
-
-def module_name_for(spec: ExperimentSpec) -> str:
-    """The name reported as a rank's "strategy_module": the outermost model-parallel dimension of the mix, else
-    the dp flavour (zero3 and fsdp are both "fsdp")."""
-    p = spec.parallel
-    if p.pp > 1:
-        return "pp"
-    if p.tp > 1:
-        return "tp"
-    if p.ep > 1:
-        return "ep"
-    flavour = p.dp_flavour
-    return "fsdp" if flavour in (Strategy.ZERO3, Strategy.FSDP) else str(flavour)
 
 
 def prepare(ctx: RankContext, model: nn.Module) -> Prepared:

@@ -84,7 +84,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     from backend.bench import memory
     from backend.engine import build_mesh, global_batch, has_split_backward
     from backend.models.gpt import build_model
-    from backend.strategies.base import RankContext, module_name_for
+    from backend.strategies.base import RankContext
     from backend.strategies.context import local_batch
     from backend.trace import ddp_standin, torch_private
 
@@ -119,7 +119,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
     traced = {k: int(mem["categories"][k]) for k in TRACED_KEYS} | {"peak_bytes": int(mem["peak_bytes"])}
     return {"rank": rank, "status": "ok", "error": None, "coords": ctx.coords(), "traced": traced,
             "memory": _jsonable(mem), "seconds": seconds,
-            "strategy_module": module_name_for(spec), "notes": list(prep.notes) + _standin_notes(prep.modules)}
+            "strategy_module": spec.parallel.strategy_module, "notes": list(prep.notes) + _standin_notes(prep.modules)}
 
 
 def _standin_notes(modules: list[nn.Module]) -> list[str]:

@@ -1,5 +1,6 @@
 """The CLI as a process (issue 31 item 9): a reader that closes the pipe early (`show 1 | head`) gets no traceback from
-any command that prints, and the commands that only queue or read never import torch (~7 CPU-s and ~275 MB each)."""
+any command that prints, the commands that only queue or read never import torch (~7 CPU-s and ~275 MB each), nor
+does the launcher around the ranks of a CPU run."""
 
 from __future__ import annotations
 
@@ -76,3 +77,35 @@ def test_the_submit_entry_point_imports_no_torch(store):
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "backend.cli.spec_flags" in imported and "db.queries" in imported  # (the list is read right)
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+
+
+LAUNCHER_SIDE = """
+import json, shutil, sys
+from pathlib import Path
+from backend.launch.launcher import assembled_result, preflight
+from backend.spec import ExperimentSpec
+spec = ExperimentSpec.model_validate(json.loads(sys.argv[1]))
+work = Path(sys.argv[2])
+shutil.copy(sys.argv[3], work / "ranks.json")
+result = assembled_result(spec, work, None, {}, "")
+print(json.dumps({"preflight": preflight(spec), "status": str(result.status), "step_s": result.step_s_median,
+                  "predicted_step_s": result.step_time_predicted_s,
+                  "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))[:5]}),
+      file=sys.stderr)
+"""
+
+
+def test_the_launcher_side_of_a_run_imports_no_torch(tmp_path):
+    """What a worker or `run` does around the ranks of a CPU run: the preflight of an `auto` device on this CPU-only
+    torch, and the result assembled from the ranks' file (before: torch and the strategies were imported for the
+    cuda check and a strategy's name, ~3 CPU-s a run)."""
+    from tests.unit.test_protocol import OLD_RUNS, OLD_SPECS
+    from tests.unit.test_protocol import TINY as SPEC
+
+    spec = {**SPEC, **OLD_SPECS["torch_ddp"], "runtime": {"timeout_s": 120}}
+    done = subprocess.run([sys.executable, "-c", LAUNCHER_SIDE, json.dumps(spec), str(tmp_path),
+                           str(OLD_RUNS / "torch_ddp.json")], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["preflight"] is None and report["status"] == "ok" and report["step_s"] > 0, done.stderr[-2000:]
+    assert report["predicted_step_s"] is not None and report["torch"] == [], done.stderr[-2000:]
