@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from backend.torch_compat import FSDPMemTracker, MemTracker
+from backend.torch_compat import FSDPMemTracker, MemTracker, tracked_outputs_walked
 from backend.torch_compat import FSDPModMemStats as _FSDPModMemStats
 from backend.torch_compat import FSDPRefType as _FSDPRefType
 from backend.torch_compat import FSDPState as _FSDPState
@@ -135,6 +135,8 @@ class _HighWater:
     """Inside FSDP2's pre-forward unshard (set by the FSDP tracker's `_fsdp_state_pre_forward` override)."""
     skip_gathers = True
     """FSDP2's all-gather hook moments are not activation-peak candidates (make_tracker: False under pipelining)."""
+    _act_key: Any = None
+    """The snapshots' Activation key (the tracker's reference-type enum member), found at the first moment."""
 
     def _init_high_water(self, stats_cls: Any, hookless: bool) -> None:
         if hookless:
@@ -157,12 +159,12 @@ class _HighWater:
                 self._peak_mem[dev] = snap[_TOTAL]  # type: ignore[attr-defined]
                 self._peak_mem_snap[dev] = dict(snap)  # type: ignore[attr-defined]
             hw = self.high_water[dev]
-            act = 0
             for k, v in snap.items():
                 if v > hw[k]:
                     hw[k] = v
-                if getattr(k, "value", k) == "Activation":
-                    act = v
+            if self._act_key not in snap:  # the first moment: the tracker's Activation key, looked up once
+                self._act_key = next((k for k in snap if getattr(k, "value", k) == "Activation"), None)
+            act = snap.get(self._act_key, 0)
             # >=: of equal microbatch peaks keep the last one, when earlier microbatches' gradients exist
             # pipelining's REDUCE_GRAD (FSDP2 / replicate post-backward, outside autograd) books its reduce buffers
             # as Activation: that phase is gradient reduction, not a candidate for the activation peak; nor is FSDP2's
@@ -311,7 +313,7 @@ def _flag_reduce_grad(tracker: Any) -> Iterator[None]:
 def tracking(tracker: Any, modules: list[nn.Module]) -> Iterator[Any]:
     """`with tracker`, plus (FSDP) a pre-forward hook on every local root that resets module stats between
     microbatches. Registered after entering, so it runs before the tracker's own wrapped FSDP pre-forward."""
-    with tracker, _flag_reduce_grad(tracker):
+    with tracker, _flag_reduce_grad(tracker), tracked_outputs_walked():
         handles = []
         if not isinstance(tracker, CategoryMemTracker):
             handles = [m.register_forward_pre_hook(tracker.new_iteration_hook, prepend=True) for m in modules]

@@ -3,6 +3,7 @@ fails here, by name, instead of deep inside a run."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import pytest
@@ -62,6 +63,44 @@ def test_mem_tracker_internals():
     assert "_peak_mem_snap" in inspect.getsource(tc.MemTracker.get_tracker_snapshot)
     assert callable(t._mod_tracker.get_known_fqn)
     assert inspect.isclass(tc.ModMemStats)
+
+
+def test_tracked_outputs_walked_tracks_what_tree_map_only_tracks():
+    """Both trackers call their module's `tree_map_only(torch.Tensor, partial(self._track, reftype), res)` on every op
+    and drop its value; inside `tracked_outputs_walked` the walk visits the same tensors in the same order, and the
+    snapshots of a step with nested, None and non-tensor outputs (max.dim's named tuple, split's list) are equal."""
+    from torch.distributed._tools import fsdp2_mem_tracker, mem_tracker
+
+    for module in (mem_tracker, fsdp2_mem_tracker):
+        assert "tree_map_only(torch.Tensor, partial(self._track" in inspect.getsource(module)
+        assert module.tree_map_only is torch.utils._pytree.tree_map_only
+    a, b = torch.ones(2), torch.zeros(3)
+    tree = (a, [None, 3, (b, "x", torch.float32)], torch.return_types.max((a, b)), {"k": b})
+    seen: list[torch.Tensor] = []
+    torch.utils._pytree.tree_map_only(torch.Tensor, seen.append, tree)
+    walked: list[torch.Tensor] = []
+    with tc.tracked_outputs_walked():
+        assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is not torch.utils._pytree.tree_map_only
+        mem_tracker.tree_map_only(torch.Tensor, walked.append, tree)
+    assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is torch.utils._pytree.tree_map_only
+    assert [id(t) for t in walked] == [id(t) for t in seen] and len(seen) == 5
+
+    def step_snapshots(walk: bool) -> tuple:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.AdamW(model.parameters())
+        tracker = tc.MemTracker()
+        tracker.track_external(model, opt)
+        with tracker, (tc.tracked_outputs_walked() if walk else contextlib.nullcontext()):
+            x = torch.randn(5, 8)
+            top, idx = model(x).max(dim=1)
+            parts = torch.split(x, 2)
+            (top.sum() + sum(p.sum() for p in parts) + idx.float().sum()).backward()
+            opt.step()
+        return tracker.get_tracker_snapshot("peak"), tracker.get_tracker_snapshot()
+
+    walked_step = step_snapshots(walk=True)
+    assert walked_step == step_snapshots(walk=False) and walked_step[0]
 
 
 def test_mem_ref_type_books_grads_and_optimizer_state():
