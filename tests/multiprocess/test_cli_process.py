@@ -103,8 +103,13 @@ def test_the_launcher_side_of_a_run_imports_no_torch(tmp_path):
     from tests.unit.test_protocol import TINY as SPEC
 
     spec = {**SPEC, **OLD_SPECS["torch_ddp"], "runtime": {"timeout_s": 120}}
+    profile = tmp_path / "hardware_cpu.json"  # the step-time prediction's (a fresh clone has not probed this host yet)
+    profile.write_text(json.dumps({"name": "test host", "kind": "cpu", "peak_flops": {"fp32": 5e10},
+                                   "hbm_bytes_per_s": 1e10, "intra_bytes_per_s": 1e9, "inter_bytes_per_s": 1e9,
+                                   "cores": 2}))
     done = subprocess.run([sys.executable, "-c", LAUNCHER_SIDE, json.dumps(spec), str(tmp_path),
-                           str(OLD_RUNS / "torch_ddp.json")], cwd=REPO, env=_env(), capture_output=True, text=True,
+                           str(OLD_RUNS / "torch_ddp.json")], cwd=REPO,
+                          env={**_env(), "SHARDLAB_CPU_PROFILE": str(profile)}, capture_output=True, text=True,
                           timeout=120)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["preflight"] is None and report["status"] == "ok" and report["step_s"] > 0, done.stderr[-2000:]
