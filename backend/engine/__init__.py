@@ -25,6 +25,7 @@ _PUBLIC = {
     "assemble_result": ("backend.engine.assemble", "assemble_result"),
     "BOUNDS_PCT": ("backend.engine.accuracy_notes", "BOUNDS_PCT"),
     "host_device": ("backend.engine.device_facts", "host_device"),
+    "cuda_available": ("backend.engine.device_facts", "cuda_available"),
 }
 __all__ = sorted(_PUBLIC)
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # `x as x`: explicit re-exports (ruff cannot read __all__ = s
     from backend.engine.accuracy_notes import BOUNDS_PCT as BOUNDS_PCT
     from backend.engine.assemble import assemble_result as assemble_result
     from backend.engine.data import global_batch as global_batch
+    from backend.engine.device_facts import cuda_available as cuda_available
     from backend.engine.device_facts import host_device as host_device
     from backend.engine.loop import comm_payload as comm_payload
     from backend.engine.loop import comm_steps as comm_steps

@@ -74,11 +74,16 @@ def host_device(requested: str) -> str:
 
     if str(requested) != "auto":
         return resolve_device(str(requested), cuda_available=False)
+    return resolve_device("auto", cuda_available=cuda_available())
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(); a CPU-only build of torch answers False without being imported."""
     if "torch" not in sys.modules and not torch_build_has_gpu():
-        return resolve_device("auto", cuda_available=False)
+        return False
     import torch
 
-    return resolve_device("auto", cuda_available=torch.cuda.is_available())
+    return torch.cuda.is_available()
 
 
 def torch_build_has_gpu() -> bool:

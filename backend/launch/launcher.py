@@ -16,7 +16,6 @@ import logging
 import os
 import platform
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from backend.atomic_io import write_atomic
+from backend.engine import cuda_available  # without torch for a CPU-only build: launching a CPU run loads no torch
 from backend.launch import nccl, outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
@@ -72,7 +72,7 @@ def run_experiment(
     spec_path = workdir / "spec.json"
     write_atomic(spec_path, spec.to_json())
     env, job_id = torchrun.build_env(extra_env)
-    cuda = _auto_needs_cuda_check(spec) and _cuda_available()
+    cuda = _auto_needs_cuda_check(spec) and cuda_available()
     env = nccl.job_env(spec, workdir, env, cuda_available=cuda)
     if rank_module == torchrun.RANK_MODULE:  # issue 14: DeepSpeed / JAX runs have their own entry module
         rank_module = torchrun.rank_module_for(spec)
@@ -244,7 +244,7 @@ def preflight(spec: ExperimentSpec) -> str | None:
         return None
     if r.device == Device.CPU and r.backend == "nccl":
         return "backend=nccl needs device=cuda (got device=cpu)"
-    if not wants_cuda and not _cuda_available():
+    if not wants_cuda and not cuda_available():
         return None
     import torch
 
@@ -262,18 +262,6 @@ def preflight(spec: ExperimentSpec) -> str | None:
 
 def _auto_needs_cuda_check(spec: ExperimentSpec) -> bool:
     return str(spec.runtime.backend) == "auto" and spec.runtime.device == Device.AUTO
-
-
-def _cuda_available() -> bool:
-    """torch.cuda.is_available(); a CPU-only build of torch answers False without being imported (the worker and the
-    CLI launch a run without torch: ~2 s of CPU a run)."""
-    from backend.engine.device_facts import torch_build_has_gpu
-
-    if "torch" not in sys.modules and not torch_build_has_gpu():
-        return False
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _base_env(launch: dict) -> dict:
