@@ -135,7 +135,7 @@ class _HighWater:
     """Inside FSDP2's pre-forward unshard (set by the FSDP tracker's `_fsdp_state_pre_forward` override)."""
     skip_gathers = True
     """FSDP2's all-gather hook moments are not activation-peak candidates (make_tracker: False under pipelining)."""
-    _act_key: Any = None
+    _act_key: object = None
     """The snapshots' Activation key (the tracker's reference-type enum member), found at the first moment."""
 
     def _init_high_water(self, stats_cls: Any, hookless: bool) -> None:

@@ -11,6 +11,7 @@ Appendix B); HFU counts the FLOPs the hardware ran, recompute included (Korthika
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -86,9 +87,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.cache
 def torch_build_has_gpu() -> bool:
     """Whether the installed torch was built for a GPU (CUDA or ROCm), read from its torch/version.py without importing
-    it; True when that file cannot be read (then torch itself is asked)."""
+    it (once a process: the installed build does not change under it); True when that file cannot be read (then torch
+    itself is asked)."""
     found = importlib.util.find_spec("torch")
     if found is None or not found.submodule_search_locations:
         return False

@@ -244,11 +244,11 @@ def preflight(spec: ExperimentSpec) -> str | None:
         return None
     if r.device == Device.CPU and r.backend == "nccl":
         return "backend=nccl needs device=cuda (got device=cpu)"
-    if not wants_cuda and not cuda_available():
+    available = cuda_available()
+    if not wants_cuda and not available:
         return None
     import torch
 
-    available = torch.cuda.is_available()
     if wants_cuda and not available:
         return (f"device={r.device} backend={r.backend} needs CUDA, but torch.cuda.is_available() is False "
                 f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
