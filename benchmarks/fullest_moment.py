@@ -1,10 +1,12 @@
 """Predicted fullest moment vs the step's peak, per strategy x recompute policy (issue 32, "Done when"): traced at
 full size on fake tensors (a 7B-shaped GPT at world 64 under ddp, zero1, zero2, zero3 and zero1 x tp8; zero3 x tp8 x
-pp4 1F1B, every stage), and measured by the engine on gloo at toy scale (world 2, and zero3 / ddp x pp2 at world 4).
+pp4 1F1B, every stage; with `--only split`, ddp x tp8 x pp4 under zero bubble, ZBV and DualPipeV with none / full
+recompute, ddp because torch's split backward drops FSDP2 gradients on dp > 1), and measured by the engine on gloo at
+toy scale (world 2, and zero3 / ddp x pp2 at world 4).
 Prints, per row: the traced / measured peak, the predicted fullest moment (RankEstimate.fullest_bytes), which moment
 that is, and the error; exits 1 when a row misses the 3% bound.
 
-    .venv/bin/python benchmarks/fullest_moment.py [--only 7b 3d toy] [--policies none full ...] [--json OUT.json]
+    .venv/bin/python benchmarks/fullest_moment.py [--only 7b 3d split toy] [--policies none full ...] [--json OUT.json]
 
 Each trace set runs in one process (backend/trace/batch.py); a 7B trace takes ~1 min of one core (the 3D layout's
 ranks hold 8 of the 32 blocks).
@@ -47,6 +49,14 @@ def full_size(which: str, policies: tuple[str, ...]) -> list[tuple[ExperimentSpe
                                    {"strategy": strategy, "world_size": 64}), 0))
             items.append((spec(f"7b zero1 x tp8 w64 {rc}", SEVEN_B, train | {"global_batch": 8},
                                {"strategy": "zero1", "world_size": 64, "tp": 8}), 0))
+        elif which == "split":
+            if rc not in ("none", "full"):
+                continue
+            for schedule in ("zero_bubble", "zbv", "dualpipev"):
+                s = spec(f"7b ddp x tp8 x pp4 {schedule} {rc}", SEVEN_B, BF16 | {"recompute": rc, "global_batch": 16},
+                         {"strategy": "ddp", "world_size": 64, "tp": 8, "pp": 4, "pp_schedule": schedule,
+                          "virtual_stages": 2})
+                items += [(s, rank) for rank in (0, 16, 32, 48)]
         else:
             rc_3d = "block:4" if rc == "block:16" else rc  # a pipeline rank holds 8 blocks: half of them
             s = spec(f"7b zero3 x tp8 x pp4 1f1b {rc_3d}", SEVEN_B, BF16 | {"recompute": rc_3d, "global_batch": 8,
@@ -96,13 +106,13 @@ def row(s: ExperimentSpec, rank: int, peak: int | None, kind: str, error: str | 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", nargs="*", default=["7b", "3d", "toy"], choices=["7b", "3d", "toy"])
+    ap.add_argument("--only", nargs="*", default=["7b", "3d", "toy"], choices=["7b", "3d", "split", "toy"])
     ap.add_argument("--policies", nargs="*", default=list(POLICIES))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     policies = tuple(args.policies)
     rows = []
-    for which in ("7b", "3d"):
+    for which in ("7b", "3d", "split"):
         if which in args.only:
             rows += traced_rows(full_size(which, policies))
     if "toy" in args.only:

@@ -63,9 +63,17 @@ from backend.spec import ExperimentSpec, ModelSpec
 # moved are all GPipe (82) or interleaved 1F1B (27) ones, only in backward_bytes, fullest_bytes and fullest_moment
 # (fullest -7.10% .. +0.66% on 450 ranks); planner rows moved only on GPipe and interleaved layouts (1,489 of 26,952,
 # -12.17% .. +0.42%, the worst pipeline rank on 56). STEP_TIMES_BEFORE is unchanged.
-ESTIMATES_BEFORE = "cf7444a088c877ec7a0b"
+# Issue 32 again (zero bubble, ZBV and DualPipeV: memory/split_backward.py, against the traced peaks of
+# tests/fixtures/traced_peaks/split_backward.json): moved ESTIMATES_BEFORE (cf7444a088c877ec7a0b before) and
+# PLANNER_BEFORE (b01199871930787c8a4a before); compared entry by entry with 40c3e46: the 126 of 846 estimates that
+# moved are all zero bubble (52) or ZBV (74) ones (the golden draw has no DualPipeV), only in activations_bytes,
+# total_bytes, loss_backward_bytes, backward_bytes, fullest_bytes and fullest_moment, all up (fullest +0.12% ..
+# +30.8% on 596 ranks); planner rows moved only on zero bubble, ZBV and DualPipeV layouts, all up (+0.02% .. +438%:
+# Llama-70B ZBV tp8 pp16 full recompute at micro-batch 8, its last rank's 31 waiting chunks' output gradients).
+# STEP_TIMES_BEFORE is unchanged.
+ESTIMATES_BEFORE = "c238d9aa8e984b164476"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "b01199871930787c8a4a"
+PLANNER_BEFORE = "709a2d29a18f19dd4060"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

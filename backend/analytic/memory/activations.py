@@ -260,7 +260,7 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     give (s/t · b, h) each. A dense MLP only: the MoE experts' and router's matmuls are not counted."""
     s, b, h, a, t, ops = shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.tp, set(shape.sac_ops)
     cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
-    linears = _linears_of(shape)
+    linears = linears_of(shape)
     saved = sum(sb * linears[i][0] * cb for i in _op_sac_kept_linears(linears, ops))
     if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
                               "aten._scaled_dot_product_flash_attention.default",
@@ -273,7 +273,7 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     return saved
 
 
-def _linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
+def linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
     """(local output width, biased) of one dense block's linears in forward order."""
     h, a, t = shape.d_model, shape.n_heads, shape.tp
     q = shape.q_width or h
@@ -304,7 +304,7 @@ def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> li
 def op_sac_rerun_extra_bytes(shape: LayerShape) -> float:
     """While an op-SAC block is re-run in backward its cached outputs are handed back one by one as the re-run
     reaches them; the block's last linear (fc_out / down), when kept, is still cached when the re-run peaks."""
-    linears = _linears_of(shape)
+    linears = linears_of(shape)
     last = len(linears) - 1
     kept_last = last in _op_sac_kept_linears(linears, set(shape.sac_ops))
     return shape.seq_len * shape.micro_batch * linears[last][0] * shape.dtype_bytes if kept_last else 0.0

@@ -217,6 +217,9 @@ class ActivationMoments:
     head_casts: Num
     """autocast: the lm_head weight's 16-bit copy on the stage with the head (0 elsewhere)."""
     ck: Checkpointing
+    weight_pass_rerun: Num = 0.0
+    """Checkpointed blocks: what a split backward's weight pass re-materialises above the held bytes (one block re-run
+    with its 16-bit weight copies; memory/split_backward.py); 0 otherwise."""
 
 
 def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
@@ -291,7 +294,9 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
     peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+    weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + ck.rerun_blocks * one_block, 0.0)
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
+                             weight_pass_rerun=weight_pass_rerun,
                              blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
                              one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts,
                              head_casts=w_head, ck=ck)

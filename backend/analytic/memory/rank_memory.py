@@ -25,6 +25,7 @@ from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
+from backend.analytic.memory.split_backward import split_backward_bytes
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_loss_backward_extra
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
 from backend.analytic.scalar_or_array import any_true, as_int, is_array, maximum, per_value, where
@@ -120,16 +121,19 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     if layout.stack is not None:
         return _stack_rank_memory(model, layout, position, parts, state)
     acts = rank_activation_moments(model, layout, position.pp_rank, parts)
-    activations = acts.peak
+    split = split_backward_bytes(model, layout, position.pp_rank, parts, acts)
+    activations = as_int(acts.peak + split.pending)
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
-    loss = where(parts.stages.last, total - activations + acts.forward_loss + loss_backward_extra(model, layout)
-                 + sent_grad_bytes(model, layout, parts), 0)
+    loss = where(parts.stages.last, total - activations + acts.forward_loss + split.pending
+                 + loss_backward_extra(model, layout) + sent_grad_bytes(model, layout, parts), 0)
     # nothing is unsharded without FSDP2: the resting state is the state itself (the planner's groups are one flavour
     # family each)
     resting = model_state(model, layout, position, parts, unsharded=False) if any_true(layout.fsdp) else state
     backward = backward_moment_bytes(model, layout, position.pp_rank, parts, acts,
                                      resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
+    backward = maximum(backward + split.pending,
+                       where(split.weight_pass > 0, total - activations + acts.held + split.weight_pass, 0))
     temp = step_temp_bytes_of(model, layout, position, parts)
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
 

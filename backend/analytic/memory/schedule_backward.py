@@ -37,8 +37,8 @@ def gpipe(layout: Layout) -> Num:
 
 
 def interleaved(layout: Layout) -> Num:
-    """Whether the layout runs torch's ScheduleInterleaved1F1B, the looped schedule traced here (zero bubble, ZBV and
-    DualPipeV split their backwards and are measured hook-free: these terms are left off them, untraced)."""
+    """Whether the layout runs torch's ScheduleInterleaved1F1B (zero bubble, ZBV and DualPipeV split their backwards:
+    memory/split_backward.py models them instead of these terms)."""
     return logical_and(layout.pipelined, layout.schedule == PipelineSchedule.INTERLEAVED_1F1B)
 
 

@@ -1,0 +1,136 @@
+"""Zero bubble, ZBV and DualPipeV: what a chunk holds between its input pass and its weight pass, and when.
+
+torch 2.13 splits a stage's backward in two (pipelining/_backward.py). `stage_backward_input` computes the input
+gradients with `retain_graph=True` and keeps, for every parameter group, the gradient that arrives at the node where
+the weight's path joins the input's (`param_group["grads"]`: each Linear's output gradient, each norm's) until
+`stage_backward_weight` consumes it. A chunk between its two passes therefore holds what a chunk in flight holds
+(its saved activations, or its checkpoint inputs: the input pass's re-run is gone by its end) plus those gradients
+(`pending_grad_bytes`, per block; measured on the CPU with MemTracker: 1.70 MB per d256 GPT block at s 256 under
+bf16 autocast, with or without full recompute, against 1.70 predicted).
+
+Each finished input pass of a stage past the first also leaves its input gradient alive to the step's end (the stage
+input's `.grad`; the send of it is waited only at the step's end, schedules.py `_step_microbatches` l. 2654):
+`boundary_bytes` per input pass done. The trace's per-action census shows two boundary-sized fp32 tensors per finished
+input pass (the other a residual-stream sum made in the pass); counting one brings every zero-bubble and ZBV row of
+the traced fixtures within 3%, counting two overshoots by up to 6%, so one is counted and the other is unexplained.
+
+When: a rank's action list reaches triples (chunks held, chunks between their passes, input passes done). Their
+frontier over (held, pending), each with the most input passes done there, in closed form for torch 2.13's plans
+(`_calculate_single_rank_operations`; tests/unit/test_split_backward.py checks it against them for pp 2-8, v 2-3 and
+several microbatch counts), on pipeline rank r of p with m microbatches:
+- zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1;
+- ZBV: (2p, 1) and (p + r, 2r + 1): the later ranks drain their V's second leg while their first leg waits;
+- DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); its full backwards leave no input gradient
+  behind in the trace, so only its few input passes count.
+The rank's moments are priced at `in_flight` chunks held (pipeline_activations.py); `split_backward_bytes(...).pending`
+is what the frontier adds to them: the largest (held - in_flight) x chunk + (pending - 1) x pending chunk + (done - 1) x
+boundary over its points (the input pass that is running is the moment's own: its gradients are in the backward
+moment's ledger). Under checkpointing its `weight_pass` is one more candidate: a weight pass re-runs its chunk's blocks
+(once: strategies/pp.WeightPassStage) while every chunk between its passes waits.
+
+Against the engine's full-size trace (tests/fixtures/traced_peaks/split_backward.json, and a 7B-shaped ddp x tp8 x pp4
+at world 64: benchmarks/results/fullest_moment_split.json) zero bubble and ZBV are within 3%; DualPipeV misses by up to
+~6.6% both ways on two toy ranks and two 7B ranks (its base in-flight terms, already off before these terms).
+
+Left out: a MoE block's experts (their grouped matmuls' output gradients: only attention and norms are counted), and
+the first stage's own chunk, whose input pass does nothing (its weight pass runs the whole backward): its pending
+gradients are counted like the others'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from backend.analytic.layout import Layout, PipelineSchedule
+from backend.analytic.memory.activations import LayerShape, linears_of
+from backend.analytic.memory.pipeline_activations import in_flight
+from backend.analytic.scalar_or_array import logical_and, logical_or, maximum, where
+
+if TYPE_CHECKING:
+    from backend.analytic.memory.parts import RankParts
+    from backend.analytic.memory.rank_activations import ActivationMoments
+    from backend.analytic.scalar_or_array import Num
+    from backend.spec import ModelSpec
+
+
+def split_backward(layout: Layout) -> Num:
+    """Whether the layout runs a schedule with separate input and weight passes."""
+    s = layout.schedule
+    return logical_and(layout.pipelined, logical_or(s == PipelineSchedule.ZERO_BUBBLE, s == PipelineSchedule.ZBV,
+                                                    s == PipelineSchedule.DUALPIPEV))
+
+
+def pending_grad_bytes(model: ModelSpec, layout: Layout, shape: LayerShape) -> Num:
+    """One block's gradients kept from its input pass to its weight pass: every Linear's local output gradient
+    (columnwise ones split over tp, the rowwise o and fc_out / down whole: their partial sums) in the dtype the
+    Linear computes in, and both norms' output gradients (fp32 under autocast, which runs norms in fp32; over the
+    sequence-parallel shard under SP). `shape`: block 0's kind at tp 1 (LayerShape.prototype)."""
+    widths = [w for w, _ in linears_of(shape)]
+    rowwise = widths[3] + (widths[-1] if len(widths) > 4 else 0)  # o, and the MLP's last Linear
+    columnwise = sum(widths) - rowwise
+    rows = layout.micro_batch * layout.seq_local(model)
+    cb = layout.compute_bytes
+    norm_bytes = where(layout.uses_autocast, 4, cb)
+    linears = rows * (columnwise / layout.tp + rowwise) * cb
+    norms = 2 * rows * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * norm_bytes
+    return linears + norms
+
+
+def boundary_bytes(model: ModelSpec, layout: Layout) -> Num:
+    """One stage boundary tensor: the residual stream (fp32 under autocast, the sequence-parallel shard under SP), the
+    size of the input gradient each finished input pass leaves alive."""
+    return (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
+            * where(layout.uses_autocast, 4, layout.compute_bytes))
+
+
+def frontier(layout: Layout, pp_rank: Num) -> list[tuple[Num, Num, Num]]:
+    """The (chunks held, chunks between their passes, input passes done) points of the module docstring for the
+    layout's schedule, three per layout (a schedule with fewer repeats its first; zero bubble's on the other
+    schedules, whose extra is then masked by `split_backward`). done: the most input passes of stages past the first
+    finished when the pair is reached."""
+    p, m, v, r = layout.pp, layout.microbatches, layout.virtual_stages, pp_rank
+    first, last = pp_rank == 0, pp_rank == p - 1
+    looped = (in_flight(layout, pp_rank), r + 1, where(first, v - 1, v) * (m - p) + r + 1)
+    zbv_top = (2 * p, 1, where(first, m - p + 1, 2 * m - 3 * p + 2 + r))
+    by_schedule = {PipelineSchedule.ZBV: [zbv_top, (p + r, 2 * r + 1, 2 * m - p + r + 1), zbv_top],
+                   PipelineSchedule.DUALPIPEV: [(2 * p + 1, 0, p - 1 - r),
+                                                (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r),
+                                                (p, r + 1, where(first, p - 1, p))]}
+    points = [looped, looped, looped]
+    for schedule, theirs in by_schedule.items():
+        on = layout.schedule == schedule
+        points = [tuple(where(on, a, b) for a, b in zip(mine, prev, strict=True))
+                  for mine, prev in zip(theirs, points, strict=True)]
+    return points
+
+
+@dataclass(frozen=True)
+class SplitBackwardBytes:
+    """What a split backward adds to a rank's moments (scalars or arrays; 0 on every other schedule)."""
+    pending: Num
+    """Added to the activation peak, the loss's backward and the backward moment: the frontier's largest
+    (held - in_flight) x chunk + (pending - 1) x pending chunk + (done - 1) x boundary."""
+    weight_pass: Num
+    """Checkpointed blocks: a weight pass's moment above the rank's held bytes (the frontier's points with a chunk
+    waiting, every pending chunk's gradients and every input pass's boundary, plus one block re-run); 0 without
+    checkpointing."""
+
+
+def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts,
+                         acts: ActivationMoments) -> SplitBackwardBytes:
+    """The module docstring's two terms for one rank (layout fields and pp_rank broadcast together)."""
+    shape = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
+    units, chunk = in_flight(layout, pp_rank), acts.blocks / layout.virtual_stages
+    pending_chunk = parts.stages.n_blocks / layout.virtual_stages * pending_grad_bytes(model, layout, shape)
+    per_done = boundary_bytes(model, layout)  # one per input pass done: the module docstring says why one
+    pending = weight_pass = 0.0
+    for held, waiting, done in frontier(layout, pp_rank):
+        pending = maximum(pending, (held - units) * chunk + maximum(waiting - 1, 0) * pending_chunk
+                          + maximum(done - 1, 0) * per_done)
+        weight_pass = maximum(weight_pass, where(waiting > 0, (held - units) * chunk + waiting * pending_chunk
+                                                 + done * per_done, 0.0))
+    split = split_backward(layout)
+    return SplitBackwardBytes(pending=where(split, pending, 0.0),
+                              weight_pass=where(logical_and(split, acts.weight_pass_rerun > 0),
+                                                weight_pass + acts.weight_pass_rerun, 0.0))

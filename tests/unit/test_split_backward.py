@@ -1,0 +1,147 @@
+"""Zero bubble, ZBV and DualPipeV (backend/analytic/memory/split_backward.py): the (held, between-passes, inputs done)
+frontier against torch's own action lists, a chunk's gradients between its passes against the engine's block measured
+on the CPU, and the fullest moment against the traced peaks of tests/fixtures/traced_peaks/split_backward.json
+(recorded once by its record.py, so this check costs no trace). Before these terms the misses were -40% .. +6%
+(ZBV full recompute, last rank: -39.9%)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.analytic.estimate import estimate
+from backend.analytic.layout import Layout
+from backend.analytic.memory.split_backward import frontier
+from backend.spec import ExperimentSpec
+
+CLASSES = {"zero_bubble": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+           "dualpipev": "ScheduleDualPipeV"}
+
+
+def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tuple[int, int], int]:
+    """Every (chunks held, chunks between their input and weight pass) a rank's torch 2.13 action list reaches, with
+    the most input passes of stages past the first finished when it does."""
+    from torch.distributed.pipelining import schedules as S
+
+    cls = getattr(S, CLASSES[schedule])
+    plan = cls.__new__(cls)  # only the pure-Python planner is used: no process group, no stages
+    plan.pp_group_size, plan.n_local_stages, plan._n_microbatches, plan.rank = p, v, m, rank
+    plan.number_of_rounds = max(1, m // p)
+    plan.microbatches_per_round = m // plan.number_of_rounds
+    plan.num_stages = plan._num_stages = p * v
+    kind = S._ComputationType
+    held = pending = done = 0
+    points: dict[tuple[int, int], int] = {}
+    for action in plan._calculate_single_rank_operations(rank):
+        for a in (action.sub_actions or [action]) if action is not None else []:
+            if a.computation_type == kind.FORWARD:
+                held += 1
+            elif a.computation_type == kind.FULL_BACKWARD:
+                held -= 1
+            elif a.computation_type == kind.BACKWARD_INPUT:
+                pending, done = pending + 1, done + (a.stage_index != 0)
+            elif a.computation_type == kind.BACKWARD_WEIGHT:
+                held, pending = held - 1, pending - 1
+            points[(held, pending)] = max(points.get((held, pending), 0), done)
+    assert held == pending == 0
+    return points
+
+
+def _pareto(points: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    return {a for a in points if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in points)}
+
+
+def _layout(schedule: str, p: int, m: int, v: int) -> Layout:
+    return Layout.of(ExperimentSpec.model_validate({
+        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 4 * p * v, "n_heads": 4, "seq_len": 16},
+        "train": {"global_batch": m, "micro_batch": 1},
+        "parallel": {"strategy": "pp", "world_size": p, "pp_schedule": schedule, "virtual_stages": v}}))
+
+
+CASES = [(s, v, p, m) for s, v in (("zero_bubble", 2), ("zero_bubble", 3), ("zbv", 2), ("dualpipev", 2))
+         for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p, 4 * p)
+         if not (s != "zero_bubble" and m < 2 * p)]
+
+
+@pytest.mark.parametrize(("schedule", "v", "p", "m"), CASES, ids=[f"{s}-v{v}-p{p}-m{m}" for s, v, p, m in CASES])
+def test_frontier_is_the_pareto_front_of_torch_action_lists(schedule: str, v: int, p: int, m: int) -> None:
+    """The model's (held, pending) points are the Pareto front of the pairs torch's plan reaches, and each point's
+    input passes done are the most torch's plan has finished there."""
+    layout = _layout(schedule, p, m, v)
+    for rank in range(p):
+        theirs = _torch_points(schedule, p, m, v, rank)
+        model = {(int(h), int(q)): int(c) for h, q, c in frontier(layout, rank)}
+        assert _pareto(set(model)) == _pareto(set(theirs)), (rank, sorted(model))
+        for pair in _pareto(set(model)):
+            assert model[pair] == theirs[pair], (rank, pair, model[pair], theirs[pair])
+
+
+def _input_pass_bytes(model_fields: dict, n_layers: int, recompute: str) -> tuple[int, float]:
+    """(bytes the input pass leaves alive, pending_grad_bytes of one block) for a middle stage of `n_layers` of the
+    engine's blocks under bf16 autocast, measured with the engine's memory tracker on the CPU."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input  # torch's own input pass (private)
+
+    from backend.analytic.memory.activations import LayerShape
+    from backend.analytic.memory.split_backward import pending_grad_bytes
+    from backend.bench.memory import CategoryMemTracker
+    from backend.models.gpt import build_model
+
+    spec = ExperimentSpec.model_validate({
+        "model": {"vocab_size": 64, "d_model": 64, "n_heads": 4, "seq_len": 64, "n_layers": n_layers} | model_fields,
+        "train": {"global_batch": 1, "micro_batch": 1, "recompute": recompute, "precision": "bf16-mixed"},
+        "parallel": {"strategy": "ddp", "world_size": 1}})
+    model = build_model(spec.model, seed=0, recompute=recompute)
+    model.tok_emb = model.pos_emb = model.norm = model.lm_head = None
+    x = torch.randn(1, 64, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    tracker = CategoryMemTracker(hookless=True)
+    tracker.track_external(model)
+    cpu = torch.device("cpu")
+    with tracker:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = model(x)
+        grad = torch.ones_like(h)
+        before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+        _, groups = stage_backward_input([h], [grad], [x], iter(list(model.parameters())))
+        after = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+    shape = LayerShape.prototype(spec.model, dtype_bytes=2, device="cpu")
+    return after - before, pending_grad_bytes(spec.model, Layout.of(spec), shape)
+
+
+LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "bias": "none", "positions": "rope", "n_kv_heads": 2}
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("family", [{}, LLAMA], ids=["gpt", "llama"])
+def test_pending_grad_bytes_are_what_each_block_keeps_after_the_input_pass(family: dict, recompute: str) -> None:
+    """Each block more adds exactly pending_grad_bytes to what the input pass leaves alive, with or without full
+    recompute (the re-run is gone by the pass's end)."""
+    one, per_block = _input_pass_bytes(family, 1, recompute)
+    three, _ = _input_pass_bytes(family, 3, recompute)
+    assert three - one == 2 * per_block
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "traced_peaks" / "split_backward.json"
+ROWS = json.loads(FIXTURE.read_text())["rows"]
+BOUND_PCT = 3.0  # tests/multiprocess/test_fullest_moment.py's
+KNOWN_MISSES = {
+    "dualpipev-none-rank2": "the peak at 2p + 1 chunks held, before any split pass (+6.3% before these terms too)",
+    "dualpipev-full-rank4": "a weight pass of the last rank's drain, after its full backwards (no residue counted)",
+}
+"""Rows still outside the bound, each within 8% and each still missing it (remove a row when it is fixed)."""
+
+
+def _row_id(row: dict) -> str:
+    return f"{row['spec']['name'].replace(' ', '-')}-rank{row['rank']}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_row_id)
+def test_predicted_fullest_moment_is_the_traced_peak(row: dict) -> None:
+    r = estimate(ExperimentSpec.model_validate(row["spec"])).per_rank[row["rank"]]
+    pct = (r.fullest_bytes() - row["traced_peak_bytes"]) / row["traced_peak_bytes"] * 100
+    if _row_id(row) in KNOWN_MISSES:
+        assert BOUND_PCT < abs(pct) <= 8.0, f"{pct:+.2f}% ({r.fullest_moment()})"
+    else:
+        assert abs(pct) <= BOUND_PCT, f"{pct:+.2f}% ({r.fullest_moment()})"
