@@ -71,9 +71,9 @@ from backend.spec import ExperimentSpec, ModelSpec
 # +30.8% on 596 ranks); planner rows moved only on zero bubble, ZBV and DualPipeV layouts, all up (+0.02% .. +438%:
 # Llama-70B ZBV tp8 pp16 full recompute at micro-batch 8, its last rank's 31 waiting chunks' output gradients).
 # STEP_TIMES_BEFORE is unchanged.
-ESTIMATES_BEFORE = "c238d9aa8e984b164476"
+ESTIMATES_BEFORE = "78e19b94c312be586f5a"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "709a2d29a18f19dd4060"
+PLANNER_BEFORE = "52fbd720e057f5036d5e"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

@@ -15,13 +15,13 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "4a36ea64dce40a10ed11"
+DIGEST_BEFORE = "4ef7bb4ed66b4f9a1a1e"
 """Issue 32 moved worst_rank_bytes a fifth time (544d9c154e68a847b6ec before): zero bubble and ZBV hold each chunk's
-Linear / norm output gradients between its input and weight passes and each finished input pass's input gradient,
-and a weight pass re-runs its checkpointed blocks (memory/split_backward.py); compared row by row with 40c3e46, the 21
-rows that moved are all zero bubble (10) or ZBV (11), all up (+0.02% .. +166.3%, zero bubble tp8 pp32 full: 35.7 ->
-94.9 GB), the worst rank now the last pipeline rank's on 15 of them; the step_time rows and the 65 others are
-unchanged.
+Linear / norm output gradients (lm_head's and the final norm's on the last stage) between its input and weight passes
+and each finished input pass's input gradient, and a weight pass re-runs its checkpointed blocks
+(memory/split_backward.py); compared row by row with 40c3e46, the 21 rows that moved are all zero bubble (10) or ZBV
+(11), all up (+0.02% .. +201%, zero bubble tp8 pp32 full: 35.7 -> 107.4 GB), the worst rank moved on 16 of them (to
+the last pipeline rank's); the step_time rows and the 65 others are unchanged.
 Issue 32 moved worst_rank_bytes a fourth time (f44613e5ca8c76dd8af1 before): GPipe and interleaved 1F1B backwards
 (memory/schedule_backward.py: no TP logits shard held per loss graph, a finished GPipe microbatch's loss graph
 released, GPipe's later loss backward, one chunk's weight grads and units per interleaved backward); compared row by

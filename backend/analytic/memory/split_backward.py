@@ -6,7 +6,8 @@ the weight's path joins the input's (`param_group["grads"]`: each Linear's outpu
 `stage_backward_weight` consumes it. A chunk between its two passes therefore holds what a chunk in flight holds
 (its saved activations, or its checkpoint inputs: the input pass's re-run is gone by its end) plus those gradients
 (`pending_grad_bytes`, per block; measured on the CPU with MemTracker: 1.70 MB per d256 GPT block at s 256 under
-bf16 autocast, with or without full recompute, against 1.70 predicted).
+bf16 autocast, with or without full recompute, against 1.70 predicted), and on the last stage lm_head's and the final
+norm's (`head_pending_bytes`).
 
 Each finished input pass of a stage past the first also leaves its input gradient alive to the step's end (the stage
 input's `.grad`; the send of it is waited only at the step's end, schedules.py `_step_microbatches` l. 2654):
@@ -77,6 +78,18 @@ def pending_grad_bytes(model: ModelSpec, layout: Layout, shape: LayerShape) -> N
     return linears + norms
 
 
+def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
+    """A last-stage chunk's gradients beyond its blocks' from its input pass to its weight pass: lm_head's local output
+    gradient (the logits' (b, s, V/tp) in the dtype it computes in) and the final norm's. On the rank with the last
+    stage every chunk waiting at the frontier's points is a last-stage chunk (torch's plans: zero bubble's p of them on
+    rank p - 1, ZBV's and DualPipeV's one on rank 0)."""
+    rows = layout.micro_batch * layout.seq_local(model)
+    logits = rows * model.vocab_size / layout.tp * layout.compute_bytes
+    norm = rows * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * where(layout.uses_autocast, 4,
+                                                                                         layout.compute_bytes)
+    return logits + norm
+
+
 def boundary_bytes(model: ModelSpec, layout: Layout) -> Num:
     """One stage boundary tensor: the residual stream (fp32 under autocast, the sequence-parallel shard under SP), the
     size of the input gradient each finished input pass leaves alive."""
@@ -122,7 +135,8 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
     """The module docstring's two terms for one rank (layout fields and pp_rank broadcast together)."""
     shape = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
     units, chunk = in_flight(layout, pp_rank), acts.blocks / layout.virtual_stages
-    pending_chunk = parts.stages.n_blocks / layout.virtual_stages * pending_grad_bytes(model, layout, shape)
+    pending_chunk = (parts.stages.n_blocks / layout.virtual_stages * pending_grad_bytes(model, layout, shape)
+                     + where(parts.stages.last, head_pending_bytes(model, layout), 0.0))
     per_done = boundary_bytes(model, layout)  # one per input pass done: the module docstring says why one
     pending = weight_pass = 0.0
     for held, waiting, done in frontier(layout, pp_rank):
