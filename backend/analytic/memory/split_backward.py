@@ -21,8 +21,8 @@ frontier over (held, pending), each with the most input passes done there, in cl
 several microbatch counts), on pipeline rank r of p with m microbatches:
 - zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1;
 - ZBV: (2p, 1) and (p + r, 2r + 1): the later ranks drain their V's second leg while their first leg waits;
-- DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); its full backwards leave no input gradient
-  behind in the trace, so only its few input passes count.
+- DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); only its few input passes count as done (in
+  the trace some of its full backwards leave an input gradient behind and some do not; not modelled).
 The rank's moments are priced at `in_flight` chunks held (pipeline_activations.py); `split_backward_bytes(...).pending`
 is what the frontier adds to them: the largest (held - in_flight) x chunk + (pending - 1) x pending chunk + (done - 1) x
 boundary over its points (the input pass that is running is the moment's own: its gradients are in the backward
