@@ -122,7 +122,7 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
         return _stack_rank_memory(model, layout, position, parts, state)
     acts = rank_activation_moments(model, layout, position.pp_rank, parts)
     split = split_backward_bytes(model, layout, position.pp_rank, parts, acts)
-    activations = as_int(acts.peak + split.pending)
+    activations = acts.peak
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
     loss = where(parts.stages.last, total - activations + acts.forward_loss + split.pending
@@ -132,7 +132,9 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     resting = model_state(model, layout, position, parts, unsharded=False) if any_true(layout.fsdp) else state
     backward = backward_moment_bytes(model, layout, position.pp_rank, parts, acts,
                                      resting.params_bytes + resting.grads_bytes + resting.optimizer_bytes, other)
-    backward = maximum(backward + split.pending,
+    # split backward: chunks wait for their weight pass only once backwards have begun, so the activation peak with
+    # them is a moment of the backward phase (the activation category, measured at its own peak, leaves them out)
+    backward = maximum(maximum(backward, where(split.pending > 0, total, 0)) + split.pending,
                        where(split.weight_pass > 0, total - activations + acts.held + split.weight_pass, 0))
     temp = step_temp_bytes_of(model, layout, position, parts)
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)

@@ -122,7 +122,8 @@ def frontier(layout: Layout, pp_rank: Num) -> list[tuple[Num, Num, Num]]:
 class SplitBackwardBytes:
     """What a split backward adds to a rank's moments (scalars or arrays; 0 on every other schedule)."""
     pending: Num
-    """Added to the activation peak, the loss's backward and the backward moment: the frontier's largest
+    """Added to the loss's backward and to the backward moment (which also takes the activation peak plus it: the
+    activation category itself, measured at its own peak, leaves the waiting chunks out): the frontier's largest
     (held - in_flight) x chunk + (pending - 1) x pending chunk + (done - 1) x boundary."""
     weight_pass: Num
     """Checkpointed blocks: a weight pass's moment above the rank's held bytes (the frontier's points with a chunk
