@@ -13,7 +13,7 @@ from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.activations import LOSS_BYTES
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts
-from backend.analytic.scalar_or_array import logical_and, minimum, select_present, where
+from backend.analytic.scalar_or_array import logical_and, logical_or, minimum, select_present, where
 from backend.analytic.textbook.pipeline import in_flight_terms
 
 if TYPE_CHECKING:
@@ -33,6 +33,14 @@ def in_flight(layout: Layout, pp_rank: Num) -> Num:
     else:
         cap, base, per_stage = (select_present(layout.schedule, {k: t[i] for k, t in terms.items()}) for i in range(3))
     return minimum(cap, base + per_stage * (layout.pp - pp_rank))
+
+
+def split_backward(layout: Layout) -> Num:
+    """Whether the layout runs a schedule with separate input and weight passes (zero bubble, ZBV, DualPipeV:
+    memory/split_backward.py)."""
+    s = layout.schedule
+    return logical_and(layout.pipelined, logical_or(s == PipelineSchedule.ZERO_BUBBLE, s == PipelineSchedule.ZBV,
+                                                    s == PipelineSchedule.DUALPIPEV))
 
 
 def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Num) -> Num:

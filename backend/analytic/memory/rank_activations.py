@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from backend.analytic.layout import RECOMPUTE_NAMES, Layout, PipelineSchedule, RecomputeMode
+from backend.analytic.layout import RECOMPUTE_NAMES, Layout, RecomputeMode
 from backend.analytic.memory.activations import (
     LOSS_BYTES,
     LayerShape,
@@ -27,7 +27,7 @@ from backend.analytic.memory.activations import (
 )
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
-from backend.analytic.memory.pipeline_activations import pipeline_saved
+from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
 from backend.analytic.scalar_or_array import (
     as_int,
     ceil_div,
@@ -274,9 +274,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
-    split_backward = logical_and(pipelined, logical_or(layout.schedule == PipelineSchedule.ZERO_BUBBLE,
-                                                       layout.schedule == PipelineSchedule.ZBV,
-                                                       layout.schedule == PipelineSchedule.DUALPIPEV))
+    split = split_backward(layout)
     # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
     one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
@@ -293,7 +291,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
-    peak = as_int(where(logical_and(checkpointed, logical_not(split_backward)), maximum(forward, rerun_peak), forward))
+    peak = as_int(where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward))
     weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + ck.rerun_blocks * one_block, 0.0)
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              weight_pass_rerun=weight_pass_rerun,

@@ -11,9 +11,10 @@ norm's (`head_pending_bytes`).
 
 Each finished input pass of a stage past the first also leaves its input gradient alive to the step's end (the stage
 input's `.grad`; the send of it is waited only at the step's end, schedules.py `_step_microbatches` l. 2654):
-`boundary_bytes` per input pass done. The trace's per-action census shows two boundary-sized fp32 tensors per finished
-input pass (the other a residual-stream sum made in the pass); counting one brings every zero-bubble and ZBV row of
-the traced fixtures within 3%, counting two overshoots by up to 6%, so one is counted and the other is unexplained.
+`pipelined_backward.stage_grad_bytes` per input pass done. The trace's per-action census shows two boundary-sized
+fp32 tensors per finished input pass (the other a residual-stream sum made in the pass); counting one brings the
+zero-bubble and ZBV none / full rows of the traced fixture within 3%, counting two overshoots by up to 6%, so one is
+counted and the other is unexplained.
 
 When: a rank's action list reaches triples (chunks held, chunks between their passes, input passes done). Their
 frontier over (held, pending), each with the most input passes done there, in closed form for torch 2.13's plans
@@ -45,21 +46,15 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout, PipelineSchedule
 from backend.analytic.memory.activations import LayerShape, linears_of
-from backend.analytic.memory.pipeline_activations import in_flight
-from backend.analytic.scalar_or_array import logical_and, logical_or, maximum, where
+from backend.analytic.memory.pipeline_activations import in_flight, split_backward
+from backend.analytic.memory.pipelined_backward import stage_grad_bytes
+from backend.analytic.scalar_or_array import logical_and, maximum, where
 
 if TYPE_CHECKING:
     from backend.analytic.memory.parts import RankParts
     from backend.analytic.memory.rank_activations import ActivationMoments
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
-
-
-def split_backward(layout: Layout) -> Num:
-    """Whether the layout runs a schedule with separate input and weight passes."""
-    s = layout.schedule
-    return logical_and(layout.pipelined, logical_or(s == PipelineSchedule.ZERO_BUBBLE, s == PipelineSchedule.ZBV,
-                                                    s == PipelineSchedule.DUALPIPEV))
 
 
 def pending_grad_bytes(model: ModelSpec, layout: Layout, shape: LayerShape) -> Num:
@@ -88,13 +83,6 @@ def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
     norm = rows * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * where(layout.uses_autocast, 4,
                                                                                          layout.compute_bytes)
     return logits + norm
-
-
-def boundary_bytes(model: ModelSpec, layout: Layout) -> Num:
-    """One stage boundary tensor: the residual stream (fp32 under autocast, the sequence-parallel shard under SP), the
-    size of the input gradient each finished input pass leaves alive."""
-    return (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
-            * where(layout.uses_autocast, 4, layout.compute_bytes))
 
 
 def frontier(layout: Layout, pp_rank: Num) -> list[tuple[Num, Num, Num]]:
@@ -138,7 +126,7 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
     units, chunk = in_flight(layout, pp_rank), acts.blocks / layout.virtual_stages
     pending_chunk = (parts.stages.n_blocks / layout.virtual_stages * pending_grad_bytes(model, layout, shape)
                      + where(parts.stages.last, head_pending_bytes(model, layout), 0.0))
-    per_done = boundary_bytes(model, layout)  # one per input pass done: the module docstring says why one
+    per_done = stage_grad_bytes(model, layout)  # one per input pass done: the module docstring says why one
     pending = weight_pass = 0.0
     for held, waiting, done in frontier(layout, pp_rank):
         pending = maximum(pending, (held - units) * chunk + maximum(waiting - 1, 0) * pending_chunk
