@@ -37,16 +37,21 @@ JOBS = {s.name: engine_job(s, 1200) for s in [
 
 
 def _ring_backward_moment(spec, rr) -> bool:
-    """The tracker kept a moment inside a backward ring attention instead of the forward peak: gradients not all
-    there yet, and activations above the forward peak by no more than the ring's fp32 dK/dV accumulators of one
-    layer (sent and received: 2 x dkv, estimate_notes.cp_note). Which moment wins is a race with gloo's worker
-    thread releasing the async all-to-all's buffers (1 run in 5 under load, rank 1 of cp2_x_tp2_sp_alltoall:
-    grads 242,944 of 510,464 B, activations 436,748 against 412,424 B)."""
+    """The tracker kept a moment inside a backward ring attention instead of the forward peak: activations above the
+    forward peak by no more than the ring's fp32 dK/dV accumulators of one layer (sent and received: 2 x dkv,
+    estimate_notes.cp_note), with gradients not all there yet, or all there when the step accumulates microbatches
+    (the last microbatch's backward starts with every gradient the earlier ones made, so the gradients cannot tell
+    its moments from its forward's). Which moment wins is a race with gloo's worker thread, which drops its
+    reference to the async all-to-all's buffers after wait() returns (ProcessGroupGloo::runLoop). Seen under load
+    on cp2_x_tp2_sp_alltoall (2 microbatches), activations 436,748-436,752 against 412,424 B: rank 1 with grads
+    242,944 of 510,464 B (first microbatch's backward), and rank 1 with all 510,464 B (CI, stop 48)."""
     from backend.analytic.traffic import cp_kv_bytes
 
     _, dkv = cp_kv_bytes(spec)
     extra = rr.measured.activations_bytes - rr.predicted.activations_bytes
-    return rr.measured.grads_bytes < rr.predicted.grads_bytes and 0 < extra <= 2 * dkv
+    grads_ok = rr.measured.grads_bytes < rr.predicted.grads_bytes or (
+        (spec.train.microbatches or 1) > 1 and rr.measured.grads_bytes == rr.predicted.grads_bytes)
+    return grads_ok and 0 < extra <= 2 * dkv
 
 
 @pytest.mark.slow
