@@ -66,11 +66,8 @@ def pending_grad_bytes(model: ModelSpec, layout: Layout, shape: LayerShape) -> N
     rowwise = widths[3] + (widths[-1] if len(widths) > 4 else 0)  # o, and the MLP's last Linear
     columnwise = sum(widths) - rowwise
     rows = layout.micro_batch * layout.seq_local(model)
-    cb = layout.compute_bytes
-    norm_bytes = where(layout.uses_autocast, 4, cb)
-    linears = rows * (columnwise / layout.tp + rowwise) * cb
-    norms = 2 * rows * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * norm_bytes
-    return linears + norms
+    linears = rows * (columnwise / layout.tp + rowwise) * layout.compute_bytes
+    return linears + 2 * stage_grad_bytes(model, layout)  # each norm's output gradient is residual-stream sized
 
 
 def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
@@ -80,9 +77,7 @@ def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
     rank p - 1, ZBV's and DualPipeV's one on rank 0)."""
     rows = layout.micro_batch * layout.seq_local(model)
     logits = rows * model.vocab_size / layout.tp * layout.compute_bytes
-    norm = rows * model.d_model / where(layout.sequence_parallel, layout.tp, 1) * where(layout.uses_autocast, 4,
-                                                                                         layout.compute_bytes)
-    return logits + norm
+    return logits + stage_grad_bytes(model, layout)  # the final norm's output gradient
 
 
 def frontier(layout: Layout, pp_rank: Num) -> list[tuple[Num, Num, Num]]:
