@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,22 @@ def _run(tmp_path: Path, fault: str, timeout_s: float = TIMEOUT_S) -> tuple[RunR
     assert res.spec.parallel.world_size == 2 and res.log_tail
     assert_no_orphans(res, job_id)
     return res, job_id
+
+
+HANG_TIMEOUT_S = 45  # the ranks must reach step 1 on a loaded host
+HANGS = {"hung": ("hang:rank=1:step=1", "test_hung_collective_times_out"),
+         "frozen": ("stop:rank=1:step=1", "test_a_frozen_rank_is_named_when_its_peer_hangs_in_a_collective")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The runs that end only at their timeout (those of the selected tests), started with the module's first test:
+    they spend their 45 s asleep in a collective, so waiting them out side by side, and beside the other tests, saves
+    a worker 90 s."""
+    selected = {item.name for item in request.session.items}
+    with ThreadPoolExecutor(len(HANGS)) as pool:
+        yield {name: pool.submit(_run, tmp_path_factory.mktemp(name), fault, HANG_TIMEOUT_S)
+               for name, (fault, test) in HANGS.items() if test in selected}
 
 
 def _predicted_memory_kept(res: RunResult) -> None:
@@ -54,8 +71,8 @@ def test_out_of_memory_is_reported_as_oom(tmp_path: Path) -> None:
     assert "MemoryError" in res.traceback
 
 
-def test_hung_collective_times_out(tmp_path: Path) -> None:
-    res, _ = _run(tmp_path, "hang:rank=1:step=1", timeout_s=45)  # the ranks must reach step 1 on a loaded host
+def test_hung_collective_times_out(hung_runs: dict[str, Future]) -> None:
+    res, _ = hung_runs["hung"].result()
     assert res.status == Status.TIMEOUT, res.error
     assert "timeout_s=45" in res.error
     # the stacks dumped at the timeout name the rank that never reached the collective
@@ -64,10 +81,10 @@ def test_hung_collective_times_out(tmp_path: Path) -> None:
     assert res.wall_s < 45 + 5 + 15  # timeout + SIGTERM grace + slack for a loaded machine
 
 
-def test_a_frozen_rank_is_named_when_its_peer_hangs_in_a_collective(tmp_path: Path) -> None:
+def test_a_frozen_rank_is_named_when_its_peer_hangs_in_a_collective(hung_runs: dict[str, Future]) -> None:
     """Issue 31: rank 1 frozen (SIGSTOP) at step 1; rank 0 blocks in the step's collective. Both ranks' stacks cannot
     be had (a stopped process does not run its signal handler), so the one that gave none is the culprit."""
-    res, _ = _run(tmp_path, "stop:rank=1:step=1", timeout_s=45)  # the ranks must reach step 1 on a loaded host
+    res, _ = hung_runs["frozen"].result()
     assert res.status == Status.TIMEOUT, res.error
     assert res.failing_rank == 1, res.error
     assert "rank 1 is holding the job up (did not answer the stack-dump signal" in res.error
