@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
@@ -54,9 +55,13 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
                      "(predicted_given_routing)")
     if p.ep > 1 and p.etp > 1:
         notes.append(f"etp={p.etp}: each rank holds its {spec.model.n_experts // p.ep} experts split over etp "
-                     f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; edp = dp x cp / ep = "
-                     f"{p.dp_cp // p.ep}); " + _etp_comm_words(spec) + "; each local expert's (rows, ffn) "
-                     "activations are split over etp too")
+                     f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; {_edp_words(spec)}); "
+                     + _etp_comm_words(spec) + "; each local expert's (rows, ffn) activations are split over etp too")
+    if p.ep > 1 and p.dp_cp % p.ep:
+        notes.append(f"ep={p.ep} spans tp: Megatron-Core's MoE parallel folding lays the experts out as etp({p.etp}) x "
+                     f"ep({p.ep}) x edp over the tp x cp x dp = {p.tp} x {p.cp} x {p.dp} ranks of a stage "
+                     f"({_edp_words(spec)}); each tp rank dispatches its own sequence-parallel tokens, and the expert "
+                     "gradients reduce over all edp ranks")
     if p.cp > 1:
         notes.append(cp_note(spec))
     if str(t.recompute) == "op":
@@ -116,6 +121,15 @@ def cp_note(spec: ExperimentSpec) -> str:
             "of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward "
             f"moment can top it by up to those dK/dV bytes); K/V traffic per layer "
             f"and microbatch: traffic.cp_traffic")
+
+
+def _edp_words(spec: ExperimentSpec) -> str:
+    """The expert data-parallel degree and its arithmetic on this spec's expert grid (expert_layout.py)."""
+    p = spec.parallel
+    edp = ExpertLayout.of_spec(spec).edp
+    if spec.train.stack == Stack.MEGATRON:
+        return f"edp = tp x cp x dp / (etp x ep) = {p.tp * p.dp_cp} / {p.etp * p.ep} = {edp}"
+    return f"edp = dp x cp / ep = {p.dp_cp} / {p.ep} = {edp}"
 
 
 def _etp_comm_words(spec: ExperimentSpec) -> str:

@@ -15,10 +15,16 @@ stage's tp x cp x dp ranks:
 edp (expert data-parallel degree) = the ranks holding the same expert shard within one tp column = dp x cp / ep
 (Megatron: world / (etp x ep x pp) at etp = tp); the expert gradients reduce over edp (an all-reduce, or the
 distributed optimizer's reduce-scatter: Megatron's _EXPERT_DATA_PARALLEL_GROUP) and zero1 shards the experts'
-optimizer state over it. Megatron's fold of ep over the tp ranks (ep larger than dp x cp, etp < tp with distinct tokens
-per tp rank) is not modelled (spec/checks.py says so with the arithmetic). Where ep fits in dp x cp, the megatron
-stack's EP all-to-all is still placed on Megatron's groups, strided by etp rather than tp
-(ep_dispatch.Dispatch.ep_stride); the sizes here are the same at uniform routing.
+optimizer state over it.
+
+The megatron stack (`folded`) lays the experts out as Megatron-Core does, on a grid of their own over the same ranks
+(MoE parallel folding): etp x ep x edp covers a stage's tp x cp x dp ranks, so ep may span the tp ranks (ep larger
+than dp x cp, etp < tp), and edp = tp x cp x dp / (etp x ep) (Megatron-LM parallel_state.py @ core_v0.19.0
+`initialize_model_parallel`: expert_data_parallel_size = world_size // (etp x ep x pp)). Each tp rank routes its own
+sequence-parallel tokens (ep_dispatch.Dispatch.tokens), so no two ranks compute the same expert gradients: tp_replicas
+= 1, and the expert gradients reduce, and the distributed optimizer shards the experts' state, over all edp ranks. Its
+EP all-to-all groups are strided by etp (ep_dispatch.Dispatch.ep_stride). This engine cannot run that fold
+(spec/run_rules.py says so with the arithmetic).
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ from typing import TYPE_CHECKING
 from backend.analytic.scalar_or_array import where
 
 if TYPE_CHECKING:
+    from backend.analytic.layout import Layout
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ExperimentSpec
+
+MEGATRON = "megatron"
+"""The stack (and stack mechanism) whose experts sit on Megatron-Core's folded grid."""
 
 
 @dataclass(frozen=True)
@@ -45,14 +55,21 @@ class ExpertLayout:
     """tp ranks that hold the same experts whole and compute the same expert gradients (tp / etp)."""
 
     @classmethod
-    def of(cls, tp: Num, dp_cp: Num, ep: Num, etp: Num = 1) -> ExpertLayout:
+    def of(cls, tp: Num, dp_cp: Num, ep: Num, etp: Num = 1, folded: Num = False) -> ExpertLayout:
+        """folded: Megatron-Core's expert grid (the module docstring), else this engine's ep carved out of dp x cp."""
         etp = where(ep > 1, etp, tp)
-        return cls(ep=ep, etp=etp, edp=dp_cp // ep, tp_replicas=tp // etp)
+        return cls(ep=ep, etp=etp, edp=where(folded, tp * dp_cp // (etp * ep), dp_cp // ep),
+                   tp_replicas=where(folded, 1, tp // etp))
 
     @classmethod
     def of_spec(cls, spec: ExperimentSpec) -> ExpertLayout:
         p = spec.parallel
-        return cls.of(p.tp, p.dp_cp, p.ep, p.etp)
+        return cls.of(p.tp, p.dp_cp, p.ep, p.etp, folded=str(spec.train.stack) == MEGATRON)
+
+    @classmethod
+    def of_layout(cls, layout: Layout) -> ExpertLayout:
+        folded = layout.stack is not None and layout.stack.mechanism == MEGATRON
+        return cls.of(layout.tp, layout.dp_cp, layout.ep, layout.etp, folded=folded)
 
     @property
     def whole_experts(self) -> Num:

@@ -35,7 +35,7 @@ def derive_and_check(s: SpecParts) -> list[str]:
     problems += _derive_degrees(p)
     if problems:
         return problems
-    problems += _check_degrees(m, p)
+    problems += _check_degrees(m, p, folds_over_tp=str(t.stack) == "megatron")
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
     problems += stack_problems(s)
@@ -190,7 +190,9 @@ def _derive_degrees(p: ParallelSpec) -> list[str]:
     return []
 
 
-def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
+def _check_degrees(m: ModelSpec, p: ParallelSpec, folds_over_tp: bool = False) -> list[str]:
+    """folds_over_tp: the stack lays the experts out on their own grid (Megatron-Core's MoE parallel folding), so ep
+    may span the tp ranks (analytic/expert_layout.py)."""
     out = []
     for name in dims.pure_strategies(dims.DIMS):
         if p.strategy == name and getattr(p, name) < 2:
@@ -216,7 +218,12 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec) -> list[str]:
         elif m.n_experts % p.ep:
             out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = "
                        f"{m.n_experts % p.ep})")
-        if p.dp_cp % p.ep:
+        spans_tp = folds_over_tp and p.etp < p.tp  # the tp ranks route their own tokens: ep may reach into them
+        if spans_tp and (p.tp * p.dp_cp) % (p.etp * p.ep):
+            out.append(f"etp({p.etp}) * ep({p.ep}) = {p.etp * p.ep} does not divide tp * cp * dp = {p.tp} * {p.cp} * "
+                       f"{p.dp} = {p.tp * p.dp_cp} (Megatron-Core's expert layout etp x ep x edp covers a stage's "
+                       "ranks: world % (etp x ep x pp) == 0, parallel_state.initialize_model_parallel @ core_v0.19.0)")
+        elif not spans_tp and p.dp_cp % p.ep:
             group = f"dp * cp = {p.dp} * {p.cp} = {p.dp_cp}" if p.cp > 1 else f"dp={p.dp}"
             out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel "
                        f"ranks){_fold_note(p)}")
@@ -233,8 +240,9 @@ def _fold_note(p: ParallelSpec) -> str:
     return (f"; Megatron-Core's MoE parallel folding would lay the experts out as etp({p.etp}) x ep({p.ep}) x "
             f"edp({ranks // (p.etp * p.ep)}) over the tp({p.tp}) x cp({p.cp}) x dp({p.dp}) = {ranks} ranks of a stage "
             "(ep spanning tp, each tp rank routing its own sequence-parallel tokens: parallel_state."
-            "initialize_model_parallel @ core_v0.19.0, expert RankGenerator order tp-ep-dp-pp), which is not modelled "
-            "here: ep is carved out of dp x cp and the tp / etp ranks of a group hold the same experts")
+            "initialize_model_parallel @ core_v0.19.0, expert RankGenerator order tp-ep-dp-pp); this stack carves ep "
+            "out of dp x cp and the tp / etp ranks of a group hold the same experts: set stack megatron (and etp < tp) "
+            "to predict the folded layout")
 
 
 def _check_expert_tp(m: ModelSpec, p: ParallelSpec) -> list[str]:

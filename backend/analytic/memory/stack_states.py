@@ -49,6 +49,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import CUDA
+from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
 from backend.analytic.memory.model_state import ModelStateBytes
@@ -107,7 +108,7 @@ def megatron_state(model: ModelSpec, layout: Layout, position: RankPosition, par
     dist_opt = layout.zero_stage == ZeroStage.ZERO1
     experts = parts.total("ep_expert_numel")
     dense = megatron_aligned_numel(model, layout, position, parts)
-    edp = ceil_div(d, layout.ep)  # the experts' buffer shards over the expert-data-parallel group d / ep
+    edp = ExpertLayout.of_layout(layout).edp  # the experts' buffer shards over Megatron's expert-data-parallel group
     dense_buf = megatron_buffer_numel(dense, d)
     expert_buf = where(experts > 0, megatron_buffer_numel(experts, edp), 0)
     local = parts.total("local_numel")

@@ -23,6 +23,7 @@ from math import ceil
 from typing import TYPE_CHECKING, Any
 
 from backend.analytic.dp_buckets import bucket_groups, used_by
+from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.sharding import LocalParam, derived, fsdp_units, unsharded_numel
 from backend.analytic.steptime.collectives import collective_s, dim_tier, members_per_node
 from backend.analytic.steptime.compute import PassCost, memory_s
@@ -90,7 +91,7 @@ def _dp_colls(spec: ExperimentSpec, hw: Hardware, g: int, params: Sequence[Local
             last = coll_s(tier, kind, min(payload, DDP_BUCKET_BYTES), n, per_node=k)
             exposure.append(("grad", s, last))  # Li 2020 Sec 3.2.3: overlaps the last backward
         elif distributed:  # the distributed optimizer: per bucket, once per step
-            edp = p.dp_cp // p.ep if p.ep > 1 else None  # the expert buckets reduce over edp, the rest over dp x cp
+            edp = ExpertLayout.of_spec(spec).edp if p.ep > 1 else None  # the expert buckets reduce over edp
             buckets = max(1, sum(1 for _, g in bucket_groups(params, p.dp_cp, edp) if g == n))
             s = coll_s(tier, kind, payload, n, calls=buckets, per_node=k)
             one = coll_s(tier, kind, payload / buckets, n, per_node=k)

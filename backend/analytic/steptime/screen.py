@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes
+from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, RankPosition, ZeroStage
 from backend.analytic.memory.parts import (
     ALT_PART,
@@ -439,7 +440,7 @@ def _expert_sync_exposed(layout: Layout, hw: Hardware, gpus_per_node: int, exper
     group (dp x cp / ep ranks) behind the last backward, its last 25 MB bucket exposed, bandwidth only; under the
     distributed optimizer (zero1) a reduce-scatter of the expert buckets over edp behind the last backward and the
     all-gather of their params after the step."""
-    group = layout.dp_cp // np.maximum(layout.ep, 1)
+    group = ExpertLayout.of_layout(layout).edp
     intra, link = _dp_link(layout, hw, gpus_per_node, group)
     grads = MASTER_BYTES * experts
 

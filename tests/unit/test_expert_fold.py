@@ -1,0 +1,70 @@
+"""Issue 35: Megatron-Core's MoE parallel folding on the megatron stack. The experts sit on a grid of their own,
+etp x ep x edp over a stage's tp x cp x dp ranks, so ep may span the tp ranks and edp = tp x cp x dp / (etp x ep)
+(backend/analytic/expert_layout.py, Megatron-LM parallel_state.py @ core_v0.19.0). Predicted, never run here."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.analytic.estimate import estimate
+from backend.analytic.expert_layout import ExpertLayout
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.hardware import get_hardware
+from backend.spec import ExperimentSpec, validate_spec
+from backend.spec.checks import run_blockers
+
+H, FFN, E, LAYERS = 64, 128, 8, 2
+MOE = {"vocab_size": 256, "d_model": H, "n_layers": LAYERS, "n_heads": 4, "seq_len": 32, "n_experts": E, "top_k": 2,
+       "ffn_hidden": FFN, "mlp": "swiglu", "norm": "rmsnorm", "positions": "rope", "bias": "none"}
+ROUTED = LAYERS * E * 3 * H * FFN
+"""Every routed expert element of the model: three SwiGLU matrices of h x ffn per expert, no biases."""
+
+
+def spec(stack: str = "megatron", **parallel) -> ExperimentSpec:
+    return ExperimentSpec.for_prediction({
+        "model": MOE, "parallel": {"strategy": "zero1", "sequence_parallel": parallel.get("tp", 1) > 1} | parallel,
+        "train": {"global_batch": 16, "micro_batch": 1, "precision": "bf16-mixed", "stack": stack}})
+
+
+def test_ep_spans_the_tp_ranks_on_megatrons_expert_grid():
+    s = spec(world_size=8, tp=4, ep=8)  # dp x cp = 2 ranks: ep 8 takes every tp rank of both
+    lay = ExpertLayout.of_spec(s)
+    assert (lay.etp, lay.ep, lay.edp, lay.tp_replicas) == (1, 8, 1, 1)
+    assert ExpertLayout.of_spec(spec(world_size=16, tp=4, ep=2)).edp == 8  # the tp ranks route distinct tokens
+    assert ExpertLayout.of_spec(spec("shardlab", world_size=16, tp=4, ep=2)).edp == 2  # they hold the same experts
+    est = estimate(s)
+    assert any(n.startswith("ep=8 spans tp: Megatron-Core's MoE parallel folding") and "= 8 / 8 = 1" in n
+               for n in est.notes), est.notes
+    assert any("ep=8 spans the tp ranks" in w and "etp x ep x edp = 1 x 8 x 1" in w for w in run_blockers(s))
+
+
+def test_a_fold_that_does_not_cover_the_stage_is_explained_with_the_arithmetic():
+    bad = {"model": MOE, "train": {"stack": "megatron"}, "parallel": {"world_size": 12, "tp": 2, "ep": 8}}
+    _, problems = validate_spec(bad, predict_only=True)
+    assert any("etp(1) * ep(8) = 8 does not divide tp * cp * dp = 2 * 1 * 6 = 12" in p for p in problems), problems
+    _, problems = validate_spec(bad | {"train": {"stack": "shardlab"}}, predict_only=True)
+    assert any("ep=8 does not divide dp=6" in p for p in problems), problems
+    _, problems = validate_spec({**bad, "parallel": {"world_size": 8, "tp": 4, "ep": 8}} | {
+        "train": {"stack": "shardlab"}}, predict_only=True)
+    assert any("set stack megatron (and etp < tp) to predict the folded layout" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("tp", "ep", "etp"), [(4, 2, 4), (4, 2, 2), (4, 4, 1), (4, 8, 1), (4, 4, 2)])
+def test_each_rank_keeps_its_share_of_the_expert_optimizer_state_whatever_the_fold(tp, ep, etp):
+    """The distributed optimizer shards the expert buffer over edp: each rank's routed / (etp x ep) elements over
+    tp x dp / (etp x ep) ranks leaves it 12 B x routed / (tp x dp) of fp32 master + Adam m, v on every fold; the dense
+    state is the same on every fold of one dense layout. Megatron pads each buffer to a multiple of its group."""
+    base = estimate(spec(world_size=8, tp=4, ep=2, etp=4)).per_rank[0]
+    got = estimate(spec(world_size=8, tp=tp, ep=ep, etp=etp)).per_rank[0]
+    expert_elements = ROUTED // (ep * etp)
+    assert got.params_count - base.params_count == expert_elements - ROUTED // 8
+    assert got.optimizer_bytes == pytest.approx(base.optimizer_bytes, rel=2e-3)
+
+
+def test_a_folded_layout_has_a_step_time():
+    """The step-time model prices the fold: the expert buckets' reduce-scatter on Megatron's expert data-parallel
+    group (edp = 8 at tp 4, dp 4, etp 1, ep 2) and an EP group strided by etp over the tp ranks (ep 8 at tp 4, dp 2)."""
+    hw = get_hardware("h100-sxm")
+    for s in (spec(world_size=16, tp=4, ep=2), spec(world_size=8, tp=4, ep=8)):
+        t = step_time(s, hw)
+        assert t.summary["step_s"] > 0 and t.per_rank[0].comm_s["ep"] > 0
