@@ -37,6 +37,7 @@ from backend.analytic.scalar_or_array import where
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
     from backend.analytic.scalar_or_array import Num
+    from backend.analytic.stack_memory import StackMemory
     from backend.spec import ExperimentSpec
 
 MEGATRON = "megatron"
@@ -68,11 +69,15 @@ class ExpertLayout:
 
     @classmethod
     def of_layout(cls, layout: Layout) -> ExpertLayout:
-        folded = layout.stack is not None and layout.stack.mechanism == MEGATRON
-        return cls.of(layout.tp, layout.dp_cp, layout.ep, layout.etp, folded=folded)
+        return cls.of(layout.tp, layout.dp_cp, layout.ep, layout.etp, folded=folds_experts(layout.stack))
 
     @property
     def whole_experts(self) -> Num:
         """Each expert's weights unsplit on the rank (etp = 1 under ep > 1)."""
         return (self.ep > 1) & (self.etp == 1)
 
+
+
+def folds_experts(stack: StackMemory | None) -> bool:
+    """The stack lays its experts out on Megatron-Core's folded grid (None: this engine, which does not)."""
+    return stack is not None and stack.mechanism == MEGATRON

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from backend.analytic.expert_layout import folds_experts
 from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.state_floor import STATE_KEY
 from backend.recompute_policy import KINDS
@@ -94,17 +95,24 @@ ADMITS: dict[str, Callable[[Search, int, dict[str, int]], bool]] = {
 limits. A dimension without an entry is searched over every divisor of the ranks it splits."""
 
 
-def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...]) -> bool:
-    """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp)."""
+def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...], degrees: dict[str, int]) -> bool:
+    """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp); an ep
+    that does not fit in dp x cp (offered on the folded expert grid only) spans the tp ranks: etp < tp, and etp x ep
+    divides the stage's tp x cp x dp ranks (spec.checks._check_degrees)."""
     at = dict(zip(names, combo, strict=False))
-    return at.get("etp", 1) == 1 or at.get("ep", 1) > 1
+    ep, etp = at.get("ep", 1), at.get("etp", 1)
+    if etp > 1 and ep == 1:
+        return False
+    dp_cp, tp = degrees.get("dp", 1) * degrees.get("cp", 1), degrees.get("tp", 1)
+    return dp_cp % ep == 0 or (etp < tp and (tp * dp_cp) % (etp * ep) == 0)
 
 
 def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpus_per_node: int,
-                 limits: Limits) -> list[DegreePoint]:
+                 limits: Limits, expert_fold: bool = False) -> list[DegreePoint]:
     """Every split of `gpus` over the dimensions' degrees the model admits: the in-world ones but the remainder in
     table order (tp outermost), each a divisor of the ranks the earlier ones leave, the remainder (dp) taking the
-    rest; then each carved degree a divisor of the ranks it is carved out of (ep of dp x cp)."""
+    rest; then each carved degree a divisor of the ranks it is carved out of (ep of dp x cp). expert_fold: the
+    stack's experts sit on Megatron-Core's folded grid (analytic/expert_layout.py), so ep may also reach into tp."""
     search = Search(model, limits, gpus_per_node)
     split = [d for d in dimensions if d.in_world and not d.remainder]
     rest = dims.remainder(dimensions).name
@@ -119,14 +127,19 @@ def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpu
                     walk(i + 1, left // degree, {**at, split[i].name: degree})
             return
         at = {**at, rest: left}
-        options = [[e for e in _divisors(math.prod(at[n] for n in d.carved_from))
+        options = [[e for e in _divisors(math.prod(at[n] for n in d.carved_from) * _folded_over(d, at, expert_fold))
                     if ADMITS.get(d.name, _any_divisor)(search, e, at)] for d in carved]
         names = tuple(d.name for d in carved)
-        points.append(DegreePoint(at, [c for c in itertools.product(*options) if _carved_admitted(names, c)],
+        points.append(DegreePoint(at, [c for c in itertools.product(*options) if _carved_admitted(names, c, at)],
                                   _schedules(at["pp"], model.n_layers, limits.virtual_stages)))
 
     walk(0, gpus, {})
     return points
+
+
+def _folded_over(d: dims.Dim, at: dict[str, int], expert_fold: bool) -> int:
+    """The extra ranks a carved degree may span: ep over the tp ranks on the folded expert grid, else none."""
+    return at.get("tp", 1) if expert_fold and d.name == "ep" else 1
 
 
 def _any_divisor(s: Search, degree: int, at: dict[str, int]) -> bool:
@@ -170,7 +183,8 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
     ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack)."""
-    pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits)
+    pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits,
+                         expert_fold=folds_experts(stack))
     table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None
                                                                   else {"sac_ops": tuple(sac_ops)})
     if not pairs:

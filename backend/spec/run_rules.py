@@ -83,8 +83,8 @@ LAYOUT_RULES = (
             "colwise / rowwise over the whole tp mesh dimension (etp = tp, strategies/tp.py) or not at all (etp = 1); "
             "an expert-tp group smaller than tp is not wired"),
     RunRule("ep spanning tp", lambda v: (v.ep > 1) & ((v.dp * v.cp) % v.ep != 0),
-            lambda p, m: f"ep={p.ep} spans the tp ranks (Megatron-Core's MoE parallel folding, stack megatron: etp x ep "
-            f"x edp = {p.etp} x {p.ep} x {p.tp * p.dp_cp // (p.etp * p.ep)} over tp x cp x dp = {p.tp} x {p.cp} x "
+            lambda p, m: f"ep={p.ep} spans the tp ranks (Megatron-Core's MoE parallel folding, stack megatron: etp x "
+            f"ep x edp = {p.etp} x {p.ep} x {p.tp * p.dp_cp // (p.etp * p.ep)} over tp x cp x dp = {p.tp} x {p.cp} x "
             f"{p.dp}) and is prediction-only: this engine carves ep out of dp x cp = {p.dp_cp} ranks "
             "(analytic/expert_layout.py)"),
     RunRule("zero1 x tp/pp under fp16-mixed",

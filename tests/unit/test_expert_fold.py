@@ -8,8 +8,8 @@ import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.expert_layout import ExpertLayout
-from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.hardware import get_hardware
+from backend.analytic.steptime.model import step_time
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.checks import run_blockers
 
@@ -68,3 +68,28 @@ def test_a_folded_layout_has_a_step_time():
     for s in (spec(world_size=16, tp=4, ep=2), spec(world_size=8, tp=4, ep=8)):
         t = step_time(s, hw)
         assert t.summary["step_s"] > 0 and t.per_rank[0].comm_s["ep"] > 0
+
+
+def test_plan_searches_the_fold_on_the_megatron_stack_and_prices_it_as_estimate_does(capsys):
+    """`plan --stack megatron` offers ep over the tp ranks; each such layout's memory is estimate's fullest moment,
+    byte for byte (the planner's array path reads the same ExpertLayout). The engine's own stack never offers it."""
+    import json
+    import random
+
+    from backend.cli import main
+
+    args = ["plan", "--layers", "4", "--hidden", "256", "--heads", "8", "--experts", "8", "--top-k", "2", "--seq",
+            "256", "--vocab", "1024", "--gpus", "8", "--gpus-per-node", "8", "--hardware", "h100-sxm",
+            "--global-batch", "16", "--include-predicted", "--top", "600", "--json"]
+
+    def folds(stack: str) -> list[dict]:
+        assert main([*args, "--stack", stack]) == 0
+        configs = json.loads(capsys.readouterr().out)["configs"]
+        return [c for c in configs if (lambda p: p["ep"] > 1 and (p["dp"] * p["cp"]) % p["ep"])(c["spec"]["parallel"])]
+
+    assert folds("shardlab") == []
+    folded = folds("megatron")
+    assert folded and all(not c["runnable"] and "spans the tp ranks" in c["why_not"] for c in folded)
+    for c in random.Random(35).sample(folded, min(25, len(folded))):
+        est = estimate(ExperimentSpec.for_prediction(c["spec"]))
+        assert c["mem_bytes_max"] == max(r.fullest_bytes() for r in est.per_rank), c["spec"]["parallel"]
