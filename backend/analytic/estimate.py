@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic.device import device_notes, with_device
 from backend.analytic.estimate_notes import estimate_notes
+from backend.analytic.expert_layout import rank_coords
 from backend.analytic.layout import Layout, RankPosition, ZeroStage
 from backend.analytic.memory.activations import logits_held_in_backward, loss_backward_extra_bytes
 from backend.analytic.memory.model_state import zero1_shares_of
@@ -109,7 +110,7 @@ def estimate_rank(spec: ExperimentSpec, rank: int) -> RankEstimate:
     memory = rank_memory(spec.model, layout, position)
     fsdp = p.zero_stage >= ZeroStage.ZERO2
     stages = rank_stages(spec, rank)
-    r = RankEstimate(rank=rank, coords=p.coords(rank), stages=stages, layers=rank_layers(spec, stages),
+    r = RankEstimate(rank=rank, coords=rank_coords(spec, rank), stages=stages, layers=rank_layers(spec, stages),
                      params_count=memory.parts.total("real_numel" if fsdp else "local_numel"),
                      params_bytes=memory.params_bytes, grads_bytes=memory.grads_bytes,
                      optimizer_bytes=memory.optimizer_bytes, activations_bytes=memory.activations_bytes,
@@ -174,7 +175,7 @@ class ClassEstimate:
     def _rank_at(self, dp: int, spec: ExperimentSpec) -> RankEstimate:
         p = spec.parallel
         rank = (self.members.pp_rank * p.dp_cp + dp) * p.tp + self.members.tp_indices.start
-        return self.at(rank, p.coords(rank), spec)
+        return self.at(rank, rank_coords(spec, rank), spec)
 
 
 class RankRows(Sequence):
@@ -193,7 +194,7 @@ class RankRows(Sequence):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"rank {index} outside world size {len(self)}")
-        coords = self._spec.parallel.coords(index)
+        coords = rank_coords(self._spec, index)
         return self._by_key[self._classes.key(index)].at(index, coords, self._spec)
 
     def __iter__(self) -> Iterator[RankEstimate]:
@@ -313,7 +314,8 @@ def worst_rank_bytes(spec: ExperimentSpec) -> tuple[int, RankEstimate]:
     rank = pp_rank * p.dp_cp * p.tp
     stages = rank_stages(spec, rank)
     fsdp = p.zero_stage >= ZeroStage.ZERO2
-    return int(total), RankEstimate(rank=rank, coords=p.coords(rank), stages=stages, layers=rank_layers(spec, stages),
+    return int(total), RankEstimate(rank=rank, coords=rank_coords(spec, rank), stages=stages,
+                                    layers=rank_layers(spec, stages),
                                     params_count=memory.parts.total("real_numel" if fsdp else "local_numel"),
                                     params_bytes=memory.params_bytes, grads_bytes=memory.grads_bytes,
                                     optimizer_bytes=memory.optimizer_bytes, activations_bytes=memory.activations_bytes,

@@ -81,3 +81,17 @@ class ExpertLayout:
 def folds_experts(stack: StackMemory | None) -> bool:
     """The stack lays its experts out on Megatron-Core's folded grid (None: this engine, which does not)."""
     return stack is not None and stack.mechanism == MEGATRON
+
+
+def rank_coords(spec: ExperimentSpec, rank: int) -> dict[str, int]:
+    """The rank's mesh coordinates (ParallelSpec.coords) with its place on the stack's expert grid: on the folded grid
+    the ep and etp indices are Megatron's, etp innermost, then ep, over a stage's ranks in tp-cp-dp order (the same
+    stage-local order as this mesh's), not this engine's ep block along the dp index."""
+    p = spec.parallel
+    coords = p.coords(rank)
+    if p.ep > 1 and str(spec.train.stack) == MEGATRON:
+        local = rank % (p.tp * p.dp_cp)
+        coords["ep"] = (local // p.etp) % p.ep
+        if "etp" in coords:
+            coords["etp"] = local % p.etp
+    return coords

@@ -36,6 +36,17 @@ def test_ep_spans_the_tp_ranks_on_megatrons_expert_grid():
     assert any(n.startswith("ep=8 spans tp: Megatron-Core's MoE parallel folding") and "= 8 / 8 = 1" in n
                for n in est.notes), est.notes
     assert any("ep=8 spans the tp ranks" in w and "etp x ep x edp = 1 x 8 x 1" in w for w in run_blockers(s))
+    assert [r.coords["ep"] for r in est.per_rank] == list(range(8))  # Megatron's expert grid: etp, then ep, innermost
+
+
+def test_the_expert_grid_names_each_rank_as_megatron_does():
+    """Megatron's expert ranks run etp fastest, then ep, in the stage's tp-cp-dp order; with etp = tp that is this
+    engine's ep block along the dp index."""
+    folded = estimate(spec(world_size=16, tp=4, ep=4, etp=2)).per_rank
+    assert [(r.coords["etp"], r.coords["ep"]) for r in folded[:8]] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2),
+                                                                       (0, 3), (1, 3)]
+    same = spec(world_size=16, tp=4, ep=2, etp=4)
+    assert [r.coords for r in estimate(same).per_rank] == [same.parallel.coords(i) for i in range(16)]
 
 
 def test_a_fold_that_does_not_cover_the_stage_is_explained_with_the_arithmetic():
