@@ -104,3 +104,22 @@ def test_plan_searches_the_fold_on_the_megatron_stack_and_prices_it_as_estimate_
     for c in random.Random(35).sample(folded, min(25, len(folded))):
         est = estimate(ExperimentSpec.for_prediction(c["spec"]))
         assert c["mem_bytes_max"] == max(r.fullest_bytes() for r in est.per_rank), c["spec"]["parallel"]
+
+
+def test_a_megatron_script_with_ep_over_the_tp_ranks_imports_and_is_predicted(tmp_path):
+    """--expert-model-parallel-size 8 over tp 2 x dp 4 with --expert-tensor-parallel-size 1: refused before the fold
+    was modelled ("ep=8 does not divide dp=4"); now the megatron stack's layout."""
+    from backend.importers import import_config
+
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 8 "
+        "--seq-length 256 --max-position-embeddings 256 --ffn-hidden-size 1024 --num-experts 8 --moe-router-topk 2 "
+        "--moe-ffn-hidden-size 512 --tensor-model-parallel-size 2 --expert-model-parallel-size 8 "
+        "--expert-tensor-parallel-size 1 --sequence-parallel --micro-batch-size 1 --global-batch-size 16 --bf16 "
+        "--use-distributed-optimizer\n")
+    imported = import_config(script, vocab_size=32000)
+    par = imported.spec["parallel"]
+    assert (par["tp"], par["dp"], par["ep"], par["etp"], imported.spec["train"]["stack"]) == (2, 4, 8, 1, "megatron")
+    s = ExperimentSpec.for_prediction(imported.spec)
+    assert ExpertLayout.of_spec(s).edp == 1 and len(estimate(s).per_rank) == 8
