@@ -9,7 +9,7 @@ from backend.analytic.expert_layout import ExpertLayout
 from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
-from backend.spec.choices import Bias, Precision, Stack
+from backend.spec.choices import FOLDED_EXPERT_STACKS, Bias, Precision, Stack
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -127,7 +127,7 @@ def _edp_words(spec: ExperimentSpec) -> str:
     """The expert data-parallel degree and its arithmetic on this spec's expert grid (expert_layout.py)."""
     p = spec.parallel
     edp = ExpertLayout.of_spec(spec).edp
-    if spec.train.stack == Stack.MEGATRON:
+    if spec.train.stack in FOLDED_EXPERT_STACKS:
         return f"edp = tp x cp x dp / (etp x ep) = {p.tp * p.dp_cp} / {p.etp * p.ep} = {edp}"
     return f"edp = dp x cp / ep = {p.dp_cp} / {p.ep} = {edp}"
 

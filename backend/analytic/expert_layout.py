@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.analytic.scalar_or_array import where
+from backend.spec.choices import FOLDED_EXPERT_STACKS
 
 if TYPE_CHECKING:
     from backend.analytic.layout import Layout
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from backend.analytic.stack_memory import StackMemory
     from backend.spec import ExperimentSpec
 
-MEGATRON = "megatron"
-"""The stack (and stack mechanism) whose experts sit on Megatron-Core's folded grid."""
+MEGATRON_MECHANISM = "megatron"
+"""The stack memory mechanism (analytic/stack_memory.py) of the stacks in FOLDED_EXPERT_STACKS."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class ExpertLayout:
     @classmethod
     def of_spec(cls, spec: ExperimentSpec) -> ExpertLayout:
         p = spec.parallel
-        return cls.of(p.tp, p.dp_cp, p.ep, p.etp, folded=str(spec.train.stack) == MEGATRON)
+        return cls.of(p.tp, p.dp_cp, p.ep, p.etp, folded=spec.train.stack in FOLDED_EXPERT_STACKS)
 
     @classmethod
     def of_layout(cls, layout: Layout) -> ExpertLayout:
@@ -77,10 +78,9 @@ class ExpertLayout:
         return (self.ep > 1) & (self.etp == 1)
 
 
-
 def folds_experts(stack: StackMemory | None) -> bool:
     """The stack lays its experts out on Megatron-Core's folded grid (None: this engine, which does not)."""
-    return stack is not None and stack.mechanism == MEGATRON
+    return stack is not None and stack.mechanism == MEGATRON_MECHANISM
 
 
 def rank_coords(spec: ExperimentSpec, rank: int) -> dict[str, int]:
@@ -89,7 +89,7 @@ def rank_coords(spec: ExperimentSpec, rank: int) -> dict[str, int]:
     stage-local order as this mesh's), not this engine's ep block along the dp index."""
     p = spec.parallel
     coords = p.coords(rank)
-    if p.ep > 1 and str(spec.train.stack) == MEGATRON:
+    if p.ep > 1 and spec.train.stack in FOLDED_EXPERT_STACKS:
         local = rank % (p.tp * p.dp_cp)
         coords["ep"] = (local // p.etp) % p.ep
         if "etp" in coords:

@@ -11,7 +11,13 @@ import math
 import re
 
 from backend.spec import dims
-from backend.spec.choices import MULTI_STAGE_SCHEDULES, V_SHAPE_SCHEDULES, Schedule, Strategy
+from backend.spec.choices import (
+    FOLDED_EXPERT_STACKS,
+    MULTI_STAGE_SCHEDULES,
+    V_SHAPE_SCHEDULES,
+    Schedule,
+    Strategy,
+)
 from backend.spec.framework_support import check_framework
 from backend.spec.model_spec import ModelSpec
 from backend.spec.parallel_spec import ParallelSpec
@@ -35,7 +41,7 @@ def derive_and_check(s: SpecParts) -> list[str]:
     problems += _derive_degrees(p)
     if problems:
         return problems
-    problems += _check_degrees(m, p, folds_over_tp=str(t.stack) == "megatron")
+    problems += _check_degrees(m, p, folds_over_tp=t.stack in FOLDED_EXPERT_STACKS)
     problems += _derive_batch(t, p)
     problems += _check_pipeline(m, t, p)
     problems += stack_problems(s)

@@ -178,6 +178,11 @@ class Stack(StrEnum):
     DEEPSPEED = "deepspeed"  # DeepSpeed's ZeRO engine around a torch model
 
 
+FOLDED_EXPERT_STACKS = frozenset({Stack.MEGATRON})
+"""Stacks that lay the routed experts out on a grid of their own over a stage's ranks, so ep may span the tp ranks
+(Megatron-Core's MoE parallel folding: analytic/expert_layout.py); the others carve ep out of dp x cp."""
+
+
 class AttentionKernel(StrEnum):
     """The attention core's kernel, as the step-time model times it (steptime/ops.attention_time)."""
 
