@@ -66,7 +66,7 @@ def test_fsdp2s_collectives_are_the_settled_ones_and_their_buffers_are_let_go(pg
         work.wait()
     del work
     assert (out._use_count(), full._use_count()) == before
-    assert settle.settled == 1 and SETTLED == {"_allgather_base_", "_reduce_scatter_base_"}
+    assert settle.settled == 1 and SETTLED == {"_allgather_base_", "_reduce_scatter_base_"}  # FSDP2's two
 
 
 def test_under_the_mode_the_tracker_sees_no_copy_out_and_the_result_is_there(pg) -> None:
@@ -86,3 +86,27 @@ def test_off_the_cpu_the_mode_does_nothing(pg) -> None:
     with SettledCollectives(torch.device("meta")) as settle, OpLog() as log:
         dist.reduce_scatter_tensor(out, full, async_op=True).wait()
     assert settle.settled == 0 and log.ops == ["_reduce_scatter_base_", "split", "copy_"]
+
+
+def test_all_to_alls_are_settled_with_their_buffers_let_go(pg) -> None:
+    """dist.all_to_all_single (ring attention, the EP counts) comes back complete; the EP dispatch's functional,
+    autograd all-to-all comes back already waited, its gradient flowing as before (gloo's worker can hold a functional
+    all-to-all's input and output past wait_tensor: settle.py)."""
+    from backend.torch_compat import all_to_all_single_autograd
+
+    out, full = torch.empty(8), torch.full((8,), 2.0)
+    before = (out._use_count(), full._use_count())
+    x = torch.arange(6.0, requires_grad=True)
+    with SettledCollectives(torch.device("cpu")) as settle:
+        work = dist.all_to_all_single(out, full, async_op=True)
+        assert work.is_completed() and (out._use_count(), full._use_count()) == before
+        work.wait()
+        rows = x * 1.0
+        held = rows._use_count()
+        y = all_to_all_single_autograd(rows, [6], [6], dist.group.WORLD)
+        assert rows._use_count() == held
+        (y * torch.arange(6.0)).sum().backward()
+    assert settle.settled == 3  # the forward all-to-all, the c10d one and the backward's
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(y.detach(), torch.arange(6.0))
+    torch.testing.assert_close(x.grad, torch.arange(6.0))
