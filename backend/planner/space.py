@@ -22,7 +22,7 @@ from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, Recompute
 from backend.analytic.memory.state_floor import STATE_KEY
 from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
-from backend.spec.choices import Device
+from backend.spec.choices import Device, expert_grid_fits
 
 
 @dataclass(frozen=True)
@@ -95,16 +95,14 @@ ADMITS: dict[str, Callable[[Search, int, dict[str, int]], bool]] = {
 limits. A dimension without an entry is searched over every divisor of the ranks it splits."""
 
 
-def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...], degrees: dict[str, int]) -> bool:
-    """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp); an ep
-    that does not fit in dp x cp (offered on the folded expert grid only) spans the tp ranks: etp < tp, and etp x ep
-    divides the stage's tp x cp x dp ranks (spec.checks._check_degrees)."""
+def _carved_admitted(names: tuple[str, ...], combo: tuple[int, ...], degrees: dict[str, int], folded: bool) -> bool:
+    """A combination of carved degrees: etp > 1 only with ep > 1 (at ep 1 the experts split over tp, etp = tp), and an
+    ep the stage's expert grid holds (spec.choices.expert_grid_fits: on a folded grid ep may span the tp ranks)."""
     at = dict(zip(names, combo, strict=False))
     ep, etp = at.get("ep", 1), at.get("etp", 1)
     if etp > 1 and ep == 1:
         return False
-    dp_cp, tp = degrees.get("dp", 1) * degrees.get("cp", 1), degrees.get("tp", 1)
-    return dp_cp % ep == 0 or (etp < tp and (tp * dp_cp) % (etp * ep) == 0)
+    return expert_grid_fits(degrees.get("tp", 1), degrees.get("dp", 1) * degrees.get("cp", 1), ep, etp, folded)
 
 
 def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpus_per_node: int,
@@ -130,7 +128,8 @@ def degree_space(dimensions: tuple[dims.Dim, ...], model: Any, *, gpus: int, gpu
         options = [[e for e in _divisors(math.prod(at[n] for n in d.carved_from) * _folded_over(d, at, expert_fold))
                     if ADMITS.get(d.name, _any_divisor)(search, e, at)] for d in carved]
         names = tuple(d.name for d in carved)
-        points.append(DegreePoint(at, [c for c in itertools.product(*options) if _carved_admitted(names, c, at)],
+        combos = [c for c in itertools.product(*options) if _carved_admitted(names, c, at, expert_fold)]
+        points.append(DegreePoint(at, combos,
                                   _schedules(at["pp"], model.n_layers, limits.virtual_stages)))
 
     walk(0, gpus, {})

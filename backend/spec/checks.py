@@ -17,6 +17,7 @@ from backend.spec.choices import (
     V_SHAPE_SCHEDULES,
     Schedule,
     Strategy,
+    expert_grid_fits,
 )
 from backend.spec.framework_support import check_framework
 from backend.spec.model_spec import ModelSpec
@@ -225,11 +226,12 @@ def _check_degrees(m: ModelSpec, p: ParallelSpec, folds_over_tp: bool = False) -
             out.append(f"ep={p.ep} does not divide n_experts={m.n_experts} ({m.n_experts} % {p.ep} = "
                        f"{m.n_experts % p.ep})")
         spans_tp = folds_over_tp and p.etp < p.tp  # the tp ranks route their own tokens: ep may reach into them
-        if spans_tp and (p.tp * p.dp_cp) % (p.etp * p.ep):
+        fits = expert_grid_fits(p.tp, p.dp_cp, p.ep, p.etp, folds_over_tp)
+        if spans_tp and not fits:
             out.append(f"etp({p.etp}) * ep({p.ep}) = {p.etp * p.ep} does not divide tp * cp * dp = {p.tp} * {p.cp} * "
                        f"{p.dp} = {p.tp * p.dp_cp} (Megatron-Core's expert layout etp x ep x edp covers a stage's "
                        "ranks: world % (etp x ep x pp) == 0, parallel_state.initialize_model_parallel @ core_v0.19.0)")
-        elif not spans_tp and p.dp_cp % p.ep:
+        elif not fits:
             group = f"dp * cp = {p.dp} * {p.cp} = {p.dp_cp}" if p.cp > 1 else f"dp={p.dp}"
             out.append(f"ep={p.ep} does not divide {group} (expert-parallel ranks are carved out of the data-parallel "
                        f"ranks){_fold_note(p)}")

@@ -183,6 +183,15 @@ FOLDED_EXPERT_STACKS = frozenset({Stack.MEGATRON})
 (Megatron-Core's MoE parallel folding: analytic/expert_layout.py); the others carve ep out of dp x cp."""
 
 
+def expert_grid_fits(tp: int, dp_cp: int, ep: int, etp: int, folded: bool) -> bool:
+    """ep fits a stage's expert grid: carved out of dp x cp, or, on a folded grid with etp < tp (the tp ranks route
+    their own tokens), etp x ep dividing the stage's tp x cp x dp ranks (Megatron-Core: world % (etp x ep x pp)
+    == 0)."""
+    if folded and etp < tp:
+        return (tp * dp_cp) % (etp * ep) == 0
+    return dp_cp % ep == 0
+
+
 class AttentionKernel(StrEnum):
     """The attention core's kernel, as the step-time model times it (steptime/ops.attention_time)."""
 
