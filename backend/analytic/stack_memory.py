@@ -71,6 +71,9 @@ class StackMemory:
     """FSDP2 all-gathers float8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather)."""
     fp8_params: bool
     """param_dtype fp8 under fp8 precision: Megatron's --fp8-param-gather (TE's linear weights are Float8Tensors)."""
+    recompute_modules: frozenset[str] = frozenset({"core_attn"})
+    """Megatron's --recompute-modules: what a layout with recompute selective checkpoints (other policies ignore it);
+    memory/megatron_recompute.py prices each module."""
 
     def optimizer_group(self, layout: DpGroups) -> Num:
         """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout."""
@@ -98,7 +101,15 @@ def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
                        loss_parallel=bool(r["loss_parallel"]), te_layer=str(r["elementwise"]) == "fused",
                        fused_attention=kernel != "eager" or flash_model, fp8=fp8,
                        fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)),
-                       fp8_params=fp8 and str(r["param_dtype"]) == "fp8")
+                       fp8_params=fp8 and str(r["param_dtype"]) == "fp8",
+                       recompute_modules=_recompute_modules(t))
+
+
+def _recompute_modules(train: TrainSpec) -> frozenset[str]:
+    """The modules selective recompute checkpoints: Megatron's --recompute-modules as set (an empty list is nothing),
+    core_attn when unset (TransformerConfig's default)."""
+    modules = getattr(train, "recompute_modules", None)
+    return frozenset({"core_attn"} if modules is None else {str(x) for x in modules})
 
 
 def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:

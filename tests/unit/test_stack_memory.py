@@ -12,8 +12,9 @@ import pytest
 from backend.analytic.estimate import estimate, worst_rank_bytes
 from backend.analytic.layout import Layout, RankPosition
 from backend.analytic.memory.rank_memory import rank_memory, worst_rank_memory
-from backend.analytic.memory.stack_activations import TeLayer, head_bytes, te_layer_bytes
+from backend.analytic.memory.stack_activations import head_bytes
 from backend.analytic.memory.stack_states import DEEPSPEED_REDUCE_BUCKET, megatron_buffer_numel
+from backend.analytic.memory.te_block import TeLayer, te_layer_bytes
 from backend.analytic.params import count_params
 from backend.planner.held import HeldTraining
 from backend.planner.space import enumerate_layouts, light_spec

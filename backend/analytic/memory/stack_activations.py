@@ -2,22 +2,16 @@
 
 Per block (one microbatch; s = seq_len / cp, b micro-batch, h hidden, a heads, h_kv = kv heads x head width, f the
 MLP width, g = 2 for a gated MLP, t = tp, t_sp = t under sequence parallelism, c = the 16-bit compute bytes):
-- Transformer Engine (elementwise fused, dense blocks), research notes Sec 2.2-2.3 from TE d0067d0 and Megatron-LM
-  d98e8a64 `get_gpt_layer_with_transformer_engine_submodules` (gpt_layer_specs.py 180-340):
-  `_LayerNormLinear.forward` (module/layernorm_linear.py 526-536) saves the norm input (the residual stream, c B) and
-  the norm output (c B; 1 B fp8 under fp8) of qkv and fc1, plus rsigma (fp32; LayerNorm also mu); `FusedAttnFunc`
-  (attention/dot_product_attention/backends.py 1590-1664) Q, K, V, O and the fp32 softmax stats (4 B per head and
-  token); `_Linear` (module/linear.py 594-621) nothing new for proj in bf16 (O is attention's), an fp8 copy of O
-  (1 B) under fp8, and for fc2 its input, the activation output (c B; 1 B fp8); Megatron's `bias_swiglu_impl`
-  (fusions/fused_bias_swiglu.py 221-237) keeps its input, the fc1 output (g f c B). Fused RoPE saves nothing new.
-  bf16: s b [8h / t_sp + (4h + 4h_kv + 2g f + 2f) / t] + 4 s b a / t + 4 s b / t_sp x (1 RMSNorm | 2 LayerNorm) x 2.
-  fp8: s b [6h / t_sp + (5h + 4h_kv + 2g f + f) / t] + the same stats (11h with SP, research notes Sec 2.3).
+- Transformer Engine (elementwise fused, fused attention): memory/te_block.py, read from Megatron-LM d98e8a64 and TE
+  d0067d0 (research notes Sec 2.2-2.3): standard and multi-latent attention, dense and MoE MLPs (N = s b / t_sp
+  tokens routed per rank), each with what Megatron's --recompute-modules frees under selective recompute.
 - Eager torch blocks (torchtitan, DeepSpeed: elementwise eager or compiled): this engine's own block model
   (activations.layer_activation_bytes), without autocast (FSDP2's MixedPrecisionPolicy / DeepSpeed's 16-bit module
   run the block in bf16) and with the stack's attention kernel. What Inductor saves in a compiled block, and
   torchao's float8 saved casts, are not modelled (research notes gaps 6 and Sec 4.1).
-Recompute: full keeps each checkpoint unit's input (c s b h / t_sp); selective under TE keeps what no recompute
-keeps (Q, K, V and O are saved anyway: research notes Sec 2.3); one block re-runs at a time in backward.
+Recompute: full keeps each checkpoint unit's input (c s b h / t_sp); selective under TE checkpoints the stack's
+recompute modules (core_attn by default: Q, K, V and O are saved anyway, research notes Sec 2.3); one block re-runs at a
+time in backward. Blocks of two MLP kinds (a dense prefix before MoE blocks) are priced per kind.
 
 Head, on the stage with the logits (n = s b V / t_v logits, t_v = t under loss parallel, else 1):
 - Megatron: the final norm's input and stats and the output layer's input (c s b h / t_sp each),
@@ -35,11 +29,13 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from backend.analytic import moe_rows
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout
 from backend.analytic.memory.activations import STAT_BYTES, LayerShape, layer_activation_bytes
-from backend.analytic.memory.parts import RankParts
+from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
 from backend.analytic.memory.rank_activations import checkpointing
+from backend.analytic.memory.te_block import MlaWidths, MoeWidths, TeLayer, te_layer_bytes
 from backend.analytic.params import head_dim, is_gated
 from backend.analytic.scalar_or_array import as_int, logical_and, maximum, per_distinct, where
 from backend.analytic.stack_memory import StackMemory
@@ -48,77 +44,55 @@ if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
-LSE_BYTES = 4  # fp32 softmax statistics per head and token (cuDNN softmaxStats, flash's lse)
-
-
-@dataclass(frozen=True)
-class TeLayer:
-    """What one Transformer Engine block's saved bytes depend on."""
-    s: int
-    b: int
-    h: int
-    q: int
-    """Heads x head width of q and O."""
-    kv: int
-    """kv heads x head width (h_kv)."""
-    a: int
-    f: int
-    gated: bool
-    t: int
-    sp: bool
-    norm_stats: int
-    """fp32 statistics per token and norm: rsigma (RMSNorm) or mu + rsigma (LayerNorm)."""
-    c: int
-    fp8: bool
-
-
-def te_layer_bytes(layer: TeLayer) -> float:
-    """One TE block's saved bytes without recompute (module docstring)."""
-    sb, t = layer.s * layer.b, layer.t
-    t_sp = t if layer.sp else 1
-    g = 2 if layer.gated else 1
-    c = layer.c
-    ln_out = 1 if layer.fp8 else c
-    replicated = 2 * (c + ln_out) * layer.h  # qkv and fc1: norm input + norm output
-    split = c * (2 * layer.q + 2 * layer.kv)  # Q, K, V, O
-    split += (1 * layer.q if layer.fp8 else 0)  # proj's fp8 copy of O
-    split += c * g * layer.f  # the SwiGLU / GeLU input (fc1 output)
-    split += (1 if layer.fp8 else c) * layer.f  # fc2's input (the activation output)
-    stats = 2 * layer.norm_stats * STAT_BYTES / t_sp + LSE_BYTES * layer.a / t
-    return sb * (replicated / t_sp + split / t + stats)
-
-
-def te_layer_of(model: ModelSpec, layout: Layout, s: int, b: int, t: int, sp: bool) -> TeLayer:
+def te_layer_of(model: ModelSpec, layout: Layout, shape: LayerShape) -> TeLayer:
+    """The TE block of `shape` (a LayerShape of this layout: its tokens, split and kind) under the stack's recompute
+    modules (applied by `_block_terms` to selective recompute only)."""
     hd = head_dim(model)
-    return TeLayer(s=s, b=b, h=model.d_model, q=model.n_heads * hd, kv=model.kv_heads * hd, a=model.n_heads,
-                   f=model.ffn, gated=is_gated(getattr(model, "mlp", "gelu")), t=t, sp=bool(sp),
+    t_sp = shape.tp if shape.sequence_parallel else 1
+    moe = None
+    if shape.n_experts:
+        tokens = max(shape.seq_len * shape.micro_batch // t_sp, 1)  # N: routing runs on the sequence shard
+        rows = moe_rows.of_model(model, tokens).received
+        moe = MoeWidths(experts=shape.n_experts, top_k=shape.top_k, expert_ffn=shape.ffn // shape.etp,
+                        shared_ffn=shape.shared_ffn, rows_per_token=shape.etp * rows / tokens,
+                        sigmoid=str(getattr(model, "router_score", "softmax")) == "sigmoid")
+    mla = None
+    if model.is_mla:
+        mla = MlaWidths(q_lora=model.q_lora_rank or 0, kv_lora=model.kv_lora_rank, rope=model.qk_rope_head_dim,
+                        nope=model.qk_nope_head_dim, v_head=model.v_head_dim)
+    return TeLayer(s=shape.seq_len, b=shape.micro_batch, h=model.d_model, q=model.n_heads * hd,
+                   kv=model.kv_heads * hd, a=model.n_heads, f=model.ffn, gated=is_gated(getattr(model, "mlp", "gelu")),
+                   t=shape.tp, sp=shape.sequence_parallel,
                    norm_stats=1 if str(getattr(model, "norm", "layernorm")) == "rmsnorm" else 2,
-                   c=layout.compute_bytes, fp8=bool(layout.stack.fp8))
+                   c=layout.compute_bytes, fp8=bool(layout.stack.fp8), mla=mla, moe=moe,
+                   modules=layout.stack.recompute_modules)
 
 
 def uses_te(model: ModelSpec, stack: StackMemory) -> bool:
-    """TE's layer formula: fused element-wise work and fused attention on dense blocks (MoE blocks keep the eager
-    block model)."""
-    return stack.te_layer and stack.fused_attention and not model.is_moe
+    """TE's block formula (memory/te_block.py): fused element-wise work and fused attention."""
+    return stack.te_layer and stack.fused_attention
 
 
 @lru_cache(maxsize=4096)
 def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int) -> tuple[float, float, float]:
     """(a plain block's saved bytes under the policy, a checkpoint unit's, one block while re-run)."""
     kind = RECOMPUTE_NAMES[recompute]
-    if te is not None:
-        none = te_layer_bytes(te)
+    if te is not None:  # selective: the stack's recompute modules (Megatron's --recompute-modules)
+        none = te_layer_bytes(replace(te, modules=frozenset()))
+        plain = te_layer_bytes(te) if kind == "selective" else none
         unit = te.s * te.b * te.h * te.c / (te.t if te.sp else 1)
-        return none, unit, none
+        return plain, unit, none
     plain = layer_activation_bytes(shape, "selective" if kind == "selective" else "none")
     unit = layer_activation_bytes(shape, "op" if kind == "op" else "full")
     return plain, unit, layer_activation_bytes(shape, "none")
 
 
-def block_terms(model: ModelSpec, layout: Layout) -> tuple[Any, Any, Any]:
-    """`_block_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, ep, cp)."""
+def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Any, Any, Any]:
+    """`_block_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, ep, cp); alt: of the blocks
+    whose MLP kind differs from block 0's (a dense prefix before MoE blocks, or an interleave)."""
     stack: StackMemory = layout.stack
-    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
+                                 sac_ops=layout.sac_ops)
     proto = replace(proto, flash=stack.fused_attention)
     te = uses_te(model, stack)
 
@@ -126,8 +100,7 @@ def block_terms(model: ModelSpec, layout: Layout) -> tuple[Any, Any, Any]:
         shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=False,
                         ep=ep if proto.n_experts else 1, etp=etp if proto.n_experts and ep > 1 else 1,
                         seq_len=proto.seq_len // cp)
-        layer = te_layer_of(model, layout, proto.seq_len // cp, b, tp, bool(sp)) if te else None
-        return _block_terms(shape, layer, rc)
+        return _block_terms(shape, te_layer_of(model, layout, shape) if te else None, rc)
 
     out = per_distinct(terms, layout.micro_batch, layout.tp, layout.sequence_parallel, layout.recompute, layout.ep,
                        layout.cp, layout.etp)
@@ -170,6 +143,11 @@ def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts
     st = parts.stages
     ck = checkpointing(model, layout, st.n_blocks)
     blocks = ck.units * unit_b + ck.plain * plain_b  # one microbatch of every local chunk
+    if is_mixed(model):  # per block kind, the policy's units and plain blocks spread over both kinds in proportion
+        alt_plain, alt_unit, alt_rerun = block_terms(model, layout, alt=True)
+        alt_share = st.n_alt / maximum(st.n_blocks, 1)
+        blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
+        rerun_b = where(st.n_alt > 0, maximum(rerun_b, alt_rerun), rerun_b)
     units = where(layout.pipelined, in_flight(layout, pp_rank), 1)
     held = blocks * units / layout.virtual_stages
     head = head_bytes(model, layout)
