@@ -167,6 +167,11 @@ def print_table(data: list[dict]) -> None:
     print(f"\nMixture-of-experts rows ({len(moe)}, group 'H100 {MOE}': NVIDIA's MoE recipes), the same summary per "
           "stack")
     _per_stack(moe)
+    specs = {r.id: r.spec for r in published_rows()}
+    for r in moe:  # no published peak: the recipe ran on its GPU, so "fits" is the test (issue 34)
+        m = memory_prediction(specs[r["id"]], r["hardware"])
+        print(f"  {r['id']:45s} fullest {m['fullest_gib']:6.2f} GiB ({m['moment']}), predicted reserved "
+              f"{m['reserved_gib']:6.2f} GiB: {'fits' if m['fits'] else 'DOES NOT FIT'} {r['hardware']}")
 
 
 def _per_stack(data: list[dict]) -> None:

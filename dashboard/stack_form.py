@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import Stack
+from backend.spec.choices import RecomputeModule, Stack
 from backend.spec.stacks import (
     DTYPE_CHOICES,
     ELEMENTWISE_CHOICES,
@@ -35,6 +35,10 @@ LABELS = {"attention_kernel": "Attention kernel", "elementwise": "Element-wise w
           "param_gather_overlap": "DP param-gather overlap", "pp_overlap": "PP p2p overlap",
           "optimizer_over_cp": "Optimizer sharded over dp x cp"}
 STACK_HELP = {s.value: STACKS[s].what for s in Stack}
+MODULES = "recompute_modules"
+MODULE_CHOICES = [m.value for m in RecomputeModule]
+MODULES_HELP = ("Megatron-Core's --recompute-modules: what recompute 'selective' checkpoints on the megatron stack. "
+                "Empty: Megatron's default, core_attn.")
 
 
 def to_spec(values: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +49,8 @@ def to_spec(values: dict[str, Any]) -> dict[str, Any]:
         if x in (None, DEFAULT):
             continue
         out[k] = {"on": True, "off": False}[x] if k in BOOLEAN else x
+    if values.get(MODULES):
+        out[MODULES] = list(values[MODULES])
     return out
 
 
@@ -55,11 +61,12 @@ def to_form(train: Any) -> dict[str, Any]:
         x = getattr(train, k, None)
         out[k] = (DEFAULT if x is None else ("on" if x else "off") if k in BOOLEAN
                   else str(x.value if hasattr(x, "value") else x))
+    out[MODULES] = [str(m) for m in getattr(train, MODULES, None) or ()]
     return out
 
 
 def defaults() -> dict[str, Any]:
-    return {"stack": "shardlab", **{k: DEFAULT for k in SETTINGS}}
+    return {"stack": "shardlab", **{k: DEFAULT for k in SETTINGS}, MODULES: []}
 
 
 def resolved_rows(spec: Any, device: str) -> list[dict[str, str]]:
@@ -85,8 +92,11 @@ def render(st: Any, key: str, values: dict[str, Any] | None = None, container: A
         cols = st.columns(2)
         for i, k in enumerate(SETTINGS):
             cols[i % 2].selectbox(LABELS[k], CHOICES[k], key=key + k)
+        st.multiselect("Recompute modules (megatron, recompute selective)", MODULE_CHOICES, key=key + MODULES,
+                       help=MODULES_HELP)
 
 
 def read(st: Any, key: str) -> dict[str, Any]:
     """The widget values `render` keeps (for to_spec)."""
-    return {k: st.session_state.get(key + k, DEFAULT) for k in ("stack", *SETTINGS)}
+    return {**{k: st.session_state.get(key + k, DEFAULT) for k in ("stack", *SETTINGS)},
+            MODULES: list(st.session_state.get(key + MODULES, []))}

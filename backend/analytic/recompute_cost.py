@@ -7,14 +7,20 @@ shares of its weight GEMMs, its attention core and its element-wise work (scalar
   layers, the extra ones on the earliest stages, as sharding.layer_split).
 - op: the weight GEMMs whose outputs the policy does not keep (every second aten.mm, aten.addmm unless listed:
   their FLOPs share over the block's linears), the attention core unless its kernel is listed, every element-wise op.
+- selective with Megatron's --recompute-modules (Layout.stack.recompute_modules; core_attn alone is Korthikanti's
+  selective): the attention core if core_attn is listed, and the FLOPs share of the linears the listed modules re-run
+  over every block's linears (mla_up_proj: q_b and kv_b; mlp: the dense blocks' MLP; moe: the MoE blocks' router,
+  experts (k of E per token) and shared experts; shared_experts: those alone). Their element-wise work is taken in
+  the same share (layernorm and moe_act re-run element-wise work only: counted as none).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
-from backend.analytic.params import head_dim, is_gated
+from backend.analytic.params import ModelKey, block_param_list, head_dim, is_gated, layer_is_moe, model_key
 from backend.analytic.scalar_or_array import maximum, minimum, where
 
 if TYPE_CHECKING:
@@ -69,6 +75,37 @@ def checkpointed_share(model: ModelSpec, kind: Num, layers: Num, n_stages: Num) 
     return share
 
 
+def _module_of(name: str, moe_block: bool) -> str | None:
+    """The recompute module that re-runs a block parameter's linear (None: no module does)."""
+    if ".attn.q_b." in name or ".attn.kv_b." in name:
+        return "mla_up_proj"
+    if ".mlp." not in name:
+        return None
+    if not moe_block:
+        return "mlp"
+    return "shared_experts" if ".mlp.shared." in name else "moe"
+
+
+@lru_cache(maxsize=256)
+def module_gemm_share(key: ModelKey, top_k: int, modules: frozenset[str]) -> float:
+    """The FLOPs share of all blocks' linears that selective recompute of `modules` re-runs (module docstring)."""
+    n_moe = sum(layer_is_moe(key, i) for i in range(key.n_layers))
+    total = rerun = 0.0
+    for moe, count in ((False, key.n_layers - n_moe), (True, n_moe)):
+        if not count:
+            continue
+        layer = next(i for i in range(key.n_layers) if layer_is_moe(key, i) == moe)
+        for p in block_param_list(key, layer):
+            if len(p.shape) != 2:
+                continue
+            macs = count * p.numel * (top_k / key.n_experts if ".mlp.experts." in p.name else 1)
+            total += macs
+            module = _module_of(p.name, moe)
+            if module in modules or (module == "shared_experts" and "moe" in modules):
+                rerun += macs
+    return rerun / total if total else 0.0
+
+
 def rerun_share(model: ModelSpec, layout: Layout, *, flash: bool) -> RerunShare:
     """Per layout: the shares of the block forward re-run in backward (layout.recompute, recompute_layers)."""
     kind = layout.recompute
@@ -76,9 +113,15 @@ def rerun_share(model: ModelSpec, layout: Layout, *, flash: bool) -> RerunShare:
                   checkpointed_share(model, kind, layout.recompute_layers, layout.n_stages))
     op = kind == RecomputeMode.OP
     attention_kept = flash and bool(FLASH_OPS & set(layout.sac_ops))
-    gemm = where(op, op_gemm_share(model, layout.sac_ops), whole)
-    attention = where(op, 0.0 if attention_kept else 1.0, where(kind == RecomputeMode.SELECTIVE, 1.0, whole))
-    return RerunShare(gemm=gemm, attention=attention, elementwise=where(op, 1.0, whole))
+    modules = layout.stack.recompute_modules if layout.stack is not None else frozenset({"core_attn"})
+    selective = kind == RecomputeMode.SELECTIVE
+    modules_share = (0.0 if modules == {"core_attn"}
+                     else module_gemm_share(model_key(model), int(getattr(model, "top_k", 1)), modules))
+    gemm = where(op, op_gemm_share(model, layout.sac_ops), where(selective, modules_share, whole))
+    attention = where(op, 0.0 if attention_kept else 1.0,
+                      where(selective, 1.0 if "core_attn" in modules else 0.0, whole))
+    return RerunShare(gemm=gemm, attention=attention,
+                      elementwise=where(op, 1.0, where(selective, modules_share, whole)))
 
 
 def rerun_share_of(spec: ExperimentSpec) -> RerunShare:
@@ -87,8 +130,12 @@ def rerun_share_of(spec: ExperimentSpec) -> RerunShare:
 
 
 def flops_rerun(spec: ExperimentSpec) -> tuple[float, float] | None:
-    """training_flops_per_step's `rerun` for a spec: None for none / selective / full (the textbook's own cases)."""
-    if str(spec.train.recompute) in ("none", "selective", "full"):
+    """training_flops_per_step's `rerun` for a spec: None for none / selective (core_attn) / full (the textbook's own
+    cases)."""
+    modules = spec.train.recompute_modules
+    textbook_selective = modules is None or {str(x) for x in modules} == {"core_attn"}
+    if str(spec.train.recompute) in ("none", "full") or (str(spec.train.recompute) == "selective"
+                                                          and textbook_selective):
         return None
     share = rerun_share_of(spec)
     return float(share.gemm), float(share.attention)

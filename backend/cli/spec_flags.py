@@ -11,6 +11,7 @@ from typing import Any
 from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
+from backend.spec.choices import RecomputeModule
 from backend.spec.fields import FLAGS, STACK_SWITCHES, SWITCHES
 from backend.spec.user_text import InputError, load_json_file
 
@@ -42,6 +43,11 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     for flag, field in STACK_SWITCHES.items():
         parser.add_argument(flag, dest=f"spec_{field}", action=argparse.BooleanOptionalAction, default=None,
                             help=f"spec train.{field} (default: the stack's)")
+    parser.add_argument("--recompute-modules", dest="spec_recompute_modules", nargs="*", default=None,
+                        choices=[m.value for m in RecomputeModule], metavar="MODULE",
+                        help="spec train.recompute_modules: what --recompute selective checkpoints on --stack megatron "
+                             "(Megatron-Core's --recompute-modules: " + ", ".join(m.value for m in RecomputeModule)
+                             + "; none given: nothing; flag absent: core_attn)")
     parser.add_argument("--async-tp", dest="spec_tp_overlap", action="store_const", const=True,
                         help="torchtitan's name for --tp-comm-overlap")
     parser.add_argument("--compile", dest="spec_compile", action="store_true", default=None,
@@ -75,6 +81,7 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _put(data, "model", "moe_grouped_gemm", getattr(args, "spec_moe_grouped_gemm", None))
     for field in STACK_SWITCHES.values():
         _put(data, "train", field, getattr(args, f"spec_{field}", None))
+    _put(data, "train", "recompute_modules", getattr(args, "spec_recompute_modules", None))
     if getattr(args, "spec_compile", None):
         if getattr(args, "spec_elementwise", None) not in (None, "compiled"):
             raise InputError(f"--compile means --elementwise compiled; --elementwise {args.spec_elementwise} "

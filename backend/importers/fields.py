@@ -72,6 +72,7 @@ SPEC_FIELDS: dict[str, str | Pending] = {
     "precision": "train.precision",
     "optimizer": "train.optimizer",
     "recompute": "train.recompute",
+    "recompute_modules": "train.recompute_modules",
     "tp": "parallel.tp",
     "pp": "parallel.pp",
     "ep": "parallel.ep",

@@ -17,6 +17,7 @@ from typing import Any
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
 from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
 from backend.importers.megatron_moe import capacity, moe
+from backend.spec.choices import RecomputeModule
 
 _IGNORED = "training numerics, data, logging or checkpointing: no effect on memory or step time per step"
 _SPEED = ("a communication-overlap or kernel option: the step-time model takes overlap and kernel efficiency from "
@@ -103,6 +104,7 @@ TABLE: dict[str, Any] = {
     "--use-torch-fsdp2": To("mg_fsdp", as_flag), "--use-megatron-fsdp": To("mg_fsdp", as_flag),
     "--recompute-granularity": To("mg_recompute"), "--recompute-method": To("mg_recompute_method"),
     "--recompute-num-layers": To("mg_recompute_layers", opt_int),
+    "--recompute-modules": To("mg_recompute_modules"),
     "--recompute-activations": To("mg_recompute_activations", as_flag), "--bf16": To("mg_bf16", as_flag),
     "--fp16": To("mg_fp16", as_flag), "--fp8-format": To("fp8"), "--fp8": To("fp8"),
     "--fp8-recipe": To("mg_fp8_recipe"), "--params-dtype": To("mg_params_dtype"),
@@ -181,8 +183,6 @@ PREFIXES: dict[str, Any] = {
         ("--bucket-size", "bucket size: the model reduces ShardLab's per-block buckets"),
         ("--use-fused", "a fused kernel beyond the stack's element-wise accounting: not modelled"),
         ("--no-persist-layer-norm", "a non-persistent norm kernel: not modelled"),
-        ("--recompute-modules", "selective recompute of modules other than core attention: predicted as core "
-                                "attention's (Megatron's default ['core_attn'])"),
         ("--distribute-saved-activations", "checkpoints distributed over tp: not modelled"),
         ("--cross-entropy-loss-fusion", "the fused vocab-parallel cross-entropy: predicted as the unfused one (its "
                                         "kernels and temporaries are not modelled)"),
@@ -362,7 +362,7 @@ def _recompute(flat: Flat) -> list[str]:
         return []
     if granularity == "selective":
         flat.put("recompute", "selective", flat.source_of("mg_recompute"))
-        return []
+        return _recompute_modules(flat)
     if granularity != "full":
         flat.problems.append(f"--recompute-granularity={granularity!r}: expected full or selective")
         return []
@@ -385,6 +385,24 @@ def _recompute(flat: Flat) -> list[str]:
     return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: recompute "
             f"{method}:{layers_n} (" + ("consecutive groups of" if method == "uniform" else "the first")
             + f" {layers_n} blocks of each pipeline stage module)"]
+
+
+def _recompute_modules(flat: Flat) -> list[str]:
+    """--recompute-modules (nargs '*': one word or a list) under selective recompute: the megatron stack's
+    recompute_modules, checked by the spec (Megatron-Core's own refusals)."""
+    modules = flat.get("mg_recompute_modules")
+    if modules in (None, "None", True):
+        return []
+    names = [str(x) for x in (modules if isinstance(modules, list) else [modules])]
+    unknown = [x for x in names if x not in {str(m) for m in RecomputeModule}]
+    if unknown:
+        flat.unmap(flat.source_of("mg_recompute_modules"), modules,
+                   f"recompute modules {', '.join(unknown)} are not modelled (ShardLab prices "
+                   f"{', '.join(str(m) for m in RecomputeModule)})")
+        return []
+    flat.put("recompute_modules", names, flat.source_of("mg_recompute_modules"))
+    return [f"--recompute-modules {' '.join(names)}: selective recompute of those modules (Megatron-Core's "
+            "recompute_modules), priced per module"]
 
 
 def _stack(flat: Flat) -> list[str]:

@@ -28,6 +28,9 @@ class HeldTraining:
     """A recompute policy searched besides the planner's own (an imported config's: uniform:4, block:2, ...)."""
     recompute_ops: tuple[str, ...] | None = None
     """The ops `op` recompute saves (None: torchtitan's list)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """What selective recompute checkpoints under the megatron stack (Megatron's --recompute-modules; None: its
+    default, core_attn)."""
     fp8_recipe: str | None = None
     fp8_all_gather: bool | None = None
     source: str | None = None
@@ -42,20 +45,23 @@ class HeldTraining:
     def of_train(cls, train: dict[str, Any], *, precision: str | None = None,
                  source: str | None = None) -> HeldTraining:
         """The settings of a spec's `train` section (a dict, as import-config writes it); `precision` overrides."""
-        ops = train.get("recompute_ops")
+        ops, modules = train.get("recompute_ops"), train.get("recompute_modules")
         return cls(precision=str(precision or train.get("precision") or "bf16-mixed"),
                    optimizer=str(train.get("optimizer") or "adamw"), recompute=train.get("recompute"),
                    recompute_ops=tuple(ops) if ops is not None else None,
+                   recompute_modules=tuple(str(m) for m in modules) if modules is not None else None,
                    fp8_recipe=train.get("fp8_recipe"), fp8_all_gather=train.get("fp8_all_gather"), source=source,
                    stack=str(train.get("stack") or "shardlab"),
                    stack_settings=tuple((k, train[k]) for k in STACK_SETTINGS if train.get(k) is not None))
 
     def with_stack(self, stack: str | None, settings: dict[str, Any] | None = None) -> HeldTraining:
         """The same settings with another stack (None: keep) and these settings set on their own (added to, and
-        replacing, the held ones)."""
+        replacing, the held ones; recompute_modules among them replaces the held modules)."""
         merged = {**dict(self.stack_settings), **{k: v for k, v in (settings or {}).items() if v is not None}}
+        modules = merged.get("recompute_modules")
         return replace(self, stack=stack or self.stack,
-                       stack_settings=tuple((k, merged[k]) for k in STACK_SETTINGS if k in merged))
+                       stack_settings=tuple((k, merged[k]) for k in STACK_SETTINGS if k in merged),
+                       recompute_modules=tuple(str(m) for m in modules) if modules else self.recompute_modules)
 
     def stack_memory(self, model: Any, device: str) -> Any:
         """analytic/stack_memory.StackMemory of the held stack and settings (None for shardlab): the same settings
@@ -63,8 +69,9 @@ class HeldTraining:
         from backend.analytic.stack_memory import stack_memory_of_train
         from backend.spec.train_spec import TrainSpec
 
+        modules = {} if self.recompute_modules is None else {"recompute_modules": list(self.recompute_modules)}
         train = TrainSpec.model_validate({"precision": self.precision, "optimizer": self.optimizer,
-                                          **self.spec_train("none")})
+                                          **self.spec_train("none"), **modules})
         return stack_memory_of_train(train, model, device)
 
     def extra_recompute(self) -> tuple[tuple[str, int], ...]:
@@ -72,7 +79,8 @@ class HeldTraining:
         return (parse_recompute(self.recompute),) if self.recompute else ()
 
     def spec_train(self, recompute: str) -> dict[str, Any]:
-        """The train fields every planned config's spec carries beyond the layout's own (recompute_ops only with op)."""
+        """The train fields every planned config's spec carries beyond the layout's own (recompute_ops only with op,
+        recompute_modules only with selective)."""
         out: dict[str, Any] = {}
         if self.fp8_recipe is not None:
             out["fp8_recipe"] = self.fp8_recipe
@@ -80,6 +88,8 @@ class HeldTraining:
             out["fp8_all_gather"] = self.fp8_all_gather
         if self.recompute_ops is not None and recompute == "op":
             out["recompute_ops"] = list(self.recompute_ops)
+        if self.recompute_modules is not None and recompute == "selective":
+            out["recompute_modules"] = list(self.recompute_modules)
         if self.stack != "shardlab":
             out["stack"] = self.stack
         out.update(dict(self.stack_settings))
@@ -94,6 +104,8 @@ class HeldTraining:
                                                            f"{'on' if self.fp8_all_gather else 'off'}"))
         if self.recompute:
             parts.append(f"recompute {self.recompute} searched besides the planner's policies")
+        if self.recompute_modules is not None:
+            parts.append("selective recompute of " + (", ".join(self.recompute_modules) or "no module"))
         parts.append(f"stack {self.stack}" + (" (" + ", ".join(f"{k} {_word(v)}" for k, v in self.stack_settings) + ")"
                                                if self.stack_settings else ""))
         return ", ".join(parts) + (f" (from {self.source})" if self.source else "")

@@ -60,6 +60,24 @@ class Recompute(StrEnum):
     OP = "op"
 
 
+class RecomputeModule(StrEnum):
+    """Megatron-Core's `--recompute-modules` under selective recompute (TransformerConfig.recompute_modules,
+    megatron/core/transformer/transformer_config.py @d98e8a64 l. 560-583): the submodules checkpointed. The memory
+    each one frees is in backend/analytic/memory/megatron_recompute.py."""
+
+    CORE_ATTN = "core_attn"  # the attention core (Megatron's default, ShardLab's `selective`)
+    MLP = "mlp"  # the dense MLP submodule (MoE layers: not affected, transformer_layer.py l. 531-533)
+    MOE = "moe"  # the whole MoE layer
+    MOE_ACT = "moe_act"  # the experts' activation function (output discarded, grouped GEMM only)
+    SHARED_EXPERTS = "shared_experts"  # the MoE layer's shared experts
+    LAYERNORM = "layernorm"  # input_layernorm and pre_mlp_layernorm (output discarded)
+    MLA_UP_PROJ = "mla_up_proj"  # multi-latent attention's up projections and RoPE (output discarded)
+
+
+MEGATRON_DEFAULT_RECOMPUTE_MODULES = (RecomputeModule.CORE_ATTN,)
+"""TransformerConfig.__post_init__ (l. 1940-1941): recompute_modules None means ["core_attn"]."""
+
+
 class CpRotate(StrEnum):
     """How context parallelism moves K/V between the cp ranks: torch's `set_rotate_method` names."""
 

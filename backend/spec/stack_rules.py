@@ -51,7 +51,34 @@ def stack_problems(spec: Any) -> list[str]:
                         "matmul -> reduce-scatter)")
     if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
         problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
-    return problems
+    return problems + _recompute_module_problems(spec)
+
+
+def _recompute_module_problems(spec: Any) -> list[str]:
+    """Megatron-Core's own refusals of `--recompute-modules` (transformer_config.py @d98e8a64 l. 1943-1973) and where
+    the setting means nothing."""
+    t, m = spec.train, spec.model
+    modules = [str(x) for x in t.recompute_modules or ()]
+    if t.recompute_modules is None:
+        return []
+    if str(t.stack) != "megatron":
+        return [f"recompute_modules={','.join(modules)} is Megatron-Core's --recompute-modules: set stack megatron "
+                f"(stack is {t.stack})"]
+    if str(t.recompute) != "selective":
+        return [f"recompute_modules lists what selective recompute checkpoints; recompute is {t.recompute!r}, not "
+                "'selective' (Megatron reads --recompute-modules under --recompute-granularity selective only)"]
+    out = []
+    if "mla_up_proj" in modules and not m.is_mla:
+        out.append("recompute_modules mla_up_proj needs multi-latent attention (kv_lora_rank set): Megatron-Core "
+                   "refuses it otherwise")
+    moe_only = [x for x in ("moe", "moe_act", "shared_experts") if x in modules]
+    if moe_only and not m.is_moe:
+        out.append(f"recompute_modules {', '.join(moe_only)} checkpoint MoE layers; this model has no experts")
+    if "moe_act" in modules and m.is_moe and not getattr(m, "moe_grouped_gemm", False):
+        out.append("recompute_modules moe_act needs moe_grouped_gemm: Megatron-Core refuses it otherwise")
+    if "shared_experts" in modules and m.is_moe and not getattr(m, "shared_ffn", 0):
+        out.append("recompute_modules shared_experts: this model has no shared experts")
+    return out
 
 
 ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False, True),
@@ -85,6 +112,10 @@ def stack_blockers(spec: Any) -> list[str]:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
                    + " where this engine keeps " + ", ".join(f"{engine.values[k]}" for k in dtypes)
                    + " for this layout")
+    modules = [str(x) for x in spec.train.recompute_modules or ()]
+    if spec.train.recompute_modules is not None and modules != ["core_attn"]:
+        out.append(f"recompute_modules={','.join(modules) or '(none)'}: this engine's selective recompute checkpoints "
+                   "the attention core only (core_attn)")
     if out:  # the remedy once, after the last reason
         out[-1] += (f" (stack {r.stack}: set stack {runner.train.stack} to run this layout on this engine)"
                     if r.stack != runner.train.stack else "")

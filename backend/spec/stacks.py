@@ -208,6 +208,8 @@ class ResolvedStack:
     set_by: dict[str, str]
     """SPEC_DEFAULT or SPEC_SET per setting."""
     sources: dict[str, str] = field(default_factory=dict)
+    recompute_modules: tuple[str, ...] | None = None
+    """stack megatron: what selective recompute checkpoints (train.recompute_modules; None elsewhere)."""
 
     @property
     def is_default(self) -> bool:
@@ -220,10 +222,11 @@ class ResolvedStack:
         return "transformer_engine" if self.stack == Stack.MEGATRON else "torchao"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": str(self.stack), "what": STACKS[self.stack].what, "device": self.device,
-                "settings": {k: {"value": _plain(self.values[k]), "set_by": self.set_by[k], "source": self.sources[k]}
-                             for k in SETTINGS},
-                "derived": {"fp8_gemms": self.fp8_gemms}}
+        out = {"name": str(self.stack), "what": STACKS[self.stack].what, "device": self.device,
+               "settings": {k: {"value": _plain(self.values[k]), "set_by": self.set_by[k], "source": self.sources[k]}
+                            for k in SETTINGS},
+               "derived": {"fp8_gemms": self.fp8_gemms}}
+        return out | ({} if self.recompute_modules is None else {"recompute_modules": list(self.recompute_modules)})
 
 
 def _plain(value: Any) -> Any:
@@ -245,7 +248,11 @@ def resolve_stack(spec: Any, device: str = "gpu") -> ResolvedStack:
         else:
             d = entry.defaults[name]
             values[name], set_by[name], sources[name] = _plain(d.of(spec, device)), SPEC_DEFAULT, d.source
-    return ResolvedStack(stack=entry.stack, device=device, values=values, set_by=set_by, sources=sources)
+    modules = getattr(t, "recompute_modules", None)
+    megatron_modules = (tuple(str(m) for m in modules) if modules is not None else ("core_attn",)) \
+        if entry.stack == Stack.MEGATRON else None
+    return ResolvedStack(stack=entry.stack, device=device, values=values, set_by=set_by, sources=sources,
+                         recompute_modules=megatron_modules)
 
 
 STACK_CHOICES = tuple(s.value for s in Stack)

@@ -15,6 +15,7 @@ from backend.spec.choices import (
     Optimizer,
     Precision,
     Recompute,
+    RecomputeModule,
     Stack,
     StackDtype,
 )
@@ -50,6 +51,9 @@ class TrainSpec(SpecSection):
     recompute_ops: list[str] | None = None
     """Ops whose outputs `op` recompute saves (torch op names such as aten.mm.default); None: torchtitan's list
     (recompute_policy.DEFAULT_SAC_OPS)."""
+    recompute_modules: list[RecomputeModule] | None = None
+    """stack megatron, recompute selective: Megatron-Core's `--recompute-modules`, the submodules checkpointed
+    (core_attn, mlp, moe, moe_act, shared_experts, layernorm, mla_up_proj); None: Megatron's default, core_attn."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for weights and synthetic data: every strategy starts from identical weights."""
     stack: Stack = Stack.SHARDLAB
@@ -104,6 +108,11 @@ class TrainSpec(SpecSection):
     def fp8_gathers(self) -> bool:
         """fp8 weights all-gathered in fp8 under FSDP2 (torchao supports it for tensorwise scaling only)."""
         return str(self.precision) == "fp8" and self.fp8_all_gather and self.fp8_recipe == Fp8Recipe.TENSORWISE
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _distinct_modules(cls, value: list[RecomputeModule] | None) -> list[RecomputeModule] | None:
+        return None if value is None else list(dict.fromkeys(value))
 
     @property
     def sac_ops(self) -> tuple[str, ...]:

@@ -35,6 +35,24 @@ def test_form_values_round_trip_the_stack_settings():
         "stack": "megatron", "attention_kernel": "flash3", "tp_overlap": "on", "elementwise": stack_form.DEFAULT}
 
 
+def test_form_values_carry_megatrons_recompute_modules():
+    v = sf.default_form() | {"stack": "megatron", "recompute": "selective", "recompute_modules": ["mlp"],
+                             "tp": 2, "world_size": 2, "strategy": "tp", "sequence_parallel": True}
+    spec, problems = sf.form_to_spec(v, predict_only=True)
+    assert spec is not None, problems
+    assert spec.train.recompute_modules == ["mlp"] and sf.spec_to_form(spec)["recompute_modules"] == ["mlp"]
+    unset, _ = sf.form_to_spec(v | {"recompute_modules": []}, predict_only=True)
+    assert unset.train.recompute_modules is None  # an empty multiselect: Megatron's default, core_attn
+
+
+def test_new_experiment_recompute_modules_multiselect_reaches_the_spec():
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.selectbox(key="f_stack").set_value("megatron").run()
+    at.multiselect(key="f_recompute_modules").set_value(["mlp"]).run()
+    assert not at.exception
+    assert any("recompute_modules" in e.value and "'selective'" in e.value for e in [*at.error, *at.warning])
+
+
 def test_new_experiment_stack_select_makes_a_prediction_only_spec():
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception and at.selectbox(key="f_stack").value == "shardlab"

@@ -241,8 +241,12 @@ def stack_memory_note(s: StackMemory) -> str:
            "fsdp2": "FSDP2 with MixedPrecisionPolicy (sharded params and grads in param_dtype, the unsharded copy in "
                     "the 16-bit compute dtype)",
            "deepspeed": "DeepSpeed ZeRO's flat buffers, fp32 master partition and IPG bucket"}[s.mechanism]
-    layer = ("Transformer Engine's saved tensors per layer" if s.te_layer and s.fused_attention
-             else "eager torch blocks without autocast")
+    modules = ", ".join(sorted(s.recompute_modules)) or "no module"
+    layer = (f"Transformer Engine's saved tensors per layer (memory/te_block.py; recompute selective checkpoints "
+             f"{modules})" if s.te_layer and s.fused_attention else "eager torch blocks without autocast")
+    if s.recompute_modules != {"core_attn"} and not (s.te_layer and s.fused_attention):
+        layer += (f" (recompute_modules {modules} are priced on Transformer Engine blocks only: fused element-wise "
+                  "work and a fused attention kernel, as on a GPU; selective here is the attention core)")
     loss = "vocab-parallel loss (logits / tp)" if s.loss_parallel else "full logits on every tp rank"
     return (f"memory as the stack keeps it (memory/stack_states.py, stack_activations.py): {who}; params "
             f"{s.param_bytes} B, grads {s.grad_bytes} B{master}, optimizer state sharded over "
