@@ -139,6 +139,23 @@ def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts
     forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
     tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks
     (pipeline_activations.in_flight)."""
+    held, plain_b, unit_b, rerun_b = _held_blocks(model, layout, pp_rank, parts)
+    st = parts.stages
+    ck = checkpointing(model, layout, st.n_blocks)
+    head = head_bytes(model, layout)
+    forward = held + where(st.last, head.norm_and_output + head.forward_peak_per_logit * head.logits, 0)
+    checkpointed = logical_and(ck.units > 0, st.n_blocks > 0)
+    rerun = held + maximum(0, ck.rerun_blocks * rerun_b - unit_b - ck.after * plain_b)
+    return as_int(where(checkpointed, maximum(forward, rerun), forward))
+
+
+def stack_blocks_held(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
+    """The blocks' saved bytes a rank holds when its first backward starts (every in-flight microbatch's)."""
+    return _held_blocks(model, layout, pp_rank, parts)[0]
+
+
+def _held_blocks(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> tuple[Num, Num, Num, Num]:
+    """(the blocks' saved bytes held, one plain block's, one checkpoint unit's, one re-run block's)."""
     plain_b, unit_b, rerun_b = block_terms(model, layout)
     st = parts.stages
     ck = checkpointing(model, layout, st.n_blocks)
@@ -149,12 +166,7 @@ def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts
         blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
         rerun_b = where(st.n_alt > 0, maximum(rerun_b, alt_rerun), rerun_b)
     units = where(layout.pipelined, in_flight(layout, pp_rank), 1)
-    held = blocks * units / layout.virtual_stages
-    head = head_bytes(model, layout)
-    forward = held + where(st.last, head.norm_and_output + head.forward_peak_per_logit * head.logits, 0)
-    checkpointed = logical_and(ck.units > 0, st.n_blocks > 0)
-    rerun = held + maximum(0, ck.rerun_blocks * rerun_b - unit_b - ck.after * plain_b)
-    return as_int(where(checkpointed, maximum(forward, rerun), forward))
+    return blocks * units / layout.virtual_stages, plain_b, unit_b, rerun_b
 
 
 def stack_loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:

@@ -191,7 +191,9 @@ def fsdp2_state(model: ModelSpec, layout: Layout, position: RankPosition, parts:
         cb = layout.compute_bytes  # MixedPrecisionPolicy.param_dtype: the run's 16-bit dtype (fp8: bf16 outside the
         # float8 GEMMs; torchao's fp8 all-gather of the linear weights, 1 B, is not counted)
         params = where(fsdp, s.param_bytes * storage + cb * unsharded.params_numel, params)
-        grads = where(fsdp, s.param_bytes * storage + cb * unsharded.grads_numel, grads)
+        # unsharded grads held between backwards (no gradient sync under pipelining) are accumulated in reduce_dtype
+        # (_fsdp_param.py to_accumulated_grad_if_needed, called by post_backward when not reduce_grads)
+        grads = where(fsdp, s.param_bytes * storage + s.grad_bytes * unsharded.grads_numel, grads)
         optimizer = where(fsdp, per_state * parts.total("real_numel"), optimizer)
     return ModelStateBytes(params, grads, optimizer)
 
