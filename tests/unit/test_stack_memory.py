@@ -151,10 +151,43 @@ def test_loss_parallel_divides_logits_and_their_gradients_by_tp():
     assert h_off.logits == 2 * h_on.logits == 512 * 1 * 1024
     _, m_on = _rank(on)
     _, m_off = _rank(off)
-    assert m_off.activations_bytes - m_on.activations_bytes == (2 + 4 + 8) * (h_off.logits - h_on.logits)
+    # loss parallel's `_log_softmax` peaks at 2 + 4 + 8 B per (sharded) logit, the plain loss at 2 + 4 + 4
+    assert m_off.activations_bytes - m_on.activations_bytes == (2 + 4 + 4) * h_off.logits - (2 + 4 + 8) * h_on.logits
     e_on, e_off = estimate(on).per_rank[0], estimate(off).per_rank[0]
-    assert e_on.loss_backward_temp_bytes == 2 * h_on.logits  # torch loss: 16 B at backward vs 14 B at forward
-    assert e_off.loss_backward_temp_bytes == 2 * e_on.loss_backward_temp_bytes
+    assert e_on.loss_backward_temp_bytes == 2 * h_on.logits  # loss parallel: 16 B at backward vs 14 B at forward
+    assert e_off.loss_backward_temp_bytes == 2 * h_off.logits  # the plain loss: 12 B at backward vs 10 B at forward
+
+
+def test_the_plain_losss_bytes_per_logit_are_what_torch_allocates():
+    """torchtitan's loss, `cross_entropy(pred.float(), labels)` with the 16-bit logits deleted before backward
+    (train.py: `del pred`), measured with MemTracker on the CPU (aten's log_softmax and nll_loss, as on CUDA): the
+    forward peaks at the logits, their fp32 copy and the log-probs; the log-probs stay; the backward peaks at the
+    log-probs, nll_loss's gradient and log_softmax's."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    spec = _spec({"stack": "torchtitan"}, {"strategy": "zero3", "world_size": 2})
+    head = head_bytes(spec.model, Layout.of(spec))
+    n, vocab = 256, 4096
+    x = torch.randn(n, 2, dtype=torch.bfloat16, requires_grad=True)  # an inner width of 2: inputs of ~0.02 B per logit
+    w = torch.randn(2, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (n,))
+    tracker = MemTracker()
+    with tracker:
+        pred = x @ w
+        loss = F.cross_entropy(pred.float(), labels)
+        kept = tracker.get_tracker_snapshot("current")
+        forward = tracker.get_tracker_snapshot("peak")
+        del pred
+        loss.backward()
+    device = next(iter(kept))
+    fixed = (x.numel() + w.numel()) * 2  # the inputs (their gradients come after the peak)
+    per_logit = [(snap[device]["Total"] - fixed) / (n * vocab) for snap in (forward, kept)]
+    backward = (tracker.get_tracker_snapshot("peak")[device]["Total"] - fixed) / (n * vocab)
+    assert per_logit[0] == pytest.approx(head.forward_peak_per_logit, abs=0.05)
+    assert per_logit[1] == pytest.approx(2 + head.kept_per_logit, abs=0.05)  # the logits still bound, then deleted
+    assert backward == pytest.approx(head.backward_peak_per_logit, abs=0.05)
 
 
 def test_megatron_cross_entropy_peaks_at_6_bytes_per_logit():

@@ -17,10 +17,12 @@ Head, on the stage with the logits (n = s b V / t_v logits, t_v = t under loss p
 - Megatron: the final norm's input and stats and the output layer's input (c s b h / t_sp each),
   `VocabParallelCrossEntropy` (tensor_parallel/cross_entropy.py 19-210): an fp32 copy of the logits worked in place,
   the fp32 softmax saved; forward peak (c + 4) n, backward peak 4 n + c n (the in-place grad, cast back).
-- torch's loss (torchtitan's `cross_entropy(pred.float())`, loss_parallel's `_log_softmax`,
-  torch/distributed/tensor/parallel/loss.py @3be1238): forward peak c + 4 + 4 + 4 B per logit (logits, fp32 copy,
-  shifted, exp), the fp32 log-probs kept; backward peak 16 B per logit (research notes Sec 3.2); the output layer
-  saves its all-gathered input (c s b h) and the final norm its input (c s b h / t_sp) and rstd.
+- torch's loss: under loss parallel, `_log_softmax` (torch/distributed/tensor/parallel/loss.py @3be1238): forward
+  peak c + 4 + 4 + 4 B per logit (logits, fp32 copy, shifted, exp), backward peak 16 (research notes Sec 3.2);
+  otherwise torchtitan's `cross_entropy(pred.float())` with `del pred` before backward (aten's log_softmax + nll_loss,
+  measured: tests/unit/test_stack_memory.py): forward peak c + 4 + 4 (logits, fp32 copy, log-probs), backward peak 12
+  (log-probs, nll's and log_softmax's gradients); the fp32 log-probs kept; the output layer saves its all-gathered
+  input (c s b h) and the final norm its input (c s b h / t_sp) and rstd.
 """
 
 from __future__ import annotations
@@ -113,9 +115,9 @@ class HeadBytes:
     loss's bytes at its forward peak, kept after it, and at its backward peak."""
     norm_and_output: Num
     logits: Num
-    forward_peak_per_logit: float
+    forward_peak_per_logit: Num
     kept_per_logit: float
-    backward_peak_per_logit: float
+    backward_peak_per_logit: Num
 
 
 def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
@@ -131,7 +133,12 @@ def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     copy = 0 if c == 4 else 4  # the loss's fp32 copy of 16-bit logits
     if stack.mechanism == "megatron":  # ColumnParallelLinear saves its (sequence-sharded) input
         return HeadBytes(norm + c * sbh / t_sp, logits, c + copy, 4, 4 + c)
-    return HeadBytes(norm + c * sbh, logits, c + copy + 8, 4, 16)
+    # loss parallel's DTensor `_log_softmax` keeps the shifted logits and their exp beside the fp32 copy; the plain
+    # loss (aten's fused log_softmax + nll_loss, the 16-bit logits deleted before backward as torchtitan's train step
+    # does) peaks at the fp32 copy and log-probs forward, and at the log-probs, nll's gradient and log_softmax's
+    # gradient backward (measured: tests/unit/test_stack_memory.py)
+    vocab_parallel = logical_and(stack.loss_parallel, t > 1)
+    return HeadBytes(norm + c * sbh, logits, c + copy + where(vocab_parallel, 8, 4), 4, where(vocab_parallel, 16, 12))
 
 
 def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
