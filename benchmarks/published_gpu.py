@@ -111,10 +111,13 @@ def memory_prediction(spec: dict, hardware: str) -> dict:
 
 
 def memory_columns(r: dict) -> dict:
-    """The memory comparison of a row with a published peak (None elsewhere)."""
+    """The memory comparison of a row with a published peak; elsewhere whether it is predicted to fit the GPU it ran
+    on (None without a GPU memory)."""
     if not r.get("memory_gib"):
+        fits = memory_prediction(r["spec"], r["hardware"])["fits"] if get_hardware(r["hardware"]).memory_bytes \
+            else None
         return {"predicted_fullest_gib": None, "predicted_reserved_gib": None, "memory_error_pct": None,
-                "fullest_under_published": None, "fits": None, "fullest_moment": None}
+                "fullest_under_published": None, "fits": fits, "fullest_moment": None}
     m = memory_prediction(r["spec"], r["hardware"])
     return {"predicted_fullest_gib": m["fullest_gib"], "predicted_reserved_gib": m["reserved_gib"],
             "memory_error_pct": (m["reserved_gib"] - r["memory_gib"]) / r["memory_gib"] * 100,
@@ -265,6 +268,13 @@ def print_memory_summary(data: list[dict]) -> None:
                 fits = sum(bool(r["fits"]) for r in sel)
                 print(f"  {stack:10s} {gpu:22s} {len(sel):3d} rows  fullest <= published {under}/{len(sel)}  "
                       f"reserved {_summary(sel, 'memory_error_pct')}  fit {fits}/{len(sel)}")
+    print("Every published run predicted to fit the GPU it ran on (fullest + runtime allowance <= its memory), per "
+          "stack")
+    for stack in dict.fromkeys(r["stack"] for r in data):
+        sel = [r for r in data if r["stack"] == stack and r["fits"] is not None]
+        misses = [r["id"] for r in sel if not r["fits"]]
+        print(f"  {stack:10s} fit {len(sel) - len(misses)}/{len(sel)}" + (f"; not: {', '.join(misses)}" if misses
+                                                                           else ""))
 
 
 def record_before(data: list[dict]) -> None:
