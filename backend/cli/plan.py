@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
+from backend.spec.choices import RecomputeModule
 from backend.spec.stacks import KERNEL_CHOICES, STACK_CHOICES
 
 MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_layers", "--heads": "n_heads",
@@ -67,6 +68,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="the software stack every layout trains with (default: the --spec's, else shardlab)")
     p.add_argument("--attention-kernel", choices=KERNEL_CHOICES, help="the stack's attention kernel set on its own")
     p.add_argument("--compile", action="store_true", help="torch.compile (elementwise compiled)")
+    p.add_argument("--recompute-modules", nargs="+", choices=[m.value for m in RecomputeModule], metavar="MODULE",
+                   help="stack megatron: what the searched selective layouts checkpoint (Megatron-Core's "
+                        "--recompute-modules; default: the --spec's, else core_attn)")
     p.add_argument("--attention", choices=("math", "flash"),
                    help="attention kernel (default: flash on a GPU profile unless the model has attention sinks, else "
                         "the model's); context parallelism is searched with flash only")
@@ -191,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     held = HeldTraining.of_train(spec_train, precision=args.precision, source=f"--spec {args.spec}") if spec_train \
         else HeldTraining(precision=args.precision or "bf16-mixed")
     held = held.with_stack(args.stack, {"attention_kernel": args.attention_kernel,
-                                        "elementwise": "compiled" if args.compile else None})
+                                        "elementwise": "compiled" if args.compile else None,
+                                        "recompute_modules": args.recompute_modules})
     attention, why = planned_attention(model, hw, args.attention)
     attention_why = f"attention kernel: {attention} ({why})"
     model = model.model_copy(update={"attention": AttentionImpl(attention)})

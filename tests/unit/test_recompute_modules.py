@@ -175,6 +175,19 @@ def test_plan_prices_selective_layouts_with_the_held_modules():
     assert held.with_stack(None, {"recompute_modules": ["moe"]}).recompute_modules == ("moe",)
 
 
+def test_plan_flag_holds_the_modules_for_the_searched_selective_layouts(capsys):
+    from backend.cli import main
+
+    assert main(["plan", "--preset", "gpt2", "--seq", "1024", "--gpus", "8", "--hardware", "h100-sxm",
+                 "--global-batch", "32", "--stack", "megatron", "--recompute-modules", "mlp", "--top", "500",
+                 "--json"]) in (0, None)
+    configs = json.loads(capsys.readouterr().out)["configs"]
+    selective = [c["spec"]["train"] for c in configs if c["spec"]["train"]["recompute"] == "selective"]
+    assert selective and all(t["recompute_modules"] == ["mlp"] for t in selective)
+    assert not any("recompute_modules" in c["spec"]["train"] for c in configs
+                   if c["spec"]["train"]["recompute"] != "selective")
+
+
 def test_the_published_moe_recipes_fit_the_gpus_they_ran_on():
     """Issue 34: every published recipe predicted to fit its GPU. DeepSeek-V3 (bridge 25.09, 1,024 H100s) fits
     with its recipe's --recompute-modules mla_up_proj mlp (perf_recipes/deepseek/h100/deepseek_v3.py l. 42)."""
