@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.params import ModelKey, block_param_list, head_dim, is_gated, layer_is_moe, model_key
 from backend.analytic.scalar_or_array import maximum, minimum, where
+from backend.analytic.stack_memory import CORE_ATTN_ONLY
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -113,9 +114,9 @@ def rerun_share(model: ModelSpec, layout: Layout, *, flash: bool) -> RerunShare:
                   checkpointed_share(model, kind, layout.recompute_layers, layout.n_stages))
     op = kind == RecomputeMode.OP
     attention_kept = flash and bool(FLASH_OPS & set(layout.sac_ops))
-    modules = layout.stack.recompute_modules if layout.stack is not None else frozenset({"core_attn"})
+    modules = layout.stack.recompute_modules if layout.stack is not None else CORE_ATTN_ONLY
     selective = kind == RecomputeMode.SELECTIVE
-    modules_share = (0.0 if modules == {"core_attn"}
+    modules_share = (0.0 if modules == CORE_ATTN_ONLY
                      else module_gemm_share(model_key(model), int(getattr(model, "top_k", 1)), modules))
     gemm = where(op, op_gemm_share(model, layout.sac_ops), where(selective, modules_share, whole))
     attention = where(op, 0.0 if attention_kept else 1.0,
@@ -132,8 +133,8 @@ def rerun_share_of(spec: ExperimentSpec) -> RerunShare:
 def flops_rerun(spec: ExperimentSpec) -> tuple[float, float] | None:
     """training_flops_per_step's `rerun` for a spec: None for none / selective (core_attn) / full (the textbook's own
     cases)."""
-    modules = spec.train.recompute_modules
-    textbook_selective = modules is None or {str(x) for x in modules} == {"core_attn"}
+    stack = Layout.of(spec).stack
+    textbook_selective = stack is None or stack.textbook_selective
     if str(spec.train.recompute) in ("none", "full") or (str(spec.train.recompute) == "selective"
                                                           and textbook_selective):
         return None

@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Protocol
 
+from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES
+
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec, TrainSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
+CORE_ATTN_ONLY = frozenset(str(m) for m in MEGATRON_DEFAULT_RECOMPUTE_MODULES)
+"""What selective recompute checkpoints unless Megatron's --recompute-modules says otherwise: Korthikanti's
+attention core, the textbook selective policy."""
 MECHANISMS = ("megatron", "fsdp2", "deepspeed")
 
 
@@ -71,9 +76,14 @@ class StackMemory:
     """FSDP2 all-gathers float8 linears' weights in fp8 (torchao enable_fsdp_float8_all_gather)."""
     fp8_params: bool
     """param_dtype fp8 under fp8 precision: Megatron's --fp8-param-gather (TE's linear weights are Float8Tensors)."""
-    recompute_modules: frozenset[str] = frozenset({"core_attn"})
+    recompute_modules: frozenset[str] = CORE_ATTN_ONLY
     """Megatron's --recompute-modules: what a layout with recompute selective checkpoints (other policies ignore it);
     memory/megatron_recompute.py prices each module."""
+
+    @property
+    def textbook_selective(self) -> bool:
+        """Selective recompute checkpoints the attention core alone (Korthikanti's policy)."""
+        return self.recompute_modules == CORE_ATTN_ONLY
 
     def optimizer_group(self, layout: DpGroups) -> Num:
         """Ranks the optimizer state is sharded over: dp x cp, or dp alone. `layout`: an analytic/layout.Layout."""
@@ -109,7 +119,7 @@ def _recompute_modules(train: TrainSpec) -> frozenset[str]:
     """The modules selective recompute checkpoints: Megatron's --recompute-modules as set (an empty list is nothing),
     core_attn when unset (TransformerConfig's default)."""
     modules = getattr(train, "recompute_modules", None)
-    return frozenset({"core_attn"} if modules is None else {str(x) for x in modules})
+    return CORE_ATTN_ONLY if modules is None else frozenset(str(x) for x in modules)
 
 
 def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:

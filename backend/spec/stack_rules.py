@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.spec.choices import Stack
+from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, Stack
 from backend.spec.stacks import SETTINGS, STACKS, resolve_stack
 
 
@@ -113,7 +113,7 @@ def stack_blockers(spec: Any) -> list[str]:
                    + " where this engine keeps " + ", ".join(f"{engine.values[k]}" for k in dtypes)
                    + " for this layout")
     modules = [str(x) for x in spec.train.recompute_modules or ()]
-    if spec.train.recompute_modules is not None and modules != ["core_attn"]:
+    if spec.train.recompute_modules is not None and modules != [str(m) for m in MEGATRON_DEFAULT_RECOMPUTE_MODULES]:
         out.append(f"recompute_modules={','.join(modules) or '(none)'}: this engine's selective recompute checkpoints "
                    "the attention core only (core_attn)")
     if out:  # the remedy once, after the last reason

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.spec.choices import AttentionKernel, Elementwise, Stack, StackDtype
+from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, AttentionKernel, Elementwise, Stack, StackDtype
 
 DEVICE_CLASSES = ("cpu", "gpu", "sm80", "sm90", "sm100", "cdna3")
 """What a setting's default may depend on: CPU ranks, a GPU of unknown generation, Ampere, Hopper, Blackwell, AMD
@@ -249,8 +249,8 @@ def resolve_stack(spec: Any, device: str = "gpu") -> ResolvedStack:
             d = entry.defaults[name]
             values[name], set_by[name], sources[name] = _plain(d.of(spec, device)), SPEC_DEFAULT, d.source
     modules = getattr(t, "recompute_modules", None)
-    megatron_modules = (tuple(str(m) for m in modules) if modules is not None else ("core_attn",)) \
-        if entry.stack == Stack.MEGATRON else None
+    megatron_modules = (tuple(str(m) for m in (MEGATRON_DEFAULT_RECOMPUTE_MODULES if modules is None else modules))
+                        if entry.stack == Stack.MEGATRON else None)
     return ResolvedStack(stack=entry.stack, device=device, values=values, set_by=set_by, sources=sources,
                          recompute_modules=megatron_modules)
 

@@ -27,15 +27,10 @@ from backend.analytic.memory.parts import RankParts
 from backend.analytic.memory.rank_activations import checkpointing
 from backend.analytic.memory.stack_activations import block_terms
 from backend.analytic.scalar_or_array import logical_and, logical_not, maximum, per_distinct, where
-from backend.analytic.stack_memory import DTYPE_BYTES
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
-
-REDUCE_BYTES = DTYPE_BYTES["fp32"]
-"""torchtitan's MixedPrecisionPolicy reduce_dtype (fp32 by default: mixed_precision_reduce "float32")."""
-
 
 def _working_set(model: ModelSpec, layout: Layout) -> Num:
     """One block's backward working set beyond its saved tensors (block_backward.py), the eager block in the stack's
@@ -73,7 +68,7 @@ def stack_backward_bytes(model: ModelSpec, layout: Layout, parts: RankParts, res
     def moment(removed: Num, rerun: Num, prefetch: Num, reduce_input: Num) -> Num:
         params = where(zero3, root + blk + where(prefetch, blk, 0), units)
         return (resting + held - removed + where(rerun, none, 0) + extra + cb * params + block_grads + root_grads
-                + where(reduce_input, REDUCE_BYTES * blk, 0))
+                + where(reduce_input, layout.stack.grad_bytes * blk, 0))
 
     first = moment(0, top_ckpt, n > 1, False)
     second = where(n > 1, moment(top_saved, second_ckpt, n > 2, True), 0)

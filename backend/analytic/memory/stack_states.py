@@ -246,7 +246,7 @@ def stack_memory_note(s: StackMemory) -> str:
     modules = ", ".join(sorted(s.recompute_modules)) or "no module"
     layer = (f"Transformer Engine's saved tensors per layer (memory/te_block.py; recompute selective checkpoints "
              f"{modules})" if s.te_layer and s.fused_attention else "eager torch blocks without autocast")
-    if s.recompute_modules != {"core_attn"} and not (s.te_layer and s.fused_attention):
+    if not s.textbook_selective and not (s.te_layer and s.fused_attention):
         layer += (f" (recompute_modules {modules} are priced on Transformer Engine blocks only: fused element-wise "
                   "work and a fused attention kernel, as on a GPU; selective here is the attention core)")
     loss = "vocab-parallel loss (logits / tp)" if s.loss_parallel else "full logits on every tp rank"

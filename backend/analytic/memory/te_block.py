@@ -38,10 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.analytic.memory.activations import LSE_BYTES
+from backend.analytic.memory.family_bytes import STAT_BYTES
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-
-STAT_BYTES = 4  # fp32 norm statistics per token (rsigma, LayerNorm's mu)
-LSE_BYTES = 4  # fp32 softmax statistics per head and token (cuDNN softmaxStats, flash's lse)
 
 
 @dataclass(frozen=True)

@@ -407,7 +407,7 @@ def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[Loca
     rc = str(t.recompute)
     if rc == "full":
         cost.recompute_s = cost.fwd_s  # Korthikanti 2022 Sec 5 / Narayanan Eq. 3: one extra forward
-    elif rc == "selective" and (layout.stack is None or layout.stack.recompute_modules == {"core_attn"}):
+    elif rc == "selective" and (layout.stack is None or layout.stack.textbook_selective):
         cost.recompute_s = n * attn.fwd_s + n_windowed * win.fwd_s  # Korthikanti 2022 Sec 5: only the attention core
     elif rc != "none":  # the shares of recompute_cost.py (the head's GEMM is never re-run)
         share = rerun_share(m, layout, flash=attention != "eager")  # every fused kernel saves no (s x s) scores
