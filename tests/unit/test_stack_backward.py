@@ -13,7 +13,7 @@ from backend.analytic.layout import Layout, RankPosition
 from backend.analytic.memory.activations import LayerShape
 from backend.analytic.memory.backward_moment import block_extra
 from backend.analytic.memory.rank_memory import rank_memory
-from backend.analytic.memory.stack_activations import block_terms, stack_blocks_held
+from backend.analytic.memory.stack_activations import block_terms, stack_blocks
 from backend.analytic.memory.stack_states import stack_model_state
 from backend.analytic.params import block_params
 from backend.spec import ExperimentSpec
@@ -48,7 +48,7 @@ def test_the_fsdp2_backward_holds_two_gathered_blocks_their_grads_and_the_reduce
     parts = mem.parts
     rest = stack_model_state(spec.model, layout, position, parts, unsharded=False)
     resting = rest.params_bytes + rest.grads_bytes + rest.optimizer_bytes + mem.other_bytes
-    held = stack_blocks_held(spec.model, layout, 0, parts)
+    held = stack_blocks(spec.model, layout, 0, parts).held
     plain = block_terms(spec.model, layout)[0]
     blk = block_params(spec.model, 0)
     root = parts.embeddings.fsdp_unsharded_numel + parts.head.fsdp_unsharded_numel

@@ -26,11 +26,7 @@ from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.split_backward import split_backward_bytes
-from backend.analytic.memory.stack_activations import (
-    stack_activation_bytes,
-    stack_blocks_held,
-    stack_loss_backward_extra,
-)
+from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_blocks, stack_loss_backward_extra
 from backend.analytic.memory.stack_backward import stack_backward_bytes
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
 from backend.analytic.scalar_or_array import any_true, as_int, is_array, maximum, per_value, where
@@ -156,7 +152,8 @@ def _stack_rank_memory(model: ModelSpec, layout: Layout, position: RankPosition,
     """A non-default stack's moments: its activation peak (stack_activations.py), the start of its loss's backward
     (the activations held plus its loss's own extra), its optimizer step (stack_states.py), and under FSDP2 without
     pipelining the moment inside backward (stack_backward.py)."""
-    activations = stack_activation_bytes(model, layout, position.pp_rank, parts)
+    blocks = stack_blocks(model, layout, position.pp_rank, parts)
+    activations = stack_activation_bytes(model, layout, blocks, parts)
     other = other_bytes(model, layout)
     total = state.params_bytes + state.grads_bytes + state.optimizer_bytes + activations + other
     loss = where(parts.stages.last, total + stack_loss_backward_extra(model, layout), 0)
@@ -164,8 +161,7 @@ def _stack_rank_memory(model: ModelSpec, layout: Layout, position: RankPosition,
     if any_true(layout.fsdp):
         rest = stack_model_state(model, layout, position, parts, unsharded=False)
         resting = rest.params_bytes + rest.grads_bytes + rest.optimizer_bytes + other
-        backward = stack_backward_bytes(model, layout, parts, resting,
-                                        stack_blocks_held(model, layout, position.pp_rank, parts))
+        backward = stack_backward_bytes(model, layout, parts, resting, blocks)
     temp = _per_distinct_value(lambda opt: step_temp_bytes_of_stack(layout, ModelStateBytes(0, 0, opt)),
                                state.optimizer_bytes)
     return RankMemory(state.params_bytes, state.grads_bytes, state.optimizer_bytes, activations, other, total, parts,

@@ -36,7 +36,7 @@ from backend.analytic.layout import RECOMPUTE_NAMES, Layout
 from backend.analytic.memory.activations import STAT_BYTES, LayerShape, layer_activation_bytes
 from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
-from backend.analytic.memory.rank_activations import checkpointing
+from backend.analytic.memory.rank_activations import Checkpointing, checkpointing
 from backend.analytic.memory.te_block import MlaWidths, MoeWidths, TeLayer, te_layer_bytes
 from backend.analytic.params import head_dim, is_gated
 from backend.analytic.scalar_or_array import as_int, logical_and, maximum, per_distinct, where
@@ -141,28 +141,19 @@ def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     return HeadBytes(norm + c * sbh, logits, c + copy + where(vocab_parallel, 8, 4), 4, where(vocab_parallel, 16, 12))
 
 
-def stack_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
-    """Activation bytes of one rank at its activation peak: the end of the last microbatch's forward with the loss's
-    forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
-    tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks
-    (pipeline_activations.in_flight)."""
-    held, plain_b, unit_b, rerun_b = _held_blocks(model, layout, pp_rank, parts)
-    st = parts.stages
-    ck = checkpointing(model, layout, st.n_blocks)
-    head = head_bytes(model, layout)
-    forward = held + where(st.last, head.norm_and_output + head.forward_peak_per_logit * head.logits, 0)
-    checkpointed = logical_and(ck.units > 0, st.n_blocks > 0)
-    rerun = held + maximum(0, ck.rerun_blocks * rerun_b - unit_b - ck.after * plain_b)
-    return as_int(where(checkpointed, maximum(forward, rerun), forward))
+@dataclass(frozen=True)
+class StackBlocks:
+    """A stack rank's blocks (scalars or arrays of layouts): what they hold when its first backward starts (every
+    in-flight microbatch's saved tensors), one plain block's, one checkpoint unit's and one re-run block's saved
+    bytes, and the recompute policy's counts."""
+    held: Num
+    plain: Num
+    unit: Num
+    rerun: Num
+    ck: Checkpointing
 
 
-def stack_blocks_held(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
-    """The blocks' saved bytes a rank holds when its first backward starts (every in-flight microbatch's)."""
-    return _held_blocks(model, layout, pp_rank, parts)[0]
-
-
-def _held_blocks(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> tuple[Num, Num, Num, Num]:
-    """(the blocks' saved bytes held, one plain block's, one checkpoint unit's, one re-run block's)."""
+def stack_blocks(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts) -> StackBlocks:
     plain_b, unit_b, rerun_b = block_terms(model, layout)
     st = parts.stages
     ck = checkpointing(model, layout, st.n_blocks)
@@ -173,7 +164,20 @@ def _held_blocks(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankPart
         blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
         rerun_b = where(st.n_alt > 0, maximum(rerun_b, alt_rerun), rerun_b)
     units = where(layout.pipelined, in_flight(layout, pp_rank), 1)
-    return blocks * units / layout.virtual_stages, plain_b, unit_b, rerun_b
+    return StackBlocks(blocks * units / layout.virtual_stages, plain_b, unit_b, rerun_b, ck)
+
+
+def stack_activation_bytes(model: ModelSpec, layout: Layout, blocks: StackBlocks, parts: RankParts) -> Num:
+    """Activation bytes of one rank at its activation peak: the end of the last microbatch's forward with the loss's
+    forward peak on the stage with the logits, or, under recompute, the first re-run block in backward (the head's
+    tensors freed), whichever is larger. Pipelined ranks hold their in-flight microbatches' blocks
+    (pipeline_activations.in_flight)."""
+    st, ck, held = parts.stages, blocks.ck, blocks.held
+    head = head_bytes(model, layout)
+    forward = held + where(st.last, head.norm_and_output + head.forward_peak_per_logit * head.logits, 0)
+    checkpointed = logical_and(ck.units > 0, st.n_blocks > 0)
+    rerun = held + maximum(0, ck.rerun_blocks * blocks.rerun - blocks.unit - ck.after * blocks.plain)
+    return as_int(where(checkpointed, maximum(forward, rerun), forward))
 
 
 def stack_loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:

@@ -24,13 +24,13 @@ from backend.analytic.layout import Layout, ZeroStage
 from backend.analytic.memory.activations import LayerShape
 from backend.analytic.memory.backward_moment import block_extra
 from backend.analytic.memory.parts import RankParts
-from backend.analytic.memory.rank_activations import checkpointing
-from backend.analytic.memory.stack_activations import block_terms
+from backend.analytic.memory.stack_activations import StackBlocks
 from backend.analytic.scalar_or_array import logical_and, logical_not, maximum, per_distinct, where
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
+
 
 def _working_set(model: ModelSpec, layout: Layout) -> Num:
     """One block's backward working set beyond its saved tensors (block_backward.py), the eager block in the stack's
@@ -45,15 +45,15 @@ def _working_set(model: ModelSpec, layout: Layout) -> Num:
     return per_distinct(extra, layout.micro_batch, layout.tp, layout.sequence_parallel, layout.cp)
 
 
-def stack_backward_bytes(model: ModelSpec, layout: Layout, parts: RankParts, resting: Num, held: Num) -> Num:
+def stack_backward_bytes(model: ModelSpec, layout: Layout, parts: RankParts, resting: Num,
+                         blocks: StackBlocks) -> Num:
     """Total bytes at the fullest moment inside an FSDP2 stack rank's backward (module docstring); `resting`: its
-    params, grads and optimizer with nothing unsharded, plus its inputs; `held`: the blocks' saved tensors at the start
-    of backward (one microbatch of every block). 0 where the rank is not FSDP2 or is pipelined."""
+    params, grads and optimizer with nothing unsharded, plus its inputs; `blocks`: what its blocks save
+    (stack_activations.stack_blocks). 0 where the rank is not FSDP2 or is pipelined."""
     cb = layout.compute_bytes
-    plain, unit, none = block_terms(model, layout)
+    held, plain, unit, none, ck = blocks.held, blocks.plain, blocks.unit, blocks.rerun, blocks.ck
     stages = parts.stages
     n = stages.n_blocks
-    ck = checkpointing(model, layout, n)
     extra = _working_set(model, layout)
     top_ckpt = logical_and(ck.units > 0, ck.after == 0)  # the stage's last block is a checkpoint unit
     top_saved = where(top_ckpt, unit, plain)
