@@ -54,6 +54,22 @@ def pytest_collection_modifyitems(config, items):
     order_items(items)
 
 
+def _scan_streamlit_components_once() -> None:
+    """Every new AppTest scans all installed distributions' metadata for Streamlit v2 component manifests
+    (streamlit 1.5x: testing/v1/app_test.py `_run` -> BidiComponentManager.discover_and_register_components): about
+    1.2-2 s of a ~0.1 s page run, paid by each of the suite's AppTests. The server scans once at start-up; the suite
+    scans once per process too (the installed packages do not change during a session)."""
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:  # a Streamlit without v2 components scans nothing per run
+        return
+    import functools
+
+    scan = functools.cache(manifest_scanner.scan_component_manifests)
+    manifest_scanner.scan_component_manifests = lambda max_workers=None: list(scan())
+
+
+_scan_streamlit_components_once()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The dashboard starts a worker when none is alive; in tests that worker would outlive the session.
 os.environ.setdefault("SHARDLAB_NO_WORKER", "1")
