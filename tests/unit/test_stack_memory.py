@@ -16,6 +16,7 @@ from backend.analytic.memory.stack_activations import head_bytes
 from backend.analytic.memory.stack_states import DEEPSPEED_REDUCE_BUCKET, megatron_buffer_numel
 from backend.analytic.memory.te_block import TeLayer, te_layer_bytes
 from backend.analytic.params import count_params
+from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.planner.held import HeldTraining
 from backend.planner.space import enumerate_layouts, light_spec
 from backend.spec import ExperimentSpec
@@ -141,6 +142,49 @@ def test_te_layer_is_34h_per_token_for_llama_3_1_8b():
     gpt = TeLayer(s=1, b=1, h=1024, q=1024, kv=1024, a=16, f=4096, gated=False, t=4, sp=True, norm_stats=2, c=2,
                   fp8=False)
     assert te_layer_bytes(gpt) == 32 * 1024 / 4 + (2 * 2 * 4) / 4 + 4 * 16 / 4  # Korthikanti's 34 sbh minus the masks
+
+
+def test_unfused_attention_keeps_the_softmax_output_unless_core_attn_is_recomputed():
+    """Megatron's unfused core attention (dot_product_attention.py 194-239) saves its softmax output, c B per score
+    (a s per token / t), where FusedAttention saves 4 B of statistics per head; core_attn recompute drops either."""
+    fused = TeLayer(s=512, b=1, h=1024, q=1024, kv=1024, a=16, f=4096, gated=False, t=4, sp=True, norm_stats=2, c=2,
+                    fp8=False)
+    unfused = TeLayer(**{**fused.__dict__, "fused_attention": False})
+    assert te_layer_bytes(unfused) - te_layer_bytes(fused) == 512 * (2 * 16 * 512 - 4 * 16) / 4
+    ck = {"modules": frozenset({"core_attn"})}
+    assert te_layer_bytes(TeLayer(**{**unfused.__dict__, **ck})) == te_layer_bytes(TeLayer(**{**fused.__dict__, **ck}))
+
+
+GPT_BLOCK = {"vocab_size": 1024, "d_model": 1024, "n_heads": 16, "seq_len": 512, "attention": "math"}
+
+
+def _block_bytes(recompute: str) -> float:
+    """One GPT block's saved bytes on the megatron stack with Megatron's own kernels (fused element-wise, unfused
+    attention: the 2022 papers' code), tp 4 with SP: the activations of 4 blocks less those of 2, over 2."""
+    def activations(layers: int) -> int:
+        spec = ExperimentSpec.for_prediction({
+            "model": {**GPT_BLOCK, "n_layers": layers},
+            "train": {"global_batch": 1, "micro_batch": 1, "precision": "bf16-mixed", "recompute": recompute,
+                      "stack": "megatron", "attention_kernel": "eager", "elementwise": "fused"},
+            "parallel": {"strategy": "ddp", "world_size": 4, "tp": 4, "sequence_parallel": True},
+            "runtime": {"device": "cpu"}})
+        return estimate(spec).worst().activations_bytes
+
+    return (activations(4) - activations(2)) / 2
+
+
+@pytest.mark.parametrize("recompute", ["selective", "none"])
+def test_megatrons_own_kernels_save_korthikanti_table2_less_its_dropout(recompute):
+    """Korthikanti et al. 2022 Table 2 with SP: sbh/t (34 + 5as/h), selective sbh 34/t. Without dropout (the recipes'
+    hidden and attention dropout 0) the two hidden masks (2 sbh/t), the attention mask and the dropped-out probabilities
+    (3as/h sbh/t) are not saved; the fp32 LayerNorm statistics (2 norms x mu, rsigma) are. Was ShardLab's own eager
+    block (60 sbh/t under selective: the 1T row of Table 5 did not fit its A100)."""
+    s, h, a, t = 512, 1024, 16, 4
+    sbh = s * h
+    table2 = korthikanti_layer_bytes(s=s, b=1, h=h, a=a, t=t, sp=True, recompute=recompute)
+    dropout = 2 * sbh / t + (3 * a * s / h * sbh / t if recompute == "none" else 0)
+    stats = 2 * 2 * 4 * s / t
+    assert _block_bytes(recompute) == pytest.approx(table2 - dropout + stats, rel=1e-12)
 
 
 def test_loss_parallel_divides_logits_and_their_gradients_by_tp():

@@ -2,9 +2,10 @@
 
 Per block (one microbatch; s = seq_len / cp, b micro-batch, h hidden, a heads, h_kv = kv heads x head width, f the
 MLP width, g = 2 for a gated MLP, t = tp, t_sp = t under sequence parallelism, c = the 16-bit compute bytes):
-- Transformer Engine (elementwise fused, fused attention): memory/te_block.py, read from Megatron-LM d98e8a64 and TE
-  d0067d0 (research notes Sec 2.2-2.3): standard and multi-latent attention, dense and MoE MLPs (N = s b / t_sp
-  tokens routed per rank), each with what Megatron's --recompute-modules frees under selective recompute.
+- Megatron-Core + Transformer Engine (elementwise fused; fused or Megatron's unfused attention): memory/te_block.py,
+  read from Megatron-LM d98e8a64 and TE d0067d0 (research notes Sec 2.2-2.3): standard and multi-latent attention,
+  dense and MoE MLPs (N = s b / t_sp tokens routed per rank), each with what Megatron's --recompute-modules frees
+  under selective recompute.
 - Eager torch blocks (torchtitan, DeepSpeed: elementwise eager or compiled): this engine's own block model
   (activations.layer_activation_bytes), without autocast (FSDP2's MixedPrecisionPolicy / DeepSpeed's 16-bit module
   run the block in bf16) and with the stack's attention kernel. What Inductor saves in a compiled block, and
@@ -67,12 +68,13 @@ def te_layer_of(model: ModelSpec, layout: Layout, shape: LayerShape) -> TeLayer:
                    t=shape.tp, sp=shape.sequence_parallel,
                    norm_stats=1 if str(getattr(model, "norm", "layernorm")) == "rmsnorm" else 2,
                    c=layout.compute_bytes, fp8=bool(layout.stack.fp8), mla=mla, moe=moe,
-                   modules=layout.stack.recompute_modules)
+                   modules=layout.stack.recompute_modules, fused_attention=layout.stack.fused_attention)
 
 
 def uses_te(model: ModelSpec, stack: StackMemory) -> bool:
-    """TE's block formula (memory/te_block.py): fused element-wise work and fused attention."""
-    return stack.te_layer and stack.fused_attention
+    """Megatron's block formula (memory/te_block.py): fused element-wise work, with fused or unfused (Megatron's
+    own) core attention."""
+    return stack.te_layer
 
 
 @lru_cache(maxsize=4096)

@@ -9,7 +9,11 @@ Symbols per block: s b the tokens of one microbatch on this cp rank, t = tp, t_s
   output (c B each; the output 1 B under fp8) and rsigma (LayerNorm also mu) per token / t_sp; Q, K, V, O (c B) and
   an fp8 copy of O per head-split element / t; fp32 softmax stats 4 a / t. TE `_LayerNormLinear.forward`
   (module/layernorm_linear.py 526-536), `FusedAttnFunc` (attention/dot_product_attention/backends.py 1590-1664),
-  `_Linear` (module/linear.py 594-621).
+  `_Linear` (module/linear.py 594-621). Unfused core attention (attention_kernel eager: Megatron-Core
+  `DotProductAttention`, transformer/dot_product_attention.py 194-239, the 2022 papers' code): baddbmm of Q and K,
+  `FusedScaleMaskSoftmax` saving its output (fusions/fused_softmax.py 36, 86, 132: c B per score, a s per token / t),
+  bmm of those probabilities with V; no dropout mask (attention_dropout 0 in the recipes; Korthikanti's Table 2 counts
+  one, 1 B per score, and two hidden-dropout masks, 2 sbh).
 - Multi-latent attention (`MLASelfAttention`, transformer/multi_latent_attention.py; gpt_layer_specs.py 246-307): a
   standalone input RMSNorm saves x and rstd; both duplicated down projections save its output (one c B tensor; under
   fp8 each its own 1 B column-wise copy); q_up / kv_up (TELayerNormColumnParallelLinear) save q_compressed,
@@ -90,6 +94,9 @@ class TeLayer:
     moe: MoeWidths | None = None
     modules: frozenset[str] = frozenset()
     """The recompute modules in force (empty: nothing recomputed)."""
+    fused_attention: bool = True
+    """False: Megatron's unfused core attention (module docstring): the softmax output per score instead of the
+    fused kernel's fp32 statistics."""
 
 
 def te_layer_bytes(layer: TeLayer) -> float:
@@ -104,8 +111,14 @@ def attention_bytes(layer: TeLayer) -> float:
     t_sp = t if layer.sp else 1
     norm = (c + (1 if layer.fp8 else c)) * layer.h + layer.norm_stats * STAT_BYTES  # input, output, stats
     split = c * (2 * layer.q + 2 * layer.kv) + (layer.q if layer.fp8 else 0)  # Q, K, V, O (+ proj's fp8 O)
-    stats = 0 if "core_attn" in layer.modules else LSE_BYTES * layer.a
-    return sb * (norm / t_sp + (split + stats) / t)
+    return sb * (norm / t_sp + (split + _scores_bytes(layer)) / t)
+
+
+def _scores_bytes(layer: TeLayer) -> float:
+    """Per token and tp rank x t: what the core attention keeps beyond Q, K, V and O (nothing under core_attn)."""
+    if "core_attn" in layer.modules:
+        return 0
+    return LSE_BYTES * layer.a if layer.fused_attention else layer.c * layer.a * layer.s
 
 
 def _mla_bytes(layer: TeLayer, mla: MlaWidths) -> float:
@@ -119,7 +132,7 @@ def _mla_bytes(layer: TeLayer, mla: MlaWidths) -> float:
     whole += c * mla.q_lora + c * (mla.kv_lora + (mla.rope if up else 0))  # up-proj inputs (U: all of kv_combined)
     if not up:
         whole += low * (mla.q_lora + mla.kv_lora) + STAT_BYTES * (2 if mla.q_lora else 1)  # up-proj norms
-    split = c * a * mla.v_head + (0 if "core_attn" in mods else LSE_BYTES * a)  # O, stats
+    split = c * a * mla.v_head + _scores_bytes(layer)  # O, the softmax's statistics or scores
     if not up:
         split += c * a * (2 * (mla.nope + mla.rope) + mla.v_head)  # q, k, v
     gathered_rope = c * mla.rope if up and t_sp > 1 else 0  # k_pos_emb all-gathered over the SP ranks, kept whole
