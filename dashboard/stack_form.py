@@ -19,7 +19,7 @@ from backend.spec.stacks import (
 
 DEFAULT = "stack default"
 BOOLEAN = ("loss_parallel", "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap",
-           "optimizer_over_cp")
+           "optimizer_over_cp", "ep_overlap")
 CHOICES: dict[str, list[str]] = {
     "attention_kernel": [DEFAULT, *KERNEL_CHOICES],
     "elementwise": [DEFAULT, *ELEMENTWISE_CHOICES],
@@ -33,7 +33,8 @@ LABELS = {"attention_kernel": "Attention kernel", "elementwise": "Element-wise w
           "master_dtype": "Master weights", "loss_parallel": "Loss parallel (vocab-parallel cross-entropy)",
           "tp_overlap": "TP comm overlap (async TP / TE userbuffers)", "grad_reduce_overlap": "DP grad-reduce overlap",
           "param_gather_overlap": "DP param-gather overlap", "pp_overlap": "PP p2p overlap",
-          "optimizer_over_cp": "Optimizer sharded over dp x cp"}
+          "optimizer_over_cp": "Optimizer sharded over dp x cp",
+          "ep_overlap": "EP all-to-all overlap (Megatron's 1F1B A2A overlap)"}
 STACK_HELP = {s.value: STACKS[s].what for s in Stack}
 MODULES = "recompute_modules"
 MODULE_CHOICES = [m.value for m in RecomputeModule]

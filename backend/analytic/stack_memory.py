@@ -78,7 +78,10 @@ class StackMemory:
     """param_dtype fp8 under fp8 precision: Megatron's --fp8-param-gather (TE's linear weights are Float8Tensors)."""
     recompute_modules: frozenset[str] = CORE_ATTN_ONLY
     """Megatron's --recompute-modules: what a layout with recompute selective checkpoints (other policies ignore it);
-    memory/megatron_recompute.py prices each module."""
+    memory/te_block.py prices each module."""
+    ep_overlap: bool = False
+    """Megatron's --overlap-moe-expert-parallel-comm: its combined 1F1B schedule runs one more forward chunk before
+    the steady state under pipelining (schedules.py @d98e8a64 966-971), held in flight with the others."""
 
     @property
     def textbook_selective(self) -> bool:
@@ -112,7 +115,7 @@ def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
                        fused_attention=kernel != "eager" or flash_model, fp8=fp8,
                        fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)),
                        fp8_params=fp8 and str(r["param_dtype"]) == "fp8",
-                       recompute_modules=_recompute_modules(t))
+                       recompute_modules=_recompute_modules(t), ep_overlap=bool(r["ep_overlap"]))
 
 
 def _recompute_modules(train: TrainSpec) -> frozenset[str]:

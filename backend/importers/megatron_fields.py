@@ -118,6 +118,7 @@ TABLE: dict[str, Any] = {
     "--overlap-p2p-comm": To("pp_overlap", as_flag),
     "--no-overlap-p2p-communication": To("mg_no_p2p_overlap", as_flag),
     "--tp-comm-overlap": To("tp_overlap", as_flag),
+    "--overlap-moe-expert-parallel-comm": To("ep_overlap", as_flag),
     "--accumulate-allreduce-grads-in-fp32": To("mg_grads_fp32", as_flag),
     "--grad-reduce-in-bf16": To("mg_grads_bf16", as_flag),
     "--main-grads-dtype": To("mg_main_grads", choice({"fp32": "fp32", "bf16": "bf16"})),

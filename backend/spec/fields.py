@@ -99,6 +99,7 @@ STACK_SWITCHES: dict[str, str] = {
     "--overlap-param-gather": "param_gather_overlap",
     "--pp-overlap": "pp_overlap",
     "--optimizer-over-cp": "optimizer_over_cp",
+    "--overlap-moe-expert-parallel-comm": "ep_overlap",
 }
 """On / off stack settings (train.<field>; --no-<flag> sets False, neither keeps the stack's default). --async-tp is
 --tp-comm-overlap under torchtitan's name, --compile is --elementwise compiled."""

@@ -51,7 +51,32 @@ def stack_problems(spec: Any) -> list[str]:
                         "matmul -> reduce-scatter)")
     if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
         problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
-    return problems + _recompute_module_problems(spec)
+    return problems + _recompute_module_problems(spec) + _ep_overlap_problems(spec)
+
+
+def _ep_overlap_problems(spec: Any) -> list[str]:
+    """Megatron-Core's own refusals of --overlap-moe-expert-parallel-comm (transformer_config.py @d98e8a64 l.
+    3002-3046) and where the setting means nothing."""
+    t, p = spec.train, spec.parallel
+    if not t.ep_overlap:
+        return []
+    if str(t.stack) != "megatron":
+        return [f"ep_overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: set stack megatron (stack is "
+                f"{t.stack})"]
+    out = []
+    if p.ep == 1:
+        out.append("ep_overlap hides expert-parallel all-to-alls: it needs ep > 1 (ep is 1)")
+    if p.pp > 1 and p.virtual_stages == 1:
+        out.append(f"ep_overlap with pp={p.pp} needs virtual pipeline stages (Megatron-Core asserts "
+                   "virtual_pipeline_model_parallel_size is set when pipeline_model_parallel_size > 1)")
+    if str(t.recompute) not in ("none", "selective"):
+        out.append(f"ep_overlap with recompute={t.recompute}: Megatron-Core allows selective recompute only "
+                   "(no full recompute, recompute method or number of layers)")
+    if "moe" in [str(x) for x in t.recompute_modules or ()]:
+        out.append("ep_overlap with recompute_modules moe: Megatron-Core refuses checkpointing the MoE layer")
+    if str(t.precision) == "fp32":
+        out.append("ep_overlap needs a bf16 or fp16 model (precision is fp32)")
+    return out
 
 
 def _recompute_module_problems(spec: Any) -> list[str]:
@@ -82,7 +107,7 @@ def _recompute_module_problems(spec: Any) -> list[str]:
 
 
 ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False, True),
-               "tp_overlap": (False,)}
+               "tp_overlap": (False,), "ep_overlap": (False,)}
 """The values of the kernel and TP settings this engine runs (a CPU rank runs whatever attention the model names)."""
 TP_SETTINGS = ("loss_parallel", "tp_overlap")
 """Settings that change nothing at tp = 1."""

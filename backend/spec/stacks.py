@@ -26,7 +26,8 @@ DEVICE_CLASSES = ("cpu", "gpu", "sm80", "sm90", "sm100", "cdna3")
 """What a setting's default may depend on: CPU ranks, a GPU of unknown generation, Ampere, Hopper, Blackwell, AMD
 CDNA3 (hardware profiles carry theirs: steptime/hardware.py `Hardware.device_class`)."""
 SETTINGS = ("attention_kernel", "elementwise", "param_dtype", "grad_reduce_dtype", "master_dtype", "loss_parallel",
-            "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp")
+            "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp",
+            "ep_overlap")
 """Every setting a stack gives a default for; each is a `train` field of the spec of the same name."""
 SPEC_DEFAULT = "stack default"
 SPEC_SET = "set in the spec"
@@ -122,6 +123,8 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "pp_overlap": Default(False, "torch.distributed.pipelining's schedules wait on each send / recv"),
         "optimizer_over_cp": Default(True, "engine/mesh.py: the 'dp' mesh dimension is dp x cp, so ZeRO / FSDP state "
                                      "is sharded over both"),
+        "ep_overlap": Default(False, "strategies/moe_dispatch.py: the engine's all-to-alls run in line with the MoE "
+                              "layer"),
     }),
     StackEntry(Stack.TORCHTITAN, "pytorch/torchtitan: FSDP2, DTensor TP with loss parallel, torch.compile, torchao "
                "float8, async TP", {
@@ -145,6 +148,8 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "param_gather_overlap": Default(True, "FSDP2 prefetches the next unit's all-gather (torchtitan apply_fsdp)"),
         "pp_overlap": Default(False, "torch.distributed.pipelining's schedules wait on each send / recv"),
         "optimizer_over_cp": Default(True, "torchtitan parallel_dims.py 137: the FSDP mesh is dp_shard x cp"),
+        "ep_overlap": Default(False, "torchtitan's expert parallel waits for its dispatch / combine all-to-alls inside "
+                              "the MoE layer (no 1F1B overlap in JobConfig)"),
     }),
     StackEntry(Stack.MEGATRON, "Megatron-Core with Transformer Engine (Megatron-LM, NeMo)", {
         "attention_kernel": Default(_by_device("eager", "flash2", hopper="cudnn"), "Megatron transformer_config.py "
@@ -175,6 +180,9 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
                               "overlap_p2p_comm, on by default (interleaved schedules)"),
         "optimizer_over_cp": Default(True, "Megatron distributed_data_parallel.py 149 / optimizer/__init__.py "
                                      "1204-1205: the distributed optimizer's group is intra_dp_cp_group (dp x cp)"),
+        "ep_overlap": Default(False, "Megatron model_parallel_config.py 343: overlap_moe_expert_parallel_comm False "
+                              "(--overlap-moe-expert-parallel-comm: the combined 1F1B schedule, "
+                              "pipeline_parallel/combined_1f1b.py, model_chunk_schedule_plan.py 236-303)"),
     }),
     StackEntry(Stack.DEEPSPEED, "DeepSpeed's ZeRO engine around a torch model", {
         "attention_kernel": Default(_by_device("eager", "flash2"), "DeepSpeed keeps the model's own attention: "
@@ -194,6 +202,8 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
                                         "(stage3_prefetch_bucket_size); stages 1-2 all-gather after the step"),
         "pp_overlap": Default(False, "not modelled for DeepSpeed's pipeline engine"),
         "optimizer_over_cp": Default(True, "DeepSpeed shards over its whole data-parallel group"),
+        "ep_overlap": Default(False, "DeepSpeed moe/sharded_moe.py MOELayer: its all-to-alls run in line around the "
+                              "experts"),
     }),
 )}
 

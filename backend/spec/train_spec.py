@@ -85,6 +85,10 @@ class TrainSpec(SpecSection):
     """Pipeline send / recv overlapped with compute (Megatron's overlap_p2p_comm)."""
     optimizer_over_cp: bool | None = None
     """Optimizer state sharded over dp x cp (Megatron's data_parallel_group_with_cp) rather than dp alone."""
+    ep_overlap: bool | None = None
+    """Expert-parallel all-to-alls hidden behind another microbatch's compute (Megatron's
+    --overlap-moe-expert-parallel-comm: each steady-state 1F1B step runs one microbatch's forward beside another's
+    backward, layer by layer); needs ep > 1."""
 
 
     @field_validator("recompute", mode="before")

@@ -36,6 +36,7 @@ from backend.analytic.steptime.collectives import (
 from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
 from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
+from backend.analytic.steptime.ep_overlap import hidden_ep_s, steady_fraction
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
@@ -223,14 +224,15 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     full = str(t.recompute) == "full"
-    for r in reps:
+    for k, r in enumerate(reps):
         params, stages = local_params_shared(spec, r), rank_stages(spec, r)
+        ep_steady = steady_fraction(p, mb, k) if knobs.ep_overlap else 0.0
         layers = sorted(i for s in stages for i in _layers(spec, s))
         kinds: dict[str, float] = {}
         comm = _mp_comm(spec, hw, g, layers, stages, kinds)
         per_mb = (comm["tp"] + comm["ep"]) / mb
         hidden = _tp_hidden(spec, hw, g, params, layers, knobs)
-        tot, hidden_mb = PassCost(), 0.0
+        tot, hidden_mb, hidden_ep_mb = PassCost(), 0.0, 0.0
         for s in stages:
             c = stage_cost(spec, hw, s, params, attention, layout, implementation, fp8_gemms=knobs.fp8_gemms,
                            vocab_shards=knobs.vocab_shards)
@@ -240,15 +242,17 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
             n_stage = len(_layers(spec, s))
             hid_f, hid_b = _stage_hidden(spec, hidden, _layers(spec, s))
             hidden_mb += hid_f * (2 if full else 1) + hid_b
-            fwd[s] = (c.fwd_s + per_mb / 2 * share_s - hid_f + n_stage * ring.fwd_exposed_s) * share
+            hid_ep = hidden_ep_s(comm["ep"] / mb * share_s, c.fwd_s + c.bwd_s + c.recompute_s, ep_steady)
+            hidden_ep_mb += hid_ep
+            fwd[s] = (c.fwd_s + per_mb / 2 * share_s - hid_f - hid_ep / 2 + n_stage * ring.fwd_exposed_s) * share
             rc_comm = per_mb / 2 * share_s - hid_f if full else 0.0  # the re-run forward's collectives
-            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s - hid_b + rc_comm)
+            bwd[s] = (c.bwd_s + c.recompute_s + (per_mb / 2 * share_s - hid_b - hid_ep / 2 + rc_comm)
                       + n_stage * ring.bwd_exposed_s) * share
-        info.append((r, params, stages, layers, comm, tot, kinds, hidden_mb))
+        info.append((r, params, stages, layers, comm, tot, kinds, hidden_mb, hidden_ep_mb))
     hop = p2p_hop_s(spec, hw, g) * share
     span0, busy, span1 = _pipeline(spec, fwd, bwd, hop, overlap=knobs.pp_overlap)
     out = []
-    for k, (r, params, _stages, layers, comm, tot, kinds, hidden_mb) in enumerate(info):
+    for k, (r, params, _stages, layers, comm, tot, kinds, hidden_mb, hidden_ep_mb) in enumerate(info):
         rc = 1.5 if str(t.recompute) == "full" else 1.0  # full recompute repeats the forward's 2 of 4 collectives
         dp_kinds: dict[str, float] = {}
         dp_total, dp_exp = dp_exposed(spec, hw, g, params, tot, dp_kinds, grad_overlap=knobs.grad_overlap,
@@ -262,8 +266,9 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
         kinds = {c: kinds.get(c, 0.0) + cp_kinds.get(c, 0.0) * share
                  for c in {*kinds, *(k for k, v in cp_kinds.items() if v)}}
         tp_exp = (comm["tp"] - mb * hidden_mb) * share if hidden_mb else comm["tp"] * share
-        mp_exp = tp_exp + comm["ep"] * share + cp_exp
-        exposed = {"tp": tp_exp, "ep": comm["ep"] * share, **({"cp": cp_exp} if p.cp > 1 else {}),
+        ep_exp = (comm["ep"] - mb * hidden_ep_mb) * share
+        mp_exp = tp_exp + ep_exp + cp_exp
+        exposed = {"tp": tp_exp, "ep": ep_exp, **({"cp": cp_exp} if p.cp > 1 else {}),
                    "pp": span1 - span0, "dp": dp_exp * share}
         opt = _optimizer_s(spec, hw, params, implementation) * share
         zero_grad = memory_s(hw, 4 * derived(params, "numel_sums", _numel_sums)[2])

@@ -34,6 +34,8 @@ class StackKnobs:
     """None: the model's behaviour before stacks (dp_sync.dp_exposed defaults)."""
     gather_overlap: bool | None
     pp_overlap: bool
+    ep_overlap: bool
+    """Megatron's combined 1F1B: each steady-state step hides EP all-to-alls behind another microbatch's compute."""
     resolved: ResolvedStack
     notes: list[str] = field(default_factory=list)
 
@@ -67,7 +69,7 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
-                      pp_overlap=pp_overlap, resolved=r, notes=notes)
+                      pp_overlap=pp_overlap, ep_overlap=bool(v["ep_overlap"]) and p.ep > 1, resolved=r, notes=notes)
 
 
 def _word(value: Any) -> str:
