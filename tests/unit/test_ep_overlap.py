@@ -106,3 +106,22 @@ def test_cli_and_megatron_importer_carry_it(capsys):
     args = build_parser("estimate").parse_args(argv)
     assert spec_dict_from_args(args)["train"]["ep_overlap"] is True
     assert TABLE["--overlap-moe-expert-parallel-comm"].name == "ep_overlap"
+
+
+def test_a_planned_layout_megatron_refuses_keeps_its_all_to_alls_exposed():
+    """The planner builds its layouts without validation (planner/space.light_spec): 1F1B under pp without virtual
+    stages is timed and held as without the overlap, and says why."""
+    from backend.planner.space import light_spec
+
+    def planned(ep_overlap: bool):
+        spec = _spec(False, {"strategy": "zero1", "world_size": 16, "ep": 8, "pp": 2,
+                             "pp_schedule": "interleaved_1f1b", "virtual_stages": 2})
+        data = spec.model_dump(mode="json")
+        data["parallel"].update(pp_schedule="1f1b", virtual_stages=1)
+        data["train"]["ep_overlap"] = ep_overlap
+        return light_spec(data)
+
+    on, off = step_time(planned(True), H100), step_time(planned(False), H100)
+    assert on.summary["step_s"] == off.summary["step_s"]
+    assert any("ep_overlap runs with virtual stages" in n for n in on.notes)
+    assert estimate(planned(True)).worst().activations_bytes == estimate(planned(False)).worst().activations_bytes

@@ -63,13 +63,18 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
         notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
+    ep_overlap = bool(v["ep_overlap"]) and p.ep > 1 and (p.pp == 1 or multi_stage) \
+        and str(spec.train.recompute) in ("none", "selective")
+    if v["ep_overlap"] and p.ep > 1 and not ep_overlap:
+        notes.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
+                     "the rest): the EP all-to-alls predicted exposed")
     return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=r.fp8_gemms,
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
-                      pp_overlap=pp_overlap, ep_overlap=bool(v["ep_overlap"]) and p.ep > 1, resolved=r, notes=notes)
+                      pp_overlap=pp_overlap, ep_overlap=ep_overlap, resolved=r, notes=notes)
 
 
 def _word(value: Any) -> str:
