@@ -7,34 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec.choices import RecomputeModule, Stack
-from backend.spec.stacks import (
-    DTYPE_CHOICES,
-    ELEMENTWISE_CHOICES,
-    KERNEL_CHOICES,
-    SETTINGS,
-    STACK_CHOICES,
-    STACKS,
-    resolve_stack,
-)
+from backend.spec.stacks import SETTING_INFO, SETTINGS, STACK_CHOICES, STACKS, resolve_stack
 
 DEFAULT = "stack default"
-BOOLEAN = ("loss_parallel", "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap",
-           "optimizer_over_cp", "ep_overlap")
-CHOICES: dict[str, list[str]] = {
-    "attention_kernel": [DEFAULT, *KERNEL_CHOICES],
-    "elementwise": [DEFAULT, *ELEMENTWISE_CHOICES],
-    "param_dtype": [DEFAULT, *(d for d in DTYPE_CHOICES if d != "none")],
-    "grad_reduce_dtype": [DEFAULT, "fp32", "bf16", "fp16"],
-    "master_dtype": [DEFAULT, "fp32", "bf16", "none"],
-    **{k: [DEFAULT, "on", "off"] for k in BOOLEAN},
-}
-LABELS = {"attention_kernel": "Attention kernel", "elementwise": "Element-wise work (eager / compiled / fused)",
-          "param_dtype": "Parameter dtype", "grad_reduce_dtype": "Gradient reduce dtype",
-          "master_dtype": "Master weights", "loss_parallel": "Loss parallel (vocab-parallel cross-entropy)",
-          "tp_overlap": "TP comm overlap (async TP / TE userbuffers)", "grad_reduce_overlap": "DP grad-reduce overlap",
-          "param_gather_overlap": "DP param-gather overlap", "pp_overlap": "PP p2p overlap",
-          "optimizer_over_cp": "Optimizer sharded over dp x cp",
-          "ep_overlap": "EP all-to-all overlap (Megatron's 1F1B A2A overlap)"}
+BOOLEAN = tuple(name for name, s in SETTING_INFO.items() if s.boolean)
+CHOICES: dict[str, list[str]] = {name: [DEFAULT, *(("on", "off") if s.boolean else s.choices)]
+                                 for name, s in SETTING_INFO.items()}
+LABELS = {name: s.label for name, s in SETTING_INFO.items()}
 STACK_HELP = {s.value: STACKS[s].what for s in Stack}
 MODULES = "recompute_modules"
 MODULE_CHOICES = [m.value for m in RecomputeModule]

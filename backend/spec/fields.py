@@ -22,7 +22,7 @@ from backend.spec.choices import (
     Precision,
     Strategy,
 )
-from backend.spec.stacks import DTYPE_CHOICES, ELEMENTWISE_CHOICES, KERNEL_CHOICES, STACK_CHOICES
+from backend.spec.stacks import SETTING_INFO, STACK_CHOICES
 
 
 def dim_flags(dimensions: tuple[dims.Dim, ...]) -> dict[str, tuple[str, str, Any]]:
@@ -83,23 +83,11 @@ FLAGS: dict[str, tuple[str, str, Any]] = {
     "--shared-experts": ("model", "n_shared_experts", int),
     "--shared-ffn": ("model", "shared_ffn_hidden", int),
     "--stack": ("train", "stack", list(STACK_CHOICES)),
-    "--attention-kernel": ("train", "attention_kernel", list(KERNEL_CHOICES)),
-    "--elementwise": ("train", "elementwise", list(ELEMENTWISE_CHOICES)),
-    "--param-dtype": ("train", "param_dtype", [d for d in DTYPE_CHOICES if d != "none"]),
-    "--grad-reduce-dtype": ("train", "grad_reduce_dtype", ["fp32", "bf16", "fp16"]),
-    "--master-dtype": ("train", "master_dtype", ["fp32", "bf16", "none"]),
+    **{s.flag: ("train", name, list(s.choices)) for name, s in SETTING_INFO.items() if not s.boolean},
 }
 
 SWITCHES = dim_switches(dims.DIMS)
 
-STACK_SWITCHES: dict[str, str] = {
-    "--loss-parallel": "loss_parallel",
-    "--tp-comm-overlap": "tp_overlap",
-    "--overlap-grad-reduce": "grad_reduce_overlap",
-    "--overlap-param-gather": "param_gather_overlap",
-    "--pp-overlap": "pp_overlap",
-    "--optimizer-over-cp": "optimizer_over_cp",
-    "--overlap-moe-expert-parallel-comm": "ep_overlap",
-}
+STACK_SWITCHES: dict[str, str] = {s.flag: name for name, s in SETTING_INFO.items() if s.boolean}
 """On / off stack settings (train.<field>; --no-<flag> sets False, neither keeps the stack's default). --async-tp is
 --tp-comm-overlap under torchtitan's name, --compile is --elementwise compiled."""

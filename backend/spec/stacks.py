@@ -25,10 +25,46 @@ from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, AttentionKe
 DEVICE_CLASSES = ("cpu", "gpu", "sm80", "sm90", "sm100", "cdna3")
 """What a setting's default may depend on: CPU ranks, a GPU of unknown generation, Ampere, Hopper, Blackwell, AMD
 CDNA3 (hardware profiles carry theirs: steptime/hardware.py `Hardware.device_class`)."""
-SETTINGS = ("attention_kernel", "elementwise", "param_dtype", "grad_reduce_dtype", "master_dtype", "loss_parallel",
-            "tp_overlap", "grad_reduce_overlap", "param_gather_overlap", "pp_overlap", "optimizer_over_cp",
-            "ep_overlap")
-"""Every setting a stack gives a default for; each is a `train` field of the spec of the same name."""
+STACK_CHOICES = tuple(s.value for s in Stack)
+KERNEL_CHOICES = tuple(k.value for k in AttentionKernel)
+ELEMENTWISE_CHOICES = tuple(e.value for e in Elementwise)
+DTYPE_CHOICES = tuple(d.value for d in StackDtype)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a person sets one stack setting: the CLI (spec/fields.py derives its flags) and the Stack settings form
+    (dashboard/stack_form.py derives its widgets) read this entry."""
+
+    label: str
+    """The form's label."""
+    flag: str
+    """The CLI flag; an on / off switch (--no-<flag> turns it off) when `choices` is None."""
+    choices: tuple[str, ...] | None = None
+    """The values a choice setting takes; None: on / off."""
+
+    @property
+    def boolean(self) -> bool:
+        return self.choices is None
+
+
+SETTING_INFO: dict[str, Setting] = {
+    "attention_kernel": Setting("Attention kernel", "--attention-kernel", KERNEL_CHOICES),
+    "elementwise": Setting("Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES),
+    "param_dtype": Setting("Parameter dtype", "--param-dtype", tuple(d for d in DTYPE_CHOICES if d != "none")),
+    "grad_reduce_dtype": Setting("Gradient reduce dtype", "--grad-reduce-dtype", ("fp32", "bf16", "fp16")),
+    "master_dtype": Setting("Master weights", "--master-dtype", ("fp32", "bf16", "none")),
+    "loss_parallel": Setting("Loss parallel (vocab-parallel cross-entropy)", "--loss-parallel"),
+    "tp_overlap": Setting("TP comm overlap (async TP / TE userbuffers)", "--tp-comm-overlap"),
+    "grad_reduce_overlap": Setting("DP grad-reduce overlap", "--overlap-grad-reduce"),
+    "param_gather_overlap": Setting("DP param-gather overlap", "--overlap-param-gather"),
+    "pp_overlap": Setting("PP p2p overlap", "--pp-overlap"),
+    "optimizer_over_cp": Setting("Optimizer sharded over dp x cp", "--optimizer-over-cp"),
+    "ep_overlap": Setting("EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm"),
+}
+"""Every setting a stack gives a default for, each a `train` field of the spec of the same name: one entry here, its
+default per stack in STACKS."""
+SETTINGS = tuple(SETTING_INFO)
 SPEC_DEFAULT = "stack default"
 SPEC_SET = "set in the spec"
 
@@ -265,7 +301,3 @@ def resolve_stack(spec: Any, device: str = "gpu") -> ResolvedStack:
                          recompute_modules=megatron_modules)
 
 
-STACK_CHOICES = tuple(s.value for s in Stack)
-KERNEL_CHOICES = tuple(k.value for k in AttentionKernel)
-ELEMENTWISE_CHOICES = tuple(e.value for e in Elementwise)
-DTYPE_CHOICES = tuple(d.value for d in StackDtype)

@@ -131,6 +131,26 @@ def test_cli_switches_reach_the_spec(capsys):
     assert "--compile means --elementwise compiled" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", SETTINGS)
+def test_every_registry_setting_reaches_the_spec_the_cli_and_the_form(name):
+    """One entry in stacks.SETTING_INFO (and its default per stack) is the whole setting: a train field, a CLI flag
+    (an on / off switch or a choice) that sets it, and a widget of the Stack settings form."""
+    from backend.cli import build_parser
+    from backend.cli.spec_flags import spec_dict_from_args
+    from backend.spec.stacks import SETTING_INFO
+    from backend.spec.train_spec import TrainSpec
+    from dashboard.stack_form import CHOICES, LABELS, to_spec
+
+    info = SETTING_INFO[name]
+    assert name in TrainSpec.model_fields
+    value = True if info.boolean else info.choices[-1]
+    argv = ["estimate", info.flag] + ([] if info.boolean else [value])
+    assert spec_dict_from_args(build_parser("estimate").parse_args(argv))["train"][name] == value
+    assert LABELS[name] == info.label
+    widget = "on" if info.boolean else value
+    assert widget in CHOICES[name] and to_spec({"stack": "megatron", name: widget})[name] == value
+
+
 @pytest.mark.parametrize("stack", [s.value for s in Stack])
 def test_every_stack_predicts(stack):
     from backend.analytic.steptime.hardware import get_hardware
