@@ -247,10 +247,20 @@ def test_fixed_mixes_match_the_engine(farm):
         # the documented tie (fsdp/zero2 x tp, fp32): a rank whose tracker kept the loss moment, after the root's
         # post_forward, holds neither the last block's all-gather buffer nor (zero3) the unsharded root
         after_root = 4 * (block_numel(2) + (root_numel(2) if s.parallel.zero_stage == 3 else 0))
+        # caught between those two frees (gloo completes them in either order under load: seen once in a loaded
+        # fresh-clone run), a zero3 rank holds the block's buffer without the root: accepted only at the very peak
+        # total of a rank that kept the predicted split, so a tie of equal totals and nothing else
+        root_only = 4 * root_numel(2) if s.parallel.zero_stage == 3 else None
+        tie_totals = {r.measured.peak_bytes for r in res.per_rank
+                      if r.measured.params_bytes == r.predicted.params_bytes}
         for rr in res.per_rank:
             for cat in ("params_bytes", "grads_bytes", "optimizer_bytes"):
                 e = rr.error_pct.get(cat)
                 if cat == "params_bytes" and tie and rr.measured.params_bytes == rr.predicted.params_bytes - after_root:
+                    continue
+                if cat == "params_bytes" and tie and root_only \
+                        and rr.measured.params_bytes == rr.predicted.params_bytes - root_only \
+                        and rr.measured.peak_bytes in tie_totals:
                     continue
                 if cat == "params_bytes" and ep_tie and rr.measured.params_bytes == 4 * sum(
                         q.storage_numel for q in S.local_params(s, rr.rank)):
