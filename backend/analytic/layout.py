@@ -224,6 +224,18 @@ class Layout(LayoutDegrees):
                                                self.schedule == PipelineSchedule.DUALPIPEV), self.pp > 1))
 
     @cached_property
+    def ep_overlap(self) -> Num:
+        """Megatron's combined 1F1B EP overlap runs on this layout: the stack sets ep_overlap and the layout is one
+        Megatron-Core runs it on (transformer_config.py @d98e8a64 3002-3046: ep > 1, virtual stages under pp, no
+        recompute or selective). spec/stack_rules.py refuses a validated spec that sets it elsewhere; the planner's
+        unvalidated layouts meet the rule here. Read by the step time (steptime/ep_overlap.py) and the memory
+        (memory/stack_activations.py)."""
+        on = self.stack is not None and self.stack.ep_overlap
+        return _settled(logical_and(on, self.ep > 1, logical_or(self.pp == 1, self.virtual_stages > 1),
+                                    logical_or(self.recompute == RecomputeMode.NONE,
+                                               self.recompute == RecomputeMode.SELECTIVE)))
+
+    @cached_property
     def is_mix(self) -> Num:
         """tp/pp/ep > 1: the dp dimension is wrapped by data_parallel.composable_wrap (FSDP2 `replicate` for ddp,
         `fully_shard` without a MixedPrecisionPolicy for zero2/zero3)."""

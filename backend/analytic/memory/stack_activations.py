@@ -33,14 +33,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from backend.analytic import moe_rows
-from backend.analytic.layout import RECOMPUTE_NAMES, Layout, RecomputeMode
+from backend.analytic.layout import RECOMPUTE_NAMES, Layout
 from backend.analytic.memory.activations import STAT_BYTES, LayerShape, layer_activation_bytes
 from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
 from backend.analytic.memory.rank_activations import Checkpointing, checkpointing
 from backend.analytic.memory.te_block import MlaWidths, MoeWidths, TeLayer, te_layer_bytes
 from backend.analytic.params import head_dim, is_gated
-from backend.analytic.scalar_or_array import as_int, logical_and, logical_or, maximum, minimum, per_distinct, where
+from backend.analytic.scalar_or_array import as_int, logical_and, maximum, minimum, per_distinct, where
 from backend.analytic.stack_memory import StackMemory
 
 if TYPE_CHECKING:
@@ -165,10 +165,7 @@ def stack_blocks(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankPart
         alt_share = st.n_alt / maximum(st.n_blocks, 1)
         blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
         rerun_b = where(st.n_alt > 0, maximum(rerun_b, alt_rerun), rerun_b)
-    # the combined 1F1B's one more warmup forward (Megatron runs it with virtual stages only under pipelining, with no
-    # recompute or selective recompute: steptime/stack_knobs.py applies the same rule)
-    extra = logical_and(layout.stack.ep_overlap, layout.ep > 1, layout.virtual_stages > 1,
-                        logical_or(layout.recompute == RecomputeMode.NONE, layout.recompute == RecomputeMode.SELECTIVE))
+    extra = layout.ep_overlap  # the combined 1F1B's one more warmup forward (pipelined: with virtual stages)
     units = where(layout.pipelined, minimum(in_flight(layout, pp_rank) + extra, layout.microbatches
                                             * layout.virtual_stages), 1)
     return StackBlocks(blocks * units / layout.virtual_stages, plain_b, unit_b, rerun_b, ck)

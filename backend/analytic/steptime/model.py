@@ -226,7 +226,7 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
     full = str(t.recompute) == "full"
     for k, r in enumerate(reps):
         params, stages = local_params_shared(spec, r), rank_stages(spec, r)
-        ep_steady = steady_fraction(p, mb, k) if knobs.ep_overlap else 0.0
+        ep_steady = steady_fraction(p, mb, k) if layout.ep_overlap else 0.0
         layers = sorted(i for s in stages for i in _layers(spec, s))
         kinds: dict[str, float] = {}
         comm = _mp_comm(spec, hw, g, layers, stages, kinds)
@@ -289,6 +289,9 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
              f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
     notes += knobs.notes
+    if knobs.ep_overlap and not layout.ep_overlap:
+        notes.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
+                     "the rest): the EP all-to-alls predicted exposed")
     notes += [n for n in [hw.peak_note(spec.train.precision)] if n]
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
                     stage_fwd_s=fwd, stage_bwd_s=bwd)

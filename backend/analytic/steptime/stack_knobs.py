@@ -35,7 +35,7 @@ class StackKnobs:
     gather_overlap: bool | None
     pp_overlap: bool
     ep_overlap: bool
-    """Megatron's combined 1F1B: each steady-state step hides EP all-to-alls behind another microbatch's compute."""
+    """The stack sets Megatron's combined 1F1B EP overlap and ep > 1 (where it runs: Layout.ep_overlap)."""
     resolved: ResolvedStack
     notes: list[str] = field(default_factory=list)
 
@@ -63,11 +63,7 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
         notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
-    ep_overlap = bool(v["ep_overlap"]) and p.ep > 1 and (p.pp == 1 or multi_stage) \
-        and str(spec.train.recompute) in ("none", "selective")
-    if v["ep_overlap"] and p.ep > 1 and not ep_overlap:
-        notes.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
-                     "the rest): the EP all-to-alls predicted exposed")
+    ep_overlap = bool(v["ep_overlap"]) and p.ep > 1
     return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=r.fp8_gemms,
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
