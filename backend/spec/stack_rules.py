@@ -108,7 +108,8 @@ def _recompute_module_problems(spec: Any) -> list[str]:
 
 ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False, True),
                "tp_overlap": (False,), "ep_overlap": (False,)}
-"""The values of the kernel and TP settings this engine runs (a CPU rank runs whatever attention the model names)."""
+"""The values of the kernel, TP and EP settings this engine runs (a CPU rank runs whatever attention the model
+names)."""
 TP_SETTINGS = ("loss_parallel", "tp_overlap")
 """Settings that change nothing at tp = 1."""
 

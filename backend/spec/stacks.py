@@ -299,5 +299,3 @@ def resolve_stack(spec: Any, device: str = "gpu") -> ResolvedStack:
                         if entry.stack == Stack.MEGATRON else None)
     return ResolvedStack(stack=entry.stack, device=device, values=values, set_by=set_by, sources=sources,
                          recompute_modules=megatron_modules)
-
-

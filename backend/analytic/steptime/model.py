@@ -289,7 +289,7 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
              f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
     notes += knobs.notes
-    if knobs.ep_overlap and not layout.ep_overlap:
+    if knobs.resolved.values["ep_overlap"] and p.ep > 1 and not layout.ep_overlap:
         notes.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
                      "the rest): the EP all-to-alls predicted exposed")
     notes += [n for n in [hw.peak_note(spec.train.precision)] if n]

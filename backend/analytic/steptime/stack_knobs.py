@@ -34,8 +34,6 @@ class StackKnobs:
     """None: the model's behaviour before stacks (dp_sync.dp_exposed defaults)."""
     gather_overlap: bool | None
     pp_overlap: bool
-    ep_overlap: bool
-    """The stack sets Megatron's combined 1F1B EP overlap and ep > 1 (where it runs: Layout.ep_overlap)."""
     resolved: ResolvedStack
     notes: list[str] = field(default_factory=list)
 
@@ -63,14 +61,13 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
         notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
-    ep_overlap = bool(v["ep_overlap"]) and p.ep > 1
     return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=r.fp8_gemms,
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
-                      pp_overlap=pp_overlap, ep_overlap=ep_overlap, resolved=r, notes=notes)
+                      pp_overlap=pp_overlap, resolved=r, notes=notes)
 
 
 def _word(value: Any) -> str:
