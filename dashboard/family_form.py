@@ -1,7 +1,8 @@
-"""The New-experiment form's widgets for the 2026 families' fields (issue 24), in four groups inside "Model family":
+"""The New-experiment form's widgets for the 2026 families' fields (issue 24), in five groups inside "Model family":
 attention (own head width, q / k norm, sinks, sandwich norms, scaled embeddings), latent attention (MLA ranks and
 head widths), windows (sliding / chunked, global layers, NoPE), MoE routing (scores, biases, groups, dense prefix,
-interleave). Keys are the form's (`spec_form.MODEL_KEYS`, prefix `f_`); 0 means None where the spec takes None."""
+interleave), and MoE capacity and dispatch (spec_form.MOE_RUN). Keys are the form's (`spec_form.MODEL_KEYS`, prefix
+`f_`); 0 means None where the spec takes None."""
 
 from __future__ import annotations
 
@@ -63,8 +64,27 @@ def routing_inputs(prefix: str) -> None:
                     help="Qwen-MoE's decoder_sparse_step, Llama 4's interleave_moe_layer_step")
 
 
+def moe_run_inputs(prefix: str) -> None:
+    st.markdown("**MoE capacity and dispatch**")
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("capacity factor (0 = dropless)", 0.0, 1_000.0, key=prefix + "capacity_factor", step=0.25,
+                    help="Rows an expert takes per rank: factor x tokens x top-k / experts; the rest are dropped")
+    c2.checkbox("pad to capacity", key=prefix + "moe_pad_to_capacity",
+                help="Every expert takes exactly its capacity, padded (Megatron's --moe-pad-expert-input-to-capacity)")
+    c3.selectbox("dispatcher", sf.FAMILY_CHOICES["moe_dispatcher"], key=prefix + "moe_dispatcher",
+                 help="Megatron-Core's --moe-token-dispatcher-type under ep > 1: alltoall (the routed rows), allgather "
+                      "(every token of the tp x ep group), flex (DeepEP / HybridEP: once per rank holding a token's "
+                      "experts, once per such node across nodes); this engine runs alltoall, the others are predicted")
+    c1.checkbox("grouped GEMM", key=prefix + "moe_grouped_gemm", help="All local experts in one grouped GEMM")
+    c2.number_input("aux loss coefficient", 0.0, 1_000.0, key=prefix + "moe_aux_loss_coeff", step=0.001,
+                    format="%.4f", help="The router's load-balancing loss, added to the training loss (0 = off)")
+    c3.number_input("routing imbalance (prediction)", 1.0, 1_000.0, key=prefix + "moe_imbalance", step=0.1,
+                    help="The busiest rank's expert load over the uniform load that the prediction assumes")
+
+
 def family_2026_inputs(prefix: str) -> None:
     attention_inputs(prefix)
     latent_attention_inputs(prefix)
     window_inputs(prefix)
     routing_inputs(prefix)
+    moe_run_inputs(prefix)

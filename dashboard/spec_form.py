@@ -16,6 +16,7 @@ from backend.spec import (  # issue 14
     ExperimentSpec,
     Framework,
     Mlp,
+    MoeDispatcher,
     Norm,
     Offload,
     Optimizer,
@@ -38,7 +39,12 @@ FAMILY_2026 = dict(attn_head_dim=0, qk_norm=False, attention_sinks=False, sandwi
                    router_balance_bias=False, expert_groups=1, topk_groups=1, window=0, window_kind="sliding",
                    global_every=0, global_layers_nope=False)
 """The 2026 families' fields (issue 24) with GPT's values, 0 for None where a widget shows 0."""
+MOE_RUN = dict(capacity_factor=0.0, moe_pad_to_capacity=False, moe_aux_loss_coeff=0.0, moe_dispatcher="alltoall",
+               moe_grouped_gemm=False, moe_imbalance=1.0)
+"""How a MoE model's tokens reach its experts (capacity, padding, aux loss, dispatcher, grouped GEMMs, the routing
+imbalance the prediction assumes), with the spec's defaults (capacity 0 = dropless): kept through clone and re-run."""
 _GPT.update(FAMILY_2026)
+_GPT.update(MOE_RUN)
 
 
 def _published(name: str) -> dict[str, Any]:
@@ -67,7 +73,7 @@ DEFAULT_PRESET = next(iter(PRESETS))
 
 MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts",
               "top_k", "norm", "mlp", "positions", "tie_embeddings", "bias", "attention", "expert_ffn_hidden",
-              "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026)
+              "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate") + tuple(FAMILY_2026) + tuple(MOE_RUN)
 TRAIN_KEYS = ("global_batch", "micro_batch", "microbatches", "steps", "warmup_steps", "precision", "fp8_recipe",
               "optimizer", "lr", "recompute", "seed")
 PARALLEL_FIELDS = dims.form_fields(dims.DIMS)
@@ -75,11 +81,12 @@ PARALLEL_FIELDS = dims.form_fields(dims.DIMS)
 PARALLEL_KEYS = ("strategy", "world_size", *(f.name for f in PARALLEL_FIELDS))
 # Widgets use 0 for "derive it": None in the spec.
 ZERO_MEANS_NONE = {"n_kv_heads", "ffn_hidden", "microbatches", "expert_ffn_hidden", "shared_ffn_hidden",
-                   "attn_head_dim", "q_lora_rank", "kv_lora_rank", "window"}
+                   "attn_head_dim", "q_lora_rank", "kv_lora_rank", "window", "capacity_factor"}
 FAMILY_CHOICES = {"norm": [v.value for v in Norm], "mlp": [v.value for v in Mlp],
                   "positions": [v.value for v in Positions],
                   "bias": [v.value for v in Bias], "attention": [v.value for v in AttentionImpl],
-                  "router_score": [v.value for v in RouterScore], "window_kind": [v.value for v in WindowKind]}
+                  "router_score": [v.value for v in RouterScore], "window_kind": [v.value for v in WindowKind],
+                  "moe_dispatcher": [v.value for v in MoeDispatcher]}
 
 for _name in PUBLISHED:
     PRESETS[preset_label(_name)] = _published(_name)
@@ -261,7 +268,10 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v.update({k: getattr(p, k) for k in PARALLEL_KEYS})
     for k in ZERO_MEANS_NONE:
         v[k] = v[k] or 0
+    for k, default in MOE_RUN.items():  # float widgets take floats only (0, not None, for dropless)
+        v[k] = float(v[k]) if isinstance(default, float) else v[k]
     for k in ("precision", "fp8_recipe", "optimizer", "recompute", "strategy", "router_score", "window_kind",
+              "moe_dispatcher",
               *(f.name for f in PARALLEL_FIELDS if issubclass(f.kind, StrEnum))):
         v[k] = str(v[k])
     v["recompute"], layers = parse_recompute(v["recompute"])

@@ -1,6 +1,7 @@
 """Dashboard side of issue 24: the New-experiment form shows the 2026 families' options (one AppTest per widget group:
-attention, latent attention, windows, MoE routing), every published preset keeps its exact count through the form
-(before, the form dropped these fields: Llama 4 Maverick came out at 784B), and the Plan page plans them."""
+attention, latent attention, windows, MoE routing, MoE capacity and dispatch), every published preset keeps its
+exact count through the form (before, the form dropped these fields: Llama 4 Maverick came out at 784B), and the
+Plan page plans them."""
 
 from __future__ import annotations
 
@@ -83,6 +84,26 @@ def test_moe_routing_group():
     spec, problems = _spec(at)
     assert not at.exception and problems == [] and spec.model.first_dense_layers == 1
     assert [spec.model.layer_is_moe(i) for i in range(3)] == [False, True, True]
+
+
+def test_moe_capacity_and_dispatch_group_and_a_clone_keeps_them():
+    """The form once dropped the MoE run fields (capacity factor, padding, aux loss, dispatcher, grouped GEMM,
+    imbalance): a cloned Megatron MoE run came back dropless on the all-to-all. Now they are widgets and survive."""
+    at = _page("qwen3-30b-a3b")
+    assert (at.number_input(key="f_capacity_factor").value, at.selectbox(key="f_moe_dispatcher").value) == \
+        (0.0, "alltoall")
+    at.number_input(key="f_capacity_factor").set_value(1.25).run()
+    at.checkbox(key="f_moe_pad_to_capacity").check().run()
+    at.selectbox(key="f_moe_dispatcher").set_value("allgather").run()
+    spec, problems = _spec(at)
+    assert not at.exception and problems == []
+    assert (spec.model.capacity_factor, spec.model.moe_pad_to_capacity, str(spec.model.moe_dispatcher)) == \
+        (1.25, True, "allgather")
+    back, problems = sf.form_to_spec(sf.spec_to_form(spec), predict_only=True)
+    assert problems == [] and back.model == spec.model
+    dropless = spec.model.model_copy(update={"capacity_factor": None, "moe_pad_to_capacity": False})
+    again, _ = sf.form_to_spec(sf.spec_to_form(spec.model_copy(update={"model": dropless})), predict_only=True)
+    assert again.model.capacity_factor is None and sf.spec_to_form(again)["capacity_factor"] == 0.0
 
 
 def test_plan_page_plans_a_new_family():
