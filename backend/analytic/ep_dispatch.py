@@ -18,18 +18,31 @@ them. The step-time model (traffic.model_parallel_traffic) and the planner's scr
   each expert's colwise / rowwise DTensor over etp (traffic.tp_traffic).
 - torchtitan (FSDP2's MixedPrecisionPolicy computes in bf16) and DeepSpeed (a 16-bit module) hold 16-bit
   activations and dispatch their (b, s/cp) tokens, as this engine does.
+
+The dispatcher (model.moe_dispatcher, Megatron-Core's --moe-token-dispatcher-type; token_dispatcher.py @ d98e8a64)
+sets what crosses which link; the rows and their dtype above are the same for all three:
+- alltoall (MoEAlltoAllTokenDispatcher): each (token, expert) row to the expert's rank, local rows included in the
+  payload, over the ep group.
+- allgather (MoEAllGatherTokenDispatcher, l. 233-372): every rank all-gathers the hidden states of its whole tp x ep
+  group (`gather_from_sequence_parallel_region(..., group=self.tp_ep_group)`, l. 299-301) and reduce-scatters the
+  experts' output back (l. 365-367); backward runs each as the other. `allgather_bytes`.
+- flex (MoEFlexTokenDispatcher, l. 1809-1870, DeepEP or HybridEP kernels over the same tp x ep group): a token goes
+  once to each rank that holds any of its experts, and across nodes once to each node that holds any of them, then
+  over NVLink inside that node (DeepEP deep_ep/buffers/legacy.py @ dd758ca l. 309-313: `num_tokens_per_rank`,
+  `num_tokens_per_rdma_rank`, `is_token_in_rank`). `flex_rows` counts those sends under uniform routing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from backend.analytic.moe_rows import is_uniform_dropless
 from backend.analytic.moe_rows import of_model as expert_rows_of
-from backend.analytic.scalar_or_array import logical_and, where
+from backend.analytic.scalar_or_array import logical_and, per_distinct, where
 from backend.analytic.textbook.comm_volume import ep_all_to_all_payload_bytes
 
 if TYPE_CHECKING:
@@ -98,3 +111,41 @@ def megatron_expert_tp_bytes(model: ModelSpec, sent_tokens: int, row_bytes: int,
     the gathered output, as traffic.py counts an all-gather)."""
     received = sent_tokens * model.top_k if is_uniform_dropless(model) else expert_rows_of(model, sent_tokens).received
     return received * group * model.d_model * row_bytes
+
+
+def dispatch_group(layout: Layout) -> tuple[Num, Num]:
+    """(members, rank stride) of the group the allgather and flex dispatchers use: Megatron's tp_ep group, etp x ep
+    ranks. Its etp ranks are adjacent (expert tp innermost, Dispatch.ep_stride), so with etp > 1 the group is
+    contiguous; with etp = 1 it is the ep group, strided as the stack lays out its experts."""
+    stride = where(layout.etp > 1, 1, Dispatch.of_layout(layout).ep_stride(layout.tp, layout.etp))
+    return layout.etp * layout.ep, stride
+
+
+def _not_hit(n_experts: int, top_k: int, held: int) -> float:
+    """P(none of a token's top_k distinct experts, drawn uniformly from n_experts, is among `held` of them)."""
+    return comb(n_experts - held, top_k) / comb(n_experts, top_k) if held < n_experts else 0.0
+
+
+def flex_rows(model: ModelSpec, group: Num, on_node: Num, etp: Num) -> tuple[Num, Num]:
+    """(rows over NVLink, rows across nodes) that the flex dispatcher sends per dispatched token, one way, under
+    uniform routing, over a group of `group` = etp x ep ranks with `on_node` of them per node. A rank holds the
+    shards of n_experts / ep experts, a node n_experts x on_node / group distinct experts. A token crosses to
+    (nodes - 1) x P(a node holds one of its experts) nodes, and goes over NVLink to the other ranks of its node that
+    hold one, on its own node and, forwarded, on every other: (on_node - 1) x P(a rank holds one) x nodes."""
+
+    def rows(g: int, members: int, shards: int) -> tuple[float, float]:
+        e, k, nodes = model.n_experts, min(model.top_k, model.n_experts), max(1, g // members)
+        rank_hit = 1 - _not_hit(e, k, e * shards // g)
+        node_hit = 1 - _not_hit(e, k, e * members // g)
+        return (members - 1) * rank_hit * nodes, (nodes - 1) * node_hit
+
+    out = per_distinct(rows, group, on_node, etp)
+    return (out[..., 0], out[..., 1]) if isinstance(out, np.ndarray) else out
+
+
+def allgather_bytes(model: ModelSpec, sent_tokens: Num, row_bytes: int, group: Num) -> Num:
+    """The allgather dispatcher's traffic of one MoE block and microbatch, each of its four collectives' payload: the
+    hidden states of the whole tp x ep group gathered (forward; reduce-scatter in backward) and the experts' output of
+    all of them reduce-scattered (forward; all-gather in backward). The gathered routing map and probs (n_experts
+    bytes and 16-bit values per token) are left out."""
+    return sent_tokens * group * model.d_model * row_bytes

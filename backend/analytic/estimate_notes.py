@@ -53,6 +53,8 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
         notes.append("EP all_to_all and MoE activations are predicted for uniform routing (incl. the 8·E-byte count "
                      "exchange); each rank's result also carries the prediction for the routing it measured "
                      "(predicted_given_routing)")
+    if p.ep > 1 and str(spec.model.moe_dispatcher) != "alltoall":
+        notes.append(_dispatcher_note(spec))
     if p.ep > 1 and p.etp > 1:
         notes.append(f"etp={p.etp}: each rank holds its {spec.model.n_experts // p.ep} experts split over etp "
                      f"(weights, grads, optimizer state and GEMM FLOPs / {p.etp}; {_edp_words(spec)}); "
@@ -130,6 +132,22 @@ def _edp_words(spec: ExperimentSpec) -> str:
     if spec.train.stack in FOLDED_EXPERT_STACKS:
         return f"edp = tp x cp x dp / (etp x ep) = {p.tp * p.dp_cp} / {p.etp * p.ep} = {edp}"
     return f"edp = dp x cp / ep = {p.dp_cp} / {p.ep} = {edp}"
+
+
+def _dispatcher_note(spec: ExperimentSpec) -> str:
+    """What the step time counts of the allgather or flex dispatcher, and what the prediction leaves out."""
+    p = spec.parallel
+    group = f"the tp x ep group (etp x ep = {p.etp} x {p.ep} = {p.etp * p.ep} ranks)"
+    if str(spec.model.moe_dispatcher) == "allgather":
+        return (f"moe_dispatcher=allgather: every MoE block all-gathers the hidden states of {group} and "
+                "reduce-scatters the experts' output back, forward and backward (steptime/ep_comm.py); the gathered "
+                "routing map and probs, and the gathered tokens' buffer in memory, are not counted (the activations "
+                "are the all-to-all dispatcher's)")
+    return (f"moe_dispatcher=flex (DeepEP / HybridEP) over {group}: the step time counts a token once per rank that "
+            "holds one of its experts and once per such node across nodes (uniform routing, ep_dispatch.flex_rows), "
+            "each link at the hardware table's bandwidth; comm_bytes counts the rows before that deduplication; the "
+            "kernels' SMs and their NVLink / RDMA buffers are not counted (the activations are the all-to-all "
+            "dispatcher's)")
 
 
 def _etp_comm_words(spec: ExperimentSpec) -> str:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
-from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, megatron_expert_tp_bytes
+from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, allgather_bytes, megatron_expert_tp_bytes
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
 from backend.analytic.scalar_or_array import where
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
@@ -173,7 +173,8 @@ def tp_traffic(spec: ExperimentSpec, layers: list[int], stages: list[int]) -> Tr
             ar += bsh  # Replicate input: grad all-reduced in backward
     out = [(k, v * mb, n) for k, v in (("all_reduce", ar), ("all_gather", ag), ("reduce_scatter", rs)) if v]
     etp = p.tp if p.ep == 1 else p.etp
-    if moe and etp > 1 and megatron:  # the dispatcher's gather before the experts, scatter after (ep_dispatch.py)
+    own_gather = p.ep == 1 or str(m.moe_dispatcher) == "alltoall"  # allgather / flex: over tp x ep (ep_traffic)
+    if moe and etp > 1 and megatron and own_gather:  # the dispatcher's gather before the experts, scatter after
         sent = dispatch.tokens(t.micro_batch * s, p.tp, sp)
         gathered = 2 * moe * mb * megatron_expert_tp_bytes(m, sent, cb, etp)  # forward and backward
         out += [("all_gather", gathered, etp), ("reduce_scatter", gathered, etp)]
@@ -210,13 +211,7 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
         act /= p.tp  # under SP a stage boundary carries the sequence-sharded local (b, s/t, h) tensor
     mb = t.microbatches
     out = tp_traffic(spec, layers, stages) if p.tp > 1 else []
-    if p.ep > 1 and m.is_moe:
-        # the rows and their dtype as the stack's dispatcher sends them (ep_dispatch.py)
-        dispatch = Dispatch.of_spec(spec)
-        sent, row_bytes = dispatch.tokens(tokens, p.tp, p.sequence_parallel), dispatch.row_bytes(t.precision)
-        per = float(all_to_all_payload_bytes(m, sent, row_bytes))
-        counts = 8 * m.n_experts  # backend/strategies/moe_dispatch.py: E int64 counts exchanged first, forward only
-        out.append(("all_to_all", (per + counts) * mb * n_moe_layers(m, layers), p.ep))  # MoE blocks only
+    out += ep_traffic(spec, layers)
     if p.pp > 1:
         n_stages, mine = p.pp * p.virtual_stages, set(stages)
         for s in stages:
@@ -224,6 +219,26 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
                 if 0 <= nb < n_stages and nb not in mine:
                     out += [("send", act * mb, 2), ("recv", act * mb, 2)]
     return out
+
+
+def ep_traffic(spec: ExperimentSpec, layers: list[int]) -> Traffic:
+    """The EP dispatch and combine of this rank's MoE blocks per step, by dispatcher (ep_dispatch.py): the alltoall
+    dispatcher's all-to-alls (its rows and their dtype as the stack sends them, and the engine's E int64 counts
+    exchanged first, forward only: backend/strategies/moe_dispatch.py); the allgather dispatcher's all-gathers and
+    reduce-scatters over the tp x ep group; the flex dispatcher's rows before DeepEP / HybridEP deduplicate them per
+    rank and node (which depends on the node size: the step time counts the deduplicated sends, steptime/ep_comm.py)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    if p.ep == 1 or not m.is_moe:
+        return []
+    dispatch = Dispatch.of_spec(spec)
+    tokens = t.micro_batch * m.seq_len // p.cp
+    sent, row_bytes = dispatch.tokens(tokens, p.tp, p.sequence_parallel), dispatch.row_bytes(t.precision)
+    passes = t.microbatches * n_moe_layers(m, layers)  # MoE blocks only
+    if str(m.moe_dispatcher) == "allgather":
+        each = 2 * passes * allgather_bytes(m, sent, row_bytes, p.etp * p.ep)
+        return [("all_gather", each, p.etp * p.ep), ("reduce_scatter", each, p.etp * p.ep)]
+    counts = 8 * m.n_experts if str(m.moe_dispatcher) == "alltoall" else 0
+    return [("all_to_all", (float(all_to_all_payload_bytes(m, sent, row_bytes)) + counts) * passes, p.ep)]
 
 
 def cp_kv_bytes(spec: ExperimentSpec) -> tuple[float, float]:

@@ -19,8 +19,9 @@ from backend.importers.fields import Flat
 MOE_FIELDS = ("top_k", "expert_ffn_hidden", "etp", "capacity_factor", "moe_pad_to_capacity", "moe_grouped_gemm",
               "moe_aux_loss_coeff", "mg_dispatcher", "mg_lb_type")
 """Canonical fields that mean nothing without --num-experts (dropped for a dense model)."""
-DISPATCHERS = {"alltoall": "alltoall", "allgather": "allgather"}
-"""--moe-token-dispatcher-type -> model.moe_dispatcher; "flex" (DeepEP / HybridEP kernels) is reported, not mapped."""
+DISPATCHERS = {"alltoall": "alltoall", "allgather": "allgather", "flex": "flex"}
+"""--moe-token-dispatcher-type -> model.moe_dispatcher (flex: DeepEP or HybridEP, --moe-flex-dispatcher-backend; the
+prediction does not tell the two apart)."""
 AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 """Load-balancing types whose coefficient adds a loss (router.py); sinkhorn and none add none."""
 
@@ -74,17 +75,13 @@ def _expert_tp(flat: Flat) -> list[str]:
 
 
 def _dispatcher(flat: Flat) -> list[str]:
-    """--moe-token-dispatcher-type (Megatron's default allgather): alltoall / allgather map; flex is reported and
-    predicted as alltoall (the routed rows over the ep group), any other value is a problem."""
+    """--moe-token-dispatcher-type (Megatron's default allgather): alltoall / allgather / flex map, any other value is
+    a problem."""
     given = flat.get("mg_dispatcher")
     kind = str(given if given is not None else "allgather").lower()
     if flat.get("ep", 1) == 1:
         return []
-    if kind == "flex":
-        flat.unmap("--moe-token-dispatcher-type", given, "the flex dispatcher (DeepEP / HybridEP fused kernels over "
-                   "the etp x ep group) is not modelled: predicted as alltoall (the routed rows over the ep group)")
-        kind = "alltoall"
-    elif kind not in DISPATCHERS:
+    if kind not in DISPATCHERS:
         flat.problems.append(f"--moe-token-dispatcher-type={given!r}: expected one of allgather, alltoall, flex")
         return []
     flat.put("moe_dispatcher", DISPATCHERS[kind], "--moe-token-dispatcher-type")

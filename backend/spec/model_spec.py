@@ -116,8 +116,10 @@ class ModelSpec(SpecSection):
     switch_load_balancing_loss_func and --moe-aux-loss-coeff) is added to the training loss, computed before dropping;
     0 = off (Megatron's default; its recipes set 1e-2)."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
-    """MoE under ep > 1: alltoall (the routed rows over the ep group) or allgather (every token to every ep rank, the
-    combined output reduce-scattered back; Megatron-Core's --moe-token-dispatcher-type)."""
+    """MoE under ep > 1 (Megatron-Core's --moe-token-dispatcher-type): alltoall (the routed rows over the ep group),
+    allgather (every token of the tp x ep group to each of its ranks, the combined output reduce-scattered back) or
+    flex (DeepEP / HybridEP: a token once to each rank holding one of its experts, once to each such node across
+    nodes). This engine runs alltoall; the other two are predicted only."""
     moe_imbalance: float = Field(1.0, ge=1, le=1_000)
     """MoE prediction: the busiest rank's expert load over the uniform load (1 = uniform routing, the default). A run
     measures its own (its per-rank routing note); dispatch buffers, all-to-all volume and expert GEMMs scale with it

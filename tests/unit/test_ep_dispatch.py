@@ -20,10 +20,12 @@ from backend.spec import ExperimentSpec
 H100 = get_hardware("h100-sxm")
 
 
-def qwen3_row() -> ExperimentSpec:
-    """Megatron-Bridge's Qwen3-30B-A3B on 16 H100s: ep 16 over two nodes, tp 1, FP8, the megatron stack."""
+def qwen3_row(dispatcher: str = "alltoall") -> ExperimentSpec:
+    """Megatron-Bridge's Qwen3-30B-A3B on 16 H100s: ep 16 over two nodes, tp 1, FP8, the megatron stack, with the
+    alltoall dispatcher these tests are about (the recipe's flex dispatcher: tests/unit/test_moe_dispatchers.py)."""
     row = next(r for r in published_rows() if r.id == "bridge260401-h100-qwen3-30b-a3b-g16")
-    return ExperimentSpec.for_prediction(row.spec)
+    data = dict(row.spec, model=dict(row.spec["model"], moe_dispatcher=dispatcher))
+    return ExperimentSpec.for_prediction(data)
 
 
 def with_(spec: ExperimentSpec, train: dict | None = None, parallel: dict | None = None) -> ExperimentSpec:
@@ -124,10 +126,11 @@ def test_megatrons_expert_tp_gathers_before_the_experts_and_scatters_after():
     assert gathered == 2 * per_gemm
 
 
-def deepseek_row() -> ExperimentSpec:
-    """Megatron-Bridge's DeepSeek-V3 on 1,024 H100s: tp 2, etp 1, ep 64, pp 8."""
+def deepseek_row(dispatcher: str = "alltoall") -> ExperimentSpec:
+    """Megatron-Bridge's DeepSeek-V3 on 1,024 H100s: tp 2, etp 1, ep 64, pp 8, with the alltoall dispatcher these
+    tests are about (the recipe's flex: tests/unit/test_moe_dispatchers.py)."""
     row = next(r for r in published_rows() if r.id == "bridge2509-h100-deepseek-v3-g1024")
-    return ExperimentSpec.for_prediction(row.spec)
+    return ExperimentSpec.for_prediction(dict(row.spec, model=dict(row.spec["model"], moe_dispatcher=dispatcher)))
 
 
 def test_megatrons_ep_group_folds_over_tp_when_etp_is_below_tp():

@@ -57,10 +57,10 @@ def test_megatron_moe_defaults_are_megatrons():
     assert imported.spec["parallel"]["etp"] == 1
 
 
-def test_megatron_flex_dispatcher_is_reported_and_a_bad_one_refused():
+def test_megatron_flex_dispatcher_maps_and_a_bad_one_is_refused():
     imported = _megatron("--expert-model-parallel-size 2 --moe-token-dispatcher-type flex")
-    assert imported.spec["model"]["moe_dispatcher"] == "alltoall"
-    assert "not modelled" in imported.unmapped["--moe-token-dispatcher-type"]["reason"]
+    assert imported.spec["model"]["moe_dispatcher"] == "flex"
+    assert "--moe-token-dispatcher-type" not in imported.unmapped
     with pytest.raises(ConfigImportError, match="expected one of allgather, alltoall, flex"):
         _megatron("--expert-model-parallel-size 2 --moe-token-dispatcher-type ring")
     with pytest.raises(ConfigImportError, match="capacity factor of 0"):

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, dispatch_group
 from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
+from backend.analytic.params import n_moe_layers
 from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.sharding import LocalParam, derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import (
@@ -32,10 +34,13 @@ from backend.analytic.steptime.collectives import (
     collective_s,
     dim_tier,
     members_per_node,
+    ring_steps,
+    within_node,
 )
 from backend.analytic.steptime.compute import ATTENTION, IMPLEMENTATIONS, PassCost, attention_pass, memory_s, stage_cost
 from backend.analytic.steptime.cp_ring import RingTime, ring_time
 from backend.analytic.steptime.dp_sync import dp_exposed, fsdp_host_s
+from backend.analytic.steptime.ep_comm import dispatcher_bandwidth_s
 from backend.analytic.steptime.ep_overlap import hidden_ep_s, steady_fraction
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layers
@@ -44,7 +49,7 @@ from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pai
 from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
 from backend.analytic.textbook.pipeline import bubble_over_ideal
-from backend.analytic.traffic import compute_bytes, model_parallel_traffic
+from backend.analytic.traffic import compute_bytes, ep_traffic, tp_traffic
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -108,15 +113,18 @@ def _timeshare(spec: ExperimentSpec, hw: Hardware) -> float:
     return max(1.0, spec.parallel.world_size / hw.cores) if hw.kind == "cpu" and hw.cores else 1.0
 
 
-def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stages: list[int],
+def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stages: list[int], layout: Layout,
              kinds: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds per step of this rank's TP, EP and PP traffic (traffic.model_parallel_traffic) by dimension; also
-    summed by collective into `kinds`."""
+    """Seconds per step of this rank's TP and EP traffic (traffic.tp_traffic, ep_traffic; PP's hops are the
+    schedule's: p2p_hop_s) by dimension; also summed by collective into `kinds`."""
     m = spec.train.microbatches
     out = {"tp": 0.0, "ep": 0.0}
-    for kind, payload, n in model_parallel_traffic(spec, layers, stages):
-        if kind in ("send", "recv"):
-            continue  # pp: per hop in the schedule (p2p_hop_s)
+    traffic = tp_traffic(spec, layers, stages) if spec.parallel.tp > 1 else []
+    if str(spec.model.moe_dispatcher) == "alltoall":
+        traffic += ep_traffic(spec, layers)
+    else:
+        out["ep"] = _dispatcher_s(spec, hw, g, layers, layout, kinds)
+    for kind, payload, n in traffic:
         dim = "ep" if kind == "all_to_all" else "tp"
         # 4 per layer and microbatch: all-reduces, or SP's all-gathers / reduce-scatters
         calls = max(1, 4 * len(layers) * m)
@@ -129,6 +137,28 @@ def _mp_comm(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], stag
         if kinds is not None:
             kinds[kind] = kinds.get(kind, 0.0) + sec
     return out
+
+
+def _dispatcher_s(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int], layout: Layout,
+                  kinds: dict[str, float] | None) -> float:
+    """The allgather or flex dispatcher's seconds per step (steptime/ep_comm.py), plus its collectives' ring latency
+    at the tp x ep group's tier: 4 per layer and microbatch, as the all-to-alls count them."""
+    entries = ep_traffic(spec, layers)
+    if not entries:
+        return 0.0
+    m, t, p = spec.model, spec.train, spec.parallel
+    dispatch, passes = Dispatch.of_spec(spec), t.microbatches * n_moe_layers(m, layers)
+    sent = dispatch.tokens(t.micro_batch * m.seq_len // p.cp, p.tp, p.sequence_parallel)
+    payload = passes * all_to_all_payload_bytes(m, sent, dispatch.row_bytes(t.precision))
+    group, stride = dispatch_group(layout)
+    tier = INTRA if within_node(stride, group, "ep", g) else INTER
+    alpha = hw.tune.intra_latency_s if tier == INTRA else hw.tune.inter_latency_s
+    sec = float(dispatcher_bandwidth_s(m, layout, hw, g, payload=payload, sent_tokens=sent, passes=passes))
+    sec += max(1, 4 * len(layers) * t.microbatches) * ring_steps("all_to_all", group) * alpha
+    if kinds is not None:
+        for kind, _, _ in entries:
+            kinds[kind] = kinds.get(kind, 0.0) + sec / len(entries)
+    return sec
 
 
 def p2p_hop_s(spec: ExperimentSpec, hw: Hardware, g: int) -> float:
@@ -229,7 +259,7 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
         ep_steady = steady_fraction(p, mb, k) if layout.ep_overlap else 0.0
         layers = sorted(i for s in stages for i in _layers(spec, s))
         kinds: dict[str, float] = {}
-        comm = _mp_comm(spec, hw, g, layers, stages, kinds)
+        comm = _mp_comm(spec, hw, g, layers, stages, layout, kinds)
         per_mb = (comm["tp"] + comm["ep"]) / mb
         hidden = _tp_hidden(spec, hw, g, params, layers, knobs)
         tot, hidden_mb, hidden_ep_mb = PassCost(), 0.0, 0.0

@@ -49,7 +49,6 @@ from backend.analytic.scalar_or_array import (
 )
 from backend.analytic.sharding import expert_of
 from backend.analytic.steptime.collectives import (
-    all_to_all_bandwidth_s,
     bandwidth_s,
     group_stride,
     link_bandwidth,
@@ -66,6 +65,7 @@ from backend.analytic.steptime.compute import (
     weight_gemms_s,
 )
 from backend.analytic.steptime.cp_ring import ring_time
+from backend.analytic.steptime.ep_comm import dispatcher_bandwidth_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.textbook.pipeline import bubble_formula
@@ -382,19 +382,17 @@ class _BlockCosts:
 
 
 def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Num:
-    """EP's all-to-alls of the busiest rank, bandwidth only, all exposed: dispatch + combine, forward and backward, of
-    tokens·top_k rows per MoE block and microbatch (traffic.model_parallel_traffic, GShard Sec 3.1) in the ep group
-    (strided as the stack lays out its experts: ep_dispatch.Dispatch.ep_stride), at the link steptime.model._mp_comm
-    times them on: across nodes each rank's own NIC (an all-to-all sends every peer its own rows; no ring shares a
-    node boundary)."""
+    """EP's dispatch and combine of the busiest rank, forward and backward, bandwidth only, all exposed: the rows of
+    tokens·top_k per MoE block and microbatch (traffic.ep_traffic, GShard Sec 3.1) as the model's dispatcher moves
+    them, at the links steptime.model._mp_comm times them on (steptime/ep_comm.py)."""
     if not model.is_moe:
         return 0.0
     dispatch = Dispatch.of_layout(layout)  # the rows and their dtype as the stack's dispatcher sends them
     tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
     row_bytes = dispatch.row_bytes(str(layout.precision))
-    payload = layout.microbatches * moe_blocks * all_to_all_payload_bytes(model, tokens, row_bytes)
-    on_node = node_members(dispatch.ep_stride(layout.tp, layout.etp), layout.ep, gpus_per_node)
-    return where(layout.ep > 1, all_to_all_bandwidth_s(hw, payload, layout.ep, on_node), 0.0)
+    passes = layout.microbatches * moe_blocks
+    payload = passes * all_to_all_payload_bytes(model, tokens, row_bytes)
+    return dispatcher_bandwidth_s(model, layout, hw, gpus_per_node, payload=payload, sent_tokens=tokens, passes=passes)
 
 
 def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Any, Any]:
