@@ -22,7 +22,7 @@ from backend.planner.search import Plan, plan, planned_attention
 from backend.planner.space import light_spec
 from backend.planner.why import explain_first, why_text
 from backend.spec import ExperimentSpec, ModelSpec, dims
-from backend.spec.choices import AttentionImpl
+from backend.spec.choices import AttentionImpl, MoeDispatcher
 from dashboard.glossary import schedule_label
 from dashboard.theme import LAYOUT, STRATEGY_COLOR
 
@@ -123,6 +123,15 @@ def run_plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hardware: str, 
     res.attention_why = why
     res.why_first = explain_first(res.configs, hw, gpus_per_node, res.device_bytes, res.overhead)
     return res
+
+
+DISPATCHERS = [d.value for d in MoeDispatcher]
+"""A MoE model's token dispatcher choices (`plan --moe-dispatcher`): every layout of the search runs it."""
+
+
+def with_dispatcher(model: ModelSpec, dispatcher: str | None) -> ModelSpec:
+    """The model with the dispatcher the page picked (None: its own)."""
+    return model if dispatcher is None else model.model_copy(update={"moe_dispatcher": MoeDispatcher(dispatcher)})
 
 
 DEFAULT_SLACK = RuntimeOverhead().fragmentation_frac

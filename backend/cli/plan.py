@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli import fail
-from backend.spec.choices import RecomputeModule
+from backend.spec.choices import MoeDispatcher, RecomputeModule
 from backend.spec.stacks import KERNEL_CHOICES, STACK_CHOICES
 
 MODEL_FLAGS = {"--vocab": "vocab_size", "--hidden": "d_model", "--layers": "n_layers", "--heads": "n_heads",
@@ -79,6 +79,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="MoE only: the expert capacity factors to search, a comma list such as none,1.0,1.25 (none = "
                         "dropless; default: the model's own). A factor drops tokens (a quality change): each layout "
                         "row carries capacity_factor and its predicted dropped share (uniform routing)")
+    p.add_argument("--moe-dispatcher", choices=[d.value for d in MoeDispatcher],
+                   help="MoE only: Megatron-Core's token dispatcher every layout runs (default: the model's own, "
+                        "alltoall for a preset); allgather and flex (DeepEP / HybridEP) are predicted, not run here")
     p.add_argument("--calibration", type=int, metavar="ID")
     p.add_argument("--db", metavar="URL")
     p.add_argument("--top", type=int, default=10)
@@ -114,6 +117,8 @@ def _model(args: argparse.Namespace) -> tuple[Any, str | None]:
             return None, str(e).strip("'\"")
     data.update({f: getattr(args, f"m_{f}") for f in MODEL_FLAGS.values() if getattr(args, f"m_{f}") is not None})
     data["seq_len"] = args.seq
+    if args.moe_dispatcher is not None:
+        data["moe_dispatcher"] = args.moe_dispatcher
     try:
         return ModelSpec(**data), None
     except ValueError as e:

@@ -195,6 +195,13 @@ if model is not None and model.is_moe:  # the capacity factors to search (`plan 
         help="MoE: the expert capacity factors to search (`plan --capacity-factors`); the model's own by default. A "
              "factor caps each expert's tokens per rank and drops the rest: a change to what the model learns, not "
              "only to its speed (the table shows each layout's factor and its predicted dropped share)."))
+    saved = st.session_state.get("pl_saved", {}).get("pl_dispatcher")
+    st.session_state["pl_dispatcher"] = st.session_state.get("pl_dispatcher", saved or str(model.moe_dispatcher))
+    model = pv.with_dispatcher(model, st.selectbox(
+        "MoE dispatcher", pv.DISPATCHERS, key="pl_dispatcher",
+        help="Megatron-Core's token dispatcher (`plan --moe-dispatcher`): alltoall sends the routed rows, allgather "
+             "every token of the tp x ep group, flex (DeepEP / HybridEP) a token once per rank holding its experts "
+             "and once per such node across nodes. This engine runs alltoall; the others are predicted only."))
 stack_form.render(st, STACK_KEY)  # issue 34: every layout trains with this stack (its kernels and overlaps)
 chosen = stack_form.to_spec(stack_form.read(st, STACK_KEY))
 held = pv.held_training(precision, st.session_state["pl_imported"] if source == "imported config" else None)
@@ -206,12 +213,14 @@ include_predicted = st.toggle("Include prediction-only layouts", key="pl_predict
                                    "only layouts that train correctly here are ranked.")
 
 st.session_state["pl_saved"] = {k: st.session_state[k] for k in DEFAULTS} | (
-    {"pl_capacity": list(st.session_state["pl_capacity"])} if "pl_capacity" in st.session_state else {})
+    {"pl_capacity": list(st.session_state["pl_capacity"])} if "pl_capacity" in st.session_state else {}) | (
+    {"pl_dispatcher": st.session_state["pl_dispatcher"]} if "pl_dispatcher" in st.session_state else {})
 inputs = pv.search_label(model_name, model, gpus=int(gpus), hardware=hardware, global_batch=int(batch),
                          memory_gb=mem or None) \
     + f", {kernel} attention, {held.words()}" + (" incl. prediction-only" if include_predicted else "") \
     + (f", reserve {reserve:g} GB per GPU" if reserve is not None else "") + f", allocator slack {slack:g}" \
-    + (f", capacity factors {', '.join(map(pv.capacity_label, capacity))}" if capacity else "")
+    + (f", capacity factors {', '.join(map(pv.capacity_label, capacity))}" if capacity else "") \
+    + (f", {model.moe_dispatcher} dispatcher" if model is not None and model.is_moe else "")
 if problem:  # names the config's keys and values: the user's text
     messages.box("error", "This model cannot be planned:", [problem])
 if allowance_problem:  # plan's own check and words (planner/allowance.py); may name a calibrated profile: user text

@@ -5,6 +5,7 @@ against the all-to-all where the two must agree, and the screen against the step
 
 from __future__ import annotations
 
+import json
 from itertools import combinations
 
 import numpy as np
@@ -134,3 +135,17 @@ def test_the_engine_runs_the_all_to_all_only_and_says_so():
         assert notes is not None
     dense_dp = {"model": model | {"moe_dispatcher": "flex"}, "parallel": {"strategy": "ddp", "world_size": 2}}
     assert validate_spec(dense_dp)[1] == []  # ep 1: nothing is dispatched, the engine runs it
+
+
+def test_plan_cli_plans_every_layout_with_the_given_dispatcher(capsys):
+    from backend.cli import main
+
+    argv = ["plan", "--preset", "qwen1.5-moe-a2.7b", "--seq", "1024", "--gpus", "8", "--global-batch", "16",
+            "--hardware", "h100-sxm", "--top", "3", "--include-predicted", "--json"]
+    assert main([*argv, "--moe-dispatcher", "flex"]) == 0
+    configs = json.loads(capsys.readouterr().out)["configs"]
+    assert configs and {c["spec"]["model"]["moe_dispatcher"] for c in configs} == {"flex"}
+    assert any("moe_dispatcher=flex" in (c.get("why_not") or "") for c in configs if c["spec"]["parallel"]["ep"] > 1)
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal, with the choices
+        main([*argv, "--moe-dispatcher", "ring"])
+    assert refused.value.code == 2 and "choose from 'alltoall', 'allgather', 'flex'" in capsys.readouterr().err

@@ -199,3 +199,33 @@ def test_plan_page_capacity_multiselect_for_moe_models_only(tmp_path, monkeypatc
     assert "capacity factor" in df and set(df["capacity factor"]) <= {"dropless", "0.5"}
     if "0.5" in set(df["capacity factor"]):
         assert any(c.value.startswith("Capacity factor: ") for c in at.caption)
+
+
+def test_plan_page_dispatcher_select_plans_with_the_picked_dispatcher(tmp_path, monkeypatch):
+    """A MoE model's Plan page offers Megatron's token dispatcher (the model's own picked); a search with flex plans
+    every layout with it (prediction only on this engine, so the search includes prediction-only layouts)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import spec_form as sf
+
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=180).run()
+    at.switch_page("dashboard/pages/plan.py").run()
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2")).run()
+    assert not at.exception and not [w for w in at.selectbox if w.key == "pl_dispatcher"]
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("qwen1.5-moe-a2.7b")).run()
+    assert at.selectbox(key="pl_dispatcher").value == "alltoall"
+    at.number_input(key="pl_seq").set_value(1024)
+    at.number_input(key="pl_gpus").set_value(8)
+    at.number_input(key="pl_batch").set_value(16)
+    at.slider(key="pl_top").set_value(4)
+    at.toggle(key="pl_predicted").set_value(True)
+    at.selectbox(key="pl_dispatcher").set_value("flex").run()
+    at.button(key="pl_go").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    res = at.session_state["pl_result"]
+    assert res.configs and {c["spec"]["model"]["moe_dispatcher"] for c in res.configs} == {"flex"}
+    assert "flex dispatcher" in at.session_state["pl_result_for"]
