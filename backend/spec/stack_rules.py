@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, Stack
-from backend.spec.stacks import SETTINGS, STACKS, resolve_stack
+from backend.spec.stacks import SETTING_INFO, SETTINGS, STACKS, resolve_stack
 
 
 def loss_parallel_on(spec: Any) -> bool:
@@ -106,12 +106,6 @@ def _recompute_module_problems(spec: Any) -> list[str]:
     return out
 
 
-ENGINE_RUNS = {"attention_kernel": ("eager", "flash2"), "elementwise": ("eager",), "loss_parallel": (False, True),
-               "tp_overlap": (False,), "ep_overlap": (False,)}
-"""The values of the kernel, TP and EP settings this engine runs (a CPU rank runs whatever attention the model
-names)."""
-TP_SETTINGS = ("loss_parallel", "tp_overlap")
-"""Settings that change nothing at tp = 1."""
 
 
 def stack_blockers(spec: Any) -> list[str]:
@@ -125,9 +119,10 @@ def stack_blockers(spec: Any) -> list[str]:
     r = resolve_stack(spec, "sm90")  # the device the stacks are built for: Hopper picks TE's cuDNN attention
     engine = resolve_stack(runner, "sm90")
     out = []
-    for name, runs in ENGINE_RUNS.items():
-        if name in TP_SETTINGS and spec.parallel.tp == 1:
-            continue  # nothing to shard or overlap over one tp rank
+    for name, setting in SETTING_INFO.items():  # the values this engine runs: each setting's registry entry
+        runs = setting.engine_runs
+        if runs is None or (setting.tp_only and spec.parallel.tp == 1):
+            continue  # every value runs, or nothing to shard or overlap over one tp rank
         if r.values[name] not in runs:
             out.append(f"{name}={_words(r.values[name])} ({r.set_by[name]}, stack {r.stack}): this engine runs "
                        f"{' / '.join(_words(v) for v in runs)} only")

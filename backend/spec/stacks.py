@@ -42,6 +42,11 @@ class Setting:
     """The CLI flag; an on / off switch (--no-<flag> turns it off) when `choices` is None."""
     choices: tuple[str, ...] | None = None
     """The values a choice setting takes; None: on / off."""
+    engine_runs: tuple[str | bool, ...] | None = None
+    """The values this engine runs (spec/stack_rules.stack_blockers: another value is prediction-only, with the
+    reason); None: the engine runs every value the stack resolves to (dtypes: compared with the engine's own)."""
+    tp_only: bool = False
+    """The setting changes nothing at tp = 1 (nothing to shard or overlap over one tp rank)."""
 
     @property
     def boolean(self) -> bool:
@@ -49,18 +54,23 @@ class Setting:
 
 
 SETTING_INFO: dict[str, Setting] = {
-    "attention_kernel": Setting("Attention kernel", "--attention-kernel", KERNEL_CHOICES),
-    "elementwise": Setting("Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES),
+    "attention_kernel": Setting("Attention kernel", "--attention-kernel", KERNEL_CHOICES,
+                                engine_runs=("eager", "flash2")),  # a CPU rank runs whatever attention the model names
+    "elementwise": Setting("Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES,
+                           engine_runs=("eager",)),
     "param_dtype": Setting("Parameter dtype", "--param-dtype", tuple(d for d in DTYPE_CHOICES if d != "none")),
     "grad_reduce_dtype": Setting("Gradient reduce dtype", "--grad-reduce-dtype", ("fp32", "bf16", "fp16")),
     "master_dtype": Setting("Master weights", "--master-dtype", ("fp32", "bf16", "none")),
-    "loss_parallel": Setting("Loss parallel (vocab-parallel cross-entropy)", "--loss-parallel"),
-    "tp_overlap": Setting("TP comm overlap (async TP / TE userbuffers)", "--tp-comm-overlap"),
+    "loss_parallel": Setting("Loss parallel (vocab-parallel cross-entropy)", "--loss-parallel",
+                             engine_runs=(False, True), tp_only=True),
+    "tp_overlap": Setting("TP comm overlap (async TP / TE userbuffers)", "--tp-comm-overlap", engine_runs=(False,),
+                          tp_only=True),
     "grad_reduce_overlap": Setting("DP grad-reduce overlap", "--overlap-grad-reduce"),
     "param_gather_overlap": Setting("DP param-gather overlap", "--overlap-param-gather"),
     "pp_overlap": Setting("PP p2p overlap", "--pp-overlap"),
     "optimizer_over_cp": Setting("Optimizer sharded over dp x cp", "--optimizer-over-cp"),
-    "ep_overlap": Setting("EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm"),
+    "ep_overlap": Setting("EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm",
+                          engine_runs=(False,)),
 }
 """Every setting a stack gives a default for, each a `train` field of the spec of the same name: one entry here, its
 default per stack in STACKS."""

@@ -151,6 +151,26 @@ def test_every_registry_setting_reaches_the_spec_the_cli_and_the_form(name):
     assert widget in CHOICES[name] and to_spec({"stack": "megatron", name: widget})[name] == value
 
 
+# the dtypes are compared with the engine's own (test above); ep_overlap needs a MoE layout on stack megatron
+# (tests/unit/test_ep_overlap.py checks its prediction-only reason)
+@pytest.mark.parametrize("name", [n for n in SETTINGS if n not in ("param_dtype", "grad_reduce_dtype", "master_dtype",
+                                                                   "ep_overlap")])
+def test_a_settings_registry_entry_says_which_values_this_engine_runs(name):
+    """stacks.Setting.engine_runs is the one list stack_blockers reads: a value outside it is prediction-only with the
+    setting's name and the values that run; every value inside it runs (tp 2, so tp-only settings count)."""
+    from backend.spec.stacks import SETTING_INFO
+
+    info = SETTING_INFO[name]
+    values = (False, True) if info.boolean else info.choices
+    for value in values:
+        spec = _spec({name: value, "stack": "shardlab"})
+        mine = [b for b in run_blockers(spec) if b.startswith(f"{name}=")]
+        runs = info.engine_runs is None or value in info.engine_runs
+        assert (mine == []) == runs, (value, mine)
+        if not runs:
+            assert "this engine runs" in mine[0]
+
+
 @pytest.mark.parametrize("stack", [s.value for s in Stack])
 def test_every_stack_predicts(stack):
     from backend.analytic.steptime.hardware import get_hardware
