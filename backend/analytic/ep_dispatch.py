@@ -149,3 +149,16 @@ def allgather_bytes(model: ModelSpec, sent_tokens: Num, row_bytes: int, group: N
     all of them reduce-scattered (forward; all-gather in backward). The gathered routing map and probs (n_experts
     bytes and 16-bit values per token) are left out."""
     return sent_tokens * group * model.d_model * row_bytes
+
+
+def dispatcher_buffer_bytes(model: ModelSpec, layout: Layout) -> Num:
+    """What the allgather dispatcher keeps on every rank once its first MoE block ran: the gathered hidden states of
+    the tp x ep group, gathered into Megatron's global "mpu" buffer (token_dispatcher.py l. 299-301
+    `use_global_buffer=True`; core/utils.py GlobalMemoryBuffer.get_tensor keeps the largest for the process's life).
+    0 for the other dispatchers, without experts or at ep 1."""
+    if not model.is_moe or str(model.moe_dispatcher) != "allgather":
+        return 0
+    dispatch = Dispatch.of_layout(layout)
+    tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
+    group, _ = dispatch_group(layout)
+    return where(layout.ep > 1, allgather_bytes(model, tokens, dispatch.row_bytes(str(layout.precision)), group), 0)

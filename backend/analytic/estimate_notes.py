@@ -140,9 +140,9 @@ def _dispatcher_note(spec: ExperimentSpec) -> str:
     group = f"the tp x ep group (etp x ep = {p.etp} x {p.ep} = {p.etp * p.ep} ranks)"
     if str(spec.model.moe_dispatcher) == "allgather":
         return (f"moe_dispatcher=allgather: every MoE block all-gathers the hidden states of {group} and "
-                "reduce-scatters the experts' output back, forward and backward (steptime/ep_comm.py); the gathered "
-                "routing map and probs, and the gathered tokens' buffer in memory, are not counted (the activations "
-                "are the all-to-all dispatcher's)")
+                "reduce-scatters the experts' output back, forward and backward (steptime/ep_comm.py); its gather "
+                "buffer (Megatron's global mpu buffer) is held at every moment (other_bytes); the gathered routing map "
+                "and probs are not counted, and the activations are the all-to-all dispatcher's")
     return (f"moe_dispatcher=flex (DeepEP / HybridEP) over {group}: the step time counts a token once per rank that "
             "holds one of its experts and once per such node across nodes (uniform routing, ep_dispatch.flex_rows), "
             "each link at the hardware table's bandwidth; comm_bytes counts the rows before that deduplication; the "

@@ -149,3 +149,20 @@ def test_plan_cli_plans_every_layout_with_the_given_dispatcher(capsys):
     with pytest.raises(SystemExit) as refused:  # argparse's own refusal, with the choices
         main([*argv, "--moe-dispatcher", "ring"])
     assert refused.value.code == 2 and "choose from 'alltoall', 'allgather', 'flex'" in capsys.readouterr().err
+
+
+def test_allgather_keeps_its_gather_buffer_at_every_moment():
+    """Megatron's allgather dispatcher gathers into the global "mpu" buffer (use_global_buffer=True), which stays for
+    the process's life: every moment of every rank holds tokens x (etp x ep) x h x 2 bytes more than on the
+    all-to-all; flex and alltoall hold none."""
+    from backend.analytic.estimate import estimate
+
+    by = {d: estimate(qwen3_row(d)).per_rank[0] for d in ("alltoall", "allgather", "flex")}
+    m = qwen3_row().model
+    buffer = m.seq_len * 16 * m.d_model * 2
+    assert by["allgather"].other_bytes - by["alltoall"].other_bytes == buffer
+    assert by["flex"].other_bytes == by["alltoall"].other_bytes
+    moments = {d: r.moments() for d, r in by.items()}
+    for name, value in moments["alltoall"].items():
+        if value:
+            assert moments["allgather"][name] - value == buffer, name

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backend.analytic.distributed_optimizer import model_state_bytes as distributed_optimizer_bytes
+from backend.analytic.ep_dispatch import dispatcher_buffer_bytes
 from backend.analytic.layout import Layout, RankPosition
 from backend.analytic.memory.backward_moment import backward_moment_bytes, logits_held
 from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_peak
@@ -142,9 +143,11 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
 
 
 def other_bytes(model: ModelSpec, layout: Layout) -> Num:
-    """The rank's input batch (this dp rank's slice, OTHER_IS_DP_SLICE, or the whole global batch)."""
-    return (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
-            else input_batch_bytes(layout.global_batch, model.seq_len))
+    """The rank's input batch (this dp rank's slice, OTHER_IS_DP_SLICE, or the whole global batch), and the allgather
+    dispatcher's gather buffer (ep_dispatch.dispatcher_buffer_bytes; 0 for the other dispatchers)."""
+    batch = (dp_slice_batch_bytes(layout.global_batch // layout.dp, layout.seq_local(model)) if OTHER_IS_DP_SLICE
+             else input_batch_bytes(layout.global_batch, model.seq_len))
+    return batch + dispatcher_buffer_bytes(model, layout)
 
 
 def _stack_rank_memory(model: ModelSpec, layout: Layout, position: RankPosition, parts: RankParts,
