@@ -51,7 +51,7 @@ EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue 
     # predicted step time; the parallel dimensions' columns placed by their table (backend/spec/dims.py)
     "id", "name", "status", "kind", "framework", "stack", "strategy", "world_size", "zero_stage",
     "microbatches", "d_model", "n_layers", "n_heads", "n_kv_heads",
-    "ffn", "seq_len", "vocab", "n_experts", "top_k", "capacity_factor", "tokens_dropped",
+    "ffn", "seq_len", "vocab", "n_experts", "top_k", "capacity_factor", "moe_dispatcher", "tokens_dropped",
     "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s",
     "mfu", "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
@@ -133,12 +133,24 @@ def json_number_sql(dialect: str, column, *path: str, kind=Float):
     return cast(func.json_extract(column, "$." + ".".join(path)), kind)
 
 
+def dispatcher_sql(dialect: str):
+    """A MoE run's model.moe_dispatcher from the stored spec JSON ("alltoall" for specs stored before the field
+    existed: the engine's dispatcher), blank for a dense model."""
+    if dialect == "postgresql":
+        value = func.json_extract_path_text(cast(Experiment.spec_json, JSON), "model", "moe_dispatcher")
+    else:
+        value = func.json_extract(Experiment.spec_json, "$.model.moe_dispatcher")
+    return case((Experiment.n_experts > 0, func.coalesce(value, literal("alltoall", String))), else_=None)
+
+
 JSON_FIELDS = {
     "capacity_factor": lambda dialect: json_number_sql(dialect, Experiment.spec_json, "model", "capacity_factor"),
+    "moe_dispatcher": dispatcher_sql,
     "tokens_dropped": lambda dialect: json_number_sql(dialect, Experiment.result_json, "tokens_dropped", kind=Integer),
 }
 """Export columns read from the stored spec / result JSON (issue 35: no column of their own, no migration):
-model.capacity_factor (blank = dropless) and RunResult.tokens_dropped (blank = nothing could drop)."""
+model.capacity_factor (blank = dropless), model.moe_dispatcher (blank for a dense model) and RunResult.tokens_dropped
+(blank = nothing could drop)."""
 
 
 def _step_time_error_pct():

@@ -214,9 +214,10 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
     assert header.index("step_time_predicted_s") == header.index("step_s_median") + 1
     # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference;
     # issue 34: the stack
-    # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON)
+    # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON); the MoE
+    # dispatcher (from the stored spec)
     assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack",
-                                            "capacity_factor", "tokens_dropped"}
+                                            "capacity_factor", "moe_dispatcher", "tokens_dropped"}
     rows = {r["name"]: r for r in _rows(text)}
     assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
         ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
@@ -279,8 +280,30 @@ def test_capacity_factor_and_tokens_dropped_read_the_stored_spec_and_result(stor
     rows = {r["name"]: r for r in _rows(export_csv(engine))}
     assert (float(rows["capped"]["capacity_factor"]), int(rows["capped"]["tokens_dropped"])) == (1.25, 37)
     assert rows["dropless"]["capacity_factor"] == rows["dropless"]["tokens_dropped"] == ""
+    assert (rows["capped"]["moe_dispatcher"], rows["dropless"]["moe_dispatcher"]) == ("alltoall", "")
     _, table_rows = table(engine)
     got = {r["name"]: (r["capacity_factor"], r["tokens_dropped"]) for r in table_rows}
     assert got == {"capped": (1.25, 37), "dropless": (None, None)}
     data = {d["name"]: d for d in json.loads(export_json(engine))}
     assert data["capped"]["result"]["tokens_dropped"] == 37 and data["dropless"]["result"]["tokens_dropped"] is None
+
+
+def test_the_moe_dispatcher_column_reads_the_stored_spec(store_urls):
+    """An imported Megatron MoE run keeps its dispatcher in the spec JSON (no column, no migration): the CSV's
+    moe_dispatcher reads it; a MoE spec stored before the field existed exports as alltoall; a dense run is blank."""
+    engine = store_urls.engine()
+    moe = {"n_experts": 4}
+    flex = ExperimentSpec.for_prediction({"name": "flex", "model": moe | {"moe_dispatcher": "flex"},
+                                          "parallel": {"strategy": "ep", "world_size": 2}})
+    eid = q.submit_experiment(engine, flex)
+    old = q.submit_experiment(engine, ExperimentSpec.model_validate({"name": "old", "model": moe,
+                                                                      "parallel": {"strategy": "ep", "world_size": 2}}))
+    with engine.begin() as c:  # a spec stored before model.moe_dispatcher existed
+        data = json.loads(c.execute(select(Experiment.spec_json).where(Experiment.id == old)).scalar_one())
+        data["model"].pop("moe_dispatcher", None)
+        c.execute(update(Experiment).where(Experiment.id == old).values(spec_json=json.dumps(data)))
+    q.submit_experiment(engine, spec("dense"))
+    rows = {r["name"]: r for r in _rows(export_csv(engine))}
+    assert (rows["flex"]["moe_dispatcher"], rows["old"]["moe_dispatcher"], rows["dense"]["moe_dispatcher"]) == \
+        ("flex", "alltoall", "")
+    assert eid != old
