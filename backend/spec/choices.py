@@ -164,7 +164,7 @@ class MoeDispatcher(StrEnum):
     --moe-token-dispatcher-type; token_dispatcher.py @ core_v0.19.0, flex @ d98e8a64)."""
 
     ALLTOALL = "alltoall"  # MoEAlltoAllTokenDispatcher: the routed rows only, by all_to_all over the ep group
-    ALLGATHER = "allgather"  # MoEAllGatherTokenDispatcher: every token to every ep rank, reduce-scatter back
+    ALLGATHER = "allgather"  # MoEAllGatherTokenDispatcher: every token to every tp x ep rank, reduce-scatter back
     FLEX = "flex"  # MoEFlexTokenDispatcher (DeepEP / HybridEP): once per rank holding its experts, once per node across
 
 

@@ -108,13 +108,13 @@ MODEL_RULES = (
             and v.model.window < v.model.seq_len and v.model.seq_len % v.model.window != 0,
             lambda p, m: f"chunked attention needs seq_len divisible by the chunk: {m.seq_len} % {m.window} = "
             f"{m.seq_len % m.window}"),
-    # The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain causal
-    # multi-head attention: windows, sinks and MLA under cp are predicted, not run.
     RunRule("a MoE dispatcher other than all-to-all",
             lambda v: (v.ep > 1) & (str(v.model.moe_dispatcher) != "alltoall"),
             lambda p, m: f"moe_dispatcher={m.moe_dispatcher} with ep={p.ep}: this engine dispatches by all-to-all only "
             "(strategies/moe_dispatch.py); Megatron-Core's allgather and flex (DeepEP / HybridEP) dispatchers are "
             "predicted, not run"),
+    # The engine's ring attention (strategies/ring_attention.py, and torch's context_parallel on CUDA) is plain causal
+    # multi-head attention: windows, sinks and MLA under cp are predicted, not run.
     RunRule("cp with windows, sinks or MLA", lambda v: (v.cp > 1) & bool(_ring_misses(v.model)),
             lambda p, m: f"cp={p.cp} with {' and '.join(_ring_misses(m))}: ShardLab's ring attention is plain causal "
             "attention (no mask, sink or latent path); the prediction stands, the run would compute other attention"),

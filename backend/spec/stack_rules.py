@@ -106,8 +106,6 @@ def _recompute_module_problems(spec: Any) -> list[str]:
     return out
 
 
-
-
 def stack_blockers(spec: Any) -> list[str]:
     """Why this engine cannot run a spec's stack settings (prediction only): settings whose value the engine does not
     run, and dtypes other than the engine's own for the layout."""

@@ -59,4 +59,3 @@ def dispatcher_bandwidth_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_
     inside = inside_rows * per_row / (hw.intra_bytes_per_s * t.intra_efficiency)
     across = across_rows * per_row / (hw.inter_bytes_per_s * t.inter_efficiency)
     return where(layout.ep > 1, maximum(inside, across), 0.0)
-
