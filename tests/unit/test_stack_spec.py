@@ -210,3 +210,20 @@ def test_loss_parallel_plans_vocab_sharded_logits():
     head = tp_plan(model, sp=True, sharded_logits=True)["lm_head"]
     assert head.output_layouts == (Shard(-1),) and head.use_local_output is False
     assert tp_plan(model, sp=True)["lm_head"].output_layouts == (Replicate(),)
+
+
+def test_the_stack_setting_recipe_names_files_that_exist_and_the_registry_first():
+    """docs/ARCHITECTURE.md's recipe for a stack setting: the registry entry first, every file it names exists, and
+    the files it says derive from the entry read SETTING_INFO (or SETTINGS) indeed."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "ARCHITECTURE.md").read_text()
+    recipe = text[text.index("**A stack setting**"):text.index("**A model family feature**")]
+    assert "`backend/spec/stacks.py`" in recipe.split("\n- ")[1]
+    named = set(re.findall(r"`((?:backend|db|dashboard|tests)/[\w/]+\.py)", recipe))
+    assert named and [p for p in sorted(named) if not (root / p).exists()] == []
+    derived = recipe[recipe.index("Derived from the entry"):]
+    for path in re.findall(r"`((?:backend|dashboard)/[\w/]+\.py)", derived):
+        assert re.search(r"\bSETTING_INFO\b|\bSETTINGS\b", (root / path).read_text()), path
