@@ -3,7 +3,8 @@
 From pytorch/torchtitan @ v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce):
 - torchtitan/config/job_config.py class Parallelism: expert_parallel_degree (default 1, l. 454),
   expert_tensor_parallel_degree (default 1, l. 464: "[partial dp -> ep] etp = tp; [partial dp + all tp -> ep]
-  etp = 1"), expert_parallel_comm_backend "standard" | "deepep" (l. 474);
+  etp = 1"), expert_parallel_comm_backend "standard" | "deepep" (l. 474; deepep -> model.moe_dispatcher flex, the
+  DeepEP dispatch analytic/ep_dispatch.py models);
 - torchtitan/distributed/parallel_dims.py l. 59: `assert etp == tp or etp == 1, "Currently we only support ETP=TP
   or ETP=1"` (when ep > 1); the sparse mesh (pp, dp_replicate, efsdp, ep, etp) with efsdp = fsdp x tp / (etp x ep)
   (l. 138): at etp 1 ep takes every tp rank;
@@ -35,11 +36,11 @@ def experts(flat: Flat) -> list[str]:
         flat.canonical.pop("ep", None)
         return []
     flat.put("moe_grouped_gemm", True, "MoEArgs.use_grouped_mm (torchtitan's default)")
-    if flat.get("tt_ep_backend") == "deepep":
-        flat.unmap(flat.source_of("tt_ep_backend"), "deepep", "DeepEP's fused dispatch / combine kernels are not "
-                   "modelled: predicted as torch's all-to-all (the same rows over the ep group)")
-    notes = ["torchtitan MoE: dropless, all-to-all dispatch, grouped GEMMs (MoEArgs.use_grouped_mm), aux-loss-free "
-             "load balancing (an expert bias, no loss term)"]
+    deepep = flat.get("tt_ep_backend") == "deepep"
+    if deepep:  # DeepEP's dispatch and combine: once per rank holding a token's experts, once per such node
+        flat.put("moe_dispatcher", "flex", flat.source_of("tt_ep_backend"))
+    notes = [f"torchtitan MoE: dropless, {'DeepEP' if deepep else 'all-to-all'} dispatch, grouped GEMMs "
+             "(MoEArgs.use_grouped_mm), aux-loss-free load balancing (an expert bias, no loss term)"]
     if ep == 1:
         return notes
     if etp not in (1, tp):

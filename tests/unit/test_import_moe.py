@@ -144,7 +144,8 @@ def test_torchtitan_expert_settings_it_cannot_hold_are_named():
     assert ("ShardLab's ep spans dp x cp only"
             in spans_tp.unmapped["parallelism.expert_tensor_parallel_degree"]["reason"])
     deepep = _titan(extra='expert_parallel_comm_backend = "deepep"\n')
-    assert "DeepEP" in deepep.unmapped["parallelism.expert_parallel_comm_backend"]["reason"]
+    assert deepep.spec["model"]["moe_dispatcher"] == "flex"  # DeepEP: the flex dispatch (analytic/ep_dispatch.py)
+    assert "parallelism.expert_parallel_comm_backend" not in deepep.unmapped
 
 
 def test_torchtitan_dense_model_ignores_expert_degrees_and_dualpipev_is_a_schedule():
