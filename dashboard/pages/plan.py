@@ -195,8 +195,11 @@ if model is not None and model.is_moe:  # the capacity factors to search (`plan 
         help="MoE: the expert capacity factors to search (`plan --capacity-factors`); the model's own by default. A "
              "factor caps each expert's tokens per rank and drops the rest: a change to what the model learns, not "
              "only to its speed (the table shows each layout's factor and its predicted dropped share)."))
+    own = (model_name, str(model.moe_dispatcher))  # another model (an imported flex config): its own dispatcher again
+    if st.session_state.get("pl_dispatcher_of") != own:
+        st.session_state["pl_dispatcher_of"], st.session_state["pl_dispatcher"] = own, own[1]
     saved = st.session_state.get("pl_saved", {}).get("pl_dispatcher")
-    st.session_state["pl_dispatcher"] = st.session_state.get("pl_dispatcher", saved or str(model.moe_dispatcher))
+    st.session_state["pl_dispatcher"] = st.session_state.get("pl_dispatcher", saved or own[1])
     model = pv.with_dispatcher(model, st.selectbox(
         "MoE dispatcher", pv.DISPATCHERS, key="pl_dispatcher",
         help="Megatron-Core's token dispatcher (`plan --moe-dispatcher`): alltoall sends the routed rows, allgather "

@@ -229,3 +229,5 @@ def test_plan_page_dispatcher_select_plans_with_the_picked_dispatcher(tmp_path, 
     res = at.session_state["pl_result"]
     assert res.configs and {c["spec"]["model"]["moe_dispatcher"] for c in res.configs} == {"flex"}
     assert "flex dispatcher" in at.session_state["pl_result_for"]
+    at.selectbox(key="pl_preset").set_value(sf.preset_label("qwen3-30b-a3b")).run()  # another model: its own again
+    assert not at.exception and at.selectbox(key="pl_dispatcher").value == "alltoall"
