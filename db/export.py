@@ -1,9 +1,9 @@
 """CSV and JSON export of the experiment store (same filters as `db.queries.list_experiments`).
 
 CSV, one row per experiment: the identifying columns first (id, name, status, kind, framework, stack, strategy,
-degrees, tags as a JSON list), then model and training columns, the MoE capacity factor and the
-token-slots it dropped (`capacity_factor`, `tokens_dropped`: read from the stored spec / result JSON), step time
-measured and predicted
+degrees, tags as a JSON list), then model and training columns, the MoE capacity factor, dispatcher and the
+token-slots it dropped (`capacity_factor`, `moe_dispatcher`, `tokens_dropped`: read from the stored spec / result
+JSON), step time measured and predicted
 (`step_time_predicted_s`: RunResult's, from the step-time model at run time; `step_time_error_pct` = (predicted -
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
 against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
@@ -116,14 +116,19 @@ def _exp_columns(dialect: str, safe: bool) -> list:
     return out
 
 
+def json_text_sql(dialect: str, column, *path: str, default: str):
+    """A text value inside a stored JSON column, read in SQL; `default` where absent (specs stored before the field)."""
+    if dialect == "postgresql":
+        value = func.json_extract_path_text(cast(column, JSON), *path)
+    else:
+        value = func.json_extract(column, "$." + ".".join(path))
+    return func.coalesce(value, literal(default, String))
+
+
 def stack_sql(dialect: str):
     """The spec's train.stack read from the stored spec JSON in SQL (no column of its own: issue 34), "shardlab" for
     specs stored before stacks existed."""
-    if dialect == "postgresql":
-        value = func.json_extract_path_text(cast(Experiment.spec_json, JSON), "train", "stack")
-    else:
-        value = func.json_extract(Experiment.spec_json, "$.train.stack")
-    return func.coalesce(value, literal("shardlab", String))
+    return json_text_sql(dialect, Experiment.spec_json, "train", "stack", default="shardlab")
 
 
 def json_number_sql(dialect: str, column, *path: str, kind=Float):
@@ -136,11 +141,8 @@ def json_number_sql(dialect: str, column, *path: str, kind=Float):
 def dispatcher_sql(dialect: str):
     """A MoE run's model.moe_dispatcher from the stored spec JSON ("alltoall" for specs stored before the field
     existed: the engine's dispatcher), blank for a dense model."""
-    if dialect == "postgresql":
-        value = func.json_extract_path_text(cast(Experiment.spec_json, JSON), "model", "moe_dispatcher")
-    else:
-        value = func.json_extract(Experiment.spec_json, "$.model.moe_dispatcher")
-    return case((Experiment.n_experts > 0, func.coalesce(value, literal("alltoall", String))), else_=None)
+    value = json_text_sql(dialect, Experiment.spec_json, "model", "moe_dispatcher", default="alltoall")
+    return case((Experiment.n_experts > 0, value), else_=None)
 
 
 JSON_FIELDS = {

@@ -221,19 +221,25 @@ def model_parallel_traffic(spec: ExperimentSpec, layers: list[int], stages: list
     return out
 
 
+def ep_rows(spec: ExperimentSpec, layers: list[int]) -> tuple[int, int, int]:
+    """(tokens one rank dispatches per microbatch, bytes per row element, microbatches x MoE blocks of `layers`): the
+    rows and their dtype as the stack's dispatcher sends them (ep_dispatch.Dispatch)."""
+    m, t, p = spec.model, spec.train, spec.parallel
+    dispatch = Dispatch.of_spec(spec)
+    sent = dispatch.tokens(t.micro_batch * m.seq_len // p.cp, p.tp, p.sequence_parallel)
+    return sent, dispatch.row_bytes(t.precision), t.microbatches * n_moe_layers(m, layers)
+
+
 def ep_traffic(spec: ExperimentSpec, layers: list[int]) -> Traffic:
     """The EP dispatch and combine of this rank's MoE blocks per step, by dispatcher (ep_dispatch.py): the alltoall
     dispatcher's all-to-alls (its rows and their dtype as the stack sends them, and the engine's E int64 counts
     exchanged first, forward only: backend/strategies/moe_dispatch.py); the allgather dispatcher's all-gathers and
     reduce-scatters over the tp x ep group; the flex dispatcher's rows before DeepEP / HybridEP deduplicate them per
     rank and node (which depends on the node size: the step time counts the deduplicated sends, steptime/ep_comm.py)."""
-    m, t, p = spec.model, spec.train, spec.parallel
+    m, p = spec.model, spec.parallel
     if p.ep == 1 or not m.is_moe:
         return []
-    dispatch = Dispatch.of_spec(spec)
-    tokens = t.micro_batch * m.seq_len // p.cp
-    sent, row_bytes = dispatch.tokens(tokens, p.tp, p.sequence_parallel), dispatch.row_bytes(t.precision)
-    passes = t.microbatches * n_moe_layers(m, layers)  # MoE blocks only
+    sent, row_bytes, passes = ep_rows(spec, layers)
     if str(m.moe_dispatcher) == "allgather":
         each = 2 * passes * allgather_bytes(m, sent, row_bytes, p.etp * p.ep)
         return [("all_gather", each, p.etp * p.ep), ("reduce_scatter", each, p.etp * p.ep)]

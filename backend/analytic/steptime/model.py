@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, dispatch_group
+from backend.analytic.ep_dispatch import all_to_all_payload_bytes, dispatch_group
 from backend.analytic.layout import Layout
 from backend.analytic.model_flops import training_flops_per_step
-from backend.analytic.params import n_moe_layers
 from backend.analytic.recompute_cost import flops_rerun, rerun_share_of
 from backend.analytic.sharding import LocalParam, derived, local_params_shared, rank_stages, stage_layers
 from backend.analytic.steptime.collectives import (
@@ -49,7 +48,7 @@ from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pai
 from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
 from backend.analytic.textbook.pipeline import bubble_over_ideal
-from backend.analytic.traffic import compute_bytes, ep_traffic, tp_traffic
+from backend.analytic.traffic import compute_bytes, ep_rows, ep_traffic, tp_traffic
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -146,10 +145,9 @@ def _dispatcher_s(spec: ExperimentSpec, hw: Hardware, g: int, layers: list[int],
     entries = ep_traffic(spec, layers)
     if not entries:
         return 0.0
-    m, t, p = spec.model, spec.train, spec.parallel
-    dispatch, passes = Dispatch.of_spec(spec), t.microbatches * n_moe_layers(m, layers)
-    sent = dispatch.tokens(t.micro_batch * m.seq_len // p.cp, p.tp, p.sequence_parallel)
-    payload = passes * all_to_all_payload_bytes(m, sent, dispatch.row_bytes(t.precision))
+    m, t = spec.model, spec.train
+    sent, row_bytes, passes = ep_rows(spec, layers)
+    payload = passes * all_to_all_payload_bytes(m, sent, row_bytes)
     group, stride = dispatch_group(layout)
     tier = INTRA if within_node(stride, group, "ep", g) else INTER
     alpha = hw.tune.intra_latency_s if tier == INTRA else hw.tune.inter_latency_s
