@@ -38,7 +38,7 @@ def _storage(nbytes: Any, cuda: bool) -> Num:
     return ceil_div(nbytes, CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES if cuda else nbytes
 
 
-def model_state_bytes(layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
+def model_state_bytes(layout: Layout, parts: RankParts) -> tuple[Num, Num, Num]:
     """(params, grads, optimizer) bytes of a rank: sums over its buckets ((n_blocks - n_alt) x block + n_alt x the
     other MLP kind's block (mixed stacks: DeepSeek's dense prefix, Llama 4's interleave) + first x embeddings +
     last x head), each padded to a multiple of dp; on CUDA every buffer is its own 512-B-rounded storage. Under

@@ -20,14 +20,14 @@ Num: TypeAlias = int | float | np.ndarray
 table, or broadcast against a rank axis)."""
 
 
-def is_array(*values: Any) -> bool:
+def is_array(*values: object) -> bool:
     for v in values:
         if isinstance(v, np.ndarray):
             return True
     return False
 
 
-def where(condition: Any, if_true: Any, if_false: Any) -> Any:
+def where(condition: Num, if_true: Num, if_false: Num) -> Num:
     """`if_true if condition else if_false`, elementwise for arrays."""
     if isinstance(condition, np.ndarray):
         return np.where(condition, if_true, if_false)
@@ -36,20 +36,20 @@ def where(condition: Any, if_true: Any, if_false: Any) -> Any:
     return if_false
 
 
-def any_true(value: Any) -> bool:
+def any_true(value: Num) -> bool:
     """Whether some entry is true (a scalar: itself)."""
     return bool(value.any()) if isinstance(value, np.ndarray) else bool(value)
 
 
-def maximum(a: Any, b: Any) -> Any:
+def maximum(a: Num, b: Num) -> Num:
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
-def minimum(a: Any, b: Any) -> Any:
+def minimum(a: Num, b: Num) -> Num:
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
 
 
-def logical_and(*values: Any) -> Any:
+def logical_and(*values: Num) -> Num:
     """Elementwise and; a scalar False anywhere gives scalar False (it would broadcast to all False)."""
     if any(not isinstance(v, np.ndarray) and not v for v in values):
         return False
@@ -62,7 +62,7 @@ def logical_and(*values: Any) -> Any:
     return out
 
 
-def logical_or(*values: Any) -> Any:
+def logical_or(*values: Num) -> Num:
     """Elementwise or; a scalar True anywhere gives scalar True."""
     if any(not isinstance(v, np.ndarray) and v for v in values):
         return True
@@ -75,18 +75,18 @@ def logical_or(*values: Any) -> Any:
     return out
 
 
-def logical_not(value: Any) -> Any:
+def logical_not(value: Num) -> Num:
     return ~np.asarray(value, dtype=bool) if is_array(value) else not value
 
 
-def ceil_div(a: Any, b: Any) -> Any:
+def ceil_div(a: Num, b: Num) -> Num:
     """ceil(a / b) for non-negative ints (exact, arrays or scalars)."""
     if isinstance(a, np.ndarray) and a.dtype.kind == "f" and type(b) is int and b > 0 and not b & (b - 1):
         return np.ceil(a / b)  # a / 2^k is exact in floats: the same value, without the slow float floor division
     return -((-a) // b)
 
 
-def select(index: Any, options: list[Any]) -> Any:
+def select(index: Num, options: list[Num]) -> Num:
     """options[index], elementwise for an array of indices (every option already computed)."""
     if isinstance(index, np.ndarray):
         out = options[0]
@@ -96,7 +96,7 @@ def select(index: Any, options: list[Any]) -> Any:
     return options[int(index)]
 
 
-def take_rows(value: Any, rows: Any, n: int) -> Any:
+def take_rows(value: Num, rows: np.ndarray | slice, n: int) -> Num:
     """value restricted to `rows` when its first axis runs over the n rows of a table (else value itself: a
     scalar, or an array that broadcasts along that axis)."""
     if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n and n != 1:
@@ -129,7 +129,7 @@ def per_value(column: Any, fn: Callable[..., Any], *tables: Any) -> Any:
     return _scatter(pieces, len(flat))
 
 
-def _scatter(pieces: list[tuple[Any, Any]], n: int) -> Any:
+def _scatter(pieces: list[tuple[Num, Num]], n: int) -> Any:
     arrays = [(rows, np.asarray(out, dtype=np.float64)) for rows, out in pieces]
     trailing = np.broadcast_shapes(*(a.shape[1:] if a.ndim else () for _, a in arrays))
     out = np.zeros((n,) + trailing)
@@ -147,7 +147,7 @@ def select_present(index: np.ndarray, options: dict[int, Any]) -> Any:
     return out
 
 
-def as_int(value: Any) -> Any:
+def as_int(value: Num) -> Num:
     """int(round(x)) for a scalar, np.rint for arrays (both round half to even)."""
     return np.rint(value) if is_array(value) else int(round(value))
 

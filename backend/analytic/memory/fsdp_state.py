@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -206,7 +206,7 @@ def unsharded_at_peak(model: ModelSpec, layout: Layout, pp_rank: Num, parts: Ran
     interleaved = logical_and(layout.pipelined, layout.schedule == PipelineSchedule.INTERLEAVED_1F1B,
                               layout.virtual_stages >= 2)
 
-    def state(lay: Layout, rank: Num, prt: RankParts) -> tuple[Any, Any]:
+    def state(lay: Layout, rank: Num, prt: RankParts) -> tuple[Num, Num]:
         counts = per_distinct(lambda pp, v, mb, zero, r: interleaved_rank_counts(pp, v, mb, zero, r, model.n_layers),
                               lay.pp, lay.virtual_stages, lay.microbatches, lay.zero_stage, rank)
         blocks_unsh, root_on, blocks_grad, emb_grad, head_grad, fwd_blocks, fwd_root = (

@@ -211,7 +211,7 @@ def attention_composition(kinds: tuple[tuple[bool, bool], ...], pp: int, virtual
     return sum(kinds[i][0] for i in layers), sum(kinds[i][1] for i in layers)
 
 
-def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Num) -> tuple[Any, Any] | None:
+def attention_kind_counts(model: ModelSpec, layout: Layout, pp_rank: Num) -> tuple[Num, Num] | None:
     """(rotary blocks, windowed blocks) a rank holds when the model's blocks differ in attention kind (windows with
     global layers, NoPE layers); None when every block is like block 0."""
     kinds = tuple(layer_attention_kind(model, i) for i in range(model.n_layers))

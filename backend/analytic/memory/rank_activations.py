@@ -157,7 +157,7 @@ def _policy_memo(shape: LayerShape) -> Callable[[str], float]:
     return block
 
 
-def autocast_casts(model: ModelSpec, layout: Layout, parts: RankParts) -> tuple[Any, Any, Any]:
+def autocast_casts(model: ModelSpec, layout: Layout, parts: RankParts) -> tuple[Num, Num, Num]:
     """(block Linear weights, lm_head weight, block Linear biases) as autocast's 16-bit casts: every Linear runs on
     cast copies of its fp32 weight and bias; the matmul saves the weight copy for backward, the bias copy lives in
     autocast's cache until the autocast region exits. A tied model without pipeline stages runs lm_head on

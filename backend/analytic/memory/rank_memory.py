@@ -63,7 +63,7 @@ class RankMemory:
     these."""
 
     @property
-    def moments(self) -> tuple[Any, Any, Any, Any]:
+    def moments(self) -> tuple[Num, Num, Num, Num]:
         """(activation peak, optimizer.step, start of the loss's backward, inside backward): estimate.RankEstimate's
         `moments`, in its order."""
         return (self.total_bytes, self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes,
@@ -97,7 +97,7 @@ def model_state(model: ModelSpec, layout: Layout, position: RankPosition, parts:
     if layout.stack is not None:
         return stack_model_state(model, layout, position, parts, unsharded)
 
-    def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Any, Any, Any]:
+    def state(lay: Layout, pos: RankPosition, prt: RankParts, kind: int) -> tuple[Num, Num, Num]:
         if kind == _SHARDED:
             out = sharded_state(lay, prt, unsharded_at_peak(model, lay, pos.pp_rank, prt) if unsharded
                                 else UnshardedAtPeak(0, 0))
@@ -189,7 +189,7 @@ def loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:
 
 
 def worst_rank_memory(model: ModelSpec, layout: Layout, first_rank_only: bool = False,
-                      later_ranks_only: bool = False) -> tuple[Any, Any]:
+                      later_ranks_only: bool = False) -> tuple[Num, Num]:
     """(bytes at its fullest moment, pipeline rank) of each layout's fullest rank: `RankMemory.fullest_bytes`, the
     number `estimate` gives each rank (RankEstimate.fullest_bytes). The worst rank sits at tp index 0 and FSDP dp
     index 0 (torch.chunk gives the first chunks the most rows) and, under ZeRO-1, at the dp index that owns the

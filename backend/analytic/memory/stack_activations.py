@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic import moe_rows
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout
@@ -91,7 +91,7 @@ def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int) -> tuple
     return plain, unit, layer_activation_bytes(shape, "none")
 
 
-def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Any, Any, Any]:
+def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Num, Num, Num]:
     """`_block_terms` of every layout (once per distinct micro-batch, tp, SP, recompute, ep, cp); alt: of the blocks
     whose MLP kind differs from block 0's (a dense prefix before MoE blocks, or an interleave)."""
     stack: StackMemory = layout.stack

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.device import CUDA
 from backend.analytic.expert_layout import ExpertLayout
@@ -90,7 +90,7 @@ def stack_model_state(model: ModelSpec, layout: Layout, position: RankPosition, 
     FSDP2 with nothing unsharded (memory/state_floor.py's resting state)."""
     s: StackMemory = layout.stack
     if s.mechanism == "megatron":
-        def megatron(lay: Layout, pos: RankPosition, prt: RankParts, fsdp: bool) -> tuple[Any, Any, Any]:
+        def megatron(lay: Layout, pos: RankPosition, prt: RankParts, fsdp: bool) -> tuple[Num, Num, Num]:
             out = fsdp2_state(model, lay, pos, prt, unsharded) if fsdp else megatron_state(model, lay, pos, prt)
             return out.params_bytes, out.grads_bytes, out.optimizer_bytes
         return ModelStateBytes(*per_value(layout.fsdp, megatron, layout, position, parts))

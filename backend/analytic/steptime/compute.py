@@ -120,7 +120,7 @@ def default_implementation(hw: Hardware) -> str:
 
 
 def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Num, n_out: Num, cb: float,
-                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Any, Any]:
+                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
     float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time) or Transformer Engine's (fp8_gemms
     "transformer_engine": stack_kernels.te_float8_gemm_time)."""
@@ -297,7 +297,7 @@ def head_pass(model: ModelSpec, layout: Layout, hw: Hardware, *, kernel_launches
                     bwd_s=memory_s(hw, CE_BWD_BYTES_PER_LOGIT * logits, kernels, cls="cross_entropy"))
 
 
-def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Any, Any, Any, Any], implementation: str,
+def param_pass(hw: Hardware, layout: Layout, sizes: tuple[Num, Num, Num, Num], implementation: str,
                autocast: Num | None = None) -> PassCost:
     """Per-microbatch passes over a group of parameters under autocast ("torch" only, elementwise.param_passes):
     weight casts forward (again in a full recompute), gradient casts and accumulation backward. `sizes`: (GEMM

@@ -16,7 +16,7 @@ Recompute (full, or selective's checkpointed core) runs the forward's ring again
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.scalar_or_array import maximum, where
@@ -42,7 +42,7 @@ class RingTime:
     all_to_all_s: Num
 
 
-def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Any, Any]:
+def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
     """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): traffic.cp_kv_bytes."""
     elems = 2 * layout.micro_batch * layout.seq_local(model) * (model.n_heads // layout.tp) * model.head_dim
     return elems * layout.compute_bytes, elems * MASTER_BYTES

@@ -13,7 +13,7 @@ scalar tunables (pure Python + numpy; sizes may be arrays, one entry per layout)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def attention_flops(b: Num, heads: Num, seq: Num, head_dim: Num, causal: bool = 
     return 4 * b * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
-def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Num, causal: bool = True) -> tuple[Any, Any]:
+def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Num, causal: bool = True) -> tuple[Num, Num]:
     """(forward, backward) fraction of peak of a fused attention kernel: the profile's table (the kernel, else its
     flash rows), else attention_flash_efficiency for both. flash-triton falls back to flash1 before flash: the
     FlashAttention-2 paper measures the Triton port within 10% of FlashAttention v1 (Dao 2023 Fig. 4, A100)."""
@@ -109,7 +109,7 @@ def attention_efficiency(hw: Hardware, kernel: str, seq: Num, head_dim: Num, cau
 
 
 def attention_time(hw: Hardware, precision: str, kernel: str, b: Num, heads: Num, seq: Num, head_dim: Num,
-                   causal: bool = True) -> tuple[Any, Any]:
+                   causal: bool = True) -> tuple[Num, Num]:
     """(forward, backward) seconds of one fused attention call on one rank (module docstring)."""
     peak = hw.peak_of(PRECISION_DTYPE.get(str(precision), "fp32"))
     fwd_eff, bwd_eff = attention_efficiency(hw, kernel, seq, head_dim, causal)

@@ -137,7 +137,7 @@ def _bin_groups(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     return groups, lookup[key]
 
 
-def _layer_gemm_s(model: ModelSpec, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Any, Any]:
+def _layer_gemm_s(model: ModelSpec, layout: Layout, hw: Hardware, part: str = "block") -> tuple[Num, Num]:
     """One layer's (forward, backward) GEMMs (compute.weights_cost: forward, dgrad and wgrad shapes; experts see
     tokens·top_k·ep/E rows under uniform routing; a cp rank's seq_len / cp tokens), added in the block's parameter
     order; timed once per distinct (tp, micro-batch, ep, cp) and profile. part: as _block_linears."""
@@ -216,7 +216,7 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct, lookup[v]
 
 
-def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Num, model: ModelSpec, cb: float) -> tuple[Any, Any]:
+def _head_gemms_s(hw: Hardware, layout: Layout, tokens: Num, model: ModelSpec, cb: float) -> tuple[Num, Num]:
     """lm_head's (forward, backward) GEMMs (tokens x d_model x vocab/tp), once per distinct (micro-batch, tp, cp)."""
     if not isinstance(tokens, np.ndarray) and not isinstance(layout.tp, np.ndarray):
         return weight_gemms_s(hw, layout.precision, tokens, model.d_model, model.vocab_size / layout.tp, cb)
@@ -350,7 +350,7 @@ class _BlockCosts:
         """One block 0's backward (what DDP's bucketed all-reduce overlaps with, per block)."""
         return self.gemm[0][1] + self.attention[0].bwd_s + self.elementwise.bwd_s
 
-    def _per_layer(self, gemm: tuple[Any, Any], attention: Any) -> Num:
+    def _per_layer(self, gemm: tuple[Num, Num], attention: Any) -> Num:
         forward = gemm[0] + attention.fwd_s + self.elementwise.fwd_s
         backward = gemm[1] + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
         rerun = self.rerun  # recompute_cost.RerunShare: the shares of the forward re-run in backward
@@ -395,7 +395,7 @@ def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: in
     return dispatcher_bandwidth_s(model, layout, hw, gpus_per_node, payload=payload, sent_tokens=tokens, passes=passes)
 
 
-def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Any, Any]:
+def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Num, Num]:
     """(within one node, bytes/s per rank) of a data-parallel group of `group` tp-strided ranks (dp_sync's tiers)."""
     stride = group_stride(layout.tp, group, "dp")
     intra = within_node(stride, group, "dp", gpus_per_node)

@@ -11,7 +11,7 @@ Zero-bubble schedules assume the ZB paper's unit costs T_F = T_B = T_W (Qi et al
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -88,7 +88,7 @@ def _minimum(a: Num, b: Num) -> Num:
     return b + (a - b) * (a < b)
 
 
-def in_flight_terms(schedule: str, *, p: Num, m: Num, v: Num = 1) -> tuple[Any, Any, Any]:
+def in_flight_terms(schedule: str, *, p: Num, m: Num, v: Num = 1) -> tuple[Num, Num, Num]:
     """(cap, base, per_stage): rank `stage` holds min(cap, base + per_stage · (p - stage)) forwards at its peak
     (ints or numpy int arrays; the stage enters only through p - stage)."""
     if schedule == "gpipe":
