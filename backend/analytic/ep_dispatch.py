@@ -93,6 +93,10 @@ class Dispatch:
             return tokens
         return where(logical_and(tp > 1, sequence_parallel), tokens // tp, tokens)
 
+    def layout_tokens(self, model: ModelSpec, layout: Layout) -> Num:
+        """`tokens` of one layout's (b, s/cp) microbatch (one layout or arrays of them)."""
+        return self.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
+
 
 def all_to_all_payload_bytes(model: ModelSpec, sent_tokens: Num, row_bytes: int) -> Num:
     """One MoE block's all-to-all input bytes for one microbatch, dispatch and combine, forward and backward (GShard
@@ -159,6 +163,6 @@ def dispatcher_buffer_bytes(model: ModelSpec, layout: Layout) -> Num:
     if not model.is_moe or str(model.moe_dispatcher) != "allgather":
         return 0
     dispatch = Dispatch.of_layout(layout)
-    tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
+    tokens = dispatch.layout_tokens(model, layout)
     group, _ = dispatch_group(layout)
     return where(layout.ep > 1, allgather_bytes(model, tokens, dispatch.row_bytes(str(layout.precision)), group), 0)

@@ -388,7 +388,7 @@ def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: in
     if not model.is_moe:
         return 0.0
     dispatch = Dispatch.of_layout(layout)  # the rows and their dtype as the stack's dispatcher sends them
-    tokens = dispatch.tokens(layout.micro_batch * layout.seq_local(model), layout.tp, layout.sequence_parallel)
+    tokens = dispatch.layout_tokens(model, layout)
     row_bytes = dispatch.row_bytes(str(layout.precision))
     passes = layout.microbatches * moe_blocks
     payload = passes * all_to_all_payload_bytes(model, tokens, row_bytes)
