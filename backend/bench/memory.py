@@ -241,6 +241,10 @@ def _fsdp_tracker(roots: list[nn.Module], optimizer: torch.optim.Optimizer, hook
 
             return flagged
 
+        def track_as(self, tensors: Iterable[torch.Tensor], category: Any) -> None:
+            for t in tensors:
+                self._update_and_maybe_create_winfos(t, category)
+
         def _track_ignored_params(self) -> None:
             """Params no FSDP group manages (ignored_params: plain experts, or experts split over tp by etp, which are
             DTensors FSDP does not own): rank-local state, counted as sharded. An FSDP group's sharded params are
@@ -331,6 +335,14 @@ def track_inputs(tracker: Any, tensors: Iterable[torch.Tensor]) -> None:
         tracker.track_inputs(tensors)
     else:
         tracker.track_external(*tensors)
+
+
+def track_resident(tracker: Any, tensors: Iterable[torch.Tensor]) -> None:
+    """Tensors a strategy keeps from step to step beside its modules and optimizer (`Prepared.resident`: the pipeline
+    receive buffers), made before tracking starts: booked as activations, where the prediction counts them. Left
+    untracked, the tracker saw only those an op happened to write during the step."""
+    category = _MemRefType.ACT if isinstance(tracker, CategoryMemTracker) else _FSDPRefType.ACT
+    tracker.track_as(tensors, category)
 
 
 def breakdown(tracker: Any, device: torch.device, states: torch.device | None = None) -> dict[str, Any]:

@@ -136,6 +136,7 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=has_split_backward(ctx),
                                   skip_gathers=ctx.spec.parallel.pp == 1)
     memory.track_inputs(tracker, batch)
+    memory.track_resident(tracker, prep.resident())
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
     # entered first: the innermost mode, below the tracker (backend/bench/settle.py says why)

@@ -102,6 +102,9 @@ class Prepared:
     """JSON-serialisable data the strategy measured, for engine/assemble.py; travels in the rank payload under
     "extra". engine/loop.py keeps the objects the memory-tracked step left here: replace a per-step record each step
     (ep's "moe_routing"), update a running value in place (fp16's "loss_scaling")."""
+    resident: Callable[[], list[torch.Tensor]] = list
+    """Tensors the strategy keeps from step to step beside the modules and the optimizer state, made during a step
+    (the pipeline stages' receive buffers): a memory-tracked step counts them from its start."""
 
 
 def dp_slice(batch: torch.Tensor, ctx: RankContext) -> torch.Tensor:

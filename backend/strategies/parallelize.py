@@ -104,7 +104,8 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if scaling.enabled:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
-                    notes=_notes(ctx, ids, ep, distributed), extra=extra)
+                    notes=_notes(ctx, ids, ep, distributed), extra=extra,
+                    resident=step.recv_buffers if p.pp > 1 else list)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 

@@ -200,12 +200,22 @@ class PipelineStep:
                             n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling),
                             scale_grads=distributed is None)
         self.use_autocast = uses_autocast(ctx.spec)
+        self.stages = stages
         self.ctx, self.tail, self.timeline, self.mods = ctx, tail, timeline_out, mods
         self.first, self.last = 0 in ids, n_stages - 1 in ids
         self.calls = 0
         self.record_call = timeline.capture_call(ctx.spec.train.warmup_steps, ctx.spec.train.steps)
         self.sync_tied = (tied_embedding_sync(ctx, ids, mods, grad_of=distributed.main_grad if distributed else None)
                           if ctx.spec.model.tie_embeddings else None)
+
+    def recv_buffers(self) -> list[torch.Tensor]:
+        """The stages' receive buffers: one per microbatch for each stage input (`args_recv_info`) and each output
+        gradient (`grad_recv_info`), which torch allocates in the first step and keeps (stage.py
+        `_create_act_recv_info`, `_create_grad_recv_info`); a V schedule's same-rank hand-over rebinds them
+        (`set_local_fwd_input`, `set_local_bwd_input`) to tensors that also stay until the next."""
+        infos = [i for s in self.stages for by_mb in (s.args_recv_info, s.grad_recv_info) for t in by_mb.values()
+                 for i in t]
+        return [i.buffer for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor)]
 
     def _run_schedule(self, x: torch.Tensor, y: torch.Tensor) -> float:
         losses: list = []

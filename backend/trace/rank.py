@@ -109,6 +109,7 @@ def trace_rank(spec: ExperimentSpec, rank: int, device_type: str = "cpu") -> dic
         t = time.perf_counter()
         tracker = memory.make_tracker(prep.modules, prep.optimizer, fsdp=prep.fsdp, hookless=has_split_backward(ctx))
         memory.track_inputs(tracker, batches[1])
+        memory.track_resident(tracker, prep.resident())
         with memory.tracking(tracker, prep.modules):
             prep.train_step(*batches[1])
         mem = memory.breakdown(tracker, device, ctx.placement.states)
