@@ -16,7 +16,7 @@ import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.memory import activations as A
-from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
+from backend.analytic.pipelining import held_grad_buffers, held_stage_inputs, held_stage_outputs
 from backend.spec import ExperimentSpec
 from tests.helpers.farm import engine_job, uses
 
@@ -58,21 +58,22 @@ def test_1f1b_last_stage_grows_with_microbatches_not_in_flight():
 
 def test_1f1b_first_stage_keeps_one_sent_output_beyond_in_flight():
     # 2 microbatches in flight (p - stage), outputs: 2 in fwd_cache + the warm-up send Work's; the last block's
-    # MLP output next to the closing residual add; pos per in-flight microbatch
-    assert acts(pp("1f1b"))[0] == 2 * 2 * BLOCK + 3 * BUF + BUF + 2 * POS
+    # MLP output next to the closing residual add; pos per in-flight microbatch; 8 output-gradient recv buffers
+    assert acts(pp("1f1b"))[0] == 2 * 2 * BLOCK + 3 * BUF + BUF + 2 * POS + 8 * BUF
 
 
 def test_gpipe_last_stage_holds_every_loss_graph():
     # all 8 microbatches in flight: their blocks (inputs = the 8 recv buffers), 8 heads,
     # scalars: 8 losses + 8 total_weight + the seed
     assert acts(pp("gpipe"))[1] == 8 * 2 * BLOCK + 8 * HEAD + 4 * (8 + 8 + 1)
-    assert acts(pp("gpipe"))[0] == 8 * 2 * BLOCK + 8 * BUF + BUF + 8 * POS
+    assert acts(pp("gpipe"))[0] == 8 * 2 * BLOCK + 8 * BUF + BUF + 8 * POS + 8 * BUF  # + grad recv buffers
 
 
 def test_interleaved_sending_stage_holds_all_outputs():
     # rank 1 holds stages 1 and 3 (1 layer each): 3 chunks in flight (inputs counted as held inputs),
-    # 2 x 8 input buffers, stage 1 sends 8 outputs kept by `send_ops`, one loss graph + scalars
-    want = 3 * BLOCK - 3 * BUF + 16 * BUF + 8 * BUF + HEAD + 4 * (8 + 1 + 1)
+    # 2 x 8 input buffers, stage 1's 8 output-gradient buffers, stage 1 sends 8 outputs kept by `send_ops`, one loss
+    # graph + scalars
+    want = 3 * BLOCK - 3 * BUF + 16 * BUF + 8 * BUF + 8 * BUF + HEAD + 4 * (8 + 1 + 1)
     assert acts(pp("interleaved_1f1b"))[1] == want
 
 
@@ -85,6 +86,18 @@ def test_held_outputs_per_schedule():
     assert held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
     assert held_stage_outputs("gpipe", stages=[3], **kw) == 0
     assert held_stage_inputs(m=8, stages=[0, 3]) == 8
+    assert held_grad_buffers(m=8, stages=[0, 3], n_stages=4) == 8
+    assert held_grad_buffers(m=8, stages=[1, 2], n_stages=4) == 16
+
+
+def test_recv_buffers_stay_through_the_optimizer_step():
+    """The receive buffers are alive from step to step: the optimizer.step moment keeps them (8 input + 8
+    output-gradient buffers on zbv's rank 1, stages 1 and 2 of 4)."""
+    r = estimate(pp("zbv")).per_rank[1]
+    assert r.recv_buffer_bytes == (8 + 8) * 2 * BUF
+    assert r.moments()["optimizer_step"] == r.total_bytes - r.activations_bytes + r.optimizer_temp_bytes \
+        + r.recv_buffer_bytes
+    assert estimate(spec("ddp", strategy="ddp", world_size=2)).per_rank[0].recv_buffer_bytes == 0
 
 
 def test_moe_experts_hidden_split_over_tp():
@@ -104,9 +117,9 @@ def test_tp_moe_layer_uses_split_experts():
 
 def test_full_recompute_first_stage_peaks_at_the_rerun_block():
     # 1F1B stage 0, 2 microbatches in flight: checkpoints keep each block's input (2 x 2 x BUF), 3 held outputs,
-    # pos x 2; the last block's re-run in backward adds one block minus its input (no head on this stage, and
-    # the end-of-forward MLP transient is gone by then)
-    held = 2 * 2 * BUF + 3 * BUF + 2 * POS
+    # pos x 2, 8 output-gradient recv buffers; the last block's re-run in backward adds one block minus its input (no
+    # head on this stage, and the end-of-forward MLP transient is gone by then)
+    held = 2 * 2 * BUF + 3 * BUF + 2 * POS + 8 * BUF
     assert acts(pp("1f1b", recompute="full"))[0] == held + BLOCK - BUF
 
 

@@ -71,9 +71,17 @@ from backend.spec import ExperimentSpec, ModelSpec
 # only on zero bubble, ZBV and DualPipeV layouts, all up (+0.02% .. +438%: Llama-70B ZBV tp8 pp16 full recompute at
 # micro-batch 8, its last rank's 31 waiting chunks' output gradients).
 # STEP_TIMES_BEFORE is unchanged.
-ESTIMATES_BEFORE = "ca783e25eb8379464ea4"
+# Issue 32 again (every pipeline receive buffer: torch keeps one per microbatch for each non-last stage's output
+# gradient too, stage.py `_create_grad_recv_info`; the traced fixtures now count them all): moved ESTIMATES_BEFORE
+# (ca783e25eb8379464ea4 before) and PLANNER_BEFORE (52fbd720e057f5036d5e before); compared entry by entry with
+# 317d8ac: every estimate gains the per-rank field recv_buffer_bytes (0 without pipelining); the 492 of 846 that moved
+# otherwise are all pipelined, only in activations_bytes, total_bytes, loss_backward_bytes, backward_bytes,
+# fullest_bytes and fullest_moment, all up (fullest +0.10% .. +9.30% on 2,500 ranks); planner rows moved only on
+# pipelined layouts, all up (29,845 of 47,208 rows of all five cases, +0.002% .. +75.0%: Llama-70B tp8 pp64 1F1B at
+# 512 microbatches, 64 GiB of output-gradient buffers; the worst pipeline rank on 949). STEP_TIMES_BEFORE is unchanged.
+ESTIMATES_BEFORE = "8d5d41b9dd44983a1424"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "52fbd720e057f5036d5e"
+PLANNER_BEFORE = "df4158f56fde395bb11d"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

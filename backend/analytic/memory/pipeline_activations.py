@@ -53,27 +53,41 @@ def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Nu
     return where(senders == 0, 0, kept)
 
 
+def boundary_bytes(model: ModelSpec, layout: Layout, autocast: Num) -> Num:
+    """One microbatch's stage input or output: the residual stream (fp32 under autocast), sequence-split under SP."""
+    return (layout.micro_batch * layout.seq_local(model) / where(layout.sequence_parallel, layout.tp, 1)
+            * model.d_model * where(autocast, 4, layout.compute_bytes))
+
+
+def recv_buffer_bytes(model: ModelSpec, layout: Layout, parts: RankParts, autocast: Num) -> Num:
+    """The rank's stages' receive buffers, one per microbatch for every non-first stage's input and every non-last
+    stage's output gradient (analytic/pipelining.py held_stage_inputs; stage.py `_create_grad_recv_info`). torch
+    allocates them in the first step and keeps them, so they are alive at every moment, optimizer.step included."""
+    stages, v = parts.stages, layout.virtual_stages
+    return boundary_bytes(model, layout, autocast) * layout.microbatches * (2 * v - stages.first - stages.last)
+
+
 def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, terms: tuple,
                    autocast: Num) -> Num:
     """A pipeline rank's saved bytes when its activations peak: after its last forward (stages without the
     loss) or at the start of the last stage's last backward (the loss seed just made). terms: (blocks, emb_head,
     shard) with blocks = all of the rank's blocks of one microbatch."""
     blocks, emb_head, shard = terms
-    stages, mb, v = parts.stages, layout.microbatches, layout.virtual_stages
+    stages, v = parts.stages, layout.virtual_stages
     units = in_flight(layout, pp_rank)
-    # one stage input / output: the residual stream (fp32 under autocast), sequence-split under SP
     seq = layout.seq_local(model)
-    buf = layout.micro_batch * seq * model.d_model / where(layout.sequence_parallel, layout.tp, 1) \
-        * where(autocast, 4, layout.compute_bytes)
+    buf = boundary_bytes(model, layout, autocast)
     non_first = v - stages.first
     total = blocks * units / v  # in-flight chunks, each chunk's input included
-    total = total - units * buf * non_first / v  # non-first inputs: counted as held inputs
-    total = total + buf * (mb * non_first + held_stage_outputs(layout, parts, units, pp_rank))
+    total = total - units * buf * non_first / v  # non-first inputs: counted as receive buffers
+    total = total + recv_buffer_bytes(model, layout, parts, autocast)
+    total = total + buf * held_stage_outputs(layout, parts, units, pp_rank)
     learned_pos = str(getattr(model, "positions", "learned")) == "learned"
     if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage
         total = total + where(stages.first, units / v * seq * INDEX_BYTES, 0.0)
     head = emb_head - seq * INDEX_BYTES * learned_pos - LOSS_BYTES
     head = head + shard
+    mb = layout.microbatches
     k = where(layout.schedule == PipelineSchedule.GPIPE, mb, 1)  # textbook/pipeline.last_stage_in_flight
     # fp32 scalars: every microbatch's loss (kept to the step's end), nll_loss's total_weight per in-flight loss
     # graph, the ones_like loss seed of the backward (_backward.py stage_backward)

@@ -24,6 +24,7 @@ from backend.analytic.memory.fsdp_state import UnshardedAtPeak, unsharded_at_pea
 from backend.analytic.memory.model_state import ModelStateBytes, replicated_state, sharded_state
 from backend.analytic.memory.optimizer_step import step_temp_bytes_of
 from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
+from backend.analytic.memory.pipeline_activations import recv_buffer_bytes
 from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
 from backend.analytic.memory.split_backward import split_backward_bytes
@@ -60,13 +61,17 @@ class RankMemory:
     """At the fullest moment inside backward (memory/backward_moment.py)."""
     optimizer_temp_bytes: Num = 0
     """optimizer.step's temporaries (memory/optimizer_step.py); the optimizer.step moment is total - activations +
-    these."""
+    these + recv_buffer_bytes."""
+    recv_buffer_bytes: Num = 0
+    """The pipeline stages' receive buffers (pipeline_activations.recv_buffer_bytes): part of activations_bytes, and
+    alive through optimizer.step too."""
 
     @property
     def moments(self) -> tuple[Num, Num, Num, Num]:
         """(activation peak, optimizer.step, start of the loss's backward, inside backward): estimate.RankEstimate's
         `moments`, in its order."""
-        return (self.total_bytes, self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes,
+        return (self.total_bytes,
+                self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes + self.recv_buffer_bytes,
                 self.loss_backward_bytes, self.backward_bytes)
 
     @property
@@ -139,7 +144,9 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     backward = maximum(maximum(backward, where(split.pending > 0, total, 0)) + split.pending,
                        where(split.weight_pass > 0, total - activations + acts.held + split.weight_pass, 0))
     temp = step_temp_bytes_of(model, layout, position, parts)
-    return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp)
+    buffers = where(layout.pipelined, recv_buffer_bytes(model, layout, parts, layout.uses_autocast), 0)
+    return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp,
+                      as_int(buffers))
 
 
 def other_bytes(model: ModelSpec, layout: Layout) -> Num:
