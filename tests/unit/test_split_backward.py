@@ -3,8 +3,9 @@ frontier against torch's own action lists, a chunk's gradients between its passe
 on the CPU, and the fullest moment against the traced peaks of tests/fixtures/traced_peaks/split_backward.json
 (recorded once by its record.py, so this check costs no trace): 63 rows, every recompute policy. Before these terms
 38 of them missed 3% (-26.2% .. +7.8% with the engine's grouped weight pass; ZBV full recompute, last rank: -39.9%
-without it); now 3 do, each named in KNOWN_MISSES. DualPipeV's 8 went when the trace counted every pipeline receive
-buffer (the tracker had booked only those an op wrote during the step) and the model the output-gradient ones."""
+without it); none does now (-2.97% .. +2.71%). The last 12 went when the trace counted every pipeline receive buffer
+(DualPipeV's middle and last ranks: the tracker had booked only those an op wrote during the step) and the model the
+output-gradient ones, and when a layers:K weight pass freed its plain blocks before re-running its first checkpoint."""
 
 from __future__ import annotations
 
@@ -128,14 +129,6 @@ def test_pending_grad_bytes_are_what_each_block_keeps_after_the_input_pass(famil
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "traced_peaks" / "split_backward.json"
 ROWS = json.loads(FIXTURE.read_text())["rows"]
 BOUND_PCT = 3.0  # tests/multiprocess/test_fullest_moment.py's
-_LAST_BLOCK_CHECKPOINTED = ("layers:2 checkpoints a chunk's second block: the weight pass re-runs it after the first, "
-                            "plain block's pass, and the moment counts that block's tensors alive (block:1: within 3%)")
-KNOWN_MISSES = {
-    "zero_bubble-layers:2-rank2": _LAST_BLOCK_CHECKPOINTED,
-    "zbv-layers:2-rank2": _LAST_BLOCK_CHECKPOINTED,
-    "zbv-layers:2-rank4": _LAST_BLOCK_CHECKPOINTED,
-}
-"""Rows still outside the bound, each within 8% and each still missing it (remove a row when it is fixed)."""
 
 
 def _row_id(row: dict) -> str:
@@ -146,7 +139,4 @@ def _row_id(row: dict) -> str:
 def test_predicted_fullest_moment_is_the_traced_peak(row: dict) -> None:
     r = estimate(ExperimentSpec.model_validate(row["spec"])).per_rank[row["rank"]]
     pct = (r.fullest_bytes() - row["traced_peak_bytes"]) / row["traced_peak_bytes"] * 100
-    if _row_id(row) in KNOWN_MISSES:
-        assert BOUND_PCT < abs(pct) <= 8.0, f"{pct:+.2f}% ({r.fullest_moment()})"
-    else:
-        assert abs(pct) <= BOUND_PCT, f"{pct:+.2f}% ({r.fullest_moment()})"
+    assert abs(pct) <= BOUND_PCT, f"{pct:+.2f}% ({r.fullest_moment()})"

@@ -292,7 +292,11 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
     peak = as_int(where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward))
-    weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + ck.rerun_blocks * one_block, 0.0)
+    # a weight pass runs its blocks in forward order: layers:K's first checkpoint (a chunk's K-th block) re-runs once
+    # the K - 1 plain blocks before it have freed their saved tensors and 16-bit weight copies
+    ahead = where(layout.recompute == RecomputeMode.LAYERS, k - 1, 0)
+    weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + ck.rerun_blocks * one_block
+                              - ahead * (plain_b + one_block), 0.0)
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              weight_pass_rerun=weight_pass_rerun,
                              blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,

@@ -30,9 +30,17 @@ boundary over its points (the input pass that is running is the moment's own: it
 moment's ledger). Under checkpointing its `weight_pass` is one more candidate: a weight pass re-runs its chunk's blocks
 (once: strategies/pp.WeightPassStage) while every chunk between its passes waits.
 
-Against the engine's full-size trace (tests/fixtures/traced_peaks/split_backward.json, and a 7B-shaped ddp x tp8 x pp4
-at world 64: benchmarks/results/fullest_moment_split.json) zero bubble and ZBV are within 3%; DualPipeV misses by up to
-~6.6% both ways on two toy ranks and two 7B ranks (its base in-flight terms, already off before these terms).
+Under layers:K a weight pass re-runs a chunk's first checkpoint (its K-th block) only after the K - 1 plain blocks
+before it have freed their saved tensors (rank_activations.py `weight_pass_rerun`).
+
+Against the engine's full-size trace, every row of tests/fixtures/traced_peaks/split_backward.json is within 3%, and so
+are zero bubble and ZBV on a 7B-shaped ddp x tp8 x pp4 at world 64 (benchmarks/results/fullest_moment_split.json).
+DualPipeV misses on two of its 7B rows:
+- rank 0 without recompute, +4.68%: its activation peak (the last forward of the V's first leg) comes before that
+  leg's first backward, so that leg's accumulated gradients (replicate's unsharded ones) are not there yet; the model
+  holds them at every moment, and the traced peak is inside that first backward, one chunk lighter;
+- the last rank under full recompute, -3.21%: the trace keeps more boundary-sized tensors than the input passes done
+  (seven after the full backwards), which the model leaves out.
 
 Left out: a MoE block's experts (their grouped matmuls' output gradients: only attention and norms are counted), and
 the first stage's own chunk, whose input pass does nothing (its weight pass runs the whole backward): its pending
