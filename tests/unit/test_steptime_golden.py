@@ -15,8 +15,13 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "4ef7bb4ed66b4f9a1a1e"
-"""Issue 32 moved worst_rank_bytes a fifth time (544d9c154e68a847b6ec before): zero bubble and ZBV hold each chunk's
+DIGEST_BEFORE = "9c60fd449a70cc8f1c5f"
+"""Issue 32 moved worst_rank_bytes a sixth time (4ef7bb4ed66b4f9a1a1e before): every pipeline stage's output-gradient
+receive buffers, one per microbatch, kept from step to step (memory/pipeline_activations.recv_buffer_bytes); compared
+row by row with 317d8ac, the 63 rows that moved are all pipelined (interleaved 24, 1F1B 13, ZBV 13, zero bubble 10,
+GPipe 3), all up (+0.04% .. +45.9%, interleaved pp32 at 256 microbatches: 149.7 -> 218.4 GB), the worst rank moved on
+one; the step_time rows and the 23 others are unchanged.
+Issue 32 moved worst_rank_bytes a fifth time (544d9c154e68a847b6ec before): zero bubble and ZBV hold each chunk's
 Linear / norm output gradients (lm_head's and the final norm's on the last stage) between its input and weight passes
 and each finished input pass's input gradient, and a weight pass re-runs its checkpointed blocks
 (memory/split_backward.py); compared row by row with 40c3e46, the 21 rows that moved are all zero bubble (10) or ZBV
