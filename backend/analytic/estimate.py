@@ -58,6 +58,9 @@ class RankEstimate:
     recv_buffer_bytes: int = 0
     """The pipeline stages' receive buffers (in activations_bytes; torch keeps them from step to step, so they are
     alive inside optimizer.step too); 0 without pipelining."""
+    late_grads_bytes: int = 0
+    """Gradients made only after the activation peak (DualPipeV's rank 0 at m = 2p: its first stage's), not in
+    grads_bytes; alive inside optimizer.step."""
     loss_backward_temp_bytes: int = 0
     """What the start of the loss's backward adds to the end of forward + loss (the log-probs' and logits' fp32
     gradients, activations.loss_backward_extra_bytes), on the rank with the loss; 0 elsewhere."""
@@ -78,7 +81,7 @@ class RankEstimate:
         fullest moment inside backward."""
         return {"activation_peak": self.total_bytes,
                 "optimizer_step": (self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes
-                                   + self.recv_buffer_bytes),
+                                   + self.recv_buffer_bytes + self.late_grads_bytes),
                 "loss_backward": self.loss_backward_bytes, "backward": self.backward_bytes}
 
     def fullest_bytes(self) -> int:
@@ -103,7 +106,8 @@ class RankEstimate:
 
 _RANK_FIELDS = ("rank", "coords", "stages", "layers", "params_count", "params_bytes", "grads_bytes", "optimizer_bytes",
                 "activations_bytes", "other_bytes", "total_bytes", "optimizer_temp_bytes", "recv_buffer_bytes",
-                "loss_backward_temp_bytes", "loss_backward_bytes", "backward_bytes", "comm_bytes", "comm_wire_bytes")
+                "late_grads_bytes", "loss_backward_temp_bytes", "loss_backward_bytes", "backward_bytes", "comm_bytes",
+                "comm_wire_bytes")
 
 
 def estimate_rank(spec: ExperimentSpec, rank: int) -> RankEstimate:
@@ -122,7 +126,7 @@ def estimate_rank(spec: ExperimentSpec, rank: int) -> RankEstimate:
                      loss_backward_bytes=int(memory.loss_backward_bytes), backward_bytes=int(memory.backward_bytes))
     params = local_params(spec, rank)
     r.optimizer_temp_bytes = int(memory.optimizer_temp_bytes)  # memory/optimizer_step.py: the local optimizer's order
-    r.recv_buffer_bytes = int(memory.recv_buffer_bytes)
+    r.recv_buffer_bytes, r.late_grads_bytes = int(memory.recv_buffer_bytes), int(memory.late_grads_bytes)
     if layout.n_stages - 1 in stages and layout.stack is not None:  # a non-default stack's loss (stack_activations.py)
         r.loss_backward_temp_bytes = int(stack_loss_backward_extra(spec.model, layout))
     elif layout.n_stages - 1 in stages:

@@ -81,6 +81,49 @@ def test_frontier_is_the_pareto_front_of_torch_action_lists(schedule: str, v: in
             assert model[pair] == theirs[pair], (rank, pair, model[pair], theirs[pair])
 
 
+def _first_stage_started_at_most_held(p: int, m: int, rank: int) -> bool:
+    """Whether torch 2.13's DualPipeV action list of `rank` reaches its most chunks held at some moment after the
+    rank's first-leg stage (stage `rank`) began its backward."""
+    from torch.distributed.pipelining import schedules as S
+
+    plan = S.ScheduleDualPipeV.__new__(S.ScheduleDualPipeV)
+    plan.pp_group_size, plan.n_local_stages, plan._n_microbatches, plan.rank = p, 2, m, rank
+    plan.number_of_rounds = max(1, m // p)
+    plan.microbatches_per_round = m // plan.number_of_rounds
+    plan.num_stages = plan._num_stages = 2 * p
+    kind = S._ComputationType
+    held = most = 0
+    started = started_at_most = False
+    for action in plan._calculate_single_rank_operations(rank):
+        for a in (action.sub_actions or [action]) if action is not None else []:
+            held += {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
+            started = started or (a.stage_index == rank and a.computation_type in (kind.FULL_BACKWARD,
+                                                                                  kind.BACKWARD_INPUT))
+            if held > most:
+                most, started_at_most = held, started
+            elif held == most:
+                started_at_most = started_at_most or started
+    return started_at_most
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_dualpipev_rank0_peaks_before_its_first_stage_backward_only_at_2p_microbatches(p: int) -> None:
+    """first_leg_late_grad_bytes' condition against torch's plans: rank 0 at m = 2p holds its most chunks only before
+    stage 0's first backward; at more microbatches, and on every other rank, that count comes again after it. Under
+    replicate (dp 2) the model then leaves stage 0's unsharded gradients out of the activation peak, nowhere else."""
+    for m in range(2 * p, 4 * p + 1, 2):
+        for rank in range(p):
+            late = not _first_stage_started_at_most_held(p, m, rank)
+            assert late == (rank == 0 and m == 2 * p), (m, rank)
+            spec = ExperimentSpec.model_validate({
+                "model": {"vocab_size": 64, "d_model": 32, "n_layers": 2 * p, "n_heads": 4, "seq_len": 16},
+                "train": {"global_batch": 2 * m, "micro_batch": 1},
+                "parallel": {"strategy": "ddp", "world_size": 2 * p, "pp": p, "pp_schedule": "dualpipev",
+                             "virtual_stages": 2}})
+            r = next(x for x in estimate(spec).per_rank if x.coords["pp"] == rank)
+            assert (r.late_grads_bytes > 0) == late, (m, rank)
+
+
 def _input_pass_bytes(model_fields: dict, n_layers: int, recompute: str) -> tuple[int, float]:
     """(bytes the input pass leaves alive, pending_grad_bytes of one block) for a middle stage of `n_layers` of the
     engine's blocks under bf16 autocast, measured with the engine's memory tracker on the CPU."""

@@ -27,7 +27,7 @@ from backend.analytic.memory.parts import RankParts, is_mixed, rank_parts
 from backend.analytic.memory.pipeline_activations import recv_buffer_bytes
 from backend.analytic.memory.pipelined_backward import sent_grad_bytes
 from backend.analytic.memory.rank_activations import rank_activation_moments, rank_activation_terms
-from backend.analytic.memory.split_backward import split_backward_bytes
+from backend.analytic.memory.split_backward import first_leg_late_grad_bytes, split_backward_bytes
 from backend.analytic.memory.stack_activations import stack_activation_bytes, stack_blocks, stack_loss_backward_extra
 from backend.analytic.memory.stack_backward import stack_backward_bytes
 from backend.analytic.memory.stack_states import stack_model_state, step_temp_bytes_of_stack
@@ -61,17 +61,21 @@ class RankMemory:
     """At the fullest moment inside backward (memory/backward_moment.py)."""
     optimizer_temp_bytes: Num = 0
     """optimizer.step's temporaries (memory/optimizer_step.py); the optimizer.step moment is total - activations +
-    these + recv_buffer_bytes."""
+    these + recv_buffer_bytes + late_grads_bytes."""
     recv_buffer_bytes: Num = 0
     """The pipeline stages' receive buffers (pipeline_activations.recv_buffer_bytes): part of activations_bytes, and
     alive through optimizer.step too."""
+    late_grads_bytes: Num = 0
+    """Gradients made after the activation peak (split_backward.first_leg_late_grad_bytes): not in grads_bytes, alive
+    at optimizer.step."""
 
     @property
     def moments(self) -> tuple[Num, Num, Num, Num]:
         """(activation peak, optimizer.step, start of the loss's backward, inside backward): estimate.RankEstimate's
         `moments`, in its order."""
         return (self.total_bytes,
-                self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes + self.recv_buffer_bytes,
+                self.total_bytes - self.activations_bytes + self.optimizer_temp_bytes + self.recv_buffer_bytes
+                + self.late_grads_bytes,
                 self.loss_backward_bytes, self.backward_bytes)
 
     @property
@@ -129,6 +133,8 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
         return _stack_rank_memory(model, layout, position, parts, state)
     acts = rank_activation_moments(model, layout, position.pp_rank, parts)
     split = split_backward_bytes(model, layout, position.pp_rank, parts, acts)
+    late = first_leg_late_grad_bytes(layout, position.pp_rank, parts)
+    grads = grads - late
     activations = acts.peak
     other = other_bytes(model, layout)
     total = params + grads + optimizer + activations + other
@@ -146,7 +152,7 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     temp = step_temp_bytes_of(model, layout, position, parts)
     buffers = where(layout.pipelined, recv_buffer_bytes(model, layout, parts, layout.uses_autocast), 0)
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp,
-                      as_int(buffers))
+                      as_int(buffers), as_int(late))
 
 
 def other_bytes(model: ModelSpec, layout: Layout) -> Num:

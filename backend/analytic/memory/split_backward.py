@@ -35,10 +35,12 @@ before it have freed their saved tensors (rank_activations.py `weight_pass_rerun
 
 Against the engine's full-size trace, every row of tests/fixtures/traced_peaks/split_backward.json is within 3%, and so
 are zero bubble and ZBV on a 7B-shaped ddp x tp8 x pp4 at world 64 (benchmarks/results/fullest_moment_split.json).
-DualPipeV misses on two of its 7B rows:
-- rank 0 without recompute, +4.68%: its activation peak (the last forward of the V's first leg) comes before that
-  leg's first backward, so that leg's accumulated gradients (replicate's unsharded ones) are not there yet; the model
-  holds them at every moment, and the traced peak is inside that first backward, one chunk lighter;
+DualPipeV's rank 0 at m = 2p reaches its activation peak before its first stage's first backward, so that stage's
+gradients are made later (`first_leg_late_grad_bytes`; 7B without recompute: +4.68% -> -0.56%). Two 7B DualPipeV rows
+still miss:
+- rank 0 under full recompute, -4.69%: its traced peak is inside that first backward of stage 0 (a full backward, its
+  re-run block and 0.80 GiB of temporaries, every gradient made), 0.48 GiB above the model's moment inside backward;
+  it was within 3% (-0.71%) only while the model held those gradients at its loss-backward moment too;
 - the last rank under full recompute, -3.21%: the trace keeps more boundary-sized tensors than the input passes done
   (seven after the full backwards), which the model leaves out.
 
@@ -57,6 +59,7 @@ from backend.analytic.memory.activations import LayerShape, linears_of
 from backend.analytic.memory.pipeline_activations import in_flight, split_backward
 from backend.analytic.memory.pipelined_backward import stage_grad_bytes
 from backend.analytic.scalar_or_array import logical_and, maximum, where
+from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
     from backend.analytic.memory.parts import RankParts
@@ -140,3 +143,18 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
     return SplitBackwardBytes(pending=where(split, pending, 0.0),
                               weight_pass=where(logical_and(split, acts.weight_pass_rerun > 0),
                                                 weight_pass + acts.weight_pass_rerun, 0.0))
+
+
+def first_leg_late_grad_bytes(layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
+    """Gradients DualPipeV's pipeline rank 0 makes only after its activation peak, at m = 2p microbatches: it holds its
+    most chunks once, at the last forward of its V's first leg (stage 0), before that stage's first backward (torch
+    2.13's action list; more microbatches reach that count again after it: tests/unit/test_split_backward.py). So the
+    gradients stage 0 accumulates during the step (FSDP2 replicate's unsharded ones, fp32) are not there at the
+    activation peak nor at the start of the loss's backward; they are at the moments inside backward and at
+    optimizer.step. 0 elsewhere."""
+    once = logical_and(layout.pipelined, layout.schedule == PipelineSchedule.DUALPIPEV, pp_rank == 0,
+                       layout.microbatches == 2 * layout.pp)
+    accumulating = logical_and(layout.uses_replicate, layout.microbatches > 1)
+    block = parts.last_block.unsharded_grad_numel - parts.last_block.ep_expert_numel
+    numel = parts.stages.n_blocks / layout.virtual_stages * block + parts.embeddings.unsharded_grad_numel
+    return where(logical_and(once, accumulating), MASTER_BYTES * numel, 0)
