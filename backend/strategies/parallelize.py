@@ -91,8 +91,10 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     scaling = LossScaling(spec, ctx.device)  # fp16-mixed only; found-inf agreed over the world
     tail = OptimizerTail(mods, opt, usage, ep.sync_grads if ep else None, scaling=scaling, after_backward=capacity)
     timeline: list[dict] = []
+    resident = list
     if p.pp > 1:
         step = pipeline.PipelineStep(ctx, ids, mods, tail, timeline, distributed=distributed)
+        resident = step.recv_buffers  # before cp's wrapper below hides the step
     else:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
@@ -105,7 +107,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
                     notes=_notes(ctx, ids, ep, distributed), extra=extra,
-                    resident=step.recv_buffers if p.pp > 1 else list)
+                    resident=resident)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep
 
