@@ -29,13 +29,6 @@ def held_stage_inputs(*, m: int, stages: list[int]) -> int:
     return m * sum(s != 0 for s in stages)
 
 
-def held_grad_buffers(*, m: int, stages: list[int], n_stages: int) -> int:
-    """Output-gradient receive buffers (one microbatch each) alive at every moment: every non-last stage keeps one per
-    microbatch in `grad_recv_info` (stage.py `_create_grad_recv_info`, allocated in the first step and kept;
-    `set_local_bwd_input` rebinds them for a same-rank successor, to tensors that also stay)."""
-    return m * sum(s != n_stages - 1 for s in stages)
-
-
 def interleaved_order(p: int, v: int, m: int, rank: int) -> list[tuple[int, str]]:
     """(stage, "F" | "B") in the order pipeline rank `rank` runs them under interleaved 1F1B: torch's action list
     without its idle slots (torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B

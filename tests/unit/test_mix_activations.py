@@ -16,7 +16,7 @@ import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.memory import activations as A
-from backend.analytic.pipelining import held_grad_buffers, held_stage_inputs, held_stage_outputs
+from backend.analytic.pipelining import held_stage_inputs, held_stage_outputs
 from backend.spec import ExperimentSpec
 from tests.helpers.farm import engine_job, uses
 
@@ -86,8 +86,6 @@ def test_held_outputs_per_schedule():
     assert held_stage_outputs("1f1b", stages=[0], m=4, in_flight=4, n_stages=2) == 4
     assert held_stage_outputs("gpipe", stages=[3], **kw) == 0
     assert held_stage_inputs(m=8, stages=[0, 3]) == 8
-    assert held_grad_buffers(m=8, stages=[0, 3], n_stages=4) == 8
-    assert held_grad_buffers(m=8, stages=[1, 2], n_stages=4) == 16
 
 
 def test_recv_buffers_stay_through_the_optimizer_step():

@@ -15,6 +15,7 @@ from backend.analytic.memory.moe_bytes import INDEX_BYTES
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.scalar_or_array import logical_and, logical_or, minimum, select_present, where
 from backend.analytic.textbook.pipeline import in_flight_terms
+from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -53,18 +54,21 @@ def held_stage_outputs(layout: Layout, parts: RankParts, units: Num, pp_rank: Nu
     return where(senders == 0, 0, kept)
 
 
-def boundary_bytes(model: ModelSpec, layout: Layout, autocast: Num) -> Num:
-    """One microbatch's stage input or output: the residual stream (fp32 under autocast), sequence-split under SP."""
-    return (layout.micro_batch * layout.seq_local(model) / where(layout.sequence_parallel, layout.tp, 1)
-            * model.d_model * where(autocast, 4, layout.compute_bytes))
+def stage_grad_bytes(model: ModelSpec, layout: Layout) -> Num:
+    """One microbatch's gradient of a stage boundary's residual stream (the stage input or output itself has the same
+    size), (b, s, h) on this rank (split over tp under SP), fp32 under autocast: what a block's backward hands the
+    block below, and a stage the stage before."""
+    return (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
+            * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes))
 
 
-def recv_buffer_bytes(model: ModelSpec, layout: Layout, parts: RankParts, autocast: Num) -> Num:
+def recv_buffer_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Num:
     """The rank's stages' receive buffers, one per microbatch for every non-first stage's input and every non-last
-    stage's output gradient (analytic/pipelining.py held_stage_inputs; stage.py `_create_grad_recv_info`). torch
-    allocates them in the first step and keeps them, so they are alive at every moment, optimizer.step included."""
+    stage's output gradient (analytic/pipelining.py held_stage_inputs; stage.py `_create_grad_recv_info`), each a
+    stage boundary's residual stream. torch allocates them in the first step and keeps them, so they are alive at
+    every moment, optimizer.step included."""
     stages, v = parts.stages, layout.virtual_stages
-    return boundary_bytes(model, layout, autocast) * layout.microbatches * (2 * v - stages.first - stages.last)
+    return stage_grad_bytes(model, layout) * layout.microbatches * (2 * v - stages.first - stages.last)
 
 
 def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankParts, terms: tuple,
@@ -76,11 +80,11 @@ def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankPa
     stages, v = parts.stages, layout.virtual_stages
     units = in_flight(layout, pp_rank)
     seq = layout.seq_local(model)
-    buf = boundary_bytes(model, layout, autocast)
+    buf = stage_grad_bytes(model, layout)  # one stage input / output: the residual stream (fp32 under autocast)
     non_first = v - stages.first
     total = blocks * units / v  # in-flight chunks, each chunk's input included
     total = total - units * buf * non_first / v  # non-first inputs: counted as receive buffers
-    total = total + recv_buffer_bytes(model, layout, parts, autocast)
+    total = total + recv_buffer_bytes(model, layout, parts)
     total = total + buf * held_stage_outputs(layout, parts, units, pp_rank)
     learned_pos = str(getattr(model, "positions", "learned")) == "learned"
     if learned_pos:  # pos = arange(s) int64 per in-flight microbatch of the first stage

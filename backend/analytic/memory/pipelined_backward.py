@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.parts import RankParts
+from backend.analytic.memory.pipeline_activations import stage_grad_bytes
 from backend.analytic.scalar_or_array import logical_and, logical_not, maximum, minimum, where
-from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
@@ -39,13 +39,6 @@ def pipeline_backward(layout: Layout, pp_rank: Num) -> PipelineBackward:
     warm = minimum(mb, layout.pp - pp_rank)
     return PipelineBackward(steady=logical_and(layout.schedule == PipelineSchedule.ONE_F_ONE_B, mb > warm),
                             has_later=mb > 1)
-
-
-def stage_grad_bytes(model: ModelSpec, layout: Layout) -> Num:
-    """One microbatch's gradient of a stage boundary's residual stream, (b, s, h) on this rank (split over tp under
-    SP), fp32 under autocast: what a block's backward hands the block below, and a stage the stage before."""
-    return (layout.micro_batch * layout.seq_local(model) * model.d_model / where(layout.sequence_parallel, layout.tp, 1)
-            * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes))
 
 
 def sent_grad_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Num:

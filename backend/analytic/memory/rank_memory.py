@@ -150,7 +150,7 @@ def rank_memory(model: ModelSpec, layout: Layout, position: RankPosition) -> Ran
     backward = maximum(maximum(backward, where(split.pending > 0, total, 0)) + split.pending,
                        where(split.weight_pass > 0, total - activations + acts.held + split.weight_pass, 0))
     temp = step_temp_bytes_of(model, layout, position, parts)
-    buffers = where(layout.pipelined, recv_buffer_bytes(model, layout, parts, layout.uses_autocast), 0)
+    buffers = where(layout.pipelined, recv_buffer_bytes(model, layout, parts), 0)
     return RankMemory(params, grads, optimizer, activations, other, total, parts, as_int(loss), as_int(backward), temp,
                       as_int(buffers), as_int(late))
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.activations import LOSS_BYTES
 from backend.analytic.memory.parts import RankParts
-from backend.analytic.memory.pipelined_backward import PipelineBackward, stage_grad_bytes
+from backend.analytic.memory.pipeline_activations import stage_grad_bytes
+from backend.analytic.memory.pipelined_backward import PipelineBackward
 from backend.analytic.scalar_or_array import ceil_div, logical_and, logical_not, where
 
 if TYPE_CHECKING:

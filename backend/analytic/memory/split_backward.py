@@ -56,8 +56,7 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout, PipelineSchedule
 from backend.analytic.memory.activations import LayerShape, linears_of
-from backend.analytic.memory.pipeline_activations import in_flight, split_backward
-from backend.analytic.memory.pipelined_backward import stage_grad_bytes
+from backend.analytic.memory.pipeline_activations import in_flight, split_backward, stage_grad_bytes
 from backend.analytic.scalar_or_array import logical_and, maximum, where
 from backend.analytic.traffic import MASTER_BYTES
 
