@@ -10,7 +10,9 @@ output-gradient ones, and when a layers:K weight pass freed its plain blocks bef
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,9 +25,8 @@ CLASSES = {"zero_bubble": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZe
            "dualpipev": "ScheduleDualPipeV"}
 
 
-def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tuple[int, int], int]:
-    """Every (chunks held, chunks between their input and weight pass) a rank's torch 2.13 action list reaches, with
-    the most input passes of stages past the first finished when it does."""
+def _torch_actions(schedule: str, p: int, m: int, v: int, rank: int) -> Iterator[Any]:
+    """A rank's torch 2.13 computation actions in order (an overlapped F + B as its two sub-actions)."""
     from torch.distributed.pipelining import schedules as S
 
     cls = getattr(S, CLASSES[schedule])
@@ -34,20 +35,27 @@ def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tupl
     plan.number_of_rounds = max(1, m // p)
     plan.microbatches_per_round = m // plan.number_of_rounds
     plan.num_stages = plan._num_stages = p * v
-    kind = S._ComputationType
+    for action in plan._calculate_single_rank_operations(rank):
+        yield from (action.sub_actions or [action]) if action is not None else []
+
+
+def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tuple[int, int], int]:
+    """Every (chunks held, chunks between their input and weight pass) a rank's torch 2.13 action list reaches, with
+    the most input passes of stages past the first finished when it does."""
+    from torch.distributed.pipelining.schedules import _ComputationType as kind
+
     held = pending = done = 0
     points: dict[tuple[int, int], int] = {}
-    for action in plan._calculate_single_rank_operations(rank):
-        for a in (action.sub_actions or [action]) if action is not None else []:
-            if a.computation_type == kind.FORWARD:
-                held += 1
-            elif a.computation_type == kind.FULL_BACKWARD:
-                held -= 1
-            elif a.computation_type == kind.BACKWARD_INPUT:
-                pending, done = pending + 1, done + (a.stage_index != 0)
-            elif a.computation_type == kind.BACKWARD_WEIGHT:
-                held, pending = held - 1, pending - 1
-            points[(held, pending)] = max(points.get((held, pending), 0), done)
+    for a in _torch_actions(schedule, p, m, v, rank):
+        if a.computation_type == kind.FORWARD:
+            held += 1
+        elif a.computation_type == kind.FULL_BACKWARD:
+            held -= 1
+        elif a.computation_type == kind.BACKWARD_INPUT:
+            pending, done = pending + 1, done + (a.stage_index != 0)
+        elif a.computation_type == kind.BACKWARD_WEIGHT:
+            held, pending = held - 1, pending - 1
+        points[(held, pending)] = max(points.get((held, pending), 0), done)
     assert held == pending == 0
     return points
 
@@ -84,25 +92,18 @@ def test_frontier_is_the_pareto_front_of_torch_action_lists(schedule: str, v: in
 def _first_stage_started_at_most_held(p: int, m: int, rank: int) -> bool:
     """Whether torch 2.13's DualPipeV action list of `rank` reaches its most chunks held at some moment after the
     rank's first-leg stage (stage `rank`) began its backward."""
-    from torch.distributed.pipelining import schedules as S
+    from torch.distributed.pipelining.schedules import _ComputationType as kind
 
-    plan = S.ScheduleDualPipeV.__new__(S.ScheduleDualPipeV)
-    plan.pp_group_size, plan.n_local_stages, plan._n_microbatches, plan.rank = p, 2, m, rank
-    plan.number_of_rounds = max(1, m // p)
-    plan.microbatches_per_round = m // plan.number_of_rounds
-    plan.num_stages = plan._num_stages = 2 * p
-    kind = S._ComputationType
     held = most = 0
     started = started_at_most = False
-    for action in plan._calculate_single_rank_operations(rank):
-        for a in (action.sub_actions or [action]) if action is not None else []:
-            held += {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
-            started = started or (a.stage_index == rank and a.computation_type in (kind.FULL_BACKWARD,
-                                                                                  kind.BACKWARD_INPUT))
-            if held > most:
-                most, started_at_most = held, started
-            elif held == most:
-                started_at_most = started_at_most or started
+    for a in _torch_actions("dualpipev", p, m, 2, rank):
+        held += {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
+        started = started or (a.stage_index == rank and a.computation_type in (kind.FULL_BACKWARD,
+                                                                              kind.BACKWARD_INPUT))
+        if held > most:
+            most, started_at_most = held, started
+        elif held == most:
+            started_at_most = started_at_most or started
     return started_at_most
 
 
