@@ -81,9 +81,16 @@ from backend.spec import ExperimentSpec, ModelSpec
 # 512 microbatches, 64 GiB of output-gradient buffers; the worst pipeline rank on 949). STEP_TIMES_BEFORE is unchanged.
 # Then every rank gained the field late_grads_bytes (DualPipeV's rank 0 at m = 2p; 0 on every golden estimate, which
 # draws no DualPipeV): without that key the digest is 8d5d41b9dd44983a1424, as before.
-ESTIMATES_BEFORE = "96e42d80368979638a04"
+# Issue 32 again (split backwards on a rank's lowest stage: it holds the most chunks under zero bubble, ZBV and
+# DualPipeV and has the most blocks on an uneven split; a chunk fewer held keeps its input; a V schedule's same-rank
+# hand-over is no input pass done; DualPipeV's overlapped backwards): moved ESTIMATES_BEFORE (96e42d80368979638a04
+# before) and PLANNER_BEFORE (df4158f56fde395bb11d before); compared entry by entry with 747df48: the 106 of 846
+# estimates that moved are all zero bubble (32) or ZBV (74) ones, only in activations_bytes, total_bytes,
+# loss_backward_bytes, backward_bytes and fullest_bytes (fullest -1.38% .. +15.7% on 548 ranks); planner rows moved only
+# on zero bubble, ZBV and DualPipeV layouts (6,339 of 47,208; -6.5% .. +31.8%). STEP_TIMES_BEFORE is unchanged.
+ESTIMATES_BEFORE = "bebea293f1fb4836132e"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "df4158f56fde395bb11d"
+PLANNER_BEFORE = "6b450af33a0a597c7075"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

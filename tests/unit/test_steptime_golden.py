@@ -15,8 +15,14 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "9c60fd449a70cc8f1c5f"
-"""Issue 32 moved worst_rank_bytes a sixth time (4ef7bb4ed66b4f9a1a1e before): every pipeline stage's output-gradient
+DIGEST_BEFORE = "d0d406fb253b5862e23f"
+"""Issue 32 moved worst_rank_bytes a seventh time (9c60fd449a70cc8f1c5f before): under zero bubble and ZBV a rank's
+lowest stage holds the most chunks, and has the most blocks when the layers split unevenly (80 over 64 stages here:
+pipeline_activations.held_chunks_bytes); a chunk fewer held keeps its input, a receive buffer; a V schedule's
+same-rank hand-over is no input pass done. Compared row by row with 747df48, the 14 rows that moved are all zero
+bubble (4) or ZBV (10) (-1.92% .. +30.8%, ZBV tp4 pp32 none: 529.5 -> 692.4 GB), the worst rank moved on two (to
+pipeline rank 15's); the step_time rows and the 72 others are unchanged.
+Issue 32 moved worst_rank_bytes a sixth time (4ef7bb4ed66b4f9a1a1e before): every pipeline stage's output-gradient
 receive buffers, one per microbatch, kept from step to step (memory/pipeline_activations.recv_buffer_bytes); compared
 row by row with 317d8ac, the 63 rows that moved are all pipelined (interleaved 24, 1F1B 13, ZBV 13, zero bubble 10,
 GPipe 3), all up (+0.04% .. +45.9%, interleaved pp32 at 256 microbatches: 149.7 -> 218.4 GB), the worst rank moved on

@@ -44,6 +44,7 @@ from backend.analytic.memory.schedule_backward import (
     kept_stage_input,
     later_loss_bytes,
     later_units_bytes,
+    overlapped_loss_graph,
     stale_logits_shards,
 )
 from backend.analytic.scalar_or_array import logical_and, logical_not, logical_or, maximum, minimum, per_distinct, where
@@ -207,7 +208,7 @@ def backward_moment_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts:
     first_bottom = pipe_base - acts.blocks + bottom_w + all_unsharded + grads_all - emb_grads  # embeddings' come last
     # a later one: a steady-state backward follows a forward (which resharded every zero3 unit) with as many in
     # flight; a cool-down one follows the previous backward with one fewer, every unit still unsharded
-    steady = pipe_base + grads_all
+    steady = pipe_base + grads_all + overlapped_loss_graph(parts, layout, acts)
     cool = pipe_base - finished_microbatch_bytes(model, layout, parts, acts) + grads_all
     kept_input = kept_stage_input(model, layout, parts)  # GPipe: the working microbatch's stays too
     sent_grad = sent_grad_bytes(model, layout, parts)

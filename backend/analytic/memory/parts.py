@@ -232,10 +232,12 @@ class StageComposition:
     """Of n_blocks, those of the alt kind (mixed stacks; 0 otherwise)."""
     last_alt: Num = 0
     """The rank's last block is of the alt kind (the block FSDP2 holds unsharded inside the forward)."""
+    n_lowest: Num = 0
+    """Of n_blocks, those of the rank's lowest stage (stage pp_rank: the most when the split is uneven)."""
 
     def take(self, rows: Any, n: int) -> StageComposition:
         return StageComposition(*(take_rows(v, rows, n) for v in (self.n_blocks, self.first, self.last, self.n_alt,
-                                                                   self.last_alt)))
+                                                                   self.last_alt, self.n_lowest)))
 
 
 def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Num) -> StageComposition:
@@ -251,11 +253,12 @@ def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Num) -> StageCo
         counts = per_distinct(lambda *row: alt_composition(key, *row), pp, v, zbv, pp_rank)
         alt = dict(n_alt=counts[0], last_alt=counts[1]) if isinstance(counts, tuple) else \
             dict(n_alt=counts[..., 0].astype(np.int64), last_alt=counts[..., 1].astype(np.int64))
+    lowest = base + (pp_rank < extra)
     if not any_true(zbv):
-        return StageComposition(n_blocks=looped, first=pp_rank == 0, last=pp_rank == pp - 1, **alt)
+        return StageComposition(n_blocks=looped, first=pp_rank == 0, last=pp_rank == pp - 1, n_lowest=lowest, **alt)
     v_shape = 2 * base + (pp_rank < extra) + (2 * pp - 1 - pp_rank < extra)
     return StageComposition(n_blocks=where(zbv, v_shape, looped), first=pp_rank == 0,
-                            last=where(zbv, pp_rank == 0, pp_rank == pp - 1), **alt)
+                            last=where(zbv, pp_rank == 0, pp_rank == pp - 1), n_lowest=lowest, **alt)
 
 
 class RankParts:

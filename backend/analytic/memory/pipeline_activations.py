@@ -12,8 +12,8 @@ import numpy as np
 from backend.analytic.layout import SCHEDULE_NAMES, Layout, PipelineSchedule
 from backend.analytic.memory.activations import LOSS_BYTES
 from backend.analytic.memory.moe_bytes import INDEX_BYTES
-from backend.analytic.memory.parts import RankParts
-from backend.analytic.scalar_or_array import logical_and, logical_or, minimum, select_present, where
+from backend.analytic.memory.parts import RankParts, StageComposition
+from backend.analytic.scalar_or_array import logical_and, logical_or, maximum, minimum, select_present, where
 from backend.analytic.textbook.pipeline import in_flight_terms
 from backend.analytic.traffic import MASTER_BYTES
 
@@ -62,6 +62,25 @@ def stage_grad_bytes(model: ModelSpec, layout: Layout) -> Num:
             * where(layout.uses_autocast, MASTER_BYTES, layout.compute_bytes))
 
 
+def held_chunks_bytes(layout: Layout, stages: StageComposition, blocks: Num, chunks: Num, lowest: Num) -> Num:
+    """Saved bytes of `chunks` (microbatch, chunk) forwards a rank holds, each with its stage input, `lowest` of them
+    its lowest stage's; `blocks`: one microbatch's saved bytes of all the rank's blocks. When the layers do not split
+    evenly the lowest stage has the most blocks (sharding.layer_split). Only split-backward schedules tell the
+    stages apart (their plans hold the most chunks on it: `peak_lowest`); elsewhere the average chunk."""
+    v = layout.virtual_stages
+    per_lowest = blocks * stages.n_lowest / maximum(stages.n_blocks, 1)
+    per_other = (blocks - per_lowest) / maximum(v - 1, 1)
+    return where(split_backward(layout), lowest * per_lowest + (chunks - lowest) * per_other, blocks * chunks / v)
+
+
+def peak_lowest(layout: Layout, stages: StageComposition, pp_rank: Num, chunks: Num) -> Num:
+    """Of a rank's `chunks` held at its most, its lowest stage's: torch 2.13's plans put 2p of them there under zero
+    bubble and 2p - r under ZBV and DualPipeV (at most m; tests/unit/test_split_backward.py), one fewer on the rank
+    with the last stage, whose moments are priced with one last-stage chunk's loss graph held."""
+    most = where(layout.zbv, 2 * layout.pp - pp_rank, 2 * layout.pp)
+    return minimum(minimum(maximum(chunks - stages.last, 0), most), layout.microbatches)
+
+
 def recv_buffer_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Num:
     """The rank's stages' receive buffers, one per microbatch for every non-first stage's input and every non-last
     stage's output gradient (analytic/pipelining.py held_stage_inputs; stage.py `_create_grad_recv_info`), each a
@@ -82,7 +101,8 @@ def pipeline_saved(model: ModelSpec, layout: Layout, pp_rank: Num, parts: RankPa
     seq = layout.seq_local(model)
     buf = stage_grad_bytes(model, layout)  # one stage input / output: the residual stream (fp32 under autocast)
     non_first = v - stages.first
-    total = blocks * units / v  # in-flight chunks, each chunk's input included
+    # in-flight chunks, each chunk's input included
+    total = held_chunks_bytes(layout, stages, blocks, units, peak_lowest(layout, stages, pp_rank, units))
     total = total - units * buf * non_first / v  # non-first inputs: counted as receive buffers
     total = total + recv_buffer_bytes(model, layout, parts)
     total = total + buf * held_stage_outputs(layout, parts, units, pp_rank)

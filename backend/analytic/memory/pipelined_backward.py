@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from backend.analytic.layout import Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.memory.pipeline_activations import stage_grad_bytes
-from backend.analytic.scalar_or_array import logical_and, logical_not, maximum, minimum, where
+from backend.analytic.scalar_or_array import logical_and, logical_not, logical_or, maximum, minimum, where
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
@@ -26,19 +26,26 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PipelineBackward:
     """`steady`: a later backward follows a forward with as many microbatches in flight as the first (1F1B with more
-    microbatches than the warm-up); `has_later`: the stage runs more than one backward (otherwise, and in the
-    cool-down, consecutive backwards hold one microbatch fewer each)."""
+    microbatches than the warm-up, DualPipeV's overlapped phase); `has_later`: the stage runs more than one backward
+    (otherwise, and in the cool-down, consecutive backwards hold one microbatch fewer each)."""
 
     steady: Num
     has_later: Num
+
+
+def overlapped(layout: Layout) -> Num:
+    """DualPipeV: its steady phase runs one chunk's forward and the other chunk's full backward as one action
+    (OVERLAP_F_B, torch/distributed/pipelining/schedules.py ScheduleDualPipeV), so each of those backwards starts with
+    as many chunks in flight as the forward before it left, and is one chunk's `backward_one_chunk`."""
+    return logical_and(layout.pipelined, layout.schedule == PipelineSchedule.DUALPIPEV)
 
 
 def pipeline_backward(layout: Layout, pp_rank: Num) -> PipelineBackward:
     """Which backwards stage `pp_rank` runs (PipelineBackward)."""
     mb = layout.microbatches
     warm = minimum(mb, layout.pp - pp_rank)
-    return PipelineBackward(steady=logical_and(layout.schedule == PipelineSchedule.ONE_F_ONE_B, mb > warm),
-                            has_later=mb > 1)
+    one_f_one_b = logical_and(layout.schedule == PipelineSchedule.ONE_F_ONE_B, mb > warm)
+    return PipelineBackward(steady=logical_or(one_f_one_b, overlapped(layout)), has_later=mb > 1)
 
 
 def sent_grad_bytes(model: ModelSpec, layout: Layout, parts: RankParts) -> Num:

@@ -23,8 +23,8 @@ from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
 from backend.analytic.memory.activations import LOSS_BYTES
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.memory.pipeline_activations import stage_grad_bytes
-from backend.analytic.memory.pipelined_backward import PipelineBackward
-from backend.analytic.scalar_or_array import ceil_div, logical_and, logical_not, where
+from backend.analytic.memory.pipelined_backward import PipelineBackward, overlapped
+from backend.analytic.scalar_or_array import ceil_div, logical_and, logical_not, logical_or, where
 
 if TYPE_CHECKING:
     from backend.analytic.memory.rank_activations import ActivationMoments
@@ -70,9 +70,19 @@ def finished_microbatch_bytes(model: ModelSpec, layout: Layout, parts: RankParts
 
 
 def chunk_blocks(layout: Layout, parts: RankParts) -> Num:
-    """The blocks whose 16-bit weight grads a later backward holds: interleaved, one chunk's (each backward is one
-    chunk's `backward_one_chunk`, schedules.py:2562-2567, which waits only for that chunk's casts' node)."""
-    return where(interleaved(layout), parts.stages.n_blocks / layout.virtual_stages, parts.stages.n_blocks)
+    """The blocks whose 16-bit weight grads a later backward holds: interleaved and DualPipeV's overlapped phase, one
+    chunk's (each backward is one chunk's `backward_one_chunk`, schedules.py:2562-2567, which waits only for that
+    chunk's casts' node)."""
+    one_chunk = logical_or(interleaved(layout), overlapped(layout))
+    return where(one_chunk, parts.stages.n_blocks / layout.virtual_stages, parts.stages.n_blocks)
+
+
+def overlapped_loss_graph(parts: RankParts, layout: Layout, acts: ActivationMoments) -> Num:
+    """DualPipeV's rank 0: the forward before each of its first stage's overlapped backwards is the last stage's
+    (torch 2.13's plan: F7.4 then B0.0 at p = 4), whose loss graph (the head's saved tensors, the logits) waits for
+    its own backward, so those backwards hold what the head's backward frees elsewhere (read tensor by tensor at the
+    7B ddp x tp8 x pp4 trace's peak: the in-flight microbatch's fp32 and bf16 logits). 0 elsewhere."""
+    return where(logical_and(overlapped(layout), parts.stages.last), acts.head_freed, 0)
 
 
 def later_units_bytes(layout: Layout, parts: RankParts, every_unit: Num) -> Num:

@@ -9,40 +9,51 @@ the weight's path joins the input's (`param_group["grads"]`: each Linear's outpu
 bf16 autocast, with or without full recompute, against 1.70 predicted), and on the last stage lm_head's and the final
 norm's (`head_pending_bytes`).
 
-Each finished input pass of a stage past the first also leaves its input gradient alive to the step's end (the stage
-input's `.grad`; the send of it is waited only at the step's end, schedules.py `_step_microbatches` l. 2654):
-`pipelined_backward.stage_grad_bytes` per input pass done. The trace's per-action census shows two boundary-sized
-fp32 tensors per finished input pass (the other a residual-stream sum made in the pass); counting one brings the
-zero-bubble and ZBV none / full rows of the traced fixture within 3%, counting two overshoots by up to 6%, so one is
-counted and the other is unexplained.
+Each finished input pass whose gradient goes to another rank leaves it alive to the step's end (the stage input's
+`.grad`; the send of it is waited only at the step's end, schedules.py `_step_microbatches` l. 2654):
+`pipelined_backward.stage_grad_bytes` per input pass done. A V schedule's stage p hands its input gradient to stage
+p - 1 on the same rank instead (`set_local_bwd_input`), where it takes the place of a receive buffer the model counts
+already (the per-action census of the toy ZBV last rank: stage p - 1's next input pass frees the buffer it replaced),
+so those passes are not counted. The census shows two boundary-sized fp32 tensors per finished input pass (the other
+a residual-stream sum made in the pass); counting one brings the zero-bubble and ZBV none / full rows of the traced
+fixture within 3%, counting two overshoots by up to 6%, so one is counted and the other is unexplained.
 
-When: a rank's action list reaches triples (chunks held, chunks between their passes, input passes done). Their
-frontier over (held, pending), each with the most input passes done there, in closed form for torch 2.13's plans
-(`_calculate_single_rank_operations`; tests/unit/test_split_backward.py checks it against them for pp 2-8, v 2-3 and
-several microbatch counts), on pipeline rank r of p with m microbatches:
-- zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1;
+When: a rank's action list reaches points (chunks held, chunks between their passes, input passes done, and how many
+of the held and of the waiting chunks are its lowest stage's). Their frontier over (held, pending), each with the
+most of the others there, in closed form for torch 2.13's plans (`_calculate_single_rank_operations`;
+tests/unit/test_split_backward.py checks it against them for pp 2-8, v 2-3 and several microbatch counts), on
+pipeline rank r of p with m microbatches (`FrontierPoint`):
+- zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1, all of them
+  on the lowest stage up to m and 2p;
 - ZBV: (2p, 1) and (p + r, 2r + 1): the later ranks drain their V's second leg while their first leg waits;
-- DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); only its few input passes count as done (in
-  the trace some of its full backwards leave an input gradient behind and some do not; not modelled).
-The rank's moments are priced at `in_flight` chunks held (pipeline_activations.py); `split_backward_bytes(...).pending`
-is what the frontier adds to them: the largest (held - in_flight) x chunk + (pending - 1) x pending chunk + (done - 1) x
-boundary over its points (the input pass that is running is the moment's own: its gradients are in the backward
-moment's ledger). Under checkpointing its `weight_pass` is one more candidate: a weight pass re-runs its chunk's blocks
-(once: strategies/pp.WeightPassStage) while every chunk between its passes waits.
+- DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); only its few input passes count as done
+  (its full backwards' input gradients are not: the 7B trace keeps none of the middle ranks').
+The rank's moments are priced at `in_flight` chunks held, as many on the lowest stage as at the rank's most
+(pipeline_activations.py `peak_lowest`; with the layers split unevenly that stage has the most blocks);
+`split_backward_bytes(...).pending` is what the frontier adds to them: the largest change in the held chunks' bytes +
+(pending - 1) x pending chunk + (done - 1) x boundary over its points (the input pass that is running is the moment's
+own: its gradients are in the backward moment's ledger; a chunk fewer held frees its saved tensors but not its input
+on a non-first stage, a receive buffer; a waiting chunk is priced at the larger of the two stages' kinds, since which
+one waits varies). Under checkpointing its `weight_pass` is one more candidate: a weight pass re-runs its chunk's
+blocks (once: strategies/pp.WeightPassStage) while every chunk between its passes waits.
 
 Under layers:K a weight pass re-runs a chunk's first checkpoint (its K-th block) only after the K - 1 plain blocks
 before it have freed their saved tensors (rank_activations.py `weight_pass_rerun`).
 
-Against the engine's full-size trace, every row of tests/fixtures/traced_peaks/split_backward.json is within 3%, and so
-are zero bubble and ZBV on a 7B-shaped ddp x tp8 x pp4 at world 64 (benchmarks/results/fullest_moment_split.json).
 DualPipeV's rank 0 at m = 2p reaches its activation peak before its first stage's first backward, so that stage's
-gradients are made later (`first_leg_late_grad_bytes`; 7B without recompute: +4.68% -> -0.56%). Two 7B DualPipeV rows
-still miss:
-- rank 0 under full recompute, -4.69%: its traced peak is inside that first backward of stage 0 (a full backward, its
-  re-run block and 0.80 GiB of temporaries, every gradient made), 0.48 GiB above the model's moment inside backward;
-  it was within 3% (-0.71%) only while the model held those gradients at its loss-backward moment too;
-- the last rank under full recompute, -3.21%: the trace keeps more boundary-sized tensors than the input passes done
-  (seven after the full backwards), which the model leaves out.
+gradients are made later (`first_leg_late_grad_bytes`). Its overlapped phase pairs one chunk's forward with the other
+chunk's full backward, so those backwards start with as many chunks in flight as the forward left, each one chunk's
+(pipelined_backward.py `overlapped`), and on rank 0 with a last-stage chunk's loss graph held
+(schedule_backward.py `overlapped_loss_graph`).
+
+Against the engine's full-size trace, every row of tests/fixtures/traced_peaks/split_backward.json is within 3%, and so
+is every 7B-shaped ddp x tp8 x pp4 row at world 64 (benchmarks/results/fullest_moment_split.json; DualPipeV under full
+recompute: rank 0 -4.69% -> -0.71%, the last rank -3.21% -> -2.08%). On an uneven split (uneven_split.json, and a
+TinyLlama-1.1B shape in the same results file) the rows without recompute or under selective are within 3% but
+for ZBV's middle and last ranks at toy scale (-3.6%: a running input pass of the lowest stage's chunk keeps that
+chunk's gradients of the blocks it has passed, not priced), and full recompute misses by up to -8.5% on the 1.1B shape:
+a weight pass keeps, until it ends, each re-run block's tensors it never unpacks (measured on the CPU: 0.94 MiB a d128
+GPT block at s 256, 1.60 MiB a Llama one; not modelled: counted alone it overshoots the toy rows by up to 10%).
 
 Left out: a MoE block's experts (their grouped matmuls' output gradients: only attention and norms are counted), and
 the first stage's own chunk, whose input pass does nothing (its weight pass runs the whole backward): its pending
@@ -52,12 +63,18 @@ gradients are counted like the others'.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from backend.analytic.layout import Layout, PipelineSchedule
 from backend.analytic.memory.activations import LayerShape, linears_of
-from backend.analytic.memory.pipeline_activations import in_flight, split_backward, stage_grad_bytes
-from backend.analytic.scalar_or_array import logical_and, maximum, where
+from backend.analytic.memory.pipeline_activations import (
+    held_chunks_bytes,
+    in_flight,
+    peak_lowest,
+    split_backward,
+    stage_grad_bytes,
+)
+from backend.analytic.scalar_or_array import logical_and, maximum, minimum, where
 from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
@@ -90,25 +107,38 @@ def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
     return logits + stage_grad_bytes(model, layout)  # the final norm's output gradient
 
 
-def frontier(layout: Layout, pp_rank: Num) -> list[tuple[Num, Num, Num]]:
-    """The (chunks held, chunks between their passes, input passes done) points of the module docstring for the
-    layout's schedule, three per layout (a schedule with fewer repeats its first; zero bubble's on the other
-    schedules, whose extra is then masked by `split_backward`). done: the most input passes of stages past the first
-    finished when the pair is reached."""
+class FrontierPoint(NamedTuple):
+    """One point of a rank's frontier (module docstring): chunks held, chunks between their passes, input passes
+    done, and how many of the held and of the waiting chunks are its lowest stage's (the most at that point in
+    torch 2.13's plans; that stage has the most blocks when the layers split unevenly)."""
+    held: Num
+    waiting: Num
+    done: Num
+    held_lowest: Num
+    waiting_lowest: Num
+
+
+def frontier(layout: Layout, pp_rank: Num) -> list[FrontierPoint]:
+    """The module docstring's points for the layout's schedule, three per layout (a schedule with fewer repeats its
+    first; zero bubble's on the other schedules, whose extra is then masked by `split_backward`). done: the most
+    input passes whose gradient goes to another rank finished when the pair is reached."""
     p, m, v, r = layout.pp, layout.microbatches, layout.virtual_stages, pp_rank
     first, last = pp_rank == 0, pp_rank == p - 1
-    looped = (in_flight(layout, pp_rank), r + 1, where(first, v - 1, v) * (m - p) + r + 1)
-    zbv_top = (2 * p, 1, where(first, m - p + 1, 2 * m - 3 * p + 2 + r))
-    by_schedule = {PipelineSchedule.ZBV: [zbv_top, (p + r, 2 * r + 1, 2 * m - p + r + 1), zbv_top],
-                   PipelineSchedule.DUALPIPEV: [(2 * p + 1, 0, p - 1 - r),
-                                                (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r),
-                                                (p, r + 1, where(first, p - 1, p))]}
+    units = in_flight(layout, pp_rank)
+    looped = (units, r + 1, where(first, v - 1, v) * (m - p) + r + 1, minimum(minimum(units, m), 2 * p),
+              where(m > p, r + 1, 0))
+    zbv_top = (2 * p, 1, where(first, m - p + 1, where(last, m - p, 2 * m - 3 * p + 2 + r)), 2 * p - r, 1)
+    zbv_turn = (p + r, 2 * r + 1, where(last, m, 2 * m - p + r + 1), p, r + 1)
+    dualpipev = [(2 * p + 1, 0, p - 1 - r, 2 * p - r, 0),
+                 (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r, where(last, p + 1, 2 * p - 1 - r), 0),
+                 (p, r + 1, where(first, p - 1, where(last, (p + 1) // 2, p)), p - (r + 1) // 2, r // 2 + 1)]
+    by_schedule = {PipelineSchedule.ZBV: [zbv_top, zbv_turn, zbv_top], PipelineSchedule.DUALPIPEV: dualpipev}
     points = [looped, looped, looped]
     for schedule, theirs in by_schedule.items():
         on = layout.schedule == schedule
         points = [tuple(where(on, a, b) for a, b in zip(mine, prev, strict=True))
                   for mine, prev in zip(theirs, points, strict=True)]
-    return points
+    return [FrontierPoint(*point) for point in points]
 
 
 @dataclass(frozen=True)
@@ -128,16 +158,36 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
                          acts: ActivationMoments) -> SplitBackwardBytes:
     """The module docstring's two terms for one rank (layout fields and pp_rank broadcast together)."""
     shape = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, sac_ops=layout.sac_ops)
-    units, chunk = in_flight(layout, pp_rank), acts.blocks / layout.virtual_stages
-    pending_chunk = (parts.stages.n_blocks / layout.virtual_stages * pending_grad_bytes(model, layout, shape)
-                     + where(parts.stages.last, head_pending_bytes(model, layout), 0.0))
+    units = in_flight(layout, pp_rank)
+    # a chunk fewer held frees its saved tensors, but not its input on a non-first stage: a receive buffer
+    inputs = stage_grad_bytes(model, layout) * (layout.virtual_stages - parts.stages.first) / layout.virtual_stages
+
+    def fewer(held: Num, lowest: Num) -> Num:
+        """What `held` chunks (`lowest` of them the lowest stage's) hold beyond the `units` the rank's moments are
+        priced at (negative when fewer)."""
+        return (held_chunks_bytes(layout, parts.stages, acts.blocks, held, lowest)
+                - held_chunks_bytes(layout, parts.stages, acts.blocks, units, peak_lowest(layout, parts.stages, pp_rank,
+                                                                                        units))
+                - (held - units) * inputs)
+
+    stages, per_block = parts.stages, pending_grad_bytes(model, layout, shape)
+    lowest_chunk = stages.n_lowest * per_block
+    # the last stage is never a rank's lowest: its waiting chunks keep the head's gradients too
+    other_chunk = ((stages.n_blocks - stages.n_lowest) / maximum(layout.virtual_stages - 1, 1) * per_block
+                   + where(stages.last, head_pending_bytes(model, layout), 0.0))
+
+    def waiting_bytes(waiting: Num, lowest: Num) -> Num:
+        return waiting * maximum(lowest_chunk, other_chunk)
+
     per_done = stage_grad_bytes(model, layout)  # one per input pass done: the module docstring says why one
     pending = weight_pass = 0.0
-    for held, waiting, done in frontier(layout, pp_rank):
-        pending = maximum(pending, (held - units) * chunk + maximum(waiting - 1, 0) * pending_chunk
-                          + maximum(done - 1, 0) * per_done)
-        weight_pass = maximum(weight_pass, where(waiting > 0, (held - units) * chunk + waiting * pending_chunk
-                                                 + done * per_done, 0.0))
+    for point in frontier(layout, pp_rank):
+        held = fewer(point.held, minimum(point.held_lowest, point.held - stages.last))
+        # the input pass that is running is the moment's own (its gradients are in the backward's ledger)
+        others = waiting_bytes(maximum(point.waiting - 1, 0), point.waiting_lowest)
+        pending = maximum(pending, held + others + maximum(point.done - 1, 0) * per_done)
+        weight_pass = maximum(weight_pass, where(point.waiting > 0, held + waiting_bytes(
+            point.waiting, point.waiting_lowest) + point.done * per_done, 0.0))
     split = split_backward(layout)
     return SplitBackwardBytes(pending=where(split, pending, 0.0),
                               weight_pass=where(logical_and(split, acts.weight_pass_rerun > 0),
