@@ -1,12 +1,15 @@
 """Predicted fullest moment vs the step's peak, per strategy x recompute policy (issue 32, "Done when"): traced at
 full size on fake tensors (a 7B-shaped GPT at world 64 under ddp, zero1, zero2, zero3 and zero1 x tp8; zero3 x tp8 x
 pp4 1F1B, every stage; with `--only split`, ddp x tp8 x pp4 under zero bubble, ZBV and DualPipeV with none / full
-recompute, ddp because torch's split backward drops FSDP2 gradients on dp > 1), and measured by the engine on gloo at
-toy scale (world 2, and zero3 / ddp x pp2 at world 4).
+recompute, ddp because torch's split backward drops FSDP2 gradients on dp > 1; with `--only uneven`, the same
+schedules on a TinyLlama-1.1B shape whose 22 layers split 3, 3, 3, 3, 3, 3, 2, 2 over 8 stages, ddp x tp2 (SP) x pp4
+at micro-batch 2, none / selective / full), and measured by the engine on gloo at toy scale (world 2, and zero3 / ddp
+x pp2 at world 4).
 Prints, per row: the traced / measured peak, the predicted fullest moment (RankEstimate.fullest_bytes), which moment
 that is, and the error; exits 1 when a row misses the 3% bound.
 
-    .venv/bin/python benchmarks/fullest_moment.py [--only 7b 3d split toy] [--policies none full ...] [--json OUT.json]
+    .venv/bin/python benchmarks/fullest_moment.py [--only 7b 3d split uneven toy] [--policies none full ...]
+        [--json OUT.json]
 
 Each trace set runs in one process (backend/trace/batch.py); a 7B trace takes ~1 min of one core (the 3D layout's
 ranks hold 8 of the 32 blocks).
@@ -33,6 +36,8 @@ POLICIES = ("none", "selective", "full", "op", "layers:2", "block:16", "uniform:
 SEVEN_B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048}
 BF16 = {"micro_batch": 1, "precision": "bf16-mixed"}
 TOY = {"vocab_size": 256, "d_model": 64, "n_layers": 4, "n_heads": 4, "seq_len": 32}
+LLAMA_1B = {"vocab_size": 32000, "d_model": 2048, "n_layers": 22, "n_heads": 32, "n_kv_heads": 4, "ffn_hidden": 5632,
+            "seq_len": 2048, "norm": "rmsnorm", "mlp": "swiglu", "bias": "none", "positions": "rope"}
 
 
 def spec(name: str, model: dict, train: dict, parallel: dict) -> ExperimentSpec:
@@ -57,6 +62,15 @@ def full_size(which: str, policies: tuple[str, ...]) -> list[tuple[ExperimentSpe
                          {"strategy": "ddp", "world_size": 64, "tp": 8, "pp": 4, "pp_schedule": schedule,
                           "virtual_stages": 2})
                 items += [(s, rank) for rank in (0, 16, 32, 48)]
+        elif which == "uneven":
+            if rc not in ("none", "selective", "full"):
+                continue
+            for schedule in ("zero_bubble", "zbv", "dualpipev"):
+                s = spec(f"1.1b ddp x tp2 x pp4 {schedule} {rc}", LLAMA_1B,
+                         BF16 | {"recompute": rc, "global_batch": 64, "micro_batch": 2},
+                         {"strategy": "ddp", "world_size": 32, "tp": 2, "sequence_parallel": True, "pp": 4,
+                          "pp_schedule": schedule, "virtual_stages": 2})
+                items += [(s, rank) for rank in (0, 8, 16, 24)]
         else:
             rc_3d = "block:4" if rc == "block:16" else rc  # a pipeline rank holds 8 blocks: half of them
             s = spec(f"7b zero3 x tp8 x pp4 1f1b {rc_3d}", SEVEN_B, BF16 | {"recompute": rc_3d, "global_batch": 8,
@@ -106,13 +120,13 @@ def row(s: ExperimentSpec, rank: int, peak: int | None, kind: str, error: str | 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", nargs="*", default=["7b", "3d", "toy"], choices=["7b", "3d", "split", "toy"])
+    ap.add_argument("--only", nargs="*", default=["7b", "3d", "toy"], choices=["7b", "3d", "split", "uneven", "toy"])
     ap.add_argument("--policies", nargs="*", default=list(POLICIES))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     policies = tuple(args.policies)
     rows = []
-    for which in ("7b", "3d", "split"):
+    for which in ("7b", "3d", "split", "uneven"):
         if which in args.only:
             rows += traced_rows(full_size(which, policies))
     if "toy" in args.only:
