@@ -19,8 +19,8 @@ a residual-stream sum made in the pass); counting one brings the zero-bubble and
 fixture within 3%, counting two overshoots by up to 6%, so one is counted and the other is unexplained.
 
 When: a rank's action list reaches points (chunks held, chunks between their passes, input passes done, and how many
-of the held and of the waiting chunks are its lowest stage's). Their frontier over (held, pending), each with the
-most of the others there, in closed form for torch 2.13's plans (`_calculate_single_rank_operations`;
+of the held chunks are its lowest stage's). Their frontier over (held, pending), each with the most of the others
+there, in closed form for torch 2.13's plans (`_calculate_single_rank_operations`;
 tests/unit/test_split_backward.py checks it against them for pp 2-8, v 2-3 and several microbatch counts), on
 pipeline rank r of p with m microbatches (`FrontierPoint`):
 - zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1, all of them
@@ -117,13 +117,12 @@ def head_pending_bytes(model: ModelSpec, layout: Layout) -> Num:
 
 class FrontierPoint(NamedTuple):
     """One point of a rank's frontier (module docstring): chunks held, chunks between their passes, input passes
-    done, and how many of the held and of the waiting chunks are its lowest stage's (the most at that point in
-    torch 2.13's plans; that stage has the most blocks when the layers split unevenly)."""
+    done, and how many of the held chunks are its lowest stage's (the most at that point in torch 2.13's plans; that
+    stage has the most blocks when the layers split unevenly)."""
     held: Num
     waiting: Num
     done: Num
     held_lowest: Num
-    waiting_lowest: Num
 
 
 def frontier(layout: Layout, pp_rank: Num) -> list[FrontierPoint]:
@@ -133,13 +132,12 @@ def frontier(layout: Layout, pp_rank: Num) -> list[FrontierPoint]:
     p, m, v, r = layout.pp, layout.microbatches, layout.virtual_stages, pp_rank
     first, last = pp_rank == 0, pp_rank == p - 1
     units = in_flight(layout, pp_rank)
-    looped = (units, r + 1, where(first, v - 1, v) * (m - p) + r + 1, minimum(minimum(units, m), 2 * p),
-              where(m > p, r + 1, 0))
-    zbv_top = (2 * p, 1, where(first, m - p + 1, where(last, m - p, 2 * m - 3 * p + 2 + r)), 2 * p - r, 1)
-    zbv_turn = (p + r, 2 * r + 1, where(last, m, 2 * m - p + r + 1), p, r + 1)
-    dualpipev = [(2 * p + 1, 0, p - 1 - r, 2 * p - r, 0),
-                 (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r, where(last, p + 1, 2 * p - 1 - r), 0),
-                 (p, r + 1, where(first, p - 1, where(last, (p + 1) // 2, p)), p - (r + 1) // 2, r // 2 + 1)]
+    looped = (units, r + 1, where(first, v - 1, v) * (m - p) + r + 1, minimum(minimum(units, m), 2 * p))
+    zbv_top = (2 * p, 1, where(first, m - p + 1, where(last, m - p, 2 * m - 3 * p + 2 + r)), 2 * p - r)
+    zbv_turn = (p + r, 2 * r + 1, where(last, m, 2 * m - p + r + 1), p)
+    dualpipev = [(2 * p + 1, 0, p - 1 - r, 2 * p - r),
+                 (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r, where(last, p + 1, 2 * p - 1 - r)),
+                 (p, r + 1, where(first, p - 1, where(last, (p + 1) // 2, p)), p - (r + 1) // 2)]
     by_schedule = {PipelineSchedule.ZBV: [zbv_top, zbv_turn, zbv_top], PipelineSchedule.DUALPIPEV: dualpipev}
     points = [looped, looped, looped]
     for schedule, theirs in by_schedule.items():
@@ -170,32 +168,30 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
     # a chunk fewer held frees its saved tensors, but not its input on a non-first stage: a receive buffer
     inputs = stage_grad_bytes(model, layout) * (layout.virtual_stages - parts.stages.first) / layout.virtual_stages
 
+    stages = parts.stages
+    at_units = held_chunks_bytes(layout, stages, acts.blocks, units, peak_lowest(layout, stages, pp_rank, units))
+
     def fewer(held: Num, lowest: Num) -> Num:
         """What `held` chunks (`lowest` of them the lowest stage's) hold beyond the `units` the rank's moments are
         priced at (negative when fewer)."""
-        return (held_chunks_bytes(layout, parts.stages, acts.blocks, held, lowest)
-                - held_chunks_bytes(layout, parts.stages, acts.blocks, units, peak_lowest(layout, parts.stages, pp_rank,
-                                                                                        units))
-                - (held - units) * inputs)
+        return held_chunks_bytes(layout, stages, acts.blocks, held, lowest) - at_units - (held - units) * inputs
 
-    stages, per_block = parts.stages, pending_grad_bytes(model, layout, shape)
-    lowest_chunk = stages.n_lowest * per_block
-    # the last stage is never a rank's lowest: its waiting chunks keep the head's gradients too
-    other_chunk = ((stages.n_blocks - stages.n_lowest) / maximum(layout.virtual_stages - 1, 1) * per_block
-                   + where(stages.last, head_pending_bytes(model, layout), 0.0))
-
-    def waiting_bytes(waiting: Num, lowest: Num) -> Num:
-        return waiting * maximum(lowest_chunk, other_chunk)
+    per_block = pending_grad_bytes(model, layout, shape)
+    # which stage's chunk waits varies: the larger kind (the last stage is never a rank's lowest: its waiting chunks
+    # keep the head's gradients too)
+    waiting_chunk = maximum(stages.n_lowest * per_block,
+                            (stages.n_blocks - stages.n_lowest) / maximum(layout.virtual_stages - 1, 1) * per_block
+                            + where(stages.last, head_pending_bytes(model, layout), 0.0))
 
     per_done = stage_grad_bytes(model, layout)  # one per input pass done: the module docstring says why one
     pending = weight_pass = 0.0
     for point in frontier(layout, pp_rank):
         held = fewer(point.held, minimum(point.held_lowest, point.held - stages.last))
         # the input pass that is running is the moment's own (its gradients are in the backward's ledger)
-        others = waiting_bytes(maximum(point.waiting - 1, 0), point.waiting_lowest)
+        others = maximum(point.waiting - 1, 0) * waiting_chunk
         pending = maximum(pending, held + others + maximum(point.done - 1, 0) * per_done)
-        weight_pass = maximum(weight_pass, where(point.waiting > 0, held + waiting_bytes(
-            point.waiting, point.waiting_lowest) + point.done * per_done, 0.0))
+        weight_pass = maximum(weight_pass, where(point.waiting > 0, held + point.waiting * waiting_chunk
+                                                 + point.done * per_done, 0.0))
     split = split_backward(layout)
     return SplitBackwardBytes(pending=where(split, pending, 0.0),
                               weight_pass=where(logical_and(split, acts.weight_pass_rerun > 0),
