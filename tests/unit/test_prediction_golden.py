@@ -88,9 +88,16 @@ from backend.spec import ExperimentSpec, ModelSpec
 # estimates that moved are all zero bubble (32) or ZBV (74) ones, only in activations_bytes, total_bytes,
 # loss_backward_bytes, backward_bytes and fullest_bytes (fullest -1.38% .. +15.7% on 548 ranks); planner rows moved only
 # on zero bubble, ZBV and DualPipeV layouts (6,339 of 47,208; -6.5% .. +31.8%). STEP_TIMES_BEFORE is unchanged.
-ESTIMATES_BEFORE = "bebea293f1fb4836132e"
+# Issue 32 again (ZBV at m = p microbatches holds m + r + 1 chunks on pipeline rank r, not 2p: torch's
+# ScheduleZBVZeroBubble action lists, textbook/pipeline.py; its frontier follows): moved ESTIMATES_BEFORE
+# (bebea293f1fb4836132e before) and PLANNER_BEFORE (6b450af33a0a597c7075 before); compared entry by entry with bbc2c6f:
+# the 42 of 846 estimates that moved are all ZBV ones at m < 2p, only in activations_bytes, total_bytes,
+# loss_backward_bytes, backward_bytes, fullest_bytes and fullest_moment (fullest -18.5% .. +0.15% on 272 ranks);
+# planner rows moved only on ZBV layouts with m < 2p (1,752 of 47,208; -83.0% .. +1.94%). STEP_TIMES_BEFORE is
+# unchanged.
+ESTIMATES_BEFORE = "eaa26707323d80cd1450"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "6b450af33a0a597c7075"
+PLANNER_BEFORE = "c477f092c53a1b2d74b9"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

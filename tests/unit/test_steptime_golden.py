@@ -15,8 +15,13 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "d0d406fb253b5862e23f"
-"""Issue 32 moved worst_rank_bytes a seventh time (9c60fd449a70cc8f1c5f before): under zero bubble and ZBV a rank's
+DIGEST_BEFORE = "b2e6b4907a118d8aa0ce"
+"""Issue 32 moved worst_rank_bytes an eighth time (d0d406fb253b5862e23f before): ZBV with m = p microbatches holds
+m + r + 1 chunks on pipeline rank r, not 2p (torch's ScheduleZBVZeroBubble action lists; textbook/pipeline.py), and
+its frontier follows; compared row by row with bbc2c6f, the 5 rows that moved are all ZBV at m = pp, all down (-0.61%
+.. -54.0%, tp2 pp32 full: 124.9 -> 57.5 GB), the worst rank moved on three; the step_time rows and the 81 others are
+unchanged.
+Issue 32 moved worst_rank_bytes a seventh time (9c60fd449a70cc8f1c5f before): under zero bubble and ZBV a rank's
 lowest stage holds the most chunks, and has the most blocks when the layers split unevenly (80 over 64 stages here:
 pipeline_activations.held_chunks_bytes); a chunk fewer held keeps its input, a receive buffer; a V schedule's
 same-rank hand-over is no input pass done. Compared row by row with 747df48, the 14 rows that moved are all zero

@@ -25,7 +25,9 @@ tests/unit/test_split_backward.py checks it against them for pp 2-8, v 2-3 and s
 pipeline rank r of p with m microbatches (`FrontierPoint`):
 - zero bubble (looped, v chunks): (in_flight, r + 1), done (v or, on rank 0, v - 1) x (m - p) + r + 1, all of them
   on the lowest stage up to m and 2p;
-- ZBV: (2p, 1) and (p + r, 2r + 1): the later ranks drain their V's second leg while their first leg waits;
+- ZBV: (2p, 1) and (p + r, 2r + 1) at m >= 2p: the later ranks drain their V's second leg while their first leg
+  waits; with fewer microbatches (m = p is the fewest a spec allows) the rank holds m + r + 1 at most (the closed
+  forms in `frontier` reduce to these at m >= 2p);
 - DualPipeV: (2p + 1, 0), (2p, 1) (not on the last rank) and (p, r + 1); only its few input passes count as done
   (its full backwards' input gradients are not: the 7B trace keeps none of the middle ranks').
 The rank's moments are priced at `in_flight` chunks held, as many on the lowest stage as at the rank's most
@@ -133,8 +135,12 @@ def frontier(layout: Layout, pp_rank: Num) -> list[FrontierPoint]:
     first, last = pp_rank == 0, pp_rank == p - 1
     units = in_flight(layout, pp_rank)
     looped = (units, r + 1, where(first, v - 1, v) * (m - p) + r + 1, minimum(minimum(units, m), 2 * p))
-    zbv_top = (2 * p, 1, where(first, m - p + 1, where(last, m - p, 2 * m - 3 * p + 2 + r)), 2 * p - r)
-    zbv_turn = (p + r, 2 * r + 1, where(last, m, 2 * m - p + r + 1), p)
+    zbv_top = (units, 1, where(first, maximum(p, m - p + 1), where(last, m - p, maximum(p - r, 2 * m - 3 * p + 2 + r))),
+               minimum(2 * p - r, m))
+    turn_lowest = minimum(p, m - p + 1)
+    turn_held = minimum(p + r, maximum(m - p + 1, r + 2 * m - 3 * p + 2))
+    zbv_turn = (turn_held, minimum(turn_held, r + 1 + maximum(turn_held - turn_lowest, 0)),
+                where(last, m, where(m < 2 * p, minimum(m + p + r, 2 * m), 2 * m - p + r + 1)), turn_lowest)
     dualpipev = [(2 * p + 1, 0, p - 1 - r, 2 * p - r),
                  (where(last, 2 * p + 1, 2 * p), where(last, 0, 1), p - 1 - r, where(last, p + 1, 2 * p - 1 - r)),
                  (p, r + 1, where(first, p - 1, where(last, (p + 1) // 2, p)), p - (r + 1) // 2)]

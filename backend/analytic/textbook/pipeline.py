@@ -107,8 +107,10 @@ def in_flight_terms(schedule: str, *, p: Num, m: Num, v: Num = 1) -> tuple[Num, 
         # DualPipe README: PP + 1 = 2p + 1 stage chunks in flight per device, as torch's ScheduleDualPipeV action
         # lists give on every rank (tests/unit/test_analytic_formulas.py)
         return m * v, p * v + 1, 0
-    # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks
-    return m * v, p * v, 0
+    # Qi 2023 Sec 6 (ZB-V): every rank peaks at 1F1B's first-stage memory, p whole-rank microbatches = 2p chunks;
+    # with fewer than 2p microbatches torch's ScheduleZBVZeroBubble holds m + stage + 1 (its action lists:
+    # tests/unit/test_analytic_formulas.py)
+    return p * v, m + p + 1, -1
 
 
 def in_flight_formula(schedule: str, *, p: Num, m: Num, stage: Num, v: Num = 1) -> Num:
