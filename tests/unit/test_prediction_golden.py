@@ -95,9 +95,15 @@ from backend.spec import ExperimentSpec, ModelSpec
 # loss_backward_bytes, backward_bytes, fullest_bytes and fullest_moment (fullest -18.5% .. +0.15% on 272 ranks);
 # planner rows moved only on ZBV layouts with m < 2p (1,752 of 47,208; -83.0% .. +1.94%). STEP_TIMES_BEFORE is
 # unchanged.
-ESTIMATES_BEFORE = "eaa26707323d80cd1450"
+# Then ZBV at m = p makes every rank's first-leg gradients after its activation peak, as DualPipeV's rank 0 at
+# m = 2p does (split_backward.first_leg_late_grad_bytes, now counting that stage's own blocks): moved ESTIMATES_BEFORE
+# (eaa26707323d80cd1450 before) and PLANNER_BEFORE (c477f092c53a1b2d74b9 before); compared entry by entry with 02df4f6:
+# the 16 estimates that moved are all ZBV at m = p, only in grads_bytes, late_grads_bytes, total_bytes,
+# loss_backward_bytes, backward_bytes, fullest_bytes and fullest_moment (fullest -4.99% .. -0.69% on 48 ranks); planner
+# rows moved only on ZBV at m = p and DualPipeV at m = 2p (345 of 47,208, all down, -7.06% .. -0.05%).
+ESTIMATES_BEFORE = "1b6b45ed85e9dc5350ec"
 STEP_TIMES_BEFORE = "f4c874761017f01d24d4"
-PLANNER_BEFORE = "c477f092c53a1b2d74b9"
+PLANNER_BEFORE = "a2847da65a8a9a9654d4"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

@@ -107,14 +107,14 @@ def test_frontier_is_the_pareto_front_of_torch_action_lists(schedule: str, v: in
             assert model[pair] == theirs[pair], (rank, pair, model[pair], theirs[pair])
 
 
-def _first_stage_started_at_most_held(p: int, m: int, rank: int) -> bool:
-    """Whether torch 2.13's DualPipeV action list of `rank` reaches its most chunks held at some moment after the
-    rank's first-leg stage (stage `rank`) began its backward."""
+def _first_stage_started_at_most_held(schedule: str, p: int, m: int, rank: int) -> bool:
+    """Whether torch 2.13's action list of `rank` reaches its most chunks held at some moment after the rank's
+    first-leg stage (stage `rank`) began its backward."""
     from torch.distributed.pipelining.schedules import _ComputationType as kind
 
     held = most = 0
     started = started_at_most = False
-    for a in _torch_actions("dualpipev", p, m, 2, rank):
+    for a in _torch_actions(schedule, p, m, 2, rank):
         held += {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
         started = started or (a.stage_index == rank and a.computation_type in (kind.FULL_BACKWARD,
                                                                               kind.BACKWARD_INPUT))
@@ -125,19 +125,22 @@ def _first_stage_started_at_most_held(p: int, m: int, rank: int) -> bool:
     return started_at_most
 
 
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv"])
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
-def test_dualpipev_rank0_peaks_before_its_first_stage_backward_only_at_2p_microbatches(p: int) -> None:
-    """first_leg_late_grad_bytes' condition against torch's plans: rank 0 at m = 2p holds its most chunks only before
-    stage 0's first backward; at more microbatches, and on every other rank, that count comes again after it. Under
-    replicate (dp 2) the model then leaves stage 0's unsharded gradients out of the activation peak, nowhere else."""
-    for m in range(2 * p, 4 * p + 1, 2):
+def test_first_leg_gradients_come_after_the_peak_only_where_torchs_plans_say(schedule: str, p: int) -> None:
+    """first_leg_late_grad_bytes' condition against torch's plans: DualPipeV's rank 0 at m = 2p, and every ZBV rank
+    at m = p, hold their most chunks only before the first-leg stage's first backward; at more microbatches, and on
+    DualPipeV's other ranks, that count comes again after it. Under replicate (dp 2) the model then leaves that
+    stage's unsharded gradients out of the activation peak, nowhere else."""
+    fewest = 2 * p if schedule == "dualpipev" else p
+    for m in range(fewest, 4 * p + 1, 2 if schedule == "dualpipev" else p):  # ZBV needs m divisible by p
         for rank in range(p):
-            late = not _first_stage_started_at_most_held(p, m, rank)
-            assert late == (rank == 0 and m == 2 * p), (m, rank)
+            late = not _first_stage_started_at_most_held(schedule, p, m, rank)
+            assert late == (m == fewest and (schedule == "zbv" or rank == 0)), (m, rank)
             spec = ExperimentSpec.model_validate({
                 "model": {"vocab_size": 64, "d_model": 32, "n_layers": 2 * p, "n_heads": 4, "seq_len": 16},
                 "train": {"global_batch": 2 * m, "micro_batch": 1},
-                "parallel": {"strategy": "ddp", "world_size": 2 * p, "pp": p, "pp_schedule": "dualpipev",
+                "parallel": {"strategy": "ddp", "world_size": 2 * p, "pp": p, "pp_schedule": schedule,
                              "virtual_stages": 2}})
             r = next(x for x in estimate(spec).per_rank if x.coords["pp"] == rank)
             assert (r.late_grads_bytes > 0) == late, (m, rank)

@@ -84,7 +84,7 @@ from backend.analytic.memory.pipeline_activations import (
     split_backward,
     stage_grad_bytes,
 )
-from backend.analytic.scalar_or_array import logical_and, maximum, minimum, where
+from backend.analytic.scalar_or_array import logical_and, logical_or, maximum, minimum, where
 from backend.analytic.traffic import MASTER_BYTES
 
 if TYPE_CHECKING:
@@ -205,15 +205,17 @@ def split_backward_bytes(model: ModelSpec, layout: Layout, pp_rank: Num, parts: 
 
 
 def first_leg_late_grad_bytes(layout: Layout, pp_rank: Num, parts: RankParts) -> Num:
-    """Gradients DualPipeV's pipeline rank 0 makes only after its activation peak, at m = 2p microbatches: it holds its
-    most chunks once, at the last forward of its V's first leg (stage 0), before that stage's first backward (torch
-    2.13's action list; more microbatches reach that count again after it: tests/unit/test_split_backward.py). So the
-    gradients stage 0 accumulates during the step (FSDP2 replicate's unsharded ones, fp32) are not there at the
-    activation peak nor at the start of the loss's backward; they are at the moments inside backward and at
-    optimizer.step. 0 elsewhere."""
-    once = logical_and(layout.pipelined, layout.schedule == PipelineSchedule.DUALPIPEV, pp_rank == 0,
-                       layout.microbatches == 2 * layout.pp)
+    """Gradients a rank's first-leg stage (its lowest, stage pp_rank) makes only after the rank's activation peak:
+    DualPipeV's rank 0 at m = 2p microbatches, and every ZBV rank at m = p, hold their most chunks only before that
+    stage's first backward (torch 2.13's action lists; more microbatches reach that count again after it:
+    tests/unit/test_split_backward.py). So the gradients that stage accumulates during the step (FSDP2 replicate's
+    unsharded ones, fp32) are not there at the activation peak nor at the start of the loss's backward; they are at
+    the moments inside backward and at optimizer.step. 0 elsewhere."""
+    dualpipev = logical_and(layout.schedule == PipelineSchedule.DUALPIPEV, pp_rank == 0,
+                            layout.microbatches == 2 * layout.pp)
+    zbv = logical_and(layout.schedule == PipelineSchedule.ZBV, layout.microbatches == layout.pp)
+    once = logical_and(layout.pipelined, logical_or(dualpipev, zbv))
     accumulating = logical_and(layout.uses_replicate, layout.microbatches > 1)
     block = parts.last_block.unsharded_grad_numel - parts.last_block.ep_expert_numel
-    numel = parts.stages.n_blocks / layout.virtual_stages * block + parts.embeddings.unsharded_grad_numel
+    numel = parts.stages.n_lowest * block + parts.stages.first * parts.embeddings.unsharded_grad_numel
     return where(logical_and(once, accumulating), MASTER_BYTES * numel, 0)
