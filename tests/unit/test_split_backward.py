@@ -50,16 +50,13 @@ def _sends_input_grad(schedule: str, p: int, stage: int, rank: int) -> bool:
     return (before % p if schedule == "zero_bubble" else min(before, 2 * p - 1 - before)) != rank
 
 
-def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """Every (chunks held, chunks between their input and weight pass) a rank's torch 2.13 action list reaches, with
-    the most input passes finished there whose gradient goes to another rank, and the most held chunks of the rank's
-    lowest stage (stage `rank`)."""
+def _replay(schedule: str, p: int, m: int, v: int, rank: int) -> Iterator[tuple[Any, dict[int, int], dict[int, int]]]:
+    """A rank's torch 2.13 actions in order, each with the chunks held and the chunks between their input and weight
+    pass, per stage, once it has run."""
     from torch.distributed.pipelining.schedules import _ComputationType as kind
 
     held: dict[int, int] = {}
     waiting: dict[int, int] = {}
-    done = 0
-    points: dict[tuple[int, int], tuple[int, int]] = {}
     for a in _torch_actions(schedule, p, m, v, rank):
         s = a.stage_index
         if a.computation_type == kind.FORWARD:
@@ -68,13 +65,26 @@ def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tupl
             held[s] -= 1
         elif a.computation_type == kind.BACKWARD_INPUT:
             waiting[s] = waiting.get(s, 0) + 1
-            done += _sends_input_grad(schedule, p, s, rank)
         elif a.computation_type == kind.BACKWARD_WEIGHT:
             held[s], waiting[s] = held[s] - 1, waiting[s] - 1
+        yield a, held, waiting
+    assert sum(held.values()) == sum(waiting.values()) == 0
+
+
+def _torch_points(schedule: str, p: int, m: int, v: int, rank: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """Every (chunks held, chunks between their input and weight pass) a rank's torch 2.13 action list reaches, with
+    the most input passes finished there whose gradient goes to another rank, and the most held chunks of the rank's
+    lowest stage (stage `rank`)."""
+    from torch.distributed.pipelining.schedules import _ComputationType as kind
+
+    done = 0
+    points: dict[tuple[int, int], tuple[int, int]] = {}
+    for a, held, waiting in _replay(schedule, p, m, v, rank):
+        if a.computation_type == kind.BACKWARD_INPUT:
+            done += _sends_input_grad(schedule, p, a.stage_index, rank)
         pair = (sum(held.values()), sum(waiting.values()))
         mine = (done, held.get(rank, 0))
         points[pair] = tuple(max(x, y) for x, y in zip(points.get(pair, (0, 0)), mine, strict=True))
-    assert sum(held.values()) == sum(waiting.values()) == 0
     return points
 
 
@@ -112,15 +122,15 @@ def _first_stage_started_at_most_held(schedule: str, p: int, m: int, rank: int) 
     first-leg stage (stage `rank`) began its backward."""
     from torch.distributed.pipelining.schedules import _ComputationType as kind
 
-    held = most = 0
+    most = 0
     started = started_at_most = False
-    for a in _torch_actions(schedule, p, m, 2, rank):
-        held += {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
+    for a, held, _ in _replay(schedule, p, m, 2, rank):
         started = started or (a.stage_index == rank and a.computation_type in (kind.FULL_BACKWARD,
                                                                               kind.BACKWARD_INPUT))
-        if held > most:
-            most, started_at_most = held, started
-        elif held == most:
+        total = sum(held.values())
+        if total > most:
+            most, started_at_most = total, started
+        elif total == most:
             started_at_most = started_at_most or started
     return started_at_most
 
@@ -148,21 +158,13 @@ def test_first_leg_gradients_come_after_the_peak_only_where_torchs_plans_say(sch
 
 def _lowest_stage_at_most_held(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[int, int]:
     """(most chunks a rank's torch 2.13 action list holds at once, the most of them on its lowest stage then)."""
-    from torch.distributed.pipelining.schedules import _ComputationType as kind
-
-    held: dict[int, int] = {}
-    most = (0, 0)
-    for a in _torch_actions(schedule, p, m, v, rank):
-        step = {kind.FORWARD: 1, kind.FULL_BACKWARD: -1, kind.BACKWARD_WEIGHT: -1}.get(a.computation_type, 0)
-        held[a.stage_index] = held.get(a.stage_index, 0) + step
-        most = max(most, (sum(held.values()), held.get(rank, 0)))
-    return most
+    return max((sum(held.values()), held.get(rank, 0)) for _, held, _ in _replay(schedule, p, m, v, rank))
 
 
 @pytest.mark.parametrize(("schedule", "v"), [("zero_bubble", 2), ("zero_bubble", 3), ("zbv", 2), ("dualpipev", 2)])
 def test_held_chunks_put_as_many_on_the_lowest_stage_as_torchs_plans(schedule: str, v: int) -> None:
-    """pipeline_activations.peak_lowest: at a rank's most chunks held, torch's plans have all of them on its
-    lowest stage (zero bubble) or 2p - r (ZBV, DualPipeV); the model prices the in-flight count so, one fewer on the
+    """pipeline_activations.peak_lowest: at a rank's most chunks held, torch's plans have 2p of them on its lowest
+    stage (zero bubble) or 2p - r (ZBV, DualPipeV), at most m; the model prices the in-flight count so, one fewer on the
     rank with the last stage (its moments hold a last-stage chunk's loss graph). With the layers split unevenly
     that stage has more blocks than the rank's other one."""
     for p in (2, 3, 4, 8):
