@@ -72,16 +72,15 @@ slurm:
 	  else echo "warning: slurm-wlm missing and apt-get unavailable; the SLURM tests will be skipped"; fi; \
 	fi
 
-# Two passes, the whole suite between them, each on 2 pytest-xdist workers: the unit tests (one process, no server),
-# test by test; then everything else (multiprocess and e2e tests: ranks, workers, browser, PostgreSQL, SLURM; unit
-# tests marked slow or serial) a file at a time (--dist loadfile: a file's tests, and its module fixtures such as the
-# SLURM cluster, stay on one worker, in order). The tests' rank programs run on the farm (tests/helpers/farm.py: one
-# torchrun launch per world size, in a thread of one worker, overlapping the other files).
-UNIT_TESTS := unit and not slow and not serial
+# One pytest-xdist run of the whole suite on 2 workers, in the order tests/helpers/schedule.py gives: the tests that
+# need a process of their own or real components (ranks, workers, browser, PostgreSQL, SLURM) a file at a time (an
+# xdist group per file: a file's tests, and its module fixtures such as the SLURM cluster, stay on one worker, in
+# order), those that wait on real components first; the fast unit tests last, test by test, filling both workers to
+# the end. The tests' rank programs run on the farm (tests/helpers/farm.py: one torchrun launch per world size, in a
+# thread of one worker, from the start, overlapping the other tests).
 test: $(VENV)/.installed-test browser postgres slurm
 	@rc=0; $(PY) -m ruff check . || rc=$$?; \
-	  $(PY) -m pytest -q -n 2 -m "$(UNIT_TESTS)" --durations=10 || rc=$$?; \
-	  $(PY) -m pytest -q -n 2 --dist loadfile -m "not ($(UNIT_TESTS))" --durations=25 || rc=$$?; exit $$rc
+	  $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=25 || rc=$$?; exit $$rc
 
 # ruff.toml's rules (line length 120; pycodestyle, pyflakes, isort, bugbear, pyupgrade); `make test` runs it first.
 lint: $(VENV)/.installed-test

@@ -1,7 +1,7 @@
 """The suite's shared set-up: test kinds, the environment every test runs in, no stray workers, the experiment
 store on SQLite and PostgreSQL, and the farm of rank programs (tests/helpers/farm.py).
 
-Kinds (pytest.ini; `make test`'s first pass runs `-m "unit and not slow and not serial"`, the second the rest):
+Kinds (pytest.ini; `make test` runs them all in one pytest-xdist run, in the order tests/helpers/schedule.py gives):
 - unit: one process, pure Python (torch in-process, Streamlit's AppTest, the worker's loop on threads, the CLI's
   `main(argv)`);
 - multiprocess: the code under test runs in several processes: torchrun ranks on gloo, trace ranks, a worker, the
@@ -50,8 +50,17 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker(kind):
             item.add_marker(getattr(pytest.mark, kind))
     from tests.helpers.farm import order_items
+    from tests.helpers.schedule import group_and_order
 
     order_items(items)
+    group_and_order(items)
+
+
+def pytest_configure(config):
+    """`--dist loadgroup` hands out tests/helpers/schedule.py's groups (pytest-xdist's own are lost: see there)."""
+    from tests.helpers.schedule import share_groups_with_workers
+
+    share_groups_with_workers(config)
 
 
 def _scan_streamlit_components_once() -> None:

@@ -351,9 +351,9 @@ def _write_json(path: Path, data: Any) -> None:
 
 def order_items(items: list[pytest.Item]) -> None:
     """Files whose tests read the farm go last, by the launch group they read first: the farm runs while the other
-    files run. pytest-xdist's `--dist loadfile` then hands out files by test count, most first, so under `make test`
-    this order only breaks ties (a tried `--no-loadscope-reorder` left the SLURM file as a 265 s tail). A test waiting
-    for the farm may wait longer than pytest-timeout's default: its job's own timeout bounds it."""
+    files run (tests/helpers/schedule.py then orders the whole run, keeping this order among the files that read the
+    farm). A test waiting for the farm may wait longer than pytest-timeout's default: its job's own timeout bounds
+    it."""
     groups = list(dict.fromkeys(j.group for j in jobs_of(items)))
     file_rank: dict[str, int] = {}
     for item in items:
