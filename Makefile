@@ -86,9 +86,10 @@ test: $(VENV)/.installed-test browser postgres slurm
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 
-# The unit tests (one process, pure Python; tests/conftest.py says how a test's kind is found) but the few slow ones.
+# The unit tests (one process, pure Python; tests/conftest.py says how a test's kind is found) of under half a
+# second: not those marked slow, serial or heavy, which `make test` runs.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n 2 -m "unit and not slow"
+	$(PY) -m pytest -q -n 2 -m "unit and not slow and not serial and not heavy"
 
 # The GPU check (issue 22 A; benchmarks/gpu_check.py): device cuda when this machine has one, else the CPU kit
 # (gloo, tiny model). Output in GPU_CHECK_OUT (report.json, summary.md, profile.json, kit.log).

@@ -12,7 +12,8 @@ A test file holds one subject; its tests may be of several kinds. A test's kind 
 (`@pytest.mark.multiprocess` on the test, its class or the module's `pytestmark`), else its folder's default
 (tests/unit, tests/multiprocess, tests/e2e); the kind of the fixtures it uses (FIXTURE_KINDS: the farm is
 multiprocess, a PostgreSQL server e2e); and e2e for the `postgres` mark (store_urls' postgresql parameter).
-`slow` marks tests that take tens of seconds; they stay out of `make test-fast`.
+`slow` marks tests that take tens of seconds, `heavy` unit tests of half a second or more; both stay out
+of `make test-fast`.
 """
 
 import os

@@ -177,6 +177,7 @@ st.text("WRITTEN")
 
 
 @pytest.mark.parametrize("write", ["submit", "cancel", "requeue", "tag", "delete", "trace", "calibrate"])
+@pytest.mark.heavy
 def test_the_store_refuses_a_viewers_write_whatever_asked_for_it(store, write):
     """The backend call itself refuses (a forged request, another page's button, a future one), not only the button."""
     before = q.list_experiments(store)

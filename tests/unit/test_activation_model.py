@@ -63,6 +63,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "model_kw", "batch", "recompute"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.heavy
 def test_activation_formula_matches_memtracker(name, model_kw, batch, recompute):
     ms = ModelSpec(**{"vocab_size": 128, "n_layers": 2, **model_kw})
     measured = _measured_activation_bytes(ms, batch, recompute)
@@ -135,6 +136,7 @@ ENGINE_CASES = [  # (id, model overrides, train overrides, rel bound); issue bou
 
 
 @pytest.mark.parametrize(("name", "model_kw", "train_kw", "rel"), ENGINE_CASES, ids=[c[0] for c in ENGINE_CASES])
+@pytest.mark.heavy
 def test_estimate_matches_engine_step_activation_peak(name, model_kw, train_kw, rel):
     """estimate()'s activations for a ddp rank vs the engine's measurement moment, 2 microbatches."""
     from backend.analytic.estimate import estimate

@@ -66,6 +66,7 @@ def measured_extra(ms: ModelSpec, mode: str) -> int:
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.heavy
 def test_block_backward_extra_is_the_engines(family: str, shape: str, mode: str) -> None:
     ms = ModelSpec(vocab_size=256, n_layers=2, **SHAPES[shape], **FAMILIES[family])
     dtype, autocast, warm = MODES[mode]

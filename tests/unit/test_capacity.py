@@ -105,6 +105,7 @@ def ui_env(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.heavy
 def test_new_experiment_disables_run_for_a_model_this_host_cannot_hold(ui_env):
     from dashboard import spec_form as sf
 

@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.spec import ExperimentSpec
@@ -87,6 +88,7 @@ def test_csv_has_the_cp_columns_blank_without_cp(store_urls):
 
 
 
+@pytest.mark.heavy
 def test_estimate_accepts_200_plan_outputs_with_cp(capsys):
     """Issue 26 'estimate accepts every spec that plan prints': 200 layouts of a 32k-context plan (nearly all with
     cp > 1) each validate for prediction and estimate."""

@@ -224,6 +224,7 @@ def test_failed_runs_are_results_with_nothing_measured(engine):
     assert [g[0] for g in got] == [None, None] and all(g[1] > 0 for g in got)
 
 
+@pytest.mark.heavy
 def test_store_result_is_all_or_nothing(engine, monkeypatch):
     s = spec()
     eid = q.submit_experiment(engine, s)

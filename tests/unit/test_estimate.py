@@ -178,6 +178,7 @@ def _check(s: ExperimentSpec, rank: int, got: dict, comm_keys: tuple[str, ...]) 
 
 
 @pytest.mark.parametrize("strategy,rank", [("zero3", 3), ("zero2", 1)])
+@pytest.mark.heavy
 def test_fsdp_matches_engine_on_fake_pg(strategy, rank, monkeypatch):
     from backend.engine import loop
 
@@ -187,6 +188,7 @@ def test_fsdp_matches_engine_on_fake_pg(strategy, rank, monkeypatch):
     _check(s, rank, on_fake_pg(s, rank), ("all_gather", "reduce_scatter"))
 
 
+@pytest.mark.heavy
 def test_tp_sp_matches_engine_on_fake_pg(monkeypatch):
     from backend.engine import loop
 

@@ -81,6 +81,7 @@ def test_a_folded_layout_has_a_step_time():
         assert t.summary["step_s"] > 0 and t.per_rank[0].comm_s["ep"] > 0
 
 
+@pytest.mark.heavy
 def test_plan_searches_the_fold_on_the_megatron_stack_and_prices_it_as_estimate_does(capsys):
     """`plan --stack megatron` offers ep over the tp ranks; each such layout's memory is estimate's fullest moment,
     byte for byte (the planner's array path reads the same ExpertLayout). The engine's own stack never offers it."""

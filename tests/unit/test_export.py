@@ -131,6 +131,7 @@ def _reference_csv(engine, long: bool, **filters) -> str:
 
 @pytest.mark.parametrize("filters", [{}, {"status": "ok"}, {"tag": TAGS[0]}, {"search": "queued"},
                                      {"strategy": "nothing"}])
+@pytest.mark.heavy
 def test_csv_equals_the_cell_by_cell_reference(stored, filters):
     """export_csv guards text in SQL and, for the long CSV, formats each experiment's cells once for all its
     ranks: byte for byte what the straightforward join + Python guard gives, CR/LF and commas included."""

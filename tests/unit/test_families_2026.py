@@ -70,6 +70,7 @@ def _transformers_count(cfg: dict) -> int:
 
 
 @pytest.mark.parametrize("file", sorted(FILES))
+@pytest.mark.heavy
 def test_published_config_count_equals_transformers(file):
     cfg = load_hf_config(HF / file)
     model, notes = from_hf_config(cfg, file=file)

@@ -41,6 +41,7 @@ def _predicted(m: ModelSpec, batch: int, rc: Recompute) -> float:
 
 @pytest.mark.parametrize("rc", [Recompute.NONE, Recompute.SELECTIVE])
 @pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.heavy
 def test_family_activation_formula_matches_memtracker(name, rc):
     m = ModelSpec(**BASE, **VARIANTS[name])
     measured = _measured_activation_bytes(m, 2, rc)

@@ -70,6 +70,7 @@ def test_zero3_ep256_activations_are_the_autocast_weight_casts():
 
 
 @pytest.mark.parametrize("name,gpus,batch", [("deepseek-v3", 512, 1024), ("gpt-oss-120b", 64, 256)])
+@pytest.mark.heavy
 def test_plan_returns_ep_layouts(name, gpus, batch):
     # issue 35: EP x PP and zero1 x EP run here, so the default (runnable-only) plan offers EP layouts
     res = plan(_model(name), gpus=gpus, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=batch, top=10)

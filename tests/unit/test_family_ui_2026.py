@@ -54,6 +54,7 @@ def test_attention_group():
     assert not at.exception and problems == [] and not spec.model.qk_norm and spec.model.sandwich_norm
 
 
+@pytest.mark.heavy
 def test_latent_attention_group():
     at = _page("deepseek-v2.5")
     assert [at.number_input(key=f"f_{k}").value for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
@@ -75,6 +76,7 @@ def test_window_group():
     assert not at.exception and problems == [] and (spec.model.window, str(spec.model.window_kind)) == (1024, "sliding")
 
 
+@pytest.mark.heavy
 def test_moe_routing_group():
     at = _page("deepseek-v3")
     assert (at.selectbox(key="f_router_score").value, at.checkbox(key="f_router_balance_bias").value,
@@ -86,6 +88,7 @@ def test_moe_routing_group():
     assert [spec.model.layer_is_moe(i) for i in range(3)] == [False, True, True]
 
 
+@pytest.mark.heavy
 def test_moe_capacity_and_dispatch_group_and_a_clone_keeps_them():
     """The form once dropped the MoE run fields (capacity factor, padding, aux loss, dispatcher, grouped GEMM,
     imbalance): a cloned Megatron MoE run came back dropless on the all-to-all. Now they are widgets and survive."""
@@ -106,6 +109,7 @@ def test_moe_capacity_and_dispatch_group_and_a_clone_keeps_them():
     assert again.model.capacity_factor is None and sf.spec_to_form(again)["capacity_factor"] == 0.0
 
 
+@pytest.mark.heavy
 def test_plan_page_plans_a_new_family():
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.switch_page("dashboard/pages/plan.py").run()

@@ -80,6 +80,7 @@ def test_stop_just_before_the_launch_starts_starts_nothing(tmp_path, monkeypatch
     assert started == [] and not farm.procs and not list(tmp_path.glob("launch-*.log"))
 
 
+@pytest.mark.heavy
 def test_stop_from_another_thread_while_a_launch_starts_returns_with_it_killed(tmp_path, monkeypatch):
     """The session's teardown calls stop() while the farm's thread is inside Popen: stop() returns only once that
     launch has started and been killed, so the interpreter cannot exit between (before, stop() returned at once and
@@ -111,6 +112,7 @@ def test_stop_from_another_thread_while_a_launch_starts_returns_with_it_killed(t
     assert started[0].returncode == -signal.SIGKILL and not farm.procs  # killed by stop(): it would sleep 30 s
 
 
+@pytest.mark.heavy
 def test_stop_twice_and_from_two_threads_at_once_kills_the_launch_without_error(tmp_path, monkeypatch):
     farm = Farm(tmp_path, [program_job("selftest", 2, timeout_s=120)])
     started = _fake_launches(monkeypatch)

@@ -109,6 +109,7 @@ def test_with_the_store_on_the_full_disk_too_the_result_waits_in_memory_and_is_s
     assert on_disk["status"] == "ok"  # written once space came back, as the next worker would need it
 
 
+@pytest.mark.heavy
 def test_a_write_already_waiting_for_the_lock_gives_up_at_a_bound_set_while_it_waits(tmp_path):
     """The race behind a 30 s stop: a job's write began (busy_timeout 30 s) just before the worker's stop bounded the
     waits; that write must end at the bound too."""
@@ -146,6 +147,7 @@ def test_a_write_already_waiting_for_the_lock_gives_up_at_a_bound_set_while_it_w
     assert outcome["took_s"] < 4.0, outcome
 
 
+@pytest.mark.heavy
 def test_a_worker_stopped_while_another_process_holds_the_lock_exits_within_its_grace(tmp_path):
     path = tmp_path / "locked.db"
     engine = open_db(f"sqlite:///{path}")

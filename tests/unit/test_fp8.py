@@ -22,6 +22,7 @@ def _spec(strategy: str = "ddp", world: int = 2, **train) -> ExperimentSpec:
                           parallel={"strategy": strategy, "world_size": world})
 
 
+@pytest.mark.heavy
 def test_torchao_float8_runs_on_this_cpu():
     """The issue's question: does torchao's float8 training accept a CPU device under torch 2.13? It does (no
     hand-written float8 linear needed): tensorwise and rowwise forward + backward through torch._scaled_mm."""

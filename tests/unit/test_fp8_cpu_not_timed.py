@@ -112,6 +112,7 @@ def test_calibration_leaves_fp8_cpu_runs_out():
     assert any(f"run {ids[0]} left out: fp8 on CPU ranks is not timed" in p for p in problems)
 
 
+@pytest.mark.heavy
 def test_plan_with_fp8_on_the_cpu_profile_says_why_it_ranks_nothing(capsys):
     """Before: `plan --precision fp8 --hardware cpu` ended in a NotTimed traceback inside the planner's re-timing."""
     from backend.cli import main

@@ -51,6 +51,7 @@ def test_the_issue_example_names_the_missing_field():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(family=hs.sampled_from(FAMILIES) | hs.text(max_size=5) | JSON_VALUES,
        entries=hs.dictionaries(hs.sampled_from(KNOWN_KEYS) | hs.text(max_size=6), JSON_VALUES, max_size=12))
+@pytest.mark.heavy
 def test_random_configs_raise_only_the_importers_error(family, entries):
     _imports_or_refuses({**entries, "model_type": family})
 

@@ -59,6 +59,7 @@ def test_tags_have_one_limit_on_both_stores(capsys, db):
     assert sorted(q.get_experiment(open_db(db), eid)["tags"]) == sorted(["t" * MAX_TAG_CHARS, "ünï 🚀"])
 
 
+@pytest.mark.heavy
 def test_an_uploaded_config_is_stored_as_its_parsed_fields_within_a_cap(capsys, db, tmp_path):
     bulky = {**LLAMA, "id2label": {str(i): f"label {i}" for i in range(200_000)}}  # ~5 MB of metadata
     model, _ = from_hf_config(bulky, file="config.json")

@@ -59,6 +59,7 @@ def test_the_worker_badge_refreshes_only_while_a_run_is_queued_or_running(timers
     assert timers["_worker_panel"] is None and not at.exception
 
 
+@pytest.mark.heavy
 def test_plans_verification_table_stops_refreshing_when_its_runs_have_ended(timers):
     from dashboard import spec_form as sf
 

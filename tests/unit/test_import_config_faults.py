@@ -22,6 +22,7 @@ NESTED = {  # file name -> text nested DEEP levels (each 2-6 KB)
 
 @pytest.mark.parametrize("name", sorted(NESTED))
 @pytest.mark.parametrize("fmt", [None, "torchtitan", "megatron", "deepspeed"])
+@pytest.mark.heavy
 def test_a_config_nested_1000_deep_is_refused_with_the_reason(tmp_path, capsys, name, fmt):
     text = NESTED[name]
     assert 2_000 <= len(text) <= 6_200

@@ -72,6 +72,7 @@ GARBLED = [  # the issue's garbled numbers: (framework, marker of the line, patt
 
 
 @pytest.mark.parametrize("kind, marker, pattern, replacement", GARBLED, ids=[g[3] for g in GARBLED])
+@pytest.mark.heavy
 def test_a_garbled_number_skips_its_line_and_says_where(db, tmp_path, capsys, kind, marker, pattern, replacement):
     lines, number = _edit(_log(kind), marker, pattern, replacement)
     path = tmp_path / "garbled.log"
@@ -116,6 +117,7 @@ IMPOSSIBLE = [  # (framework, marker, pattern, replacement, what the refusal nam
 
 
 @pytest.mark.parametrize("kind, marker, pattern, replacement, why", IMPOSSIBLE, ids=[i[3][:30] for i in IMPOSSIBLE])
+@pytest.mark.heavy
 def test_an_impossible_value_refuses_the_log_with_its_line(db, tmp_path, capsys, kind, marker, pattern, replacement,
                                                            why):
     """Exit 2, the line number and the reason, nothing stored (before: a traceback, or a step of -9.12 s stored ok)."""

@@ -46,6 +46,7 @@ def test_fixtures_are_what_the_generator_writes(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kw,log,framework", [(TT, "torchtitan_llama3_8b.log", "torchtitan"),
                                                (MG, "megatron_llama2_70b.log", "megatron"),
                                                (DS, "deepspeed_zero3.log", "deepspeed")])
+@pytest.mark.heavy
 def test_import_run_json_is_show_json(db, capsys, kw, log, framework):
     args = ["import-run", "--config", str(kw["config"]), "--log", str(FIX / log), "--tag", "cluster-a", "--json"]
     for flag in ("gpus", "hardware", "model_config"):
@@ -191,6 +192,7 @@ def write_big_log(path: Path, size_bytes: int) -> None:
             step += 5_000
 
 
+@pytest.mark.heavy
 def test_a_long_log_streams_in_bounded_memory(tmp_path, monkeypatch):
     """Memory does not grow with the log: past MAX_RECORDS per rank only a thinning subsample is kept. With the cap at
     2,000 records a 12 MB log (~50,000 steps) is read with a few MB of Python allocations.

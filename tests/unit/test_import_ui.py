@@ -124,6 +124,7 @@ def test_import_box_errors_are_plain_text(ui_env):
     assert not any("evil" in m.value for m in at.markdown)  # never rendered as markdown (no image fetched)
 
 
+@pytest.mark.heavy
 def test_plan_page_imports_a_config_and_shows_the_calibrated_profile(ui_env):
     engine = _engine()
     _imported(engine)

@@ -47,6 +47,7 @@ def _upload(at: AppTest, path: Path, *, gpus: int = 0, model: Path | None = None
     return _ok(at.button(key="ne_imp_go").click().run())
 
 
+@pytest.mark.heavy
 def test_a_megatron_script_without_a_vocabulary_is_asked_for_one_in_the_pages_words():
     """Before: the error told a dashboard user to 'add --vocab-size N to the arguments or give the model's config.json
     with --model-config' (CLI flags). Now the page asks, and a field takes the answer."""
@@ -82,6 +83,7 @@ def test_the_import_summary_names_the_context_parallel_degree():
     assert "128 GPUs = dp 2 x cp 2 x tp 8 x pp 4, ep 1: zero1" in _texts(at)
 
 
+@pytest.mark.heavy
 def test_a_script_that_is_not_gpt_like_is_refused_in_an_error_box():
     at = _upload(_ok(AppTest.from_file(APP, default_timeout=60).run()),
                  FIX / "imports" / "megatron_examples" / "bert" / "train_bert_340m_distributed.sh")

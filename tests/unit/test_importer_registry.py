@@ -195,6 +195,7 @@ def _box_run(path: Path, fmt: str | None = None):
     return options, help_text, "\n".join(texts), [e.label for e in at.expander]
 
 
+@pytest.mark.heavy
 def test_the_import_box_takes_a_new_importer_and_forgets_it(fake, files, monkeypatch, tmp_path):
     monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
     monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")

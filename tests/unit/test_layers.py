@@ -11,6 +11,8 @@ from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("backend", "db", "dashboard", "benchmarks")
 SCRIPTS = ("app.py",)
@@ -168,6 +170,7 @@ def _cycles() -> list[list[str]]:
     return [c for c in found if not all(m == min(c, key=len) or m.startswith(min(c, key=len) + ".") for m in c)]
 
 
+@pytest.mark.heavy
 def test_there_are_no_import_cycles():
     assert _cycles() == []
 

@@ -235,6 +235,7 @@ def test_nothing_in_a_script_is_run(tmp_path, monkeypatch):
     ("run.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
      "--vocab-size 100 --kv-channels $KV\n", r"--kv-channels='\$\{KV\}': expected an integer"),
 ])
+@pytest.mark.heavy
 def test_hostile_or_broken_scripts_are_refused_with_the_reason(script, message):
     with pytest.raises(ConfigImportError, match=message):
         import_config_text(script, name="bad.sh", fmt="megatron", gpus=8)

@@ -49,6 +49,7 @@ def _estimate(spec: dict, tmp_path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.heavy
 def test_plan_prices_each_capacity_factor_as_estimate_does(tmp_path, capsys):
     """Each planned layout with a capacity factor has estimate's fullest moment, to the byte, and its step time, for
     the same spec; the array path (search on the model at that factor) has the same bytes; the factor changes the
@@ -171,6 +172,7 @@ def test_step_time_memos_key_on_the_capacity_factor():
         assert (warm_screen == screen_step_s(model, layouts, fresh, gpus_per_node=8)).all(), factor
 
 
+@pytest.mark.heavy
 def test_plan_page_capacity_multiselect_for_moe_models_only(tmp_path, monkeypatch):
     """The Plan page offers the capacity factors for a MoE model (the model's own picked), none for a dense one; a
     search with two factors shows the column and the caption on dropped tokens."""
@@ -201,6 +203,7 @@ def test_plan_page_capacity_multiselect_for_moe_models_only(tmp_path, monkeypatc
         assert any(c.value.startswith("Capacity factor: ") for c in at.caption)
 
 
+@pytest.mark.heavy
 def test_plan_page_dispatcher_select_plans_with_the_picked_dispatcher(tmp_path, monkeypatch):
     """A MoE model's Plan page offers Megatron's token dispatcher (the model's own picked); a search with flex plans
     every layout with it (prediction only on this engine, so the search includes prediction-only layouts)."""

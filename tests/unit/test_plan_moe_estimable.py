@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from backend.cli import main
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
+@pytest.mark.heavy
 def test_every_printed_moe_layout_is_estimable(capsys, tmp_path):
     assert main(["plan", "--hf-config", str(HF / "qwen3-30b-a3b.json"), "--gpus", "8", "--gpus-per-node", "8",
                  "--hardware", "h100-sxm", "--global-batch", "64", "--seq", "4096", "--include-predicted", "--top", "6",

@@ -20,6 +20,7 @@ def ui_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
 
 
+@pytest.mark.heavy
 def test_plan_page_searches_and_plots():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page("dashboard/pages/plan.py").run()
@@ -82,6 +83,7 @@ def test_scaled_down_run_keeps_the_family_or_says_why(tmp_path):
     assert pv.verify_frame(engine, "verify-none").empty
 
 
+@pytest.mark.heavy
 def test_plan_page_toggle_brings_back_prediction_only_layouts():
     """Issue 26: by default the page ranks only layouts this engine runs; the toggle ranks the others too, marked."""
     at = AppTest.from_file(APP, default_timeout=120).run()
@@ -122,6 +124,7 @@ def test_plan_page_says_why_when_every_fitting_layout_is_prediction_only():
                and "attention sinks under flash attention" in w for w in warnings)
 
 
+@pytest.mark.heavy
 def test_plan_page_plans_long_contexts_with_flash_by_default_and_says_so():
     """Issue 30 items 2 and 9: the page opens on a common dense model (not llama-4-maverick), plans with flash on a
     GPU profile (cp layouts at 32k; math stays a choice), says which kernel in bold above the Search button and in the
@@ -150,6 +153,7 @@ def test_plan_page_plans_long_contexts_with_flash_by_default_and_says_so():
     assert any(w.value.startswith("Context parallelism not searched") for w in at.warning)
 
 
+@pytest.mark.heavy
 def test_plan_this_model_keeps_the_imported_precision_and_recompute(tmp_path):
     """Issue 30 item 3: "Plan this model" from an imported torchtitan config with float8 planned in bf16 (the page had
     no precision control), so the imported layout ranked at another step time than when opened directly. Now the

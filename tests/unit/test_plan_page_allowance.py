@@ -48,6 +48,7 @@ def _errors(at: AppTest) -> str:
     return " ".join(e.value for e in at.error)
 
 
+@pytest.mark.heavy
 def test_reserve_and_slack_reach_the_planner_and_the_page_shows_the_allowance_used(planned):
     at = _small(AppTest.from_file(APP, default_timeout=120).run())
     assert at.number_input(key="pl_reserve").value is None and at.number_input(key="pl_slack").value == 0.13
@@ -75,6 +76,7 @@ def test_reserve_and_slack_reach_the_planner_and_the_page_shows_the_allowance_us
     (None, -0.1, "Allocator slack must be between 0 and 1"),
     (-1.0, 0.13, "Reserve per GPU must be >= 0 GB per GPU (got -1)"),
     (80.0, 0.13, "Reserve per GPU 80 GB is not less than the 80 GB per GPU of h100-sxm: no layout could fit")])
+@pytest.mark.heavy
 def test_a_bad_allowance_is_refused_with_the_clis_words_and_nothing_is_planned(planned, reserve, slack, said):
     at = _small(AppTest.from_file(APP, default_timeout=120).run())
     at.number_input(key="pl_reserve").set_value(reserve)

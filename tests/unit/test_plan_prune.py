@@ -52,6 +52,7 @@ CASES = [(_hf("llama-3-8b"), 32, 64, "bf16-mixed", "shardlab", "cuda"), (MOE, 32
 @pytest.mark.parametrize("model,gpus,batch,precision,stack,device", CASES,
                          ids=["llama3-8b", "moe", "moe-cpu", "gpt-tied-fp32-cpu", "mixtral", "deepseek-v3",
                               "moe-megatron", "moe-torchtitan", "moe-deepspeed"])
+@pytest.mark.heavy
 def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, precision, stack, device):
     """Every enumerated layout (up to 20,000 drawn with a fixed seed): the state floor and the first-rank pass are each
     <= worst_rank_memory (neither bounds the other: the floor takes every pipeline rank, the other pass one)."""
@@ -74,6 +75,7 @@ def test_plan_prune_bounds_never_exceed_the_full_model(model, gpus, batch, preci
     assert (layouts.pp > 2).any() and (layouts.schedule == PipelineSchedule.DUALPIPEV).any()
 
 
+@pytest.mark.heavy
 def test_plan_prune_floor_is_tight_where_it_matters():
     """The floor is the model state itself, not a loose constant: at DeepSeek-V3 on 256 H100 it rules out most
     layouts on its own (the point of computing it)."""
@@ -104,6 +106,7 @@ def _same_plan(model: ModelSpec, gpus: int, batch: int, include_predicted: bool)
     assert pruned.configs == full.configs and pruned.failed_checks == full.failed_checks
 
 
+@pytest.mark.heavy
 def test_plan_prune_same_search_small_moe():
     """search(): the same layouts fit, with the same bytes, in the same order; a pruned layout's bytes are a bound
     that does not fit. The device is the median layout's need (fits_device's): half of them fit."""
@@ -129,6 +132,7 @@ def test_plan_prune_same_plan_benchmark_moe_cases(name, gpus, batch, attention):
 
 @pytest.mark.parametrize("model,gpus,batch,precision,stack,device", CASES[:6],
                          ids=["llama3-8b", "moe", "moe-cpu", "gpt-tied-fp32-cpu", "mixtral", "deepseek-v3"])
+@pytest.mark.heavy
 def test_plan_prune_later_ranks_complete_the_first(model, gpus, batch, precision, stack, device):
     """search()'s second pass evaluates pipeline ranks 1.. only (later_ranks_only), on a table restricted with its
     memoised terms (take(with_memo=True)), and takes the larger of that and rank 0's: byte for byte the full model's
@@ -149,6 +153,7 @@ def test_plan_prune_later_ranks_complete_the_first(model, gpus, batch, precision
 
 @pytest.mark.parametrize("model,gpus,batch,precision,stack,device", [CASES[0], CASES[5], CASES[6]],
                          ids=["llama3-8b", "deepseek-v3", "moe-megatron"])
+@pytest.mark.heavy
 def test_plan_prune_enumeration_state_key_is_the_floors_grouping(model, gpus, batch, precision, stack, device):
     """enumerate_layouts stores the state floor's grouping from its grid (memoised on the table); the floor through it
     is the floor through state_floor's own key (a copy of the table drops the memo), byte for byte."""

@@ -95,6 +95,7 @@ def _heap_owners(numels_desc: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("merge_run", [1, 7, 256])
+@pytest.mark.heavy
 def test_zero1_partition_of_equal_size_runs_equals_one_pop_per_parameter(monkeypatch, merge_run):
     from backend.analytic import sharding
 
@@ -135,6 +136,7 @@ def test_local_params_run_by_run_equal_shard_param_one_by_one():
 
 # --- item 2: long-context plans search cp by default on a GPU profile; the kernel is shown ---
 
+@pytest.mark.heavy
 def test_plan_cli_searches_cp_by_default_on_a_gpu_profile(capsys):
     """Issue 30: `plan --preset llama-3-8b --seq 131072` on H100s planned the math kernel (the preset's), so no cp
     layout was searched and the only hint was a note. flash is the GPU default; math stays a choice."""
@@ -250,6 +252,7 @@ def test_why_first_parts_add_up_and_name_the_layout_choices():
     assert "over the 74.5 GiB of the device" in text  # the plan's fit rule: estimate's (issue 32)
 
 
+@pytest.mark.heavy
 def test_param_tuple_by_renamed_blocks_equals_every_block_built():
     """param_tuple builds one block per MLP kind and renames it: the same blocks as block_param_list on every layer,
     in order, for every preset and published config (dense prefixes, interleaved MoE, MLA, sinks, sandwich norms)."""
@@ -308,6 +311,7 @@ def _estimate_fit(spec: dict, tmp_path, capsys, hardware: str = "h100-sxm") -> d
 
 
 @pytest.mark.parametrize("source", ["torchtitan-fp8", "shardlab", "megatron"])
+@pytest.mark.heavy
 def test_plan_memory_is_estimates_fit_on_a_gpu_profile(source, tmp_path, capsys):
     """On h100-sxm every layout Plan prints has `estimate --hardware h100-sxm`'s fullest moment (the memory of CUDA
     ranks), to the byte, and the same verdict, whether its spec says cuda (as the planner writes it) or auto (as a

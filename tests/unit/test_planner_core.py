@@ -47,6 +47,7 @@ def _exact(model: ModelSpec, layouts: Layout, i: int) -> int:
                for r in estimate(ExperimentSpec.for_prediction(layouts.take(i).spec_dict(model))).per_rank)
 
 
+@pytest.mark.heavy
 def test_array_and_single_layout_memory_agree_on_1000_random_layouts():
     """Every flavour (ddp, zero1, zero2, zero3) x tp x SP x pp x schedule x virtual stages x ep x recompute x
     micro-batch of four (model, GPUs, precision) cases; 1,000 layouts drawn with a fixed seed: the array path, the
@@ -78,6 +79,7 @@ WIDE_VOCAB = ModelSpec(vocab_size=100352, d_model=1024, n_layers=8, n_heads=16, 
 LONG_CASES = [(LLAMA3_8B_32K, 64, 64, "bf16-mixed"), (WIDE_VOCAB, 32, 64, "bf16-mixed"), (WIDE_VOCAB, 16, 32, "fp32")]
 
 
+@pytest.mark.heavy
 def test_array_and_estimator_fullest_moment_agree_on_long_sequences_cp_pp_and_large_vocabularies():
     """Issue 32: the planner's memory is `estimate`'s fullest moment. 300 random layouts with cp, pp and every
     recompute the planner searches, where the loss's backward or a moment inside backward is the fullest: the array
@@ -99,6 +101,7 @@ def test_array_and_estimator_fullest_moment_agree_on_long_sequences_cp_pp_and_la
     assert {"loss_backward", "backward"} <= moments, moments
 
 
+@pytest.mark.heavy
 def test_array_memory_equals_the_estimator_at_70b_on_1024_gpus():
     layouts = enumerate_layouts(LLAMA70B, gpus=1024, gpus_per_node=8, global_batch=1024)
     fast, _ = worst_rank_memory(LLAMA70B, layouts)
@@ -191,6 +194,7 @@ def test_interleaved_peak_state_closed_form_equals_the_action_walk():
                         assert interleaved_peak_states(p, v, m, rank, zero) == want, (zero, p, v, m, rank)
 
 
+@pytest.mark.heavy
 def test_plan_memory_is_the_estimators_fullest_moment_on_the_issue_32_scenario():
     """Issue 32's steps: Plan with llama-3-70b at seq 32768 on 128 H100s (global batch 256, flash attention) printed
     zero1 dp2·tp8·pp4·cp2 at 68.2 GiB (its activation peak) against a 68.5 GiB budget, while `estimate` and New

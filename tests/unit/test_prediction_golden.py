@@ -11,6 +11,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.layout import PipelineSchedule, RecomputeMode
@@ -167,6 +168,7 @@ def _plain(obj):
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+@pytest.mark.heavy
 def test_estimates_and_step_times_unchanged():
     estimates, steps = {}, {}
     hw = get_hardware("h100-sxm")

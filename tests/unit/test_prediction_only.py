@@ -117,6 +117,7 @@ def test_plan_leaves_out_what_the_model_cannot_run_and_says_which_rule():
     assert everything.configs and not any(c["runnable"] for c in everything.configs)
 
 
+@pytest.mark.heavy
 def test_array_run_check_equals_run_blockers_on_every_layout():
     """planner.search.run_blocked (arrays) and backend.spec.checks.run_blockers (one spec) agree on every enumerated
     layout of a dense, a MoE, a windowed flash (cp searched: ring attention has no window) and a sinks model, in bf16,
@@ -146,6 +147,7 @@ def test_array_run_check_equals_run_blockers_on_every_layout():
     assert checked > 2000 and mixed
 
 
+@pytest.mark.heavy
 def test_estimate_accepts_200_random_plan_outputs(capsys):
     """Issue 26 'Done when': estimate accepts every spec plan prints. 200 configs from random plans (models, GPU
     counts, batches, precisions, prediction-only layouts included) go back through the estimate CLI."""

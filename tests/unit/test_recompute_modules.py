@@ -175,6 +175,7 @@ def test_plan_prices_selective_layouts_with_the_held_modules():
     assert held.with_stack(None, {"recompute_modules": ["moe"]}).recompute_modules == ("moe",)
 
 
+@pytest.mark.heavy
 def test_plan_flag_holds_the_modules_for_the_searched_selective_layouts(capsys):
     from backend.cli import main
 
@@ -188,6 +189,7 @@ def test_plan_flag_holds_the_modules_for_the_searched_selective_layouts(capsys):
                    if c["spec"]["train"]["recompute"] != "selective")
 
 
+@pytest.mark.heavy
 def test_the_published_moe_recipes_fit_the_gpus_they_ran_on():
     """Issue 34: every published recipe predicted to fit its GPU. DeepSeek-V3 (bridge 25.09, 1,024 H100s) fits
     with its recipe's --recompute-modules mla_up_proj mlp (perf_recipes/deepseek/h100/deepseek_v3.py l. 42)."""

@@ -54,6 +54,7 @@ def test_op_policy_reruns_every_second_matmul():
 
 @pytest.mark.parametrize("family", [{}, LLAMA], ids=["gpt", "llama"])
 @pytest.mark.parametrize("recompute", POLICIES)
+@pytest.mark.heavy
 def test_measured_activations_equal_predicted_fp32(recompute, family):
     """The engine's microbatch loop under the policy, its tracker at the activation peak vs estimate(): exact in fp32
     (the existing policies' 1% bound)."""
@@ -64,6 +65,7 @@ def test_measured_activations_equal_predicted_fp32(recompute, family):
 
 
 @pytest.mark.parametrize("recompute", ["op", "layers:2", "block:3", "uniform:2"])
+@pytest.mark.heavy
 def test_measured_activations_bf16_within_the_full_recompute_bound(recompute):
     """bf16 autocast: within 15%, the bound of the existing full-recompute autocast case (measured -1.1% .. -5.5%:
     the checkpointed blocks' autocast casts at the forward peak, as for `full`)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = "backend/runtime/protocol.py"
 PROTOCOL_WORDS = ("SHARDLAB_PROGRESS", "SHARDLAB_FAULT", ".error.json", ".stack.txt", ".progress")
@@ -40,6 +42,7 @@ def _code_strings(tree: ast.Module) -> list[str]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
+@pytest.mark.heavy
 def test_only_the_protocol_module_names_the_protocol_files_and_lines():
     found = [f"{path}: {s!r}" for folder in ("backend", "db", "dashboard") for path, tree in _modules(folder).items()
              if path != PROTOCOL for s in _code_strings(tree)

@@ -94,6 +94,7 @@ def _check_outcome(spec, problems) -> None:
 
 @PROPERTY
 @given(SPEC)
+@pytest.mark.heavy
 def test_random_dicts_never_crash(data):
     spec, problems = validate_spec(data)
     _check_outcome(spec, problems)
@@ -101,6 +102,7 @@ def test_random_dicts_never_crash(data):
 
 @PROPERTY
 @given(SPEC)
+@pytest.mark.heavy
 def test_random_json_text_never_crashes(data):
     spec, problems = validate_spec(json.dumps(data, default=str))
     _check_outcome(spec, problems)
@@ -115,6 +117,7 @@ def test_non_mapping_input_is_rejected_cleanly(data):
 
 @PROPERTY
 @given(st.one_of(PLAUSIBLE, consistent()))
+@pytest.mark.heavy
 def test_accepted_specs_round_trip_and_estimate(data):
     spec, problems = validate_spec(data)
     _check_outcome(spec, problems)

@@ -137,6 +137,7 @@ def _first_stage_started_at_most_held(schedule: str, p: int, m: int, rank: int) 
 
 @pytest.mark.parametrize("schedule", ["dualpipev", "zbv"])
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.heavy
 def test_first_leg_gradients_come_after_the_peak_only_where_torchs_plans_say(schedule: str, p: int) -> None:
     """first_leg_late_grad_bytes' condition against torch's plans: DualPipeV's rank 0 at m = 2p, and every ZBV rank
     at m = p, hold their most chunks only before the first-leg stage's first backward; at more microbatches, and on
@@ -217,6 +218,7 @@ LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "bias": "none", "positions": "rope"
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("family", [{}, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.heavy
 def test_pending_grad_bytes_are_what_each_block_keeps_after_the_input_pass(family: dict, recompute: str) -> None:
     """Each block more adds exactly pending_grad_bytes to what the input pass leaves alive, with or without full
     recompute (the re-run is gone by the pass's end)."""

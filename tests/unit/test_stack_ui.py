@@ -64,6 +64,7 @@ def test_new_experiment_stack_select_makes_a_prediction_only_spec():
     assert any("elementwise=compiled" in w.value for w in at.warning)
 
 
+@pytest.mark.heavy
 def test_plan_page_plans_within_the_chosen_stack():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page("dashboard/pages/plan.py").run()

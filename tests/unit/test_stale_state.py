@@ -38,6 +38,7 @@ def _ok(at: AppTest) -> AppTest:
     return at
 
 
+@pytest.mark.heavy
 def test_plan_inputs_come_back_with_their_results():
     at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("dashboard/pages/plan.py").run())
     at.selectbox(key="pl_preset").set_value(sf.preset_label("gpt2"))

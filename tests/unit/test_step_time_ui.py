@@ -66,6 +66,7 @@ def test_new_experiment_shows_the_predicted_step_time_or_what_to_run(env):
     assert any(m.label == "step time (predicted)" for m in at.metric)
 
 
+@pytest.mark.heavy
 def test_plan_layout_keeps_its_hardware_in_new_experiment(env):
     from dashboard import plan_view as pv
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import PipelineSchedule, RecomputeMode
 from backend.analytic.steptime.hardware import get_hardware
@@ -71,6 +73,7 @@ def _digest(rows: list) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+@pytest.mark.heavy
 def test_step_time_and_worst_rank_unchanged_on_70b_layouts():
     hw = get_hardware("h100-sxm")
     L = enumerate_layouts(LLAMA70B, gpus=GPUS, gpus_per_node=NODE, global_batch=BATCH)

@@ -186,6 +186,7 @@ def test_a_full_disk_under_the_sqlite_file_delays_the_result_instead_of_dropping
     assert q.get_experiment(engine, eid)["result"] == fake_result(spec("disk full"))
 
 
+@pytest.mark.heavy
 def test_a_sqlite_lock_held_past_busy_timeout_is_ridden_out(tmp_path, monkeypatch):
     from db import session
 
@@ -224,6 +225,7 @@ def running_row(engine, s, worker_id: str) -> int:
         return exp.id
 
 
+@pytest.mark.heavy
 def test_a_live_worker_recovers_dead_and_stale_jobs_while_it_polls(store_urls, tmp_path):
     engine = store_urls.engine()
     worker = Worker(engine, runs_dir=tmp_path / "runs", poll_s=0.05, heartbeat_s=0.2, stale_after_s=2.0,
@@ -325,6 +327,7 @@ def test_a_new_slurm_run_never_stores_an_old_runs_measurements(fake_slurm, tmp_p
     assert list(runs.glob(f"{new}.stale-*")), "the old run's folder was set aside, not followed"
 
 
+@pytest.mark.heavy
 def test_two_writers_storing_the_same_result_follow_each_other(store_urls):
     """A worker storing its result and another importing the same result.json (the soak hit this on PostgreSQL:
     UniqueViolation on experiment_summaries, which then stopped every worker)."""

@@ -84,6 +84,7 @@ def test_the_fixtures_cover_every_revision_that_was_ever_the_newest():
 
 
 @pytest.mark.parametrize("fixture", sorted(COVERS))
+@pytest.mark.heavy
 def test_a_store_an_older_version_wrote_opens_with_every_value(fixture, tmp_path):
     copy, before = opened(fixture, tmp_path)
     assert before["experiments"], "a fixture holds runs"
@@ -117,6 +118,7 @@ DEGREE_COLUMNS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "c
 
 
 @pytest.mark.parametrize("fixture", sorted(COVERS))
+@pytest.mark.heavy
 def test_the_degrees_read_from_degrees_json_are_the_values_the_columns_held(fixture, tmp_path):
     """Issue 33: since revision 0011 rows, sorts and the export read the parallel dimensions from
     experiments.degrees_json; every value listed and exported is the one the old columns held (the spec's default
@@ -284,6 +286,7 @@ def run_old_revision(engine, file: str) -> str:
 
 
 @pytest.mark.parametrize("old", sorted(OLD_REVISIONS))
+@pytest.mark.heavy
 def test_a_store_stamped_by_a_renumbered_revision_upgrades_on_both_stores(store_urls, old):
     from sqlalchemy import text
 

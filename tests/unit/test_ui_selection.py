@@ -117,6 +117,7 @@ def _plan_search(at: AppTest, gpus: int) -> AppTest:
     return _ok(at.run())
 
 
+@pytest.mark.heavy
 def test_plan_new_search_does_not_inherit_the_ticked_row():
     at = _ok(AppTest.from_file(APP, default_timeout=120).run().switch_page("dashboard/pages/plan.py").run())
     _plan_search(at, 8)

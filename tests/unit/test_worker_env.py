@@ -41,6 +41,7 @@ def small_fs(tmp_path):
     fs.unmount()
 
 
+@pytest.mark.heavy
 def test_a_launch_failing_because_of_the_host_puts_the_job_back(tmp_path, caplog):
     engine = open_db(f"sqlite:///{tmp_path / 'store.db'}")
     eid = q.submit_experiment(engine, spec("unlucky"))
@@ -62,6 +63,7 @@ def test_write_atomic_on_a_full_disk_leaves_no_temp_file(small_fs):
     assert sorted(p.name for p in small_fs.path.iterdir()) == [".filler"]
 
 
+@pytest.mark.heavy
 def test_the_log_reader_keeps_draining_when_the_log_disk_is_full(small_fs):
     from backend.launch.procs import Job
 
