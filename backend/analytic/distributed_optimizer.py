@@ -12,7 +12,7 @@ docs/source/api-guide/dist_optimizer.md table). Bucket rules: dp_buckets.py; tra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def param_bytes(layout: Layout) -> Num:
     return where(layout.half_params, layout.compute_bytes, MASTER_BYTES)
 
 
-def _storage(nbytes: Any, cuda: bool) -> Num:
+def _storage(nbytes: Num, cuda: bool) -> Num:
     return ceil_div(nbytes, CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES if cuda else nbytes
 
 

@@ -235,7 +235,7 @@ class StageComposition:
     n_lowest: Num = 0
     """Of n_blocks, those of the rank's lowest stage (stage pp_rank: the most when the split is uneven)."""
 
-    def take(self, rows: Any, n: int) -> StageComposition:
+    def take(self, rows: np.ndarray, n: int) -> StageComposition:
         return StageComposition(*(take_rows(v, rows, n) for v in (self.n_blocks, self.first, self.last, self.n_alt,
                                                                    self.last_alt, self.n_lowest)))
 
@@ -295,7 +295,7 @@ class RankParts:
         return self._part(3) if has else PartSums(*([0] * k))
 
     @cached_property
-    def last_block(self) -> Any:
+    def last_block(self) -> PartSums | _Chosen:
         """The rank's last block's sums (its kind: block or alt_block), PartSums' fields by name; on arrays each field
         is chosen when first read (the callers read a few of them)."""
         last_alt = self.stages.last_alt
@@ -303,7 +303,7 @@ class RankParts:
             return self.block
         return _Chosen(last_alt, self.alt_block, self.block)
 
-    def take(self, rows: Any) -> RankParts:
+    def take(self, rows: np.ndarray) -> RankParts:
         """The parts of the layouts at `rows` (scalar_or_array.per_value)."""
         return RankParts(self.stages.take(rows, self.rows), take_rows(self.sums, rows, self.rows), rows=len(rows))
 

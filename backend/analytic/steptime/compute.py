@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def default_implementation(hw: Hardware) -> str:
     return "fused" if hw.kind == "cpu" else "torch"
 
 
-def weight_gemms_s(hw: Hardware, precision: str, rows: Any, k: Num, n_out: Num, cb: float,
+def weight_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, cb: float,
                    float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
     float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time) or Transformer Engine's (fp8_gemms

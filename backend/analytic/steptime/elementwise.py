@@ -28,7 +28,7 @@ kernels cost their launch floor, large ones their traffic (Williams et al. 2009,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.analytic.scalar_or_array import maximum
 from backend.spec.choices import GATED_MLPS, Mlp, Norm, Positions
@@ -54,7 +54,7 @@ class Pass:
 
     cls: str
     """Bandwidth class (op_tables.ELEMENTWISE_CLASSES): copy, rmsnorm, layernorm, swiglu, gelu, cross_entropy."""
-    bytes: Any
+    bytes: Num
     count: Num = 1
     """Kernels of this size (an array where the kernel runs in some layouts only)."""
 

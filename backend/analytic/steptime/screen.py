@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,6 +56,7 @@ from backend.analytic.steptime.collectives import (
     within_node,
 )
 from backend.analytic.steptime.compute import (
+    PassCost,
     attention_pass,
     default_implementation,
     elementwise_pass,
@@ -113,7 +114,7 @@ def _block_linears(key: ModelKey, tp: int, part: str = "block", ep: int = 1) -> 
                  for q in local_part(key, part, False, (tp, ep, ep, 0, 0, 0, 0)) if len(q.shape) == 2)
 
 
-def _groups(*columns: Any) -> tuple[np.ndarray, np.ndarray]:
+def _groups(*columns: Num) -> tuple[np.ndarray, np.ndarray]:
     """(one representative row per distinct combination, each row's combination) of small non-negative int columns
     (broadcast), without sorting: each column coded by its distinct values (_distinct), the codes in mixed radix."""
     cols = np.broadcast_arrays(*(np.asarray(c, dtype=np.int64) for c in columns))
@@ -350,7 +351,7 @@ class _BlockCosts:
         """One block 0's backward (what DDP's bucketed all-reduce overlaps with, per block)."""
         return self.gemm[0][1] + self.attention[0].bwd_s + self.elementwise.bwd_s
 
-    def _per_layer(self, gemm: tuple[Num, Num], attention: Any) -> Num:
+    def _per_layer(self, gemm: tuple[Num, Num], attention: PassCost) -> Num:
         forward = gemm[0] + attention.fwd_s + self.elementwise.fwd_s
         backward = gemm[1] + attention.bwd_s + self.elementwise.bwd_s  # dgrad + wgrad
         rerun = self.rerun  # recompute_cost.RerunShare: the shares of the forward re-run in backward
@@ -395,7 +396,7 @@ def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: in
     return dispatcher_bandwidth_s(model, layout, hw, gpus_per_node, payload=payload, sent_tokens=tokens, passes=passes)
 
 
-def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Any) -> tuple[Num, Num]:
+def _dp_link(layout: Layout, hw: Hardware, gpus_per_node: int, group: Num) -> tuple[Num, Num]:
     """(within one node, bytes/s per rank) of a data-parallel group of `group` tp-strided ranks (dp_sync's tiers)."""
     stride = group_stride(layout.tp, group, "dp")
     intra = within_node(stride, group, "dp", gpus_per_node)
