@@ -51,28 +51,24 @@ def minimum(a: Num, b: Num) -> Num:
 
 def logical_and(*values: Num) -> Num:
     """Elementwise and; a scalar False anywhere gives scalar False (it would broadcast to all False)."""
-    if any(not isinstance(v, np.ndarray) and not v for v in values):
-        return False
-    arrays = [v for v in values if isinstance(v, np.ndarray)]
-    if not arrays:
-        return True
-    out = arrays[0].astype(bool, copy=False)
-    for v in arrays[1:]:
-        out = out & v.astype(bool, copy=False)
-    return out
+    out = None
+    for v in values:  # one pass, no generator: the estimator calls this ~100 times per rank it prices
+        if isinstance(v, np.ndarray):
+            out = v.astype(bool, copy=False) if out is None else out & v.astype(bool, copy=False)
+        elif not v:
+            return False
+    return True if out is None else out
 
 
 def logical_or(*values: Num) -> Num:
     """Elementwise or; a scalar True anywhere gives scalar True."""
-    if any(not isinstance(v, np.ndarray) and v for v in values):
-        return True
-    arrays = [v for v in values if isinstance(v, np.ndarray)]
-    if not arrays:
-        return False
-    out = arrays[0].astype(bool, copy=False)
-    for v in arrays[1:]:
-        out = out | v.astype(bool, copy=False)
-    return out
+    out = None
+    for v in values:
+        if isinstance(v, np.ndarray):
+            out = v.astype(bool, copy=False) if out is None else out | v.astype(bool, copy=False)
+        elif v:
+            return True
+    return False if out is None else out
 
 
 def logical_not(value: Num) -> Num:
