@@ -31,12 +31,9 @@ from xdist.scheduler import LoadGroupScheduling
 GROUPS_ENV = "SHARDLAB_TEST_GROUPS"
 """The file {test id: its group} that the workers write and the controller's scheduler reads."""
 
-ONE_BY_ONE = "unit and not slow and not serial"
-"""The tests that are work units of their own (also `make test-fast`'s selection, but for `heavy`)."""
-
-
 def one_by_one(item: pytest.Item) -> bool:
-    """`ONE_BY_ONE` for one collected test whose kind mark is set (tests/conftest.py)."""
+    """Whether a collected test (its kind mark set: tests/conftest.py) is a work unit of its own: `-m "unit and not
+    slow and not serial"` (`make test-fast` leaves out the `heavy` ones too)."""
     return bool(item.get_closest_marker("unit")) and not item.get_closest_marker("slow") \
         and not item.get_closest_marker("serial")
 
