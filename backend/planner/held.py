@@ -11,11 +11,15 @@ spec carries it, so the step-time model times each layout as that stack runs it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.recompute_policy import parse as parse_recompute
 from backend.spec.choices import Precision
 from backend.spec.stacks import SETTINGS as STACK_SETTINGS
+
+if TYPE_CHECKING:
+    from backend.analytic.stack_memory import StackMemory
+    from backend.spec import ModelSpec
 
 PRECISIONS = tuple(p.value for p in Precision)
 
@@ -63,7 +67,7 @@ class HeldTraining:
                        stack_settings=tuple((k, merged[k]) for k in STACK_SETTINGS if k in merged),
                        recompute_modules=tuple(str(m) for m in modules) if modules else self.recompute_modules)
 
-    def stack_memory(self, model: Any, device: str) -> Any:
+    def stack_memory(self, model: ModelSpec, device: str) -> StackMemory | None:
         """analytic/stack_memory.StackMemory of the held stack and settings (None for shardlab): the same settings
         `Layout.of` resolves from each planned spec."""
         from backend.analytic.stack_memory import stack_memory_of_train

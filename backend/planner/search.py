@@ -30,6 +30,7 @@ from backend.planner.capacity import candidates, capacity_problem, drop_note, fa
 from backend.planner.held import HeldTraining
 from backend.planner.retime import Screened, config_row, retime_pools
 from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts
+from backend.spec import ModelSpec
 from backend.spec.run_rules import LayoutView, rule_hits
 
 ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocator slack <= device memory, the rule of "
@@ -92,7 +93,7 @@ class Plan:
                               "fragmentation_frac": self.overhead.fragmentation_frac}}
 
 
-def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tuple[str, str]:
+def planned_attention(model: ModelSpec, hw: Hardware, asked: str | None = None) -> tuple[str, str]:
     """(attention kernel, why, in words) a plan uses: the one asked for; else flash on a GPU profile (what GPU
     training runs, and the kernel context parallelism needs: a long sequence planned with the math kernel never sees
     a cp layout), unless the model has attention sinks (no flash kernel with sinks in this engine: every flash layout
@@ -109,7 +110,7 @@ def planned_attention(model: Any, hw: Hardware, asked: str | None = None) -> tup
                     "math stays a choice"
 
 
-def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
+def search(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int, memory_bytes: float,
            precision: str = "bf16-mixed", limits: Limits = DEFAULT_LIMITS, held: HeldTraining | None = None,
            overhead: RuntimeOverhead | None = None, prune: bool = True) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(every layout, its worst-rank bytes, the indices of those that fit memory_bytes per GPU (fits_device), fastest
@@ -160,20 +161,20 @@ def search(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_ba
     return layouts, memory, keep[np.argsort(step, kind="stable")]
 
 
-def _run_view(layouts: Layout, model: Any) -> LayoutView:
+def _run_view(layouts: Layout, model: ModelSpec) -> LayoutView:
     split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV) \
         | (layouts.schedule == PipelineSchedule.DUALPIPEV)
     return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
                       split_backward=split, precision=str(layouts.precision), model=model)
 
 
-def run_rule_hits(layouts: Layout, model: Any) -> dict[str, np.ndarray]:
+def run_rule_hits(layouts: Layout, model: ModelSpec) -> dict[str, np.ndarray]:
     """{rule label: where it blocks} for every rule of backend/spec/run_rules.py (the ones `checks.run_blockers`
     applies to one spec), evaluated once on the layout arrays."""
     return {label: np.broadcast_to(hits, len(layouts)) for label, hits in rule_hits(_run_view(layouts, model)).items()}
 
 
-def run_blocked(layouts: Layout, model: Any) -> np.ndarray:
+def run_blocked(layouts: Layout, model: ModelSpec) -> np.ndarray:
     """True where this engine cannot run the layout. tests/unit/test_prediction_only.py checks it against run_blockers
     on every enumerated layout."""
     return np.logical_or.reduce(list(run_rule_hits(layouts, model).values()))
@@ -190,7 +191,7 @@ def mark_runnable(configs: list[dict[str, Any]]) -> None:
         c["runnable"], c["why_not"] = not blockers, "; ".join(blockers) or None
 
 
-def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> Screened:
+def _screen(model: ModelSpec, include_predicted: bool, pool_size: int, **kw: Any) -> Screened:
     layouts, memory, order = search(model, **kw)
     left_out, fitting, by_rule = 0, len(order), {}
     if len(layouts) and not include_predicted:
@@ -201,7 +202,7 @@ def _screen(model: Any, include_predicted: bool, pool_size: int, **kw: Any) -> S
     return Screened(model, layouts, memory, order, fitting, left_out, by_rule, order[:pool_size])
 
 
-def plan(model: Any, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
+def plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, global_batch: int,
          memory_bytes: float | None = None, top: int = 10, precision: str = "bf16-mixed",
          band: tuple[float, float] | None = None, reserve_bytes: float | None = None,
          fragmentation: float | None = None, limits: Limits = DEFAULT_LIMITS, enough: int | None = None,
