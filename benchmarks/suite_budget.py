@@ -35,6 +35,8 @@ from benchmarks.suite_timeline import TIMELINE_ENV  # noqa: E402
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 WINDOW_S = 30.0
 TOP = 25
+MAKE_TEST_ARGS = ("-q", "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
+"""`make test`'s pytest arguments (tests/unit/test_suite_budget.py checks them against the Makefile)."""
 
 CATEGORIES = (
     ("farm ranks", "tests.helpers.farm_rank"),
@@ -134,7 +136,6 @@ def budget(samples: list[Sample], names: dict[int, str], spans: list[Span], core
     busy_cpu_s = (last.busy_ticks - first.busy_ticks) * TICK_S
     wall_s = last.t - first.t
     by_category = cpu_by_category(samples, names)
-    spans = sorted(spans, key=lambda s: s.start)
 
     def row(s: Span) -> dict:
         return {"id": s.id, "worker": s.worker, "wall_s": round(s.end - s.start, 2),
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every-s", type=float, default=2.0, help="sampling period (default 2 s)")
     ap.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: make test's run)")
     args = ap.parse_args(argv)
-    pytest_args = args.pytest_args or ["-q", "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"]
+    pytest_args = args.pytest_args or list(MAKE_TEST_ARGS)
+    commit = checkout()  # what is measured: the work tree as the run starts
     with tempfile.TemporaryDirectory(prefix="suite-budget-") as tmp:
         timeline = Path(tmp) / "timeline.jsonl"
         env = dict(os.environ, **{TIMELINE_ENV: str(timeline)})
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stopped.set()
         sampler.join()
         b = budget(sampler.samples, sampler.names, read_spans(timeline), os.cpu_count() or 1)
-    b |= {"pytest_args": pytest_args, "pytest_exit_code": rc, "every_s": args.every_s, "commit": checkout(),
+    b |= {"pytest_args": pytest_args, "pytest_exit_code": rc, "every_s": args.every_s, "commit": commit,
           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(sampler.samples[0].t))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(b, indent=1) + "\n")

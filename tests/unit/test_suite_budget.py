@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import os
 
-from benchmarks.suite_budget import TICK_S, Sample, Span, budget, category_of, read_sample, summary_lines
+from benchmarks.suite_budget import (
+    MAKE_TEST_ARGS,
+    ROOT,
+    TICK_S,
+    Sample,
+    Span,
+    budget,
+    category_of,
+    read_sample,
+    summary_lines,
+)
 from benchmarks.suite_timeline import span_record
 
 NAMES = {1: "/process_api --init", 10: "python -u -m tests.helpers.farm_rank plan.json",
@@ -55,3 +65,8 @@ def test_a_tests_line_has_its_own_and_its_childrens_cpu():
     rec = span_record("t.py::a", 10.0, 12.5, before, after)
     assert rec["id"] == "t.py::a" and rec["start"] == 10.0 and rec["end"] == 12.5
     assert abs(rec["self_cpu_s"] - 2.0) < 1e-9 and abs(rec["children_cpu_s"] - 2.0) < 1e-9
+
+
+def test_the_default_run_is_make_tests():
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if "-m pytest" in x and "--dist" in x)
+    assert " ".join(MAKE_TEST_ARGS) in line
