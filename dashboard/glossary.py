@@ -22,7 +22,7 @@ HELP = {
     "cp load balance": ("Head-tail chunks: cp rank r holds chunks r and 2cp-1-r of the sequence, so causal attention "
                         "costs every rank the same; without it the last rank does (2cp-1)/cp of the average."),
     "memory GiB": ("Worst rank's memory at its fullest moment, the number New experiment's fit check and `estimate` "
-                   "give (GiB = 2^30 bytes; an '80 GB' GPU holds 74.5 GiB)."),
+                   "give (GiB = 2^30 bytes; CUDA gives a process 79.1 GiB of an '80 GB' H100)."),
     "needs GiB": ("Memory at the fullest moment + the CUDA context, NCCL buffers and allocator slack: what must fit "
                   "the GPU's memory (the fit rule of New experiment and `estimate --hardware`, analytic/device.py)."),
     "fullest at": ("Which moment of the step is the worst rank's fullest: the end of forward (activation peak), the "

@@ -99,7 +99,7 @@ class Fit:
 
     def message(self) -> str:
         need = fmt_bytes(self.worst_bytes)
-        dev = f"{fmt_bytes(self.device_bytes)} ({to_gb(self.device_bytes):,.4g} GB as sold)"
+        dev = f"{fmt_bytes(self.device_bytes)} ({to_gb(self.device_bytes):,.4g} GB)"
         why = self._breakdown()
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "

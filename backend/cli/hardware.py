@@ -29,12 +29,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: v.to_dict() for k, v in profiles.items()}))
         return 0
-    head = (f"{'key':<14} {'name':<34} {'bf16 TF/s':>9} {'fp32 TF/s':>9} {'mem GB':>7} {'HBM GB/s':>8} "
+    head = (f"{'key':<14} {'name':<34} {'bf16 TF/s':>9} {'fp32 TF/s':>9} {'mem GiB':>7} {'HBM GB/s':>8} "
             f"{'intra GB/s':>10} {'inter GB/s':>10}")
     print(head)
     for k, h in profiles.items():
         print(f"{k:<14} {h.name[:34]:<34} {h.peak('bf16-mixed') / 1e12:>9.1f} {h.peak('fp32') / 1e12:>9.2f} "
-              f"{h.memory_bytes / 1e9:>7.0f} {h.hbm_bytes_per_s / 1e9:>8.0f} {h.intra_bytes_per_s / 1e9:>10.1f} "
+              f"{h.memory_bytes / 2**30:>7.1f} {h.hbm_bytes_per_s / 1e9:>8.0f} {h.intra_bytes_per_s / 1e9:>10.1f} "
               f"{h.inter_bytes_per_s / 1e9:>10.1f}")
     if "cpu" not in profiles:
         print("(no 'cpu' profile yet: `python -m backend.bench.hw_probe` measures this machine)")

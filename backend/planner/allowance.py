@@ -51,5 +51,5 @@ def reserve_problem(reserve_gb: float | None, device_bytes: float, hardware: str
     given rather than the profile's), or None."""
     if reserve_gb is None or reserve_gb * 1e9 < device_bytes:
         return None
-    return (f"{names['reserve']} {reserve_gb:g} GB is not less than the {device_bytes / 1e9:g} GB per GPU of "
+    return (f"{names['reserve']} {reserve_gb:g} GB is not less than the {device_bytes / 1e9:.4g} GB per GPU of "
             f"{hardware}{' (' + names['memory'] + ')' if memory_given else ''}: no layout could fit")

@@ -18,8 +18,9 @@ with tab_mem:
     psi_b = c1.number_input("Model size (billion parameters)", 0.001, 100_000.0, 70.0, key="fx_psi")
     prec = c2.selectbox("Precision", ["bf16-mixed", "fp16-mixed", "fp32"], key="fx_prec")
     opt = c3.selectbox("Optimizer", ["adamw", "sgd"], key="fx_opt")
-    dev = c4.number_input("GPU memory, GB as sold", 1.0, 10_000.0, 80.0, key="fx_dev",
-                          help="80 GB = 74.5 GiB; the charts are in GiB")
+    dev = c4.number_input("GPU memory, GB", 1.0, 10_000.0, 80.0, key="fx_dev",
+                          help="Decimal GB: 80 = 74.5 GiB (CUDA gives a process 79.1 GiB of an '80 GB' H100); the "
+                               "charts are in GiB")
     lo, hi = st.select_slider("GPUs N", options=fv.worlds(1, 4096), value=(8, 1024), key="fx_n")
     st.plotly_chart(fv.zero_memory_fig(psi_b * 1e9, precision=prec, optimizer=opt, ns=fv.worlds(lo, hi), device_gb=dev),
                     key="fx_zero")

@@ -290,9 +290,10 @@ spec, problems = sf.form_to_spec(values, predict_only=True)
 blockers = run_blockers(spec) if spec is not None else []
 with right:
     st.subheader("Prediction")
-    device_gb = st.number_input("GPU memory to check against, GB as sold", 0.1, 100_000.0, key=P + "device_mem_gb",
+    device_gb = st.number_input("GPU memory to check against, GB", 0.1, 100_000.0, key=P + "device_mem_gb",
                                 step=8.0,
-                                help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); the charts and checks below use "
+                                help="Decimal GB (80 here = 74.5 GiB; CUDA gives a process 79.1 GiB = 84.9 GB of an "
+                                     "'80 GB' H100, the h100-sxm profile's figure); the charts and checks below use "
                                      "GiB. A local CPU run is checked against this host's RAM under Run it.")
     if spec is not None and spec.runtime.executor == "slurm":
         from backend.cluster.submit import cluster_problem

@@ -162,8 +162,9 @@ hardware = c1.selectbox("Hardware", hw_options, key="pl_hw",
 gpus = c2.number_input("GPUs", 1, 1_000_000, key="pl_gpus")
 node = c3.number_input("GPUs per node", 1, 1024, key="pl_node")
 batch = c4.number_input("Global batch (sequences)", 1, 100_000_000, key="pl_batch")
-mem = c5.number_input("GPU memory, GB as sold (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
-                      help="Decimal GB as GPUs are sold (80 GB = 74.5 GiB); every result on this page is in GiB.")
+mem = c5.number_input("GPU memory, GB (0 = the profile's)", 0.0, 10_000.0, key="pl_mem",
+                      help="Decimal GB (80 here = 74.5 GiB). 0 = the profile's figure, what CUDA "
+                           "reports (an '80 GB' H100: 79.1 GiB). Every result on this page is in GiB.")
 c1, c2 = st.columns(2)  # the fit rule's allowance, as `plan --reserve-gb / --fragmentation` override it
 reserve = c1.number_input(pv.RESERVE_LABEL, value=None, step=0.5, format="%.2f", key="pl_reserve",
                           help="A fixed amount per GPU outside the tensors, in place of the CUDA context (527 MiB, "

@@ -117,7 +117,7 @@ def test_plan_page_plans_a_new_family():
     at.number_input(key="pl_gpus").set_value(8)
     at.number_input(key="pl_batch").set_value(16)
     at.number_input(key="pl_mem").set_value(96.0)  # on an 80 GB H100's CUDA ranks no 8-GPU layout fits (issue 32;
-    # test_plan_moe_estimable: zero3 dp8 peaks at optimizer.step, 80.91 GiB with the CUDA allowance > 74.51 GiB)
+    # test_plan_moe_estimable: zero3 dp8 peaks at optimizer.step, 80.91 GiB with the CUDA allowance > 79.11 GiB)
     at.button(key="pl_go").click().run()
     assert not at.exception, [e.message for e in at.exception]
     res = at.session_state["pl_result"]

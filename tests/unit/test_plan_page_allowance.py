@@ -75,7 +75,7 @@ def test_reserve_and_slack_reach_the_planner_and_the_page_shows_the_allowance_us
     (None, 1.5, "Allocator slack must be between 0 and 1, a fraction of the fullest moment (0.13 adds 13%); got 1.5"),
     (None, -0.1, "Allocator slack must be between 0 and 1"),
     (-1.0, 0.13, "Reserve per GPU must be >= 0 GB per GPU (got -1)"),
-    (80.0, 0.13, "Reserve per GPU 80 GB is not less than the 80 GB per GPU of h100-sxm: no layout could fit")])
+    (85.0, 0.13, "Reserve per GPU 85 GB is not less than the 84.94 GB per GPU of h100-sxm: no layout could fit")])
 @pytest.mark.heavy
 def test_a_bad_allowance_is_refused_with_the_clis_words_and_nothing_is_planned(planned, reserve, slack, said):
     at = _small(AppTest.from_file(APP, default_timeout=120).run())

@@ -97,7 +97,8 @@ def test_plan_reserve_and_fragmentation_flags_replace_the_allowance(capsys):
         assert c["need_bytes"] == pytest.approx(c["mem_bytes_max"] * 1.25 + 2e9)
         assert c["fullest_budget_bytes"] == pytest.approx((d["device_bytes"] - 2e9) / 1.25)
     # overrides that cannot describe a device are refused before searching (a negative slack divided by zero)
-    for flags, said in ((["--reserve-gb", "200"], "--reserve-gb 200 GB is not less than the 80 GB per GPU of h100-sxm"),
+    for flags, said in ((["--reserve-gb", "200"],
+                         "--reserve-gb 200 GB is not less than the 84.94 GB per GPU of h100-sxm"),
                         (["--reserve-gb", "20", "--memory-gb", "16"],
                          "not less than the 16 GB per GPU of h100-sxm (--memory-gb)"),
                         (["--reserve-gb", "-1"], "--reserve-gb must be >= 0"),

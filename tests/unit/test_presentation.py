@@ -59,7 +59,7 @@ def test_home_page_workflow_short_metrics_gib_and_tooltips():
     assert all(m.help for m in at.metric
                if m.label in ("parameters", "comm / step", "pipeline bubble")), "each term explained"
     fit = next(s.value for s in at.success if s.value.startswith("Fits"))
-    assert "of 74.51 GiB (80 GB as sold)" in fit
+    assert "of 74.51 GiB (80 GB)" in fit
     mem = next(f for t, f in _figs(at).items() if t.startswith("Predicted memory per rank"))
     assert _legend_beside_the_plot(mem)
     comm = next(d for d in at.dataframe if "collective" in d.value.columns)

@@ -76,6 +76,9 @@ class Hardware:
     kind: str
     """gpu or cpu."""
     memory_bytes: float
+    """The device memory a process can use, as CUDA reports it (torch.cuda.get_device_properties().total_memory),
+    which the fit check compares against: the datasheet's "80GB" is 80 GiB of HBM less the driver's reservation, not
+    80e9 bytes (provenance["memory_bytes"] says where each figure comes from). CPU profiles: the host's RAM."""
     peak_flops: dict[str, float]
     """Dense peak FLOP/s by dtype: bf16, fp16, fp32."""
     hbm_bytes_per_s: float
