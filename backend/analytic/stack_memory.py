@@ -82,6 +82,8 @@ class StackMemory:
     ep_overlap: bool = False
     """Megatron's --overlap-moe-expert-parallel-comm: its combined 1F1B schedule runs one more forward chunk before
     the steady state under pipelining (schedules.py @d98e8a64 966-971), held in flight with the others."""
+    loss_compiled: bool = False
+    """The cross-entropy runs under torch.compile (torchtitan): memory/stack_activations.head_bytes' compiled terms."""
 
     @property
     def textbook_selective(self) -> bool:
@@ -115,7 +117,8 @@ def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
                        fused_attention=kernel != "eager" or flash_model, fp8=fp8,
                        fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)),
                        fp8_params=fp8 and str(r["param_dtype"]) == "fp8",
-                       recompute_modules=_recompute_modules(t), ep_overlap=bool(r["ep_overlap"]))
+                       recompute_modules=_recompute_modules(t), ep_overlap=bool(r["ep_overlap"]),
+                       loss_compiled=bool(r["loss_compiled"]))
 
 
 def _recompute_modules(train: TrainSpec) -> frozenset[str]:

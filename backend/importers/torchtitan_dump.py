@@ -135,7 +135,7 @@ def import_dump(text: str | bytes, *, gpus: int | None = None, model_config: dic
     data_parallel(flat)
     notes += _ac(flat) + precision(flat)
     notes += experts(flat)
-    compile_and_early_step(flat)
+    notes += compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     name = f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')} (torchtitan)"
     return to_spec(flat, framework="torchtitan", source_format="torchtitan-config-dump", name=safe_name(name),

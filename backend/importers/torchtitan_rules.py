@@ -117,21 +117,27 @@ def _stages_per_rank(flat: Flat, pp: int) -> int:
     return layers // (pp * per_stage)
 
 
-def compile_and_early_step(flat: Flat) -> None:
+def compile_and_early_step(flat: Flat) -> list[str]:
+    notes: list[str] = []
     if flat.get("tt_early_step"):
         flat.unmap(flat.source_of("tt_early_step"), True, "steps and frees each gradient during backward: gradients "
                    "are predicted as if all were held until the optimizer step")
     if flat.get("tt_compile"):  # apply_compile: torch.compile(transformer_block, fullgraph=True) per block
         flat.put("elementwise", "compiled", flat.source_of("tt_compile"))
-        if "loss" in (flat.get("tt_compile_components") or []):
-            flat.unmap("compile.components", flat.get("tt_compile_components"), "the compiled loss fuses the "
-                       "cross-entropy's temporaries: predicted as the eager loss")
+        components = flat.get("tt_compile_components")
+        if components is not None:  # CompileConfig.components (configs.py 301 @b5bcd76): the loss compiles with it
+            flat.put("loss_compiled", "loss" in components, "compile.components")
+        elif flat.source_of("tt_compile") == "training.compile":
+            notes.append("training.compile: predicted with the loss compiled too, as torchtitan does from bbb1b61 "
+                         "(2025-04-02); from e8977b0 (2024-12-18) until then it left the loss eager (--no-compile-loss "
+                         "describes such a run)")
         if flat.get("tt_compile_backend", "inductor") != "inductor":
             flat.unmap("compile.backend", flat.get("tt_compile_backend"), "a torch.compile backend other than "
                        "inductor: predicted as inductor's fused kernels")
     if flat.get("tp_overlap") and not flat.get("tt_compile"):
         flat.unmap(flat.source_of("tp_overlap"), True, "async TP needs compile (torchtitan maybe_enable_async_tp "
                    "refuses it without): predicted with the overlap")
+    return notes
 
 
 def activation_checkpoint(flat: Flat) -> list[str]:

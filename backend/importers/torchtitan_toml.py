@@ -151,7 +151,7 @@ def import_toml(text: str | bytes, *, gpus: int | None = None, model_config: dic
     data_parallel(flat)
     notes += activation_checkpoint(flat) + _numerics(flat) + precision(flat)
     notes += experts(flat)
-    compile_and_early_step(flat)
+    notes += compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     description = (data.get("job") or {}).get("description") or (f"{flat.get('tt_model_name', 'model')} "
                                                                  f"{flat.get('tt_flavor', '')}")

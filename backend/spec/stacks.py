@@ -71,6 +71,8 @@ SETTING_INFO: dict[str, Setting] = {
     "optimizer_over_cp": Setting("Optimizer sharded over dp x cp", "--optimizer-over-cp"),
     "ep_overlap": Setting("EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm",
                           engine_runs=(False,)),
+    "loss_compiled": Setting("Compiled loss (torch.compile of the cross-entropy)", "--compile-loss",
+                             engine_runs=(False,)),
 }
 """Every setting a stack gives a default for, each a `train` field of the spec of the same name: one entry here, its
 default per stack in STACKS."""
@@ -138,6 +140,10 @@ def _fsdp_only(spec: Any, device: str) -> bool:
     return spec.parallel.zero_stage >= 2
 
 
+def _compiled(spec: Any, device: str) -> bool:
+    return str(getattr(spec.train, "elementwise", None) or "eager") == "compiled"
+
+
 def _deepspeed_overlap(spec: Any, device: str) -> bool:
     return spec.parallel.zero_stage == 3
 
@@ -171,6 +177,7 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
                                      "is sharded over both"),
         "ep_overlap": Default(False, "strategies/moe_dispatch.py: the engine's all-to-alls run in line with the MoE "
                               "layer"),
+        "loss_compiled": Default(False, "backend/models/gpt.py: F.cross_entropy on the fp32 logits, eager"),
     }),
     StackEntry(Stack.TORCHTITAN, "pytorch/torchtitan: FSDP2, DTensor TP with loss parallel, torch.compile, torchao "
                "float8, async TP", {
@@ -196,6 +203,10 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "optimizer_over_cp": Default(True, "torchtitan parallel_dims.py 137: the FSDP mesh is dp_shard x cp"),
         "ep_overlap": Default(False, "torchtitan's expert parallel waits for its dispatch / combine all-to-alls inside "
                               "the MoE layer (no 1F1B overlap in JobConfig)"),
+        "loss_compiled": Default(_compiled, "torchtitan compiles the loss with the model: components/loss.py "
+                                 "build_cross_entropy_loss under training.compile since bbb1b61 (2025-04-02; e7c0cae), "
+                                 "CompileConfig.components ['model', 'loss'] at b5bcd76 (config/configs.py 301); from "
+                                 "e8977b0 (2024-12-18) to then the loss stayed eager (9dec370 train.py 136-138)"),
     }),
     StackEntry(Stack.MEGATRON, "Megatron-Core with Transformer Engine (Megatron-LM, NeMo)", {
         "attention_kernel": Default(_by_device("eager", "flash2", hopper="cudnn"), "Megatron transformer_config.py "
@@ -229,6 +240,9 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "ep_overlap": Default(False, "Megatron model_parallel_config.py 343: overlap_moe_expert_parallel_comm False "
                               "(--overlap-moe-expert-parallel-comm: the combined 1F1B schedule, "
                               "pipeline_parallel/combined_1f1b.py, model_chunk_schedule_plan.py 236-303)"),
+        "loss_compiled": Default(False, "Megatron runs its own VocabParallelCrossEntropy (tensor_parallel/"
+                                 "cross_entropy.py), not torch.compile: its head terms are memory/stack_activations' "
+                                 "megatron ones whatever this says"),
     }),
     StackEntry(Stack.DEEPSPEED, "DeepSpeed's ZeRO engine around a torch model", {
         "attention_kernel": Default(_by_device("eager", "flash2"), "DeepSpeed keeps the model's own attention: "
@@ -250,6 +264,7 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "optimizer_over_cp": Default(True, "DeepSpeed shards over its whole data-parallel group"),
         "ep_overlap": Default(False, "DeepSpeed moe/sharded_moe.py MOELayer: its all-to-alls run in line around the "
                               "experts"),
+        "loss_compiled": Default(False, "DeepSpeed runs the model's own loss eagerly"),
     }),
 )}
 

@@ -89,6 +89,10 @@ class TrainSpec(SpecSection):
     """Expert-parallel all-to-alls hidden behind another microbatch's compute (Megatron's
     --overlap-moe-expert-parallel-comm: each steady-state 1F1B step runs one microbatch's forward beside another's
     backward, layer by layer); needs ep > 1."""
+    loss_compiled: bool | None = None
+    """The cross-entropy runs under torch.compile (torchtitan's compile of the loss): Inductor fuses the fp32 upcast,
+    log-softmax and their gradient, so neither fp32 logits nor fp32 log-probs are materialised (the 16-bit logits are
+    saved instead, and their gradient is 16-bit)."""
 
 
     @field_validator("recompute", mode="before")

@@ -137,8 +137,15 @@ def test_torchtitan_toml_is_stack_torchtitan():
     assert not any(k.startswith(("compile", "parallelism.enable_async")) for k in imported.unmapped), imported.unmapped
     no_lp = import_toml(TOML.replace("enable_async_tensor_parallel = true", "disable_loss_parallel = true"), gpus=256)
     assert no_lp.spec["train"]["loss_parallel"] is False and no_lp.spec["train"]["tp_overlap"] is None
+    assert t["loss_compiled"] is False  # components = ["model"]: the loss stays eager
     with_loss = import_toml(TOML.replace('components = ["model"]', 'components = ["model", "loss"]'), gpus=256)
-    assert "compile.components" in with_loss.unmapped
+    assert with_loss.spec["train"]["loss_compiled"] is True and "compile.components" not in with_loss.unmapped
+    old_key = import_toml(TOML.replace('components = ["model"]\n', ""), gpus=256)  # no components: the stack's default
+    assert old_key.spec["train"].get("loss_compiled") is None
+    legacy = import_toml(TOML.replace('[compile]\nenable = true\ncomponents = ["model"]\n', "").replace(
+        "[training]\n", "[training]\ncompile = true\n"), gpus=256)  # the key before the [compile] section
+    assert legacy.spec["train"]["elementwise"] == "compiled" and legacy.spec["train"].get("loss_compiled") is None
+    assert any("training.compile: predicted with the loss compiled too" in n for n in legacy.notes), legacy.notes
 
 
 def test_deepspeed_json_is_stack_deepspeed():

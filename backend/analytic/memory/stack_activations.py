@@ -24,6 +24,12 @@ Head, on the stage with the logits (n = s b V / t_v logits, t_v = t under loss p
   measured: tests/unit/test_stack_memory.py): forward peak c + 4 + 4 (logits, fp32 copy, log-probs), backward peak 12
   (log-probs, nll's and log_softmax's gradients); the fp32 log-probs kept; the output layer saves its all-gathered
   input (c s b h) and the final norm its input (c s b h / t_sp) and rstd.
+- torch's loss under torch.compile (train.loss_compiled, torchtitan's default with compile; not under loss parallel,
+  whose DTensor `_log_softmax` path keeps the eager terms above): Inductor saves the 16-bit logits and two fp32
+  values per row (the max and the log-sum-exp) and fuses the upcast, log-softmax and gradient into row kernels, so
+  the forward peaks at the logits (c), the logits stay (c), and the backward peaks at them and their 16-bit gradient
+  (2c) (measured with torch 2.13's Inductor on the CPU: tests/unit/test_stack_memory.py; the partition is the same
+  FX graph on CUDA).
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ class HeadBytes:
     norm_and_output: Num
     logits: Num
     forward_peak_per_logit: Num
-    kept_per_logit: float
+    kept_per_logit: Num
     backward_peak_per_logit: Num
 
 
@@ -140,7 +146,11 @@ def head_bytes(model: ModelSpec, layout: Layout) -> HeadBytes:
     # does) peaks at the fp32 copy and log-probs forward, and at the log-probs, nll's gradient and log_softmax's
     # gradient backward (measured: tests/unit/test_stack_memory.py)
     vocab_parallel = logical_and(stack.loss_parallel, t > 1)
-    return HeadBytes(norm + c * sbh, logits, c + copy + where(vocab_parallel, 8, 4), 4, where(vocab_parallel, 16, 12))
+    eager = HeadBytes(norm + c * sbh, logits, c + copy + where(vocab_parallel, 8, 4), 4, where(vocab_parallel, 16, 12))
+    if not stack.loss_compiled:
+        return eager
+    return HeadBytes(eager.norm_and_output, logits, where(vocab_parallel, eager.forward_peak_per_logit, c),
+                     where(vocab_parallel, 4, c), where(vocab_parallel, eager.backward_peak_per_logit, 2 * c))
 
 
 @dataclass(frozen=True)
