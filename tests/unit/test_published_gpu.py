@@ -115,3 +115,12 @@ def test_mpt_triton_rows_are_slower_by_the_published_kernel_gap():
     assert triton - fa2 == pytest.approx(m.n_layers * (per_layer[0] - per_layer[1]), rel=1e-6)
     flops = 3.5 * 4 * spec.train.micro_batch * m.n_heads * m.seq_len ** 2 * m.head_dim / 2
     assert flops / per_layer[0] / 1e12 == pytest.approx(108, rel=0.01)  # Fig. 7 (d), FlashAttention, 2k
+
+
+@pytest.mark.parametrize("row", MPT, ids=[r["id"] for r in MPT])
+def test_a_fused_attention_kernel_saves_no_scores_in_the_rows_memory(row):
+    """The kernel a row's run used is its memory too: a fused kernel (FlashAttention, MPT's Triton copy) saves Q, K,
+    V, O and the log-sum-exp, never the s x s scores, so the row's model says attention flash; predicting the engine's
+    explicit softmax there held 12 x 2048^2 x 24 scores per layer on the 760M row and no 8-GPU row fitted its GPU."""
+    spec = next(r for r in published_rows() if r.id == row["id"]).spec
+    assert spec["model"]["attention"] == "flash" and spec["train"]["attention_kernel"] != "eager"

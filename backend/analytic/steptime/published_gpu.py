@@ -97,11 +97,14 @@ ELEMENTWISE_SETTING = {"fused": "fused", "torch": "eager", "compiled": "compiled
 def row_spec(row: dict[str, Any]) -> dict[str, Any]:
     """The row's spec with its model preset expanded and the kernels the run used written as stack settings."""
     train = dict(row["spec"].get("train", {}))
+    model = _model(row["spec"]["model"])
     if "attention" in row and "attention_kernel" not in train:
         train["attention_kernel"] = KERNEL_SETTING[row["attention"]]
+        if row["attention"] != "eager" and "attention" not in model:  # a fused kernel saves no s x s scores
+            model = {**model, "attention": "flash"}
     if row.get("implementation") and "elementwise" not in train:
         train["elementwise"] = ELEMENTWISE_SETTING[row["implementation"]]
-    return {**row["spec"], "model": _model(row["spec"]["model"]), "train": train}
+    return {**row["spec"], "model": model, "train": train}
 
 
 def _from_json(row: dict[str, Any]) -> PublishedRow:
