@@ -261,7 +261,9 @@ def test_the_compiled_losss_bytes_per_logit_are_what_inductor_allocates(compiled
     spec = _spec({"stack": "torchtitan", "elementwise": "compiled", "loss_compiled": compiled},
                  {"strategy": "zero3", "world_size": 2})
     head = head_bytes(spec.model, Layout.of(spec))
-    n, vocab = 4096, 4096
+    # 64 MiB and larger tensors: above glibc's largest dynamic mmap threshold (32 MiB), so each is its own mapping,
+    # resident while alive and returned when freed, whatever this worker allocated before
+    n, vocab = 8192, 4096
     x = torch.randn(n, 2, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(2, vocab, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, vocab, (1, n))
@@ -301,6 +303,47 @@ def test_torchtitan_compiles_the_loss_with_the_model_unless_told_not_to():
     parallel = _spec({"stack": "torchtitan", "elementwise": "compiled"}, tp)
     hp = head_bytes(parallel.model, Layout.of(parallel))
     assert (hp.forward_peak_per_logit, hp.backward_peak_per_logit) == (14, 16)
+
+
+@pytest.mark.heavy
+def test_a_compiled_op_sac_block_saves_what_backward_reads():
+    """torchtitan compiles each op-SAC-wrapped block (apply_ac, then apply_compile). Measured with torch 2.13's
+    Inductor on the CPU (saved_tensors_hooks on the compiled graph's saved tensors, parameters left out): the block
+    keeps its input, the kept mm outputs but the last one (down feeds the residual add alone, so backward never reads
+    it), and the attention output and log-sum-exp: the model's checkpoint unit for stack torchtitan, elementwise
+    compiled, recompute op. Eager SAC caches every listed output as it runs (models/checkpointing.op_policy)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from backend.analytic.memory.stack_activations import block_terms
+    from backend.models.checkpointing import op_policy, resolve_ops
+    from backend.models.gpt import build_model
+    from backend.recompute_policy import DEFAULT_SAC_OPS
+
+    b = 2
+    spec = _spec({"stack": "torchtitan", "elementwise": "compiled", "recompute": "op", "micro_batch": b},
+                 {"strategy": "zero3", "world_size": 2})
+    eager = _spec({"stack": "torchtitan", "recompute": "op", "micro_batch": b}, {"strategy": "zero3", "world_size": 2})
+    m = spec.model
+    block = build_model(m.model_copy(update={"n_layers": 1}), seed=0).to(torch.bfloat16).layers["0"]
+    context = op_policy(resolve_ops(tuple(DEFAULT_SAC_OPS)))
+    run = torch.compile(lambda x: checkpoint(block, x, use_reentrant=False, context_fn=context))
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    run(torch.randn(b, m.seq_len, m.d_model, dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run(torch.randn(b, m.seq_len, m.d_model, dtype=torch.bfloat16, requires_grad=True))
+    unit = block_terms(m, Layout.of(spec))[1]
+    assert sum(saved.values()) == pytest.approx(unit, rel=1e-3)
+    eager_unit = block_terms(eager.model, Layout.of(eager))[1]
+    down = b * m.seq_len * m.d_model * 2
+    assert eager_unit - unit == down
 
 
 def test_megatron_cross_entropy_peaks_at_6_bytes_per_logit():

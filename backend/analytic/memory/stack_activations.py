@@ -8,8 +8,10 @@ MLP width, g = 2 for a gated MLP, t = tp, t_sp = t under sequence parallelism, c
   under selective recompute.
 - Eager torch blocks (torchtitan, DeepSpeed: elementwise eager or compiled): this engine's own block model
   (activations.layer_activation_bytes), without autocast (FSDP2's MixedPrecisionPolicy / DeepSpeed's 16-bit module
-  run the block in bf16) and with the stack's attention kernel. What Inductor saves in a compiled block, and
-  torchao's float8 saved casts, are not modelled (research notes gaps 6 and Sec 4.1).
+  run the block in bf16) and with the stack's attention kernel. A compiled block under op-level SAC does not save
+  its last linear's output, which only the residual add reads (`_block_terms`, measured with Inductor on the CPU);
+  what Inductor saves in a compiled block without op-level SAC, and torchao's float8 saved casts, are not modelled
+  (research notes gaps 6 and Sec 4.1).
 Recompute: full keeps each checkpoint unit's input (c s b h / t_sp); selective under TE checkpoints the stack's
 recompute modules (core_attn by default: Q, K, V and O are saved anyway, research notes Sec 2.3); one block re-runs at a
 time in backward. Blocks of two MLP kinds (a dense prefix before MoE blocks) are priced per kind.
@@ -40,7 +42,12 @@ from typing import TYPE_CHECKING
 
 from backend.analytic import moe_rows
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout
-from backend.analytic.memory.activations import STAT_BYTES, LayerShape, layer_activation_bytes
+from backend.analytic.memory.activations import (
+    STAT_BYTES,
+    LayerShape,
+    layer_activation_bytes,
+    op_sac_rerun_extra_bytes,
+)
 from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
 from backend.analytic.memory.rank_activations import Checkpointing, checkpointing
@@ -84,8 +91,12 @@ def uses_te(model: ModelSpec, stack: StackMemory) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int) -> tuple[float, float, float]:
-    """(a plain block's saved bytes under the policy, a checkpoint unit's, one block while re-run)."""
+def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int, compiled: bool = False
+                 ) -> tuple[float, float, float]:
+    """(a plain block's saved bytes under the policy, a checkpoint unit's, one block while re-run). `compiled`: the
+    block runs under torch.compile, whose op-level SAC keeps only the must-save outputs backward reads: the block's
+    last linear (fc_out / down), kept by the every-second-mm rule, feeds the residual add alone and is not saved
+    (measured with torch 2.13's Inductor on the CPU: tests/unit/test_stack_memory.py; dense blocks, as measured)."""
     kind = RECOMPUTE_NAMES[recompute]
     if te is not None:  # selective: the stack's recompute modules (Megatron's --recompute-modules)
         none = te_layer_bytes(replace(te, modules=frozenset()))
@@ -94,6 +105,8 @@ def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int) -> tuple
         return plain, unit, none
     plain = layer_activation_bytes(shape, "selective" if kind == "selective" else "none")
     unit = layer_activation_bytes(shape, "op" if kind == "op" else "full")
+    if compiled and kind == "op" and not shape.n_experts:
+        unit -= op_sac_rerun_extra_bytes(shape)  # the last linear's output, when the rule keeps it
     return plain, unit, layer_activation_bytes(shape, "none")
 
 
@@ -110,7 +123,8 @@ def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Nu
         shape = replace(proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=False,
                         ep=ep if proto.n_experts else 1, etp=etp if proto.n_experts and ep > 1 else 1,
                         seq_len=proto.seq_len // cp)
-        return _block_terms(shape, te_layer_of(model, layout, shape) if te else None, rc)
+        return _block_terms(shape, te_layer_of(model, layout, shape) if te else None, rc,
+                            stack.compiled_blocks and not te)
 
     out = per_distinct(terms, layout.micro_batch, layout.tp, layout.sequence_parallel, layout.recompute, layout.ep,
                        layout.cp, layout.etp)
