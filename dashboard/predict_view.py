@@ -86,6 +86,12 @@ class Fit:
     """The runtime allowance included in worst_bytes (analytic/device.allowance_bytes; all zero on cpu ranks)."""
     moment: str = "activation_peak"
     """Which of RankEstimate.moments is the fullest rank's fullest (RankEstimate.fullest_moment)."""
+    verdict: str = "fits"
+    """analytic/device.fit_verdict: fits, does not fit, or tight (only the allocator slack is over the device)."""
+
+    @property
+    def tight(self) -> bool:
+        return self.verdict == "tight"
 
     @property
     def optimizer_step(self) -> bool:
@@ -104,6 +110,13 @@ class Fit:
         if self.fits:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
                     f"({self.worst_bytes / self.device_bytes * 100:.3g} %){why}.")
+        if self.tight:
+            slack = fmt_bytes((self.overhead or {}).get("fragmentation", 0.0))
+            return (f"Tight: rank {self.worst_rank} needs {need} > {dev} device memory, but only with the allocator "
+                    f"slack ({slack}, the reserve measured without memory pressure): its tensors, CUDA context and "
+                    "NCCL buffers fit, and under pressure PyTorch frees its cached blocks and retries before an "
+                    "out-of-memory error (less fragmented with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), so "
+                    f"it may run{why}.")
         return (f"Does not fit: rank {self.worst_rank} needs {need} > {dev} device memory "
                 f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}){why}.")
 
@@ -140,7 +153,7 @@ def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
     """Does the fullest rank fit device_mem_bytes: analytic/device.fits_device, the one rule `estimate --hardware` and
     Plan apply, on the rank's fullest moment, with the ranks' layout and device as `predict` put them on the rows (a
     row without them: cpu ranks, no allowance). Its need and breakdown are that rule's need_bytes / allowance_bytes."""
-    from backend.analytic.device import CPU, allowance_bytes, fits_device
+    from backend.analytic.device import CPU, allowance_bytes, fit_verdict, fits_device
 
     if not rows:
         return Fit(True, 0, 0.0, device_mem_bytes)
@@ -149,7 +162,8 @@ def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
     parallel, device = worst.get("parallel"), str(worst.get("device", CPU))
     allowance = allowance_bytes(fullest, parallel, device)
     return Fit(bool(fits_device(fullest, parallel, device, device_mem_bytes)), worst["rank"],
-               fullest + allowance["total"], device_mem_bytes, allowance, moment=moment)
+               fullest + allowance["total"], device_mem_bytes, allowance, moment=moment,
+               verdict=fit_verdict(fullest, parallel, device, device_mem_bytes))
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:

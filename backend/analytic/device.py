@@ -215,6 +215,25 @@ def fits_device(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, devi
     return np.logical_and(bool(device_bytes), need_bytes(fullest_bytes, parallel, device, overhead) <= device_bytes)
 
 
+FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
+
+
+def fit_verdict(fullest_bytes: float, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,
+                overhead: RuntimeOverhead | None = None) -> str:
+    """FITS (fits_device), DOES_NOT_FIT (even the fullest moment + the CUDA context and NCCL buffers exceed the device),
+    or TIGHT in between: only the allocator slack does not fit. The slack is the reserve measured without memory
+    pressure; under pressure the caching allocator frees its cached blocks that are not split and retries before it
+    reports out of memory (c10/cuda/CUDACachingAllocator.cpp malloc: release_available_cached_blocks, then
+    release_cached_blocks), and with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the free blocks it releases are
+    unmapped pages of one growing segment, so a tight layout may run: how much of the slack it needs has not been
+    measured."""
+    if fits_device(fullest_bytes, parallel, device, device_bytes, overhead):
+        return FITS
+    fixed = allowance_bytes(fullest_bytes, parallel, device, overhead)
+    without_slack = fullest_bytes + fixed["cuda_context"] + fixed["nccl_buffers"]
+    return TIGHT if device_bytes and without_slack <= device_bytes else DOES_NOT_FIT
+
+
 def fullest_budget_bytes(parallel: ParallelSpec | Layout, device: str, device_bytes: float,
                          overhead: RuntimeOverhead | None = None) -> Num:
     """The largest fullest moment that fits (fits_device solved for it), in words for the Plan page: the device less

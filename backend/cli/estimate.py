@@ -119,11 +119,17 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
     return None
 
 
+TIGHT_WHY = (" (the tensors, CUDA context and NCCL buffers fit; the allocator slack is the reserve measured without "
+             "memory pressure, and under pressure PyTorch frees its cached blocks and retries before an out-of-memory "
+             "error, less fragmented with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: it may run)")
+
+
 def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
     terms) + the runtime allowance (CUDA context, NCCL buffers, allocator slack; zero on CPU ranks) <= the profile's
-    memory: analytic/device.fits_device, the rule the planner applies too."""
-    from backend.analytic.device import fits_device, runtime_overhead_bytes
+    memory: analytic/device.fits_device, the rule the planner applies too. "verdict": fits, does not fit, or tight
+    (analytic/device.fit_verdict: only the allocator slack is over the device)."""
+    from backend.analytic.device import fit_verdict, fits_device, runtime_overhead_bytes
 
     worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
     moments = worst.moments()
@@ -133,7 +139,8 @@ def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     need = fullest + overhead["total"]
     return {"hardware": hw.key, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
             "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
-            "fits": bool(fits_device(fullest, est.spec.parallel, str(est.spec.runtime.device), device))}
+            "fits": bool(fits_device(fullest, est.spec.parallel, str(est.spec.runtime.device), device)),
+            "verdict": fit_verdict(fullest, est.spec.parallel, str(est.spec.runtime.device), device)}
 
 
 def _run_raw(args: argparse.Namespace) -> int:
@@ -210,8 +217,8 @@ def _training_table(d: dict[str, Any]) -> str:
         lines.append(f"fit on {f['hardware']}: rank {f['rank']} needs {_fmt(f['need_bytes'])} = fullest moment "
                      f"({f['moment']}) {_fmt(f['fullest_bytes'])} + CUDA context {_fmt(o['cuda_context'])} + NCCL "
                      f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of "
-                     f"{_fmt(f['device_bytes'])}: "
-                     + ("fits" if f["fits"] else "does not fit"))
+                     f"{_fmt(f['device_bytes'])}: " + f["verdict"]
+                     + (TIGHT_WHY if f["verdict"] == "tight" else ""))
     return "\n".join(lines)
 
 

@@ -239,7 +239,7 @@ def _prediction(spec, device_gb: float) -> None:
         col.metric(k, v, help=pv.HEADLINE_HELP.get(k))
     _step_time_panel(spec)
     fit = pv.fit_check(rows, device_gb * GB)
-    (st.success if fit.fits else st.error)(fit.message())
+    (st.success if fit.fits else st.warning if fit.tight else st.error)(fit.message())
     st.plotly_chart(pv.per_rank_memory_fig(rows, device_mem_bytes=device_gb * GB), key="pred_mem")
     if len(rows) < spec.parallel.world_size:
         st.caption(f"Ranks 0-{pv.PREDICT_PAGE - 1} of {spec.parallel.world_size:,}, then one rank of every other class "

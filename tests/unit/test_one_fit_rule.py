@@ -58,7 +58,18 @@ def test_new_experiment_fit_check_is_fits_device_at_the_boundary(parallel, devic
         assert fit.moment == line["moment"] == worst.fullest_moment()
         assert fit.overhead == pytest.approx(line["overhead_bytes"])
     assert not pv.fit_check(rows, need - 1).fits and pv.fit_check(rows, need).fits
-    assert ("Does not fit" in pv.fit_check(rows, need - 1).message()) and "Fits" in pv.fit_check(rows, need).message()
+    allowance = D.allowance_bytes(fullest, spec.parallel, device)
+    without_slack = fullest + allowance["cuda_context"] + allowance["nccl_buffers"]
+    below = "Tight" if device == "cuda" else "Does not fit"  # cuda: only the allocator slack is over need - 1
+    assert pv.fit_check(rows, need - 1).message().startswith(below) and "Fits" in pv.fit_check(rows, need).message()
+    assert pv.fit_check(rows, without_slack - 1).message().startswith("Does not fit")
+    for device_bytes, verdict in ((without_slack - 1, D.DOES_NOT_FIT), (need, D.FITS)):
+        assert D.fit_verdict(fullest, spec.parallel, device, device_bytes) == verdict
+        assert fit_on(est, dataclasses.replace(hw, memory_bytes=device_bytes))["verdict"] == verdict
+    if device == "cuda":
+        for device_bytes in (without_slack, need - 1):
+            assert D.fit_verdict(fullest, spec.parallel, device, device_bytes) == D.TIGHT
+            assert pv.fit_check(rows, device_bytes).tight and not pv.fit_check(rows, device_bytes).fits
 
 
 def test_a_recalibrated_allowance_reaches_new_experiments_verdict(monkeypatch):
