@@ -48,6 +48,7 @@ from backend.analytic.memory.activations import (
     layer_activation_bytes,
     op_sac_rerun_extra_bytes,
 )
+from backend.analytic.memory.compiled_block import compiled_block_bytes
 from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
 from backend.analytic.memory.rank_activations import Checkpointing, checkpointing
@@ -94,9 +95,10 @@ def uses_te(model: ModelSpec, stack: StackMemory) -> bool:
 def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int, compiled: bool = False
                  ) -> tuple[float, float, float]:
     """(a plain block's saved bytes under the policy, a checkpoint unit's, one block while re-run). `compiled`: the
-    block runs under torch.compile, whose op-level SAC keeps only the must-save outputs backward reads: the block's
-    last linear (fc_out / down), kept by the every-second-mm rule, feeds the residual add alone and is not saved
-    (measured with torch 2.13's Inductor on the CPU: tests/unit/test_stack_memory.py; dense blocks, as measured)."""
+    block runs under torch.compile: a plain or re-run block keeps what memory/compiled_block.py measured (eager terms
+    outside its families), and op-level SAC keeps only the must-save outputs backward reads: the block's last linear
+    (fc_out / down), kept by the every-second-mm rule, feeds the residual add alone and is not saved (measured with
+    torch 2.13's Inductor on the CPU: tests/unit/test_stack_memory.py; dense blocks, as measured)."""
     kind = RECOMPUTE_NAMES[recompute]
     if te is not None:  # selective: the stack's recompute modules (Megatron's --recompute-modules)
         none = te_layer_bytes(replace(te, modules=frozenset()))
@@ -105,9 +107,12 @@ def _block_terms(shape: LayerShape, te: TeLayer | None, recompute: int, compiled
         return plain, unit, none
     plain = layer_activation_bytes(shape, "selective" if kind == "selective" else "none")
     unit = layer_activation_bytes(shape, "op" if kind == "op" else "full")
+    rerun = layer_activation_bytes(shape, "none")
+    if compiled and (block := compiled_block_bytes(shape)) is not None:
+        plain, rerun = (block if kind != "selective" else plain), block
     if compiled and kind == "op" and not shape.n_experts:
         unit -= op_sac_rerun_extra_bytes(shape)  # the last linear's output, when the rule keeps it
-    return plain, unit, layer_activation_bytes(shape, "none")
+    return plain, unit, rerun
 
 
 def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Num, Num, Num]:

@@ -1,0 +1,93 @@
+"""What a block under torch.compile keeps for backward (memory/compiled_block.py), against what torch 2.13's Inductor
+keeps on the CPU: the compiled graph's saved tensors (saved_tensors_hooks see CompiledFunction's
+save_for_backward), parameters left out, each storage once. The stack model prices torchtitan's compiled blocks with
+it (stack_activations._block_terms)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.analytic.layout import Layout
+from backend.analytic.memory.activations import LayerShape
+from backend.analytic.memory.compiled_block import compiled_block_bytes
+from backend.analytic.memory.stack_activations import block_terms
+from backend.spec import ExperimentSpec
+
+pytestmark = pytest.mark.unit
+
+BASE = {"vocab_size": 256, "d_model": 256, "n_layers": 1, "n_heads": 4, "seq_len": 256, "attention": "flash",
+        "tie_embeddings": False}
+FAMILIES = {
+    "gpt2": {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "bias": "all", "ffn_hidden": 1024},
+    "llama-gqa": {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none", "n_kv_heads": 2,
+                  "ffn_hidden": 704},
+    "qk-norm-clamped": {"norm": "rmsnorm", "mlp": "swiglu_clamped", "positions": "rope", "bias": "all",
+                        "n_kv_heads": 2, "ffn_hidden": 704, "qk_norm": True},
+}
+MICRO_BATCH = 2
+
+
+def _spec(family: dict, elementwise: str = "compiled", device: str = "cpu") -> ExperimentSpec:
+    return ExperimentSpec.for_prediction({
+        "model": BASE | family,
+        "train": {"global_batch": 2 * MICRO_BATCH, "micro_batch": MICRO_BATCH, "precision": "bf16-mixed",
+                  "stack": "torchtitan", "elementwise": elementwise},
+        "parallel": {"strategy": "zero3", "world_size": 2}, "runtime": {"device": device}})
+
+
+def _inductor_saved_bytes(spec: ExperimentSpec) -> int:
+    import torch
+
+    from backend.models.gpt import build_model
+
+    m = spec.model
+    block = build_model(m, seed=0).to(torch.bfloat16).layers["0"]
+    run = torch.compile(block)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+
+    def x():
+        return torch.randn(MICRO_BATCH, m.seq_len, m.d_model, dtype=torch.bfloat16, requires_grad=True)
+
+    run(x()).sum().backward()  # compiles
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run(x())
+    return sum(saved.values())
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_compiled_block_keeps_what_inductor_saves(family):
+    """The plain block of stack torchtitan with elementwise compiled is what Inductor saves, to its norms'
+    statistics: the model counts them in fp32 (CUDA's kernels), the CPU's LayerNorm keeps them in bf16 (sb x 4 B at
+    most, under 0.1% here)."""
+    spec = _spec(FAMILIES[family])
+    plain = block_terms(spec.model, Layout.of(spec))[0]
+    assert _inductor_saved_bytes(spec) == pytest.approx(plain, rel=1e-3)
+
+
+def test_compiled_blocks_drop_the_gated_activation_and_rope_tables_and_keep_gelus():
+    """Against the eager block on CUDA ranks: a gated MLP's activation output (and the clamped SwiGLU's four more
+    intermediates) and the RoPE tables go; a GELU block keeps the same bytes (its norm input swapped for the attention
+    output, both s b h)."""
+    for family, dropped_f in (("gpt2", 0), ("llama-gqa", 1)):
+        cuda = [_spec(FAMILIES[family], kind, "cuda") for kind in ("compiled", "eager")]
+        c_plain, e_plain = (block_terms(s.model, Layout.of(s))[0] for s in cuda)
+        m = cuda[0].model
+        sb = m.seq_len * MICRO_BATCH
+        rope = 2 * m.seq_len * (m.d_model // m.n_heads) * 2 if family != "gpt2" else 0
+        assert e_plain - c_plain == pytest.approx(dropped_f * sb * m.ffn * 2 + rope, rel=1e-9)
+
+
+def test_unmeasured_families_keep_the_eager_terms():
+    shape = LayerShape(seq_len=64, micro_batch=1, d_model=64, n_heads=4, ffn=128, dtype_bytes=2, flash=True)
+    assert compiled_block_bytes(shape) is not None
+    for change in ({"tp": 2}, {"n_experts": 8}, {"whole_elems": 3}, {"windowed": True}, {"flash": False},
+                   {"autocast": True}):
+        assert compiled_block_bytes(LayerShape(**{**shape.__dict__, **change})) is None, change
