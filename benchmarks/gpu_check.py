@@ -19,17 +19,19 @@ PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --
 Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, about a minute).
 
   python benchmarks/gpu_check.py --device cuda|cpu --out DIR [--budget-s S] [--nproc N]
-      [--phases env,probe,runs,diag,trace,tests,late_runs] [--runs zero3,ddp,...] [--profile DIR/profile.json]
+      [--phases env,probe,runs,diag,trace,tests,late_runs,allocator] [--runs zero3,ddp,...]
+      [--profile DIR/profile.json]
 
 Phases, in priority order: env (versions, device), probe (backend/bench/hw_probe.py --device cuda: GEMM, SDPA,
 element-wise, AdamW, launch and host-copy tables -> a hardware.json profile; skipped with --profile), runs (the
-product's launcher and engine on NCCL: zero3, ddp, zero2, zero3 x recompute selective/full, 6 timed steps each,
-and the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss on the device and on the
-host CPU next to the analytic terms; one torch.profiler step of ddp and zero3 by kernel category), trace (the same
-specs on fake tensors at full size), tests (the private torch API checks, then pytest -m gpu), late_runs (zero3 +
-params offload: one timed step). Output in DIR: report.json (keys env, profile, runs, diag, trace, tests, plus kit
-and phases), summary.md (the runs' table and the diag section), profile.json (the measured or reused profile:
-SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
+product's launcher and engine on NCCL: zero3, ddp, zero2, zero3 x recompute selective/full, 6 timed steps each, and
+the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss on the device and on the host CPU
+next to the analytic terms; one torch.profiler step of ddp and zero3 by kernel category), trace (the same specs on
+fake tensors at full size), tests (the private torch API checks, then pytest -m gpu), late_runs (zero3 + params
+offload: one timed step), allocator (the caching allocator's slack as a reserve and as the smallest memory cap one
+1B step runs under, default and expandable_segments:True). Output in DIR: report.json (keys env, profile, runs,
+diag, trace, tests, allocator, plus kit and phases), summary.md (the runs' table and the diag section), profile.json
+(the measured or reused profile: SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
 `python -m backend ingest DIR` stores the runs as ordinary results, tagged with the GPU they ran on.
 A reused profile measured on another GPU model is recorded but not used for the predictions (report.profile.not_used).
 """
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole check (default 330)")
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per run; >= 4 adds the TP and PP mixes")
     ap.add_argument("--phases", default=None, help="comma-separated subset of "
-                                                   "env,probe,runs,diag,trace,tests,late_runs")
+                                                   "env,probe,runs,diag,trace,tests,late_runs,allocator")
     ap.add_argument("--runs", default=None, help="comma-separated subset of the runs (default: all that fit)")
     ap.add_argument("--profile", type=Path, default=None, help="reuse a measured profile.json (skip the probe)")
     ap.add_argument("--wheels", type=Path, default=None, help="folder of wheels to unpack and use first (.gpu-wheels)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.gpucheck.allocator import line as allocator_line
 from backend.result import MEMORY_CATEGORIES
 
 COLUMNS = ("run", "status", "step s", "timed steps (min-max s)", "pred. datasheet s (err %)",
@@ -90,6 +91,11 @@ def render(report: dict[str, Any]) -> str:
               "allowance (analytic/device.RuntimeOverhead), the New-experiment page's \"fits\" check."]
     if isinstance(report.get("diag"), dict):
         lines += diag_lines(report["diag"])
+    if isinstance(report.get("allocator"), list) and report["allocator"]:
+        lines += ["", "Allocator slack (one 1B step at world 1; reserve = peak reserved over peak allocated, need = "
+                  "the smallest per-process cap the step runs under):"]
+        lines += [f"- {row.get('alloc_conf') or 'default'}: {allocator_line(row)}" for row in report["allocator"]
+                  if isinstance(row, dict)]
     return "\n".join(lines) + "\n"
 
 

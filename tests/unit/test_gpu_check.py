@@ -223,7 +223,9 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     phases = report["phases"]
     assert phases["trace"]["status"] == "failed" and "injected failure" in phases["trace"]["error"]
     assert "RuntimeError" in phases["trace"]["traceback_tail"]
-    assert {phases[p]["status"] for p in ("env", "probe", "runs", "diag", "tests", "late_runs")} == {"ok"}, phases
+    ok = ("env", "probe", "runs", "diag", "tests", "late_runs", "allocator")
+    assert {phases[p]["status"] for p in ok} == {"ok"}, phases
+    assert [r["status"] for r in report["allocator"]] == ["skipped", "skipped"]  # no CUDA allocator on the CPU
     # the measured profile is a hardware.json profile the product loads
     key = report["profile"]["key"]
     monkeypatch.setenv("SHARDLAB_HARDWARE", str(out / "profile.json"))
