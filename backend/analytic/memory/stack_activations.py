@@ -8,10 +8,10 @@ MLP width, g = 2 for a gated MLP, t = tp, t_sp = t under sequence parallelism, c
   under selective recompute.
 - Eager torch blocks (torchtitan, DeepSpeed: elementwise eager or compiled): this engine's own block model
   (activations.layer_activation_bytes), without autocast (FSDP2's MixedPrecisionPolicy / DeepSpeed's 16-bit module
-  run the block in bf16) and with the stack's attention kernel. A compiled block under op-level SAC does not save
-  its last linear's output, which only the residual add reads (`_block_terms`, measured with Inductor on the CPU);
-  what Inductor saves in a compiled block without op-level SAC, and torchao's float8 saved casts, are not modelled
-  (research notes gaps 6 and Sec 4.1).
+  run the block in bf16) and with the stack's attention kernel. A compiled block (elementwise compiled) keeps what
+  memory/compiled_block.py measured Inductor keeping (its families; the eager terms elsewhere), and under op-level
+  SAC not its last linear's output, which only the residual add reads (`_block_terms`); torchao's float8 saved casts
+  are not modelled (research notes Sec 4.1).
 Recompute: full keeps each checkpoint unit's input (c s b h / t_sp); selective under TE checkpoints the stack's
 recompute modules (core_attn by default: Q, K, V and O are saved anyway, research notes Sec 2.3); one block re-runs at a
 time in backward. Blocks of two MLP kinds (a dense prefix before MoE blocks) are priced per kind.
