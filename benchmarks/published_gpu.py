@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.analytic.device import fit_verdict, runtime_overhead_bytes, with_device  # noqa: E402
+from backend.analytic.device import FITS, fit_verdict, runtime_overhead_bytes, with_device  # noqa: E402
 from backend.analytic.estimate import estimate  # noqa: E402
 from backend.analytic.layout import Layout  # noqa: E402
 from backend.analytic.sharding import local_params_shared  # noqa: E402
@@ -105,10 +105,10 @@ def memory_prediction(spec: dict, hardware: str) -> dict:
     over = runtime_overhead_bytes(s, fullest)
     moments = worst.moments()
     memory = get_hardware(hardware).memory_bytes
+    verdict = fit_verdict(fullest, s.parallel, "cuda", memory)
     return {"fullest_gib": fullest / GIB, "moment": max(moments, key=moments.__getitem__),
             "reserved_gib": (fullest + over["fragmentation"]) / GIB,
-            "fits": bool(memory) and fullest + over["total"] <= memory,
-            "verdict": fit_verdict(fullest, s.parallel, "cuda", memory)}
+            "fits": verdict == FITS, "verdict": verdict}
 
 
 def memory_columns(r: dict) -> dict:

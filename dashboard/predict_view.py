@@ -111,12 +111,11 @@ class Fit:
             return (f"Fits: the fullest rank (rank {self.worst_rank}) needs {need} of {dev} "
                     f"({self.worst_bytes / self.device_bytes * 100:.3g} %){why}.")
         if self.tight:
+            from backend.analytic.device import TIGHT_REASON
+
             slack = fmt_bytes((self.overhead or {}).get("fragmentation", 0.0))
-            return (f"Tight: rank {self.worst_rank} needs {need} > {dev} device memory, but only with the allocator "
-                    f"slack ({slack}, the reserve measured without memory pressure): its tensors, CUDA context and "
-                    "NCCL buffers fit, and under pressure PyTorch frees its cached blocks and retries before an "
-                    "out-of-memory error (less fragmented with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), so "
-                    f"it may run{why}.")
+            return (f"Tight: rank {self.worst_rank} needs {need} > {dev} device memory with {slack} of allocator "
+                    f"slack: {TIGHT_REASON}{why}.")
         return (f"Does not fit: rank {self.worst_rank} needs {need} > {dev} device memory "
                 f"(short by {fmt_bytes(self.worst_bytes - self.device_bytes)}){why}.")
 
@@ -153,7 +152,7 @@ def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
     """Does the fullest rank fit device_mem_bytes: analytic/device.fits_device, the one rule `estimate --hardware` and
     Plan apply, on the rank's fullest moment, with the ranks' layout and device as `predict` put them on the rows (a
     row without them: cpu ranks, no allowance). Its need and breakdown are that rule's need_bytes / allowance_bytes."""
-    from backend.analytic.device import CPU, allowance_bytes, fit_verdict, fits_device
+    from backend.analytic.device import CPU, FITS, allowance_bytes, fit_verdict
 
     if not rows:
         return Fit(True, 0, 0.0, device_mem_bytes)
@@ -161,9 +160,9 @@ def fit_check(rows: list[dict[str, Any]], device_mem_bytes: float) -> Fit:
     fullest, moment = _fullest(worst)
     parallel, device = worst.get("parallel"), str(worst.get("device", CPU))
     allowance = allowance_bytes(fullest, parallel, device)
-    return Fit(bool(fits_device(fullest, parallel, device, device_mem_bytes)), worst["rank"],
-               fullest + allowance["total"], device_mem_bytes, allowance, moment=moment,
-               verdict=fit_verdict(fullest, parallel, device, device_mem_bytes))
+    verdict = fit_verdict(fullest, parallel, device, device_mem_bytes)
+    return Fit(verdict == FITS, worst["rank"], fullest + allowance["total"], device_mem_bytes, allowance,
+               moment=moment, verdict=verdict)
 
 
 def comm_frame(per_rank: list[Any]) -> pd.DataFrame:

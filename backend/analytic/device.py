@@ -216,6 +216,11 @@ def fits_device(fullest_bytes: Num, parallel: ParallelSpec | Layout | None, devi
 
 
 FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
+TIGHT_REASON = ("the tensors, CUDA context and NCCL buffers fit; the allocator slack is the reserve measured without "
+                "memory pressure, and under pressure PyTorch frees its cached blocks and retries before an "
+                "out-of-memory error, less fragmented with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: it may "
+                "run")
+"""Why a TIGHT layout may run, in the words `estimate` and New experiment show."""
 
 
 def fit_verdict(fullest_bytes: float, parallel: ParallelSpec | Layout | None, device: str, device_bytes: float,

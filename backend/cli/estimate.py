@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from backend.analytic.device import TIGHT, TIGHT_REASON
 from backend.analytic.estimate import estimate, estimate_raw
 from backend.analytic.inference import estimate_inference
 from backend.analytic.units import GB, MiB
@@ -119,17 +120,12 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
     return None
 
 
-TIGHT_WHY = (" (the tensors, CUDA context and NCCL buffers fit; the allocator slack is the reserve measured without "
-             "memory pressure, and under pressure PyTorch frees its cached blocks and retries before an out-of-memory "
-             "error, less fragmented with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: it may run)")
-
-
 def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     """Does the fullest rank fit the profile's GPU: its fullest moment (RankEstimate.moments, with the stack's own
     terms) + the runtime allowance (CUDA context, NCCL buffers, allocator slack; zero on CPU ranks) <= the profile's
     memory: analytic/device.fits_device, the rule the planner applies too. "verdict": fits, does not fit, or tight
     (analytic/device.fit_verdict: only the allocator slack is over the device)."""
-    from backend.analytic.device import fit_verdict, fits_device, runtime_overhead_bytes
+    from backend.analytic.device import FITS, fit_verdict, runtime_overhead_bytes
 
     worst = max((r for r, _ in est.distinct_ranks), key=lambda r: (r.fullest_bytes(), -r.rank))
     moments = worst.moments()
@@ -137,10 +133,10 @@ def fit_on(est: Any, hw: Any) -> dict[str, Any]:
     overhead = runtime_overhead_bytes(est.spec, fullest)
     device = hw.memory_bytes
     need = fullest + overhead["total"]
+    verdict = fit_verdict(fullest, est.spec.parallel, str(est.spec.runtime.device), device)
     return {"hardware": hw.key, "rank": worst.rank, "moment": max(moments, key=moments.__getitem__),
             "fullest_bytes": fullest, "overhead_bytes": overhead, "need_bytes": need, "device_bytes": device,
-            "fits": bool(fits_device(fullest, est.spec.parallel, str(est.spec.runtime.device), device)),
-            "verdict": fit_verdict(fullest, est.spec.parallel, str(est.spec.runtime.device), device)}
+            "fits": verdict == FITS, "verdict": verdict}
 
 
 def _run_raw(args: argparse.Namespace) -> int:
@@ -218,7 +214,7 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"({f['moment']}) {_fmt(f['fullest_bytes'])} + CUDA context {_fmt(o['cuda_context'])} + NCCL "
                      f"{_fmt(o['nccl_buffers'])} + allocator slack {_fmt(o['fragmentation'])} of "
                      f"{_fmt(f['device_bytes'])}: " + f["verdict"]
-                     + (TIGHT_WHY if f["verdict"] == "tight" else ""))
+                     + (f" ({TIGHT_REASON})" if f["verdict"] == TIGHT else ""))
     return "\n".join(lines)
 
 
