@@ -109,18 +109,23 @@ def op_policy_note(spec: ExperimentSpec) -> str | None:
 
 def cp_note(spec: ExperimentSpec) -> str:
     """What context parallelism divides and what it does not, with the ring's transient buffers in bytes."""
-    from backend.analytic.traffic import cp_kv_bytes
+    from backend.analytic.layout import Layout
+    from backend.analytic.traffic import cp_kv_bytes, te_ring
 
     p = spec.parallel
     kv, dkv = cp_kv_bytes(spec)
     held = p.cp * kv if str(p.cp_rotate) == "allgather" else 2 * kv
     states = ("sharded over dp x cp" if p.zero_stage >= 2 else "ZeRO-1 optimizer state sharded over dp x cp"
               if p.zero_stage == 1 else "not divided (replicated on the dp x cp ranks)")
+    te = te_ring(Layout.of(spec))
+    ring = ("Transformer Engine's ring (K/V at the GQA width, dK/dV in the compute dtype; Megatron's default "
+            "--cp-comm-type p2p is cp_rotate alltoall)" if te else "torch's ring (K/V repeated to the query heads, "
+            "fp32 dK/dV accumulators)")
     return (f"CP: every per-token activation is at seq_len / cp = {spec.model.seq_len // p.cp} tokens per rank (the "
             f"blocks, the logits, RoPE tables, positions, the batch copy); ring attention saves what flash saves. Not "
-            f"divided by cp: parameters / gradients / optimizer state are {states}; the ring's K/V buffers live only "
+            f"divided by cp: parameters / gradients / optimizer state are {states}; {ring}: its K/V buffers live only "
             f"inside an attention call ({held:,.0f} B of K/V in flight in forward ({p.cp_rotate}), + {2 * dkv:,.0f} B "
-            "of fp32 dK/dV accumulators in backward, per layer), not at the forward activation peak (a backward "
+            "of dK/dV in backward, per layer), not at the forward activation peak (a backward "
             f"moment can top it by up to those dK/dV bytes); K/V traffic per layer "
             f"and microbatch: traffic.cp_traffic")
 

@@ -282,6 +282,11 @@ class Layout(LayoutDegrees):
         return (np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray)
                 else (4 if mix else self.compute_bytes))
 
+    def _cp_rotate(self, cp: int) -> dict[str, str]:
+        """Transformer Engine's ring is planned as Megatron's default --cp-comm-type p2p (cp_rotate alltoall);
+        torch's keeps the spec's default (allgather)."""
+        return {"cp_rotate": "alltoall"} if cp > 1 and self.stack is not None and self.stack.te_ring else {}
+
     def spec_dict(self, model: ModelSpec) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its
         memory was priced on)."""
@@ -297,7 +302,7 @@ class Layout(LayoutDegrees):
                              "world_size": math.prod(degrees[d] for d in WORLD_DEGREES), **degrees,
                              "sequence_parallel": bool(self.sequence_parallel),
                              "pp_schedule": SCHEDULE_NAMES[int(self.schedule)],
-                             "virtual_stages": int(self.virtual_stages)},
+                             "virtual_stages": int(self.virtual_stages), **self._cp_rotate(degrees["cp"])},
                 "runtime": {"device": self.device}}
 
 

@@ -84,6 +84,9 @@ class StackMemory:
     the steady state under pipelining (schedules.py @d98e8a64 966-971), held in flight with the others."""
     loss_compiled: bool = False
     """The cross-entropy runs under torch.compile (torchtitan): memory/stack_activations.head_bytes' compiled terms."""
+    te_ring: bool = False
+    """Context parallelism runs Transformer Engine's ring, not torch's (spec/stacks.StackEntry.cp_ring;
+    traffic.cp_ring_bytes)."""
     compiled_blocks: bool = False
     """elementwise compiled: each block runs under torch.compile (torchtitan's apply_compile), whose partitioner saves
     only what backward reads (memory/stack_activations._block_terms)."""
@@ -107,7 +110,8 @@ def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
     stack = str(getattr(spec.train, "stack", "shardlab"))
     if stack == "shardlab":
         return None
-    r = resolve_stack(spec, "gpu" if device == "cuda" else "cpu").values
+    resolved = resolve_stack(spec, "gpu" if device == "cuda" else "cpu")
+    r = resolved.values
     kernel = str(r["attention_kernel"])
     flash_model = str(getattr(spec.model, "attention", "math")) == "flash"
     t = spec.train
@@ -121,7 +125,8 @@ def stack_memory(spec: StackSource, device: str) -> StackMemory | None:
                        fp8_all_gather=fp8 and bool(getattr(t, "fp8_all_gather", False)),
                        fp8_params=fp8 and str(r["param_dtype"]) == "fp8",
                        recompute_modules=_recompute_modules(t), ep_overlap=bool(r["ep_overlap"]),
-                       loss_compiled=bool(r["loss_compiled"]), compiled_blocks=str(r["elementwise"]) == "compiled")
+                       loss_compiled=bool(r["loss_compiled"]), compiled_blocks=str(r["elementwise"]) == "compiled",
+                       te_ring=resolved.cp_ring == "transformer_engine")
 
 
 def _recompute_modules(train: TrainSpec) -> frozenset[str]:

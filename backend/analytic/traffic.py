@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.dp_buckets import bucket_numels, used_by
 from backend.analytic.ep_dispatch import Dispatch, all_to_all_payload_bytes, allgather_bytes, megatron_expert_tp_bytes
+from backend.analytic.layout import Layout
 from backend.analytic.params import ModelKey, block_param_list, is_gated, model_key, n_moe_layers
-from backend.analytic.scalar_or_array import where
+from backend.analytic.scalar_or_array import maximum, where
 from backend.analytic.sharding import LocalParam, fsdp_units, unsharded_numel
 from backend.analytic.tp_placement import module_rule
 from backend.spec.stack_rules import loss_parallel_on
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
-    from backend.spec import ExperimentSpec
+    from backend.spec import ExperimentSpec, ModelSpec
 
 MASTER_BYTES = 4  # torch parameters, gradients and optimizer states stay fp32 in every precision mode
 FP8_BYTES = 1  # float8_e4m3fn / e5m2
@@ -247,30 +248,54 @@ def ep_traffic(spec: ExperimentSpec, layers: list[int]) -> Traffic:
     return [("all_to_all", (float(all_to_all_payload_bytes(m, sent, row_bytes)) + counts) * passes, p.ep)]
 
 
+TE_RING_SOURCE = ("Transformer Engine d0067d0d transformer_engine/pytorch/attention/dot_product_attention/"
+                  "context_parallel.py: AttnFuncWithCPAndKVP2P (p2p_comm_buffers of kv.dtype holding K/V, then K/V "
+                  "and dK/dV together, then dK/dV) and AttnFuncWithCPAndKVAllGather (gather_along_first_dim of K/V, "
+                  "reduce_scatter_along_first_dim of dK/dV); Megatron-Core d98e8a6 "
+                  "megatron/core/extensions/transformer_engine.py TEDotProductAttention: cp_comm_type None -> 'p2p' "
+                  "(l. 2141-2142), K/V at num_query_groups_per_partition heads")
+"""Where the megatron stack's ring comes from (cp_ring.py times it)."""
+
+
+def te_ring(layout: Layout) -> bool:
+    """Transformer Engine's context-parallel attention runs the ring (stack megatron), not torch's."""
+    return layout.stack is not None and layout.stack.te_ring
+
+
+def cp_ring_bytes(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
+    """(K and V one attention call moves per hop on one rank, their gradients): b * s/cp * heads/t * d_head each.
+    torch's `_templated_ring_attention` (stacks shardlab, torchtitan, deepspeed): GQA K/V repeated to the query heads
+    before the core (torchtitan's repeat_kv until ff0829c, 2026-01-27), dK/dV accumulated and sent in fp32.
+    Transformer Engine's (stack megatron, TE_RING_SOURCE): K/V at the GQA width, dK/dV in the compute dtype."""
+    te = te_ring(layout)
+    heads = maximum(model.kv_heads // layout.tp, 1) if te else model.n_heads // layout.tp
+    elems = 2 * layout.micro_batch * layout.seq_local(model) * heads * model.head_dim
+    return elems * layout.compute_bytes, elems * (layout.compute_bytes if te else MASTER_BYTES)
+
+
 def cp_kv_bytes(spec: ExperimentSpec) -> tuple[float, float]:
-    """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): b * s/cp * a/t * d_head
-    each; GQA K/V are repeated to a heads before the core, which is what the ring moves (as torch's does)."""
-    m, t, p = spec.model, spec.train, spec.parallel
-    elems = 2 * t.micro_batch * (m.seq_len // p.cp) * (m.n_heads // p.tp) * m.head_dim
-    return elems * compute_bytes(t.precision), elems * MASTER_BYTES
+    """`cp_ring_bytes` of a spec."""
+    return cp_ring_bytes(spec.model, Layout.of(spec))
 
 
 def cp_traffic(spec: ExperimentSpec, n_layers: int) -> Traffic:
-    """Ring attention's K/V traffic per step over the cp group (strategies/ring_attention.py, torch's
-    _templated_ring_attention): per layer and microbatch, forward allgather = 1 all_gather (output cp x K/V) or
-    alltoall = cp - 1 all_to_all of K/V; backward the same again plus cp all_to_all of the fp32 dK/dV accumulators.
+    """Ring attention's K/V traffic per step over the cp group, per layer and microbatch (cp_ring.py times it).
+    torch's ring (strategies/ring_attention.py, torch's _templated_ring_attention): forward allgather = 1 all_gather
+    (output cp x K/V) or alltoall = cp - 1 all_to_all of K/V; backward the same again plus cp all_to_all of the fp32
+    dK/dV accumulators. Transformer Engine's (stack megatron): allgather = the same all_gathers and one
+    reduce_scatter of the cp x dK/dV; p2p (alltoall) = cp - 1 hops of K/V each way and cp - 1 of dK/dV.
     Recompute (full, or selective's checkpointed core) re-runs the forward's share in backward."""
     p, t = spec.parallel, spec.train
     kv, dkv = cp_kv_bytes(spec)
     calls = n_layers * t.microbatches * (2 if str(t.recompute) != "none" else 1)  # forward runs (incl. re-runs)
     bwd = n_layers * t.microbatches
+    te = te_ring(Layout.of(spec))
     if str(p.cp_rotate) == "allgather":
-        out = [("all_gather", (calls + bwd) * p.cp * kv, p.cp)]
-        a2a = bwd * p.cp * dkv
-    else:
-        out = []
-        a2a = (calls + bwd) * (p.cp - 1) * kv + bwd * p.cp * dkv
-    return out + [("all_to_all", a2a, p.cp)]
+        gathers = ("all_gather", (calls + bwd) * p.cp * kv, p.cp)
+        return [gathers, ("reduce_scatter", bwd * p.cp * dkv, p.cp)] if te else \
+            [gathers, ("all_to_all", bwd * p.cp * dkv, p.cp)]
+    grads = bwd * (p.cp - 1 if te else p.cp) * dkv
+    return [("all_to_all", (calls + bwd) * (p.cp - 1) * kv + grads, p.cp)]
 
 
 def rank_traffic(spec: ExperimentSpec, params: list[LocalParam], layers: list[int], stages: list[int]) -> Traffic:

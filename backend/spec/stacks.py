@@ -98,6 +98,11 @@ class StackEntry:
     stack: Stack
     what: str
     defaults: dict[str, Default]
+    fp8_gemms: str = "torchao"
+    """Whose float8 GEMMs the stack runs under precision fp8: torchao's, or Transformer Engine's."""
+    cp_ring: str = "torch"
+    """Whose context-parallel ring: torch's `_templated_ring_attention`, or Transformer Engine's (analytic/traffic.py
+    cp_ring_bytes, steptime/cp_ring.py, steptime/ring_compute.py)."""
 
 
 def _by_device(cpu: str, gpu: str, hopper: str | None = None) -> Callable[[Any, str], str]:
@@ -243,7 +248,7 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "loss_compiled": Default(False, "Megatron runs its own VocabParallelCrossEntropy (tensor_parallel/"
                                  "cross_entropy.py), not torch.compile: its head terms are memory/stack_activations' "
                                  "megatron ones whatever this says"),
-    }),
+    }, fp8_gemms="transformer_engine", cp_ring="transformer_engine"),
     StackEntry(Stack.DEEPSPEED, "DeepSpeed's ZeRO engine around a torch model", {
         "attention_kernel": Default(_by_device("eager", "flash2"), "DeepSpeed keeps the model's own attention: "
                                     "ShardLab's GPT runs torch SDPA (FlashAttention-2 on GPUs)"),
@@ -289,14 +294,19 @@ class ResolvedStack:
 
     @property
     def fp8_gemms(self) -> str:
-        """Whose float8 GEMMs the stack runs under precision fp8: Transformer Engine's (Megatron) or torchao's."""
-        return "transformer_engine" if self.stack == Stack.MEGATRON else "torchao"
+        """Whose float8 GEMMs the stack runs under precision fp8 (StackEntry.fp8_gemms)."""
+        return STACKS[self.stack].fp8_gemms
+
+    @property
+    def cp_ring(self) -> str:
+        """Whose context-parallel ring the stack runs (StackEntry.cp_ring)."""
+        return STACKS[self.stack].cp_ring
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": str(self.stack), "what": STACKS[self.stack].what, "device": self.device,
                "settings": {k: {"value": _plain(self.values[k]), "set_by": self.set_by[k], "source": self.sources[k]}
                             for k in SETTINGS},
-               "derived": {"fp8_gemms": self.fp8_gemms}}
+               "derived": {"fp8_gemms": self.fp8_gemms, "cp_ring": self.cp_ring}}
         return out | ({} if self.recompute_modules is None else {"recompute_modules": list(self.recompute_modules)})
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from backend.analytic.estimate import estimate, worst_rank_bytes
+from backend.analytic.layout import Layout
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
-from backend.analytic.traffic import cp_traffic
+from backend.analytic.steptime.ops import attention_time
+from backend.analytic.steptime.ring_compute import ring_blocks_time, ring_merge
+from backend.analytic.traffic import cp_kv_bytes, cp_traffic
 from backend.planner.space import Limits, enumerate_layouts
 from backend.spec import ExperimentSpec, ModelSpec
 
@@ -69,6 +73,74 @@ def test_ring_traffic_per_layer_and_microbatch():
     assert cp_traffic(spec, 4) == [("all_to_all", 3 * 32 * 3 * kv + 32 * 4 * kv, 4)]
     est = estimate(_spec(SMALL, dp=1, cp=4))
     assert est.comm_bytes_per_step["all_gather"] == 2 * 32 * 4 * kv
+
+
+def test_megatron_ring_moves_gqa_kv_and_bf16_grads_as_transformer_engine_does():
+    """TE's ring (traffic.TE_RING_SOURCE): K/V at the 2 GQA heads, dK/dV in bf16; p2p = cp - 1 hops of K/V each way
+    and cp - 1 of dK/dV; all_gather = the gathers and one reduce-scatter of cp x dK/dV. torch's: 8 heads, fp32 dK/dV."""
+    bf16 = {"precision": "bf16-mixed"}
+    torch_kv, torch_dkv = cp_kv_bytes(_spec(SMALL, dp=1, cp=4, train=bf16))
+    te = _spec(SMALL, strategy="zero1", dp=1, cp=4, cp_rotate="alltoall", train={**bf16, "stack": "megatron"})
+    kv, dkv = cp_kv_bytes(te)
+    assert (kv, dkv) == (2 * 64 * 2 * 16 * 2, 2 * 64 * 2 * 16 * 2)
+    assert (torch_kv, torch_dkv) == (2 * 64 * 8 * 16 * 2, 2 * 64 * 8 * 16 * 4)
+    assert cp_traffic(te, 4) == [("all_to_all", 2 * 32 * 3 * kv + 32 * 3 * dkv, 4)]
+    gather = _spec(SMALL, strategy="zero1", dp=1, cp=4, cp_rotate="allgather", train={**bf16, "stack": "megatron"})
+    assert cp_traffic(gather, 4) == [("all_gather", 2 * 32 * 4 * kv, 4), ("reduce_scatter", 32 * 4 * dkv, 4)]
+
+
+def test_megatron_ring_hides_behind_the_blocks_where_torchs_does_not():
+    """Llama-3.1-405B's Megatron-Bridge layout (tp 8 fills a node, cp 2 across nodes): TE's p2p sends 1 of 128 heads'
+    K/V per tp rank, hidden behind the attention blocks; torch's ring sends all 16 and exposes most of it."""
+    model = {**LLAMA, "vocab_size": 128256, "d_model": 16384, "n_layers": 16, "n_heads": 128, "n_kv_heads": 8,
+             "ffn_hidden": 53248, "seq_len": 8192}
+    hw = get_hardware("h100-sxm")
+    layout = dict(strategy="zero1", dp=1, cp=2, tp=8, sequence_parallel=True, cp_rotate="alltoall")
+    te = step_time(_spec(model, **layout, train={"precision": "bf16-mixed", "stack": "megatron"}), hw,
+                   gpus_per_node=8).per_rank[0]
+    torch_ring = step_time(_spec(model, **layout, train={"precision": "bf16-mixed"}), hw, gpus_per_node=8).per_rank[0]
+    assert te.exposed_by_dim_s["cp"] < 0.01 * te.comm_s["cp"] + 1e-9
+    assert torch_ring.exposed_by_dim_s["cp"] > 0.5 * torch_ring.comm_s["cp"]
+    assert torch_ring.comm_s["cp"] > 16 * te.comm_s["cp"]
+
+
+def test_ring_blocks_are_timed_at_their_own_shapes_and_sum_to_the_causal_work():
+    """Without a measured attention table (h100-pcie: one efficiency) the ring's blocks add up to 1/cp of the full
+    causal call (head-tail) or (2cp - 1)/cp of that (contiguous, the last rank); with one (h100-sxm) the local causal
+    block is timed at s/cp and the others unmasked, at their own efficiencies."""
+    model = ModelSpec(**{**SMALL, "seq_len": 8192, "n_heads": 32, "d_model": 4096})
+    for key in ("h100-pcie", "h100-sxm"):
+        hw = get_hardware(key)
+        full_f, full_b = attention_time(hw, "bf16-mixed", "flash", 1, 32, 8192, 128, causal=True)
+        for balanced in (True, False):
+            layout = Layout.of(_spec(model.model_dump(), dp=1, cp=4, cp_load_balance=balanced,
+                                     train={"precision": "bf16-mixed"}))
+            fwd, bwd = ring_blocks_time(hw, layout, "flash", 1, 32, 2048, 128)
+            work = 1.0 if balanced else 7 / 4
+            if key == "h100-pcie":
+                assert fwd == pytest.approx(work * full_f / 4) and bwd == pytest.approx(work * full_b / 4)
+            else:
+                diag_f, _ = attention_time(hw, "bf16-mixed", "flash", 1, 32, 2048, 128, causal=True)
+                open_f, _ = attention_time(hw, "bf16-mixed", "flash", 1, 32, 2048, 128, causal=False)
+                assert fwd == pytest.approx(diag_f + (1.5 if balanced else 3) * open_f)
+                assert fwd != pytest.approx(work * full_f / 4)
+
+
+def test_ring_merge_bytes_follow_each_rings_source():
+    """One call on SMALL at cp 4 (64 tokens per rank, 8 heads of 16, 2 KV heads): torch's merger in fp32 (cast up 6,
+    3 x 38 per later block, cast down 6; backward 10 B per fp32 add of dQ and the repeated dK, dV per block + the casts
+    down), TE's in bf16 (4 + 3 x 6; backward copy 4 + 3 adds of 6 over dQ and the GQA-width dK, dV). cp 1: nothing."""
+    bf16 = {"precision": "bf16-mixed"}
+    out = 64 * 8 * 16
+    torch_merge = ring_merge(ModelSpec(**SMALL), Layout.of(_spec(SMALL, dp=1, cp=4, train=bf16)))
+    assert torch_merge.fwd_bytes == (6 + 6 + 3 * 38) * out
+    assert torch_merge.bwd_bytes == 4 * 10 * (out + 2 * out) + 6 * (out + 2 * out)
+    te = Layout.of(_spec(SMALL, strategy="zero1", dp=1, cp=4, cp_rotate="alltoall",
+                         train={**bf16, "stack": "megatron"}))
+    te_merge, kv = ring_merge(ModelSpec(**SMALL), te), 2 * 64 * 2 * 16
+    assert te_merge.fwd_bytes == (4 + 3 * 6) * out and te_merge.bwd_bytes == 4 * (out + kv) + 3 * 6 * (out + kv)
+    none = ring_merge(ModelSpec(**SMALL), Layout.of(_spec(SMALL, dp=4, cp=1, train=bf16)))
+    assert none.fwd_bytes == none.bwd_bytes == 0 and none.fwd_kernels == none.bwd_kernels == 0
 
 
 def test_step_time_has_the_cp_terms():

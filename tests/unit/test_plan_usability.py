@@ -229,27 +229,34 @@ def test_plan_cli_spec_carries_precision_and_recompute(tmp_path, capsys):
 # --- item 9: why #1, in layout terms, with parts that add up ---
 
 def test_why_first_parts_add_up_and_name_the_layout_choices():
-    """Llama-3-70B at 32k on 128 H100 (the issue's plan): #1 is cp 8 with op recompute, #2 cp 2 with full. The old
-    text said "#2 takes 6.21 s more, most of it in compute (+17.2 s)". Now: the difference by layout choice and by part
-    of the step, signed, each adding up to the difference shown; the faster layout on the way that does not fit."""
+    """Llama-3-70B at 32k on 128 H100 (the issue's plan): #1 is cp 2 with full recompute, #2 cp 8 with op (since the
+    ring's merging of partial outputs is priced, steptime/ring_compute.py: cp 8 merges 7 blocks per call in fp32; it
+    was the other way round before). The old text said "#2 takes 6.21 s more, most of it in compute (+17.2 s)". Now:
+    the difference by layout choice and by part of the step, signed, each adding up to the difference shown. At 8k
+    (#1 cp 2 with op, #2 cp 1 with full) the walk passes a faster layout that does not fit, and says so."""
     import re
 
     from backend.planner.why import explain_first, why_text
     from backend.presets import preset_model
 
     hw = get_hardware("h100-sxm")
-    model = ModelSpec(**{**preset_model("llama-3-70b"), "seq_len": 32768, "attention": "flash"})
-    res = plan(model, gpus=128, gpus_per_node=8, hw=hw, global_batch=256, top=2)
-    why = explain_first(res.configs, hw, 8, hw.memory_bytes)
-    assert sum(s["seconds"] for s in why["by_choice"]) == pytest.approx(why["difference_s"], rel=1e-9)
-    assert sum(why["by_part"].values()) == pytest.approx(why["difference_s"], rel=1e-9)
-    text = why_text(res.configs, why)
-    diff = float(re.search(r"#2 takes \+([\d.]+) s", text).group(1))
-    for listed in re.findall(r"(?:In layout terms, #2 has|By part of the step:) (.*?) \(sum ", text):
-        parts = [float(x.replace("−", "-")) for x in re.findall(r": ([+−][\d.]+) s", listed)]
-        assert len(parts) >= 2 and sum(parts) == pytest.approx(diff, abs=1e-9), listed
-    assert "recompute full instead of recompute op" in text and "cp 2 instead of" in text and "cp 8" in text
-    assert "over the 79.1 GiB of the device" in text  # the plan's fit rule: estimate's (issue 32)
+    expected = {32768: ("recompute op instead of recompute full", "dp 16 · cp 8 instead of dp 64 · cp 2"),
+                8192: ("recompute full instead of recompute op", "dp 128 · cp 1 instead of dp 64 · cp 2",
+                       "over the 79.1 GiB of the device")}
+    for seq, phrases in expected.items():
+        model = ModelSpec(**{**preset_model("llama-3-70b"), "seq_len": seq, "attention": "flash"})
+        res = plan(model, gpus=128, gpus_per_node=8, hw=hw, global_batch=256, top=2)
+        why = explain_first(res.configs, hw, 8, hw.memory_bytes)
+        assert sum(s["seconds"] for s in why["by_choice"]) == pytest.approx(why["difference_s"], rel=1e-9)
+        assert sum(why["by_part"].values()) == pytest.approx(why["difference_s"], rel=1e-9)
+        text = why_text(res.configs, why)
+        diff = float(re.search(r"#2 takes \+([\d.]+) s", text).group(1))
+        for listed in re.findall(r"(?:In layout terms, #2 has|By part of the step:) (.*?) \(sum ", text):
+            parts = [float(x.replace("−", "-")) for x in re.findall(r": ([+−][\d.]+) s", listed)]
+            assert len(parts) >= 2 and sum(parts) == pytest.approx(diff, abs=1e-9), listed
+        for phrase in phrases:
+            assert phrase in text, (seq, phrase, text)
+        assert ("over the" in text) == (seq == 8192), text  # at 32k the walk from #1 only slows down
 
 
 @pytest.mark.heavy

@@ -54,6 +54,7 @@ from backend.analytic.steptime.ops import (
     gemm_time,
     passes_time,
 )
+from backend.analytic.steptime.ring_compute import ring_blocks_time, ring_merge
 from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
@@ -212,6 +213,11 @@ def attention_pass(model: ModelSpec, layout: Layout, hw: Hardware, attention: st
     # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
     flops = 2 * b * a * rows * s_kv * (d_qk + d_v)
     if attention != "eager":
+        if not windowed:
+            fwd, bwd = ring_blocks_time(hw, layout, attention, b, a, rows, (d_qk + d_v) / 2)
+            merge = ring_merge(model, layout)
+            return PassCost(fwd_s=fwd + memory_s(hw, merge.fwd_bytes, merge.fwd_kernels),
+                            bwd_s=bwd + memory_s(hw, merge.bwd_bytes, merge.bwd_kernels), fwd_flops=flops)
         fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, (d_qk + d_v) / 2, causal=True)
         band = (2 * s * s_kv - s_kv * s_kv) / (s * s)  # 1 for a global block
         share = band * skew / layout.cp

@@ -1,14 +1,19 @@
 """Ring attention's K/V traffic per layer and microbatch and how much of it the attention blocks hide (pure Python;
 scalars or arrays of layouts).
 
-The schedule is torch's `_templated_ring_attention` (strategies/ring_attention.py runs the same one on CPU ranks):
-cp steps per attention call, each computing one block (1/cp of the rank's attention) while the next block's K/V
-is in flight (Liu et al. 2023, "Ring Attention with Blockwise Transformers", Sec 3: overlap when the block's compute
-outlasts the transfer).
+torch's ring, `_templated_ring_attention` (stacks shardlab, torchtitan, deepspeed; strategies/ring_attention.py runs
+the same one on CPU ranks): cp steps per attention call, each computing one block (1/cp of the rank's attention)
+while the next block's K/V is in flight (Liu et al. 2023, "Ring Attention with Blockwise Transformers", Sec 3:
+overlap when the block's compute outlasts the transfer).
 - alltoall: forward cp - 1 hops of K/V, each hidden behind one block; backward cp - 1 hops of K/V plus a hop of the
   fp32 dK/dV accumulators after every block (cp of them), the last one after the last block, exposed.
 - allgather: forward one all-gather of every rank's K/V, waited for after the first (local) block; backward the same
   all-gather, then the dK/dV hops as above.
+Transformer Engine's ring (stack megatron; traffic.TE_RING_SOURCE), K/V at the GQA width, dK/dV in the compute dtype:
+- p2p (alltoall): forward as torch's; backward step 0 sends K/V, steps 1 .. cp - 2 K/V and the dK/dV so far in one
+  buffer, step cp - 1 the dK/dV alone, each behind that step's block.
+- all_gather: the K/V all-gather before any block (forward, and again in backward), then one reduce-scatter of the
+  gathered dK/dV after the last block: nothing hidden.
 A hop is a send of the buffer to the next rank (α + bytes / link); the all-gather the ring collective (collectives.py).
 Recompute (full, or selective's checkpointed core) runs the forward's ring again in backward.
 """
@@ -23,7 +28,7 @@ from backend.analytic.scalar_or_array import maximum, where
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, node_members, within_node
 from backend.analytic.steptime.compute import PassCost
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.traffic import MASTER_BYTES
+from backend.analytic.traffic import cp_ring_bytes, te_ring
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -40,12 +45,12 @@ class RingTime:
     """Every transfer before overlap (forward, backward, re-run forward)."""
     all_gather_s: Num
     all_to_all_s: Num
+    reduce_scatter_s: Num = 0.0
 
 
 def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
-    """(K and V of one attention call on one rank in the compute dtype, their fp32 grads): traffic.cp_kv_bytes."""
-    elems = 2 * layout.micro_batch * layout.seq_local(model) * (model.n_heads // layout.tp) * model.head_dim
-    return elems * layout.compute_bytes, elems * MASTER_BYTES
+    """(K and V of one attention call on one rank, their grads as the ring sends them): traffic.cp_ring_bytes."""
+    return cp_ring_bytes(model, layout)
 
 
 def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCost, *, rotate: str,
@@ -61,6 +66,11 @@ def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCos
     hop_dkv = alpha + bandwidth_s(hw, intra, "send", dkv, 2, per_node)
     gather = (cp - 1) * alpha + bandwidth_s(hw, intra, "all_gather", cp * kv, cp, per_node)
     block_f, block_b = eta * attention.fwd_s / cp, eta * attention.bwd_s / cp
+    rerun = layout.recompute != RecomputeMode.NONE
+    forwards = where(rerun, 2, 1)
+    if te_ring(layout):
+        return _te_ring(RingCosts(cp, hop_kv, hop_dkv, gather, block_f, block_b, forwards),
+                        rotate, (cp - 1) * alpha + bandwidth_s(hw, intra, "reduce_scatter", cp * dkv, cp, per_node))
     steps = cp - 1
     if rotate == "allgather":
         fwd = maximum(0.0, gather - block_f)
@@ -71,12 +81,43 @@ def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCos
         bwd = steps * maximum(0.0, hop_kv + hop_dkv - block_b)
         forward_comm, gathers = steps * hop_kv, 0.0
     bwd = bwd + hop_dkv  # the accumulators' last hop home, after the last block
-    rerun = layout.recompute != RecomputeMode.NONE
     bwd = bwd + where(rerun, fwd, 0.0)
-    forwards = where(rerun, 2, 1)
     to_all = cp * hop_dkv + where(rotate == "allgather", 0.0, (forwards + 1) * forward_comm)
     gathered = (forwards + 1) * gathers
     on = cp > 1
     return RingTime(fwd_exposed_s=where(on, fwd, 0.0), bwd_exposed_s=where(on, bwd, 0.0),
                     comm_s=where(on, to_all + gathered, 0.0), all_gather_s=where(on, gathered, 0.0),
                     all_to_all_s=where(on, to_all, 0.0))
+
+
+@dataclass(frozen=True)
+class RingCosts:
+    """One attention call's ring pieces on one rank (seconds; scalars or arrays)."""
+    cp: Num
+    hop_kv: Num
+    hop_dkv: Num
+    gather: Num
+    block_f: Num
+    block_b: Num
+    forwards: Num
+    """Forward runs per backward: 2 under recompute."""
+
+
+def _te_ring(c: RingCosts, rotate: str, scatter: Num) -> RingTime:
+    """Transformer Engine's ring (module docstring); `scatter`: the all_gather variant's dK/dV reduce-scatter."""
+    on = c.cp > 1
+    if rotate == "allgather":
+        fwd, bwd = c.gather, c.gather + scatter
+        bwd = bwd + where(c.forwards > 1, fwd, 0.0)
+        gathered = (c.forwards + 1) * c.gather
+        return RingTime(fwd_exposed_s=where(on, fwd, 0.0), bwd_exposed_s=where(on, bwd, 0.0),
+                        comm_s=where(on, gathered + scatter, 0.0), all_gather_s=where(on, gathered, 0.0),
+                        all_to_all_s=0.0, reduce_scatter_s=where(on, scatter, 0.0))
+    both = c.hop_kv + c.hop_dkv
+    fwd = (c.cp - 1) * maximum(0.0, c.hop_kv - c.block_f)
+    bwd = maximum(0.0, c.hop_kv - c.block_b) + maximum(0.0, c.hop_dkv - c.block_b) \
+        + maximum(0, c.cp - 2) * maximum(0.0, both - c.block_b)
+    bwd = bwd + where(c.forwards > 1, fwd, 0.0)
+    hops = c.forwards * (c.cp - 1) * c.hop_kv + (c.cp - 1) * both
+    return RingTime(fwd_exposed_s=where(on, fwd, 0.0), bwd_exposed_s=where(on, bwd, 0.0),
+                    comm_s=where(on, hops, 0.0), all_gather_s=0.0, all_to_all_s=where(on, hops, 0.0))

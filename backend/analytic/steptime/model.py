@@ -290,7 +290,8 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
         comm = {k: v * (rc if k in ("tp", "ep") else 1.0) for k, v in comm.items()}
         cp_exp = mb * len(layers) * (ring.fwd_exposed_s + ring.bwd_exposed_s) * share
         cp_kinds = {"all_gather": mb * len(layers) * ring.all_gather_s,
-                    "all_to_all": mb * len(layers) * ring.all_to_all_s}
+                    "all_to_all": mb * len(layers) * ring.all_to_all_s,
+                    "reduce_scatter": mb * len(layers) * ring.reduce_scatter_s}
         kinds = {c: kinds.get(c, 0.0) + cp_kinds.get(c, 0.0) * share
                  for c in {*kinds, *(k for k, v in cp_kinds.items() if v)}}
         tp_exp = (comm["tp"] - mb * hidden_mb) * share if hidden_mb else comm["tp"] * share

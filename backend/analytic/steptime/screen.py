@@ -70,7 +70,7 @@ from backend.analytic.steptime.ep_comm import dispatcher_bandwidth_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.textbook.pipeline import bubble_formula
-from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
+from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step, te_ring
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -90,7 +90,8 @@ class StepScreen:
     ep_comm_s: Num
     """EP all-to-alls (4 per MoE block and microbatch), bandwidth only, all exposed."""
     cp_comm_s: Num
-    """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; allgather, torch's default)."""
+    """CP's ring K/V transfers the attention blocks do not hide (cp_ring.py; torch's default allgather, or
+    Transformer Engine's default p2p under stack megatron)."""
     bubble: Num
     """Pipeline idle time / ideal time of the schedule (textbook/pipeline.bubble_over_ideal)."""
     dp_exposed_s: Num
@@ -304,7 +305,8 @@ def step_screen(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node
     tp_comm = where(layout.tp > 1, rerun_comm * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     cp_comm = 0.0
     if any_true(layout.cp > 1):
-        ring = ring_time(model, layout, hw, blocks.attention[0], rotate="allgather", gpus_per_node=gpus_per_node)
+        rotate = "alltoall" if te_ring(layout) else "allgather"  # as Layout.spec_dict plans it
+        ring = ring_time(model, layout, hw, blocks.attention[0], rotate=rotate, gpus_per_node=gpus_per_node)
         cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local, experts = rank0.total("local_numel"), rank0.total("ep_expert_numel")
     backward_s = first_rank.n_blocks * blocks.backward_s
