@@ -3,7 +3,8 @@ transformer training step is made of, keyed by shape.
 
 - `gemm`: FLOP/s by (M, K, N) for the QKV, out-projection and MLP GEMMs of hidden sizes h, tensor-parallel
   degrees tp and tokens per microbatch T: forward (M=T, K=h or h/tp, N) and weight-gradient (M=K_fwd, K=T, N)
-  shapes, in bf16, and fp8 (e4m3 operands, bf16 output) through `torch._scaled_mm` where it runs;
+  shapes, in bf16, and fp8 (e4m3 operands, bf16 output) through `torch._scaled_mm` where it runs, with one scale
+  per operand (`gemm_fp8`) and one per row (`gemm_fp8_rowwise`, torchao's rowwise recipe);
 - `attention`: SDPA forward and backward seconds and FLOP/s by (batch, seq, heads, head_dim, causal) per kernel
   (flash, efficient, cuDNN via `torch.nn.attention.sdpa_kernel`); FLOPs as FlashAttention-2 counts them
   (Dao 2023, Sec 4.1: forward 4·b·a·s²·d, halved when causal; backward 2.5x forward);
@@ -85,28 +86,32 @@ def gemm_shapes(sizes: Sizes, tokens: tuple[int, ...], *, wgrad: bool = True) ->
     return rows
 
 
-def _gemm_row(row: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def _gemm_row(row: dict[str, Any], device: torch.device, dtype: torch.dtype, rowwise: bool = False) -> dict[str, Any]:
     m, k, n = row["m"], row["k"], row["n"]
     sets = rotation_count((m * k + k * n) * dtype.itemsize, device, ROTATE_BUDGET_BYTES)
     if dtype == torch.bfloat16:
         pairs = [(randn((m, k), device, dtype), randn((k, n), device, dtype)) for _ in range(sets)]
         fns = [lambda a=a, b=b: torch.mm(a, b) for a, b in pairs]
     else:
-        one = torch.ones((), device=device, dtype=torch.float32)
+        # tensorwise: one fp32 scale per operand; rowwise (torchao's rowwise recipe): one per row of A, per column of B
+        scale_a, scale_b = ((torch.ones((m, 1), device=device), torch.ones((1, n), device=device)) if rowwise
+                            else (torch.ones((), device=device),) * 2)
         # _scaled_mm wants the second operand column-major: the transpose of a contiguous (n, k)
         pairs = [(randn((m, k), device, dtype), randn((n, k), device, dtype).t()) for _ in range(sets)]
-        fns = [lambda a=a, b=b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        fns = [lambda a=a, b=b: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
                for a, b in pairs]
     s = median_s(fns, device)
-    return {**row, "dtype": str(dtype).removeprefix("torch."), "seconds": s, "flops": 2.0 * m * k * n,
-            "flops_per_s": 2.0 * m * k * n / s if s > 0 else None}
+    return {**row, "dtype": str(dtype).removeprefix("torch."), **({"scaling": "rowwise"} if rowwise else {}),
+            "seconds": s, "flops": 2.0 * m * k * n, "flops_per_s": 2.0 * m * k * n / s if s > 0 else None}
 
 
-def gemm_table(device: torch.device, sizes: Sizes, deadline: Deadline, *, fp8: bool) -> dict[str, Any]:
-    """bf16 GEMMs over the full grid; with fp8, e4m3 `_scaled_mm` over the fp8 tokens (forward shapes)."""
+def gemm_table(device: torch.device, sizes: Sizes, deadline: Deadline, *, fp8: bool,
+               rowwise: bool = False) -> dict[str, Any]:
+    """bf16 GEMMs over the full grid; with fp8, e4m3 `_scaled_mm` over the fp8 tokens (forward shapes), tensorwise
+    scales or, rowwise, one per row."""
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     shapes = gemm_shapes(sizes, sizes.fp8_tokens, wgrad=False) if fp8 else gemm_shapes(sizes, sizes.tokens)
-    return _rows_until(shapes, deadline, lambda r: _gemm_row(r, device, dtype))
+    return _rows_until(shapes, deadline, lambda r: _gemm_row(r, device, dtype, rowwise and fp8))
 
 
 def _rows_until(items: list[dict[str, Any]], deadline: Deadline, measure) -> dict[str, Any]:

@@ -39,8 +39,8 @@ DATASHEET_KEYS = {
 }
 """torch.cuda.get_device_name() (lower case) -> hardware.json datasheet profile; exact names only, as
 engine/device_facts.py PEAKS (an "H100" substring is three different parts)."""
-SHARES = (("gemm_bf16", 0.35), ("gemm_fp8", 0.10), ("attention", 0.30), ("elementwise", 0.12), ("optimizer", 0.08),
-          ("launch", 0.025), ("host_copy", 0.025))
+SHARES = (("gemm_bf16", 0.35), ("gemm_fp8", 0.10), ("gemm_fp8_rowwise", 0.05), ("attention", 0.30),
+          ("elementwise", 0.12), ("optimizer", 0.08), ("launch", 0.025), ("host_copy", 0.025))
 """Share of the probe's budget per table; time a table leaves unused passes to the ones after it."""
 
 
@@ -94,6 +94,8 @@ def measure_tables(device: torch.device, sizes: op_probe.Sizes, budget_s: float,
     runners: dict[str, Callable[[Deadline], dict[str, Any]]] = {
         "gemm_bf16": lambda d: op_probe.gemm_table(device, sizes, d, fp8=False),
         "gemm_fp8": (lambda d: op_probe.gemm_table(device, sizes, d, fp8=True)) if fp8_ok
+        else (lambda d: {"rows": [], "skipped": fp8_why}),
+        "gemm_fp8_rowwise": (lambda d: op_probe.gemm_table(device, sizes, d, fp8=True, rowwise=True)) if fp8_ok
         else (lambda d: {"rows": [], "skipped": fp8_why}),
         "attention": lambda d: op_probe.attention_table(device, sizes, d),
         "elementwise": lambda d: op_probe.elementwise_table(device, sizes, d),

@@ -232,6 +232,8 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     hw = get_hardware(key)
     assert hw.kind == "cpu" and hw.peak("bf16-mixed") > 0
     assert all({"m", "k", "n", "flops_per_s"} <= set(r) for r in report["profile"]["measured"]["gemm_bf16"]["rows"])
+    rowwise = report["profile"]["measured"]["gemm_fp8_rowwise"]["rows"]  # torchao's rowwise recipe's GEMMs
+    assert rowwise and all(r["scaling"] == "rowwise" and r["flops_per_s"] > 0 for r in rowwise)
     # every run is an ordinary RunResult with the check's comparisons
     assert [r["gpu_check"]["run"] for r in report["runs"]] == ["ddp", "zero3-offload"]
     for run in report["runs"]:

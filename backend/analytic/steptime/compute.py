@@ -55,7 +55,7 @@ from backend.analytic.steptime.ops import (
     passes_time,
 )
 from backend.analytic.steptime.ring_compute import ring_blocks_time, ring_merge
-from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
+from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
@@ -123,14 +123,15 @@ def default_implementation(hw: Hardware) -> str:
 def weight_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, cb: float,
                    float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
-    float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time) or Transformer Engine's (fp8_gemms
-    "transformer_engine": stack_kernels.te_float8_gemm_time)."""
+    float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time; fp8_gemms TORCHAO_ROWWISE: its rowwise
+    recipe) or Transformer Engine's (fp8_gemms "transformer_engine": stack_kernels.te_float8_gemm_time)."""
     if float8 and fp8_gemms == "transformer_engine":
         return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
                 te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
     if float8:
-        return (float8_gemm_time(hw, rows, k, n_out),
-                float8_gemm_time(hw, rows, n_out, k) + float8_gemm_time(hw, k, rows, n_out))
+        rowwise = fp8_gemms == TORCHAO_ROWWISE
+        return (float8_gemm_time(hw, rows, k, n_out, rowwise),
+                float8_gemm_time(hw, rows, n_out, k, rowwise) + float8_gemm_time(hw, k, rows, n_out, rowwise))
     fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
     return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
 

@@ -172,7 +172,7 @@ class OpTables:
     """Everything a profile knows per operation class; empty parts fall back to the profile's scalar tunables."""
 
     gemm: dict[str, GemmTable] = field(default_factory=dict)
-    """By matmul dtype: bf16 (also fp16), fp8."""
+    """By matmul dtype: bf16 (also fp16), fp8, and fp8_rowwise (rowwise-scaled fp8, ops.FP8_ROWWISE)."""
     attention: AttentionTable | None = None
     elementwise: dict[str, float] = field(default_factory=dict)
     """Fraction of the HBM peak by class: copy, rmsnorm, layernorm, swiglu, gelu, cross_entropy."""
@@ -241,11 +241,12 @@ def tables_from_measured(measured: dict[str, Any], peak_flops: dict[str, float],
     if in_span:
         source += f"; single-call spans less the probe's {in_span * 1e6:.1f} us host launch"
     gemm = {}
-    for dtype, key in (("bf16", "gemm_bf16"), ("fp8", "gemm_fp8")):
+    for table_key, key in (("bf16", "gemm_bf16"), ("fp8", "gemm_fp8"), ("fp8_rowwise", "gemm_fp8_rowwise")):
+        dtype = table_key.removesuffix("_rowwise")  # rowwise-scaled fp8 runs at the fp8 peak (ops.FP8_ROWWISE)
         peak = peak_flops.get(dtype) or (2 * peak_flops["bf16"] if dtype == "fp8" and "bf16" in peak_flops else 0)
         rows = gemm_rows((measured.get(key) or {}).get("rows", []), peak, in_span) if peak else ()
         if rows:
-            gemm[dtype] = GemmTable(rows=rows, source=source)
+            gemm[table_key] = GemmTable(rows=rows, source=source)
     attn = attention_rows((measured.get("attention") or {}).get("rows", []), peak_flops.get("bf16", 0), in_span) \
         if peak_flops.get("bf16") else ()
     return OpTables(gemm=gemm, attention=AttentionTable(rows=attn, source=source) if attn else None,

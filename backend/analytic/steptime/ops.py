@@ -29,15 +29,18 @@ if TYPE_CHECKING:
 FLASH_BWD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023) Sec 3.1: backward 5 matmuls / forward 2
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "fp32", "fp8": "bf16"}
 """The matmul dtype of a precision; fp8 runs all but its float8 linears in bf16 (those: `float8_gemm_time`)."""
+FP8_ROWWISE = "fp8_rowwise"
+"""The operation table of rowwise-scaled fp8 GEMMs (op_probe's gemm_fp8_rowwise): fp8 operands and peak."""
 OPTIMIZER_IMPL = {"torch": "foreach", "fused": "fused", "compiled": "foreach"}
 FALLBACK = {"flash-triton": ("flash1",)}
 """Attention kernels a profile's table may lack, and the measured kernel that stands in (attention_efficiency)."""
 """AdamW implementation by element-wise implementation: torch's default on CUDA (foreach), Megatron's fused Adam."""
 
 
-def gemm_efficiency(hw: Hardware, dtype: str, m: Num, k: Num, n: Num) -> Num:
-    """Fraction of the dtype's peak a (m, k) x (k, n) GEMM reaches on `hw` (module docstring)."""
-    table = hw.tables.gemm_table(dtype)
+def gemm_efficiency(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, table_key: str | None = None) -> Num:
+    """Fraction of the dtype's peak a (m, k) x (k, n) GEMM reaches on `hw` (module docstring); `table_key`: the
+    profile's table to read when it is not the dtype's own (FP8_ROWWISE)."""
+    table = hw.tables.gemm_table(table_key or dtype)
     if table is not None:
         return table.efficiency(m, k, n) * hw.tune.gemm_scale
     top = hw.tune.gemm_fp8_efficiency_max if dtype == "fp8" and hw.tune.gemm_fp8_efficiency_max else \
@@ -68,19 +71,25 @@ def gemm_time(hw: Hardware, precision: str, m: Num, k: Num, n: Num, dtype_bytes:
     return dtype_gemm_time(hw, PRECISION_DTYPE.get(str(precision), str(precision)), m, k, n, dtype_bytes)
 
 
-def float8_gemm_time(hw: Hardware, m: Num, k: Num, n: Num) -> Num:
+def float8_gemm_time(hw: Hardware, m: Num, k: Num, n: Num, rowwise: bool = False) -> Num:
     """Seconds of one float8 linear's GEMM (torchao's float8 matmul, 1-byte operands): at the fp8 peak and table, or
-    bf16's where the profile has no fp8 peak (Hardware.peak_note says so)."""
-    return dtype_gemm_time(hw, "fp8" if hw.peak_flops.get("fp8") else "bf16", m, k, n, FP8_BYTES)
+    bf16's where the profile has no fp8 peak (Hardware.peak_note says so). rowwise: one scale per row of each operand
+    (torchao's rowwise recipe; torch._scaled_mm with (m, 1) and (1, n) scales), timed by the profile's FP8_ROWWISE
+    table where it has one, else as tensorwise (stack_knobs says so)."""
+    if not hw.peak_flops.get("fp8"):
+        return dtype_gemm_time(hw, "bf16", m, k, n, FP8_BYTES)
+    table = FP8_ROWWISE if rowwise and hw.tables.gemm_table(FP8_ROWWISE) is not None else None
+    return dtype_gemm_time(hw, "fp8", m, k, n, FP8_BYTES, table_key=table)
 
 
-def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_bytes: float) -> Num:
-    """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32)."""
+def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_bytes: float,
+                    table_key: str | None = None) -> Num:
+    """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32); `table_key`: gemm_efficiency's."""
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     moved = (m * k + k * n + m * n) * dtype_bytes
-    compute = flops / (hw.peak_of(dtype) * gemm_efficiency(hw, dtype, m, k, n))
+    compute = flops / (hw.peak_of(dtype) * gemm_efficiency(hw, dtype, m, k, n, table_key))
     memory = moved / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy"))
-    if hw.tables.gemm_table(dtype) is not None:  # a measured time already holds the kernel's own floor
+    if hw.tables.gemm_table(table_key or dtype) is not None:  # a measured time already holds the kernel's own floor
         return maximum(maximum(compute, memory), hw.tune.kernel_launch_s)
     return maximum(compute, memory) + hw.tune.kernel_launch_s
 

@@ -20,6 +20,9 @@ from backend.analytic.steptime.ops import dtype_gemm_time
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
 
+TORCHAO_ROWWISE = "torchao-rowwise"
+"""StackKnobs.fp8_gemms of torchao's rowwise recipe (Float8LinearConfig.from_recipe_name("rowwise")): its GEMMs scale
+each row of both operands (ops.float8_gemm_time rowwise)."""
 TE_FP8_GEMM_MS = {
     "source": "NVIDIA TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst (d0067d0d, lines 233-300; the "
               "same text at 8f2e6357), 'Worked Example: 5B Model on H200': GEMM Benchmark (Model Config Mode) on "

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic.steptime.compute import default_implementation
 from backend.analytic.steptime.hardware import Hardware
+from backend.analytic.steptime.ops import FP8_ROWWISE
+from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
 from backend.spec.stacks import SPEC_DEFAULT, ResolvedStack, resolve_stack
 
 if TYPE_CHECKING:
@@ -61,13 +63,25 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
         notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
-    return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=r.fp8_gemms,
+    return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=_fp8_gemms(spec, hw, r, notes),
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
                       pp_overlap=pp_overlap, resolved=r, notes=notes)
+
+
+def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, notes: list[str]) -> str:
+    """Whose float8 GEMMs, torchao's rowwise recipe apart (its GEMMs scale each row: stack_kernels.TORCHAO_ROWWISE)."""
+    t = spec.train
+    if r.fp8_gemms != "torchao" or str(t.precision) != "fp8" or str(t.fp8_recipe) != "rowwise":
+        return r.fp8_gemms
+    if hw.tables.gemm_table(FP8_ROWWISE) is None and hw.peak_flops.get("fp8"):
+        notes.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
+                     "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); torchao's "
+                     "casts and scaling are not timed under either recipe")
+    return TORCHAO_ROWWISE
 
 
 def _word(value: Any) -> str:

@@ -25,7 +25,7 @@ from backend.analytic.steptime.collectives import collective_s, dim_tier
 from backend.analytic.steptime.compute import gemm_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import float8_gemm_time
-from backend.analytic.steptime.stack_kernels import te_float8_gemm_time
+from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
 if TYPE_CHECKING:
@@ -58,7 +58,8 @@ def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_
     if precision == "fp8" and is_float8_weight(q):
         if fp8_gemms == "transformer_engine":
             return te_float8_gemm_time(hw, "fprop", rows, k, n_out), te_float8_gemm_time(hw, "dgrad", rows, n_out, k)
-        return float8_gemm_time(hw, rows, k, n_out), float8_gemm_time(hw, rows, n_out, k)
+        rowwise = fp8_gemms == TORCHAO_ROWWISE
+        return float8_gemm_time(hw, rows, k, n_out, rowwise), float8_gemm_time(hw, rows, n_out, k, rowwise)
     return gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision)
 
 
