@@ -10,6 +10,7 @@ from backend.analytic.layout import Layout
 from backend.analytic.memory.fsdp_state import peak_inside_forward
 from backend.analytic.memory.stack_states import stack_memory_note
 from backend.spec.choices import FOLDED_EXPERT_STACKS, Bias, Precision, Stack
+from backend.spec.stack_rules import repertoire_notes
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -21,6 +22,7 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
     stack = Layout.of(spec).stack
     if stack is not None:
         notes.append(stack_memory_note(stack))
+        notes.extend(repertoire_notes(spec))
     elif t.precision != Precision.FP32:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")

@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from backend.recompute_policy import parse as parse_recompute
-from backend.spec.choices import Precision
+from backend.spec.choices import Precision, Stack
 from backend.spec.stacks import SETTINGS as STACK_SETTINGS
+from backend.spec.stacks import STACKS, Repertoire
 
 if TYPE_CHECKING:
     from backend.analytic.stack_memory import StackMemory
@@ -57,6 +58,10 @@ class HeldTraining:
                    fp8_recipe=train.get("fp8_recipe"), fp8_all_gather=train.get("fp8_all_gather"), source=source,
                    stack=str(train.get("stack") or "shardlab"),
                    stack_settings=tuple((k, train[k]) for k in STACK_SETTINGS if train.get(k) is not None))
+
+    def repertoire(self) -> Repertoire | None:
+        """The schedules and recompute policies the stack's framework configures (None: every one)."""
+        return STACKS[Stack(self.stack)].layouts
 
     def with_stack(self, stack: str | None, settings: dict[str, Any] | None = None) -> HeldTraining:
         """The same settings with another stack (None: keep) and these settings set on their own (added to, and

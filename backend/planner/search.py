@@ -127,7 +127,8 @@ def search(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, glo
     layouts = enumerate_layouts(model, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, limits=limits,
                                 precision=held.precision, optimizer=held.optimizer,
                                 extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device,
-                                stack=held.stack_memory(model, device))  # estimate's own stack terms, on that device
+                                stack=held.stack_memory(model, device),  # estimate's own stack terms, on that device
+                                repertoire=held.repertoire())
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
 

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.expert_layout import folds_experts
-from backend.analytic.layout import CHOICES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
+from backend.analytic.layout import CHOICES, SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.state_floor import STATE_KEY
 from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
 from backend.spec.choices import Device, expert_grid_fits
+from backend.spec.stacks import Repertoire
 
 
 @dataclass(frozen=True)
@@ -172,16 +173,27 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
+def _in_repertoire(r: Repertoire, schedule: np.ndarray, kinds: np.ndarray, searched: int) -> np.ndarray:
+    """The grid's (schedule, recompute) cells the framework configures (schedule: the grid's schedule axis, -1
+    padding; kinds: the recompute axis, its first `searched` the planner's own)."""
+    allowed = np.asarray([SCHEDULE_NAMES.index(n) for n in r.schedules], dtype=np.int64)
+    shape = (1, 1, 1, 1, 1, len(kinds), 1)
+    own = np.asarray([KINDS[int(k)] in r.recompute_kinds or i >= searched for i, k in enumerate(kinds)]).reshape(shape)
+    return np.isin(schedule, allowed) & own
+
+
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int,
                       limits: Limits = DEFAULT_LIMITS, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
-                      device: str = "cpu", stack: Any = None) -> Layout:
+                      device: str = "cpu", stack: Any = None, repertoire: Repertoire | None = None) -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
     boolean grid over (point, carved degrees (ep), flavour, micro-batch, schedule, recompute, SP) with the
     point-dependent choices padded and masked, rows in that nesting order.
     extra_recompute: (kind, K) policies searched after SEARCHED_RECOMPUTE (a held one, planner/held.py; a row equal to
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
-    ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack)."""
+    ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack); repertoire: the
+    schedules and searched recompute policies the stack's framework configures (spec/stacks.Repertoire; a held policy
+    is the spec's own and stays)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits,
                          expert_fold=folds_experts(stack))
     table: dict[str, Any] = {"device": device, "stack": stack} | ({} if sac_ops is None
@@ -212,6 +224,8 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     needs_divisible = (schedule == PipelineSchedule.INTERLEAVED_1F1B) | (schedule == PipelineSchedule.ZERO_BUBBLE) \
         | (schedule == PipelineSchedule.ZBV)
     ok = ep & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
+    if repertoire is not None:
+        ok = ok & _in_repertoire(repertoire, schedule, kinds, len(SEARCHED_RECOMPUTE))
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))

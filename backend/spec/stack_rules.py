@@ -1,12 +1,14 @@
 """What a spec's stack settings contradict, and what this engine cannot run of them (pure Python; the types layer):
 the cross-field checks of the settings (`stack_problems`, part of checks.derive_and_check), the prediction-only
 reasons (`stack_blockers`, part of run_rules.blocking_reasons), and the two settings whose effect the prediction core
-reads without a device (`loss_parallel_on`, `megatron_distributed_optimizer`). The registry is stacks.py."""
+reads without a device (`loss_parallel_on`, `megatron_distributed_optimizer`), and what a stack cannot be told to
+run of the layout choices (`repertoire_notes`). The registry is stacks.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from backend.recompute_policy import parse as parse_recompute
 from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, Stack
 from backend.spec.stacks import SETTING_INFO, SETTINGS, STACKS, resolve_stack
 
@@ -26,6 +28,25 @@ def megatron_distributed_optimizer(spec: Any) -> bool:
     buckets, all-gather of the params: distrib_optimizer.py), where this engine's dp-only zero1 is torch's
     ZeroRedundancyOptimizer (all-reduce + broadcast)."""
     return str(getattr(spec.train, "stack", "shardlab")) == "megatron" and spec.parallel.zero_stage == 1
+
+
+def repertoire_notes(spec: Any) -> list[str]:
+    """Where a spec asks its stack for a pipeline schedule or recompute policy the framework does not configure
+    (StackEntry.layouts): predicted all the same, as ShardLab models the choice, and said."""
+    entry = STACKS[Stack(getattr(spec.train, "stack", Stack.SHARDLAB))]
+    r, p = entry.layouts, spec.parallel
+    if r is None:
+        return []
+    out = []
+    if p.pp > 1 and str(p.pp_schedule) not in r.schedules:
+        out.append(f"stack {entry.stack} runs pp_schedule {' / '.join(r.schedules)} only, not {p.pp_schedule} "
+                   f"({r.source}): predicted as ShardLab's {p.pp_schedule}, which this stack cannot be told to run")
+    kind = parse_recompute(str(spec.train.recompute))[0]
+    if kind not in r.recompute_kinds:
+        out.append(f"stack {entry.stack} configures recompute {' / '.join(r.recompute_kinds)} only, not "
+                   f"{spec.train.recompute} ({r.source}): predicted as ShardLab's policy, which this stack cannot "
+                   "be told to run")
+    return out
 
 
 def stack_problems(spec: Any) -> list[str]:

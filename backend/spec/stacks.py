@@ -103,6 +103,20 @@ class StackEntry:
     cp_ring: str = "torch"
     """Whose context-parallel ring: torch's `_templated_ring_attention`, or Transformer Engine's (analytic/traffic.py
     cp_ring_bytes, steptime/cp_ring.py, steptime/ring_compute.py)."""
+    layouts: Repertoire | None = None
+    """The pipeline schedules and recompute policies the framework configures; None: every one ShardLab models."""
+
+
+@dataclass(frozen=True)
+class Repertoire:
+    """What a framework can be told to run of the layout choices ShardLab models: the planner searches only these
+    under the stack, and a spec asking for another is predicted with a note saying so (stack_rules.repertoire_notes)."""
+
+    schedules: tuple[str, ...]
+    """pp_schedule values (layout.SCHEDULE_NAMES)."""
+    recompute_kinds: tuple[str, ...]
+    """recompute policy kinds (recompute_policy.KINDS)."""
+    source: str
 
 
 def _by_device(cpu: str, gpu: str, hopper: str | None = None) -> Callable[[Any, str], str]:
@@ -212,7 +226,12 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
                                  "build_cross_entropy_loss under training.compile since bbb1b61 (2025-04-02; e7c0cae), "
                                  "CompileConfig.components ['model', 'loss'] at b5bcd76 (config/configs.py 301); from "
                                  "e8977b0 (2024-12-18) to then the loss stayed eager (9dec370 train.py 136-138)"),
-    }),
+    }, layouts=Repertoire(
+        ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"), ("none", "full", "op", "layers"),
+        "torchtitan b5bcd76: pipeline_parallel_schedule is any of torch.distributed.pipelining's schedules "
+        "(get_schedule_class: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV); "
+        "distributed/activation_checkpoint.py FullAC, SelectiveAC (per-op; per-layer 'K' in earlier releases, "
+        "9dec370 selective_ac_option), MemoryBudgetAC (not modelled)")),
     StackEntry(Stack.MEGATRON, "Megatron-Core with Transformer Engine (Megatron-LM, NeMo)", {
         "attention_kernel": Default(_by_device("eager", "flash2", hopper="cudnn"), "Megatron transformer_config.py "
                                     "151: attention_backend auto; TE attention/dot_product_attention/utils.py "
@@ -248,7 +267,12 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "loss_compiled": Default(False, "Megatron runs its own VocabParallelCrossEntropy (tensor_parallel/"
                                  "cross_entropy.py), not torch.compile: its head terms are memory/stack_activations' "
                                  "megatron ones whatever this says"),
-    }, fp8_gemms="transformer_engine", cp_ring="transformer_engine"),
+    }, fp8_gemms="transformer_engine", cp_ring="transformer_engine", layouts=Repertoire(
+        ("1f1b", "interleaved_1f1b"), ("none", "selective", "full", "block", "uniform"),
+        "Megatron-Core d98e8a6 pipeline_parallel/schedules.py get_forward_backward_func: no pipelining, 1F1B without "
+        "interleaving, or interleaved (with virtual stages), nothing else; arguments.py --recompute-granularity "
+        "{full, selective} (selective: --recompute-modules), --recompute-method {uniform, block} "
+        "--recompute-num-layers")),
     StackEntry(Stack.DEEPSPEED, "DeepSpeed's ZeRO engine around a torch model", {
         "attention_kernel": Default(_by_device("eager", "flash2"), "DeepSpeed keeps the model's own attention: "
                                     "ShardLab's GPT runs torch SDPA (FlashAttention-2 on GPUs)"),
