@@ -234,52 +234,25 @@ def test_the_plain_losss_bytes_per_logit_are_what_torch_allocates():
     assert backward == pytest.approx(head.backward_peak_per_logit, abs=0.05)
 
 
-def _resident_bytes(key: str) -> int:
-    import re
-    from pathlib import Path
-
-    return int(re.search(key + r":\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
-
-
 @pytest.mark.heavy
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_compiled_losss_bytes_per_logit_are_what_inductor_allocates(compiled):
-    """torchtitan's loss as its train step runs it (`del pred` before backward), eager and under torch.compile, measured
-    by the process's peak resident memory (/proc/self/status VmHWM, reset through /proc/self/clear_refs): Inductor's
-    compiled allocations never reach a dispatch mode, so MemTracker sees the compiled function run eagerly.
-    Compiled, nothing of 4 B per logit exists: the 16-bit logits are saved, the gradient is 16-bit (2, 2, 4 B);
-    eager, 10, 4, 12."""
-    from pathlib import Path
+    """torchtitan's loss as its train step runs it, eager and under torch.compile, measured by a fresh process's peak
+    resident memory (tests/helpers/compiled_loss_memory.py). Compiled, nothing of 4 B per logit exists: the 16-bit
+    logits are saved, the gradient is 16-bit (2, 2, 4 B); eager, 10, 4, 12."""
+    import json
+    import subprocess
+    import sys
 
-    import torch
-    import torch.nn.functional as F
+    from tests.helpers.launch import ROOT, rank_env
 
-    def cross_entropy_loss(pred, labels):  # torchtitan components/loss.py (e7c0cae)
-        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
-
-    loss_fn = torch.compile(cross_entropy_loss) if compiled else cross_entropy_loss
     spec = _spec({"stack": "torchtitan", "elementwise": "compiled", "loss_compiled": compiled},
                  {"strategy": "zero3", "world_size": 2})
     head = head_bytes(spec.model, Layout.of(spec))
-    # 64 MiB and larger tensors: above glibc's largest dynamic mmap threshold (32 MiB), so each is its own mapping,
-    # resident while alive and returned when freed, whatever this worker allocated before
-    n, vocab = 8192, 4096
-    x = torch.randn(n, 2, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(2, vocab, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.randint(0, vocab, (1, n))
-    loss_fn((x @ w).unsqueeze(0), labels).backward()  # compiles, and warms the allocator
-    x.grad = w.grad = None
-    base = _resident_bytes("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from what is resident now
-    pred = (x @ w).unsqueeze(0)
-    loss = loss_fn(pred, labels)
-    forward = _resident_bytes("VmHWM") - base
-    del pred
-    kept = _resident_bytes("VmRSS") - base
-    Path("/proc/self/clear_refs").write_text("5")
-    loss.backward()
-    backward = _resident_bytes("VmHWM") - base
-    per_logit = [b / (n * vocab) for b in (forward, kept, backward)]
+    command = [sys.executable, "-m", "tests.helpers.compiled_loss_memory"] + (["--compiled"] if compiled else [])
+    done = subprocess.run(command, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    per_logit = json.loads(done.stdout.strip().splitlines()[-1])
     assert per_logit == pytest.approx([head.forward_peak_per_logit, head.kept_per_logit,
                                        head.backward_peak_per_logit], abs=0.1)
     assert per_logit == pytest.approx([2, 2, 4] if compiled else [10, 4, 12], abs=0.1)
