@@ -112,14 +112,14 @@ def op_policy_note(spec: ExperimentSpec) -> str | None:
 def cp_note(spec: ExperimentSpec) -> str:
     """What context parallelism divides and what it does not, with the ring's transient buffers in bytes."""
     from backend.analytic.layout import Layout
-    from backend.analytic.traffic import cp_kv_bytes, te_ring
+    from backend.analytic.traffic import cp_ring_bytes
 
-    p = spec.parallel
-    kv, dkv = cp_kv_bytes(spec)
+    p, layout = spec.parallel, Layout.of(spec)
+    kv, dkv = cp_ring_bytes(spec.model, layout)
     held = p.cp * kv if str(p.cp_rotate) == "allgather" else 2 * kv
     states = ("sharded over dp x cp" if p.zero_stage >= 2 else "ZeRO-1 optimizer state sharded over dp x cp"
               if p.zero_stage == 1 else "not divided (replicated on the dp x cp ranks)")
-    te = te_ring(Layout.of(spec))
+    te = layout.te_ring
     ring = ("Transformer Engine's ring (K/V at the GQA width, dK/dV in the compute dtype; Megatron's default "
             "--cp-comm-type p2p is cp_rotate alltoall)" if te else "torch's ring (K/V repeated to the query heads, "
             "fp32 dK/dV accumulators)")

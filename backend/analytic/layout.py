@@ -282,10 +282,15 @@ class Layout(LayoutDegrees):
         return (np.where(mix, 4, self.compute_bytes) if isinstance(mix, np.ndarray)
                 else (4 if mix else self.compute_bytes))
 
+    @property
+    def te_ring(self) -> bool:
+        """Transformer Engine's context-parallel attention runs the ring (stack megatron), not torch's."""
+        return self.stack is not None and self.stack.te_ring
+
     def _cp_rotate(self, cp: int) -> dict[str, str]:
         """Transformer Engine's ring is planned as Megatron's default --cp-comm-type p2p (cp_rotate alltoall);
         torch's keeps the spec's default (allgather)."""
-        return {"cp_rotate": "alltoall"} if cp > 1 and self.stack is not None and self.stack.te_ring else {}
+        return {"cp_rotate": "alltoall"} if cp > 1 and self.te_ring else {}
 
     def spec_dict(self, model: ModelSpec) -> dict[str, Any]:
         """The full experiment spec (as a dict) of a scalar layout, its ranks on the layout's device (the one its

@@ -257,17 +257,12 @@ TE_RING_SOURCE = ("Transformer Engine d0067d0d transformer_engine/pytorch/attent
 """Where the megatron stack's ring comes from (cp_ring.py times it)."""
 
 
-def te_ring(layout: Layout) -> bool:
-    """Transformer Engine's context-parallel attention runs the ring (stack megatron), not torch's."""
-    return layout.stack is not None and layout.stack.te_ring
-
-
 def cp_ring_bytes(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
     """(K and V one attention call moves per hop on one rank, their gradients): b * s/cp * heads/t * d_head each.
     torch's `_templated_ring_attention` (stacks shardlab, torchtitan, deepspeed): GQA K/V repeated to the query heads
     before the core (torchtitan's repeat_kv until ff0829c, 2026-01-27), dK/dV accumulated and sent in fp32.
     Transformer Engine's (stack megatron, TE_RING_SOURCE): K/V at the GQA width, dK/dV in the compute dtype."""
-    te = te_ring(layout)
+    te = layout.te_ring
     heads = maximum(model.kv_heads // layout.tp, 1) if te else model.n_heads // layout.tp
     elems = 2 * layout.micro_batch * layout.seq_local(model) * heads * model.head_dim
     return elems * layout.compute_bytes, elems * (layout.compute_bytes if te else MASTER_BYTES)
@@ -286,10 +281,11 @@ def cp_traffic(spec: ExperimentSpec, n_layers: int) -> Traffic:
     reduce_scatter of the cp x dK/dV; p2p (alltoall) = cp - 1 hops of K/V each way and cp - 1 of dK/dV.
     Recompute (full, or selective's checkpointed core) re-runs the forward's share in backward."""
     p, t = spec.parallel, spec.train
-    kv, dkv = cp_kv_bytes(spec)
+    layout = Layout.of(spec)
+    kv, dkv = cp_ring_bytes(spec.model, layout)
     calls = n_layers * t.microbatches * (2 if str(t.recompute) != "none" else 1)  # forward runs (incl. re-runs)
     bwd = n_layers * t.microbatches
-    te = te_ring(Layout.of(spec))
+    te = layout.te_ring
     if str(p.cp_rotate) == "allgather":
         gathers = ("all_gather", (calls + bwd) * p.cp * kv, p.cp)
         return [gathers, ("reduce_scatter", bwd * p.cp * dkv, p.cp)] if te else \

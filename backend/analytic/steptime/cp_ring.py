@@ -28,7 +28,7 @@ from backend.analytic.scalar_or_array import maximum, where
 from backend.analytic.steptime.collectives import bandwidth_s, group_stride, node_members, within_node
 from backend.analytic.steptime.compute import PassCost
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.traffic import cp_ring_bytes, te_ring
+from backend.analytic.traffic import cp_ring_bytes
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -68,7 +68,7 @@ def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCos
     block_f, block_b = eta * attention.fwd_s / cp, eta * attention.bwd_s / cp
     rerun = layout.recompute != RecomputeMode.NONE
     forwards = where(rerun, 2, 1)
-    if te_ring(layout):
+    if layout.te_ring:
         return _te_ring(RingCosts(cp, hop_kv, hop_dkv, gather, block_f, block_b, forwards),
                         rotate, (cp - 1) * alpha + bandwidth_s(hw, intra, "reduce_scatter", cp * dkv, cp, per_node))
     steps = cp - 1

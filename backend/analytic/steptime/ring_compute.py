@@ -27,7 +27,6 @@ from backend.analytic.params import head_dim, v_head_dim
 from backend.analytic.scalar_or_array import maximum, where
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import attention_time
-from backend.analytic.traffic import te_ring
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -68,7 +67,7 @@ def ring_merge(model: ModelSpec, layout: Layout) -> RingMerge:
     out = layout.micro_batch * rows * (model.n_heads // tp) * v_head_dim(model)
     later = maximum(cp - 1, 0)
     on = cp > 1
-    if te_ring(layout):
+    if layout.te_ring:
         kv = 2 * layout.micro_batch * rows * maximum(model.kv_heads // tp, 1) * head_dim(model)
         fwd, fwd_k = TE_FIRST * out + later * TE_ADD * out, cp
         bwd = TE_COPY * (out + kv) + later * TE_GRAD_ADD * (out + kv)

@@ -70,7 +70,7 @@ from backend.analytic.steptime.ep_comm import dispatcher_bandwidth_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, PRECISION_DTYPE, optimizer_time
 from backend.analytic.textbook.pipeline import bubble_formula
-from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step, te_ring
+from backend.analytic.traffic import DDP_BUCKET_BYTES, MASTER_BYTES, fsdp_gathers_per_step
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -305,7 +305,7 @@ def step_screen(model: ModelSpec, layout: Layout, hw: Hardware, *, gpus_per_node
     tp_comm = where(layout.tp > 1, rerun_comm * bandwidth_s(hw, intra_tp, "all_reduce", tp_payload, layout.tp), 0.0)
     cp_comm = 0.0
     if any_true(layout.cp > 1):
-        rotate = "alltoall" if te_ring(layout) else "allgather"  # as Layout.spec_dict plans it
+        rotate = "alltoall" if layout.te_ring else "allgather"  # as Layout.spec_dict plans it
         ring = ring_time(model, layout, hw, blocks.attention[0], rotate=rotate, gpus_per_node=gpus_per_node)
         cp_comm = mb * first_rank.n_blocks * (ring.fwd_exposed_s + ring.bwd_exposed_s)
     local, experts = rank0.total("local_numel"), rank0.total("ep_expert_numel")
