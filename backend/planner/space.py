@@ -173,13 +173,15 @@ def _schedules(pp: int, n_layers: int, virtual_stages: tuple[int, ...]) -> list[
     return out + ([(PipelineSchedule.ZBV, 2), (PipelineSchedule.DUALPIPEV, 2)] if pp * 2 <= n_layers else [])
 
 
-def _in_repertoire(r: Repertoire, schedule: np.ndarray, kinds: np.ndarray, searched: int) -> np.ndarray:
-    """The grid's (schedule, recompute) cells the framework configures (schedule: the grid's schedule axis, -1
-    padding; kinds: the recompute axis, its first `searched` the planner's own)."""
+def _in_repertoire(r: Repertoire, schedule: np.ndarray, kinds: np.ndarray, searched: int,
+                   pp: np.ndarray) -> np.ndarray:
+    """The grid's (schedule, flavour, recompute) cells the framework configures (schedule: the grid's schedule axis,
+    -1 padding; kinds: the recompute axis, its first `searched` the planner's own; pp: the points' pp on axis 0)."""
     allowed = np.asarray([SCHEDULE_NAMES.index(n) for n in r.schedules], dtype=np.int64)
     shape = (1, 1, 1, 1, 1, len(kinds), 1)
     own = np.asarray([KINDS[int(k)] in r.recompute_kinds or i >= searched for i, k in enumerate(kinds)]).reshape(shape)
-    return np.isin(schedule, allowed) & own
+    zero = np.arange(len(ZeroStage.ALL)).reshape(1, 1, -1, 1, 1, 1, 1)
+    return np.isin(schedule, allowed) & own & ((pp == 1) | (zero <= r.pp_zero_stage_max))
 
 
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int,
@@ -225,7 +227,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
         | (schedule == PipelineSchedule.ZBV)
     ok = ep & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
     if repertoire is not None:
-        ok = ok & _in_repertoire(repertoire, schedule, kinds, len(SEARCHED_RECOMPUTE))
+        ok = ok & _in_repertoire(repertoire, schedule, kinds, len(SEARCHED_RECOMPUTE), pair_pp)
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))

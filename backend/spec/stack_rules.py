@@ -46,6 +46,10 @@ def repertoire_notes(spec: Any) -> list[str]:
         out.append(f"stack {entry.stack} configures recompute {' / '.join(r.recompute_kinds)} only, not "
                    f"{spec.train.recompute} ({r.source}): predicted as ShardLab's policy, which this stack cannot "
                    "be told to run")
+    if p.pp > 1 and p.zero_stage > r.pp_zero_stage_max:
+        out.append(f"stack {entry.stack} combines pipeline parallelism with ZeRO stage <= {r.pp_zero_stage_max} "
+                   f"only, not {p.strategy} (ZeRO stage {p.zero_stage}) with pp {p.pp} ({r.source}): predicted as "
+                   "ShardLab's layout, which this stack cannot be told to run")
     return out
 
 

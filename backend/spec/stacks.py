@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.recompute_policy import KINDS
 from backend.spec.choices import MEGATRON_DEFAULT_RECOMPUTE_MODULES, AttentionKernel, Elementwise, Stack, StackDtype
 
 DEVICE_CLASSES = ("cpu", "gpu", "sm80", "sm90", "sm100", "cdna3")
@@ -117,6 +118,8 @@ class Repertoire:
     recompute_kinds: tuple[str, ...]
     """recompute policy kinds (recompute_policy.KINDS)."""
     source: str
+    pp_zero_stage_max: int = 3
+    """The highest ZeRO stage the framework combines with pipeline parallelism."""
 
 
 def _by_device(cpu: str, gpu: str, hopper: str | None = None) -> Callable[[Any, str], str]:
@@ -294,7 +297,13 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "ep_overlap": Default(False, "DeepSpeed moe/sharded_moe.py MOELayer: its all-to-alls run in line around the "
                               "experts"),
         "loss_compiled": Default(False, "DeepSpeed runs the model's own loss eagerly"),
-    }),
+    }, layouts=Repertoire(
+        ("1f1b", "dualpipev"), KINDS,
+        "DeepSpeed 83fd8f87 deepspeed/runtime/pipe/schedule.py: PipelineEngine runs TrainSchedule (1F1B: buffers "
+        "min(stages - stage_id, micro_batches)), DualPipeVEngine (pipe/dualpipev.py) DualPipeVSchedule, nothing "
+        "else; pipe/engine.py PipelineEngine.__init__ asserts zero_optimization_stage() < 2 ('ZeRO-2 and ZeRO-3 are "
+        "incompatible with pipeline parallelism'); recompute is the wrapped model's own (every policy)",
+        pp_zero_stage_max=1)),
 )}
 
 

@@ -54,3 +54,27 @@ def test_the_planner_searches_only_the_stacks_repertoire_and_keeps_a_held_policy
     assert {SCHEDULE_NAMES[int(s)] for s in np.unique(every.schedule)} > names
     assert kinds == {"none", "selective", "full", "block", "layers"}  # layers: the held policy, kept
     assert 0 < len(megatron) < len(every)
+
+
+def test_deepspeeds_pipeline_engine_runs_1f1b_or_dualpipev_under_zero_stage_1_at_most():
+    """DeepSpeed 83fd8f87: PipelineEngine's TrainSchedule or DualPipeVSchedule, and its assert that ZeRO-2 / 3 do not
+    combine with pipeline parallelism; without pp every ZeRO stage stays."""
+    assert repertoire_notes(_spec("deepspeed", "dualpipev", "uniform:2")) == []
+    (note,) = repertoire_notes(_spec("deepspeed", "interleaved_1f1b", "op"))
+    assert "stack deepspeed runs pp_schedule 1f1b / dualpipev only, not interleaved_1f1b" in note
+    zero3 = ExperimentSpec.for_prediction({
+        "model": MODEL, "parallel": {"strategy": "zero3", "dp": 2, "pp": 2},
+        "train": {"global_batch": 8, "micro_batch": 1, "stack": "deepspeed", "precision": "bf16-mixed"}})
+    (note,) = repertoire_notes(zero3)
+    assert "ZeRO stage <= 1 only, not zero3 (ZeRO stage 3) with pp 2" in note and "incompatible" in note
+    assert repertoire_notes(zero3.model_copy(update={"train": zero3.train.model_copy(update={"stack": "shardlab"})})) \
+        == []
+    model = ModelSpec(**MODEL)
+    every = enumerate_layouts(model, gpus=16, gpus_per_node=8, global_batch=32)
+    ds = enumerate_layouts(model, gpus=16, gpus_per_node=8, global_batch=32, repertoire=STACKS["deepspeed"].layouts)
+    piped = np.asarray(ds.pp) > 1
+    assert piped.any() and (~piped).any()
+    assert {SCHEDULE_NAMES[int(s)] for s in np.unique(np.asarray(ds.schedule)[piped])} == {"1f1b", "dualpipev"}
+    assert set(np.unique(np.asarray(ds.zero_stage)[piped]).tolist()) == {0, 1}
+    assert set(np.unique(np.asarray(ds.zero_stage)[~piped]).tolist()) == {0, 1, 2, 3}
+    assert {KINDS[int(k)] for k in np.unique(ds.recompute)} == {KINDS[int(k)] for k in np.unique(every.recompute)}
