@@ -89,6 +89,9 @@ class Hardware:
     gpus_per_node: int
     source: str
     tune: Tunables = field(default_factory=Tunables)
+    sustained_flops: dict[str, float] = field(default_factory=dict)
+    """The highest GEMM FLOP/s measured under this device's power limit, by matmul dtype: a ceiling on every GEMM's
+    rate where the operation tables were measured on a device of the same die without that limit (empty: none)."""
     cores: int | None = None
     """CPU profile only: cores shared by the ranks (more ranks than cores time-share them)."""
     calibration_id: int | None = None
@@ -215,6 +218,7 @@ def _build(key: str, entry: dict[str, Any], defaults: dict[str, Any],
     return Hardware(key=key, name=entry["name"], kind=entry.get("kind", "gpu"),
                     memory_bytes=float(entry.get("memory_bytes", 0)),
                     peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
+                    sustained_flops={k: float(v) for k, v in entry.get("sustained_flops", {}).items()},
                     hbm_bytes_per_s=float(entry["hbm_bytes_per_s"]),
                     intra_bytes_per_s=float(entry["intra_bytes_per_s"]),
                     inter_bytes_per_s=float(entry["inter_bytes_per_s"]),

@@ -1,8 +1,9 @@
 """Seconds of one operation on a profile, from its operation tables (op_tables.py) where it has them, else from its
 scalar tunables (pure Python + numpy; sizes may be arrays, one entry per layout).
 
-- GEMM: FLOPs / (dtype peak x table efficiency(m, k, n) x gemm_scale), at least the bytes it moves at the copy
-  bandwidth (roofline, Williams et al. 2009 Sec 2). Without a table: gemm_efficiency_max x the measured CPU size
+- GEMM: FLOPs / (dtype peak x table efficiency(m, k, n) x gemm_scale), that rate at most the profile's
+  power-limited `sustained_flops`, at least the bytes it moves at the copy bandwidth (roofline, Williams et al. 2009
+  Sec 2). Without a table: gemm_efficiency_max x the measured CPU size
   curve or the saturating F / (F + gemm_half_flops), plus one kernel floor.
 - fused attention: FlashAttention-2's FLOP count (Dao 2023 Sec 4.1: forward 4·b·a·s²·d, halved when causal since
   masked blocks are skipped; backward 2.5x the forward) / (peak x the kernel's table efficiency x attention_scale).
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backend.analytic.scalar_or_array import is_array, maximum
+from backend.analytic.scalar_or_array import is_array, maximum, minimum
 from backend.analytic.steptime.elementwise import Pass
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.op_tables import ADAMW_BYTES_PER_PARAM, per_unique
@@ -87,7 +88,10 @@ def dtype_gemm_time(hw: Hardware, dtype: str, m: Num, k: Num, n: Num, dtype_byte
     """Seconds of one (m, k) x (k, n) GEMM in a matmul dtype (bf16, fp16, fp8, fp32); `table_key`: gemm_efficiency's."""
     flops = 2 * m * k * n  # Narayanan 2021 Sec 5.1
     moved = (m * k + k * n + m * n) * dtype_bytes
-    compute = flops / (hw.peak_of(dtype) * gemm_efficiency(hw, dtype, m, k, n, table_key))
+    rate = hw.peak_of(dtype) * gemm_efficiency(hw, dtype, m, k, n, table_key)
+    if dtype in hw.sustained_flops:
+        rate = minimum(rate, hw.sustained_flops[dtype])
+    compute = flops / rate
     memory = moved / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy"))
     if hw.tables.gemm_table(table_key or dtype) is not None:  # a measured time already holds the kernel's own floor
         return maximum(maximum(compute, memory), hw.tune.kernel_launch_s)
