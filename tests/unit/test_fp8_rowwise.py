@@ -9,10 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from backend.analytic.steptime.float8_casts import float8_casts_s
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.op_tables import GemmTable, tables_from_measured
 from backend.analytic.steptime.ops import FP8_ROWWISE, float8_gemm_time
+from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
 from backend.bench import op_probe
 from backend.bench.op_timing import Deadline
 from backend.spec import ExperimentSpec
@@ -20,6 +22,9 @@ from backend.spec import ExperimentSpec
 LLAMA_8B = {"vocab_size": 128256, "d_model": 4096, "n_layers": 4, "n_heads": 32, "n_kv_heads": 8,
             "ffn_hidden": 14336, "seq_len": 8192, "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope",
             "bias": "none", "attention": "flash"}
+LLAMA_8B_LINEARS = ((4096, 4096), (4096, 1024), (4096, 1024), (4096, 4096), (4096, 14336), (4096, 14336),
+                    (14336, 4096))
+"""(in, out) of each block linear."""
 
 
 def _spec(recipe: str) -> ExperimentSpec:
@@ -59,7 +64,12 @@ def test_a_profile_with_a_rowwise_table_times_rowwise_gemms_by_it():
 def test_without_a_rowwise_table_rowwise_is_timed_as_tensorwise_and_says_so():
     hw = get_hardware("h100-sxm")
     assert hw.tables.gemm_table(FP8_ROWWISE) is None
+    assert float8_gemm_time(hw, 8192, 4096, 14336, rowwise=True) == float8_gemm_time(hw, 8192, 4096, 14336)
     rowwise, tensorwise = step_time(_spec("rowwise"), hw), step_time(_spec("tensorwise"), hw)
-    assert rowwise.summary["step_s"] == pytest.approx(tensorwise.summary["step_s"])
+    # the GEMMs alike, the step differs by the recipes' casts alone (float8_casts.py; test_float8_casts.py)
+    casts = {r: sum(sum(float8_casts_s(hw, _spec(r), gemms, False, (8192, k, n))) for k, n in LLAMA_8B_LINEARS)
+             for r, gemms in (("rowwise", TORCHAO_ROWWISE), ("tensorwise", "torchao"))}
+    assert rowwise.summary["compute_s"] - tensorwise.summary["compute_s"] == pytest.approx(
+        LLAMA_8B["n_layers"] * (casts["rowwise"] - casts["tensorwise"]))
     (note,) = [n for n in rowwise.notes if n.startswith("fp8_recipe rowwise")]
     assert "timed as tensorwise" in note and "gemm_fp8_rowwise" in note

@@ -45,6 +45,7 @@ from backend.analytic.steptime.elementwise import (
     layer_passes,
     param_passes,
 )
+from backend.analytic.steptime.float8_casts import float8_casts_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import (
     FLASH_BWD_FACTOR,
@@ -403,6 +404,10 @@ def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[Loca
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts, *moe_rows_key(m)) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()),
                            lambda ps: weight_kinds_cost(spec, hw, kinds, tokens, fp8_gemms), keep=hw))
+    if fp8:
+        casts_fwd, casts_bwd = float8_casts_cost(hw, spec, kinds, tokens, fp8_gemms, implementation == "compiled")
+        cost.fwd_s += casts_fwd
+        cost.bwd_s += casts_bwd
     elem = elementwise_pass(m, layout, hw, implementation)
     n_windowed = sum(layer_attention_kind(m, i)[1] for i in layers)  # the rest attend globally
     n = len(layers) - n_windowed

@@ -5,8 +5,9 @@ elementwise_pass / head_pass, collectives.bandwidth_s, textbook/pipeline.bubble_
 What it leaves out, by design (each is a field of the exact model): the simulated pipeline schedule (the analytic
 bubble instead), per-collective latency (bandwidth terms only), the stage-by-stage cost (the busiest pipeline
 rank's layers at one layer's cost per block kind: dense / MoE, global / windowed attention), the host's DTensor
-dispatch, the kernel launches of the optimizer and of the loss's softmax passes, and, under full recompute, lm_head's
-GEMM re-run in backward (recompute_cost.py shares). The planner ranks every layout with it, then re-times a pool of the
+dispatch, the kernel launches of the optimizer and of the loss's softmax passes, torchao's float8 casts
+(float8_casts.py: memory passes beside the fp8 GEMMs), and, under full recompute, lm_head's GEMM re-run in backward
+(recompute_cost.py shares). The planner ranks every layout with it, then re-times a pool of the
 fastest with model.step_time, which it reports. Measured agreement with step_time over every fitting layout: see
 tests/unit/test_planner_core.py and benchmarks/planner_speed.py (Spearman > 0.95 on the issue's 70B / TinyLlama cases).
 """
