@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.analytic.steptime import compute
-from backend.analytic.steptime.float8_casts import float8_casts_s
+from backend.analytic.steptime.float8_casts import CastRole, cast_roles, float8_casts_s
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
@@ -28,6 +28,11 @@ def _spec(strategy: str = "fsdp", dp: int = 8, fp8_all_gather: bool = False) -> 
 def _seconds(hw, n_bytes: float, kernels: int) -> float:
     """n_bytes at the profile's copy bandwidth, plus the floors of `kernels` kernels that move nothing."""
     return n_bytes / (hw.hbm_bytes_per_s * hw.elementwise_fraction("copy")) + kernels * hw.tune.kernel_launch_s
+
+
+def _kernels(hw, *kernel_bytes: float) -> float:
+    """Kernels moving these bytes each, every one at least the kernel floor."""
+    return sum(max(_seconds(hw, b, 0), hw.tune.kernel_launch_s) for b in kernel_bytes)
 
 
 def test_tensorwise_casts_move_the_bytes_torchaos_roofline_counts():
@@ -77,3 +82,25 @@ def test_a_float8_step_pays_every_float8_linears_casts_once(monkeypatch):
     monkeypatch.setattr(compute, "float8_casts_cost", lambda *args: (0.0, 0.0))
     without = step_time(spec, hw).summary["compute_s"]
     assert with_casts - without == pytest.approx(LLAMA_8B["n_layers"] * per_layer)
+
+
+def test_under_float8_tp_the_module_input_is_cast_once_on_its_sequence_shard():
+    """torchao's PrepareFloat8ModuleInput casts q / k / v's shared input before the SP all-gather
+    (float8_tensor_parallel.py), and Float8RowwiseParallel o's output gradient after its redistribute: rows / tp."""
+    hw = get_hardware("h100-sxm")
+    tp = ExperimentSpec.for_prediction({
+        "model": LLAMA_8B, "parallel": {"strategy": "fsdp", "dp": 2, "tp": 4, "sequence_parallel": True},
+        "train": {"global_batch": 2, "micro_batch": 1, "precision": "fp8", "stack": "torchtitan",
+                  "fp8_all_gather": False}})
+    roles = cast_roles([f"layers.0.attn.{n}.weight" for n in "qkvo"] + ["layers.0.mlp.down.weight"])
+    assert roles["layers.0.attn.q.weight"] == CastRole(module_input=True, fed_by=3)
+    assert roles["layers.0.attn.o.weight"] == roles["layers.0.mlp.down.weight"] == CastRole(output_projection=True)
+    q = float8_casts_s(hw, tp, "torchao", False, (ROWS, K, K // 4), roles["layers.0.attn.q.weight"])
+    x, dy, w = ROWS // 4 * K, ROWS * K // 4, K * K // 4
+    # one cast of (rows / tp, d) shared by q, k and v: a third each; then the weight's amax, second stage and cast
+    assert q[0] == pytest.approx(_kernels(hw, 2 * x, 0, 4 * x) / 3 + _kernels(hw, 2 * w, 0, 3 * w))
+    assert q[1] == pytest.approx(_kernels(hw, 2 * dy, 0, 4 * dy, 3 * w))
+    o = float8_casts_s(hw, tp, "torchao", False, (ROWS, K // 4, K), roles["layers.0.attn.o.weight"])
+    x, dy = ROWS * K // 4, ROWS // 4 * K
+    assert o[0] == pytest.approx(_kernels(hw, 2 * x, 0, 4 * x, 2 * w, 0, 3 * w))
+    assert o[1] == pytest.approx(_kernels(hw, 2 * dy, 0, 4 * dy, 3 * w))

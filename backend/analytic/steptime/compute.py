@@ -45,7 +45,7 @@ from backend.analytic.steptime.elementwise import (
     layer_passes,
     param_passes,
 )
-from backend.analytic.steptime.float8_casts import float8_casts_cost
+from backend.analytic.steptime.float8_casts import cast_roles, float8_casts_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import (
     FLASH_BWD_FACTOR,
@@ -146,16 +146,19 @@ def weights_cost(spec: ExperimentSpec, hw: Hardware, params: Sequence[LocalParam
 
 
 def weight_kinds(params: Sequence[LocalParam], fp8: bool) -> tuple[tuple[tuple, ...], tuple[int, ...]]:
-    """(the distinct (local shape, expert or not, float8 or not) of the GEMM weights among `params`, each GEMM
-    weight's index into them, in order): what weights_cost reads of the parameters, whatever the tokens (stage_cost
-    memoises it per stage, every micro-batch reuses it)."""
+    """(the distinct (local shape, expert or not, float8 or not, float8 cast role) of the GEMM weights among `params`,
+    each GEMM weight's index into them, in order): what weights_cost and float8_casts_cost read of the parameters,
+    whatever the tokens (stage_cost memoises it per stage, every micro-batch reuses it)."""
     kinds: dict[tuple, int] = {}
     ids: list[int] = []
+    float8 = [q.name for q in params if fp8 and is_float8_weight(q)]
+    roles = cast_roles(float8) if float8 else {}
     for q in params:
         shape = q.local_shape
         if len(shape) != 2 or q.name.startswith(("tok_emb", "pos_emb")):
             continue
-        kind = (shape, q.is_expert, fp8 and is_float8_weight(q))  # float8 linears: the fp8 peak, 1-byte operands
+        # float8 linears: the fp8 peak, 1-byte operands, and where torchao casts their inputs (float8_casts.py)
+        kind = (shape, q.is_expert, q.name in roles, roles.get(q.name))
         ids.append(kinds.setdefault(kind, len(kinds)))
     return tuple(kinds), tuple(ids)
 
@@ -171,7 +174,7 @@ def weight_kinds_cost(spec: ExperimentSpec, hw: Hardware, weights: tuple[tuple[t
         routed = expert_rows_of(m, tokens).received * p.ep / m.n_experts
     # a model's blocks repeat the same weight shapes (a MoE block its experts'): same inputs, same seconds, timed once
     timed_kinds = []
-    for (n_out, k), is_expert, float8 in weights[0]:  # nn.Linear weight (out, in)
+    for (n_out, k), is_expert, float8, _ in weights[0]:  # nn.Linear weight (out, in)
         rows = routed if is_expert else tokens
         # same on every layout
         key = ("weight gemms", precision, rows, k, n_out, cb, float8) + ((fp8_gemms,) if float8 and fp8_gemms !=

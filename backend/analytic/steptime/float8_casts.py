@@ -14,12 +14,18 @@ never under one kernel floor. Per element of the cast tensor:
 FSDP2's fp8 all-gather (train.fp8_gathers, tensorwise) replaces the weight's casts: fsdp_pre_all_gather casts the
 dp x cp shard (2 + 1 B per shard element, per all-gather: forward, and ZeRO-3's backward re-gather), and backward's
 `preprocess_addmm` copies the gathered row-major fp8 weight to column-major (1 + 1 B; torchao float8_ops.py).
-The scale all-reduce is traffic.dp_traffic's. Under sequence parallelism torchtitan casts a colwise linear's input
-before its all-gather (Float8ColwiseParallel), on rows / tp; it is counted here on the GEMM's rows, an upper bound.
+The scale all-reduce is traffic.dp_traffic's.
+Under TP, torchao's float8 TP styles (tensorwise: torchtitan's enable_float8_tensorwise_tp; pytorch/ao 0e0fba8
+torchao/float8/float8_tensor_parallel.py) cast before the collective: PrepareFloat8ModuleInput casts the attention's
+and the MLP's input once for all the colwise linears it feeds (q, k, v; gate, up), and Float8RowwiseParallel casts the
+output gradient of o / down after its redistribute, both on the activations as they arrive: rows / tp under sequence
+parallelism. The colwise linears' output gradients and the rowwise linears' inputs are the GEMMs' own rows.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.analytic.scalar_or_array import maximum
@@ -31,6 +37,40 @@ if TYPE_CHECKING:
 
 BF16, FP8 = 2, 1
 """Bytes per element of a cast's bf16 source and fp8 result."""
+MODULE_INPUT = re.compile(r"layers\.\d+\.(attn\.[qkv]|mlp\.(fc_in|gate|up))\.weight")
+"""The colwise linears fed by their block module's input (PrepareFloat8ModuleInput's attention / feed_forward)."""
+OUTPUT_PROJECTION = re.compile(r"layers\.\d+\.(attn\.o|mlp\.(fc_out|down))\.weight")
+"""The rowwise linears whose output is reduce-scattered (Float8RowwiseParallel)."""
+
+
+@dataclass(frozen=True)
+class CastRole:
+    """Where a float8 linear sits in the TP plan: fed by its module's input (`fed_by`: how many float8 linears share
+    that input's one cast), an output projection, or neither (every linear without TP)."""
+
+    module_input: bool = False
+    fed_by: int = 1
+    output_projection: bool = False
+
+
+OUTSIDE_TP_PLAN = CastRole()
+"""A linear the float8 TP styles do not place (and every linear without TP)."""
+
+
+def cast_roles(names: list[str]) -> dict[str, CastRole]:
+    """The CastRole of each float8 linear weight name of a stage (module docstring)."""
+    siblings: dict[str, int] = {}
+    for name in names:
+        if MODULE_INPUT.fullmatch(name):
+            module = name.rsplit(".", 2)[0]
+            siblings[module] = siblings.get(module, 0) + 1
+    roles = {}
+    for name in names:
+        if MODULE_INPUT.fullmatch(name):
+            roles[name] = CastRole(module_input=True, fed_by=siblings[name.rsplit(".", 2)[0]])
+        else:
+            roles[name] = CastRole(output_projection=bool(OUTPUT_PROJECTION.fullmatch(name)))
+    return roles
 
 
 def _activation_kernels(rowwise: bool, compiled: bool) -> tuple[float, ...]:
@@ -54,16 +94,21 @@ def _kernels_s(hw: Hardware, per_element: tuple[float, ...], elements: float) ->
 
 
 def float8_casts_s(hw: Hardware, spec: ExperimentSpec, fp8_gemms: str, compiled: bool,
-                   gemm: tuple[float, int, int]) -> tuple[float, float]:
+                   gemm: tuple[float, int, int], role: CastRole = OUTSIDE_TP_PLAN) -> tuple[float, float]:
     """(forward, backward) seconds of the casts around one torchao float8 linear; `gemm`: (rows, k, n_out) of its
-    forward GEMM (fp8_gemms: "torchao" tensorwise or TORCHAO_ROWWISE)."""
+    forward GEMM (fp8_gemms: "torchao" tensorwise or TORCHAO_ROWWISE), `role`: its place in the TP plan."""
     rows, k, n_out = gemm
     rowwise = fp8_gemms == TORCHAO_ROWWISE
-    act = _activation_kernels(rowwise, compiled)
-    fwd = _kernels_s(hw, act, rows * k)
-    bwd = _kernels_s(hw, act, rows * n_out)
-    weight = k * n_out
     p = spec.parallel
+    float8_tp = not rowwise and p.tp > 1
+    arriving = rows / p.tp if float8_tp and p.sequence_parallel else rows
+    act = _activation_kernels(rowwise, compiled)
+    if float8_tp and role.module_input:
+        fwd = _kernels_s(hw, act, arriving * k) / role.fed_by
+    else:
+        fwd = _kernels_s(hw, act, rows * k)
+    bwd = _kernels_s(hw, act, (arriving if float8_tp and role.output_projection else rows) * n_out)
+    weight = k * n_out
     if spec.train.fp8_gathers and p.zero_stage >= 2 and p.dp_cp > 1:
         shard = weight / p.dp_cp
         fwd += _kernels_s(hw, (BF16 + FP8,), shard)
@@ -78,22 +123,22 @@ def float8_casts_s(hw: Hardware, spec: ExperimentSpec, fp8_gemms: str, compiled:
 
 def float8_casts_cost(hw: Hardware, spec: ExperimentSpec, weights: tuple[tuple[tuple, ...], tuple[int, ...]],
                       tokens: int, fp8_gemms: str, compiled: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of the casts around every float8 linear among `weights` (compute.weight_kinds:
-    float8 linears are never experts, so each sees `tokens` rows); Transformer Engine's fp8 (fp8_gemms
-    "transformer_engine") casts inside its fused modules and is not counted here."""
+    """(forward, backward) seconds of the casts around every float8 linear among `weights` (compute.weight_kinds: a
+    float8 kind carries its CastRole; float8 linears are never experts, so each sees `tokens` rows); Transformer
+    Engine's fp8 (fp8_gemms "transformer_engine") casts inside its fused modules and is not counted here."""
     if fp8_gemms == "transformer_engine":
         return 0.0, 0.0
     p = spec.parallel
-    context = (fp8_gemms, compiled, spec.train.fp8_gathers, p.zero_stage, p.dp_cp)
+    context = (fp8_gemms, compiled, spec.train.fp8_gathers, p.zero_stage, p.dp_cp, p.tp, p.sequence_parallel)
     fwd = bwd = 0.0
     for i in weights[1]:
-        (n_out, k), _, float8 = weights[0][i]
+        (n_out, k), _, float8, role = weights[0][i]
         if not float8:
             continue
-        key = ("float8 casts", tokens, k, n_out, *context)
+        key = ("float8 casts", tokens, k, n_out, role, *context)
         timed = hw.memo.get(key)
         if timed is None:
-            timed = hw.memo[key] = float8_casts_s(hw, spec, fp8_gemms, compiled, (tokens, k, n_out))
+            timed = hw.memo[key] = float8_casts_s(hw, spec, fp8_gemms, compiled, (tokens, k, n_out), role)
         fwd += timed[0]
         bwd += timed[1]
     return fwd, bwd
