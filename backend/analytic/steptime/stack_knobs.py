@@ -79,8 +79,8 @@ def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, notes: list
         return r.fp8_gemms
     if hw.tables.gemm_table(FP8_ROWWISE) is None and hw.peak_flops.get("fp8"):
         notes.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
-                     "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); torchao's "
-                     "casts and scaling are not timed under either recipe")
+                     "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); its casts "
+                     "are the rowwise recipe's (float8_casts.py)")
     return TORCHAO_ROWWISE
 
 
