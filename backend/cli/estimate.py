@@ -71,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
     from backend.spec.checks import run_blockers
     from backend.spec.stacks import resolve_stack
 
-    est = estimate(spec, device=host_device(str(spec.runtime.device)))
+    device = host_device(str(spec.runtime.device))
+    est = estimate(spec, device=device)
     data = est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit)
+    data["memory_device"] = device
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
-    data["stack"] = resolve_stack(spec, "cpu" if host_device(str(spec.runtime.device)) == "cpu" else "gpu").to_json()
+    data["stack"] = resolve_stack(spec, "cpu" if device == "cpu" else "gpu").to_json()
     if args.hardware or args.calibration is not None:
         problem = _add_step_time(args, spec, data, est)
         if problem:
@@ -103,8 +105,11 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: An
     if est is not None:
         from backend.analytic.device import profile_device
 
-        gpu = profile_device(hw.kind) == "cuda" and str(spec.runtime.device) == "auto"  # a GPU's fit: CUDA ranks
-        data["fit"] = fit_on(estimate(spec, device="cuda") if gpu else est, hw)
+        if profile_device(hw.kind) == "cuda" and str(spec.runtime.device) == "auto":
+            # a GPU's fit: CUDA ranks, and the per-rank table with it (not this host's CPU ranks)
+            est = estimate(spec, device="cuda")
+            data.update(est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit), memory_device="cuda")
+        data["fit"] = fit_on(est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
     except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
@@ -171,11 +176,14 @@ def _fmt(n: float) -> str:
 
 def _training_table(d: dict[str, Any]) -> str:
     cols = ("rank", "coords") + CATEGORIES
+    where = {"cuda": "CUDA ranks", "cpu": "CPU ranks (a GPU's: --hardware with a GPU profile)"}
+    title = [f"memory per rank on {where.get(d.get('memory_device'), d.get('memory_device'))}"] \
+        if d.get("memory_device") else []
     rows = [[str(r["rank"]), ",".join(f"{k}{v}" for k, v in r["coords"].items())] + [_fmt(r[c]) for c in CATEGORIES]
             for r in d["per_rank"]]
     head = [c.replace("_bytes", "") for c in cols]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=False))]
+    lines = title + ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=False))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=False)) for row in rows]
     lines += _page_lines(d)
     lines.append(f"params_total {d['params_total']:,}  tokens/step {d['tokens_per_step']:,}  "

@@ -140,3 +140,20 @@ def test_a_failed_step_time_check_is_named_not_a_traceback(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "failed its own check" in err and "compute 1.0 + exposed comm 0.5 != step 2.0" in err
     assert "Traceback" not in err
+
+
+def test_with_a_gpu_profile_the_per_rank_table_is_the_gpus_the_fit_reads(capsys):
+    """`--hardware h100-sxm` fits CUDA ranks; the per-rank table beside it was this host's CPU ranks (here, without
+    flash attention: 418 GB against a fit of 104 GB for the torchtitan 8B spec). Both are the CUDA estimate now."""
+    args = ["estimate", "--preset", "llama-3-8b", "--world", "8", "--strategy", "fsdp", "--global-batch", "16",
+            "--precision", "fp8", "--stack", "torchtitan", "--json"]
+    assert main(args) == 0
+    host = json.loads(capsys.readouterr().out)
+    assert host["memory_device"] == "cpu"
+    assert main([*args, "--hardware", "h100-sxm"]) == 0
+    gpu = json.loads(capsys.readouterr().out)
+    assert gpu["memory_device"] == "cuda"
+    rank = gpu["per_rank"][gpu["fit"]["rank"]]
+    assert rank["fullest_bytes"] == gpu["fit"]["fullest_bytes"] < host["per_rank"][0]["fullest_bytes"]
+    assert main([*args[:-1], "--hardware", "h100-sxm"]) == 0
+    assert "memory per rank on CUDA ranks" in capsys.readouterr().out
