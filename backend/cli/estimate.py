@@ -67,49 +67,48 @@ def run(args: argparse.Namespace) -> int:
                                               max_ranks=args.rank_limit), _inference_table)
     if args.batch is not None or args.context is not None:
         return fail("--batch/--context apply to --mode inference; training uses --global-batch/--micro-batch/--seq")
+    from backend.analytic.device import profile_device
+    from backend.calibration.records import resolve
     from backend.engine.device_facts import host_device  # `auto` resolved as the engine would on this host
     from backend.spec.checks import run_blockers
     from backend.spec.stacks import resolve_stack
 
+    profile = None
+    if args.hardware or args.calibration is not None:
+        if args.gpus_per_node is not None and args.gpus_per_node < 1:
+            return fail(f"--gpus-per-node must be >= 1 (got {args.gpus_per_node})")
+        try:
+            profile = resolve(args.hardware, args.calibration, args.db)
+        except ValueError as e:
+            return fail(str(e))
+    elif args.gpus_per_node is not None:
+        return fail("--gpus-per-node needs --hardware")
     device = host_device(str(spec.runtime.device))
+    if profile and profile_device(profile[0].kind) == "cuda" and str(spec.runtime.device) == "auto":
+        device = "cuda"  # a GPU profile's fit, and the per-rank table beside it: CUDA ranks, not this host's
     est = estimate(spec, device=device)
     data = est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit)
     data["memory_device"] = device
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     data["stack"] = resolve_stack(spec, "cpu" if device == "cpu" else "gpu").to_json()
-    if args.hardware or args.calibration is not None:
-        problem = _add_step_time(args, spec, data, est)
+    if profile:
+        problem = _add_step_time(args, spec, data, profile, est)
         if problem:
             return fail(problem)
-    elif args.gpus_per_node is not None:
-        return fail("--gpus-per-node needs --hardware")
     return _emit(args, data, _training_table)
 
 
-def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], est: Any = None) -> str | None:
-    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS), "step_time_detail" and, with `est`, "fit" (on the
-    resolved profile's memory) to `data`."""
+def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], profile: tuple, est: Any) -> str | None:
+    """Add "step_time" (slowest rank, steptime.model.STEP_KEYS), "step_time_detail" and "fit" (`est`, the ranks of
+    the table, on the resolved profile's memory) to `data`; `profile`: calibration.records.resolve's."""
     from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
     from backend.calibration.fit import extrapolation
-    from backend.calibration.records import resolve
     from backend.spec.stacks import resolve_stack
 
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        return f"--gpus-per-node must be >= 1 (got {args.gpus_per_node})"
-    try:
-        hw, band, cal = resolve(args.hardware, args.calibration, args.db)
-    except ValueError as e:
-        return str(e)
+    hw, band, cal = profile
     data["stack"] = resolve_stack(spec, hw.device_class).to_json()  # as the step time resolved it, on this profile
-    if est is not None:
-        from backend.analytic.device import profile_device
-
-        if profile_device(hw.kind) == "cuda" and str(spec.runtime.device) == "auto":
-            # a GPU's fit: CUDA ranks, and the per-rank table with it (not this host's CPU ranks)
-            est = estimate(spec, device="cuda")
-            data.update(est.to_dict(offset=args.rank_offset, max_ranks=args.rank_limit), memory_device="cuda")
-        data["fit"] = fit_on(est, hw)
+    data["fit"] = fit_on(est, hw)
     try:
         st = step_time(spec, hw, gpus_per_node=args.gpus_per_node, band=band)
     except NotTimed as e:  # no number rather than a wrong one: "step_time" is null, the detail says why
@@ -176,7 +175,7 @@ def _fmt(n: float) -> str:
 
 def _training_table(d: dict[str, Any]) -> str:
     cols = ("rank", "coords") + CATEGORIES
-    where = {"cuda": "CUDA ranks", "cpu": "CPU ranks (a GPU's: --hardware with a GPU profile)"}
+    where = {"cuda": "CUDA ranks", "cpu": "CPU ranks (for a GPU's, --hardware with a GPU profile)"}
     title = [f"memory per rank on {where.get(d.get('memory_device'), d.get('memory_device'))}"] \
         if d.get("memory_device") else []
     rows = [[str(r["rank"]), ",".join(f"{k}{v}" for k, v in r["coords"].items())] + [_fmt(r[c]) for c in CATEGORIES]

@@ -120,7 +120,6 @@ def float8_casts_s(hw: Hardware, spec: ExperimentSpec, fp8_gemms: str, compiled:
     return fwd + _kernels_s(hw, w_fwd, weight), bwd + _kernels_s(hw, w_bwd, weight)
 
 
-
 def float8_casts_cost(hw: Hardware, spec: ExperimentSpec, weights: tuple[tuple[tuple, ...], tuple[int, ...]],
                       tokens: int, fp8_gemms: str, compiled: bool) -> tuple[float, float]:
     """(forward, backward) seconds of the casts around every float8 linear among `weights` (compute.weight_kinds: a
