@@ -104,6 +104,9 @@ class StackEntry:
     cp_ring: str = "torch"
     """Whose context-parallel ring: torch's `_templated_ring_attention`, or Transformer Engine's (analytic/traffic.py
     cp_ring_bytes, steptime/cp_ring.py, steptime/ring_compute.py)."""
+    tp_overlap_impl: str = "torch"
+    """Whose TP comm overlap under tp_overlap: torch's micro-pipeline TP (async TP) or Transformer Engine's userbuffers
+    (steptime/tp_overlap.py: torch leaves a summed input gradient's reduce-scatter unfused)."""
     layouts: Repertoire | None = None
     """The pipeline schedules and recompute policies the framework configures; None: every one ShardLab models."""
 
@@ -270,7 +273,8 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "loss_compiled": Default(False, "Megatron runs its own VocabParallelCrossEntropy (tensor_parallel/"
                                  "cross_entropy.py), not torch.compile: its head terms are memory/stack_activations' "
                                  "megatron ones whatever this says"),
-    }, fp8_gemms="transformer_engine", cp_ring="transformer_engine", layouts=Repertoire(
+    }, fp8_gemms="transformer_engine", cp_ring="transformer_engine", tp_overlap_impl="transformer_engine",
+       layouts=Repertoire(
         ("1f1b", "interleaved_1f1b"), ("none", "selective", "full", "block", "uniform"),
         "Megatron-Core d98e8a6 pipeline_parallel/schedules.py get_forward_backward_func: no pipelining, 1F1B without "
         "interleaving, or interleaved (with virtual stages), nothing else; arguments.py --recompute-granularity "
@@ -331,6 +335,11 @@ class ResolvedStack:
         return STACKS[self.stack].fp8_gemms
 
     @property
+    def tp_overlap_impl(self) -> str:
+        """Whose TP comm overlap the stack runs (StackEntry.tp_overlap_impl)."""
+        return STACKS[self.stack].tp_overlap_impl
+
+    @property
     def cp_ring(self) -> str:
         """Whose context-parallel ring the stack runs (StackEntry.cp_ring)."""
         return STACKS[self.stack].cp_ring
@@ -339,7 +348,8 @@ class ResolvedStack:
         out = {"name": str(self.stack), "what": STACKS[self.stack].what, "device": self.device,
                "settings": {k: {"value": _plain(self.values[k]), "set_by": self.set_by[k], "source": self.sources[k]}
                             for k in SETTINGS},
-               "derived": {"fp8_gemms": self.fp8_gemms, "cp_ring": self.cp_ring}}
+               "derived": {"fp8_gemms": self.fp8_gemms, "cp_ring": self.cp_ring,
+                           "tp_overlap_impl": self.tp_overlap_impl}}
         return out | ({} if self.recompute_modules is None else {"recompute_modules": list(self.recompute_modules)})
 
 

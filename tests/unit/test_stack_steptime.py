@@ -12,14 +12,17 @@ import pytest
 
 from backend.analytic.estimate import estimate
 from backend.analytic.layout import Layout
+from backend.analytic.sharding import local_params_shared
 from backend.analytic.steptime.compute import elementwise_pass, head_pass, weight_gemms_s
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.ops import attention_time, dtype_gemm_time
 from backend.analytic.steptime.published_gpu import published_rows
 from backend.analytic.steptime.stack_kernels import TE_FP8_GEMM_MS, TE_FP8_SPEEDUP
+from backend.analytic.steptime.tp_overlap import hidden_tp
 from backend.cli import main
 from backend.spec import ExperimentSpec
+from backend.spec.stacks import resolve_stack
 
 H100 = "h100-sxm"
 LLAMA8 = {"vocab_size": 128256, "d_model": 4096, "n_layers": 8, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 14336,
@@ -91,6 +94,28 @@ def test_tp_overlap_hides_tp_collectives_up_to_the_gemms():
     assert 0 < hidden <= r_off.comm_s["tp"] and r_on.exposed_by_dim_s["tp"] >= 0
     assert on.summary["step_s"] == pytest.approx(off.summary["step_s"] - hidden, rel=1e-9)
     assert hidden <= 0.9 * r_off.compute_s  # never more than the GEMMs (overlap_efficiency x their time)
+
+
+def test_torch_async_tp_leaves_a_summed_input_gradients_reduce_scatter_exposed():
+    """micro_pipeline_tp fuses a reduce-scatter only of a matmul's own output: q / k / v's (gate / up's) dgrads are
+    summed first, so backward's input-side reduce-scatter stays exposed; a GELU MLP's one fc_in dgrad is fused, and TE's
+    userbuffers (Megatron's fused linear_qkv / linear_fc1) hide every pair."""
+    hw = get_hardware(H100)
+
+    def hidden(model: dict, fuses: bool):
+        spec = _spec({"stack": "torchtitan", "tp_overlap": True}, model=model)
+        return hidden_tp(spec, hw, list(local_params_shared(spec, 0)), 0, 8, fuses_summed_dgrads=fuses)
+
+    torch_swiglu, te_swiglu = hidden({}, False), hidden({}, True)
+    assert torch_swiglu.attention_fwd_s == te_swiglu.attention_fwd_s and torch_swiglu.mlp_fwd_s == te_swiglu.mlp_fwd_s
+    assert 0 < torch_swiglu.attention_bwd_s < te_swiglu.attention_bwd_s
+    assert 0 < torch_swiglu.mlp_bwd_s < te_swiglu.mlp_bwd_s
+    torch_gelu, te_gelu = hidden({"mlp": "gelu"}, False), hidden({"mlp": "gelu"}, True)
+    assert torch_gelu.mlp_bwd_s == te_gelu.mlp_bwd_s and torch_gelu.attention_bwd_s < te_gelu.attention_bwd_s
+    mega = _spec({"stack": "megatron", "tp_overlap": True})
+    titan = _spec({"stack": "torchtitan", "tp_overlap": True})
+    assert mega.train.stack != titan.train.stack
+    assert [resolve_stack(s, "sm90").tp_overlap_impl for s in (mega, titan)] == ["transformer_engine", "torch"]
 
 
 def test_loss_parallel_keeps_the_logits_sharded():

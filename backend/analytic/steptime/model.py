@@ -333,7 +333,8 @@ def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers:
         return None
     m = spec.model
     dense = [i for i in layers if not m.layer_is_moe(i)]
-    return hidden_tp(spec, hw, params, (dense or layers)[0], g, knobs.fp8_gemms)
+    return hidden_tp(spec, hw, params, (dense or layers)[0], g, knobs.fp8_gemms,
+                     fuses_summed_dgrads=knobs.resolved.tp_overlap_impl == "transformer_engine")
 
 
 def _stage_hidden(spec: ExperimentSpec, hidden: HiddenTp | None, layers: range) -> tuple[float, float]:

@@ -13,6 +13,10 @@ So each collective is hidden up to the time of the GEMMs it is paired with: forw
 drains; backward, those projections' dgrad GEMMs (whose inputs / outputs are the backward collectives). A pair
 exposes max(0, collective - overlap_efficiency x GEMMs), the same efficiency the data-parallel overlap uses
 (dp_sync.py: a GEMM sharing the SMs with a collective runs a little slower). MoE blocks hide only the attention's.
+One pair torch does not fuse: backward's reduce-scatter of a module input's gradient when several linears read that
+input (q, k, v; gate, up): their dgrads are summed before it, and micro_pipeline_tp.py's `_find_producer_matmul`
+(@5f65158) fuses a reduce-scatter only of a matmul's own output, so that collective stays exposed. TE's userbuffers
+run Megatron's fused linear_qkv / linear_fc1 (one dgrad each), so every pair is hidden there.
 """
 
 from __future__ import annotations
@@ -64,9 +68,11 @@ def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_
 
 
 def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
-              fp8_gemms: str = "torchao") -> HiddenTp:
+              fp8_gemms: str = "torchao", fuses_summed_dgrads: bool = True) -> HiddenTp:
     """The seconds of one block's SP collectives (module docstring) its GEMMs hide, per microbatch, on this rank
-    (`layer` names the block whose local weights are paired: blocks of one kind have the same shapes)."""
+    (`layer` names the block whose local weights are paired: blocks of one kind have the same shapes);
+    fuses_summed_dgrads False: torch's micro-pipeline TP, which leaves a summed input gradient's reduce-scatter
+    exposed."""
     m, t, p = spec.model, spec.train, spec.parallel
     rows = t.micro_batch * m.seq_len // p.cp
     bsh = rows * m.d_model * compute_bytes(t.precision)
@@ -75,6 +81,7 @@ def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], laye
     eta = hw.tune.overlap_efficiency
     prefix = f"layers.{layer}."
     sides: dict[str, list[float]] = {"attn": [0.0, 0.0, 0.0, 0.0], "mlp": [0.0, 0.0, 0.0, 0.0]}
+    readers = {"attn": 0, "mlp": 0}  # linears reading the module's input
     for q in params:
         if not q.name.startswith(prefix) or len(q.local_shape) != 2 or q.is_expert:
             continue
@@ -87,14 +94,15 @@ def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], laye
         acc = sides[side]
         acc[2 if out else 0] += fwd
         acc[3 if out else 1] += dgrad
+        readers[side] += not out
 
-    def hide(acc: list[float]) -> tuple[float, float]:
-        fin, din, fout, dout = acc
+    def hide(side: str) -> tuple[float, float]:
+        fin, din, fout, dout = sides[side]
         # forward: gather -> input GEMMs, output GEMM -> scatter; backward: input dgrad -> scatter, gather -> output
-        # dgrad
+        # dgrad (the first unfused when several dgrads are summed before it, module docstring)
         fwd = min(gather, eta * fin) + min(scatter, eta * fout)
-        bwd = min(scatter, eta * din) + min(gather, eta * dout)
-        return fwd, bwd
+        input_side = min(scatter, eta * din) if fuses_summed_dgrads or readers[side] <= 1 else 0.0
+        return fwd, input_side + min(gather, eta * dout)
 
-    a, b = hide(sides["attn"]), hide(sides["mlp"])
+    a, b = hide("attn"), hide("mlp")
     return HiddenTp(attention_fwd_s=a[0], attention_bwd_s=a[1], mlp_fwd_s=b[0], mlp_bwd_s=b[1])
