@@ -69,6 +69,13 @@ TP_PLACEMENT: tuple[TpRule, ...] = (
 )
 
 
+BLOCK_INPUT_LINEAR = re.compile(r"layers\.\d+\.(attn\.[qkv]|mlp\.(fc_in|gate|up))\.weight")
+"""The column-parallel weights that read their block module's input (the attention's, the dense MLP's): the SP
+all-gather feeds them, several of them one input."""
+OUTPUT_PROJECTION = re.compile(r"layers\.\d+\.(attn\.o|mlp\.(fc_out|down))\.weight")
+"""The row-parallel weights that end the attention and the dense MLP: the SP reduce-scatter follows them."""
+
+
 @lru_cache(maxsize=1 << 16)
 def module_rule(module: str) -> TpRule | None:
     """The rule of a module path (None: not in the table, a plain replicated module)."""

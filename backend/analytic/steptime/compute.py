@@ -45,7 +45,7 @@ from backend.analytic.steptime.elementwise import (
     layer_passes,
     param_passes,
 )
-from backend.analytic.steptime.float8_casts import cast_roles, float8_casts_cost
+from backend.analytic.steptime.float8_casts import cast_roles, casts_context, float8_casts_cost
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import (
     FLASH_BWD_FACTOR,
@@ -407,8 +407,12 @@ def stage_cost(spec: ExperimentSpec, hw: Hardware, stage: int, params: list[Loca
     cost = replace(derived(params, ("weights", stage, n_stages, tokens, str(t.precision), id(hw), m.top_k, p.ep,
                                     m.n_experts, *moe_rows_key(m)) + ((fp8_gemms,) if fp8_gemms != "torchao" else ()),
                            lambda ps: weight_kinds_cost(spec, hw, kinds, tokens, fp8_gemms), keep=hw))
-    if fp8:
-        casts_fwd, casts_bwd = float8_casts_cost(hw, spec, kinds, tokens, fp8_gemms, implementation == "compiled")
+    if fp8:  # memoised like the weights: every micro-batch and call on these params casts the same
+        compiled = implementation == "compiled"
+        casts_fwd, casts_bwd = derived(params, ("float8 casts", stage, n_stages, tokens, id(hw),
+                                                *casts_context(spec, fp8_gemms, compiled)),
+                                       lambda ps: float8_casts_cost(hw, spec, kinds, tokens, fp8_gemms, compiled),
+                                       keep=hw)
         cost.fwd_s += casts_fwd
         cost.bwd_s += casts_bwd
     elem = elementwise_pass(m, layout, hw, implementation)

@@ -24,23 +24,19 @@ parallelism. The colwise linears' output gradients and the rowwise linears' inpu
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.analytic.scalar_or_array import maximum
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
+from backend.analytic.tp_placement import BLOCK_INPUT_LINEAR, OUTPUT_PROJECTION
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
 BF16, FP8 = 2, 1
 """Bytes per element of a cast's bf16 source and fp8 result."""
-MODULE_INPUT = re.compile(r"layers\.\d+\.(attn\.[qkv]|mlp\.(fc_in|gate|up))\.weight")
-"""The colwise linears fed by their block module's input (PrepareFloat8ModuleInput's attention / feed_forward)."""
-OUTPUT_PROJECTION = re.compile(r"layers\.\d+\.(attn\.o|mlp\.(fc_out|down))\.weight")
-"""The rowwise linears whose output is reduce-scattered (Float8RowwiseParallel)."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +57,12 @@ def cast_roles(names: list[str]) -> dict[str, CastRole]:
     """The CastRole of each float8 linear weight name of a stage (module docstring)."""
     siblings: dict[str, int] = {}
     for name in names:
-        if MODULE_INPUT.fullmatch(name):
+        if BLOCK_INPUT_LINEAR.fullmatch(name):
             module = name.rsplit(".", 2)[0]
             siblings[module] = siblings.get(module, 0) + 1
     roles = {}
     for name in names:
-        if MODULE_INPUT.fullmatch(name):
+        if BLOCK_INPUT_LINEAR.fullmatch(name):
             roles[name] = CastRole(module_input=True, fed_by=siblings[name.rsplit(".", 2)[0]])
         else:
             roles[name] = CastRole(output_projection=bool(OUTPUT_PROJECTION.fullmatch(name)))
@@ -127,8 +123,7 @@ def float8_casts_cost(hw: Hardware, spec: ExperimentSpec, weights: tuple[tuple[t
     Engine's fp8 (fp8_gemms "transformer_engine") casts inside its fused modules and is not counted here."""
     if fp8_gemms == "transformer_engine":
         return 0.0, 0.0
-    p = spec.parallel
-    context = (fp8_gemms, compiled, spec.train.fp8_gathers, p.zero_stage, p.dp_cp, p.tp, p.sequence_parallel)
+    context = casts_context(spec, fp8_gemms, compiled)
     fwd = bwd = 0.0
     for i in weights[1]:
         (n_out, k), _, float8, role = weights[0][i]
@@ -141,3 +136,9 @@ def float8_casts_cost(hw: Hardware, spec: ExperimentSpec, weights: tuple[tuple[t
         fwd += timed[0]
         bwd += timed[1]
     return fwd, bwd
+
+
+def casts_context(spec: ExperimentSpec, fp8_gemms: str, compiled: bool) -> tuple:
+    """Everything of a spec besides a linear's shape, rows and role that float8_casts_s reads (its memo keys)."""
+    p = spec.parallel
+    return fp8_gemms, compiled, spec.train.fp8_gathers, p.zero_stage, p.dp_cp, p.tp, p.sequence_parallel

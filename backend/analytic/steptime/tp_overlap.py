@@ -30,13 +30,12 @@ from backend.analytic.steptime.compute import gemm_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import float8_gemm_time
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
+from backend.analytic.tp_placement import OUTPUT_PROJECTION
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
-OUTPUT_PROJECTIONS = ("attn.o.", "mlp.down.", "mlp.fc_out.")
-"""Row-parallel linears: a reduce-scatter follows them; every other block linear is fed by an all-gather."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], laye
         if side is None or ".shared" in local or ".router" in local or ".gate_proj" in local:
             continue
         fwd, dgrad = _linear_s(spec, hw, q, rows, fp8_gemms)
-        out = local.startswith(OUTPUT_PROJECTIONS)
+        out = bool(OUTPUT_PROJECTION.fullmatch(q.name))  # a reduce-scatter follows it; the rest an all-gather feeds
         acc = sides[side]
         acc[2 if out else 0] += fwd
         acc[3 if out else 1] += dgrad
