@@ -19,7 +19,7 @@ PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --device cuda --out $OUT --
 Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, about a minute).
 
   python benchmarks/gpu_check.py --device cuda|cpu --out DIR [--budget-s S] [--nproc N]
-      [--phases env,probe,runs,diag,trace,tests,late_runs,allocator] [--runs zero3,ddp,...]
+      [--phases env,probe,runs,diag,trace,tests,late_runs,allocator,power] [--runs zero3,ddp,...]
       [--profile DIR/profile.json]
 
 Phases, in priority order: env (versions, device), probe (backend/bench/hw_probe.py --device cuda: GEMM, SDPA,
@@ -29,9 +29,11 @@ the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss
 next to the analytic terms; one torch.profiler step of ddp and zero3 by kernel category), trace (the same specs on
 fake tensors at full size), tests (the private torch API checks, then pytest -m gpu), late_runs (zero3 + params
 offload: one timed step), allocator (the caching allocator's slack as a reserve and as the smallest memory cap one
-1B step runs under, default and expandable_segments:True). Output in DIR: report.json (keys env, profile, runs,
-diag, trace, tests, allocator, plus kit and phases), summary.md (the runs' table and the diag section), profile.json
-(the measured or reused profile: SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
+1B step runs under, default and expandable_segments:True), power (each kernel class's draw and SM clock at the GPU's
+own power limit: bf16 GEMM, flash and cuDNN attention, a copy; `--phases env,power` runs it alone in ~1 minute).
+Output in DIR: report.json (keys env, profile, runs, diag, trace, tests, allocator, power, plus kit and phases),
+summary.md (the runs' table and the diag section), profile.json (the measured or reused profile:
+SHARDLAB_HARDWARE=DIR/profile.json), kit.log.
 `python -m backend ingest DIR` stores the runs as ordinary results, tagged with the GPU they ran on.
 A reused profile measured on another GPU model is recorded but not used for the predictions (report.profile.not_used).
 """

@@ -26,28 +26,30 @@ from backend.gpucheck import phases
 from backend.gpucheck.allocator import allocator_phase
 from backend.gpucheck.diag import diag_phase
 from backend.gpucheck.kit_context import PHASES, PROFILE_FILE, REPORT_FILE, SUMMARY_FILE, KitContext
+from backend.gpucheck.power import power_phase
 from backend.gpucheck.summary import render
 
 FAULT_ENV = "SHARDLAB_GPU_CHECK_FAULT"
 WEIGHTS = {"env": 0.05, "probe": 0.20, "runs": 0.40, "diag": 0.20, "trace": 0.08, "tests": 0.15, "late_runs": 0.12,
-           "allocator": 0.15}
+           "allocator": 0.15, "power": 0.08}
 """Shares of the time left among the phases still to run (time a phase leaves passes on). --budget-s 370 on one H200
 with --profile (no probe): env ~19 s, runs ~150 s (5 runs, ~21-30 s each), diag ~75-90 s, trace ~30-40 s,
 tests ~60-85 s, late_runs what is left (~60-100 s); allocator (not yet run on a GPU): two children of a 1B set-up and
-eight steps each, ~40-60 s apiece."""
+eight steps each, ~40-60 s apiece; power (not yet run on a GPU): one child, ~40 s."""
 MIN_S = {"cuda": {"env": 15, "probe": 25, "runs": 45, "diag": 20, "trace": 10, "tests": 10, "late_runs": 45,
-                  "allocator": 40},
-         "cpu": {"env": 40, "probe": 5, "runs": 10, "diag": 5, "trace": 5, "tests": 5, "late_runs": 5, "allocator": 1}}
+                  "allocator": 40, "power": 35},
+         "cpu": {"env": 40, "probe": 5, "runs": 10, "diag": 5, "trace": 5, "tests": 5, "late_runs": 5, "allocator": 1,
+                 "power": 1}}
 """Seconds a phase needs to be worth starting; env's is its child's start-up (interpreter, torch, CUDA)."""
-REPORT_KEYS = ("env", "profile", "runs", "diag", "trace", "tests", "allocator")
-"""report.json's contract keys (issue 22, + diag, + allocator), one per phase (probe -> profile; late_runs adds to
-runs)."""
+REPORT_KEYS = ("env", "profile", "runs", "diag", "trace", "tests", "allocator", "power")
+"""report.json's contract keys (issue 22, + diag, + allocator, + power), one per phase (probe -> profile; late_runs
+adds to runs)."""
 SECTION = {"env": "env", "probe": "profile", "runs": "runs", "diag": "diag", "trace": "trace", "tests": "tests",
-           "late_runs": "runs", "allocator": "allocator"}
+           "late_runs": "runs", "allocator": "allocator", "power": "power"}
 RUNNERS: dict[str, Callable[[KitContext, float], Any]] = {
     "env": phases.env_phase, "probe": phases.probe_phase, "runs": phases.runs_phase, "diag": diag_phase,
     "trace": phases.trace_phase, "tests": phases.tests_phase, "late_runs": phases.late_runs_phase,
-    "allocator": allocator_phase}
+    "allocator": allocator_phase, "power": power_phase}
 
 
 def parse_phases(text: str | None, reuse_profile: bool = False) -> list[str]:

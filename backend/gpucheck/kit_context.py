@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PHASES = ("env", "probe", "runs", "diag", "trace", "tests", "late_runs", "allocator")
+PHASES = ("env", "probe", "runs", "diag", "trace", "tests", "late_runs", "allocator", "power")
 """Priority order: what matters most comes first, so a budget that runs out costs the least."""
 REPORT_FILE, SUMMARY_FILE, PROFILE_FILE, LOG_FILE = "report.json", "summary.md", "profile.json", "kit.log"
 """Everything the kit writes under --out (4 files: the device machine returns at most 8)."""

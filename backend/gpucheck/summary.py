@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.gpucheck.allocator import line as allocator_line
+from backend.gpucheck.power import line as power_line
 from backend.result import MEMORY_CATEGORIES
 
 COLUMNS = ("run", "status", "step s", "timed steps (min-max s)", "pred. datasheet s (err %)",
@@ -96,6 +97,9 @@ def render(report: dict[str, Any]) -> str:
                   "the smallest per-process cap the step runs under):"]
         lines += [f"- {row.get('alloc_conf') or 'default'}: {allocator_line(row)}" for row in report["allocator"]
                   if isinstance(row, dict)]
+    if isinstance(report.get("power"), dict):
+        lines += ["", "Power draw and SM clock per kernel class at the GPU's own power limit: "
+                  + power_line(report["power"])]
     return "\n".join(lines) + "\n"
 
 

@@ -223,9 +223,10 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     phases = report["phases"]
     assert phases["trace"]["status"] == "failed" and "injected failure" in phases["trace"]["error"]
     assert "RuntimeError" in phases["trace"]["traceback_tail"]
-    ok = ("env", "probe", "runs", "diag", "tests", "late_runs", "allocator")
+    ok = ("env", "probe", "runs", "diag", "tests", "late_runs", "allocator", "power")
     assert {phases[p]["status"] for p in ok} == {"ok"}, phases
     assert [r["status"] for r in report["allocator"]] == ["skipped", "skipped"]  # no CUDA allocator on the CPU
+    assert report["power"]["status"] == "skipped"  # no GPU to draw power
     # the measured profile is a hardware.json profile the product loads
     key = report["profile"]["key"]
     monkeypatch.setenv("SHARDLAB_HARDWARE", str(out / "profile.json"))
