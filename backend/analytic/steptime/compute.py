@@ -57,6 +57,7 @@ from backend.analytic.steptime.ops import (
 )
 from backend.analytic.steptime.ring_compute import ring_blocks_time, ring_merge
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
+from backend.analytic.steptime.torchao_rowwise import TORCHAO_ROWWISE_LINEAR, rowwise_linear_s
 from backend.analytic.textbook.korthikanti import korthikanti_layer_bytes
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
@@ -125,7 +126,11 @@ def weight_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, 
                    float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
     """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
     float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time; fp8_gemms TORCHAO_ROWWISE: its rowwise
-    recipe) or Transformer Engine's (fp8_gemms "transformer_engine": stack_kernels.te_float8_gemm_time)."""
+    recipe; TORCHAO_ROWWISE_LINEAR: the compiled rowwise linear timed whole, torchao_rowwise.py) or Transformer
+    Engine's (fp8_gemms "transformer_engine": stack_kernels.te_float8_gemm_time)."""
+    if float8 and fp8_gemms == TORCHAO_ROWWISE_LINEAR:
+        fwd, dgrad, wgrad = rowwise_linear_s(hw, rows, k, n_out)
+        return fwd, dgrad + wgrad
     if float8 and fp8_gemms == "transformer_engine":
         return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
                 te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from backend.analytic.scalar_or_array import maximum
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
+from backend.analytic.steptime.torchao_rowwise import TORCHAO_ROWWISE_LINEAR
 from backend.analytic.tp_placement import BLOCK_INPUT_LINEAR, OUTPUT_PROJECTION
 
 if TYPE_CHECKING:
@@ -120,8 +121,9 @@ def float8_casts_cost(hw: Hardware, spec: ExperimentSpec, weights: tuple[tuple[t
                       tokens: int, fp8_gemms: str, compiled: bool) -> tuple[float, float]:
     """(forward, backward) seconds of the casts around every float8 linear among `weights` (compute.weight_kinds: a
     float8 kind carries its CastRole; float8 linears are never experts, so each sees `tokens` rows); Transformer
-    Engine's fp8 (fp8_gemms "transformer_engine") casts inside its fused modules and is not counted here."""
-    if fp8_gemms == "transformer_engine":
+    Engine's fp8 (fp8_gemms "transformer_engine") casts inside its fused modules, and a compiled rowwise linear timed
+    whole (TORCHAO_ROWWISE_LINEAR) has its casts in its measured time: neither is counted here."""
+    if fp8_gemms in ("transformer_engine", TORCHAO_ROWWISE_LINEAR):
         return 0.0, 0.0
     context = casts_context(spec, fp8_gemms, compiled)
     fwd = bwd = 0.0

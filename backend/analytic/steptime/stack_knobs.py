@@ -13,6 +13,7 @@ from backend.analytic.steptime.compute import default_implementation
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import FP8_ROWWISE
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
+from backend.analytic.steptime.torchao_rowwise import TORCHAO_ROWWISE_LINEAR
 from backend.spec.stacks import SPEC_DEFAULT, ResolvedStack, resolve_stack
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
         notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
-    return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=_fp8_gemms(spec, hw, r, notes),
+    fp8_gemms = _fp8_gemms(spec, hw, r, implementation == "compiled", notes)
+    return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=fp8_gemms,
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
                       else bool(v["grad_reduce_overlap"]),
@@ -72,12 +74,20 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
                       pp_overlap=pp_overlap, resolved=r, notes=notes)
 
 
-def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, notes: list[str]) -> str:
-    """Whose float8 GEMMs, torchao's rowwise recipe apart (its GEMMs scale each row: stack_kernels.TORCHAO_ROWWISE)."""
+def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: bool, notes: list[str]) -> str:
+    """Whose float8 GEMMs, torchao's rowwise recipe apart: its GEMMs scale each row (stack_kernels.TORCHAO_ROWWISE),
+    timed by the profile's own rowwise GEMM table where it has one; otherwise, compiled on Hopper, each rowwise linear
+    is timed whole from torchao's microbenchmark of it (torchao_rowwise.TORCHAO_ROWWISE_LINEAR)."""
     t = spec.train
     if r.fp8_gemms != "torchao" or str(t.precision) != "fp8" or str(t.fp8_recipe) != "rowwise":
         return r.fp8_gemms
-    if hw.tables.gemm_table(FP8_ROWWISE) is None and hw.peak_flops.get("fp8"):
+    measured = hw.tables.gemm_table(FP8_ROWWISE) is not None
+    if not measured and compiled and hw.device_class == "sm90" and hw.peak_flops.get("fp8"):
+        notes.append(f"fp8_recipe rowwise: each float8 linear (its GEMMs and casts) is timed as {hw.key}'s bf16 "
+                     "GEMMs over torchao's measured rowwise speedup of a compiled LayerNorm -> Linear -> Sigmoid at "
+                     "its shape (torchao_rowwise.py; H100, torch 2.8.0a0)")
+        return TORCHAO_ROWWISE_LINEAR
+    if not measured and hw.peak_flops.get("fp8"):
         notes.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
                      "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); its casts "
                      "are the rowwise recipe's (float8_casts.py)")

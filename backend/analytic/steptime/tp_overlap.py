@@ -30,6 +30,7 @@ from backend.analytic.steptime.compute import gemm_s
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import float8_gemm_time
 from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
+from backend.analytic.steptime.torchao_rowwise import TORCHAO_ROWWISE_LINEAR, rowwise_linear_s
 from backend.analytic.tp_placement import OUTPUT_PROJECTION
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
@@ -61,6 +62,8 @@ def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_
     if precision == "fp8" and is_float8_weight(q):
         if fp8_gemms == "transformer_engine":
             return te_float8_gemm_time(hw, "fprop", rows, k, n_out), te_float8_gemm_time(hw, "dgrad", rows, n_out, k)
+        if fp8_gemms == TORCHAO_ROWWISE_LINEAR:
+            return rowwise_linear_s(hw, rows, k, n_out)[:2]
         rowwise = fp8_gemms == TORCHAO_ROWWISE
         return float8_gemm_time(hw, rows, k, n_out, rowwise), float8_gemm_time(hw, rows, n_out, k, rowwise)
     return gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision)
