@@ -118,6 +118,27 @@ def test_torch_async_tp_leaves_a_summed_input_gradients_reduce_scatter_exposed()
     assert [resolve_stack(s, "sm90").tp_overlap_impl for s in (mega, titan)] == ["transformer_engine", "torch"]
 
 
+def test_torch_async_tp_under_rowwise_float8_fuses_no_all_gather():
+    """micro_pipeline_tp fuses an all-gather only into the matmuls that read its result; under torchao's rowwise
+    recipe each float8 linear first quantizes the gathered bf16 activations per row, so only the forward
+    reduce-scatters stay hidden; the step gains less from async TP than under tensorwise (torchtitan #866)."""
+    hw = get_hardware(H100)
+    spec = _spec({"stack": "torchtitan", "tp_overlap": True})
+    params = list(local_params_shared(spec, 0))
+    fused, cast = (hidden_tp(spec, hw, params, 0, 8, fuses_summed_dgrads=False, gathers_feed_matmuls=g)
+                   for g in (True, False))
+    assert 0 < cast.attention_fwd_s < fused.attention_fwd_s and 0 < cast.mlp_fwd_s < fused.mlp_fwd_s
+    assert cast.attention_bwd_s == cast.mlp_bwd_s == 0.0  # input side: summed dgrads; output side: a gather
+
+    def gain(recipe: str) -> float:
+        steps = [_st(_spec({"stack": "torchtitan", "precision": "fp8", "fp8_recipe": recipe,
+                            "elementwise": "compiled", "tp_overlap": on, "fp8_all_gather": False}))
+                 for on in (False, True)]
+        return steps[0].summary["step_s"] - steps[1].summary["step_s"]
+
+    assert 0 < gain("rowwise") < gain("tensorwise")
+
+
 def test_loss_parallel_keeps_the_logits_sharded():
     """No all-gather of the (b, s, V) logits, and the cross-entropy over V/tp; off: over V."""
     on, off = _spec({"stack": "torchtitan"}), _spec({"stack": "torchtitan", "loss_parallel": False})

@@ -46,6 +46,7 @@ from backend.analytic.steptime.host import optimizer_dispatch, tp_dispatch_layer
 from backend.analytic.steptime.ops import OPTIMIZER_IMPL, optimizer_time
 from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pair
 from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
+from backend.analytic.steptime.torchao_rowwise import ROWWISE_GEMMS
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
 from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.traffic import compute_bytes, ep_rows, ep_traffic, tp_traffic
@@ -333,8 +334,9 @@ def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers:
         return None
     m = spec.model
     dense = [i for i in layers if not m.layer_is_moe(i)]
-    return hidden_tp(spec, hw, params, (dense or layers)[0], g, knobs.fp8_gemms,
-                     fuses_summed_dgrads=knobs.resolved.tp_overlap_impl == "transformer_engine")
+    torch_tp = knobs.resolved.tp_overlap_impl != "transformer_engine"
+    return hidden_tp(spec, hw, params, (dense or layers)[0], g, knobs.fp8_gemms, fuses_summed_dgrads=not torch_tp,
+                     gathers_feed_matmuls=not (torch_tp and knobs.fp8_gemms in ROWWISE_GEMMS))
 
 
 def _stage_hidden(spec: ExperimentSpec, hidden: HiddenTp | None, layers: range) -> tuple[float, float]:

@@ -27,6 +27,7 @@ import numpy as np
 from backend.analytic.scalar_or_array import maximum
 from backend.analytic.steptime.hardware import Hardware
 from backend.analytic.steptime.ops import dtype_gemm_time
+from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE
 
 if TYPE_CHECKING:
     from backend.analytic.scalar_or_array import Num
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 TORCHAO_ROWWISE_LINEAR = "torchao-rowwise-linear"
 """StackKnobs.fp8_gemms of torchao's rowwise recipe under torch.compile on Hopper, where no measured rowwise GEMM
 table of the profile's own is there: each float8 linear is timed whole by this module (its casts included)."""
+ROWWISE_GEMMS = (TORCHAO_ROWWISE, TORCHAO_ROWWISE_LINEAR)
+"""The fp8_gemms of torchao's rowwise recipe, however timed: each float8 linear quantizes its own input per row."""
 SOURCE = ("pytorch/ao fdddb2cf torchao/float8/README.md 'Rowwise scaling' (docs/static/fp8-rowwise-perf.png): "
           "LayerNorm -> Linear -> Sigmoid fwd + bwd, compiled, rowwise float8 over bf16, PyTorch 2.8.0a0+git48807d5, "
           "H100")

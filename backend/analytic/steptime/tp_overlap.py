@@ -17,6 +17,11 @@ One pair torch does not fuse: backward's reduce-scatter of a module input's grad
 input (q, k, v; gate, up): their dgrads are summed before it, and micro_pipeline_tp.py's `_find_producer_matmul`
 (@5f65158) fuses a reduce-scatter only of a matmul's own output, so that collective stays exposed. TE's userbuffers
 run Megatron's fused linear_qkv / linear_fc1 (one dgrad each), so every pair is hidden there.
+Nor does torch fuse an all-gather whose result no matmul reads: `_find_consumer_matmuls` (@5f65158) follows the
+gathered tensor only into reshape -> mm / _scaled_mm. Under torchao's rowwise float8 recipe TP gathers the bf16
+activations (torchtitan applies the float8 TP styles, which cast before the gather, to tensorwise only) and each
+float8 linear quantizes them per row first, so the gathers stay exposed and only the forward reduce-scatters are
+fused (torchtitan #866: rowwise async TP runs about as fast as vanilla TP).
 """
 
 from __future__ import annotations
@@ -70,11 +75,13 @@ def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_
 
 
 def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
-              fp8_gemms: str = "torchao", fuses_summed_dgrads: bool = True) -> HiddenTp:
+              fp8_gemms: str = "torchao", fuses_summed_dgrads: bool = True,
+              gathers_feed_matmuls: bool = True) -> HiddenTp:
     """The seconds of one block's SP collectives (module docstring) its GEMMs hide, per microbatch, on this rank
     (`layer` names the block whose local weights are paired: blocks of one kind have the same shapes);
     fuses_summed_dgrads False: torch's micro-pipeline TP, which leaves a summed input gradient's reduce-scatter
-    exposed."""
+    exposed; gathers_feed_matmuls False: a cast, not a matmul, reads each gathered tensor, so no all-gather is
+    fused."""
     m, t, p = spec.model, spec.train, spec.parallel
     rows = t.micro_batch * m.seq_len // p.cp
     bsh = rows * m.d_model * compute_bytes(t.precision)
@@ -102,9 +109,10 @@ def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], laye
         fin, din, fout, dout = sides[side]
         # forward: gather -> input GEMMs, output GEMM -> scatter; backward: input dgrad -> scatter, gather -> output
         # dgrad (the first unfused when several dgrads are summed before it, module docstring)
-        fwd = min(gather, eta * fin) + min(scatter, eta * fout)
+        gathered = 1.0 if gathers_feed_matmuls else 0.0
+        fwd = gathered * min(gather, eta * fin) + min(scatter, eta * fout)
         input_side = min(scatter, eta * din) if fuses_summed_dgrads or readers[side] <= 1 else 0.0
-        return fwd, input_side + min(gather, eta * dout)
+        return fwd, input_side + gathered * min(gather, eta * dout)
 
     a, b = hide("attn"), hide("mlp")
     return HiddenTp(attention_fwd_s=a[0], attention_bwd_s=a[1], mlp_fwd_s=b[0], mlp_bwd_s=b[1])
