@@ -11,12 +11,11 @@ without."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from backend.gpucheck.kit_context import KitContext
-from backend.gpucheck.phases import child_env, run_child
+from backend.gpucheck.phases import child_env, child_row, run_child
 
 MODES = ("", "expandable_segments:True")
 """PYTORCH_CUDA_ALLOC_CONF per child: torch's default allocator, then expandable segments."""
@@ -35,20 +34,10 @@ def allocator_phase(ctx: KitContext, budget_s: float) -> list[dict[str, Any]]:
         env = child_env() | {"PYTORCH_CUDA_ALLOC_CONF": conf}
         rc, out, err = run_child([ctx.python, "-m", "backend.gpucheck.allocator_probe", "--device", ctx.device],
                                  min(left, CHILD_MAX_S), env=env)
-        rows.append(_row(rc, out, err, conf))
+        rows.append({"alloc_conf": conf, **child_row(rc, out, err)})
         ctx.progress(f"allocator {conf or 'default'}: {line(rows[-1])}")
         ctx.save()
     return rows
-
-
-def _row(rc: int | None, out: str, err: str, conf: str) -> dict[str, Any]:
-    if rc != 0:
-        return {"status": "failed", "alloc_conf": conf,
-                "error": f"{'timed out' if rc is None else f'exited {rc}'}: {err[-2000:]}"}
-    try:
-        return {"alloc_conf": conf, **json.loads(out.strip().splitlines()[-1])}
-    except (json.JSONDecodeError, IndexError) as e:
-        return {"status": "failed", "alloc_conf": conf, "error": f"unreadable output ({e}): {out[-500:]}"}
 
 
 def line(row: dict[str, Any]) -> str:

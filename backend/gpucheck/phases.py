@@ -54,6 +54,17 @@ def run_child(cmd: list[str], timeout_s: float, env: dict[str, str] | None = Non
         return None, out, err
 
 
+def child_row(rc: int | None, out: str, err: str) -> dict[str, Any]:
+    """The JSON object a probe child printed last, or a failed row saying why there is none (timed out, exited
+    non-zero, or printed something else)."""
+    if rc != 0:
+        return {"status": "failed", "error": f"{'timed out' if rc is None else f'exited {rc}'}: {err[-2000:]}"}
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as e:
+        return {"status": "failed", "error": f"unreadable output ({e}): {out[-500:]}"}
+
+
 def child_env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""), PYTHONUNBUFFERED="1")

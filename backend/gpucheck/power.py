@@ -3,11 +3,10 @@ limit, in a child of its own (backend/gpucheck/power_probe.py, which says what i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from backend.gpucheck.kit_context import KitContext
-from backend.gpucheck.phases import run_child
+from backend.gpucheck.phases import child_row, run_child
 
 CHILD_MAX_S = 90.0
 """CUDA start-up (~15 s), the idle sample, four workloads of 1 s warm-up + 4 s timed, with margin."""
@@ -17,18 +16,9 @@ def power_phase(ctx: KitContext, budget_s: float) -> dict[str, Any]:
     seconds = 4.0 if budget_s >= 45 else 2.0
     rc, out, err = run_child([ctx.python, "-m", "backend.gpucheck.power_probe", "--device", ctx.device,
                               "--seconds", str(seconds)], min(budget_s, CHILD_MAX_S))
-    row = _row(rc, out, err)
+    row = child_row(rc, out, err)
     ctx.progress(f"power: {line(row)}")
     return row
-
-
-def _row(rc: int | None, out: str, err: str) -> dict[str, Any]:
-    if rc != 0:
-        return {"status": "failed", "error": f"{'timed out' if rc is None else f'exited {rc}'}: {err[-2000:]}"}
-    try:
-        return json.loads(out.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError) as e:
-        return {"status": "failed", "error": f"unreadable output ({e}): {out[-500:]}"}
 
 
 def line(row: dict[str, Any]) -> str:

@@ -97,3 +97,12 @@ def test_a_measured_report_reads_as_one_line_in_the_summary():
                     "attention_cudnn failed")
     assert text in render({"power": power})
 
+
+
+def test_a_child_that_fails_or_prints_no_json_is_a_failed_row_with_the_reason():
+    from backend.gpucheck.phases import child_row
+
+    assert child_row(0, "warming up\n{\"status\": \"ok\"}\n", "") == {"status": "ok"}
+    assert child_row(None, "", "killed")["error"] == "timed out: killed"
+    assert child_row(3, "", "CUDA error")["error"] == "exited 3: CUDA error"
+    assert child_row(0, "no json", "")["error"].startswith("unreadable output")
