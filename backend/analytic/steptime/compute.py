@@ -122,24 +122,30 @@ def default_implementation(hw: Hardware) -> str:
     return "fused" if hw.kind == "cpu" else "torch"
 
 
-def weight_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, cb: float,
-                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
-    """(forward, dgrad + wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
+def linear_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, cb: float,
+                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num, Num]:
+    """(forward, dgrad, wgrad) seconds of one Linear weight (n_out, k) over `rows` tokens (module docstring);
     float8: a float8 linear under fp8, torchao's (ops.float8_gemm_time; fp8_gemms TORCHAO_ROWWISE: its rowwise
     recipe; TORCHAO_ROWWISE_LINEAR: the compiled rowwise linear timed whole, torchao_rowwise.py) or Transformer
     Engine's (fp8_gemms "transformer_engine": stack_kernels.te_float8_gemm_time)."""
     if float8 and fp8_gemms == TORCHAO_ROWWISE_LINEAR:
-        fwd, dgrad, wgrad = rowwise_linear_s(hw, rows, k, n_out)
-        return fwd, dgrad + wgrad
+        return rowwise_linear_s(hw, rows, k, n_out)
     if float8 and fp8_gemms == "transformer_engine":
-        return (te_float8_gemm_time(hw, "fprop", rows, k, n_out),
-                te_float8_gemm_time(hw, "dgrad", rows, n_out, k) + te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
+        return (te_float8_gemm_time(hw, "fprop", rows, k, n_out), te_float8_gemm_time(hw, "dgrad", rows, n_out, k),
+                te_float8_gemm_time(hw, "wgrad", k, rows, n_out))
     if float8:
         rowwise = fp8_gemms == TORCHAO_ROWWISE
-        return (float8_gemm_time(hw, rows, k, n_out, rowwise),
-                float8_gemm_time(hw, rows, n_out, k, rowwise) + float8_gemm_time(hw, k, rows, n_out, rowwise))
-    fwd = gemm_s(hw, 0.0, rows, k, n_out, cb, precision)
-    return fwd, gemm_s(hw, 0.0, rows, n_out, k, cb, precision) + gemm_s(hw, 0.0, k, rows, n_out, cb, precision)
+        return (float8_gemm_time(hw, rows, k, n_out, rowwise), float8_gemm_time(hw, rows, n_out, k, rowwise),
+                float8_gemm_time(hw, k, rows, n_out, rowwise))
+    return (gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision),
+            gemm_s(hw, 0.0, k, rows, n_out, cb, precision))
+
+
+def weight_gemms_s(hw: Hardware, precision: str, rows: Num, k: Num, n_out: Num, cb: float,
+                   float8: bool = False, fp8_gemms: str = "torchao") -> tuple[Num, Num]:
+    """(forward, dgrad + wgrad) seconds of one Linear weight: linear_gemms_s with backward's two GEMMs summed."""
+    fwd, dgrad, wgrad = linear_gemms_s(hw, precision, rows, k, n_out, cb, float8, fp8_gemms)
+    return fwd, dgrad + wgrad
 
 
 def weights_cost(spec: ExperimentSpec, hw: Hardware, params: Sequence[LocalParam], tokens: int,

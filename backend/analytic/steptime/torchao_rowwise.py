@@ -37,9 +37,6 @@ TORCHAO_ROWWISE_LINEAR = "torchao-rowwise-linear"
 table of the profile's own is there: each float8 linear is timed whole by this module (its casts included)."""
 ROWWISE_GEMMS = (TORCHAO_ROWWISE, TORCHAO_ROWWISE_LINEAR)
 """The fp8_gemms of torchao's rowwise recipe, however timed: each float8 linear quantizes its own input per row."""
-SOURCE = ("pytorch/ao fdddb2cf torchao/float8/README.md 'Rowwise scaling' (docs/static/fp8-rowwise-perf.png): "
-          "LayerNorm -> Linear -> Sigmoid fwd + bwd, compiled, rowwise float8 over bf16, PyTorch 2.8.0a0+git48807d5, "
-          "H100")
 GRID = (1024, 2048, 4096, 8192, 16384, 32768)
 """M (forward rows), K and N: the table's axes."""
 SPEEDUP = (  # [M][K][N], N across: 1024 .. 32768

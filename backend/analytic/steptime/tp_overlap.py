@@ -31,11 +31,8 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.sharding import LocalParam
 from backend.analytic.steptime.collectives import collective_s, dim_tier
-from backend.analytic.steptime.compute import gemm_s
+from backend.analytic.steptime.compute import linear_gemms_s
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.ops import float8_gemm_time
-from backend.analytic.steptime.stack_kernels import TORCHAO_ROWWISE, te_float8_gemm_time
-from backend.analytic.steptime.torchao_rowwise import TORCHAO_ROWWISE_LINEAR, rowwise_linear_s
 from backend.analytic.tp_placement import OUTPUT_PROJECTION
 from backend.analytic.traffic import compute_bytes, is_float8_weight
 
@@ -63,15 +60,10 @@ class HiddenTp:
 def _linear_s(spec: ExperimentSpec, hw: Hardware, q: LocalParam, rows: int, fp8_gemms: str) -> tuple[float, float]:
     """(forward, dgrad) seconds of one linear weight over `rows` tokens, as compute.weights_cost times them."""
     n_out, k = q.local_shape
-    precision, cb = str(spec.train.precision), compute_bytes(spec.train.precision)
-    if precision == "fp8" and is_float8_weight(q):
-        if fp8_gemms == "transformer_engine":
-            return te_float8_gemm_time(hw, "fprop", rows, k, n_out), te_float8_gemm_time(hw, "dgrad", rows, n_out, k)
-        if fp8_gemms == TORCHAO_ROWWISE_LINEAR:
-            return rowwise_linear_s(hw, rows, k, n_out)[:2]
-        rowwise = fp8_gemms == TORCHAO_ROWWISE
-        return float8_gemm_time(hw, rows, k, n_out, rowwise), float8_gemm_time(hw, rows, n_out, k, rowwise)
-    return gemm_s(hw, 0.0, rows, k, n_out, cb, precision), gemm_s(hw, 0.0, rows, n_out, k, cb, precision)
+    precision = str(spec.train.precision)
+    float8 = precision == "fp8" and is_float8_weight(q)
+    fwd, dgrad, _ = linear_gemms_s(hw, precision, rows, k, n_out, compute_bytes(precision), float8, fp8_gemms)
+    return fwd, dgrad
 
 
 def hidden_tp(spec: ExperimentSpec, hw: Hardware, params: list[LocalParam], layer: int, gpus_per_node: int,
