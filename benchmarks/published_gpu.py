@@ -5,7 +5,9 @@ mean and worst |error| per stack and per GPU (issue 34).
   .venv/bin/python benchmarks/published_gpu.py [--json] [--record-before] [--breakdown N]
 
 Every row is predicted through its spec alone (`step_time(spec, hardware)`, the stack and its settings in
-`spec.train`), the same path as `python -m backend estimate --spec ROW.json --hardware HW`: no private knob.
+`spec.train`), the same path as `python -m backend estimate --spec ROW.json --hardware HW`: no private knob. The
+per-row step and memory are backend/analytic/steptime/published_check.py's, what `python -m backend published` and
+the Formulas page's "Published runs" tab show a person; this script adds the GPU check's runs and the before column.
 Peak memory, per stack (issue 34 part 2): `estimate` on the row's spec on CUDA ranks (memory/stack_states.py,
 stack_activations.py for the non-default stacks): the predicted fullest moment of the fullest rank (the largest of
 RankEstimate.moments) against the published peak reserved, and the predicted reserved = fullest + the caching
@@ -38,13 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.analytic.device import FITS, fit_verdict, runtime_overhead_bytes, with_device  # noqa: E402
-from backend.analytic.estimate import estimate  # noqa: E402
 from backend.analytic.layout import Layout  # noqa: E402
 from backend.analytic.sharding import local_params_shared  # noqa: E402
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, head_pass, weights_cost  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
+from backend.analytic.steptime.published_check import memory_check, predicted_step_s  # noqa: E402
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
 from backend.analytic.steptime.stack_knobs import stack_knobs  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
@@ -54,9 +55,6 @@ BEFORE = ROOT / "benchmarks" / "results" / "published_gpu_before.json"
 MEASURED_PROFILE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
 
 
-def _predict(spec: dict, hardware: str) -> float:
-    """The row's step time through its spec alone (the stack and its settings in spec.train): what `estimate` prints."""
-    return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware)).summary["step_s"]
 
 
 def gpu_check_rows() -> list[dict]:
@@ -86,7 +84,7 @@ def rows() -> list[dict]:
     before = json.loads(BEFORE.read_text())["step_s"] if BEFORE.exists() else {}
     out = []
     for r in published() + gpu_check_rows():
-        pred = _predict(r["spec"], r["hardware"])
+        pred = predicted_step_s(r["spec"], r["hardware"])
         out.append({**{k: r[k] for k in ("id", "group", "hardware", "source", "layout", "published", "stack",
                                          "memory_gib")},
                     **memory_columns(r), "before": before.get(r["id"]), "predicted": pred,
@@ -97,18 +95,12 @@ def rows() -> list[dict]:
 
 
 def memory_prediction(spec: dict, hardware: str) -> dict:
-    """The row's memory through `estimate` on CUDA ranks: fullest moment (GiB), its name, predicted reserved (GiB),
-    and whether it fits the GPU (fullest + CUDA context + NCCL buffers + allocator slack <= the profile's memory)."""
-    s = with_device(ExperimentSpec.for_prediction(spec), "cuda")
-    worst = estimate(s).worst()
-    fullest = worst.fullest_bytes()
-    over = runtime_overhead_bytes(s, fullest)
-    moments = worst.moments()
-    memory = get_hardware(hardware).memory_bytes
-    verdict = fit_verdict(fullest, s.parallel, "cuda", memory)
-    return {"fullest_gib": fullest / GIB, "moment": max(moments, key=moments.__getitem__),
-            "reserved_gib": (fullest + over["fragmentation"]) / GIB,
-            "fits": verdict == FITS, "verdict": verdict}
+    """The row's memory through `estimate` on CUDA ranks (published_check.memory_check): fullest moment (GiB), its
+    name, predicted reserved (GiB), and whether it fits the GPU (fullest + CUDA context + NCCL buffers + allocator
+    slack <= the profile's memory)."""
+    m = memory_check(spec, hardware)
+    return {"fullest_gib": m.fullest_gib, "moment": m.moment, "reserved_gib": m.reserved_gib, "fits": m.fits,
+            "verdict": m.verdict}
 
 
 def memory_columns(r: dict) -> dict:
@@ -136,7 +128,6 @@ def _summary(data: list[dict], key: str) -> str:
 
 MOE = "MoE"
 """The group suffix of mixture-of-experts rows (H100 MoE): summarised apart from the dense rows and their target."""
-GIB = 2 ** 30
 
 
 def _memory_cell(r: dict) -> str:

@@ -54,6 +54,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("trace", "trace", "trace per-rank memory at full size on fake tensors (no allocation)", described=True),
     Command("hardware", "hardware", "list hardware profiles for step-time prediction", described=True),
     Command("plan", "plan", "search parallel layouts and rank them by predicted step time", described=True),
+    Command("published", "published", "the model against published training runs, per stack and GPU", described=True),
     Command("calibrate", "calibrate", "fit step-time parameters to stored runs", described=True),
     Command("ingest", "ingest", "store a GPU check's runs (its --out folder) as results", described=True),
     Command("import-config", "import_config", "turn a {frameworks} config into a spec", described=True),

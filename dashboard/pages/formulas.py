@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import streamlit as st
 
+from backend.spec.stacks import STACK_CHOICES
 from dashboard import formulas_view as fv
+from dashboard import published_view as pv
 from dashboard import store_access
 
 st.title("Formulas")
 st.caption("Explore the analytic model at scales this machine cannot run. Every curve is a formula with its source; "
            "measured runs check them at small scale.")
 
-tab_mem, tab_act, tab_bub, tab_claims = st.tabs(["ZeRO memory vs GPUs", "Activations vs sequence", "Pipeline bubble",
-                                                 "Seed claims"])
+tab_mem, tab_act, tab_bub, tab_claims, tab_pub = st.tabs(["ZeRO memory vs GPUs", "Activations vs sequence",
+                                                          "Pipeline bubble", "Seed claims", "Published runs"])
 with tab_mem:
     c1, c2, c3, c4 = st.columns(4)
     psi_b = c1.number_input("Model size (billion parameters)", 0.001, 100_000.0, 70.0, key="fx_psi")
@@ -82,6 +84,33 @@ with tab_claims:
                        "time-share the CPU and cannot overlap, so the measured bubble tends to 1 − 1/pp whatever the "
                        "schedule (see each run's caveat); compare them with the formula on a host with a core per "
                        "rank.")
+
+with tab_pub:
+    st.caption("How far the prediction is from what each stack's own published recipes measured: NVIDIA's NeMo / "
+               "Megatron-Bridge performance summaries and Megatron-LM's H100 table, torchtitan's benchmark files, "
+               "MosaicML's llm-foundry table and the papers'. Each run is predicted through its own spec with its "
+               "stack and settings, as estimate prints it; nothing is fitted to these numbers. Error = (predicted - "
+               "published) / published: negative = the model is too fast.")
+    c1, c2 = st.columns([1, 3])
+    pub_stack = c1.selectbox("Stack", ["every stack", *STACK_CHOICES], key="fx_pub_stack",
+                             help="The software stack the published run trained with (train.stack).")
+    if c2.button("Check the model against published runs", icon=":material/fact_check:", key="fx_pub_go"):
+        from backend.analytic.steptime.published_check import check_rows, summaries
+
+        with st.spinner("Predicting every published run (about 15 s)..."):
+            checks = check_rows(None if pub_stack == "every stack" else pub_stack)
+            st.session_state["fx_pub"] = (pub_stack, checks, summaries(checks))
+    if st.session_state.get("fx_pub"):
+        shown, checks, sums = st.session_state["fx_pub"]
+        if not checks:
+            st.info(f"No published run of stack {shown} is on record yet.")
+        else:
+            st.markdown(f"**{shown}**: {len(checks)} published runs")
+            st.dataframe(pv.summary_frame(sums), hide_index=True, width="stretch")
+            st.plotly_chart(pv.error_fig(checks), key="fx_pub_fig")
+            st.dataframe(pv.rows_frame(checks), hide_index=True, width="stretch",
+                         column_config={"link": st.column_config.LinkColumn("link")})
+            st.caption("`python -m backend published [--stack S] [--json]` prints the same tables.")
 
 st.subheader("Seed scenarios: planner verdicts")
 st.caption("The seeds' cluster scenarios checked with the exact worst-rank memory on CUDA ranks (with the CUDA "

@@ -220,6 +220,26 @@ def test_formulas_page_without_runs():
     assert ddp["y"][0] == pytest.approx(16 * 70e9 / 2**30)  # 70B, bf16 + Adam: 16 bytes per parameter, in GiB
 
 
+def test_formulas_page_checks_the_model_against_published_runs(monkeypatch):
+    """The "Published runs" tab predicts a stack's published runs on a click (two rows here, for time) and shows the
+    summary against the targets, the predicted-against-published chart and the rows."""
+    import backend.analytic.steptime.published_check as pc
+
+    rows = tuple(r for r in pc.published_rows() if r.id in ("titan-202412-t4-70b-2d", "nemo2407-h100-llama3-8b-g8"))
+    monkeypatch.setattr(pc, "published_rows", lambda: rows)
+    at = _app().switch_page("dashboard/pages/formulas.py").run()
+    at.selectbox(key="fx_pub_stack").set_value("torchtitan")
+    at.button(key="fx_pub_go").click().run()
+    _ok(at)
+    frames = [d.value for d in at.dataframe]
+    summary = next(f for f in frames if "step worst |error| %" in f.columns)
+    assert list(summary["stack"]) == ["torchtitan"] and list(summary["rows"]) == [1]
+    table = next(f for f in frames if "published step s" in f.columns)
+    assert list(table["run"]) == ["titan-202412-t4-70b-2d"] and list(table["published peak GiB"]) == [71.9]
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert any(t.startswith("Predicted against published step time") for t in titles)
+
+
 # ---- real measured runs ---------------------------------------------------------------------------
 
 REAL = {"ddp": engine_job(_spec("ddp")), "pp": engine_job(_spec("pp", 2, pp_schedule="gpipe"))}
