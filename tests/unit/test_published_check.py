@@ -133,3 +133,17 @@ def test_dashboard_frames_and_figure(two_rows):
     names = [t.name for t in fig.data]
     assert names[:2] == ["torchtitan", "megatron"] and "predicted = published" in names
     assert fig.data[0].x[0] == pytest.approx(checks[0].row.step_s)
+
+
+@pytest.mark.parametrize("rid", [TITAN_T4, NEMO_8B, "mpt-h100-7b-s2048-g8"])
+def test_estimate_on_the_rows_spec_prints_the_same_step_and_fit(rid, tmp_path, capsys):
+    """No private knob: the row's spec written to a file and `estimate --spec --hardware` on it give the step and the
+    fit the published check shows (one row per stack)."""
+    c = check_row(_row(rid))
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(c.row.spec))
+    assert main(["estimate", "--spec", str(path), "--hardware", c.row.hardware, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time"]["step_s"] == pytest.approx(c.predicted_step_s, rel=1e-12)
+    assert out["fit"]["verdict"] == c.memory.verdict
+    assert out["fit"]["fullest_bytes"] / 2**30 == pytest.approx(c.memory.fullest_gib, rel=1e-12)
