@@ -67,7 +67,8 @@ def render(st: Any, key: str, values: dict[str, Any] | None = None, container: A
         st.session_state.setdefault(key + k, v)
     where.selectbox("Stack", list(STACK_CHOICES), key=key + "stack", format_func=lambda s: f"{s}: {STACK_HELP[s]}",
                     help="The software stack the job trains with: its kernels, dtypes and overlaps (each setting below "
-                         "is the stack's default unless set)")
+                         "is the stack's default unless set). How close the prediction comes to each stack's own "
+                         "published runs: Formulas, tab Published runs (`python -m backend published`)")
     with where.expander("Stack settings", expanded=False):
         cols = st.columns(2)
         for i, k in enumerate(SETTINGS):
