@@ -45,7 +45,12 @@ from backend.analytic.sharding import local_params_shared  # noqa: E402
 from backend.analytic.steptime.compute import attention_pass, elementwise_pass, head_pass, weights_cost  # noqa: E402
 from backend.analytic.steptime.hardware import get_hardware, load_profiles  # noqa: E402
 from backend.analytic.steptime.model import step_time  # noqa: E402
-from backend.analytic.steptime.published_check import memory_check, predicted_step_s  # noqa: E402
+from backend.analytic.steptime.published_check import (  # noqa: E402
+    MOE_SUFFIX,
+    ErrorStats,
+    memory_check,
+    predicted_step_s,
+)
 from backend.analytic.steptime.published_gpu import published_rows  # noqa: E402
 from backend.analytic.steptime.stack_knobs import stack_knobs  # noqa: E402
 from backend.spec import ExperimentSpec  # noqa: E402
@@ -53,8 +58,6 @@ from backend.spec import ExperimentSpec  # noqa: E402
 GPU_CHECK = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run2" / "report.json"
 BEFORE = ROOT / "benchmarks" / "results" / "published_gpu_before.json"
 MEASURED_PROFILE = ROOT / "benchmarks" / "results" / "gpu" / "2026-11-26-h200-run1" / "profile.json"
-
-
 
 
 def gpu_check_rows() -> list[dict]:
@@ -119,14 +122,13 @@ def memory_columns(r: dict) -> dict:
 
 
 def _summary(data: list[dict], key: str) -> str:
-    errs = [abs(r[key]) for r in data if r[key] is not None]
-    signed = [r[key] for r in data if r[key] is not None]
-    if not errs:
+    s = ErrorStats.of([r[key] for r in data if r[key] is not None])
+    if s is None:
         return "-"
-    return f"mean |err| {statistics.mean(errs):5.1f}%  mean {statistics.mean(signed):+5.1f}%  worst {max(errs):5.1f}%"
+    return f"mean |err| {s.mean_abs_pct:5.1f}%  mean {s.mean_pct:+5.1f}%  worst {s.worst_pct:5.1f}%"
 
 
-MOE = "MoE"
+MOE = MOE_SUFFIX
 """The group suffix of mixture-of-experts rows (H100 MoE): summarised apart from the dense rows and their target."""
 
 
