@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"rows": [row_dict(c) for c in checks], "summaries": [summary_dict(s) for s in sums],
                           "targets": TARGETS}))
         return 0
+    if not checks:
+        print(f"no published run of stack {args.stack} is on record (backend/analytic/steptime/published_gpu.json)")
+        return 0
     if not args.summary:
         print(f"{'row':46s} {'stack':10s} {'hardware':22s} {'published s':>10s} {'predicted':>10s} {'error':>8s}  "
               f"{'peak GiB: published / fullest / reserved':30s} fit")

@@ -120,6 +120,8 @@ def test_cli_table_names_each_row_and_the_target(two_rows, capsys):
     assert TITAN_T4 in out and NEMO_8B in out and "71.9 /" in out and "mean |error| <= 8%" in out
     assert main(["published", "--summary"]) == 0
     assert TITAN_T4 not in capsys.readouterr().out
+    assert main(["published", "--stack", "deepspeed"]) == 0
+    assert capsys.readouterr().out.startswith("no published run of stack deepspeed is on record")
 
 
 def test_dashboard_frames_and_figure(two_rows):
