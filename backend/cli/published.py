@@ -63,7 +63,7 @@ def summary_dict(s: StackSummary) -> dict:
 TARGETS = {"step_mean_abs_pct": STEP_MEAN_TARGET_PCT, "step_worst_pct": STEP_WORST_TARGET_PCT,
            "reserved_within_pct": RESERVED_TARGET_PCT,
            "note": "step targets per stack on H100 (dense rows); memory: fullest <= published peak reserved, reserved "
-                   "within 10% of it, every row fits its GPU"}
+                   f"within {RESERVED_TARGET_PCT:g}% of it, every row fits its GPU"}
 
 
 def _row_line(c: RowCheck) -> str:
