@@ -20,14 +20,15 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from backend.analytic.steptime.hardware import cpu_profile_path
 from backend.atomic_io import write_atomic
@@ -37,6 +38,8 @@ SAME_MACHINE = 4096
 """Ranks per "node": every local rank shares this machine's loopback (one link tier); cores bound time-sharing."""
 AR_BYTES = (4 * 1024, 64 * 1024, 1024 * 1024, 8 * 1024 * 1024)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+REPO = Path(__file__).resolve().parents[2]
+RANK_TIMEOUT_S = 300.0
 
 
 def _best(fn, repeats: int = 3) -> float:
@@ -72,7 +75,7 @@ def launch_s() -> float:
     return _best(lambda: [x.add_(1) for _ in range(reps)]) / reps
 
 
-def _collective_times(collective: str) -> list[tuple[int, float]]:
+def collective_times(collective: str) -> list[tuple[int, float]]:
     """(payload bytes, seconds) per size: the full (unsharded) tensor, as the step-time model counts payloads."""
     out = []
     for size in AR_BYTES:
@@ -87,23 +90,13 @@ def _collective_times(collective: str) -> list[tuple[int, float]]:
     return out
 
 
-def _dtensor_op_s() -> float:
+def dtensor_op_s() -> float:
     """Seconds of one in-place DTensor operator on a 2-rank mesh (dispatch + sharding propagation + tiny kernel)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     x = distribute_tensor(torch.zeros(64), init_device_mesh("cpu", (2,)), [Shard(0)])
     reps = 200
     return _best(lambda: [x.mul_(0.5).add_(1.0) for _ in range(reps)]) / (2 * reps)
-
-
-def _ar_worker(rank: int, port: int, q) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    res = {c: _collective_times(c) for c in COLLECTIVES}
-    dt = _dtensor_op_s()
-    if rank == 0:
-        q.put((res, dt))
-    dist.destroy_process_group()
 
 
 def _fit(res: list[tuple[int, float]]) -> tuple[float, float]:
@@ -118,22 +111,41 @@ def _fit(res: list[tuple[int, float]]) -> tuple[float, float]:
 def gloo_alpha_beta() -> tuple[float, float, dict[str, float], float, dict]:
     """(α seconds per ring step, β bytes/s) of a 2-rank gloo all-reduce (ring: 2 steps, wire = S); all-gather and
     reduce-scatter bandwidth as a fraction of β (their ring wire is S/2 at 2 ranks: efficiency = 1 / (2·slope·β));
-    seconds of one DTensor operator; the raw timings."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_ar_worker, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res, dtensor_s = q.get(timeout=300)
-    for p in procs:
-        p.join(60)
+    seconds of one DTensor operator; the raw timings. The ranks are processes of their own
+    (backend/bench/gloo_probe_rank.py); one that fails ends the probe with its exit code and stderr."""
+    with tempfile.TemporaryDirectory(prefix="shardlab-gloo-probe-") as tmp:
+        folder = Path(tmp)
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+        logs = [(folder / f"rank{r}.err").open("w") for r in range(2)]
+        with logs[0], logs[1]:
+            procs = [subprocess.Popen([sys.executable, "-m", "backend.bench.gloo_probe_rank", str(r),
+                                       str(folder / "pg"), str(folder / "result.json")], cwd=REPO, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=logs[r]) for r in range(2)]
+            wait_ranks(procs, folder)
+        data = json.loads((folder / "result.json").read_text())
+    res, dtensor_s = data["collectives"], data["dtensor_op_s"]
     intercept, slope = _fit(res["all_reduce"])
     beta = 1.0 / slope  # 2(n-1) = 2 ring steps; wire bytes 2(n-1)/n·S = S
     eff = {c: 1.0 / (2 * max(_fit(res[c])[1], 1e-15) * beta) for c in ("all_gather", "reduce_scatter")}
     return max(intercept, 1e-7) / 2, beta, eff, dtensor_s, res
+
+
+def wait_ranks(procs: list[subprocess.Popen], folder: Path) -> None:
+    """Wait for both ranks; the first that fails (or the time limit) kills the other, whose rendezvous would wait."""
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    while any(p.poll() is None for p in procs):
+        failed = [p for p in procs if p.poll()]
+        if failed or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+                p.wait()
+            break
+        time.sleep(0.05)
+    errors = [f"rank {r} exited {p.returncode}: {(folder / f'rank{r}.err').read_text()[-2000:]}"
+              for r, p in enumerate(procs) if p.returncode]
+    if errors:
+        raise RuntimeError(f"gloo probe failed (limit {RANK_TIMEOUT_S:.0f} s): " + "; ".join(errors))
 
 
 def probe() -> dict:
