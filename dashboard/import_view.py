@@ -156,11 +156,15 @@ def step_comparison(res: Any, engine: Any = None,
         return None, f"no hardware profile for this run (the log names {f.device_name or 'no device'}): import it " \
                      "with --hardware NAME"
     from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.untimed import NotTimed
 
     cal = latest_for(engine, f.hardware) if engine is not None else None
     hw = get_hardware(f.hardware).with_tunables(**cal["params"]) if cal else get_hardware(f.hardware)
     band = tuple(cal["band"]) if cal else None
-    st = step_time(res.spec, hw, band=band).summary
+    try:
+        st = step_time(res.spec, hw, band=band).summary
+    except NotTimed as e:  # e.g. an fp8 log imported with --hardware of an Ampere GPU
+        return None, str(e)
     measured = res.step_s_median
     return {"hardware": f.hardware, "calibration": cal["id"] if cal else None,
             "calibration_name": cal.get("name") if cal else None, "loo_mape": cal["loo_mape"] if cal else None,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.analytic.steptime.hardware import CPU, get_hardware, load_profiles
-from backend.analytic.steptime.model import NotTimed, step_time
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.untimed import NotTimed
 from backend.bench.cpu_profile import MISSING
 
 BREAKDOWN = (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"), ("bubble_s", "pipeline bubble"),

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from backend.analytic.steptime.hardware import Hardware, get_hardware, load_profiles
-from backend.analytic.steptime.model import untimed_reason
+from backend.analytic.steptime.untimed import untimed_reason
 from backend.calibration.fit import Fit, Sample
 from db import queries as q
 from db.models import Calibration

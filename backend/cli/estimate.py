@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], profile: tuple, est: Any) -> str | None:
     """Add "step_time" (slowest rank, steptime.model.STEP_KEYS), "step_time_detail" and "fit" (`est`, the ranks of
     the table, on the resolved profile's memory) to `data`; `profile`: calibration.records.resolve's."""
-    from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
+    from backend.analytic.steptime.model import InconsistentStepTime, step_time
+    from backend.analytic.steptime.untimed import NotTimed
     from backend.calibration.fit import extrapolation
     from backend.spec.stacks import resolve_stack
 

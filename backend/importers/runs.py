@@ -165,7 +165,8 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     """tokens/s, ShardLab's MFU / HFU on the profile's peak, and the step-time prediction with its breakdown."""
     from backend.analytic.model_flops import training_flops_per_step
     from backend.analytic.recompute_cost import flops_rerun
-    from backend.analytic.steptime.model import step_time, untimed_reason
+    from backend.analytic.steptime.model import step_time
+    from backend.analytic.steptime.untimed import untimed_reason
 
     m, step = spec.model, result.step_s_median
     result.tokens_per_s = spec.tokens_per_step / step
@@ -180,7 +181,7 @@ def _speed(result: RunResult, spec, hw: Hardware, gpus: int) -> None:
     result.achieved_flops = flops / step
     from backend.calibration.fit import extrapolation
 
-    if (why := untimed_reason(spec, hw.profile.kind)) is not None:  # (fp8 on a CPU profile)
+    if (why := untimed_reason(spec, hw.profile.kind, hw.profile)) is not None:  # (fp8 on a CPU profile, on Ampere)
         result.notes.append(f"No step-time prediction: {why}.")
         return
     st = step_time(spec, hw.profile, band=hw.band).summary

@@ -186,7 +186,7 @@ def predicted_step_s(spec: ExperimentSpec, result: RunResult) -> float | None:
     gets None and a note saying so."""
     if "cpu" not in str(result.env.get("device", "cpu")).lower():
         return None
-    from backend.analytic.steptime.model import untimed_reason
+    from backend.analytic.steptime.untimed import untimed_reason
 
     if (why := untimed_reason(spec, "cpu")) is not None:
         result.notes.append(f"No step-time prediction: {why}.")

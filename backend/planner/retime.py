@@ -13,7 +13,8 @@ from backend.analytic.device import RuntimeOverhead, allowance_bytes, fits_devic
 from backend.analytic.estimate import worst_rank_bytes
 from backend.analytic.layout import ZERO_STAGE_NAMES, Layout
 from backend.analytic.steptime.hardware import Hardware
-from backend.analytic.steptime.model import InconsistentStepTime, NotTimed, step_time
+from backend.analytic.steptime.model import InconsistentStepTime, step_time
+from backend.analytic.steptime.untimed import NotTimed
 from backend.planner.capacity import dropped_share, factor_label
 from backend.planner.held import HeldTraining
 from backend.planner.space import light_spec

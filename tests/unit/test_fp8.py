@@ -12,6 +12,7 @@ from backend.analytic.estimate import estimate
 from backend.analytic.steptime import compute
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.untimed import NotTimed
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.checks import run_blockers
 from tests.helpers.farm import assert_parity, params, parity_job, uses
@@ -82,8 +83,11 @@ def test_step_time_uses_the_fp8_peak_and_says_when_it_falls_back(monkeypatch):
     assert not any("fp8" in n for n in fp8.notes)  # h100-sxm has a measured fp8 GEMM table (main's op tables)
     pcie = step_time(ExperimentSpec.for_prediction(spec), get_hardware("h100-pcie"), gpus_per_node=8)
     assert any("no fp8 GEMM efficiency" in n for n in pcie.notes)
-    a100 = step_time(ExperimentSpec.for_prediction(spec), get_hardware("a100-80gb-sxm"), gpus_per_node=8)
-    assert any("no fp8 peak / fp8 GEMM efficiency" in n for n in a100.notes)
+    with pytest.raises(NotTimed, match="fp8 does not run on a100-80gb-sxm"):  # Ampere: no fp8 tensor cores
+        step_time(ExperimentSpec.for_prediction(spec), get_hardware("a100-80gb-sxm"), gpus_per_node=8)
+    unknown = replace(get_hardware("a100-80gb-sxm"), key="custom-gpu", arch="gpu", memo={})  # no fp8 figures
+    custom = step_time(ExperimentSpec.for_prediction(spec), unknown, gpus_per_node=8)
+    assert any("no fp8 peak / fp8 GEMM efficiency" in n for n in custom.notes)
 
 
 def test_float8_linears_save_no_weight_casts():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from backend.analytic.steptime.hardware import get_hardware
-from backend.analytic.steptime.model import NotTimed, step_time
+from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.untimed import NotTimed
 from backend.result import RunResult
 from tests.helpers.store_helpers import fake_result, spec
 

@@ -48,6 +48,7 @@ from backend.analytic.steptime.schedule import SIMULATED, makespan, makespan_pai
 from backend.analytic.steptime.stack_knobs import StackKnobs, stack_knobs
 from backend.analytic.steptime.torchao_rowwise import ROWWISE_GEMMS
 from backend.analytic.steptime.tp_overlap import HiddenTp, hidden_tp
+from backend.analytic.steptime.untimed import NotTimed, untimed_reason
 from backend.analytic.textbook.pipeline import bubble_over_ideal
 from backend.analytic.traffic import compute_bytes, ep_rows, ep_traffic, tp_traffic
 
@@ -209,25 +210,6 @@ def _numel_sums(params: Sequence[LocalParam]) -> tuple[int, int, int]:
     return (sum(q.real_numel for q in params), sum(q.local_numel for q in params), sum(q.storage_numel for q in params))
 
 
-class NotTimed(ValueError):
-    """The model has no terms for what dominates this spec's step on this kind of hardware: it gives no number rather
-    than a wrong one (`untimed_reason` says why)."""
-
-
-FP8_ON_CPU = ("fp8 on CPU ranks is not timed: the 'cpu' profile times every GEMM at the rate of an fp32 matmul, while "
-              "torchao's float8 Linears on the CPU add casts and scaling (amax) of their inputs, weights and gradients "
-              "to each Linear, which no probe measures; fp8 is timed on GPU profiles")
-"""Issue 30: a tiny fp8 FSDP run measured 2.98 s per step against 0.016 s predicted. Here, 8 float8 Linears at d=64
-took 48 ms forward and backward against 8.6 ms under bf16 autocast alone (about 5 ms more per Linear, one thread)."""
-
-
-def untimed_reason(spec: ExperimentSpec, kind: str) -> str | None:
-    """Why a spec's step is not timed on a profile of this kind ("cpu" or "gpu"), or None."""
-    if kind == "cpu" and str(spec.train.precision) == "fp8":
-        return FP8_ON_CPU
-    return None
-
-
 def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None = None, attention: str | None = None,
               band: tuple[float, float] | None = None, implementation: str | None = None) -> StepTime:
     """Per-rank predicted step time of a validated spec on `hw` (the slowest rank summarised in STEP_KEYS).
@@ -235,8 +217,8 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
     kernel, the element-wise implementation, whose fp8 GEMMs, the loss's vocabulary split and the overlaps; the
     shardlab stack with nothing set predicts what this model did before stacks. attention / implementation override
     the stack's kernels (compute.ATTENTION, elementwise.IMPLEMENTATIONS) for the benchmarks that compare kernels.
-    Raises NotTimed for what the model does not time (`untimed_reason`: fp8 on CPU ranks)."""
-    if (why := untimed_reason(spec, hw.kind)) is not None:
+    Raises NotTimed for what the model does not time (untimed.py: fp8 on CPU ranks or on a GPU without fp8 cores)."""
+    if (why := untimed_reason(spec, hw.kind, hw)) is not None:
         raise NotTimed(why)
     p, t = spec.parallel, spec.train
     g = gpus_per_node or hw.gpus_per_node
