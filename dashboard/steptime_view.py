@@ -32,16 +32,18 @@ def _calibrated(hardware: str, engine: Any) -> tuple[Any, tuple[float, float] | 
 
 def predict(spec: Any, hardware: str, engine: Any = None,
             gpus_per_node: int | None = None) -> tuple[dict | None, str | None]:
-    """(step-time summary + "hardware", "calibration", None) or (None, why not) for a spec on a profile, with the
-    newest calibration for that profile."""
+    """(step-time summary + "hardware", "calibration", "caveats", None) or (None, why not) for a spec on a profile,
+    with the newest calibration for that profile; "caveats": what the number assumes in place of what the spec asks
+    for (StepTime.caveats)."""
     if hardware not in load_profiles():
         return None, MISSING if hardware == CPU else f"no hardware profile {hardware!r}"
     hw, band, cal = _calibrated(hardware, engine)
     try:
-        summary = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary
+        timed = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band)
     except NotTimed as e:  # said instead of a misleading number
         return None, str(e)
-    return {**summary, "hardware": hardware, "calibration": cal["id"] if cal else None}, None
+    return {**timed.summary, "hardware": hardware, "calibration": cal["id"] if cal else None,
+            "caveats": timed.caveats}, None
 
 
 def device_class(hardware: str) -> str:

@@ -121,7 +121,7 @@ def _add_step_time(args: argparse.Namespace, spec, data: dict[str, Any], profile
     g = args.gpus_per_node or hw.gpus_per_node
     data["step_time_detail"] = {"hardware": hw.key, "calibration": cal["id"] if cal else None,
                                 "extrapolation": extrapolation(spec, cal["ranges"], g) if cal else [],
-                                "per_rank": [vars(r) for r in st.per_rank], "notes": st.notes}
+                                "per_rank": [vars(r) for r in st.per_rank], "notes": st.notes, "caveats": st.caveats}
     return None
 
 
@@ -215,6 +215,7 @@ def _training_table(d: dict[str, Any]) -> str:
                      f"{t['exposed_comm_s']:.4g} + bubble {t['bubble_s']:.4g} + optimizer {t['optimizer_s']:.4g} + "
                      f"other {t['other_s']:.4g}; {t['tokens_per_s']:.4g} tokens/s, {t['tflops_per_gpu']:.4g} TFLOP/s "
                      f"per GPU, MFU {t['mfu']:.1%}")
+        lines += [f"step-time note: {c}" for c in det.get("caveats", [])]
         lines += [f"extrapolation: {x}" for x in det["extrapolation"]]
     if d.get("fit"):
         f, o = d["fit"], d["fit"]["overhead_bytes"]

@@ -225,6 +225,8 @@ def _step_time_panel(spec) -> None:
         st.dataframe(stack_form.resolved_rows(spec, steptime_view.device_class(hardware)), hide_index=True)
     st.caption(f"{pred['step_s']:.3g} s {steptime_view.breakdown_text(pred)}; {pred['tokens_per_s']:,.0f} tokens/s, "
                f"MFU {pred['mfu']:.1%} on the {steptime_view.band_text(pred)}.")
+    for caveat in pred.get("caveats", []):
+        st.caption(f"Step time assumes: {caveat}")
 
 
 def _prediction(spec, device_gb: float) -> None:

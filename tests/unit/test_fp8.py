@@ -88,6 +88,7 @@ def test_step_time_uses_the_fp8_peak_and_says_when_it_falls_back(monkeypatch):
     unknown = replace(get_hardware("a100-80gb-sxm"), key="custom-gpu", arch="gpu", memo={})  # no fp8 figures
     custom = step_time(ExperimentSpec.for_prediction(spec), unknown, gpus_per_node=8)
     assert any("no fp8 peak / fp8 GEMM efficiency" in n for n in custom.notes)
+    assert any("no fp8 peak / fp8 GEMM efficiency" in n for n in custom.caveats)
 
 
 def test_float8_linears_save_no_weight_casts():

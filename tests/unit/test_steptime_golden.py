@@ -17,7 +17,7 @@ from backend.analytic.steptime.schedule import SIMULATED
 from backend.planner.space import enumerate_layouts, light_spec
 from benchmarks.planner_speed import BATCH, GPUS, LLAMA70B, NODE
 
-DIGEST_BEFORE = "b2e6b4907a118d8aa0ce"
+DIGEST_BEFORE = "ba8ea311d8cbcdc11e52"
 """Issue 32 moved worst_rank_bytes an eighth time (d0d406fb253b5862e23f before): ZBV with m = p microbatches holds
 m + r + 1 chunks on pipeline rank r, not 2p (torch's ScheduleZBVZeroBubble action lists; textbook/pipeline.py), and
 its frontier follows; compared row by row with bbc2c6f, the 5 rows that moved are all ZBV at m = pp, all down (-0.61%
@@ -59,8 +59,10 @@ unsharded grads before their reduce-scatter, the re-run block's activations); co
 Before that: re-recorded when merged with the FSDP2 pipeline peak-state rules (fsdp_state) and `other` = the dp slice
 (OTHER_IS_DP_SLICE): worst_rank_bytes moved by those on purpose; the step_time rows alone hash the same as at
 78cae89 (345a23988e991f141f0b), so the speed work still changes no number."""
-STEP_DIGEST_BEFORE = "135e568f55f6b9206eb0"
-"""Re-recorded with the per-device operation tables (issue 22 B): every step_time number on h100-sxm moved on purpose
+STEP_DIGEST_BEFORE = "3db8a397c3b4ddadd40e"
+"""StepTime gained `caveats` (the notes that qualify the number): its empty list is the only change to both digests
+(135e568f55f6b9206eb0 and b2e6b4907a118d8aa0ce before, the same with the key popped; none of the 86 rows has one).
+Re-recorded with the per-device operation tables (issue 22 B): every step_time number on h100-sxm moved on purpose
 (GEMM / attention / element-wise tables, dgrad and wgrad shapes, the eager-PyTorch element-wise kernels, optimizer
 and loss bandwidths, kernel floors); worst_rank_bytes and the worst rank are unchanged (their digest alone is the
 same before and after: befedda1ddb56b58fe99). Then issue 26 moved both (main's db5f4076a8e921c09a1a /

@@ -87,6 +87,9 @@ class StepTime:
     summary: dict[str, float]
     """The slowest rank: exactly STEP_KEYS (the `step_time` JSON contract)."""
     notes: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    """The notes that qualify the number (stack_knobs.StackKnobs.caveats, a missing fp8 peak, an EP overlap that cannot
+    apply): `estimate` and New experiment print them with the step time."""
     stage_fwd_s: list[float] = field(default_factory=list)
     """Seconds of one microbatch's forward per pipeline stage (p·v of them; with its TP / EP collectives)."""
     stage_bwd_s: list[float] = field(default_factory=list)
@@ -300,13 +303,14 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
     notes = [f"attention={attention}", f"implementation={implementation}",
              f"gpus_per_node={g}"] + ([f"{p.world_size} ranks time-share {hw.cores} cores (x{share:.2f})"]
                                                                if share > 1 else [])
-    notes += knobs.notes
+    caveats = list(knobs.caveats)
     if knobs.resolved.values["ep_overlap"] and p.ep > 1 and not layout.ep_overlap:
-        notes.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
-                     "the rest): the EP all-to-alls predicted exposed")
-    notes += [n for n in [hw.peak_note(spec.train.precision)] if n]
+        caveats.append("ep_overlap runs with virtual stages under pp and without full recompute (Megatron-Core refuses "
+                       "the rest): the EP all-to-alls predicted exposed")
+    caveats += [n for n in [hw.peak_note(spec.train.precision)] if n]
+    notes += ([knobs.echo] if knobs.echo else []) + caveats
     return StepTime(hardware=hw.key, per_rank=out, summary=summarise(spec, hw, slow, band), notes=notes,
-                    stage_fwd_s=fwd, stage_bwd_s=bwd)
+                    caveats=caveats, stage_fwd_s=fwd, stage_bwd_s=bwd)
 
 
 def _tp_hidden(spec: ExperimentSpec, hw: Hardware, g: int, params: list, layers: list[int],

@@ -38,7 +38,15 @@ class StackKnobs:
     gather_overlap: bool | None
     pp_overlap: bool
     resolved: ResolvedStack
-    notes: list[str] = field(default_factory=list)
+    echo: str | None = None
+    """The stack's settings as resolved, in words; None for the shardlab stack with nothing set."""
+    caveats: list[str] = field(default_factory=list)
+    """What the model times in place of what the spec asks for on this profile (a kernel the GPU lacks, an overlap that
+    cannot apply): said wherever the step time is shown (StepTime.caveats)."""
+
+    @property
+    def notes(self) -> list[str]:
+        return ([self.echo] if self.echo else []) + self.caveats
 
 
 def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
@@ -47,34 +55,33 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
     p = spec.parallel
     v = r.values
     implementation = {"eager": default_implementation(hw), "compiled": "compiled", "fused": "fused"}[v["elementwise"]]
-    notes: list[str] = []
-    if not r.is_default:
-        notes.append(f"stack={r.stack}: " + ", ".join(f"{k}={_word(v[k])}" for k in v))
+    caveats: list[str] = []
+    echo = None if r.is_default else f"stack={r.stack}: " + ", ".join(f"{k}={_word(v[k])}" for k in v)
     attention = KERNEL[v["attention_kernel"]]
     if attention == "flash3" and hw.device_class not in HOPPER:
-        notes.append(f"FlashAttention-3 runs on Hopper; {hw.key} ({hw.device_class}) times it as FlashAttention-2")
+        caveats.append(f"FlashAttention-3 runs on Hopper; {hw.key} ({hw.device_class}) times it as FlashAttention-2")
         attention = "flash"
     tp_overlap = bool(v["tp_overlap"]) and p.tp > 1 and bool(p.sequence_parallel)
     if v["tp_overlap"] and p.tp > 1 and not p.sequence_parallel:
-        notes.append("tp_overlap needs sequence parallelism: TP collectives predicted exposed")
+        caveats.append("tp_overlap needs sequence parallelism: TP collectives predicted exposed")
     legacy_loss = r.stack == "shardlab" and r.set_by["loss_parallel"] == SPEC_DEFAULT
     vocab_shards = None if legacy_loss else (p.tp if v["loss_parallel"] else 1)
     default_dp = r.stack == "shardlab"
     multi_stage = p.virtual_stages > 1
     if v["pp_overlap"] and p.pp > 1 and not multi_stage and r.stack == "megatron":
-        notes.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
+        caveats.append("overlap_p2p_comm applies to Megatron's interleaved schedules only: the 1F1B hops stay exposed")
     pp_overlap = bool(v["pp_overlap"]) and p.pp > 1 and (multi_stage or r.stack != "megatron")
-    fp8_gemms = _fp8_gemms(spec, hw, r, implementation == "compiled", notes)
+    fp8_gemms = _fp8_gemms(spec, hw, r, implementation == "compiled", caveats)
     return StackKnobs(attention=attention, implementation=implementation, fp8_gemms=fp8_gemms,
                       vocab_shards=vocab_shards, tp_overlap=tp_overlap,
                       grad_overlap=None if default_dp and r.set_by["grad_reduce_overlap"] == SPEC_DEFAULT
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
-                      pp_overlap=pp_overlap, resolved=r, notes=notes)
+                      pp_overlap=pp_overlap, resolved=r, echo=echo, caveats=caveats)
 
 
-def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: bool, notes: list[str]) -> str:
+def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: bool, caveats: list[str]) -> str:
     """Whose float8 GEMMs, torchao's rowwise recipe apart: its GEMMs scale each row (stack_kernels.TORCHAO_ROWWISE),
     timed by the profile's own rowwise GEMM table where it has one; otherwise, compiled on Hopper, each rowwise linear
     is timed whole from torchao's microbenchmark of it (torchao_rowwise.TORCHAO_ROWWISE_LINEAR)."""
@@ -83,12 +90,12 @@ def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: b
         return r.fp8_gemms
     measured = hw.tables.gemm_table(FP8_ROWWISE) is not None
     if not measured and compiled and hw.device_class == "sm90" and hw.peak_flops.get("fp8"):
-        notes.append(f"fp8_recipe rowwise: each float8 linear (its GEMMs and casts) is timed as {hw.key}'s bf16 "
+        caveats.append(f"fp8_recipe rowwise: each float8 linear (its GEMMs and casts) is timed as {hw.key}'s bf16 "
                      "GEMMs over torchao's measured rowwise speedup of a compiled LayerNorm -> Linear -> Sigmoid at "
                      "its shape (torchao_rowwise.py; H100, torch 2.8.0a0)")
         return TORCHAO_ROWWISE_LINEAR
     if not measured and hw.peak_flops.get("fp8"):
-        notes.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
+        caveats.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
                      "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); its casts "
                      "are the rowwise recipe's (float8_casts.py)")
     return TORCHAO_ROWWISE
