@@ -18,7 +18,7 @@ from backend.planner.capacity import NOTE_PREFIX as CAPACITY_NOTE
 from backend.planner.capacity import Factor
 from backend.planner.held import PRECISIONS as HELD_PRECISIONS
 from backend.planner.held import HeldTraining
-from backend.planner.search import Plan, plan, planned_attention
+from backend.planner.search import STEP_ASSUMES, Plan, plan, planned_attention
 from backend.planner.space import light_spec
 from backend.planner.why import explain_first, why_text
 from backend.spec import ExperimentSpec, ModelSpec, dims
@@ -184,8 +184,10 @@ def fit_rule_line(p: Plan) -> str:
 
 
 def warning_notes(p: Plan) -> list[str]:
-    """The notes a person must not miss: cp not searched (a long sequence without flash) and failed internal checks."""
-    return [n[0].upper() + n[1:] for n in p.notes if n.startswith((CP_NOT_SEARCHED, "internal check failed"))]
+    """The notes a person must not miss: cp not searched (a long sequence without flash), failed internal checks and
+    what the step times assume in place of what the layouts ask for."""
+    return [n[0].upper() + n[1:] for n in p.notes
+            if n.startswith((CP_NOT_SEARCHED, "internal check failed", STEP_ASSUMES))]
 
 
 CAPACITY_OPTIONS: tuple[Factor, ...] = (None, 0.5, 0.75, 1.0, 1.1, 1.25, 1.5, 2.0)
@@ -223,7 +225,7 @@ def capacity_note(p: Plan) -> str | None:
 
 
 def other_notes(p: Plan) -> list[str]:
-    shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed", CAPACITY_NOTE)
+    shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed", CAPACITY_NOTE, STEP_ASSUMES)
     return [n for n in p.notes if not n.startswith(shown)]
 
 

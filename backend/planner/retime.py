@@ -37,12 +37,14 @@ class Screened:
 
 @dataclass
 class Timed:
-    """One pooled layout re-timed with steptime.model: its summary, index in its screen, spec dict and light spec."""
+    """One pooled layout re-timed with steptime.model: its summary, index in its screen, spec dict and light spec,
+    and what its time assumes in place of what it asks for (StepTime.caveats)."""
     summary: dict[str, Any]
     index: int
     data: dict[str, Any]
     spec: ExperimentSpec
     screen: Screened
+    caveats: list[str]
 
 
 @dataclass
@@ -73,13 +75,13 @@ def retime_pools(screens: list[Screened], held: HeldTraining, *, named_by_factor
                 data["name"] += f" {factor_label(screen.model.capacity_factor)}"
             spec = light_spec(data)
             try:
-                summary = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band).summary
+                st = step_time(spec, hw, gpus_per_node=gpus_per_node, band=band)
             except InconsistentStepTime as e:
                 failed.append({"layout": layout_label(data), "why": f"{layout_label(data)}: {e}"})
                 continue
             except NotTimed as e:  # held training: the same reason for every layout
                 return Retimed(sorted(timed, key=lambda t: t.summary["step_s"]), failed, str(e))
-            timed.append(Timed(summary, int(i), data, spec, screen))
+            timed.append(Timed(st.summary, int(i), data, spec, screen, st.caveats))
     return Retimed(sorted(timed, key=lambda t: t.summary["step_s"]), failed, None)
 
 

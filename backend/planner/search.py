@@ -38,6 +38,9 @@ ALLOWANCE_DOC = ("fits = fullest moment + CUDA context + NCCL buffers + allocato
                  "slack 13% of the fullest moment measured on the H200, NCCL_BUFFSIZE 4 MiB x 8 channels x 2 peers per "
                  "communicator from the NCCL docs); --reserve-gb / --fragmentation override the context + NCCL and "
                  "the slack")
+STEP_ASSUMES = "step time assumes: "
+"""The prefix of a note saying what the reported layouts' times assume in place of what they ask for (StepTime.caveats,
+e.g. FlashAttention-3 on a non-Hopper GPU timed as FlashAttention-2): the Plan page shows these as warnings."""
 POOL_FACTOR, POOL_MIN = 3, 10
 """Layouts re-timed with steptime.model: the POOL_FACTOR x top fastest by the vectorised step-time screen (at least
 POOL_MIN)."""
@@ -262,6 +265,7 @@ def plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, globa
              f"{len(configs)} by that model reported, their memory confirmed on each layout alone"]
     notes += [f"array and single-layout memory disagree (> 0.5%): {m}" for m in mismatch]
     notes += [f"internal check failed, layout left out of the ranking: {f['why']}" for f in failed]
+    notes += [f"{STEP_ASSUMES}{c}" for c in dict.fromkeys(c for t in retimed.timed[:top] for c in t.caveats)]
     notes.append("every layout trains with " + held.words())
     if held.stack != "shardlab" or held.stack_settings:
         notes.append(f"stack {held.stack}: each layout is timed with that stack's kernels and overlaps "

@@ -96,3 +96,21 @@ def test_an_imported_fp8_run_on_an_ampere_profile_says_why_it_has_no_prediction(
     run.imported.hardware = H100
     comparison, why = step_comparison(run)
     assert why is None and comparison["predicted_s"] > 0
+
+
+def test_plan_says_what_its_step_times_assume_and_the_plan_page_warns(capsys):
+    from dashboard import plan_view as pv
+
+    flags = ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq", "512", "--gpus",
+             "8", "--global-batch", "16", "--precision", "bf16-mixed", "--attention-kernel", "flash3", "--top", "2"]
+    caveat = f"step time assumes: FlashAttention-3 runs on Hopper; {A100} (sm80) times it as FlashAttention-2"
+    assert main([*flags, "--hardware", A100]) == 0
+    assert f"note: {caveat}" in capsys.readouterr().out.splitlines()
+    assert main([*flags, "--hardware", H100]) == 0
+    assert "step time assumes" not in capsys.readouterr().out
+    model = pv.ModelSpec(vocab_size=1024, d_model=256, n_layers=2, n_heads=4, seq_len=512)
+    held = pv.HeldTraining(stack_settings=(("attention_kernel", "flash3"),))
+    res = pv.run_plan(model, gpus=8, gpus_per_node=8, hardware=A100, global_batch=16, memory_gb=None, top=2,
+                      held=held)
+    assert caveat[0].upper() + caveat[1:] in pv.warning_notes(res)
+    assert not any(n.startswith("step time assumes") for n in pv.other_notes(res))
