@@ -91,13 +91,13 @@ def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: b
     measured = hw.tables.gemm_table(FP8_ROWWISE) is not None
     if not measured and compiled and hw.device_class == "sm90" and hw.peak_flops.get("fp8"):
         caveats.append(f"fp8_recipe rowwise: each float8 linear (its GEMMs and casts) is timed as {hw.key}'s bf16 "
-                     "GEMMs over torchao's measured rowwise speedup of a compiled LayerNorm -> Linear -> Sigmoid at "
-                     "its shape (torchao_rowwise.py; H100, torch 2.8.0a0)")
+                       "GEMMs over torchao's measured rowwise speedup of a compiled LayerNorm -> Linear -> Sigmoid at "
+                       "its shape (torchao_rowwise.py; H100, torch 2.8.0a0)")
         return TORCHAO_ROWWISE_LINEAR
     if not measured and hw.peak_flops.get("fp8"):
-        caveats.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs are "
-                     "timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); its casts "
-                     "are the rowwise recipe's (float8_casts.py)")
+        caveats.append(f"fp8_recipe rowwise: {hw.key} has no measured rowwise-scaled fp8 GEMM table, so its GEMMs "
+                       "are timed as tensorwise ones (the GPU check's probe measures one: gemm_fp8_rowwise); its casts "
+                       "are the rowwise recipe's (float8_casts.py)")
     return TORCHAO_ROWWISE
 
 
