@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, select
 
-from backend.analytic.steptime.hardware import Hardware, get_hardware, load_profiles
+from backend.analytic.steptime.hardware import CPU, Hardware, get_hardware, load_profiles
 from backend.analytic.steptime.untimed import untimed_reason
 from backend.calibration.fit import Fit, Sample
 from db import queries as q
@@ -181,6 +181,10 @@ def _named(name: str, db_url: str | None) -> dict[str, Any]:
     engine = open_db(db_url)
     cal = latest_named(engine, name)
     if cal is None:
+        if name == CPU:  # the one profile this host measures itself
+            from backend.bench.cpu_profile import MISSING
+
+            raise ValueError(MISSING)
         known = sorted(load_profiles()) + [c["name"] for c in named_profiles(engine)]
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(known)} (calibrated profiles come from "
                          "`python -m backend calibrate --name`)")

@@ -29,6 +29,15 @@ def test_estimate_rejects_unknown_hardware_and_lone_gpus_per_node(capsys):
     assert "--gpus-per-node needs --hardware" in capsys.readouterr().err
 
 
+def test_estimate_on_an_unmeasured_cpu_profile_says_how_to_measure_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDLAB_CPU_PROFILE", str(tmp_path / "absent.json"))
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    assert main(["estimate", "--world", "2", "--hardware", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "No 'cpu' step-time profile yet" in err and "python -m backend.bench.hw_probe" in err
+    assert "unknown hardware" not in err
+
+
 def test_hardware_lists_profiles(capsys):
     d = _json(capsys, ["hardware", "--json"])
     assert {"a100-40gb-sxm", "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"} <= set(d)
