@@ -148,7 +148,8 @@ def stack_blockers(spec: Any) -> list[str]:
             continue  # every value runs, or nothing to shard or overlap over one tp rank
         if r.values[name] not in runs:
             out.append(f"{name}={_words(r.values[name])} ({r.set_by[name]}, stack {r.stack}): this engine runs "
-                       f"{' / '.join(_words(v) for v in runs)} only")
+                       f"{' / '.join(_words(v) for v in runs)} only" + (f": {setting.engine_why}"
+                                                                          if setting.engine_why else ""))
     if r.values["loss_parallel"] and spec.parallel.tp > 1 and (problem := _loss_parallel_blocker(spec, runner_stack)):
         out.append(problem)
     dtypes = [k for k in ("param_dtype", "grad_reduce_dtype", "master_dtype") if r.values[k] != engine.values[k]]

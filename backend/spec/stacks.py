@@ -48,6 +48,8 @@ class Setting:
     reason); None: the engine runs every value the stack resolves to (dtypes: compared with the engine's own)."""
     tp_only: bool = False
     """The setting changes nothing at tp = 1 (nothing to shard or overlap over one tp rank)."""
+    engine_why: str = ""
+    """Why this engine runs only `engine_runs`, said with the refusal (spec/stack_rules.stack_blockers)."""
 
     @property
     def boolean(self) -> bool:
@@ -55,25 +57,37 @@ class Setting:
 
 
 SETTING_INFO: dict[str, Setting] = {
-    "attention_kernel": Setting("Attention kernel", "--attention-kernel", KERNEL_CHOICES,
-                                engine_runs=("eager", "flash2")),  # a CPU rank runs whatever attention the model names
-    "elementwise": Setting("Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES,
-                           engine_runs=("eager",)),
+    "attention_kernel": Setting(
+        "Attention kernel", "--attention-kernel", KERNEL_CHOICES, engine_runs=("eager", "flash2"),
+        engine_why="its attention is torch SDPA's fused kernels as torch picks them (FlashAttention-2 on a GPU in 16 "
+                   "bit) or the math kernel (models/gpt.py): it does not select cuDNN's and does not call "
+                   "FlashAttention-3 or the 2022-23 libraries"),  # a CPU rank runs whatever attention the model names
+    "elementwise": Setting(
+        "Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES, engine_runs=("eager",),
+        engine_why="torch.compile is not wired into its runs (what a compiled block saves is measured in-process: "
+                   "tests/unit/test_compiled_block.py), and fused means Transformer Engine's or Apex's CUDA kernels, "
+                   "which it does not call"),
     "param_dtype": Setting("Parameter dtype", "--param-dtype", tuple(d for d in DTYPE_CHOICES if d != "none")),
     "grad_reduce_dtype": Setting("Gradient reduce dtype", "--grad-reduce-dtype", ("fp32", "bf16", "fp16")),
     "master_dtype": Setting("Master weights", "--master-dtype", ("fp32", "bf16", "none")),
     "loss_parallel": Setting("Loss parallel (vocab-parallel cross-entropy)", "--loss-parallel",
                              engine_runs=(False, True), tp_only=True),
-    "tp_overlap": Setting("TP comm overlap (async TP / TE userbuffers)", "--tp-comm-overlap", engine_runs=(False,),
-                          tp_only=True),
+    "tp_overlap": Setting(
+        "TP comm overlap (async TP / TE userbuffers)", "--tp-comm-overlap", engine_runs=(False,), tp_only=True,
+        engine_why="torch's async TP works on CUDA symmetric memory (torch.distributed._symmetric_memory) and TE's on "
+                   "CUDA userbuffers, while this engine's TP ranks are gloo CPU ranks (the GPU check runs world 1)"),
     "grad_reduce_overlap": Setting("DP grad-reduce overlap", "--overlap-grad-reduce"),
     "param_gather_overlap": Setting("DP param-gather overlap", "--overlap-param-gather"),
     "pp_overlap": Setting("PP p2p overlap", "--pp-overlap"),
     "optimizer_over_cp": Setting("Optimizer sharded over dp x cp", "--optimizer-over-cp"),
-    "ep_overlap": Setting("EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm",
-                          engine_runs=(False,)),
-    "loss_compiled": Setting("Compiled loss (torch.compile of the cross-entropy)", "--compile-loss",
-                             engine_runs=(False,)),
+    "ep_overlap": Setting(
+        "EP all-to-all overlap (Megatron's 1F1B A2A overlap)", "--overlap-moe-expert-parallel-comm",
+        engine_runs=(False,),
+        engine_why="Megatron-Core's combined 1F1B schedule (pipeline_parallel/combined_1f1b.py) has no counterpart in "
+                   "torch.distributed.pipelining, whose schedules this engine runs"),
+    "loss_compiled": Setting(
+        "Compiled loss (torch.compile of the cross-entropy)", "--compile-loss", engine_runs=(False,),
+        engine_why="its loss is F.cross_entropy run eagerly (models/gpt.py); torch.compile is not wired into its runs"),
 }
 """Every setting a stack gives a default for, each a `train` field of the spec of the same name: one entry here, its
 default per stack in STACKS."""

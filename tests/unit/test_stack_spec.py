@@ -12,7 +12,7 @@ from backend.cli import main
 from backend.spec import ExperimentSpec, validate_spec
 from backend.spec.checks import run_blockers
 from backend.spec.choices import Stack
-from backend.spec.stacks import SETTINGS, SPEC_DEFAULT, SPEC_SET, STACKS, resolve_stack
+from backend.spec.stacks import SETTING_INFO, SETTINGS, SPEC_DEFAULT, SPEC_SET, STACKS, resolve_stack
 
 LLAMA = {"vocab_size": 1000, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "norm": "rmsnorm",
          "mlp": "swiglu", "positions": "rope", "bias": "none", "attention": "flash"}
@@ -94,7 +94,12 @@ def test_what_this_engine_cannot_run_is_prediction_only_with_the_reason():
     assert problems, "run/submit must refuse a stack this engine does not run"
     assert run_blockers(_spec()) == []
     assert run_blockers(_spec({"elementwise": "compiled"})) == [
-        "elementwise=compiled (set in the spec, stack shardlab): this engine runs eager only"]
+        "elementwise=compiled (set in the spec, stack shardlab): this engine runs eager only: torch.compile is not "
+        "wired into its runs (what a compiled block saves is measured in-process: tests/unit/test_compiled_block.py), "
+        "and fused means Transformer Engine's or Apex's CUDA kernels, which it does not call"]
+    for name, setting in SETTING_INFO.items():  # every refusal of a setting's value says why, not only what runs
+        refused = set(setting.choices or (False, True)) - set(setting.engine_runs or setting.choices or (False, True))
+        assert not refused or setting.engine_why, name
     assert blockers[-1].endswith("(stack megatron: set stack shardlab to run this layout on this engine)")
     assert not run_blockers(_spec({"stack": "torchtitan", "loss_parallel": False}, {"strategy": "zero3", "tp": 1,
                                                                                     "sequence_parallel": False}))
