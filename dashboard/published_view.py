@@ -41,7 +41,8 @@ def rows_frame(checks: list[RowCheck]) -> pd.DataFrame:
                     "error %": round(c.step_error_pct, 1), "published peak GiB": c.row.memory_gib,
                     "predicted fullest GiB": round(m.fullest_gib, 1) if m else None,
                     "predicted reserved GiB": round(m.reserved_gib, 1) if m else None,
-                    "fit": m.verdict if m else None, "source": c.row.source, "link": c.row.url})
+                    "fit": m.verdict if m else None, "step time assumes": "; ".join(c.caveats),
+                    "source": c.row.source, "link": c.row.url})
     return pd.DataFrame(out)
 
 

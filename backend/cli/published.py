@@ -45,7 +45,8 @@ def row_dict(c: RowCheck) -> dict:
             "step_error_pct": c.step_error_pct, "published_memory_gib": c.row.memory_gib,
             "predicted_fullest_gib": m.fullest_gib if m else None, "fullest_moment": m.moment if m else None,
             "predicted_reserved_gib": m.reserved_gib if m else None, "memory_error_pct": c.memory_error_pct,
-            "fit_verdict": m.verdict if m else None, "source": c.row.source, "url": c.row.url}
+            "fit_verdict": m.verdict if m else None, "caveats": list(c.caveats), "source": c.row.source,
+            "url": c.row.url}
 
 
 def _stats(s: ErrorStats | None) -> dict | None:
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
               f"{'peak GiB: published / fullest / reserved':30s} fit")
         for c in checks:
             print(_row_line(c))
+        for c in checks:
+            for caveat in c.caveats:
+                print(f"{c.row.id}: step time assumes: {caveat}")
         print()
     print(f"{'stack':10s} {'hardware':28s} {'rows':>4s} {'mean|e|':>7s} {'mean':>7s} {'worst':>7s}  "
           f"{'target':7s}  memory")

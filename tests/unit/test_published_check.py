@@ -149,3 +149,22 @@ def test_estimate_on_the_rows_spec_prints_the_same_step_and_fit(rid, tmp_path, c
     assert out["step_time"]["step_s"] == pytest.approx(c.predicted_step_s, rel=1e-12)
     assert out["fit"]["verdict"] == c.memory.verdict
     assert out["fit"]["fullest_bytes"] / 2**30 == pytest.approx(c.memory.fullest_gib, rel=1e-12)
+
+
+ROWWISE = "titan-asynctp-2506-8b-rowwise-vanilla"  # torchao rowwise fp8: no measured rowwise GEMM table on its profile
+
+
+def test_a_row_says_what_its_step_time_assumes_in_the_cli_and_on_the_page(monkeypatch, capsys):
+    rows = (_row(ROWWISE), _row(NEMO_8B))
+    monkeypatch.setattr(pc, "published_rows", lambda: rows)
+    checks = check_rows()
+    assumed = pc.predicted_step(rows[0].spec, rows[0].hardware).caveats
+    assert assumed and checks[0].caveats == tuple(assumed) and "fp8_recipe rowwise" in assumed[0]
+    assert checks[1].caveats == ()
+    assert main(["published", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["caveats"] for r in out["rows"]] == [list(assumed), []]
+    assert main(["published"]) == 0
+    assert f"{ROWWISE}: step time assumes: {assumed[0]}" in capsys.readouterr().out.splitlines()
+    frame = pv.rows_frame(checks)
+    assert list(frame["step time assumes"]) == ["; ".join(assumed), ""]

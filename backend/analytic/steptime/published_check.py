@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from backend.analytic.device import FITS, fit_verdict, runtime_overhead_bytes, with_device
 from backend.analytic.estimate import estimate
 from backend.analytic.steptime.hardware import get_hardware
-from backend.analytic.steptime.model import step_time
+from backend.analytic.steptime.model import StepTime, step_time
 from backend.analytic.steptime.published_gpu import PublishedRow, published_rows
 from backend.spec import ExperimentSpec
 
@@ -39,9 +39,13 @@ RESERVED_TARGET_PCT = 10.0
 """Issue 34: the predicted reserved within 10% of the published peak reserved."""
 
 
+def predicted_step(spec: dict, hardware: str) -> StepTime:
+    """The row's step time through its spec alone: what `estimate --hardware` prints, with its caveats."""
+    return step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware))
+
+
 def predicted_step_s(spec: dict, hardware: str) -> float:
-    """The row's step time through its spec alone: what `estimate --hardware` prints."""
-    return float(step_time(ExperimentSpec.for_prediction(spec), get_hardware(hardware)).summary["step_s"])
+    return float(predicted_step(spec, hardware).summary["step_s"])
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class RowCheck:
     row: PublishedRow
     predicted_step_s: float
     memory: MemoryCheck | None
+    caveats: tuple[str, ...] = ()
+    """What the predicted step assumes in place of what the row's spec asks for (StepTime.caveats)."""
 
     @property
     def step_error_pct(self) -> float:
@@ -105,7 +111,8 @@ class RowCheck:
 
 
 def check_row(row: PublishedRow) -> RowCheck:
-    return RowCheck(row, predicted_step_s(row.spec, row.hardware), memory_check(row.spec, row.hardware))
+    step = predicted_step(row.spec, row.hardware)
+    return RowCheck(row, float(step.summary["step_s"]), memory_check(row.spec, row.hardware), tuple(step.caveats))
 
 
 def check_rows(stack: str | None = None) -> list[RowCheck]:
