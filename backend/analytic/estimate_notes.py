@@ -15,6 +15,10 @@ from backend.spec.stack_rules import repertoire_notes
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
+SHARDLAB_COMPILED_NOTE = ("elementwise=compiled on stack shardlab: activations are this engine's eager blocks', which "
+                          "its memory-tracked step measures (strategies/compiled.py); stack torchtitan prices what a "
+                          "compiled block saves (memory/compiled_block.py)")
+
 
 def estimate_notes(spec: ExperimentSpec) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
@@ -23,7 +27,9 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
     if stack is not None:
         notes.append(stack_memory_note(stack))
         notes.extend(repertoire_notes(spec))
-    elif t.precision != Precision.FP32:
+    elif str(t.elementwise or "eager") == "compiled":
+        notes.append(SHARDLAB_COMPILED_NOTE)
+    if stack is None and t.precision != Precision.FP32:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")
     if p.zero_stage >= 2:

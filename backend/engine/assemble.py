@@ -42,6 +42,7 @@ from backend.engine.accuracy_notes import (  # noqa: F401 - re-exported
 from backend.engine.device_facts import utilization
 from backend.result import MEMORY_CATEGORIES, CommStat, MemoryBreakdown, RankResult, RunResult, Status, error_pct
 from backend.spec import ExperimentSpec
+from backend.strategies.compiled import eager_twin
 
 
 def run_device(payload: dict[str, Any]) -> str | None:
@@ -58,10 +59,12 @@ def model_flops_per_step(spec: ExperimentSpec) -> float:
 
 def assemble_result(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
     est = estimate(spec, device=run_device(payload))
+    measured_as = eager_twin(spec)  # the memory-tracked step's own blocks (strategies/compiled.py)
+    mem_est = est if measured_as is spec else estimate(measured_as, device=run_device(payload))
     ranks = sorted(payload["ranks"], key=lambda r: r["rank"])
     notes = dedupe(n for r in ranks for n in r.get("notes", []))
     notes += [n for n in est.notes if n not in notes]
-    per_rank = [_rank_result(r, est.per_rank[r["rank"]]) for r in ranks]
+    per_rank = [_rank_result(r, mem_est.per_rank[r["rank"]]) for r in ranks]
     notes += memory_notes(per_rank)
     notes += autocast_notes(spec, per_rank)
     notes += recompute_notes(spec, per_rank)

@@ -21,6 +21,7 @@ from backend.runtime.faults import maybe_inject
 from backend.runtime.protocol import Progress, emit_progress, mark_progress
 from backend.spec import Schedule
 from backend.strategies.base import Prepared, RankContext, global_mean_loss, local_batch
+from backend.strategies.compiled import memory_step_stance
 from backend.strategies.materialize import check_placement
 
 COMM_STEPS = 3
@@ -140,7 +141,8 @@ def _memory_step(ctx: RankContext, prep: Prepared, step: int) -> tuple[dict[str,
     timing.fence(ctx.device)
     full = comm_bench.CommCounter()
     # entered first: the innermost mode, below the tracker (backend/bench/settle.py says why)
-    with SettledCollectives(ctx.device), memory.tracking(tracker, prep.modules), full:
+    with (memory_step_stance(ctx.spec), SettledCollectives(ctx.device), memory.tracking(tracker, prep.modules),
+          full):
         prep.train_step(*batch)
     timing.fence(ctx.device)  # let async collectives' completion callbacks land
     out = memory.breakdown(tracker, ctx.device, ctx.placement.states)

@@ -152,6 +152,8 @@ def stack_blockers(spec: Any) -> list[str]:
                                                                           if setting.engine_why else ""))
     if r.values["loss_parallel"] and spec.parallel.tp > 1 and (problem := _loss_parallel_blocker(spec, runner_stack)):
         out.append(problem)
+    if r.values["elementwise"] == "compiled" and (problem := _compile_blocker(spec, runner_stack)):
+        out.append(problem)
     dtypes = [k for k in ("param_dtype", "grad_reduce_dtype", "master_dtype") if r.values[k] != engine.values[k]]
     if dtypes:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
@@ -178,6 +180,29 @@ def _loss_parallel_blocker(spec: Any, runs: str) -> str | None:
     if p.cp > 1:
         return (f"loss_parallel=on with cp={p.cp}: this engine runs the vocab-parallel loss without context "
                 "parallelism only")
+    return None
+
+
+SPLIT_BACKWARD_SCHEDULES = ("zero_bubble", "zbv", "dualpipev")
+
+
+def _compile_blocker(spec: Any, runs: str) -> str | None:
+    """Where this engine's compiled blocks (strategies/compiled.py) do not run: each reason measured on torch 2.13."""
+    p, m = spec.parallel, spec.model
+    if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
+        return f"elementwise=compiled: {spec.framework} runs its model's blocks eagerly here"
+    if m.n_experts:
+        return (f"elementwise=compiled with n_experts={m.n_experts}: the MoE dispatch branches on each expert's token "
+                "count (models/gpt.py MoE.dispatch), a data-dependent value Dynamo cannot trace with fullgraph=True "
+                "(GuardOnDataDependentSymNode)")
+    if p.cp > 1:
+        return (f"elementwise=compiled with cp={p.cp}: the ring attention's transfers are async collectives "
+                "(strategies/ring_attention.py, async_op=True), which Dynamo does not trace ('async_op=True for "
+                "distributed collectives')")
+    if p.pp > 1 and str(p.pp_schedule) in SPLIT_BACKWARD_SCHEDULES:
+        return (f"elementwise=compiled with pp_schedule={p.pp_schedule}: the schedule splits backward into input "
+                "and weight passes with retain_graph=True, which a compiled block's backward refuses (AOTAutograd's "
+                "donated buffers need retain_graph=False)")
     return None
 
 

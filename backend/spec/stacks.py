@@ -63,10 +63,10 @@ SETTING_INFO: dict[str, Setting] = {
                    "bit) or the math kernel (models/gpt.py): it does not select cuDNN's and does not call "
                    "FlashAttention-3 or the 2022-23 libraries"),  # a CPU rank runs whatever attention the model names
     "elementwise": Setting(
-        "Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES, engine_runs=("eager",),
-        engine_why="torch.compile is not wired into its runs (what a compiled block saves is measured in-process: "
-                   "tests/unit/test_compiled_block.py), and fused means Transformer Engine's or Apex's CUDA kernels, "
-                   "which it does not call"),
+        "Element-wise work (eager / compiled / fused)", "--elementwise", ELEMENTWISE_CHOICES,
+        engine_runs=("eager", "compiled"),
+        engine_why="fused means Transformer Engine's or Apex's CUDA kernels, which it does not call (compiled runs: "
+                   "torch.compile of each block, strategies/compiled.py)"),
     "param_dtype": Setting("Parameter dtype", "--param-dtype", tuple(d for d in DTYPE_CHOICES if d != "none")),
     "grad_reduce_dtype": Setting("Gradient reduce dtype", "--grad-reduce-dtype", ("fp32", "bf16", "fp16")),
     "master_dtype": Setting("Master weights", "--master-dtype", ("fp32", "bf16", "none")),

@@ -13,6 +13,7 @@
                                         sequence share is cut by `local_batch`)
   4. activation checkpointing          gpt.set_recompute (backend/recompute_policy.py: block-level policies via
                                         models/checkpointing.py; selective: core attention)
+  4b. torch.compile                    each block compiled in place under elementwise=compiled (compiled.py)
   5. data parallel, composable         FSDP2 fully_shard / replicate over mesh["dp"] (dp x cp ranks; data_parallel.py)
   6. device placement                  `materialize`: to_empty(ctx.device; the parameters on the host under
                                         offload=params, ctx.placement) + per-parameter seeded init of the
@@ -31,9 +32,9 @@ from typing import Any
 from torch import nn
 
 from backend.models.gpt import MoE, set_recompute
+from backend.strategies import compiled, float8
 from backend.strategies import cp as context_parallel
 from backend.strategies import data_parallel as dpar
-from backend.strategies import float8
 from backend.strategies import pp as pipeline
 from backend.strategies.context import Prepared, RankContext
 from backend.strategies.ep import ExpertParallel
@@ -60,11 +61,13 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     ids, mods = pipeline.build_stage_modules(ctx, model) if p.pp > 1 else ([0], [model])
     ep = ExpertParallel(ctx, mods) if p.ep > 1 else None
     shard = context_parallel.context_shard(ctx)
+    n_compiled = 0
     for m in mods:
         float8.convert(spec, m, fsdp=dpar.uses_fsdp2(spec))  # torchtitan converts before parallelizing
         apply_tp(ctx, m)
         context_parallel.apply_cp(ctx, m, shard)
         set_recompute(m, spec.train.recompute, spec.train.sac_ops)
+        n_compiled += compiled.compile_blocks(spec, m)
         dpar.composable_wrap(ctx, m, ignored=set(ep.params()) if ep else None)
         for sub in m.modules():
             if isinstance(sub, MoE):  # data-parallel reducers need every expert's grad on every rank
@@ -106,7 +109,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     if scaling.enabled:
         extra["loss_scaling"] = scaling.report  # updated every step: skipped step indices, current scale
     prep = Prepared(modules=mods, optimizer=opt, train_step=step, fsdp=dpar.uses_fsdp2(spec), timeline=timeline,
-                    notes=_notes(ctx, ids, ep, distributed), extra=extra,
+                    notes=_notes(ctx, ids, ep, distributed) + compiled.notes(spec, n_compiled), extra=extra,
                     resident=resident)
     check_placement(ctx.placement, prep.modules, prep.optimizer)
     return prep

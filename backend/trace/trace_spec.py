@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from backend.spec import ExperimentSpec
+from backend.strategies.compiled import eager_twin
+
+TRACED_EAGER_NOTE = ("elementwise=compiled: traced with the blocks eager and compared with the eager prediction (torch."
+                     "compile does not run on fake tensors under the trace's dispatch modes, as under the engine's "
+                     "memory tracker: strategies/compiled.py)")
 
 KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 STATE_BOUND_PCT = 1.0
@@ -96,11 +101,12 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
     if bad:
         raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
     ranks = ranks or representative_ranks(spec)
-    predicted = predicted_for(spec, "cuda" if device == "cuda" else None)  # cpu: as before (the spec's own device)
+    traced_as = eager_twin(spec)  # compiled blocks are traced eagerly, as the engine's memory-tracked step runs them
+    predicted = predicted_for(traced_as, "cuda" if device == "cuda" else None)  # cpu: as before (the spec's device)
     per_rank, outcomes = [], []
     with tempfile.TemporaryDirectory(prefix="shardlab-trace-") as tmp:
         spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(spec.to_json())
+        spec_path.write_text(traced_as.to_json())
         for k, r in enumerate(ranks):
             if on_rank:
                 on_rank(k + 1, len(ranks), r)
@@ -108,7 +114,10 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
             outcomes.append(out)
             if out.get("status") == "ok":
                 per_rank.append(_rank_row(out, predicted[r]))
-    return assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0)
+    out = assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0)
+    if traced_as is not spec:
+        out["notes"].insert(1, TRACED_EAGER_NOTE)
+    return out
 
 
 def _rank_row(out: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:

@@ -93,10 +93,11 @@ def test_what_this_engine_cannot_run_is_prediction_only_with_the_reason():
     _, problems = validate_spec(_spec({"stack": "megatron"}).model_dump(mode="json"))
     assert problems, "run/submit must refuse a stack this engine does not run"
     assert run_blockers(_spec()) == []
-    assert run_blockers(_spec({"elementwise": "compiled"})) == [
-        "elementwise=compiled (set in the spec, stack shardlab): this engine runs eager only: torch.compile is not "
-        "wired into its runs (what a compiled block saves is measured in-process: tests/unit/test_compiled_block.py), "
-        "and fused means Transformer Engine's or Apex's CUDA kernels, which it does not call"]
+    assert run_blockers(_spec({"elementwise": "compiled"})) == []  # strategies/compiled.py (tests/multiprocess)
+    assert run_blockers(_spec({"elementwise": "fused"})) == [
+        "elementwise=fused (set in the spec, stack shardlab): this engine runs eager / compiled only: fused means "
+        "Transformer Engine's or Apex's CUDA kernels, which it does not call (compiled runs: torch.compile of each "
+        "block, strategies/compiled.py)"]
     for name, setting in SETTING_INFO.items():  # every refusal of a setting's value says why, not only what runs
         refused = set(setting.choices or (False, True)) - set(setting.engine_runs or setting.choices or (False, True))
         assert not refused or setting.engine_why, name

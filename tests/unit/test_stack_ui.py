@@ -60,8 +60,10 @@ def test_new_experiment_stack_select_makes_a_prediction_only_spec():
     assert not at.exception
     assert any(w.value.startswith("Prediction only: ") and "stack megatron" in w.value for w in at.warning)
     at.selectbox(key="f_stack").set_value("shardlab").run()
-    at.selectbox(key="f_elementwise").set_value("compiled").run()
-    assert any("elementwise=compiled" in w.value for w in at.warning)
+    at.selectbox(key="f_elementwise").set_value("fused").run()
+    assert any("elementwise=fused" in w.value for w in at.warning)
+    at.selectbox(key="f_elementwise").set_value("compiled").run()  # the engine compiles the blocks (issue 34 part 4)
+    assert not at.exception and not any(w.value.startswith("Prediction only: ") for w in at.warning)
 
 
 @pytest.mark.heavy

@@ -245,7 +245,9 @@ def stack_memory_note(s: StackMemory) -> str:
            "deepspeed": "DeepSpeed ZeRO's flat buffers, fp32 master partition and IPG bucket"}[s.mechanism]
     modules = ", ".join(sorted(s.recompute_modules)) or "no module"
     layer = (f"Transformer Engine's saved tensors per layer (memory/te_block.py; recompute selective checkpoints "
-             f"{modules})" if s.te_layer and s.fused_attention else "eager torch blocks without autocast")
+             f"{modules})" if s.te_layer and s.fused_attention else
+             "compiled torch blocks without autocast (memory/compiled_block.py: what Inductor saves, eager terms "
+             "outside its measured families)" if s.compiled_blocks else "eager torch blocks without autocast")
     if not s.textbook_selective and not (s.te_layer and s.fused_attention):
         layer += (f" (recompute_modules {modules} are priced on Transformer Engine blocks only: fused element-wise "
                   "work and a fused attention kernel, as on a GPU; selective here is the attention core)")
