@@ -15,9 +15,9 @@ from backend.spec.stack_rules import repertoire_notes
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
-SHARDLAB_COMPILED_NOTE = ("elementwise=compiled on stack shardlab: activations are this engine's eager blocks', which "
-                          "its memory-tracked step measures (strategies/compiled.py); stack torchtitan prices what a "
-                          "compiled block saves (memory/compiled_block.py)")
+SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: activations are this engine's eager blocks' and loss's, "
+                          "which its memory-tracked step measures (strategies/compiled.py); stack torchtitan prices "
+                          "what a compiled block and loss save (memory/compiled_block.py, stack_activations.py)")
 
 
 def estimate_notes(spec: ExperimentSpec) -> list[str]:
@@ -27,7 +27,7 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
     if stack is not None:
         notes.append(stack_memory_note(stack))
         notes.extend(repertoire_notes(spec))
-    elif str(t.elementwise or "eager") == "compiled":
+    elif str(t.elementwise or "eager") == "compiled" or t.loss_compiled:
         notes.append(SHARDLAB_COMPILED_NOTE)
     if stack is None and t.precision != Precision.FP32:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "

@@ -154,6 +154,8 @@ def stack_blockers(spec: Any) -> list[str]:
         out.append(problem)
     if r.values["elementwise"] == "compiled" and (problem := _compile_blocker(spec, runner_stack)):
         out.append(problem)
+    if r.values["loss_compiled"] and (problem := _compiled_loss_blocker(spec, runner_stack, r.values["loss_parallel"])):
+        out.append(problem)
     dtypes = [k for k in ("param_dtype", "grad_reduce_dtype", "master_dtype") if r.values[k] != engine.values[k]]
     if dtypes:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
@@ -203,6 +205,17 @@ def _compile_blocker(spec: Any, runs: str) -> str | None:
         return (f"elementwise=compiled with pp_schedule={p.pp_schedule}: the schedule splits backward into input "
                 "and weight passes with retain_graph=True, which a compiled block's backward refuses (AOTAutograd's "
                 "donated buffers need retain_graph=False)")
+    return None
+
+
+def _compiled_loss_blocker(spec: Any, runs: str, loss_parallel: bool) -> str | None:
+    """Where this engine's compiled cross-entropy (strategies/compiled.loss_function) does not run (torch 2.13)."""
+    if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
+        return f"loss_compiled=on: {spec.framework} runs its model's own loss eagerly here"
+    if loss_parallel and spec.parallel.tp > 1:
+        return (f"loss_compiled=on with loss_parallel and tp={spec.parallel.tp}: the compiled vocab-parallel loss "
+                "returns a DTensor that DTensor's dispatch then refuses to detach (an AssertionError in "
+                "_dispatch_fast_path_python_tail); run it eager (--no-compile-loss) or without loss parallel")
     return None
 
 

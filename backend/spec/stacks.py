@@ -85,9 +85,7 @@ SETTING_INFO: dict[str, Setting] = {
         engine_runs=(False,),
         engine_why="Megatron-Core's combined 1F1B schedule (pipeline_parallel/combined_1f1b.py) has no counterpart in "
                    "torch.distributed.pipelining, whose schedules this engine runs"),
-    "loss_compiled": Setting(
-        "Compiled loss (torch.compile of the cross-entropy)", "--compile-loss", engine_runs=(False,),
-        engine_why="its loss is F.cross_entropy run eagerly (models/gpt.py); torch.compile is not wired into its runs"),
+    "loss_compiled": Setting("Compiled loss (torch.compile of the cross-entropy)", "--compile-loss"),
 }
 """Every setting a stack gives a default for, each a `train` field of the spec of the same name: one entry here, its
 default per stack in STACKS."""

@@ -17,7 +17,7 @@ saved_tensors_hooks instead (tests/unit/test_compiled_block.py), which compile d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from backend.spec import ExperimentSpec
@@ -25,17 +25,37 @@ from backend.spec.choices import Elementwise
 from backend.spec.stacks import resolve_stack
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
-EAGER_MEMORY_NOTE = ("torch.compile: the memory-tracked step ran the blocks eagerly (torch.compiler.set_stance "
-                     "'force_eager'): Dynamo does not run under the memory tracker's TorchDispatchMode, so the "
-                     "measured memory is the eager blocks' and is compared with the eager prediction; what a compiled "
-                     "block saves is measured in-process (tests/unit/test_compiled_block.py)")
+EAGER_MEMORY_NOTE = ("torch.compile: the memory-tracked step ran the blocks and the loss eagerly (torch.compiler."
+                     "set_stance 'force_eager'): Dynamo does not run under the memory tracker's TorchDispatchMode, so "
+                     "the measured memory is the eager ones' and is compared with the eager prediction; what a "
+                     "compiled block saves is measured in-process (tests/unit/test_compiled_block.py)")
 
 
 def compiles_blocks(spec: Any) -> bool:
     """The spec's element-wise work is compiled (train.elementwise, its own or its stack's default on CPU ranks)."""
     return str(resolve_stack(spec, "cpu").values["elementwise"]) == "compiled"
+
+
+def compiles_loss(spec: Any) -> bool:
+    """The spec's cross-entropy is compiled (train.loss_compiled; stack torchtitan's default under compile)."""
+    return bool(resolve_stack(spec, "cpu").values["loss_compiled"])
+
+
+def compiles(spec: Any) -> bool:
+    return compiles_blocks(spec) or compiles_loss(spec)
+
+
+def loss_function(spec: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss the steps call: models/gpt.loss_fn, under torch.compile where the spec compiles it (torchtitan b5bcd76
+    components/loss.py `_maybe_compile` 245-252: `torch.compile(self.fn, backend)`, no fullgraph)."""
+    import torch
+
+    from backend.models.gpt import loss_fn
+
+    return torch.compile(loss_fn) if compiles_loss(spec) else loss_fn
 
 
 def compile_blocks(spec: Any, module: nn.Module) -> int:
@@ -50,8 +70,8 @@ def compile_blocks(spec: Any, module: nn.Module) -> int:
 
 @contextlib.contextmanager
 def memory_step_stance(spec: Any) -> Iterator[None]:
-    """Around the memory-tracked step: compiled blocks run eagerly (module docstring), others as they are."""
-    if not compiles_blocks(spec):
+    """Around the memory-tracked step: compiled blocks and loss run eagerly (module docstring), others as they are."""
+    if not compiles(spec):
         yield
         return
     import torch
@@ -61,15 +81,19 @@ def memory_step_stance(spec: Any) -> Iterator[None]:
 
 
 def eager_twin(spec: ExperimentSpec) -> ExperimentSpec:
-    """The spec with its blocks eager: what the memory-tracked step ran, which its measured memory is compared with."""
-    if not compiles_blocks(spec):
+    """The spec with its blocks and loss eager: what the memory-tracked step ran, which its measured memory is compared
+    with."""
+    if not compiles(spec):
         return spec
-    return spec.model_copy(update={"train": spec.train.model_copy(update={"elementwise": Elementwise.EAGER})})
+    eager = {"elementwise": Elementwise.EAGER, "loss_compiled": False}
+    return spec.model_copy(update={"train": spec.train.model_copy(update=eager)})
 
 
 def notes(spec: Any, n_blocks: int) -> list[str]:
-    if not n_blocks:
-        return []
-    return [f"torch.compile: {n_blocks} transformer blocks compiled in place (nn.Module.compile, fullgraph=True) "
-            "after TP and activation checkpointing, before FSDP, as torchtitan's apply_compile; the timed and "
-            "comm-timing steps run them compiled", EAGER_MEMORY_NOTE]
+    out = [f"torch.compile: {n_blocks} transformer blocks compiled in place (nn.Module.compile, fullgraph=True) "
+           "after TP and activation checkpointing, before FSDP, as torchtitan's apply_compile; the timed and "
+           "comm-timing steps run them compiled"] if n_blocks else []
+    if compiles_loss(spec):
+        out.append("torch.compile: the cross-entropy runs compiled (torch.compile(loss_fn), as torchtitan's "
+                   "build_cross_entropy_loss under compile)")
+    return out + ([EAGER_MEMORY_NOTE] if out else [])

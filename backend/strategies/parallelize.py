@@ -101,7 +101,7 @@ def parallelize(ctx: RankContext, model: nn.Module) -> Prepared:
     else:
         step = MicrobatchStep(mods[0], spec, ctx.device, tail, use_autocast=dpar.uses_autocast(spec),
                               style=loop_style(spec),
-                              on_microbatch=ep.on_microbatch if ep else None)
+                              on_microbatch=ep.on_microbatch if ep else None, loss=compiled.loss_function(spec))
     if shard is not None:
         step = shard.measured(step, extra)  # per step: seconds waited on the ring's transfers (running record)
     if ep:

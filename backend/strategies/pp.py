@@ -47,6 +47,7 @@ from backend.analytic.sharding import layer_split, stages_of_rank
 from backend.models.gpt import build_model, loss_fn
 from backend.spec import Schedule
 from backend.strategies import timeline
+from backend.strategies.compiled import loss_function
 from backend.strategies.context import LocalLoss, RankContext, autocast
 from backend.strategies.data_parallel import uses_autocast
 from backend.strategies.distributed_optimizer import DistributedOptimizer
@@ -177,11 +178,11 @@ class ScaledLoss:
     """The schedule's loss_fn: the microbatch's mean loss, times the fp16 loss scale (identity otherwise), so the
     backward the schedule runs from it is scaled exactly as the microbatch loop's (strategies/scaler.py)."""
 
-    def __init__(self, scaling):
-        self.scaling = scaling
+    def __init__(self, scaling, loss=loss_fn):
+        self.scaling, self.loss = scaling, loss
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.scaling.scale(loss_fn(logits, targets))
+        return self.scaling.scale(self.loss(logits, targets))
 
 
 class PipelineStep:
@@ -197,7 +198,8 @@ class PipelineStep:
         # the distributed optimizer divides its main grads by the microbatch count itself (the schedule would scale
         # only the .grad a split-backward weight pass leaves, before the optimizer sweeps them in)
         self.schedule = cls(stages[0] if p.pp_schedule in SINGLE_STAGE else stages,
-                            n_microbatches=ctx.spec.train.microbatches, loss_fn=ScaledLoss(tail.scaling),
+                            n_microbatches=ctx.spec.train.microbatches,
+                            loss_fn=ScaledLoss(tail.scaling, loss_function(ctx.spec)),
                             scale_grads=distributed is None)
         self.use_autocast = uses_autocast(ctx.spec)
         self.stages = stages

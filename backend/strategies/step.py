@@ -183,8 +183,9 @@ class MicrobatchStep:
 
     def __init__(self, model: nn.Module, spec: ExperimentSpec, device: torch.device, tail: OptimizerTail, *,
                  use_autocast: bool, style: LoopStyle = DEFAULT_LOOP_STYLE, chunks: int | None = None,
-                 on_microbatch: Callable[[int], None] | None = None):
-        self.model, self.spec, self.device, self.tail = model, spec, device, tail
+                 on_microbatch: Callable[[int], None] | None = None,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn):
+        self.model, self.spec, self.device, self.tail, self.loss = model, spec, device, tail, loss
         self.use_autocast, self.style, self.chunks, self.on_microbatch = use_autocast, style, chunks, on_microbatch
 
     def _autocast(self):
@@ -208,10 +209,11 @@ class MicrobatchStep:
                 if st.hold_logits:
                     with self._autocast():
                         logits = self.model(x)  # (mb, T, V)
-                    loss = loss_fn(logits, y) / n if st.loss_scaled_in_graph else loss_fn(logits, y)
+                    loss = self.loss(logits, y) / n if st.loss_scaled_in_graph else self.loss(logits, y)
                 else:
                     with self._autocast():
-                        loss = loss_fn(self.model(x), y) / n if st.loss_scaled_in_graph else loss_fn(self.model(x), y)
+                        loss = (self.loss(self.model(x), y) / n if st.loss_scaled_in_graph
+                                else self.loss(self.model(x), y))
                 scale = self.tail.scaling.scale  # fp16-mixed: x loss scale; else the identity
                 if st.loss_scaled_in_graph:
                     scale(loss).backward()

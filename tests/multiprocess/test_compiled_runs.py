@@ -1,8 +1,8 @@
 """Issue 34 part 4: torch.compile of each block on CPU ranks (strategies/compiled.py, torchtitan's apply_compile):
 losses and final parameters equal the eager single-process reference at world 2 and 4 (FSDP2, DDP under full
 recompute, FSDP x TP with SP, 1F1B), with Dynamo graphs compiled during the steps; and a whole engine run of stack
-torchtitan whose timed steps run the compiled blocks and whose memory-tracked step runs them eagerly, measuring the
-same bytes as the eager run of the same spec (Inductor's kernels: C++ / OpenMP here, Triton on a GPU)."""
+torchtitan whose timed steps run the compiled blocks and loss and whose memory-tracked step runs them eagerly,
+measuring the same bytes as the eager run of the same spec (Inductor's kernels: C++ / OpenMP here, Triton on a GPU)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ PARITY = {s.name: parity_job(s) for s in [
          train=COMPILED),
     tiny("fsdp_x_tp_sp_compiled", model={"d_model": 64}, strategy="fsdp", world_size=4, tp=2,
          sequence_parallel=True, train=COMPILED),
+    # torchtitan's compile of the loss too (components/loss.py): the microbatch loop's and the pipeline schedule's
+    tiny("zero3_compiled_loss", model={"d_model": 56}, strategy="zero3", world_size=2,
+         train=COMPILED | {"loss_compiled": True}),
+    tiny("pp2_gpipe_compiled_loss", model={"d_model": 24}, strategy="pp", world_size=2, pp=2, pp_schedule="gpipe",
+         train=COMPILED | {"loss_compiled": True}),
 ]}
 
 
@@ -33,6 +38,7 @@ def test_compiled_blocks_keep_parity_with_the_eager_reference(farm, name):
     assert_parity(r)
     assert r["dynamo_graphs"] > 0, "the steps ran no compiled graph"
     assert any(n.startswith("torch.compile: ") and "blocks compiled in place" in n for n in r["notes"]), r["notes"]
+    assert any("the cross-entropy runs compiled" in n for n in r["notes"]) == ("loss" in name), r["notes"]
 
 
 LLAMA = {"vocab_size": 256, "d_model": 128, "n_layers": 2, "n_heads": 4, "seq_len": 128, "norm": "rmsnorm",
@@ -43,7 +49,7 @@ def _run(elementwise: str) -> ExperimentSpec:
     return ExperimentSpec.model_validate({
         "name": f"torchtitan zero3 {elementwise}", "model": LLAMA,
         "train": {"global_batch": 8, "micro_batch": 2, "steps": 2, "warmup_steps": 1, "precision": "bf16-mixed",
-                  "stack": "torchtitan", "elementwise": elementwise, "loss_compiled": False},
+                  "stack": "torchtitan", "elementwise": elementwise},  # torchtitan: compiled blocks and loss
         "parallel": {"strategy": "zero3", "world_size": 2}})
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from backend.spec import ExperimentSpec
 from backend.spec.checks import run_blockers
-from backend.strategies.compiled import EAGER_MEMORY_NOTE, compiles_blocks, eager_twin
+from backend.strategies.compiled import EAGER_MEMORY_NOTE, compiles_blocks, compiles_loss, eager_twin
 from backend.trace.trace_spec import TRACED_EAGER_NOTE, trace_spec
 
 pytestmark = pytest.mark.unit
@@ -60,20 +60,33 @@ def test_a_compiled_block_outside_the_torch_engine_is_refused():
         run_blockers(spec)
 
 
-def test_torchtitan_compiles_its_loss_too_which_this_engine_leaves_prediction_only():
-    spec = _spec(train={"stack": "torchtitan"})
-    assert any(b.startswith("loss_compiled=on (stack default, stack torchtitan)") for b in run_blockers(spec))
-    assert run_blockers(_spec(train={"stack": "torchtitan", "loss_compiled": False})) == []
+def test_torchtitan_compiles_its_loss_too_and_this_engine_runs_it_except_under_loss_parallel():
+    assert compiles_loss(_spec(train={"stack": "torchtitan"}))
+    assert run_blockers(_spec(train={"stack": "torchtitan"})) == []
+    tp = _spec(train={"stack": "torchtitan"}, strategy="tp", tp=2)
+    assert run_blockers(tp) == [
+        "loss_compiled=on with loss_parallel and tp=2: the compiled vocab-parallel loss returns a DTensor that "
+        "DTensor's dispatch then refuses to detach (an AssertionError in _dispatch_fast_path_python_tail); run it "
+        "eager (--no-compile-loss) or without loss parallel (stack torchtitan: set stack shardlab to run this layout "
+        "on this engine)"]
+    assert run_blockers(_spec(train={"stack": "torchtitan", "loss_compiled": False}, strategy="tp", tp=2)) == []
+    assert run_blockers(_spec(train={"stack": "torchtitan", "loss_parallel": False}, strategy="tp", tp=2)) == []
+    ds = ExperimentSpec.for_prediction({
+        "model": MODEL, "framework": "deepspeed", "train": {"global_batch": 8, "micro_batch": 2, "loss_compiled": True,
+                                                             "precision": "bf16-mixed"},
+        "parallel": {"strategy": "zero2", "world_size": 2}})
+    assert any(b.startswith("loss_compiled=on: deepspeed runs its model's own loss eagerly") for b in run_blockers(ds))
 
 
 def test_the_eager_twin_is_the_same_spec_with_eager_blocks():
-    spec = _spec(train={"stack": "torchtitan", "loss_compiled": False})
+    spec = _spec(train={"stack": "torchtitan"})  # compiled blocks and loss
     twin = eager_twin(spec)
-    assert str(twin.train.elementwise) == "eager" and not compiles_blocks(twin)
-    assert twin.model_dump(exclude={"train": {"elementwise"}}) == spec.model_dump(exclude={"train": {"elementwise"}})
+    assert str(twin.train.elementwise) == "eager" and not compiles_blocks(twin) and not compiles_loss(twin)
+    eager_keys = {"train": {"elementwise", "loss_compiled"}}
+    assert twin.model_dump(exclude=eager_keys) == spec.model_dump(exclude=eager_keys)
     eager = eager_twin(twin)
     assert eager is twin
-    assert "memory-tracked step ran the blocks eagerly" in EAGER_MEMORY_NOTE
+    assert "memory-tracked step ran the blocks and the loss eagerly" in EAGER_MEMORY_NOTE
 
 
 def test_the_trace_of_a_compiled_spec_traces_its_eager_twin(tmp_path):
