@@ -4,6 +4,8 @@
   listing of one block + head + loss (backend/gpucheck/saved_tensors.py) on the run's device at the 1B shape
   ("full") and at a smaller "compare" shape, and the same "compare" listing on the host CPU, where the analytic
   model was validated; next to the runs' measured-minus-predicted activations per layer;
+- compile: the same listing with each block compiled (elementwise=compiled), on the run's device, against
+  memory/compiled_block.py (measured with Inductor on the CPU);
 - step-time gap (zero3 +35 % over the measured-profile prediction): one profiled step of ddp and zero3 at world
   1 with the product's set-up (backend/gpucheck/step_profile.py), device time by kernel category, busy vs wall.
 Each part is a child process with a hard timeout; a part that fails or times out is its own entry.
@@ -21,8 +23,9 @@ from backend.gpucheck.kit_runs import INIT_THREADS_ENV
 from backend.gpucheck.phases import child_env, run_child
 
 PROFILE_RUNS = "ddp,zero3"
-PART_MAX_S = {"saved_device": 60.0, "profile": 150.0, "saved_host": 60.0}
-"""On an H200: the CUDA listing ~15 s (start-up ~8), the profile ~60 s (two 1B set-ups), the CPU listing ~25 s."""
+PART_MAX_S = {"saved_device": 60.0, "profile": 150.0, "saved_host": 60.0, "saved_compiled": 90.0}
+"""On an H200: the CUDA listing ~15 s (start-up ~8), the profile ~60 s (two 1B set-ups), the CPU listing ~25 s; the
+compiled block's listing (not yet run on a GPU) last, so its compile cannot starve the others."""
 
 
 def diag_phase(ctx: KitContext, budget_s: float) -> dict[str, Any]:
@@ -35,6 +38,7 @@ def diag_phase(ctx: KitContext, budget_s: float) -> dict[str, Any]:
     parts.append(("profile", None))
     if cuda:
         parts.append(("saved_host", ["cpu", "compare"]))
+    parts.append(("saved_compiled", [ctx.device, "compare" if cuda else "tiny", "compiled"]))
     for name, args in parts:
         left = end - time.monotonic()
         if left < 10:
@@ -45,7 +49,7 @@ def diag_phase(ctx: KitContext, budget_s: float) -> dict[str, Any]:
             if name == "profile":
                 out["step_profile"] = _profile(ctx, min(left, PART_MAX_S[name]))
             else:
-                out["saved_tensors"] += _saved(ctx, args[0], args[1], threads, min(left, PART_MAX_S[name]))
+                out["saved_tensors"] += _saved(ctx, args, threads, min(left, PART_MAX_S[name]))
             out["parts"][name] = {"status": "ok"}
         except Exception as e:  # noqa: BLE001 - one part failing is recorded, the next still runs
             out["parts"][name] = {"status": "failed", "error": f"{type(e).__name__}: {str(e)[:1500]}"}
@@ -57,8 +61,11 @@ def diag_phase(ctx: KitContext, budget_s: float) -> dict[str, Any]:
     return out
 
 
-def _saved(ctx: KitContext, device: str, shapes: str, threads: str, timeout_s: float) -> list[dict[str, Any]]:
+def _saved(ctx: KitContext, args: list[str], threads: str, timeout_s: float) -> list[dict[str, Any]]:
+    """One saved-tensor listing child: args = [device, shapes] or [device, shapes, modes]."""
+    device, shapes = args[0], args[1]
     cmd = [ctx.python, "-m", "backend.gpucheck.saved_tensors", "--device", device, "--shape", shapes]
+    cmd += ["--modes", args[2]] if len(args) > 2 else []
     if device == "cpu" and ctx.device == "cuda":
         cmd += ["--threads", threads]
     rc, stdout, err = run_child(cmd, timeout_s)

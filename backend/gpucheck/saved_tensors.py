@@ -4,13 +4,16 @@ that model's per-block and head terms.
 
 A child process of the GPU check's diag phase (the kit's own process never touches CUDA):
 
-  python -m backend.gpucheck.saved_tensors --device cuda|cpu --shape full,compare|tiny [--threads N]
+  python -m backend.gpucheck.saved_tensors --device cuda|cpu --shape full,compare|tiny [--threads N] [--modes M,..]
 
-prints a JSON list, one {"device", "shape", "model", "modes": {mode: listing}} per shape. Two modes, the two ways the
-engine runs bf16-mixed (backend/strategies/data_parallel.uses_autocast):
+prints a JSON list, one {"device", "shape", "model", "modes": {mode: listing}} per shape. Three modes, the two ways the
+engine runs bf16-mixed (backend/strategies/data_parallel.uses_autocast) and the compiled one:
 - "autocast": fp32 weights under torch.autocast(bf16), logits held and the loss outside autocast (ddp, zero1);
 - "bf16_params": the weights themselves in bf16, no autocast, the loss inside the step (FSDP2's
-  MixedPrecisionPolicy: zero2 / zero3).
+  MixedPrecisionPolicy: zero2 / zero3);
+- "compiled": bf16_params with each block's forward under torch.compile (elementwise=compiled,
+  strategies/compiled.py), compiled by one step before the listing; its block term is
+  memory/compiled_block.compiled_block_bytes (Inductor on the CPU here, Triton on a GPU: the same partition).
 Saved tensors come from torch.autograd.graph.saved_tensors_hooks (the pack hook sees each one as it is saved);
 the module whose forward was running names where; the tensor's own grad_fn names the op that produced it;
 tensors are deduplicated by storage (a view of an earlier saved tensor, or of a parameter, adds no bytes).
@@ -39,7 +42,9 @@ SHAPES = {
 }
 """full: the 1B spec's block and head at seq 4096 (CUDA only: the head alone is ~2e12 FLOPs); compare: the same
 block widths at seq 512 and vocabulary 8192, affordable on the host's CPU, listed on both devices."""
-MODES = ("autocast", "bf16_params")
+MODES = ("autocast", "bf16_params", "compiled")
+DEFAULT_MODES = ("autocast", "bf16_params")
+"""The compiled mode is its own diag part (its compile takes longer than the other two listings together)."""
 
 
 def build(shape: dict[str, Any], device: torch.device, mode: str) -> nn.Module:
@@ -54,7 +59,19 @@ def build(shape: dict[str, Any], device: torch.device, mode: str) -> nn.Module:
     with torch.no_grad():
         for _name, p in model.named_parameters():
             p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
-    return model.to(torch.bfloat16) if mode == "bf16_params" else model
+    return model.to(torch.bfloat16) if mode in ("bf16_params", "compiled") else model
+
+
+def compile_blocks(model: nn.Module, shape: dict[str, Any], device: torch.device) -> None:
+    """Each block's forward under torch.compile (its module hooks stay outside, so a saved tensor is named by its
+    block), compiled by one forward and backward before anything is listed."""
+    from backend.models.gpt import loss_fn
+
+    for block in model.layers.values():
+        block.forward = torch.compile(block.forward, fullgraph=True)
+    tokens = torch.randint(0, shape["vocab_size"], (1, shape["seq_len"]), device=device)
+    loss_fn(model(tokens), tokens).backward()
+    model.zero_grad(set_to_none=True)
 
 
 class SavedLog:
@@ -112,6 +129,8 @@ def listing(shape: dict[str, Any], device: torch.device, mode: str) -> dict[str,
     torch.manual_seed(0)
     model = build(shape, device, mode)
     log = SavedLog(model)
+    if mode == "compiled":
+        compile_blocks(model, shape, device)
     tokens = torch.randint(0, shape["vocab_size"], (1, shape["seq_len"]), device=device)
     targets = torch.randint(0, shape["vocab_size"], (1, shape["seq_len"]), device=device)
     cast = torch.autocast(device.type, dtype=torch.bfloat16) if mode == "autocast" else nullcontext()
@@ -123,7 +142,7 @@ def listing(shape: dict[str, Any], device: torch.device, mode: str) -> dict[str,
     with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack):
         with cast:
             logits = model(tokens)
-            loss = loss_fn(logits, targets) if mode == "bf16_params" else None
+            loss = loss_fn(logits, targets) if mode != "autocast" else None
         if loss is None:
             loss = loss_fn(logits, targets)
     out: dict[str, Any] = {"forward_s": time.perf_counter() - t0}
@@ -157,19 +176,32 @@ def analytic(shape: dict[str, Any], device: str, mode: str) -> dict[str, float]:
     head = model_embedding_head_activation_bytes(s=m.seq_len, b=1, h=m.d_model, vocab=m.vocab_size, dtype_bytes=2,
                                                  logits_held=autocast, autocast=autocast, norm=fam["norm"],
                                                  learned_pos=not fam["rope"], device=device)
+    source = "backend/analytic/memory/activations.py model_layer_activation_bytes"
+    if mode == "compiled":
+        block, source = compiled_block_term(m, device), "backend/analytic/memory/compiled_block.py compiled_block_bytes"
     return {"block_bytes": block, "embedding_head_loss_bytes": head,
-            "source": "backend/analytic/memory/activations.py model_layer_activation_bytes, "
-                      "model_embedding_head_activation_bytes"}
+            "source": f"{source}, model_embedding_head_activation_bytes"}
 
 
-def listings(device_type: str, shape_names: list[str]) -> list[dict[str, Any]]:
+def compiled_block_term(m: Any, device: str) -> float | None:
+    """memory/compiled_block.compiled_block_bytes of one block (micro-batch 1, bf16 params, no autocast)."""
+    from dataclasses import replace
+
+    from backend.analytic.memory.activations import LayerShape
+    from backend.analytic.memory.compiled_block import compiled_block_bytes
+
+    shape = LayerShape.prototype(m, dtype_bytes=2, device=device)
+    return compiled_block_bytes(replace(shape, micro_batch=1, autocast=False))
+
+
+def listings(device_type: str, shape_names: list[str], modes: tuple[str, ...] = DEFAULT_MODES) -> list[dict[str, Any]]:
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     out = []
     for name in shape_names:
         shape = SHAPES[name]
         entry: dict[str, Any] = {"device": device_type, "shape": name, "torch": torch.__version__,
                                  "model": {k: v for k, v in shape.items() if k != "source"}, "modes": {}}
-        for mode in MODES:
+        for mode in modes:
             try:
                 entry["modes"][mode] = {**listing(shape, device, mode), "analytic": analytic(shape, device_type, mode)}
             except Exception as e:  # noqa: BLE001 - one mode failing is its entry; the others still run
@@ -185,14 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
     ap.add_argument("--shape", required=True, help=f"comma-separated subset of {', '.join(SHAPES)}")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {', '.join(MODES)}")
     args = ap.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"unknown mode(s) in {args.modes!r}; modes are {', '.join(MODES)}")
     names = [n.strip() for n in args.shape.split(",") if n.strip()]
     unknown = [n for n in names if n not in SHAPES]
     if unknown or not names:
         ap.error(f"unknown shape(s) {unknown}; shapes are {', '.join(SHAPES)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    json.dump(listings(args.device, names), sys.stdout)
+    json.dump(listings(args.device, names, modes), sys.stdout)
     return 0
 
 
