@@ -213,9 +213,10 @@ def _compiled_loss_blocker(spec: Any, runs: str, loss_parallel: bool) -> str | N
     if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
         return f"loss_compiled=on: {spec.framework} runs its model's own loss eagerly here"
     if loss_parallel and spec.parallel.tp > 1:
-        return (f"loss_compiled=on with loss_parallel and tp={spec.parallel.tp}: the compiled vocab-parallel loss "
-                "returns a DTensor that DTensor's dispatch then refuses to detach (an AssertionError in "
-                "_dispatch_fast_path_python_tail); run it eager (--no-compile-loss) or without loss parallel")
+        return (f"loss_compiled=on with loss_parallel and tp={spec.parallel.tp}: torch.compile of the cross-entropy "
+                "over vocab-sharded DTensor logits under loss_parallel() gave a wrong loss in 4 of 5 launches (5.008 "
+                "against eager's 4.526 on the same logits, gradients off by 0.03) and a DTensor that DTensor's "
+                "dispatch refuses to detach; run it eager (--no-compile-loss) or without loss parallel")
     return None
 
 
