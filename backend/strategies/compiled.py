@@ -96,4 +96,7 @@ def notes(spec: Any, n_blocks: int) -> list[str]:
     if compiles_loss(spec):
         out.append("torch.compile: the cross-entropy runs compiled (torch.compile(loss_fn), as torchtitan's "
                    "build_cross_entropy_loss under compile)")
+    if out and not spec.train.warmup_steps:
+        out.append("torch.compile with warmup_steps=0: the first timed step includes the compile (seconds on CPU "
+                   "ranks), which the median of the timed steps only partly hides; set warmup_steps >= 1")
     return out + ([EAGER_MEMORY_NOTE] if out else [])
