@@ -39,6 +39,8 @@ class KitRun:
     steps: int = STEPS
     late: bool = False
     """Run in the late_runs phase, after diag, trace and tests (what is slow and least needed)."""
+    elementwise: str = "eager"
+    """train.elementwise: compiled runs each block under torch.compile (strategies/compiled.py; Triton on a GPU)."""
 
 
 RUNS: tuple[KitRun, ...] = (
@@ -47,12 +49,15 @@ RUNS: tuple[KitRun, ...] = (
     KitRun("zero2", "zero2"),
     KitRun("zero3-selective", "zero3", recompute="selective"),
     KitRun("zero3-full", "zero3", recompute="full"),
+    KitRun("zero3-compiled", "zero3", elementwise="compiled"),
     KitRun("zero3-offload", "zero3", offload="params", steps=1, late=True),
     KitRun("zero3-tp2", "zero3", tp=2, min_world=4),
     KitRun("ddp-pp2", "pp", pp=2, min_world=4),
 )
-"""In priority order: the budget may end the list early. The offload run is slow on the host (FSDP2's CPU AdamW
-over 1.24B parameters on the rank's one thread): one timed step, so 4 steps in all with warm-up, memory and comm."""
+"""In priority order: the budget may end the list early. zero3-compiled: the step time of compiled element-wise work
+(steptime/elementwise.py's compiled passes) measured against its prediction, not yet run on a GPU. The offload run
+is slow on the host (FSDP2's CPU AdamW over 1.24B parameters on the rank's one thread): one timed step, so 4 steps
+in all with warm-up, memory and comm."""
 
 
 def runs_for(nproc: int, names: list[str] | None = None, late: bool | None = None) -> list[KitRun]:
@@ -74,7 +79,8 @@ def spec_for(run: KitRun, *, device: str, nproc: int, timeout_s: float, device_n
         "model": dict(LLAMA_1B if cuda else TINY_LLAMA),
         "train": {"global_batch": 2 * dp * max(1, run.pp), "micro_batch": 1, "steps": run.steps,
                   "warmup_steps": WARMUP_STEPS, "precision": "bf16-mixed", "optimizer": "adamw",
-                  "recompute": run.recompute, "seed": 0},
+                  "recompute": run.recompute, "seed": 0,
+                  **({"elementwise": run.elementwise} if run.elementwise != "eager" else {})},
         "parallel": {"strategy": run.strategy, "world_size": nproc, "tp": run.tp, "pp": run.pp,
                      "sequence_parallel": run.tp > 1, "offload": run.offload},
         "runtime": {"device": device, "backend": "nccl" if cuda else "gloo", "timeout_s": max(1.0, timeout_s)},
