@@ -25,8 +25,9 @@ Here: `make gpu-check` (device cpu: gloo, world 1, a tiny model, about a minute)
 Phases, in priority order: env (versions, device), probe (backend/bench/hw_probe.py --device cuda: GEMM, SDPA,
 element-wise, AdamW, launch and host-copy tables -> a hardware.json profile; skipped with --profile), runs (the
 product's launcher and engine on NCCL: zero3, ddp, zero2, zero3 x recompute selective/full, zero3 with compiled
-blocks, 6 timed steps each, and the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss on the device and on the host CPU
-next to the analytic terms; one torch.profiler step of ddp and zero3 by kernel category), trace (the same specs on
+blocks, 6 timed steps each, and the mixes with --nproc >= 4), diag (the saved tensors of one block + head + loss on
+the device and on the host CPU next to the analytic terms, and of a compiled block on the device; one torch.profiler
+step of ddp and zero3 by kernel category), trace (the same specs on
 fake tensors at full size), tests (the private torch API checks, then pytest -m gpu), late_runs (zero3 + params
 offload: one timed step), allocator (the caching allocator's slack as a reserve and as the smallest memory cap one
 1B step runs under, default and expandable_segments:True), power (each kernel class's draw and SM clock at the GPU's
