@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
@@ -53,6 +55,9 @@ from backend.strategies.data_parallel import uses_autocast
 from backend.strategies.distributed_optimizer import DistributedOptimizer
 from backend.strategies.moe_stats import set_aux_loss_scale
 from backend.strategies.step import OptimizerTail
+
+if TYPE_CHECKING:
+    from backend.strategies.scaler import LossScaling
 
 SCHEDULES = {
     Schedule.GPIPE: ScheduleGPipe,
@@ -178,7 +183,7 @@ class ScaledLoss:
     """The schedule's loss_fn: the microbatch's mean loss, times the fp16 loss scale (identity otherwise), so the
     backward the schedule runs from it is scaled exactly as the microbatch loop's (strategies/scaler.py)."""
 
-    def __init__(self, scaling, loss=loss_fn):
+    def __init__(self, scaling: LossScaling, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn):
         self.scaling, self.loss = scaling, loss
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

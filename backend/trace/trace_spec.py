@@ -24,9 +24,9 @@ from typing import Any
 from backend.spec import ExperimentSpec
 from backend.strategies.compiled import eager_twin
 
-TRACED_EAGER_NOTE = ("elementwise=compiled: traced with the blocks eager and compared with the eager prediction (torch."
-                     "compile does not run on fake tensors under the trace's dispatch modes, as under the engine's "
-                     "memory tracker: strategies/compiled.py)")
+TRACED_EAGER_NOTE = ("torch.compile (elementwise / loss_compiled): traced with the blocks and loss eager and compared "
+                     "with the eager prediction (torch.compile does not run under the trace's dispatch modes, as "
+                     "under the engine's memory tracker: strategies/compiled.py)")
 
 KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 STATE_BOUND_PCT = 1.0
@@ -101,7 +101,7 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
     if bad:
         raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
     ranks = ranks or representative_ranks(spec)
-    traced_as = eager_twin(spec)  # compiled blocks are traced eagerly, as the engine's memory-tracked step runs them
+    traced_as = eager_twin(spec)  # compiled blocks and loss run eagerly, as in the engine's memory-tracked step
     predicted = predicted_for(traced_as, "cuda" if device == "cuda" else None)  # cpu: as before (the spec's device)
     per_rank, outcomes = [], []
     with tempfile.TemporaryDirectory(prefix="shardlab-trace-") as tmp:
