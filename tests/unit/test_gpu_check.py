@@ -215,8 +215,10 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
 
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **{kit.FAULT_ENV: "trace"})
+    # the budget is a cap (~55 s quiet): on a loaded 2-core CI host the kit ran 147 s, and at 240 s diag's share
+    # (~58 s) no longer held the compiled block's cold Inductor compile
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out),
-                           "--budget-s", "240"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+                           "--budget-s", "480"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a phase failed (the injected one)
     report = json.loads((out / "report.json").read_text())
     assert set(kit.REPORT_KEYS) <= set(report)
@@ -247,7 +249,7 @@ def test_cpu_kit_end_to_end_with_a_failing_phase(tmp_path, monkeypatch):
     # diag: the saved-tensor listing of one block in both precision modes, the autocast block equal to the analytic
     # term on the CPU (the model was validated there), and a profiled step of ddp and zero3 by category
     blocks = {b["mode"]: b for b in report["diag"]["activation_gap"]["blocks"]}
-    assert set(blocks) == {"autocast", "bf16_params", "compiled"}
+    assert set(blocks) == {"autocast", "bf16_params", "compiled"}, report["diag"]["parts"]
     assert blocks["autocast"]["diff_pct"] == pytest.approx(0.0)
     assert blocks["compiled"]["diff_pct"] == pytest.approx(0.0)  # Inductor's saved tensors: memory/compiled_block.py
     assert blocks["compiled"]["saved_block_bytes"] < blocks["bf16_params"]["saved_block_bytes"]
