@@ -1,6 +1,6 @@
 """`python -m backend published`: the model against every published training run of the stacks users train with
-(Megatron-Core / NeMo, torchtitan, MosaicML's and the papers' own): per row the predicted step and peak memory beside
-the published ones, and per stack and GPU the mean and worst |error| against issue 34's targets.
+(Megatron-Core / NeMo, torchtitan, DeepSpeed, MosaicML's and the papers' own): per row the predicted step and peak
+memory beside the published ones, and per stack and GPU the mean and worst |error| against issue 34's targets.
 
   python -m backend published                    # every row, then the summary per stack and GPU
   python -m backend published --stack megatron   # one stack's rows

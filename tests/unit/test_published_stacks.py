@@ -106,3 +106,35 @@ def test_the_issues_megatron_script_in_fp8_is_within_10pct_of_nemos_row():
     pred = step_time(fp8, hw).summary["step_s"]
     assert abs(pred - published) / published <= 0.10, (pred, published)
     assert step_time(bf16, hw).summary["step_s"] > pred
+
+
+MTNLG = [r for r in raw_rows() if r["id"].startswith("mtnlg-530b-")]
+
+
+def test_every_stack_has_published_rows():
+    """`published --summary` prints a line per stack and GPU: no stack of the table is left without evidence."""
+    from backend.spec.stacks import STACK_CHOICES
+
+    assert {r.stack for r in published_rows()} == set(STACK_CHOICES)
+
+
+@pytest.mark.parametrize("row", MTNLG, ids=[r["id"] for r in MTNLG])
+def test_mtnlg_rows_are_the_quoted_configs(row):
+    """MT-NLG 530B on 280, 350 and 420 DGX A100 nodes (8 GPUs each), batch 1920, TP 8 x PP 35: the node count in the
+    row's id is the world size, and its iteration time is the quoted one for that count."""
+    nodes = int(row["id"].removeprefix("mtnlg-530b-").removesuffix("n"))
+    s = ExperimentSpec.for_prediction(published_row(row["id"]).spec)
+    assert (s.parallel.world_size, s.parallel.tp, s.parallel.pp, s.train.global_batch) == (8 * nodes, 8, 35, 1920)
+    assert (s.model.n_layers, s.model.d_model, s.model.n_heads, s.model.seq_len) == (105, 20480, 128, 2048)
+    times = dict(zip(("280", "350", "420"), ("60.1", "50.2", "44.4"), strict=True))
+    assert row["published"]["value"] == float(times[str(nodes)]) and str(s.train.stack) == "deepspeed"
+
+
+def test_mtnlg_predicted_step_shrinks_with_the_nodes_as_published():
+    """Strong scaling at a fixed batch of 1920: more data-parallel pipelines, fewer microbatches each. The model's step
+    falls from 280 to 420 nodes as the published one does, by a ratio within 10% of the published ratio."""
+    rows = sorted((published_row(r["id"]) for r in MTNLG), key=lambda r: r.spec["parallel"]["world_size"])
+    pred = [step_time(ExperimentSpec.for_prediction(r.spec), get_hardware(r.hardware)).summary["step_s"]
+            for r in rows]
+    assert pred[0] > pred[1] > pred[2]
+    assert abs((pred[0] / pred[2]) / (rows[0].step_s / rows[2].step_s) - 1) <= 0.10, pred
