@@ -14,9 +14,11 @@ from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.published_gpu import published_rows, raw_rows
 from backend.importers.megatron_args import import_args
 from backend.spec import ExperimentSpec
+from backend.spec.stacks import STACK_CHOICES
 
 NEMO = [r for r in raw_rows() if r["id"].startswith("nemo2407-")]
 TITAN = [r for r in raw_rows() if r["id"].startswith("titan-")]
+MTNLG = [r for r in raw_rows() if r["id"].startswith("mtnlg-530b-")]
 
 
 def _cells(quote: str) -> list[str]:
@@ -108,13 +110,8 @@ def test_the_issues_megatron_script_in_fp8_is_within_10pct_of_nemos_row():
     assert step_time(bf16, hw).summary["step_s"] > pred
 
 
-MTNLG = [r for r in raw_rows() if r["id"].startswith("mtnlg-530b-")]
-
-
 def test_every_stack_has_published_rows():
     """`published --summary` prints a line per stack and GPU: no stack of the table is left without evidence."""
-    from backend.spec.stacks import STACK_CHOICES
-
     assert {r.stack for r in published_rows()} == set(STACK_CHOICES)
 
 
@@ -126,8 +123,8 @@ def test_mtnlg_rows_are_the_quoted_configs(row):
     s = ExperimentSpec.for_prediction(published_row(row["id"]).spec)
     assert (s.parallel.world_size, s.parallel.tp, s.parallel.pp, s.train.global_batch) == (8 * nodes, 8, 35, 1920)
     assert (s.model.n_layers, s.model.d_model, s.model.n_heads, s.model.seq_len) == (105, 20480, 128, 2048)
-    times = dict(zip(("280", "350", "420"), ("60.1", "50.2", "44.4"), strict=True))
-    assert row["published"]["value"] == float(times[str(nodes)]) and str(s.train.stack) == "deepspeed"
+    assert "280, 350, and 420 DGX A100 servers" in row["quote"] and "60.1, 50.2, and 44.4 seconds" in row["quote"]
+    assert row["published"]["value"] == {280: 60.1, 350: 50.2, 420: 44.4}[nodes] and str(s.train.stack) == "deepspeed"
 
 
 def test_mtnlg_predicted_step_shrinks_with_the_nodes_as_published():
