@@ -135,3 +135,19 @@ def test_mtnlg_predicted_step_shrinks_with_the_nodes_as_published():
             for r in rows]
     assert pred[0] > pred[1] > pred[2]
     assert abs((pred[0] / pred[2]) / (rows[0].step_s / rows[2].step_s) - 1) <= 0.10, pred
+
+
+def test_bloom_row_is_the_slurm_scripts_config():
+    """BLOOM-176B: every setting the row's quote takes from tr11-176B-ml.slurm is the row's spec, and the iteration
+    time is the chronicles' log line at GBS 2048."""
+    raw = next(r for r in raw_rows() if r["id"] == "bloom-176b-48n")
+    quote = raw["quote"]
+    s = ExperimentSpec.for_prediction(published_row("bloom-176b-48n").spec)
+    slurm = {"TP_SIZE": s.parallel.tp, "PP_SIZE": s.parallel.pp, "MICRO_BATCH_SIZE": s.train.micro_batch,
+             "GLOBAL_BATCH_SIZE": s.train.global_batch, "NHIDDEN": s.model.d_model, "NLAYERS": s.model.n_layers,
+             "NHEADS": s.model.n_heads, "SEQ_LEN": s.model.seq_len}
+    assert all(f"{name}={value}," in quote for name, value in slurm.items()), slurm
+    assert "NNODES 48 x GPUS_PER_NODE 8" in quote and s.parallel.world_size == 48 * 8
+    assert f"--pad-vocab-size-to {s.model.vocab_size}" in quote and str(s.train.recompute) == "full"
+    assert "elapsed time per iteration (s): 105.22" in quote and raw["published"]["value"] == 105.22
+    assert str(s.train.stack) == "deepspeed" and str(s.parallel.strategy) == "zero1"
