@@ -188,10 +188,15 @@ def _loss_parallel_blocker(spec: Any, runs: str) -> str | None:
 SPLIT_BACKWARD_SCHEDULES = ("zero_bubble", "zbv", "dualpipev")
 
 
+def _torch_engine_runs(spec: Any, runs: str) -> bool:
+    """This engine's torch ranks run the layout (not the DeepSpeed or JAX runner)."""
+    return runs == "shardlab" and str(getattr(spec, "framework", "torch")) == "torch"
+
+
 def _compile_blocker(spec: Any, runs: str) -> str | None:
     """Where this engine's compiled blocks (strategies/compiled.py) do not run: each reason measured on torch 2.13."""
     p, m = spec.parallel, spec.model
-    if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
+    if not _torch_engine_runs(spec, runs):
         return f"elementwise=compiled: {spec.framework} runs its model's blocks eagerly here"
     if m.n_experts:
         return (f"elementwise=compiled with n_experts={m.n_experts}: the MoE dispatch branches on each expert's token "
@@ -210,7 +215,7 @@ def _compile_blocker(spec: Any, runs: str) -> str | None:
 
 def _compiled_loss_blocker(spec: Any, runs: str, loss_parallel: bool) -> str | None:
     """Where this engine's compiled cross-entropy (strategies/compiled.loss_function) does not run (torch 2.13)."""
-    if runs != "shardlab" or f"{getattr(spec, 'framework', 'torch')}" != "torch":
+    if not _torch_engine_runs(spec, runs):
         return f"loss_compiled=on: {spec.framework} runs its model's own loss eagerly here"
     if loss_parallel and spec.parallel.tp > 1:
         return (f"loss_compiled=on with loss_parallel and tp={spec.parallel.tp}: torch.compile of the cross-entropy "
