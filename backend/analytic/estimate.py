@@ -132,7 +132,7 @@ def estimate_rank(spec: ExperimentSpec, rank: int) -> RankEstimate:
     elif layout.n_stages - 1 in stages:
         r.loss_backward_temp_bytes = int(loss_backward_extra_bytes(
             s=spec.model.seq_len, b=layout.micro_batch, vocab=spec.model.vocab_size, dtype_bytes=layout.compute_bytes,
-            logits_held=logits_held_in_backward(layout)))
+            logits_held=logits_held_in_backward(layout), fused_loss=layout.loss_compiled))
     for kind, payload, n in rank_traffic(spec, params, r.layers, stages):
         r.comm_bytes[kind] = r.comm_bytes.get(kind, 0.0) + payload
         r.comm_wire_bytes[kind] = r.comm_wire_bytes.get(kind, 0.0) + ring_wire_bytes(kind, payload, n)

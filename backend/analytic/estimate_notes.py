@@ -15,20 +15,28 @@ from backend.spec.stack_rules import repertoire_notes
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
-SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: activations are this engine's eager blocks' and loss's, "
-                          "which its memory-tracked step measures (strategies/compiled.py); stack torchtitan prices "
-                          "what a compiled block and loss save (memory/compiled_block.py, stack_activations.py)")
+SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: activations are this engine's eager blocks', which its "
+                          "memory-tracked step measures (strategies/compiled.py); stack torchtitan prices what a "
+                          "compiled block saves (memory/compiled_block.py)")
+SHARDLAB_COMPILED_LOSS_NOTE = ("compiled loss on stack shardlab: the cross-entropy keeps the 16-bit logits and two fp32 "
+                               "values per row, no fp32 copy or log-probs, and its backward writes a 16-bit gradient "
+                               "(memory/activations.py FUSED_LOSS_ROW_BYTES); a run's memory-tracked step runs it "
+                               "eagerly and is compared with the eager twin")
 
 
 def estimate_notes(spec: ExperimentSpec) -> list[str]:
     p, t, notes = spec.parallel, spec.train, []
     where = peak_inside_forward(spec)  # None under pipelining
-    stack = Layout.of(spec).stack
+    layout = Layout.of(spec)
+    stack = layout.stack
     if stack is not None:
         notes.append(stack_memory_note(stack))
         notes.extend(repertoire_notes(spec))
-    elif str(t.elementwise or "eager") == "compiled" or t.loss_compiled:
-        notes.append(SHARDLAB_COMPILED_NOTE)
+    else:
+        if str(t.elementwise or "eager") == "compiled":
+            notes.append(SHARDLAB_COMPILED_NOTE)
+        if layout.loss_compiled:
+            notes.append(SHARDLAB_COMPILED_LOSS_NOTE)
     if stack is None and t.precision != Precision.FP32:
         notes.append("torch keeps fp32 params/grads/optimizer states under mixed precision (4+4+8 = 16 B/param for "
                      "AdamW); ZeRO's textbook K=12 accounting (2+2+12) is in zero_textbook")

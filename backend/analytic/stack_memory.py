@@ -136,6 +136,18 @@ def _recompute_modules(train: TrainSpec) -> frozenset[str]:
     return CORE_ATTN_ONLY if modules is None else frozenset(str(x) for x in modules)
 
 
+def engine_loss_compiled(spec: StackSource, device: str) -> bool:
+    """Stack shardlab: the spec's cross-entropy runs under torch.compile (`loss_compiled`, strategies/compiled.py) and
+    not over vocab-parallel logits (whose DTensor loss keeps the eager terms): Layout.loss_compiled. Other stacks carry
+    it in their StackMemory."""
+    from backend.spec.stacks import resolve_stack
+
+    if str(getattr(spec.train, "stack", "shardlab")) != "shardlab":
+        return False
+    r = resolve_stack(spec, "gpu" if device == "cuda" else "cpu").values
+    return bool(r["loss_compiled"]) and not (bool(r["loss_parallel"]) and spec.parallel.tp > 1)
+
+
 def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:
     """`stack_memory` for a train section alone (the planner: every layout keeps these settings; no stack default
     the memory reads depends on the layout)."""

@@ -83,6 +83,12 @@ class HeldTraining:
                                           **self.spec_train("none"), **modules})
         return stack_memory_of_train(train, model, device)
 
+    def engine_loss_compiled(self) -> bool:
+        """Stack shardlab with its loss compiled (Layout.loss_compiled; held loss parallel keeps the eager terms, an
+        upper bound on the tp = 1 layouts)."""
+        settings = dict(self.stack_settings)
+        return self.stack == "shardlab" and bool(settings.get("loss_compiled")) and not settings.get("loss_parallel")
+
     def extra_recompute(self) -> tuple[tuple[str, int], ...]:
         """The held policy as (kind, K), for planner/space.enumerate_layouts (() when none is held)."""
         return (parse_recompute(self.recompute),) if self.recompute else ()

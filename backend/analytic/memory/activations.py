@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 RECOMPUTE = ("none", "selective", "full", "op")
 """Per-block saved-tensor policies; layers:K, block:N and uniform:N mix `none` and `full` blocks (rank_activations)."""
 LOSS_BYTES = 2 * 4  # fp32 scalars: nll_loss's saved total_weight and the loss itself
+FUSED_LOSS_ROW_BYTES = 2 * 4
+"""A fused cross-entropy's saved fp32 values per row: the max and the log-sum-exp (Inductor's partition of the
+compiled loss, measured: tests/helpers/compiled_loss_memory.py; flash-attn's xentropy saves the LSE)."""
 LSE_BYTES = 4  # flash / memory-efficient attention keep the softmax logsumexp in fp32
 
 
@@ -97,6 +100,9 @@ class LayerShape:
     pad_to_capacity: bool = False
     moe_imbalance: float = 1.0
     """MoE: the busiest rank's expert load over uniform."""
+    fused_loss: bool = False
+    """The cross-entropy runs as one fused row kernel (torch.compile of the loss, `loss_compiled`): it saves the 16-bit
+    logits and two fp32 values per row, no fp32 copy or log-probs (`FUSED_LOSS_ROW_BYTES`)."""
 
     @classmethod
     def of(cls, model: ModelSpec, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int,
@@ -146,7 +152,8 @@ class LayerShape:
     def head_kwargs(self, vocab: int) -> dict[str, Any]:
         """The keywords of the embedding / head formulas below."""
         return dict(s=self.seq_len, b=self.micro_batch, h=self.d_model, vocab=vocab, dtype_bytes=self.dtype_bytes,
-                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device)
+                    t=self.tp, autocast=self.autocast, norm=self.norm, learned_pos=not self.rope, device=self.device,
+                    fused_loss=self.fused_loss)
 
 
 _PROTOTYPES: dict[tuple, tuple[Any, LayerShape]] = {}
@@ -338,27 +345,39 @@ def full_recompute_peak_extra_bytes(shape: LayerShape, head_freed_bytes: float =
 
 def model_head_freed_in_backward_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                        sp: bool = False, loss_parallel: bool = False, autocast: bool = False,
-                                       norm: str = "layernorm", learned_pos: bool = True, device: str = "cpu") -> float:
+                                       norm: str = "layernorm", learned_pos: bool = True, device: str = "cpu",
+                                       fused_loss: bool = False) -> float:
     """The part of `model_embedding_head_activation_bytes` freed once the head's backward ran: everything
-    except pos (embedding backward comes last), the caller-held logits and the loss scalars."""
+    except pos (embedding backward comes last), the caller-held logits and the loss scalars (a fused loss's saved
+    logits are counted as the caller's: not freed, an upper bound where the loop lets them go)."""
     saved = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
                                                   logits_held=False, loss_parallel=loss_parallel, autocast=autocast,
-                                                  norm=norm, learned_pos=learned_pos, device=device)
+                                                  norm=norm, learned_pos=learned_pos, device=device,
+                                                  fused_loss=fused_loss)
     return saved - s * INDEX_BYTES * learned_pos - LOSS_BYTES
 
 
 def model_loss_transient_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, t: int = 1,
-                               loss_parallel: bool = False) -> float:
+                               loss_parallel: bool = False, fused_loss: bool = False) -> float:
     """16-bit logits: loss_fn's `.float()` copy (s·b·V fp32) is alive while log_softmax writes its output,
-    the activation peak of forward + loss (none for fp32 logits, where `.float()` is the tensor itself)."""
-    return 0.0 if dtype_bytes == 4 else s * b * vocab / (t if loss_parallel else 1) * 4
+    the activation peak of forward + loss (none for fp32 logits, where `.float()` is the tensor itself, nor for a
+    fused loss, which upcasts inside its row kernel)."""
+    if dtype_bytes == 4 or fused_loss_applies(fused_loss, loss_parallel, t):
+        return 0.0
+    return s * b * vocab / (t if loss_parallel else 1) * 4
+
+
+def fused_loss_applies(fused_loss: bool, loss_parallel: bool, t: int) -> bool:
+    """The fused loss's terms apply: not over vocab-parallel logits, whose DTensor `_log_softmax` keeps the eager
+    ones (stack_activations.py)."""
+    return bool(fused_loss) and not (loss_parallel and t > 1)
 
 
 def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1,
                                           sp: bool = False, logits_held: bool = True,
                                           loss_parallel: bool = False, autocast: bool = False,
                                           norm: str = "layernorm", learned_pos: bool = True,
-                                          device: str = "cpu") -> float:
+                                          device: str = "cpu", fused_loss: bool = False) -> float:
     """Bytes saved outside the blocks on the stages that own embedding / head, end of forward.
 
     Embedding: the token-embedding backward needs only the indices (the input batch); pos = arange(s)
@@ -370,6 +389,7 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     with loss_parallel the vocab dimension of logits and log-probs is split over t.
     autocast: the final norm's input is the fp32 residual stream; lm_head saves a 16-bit cast of its input.
     RMSNorm: what its device's kernel keeps (rms_norm_extra_bytes); RoPE (learned_pos False): no arange.
+    fused_loss: the loss saves the logits themselves and FUSED_LOSS_ROW_BYTES per row instead of the fp32 log-probs.
     """
     v_div = t if loss_parallel else 1
     emb = s * INDEX_BYTES * learned_pos  # pos = arange(s) (int64)
@@ -381,7 +401,10 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
     if norm == "rmsnorm":  # see family_bytes.family_extra_bytes
         head += rms_norm_extra_bytes(sbh=s * b * h / norm_div, sb=s * b / norm_div, input_bytes=norm_in_bytes,
                                      device=device)
-    head += s * b * vocab / v_div * 4  # log_softmax output, fp32
+    if fused_loss_applies(fused_loss, loss_parallel, t):
+        head += s * b * FUSED_LOSS_ROW_BYTES
+    else:
+        head += s * b * vocab / v_div * 4  # log_softmax output, fp32
     if logits_held:
         head += s * b * vocab / v_div * dtype_bytes
     return emb + head + loss
@@ -389,16 +412,18 @@ def model_embedding_head_activation_bytes(*, s: int, b: int, h: int, vocab: int,
 
 def head_beyond_blocks_bytes(*, s: int, b: int, h: int, vocab: int, dtype_bytes: float, t: int = 1, sp: bool = False,
                              autocast: bool = False, norm: str = "layernorm", learned_pos: bool = True,
-                             device: str = "cpu") -> float:
+                             device: str = "cpu", fused_loss: bool = False) -> float:
     """What the forward + loss moment of the stage with the logits holds beyond the end of its last block: the
     head's saved tensors, the held logits and the loss scalars (`model_embedding_head_activation_bytes` without
     pos), the TP logits shard, the 16-bit logits' fp32 copy (`model_loss_transient_bytes`) and, under autocast,
     lm_head's 16-bit weight cast (as `rank_activation_bytes` adds them). b may be an array."""
     head = model_embedding_head_activation_bytes(s=s, b=b, h=h, vocab=vocab, dtype_bytes=dtype_bytes, t=t, sp=sp,
-                                                 autocast=autocast, norm=norm, learned_pos=learned_pos, device=device)
+                                                 autocast=autocast, norm=norm, learned_pos=learned_pos, device=device,
+                                                 fused_loss=fused_loss)
     shard = tp_logits_shard_bytes(s=s, b=b, vocab=vocab, t=t, dtype_bytes=dtype_bytes)
     head = head - s * INDEX_BYTES * learned_pos + shard
-    head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t)
+    head = head + model_loss_transient_bytes(s=s, b=b, vocab=vocab, dtype_bytes=dtype_bytes, t=t,
+                                             fused_loss=fused_loss)
     return head + (-(-vocab // t) * h * dtype_bytes if autocast else 0)
 
 
@@ -439,7 +464,8 @@ def model_backward_head_transient_bytes(*, s: int, b: int, vocab: int, dtype_byt
     return s * b * vocab / v_div * (4 + dtype_bytes) + extra
 
 
-def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, logits_held: bool) -> float:
+def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float, logits_held: bool,
+                              fused_loss: bool = False) -> float:
     """What the start of the loss's backward holds beyond the forward + loss moment, on the rank with the loss:
     log_softmax's backward holds the fp32 grad of the log-probs and writes the fp32 grad of its input (2 · 4 B per
     logit; its own saved output is already counted), while loss_fn's fp32 copy of 16-bit logits is gone and so are
@@ -448,8 +474,12 @@ def loss_backward_extra_bytes(*, s: int, b: int, vocab: int, dtype_bytes: float,
     An upper bound where the activation peak is elsewhere (inside the last MoE dispatch, a full-recompute re-run).
     Measured on the H200 (benchmarks/results/gpu/2026-11-26-h200-run2, Llama-3.2-1B shape, V = 128,256): the tracker's
     peak minus its activation-peak total is 0.979 GiB for zero3/zero2/zero3-full (2 B per logit: bf16 logits not
-    held) and 1.957 GiB for ddp (4 B: held), what this gives."""
+    held) and 1.957 GiB for ddp (4 B: held), what this gives.
+    A fused loss (`fused_loss`) writes the logits' 16-bit gradient beside the logits it saved, nothing in fp32: the
+    dtype's bytes per logit (measured for the compiled loss: tests/helpers/compiled_loss_memory.py, 2 -> 4 B)."""
     n = s * b * vocab
+    if fused_loss:
+        return n * dtype_bytes
     freed = (0 if dtype_bytes == 4 else 4 * n) + (0 if logits_held else n * dtype_bytes)
     return max(0.0, 2 * 4 * n - freed)
 

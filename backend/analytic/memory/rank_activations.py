@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.analytic.layout import RECOMPUTE_NAMES, Layout, RecomputeMode
 from backend.analytic.memory.activations import (
+    FUSED_LOSS_ROW_BYTES,
     LOSS_BYTES,
     LayerShape,
     layer_activation_bytes,
@@ -177,6 +178,8 @@ def rank_activation_terms(model: ModelSpec, layout: Layout, alt: bool = False) -
     on the table of layouts); alt: of the other MLP kind's blocks (parts.ALT_PART, mixed stacks)."""
     proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
                                  sac_ops=layout.sac_ops)
+    if layout.loss_compiled:
+        proto = replace(proto, fused_loss=True)
 
     def compute() -> Any:
         ep = layout.ep if proto.n_experts else 1  # a dense block's shape does not read ep (_layer_terms_at)
@@ -263,13 +266,16 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     # a checkpointed block saves no 16-bit weight copy: only the plain blocks' casts stay
     kept_casts = where(stages.n_blocks > 0, w_blocks * ck.plain / maximum(stages.n_blocks, 1), 0)
     sbv = seq * layout.micro_batch * model.vocab_size
-    loss_copy = 0.0 if cb == 4 else sbv * 4  # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes)
+    # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes); a compiled loss upcasts inside its kernel
+    loss_copy = 0.0 if cb == 4 or layout.loss_compiled else sbv * 4
+    # what the loss saves beyond the logits: the fp32 log-probs, or the compiled loss's two fp32 values per row
+    loss_saved = seq * layout.micro_batch * FUSED_LOSS_ROW_BYTES if layout.loss_compiled else sbv * 4
     forward_last = total + w_head + kept_casts + loss_copy
     # a pipeline schedule computes the loss inside its one autocast region: the checkpointed blocks' casts stay cached
     forward_loss = forward_last + where(pipelined, w_blocks + b_blocks - kept_casts, 0)
     # end of forward, inside autocast: every weight and bias cast still cached, no loss yet, and the previous
     # microbatch's logits still bound in the training loop
-    inside_autocast = (total - sbv * 4 - LOSS_BYTES + w_head + w_blocks + b_blocks
+    inside_autocast = (total - loss_saved - LOSS_BYTES + w_head + w_blocks + b_blocks
                        + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)

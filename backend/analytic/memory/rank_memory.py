@@ -193,10 +193,13 @@ def _per_distinct_value(fn: Any, values: Any) -> Num:
 
 
 def loss_backward_extra(model: ModelSpec, layout: Layout) -> Num:
-    """activations.loss_backward_extra_bytes on layouts (the logits held by the loop: `logits_held`)."""
+    """activations.loss_backward_extra_bytes on layouts (the logits held by the loop: `logits_held`; the compiled loss:
+    Layout.loss_compiled)."""
     held = logits_held(layout)
     n = layout.seq_local(model) * layout.micro_batch * model.vocab_size
     cb = layout.compute_bytes
+    if layout.loss_compiled:  # the 16-bit gradient beside the logits the compiled loss saved
+        return n * cb
     freed = (0 if cb == 4 else 4 * n) + where(held, 0, n * cb)
     return maximum(0.0, 2 * 4 * n - freed)
 
