@@ -151,3 +151,32 @@ def test_bloom_row_is_the_slurm_scripts_config():
     assert f"--pad-vocab-size-to {s.model.vocab_size}" in quote and str(s.train.recompute) == "full"
     assert "elapsed time per iteration (s): 105.22" in quote and raw["published"]["value"] == 105.22
     assert str(s.train.stack) == "deepspeed" and str(s.parallel.strategy) == "zero1"
+
+
+MPT = [r for r in raw_rows() if r["id"].startswith("mpt-")]
+
+
+def test_mpt_rows_keep_the_fused_cross_entropy_llm_foundry_runs():
+    """llm-foundry's default loss_fn 'fused_crossentropy' (flash-attn's fused cross-entropy) keeps what this engine's
+    compiled loss keeps: every MPT row says so and sets loss_compiled; without it the 760m row's 24 x 2048 x 50,368
+    logits would not fit the 80 GB H100 it ran on."""
+    assert len(MPT) == 27
+    for row in MPT:
+        assert row["spec"]["train"]["loss_compiled"] is True, row["id"]
+        assert any("'fused_crossentropy'" in n and "flash_attn/losses/cross_entropy.py" in n for n in row["notes"])
+    from backend.analytic.steptime.published_check import memory_check
+
+    row = next(r for r in published_rows() if r.id == "mpt-h100-760m-s2048-g8")
+    eager = {**row.spec, "train": {**row.spec["train"], "loss_compiled": False}}
+    assert memory_check(row.spec, row.hardware).verdict == "fits"
+    assert memory_check(eager, row.hardware).verdict == "does not fit"
+
+
+def test_no_published_recipe_is_predicted_not_to_fit_the_gpu_it_ran_on():
+    """Issue 34's memory target: every published recipe predicted to fit its GPU (tight: only the allocator's
+    unpressured slack over, which PyTorch frees before an out-of-memory error)."""
+    from backend.analytic.steptime.published_check import check_rows
+
+    verdicts = {c.row.id: c.memory.verdict for c in check_rows() if c.memory is not None}
+    assert len(verdicts) > 100
+    assert [rid for rid, v in verdicts.items() if v == "does not fit"] == []
