@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: activations are this engine's eager blocks', which its "
                           "memory-tracked step measures (strategies/compiled.py); stack torchtitan prices what a "
                           "compiled block saves (memory/compiled_block.py)")
-SHARDLAB_COMPILED_LOSS_NOTE = ("compiled loss on stack shardlab: the cross-entropy keeps the 16-bit logits and two fp32 "
-                               "values per row, no fp32 copy or log-probs, and its backward writes a 16-bit gradient "
-                               "(memory/activations.py FUSED_LOSS_ROW_BYTES); a run's memory-tracked step runs it "
-                               "eagerly and is compared with the eager twin")
+SHARDLAB_COMPILED_LOSS_NOTE = ("compiled loss on stack shardlab: the cross-entropy keeps the 16-bit logits and two "
+                               "fp32 values per row, no fp32 copy or log-probs, and its backward writes a 16-bit "
+                               "gradient (memory/activations.py FUSED_LOSS_ROW_BYTES); a run's memory-tracked step "
+                               "runs it eagerly and is compared with the eager twin")
 
 
 def estimate_notes(spec: ExperimentSpec) -> list[str]:
