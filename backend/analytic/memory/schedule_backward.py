@@ -102,7 +102,8 @@ def later_loss_bytes(model: ModelSpec, layout: Layout, parts: RankParts, cool: N
     """GPipe's last stage, a loss backward after the first (schedules.py:933-946): the finished microbatches' release
     (`cool`, accumulated unsharded grads included) with every unit unsharded (`unsharded`: kept since the first
     backward, stage.py:846), the working microbatch's loss graph, and log_softmax's backward's two fp32 (b, s, V)
-    tensors (the grad of the log-probs and of the logits). 0 elsewhere."""
+    tensors (the grad of the log-probs and of the logits; a compiled loss: its 16-bit gradient). 0 elsewhere."""
     sbv = layout.seq_local(model) * layout.micro_batch * model.vocab_size
     later = logical_and(logical_and(gpipe(layout), parts.stages.last), pipe.has_later)
-    return where(later, cool + acts.head_freed + unsharded + 2 * 4 * sbv, 0)
+    loss_grads = sbv * (layout.compute_bytes if layout.loss_compiled else 2 * 4)
+    return where(later, cool + acts.head_freed + unsharded + loss_grads, 0)
