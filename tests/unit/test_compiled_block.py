@@ -5,6 +5,8 @@ it (stack_activations._block_terms)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from backend.analytic.layout import Layout
@@ -27,28 +29,39 @@ FAMILIES = {
 MICRO_BATCH = 2
 
 
-def _spec(family: dict, elementwise: str = "compiled", device: str = "cpu") -> ExperimentSpec:
+def _spec(family: dict, elementwise: str = "compiled", device: str = "cpu", stack: str = "torchtitan",
+          strategy: str = "zero3") -> ExperimentSpec:
     return ExperimentSpec.for_prediction({
         "model": BASE | family,
         "train": {"global_batch": 2 * MICRO_BATCH, "micro_batch": MICRO_BATCH, "precision": "bf16-mixed",
-                  "stack": "torchtitan", "elementwise": elementwise},
-        "parallel": {"strategy": "zero3", "world_size": 2}, "runtime": {"device": device}})
+                  "stack": stack, "elementwise": elementwise},
+        "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": device}})
 
 
-def _inductor_saved_bytes(spec: ExperimentSpec) -> int:
+def _inductor_saved_bytes(spec: ExperimentSpec, autocast: bool = False) -> int:
+    """autocast: fp32 weights and input under torch.autocast("cpu", bfloat16), as stack shardlab's engine runs a
+    block (its weights' 16-bit casts are among the saved tensors); else a bf16 block, as FSDP2's MixedPrecisionPolicy
+    runs it."""
+    import contextlib
+
     import torch
 
     from backend.models.gpt import build_model
 
     m = spec.model
-    block = build_model(m, seed=0).to(torch.bfloat16).layers["0"]
+    dtype = torch.float32 if autocast else torch.bfloat16
+    block = build_model(m, seed=0).to(dtype).layers["0"]
     run = torch.compile(block)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
 
     def x():
-        return torch.randn(MICRO_BATCH, m.seq_len, m.d_model, dtype=torch.bfloat16, requires_grad=True)
+        return torch.randn(MICRO_BATCH, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
 
-    run(x()).sum().backward()  # compiles
+    def region():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    with region():
+        run(x()).sum().backward()  # compiles
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -56,7 +69,7 @@ def _inductor_saved_bytes(spec: ExperimentSpec) -> int:
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with region(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run(x())
     return sum(saved.values())
 
@@ -88,6 +101,27 @@ def test_compiled_blocks_drop_the_gated_activation_and_rope_tables_and_keep_gelu
 def test_unmeasured_families_keep_the_eager_terms():
     shape = LayerShape(seq_len=64, micro_batch=1, d_model=64, n_heads=4, ffn=128, dtype_bytes=2, flash=True)
     assert compiled_block_bytes(shape) is not None
-    for change in ({"tp": 2}, {"n_experts": 8}, {"whole_elems": 3}, {"windowed": True}, {"flash": False},
-                   {"autocast": True}):
+    for change in ({"tp": 2}, {"n_experts": 8}, {"whole_elems": 3}, {"windowed": True}, {"flash": False}):
         assert compiled_block_bytes(LayerShape(**{**shape.__dict__, **change})) is None, change
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_compiled_autocast_block_keeps_its_fp32_input_and_its_weight_casts(family):
+    """Stack shardlab's engine compiles blocks that run under autocast: Inductor keeps what a bf16 block keeps, the
+    block input in fp32 instead (the residual stream), and every Linear weight's 16-bit cast, as eager autocast does
+    (rank_activations.autocast_casts). Byte for byte, the norms' fp32 statistics included."""
+    spec = _spec(FAMILIES[family], stack="shardlab", strategy="ddp")  # ddp's engine runs the blocks under autocast
+    shape = LayerShape.of_spec(spec)
+    assert shape.autocast
+    block = build_model_block(spec)
+    casts = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2)
+    sb, h = MICRO_BATCH * spec.model.seq_len, spec.model.d_model
+    assert compiled_block_bytes(shape) == compiled_block_bytes(replace(shape, autocast=False)) + sb * h * (4 - 2)
+    assert _inductor_saved_bytes(spec, autocast=True) == compiled_block_bytes(shape) + casts
+
+
+def build_model_block(spec: ExperimentSpec):
+    from backend.models.gpt import build_model
+
+    return build_model(spec.model, seed=0).layers["0"]
