@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backend.analytic.scalar_or_array import Num, logical_and, logical_not, logical_or
-from backend.analytic.stack_memory import StackMemory, engine_loss_compiled, stack_memory
+from backend.analytic.stack_memory import NO_COMPILE, EngineCompile, StackMemory, engine_compile, stack_memory
 from backend.recompute_policy import DEFAULT_SAC_OPS, KINDS, spelled
 from backend.recompute_policy import parse as parse_recompute
 from backend.spec import dims
@@ -91,6 +91,10 @@ class Layout(LayoutDegrees):
     """This engine's cross-entropy runs under torch.compile (stack shardlab's `loss_compiled`, not over vocab-parallel
     logits): its memory is the fused loss's (memory/activations.py FUSED_LOSS_ROW_BYTES). Other stacks:
     StackMemory.loss_compiled."""
+    blocks_compiled: bool = False
+    """This engine's blocks run under torch.compile (stack shardlab's elementwise compiled): a block that recomputes
+    nothing keeps what Inductor saves (memory/compiled_block.py, where measured). Other stacks:
+    StackMemory.compiled_blocks."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -115,6 +119,7 @@ class Layout(LayoutDegrees):
         p, t = spec.parallel, spec.train
         device = str(spec.runtime.device)
         kind, layers = parse_recompute(str(t.recompute))
+        compiled = engine_compile(spec, "cuda" if device == "cuda" else "cpu")
         return cls(**{d: getattr(p, d) for d in DEGREES}, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
                    recompute=RECOMPUTE_NAMES.index(kind), recompute_layers=layers,
                    schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
@@ -123,28 +128,29 @@ class Layout(LayoutDegrees):
                    optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
                    device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)),
                    stack=stack_memory(spec, "cuda" if device == "cuda" else "cpu"),
-                   loss_compiled=engine_loss_compiled(spec, "cuda" if device == "cuda" else "cpu"))
+                   loss_compiled=compiled.loss, blocks_compiled=compiled.blocks)
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
               device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
-              stack: StackMemory | None = None, loss_compiled: bool = False) -> Layout:
+              stack: StackMemory | None = None, compiled: EngineCompile = NO_COMPILE) -> Layout:
         """Many layouts from an (n, len(CHOICES)) int array (the planner's enumeration)."""
         by_column = np.ascontiguousarray(columns.T)  # one contiguous array per field: strided columns are ~4x slower
         return cls.of_columns(dict(zip(CHOICES, by_column, strict=False)), global_batch=global_batch,
                               precision=precision, optimizer=optimizer, device=device, sac_ops=sac_ops, stack=stack,
-                              loss_compiled=loss_compiled)
+                              compiled=compiled)
 
     @classmethod
     def of_columns(cls, columns: dict[str, np.ndarray], *, global_batch: int, precision: str = "bf16-mixed",
                    optimizer: str = "adamw", device: str = "cpu", sac_ops: tuple[str, ...] = DEFAULT_SAC_OPS,
-                   stack: StackMemory | None = None, loss_compiled: bool = False) -> Layout:
+                   stack: StackMemory | None = None, compiled: EngineCompile = NO_COMPILE) -> Layout:
         """Many layouts from one int array per CHOICES field (contiguous: every field is read over all layouts)."""
         cols = {name: columns[name] for name in CHOICES}
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
         mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                   device=device, sac_ops=tuple(sac_ops), stack=stack, loss_compiled=loss_compiled)
+                   device=device, sac_ops=tuple(sac_ops), stack=stack, loss_compiled=compiled.loss,
+                   blocks_compiled=compiled.blocks)
 
     def take(self, index: int | np.ndarray | slice, *, with_memo: bool = False) -> Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their

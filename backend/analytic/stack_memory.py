@@ -136,16 +136,30 @@ def _recompute_modules(train: TrainSpec) -> frozenset[str]:
     return CORE_ATTN_ONLY if modules is None else frozenset(str(x) for x in modules)
 
 
-def engine_loss_compiled(spec: StackSource, device: str) -> bool:
-    """Stack shardlab: the spec's cross-entropy runs under torch.compile (`loss_compiled`, strategies/compiled.py) and
-    not over vocab-parallel logits (whose DTensor loss keeps the eager terms): Layout.loss_compiled. Other stacks carry
-    it in their StackMemory."""
+@dataclass(frozen=True)
+class EngineCompile:
+    """What stack shardlab's engine runs under torch.compile (strategies/compiled.py): Layout.loss_compiled and
+    Layout.blocks_compiled. Other stacks carry both in their StackMemory."""
+
+    loss: bool = False
+    """The cross-entropy, not over vocab-parallel logits (whose DTensor loss keeps the eager terms)."""
+    blocks: bool = False
+    """Every transformer block (elementwise compiled): memory/compiled_block.py's bytes where measured."""
+
+
+NO_COMPILE = EngineCompile()
+"""Nothing compiled: eager blocks and loss."""
+
+
+def engine_compile(spec: StackSource, device: str) -> EngineCompile:
+    """The EngineCompile of a spec on `device` ("cpu" or "cuda"); nothing compiled for the other stacks."""
     from backend.spec.stacks import resolve_stack
 
     if str(getattr(spec.train, "stack", "shardlab")) != "shardlab":
-        return False
+        return NO_COMPILE
     r = resolve_stack(spec, "gpu" if device == "cuda" else "cpu").values
-    return bool(r["loss_compiled"]) and not (bool(r["loss_parallel"]) and spec.parallel.tp > 1)
+    return EngineCompile(loss=bool(r["loss_compiled"]) and not (bool(r["loss_parallel"]) and spec.parallel.tp > 1),
+                         blocks=str(r["elementwise"]) == "compiled")
 
 
 def stack_memory_of_train(train: TrainSpec, model: ModelSpec, device: str) -> StackMemory | None:

@@ -19,7 +19,7 @@ from backend.spec.stacks import SETTINGS as STACK_SETTINGS
 from backend.spec.stacks import STACKS, Repertoire
 
 if TYPE_CHECKING:
-    from backend.analytic.stack_memory import StackMemory
+    from backend.analytic.stack_memory import EngineCompile, StackMemory
     from backend.spec import ModelSpec
 
 PRECISIONS = tuple(p.value for p in Precision)
@@ -83,11 +83,16 @@ class HeldTraining:
                                           **self.spec_train("none"), **modules})
         return stack_memory_of_train(train, model, device)
 
-    def engine_loss_compiled(self) -> bool:
-        """Stack shardlab with its loss compiled (Layout.loss_compiled; held loss parallel keeps the eager terms, an
-        upper bound on the tp = 1 layouts)."""
+    def engine_compile(self) -> EngineCompile:
+        """What stack shardlab compiles (Layout.loss_compiled and blocks_compiled; a held loss parallel keeps the
+        loss's eager terms, an upper bound on the tp = 1 layouts). Nothing for the other stacks."""
+        from backend.analytic.stack_memory import NO_COMPILE, EngineCompile
+
         settings = dict(self.stack_settings)
-        return self.stack == "shardlab" and bool(settings.get("loss_compiled")) and not settings.get("loss_parallel")
+        if self.stack != "shardlab":
+            return NO_COMPILE
+        return EngineCompile(loss=bool(settings.get("loss_compiled")) and not settings.get("loss_parallel"),
+                             blocks=str(settings.get("elementwise") or "eager") == "compiled")
 
     def extra_recompute(self) -> tuple[tuple[str, int], ...]:
         """The held policy as (kind, K), for planner/space.enumerate_layouts (() when none is held)."""

@@ -131,7 +131,7 @@ def search(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, glo
                                 precision=held.precision, optimizer=held.optimizer,
                                 extra_recompute=held.extra_recompute(), sac_ops=held.recompute_ops, device=device,
                                 stack=held.stack_memory(model, device),  # estimate's own stack terms, on that device
-                                repertoire=held.repertoire(), loss_compiled=held.engine_loss_compiled())
+                                repertoire=held.repertoire(), compiled=held.engine_compile())
     if not len(layouts):
         return layouts, np.zeros(0), np.zeros(0, dtype=np.int64)
 

@@ -20,6 +20,7 @@ import numpy as np
 from backend.analytic.expert_layout import folds_experts
 from backend.analytic.layout import CHOICES, SCHEDULE_NAMES, Layout, PipelineSchedule, RecomputeMode, ZeroStage
 from backend.analytic.memory.state_floor import STATE_KEY
+from backend.analytic.stack_memory import NO_COMPILE, EngineCompile
 from backend.recompute_policy import KINDS
 from backend.spec import ExperimentSpec, ModelSpec, ParallelSpec, RuntimeSpec, TrainSpec, dims
 from backend.spec.choices import Device, expert_grid_fits
@@ -188,7 +189,7 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
                       limits: Limits = DEFAULT_LIMITS, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
                       device: str = "cpu", stack: Any = None, repertoire: Repertoire | None = None,
-                      loss_compiled: bool = False) -> Layout:
+                      compiled: EngineCompile = NO_COMPILE) -> Layout:
     """Every valid layout: the degree points in Python (`degree_space` over backend/spec/dims.py's table), then one
     boolean grid over (point, carved degrees (ep), flavour, micro-batch, schedule, recompute, SP) with the
     point-dependent choices padded and masked, rows in that nesting order.
@@ -196,11 +197,12 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     a searched one is dropped); sac_ops: the ops `op` saves (None: torchtitan's list); device: where the ranks run
     ("cuda" on a GPU profile: planner.search); stack: the layouts' stack memory terms (Layout.stack); repertoire: the
     schedules and searched recompute policies the stack's framework configures (spec/stacks.Repertoire; a held policy
-    is the spec's own and stays); loss_compiled: stack shardlab's compiled loss (Layout.loss_compiled)."""
+    is the spec's own and stays); compiled: what stack shardlab compiles (Layout.loss_compiled, blocks_compiled)."""
     pairs = degree_space(dims.DIMS, model, gpus=gpus, gpus_per_node=gpus_per_node, limits=limits,
                          expert_fold=folds_experts(stack))
-    table: dict[str, Any] = {"device": device, "stack": stack, "loss_compiled": loss_compiled} | ({} if sac_ops is None
-                                                                  else {"sac_ops": tuple(sac_ops)})
+    table: dict[str, Any] = {"device": device, "stack": stack, "compiled": compiled}
+    if sac_ops is not None:
+        table["sac_ops"] = tuple(sac_ops)
     if not pairs:
         return Layout.table(np.zeros((0, len(CHOICES)), dtype=np.int64), global_batch=global_batch, precision=precision,
                             optimizer=optimizer, **table)

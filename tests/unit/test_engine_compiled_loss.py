@@ -62,9 +62,9 @@ def test_the_planner_prices_a_compiled_loss_as_estimate_does():
     worst_rank_bytes on each planned spec alone."""
     spec = _spec({"loss_compiled": True, "micro_batch": 1}, {"strategy": "ddp", "world_size": 4})
     held = HeldTraining.of_train(spec.train.model_dump(mode="json"))
-    assert held.engine_loss_compiled()
+    assert held.engine_compile().loss and not held.engine_compile().blocks
     layouts = enumerate_layouts(spec.model, gpus=4, gpus_per_node=4, global_batch=4, precision="bf16-mixed",
-                                loss_compiled=held.engine_loss_compiled())
+                                compiled=held.engine_compile())
     memory, _ = worst_rank_memory(spec.model, layouts)
     eager, _ = worst_rank_memory(spec.model, replace(layouts, loss_compiled=False))
     assert (memory < eager).all()

@@ -103,6 +103,9 @@ class LayerShape:
     fused_loss: bool = False
     """The cross-entropy runs as one fused row kernel (torch.compile of the loss, `loss_compiled`): it saves the 16-bit
     logits and two fp32 values per row, no fp32 copy or log-probs (`FUSED_LOSS_ROW_BYTES`)."""
+    compiled: bool = False
+    """This engine's blocks run under torch.compile (Layout.blocks_compiled): a block that recomputes nothing keeps
+    memory/compiled_block.py's bytes where measured (rank_activations.layer_terms)."""
 
     @classmethod
     def of(cls, model: ModelSpec, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int,

@@ -26,6 +26,7 @@ from backend.analytic.memory.activations import (
     op_sac_rerun_extra_bytes,
     tp_logits_shard_bytes,
 )
+from backend.analytic.memory.compiled_block import compiled_block_bytes
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from backend.spec import ModelSpec
 
 TERMS = 6
+COMPILED = "compiled"
+"""_block_bytes' policy name for a block under torch.compile that recomputes nothing."""
 
 
 def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[str], float] | None = None,
@@ -58,7 +61,9 @@ def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[
     block, head: _block_bytes of this shape by policy name and its _head_terms (a caller's memo of them)."""
     kind = RECOMPUTE_NAMES[recompute]
     block = block or (lambda policy: _block_bytes(shape, policy))
-    plain = block("selective" if kind == "selective" else "none")
+    # a compiled block outside any checkpoint keeps what Inductor saves; selective recompute under compile and the
+    # re-run of a checkpointed compiled block are not measured and keep the eager terms (an upper bound on both)
+    plain = block("selective" if kind == "selective" else COMPILED if shape.compiled else "none")
     unit = block("op" if kind == "op" else "full")
     rerun_block = block("none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
     return (plain, unit, rerun_block, *(head or _head_terms(shape, vocab)))
@@ -66,7 +71,11 @@ def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[
 
 @lru_cache(maxsize=1 << 14)
 def _block_bytes(shape: LayerShape, recompute: str) -> float:
-    """layer_activation_bytes, once per shape and policy (the recompute kinds of one shape share most of them)."""
+    """layer_activation_bytes, once per shape and policy (the recompute kinds of one shape share most of them);
+    COMPILED: what a compiled block keeps, where measured (memory/compiled_block.py), else the eager "none"."""
+    if recompute == COMPILED:
+        compiled = compiled_block_bytes(shape)
+        return layer_activation_bytes(shape, "none") if compiled is None else compiled
     return layer_activation_bytes(shape, recompute)
 
 
@@ -180,6 +189,8 @@ def rank_activation_terms(model: ModelSpec, layout: Layout, alt: bool = False) -
                                  sac_ops=layout.sac_ops)
     if layout.loss_compiled:
         proto = replace(proto, fused_loss=True)
+    if layout.blocks_compiled:
+        proto = replace(proto, compiled=True)
 
     def compute() -> Any:
         ep = layout.ep if proto.n_experts else 1  # a dense block's shape does not read ep (_layer_terms_at)
