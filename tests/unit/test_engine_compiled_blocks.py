@@ -23,9 +23,11 @@ MODEL = {"vocab_size": 512, "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_le
          "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none", "ffn_hidden": 352}
 
 
-def _spec(train: dict, parallel: dict | None = None, device: str = "cpu") -> ExperimentSpec:
+def _spec(train: dict, parallel: dict | None = None, device: str = "cpu", model: dict | None = None
+          ) -> ExperimentSpec:
     return ExperimentSpec.for_prediction({
-        "model": MODEL, "train": {"global_batch": 4, "micro_batch": 2, "precision": "bf16-mixed", **train},
+        "model": MODEL | (model or {}),
+        "train": {"global_batch": 4, "micro_batch": 2, "precision": "bf16-mixed", **train},
         "parallel": parallel or {"strategy": "zero3", "world_size": 2}, "runtime": {"device": device}})
 
 
@@ -87,3 +89,13 @@ def test_the_planner_prices_compiled_blocks_as_estimate_does():
         one = light_spec(data)
         assert Layout.of(one).blocks_compiled
         assert worst_rank_bytes(one)[0] == pytest.approx(memory[i], rel=1e-12), data["name"]
+
+
+
+def test_a_model_whose_blocks_differ_in_attention_kind_keeps_the_eager_terms():
+    """Windowed layers with global ones (Gemma 3, gpt-oss): block 0 is windowed whenever the kinds differ
+    (params.layer_attention_kind), compiled_block_bytes leaves windowed blocks out, and the per-kind constants
+    (rank_activations.attention_kind_correction) are the eager blocks': every block stays eager, none half compiled."""
+    windows = {"window": 64, "global_every": 2}
+    mixed = [estimate(_spec({"elementwise": e}, model=windows)).worst().moments() for e in ("eager", "compiled")]
+    assert mixed[0] == mixed[1]
