@@ -15,11 +15,11 @@ from backend.spec.stack_rules import repertoire_notes
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
 
-SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: a block that recomputes nothing keeps what Inductor saves "
-                          "(memory/compiled_block.py, measured on CPU ranks, under autocast too); checkpointed blocks' "
-                          "re-runs, selective recompute, TP, MoE, MLA, windowed or math attention keep the eager "
-                          "terms, an upper bound; a run's memory-tracked step runs the blocks eagerly and is compared "
-                          "with the eager twin (strategies/compiled.py)")
+SHARDLAB_COMPILED_NOTE = ("torch.compile on stack shardlab: a block that recomputes nothing, or only its attention "
+                          "core (selective), keeps what Inductor saves (memory/compiled_block.py, measured on CPU "
+                          "ranks, under autocast too); checkpointed blocks' re-runs, TP, MoE, MLA, windowed or math "
+                          "attention keep the eager terms, an upper bound; a run's memory-tracked step runs the "
+                          "blocks eagerly and is compared with the eager twin (strategies/compiled.py)")
 SHARDLAB_COMPILED_LOSS_NOTE = ("compiled loss on stack shardlab: the cross-entropy keeps the 16-bit logits and two "
                                "fp32 values per row, no fp32 copy or log-probs, and its backward writes a 16-bit "
                                "gradient (memory/activations.py FUSED_LOSS_ROW_BYTES); a run's memory-tracked step "

@@ -38,10 +38,10 @@ def _spec(family: dict, elementwise: str = "compiled", device: str = "cpu", stac
         "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": device}})
 
 
-def _inductor_saved_bytes(spec: ExperimentSpec, autocast: bool = False) -> int:
+def _inductor_saved_bytes(spec: ExperimentSpec, autocast: bool = False, selective: bool = False) -> int:
     """autocast: fp32 weights and input under torch.autocast("cpu", bfloat16), as stack shardlab's engine runs a
     block (its weights' 16-bit casts are among the saved tensors); else a bf16 block, as FSDP2's MixedPrecisionPolicy
-    runs it."""
+    runs it. selective: the engine's selective recompute (the attention core checkpointed, models/gpt.py)."""
     import contextlib
 
     import torch
@@ -51,6 +51,10 @@ def _inductor_saved_bytes(spec: ExperimentSpec, autocast: bool = False) -> int:
     m = spec.model
     dtype = torch.float32 if autocast else torch.bfloat16
     block = build_model(m, seed=0).to(dtype).layers["0"]
+    block.attn.selective_recompute = selective
+    # each call compiles a new block of another shape or mode: past Dynamo's recompile limit for the block's code it
+    # would run it eagerly, without a word, and measure the eager block
+    torch.compiler.reset()
     run = torch.compile(block)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
 
@@ -125,3 +129,26 @@ def build_model_block(spec: ExperimentSpec):
     from backend.models.gpt import build_model
 
     return build_model(spec.model, seed=0).layers["0"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family", ["gpt2", "qk-norm-clamped"])
+def test_a_compiled_block_with_its_attention_core_checkpointed_drops_the_cores_output(family):
+    """The engine's selective recompute under compile, bf16 and under autocast: the compiled block less the attention
+    output and its fp32 log-sum-exp, plus the CPU generator state the checkpoint saves (host memory, left out of the
+    model). The GELU block's CPU LayerNorm keeps its statistics in bf16 outside autocast, where the model counts
+    CUDA's fp32: 2 B less per statistic."""
+    import torch
+
+    rng_state = torch.get_rng_state().numel()
+    for autocast in (False, True):
+        spec = _spec(FAMILIES[family], stack="shardlab", strategy="ddp" if autocast else "zero3")
+        shape = LayerShape.of_spec(spec)
+        assert shape.autocast == autocast
+        sb = MICRO_BATCH * spec.model.seq_len
+        dropped = sb * (spec.model.d_model * 2 + 4 * spec.model.n_heads)
+        assert compiled_block_bytes(shape, selective=True) == compiled_block_bytes(shape) - dropped
+        casts = 2 * sum(p.numel() for p in build_model_block(spec).parameters() if p.dim() == 2) if autocast else 0
+        bf16_stats = sb * 2 * 2 * (4 - 2) if family == "gpt2" and not autocast else 0  # 2 norms x (mean, rstd)
+        measured = _inductor_saved_bytes(spec, autocast=autocast, selective=True)
+        assert measured == compiled_block_bytes(shape, selective=True) + casts + rng_state - bf16_stats

@@ -23,6 +23,9 @@ where the eager block also keeps both norms' fp32 outputs and the second norm's 
 are saved as in eager (rank_activations.autocast_casts counts them, not this term). Measured under
 torch.autocast("cpu", bfloat16); CUDA's autocast op lists differ in places, so on CUDA ranks this is the CPU
 partition's bytes.
+Under this engine's selective recompute (the attention core checkpointed inside the block) it keeps the same less
+the attention output and its log-sum-exp (the o projection's input stays); the checkpoint also saves the CPU
+generator's state (torch.get_rng_state(), 5,056 B of host memory per block), not device memory, left out.
 Not measured, so `None` (the eager terms apply): tensor parallelism (DTensor under compile), MoE, MLA, sandwich norms,
 windowed attention, math attention, and torchao's float8 casts.
 """
@@ -35,8 +38,9 @@ from backend.analytic.params import is_gated
 MEASURED_MLPS = frozenset({"gelu", "swiglu", "geglu", "swiglu_clamped"})
 
 
-def compiled_block_bytes(shape: LayerShape) -> float | None:
-    """Bytes one compiled block keeps for backward (no recompute), or None outside the measured families."""
+def compiled_block_bytes(shape: LayerShape, selective: bool = False) -> float | None:
+    """Bytes one compiled block keeps for backward (no recompute; selective: its attention core checkpointed), or None
+    outside the measured families."""
     if (shape.tp > 1 or shape.n_experts or shape.whole_elems or shape.windowed or not shape.flash
             or str(shape.mlp) not in MEASURED_MLPS):
         return None
@@ -47,6 +51,8 @@ def compiled_block_bytes(shape: LayerShape) -> float | None:
     elems = 2 * h + 2 * q + 2 * v + v + (3 if is_gated(shape.mlp) else 2) * shape.ffn
     block_input = h * (4 if shape.autocast else c)
     fp32_rows = LSE_BYTES * a
+    if selective:  # the checkpointed core's output and LSE are recomputed in backward
+        elems, fp32_rows = elems - v, 0
     if shape.split_elems:  # under flash attention without MLA, only q / k norms add head-split features
         elems += q + kv
         fp32_rows += 4 * (a + (shape.kv_heads or a))

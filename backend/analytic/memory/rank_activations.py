@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from backend.spec import ModelSpec
 
 TERMS = 6
-COMPILED = "compiled"
-"""_block_bytes' policy name for a block under torch.compile that recomputes nothing."""
+COMPILED = "compiled:"
+"""_block_bytes' prefix of a policy ("none" or "selective") for a block under torch.compile."""
 
 
 def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[str], float] | None = None,
@@ -61,9 +61,10 @@ def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[
     block, head: _block_bytes of this shape by policy name and its _head_terms (a caller's memo of them)."""
     kind = RECOMPUTE_NAMES[recompute]
     block = block or (lambda policy: _block_bytes(shape, policy))
-    # a compiled block outside any checkpoint keeps what Inductor saves; selective recompute under compile and the
-    # re-run of a checkpointed compiled block are not measured and keep the eager terms (an upper bound on both)
-    plain = block("selective" if kind == "selective" else COMPILED if shape.compiled else "none")
+    # a compiled block outside any checkpoint keeps what Inductor saves; the re-run of a checkpointed compiled block
+    # is not measured and keeps the eager terms (an upper bound)
+    plain_policy = "selective" if kind == "selective" else "none"
+    plain = block(COMPILED + plain_policy if shape.compiled else plain_policy)
     unit = block("op" if kind == "op" else "full")
     rerun_block = block("none") + (op_sac_rerun_extra_bytes(shape) if kind == "op" else 0.0)
     return (plain, unit, rerun_block, *(head or _head_terms(shape, vocab)))
@@ -72,10 +73,12 @@ def layer_terms(shape: LayerShape, recompute: int, vocab: int, block: Callable[[
 @lru_cache(maxsize=1 << 14)
 def _block_bytes(shape: LayerShape, recompute: str) -> float:
     """layer_activation_bytes, once per shape and policy (the recompute kinds of one shape share most of them);
-    COMPILED: what a compiled block keeps, where measured (memory/compiled_block.py), else the eager "none"."""
-    if recompute == COMPILED:
-        compiled = compiled_block_bytes(shape)
-        return layer_activation_bytes(shape, "none") if compiled is None else compiled
+    COMPILED + policy: what a compiled block keeps, where measured (memory/compiled_block.py), else the eager
+    policy's bytes."""
+    if recompute.startswith(COMPILED):
+        policy = recompute[len(COMPILED):]
+        compiled = compiled_block_bytes(shape, selective=policy == "selective")
+        return layer_activation_bytes(shape, policy) if compiled is None else compiled
     return layer_activation_bytes(shape, recompute)
 
 
