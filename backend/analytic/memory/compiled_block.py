@@ -53,7 +53,7 @@ def compiled_block_bytes(shape: LayerShape, selective: bool = False) -> float | 
     fp32_rows = LSE_BYTES * a
     if selective:  # the checkpointed core's output and LSE are recomputed in backward
         elems, fp32_rows = elems - v, 0
-    if shape.split_elems:  # under flash attention without MLA, only q / k norms add head-split features
+    if shape.qk_norm:
         elems += q + kv
         fp32_rows += 4 * (a + (shape.kv_heads or a))
     stats = 2 * (1 if str(shape.norm) == "rmsnorm" else 2) * STAT_BYTES

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from backend.analytic.device import rms_norm_saved_bytes
+from backend.analytic.device import CPU, rms_norm_saved_bytes
 from backend.analytic.memory.moe_bytes import hidden_saved
 from backend.analytic.params import head_dim, is_gated, v_head_dim
 
@@ -32,6 +32,33 @@ def head_widths(m: ModelSpec) -> dict[str, int]:
     rope = m.qk_rope_head_dim if getattr(m, "kv_lora_rank", None) is not None else head_dim(m)
     return dict(q_width=0 if q == m.d_model else q, v_width=0 if v == q else v,
                 rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
+
+
+class QkNormShape(Protocol):
+    """What `qk_norm_bytes` reads of an activations.LayerShape (a Protocol, as AttentionShape)."""
+
+    @property
+    def qk_norm(self) -> bool: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def q_width(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def dtype_bytes(self) -> float: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def autocast(self) -> bool: ...
 
 
 class AttentionShape(Protocol):
@@ -69,16 +96,13 @@ def attention_constant_bytes(shape: AttentionShape, recompute: str, *, rope: boo
 
 def feature_elems(m: ModelSpec) -> dict[str, int]:
     """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd): q / k RMSNorm (Qwen3, Gemma 3) 2 x (q + k widths) + heads; MLA's q_a / kv_a outputs
+    normalised x and rstd); q / k RMSNorm (Qwen3, Gemma 3) only flags `qk_norm`: what those norms keep depends on the
+    device and is in bytes (`qk_norm_bytes`). MLA's q_a / kv_a outputs
     through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
     attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
     column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
     for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
     split = whole = 0
-    q = m.n_heads * head_dim(m)
-    if getattr(m, "qk_norm", False):
-        k = (m.n_kv_heads or m.n_heads) * head_dim(m)
-        split += 2 * (q + k) + m.n_heads + (m.n_kv_heads or m.n_heads)
     if getattr(m, "kv_lora_rank", None) is not None:
         q_lora = getattr(m, "q_lora_rank", None)
         # q_a output through its RMSNorm (input, rstd, normalised) and q_b's input; kv_a's whole output (the norm
@@ -89,7 +113,27 @@ def feature_elems(m: ModelSpec) -> dict[str, int]:
         split += m.n_heads
     if getattr(m, "sandwich_norm", False):
         whole += 2 * (2 * m.d_model + 1)
-    return dict(split_elems=split, whole_elems=whole)
+    return dict(split_elems=split, whole_elems=whole, qk_norm=bool(getattr(m, "qk_norm", False)))
+
+
+def qk_norm_bytes(shape: QkNormShape) -> float:
+    """What a block's q and k RMSNorms (Qwen3, Gemma 3: one F.rms_norm over each head's width, on the projections'
+    outputs at the compute dtype) keep for backward: device.rms_norm_saved_bytes over the q + k widths with one rstd
+    per head, each /tp. On CUDA with 16-bit weights (FSDP2's bf16 params) the fused kernel keeps its 16-bit input and
+    an fp32 rstd; on the CPU, and under autocast anywhere, the composite runs (the CPU has no fused kernel; autocast
+    hands a 16-bit input to an fp32 weight, and torch's rms_norm dispatches to the fused kernel only when their dtypes
+    match: aten/src/ATen/native/layer_norm.cpp rms_norm_symint) and keeps the fp32 input, normalised x and rstd.
+    Whether CUDA autocast upcasts rms_norm's input first (the fused kernel would keep it in fp32, 4 B less per
+    element) is not measured: the composite's bytes are the upper bound. Measured on the CPU:
+    tests/unit/test_qk_norm_bytes.py."""
+    if not shape.qk_norm:
+        return 0.0
+    a, kv_heads, t = shape.n_heads, shape.kv_heads or shape.n_heads, shape.tp
+    q = shape.q_width or shape.d_model
+    rows = shape.seq_len * shape.micro_batch
+    widths, heads = (q + kv_heads * (q // a)) / t, (a + kv_heads) / t
+    return rms_norm_saved_bytes(sbh=rows * widths, sb=rows * heads, input_bytes=shape.dtype_bytes,
+                                device=CPU if shape.autocast else shape.device)
 
 
 def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,

@@ -1,0 +1,76 @@
+"""What a block's q / k RMSNorms keep for backward (family_bytes.qk_norm_bytes), against the eager block on the CPU:
+saved_tensors_hooks on one block of a Qwen3-like model (GQA, SwiGLU, q/k norm), parameters and autocast's weight
+casts left out, each storage once, in the three ways this engine runs a block."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
+from backend.analytic.memory.family_bytes import qk_norm_bytes
+from backend.spec import ExperimentSpec
+
+pytestmark = pytest.mark.unit
+
+MODEL = {"vocab_size": 256, "d_model": 256, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "seq_len": 256,
+         "attention": "flash", "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
+         "ffn_hidden": 704, "qk_norm": True, "tie_embeddings": False}
+MODES = {  # (precision, strategy): FSDP2's bf16 block, autocast over fp32 weights, fp32
+    "bf16_params": ("bf16-mixed", "zero3"), "autocast": ("bf16-mixed", "ddp"), "fp32": ("fp32", "ddp")}
+
+
+def _spec(mode: str) -> ExperimentSpec:
+    precision, strategy = MODES[mode]
+    return ExperimentSpec.for_prediction({
+        "model": MODEL, "train": {"global_batch": 4, "micro_batch": 2, "precision": precision},
+        "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": "cpu"}})
+
+
+def _saved_bytes(spec: ExperimentSpec, mode: str, selective: bool) -> int:
+    import contextlib
+
+    import torch
+
+    from backend.models.gpt import build_model
+
+    m = spec.model
+    dtype = torch.bfloat16 if mode == "bf16_params" else torch.float32
+    block = build_model(m, seed=0).to(dtype).layers["0"]
+    block.attn.selective_recompute = selective
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    region = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+    with region, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    casts = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2) if mode == "autocast" else 0
+    return sum(saved.values()) - casts
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_an_eager_block_with_q_k_norms_keeps_what_the_model_counts(mode, recompute):
+    spec = _spec(mode)
+    shape = LayerShape.of_spec(spec)
+    assert shape.qk_norm and shape.autocast == (mode == "autocast")
+    assert _saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
+
+
+def test_q_k_norms_on_cuda_keep_the_fused_kernels_input_and_rstd_or_under_autocast_the_composites():
+    """bf16 weights on CUDA: the fused kernel's 16-bit input and fp32 rstd per head; autocast hands rms_norm a 16-bit
+    input and an fp32 weight, so the composite runs as on the CPU: fp32 input and normalised x, fp32 rstd."""
+    shape = replace(LayerShape.of_spec(_spec("bf16_params")), device="cuda")
+    rows, widths, heads = 2 * 256, 256 + 128, 4 + 2
+    assert qk_norm_bytes(shape) == rows * (widths * 2 + heads * 4)
+    assert qk_norm_bytes(replace(shape, autocast=True)) == rows * 4 * (2 * widths + heads)
+    assert qk_norm_bytes(replace(shape, device="cpu")) == rows * 4 * (2 * widths + heads)
+    assert qk_norm_bytes(replace(shape, tp=2)) == qk_norm_bytes(shape) / 2
+    assert qk_norm_bytes(replace(shape, qk_norm=False)) == 0
