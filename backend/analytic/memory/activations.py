@@ -21,6 +21,7 @@ from backend.analytic.memory.family_bytes import (
     mlp_elems,
     qk_norm_bytes,
     rms_norm_extra_bytes,
+    sandwich_norm_bytes,
 )
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.moe_rows import expert_rows
@@ -86,6 +87,8 @@ class LayerShape:
     """a x the value head width when it differs from d_model (MLA's v_head_dim); 0 = q_width."""
     qk_norm: bool = False
     """q / k RMSNorm over each head (Qwen3, Gemma 3): family_bytes.qk_norm_bytes."""
+    sandwich_norm: bool = False
+    """An RMSNorm on the attention's and the MLP's output (Gemma 3): family_bytes.sandwich_norm_bytes."""
     split_elems: int = 0
     """Per token, what the 2026 families' features save beyond the GPT block in head-split tensors (/t):
     q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
@@ -244,7 +247,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                       shared_gate=shape.shared_gate, device=shape.device)
     mask_bytes += attention_constant_bytes(shape, recompute, rope=shape.rope and not shape.nope,
                                            windowed=shape.windowed)
-    mask_bytes += qk_norm_bytes(shape)  # outside the selectively checkpointed core
+    mask_bytes += qk_norm_bytes(shape) + sandwich_norm_bytes(shape)  # outside the selectively checkpointed core
     hidden = hidden_saved(shape.mlp)
     if n_experts and shape.ep > 1:  # all-to-all dispatch (moe_dispatch.py): N·k rows per rank under uniform routing,
         # what the capacity limit keeps and pads, the busiest rank's share under an imbalance (moe_rows.py)

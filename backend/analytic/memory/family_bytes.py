@@ -59,6 +59,8 @@ class QkNormShape(Protocol):
     def device(self) -> str: ...
     @property
     def autocast(self) -> bool: ...
+    @property
+    def sandwich_norm(self) -> bool: ...
 
 
 class AttentionShape(Protocol):
@@ -101,7 +103,7 @@ def feature_elems(m: ModelSpec) -> dict[str, int]:
     through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
     attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
     column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
-    for the record as a per-query element); sandwich norms 2 x (input + normalised x + rstd)."""
+    for the record as a per-query element); sandwich norms only flag `sandwich_norm` (`sandwich_norm_bytes`)."""
     split = whole = 0
     if getattr(m, "kv_lora_rank", None) is not None:
         q_lora = getattr(m, "q_lora_rank", None)
@@ -111,9 +113,8 @@ def feature_elems(m: ModelSpec) -> dict[str, int]:
         split += m.n_heads * m.qk_nope_head_dim  # the attention's v is a view of kv_b's whole (nope + v) output
     if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
         split += m.n_heads
-    if getattr(m, "sandwich_norm", False):
-        whole += 2 * (2 * m.d_model + 1)
-    return dict(split_elems=split, whole_elems=whole, qk_norm=bool(getattr(m, "qk_norm", False)))
+    return dict(split_elems=split, whole_elems=whole, qk_norm=bool(getattr(m, "qk_norm", False)),
+                sandwich_norm=bool(getattr(m, "sandwich_norm", False)))
 
 
 def qk_norm_bytes(shape: QkNormShape) -> float:
@@ -125,7 +126,7 @@ def qk_norm_bytes(shape: QkNormShape) -> float:
     match: aten/src/ATen/native/layer_norm.cpp rms_norm_symint) and keeps the fp32 input, normalised x and rstd.
     Whether CUDA autocast upcasts rms_norm's input first (the fused kernel would keep it in fp32, 4 B less per
     element) is not measured: the composite's bytes are the upper bound. Measured on the CPU:
-    tests/unit/test_qk_norm_bytes.py."""
+    tests/unit/test_extra_norm_bytes.py."""
     if not shape.qk_norm:
         return 0.0
     a, kv_heads, t = shape.n_heads, shape.kv_heads or shape.n_heads, shape.tp
@@ -134,6 +135,18 @@ def qk_norm_bytes(shape: QkNormShape) -> float:
     widths, heads = (q + kv_heads * (q // a)) / t, (a + kv_heads) / t
     return rms_norm_saved_bytes(sbh=rows * widths, sb=rows * heads, input_bytes=shape.dtype_bytes,
                                 device=CPU if shape.autocast else shape.device)
+
+
+def sandwich_norm_bytes(shape: QkNormShape) -> float:
+    """What a block's two sandwich norms (Gemma 3: an RMSNorm on the attention's and the MLP's output, each at the
+    compute dtype, before the residual add) keep for backward: device.rms_norm_saved_bytes over h per token each, by
+    the same rule as qk_norm_bytes (the composite on the CPU and under autocast; measured on the CPU:
+    tests/unit/test_extra_norm_bytes.py). Every tp rank holds them whole."""
+    if not shape.sandwich_norm:
+        return 0.0
+    rows = shape.seq_len * shape.micro_batch
+    return 2 * rms_norm_saved_bytes(sbh=rows * shape.d_model, sb=rows, input_bytes=shape.dtype_bytes,
+                                    device=CPU if shape.autocast else shape.device)
 
 
 def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,

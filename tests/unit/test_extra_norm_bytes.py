@@ -1,6 +1,7 @@
-"""What a block's q / k RMSNorms keep for backward (family_bytes.qk_norm_bytes), against the eager block on the CPU:
-saved_tensors_hooks on one block of a Qwen3-like model (GQA, SwiGLU, q/k norm), parameters and autocast's weight
-casts left out, each storage once, in the three ways this engine runs a block."""
+"""What a block's q / k and sandwich RMSNorms keep for backward (family_bytes.qk_norm_bytes, sandwich_norm_bytes),
+against the eager block on the CPU: saved_tensors_hooks on one block of a Qwen3-like model (GQA, SwiGLU, q/k norm)
+and of a Gemma-3-like one (GeGLU, sandwich norms), parameters and autocast's weight casts left out, each storage
+once, in the three ways this engine runs a block."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
-from backend.analytic.memory.family_bytes import qk_norm_bytes
+from backend.analytic.memory.family_bytes import qk_norm_bytes, sandwich_norm_bytes
 from backend.spec import ExperimentSpec
 
 pytestmark = pytest.mark.unit
@@ -17,14 +18,15 @@ pytestmark = pytest.mark.unit
 MODEL = {"vocab_size": 256, "d_model": 256, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "seq_len": 256,
          "attention": "flash", "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
          "ffn_hidden": 704, "qk_norm": True, "tie_embeddings": False}
+SANDWICH = {**{k: v for k, v in MODEL.items() if k != "qk_norm"}, "mlp": "geglu", "sandwich_norm": True}
 MODES = {  # (precision, strategy): FSDP2's bf16 block, autocast over fp32 weights, fp32
     "bf16_params": ("bf16-mixed", "zero3"), "autocast": ("bf16-mixed", "ddp"), "fp32": ("fp32", "ddp")}
 
 
-def _spec(mode: str) -> ExperimentSpec:
+def _spec(mode: str, model: dict = MODEL) -> ExperimentSpec:
     precision, strategy = MODES[mode]
     return ExperimentSpec.for_prediction({
-        "model": MODEL, "train": {"global_batch": 4, "micro_batch": 2, "precision": precision},
+        "model": model, "train": {"global_batch": 4, "micro_batch": 2, "precision": precision},
         "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": "cpu"}})
 
 
@@ -57,10 +59,12 @@ def _saved_bytes(spec: ExperimentSpec, mode: str, selective: bool) -> int:
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("recompute", ["none", "selective"])
-def test_an_eager_block_with_q_k_norms_keeps_what_the_model_counts(mode, recompute):
-    spec = _spec(mode)
+@pytest.mark.parametrize("family", ["qk_norm", "sandwich"])
+def test_an_eager_block_with_extra_norms_keeps_what_the_model_counts(mode, recompute, family):
+    spec = _spec(mode, MODEL if family == "qk_norm" else SANDWICH)
     shape = LayerShape.of_spec(spec)
-    assert shape.qk_norm and shape.autocast == (mode == "autocast")
+    assert (shape.qk_norm, shape.sandwich_norm) == (family == "qk_norm", family == "sandwich")
+    assert shape.autocast == (mode == "autocast")
     assert _saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
 
 
@@ -74,3 +78,12 @@ def test_q_k_norms_on_cuda_keep_the_fused_kernels_input_and_rstd_or_under_autoca
     assert qk_norm_bytes(replace(shape, device="cpu")) == rows * 4 * (2 * widths + heads)
     assert qk_norm_bytes(replace(shape, tp=2)) == qk_norm_bytes(shape) / 2
     assert qk_norm_bytes(replace(shape, qk_norm=False)) == 0
+
+
+def test_sandwich_norms_on_cuda_keep_the_fused_kernels_input_and_rstd_or_under_autocast_the_composites():
+    shape = replace(LayerShape.of_spec(_spec("bf16_params", SANDWICH)), device="cuda")
+    rows, h = 2 * 256, 256
+    assert sandwich_norm_bytes(shape) == 2 * rows * (h * 2 + 4)
+    assert sandwich_norm_bytes(replace(shape, autocast=True)) == 2 * rows * 4 * (2 * h + 1)
+    assert sandwich_norm_bytes(replace(shape, tp=2)) == sandwich_norm_bytes(shape)  # every tp rank holds them whole
+    assert sandwich_norm_bytes(replace(shape, sandwich_norm=False)) == 0
