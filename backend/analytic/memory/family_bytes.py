@@ -34,8 +34,9 @@ def head_widths(m: ModelSpec) -> dict[str, int]:
                 rope_width=0 if rope == m.d_model // m.n_heads else rope, **feature_elems(m))
 
 
-class QkNormShape(Protocol):
-    """What `qk_norm_bytes` reads of an activations.LayerShape (a Protocol, as AttentionShape)."""
+class NormShape(Protocol):
+    """What `qk_norm_bytes` and `sandwich_norm_bytes` read of an activations.LayerShape (a Protocol, as
+    AttentionShape)."""
 
     @property
     def qk_norm(self) -> bool: ...
@@ -99,8 +100,8 @@ def attention_constant_bytes(shape: AttentionShape, recompute: str, *, rope: boo
 def feature_elems(m: ModelSpec) -> dict[str, int]:
     """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
     normalised x and rstd); q / k RMSNorm (Qwen3, Gemma 3) only flags `qk_norm`: what those norms keep depends on the
-    device and is in bytes (`qk_norm_bytes`). MLA's q_a / kv_a outputs
-    through their norms (3 q_lora + 1, kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
+    device and is in bytes (`qk_norm_bytes`). MLA's q_a / kv_a outputs through their norms (3 q_lora + 1,
+    kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
     attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
     column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
     for the record as a per-query element); sandwich norms only flag `sandwich_norm` (`sandwich_norm_bytes`)."""
@@ -117,7 +118,7 @@ def feature_elems(m: ModelSpec) -> dict[str, int]:
                 sandwich_norm=bool(getattr(m, "sandwich_norm", False)))
 
 
-def qk_norm_bytes(shape: QkNormShape) -> float:
+def qk_norm_bytes(shape: NormShape) -> float:
     """What a block's q and k RMSNorms (Qwen3, Gemma 3: one F.rms_norm over each head's width, on the projections'
     outputs at the compute dtype) keep for backward: device.rms_norm_saved_bytes over the q + k widths with one rstd
     per head, each /tp. On CUDA with 16-bit weights (FSDP2's bf16 params) the fused kernel keeps its 16-bit input and
@@ -133,11 +134,10 @@ def qk_norm_bytes(shape: QkNormShape) -> float:
     q = shape.q_width or shape.d_model
     rows = shape.seq_len * shape.micro_batch
     widths, heads = (q + kv_heads * (q // a)) / t, (a + kv_heads) / t
-    return rms_norm_saved_bytes(sbh=rows * widths, sb=rows * heads, input_bytes=shape.dtype_bytes,
-                                device=CPU if shape.autocast else shape.device)
+    return _extra_norm_bytes(shape, sbh=rows * widths, sb=rows * heads)
 
 
-def sandwich_norm_bytes(shape: QkNormShape) -> float:
+def sandwich_norm_bytes(shape: NormShape) -> float:
     """What a block's two sandwich norms (Gemma 3: an RMSNorm on the attention's and the MLP's output, each at the
     compute dtype, before the residual add) keep for backward: device.rms_norm_saved_bytes over h per token each, by
     the same rule as qk_norm_bytes (the composite on the CPU and under autocast; measured on the CPU:
@@ -145,8 +145,14 @@ def sandwich_norm_bytes(shape: QkNormShape) -> float:
     if not shape.sandwich_norm:
         return 0.0
     rows = shape.seq_len * shape.micro_batch
-    return 2 * rms_norm_saved_bytes(sbh=rows * shape.d_model, sb=rows, input_bytes=shape.dtype_bytes,
-                                    device=CPU if shape.autocast else shape.device)
+    return 2 * _extra_norm_bytes(shape, sbh=rows * shape.d_model, sb=rows)
+
+
+def _extra_norm_bytes(shape: NormShape, *, sbh: float, sb: float) -> float:
+    """device.rms_norm_saved_bytes of a norm whose input comes at the compute dtype (qk_norm_bytes' rule): the
+    composite under autocast on any device."""
+    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=shape.dtype_bytes,
+                                device=CPU if shape.autocast else shape.device)
 
 
 def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,
