@@ -205,13 +205,13 @@ class LatentAttention(nn.Module):
         latent, k_rope = _linear(self.kv_a, x).split([m.kv_lora_rank, rope], dim=-1)
         kv = _linear(self.kv_b, _rms_norm(self.kv_a_norm, latent)).view(B, T, -1, nope + vd).transpose(1, 2)
         k_nope, v = kv.split([nope, vd], dim=-1)
-        cos, sin = rope_cos_sin(T, rope, x.device, x.dtype)
+        cos, sin = rope_cos_sin(T, rope, q.device, q.dtype)
         q_nope, q_rope = q.split([nope, rope], dim=-1)
         k_rope = apply_rope(k_rope.view(B, 1, T, rope), cos, sin)
         q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)), dim=-1)
         mask = attention_mask(m, self.layer, T, x.device)
-        run = (lambda q_, k_, v_: _flash_attention(q_, k_, v_, mask)) if self.flash else \
+        run = (lambda q_, k_, v_: _padded_flash_attention(q_, k_, v_, mask)) if self.flash else \
             (lambda q_, k_, v_: _core_attention(q_, k_, v_, mask, None))  # noqa: E731
         y = checkpoint(run, q, k, v, use_reentrant=False) if self.selective_recompute and torch.is_grad_enabled() \
             else run(q, k, v)
@@ -242,6 +242,21 @@ def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, a, T, d)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+def _padded_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """_flash_attention for a v narrower than q and k (MLA's v_head_dim). On CUDA SDPA's memory-efficient kernel takes
+    both widths as they are. The CPU has only the flash kernel, which takes one width for q, k and v (else "No
+    available kernel"), so there v is zero-padded to q's width and the output sliced back, as Hugging Face's
+    DeepSeek-V3 does for flash_attention_2 (huggingface/transformers
+    src/transformers/models/deepseek_v3/modeling_deepseek_v3.py, DeepseekV3Attention.forward, commit f5a9ec5). The
+    zero columns leave the first v_head_dim output columns, the softmax scale (q's width) and the gradients as
+    they were."""
+    pad = q.shape[-1] - v.shape[-1]
+    if pad <= 0 or q.device.type != "cpu":
+        return _flash_attention(q, k, v, allowed)
+    return _flash_attention(q, k, F.pad(v, (0, pad)), allowed)[..., :v.shape[-1]]
 
 
 class MLP(nn.Module):

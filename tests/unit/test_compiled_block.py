@@ -105,7 +105,7 @@ def test_compiled_blocks_drop_the_gated_activation_and_rope_tables_and_keep_gelu
 def test_unmeasured_families_keep_the_eager_terms():
     shape = LayerShape(seq_len=64, micro_batch=1, d_model=64, n_heads=4, ffn=128, dtype_bytes=2, flash=True)
     assert compiled_block_bytes(shape) is not None
-    for change in ({"tp": 2}, {"n_experts": 8}, {"whole_elems": 3}, {"sandwich_norm": True}, {"windowed": True},
+    for change in ({"tp": 2}, {"n_experts": 8}, {"kv_lora": 32}, {"sandwich_norm": True}, {"windowed": True},
                    {"flash": False}):
         assert compiled_block_bytes(LayerShape(**{**shape.__dict__, **change})) is None, change
 

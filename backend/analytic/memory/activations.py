@@ -18,10 +18,12 @@ from backend.analytic.memory.family_bytes import (
     attention_constant_bytes,
     family_extra_bytes,
     head_widths,
+    latent_norm_bytes,
     mlp_elems,
     qk_norm_bytes,
     rms_norm_extra_bytes,
     sandwich_norm_bytes,
+    v_view_elems,
 )
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.moe_rows import expert_rows
@@ -90,10 +92,14 @@ class LayerShape:
     sandwich_norm: bool = False
     """An RMSNorm on the attention's and the MLP's output (Gemma 3): family_bytes.sandwich_norm_bytes."""
     split_elems: int = 0
-    """Per token, what the 2026 families' features save beyond the GPT block in head-split tensors (/t):
-    q / k norms, MLA's q / k concatenations, the sink column (`feature_elems`)."""
-    whole_elems: int = 0
-    """... in tensors every tp rank holds whole: MLA's latents and their norms, sandwich norms."""
+    """Per token, what the 2026 families' features save beyond the GPT block in head-split tensors (/t): the sink
+    column (`feature_elems`)."""
+    q_lora: int = 0
+    """MLA: q's latent width (q_lora_rank; 0 = q straight from x): family_bytes.latent_norm_bytes."""
+    kv_lora: int = 0
+    """MLA: the key / value latent width (kv_lora_rank); 0 = not MLA."""
+    v_view_extra: int = 0
+    """MLA: a x qk_nope_head_dim, the rest of kv_b's output that v is a view of (family_bytes.v_view_elems)."""
     rope_width: int = 0
     """Width of the rotary cos / sin tables (one head's, MLA's qk_rope_head_dim) when it differs from d_model /
     heads."""
@@ -225,18 +231,25 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
         return sbh / norm_div * residual_bytes + op_sac_saved_bytes(shape)
     stat_bytes = 2 * 2 * sb / norm_div * STAT_BYTES  # mean and rstd for two LayerNorms
     stat_bytes += 2 * sbh / norm_div * residual_bytes  # ln1 and ln2 inputs (the residual stream)
-    elems = (4 if autocast else 2) * sbh  # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP)
+    # ln1 / ln2 outputs as the Linear inputs (all-gathered to full size under SP); under autocast each Linear that
+    # reads ln1's output keeps its own cast: q, k and v, or MLA's two down-projections (q_a or q, and kv_a)
+    elems = (1 + (2 if shape.kv_lora else 3) if autocast else 2) * sbh
     elems += vh / t  # o Linear input (heads merged back, B, T, h/t)
-    elems += sb * (shape.split_elems / t + shape.whole_elems)  # feature_elems
-    mask_bytes = 0.0
+    elems += sb * shape.split_elems / t  # feature_elems
+    padded = flash and recompute == "none" and bool(shape.v_width) and shape.device == "cpu"  # _padded_flash_attention
+    elems += sb * v_view_elems(shape, recompute=recompute, padded=padded) / t
+    mask_bytes = latent_norm_bytes(shape)
     if recompute == "selective":
         elems += (2 * qh + vh) / t  # checkpoint keeps q, k, v (linear outputs or GQA-repeated copies)
+    elif padded:  # SDPA keeps q, k, the zero-padded v and its (b, a, s, d_qk) output; o's input is the sliced copy
+        elems += 4 * qh / t
+        mask_bytes += LSE_BYTES * a / t * s * b
     elif flash:
         elems += (2 * qh + vh) / t  # SDPA's fused kernel saves q, k, v; its output IS the o Linear input (same storage)
-        mask_bytes = LSE_BYTES * a / t * s * b  # + the (b, a, s) fp32 logsumexp, no s x s (Dao et al. 2022, Alg. 2)
+        mask_bytes += LSE_BYTES * a / t * s * b  # + the (b, a, s) fp32 logsumexp, no s x s (Dao et al. 2022, Alg. 2)
     else:
         elems += _attn_core_elems(s=s, b=b, h=h, a=a, t=t) + (2 * qh + vh - 3 * sbh) / t
-        mask_bytes = s * s  # masked_fill saves the (s, s) bool mask
+        mask_bytes += s * s  # masked_fill saves the (s, s) bool mask
         # the core counts probs at dtype_bytes; CUDA autocast's fp32 softmax output comes on top
         per_score = softmax_saved_bytes_per_score(dtype_bytes, autocast=autocast, device=shape.device)
         if per_score != dtype_bytes:

@@ -41,7 +41,7 @@ MEASURED_MLPS = frozenset({"gelu", "swiglu", "geglu", "swiglu_clamped"})
 def compiled_block_bytes(shape: LayerShape, selective: bool = False) -> float | None:
     """Bytes one compiled block keeps for backward (no recompute; selective: its attention core checkpointed), or None
     outside the measured families."""
-    if (shape.tp > 1 or shape.n_experts or shape.whole_elems or shape.sandwich_norm or shape.windowed or not shape.flash
+    if (shape.tp > 1 or shape.n_experts or shape.kv_lora or shape.sandwich_norm or shape.windowed or not shape.flash
             or str(shape.mlp) not in MEASURED_MLPS):
         return None
     sb, h, c, a = shape.seq_len * shape.micro_batch, shape.d_model, shape.dtype_bytes, shape.n_heads

@@ -64,6 +64,21 @@ class NormShape(Protocol):
     def sandwich_norm(self) -> bool: ...
 
 
+class LatentShape(NormShape, Protocol):
+    """What `latent_norm_bytes` and `v_view_elems` read of an activations.LayerShape."""
+
+    @property
+    def q_lora(self) -> int: ...
+    @property
+    def kv_lora(self) -> int: ...
+    @property
+    def rope_width(self) -> int: ...
+    @property
+    def v_view_extra(self) -> int: ...
+    @property
+    def flash(self) -> bool: ...
+
+
 class AttentionShape(Protocol):
     """What `attention_constant_bytes` reads of an activations.LayerShape (a Protocol: activations.py imports this
     module, so naming LayerShape here would be an import cycle)."""
@@ -98,24 +113,17 @@ def attention_constant_bytes(shape: AttentionShape, recompute: str, *, rope: boo
 
 
 def feature_elems(m: ModelSpec) -> dict[str, int]:
-    """Per token saved elements of the 2026 features, by op (PyTorch's composite RMSNorm saves its input, the
-    normalised x and rstd); q / k RMSNorm (Qwen3, Gemma 3) only flags `qk_norm`: what those norms keep depends on the
-    device and is in bytes (`qk_norm_bytes`). MLA's q_a / kv_a outputs through their norms (3 q_lora + 1,
-    kv_lora + rope + 2 kv_lora + 1) and the nope part of kv_b's output, of which the
-    attention's v is a view (its q / k concatenations are the tensors the matmuls save, counted with q and k); the sink
-    column of a math softmax (a per row, counted with the probabilities' rows: a / s per token is below a byte, kept
-    for the record as a per-query element); sandwich norms only flag `sandwich_norm` (`sandwich_norm_bytes`)."""
-    split = whole = 0
-    if getattr(m, "kv_lora_rank", None) is not None:
-        q_lora = getattr(m, "q_lora_rank", None)
-        # q_a output through its RMSNorm (input, rstd, normalised) and q_b's input; kv_a's whole output (the norm
-        # reads the latent as a view of it), the latent's rstd, normalised latent and kv_b's input
-        whole += (3 * q_lora + 1 if q_lora else 0) + (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank + 1
-        split += m.n_heads * m.qk_nope_head_dim  # the attention's v is a view of kv_b's whole (nope + v) output
-    if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math":
-        split += m.n_heads
-    return dict(split_elems=split, whole_elems=whole, qk_norm=bool(getattr(m, "qk_norm", False)),
-                sandwich_norm=bool(getattr(m, "sandwich_norm", False)))
+    """Per token saved elements of the 2026 features, by op: the sink column of a math softmax (a per row, counted with
+    the probabilities' rows: a / s per token is below a byte, kept for the record as a per-query element). The rest
+    are flags and widths whose bytes depend on the device, the dtype or the attention kernel: q / k RMSNorm (Qwen3,
+    Gemma 3: `qk_norm_bytes`), sandwich norms (`sandwich_norm_bytes`), MLA's latents (`latent_norm_bytes`) and the
+    nope part of kv_b's output behind MLA's v (`v_view_elems`)."""
+    split = m.n_heads if getattr(m, "attention_sinks", False) and str(getattr(m, "attention", "math")) == "math" else 0
+    mla = getattr(m, "kv_lora_rank", None) is not None
+    return dict(split_elems=split, qk_norm=bool(getattr(m, "qk_norm", False)),
+                sandwich_norm=bool(getattr(m, "sandwich_norm", False)),
+                q_lora=(getattr(m, "q_lora_rank", None) or 0) if mla else 0, kv_lora=m.kv_lora_rank if mla else 0,
+                v_view_extra=m.n_heads * m.qk_nope_head_dim if mla else 0)
 
 
 def qk_norm_bytes(shape: NormShape) -> float:
@@ -153,6 +161,41 @@ def _extra_norm_bytes(shape: NormShape, *, sbh: float, sb: float) -> float:
     composite under autocast on any device."""
     return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=shape.dtype_bytes,
                                 device=CPU if shape.autocast else shape.device)
+
+
+def latent_norm_bytes(shape: LatentShape) -> float:
+    """What MLA's two latent RMSNorms keep for backward with their outputs as q_b's and kv_b's inputs (every tp rank
+    holds them whole): per norm device.rms_norm_saved_bytes over its latent width (`_extra_norm_bytes`' rule) plus
+    the next Linear's input at the compute dtype (the composite's fp32 output is cast there, the fused kernel's comes
+    at its input dtype). kv_a's output is [latent | rotary key]: a norm that keeps its input as it came (fp32 on the
+    CPU, the fused CUDA kernel) keeps a view of that whole output, rope_width more per token; the composite's 16-bit
+    input is upcast to an fp32 copy of the latent alone. Measured op by op on the CPU:
+    tests/unit/test_mla_block_bytes.py."""
+    if not shape.kv_lora:
+        return 0.0
+    rows, c = shape.seq_len * shape.micro_batch, shape.dtype_bytes
+    composite = shape.autocast or shape.device == CPU
+    kept_as_is = not composite or (c == 4 and not shape.autocast)
+    out = 0.0
+    for width in (shape.q_lora, shape.kv_lora):
+        if width:
+            out += _extra_norm_bytes(shape, sbh=rows * width, sb=rows) + rows * width * c
+    return out + (rows * shape.rope_width * c if kept_as_is else 0.0)
+
+
+def v_view_elems(shape: LatentShape, *, recompute: str, padded: bool) -> float:
+    """Per-token elements that MLA's v keeps beyond its own a x v_head_dim: v is a view of kv_b's whole (nope + v)
+    output, so an op that saves v as given keeps that storage (a x qk_nope_head_dim more). Saved as given: by the
+    selective checkpoint (its inputs), by SDPA when v is as wide as q, and by math attention's P·V bmm at micro-batch
+    1 (the (1, a, s, d) view flattens to (a, s, d) without a copy). At a larger micro-batch the bmm's reshape copies
+    v, and a padded flash v is a new tensor: neither keeps kv_b's output."""
+    if not shape.v_view_extra:
+        return 0.0
+    if recompute == "selective":
+        return shape.v_view_extra
+    if shape.flash:
+        return 0.0 if padded else shape.v_view_extra
+    return shape.v_view_extra if shape.micro_batch == 1 else 0.0
 
 
 def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_bytes, autocast, norm, mlp, rope,

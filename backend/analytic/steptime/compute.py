@@ -215,7 +215,8 @@ def cp_imbalance(layout: Layout) -> Num:
 def attention_pass(model: ModelSpec, layout: Layout, hw: Hardware, attention: str, *,
                    windowed: bool = False) -> PassCost:
     """QKᵀ and P·V of one layer and microbatch on one tp rank (+ eager: softmax/dropout traffic), with the block's
-    own widths (d_qk: MLA's nope + rope; d_v: its v_head_dim); fwd_flops is the PaLM count (no causal saving), as
+    own widths (d_qk: MLA's nope + rope; d_v: its v_head_dim; on the CPU this engine's flash kernel runs a narrower v
+    padded to d_qk); fwd_flops is the PaLM count (no causal saving), as
     MFU counts it. A windowed block (model_flops.kv_lengths) scores min(window, s) keys per query: its FLOPs, and a
     fused kernel's time (FlashAttention-2's window_size and FlexAttention's block masks skip the blocks outside the
     window: of the causal triangle s²/2 the band (2sw - w²)/2 is left); the eager path materialises and masks the
@@ -229,12 +230,15 @@ def attention_pass(model: ModelSpec, layout: Layout, hw: Hardware, attention: st
     # PaLM (Chowdhery 2022) App. B: QKᵀ + P·V (4·b·a·s²·d when d_qk = d_v)
     flops = 2 * b * a * rows * s_kv * (d_qk + d_v)
     if attention != "eager":
+        # this engine pads a narrower v to d_qk for the CPU's flash kernel (models/gpt.py _padded_flash_attention)
+        padded = layout.stack is None and hw.kind == "cpu" and d_v < d_qk
+        kernel_d = d_qk if padded else (d_qk + d_v) / 2
         if not windowed:
-            fwd, bwd = ring_blocks_time(hw, layout, attention, b, a, rows, (d_qk + d_v) / 2)
+            fwd, bwd = ring_blocks_time(hw, layout, attention, b, a, rows, kernel_d)
             merge = ring_merge(model, layout)
             return PassCost(fwd_s=fwd + memory_s(hw, merge.fwd_bytes, merge.fwd_kernels),
                             bwd_s=bwd + memory_s(hw, merge.bwd_bytes, merge.bwd_kernels), fwd_flops=flops)
-        fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, (d_qk + d_v) / 2, causal=True)
+        fwd, bwd = attention_time(hw, layout.precision, attention, b, a, s, kernel_d, causal=True)
         band = (2 * s * s_kv - s_kv * s_kv) / (s * s)  # 1 for a global block
         share = band * skew / layout.cp
         return PassCost(fwd_s=fwd * share, bwd_s=bwd * share, fwd_flops=flops)
