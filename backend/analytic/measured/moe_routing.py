@@ -22,6 +22,7 @@ from backend.analytic.layout import Layout
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes, mlp_elems
 from backend.analytic.memory.moe_bytes import ep_moe_layer_bytes, hidden_saved, row_bytes
 from backend.analytic.moe_capacity import dropped_slots
+from backend.analytic.params import is_gated
 
 if TYPE_CHECKING:
     from backend.spec import ExperimentSpec
@@ -155,7 +156,7 @@ def adjustment(spec: ExperimentSpec, routing: dict[str, Any]) -> RoutingAdjustme
     a2a = all_to_all_bytes(ds, h=m.d_model, dtype_bytes=row_bytes(cb, ac), n_experts=e)
     etp = spec.parallel.etp if spec.parallel.ep > 1 else 1  # each local expert's (rows, ffn) tensors split over etp
     layer_kw = dict(tokens=n, h=m.d_model, ffn=m.expert_ffn // etp, n_experts=e, top_k=k, dtype_bytes=cb, autocast=ac,
-                    hidden=hidden_saved(m.mlp))
+                    hidden=hidden_saved(m.mlp), gated=is_gated(m.mlp))
     measured, n_layers, mb = peak_microbatch(ds, **layer_kw)
     act = 0.0 if str(t.recompute) == "full" else measured - n_layers * predicted_moe_layer_bytes(spec)
     first = [d for d in ds if not d.recompute]

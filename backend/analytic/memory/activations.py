@@ -25,7 +25,13 @@ from backend.analytic.memory.family_bytes import (
     sandwich_norm_bytes,
     v_view_elems,
 )
-from backend.analytic.memory.moe_bytes import INDEX_BYTES, ep_moe_layer_bytes, hidden_saved, row_bytes
+from backend.analytic.memory.moe_bytes import (
+    INDEX_BYTES,
+    ep_moe_layer_bytes,
+    expert_input_copies,
+    hidden_saved,
+    row_bytes,
+)
 from backend.analytic.moe_rows import expert_rows
 from backend.analytic.params import is_gated, layer_attention_kind, layer_is_moe
 from backend.recompute_policy import DEFAULT_SAC_OPS
@@ -180,19 +186,21 @@ def _attn_core_elems(*, s, b, h, a, t) -> float:
     return (3 * s * b * h + a * s * s * b) / t
 
 
-def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2) -> float:
+def dense_moe_layer_bytes(*, s, b, h, ffn, n_experts, top_k, dtype_bytes, t=1, hidden: int = 2,
+                          autocast: bool = False, gated: bool = False) -> float:
     n = s * b  # tokens
     rows = n * top_k  # (token, expert) pairs; all tokens reach their k experts (no capacity drop)
     elems = n * n_experts  # router softmax output (N, E), saved by softmax
     elems += rows + n  # normalised top-k weights: div saves the topk values (N, k) and their sum (N, 1)
-    elems += rows * h  # each expert's fc_in saves its gathered input flat[tok]
+    # each expert's first Linears save its gathered input flat[tok] (under autocast: gate's and up's own casts)
+    elems += expert_input_copies(autocast, gated) * rows * h
     # GELU input and fc_out input inside the experts; under TP each expert is Colwise fc_in / Rowwise fc_out
     # (backend/strategies/tp.py tp_plan), so its hidden is (rows, ffn/t) like the dense MLP's (Shoeybi 2019 Sec 3)
     elems += hidden * rows * ffn / t  # SwiGLU experts: gate out, silu out, up out, product (moe_bytes.hidden_saved)
     elems += rows * h + rows  # mul(expert_out, w) saves both operands
-    elems += rows * h  # index_add_(0, tok, weighted) keeps its source (expert_out · w)
     index = rows + 2 * rows  # topk indices; nonzero (tok, slot) pairs per expert
-    return elems * dtype_bytes + index * INDEX_BYTES
+    # index_add_(0, tok, weighted) keeps its source (expert_out · w) cast to the output's dtype (fp32 under autocast)
+    return elems * dtype_bytes + rows * h * row_bytes(dtype_bytes, autocast) + index * INDEX_BYTES
 
 
 def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
@@ -270,11 +278,11 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
                                  n_experts=n_experts,
                                  top_k=top_k, dtype_bytes=dtype_bytes, autocast=autocast, hidden=hidden,
                                  kept_rows=None if shape.capacity_factor is None else rows.kept,
-                                 padded=shape.pad_to_capacity)
+                                 padded=shape.pad_to_capacity, gated=is_gated(shape.mlp))
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     if n_experts:
         moe = dense_moe_layer_bytes(s=s, b=b, h=h, ffn=ffn, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
-                                    t=t, hidden=hidden)
+                                    t=t, hidden=hidden, autocast=autocast, gated=is_gated(shape.mlp))
         return elems * dtype_bytes + stat_bytes + mask_bytes + moe
     elems += mlp_elems(s=s, b=b, h=h, ffn=ffn, t=t, hidden=hidden)
     return elems * dtype_bytes + stat_bytes + mask_bytes

@@ -205,22 +205,24 @@ def family_extra_bytes(*, s, b, h, a, ffn, t, norm_div, dtype_bytes, residual_by
     - rmsnorm: per norm what device.rms_norm_saved_bytes gives for its input (the residual stream, /t under SP)
       instead of LayerNorm's input + mean + rstd (2sb fp32): on the CPU the fp32 normalised x and rstd on top (and
       the input's fp32 copy under bf16 params), on CUDA (fused kernel) the rstd only;
-    - autocast + swiglu: gate and up each save their own 16-bit cast of the ln2 output (one more than fc_in);
+    - autocast + swiglu, dense MLP: gate and up each save their own 16-bit cast of the ln2 output (one more than
+      fc_in);
     - shared experts (MoE only): their hidden 2·N·f_s/t (gelu) or 4·N·f_s/t (swiglu) and, under autocast, one cast
-      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h)."""
+      of the tokens per first Linear; the sigmoid gate keeps its (N, 1) output and the shared output (N, h), and under
+      autocast its own cast of the tokens."""
     sb, sbh = s * b, s * b * h
     out = 0.0
     if norm == "rmsnorm":
         out += 2 * rms_norm_extra_bytes(sbh=sbh / norm_div, sb=sb / norm_div, input_bytes=residual_bytes, device=device)
     swiglu = is_gated(mlp)
-    if autocast and swiglu:
+    if autocast and swiglu and not n_experts:  # an MoE block's gated experts count their casts (moe_bytes)
         out += sbh * dtype_bytes
     if n_experts and shared_ffn:
         out += mlp_elems(s=s, b=b, h=h, ffn=shared_ffn, t=t, hidden=hidden_saved(mlp)) * dtype_bytes
         if autocast:
             out += (2 if swiglu else 1) * sbh * dtype_bytes
-        if shared_gate:
-            out += (sbh + sb) * (4 if autocast else dtype_bytes)
+        if shared_gate:  # its sigmoid's (N, 1) output and the shared output mul saves (+ under autocast its own cast)
+            out += (sbh + sb) * dtype_bytes + (sbh * dtype_bytes if autocast else 0.0)
     return out
 
 

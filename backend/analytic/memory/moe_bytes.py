@@ -41,20 +41,27 @@ def moe_sender_bytes(*, tokens: int, h: int, n_experts: int, top_k: int, dtype_b
     return elems * row_bytes(dtype_bytes, autocast) + (rows + 2 * kept + (kept if padded else 0)) * INDEX_BYTES
 
 
+def expert_input_copies(autocast: bool, gated: bool) -> int:
+    """(rows, h) copies of an expert's input its Linears keep: one shared input, or under autocast each first Linear's
+    own 16-bit cast of the row-dtype input (a gated MLP's gate and up: two)."""
+    return 2 if autocast and gated else 1
+
+
 def moe_expert_bytes(*, received_rows: float, h: int, ffn: int, dtype_bytes: float, autocast: bool = False,
-                     hidden: int = 2) -> float:
-    """Saved bytes of one EP MoE layer's LOCAL experts, which scale with the R rows they received: fc_in input
-    (R, h; its 16-bit cast under autocast), GELU input and fc_out input (R, ffn) each, index_add's source = expert
+                     hidden: int = 2, gated: bool = False) -> float:
+    """Saved bytes of one EP MoE layer's LOCAL experts, which scale with the R rows they received: the first Linears'
+    input (R, h; `expert_input_copies`), GELU input and fc_out input (R, ffn) each, index_add's source = expert
     output (R, h, in the row dtype); the int64 row index per local expert (one tensor, saved by x[rows] and
     index_add alike)."""
     # hidden: (R, ffn) tensors per expert call (`hidden_saved`: 2 GELU, 4 SwiGLU, 7 clamped SwiGLU)
-    linear = (received_rows * h + hidden * received_rows * ffn) * dtype_bytes
+    copies = expert_input_copies(autocast, gated)
+    linear = (copies * received_rows * h + hidden * received_rows * ffn) * dtype_bytes
     return linear + received_rows * h * row_bytes(dtype_bytes, autocast) + received_rows * INDEX_BYTES
 
 
 def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n_experts: int, top_k: int,
                        dtype_bytes: float, autocast: bool = False, hidden: int = 2, kept_rows: float | None = None,
-                       padded: bool = False) -> float:
+                       padded: bool = False, gated: bool = False) -> float:
     """One MoE layer's saved bytes on an ep rank whose experts received `received_rows` token-slots.
     With received_rows = N·k this is the dense dispatch's MoE term + N·k·h·dtype_bytes (the expert output
     index_add keeps: the dense path keeps its weighted product instead, counted already) + N·k int64 (the sort
@@ -62,7 +69,7 @@ def ep_moe_layer_bytes(*, tokens: int, received_rows: float, h: int, ffn: int, n
     return (moe_sender_bytes(tokens=tokens, h=h, n_experts=n_experts, top_k=top_k, dtype_bytes=dtype_bytes,
                              autocast=autocast, kept_rows=kept_rows, padded=padded)
             + moe_expert_bytes(received_rows=received_rows, h=h, ffn=ffn, dtype_bytes=dtype_bytes, autocast=autocast,
-                               hidden=hidden))
+                               hidden=hidden, gated=gated))
 
 
 def ep_only_uniform_bytes(*, tokens: int, h: int, top_k: int, dtype_bytes: float) -> float:
