@@ -87,3 +87,21 @@ def test_sandwich_norms_on_cuda_keep_the_fused_kernels_input_and_rstd_or_under_a
     assert sandwich_norm_bytes(replace(shape, autocast=True)) == 2 * rows * 4 * (2 * h + 1)
     assert sandwich_norm_bytes(replace(shape, tp=2)) == sandwich_norm_bytes(shape)  # every tp rank holds them whole
     assert sandwich_norm_bytes(replace(shape, sandwich_norm=False)) == 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_sandwich_norms_under_tp_run_on_the_ranks_sequence_shard_with_sp(precision, sequence_parallel):
+    """Under TP the sandwich norms are replicated, and under SP (SequenceParallel, tp_placement) they see the rank's
+    s / tp tokens: one tp rank's block, placed by the engine's TP plan on the fake process group, keeps what the model
+    counts (was 8,320 B over at SP, the norms counted whole)."""
+    from tests.helpers.engine_measure import block_saved_bytes_on_fake_pg
+
+    model = SANDWICH | {"d_model": 64, "n_layers": 2, "seq_len": 32, "ffn_hidden": 176}
+    spec = ExperimentSpec.model_validate({
+        "model": model, "train": {"global_batch": 4, "micro_batch": 2, "precision": precision},
+        "parallel": {"strategy": "tp", "world_size": 2, "sequence_parallel": sequence_parallel},
+        "runtime": {"device": "cpu"}})
+    shape = LayerShape.of_spec(spec)
+    assert (shape.tp, shape.sequence_parallel, shape.sandwich_norm) == (2, sequence_parallel, True)
+    assert block_saved_bytes_on_fake_pg(spec, rank=1) == layer_activation_bytes(shape)

@@ -62,6 +62,8 @@ class NormShape(Protocol):
     def autocast(self) -> bool: ...
     @property
     def sandwich_norm(self) -> bool: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
 
 
 class LatentShape(NormShape, Protocol):
@@ -149,10 +151,12 @@ def sandwich_norm_bytes(shape: NormShape) -> float:
     """What a block's two sandwich norms (Gemma 3: an RMSNorm on the attention's and the MLP's output, each at the
     compute dtype, before the residual add) keep for backward: device.rms_norm_saved_bytes over h per token each, by
     the same rule as qk_norm_bytes (the composite on the CPU and under autocast; measured on the CPU:
-    tests/unit/test_extra_norm_bytes.py). Every tp rank holds them whole."""
+    tests/unit/test_extra_norm_bytes.py). Every tp rank holds them whole; under sequence parallelism they run, as the
+    block's own norms do, on the rank's s / tp tokens (tp_placement's SequenceParallel; measured on the fake process
+    group: tests/unit/test_extra_norm_bytes.py)."""
     if not shape.sandwich_norm:
         return 0.0
-    rows = shape.seq_len * shape.micro_batch
+    rows = shape.seq_len * shape.micro_batch / (shape.tp if shape.sequence_parallel else 1)
     return 2 * _extra_norm_bytes(shape, sbh=rows * shape.d_model, sb=rows)
 
 
