@@ -87,17 +87,24 @@ class Layout(LayoutDegrees):
     """The ops `op` recompute saves (recompute_policy.py)."""
     stack: StackMemory | None = None
     """What a non-default stack keeps (memory/stack_states.py, stack_activations.py); None = this engine's own model."""
-    loss_compiled: bool = False
-    """This engine's cross-entropy runs under torch.compile (stack shardlab's `loss_compiled`, not over vocab-parallel
-    logits): its memory is the fused loss's (memory/activations.py FUSED_LOSS_ROW_BYTES). Other stacks:
-    StackMemory.loss_compiled."""
-    blocks_compiled: bool = False
-    """This engine's blocks run under torch.compile (stack shardlab's elementwise compiled): a block that recomputes
-    nothing keeps what Inductor saves (memory/compiled_block.py, where measured). Other stacks:
-    StackMemory.compiled_blocks."""
+    compiled: EngineCompile = NO_COMPILE
+    """What this engine runs under torch.compile (stack shardlab: stack_memory.engine_compile). Other stacks carry
+    theirs in StackMemory (loss_compiled, compiled_blocks)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
+
+    @property
+    def loss_compiled(self) -> bool:
+        """This engine's cross-entropy runs under torch.compile (stack shardlab's `loss_compiled`, not over
+        vocab-parallel logits): its memory is the fused loss's (memory/activations.py FUSED_LOSS_ROW_BYTES)."""
+        return self.compiled.loss
+
+    @property
+    def blocks_compiled(self) -> bool:
+        """This engine's blocks run under torch.compile (stack shardlab's elementwise compiled): a block that
+        recomputes nothing keeps what Inductor saves (memory/compiled_block.py, where measured)."""
+        return self.compiled.blocks
 
     def memoised(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """compute(), once per key for this table of layouts; restricting the table (take) restricts the stored
@@ -119,7 +126,6 @@ class Layout(LayoutDegrees):
         p, t = spec.parallel, spec.train
         device = str(spec.runtime.device)
         kind, layers = parse_recompute(str(t.recompute))
-        compiled = engine_compile(spec, "cuda" if device == "cuda" else "cpu")
         return cls(**{d: getattr(p, d) for d in DEGREES}, zero_stage=p.zero_stage, micro_batch=t.micro_batch,
                    recompute=RECOMPUTE_NAMES.index(kind), recompute_layers=layers,
                    schedule=SCHEDULE_NAMES.index(str(p.pp_schedule)),
@@ -128,7 +134,7 @@ class Layout(LayoutDegrees):
                    optimizer=str(t.optimizer), cp_load_balance=bool(p.cp_load_balance),
                    device="cuda" if device == "cuda" else "cpu", sac_ops=tuple(getattr(t, "sac_ops", DEFAULT_SAC_OPS)),
                    stack=stack_memory(spec, "cuda" if device == "cuda" else "cpu"),
-                   loss_compiled=compiled.loss, blocks_compiled=compiled.blocks)
+                   compiled=engine_compile(spec, "cuda" if device == "cuda" else "cpu"))
 
     @classmethod
     def table(cls, columns: np.ndarray, *, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
@@ -149,8 +155,7 @@ class Layout(LayoutDegrees):
         cols["sequence_parallel"] = cols["sequence_parallel"].astype(bool)
         mb = global_batch // np.maximum(cols["micro_batch"] * cols["dp"], 1)
         return cls(**cols, microbatches=mb, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                   device=device, sac_ops=tuple(sac_ops), stack=stack, loss_compiled=compiled.loss,
-                   blocks_compiled=compiled.blocks)
+                   device=device, sac_ops=tuple(sac_ops), stack=stack, compiled=compiled)
 
     def take(self, index: int | np.ndarray | slice, *, with_memo: bool = False) -> Layout:
         """The layouts at `index` (arrays: fancy index or mask; an int gives a scalar Layout); with_memo: their

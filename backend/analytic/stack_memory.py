@@ -138,8 +138,8 @@ def _recompute_modules(train: TrainSpec) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class EngineCompile:
-    """What stack shardlab's engine runs under torch.compile (strategies/compiled.py): Layout.loss_compiled and
-    Layout.blocks_compiled. Other stacks carry both in their StackMemory."""
+    """What stack shardlab's engine runs under torch.compile (strategies/compiled.py), held as Layout.compiled (read
+    through Layout.loss_compiled and blocks_compiled). Other stacks carry both in their StackMemory."""
 
     loss: bool = False
     """The cross-entropy, not over vocab-parallel logits (whose DTensor loss keeps the eager terms)."""
