@@ -22,6 +22,7 @@ from backend.analytic.memory.family_bytes import (
     mlp_elems,
     qk_norm_bytes,
     rms_norm_extra_bytes,
+    rope_table_width,
     sandwich_norm_bytes,
     v_view_elems,
 )
@@ -292,20 +293,25 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     """What op-level selective checkpointing (models/checkpointing.op_policy, torchtitan's `_apply_op_sac`) keeps of
     one block beyond its input: the outputs of the listed ops, every second aten.mm excepted, in forward order.
     Linears without a bias run aten.mm on the flattened (s·b, in) input, with one aten.addmm; their local outputs are
-    q (h/t), k and v (kv·d/t), o (h: Rowwise's partial sum), then fc_in (f/t), fc_out (h) or gate, up (f/t), down (h).
-    The flash kernels keep their output (b, a/t, s, d) and the fp32 logsumexp (b, a/t, s); math attention's two bmm
-    outputs are the (b·a/t, s, s) scores and (b·a/t, s, d). Under SP, TP's reduce-scatters after o and fc_out / down
-    give (s/t · b, h) each. A dense MLP only: the MoE experts' and router's matmuls are not counted."""
+    q (h/t), k and v (kv·d/t), o (h: Rowwise's partial sum), then fc_in (f/t), fc_out (h) or gate, up (f/t), down (h);
+    MLA's are q_a (q_lora, replicated) and q_b (a·d_qk/t), or q, then kv_a (kv_lora + rope, replicated), kv_b
+    (a·(nope + d_v)/t) and o. The flash kernels keep their output (b, a/t, s, d_v; d_qk for this engine's padded MLA v
+    on the CPU) and the fp32 logsumexp (b, a/t, s); math attention's two bmm outputs are the (b·a/t, s, s) scores and
+    (b·a/t, s, d_v). Under SP, TP's reduce-scatters after o and fc_out / down give (s/t · b, h) each. A dense MLP only:
+    the MoE experts' and router's matmuls are not counted."""
     s, b, h, a, t, ops = shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.tp, set(shape.sac_ops)
     cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
+    q = shape.q_width or h
+    v = shape.v_width or q
     linears = linears_of(shape)
     saved = sum(sb * linears[i][0] * cb for i in _op_sac_kept_linears(linears, ops))
     if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
                               "aten._scaled_dot_product_flash_attention.default",
                               "aten._scaled_dot_product_efficient_attention.default"}:
-        saved += sb * h / t * cb + LSE_BYTES * a / t * sb
+        out = q if shape.v_width and shape.device == "cpu" else v  # models/gpt.py _padded_flash_attention
+        saved += sb * out / t * cb + LSE_BYTES * a / t * sb
     elif not shape.flash and "aten.bmm.default" in ops:
-        saved += (b * a / t * s * s + sb * h / t) * cb
+        saved += (b * a / t * s * s + sb * v / t) * cb
     if shape.sequence_parallel and "_c10d_functional.reduce_scatter_tensor.default" in ops:
         saved += 2 * sb * h / t * cb
     return saved
@@ -317,7 +323,12 @@ def linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
     q = shape.q_width or h
     kv = (shape.kv_heads or a) * (q // a)
     qkv_bias, other_bias = shape.bias in ("all", "qkv"), shape.bias == "all"
-    linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
+    if shape.kv_lora:  # MLA (models/gpt.py LatentAttention): the latent projections are replicated over tp
+        linears = [(shape.q_lora, qkv_bias), (q / t, qkv_bias)] if shape.q_lora else [(q / t, qkv_bias)]
+        linears += [(shape.kv_lora + rope_table_width(shape), qkv_bias),
+                    ((shape.v_view_extra + (shape.v_width or q)) / t, False), (h, other_bias)]
+    else:
+        linears = [(q / t, qkv_bias), (kv / t, qkv_bias), (kv / t, qkv_bias), (h, other_bias)]
     if not shape.n_experts:
         f = shape.ffn / t
         linears += ([(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp)

@@ -184,7 +184,12 @@ def latent_norm_bytes(shape: LatentShape) -> float:
     for width in (shape.q_lora, shape.kv_lora):
         if width:
             out += _extra_norm_bytes(shape, sbh=rows * width, sb=rows) + rows * width * c
-    return out + (rows * shape.rope_width * c if kept_as_is else 0.0)
+    return out + (rows * rope_table_width(shape) * c if kept_as_is else 0.0)
+
+
+def rope_table_width(shape: LatentShape) -> int:
+    """One head's rotary width (LayerShape.rope_width, whose 0 means d_model / n_heads)."""
+    return shape.rope_width or shape.d_model // shape.n_heads
 
 
 def v_view_elems(shape: LatentShape, *, recompute: str, padded: bool) -> float:
