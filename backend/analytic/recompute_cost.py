@@ -20,7 +20,16 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from backend.analytic.layout import Layout, RecomputeMode
-from backend.analytic.params import ModelKey, block_param_list, head_dim, is_gated, layer_is_moe, model_key
+from backend.analytic.params import (
+    ModelKey,
+    block_param_list,
+    head_dim,
+    is_gated,
+    is_mla,
+    layer_is_moe,
+    model_key,
+    v_head_dim,
+)
 from backend.analytic.scalar_or_array import maximum, minimum, where
 from backend.analytic.stack_memory import CORE_ATTN_ONLY
 
@@ -39,20 +48,27 @@ class RerunShare(NamedTuple):
 
 
 def _linears(model: ModelSpec) -> list[tuple[float, bool]]:
-    """(width, biased) of one block's linears in forward order, width = the dimension other than h (FLOPs are
-    proportional to it)."""
+    """(in x out, biased) of one block's linears in forward order (FLOPs are proportional to the weight's size): q, k,
+    v, o, or MLA's q_a and q_b (or q), kv_a, kv_b and o (models/gpt.py LatentAttention), then the MLP's."""
     h, a = model.d_model, model.n_heads
-    kv = getattr(model, "kv_heads", a) * head_dim(model)
+    q = a * head_dim(model)
     bias = str(getattr(model, "bias", "all"))
     qkv, other = bias in ("all", "qkv"), bias == "all"
     ffn = model.expert_ffn if model.is_moe else model.ffn
-    mlp = [(ffn, other)] * (3 if is_gated(getattr(model, "mlp", "gelu")) else 2)  # fc_out / down: ffn x h too
-    return [(h, qkv), (kv, qkv), (kv, qkv), (h, other)] + mlp
+    mlp = [(h * ffn, other)] * (3 if is_gated(getattr(model, "mlp", "gelu")) else 2)  # fc_out / down: ffn x h too
+    if is_mla(model):
+        q_lora, kv_lora = model.q_lora_rank or 0, model.kv_lora_rank
+        attn = [(h * q_lora, qkv), (q_lora * q, qkv)] if q_lora else [(h * q, qkv)]
+        v = a * v_head_dim(model)
+        attn += [(h * (kv_lora + model.qk_rope_head_dim), qkv), (kv_lora * (a * model.qk_nope_head_dim + v), False),
+                 (v * h, other)]
+        return attn + mlp
+    kv = getattr(model, "kv_heads", a) * head_dim(model)
+    return [(h * q, qkv), (h * kv, qkv), (h * kv, qkv), (q * h, other)] + mlp
 
 
 def op_gemm_share(model: ModelSpec, ops: tuple[str, ...]) -> float:
-    """The FLOPs share of a block's linears that op-level SAC re-runs (every linear has h inputs or outputs: FLOPs
-    are proportional to the width)."""
+    """The FLOPs share of a block's linears that op-level SAC re-runs."""
     ops_set, count, rerun = set(ops), 0, 0.0
     linears = _linears(model)
     for width, biased in linears:

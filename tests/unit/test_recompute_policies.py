@@ -52,6 +52,16 @@ def test_op_policy_reruns_every_second_matmul():
     assert op_gemm_share(ModelSpec(), DEFAULT_SAC_OPS) == 1.0  # GPT's biased linears run aten.addmm: not listed
 
 
+def test_op_policy_reruns_every_second_matmul_of_mla():
+    """MLA without biases: q_a, q_b, kv_a, kv_b, o, gate, up, down are aten.mm (FLOPs by weight size); torchtitan
+    keeps mm 1, 3, 5, 7, so q_b, kv_b, gate and down are re-run."""
+    mla = ModelSpec(d_model=64, n_heads=4, ffn_hidden=128, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+                    qk_rope_head_dim=8, v_head_dim=16, **LLAMA)
+    q_a, q_b, kv_a, kv_b, o, f = 64 * 32, 32 * 4 * 24, 64 * (16 + 8), 16 * 4 * (16 + 16), 4 * 16 * 64, 64 * 128
+    rerun, total = q_b + kv_b + 2 * f, q_a + q_b + kv_a + kv_b + o + 3 * f
+    assert op_gemm_share(mla, DEFAULT_SAC_OPS) == pytest.approx(rerun / total)
+
+
 @pytest.mark.parametrize("family", [{}, LLAMA], ids=["gpt", "llama"])
 @pytest.mark.parametrize("recompute", POLICIES)
 @pytest.mark.heavy
