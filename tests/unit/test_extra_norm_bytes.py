@@ -12,6 +12,7 @@ import pytest
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
 from backend.analytic.memory.family_bytes import qk_norm_bytes, sandwich_norm_bytes
 from backend.spec import ExperimentSpec
+from tests.helpers.saved_bytes import MODES, block_saved_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -19,8 +20,6 @@ MODEL = {"vocab_size": 256, "d_model": 256, "n_layers": 1, "n_heads": 4, "n_kv_h
          "attention": "flash", "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none",
          "ffn_hidden": 704, "qk_norm": True, "tie_embeddings": False}
 SANDWICH = {**{k: v for k, v in MODEL.items() if k != "qk_norm"}, "mlp": "geglu", "sandwich_norm": True}
-MODES = {  # (precision, strategy): FSDP2's bf16 block, autocast over fp32 weights, fp32
-    "bf16_params": ("bf16-mixed", "zero3"), "autocast": ("bf16-mixed", "ddp"), "fp32": ("fp32", "ddp")}
 
 
 def _spec(mode: str, model: dict = MODEL) -> ExperimentSpec:
@@ -28,33 +27,6 @@ def _spec(mode: str, model: dict = MODEL) -> ExperimentSpec:
     return ExperimentSpec.for_prediction({
         "model": model, "train": {"global_batch": 4, "micro_batch": 2, "precision": precision},
         "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": "cpu"}})
-
-
-def _saved_bytes(spec: ExperimentSpec, mode: str, selective: bool) -> int:
-    import contextlib
-
-    import torch
-
-    from backend.models.gpt import build_model
-
-    m = spec.model
-    dtype = torch.bfloat16 if mode == "bf16_params" else torch.float32
-    block = build_model(m, seed=0).to(dtype).layers["0"]
-    block.attn.selective_recompute = selective
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    region = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
-    with region, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x)
-    casts = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2) if mode == "autocast" else 0
-    return sum(saved.values()) - casts
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -65,7 +37,7 @@ def test_an_eager_block_with_extra_norms_keeps_what_the_model_counts(mode, recom
     shape = LayerShape.of_spec(spec)
     assert (shape.qk_norm, shape.sandwich_norm) == (family == "qk_norm", family == "sandwich")
     assert shape.autocast == (mode == "autocast")
-    assert _saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
+    assert block_saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
 
 
 def test_q_k_norms_on_cuda_keep_the_fused_kernels_input_and_rstd_or_under_autocast_the_composites():

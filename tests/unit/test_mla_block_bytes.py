@@ -13,14 +13,13 @@ import pytest
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
 from backend.analytic.memory.family_bytes import latent_norm_bytes
 from backend.spec import ExperimentSpec
+from tests.helpers.saved_bytes import MODES, block_saved_bytes
 
 pytestmark = pytest.mark.unit
 
 MLA = {"vocab_size": 256, "d_model": 128, "n_layers": 1, "n_heads": 4, "seq_len": 64, "norm": "rmsnorm",
        "mlp": "swiglu", "positions": "rope", "bias": "none", "ffn_hidden": 352, "tie_embeddings": False,
        "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
-MODES = {  # (precision, strategy): FSDP2's bf16 block, autocast over fp32 weights, fp32
-    "bf16_params": ("bf16-mixed", "zero3"), "autocast": ("bf16-mixed", "ddp"), "fp32": ("fp32", "ddp")}
 
 
 def _spec(mode: str, micro_batch: int = 2, **model) -> ExperimentSpec:
@@ -31,33 +30,6 @@ def _spec(mode: str, micro_batch: int = 2, **model) -> ExperimentSpec:
         "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": "cpu"}})
 
 
-def _saved_bytes(spec: ExperimentSpec, mode: str, selective: bool) -> int:
-    import contextlib
-
-    import torch
-
-    from backend.models.gpt import build_model
-
-    m = spec.model
-    dtype = torch.bfloat16 if mode == "bf16_params" else torch.float32
-    block = build_model(m, seed=0).to(dtype).layers["0"]
-    block.attn.selective_recompute = selective
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    region = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
-    with region, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x)
-    casts = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2) if mode == "autocast" else 0
-    return sum(saved.values()) - casts
-
-
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("attention", ["math", "flash"])
 @pytest.mark.parametrize("micro_batch", [1, 2])
@@ -66,7 +38,7 @@ def test_an_eager_mla_block_keeps_what_the_model_counts(mode, attention, micro_b
     spec = _spec(mode, micro_batch, attention=attention)
     shape = LayerShape.of_spec(spec)
     assert (shape.q_lora, shape.kv_lora, shape.autocast) == (48, 32, mode == "autocast")
-    assert _saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
+    assert block_saved_bytes(spec, mode, recompute == "selective") == layer_activation_bytes(shape, recompute)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -74,7 +46,7 @@ def test_mla_without_a_q_latent_keeps_what_the_model_counts(mode):
     spec = _spec(mode, attention="flash", q_lora_rank=None)
     shape = LayerShape.of_spec(spec)
     assert shape.q_lora == 0
-    assert _saved_bytes(spec, mode, False) == layer_activation_bytes(shape, "none")
+    assert block_saved_bytes(spec, mode, False) == layer_activation_bytes(shape, "none")
 
 
 def test_latent_norms_on_cuda_keep_the_fused_kernels_input_with_kv_as_rotary_key_view():

@@ -11,14 +11,13 @@ import pytest
 
 from backend.analytic.memory.activations import LayerShape, layer_activation_bytes
 from backend.spec import ExperimentSpec
+from tests.helpers.saved_bytes import MODES, block_saved_bytes
 
 pytestmark = pytest.mark.unit
 
 MOE = {"vocab_size": 128, "d_model": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "seq_len": 32,
        "norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": "none", "attention": "flash",
        "n_experts": 4, "top_k": 2, "expert_ffn_hidden": 32, "tie_embeddings": False}
-MODES = {  # (precision, strategy): FSDP2's bf16 block, autocast over fp32 weights, fp32
-    "bf16_params": ("bf16-mixed", "zero3"), "autocast": ("bf16-mixed", "ddp"), "fp32": ("fp32", "ddp")}
 VARIANTS = {
     "swiglu": {}, "gelu": {"mlp": "gelu"}, "clamped": {"mlp": "swiglu_clamped"},
     "shared_gated": {"n_shared_experts": 1, "shared_ffn_hidden": 32, "shared_expert_gate": True},
@@ -34,36 +33,10 @@ def _spec(mode: str, **model) -> ExperimentSpec:
         "parallel": {"strategy": strategy, "world_size": 2}, "runtime": {"device": "cpu"}})
 
 
-def _saved_bytes(spec: ExperimentSpec, mode: str) -> int:
-    import contextlib
-
-    import torch
-
-    from backend.models.gpt import build_model
-
-    m = spec.model
-    dtype = torch.bfloat16 if mode == "bf16_params" else torch.float32
-    block = build_model(m, seed=0).to(dtype).layers["0"]
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params and t.dim() > 0:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    region = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
-    with region, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x)
-    casts = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2) if mode == "autocast" else 0
-    return sum(saved.values()) - casts
-
-
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_an_eager_moe_block_keeps_what_the_model_counts(mode, variant):
     spec = _spec(mode, **VARIANTS[variant])
     shape = LayerShape.of_spec(spec)
     assert shape.n_experts == 4 and shape.autocast == (mode == "autocast")
-    assert _saved_bytes(spec, mode) == layer_activation_bytes(shape, "none")
+    assert block_saved_bytes(spec, mode) == layer_activation_bytes(shape, "none")

@@ -163,8 +163,12 @@ def sandwich_norm_bytes(shape: NormShape) -> float:
 def _extra_norm_bytes(shape: NormShape, *, sbh: float, sb: float) -> float:
     """device.rms_norm_saved_bytes of a norm whose input comes at the compute dtype (qk_norm_bytes' rule): the
     composite under autocast on any device."""
-    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=shape.dtype_bytes,
-                                device=CPU if shape.autocast else shape.device)
+    return rms_norm_saved_bytes(sbh=sbh, sb=sb, input_bytes=shape.dtype_bytes, device=_extra_norm_device(shape))
+
+
+def _extra_norm_device(shape: NormShape) -> str:
+    """The kernel a 16-bit-input norm runs: the composite under autocast on any device, else its device's."""
+    return CPU if shape.autocast else shape.device
 
 
 def latent_norm_bytes(shape: LatentShape) -> float:
@@ -178,8 +182,7 @@ def latent_norm_bytes(shape: LatentShape) -> float:
     if not shape.kv_lora:
         return 0.0
     rows, c = shape.seq_len * shape.micro_batch, shape.dtype_bytes
-    composite = shape.autocast or shape.device == CPU
-    kept_as_is = not composite or (c == 4 and not shape.autocast)
+    kept_as_is = _extra_norm_device(shape) != CPU or (c == 4 and not shape.autocast)
     out = 0.0
     for width in (shape.q_lora, shape.kv_lora):
         if width:
