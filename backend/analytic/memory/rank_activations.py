@@ -300,13 +300,18 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
     # uniform: also the last full group of N blocks, once the (smaller) last group freed its input
     rerun = ck.rerun_blocks * none_b - unit_b
-    # uniform groups under autocast: one more fp32 (b, s, h) while a group re-runs (measured on the CPU: uniform:2 /
-    # uniform:3, GPT and Llama blocks); not applied to the per-block policies, unmeasured there at their re-run peak
-    residual_copy = where(logical_and(autocast, layout.recompute == RecomputeMode.UNIFORM),
+    # under autocast one more fp32 (b, s, h) while a block or group re-runs (measured on the CPU: uniform:2 /
+    # uniform:3 and, without pipelining, layers:2, GPT and Llama blocks; tests/unit/test_recompute_policies.py); a
+    # pipelined per-block policy is unmeasured at its re-run peak and keeps without
+    residual_copy = where(logical_and(autocast, logical_or(layout.recompute == RecomputeMode.UNIFORM,
+                                                           logical_not(pipelined))),
                           layout.micro_batch * seq * model.d_model * 4 / where(layout.sequence_parallel, layout.tp, 1),
                           0)
+    # the plain blocks before the re-run one still hold their 16-bit weight copies (those after it freed theirs);
+    # a pipeline schedule's casts are counted by pipeline_saved
+    held_casts = where(pipelined, 0.0, maximum(0.0, kept_casts - ck.after * one_block))
     rerun_peak = (total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block
-                  + residual_copy)
+                  + residual_copy + held_casts)
     k = maximum(layout.recompute_layers, 1)
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
