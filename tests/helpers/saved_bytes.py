@@ -23,7 +23,9 @@ def block_saved_bytes(spec: ExperimentSpec, mode: str, selective: bool = False) 
     block = build_model(m, seed=0).to(dtype).layers["0"]
     block.attn.selective_recompute = selective
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, dtype=dtype, requires_grad=True)
+    # a fixed input: an MoE block's routing (which experts run, what a capacity limit drops) follows it
+    x = torch.randn(spec.train.micro_batch, m.seq_len, m.d_model, generator=torch.Generator().manual_seed(0),
+                    dtype=dtype, requires_grad=True)
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
