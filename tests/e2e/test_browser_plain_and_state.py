@@ -66,6 +66,8 @@ def test_a_name_inside_a_validation_message_is_shown_as_typed(served, page):
     from playwright.sync_api import expect
 
     page.goto(served)
+    # the module's first script run on a busy CPU: wait for it under expect's 90 s, as test_browser.py does
+    expect(page.get_by_text("New experiment").first).to_be_visible()
     name = page.get_by_label("Name (optional)")
     name.fill(NAME)
     name.press("Enter")
