@@ -20,6 +20,7 @@ from backend.analytic.memory.family_bytes import (
     head_widths,
     latent_norm_bytes,
     mlp_elems,
+    pads_v,
     qk_norm_bytes,
     rms_norm_extra_bytes,
     rope_table_width,
@@ -245,7 +246,7 @@ def layer_activation_bytes(shape: LayerShape, recompute: str = "none") -> float:
     elems = (1 + (2 if shape.kv_lora else 3) if autocast else 2) * sbh
     elems += vh / t  # o Linear input (heads merged back, B, T, h/t)
     elems += sb * shape.split_elems / t  # feature_elems
-    padded = flash and recompute == "none" and bool(shape.v_width) and shape.device == "cpu"  # _padded_flash_attention
+    padded = recompute == "none" and pads_v(shape)
     elems += sb * v_view_elems(shape, recompute=recompute, padded=padded) / t
     mask_bytes = latent_norm_bytes(shape)
     if recompute == "selective":
@@ -308,7 +309,7 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
                               "aten._scaled_dot_product_flash_attention.default",
                               "aten._scaled_dot_product_efficient_attention.default"}:
-        out = q if shape.v_width and shape.device == "cpu" else v  # models/gpt.py _padded_flash_attention
+        out = q if pads_v(shape) else v
         saved += sb * out / t * cb + LSE_BYTES * a / t * sb
     elif not shape.flash and "aten.bmm.default" in ops:
         saved += (b * a / t * s * s + sb * v / t) * cb

@@ -79,6 +79,8 @@ class LatentShape(NormShape, Protocol):
     def v_view_extra(self) -> int: ...
     @property
     def flash(self) -> bool: ...
+    @property
+    def v_width(self) -> int: ...
 
 
 class AttentionShape(Protocol):
@@ -188,6 +190,12 @@ def latent_norm_bytes(shape: LatentShape) -> float:
         if width:
             out += _extra_norm_bytes(shape, sbh=rows * width, sb=rows) + rows * width * c
     return out + (rows * rope_table_width(shape) * c if kept_as_is else 0.0)
+
+
+def pads_v(shape: LatentShape) -> bool:
+    """Whether this engine's flash attention runs over a zero-padded v: a v narrower than q (MLA) on the CPU, whose
+    only flash kernel takes one head width (models/gpt.py _padded_flash_attention)."""
+    return bool(shape.flash and shape.v_width and shape.device == CPU)
 
 
 def rope_table_width(shape: LatentShape) -> int:
