@@ -13,20 +13,9 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from backend.recompute_policy import groups
+
 BLOCK_LEVEL = ("full", "op", "layers", "block", "uniform")
-
-
-def groups(n_blocks: int, kind: str, layers: int) -> list[tuple[range, bool]]:
-    """(block positions, checkpointed) runs of a stage module's n blocks, in forward order."""
-    if kind in ("full", "op"):
-        return [(range(j, j + 1), True) for j in range(n_blocks)]
-    if kind == "layers":  # torchtitan's layer SAC: the K-th, 2K-th, ... block
-        return [(range(j, j + 1), (j + 1) % layers == 0) for j in range(n_blocks)]
-    if kind == "block":  # Megatron --recompute-method block: the first N blocks, each its own checkpoint
-        return [(range(j, j + 1), j < layers) for j in range(n_blocks)]
-    if kind == "uniform":  # Megatron --recompute-method uniform: chunks of N blocks, one checkpoint per chunk
-        return [(range(j, min(j + layers, n_blocks)), True) for j in range(0, n_blocks, layers)]
-    return [(range(0, n_blocks), False)] if n_blocks else []
 
 
 def resolve_ops(names: tuple[str, ...]) -> set[Any]:

@@ -114,9 +114,16 @@ from backend.spec import ExperimentSpec, ModelSpec
 # fullest_bytes (fullest +0.05% .. +2.27% on 521 ranks, all up; no fullest_moment moved); planner rows moved only in
 # the "moe" case (2,333 of its 4,464 rows, all up, +0.004% .. +7.34%; the worst pipeline rank on 42).
 # STEP_TIMES_BEFORE is unchanged.
-ESTIMATES_BEFORE = "477ecaf936bc11f587f6"
+# An MoE block re-run under recompute holds its dense dispatch's (tokens, h) accumulator (memory/policy_blocks.py,
+# tests/unit/test_recompute_policies.py): moved ESTIMATES_BEFORE (477ecaf936bc11f587f6 before) and PLANNER_BEFORE
+# (9e1c3c10a1f559148aab before). Compared entry by entry with 5171a92: the 55 of 846 estimates that moved are all MoE
+# full recompute without ep (31 fp32, 24 bf16-mixed), in activations_bytes / total_bytes (264 ranks) and
+# backward_bytes / fullest_bytes (12 ranks; fullest +0.00% .. +0.25%); planner rows moved only in the "moe" case, 2 of
+# 4,464, both full recompute without ep (+0.19%, +0.22%). STEP_TIMES_BEFORE is unchanged. (The golden draw has no
+# mixed dense / MoE stack: pricing each block at its own kind moved no number here.)
+ESTIMATES_BEFORE = "54124897056a8c9b4979"
 STEP_TIMES_BEFORE = "ef134c59104f99bb69f0"
-PLANNER_BEFORE = "9e1c3c10a1f559148aab"
+PLANNER_BEFORE = "6d9d8ea0f556bda47758"
 
 T = dict(vocab_size=250, d_model=96, n_layers=5, n_heads=4, seq_len=32)
 ODD = dict(vocab_size=251, d_model=90, n_layers=5, n_heads=3, seq_len=30, ffn_hidden=333)

@@ -30,14 +30,14 @@ from backend.analytic.memory.compiled_block import compiled_block_bytes
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
+from backend.analytic.memory.policy_blocks import Checkpointing, KindBytes, checkpointing, kind_bytes, policy_blocks
+from backend.analytic.params import layer_is_moe
 from backend.analytic.scalar_or_array import (
     as_int,
-    ceil_div,
     logical_and,
     logical_not,
     logical_or,
     maximum,
-    minimum,
     per_distinct,
     per_value,
     take_rows,
@@ -90,40 +90,6 @@ def _head_terms(shape: LayerShape, vocab: int) -> tuple[float, float, float]:
     return (model_embedding_head_activation_bytes(**head), model_head_freed_in_backward_bytes(**head),
             tp_logits_shard_bytes(s=shape.seq_len, b=shape.micro_batch, vocab=vocab, t=shape.tp,
                                   dtype_bytes=shape.dtype_bytes))
-
-
-@dataclass(frozen=True)
-class Checkpointing:
-    """How a pipeline rank's blocks fall under the recompute policy (scalars or arrays): `units` checkpoints (a block,
-    or a uniform group) and `plain` blocks outside any; in backward the last chunk's last checkpoint re-runs first,
-    after `after` plain blocks have freed theirs, re-materialising `rerun_blocks` blocks at once. Chunks of one rank
-    hold q or q+1 blocks (q = n_layers // n_stages); the extra layers sit on the earliest stages, so its last chunk
-    holds q+1 only when all do."""
-    units: Num
-    plain: Num
-    after: Num
-    rerun_blocks: Num
-
-
-def checkpointing(model: ModelSpec, layout: Layout, n_blocks: Num) -> Checkpointing:
-    """The policy's counts on a rank holding n_blocks over layout.virtual_stages chunks
-    (models/checkpointing.groups)."""
-    v, k, kind = layout.virtual_stages, maximum(layout.recompute_layers, 1), layout.recompute
-    q = model.n_layers // layout.n_stages
-    big = n_blocks - v * q
-    small = v - big
-    last = q + (big == v)
-    per_block = logical_or(kind == RecomputeMode.FULL, kind == RecomputeMode.OP)
-    units = where(per_block, n_blocks, 0)
-    units = where(kind == RecomputeMode.LAYERS, big * ((q + 1) // k) + small * (q // k), units)
-    units = where(kind == RecomputeMode.BLOCK, big * minimum(k, q + 1) + small * minimum(k, q), units)
-    groups = big * ceil_div(q + 1, k) + small * ceil_div(q, k)
-    units = where(kind == RecomputeMode.UNIFORM, groups, units)
-    plain = where(kind == RecomputeMode.UNIFORM, 0, n_blocks - units)
-    after = where(kind == RecomputeMode.LAYERS, where(last >= k, last % k, last), 0)
-    after = where(kind == RecomputeMode.BLOCK, last - minimum(k, last), after)
-    rerun_blocks = where(kind == RecomputeMode.UNIFORM, last - k * (ceil_div(last, k) - 1), 1)
-    return Checkpointing(units, plain, after, rerun_blocks)
 
 
 _TERMS: dict[tuple[LayerShape, int], dict[tuple[int, ...], tuple[float, ...]]] = {}
@@ -252,12 +218,8 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     plain_b, unit_b, none_b, emb_head, head_freed_bytes, shard = terms
     stages = parts.stages
     ck = checkpointing(model, layout, stages.n_blocks)
-    blocks = ck.units * unit_b + ck.plain * plain_b
-    if is_mixed(model):  # per block kind, the policy's units and plain blocks spread over both kinds in proportion
-        alt_plain, alt_unit = rank_activation_terms(model, layout, alt=True)[:2]
-        alt_share = stages.n_alt / maximum(stages.n_blocks, 1)
-        blocks = blocks + alt_share * (ck.units * (alt_unit - unit_b) + ck.plain * (alt_plain - plain_b))
-    blocks = blocks + attention_kind_correction(model, layout, pp_rank, stages.n_blocks, ck.plain)
+    pb = policy_blocks(model, layout, pp_rank, parts, ck, _kinds(model, layout, parts, terms))
+    blocks = pb.blocks + attention_kind_correction(model, layout, pp_rank, stages.n_blocks, ck.plain)
     pipelined = layout.pipelined
 
     def saved(lay: Layout, rank: _Rows, prt: RankParts, rows_terms: _Rows, ac: _Rows, pipe: bool) -> Num:
@@ -278,7 +240,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     w_blocks, w_head, b_blocks = (where(autocast, x, 0) for x in autocast_casts(model, layout, parts))
     checkpointed = logical_and(ck.units > 0, stages.n_blocks > 0)
     # a checkpointed block saves no 16-bit weight copy: only the plain blocks' casts stay
-    kept_casts = where(stages.n_blocks > 0, w_blocks * ck.plain / maximum(stages.n_blocks, 1), 0)
+    kept_casts = where(stages.n_blocks > 0, w_blocks * pb.kept_weight_share, 0)
     sbv = seq * layout.micro_batch * model.vocab_size
     # loss_fn's fp32 copy of 16-bit logits (model_loss_transient_bytes); a compiled loss upcasts inside its kernel
     loss_copy = 0.0 if cb == 4 or layout.loss_compiled else sbv * 4
@@ -295,11 +257,11 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split = split_backward(layout)
-    # one block's casts again: (w_blocks + b_blocks) / n_blocks, exactly (an integer multiple)
-    one_block = where(autocast, cb * (parts.last_block.linear_weight_numel + parts.last_block.linear_bias_numel), 0)
+    # one block's casts again, of the first re-run span's kind
+    one_block = pb.rerun_casts / maximum(ck.rerun_blocks, 1)
     # the first re-run in backward: the last checkpoint unit, once the plain blocks after it and the head freed theirs;
     # uniform: also the last full group of N blocks, once the (smaller) last group freed its input
-    rerun = ck.rerun_blocks * none_b - unit_b
+    rerun = pb.rerun_none - pb.rerun_unit + pb.rerun_transient
     # under autocast one more fp32 (b, s, h) while a block or group re-runs (measured on the CPU: uniform:2 /
     # uniform:3 and, without pipelining, layers:2, GPT and Llama blocks; tests/unit/test_recompute_policies.py); a
     # pipelined per-block policy is unmeasured at its re-run peak and keeps without
@@ -309,24 +271,43 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
                           0)
     # the plain blocks before the re-run one still hold their 16-bit weight copies (those after it freed theirs);
     # a pipeline schedule's casts are counted by pipeline_saved
-    held_casts = where(pipelined, 0.0, maximum(0.0, kept_casts - ck.after * one_block))
-    rerun_peak = (total + maximum(0.0, rerun - head_freed - ck.after * plain_b) + ck.rerun_blocks * one_block
-                  + residual_copy + held_casts)
+    held_casts = where(pipelined, 0.0, maximum(0.0, kept_casts - pb.after_casts))
+    rerun_peak = (total + maximum(0.0, rerun - head_freed - pb.after_plain) + pb.rerun_casts + residual_copy
+                  + held_casts)
     k = maximum(layout.recompute_layers, 1)
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
-    group_peak = total + maximum(0.0, k * none_b - 2 * unit_b - head_freed) + k * one_block + residual_copy
+    group_peak = total + maximum(0.0, pb.group_none - 2 * unit_b - head_freed) + pb.group_casts + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
     peak = as_int(where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward))
     # a weight pass runs its blocks in forward order: layers:K's first checkpoint (a chunk's K-th block) re-runs once
     # the K - 1 plain blocks before it have freed their saved tensors and 16-bit weight copies
     ahead = where(layout.recompute == RecomputeMode.LAYERS, k - 1, 0)
-    weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + ck.rerun_blocks * one_block
-                              - ahead * (plain_b + one_block), 0.0)
+    weight_pass_rerun = where(checkpointed, maximum(0.0, rerun) + pb.rerun_casts - ahead * (plain_b + one_block), 0.0)
     return ActivationMoments(peak=peak, forward=forward, forward_loss=forward_loss, held=total + kept_casts,
                              weight_pass_rerun=weight_pass_rerun,
-                             blocks=blocks, head_freed=head_freed, plain=plain_b, unit=unit_b, none=none_b,
+                             blocks=blocks, head_freed=head_freed, plain=plain_b, unit=pb.rerun_unit,
+                             none=pb.rerun_none / maximum(ck.rerun_blocks, 1),
                              one_block_casts=one_block, cached_casts=w_blocks + b_blocks - kept_casts,
                              head_casts=w_head, ck=ck)
+
+
+def _kinds(model: ModelSpec, layout: Layout, parts: RankParts, terms: tuple) -> tuple[KindBytes, KindBytes]:
+    """Block 0's kind's bytes and, in a mixed stack, the other kind's (mixed_blocks.KindBytes): the saved-bytes terms
+    and one block's 16-bit weight and bias copies under autocast."""
+    on = where(layout.uses_autocast, layout.compute_bytes, 0)
+    # the dense dispatch's accumulator, in the residual stream's dtype (fp32 under autocast); the expert-parallel
+    # dispatch's buffers at its re-run are not measured
+    accumulator = where(layout.ep > 1, 0, layout.micro_batch * layout.seq_local(model) * model.d_model
+                        * where(layout.uses_autocast, 4, layout.compute_bytes))
+    moe0 = layer_is_moe(model, 0)
+    base = kind_bytes(terms, (on * parts.block.linear_weight_numel, on * parts.block.linear_bias_numel),
+                      accumulator if moe0 else 0.0)
+    if not is_mixed(model):
+        return base, base
+    alt = kind_bytes(rank_activation_terms(model, layout, alt=True),
+                     (on * parts.alt_block.linear_weight_numel, on * parts.alt_block.linear_bias_numel),
+                     0.0 if moe0 else accumulator)
+    return base, alt
 
 
 def attention_kind_correction(model: ModelSpec, layout: Layout, pp_rank: Num, n_blocks: Num,

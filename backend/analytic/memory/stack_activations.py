@@ -51,7 +51,7 @@ from backend.analytic.memory.activations import (
 from backend.analytic.memory.compiled_block import compiled_block_bytes
 from backend.analytic.memory.parts import RankParts, is_mixed
 from backend.analytic.memory.pipeline_activations import in_flight
-from backend.analytic.memory.rank_activations import Checkpointing, checkpointing
+from backend.analytic.memory.policy_blocks import Checkpointing, checkpointing
 from backend.analytic.memory.te_block import MlaWidths, MoeWidths, TeLayer, te_layer_bytes
 from backend.analytic.params import head_dim, is_gated
 from backend.analytic.scalar_or_array import as_int, logical_and, maximum, minimum, per_distinct, where
