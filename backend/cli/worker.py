@@ -62,11 +62,11 @@ def cmd_worker(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    from backend.worker.cleanup import collect, runs_dirs
+    from backend.worker.cleanup import collect, owned_runs_dirs, runs_dirs
 
     engine = open_store(args)
-    report = collect(engine, runs_dirs(engine, args.runs_dir), older_than_s=args.older_than_h * 3600,
-                     dry_run=args.dry_run)
+    report = collect(engine, runs_dirs(engine, args.runs_dir), owned=owned_runs_dirs(engine, args.runs_dir),
+                     older_than_s=args.older_than_h * 3600, dry_run=args.dry_run)
     if args.json:
         print(dump_json({"removed": report.removed, "bytes": report.bytes, "kept_in_use": report.kept_in_use,
                      "dry_run": report.dry_run}))

@@ -1,7 +1,9 @@
 """`python -m backend gc`: remove what finished runs left behind and nothing else; `delete_run`: a run and its folders.
 
 - run folders (`<runs dir>/<id>`, also the SLURM run_dir) whose experiment was deleted, or whose stamp names
-  another run (backend/run_folders), and folders set aside as `<id>.stale-<ms>`;
+  another run (backend/run_folders), and folders set aside as `<id>.stale-<ms>`. Only in a runs dir this store owns
+  (`owned_runs_dirs`): elsewhere (the SLURM run_dir, a server store's default <repo>/data/runs) other stores' runs
+  live too, whose ids and uids this store cannot judge, so there only set-aside folders go;
 - in the temp folder: per-job temp folders (`shardlab-job-<id>-*`, the worker's TMPDIR for a job) and dashboard
   trace folders (`shardlab-trace-<id>-*`) of experiments no longer running, and torchrun's `torchelastic_*`
   log folders (left by every run launched outside the worker).
@@ -69,15 +71,15 @@ def _paths_in_use() -> set[str]:
     return used
 
 
-def run_folder_verdict(folder: Path, uids: dict[int, str], running: set[int]) -> str | None:
-    """Why a folder under a runs dir is garbage (None: keep it)."""
+def run_folder_verdict(folder: Path, uids: dict[int, str], running: set[int], owned: bool = True) -> str | None:
+    """Why a folder under a runs dir is garbage (None: keep it); owned: the runs dir is this store's alone."""
     m = _RUN_DIR.fullmatch(folder.name)
     if m is None or not folder.is_dir():
         return None
     eid, stale = int(m.group(1)), m.group(2)
     if stale:
         return "set aside: another run's leftovers found under this run's id"
-    if eid in running:
+    if eid in running or not owned:
         return None
     if eid not in uids:
         return "its experiment was deleted"
@@ -87,18 +89,34 @@ def run_folder_verdict(folder: Path, uids: dict[int, str], running: set[int]) ->
     return None
 
 
-def collect(engine, runs_dirs: list[Path], *, tmp_dir: Path | None = None, older_than_s: float = 3600.0,
-            dry_run: bool = False) -> GcReport:
+def owned_runs_dirs(engine, runs_dir: Path | None = None) -> set[Path]:
+    """The runs dirs only this store writes into: the one given by hand (--runs-dir), else the one beside its SQLite
+    file; none for a server store, whose default (<repo>/data/runs) the checkout's own SQLite store uses too."""
+    from db.session import sqlite_path
+
+    if runs_dir is not None:
+        return {Path(runs_dir).resolve()}
+    if sqlite_path(str(engine.url.render_as_string(hide_password=False))) is None:
+        return set()
+    from backend.run_folders import default_runs_dir
+
+    return {default_runs_dir(engine).resolve()}
+
+
+def collect(engine, runs_dirs: list[Path], *, owned: set[Path] | None = None, tmp_dir: Path | None = None,
+            older_than_s: float = 3600.0, dry_run: bool = False) -> GcReport:
+    """What gc removes (module docstring); owned: the runs dirs this store owns (default `owned_runs_dirs`)."""
     from db import queries as q
 
     report = GcReport(dry_run=dry_run)
     uids = q.run_uids(engine)
     running = {r["id"] for r in q.list_experiments(engine, status=str(Status.RUNNING), columns=["id"])}
+    owned = owned_runs_dirs(engine) if owned is None else {Path(d).resolve() for d in owned}
     candidates: list[tuple[Path, str]] = []
     for runs_dir in dict.fromkeys(Path(d).resolve() for d in runs_dirs):
         if runs_dir.is_dir():
             candidates += [(f, why) for f in sorted(runs_dir.iterdir())
-                           if (why := run_folder_verdict(f, uids, running))]
+                           if (why := run_folder_verdict(f, uids, running, runs_dir in owned))]
     tmp = Path(tmp_dir or tempfile.gettempdir())
     cutoff = time.time() - older_than_s
     in_use = _paths_in_use()

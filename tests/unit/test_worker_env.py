@@ -144,6 +144,31 @@ def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_p
     assert {r["path"] for r in planned["removed"]} >= {str(p) for p in gone if p.parent == runs}
 
 
+def test_gc_leaves_another_store_s_run_folders_alone_in_a_shared_runs_dir(tmp_path, capsys):
+    """A store at /elsewhere/store.db judged the checkout's data/runs (the SLURM config's default run_dir) by its own
+    ids and would have removed the other store's runs 1 and 2 ("its experiment was deleted", "stamped for another
+    run with the same id"). In a runs dir it does not own, gc removes set-aside folders only."""
+    url = f"sqlite:///{tmp_path / 'mine' / 'store.db'}"
+    (tmp_path / "mine").mkdir()
+    engine = open_db(url)
+    (mine,) = q.submit_experiments(engine, [spec("mine")])
+    shared = tmp_path / "shared_runs"
+    foreign = [shared / str(mine), shared / str(mine + 1)]
+    for i, path in enumerate(foreign):
+        path.mkdir(parents=True)
+        (path / "run.json").write_text(json.dumps({"run_uid": f"another store's run {i}"}))
+    stale = shared / f"{mine}.stale-123"
+    stale.mkdir()
+    from backend.worker.cleanup import collect, owned_runs_dirs
+
+    assert owned_runs_dirs(engine) == {(tmp_path / "mine" / "runs").resolve()}
+    report = collect(engine, [tmp_path / "mine" / "runs", shared], tmp_dir=tmp_path / "no_tmp")
+    assert [r["path"] for r in report.removed] == [str(stale)]
+    assert all(p.exists() for p in foreign)
+    assert main(["gc", "--db", url, "--runs-dir", str(shared), "--json", "--dry-run"]) == 0
+    assert {r["path"] for r in json.loads(capsys.readouterr().out)["removed"]} >= {str(foreign[1])}
+
+
 # ---- in processes of their own ----------------------------------------------------------------------------
 
 @pytest.mark.multiprocess
