@@ -86,6 +86,11 @@ class LayerShape:
     shared_ffn: int = 0
     shared_gate: bool = False
     bias: str = "all"
+    router_bias: bool = False
+    """MoE: the router Linear has a bias (gpt-oss): aten.addmm, not a counted aten.mm."""
+    expert_loop: bool = True
+    """MoE: the experts run one aten.mm per Linear per expert (the engine's per-expert loop), outputs op-level SAC
+    saves (`moe_linears_of`); False: grouped GEMMs (moe_grouped_gemm, the frameworks' experts)."""
     kv_heads: int = 0
     """0: n_heads (plain multi-head attention)."""
     sac_ops: tuple[str, ...] = ()
@@ -144,6 +149,8 @@ class LayerShape:
                    device="cuda" if device == "cuda" else "cpu", bias=_fam(model, "bias", "all"),
                    kv_heads=getattr(model, "kv_heads", model.n_heads), sac_ops=tuple(sac_ops), **family,
                    **head_widths(model), nope=family["rope"] and not rope, windowed=windowed,
+                   router_bias=moe and bool(getattr(model, "router_bias", False)),
+                   expert_loop=not getattr(model, "moe_grouped_gemm", False),
                    **(_capacity_kwargs(model) if moe else {}))
 
     @classmethod
@@ -298,14 +305,15 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     MLA's are q_a (q_lora, replicated) and q_b (a·d_qk/t), or q, then kv_a (kv_lora + rope, replicated), kv_b
     (a·(nope + d_v)/t) and o. The flash kernels keep their output (b, a/t, s, d_v; d_qk for this engine's padded MLA v
     on the CPU) and the fp32 logsumexp (b, a/t, s); math attention's two bmm outputs are the (b·a/t, s, s) scores and
-    (b·a/t, s, d_v). Under SP, TP's reduce-scatters after o and fc_out / down give (s/t · b, h) each. A dense MLP only:
-    the MoE experts' and router's matmuls are not counted."""
+    (b·a/t, s, d_v). Under SP, TP's reduce-scatters after o and fc_out / down give (s/t · b, h) each. An MoE block's
+    router and experts count on after the attention's linears (`moe_linears_of`)."""
     s, b, h, a, t, ops = shape.seq_len, shape.micro_batch, shape.d_model, shape.n_heads, shape.tp, set(shape.sac_ops)
     cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
     q = shape.q_width or h
     v = shape.v_width or q
-    linears = linears_of(shape)
-    saved = sum(sb * linears[i][0] * cb for i in _op_sac_kept_linears(linears, ops))
+    linears = [(width, biased, 1.0) for width, biased in linears_of(shape)] + moe_linears_of(shape)
+    kept = _op_sac_kept_linears([(width, biased) for width, biased, _ in linears], ops)
+    saved = sum(sb * linears[i][2] * linears[i][0] * cb for i in kept)
     if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
                               "aten._scaled_dot_product_flash_attention.default",
                               "aten._scaled_dot_product_efficient_attention.default"}:
@@ -335,6 +343,27 @@ def linears_of(shape: LayerShape) -> list[tuple[float, bool]]:
         linears += ([(f, other_bias), (h, other_bias)] if not is_gated(shape.mlp)
                     else [(f, other_bias)] * 2 + [(h, other_bias)])
     return linears
+
+
+def moe_linears_of(shape: LayerShape) -> list[tuple[float, bool, float]]:
+    """(local output width, biased, rows per token) of an MoE block's linears in forward order (gpt.MoE under the
+    dense dispatch's per-expert loop): the router (replicated), each expert on its N·k/E routed rows (uniform
+    routing), the shared experts and their gate on every row. [] for a dense block, and where the rows are not the
+    loop's: under ep (strategies/moe_dispatch.py), a capacity limit and grouped GEMMs (`expert_loop`)."""
+    if not shape.n_experts or shape.ep > 1 or shape.capacity_factor is not None or not shape.expert_loop:
+        return []
+    h, t, biased = shape.d_model, shape.tp, shape.bias == "all"
+
+    def mlp(ffn: int, rows: float) -> list[tuple[float, bool, float]]:
+        widths = [ffn / t, ffn / t, h] if is_gated(shape.mlp) else [ffn / t, h]
+        return [(w, biased, rows) for w in widths]
+
+    out = [(float(shape.n_experts), shape.router_bias, 1.0)]
+    for _ in range(shape.n_experts):
+        out += mlp(shape.ffn, shape.top_k / shape.n_experts)
+    if shape.shared_ffn:
+        out += mlp(shape.shared_ffn, 1.0) + ([(1.0, False, 1.0)] if shape.shared_gate else [])
+    return out
 
 
 def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> list[int]:

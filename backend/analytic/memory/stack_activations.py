@@ -121,7 +121,8 @@ def block_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple[Nu
     stack: StackMemory = layout.stack
     proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device, alt=alt,
                                  sac_ops=layout.sac_ops)
-    proto = replace(proto, flash=stack.fused_attention)
+    # the frameworks run their experts as grouped GEMMs, an op the op-level save list does not name
+    proto = replace(proto, flash=stack.fused_attention, expert_loop=False)
     te = uses_te(model, stack)
 
     def terms(b: int, tp: int, sp: int, rc: int, ep: int, cp: int, etp: int) -> tuple[float, float, float]:
