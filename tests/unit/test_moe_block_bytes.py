@@ -40,3 +40,20 @@ def test_an_eager_moe_block_keeps_what_the_model_counts(mode, variant):
     shape = LayerShape.of_spec(spec)
     assert shape.n_experts == 4 and shape.autocast == (mode == "autocast")
     assert block_saved_bytes(spec, mode) == layer_activation_bytes(shape, "none")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_grouped_gemm_experts_keep_no_16_bit_weight_copy(mode):
+    """moe_grouped_gemm: GroupedLinear casts the experts' weights inside its own Function and saves the fp32 ones, so
+    under autocast none of their 16-bit copies is kept (the helper takes one per 2-D weight off); besides, the block
+    keeps the int32 group offsets (E x 4 B). expert_casts.grouped_expert_elems counts exactly the copies left out."""
+    from backend.analytic.layout import Layout
+    from backend.analytic.memory.expert_casts import grouped_expert_elems
+
+    spec = _spec(mode, moe_grouped_gemm=True)
+    weights, biases = grouped_expert_elems(spec.model, Layout.of(spec))
+    assert (weights, biases) == (4 * 3 * 64 * 32, 0)
+    cast_bytes = 2 * weights if mode == "autocast" else 0
+    offsets = 4 * 4
+    expected = layer_activation_bytes(LayerShape.of_spec(spec), "none") + offsets - cast_bytes
+    assert block_saved_bytes(spec, mode) == expected

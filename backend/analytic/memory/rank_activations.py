@@ -27,6 +27,7 @@ from backend.analytic.memory.activations import (
     tp_logits_shard_bytes,
 )
 from backend.analytic.memory.compiled_block import compiled_block_bytes
+from backend.analytic.memory.expert_casts import grouped_expert_elems, moe_blocks
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
@@ -148,7 +149,9 @@ def autocast_casts(model: ModelSpec, layout: Layout, parts: RankParts) -> tuple[
     head = parts.total("head_weight_numel") + where(tied_alone, parts.embeddings.token_embedding_numel, 0)
     if layout.precision == "fp8":  # torchao's float8 linears keep their fp32 weight (no cast) and add a transient bias
         return (0, cb * head, 0)
-    return (cb * parts.total("linear_weight_numel"), cb * head, cb * parts.total("linear_bias_numel"))
+    grouped_w, grouped_b = (moe_blocks(model, parts) * x for x in grouped_expert_elems(model, layout))
+    return (cb * (parts.total("linear_weight_numel") - grouped_w), cb * head,
+            cb * (parts.total("linear_bias_numel") - grouped_b))
 
 
 def rank_activation_terms(model: ModelSpec, layout: Layout, alt: bool = False) -> tuple:
@@ -300,12 +303,15 @@ def _kinds(model: ModelSpec, layout: Layout, parts: RankParts, terms: tuple) -> 
     accumulator = where(layout.ep > 1, 0, layout.micro_batch * layout.seq_local(model) * model.d_model
                         * where(layout.uses_autocast, 4, layout.compute_bytes))
     moe0 = layer_is_moe(model, 0)
-    base = kind_bytes(terms, (on * parts.block.linear_weight_numel, on * parts.block.linear_bias_numel),
+    grouped_w, grouped_b = grouped_expert_elems(model, layout)
+    base = kind_bytes(terms, (on * (parts.block.linear_weight_numel - (grouped_w if moe0 else 0)),
+                              on * (parts.block.linear_bias_numel - (grouped_b if moe0 else 0))),
                       accumulator if moe0 else 0.0)
     if not is_mixed(model):
         return base, base
     alt = kind_bytes(rank_activation_terms(model, layout, alt=True),
-                     (on * parts.alt_block.linear_weight_numel, on * parts.alt_block.linear_bias_numel),
+                     (on * (parts.alt_block.linear_weight_numel - (0 if moe0 else grouped_w)),
+                      on * (parts.alt_block.linear_bias_numel - (0 if moe0 else grouped_b))),
                      0.0 if moe0 else accumulator)
     return base, alt
 
