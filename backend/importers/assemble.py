@@ -65,8 +65,11 @@ def batch(flat: Flat, dp: int) -> tuple[int, int, list[str]]:
     return glob, micro, notes
 
 
-def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: int | None) -> ImportedConfig:
-    """The ImportedConfig of a flattened, mapped config. Raises ConfigImportError (every problem at once)."""
+def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: int | None,
+            spec_frameworks: tuple[str, ...] = ("torch",)) -> ImportedConfig:
+    """The ImportedConfig of a flattened, mapped config. Raises ConfigImportError (every problem at once).
+    spec_frameworks: the spec's `framework` values to validate, in order; the first that validates is taken (a
+    DeepSpeed config is a deepspeed spec where ShardLab's DeepSpeed engine runs the layout, else a torch one)."""
     if flat.problems:
         raise ConfigImportError(flat.problems, flat.needs)
     dp, world = resolve_dp(flat, gpus)
@@ -91,20 +94,39 @@ def to_spec(flat: Flat, *, framework: str, source_format: str, name: str, gpus: 
                      "runs ring attention over the fused kernels")
     spec["parallel"]["world_size"] = world
     return _validated(ImportedConfig(framework=framework, source_format=source_format, spec=spec, ignored=flat.ignored,
-                                     unmapped=flat.unmapped, notes=notes + _notes(flat), gpus=world))
+                                     unmapped=flat.unmapped, notes=notes + _notes(flat), gpus=world), spec_frameworks)
 
 
 def _notes(flat: Flat) -> list[str]:
     return list(flat.get("notes") or [])
 
 
-def _validated(imported: ImportedConfig) -> ImportedConfig:
-    """The spec through ShardLab's own validation for prediction (the usual errors, with their arithmetic)."""
+def _validated(imported: ImportedConfig, spec_frameworks: tuple[str, ...]) -> ImportedConfig:
+    """The spec through ShardLab's own validation for prediction (the usual errors, with their arithmetic), as the
+    first of spec_frameworks that takes it: a framework's own refusals (framework_support.check_framework) are part
+    of that validation, so the framework is chosen before it, not switched after."""
     from backend.spec import validate_spec
 
-    spec, problems = validate_spec(imported.spec, predict_only=True)
-    if spec is None:
-        raise ConfigImportError([f"the imported {imported.framework} config is not a layout ShardLab can predict: {p}"
-                                 for p in problems])
-    imported.spec = spec.model_dump(mode="json")
-    return imported
+    refused: dict[str, list[str]] = {}
+    for spec_framework in spec_frameworks:
+        spec, problems = validate_spec({**imported.spec, "framework": spec_framework}, predict_only=True)
+        if spec is not None:
+            imported.spec = spec.model_dump(mode="json")
+            imported.notes += [_fallback_note(spec_framework, fw, why) for fw, why in refused.items()]
+            return imported
+        refused[spec_framework] = problems
+    raise ConfigImportError(_refusal(imported.framework, refused))
+
+
+def _fallback_note(taken: str, refused: str, why: list[str]) -> str:
+    return (f"predicted as a {taken} spec of the same layout: ShardLab's {refused} engine does not run it "
+            f"({'; '.join(why)})")
+
+
+def _refusal(source: str, refused: dict[str, list[str]]) -> list[str]:
+    """Every framework's problems; those all of them share once, the rest named by framework."""
+    lists = list(refused.values())
+    shared = [p for p in lists[0] if all(p in other for other in lists[1:])]
+    head = f"the imported {source} config is not a layout ShardLab can predict"
+    own = [f"{head} as framework {fw}: {p}" for fw, why in refused.items() for p in why if p not in shared]
+    return [f"{head}: {p}" for p in shared] + own

@@ -113,11 +113,10 @@ def import_ds_config(text: str | bytes, *, gpus: int | None = None, model_config
     apply_table(flat, TABLE, prefixes=PREFIXES)
     notes = _model(flat, model_config, seq_len) + _batch(flat, gpus) + _layout(flat)
     flat.put("notes", notes, "deepspeed")
-    imported = to_spec(flat, framework="deepspeed", source_format="deepspeed-json",
-                       name=safe_name(f"{model_config.get('model_type', 'model')} "
-                                      f"ZeRO-{data.get('zero_optimization', {}).get('stage', 0)} ({file}, DeepSpeed)"),
-                       gpus=gpus)
-    return _engine_or_torch(imported)
+    return to_spec(flat, framework="deepspeed", source_format="deepspeed-json",
+                   name=safe_name(f"{model_config.get('model_type', 'model')} "
+                                  f"ZeRO-{data.get('zero_optimization', {}).get('stage', 0)} ({file}, DeepSpeed)"),
+                   gpus=gpus, spec_frameworks=("deepspeed", "torch"))
 
 
 def _model(flat: Flat, cfg: dict[str, Any], seq_len: int | None) -> list[str]:
@@ -192,18 +191,3 @@ def _layout(flat: Flat) -> list[str]:
             notes.append(f"AutoTP tp={tp}: predicted as ShardLab's Megatron-style tensor parallelism")
     return notes
 
-
-def _engine_or_torch(imported: ImportedConfig) -> ImportedConfig:
-    """framework deepspeed when ShardLab's DeepSpeed engine runs this layout, else the same layout as a torch spec."""
-    from backend.spec import ExperimentSpec
-    from backend.spec.framework_support import check_framework
-
-    spec = ExperimentSpec.for_prediction(imported.spec)
-    why = check_framework(spec.model_copy(update={"framework": "deepspeed"}))
-    if why:
-        imported.notes.append("predicted as a torch spec of the same layout: ShardLab's DeepSpeed engine does not run "
-                              f"it ({'; '.join(why)})")
-    else:
-        imported.spec = ExperimentSpec.for_prediction({**imported.spec,
-                                                       "framework": "deepspeed"}).model_dump(mode="json")
-    return imported
