@@ -156,6 +156,11 @@ def _nemo(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
     if devices is not None:
         flat.put("gpus", devices * nodes, "trainer.devices x trainer.num_nodes")
     flat.put("dp", -1, "data-parallel size (GPUs / (tp * pp * cp))")
+    if flat.get("mg_query_groups") is not None:
+        # NeMo has no group_query_attention key: MegatronBaseModel.build_transformer_config copies
+        # model.num_query_groups into Megatron-Core's TransformerConfig as is (None there means num_attention_heads),
+        # where Megatron-LM's core_transformer_config_from_args passes it only with --group-query-attention
+        flat.put("mg_gqa", True, "model.num_query_groups")
     precision = str(flat.get("nemo_precision", "32"))
     flat.put("mg_bf16", precision.startswith("bf16"), "trainer.precision")
     flat.put("mg_fp16", precision in ("16", "16-mixed"), "trainer.precision")
