@@ -33,6 +33,7 @@ from backend.importers.torchtitan_models import dumped_model
 from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
 from backend.importers.torchtitan_moe import experts
 from backend.importers.torchtitan_rules import (
+    accumulated_schedules,
     activation_checkpoint,
     compile_and_early_step,
     data_parallel,
@@ -138,8 +139,8 @@ def import_dump(text: str | bytes, *, gpus: int | None = None, model_config: dic
     notes += compile_and_early_step(flat)
     flat.put("notes", notes, "torchtitan")
     name = f"{flat.get('tt_model_name', 'model')} {flat.get('tt_flavor', '')} (torchtitan)"
-    return to_spec(flat, framework="torchtitan", source_format="torchtitan-config-dump", name=safe_name(name),
-                   gpus=gpus)
+    return accumulated_schedules(to_spec(flat, framework="torchtitan", source_format="torchtitan-config-dump",
+                                         name=safe_name(name), gpus=gpus), flat)
 
 
 def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:

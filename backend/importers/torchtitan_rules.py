@@ -7,13 +7,16 @@ torchtitan/models/llama3/infra/parallelize.py and distributed/pipeline.py of v0.
 - the Llama TP plan always shards the norms over the sequence (sequence parallel) and, unless
   disable_loss_parallel, computes the loss on vocab-sharded logits (loss parallel: the spec's loss_parallel);
 - the stack is torchtitan (spec/stacks.py): compile is the element-wise setting "compiled", async TP tp_overlap;
-- a multi-stage pipeline schedule runs 2 stages per rank unless pipeline_parallel_layers_per_stage says otherwise.
+- a multi-stage pipeline schedule runs 2 stages per rank unless pipeline_parallel_layers_per_stage says otherwise;
+- with pipelining, each gradient-accumulation step runs a pipeline schedule of its own (`accumulated_schedules`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from backend.importers.fields import Flat
-from backend.importers.import_result import ConfigImportError
+from backend.importers.import_result import ConfigImportError, ImportedConfig
 
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved_1f1b",
              "interleavedzerobubble": "zero_bubble", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}
@@ -103,8 +106,39 @@ def pipeline(flat: Flat, local: int, micro: int) -> list[str]:
     flat.put("pp_schedule", sched, flat.source_of("pp_schedule"))
     if sched in MULTI_STAGE:
         flat.put("virtual_stages", _stages_per_rank(flat, pp), "parallelism.pipeline_parallel_layers_per_stage")
-    return [f"pipeline microbatches = local batch {local} / microbatch size {micro} = {local // micro}"]
+    return [f"pipeline microbatches per schedule = local batch {local} / microbatch size {micro} = {local // micro}"]
 
+
+def accumulated_schedules(imported: ImportedConfig, flat: Flat) -> ImportedConfig:
+    """Report a pipelined step that torchtitan splits into several schedules. Trainer.__init__ (torchtitan/train.py)
+    sets gradient_accumulation_steps = global batch / (local batch x dp) and train_step runs forward_backward_step,
+    one pp_schedule.step, per accumulation step; build_pipeline_schedule gives that schedule n_microbatches = local
+    batch / pipeline_parallel_microbatch_size. The spec's microbatches are all the step's, in one schedule (no field
+    holds schedules per step), so the predicted bubble is one warm-up and drain where the run pays one per schedule."""
+    t, p = imported.spec["train"], imported.spec["parallel"]
+    local, micro, step_microbatches = flat.get("local_batch"), t["micro_batch"], t["microbatches"]
+    per_schedule = local // micro
+    if p["pp"] > 1 and step_microbatches > per_schedule:
+        imported.unmapped[flat.source_of("global_batch")] = {"value": t["global_batch"],
+                                                             "reason": _schedules_text(t, p, local, per_schedule)}
+    return imported
+
+
+def _schedules_text(train: dict[str, Any], parallel: dict[str, Any], local: int, per_schedule: int) -> str:
+    from backend.analytic.textbook.pipeline import bubble_fraction
+
+    step_mb, schedules = train["microbatches"], train["microbatches"] // per_schedule
+    shape = {"p": parallel["pp"], "v": parallel["virtual_stages"]}
+    predicted = bubble_fraction(parallel["pp_schedule"], m=step_mb, **shape)
+    runs = bubble_fraction(parallel["pp_schedule"], m=per_schedule, **shape)
+    return (f"gradient accumulation x pipelining: torchtitan runs {schedules} pipeline schedules of {per_schedule} "
+            f"microbatches per step (gradient accumulation steps = global batch {train['global_batch']} / (local "
+            f"batch {local} x dp {parallel['dp']}) = {schedules}; n_microbatches = local batch {local} / "
+            f"pipeline_parallel_microbatch_size {train['micro_batch']} = {per_schedule}), while the spec holds the "
+            f"step's {step_mb} microbatches in one schedule: the bubble is predicted for {step_mb} microbatches "
+            f"({parallel['pp_schedule']}, pp {shape['p']}, {shape['v']} stages per rank: {predicted:.4f} of the "
+            f"step), where each of torchtitan's {schedules} schedules idles {runs:.4f} of its time ({schedules} "
+            "warm-ups and drains per step, not 1)")
 
 def _stages_per_rank(flat: Flat, pp: int) -> int:
     per_stage = flat.get("tt_layers_per_stage")

@@ -8,7 +8,8 @@ defaults from torchtitan/config_manager.py of those releases. torchtitan rules a
 - mixed_precision_param applies only under FSDP (dp_shard > 1); DDP / TP-only training runs in fp32;
 - fsdp_reshard_after_forward "default" reshards after forward except under pipelining (= ZeRO-2 there);
 - a multi-stage pipeline schedule runs 2 stages per rank unless pipeline_parallel_layers_per_stage says otherwise;
-- pipeline microbatches = local_batch_size / pipeline_parallel_microbatch_size.
+- pipeline microbatches per schedule = local_batch_size / pipeline_parallel_microbatch_size, one schedule per
+  gradient-accumulation step (global_batch_size / (local_batch_size x dp)).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from backend.importers.torchtitan_models import flavor_model
 from backend.importers.torchtitan_moe import TABLE as MOE_TABLE
 from backend.importers.torchtitan_moe import experts
 from backend.importers.torchtitan_rules import (
+    accumulated_schedules,
     activation_checkpoint,
     compile_and_early_step,
     data_parallel,
@@ -155,8 +157,8 @@ def import_toml(text: str | bytes, *, gpus: int | None = None, model_config: dic
     flat.put("notes", notes, "torchtitan")
     description = (data.get("job") or {}).get("description") or (f"{flat.get('tt_model_name', 'model')} "
                                                                  f"{flat.get('tt_flavor', '')}")
-    return to_spec(flat, framework="torchtitan", source_format="torchtitan-toml",
-                   name=safe_name(f"{description} (torchtitan)"), gpus=gpus)
+    return accumulated_schedules(to_spec(flat, framework="torchtitan", source_format="torchtitan-toml",
+                                         name=safe_name(f"{description} (torchtitan)"), gpus=gpus), flat)
 
 
 def _model(flat: Flat, model_config: dict[str, Any] | None) -> list[str]:
