@@ -8,6 +8,7 @@ and plotted by the dashboard. Keys named in the issues (`status`, `per_rank[].me
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any
@@ -281,6 +282,12 @@ class RunResult(_R):
     @classmethod
     def from_json(cls, text: str) -> RunResult:
         return cls.model_validate_json(text)
+
+
+def rank_step_s_median(step_s: Sequence[float]) -> float | None:
+    """One rank's median step time, None when it timed no step. `show`, the run report and the stored rank rows
+    (export --long) all read this one, so they cannot disagree on an even count (the mean of the middle two)."""
+    return statistics.median(step_s) if step_s else None
 
 
 def error_pct(measured: float, predicted: float) -> float | None:

@@ -6,7 +6,7 @@ import json
 import statistics
 from typing import Any
 
-from backend.result import COLLECTIVES, RunResult
+from backend.result import COLLECTIVES, RunResult, rank_step_s_median
 from backend.spec import ExperimentSpec
 from backend.spec.dims import DIMS, spec_fields
 from db.degrees import spec_values
@@ -144,7 +144,7 @@ def _text(value: Any) -> str | None:
 def _step_stats(step_s: list[float]) -> dict[str, Any]:
     if not step_s:
         return {"steps_timed": 0, "step_s_median": None, "step_s_mean": None, "step_s_min": None, "step_s_max": None}
-    return {"steps_timed": len(step_s), "step_s_median": statistics.median(step_s),
+    return {"steps_timed": len(step_s), "step_s_median": rank_step_s_median(step_s),
             "step_s_mean": statistics.fmean(step_s), "step_s_min": min(step_s), "step_s_max": max(step_s)}
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
-from backend.result import PARITY_FAILS, RankResult, RunResult, Status, parity_bound, parity_verdict
+from backend.result import (
+    PARITY_FAILS,
+    RankResult,
+    RunResult,
+    Status,
+    parity_bound,
+    parity_verdict,
+    rank_step_s_median,
+)
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
@@ -37,8 +44,7 @@ def _memory_rows(ranks: list[RankResult]) -> list[list[str]]:
 def _speed_lines(res: RunResult) -> list[str]:
     lines = []
     for r in res.per_rank:
-        if r.step_s:
-            med = statistics.median(r.step_s)
+        if (med := rank_step_s_median(r.step_s)) is not None:
             lines.append(f"rank {r.rank}: step median {med * 1e3:.1f} ms over {len(r.step_s)} timed steps")
     if res.step_s_median is not None:
         lines.append(f"step median {res.step_s_median * 1e3:.1f} ms, tokens/s "

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from backend.cli import fail
 from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
-from backend.result import PARITY_FAILS, parity_bound, parity_verdict
+from backend.result import PARITY_FAILS, parity_bound, parity_verdict, rank_step_s_median
 from backend.spec.user_text import InputError, printable
 
 
@@ -105,14 +105,14 @@ def cmd_show(args) -> int:
         print(f"\nimported from {result.imported.framework}; rank  peak_allocated  peak_reserved  predicted_total  "
               "step_s_median")
         for r in result.per_rank:
-            med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
+            med = rank_step_s_median(r.step_s)
             print(f"{r.rank:>4}  {r.cuda_max_allocated_bytes if r.cuda_max_allocated_bytes is not None else '-':>14}  "
                   f"{r.cuda_max_reserved_bytes if r.cuda_max_reserved_bytes is not None else '-':>13}  "
                   f"{r.predicted.peak_bytes:>15}  {med if med is not None else '-'}")
     elif result is not None:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
-            med = sorted(r.step_s)[len(r.step_s) // 2] if r.step_s else None
+            med = rank_step_s_median(r.step_s)
             print(f"{r.rank:>4}  {r.measured.peak_bytes:>13}  {r.predicted.peak_bytes:>14}  "
                   f"{med if med is not None else '-'}")
     if row.get("log_tail") and row["status"] != "ok":

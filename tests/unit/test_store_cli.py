@@ -109,3 +109,24 @@ def test_db_url_comes_from_the_environment(store_urls, tmp_path):
     listed = cli("list", "--json", env={"SHARDLAB_DB_URL": url})
     assert [r["id"] for r in json.loads(listed.out)] == [int(sub.out)]
     assert store_urls.backend != "sqlite" or (tmp_path / "env.db").exists()
+
+
+@pytest.mark.parametrize("imported", [False, True], ids=["measured", "imported"])
+def test_show_and_long_export_agree_on_an_even_count_median(capsys, db, imported):
+    """Four timed steps: the median is the mean of the middle two (0.3125), where sorted(s)[len(s) // 2] gave 0.375."""
+    from backend.result import ImportFacts
+
+    eid = int(run(capsys, "submit", "--db", db, *FLAGS)[1])
+    engine = open_db(db)
+    q.claim_next(engine, "w")
+    result = fake_result(q.get_experiment(engine, eid)["spec"])
+    for r in result.per_rank:
+        r.step_s = [0.5, 0.125, 0.375, 0.25]
+    if imported:
+        result.imported = ImportFacts(framework="torchtitan")
+    q.store_result(engine, eid, result)
+    shown = run(capsys, "show", str(eid), "--db", db)[1].split("spec:")[0]
+    medians_shown = [line.split()[-1] for line in shown.splitlines() if line.strip()[:1] in ("0", "1")]
+    code, out, _ = run(capsys, "export", "--db", db, "--long")
+    medians_exported = [r["rank_step_s_median"] for r in csv.DictReader(io.StringIO(out))]
+    assert code == 0 and medians_shown == medians_exported == ["0.3125", "0.3125"]
