@@ -18,7 +18,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from backend.analytic.estimate import estimate
+from backend.analytic.estimate import RankEstimate, estimate
 from backend.analytic.measured.bubble_measure import measured_bubble_fraction
 from backend.analytic.model_flops import training_flops_per_step
 from backend.bench.env import merge as merge_env
@@ -131,14 +131,20 @@ def tokens_dropped(ranks: list[dict[str, Any]]) -> tuple[int | None, list[str]]:
                      "first)."]
 
 
+def predicted_memory(pred: RankEstimate) -> MemoryBreakdown:
+    """A rank's predicted memory as every stored result holds it, measured or not (a failed run's too:
+    launcher.predicted_ranks): its peak is the fullest moment, not the activation peak (total_bytes)."""
+    return MemoryBreakdown(params_bytes=pred.params_bytes, grads_bytes=pred.grads_bytes,
+                           optimizer_bytes=pred.optimizer_bytes, activations_bytes=pred.activations_bytes,
+                           other_bytes=pred.other_bytes, peak_bytes=pred.fullest_bytes())
+
+
 def _rank_result(r: dict[str, Any], pred: Any) -> RankResult:
     mem = r.get("memory", {})
     measured = MemoryBreakdown(**mem.get("categories", {}), peak_bytes=mem.get("peak_bytes", 0),
                                moment=mem.get("moment"), at_peak=mem.get("at_peak", {}),
                                high_water=mem.get("high_water", {}))
-    predicted = MemoryBreakdown(params_bytes=pred.params_bytes, grads_bytes=pred.grads_bytes,
-                                optimizer_bytes=pred.optimizer_bytes, activations_bytes=pred.activations_bytes,
-                                other_bytes=pred.other_bytes, peak_bytes=pred.fullest_bytes())  # the fullest moment
+    predicted = predicted_memory(pred)
     errs = {k: error_pct(getattr(measured, k), getattr(predicted, k)) for k in MEMORY_CATEGORIES}
     errs["peak_bytes"] = error_pct(measured.peak_bytes, predicted.peak_bytes)
     return RankResult(

@@ -28,7 +28,7 @@ from backend.engine import cuda_available  # without torch for a CPU-only build:
 from backend.launch import nccl, outcome, torchrun
 from backend.launch.outcome import Failure
 from backend.launch.procs import Job
-from backend.result import MEMORY_CATEGORIES, MemoryBreakdown, RankResult, RunResult, Status
+from backend.result import RankResult, RunResult, Status
 from backend.runtime.protocol import (
     RANKS_FILE,
     ProtocolError,
@@ -218,22 +218,19 @@ def failed_result(spec: ExperimentSpec, failure: Failure, launch: dict, log_tail
 
 
 def predicted_ranks(spec: ExperimentSpec) -> list[RankResult]:
-    """Analytic memory per rank (nothing measured); [] when the estimator fails for this spec."""
+    """Analytic memory per rank (nothing measured), as an ok run of the spec stores it (engine/assemble.py: the
+    eager twin's estimate, peak = the fullest moment); [] when the estimator fails for this spec."""
     try:
         from backend.analytic.estimate import estimate
         from backend.engine import host_device
+        from backend.engine.assemble import predicted_memory
+        from backend.strategies.compiled import eager_twin
 
-        rows = estimate(spec, device=host_device(str(spec.runtime.device))).per_rank
-        return [_predicted_rank(spec, row) for row in rows]
+        rows = estimate(eager_twin(spec), device=host_device(str(spec.runtime.device))).per_rank
+        return [RankResult(rank=row.rank, predicted=predicted_memory(row), coords=spec.parallel.coords(row.rank),
+                           comm_predicted=dict(row.comm_bytes)) for row in rows]
     except Exception:  # the estimator may not cover every spec; a failed run still gets stored
         return []
-
-
-def _predicted_rank(spec: ExperimentSpec, row) -> RankResult:
-    mem = {k: int(getattr(row, k, 0) or 0) for k in (*MEMORY_CATEGORIES, "other_bytes")}
-    mem["peak_bytes"] = int(getattr(row, "total_bytes", 0) or sum(mem.values()))
-    return RankResult(rank=row.rank, predicted=MemoryBreakdown(**mem), coords=spec.parallel.coords(row.rank),
-                      comm_predicted=dict(getattr(row, "comm_bytes", {}) or {}))
 
 
 def preflight(spec: ExperimentSpec) -> str | None:

@@ -152,6 +152,24 @@ def test_cuda_requested_without_cuda_fails_before_spawning(tmp_path: Path) -> No
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_timed_out_run_stores_the_predicted_peak_an_ok_run_stores(compiled: bool) -> None:
+    """The failed path stored total_bytes (the activation peak, 647,708 B here), the ok path the fullest moment (the
+    loss's backward, 664,092 B), and of the eager twin for a compiled spec (the memory-tracked step's blocks)."""
+    from backend.engine.assemble import assemble_result
+    from backend.launch.launcher import failed_result
+
+    spec = tiny_spec()
+    if compiled:
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"elementwise": "compiled"})})
+    payload = {"ranks": [{"rank": r, "step_s": [0.1], "losses": [1.0], "coords": spec.parallel.coords(r)}
+                         for r in range(2)]}
+    ok = assemble_result(spec, payload)
+    timed_out = failed_result(spec, outcome.Failure(Status.TIMEOUT, "timed out"), {})
+    assert [r.predicted for r in timed_out.per_rank] == [r.predicted for r in ok.per_rank]
+    assert [r.comm_predicted for r in timed_out.per_rank] == [r.comm_predicted for r in ok.per_rank]
+
+
 def test_cancel_before_launch_spawns_nothing(tmp_path: Path) -> None:
     import threading
 
