@@ -267,6 +267,13 @@ class RunResult(_R):
         """Index of the first loss that is NaN or +-inf (the run diverged there); None when every loss is finite."""
         return first_non_finite(self.loss)
 
+    @property
+    def memory_measured(self) -> bool:
+        """Whether per_rank[].measured holds measurements. A run that did not finish ok measured nothing, and an
+        imported run's log gives allocator peaks (cuda_max_*_bytes), not these categories: their measured breakdowns
+        are the zero defaults, which mean unknown (the store's rank rows hold NULL; show and the run report print -)."""
+        return self.status == Status.OK and self.imported is None
+
     def divergence(self) -> str | None:
         """'the loss is nan from step 2 of 11 on (10 steps not finite)' (steps 1-based, warm-up first), or None."""
         at = self.diverged_at

@@ -79,9 +79,7 @@ def summary_columns(result: RunResult) -> dict[str, Any]:
 
 def rank_rows(experiment_id: int, result: RunResult) -> list[dict[str, Any]]:
     world = max(result.spec.parallel.world_size or 1, 1)
-    # A run that did not finish ok measured nothing: its zero "measured" defaults are stored as NULL. An imported run
-    # measured no categories (its log gives allocator peaks: cuda_max_allocated / reserved_bytes), so NULL too.
-    measured = str(result.status) == "ok" and result.imported is None
+    measured = result.memory_measured  # else its zero "measured" defaults are stored as NULL
     rows = []
     for r in result.per_rank:
         row: dict[str, Any] = {"experiment_id": experiment_id, "rank": r.rank, "coords_json": json.dumps(r.coords)}

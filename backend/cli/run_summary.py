@@ -32,12 +32,12 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def _memory_rows(ranks: list[RankResult]) -> list[list[str]]:
+def _memory_rows(ranks: list[RankResult], measured: bool) -> list[list[str]]:
     rows = []
     for r in ranks:
         for cat in CATEGORIES:
-            m, p = getattr(r.measured, cat), getattr(r.predicted, cat)
-            rows.append([str(r.rank), cat.removesuffix("_bytes"), _mib(m), _mib(p), _pct(m, p)])
+            m, p = getattr(r.measured, cat) if measured else None, getattr(r.predicted, cat)
+            rows.append([str(r.rank), cat.removesuffix("_bytes"), _mib(m), _mib(p), "-" if m is None else _pct(m, p)])
     return rows
 
 
@@ -114,7 +114,8 @@ def summary(res: RunResult, workdir: Path | None = None) -> str:
             lines += ["traceback (last lines):", *res.traceback.strip().splitlines()[-8:]]
     if res.per_rank:
         lines += ["", "memory at the step's peak (MiB):"]
-        lines += _table(["rank", "category", "measured", "predicted", "error"], _memory_rows(res.per_rank))
+        head = ["rank", "category", "measured", "predicted", "error"]
+        lines += _table(head, _memory_rows(res.per_rank, res.memory_measured))
     for section in (_speed_lines(res), _comm_lines(res), _loss_lines(res), _framework_lines(res)):
         if section:
             lines += ["", *section]

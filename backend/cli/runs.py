@@ -113,8 +113,8 @@ def cmd_show(args) -> int:
         print("\nrank  measured_peak  predicted_peak  step_s_median")
         for r in result.per_rank:
             med = rank_step_s_median(r.step_s)
-            print(f"{r.rank:>4}  {r.measured.peak_bytes:>13}  {r.predicted.peak_bytes:>14}  "
-                  f"{med if med is not None else '-'}")
+            peak = r.measured.peak_bytes if result.memory_measured else "-"
+            print(f"{r.rank:>4}  {peak:>13}  {r.predicted.peak_bytes:>14}  {med if med is not None else '-'}")
     if row.get("log_tail") and row["status"] != "ok":
         print("\nlog tail:\n" + row["log_tail"])
     print("\nspec:\n" + spec.to_json())

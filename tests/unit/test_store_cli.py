@@ -130,3 +130,24 @@ def test_show_and_long_export_agree_on_an_even_count_median(capsys, db, imported
     code, out, _ = run(capsys, "export", "--db", db, "--long")
     medians_exported = [r["rank_step_s_median"] for r in csv.DictReader(io.StringIO(out))]
     assert code == 0 and medians_shown == medians_exported == ["0.3125", "0.3125"]
+
+
+def test_show_prints_a_dash_for_the_peak_a_timed_out_run_never_measured(capsys, db):
+    """As the launcher stores a timed-out run: the prediction per rank, its measured breakdown the zero defaults. The
+    rank rows hold NULL; show printed measured_peak 0 (and the run report 0.000 MiB, -100.0%)."""
+    from backend.cli.run_summary import summary
+    from backend.launch.launcher import failed_result
+    from backend.launch.outcome import Failure
+    from backend.result import Status
+
+    eid = int(run(capsys, "submit", "--db", db, *FLAGS)[1])
+    engine = open_db(db)
+    q.claim_next(engine, "w")
+    result = failed_result(q.get_experiment(engine, eid)["spec"], Failure(Status.TIMEOUT, "timed out after 1 s"), {})
+    q.store_result(engine, eid, result)
+    shown = run(capsys, "show", str(eid), "--db", db)[1].split("spec:")[0]
+    table = shown.split("rank  measured_peak  predicted_peak  step_s_median\n")[1].splitlines()[:2]
+    assert [line.split()[:2] for line in table] == [["0", "-"], ["1", "-"]]
+    assert all(int(line.split()[2]) > 0 for line in table)
+    memory = [line.split() for line in summary(result).splitlines() if line.split()[1:2] == ["peak"]]
+    assert [(m[2], m[4]) for m in memory] == [("-", "-"), ("-", "-")]
