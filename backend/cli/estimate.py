@@ -13,6 +13,7 @@ Ranks are predicted once per class of identical ranks; beyond --rank-limit ranks
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from typing import Any
@@ -45,12 +46,27 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                                                                  "calibrate`)")
     p.add_argument("--db", metavar="URL", help="database of --calibration (default: $SHARDLAB_DB_URL or "
                                                "<repo>/data/shardlab.db)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=functools.partial(run, flags=_flags_of(p)))
 
 
-def run(args: argparse.Namespace) -> int:
+def _flags_of(p: argparse.ArgumentParser) -> dict[str, tuple[str, Any]]:
+    """dest -> (its flags, its default): what --params names when a flag it does not read was given."""
+    out: dict[str, tuple[str, Any]] = {}
+    for action in p._actions:  # argparse lists its actions nowhere public
+        if action.option_strings and action.dest != "help":
+            names = [out.get(action.dest, ("", None))[0], *(f for f in action.option_strings if f[:5] != "--no-")]
+            out[action.dest] = ("/".join(filter(None, names)), action.default)
+    return out
+
+
+RAW_READS = frozenset({"params", "mode", "json", "spec_dp", "spec_world_size", "zero_stage", "spec_strategy",
+                       "spec_precision", "spec_optimizer"})
+"""What --params reads: Ψ, N (--dp or --world), the ZeRO stage, precision and optimizer (the ZeRO paper's inputs)."""
+
+
+def run(args: argparse.Namespace, flags: dict[str, tuple[str, Any]] | None = None) -> int:
     if args.params is not None:
-        return _run_raw(args)
+        return _run_raw(args, flags or {})
     spec, problems = spec_from_args(args, predict_only=True)
     if spec is None:
         return fail("invalid spec: " + "; ".join(problems))
@@ -144,14 +160,15 @@ def fit_on(est: Any, hw: Any) -> dict[str, Any]:
             "fits": verdict == FITS, "verdict": verdict}
 
 
-def _run_raw(args: argparse.Namespace) -> int:
+def _run_raw(args: argparse.Namespace, flags: dict[str, tuple[str, Any]]) -> int:
     if not math.isfinite(args.params) or args.params <= 0:
         return fail(f"--params must be a positive number of parameters (got {args.params})")
     if args.mode == "inference":
         return fail("--params estimates training model states only; use a model spec for --mode inference")
-    dp = args.spec_dp or args.spec_world_size or 1
-    if dp < 1:
-        return fail(f"--dp must be >= 1 (got {dp})")
+    dp, problem = _raw_dp(args.spec_dp, args.spec_world_size)
+    problem = _unread_by_raw(args, flags) or problem
+    if problem:
+        return fail(problem)
     stage = args.zero_stage if args.zero_stage is not None else {
         "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(args.spec_strategy or "ddp")
     if stage is None:
@@ -160,6 +177,28 @@ def _run_raw(args: argparse.Namespace) -> int:
     out = estimate_raw(params=args.params, dp=dp, zero_stage=stage, precision=args.spec_precision or "fp16-mixed",
                        optimizer=args.spec_optimizer or "adamw")
     return _emit(args, out, _raw_table)
+
+
+def _unread_by_raw(args: argparse.Namespace, flags: dict[str, tuple[str, Any]]) -> str | None:
+    """The flags given that --params would silently ignore (--tp, --layers, --spec, ...), named; None when none."""
+    unread = [names for dest, (names, default) in flags.items()
+              if dest not in RAW_READS and getattr(args, dest, default) != default]
+    if not unread:
+        return None
+    return (f"--params estimates ZeRO model states from Ψ, N (--dp or --world), the stage (--zero-stage or "
+            f"--strategy), --precision and --optimizer only; it does not read {', '.join(unread)}: drop "
+            f"{'it' if len(unread) == 1 else 'them'}, or describe the model with spec flags, not --params")
+
+
+def _raw_dp(dp: int | None, world: int | None) -> tuple[int, str | None]:
+    """N of the ZeRO formulas: --dp or --world (one data-parallel group, so equal when both are given), else 1."""
+    for flag, n in (("--dp", dp), ("--world", world)):
+        if n is not None and n < 1:
+            return 0, f"{flag} must be >= 1 (got {n})"
+    if dp is not None and world is not None and dp != world:
+        return 0, (f"--dp {dp} contradicts --world {world}: --params models pure data parallelism, where "
+                   f"N = dp = world; give one of them")
+    return dp or world or 1, None
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], table) -> int:

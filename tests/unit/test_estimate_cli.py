@@ -76,6 +76,29 @@ def test_bad_flag_values(args, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--dp", "0"], "--dp must be >= 1 (got 0)"),
+    (["--world", "0"], "--world must be >= 1 (got 0)"),
+    (["--dp", "-4"], "--dp must be >= 1 (got -4)"),
+    (["--dp", "8", "--world", "16", "--zero-stage", "3"], "--dp 8 contradicts --world 16"),
+    (["--dp", "8", "--tp", "2"], "it does not read --tp: drop it"),
+    (["--dp", "8", "--pp", "2", "--layers", "4", "--async-tp", "--no-tie-embeddings", "--rank-limit", "3"],
+     "it does not read --layers, --pp, --tie-embeddings, --tp-comm-overlap/--async-tp, --rank-limit: drop them"),
+])
+def test_params_mode_refuses_what_it_would_ignore(args, needle, capsys):
+    """--dp 0 read as "not given" (N=1), and --world beside --dp, --tp, --pp, ... were silently ignored."""
+    assert main(["estimate", "--params", "7e9", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and needle in err and "Traceback" not in err
+
+
+def test_params_mode_reads_world_as_n(capsys):
+    assert main(["estimate", "--params", "7e9", "--world", "8", "--zero-stage", "3", "--json"]) == 0
+    by_world = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--params", "7e9", "--dp", "8", "--world", "8", "--zero-stage", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == by_world and by_world["n"] == 8
+
+
 def test_unreadable_spec_file(tmp_path, capsys):
     assert main(["estimate", "--spec", str(tmp_path / "missing.json")]) == 2
     assert "cannot read --spec" in capsys.readouterr().err
