@@ -151,3 +151,16 @@ def test_show_prints_a_dash_for_the_peak_a_timed_out_run_never_measured(capsys, 
     assert all(int(line.split()[2]) > 0 for line in table)
     memory = [line.split() for line in summary(result).splitlines() if line.split()[1:2] == ["peak"]]
     assert [(m[2], m[4]) for m in memory] == [("-", "-"), ("-", "-")]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_export_to_dash_is_stdout_not_a_file_named_dash(capsys, db, tmp_path, monkeypatch, fmt):
+    run(capsys, "submit", "--db", db, *FLAGS, "--name", "dash")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "export", "--db", db, "--format", fmt, "-o", "-")
+    assert code == 0 and "dash" in out and not (tmp_path / "-").exists()
+    assert out == run(capsys, "export", "--db", db, "--format", fmt)[1]
+    assert run(capsys, "export", "--db", db, "--format", fmt, "-o", "./-") == (0, "", "")
+    assert "dash" in (tmp_path / "-").read_text(encoding="utf-8")  # ./- is how a file named "-" is asked for
+    code, out, err = run(capsys, "export", "--db", db, "--format", fmt, "-o", str(tmp_path / "no" / "x"))
+    assert code == 2 and out == "" and f"cannot write -o '{tmp_path / 'no' / 'x'}': No such file" in err
