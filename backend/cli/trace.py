@@ -28,12 +28,18 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parse_ranks(text: str | None) -> list[int] | None:
-    if not text:
+    """The --ranks list, sorted and distinct; None when the flag is absent (the default ranks). Given but naming no
+    rank ("", ","), it is refused: falling back to the defaults would trace ranks nobody asked for."""
+    if text is None:
         return None
     try:
-        return sorted({int(x) for x in text.split(",") if x.strip()})
+        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise ValueError(f"--ranks {text!r}: expected comma-separated integers like 0,7,63") from None
+    if not ranks:
+        raise ValueError(f"--ranks {text!r} names no rank: give comma-separated integers like 0,7,63, or leave "
+                         "--ranks out to trace one rank per class of equivalent ranks")
+    return ranks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ranks = parse_ranks(args.ranks)
         world = spec.parallel.world_size
-        if ranks and not all(0 <= r < world for r in ranks):
+        if ranks is not None and not all(0 <= r < world for r in ranks):
             raise ValueError(f"--ranks {args.ranks}: ranks must be in 0..{world - 1} (world_size={world})")
     except ValueError as e:
         return fail(str(e))

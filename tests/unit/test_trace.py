@@ -137,6 +137,20 @@ def test_cli_rejects_bad_ranks_and_invalid_specs_before_tracing() -> None:
     assert p.code == 2 and "nothing traced" in p.err, p.err
 
 
+
+@pytest.mark.parametrize("ranks", ["", ",", " , "])
+def test_cli_refuses_a_ranks_list_that_names_no_rank(ranks, monkeypatch) -> None:
+    """--ranks "" fell back to the default ranks (one per class) and traced them, while --ranks a,b was refused."""
+    import backend.trace.trace_spec as trace_spec
+
+    def traced(*_a, **_k):
+        raise AssertionError("traced the default ranks")
+
+    monkeypatch.setattr(trace_spec, "trace_spec", traced)
+    p = cli("trace", "--strategy", "zero3", "--world", "2", "--ranks", ranks)
+    assert p.code == 2 and p.out == "" and f"--ranks {ranks!r} names no rank" in p.err, p.err
+
+
 SEVEN_B = {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000, "seq_len": 2048}
 
 
