@@ -161,7 +161,7 @@ def _lifecycle(args, action) -> int:
 
 
 def cmd_cancel(args) -> int:
-    return _lifecycle(args, lambda q, e, i: q.cancel_experiment(e, i))
+    return _lifecycle(args, lambda q, e, i: q.cancel_live_experiment(e, i))
 
 
 def cmd_requeue(args) -> int:

@@ -164,3 +164,17 @@ def test_export_to_dash_is_stdout_not_a_file_named_dash(capsys, db, tmp_path, mo
     assert "dash" in (tmp_path / "-").read_text(encoding="utf-8")  # ./- is how a file named "-" is asked for
     code, out, err = run(capsys, "export", "--db", db, "--format", fmt, "-o", str(tmp_path / "no" / "x"))
     assert code == 2 and out == "" and f"cannot write -o '{tmp_path / 'no' / 'x'}': No such file" in err
+
+
+@pytest.mark.parametrize("status", ["ok", "timeout", "cancelled"])
+def test_cancel_of_a_finished_run_says_nothing_was_cancelled(capsys, db, status):
+    """It printed the run's status ("ok") with exit 0, which read as "cancelled ok"; now a refusal like requeue's of a
+    queued run: exit 1, the status named, the row unchanged."""
+    eid = int(run(capsys, "submit", "--db", db, *FLAGS)[1])
+    engine = open_db(db)
+    q.claim_next(engine, "w")
+    q.store_result(engine, eid, fake_result(q.get_experiment(engine, eid)["spec"], status))
+    code, out, err = run(capsys, "cancel", str(eid), "--db", db)
+    assert code == 1 and out == ""
+    assert f"experiment {eid} already finished (status {status}): nothing was cancelled" in err
+    assert q.get_status(engine, eid) == status and not q.get_experiment(engine, eid)["cancel_requested"]
