@@ -69,16 +69,18 @@ def _err_text(r: Any, c: str) -> str:
 
 
 def memory_error_frame(result: RunResult) -> pd.DataFrame:
-    rows = []
+    """Per rank and category: measured, predicted, error; a run that did not finish ok measured no category
+    (RunResult.memory_measured: its zeros mean unknown), so those cells are blank."""
+    rows, measured = [], result.memory_measured
     for r in result.per_rank:
         row: dict[str, Any] = {"rank": r.rank, "coords": coords_label(r.coords)}
         for c in MEMORY_CATEGORIES:
-            m, p = getattr(r.measured, c), getattr(r.predicted, c)
+            m, p = getattr(r.measured, c) if measured else None, getattr(r.predicted, c)
             row[f"{CATEGORY_LABEL[c]} measured"] = fmt_bytes(m)
             row[f"{CATEGORY_LABEL[c]} predicted"] = fmt_bytes(p)
-            e = (r.error_pct or {}).get(c, error_pct(m, p))
+            e = (r.error_pct or {}).get(c, error_pct(m, p)) if measured else None
             row[f"{CATEGORY_LABEL[c]} error"] = fmt_pct(e)
-        row["peak measured"] = fmt_bytes(r.measured.peak_bytes)
+        row["peak measured"] = fmt_bytes(r.measured.peak_bytes if measured else None)
         if r.cuda_max_allocated_bytes is not None or r.cuda_max_reserved_bytes is not None:
             # the caching allocator's view: reserved - allocated = cached blocks and fragmentation
             row["CUDA max allocated"] = fmt_bytes(r.cuda_max_allocated_bytes)

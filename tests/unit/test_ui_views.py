@@ -168,6 +168,17 @@ def test_detail_views_tolerate_a_failed_run_without_measurements():
     assert dv.headline(res)["step time (median)"] == "–"
 
 
+def test_a_timed_out_run_s_memory_table_leaves_the_unmeasured_cells_blank():
+    """A run that timed out after some steps has losses but measured no memory category: its zeros mean unknown
+    (RunResult.memory_measured), so the table shows the prediction and blanks, not 0 B measured and -100 %."""
+    spec, _ = validate_spec({"parallel": {"strategy": "ddp", "world_size": 2}})
+    rank = RankResult(rank=0, predicted=MemoryBreakdown(params_bytes=1000, peak_bytes=1000))
+    res = RunResult(status=Status.TIMEOUT, spec=spec, per_rank=[rank], loss=[2.0])
+    row = dv.memory_error_frame(res).loc[0]
+    assert (row["parameters measured"], row["parameters error"], row["peak measured"]) == ("–", "–", "–")
+    assert row["parameters predicted"] != "–"
+
+
 def test_measured_vs_predicted_figure_shape():
     spec, _ = validate_spec({"parallel": {"strategy": "ddp", "world_size": 2}})
     ranks = [RankResult(rank=r, measured=MemoryBreakdown(params_bytes=1000, grads_bytes=1000, activations_bytes=50,
