@@ -17,10 +17,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine, delete, func, insert, select
 
 from backend.result import FINISHED, RunResult, Status
-from backend.spec import ExperimentSpec
+from backend.spec import READ_BACK, ExperimentSpec, validate_spec  # READ_BACK: re-exported as the store's API
 from backend.spec.dims import DIMS, placed_columns
 from backend.spec.user_text import clean_tags
 from db import result_rows as rr
@@ -31,6 +32,7 @@ from db.run_queue import (  # noqa: F401 - API
     NotFound,
     cancel_requested,
     claim_next,
+    fail_unreadable,
     heartbeat,
     mark_interrupted,
     recover_stale,
@@ -58,10 +60,6 @@ ROW_KEYS = tuple(placed_columns((  # + the parallel dimensions' columns (backend
 ), DIMS))
 ORDER_KEYS = frozenset(ROW_KEYS)
 REQUEUEABLE = tuple(str(s) for s in FINISHED)
-
-
-READ_BACK = {"predict_only": True}
-"""Validation context of stored specs read back (ExperimentSpec.for_prediction's checks)."""
 
 
 # ---- submit and tags -------------------------------------------------------------------------------
@@ -163,8 +161,9 @@ def count_experiments(engine: Engine, *, status=None, strategy=None, tag=None, s
 
 
 def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
-    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec), "result" (RunResult | None),
-    "result_error" (why a stored result does not read, else None)."""
+    """ROW_KEYS + tags + log_tail, traceback, run_uid, env (dict), "spec" (ExperimentSpec | None), "spec_error" (why
+    this version cannot read the stored spec, else None; then "spec_json" holds it as stored), "result" (RunResult |
+    None), "result_error" (why a stored result does not read, else None)."""
 
     extra = (Experiment.log_tail, Experiment.traceback, Experiment.env_json, Experiment.spec_json,
              Experiment.result_json, Experiment.run_uid)
@@ -176,11 +175,22 @@ def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
         out = dict(row._mapping)
         out["tags"] = tags_for(conn, [experiment_id]).get(experiment_id, [])
     out["env"] = json.loads(out.pop("env_json") or "{}")
-    # A stored spec was validated when stored; an imported run's may be one this engine only predicts (Megatron's
-    # distributed optimizer = ZeRO-1 x TP/PP), so it is read back with the prediction checks.
-    out["spec"] = ExperimentSpec.model_validate_json(out.pop("spec_json"), context=READ_BACK)
+    spec_json = out.pop("spec_json")
+    out["spec"], out["spec_error"] = read_spec(spec_json)
+    if out["spec_error"] is not None:
+        out["spec_json"] = spec_json  # nothing is lost: shown as stored
     out["result"], out["result_error"] = read_result(out.pop("result_json"))
     return out
+
+
+def read_spec(spec_json: str) -> tuple[ExperimentSpec | None, str | None]:
+    """(the stored spec, None), or (None, why this version cannot read it). Read back (READ_BACK), a spec that an older
+    version stored is not held to rules added since; only one whose types this version lacks (a field or a value
+    removed since) does not read, and its row still lists, shows and fails with the reason instead of raising."""
+    try:
+        return ExperimentSpec.model_validate_json(spec_json, context=READ_BACK), None
+    except ValueError as e:  # pydantic's ValidationError, or JSON that does not parse
+        return None, f"this run's spec cannot be read by this version: {_why(e)}"
 
 
 def read_result(result_json: str | None) -> tuple[RunResult | None, str | None]:
@@ -191,8 +201,16 @@ def read_result(result_json: str | None) -> tuple[RunResult | None, str | None]:
     try:
         return RunResult.model_validate_json(result_json, context=READ_BACK), None
     except ValueError as e:  # pydantic's ValidationError, or JSON that does not parse
-        first = str(e).strip().splitlines()
-        return None, f"the stored result does not read ({type(e).__name__}: {'; '.join(first[:3])[:400]})"
+        return None, f"the stored result does not read ({_why(e)})"
+
+
+def _why(error: ValueError) -> str:
+    """'ValidationError: model.gone: Extra inputs are not permitted': up to 3 problems, bounded."""
+    if isinstance(error, ValidationError):
+        lines = [f"{'.'.join(str(x) for x in e['loc']) or 'the JSON'}: {e['msg']}" for e in error.errors()]
+    else:
+        lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {'; '.join(lines[:3])[:400]}"
 
 
 def get_status(engine: Engine, experiment_id: int) -> str | None:
@@ -243,7 +261,10 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
         if exp.status not in REQUEUEABLE:
             raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs "
                              f"({', '.join(REQUEUEABLE)}) can be re-queued")
-        spec, tags, sweep = ExperimentSpec.model_validate_json(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id
+        (spec, problems), tags, sweep = validate_spec(exp.spec_json), [t.tag for t in exp.tags], exp.sweep_id
+    if spec is None:  # a new run is held to today's rules, which an older version's spec may break
+        raise ValueError(f"experiment {experiment_id} cannot be re-queued: this version refuses its spec as a new run "
+                         f"({'; '.join(problems)}); Edit as new on the Runs page to change it")
     return submit_experiment(engine, spec, tags=tags, sweep_id=sweep, requeue_of=experiment_id)
 
 

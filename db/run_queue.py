@@ -111,6 +111,14 @@ def _write_result(s, experiment_id: int, result: RunResult) -> None:
             s.execute(insert(model), rows)
 
 
+def fail_unreadable(engine: Engine, experiment_id: int, reason: str) -> None:
+    """Fail a claimed run whose spec this version cannot read (db.queries.read_spec), launching nothing: without a spec
+    there is no RunResult, so the row takes the status and the reason and keeps its spec as stored."""
+    with writer(engine) as s, s.begin():
+        s.execute(update(Experiment).where(Experiment.id == experiment_id, Experiment.status == Status.RUNNING).values(
+            status=str(Status.FAILED), error=rr.storable_text(reason), finished_at=utcnow()))
+
+
 def store_finished_run(engine: Engine, result: RunResult, *, kind: str, tags: Iterable[str] = ()) -> int:
     """Insert a run that finished elsewhere (kind "imported": another framework's log) with its result rows and tags in
     ONE transaction: a failure anywhere leaves nothing behind. Never queued, so no worker can claim it."""

@@ -90,10 +90,11 @@ def cmd_show(args) -> int:
         print(dump_json(experiment_json(row)))
         return 0
     spec, result, unreadable = row.pop("spec"), row.pop("result"), row.pop("result_error", None)
+    stored = row.pop("spec_json", None)  # the spec as stored, when this version cannot read it (spec_error says why)
     for k, v in row.items():
         if v not in (None, "", [], {}) and k not in ("log_tail", "traceback", "env", "diverged"):
             print(f"{k:>18}: {printable(', '.join(v) if k == 'tags' else v)}")
-    precision = str(spec.train.precision)
+    precision = str(spec.train.precision) if spec is not None else row["precision"]
     if (parity := parity_verdict(precision, row.get("loss_max_abs_diff"))) is not None:
         print(f"{'loss_parity':>18}: {parity.upper() if parity == PARITY_FAILS else parity} "
               f"(bound {parity_bound(precision):g} for {precision})")
@@ -117,7 +118,7 @@ def cmd_show(args) -> int:
             print(f"{r.rank:>4}  {peak:>13}  {r.predicted.peak_bytes:>14}  {med if med is not None else '-'}")
     if row.get("log_tail") and row["status"] != "ok":
         print("\nlog tail:\n" + row["log_tail"])
-    print("\nspec:\n" + spec.to_json())
+    print("\nspec:\n" + (spec.to_json() if spec is not None else printable(stored)))
     return 0
 
 
@@ -136,12 +137,23 @@ def diverged_line(result, diverged: bool | None) -> str | None:
 def experiment_json(row: dict) -> dict:
     """`show ID --json`: the row's columns, its spec and its result as JSON (import-run --json prints the same)."""
     row = dict(row)
-    spec, result = row.pop("spec"), row.pop("result")
-    if row.get("result_error") is None:
-        row.pop("result_error", None)  # only a row whose stored result does not read has the key
-    parity = parity_verdict(str(spec.train.precision), row.get("loss_max_abs_diff"))
-    return {**row, "loss_parity": parity, "spec": spec.model_dump(mode="json"),
+    spec, result, stored = row.pop("spec"), row.pop("result"), row.pop("spec_json", None)
+    for key in ("result_error", "spec_error"):
+        if row.get(key) is None:
+            row.pop(key, None)  # only a row whose stored result (spec) does not read has the key
+    precision = str(spec.train.precision) if spec is not None else row.get("precision")
+    parity = parity_verdict(precision, row.get("loss_max_abs_diff"))
+    shown = spec.model_dump(mode="json") if spec is not None else _as_stored(stored)
+    return {**row, "loss_parity": parity, "spec": shown,
             "result": result.model_dump(mode="json", by_alias=True) if result else None}
+
+
+def _as_stored(spec_json: str | None):
+    """A spec this version cannot read, as stored: its JSON, or the text itself when it is not JSON."""
+    try:
+        return json.loads(spec_json or "null")
+    except ValueError:
+        return spec_json
 
 
 def _lifecycle(args, action) -> int:

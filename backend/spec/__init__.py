@@ -37,13 +37,13 @@ from backend.spec.experiment import ExperimentSpec, SpecError, validate_spec
 from backend.spec.model_spec import ModelSpec
 from backend.spec.parallel_spec import ParallelSpec
 from backend.spec.runtime_spec import RuntimeSpec
-from backend.spec.section_base import MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB
+from backend.spec.section_base import MAX_BATCH, MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_STEPS, MAX_VOCAB, READ_BACK
 from backend.spec.train_spec import TrainSpec
 
 __all__ = [
     "DP_FLAVOURS", "GATED_MLPS", "MULTI_STAGE_SCHEDULES", "ZERO_STAGE", "AttentionImpl", "Backend", "Bias", "CpRotate",
     "Device", "Executor", "Fp8Recipe", "Framework", "Mlp", "MoeDispatcher", "Norm", "Offload", "Optimizer", "Positions",
     "Precision", "Recompute", "RouterScore", "Schedule", "Strategy", "WindowKind",
-    "ExperimentSpec", "SpecError", "validate_spec", "MAX_BATCH", "MAX_DIM", "MAX_LAYERS", "MAX_SEQ", "MAX_STEPS",
-    "MAX_VOCAB", "MAX_WORLD", "ModelSpec", "ParallelSpec", "RuntimeSpec", "TrainSpec",
+    "ExperimentSpec", "SpecError", "validate_spec", "READ_BACK", "MAX_BATCH", "MAX_DIM", "MAX_LAYERS", "MAX_SEQ",
+    "MAX_STEPS", "MAX_VOCAB", "MAX_WORLD", "ModelSpec", "ParallelSpec", "RuntimeSpec", "TrainSpec",
 ]

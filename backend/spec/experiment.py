@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from backend.spec.checks import RunOnly, derive_and_check
 from backend.spec.choices import Framework
 from backend.spec.model_spec import ModelSpec
 from backend.spec.parallel_spec import ParallelSpec
 from backend.spec.runtime_spec import RuntimeSpec
-from backend.spec.section_base import SpecSection
+from backend.spec.section_base import SpecSection, reading_back
 from backend.spec.train_spec import TrainSpec
 from backend.spec.user_text import MAX_NAME_CHARS, InputError, check_depth, load_json_text, text_problem
 
@@ -29,8 +30,8 @@ class SpecError(ValueError):
 
 
 class ExperimentSpec(SpecSection):
-    name: str = Field("", max_length=MAX_NAME_CHARS)
-    """Free-text label shown in the history (plain text: no control characters)."""
+    name: str = ""
+    """Free-text label shown in the history (plain text: no control characters, at most 200 characters)."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """Transformer shape."""
     train: TrainSpec = Field(default_factory=TrainSpec)
@@ -44,7 +45,12 @@ class ExperimentSpec(SpecSection):
 
     @field_validator("name")
     @classmethod
-    def _plain_name(cls, value: str) -> str:
+    def _plain_name(cls, value: str, info: ValidationInfo) -> str:
+        if reading_back(info):  # a name stored before these rules: `printable` escapes it on output
+            return value
+        if len(value) > MAX_NAME_CHARS:
+            raise PydanticCustomError("string_too_long", "String should have at most {max_length} characters",
+                                      {"max_length": MAX_NAME_CHARS})
         if problem := text_problem(value, "name", MAX_NAME_CHARS):
             raise ValueError(problem)
         return value
@@ -52,11 +58,18 @@ class ExperimentSpec(SpecSection):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> ExperimentSpec:
         problems = derive_and_check(self)
-        if (info.context or {}).get("predict_only"):
+        if reading_back(info) and self._derived():
+            problems = []
+        elif (info.context or {}).get("predict_only"):
             problems = [p for p in problems if not isinstance(p, RunOnly)]
         if problems:
             raise SpecError(problems)
         return self
+
+    def _derived(self) -> bool:
+        """Whether the degrees and microbatches are all known (a stored spec has them; a broken one is unreadable)."""
+        p = self.parallel
+        return None not in (p.dp, p.world_size, self.train.microbatches)
 
     @property
     def tokens_per_step(self) -> int:

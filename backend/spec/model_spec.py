@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from backend.spec.choices import (
     AttentionImpl,
@@ -17,7 +17,7 @@ from backend.spec.choices import (
     RouterScore,
     WindowKind,
 )
-from backend.spec.section_base import MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_VOCAB, SpecSection
+from backend.spec.section_base import MAX_DIM, MAX_LAYERS, MAX_SEQ, MAX_VOCAB, SpecSection, reading_back
 from backend.spec.user_text import source_problem
 
 
@@ -144,8 +144,8 @@ class ModelSpec(SpecSection):
 
     @field_validator("source")
     @classmethod
-    def _bounded_source(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if problem := source_problem(value):
+    def _bounded_source(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if not reading_back(info) and (problem := source_problem(value)):
             raise ValueError(problem)
         return value
 

@@ -18,6 +18,17 @@ MAX_STEPS = 1_000_000
 
 _NUMBERS = (int, float, int | None, float | None)
 
+READ_BACK = {"read_back": True}
+"""Validation context of a stored spec read back (the store's rows, a run's result, a failed run's own spec): types,
+shapes and derived values as always, but none of the rules for new specs (cross-field checks, the run rules, plain-text
+names): a spec stored by an older version may break a rule added since, and its run must still show and fail with the
+reason. Whether this version would run it is `validate_spec` of its JSON, as for any new spec."""
+
+
+def reading_back(info: ValidationInfo) -> bool:
+    """Whether a validator runs on a stored spec read back (READ_BACK), not on a new one."""
+    return bool((info.context or {}).get("read_back"))
+
 
 class SpecSection(BaseModel):
     """A part of the spec: unknown keys are refused, booleans are never read as numbers."""

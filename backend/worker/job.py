@@ -41,6 +41,8 @@ class JobExecution:
         if row is None:
             log.warning("experiment %s vanished from the store after it was claimed", experiment_id)
             return None
+        if row["spec"] is None:
+            return self._unreadable(experiment_id, row["spec_error"])
         spec: ExperimentSpec = row["spec"]
         local = spec.runtime.executor != "slurm" or self.runner is not None
         workdir = self.runs_dir / str(experiment_id)
@@ -89,6 +91,13 @@ class JobExecution:
             result.error = f"worker stopped (SIGTERM/SIGINT) during the run; {result.error or ''}".rstrip("; ")
         self._store(experiment_id, result, workdir if local else None)
         return result
+
+    def _unreadable(self, experiment_id: int, reason: str) -> None:
+        """A spec this version cannot read: the run fails with the reason, nothing is launched, the worker goes on."""
+        log.error("experiment %s: not launched: %s", experiment_id, reason)
+        self._retry(lambda: q.fail_unreadable(self.engine, experiment_id, reason),
+                    f"failing experiment {experiment_id}")
+        return None
 
     def _environment_failure(self, experiment_id: int, worker_id: str, error: OSError) -> None:
         """The host could not take the run: back to the queue (not failed: the run itself never started)."""

@@ -22,9 +22,7 @@ if "compare_ids" in st.session_state:  # from the Runs page: those ids, whether 
 if "compare_pick" not in st.session_state:
     st.session_state["compare_pick"] = [r["id"] for r in recent if r["status"] == "ok"][:4]
 chosen = {i: store_access.get_run(url, i) for i in st.session_state["compare_pick"] if i not in labels}
-labels.update({i: rv.run_label({**e, "id": i, "strategy": str(e["spec"].parallel.strategy),
-                                "world_size": e["spec"].parallel.world_size, "name": e["spec"].name})
-               for i, e in chosen.items() if e is not None})
+labels.update({i: rv.run_label(e) for i, e in chosen.items() if e is not None})
 kept, gone = selection.split_in_view(st.session_state["compare_pick"], labels)
 st.session_state["compare_pick"] = kept
 if gone:
@@ -34,6 +32,9 @@ if len(ids) < 2:
     st.info("Pick two or more runs.")
     st.stop()
 runs = [e for e in (store_access.get_run(url, i) for i in ids) if e is not None]
+if unread := [f"#{e['id']}: {e['spec_error']}" for e in runs if e["spec"] is None]:
+    st.warning("Left out, their specs cannot be read by this version: " + "; ".join(unread))
+    runs = [e for e in runs if e["spec"] is not None]
 df = cv.compare_frame(runs)
 st.markdown("**Side by side** — cells that differ from the first run are highlighted")
 st.dataframe(df.style.apply(lambda _: cv.highlight_differences(df), axis=None), width="stretch",

@@ -247,14 +247,20 @@ if e is None:
 spec, res = e["spec"], e.get("result")
 # User text (name, tags, errors, notes) goes into st.text: markdown would render a name's ![image](url) (the browser
 # fetches it) and turn any URL into a link, even backslash-escaped (issue 21).
-parity = parity_verdict(str(spec.train.precision), res.loss_max_abs_diff) if res is not None else None
+precision = str(spec.train.precision) if spec is not None else e.get("precision")
+parity = parity_verdict(precision, res.loss_max_abs_diff) if res is not None else None
 icon = ":material/warning:" if parity == PARITY_FAILS else STATUS_ICON.get(e["status"], "")
 st.markdown(f"### {icon} #{rid}")
 if parity == PARITY_FAILS:  # a wrong training step is not "ok": said at the top, not only in a note at the bottom
-    st.warning(parity_failure_text(str(spec.train.precision), res.loss_max_abs_diff), icon=":material/warning:")
-if spec.name:
-    st.text(spec.name)
-st.caption(sf.describe(spec))
+    st.warning(parity_failure_text(precision, res.loss_max_abs_diff), icon=":material/warning:")
+if e.get("name"):
+    st.text(e["name"])
+if spec is not None:
+    st.caption(sf.describe(spec))
+else:
+    st.error("This run's spec cannot be read by this version; the run is kept, with its spec as stored below.",
+             icon=":material/error:")
+    st.text(e["spec_error"])
 if e.get("tags"):
     st.text("tags: " + ", ".join(e["tags"]))
 if e["status"] in rv.ACTIVE:
@@ -281,7 +287,7 @@ if res is not None and getattr(res, "imported", None) is not None:
 elif res is not None and e["status"] not in rv.ACTIVE:
     _result(res)
 with st.expander("Spec"):
-    st.json(spec.model_dump(mode="json"))
+    st.json(spec.model_dump(mode="json")) if spec is not None else st.text(e.get("spec_json") or "")
 with st.expander("Environment"):
     env = res.env if res is not None and res.env else e.get("env") or {}
     st.json(env) if env else st.caption("No environment recorded yet.")

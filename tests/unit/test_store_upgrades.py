@@ -189,6 +189,98 @@ def test_a_diverged_run_main_stored_before_issue_31_shows(tmp_path, capsys):
     assert "diverged: yes: the loss is nan from step" in capsys.readouterr().out
 
 
+# ---- specs an older version stored: read back as they are, never judged by today's rules for new specs ----------
+
+SHAPE = ('"model":{"vocab_size":256,"d_model":64,"n_layers":2,"n_heads":4,"n_kv_heads":null,"ffn_hidden":null,'
+         '"seq_len":32,"n_experts":0,"top_k":2%s},"train":{"global_batch":8,"micro_batch":2,"microbatches":2,"steps":2,'
+         '"warmup_steps":1,"precision":"fp32","optimizer":"adamw","lr":0.001,"recompute":"none","seed":0},"parallel":'
+         '{"strategy":"ddp","world_size":2,"dp":2,"tp":1,"pp":1,"ep":1,"sequence_parallel":false,"pp_schedule":"1f1b",'
+         '"virtual_stages":1,"offload":"none"},"runtime":{"backend":"auto","device":"auto","nnodes":1,"node_rank":0,'
+         '"rdzv_endpoint":null,"timeout_s":600.0}')
+JAX_FAMILY = ',"norm":"layernorm","mlp":"gelu","positions":"learned","tie_embeddings":false,"bias":"qkv"'
+OLD_SPECS = {  # the spec JSON those commits' own `submit` stored
+    "tab\there": '{"name":"tab\\there",%s,"framework":"torch"}' % (SHAPE % ""),  # before 20519f9 (plain-text names)
+    "esc\x1b[31mred": '{"name":"esc\\u001b[31mred",%s,"framework":"torch"}' % (SHAPE % ""),
+    "jax qkv": '{"name":"jax qkv",%s,"framework":"jax"}' % (SHAPE % JAX_FAMILY),  # 20519f9, before the JAX family rule
+}
+GONE_FIELD = '{"name":"gone",%s,"framework":"torch"}' % (SHAPE % ',"retired_field":1')
+"""A spec with a field this version does not have: it cannot be read, and must still list, show and fail."""
+
+
+def stored(engine, spec_json: str, status: str = "failed") -> int:
+    """A row as an older version left it: the columns of a spec, and that version's spec JSON."""
+    from sqlalchemy import update
+
+    from db.models import Experiment
+    from tests.helpers.store_helpers import spec
+
+    eid = q.submit_experiment(engine, spec("stand-in", world_size=2))
+    with engine.begin() as c:
+        c.execute(update(Experiment).where(Experiment.id == eid).values(
+            spec_json=spec_json, status=status, name=json.loads(spec_json)["name"]))
+    return eid
+
+
+def test_a_spec_an_older_version_stored_reads_shows_and_is_refused_for_requeue_with_the_reason(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = open_db(url)
+    ids = {name: stored(engine, text) for name, text in OLD_SPECS.items()}
+    for name, eid in ids.items():
+        row = q.get_experiment(engine, eid)
+        assert row["spec_error"] is None and row["spec"].name == name and row["spec"].parallel.dp == 2
+        assert main(["show", str(eid), "--db", url]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\t" not in out.split("spec:")[0] and '"name":' in out.split("spec:")[1]
+        assert main(["show", str(eid), "--db", url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["spec"]["name"] == name
+        with pytest.raises(ValueError, match=f"experiment {eid} cannot be re-queued: this version refuses its spec"):
+            q.requeue_experiment(engine, eid)
+        assert main(["requeue", str(eid), "--db", url]) == 1
+        assert "cannot be re-queued" in capsys.readouterr().err
+    assert "framework jax runs the GPT family only" in str(pytest.raises(ValueError, q.requeue_experiment, engine,
+                                                                         ids["jax qkv"]).value)
+    assert main(["list", "--db", url]) == 0 and "tab\\x09here" in capsys.readouterr().out
+
+
+def test_a_spec_this_version_cannot_read_still_lists_and_shows_with_the_reason(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = open_db(url)
+    eid = stored(engine, GONE_FIELD)
+    row = q.get_experiment(engine, eid)
+    assert row["spec"] is None and row["spec_json"] == GONE_FIELD
+    assert row["spec_error"] == ("this run's spec cannot be read by this version: ValidationError: "
+                                 "model.retired_field: Extra inputs are not permitted")
+    assert main(["show", str(eid), "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert f"spec_error: {row['spec_error']}" in out and '"retired_field":1' in out
+    assert main(["show", str(eid), "--db", url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["spec_error"] == row["spec_error"] and shown["spec"]["model"]["retired_field"] == 1
+    assert main(["list", "--db", url]) == 0 and "gone" in capsys.readouterr().out
+    assert main(["requeue", str(eid), "--db", url]) == 1
+    assert "model.retired_field: Extra inputs are not permitted" in capsys.readouterr().err
+    assert export_csv(engine).count("\r\n") == 2
+
+
+@pytest.mark.heavy
+def test_run_detail_shows_an_old_spec_and_one_it_cannot_read(tmp_path, monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    monkeypatch.setenv("SHARDLAB_DB_URL", url)
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    st.cache_data.clear()
+    engine = open_db(url)
+    old, gone = stored(engine, OLD_SPECS["esc\x1b[31mred"]), stored(engine, GONE_FIELD)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60).run()
+    for eid in (old, gone):
+        at.query_params["run"] = str(eid)
+        at.switch_page("dashboard/pages/run_detail.py").run()
+        assert not at.exception, [e.message for e in at.exception]
+    assert any("cannot be read by this version: ValidationError: model.retired_field" in t.value for t in at.text)
+
+
 # ---- a schema error is not an outage ---------------------------------------------------------------------------
 
 def conflicting_store(tmp_path: Path) -> str:

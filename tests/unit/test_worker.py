@@ -62,6 +62,24 @@ def test_a_runner_crash_is_stored_as_a_failed_result(engine, tmp_path):
     assert "Traceback" in row["traceback"] and row["result"].spec == spec()
 
 
+def test_a_queued_spec_this_version_cannot_read_fails_with_the_reason_and_the_worker_goes_on(engine, tmp_path):
+    from sqlalchemy import update
+
+    from db.models import Experiment
+
+    bad, good = q.submit_experiment(engine, spec("unreadable")), q.submit_experiment(engine, spec("fine"))
+    stored = spec("unreadable").model_dump_json()[:-1] + ', "retired_field": 1}'  # a field this version does not have
+    with engine.begin() as c:
+        c.execute(update(Experiment).where(Experiment.id == bad).values(spec_json=stored))
+    runner = FakeRunner()
+    assert Worker(engine, runs_dir=tmp_path, runner=runner).serve(drain=True) == 0
+    row = q.get_experiment(engine, bad)
+    assert row["status"] == "failed" and row["finished_at"] is not None and row["spec_json"] == stored
+    assert row["error"] == ("this run's spec cannot be read by this version: ValidationError: retired_field: Extra "
+                            "inputs are not permitted")
+    assert q.get_status(engine, good) == "ok" and [c["workdir"].name for c in runner.calls] == [str(good)]
+
+
 def test_cancel_of_a_running_job_reaches_the_runner(engine, tmp_path):
     eid = q.submit_experiment(engine, spec())
     t = _serve(Worker(engine, runs_dir=tmp_path, poll_s=0.05, runner=FakeRunner(block=True)), once=True)
