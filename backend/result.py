@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from backend.spec import ExperimentSpec
+from backend.spec import READ_BACK, ExperimentSpec
 
 MEMORY_CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv")
@@ -282,6 +282,13 @@ class RunResult(_R):
         bad = sum(not math.isfinite(v) for v in self.loss)
         return (f"the loss is {self.loss[at]} from step {at + 1} of {len(self.loss)} on ({bad} "
                 f"step{'s' if bad != 1 else ''} not finite)")
+
+    @classmethod
+    def of_spec(cls, spec: ExperimentSpec, **fields: Any) -> RunResult:
+        """A result of `spec` as it is (READ_BACK): `RunResult(spec=...)` runs the spec's model validator again with
+        today's rules for new specs, so a run that failed because its spec breaks one would raise instead of keeping
+        its error."""
+        return cls.model_validate({**fields, "spec": spec}, context=READ_BACK)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

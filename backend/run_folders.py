@@ -20,6 +20,7 @@ from pathlib import Path
 
 from backend.atomic_io import write_json_atomic
 from backend.result import RunResult
+from backend.spec import READ_BACK
 
 log = logging.getLogger("shardlab.runs")
 STAMP = "run.json"
@@ -80,7 +81,7 @@ def bound_result(folder: Path, run_uid: str) -> RunResult | None:
     if not path.exists() or not bound_to(folder, run_uid):
         return None
     try:
-        return RunResult.model_validate_json(path.read_text())
+        return RunResult.model_validate_json(path.read_text(), context=READ_BACK)  # the worker's refusals too
     except (OSError, ValueError) as e:
         log.warning("result %s is unreadable (%s): not imported", path, e)
         return None

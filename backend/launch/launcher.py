@@ -210,10 +210,9 @@ def _other_node_result(spec: ExperimentSpec, launch: dict) -> RunResult:
 
 
 def failed_result(spec: ExperimentSpec, failure: Failure, launch: dict, log_tail: str | None = None) -> RunResult:
-    return RunResult(
-        status=failure.status, error=failure.error, failing_rank=failure.failing_rank,
-        traceback=failure.traceback, log_tail=log_tail, spec=spec, env=_base_env(launch),
-        per_rank=predicted_ranks(spec),
+    return RunResult.of_spec(
+        spec, status=failure.status, error=failure.error, failing_rank=failure.failing_rank,
+        traceback=failure.traceback, log_tail=log_tail, env=_base_env(launch), per_rank=predicted_ranks(spec),
     )
 
 

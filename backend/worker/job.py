@@ -19,7 +19,7 @@ from backend import run_folders
 from backend.atomic_io import write_atomic
 from backend.cluster.reattach import Detached
 from backend.result import RunResult, Status
-from backend.spec import ExperimentSpec
+from backend.spec import ExperimentSpec, validate_spec
 from backend.worker import recovery
 from backend.worker.store_guard import Backoff, is_transient, retry, short
 from db import queries as q
@@ -152,8 +152,8 @@ class JobExecution:
                 return
             log.exception("experiment %s: the store refused its result", experiment_id)
             kept_in = kept.path if kept.written and kept.path else "its run folder"
-            refused = RunResult(status=Status.FAILED, spec=result.spec, error=f"the store refused this run's "
-                                f"{result.status} result ({short(e)}); the full result is kept in {kept_in}")
+            refused = RunResult.of_spec(result.spec, status=Status.FAILED, error=f"the store refused this run's "
+                                        f"{result.status} result ({short(e)}); the full result is kept in {kept_in}")
             self._retry(lambda: q.store_result(self.engine, experiment_id, refused), "storing a refused result")
         log.info("experiment %s: %s%s", experiment_id, result.status, f" ({result.error})" if result.error else "")
 
@@ -173,8 +173,9 @@ class JobExecution:
             except Exception as e:  # noqa: BLE001 - a busy database must not break the run; the heartbeat retries
                 log.warning("progress update skipped (%s)", short(e))
 
-        if (refusal := local_capacity_refusal(spec)) is not None:
-            return RunResult(status=Status.FAILED, spec=spec, error=refusal)
+        refusal = None if adopted else spec_refusal(spec)  # an adopted SLURM job is running already
+        if (refusal := refusal or local_capacity_refusal(spec)) is not None:
+            return RunResult.of_spec(spec, status=Status.FAILED, error=refusal)
         if spec.runtime.executor == "local":
             from backend.bench import cpu_profile
 
@@ -250,6 +251,13 @@ class ResultFile:
         return f"the result could not be written to {self.path} either ({self.error}): it is lost with this worker"
 
 
+def spec_refusal(spec: ExperimentSpec) -> str | None:
+    """Why this version will not run a queued spec, checked before launching (None if it runs): today's rules for a new
+    spec, which its ranks apply too; an older version may have queued one that a rule added since refuses."""
+    _, problems = validate_spec(spec.model_dump(mode="json"))
+    return f"not launched: this version does not run this spec: {'; '.join(problems)}" if problems else None
+
+
 def local_capacity_refusal(spec: ExperimentSpec) -> str | None:
     """Why this host cannot run a local job (backend/launch/capacity.py), checked before launching; None if it can."""
     from backend.launch import capacity
@@ -259,7 +267,7 @@ def local_capacity_refusal(spec: ExperimentSpec) -> str | None:
 
 
 def _raised(spec: ExperimentSpec, e: Exception) -> RunResult:
-    return RunResult(status=Status.FAILED, spec=spec, error=f"the runner raised {type(e).__name__}: {e}",
-                     traceback=traceback.format_exc())
+    return RunResult.of_spec(spec, status=Status.FAILED, error=f"the runner raised {type(e).__name__}: {e}",
+                             traceback=traceback.format_exc())
 
 

@@ -1,8 +1,9 @@
 """Tiny specs the tests share: `tiny(name, ...)` for the model-parallel layouts, `tiny_spec(...)` for the launcher's
-own tests (a 2-rank DDP job)."""
+own tests (a 2-rank DDP job); `stored_spec(name)`, a spec as an older commit stored it (tests/fixtures/stored_specs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from backend.spec import ExperimentSpec
@@ -21,3 +22,8 @@ def tiny_spec(**runtime: Any) -> ExperimentSpec:
         "parallel": {"strategy": "ddp", "world_size": 2},
         "runtime": {"device": "cpu", "timeout_s": 120, **runtime},
     })
+
+
+def stored_spec(name: str) -> str:
+    """The spec JSON an older commit stored (tests/fixtures/stored_specs/README.md says which and how)."""
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "stored_specs" / f"{name}.json").read_text().strip()

@@ -15,7 +15,7 @@ import pytest
 from backend.launch import outcome, torchrun
 from backend.launch.launcher import run_experiment, write_atomic
 from backend.result import RunResult, Status
-from tests.helpers.specs import tiny_spec
+from tests.helpers.specs import stored_spec, tiny_spec
 
 KILL_SUMMARY = """
 tests.fixtures.ring_rank FAILED
@@ -178,6 +178,21 @@ def test_cancel_before_launch_spawns_nothing(tmp_path: Path) -> None:
     res = run_experiment(tiny_spec(), workdir=tmp_path, cancel=cancel)
     assert res.status == Status.CANCELLED and not (tmp_path / "log.txt").exists()
     assert [r.rank for r in res.per_rank] == [0, 1] and res.per_rank[0].predicted.params_bytes > 0
+
+
+def test_a_failed_result_keeps_a_spec_that_todays_rules_refuse(tmp_path: Path) -> None:
+    """The result of a run that failed (here: cancelled before launch) takes its spec as it is: re-judging it with the
+    runnable checks raised instead of returning the failure (a db9cb05 spec: ep with the allgather dispatcher)."""
+    import threading
+
+    from backend.spec import READ_BACK, ExperimentSpec
+
+    spec = ExperimentSpec.model_validate_json(stored_spec("ep_allgather_db9cb05"), context=READ_BACK)
+    cancel = threading.Event()
+    cancel.set()
+    res = run_experiment(spec, workdir=tmp_path, cancel=cancel)
+    assert res.status == Status.CANCELLED and res.error == "cancelled before launch" and res.spec == spec
+    assert RunResult.model_validate_json((tmp_path / "result.json").read_text(), context=READ_BACK).spec == spec
 
 
 # ---- in processes of their own ----------------------------------------------------------------------------

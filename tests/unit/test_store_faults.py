@@ -140,17 +140,22 @@ def quick(worker: Worker) -> Worker:
     return worker
 
 
-def test_a_result_left_on_disk_is_imported_before_anything_is_marked_interrupted(store_urls, tmp_path):
-    engine = store_urls.engine()
-    done, lost = q.submit_experiments(engine, [spec("finished"), spec("lost")])
+def claimed_by_a_dead_worker(engine, ids: list[int]) -> None:
+    """The runs are running, claimed by a worker of this host whose process is gone (killed with kill -9)."""
     dead = subprocess.Popen(["sleep", "60"])
     started = psutil.Process(dead.pid).create_time()
     dead.kill()
     dead.wait()
     host = socket.gethostname()
     q.register_worker(engine, f"{host}:{dead.pid}:0", pid=dead.pid, host=host, pid_started=started)
-    for eid in (done, lost):
+    for eid in ids:
         assert q.claim_next(engine, f"{host}:{dead.pid}:0", host=host) == eid
+
+
+def test_a_result_left_on_disk_is_imported_before_anything_is_marked_interrupted(store_urls, tmp_path):
+    engine = store_urls.engine()
+    done, lost = q.submit_experiments(engine, [spec("finished"), spec("lost")])
+    claimed_by_a_dead_worker(engine, [done, lost])
     runs = tmp_path / "runs"
     uid = q.get_experiment(engine, done).get("run_uid", "")
     stamp(runs / str(done), done, uid)
@@ -223,6 +228,30 @@ def running_row(engine, s, worker_id: str) -> int:
         session.add(exp)
         session.flush()
         return exp.id
+
+
+def test_a_refusal_left_on_disk_is_imported_though_todays_rules_refuse_its_spec(store_urls, tmp_path):
+    """A dead worker's result.json is read back as stored: the refusal of a spec an older version queued (ep with the
+    allgather dispatcher, db9cb05) is imported with its reason, not set aside as unreadable and lost."""
+    from sqlalchemy import update
+
+    from backend.result import RunResult, Status
+    from backend.spec import READ_BACK
+    from db.models import Experiment
+    from tests.helpers.specs import stored_spec
+
+    engine = store_urls.engine()
+    eid = q.submit_experiment(engine, spec("stand-in"))
+    with engine.begin() as c:
+        c.execute(update(Experiment).where(Experiment.id == eid).values(spec_json=stored_spec("ep_allgather_db9cb05")))
+    claimed_by_a_dead_worker(engine, [eid])
+    old = ExperimentSpec.model_validate_json(stored_spec("ep_allgather_db9cb05"), context=READ_BACK)
+    refusal = RunResult.of_spec(old, status=Status.FAILED, error="not launched: this version does not run this spec")
+    folder = stamp(tmp_path / "runs" / str(eid), eid, q.get_experiment(engine, eid)["run_uid"])
+    (folder / "result.json").write_text(refusal.to_json())
+    Worker(engine, runs_dir=tmp_path / "runs", runner=FakeRunner()).recover()
+    row = q.get_experiment(engine, eid)
+    assert (row["status"], row["error"]) == ("failed", refusal.error) and row["result"].spec == old
 
 
 @pytest.mark.heavy

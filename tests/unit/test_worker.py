@@ -18,10 +18,13 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from backend.cli import main
+from backend.result import RunResult
+from backend.spec import READ_BACK
 from backend.worker.service import WORKER_ENV, Worker
 from db import queries as q
 from db.session import REPO
 from tests.helpers.launch import cli_process
+from tests.helpers.specs import stored_spec
 from tests.helpers.store_helpers import fake_result, spec
 from tests.helpers.worker_helpers import FakeRunner, wait_for
 
@@ -62,15 +65,21 @@ def test_a_runner_crash_is_stored_as_a_failed_result(engine, tmp_path):
     assert "Traceback" in row["traceback"] and row["result"].spec == spec()
 
 
-def test_a_queued_spec_this_version_cannot_read_fails_with_the_reason_and_the_worker_goes_on(engine, tmp_path):
+def queued_as_stored(engine, spec_json: str) -> int:
+    """A queued row holding the spec JSON an older version stored."""
     from sqlalchemy import update
 
     from db.models import Experiment
 
-    bad, good = q.submit_experiment(engine, spec("unreadable")), q.submit_experiment(engine, spec("fine"))
-    stored = spec("unreadable").model_dump_json()[:-1] + ', "retired_field": 1}'  # a field this version does not have
+    eid = q.submit_experiment(engine, spec("stand-in"))
     with engine.begin() as c:
-        c.execute(update(Experiment).where(Experiment.id == bad).values(spec_json=stored))
+        c.execute(update(Experiment).where(Experiment.id == eid).values(spec_json=spec_json))
+    return eid
+
+
+def test_a_queued_spec_this_version_cannot_read_fails_with_the_reason_and_the_worker_goes_on(engine, tmp_path):
+    stored = spec("unreadable").model_dump_json()[:-1] + ', "retired_field": 1}'  # a field this version does not have
+    bad, good = queued_as_stored(engine, stored), q.submit_experiment(engine, spec("fine"))
     runner = FakeRunner()
     assert Worker(engine, runs_dir=tmp_path, runner=runner).serve(drain=True) == 0
     row = q.get_experiment(engine, bad)
@@ -78,6 +87,34 @@ def test_a_queued_spec_this_version_cannot_read_fails_with_the_reason_and_the_wo
     assert row["error"] == ("this run's spec cannot be read by this version: ValidationError: retired_field: Extra "
                             "inputs are not permitted")
     assert q.get_status(engine, good) == "ok" and [c["workdir"].name for c in runner.calls] == [str(good)]
+
+
+def test_a_queued_spec_this_version_no_longer_runs_is_failed_with_the_reason_and_never_launched(engine, tmp_path):
+    old, good = queued_as_stored(engine, stored_spec("ep_allgather_db9cb05")), q.submit_experiment(engine, spec("ok"))
+    runner = FakeRunner()
+    assert Worker(engine, runs_dir=tmp_path, runner=runner).serve(drain=True) == 0
+    row = q.get_experiment(engine, old)
+    assert row["status"] == "failed" and row["error"] == row["result"].error
+    assert row["error"].startswith("not launched: this version does not run this spec: moe_dispatcher=allgather with "
+                                   "ep=2: this engine dispatches by all-to-all only")
+    kept = RunResult.model_validate_json((tmp_path / str(old) / "result.json").read_text(), context=READ_BACK)
+    assert kept.error == row["error"] and kept.spec.model.moe_dispatcher == "allgather"
+    assert [c["workdir"].name for c in runner.calls] == [str(good)] and q.get_status(engine, good) == "ok"
+
+
+def test_a_runner_that_raises_on_a_spec_today_refuses_keeps_its_error(engine, tmp_path, monkeypatch):
+    """Building the failed result must not judge the spec again (it raised inside the except handler, killing the
+    worker and losing the runner's error)."""
+    from backend.worker import job
+
+    monkeypatch.setattr(job, "spec_refusal", lambda s: None, raising=False)  # a rule the pre-launch check misses
+    eid = queued_as_stored(engine, stored_spec("ep_allgather_db9cb05"))
+    runner = FakeRunner(raises=RuntimeError("rank 1: SpecError: moe_dispatcher=allgather with ep=2"))
+    assert Worker(engine, runs_dir=tmp_path, runner=runner).serve(once=True) == 0
+    row = q.get_experiment(engine, eid)
+    assert row["status"] == "failed" and row["error"] == ("the runner raised RuntimeError: rank 1: SpecError: "
+                                                          "moe_dispatcher=allgather with ep=2")
+    assert "Traceback" in row["traceback"] and row["result"].spec.model.moe_dispatcher == "allgather"
 
 
 def test_cancel_of_a_running_job_reaches_the_runner(engine, tmp_path):
