@@ -29,6 +29,8 @@ from db.degrees import column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentTag, utcnow
 from db.run_queue import (  # noqa: F401 - API
+    Explain,
+    LeftBehind,
     NotFound,
     cancel_requested,
     claim_next,

@@ -5,7 +5,8 @@ interrupt runs whose worker stopped. Every write that reads first runs in a BEGI
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +31,21 @@ from db.session import writer
 
 class NotFound(LookupError):
     """No experiment with that id."""
+
+
+@dataclass(frozen=True)
+class LeftBehind:
+    """What an interrupted run's folder still says (backend/worker/recovery.left_behind): the end of its log and the
+    first failing rank's error, stored with the interruption as a stopped worker stores its result's."""
+
+    log_tail: str | None = None
+    error: str | None = None
+    failing_rank: int | None = None
+    traceback: str | None = None
+
+
+Explain = Callable[[int, str | None], LeftBehind | None]
+"""(experiment id, run_uid) -> what its run folder says, if anything."""
 
 
 def claim_next(engine: Engine, worker_id: str, *, host: str | None = None) -> int | None:
@@ -134,8 +150,9 @@ def store_finished_run(engine: Engine, result: RunResult, *, kind: str, tags: It
         return int(exp.id)
 
 
-def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:
-    """Mark running experiments whose heartbeat is older than stale_after_s as interrupted; returns their ids."""
+def recover_stale(engine: Engine, stale_after_s: float, explain: Explain | None = None) -> list[int]:
+    """Mark running experiments whose heartbeat is older than stale_after_s as interrupted; returns their ids.
+    explain: what each run's folder says (its log tail, a rank's error), stored with it."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     with writer(engine) as s, s.begin():
         stale = s.scalars(select(Experiment.id).where(
@@ -143,10 +160,22 @@ def recover_stale(engine: Engine, stale_after_s: float) -> list[int]:
             or_(Experiment.heartbeat_at < cutoff, Experiment.heartbeat_at.is_(None)))).all()
         if stale:
             mark_interrupted(s, stale, f"no heartbeat for more than {stale_after_s:g} s: the worker stopped "
-                                       "(killed or crashed)")
+                                       "(killed or crashed)", explain)
     return list(stale)
 
 
-def mark_interrupted(s, ids: list[int], reason: str) -> None:
-    s.execute(update(Experiment).where(Experiment.id.in_(ids), Experiment.status == Status.RUNNING).values(
-        status=str(Status.INTERRUPTED), error=reason, finished_at=utcnow()))
+def mark_interrupted(s, ids: list[int], reason: str, explain: Explain | None = None) -> None:
+    """Running experiments -> interrupted with the reason, and with what explain finds in each run's folder."""
+    running = s.execute(select(Experiment.id, Experiment.run_uid).where(
+        Experiment.id.in_(ids), Experiment.status == Status.RUNNING)).all()
+    for eid, uid in running:
+        left = explain(eid, uid) if explain is not None else None
+        s.execute(update(Experiment).where(Experiment.id == eid).values(**_interrupted(reason, left)))
+
+
+def _interrupted(reason: str, left: LeftBehind | None) -> dict[str, Any]:
+    values: dict[str, Any] = {"status": str(Status.INTERRUPTED), "error": reason, "finished_at": utcnow()}
+    if left is not None:
+        values.update(error=f"{reason}; {left.error}" if left.error else reason, failing_rank=left.failing_rank,
+                      log_tail=rr.storable_text(left.log_tail), traceback=rr.storable_text(left.traceback))
+    return values

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, delete, select, update
 
 from backend.result import Status
 from db.models import Experiment, Worker, utcnow
-from db.run_queue import mark_interrupted
+from db.run_queue import Explain, mark_interrupted
 from db.session import writer
 
 PRUNE_AFTER = timedelta(days=7)
@@ -71,15 +71,17 @@ def mark_dead_workers(engine: Engine, host: str) -> list[str]:
         return [w.id for w in dead]
 
 
-def interrupt_jobs_of_dead_workers(engine: Engine, host: str) -> list[int]:
+def interrupt_jobs_of_dead_workers(engine: Engine, host: str, explain: Explain | None = None) -> list[int]:
     """Interrupt the running experiments of workers on `host` marked dead; returns their ids. Call it after
-    importing the results those workers left on disk (backend/worker/recovery.py)."""
+    importing the results those workers left on disk (backend/worker/recovery.py). explain: what each run's folder
+    says (its log tail, a rank's error), stored with it."""
     with writer(engine) as s, s.begin():
         dead = select(Worker.id).where(Worker.host == host, Worker.state == "dead")
         ids = s.scalars(select(Experiment.id).where(Experiment.status == Status.RUNNING,
                                                     Experiment.worker_id.in_(dead))).all()
         if ids:
-            mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)")
+            mark_interrupted(s, list(ids), "the worker process died while the job was running (killed or crashed)",
+                             explain)
         return list(ids)
 
 

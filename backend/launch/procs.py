@@ -198,6 +198,18 @@ class Job:
         self._reader.join(timeout=timeout_s)
 
 
+def log_tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 1 << 20) -> str | None:
+    """The last `lines` lines of a job's log.txt, the window `Job.tail()` keeps while the job runs, for a job whose
+    launcher is gone (its worker killed with kill -9); None when there is no log. Reads at most the last max_bytes."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            data = f.read()
+    except OSError:
+        return None
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:]) or None
+
+
 def _send(p: psutil.Process, sig: signal.Signals) -> None:
     try:
         p.send_signal(sig)

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from backend import run_folders
+from backend.launch import outcome, procs
 from backend.result import Status
 from db import queries as q
 
@@ -109,15 +110,33 @@ def recover(engine, runs_dir: Path, host: str, stale_after_s: float | None, *, s
 
     mark_dead_workers(engine, host)  # first: a worker dying between the import and the interrupt is seen next round
     import_results(engine, runs_dir, host, stale_after_s, skip=skip)
-    dead = interrupt_jobs_of_dead_workers(engine, host)
+    explain = _explainer(runs_dir)
+    dead = interrupt_jobs_of_dead_workers(engine, host, explain)
     gone = dead_worker_ids(engine, host)
     kill_orphans(gone - (orphans_done or set()))
     if orphans_done is not None:
         orphans_done |= gone
-    stale = q.recover_stale(engine, stale_after_s) if stale_after_s is not None else []
+    stale = q.recover_stale(engine, stale_after_s, explain) if stale_after_s is not None else []
     for eid in dead + stale:
         log.warning("experiment %s marked interrupted (its worker is gone and no result was left on disk)", eid)
     return dead + stale
+
+
+def left_behind(folder: Path, run_uid: str | None) -> q.LeftBehind | None:
+    """What an interrupted run's own folder says about how it ended: the tail of its log.txt and the first failing
+    rank's error record, read as the launcher reads them for a job it stops (procs.Job.tail's window,
+    outcome.from_rank_errors); None for a folder not bound to the run (backend/run_folders.py)."""
+    if not run_uid or not run_folders.bound_to(folder, run_uid):
+        return None
+    tail, failure = procs.log_tail(folder / "log.txt"), outcome.from_rank_errors(folder)
+    if failure is None:
+        return q.LeftBehind(log_tail=tail)
+    return q.LeftBehind(log_tail=tail, error=f"first rank error on record: {failure.error}",
+                        failing_rank=failure.failing_rank, traceback=failure.traceback)
+
+
+def _explainer(runs_dir: Path) -> q.Explain:
+    return lambda eid, uid: left_behind(Path(runs_dir) / str(eid), uid)
 
 
 def dead_worker_ids(engine, host: str) -> set[str]:

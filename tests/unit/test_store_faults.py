@@ -254,6 +254,41 @@ def test_a_refusal_left_on_disk_is_imported_though_todays_rules_refuse_its_spec(
     assert (row["status"], row["error"]) == ("failed", refusal.error) and row["result"].spec == old
 
 
+def test_an_interrupted_run_keeps_its_log_tail_and_its_ranks_error(store_urls, tmp_path):
+    """A worker killed with kill -9 (or one that crashed) leaves log.txt and rank-N.error.json in the run folder: the
+    run is interrupted with them, as a stopped worker stores its job's log tail; a heartbeat gone stale alike."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from backend.runtime.protocol import RankError, write_rank_error
+    from backend.worker import recovery
+    from db.models import Experiment, utcnow
+
+    engine = store_urls.engine()
+    killed, silent = q.submit_experiments(engine, [spec("killed"), spec("silent")])
+    claimed_by_a_dead_worker(engine, [killed])
+    q.register_worker(engine, "elsewhere:1:0", pid=1, host="elsewhere", pid_started=None)
+    assert q.claim_next(engine, "elsewhere:1:0", host="elsewhere") == silent
+    runs = tmp_path / "runs"
+    for eid in (killed, silent):
+        folder = stamp(runs / str(eid), eid, q.get_experiment(engine, eid)["run_uid"])
+        (folder / "log.txt").write_text("".join(f"[rank{eid}] line {i}\n" for i in range(300)))
+    write_rank_error(runs / str(killed), RankError(rank=1, error="RuntimeError: boom", traceback="Traceback: here"))
+    with engine.begin() as c:  # the silent run's worker, on another host, stopped beating an hour ago
+        c.execute(update(Experiment).where(Experiment.id == silent).values(heartbeat_at=utcnow() - timedelta(hours=1)))
+    assert sorted(recovery.recover(engine, runs, socket.gethostname(), stale_after_s=60)) == [killed, silent]
+    row = q.get_experiment(engine, killed)
+    assert row["status"] == "interrupted" and row["error"] == ("the worker process died while the job was running "
+                                                               "(killed or crashed); first rank error on record: "
+                                                               "rank 1: RuntimeError: boom")
+    assert (row["failing_rank"], row["traceback"]) == (1, "Traceback: here")
+    assert row["log_tail"].splitlines() == [f"[rank{killed}] line {i}" for i in range(100, 300)]
+    row = q.get_experiment(engine, silent)
+    assert row["error"].startswith("no heartbeat for more than 60 s") and row["failing_rank"] is None
+    assert row["log_tail"].splitlines()[-1] == f"[rank{silent}] line 299"
+
+
 @pytest.mark.heavy
 def test_a_live_worker_recovers_dead_and_stale_jobs_while_it_polls(store_urls, tmp_path):
     engine = store_urls.engine()

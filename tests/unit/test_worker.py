@@ -322,7 +322,8 @@ def test_kill_9_of_the_worker_mid_run_then_restart_interrupts_and_requeues(store
     worker = start_worker(url, "--once", env={"SHARDLAB_FAULT": "hang:rank=0:step=1"})
     try:
         jobs = wait_for(lambda: ranks_started(worker), timeout_s=120, every_s=0.2)
-        os.kill(worker.pid, signal.SIGKILL)
+        wait_for(lambda: q.get_experiment(engine, eid)["progress_step"] is not None, timeout_s=120, every_s=0.2)
+        os.kill(worker.pid, signal.SIGKILL)  # once the run's log holds something: a progress line
         worker.wait(10)
     finally:
         if worker.poll() is None:
@@ -333,6 +334,7 @@ def test_kill_9_of_the_worker_mid_run_then_restart_interrupts_and_requeues(store
     assert restart.returncode == 0, out
     row = q.get_experiment(engine, eid)
     assert row["status"] == "interrupted" and "worker process died" in row["error"], out
+    assert "SHARDLAB_PROGRESS" in (row["log_tail"] or ""), "the run folder's log tail is stored with the interruption"
     gone, alive = psutil.wait_procs(jobs, timeout=10)
     assert alive == [], f"orphaned job processes survived: {alive}"
     assert q.count_experiments(engine) == 1 and row["spec"] == spec("hangs")
