@@ -311,7 +311,7 @@ def op_sac_saved_bytes(shape: LayerShape) -> float:
     cb, sb = shape.dtype_bytes, shape.seq_len * shape.micro_batch
     q = shape.q_width or h
     v = shape.v_width or q
-    linears = [(width, biased, 1.0) for width, biased in linears_of(shape)] + moe_linears_of(shape)
+    linears = _block_linears(shape)
     kept = _op_sac_kept_linears([(width, biased) for width, biased, _ in linears], ops)
     saved = sum(sb * linears[i][2] * linears[i][0] * cb for i in kept)
     if shape.flash and ops & {"aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -366,6 +366,11 @@ def moe_linears_of(shape: LayerShape) -> list[tuple[float, bool, float]]:
     return out
 
 
+def _block_linears(shape: LayerShape) -> list[tuple[float, bool, float]]:
+    """(local output width, biased, rows per token) of every linear of the block in forward order."""
+    return [(width, biased, 1.0) for width, biased in linears_of(shape)] + moe_linears_of(shape)
+
+
 def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> list[int]:
     """Indices of the linears op-level SAC keeps: aten.addmm (biased) when listed, every odd aten.mm."""
     out, mm_count = [], 0
@@ -382,11 +387,13 @@ def _op_sac_kept_linears(linears: list[tuple[float, bool]], ops: set[str]) -> li
 
 def op_sac_rerun_extra_bytes(shape: LayerShape) -> float:
     """While an op-SAC block is re-run in backward its cached outputs are handed back one by one as the re-run
-    reaches them; the block's last linear (fc_out / down), when kept, is still cached when the re-run peaks."""
-    linears = linears_of(shape)
+    reaches them; the block's last linear (fc_out / down; an MoE block's last expert or shared-expert gate), when
+    kept, is still cached when the re-run peaks."""
+    linears = _block_linears(shape)
     last = len(linears) - 1
-    kept_last = last in _op_sac_kept_linears(linears, set(shape.sac_ops))
-    return shape.seq_len * shape.micro_batch * linears[last][0] * shape.dtype_bytes if kept_last else 0.0
+    kept_last = last in _op_sac_kept_linears([(width, biased) for width, biased, _ in linears], set(shape.sac_ops))
+    width, _, rows = linears[last]
+    return shape.seq_len * shape.micro_batch * rows * width * shape.dtype_bytes if kept_last else 0.0
 
 
 def model_layer_activation_bytes(*, s: int, b: int, h: int, a: int, kv_heads: int, ffn: int, dtype_bytes: float,
