@@ -8,10 +8,12 @@ JSON), step time measured and predicted
 step_s_median) / step_s_median x 100), tokens/s, loss parity (`loss_max_abs_diff`, and `loss_parity`: ok / fails
 against the precision's bound, backend.result.PARITY_BOUND), bubble fractions, errors
 (`diverged`: some loss was NaN or inf; the losses themselves are in the JSON, as "NaN" / "Infinity"),
-bookkeeping and timestamps (an imported run: source_framework, the name of the importer whose log it came from,
-and the peak allocated / reserved bytes that log reports; its per-category measured columns are blank, as it measured
-none), then per memory category the measured and predicted bytes (max over ranks) and the
-error % of those maxima, comm bytes (per-rank totals per step, max over ranks; and per collective), versions.
+bookkeeping (`result_error`: where the stored result JSON does not parse, why, as `list` / `show` say it; the
+columns read from that JSON are blank, the row and its other columns kept) and timestamps (an imported run:
+source_framework, the name of the importer whose log it came from, and the peak allocated / reserved bytes that log
+reports; its per-category measured columns are blank, as it measured none), then per memory category the measured
+and predicted bytes (max over ranks) and the error % of those maxima, comm bytes (per-rank totals per step, max over
+ranks; and per collective), versions.
 Fields that do not apply are blank: the schedule and virtual stages without a pipeline (pp = 1), sequence
 parallel without tensor parallelism, top-k of a dense model, the K/V rotation and load balancing without context
 parallelism (cp = 1).
@@ -25,7 +27,8 @@ Text cells starting with = + - @ TAB or CR get a leading single quote so spreads
 formulas; numbers are never touched (a negative number stays a number).
 
 JSON: a list of {id, name, status, tags, sweep_id, requeue_of, timestamps, worker, error, loss_parity, "env",
-"spec", "result"} with the stored env, spec and result JSON spliced in verbatim.
+"spec", "result"} with the stored env, spec and result JSON spliced in verbatim. A stored JSON text that does not
+parse is null instead, with "<key>_error" (why) and "<key>_json" (the text as stored), so the file stays JSON.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy import JSON, Engine, Float, Integer, String, Text, case, cast, func, literal, select, type_coerce
+from sqlalchemy import Connection, Engine, Float, Integer, String, Text, case, cast, func, literal, select, type_coerce
 
 from backend.result import COLLECTIVES, PARITY_BOUND, PARITY_FAILS, PARITY_OK, parity_bound
 from backend.spec.dims import DIMS, not_applicable, placed_columns
 from db.degrees import DEGREE_COLUMNS, column
 from db.filters import filtered, tags_for
 from db.models import Experiment, ExperimentSummary, RankResultRow
+from db.queries import read_result, read_spec
 from db.result_rows import CATEGORIES, ERROR_CATEGORIES
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -55,8 +59,8 @@ EXP_COLUMNS = placed_columns([  # the experiments columns (ROW_KEYS minus queue 
     "global_batch", "micro_batch", "steps", "precision", "optimizer",
     "recompute", "source_framework", "step_s_median", "step_time_predicted_s", "step_time_error_pct", "tokens_per_s",
     "mfu", "peak_allocated_bytes", "peak_reserved_bytes", "loss_max_abs_diff", "loss_parity", "diverged",
-    "bubble_measured", "bubble_predicted", "wall_s", "error", "failing_rank", "sweep_id", "requeue_of", "created_at",
-    "started_at", "finished_at", "worker_id", "host"], DIMS)
+    "bubble_measured", "bubble_predicted", "wall_s", "error", "result_error", "failing_rank", "sweep_id", "requeue_of",
+    "created_at", "started_at", "finished_at", "worker_id", "host"], DIMS)
 TAG_POS = EXP_COLUMNS.index("sequence_parallel") + 1
 """The tags column sits after the identifying columns (the select has no tags; rows get the cell inserted here)."""
 NOT_APPLICABLE = {**not_applicable(DIMS), "top_k": "n_experts"}
@@ -116,13 +120,48 @@ def _exp_columns(dialect: str, safe: bool) -> list:
     return out
 
 
-def json_text_sql(dialect: str, column, *path: str, default: str):
-    """A text value inside a stored JSON column, read in SQL; `default` where absent (specs stored before the field)."""
+_PG_JSON_OR_NULL = """CREATE OR REPLACE FUNCTION pg_temp.shardlab_json_or_null(doc text) RETURNS json
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN doc::json;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END $$"""
+UNREADABLE_RESULT = "the stored result does not read (its JSON does not parse)"
+
+
+def prepare(conn: Connection) -> None:
+    """Before a SELECT that uses json_doc_sql. PostgreSQL 15 has no cast that returns NULL for bad JSON
+    (pg_input_is_valid is 16+), so a session-temporary function catches the error; it goes with the transaction."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(_PG_JSON_OR_NULL)
+
+
+def json_doc_sql(dialect: str, column):
+    """A stored JSON text column as JSON the database can read, NULL where the text does not parse: one row corrupted
+    or edited by hand must not fail a whole export with "malformed JSON" (PostgreSQL: after prepare())."""
     if dialect == "postgresql":
-        value = func.json_extract_path_text(cast(column, JSON), *path)
-    else:
-        value = func.json_extract(column, "$." + ".".join(path))
-    return func.coalesce(value, literal(default, String))
+        return func.pg_temp.shardlab_json_or_null(column)
+    return case((func.json_valid(column) == 1, column), else_=None)
+
+
+def json_unreadable_sql(dialect: str, column):
+    """True where the column holds text that does not parse as JSON (NULL and "" are no document, not a bad one)."""
+    return (func.coalesce(column, "") != "") & json_doc_sql(dialect, column).is_(None)
+
+
+def _json_value_sql(dialect: str, column, *path: str):
+    doc = json_doc_sql(dialect, column)
+    if dialect == "postgresql":
+        return func.json_extract_path_text(doc, *path)
+    return func.json_extract(doc, "$." + ".".join(path))
+
+
+def json_text_sql(dialect: str, column, *path: str, default: str):
+    """A text value inside a stored JSON column, read in SQL; `default` where absent (specs stored before the field),
+    blank where the stored JSON does not parse."""
+    value = func.coalesce(_json_value_sql(dialect, column, *path), literal(default, String))
+    return case((json_unreadable_sql(dialect, column), None), else_=value)
 
 
 def stack_sql(dialect: str):
@@ -132,10 +171,8 @@ def stack_sql(dialect: str):
 
 
 def json_number_sql(dialect: str, column, *path: str, kind=Float):
-    """A number inside a stored JSON column, read in SQL (NULL where absent: older runs)."""
-    if dialect == "postgresql":
-        return cast(func.json_extract_path_text(cast(column, JSON), *path), kind)
-    return cast(func.json_extract(column, "$." + ".".join(path)), kind)
+    """A number inside a stored JSON column, read in SQL (NULL where absent: older runs, or unreadable)."""
+    return cast(_json_value_sql(dialect, column, *path), kind)
 
 
 def dispatcher_sql(dialect: str):
@@ -149,10 +186,12 @@ JSON_FIELDS = {
     "capacity_factor": lambda dialect: json_number_sql(dialect, Experiment.spec_json, "model", "capacity_factor"),
     "moe_dispatcher": dispatcher_sql,
     "tokens_dropped": lambda dialect: json_number_sql(dialect, Experiment.result_json, "tokens_dropped", kind=Integer),
+    "result_error": lambda dialect: case((json_unreadable_sql(dialect, Experiment.result_json),
+                                          literal(UNREADABLE_RESULT, String)), else_=None),
 }
 """Export columns read from the stored spec / result JSON (issue 35: no column of their own, no migration):
 model.capacity_factor (blank = dropless), model.moe_dispatcher (blank for a dense model) and RunResult.tokens_dropped
-(blank = nothing could drop)."""
+(blank = nothing could drop); result_error where the stored result JSON does not parse."""
 
 
 def _step_time_error_pct():
@@ -227,6 +266,7 @@ def table(engine: Engine, *, long: bool = False, **filters) -> tuple[list[str], 
     dialect = engine.dialect.name
     stmt = _long_select(dialect, filters) if long else wide_select(dialect, False, filters)
     with engine.connect() as conn:
+        prepare(conn)
         result = conn.execute(stmt)
         keys = list(result.keys())
         rows = result.all()
@@ -249,6 +289,7 @@ def export_csv(engine: Engine, out: TextIO | None = None, *, long: bool = False,
     dialect = engine.dialect.name
     target = out if out is not None else io.StringIO()
     with engine.connect() as conn:
+        prepare(conn)
         exp_rows = conn.execute(wide_select(dialect, True, filters) if not long
                                 else _long_exp_select(dialect, filters)).all()
         tags = tags_for(conn, [r[0] for r in exp_rows])
@@ -326,12 +367,15 @@ JSON_KEYS = ("id", "name", "status", "sweep_id", "requeue_of", "created_at", "st
 
 
 def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | None:
-    """Full results as a JSON list; env, spec and result JSON spliced verbatim from the store."""
+    """Full results as a JSON list; env, spec and result JSON spliced verbatim from the store (a text that does not
+    parse: null, with its reason and the text as stored, see _unreadable_doc)."""
     dialect = engine.dialect.name
     cols = [_time_sql(getattr(Experiment, k), k, dialect) if k in TIME_KEYS else
             DERIVED[k]().label(k) if k in DERIVED else getattr(Experiment, k) for k in JSON_KEYS]
-    stmt = filtered(select(*cols, Experiment.env_json, Experiment.spec_json, Experiment.result_json), **filters)
+    docs = [Experiment.env_json, Experiment.spec_json, Experiment.result_json]
+    stmt = filtered(select(*cols, *docs, *[json_unreadable_sql(dialect, d) for d in docs]), **filters)
     with engine.connect() as conn:
+        prepare(conn)
         rows = conn.execute(stmt.order_by(Experiment.id)).all()
         tags = tags_for(conn, [r[0] for r in rows])
     n = len(JSON_KEYS)
@@ -343,7 +387,9 @@ def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | N
         for j in time_idx:
             head[j] = _iso(head[j])
         obj = dict(zip(JSON_KEYS, head, strict=False), tags=tags.get(r[0], []))
-        env_json, spec_json, result_json = r[n:]
+        env_json, spec_json, result_json = r[n:n + 3]
+        if any(r[n + 3:]):
+            env_json, spec_json, result_json = _unreadable_docs(obj, r[n:n + 3], r[n + 3:])
         pieces += [",\n" if i else "\n", encode(obj)[:-1], ', "env": ', env_json or "{}",
                    ', "spec": ', spec_json, ', "result": ', result_json or "null", "}"]
     pieces.append("\n]\n")
@@ -351,3 +397,25 @@ def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | N
         return "".join(pieces)
     out.writelines(pieces)
     return None
+
+
+def _unreadable_docs(obj: dict[str, Any], texts: tuple, unreadable: tuple) -> list[str | None]:
+    """The env, spec and result texts to splice, "null" for one that does not parse; its reason ("<key>_error", as
+    `show` gives it) and its text as stored ("<key>_json": nothing is lost) go into obj."""
+    out = []
+    for key, text, bad in zip(("env", "spec", "result"), texts, unreadable, strict=True):
+        if not bad:
+            out.append(text)
+            continue
+        obj[f"{key}_error"] = _why_unreadable(key, text)
+        obj[f"{key}_json"] = text
+        out.append("null")
+    return out
+
+
+def _why_unreadable(key: str, text: str) -> str:
+    if key == "result":
+        return read_result(text)[1] or UNREADABLE_RESULT
+    if key == "spec":
+        return read_spec(text)[1] or "the stored spec does not parse"
+    return "the stored environment JSON does not parse"

@@ -216,9 +216,9 @@ def test_identifying_columns_first_blank_fields_and_the_predicted_step_time(stor
     # issue 30: the step-time error beside the prediction, and the loss parity verdict beside its difference;
     # issue 34: the stack
     # issue 35: the MoE capacity factor and the token-slots it dropped (from the stored spec / result JSON); the MoE
-    # dispatcher (from the stored spec)
+    # dispatcher (from the stored spec); why a stored result JSON does not parse (result_error)
     assert set(EXP_COLUMNS) - old_names == {"step_time_predicted_s", "step_time_error_pct", "loss_parity", "stack",
-                                            "capacity_factor", "moe_dispatcher", "tokens_dropped"}
+                                            "capacity_factor", "moe_dispatcher", "tokens_dropped", "result_error"}
     rows = {r["name"]: r for r in _rows(text)}
     assert {k: rows["dense"][k] for k in ("schedule", "virtual_stages", "sequence_parallel", "top_k")} == dict.fromkeys(
         ("schedule", "virtual_stages", "sequence_parallel", "top_k"), "")
@@ -308,3 +308,26 @@ def test_the_moe_dispatcher_column_reads_the_stored_spec(store_urls):
     assert (rows["flex"]["moe_dispatcher"], rows["old"]["moe_dispatcher"], rows["dense"]["moe_dispatcher"]) == \
         ("flex", "alltoall", "")
     assert eid != old
+
+
+def test_a_result_json_that_does_not_parse_exports_with_its_reason(stored):
+    """One row whose stored result JSON is corrupt (written by hand, a broken disk) must not break the export: the
+    CSV (wide and long) and table() keep every row, the JSON read from that result blank and `result_error` saying
+    why; the JSON export stays valid JSON, that row's "result" null with "result_error" and the text as stored."""
+    engine, ids = stored
+    bad, good = sorted(eid for eid, res in ids.items() if res is not None)[:2]
+    broken = '{"status": "ok", broken'
+    with engine.begin() as c:
+        c.execute(update(Experiment).where(Experiment.id == bad).values(result_json=broken))
+    for long in (False, True):
+        rows = {int(r["id"]): r for r in _rows(export_csv(engine, long=long))}
+        assert set(rows) == set(ids)
+        assert rows[bad]["tokens_dropped"] == "" and "does not read" in rows[bad]["result_error"]
+        assert rows[good]["result_error"] == "" and rows[bad]["step_s_median"] != ""  # its columns are kept
+    _, table_rows = table(engine)
+    assert [r["id"] for r in table_rows if r["result_error"]] == [bad]
+    data = {d["id"]: d for d in json.loads(export_json(engine))}
+    assert set(data) == set(ids) and data[bad]["result"] is None and data[bad]["result_json"] == broken
+    assert "does not read" in data[bad]["result_error"] and q.get_experiment(engine, bad)["result"] is None
+    assert data[good]["result"] == json.loads(ids[good].model_dump_json(by_alias=True))
+    assert "result_error" not in data[good]
