@@ -123,6 +123,7 @@ def build_result(imported: ImportedConfig, collector, measured: Measured, hw: Ha
     result = RunResult.model_validate(
         {"status": Status.OK, "spec": spec, "per_rank": per_rank, "step_s_median": measured.step_s_median,
          "loss": measured.losses, "imported": facts, "env": _env(imported, facts),
+         "bubble_predicted": est.bubble_fraction,  # the fraction engine runs store (assemble_result), not bubble_s
          "notes": _notes(imported, measured, facts, hw, spec)}, context={"predict_only": True})
     _speed(result, spec, hw, imported.gpus or spec.parallel.world_size)
     return result

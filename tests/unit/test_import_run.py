@@ -237,3 +237,21 @@ def test_formula_looking_names_are_neutralised_in_the_csv(db, tmp_path):
     row = next(r for r in csv.DictReader(io.StringIO(export_csv(db))) if int(r["id"]) == eid)
     assert row["name"].startswith("'=HYPERLINK")  # a spreadsheet shows it, never runs it
     assert row["tags"].startswith("[")  # tags are one JSON list cell: a leading "[" is never a formula
+
+
+def test_an_imported_pipeline_run_carries_the_predicted_bubble_fraction(db):
+    """An imported run's bubble_predicted is the same spec's pipeline bubble fraction an engine run stores
+    (estimate().bubble_fraction, a fraction, not step_prediction's bubble_s in seconds): in the result, the column
+    the Runs table reads and the CSV; blank without a pipeline."""
+    from backend.analytic.estimate import estimate
+    from db.export import export_csv
+
+    eid = import_run(db, config=MG["config"], log=FIX / "megatron_llama2_70b.log", hardware="h100-sxm")
+    flat = import_run(db, config=TT["config"], log=FIX / "torchtitan_llama3_8b.log", gpus=8)
+    res = q.get_experiment(db, eid)["result"]
+    assert res.spec.parallel.pp == 4
+    expected = estimate(res.spec, device="cuda").bubble_fraction
+    assert 0 < expected < 1 and res.bubble_predicted == pytest.approx(expected)
+    assert q.get_experiment(db, eid)["bubble_predicted"] == pytest.approx(expected)
+    rows = {int(r["id"]): r for r in csv.DictReader(io.StringIO(export_csv(db)))}
+    assert float(rows[eid]["bubble_predicted"]) == pytest.approx(expected) and rows[flat]["bubble_predicted"] == ""
