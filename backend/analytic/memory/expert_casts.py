@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout
-from backend.analytic.params import expert_ffn, is_gated, layer_is_moe
+from backend.analytic.params import expert_ffn, is_gated
 from backend.analytic.scalar_or_array import logical_and, where
 
 if TYPE_CHECKING:
-    from backend.analytic.memory.parts import RankParts
     from backend.analytic.scalar_or_array import Num
     from backend.spec import ModelSpec
 
@@ -40,8 +39,3 @@ def grouped_expert_elems(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
     biases = local * ((2 * f + h) if gated else (f + h)) if str(model.bias) == "all" else 0
     return where(runs, weights, 0), where(runs, biases, 0)
 
-
-def moe_blocks(model: ModelSpec, parts: RankParts) -> Num:
-    """The rank's MoE blocks."""
-    stages = parts.stages
-    return where(layer_is_moe(model, 0), stages.n_blocks - stages.n_alt, stages.n_alt)

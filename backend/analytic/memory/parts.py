@@ -240,6 +240,13 @@ class StageComposition:
                                                                    self.last_alt, self.n_lowest)))
 
 
+def moe_blocks(model: ModelSpec, stages: StageComposition) -> Num:
+    """The MoE blocks among a pipeline rank's blocks (0 for a dense model)."""
+    if not model.is_moe:
+        return 0
+    return stages.n_alt if not layer_is_moe(model, 0) else stages.n_blocks - stages.n_alt
+
+
 def stage_composition(model: ModelSpec, layout: Layout, pp_rank: Num) -> StageComposition:
     """sharding.stages_of_rank + layer_split in closed form: looped ranks hold stages r + k·pp (the first
     n_layers % n_stages stages get one more layer), ZBV rank r holds r and 2pp-1-r."""

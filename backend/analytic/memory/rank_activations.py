@@ -27,9 +27,9 @@ from backend.analytic.memory.activations import (
     tp_logits_shard_bytes,
 )
 from backend.analytic.memory.compiled_block import compiled_block_bytes
-from backend.analytic.memory.expert_casts import grouped_expert_elems, moe_blocks
+from backend.analytic.memory.expert_casts import grouped_expert_elems
 from backend.analytic.memory.family_bytes import attention_constant_bytes
-from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed
+from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed, moe_blocks
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
 from backend.analytic.memory.policy_blocks import Checkpointing, KindBytes, checkpointing, kind_bytes, policy_blocks
 from backend.analytic.params import layer_is_moe
@@ -149,7 +149,7 @@ def autocast_casts(model: ModelSpec, layout: Layout, parts: RankParts) -> tuple[
     head = parts.total("head_weight_numel") + where(tied_alone, parts.embeddings.token_embedding_numel, 0)
     if layout.precision == "fp8":  # torchao's float8 linears keep their fp32 weight (no cast) and add a transient bias
         return (0, cb * head, 0)
-    grouped_w, grouped_b = (moe_blocks(model, parts) * x for x in grouped_expert_elems(model, layout))
+    grouped_w, grouped_b = (moe_blocks(model, parts.stages) * x for x in grouped_expert_elems(model, layout))
     return (cb * (parts.total("linear_weight_numel") - grouped_w), cb * head,
             cb * (parts.total("linear_bias_numel") - grouped_b))
 
@@ -218,7 +218,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     """`ActivationMoments` of one rank; layout fields and pp_rank broadcast together."""
     cb, autocast = layout.compute_bytes, layout.uses_autocast
     terms = rank_activation_terms(model, layout)
-    plain_b, unit_b, none_b, emb_head, head_freed_bytes, shard = terms
+    plain_b, unit_b, _, emb_head, head_freed_bytes, shard = terms
     stages = parts.stages
     ck = checkpointing(model, layout, stages.n_blocks)
     pb = policy_blocks(model, layout, pp_rank, parts, ck, _kinds(model, layout, parts, terms))

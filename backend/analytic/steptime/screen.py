@@ -29,13 +29,14 @@ from backend.analytic.memory.parts import (
     attention_kind_counts,
     is_mixed,
     local_part,
+    moe_blocks,
     part_sums,
     rank_parts,
     stage_composition,
 )
 from backend.analytic.moe_rows import is_uniform_dropless, moe_rows_key
 from backend.analytic.moe_rows import of_model as expert_rows_of
-from backend.analytic.params import ModelKey, layer_attention_kind, layer_is_moe, model_key
+from backend.analytic.params import ModelKey, layer_attention_kind, model_key
 from backend.analytic.recompute_cost import rerun_share
 from backend.analytic.scalar_or_array import (
     any_true,
@@ -380,9 +381,7 @@ class _BlockCosts:
 
     def moe_blocks(self, stages: StageComposition) -> Num:
         """MoE blocks of a pipeline rank."""
-        if not self.model.is_moe:
-            return 0
-        return stages.n_alt if not layer_is_moe(self.model, 0) else stages.n_blocks - stages.n_alt
+        return moe_blocks(self.model, stages)
 
 
 def _ep_comm_s(model: ModelSpec, layout: Layout, hw: Hardware, gpus_per_node: int, *, moe_blocks: Num) -> Num:
