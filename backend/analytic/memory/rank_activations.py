@@ -27,7 +27,7 @@ from backend.analytic.memory.activations import (
     tp_logits_shard_bytes,
 )
 from backend.analytic.memory.compiled_block import compiled_block_bytes
-from backend.analytic.memory.expert_casts import grouped_expert_elems
+from backend.analytic.memory.expert_casts import grouped_excess_bytes, grouped_expert_elems, inside_grouped_block
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed, moe_blocks
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
@@ -257,6 +257,8 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     inside_autocast = (total - loss_saved - LOSS_BYTES + w_head + w_blocks + b_blocks
                        + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
+    # what the end of the blocks holds besides their saved tensors: the cached casts, the previous logits still bound
+    held_at_blocks_end = where(autocast, w_blocks + b_blocks, 0) + where(layout.microbatches > 1, sbv * cb, 0)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split = split_backward(layout)
@@ -281,7 +283,9 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     earlier_group = logical_and(layout.recompute == RecomputeMode.UNIFORM, ck.rerun_blocks < k, ck.units > 1)
     group_peak = total + maximum(0.0, pb.group_none - 2 * unit_b - head_freed) + pb.group_casts + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
-    peak = as_int(where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward))
+    peak = where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward)
+    in_block = inside_grouped_block(model, layout, ck, total - emb_head - shard, held_at_blocks_end)
+    peak = as_int(maximum(peak, in_block))
     # a weight pass runs its blocks in forward order: layers:K's first checkpoint (a chunk's K-th block) re-runs once
     # the K - 1 plain blocks before it have freed their saved tensors and 16-bit weight copies
     ahead = where(layout.recompute == RecomputeMode.LAYERS, k - 1, 0)
@@ -302,6 +306,7 @@ def _kinds(model: ModelSpec, layout: Layout, parts: RankParts, terms: tuple) -> 
     # dispatch's buffers at its re-run are not measured
     accumulator = where(layout.ep > 1, 0, layout.micro_batch * layout.seq_local(model) * model.d_model
                         * where(layout.uses_autocast, 4, layout.compute_bytes))
+    accumulator = maximum(accumulator, grouped_excess_bytes(model, layout))
     moe0 = layer_is_moe(model, 0)
     grouped_w, grouped_b = grouped_expert_elems(model, layout)
     base = kind_bytes(terms, (on * (parts.block.linear_weight_numel - (grouped_w if moe0 else 0)),
