@@ -28,11 +28,10 @@ SHARDLAB_COMPILED_LOSS_NOTE = ("compiled loss on stack shardlab: the cross-entro
 GROUPED_EXPERTS_NOTE = ("grouped GEMM experts (moe_grouped_gemm): they keep no 16-bit weight copy under autocast, and "
                         "the activation peak counts the weights their forward stacks for one grouped matmul "
                         "(memory/expert_casts.py); what their backward stacks, the experts' weights and weight "
-                        "gradients as (G, out, in) tensors (models/grouped_experts.GroupedLinear), is not in the "
-                        "fullest moment inside backward: measured on CPU ranks 1.0 MB (four of the down projection's "
-                        "stacked weights) above it with full or op recompute in fp32, 0.1 MB under autocast (a "
-                        "4-block, d_model 64 model with 8 experts of ffn 128: 9% of its fullest moment without "
-                        "Adam's state)")
+                        "gradients as (G, out, in) tensors (models/grouped_experts.GroupedLinear), is not modelled: "
+                        "the engine's peak measured up to 1.0% above the prediction (ddp at world 1, fp32 and "
+                        "bf16-mixed, none / full / op; a 4-block, d_model 64 model with 8 experts of ffn 128, "
+                        "whose experts' weights outweigh its activations)")
 
 
 def estimate_notes(spec: ExperimentSpec) -> list[str]:
