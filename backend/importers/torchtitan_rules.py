@@ -151,14 +151,26 @@ def _stages_per_rank(flat: Flat, pp: int) -> int:
     return layers // (pp * per_stage)
 
 
+def model_compiled(flat: Flat) -> bool:
+    """torchtitan compiles the blocks only with "model" among compile.components (parallelize.py
+    `model_compile_enabled = compile.enable and "model" in compile.components`); no components: the default, which
+    holds "model"."""
+    components = flat.get("tt_compile_components")
+    return bool(flat.get("tt_compile")) and (components is None or "model" in components)
+
+
 def compile_and_early_step(flat: Flat) -> list[str]:
     notes: list[str] = []
     if flat.get("tt_early_step"):
         flat.unmap(flat.source_of("tt_early_step"), True, "steps and frees each gradient during backward: gradients "
                    "are predicted as if all were held until the optimizer step")
-    if flat.get("tt_compile"):  # apply_compile: torch.compile(transformer_block, fullgraph=True) per block
+    components = flat.get("tt_compile_components")
+    if model_compiled(flat):  # apply_compile: torch.compile(transformer_block, fullgraph=True) per block
         flat.put("elementwise", "compiled", flat.source_of("tt_compile"))
-        components = flat.get("tt_compile_components")
+    elif flat.get("tt_compile"):
+        notes.append(f"compile.components = {components}: without \"model\" torchtitan leaves the blocks eager "
+                     "(elementwise eager)")
+    if flat.get("tt_compile"):
         if components is not None:  # CompileConfig.components (configs.py 301 @b5bcd76): the loss compiles with it
             flat.put("loss_compiled", "loss" in components, "compile.components")
         elif flat.source_of("tt_compile") == "training.compile":
@@ -168,7 +180,7 @@ def compile_and_early_step(flat: Flat) -> list[str]:
         if flat.get("tt_compile_backend", "inductor") != "inductor":
             flat.unmap("compile.backend", flat.get("tt_compile_backend"), "a torch.compile backend other than "
                        "inductor: predicted as inductor's fused kernels")
-    if flat.get("tp_overlap") and not flat.get("tt_compile"):
+    if flat.get("tp_overlap") and not model_compiled(flat):
         flat.unmap(flat.source_of("tp_overlap"), True, "async TP needs compile (torchtitan maybe_enable_async_tp "
                    "refuses it without): predicted with the overlap")
     return notes

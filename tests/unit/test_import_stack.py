@@ -148,6 +148,17 @@ def test_torchtitan_toml_is_stack_torchtitan():
     assert any("training.compile: predicted with the loss compiled too" in n for n in legacy.notes), legacy.notes
 
 
+def test_torchtitan_loss_only_compile_leaves_the_blocks_eager():
+    """compile.components = ["loss"]: torchtitan compiles the loss, not the blocks (parallelize.py
+    model_compile_enabled needs "model"), so the import must not predict fused element-wise blocks, and async TP
+    (which needs the compiled blocks) is flagged."""
+    imported = import_toml(TOML.replace('components = ["model"]', 'components = ["loss"]'), gpus=256)
+    t = imported.spec["train"]
+    assert t.get("elementwise") is None and t["loss_compiled"] is True
+    assert any('without "model"' in n for n in imported.notes), imported.notes
+    assert "parallelism.enable_async_tensor_parallel" in imported.unmapped, imported.unmapped
+
+
 def test_deepspeed_json_is_stack_deepspeed():
     cfg = json.loads((FIX / "llama2_7b_config.json").read_text())
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
