@@ -71,6 +71,13 @@ def _ring_misses(m: ModelSpec) -> list[str]:
                                   ("multi-head latent attention", m.is_mla)) if on]
 
 
+def _folds_over_tp(v: LayoutView) -> Any:
+    """Megatron-Core's expert grid covers the stage (etp < tp, etp x ep | tp x cp x dp): only then is an ep that
+    does not fit dp x cp a folded layout to predict; otherwise the spec is invalid (checks.py says why) and no
+    prediction-only sentence (with an edp of 0) applies."""
+    return (v.etp < v.tp) & ((v.tp * v.dp * v.cp) % (v.etp * v.ep) == 0)
+
+
 LAYOUT_RULES = (
     RunRule("fp8 x tp", lambda v: (v.precision == "fp8") & (v.tp > 1),
             lambda p, m: f"fp8 with tp={p.tp} is not wired here: torchao's float8 TP styles (Float8ColwiseParallel / "
@@ -82,7 +89,7 @@ LAYOUT_RULES = (
             lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only at tp={p.tp}: the engine splits each expert "
             "colwise / rowwise over the whole tp mesh dimension (etp = tp, strategies/tp.py) or not at all (etp = 1); "
             "an expert-tp group smaller than tp is not wired"),
-    RunRule("ep spanning tp", lambda v: (v.ep > 1) & ((v.dp * v.cp) % v.ep != 0),
+    RunRule("ep spanning tp", lambda v: (v.ep > 1) & ((v.dp * v.cp) % v.ep != 0) & _folds_over_tp(v),
             lambda p, m: f"ep={p.ep} spans the tp ranks (Megatron-Core's MoE parallel folding, stack megatron: etp x "
             f"ep x edp = {p.etp} x {p.ep} x {p.tp * p.dp_cp // (p.etp * p.ep)} over tp x cp x dp = {p.tp} x {p.cp} x "
             f"{p.dp}) and is prediction-only: this engine carves ep out of dp x cp = {p.dp_cp} ranks "

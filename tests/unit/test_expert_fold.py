@@ -124,3 +124,14 @@ def test_a_megatron_script_with_ep_over_the_tp_ranks_imports_and_is_predicted(tm
     assert (par["tp"], par["dp"], par["ep"], par["etp"], imported.spec["train"]["stack"]) == (2, 4, 8, 1, "megatron")
     s = ExperimentSpec.for_prediction(imported.spec)
     assert ExpertLayout.of_spec(s).edp == 1 and len(estimate(s).per_rank) == 8
+
+
+def test_an_ep_that_fits_no_expert_grid_is_invalid_not_prediction_only():
+    """ep=3 over tp x dp = 2 x 2 ranks fits neither dp nor Megatron's folded grid: the run refusal states the invalid
+    arithmetic only, never "prediction-only" with an expert data-parallel degree of 0."""
+    moe = MOE | {"n_experts": 6}
+    for etp in (1, 2):
+        _, problems = validate_spec({"model": moe, "parallel": {"strategy": "ep", "world_size": 4, "tp": 2, "ep": 3,
+                                                                 "etp": etp}})
+        assert any("ep=3 does not divide dp=2" in p for p in problems), problems
+        assert not any("prediction-only" in p or "x 0 over" in p for p in problems), problems
