@@ -64,7 +64,8 @@ Mapper = To | Ignore | Unmappable
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "n_experts",
                 "top_k", "expert_ffn_hidden", "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate", "norm",
                 "mlp", "positions", "tie_embeddings", "bias", "attention", "capacity_factor", "moe_pad_to_capacity",
-                "moe_dispatcher", "moe_grouped_gemm", "moe_aux_loss_coeff")
+                "moe_dispatcher", "moe_grouped_gemm", "moe_aux_loss_coeff", "router_score", "router_balance_bias",
+                "expert_groups", "topk_groups", "first_dense_layers", "moe_every")
 SPEC_FIELDS: dict[str, str | Pending] = {
     **{f: f"model.{f}" for f in MODEL_FIELDS},
     "global_batch": "train.global_batch",

@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
 from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
+from backend.importers.megatron_moe import TABLE as MOE_TABLE
 from backend.importers.megatron_moe import capacity, moe
 from backend.spec.choices import RecomputeModule
 
@@ -131,6 +132,7 @@ TABLE: dict[str, Any] = {
     "--fp8-amax-compute-algo": Ignore("how delayed scaling reads its amax history: numerics only"),
     "--fp8-wgrad": To("mg_fp8_wgrad", as_flag),
     "--optimizer-cpu-offload": To("mg_opt_offload", as_flag),
+    **MOE_TABLE,
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in (
@@ -151,10 +153,10 @@ PREFIXES: dict[str, Any] = {
         "--bert", "--ict", "--titles", "--retro", "--vision", "--fp8-margin", "--fp8-interval", "--fp8-amax",
         "--first-last-layers-bf16", "--moe-z-loss",
         "--moe-input-jitter",
-        "--moe-router-dtype", "--moe-router-score", "--moe-router-pre-softmax", "--moe-permute-fusion",
-        "--moe-token-drop", "--moe-router-enable-expert-bias",
-        "--moe-router-bias-update-rate", "--moe-per-layer-logging", "--moe-router-num-groups",
-        "--moe-router-group-topk", "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization",
+        "--moe-router-dtype", "--moe-router-pre-softmax", "--moe-permute-fusion",
+        "--moe-token-drop",
+        "--moe-router-bias-update-rate", "--moe-per-layer-logging",
+        "--moe-router-topk-scaling", "--moe-use-legacy", "--use-cpu-initialization",
         "--exit", "--ft-", "--enable-ft", "--straggler", "--one-logger", "--app-tag",
         "--inprocess", "--high-priority-stream", "--nccl-", "--use-ring-exchange", "--barrier-with-l1",
         "--use-persistent-ckpt", "--non-persistent", "--finetune", "--pretrained", "--auto-detect-ckpt",
@@ -209,7 +211,6 @@ PREFIXES: dict[str, Any] = {
         ("--no-align-", "when DP collectives launch across pipeline stages: not modelled"),
         ("--empty-unused-memory", "torch.cuda.empty_cache() in the step: lowers reserved memory, adds time; not "
                                   "modelled"))},
-    "--moe-layer-freq": Unmappable("MoE on only some layers: ShardLab models every layer MoE or none"),
     "--num-experts-per-layer": Unmappable("per-layer expert counts are not modelled"),
     "--multi-latent-attention": Unmappable("multi-latent attention (MLA) is not modelled"),
     "--q-lora-rank": Unmappable("multi-latent attention (MLA) is not modelled"),

@@ -105,6 +105,44 @@ def test_megatron_log_block_moe_arguments():
     assert dense.spec["model"]["n_experts"] == 0 and _moe(dense) == (None, False, "alltoall", False, 0.0)
 
 
+def test_megatron_deepseek_router_layer_pattern_and_mtp_reach_the_spec():
+    """DeepSeek-V3's Megatron recipe: --moe-layer-freq "([0]*3+[1]*N)" is three dense layers first, the sigmoid router
+    with the expert bias and group-limited routing are the spec's router fields, and --mtp-num-layers (one more block
+    per layer, memory and time) is reported, never filed under "ignored"."""
+    imported = _megatron("--expert-model-parallel-size 4 --moe-layer-freq '([0]*1+[1]*3)' --moe-router-score-function "
+                         "sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4 --moe-router-group-topk 2 "
+                         "--mtp-num-layers 1")
+    m = imported.spec["model"]
+    assert (m["first_dense_layers"], m["moe_every"]) == (1, 1)
+    assert (m["router_score"], m["router_balance_bias"], m["expert_groups"], m["topk_groups"]) == ("sigmoid", True, 4,
+                                                                                                   2)
+    assert "--mtp-num-layers" in imported.unmapped and "--mtp-num-layers" not in imported.ignored
+    assert not {"--moe-layer-freq", "--moe-router-score-function", "--moe-router-num-groups"} & (
+        set(imported.ignored) | set(imported.unmapped))
+
+
+@pytest.mark.parametrize("freq, fields, reported", [
+    ("2", (0, 2), True),  # MoE at 0, 2: predicted at 1, 3 (same count), said
+    ("([0]*2+[1]*2)", (2, 1), False),
+    ("[0,1,0,1]", (0, 2), False),
+    ("([1]*3+[0]*1)", None, True),  # no dense prefix + interleave expresses it
+])
+def test_megatron_moe_layer_freq(freq, fields, reported):
+    imported = _megatron(f"--expert-model-parallel-size 4 --moe-layer-freq '{freq}'")
+    m = imported.spec["model"]
+    if fields is not None:
+        assert (m["first_dense_layers"], m["moe_every"]) == fields
+    assert ("--moe-layer-freq" in imported.unmapped) is reported
+
+
+@pytest.mark.parametrize("freq, words", [("([0]*3+[1]*3)", "6 entries != --num-layers 4"),
+                                         ("__import__('os')", "list expression"), ("([2]*4)", "0 (dense) and 1")])
+def test_megatron_bad_moe_layer_freq_is_refused_with_the_reason(freq, words):
+    with pytest.raises(ConfigImportError) as e:
+        _megatron(f"--moe-layer-freq {freq!r}")
+    assert words in str(e.value), str(e.value)
+
+
 TOML = """
 [model]
 name = "qwen3"
