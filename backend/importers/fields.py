@@ -65,7 +65,8 @@ MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "f
                 "top_k", "expert_ffn_hidden", "n_shared_experts", "shared_ffn_hidden", "shared_expert_gate", "norm",
                 "mlp", "positions", "tie_embeddings", "bias", "attention", "capacity_factor", "moe_pad_to_capacity",
                 "moe_dispatcher", "moe_grouped_gemm", "moe_aux_loss_coeff", "router_score", "router_balance_bias",
-                "expert_groups", "topk_groups", "first_dense_layers", "moe_every")
+                "expert_groups", "topk_groups", "first_dense_layers", "moe_every", "attn_head_dim", "qk_norm",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 SPEC_FIELDS: dict[str, str | Pending] = {
     **{f: f"model.{f}" for f in MODEL_FIELDS},
     "global_batch": "train.global_batch",

@@ -16,6 +16,8 @@ from typing import Any
 
 from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
 from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
+from backend.importers.megatron_attention import TABLE as ATTENTION_TABLE
+from backend.importers.megatron_attention import attention_shape
 from backend.importers.megatron_moe import TABLE as MOE_TABLE
 from backend.importers.megatron_moe import capacity, moe
 from backend.spec.choices import RecomputeModule
@@ -70,7 +72,7 @@ TABLE: dict[str, Any] = {
     "--num-layers": To("n_layers", pos_int), "--hidden-size": To("d_model", pos_int),
     "--num-attention-heads": To("n_heads", pos_int), "--num-query-groups": To("mg_query_groups", opt_int),
     "--group-query-attention": To("mg_gqa", as_flag), "--ffn-hidden-size": To("ffn_hidden", opt_int),
-    "--kv-channels": To("mg_kv_channels", opt_int), "--seq-length": To("seq_len", pos_int),
+    "--seq-length": To("seq_len", pos_int),
     "--max-position-embeddings": To("mg_max_positions", opt_int), "--vocab-size": To("mg_vocab", opt_int),
     "--padded-vocab-size": To("mg_padded_vocab", opt_int),
     "--make-vocab-size-divisible-by": To("mg_vocab_multiple", pos_int),
@@ -133,6 +135,7 @@ TABLE: dict[str, Any] = {
     "--fp8-wgrad": To("mg_fp8_wgrad", as_flag),
     "--optimizer-cpu-offload": To("mg_opt_offload", as_flag),
     **MOE_TABLE,
+    **ATTENTION_TABLE,
 }
 PREFIXES: dict[str, Any] = {
     **{p: Ignore(_IGNORED) for p in (
@@ -165,7 +168,7 @@ PREFIXES: dict[str, Any] = {
         "--result-rejected", "--test-mode", "--yaml-cfg", "--heterogeneous",
         "--enable-experimental", "--full-validation", "--multiple-validation", "--skip-train",
 
-        "--store-param-remainders", "--qk-layernorm", "--qk-l2-norm", "--use-rope-scaling", "--disable-",
+        "--store-param-remainders", "--qk-l2-norm", "--use-rope-scaling", "--disable-",
         "--mtp-", "--te-", "--kitchen", "--group-query-attention-", "--num-layers-at-", "--account-for-",
         "--pipeline-model-parallel-layout", "--decoupled-lr", "--decoupled-min-lr", "--override-opt-param",
         "--lr-", "--weight-decay-incr-style", "--global-batch-size-ramp", "--adlr-autoresume", "--export-",
@@ -212,9 +215,6 @@ PREFIXES: dict[str, Any] = {
         ("--empty-unused-memory", "torch.cuda.empty_cache() in the step: lowers reserved memory, adds time; not "
                                   "modelled"))},
     "--num-experts-per-layer": Unmappable("per-layer expert counts are not modelled"),
-    "--multi-latent-attention": Unmappable("multi-latent attention (MLA) is not modelled"),
-    "--q-lora-rank": Unmappable("multi-latent attention (MLA) is not modelled"),
-    "--kv-lora-rank": Unmappable("multi-latent attention (MLA) is not modelled"),
     "--hybrid-": Unmappable("hybrid Mamba / attention stacks are not modelled"),
 }
 OFF_VALUES = (None, False, "", [], 0, "None")
@@ -230,10 +230,7 @@ def model_and_layout(flat: Flat) -> list[str]:
     if missing:
         flat.problems.append(f"the arguments lack {', '.join(missing)}, which the model shape needs")
         return notes
-    kv = flat.get("mg_kv_channels")
-    if kv not in (None, "None") and as_int(kv) != h // heads:
-        flat.problems.append(f"--kv-channels {kv} != hidden / heads = {h} / {heads} = {h // heads}: decoupled head "
-                             "sizes are not modelled")
+    notes += attention_shape(flat, h, heads)
     if flat.get("mg_gqa") and flat.get("mg_query_groups"):
         flat.put("n_kv_heads", flat.get("mg_query_groups"), flat.source_of("mg_query_groups"))
     swiglu = bool(flat.get("mg_swiglu"))

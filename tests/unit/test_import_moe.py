@@ -198,3 +198,53 @@ def test_torchtitan_dense_model_ignores_expert_degrees_and_dualpipev_is_a_schedu
     par = import_config_text(text, name="q.toml", gpus=64,
                              model_config=json.loads((HF / "qwen3-30b-a3b.json").read_text())).spec["parallel"]
     assert (par["pp_schedule"], par["virtual_stages"], par["pp"], par["ep"]) == ("dualpipev", 2, 8, 8)
+
+
+DEEPSEEK_V3 = ("--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 --kv-channels 128 "
+               "--seq-length 4096 --max-position-embeddings 163840 --position-embedding-type rope --normalization "
+               "RMSNorm --swiglu --disable-bias-linear --untie-embeddings-and-output-weights --vocab-size 129280 "
+               "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+               "--qk-pos-emb-head-dim 64 --v-head-dim 128 --qk-layernorm --mscale 1.0 --mscale-all-dim 1.0 "
+               "--num-experts 256 --moe-layer-freq '([0]*3+[1]*58)' --moe-ffn-hidden-size 2048 "
+               "--moe-shared-expert-intermediate-size 2048 --moe-router-topk 8 --moe-router-num-groups 8 "
+               "--moe-router-group-topk 4 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+               "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2 "
+               "--pipeline-model-parallel-size 16 --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 "
+               "--sequence-parallel --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 8192 --bf16 "
+               "--recompute-granularity selective --recompute-modules mla_up_proj moe_act --world-size 256")
+
+
+def test_megatron_deepseek_v3_recipe_is_the_hf_model():
+    """Megatron's DeepSeek-V3 arguments (MLA, kv-channels 128 that MLA never reads, three dense layers, the
+    group-limited sigmoid router) give the model the Hugging Face config.json gives, to the parameter."""
+    from backend.analytic.params import count_params
+    from backend.hf.config import from_hf_config
+    from backend.spec import ExperimentSpec
+    from backend.spec.model_spec import ModelSpec
+
+    imported = import_config_text(DEEPSEEK_V3, name="args.txt")
+    hf = ModelSpec.model_validate(from_hf_config(json.loads((HF / "deepseek-v3.json").read_text()), seq_len=4096)[0])
+    hf_model = {k: v if isinstance(v, (int, type(None))) else str(v) for k, v in hf.model_dump().items()}
+    keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_dense_layers",
+            "moe_every", "router_score", "router_balance_bias", "expert_groups", "topk_groups")
+    assert {k: imported.spec["model"][k] for k in keys} == {k: hf_model[k] for k in keys}
+    assert imported.spec["train"]["recompute_modules"] == ["mla_up_proj", "moe_act"]
+    assert "--kv-channels" in imported.ignored and not {"--multi-latent-attention", "--q-lora-rank"} & (
+        set(imported.ignored) | set(imported.unmapped))
+    spec = ExperimentSpec.for_prediction(imported.spec)
+    assert count_params(spec.model) == count_params(hf) == 671_026_404_352  # DeepSeek-V3 without its MTP module
+
+
+def test_megatron_head_width_and_qk_norm_of_ordinary_attention():
+    """Qwen3-30B-A3B's Megatron arguments: --kv-channels 128 over hidden 2048 / 32 heads is the spec's attn_head_dim
+    (it was refused as 'not modelled'), --qk-layernorm its qk_norm; MLA defaults fill what an MLA script omits."""
+    qwen = import_config_text(ARGS.replace("--hidden-size 1024", "--hidden-size 2048").replace(
+        "--num-attention-heads 16", "--num-attention-heads 32") + "--kv-channels 128 --qk-layernorm", name="args.txt")
+    assert (qwen.spec["model"]["attn_head_dim"], qwen.spec["model"]["qk_norm"]) == (128, True)
+    plain = import_config_text(ARGS + "--kv-channels 64", name="args.txt")  # = 1024 / 16: nothing to set
+    assert plain.spec["model"]["attn_head_dim"] is None
+    mla = import_config_text(ARGS + "--multi-latent-attention --position-embedding-type rope", name="args.txt")
+    m = mla.spec["model"]
+    assert (m["q_lora_rank"], m["kv_lora_rank"], m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]) == (
+        None, 32, 128, 64, 128)
+    assert any("Megatron's default 32" in n for n in mla.notes), mla.notes
