@@ -108,6 +108,21 @@ def test_torchtitan_fsdp2_keeps_fp32_shards_and_adam_without_master():
     assert m.grads_bytes == 4 * storage
 
 
+def test_torchtitan_zero1_shards_expert_state_over_the_expert_replicas_only():
+    """zero1 x ep on stack torchtitan: the routed experts' AdamW state shards over the ranks holding the same experts
+    (edp = dp / ep = 2), the dense state over dp = 8, as the engine's zero1 and Megatron's distributed optimizer do;
+    it was divided by dp for the experts too (7x under on Mixtral-sized experts)."""
+    moe = SMALL | {"n_experts": 8, "top_k": 2}
+    spec = ExperimentSpec.for_prediction({"model": moe, "train": {"global_batch": 8, "micro_batch": 1,
+                                                                  "precision": "bf16-mixed", "stack": "torchtitan"},
+                                          "parallel": {"strategy": "zero1", "world_size": 8, "ep": 4},
+                                          "runtime": {"device": "cpu"}})
+    _, m = _rank(spec)
+    experts, local = m.parts.total("ep_expert_numel"), m.parts.total("local_numel")
+    assert experts > 0
+    assert m.optimizer_bytes == pytest.approx(8 * ((local - experts) / 8 + experts / 2))
+
+
 def test_torchtitan_zero2_unsharded_copy_is_bf16():
     spec = _spec({"stack": "torchtitan"}, {"strategy": "zero2", "world_size": 4})
     _, m = _rank(spec)

@@ -184,7 +184,7 @@ def fsdp2_state(model: ModelSpec, layout: Layout, position: RankPosition, parts:
     params = s.param_bytes * local
     grads = s.param_bytes * local
     zero1 = logical_and(layout.zero_stage == ZeroStage.ZERO1, layout.dp_cp > 1)
-    optimizer = per_state * where(zero1, local / s.optimizer_group(layout), local)
+    optimizer = per_state * where(zero1, zero1_owned_numel(layout, parts), local)
     if any_true(fsdp):
         unsharded = unsharded_at_peak(model, layout, position.pp_rank, parts) if unsharded else UnshardedAtPeak(0, 0)
         storage = parts.total("storage_numel")
@@ -196,6 +196,15 @@ def fsdp2_state(model: ModelSpec, layout: Layout, position: RankPosition, parts:
         grads = where(fsdp, s.param_bytes * storage + s.grad_bytes * unsharded.grads_numel, grads)
         optimizer = where(fsdp, per_state * parts.total("real_numel"), optimizer)
     return ModelStateBytes(params, grads, optimizer)
+
+
+def zero1_owned_numel(layout: Layout, parts: RankParts) -> Num:
+    """The elements whose optimizer state a zero1 rank owns: the dense ones sharded over the optimizer group, ep's
+    experts only over their expert-data-parallel group (the ranks holding the same experts, edp = dp x cp / ep:
+    expert_layout.py), as the engine's zero1 and Megatron's distributed optimizer shard them."""
+    experts = parts.total("ep_expert_numel")
+    edp = ExpertLayout.of_layout(layout).edp
+    return (parts.total("local_numel") - experts) / layout.stack.optimizer_group(layout) + experts / edp
 
 
 # ---- DeepSpeed ZeRO ----
