@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.device import RuntimeOverhead, fits_device, profile_device
+from backend.analytic.expert_layout import folds_experts
 from backend.analytic.layout import DEGREES, Layout, PipelineSchedule
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.analytic.memory.state_floor import state_floor_groups
@@ -169,7 +170,8 @@ def _run_view(layouts: Layout, model: ModelSpec) -> LayoutView:
     split = (layouts.schedule == PipelineSchedule.ZERO_BUBBLE) | (layouts.schedule == PipelineSchedule.ZBV) \
         | (layouts.schedule == PipelineSchedule.DUALPIPEV)
     return LayoutView(degrees={d: getattr(layouts, d) for d in DEGREES}, zero_stage=layouts.zero_stage,
-                      split_backward=split, precision=str(layouts.precision), model=model)
+                      split_backward=split, precision=str(layouts.precision), model=model,
+                      expert_fold=folds_experts(layouts.stack))
 
 
 def run_rule_hits(layouts: Layout, model: ModelSpec) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.spec.choices import ZERO_STAGE, Schedule
+from backend.spec.choices import FOLDED_EXPERT_STACKS, ZERO_STAGE, Schedule
 from backend.spec.dims import DIMS, degree_names
 from backend.spec.model_spec import ModelSpec
 from backend.spec.parallel_spec import ParallelSpec
@@ -36,6 +36,9 @@ class LayoutView:
     """The pipeline schedule splits the input and weight backward (zero_bubble, zbv)."""
     precision: str
     model: ModelSpec
+    expert_fold: Any = False
+    """The stack lays the routed experts out on Megatron-Core's folded grid (spec/choices.FOLDED_EXPERT_STACKS): one
+    value per spec or plan."""
 
     def __getattr__(self, name: str) -> Any:
         degrees = self.__dict__.get("degrees", {})
@@ -44,11 +47,11 @@ class LayoutView:
         raise AttributeError(f"LayoutView has no field or degree {name!r}")
 
     @classmethod
-    def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec) -> LayoutView:
+    def of_spec(cls, parallel: ParallelSpec, precision: str, model: ModelSpec, expert_fold: bool = False) -> LayoutView:
         return cls(degrees={d: getattr(parallel, d) for d in degree_names(DIMS)},
                    zero_stage=ZERO_STAGE[parallel.dp_flavour],
                    split_backward=parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES, precision=str(precision),
-                   model=model)
+                   model=model, expert_fold=expert_fold)
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,9 @@ def _ring_misses(m: ModelSpec) -> list[str]:
 
 
 def _folds_over_tp(v: LayoutView) -> Any:
-    """Megatron-Core's expert grid covers the stage (etp < tp, etp x ep | tp x cp x dp): only then is an ep that
-    does not fit dp x cp a folded layout to predict; otherwise the spec is invalid (checks.py says why) and no
-    prediction-only sentence (with an edp of 0) applies."""
+    """Megatron-Core's expert grid with etp < tp covering the stage (etp x ep | tp x cp x dp): its ep index runs over
+    the tp ranks first (expert_layout.rank_coords), so even an ep that divides dp x cp is not this engine's ep block
+    along dp; a grid that does not cover the stage is an invalid spec (checks.py says why, no edp of 0 here)."""
     return (v.etp < v.tp) & ((v.tp * v.dp * v.cp) % (v.etp * v.ep) == 0)
 
 
@@ -89,7 +92,7 @@ LAYOUT_RULES = (
             lambda p, m: f"etp={p.etp} with ep={p.ep} is prediction-only at tp={p.tp}: the engine splits each expert "
             "colwise / rowwise over the whole tp mesh dimension (etp = tp, strategies/tp.py) or not at all (etp = 1); "
             "an expert-tp group smaller than tp is not wired"),
-    RunRule("ep spanning tp", lambda v: (v.ep > 1) & ((v.dp * v.cp) % v.ep != 0) & _folds_over_tp(v),
+    RunRule("ep spanning tp", lambda v: (v.ep > 1) & v.expert_fold & _folds_over_tp(v),
             lambda p, m: f"ep={p.ep} spans the tp ranks (Megatron-Core's MoE parallel folding, stack megatron: etp x "
             f"ep x edp = {p.etp} x {p.ep} x {p.tp * p.dp_cp // (p.etp * p.ep)} over tp x cp x dp = {p.tp} x {p.cp} x "
             f"{p.dp}) and is prediction-only: this engine carves ep out of dp x cp = {p.dp_cp} ranks "
@@ -134,7 +137,8 @@ RULES = LAYOUT_RULES + MODEL_RULES
 def blocking_reasons(spec: SpecParts) -> list[str]:
     """The sentence of every rule that blocks this spec, in RULES order, then the stack settings this engine does not
     run (stacks.stack_blockers: one plan holds one stack, so the planner applies them to all its layouts at once)."""
-    view = LayoutView.of_spec(spec.parallel, spec.train.precision, spec.model)
+    view = LayoutView.of_spec(spec.parallel, spec.train.precision, spec.model,
+                              expert_fold=str(spec.train.stack) in FOLDED_EXPERT_STACKS)
     return [rule.why(spec.parallel, spec.model) for rule in RULES if bool(rule.blocks(view))] + stack_blockers(spec)
 
 

@@ -135,3 +135,17 @@ def test_an_ep_that_fits_no_expert_grid_is_invalid_not_prediction_only():
                                                                  "etp": etp}})
         assert any("ep=3 does not divide dp=2" in p for p in problems), problems
         assert not any("prediction-only" in p or "x 0 over" in p for p in problems), problems
+
+
+def test_a_fold_whose_ep_divides_dp_is_still_megatrons_grid_not_this_engines():
+    """ep=2 over tp x dp = 2 x 2 with etp=1 on stack megatron: ep divides dp, but Megatron's expert grid runs ep over
+    the tp ranks (rank 1 holds ep index 1), where this engine's ep block runs along dp (rank 1: ep 0). Runnable stack
+    settings must not make the run store that prediction beside the other layout's measurement."""
+    eager = {"attention_kernel": "eager", "elementwise": "eager"}
+    s = ExperimentSpec.for_prediction({"model": MOE, "parallel": {"strategy": "ep", "world_size": 4, "tp": 2, "ep": 2},
+                                       "train": {"global_batch": 16, "stack": "megatron", **eager}})
+    assert [r.coords["ep"] for r in estimate(s).per_rank] == [0, 1, 0, 1]
+    assert any("ep=2 spans the tp ranks" in w for w in run_blockers(s)), run_blockers(s)
+    same = ExperimentSpec.for_prediction({**s.model_dump(mode="json"), "parallel": {
+        "strategy": "ep", "world_size": 4, "tp": 2, "ep": 2, "etp": 2}})  # etp = tp: the engine's own layout
+    assert not any("spans the tp ranks" in w for w in run_blockers(same)), run_blockers(same)
