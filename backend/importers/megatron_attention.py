@@ -34,28 +34,29 @@ TABLE: dict[str, Any] = {
 
 def attention_shape(flat: Flat, hidden: int, heads: int) -> list[str]:
     """MLA's widths, or the head width and q / k norms of ordinary attention; returns notes."""
-    given = {name: flat.canonical.pop(f"mg_{name}", (None, ""))[0]
-             for name in ("mla", "qk_norm", "kv_channels", *MLA_ARGS)}
+    names = ("mla", "qk_norm", "kv_channels", *MLA_ARGS)
+    source = {name: flat.source_of(f"mg_{name}") for name in names}  # the config's own key (NeMo: model.<name>)
+    given = {name: flat.canonical.pop(f"mg_{name}", (None, ""))[0] for name in names}
     if not given["mla"]:
-        for name, arg in MLA_ARGS.items():
+        for name in MLA_ARGS:
             if given[name] is not None:
-                flat.ignore(arg, given[name], "read only with --multi-latent-attention: unset here")
+                flat.ignore(source[name], given[name], "read only with multi-latent attention: unset here")
         if given["kv_channels"] is not None and given["kv_channels"] != hidden // heads:
-            flat.put("attn_head_dim", given["kv_channels"], "--kv-channels")
+            flat.put("attn_head_dim", given["kv_channels"], source["kv_channels"])
         if given["qk_norm"]:
-            flat.put("qk_norm", True, "--qk-layernorm")
+            flat.put("qk_norm", True, source["qk_norm"])
         return []
     notes = []
     for name, arg in MLA_ARGS.items():
         value = given[name] if given[name] is not None else MLA_DEFAULTS.get(name)
         if value is not None:
-            flat.put(name, value, arg)
+            flat.put(name, value, source[name] if given[name] is not None else arg)
         if given[name] is None and name in MLA_DEFAULTS:
             notes.append(f"MLA {arg} not given: Megatron's default {value} (MLATransformerConfig)")
     if given["kv_channels"] is not None:
-        flat.ignore("--kv-channels", given["kv_channels"], "multi-latent attention sizes its heads by --qk-head-dim, "
-                    "--qk-pos-emb-head-dim and --v-head-dim: kv_channels is not read")
+        flat.ignore(source["kv_channels"], given["kv_channels"], "multi-latent attention sizes its heads by "
+                    "--qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim: kv_channels is not read")
     if given["qk_norm"]:
-        flat.ignore("--qk-layernorm", True, "with multi-latent attention it norms the q / kv latents, which the "
+        flat.ignore(source["qk_norm"], True, "with multi-latent attention it norms the q / kv latents, which the "
                     "spec's MLA already counts")
     return notes

@@ -114,10 +114,10 @@ def moe(flat: Flat) -> list[str]:
 
 def mtp(flat: Flat) -> None:
     """--mtp-num-layers > 0: reported (ShardLab trains the next-token objective only)."""
-    layers = flat.get("mg_mtp_layers", 0)
+    layers, source = flat.get("mg_mtp_layers", 0), flat.source_of("mg_mtp_layers")
     flat.canonical.pop("mg_mtp_layers", None)
     if layers:
-        flat.unmap("--mtp-num-layers", layers, f"{layers} multi-token-prediction layer(s), each one more transformer "
+        flat.unmap(source, layers, f"{layers} multi-token-prediction layer(s), each one more transformer "
                    "block (with its projection and norms) and one more lm_head pass on the last pipeline stage: not "
                    "modelled, predicted without them")
 
@@ -165,11 +165,11 @@ def _entry(x: int | list[int]) -> int:
 def _layer_pattern(flat: Flat) -> list[str]:
     """--moe-layer-freq -> model.first_dense_layers and model.moe_every (block i MoE when i >= first_dense_layers and
     (i + 1) % moe_every == 0); a pattern they cannot express is reported."""
-    given = flat.get("mg_layer_freq")
+    given, source = flat.get("mg_layer_freq"), flat.source_of("mg_layer_freq")
     flat.canonical.pop("mg_layer_freq", None)
     if given is None:
         return []
-    layers, source = flat.get("n_layers"), "--moe-layer-freq"
+    layers = flat.get("n_layers")
     try:
         freq = parse_pattern(given)
     except ValueError as e:
@@ -177,8 +177,8 @@ def _layer_pattern(flat: Flat) -> list[str]:
         return []
     pattern = [1 if i % freq == 0 else 0 for i in range(layers)] if isinstance(freq, int) else freq
     if len(pattern) != layers:
-        flat.problems.append(f"{source}={given!r} has {len(pattern)} entries != --num-layers {layers} (Megatron "
-                             "asserts one per layer)")
+        flat.problems.append(f"{source}={given!r} has {len(pattern)} entries != {flat.source_of('n_layers')} "
+                             f"{layers} (Megatron asserts one per layer)")
         return []
     fit = dense_prefix_and_interleave(pattern)
     if fit is not None:

@@ -32,7 +32,10 @@ SAME_AS_MEGATRON = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attenti
                     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "normalization",
                     "position_embedding_type", "expert_tensor_parallel_size", "moe_expert_capacity_factor",
                     "moe_pad_expert_input_to_capacity", "moe_token_dispatcher_type", "moe_grouped_gemm",
-                    "moe_aux_loss_coeff", "moe_router_load_balancing_type")
+                    "moe_aux_loss_coeff", "moe_router_load_balancing_type", "moe_layer_freq",
+                    "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups",
+                    "moe_router_group_topk", "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")
 FUSIONS = ("gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_add_fusion", "masked_softmax_fusion",
            "apply_rope_fusion")
 """Megatron's fusions (on by default): the megatron stack's fused element-wise accounting assumes them; one turned off

@@ -9,6 +9,8 @@ multiple of make_vocab_size_divisible_by 128 x tp 2, so Megatron pads nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from backend.importers import import_config_text
@@ -62,3 +64,18 @@ def test_num_query_groups_alone_is_gqa():
 def test_no_groups_or_one_per_head_is_multi_head_attention(groups):
     kv_heads, params = _params(groups)
     assert kv_heads in (None, 32) and params == 8_835_567_616  # k and v as wide as q: 2 x 3 x 1024 x 4096 more / layer
+
+
+def test_nemo_moe_and_attention_keys_are_megatrons():
+    """NeMo's model keys are Megatron's arguments with underscores: the MoE layer pattern, the router, qk_layernorm
+    and mtp_num_layers take the Megatron importer's mappings, reported under NeMo's own key names."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "imports" / "nemo_gpt_tp2.yaml"
+    text = fixture.read_text().replace(
+        "  expert_model_parallel_size: 1\n",
+        "  expert_model_parallel_size: 2\n  num_moe_experts: 8\n  moe_router_topk: 2\n  moe_layer_freq: 2\n"
+        "  moe_router_score_function: sigmoid\n  moe_router_enable_expert_bias: true\n  qk_layernorm: true\n"
+        "  mtp_num_layers: 1\n  moe_token_dispatcher_type: alltoall\n", 1)
+    imported = import_config_text(text, name="nemo_moe.yaml")
+    m = imported.spec["model"]
+    assert (m["moe_every"], m["router_score"], m["router_balance_bias"], m["qk_norm"]) == (2, "sigmoid", True, True)
+    assert {"model.moe_layer_freq", "model.mtp_num_layers"} <= set(imported.unmapped), imported.unmapped
