@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not _fits_this_host(spec):
         return 2
+    if str(spec.runtime.executor) == "local":
+        _ensure_cpu_profile()
     workdir = args.workdir or RUNS_DIR / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     if workdir.exists() and not workdir.is_dir():
         return fail(f"--workdir {workdir} exists and is not a directory")
@@ -65,6 +67,16 @@ def _fits_this_host(spec) -> bool:
     if not verdict.ok:
         print(f"error: nothing launched: {verdict.refusal()}", file=sys.stderr)
     return verdict.ok
+
+
+def _ensure_cpu_profile() -> None:
+    """Measure the 'cpu' step-time profile before the first local run, as the worker does (bench/cpu_profile.ensure:
+    once, file-locked, off with SHARDLAB_AUTO_HW_PROBE=0), so the result carries step_time_predicted_s whether `run`
+    or the worker ran it."""
+    from backend.bench import cpu_profile
+
+    if (note := cpu_profile.ensure(_print_progress)) is not None:
+        print(note, file=sys.stderr, flush=True)
 
 
 def _run_interruptible(spec, workdir: Path) -> tuple[RunResult, bool]:
@@ -101,4 +113,4 @@ def _run_interruptible(spec, workdir: Path) -> tuple[RunResult, bool]:
 
 def _print_progress(event: dict) -> None:
     step, of, phase = event.get("step"), event.get("of"), event.get("phase", "")
-    print(f"step {step}/{of} ({phase})", file=sys.stderr, flush=True)
+    print(f"step {step}/{of} ({phase})" if step is not None else str(phase), file=sys.stderr, flush=True)
