@@ -185,6 +185,16 @@ def _in_repertoire(r: Repertoire, schedule: np.ndarray, kinds: np.ndarray, searc
     return np.isin(schedule, allowed) & own & ((pp == 1) | (zero <= r.pp_zero_stage_max))
 
 
+def _ddp_where_it_runs(moe: bool, dp: np.ndarray, ep: np.ndarray, model_parallel: dict[str, np.ndarray]) -> np.ndarray:
+    """The grid cells a stack that runs plain data parallel only alone configures (spec/stack_rules.ddp_runs_alone):
+    not DDP over dp > 1 beside ep, nor, in a dense model, beside tp / pp / cp."""
+    beside = ep > 1
+    if not moe:
+        beside = beside | (model_parallel["tp"] > 1) | (model_parallel["pp"] > 1) | (model_parallel["cp"] > 1)
+    ddp = np.arange(len(ZeroStage.ALL)).reshape(1, 1, -1, 1, 1, 1, 1) == ZeroStage.DDP
+    return ~ddp | (dp == 1) | ~beside
+
+
 def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch: int,
                       limits: Limits = DEFAULT_LIMITS, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       extra_recompute: tuple[tuple[str, int], ...] = (), sac_ops: tuple[str, ...] | None = None,
@@ -231,6 +241,10 @@ def enumerate_layouts(model: Any, *, gpus: int, gpus_per_node: int, global_batch
     ok = ep & (schedule >= 0) & ((sp == 0) | (pair_tp > 1)) & divides
     if repertoire is not None:
         ok = ok & _in_repertoire(repertoire, schedule, kinds, len(SEARCHED_RECOMPUTE), pair_pp)
+        if repertoire.ddp_alone:  # stack_rules.ddp_runs_alone, on the grid
+            ep_degree = eps[:, :, carved.index("ep")].reshape(len(pairs), n_eps, 1, 1, 1, 1, 1)
+            model_parallel = {d: axis(degree[d], 0) for d in ("tp", "pp", "cp")}
+            ok = ok & _ddp_where_it_runs(model.is_moe, pair_dp, ep_degree, model_parallel)
     ok = ok & ((pair_pp == 1) | (schedule == PipelineSchedule.GPIPE) | (microbatches >= pair_pp))
     ok = ok & ((pair_pp == 1) | ~needs_divisible | (microbatches % pair_pp == 0))
     ok = ok & ((pair_pp == 1) | (schedule != PipelineSchedule.DUALPIPEV) | (microbatches >= 2 * pair_pp))

@@ -46,11 +46,32 @@ def repertoire_notes(spec: Any) -> list[str]:
         out.append(f"stack {entry.stack} configures recompute {' / '.join(r.recompute_kinds)} only, not "
                    f"{spec.train.recompute} ({r.source}): predicted as ShardLab's policy, which this stack cannot "
                    "be told to run")
+    if ddp_runs_alone(spec):
+        out.append(f"stack {entry.stack} runs plain data parallel ({p.strategy}, dp {p.dp}) only alone, not beside "
+                   f"{_ddp_company(spec)} ({r.ddp_alone}): predicted as ShardLab's layout, which this stack cannot be "
+                   "told to run; FSDP (zero3 / fsdp) is what it runs there")
     if p.pp > 1 and p.zero_stage > r.pp_zero_stage_max:
         out.append(f"stack {entry.stack} combines pipeline parallelism with ZeRO stage <= {r.pp_zero_stage_max} "
                    f"only, not {p.strategy} (ZeRO stage {p.zero_stage}) with pp {p.pp} ({r.source}): predicted as "
                    "ShardLab's layout, which this stack cannot be told to run")
     return out
+
+
+def ddp_runs_alone(spec: Any) -> bool:
+    """The spec's stack runs plain data parallel only alone (Repertoire.ddp_alone) and the spec puts it beside
+    ep, or beside tp / pp / cp in a dense model."""
+    entry = STACKS[Stack(getattr(spec.train, "stack", Stack.SHARDLAB))]
+    p = spec.parallel
+    if entry.layouts is None or not entry.layouts.ddp_alone or p.zero_stage != 0 or p.dp == 1:
+        return False
+    return p.ep > 1 or (not spec.model.is_moe and max(p.tp, p.pp, p.cp) > 1)
+
+
+def _ddp_company(spec: Any) -> str:
+    """The degrees beside plain data parallel that its stack refuses (ddp_runs_alone)."""
+    p = spec.parallel
+    dims = ("ep",) if p.ep > 1 else ("tp", "pp", "cp")
+    return ", ".join(f"{d} {getattr(p, d)}" for d in dims if getattr(p, d) > 1)
 
 
 def stack_problems(spec: Any) -> list[str]:
@@ -161,6 +182,10 @@ def stack_blockers(spec: Any) -> list[str]:
         out.append("stack " + str(r.stack) + " keeps " + ", ".join(f"{k}={r.values[k]}" for k in dtypes)
                    + " where this engine keeps " + ", ".join(f"{engine.values[k]}" for k in dtypes)
                    + " for this layout")
+    if ddp_runs_alone(spec):
+        out.append(f"plain data parallel ({spec.parallel.strategy}, dp {spec.parallel.dp}) beside "
+                   f"{_ddp_company(spec)}: stack {r.stack} does not run it, so its prediction does not describe what "
+                   "this engine would run")
     modules = [str(x) for x in spec.train.recompute_modules or ()]
     if spec.train.recompute_modules is not None and modules != [str(m) for m in MEGATRON_DEFAULT_RECOMPUTE_MODULES]:
         out.append(f"recompute_modules={','.join(modules) or '(none)'}: this engine's selective recompute checkpoints "

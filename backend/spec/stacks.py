@@ -135,6 +135,10 @@ class Repertoire:
     source: str
     pp_zero_stage_max: int = 3
     """The highest ZeRO stage the framework combines with pipeline parallelism."""
+    ddp_alone: str = ""
+    """Where the framework's source shows it runs plain data parallel (ZeRO stage 0, replicated parameters) over
+    dp > 1 only without expert parallelism and, in a dense model, without tp, pp or cp (stack_rules.ddp_runs_alone);
+    empty: plain data parallel composes with every degree."""
 
 
 def _by_device(cpu: str, gpu: str, hopper: str | None = None) -> Callable[[Any, str], str]:
@@ -249,7 +253,10 @@ STACKS: dict[Stack, StackEntry] = {e.stack: e for e in (
         "torchtitan b5bcd76: pipeline_parallel_schedule is any of torch.distributed.pipelining's schedules "
         "(get_schedule_class: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV); "
         "distributed/activation_checkpoint.py FullAC, SelectiveAC (per-op; per-layer 'K' in earlier releases, "
-        "9dec370 selective_ac_option), MemoryBudgetAC (not modelled)")),
+        "9dec370 selective_ac_option), MemoryBudgetAC (not modelled)",
+        ddp_alone="plain DDP beside tp / pp / cp raises 'DDP has not supported > 1D parallelism' (torchtitan e347b1e "
+        "models/llama3/infra/parallelize.py 148-151, 9dec370 parallelisms/parallelize_llama.py 106-108); ep is carved "
+        "out of the FSDP mesh dp_shard x cp (e347b1e distributed/parallel_dims.py: efsdp kept whenever ep > 1)")),
     StackEntry(Stack.MEGATRON, "Megatron-Core with Transformer Engine (Megatron-LM, NeMo)", {
         "attention_kernel": Default(_by_device("eager", "flash2", hopper="cudnn"), "Megatron transformer_config.py "
                                     "151: attention_backend auto; TE attention/dot_product_attention/utils.py "

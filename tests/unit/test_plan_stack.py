@@ -45,3 +45,46 @@ def test_plan_cli_stack(capsys):
     assert all(c["spec"]["train"]["stack"] == "torchtitan" and c["spec"]["train"]["elementwise"] == "compiled"
                for c in out["configs"])
     assert any("stack torchtitan (elementwise compiled)" in n for n in out["notes"])
+
+
+def _titan_spec(model: dict, parallel: dict):
+    from backend.spec import ExperimentSpec
+
+    base = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab_size": 128}
+    return ExperimentSpec.for_prediction({"model": base | model, "train": {"global_batch": 8, "stack": "torchtitan"},
+                                          "parallel": parallel, "runtime": {"device": "cpu"}})
+
+
+def test_torchtitan_runs_plain_data_parallel_only_alone():
+    """torchtitan raises 'DDP has not supported > 1D parallelism' beside tp / pp / cp in its dense models and carves
+    ep out of its FSDP mesh: such a spec is predicted with a note, refused to run, and never planned."""
+    from backend.analytic.estimate_notes import estimate_notes
+    from backend.spec.run_rules import blocking_reasons
+    from backend.spec.stack_rules import ddp_runs_alone
+
+    moe = {"n_experts": 4, "top_k": 2}
+    ddp_tp = _titan_spec({}, {"strategy": "ddp", "tp": 2, "world_size": 4})
+    assert ddp_runs_alone(ddp_tp)
+    assert any("runs plain data parallel (ddp, dp 2) only alone, not beside tp 2" in n for n in estimate_notes(ddp_tp))
+    assert any("plain data parallel (ddp, dp 2) beside tp 2: stack torchtitan does not run it" in r
+               for r in blocking_reasons(ddp_tp))
+    assert ddp_runs_alone(_titan_spec(moe, {"strategy": "ep", "ep": 2, "world_size": 2}))
+    for fine in (_titan_spec({}, {"strategy": "zero3", "tp": 2, "world_size": 4}),
+                 _titan_spec({}, {"strategy": "ddp", "world_size": 4}),
+                 _titan_spec({}, {"strategy": "ddp", "tp": 4, "world_size": 4}),
+                 _titan_spec(moe, {"strategy": "ddp", "tp": 2, "world_size": 4})):  # deepseek_v3: DDP over dp_replicate
+        assert not ddp_runs_alone(fine), fine.parallel
+    own = ddp_tp.model_copy(update={"train": ddp_tp.train.model_copy(update={"stack": "shardlab"})})
+    assert not ddp_runs_alone(own)
+
+
+def test_plan_under_torchtitan_leaves_out_ddp_beside_model_parallelism():
+    def ddp_beside(held: HeldTraining) -> int:
+        configs = plan(MODEL, gpus=16, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=32, top=2000,
+                       held=held, include_predicted=True).configs
+        p = [c["spec"]["parallel"] for c in configs]
+        return sum(x.get("strategy", "ddp") == "ddp" and x.get("tp", 1) * x.get("pp", 1) * x.get("cp", 1) > 1
+                   and x["world_size"] > x.get("tp", 1) * x.get("pp", 1) * x.get("cp", 1) for x in p)
+
+    assert ddp_beside(HeldTraining()) > 0
+    assert ddp_beside(HeldTraining(stack="torchtitan")) == 0
