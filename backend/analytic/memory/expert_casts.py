@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from backend.analytic.layout import Layout
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, row_bytes
+from backend.analytic.memory.parts import is_mixed
 from backend.analytic.params import expert_ffn, is_gated, layer_is_moe
 from backend.analytic.scalar_or_array import logical_and, logical_not, logical_or, maximum, where
 
@@ -81,11 +82,13 @@ def grouped_excess_bytes(model: ModelSpec, layout: Layout) -> Num:
 
 def inside_grouped_block(model: ModelSpec, layout: Layout, ck: Checkpointing, blocks: Num, held: Num) -> Num:
     """The moment inside the last block's forward where a grouped-GEMM MoE block holds its stacked expert weights
-    (`grouped_excess_bytes`): the rank's blocks' saved bytes, `held` (autocast's cached casts and the
-    previous microbatch's logits) and the excess; 0 unless the rank's last block is such a block and not
-    checkpointed (a checkpointed one peaks at its re-run, `rerun_transient`) and the layout is not pipelined."""
+    (`grouped_excess_bytes`): the rank's saved bytes then (`blocks`; a pipeline rank's in-flight microbatches and
+    stage buffers), `held` (autocast's cached casts, the previous microbatch's logits) and the excess; 0 unless the
+    rank's last block is such a block and not checkpointed (a checkpointed one peaks at its re-run,
+    `rerun_transient`). A pipeline rank's last block is taken to be MoE only where every block is."""
     if not getattr(model, "moe_grouped_gemm", False) or not layer_is_moe(model, model.n_layers - 1):
         return 0.0
     excess = grouped_excess_bytes(model, layout)
     last_plain = logical_or(ck.units == 0, ck.after > 0)
-    return where(logical_and(last_plain, logical_not(layout.pipelined)), blocks + held + excess, 0.0)
+    known_last = logical_not(layout.pipelined) if is_mixed(model) else True
+    return where(logical_and(last_plain, known_last), blocks + held + excess, 0.0)

@@ -258,7 +258,9 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
                        + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     # what the end of the blocks holds besides their saved tensors: the cached casts, the previous logits still bound
-    held_at_blocks_end = where(autocast, w_blocks + b_blocks, 0) + where(layout.microbatches > 1, sbv * cb, 0)
+    # (no previous logits inside a pipeline schedule, which computes each loss itself)
+    held_at_blocks_end = where(autocast, w_blocks + b_blocks, 0) + where(
+        logical_and(layout.microbatches > 1, logical_not(pipelined)), sbv * cb, 0)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split = split_backward(layout)
@@ -284,7 +286,9 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
     group_peak = total + maximum(0.0, pb.group_none - 2 * unit_b - head_freed) + pb.group_casts + residual_copy
     rerun_peak = where(earlier_group, maximum(rerun_peak, group_peak), rerun_peak)
     peak = where(logical_and(checkpointed, logical_not(split)), maximum(forward, rerun_peak), forward)
-    in_block = inside_grouped_block(model, layout, ck, total - emb_head - shard, held_at_blocks_end)
+    # the blocks' saved bytes at the end of the last forward: one microbatch's head not made yet
+    head_one = where(logical_or(logical_not(pipelined), stages.last), emb_head + shard, 0.0)
+    in_block = inside_grouped_block(model, layout, ck, total - head_one, held_at_blocks_end)
     peak = as_int(maximum(peak, in_block))
     # a weight pass runs its blocks in forward order: layers:K's first checkpoint (a chunk's K-th block) re-runs once
     # the K - 1 plain blocks before it have freed their saved tensors and 16-bit weight copies
