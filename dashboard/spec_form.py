@@ -28,7 +28,7 @@ from backend.spec import (  # issue 14
     dims,
     validate_spec,
 )
-from dashboard import stack_form
+from dashboard import kept_fields, stack_form
 
 _GPT = dict(n_kv_heads=0, ffn_hidden=0, n_experts=0, top_k=2, norm="layernorm", mlp="gelu", positions="learned",
             tie_embeddings=False, bias="all", attention="math", expert_ffn_hidden=0, n_shared_experts=0,
@@ -134,7 +134,7 @@ def default_form() -> dict[str, Any]:
         global_batch=8, micro_batch=2, microbatches=0, steps=3, warmup_steps=1,
         precision="fp32", fp8_recipe="tensorwise", optimizer="adamw", lr=1e-3, recompute="none", recompute_layers=2,
         seed=0, timeout_s=600.0, device_mem_gb=80.0, executor="local", nnodes=1, run_here=False, source=None,
-        source_model=None,
+        source_model=None, kept={},
     )
     v.update(framework="torch", offload="none")
     v.update(stack_form.defaults())  # issue 34: the stack and its settings (dashboard/stack_form.py)
@@ -184,7 +184,7 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
     if v.get("run_here"):  # "run it here": the same family, scaled down for the CPU ranks
         full, model = model, scaled_for_cpu(model)
         name = name or scaled_name(full, model)
-    return {
+    out = {
         "framework": v.get("framework") or "torch",
         "name": name,
         "model": model,
@@ -196,6 +196,8 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
     }
+    kept_fields.merge_into(out, v.get("kept"))  # the loaded spec's fields no widget shows
+    return out
 
 
 SHAPE_ROWS = (("d_model", "hidden size h"), ("n_layers", "layers L"), ("n_heads", "attention heads"),
@@ -284,6 +286,7 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v["framework"], v["offload"] = str(spec.framework), str(p.offload)
     v["executor"], v["nnodes"] = str(spec.runtime.executor), spec.runtime.nnodes
     v.update(stack_form.to_form(t))
+    v["kept"] = kept_fields.of_spec(spec)
     return v
 
 

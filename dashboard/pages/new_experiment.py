@@ -12,7 +12,7 @@ from backend.number_format import fmt_bytes_short
 from backend.recompute_policy import WITH_LAYERS
 from backend.spec import ExperimentSpec, dims
 from backend.spec.checks import run_blockers
-from dashboard import family_form, import_box, messages, run_panel, stack_form, store_access, workflow
+from dashboard import family_form, import_box, kept_fields, messages, run_panel, stack_form, store_access, workflow
 from dashboard import predict_view as pv
 from dashboard import spec_form as sf
 from dashboard.glossary import HELP
@@ -46,6 +46,7 @@ def _apply_preset() -> None:
     if label in sf.PRESETS:
         for k, v in sf.apply_preset(label).items():
             st.session_state[P + k] = v
+        st.session_state[P + "kept"] = kept_fields.without(st.session_state.get(P + "kept"), "model")
 
 
 def _apply_upload() -> None:
@@ -59,6 +60,7 @@ def _apply_upload() -> None:
         return
     for k, v in values.items():
         st.session_state[P + k] = v
+    st.session_state[P + "kept"] = kept_fields.without(st.session_state.get(P + "kept"), "model")
     st.session_state["hf_error"], st.session_state["hf_notes"] = None, notes
 
 
@@ -162,6 +164,8 @@ def _train_inputs() -> None:
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
     stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
+    if kept := kept_fields.lines(st.session_state.get(P + "kept"), st.session_state[P + "recompute"]):
+        st.caption("Kept from the loaded spec (no field above sets them): " + "; ".join(kept))
     if st.session_state[P + "recompute"] in WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",
                         help="layers: checkpoint every K-th block; block: the first N blocks of each stage; uniform: "
