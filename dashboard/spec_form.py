@@ -335,6 +335,8 @@ def describe(spec: ExperimentSpec) -> str:
     return " · ".join(parts + dims.unnamed_parts(dims.DIMS, p.degrees(), ("dp", "tp", "pp", "ep", "cp")))
 
 
+MAX_TIMEOUT_S = float(7 * 24 * 3600)
+"""The spec's longest runtime.timeout_s (backend/spec/runtime_spec.py)."""
 RUN_ON = {"local": "This machine (the worker's torchrun)", "slurm": "SLURM cluster (sbatch; shardlab.toml [slurm])"}
 
 

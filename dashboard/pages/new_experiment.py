@@ -160,6 +160,9 @@ def _train_inputs() -> None:
     if st.session_state[P + "precision"] == "fp8":
         c1.selectbox("FP8 scaling", ["tensorwise", "rowwise"], key=P + "fp8_recipe")
     c2.selectbox("Optimizer", sf.OPTIMIZERS, key=P + "optimizer")
+    c2.number_input("Learning rate", 0.0, 10.0, key=P + "lr", step=1e-4, format="%g")
+    c1.number_input("Timeout (s)", 0.0, sf.MAX_TIMEOUT_S, key=P + "timeout_s", step=60.0,
+                    help="The job is killed and stored as timeout after this long (set-up and reference included)")
     c3.selectbox("Activation recompute", sf.RECOMPUTES, key=P + "recompute",
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
