@@ -48,14 +48,20 @@ def submit_one(spec, blockers: list[str]) -> None:
         why = verdict.refusal()
     why = read_only or why
     c1, c2 = st.columns([2, 1])
-    tags = c1.text_input("Tags (comma-separated)", key="submit_tags", placeholder="e.g. baseline, zero-study")
+    c1.text_input("Tags (comma-separated; a sweep's runs get them too)", key="submit_tags",
+                  placeholder="e.g. baseline, zero-study")
     if c2.button("Run this experiment", icon=":material/play_arrow:", type="primary", key="submit_one",
                  disabled=bool(why), help=why or None):
-        eid = store_access.submit(spec, tags=tuple(t.strip() for t in tags.split(",") if t.strip()))  # checks rights
+        eid = store_access.submit(spec, tags=_tags())  # checks rights
         st.session_state["run_id"] = eid
         st.success(f"Queued run #{eid}. Follow it on the Runs page or open its detail.")
         st.page_link("dashboard/pages/run_detail.py", label=f"Open run #{eid}", icon=":material/search:",
                      query_params={"run": str(eid)})
+
+
+def _tags() -> tuple[str, ...]:
+    """The Tags field's tags (comma-separated), for one run or a sweep."""
+    return tuple(t.strip() for t in str(st.session_state.get("submit_tags") or "").split(",") if t.strip())
 
 
 def trace(spec, blockers: list[str]) -> None:
@@ -87,5 +93,6 @@ def sweep(v: dict) -> None:
         if st.button(f"Submit sweep of {len(specs)} runs", disabled=not specs or bool(read_only), key="submit_sweep",
                      help=read_only):
             sweep_id = uuid.uuid4().hex[:12]
-            ids = [store_access.submit(s, tags=("sweep",), sweep_id=sweep_id) for s in specs]
+            tags = tuple(dict.fromkeys(("sweep", *_tags())))  # the user's tags were dropped before
+            ids = [store_access.submit(s, tags=tags, sweep_id=sweep_id) for s in specs]
             st.success(f"Queued {len(ids)} runs (sweep {sweep_id}): #{ids[0]}–#{ids[-1]}.")

@@ -190,6 +190,19 @@ def test_sweep_submission():
     assert sorted((r["strategy"], r["world_size"]) for r in rows)[0] == ("ddp", 2)
 
 
+def test_sweep_runs_get_the_tags_field_s_tags():
+    at = _app()
+    at.text_input(key="submit_tags").set_value("zero-study, sweep")
+    at.multiselect(key="sweep_strategies").set_value(["ddp", "zero2"])
+    _ok(at.run())
+    at.button(key="submit_sweep").click()
+    _ok(at.run())
+    from db import queries
+
+    rows = queries.list_experiments(_engine())
+    assert len(rows) == 2 and all(r["tags"] == ["sweep", "zero-study"] for r in rows)
+
+
 def test_failed_run_shows_error_rank_and_log_tail():
     from db import queries
 
