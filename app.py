@@ -27,6 +27,10 @@ PAGES = [
 # legacy multipage navigation and serves a bookmarked /runs from it alone, before app.py (and this st.navigation)
 # ever ran.
 nav = st.navigation(PAGES)
+if (store_problem := store_access.problem()) is not None:  # a bad URL, folder or missing file: words, no traceback
+    st.error(f"The experiment store cannot be used: {store_problem}", icon=":material/database:")
+    st.caption(f"Store: `{store_access.db_url_shown()}`")
+    st.stop()
 
 WORKER_REFRESH_S = 5.0
 

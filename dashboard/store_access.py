@@ -26,8 +26,12 @@ def db_url() -> str:
 def db_url_shown() -> str:
     """The URL without its password (a PostgreSQL team store's URL may carry one)."""
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-    return make_url(db_url()).render_as_string(hide_password=True)
+    try:
+        return make_url(db_url()).render_as_string(hide_password=True)
+    except ArgumentError:  # not a URL: it is not shown, it may hold a password
+        return "(not a database URL)"
 
 
 @st.cache_resource(show_spinner=False)
@@ -39,6 +43,23 @@ def _engine_for(url: str):
 
 def engine():
     return _engine_for(db_url())
+
+
+def problem() -> str | None:
+    """Why the store cannot be opened (its URL, folder or file, or an outage), in words; None when it opens. A failed
+    open is not cached: the next page run tries again."""
+    from backend.worker.store_guard import is_transient, short
+    from db.errors import StoreError
+
+    try:
+        engine()
+    except StoreError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - an outage is said in words; anything else is a bug, raised
+        if not is_transient(e):
+            raise
+        return f"the store is unavailable ({short(e)}); reload the page once it is back"
+    return None
 
 
 @st.cache_data(ttl=LIST_TTL_S, show_spinner=False)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session
 
 from db.begin_immediate import begin_statement, write_engine
@@ -89,8 +89,29 @@ def get_engine(url: str | None = None) -> Engine:
             engine = None
             _migrated.discard(url)
         if engine is None:
-            engine = _engines[url] = _create(url)
+            engine = _engines[url] = _create_or_refuse(url)
         return engine
+
+
+class StoreUrlError(StoreError):
+    """The store URL cannot be opened as written: not a URL, an unknown database, a driver not installed, or a
+    SQLite folder that cannot be created."""
+
+
+URL_EXAMPLES = ("e.g. sqlite:////absolute/path/shardlab.db or postgresql+psycopg://user:pass@host/db "
+                f"(--db, else ${ENV_URL})")
+
+
+def _create_or_refuse(url: str) -> Engine:
+    """`_create`, with a URL that cannot work said in words (StoreUrlError) instead of a driver's traceback. The
+    message never quotes the URL: it may hold a password."""
+    try:
+        return _create(url)
+    except ArgumentError as e:  # not a URL, or an unknown dialect (NoSuchModuleError)
+        raise StoreUrlError(f"the store URL cannot be opened ({e}); {URL_EXAMPLES}") from e
+    except ModuleNotFoundError as e:
+        raise StoreUrlError(f"the store URL needs the database driver {e.name!r}, which is not installed; "
+                            f"{URL_EXAMPLES}") from e
 
 
 def marker_path(path: Path) -> Path:
@@ -109,6 +130,8 @@ def _file_identity(path: Path | None) -> tuple[int, int] | None:
 def _first_use_or_refuse(path: Path) -> None:
     """Create the store file on first use; refuse to re-create one whose marker says it existed."""
     marker = marker_path(path)
+    if path.is_dir():
+        raise StoreUrlError(f"the SQLite store {path} is a folder, not a database file; {URL_EXAMPLES}")
     if not path.exists():
         if marker.exists():
             try:
@@ -118,8 +141,12 @@ def _first_use_or_refuse(path: Path) -> None:
             raise StoreMissing(f"the SQLite store {path} is gone (created {created}; {marker} remembers it). ShardLab "
                                f"will not silently start an empty store in its place: restore the file, or delete "
                                f"{marker} to start a new, empty store at that path")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sqlite3.connect(path).close()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sqlite3.connect(path).close()
+        except (OSError, sqlite3.Error) as e:
+            raise StoreUrlError(f"cannot create the SQLite store {path} ({e}): give a path in a folder this user can "
+                                f"create or write; {URL_EXAMPLES}") from e
     if not marker.exists():
         try:
             marker.write_text(json.dumps({"created_at": datetime.now(UTC).isoformat(timespec="seconds"),
