@@ -1,6 +1,8 @@
-"""Spec fields the New-experiment form has no widget for (an fp8 run's all-gather switch, op-SAC's op list, a config's
-norm epsilon, the process-group backend). A spec loaded into the form (Edit as new, an import, Plan's "Open in New
-experiment") keeps them as it set them, so the run the form submits is the spec that was loaded, not the defaults."""
+"""Spec fields the New-experiment form has no widget for: an fp8 run's all-gather switch, op-SAC's op list, a
+config's norm epsilon, the process-group backend and the device (a Plan layout's or a GPU run's cuda, which the
+prediction prices with the CUDA context, NCCL buffers and allocator slack). A spec loaded into the form (Edit as
+new, an import, Plan's "Open in New experiment") keeps them as it set them, so the run the form submits is the
+spec that was loaded, not the defaults."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 from backend.spec import ExperimentSpec
 
 FIELDS: dict[str, tuple[str, ...]] = {"model": ("norm_eps",), "train": ("fp8_all_gather", "recompute_ops"),
-                                      "runtime": ("backend",)}
+                                      "runtime": ("backend", "device")}
 """Per spec section, the fields no widget shows."""
 
 
@@ -25,17 +27,17 @@ def of_spec(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
     return out
 
 
-def in_use(kept: dict[str, dict[str, Any]] | None, recompute: str) -> dict[str, dict[str, Any]]:
+def in_use(kept: dict[str, dict[str, Any]] | None, recompute: str, run_here: bool = False) -> dict[str, dict[str, Any]]:
     """The kept fields that still apply: op-SAC's op list only while recompute is still 'op' (a user who picked
-    another policy dropped it)."""
+    another policy dropped it); no device or backend when "Run it here" runs it on this host's CPU ranks."""
     out = {s: {k: x for k, x in f.items() if k != "recompute_ops" or recompute == "op"}
-           for s, f in (kept or {}).items()}
+           for s, f in (kept or {}).items() if not (run_here and s == "runtime")}
     return {s: f for s, f in out.items() if f}
 
 
-def merge_into(spec_dict: dict[str, Any], kept: dict[str, dict[str, Any]] | None) -> None:
+def merge_into(spec_dict: dict[str, Any], kept: dict[str, dict[str, Any]] | None, run_here: bool = False) -> None:
     """Write the kept fields that still apply into a nested spec dict (form_to_spec_dict's)."""
-    for section, fields in in_use(kept, str(spec_dict["train"].get("recompute"))).items():
+    for section, fields in in_use(kept, str(spec_dict["train"].get("recompute")), run_here).items():
         spec_dict.setdefault(section, {}).update(fields)
 
 
@@ -44,9 +46,9 @@ def without(kept: dict[str, dict[str, Any]] | None, section: str) -> dict[str, d
     return {k: v for k, v in (kept or {}).items() if k != section}
 
 
-def lines(kept: dict[str, dict[str, Any]] | None, recompute: str) -> list[str]:
+def lines(kept: dict[str, dict[str, Any]] | None, recompute: str, run_here: bool = False) -> list[str]:
     """'train.fp8_all_gather = false' per kept field that still applies, for the form's caption."""
-    return [f"{section}.{k} = {_word(x)}" for section, fields in in_use(kept, recompute).items()
+    return [f"{section}.{k} = {_word(x)}" for section, fields in in_use(kept, recompute, run_here).items()
             for k, x in fields.items()]
 
 

@@ -196,7 +196,7 @@ def form_to_spec_dict(v: dict[str, Any]) -> dict[str, Any]:
         "runtime": {"timeout_s": float(v.get("timeout_s") or 600.0), "executor": v.get("executor") or "local",
                     "nnodes": int(v.get("nnodes") or 1) if v.get("executor") == "slurm" else 1},
     }
-    kept_fields.merge_into(out, v.get("kept"))  # the loaded spec's fields no widget shows
+    kept_fields.merge_into(out, v.get("kept"), bool(v.get("run_here")))  # the loaded spec's fields no widget shows
     return out
 
 

@@ -167,7 +167,8 @@ def _train_inputs() -> None:
                  help="none, selective (attention core), full (every block), op (torchtitan's op-level SAC), layers "
                       "(every K-th block, torchtitan), block / uniform (Megatron's methods with N layers)")
     stack_form.render(st, P)  # issue 34: the stack the job trains with, and its settings
-    if kept := kept_fields.lines(st.session_state.get(P + "kept"), st.session_state[P + "recompute"]):
+    if kept := kept_fields.lines(st.session_state.get(P + "kept"), st.session_state[P + "recompute"],
+                                  st.session_state[P + "run_here"]):
         st.caption("Kept from the loaded spec (no field above sets them): " + "; ".join(kept))
     if st.session_state[P + "recompute"] in WITH_LAYERS:
         c3.number_input("K / N blocks", 1, 100_000, key=P + "recompute_layers",

@@ -1,6 +1,6 @@
 """A spec loaded into the New-experiment form (Edit as new, an import, Plan) keeps the fields no widget shows: fp8's
-all-gather switch, op-SAC's op list, the norm epsilon, the process-group backend. Before, the form rebuilt them at
-their defaults, so the run it submitted was not the spec it loaded."""
+all-gather switch, op-SAC's op list, the norm epsilon, the process-group backend and device. Before, the form
+rebuilt them at their defaults, so the run it submitted was not the spec it loaded."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def _spec(model=None, train=None, runtime=None, strategy="fsdp"):
     ("train", "recompute_ops", ["aten.mm.default"], {"recompute": "op"}),
     ("model", "norm_eps", 1e-6, {}),
     ("runtime", "backend", "gloo", {}),
+    ("runtime", "device", "cuda", {}),  # a Plan layout's: its prediction counts the CUDA context and allocator slack
 ])
 def test_a_loaded_spec_keeps_the_fields_no_widget_shows(section, field, value, extra):
     parts = {section: {field: value}}
@@ -46,6 +47,13 @@ def test_op_list_is_dropped_when_the_user_picks_another_recompute_policy():
     spec, problems = sf.form_to_spec(v | {"recompute": "full"}, predict_only=True)
     assert not problems, problems
     assert spec.train.recompute_ops is None
+
+
+def test_run_it_here_runs_on_this_hosts_ranks_not_the_loaded_device():
+    v = sf.spec_to_form(_spec(runtime={"device": "cuda", "backend": "nccl"}))
+    here, problems = sf.form_to_spec(v | {"run_here": True})
+    assert not problems, problems
+    assert (str(here.runtime.device), str(here.runtime.backend)) == ("auto", "auto")
 
 
 def test_edit_as_new_submits_what_it_loaded(tmp_path, monkeypatch):
