@@ -362,8 +362,10 @@ def _text_keys() -> frozenset[str]:
 _TEXT_KEYS = _text_keys()
 _TIME_IDX = frozenset(i for i, k in enumerate(EXP_COLUMNS) if k in TIME_KEYS)
 _JSON = json.JSONEncoder(ensure_ascii=False)  # == json.dumps(..., ensure_ascii=False), built once not per row
-JSON_KEYS = ("id", "name", "status", "sweep_id", "requeue_of", "created_at", "started_at", "finished_at", "worker_id",
-             "host", "error", "failing_rank", "loss_parity")
+JSON_KEYS = ("id", "name", "status", "kind", "sweep_id", "requeue_of", "created_at", "started_at", "finished_at",
+             "worker_id", "host", "error", "failing_rank", "loss_parity", "log_tail", "traceback")
+"""The run's columns beside its env, spec and result: kind (measured, traced, imported), and the log tail and rank
+traceback the run stored, which an interrupted run (no result) has only here."""
 
 
 def export_json(engine: Engine, out: TextIO | None = None, **filters) -> str | None:

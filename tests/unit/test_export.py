@@ -331,3 +331,17 @@ def test_a_result_json_that_does_not_parse_exports_with_its_reason(stored):
     assert "does not read" in data[bad]["result_error"] and q.get_experiment(engine, bad)["result"] is None
     assert data[good]["result"] == json.loads(ids[good].model_dump_json(by_alias=True))
     assert "result_error" not in data[good]
+
+
+def test_json_export_keeps_an_interrupted_runs_log_tail_and_every_runs_kind(store_urls):
+    """An interrupted run has no result: its log tail and first rank error live in their own columns, which the JSON
+    export ("full spec and result of every run") left out, as it left out the kind (measured, imported, traced)."""
+    engine = store_urls.engine()
+    eid = q.submit_experiment(engine, spec("killed"))
+    q.claim_next(engine, "w")
+    left = q.LeftBehind(log_tail="[rank1] last line\n", error="rank 1: RuntimeError: boom", failing_rank=1,
+                      traceback="Traceback: here")
+    assert q.recover_stale(engine, -1.0, explain=lambda *_: left) == [eid]
+    (d,) = json.loads(export_json(engine))
+    assert d["status"] == "interrupted" and d["result"] is None and d["kind"] == "measured"
+    assert (d["log_tail"], d["traceback"], d["failing_rank"]) == ("[rank1] last line\n", "Traceback: here", 1)
