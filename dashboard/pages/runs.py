@@ -74,8 +74,13 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
             messages.box("warning", "Not queued again:", errs)
     if c5.button("Edit as new", icon=":material/edit:", disabled=len(selected) != 1, key="act_clone",
                  help="load the spec into the New-experiment form"):
-        st.session_state["clone_spec"] = store_access.get_run(url, selected[0])["spec"]
-        st.switch_page("dashboard/pages/new_experiment.py")
+        run = store_access.get_run(url, selected[0])
+        if run is None or run["spec"] is None:  # before, the form opened unchanged, without a word
+            messages.box("warning", f"Run #{selected[0]} cannot be loaded into the form:",
+                         [run["spec_error"] if run else "it no longer exists (deleted?)"])
+        else:
+            st.session_state["clone_spec"] = run["spec"]
+            st.switch_page("dashboard/pages/new_experiment.py")
     c1, c2 = st.columns([3, 2])
     tags = c1.text_input("Set tags on the selected runs (comma-separated; replaces their tags)", key="act_tags")
     if c1.button("Apply tags", icon=":material/sell:", disabled=bool(ro) or not selected, key="act_tag_apply", help=ro):

@@ -281,6 +281,27 @@ def test_run_detail_shows_an_old_spec_and_one_it_cannot_read(tmp_path, monkeypat
     assert any("cannot be read by this version: ValidationError: model.retired_field" in t.value for t in at.text)
 
 
+@pytest.mark.heavy
+def test_edit_as_new_says_why_a_spec_it_cannot_read_does_not_load(tmp_path, monkeypatch):
+    """Before, Edit as new opened New experiment unchanged, without a word (and requeue's refusal points to it)."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    monkeypatch.setenv("SHARDLAB_DB_URL", url)
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    st.cache_data.clear()
+    gone = stored(open_db(url), GONE_FIELD)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60).run()
+    at.switch_page("dashboard/pages/runs.py").run()
+    at.multiselect(key="runs_selected").set_value([gone]).run()
+    at.button(key="act_clone").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [t.value for t in at.title] == ["Runs"], "the page stays: there is nothing to load"
+    assert any(f"Run #{gone} cannot be loaded into the form" in w.value and "model.retired_field" in w.value
+               for w in at.warning)
+
+
 # ---- a schema error is not an outage ---------------------------------------------------------------------------
 
 def conflicting_store(tmp_path: Path) -> str:
