@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 
 from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_from_args
@@ -43,6 +44,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from backend.trace.history import beating, begin_trace
     from backend.trace.trace_spec import trace_spec
 
     spec, problems = spec_from_args(args)
@@ -58,16 +60,16 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--ranks {args.ranks}: ranks must be in 0..{world - 1} (world_size={world})")
     except ValueError as e:
         return fail(str(e))
-    exp_id = None
+    exp_id = engine = None
     if args.store or args.experiment_id:
-        from backend.trace.history import begin_trace
         from db.session import open_db
 
         engine = open_db(args.db)
         exp_id = args.experiment_id or begin_trace(engine, spec)
     try:
-        result = trace_spec(spec, ranks,
-                            on_rank=lambda k, n, r: print(f"tracing rank {r} ({k}/{n})", file=sys.stderr, flush=True))
+        with beating(engine, exp_id) if exp_id is not None else nullcontext():
+            result = trace_spec(spec, ranks, on_rank=lambda k, n, r: print(f"tracing rank {r} ({k}/{n})",
+                                                                            file=sys.stderr, flush=True))
     except BaseException as e:
         result = {"status": "failed", "error": f"{type(e).__name__}: {e}", "spec": json.loads(spec.to_json()),
                   "per_rank": [], "seconds": None, "notes": [], "kind": "traced"}

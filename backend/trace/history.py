@@ -9,6 +9,9 @@ stays in result_json under "trace".
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import update
@@ -18,6 +21,8 @@ from backend.result import MemoryBreakdown, RankResult, RunResult, Status
 from backend.spec import ExperimentSpec
 
 KIND = "traced"
+HEARTBEAT_S = 10.0
+"""How often a running trace beats: well inside the workers' 60 s stale_after_s."""
 
 
 def begin_trace(engine: Engine, spec: ExperimentSpec) -> int:
@@ -26,11 +31,37 @@ def begin_trace(engine: Engine, spec: ExperimentSpec) -> int:
     from db.session import writer
 
     with writer(engine) as s, s.begin():
+        now = utcnow()  # a heartbeat from the start: a running row without one is "interrupted" to the workers
         exp = Experiment(**rr.spec_columns(spec), status=str(Status.RUNNING), kind=KIND, cancel_requested=False,
-                         created_at=utcnow(), started_at=utcnow(), progress_phase="trace")
+                         created_at=now, started_at=now, heartbeat_at=now, progress_phase="trace")
         s.add(exp)
         s.flush()
         return exp.id
+
+
+@contextmanager
+def beating(engine: Engine, experiment_id: int, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """The trace's row beats while the trace runs. A worker's recovery judges a running row whose heartbeat is older
+    than its stale_after_s (60 s) interrupted by a dead worker; a trace has no worker, so before, any trace was marked
+    interrupted (the worker stopped) by the next recovery round, until its result overwrote that."""
+    from db.queries import heartbeat
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            try:
+                heartbeat(engine, experiment_id)
+            except Exception:  # noqa: BLE001 - a store outage: the next beat tries again
+                pass
+
+    thread = threading.Thread(target=loop, name=f"trace-{experiment_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=every_s)
 
 
 def to_run_result(spec: ExperimentSpec, trace: dict[str, Any]) -> RunResult:

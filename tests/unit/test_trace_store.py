@@ -53,3 +53,30 @@ def test_measured_runs_default_to_kind_measured(tmp_path) -> None:
     queries.submit_experiment(engine, SPEC)
     (row,) = queries.list_experiments(engine)
     assert row["kind"] == "measured" and not trace_view.is_traced(row=row)
+
+
+def test_a_running_trace_is_not_taken_for_a_dead_workers_job(tmp_path) -> None:
+    """A worker's recovery interrupts running rows whose heartbeat is missing or older than stale_after_s. A trace has
+    no worker: before, its row had no heartbeat, so the next recovery round marked any trace 'interrupted: the worker
+    stopped' while it was still tracing. The row starts with a heartbeat and beats while the trace runs."""
+    import socket
+    import time
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from backend.trace.history import beating
+    from backend.worker import recovery
+    from db.models import Experiment, utcnow
+
+    engine = open_db(f"sqlite:///{tmp_path / 'h.db'}")
+    eid = begin_trace(engine, SPEC)
+    assert recovery.recover(engine, tmp_path / "runs", socket.gethostname(), stale_after_s=60) == []
+    assert queries.get_experiment(engine, eid)["status"] == "running"
+    old = utcnow() - timedelta(minutes=5)
+    with engine.begin() as c:  # a long trace: its first heartbeat is long past
+        c.execute(update(Experiment).where(Experiment.id == eid).values(heartbeat_at=old))
+    with beating(engine, eid, every_s=0.05):
+        time.sleep(0.5)
+        assert recovery.recover(engine, tmp_path / "runs", socket.gethostname(), stale_after_s=60) == []
+    assert queries.get_experiment(engine, eid)["status"] == "running"
