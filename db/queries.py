@@ -260,6 +260,10 @@ def requeue_experiment(engine: Engine, experiment_id: int) -> int:
         if exp.kind == "imported":
             raise ValueError(f"experiment {experiment_id} was imported from a {exp.source_framework} log: it ran "
                              "elsewhere, so it cannot be re-queued here (Open in New experiment to run its spec)")
+        if exp.kind == "traced":  # re-queued, it became a real run of the full-size spec, not a trace
+            raise ValueError(f"experiment {experiment_id} is a trace (fake tensors, nothing ran): re-queued it would "
+                             "be a real run of its full-size spec; trace it again instead (Edit as new, then Trace "
+                             "at full size; or `python -m backend trace --spec S.json --store`)")
         if exp.status not in REQUEUEABLE:
             raise ValueError(f"experiment {experiment_id} is {exp.status}: only finished runs "
                              f"({', '.join(REQUEUEABLE)}) can be re-queued")

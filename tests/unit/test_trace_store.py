@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from backend.result import Status
 from backend.spec import ExperimentSpec
 from backend.trace.history import begin_trace, finish_trace, to_run_result
@@ -80,3 +82,13 @@ def test_a_running_trace_is_not_taken_for_a_dead_workers_job(tmp_path) -> None:
         time.sleep(0.5)
         assert recovery.recover(engine, tmp_path / "runs", socket.gethostname(), stale_after_s=60) == []
     assert queries.get_experiment(engine, eid)["status"] == "running"
+
+
+def test_a_trace_is_not_re_queued_as_a_real_run_of_its_full_size_spec(tmp_path) -> None:
+    """Re-run on a trace queued a measured run (kind measured) of the traced, typically full-size, spec."""
+    engine = open_db(f"sqlite:///{tmp_path / 'r.db'}")
+    eid = begin_trace(engine, SPEC)
+    finish_trace(engine, eid, SPEC, _trace())
+    with pytest.raises(ValueError, match="is a trace .* trace it again instead"):
+        queries.requeue_experiment(engine, eid)
+    assert [r["id"] for r in queries.list_experiments(engine)] == [eid], "nothing was queued"
