@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from backend.cli import fail
 from backend.cli.store_options import add_db_flag, dump_json, guarded, open_store
 
 
@@ -64,6 +65,8 @@ def cmd_worker(args) -> int:
 def cmd_gc(args) -> int:
     from backend.worker.cleanup import collect, owned_runs_dirs, runs_dirs
 
+    if not args.older_than_h >= 0:  # a negative age put the cutoff in the future: a starting run's folders went too
+        return fail(f"--older-than-h must be >= 0 hours (got {args.older_than_h:g}); nothing was removed")
     engine = open_store(args)
     report = collect(engine, runs_dirs(engine, args.runs_dir), owned=owned_runs_dirs(engine, args.runs_dir),
                      older_than_s=args.older_than_h * 3600, dry_run=args.dry_run)

@@ -144,6 +144,15 @@ def test_gc_removes_what_finished_and_deleted_runs_left_and_nothing_in_use(tmp_p
     assert {r["path"] for r in planned["removed"]} >= {str(p) for p in gone if p.parent == runs}
 
 
+def test_gc_refuses_a_negative_age_which_would_race_a_starting_run(tmp_path, monkeypatch, capsys):
+    """--older-than-h -5 put the cutoff in the future, so every temp folder counted as old (a run starting now too)."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    job = tmp_path / "tmp" / "shardlab-job-1-fresh"
+    job.mkdir(parents=True)
+    assert main(["gc", "--db", f"sqlite:///{tmp_path / 's.db'}", "--older-than-h", "-5"]) == 2
+    assert "--older-than-h must be >= 0" in capsys.readouterr().err and job.is_dir()
+
+
 def test_gc_leaves_another_store_s_run_folders_alone_in_a_shared_runs_dir(tmp_path, capsys):
     """A store at /elsewhere/store.db judged the checkout's data/runs (the SLURM config's default run_dir) by its own
     ids and would have removed the other store's runs 1 and 2 ("its experiment was deleted", "stamped for another
