@@ -1,5 +1,7 @@
-"""Can this host run a LOCAL job? Ranks against cores, and the predicted host memory of all ranks against the
-available RAM, checked before anything launches (the New-experiment page, `run`, `submit` and the worker alike).
+"""Can this host run a LOCAL job? The device it asks for (cuda where there is none: a warning, as a shared store's
+worker may run elsewhere), ranks against cores, and the predicted host memory of all ranks
+against the available RAM, checked before anything launches (the New-experiment page, `run`, `submit` and the worker
+alike).
 SLURM runs are bounded by the cluster config instead (backend/cluster/submit.cluster_problem).
 
 Memory: a CPU rank holds its parameters, gradients, optimizer state and activations in host RAM: the analytic
@@ -30,6 +32,9 @@ MIN_RANK_LIMIT = 8
 """World 8 runs on a 2-core host (~2.3 s/step DDP, ~4 s/step 3D for a 3.7M-parameter model: MACHINE_FACTS.md)."""
 HINT = ('Shrink it with "Run it here" (`--run-here`: the same model family, scaled down for CPU ranks), or measure '
         'the full size without allocating it with "Trace at full size" (`python -m backend trace`).')
+
+DEVICE_HINT = ('"Run it here" (`--run-here`) runs the same model family on this host\'s CPU ranks; a spec from a GPU '
+               "run or a Plan layout keeps its device=cuda otherwise.")
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ def check(spec: ExperimentSpec, host: Host | None = None, limits: Limits | None 
     host, limits = host or Host.this(), limits or Limits.from_env()
     ranks = spec.parallel.world_size // spec.runtime.nnodes  # this host's share (torchrun --nproc-per-node)
     out = Capacity(usable_bytes=host.available_bytes * (1 - limits.headroom))
+    if (device := device_warning(spec)) is not None:
+        out.warnings.append(device)
     limit = limits.rank_limit(host)
     if ranks > limit:
         how = ("SHARDLAB_MAX_LOCAL_RANKS" if limits.max_ranks is not None
@@ -114,6 +121,20 @@ def check(spec: ExperimentSpec, host: Host | None = None, limits: Limits | None 
             f"{gib(out.usable_bytes)} usable ({gib(host.available_bytes)} available - {limits.headroom:.0%} headroom). "
             + HINT)
     return out
+
+
+def device_warning(spec: ExperimentSpec) -> str | None:
+    """A spec that asks for CUDA (device=cuda or backend=nccl: a GPU run's or a Plan layout's) on a host without it:
+    the launcher's preflight fails it. A warning, not a refusal: a shared store's worker may run on a GPU host."""
+    r = spec.runtime
+    if str(r.device) != "cuda" and str(r.backend) != "nccl":
+        return None
+    from backend.engine import cuda_available
+
+    if cuda_available():
+        return None
+    return (f"device={r.device} backend={r.backend} needs CUDA, and this host has none: a run launched here (or by a "
+            f"worker on this host) fails. {DEVICE_HINT}")
 
 
 def rank_host_bytes(spec: ExperimentSpec) -> tuple[list[float], str]:

@@ -142,3 +142,15 @@ def test_failed_run_page_shows_the_log_tail_and_no_empty_charts(ui_env):
     assert not at.exception
     assert any("rank 0: Killed" in c.value for c in at.code), "the log tail is shown"
     assert not at.get("plotly_chart"), "no charts of 0 B measured and -100% errors"
+
+
+def test_a_cuda_spec_on_a_host_without_cuda_is_warned_before_it_is_queued(monkeypatch):
+    """A GPU run's or a Plan layout's spec (device=cuda) opened here queued a run the launcher then failed; the
+    warning says so first (not a refusal: a shared store's worker may have GPUs)."""
+    monkeypatch.setattr("backend.engine.cuda_available", lambda: False)
+    spec, problems = validate_spec({"parallel": {"strategy": "ddp", "world_size": 2}, "runtime": {"device": "cuda"}})
+    assert not problems, problems
+    verdict = capacity.check(spec, HOST, capacity.Limits())
+    assert verdict.ok and any(w.startswith("device=cuda backend=auto needs CUDA, and this host has none")
+                              and "Run it here" in w for w in verdict.warnings)
+    assert not any("CUDA" in w for w in capacity.check(_spec(), HOST, capacity.Limits()).warnings)
