@@ -287,6 +287,9 @@ def spec_to_form(spec: ExperimentSpec) -> dict[str, Any]:
     v["executor"], v["nnodes"] = str(spec.runtime.executor), spec.runtime.nnodes
     v.update(stack_form.to_form(t))
     v["kept"] = kept_fields.of_spec(spec)
+    # The shape the source gave, so an edit is stored as {"edited": true} (before, a re-run's edited shape kept the
+    # preset's or config's name as if unchanged).
+    v["source_model"] = {k: v[k] for k in MODEL_KEYS} if m.source and not m.source.get("edited") else None
     return v
 
 

@@ -32,6 +32,16 @@ def test_published_preset_keeps_count_and_source():
     assert sf.form_to_spec(v)[0].model.source == {"preset": "mixtral-8x7b", "edited": True}
 
 
+def test_an_edit_after_edit_as_new_marks_the_loaded_source_edited():
+    """Before, a loaded spec's shape could be edited and stored under its preset's name as if unchanged."""
+    spec, problems = sf.form_to_spec(_form(**sf.apply_preset(sf.preset_label("mixtral-8x7b"))))
+    assert problems == [], problems
+    v = sf.spec_to_form(spec)
+    assert sf.form_to_spec(v)[0].model.source == {"preset": "mixtral-8x7b"}
+    v["n_layers"] = 2
+    assert sf.form_to_spec(v)[0].model.source == {"preset": "mixtral-8x7b", "edited": True}
+
+
 def test_run_here_scales_down_keeping_the_family():
     v = _form(**(sf.apply_preset(sf.preset_label("qwen1.5-moe-a2.7b"))
                  | dict(run_here=True, strategy="ep", world_size=2)))
