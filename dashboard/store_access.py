@@ -46,13 +46,14 @@ def engine():
 
 
 def problem() -> str | None:
-    """Why the store cannot be opened (its URL, folder or file, or an outage), in words; None when it opens. A failed
-    open is not cached: the next page run tries again."""
+    """Why the store cannot be used (its URL, folder or file, or an outage; at open or since), in words; None when it
+    answers. A failed open is not cached: the next page run tries again."""
     from backend.worker.store_guard import is_transient, short
     from db.errors import StoreError
 
     try:
-        engine()
+        with engine().connect() as conn:  # a store gone, replaced or down since the dashboard opened it too
+            conn.exec_driver_sql("SELECT 1")
     except StoreError as e:
         return str(e)
     except Exception as e:  # noqa: BLE001 - an outage is said in words; anything else is a bug, raised

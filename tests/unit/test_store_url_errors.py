@@ -44,3 +44,18 @@ def test_the_dashboard_says_why_the_store_cannot_be_used(case, monkeypatch):
             at.switch_page(page).run()
         assert not at.exception, [e.message for e in at.exception]
         assert any("The experiment store cannot be used" in e.value and BAD[case][1] in e.value for e in at.error)
+
+
+def test_a_store_removed_while_the_dashboard_runs_is_said_in_words(tmp_path, monkeypatch):
+    import streamlit as st
+
+    db = tmp_path / "s.db"
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{db}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception and not at.error
+    db.rename(tmp_path / "moved.db")
+    st.cache_data.clear()
+    at.switch_page("dashboard/pages/runs.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("The experiment store cannot be used" in e.value and "was removed" in e.value for e in at.error)
