@@ -27,10 +27,24 @@ def filtered(stmt: Select, *, status=None, strategy=None, tag=None, sweep_id=Non
         conds = [Experiment.name.icontains(search, autoescape=True),
                  Experiment.error.icontains(search, autoescape=True),
                  Experiment.sweep_id.icontains(search, autoescape=True), tag_hit]
-        if str(search).strip().isdigit():
-            conds.append(Experiment.id == int(str(search).strip()))
+        if (run_id := id_in(search)) is not None:
+            conds.append(Experiment.id == run_id)
         stmt = stmt.where(or_(*conds))
     return stmt
+
+
+MAX_ID = 2**63 - 1
+"""The largest id a SQLite INTEGER / PostgreSQL BIGINT holds: a longer number searched is text only."""
+
+
+def id_in(search) -> int | None:
+    """The run id a search names: decimal digits within the database's integer range. Before, '99999999999999999999'
+    overflowed the driver (a traceback on the Runs page) and '²' (isdigit, not int) raised ValueError."""
+    text = str(search).strip()
+    if not text.isdecimal():
+        return None
+    value = int(text)
+    return value if value <= MAX_ID else None
 
 
 def as_list(value) -> list[str]:

@@ -75,6 +75,8 @@ def test_filters_search_order_and_paging(engine):
     assert [r["name"] for r in q.list_experiments(engine, search="100%")] == ["100% done_x"]
     assert q.list_experiments(engine, search="0%_") == []  # % and _ are literal, not wildcards
     assert [r["id"] for r in q.list_experiments(engine, search=str(ids[2]))] == [ids[2]]
+    for text in ("99999999999999999999", "²"):  # too long for an id, a digit that is not a number: text only
+        assert q.list_experiments(engine, search=text) == [] and q.count_experiments(engine, search=text) == 0
     assert [r["id"] for r in q.list_experiments(engine, order_by="id", descending=False, limit=2, offset=1)] == ids[1:3]
     assert q.count_experiments(engine) == 5 and q.count_experiments(engine, tag="t0", strategy="fsdp") == 1
     q.cancel_experiment(engine, ids[0])
