@@ -13,12 +13,15 @@ from dashboard import spec_form as sf
 from dashboard import timeline_view as tv
 from dashboard.import_view import banner as import_banner
 from dashboard.theme import STATUS_ICON
+from db.filters import id_in
 
 
 def _selected_id(url: str) -> int | None:
     q = st.query_params.get("run")
-    if q and str(q).isdigit():
-        st.session_state["run_id"] = int(q)
+    if q and (asked := id_in(q)) is not None:
+        st.session_state["run_id"] = asked
+    elif q:  # a typed or pasted address: an id too long for the store or not a number was a traceback
+        st.warning("The address names no run id (`?run=` takes a run's number); pick a run below.")
     recent = store_access.list_runs(url, limit=200)
     if not recent and st.session_state.get("run_id") is None:
         return None

@@ -203,6 +203,19 @@ def test_sweep_runs_get_the_tags_field_s_tags():
     assert len(rows) == 2 and all(r["tags"] == ["sweep", "zero-study"] for r in rows)
 
 
+@pytest.mark.parametrize("asked", ["99999999999999999999", "²", "abc"])
+def test_run_detail_address_with_no_run_id_says_so(asked):
+    """A typed ?run= too long for the store's ids or not a number was a traceback (overflow / int('²'))."""
+    from db import queries
+
+    eid = queries.submit_experiment(_engine(), _spec())
+    at = _app()
+    at.query_params["run"] = asked
+    at.switch_page("dashboard/pages/run_detail.py").run()
+    _ok(at)
+    assert any("names no run id" in w.value for w in at.warning) and f"#{eid}" in _texts(at)
+
+
 def test_failed_run_shows_error_rank_and_log_tail():
     from db import queries
 
