@@ -12,7 +12,16 @@ import sys
 from collections.abc import Callable
 
 from backend.cli import fail
-from backend.cli.store_options import add_db_flag, add_filter_flags, dump_json, filter_kwargs, guarded, open_store
+from backend.cli.store_options import (
+    add_db_flag,
+    add_filter_flags,
+    dump_json,
+    filter_kwargs,
+    guarded,
+    open_store,
+    row_limit,
+    run_id,
+)
 from backend.result import PARITY_FAILS, parity_bound, parity_verdict, rank_step_s_median
 from backend.spec.user_text import InputError, printable
 
@@ -20,14 +29,14 @@ from backend.spec.user_text import InputError, printable
 def add_list_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
     add_filter_flags(p)
-    p.add_argument("--limit", type=int, default=50, help="rows (0 = all; default 50)")
+    p.add_argument("--limit", type=row_limit, default=50, help="rows (0 = all; default 50)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=guarded(cmd_list))
 
 
 def add_show_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=run_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=guarded(cmd_show))
 
@@ -47,13 +56,13 @@ def add_delete_flags(p: argparse.ArgumentParser) -> None:
 def add_id_flags(p: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
     """A command that acts on one experiment by id."""
     add_db_flag(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=run_id)
     p.set_defaults(func=guarded(handler))
 
 
 def add_tag_flags(p: argparse.ArgumentParser) -> None:
     add_db_flag(p)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=run_id)
     p.add_argument("tags", nargs="*")
     p.set_defaults(func=guarded(cmd_tag))
 

@@ -12,11 +12,28 @@ import sys
 from backend.cli import fail
 from backend.result import Status
 from backend.spec import Strategy
+from db.filters import MAX_ID
 from db.session import StoreError
 
 
 def add_db_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", help="database URL (default: $SHARDLAB_DB_URL or <repo>/data/shardlab.db)")
+
+
+def run_id(text: str) -> int:
+    """argparse type of a run's id: a number the store's integer ids can hold (a longer one overflowed the driver)."""
+    value = int(text)  # ValueError: argparse says "invalid run_id value"
+    if not 0 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text} is not a run id (a number from 1 to {MAX_ID})")
+    return value
+
+
+def row_limit(text: str) -> int:
+    """argparse type of --limit: 0 (all) or a row count the database takes (PostgreSQL refuses a negative one)."""
+    value = int(text)
+    if not 0 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"--limit {text}: give 0 (all rows) or a positive number of rows")
+    return value
 
 
 def add_filter_flags(p: argparse.ArgumentParser) -> None:

@@ -178,3 +178,18 @@ def test_cancel_of_a_finished_run_says_nothing_was_cancelled(capsys, db, status)
     assert code == 1 and out == ""
     assert f"experiment {eid} already finished (status {status}): nothing was cancelled" in err
     assert q.get_status(engine, eid) == status and not q.get_experiment(engine, eid)["cancel_requested"]
+
+
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize("argv", [["show", HUGE], ["cancel", HUGE], ["delete", "-1"], ["requeue", HUGE], ["tag", HUGE],
+                                  ["list", "--limit", "-5"]])
+def test_an_id_or_limit_the_store_cannot_hold_is_a_usage_error(capsys, db, argv):
+    """Before, an id beyond the store's integers overflowed the SQLite driver (a traceback), and PostgreSQL refused a
+    negative LIMIT."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--db", db])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("is not a run id" in err or "--limit -5: give 0" in err)
