@@ -224,6 +224,15 @@ def capacity_note(p: Plan) -> str | None:
     return None if note is None else note[0].upper() + note[1:]
 
 
+def nothing_ranked(p: Plan) -> str:
+    """Why a search ranks nothing when no layout was left out or untimed: no layout divides the model and batch
+    (nothing was searched; before, the page said "no layout fits" as if memory were short), or none fits."""
+    if p.searched == 0:
+        return ("No layout to search: " + "; ".join(p.notes) + ". Change the GPU count, global batch or model so "
+                "that its degrees divide them.")
+    return "No layout fits: more GPUs, a smaller batch per GPU, or more memory."
+
+
 def other_notes(p: Plan) -> list[str]:
     shown = ("every layout trains with ", CP_NOT_SEARCHED, "internal check failed", CAPACITY_NOTE, STEP_ASSUMES)
     return [n for n in p.notes if not n.startswith(shown)]

@@ -269,7 +269,7 @@ if res is not None:
         st.warning(f"Every one of the {left_out:,} fitting layouts is prediction-only here ({why_left_out}): turn on "
                    "'Include prediction-only layouts' to rank them, marked with the reason.")
     elif not res.configs:
-        st.warning("No layout fits: more GPUs, a smaller batch per GPU, or more memory.")
+        st.warning(pv.nothing_ranked(res))
     else:
         df = pv.results_frame(res)
         if (why := pv.why_fastest(res)) is not None:

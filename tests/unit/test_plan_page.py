@@ -203,3 +203,14 @@ def test_plan_page_names_a_layout_that_fails_an_internal_check(monkeypatch):
     assert all(c["spec"]["parallel"]["strategy"] != "zero1" for c in res.configs)
     assert any(w.value.startswith("Internal check failed, layout left out of the ranking: ") and "zero1" in w.value
                for w in at.warning)
+
+
+def test_a_search_with_no_layout_to_try_says_so_not_that_nothing_fits():
+    """Nothing divides (here seq 1): the page said "No layout fits: more GPUs, ... or more memory"."""
+    res = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 1}), gpus=64, gpus_per_node=8, hardware="h100-sxm",
+                      global_batch=256, memory_gb=None, top=5)
+    assert res.searched == 0 and not res.configs
+    assert pv.nothing_ranked(res).startswith("No layout to search: no layout of 64 GPUs divides the model and batch")
+    fits = pv.run_plan(pv.ModelSpec(**{**pv.LLAMA70B, "seq_len": 4096}), gpus=1, gpus_per_node=8,
+                       hardware="h100-sxm", global_batch=8, memory_gb=None, top=5)
+    assert fits.searched > 0 and not fits.configs and pv.nothing_ranked(fits).startswith("No layout fits")
