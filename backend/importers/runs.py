@@ -212,9 +212,44 @@ def import_run(engine, *, config: str | Path, log: str | Path, fmt: str | None =
     collector, measured = parse_log(log, imported, warmup_steps=warmup_steps)
     hw = resolve_hardware(hardware, collector.facts.get("device_name"), db_url)
     result = build_result(imported, collector, measured, hw, config_file=_shown(config), log_file=_shown(log))
+    if (seen := log_tag(log)) is not None:  # the config and log read: what is wrong with them is said first
+        refuse_seen_log(engine, seen, log)
     all_tags = clean_tags([*tags, "imported", f"imported:{imported.framework}"]
-                          + ([f"hardware:{hw.profile.key}"] if hw.profile is not None else []))
+                          + ([f"hardware:{hw.profile.key}"] if hw.profile is not None else [])
+                          + ([seen] if seen is not None else []))
     return store_finished_run(engine, result, kind="imported", tags=all_tags)
+
+
+LOG_TAG = "log:"
+"""The tag naming the log an imported run was read from: `log:` + the first 16 hex digits of its SHA-256."""
+
+
+def log_tag(log: str | Path) -> str | None:
+    """`log:<sha256[:16]>` of the log's bytes (streamed); None for a log that cannot be read (parse_log says why)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(log, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return LOG_TAG + digest.hexdigest()[:16]
+
+
+def refuse_seen_log(engine, tag: str, log: str | Path) -> None:
+    """InputError when a run read from the same log bytes is stored already: a second copy of one measurement would
+    count twice wherever imported runs are pooled (calibrate fits them and checks the fit leave-one-out, which a
+    duplicate passes by construction)."""
+    from backend.spec.user_text import InputError
+    from db.queries import list_experiments
+
+    rows = list_experiments(engine, tag=[tag], limit=1, columns=["id"])
+    if rows:
+        raise InputError(f"{_shown(log)} was imported already as run #{rows[0]['id']} (tag {tag}): a second copy "
+                         f"would count its measurements twice (calibrate pools imported runs); delete run "
+                         f"#{rows[0]['id']} first to import it again")
 
 
 def _shown_text(text: str | None) -> str | None:

@@ -255,3 +255,19 @@ def test_an_imported_pipeline_run_carries_the_predicted_bubble_fraction(db):
     assert q.get_experiment(db, eid)["bubble_predicted"] == pytest.approx(expected)
     rows = {int(r["id"]): r for r in csv.DictReader(io.StringIO(export_csv(db)))}
     assert float(rows[eid]["bubble_predicted"]) == pytest.approx(expected) and rows[flat]["bubble_predicted"] == ""
+
+
+def test_the_same_log_is_not_imported_twice(db, tmp_path, capsys):
+    """A second import of one log stored a second run of the same measurements: calibrate then pooled it twice (and
+    its leave-one-out check passed by construction). The log's bytes name it (tag log:<sha256[:16]>)."""
+    eid = import_run(db, log=FIX / "torchtitan_llama3_8b.log", **TT)
+    tag = next(t for t in q.get_experiment(db, eid)["tags"] if t.startswith("log:"))
+    copy = tmp_path / "renamed.log"
+    copy.write_bytes((FIX / "torchtitan_llama3_8b.log").read_bytes())
+    args = ["import-run", "--config", str(TT["config"]), "--log", str(copy), "--gpus", "8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"was imported already as run #{eid} (tag {tag})" in err and f"delete run #{eid} first" in err
+    assert _count(db) == 1
+    q.delete_experiment(db, eid)
+    assert main(args) == 0 and _count(db) == 1
