@@ -86,6 +86,9 @@ def _actions(url: str, selected: list[int], rows_by_id: dict[int, dict]) -> None
     if c1.button("Apply tags", icon=":material/sell:", disabled=bool(ro) or not selected, key="act_tag_apply", help=ro):
         store_access.set_tags(selected, tags)
         st.rerun()
+    if st.session_state.get("_act_delete_for") != selected:  # a confirmation holds for the runs it was given for:
+        st.session_state["act_delete_confirm"] = False  # before, it stayed ticked for the next selection and delete
+    st.session_state["_act_delete_for"] = list(selected)
     confirm = c2.checkbox("Yes, delete the selected runs", key="act_delete_confirm")
     if c2.button("Delete", icon=":material/delete:", disabled=bool(ro) or not (selected and confirm), key="act_delete",
                  help=ro):

@@ -176,6 +176,27 @@ def test_rerun_delete_and_tags_from_the_history():
     assert queries.get_experiment(eng, eid) is None
 
 
+def test_a_delete_confirmation_does_not_carry_over_to_the_next_selection():
+    """The 'Yes, delete' tick stayed on after a delete: the next run selected was deleted by one click."""
+    from db import queries
+
+    eng = _engine()
+    first, second = queries.submit_experiment(eng, _spec()), queries.submit_experiment(eng, _spec())
+    at = _app()
+    at.switch_page("dashboard/pages/runs.py").run()
+    at.multiselect(key="runs_selected").set_value([first]).run()
+    at.checkbox(key="act_delete_confirm").check().run()
+    at.button(key="act_delete").click()
+    _ok(at.run())
+    assert queries.get_experiment(eng, first) is None
+    at.multiselect(key="runs_selected").set_value([second]).run()
+    assert not at.checkbox(key="act_delete_confirm").value and at.button(key="act_delete").disabled
+    at.checkbox(key="act_delete_confirm").check().run()
+    at.multiselect(key="runs_selected").set_value([]).run()
+    at.multiselect(key="runs_selected").set_value([second]).run()
+    assert not at.checkbox(key="act_delete_confirm").value, "a changed selection needs a new confirmation"
+
+
 def test_sweep_submission():
     at = _app()
     at.multiselect(key="sweep_strategies").set_value(["ddp", "zero1", "tp"])
