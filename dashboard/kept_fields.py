@@ -27,6 +27,15 @@ def of_spec(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
     return out
 
 
+def of_model(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The model fields of FIELDS a model dict (a config.json's) sets away from their defaults, as kept fields."""
+    from backend.spec import ModelSpec
+
+    changed = {k: model[k] for k in FIELDS["model"]
+               if model.get(k) is not None and model[k] != ModelSpec.model_fields[k].default}
+    return {"model": changed} if changed else {}
+
+
 def in_use(kept: dict[str, dict[str, Any]] | None, recompute: str, run_here: bool = False) -> dict[str, dict[str, Any]]:
     """The kept fields that still apply: op-SAC's op list only while recompute is still 'op' (a user who picked
     another policy dropped it); no device or backend when "Run it here" runs it on this host's CPU ranks."""

@@ -153,11 +153,10 @@ def apply_preset(label: str) -> dict[str, Any]:
 def apply_hf_config(cfg: dict[str, Any], *, file: str, seq_len: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """Form values from an uploaded Hugging Face config.json (raises HFConfigError naming a refused field)."""
     model, notes = from_hf_config(cfg, seq_len=seq_len, file=file)
-    source = model.pop("source")
-    model.pop("norm_eps", None)
+    source, kept = model.pop("source"), kept_fields.of_model(model)  # the config's norm epsilon: no widget shows it
     out = dict(_GPT) | model
     out = {k: (0 if out.get(k) is None and k in ZERO_MEANS_NONE else out.get(k)) for k in MODEL_KEYS}
-    return out | {"source": source, "source_model": dict(out), "preset": "custom"}, notes
+    return out | {"source": source, "source_model": dict(out), "preset": "custom", "kept": kept}, notes
 
 
 def model_source(v: dict[str, Any]) -> dict[str, Any] | None:

@@ -58,9 +58,10 @@ def _apply_upload() -> None:
     except HFConfigError as e:  # names the refused, missing or unreadable field
         st.session_state["hf_error"], st.session_state["hf_notes"] = f"{up.name}: {e}", []
         return
+    kept = kept_fields.without(st.session_state.get(P + "kept"), "model") | values.pop("kept")
     for k, v in values.items():
         st.session_state[P + k] = v
-    st.session_state[P + "kept"] = kept_fields.without(st.session_state.get(P + "kept"), "model")
+    st.session_state[P + "kept"] = kept
     st.session_state["hf_error"], st.session_state["hf_notes"] = None, notes
 
 

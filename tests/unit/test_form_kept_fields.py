@@ -74,3 +74,23 @@ def test_edit_as_new_submits_what_it_loaded(tmp_path, monkeypatch):
 
     stored = queries.get_experiment(open_db(f"sqlite:///{tmp_path / 'ui.db'}"), 1)["spec"]
     assert stored.train.precision == "fp8" and stored.train.fp8_all_gather is False
+
+
+def test_an_uploaded_config_keeps_its_norm_epsilon_as_the_cli_does(tmp_path, monkeypatch):
+    """`--hf-config` keeps a config's rms_norm_eps; the form's upload dropped it (1e-5 instead of DeepSeek-V3's 1e-6).
+    A loaded spec's other kept fields stay; a preset picked after the upload drops the config's."""
+    import json
+
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["clone_spec"] = _spec(runtime={"backend": "gloo"}, strategy="ddp")
+    at.run()
+    cfg = (Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "deepseek-v3.json").read_bytes()
+    at.file_uploader(key="hf_upload").upload("config.json", cfg, "application/json")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["f_kept"] == {"runtime": {"backend": "gloo"}, "model": {"norm_eps": 1e-6}}
+    assert json.loads(cfg)["rms_norm_eps"] == 1e-6
+    at.selectbox(key="f_preset").set_value(sf.DEFAULT_PRESET).run()
+    assert at.session_state["f_kept"] == {"runtime": {"backend": "gloo"}}
