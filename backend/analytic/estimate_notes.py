@@ -107,6 +107,10 @@ def estimate_notes(spec: ExperimentSpec) -> list[str]:
         notes.append("FSDP x EP: what the head and loss add after the blocks outweighs the last MoE block's dispatch "
                      "buffers (activations.ep_peaks_in_last_block), so the peak is predicted at the loss, after the "
                      "root's forward (zero3: no unsharded parameter held)")
+    elif p.zero_stage >= 2 and where == "block" and p.ep == 1:
+        notes.append("FSDP x grouped GEMM experts: the peak is predicted inside the last MoE block's forward, at its "
+                     "down projection's stacked expert weights (memory/expert_casts.py), not at the loss: the root and "
+                     "that block unsharded (zero3) and its all-gather buffer alive")
     elif p.zero_stage >= 2 and where == "block":
         notes.append("FSDP x EP: the peak is predicted inside the last MoE block (its dispatch buffers): the root "
                      "and that block unsharded (zero3) and its all-gather buffer alive; a rank whose routed tokens "

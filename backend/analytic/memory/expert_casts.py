@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from backend.analytic.layout import Layout
+from backend.analytic.layout import Layout, RecomputeMode
 from backend.analytic.memory.moe_bytes import INDEX_BYTES, row_bytes
 from backend.analytic.memory.parts import is_mixed
 from backend.analytic.params import expert_ffn, is_gated, layer_is_moe
@@ -92,3 +92,24 @@ def inside_grouped_block(model: ModelSpec, layout: Layout, ck: Checkpointing, bl
     last_plain = logical_or(ck.units == 0, ck.after > 0)
     known_last = logical_not(layout.pipelined) if is_mixed(model) else True
     return where(logical_and(last_plain, known_last), blocks + held + excess, 0.0)
+
+
+def grouped_outweighs_head(model: ModelSpec, layout: Layout, head_beyond: Num) -> Num:
+    """Without pipelining, the stack's moment (`inside_grouped_block`) is the activation peak rather than the loss: the
+    excess and the previous microbatch's logits outweigh what the head and loss add after the blocks (`head_beyond`:
+    activations.head_beyond_blocks_bytes), with the last block grouped MoE and not checkpointed. Ties keep the loss."""
+    if not getattr(model, "moe_grouped_gemm", False) or not layer_is_moe(model, model.n_layers - 1):
+        return False
+    previous = previous_logits_bytes(model, layout)
+    plain_last = logical_or(layout.recompute == RecomputeMode.NONE, layout.recompute == RecomputeMode.SELECTIVE)
+    return logical_and(logical_and(plain_last, logical_not(layout.pipelined)),
+                       grouped_excess_bytes(model, layout) + previous > head_beyond)
+
+
+def previous_logits_bytes(model: ModelSpec, layout: Layout) -> Num:
+    """What of the previous microbatch's logits is alive inside the next one's forward (a pure data-parallel loop
+    without pipelining): measured at the grouped stack's moment (vocab 128 and 256, fp32 and bf16-mixed, ddp, zero1,
+    zero2, zero3), the (mb, T, V) logits in the compute dtype, except under FSDP2 in fp32."""
+    logits = layout.micro_batch * layout.seq_local(model) * model.vocab_size * layout.compute_bytes
+    held = logical_and(layout.microbatches > 1, logical_not(layout.pipelined))
+    return where(logical_and(held, logical_or(layout.compute_bytes != 4, logical_not(layout.fsdp))), logits, 0)

@@ -3,8 +3,9 @@ and which unsharded gradients have accumulated, depending on where the peak fall
 a pipeline stage's forward or backward, per local stage of an interleaved rank). One layout or arrays of them.
 
 - Without pipelining (`head_peak`): the peak is inside the root's forward when the last MoE block's dispatch
-  buffers outweigh the head and loss (ep, "block") or when lm_head's fp32 logits all-gather holds more than the
-  loss adds (tp, "root"); otherwise after the root's forward (the loss), where zero3 holds nothing unsharded.
+  buffers (ep) or its grouped experts' stacked weights (memory/expert_casts.py) outweigh the head and loss ("block"),
+  or when lm_head's fp32 logits all-gather holds more than the loss adds (tp, "root"); otherwise after the root's
+  forward (the loss), where zero3 holds nothing unsharded.
 - gpipe / 1f1b stages (`pipeline_peak_state`): torch/distributed/pipelining/stage.py `backward_maybe_with_nosync`
   keeps units unsharded after every backward (reshard_after_backward=False) and accumulates unsharded gradients
   (requires_gradient_sync=False) until `perform_reduce_grad` after the last one.
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backend.analytic.layout import Layout, PipelineSchedule, ZeroStage
-from backend.analytic.memory.activations import LayerShape, dispatch_outweighs_head
+from backend.analytic.memory.activations import LayerShape, dispatch_outweighs_head, head_beyond_blocks_bytes
+from backend.analytic.memory.expert_casts import grouped_outweighs_head
 from backend.analytic.memory.parts import RankParts
 from backend.analytic.pipelining import interleaved_order
 from backend.analytic.scalar_or_array import (
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 class HeadPeak:
     """Where the peak of the stage with the logits falls when inside its forward (scalars or arrays)."""
     in_block: Num
-    """Inside the last MoE block (ep: its all_to_all dispatch buffers outweigh the head and loss)."""
+    """Inside the last MoE block (ep: its all_to_all dispatch buffers, grouped GEMMs: its stacked expert weights
+    outweigh the head and loss)."""
     in_root: Num
     """In the root after the last block (tp, fp32 logits: lm_head's all-gather)."""
 
@@ -60,9 +63,18 @@ def head_peak(model: ModelSpec, layout: Layout) -> HeadPeak:
             proto, micro_batch=b, tp=tp, sequence_parallel=bool(sp), autocast=bool(ac), ep=2,
             seq_len=proto.seq_len // cp)), layout.micro_batch, layout.tp, layout.sequence_parallel,
                                  layout.uses_autocast, layout.cp)
-        in_block = logical_and(layout.ep > 1, outweighs != 0)
+        in_block = logical_or(logical_and(layout.ep > 1, outweighs != 0),
+                              grouped_outweighs_head(model, layout, _head_beyond(model, layout)))
     in_root = logical_and(logical_not(in_block), layout.tp > 1, layout.compute_bytes == 4)
     return HeadPeak(in_block, in_root)
+
+
+def _head_beyond(model: ModelSpec, layout: Layout) -> Num:
+    """activations.head_beyond_blocks_bytes of every layout, once per distinct micro-batch, tp, SP, autocast and cp."""
+    proto = LayerShape.prototype(model, dtype_bytes=layout.compute_bytes, device=layout.device)
+    return per_distinct(lambda b, tp, sp, ac, cp: head_beyond_blocks_bytes(sp=bool(sp), **replace(
+        proto, micro_batch=b, tp=tp, autocast=bool(ac), seq_len=proto.seq_len // cp).head_kwargs(model.vocab_size)),
+        layout.micro_batch, layout.tp, layout.sequence_parallel, layout.uses_autocast, layout.cp)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,12 @@ from backend.analytic.memory.activations import (
     tp_logits_shard_bytes,
 )
 from backend.analytic.memory.compiled_block import compiled_block_bytes
-from backend.analytic.memory.expert_casts import grouped_excess_bytes, grouped_expert_elems, inside_grouped_block
+from backend.analytic.memory.expert_casts import (
+    grouped_excess_bytes,
+    grouped_expert_elems,
+    inside_grouped_block,
+    previous_logits_bytes,
+)
 from backend.analytic.memory.family_bytes import attention_constant_bytes
 from backend.analytic.memory.parts import RankParts, attention_kind_counts, is_mixed, moe_blocks
 from backend.analytic.memory.pipeline_activations import pipeline_saved, split_backward
@@ -258,9 +263,7 @@ def rank_activation_moments(model: ModelSpec, layout: Layout, pp_rank: Num, part
                        + where(layout.microbatches > 1, sbv * cb, 0))
     forward_last = where(autocast, maximum(forward_last, inside_autocast), forward_last)
     # what the end of the blocks holds besides their saved tensors: the cached casts, the previous logits still bound
-    # (no previous logits inside a pipeline schedule, which computes each loss itself)
-    held_at_blocks_end = where(autocast, w_blocks + b_blocks, 0) + where(
-        logical_and(layout.microbatches > 1, logical_not(pipelined)), sbv * cb, 0)
+    held_at_blocks_end = where(autocast, w_blocks + b_blocks, 0) + previous_logits_bytes(model, layout)
     forward = where(stages.last, forward_last, total + w_blocks + b_blocks + forward_transient)
     # split-backward schedules are measured hook-free (bench/memory.py): the re-run block counts as Temp
     split = split_backward(layout)
