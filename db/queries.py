@@ -223,8 +223,8 @@ def get_status(engine: Engine, experiment_id: int) -> str | None:
 # ---- lifecycle -------------------------------------------------------------------------------------
 
 def cancel_experiment(engine: Engine, experiment_id: int) -> str:
-    """queued -> "cancelled" at once; running -> "cancelling" (cancel_requested set, the worker stops the
-    job and stores it as cancelled); any finished status is returned unchanged."""
+    """queued -> "cancelled" at once; running -> "cancelling" (cancel_requested set, the worker, or for a trace its
+    own process, stops the job and stores it as cancelled); any finished status is returned unchanged."""
     with writer(engine) as s, s.begin():
         exp = _require(s, experiment_id)
         return _cancel(exp) or exp.status

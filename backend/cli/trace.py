@@ -4,7 +4,9 @@
   python -m backend trace --spec 7b.json --ranks 0,63 --store   # these ranks; stored as a run of kind traced
 
 Takes the same spec flags as `run`. By default it traces one rank per class of equivalent ranks, each in
-its own process. Exit code: 0 ok, 1 failed or unsupported (the object still printed), 2 invalid spec.
+its own process. A stored trace stops when its run is cancelled (Runs page, `python -m backend cancel ID`): the
+row ends cancelled with the ranks traced so far (backend/trace/history.py). Exit code: 0 ok, 1 failed, unsupported
+or cancelled (the object still printed; a cancel also says so on stderr), 2 invalid spec.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
         engine = open_db(args.db)
         exp_id = args.experiment_id or begin_trace(engine, spec)
     try:
-        with beating(engine, exp_id) if exp_id is not None else nullcontext():
+        with beating(engine, exp_id) if exp_id is not None else nullcontext() as cancel:
             result = trace_spec(spec, ranks, on_rank=lambda k, n, r: print(f"tracing rank {r} ({k}/{n})",
-                                                                            file=sys.stderr, flush=True))
+                                                                            file=sys.stderr, flush=True),
+                                cancel=cancel)
     except BaseException as e:
         result = {"status": "failed", "error": f"{type(e).__name__}: {e}", "spec": json.loads(spec.to_json()),
                   "per_rank": [], "seconds": None, "notes": [], "kind": "traced"}
@@ -78,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             raise
     _finish(args, exp_id, spec, result)
     print(json.dumps(public(result), indent=1) if args.json else table(result))
+    if result["status"] == "cancelled":
+        print(f"trace of run {exp_id} cancelled: {result['error']}", file=sys.stderr)
     return 0 if result["status"] == "ok" else 1
 
 

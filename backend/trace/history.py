@@ -5,11 +5,21 @@ Compare, export) with the traced bytes as `measured` next to the prediction.
 worker only claims queued rows), `finish_trace` stores the outcome through the same `store_result` as a run.
 An `unsupported` trace is stored as failed with the torch limitation in its error; the trace's own status
 stays in result_json under "trace".
+
+Cancel (the Runs page's Cancel, `python -m backend cancel ID`) sets the row's cancel_requested, as for a run; a trace
+has no worker to read it, so the heartbeat thread of `beating` reads it (every CANCEL_POLL_S) and sets the Event it
+yields, which the CLI hands to `trace_spec(cancel=...)`. The trace then starts no further rank and kills the rank
+process it is waiting on, so it stops within about a second; the row is stored as cancelled (the status a cancelled
+run gets) with its spec and the ranks that finished. Why an Event and a killed child rather than
+`_thread.interrupt_main()`: every rank is traced in a process of its own that holds nothing but temporary files, so
+killing it is always safe, while a KeyboardInterrupt raised at an arbitrary point of the main thread could land in
+the store's own write or in the cleanup of the temporary folder, and would not stop the child at all.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +33,8 @@ from backend.spec import ExperimentSpec
 KIND = "traced"
 HEARTBEAT_S = 10.0
 """How often a running trace beats: well inside the workers' 60 s stale_after_s."""
+CANCEL_POLL_S = 1.0
+"""How often a running trace reads its row's cancel request (the worker polls as often)."""
 
 
 def begin_trace(engine: Engine, spec: ExperimentSpec) -> int:
@@ -40,28 +52,40 @@ def begin_trace(engine: Engine, spec: ExperimentSpec) -> int:
 
 
 @contextmanager
-def beating(engine: Engine, experiment_id: int, every_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """The trace's row beats while the trace runs. A worker's recovery judges a running row whose heartbeat is older
-    than its stale_after_s (60 s) interrupted by a dead worker; a trace has no worker, so before, any trace was marked
-    interrupted (the worker stopped) by the next recovery round, until its result overwrote that."""
-    from db.queries import heartbeat
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(every_s):
-            try:
-                heartbeat(engine, experiment_id)
-            except Exception:  # noqa: BLE001 - a store outage: the next beat tries again
-                pass
-
-    thread = threading.Thread(target=loop, name=f"trace-{experiment_id}-heartbeat", daemon=True)
+def beating(engine: Engine, experiment_id: int, every_s: float = HEARTBEAT_S,
+            poll_s: float = CANCEL_POLL_S) -> Iterator[threading.Event]:
+    """The trace's row beats while the trace runs; yields an Event set once the row's cancel is requested. A worker's
+    recovery judges a running row whose heartbeat is older than its stale_after_s (60 s) interrupted by a dead worker;
+    a trace has no worker, so before, any trace was marked interrupted (the worker stopped) by the next recovery
+    round, until its result overwrote that."""
+    stop, cancel = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_beat, args=(engine, experiment_id, every_s, poll_s, stop, cancel),
+                              name=f"trace-{experiment_id}-heartbeat", daemon=True)
     thread.start()
     try:
-        yield
+        yield cancel
     finally:
         stop.set()
         thread.join(timeout=every_s)
+
+
+def _beat(engine: Engine, experiment_id: int, every_s: float, poll_s: float, stop: threading.Event,
+          cancel: threading.Event) -> None:
+    """Heartbeat every every_s, read the cancel request every poll_s, until stop."""
+    from db.queries import cancel_requested, heartbeat
+
+    last = time.monotonic()
+    while not stop.wait(min(every_s, poll_s)):
+        try:
+            if time.monotonic() - last >= every_s:
+                requested = heartbeat(engine, experiment_id)
+                last = time.monotonic()
+            else:
+                requested = cancel_requested(engine, experiment_id)
+        except Exception:  # noqa: BLE001 - a store outage: the next beat tries again
+            continue
+        if requested:
+            cancel.set()
 
 
 def to_run_result(spec: ExperimentSpec, trace: dict[str, Any]) -> RunResult:
@@ -70,6 +94,7 @@ def to_run_result(spec: ExperimentSpec, trace: dict[str, Any]) -> RunResult:
     ok = trace["status"] == "ok"
     error = None if ok else (f"unsupported: {trace.get('error')}" if trace["status"] == "unsupported"
                              else trace.get("error"))
+    status = Status.OK if ok else (Status.CANCELLED if trace["status"] == str(Status.CANCELLED) else Status.FAILED)
     failures = trace.get("failures") or []
     per_rank = [RankResult(rank=r["rank"], coords=r.get("coords", {}),
                            measured=MemoryBreakdown(**_mem(r["traced"]), moment="activation_peak"),
@@ -79,7 +104,7 @@ def to_run_result(spec: ExperimentSpec, trace: dict[str, Any]) -> RunResult:
     summary = {k: v for k, v in trace.items() if k not in ("spec", "per_rank", "failures")}
     summary["ranks"] = [{k: r.get(k) for k in ("rank", "seconds", "max_rss_bytes", "strategy_module")}
                         for r in trace.get("per_rank", [])]
-    return RunResult(status=Status.OK if ok else Status.FAILED, error=error, spec=spec, per_rank=per_rank,
+    return RunResult(status=status, error=error, spec=spec, per_rank=per_rank,
                      failing_rank=failures[0].get("rank") if failures else None,
                      traceback=failures[0].get("traceback") if failures else None,
                      env={"kind": KIND, "torch": torch.__version__}, notes=list(trace.get("notes", [])),

@@ -7,6 +7,9 @@
 with traced/predicted keys params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes
 (plus other_bytes). The traced peak_bytes is the tracker's peak over the whole step; the predicted one is the
 estimate's fullest moment (RankEstimate.fullest_bytes), and "predicted_moment" says which moment that is.
+"status" is "cancelled" when the `cancel` Event was set mid-way (the store's cancel request, backend/trace/history.py):
+the ranks traced before it are kept in per_rank, the rank being traced is stopped (its process killed) and the rest
+are not started; "error" says how far it got.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,9 @@ STATE_BOUND_PCT = 1.0
 ACTIVATION_BOUND_PCT = 10.0
 RANK_TIMEOUT_S = 3600.0
 UNEXPLAINED = " No explanation found."
+CANCELLED = "cancelled"
+CANCEL_POLL_S = 0.2
+"""How often a rank's process is checked for a cancel while it runs."""
 RUN_ONLY_NOTES = ("Bubble:", "Timeline:")
 """Strategy notes about timing a real run (CPU time-sharing, the recorded timeline): nothing a trace measures."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,20 +77,41 @@ def error_pct(traced: dict[str, int], predicted: dict[str, int]) -> dict[str, fl
 
 
 def run_rank_process(spec_path: Path, rank: int, out: Path, timeout_s: float = RANK_TIMEOUT_S,
-                     device: str = "cpu") -> dict[str, Any]:
-    """`python -m backend.trace.rank` for one rank; its JSON, or a failed record with the log tail."""
+                     device: str = "cpu", *, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """`python -m backend.trace.rank` for one rank; its JSON, or a failed record with the log tail. Once `cancel` is
+    set the rank's process is killed (it holds nothing but its temporary files) and a "cancelled" record returned."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "backend.trace.rank", "--spec", str(spec_path), "--rank", str(rank), "--out", str(out),
            "--device", device]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+        stderr = _wait(proc, time.monotonic() + timeout_s, cancel)
+    except BaseException:  # Ctrl-C or an error here: the rank's process must not outlive its trace
+        proc.kill()
+        proc.communicate()
+        raise
+    if stderr is None:
         return {"rank": rank, "status": "failed", "error": f"rank {rank} trace exceeded {timeout_s:.0f} s"}
+    if cancel is not None and cancel.is_set() and proc.returncode != 0:
+        return {"rank": rank, "status": CANCELLED, "error": f"rank {rank} trace stopped: cancelled"}
     if out.exists():
         return json.loads(out.read_text())
-    tail = (proc.stderr or "")[-2000:]
     return {"rank": rank, "status": "failed", "error": f"rank {rank} trace exited {proc.returncode} without a result",
-            "log_tail": tail}
+            "log_tail": stderr[-2000:]}
+
+
+def _wait(proc: subprocess.Popen, deadline: float, cancel: threading.Event | None) -> str | None:
+    """The process's stderr once it ends, or once it is killed for `cancel`; None when it was killed at the deadline.
+    communicate() with a timeout may be called again without losing output, so the pipes never fill."""
+    while True:
+        try:
+            return proc.communicate(timeout=min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))[1] or ""
+        except subprocess.TimeoutExpired:
+            stop = cancel is not None and cancel.is_set()
+            if stop or time.monotonic() >= deadline:
+                proc.kill()
+                stderr = proc.communicate()[1] or ""
+                return stderr if stop else None
 
 
 RankRunner = Callable[[Path, int, Path, float, str], dict[str, Any]]
@@ -91,16 +120,19 @@ RankRunner = Callable[[Path, int, Path, float, str], dict[str, Any]]
 
 def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
                on_rank: Callable[[int, int, int], None] | None = None, *, device: str = "cpu",
-               rank_timeout_s: float = RANK_TIMEOUT_S, rank_runner: RankRunner = run_rank_process) -> dict[str, Any]:
+               rank_timeout_s: float = RANK_TIMEOUT_S, rank_runner: RankRunner | None = None,
+               cancel: threading.Event | None = None) -> dict[str, Any]:
     """Trace `ranks` (default: representative_ranks) one process at a time; on_rank(k, n, rank) before each.
     device "cuda": fake CUDA tensors, predicted for CUDA ranks (needs a CUDA build of torch, no GPU memory).
-    rank_runner: how one rank is traced (default: its own process; the test suite traces many in one process)."""
+    rank_runner: how one rank is traced (default: its own process, killed on cancel; the test suite traces many in
+    one process). cancel: once set, no further rank starts and the result's status is "cancelled"."""
     t0 = time.perf_counter()
     world = spec.parallel.world_size
     bad = [r for r in (ranks or []) if not 0 <= r < world]
     if bad:
         raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
     ranks = ranks or representative_ranks(spec)
+    runner = rank_runner or partial(run_rank_process, cancel=cancel)
     traced_as = eager_twin(spec)  # compiled blocks and loss run eagerly, as in the engine's memory-tracked step
     predicted = predicted_for(traced_as, "cuda" if device == "cuda" else None)  # cpu: as before (the spec's device)
     per_rank, outcomes = [], []
@@ -108,13 +140,18 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(traced_as.to_json())
         for k, r in enumerate(ranks):
+            if cancel is not None and cancel.is_set():
+                break
             if on_rank:
                 on_rank(k + 1, len(ranks), r)
-            out = rank_runner(spec_path, r, Path(tmp) / f"rank-{r}.json", rank_timeout_s, device)
+            out = runner(spec_path, r, Path(tmp) / f"rank-{r}.json", rank_timeout_s, device)
+            if out.get("status") == CANCELLED:
+                break
             outcomes.append(out)
             if out.get("status") == "ok":
                 per_rank.append(_rank_row(out, predicted[r]))
-    out = assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0)
+    stopped = cancel is not None and cancel.is_set() and len(outcomes) < len(ranks)
+    out = assemble(spec, ranks, outcomes, per_rank, time.perf_counter() - t0, cancelled=stopped)
     if traced_as is not spec:
         out["notes"].insert(1, TRACED_EAGER_NOTE)
     return out
@@ -132,18 +169,27 @@ def _rank_row(out: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
 
 
 def assemble(spec: ExperimentSpec, ranks: list[int], outcomes: list[dict[str, Any]],
-             per_rank: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+             per_rank: list[dict[str, Any]], seconds: float, *, cancelled: bool = False) -> dict[str, Any]:
     bad = [o for o in outcomes if o.get("status") != "ok"]
     status = "ok" if not bad else ("unsupported" if any(o.get("status") == "unsupported" for o in bad) else "failed")
     first = next((o for o in bad if o.get("status") == status), bad[0]) if bad else None
     error = f"rank {first['rank']}: {first.get('error')}" if first else None
-    notes = [f"Traced ranks {ranks} of {spec.parallel.world_size} (one per class of equivalent ranks) on fake "
+    if cancelled:
+        status, error = CANCELLED, cancelled_error(ranks, outcomes, seconds)
+    traced = [o["rank"] for o in outcomes] if cancelled else ranks
+    notes = [f"Traced ranks {traced} of {spec.parallel.world_size} (one per class of equivalent ranks) on fake "
              "tensors over the fake process group: the engine's own set-up and train step, nothing allocated."]
     notes += _dedupe(n for o in outcomes for n in o.get("notes", []) if not n.startswith(RUN_ONLY_NOTES))
     notes += bound_notes(per_rank)
     return {"status": status, "error": error, "spec": json.loads(spec.to_json()), "per_rank": per_rank,
             "seconds": seconds, "notes": notes, "kind": "traced",
             "failures": [{k: o.get(k) for k in ("rank", "status", "error", "traceback", "log_tail")} for o in bad]}
+
+
+def cancelled_error(ranks: list[int], outcomes: list[dict[str, Any]], seconds: float) -> str:
+    done = [o["rank"] for o in outcomes]
+    kept = f"ranks {done} traced and kept" if done else "no rank finished"
+    return f"cancelled after {seconds:.1f} s: {kept}, ranks {[r for r in ranks if r not in done]} not traced"
 
 
 def bound_notes(per_rank: list[dict[str, Any]]) -> list[str]:

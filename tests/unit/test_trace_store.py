@@ -92,3 +92,77 @@ def test_a_trace_is_not_re_queued_as_a_real_run_of_its_full_size_spec(tmp_path) 
     with pytest.raises(ValueError, match="is a trace .* trace it again instead"):
         queries.requeue_experiment(engine, eid)
     assert [r["id"] for r in queries.list_experiments(engine)] == [eid], "nothing was queued"
+
+
+def test_beating_sets_its_event_once_the_rows_cancel_is_requested(tmp_path) -> None:
+    import time
+
+    from backend.trace.history import beating
+
+    engine = open_db(f"sqlite:///{tmp_path / 'b.db'}")
+    eid = begin_trace(engine, SPEC)
+    with beating(engine, eid, every_s=0.05, poll_s=0.02) as cancel:
+        time.sleep(0.1)
+        assert not cancel.is_set()
+        assert queries.cancel_experiment(engine, eid) == "cancelling"
+        assert cancel.wait(2.0), "the heartbeat thread did not notice the cancel request"
+
+
+def test_a_cancelled_trace_keeps_the_ranks_traced_before_and_is_stored_cancelled(tmp_path) -> None:
+    """Between ranks: the rank that finished is kept, the later ones are not started, the row ends cancelled."""
+    import threading
+
+    from backend.trace.trace_spec import trace_spec
+
+    cancel, started = threading.Event(), []
+
+    def runner(spec_path, rank, out, timeout_s, device) -> dict:
+        started.append(rank)
+        cancel.set()  # the user cancels while rank 0 is traced; rank 0 still finishes
+        return {"rank": rank, "status": "ok", "traced": MEM, "coords": {"dp": rank}}
+
+    res = trace_spec(SPEC, ranks=[0, 1, 2], rank_runner=runner, cancel=cancel)
+    assert started == [0] and [r["rank"] for r in res["per_rank"]] == [0] and res["failures"] == []
+    assert res["status"] == "cancelled" and "ranks [0] traced and kept, ranks [1, 2] not traced" in res["error"]
+    engine = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    eid = begin_trace(engine, SPEC)
+    finish_trace(engine, eid, SPEC, res)
+    row = queries.get_experiment(engine, eid)
+    assert row["status"] == "cancelled" and row["kind"] == "traced" and row["error"] == res["error"]
+    assert row["world_size"] == 4 and [r.rank for r in row["result"].per_rank] == [0]
+
+
+@pytest.mark.multiprocess  # the CLI as the dashboard starts it: a process of its own, each rank a child of it
+@pytest.mark.slow
+def test_cancel_stops_a_stored_trace_mid_rank_and_the_cli_exits_non_zero(tmp_path) -> None:
+    """Cancel on a running trace set cancel_requested, but nothing read it: the trace went on through every rank and
+    stored status ok. Now the rank being traced is stopped within seconds and the row ends cancelled."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.launch import ROOT, rank_env
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    (tmp_path / "s.json").write_text(SPEC.to_json())
+    proc = subprocess.Popen([sys.executable, "-m", "backend", "trace", "--spec", str(tmp_path / "s.json"),
+                             "--ranks", "0,1,2,3", "--store", "--db", url], cwd=ROOT, env=rank_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "tracing rank 0 (1/4)" in proc.stderr.readline()
+        time.sleep(1.0)  # rank 0's process is running
+        (row,) = queries.list_experiments(open_db(url))
+        assert queries.cancel_experiment(open_db(url), row["id"]) == "cancelling"  # what the Runs page calls
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and f"trace of run {row['id']} cancelled: cancelled after" in err, err[-2000:]
+    assert took < 10, f"the trace took {took:.1f} s to stop after the cancel"
+    assert "tracing rank 1" not in err, "no rank starts after the cancel"
+    done = queries.get_experiment(open_db(url), row["id"])
+    assert done["status"] == "cancelled" and done["kind"] == "traced" and done["world_size"] == 4
+    assert "no rank finished, ranks [0, 1, 2, 3] not traced" in done["error"]
