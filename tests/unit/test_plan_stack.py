@@ -79,12 +79,18 @@ def test_torchtitan_runs_plain_data_parallel_only_alone():
 
 
 def test_plan_under_torchtitan_leaves_out_ddp_beside_model_parallelism():
-    def ddp_beside(held: HeldTraining) -> int:
-        configs = plan(MODEL, gpus=16, gpus_per_node=8, hw=get_hardware("h100-sxm"), global_batch=32, top=2000,
-                       held=held, include_predicted=True).configs
-        p = [c["spec"]["parallel"] for c in configs]
-        return sum(x.get("strategy", "ddp") == "ddp" and x.get("tp", 1) * x.get("pp", 1) * x.get("cp", 1) > 1
-                   and x["world_size"] > x.get("tp", 1) * x.get("pp", 1) * x.get("cp", 1) for x in p)
+    """The planner's grid (planner/space.py) drops DDP over dp > 1 beside tp / pp / cp under torchtitan's repertoire."""
+    import numpy as np
 
-    assert ddp_beside(HeldTraining()) > 0
-    assert ddp_beside(HeldTraining(stack="torchtitan")) == 0
+    from backend.analytic.layout import ZeroStage
+    from backend.planner.space import enumerate_layouts
+    from backend.spec.choices import Stack
+    from backend.spec.stacks import STACKS
+
+    def ddp_beside(repertoire) -> int:
+        lay = enumerate_layouts(MODEL, gpus=16, gpus_per_node=8, global_batch=32, repertoire=repertoire)
+        beside = (lay.tp > 1) | (lay.pp > 1) | (lay.cp > 1)
+        return int(np.sum((lay.zero_stage == ZeroStage.DDP) & (lay.dp > 1) & beside))
+
+    assert ddp_beside(STACKS[Stack.SHARDLAB].layouts) > 0
+    assert ddp_beside(STACKS[Stack.TORCHTITAN].layouts) == 0
