@@ -131,6 +131,8 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
     bad = [r for r in (ranks or []) if not 0 <= r < world]
     if bad:
         raise ValueError(f"--ranks {bad} outside the world: ranks are 0..{world - 1} (world_size={world})")
+    if str(spec.framework) != "torch":
+        return not_traced(spec, framework_reason(str(spec.framework)))
     ranks = ranks or representative_ranks(spec)
     runner = rank_runner or partial(run_rank_process, cancel=cancel)
     traced_as = eager_twin(spec)  # compiled blocks and loss run eagerly, as in the engine's memory-tracked step
@@ -155,6 +157,20 @@ def trace_spec(spec: ExperimentSpec, ranks: list[int] | None = None,
     if traced_as is not spec:
         out["notes"].insert(1, TRACED_EAGER_NOTE)
     return out
+
+
+def framework_reason(framework: str) -> str:
+    """Why a DeepSpeed / JAX spec is not traced: the trace runs ShardLab's own torch engine, whose layout (FSDP2,
+    DDP buckets, ...) is not the one that framework would allocate."""
+    return (f"framework {framework}: the trace runs ShardLab's own torch engine, not {framework}'s, whose memory "
+            "layout differs (e.g. DeepSpeed's reduce bucket and fp32 partitions); run the spec for that framework's "
+            "measured memory, or trace it with framework torch (--framework torch) for the torch layout")
+
+
+def not_traced(spec: ExperimentSpec, reason: str) -> dict[str, Any]:
+    """The CLI's object for a spec the trace refuses before any rank is started."""
+    return {"status": "unsupported", "error": reason, "spec": json.loads(spec.to_json()), "per_rank": [],
+            "seconds": 0.0, "notes": [], "kind": "traced", "failures": []}
 
 
 def _rank_row(out: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
