@@ -24,6 +24,7 @@ from backend.analytic.inference import estimate_inference
 from backend.analytic.units import GB, MiB
 from backend.cli import fail
 from backend.cli.spec_flags import add_spec_flags, spec_from_args
+from backend.frameworks.predicted import framework_layout, layout_line
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes")
 RANK_PAGE = 1024
@@ -108,6 +109,8 @@ def run(args: argparse.Namespace, flags: dict[str, tuple[str, Any]] | None = Non
     blockers = run_blockers(spec)
     data["runnable"], data["why_not"] = not blockers, "; ".join(blockers) or None
     data["stack"] = resolve_stack(spec, "cpu" if device == "cpu" else "gpu").to_json()
+    if (layout := framework_layout(spec)) is not None:  # what a DeepSpeed / JAX run predicts for its own layout
+        data["framework_layout"] = layout.to_dict()
     if profile:
         problem = _add_step_time(args, spec, data, profile, est)
         if problem:
@@ -235,6 +238,8 @@ def _training_table(d: dict[str, Any]) -> str:
     lines.append(f"ZeRO textbook (Ψ={z['psi']:,}, N={z['n']}, K={z['k']}, stage {z['stage']}): "
                  f"{_fmt(z['total_bytes'])} model states")
     lines += [f"note: {n}" for n in d["notes"]]
+    if d.get("framework_layout"):
+        lines.append(layout_line(d["framework_layout"]))
     if "stack" in d:
         st = d["stack"]
         lines.append(f"stack {st['name']} on {st['device']}: " + ", ".join(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from backend.frameworks.predicted import framework_layout
 from backend.result import MEMORY_CATEGORIES, FrameworkEstimate, MemoryBreakdown, ModelStates, RunResult, error_pct
 from backend.spec import ExperimentSpec
 
@@ -75,12 +76,12 @@ def assemble_deepspeed(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResu
     est = payload.get("framework_estimate")
     version = next((r.get("env", {}).get("deepspeed") for r in payload["ranks"]), "")
     ranks = {r["rank"]: r for r in payload["ranks"]}
+    fl = framework_layout(spec)
     for rr in res.per_rank:
         act = rr.predicted.activations_bytes  # the torch engine's activation formula: same model, same microbatch
-        grads = lay.grad_bucket_bytes
-        pred = MemoryBreakdown(params_bytes=lay.params_bytes, grads_bytes=grads,
-                               optimizer_bytes=lay.master_bytes + lay.optimizer_state_bytes, activations_bytes=act,
-                               peak_bytes=lay.model_state_bytes + grads + act)
+        pred = MemoryBreakdown(params_bytes=fl.params_bytes, grads_bytes=fl.grads_bytes,
+                               optimizer_bytes=fl.optimizer_bytes, activations_bytes=act,
+                               peak_bytes=fl.params_bytes + fl.optimizer_bytes + fl.grads_bytes + act)
         _set_predicted(rr, pred)
         rr.comm_predicted = {}
         ms = ranks[rr.rank]["memory"].get("model_states", {})
@@ -148,11 +149,12 @@ def assemble_jax(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResult:
 
     res = _base(spec, payload, "comm-timing steps")  # XLA's collectives come from the HLO, not from hooks
     pb = predicted_bytes(spec)
+    fl = framework_layout(spec)
     xla = payload.get("xla", {})
     ma = xla.get("memory_analysis", {})
     for rr in res.per_rank:
-        pred = MemoryBreakdown(params_bytes=pb["params_bytes"], optimizer_bytes=pb["optimizer_bytes"],
-                               other_bytes=pb["data_bytes"])
+        pred = MemoryBreakdown(params_bytes=fl.params_bytes, optimizer_bytes=fl.optimizer_bytes,
+                               other_bytes=fl.other_bytes)
         _set_predicted(rr, pred)
         rr.comm_predicted = {}
         rr.error_pct.pop("activations_bytes", None)
