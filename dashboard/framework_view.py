@@ -68,13 +68,23 @@ def three_frameworks_frame(results: list[tuple[int, RunResult]]) -> pd.DataFrame
         s = res.spec
         col: dict[str, str] = {"framework": str(s.framework), "strategy": str(s.parallel.strategy),
                                "world": str(s.parallel.world_size), "offload": str(s.parallel.offload)}
+        unknown = _unmeasured(res)
         for c in MEMORY_CATEGORIES:
-            col[CATEGORY_LABEL[c]] = fmt_bytes(max((getattr(r.measured, c) for r in res.per_rank), default=0))
-        col["comm bytes / step / rank"] = fmt_bytes(_comm_bytes(res))
+            col[CATEGORY_LABEL[c]] = unknown or fmt_bytes(max((getattr(r.measured, c) for r in res.per_rank),
+                                                              default=0))
+        col["comm bytes / step / rank"] = unknown or fmt_bytes(_comm_bytes(res))
         col["step time (median)"] = fmt_seconds(res.step_s_median) if res.step_s_median else "—"
         col["loss parity"] = f"{res.loss_max_abs_diff:.2g}" if res.loss_max_abs_diff is not None else "—"
         cols[f"#{rid} {s.framework}"] = col
     return pd.DataFrame(cols)
+
+
+def _unmeasured(res: RunResult) -> str | None:
+    """The cell for a run without per-category measurements (its zero defaults mean unknown, not 0 B); None if it
+    has them. An imported run's log gives allocator peaks only (RunResult.memory_measured)."""
+    if res.memory_measured:
+        return None
+    return "– (not in the log)" if res.imported is not None else "– (not measured)"
 
 
 def _comm_bytes(res: RunResult) -> float:
@@ -84,6 +94,7 @@ def _comm_bytes(res: RunResult) -> float:
 def three_frameworks_fig(results: list[tuple[int, RunResult]]) -> go.Figure:
     """Memory by category (max over ranks), one stacked bar per run, labelled with its framework."""
     fig = go.Figure()
+    results = [(rid, res) for rid, res in results if res.memory_measured]  # no zero bars for what was not measured
     x = [f"#{rid} {res.spec.framework}" for rid, res in results]
     for c in MEMORY_CATEGORIES:
         fig.add_bar(name=CATEGORY_LABEL[c], x=x, marker_color=CATEGORY_COLOR[c],
