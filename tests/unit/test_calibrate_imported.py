@@ -95,3 +95,16 @@ def test_calibration_names_are_checked(store, capsys):
     assert main(["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm", "--name", "a b;$(x)"]) == 2
     assert main(["estimate", "--preset", "gpt2", "--hardware", "no-such-cluster"]) == 2
     assert "calibrated profiles come from" in capsys.readouterr().err
+
+
+def test_hardware_lists_a_calibrated_profile_that_hardware_flags_accept(store, capsys):
+    """`calibrate --name` makes a profile --hardware accepts; `hardware` lists it (table and JSON, with its fitted
+    parameters) beside the shipped ones, so the name a user just stored is where they look for profiles."""
+    assert main(["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm", "--name", "h100-ourcluster",
+                 "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    table = _capture(capsys, ["hardware"])
+    assert "h100-ourcluster" in table and f"calibration {cal['id']}" in table
+    d = json.loads(_capture(capsys, ["hardware", "--json"]))
+    assert "h100-sxm" in d and d["h100-ourcluster"]["calibration_id"] == cal["id"]
+    assert d["h100-ourcluster"]["key"] == "h100-ourcluster"
