@@ -133,7 +133,7 @@ def measured_checks(runs: list[tuple[int, Any]]) -> pd.DataFrame:
     rows = []
     ddp = {}
     ids = {id(r): i for i, r in runs}
-    results = [r for _, r in runs]
+    results = [r for _, r in runs if r.memory_measured]  # an imported run's categories are unknown, not 0 B
     for r in results:
         if r.spec.parallel.strategy == "ddp" and r.per_rank:
             ddp[_shape_key(r)] = r
@@ -162,8 +162,10 @@ def bubble_caveat(r: Any) -> str:
 
 
 def _shape_key(r: Any) -> tuple:
+    """Runs compared with one DDP baseline: same model, precision, optimizer, world and framework (DeepSpeed's ZeRO
+    keeps a reduce bucket and fp32 partitions that torch's DDP baseline does not)."""
     s = r.spec
-    return (s.model.model_dump_json(), s.train.precision, s.train.optimizer, s.parallel.world_size)
+    return (s.model.model_dump_json(), s.train.precision, s.train.optimizer, s.parallel.world_size, str(s.framework))
 
 
 def _model_state(r: Any, which: str = "measured") -> float:
