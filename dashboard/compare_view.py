@@ -24,6 +24,13 @@ def _max_rank(result: RunResult, which: str, cat: str | None = None) -> float:
     return float(max(vals, default=0))
 
 
+def _predicted_text(result: RunResult) -> str:
+    """The fullest rank's predicted bytes; a JAX run's prediction has no activations (XLA reports them only as its
+    temp buffer, backend/frameworks/assemblers.py), so the cell says so beside a measured total that has them."""
+    text = fmt_bytes(_max_rank(result, "predicted"))
+    return text + " + activations (not predicted for XLA)" if str(result.spec.framework) == "jax" else text
+
+
 def _comm_total(result: RunResult) -> float:
     return max((sum(s.bytes for s in r.comm.values()) for r in result.per_rank), default=0.0)
 
@@ -66,7 +73,7 @@ def compare_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
                 "step time (median)": fmt_seconds(res.step_s_median),
                 "tokens / s": f"{res.tokens_per_s:,.0f}" if res.tokens_per_s else "–",
                 "memory, fullest rank: measured": fmt_bytes(_max_rank(res, "measured")),
-                "memory, fullest rank: predicted": fmt_bytes(_max_rank(res, "predicted")),
+                "memory, fullest rank: predicted": _predicted_text(res),
                 **{f"{c.removesuffix('_bytes')} (fullest rank, measured)": fmt_bytes(_max_rank(res, "measured", c))
                    for c in CATS},
                 "comm payload / step (busiest rank)": fmt_bytes(_comm_total(res)),

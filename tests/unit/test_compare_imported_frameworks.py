@@ -31,3 +31,18 @@ def test_imported_run_categories_are_unknown_not_zero(tmp_path, monkeypatch, cap
     assert col["step time (median)"] != "—"
     fig = fv.three_frameworks_fig([(7, res)])
     assert all(len(bar.x) == 0 for bar in fig.data)
+
+
+def test_a_jax_runs_predicted_total_says_it_has_no_activations() -> None:
+    """A JAX run is predicted without activations (XLA's temp buffer) but measured with them: Compare's predicted
+    cell says so instead of showing a total 6x below the measured one as if it were the same sum."""
+    from backend.spec import ExperimentSpec
+    from dashboard.compare_view import compare_frame
+    from tests.helpers.store_helpers import TINY, fake_result
+
+    frames = {}
+    for fw in ("torch", "jax"):
+        s = ExperimentSpec.model_validate({**TINY, "framework": fw})
+        frames[fw] = compare_frame([{"id": 1, "spec": s, "result": fake_result(s), "status": "ok"}]).iloc[:, 0]
+    assert frames["jax"]["memory, fullest rank: predicted"].endswith("+ activations (not predicted for XLA)")
+    assert "activations" not in frames["torch"]["memory, fullest rank: predicted"]
