@@ -22,7 +22,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = "SHARDLAB_CLUSTER_CONFIG"
@@ -111,6 +111,15 @@ def load(path: Path | None = None) -> SlurmConfig:
         return SlurmConfig()
     try:
         data = tomllib.loads(path.read_text()).get("slurm", {})
-        return SlurmConfig.model_validate(data)
+        cfg = SlurmConfig.model_validate(data)
+    except ValidationError as e:
+        raise ClusterConfigError(f"{path}: " + "; ".join(_problem(err) for err in e.errors())) from e
     except (tomllib.TOMLDecodeError, ValueError) as e:
         raise ClusterConfigError(f"{path}: {e}") from e
+    return cfg
+
+
+def _problem(err: dict) -> str:
+    """One pydantic error as '[slurm] key: message (got value)'."""
+    key = ".".join(str(x) for x in err.get("loc", ())) or "[slurm]"
+    return f"[slurm] {key}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')} (got {err.get('input')!r})"

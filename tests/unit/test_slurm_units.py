@@ -56,6 +56,17 @@ def test_config_file_errors_name_the_file(tmp_path, monkeypatch):
         load(bad)
 
 
+def test_a_config_error_names_the_key_and_value_without_pydantic_noise(tmp_path):
+    bad = tmp_path / "shardlab.toml"
+    bad.write_text('[slurm]\npartiton = "gpu"\ntime_limit = "1 hour"\n')
+    with pytest.raises(ClusterConfigError) as e:
+        load(bad)
+    text = str(e.value)
+    assert "[slurm] partiton: Extra inputs are not permitted (got 'gpu')" in text
+    assert "[slurm] time_limit: time_limit '1 hour' is not a SLURM time" in text
+    assert "errors.pydantic.dev" not in text and "\n" not in text
+
+
 def test_a_starting_worker_adopts_only_slurm_runs_of_gone_workers(store_urls):
     engine = store_urls.engine()
     me = psutil.Process()
