@@ -6,7 +6,7 @@
     account = "ml-infra"         # sbatch --account (omit: none)
     gpus_per_node = 8            # ranks per node on GPU clusters (--gpus-per-node); 0 = CPU cluster
     time_limit = "02:00:00"      # sbatch --time; omit: the spec's runtime.timeout_s, rounded up to seconds
-    run_dir = "/shared/shardlab/runs"   # on a filesystem every node mounts: scripts, specs, logs, results
+    run_dir = "/shared/shardlab/runs"   # on a filesystem every node mounts; a relative one: this file's folder
     extra_sbatch = ["#SBATCH --exclusive", "#SBATCH --constraint=h100"]
     python = "/shared/venvs/shardlab/bin/python"   # interpreter on the nodes (default: this one)
 
@@ -116,7 +116,10 @@ def load(path: Path | None = None) -> SlurmConfig:
         raise ClusterConfigError(f"{path}: " + "; ".join(_problem(err) for err in e.errors())) from e
     except (tomllib.TOMLDecodeError, ValueError) as e:
         raise ClusterConfigError(f"{path}: {e}") from e
-    return cfg
+    # a relative folder is the config file's, not whichever folder a worker or the dashboard was started from: a
+    # worker restarted elsewhere must find its jobs' folders (slurm.json) again, not submit them anew
+    here = path.resolve().parent
+    return cfg.model_copy(update={"run_dir": here / cfg.run_dir, "repo": here / cfg.repo})
 
 
 def _problem(err: dict) -> str:

@@ -56,6 +56,17 @@ def test_config_file_errors_name_the_file(tmp_path, monkeypatch):
         load(bad)
 
 
+def test_a_relative_run_dir_is_the_config_files_not_the_current_folder(tmp_path, monkeypatch):
+    """run_dir = "runs" in shardlab.toml means <that file's folder>/runs whatever folder the worker starts in: a worker
+    restarted elsewhere must find its jobs' folders (slurm.json) again instead of submitting them anew."""
+    conf = tmp_path / "site" / "shardlab.toml"
+    conf.parent.mkdir()
+    conf.write_text('[slurm]\nrun_dir = "runs"\n')
+    for cwd in (tmp_path, conf.parent):
+        monkeypatch.chdir(cwd)
+        assert load(conf).run_dir == conf.parent / "runs"
+
+
 def test_a_config_error_names_the_key_and_value_without_pydantic_noise(tmp_path):
     bad = tmp_path / "shardlab.toml"
     bad.write_text('[slurm]\npartiton = "gpu"\ntime_limit = "1 hour"\n')
