@@ -11,7 +11,8 @@ profile's GEMM table (or size curve), fixed overhead, overlap, link efficiency, 
 profile has (attention, element-wise, optimizer; backend/calibration/fit.py fitted_params), kernel floor; on CPU
 profiles also latency, the DTensor dispatch cost and all-gather / reduce-scatter bandwidth. Runs measured on another
 device than --hardware's are left out with the reason. Prints {"id", "name", "hardware", "params", "fit_runs",
-"kinds", "residuals", "loo", "loo_mape", "interval", "ranges", "notes"} with --json.
+"kinds", "residuals", "loo", "loo_mape", "uncalibrated", "uncalibrated_mape", "interval", "ranges", "notes"} with
+--json ("uncalibrated": each run on the profile itself, before the fit; a note says when the fit is worse).
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ def run(args: argparse.Namespace) -> int:
     band = out["interval"]
     mape = "-" if out["loo_mape"] is None else f"{out['loo_mape']:.1f}%"
     kinds = ", ".join(f"{n} {k}" for k, n in out["kinds"].items())
-    print(f"{label} of {out['hardware']}: {len(out['fit_runs'])} runs ({kinds}), leave-one-out MAPE {mape}, interval "
-          f"{band[0]:+.0%}..{band[1]:+.0%}")
+    print(f"{label} of {out['hardware']}: {len(out['fit_runs'])} runs ({kinds}), leave-one-out MAPE {mape} "
+          f"(uncalibrated {out['uncalibrated_mape']:.1f}%), interval {band[0]:+.0%}..{band[1]:+.0%}")
     for k, v in out["params"].items():
         print(f"  {k} = {v:.4g}")
     loo = {r["run_id"]: r for r in out["loo"]}
+    before = {r["run_id"]: r for r in out["uncalibrated"]}
     for r in out["residuals"]:
-        left_out = loo.get(r["run_id"])
-        print(f"  run {r['run_id']}: measured {r['measured_s']:.3f} s, fit {r['predicted_s']:.3f} s "
+        left_out, b = loo.get(r["run_id"]), before[r["run_id"]]
+        print(f"  run {r['run_id']}: measured {r['measured_s']:.3f} s, uncalibrated {b['predicted_s']:.3f} s "
+              f"({b['error_pct']:+.1f}%), fit {r['predicted_s']:.3f} s "
               f"({r['residual_pct']:+.1f}%)" + (f", left out {left_out['predicted_s']:.3f} s "
                                                 f"({left_out['error_pct']:+.1f}%)"
                                                 if left_out else ""))

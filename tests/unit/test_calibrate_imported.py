@@ -108,3 +108,26 @@ def test_hardware_lists_a_calibrated_profile_that_hardware_flags_accept(store, c
     d = json.loads(_capture(capsys, ["hardware", "--json"]))
     assert "h100-sxm" in d and d["h100-ourcluster"]["calibration_id"] == cal["id"]
     assert d["h100-ourcluster"]["key"] == "h100-ourcluster"
+
+
+def test_calibrate_shows_the_profiles_own_error_and_says_when_the_fit_is_worse(store, capsys):
+    """The runs' error on the profile before any fit is reported beside the fit's, and a calibration whose
+    leave-one-out error is worse than the uncalibrated profile's says so (it would be stored and used silently)."""
+    from backend.analytic.steptime.model import step_time
+    from db import queries as q
+
+    url, engine, (tt, ds, mg) = store
+    assert main(["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    before = {r["run_id"]: r for r in out["uncalibrated"]}
+    assert set(before) == set(out["fit_runs"])
+    spec = q.get_experiment(engine, tt)["result"].spec
+    assert before[tt]["predicted_s"] == pytest.approx(step_time(spec, get_hardware("h100-sxm")).summary["step_s"])
+    assert out["uncalibrated_mape"] == pytest.approx(sum(abs(r["error_pct"]) for r in before.values()) / len(before))
+    assert out["loo_mape"] > out["uncalibrated_mape"]  # these two runs: the stock profile is closer than the fit
+    assert any(f"leave-one-out MAPE {out['loo_mape']:.1f}% is worse than profile 'h100-sxm' uncalibrated" in n
+               for n in out["notes"])
+    table = _capture(capsys, ["calibrate", "--tag", "ourcluster", "--hardware", "h100-sxm"])
+    assert f"(uncalibrated {out['uncalibrated_mape']:.1f}%)" in table
+    b = before[tt]
+    assert f"run {tt}: measured {b['measured_s']:.3f} s, uncalibrated {b['predicted_s']:.3f} s" in table
