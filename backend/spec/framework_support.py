@@ -89,8 +89,10 @@ def _jax(s: SpecParts) -> list[str]:
     out = []
     st = str(p.strategy)
     if st not in JAX_STRATEGIES:
-        out.append(f"framework jax runs dp (ddp), fsdp (zero3/fsdp) and tp layouts and their dp x tp mix; got {st}: "
-                   "GSPMD shards parameters and optimizer state together, so ZeRO-1/2 have no layout of their own")
+        why = (": GSPMD shards parameters and optimizer state together, so ZeRO-1/2 have no layout of their own"
+               if st in ("zero1", "zero2") else "")
+        out.append("framework jax runs dp (ddp), fsdp (zero3/fsdp) and tp layouts and their dp x tp mix; "
+                   f"got {st}{why}")
     unwritten = [d for d in _BEYOND_DP if d not in JAX_DIMS]
     if any(getattr(p, d) > 1 for d in unwritten):
         out.append("framework jax: pipeline and expert parallelism (and context parallelism) are not written in JAX "

@@ -64,6 +64,19 @@ def test_refused_before_launch(data, needle) -> None:
     assert spec is None and any(needle in p for p in problems), problems
 
 
+@pytest.mark.parametrize("strategy, degree", [("pp", "pp"), ("tp", None), ("ep", "ep")])
+def test_a_refused_strategy_is_not_explained_by_zero_1_2(strategy, degree) -> None:
+    """Only ZeRO-1/2 are refused because GSPMD shards parameters and optimizer state together; pp or ep are refused
+    for their own reason, and the ZeRO sentence would send the user the wrong way."""
+    parallel = {"strategy": strategy, "world_size": 4, **({degree: 2} if degree else {})}
+    model = {"n_experts": 2} if strategy == "ep" else {}
+    _, problems = validate_spec({"framework": "jax", "parallel": parallel, "model": model})
+    if strategy == "tp":  # tp is a JAX layout: no strategy refusal at all
+        assert not any("runs dp (ddp), fsdp" in p for p in problems), problems
+        return
+    assert any(f"got {strategy}" in p for p in problems) and not any("ZeRO-1/2" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("family", [{"norm": "rmsnorm"}, {"mlp": "swiglu"}, {"positions": "rope"}, {"bias": "none"},
                                     {"tie_embeddings": True}, {"norm_eps": 1e-6}])
 def test_a_family_the_jax_gpt_does_not_write_is_refused_before_launch(family) -> None:
