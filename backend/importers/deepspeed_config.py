@@ -161,7 +161,13 @@ def _layout(flat: Flat) -> list[str]:
     flat.put("stack", "deepspeed", "ds_config.json")
     flat.put("dp_flavour", flat.get("dp_flavour", "ddp"), "zero_optimization.stage")
     bf16, fp16 = flat.get("ds_bf16") is True, flat.get("ds_fp16") is True
-    flat.put("precision", "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32", "bf16.enabled / fp16.enabled")
+    precision = "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"
+    flat.put("precision", precision, "bf16.enabled / fp16.enabled")
+    for key in ("ds_bf16", "ds_fp16"):
+        if flat.get(key) == "auto":  # the Hugging Face Trainer decides at launch (its --bf16 / --fp16 flags)
+            flat.unmap(flat.source_of(key), "auto", f"filled in by the Hugging Face Trainer at launch: predicted as "
+                       f"{precision}; give the precision it runs with (e.g. estimate --spec S.json --precision "
+                       "bf16-mixed)")
     if flat.get("ds_amp") is True:
         flat.unmap("amp.enabled", True, "NVIDIA Apex AMP is not modelled (predicted in fp32)")
     opt = str(flat.get("ds_optimizer", "AdamW")).lower()

@@ -74,3 +74,20 @@ def test_import_run_takes_the_offload_optimizer_config(tmp_path, monkeypatch):
                         model_config=FIX / "llama2_7b_config.json")
     spec = q.get_experiment(engine, run_id)["spec"]
     assert (spec.framework, spec.parallel.offload) == ("deepspeed", "optimizer")
+
+
+def test_an_auto_precision_is_reported_as_unmapped_not_silently_fp32(tmp_path, capsys):
+    """A Hugging Face Trainer ds_config ("bf16": {"enabled": "auto"}) leaves the precision to the Trainer's flags: the
+    import predicts fp32 (twice bf16's parameter bytes) and must say so, not pass it off as what the config says."""
+    ds, cfg = tmp_path / "ds.json", tmp_path / "config.json"
+    ds.write_text(_with(bf16={"enabled": "auto"}, fp16={"enabled": "auto"}))
+    cfg.write_text(json.dumps(LLAMA2_7B))
+    assert main(["import-config", str(ds), "--model-config", str(cfg), "--gpus", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec"]["train"]["precision"] == "fp32"
+    for key in ("bf16.enabled", "fp16.enabled"):
+        assert out["unmapped"][key]["value"] == "auto" and "predicted as fp32" in out["unmapped"][key]["reason"]
+    ds.write_text(_with())  # "enabled": true stays a mapped bf16-mixed, nothing unmapped about it
+    assert main(["import-config", str(ds), "--model-config", str(cfg), "--gpus", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec"]["train"]["precision"] == "bf16-mixed" and "bf16.enabled" not in out["unmapped"]
