@@ -24,6 +24,8 @@ class FrameworkLayout:
     """Optimizer state, plus DeepSpeed's fp32 master partition."""
     other_bytes: int
     """JAX: the batch on each device; DeepSpeed: 0."""
+    offload: str = "none"
+    """The spec's offload: on a GPU, what it names sits in host memory (on this CPU host, the same memory)."""
 
     def to_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -38,7 +40,8 @@ def framework_layout(spec: ExperimentSpec) -> FrameworkLayout | None:
 
         lay = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
         return FrameworkLayout(framework, params_bytes=lay.params_bytes, grads_bytes=lay.grad_bucket_bytes,
-                               optimizer_bytes=lay.master_bytes + lay.optimizer_state_bytes, other_bytes=0)
+                               optimizer_bytes=lay.master_bytes + lay.optimizer_state_bytes, other_bytes=0,
+                               offload=str(spec.parallel.offload))
     if framework == "jax":
         from backend.analytic.frameworks.gspmd import predicted_bytes
 
@@ -56,4 +59,6 @@ def layout_line(d: dict[str, int | str]) -> str:
     return (f"framework {d['framework']}: its run predicts per rank params {int(d['params_bytes']) / mib:.2f} MiB + "
             f"grads ({grads}) {int(d['grads_bytes']) / mib:.2f} MiB + optimizer {int(d['optimizer_bytes']) / mib:.2f}"
             f" MiB + other {int(d['other_bytes']) / mib:.2f} MiB = {total / mib:.2f} MiB before activations, for its "
-            "own layout; the table is ShardLab's torch layout of the same spec")
+            "own layout (the table is the estimate's layout model of the same spec)"
+            + (f"; offload {d['offload']}: on a GPU those states sit in host memory" if d.get("offload", "none")
+               != "none" else ""))

@@ -32,7 +32,7 @@ def test_deepspeed_estimate_carries_the_runs_layout_prediction() -> None:
     lay = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
     assert data["framework_layout"] == {
         "framework": "deepspeed", "params_bytes": lay.params_bytes, "grads_bytes": lay.grad_bucket_bytes,
-        "optimizer_bytes": lay.master_bytes + lay.optimizer_state_bytes, "other_bytes": 0}
+        "optimizer_bytes": lay.master_bytes + lay.optimizer_state_bytes, "other_bytes": 0, "offload": "none"}
     assert data["framework_layout"]["grads_bytes"] == 4 * BUCKET_ELEMENTS != data["per_rank"][0]["grads_bytes"]
     table = cli("estimate", *TINY, "--strategy", "zero3", "--framework", "deepspeed").out
     assert "framework deepspeed: its run predicts per rank" in table and "19.07 MiB" in table
@@ -45,3 +45,8 @@ def test_jax_estimate_carries_the_gspmd_prediction_and_torch_has_none() -> None:
     assert data["framework_layout"]["optimizer_bytes"] == pb["optimizer_bytes"]
     torch_data = _estimate("--strategy", "zero3")
     assert "framework_layout" not in torch_data
+
+
+def test_an_offloaded_deepspeed_layout_says_where_its_states_sit() -> None:
+    table = cli("estimate", *TINY, "--strategy", "zero3", "--framework", "deepspeed", "--offload", "optimizer").out
+    assert "offload optimizer: on a GPU those states sit in host memory" in table
