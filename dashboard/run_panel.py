@@ -68,6 +68,10 @@ def trace(spec, blockers: list[str]) -> None:
     st.caption("Or trace its memory at full size: the real set-up and train step on fake tensors (no allocation), "
                "for shapes this machine could never run. One rank per class of equivalent ranks; minutes at 7B scale.")
     why = access.read_only_reason(access.visitor()) or ("prediction only: " + "; ".join(blockers) if blockers else None)
+    if why is None and str(spec.framework) != "torch":  # the trace runs the torch engine only
+        from backend.trace.trace_spec import framework_reason
+
+        why = framework_reason(str(spec.framework))
     if st.button("Trace at full size", icon=":material/memory:", key="trace_full", disabled=bool(why), help=why):
         eid = store_access.start_trace(spec)
         st.session_state["run_id"] = eid

@@ -26,3 +26,23 @@ def test_a_non_torch_framework_is_unsupported_not_traced_as_torch(framework: str
     assert out["status"] == "unsupported"
     assert f"framework {framework}" in out["error"] and "--framework torch" in out["error"]
     assert out["per_rank"] == [] and out["kind"] == "traced"
+
+
+def test_the_form_disables_trace_for_a_deepspeed_spec_with_the_reason(tmp_path, monkeypatch) -> None:
+    """New experiment's "Trace at full size" would store a failed run for a DeepSpeed spec: it is disabled with the
+    trace's own reason, and enabled again for framework torch."""
+    from pathlib import Path
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{tmp_path / 'ui.db'}")
+    monkeypatch.setenv("SHARDLAB_NO_WORKER", "1")
+    st.cache_data.clear()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60).run()
+    at.selectbox(key="f_strategy").set_value("zero3").run()
+    assert not at.button(key="trace_full").disabled
+    at.selectbox(key="f_framework").set_value("deepspeed").run()
+    assert not at.exception
+    button = at.button(key="trace_full")
+    assert button.disabled and "framework deepspeed: the trace runs ShardLab's own torch engine" in button.help
