@@ -4,7 +4,8 @@
 the allocation (`scontrol show node <first node>` -> NodeAddr, never a host name: one that does not resolve
 makes torchrun hang) and `srun`s this same file with `--node ADDR:PORT` on every node, which execs one
 torchrun per node: c10d rendezvous, R ranks per node, `--local-addr` = that node's NodeAddr, and the same
-rank entry point and result protocol as a local run (`python -m backend.engine.rank --spec S --out DIR`).
+rank entry point and result protocol as a local run (`python -m backend.engine.rank --spec S --out DIR`, or
+the spec's framework's: DeepSpeed's `backend.frameworks.deepspeed.rank`).
 
 Nothing a user typed (names, tags, free text) is in the script; every path and value is shell-quoted and
 the config's values were checked (backend.cluster.slurm_config).
@@ -18,7 +19,7 @@ import shlex
 from pathlib import Path
 
 from backend.cluster.slurm_config import SlurmConfig
-from backend.launch.torchrun import RANK_MODULE
+from backend.launch.torchrun import rank_module_for
 from backend.spec import ExperimentSpec
 
 SCRIPT_NAME = "job.sbatch"
@@ -59,7 +60,7 @@ def build_script(spec: ExperimentSpec, cfg: SlurmConfig, *, experiment_id: int, 
                 "--rdzv-backend", "c10d", '--rdzv-endpoint "$2"', '--rdzv-id '
                                                                   f'"shardlab-{int(experiment_id)}-$SLURM_JOB_ID"',
                 '--local-addr "$(node_addr "$SLURMD_NODENAME")"', "--max-restarts", "0",
-                "-m", RANK_MODULE, '--spec "$RUN_DIR/spec.json"', '--out "$RUN_DIR"']
+                "-m", rank_module_for(spec), '--spec "$RUN_DIR/spec.json"', '--out "$RUN_DIR"']  # DeepSpeed's own
     lines = [
         "#!/bin/bash",
         f"# ShardLab experiment {int(experiment_id)}: world {spec.parallel.world_size} = {nodes} node(s) x {per_node} "

@@ -12,5 +12,8 @@ def cluster_problem(spec: ExperimentSpec) -> str | None:
         cfg = load()
     except ClusterConfigError as e:
         return f"cluster config: {e}"
+    if str(spec.framework) == "jax":  # one process of N virtual CPU devices (frameworks/jax/run.py), no torchrun
+        return ("framework jax runs in one process on this host's virtual CPU devices, not as ranks on SLURM nodes: "
+                "run it here (executor local)")
     problem = cfg.check_spec(spec.parallel.world_size, spec.runtime.nnodes)
     return f"{problem} (cluster config {config_path()})" if problem else None

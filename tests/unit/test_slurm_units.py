@@ -29,6 +29,27 @@ def test_the_script_takes_the_rendezvous_from_nodeaddr_and_parses(tmp_path):
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
+def test_a_deepspeed_spec_runs_deepspeeds_rank_program_and_jax_is_refused(tmp_path, monkeypatch):
+    """The job script started ShardLab's torch engine for every spec: a DeepSpeed run on SLURM measured FSDP2 and was
+    assembled and stored as DeepSpeed's. It now runs the framework's rank program; JAX (one process of virtual
+    CPU devices, no torchrun) is refused before anything is queued."""
+    from backend.cluster.submit import cluster_problem
+
+    monkeypatch.setenv("SHARDLAB_CLUSTER_CONFIG", str(tmp_path / "shardlab.toml"))
+    (tmp_path / "shardlab.toml").write_text(f'[slurm]\nrun_dir = "{tmp_path}"\n')
+    spec, problems = validate_spec({**SLURM_TINY, "framework": "deepspeed",
+                                    "parallel": {"strategy": "zero3", "world_size": 4},
+                                    "runtime": {"executor": "slurm", "nnodes": 2}})
+    assert not problems, problems
+    script = build_script(spec, SlurmConfig(), experiment_id=3, workdir=tmp_path / "3")
+    assert "-m backend.frameworks.deepspeed.rank" in script and "-m backend.engine.rank" not in script
+    assert cluster_problem(spec) is None
+    jax, problems = validate_spec({**SLURM_TINY, "framework": "jax", "parallel": {"strategy": "ddp", "world_size": 2},
+                                   "runtime": {"executor": "slurm", "nnodes": 1}})
+    assert not problems, problems
+    assert "framework jax runs in one process" in cluster_problem(jax)
+
+
 def test_time_limit_and_rank_placement_arithmetic():
     assert time_limit(slurm_spec(timeout_s=600), SlurmConfig()) == "10:00"
     assert time_limit(slurm_spec(), SlurmConfig(time_limit="02:00:00")) == "02:00:00"
