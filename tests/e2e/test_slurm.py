@@ -160,6 +160,22 @@ def test_cli_submission_runs_on_two_nodes_like_a_local_run(env, farm, capsys, tm
     assert [r.predicted.model_dump() for r in local.per_rank] == [r.predicted.model_dump() for r in res.per_rank]
 
 
+def test_a_deepspeed_submission_runs_deepspeed_on_two_nodes(env, capsys, tmp_path):
+    """The job script runs the spec's framework's rank program: DeepSpeed's ZeRO-3 engine, measured as DeepSpeed
+    (its model states beside DeepSpeed's own estimate), not ShardLab's FSDP2 engine stored under DeepSpeed's name."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    eid = submit(capsys, url, "--world", "2", "--nodes", "2", "--global-batch", "2", "--framework", "deepspeed",
+                 "--strategy", "zero3")
+    run_once(url, env)
+    row = q.get_experiment(open_db(url), eid)
+    assert row["status"] == "ok", (row["error"], row["log_tail"])
+    assert "-m backend.frameworks.deepspeed.rank" in (tmp_path / "cluster-runs" / str(eid) / "job.sbatch").read_text()
+    res = row["result"]
+    assert res.framework_facts.get("framework") == "deepspeed" and res.framework_facts.get("deepspeed")
+    assert all(r.model_states_measured is not None and r.model_states_measured.total_bytes > 0 for r in res.per_rank)
+    assert wait_no_job_processes() == []
+
+
 def test_a_rank_that_raises_fails_the_job_with_its_traceback(env, capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     eid = submit(capsys, url, "--world", "2", "--nodes", "2", "--global-batch", "2")
