@@ -81,7 +81,8 @@ def assemble_deepspeed(spec: ExperimentSpec, payload: dict[str, Any]) -> RunResu
         act = rr.predicted.activations_bytes  # the torch engine's activation formula: same model, same microbatch
         pred = MemoryBreakdown(params_bytes=fl.params_bytes, grads_bytes=fl.grads_bytes,
                                optimizer_bytes=fl.optimizer_bytes, activations_bytes=act,
-                               peak_bytes=fl.params_bytes + fl.optimizer_bytes + fl.grads_bytes + act)
+                               peak_bytes=fl.params_bytes + fl.optimizer_bytes + fl.grads_bytes + act
+                               + fl.backward_bucket_bytes)
         _set_predicted(rr, pred)
         rr.comm_predicted = {}
         ms = ranks[rr.rank]["memory"].get("model_states", {})

@@ -24,6 +24,8 @@ class FrameworkLayout:
     """Optimizer state, plus DeepSpeed's fp32 master partition."""
     other_bytes: int
     """JAX: the batch on each device; DeepSpeed: 0."""
+    backward_bucket_bytes: int = 0
+    """DeepSpeed ZeRO-1/2: the reduce bucket allocated at backward, in the peak but in no category."""
     offload: str = "none"
     """The spec's offload: on a GPU, what it names sits in host memory (on this CPU host, the same memory)."""
 
@@ -41,7 +43,7 @@ def framework_layout(spec: ExperimentSpec) -> FrameworkLayout | None:
         lay = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
         return FrameworkLayout(framework, params_bytes=lay.params_bytes, grads_bytes=lay.grad_bucket_bytes,
                                optimizer_bytes=lay.master_bytes + lay.optimizer_state_bytes, other_bytes=0,
-                               offload=str(spec.parallel.offload))
+                               backward_bucket_bytes=lay.backward_bucket_bytes, offload=str(spec.parallel.offload))
     if framework == "jax":
         from backend.analytic.frameworks.gspmd import predicted_bytes
 
@@ -60,5 +62,7 @@ def layout_line(d: dict[str, int | str]) -> str:
             f"grads ({grads}) {int(d['grads_bytes']) / mib:.2f} MiB + optimizer {int(d['optimizer_bytes']) / mib:.2f}"
             f" MiB + other {int(d['other_bytes']) / mib:.2f} MiB = {total / mib:.2f} MiB before activations, for its "
             "own layout (the table is the estimate's layout model of the same spec)"
+            + (f"; its peak adds the {int(d['backward_bucket_bytes']) / mib:.2f} MiB reduce bucket of the backward"
+               if int(d.get("backward_bucket_bytes", 0)) else "")
             + (f"; offload {d['offload']}: on a GPU those states sit in host memory" if d.get("offload", "none")
                != "none" else ""))

@@ -46,6 +46,10 @@ class DeepSpeedRank:
     """Preallocated gradient bucket (ZeRO-3's reduce bucket); stage 0-2 buffers appear during backward."""
     persistent_params: int
     """Stage 3: elements of parameters kept whole on every rank (numel <= persistence threshold)."""
+    backward_bucket_bytes: int = 0
+    """Stages 1-2: the reduce (IPG) bucket contiguous_gradients allocates at the first backward, reduce_bucket_size
+    elements in the parameters' dtype: in the step's peak, in no category (measured on 2 gloo ranks: fp32 ZeRO-1
+    and ZeRO-2 peaks 22.6 / 22.1 MiB with a 19.07 MiB bucket, bf16 ZeRO-2 11.5 MiB with 9.54 MiB)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -87,4 +91,4 @@ def deepspeed_rank(spec: ExperimentSpec, *, bucket_elements: int, persistence_th
     part = padded // n
     return DeepSpeedRank(params_bytes=b * padded, master_bytes=4 * part,
                          optimizer_state_bytes=4 * states * part + (4 if adam else 0), grad_bucket_bytes=0,
-                         persistent_params=0)
+                         persistent_params=0, backward_bucket_bytes=b * bucket_elements)
