@@ -32,7 +32,8 @@ def test_deepspeed_estimate_carries_the_runs_layout_prediction() -> None:
     lay = deepspeed_rank(spec, bucket_elements=BUCKET_ELEMENTS, persistence_threshold=PERSISTENCE_THRESHOLD)
     assert data["framework_layout"] == {
         "framework": "deepspeed", "params_bytes": lay.params_bytes, "grads_bytes": lay.grad_bucket_bytes,
-        "optimizer_bytes": lay.master_bytes + lay.optimizer_state_bytes, "other_bytes": 0, "backward_bucket_bytes": 0, "offload": "none"}
+        "optimizer_bytes": lay.master_bytes + lay.optimizer_state_bytes, "other_bytes": 0,
+        "backward_bucket_bytes": 0, "offload": "none"}
     assert data["framework_layout"]["grads_bytes"] == 4 * BUCKET_ELEMENTS != data["per_rank"][0]["grads_bytes"]
     table = cli("estimate", *TINY, "--strategy", "zero3", "--framework", "deepspeed").out
     assert "framework deepspeed: its run predicts per rank" in table and "19.07 MiB" in table
