@@ -174,18 +174,26 @@ def resolve(hardware: str | None, calibration_id: int | None, db_url: str | None
     return named.with_tunables(**cal["params"]), tuple(cal["band"]), cal
 
 
+def existing_store(db_url: str | None):
+    """The store's engine, or None where it is a SQLite file that does not exist yet: looking a profile name up must
+    not create data/shardlab.db in the checkout (a typo in --hardware would)."""
+    from db.session import open_db, resolve_url, sqlite_path
+
+    url = resolve_url(db_url)
+    path = sqlite_path(url)
+    return None if path is not None and not path.exists() else open_db(url)
+
+
 def _named(name: str, db_url: str | None) -> dict[str, Any]:
     """A calibrated profile by name; ValueError listing the profiles (shipped and calibrated) when there is none."""
-    from db.session import open_db
-
-    engine = open_db(db_url)
-    cal = latest_named(engine, name)
+    engine = existing_store(db_url)
+    cal = latest_named(engine, name) if engine is not None else None
     if cal is None:
         if name == CPU:  # the one profile this host measures itself
             from backend.bench.cpu_profile import MISSING
 
             raise ValueError(MISSING)
-        known = sorted(load_profiles()) + [c["name"] for c in named_profiles(engine)]
+        known = sorted(load_profiles()) + ([c["name"] for c in named_profiles(engine)] if engine is not None else [])
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(known)} (calibrated profiles come from "
                          "`python -m backend calibrate --name`)")
     return cal

@@ -51,15 +51,11 @@ def run(args: argparse.Namespace) -> int:
 def _calibrated(db_url: str | None) -> tuple[dict[str, Hardware], str | None]:
     """The calibrated profiles by name, each with its fitted parameters (what --hardware NAME resolves to), and why
     none could be read; a store file that does not exist yet holds none (and is not created here)."""
-    from backend.calibration.records import named_profiles, resolve
-    from db.session import open_db, resolve_url, sqlite_path
+    from backend.calibration.records import existing_store, named_profiles, resolve
 
-    url = resolve_url(db_url)
-    path = sqlite_path(url)
-    if path is not None and not path.exists():
-        return {}, None
     try:
-        names = [c["name"] for c in named_profiles(open_db(url))]
-        return {n: resolve(n, None, url)[0] for n in names}, None
+        engine = existing_store(db_url)
+        names = [c["name"] for c in named_profiles(engine)] if engine is not None else []
+        return {n: resolve(n, None, db_url)[0] for n in names}, None
     except Exception as e:  # noqa: BLE001 - the shipped profiles are listed whatever the store's state
         return {}, f"{type(e).__name__}: {e}"

@@ -131,3 +131,14 @@ def test_calibrate_shows_the_profiles_own_error_and_says_when_the_fit_is_worse(s
     assert f"(uncalibrated {out['uncalibrated_mape']:.1f}%)" in table
     b = before[tt]
     assert f"run {tt}: measured {b['measured_s']:.3f} s, uncalibrated {b['predicted_s']:.3f} s" in table
+
+
+def test_an_unknown_hardware_name_creates_no_store(tmp_path, monkeypatch, capsys):
+    """Looking --hardware up among the calibrated profiles must not create the store file (data/shardlab.db in the
+    checkout by default) when there is none: a typo is refused, and nothing is left behind."""
+    db = tmp_path / "none.db"
+    monkeypatch.setenv("SHARDLAB_DB_URL", f"sqlite:///{db}")
+    assert main(["estimate", "--world", "2", "--hardware", "tpu-v9"]) == 2
+    assert "unknown hardware 'tpu-v9'" in capsys.readouterr().err
+    assert main(["hardware"]) == 0
+    assert not db.exists()
