@@ -36,7 +36,7 @@ class LayoutView:
     """The pipeline schedule splits the input and weight backward (zero_bubble, zbv)."""
     precision: str
     model: ModelSpec
-    expert_fold: Any = False
+    expert_fold: bool = False
     """The stack lays the routed experts out on Megatron-Core's folded grid (spec/choices.FOLDED_EXPERT_STACKS): one
     value per spec or plan."""
 
