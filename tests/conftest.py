@@ -81,6 +81,10 @@ def _scan_streamlit_components_once() -> None:
 
 _scan_streamlit_components_once()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor compiles in a pool of subprocesses sized to the CPUs; on 2 cores, ranks that each start a pool beside
+# the other tests spent twice the CPU (tests/multiprocess/test_compiled_runs.py alone: 245 CPU-s with the pool,
+# 131 without, warm FX graph cache). One thread compiles the same code.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # The dashboard starts a worker when none is alive; in tests that worker would outlive the session.
 os.environ.setdefault("SHARDLAB_NO_WORKER", "1")
 # The worker measures this host for the 'cpu' profile before its first run (backend/bench/cpu_profile.py); the suite
