@@ -128,17 +128,26 @@ def test_ring_blocks_are_timed_at_their_own_shapes_and_sum_to_the_causal_work():
 
 def test_ring_merge_bytes_follow_each_rings_source():
     """One call on SMALL at cp 4 (64 tokens per rank, 8 heads of 16, 2 KV heads): torch's merger in fp32 (cast up 6,
-    3 x 38 per later block, cast down 6; backward 10 B per fp32 add of dQ and the repeated dK, dV per block + the casts
-    down), TE's in bf16 (4 + 3 x 6; backward copy 4 + 3 adds of 6 over dQ and the GQA-width dK, dV). cp 1: nothing."""
+    3 x 38 per later block, cast down 6) and the bf16 K/V cat before each of the 3 sends (4 B); backward 10 B per fp32
+    add of dQ and the repeated dK, dV per block + the casts down, the accumulators' zeros (4 B), 3 K/V cats (4 B), 4
+    fp32 dK/dV cats (8 B) and 3 `_partial_update` surpluses (3 B) on the last rank; without load balancing no
+    surplus. TE's in bf16 (4 + 3 x 6; backward copy 4 + 3 adds of 6 over dQ and the GQA-width dK, dV). cp 1:
+    nothing."""
     bf16 = {"precision": "bf16-mixed"}
     out = 64 * 8 * 16
+    kv = 2 * out  # K and V repeated to the 8 query heads
     torch_merge = ring_merge(ModelSpec(**SMALL), Layout.of(_spec(SMALL, dp=1, cp=4, train=bf16)))
-    assert torch_merge.fwd_bytes == (6 + 6 + 3 * 38) * out
-    assert torch_merge.bwd_bytes == 4 * 10 * (out + 2 * out) + 6 * (out + 2 * out)
+    assert torch_merge.fwd_bytes == (6 + 6 + 3 * 38) * out + 3 * 4 * kv
+    copies = 4 * (out + kv) + 3 * 4 * kv + 4 * 8 * kv
+    assert torch_merge.bwd_bytes == 4 * 10 * (out + kv) + 6 * (out + kv) + copies + 3 * 3 * kv
+    assert (torch_merge.fwd_kernels, torch_merge.bwd_kernels) == (2 + 3 * 5, 3 * 4 + 3 + 3 + 3 + 4 + 2 * 3)
+    skewed = ring_merge(ModelSpec(**SMALL), Layout.of(_spec(SMALL, dp=1, cp=4, cp_load_balance=False, train=bf16)))
+    assert skewed.bwd_bytes == 4 * 10 * (out + kv) + 6 * (out + kv) + copies
     te = Layout.of(_spec(SMALL, strategy="zero1", dp=1, cp=4, cp_rotate="alltoall",
                          train={**bf16, "stack": "megatron"}))
-    te_merge, kv = ring_merge(ModelSpec(**SMALL), te), 2 * 64 * 2 * 16
-    assert te_merge.fwd_bytes == (4 + 3 * 6) * out and te_merge.bwd_bytes == 4 * (out + kv) + 3 * 6 * (out + kv)
+    te_merge, te_kv = ring_merge(ModelSpec(**SMALL), te), 2 * 64 * 2 * 16
+    assert te_merge.fwd_bytes == (4 + 3 * 6) * out
+    assert te_merge.bwd_bytes == 4 * (out + te_kv) + 3 * 6 * (out + te_kv)
     none = ring_merge(ModelSpec(**SMALL), Layout.of(_spec(SMALL, dp=4, cp=1, train=bf16)))
     assert none.fwd_bytes == none.bwd_bytes == 0 and none.fwd_kernels == none.bwd_kernels == 0
 
