@@ -15,10 +15,13 @@ import pytest
 from backend.analytic.estimate import estimate, worst_rank_bytes
 from backend.analytic.layout import Layout
 from backend.analytic.memory.rank_memory import worst_rank_memory
+from backend.analytic.steptime.compute import attention_pass
+from backend.analytic.steptime.cp_ring import ring_time
 from backend.analytic.steptime.hardware import get_hardware
 from backend.analytic.steptime.model import step_time
 from backend.analytic.steptime.ops import attention_time
 from backend.analytic.steptime.ring_compute import ring_blocks_time, ring_merge
+from backend.analytic.steptime.stack_knobs import stack_knobs
 from backend.analytic.traffic import cp_kv_bytes, cp_traffic
 from backend.planner.space import Limits, enumerate_layouts
 from backend.spec import ExperimentSpec, ModelSpec
@@ -170,6 +173,30 @@ def test_step_time_has_the_cp_terms():
                           **{**base, "train": {"global_batch": 1, "precision": "bf16-mixed"}}), hw, gpus_per_node=8)
     assert balanced.summary["compute_s"] > one.summary["compute_s"] / 8
 
+
+
+def test_torch_ring_inside_torch_compile_hides_no_transfer():
+    """torchtitan compiles each block whole (fullgraph), so its ring's functional collectives are traced and waited
+    for where they are issued (cp_ring.py): every transfer exposed, forward, backward and the re-run forward; eager
+    blocks keep the overlap."""
+    hw = get_hardware("h100-sxm")
+    for rotate in ("allgather", "alltoall"):
+        for recompute in ("none", "full"):
+            train = {"global_batch": 1, "precision": "bf16-mixed", "stack": "torchtitan", "recompute": recompute}
+            compiled = _spec(LLAMA3_8B.model_dump(), strategy="fsdp", dp=1, cp=8, cp_rotate=rotate,
+                             train={**train, "elementwise": "compiled"})
+            eager = _spec(LLAMA3_8B.model_dump(), strategy="fsdp", dp=1, cp=8, cp_rotate=rotate,
+                          train={**train, "elementwise": "eager"})
+            assert not stack_knobs(compiled, hw).cp_ring_overlap and stack_knobs(eager, hw).cp_ring_overlap
+            layout = Layout.of(compiled)
+            attention = attention_pass(compiled.model, layout, hw, "flash")
+            traced, hidden = (ring_time(compiled.model, layout, hw, attention, rotate=rotate, gpus_per_node=8,
+                                        overlap=o) for o in (False, True))
+            assert traced.fwd_exposed_s + traced.bwd_exposed_s == pytest.approx(traced.comm_s)
+            assert traced.comm_s == hidden.comm_s
+            assert hidden.fwd_exposed_s + hidden.bwd_exposed_s < traced.comm_s
+            exposed = [step_time(s, hw, gpus_per_node=8).per_rank[0].exposed_by_dim_s["cp"] for s in (compiled, eager)]
+            assert exposed[0] > exposed[1]
 
 def test_planner_searches_cp_and_its_arrays_agree_with_one_layout():
     model = ModelSpec(**SMALL)

@@ -16,6 +16,11 @@ Transformer Engine's ring (stack megatron; traffic.TE_RING_SOURCE), K/V at the G
   gathered dK/dV after the last block: nothing hidden.
 A hop is a send of the buffer to the next rank (α + bytes / link); the all-gather the ring collective (collectives.py).
 Recompute (full, or selective's checkpointed core) runs the forward's ring again in backward.
+torch's ring traced by torch.compile (overlap=False; stack_knobs.StackKnobs.cp_ring_overlap) hides nothing: under
+tracing a functional collective is waited for where it is issued (torch/distributed/_functional_collectives.py
+`_maybe_wrap_tensor`: `if _are_we_tracing(): return wait_tensor(self)`), and Inductor moves collectives only under
+`reorder_for_compute_comm_overlap`, off by default (torch/_inductor/config.py); so every K/V and dK/dV transfer,
+forward and backward, runs between the blocks.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ def kv_bytes(model: ModelSpec, layout: Layout) -> tuple[Num, Num]:
 
 
 def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCost, *, rotate: str,
-              gpus_per_node: int) -> RingTime:
-    """`attention`: one layer and microbatch's attention pass on this rank (compute.attention_pass)."""
+              gpus_per_node: int, overlap: bool = True) -> RingTime:
+    """`attention`: one layer and microbatch's attention pass on this rank (compute.attention_pass); overlap=False:
+    torch's ring inside a compiled graph (module docstring)."""
     cp, eta = layout.cp, hw.tune.overlap_efficiency
     stride = group_stride(layout.tp, layout.dp_cp, "cp")
     intra = within_node(stride, cp, "cp", gpus_per_node)
@@ -80,6 +86,8 @@ def ring_time(model: ModelSpec, layout: Layout, hw: Hardware, attention: PassCos
         fwd = steps * maximum(0.0, hop_kv - block_f)
         bwd = steps * maximum(0.0, hop_kv + hop_dkv - block_b)
         forward_comm, gathers = steps * hop_kv, 0.0
+    if not overlap:  # each transfer waited for where it is issued: forward's K/V, backward's K/V and its cp dK/dV hops
+        fwd, bwd = forward_comm, forward_comm + steps * hop_dkv
     bwd = bwd + hop_dkv  # the accumulators' last hop home, after the last block
     bwd = bwd + where(rerun, fwd, 0.0)
     to_all = cp * hop_dkv + where(rotate == "allgather", 0.0, (forwards + 1) * forward_comm)

@@ -234,7 +234,7 @@ def step_time(spec: ExperimentSpec, hw: Hardware, *, gpus_per_node: int | None =
     share, mb, n_stages = _timeshare(spec, hw), t.microbatches, p.pp * p.virtual_stages
     reps = [r * (p.dp_cp * p.tp) for r in range(p.pp)]  # one rank per pipeline rank (tp = dp = cp = ep index 0)
     layout = Layout.of(spec)
-    ring = _ring(spec, hw, g, attention, layout)
+    ring = _ring(spec, hw, g, attention, layout, overlap=knobs.cp_ring_overlap)
     info = []
     fwd, bwd = [0.0] * n_stages, [0.0] * n_stages
     full = str(t.recompute) == "full"
@@ -336,10 +336,10 @@ def _stage_hidden(spec: ExperimentSpec, hidden: HiddenTp | None, layers: range) 
     return f, b
 
 
-def _ring(spec: ExperimentSpec, hw: Hardware, g: int, attention: str, layout: Layout) -> RingTime:
+def _ring(spec: ExperimentSpec, hw: Hardware, g: int, attention: str, layout: Layout, *, overlap: bool) -> RingTime:
     """CP's ring transfers per layer and microbatch against this rank's attention blocks (cp_ring.py)."""
     return ring_time(spec.model, layout, hw, attention_pass(spec.model, layout, hw, attention),
-                     rotate=str(spec.parallel.cp_rotate), gpus_per_node=g)
+                     rotate=str(spec.parallel.cp_rotate), gpus_per_node=g, overlap=overlap)
 
 
 def _layers(spec: ExperimentSpec, stage: int) -> range:

@@ -38,6 +38,10 @@ class StackKnobs:
     gather_overlap: bool | None
     pp_overlap: bool
     resolved: ResolvedStack
+    cp_ring_overlap: bool = True
+    """False: torch's CP ring runs inside torch.compile's graph and hides no transfer (cp_ring.py): stack torchtitan
+    with compile on (torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py apply_compile: each
+    TransformerBlock, its attention included, under torch.compile(fullgraph=True))."""
     echo: str | None = None
     """The stack's settings as resolved, in words; None for the shardlab stack with nothing set."""
     caveats: list[str] = field(default_factory=list)
@@ -78,7 +82,8 @@ def stack_knobs(spec: ExperimentSpec, hw: Hardware) -> StackKnobs:
                       else bool(v["grad_reduce_overlap"]),
                       gather_overlap=None if default_dp and r.set_by["param_gather_overlap"] == SPEC_DEFAULT
                       else bool(v["param_gather_overlap"]),
-                      pp_overlap=pp_overlap, resolved=r, echo=echo, caveats=caveats)
+                      pp_overlap=pp_overlap, resolved=r, echo=echo, caveats=caveats,
+                      cp_ring_overlap=not (r.stack == "torchtitan" and implementation == "compiled"))
 
 
 def _fp8_gemms(spec: ExperimentSpec, hw: Hardware, r: ResolvedStack, compiled: bool, caveats: list[str]) -> str:
