@@ -23,8 +23,10 @@ from backend.analytic.estimate import estimate, estimate_raw
 from backend.analytic.inference import estimate_inference
 from backend.analytic.units import GB, MiB
 from backend.cli import fail
-from backend.cli.spec_flags import add_spec_flags, spec_from_args
+from backend.cli.spec_flags import add_spec_flags, spec_from_args, strategy_of
 from backend.frameworks.predicted import framework_layout, layout_line
+from backend.spec.choices import ZERO_STAGE, Strategy
+from backend.spec.user_text import InputError
 
 CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes")
 RANK_PAGE = 1024
@@ -172,8 +174,11 @@ def _run_raw(args: argparse.Namespace, flags: dict[str, tuple[str, Any]]) -> int
     problem = _unread_by_raw(args, flags) or problem
     if problem:
         return fail(problem)
-    stage = args.zero_stage if args.zero_stage is not None else {
-        "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(args.spec_strategy or "ddp")
+    try:
+        strategy = strategy_of(args) or "ddp"
+    except InputError as e:
+        return fail(str(e))
+    stage = ZERO_STAGE.get(Strategy(strategy))
     if stage is None:
         return fail("--params needs a data-parallel strategy (ddp, zero1..3, fsdp) or --zero-stage, got "
                     f"{args.spec_strategy}")

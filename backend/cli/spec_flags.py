@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backend.cli.one_value import OneValueConst, OneValueStore, OneValueToggle
 from backend.hf.config import HFConfigError, from_hf_config, load_hf_config
 from backend.presets import preset_model, preset_names, scaled_for_cpu
 from backend.spec import ExperimentSpec, validate_spec
-from backend.spec.choices import RecomputeModule
+from backend.spec.choices import ZERO_STAGE, RecomputeModule, Strategy
 from backend.spec.fields import FLAGS, STACK_SWITCHES, SWITCHES
 from backend.spec.user_text import InputError, load_json_file
 
@@ -19,7 +20,7 @@ from backend.spec.user_text import InputError, load_json_file
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, help="experiment spec JSON file; flags override its fields")
     for flag, (section, field, typ) in FLAGS.items():
-        kw: dict[str, Any] = {"dest": f"spec_{field}", "default": None}
+        kw: dict[str, Any] = {"dest": f"spec_{field}", "default": None, "action": OneValueStore}
         if isinstance(typ, list):
             kw["choices"] = typ
         else:
@@ -41,14 +42,14 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-grouped-gemm", dest="spec_moe_grouped_gemm", action=argparse.BooleanOptionalAction,
                         default=None, help="spec model.moe_grouped_gemm (local experts as one grouped GEMM)")
     for flag, field in STACK_SWITCHES.items():
-        parser.add_argument(flag, dest=f"spec_{field}", action=argparse.BooleanOptionalAction, default=None,
+        parser.add_argument(flag, dest=f"spec_{field}", action=OneValueToggle, default=None,
                             help=f"spec train.{field} (default: the stack's)")
     parser.add_argument("--recompute-modules", dest="spec_recompute_modules", nargs="*", default=None,
                         choices=[m.value for m in RecomputeModule], metavar="MODULE",
                         help="spec train.recompute_modules: what --recompute selective checkpoints on --stack megatron "
                              "(Megatron-Core's --recompute-modules: " + ", ".join(m.value for m in RecomputeModule)
                              + "; none given: nothing; flag absent: core_attn)")
-    parser.add_argument("--async-tp", dest="spec_tp_overlap", action="store_const", const=True,
+    parser.add_argument("--async-tp", dest="spec_tp_overlap", action=OneValueConst, const=True,
                         help="torchtitan's name for --tp-comm-overlap")
     parser.add_argument("--compile", dest="spec_compile", action="store_true", default=None,
                         help="torch.compile: --elementwise compiled")
@@ -69,8 +70,8 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     model_src = _model_source(args)
     if model_src is not None:
         data["model"] = model_src
-    if getattr(args, "zero_stage", None) is not None:
-        data.setdefault("parallel", {})["strategy"] = ("ddp", "zero1", "zero2", "zero3")[args.zero_stage]
+    if (strategy := strategy_of(args)) is not None:
+        data.setdefault("parallel", {})["strategy"] = strategy
     for _flag, (section, field, _) in FLAGS.items():
         _put(data, section, field, getattr(args, f"spec_{field}"))
     for f in SWITCHES.values():
@@ -88,6 +89,18 @@ def spec_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
                              "contradicts it")
         _put(data, "train", "elementwise", "compiled")
     return data
+
+
+def strategy_of(args: argparse.Namespace) -> str | None:
+    """--strategy, or the one --zero-stage N names (ddp, zero1..3); None with neither. InputError where both are given
+    and --strategy is not a ZeRO stage N flavour (--zero-stage 3 --strategy fsdp agree)."""
+    stage, strategy = getattr(args, "zero_stage", None), getattr(args, "spec_strategy", None)
+    if stage is None:
+        return strategy
+    named = str(next(s for s, n in ZERO_STAGE.items() if n == stage))  # the first strategy of stage N: ddp..zero3
+    if strategy is not None and ZERO_STAGE.get(Strategy(strategy)) != stage:
+        raise InputError(f"--zero-stage {stage} means --strategy {named}; --strategy {strategy} contradicts it")
+    return strategy or named
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:

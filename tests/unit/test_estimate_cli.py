@@ -180,3 +180,27 @@ def test_with_a_gpu_profile_the_per_rank_table_is_the_gpus_the_fit_reads(capsys)
     assert rank["fullest_bytes"] == gpu["fit"]["fullest_bytes"] < host["per_rank"][0]["fullest_bytes"]
     assert main([*args[:-1], "--hardware", "h100-sxm"]) == 0
     assert "memory per rank on CUDA ranks" in capsys.readouterr().out
+
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--tp", "2", "--async-tp", "--no-tp-comm-overlap"], "--no-tp-comm-overlap: contradicts --async-tp"),
+    (["--tp", "2", "--no-tp-comm-overlap", "--async-tp"], "--async-tp: contradicts --no-tp-comm-overlap"),
+    (["--nnodes", "2", "--nodes", "1"], "--nodes: contradicts --nnodes"),
+    (["--zero-stage", "1", "--strategy", "zero3"],
+     "--zero-stage 1 means --strategy zero1; --strategy zero3 contradicts"),
+    (["--params", "7e9", "--dp", "8", "--zero-stage", "1", "--strategy", "zero3"],
+     "--zero-stage 1 means --strategy zero1; --strategy zero3 contradicts"),
+])
+def test_two_flags_for_one_field_must_agree(args, needle):
+    """Aliases (--async-tp / --tp-comm-overlap, --nodes / --nnodes) and --zero-stage beside --strategy silently kept
+    one of two contradicting values (the last alias; --strategy in a spec, --zero-stage with --params)."""
+    p = cli("estimate", *args, "--json")
+    assert p.code == 2 and p.out == "" and needle in p.err and "Traceback" not in p.err
+
+
+@pytest.mark.parametrize("args", [["--tp", "2", "--sequence-parallel", "--async-tp", "--tp-comm-overlap"],
+                                  ["--nnodes", "1", "--nodes", "1"], ["--zero-stage", "3", "--strategy", "fsdp"],
+                                  ["--tp", "2", "--tp-comm-overlap", "--no-tp-comm-overlap"]])
+def test_agreeing_or_repeated_flags_still_run(args, capsys):
+    assert main(["estimate", "--world", "2", *args, "--json"]) == 0
