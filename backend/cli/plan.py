@@ -202,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
     held = held.with_stack(args.stack, {"attention_kernel": args.attention_kernel,
                                         "elementwise": "compiled" if args.compile else None,
                                         "recompute_modules": args.recompute_modules})
+    if problems := held.problems():
+        return fail("every layout would train with settings that contradict: " + "; ".join(problems))
     attention, why = planned_attention(model, hw, args.attention)
     attention_why = f"attention kernel: {attention} ({why})"
     model = model.model_copy(update={"attention": AttentionImpl(attention)})

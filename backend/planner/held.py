@@ -83,6 +83,20 @@ class HeldTraining:
                                           **self.spec_train("none"), **modules})
         return stack_memory_of_train(train, model, device)
 
+    def problems(self) -> list[str]:
+        """What the held settings contradict whatever the layout (spec/stack_rules.setting_problems: a dtype beside
+        the precision, a Megatron-only setting on another stack), with the values; [] when every planned spec may
+        carry them."""
+        from backend.spec.stack_rules import setting_problems
+        from backend.spec.train_spec import TrainSpec
+
+        try:
+            train = TrainSpec.model_validate({"precision": self.precision, "optimizer": self.optimizer,
+                                              **self.spec_train("selective")})
+        except ValueError as e:
+            return [str(e)]
+        return setting_problems(train)
+
     def engine_compile(self) -> EngineCompile:
         """What stack shardlab compiles (Layout.loss_compiled and blocks_compiled; a held loss parallel keeps the
         loss's eager terms, an upper bound on the tp = 1 layouts). Nothing for the other stacks."""

@@ -227,6 +227,8 @@ def plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, globa
     overhead = overhead_of(reserve_bytes, fragmentation)
     if problem := capacity_problem(model, capacity_factors):
         raise ValueError(problem)
+    if problems := held.problems():
+        raise ValueError("; ".join(problems))
     factors = candidates(model, capacity_factors)
     pool_size = enough or max(POOL_FACTOR * top, POOL_MIN)
     screens = [_screen(with_factor(model, f), include_predicted, pool_size, gpus=gpus, gpus_per_node=gpus_per_node,

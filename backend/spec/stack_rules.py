@@ -77,6 +77,25 @@ def _ddp_company(spec: Any) -> str:
 def stack_problems(spec: Any) -> list[str]:
     """What a spec's stack settings contradict (its precision, its layout), with the values."""
     t, p = spec.train, spec.parallel
+    problems = _dtype_problems(t)
+    if t.tp_overlap and p.tp > 1 and not p.sequence_parallel:
+        problems.append(f"tp_overlap with tp={p.tp} needs sequence_parallel: it overlaps SP's all-gathers and "
+                        "reduce-scatters with the matmuls they feed (Megatron asserts --tp-comm-overlap needs "
+                        "--sequence-parallel, arguments.py 1441-1442; torch's async TP fuses all-gather -> matmul and "
+                        "matmul -> reduce-scatter)")
+    if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
+        problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
+    return problems + _recompute_module_problems(spec) + _ep_overlap_problems(spec)
+
+
+def setting_problems(train: Any) -> list[str]:
+    """What a train section's stack settings contradict whatever the layout and model (its precision, its stack): the
+    part of stack_problems a plan checks once for the settings every layout holds (planner/held.py)."""
+    return _dtype_problems(train) + [x for x in (_modules_need_megatron(train), _ep_overlap_needs_megatron(train)) if x]
+
+
+def _dtype_problems(t: Any) -> list[str]:
+    """The dtypes a train section sets beside its precision."""
     problems = []
     precision = str(t.precision)
     allowed = {"fp32": ("fp32",), "bf16-mixed": ("fp32", "bf16"), "fp16-mixed": ("fp32", "fp16"),
@@ -90,14 +109,20 @@ def stack_problems(spec: Any) -> list[str]:
         problems.append("grad_reduce_dtype=fp8: gradients are reduced in fp32, bf16 or fp16")
     if t.master_dtype is not None and str(t.master_dtype) == "fp8":
         problems.append("master_dtype=fp8: master weights are fp32, bf16 or none")
-    if t.tp_overlap and p.tp > 1 and not p.sequence_parallel:
-        problems.append(f"tp_overlap with tp={p.tp} needs sequence_parallel: it overlaps SP's all-gathers and "
-                        "reduce-scatters with the matmuls they feed (Megatron asserts --tp-comm-overlap needs "
-                        "--sequence-parallel, arguments.py 1441-1442; torch's async TP fuses all-gather -> matmul and "
-                        "matmul -> reduce-scatter)")
-    if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
-        problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
-    return problems + _recompute_module_problems(spec) + _ep_overlap_problems(spec)
+    return problems
+
+
+def _modules_need_megatron(t: Any) -> str | None:
+    if t.recompute_modules is None or str(t.stack) == "megatron":
+        return None
+    return (f"recompute_modules={','.join(str(x) for x in t.recompute_modules)} is Megatron-Core's "
+            f"--recompute-modules: set stack megatron (stack is {t.stack})")
+
+
+def _ep_overlap_needs_megatron(t: Any) -> str | None:
+    if not t.ep_overlap or str(t.stack) == "megatron":
+        return None
+    return f"ep_overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: set stack megatron (stack is {t.stack})"
 
 
 def _ep_overlap_problems(spec: Any) -> list[str]:
@@ -106,9 +131,8 @@ def _ep_overlap_problems(spec: Any) -> list[str]:
     t, p = spec.train, spec.parallel
     if not t.ep_overlap:
         return []
-    if str(t.stack) != "megatron":
-        return [f"ep_overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: set stack megatron (stack is "
-                f"{t.stack})"]
+    if problem := _ep_overlap_needs_megatron(t):
+        return [problem]
     out = []
     if p.ep == 1:
         out.append("ep_overlap hides expert-parallel all-to-alls: it needs ep > 1 (ep is 1)")
@@ -132,9 +156,8 @@ def _recompute_module_problems(spec: Any) -> list[str]:
     modules = [str(x) for x in t.recompute_modules or ()]
     if t.recompute_modules is None:
         return []
-    if str(t.stack) != "megatron":
-        return [f"recompute_modules={','.join(modules)} is Megatron-Core's --recompute-modules: set stack megatron "
-                f"(stack is {t.stack})"]
+    if problem := _modules_need_megatron(t):
+        return [problem]
     if str(t.recompute) != "selective":
         return [f"recompute_modules lists what selective recompute checkpoints; recompute is {t.recompute!r}, not "
                 "'selective' (Megatron reads --recompute-modules under --recompute-granularity selective only)"]

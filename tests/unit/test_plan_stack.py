@@ -94,3 +94,28 @@ def test_plan_under_torchtitan_leaves_out_ddp_beside_model_parallelism():
 
     assert ddp_beside(STACKS[Stack.SHARDLAB].layouts) > 0
     assert ddp_beside(STACKS[Stack.TORCHTITAN].layouts) == 0
+
+
+def test_held_settings_that_contradict_are_refused_with_the_reason(tmp_path):
+    """`plan --recompute-modules mlp` without --stack megatron, or a --spec's param_dtype bf16 under --precision fp32,
+    ended in a pydantic traceback once a planned spec carried them (mark_runnable re-validates each)."""
+    from tests.helpers.launch import cli
+
+    small = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "2816", "--vocab", "32000"]
+    common = ["plan", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--seq", "2048", "--top", "3"]
+    p = cli(*common, *small, "--recompute-modules", "mlp")
+    assert p.code == 2 and "Traceback" not in p.err and "ValidationError" not in p.err
+    assert ("recompute_modules=mlp is Megatron-Core's --recompute-modules: set stack megatron (stack is shardlab)"
+            in p.err)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"model": MODEL.model_dump(mode="json"),
+                                "train": {"stack": "torchtitan", "param_dtype": "bf16", "precision": "bf16-mixed"}}))
+    p = cli(*common, "--spec", str(spec), "--precision", "fp32")
+    assert p.code == 2 and "Traceback" not in p.err and "ValidationError" not in p.err
+    assert "param_dtype=bf16 with precision=fp32" in p.err
+    try:
+        _plan(HeldTraining(recompute_modules=("mlp",)))
+    except ValueError as e:  # the planner itself (the Plan page calls it) refuses them before searching
+        assert "set stack megatron" in str(e)
+    else:
+        raise AssertionError("plan() searched with contradicting held settings")
