@@ -326,6 +326,9 @@ def _vocab(flat: Flat, tp: int) -> list[str]:
 def training(flat: Flat) -> list[str]:
     """Precision, optimizer sharding, recompute, the pipeline schedule and offload; returns notes."""
     notes: list[str] = []
+    if flat.get("mg_bf16") and flat.get("mg_fp16"):
+        flat.problems.append("--fp16 and --bf16 both given: Megatron refuses the pair (arguments.py asserts not "
+                             "args.bf16 under args.fp16); give one")
     precision = "bf16-mixed" if flat.get("mg_bf16") else "fp16-mixed" if flat.get("mg_fp16") else "fp32"
     flat.put("precision", precision, "--bf16" if flat.get("mg_bf16") else "--fp16")
     fp8 = flat.get("fp8")
@@ -362,9 +365,13 @@ def _recompute(flat: Flat) -> list[str]:
         granularity = "selective"
     if granularity in (None, "None"):
         flat.put("recompute", "none", "--recompute-granularity")
+        _full_only(flat, "no --recompute-granularity: nothing is recomputed")
         return []
     if granularity == "selective":
         flat.put("recompute", "selective", flat.source_of("mg_recompute"))
+        if (method := flat.get("mg_recompute_method")) not in (None, "None"):
+            flat.problems.append(f"--recompute-method {method} with --recompute-granularity selective: Megatron "
+                                 "refuses a recompute method for selective recomputing (arguments.py)")
         return _recompute_modules(flat)
     if granularity != "full":
         flat.problems.append(f"--recompute-granularity={granularity!r}: expected full or selective")
@@ -388,6 +395,13 @@ def _recompute(flat: Flat) -> list[str]:
     return [f"--recompute-granularity full --recompute-method {method} --recompute-num-layers {layers_n}: recompute "
             f"{method}:{layers_n} (" + ("consecutive groups of" if method == "uniform" else "the first")
             + f" {layers_n} blocks of each pipeline stage module)"]
+
+
+def _full_only(flat: Flat, why: str) -> None:
+    """--recompute-method / --recompute-num-layers where Megatron does not read them: reported as ignored, with why."""
+    for key in ("mg_recompute_method", "mg_recompute_layers"):
+        if (value := flat.get(key)) not in (None, "None"):
+            flat.ignore(flat.source_of(key), value, f"read under --recompute-granularity full only ({why})")
 
 
 def _recompute_modules(flat: Flat) -> list[str]:

@@ -249,3 +249,27 @@ def test_import_summary_names_every_degree(capsys):
     assert "128 GPUs = dp 2 x cp 2 x tp 8 x pp 4, ep 1: zero1" in summary_line(imported)
     assert main(["import-config", str(FIX / "megatron_llama2_70b.sh")]) == 0
     assert "world 128 = dp 2 x cp 2 x tp 8 x pp 4, ep 1" in capsys.readouterr().out
+
+
+MEGATRON_BASE = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings "
+                 "1024 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 ")
+
+
+def test_bf16_beside_fp16_is_refused_as_megatron_refuses_it():
+    """--bf16 --fp16 imported silently as bf16-mixed; Megatron asserts not both (arguments.py, under args.fp16)."""
+    with pytest.raises(ConfigImportError, match="--fp16 and --bf16 both given"):
+        import_config_text(MEGATRON_BASE + "--bf16 --fp16", name="a.sh", gpus=4)
+
+
+def test_recompute_method_without_full_granularity_is_reported_not_dropped():
+    """--recompute-method / --recompute-num-layers without --recompute-granularity full vanished from the import (in
+    neither the spec, "ignored" nor "unmapped"); under selective Megatron refuses a method."""
+    imported = import_config_text(MEGATRON_BASE + "--bf16 --recompute-method block --recompute-num-layers 2",
+                                  name="a.sh", gpus=4)
+    assert imported.spec["train"]["recompute"] == "none"
+    for flag, value in (("--recompute-method", "block"), ("--recompute-num-layers", 2)):
+        assert imported.ignored[flag]["value"] == value and "--recompute-granularity full" in \
+            imported.ignored[flag]["reason"]
+    with pytest.raises(ConfigImportError, match="--recompute-method block with --recompute-granularity selective"):
+        import_config_text(MEGATRON_BASE + "--bf16 --recompute-granularity selective --recompute-method block",
+                           name="a.sh", gpus=4)
