@@ -131,9 +131,13 @@ def _model(flat: Flat, cfg: dict[str, Any], seq_len: int | None) -> list[str]:
 
 
 def _batch(flat: Flat, gpus: int | None) -> list[str]:
-    glob, micro, gas = flat.get("ds_global"), flat.get("ds_micro"), flat.get("ds_gas", 1)
+    """DeepSpeed's batch rule: a gradient_accumulation_steps left out is train_batch_size / (micro x world) with a
+    GPU count (the layout derives it), 1 without one."""
+    glob, micro, gas = flat.get("ds_global"), flat.get("ds_micro"), flat.get("ds_gas", None if gpus else 1)
     given = {k: v for k, v in (("train_batch_size", glob), ("train_micro_batch_size_per_gpu", micro),
                                ("gradient_accumulation_steps", gas)) if v not in (None, -1)}
+    if micro in (None, -1) and gas is None:
+        gas = 1  # train_batch_size alone: DeepSpeed's micro batch is train_batch_size / world
     if micro in (None, -1) and glob not in (None, -1) and gas not in (None, -1) and gpus:
         micro = glob // (gas * gpus)
     if micro in (None, -1):
@@ -161,6 +165,9 @@ def _layout(flat: Flat) -> list[str]:
     flat.put("stack", "deepspeed", "ds_config.json")
     flat.put("dp_flavour", flat.get("dp_flavour", "ddp"), "zero_optimization.stage")
     bf16, fp16 = flat.get("ds_bf16") is True, flat.get("ds_fp16") is True
+    if bf16 and fp16:
+        flat.problems.append("bf16.enabled and fp16.enabled both true: DeepSpeed refuses the pair ('bfloat16 and fp16 "
+                             "modes cannot be simultaneously enabled', runtime/config.py); enable one")
     precision = "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"
     flat.put("precision", precision, "bf16.enabled / fp16.enabled")
     for key in ("ds_bf16", "ds_fp16"):

@@ -91,3 +91,21 @@ def test_an_auto_precision_is_reported_as_unmapped_not_silently_fp32(tmp_path, c
     assert main(["import-config", str(ds), "--model-config", str(cfg), "--gpus", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["spec"]["train"]["precision"] == "bf16-mixed" and "bf16.enabled" not in out["unmapped"]
+
+
+def test_bf16_beside_fp16_is_refused_as_deepspeed_refuses_it():
+    """Both enabled imported silently as bf16-mixed; DeepSpeedConfig asserts 'bfloat16 and fp16 modes cannot be
+    simultaneously enabled'."""
+    with pytest.raises(ConfigImportError, match="bf16.enabled and fp16.enabled both true"):
+        import_ds_config(_with(fp16={"enabled": True}), gpus=16, model_config=LLAMA2_7B)
+
+
+def test_gradient_accumulation_left_out_is_derived_from_the_gpus_as_deepspeed_does():
+    """train_batch_size 16, micro 1 and no gradient_accumulation_steps on 8 GPUs: DeepSpeed derives 16 / (1 x 8) = 2
+    accumulation steps; the import assumed 1, took dp = 16 and refused the 8 GPUs (dp(16) ... != GPUs(8))."""
+    cfg = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 2}}
+    spec = import_ds_config(json.dumps(cfg), gpus=8, model_config=LLAMA2_7B).spec
+    assert (spec["parallel"]["dp"], spec["train"]["global_batch"], spec["train"]["microbatches"]) == (8, 16, 2)
+    spec = import_ds_config(json.dumps(cfg), model_config=LLAMA2_7B).spec  # no GPU count: accumulation 1, as before
+    assert (spec["parallel"]["dp"], spec["train"]["global_batch"]) == (16, 16)
