@@ -67,7 +67,17 @@ def precision(flat: Flat) -> list[str]:
     flat.put("precision", dtype, flat.source_of("tt_param_dtype"))
     if flat.get("fp8"):
         notes += _float8(flat, dtype)
+    else:
+        _float8_unused(flat)
     return notes
+
+
+def _float8_unused(flat: Flat) -> None:
+    """The float8 recipe and all-gather of a run without the float8 converter: torchtitan does not read them."""
+    for key in ("tt_fp8_recipe", "tt_fp8_all_gather"):
+        if flat.get(key) is not None:
+            flat.ignore(flat.source_of(key), flat.get(key), "float8 settings without the float8 converter "
+                        "(model.converters): torchtitan does not apply them, the run trains without float8")
 
 
 FLOAT8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise"}
