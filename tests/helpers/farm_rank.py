@@ -3,8 +3,9 @@
 
 PLAN.json: {"torchrun": bool, "jobs": [{"key", "kind", "payload", "timeout_s", "dir"}]}. One gloo process group for
 the launch; each job runs its function (JOBS) with stdout and stderr in DIR/rank-<r>.log, then every rank meets at a
-barrier and rank 0 writes DIR/outcome.json {"status": "ok", "value"}. A job that raises on a rank writes that rank's
-error file (backend/runtime/protocol.py, as every rank program does) and ends the process with exit code 1: its
+barrier and rank 0 writes DIR/outcome.json {"status": "ok", "value", "rank0_cpu_s", "wall_s"} (rank 0's CPU seconds for
+the job, its own and its reaped children's: where the suite's farm time goes). A job that raises on a rank writes that
+rank's error file (backend/runtime/protocol.py, as every rank program does) and ends the process with exit code 1: its
 peers fail at their next collective, torchrun ends the launch, and the driver launches the jobs after it again.
 """
 
@@ -15,7 +16,9 @@ import gc
 import importlib
 import json
 import os
+import resource
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
@@ -114,6 +117,12 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(f)
 
 
+def _cpu_s() -> float:
+    """This process's CPU seconds so far, user and system, with its reaped children's (a job's reference fork)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
@@ -138,6 +147,7 @@ def main(argv: list[str]) -> int:
         out = Path(job["dir"])
         out.mkdir(parents=True, exist_ok=True)
         enable_stack_dump(out, rank)  # the driver asks for the stacks when the job runs past its timeout
+        cpu_s, started = _cpu_s(), time.monotonic()
         with _output_to(out / f"rank-{rank}.log"):
             try:
                 value = _function(job["kind"])(json.loads(job["payload"]), out)
@@ -148,7 +158,8 @@ def main(argv: list[str]) -> int:
                 traceback.print_exc()
                 return 1
         if rank == 0:
-            write_json_atomic(out / "outcome.json", {"status": "ok", "value": value})
+            write_json_atomic(out / "outcome.json", {"status": "ok", "value": value, "rank0_cpu_s": _cpu_s() - cpu_s,
+                                                     "wall_s": time.monotonic() - started})
         # not the engine's collection again (run_rank's precedes its reference fork): what died as the job returned,
         # ~100 cyclic objects per engine job (hook closures, autograd nodes), collected rather than frozen for good
         gc.collect()
