@@ -18,6 +18,7 @@ from backend.importers.fields import Flat, Ignore, To, Unmappable, choice
 from backend.importers.import_result import VOCAB_SIZE, VOCAB_UNKNOWN
 from backend.importers.megatron_attention import TABLE as ATTENTION_TABLE
 from backend.importers.megatron_attention import attention_shape
+from backend.importers.megatron_grads import grad_dtypes
 from backend.importers.megatron_moe import TABLE as MOE_TABLE
 from backend.importers.megatron_moe import capacity, moe
 from backend.spec.choices import RecomputeModule
@@ -429,17 +430,7 @@ def _stack(flat: Flat) -> list[str]:
     if flat.get("mg_transformer_impl", "transformer_engine") == "local":
         notes.append("--transformer-impl local: Megatron's own modules with its fused kernels (element-wise fused); "
                      "float8 GEMMs need Transformer Engine")
-    if flat.get("mg_grads_bf16") or flat.get("mg_main_grads") == "bf16":
-        flat.put("grad_reduce_dtype", "bf16",
-                 "--grad-reduce-in-bf16" if flat.get("mg_grads_bf16") else "--main-grads-dtype")
-    elif flat.get("mg_grads_fp32") or flat.get("mg_main_grads") == "fp32":
-        flat.put("grad_reduce_dtype", "fp32", flat.source_of("mg_grads_fp32"))
-    if flat.get("mg_main_params") not in (None, "fp32"):
-        if flat.get("mg_precision_aware"):
-            flat.put("master_dtype", flat.get("mg_main_params"), "--main-params-dtype")
-        else:
-            flat.unmap("--main-params-dtype", flat.get("mg_main_params"), "takes effect with "
-                       "--use-precision-aware-optimizer only: predicted as fp32")
+    notes += grad_dtypes(flat)
     if flat.get("mg_fp8_params"):
         flat.put("param_dtype", "fp8", "--fp8-param-gather")
     if flat.get("mg_no_p2p_overlap"):
