@@ -361,8 +361,11 @@ def training(flat: Flat) -> list[str]:
 
 
 def _recompute(flat: Flat) -> list[str]:
-    granularity = flat.get("mg_recompute")
+    granularity, notes = flat.get("mg_recompute"), []
     if flat.get("mg_recompute_activations"):
+        if granularity not in (None, "None", "selective"):
+            notes.append(f"--recompute-activations overrides --recompute-granularity {granularity}: Megatron sets "
+                         "recompute_granularity selective (arguments.py 607-608 @d98e8a6)")
         granularity = "selective"
     if granularity in (None, "None"):
         flat.put("recompute", "none", "--recompute-granularity")
@@ -373,7 +376,7 @@ def _recompute(flat: Flat) -> list[str]:
         if (method := flat.get("mg_recompute_method")) not in (None, "None"):
             flat.problems.append(f"--recompute-method {method} with --recompute-granularity selective: Megatron "
                                  "refuses a recompute method for selective recomputing (arguments.py)")
-        return _recompute_modules(flat)
+        return notes + _recompute_modules(flat)
     if granularity != "full":
         flat.problems.append(f"--recompute-granularity={granularity!r}: expected full or selective")
         return []

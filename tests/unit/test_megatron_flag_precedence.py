@@ -5,6 +5,7 @@ Megatron does with the pair, and says so; nothing memory- or time-relevant vanis
 - arguments.py 1209-1211: --accumulate-allreduce-grads-in-fp32 asserts --main-grads-dtype fp32;
 - optimizer_config.py 468-474: --main-grads-dtype / --main-params-dtype other than fp32 need
   --use-precision-aware-optimizer (asserts);
+- arguments.py 607-608: --recompute-activations sets recompute_granularity selective, whatever was given.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def test_main_dtypes_without_the_precision_aware_optimizer_are_refused(flags):
 def test_main_dtypes_with_the_precision_aware_optimizer_are_mapped(flags, key, value):
     imported = _import(flags)
     assert imported.spec["train"][key] == value and not imported.unmapped
+
+
+def test_recompute_activations_overriding_full_granularity_is_said():
+    imported = _import("--recompute-activations --recompute-granularity full")
+    assert imported.spec["train"]["recompute"] == "selective"
+    note = [n for n in imported.notes if "--recompute-activations" in n]
+    assert note and "--recompute-granularity full" in note[0] and "arguments.py 607-608" in note[0]
 
 
 def test_grad_reduce_in_bf16_without_bf16_params_is_reported_as_unread():
