@@ -85,13 +85,25 @@ def stack_problems(spec: Any) -> list[str]:
                         "matmul -> reduce-scatter)")
     if str(t.stack) == "deepspeed" and str(spec.framework) == "jax":
         problems.append("stack=deepspeed with framework=jax: the DeepSpeed stack wraps a torch model")
+    problems += [x for x in (_loss_parallel_needs_vocab_parallel(t),) if x]
     return problems + _recompute_module_problems(spec) + _ep_overlap_problems(spec)
 
 
 def setting_problems(train: Any) -> list[str]:
     """What a train section's stack settings contradict whatever the layout and model (its precision, its stack): the
     part of stack_problems a plan checks once for the settings every layout holds (planner/held.py)."""
-    return _dtype_problems(train) + [x for x in (_modules_need_megatron(train), _ep_overlap_needs_megatron(train)) if x]
+    return _dtype_problems(train) + [x for x in (_modules_need_megatron(train), _ep_overlap_needs_megatron(train),
+                                                 _loss_parallel_needs_vocab_parallel(train)) if x]
+
+
+def _loss_parallel_needs_vocab_parallel(t: Any) -> str | None:
+    """DeepSpeed has no vocab-parallel loss: AutoTP shards lm_head by rows and all-reduces full logits (DeepSpeed
+    edaa7221 module_inject/auto_tp.py 454-456, layers.py 1232-1264 LmHeadLinearAllreduce)."""
+    if str(t.stack) != "deepspeed" or not t.loss_parallel:
+        return None
+    return ("loss_parallel=on with stack deepspeed: DeepSpeed has no vocab-parallel cross-entropy (AutoTP's lm_head "
+            "is LmHeadLinearAllreduce, full logits all-reduced on every tp rank: module_inject/layers.py 1232-1264 "
+            "@edaa7221); drop loss_parallel or set stack megatron / torchtitan")
 
 
 def _dtype_problems(t: Any) -> list[str]:
