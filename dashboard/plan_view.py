@@ -226,11 +226,13 @@ def capacity_note(p: Plan) -> str | None:
 
 def nothing_ranked(p: Plan) -> str:
     """Why a search ranks nothing when no layout was left out or untimed: no layout divides the model and batch
-    (nothing was searched; before, the page said "no layout fits" as if memory were short), or none fits."""
+    (nothing was searched; before, the page said "no layout fits" as if memory were short), or none fits: the closest
+    layout and how far off it is (Plan.none_fit, what `plan` prints)."""
     if p.searched == 0:
         return ("No layout to search: " + "; ".join(p.notes) + ". Change the GPU count, global batch or model so "
                 "that its degrees divide them.")
-    return "No layout fits: more GPUs, a smaller batch per GPU, or more memory."
+    none_fit = getattr(p, "none_fit", None)  # planner/none_fit.py: the closest layout, the CLI's words
+    return none_fit["text"] if none_fit else "No layout fits: more GPUs, a smaller batch per GPU, or more memory."
 
 
 def other_notes(p: Plan) -> list[str]:

@@ -5,6 +5,7 @@
   python -m backend plan ... --json     # {"searched", "feasible", "seconds", "configs": [{"spec", "mem_bytes_max",
                                         #   "fullest_moment", "step_time"}]}
                                         # + "search_seconds", "confirm_seconds", "screened_per_s", "confirmed", "notes"
+                                        # + "none_fit" (null unless none fits: the closest layout, planner/none_fit.py)
 
 Searches dp x tp x pp x ep x cp (flash attention only: the default on a GPU profile) x dp flavour (ddp, zero1 incl. with
 TP/PP = Megatron's distributed optimizer, zero2, zero3) x micro-batch x recompute x schedule x virtual stages x SP, and
@@ -237,8 +238,12 @@ def run(args: argparse.Namespace) -> int:
                                      if held.stack_settings else ""))
     print(f"searched {res.searched} layouts in {res.seconds:.2f} s ({res.screened_per_s:,.0f}/s searched); "
           f"{res.feasible} fit; the {res.confirmed} fastest re-timed with the step-time model")
-    print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} {'mem GiB':>7} "
-          f"{'fullest at':<15} {'step s':>8} {'MFU':>6} runs")
+    if res.none_fit is not None:  # planner/none_fit.py: the closest layout, what it lacks
+        print(res.none_fit["text"])
+    else:
+        print(f"{'#':>2} {'layout':<40} {'b':>2} {'recompute':<9} {'schedule':<16} {'v':>1} {'SP':>2} "
+              f"{'mem GiB':>7} "
+              f"{'fullest at':<15} {'step s':>8} {'MFU':>6} runs")
     for i, c in enumerate(res.configs, 1):
         s, st = c["spec"], c["step_time"]
         print(f"{i:>2} {s['name'][5:]:<40} {s['train']['micro_batch']:>2} {s['train']['recompute']:<9} "

@@ -29,6 +29,7 @@ from backend.analytic.steptime.screen import screen_step_s
 from backend.planner.allowance import device_bytes_of, overhead_of
 from backend.planner.capacity import candidates, capacity_problem, drop_note, factor_label, with_factor
 from backend.planner.held import HeldTraining
+from backend.planner.none_fit import closest_layout
 from backend.planner.retime import Screened, config_row, retime_pools
 from backend.planner.space import DEFAULT_LIMITS, Limits, enumerate_layouts
 from backend.spec import ModelSpec
@@ -83,6 +84,8 @@ class Plan:
     untimed: str | None = None
     """Why no layout could be ranked: the step-time model does not time the held training on this profile
     (steptime.model.untimed_reason, e.g. fp8 on a CPU profile); the layouts that fit are counted, none is ranked."""
+    none_fit: dict[str, Any] | None = None
+    """Where layouts were searched and none fits: the closest one and what it lacks (planner/none_fit.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"searched": self.searched, "feasible": self.feasible, "seconds": self.seconds, "configs": self.configs,
@@ -91,7 +94,7 @@ class Plan:
                 "screened_per_s": self.screened_per_s, "confirmed": self.confirmed,
                 "search_seconds": self.search_seconds, "confirm_seconds": self.confirm_seconds, "notes": self.notes,
                 "failed_checks": self.failed_checks, "attention": self.attention, "device_bytes": self.device_bytes,
-                "capacity_factors": self.capacity_factors,
+                "capacity_factors": self.capacity_factors, "none_fit": self.none_fit,
                 "device": self.device, "allowance": {"cuda_context_bytes": self.overhead.cuda_context_bytes,
                               "nccl_bytes_per_communicator": self.overhead.nccl_bytes_per_communicator(),
                               "fragmentation_frac": self.overhead.fragmentation_frac}}
@@ -289,4 +292,5 @@ def plan(model: ModelSpec, *, gpus: int, gpus_per_node: int, hw: Hardware, globa
                 screened_per_s=searched / t_search if t_search else 0.0, confirmed=pooled,
                 search_seconds=t_search, confirm_seconds=seconds - t_search, notes=notes, failed_checks=failed,
                 untimed=untimed, attention=str(getattr(model, "attention", "math")), device_bytes=device_bytes,
-                overhead=overhead, device=profile_device(hw.kind), capacity_factors=list(factors))
+                overhead=overhead, device=profile_device(hw.kind), capacity_factors=list(factors),
+                none_fit=None if fitting else closest_layout(screens, held, device_bytes, overhead))
