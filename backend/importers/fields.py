@@ -163,7 +163,7 @@ def apply_table(flat: Flat, table: dict[str, Mapper], *, prefixes: dict[str, Map
     """Run every source key through `table` (exact key) or `prefixes` (longest matching key prefix)."""
     ordered = sorted((prefixes or {}).items(), key=lambda kv: -len(kv[0]))
     for key, value in flat.values.items():
-        mapper = table.get(key) or next((m for p, m in ordered if _under(key, p)), None)
+        mapper = _mapper(key, table, ordered)
         if mapper is None:
             flat.unmap(key, value, unknown_reason)
         elif isinstance(mapper, Ignore):
@@ -178,6 +178,15 @@ def apply_table(flat: Flat, table: dict[str, Mapper], *, prefixes: dict[str, Map
                 flat.put(mapper.name, mapper.convert(value) if mapper.convert else value, key)
             except ValueError as e:
                 flat.problems.append(f"{key}={value!r}: {e}")
+
+
+def mapper_for(key: str, table: dict[str, Mapper], prefixes: dict[str, Mapper] | None = None) -> Mapper | None:
+    """What `apply_table` does with `key`: its exact entry, else its longest matching prefix's, else None."""
+    return _mapper(key, table, sorted((prefixes or {}).items(), key=lambda kv: -len(kv[0])))
+
+
+def _mapper(key: str, table: dict[str, Mapper], ordered: list[tuple[str, Mapper]]) -> Mapper | None:
+    return table.get(key) or next((m for p, m in ordered if _under(key, p)), None)
 
 
 def _under(key: str, prefix: str) -> bool:

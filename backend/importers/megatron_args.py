@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.importers.assemble import to_spec
-from backend.importers.fields import Flat, apply_table
+from backend.importers.fields import Flat, To, apply_table, mapper_for
 from backend.importers.import_result import ConfigImportError, ImportedConfig, safe_name
 from backend.importers.megatron_fields import (
     OFF_VALUES,
@@ -149,6 +149,8 @@ def import_args(text: str | bytes, *, gpus: int | None = None, model_config: dic
     flags, source_format, launcher, script_notes = parse(text)
     block = source_format == "megatron-log-args"
     flat = Flat(flags)
+    if not block:
+        missing_values(flat)
     apply_table(flat, TABLE, prefixes=PREFIXES)
     if block:  # Megatron prints every argument: an unknown one that is unset is not worth a line
         for key in [k for k, v in flat.unmapped.items() if v["value"] in OFF_VALUES and k not in TABLE]:
@@ -170,6 +172,30 @@ def import_args(text: str | bytes, *, gpus: int | None = None, model_config: dic
     # a layout that does not fit the launcher's default GPU count: say where it came from
     except ConfigImportError as e:
         raise ConfigImportError(e.problems + launcher_notes, e.needs) from None
+
+
+BARE_IS_A_VALUE = frozenset({"--recompute-modules"})
+"""Flags with argparse nargs="*" in Megatron-LM's arguments.py: given bare, they hold an empty list, not nothing."""
+
+
+def missing_values(flat: Flat) -> None:
+    """A flag that takes a value given without one (another --flag follows it, or it ends the list): `_flags` holds
+    it as True, a store_true flag's value, and its converter then said "--flag=True: expected an integer". Each such
+    flag is a problem saying its value is missing and what it expects (its converter's words, tried on the bare flag),
+    and leaves the table's run. A flag takes a value where its converter refuses the bare flag, or it has none."""
+    for key in [k for k, v in flat.values.items() if v is True and k not in BARE_IS_A_VALUE]:
+        mapper = mapper_for(key, TABLE, PREFIXES)
+        if not isinstance(mapper, To):
+            continue
+        expected = "expected a value"
+        if mapper.convert is not None:
+            try:
+                mapper.convert(True)
+                continue  # a flag given bare: store_true
+            except ValueError as e:
+                expected = str(e)
+        flat.problems.append(f"{key} has no value: {expected}")
+        del flat.values[key]
 
 
 def _launcher_gpus(flat: Flat, launcher: Launcher, gpus: int | None) -> list[str]:

@@ -83,6 +83,8 @@ def capacity(value: Any) -> float | None:
     if value in (None, "None"):
         return None
     try:
+        if isinstance(value, bool):  # a flag given bare (megatron_args._flags): float(True) would be 1.0
+            raise TypeError
         factor = float(value)
     except (TypeError, ValueError):
         raise ValueError("expected a number (a negative one or None = dropless)") from None
