@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from backend.analytic.device import RuntimeOverhead, allowance_bytes
-from backend.analytic.estimate import worst_rank_bytes
+from backend.analytic.estimate import RankEstimate, worst_rank_bytes
 from backend.analytic.layout import Layout
 from backend.analytic.memory.rank_memory import worst_rank_memory
 from backend.planner.held import HeldTraining
@@ -69,7 +69,7 @@ def closest_layout(screens: list[Screened], held: HeldTraining, device_bytes: fl
     return out
 
 
-def _states(rank: Any, world: int, room: float, *, sharded: bool) -> dict[str, Any]:
+def _states(rank: RankEstimate, world: int, room: float, *, sharded: bool) -> dict[str, Any]:
     """The layout's model states per GPU and in all (per GPU x its GPUs), the room a GPU leaves them (the device less
     the CUDA context), and the GPUs they need at least: ceil(total / room); None where the states fit on these GPUs,
     or where the layout does not shard every state over its GPUs (then per GPU x GPUs is not their total)."""
